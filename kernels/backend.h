@@ -1,0 +1,112 @@
+// The one interface between the engine and the compute backends.
+//
+// Legend (fixed for every op): N tokens in a batch (rows), D model width, H query heads,
+// Hkv key/value heads, Dh head size, Tq queries and Tk keys of one attention call.
+// Activations are row-major; T is the activation scalar: double for the reference
+// backend (the oracle), float for served paths.
+#ifndef KVLENS_KERNELS_BACKEND_H_
+#define KVLENS_KERNELS_BACKEND_H_
+
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "kernels/weight.h"
+
+namespace kvlens::kernels {
+
+// Where the keys and values of one attention call live.
+//
+// Token t's key row (all Hkv heads, Hkv*Dh elements) starts at
+//   k + physical_row(t) * row_stride,   physical_row(t) =
+//       block_table ? block_table[t / block_size] * block_size + t % block_size : t
+// and likewise for v. A paged KV cache is the block-table case; a plain contiguous
+// [Tk, Hkv, Dh] array is block_table == nullptr with row_stride = Hkv*Dh.
+//
+//   k (paged):  block 0          block 1          …
+//               [slot0|slot1|…]  [slot0|slot1|…]       slot = [Hkv, Dh]
+template <typename T>
+struct KvSource {
+  const T* k = nullptr;
+  const T* v = nullptr;
+  int64_t row_stride = 0;               // elements between consecutive physical rows
+  const int32_t* block_table = nullptr;  // [ceil(Tk / block_size)], or nullptr
+  int block_size = 0;                    // tokens per block (with a block table)
+
+  int64_t PhysicalRow(int64_t t) const {
+    return block_table ? static_cast<int64_t>(block_table[t / block_size]) * block_size +
+                             t % block_size
+                       : t;
+  }
+};
+
+// Scaled dot-product attention for one sequence, all heads:
+//   S = Q Kᵀ · scale + M,  A = softmax_rows(S),  O = A V
+// M is 0 where a key is visible and −∞ where it is masked (never "value set to zero").
+// Query row i is absolute position query_offset + i. It sees key j when
+//   (!causal || j <= query_offset + i) && (doc ids absent || q_doc[i] == k_doc[j]).
+// A row left with no visible key is an error (INVALID_ARGUMENT naming the row).
+// Grouped-query attention: query head h reads KV head h / (H / Hkv).
+template <typename T>
+struct AttentionArgs {
+  const T* q = nullptr;  // [Tq, H, Dh], rows q_stride elements apart
+  int64_t q_stride = 0;
+  int num_queries = 0;  // Tq
+  int num_keys = 0;     // Tk: keys 0 … Tk-1 exist
+  int num_heads = 0;    // H
+  int num_kv_heads = 0;  // Hkv, divides H
+  int head_dim = 0;      // Dh
+  int query_offset = 0;  // absolute position of query row 0
+  bool causal = true;
+  double scale = 0.0;  // usually 1/√Dh
+  const int32_t* q_doc_ids = nullptr;  // [Tq] document of each query, or nullptr
+  const int32_t* k_doc_ids = nullptr;  // [Tk] document of each key (both or neither)
+  KvSource<T> kv;
+  T* out = nullptr;  // [Tq, H, Dh], rows out_stride elements apart
+  int64_t out_stride = 0;
+  T* probs = nullptr;   // optional [H, Tq, Tk]: the probabilities the forward used; masked = 0
+  T* scores = nullptr;  // optional [H, Tq, Tk]: S before the softmax; masked = −∞
+};
+
+enum class RopeStyle : uint8_t {
+  kAdjacentPairs,  // rotates (0,1), (2,3), … of each head (llama2.c, GGUF "llama")
+  kHalfSplit,      // rotates (i, i + Dh/2) (GPT-NeoX, Hugging Face Llama)
+};
+
+template <typename T>
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  // y[N, out] = x[N, in] · Wᵀ (+ bias[out] when bias is non-empty). W is [out, in].
+  virtual void MatMul(const T* x, int n, const WeightView& w, const WeightView& bias, T* y) = 0;
+  // out[N, D] = table[ids[i]] (table is [vocab, D]).
+  virtual void Embedding(const WeightView& table, const int32_t* ids, int n, T* out) = 0;
+  // y = x / sqrt(mean(x²) + eps) ⊙ weight, per row of D.
+  virtual void RmsNorm(const T* x, int n, int dim, const WeightView& weight, double eps,
+                       T* y) = 0;
+  // y = (x − mean) / sqrt(var + eps) ⊙ weight + bias, per row of D (biased variance).
+  virtual void LayerNorm(const T* x, int n, int dim, const WeightView& weight,
+                         const WeightView& bias, double eps, T* y) = 0;
+  // In place on x[N, heads, Dh] (rows row_stride elements apart); token i is at
+  // positions[i]. Pair p of a head turns by positions[i] · theta^(−2p/Dh).
+  virtual void Rope(T* x, int n, int64_t row_stride, int num_heads, int head_dim,
+                    const int32_t* positions, double theta, RopeStyle style) = 0;
+  // x ← GELU(x), tanh approximation (GPT-2), elementwise over count values.
+  virtual void Gelu(T* x, int64_t count) = 0;
+  // out = silu(gate) ⊙ up, elementwise (SwiGLU).
+  virtual void SwiGlu(const T* gate, const T* up, int64_t count, T* out) = 0;
+  // y += x, elementwise (residual connections).
+  virtual void Add(T* y, const T* x, int64_t count) = 0;
+  // Copies N new rows of k and v (each row_elems = Hkv*Dh, src rows src_stride apart)
+  // into cache rows dst_rows[i] (physical rows of a KvSource layout, cache_stride apart).
+  virtual void StoreKv(const T* k, const T* v, int n, int64_t src_stride, int64_t row_elems,
+                       const int64_t* dst_rows, T* k_cache, T* v_cache,
+                       int64_t cache_stride) = 0;
+  virtual absl::Status Attention(const AttentionArgs<T>& args) = 0;
+};
+
+}  // namespace kvlens::kernels
+
+#endif  // KVLENS_KERNELS_BACKEND_H_

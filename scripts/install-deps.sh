@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every Debian package kvlens needs to build, test, serve and train its default
+# model. Idempotent: packages already present are left alone, and apt-get update runs only
+# when something is missing. Run as root (or with sudo available).
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake ninja-build ccache pkg-config git clang-format
+  # C++ libraries
+  libabsl-dev libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc
+  libprotobuf-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
+  # Python: the PyTorch oracle, training the default model, the Python client
+  python3 python3-torch python3-numpy python3-grpcio python3-protobuf python3-matplotlib
+  # public-domain English text the default model is trained on
+  bible-kjv-text
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

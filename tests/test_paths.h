@@ -1,0 +1,30 @@
+// Where tests find third-party data (../shared/testdata) and the project's own files.
+#ifndef KVLENS_TESTS_TEST_PATHS_H_
+#define KVLENS_TESTS_TEST_PATHS_H_
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace kvlens::testing {
+
+// $KVLENS_SHARED_DIR wins over the path baked in at configure time.
+inline std::string SharedDir() {
+  if (const char* env = std::getenv("KVLENS_SHARED_DIR")) return env;
+  return KVLENS_SHARED_DIR;
+}
+inline std::string TestData(const std::string& rel) { return SharedDir() + "/testdata/" + rel; }
+inline std::string SourcePath(const std::string& rel) {
+  return std::string(KVLENS_SOURCE_DIR) + "/" + rel;
+}
+inline bool Exists(const std::string& p) { return std::filesystem::exists(p); }
+
+}  // namespace kvlens::testing
+
+// Skips the current test with a clear message when third-party data is absent.
+#define KVLENS_REQUIRE_FILE(path)                                                   \
+  do {                                                                              \
+    if (!::kvlens::testing::Exists(path)) GTEST_SKIP() << "test data not found: " << (path); \
+  } while (0)
+
+#endif  // KVLENS_TESTS_TEST_PATHS_H_
