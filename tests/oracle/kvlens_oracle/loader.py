@@ -1,0 +1,163 @@
+"""Turns a model file or directory into an OracleModel: config + float64 torch weights.
+
+Llama-family weights use torch.nn.Linear orientation [out, in] (y = W x).
+GPT-2 Conv1D weights ([in, out] in the files) are transposed here to [out, in].
+"""
+import glob
+import json
+import os
+import struct
+
+import numpy as np
+import torch
+
+from .checkpoints import read_llama2c, read_safetensors
+from .gguf import GGUFFile
+
+F64 = torch.float64
+
+
+def _t(a):
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64)).to(F64)
+
+
+class OracleModel:
+    """family: "llama" | "gpt2"; cfg: dict; w: global tensors; layers: list of dicts."""
+
+    def __init__(self, family, cfg, w, layers, source):
+        self.family, self.cfg, self.w, self.layers, self.source = family, cfg, w, layers, source
+
+    def __repr__(self):
+        return f"OracleModel({self.family}, {self.cfg}, from {self.source})"
+
+
+def _llama_cfg(d, n_layers, n_heads, n_kv, vocab, eps, base, rope_style, head_dim=None):
+    return dict(dim=d, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, vocab_size=vocab,
+                head_dim=head_dim or d // n_heads, eps=float(eps), rope_base=float(base),
+                rope_style=rope_style)
+
+
+def load_llama2c(path):
+    h, t = read_llama2c(path)
+    # run.c adds the float literal 1e-5f inside RMSNorm, so eps is float32(1e-5).
+    cfg = _llama_cfg(h["dim"], h["n_layers"], h["n_heads"], h["n_kv_heads"], h["vocab_size"],
+                     np.float32(1e-5), 10000.0, "adjacent")
+    layers = [dict(attn_norm=_t(t["rms_att"][i]), wq=_t(t["wq"][i]), wk=_t(t["wk"][i]),
+                   wv=_t(t["wv"][i]), wo=_t(t["wo"][i]), ffn_norm=_t(t["rms_ffn"][i]),
+                   w1=_t(t["w1"][i]), w2=_t(t["w2"][i]), w3=_t(t["w3"][i]))
+              for i in range(h["n_layers"])]
+    w = dict(embed=_t(t["token_embedding"]), final_norm=_t(t["rms_final"]), out=_t(t["wcls"]))
+    return OracleModel("llama", cfg, w, layers, path)
+
+
+def load_gguf(path):
+    g = GGUFFile(path)
+    arch = g.metadata.get("general.architecture")
+    if arch != "llama":
+        raise NotImplementedError(f"GGUF architecture {arch!r} not supported by the oracle")
+    m, T = g.metadata, g.tensors
+    n_heads = int(m["llama.attention.head_count"])
+    cfg = _llama_cfg(int(m["llama.embedding_length"]), int(m["llama.block_count"]), n_heads,
+                     int(m.get("llama.attention.head_count_kv", n_heads)),
+                     T["token_embd.weight"].shape[0],
+                     m.get("llama.attention.layer_norm_rms_epsilon", 1e-5),
+                     m.get("llama.rope.freq_base", 10000.0), "adjacent")
+    if int(m.get("llama.rope.dimension_count", cfg["head_dim"])) != cfg["head_dim"]:
+        raise NotImplementedError("partial rotary embeddings are not supported by the oracle")
+    names = dict(attn_norm="attn_norm", wq="attn_q", wk="attn_k", wv="attn_v", wo="attn_output",
+                 ffn_norm="ffn_norm", w1="ffn_gate", w2="ffn_down", w3="ffn_up")
+    layers = [{k: _t(T[f"blk.{i}.{v}.weight"]) for k, v in names.items()}
+              for i in range(cfg["n_layers"])]
+    out = T.get("output.weight", T["token_embd.weight"])
+    w = dict(embed=_t(T["token_embd.weight"]), final_norm=_t(T["output_norm.weight"]), out=_t(out))
+    model = OracleModel("llama", cfg, w, layers, path)
+    model.tensor_types = g.tensor_types
+    return model
+
+
+def _read_hf_tensors(directory):
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        files = [os.path.join(directory, x) for x in files]
+    else:
+        files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"{directory}: no *.safetensors files")
+    tensors = {}
+    for fn in files:
+        tensors.update(read_safetensors(fn))
+    return tensors
+
+
+def _load_hf_llama(c, T, path):
+    p = "model."
+    if c.get("rope_scaling"):
+        raise NotImplementedError("rope_scaling is not supported by the oracle")
+    cfg = _llama_cfg(c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                     c.get("num_key_value_heads", c["num_attention_heads"]), c["vocab_size"],
+                     c.get("rms_norm_eps", 1e-6), c.get("rope_theta", 10000.0), "half",
+                     c.get("head_dim"))
+    names = dict(attn_norm="input_layernorm", wq="self_attn.q_proj", wk="self_attn.k_proj",
+                 wv="self_attn.v_proj", wo="self_attn.o_proj", ffn_norm="post_attention_layernorm",
+                 w1="mlp.gate_proj", w2="mlp.down_proj", w3="mlp.up_proj")
+    layers = [{k: _t(T[f"{p}layers.{i}.{v}.weight"]) for k, v in names.items()}
+              for i in range(cfg["n_layers"])]
+    embed = T[p + "embed_tokens.weight"]
+    out = T.get("lm_head.weight", embed)
+    w = dict(embed=_t(embed), final_norm=_t(T[p + "norm.weight"]), out=_t(out))
+    return OracleModel("llama", cfg, w, layers, path)
+
+
+def _load_hf_gpt2(c, T, path):
+    p = "transformer." if "transformer.wte.weight" in T else ""
+    d = c["n_embd"]
+    cfg = dict(dim=d, n_layers=c["n_layer"], n_heads=c["n_head"], head_dim=d // c["n_head"],
+               vocab_size=c["vocab_size"], n_positions=c.get("n_positions", 1024),
+               eps=float(c.get("layer_norm_epsilon", 1e-5)))
+    act = c.get("activation_function", "gelu_new")
+    if act not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise NotImplementedError(f"GPT-2 activation {act!r}: the oracle implements tanh GELU only")
+    layers = []
+    for i in range(cfg["n_layers"]):
+        q = f"{p}h.{i}."
+        # Conv1D: y = x @ W + b with W [in, out]; store W^T [out, in].
+        layers.append(dict(
+            ln1_w=_t(T[q + "ln_1.weight"]), ln1_b=_t(T[q + "ln_1.bias"]),
+            w_qkv=_t(T[q + "attn.c_attn.weight"].T), b_qkv=_t(T[q + "attn.c_attn.bias"]),
+            w_o=_t(T[q + "attn.c_proj.weight"].T), b_o=_t(T[q + "attn.c_proj.bias"]),
+            ln2_w=_t(T[q + "ln_2.weight"]), ln2_b=_t(T[q + "ln_2.bias"]),
+            w_fc=_t(T[q + "mlp.c_fc.weight"].T), b_fc=_t(T[q + "mlp.c_fc.bias"]),
+            w_proj=_t(T[q + "mlp.c_proj.weight"].T), b_proj=_t(T[q + "mlp.c_proj.bias"])))
+    wte = T[p + "wte.weight"]
+    w = dict(wte=_t(wte), wpe=_t(T[p + "wpe.weight"]), lnf_w=_t(T[p + "ln_f.weight"]),
+             lnf_b=_t(T[p + "ln_f.bias"]), out=_t(T.get("lm_head.weight", wte)))
+    return OracleModel("gpt2", cfg, w, layers, path)
+
+
+def load_hf(path):
+    directory = path if os.path.isdir(path) else os.path.dirname(path)
+    with open(os.path.join(directory, "config.json")) as f:
+        c = json.load(f)
+    T = _read_hf_tensors(directory)
+    mt = c.get("model_type")
+    if mt == "gpt2":
+        return _load_hf_gpt2(c, T, directory)
+    if mt == "llama":
+        return _load_hf_llama(c, T, directory)
+    raise NotImplementedError(f"model_type {mt!r} not supported by the oracle")
+
+
+def load_model(path):
+    """Dispatches on the file: directory / config.json / *.safetensors -> Hugging Face,
+    GGUF magic -> GGUF, otherwise a llama2.c checkpoint."""
+    if os.path.isdir(path) or path.endswith((".json", ".safetensors")):
+        return load_hf(path)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == b"GGUF":
+        return load_gguf(path)
+    if len(magic) == 4 and struct.unpack("<i", magic)[0] > 0:
+        return load_llama2c(path)
+    raise ValueError(f"{path}: unrecognised model file")

@@ -1,0 +1,163 @@
+"""Float64 forward passes written from the equations (Llama and GPT-2).
+
+forward(model, tokens, doc_ids=None, positions=None) -> (logits [T, V], attn [L, H, T, T]).
+Everything is differentiable (no in-place ops), so torch.autograd can produce gradients.
+Pass `capture={}` to receive per-layer intermediates (q, k, v, scores, probs, attn_out, resid).
+"""
+import math
+
+import torch
+
+F64 = torch.float64
+
+
+def allowed_mask(T, doc_ids=None):
+    """[T, T] bool: query i may see key j iff j <= i (and same document when doc_ids given)."""
+    idx = torch.arange(T)
+    mask = idx[None, :] <= idx[:, None]
+    if doc_ids is not None:
+        d = torch.as_tensor(doc_ids)
+        mask = mask & (d[None, :] == d[:, None])
+    return mask
+
+
+def attention(q, k, v, mask):
+    """q [H, T, hd]; k, v [H, T, hd] (already expanded for GQA). Returns (out, probs, scores)."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if not bool(mask.any(dim=-1).all()):
+        raise ValueError("a query row has no visible key")
+    m = scores.max(dim=-1, keepdim=True).values
+    e = torch.exp(scores - m)
+    probs = e / e.sum(dim=-1, keepdim=True)
+    return probs @ v, probs, scores
+
+
+def rms_norm(x, w, eps):
+    return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps) * w
+
+
+def layer_norm(x, w, b, eps):
+    mu = x.mean(dim=-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(dim=-1, keepdim=True)  # biased variance
+    return (x - mu) / torch.sqrt(var + eps) * w + b
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def silu(x):
+    return x / (1.0 + torch.exp(-x))
+
+
+def rope(x, positions, base, style):
+    """x [H, T, hd]. style "adjacent": pairs (2i, 2i+1); "half": pairs (i, i + hd/2).
+    Pair i is rotated by angle pos * base^(-2i/hd)."""
+    hd = x.shape[-1]
+    i = torch.arange(hd // 2, dtype=F64)
+    ang = positions.to(F64)[:, None] * base ** (-2.0 * i / hd)  # [T, hd/2]
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    if style == "adjacent":
+        a, b = x[..., 0::2], x[..., 1::2]
+        return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+    if style == "half":
+        a, b = x[..., :hd // 2], x[..., hd // 2:]
+        return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+    raise ValueError(f"unknown RoPE style {style!r}")
+
+
+def _heads(x, n, hd):
+    return x.reshape(x.shape[0], n, hd).transpose(0, 1)  # [T, n*hd] -> [n, T, hd]
+
+
+def _merge(x):
+    return x.transpose(0, 1).reshape(x.shape[1], -1)  # [n, T, hd] -> [T, n*hd]
+
+
+def _record(capture, **kw):
+    if capture is not None:
+        capture.setdefault("layers", []).append(kw)
+
+
+def llama_forward(m, x, positions, mask, capture=None):
+    c = m.cfg
+    H, KV, hd, eps = c["n_heads"], c["n_kv_heads"], c["head_dim"], c["eps"]
+    group = H // KV
+    probs_all = []
+    for lw in m.layers:
+        n = rms_norm(x, lw["attn_norm"], eps)
+        q = rope(_heads(n @ lw["wq"].T, H, hd), positions, c["rope_base"], c["rope_style"])
+        k = rope(_heads(n @ lw["wk"].T, KV, hd), positions, c["rope_base"], c["rope_style"])
+        v = _heads(n @ lw["wv"].T, KV, hd)
+        kv_of_head = torch.arange(H) // group  # GQA: query head h reads KV head h // group
+        out, probs, scores = attention(q, k[kv_of_head], v[kv_of_head], mask)
+        h = x + _merge(out) @ lw["wo"].T
+        n2 = rms_norm(h, lw["ffn_norm"], eps)
+        x = h + (silu(n2 @ lw["w1"].T) * (n2 @ lw["w3"].T)) @ lw["w2"].T
+        probs_all.append(probs)
+        _record(capture, q=q, k=k, v=v, scores=scores, probs=probs, attn_out=out, resid=x)
+    x = rms_norm(x, m.w["final_norm"], eps)
+    return x @ m.w["out"].T, torch.stack(probs_all)
+
+
+def gpt2_forward(m, x, positions, mask, capture=None):
+    c = m.cfg
+    H, hd, d, eps = c["n_heads"], c["head_dim"], c["dim"], c["eps"]
+    x = x + m.w["wpe"][positions]
+    probs_all = []
+    for lw in m.layers:
+        qkv = layer_norm(x, lw["ln1_w"], lw["ln1_b"], eps) @ lw["w_qkv"].T + lw["b_qkv"]
+        q, k, v = (_heads(qkv[:, j * d:(j + 1) * d], H, hd) for j in range(3))
+        out, probs, scores = attention(q, k, v, mask)
+        x = x + _merge(out) @ lw["w_o"].T + lw["b_o"]
+        n2 = layer_norm(x, lw["ln2_w"], lw["ln2_b"], eps)
+        x = x + gelu_tanh(n2 @ lw["w_fc"].T + lw["b_fc"]) @ lw["w_proj"].T + lw["b_proj"]
+        probs_all.append(probs)
+        _record(capture, q=q, k=k, v=v, scores=scores, probs=probs, attn_out=out, resid=x)
+    x = layer_norm(x, m.w["lnf_w"], m.w["lnf_b"], eps)
+    return x @ m.w["out"].T, torch.stack(probs_all)
+
+
+def forward(m, tokens, doc_ids=None, positions=None, inputs_embeds=None, capture=None):
+    """Full causal pass over `tokens` (list of ids). positions default to 0..T-1;
+    `inputs_embeds` [T, d] replaces the token-embedding lookup (for input gradients)."""
+    ids = torch.as_tensor(list(tokens), dtype=torch.long)
+    T = ids.shape[0]
+    if T == 0:
+        raise ValueError("empty token list")
+    if int(ids.min()) < 0 or int(ids.max()) >= m.cfg["vocab_size"]:
+        raise ValueError(f"token id out of range [0, {m.cfg['vocab_size']})")
+    if doc_ids is not None and len(doc_ids) != T:
+        raise ValueError("doc_ids must have one entry per token")
+    pos = torch.arange(T) if positions is None else torch.as_tensor(list(positions), dtype=torch.long)
+    mask = allowed_mask(T, doc_ids)
+    embed = m.w["embed"] if m.family == "llama" else m.w["wte"]
+    x = embed[ids] if inputs_embeds is None else inputs_embeds
+    if capture is not None:
+        capture["embeds"] = x
+    fwd = llama_forward if m.family == "llama" else gpt2_forward
+    return fwd(m, x, pos, mask, capture)
+
+
+def positions_per_document(doc_ids):
+    """Positions that restart at 0 at every document boundary."""
+    pos, last, count = [], object(), 0
+    for d in doc_ids:
+        count = count + 1 if d == last else 0
+        last = d
+        pos.append(count)
+    return pos
+
+
+def greedy(m, prompt, n_new, stop_ids=()):
+    """Greedy continuation by recomputing the full pass each step."""
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(n_new):
+            logits, _ = forward(m, seq)
+            nxt = int(torch.argmax(logits[-1]))
+            seq.append(nxt)
+            if nxt in stop_ids:
+                break
+    return seq[len(prompt):]

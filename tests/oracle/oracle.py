@@ -1,0 +1,73 @@
+#!/usr/bin/python3
+"""kvlens float64 oracle CLI (run with Debian's /usr/bin/python3, which has torch).
+
+  oracle.py --model PATH --tokens "1 2 3" [--doc-ids "0 0 1"] [--positions-per-doc]
+            --out FILE [--attention]
+  oracle.py --model PATH --generate N --prompt-tokens "1 403 407"
+
+PATH: a llama2.c .bin, a GGUF file (llama), or a Hugging Face directory (gpt2 / llama).
+The output container format is described in README.md and kvlens_oracle/container.py.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+from kvlens_oracle import forward, greedy, load_model, positions_per_document, write_container  # noqa: E402
+
+
+def _ints(text):
+    return [int(x) for x in text.replace(",", " ").split()]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--tokens", help='space-separated token ids, e.g. "1 2 3"')
+    ap.add_argument("--tokens-file", help="file of whitespace-separated token ids")
+    ap.add_argument("--doc-ids", help="one document id per token (packed inputs)")
+    ap.add_argument("--positions-per-doc", action="store_true",
+                    help="restart positions at 0 at each document boundary (default: 0..T-1)")
+    ap.add_argument("--out", help="output KVORACLE container")
+    ap.add_argument("--attention", action="store_true", help="also write attn.{layer} [H, T, T]")
+    ap.add_argument("--generate", type=int, help="print N greedy token ids after --prompt-tokens")
+    ap.add_argument("--prompt-tokens")
+    ap.add_argument("--stop-ids", default="", help="ids that end --generate (e.g. \"1 2\")")
+    a = ap.parse_args(argv)
+
+    model = load_model(a.model)
+    if a.generate is not None:
+        if not a.prompt_tokens:
+            ap.error("--generate needs --prompt-tokens")
+        out = greedy(model, _ints(a.prompt_tokens), a.generate, stop_ids=set(_ints(a.stop_ids)))
+        print(" ".join(map(str, out)))
+        return 0
+
+    if bool(a.tokens) == bool(a.tokens_file):
+        ap.error("give exactly one of --tokens / --tokens-file")
+    if not a.out:
+        ap.error("--out is required")
+    if a.tokens_file:
+        with open(a.tokens_file) as f:
+            tokens = _ints(f.read())
+    else:
+        tokens = _ints(a.tokens)
+    docs = _ints(a.doc_ids) if a.doc_ids else None
+    if a.positions_per_doc and docs is None:
+        ap.error("--positions-per-doc needs --doc-ids")
+    pos = positions_per_document(docs) if a.positions_per_doc else None
+    with torch.no_grad():
+        logits, attn = forward(model, tokens, doc_ids=docs, positions=pos)
+    arrays = {"logits": logits.numpy()}
+    if a.attention:
+        for layer in range(attn.shape[0]):
+            arrays[f"attn.{layer}"] = attn[layer].numpy()
+    write_container(a.out, arrays)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

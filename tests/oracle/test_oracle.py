@@ -1,0 +1,166 @@
+"""Checks the oracle against the outside world: llama2.c's run.c reference text for
+stories260K, the same model as GGUF and as a HF llama directory, and the file readers.
+
+Run: /usr/bin/python3 -m unittest discover -s tests/oracle -p 'test_*.py'
+"""
+import copy
+import os
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from kvlens_oracle import SpmTokenizer, forward, greedy, load_model, read_container, write_container  # noqa: E402
+from kvlens_oracle.checkpoints import read_llama2c  # noqa: E402
+from kvlens_oracle.gguf import GGUFFile  # noqa: E402
+import oracle_fixtures as fx  # noqa: E402
+
+TESTDATA = fx.shared_testdata()
+REF_PROMPTED = ("Once upon a time, there was a little girl named Lily. She loved to play outside in "
+                "the park. One day, she saw a big, red ball. She wanted to play with it, but it was "
+                "too high.\nLily")
+REF_BOS_ONLY = REF_PROMPTED + ("'s mom said, \"Lily, let's go to the park.\" Lily was sad and "
+                               "didn't know what to do.")
+PROBE = "Once upon a time, there was a little girl named Lily. She loved to play outside"
+
+
+class ContainerTest(unittest.TestCase):
+    def test_roundtrip_and_layout(self):
+        arrays = {"logits": np.arange(6.0).reshape(2, 3) / 7, "attn.0": np.ones((1, 2, 2)), "s": np.array(3.5)}
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "x.kvo")
+            write_container(p, arrays)
+            back = read_container(p)
+            with open(p, "rb") as f:
+                raw = f.read()
+        self.assertEqual(list(back), list(arrays))
+        for k in arrays:
+            np.testing.assert_array_equal(back[k], arrays[k])
+        self.assertEqual(raw[:8], b"KVORACLE")
+        self.assertEqual(raw[8:16], (1).to_bytes(4, "little") + (3).to_bytes(4, "little"))
+        # first array: name length 6, "logits", ndim 2, dims 2 and 3, then 6 doubles
+        self.assertEqual(raw[16:30], (6).to_bytes(4, "little") + b"logits" + (2).to_bytes(4, "little"))
+        self.assertEqual(np.frombuffer(raw[30:46], "<i8").tolist(), [2, 3])
+        self.assertEqual(np.frombuffer(raw[46:94], "<f8").tolist(), (np.arange(6.0) / 7).tolist())
+
+
+@unittest.skipIf(TESTDATA is None, "shared testdata absent (set KVLENS_SHARED_DIR); skipping stories260K checks")
+class Stories260KTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        d = os.path.join(TESTDATA, "stories260K")
+        cls.bin_path, cls.gguf_path = os.path.join(d, "stories260K.bin"), os.path.join(d, "stories260K.gguf")
+        cls.tok = SpmTokenizer.from_llama2c(os.path.join(d, "tok512.bin"))
+        cls.model = load_model(cls.bin_path)
+        cls.ids = cls.tok.encode(PROBE)
+
+    def test_greedy_matches_run_c_with_prompt(self):
+        prompt = self.tok.encode("Once upon a time")
+        self.assertEqual(prompt, [1, 403, 407, 261, 378])
+        # run.c, 64 steps: prints tokens 1..64 of the sequence (prompt tokens included)
+        out = greedy(self.model, prompt, 64 - len(prompt) + 1, stop_ids={1})
+        self.assertEqual(self.tok.decode(prompt[1:] + out), REF_PROMPTED)
+
+    def test_greedy_matches_run_c_from_bos(self):
+        n = len(self.tok.encode(REF_BOS_ONLY, bos=False)) + 2
+        text = self.tok.decode(greedy(self.model, [1], n, stop_ids={1}))
+        self.assertTrue(text.startswith(REF_BOS_ONLY), text)
+
+    def test_gguf_equals_bin_adjacent_rope(self):
+        g = load_model(self.gguf_path)
+        self.assertEqual(g.cfg, self.model.cfg)
+        with torch.no_grad():
+            la, pa = forward(self.model, self.ids)
+            lb, pb = forward(g, self.ids)
+            self.assertLessEqual(float((la - lb).abs().max()), 1e-12)
+            self.assertLessEqual(float((pa - pb).abs().max()), 1e-12)
+            half = copy.copy(g)
+            half.cfg = dict(g.cfg, rope_style="half")  # the other convention is far off
+            self.assertGreater(float((forward(half, self.ids)[0] - la).abs().max()), 1.0)
+
+    def test_gguf_tokenizer_equals_tok512(self):
+        gt = SpmTokenizer.from_gguf_metadata(GGUFFile(self.gguf_path).metadata)
+        self.assertEqual(gt.pieces[3:], self.tok.pieces[3:])  # specials are spelled differently
+        self.assertEqual(gt.encode(PROBE), self.ids)
+
+    def test_hf_llama_half_split_equals_bin(self):
+        hdr, t = read_llama2c(self.bin_path)
+        with tempfile.TemporaryDirectory() as d, torch.no_grad():
+            ref = forward(self.model, self.ids)[0]
+            for shards in (1, 3):
+                sub = os.path.join(d, f"s{shards}")
+                fx.write_hf_llama(sub, hdr, t, self.model.cfg["eps"], shards=shards)
+                m = load_model(sub)
+                self.assertEqual(m.cfg["rope_style"], "half")
+                self.assertLessEqual(float((forward(m, self.ids)[0] - ref).abs().max()), 1e-12)
+
+    def test_llama2c_untied_classifier(self):
+        hdr, t = read_llama2c(self.bin_path)
+        t["wcls"] = np.random.default_rng(1).normal(0, 0.1, t["token_embedding"].shape)
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "untied.bin")
+            fx.write_llama2c(p, hdr, t, untied=True)
+            m = load_model(p)
+        np.testing.assert_array_equal(m.w["out"].numpy(), t["wcls"].astype(np.float32))
+        np.testing.assert_array_equal(m.w["embed"].numpy(), t["token_embedding"])
+
+    def test_gguf_quantized_types_v2(self):
+        g = GGUFFile(self.gguf_path)
+        kinds = ["F16", "BF16", "Q8_0", "F32"]
+        tensors = [(n, a, kinds[i % 4] if a.ndim == 2 else "F32") for i, (n, a) in enumerate(g.tensors.items())]
+        md = {k: v for k, v in g.metadata.items() if not k.startswith("tokenizer.")}
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "mixed.gguf")
+            expect = fx.write_gguf(p, md, tensors, version=2, alignment=64)
+            q = GGUFFile(p)
+            m = load_model(p)
+        self.assertEqual(q.version, 2)
+        self.assertEqual(set(q.tensor_types.values()), set(kinds))
+        for name, want in expect.items():
+            self.assertEqual(q.tensors[name].shape, g.tensors[name].shape, name)
+            np.testing.assert_array_equal(q.tensors[name], want, err_msg=name)
+        with torch.no_grad():
+            diff = float((forward(m, self.ids)[0] - forward(self.model, self.ids)[0]).abs().max())
+        self.assertLess(diff, 0.5)  # quantised weights: close, not equal
+
+    def test_packed_documents_equal_separate_runs(self):
+        a, b = self.ids[:9], self.tok.encode("She wanted to play")
+        with torch.no_grad():
+            lp, pp = forward(self.model, a + b, doc_ids=[0] * len(a) + [1] * len(b))
+            la, _ = forward(self.model, a)
+            lb, _ = forward(self.model, b)
+        # RoPE scores depend only on relative position, so absolute positions are fine here
+        self.assertLessEqual(float((lp[:len(a)] - la).abs().max()), 1e-12)
+        self.assertLessEqual(float((lp[len(a):] - lb).abs().max()), 1e-10)
+        self.assertEqual(float(pp[:, :, len(a):, :len(a)].abs().max()), 0.0)
+
+    def test_attention_rows_are_causal_distributions(self):
+        with torch.no_grad():
+            _, p = forward(self.model, self.ids)
+        T = len(self.ids)
+        self.assertEqual(tuple(p.shape), (5, 8, T, T))
+        self.assertLessEqual(float((p.sum(-1) - 1).abs().max()), 1e-14)
+        self.assertEqual(float(p[..., torch.triu(torch.ones(T, T, dtype=torch.bool), 1)].abs().max()), 0.0)
+
+    def test_autograd_matches_finite_differences(self):
+        ids = self.ids[:8]
+        emb = self.model.w["embed"][ids].clone().requires_grad_(True)
+        logp = lambda e: torch.log_softmax(forward(self.model, ids, inputs_embeds=e)[0][-1], -1)[ids[-1]]  # noqa: E731
+        (grad,) = torch.autograd.grad(logp(emb), emb)
+        h, worst = 1e-6, 0.0
+        with torch.no_grad():
+            for (i, j) in [(0, 0), (3, 17), (7, 63), (5, 5)]:
+                e1, e2 = emb.detach().clone(), emb.detach().clone()
+                e1[i, j] += h
+                e2[i, j] -= h
+                fd = (logp(e1) - logp(e2)) / (2 * h)
+                worst = max(worst, abs(float(fd - grad[i, j])))
+        self.assertLess(worst, 1e-7)
+
+
+if __name__ == "__main__":
+    unittest.main()
