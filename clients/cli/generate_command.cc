@@ -1,0 +1,137 @@
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "absl/strings/str_format.h"
+#include "clients/cli/args.h"
+#include "clients/cli/commands.h"
+#include "engine/generator.h"
+#include "engine/model/model.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/reference_backend.h"
+
+namespace kvlens::cli {
+namespace {
+
+const std::vector<FlagSpec>& Specs() {
+  static const std::vector<FlagSpec> specs = {
+      {"model", "", "model file: GGUF or llama2.c .bin (required)"},
+      {"tokenizer", "", "llama2.c tokenizer .bin (default: tokenizer.bin or tok<V>.bin beside the model)"},
+      {"prompt", "", "prompt text; the output is the prompt followed by the completion"},
+      {"max-new-tokens", "64", "tokens to generate at most"},
+      {"temperature", "0", "sampling temperature; 0 is greedy"},
+      {"top-k", "0", "keep the k most likely tokens (0: off)"},
+      {"top-p", "1", "nucleus sampling mass (1: off)"},
+      {"min-p", "0", "drop tokens below min-p times the top probability (0: off)"},
+      {"repetition-penalty", "1", "CTRL-style repetition penalty (1: off)"},
+      {"seed", "0", "random seed for sampling"},
+      {"precision", "fp32", "fp32 (fast CPU path) or fp64 (the double-precision reference)"},
+      {"threads", "0", "CPU threads (0: all cores)"},
+      {"prefill-chunk", "512", "prompt tokens per prefill step"},
+      {"block-size", "16", "KV-cache block size in tokens"},
+      {"no-bos", "", "do not prepend the BOS token", true},
+      {"ignore-eos", "", "keep generating past the EOS token", true},
+      {"stats", "", "print timing and tokens/s to stderr", true},
+  };
+  return specs;
+}
+
+template <typename T>
+int Run(const Model& model, kernels::Backend<T>& backend, const std::vector<int32_t>& prompt,
+        const std::string& prompt_text, const GenerateOptions& options, bool stats) {
+  IncrementalDecoder decoder(*model.tokenizer);
+  for (int32_t id : prompt) decoder.Push(id);  // the prompt is printed as given
+  std::cout << prompt_text << std::flush;
+  auto result = Generate<T>(model, backend, prompt, options, [&](int32_t token) {
+    std::cout << decoder.Push(token) << std::flush;
+    return true;
+  });
+  if (!result.ok()) {
+    std::cout << std::endl;
+    std::cerr << "kvlens-cli generate: " << result.status().message() << "\n";
+    return 1;
+  }
+  std::cout << decoder.Flush() << "\n";
+  if (stats) {
+    const int n = static_cast<int>(result->tokens.size());
+    const double decode_tps = n > 1 ? (n - 1) / result->decode_seconds : 0.0;
+    std::cerr << absl::StrFormat(
+        "backend %s | prompt %d tokens in %.3f s (%.1f tok/s) | generated %d tokens, decode "
+        "%.1f tok/s | finish: %s\n",
+        backend.name(), prompt.size(), result->prefill_seconds,
+        prompt.size() / std::max(result->prefill_seconds, 1e-9), n, decode_tps,
+        FinishReasonName(result->finish_reason));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int GenerateCommand(int argc, char** argv) {
+  auto fail = [](const absl::Status& s, int code) {
+    std::cerr << "kvlens-cli generate: " << s.message() << "\n";
+    return code;
+  };
+  auto args = Args::Parse(argc, argv, 2, Specs());
+  if (!args.ok()) return fail(args.status(), 2);
+  if (args->help()) {
+    std::cout << Args::Usage("generate",
+                             "Generates a completion of --prompt and prints prompt + completion.",
+                             Specs());
+    return 0;
+  }
+  if (!args->Has("model")) return fail(absl::InvalidArgumentError("--model is required"), 2);
+
+  GenerateOptions options;
+  auto max_new = args->Int("max-new-tokens", 0, 1 << 20);
+  auto temperature = args->Double("temperature", 0, 100);
+  auto top_k = args->Int("top-k", 0, 1 << 30);
+  auto top_p = args->Double("top-p", 0, 1);
+  auto min_p = args->Double("min-p", 0, 1);
+  auto rep = args->Double("repetition-penalty", 0, 10);
+  auto seed = args->Int("seed", 0, INT64_MAX);
+  auto threads = args->Int("threads", 0, 1024);
+  auto chunk = args->Int("prefill-chunk", 1, 1 << 20);
+  auto block = args->Int("block-size", 1, 1024);
+  for (const absl::Status& s : {max_new.status(), temperature.status(), top_k.status(),
+                                top_p.status(), min_p.status(), rep.status(), seed.status(),
+                                threads.status(), chunk.status(), block.status()}) {
+    if (!s.ok()) return fail(s, 2);
+  }
+  const std::string precision = args->Str("precision");
+  if (precision != "fp32" && precision != "fp64") {
+    return fail(absl::InvalidArgumentError("--precision must be fp32 or fp64"), 2);
+  }
+  options.max_new_tokens = static_cast<int>(*max_new);
+  options.sampling.temperature = *temperature;
+  options.sampling.top_k = static_cast<int>(*top_k);
+  options.sampling.top_p = *top_p;
+  options.sampling.min_p = *min_p;
+  options.sampling.repetition_penalty = *rep;
+  options.sampling.seed = static_cast<uint64_t>(*seed);
+  options.prefill_chunk = static_cast<int>(*chunk);
+  options.block_size = static_cast<int>(*block);
+  options.stop_at_eos = !args->Switch("ignore-eos");
+
+  auto model = LoadModel({args->Str("model"), args->Str("tokenizer")});
+  if (!model.ok()) return fail(model.status(), 1);
+  if ((*model)->tokenizer == nullptr) {
+    return fail(absl::NotFoundError("the model has no tokenizer (pass --tokenizer)"), 1);
+  }
+  const Tokenizer& tok = *(*model)->tokenizer;
+  const std::string prompt_text = args->Str("prompt");
+  std::vector<int32_t> prompt = tok.Encode(prompt_text, !args->Switch("no-bos"));
+  if (prompt.empty()) {
+    return fail(absl::InvalidArgumentError("the prompt is empty and the model has no BOS token"), 2);
+  }
+  const bool stats = args->Switch("stats");
+  if (precision == "fp64") {
+    kernels::ReferenceBackend backend;
+    return Run<double>(**model, backend, prompt, prompt_text, options, stats);
+  }
+  kernels::CpuBackend backend(static_cast<int>(*threads));
+  return Run<float>(**model, backend, prompt, prompt_text, options, stats);
+}
+
+}  // namespace kvlens::cli

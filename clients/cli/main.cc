@@ -1,0 +1,29 @@
+// kvlens-cli: run a model offline from the terminal.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "clients/cli/commands.h"
+
+namespace {
+constexpr char kUsage[] =
+    "usage: kvlens-cli COMMAND [flags]\n"
+    "\n"
+    "commands:\n"
+    "  generate   generate text from a prompt with a local model (GGUF or llama2.c .bin)\n"
+    "  tokenize   print the token ids of a text, separated by spaces\n"
+    "\n"
+    "Run 'kvlens-cli COMMAND --help' for a command's flags.\n";
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  if (command == "generate") return kvlens::cli::GenerateCommand(argc, argv);
+  if (command == "tokenize") return kvlens::cli::TokenizeCommand(argc, argv);
+  std::fprintf(stderr, "kvlens-cli: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+  return 2;
+}

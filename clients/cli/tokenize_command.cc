@@ -1,0 +1,41 @@
+#include <cstdio>
+#include <iostream>
+
+#include "absl/strings/str_join.h"
+#include "clients/cli/args.h"
+#include "clients/cli/commands.h"
+#include "engine/model/model.h"
+
+namespace kvlens::cli {
+
+int TokenizeCommand(int argc, char** argv) {
+  const std::vector<FlagSpec> specs = {
+      {"model", "", "model file: GGUF (a vocabulary-only GGUF is enough) or llama2.c .bin"},
+      {"tokenizer", "", "llama2.c tokenizer .bin (default: found beside a .bin model)"},
+      {"text", "", "the text to tokenize"},
+      {"bos", "", "prepend the BOS token", true},
+  };
+  auto args = Args::Parse(argc, argv, 2, specs);
+  if (!args.ok()) {
+    std::cerr << "kvlens-cli tokenize: " << args.status().message() << "\n";
+    return 2;
+  }
+  if (args->help()) {
+    std::cout << Args::Usage("tokenize", "Prints the token ids of --text on one line.", specs);
+    return 0;
+  }
+  if (!args->Has("model") && !args->Has("tokenizer")) {
+    std::cerr << "kvlens-cli tokenize: --model is required\n";
+    return 2;
+  }
+  auto tok = LoadTokenizer({args->Str("model"), args->Str("tokenizer")});
+  if (!tok.ok()) {
+    std::cerr << "kvlens-cli tokenize: " << tok.status().message() << "\n";
+    return 1;
+  }
+  const std::vector<int32_t> ids = (*tok)->Encode(args->Str("text"), args->Switch("bos"));
+  std::cout << absl::StrJoin(ids, " ") << "\n";
+  return 0;
+}
+
+}  // namespace kvlens::cli

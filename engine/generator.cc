@@ -1,0 +1,138 @@
+#include "engine/generator.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "engine/kv_cache/kv_cache_manager.h"
+#include "engine/kv_cache/kv_cache_storage.h"
+#include "engine/model/transformer.h"
+
+namespace kvlens {
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kStopToken:
+      return "stop";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kContext:
+      return "context";
+  }
+  return "unknown";
+}
+
+template <typename T>
+absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>& backend,
+                                        absl::Span<const int32_t> prompt,
+                                        const GenerateOptions& options,
+                                        const TokenCallback& on_token) {
+  using Clock = std::chrono::steady_clock;
+  const ModelConfig& c = model.config;
+  if (prompt.empty()) return absl::InvalidArgumentError("prompt: no tokens");
+  if (options.max_new_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens = ", options.max_new_tokens, " must be >= 0"));
+  }
+  if (options.prefill_chunk <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill_chunk = ", options.prefill_chunk, " must be > 0"));
+  }
+  if (options.block_size <= 0 || options.block_size > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_size = ", options.block_size, " must be in [1, 1024]"));
+  }
+  if (static_cast<int64_t>(prompt.size()) > c.max_seq_len) {
+    return absl::OutOfRangeError(absl::StrCat("prompt has ", prompt.size(),
+                                              " tokens, the context length is ", c.max_seq_len));
+  }
+  if (absl::Status s = options.sampling.Validate(c.vocab_size); !s.ok()) return s;
+
+  const int64_t total = std::min<int64_t>(c.max_seq_len,
+                                          static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
+  KvCacheManager cache_manager(
+      static_cast<int>((total + options.block_size - 1) / options.block_size), options.block_size);
+  KvCacheStorage<T> cache(c.num_layers, cache_manager.pool().num_blocks(), options.block_size,
+                          c.kv_dim(), /*fill_nan=*/true);
+  constexpr SequenceId kSeq = 0;
+  if (!cache_manager.Reserve(kSeq, total)) return absl::InternalError("KV cache reservation failed");
+  const std::vector<BlockId>& table = cache_manager.BlockTable(kSeq);
+
+  Transformer<T> transformer(model, backend);
+  Sampler sampler(options.sampling);
+  GenerateResult result;
+  std::vector<int32_t> history(prompt.begin(), prompt.end());
+  ForwardOutput<T> out;
+  std::vector<float> logits(c.vocab_size);
+
+  // prefill in chunks; only the last chunk's last row needs logits
+  const auto t0 = Clock::now();
+  int num_cached = 0;
+  while (num_cached < static_cast<int>(prompt.size())) {
+    const int n = std::min<int>(options.prefill_chunk, static_cast<int>(prompt.size()) - num_cached);
+    BatchEntry entry;
+    entry.tokens = prompt.subspan(num_cached, n);
+    entry.num_cached = num_cached;
+    entry.block_table = table;
+    if (absl::Status s = transformer.Forward({&entry, 1}, cache, out); !s.ok()) return s;
+    num_cached += n;
+  }
+  auto t_first = Clock::now();
+  result.prefill_seconds = std::chrono::duration<double>(t_first - t0).count();
+
+  while (true) {
+    if (static_cast<int>(result.tokens.size()) >= options.max_new_tokens) {
+      result.finish_reason = FinishReason::kLength;
+      break;
+    }
+    std::copy(out.logits.end() - c.vocab_size, out.logits.end(), logits.begin());
+    const int32_t next = sampler.Sample(absl::MakeSpan(logits), history);
+    result.tokens.push_back(next);
+    history.push_back(next);
+    if (on_token && !on_token(next)) {
+      result.finish_reason = FinishReason::kCancelled;
+      break;
+    }
+    if (options.stop_at_eos && next == (model.tokenizer ? model.tokenizer->eos_id() : -1)) {
+      result.finish_reason = FinishReason::kEos;
+      break;
+    }
+    if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), next) !=
+        options.stop_token_ids.end()) {
+      result.finish_reason = FinishReason::kStopToken;
+      break;
+    }
+    if (static_cast<int>(result.tokens.size()) >= options.max_new_tokens) {
+      result.finish_reason = FinishReason::kLength;
+      break;
+    }
+    if (num_cached >= c.max_seq_len) {
+      result.finish_reason = FinishReason::kContext;
+      break;
+    }
+    // decode step: one query row at offset num_cached
+    BatchEntry entry;
+    entry.tokens = absl::MakeConstSpan(&history.back(), 1);
+    entry.num_cached = num_cached;
+    entry.block_table = table;
+    if (absl::Status s = transformer.Forward({&entry, 1}, cache, out); !s.ok()) return s;
+    ++num_cached;
+  }
+  result.decode_seconds = std::chrono::duration<double>(Clock::now() - t_first).count();
+  return result;
+}
+
+template absl::StatusOr<GenerateResult> Generate<float>(const Model&, kernels::Backend<float>&,
+                                                        absl::Span<const int32_t>,
+                                                        const GenerateOptions&,
+                                                        const TokenCallback&);
+template absl::StatusOr<GenerateResult> Generate<double>(const Model&, kernels::Backend<double>&,
+                                                         absl::Span<const int32_t>,
+                                                         const GenerateOptions&,
+                                                         const TokenCallback&);
+
+}  // namespace kvlens

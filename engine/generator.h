@@ -1,0 +1,50 @@
+// Offline generation for one sequence: chunked prefill of the prompt, then one decode step
+// per token, each a Transformer::Forward whose query offset is the number of tokens
+// already cached. The server's continuous-batching engine builds on the same pieces.
+#ifndef KVLENS_ENGINE_GENERATOR_H_
+#define KVLENS_ENGINE_GENERATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/model/model.h"
+#include "engine/sampler.h"
+#include "kernels/backend.h"
+
+namespace kvlens {
+
+struct GenerateOptions {
+  int max_new_tokens = 64;
+  int prefill_chunk = 512;  // prompt tokens per forward step
+  int block_size = 16;      // KV-cache tokens per block
+  SamplingParams sampling;
+  bool stop_at_eos = true;
+  std::vector<int32_t> stop_token_ids;
+};
+
+enum class FinishReason { kLength, kEos, kStopToken, kCancelled, kContext };
+const char* FinishReasonName(FinishReason r);
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated tokens (not the prompt)
+  FinishReason finish_reason = FinishReason::kLength;
+  double prefill_seconds = 0.0;
+  double decode_seconds = 0.0;  // all decode steps after the first generated token
+};
+
+// Called with each generated token; return false to stop (finish reason kCancelled).
+using TokenCallback = std::function<bool(int32_t token)>;
+
+template <typename T>
+absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>& backend,
+                                        absl::Span<const int32_t> prompt,
+                                        const GenerateOptions& options,
+                                        const TokenCallback& on_token = nullptr);
+
+}  // namespace kvlens
+
+#endif  // KVLENS_ENGINE_GENERATOR_H_

@@ -1,0 +1,180 @@
+#include "engine/model/gguf_model.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "engine/tokenizer/tokenizer_factory.h"
+
+namespace kvlens {
+namespace {
+
+// Reads an integer metadata field that must be present.
+absl::Status ReadInt(const GgufFile& f, const std::string& key, int& out) {
+  auto v = f.GetInt(key);
+  if (!v.ok()) return v.status();
+  if (*v <= 0 || *v > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GGUF metadata ", key, " = ", *v, " is out of range [1, 2^30]"));
+  }
+  out = static_cast<int>(*v);
+  return absl::OkStatus();
+}
+
+class TensorGetter {
+ public:
+  explicit TensorGetter(const GgufFile& f) : f_(f) {}
+  // Required tensor with an exact shape.
+  absl::StatusOr<WeightView> Get(const std::string& name, int64_t rows, int64_t cols) const {
+    auto w = Optional(name);
+    if (!w.ok()) return w.status();
+    if (w->empty()) return absl::NotFoundError(absl::StrCat("GGUF: missing tensor ", name));
+    if (absl::Status s = CheckShape(name, *w, rows, cols); !s.ok()) return s;
+    return *w;
+  }
+  // Empty view when absent.
+  absl::StatusOr<WeightView> Optional(const std::string& name) const {
+    const GgufTensor* t = f_.FindTensor(name);
+    if (t == nullptr) return WeightView{};
+    return GgufWeightView(*t);
+  }
+
+ private:
+  const GgufFile& f_;
+};
+
+#define KVLENS_ASSIGN(lhs, expr)            \
+  do {                                      \
+    auto _r = (expr);                       \
+    if (!_r.ok()) return _r.status();       \
+    lhs = *_r;                              \
+  } while (0)
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> gguf) {
+  const GgufFile& f = *gguf;
+  auto arch_name = f.GetString("general.architecture");
+  if (!arch_name.ok()) return arch_name.status();
+  const std::string a(*arch_name);
+  auto model = std::make_unique<Model>();
+  model->format = "gguf";
+  ModelConfig& c = model->config;
+  if (a == "llama") {
+    c.arch = Architecture::kLlama;
+  } else if (a == "gpt2") {
+    c.arch = Architecture::kGpt2;
+  } else {
+    return absl::UnimplementedError(absl::StrCat(
+        "GGUF general.architecture = \"", a, "\" is not supported (llama, gpt2)"));
+  }
+  if (f.tensors().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GGUF ", f.path(), " holds no tensors (a vocabulary-only file?)"));
+  }
+  if (auto s = ReadInt(f, a + ".embedding_length", c.dim); !s.ok()) return s;
+  if (auto s = ReadInt(f, a + ".feed_forward_length", c.hidden_dim); !s.ok()) return s;
+  if (auto s = ReadInt(f, a + ".block_count", c.num_layers); !s.ok()) return s;
+  if (auto s = ReadInt(f, a + ".attention.head_count", c.num_heads); !s.ok()) return s;
+  if (auto s = ReadInt(f, a + ".context_length", c.max_seq_len); !s.ok()) return s;
+  c.num_kv_heads = c.num_heads;
+  if (f.Find(a + ".attention.head_count_kv") != nullptr) {
+    if (auto s = ReadInt(f, a + ".attention.head_count_kv", c.num_kv_heads); !s.ok()) return s;
+  }
+  c.head_dim = c.dim / c.num_heads;
+  const std::string eps_key = c.arch == Architecture::kLlama
+                                  ? a + ".attention.layer_norm_rms_epsilon"
+                                  : a + ".attention.layer_norm_epsilon";
+  if (f.Find(eps_key) != nullptr) KVLENS_ASSIGN(c.norm_eps, f.GetFloat(eps_key));
+  if (f.Find(a + ".rope.freq_base") != nullptr) {
+    KVLENS_ASSIGN(c.rope_theta, f.GetFloat(a + ".rope.freq_base"));
+  }
+  if (c.arch == Architecture::kLlama && f.Find(a + ".rope.dimension_count") != nullptr) {
+    int rope_dims = 0;
+    if (auto s = ReadInt(f, a + ".rope.dimension_count", rope_dims); !s.ok()) return s;
+    if (rope_dims != c.dim / c.num_heads) {
+      return absl::UnimplementedError(absl::StrCat(
+          "GGUF ", a, ".rope.dimension_count = ", rope_dims,
+          ": partial rotary embeddings are not supported (head size ", c.head_dim, ")"));
+    }
+  }
+  // llama.cpp's converter permutes Q/K rows so that "llama" rotates adjacent pairs.
+  c.rope_style = kernels::RopeStyle::kAdjacentPairs;
+  if (f.Find("general.name") != nullptr) {
+    auto name = f.GetString("general.name");
+    if (name.ok()) c.name = std::string(*name);
+  }
+  if (c.name.empty()) c.name = std::filesystem::path(f.path()).stem().string();
+
+  const TensorGetter t(f);
+  Weights& w = model->weights;
+  WeightView emb;
+  KVLENS_ASSIGN(emb, t.Optional("token_embd.weight"));
+  if (emb.empty()) return absl::NotFoundError("GGUF: missing tensor token_embd.weight");
+  c.vocab_size = static_cast<int>(emb.rows);
+  if (absl::Status s = c.Validate(); !s.ok()) return s;
+
+  const int64_t D = c.dim, F = c.hidden_dim, KVD = c.kv_dim(), V = c.vocab_size;
+  KVLENS_ASSIGN(w.token_embedding, t.Get("token_embd.weight", V, D));
+  w.layers.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    LayerWeights& lw = w.layers[l];
+    const std::string p = absl::StrCat("blk.", l, ".");
+    KVLENS_ASSIGN(lw.attn_norm, t.Get(p + "attn_norm.weight", 1, D));
+    KVLENS_ASSIGN(lw.wo, t.Get(p + "attn_output.weight", D, D));
+    KVLENS_ASSIGN(lw.ffn_norm, t.Get(p + "ffn_norm.weight", 1, D));
+    KVLENS_ASSIGN(lw.w_out, t.Get(p + "ffn_down.weight", D, F));
+    if (c.arch == Architecture::kLlama) {
+      KVLENS_ASSIGN(lw.wq, t.Get(p + "attn_q.weight", D, D));
+      KVLENS_ASSIGN(lw.wk, t.Get(p + "attn_k.weight", KVD, D));
+      KVLENS_ASSIGN(lw.wv, t.Get(p + "attn_v.weight", KVD, D));
+      KVLENS_ASSIGN(lw.w_in, t.Get(p + "ffn_gate.weight", F, D));
+      KVLENS_ASSIGN(lw.w_up, t.Get(p + "ffn_up.weight", F, D));
+    } else {
+      // GPT-2 keeps Q, K and V fused: rows [0, D) are Q, [D, 2D) K, [2D, 3D) V.
+      WeightView qkv, qkv_b;
+      KVLENS_ASSIGN(qkv, t.Get(p + "attn_qkv.weight", 3 * D, D));
+      KVLENS_ASSIGN(qkv_b, t.Get(p + "attn_qkv.bias", 1, 3 * D));
+      if (qkv_b.dtype != kernels::DType::kF32) {
+        return absl::UnimplementedError(absl::StrCat("GGUF tensor ", p, "attn_qkv.bias: dtype ",
+                                                     std::string(kernels::DTypeName(qkv_b.dtype)),
+                                                     " (biases must be f32)"));
+      }
+      lw.wq = qkv.Rows(0, D);
+      lw.wk = qkv.Rows(D, D);
+      lw.wv = qkv.Rows(2 * D, D);
+      const auto* bias = static_cast<const float*>(qkv_b.data);
+      lw.bq = WeightView{bias, kernels::DType::kF32, 1, D};
+      lw.bk = WeightView{bias + D, kernels::DType::kF32, 1, D};
+      lw.bv = WeightView{bias + 2 * D, kernels::DType::kF32, 1, D};
+      KVLENS_ASSIGN(lw.attn_norm_bias, t.Get(p + "attn_norm.bias", 1, D));
+      KVLENS_ASSIGN(lw.bo, t.Get(p + "attn_output.bias", 1, D));
+      KVLENS_ASSIGN(lw.ffn_norm_bias, t.Get(p + "ffn_norm.bias", 1, D));
+      KVLENS_ASSIGN(lw.w_in, t.Get(p + "ffn_up.weight", F, D));
+      KVLENS_ASSIGN(lw.b_in, t.Get(p + "ffn_up.bias", 1, F));
+      KVLENS_ASSIGN(lw.b_out, t.Get(p + "ffn_down.bias", 1, D));
+    }
+  }
+  KVLENS_ASSIGN(w.final_norm, t.Get("output_norm.weight", 1, D));
+  if (c.arch == Architecture::kGpt2) {
+    KVLENS_ASSIGN(w.final_norm_bias, t.Get("output_norm.bias", 1, D));
+    KVLENS_ASSIGN(w.position_embedding, t.Get("position_embd.weight", c.max_seq_len, D));
+  }
+  KVLENS_ASSIGN(w.output, t.Optional("output.weight"));
+  c.tied_embeddings = w.output.empty();
+  if (c.tied_embeddings) {
+    w.output = w.token_embedding;
+  } else if (absl::Status s = CheckShape("output.weight", w.output, V, D); !s.ok()) {
+    return s;
+  }
+  w.storage.push_back(f.file());
+
+  if (f.Find("tokenizer.ggml.model") != nullptr) {
+    auto tok = TokenizerFromGguf(f);
+    if (!tok.ok()) return tok.status();
+    model->tokenizer = *std::move(tok);
+  }
+  if (absl::Status s = model->ValidateWeights(); !s.ok()) return s;
+  return model;
+}
+
+}  // namespace kvlens

@@ -1,0 +1,63 @@
+#include "engine/model/model_config.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvlens {
+
+std::string_view ArchitectureName(Architecture a) {
+  switch (a) {
+    case Architecture::kLlama:
+      return "llama";
+    case Architecture::kGpt2:
+      return "gpt2";
+  }
+  return "unknown";
+}
+
+namespace {
+absl::Status Positive(absl::string_view field, int64_t v, int64_t limit) {
+  if (v <= 0 || v > limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: ", field, " = ", v, " must be in [1, ", limit, "]"));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status ModelConfig::Validate() const {
+  constexpr int64_t kMax = 1 << 20;
+  for (auto [field, v] : {std::pair<absl::string_view, int64_t>{"dim", dim},
+                          {"hidden_dim", hidden_dim},
+                          {"num_layers", num_layers},
+                          {"num_heads", num_heads},
+                          {"num_kv_heads", num_kv_heads},
+                          {"head_dim", head_dim},
+                          {"vocab_size", vocab_size},
+                          {"max_seq_len", max_seq_len}}) {
+    if (absl::Status s = Positive(field, v, kMax); !s.ok()) return s;
+  }
+  if (num_heads % num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: num_heads = ", num_heads,
+                                                   " is not a multiple of num_kv_heads = ",
+                                                   num_kv_heads));
+  }
+  if (num_heads * head_dim != dim) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: num_heads * head_dim = ",
+                                                   num_heads * head_dim, " != dim = ", dim));
+  }
+  if (arch == Architecture::kLlama && head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: head_dim = ", head_dim, " must be even for RoPE"));
+  }
+  if (!(norm_eps > 0.0 && norm_eps < 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: norm_eps = ", norm_eps, " must be in (0, 1)"));
+  }
+  if (!(rope_theta > 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: rope_theta = ", rope_theta, " must be positive"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvlens

@@ -1,0 +1,220 @@
+#include "engine/model/transformer.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvlens {
+
+template <typename T>
+absl::Status Transformer<T>::Validate(absl::Span<const BatchEntry> batch,
+                                      const KvCacheStorage<T>& cache) const {
+  if (batch.empty()) return absl::InvalidArgumentError("forward: empty batch");
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const BatchEntry& b = batch[e];
+    if (b.tokens.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("batch entry ", e, ": tokens is empty"));
+    }
+    if (b.num_cached < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch entry ", e, ": num_cached = ", b.num_cached, " is negative"));
+    }
+    const int64_t total = b.num_cached + static_cast<int64_t>(b.tokens.size());
+    if (total > config_.max_seq_len) {
+      return absl::OutOfRangeError(absl::StrCat("batch entry ", e, ": ", total,
+                                                " tokens exceed the context length ",
+                                                config_.max_seq_len));
+    }
+    for (size_t i = 0; i < b.tokens.size(); ++i) {
+      if (b.tokens[i] < 0 || b.tokens[i] >= config_.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("batch entry ", e, ": token id ",
+                                                       b.tokens[i], " at index ", i,
+                                                       " is outside the vocabulary [0, ",
+                                                       config_.vocab_size, ")"));
+      }
+    }
+    const int64_t blocks_needed = (total + cache.block_size() - 1) / cache.block_size();
+    if (static_cast<int64_t>(b.block_table.size()) < blocks_needed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch entry ", e, ": block_table has ", b.block_table.size(), " blocks, ", total,
+          " tokens need ", blocks_needed));
+    }
+    for (int32_t id : b.block_table.subspan(0, blocks_needed)) {
+      if (id < 0 || id >= cache.num_blocks()) {
+        return absl::InvalidArgumentError(absl::StrCat("batch entry ", e, ": block id ", id,
+                                                       " outside the pool [0, ",
+                                                       cache.num_blocks(), ")"));
+      }
+    }
+    if (!b.doc_ids.empty() && static_cast<int64_t>(b.doc_ids.size()) != total) {
+      return absl::InvalidArgumentError(absl::StrCat("batch entry ", e, ": doc_ids has ",
+                                                     b.doc_ids.size(), " entries, expected ",
+                                                     total));
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+void Transformer<T>::FeedForward(const LayerWeights& lw, int n) {
+  const int64_t F = config_.hidden_dim;
+  if (config_.arch == Architecture::kLlama) {
+    // SwiGLU: w_out · (silu(w_in x) ⊙ w_up x)
+    backend_.MatMul(xn_.data(), n, lw.w_in, WeightView{}, hidden_.data());
+    backend_.MatMul(xn_.data(), n, lw.w_up, WeightView{}, up_.data());
+    backend_.SwiGlu(hidden_.data(), up_.data(), n * F, hidden_.data());
+  } else {
+    // GPT-2: c_proj · gelu(c_fc x + b) + b
+    backend_.MatMul(xn_.data(), n, lw.w_in, lw.b_in, hidden_.data());
+    backend_.Gelu(hidden_.data(), n * F);
+  }
+  backend_.MatMul(hidden_.data(), n, lw.w_out, lw.b_out, proj_.data());
+}
+
+template <typename T>
+absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch,
+                                     KvCacheStorage<T>& cache, ForwardOutput<T>& out,
+                                     AttentionCapture<T>* capture) {
+  if (absl::Status s = Validate(batch, cache); !s.ok()) return s;
+  const ModelConfig& c = config_;
+  const Weights& w = model_.weights;
+  const int64_t D = c.dim, KVD = c.kv_dim(), F = c.hidden_dim, V = c.vocab_size;
+  const int bs = cache.block_size();
+
+  int n = 0;
+  for (const BatchEntry& b : batch) n += static_cast<int>(b.tokens.size());
+  x_.resize(n * D);
+  xn_.resize(n * D);
+  q_.resize(n * D);
+  k_.resize(n * KVD);
+  v_.resize(n * KVD);
+  att_.resize(n * D);
+  proj_.resize(n * D);
+  hidden_.resize(n * F);
+  up_.resize(c.arch == Architecture::kLlama ? n * F : 0);
+  positions_.resize(n);
+  rows_.resize(n);
+  std::vector<int32_t> tokens(n);
+  {
+    int r = 0;
+    for (const BatchEntry& b : batch) {
+      for (size_t i = 0; i < b.tokens.size(); ++i, ++r) {
+        tokens[r] = b.tokens[i];
+        positions_[r] = b.num_cached + static_cast<int>(i);
+        rows_[r] = static_cast<int64_t>(b.block_table[positions_[r] / bs]) * bs +
+                   positions_[r] % bs;
+      }
+    }
+  }
+  if (capture != nullptr) capture->probs.assign(c.num_layers, {});
+
+  // token (and, for GPT-2, position) embeddings
+  backend_.Embedding(w.token_embedding, tokens.data(), n, x_.data());
+  if (c.arch == Architecture::kGpt2) {
+    backend_.Embedding(w.position_embedding, positions_.data(), n, proj_.data());
+    backend_.Add(x_.data(), proj_.data(), n * D);
+  }
+
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    // attention norm
+    if (c.arch == Architecture::kLlama) {
+      backend_.RmsNorm(x_.data(), n, D, lw.attn_norm, c.norm_eps, xn_.data());
+    } else {
+      backend_.LayerNorm(x_.data(), n, D, lw.attn_norm, lw.attn_norm_bias, c.norm_eps,
+                         xn_.data());
+    }
+    // qkv projections for every new token
+    backend_.MatMul(xn_.data(), n, lw.wq, lw.bq, q_.data());
+    backend_.MatMul(xn_.data(), n, lw.wk, lw.bk, k_.data());
+    backend_.MatMul(xn_.data(), n, lw.wv, lw.bv, v_.data());
+    if (c.arch == Architecture::kLlama) {
+      backend_.Rope(q_.data(), n, D, c.num_heads, c.head_dim, positions_.data(), c.rope_theta,
+                    c.rope_style);
+      backend_.Rope(k_.data(), n, KVD, c.num_kv_heads, c.head_dim, positions_.data(),
+                    c.rope_theta, c.rope_style);
+    }
+    // new keys and values into the paged cache
+    backend_.StoreKv(k_.data(), v_.data(), n, KVD, KVD, rows_.data(), cache.k(l), cache.v(l),
+                     KVD);
+    // attention per sequence, against all of its cached keys
+    int r0 = 0;
+    for (size_t e = 0; e < batch.size(); ++e) {
+      const BatchEntry& b = batch[e];
+      const int tq = static_cast<int>(b.tokens.size());
+      kernels::AttentionArgs<T> a;
+      a.q = q_.data() + r0 * D;
+      a.q_stride = D;
+      a.num_queries = tq;
+      a.num_keys = b.num_cached + tq;
+      a.num_heads = c.num_heads;
+      a.num_kv_heads = c.num_kv_heads;
+      a.head_dim = c.head_dim;
+      a.query_offset = b.num_cached;
+      a.causal = true;
+      a.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+      if (!b.doc_ids.empty()) {
+        a.q_doc_ids = b.doc_ids.data() + b.num_cached;
+        a.k_doc_ids = b.doc_ids.data();
+      }
+      a.kv.k = cache.k(l);
+      a.kv.v = cache.v(l);
+      a.kv.row_stride = KVD;
+      a.kv.block_table = b.block_table.data();
+      a.kv.block_size = bs;
+      a.out = att_.data() + r0 * D;
+      a.out_stride = D;
+      if (capture != nullptr && capture->entry == static_cast<int>(e)) {
+        capture->probs[l].resize(static_cast<size_t>(c.num_heads) * tq * a.num_keys);
+        a.probs = capture->probs[l].data();
+      }
+      if (absl::Status s = backend_.Attention(a); !s.ok()) {
+        return absl::Status(s.code(),
+                            absl::StrCat("batch entry ", e, ", layer ", l, ": ", s.message()));
+      }
+      r0 += tq;
+    }
+    // output projection and residual
+    backend_.MatMul(att_.data(), n, lw.wo, lw.bo, proj_.data());
+    backend_.Add(x_.data(), proj_.data(), n * D);
+    // feed-forward block and residual
+    if (c.arch == Architecture::kLlama) {
+      backend_.RmsNorm(x_.data(), n, D, lw.ffn_norm, c.norm_eps, xn_.data());
+    } else {
+      backend_.LayerNorm(x_.data(), n, D, lw.ffn_norm, lw.ffn_norm_bias, c.norm_eps,
+                         xn_.data());
+    }
+    FeedForward(lw, n);
+    backend_.Add(x_.data(), proj_.data(), n * D);
+  }
+
+  // gather the rows that need logits, final norm, classifier
+  std::vector<int> rows;
+  out.logits_row.clear();
+  {
+    int r0 = 0;
+    for (const BatchEntry& b : batch) {
+      const int tq = static_cast<int>(b.tokens.size());
+      out.logits_row.push_back(static_cast<int>(rows.size()));
+      for (int i = b.all_logits ? 0 : tq - 1; i < tq; ++i) rows.push_back(r0 + i);
+      r0 += tq;
+    }
+  }
+  const int m = static_cast<int>(rows.size());
+  for (int i = 0; i < m; ++i) {
+    std::copy_n(x_.data() + rows[i] * D, D, q_.data() + i * D);
+  }
+  if (c.arch == Architecture::kLlama) {
+    backend_.RmsNorm(q_.data(), m, D, w.final_norm, c.norm_eps, xn_.data());
+  } else {
+    backend_.LayerNorm(q_.data(), m, D, w.final_norm, w.final_norm_bias, c.norm_eps, xn_.data());
+  }
+  out.logits.resize(static_cast<size_t>(m) * V);
+  backend_.MatMul(xn_.data(), m, w.output, WeightView{}, out.logits.data());
+  return absl::OkStatus();
+}
+
+template class Transformer<float>;
+template class Transformer<double>;
+
+}  // namespace kvlens

@@ -1,0 +1,92 @@
+// Transformer: the forward pass of both families, written only against kernels::Backend.
+//
+// One call processes a batch of sequences at once (continuous batching): each entry
+// brings its new tokens, how many of its tokens are already in the KV cache (its query
+// offset) and its block table. All entries' tokens are stacked into one [N, D] activation
+// so every matrix product runs once per layer; attention runs per entry against that
+// entry's paged keys and values.
+//
+//   entry 0: cached 0,  new 5 (prefill)     rows 0…4   positions 0…4
+//   entry 1: cached 37, new 1 (decode)      row  5     position  37
+//   entry 2: cached 16, new 8 (chunk)       rows 6…13  positions 16…23
+#ifndef KVLENS_ENGINE_MODEL_TRANSFORMER_H_
+#define KVLENS_ENGINE_MODEL_TRANSFORMER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "engine/kv_cache/kv_cache_storage.h"
+#include "engine/model/model.h"
+#include "kernels/backend.h"
+
+namespace kvlens {
+
+struct BatchEntry {
+  absl::Span<const int32_t> tokens;       // the new tokens, at positions num_cached …
+  int num_cached = 0;                     // tokens of this sequence already in the cache
+  absl::Span<const int32_t> block_table;  // covers num_cached + tokens.size() tokens
+  bool all_logits = false;                // logits for every new token, else the last only
+  // Optional document id of every position 0 … num_cached + tokens.size() − 1 (packed
+  // inputs: a token attends only to earlier tokens of its own document).
+  absl::Span<const int32_t> doc_ids;
+};
+
+// What Forward hands back. Logits rows follow the entries in order: all new tokens of an
+// entry with all_logits, else its last token only.
+template <typename T>
+struct ForwardOutput {
+  std::vector<T> logits;        // [rows, V]
+  std::vector<int> logits_row;  // per entry: first row of its logits
+};
+
+// Optional captures for interpretability: attention probabilities of one entry.
+template <typename T>
+struct AttentionCapture {
+  int entry = 0;
+  // Filled per layer: [H, Tq, Tk] with Tq = the entry's new tokens, Tk = all its tokens.
+  std::vector<std::vector<T>> probs;
+};
+
+template <typename T>
+class Transformer {
+ public:
+  Transformer(const Model& model, kernels::Backend<T>& backend)
+      : model_(model), config_(model.config), backend_(backend) {}
+
+  // Runs the batch: writes each entry's new keys/values into `cache` (at the rows its
+  // block table names) and returns logits. Errors: a token id outside the vocabulary, a
+  // position past max_seq_len, a block table too short (each names the entry and field).
+  absl::Status Forward(absl::Span<const BatchEntry> batch, KvCacheStorage<T>& cache,
+                       ForwardOutput<T>& out, AttentionCapture<T>* capture = nullptr);
+
+  const ModelConfig& config() const { return config_; }
+
+ private:
+  absl::Status Validate(absl::Span<const BatchEntry> batch, const KvCacheStorage<T>& cache) const;
+  void FeedForward(const LayerWeights& lw, int n);
+
+  const Model& model_;
+  const ModelConfig& config_;
+  kernels::Backend<T>& backend_;
+  // Activation buffers, reused across calls (llama2.c's RunState).
+  std::vector<T> x_;       // [N, D] residual stream
+  std::vector<T> xn_;      // [N, D] normalised
+  std::vector<T> q_;       // [N, D]
+  std::vector<T> k_;       // [N, KVD]
+  std::vector<T> v_;       // [N, KVD]
+  std::vector<T> att_;     // [N, D] attention output (heads concatenated)
+  std::vector<T> proj_;    // [N, D]
+  std::vector<T> hidden_;  // [N, F]
+  std::vector<T> up_;      // [N, F]
+  std::vector<int32_t> positions_;  // [N]
+  std::vector<int64_t> rows_;       // [N] physical cache row of each new token
+};
+
+extern template class Transformer<float>;
+extern template class Transformer<double>;
+
+}  // namespace kvlens
+
+#endif  // KVLENS_ENGINE_MODEL_TRANSFORMER_H_

@@ -1,0 +1,57 @@
+// Sampler: logits → next token, seeded and reproducible.
+//
+// Order of operations (as in llama.cpp / vLLM): logit bias → repetition, frequency and
+// presence penalties over the tokens so far → greedy if temperature == 0 → temperature →
+// top-k → top-p (nucleus) → min-p → draw from the renormalised distribution.
+#ifndef KVLENS_ENGINE_SAMPLER_H_
+#define KVLENS_ENGINE_SAMPLER_H_
+
+#include <cstdint>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace kvlens {
+
+struct SamplingParams {
+  double temperature = 0.0;  // 0: greedy (argmax, lowest id on ties)
+  int top_k = 0;             // 0: off; keep the k most likely tokens
+  double top_p = 1.0;        // 1: off; keep the smallest set whose mass reaches top_p
+  double min_p = 0.0;        // 0: off; drop tokens with p < min_p · p_max
+  double repetition_penalty = 1.0;  // 1: off; CTRL-style: logit/θ if > 0 else logit·θ
+  double frequency_penalty = 0.0;   // subtract count(token) · value
+  double presence_penalty = 0.0;    // subtract value once per token seen
+  uint64_t seed = 0;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to the raw logits
+
+  // INVALID_ARGUMENT naming the field and its allowed range.
+  absl::Status Validate(int32_t vocab_size) const;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+
+  // Picks the next token. `logits` [V] is modified (bias, penalties, temperature).
+  // `history` holds the tokens the penalties look at (prompt and generated so far).
+  int32_t Sample(absl::Span<float> logits, absl::Span<const int32_t> history);
+
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  void ApplyBiasAndPenalties(absl::Span<float> logits, absl::Span<const int32_t> history) const;
+
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<std::pair<float, int32_t>> candidates_;  // (probability or logit, id)
+};
+
+// log softmax of one row of logits, in double for accuracy: out[i] = l_i − logsumexp(l).
+void LogSoftmax(absl::Span<const float> logits, std::vector<double>& out);
+
+}  // namespace kvlens
+
+#endif  // KVLENS_ENGINE_SAMPLER_H_

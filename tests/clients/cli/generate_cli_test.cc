@@ -1,0 +1,99 @@
+// End to end through the kvlens-cli binary: greedy generation on stories260K reproduces
+// the reference text of llama2.c's run.c (../shared/testdata/README.md) word for word,
+// from both the GGUF file and the llama2.c checkpoint.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/test_paths.h"
+
+namespace kvlens {
+namespace {
+
+using testing::TestData;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout only; stderr goes to the test log
+};
+
+RunResult Run(const std::string& args) {
+  const std::string cmd = std::string(KVLENS_CLI_PATH) + " " + args;
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+int CountTokens(const std::string& ids_line) {
+  std::istringstream in(ids_line);
+  int n = 0;
+  std::string tok;
+  while (in >> tok) ++n;
+  return n;
+}
+
+// run.c counts 64 steps including the BOS and prompt tokens.
+constexpr char kReference64[] =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+    "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.\n"
+    "Lily";
+
+void ExpectReferenceText(const std::string& model_flags) {
+  const RunResult tok = Run("tokenize " + model_flags + " --bos --text 'Once upon a time'");
+  ASSERT_EQ(tok.exit_code, 0);
+  const int prompt_tokens = CountTokens(tok.out);
+  ASSERT_GT(prompt_tokens, 1);
+  for (const char* precision : {"fp32", "fp64"}) {
+    const RunResult gen = Run("generate " + model_flags + " --prompt 'Once upon a time' " +
+                              "--max-new-tokens " + std::to_string(64 - prompt_tokens) +
+                              " --precision " + precision);
+    ASSERT_EQ(gen.exit_code, 0);
+    EXPECT_EQ(gen.out, std::string(kReference64) + "\n") << precision;
+  }
+}
+
+TEST(GenerateCliTest, StoriesGgufReproducesRunC) {
+  const std::string gguf = TestData("stories260K/stories260K.gguf");
+  KVLENS_REQUIRE_FILE(gguf);
+  ExpectReferenceText("--model " + gguf);
+}
+
+TEST(GenerateCliTest, StoriesLlama2cReproducesRunC) {
+  const std::string bin = TestData("stories260K/stories260K.bin");
+  KVLENS_REQUIRE_FILE(bin);
+  ExpectReferenceText("--model " + bin + " --tokenizer " + TestData("stories260K/tok512.bin"));
+}
+
+TEST(GenerateCliTest, BadFlagsNameTheFlag) {
+  RunResult r = Run("generate --model /nonexistent.gguf --prompt x 2>&1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("/nonexistent.gguf"), std::string::npos) << r.out;
+  r = Run("generate --model x --top-p 2 2>&1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("--top-p"), std::string::npos) << r.out;
+  r = Run("generate --bogus 1 2>&1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("unknown flag --bogus"), std::string::npos) << r.out;
+}
+
+TEST(TokenizeCliTest, VocabularyOnlyGgufIsEnough) {
+  const std::string vocab = TestData("tokenizers/ggml-vocab-gpt-2.gguf");
+  KVLENS_REQUIRE_FILE(vocab);
+  // GPT-2: "Hello world" is 15496 995 (the published GPT-2 vocabulary).
+  const RunResult r = Run("tokenize --model " + vocab + " --text 'Hello world'");
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out, "15496 995\n");
+}
+
+}  // namespace
+}  // namespace kvlens

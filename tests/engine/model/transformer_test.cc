@@ -1,0 +1,204 @@
+// Invariants of the forward pass on a real trained model (stories260K, Llama family with
+// grouped-query attention): incremental decoding through the paged cache equals a full
+// recomputation, the future never changes the past, unused cache slots are never read,
+// batching changes nothing, and the fast fp32 path tracks the double reference.
+#include "engine/model/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "engine/model/model.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/reference_backend.h"
+#include "tests/test_paths.h"
+
+namespace kvlens {
+namespace {
+
+using testing::TestData;
+
+const std::string kBin = TestData("stories260K/stories260K.bin");
+const std::string kGguf = TestData("stories260K/stories260K.gguf");
+
+// max |a − b| / max |b|: error relative to the scale of the reference values.
+template <typename A, typename B>
+double RelErr(const std::vector<A>& a, const std::vector<B>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    num = std::max(num, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+    den = std::max(den, std::abs(static_cast<double>(b[i])));
+  }
+  return num / den;
+}
+
+// A deterministic token sequence from the vocabulary (BOS first).
+std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t = {1};
+  while (static_cast<int>(t.size()) < n) t.push_back(static_cast<int32_t>(3 + rng() % (vocab - 3)));
+  return t;
+}
+
+// A block table of `blocks` distinct ids drawn at random from a pool twice that size, so
+// a sequence's blocks are scattered and half the pool is never written (NaN stays).
+std::vector<int32_t> ScatteredTable(int blocks, uint32_t seed) {
+  std::vector<int32_t> ids(2 * blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
+  ids.resize(blocks);
+  return ids;
+}
+
+// All-position logits from one forward over the whole sequence (no cache reuse).
+template <typename T>
+std::vector<T> FullLogits(const Model& m, kernels::Backend<T>& be, const std::vector<int32_t>& t,
+                          int block_size = 16) {
+  const int blocks = (static_cast<int>(t.size()) + block_size - 1) / block_size;
+  KvCacheStorage<T> cache(m.config.num_layers, 2 * blocks, block_size, m.config.kv_dim(), true);
+  const std::vector<int32_t> table = ScatteredTable(blocks, 7);
+  Transformer<T> tr(m, be);
+  BatchEntry e{t, 0, table, /*all_logits=*/true};
+  ForwardOutput<T> out;
+  EXPECT_TRUE(tr.Forward({&e, 1}, cache, out).ok());
+  return out.logits;
+}
+
+// The same logits from chunked prefill, then one decode step per remaining token.
+template <typename T>
+std::vector<T> IncrementalLogits(const Model& m, kernels::Backend<T>& be,
+                                 const std::vector<int32_t>& t, std::vector<int> chunks,
+                                 int block_size) {
+  const int blocks = (static_cast<int>(t.size()) + block_size - 1) / block_size;
+  KvCacheStorage<T> cache(m.config.num_layers, 2 * blocks, block_size, m.config.kv_dim(), true);
+  const std::vector<int32_t> table = ScatteredTable(blocks, 11);
+  Transformer<T> tr(m, be);
+  std::vector<T> all;
+  int done = 0;
+  size_t c = 0;
+  while (done < static_cast<int>(t.size())) {
+    const int n = c < chunks.size() ? std::min<int>(chunks[c++], t.size() - done) : 1;
+    BatchEntry e{absl::MakeConstSpan(t).subspan(done, n), done, table, true};
+    ForwardOutput<T> out;
+    const absl::Status s = tr.Forward({&e, 1}, cache, out);
+    EXPECT_TRUE(s.ok()) << s;
+    all.insert(all.end(), out.logits.begin(), out.logits.end());
+    done += n;
+  }
+  return all;
+}
+
+class TransformerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KVLENS_REQUIRE_FILE(kBin);
+    auto m = LoadModel({kBin, ""});
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = *std::move(m);
+  }
+  std::unique_ptr<Model> model_;
+};
+
+TEST_F(TransformerTest, IncrementalEqualsFullRecomputationDouble) {
+  kernels::ReferenceBackend be;
+  const auto t = Tokens(41, 1, model_->config.vocab_size);
+  const auto full = FullLogits<double>(*model_, be, t);
+  for (int bs : {1, 7, 16}) {
+    const auto inc = IncrementalLogits<double>(*model_, be, t, {5, 9, 3}, bs);
+    EXPECT_LE(RelErr(inc, full), 1e-12) << "block size " << bs;
+  }
+}
+
+TEST_F(TransformerTest, IncrementalEqualsFullRecomputationFp32) {
+  kernels::CpuBackend be(2);
+  const auto t = Tokens(57, 2, model_->config.vocab_size);
+  const auto full = FullLogits<float>(*model_, be, t);
+  for (int bs : {1, 7, 16}) {
+    const auto inc = IncrementalLogits<float>(*model_, be, t, {16, 4, 17}, bs);
+    EXPECT_LE(RelErr(inc, full), 1e-5) << "block size " << bs;
+  }
+}
+
+TEST_F(TransformerTest, FutureTokensNeverChangeEarlierLogits) {
+  kernels::ReferenceBackend ref;
+  kernels::CpuBackend fast(2);
+  auto a = Tokens(30, 3, model_->config.vocab_size);
+  auto b = a;
+  for (int i = 20; i < 30; ++i) b[i] = (b[i] + 17) % model_->config.vocab_size;
+  const int V = model_->config.vocab_size;
+  const auto ra = FullLogits<double>(*model_, ref, a), rb = FullLogits<double>(*model_, ref, b);
+  const auto fa = FullLogits<float>(*model_, fast, a), fb = FullLogits<float>(*model_, fast, b);
+  for (int i = 0; i < 20 * V; ++i) {
+    ASSERT_EQ(ra[i], rb[i]) << "reference, position " << i / V;
+    ASSERT_EQ(fa[i], fb[i]) << "fp32, position " << i / V;
+  }
+  // and the changed positions do change
+  EXPECT_NE(ra[25 * V], rb[25 * V]);
+}
+
+TEST_F(TransformerTest, BatchingChangesNothing) {
+  kernels::CpuBackend be(2);
+  const int V = model_->config.vocab_size;
+  const auto t1 = Tokens(19, 4, V), t2 = Tokens(33, 5, V);
+  const auto alone1 = FullLogits<float>(*model_, be, t1), alone2 = FullLogits<float>(*model_, be, t2);
+  // both sequences in one forward, each with its own blocks of one pool
+  const int bs = 8;
+  KvCacheStorage<float> cache(model_->config.num_layers, 16, bs, model_->config.kv_dim(), true);
+  const std::vector<int32_t> table1 = {9, 2, 14}, table2 = {0, 11, 5, 7, 3};
+  Transformer<float> tr(*model_, be);
+  BatchEntry e[2] = {{t1, 0, table1, true}, {t2, 0, table2, true}};
+  ForwardOutput<float> out;
+  ASSERT_TRUE(tr.Forward(e, cache, out).ok());
+  std::vector<float> got1(out.logits.begin(), out.logits.begin() + 19 * V);
+  std::vector<float> got2(out.logits.begin() + 19 * V, out.logits.end());
+  EXPECT_LE(RelErr(got1, alone1), 1e-6);
+  EXPECT_LE(RelErr(got2, alone2), 1e-6);
+}
+
+TEST_F(TransformerTest, Fp32TracksDoubleReference) {
+  kernels::ReferenceBackend ref;
+  kernels::CpuBackend fast(2);
+  const auto t = Tokens(64, 6, model_->config.vocab_size);
+  EXPECT_LE(RelErr(FullLogits<float>(*model_, fast, t), FullLogits<double>(*model_, ref, t)), 1e-5);
+}
+
+TEST_F(TransformerTest, GgufAndLlama2cAreTheSameModel) {
+  KVLENS_REQUIRE_FILE(kGguf);
+  auto g = LoadModel({kGguf, ""});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ((*g)->config.num_kv_heads, 4);
+  EXPECT_EQ((*g)->config.hidden_dim, 172);
+  kernels::ReferenceBackend ref;
+  const auto t = Tokens(25, 8, model_->config.vocab_size);
+  EXPECT_LE(RelErr(FullLogits<double>(**g, ref, t), FullLogits<double>(*model_, ref, t)), 1e-12);
+}
+
+TEST_F(TransformerTest, RejectsBadBatches) {
+  kernels::CpuBackend be(1);
+  KvCacheStorage<float> cache(model_->config.num_layers, 4, 16, model_->config.kv_dim(), true);
+  Transformer<float> tr(*model_, be);
+  ForwardOutput<float> out;
+  const std::vector<int32_t> table = {0, 1};
+  const std::vector<int32_t> bad_token = {1, 512};
+  BatchEntry e{bad_token, 0, table};
+  absl::Status s = tr.Forward({&e, 1}, cache, out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("token id 512"), std::string::npos) << s;
+
+  const std::vector<int32_t> ok_tokens(20, 5);
+  const std::vector<int32_t> short_table = {0};
+  e = BatchEntry{ok_tokens, 0, short_table};
+  s = tr.Forward({&e, 1}, cache, out);
+  EXPECT_NE(s.message().find("block_table"), std::string::npos) << s;
+
+  e = BatchEntry{ok_tokens, 500, table};
+  s = tr.Forward({&e, 1}, cache, out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_NE(s.message().find("context length 512"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace kvlens

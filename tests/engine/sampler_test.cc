@@ -1,0 +1,125 @@
+#include "engine/sampler.h"
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace kvlens {
+namespace {
+
+TEST(SamplerTest, GreedyTakesTheArgmax) {
+  Sampler s(SamplingParams{});
+  std::vector<float> logits = {0.5f, 2.0f, -1.0f, 1.9f};
+  EXPECT_EQ(s.Sample(absl::MakeSpan(logits), {}), 1);
+}
+
+TEST(SamplerTest, SameSeedSameTokensDifferentSeedDifferent) {
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.seed = 42;
+  std::vector<int32_t> a, b, c;
+  Sampler s1(p), s2(p);
+  p.seed = 43;
+  Sampler s3(p);
+  for (int i = 0; i < 200; ++i) {
+    std::vector<float> l(16, 0.0f);
+    auto l2 = l, l3 = l;
+    a.push_back(s1.Sample(absl::MakeSpan(l), {}));
+    b.push_back(s2.Sample(absl::MakeSpan(l2), {}));
+    c.push_back(s3.Sample(absl::MakeSpan(l3), {}));
+  }
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+// Logits ln(1), ln(2), ln(3), ln(4) at temperature 1 give probabilities 1/10 … 4/10.
+TEST(SamplerTest, TemperatureOneSamplesTheSoftmax) {
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.seed = 7;
+  Sampler s(p);
+  std::map<int, int> counts;
+  const int n = 40000;
+  for (int i = 0; i < n; ++i) {
+    std::vector<float> l = {0.0f, std::log(2.0f), std::log(3.0f), std::log(4.0f)};
+    ++counts[s.Sample(absl::MakeSpan(l), {})];
+  }
+  for (int k = 0; k < 4; ++k) {
+    const double expected = (k + 1) / 10.0;
+    const double sd = std::sqrt(expected * (1 - expected) / n);
+    EXPECT_NEAR(counts[k] / static_cast<double>(n), expected, 5 * sd) << "token " << k;
+  }
+}
+
+TEST(SamplerTest, TopKAndTopPAndMinPTruncate) {
+  // probabilities 0.1, 0.2, 0.3, 0.4 (ids 0…3)
+  const std::vector<float> base = {0.0f, std::log(2.0f), std::log(3.0f), std::log(4.0f)};
+  auto draws = [&](SamplingParams p) {
+    p.temperature = 1.0;
+    Sampler s(p);
+    std::map<int, int> c;
+    for (int i = 0; i < 3000; ++i) {
+      auto l = base;
+      ++c[s.Sample(absl::MakeSpan(l), {})];
+    }
+    return c;
+  };
+  SamplingParams k2;
+  k2.top_k = 2;  // keeps ids 3 and 2
+  auto c = draws(k2);
+  EXPECT_EQ(c.count(0) + c.count(1), 0u);
+  EXPECT_GT(c[2], 0);
+  SamplingParams p05;
+  p05.top_p = 0.5;  // 0.4 < 0.5, 0.4 + 0.3 ≥ 0.5: keeps ids 3 and 2
+  c = draws(p05);
+  EXPECT_EQ(c.count(0) + c.count(1), 0u);
+  EXPECT_GT(c[2], 0);
+  SamplingParams m;
+  m.min_p = 0.6;  // threshold 0.24: keeps 0.4 and 0.3
+  c = draws(m);
+  EXPECT_EQ(c.count(0) + c.count(1), 0u);
+  EXPECT_GT(c[2], 0);
+}
+
+TEST(SamplerTest, PenaltiesFollowTheirDefinitions) {
+  SamplingParams p;
+  p.repetition_penalty = 2.0;
+  p.frequency_penalty = 0.5;
+  p.presence_penalty = 0.25;
+  p.logit_bias = {{0, 10.0f}};
+  Sampler s(p);
+  // token 1 seen twice: 3 / 2 − 0.5·2 − 0.25 = 0.25; token 2 seen once: −1·2 − 0.5 − 0.25
+  // = −2.75; token 0 unseen gets its bias: 1 + 10 = 11.
+  std::vector<float> l = {1.0f, 3.0f, -1.0f};
+  const std::vector<int32_t> history = {1, 2, 1};
+  EXPECT_EQ(s.Sample(absl::MakeSpan(l), history), 0);
+  EXPECT_FLOAT_EQ(l[0], 11.0f);
+  EXPECT_FLOAT_EQ(l[1], 0.25f);
+  EXPECT_FLOAT_EQ(l[2], -2.75f);
+}
+
+TEST(SamplerTest, ValidateNamesTheField) {
+  SamplingParams p;
+  p.top_p = 0.0;
+  absl::Status s = p.Validate(10);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("top_p"), std::string::npos) << s;
+  p = SamplingParams{};
+  p.temperature = -1;
+  EXPECT_NE(p.Validate(10).message().find("temperature"), std::string::npos);
+  p = SamplingParams{};
+  p.logit_bias = {{10, 1.0f}};
+  EXPECT_NE(p.Validate(10).message().find("logit_bias token id 10"), std::string::npos);
+}
+
+TEST(LogSoftmaxTest, MatchesHandComputedValues) {
+  std::vector<double> out;
+  LogSoftmax(std::vector<float>{0.0f, static_cast<float>(std::log(3.0))}, out);
+  EXPECT_NEAR(out[0], std::log(0.25), 1e-7);
+  EXPECT_NEAR(out[1], std::log(0.75), 1e-7);
+}
+
+}  // namespace
+}  // namespace kvlens
