@@ -9,7 +9,7 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git clang-format
   # C++ libraries
   libabsl-dev libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc
-  libprotobuf-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libprotobuf-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   # Python: the PyTorch oracle, training the default model, the Python client
   python3 python3-torch python3-numpy python3-grpcio python3-protobuf python3-matplotlib
   # public-domain English text the default model is trained on

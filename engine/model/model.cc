@@ -7,8 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "engine/model/gguf.h"
 #include "engine/model/gguf_model.h"
+#include "engine/model/hf_model.h"
 #include "engine/model/llama2c.h"
 #include "engine/tokenizer/tokenizer_factory.h"
+#include "engine/tokenizer/tokenizer_json.h"
 
 namespace kvlens {
 
@@ -80,9 +82,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const LoadOptions& options) {
     return absl::NotFoundError(absl::StrCat("model path not found: ", options.path));
   }
   if (fs::is_directory(options.path, ec)) {
-    return absl::UnimplementedError(absl::StrCat(
-        "model directory ", options.path,
-        ": Hugging Face safetensors directories are not supported yet (use .gguf or .bin)"));
+    return LoadHfModel(options.path);
   }
   if (HasGgufMagic(options.path)) {
     auto gguf = GgufFile::Open(options.path);
@@ -93,6 +93,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const LoadOptions& options) {
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const LoadOptions& options) {
+  if (!options.path.empty() && std::filesystem::is_directory(options.path)) {
+    return TokenizerFromJson((std::filesystem::path(options.path) / "tokenizer.json").string());
+  }
   if (!options.path.empty() && HasGgufMagic(options.path)) {
     auto gguf = GgufFile::Open(options.path);
     if (!gguf.ok()) return gguf.status();
@@ -109,7 +112,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const LoadOptions& opti
       }
       return std::move((*model)->tokenizer);
     }
-    return TokenizerFromLlama2c(options.tokenizer_path, /*vocab_size=*/-1);
+    return TokenizerFromLlama2c(options.tokenizer_path, /*vocab_size=*/0);
   }
   return absl::InvalidArgumentError("no model or tokenizer path given");
 }

@@ -21,7 +21,7 @@ struct RunResult {
   std::string out;  // stdout only; stderr goes to the test log
 };
 
-RunResult Run(const std::string& args) {
+RunResult RunCli(const std::string& args) {
   const std::string cmd = std::string(KVLENS_CLI_PATH) + " " + args;
   RunResult r;
   FILE* p = popen(cmd.c_str(), "r");
@@ -42,20 +42,21 @@ int CountTokens(const std::string& ids_line) {
   return n;
 }
 
-// run.c counts 64 steps including the BOS and prompt tokens.
+// run.c's 64 steps are positions 0…63; each prints the token after it, so the prompt
+// (BOS + n tokens) leaves 64 − n = 65 − prompt_tokens generated tokens.
 constexpr char kReference64[] =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
     "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.\n"
     "Lily";
 
 void ExpectReferenceText(const std::string& model_flags) {
-  const RunResult tok = Run("tokenize " + model_flags + " --bos --text 'Once upon a time'");
+  const RunResult tok = RunCli("tokenize " + model_flags + " --bos --text 'Once upon a time'");
   ASSERT_EQ(tok.exit_code, 0);
   const int prompt_tokens = CountTokens(tok.out);
   ASSERT_GT(prompt_tokens, 1);
   for (const char* precision : {"fp32", "fp64"}) {
-    const RunResult gen = Run("generate " + model_flags + " --prompt 'Once upon a time' " +
-                              "--max-new-tokens " + std::to_string(64 - prompt_tokens) +
+    const RunResult gen = RunCli("generate " + model_flags + " --prompt 'Once upon a time' " +
+                              "--max-new-tokens " + std::to_string(65 - prompt_tokens) +
                               " --precision " + precision);
     ASSERT_EQ(gen.exit_code, 0);
     EXPECT_EQ(gen.out, std::string(kReference64) + "\n") << precision;
@@ -75,13 +76,13 @@ TEST(GenerateCliTest, StoriesLlama2cReproducesRunC) {
 }
 
 TEST(GenerateCliTest, BadFlagsNameTheFlag) {
-  RunResult r = Run("generate --model /nonexistent.gguf --prompt x 2>&1");
+  RunResult r = RunCli("generate --model /nonexistent.gguf --prompt x 2>&1");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("/nonexistent.gguf"), std::string::npos) << r.out;
-  r = Run("generate --model x --top-p 2 2>&1");
+  r = RunCli("generate --model x --top-p 2 2>&1");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.out.find("--top-p"), std::string::npos) << r.out;
-  r = Run("generate --bogus 1 2>&1");
+  r = RunCli("generate --bogus 1 2>&1");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.out.find("unknown flag --bogus"), std::string::npos) << r.out;
 }
@@ -90,7 +91,7 @@ TEST(TokenizeCliTest, VocabularyOnlyGgufIsEnough) {
   const std::string vocab = TestData("tokenizers/ggml-vocab-gpt-2.gguf");
   KVLENS_REQUIRE_FILE(vocab);
   // GPT-2: "Hello world" is 15496 995 (the published GPT-2 vocabulary).
-  const RunResult r = Run("tokenize --model " + vocab + " --text 'Hello world'");
+  const RunResult r = RunCli("tokenize --model " + vocab + " --text 'Hello world'");
   ASSERT_EQ(r.exit_code, 0);
   EXPECT_EQ(r.out, "15496 995\n");
 }

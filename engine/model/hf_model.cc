@@ -1,0 +1,291 @@
+#include "engine/model/hf_model.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/safetensors.h"
+#include "engine/tokenizer/tokenizer_json.h"
+#include "nlohmann/json.hpp"
+
+namespace kvlens {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+absl::StatusOr<json> ReadJson(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) return absl::NotFoundError(absl::StrCat("missing ", p.string()));
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(p.string(), ": invalid JSON: ", e.what()));
+  }
+}
+
+// An integer config field: required unless `fallback` is given.
+absl::Status ConfigInt(const json& cfg, std::initializer_list<const char*> keys, int& out,
+                       std::optional<int> fallback = std::nullopt) {
+  for (const char* k : keys) {
+    if (cfg.contains(k) && !cfg[k].is_null()) {
+      if (!cfg[k].is_number_integer()) {
+        return absl::InvalidArgumentError(absl::StrCat("config.json: ", k, " is not an integer"));
+      }
+      out = cfg[k].get<int>();
+      return absl::OkStatus();
+    }
+  }
+  if (fallback) {
+    out = *fallback;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("config.json: missing ", *keys.begin()));
+}
+
+double ConfigFloat(const json& cfg, const char* key, double fallback) {
+  return cfg.contains(key) && cfg[key].is_number() ? cfg[key].get<double>() : fallback;
+}
+
+// All tensors of a directory by name, from one file or from the shards an index lists.
+class TensorSet {
+ public:
+  absl::Status Open(const fs::path& dir) {
+    std::set<std::string> files;
+    const fs::path index = dir / "model.safetensors.index.json";
+    if (fs::exists(index)) {
+      auto j = ReadJson(index);
+      if (!j.ok()) return j.status();
+      if (!j->contains("weight_map") || !(*j)["weight_map"].is_object()) {
+        return absl::InvalidArgumentError(absl::StrCat(index.string(), ": missing weight_map"));
+      }
+      for (auto it = (*j)["weight_map"].begin(); it != (*j)["weight_map"].end(); ++it) {
+        if (!it.value().is_string()) {
+          return absl::InvalidArgumentError(absl::StrCat(index.string(), ": weight_map.", it.key(),
+                                                         " is not a file name"));
+        }
+        const std::string f = it.value().get<std::string>();
+        if (f.find('/') != std::string::npos || f.find("..") != std::string::npos) {
+          return absl::InvalidArgumentError(absl::StrCat(index.string(), ": shard name ", f,
+                                                         " must be a plain file name"));
+        }
+        files.insert(f);
+      }
+    } else {
+      for (const auto& e : fs::directory_iterator(dir)) {
+        if (e.path().extension() == ".safetensors") files.insert(e.path().filename().string());
+      }
+    }
+    if (files.empty()) {
+      return absl::NotFoundError(absl::StrCat("no *.safetensors files in ", dir.string()));
+    }
+    for (const std::string& f : files) {
+      auto st = SafetensorsFile::Open((dir / f).string());
+      if (!st.ok()) return st.status();
+      for (const auto& [name, t] : (*st)->tensors()) {
+        if (!by_name_.emplace(name, &t).second) {
+          return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " appears in two shards"));
+        }
+      }
+      files_.push_back(*std::move(st));
+    }
+    return absl::OkStatus();
+  }
+
+  const SafetensorsTensor* Find(const std::string& name) const {
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? nullptr : it->second;
+  }
+
+  // A tensor that must exist with `shape`.
+  absl::StatusOr<WeightView> Get(const std::string& name, std::vector<int64_t> shape) const {
+    const SafetensorsTensor* t = Find(name);
+    if (t == nullptr) return absl::NotFoundError(absl::StrCat("missing tensor ", name));
+    if (t->shape != shape) {
+      auto dims = [](const std::vector<int64_t>& s) {
+        std::string out = "[";
+        for (size_t i = 0; i < s.size(); ++i) absl::StrAppend(&out, i ? ", " : "", s[i]);
+        return out + "]";
+      };
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": expected shape ",
+                                                     dims(shape), ", got ", dims(t->shape)));
+    }
+    return SafetensorsWeightView(*t);
+  }
+
+  void KeepAlive(std::vector<std::shared_ptr<const void>>& storage) const {
+    for (const auto& f : files_) storage.push_back(f->file());
+  }
+
+ private:
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const SafetensorsTensor*> by_name_;
+};
+
+// GPT-2's Conv1D stores [in, out]; kvlens wants [out, in]. Copies transposed, same dtype.
+WeightView Transposed(const WeightView& w, std::vector<std::shared_ptr<const void>>& storage) {
+  const int64_t elem = kernels::DTypeRowBytes(w.dtype, 1);
+  auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[w.rows * w.cols * elem]);
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    for (int64_t c = 0; c < w.cols; ++c) {
+      std::memcpy(buf.get() + (c * w.rows + r) * elem, src + (r * w.cols + c) * elem, elem);
+    }
+  }
+  storage.push_back(std::shared_ptr<const void>(buf, buf.get()));
+  return WeightView{buf.get(), w.dtype, w.cols, w.rows};
+}
+
+// Columns [first, first + count) of a one-row vector (unquantised dtypes only).
+WeightView VectorSlice(const WeightView& v, int64_t first, int64_t count) {
+  const int64_t elem = kernels::DTypeRowBytes(v.dtype, 1);
+  return WeightView{static_cast<const uint8_t*>(v.data) + first * elem, v.dtype, 1, count};
+}
+
+#define KVLENS_ASSIGN_OR_RETURN(lhs, expr) \
+  do {                                     \
+    auto _r = (expr);                      \
+    if (!_r.ok()) return _r.status();      \
+    lhs = *_r;                             \
+  } while (0)
+
+absl::Status LoadGpt2Weights(const TensorSet& ts, const ModelConfig& c, Weights& w) {
+  const int64_t D = c.dim, F = c.hidden_dim, V = c.vocab_size;
+  WeightView tmp;
+  KVLENS_ASSIGN_OR_RETURN(w.token_embedding, ts.Get("transformer.wte.weight", {V, D}));
+  KVLENS_ASSIGN_OR_RETURN(w.position_embedding, ts.Get("transformer.wpe.weight", {c.max_seq_len, D}));
+  w.layers.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    LayerWeights& lw = w.layers[l];
+    const std::string p = absl::StrCat("transformer.h.", l, ".");
+    KVLENS_ASSIGN_OR_RETURN(lw.attn_norm, ts.Get(p + "ln_1.weight", {D}));
+    KVLENS_ASSIGN_OR_RETURN(lw.attn_norm_bias, ts.Get(p + "ln_1.bias", {D}));
+    KVLENS_ASSIGN_OR_RETURN(tmp, ts.Get(p + "attn.c_attn.weight", {D, 3 * D}));
+    const WeightView qkv = Transposed(tmp, w.storage);  // [3D, D]: Q rows, K rows, V rows
+    lw.wq = qkv.Rows(0, D);
+    lw.wk = qkv.Rows(D, D);
+    lw.wv = qkv.Rows(2 * D, D);
+    KVLENS_ASSIGN_OR_RETURN(tmp, ts.Get(p + "attn.c_attn.bias", {3 * D}));
+    lw.bq = VectorSlice(tmp, 0, D);
+    lw.bk = VectorSlice(tmp, D, D);
+    lw.bv = VectorSlice(tmp, 2 * D, D);
+    KVLENS_ASSIGN_OR_RETURN(tmp, ts.Get(p + "attn.c_proj.weight", {D, D}));
+    lw.wo = Transposed(tmp, w.storage);
+    KVLENS_ASSIGN_OR_RETURN(lw.bo, ts.Get(p + "attn.c_proj.bias", {D}));
+    KVLENS_ASSIGN_OR_RETURN(lw.ffn_norm, ts.Get(p + "ln_2.weight", {D}));
+    KVLENS_ASSIGN_OR_RETURN(lw.ffn_norm_bias, ts.Get(p + "ln_2.bias", {D}));
+    KVLENS_ASSIGN_OR_RETURN(tmp, ts.Get(p + "mlp.c_fc.weight", {D, F}));
+    lw.w_in = Transposed(tmp, w.storage);
+    KVLENS_ASSIGN_OR_RETURN(lw.b_in, ts.Get(p + "mlp.c_fc.bias", {F}));
+    KVLENS_ASSIGN_OR_RETURN(tmp, ts.Get(p + "mlp.c_proj.weight", {F, D}));
+    lw.w_out = Transposed(tmp, w.storage);
+    KVLENS_ASSIGN_OR_RETURN(lw.b_out, ts.Get(p + "mlp.c_proj.bias", {D}));
+  }
+  KVLENS_ASSIGN_OR_RETURN(w.final_norm, ts.Get("transformer.ln_f.weight", {D}));
+  KVLENS_ASSIGN_OR_RETURN(w.final_norm_bias, ts.Get("transformer.ln_f.bias", {D}));
+  w.output = w.token_embedding;
+  if (ts.Find("lm_head.weight") != nullptr) {
+    KVLENS_ASSIGN_OR_RETURN(w.output, ts.Get("lm_head.weight", {V, D}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadLlamaWeights(const TensorSet& ts, const ModelConfig& c, Weights& w) {
+  const int64_t D = c.dim, F = c.hidden_dim, V = c.vocab_size, KVD = c.kv_dim();
+  KVLENS_ASSIGN_OR_RETURN(w.token_embedding, ts.Get("model.embed_tokens.weight", {V, D}));
+  w.layers.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    LayerWeights& lw = w.layers[l];
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    KVLENS_ASSIGN_OR_RETURN(lw.attn_norm, ts.Get(p + "input_layernorm.weight", {D}));
+    KVLENS_ASSIGN_OR_RETURN(lw.wq, ts.Get(p + "self_attn.q_proj.weight", {D, D}));
+    KVLENS_ASSIGN_OR_RETURN(lw.wk, ts.Get(p + "self_attn.k_proj.weight", {KVD, D}));
+    KVLENS_ASSIGN_OR_RETURN(lw.wv, ts.Get(p + "self_attn.v_proj.weight", {KVD, D}));
+    KVLENS_ASSIGN_OR_RETURN(lw.wo, ts.Get(p + "self_attn.o_proj.weight", {D, D}));
+    KVLENS_ASSIGN_OR_RETURN(lw.ffn_norm, ts.Get(p + "post_attention_layernorm.weight", {D}));
+    KVLENS_ASSIGN_OR_RETURN(lw.w_in, ts.Get(p + "mlp.gate_proj.weight", {F, D}));
+    KVLENS_ASSIGN_OR_RETURN(lw.w_up, ts.Get(p + "mlp.up_proj.weight", {F, D}));
+    KVLENS_ASSIGN_OR_RETURN(lw.w_out, ts.Get(p + "mlp.down_proj.weight", {D, F}));
+  }
+  KVLENS_ASSIGN_OR_RETURN(w.final_norm, ts.Get("model.norm.weight", {D}));
+  w.output = w.token_embedding;
+  if (!c.tied_embeddings || ts.Find("lm_head.weight") != nullptr) {
+    KVLENS_ASSIGN_OR_RETURN(w.output, ts.Get("lm_head.weight", {V, D}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
+  const std::string type = cfg.value("model_type", "");
+  if (type == "gpt2") {
+    c.arch = Architecture::kGpt2;
+    if (auto s = ConfigInt(cfg, {"n_embd"}, c.dim); !s.ok()) return s;
+    if (auto s = ConfigInt(cfg, {"n_layer"}, c.num_layers); !s.ok()) return s;
+    if (auto s = ConfigInt(cfg, {"n_head"}, c.num_heads); !s.ok()) return s;
+    if (auto s = ConfigInt(cfg, {"n_positions", "n_ctx"}, c.max_seq_len); !s.ok()) return s;
+    if (auto s = ConfigInt(cfg, {"vocab_size"}, c.vocab_size); !s.ok()) return s;
+    if (auto s = ConfigInt(cfg, {"n_inner"}, c.hidden_dim, 4 * c.dim); !s.ok()) return s;
+    c.num_kv_heads = c.num_heads;
+    c.norm_eps = ConfigFloat(cfg, "layer_norm_epsilon", 1e-5);
+    const std::string act = cfg.value("activation_function", "gelu_new");
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
+      return absl::UnimplementedError(absl::StrCat(
+          "config.json: activation_function \"", act, "\" is not supported (gelu_new)"));
+    }
+    c.tied_embeddings = cfg.value("tie_word_embeddings", true);
+  } else if (type == "llama") {
+    c.arch = Architecture::kLlama;
+    if (auto s = ConfigInt(cfg, {"hidden_size"}, c.dim); !s.ok()) return s;
+    if (auto s = ConfigInt(cfg, {"intermediate_size"}, c.hidden_dim); !s.ok()) return s;
+    if (auto s = ConfigInt(cfg, {"num_hidden_layers"}, c.num_layers); !s.ok()) return s;
+    if (auto s = ConfigInt(cfg, {"num_attention_heads"}, c.num_heads); !s.ok()) return s;
+    if (auto s = ConfigInt(cfg, {"num_key_value_heads"}, c.num_kv_heads, c.num_heads); !s.ok()) return s;
+    if (auto s = ConfigInt(cfg, {"max_position_embeddings"}, c.max_seq_len); !s.ok()) return s;
+    if (auto s = ConfigInt(cfg, {"vocab_size"}, c.vocab_size); !s.ok()) return s;
+    c.norm_eps = ConfigFloat(cfg, "rms_norm_eps", 1e-6);
+    c.rope_theta = ConfigFloat(cfg, "rope_theta", 10000.0);
+    c.rope_style = kernels::RopeStyle::kHalfSplit;
+    c.tied_embeddings = cfg.value("tie_word_embeddings", false);
+    if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null()) {
+      return absl::UnimplementedError("config.json: rope_scaling is not supported");
+    }
+  } else {
+    return absl::UnimplementedError(absl::StrCat("config.json: model_type \"", type,
+                                                 "\" is not supported (gpt2, llama)"));
+  }
+  c.head_dim = c.num_heads > 0 ? c.dim / c.num_heads : 0;
+  return c.Validate();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir) {
+  auto cfg = ReadJson(fs::path(dir) / "config.json");
+  if (!cfg.ok()) return cfg.status();
+  auto model = std::make_unique<Model>();
+  model->format = "safetensors";
+  ModelConfig& c = model->config;
+  if (absl::Status s = ReadConfig(*cfg, c); !s.ok()) return s;
+  c.name = fs::path(dir).filename().string();
+  if (c.name.empty()) c.name = fs::path(dir).parent_path().filename().string();
+
+  TensorSet ts;
+  if (absl::Status s = ts.Open(dir); !s.ok()) return s;
+  absl::Status s = c.arch == Architecture::kGpt2 ? LoadGpt2Weights(ts, c, model->weights)
+                                                 : LoadLlamaWeights(ts, c, model->weights);
+  if (!s.ok()) return s;
+  ts.KeepAlive(model->weights.storage);
+
+  const fs::path tok = fs::path(dir) / "tokenizer.json";
+  if (fs::exists(tok)) {
+    auto t = TokenizerFromJson(tok.string());
+    if (!t.ok()) return t.status();
+    model->tokenizer = *std::move(t);
+  }
+  if (absl::Status v = model->ValidateWeights(); !v.ok()) return v;
+  return model;
+}
+
+}  // namespace kvlens

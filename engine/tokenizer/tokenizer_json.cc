@@ -1,0 +1,143 @@
+#include "engine/tokenizer/tokenizer_json.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "engine/tokenizer/gpt2_tokenizer.h"
+#include "engine/tokenizer/spm_tokenizer.h"
+#include "nlohmann/json.hpp"
+
+namespace kvlens {
+namespace {
+
+using nlohmann::json;
+
+// True when `node` (a pre_tokenizer or decoder, possibly a Sequence) contains `type`.
+bool Contains(const json& node, const std::string& type) {
+  if (!node.is_object()) return false;
+  if (node.value("type", "") == type) return true;
+  for (const char* list : {"pretokenizers", "decoders", "normalizers"}) {
+    if (node.contains(list) && node[list].is_array()) {
+      for (const json& n : node[list]) {
+        if (Contains(n, type)) return true;
+      }
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromJson(const std::string& path) {
+  auto bad = [&path](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+  };
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("tokenizer not found: ", path));
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    return bad(absl::StrCat("invalid JSON: ", e.what()));
+  }
+  if (!j.contains("model") || !j["model"].is_object()) return bad("missing model");
+  const json& m = j["model"];
+  if (m.value("type", "BPE") != "BPE") {
+    return absl::UnimplementedError(absl::StrCat(path, ": model.type \"", m.value("type", ""),
+                                                 "\" is not supported (BPE)"));
+  }
+  if (!m.contains("vocab") || !m["vocab"].is_object()) return bad("missing model.vocab");
+
+  // id → piece, from the vocabulary and the added tokens
+  std::vector<std::string> pieces;
+  std::vector<TokenType> types;
+  auto put = [&](const std::string& piece, int64_t id, TokenType type) -> absl::Status {
+    if (id < 0 || id > (1 << 24)) return bad(absl::StrCat("token id ", id, " out of range"));
+    if (static_cast<size_t>(id) >= pieces.size()) {
+      pieces.resize(id + 1);
+      types.resize(id + 1, TokenType::kUnused);
+    }
+    pieces[id] = piece;
+    types[id] = type;
+    return absl::OkStatus();
+  };
+  const bool byte_level = Contains(j.value("pre_tokenizer", json()), "ByteLevel") ||
+                          Contains(j.value("decoder", json()), "ByteLevel");
+  for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
+    if (!it.value().is_number_integer()) return bad(absl::StrCat("model.vocab[\"", it.key(), "\"] is not an id"));
+    TokenType type = TokenType::kNormal;
+    const std::string& p = it.key();
+    if (!byte_level && p.size() == 6 && p.rfind("<0x", 0) == 0 && p.back() == '>') type = TokenType::kByte;
+    if (auto s = put(p, it.value().get<int64_t>(), type); !s.ok()) return s;
+  }
+  int32_t bos = -1, eos = -1, unk = -1;
+  if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+    for (const json& t : j["added_tokens"]) {
+      if (!t.contains("id") || !t.contains("content")) return bad("added_tokens entry without id/content");
+      const std::string content = t["content"].get<std::string>();
+      const bool special = t.value("special", false);
+      const int64_t id = t["id"].get<int64_t>();
+      if (auto s = put(content, id, special ? TokenType::kControl : TokenType::kUserDefined); !s.ok()) return s;
+      if (content == "<|endoftext|>") bos = eos = static_cast<int32_t>(id);
+      if (content == "<s>" || content == "<|begin_of_text|>") bos = static_cast<int32_t>(id);
+      if (content == "</s>" || content == "<|end_of_text|>") eos = static_cast<int32_t>(id);
+      if (content == "<unk>") unk = static_cast<int32_t>(id);
+    }
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (types[i] == TokenType::kUnused && pieces[i].empty()) return bad(absl::StrCat("token id ", i, " has no piece"));
+  }
+
+  std::vector<std::string> merges;
+  if (m.contains("merges") && m["merges"].is_array()) {
+    for (const json& mg : m["merges"]) {
+      if (mg.is_string()) {
+        merges.push_back(mg.get<std::string>());
+      } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
+        merges.push_back(mg[0].get<std::string>() + " " + mg[1].get<std::string>());
+      } else {
+        return bad(absl::StrCat("model.merges[", merges.size(), "] is malformed"));
+      }
+    }
+  }
+
+  if (byte_level) {
+    Gpt2Tokenizer::Vocab v;
+    v.pieces = std::move(pieces);
+    v.types = std::move(types);
+    v.merges = std::move(merges);
+    v.bos_id = bos;
+    v.eos_id = eos;
+    auto t = Gpt2Tokenizer::Create(std::move(v));
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<Tokenizer>(*std::move(t));
+  }
+  // sentencepiece-style: a merge's rank becomes the score of the piece it makes, so the
+  // highest-scoring merge first is exactly BPE's merge order.
+  SpmTokenizer::Vocab v;
+  v.scores.assign(pieces.size(), 0.0f);
+  absl::flat_hash_map<std::string, int32_t> id_of;
+  for (size_t i = 0; i < pieces.size(); ++i) id_of.emplace(pieces[i], static_cast<int32_t>(i));
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const size_t sp = merges[r].find(' ');
+    if (sp == std::string::npos) return bad(absl::StrCat("model.merges[", r, "] has no space"));
+    auto it = id_of.find(merges[r].substr(0, sp) + merges[r].substr(sp + 1));
+    if (it != id_of.end()) v.scores[it->second] = -static_cast<float>(r) - 1.0f;
+  }
+  if (m.contains("unk_token") && m["unk_token"].is_string()) {
+    auto it = id_of.find(m["unk_token"].get<std::string>());
+    if (it != id_of.end()) unk = it->second;
+  }
+  v.pieces = std::move(pieces);
+  v.types = std::move(types);
+  v.bos_id = bos;
+  v.eos_id = eos;
+  v.unk_id = unk;
+  v.add_space_prefix = Contains(j.value("normalizer", json()), "Prepend") ||
+                       Contains(j.value("pre_tokenizer", json()), "Metaspace");
+  auto t = SpmTokenizer::Create(std::move(v));
+  if (!t.ok()) return t.status();
+  return std::unique_ptr<Tokenizer>(*std::move(t));
+}
+
+}  // namespace kvlens
