@@ -12,6 +12,16 @@
 
 namespace kvlens {
 
+// Token kinds, numbered as GGUF's tokenizer.ggml.token_type (sentencepiece's piece types).
+enum class TokenType : int32_t {
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,      // BOS, EOS, …: never produced by Encode, decode to ""
+  kUserDefined = 4,  // added tokens: decode to their text as written
+  kUnused = 5,
+  kByte = 6,  // <0xNN> byte-fallback tokens
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -31,8 +41,11 @@ class Tokenizer {
   virtual int32_t vocab_size() const = 0;
   virtual int32_t bos_id() const = 0;  // -1 when absent
   virtual int32_t eos_id() const = 0;  // -1 when absent
-  // The vocabulary's own spelling of a token (e.g. "▁the", "<0x0A>", "Ġthe").
+  // The vocabulary's own spelling of a token (e.g. "▁the", "<0x0A>", "Ġthe"); "" for an id
+  // outside [0, vocab_size). TokenBytes also gives "" for such ids.
   virtual std::string_view Piece(int32_t id) const = 0;
+  // kNormal unless the implementation knows better (ours all do).
+  virtual TokenType token_type(int32_t /*id*/) const { return TokenType::kNormal; }
 };
 
 // Turns a stream of token ids into UTF-8 text without ever emitting a broken character:
@@ -40,7 +53,10 @@ class Tokenizer {
 // that can never form valid UTF-8 are emitted as U+FFFD.
 class IncrementalDecoder {
  public:
-  explicit IncrementalDecoder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  // `prev` is the token before the first one pushed (e.g. the last prompt token, so that
+  // SPM does not drop the leading space of the first generated word); -1 for none.
+  explicit IncrementalDecoder(const Tokenizer& tokenizer, int32_t prev = -1)
+      : tokenizer_(tokenizer), prev_(prev) {}
   // Appends a token; returns the text that became complete.
   std::string Push(int32_t id);
   // Whatever is still held back (an incomplete trailing sequence becomes U+FFFD).
@@ -48,8 +64,8 @@ class IncrementalDecoder {
 
  private:
   const Tokenizer& tokenizer_;
-  int32_t prev_ = -1;
-  std::string pending_;
+  int32_t prev_;
+  std::string pending_;  // bytes of a character not yet complete (at most 3)
 };
 
 }  // namespace kvlens

@@ -1,0 +1,52 @@
+#include "engine/tokenizer/gpt2_tokenizer.h"
+
+#include <string>
+#include <vector>
+
+#include "engine/model/gguf.h"
+#include "engine/tokenizer/tokenizer_factory.h"
+#include "gtest/gtest.h"
+#include "tests/engine/tokenizer/conformance_util.h"
+#include "tests/test_paths.h"
+
+namespace kvlens {
+namespace {
+
+using Words = std::vector<std::string_view>;
+
+TEST(Gpt2PreTokenizeTest, FollowsTheRegex) {
+  EXPECT_EQ(Gpt2Tokenizer::PreTokenize("Hello world"), (Words{"Hello", " world"}));
+  EXPECT_EQ(Gpt2Tokenizer::PreTokenize("I've it's we'll they're 'M"),
+            (Words{"I", "'ve", " it", "'s", " we", "'ll", " they", "'re", " '", "M"}));
+  // \s+(?!\S) leaves the last space to the next word; at the end it takes them all.
+  EXPECT_EQ(Gpt2Tokenizer::PreTokenize("a   b  "), (Words{"a", "  ", " b", "  "}));
+  EXPECT_EQ(Gpt2Tokenizer::PreTokenize("x\n\ny"), (Words{"x", "\n", "\n", "y"}));
+  EXPECT_EQ(Gpt2Tokenizer::PreTokenize("x \ty"), (Words{"x", " ", "\t", "y"}));
+  EXPECT_EQ(Gpt2Tokenizer::PreTokenize("3.14 apples!!"), (Words{"3", ".", "14", " apples", "!!"}));
+  EXPECT_EQ(Gpt2Tokenizer::PreTokenize(" ?!x"), (Words{" ?!", "x"}));
+  EXPECT_EQ(Gpt2Tokenizer::PreTokenize("Ünïcödé ½ 四"), (Words{"Ünïcödé", " ½", " 四"}));
+  EXPECT_EQ(Gpt2Tokenizer::PreTokenize(""), Words{});
+  // Invalid UTF-8 stays as bytes in an "other" run.
+  EXPECT_EQ(Gpt2Tokenizer::PreTokenize("a\xff\xfe b"), (Words{"a", "\xff\xfe", " b"}));
+}
+
+TEST(Gpt2ConformanceTest, Gpt2Vocab) {
+  const std::string base = testing::TestData("tokenizers/ggml-vocab-gpt-2.gguf");
+  KVLENS_REQUIRE_FILE(base);
+  auto g = GgufFile::Open(base);
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto tok = TokenizerFromGguf(**g);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->vocab_size(), 50257);
+  EXPECT_EQ((*tok)->eos_id(), 50256);
+  const auto cases = testing::ReadConformance(base + ".inp", base + ".out");
+  ASSERT_FALSE(cases.empty());
+  for (const testing::ConformanceCase& c : cases) {
+    const std::vector<int32_t> ids = (*tok)->Encode(c.text, /*add_bos=*/false);
+    EXPECT_EQ(testing::IdString(ids), testing::IdString(c.ids)) << "text: \"" << c.text << "\"";
+    EXPECT_EQ((*tok)->Decode(ids), c.text);  // byte-level BPE is lossless
+  }
+}
+
+}  // namespace
+}  // namespace kvlens
