@@ -1,0 +1,130 @@
+// Golden tests: kvlens' logits at every position and per-layer attention probabilities
+// match the independent PyTorch float64 oracle (tests/oracle), computed at test time, for
+// stories260K (llama2.c .bin and GGUF) and the embedded default model (GPT-2 family,
+// safetensors). Tolerances: max relative error ≤ 1e-5 with fp32 activations, ≤ 1e-9 for
+// the double-precision reference.
+#include <cmath>
+#include <filesystem>
+
+#include "engine/model/model.h"
+#include "engine/model/transformer.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/reference_backend.h"
+#include "tests/oracle/oracle_runner.h"
+#include "tests/test_paths.h"
+
+namespace kvlens {
+namespace {
+
+using testing::OracleArray;
+
+template <typename T>
+double RelErr(const std::vector<T>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num = std::max(num, std::abs(static_cast<double>(got[i]) - want[i]));
+    den = std::max(den, std::abs(want[i]));
+  }
+  return num / den;
+}
+
+// The default model directory: models/*/ holding config.json.
+std::string DefaultModelDir() {
+  const std::filesystem::path models = testing::SourcePath("models");
+  if (!std::filesystem::exists(models)) return "";
+  for (const auto& e : std::filesystem::directory_iterator(models)) {
+    if (e.is_directory() && std::filesystem::exists(e.path() / "config.json")) return e.path().string();
+  }
+  return "";
+}
+
+struct Case {
+  std::string model;
+  std::vector<std::string> prompts;
+};
+
+template <typename T>
+void CompareWithOracle(const Model& model, kernels::Backend<T>& backend,
+                       const std::vector<int32_t>& tokens, const testing::OracleResult& oracle,
+                       double tolerance, const std::vector<int32_t>& doc_ids = {}) {
+  const int n = static_cast<int>(tokens.size());
+  const int bs = 16;
+  const int blocks = (n + bs - 1) / bs;
+  KvCacheStorage<T> cache(model.config.num_layers, blocks, bs, model.config.kv_dim(), true);
+  std::vector<int32_t> table(blocks);
+  for (int i = 0; i < blocks; ++i) table[i] = blocks - 1 - i;  // reversed: not the identity
+  Transformer<T> tr(model, backend);
+  BatchEntry e{tokens, 0, table, /*all_logits=*/true, doc_ids};
+  ForwardOutput<T> out;
+  AttentionCapture<T> capture;
+  ASSERT_TRUE(tr.Forward({&e, 1}, cache, out, &capture).ok());
+  const OracleArray& logits = oracle.arrays.at("logits");
+  ASSERT_EQ(logits.data.size(), out.logits.size());
+  EXPECT_LE(RelErr(out.logits, logits.data), tolerance) << backend.name() << " logits";
+  for (int l = 0; l < model.config.num_layers; ++l) {
+    const OracleArray& attn = oracle.arrays.at("attn." + std::to_string(l));
+    ASSERT_EQ(attn.data.size(), capture.probs[l].size());
+    EXPECT_LE(RelErr(capture.probs[l], attn.data), tolerance) << backend.name() << " layer " << l;
+  }
+}
+
+class GoldenTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenTest, LogitsAndAttentionMatchTheOracle) {
+  std::string path = GetParam();
+  if (path == "default") path = DefaultModelDir();
+  if (path.empty()) GTEST_SKIP() << "no default model under models/";
+  KVLENS_REQUIRE_FILE(path);
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  auto model = LoadModel({path, ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_NE((*model)->tokenizer, nullptr);
+  kernels::ReferenceBackend ref;
+  kernels::CpuBackend fast(2);
+  for (const char* prompt : {"Once upon a time", "And God said, Let there be light: and there was light.",
+                             "The quick brown fox jumps over the lazy dog; 12345 !?"}) {
+    const std::vector<int32_t> tokens = (*model)->tokenizer->Encode(prompt, true);
+    SCOPED_TRACE(prompt);
+    const testing::OracleResult oracle = testing::RunOracle(path, tokens, /*attention=*/true);
+    ASSERT_TRUE(oracle.error.empty()) << oracle.error;
+    CompareWithOracle<double>(**model, ref, tokens, oracle, 1e-9);
+    CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5);
+  }
+}
+
+// Packed documents: each token attends only to earlier tokens of its own document.
+TEST_P(GoldenTest, PackedDocumentsMatchTheOracle) {
+  std::string path = GetParam();
+  if (path == "default") path = DefaultModelDir();
+  if (path.empty()) GTEST_SKIP() << "no default model under models/";
+  KVLENS_REQUIRE_FILE(path);
+  ASSERT_TRUE(testing::OracleAvailable());
+  auto model = LoadModel({path, ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<int32_t> tokens = (*model)->tokenizer->Encode("One little story.", true);
+  const std::vector<int32_t> second = (*model)->tokenizer->Encode("Another one here", true);
+  std::vector<int32_t> docs(tokens.size(), 0);
+  tokens.insert(tokens.end(), second.begin(), second.end());
+  docs.resize(tokens.size(), 1);
+  const testing::OracleResult oracle = testing::RunOracle(path, tokens, true, docs);
+  ASSERT_TRUE(oracle.error.empty()) << oracle.error;
+  kernels::ReferenceBackend ref;
+  kernels::CpuBackend fast(2);
+  CompareWithOracle<double>(**model, ref, tokens, oracle, 1e-9, docs);
+  CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5, docs);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GoldenTest,
+                         ::testing::Values(testing::TestData("stories260K/stories260K.bin"),
+                                           testing::TestData("stories260K/stories260K.gguf"),
+                                           "default"),
+                         [](const ::testing::TestParamInfo<std::string>& param_info) {
+                           const std::string& p = param_info.param;
+                           if (p == "default") return std::string("DefaultModel");
+                           return p.find(".gguf") != std::string::npos ? std::string("StoriesGguf")
+                                                                       : std::string("StoriesBin");
+                         });
+
+}  // namespace
+}  // namespace kvlens
