@@ -31,8 +31,8 @@ class Tokenizer {
   virtual std::vector<int32_t> Encode(std::string_view text, bool add_bos) const = 0;
   // The bytes token `id` stands for (byte tokens give their single byte; the SPM space
   // marker ▁ becomes ' '; control tokens such as BOS/EOS give ""). `prev` is the token
-  // before it or -1: SPM drops the leading space of the first piece after BOS, as
-  // sentencepiece's decoder does.
+  // before it or -1: SPM drops the leading space of the first piece of a sequence (prev -1
+  // or BOS), which is the dummy prefix Encode added, as sentencepiece and llama2.c do.
   virtual std::string TokenBytes(int32_t id, int32_t prev) const = 0;
   // All tokens' bytes concatenated (may end in an incomplete UTF-8 sequence only if the
   // ids themselves do).
@@ -44,7 +44,7 @@ class Tokenizer {
   // The vocabulary's own spelling of a token (e.g. "▁the", "<0x0A>", "Ġthe"); "" for an id
   // outside [0, vocab_size). TokenBytes also gives "" for such ids.
   virtual std::string_view Piece(int32_t id) const = 0;
-  // kNormal unless the implementation knows better (ours all do).
+  // kNormal unless the implementation knows better (ours all do); kUnused out of range.
   virtual TokenType token_type(int32_t /*id*/) const { return TokenType::kNormal; }
 };
 
