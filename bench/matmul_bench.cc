@@ -1,0 +1,98 @@
+// CpuBackend::MatMul throughput: y[N, out] = x[N, in] · Wᵀ for a square weight in each
+// stored dtype. Prints a table, then one JSON line for scripts.
+//
+//   kvlens_bench_matmul [dim=2048] [threads=0 (all)] [min_seconds=0.5]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/dtype.h"
+
+namespace {
+
+using kvlens::kernels::CpuBackend;
+using kvlens::kernels::DType;
+using kvlens::kernels::WeightView;
+
+// Random weights in dtype's storage (q8_0: one f16 scale and 32 int8 per block).
+std::vector<uint8_t> MakeWeight(DType dt, int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<uint8_t> bytes(static_cast<size_t>(kvlens::kernels::DTypeRowBytes(dt, cols) * rows));
+  const int64_t n = rows * cols;
+  switch (dt) {
+    case DType::kF32:
+      for (int64_t i = 0; i < n; ++i) reinterpret_cast<float*>(bytes.data())[i] = u(rng);
+      break;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) {
+        reinterpret_cast<uint16_t*>(bytes.data())[i] = kvlens::kernels::F32ToF16(u(rng));
+      }
+      break;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) {
+        reinterpret_cast<uint16_t*>(bytes.data())[i] = kvlens::kernels::F32ToBF16(u(rng));
+      }
+      break;
+    case DType::kQ8_0:
+      for (size_t b = 0; b < bytes.size(); b += kvlens::kernels::kQ8_0BlockBytes) {
+        const uint16_t d = kvlens::kernels::F32ToF16(1.0f / 127);
+        bytes[b] = static_cast<uint8_t>(d & 0xff);
+        bytes[b + 1] = static_cast<uint8_t>(d >> 8);
+        for (int i = 0; i < 32; ++i) bytes[b + 2 + i] = static_cast<uint8_t>(rng() % 255);
+      }
+      break;
+  }
+  return bytes;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int dim = argc > 1 ? std::atoi(argv[1]) : 2048;
+  const int threads = argc > 2 ? std::atoi(argv[2]) : 0;
+  const double min_seconds = argc > 3 ? std::atof(argv[3]) : 0.5;
+  CpuBackend cpu(threads);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+
+  std::printf("CpuBackend MatMul  weight %dx%d  threads=%d  simd=%s\n", dim, dim, cpu.num_threads(),
+              std::string(CpuBackend::SimdName()).c_str());
+  std::printf("%-6s %5s %12s %10s\n", "dtype", "N", "ms/call", "GFLOP/s");
+  std::string json = "{\"bench\":\"matmul\",\"dim\":" + std::to_string(dim) +
+                     ",\"threads\":" + std::to_string(cpu.num_threads()) + ",\"simd\":\"" +
+                     std::string(CpuBackend::SimdName()) + "\",\"results\":[";
+  bool first = true;
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+    const std::vector<uint8_t> w_bytes = MakeWeight(dt, dim, dim, rng);
+    const WeightView w{w_bytes.data(), dt, dim, dim};
+    for (int n : {1, 64}) {
+      std::vector<float> x(static_cast<size_t>(n) * dim), y(static_cast<size_t>(n) * dim);
+      for (float& v : x) v = u(rng);
+      cpu.MatMul(x.data(), n, w, WeightView{}, y.data());  // warm up caches and threads
+      int64_t calls = 0;
+      const auto start = std::chrono::steady_clock::now();
+      double seconds = 0;
+      do {
+        cpu.MatMul(x.data(), n, w, WeightView{}, y.data());
+        ++calls;
+        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      } while (seconds < min_seconds);
+      const double per_call = seconds / calls;
+      const double gflops = 2.0 * n * dim * static_cast<double>(dim) / per_call * 1e-9;
+      const std::string name(kvlens::kernels::DTypeName(dt));
+      std::printf("%-6s %5d %12.3f %10.2f\n", name.c_str(), n, per_call * 1e3, gflops);
+      char item[160];
+      std::snprintf(item, sizeof(item), "%s{\"dtype\":\"%s\",\"n\":%d,\"ms\":%.4f,\"gflops\":%.3f}",
+                    first ? "" : ",", name.c_str(), n, per_call * 1e3, gflops);
+      json += item;
+      first = false;
+    }
+  }
+  json += "]}";
+  std::printf("%s\n", json.c_str());
+  return 0;
+}

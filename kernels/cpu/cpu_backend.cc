@@ -1,0 +1,486 @@
+// Compiled with -march=native when the build allows it (kernels/CMakeLists.txt). Every
+// SIMD helper lives in this file's anonymous namespace, so code built for different
+// instruction sets never meets in one inline function.
+#include "kernels/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "kernels/attention_check.h"
+
+namespace kvlens::kernels {
+namespace {
+
+// ---- SIMD vocabulary: Vec holds kLanes floats. ----
+#if defined(__AVX512F__)
+constexpr std::string_view kSimdName = "avx512";
+constexpr int kLanes = 16;
+using Vec = __m512;
+inline Vec VZero() { return _mm512_setzero_ps(); }
+inline Vec VLoad(const float* p) { return _mm512_loadu_ps(p); }
+inline void VStore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec VSet1(float x) { return _mm512_set1_ps(x); }
+inline Vec VAdd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec VFma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float VSum(Vec v) {
+  // Through memory: GCC 12's _mm512_reduce_add_ps and 256-bit extracts warn spuriously
+  // (-Wmaybe-uninitialized inside avx512fintrin.h).
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  __m128 s = _mm_add_ps(_mm_add_ps(_mm_load_ps(t), _mm_load_ps(t + 4)),
+                        _mm_add_ps(_mm_load_ps(t + 8), _mm_load_ps(t + 12)));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr std::string_view kSimdName = "avx2";
+constexpr int kLanes = 8;
+using Vec = __m256;
+inline Vec VZero() { return _mm256_setzero_ps(); }
+inline Vec VLoad(const float* p) { return _mm256_loadu_ps(p); }
+inline void VStore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec VSet1(float x) { return _mm256_set1_ps(x); }
+inline Vec VAdd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec VFma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float VSum(Vec v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#else
+// Portable fallback: plain arrays the compiler may vectorise for whatever it targets.
+constexpr std::string_view kSimdName = "scalar";
+constexpr int kLanes = 8;
+struct Vec {
+  float l[kLanes];
+};
+inline Vec VZero() { return Vec{}; }
+inline Vec VLoad(const float* p) {
+  Vec v;
+  std::memcpy(v.l, p, sizeof(v.l));
+  return v;
+}
+inline void VStore(float* p, Vec v) { std::memcpy(p, v.l, sizeof(v.l)); }
+inline Vec VSet1(float x) {
+  Vec v;
+  for (float& e : v.l) e = x;
+  return v;
+}
+inline Vec VAdd(Vec a, Vec b) {
+  for (int i = 0; i < kLanes; ++i) a.l[i] += b.l[i];
+  return a;
+}
+inline Vec VFma(Vec a, Vec b, Vec c) {
+  for (int i = 0; i < kLanes; ++i) c.l[i] += a.l[i] * b.l[i];
+  return c;
+}
+inline float VSum(Vec v) {
+  float s = 0.0f;
+  for (float e : v.l) s += e;
+  return s;
+}
+#endif
+
+// Σ a[i]·b[i]
+inline float Dot(const float* a, const float* b, int64_t n) {
+  Vec acc0 = VZero(), acc1 = VZero();
+  int64_t i = 0;
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    acc0 = VFma(VLoad(a + i), VLoad(b + i), acc0);
+    acc1 = VFma(VLoad(a + i + kLanes), VLoad(b + i + kLanes), acc1);
+  }
+  for (; i + kLanes <= n; i += kLanes) acc0 = VFma(VLoad(a + i), VLoad(b + i), acc0);
+  float sum = VSum(VAdd(acc0, acc1));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// Σ a[i]
+inline float Sum(const float* a, int64_t n) {
+  Vec acc = VZero();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) acc = VAdd(acc, VLoad(a + i));
+  float sum = VSum(acc);
+  for (; i < n; ++i) sum += a[i];
+  return sum;
+}
+
+// y[i] += alpha · x[i]
+inline void Axpy(float* y, float alpha, const float* x, int64_t n) {
+  const Vec va = VSet1(alpha);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) VStore(y + i, VFma(va, VLoad(x + i), VLoad(y + i)));
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+// ---- MatMul ----
+
+// The register tile: kTileN activation rows × kTileW weight rows of dot products.
+constexpr int kTileN = 4;
+#if defined(__AVX512F__)
+constexpr int kTileW = 4;  // 16 accumulators + 4 weight vectors + 1 x vector of 32 zmm
+#else
+constexpr int kTileW = 2;  // 8 accumulators + 2 + 1 of 16 ymm
+#endif
+// Weight rows dequantised together; each is then used by every x row of the chunk.
+constexpr int kWBlock = 8;
+// Activation rows per pass over a weight block (keeps the x chunk in L2).
+constexpr int kNChunk = 64;
+// Inner-dimension slice: kWBlock weight slices plus a kTileN x tile stay in L1 (24 KiB).
+constexpr int64_t kKBlock = 512;
+
+// y[r·y_stride + c] (+)= Σ_k x[r·x_stride + k] · w[c][k]   for r < NR, c < WR
+template <int NR, int WR>
+inline void DotTile(const float* x, int64_t x_stride, const float* const* w, int64_t len, float* y,
+                    int64_t y_stride, bool accumulate) {
+  Vec acc[NR][WR];
+#pragma GCC unroll 16
+  for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 16
+    for (int c = 0; c < WR; ++c) acc[r][c] = VZero();
+  }
+  int64_t k = 0;
+  for (; k + kLanes <= len; k += kLanes) {
+    Vec wv[WR];
+#pragma GCC unroll 16
+    for (int c = 0; c < WR; ++c) wv[c] = VLoad(w[c] + k);
+#pragma GCC unroll 16
+    for (int r = 0; r < NR; ++r) {
+      const Vec xv = VLoad(x + r * x_stride + k);
+#pragma GCC unroll 16
+      for (int c = 0; c < WR; ++c) acc[r][c] = VFma(xv, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    for (int c = 0; c < WR; ++c) {
+      float sum = VSum(acc[r][c]);
+      for (int64_t t = k; t < len; ++t) sum += x[r * x_stride + t] * w[c][t];
+      y[r * y_stride + c] = accumulate ? y[r * y_stride + c] + sum : sum;
+    }
+  }
+}
+
+template <int NR>
+inline void DotRows(const float* x, int64_t x_stride, const float* const* w, int num_w, int64_t len,
+                    float* y, int64_t y_stride, bool acc) {
+  int c = 0;
+  for (; c + kTileW <= num_w; c += kTileW) {
+    DotTile<NR, kTileW>(x, x_stride, w + c, len, y + c, y_stride, acc);
+  }
+  for (; c < num_w; ++c) DotTile<NR, 1>(x, x_stride, w + c, len, y + c, y_stride, acc);
+}
+
+inline void DotBlock(const float* x, int64_t x_stride, int nr, const float* const* w, int num_w,
+                     int64_t len, float* y, int64_t y_stride, bool acc) {
+  switch (nr) {
+    case 4:
+      return DotRows<4>(x, x_stride, w, num_w, len, y, y_stride, acc);
+    case 3:
+      return DotRows<3>(x, x_stride, w, num_w, len, y, y_stride, acc);
+    case 2:
+      return DotRows<2>(x, x_stride, w, num_w, len, y, y_stride, acc);
+    default:
+      return DotRows<1>(x, x_stride, w, num_w, len, y, y_stride, acc);
+  }
+}
+
+// Row r of w as floats (the SIMD-friendly twin of DequantizeRow<float>).
+void DequantizeRowFast(const WeightView& w, int64_t r, float* out) {
+  const uint8_t* src = w.row(r);
+  const int64_t n = w.cols;
+  switch (w.dtype) {
+    case DType::kF32:
+      std::memcpy(out, src, static_cast<size_t>(n) * 4);
+      return;
+    case DType::kF16: {
+      int64_t i = 0;
+#if defined(__F16C__)
+      for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+      }
+#endif
+      for (; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        out[i] = F16ToF32(h);
+      }
+      return;
+    }
+    case DType::kBF16: {
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t b;
+        std::memcpy(&b, src + 2 * i, 2);
+        const uint32_t bits = static_cast<uint32_t>(b) << 16;
+        std::memcpy(out + i, &bits, 4);
+      }
+      return;
+    }
+    case DType::kQ8_0: {
+      for (int64_t b = 0; b < n / kQ8_0BlockSize; ++b) {
+        const uint8_t* block = src + b * kQ8_0BlockBytes;
+        uint16_t d_bits;
+        std::memcpy(&d_bits, block, 2);
+        const float d = F16ToF32(d_bits);
+        int8_t q[kQ8_0BlockSize];
+        std::memcpy(q, block + 2, kQ8_0BlockSize);
+        float* o = out + b * kQ8_0BlockSize;
+        for (int i = 0; i < kQ8_0BlockSize; ++i) o[i] = d * static_cast<float>(q[i]);
+      }
+      return;
+    }
+  }
+}
+
+std::vector<float> VectorOf(const WeightView& w) {
+  std::vector<float> v(static_cast<size_t>(w.cols));
+  DequantizeRowFast(w, 0, v.data());
+  return v;
+}
+
+inline float GeluOne(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(int num_threads) : pool_(std::make_unique<ThreadPool>(num_threads)) {}
+
+std::string_view CpuBackend::SimdName() { return kSimdName; }
+
+template <typename Fn>
+void CpuBackend::ParallelRange(int64_t count, int64_t min_chunk, Fn&& fn) {
+  if (count <= 0) return;
+  const int64_t max_tasks = 4 * static_cast<int64_t>(pool_->num_threads());
+  const int64_t chunk = std::max(min_chunk, (count + max_tasks - 1) / max_tasks);
+  const int64_t tasks = (count + chunk - 1) / chunk;
+  pool_->ParallelFor(tasks, [&](int64_t t) {
+    const int64_t begin = t * chunk;
+    fn(begin, std::min(count, begin + chunk));
+  });
+}
+
+// y[N, out] = x[N, in] · Wᵀ + bias. Parallel over output features; inside a task, a block
+// of kWBlock weight rows is dequantised once and multiplied with every x row of a chunk
+// of kNChunk, slice by slice of kKBlock inputs, through kTileN × kTileW register tiles.
+void CpuBackend::MatMul(const float* x, int n, const WeightView& w, const WeightView& bias,
+                        float* y) {
+  const int64_t in = w.cols, out = w.rows;
+  if (n <= 0 || out <= 0) return;
+  const std::vector<float> b = bias.empty() ? std::vector<float>() : VectorOf(bias);
+  // f32 rows are used in place for a single x row; for batches a packed copy (written just
+  // now, so cache-hot) measures faster than strided reads of the mapped matrix.
+  const bool direct = w.dtype == DType::kF32 && n < kTileN;
+  ParallelRange(out, kWBlock, [&](int64_t o0, int64_t o1) {
+    thread_local std::vector<float> w_buf;
+    if (!direct) w_buf.resize(static_cast<size_t>(kWBlock * in));
+    for (int n0 = 0; n0 < n; n0 += kNChunk) {
+      const int n1 = std::min(n, n0 + kNChunk);
+      for (int64_t ob = o0; ob < o1; ob += kWBlock) {
+        const int num_w = static_cast<int>(std::min<int64_t>(kWBlock, o1 - ob));
+        const float* w_rows[kWBlock];
+        for (int c = 0; c < num_w; ++c) {
+          if (direct) {
+            w_rows[c] = reinterpret_cast<const float*>(w.row(ob + c));
+          } else {
+            DequantizeRowFast(w, ob + c, w_buf.data() + c * in);
+            w_rows[c] = w_buf.data() + c * in;
+          }
+        }
+        for (int64_t k0 = 0; k0 < in; k0 += kKBlock) {
+          const int64_t len = std::min(kKBlock, in - k0);
+          const float* w_slices[kWBlock];
+          for (int c = 0; c < num_w; ++c) w_slices[c] = w_rows[c] + k0;
+          for (int r0 = n0; r0 < n1; r0 += kTileN) {
+            DotBlock(x + r0 * in + k0, in, std::min(kTileN, n1 - r0), w_slices, num_w, len,
+                     y + r0 * out + ob, out, /*acc=*/k0 > 0);
+          }
+        }
+      }
+      if (!b.empty()) {
+        for (int r = n0; r < n1; ++r) {
+          for (int64_t o = o0; o < o1; ++o) y[r * out + o] += b[o];
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::Embedding(const WeightView& table, const int32_t* ids, int n, float* out) {
+  for (int r = 0; r < n; ++r) DequantizeRowFast(table, ids[r], out + r * table.cols);
+}
+
+void CpuBackend::RmsNorm(const float* x, int n, int dim, const WeightView& weight, double eps,
+                         float* y) {
+  const std::vector<float> g = VectorOf(weight);
+  ParallelRange(n, std::max<int64_t>(1, 16384 / std::max(dim, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * dim;
+      float* yr = y + r * dim;
+      const float mean_sq = Dot(xr, xr, dim) / static_cast<float>(dim);
+      const float inv_rms = static_cast<float>(1.0 / std::sqrt(static_cast<double>(mean_sq) + eps));
+      for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv_rms * g[i];
+    }
+  });
+}
+
+void CpuBackend::LayerNorm(const float* x, int n, int dim, const WeightView& weight,
+                           const WeightView& bias, double eps, float* y) {
+  const std::vector<float> g = VectorOf(weight);
+  const std::vector<float> b = bias.empty() ? std::vector<float>(dim, 0.0f) : VectorOf(bias);
+  ParallelRange(n, std::max<int64_t>(1, 16384 / std::max(dim, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * dim;
+      float* yr = y + r * dim;
+      const float mean = Sum(xr, dim) / static_cast<float>(dim);
+      // Two passes (centre, then square) so a large mean does not cancel the variance.
+      for (int i = 0; i < dim; ++i) yr[i] = xr[i] - mean;
+      const float var = Dot(yr, yr, dim) / static_cast<float>(dim);
+      const float inv_std = static_cast<float>(1.0 / std::sqrt(static_cast<double>(var) + eps));
+      for (int i = 0; i < dim; ++i) yr[i] = yr[i] * inv_std * g[i] + b[i];
+    }
+  });
+}
+
+void CpuBackend::Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
+                      const int32_t* positions, double theta, RopeStyle style) {
+  const int half = head_dim / 2;
+  std::vector<double> inv_freq(half);
+  for (int p = 0; p < half; ++p) inv_freq[p] = std::pow(theta, -2.0 * p / head_dim);
+  ParallelRange(n, 8, [&](int64_t r0, int64_t r1) {
+    std::vector<float> cos_t(half), sin_t(half);
+    for (int64_t r = r0; r < r1; ++r) {
+      // Angles in double: position · frequency reaches 1e5 rad, beyond float's precision.
+      for (int p = 0; p < half; ++p) {
+        const double angle = positions[r] * inv_freq[p];
+        cos_t[p] = static_cast<float>(std::cos(angle));
+        sin_t[p] = static_cast<float>(std::sin(angle));
+      }
+      for (int h = 0; h < num_heads; ++h) {
+        float* head = x + r * row_stride + static_cast<int64_t>(h) * head_dim;
+        if (style == RopeStyle::kAdjacentPairs) {
+          for (int p = 0; p < half; ++p) {
+            const float a = head[2 * p], b = head[2 * p + 1];
+            head[2 * p] = a * cos_t[p] - b * sin_t[p];
+            head[2 * p + 1] = a * sin_t[p] + b * cos_t[p];
+          }
+        } else {
+          for (int p = 0; p < half; ++p) {
+            const float a = head[p], b = head[p + half];
+            head[p] = a * cos_t[p] - b * sin_t[p];
+            head[p + half] = a * sin_t[p] + b * cos_t[p];
+          }
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::Gelu(float* x, int64_t count) {
+  ParallelRange(count, 1 << 14, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) x[i] = GeluOne(x[i]);
+  });
+}
+
+void CpuBackend::SwiGlu(const float* gate, const float* up, int64_t count, float* out) {
+  ParallelRange(count, 1 << 14, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  });
+}
+
+void CpuBackend::Add(float* y, const float* x, int64_t count) {
+  ParallelRange(count, 1 << 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) y[i] += x[i];
+  });
+}
+
+void CpuBackend::StoreKv(const float* k, const float* v, int n, int64_t src_stride,
+                         int64_t row_elems, const int64_t* dst_rows, float* k_cache, float* v_cache,
+                         int64_t cache_stride) {
+  const size_t bytes = static_cast<size_t>(row_elems) * sizeof(float);
+  for (int r = 0; r < n; ++r) {
+    std::memcpy(k_cache + dst_rows[r] * cache_stride, k + r * src_stride, bytes);
+    std::memcpy(v_cache + dst_rows[r] * cache_stride, v + r * src_stride, bytes);
+  }
+}
+
+// Per (query row, head): scores of the causally reachable keys (−∞ for other documents),
+// max subtracted, exponentials summed in fp32, p = e / Σe, then out = Σ p_j v_j with those
+// very p. Tasks are (KV head, block of query rows), so the query heads sharing a KV head
+// reuse its keys from cache.
+absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
+  if (absl::Status s = ValidateAttentionArgs(a); !s.ok()) return s;
+  if (absl::Status s = CheckEveryRowSeesAKey(a); !s.ok()) return s;
+  const int tq = a.num_queries, tk = a.num_keys, dh = a.head_dim;
+  const int group = a.num_heads / a.num_kv_heads;
+  const float scale = static_cast<float>(a.scale);
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  // Enough tasks to balance causal rows of unequal length, not so many that they are tiny.
+  const int64_t work_per_row = static_cast<int64_t>(tk) * dh * group;
+  const int rows_per_task = static_cast<int>(std::clamp<int64_t>(
+      (int64_t{1} << 16) / std::max<int64_t>(work_per_row, 1), 1,
+      std::max<int64_t>(1, int64_t{tq} * a.num_kv_heads / (4 * pool_->num_threads()))));
+  const int row_blocks = (tq + rows_per_task - 1) / rows_per_task;
+  pool_->ParallelFor(int64_t{row_blocks} * a.num_kv_heads, [&](int64_t task) {
+    const int kvh = static_cast<int>(task % a.num_kv_heads);
+    const int i0 = static_cast<int>(task / a.num_kv_heads) * rows_per_task;
+    const int i1 = std::min(tq, i0 + rows_per_task);
+    thread_local std::vector<float> s, p;
+    s.resize(tk);
+    p.resize(tk);
+    for (int i = i0; i < i1; ++i) {
+      const int end = CausalKeyEnd(a, i);
+      for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+        const float* q = a.q + i * a.q_stride + static_cast<int64_t>(h) * dh;
+        float max_s = kNegInf;
+        for (int j = 0; j < end; ++j) {
+          if (a.q_doc_ids != nullptr && a.q_doc_ids[i] != a.k_doc_ids[j]) {
+            s[j] = kNegInf;
+            continue;
+          }
+          const float* k =
+              a.kv.k + a.kv.PhysicalRow(j) * a.kv.row_stride + static_cast<int64_t>(kvh) * dh;
+          s[j] = scale * Dot(q, k, dh);
+          max_s = std::max(max_s, s[j]);
+        }
+        float z = 0.0f;
+        for (int j = 0; j < end; ++j) {
+          p[j] = s[j] == kNegInf ? 0.0f : std::exp(s[j] - max_s);
+          z += p[j];
+        }
+        const float inv_z = 1.0f / z;
+        float* o = a.out + i * a.out_stride + static_cast<int64_t>(h) * dh;
+        std::fill(o, o + dh, 0.0f);
+        for (int j = 0; j < end; ++j) {
+          p[j] *= inv_z;
+          if (p[j] == 0.0f) continue;  // masked, or underflowed: adds nothing
+          const float* v =
+              a.kv.v + a.kv.PhysicalRow(j) * a.kv.row_stride + static_cast<int64_t>(kvh) * dh;
+          Axpy(o, p[j], v, dh);
+        }
+        const int64_t map = (static_cast<int64_t>(h) * tq + i) * tk;
+        if (a.scores != nullptr) {
+          std::copy(s.begin(), s.begin() + end, a.scores + map);
+          std::fill(a.scores + map + end, a.scores + map + tk, kNegInf);
+        }
+        if (a.probs != nullptr) {
+          std::copy(p.begin(), p.begin() + end, a.probs + map);
+          std::fill(a.probs + map + end, a.probs + map + tk, 0.0f);
+        }
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace kvlens::kernels

@@ -1,0 +1,51 @@
+// The fast fp32 CPU path used for serving: a persistent thread pool, weight rows
+// dequantised on the fly, SIMD inner loops (AVX-512 or AVX2/FMA when compiled for them,
+// portable loops otherwise). Checked op by op against ReferenceBackend.
+#ifndef KVLENS_KERNELS_CPU_CPU_BACKEND_H_
+#define KVLENS_KERNELS_CPU_CPU_BACKEND_H_
+
+#include <memory>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace kvlens::kernels {
+
+class CpuBackend final : public Backend<float> {
+ public:
+  // num_threads counts the calling thread; 0 means std::thread::hardware_concurrency().
+  explicit CpuBackend(int num_threads = 0);
+
+  std::string_view name() const override { return "cpu-f32"; }
+  int num_threads() const { return pool_->num_threads(); }
+  // "avx512", "avx2" or "scalar": the inner loops this build was compiled with.
+  static std::string_view SimdName();
+
+  void MatMul(const float* x, int n, const WeightView& w, const WeightView& bias,
+              float* y) override;
+  void Embedding(const WeightView& table, const int32_t* ids, int n, float* out) override;
+  void RmsNorm(const float* x, int n, int dim, const WeightView& weight, double eps,
+               float* y) override;
+  void LayerNorm(const float* x, int n, int dim, const WeightView& weight, const WeightView& bias,
+                 double eps, float* y) override;
+  void Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
+            const int32_t* positions, double theta, RopeStyle style) override;
+  void Gelu(float* x, int64_t count) override;
+  void SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
+  void Add(float* y, const float* x, int64_t count) override;
+  void StoreKv(const float* k, const float* v, int n, int64_t src_stride, int64_t row_elems,
+               const int64_t* dst_rows, float* k_cache, float* v_cache,
+               int64_t cache_stride) override;
+  absl::Status Attention(const AttentionArgs<float>& args) override;
+
+ private:
+  // Splits [0, count) into chunks of at least min_chunk and runs fn(begin, end) on the pool.
+  template <typename Fn>
+  void ParallelRange(int64_t count, int64_t min_chunk, Fn&& fn);
+
+  std::unique_ptr<ThreadPool> pool_;
+};
+
+}  // namespace kvlens::kernels
+
+#endif  // KVLENS_KERNELS_CPU_CPU_BACKEND_H_

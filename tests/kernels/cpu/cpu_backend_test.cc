@@ -1,0 +1,333 @@
+// CpuBackend (fp32, threaded, SIMD) against the double ReferenceBackend on random shapes.
+// Both see the same float-exact inputs; tolerances scale with the magnitudes involved.
+#include "kernels/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/reference_backend.h"
+#include "tests/kernels/cpu/attention_test_util.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace kvlens::kernels {
+namespace {
+
+using testing::AttnProblem;
+using testing::AttnResult;
+using testing::OwnedWeight;
+
+TEST(CpuBackendTest, ReportsItsConfiguration) {
+  CpuBackend cpu(3);
+  EXPECT_EQ(cpu.num_threads(), 3);
+  EXPECT_EQ(cpu.name(), "cpu-f32");
+  const std::string simd(CpuBackend::SimdName());
+  EXPECT_TRUE(simd == "avx512" || simd == "avx2" || simd == "scalar") << simd;
+}
+
+// y = x·Wᵀ + b in fp32 vs double. Error bound per output: c · eps32 · Σ|x_i||w_i| (+ |b|).
+TEST(CpuBackendTest, MatMulMatchesReferenceForEveryDtypeAndBatch) {
+  std::mt19937_64 rng(21);
+  ReferenceBackend ref;
+  struct Shape {
+    int in, out;
+  };
+  for (int threads : {1, 3}) {
+    CpuBackend cpu(threads);
+    for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+      for (Shape s : {Shape{64, 37}, Shape{96, 130}, Shape{288, 9}, Shape{32, 1}}) {
+        if (dt != DType::kQ8_0) s.in += 5;  // odd widths exercise the SIMD tails
+        const OwnedWeight w(testing::RandomVector(rng, static_cast<size_t>(s.in) * s.out), s.out,
+                            s.in, dt);
+        const OwnedWeight bias(testing::RandomVector(rng, s.out), 1, s.out,
+                               dt == DType::kQ8_0 ? DType::kF16 : dt);
+        for (int n : {1, 2, 5, 64, 71}) {
+          const std::vector<double> x =
+              testing::RandomFloatExact(rng, static_cast<size_t>(n) * s.in);
+          const std::vector<float> xf = testing::Cast<float>(x);
+          for (bool with_bias : {false, true}) {
+            const WeightView b = with_bias ? bias.view() : WeightView{};
+            std::vector<double> y_ref(static_cast<size_t>(n) * s.out);
+            std::vector<float> y(y_ref.size(), std::nanf(""));
+            ref.MatMul(x.data(), n, w.view(), b, y_ref.data());
+            cpu.MatMul(xf.data(), n, w.view(), b, y.data());
+            const std::vector<double>& wv = w.values();
+            for (int r = 0; r < n; ++r) {
+              for (int o = 0; o < s.out; ++o) {
+                double mag = with_bias ? std::abs(bias.values()[o]) : 0.0;
+                for (int i = 0; i < s.in; ++i) mag += std::abs(x[r * s.in + i] * wv[o * s.in + i]);
+                ASSERT_NEAR(y[r * s.out + o], y_ref[r * s.out + o], 4e-7 * mag + 1e-30)
+                    << DTypeName(dt) << " in=" << s.in << " out=" << s.out << " n=" << n
+                    << " r=" << r << " o=" << o << " threads=" << threads;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The reference's own input (double) is the float-exact copy, so the only differences are
+// fp32 rounding inside CpuBackend.
+void ExpectNearRelative(const std::vector<float>& got, const std::vector<double>& want, double rel,
+                        const std::string& what) {
+  const double scale = std::max(testing::MaxAbs(want), 1e-30);
+  for (size_t e = 0; e < want.size(); ++e) {
+    ASSERT_NEAR(got[e], want[e], rel * scale) << what << " at " << e;
+  }
+}
+
+TEST(CpuBackendTest, ElementwiseAndNormOpsMatchReference) {
+  std::mt19937_64 rng(22);
+  ReferenceBackend ref;
+  CpuBackend cpu(3);
+  constexpr int kN = 7, kD = 301;
+  const std::vector<double> x = testing::RandomFloatExact(rng, kN * kD, -3, 3);
+  const std::vector<double> x2 = testing::RandomFloatExact(rng, kN * kD, -3, 3);
+  const std::vector<float> xf = testing::Cast<float>(x), x2f = testing::Cast<float>(x2);
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const OwnedWeight g(testing::RandomVector(rng, kD, 0.5, 1.5), 1, kD, dt);
+    const OwnedWeight b(testing::RandomVector(rng, kD), 1, kD, dt);
+    std::vector<double> yr(kN * kD);
+    std::vector<float> y(kN * kD);
+    ref.RmsNorm(x.data(), kN, kD, g.view(), 1e-5, yr.data());
+    cpu.RmsNorm(xf.data(), kN, kD, g.view(), 1e-5, y.data());
+    ExpectNearRelative(y, yr, 2e-6, "rmsnorm");
+    ref.LayerNorm(x.data(), kN, kD, g.view(), b.view(), 1e-5, yr.data());
+    cpu.LayerNorm(xf.data(), kN, kD, g.view(), b.view(), 1e-5, y.data());
+    ExpectNearRelative(y, yr, 2e-6, "layernorm");
+  }
+  {
+    std::vector<double> yr = x;
+    std::vector<float> y = xf;
+    ref.Gelu(yr.data(), kN * kD);
+    cpu.Gelu(y.data(), kN * kD);
+    ExpectNearRelative(y, yr, 1e-6, "gelu");
+  }
+  {
+    std::vector<double> yr(kN * kD);
+    std::vector<float> y(kN * kD);
+    ref.SwiGlu(x.data(), x2.data(), kN * kD, yr.data());
+    cpu.SwiGlu(xf.data(), x2f.data(), kN * kD, y.data());
+    ExpectNearRelative(y, yr, 1e-6, "swiglu");
+  }
+  {
+    // Large enough to be split over the pool.
+    const std::vector<double> big = testing::RandomFloatExact(rng, 300000);
+    std::vector<double> yr(big.size(), 1.5);
+    std::vector<float> y(big.size(), 1.5f);
+    const std::vector<float> bigf = testing::Cast<float>(big);
+    ref.Add(yr.data(), big.data(), static_cast<int64_t>(big.size()));
+    cpu.Add(y.data(), bigf.data(), static_cast<int64_t>(big.size()));
+    ExpectNearRelative(y, yr, 1e-7, "add");
+    ref.Gelu(yr.data(), static_cast<int64_t>(yr.size()));
+    cpu.Gelu(y.data(), static_cast<int64_t>(y.size()));
+    ExpectNearRelative(y, yr, 1e-6, "gelu large");
+  }
+  for (RopeStyle style : {RopeStyle::kAdjacentPairs, RopeStyle::kHalfSplit}) {
+    // Positions up to 10⁵: angles must be formed in double.
+    constexpr int kHeads = 3, kDh = 64, kStride = kHeads * kDh + 5;
+    const int32_t pos[4] = {0, 17, 4095, 100000};
+    const std::vector<double> q = testing::RandomFloatExact(rng, 4 * kStride);
+    std::vector<double> qr = q;
+    std::vector<float> qf = testing::Cast<float>(q);
+    ref.Rope(qr.data(), 4, kStride, kHeads, kDh, pos, 500000.0, style);
+    cpu.Rope(qf.data(), 4, kStride, kHeads, kDh, pos, 500000.0, style);
+    ExpectNearRelative(qf, qr, 2e-6, "rope");
+  }
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+    const OwnedWeight table(testing::RandomVector(rng, 50 * 64), 50, 64, dt);
+    const int32_t ids[5] = {49, 0, 7, 7, 23};
+    std::vector<double> er(5 * 64);
+    std::vector<float> e(5 * 64);
+    ref.Embedding(table.view(), ids, 5, er.data());
+    cpu.Embedding(table.view(), ids, 5, e.data());
+    for (size_t i = 0; i < e.size(); ++i) ASSERT_EQ(e[i], er[i]) << DTypeName(dt);
+  }
+}
+
+// Copies p's contiguous K/V into a paged cache through a shuffled block table, with three
+// spare blocks, padded rows, and NaN in every slot no token owns; then runs attention
+// through the block table.
+template <typename B>
+AttnResult RunPaged(B& backend, const AttnProblem& p, int block_size, std::mt19937_64& rng) {
+  using T = decltype(testing::ScalarOf(static_cast<B*>(nullptr)));
+  const int num_blocks = (p.tk + block_size - 1) / block_size;
+  const int physical_blocks = num_blocks + 3;
+  std::vector<int32_t> all(physical_blocks);
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng);
+  const std::vector<int32_t> table(all.begin(), all.begin() + num_blocks);
+  const int64_t row_elems = static_cast<int64_t>(p.kv_heads) * p.dh;
+  const int64_t cache_stride = row_elems + 3;
+  std::vector<T> k_cache(static_cast<size_t>(physical_blocks) * block_size * cache_stride,
+                         std::numeric_limits<T>::quiet_NaN());
+  std::vector<T> v_cache(k_cache.size(), std::numeric_limits<T>::quiet_NaN());
+  KvSource<T> kv;
+  kv.row_stride = cache_stride;
+  kv.block_table = table.data();
+  kv.block_size = block_size;
+  std::vector<int64_t> dst(p.tk);
+  for (int t = 0; t < p.tk; ++t) dst[t] = kv.PhysicalRow(t);
+  const std::vector<T> k = testing::Cast<T>(p.k), v = testing::Cast<T>(p.v);
+  backend.StoreKv(k.data(), v.data(), p.tk, row_elems, row_elems, dst.data(), k_cache.data(),
+                  v_cache.data(), cache_stride);
+  kv.k = k_cache.data();
+  kv.v = v_cache.data();
+
+  const std::vector<T> q = testing::Cast<T>(p.q);
+  const int64_t q_stride = static_cast<int64_t>(p.heads) * p.dh + 2;  // padded rows
+  std::vector<T> q_padded(static_cast<size_t>(p.tq) * q_stride,
+                          std::numeric_limits<T>::quiet_NaN());
+  for (int i = 0; i < p.tq; ++i) {
+    std::copy(q.begin() + i * p.heads * p.dh, q.begin() + (i + 1) * p.heads * p.dh,
+              q_padded.begin() + i * q_stride);
+  }
+  std::vector<T> out(static_cast<size_t>(p.tq) * q_stride, static_cast<T>(testing::kUntouched));
+  std::vector<T> probs(static_cast<size_t>(p.heads) * p.tq * p.tk), scores(probs.size());
+  AttentionArgs<T> a;
+  a.q = q_padded.data();
+  a.q_stride = q_stride;
+  a.num_queries = p.tq;
+  a.num_keys = p.tk;
+  a.num_heads = p.heads;
+  a.num_kv_heads = p.kv_heads;
+  a.head_dim = p.dh;
+  a.query_offset = p.offset;
+  a.causal = p.causal;
+  a.scale = p.scale;
+  if (!p.q_doc.empty()) {
+    a.q_doc_ids = p.q_doc.data();
+    a.k_doc_ids = p.k_doc.data();
+  }
+  a.kv = kv;
+  a.out = out.data();
+  a.out_stride = q_stride;
+  a.probs = probs.data();
+  a.scores = scores.data();
+  AttnResult r;
+  r.status = backend.Attention(a);
+  for (int i = 0; i < p.tq; ++i) {
+    for (int e = 0; e < p.heads * p.dh; ++e) r.out.push_back(out[i * q_stride + e]);
+    EXPECT_EQ(out[i * q_stride + p.heads * p.dh], static_cast<T>(testing::kUntouched));
+  }
+  r.probs = testing::ToDouble(probs);
+  r.scores = testing::ToDouble(scores);
+  return r;
+}
+
+struct AttnConfig {
+  int tq, tk, heads, kv_heads, dh, offset;
+  bool causal, docs;
+  std::string Name() const {
+    return absl::StrCat("tq=", tq, " tk=", tk, " H=", heads, " Hkv=", kv_heads, " Dh=", dh,
+                        " off=", offset, causal ? " causal" : "", docs ? " docs" : "");
+  }
+};
+
+AttnProblem MakeProblem(const AttnConfig& c, std::mt19937_64& rng) {
+  AttnProblem p;
+  p.tq = c.tq;
+  p.tk = c.tk;
+  p.heads = c.heads;
+  p.kv_heads = c.kv_heads;
+  p.dh = c.dh;
+  p.offset = c.offset;
+  p.causal = c.causal;
+  p.scale = 1.0 / std::sqrt(static_cast<double>(c.dh));
+  p.q = testing::RandomFloatExact(rng, static_cast<size_t>(c.tq) * c.heads * c.dh, -2, 2);
+  p.k = testing::RandomFloatExact(rng, static_cast<size_t>(c.tk) * c.kv_heads * c.dh, -2, 2);
+  p.v = testing::RandomFloatExact(rng, static_cast<size_t>(c.tk) * c.kv_heads * c.dh, -3, 3);
+  if (c.docs) {
+    // Documents of random lengths, packed; each query takes its position's document.
+    std::vector<int32_t> doc_of(c.offset + c.tq + c.tk);
+    int32_t doc = 100;
+    for (size_t t = 0; t < doc_of.size(); ++t) {
+      if (t > 0 && rng() % 5 == 0) ++doc;
+      doc_of[t] = doc;
+    }
+    p.k_doc.assign(doc_of.begin(), doc_of.begin() + c.tk);
+    for (int i = 0; i < c.tq; ++i) p.q_doc.push_back(doc_of[c.offset + i]);
+  }
+  return p;
+}
+
+void ExpectAttentionClose(const AttnProblem& p, const AttnResult& got, const AttnResult& want,
+                          const std::string& what) {
+  ASSERT_TRUE(want.status.ok()) << want.status;
+  ASSERT_TRUE(got.status.ok()) << got.status << " " << what;
+  const double v_scale = testing::MaxAbs(p.v);
+  for (size_t e = 0; e < want.out.size(); ++e) {
+    ASSERT_NEAR(got.out[e], want.out[e], 2e-5 * v_scale) << what << " out " << e;
+  }
+  // Scores: |S| ≤ scale · Σ|q||k| ≈ scale · 4 · Dh at worst.
+  const double s_tol = 1e-6 * p.scale * 4 * p.dh;
+  for (size_t e = 0; e < want.probs.size(); ++e) {
+    ASSERT_NEAR(got.probs[e], want.probs[e], 2e-5) << what << " probs " << e;
+    if (std::isinf(want.scores[e])) {
+      ASSERT_EQ(got.scores[e], want.scores[e]) << what << " scores " << e;
+      ASSERT_EQ(got.probs[e], 0.0) << what << " probs " << e;
+    } else {
+      ASSERT_NEAR(got.scores[e], want.scores[e], s_tol) << what << " scores " << e;
+    }
+  }
+}
+
+TEST(CpuBackendTest, AttentionMatchesReferenceContiguousAndPaged) {
+  std::mt19937_64 rng(23);
+  ReferenceBackend ref;
+  CpuBackend cpu(3);
+  const std::vector<AttnConfig> configs = {
+      {1, 1, 1, 1, 8, 0, true, false},        // a single token
+      {7, 7, 4, 4, 16, 0, true, false},       // causal prefill, MHA
+      {13, 13, 8, 4, 32, 0, true, false},     // GQA 8/4
+      {9, 9, 8, 1, 64, 0, true, false},       // MQA 8/1
+      {5, 23, 6, 3, 40, 0, false, false},     // cross-attention shape, Tq ≠ Tk
+      {23, 5, 2, 2, 24, 0, false, false},     // more queries than keys
+      {1, 50, 8, 2, 128, 49, true, false},    // decode with an offset
+      {6, 41, 4, 2, 128, 35, true, false},    // chunked prefill with an offset
+      {20, 20, 4, 2, 16, 0, true, true},      // packed documents
+      {7, 30, 4, 4, 8, 23, true, true},       // documents and offset
+      {11, 11, 2, 1, 8, 0, false, true},      // documents without causality
+      {3, 300, 16, 8, 72, 297, true, false},  // a longer history, odd head size
+  };
+  for (const AttnConfig& c : configs) {
+    const AttnProblem p = MakeProblem(c, rng);
+    const AttnResult want = testing::RunAttention(ref, p);
+    ExpectAttentionClose(p, testing::RunAttention(cpu, p), want, c.Name());
+    for (int block_size : {1, 16, 7}) {
+      const std::string what = c.Name() + absl::StrCat(" block_size=", block_size);
+      // The reference through a block table reads exactly the same numbers.
+      const AttnResult ref_paged = RunPaged(ref, p, block_size, rng);
+      ASSERT_TRUE(ref_paged.status.ok()) << what;
+      for (size_t e = 0; e < want.out.size(); ++e) ASSERT_EQ(ref_paged.out[e], want.out[e]) << what;
+      ExpectAttentionClose(p, RunPaged(cpu, p, block_size, rng), want, what);
+    }
+  }
+}
+
+// Softmax stays finite when scores are huge in fp32 (the row max is subtracted first).
+TEST(CpuBackendTest, AttentionWithLargeScoresStaysFinite) {
+  std::mt19937_64 rng(24);
+  ReferenceBackend ref;
+  CpuBackend cpu(2);
+  AttnProblem p = MakeProblem({4, 4, 2, 1, 16, 0, true, false}, rng);
+  for (double& x : p.q) x *= 200;  // scores of order 10³, exp would overflow
+  const AttnResult want = testing::RunAttention(ref, p);
+  const AttnResult got = testing::RunAttention(cpu, p);
+  ASSERT_TRUE(got.status.ok());
+  for (size_t e = 0; e < got.out.size(); ++e) {
+    ASSERT_TRUE(std::isfinite(got.out[e]));
+    ASSERT_NEAR(got.out[e], want.out[e], 1e-3);
+  }
+}
+
+}  // namespace
+}  // namespace kvlens::kernels
