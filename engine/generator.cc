@@ -10,22 +10,6 @@
 
 namespace kvlens {
 
-const char* FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kEos:
-      return "eos";
-    case FinishReason::kStopToken:
-      return "stop";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kContext:
-      return "context";
-  }
-  return "unknown";
-}
-
 template <typename T>
 absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>& backend,
                                         absl::Span<const int32_t> prompt,
@@ -103,7 +87,7 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
     }
     if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), next) !=
         options.stop_token_ids.end()) {
-      result.finish_reason = FinishReason::kStopToken;
+      result.finish_reason = FinishReason::kStop;
       break;
     }
     if (static_cast<int>(result.tokens.size()) >= options.max_new_tokens) {

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/model/model.h"
+#include "engine/request.h"
 #include "engine/sampler.h"
 #include "kernels/backend.h"
 
@@ -25,9 +26,6 @@ struct GenerateOptions {
   bool stop_at_eos = true;
   std::vector<int32_t> stop_token_ids;
 };
-
-enum class FinishReason { kLength, kEos, kStopToken, kCancelled, kContext };
-const char* FinishReasonName(FinishReason r);
 
 struct GenerateResult {
   std::vector<int32_t> tokens;  // generated tokens (not the prompt)

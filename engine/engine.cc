@@ -1,0 +1,595 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "engine/kv_cache/block_pool.h"
+#include "engine/kv_cache/kv_cache_storage.h"
+#include "engine/model/transformer.h"
+#include "engine/stop_matcher.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace kvlens {
+namespace {
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+// One request in flight. Invariant (vLLM's): tokens[0, num_computed) have keys/values in
+// the cache at `blocks`; a step computes tokens[num_computed, num_computed + n); when it
+// reaches tokens.size() the logits of the last token give the next token.
+struct Sequence {
+  RequestId id = 0;
+  GenerationRequest request;
+  std::vector<int32_t> tokens;  // session history + prompt + generated
+  int num_prompt = 0;           // tokens before the first generated one
+  int num_computed = 0;
+  int num_generated = 0;
+  int num_cached_prompt = 0;     // prompt tokens found cached (prefix cache or session)
+  int num_hashed_blocks = 0;     // leading full blocks registered in the prefix cache
+  BlockHash last_hash = 0;       // hash of block num_hashed_blocks − 1
+  std::vector<BlockId> blocks;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<IncrementalDecoder> decoder;
+  StopMatcher stop_matcher;
+  bool prefix_looked_up = false;
+  Clock::time_point arrival, scheduled, prompt_done, first_token, last_token;
+  bool was_scheduled = false;
+};
+
+struct Session {
+  std::vector<int32_t> tokens;
+  std::vector<BlockId> blocks;
+  int num_computed = 0;
+  bool busy = false;
+};
+
+struct Engine::Impl {
+  Impl(const Model& m, kernels::Backend<float>& b, const EngineOptions& o, EngineObserver* obs)
+      : model(m),
+        options(o),
+        observer(obs),
+        pool(o.num_blocks),
+        cache(m.config.num_layers, o.num_blocks, o.block_size, m.config.kv_dim(), false),
+        transformer(m, b) {}
+
+  // --- step thread only ---
+  void Loop();
+  void Step();
+  bool EnsureBlocks(Sequence& s, int num_tokens);
+  void FreeBlocks(Sequence& s);
+  void Preempt(Sequence& s);
+  void RegisterFullBlocks(Sequence& s);
+  void LookupPrefix(Sequence& s);
+  TokenEvent AfterForward(Sequence& s, const float* logits);
+  void Finish(std::unique_ptr<Sequence> s, FinishReason reason, absl::Status status = {});
+  void ReturnToSession(Sequence& s);
+  EngineObserver::StepStats CurrentStats() const;
+
+  const Model& model;
+  const EngineOptions options;
+  EngineObserver* observer;
+  BlockPool pool;
+  KvCacheStorage<float> cache;
+  Transformer<float> transformer;
+  std::vector<std::unique_ptr<Sequence>> running;  // admission order
+  std::deque<std::unique_ptr<Sequence>> waiting;   // step thread's queue (preempted first)
+  ForwardOutput<float> out;
+
+  // --- shared, under mu ---
+  mutable std::mutex mu;
+  std::condition_variable cv;        // wakes the step thread
+  std::condition_variable drained;   // running + waiting became empty
+  std::deque<std::unique_ptr<Sequence>> incoming;
+  std::vector<RequestId> cancelled;
+  absl::flat_hash_map<SessionId, Session> sessions;
+  std::vector<BlockId> blocks_to_release;  // from closed sessions
+  int64_t in_flight = 0;  // submitted and not finished
+  RequestId next_id = 1;
+  SessionId next_session = 1;
+  bool accepting = true;
+  bool stop = false;
+  EngineStats stats;
+  std::thread thread;
+};
+
+Engine::Engine(const Model& model, kernels::Backend<float>& backend, EngineOptions options,
+               EngineObserver* observer)
+    : model_(model), options_(options) {
+  impl_ = std::make_unique<Impl>(model, backend, options, observer);
+  impl_->stats.num_blocks = options.num_blocks;
+  impl_->stats.blocks_free = options.num_blocks;
+  impl_->thread = std::thread([this] { impl_->Loop(); });
+}
+
+Engine::~Engine() {
+  Shutdown(std::chrono::milliseconds(0));
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  impl_->thread.join();
+}
+
+absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
+  const ModelConfig& c = model_.config;
+  if (model_.tokenizer == nullptr) {
+    return absl::FailedPreconditionError("the model has no tokenizer; the engine needs one");
+  }
+  if (request.prompt.empty()) return absl::InvalidArgumentError("prompt: no tokens");
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    if (request.prompt[i] < 0 || request.prompt[i] >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " = ", request.prompt[i],
+                                                     " is outside the vocabulary [0, ",
+                                                     c.vocab_size, ")"));
+    }
+  }
+  if (absl::Status s = request.sampling.Validate(c.vocab_size); !s.ok()) return s;
+  if (request.top_logprobs < 0 || request.top_logprobs > 20) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs = ", request.top_logprobs, " must be in [0, 20]"));
+  }
+  if (request.stop.max_new_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_new_tokens = ", request.stop.max_new_tokens, " must be at least 1"));
+  }
+  if (request.stop.stop_strings.size() > 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stop_strings has ", request.stop.stop_strings.size(), " entries, at most 16"));
+  }
+  for (size_t i = 0; i < request.stop.stop_strings.size(); ++i) {
+    const size_t n = request.stop.stop_strings[i].size();
+    if (n == 0 || n > 256) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop_strings[", i, "] has ", n, " bytes, must be 1 … 256"));
+    }
+  }
+  for (int32_t t : request.stop.stop_token_ids) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: ", t,
+                                                     " is outside the vocabulary [0, ",
+                                                     c.vocab_size, ")"));
+    }
+  }
+
+  auto seq = std::make_unique<Sequence>();
+  seq->arrival = Clock::now();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (!impl_->accepting) return absl::UnavailableError("the engine is shutting down");
+  size_t history = 0;
+  if (request.session != 0) {
+    auto it = impl_->sessions.find(request.session);
+    if (it == impl_->sessions.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("session_id ", request.session, " is not an open session"));
+    }
+    if (it->second.busy) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("session ", request.session, " already has a request in flight"));
+    }
+    history = it->second.tokens.size();
+  }
+  const int64_t total = static_cast<int64_t>(history + request.prompt.size()) +
+                        request.stop.max_new_tokens;
+  if (total > c.max_seq_len) {
+    return absl::OutOfRangeError(absl::StrCat(
+        history > 0 ? absl::StrCat("session history (", history, " tokens) + ") : "",
+        "prompt (", request.prompt.size(), " tokens) + max_new_tokens (",
+        request.stop.max_new_tokens, ") = ", total, " exceeds the context length ",
+        c.max_seq_len));
+  }
+  const int64_t blocks_needed = (total + options_.block_size - 1) / options_.block_size;
+  if (blocks_needed > options_.num_blocks) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the request needs ", blocks_needed, " KV-cache blocks (", total,
+        " tokens), the cache holds only ", options_.num_blocks, " blocks of ",
+        options_.block_size, " tokens"));
+  }
+  if (static_cast<int>(impl_->incoming.size()) + impl_->stats.waiting >= options_.max_waiting) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the waiting queue is full (max_waiting = ", options_.max_waiting, ")"));
+  }
+  if (request.session != 0) {
+    Session& s = impl_->sessions[request.session];
+    s.busy = true;
+    seq->tokens = std::move(s.tokens);
+    seq->blocks = std::move(s.blocks);
+    seq->num_computed = s.num_computed;
+    seq->num_cached_prompt = s.num_computed;
+    s = Session{{}, {}, 0, true};
+  }
+  seq->id = impl_->next_id++;
+  seq->tokens.insert(seq->tokens.end(), request.prompt.begin(), request.prompt.end());
+  seq->num_prompt = static_cast<int>(seq->tokens.size());
+  seq->sampler = std::make_unique<Sampler>(request.sampling);
+  seq->decoder = std::make_unique<IncrementalDecoder>(
+      *model_.tokenizer, seq->num_prompt > 0 ? seq->tokens.back() : -1);
+  seq->stop_matcher = StopMatcher(request.stop.stop_strings);
+  seq->request = std::move(request);
+  const RequestId id = seq->id;
+  impl_->incoming.push_back(std::move(seq));
+  ++impl_->in_flight;
+  impl_->cv.notify_all();
+  return id;
+}
+
+void Engine::Cancel(RequestId id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->cancelled.push_back(id);
+  impl_->cv.notify_all();
+}
+
+absl::StatusOr<SessionId> Engine::OpenSession() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (!impl_->accepting) return absl::UnavailableError("the engine is shutting down");
+  if (static_cast<int>(impl_->sessions.size()) >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("too many open sessions (max_sessions = ", options_.max_sessions, ")"));
+  }
+  const SessionId id = impl_->next_session++;
+  impl_->sessions[id] = Session{};
+  impl_->stats.sessions = static_cast<int>(impl_->sessions.size());
+  return id;
+}
+
+absl::Status Engine::CloseSession(SessionId id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->sessions.find(id);
+  if (it == impl_->sessions.end()) {
+    return absl::NotFoundError(absl::StrCat("session_id ", id, " is not an open session"));
+  }
+  if (it->second.busy) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id, " has a request in flight; cancel it first"));
+  }
+  // The pool belongs to the step thread: it releases the blocks.
+  for (BlockId b : it->second.blocks) impl_->blocks_to_release.push_back(b);
+  impl_->sessions.erase(it);
+  impl_->cv.notify_all();
+  return absl::OkStatus();
+}
+
+void Engine::Shutdown(std::chrono::milliseconds drain) {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  impl_->accepting = false;
+  impl_->drained.wait_for(lock, drain, [this] { return impl_->in_flight == 0; });
+  if (impl_->in_flight == 0) return;
+  // cancel whatever is left: running, waiting and not yet picked up
+  impl_->cancelled.push_back(-1);  // −1: everything
+  impl_->cv.notify_all();
+  impl_->drained.wait(lock, [this] { return impl_->in_flight == 0; });
+}
+
+EngineStats Engine::Stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  EngineStats s = impl_->stats;
+  s.waiting += static_cast<int>(impl_->incoming.size());
+  s.sessions = static_cast<int>(impl_->sessions.size());
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------
+// Step thread
+
+void Engine::Impl::Loop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [this] {
+        return stop || !incoming.empty() || !cancelled.empty() || !blocks_to_release.empty() ||
+               !running.empty() || !waiting.empty();
+      });
+      if (stop && running.empty() && waiting.empty() && incoming.empty()) return;
+    }
+    Step();
+  }
+}
+
+EngineObserver::StepStats Engine::Impl::CurrentStats() const {
+  EngineObserver::StepStats s;
+  s.running = static_cast<int>(running.size());
+  s.waiting = static_cast<int>(waiting.size());
+  s.blocks_used = pool.num_used();
+  s.blocks_cached = pool.num_cached();
+  s.blocks_free = pool.num_free();
+  return s;
+}
+
+void Engine::Impl::FreeBlocks(Sequence& s) {
+  for (BlockId b : s.blocks) pool.Release(b);
+  s.blocks.clear();
+  s.num_computed = 0;
+  s.num_hashed_blocks = 0;
+  s.last_hash = 0;
+  s.prefix_looked_up = false;
+}
+
+bool Engine::Impl::EnsureBlocks(Sequence& s, int num_tokens) {
+  const int needed = (num_tokens + options.block_size - 1) / options.block_size -
+                     static_cast<int>(s.blocks.size());
+  if (needed <= 0) return true;
+  if (needed > pool.num_available()) return false;
+  for (int i = 0; i < needed; ++i) s.blocks.push_back(*pool.Allocate());
+  return true;
+}
+
+void Engine::Impl::Preempt(Sequence& s) {
+  FreeBlocks(s);  // full blocks stay in the prefix cache: recomputation may find them
+  if (observer) observer->OnPreemption();
+}
+
+void Engine::Impl::LookupPrefix(Sequence& s) {
+  s.prefix_looked_up = true;
+  if (!options.prefix_caching || s.num_computed > 0 || !s.blocks.empty()) return;
+  const int bs = options.block_size;
+  // Never the block holding the last token: it must be computed to yield logits.
+  const int max_blocks = (static_cast<int>(s.tokens.size()) - 1) / bs;
+  BlockHash h = 0;
+  int hit = 0;
+  for (int b = 0; b < max_blocks; ++b) {
+    const auto tokens = absl::MakeConstSpan(s.tokens).subspan(b * bs, bs);
+    const BlockHash next = HashBlock(h, tokens);
+    auto id = pool.Lookup(next, tokens);
+    if (!id) break;
+    s.blocks.push_back(*id);
+    h = next;
+    ++hit;
+  }
+  s.num_computed = hit * bs;
+  s.num_hashed_blocks = hit;
+  s.last_hash = h;
+  if (!s.was_scheduled) s.num_cached_prompt = std::max(s.num_cached_prompt, s.num_computed);
+}
+
+void Engine::Impl::RegisterFullBlocks(Sequence& s) {
+  if (!options.prefix_caching) return;
+  const int bs = options.block_size;
+  while ((s.num_hashed_blocks + 1) * bs <= s.num_computed) {
+    const auto tokens = absl::MakeConstSpan(s.tokens).subspan(s.num_hashed_blocks * bs, bs);
+    s.last_hash = HashBlock(s.last_hash, tokens);
+    pool.SetHash(s.blocks[s.num_hashed_blocks], s.last_hash, tokens);
+    ++s.num_hashed_blocks;
+  }
+}
+
+void Engine::Impl::ReturnToSession(Sequence& s) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = sessions.find(s.request.session);
+  if (it == sessions.end()) {  // closed meanwhile (cannot happen while busy) — release
+    for (BlockId b : s.blocks) pool.Release(b);
+    s.blocks.clear();
+    return;
+  }
+  Session& sess = it->second;
+  sess.tokens = s.tokens;
+  sess.num_computed = s.num_computed;
+  sess.blocks = std::move(s.blocks);
+  sess.busy = false;
+  s.blocks.clear();
+}
+
+void Engine::Impl::Finish(std::unique_ptr<Sequence> s, FinishReason reason, absl::Status status) {
+  if (s->request.session != 0) {
+    ReturnToSession(*s);
+  } else {
+    for (BlockId b : s->blocks) pool.Release(b);
+    s->blocks.clear();
+  }
+  FinishEvent ev;
+  ev.reason = reason;
+  ev.status = std::move(status);
+  ev.usage.prompt_tokens = s->num_prompt;
+  ev.usage.generated_tokens = s->num_generated;
+  ev.usage.cached_tokens = s->num_cached_prompt;
+  const Clock::time_point now = Clock::now();
+  if (s->was_scheduled) {
+    ev.timings.queue_seconds = Seconds(s->arrival, s->scheduled);
+    if (s->num_generated > 0) {
+      ev.timings.prefill_seconds = Seconds(s->scheduled, s->prompt_done);
+      ev.timings.first_token_seconds = Seconds(s->arrival, s->first_token);
+      ev.timings.decode_seconds = Seconds(s->first_token, s->last_token);
+    }
+  } else {
+    ev.timings.queue_seconds = Seconds(s->arrival, now);
+  }
+  if (reason != FinishReason::kStop) {
+    ev.text = s->stop_matcher.Flush(s->decoder->Flush());
+  }
+  if (s->request.callbacks.on_finish) s->request.callbacks.on_finish(ev);
+  std::lock_guard<std::mutex> lock(mu);
+  --in_flight;
+  if (in_flight == 0) drained.notify_all();
+}
+
+TokenEvent Engine::Impl::AfterForward(Sequence& s, const float* logits_row) {
+  const int V = model.config.vocab_size;
+  std::vector<float> logits(logits_row, logits_row + V);
+  TokenEvent ev;
+  // logprobs under the model itself, before penalties and sampling filters
+  std::vector<double> logprobs;
+  LogSoftmax(logits, logprobs);
+  const int32_t token = s.sampler->Sample(absl::MakeSpan(logits), s.tokens);
+  const Clock::time_point now = Clock::now();
+  if (s.num_generated == 0) {
+    s.prompt_done = now;
+    s.first_token = now;
+  }
+  s.last_token = now;
+  s.tokens.push_back(token);
+  ++s.num_generated;
+  ev.token = token;
+  ev.logprob = static_cast<float>(logprobs[token]);
+  ev.time = now;
+  if (s.request.top_logprobs > 0) {
+    std::vector<int32_t> ids(V);
+    for (int i = 0; i < V; ++i) ids[i] = i;
+    const int k = std::min(s.request.top_logprobs, V);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+      return logprobs[a] != logprobs[b] ? logprobs[a] > logprobs[b] : a < b;
+    });
+    for (int i = 0; i < k; ++i) {
+      ev.top_logprobs.push_back({ids[i], static_cast<float>(logprobs[ids[i]])});
+    }
+  }
+  return ev;
+}
+
+void Engine::Impl::Step() {
+  // 1. take new requests, cancellations and session closes
+  std::vector<RequestId> to_cancel;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    while (!incoming.empty()) {
+      waiting.push_back(std::move(incoming.front()));
+      incoming.pop_front();
+    }
+    to_cancel.swap(cancelled);
+    for (BlockId b : blocks_to_release) pool.Release(b);
+    blocks_to_release.clear();
+  }
+  if (!to_cancel.empty()) {
+    const bool all = std::find(to_cancel.begin(), to_cancel.end(), -1) != to_cancel.end();
+    auto hit = [&](const std::unique_ptr<Sequence>& s) {
+      return all || std::find(to_cancel.begin(), to_cancel.end(), s->id) != to_cancel.end();
+    };
+    for (auto& s : running) {
+      if (hit(s)) Finish(std::move(s), FinishReason::kCancelled);
+    }
+    running.erase(std::remove(running.begin(), running.end(), nullptr), running.end());
+    for (auto& s : waiting) {
+      if (hit(s)) Finish(std::move(s), FinishReason::kCancelled);
+    }
+    waiting.erase(std::remove(waiting.begin(), waiting.end(), nullptr), waiting.end());
+  }
+
+  // 2. schedule. Running sequences first, oldest first: each computes its remaining
+  //    prompt chunk or its one decode token. When the pool runs dry the most recently
+  //    admitted sequence is preempted (recomputed later). Then waiting sequences are
+  //    admitted under the remaining token budget.
+  int budget = options.max_batch_tokens;
+  std::vector<std::pair<Sequence*, int>> plan;  // sequence, tokens to compute this step
+  bool preempted = false;
+  size_t i = 0;
+  while (i < running.size() && budget > 0) {
+    Sequence& s = *running[i];
+    const int n = std::min<int>(static_cast<int>(s.tokens.size()) - s.num_computed, budget);
+    if (!EnsureBlocks(s, s.num_computed + n)) {
+      preempted = true;
+      Preempt(*running.back());
+      waiting.push_front(std::move(running.back()));
+      running.pop_back();
+      continue;  // retry s (unless it was the one preempted: then the loop ends)
+    }
+    plan.emplace_back(&s, n);
+    budget -= n;
+    ++i;
+  }
+  const Clock::time_point now = Clock::now();
+  while (!preempted && budget > 0 && !waiting.empty() &&
+         static_cast<int>(running.size()) < options.max_running) {
+    Sequence& s = *waiting.front();
+    if (!s.prefix_looked_up) LookupPrefix(s);
+    const int n = std::min<int>(static_cast<int>(s.tokens.size()) - s.num_computed, budget);
+    if (!EnsureBlocks(s, s.num_computed + n)) {
+      FreeBlocks(s);  // give back prefix references while it waits
+      break;
+    }
+    if (!s.was_scheduled) {
+      s.was_scheduled = true;
+      s.scheduled = now;
+      if (observer) observer->OnPrefixLookup(s.num_prompt, s.num_computed);
+    }
+    plan.emplace_back(&s, n);
+    budget -= n;
+    running.push_back(std::move(waiting.front()));
+    waiting.pop_front();
+  }
+
+  if (!plan.empty()) {
+    // 3. one forward over every planned chunk
+    std::vector<BatchEntry> batch;
+    batch.reserve(plan.size());
+    for (const auto& [s, n] : plan) {
+      BatchEntry e;
+      e.tokens = absl::MakeConstSpan(s->tokens).subspan(s->num_computed, n);
+      e.num_cached = s->num_computed;
+      e.block_table = s->blocks;
+      batch.push_back(e);
+    }
+    const absl::Status status = transformer.Forward(batch, cache, out);
+    // 4. advance, sample, stream, finish
+    for (size_t k = 0; k < plan.size(); ++k) {
+      Sequence& s = *plan[k].first;
+      bool done = false;
+      FinishReason reason = FinishReason::kLength;
+      if (!status.ok()) {
+        done = true;
+        reason = FinishReason::kError;
+      } else {
+        s.num_computed += plan[k].second;
+        RegisterFullBlocks(s);
+        if (s.num_computed == static_cast<int>(s.tokens.size())) {
+          TokenEvent ev = AfterForward(
+              s, out.logits.data() + static_cast<size_t>(out.logits_row[k]) *
+                                         model.config.vocab_size);
+          const StopParams& stop = s.request.stop;
+          const bool eos = !stop.ignore_eos && model.tokenizer &&
+                           ev.token == model.tokenizer->eos_id();
+          const bool stop_token = std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(),
+                                            ev.token) != stop.stop_token_ids.end();
+          const StopMatcher::Result text =
+              s.stop_matcher.Push(eos || stop_token ? std::string() : s.decoder->Push(ev.token));
+          ev.text = text.emit;
+          if (s.request.callbacks.on_token) s.request.callbacks.on_token(ev);
+          done = true;
+          if (text.matched || stop_token) {
+            reason = FinishReason::kStop;
+          } else if (eos) {
+            reason = FinishReason::kEos;
+          } else if (s.num_generated >= stop.max_new_tokens) {
+            reason = FinishReason::kLength;
+          } else if (static_cast<int>(s.tokens.size()) >= model.config.max_seq_len) {
+            reason = FinishReason::kContext;
+          } else {
+            done = false;
+          }
+        }
+      }
+      if (done) {
+        auto it = std::find_if(running.begin(), running.end(),
+                               [&](const auto& p) { return p.get() == &s; });
+        std::unique_ptr<Sequence> owned = std::move(*it);
+        running.erase(it);
+        Finish(std::move(owned), reason, status);
+      }
+    }
+  }
+  EngineObserver::StepStats st = CurrentStats();
+  int batch_tokens = 0;
+  for (const auto& p : plan) batch_tokens += p.second;
+  st.batch_tokens = batch_tokens;
+  if (observer && !plan.empty()) observer->OnStep(st);
+  std::lock_guard<std::mutex> lock(mu);
+  stats.running = st.running;
+  stats.waiting = st.waiting;
+  stats.blocks_used = st.blocks_used;
+  stats.blocks_cached = st.blocks_cached;
+  stats.blocks_free = st.blocks_free;
+  if (plan.empty() && !waiting.empty() && running.empty()) {
+    // Nothing can run: the front request does not fit even in an empty pool (sessions
+    // hold the rest). Fail it rather than spin.
+    std::unique_ptr<Sequence> s = std::move(waiting.front());
+    waiting.pop_front();
+    mu.unlock();
+    Finish(std::move(s), FinishReason::kError,
+           absl::ResourceExhaustedError("the KV cache is held by open sessions; close some"));
+    mu.lock();
+  }
+}
+
+}  // namespace kvlens

@@ -1,0 +1,110 @@
+// Engine: the continuous-batching core. Thread-safe Submit / Cancel from any thread; one
+// step thread runs the scheduler and the model.
+//
+//   Submit ─▶ waiting queue ─▶ scheduler step ─▶ Transformer::Forward(batch) ─▶ sample
+//                  ▲                │  decode tokens of all running sequences
+//                  └── preempted ◀──┘  + prefill chunks of waiting ones, under a token budget
+//
+// Every step batches the decode tokens of all running sequences with chunks of pending
+// prefills; there is no separate prefill phase. A request that can never fit (prompt +
+// max_new_tokens beyond the context or the whole cache) is rejected at Submit; one that
+// cannot fit now waits; running sequences are preempted (blocks freed, recomputed later)
+// when decode needs blocks that are not there.
+#ifndef KVLENS_ENGINE_ENGINE_H_
+#define KVLENS_ENGINE_ENGINE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "engine/model/model.h"
+#include "engine/request.h"
+#include "kernels/backend.h"
+
+namespace kvlens {
+
+struct EngineOptions {
+  int num_blocks = 1024;          // KV-cache capacity in blocks
+  int block_size = 16;            // tokens per block
+  int max_batch_tokens = 512;     // token budget of one step (decode + prefill chunks)
+  int max_running = 64;           // sequences decoding at once
+  int max_waiting = 256;          // queue limit; beyond it Submit is RESOURCE_EXHAUSTED
+  int max_sessions = 64;
+  bool prefix_caching = true;
+};
+
+// What the engine reports to whoever watches it (metrics); called on the step thread.
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  struct StepStats {
+    int batch_tokens = 0;
+    int running = 0;
+    int waiting = 0;
+    int blocks_used = 0;    // referenced by live sequences or sessions
+    int blocks_cached = 0;  // unreferenced but holding a reusable prefix
+    int blocks_free = 0;
+  };
+  virtual void OnStep(const StepStats& stats) = 0;
+  virtual void OnPreemption() = 0;
+  // A prompt's lookup in the prefix cache: tokens looked up, tokens found.
+  virtual void OnPrefixLookup(int queried_tokens, int hit_tokens) = 0;
+};
+
+struct EngineStats {
+  int running = 0;
+  int waiting = 0;
+  int blocks_used = 0;
+  int blocks_cached = 0;
+  int blocks_free = 0;
+  int num_blocks = 0;
+  int sessions = 0;
+};
+
+class Engine {
+ public:
+  Engine(const Model& model, kernels::Backend<float>& backend, EngineOptions options,
+         EngineObserver* observer = nullptr);
+  ~Engine();  // stops the step thread; unfinished requests finish kCancelled
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and queues. INVALID_ARGUMENT naming the field (empty prompt, token id out
+  // of range, sampling fields, top_logprobs, unknown session); OUT_OF_RANGE when prompt +
+  // max_new_tokens exceeds the context; RESOURCE_EXHAUSTED naming the limit when the
+  // request can never fit in the cache or the waiting queue is full; UNAVAILABLE after
+  // Shutdown.
+  absl::StatusOr<RequestId> Submit(GenerationRequest request);
+  // Finishes the request with kCancelled and frees its blocks (no-op when already done).
+  void Cancel(RequestId id);
+
+  // Sessions keep a conversation's tokens and KV blocks between requests: a request on a
+  // session prefills only its new tokens, from the session's query offset.
+  absl::StatusOr<SessionId> OpenSession();
+  absl::Status CloseSession(SessionId id);  // NOT_FOUND for unknown; frees its blocks
+
+  // Stops admitting (Submit → UNAVAILABLE); waits up to `drain` for running requests to
+  // finish, then cancels the rest. Idempotent.
+  void Shutdown(std::chrono::milliseconds drain);
+
+  EngineStats Stats() const;
+  const Model& model() const { return model_; }
+  const EngineOptions& options() const { return options_; }
+
+ private:
+  struct Impl;
+  const Model& model_;
+  EngineOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvlens
+
+#endif  // KVLENS_ENGINE_ENGINE_H_

@@ -1,0 +1,82 @@
+// A generation request as the engine sees it (never protobuf), and the events it streams.
+#ifndef KVLENS_ENGINE_REQUEST_H_
+#define KVLENS_ENGINE_REQUEST_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/sampler.h"
+
+namespace kvlens {
+
+using RequestId = int64_t;
+using SessionId = int64_t;
+using Clock = std::chrono::steady_clock;
+
+struct StopParams {
+  int max_new_tokens = 256;
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop_strings;  // generation ends before the first occurrence
+  bool ignore_eos = false;
+};
+
+enum class FinishReason { kLength, kEos, kStop, kCancelled, kContext, kError };
+const char* FinishReasonName(FinishReason r);
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+// One generated token as streamed.
+struct TokenEvent {
+  int32_t token = 0;
+  std::string text;  // UTF-8 delta that became complete with this token (may be empty)
+  float logprob = 0.0f;                // log p(token) under the model (before sampling filters)
+  std::vector<TokenLogprob> top_logprobs;  // the N most likely, when asked
+  Clock::time_point time;
+};
+
+struct Usage {
+  int prompt_tokens = 0;
+  int generated_tokens = 0;
+  int cached_tokens = 0;  // prompt tokens found in the prefix cache or the session
+};
+
+struct Timings {
+  double queue_seconds = 0;        // arrival → first scheduled step
+  double prefill_seconds = 0;      // first scheduled step → prompt fully computed
+  double first_token_seconds = 0;  // arrival → first generated token
+  double decode_seconds = 0;       // first → last generated token
+};
+
+struct FinishEvent {
+  FinishReason reason = FinishReason::kLength;
+  absl::Status status;  // non-OK only with kError
+  Usage usage;
+  Timings timings;
+  std::string text;  // any text held back until the end (incomplete UTF-8 as U+FFFD)
+};
+
+// Called on the engine's step thread; must not block (queue the event and return).
+struct RequestCallbacks {
+  std::function<void(const TokenEvent&)> on_token;
+  std::function<void(const FinishEvent&)> on_finish;  // exactly once, last
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // token ids (BOS included if wanted)
+  SamplingParams sampling;
+  StopParams stop;
+  int top_logprobs = 0;     // 0 … 20
+  SessionId session = 0;    // 0: none; else an open session this request appends to
+  RequestCallbacks callbacks;
+};
+
+}  // namespace kvlens
+
+#endif  // KVLENS_ENGINE_REQUEST_H_

@@ -1,0 +1,289 @@
+// The continuous-batching engine on a real model (stories260K): its results equal offline
+// generation alone, among many concurrent requests, across preemptions, with prefix
+// caching and sessions; cancellation and finishing free every block; bad requests get
+// errors naming the field.
+#include "engine/engine.h"
+
+#include <future>
+#include <memory>
+#include <random>
+
+#include "engine/generator.h"
+#include "engine/model/model.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/test_paths.h"
+
+namespace kvlens {
+namespace {
+
+const std::string kModel = testing::TestData("stories260K/stories260K.bin");
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::string text;
+  FinishEvent finish;
+};
+
+// Submits and returns a future of the whole outcome.
+std::future<Outcome> Start(Engine& engine, GenerationRequest req, absl::Status* submit_status,
+                           RequestId* id = nullptr) {
+  auto outcome = std::make_shared<Outcome>();
+  auto promise = std::make_shared<std::promise<Outcome>>();
+  std::future<Outcome> f = promise->get_future();
+  req.callbacks.on_token = [outcome](const TokenEvent& e) {
+    outcome->tokens.push_back(e.token);
+    outcome->text += e.text;
+  };
+  req.callbacks.on_finish = [outcome, promise](const FinishEvent& e) {
+    outcome->finish = e;
+    outcome->text += e.text;
+    promise->set_value(*outcome);
+  };
+  auto r = engine.Submit(std::move(req));
+  *submit_status = r.status();
+  if (r.ok() && id != nullptr) *id = *r;
+  return f;
+}
+
+// Blocks are released on the step thread right after the finish callback: wait for it.
+int BlocksUsedWhenIdle(const Engine& engine) {
+  for (int i = 0; i < 400 && engine.Stats().blocks_used != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return engine.Stats().blocks_used;
+}
+
+Outcome RunOne(Engine& engine, GenerationRequest req) {
+  absl::Status s;
+  auto f = Start(engine, std::move(req), &s);
+  EXPECT_TRUE(s.ok()) << s;
+  return s.ok() ? f.get() : Outcome{};
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KVLENS_REQUIRE_FILE(kModel);
+    auto m = LoadModel({kModel, ""});
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = *std::move(m);
+  }
+  GenerationRequest Greedy(const std::string& text, int max_new) const {
+    GenerationRequest r;
+    r.prompt = model_->tokenizer->Encode(text, true);
+    r.stop.max_new_tokens = max_new;
+    r.stop.ignore_eos = true;
+    return r;
+  }
+  std::vector<int32_t> Offline(const std::vector<int32_t>& prompt, int max_new) {
+    GenerateOptions o;
+    o.max_new_tokens = max_new;
+    o.stop_at_eos = false;
+    auto r = Generate<float>(*model_, backend_, prompt, o);
+    EXPECT_TRUE(r.ok());
+    return r->tokens;
+  }
+  std::unique_ptr<Model> model_;
+  kernels::CpuBackend backend_{2};
+};
+
+TEST_F(EngineTest, GreedyMatchesOfflineGenerationAndTheReferenceText) {
+  Engine engine(*model_, backend_, EngineOptions{});
+  GenerationRequest req = Greedy("Once upon a time", 20);
+  const std::vector<int32_t> want = Offline(req.prompt, 20);
+  const Outcome got = RunOne(engine, req);
+  EXPECT_EQ(got.tokens, want);
+  // run.c's reference continuation (../shared/testdata/README.md) starts with the text
+  const std::string reference =
+      ", there was a little girl named Lily. She loved to play outside in the park. One day,";
+  EXPECT_GT(got.text.size(), 30u);
+  EXPECT_EQ(reference.substr(0, got.text.size()), got.text);
+  EXPECT_EQ(got.finish.reason, FinishReason::kLength);
+  EXPECT_EQ(got.finish.usage.prompt_tokens, 5);
+  EXPECT_EQ(got.finish.usage.generated_tokens, 20);
+  EXPECT_GT(got.finish.timings.first_token_seconds, 0.0);
+}
+
+TEST_F(EngineTest, BatchingNeverChangesResults) {
+  EngineOptions o;
+  o.max_batch_tokens = 64;  // forces chunked prefills interleaved with decodes
+  Engine engine(*model_, backend_, o);
+  const std::vector<std::string> prompts = {"Once upon a time", "The cat", "Lily and Ben went to",
+                                            "One day, a big dog", "Tom had a red ball. He",
+                                            "The sun was shining and the birds were singing. A"};
+  std::vector<std::future<Outcome>> futures;
+  std::vector<std::vector<int32_t>> want;
+  std::vector<GenerationRequest> reqs;
+  for (int rep = 0; rep < 32; ++rep) {
+    reqs.push_back(Greedy(prompts[rep % prompts.size()], 12 + rep % 7));
+    want.push_back(Offline(reqs.back().prompt, reqs.back().stop.max_new_tokens));
+  }
+  for (const GenerationRequest& r : reqs) {  // all at once: they share steps
+    absl::Status s;
+    futures.push_back(Start(engine, r, &s));
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  for (size_t i = 0; i < futures.size(); ++i) EXPECT_EQ(futures[i].get().tokens, want[i]) << i;
+  EXPECT_EQ(BlocksUsedWhenIdle(engine), 0);
+}
+
+TEST_F(EngineTest, PreemptionRecomputesWithoutChangingResults) {
+  EngineOptions o;
+  o.block_size = 4;
+  o.num_blocks = 14;  // 56 tokens for four requests of ~30 tokens each
+  o.prefix_caching = false;
+  struct Counter : EngineObserver {
+    std::atomic<int> preemptions{0};
+    void OnStep(const StepStats&) override {}
+    void OnPreemption() override { ++preemptions; }
+    void OnPrefixLookup(int, int) override {}
+  } counter;
+  Engine engine(*model_, backend_, o, &counter);
+  std::vector<std::future<Outcome>> futures;
+  std::vector<std::vector<int32_t>> want;
+  std::vector<GenerationRequest> reqs;
+  for (const char* p : {"Once upon a time", "The dog ran", "A little bird", "Mom said"}) {
+    reqs.push_back(Greedy(p, 24));
+    want.push_back(Offline(reqs.back().prompt, 24));
+  }
+  for (const GenerationRequest& r : reqs) {
+    absl::Status s;
+    futures.push_back(Start(engine, r, &s));
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  for (size_t i = 0; i < futures.size(); ++i) EXPECT_EQ(futures[i].get().tokens, want[i]) << i;
+  EXPECT_GT(counter.preemptions.load(), 0);
+  EXPECT_EQ(BlocksUsedWhenIdle(engine), 0);
+}
+
+TEST_F(EngineTest, PrefixCacheReusesFullBlocks) {
+  EngineOptions o;
+  o.block_size = 4;
+  Engine engine(*model_, backend_, o);
+  GenerationRequest r = Greedy("Once upon a time, there was a little girl named Lily.", 8);
+  const int n = static_cast<int>(r.prompt.size());
+  const Outcome first = RunOne(engine, r);
+  EXPECT_EQ(first.finish.usage.cached_tokens, 0);
+  const Outcome second = RunOne(engine, r);
+  EXPECT_EQ(second.finish.usage.cached_tokens, (n - 1) / 4 * 4);
+  EXPECT_EQ(second.tokens, first.tokens);
+  EXPECT_GT(engine.Stats().blocks_cached, 0);
+  EXPECT_EQ(BlocksUsedWhenIdle(engine), 0);
+}
+
+TEST_F(EngineTest, SessionSecondTurnPrefillsOnlyNewTokens) {
+  Engine engine(*model_, backend_, EngineOptions{});
+  auto session = engine.OpenSession();
+  ASSERT_TRUE(session.ok());
+  GenerationRequest t1 = Greedy("Once upon a time", 10);
+  t1.session = *session;
+  const Outcome a = RunOne(engine, t1);
+  GenerationRequest t2;
+  t2.prompt = model_->tokenizer->Encode(" Then", false);
+  t2.stop.max_new_tokens = 10;
+  t2.stop.ignore_eos = true;
+  t2.session = *session;
+  const Outcome b = RunOne(engine, t2);
+  // the whole history except the last generated token (not yet computed) was cached
+  EXPECT_EQ(b.finish.usage.cached_tokens, static_cast<int>(t1.prompt.size()) + 10 - 1);
+  EXPECT_EQ(b.finish.usage.prompt_tokens, static_cast<int>(t1.prompt.size()) + 10 + static_cast<int>(t2.prompt.size()));
+  // and the continuation equals recomputing everything offline
+  std::vector<int32_t> history = t1.prompt;
+  history.insert(history.end(), a.tokens.begin(), a.tokens.end());
+  history.insert(history.end(), t2.prompt.begin(), t2.prompt.end());
+  EXPECT_EQ(b.tokens, Offline(history, 10));
+  EXPECT_GT(engine.Stats().blocks_used, 0);  // the session holds its blocks
+  ASSERT_TRUE(engine.CloseSession(*session).ok());
+  EXPECT_EQ(engine.CloseSession(*session).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(EngineTest, CancelFinishesAndFreesBlocks) {
+  Engine engine(*model_, backend_, EngineOptions{});
+  GenerationRequest r = Greedy("Once upon a time", 400);
+  absl::Status s;
+  RequestId id = 0;
+  auto f = Start(engine, r, &s, &id);
+  ASSERT_TRUE(s.ok());
+  engine.Cancel(id);
+  const Outcome o = f.get();
+  EXPECT_EQ(o.finish.reason, FinishReason::kCancelled);
+  EXPECT_LT(o.tokens.size(), 400u);
+  EXPECT_EQ(BlocksUsedWhenIdle(engine), 0);
+}
+
+TEST_F(EngineTest, StopStringsAndStopTokens) {
+  Engine engine(*model_, backend_, EngineOptions{});
+  GenerationRequest r = Greedy("Once upon a time", 40);
+  r.stop.stop_strings = {"Lily"};
+  Outcome o = RunOne(engine, r);
+  EXPECT_EQ(o.finish.reason, FinishReason::kStop);
+  EXPECT_EQ(o.text, ", there was a little girl named ");
+  r = Greedy("Once upon a time", 40);
+  const std::vector<int32_t> all = Offline(r.prompt, 40);
+  r.stop.stop_token_ids = {all[3]};
+  o = RunOne(engine, r);
+  EXPECT_EQ(o.finish.reason, FinishReason::kStop);
+  EXPECT_EQ(o.tokens, std::vector<int32_t>(all.begin(), all.begin() + 4));
+}
+
+TEST_F(EngineTest, RejectsBadRequestsNamingTheField) {
+  EngineOptions o;
+  o.num_blocks = 4;
+  o.block_size = 16;
+  o.max_waiting = 1;
+  Engine engine(*model_, backend_, o);
+  GenerationRequest r = Greedy("Hi", 8);
+  r.prompt.push_back(512);
+  EXPECT_NE(engine.Submit(r).status().message().find("prompt token"), std::string::npos);
+  r = Greedy("Hi", 8);
+  r.sampling.top_p = 2;
+  EXPECT_NE(engine.Submit(r).status().message().find("top_p"), std::string::npos);
+  r = Greedy("Hi", 0);
+  EXPECT_NE(engine.Submit(r).status().message().find("max_new_tokens"), std::string::npos);
+  r = Greedy("Hi", 600);
+  EXPECT_EQ(engine.Submit(r).status().code(), absl::StatusCode::kOutOfRange);
+  r = Greedy("Hi", 100);  // 103 tokens need 7 blocks of 16; the cache has 4
+  absl::Status s = engine.Submit(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("holds only 4 blocks"), std::string::npos) << s;
+  r = Greedy("Hi", 8);
+  r.session = 99;
+  EXPECT_NE(engine.Submit(r).status().message().find("session_id 99"), std::string::npos);
+  r = Greedy("Hi", 8);
+  r.top_logprobs = 21;
+  EXPECT_NE(engine.Submit(r).status().message().find("top_logprobs"), std::string::npos);
+}
+
+TEST_F(EngineTest, LogprobsAreTheModelsLogSoftmax) {
+  Engine engine(*model_, backend_, EngineOptions{});
+  GenerationRequest r = Greedy("Once upon a time", 3);
+  r.top_logprobs = 5;
+  std::vector<TokenEvent> events;
+  std::promise<void> done;
+  r.callbacks.on_token = [&](const TokenEvent& e) { events.push_back(e); };
+  r.callbacks.on_finish = [&](const FinishEvent&) { done.set_value(); };
+  ASSERT_TRUE(engine.Submit(r).ok());
+  done.get_future().wait();
+  ASSERT_EQ(events.size(), 3u);
+  for (const TokenEvent& e : events) {
+    ASSERT_EQ(e.top_logprobs.size(), 5u);
+    EXPECT_EQ(e.top_logprobs[0].token, e.token);  // greedy picks the most likely
+    EXPECT_FLOAT_EQ(e.top_logprobs[0].logprob, e.logprob);
+    EXPECT_LT(e.logprob, 0.0f);
+    for (int k = 1; k < 5; ++k) EXPECT_LE(e.top_logprobs[k].logprob, e.top_logprobs[k - 1].logprob);
+  }
+}
+
+TEST_F(EngineTest, ShutdownDrainsThenRefuses) {
+  Engine engine(*model_, backend_, EngineOptions{});
+  absl::Status s;
+  auto f = Start(engine, Greedy("Once upon a time", 30), &s);
+  ASSERT_TRUE(s.ok());
+  engine.Shutdown(std::chrono::seconds(30));
+  EXPECT_EQ(f.get().finish.reason, FinishReason::kLength);
+  EXPECT_EQ(engine.Submit(Greedy("x", 2)).status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace kvlens
