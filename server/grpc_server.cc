@@ -1,0 +1,63 @@
+#include "server/grpc_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvlens::server {
+namespace {
+
+// The service name clients may ask grpc.health.v1 about ("" is the whole server).
+constexpr char kServiceName[] = "kvlens.v1.Generation";
+
+}  // namespace
+
+GrpcServer::GrpcServer(Engine& engine, Metrics& metrics, const GrpcServerOptions& options)
+    : engine_(engine), service_(engine, metrics, options.backend_name) {}
+
+absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions& options,
+                                                              Engine& engine, Metrics& metrics) {
+  // Both are process-wide switches read when a ServerBuilder is created.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+
+  std::unique_ptr<GrpcServer> server(new GrpcServer(engine, metrics, options));
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(&server->service_);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("grpc: cannot listen on ", options.address, " (address in use?)"));
+  }
+  grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
+  health->SetServingStatus(true);
+  health->SetServingStatus(kServiceName, true);
+  return server;
+}
+
+GrpcServer::~GrpcServer() { Shutdown(std::chrono::milliseconds(0)); }
+
+std::shared_ptr<grpc::Channel> GrpcServer::InProcessChannel() {
+  return server_->InProcessChannel(grpc::ChannelArguments());
+}
+
+void GrpcServer::Shutdown(std::chrono::milliseconds drain) {
+  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  if (shut_down_) return;
+  shut_down_ = true;
+  // Load balancers stop sending first; then refuse what still arrives.
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  service_.StartDraining();
+  // Every running stream gets its final message (finished, or CANCELLED at the deadline).
+  engine_.Shutdown(drain);
+  // The streams' last writes need a moment to flush; after that gRPC cancels what is left.
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+void GrpcServer::Wait() { server_->Wait(); }
+
+}  // namespace kvlens::server

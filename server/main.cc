@@ -1,0 +1,169 @@
+// kvlens-server: serves one model over gRPC (kvlens.v1.Generation, health, reflection)
+// with Prometheus metrics on a second port. SIGTERM / SIGINT drain gracefully (see
+// grpc_server.h) and exit 0.
+#include <pthread.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "engine/engine.h"
+#include "engine/model/model.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "server/grpc_server.h"
+#include "server/metrics.h"
+
+ABSL_FLAG(std::string, model, "",
+          "Model to serve: a .gguf file, a llama2.c .bin checkpoint, or a Hugging Face "
+          "model directory (config.json + *.safetensors). Required.");
+ABSL_FLAG(std::string, tokenizer, "",
+          "llama2.c only: its tokenizer .bin (default: tokenizer.bin or tok<V>.bin beside "
+          "the model).");
+ABSL_FLAG(std::string, host, "0.0.0.0",
+          "Address both ports listen on (127.0.0.1 for loopback only).");
+ABSL_FLAG(int32_t, port, 50051, "gRPC port (0: any free port; the chosen one is printed).");
+ABSL_FLAG(int32_t, metrics_port, 9464,
+          "Prometheus /metrics HTTP port (0: any free port; -1: no metrics endpoint).");
+ABSL_FLAG(int64_t, kv_cache_tokens, 0,
+          "KV-cache capacity in tokens (rounded down to whole blocks). 0: use "
+          "--kv_cache_bytes.");
+ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20,
+          "KV-cache capacity in bytes (K and V, fp32, all layers) when --kv_cache_tokens "
+          "is 0.");
+ABSL_FLAG(int32_t, block_size, 16, "KV-cache block size in tokens (the prefix-cache unit).");
+ABSL_FLAG(int32_t, max_batch_tokens, 512,
+          "Token budget of one engine step: decode tokens of all running sequences plus "
+          "prefill chunks.");
+ABSL_FLAG(int32_t, max_running, 64, "Sequences decoding at once.");
+ABSL_FLAG(int32_t, max_waiting, 256,
+          "Queue limit: requests beyond it get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int32_t, max_sessions, 64, "Open sessions at most.");
+ABSL_FLAG(bool, prefix_caching, true, "Reuse cached KV blocks of shared prompt prefixes.");
+ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores).");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+          "On SIGTERM/SIGINT, how long running requests may finish before they are "
+          "cancelled (e.g. 30s, 500ms).");
+
+namespace {
+
+constexpr char kUsage[] =
+    "kvlens-server --model PATH [--port P] [--metrics-port Q] [flags]\n\n"
+    "Serves a decoder-only transformer over gRPC (kvlens.v1.Generation, grpc.health.v1, "
+    "server reflection) with Prometheus metrics on a separate HTTP port. Flag names take "
+    "'-' or '_' alike (--metrics-port = --metrics_port). SIGTERM/SIGINT drain and exit 0.";
+
+// absl flags are C identifiers; the documented interface spells them with hyphens.
+std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<std::string>& storage) {
+  storage.assign(argv, argv + argc);
+  for (size_t i = 1; i < storage.size(); ++i) {
+    std::string& a = storage[i];
+    if (!absl::StartsWith(a, "--")) continue;
+    const size_t end = std::min(a.find('='), a.size());
+    std::replace(a.begin() + 2, a.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
+  }
+  std::vector<char*> out;
+  for (std::string& s : storage) out.push_back(s.data());
+  return out;
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "kvlens-server: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  absl::FlagsUsageConfig usage_config;
+  // --help lists this file's flags (absl's default looks for a file named like the binary).
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "server/main.cc");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
+  std::vector<std::string> storage;
+  std::vector<char*> args = NormalizeFlagNames(argc, argv, storage);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+
+  using kvlens::server::GrpcServer;
+  if (absl::GetFlag(FLAGS_model).empty()) {
+    return Fail(absl::InvalidArgumentError("--model is required (see --help)"));
+  }
+  // SIGTERM/SIGINT are taken by sigwait below; blocked before any thread starts so that
+  // every thread inherits the mask and none is interrupted.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto model = kvlens::LoadModel({absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_tokenizer)});
+  if (!model.ok()) return Fail(model.status());
+  const kvlens::ModelConfig& config = (*model)->config;
+
+  kvlens::EngineOptions options;
+  options.block_size = absl::GetFlag(FLAGS_block_size);
+  if (options.block_size < 1 || options.block_size > 1024) {
+    return Fail(absl::InvalidArgumentError("--block-size must be in [1, 1024]"));
+  }
+  int64_t tokens = absl::GetFlag(FLAGS_kv_cache_tokens);
+  if (tokens <= 0) {
+    const int64_t bytes_per_token = int64_t{2} * config.num_layers * config.kv_dim() * 4;
+    tokens = absl::GetFlag(FLAGS_kv_cache_bytes) / std::max<int64_t>(bytes_per_token, 1);
+  }
+  options.num_blocks = static_cast<int>(std::min<int64_t>(tokens / options.block_size, 1 << 24));
+  if (options.num_blocks < 1) {
+    return Fail(absl::InvalidArgumentError(
+        "the KV cache holds less than one block (raise --kv-cache-tokens or --kv-cache-bytes)"));
+  }
+  options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.max_running = absl::GetFlag(FLAGS_max_running);
+  options.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+
+  kvlens::server::Metrics metrics;
+  const std::string host = absl::GetFlag(FLAGS_host);
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    if (absl::Status s = metrics.StartExposer(host, absl::GetFlag(FLAGS_metrics_port)); !s.ok()) {
+      return Fail(s);
+    }
+  }
+  kvlens::kernels::CpuBackend backend(absl::GetFlag(FLAGS_threads));
+  kvlens::Engine engine(**model, backend, options, &metrics);
+
+  kvlens::server::GrpcServerOptions server_options;
+  server_options.address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_port));
+  server_options.backend_name = std::string(backend.name());
+  auto server = GrpcServer::Start(server_options, engine, metrics);
+  if (!server.ok()) return Fail(server.status());
+  std::fprintf(stderr,
+               "kvlens-server: serving %s (%s, %d layers, context %d) on %s:%d, metrics on "
+               "%s:%d, KV cache %d blocks x %d tokens\n",
+               config.name.c_str(), std::string(kvlens::ArchitectureName(config.arch)).c_str(),
+               config.num_layers, config.max_seq_len, host.c_str(), (*server)->port(),
+               host.c_str(), metrics.exposer_port(), options.num_blocks, options.block_size);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  const auto drain = absl::ToChronoMilliseconds(absl::GetFlag(FLAGS_drain_timeout));
+  std::fprintf(stderr, "kvlens-server: %s, draining (up to %lld ms)\n", strsignal(sig),
+               static_cast<long long>(drain.count()));
+  (*server)->Shutdown(drain);
+  (*server)->Wait();
+  std::fprintf(stderr, "kvlens-server: stopped\n");
+  return 0;
+}

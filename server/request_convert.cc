@@ -1,0 +1,193 @@
+#include "server/request_convert.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvlens::server {
+namespace {
+
+absl::Status Bad(const std::string& field, double value, const char* range) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " = ", value, " must be ", range));
+}
+
+absl::Status CheckToken(const std::string& field, int64_t id, int32_t vocab_size) {
+  if (id < 0 || id >= vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " = ", id, " must be a token id in [0, ", vocab_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ConvertSampling(const v1::SamplingParams& in, int32_t vocab_size,
+                             SamplingParams* out) {
+  // The ranges are the engine's (SamplingParams::Validate); checked here to name the field
+  // the way the client wrote it.
+  if (!(in.temperature() >= 0 && in.temperature() <= 100)) {
+    return Bad("sampling.temperature", in.temperature(), "in [0, 100]");
+  }
+  if (in.top_k() < 0) return Bad("sampling.top_k", in.top_k(), ">= 0");
+  const double top_p = in.has_top_p() ? in.top_p() : 1.0;
+  if (!(top_p > 0 && top_p <= 1)) return Bad("sampling.top_p", top_p, "in (0, 1]");
+  if (!(in.min_p() >= 0 && in.min_p() < 1)) return Bad("sampling.min_p", in.min_p(), "in [0, 1)");
+  const double rep = in.has_repetition_penalty() ? in.repetition_penalty() : 1.0;
+  if (!(rep > 0 && rep <= 10)) return Bad("sampling.repetition_penalty", rep, "in (0, 10]");
+  if (!(std::abs(in.frequency_penalty()) <= 2)) {
+    return Bad("sampling.frequency_penalty", in.frequency_penalty(), "in [-2, 2]");
+  }
+  if (!(std::abs(in.presence_penalty()) <= 2)) {
+    return Bad("sampling.presence_penalty", in.presence_penalty(), "in [-2, 2]");
+  }
+  out->temperature = in.temperature();
+  out->top_k = in.top_k();
+  out->top_p = top_p;
+  out->min_p = in.min_p();
+  out->seed = in.seed();
+  out->repetition_penalty = rep;
+  out->frequency_penalty = in.frequency_penalty();
+  out->presence_penalty = in.presence_penalty();
+  for (const auto& [id, bias] : in.logit_bias()) {
+    const std::string field = absl::StrCat("sampling.logit_bias[", id, "]");
+    if (absl::Status s = CheckToken(absl::StrCat("sampling.logit_bias key"), id, vocab_size);
+        !s.ok()) {
+      return s;
+    }
+    if (!(std::abs(bias) <= 100.0f)) return Bad(field, bias, "finite and in [-100, 100]");
+    out->logit_bias.emplace_back(id, bias);
+  }
+  // A map has no order on the wire; sort so equal requests give equal engine inputs.
+  std::sort(out->logit_bias.begin(), out->logit_bias.end());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateTokenIds(const google::protobuf::RepeatedField<int32_t>& ids,
+                              const char* field, int32_t vocab_size) {
+  for (int i = 0; i < ids.size(); ++i) {
+    if (absl::Status s = CheckToken(absl::StrCat(field, "[", i, "]"), ids[i], vocab_size);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest& request,
+                                                      const Model& model) {
+  const int32_t vocab = model.config.vocab_size;
+  const int context = model.config.max_seq_len;
+  GenerationRequest out;
+
+  switch (request.prompt_case()) {
+    case v1::GenerateRequest::kText: {
+      if (model.tokenizer == nullptr) {
+        return absl::FailedPreconditionError("text: the model has no tokenizer; send token_ids");
+      }
+      out.prompt = model.tokenizer->Encode(request.text(),
+                                           !request.has_add_bos() || request.add_bos());
+      if (out.prompt.empty()) {
+        return absl::InvalidArgumentError("text: the prompt is empty (and add_bos is off)");
+      }
+      break;
+    }
+    case v1::GenerateRequest::kTokenIds: {
+      const auto& ids = request.token_ids().ids();
+      if (ids.empty()) return absl::InvalidArgumentError("token_ids.ids: the prompt is empty");
+      if (absl::Status s = ValidateTokenIds(ids, "token_ids.ids", vocab); !s.ok()) return s;
+      out.prompt.assign(ids.begin(), ids.end());
+      break;
+    }
+    case v1::GenerateRequest::PROMPT_NOT_SET:
+      return absl::InvalidArgumentError("prompt: set text or token_ids");
+  }
+  if (static_cast<int64_t>(out.prompt.size()) >= context) {
+    return absl::OutOfRangeError(absl::StrCat("prompt: ", out.prompt.size(),
+                                              " tokens leave no room in the context of ",
+                                              context, " tokens"));
+  }
+
+  if (absl::Status s = ConvertSampling(request.sampling(), vocab, &out.sampling); !s.ok()) {
+    return s;
+  }
+
+  const v1::StoppingParams& stop = request.stopping();
+  if (stop.has_max_new_tokens()) {
+    if (stop.max_new_tokens() < 1 || stop.max_new_tokens() > context) {
+      return absl::InvalidArgumentError(absl::StrCat("stopping.max_new_tokens = ",
+                                                     stop.max_new_tokens(),
+                                                     " must be in [1, ", context, "]"));
+    }
+    out.stop.max_new_tokens = stop.max_new_tokens();
+  } else {
+    out.stop.max_new_tokens =
+        std::min<int>(kDefaultMaxNewTokens, context - static_cast<int>(out.prompt.size()));
+  }
+  if (stop.stop_size() > kMaxStopStrings) {
+    return absl::InvalidArgumentError(absl::StrCat("stopping.stop: ", stop.stop_size(),
+                                                   " strings, at most ", kMaxStopStrings));
+  }
+  for (int i = 0; i < stop.stop_size(); ++i) {
+    if (stop.stop(i).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("stopping.stop[", i, "] is empty"));
+    }
+    out.stop.stop_strings.push_back(stop.stop(i));
+  }
+  if (absl::Status s = ValidateTokenIds(stop.stop_token_ids(), "stopping.stop_token_ids", vocab);
+      !s.ok()) {
+    return s;
+  }
+  out.stop.stop_token_ids.assign(stop.stop_token_ids().begin(), stop.stop_token_ids().end());
+  out.stop.ignore_eos = stop.ignore_eos();
+
+  if (request.top_logprobs() < 0 || request.top_logprobs() > kMaxTopLogprobs) {
+    return Bad("top_logprobs", request.top_logprobs(), "in [0, 20]");
+  }
+  out.top_logprobs = request.top_logprobs();
+  if (request.session_id() < 0) return Bad("session_id", request.session_id(), ">= 0");
+  out.session = request.session_id();
+  return out;
+}
+
+v1::FinishReason ToProto(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength: return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kEos: return v1::FINISH_REASON_EOS;
+    case FinishReason::kStop: return v1::FINISH_REASON_STOP;
+    case FinishReason::kCancelled: return v1::FINISH_REASON_CANCELLED;
+    case FinishReason::kContext: return v1::FINISH_REASON_CONTEXT;
+    case FinishReason::kError: break;  // an error ends the stream with a status instead
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+void ToProto(const TokenEvent& event, bool with_logprobs, v1::GenerateResponse* out) {
+  out->add_token_ids(event.token);
+  out->mutable_text()->append(event.text);
+  if (!with_logprobs) return;
+  v1::TokenLogprob* lp = out->add_logprobs();
+  lp->set_token(event.token);
+  lp->set_logprob(event.logprob);
+  for (const TokenLogprob& top : event.top_logprobs) {
+    v1::TopLogprob* t = lp->add_top();
+    t->set_token(top.token);
+    t->set_logprob(top.logprob);
+  }
+}
+
+void ToProto(const FinishEvent& event, v1::GenerateFinal* out) {
+  out->set_finish_reason(ToProto(event.reason));
+  v1::Usage* usage = out->mutable_usage();
+  usage->set_prompt_tokens(event.usage.prompt_tokens);
+  usage->set_generated_tokens(event.usage.generated_tokens);
+  usage->set_cached_tokens(event.usage.cached_tokens);
+  v1::Timings* t = out->mutable_timings();
+  t->set_queue_seconds(event.timings.queue_seconds);
+  t->set_prefill_seconds(event.timings.prefill_seconds);
+  t->set_first_token_seconds(event.timings.first_token_seconds);
+  t->set_decode_seconds(event.timings.decode_seconds);
+}
+
+}  // namespace kvlens::server

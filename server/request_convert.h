@@ -1,0 +1,36 @@
+// Proto → engine conversion with validation: every rejected field is named as the client
+// spelled it ("sampling.top_p = 1.5 must be in (0, 1]"). Engine → proto for the streamed
+// events. No gRPC here, only messages, so it is testable on its own.
+#ifndef KVLENS_SERVER_REQUEST_CONVERT_H_
+#define KVLENS_SERVER_REQUEST_CONVERT_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/model.h"
+#include "engine/request.h"
+#include "kvlens/v1/generation.pb.h"
+
+namespace kvlens::server {
+
+inline constexpr int kDefaultMaxNewTokens = 256;
+inline constexpr int kMaxTopLogprobs = 20;
+inline constexpr int kMaxStopStrings = 16;
+
+// INVALID_ARGUMENT naming the field for anything out of range. The callbacks are left
+// empty for the caller to fill.
+absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest& request,
+                                                      const Model& model);
+
+// Token ids of a Detokenize call, each in [0, vocab_size).
+absl::Status ValidateTokenIds(const google::protobuf::RepeatedField<int32_t>& ids,
+                              const char* field, int32_t vocab_size);
+
+v1::FinishReason ToProto(FinishReason reason);
+void ToProto(const TokenEvent& event, bool with_logprobs, v1::GenerateResponse* out);
+void ToProto(const FinishEvent& event, v1::GenerateFinal* out);
+
+}  // namespace kvlens::server
+
+#endif  // KVLENS_SERVER_REQUEST_CONVERT_H_
