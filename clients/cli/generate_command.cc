@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "clients/cli/args.h"
 #include "clients/cli/commands.h"
+#include "clients/cli/remote_generate.h"
 #include "engine/generator.h"
 #include "engine/model/model.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -16,7 +17,9 @@ namespace {
 
 const std::vector<FlagSpec>& Specs() {
   static const std::vector<FlagSpec> specs = {
-      {"model", "", "model file: GGUF or llama2.c .bin (required)"},
+      {"model", "", "model file: GGUF or llama2.c .bin (required unless --server)"},
+      {"server", "", "HOST:PORT of a kvlens-server: generate there and stream the reply "
+                     "(model, precision, threads, prefill and block flags do not apply)"},
       {"tokenizer", "", "llama2.c tokenizer .bin (default: tokenizer.bin or tok<V>.bin beside the model)"},
       {"prompt", "", "prompt text; the output is the prompt followed by the completion"},
       {"max-new-tokens", "64", "tokens to generate at most"},
@@ -81,6 +84,7 @@ int GenerateCommand(int argc, char** argv) {
                              Specs());
     return 0;
   }
+  if (args->Has("server")) return RemoteGenerate(*args);
   if (!args->Has("model")) return fail(absl::InvalidArgumentError("--model is required"), 2);
 
   GenerateOptions options;

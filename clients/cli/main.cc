@@ -10,7 +10,8 @@ constexpr char kUsage[] =
     "usage: kvlens-cli COMMAND [flags]\n"
     "\n"
     "commands:\n"
-    "  generate   generate text from a prompt with a local model (GGUF or llama2.c .bin)\n"
+    "  generate   generate text from a prompt with a local model (GGUF or llama2.c .bin),\n"
+    "             or with a kvlens-server (--server HOST:PORT)\n"
     "  tokenize   print the token ids of a text, separated by spaces\n"
     "\n"
     "Run 'kvlens-cli COMMAND --help' for a command's flags.\n";

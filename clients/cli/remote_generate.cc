@@ -1,0 +1,94 @@
+#include "clients/cli/remote_generate.h"
+
+#include <iostream>
+#include <memory>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_format.h"
+#include "kvlens/v1/generation.grpc.pb.h"
+
+namespace kvlens::cli {
+namespace {
+
+int Fail(const absl::Status& s, int code) {
+  std::cerr << "kvlens-cli generate: " << s.message() << "\n";
+  return code;
+}
+
+const char* FinishName(v1::FinishReason r) {
+  switch (r) {
+    case v1::FINISH_REASON_LENGTH: return "length";
+    case v1::FINISH_REASON_EOS: return "eos";
+    case v1::FINISH_REASON_STOP: return "stop";
+    case v1::FINISH_REASON_CANCELLED: return "cancelled";
+    case v1::FINISH_REASON_CONTEXT: return "context";
+    default: return "unspecified";
+  }
+}
+
+}  // namespace
+
+int RemoteGenerate(const Args& args) {
+  auto max_new = args.Int("max-new-tokens", 1, 1 << 20);
+  auto temperature = args.Double("temperature", 0, 100);
+  auto top_k = args.Int("top-k", 0, 1 << 30);
+  auto top_p = args.Double("top-p", 0, 1);
+  auto min_p = args.Double("min-p", 0, 1);
+  auto rep = args.Double("repetition-penalty", 0, 10);
+  auto seed = args.Int("seed", 0, INT64_MAX);
+  for (const absl::Status& s : {max_new.status(), temperature.status(), top_k.status(),
+                                top_p.status(), min_p.status(), rep.status(), seed.status()}) {
+    if (!s.ok()) return Fail(s, 2);
+  }
+
+  v1::GenerateRequest request;
+  request.set_text(args.Str("prompt"));
+  request.set_add_bos(!args.Switch("no-bos"));
+  v1::SamplingParams* sampling = request.mutable_sampling();
+  sampling->set_temperature(*temperature);
+  sampling->set_top_k(static_cast<int32_t>(*top_k));
+  sampling->set_top_p(*top_p);
+  sampling->set_min_p(*min_p);
+  sampling->set_repetition_penalty(*rep);
+  sampling->set_seed(static_cast<uint64_t>(*seed));
+  request.mutable_stopping()->set_max_new_tokens(static_cast<int32_t>(*max_new));
+  request.mutable_stopping()->set_ignore_eos(args.Switch("ignore-eos"));
+
+  auto channel = grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials());
+  auto stub = v1::Generation::NewStub(channel);
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      stub->Generate(&context, request);
+  std::cout << args.Str("prompt") << std::flush;  // as offline: prompt, then completion
+  v1::GenerateResponse chunk;
+  v1::GenerateFinal final;
+  while (reader->Read(&chunk)) {
+    std::cout << chunk.text() << std::flush;
+    if (chunk.has_final()) final = chunk.final();
+  }
+  const grpc::Status status = reader->Finish();
+  std::cout << "\n";
+  if (!status.ok()) {
+    return Fail(absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                             status.error_message()),
+                1);
+  }
+  if (args.Switch("stats")) {
+    const v1::Usage& u = final.usage();
+    const v1::Timings& t = final.timings();
+    const double decode_tps =
+        u.generated_tokens() > 1 && t.decode_seconds() > 0
+            ? (u.generated_tokens() - 1) / t.decode_seconds()
+            : 0.0;
+    std::cerr << absl::StrFormat(
+        "server %s | prompt %d tokens (%d cached) | queue %.3f s, prefill %.3f s, first token "
+        "%.3f s | generated %d tokens, decode %.1f tok/s | finish: %s\n",
+        args.Str("server"), u.prompt_tokens(), u.cached_tokens(), t.queue_seconds(),
+        t.prefill_seconds(), t.first_token_seconds(), u.generated_tokens(), decode_tps,
+        FinishName(final.finish_reason()));
+  }
+  return 0;
+}
+
+}  // namespace kvlens::cli
