@@ -4,6 +4,7 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -281,7 +282,12 @@ void CpuBackend::MatMul(const float* x, int n, const WeightView& w, const Weight
   // f32 rows are used in place for a single x row; for batches a packed copy (written just
   // now, so cache-hot) measures faster than strided reads of the mapped matrix.
   const bool direct = w.dtype == DType::kF32 && n < kTileN;
-  ParallelRange(out, kWBlock, [&](int64_t o0, int64_t o1) {
+  // Each task gets at least ~64K multiply-adds: waking threads costs more than tiny
+  // products (a 260K-parameter model decodes fastest on one thread otherwise).
+  const int64_t min_rows =
+      std::max<int64_t>(kWBlock, ((int64_t{1} << 16) / std::max<int64_t>(1, in * n) + kWBlock - 1) /
+                                     kWBlock * kWBlock);
+  ParallelRange(out, min_rows, [&](int64_t o0, int64_t o1) {
     thread_local std::vector<float> w_buf;
     if (!direct) w_buf.resize(static_cast<size_t>(kWBlock * in));
     for (int n0 = 0; n0 < n; n0 += kNChunk) {
@@ -431,7 +437,17 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
       (int64_t{1} << 16) / std::max<int64_t>(work_per_row, 1), 1,
       std::max<int64_t>(1, int64_t{tq} * a.num_kv_heads / (4 * pool_->num_threads()))));
   const int row_blocks = (tq + rows_per_task - 1) / rows_per_task;
-  pool_->ParallelFor(int64_t{row_blocks} * a.num_kv_heads, [&](int64_t task) {
+  const int64_t num_tasks = int64_t{row_blocks} * a.num_kv_heads;
+  // Tiny calls (decode over a short context) run on the calling thread.
+  const bool inline_run = int64_t{tq} * work_per_row * a.num_kv_heads < (int64_t{1} << 15);
+  auto for_each_task = [&](const std::function<void(int64_t)>& fn) {
+    if (inline_run) {
+      for (int64_t t = 0; t < num_tasks; ++t) fn(t);
+    } else {
+      pool_->ParallelFor(num_tasks, fn);
+    }
+  };
+  for_each_task([&](int64_t task) {
     const int kvh = static_cast<int>(task % a.num_kv_heads);
     const int i0 = static_cast<int>(task / a.num_kv_heads) * rows_per_task;
     const int i1 = std::min(tq, i0 + rows_per_task);
