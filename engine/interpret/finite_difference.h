@@ -1,0 +1,72 @@
+// Centred finite differences in float64: the check behind a probe's `verify` option.
+//
+// For K random entries of each requested tensor, the entry is perturbed as a leaf (the
+// forward is re-run with that one intermediate shifted through an Edits perturbation;
+// everything downstream is recomputed, everything upstream is not) and the centred
+// difference
+//   order 2:  fd = (J(x + h) − J(x − h)) / 2h                                 error O(h²)
+//   order 4:  fd = (−J(x + 2h) + 8J(x + h) − 8J(x − h) + J(x − 2h)) / 12h     error O(h⁴)
+// is compared with the probe's gradient g at that entry:
+//   abs_err = |g − fd|,   rel_err = |g − fd| / max(|g|, |fd|, 1e-3 · max|g over the tensor|)
+// The floor keeps entries whose true gradient is ~0 from dividing by rounding noise. Order
+// 4 (the default) lets h be large enough (1e-3) that float64 rounding in J (~1e-15 |J|)
+// contributes ~1e-12 |J| instead of ~1e-10 |J| at h = 1e-5.
+#ifndef KVLENS_ENGINE_INTERPRET_FINITE_DIFFERENCE_H_
+#define KVLENS_ENGINE_INTERPRET_FINITE_DIFFERENCE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/interpret/objective.h"
+#include "engine/interpret/tape.h"
+
+namespace kvlens::interpret {
+
+struct FdOptions {
+  int samples_per_tensor = 8;  // K
+  uint64_t seed = 1;
+  int order = 4;       // 2 or 4
+  double step = 1e-3;  // h
+  std::vector<TensorKind> kinds = {TensorKind::kScores, TensorKind::kProbs, TensorKind::kQ,
+                                   TensorKind::kK,      TensorKind::kV,     TensorKind::kAttnOut,
+                                   TensorKind::kResidual};
+};
+
+struct FdSample {
+  Coord at;
+  double gradient = 0.0;  // the probe's value
+  double fd = 0.0;        // the centred difference
+};
+
+struct FdTensorReport {
+  TensorKind kind = TensorKind::kResidual;
+  std::vector<FdSample> samples;
+  double max_abs_err = 0.0;
+  double max_rel_err = 0.0;
+};
+
+struct FdReport {
+  std::vector<FdTensorReport> tensors;  // one per requested kind
+  double max_abs_err = 0.0;             // over every sample
+  double max_rel_err = 0.0;
+  int num_forwards = 0;
+};
+
+// Checks `grads` (computed at precision G for `objective` on `input`) against float64
+// centred differences of the same objective. Scores and probabilities are sampled among
+// visible entries only. Errors: anything RunForward or ValidateObjective rejects.
+template <typename G>
+absl::StatusOr<FdReport> CheckByFiniteDifferences(const Model& model,
+                                                  const SequenceInput<double>& input,
+                                                  const Objective& objective,
+                                                  const Gradients<G>& grads,
+                                                  const FdOptions& options = {});
+
+// The same input at float64 (prefix K/V converted), for checking a float32 probe.
+template <typename T>
+SequenceInput<double> ToDouble(const SequenceInput<T>& in);
+
+}  // namespace kvlens::interpret
+
+#endif  // KVLENS_ENGINE_INTERPRET_FINITE_DIFFERENCE_H_

@@ -1,0 +1,442 @@
+// The recording forward pass (see tape.h). Backward lives in tape_backward.cc.
+#include "engine/interpret/tape.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvlens::interpret {
+namespace {
+
+using kernels::Backend;
+
+absl::Status Bad(const std::string& msg) { return absl::InvalidArgumentError(msg); }
+
+// Shape of one layer's tensor of `kind`: {heads-or-rows, …} flattened size per layer.
+int64_t PerLayerSize(const ModelConfig& c, int n, int tk, TensorKind kind) {
+  switch (kind) {
+    case TensorKind::kScores:
+    case TensorKind::kProbs:
+      return int64_t{c.num_heads} * n * tk;
+    case TensorKind::kQ:
+    case TensorKind::kAttnOut:
+      return int64_t{n} * c.num_heads * c.head_dim;
+    case TensorKind::kK:
+    case TensorKind::kV:
+      return int64_t{tk} * c.kv_dim();
+    case TensorKind::kResidual:
+      return int64_t{n} * c.dim;
+  }
+  return 0;
+}
+
+template <typename T>
+absl::Status ValidateInput(const ModelConfig& c, const SequenceInput<T>& in) {
+  const int n = static_cast<int>(in.tokens.size());
+  if (n == 0) return Bad("tokens is empty");
+  if (in.offset < 0) return Bad(absl::StrCat("offset = ", in.offset, " is negative"));
+  if (in.offset + n > c.max_seq_len) {
+    return absl::OutOfRangeError(absl::StrCat(in.offset + n, " tokens exceed the context length ",
+                                              c.max_seq_len));
+  }
+  for (int i = 0; i < n; ++i) {
+    if (in.tokens[i] < 0 || in.tokens[i] >= c.vocab_size) {
+      return Bad(absl::StrCat("token id ", in.tokens[i], " at index ", i,
+                              " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  if (!in.doc_ids.empty() && static_cast<int>(in.doc_ids.size()) != in.offset + n) {
+    return Bad(absl::StrCat("doc_ids has ", in.doc_ids.size(), " entries, expected ",
+                            in.offset + n));
+  }
+  const size_t prefix = static_cast<size_t>(in.offset) * c.kv_dim();
+  if (in.offset > 0) {
+    if (static_cast<int>(in.prefix_k.size()) != c.num_layers ||
+        static_cast<int>(in.prefix_v.size()) != c.num_layers) {
+      return Bad(absl::StrCat("prefix_k/prefix_v need ", c.num_layers, " layers"));
+    }
+    for (int l = 0; l < c.num_layers; ++l) {
+      if (in.prefix_k[l].size() != prefix || in.prefix_v[l].size() != prefix) {
+        return Bad(absl::StrCat("prefix_k/prefix_v layer ", l, " must hold ", in.offset, " × ",
+                                c.kv_dim(), " values"));
+      }
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    bool any = false;
+    for (int j = 0; j <= in.offset + i && !any; ++j) any = KeyVisible(in, i, j);
+    if (!any) {
+      return Bad(absl::StrCat("attention query row ", i, " (position ", in.offset + i,
+                              ") has no visible key"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateEdits(const ModelConfig& c, int n, int tk, const Edits& e) {
+  const int L = c.num_layers, H = c.num_heads;
+  for (const Perturbation& p : e.perturbations) {
+    if (FlatIndex(c, n, tk, p.at) < 0) {
+      return Bad(absl::StrCat("perturbation of ", std::string(TensorKindName(p.at.kind)), " at layer ",
+                              p.at.layer, " (head ", p.at.head, ", row ", p.at.row, ", col ",
+                              p.at.col, ") is out of range"));
+    }
+  }
+  for (const HeadAblation& a : e.ablations) {
+    if (a.layer < 0 || a.layer >= L || a.head < 0 || a.head >= H) {
+      return Bad(absl::StrCat("ablation of layer ", a.layer, " head ", a.head, " is out of range"));
+    }
+  }
+  for (const RowOverride& r : e.row_overrides) {
+    if (r.layer < 0 || r.layer >= L || r.head < 0 || r.head >= H || r.row < 0 || r.row >= n) {
+      return Bad(absl::StrCat("row override (layer ", r.layer, ", head ", r.head, ", row ", r.row,
+                              ") is out of range"));
+    }
+    if (!r.probs.empty() && static_cast<int>(r.probs.size()) != tk) {
+      return Bad(absl::StrCat("row override probs has ", r.probs.size(), " entries, expected ", tk));
+    }
+    for (int j : r.masked_keys) {
+      if (j < 0 || j >= tk) return Bad(absl::StrCat("row override masks key ", j, " outside [0, ", tk, ")"));
+    }
+  }
+  for (const ResidualPatch& p : e.patches) {
+    if (p.layer < 0 || p.layer > L || p.row < 0 || p.row >= n) {
+      return Bad(absl::StrCat("residual patch (layer ", p.layer, ", row ", p.row,
+                              ") is out of range"));
+    }
+    if (static_cast<int>(p.value.size()) != c.dim) {
+      return Bad(absl::StrCat("residual patch value has ", p.value.size(), " entries, expected ",
+                              c.dim));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Applies perturbations of `kind` at `layer` to `data` (the per-layer tensor).
+template <typename T>
+void Perturb(const ModelConfig& c, int n, int tk, const Edits& e, TensorKind kind, int layer,
+             std::vector<T>& data) {
+  for (const Perturbation& p : e.perturbations) {
+    if (p.at.kind != kind || p.at.layer != layer) continue;
+    const int64_t idx = FlatIndex(c, n, tk, p.at) - int64_t{layer} * PerLayerSize(c, n, tk, kind);
+    if (std::isinf(static_cast<double>(data[idx]))) continue;  // a masked score stays −∞
+    data[idx] = static_cast<T>(static_cast<double>(data[idx]) + p.delta);
+  }
+}
+
+template <typename T>
+void ApplyPatches(const ModelConfig& c, const Edits& e, int layer, std::vector<T>& x) {
+  for (const ResidualPatch& p : e.patches) {
+    if (p.layer != layer) continue;
+    for (int d = 0; d < c.dim; ++d) x[int64_t{p.row} * c.dim + d] = static_cast<T>(p.value[d]);
+  }
+}
+
+template <typename T>
+void Norm(Backend<T>& be, const ModelConfig& c, const kernels::WeightView& w,
+          const kernels::WeightView& b, const T* x, int n, T* y) {
+  if (c.arch == Architecture::kLlama) {
+    be.RmsNorm(x, n, c.dim, w, c.norm_eps, y);
+  } else {
+    be.LayerNorm(x, n, c.dim, w, b, c.norm_eps, y);
+  }
+}
+
+// S, A and O of one layer, every head, with the attention edits applied. Mirrors
+// ReferenceBackend::Attention's arithmetic so double tapes reproduce the forward exactly.
+template <typename T>
+absl::Status AttentionLayer(const ModelConfig& c, const SequenceInput<T>& in, int layer,
+                            const Edits& e, LayerTape<T>& lt) {
+  const int n = static_cast<int>(in.tokens.size()), tk = in.offset + n;
+  const int H = c.num_heads, dh = c.head_dim, group = c.num_heads / c.num_kv_heads;
+  const int64_t D = int64_t{H} * dh, KVD = c.kv_dim();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  lt.scores.assign(int64_t{H} * n * tk, neg_inf);
+  lt.probs.assign(int64_t{H} * n * tk, T(0));
+  lt.att.assign(n * D, T(0));
+  for (int h = 0; h < H; ++h) {
+    const int kvh = h / group;
+    for (int i = 0; i < n; ++i) {
+      const T* q = lt.q.data() + i * D + int64_t{h} * dh;
+      T* s = lt.scores.data() + (int64_t{h} * n + i) * tk;
+      for (int j = 0; j < tk; ++j) {
+        if (!KeyVisible(in, i, j)) continue;
+        const T* k = lt.k.data() + j * KVD + int64_t{kvh} * dh;
+        T dot = 0;
+        for (int d = 0; d < dh; ++d) dot += q[d] * k[d];
+        s[j] = static_cast<T>(scale * dot);
+      }
+    }
+  }
+  Perturb(c, n, tk, e, TensorKind::kScores, layer, lt.scores);
+  for (int h = 0; h < H; ++h) {
+    for (int i = 0; i < n; ++i) {
+      const T* s = lt.scores.data() + (int64_t{h} * n + i) * tk;
+      T* p = lt.probs.data() + (int64_t{h} * n + i) * tk;
+      T max_s = neg_inf;
+      for (int j = 0; j < tk; ++j) max_s = std::max(max_s, s[j]);
+      T z = 0;
+      for (int j = 0; j < tk; ++j) {
+        p[j] = KeyVisible(in, i, j) ? std::exp(s[j] - max_s) : T(0);
+        z += p[j];
+      }
+      for (int j = 0; j < tk; ++j) p[j] /= z;
+    }
+  }
+  for (const RowOverride& r : e.row_overrides) {
+    if (r.layer != layer) continue;
+    T* p = lt.probs.data() + (int64_t{r.head} * n + r.row) * tk;
+    if (!r.probs.empty()) {
+      for (int j = 0; j < tk; ++j) {
+        if (r.probs[j] < 0 || (r.probs[j] != 0 && !KeyVisible(in, r.row, j))) {
+          return Bad(absl::StrCat("row override (layer ", layer, ", head ", r.head, ", row ", r.row,
+                                  "): probability of key ", j,
+                                  " must be ≥ 0, and 0 for a masked key"));
+        }
+        p[j] = static_cast<T>(r.probs[j]);
+      }
+    } else {
+      for (int j : r.masked_keys) p[j] = T(0);
+      T z = 0;
+      for (int j = 0; j < tk; ++j) z += p[j];
+      if (!(z > T(0))) {
+        return Bad(absl::StrCat("row override (layer ", layer, ", head ", r.head, ", row ", r.row,
+                                ") masks every visible key"));
+      }
+      for (int j = 0; j < tk; ++j) p[j] /= z;
+    }
+  }
+  Perturb(c, n, tk, e, TensorKind::kProbs, layer, lt.probs);
+  for (int h = 0; h < H; ++h) {
+    const int kvh = h / group;
+    for (int i = 0; i < n; ++i) {
+      const T* p = lt.probs.data() + (int64_t{h} * n + i) * tk;
+      T* o = lt.att.data() + i * D + int64_t{h} * dh;
+      for (int j = 0; j < tk; ++j) {
+        if (!KeyVisible(in, i, j)) continue;  // never read a masked key's value row
+        const T* v = lt.v.data() + j * KVD + int64_t{kvh} * dh;
+        for (int d = 0; d < dh; ++d) o[d] += p[j] * v[d];
+      }
+    }
+  }
+  for (const HeadAblation& a : e.ablations) {
+    if (a.layer != layer) continue;
+    std::vector<double> mean(dh, 0.0);
+    if (a.mode == AblationMode::kMean) {
+      for (int i = 0; i < n; ++i) {
+        for (int d = 0; d < dh; ++d) mean[d] += lt.att[i * D + int64_t{a.head} * dh + d];
+      }
+      for (double& m : mean) m /= n;
+    }
+    for (int i = 0; i < n; ++i) {
+      for (int d = 0; d < dh; ++d) lt.att[i * D + int64_t{a.head} * dh + d] = static_cast<T>(mean[d]);
+    }
+  }
+  Perturb(c, n, tk, e, TensorKind::kAttnOut, layer, lt.att);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string_view TensorKindName(TensorKind kind) {
+  switch (kind) {
+    case TensorKind::kScores:
+      return "scores";
+    case TensorKind::kProbs:
+      return "probs";
+    case TensorKind::kQ:
+      return "q";
+    case TensorKind::kK:
+      return "k";
+    case TensorKind::kV:
+      return "v";
+    case TensorKind::kAttnOut:
+      return "attn_out";
+    case TensorKind::kResidual:
+      return "residual";
+  }
+  return "?";
+}
+
+int64_t FlatIndex(const ModelConfig& c, int n, int tk, const Coord& at) {
+  const int L = c.num_layers, H = c.num_heads, dh = c.head_dim;
+  const int max_layer = at.kind == TensorKind::kResidual ? L : L - 1;
+  if (at.layer < 0 || at.layer > max_layer || at.row < 0 || at.col < 0 || at.head < 0) return -1;
+  const int64_t base = int64_t{at.layer} * PerLayerSize(c, n, tk, at.kind);
+  switch (at.kind) {
+    case TensorKind::kScores:
+    case TensorKind::kProbs:
+      if (at.head >= H || at.row >= n || at.col >= tk) return -1;
+      return base + (int64_t{at.head} * n + at.row) * tk + at.col;
+    case TensorKind::kQ:
+    case TensorKind::kAttnOut:
+      if (at.head >= H || at.row >= n || at.col >= dh) return -1;
+      return base + (int64_t{at.row} * H + at.head) * dh + at.col;
+    case TensorKind::kK:
+    case TensorKind::kV:
+      if (at.head >= c.num_kv_heads || at.row >= tk || at.col >= dh) return -1;
+      return base + (int64_t{at.row} * c.num_kv_heads + at.head) * dh + at.col;
+    case TensorKind::kResidual:
+      if (at.row >= n || at.col >= c.dim) return -1;
+      return base + int64_t{at.row} * c.dim + at.col;
+  }
+  return -1;
+}
+
+template <typename T>
+T TapeValue(const Tape<T>& tape, const ModelConfig& c, const Coord& at) {
+  const int64_t idx = FlatIndex(c, tape.n, tape.num_keys, at) -
+                      int64_t{at.layer} * PerLayerSize(c, tape.n, tape.num_keys, at.kind);
+  if (at.kind == TensorKind::kResidual) {
+    return at.layer == c.num_layers ? tape.x_final[idx] : tape.layers[at.layer].x[idx];
+  }
+  const LayerTape<T>& lt = tape.layers[at.layer];
+  switch (at.kind) {
+    case TensorKind::kScores:
+      return lt.scores[idx];
+    case TensorKind::kProbs:
+      return lt.probs[idx];
+    case TensorKind::kQ:
+      return lt.q[idx];
+    case TensorKind::kK:
+      return lt.k[idx];
+    case TensorKind::kV:
+      return lt.v[idx];
+    default:
+      return lt.att[idx];
+  }
+}
+
+template <typename T>
+T GradientValue(const Gradients<T>& g, int n, int tk, const ModelConfig& c, const Coord& at) {
+  const int64_t idx =
+      FlatIndex(c, n, tk, at) - int64_t{at.layer} * PerLayerSize(c, n, tk, at.kind);
+  switch (at.kind) {
+    case TensorKind::kScores:
+      return g.scores[at.layer][idx];
+    case TensorKind::kProbs:
+      return g.probs[at.layer][idx];
+    case TensorKind::kQ:
+      return g.q[at.layer][idx];
+    case TensorKind::kK:
+      return g.k[at.layer][idx];
+    case TensorKind::kV:
+      return g.v[at.layer][idx];
+    case TensorKind::kAttnOut:
+      return g.attn_out[at.layer][idx];
+    case TensorKind::kResidual:
+      return g.residual[at.layer][idx];
+  }
+  return T(0);
+}
+
+template <typename T>
+absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
+                                   const SequenceInput<T>& input, const Edits& edits) {
+  const ModelConfig& c = model.config;
+  const Weights& w = model.weights;
+  if (absl::Status s = ValidateInput(c, input); !s.ok()) return s;
+  const int n = static_cast<int>(input.tokens.size()), tk = input.offset + n;
+  if (absl::Status s = ValidateEdits(c, n, tk, edits); !s.ok()) return s;
+  const int64_t D = c.dim, KVD = c.kv_dim(), F = c.hidden_dim, V = c.vocab_size;
+  const int64_t off_rows = int64_t{input.offset} * KVD;
+
+  Tape<T> t;
+  t.input = input;
+  t.n = n;
+  t.num_keys = tk;
+  t.edited = !edits.empty();
+  t.positions.resize(n);
+  for (int i = 0; i < n; ++i) t.positions[i] = input.offset + i;
+  t.layers.resize(c.num_layers);
+
+  // token (and, for GPT-2, position) embeddings
+  std::vector<T> x(n * D), proj(n * D);
+  be.Embedding(w.token_embedding, input.tokens.data(), n, x.data());
+  if (c.arch == Architecture::kGpt2) {
+    be.Embedding(w.position_embedding, t.positions.data(), n, proj.data());
+    be.Add(x.data(), proj.data(), n * D);
+  }
+
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    LayerTape<T>& lt = t.layers[l];
+    ApplyPatches(c, edits, l, x);
+    Perturb(c, n, tk, edits, TensorKind::kResidual, l, x);
+    lt.x = x;
+    // attention norm and q/k/v projections of the new tokens
+    lt.xn.resize(n * D);
+    Norm(be, c, lw.attn_norm, lw.attn_norm_bias, x.data(), n, lt.xn.data());
+    lt.q.resize(n * D);
+    std::vector<T> k_new(n * KVD), v_new(n * KVD);
+    be.MatMul(lt.xn.data(), n, lw.wq, lw.bq, lt.q.data());
+    be.MatMul(lt.xn.data(), n, lw.wk, lw.bk, k_new.data());
+    be.MatMul(lt.xn.data(), n, lw.wv, lw.bv, v_new.data());
+    if (c.arch == Architecture::kLlama) {
+      be.Rope(lt.q.data(), n, D, c.num_heads, c.head_dim, t.positions.data(), c.rope_theta,
+              c.rope_style);
+      be.Rope(k_new.data(), n, KVD, c.num_kv_heads, c.head_dim, t.positions.data(), c.rope_theta,
+              c.rope_style);
+    }
+    Perturb(c, n, tk, edits, TensorKind::kQ, l, lt.q);
+    // every key: the cached prefix (leaves), then the new tokens
+    lt.k.resize(tk * KVD);
+    lt.v.resize(tk * KVD);
+    if (input.offset > 0) {
+      std::copy_n(input.prefix_k[l].data(), off_rows, lt.k.data());
+      std::copy_n(input.prefix_v[l].data(), off_rows, lt.v.data());
+    }
+    std::copy(k_new.begin(), k_new.end(), lt.k.begin() + off_rows);
+    std::copy(v_new.begin(), v_new.end(), lt.v.begin() + off_rows);
+    Perturb(c, n, tk, edits, TensorKind::kK, l, lt.k);
+    Perturb(c, n, tk, edits, TensorKind::kV, l, lt.v);
+    if (absl::Status s = AttentionLayer(c, input, l, edits, lt); !s.ok()) return s;
+    // output projection and residual
+    be.MatMul(lt.att.data(), n, lw.wo, lw.bo, proj.data());
+    be.Add(x.data(), proj.data(), n * D);
+    lt.h = x;
+    // feed-forward block and residual
+    lt.hn.resize(n * D);
+    Norm(be, c, lw.ffn_norm, lw.ffn_norm_bias, x.data(), n, lt.hn.data());
+    lt.pre.resize(n * F);
+    lt.act.resize(n * F);
+    if (c.arch == Architecture::kLlama) {
+      lt.up.resize(n * F);
+      be.MatMul(lt.hn.data(), n, lw.w_in, kernels::WeightView{}, lt.pre.data());
+      be.MatMul(lt.hn.data(), n, lw.w_up, kernels::WeightView{}, lt.up.data());
+      be.SwiGlu(lt.pre.data(), lt.up.data(), n * F, lt.act.data());
+    } else {
+      be.MatMul(lt.hn.data(), n, lw.w_in, lw.b_in, lt.pre.data());
+      lt.act = lt.pre;
+      be.Gelu(lt.act.data(), n * F);
+    }
+    be.MatMul(lt.act.data(), n, lw.w_out, lw.b_out, proj.data());
+    be.Add(x.data(), proj.data(), n * D);
+  }
+
+  // final norm and classifier, for every row
+  ApplyPatches(c, edits, c.num_layers, x);
+  Perturb(c, n, tk, edits, TensorKind::kResidual, c.num_layers, x);
+  t.x_final = x;
+  t.xf.resize(n * D);
+  Norm(be, c, w.final_norm, w.final_norm_bias, x.data(), n, t.xf.data());
+  t.logits.resize(n * V);
+  be.MatMul(t.xf.data(), n, w.output, kernels::WeightView{}, t.logits.data());
+  return t;
+}
+
+#define KVLENS_INSTANTIATE_TAPE(T)                                                            \
+  template absl::StatusOr<Tape<T>> RunForward<T>(const Model&, Backend<T>&,                   \
+                                                 const SequenceInput<T>&, const Edits&);      \
+  template T TapeValue<T>(const Tape<T>&, const ModelConfig&, const Coord&);                  \
+  template T GradientValue<T>(const Gradients<T>&, int, int, const ModelConfig&, const Coord&);
+
+KVLENS_INSTANTIATE_TAPE(float)
+KVLENS_INSTANTIATE_TAPE(double)
+#undef KVLENS_INSTANTIATE_TAPE
+
+}  // namespace kvlens::interpret

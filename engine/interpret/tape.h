@@ -1,0 +1,204 @@
+// Tape: a forward pass over one sequence that keeps every activation the reverse pass
+// needs, and Backward, which propagates an objective's gradient through the whole model
+// (unembedding, norms, FFN, attention, RoPE, Q/K/V projections, embeddings).
+//
+// Legend: L layers, n new tokens (query rows), Tk = offset + n keys, D width, H query
+// heads, Hkv KV heads, Dh head size, F FFN width, V vocab. Row i is absolute position
+// offset + i. Everything is per sequence; batching belongs to Transformer.
+//
+//   x_l ─┬─ norm ─ xn ─ W_Q/W_K/W_V ─ RoPE ─ q,k,v ─ S = q kᵀ/√Dh ─ A = softmax(S) ─ O = A v
+//        │                                                                              │
+//        └───────────────────────────── + ◀── W_O ◀─────────────────────────────────────┘
+//                                       h ─┬─ norm ─ hn ─ FFN ─ f ─┐
+//                                          └──────────── + ◀──────┘ = x_{l+1}
+//
+// The forward uses the Backend's ops for matrix products, norms, RoPE and activations (so
+// it reproduces Transformer<T>::Forward) and its own attention loop, which records scores
+// and probabilities and accepts Edits: perturbations of any intermediate (finite
+// differences), head ablations, attention-row overrides and residual patches
+// (interventions). Backward uses kernels/cpu/reference_backward.h.
+#ifndef KVLENS_ENGINE_INTERPRET_TAPE_H_
+#define KVLENS_ENGINE_INTERPRET_TAPE_H_
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/model.h"
+#include "kernels/backend.h"
+
+namespace kvlens::interpret {
+
+// The tensors a probe can return (and finite differences can perturb).
+enum class TensorKind : uint8_t {
+  kScores,    // S [L][H, n, Tk], masked = −∞ (gradient 0)
+  kProbs,     // A [L][H, n, Tk], masked = 0 (gradient reported as 0)
+  kQ,         // [L][n, H, Dh]   post-RoPE
+  kK,         // [L][Tk, Hkv, Dh] post-RoPE, every key including a cached prefix
+  kV,         // [L][Tk, Hkv, Dh]
+  kAttnOut,   // O [L][n, H, Dh] per head, before W_O
+  kResidual,  // [L + 1][n, D]: input of layer l; l = 0 is the input embedding (token +
+              // GPT-2 position), l = L the stream entering the final norm
+};
+std::string_view TensorKindName(TensorKind kind);
+
+// One entry of a tensor above:
+//   kScores/kProbs: (layer, head, row = query row, col = key)
+//   kQ/kAttnOut:    (layer, row = query row, head, col = dim)
+//   kK/kV:          (layer, row = key, head = KV head, col = dim)
+//   kResidual:      (layer 0 … L, row = query row, col = dim); head unused
+struct Coord {
+  TensorKind kind = TensorKind::kResidual;
+  int layer = 0;
+  int head = 0;
+  int row = 0;
+  int col = 0;
+};
+
+// Edits the forward applies on the fly. A tape recorded with edits cannot be
+// differentiated (Backward returns FAILED_PRECONDITION).
+struct Perturbation {  // value at `at` += delta (masked scores/probs are left alone)
+  Coord at;
+  double delta = 0.0;
+};
+enum class AblationMode : uint8_t {
+  kZero,  // O[:, head] = 0
+  kMean,  // O[:, head] = mean over this sequence's rows of O[:, head]
+};
+struct HeadAblation {
+  int layer = 0;
+  int head = 0;
+  AblationMode mode = AblationMode::kZero;
+};
+// Between softmax and A·V for (layer, head, query row): either replace the row by `probs`
+// ([Tk]; masked keys must be 0) or, with `probs` empty, set `masked_keys` to 0 and
+// renormalise the rest (the same as masking their scores with −∞).
+struct RowOverride {
+  int layer = 0;
+  int head = 0;
+  int row = 0;
+  std::vector<double> probs;
+  std::vector<int> masked_keys;
+};
+// Residual stream of layer `layer` (0 … L, as kResidual) at query row `row` := value [D].
+struct ResidualPatch {
+  int layer = 0;
+  int row = 0;
+  std::vector<double> value;
+};
+struct Edits {
+  std::vector<Perturbation> perturbations;
+  std::vector<HeadAblation> ablations;
+  std::vector<RowOverride> row_overrides;
+  std::vector<ResidualPatch> patches;
+  bool empty() const {
+    return perturbations.empty() && ablations.empty() && row_overrides.empty() &&
+           patches.empty();
+  }
+};
+
+// The sequence a tape runs on: n new tokens at positions offset … offset + n − 1. With
+// offset > 0 the keys and values of positions 0 … offset − 1 come from `prefix_k/v`
+// (e.g. read from the KV cache) and are leaves: the prefix is never recomputed.
+template <typename T>
+struct SequenceInput {
+  std::vector<int32_t> tokens;                // [n]
+  int offset = 0;
+  std::vector<int32_t> doc_ids;               // [offset + n], or empty
+  std::vector<std::vector<T>> prefix_k;       // [L][offset, Hkv·Dh] post-RoPE, when offset > 0
+  std::vector<std::vector<T>> prefix_v;       // [L][offset, Hkv·Dh]
+};
+
+template <typename T>
+struct LayerTape {
+  std::vector<T> x;       // [n, D]     layer input (residual stream)
+  std::vector<T> xn;      // [n, D]     attention norm
+  std::vector<T> q;       // [n, H·Dh]  post-RoPE
+  std::vector<T> k, v;    // [Tk, Hkv·Dh] every key (prefix rows first), post-RoPE
+  std::vector<T> scores;  // [H, n, Tk] masked = −∞
+  std::vector<T> probs;   // [H, n, Tk] masked = 0
+  std::vector<T> att;     // [n, H·Dh]  O, heads concatenated (after edits)
+  std::vector<T> h;       // [n, D]     x + O·W_Oᵀ (+ b_O)
+  std::vector<T> hn;      // [n, D]     FFN norm
+  std::vector<T> pre;     // [n, F]     W_in·hn (+ b): SwiGLU gate / GELU input
+  std::vector<T> up;      // [n, F]     W_up·hn (Llama only)
+  std::vector<T> act;     // [n, F]     FFN hidden: silu(pre) ⊙ up, or gelu(pre)
+};
+
+template <typename T>
+struct Tape {
+  SequenceInput<T> input;
+  int n = 0;                          // new tokens
+  int num_keys = 0;                   // Tk = offset + n
+  std::vector<int32_t> positions;     // [n] offset + i
+  std::vector<LayerTape<T>> layers;   // [L]
+  std::vector<T> x_final;             // [n, D] residual entering the final norm
+  std::vector<T> xf;                  // [n, D] final norm
+  std::vector<T> logits;              // [n, V]
+  bool edited = false;
+};
+
+// Runs the forward. Errors (INVALID_ARGUMENT / OUT_OF_RANGE naming the field): empty or
+// out-of-vocabulary tokens, positions past the context, doc_ids or prefix of the wrong
+// size, a query row without a visible key, edits naming entries that do not exist.
+template <typename T>
+absl::StatusOr<Tape<T>> RunForward(const Model& model, kernels::Backend<T>& backend,
+                                   const SequenceInput<T>& input, const Edits& edits = {});
+
+// Upstream gradients Backward starts from (at least one non-empty).
+template <typename T>
+struct Seed {
+  std::vector<T> dlogits;  // [n, V], or empty
+  int probe_layer = -1;    // with probe_dout: gradient added at O of this layer
+  std::vector<T> probe_dout;  // [n, H·Dh], or empty
+};
+
+struct BackwardOptions {
+  // Parameter gradients of this layer (W_Q, W_K, W_V, W_O), or −1 for none.
+  int param_layer = -1;
+  // Key/value rows of positions < kv_leaf_end are leaves: their gradients are reported
+  // but do not flow back into the projections (the cached-KV view of a full tape).
+  int kv_leaf_end = 0;
+};
+
+// dJ/dθ for one layer's attention parameters, dense, [out, in] like the weights.
+struct ParamGradients {
+  int layer = -1;
+  std::vector<double> wq, wk, wv, wo;  // [D, D], [Hkv·Dh, D], [Hkv·Dh, D], [D, D]
+};
+
+// Gradients of the objective, laid out like the tape (see TensorKind for shapes).
+template <typename T>
+struct Gradients {
+  std::vector<std::vector<T>> scores, probs, q, k, v, attn_out;  // [L][…]
+  std::vector<std::vector<T>> residual;                          // [L + 1][n, D]
+  ParamGradients params;
+  // residual[0]: the gradient w.r.t. the input embeddings.
+  const std::vector<T>& embeddings() const { return residual[0]; }
+};
+
+template <typename T>
+absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& tape,
+                                      const Seed<T>& seed, const BackwardOptions& options = {});
+
+// The value of a tensor entry on the tape / in the gradients (for checks and tests).
+template <typename T>
+T TapeValue(const Tape<T>& tape, const ModelConfig& c, const Coord& at);
+template <typename T>
+T GradientValue(const Gradients<T>& g, int num_queries, int num_keys, const ModelConfig& c,
+                const Coord& at);
+// Flat index of `at` in its [L][…] tensor, or −1 when out of range.
+int64_t FlatIndex(const ModelConfig& c, int num_queries, int num_keys, const Coord& at);
+
+// Whether query row i (absolute position offset + i) sees key j: causal and, with doc
+// ids, the same document.
+template <typename T>
+bool KeyVisible(const SequenceInput<T>& in, int i, int j) {
+  if (j > in.offset + i) return false;
+  return in.doc_ids.empty() || in.doc_ids[in.offset + i] == in.doc_ids[j];
+}
+
+}  // namespace kvlens::interpret
+
+#endif  // KVLENS_ENGINE_INTERPRET_TAPE_H_

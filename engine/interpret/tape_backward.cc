@@ -1,0 +1,183 @@
+// Backward over a Tape: the reverse of RunForward, layer by layer (see tape.h).
+//
+//   dlogits ─ W_outᵀ ─ final-norm' ─▶ dx_L
+//   for l = L−1 … 0:
+//     dx_{l+1} ─┬─ W_out' ─ act' ─ W_in'/W_up' ─ ffn-norm' ─┐
+//               └──────────────────────────────────────── + ─▶ dh
+//     dh ─┬─ W_O' ─▶ dO ─ attention' ─▶ dQ, dK, dV ─ RoPE' ─ W_Q'/W_K'/W_V' ─ attn-norm' ─┐
+//         └──────────────────────────────────────────────────────────────────────────── + ─▶ dx_l
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/interpret/tape.h"
+#include "kernels/cpu/reference_backward.h"
+
+namespace kvlens::interpret {
+namespace {
+
+using kernels::WeightView;
+
+template <typename T>
+void NormBackward(const ModelConfig& c, const WeightView& w, const T* x, int n, const T* dy,
+                  T* dx) {
+  if (c.arch == Architecture::kLlama) {
+    kernels::RmsNormBackward(x, n, c.dim, w, c.norm_eps, dy, dx);
+  } else {
+    kernels::LayerNormBackward(x, n, c.dim, w, c.norm_eps, dy, dx);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, const Seed<T>& seed,
+                                      const BackwardOptions& opt) {
+  const ModelConfig& c = model.config;
+  const Weights& w = model.weights;
+  if (t.edited) {
+    return absl::FailedPreconditionError("backward needs a tape recorded without edits");
+  }
+  const int n = t.n, tk = t.num_keys, L = c.num_layers, off = t.input.offset;
+  const int64_t D = c.dim, KVD = c.kv_dim(), F = c.hidden_dim, V = c.vocab_size;
+  if (!seed.dlogits.empty() && static_cast<int64_t>(seed.dlogits.size()) != n * V) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("seed dlogits has ", seed.dlogits.size(), " values, expected ", n * V));
+  }
+  if (!seed.probe_dout.empty()) {
+    if (seed.probe_layer < 0 || seed.probe_layer >= L) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("probe layer ", seed.probe_layer, " outside [0, ", L, ")"));
+    }
+    if (static_cast<int64_t>(seed.probe_dout.size()) != n * D) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "seed probe_dout has ", seed.probe_dout.size(), " values, expected ", n * D));
+    }
+  }
+  if (opt.param_layer < -1 || opt.param_layer >= L) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("param_layer ", opt.param_layer, " outside [-1, ", L, ")"));
+  }
+
+  Gradients<T> g;
+  for (auto* v : {&g.scores, &g.probs, &g.q, &g.k, &g.v, &g.attn_out}) v->resize(L);
+  g.residual.resize(L + 1);
+
+  // classifier and final norm
+  std::vector<T> dx(n * D, T(0));
+  if (!seed.dlogits.empty()) {
+    std::vector<T> dxf(n * D, T(0));
+    kernels::MatMulBackwardInput(seed.dlogits.data(), n, w.output, dxf.data());
+    NormBackward(c, w.final_norm, t.x_final.data(), n, dxf.data(), dx.data());
+  }
+  g.residual[L] = dx;
+
+  std::vector<T> dact(n * F), dpre(n * F), dup(n * F), dhn(n * D), dh(n * D), tmp(n * D);
+  for (int l = L - 1; l >= 0; --l) {
+    const LayerWeights& lw = w.layers[l];
+    const LayerTape<T>& lt = t.layers[l];
+    // feed-forward: dx flows to dh directly and through the FFN
+    std::fill(dact.begin(), dact.end(), T(0));
+    kernels::MatMulBackwardInput(dx.data(), n, lw.w_out, dact.data());
+    std::fill(dhn.begin(), dhn.end(), T(0));
+    if (c.arch == Architecture::kLlama) {
+      kernels::SwiGluBackward(lt.pre.data(), lt.up.data(), dact.data(), n * F, dpre.data(),
+                              dup.data());
+      kernels::MatMulBackwardInput(dup.data(), n, lw.w_up, dhn.data());
+    } else {
+      kernels::GeluBackward(lt.pre.data(), dact.data(), n * F, dpre.data());
+    }
+    kernels::MatMulBackwardInput(dpre.data(), n, lw.w_in, dhn.data());
+    NormBackward(c, lw.ffn_norm, lt.h.data(), n, dhn.data(), tmp.data());
+    for (int64_t e = 0; e < n * D; ++e) dh[e] = dx[e] + tmp[e];
+
+    // output projection (plus a probe's seed on O)
+    std::vector<T>& datt = g.attn_out[l];
+    datt.assign(n * D, T(0));
+    kernels::MatMulBackwardInput(dh.data(), n, lw.wo, datt.data());
+    if (!seed.probe_dout.empty() && seed.probe_layer == l) {
+      for (int64_t e = 0; e < n * D; ++e) datt[e] += seed.probe_dout[e];
+    }
+
+    // attention
+    g.q[l].resize(n * D);
+    g.k[l].resize(tk * KVD);
+    g.v[l].resize(tk * KVD);
+    g.scores[l].resize(int64_t{c.num_heads} * n * tk);
+    g.probs[l].resize(int64_t{c.num_heads} * n * tk);
+    kernels::AttentionBackwardArgs<T> a;
+    a.q = lt.q.data();
+    a.q_stride = D;
+    a.num_queries = n;
+    a.num_keys = tk;
+    a.num_heads = c.num_heads;
+    a.num_kv_heads = c.num_kv_heads;
+    a.head_dim = c.head_dim;
+    a.query_offset = off;
+    a.causal = true;
+    a.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+    if (!t.input.doc_ids.empty()) {
+      a.q_doc_ids = t.input.doc_ids.data() + off;
+      a.k_doc_ids = t.input.doc_ids.data();
+    }
+    a.kv.k = lt.k.data();
+    a.kv.v = lt.v.data();
+    a.kv.row_stride = KVD;
+    a.probs = lt.probs.data();
+    a.dout = datt.data();
+    a.dout_stride = D;
+    a.dq = g.q[l].data();
+    a.dk = g.k[l].data();
+    a.dv = g.v[l].data();
+    a.dprobs = g.probs[l].data();
+    a.dscores = g.scores[l].data();
+    if (absl::Status s = kernels::AttentionBackward(a); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("layer ", l, ": ", s.message()));
+    }
+
+    // back through RoPE to the projections of the new tokens; leaf K/V rows stop here
+    std::vector<T> dq = g.q[l];
+    std::vector<T> dk(g.k[l].begin() + off * KVD, g.k[l].end());
+    std::vector<T> dv(g.v[l].begin() + off * KVD, g.v[l].end());
+    for (int i = 0; i < n && off + i < opt.kv_leaf_end; ++i) {
+      std::fill_n(dk.begin() + i * KVD, KVD, T(0));
+      std::fill_n(dv.begin() + i * KVD, KVD, T(0));
+    }
+    if (c.arch == Architecture::kLlama) {
+      kernels::RopeBackward(dq.data(), n, D, c.num_heads, c.head_dim, t.positions.data(),
+                            c.rope_theta, c.rope_style);
+      kernels::RopeBackward(dk.data(), n, KVD, c.num_kv_heads, c.head_dim, t.positions.data(),
+                            c.rope_theta, c.rope_style);
+    }
+    std::fill(dhn.begin(), dhn.end(), T(0));
+    kernels::MatMulBackwardInput(dq.data(), n, lw.wq, dhn.data());
+    kernels::MatMulBackwardInput(dk.data(), n, lw.wk, dhn.data());
+    kernels::MatMulBackwardInput(dv.data(), n, lw.wv, dhn.data());
+    if (opt.param_layer == l) {
+      ParamGradients& p = g.params;
+      p.layer = l;
+      p.wq.assign(D * D, 0.0);
+      p.wk.assign(KVD * D, 0.0);
+      p.wv.assign(KVD * D, 0.0);
+      p.wo.assign(D * D, 0.0);
+      kernels::MatMulBackwardWeight(dq.data(), lt.xn.data(), n, D, D, p.wq.data());
+      kernels::MatMulBackwardWeight(dk.data(), lt.xn.data(), n, KVD, D, p.wk.data());
+      kernels::MatMulBackwardWeight(dv.data(), lt.xn.data(), n, KVD, D, p.wv.data());
+      kernels::MatMulBackwardWeight(dh.data(), lt.att.data(), n, D, D, p.wo.data());
+    }
+    NormBackward(c, lw.attn_norm, lt.x.data(), n, dhn.data(), tmp.data());
+    for (int64_t e = 0; e < n * D; ++e) dx[e] = dh[e] + tmp[e];
+    g.residual[l] = dx;
+  }
+  return g;
+}
+
+template absl::StatusOr<Gradients<float>> Backward<float>(const Model&, const Tape<float>&,
+                                                          const Seed<float>&,
+                                                          const BackwardOptions&);
+template absl::StatusOr<Gradients<double>> Backward<double>(const Model&, const Tape<double>&,
+                                                            const Seed<double>&,
+                                                            const BackwardOptions&);
+
+}  // namespace kvlens::interpret

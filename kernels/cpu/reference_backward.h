@@ -1,0 +1,93 @@
+// Reverse-mode counterparts of the Backend ops, as naive loops (the oracle for any faster
+// backward later). Each `XBackward` takes the same arguments as its forward op in the same
+// order, plus the upstream gradient, and returns the gradient of its inputs. T is double
+// (the reference) or float (served probes); every reduction accumulates in double.
+//
+// Legend as in kernels/backend.h: N rows, D width, H query heads, Hkv KV heads, Dh head
+// size, Tq queries, Tk keys, F feed-forward width.
+//
+// Attention backward, per head (the contract in ARCHITECTURE.md, never a Jacobian):
+//   dV = Aᵀ G          [Tk, Dh]   (a KV head sums over the H/Hkv query heads reading it)
+//   dA = G Vᵀ          [Tq, Tk]   (visible entries; masked entries are reported as 0)
+//   dS = A ⊙ (dA − rowsum(A ⊙ dA))
+//   dQ = dS K · scale  [Tq, Dh]
+//   dK = dSᵀ Q · scale [Tk, Dh]
+#ifndef KVLENS_KERNELS_CPU_REFERENCE_BACKWARD_H_
+#define KVLENS_KERNELS_CPU_REFERENCE_BACKWARD_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+#include "kernels/weight.h"
+
+namespace kvlens::kernels {
+
+template <typename T>
+struct AttentionBackwardArgs {
+  // The forward call's inputs (same meaning as AttentionArgs).
+  const T* q = nullptr;  // [Tq, H, Dh], rows q_stride apart
+  int64_t q_stride = 0;
+  int num_queries = 0;
+  int num_keys = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int query_offset = 0;
+  bool causal = true;
+  double scale = 0.0;
+  const int32_t* q_doc_ids = nullptr;  // [Tq] or nullptr
+  const int32_t* k_doc_ids = nullptr;  // [Tk] or nullptr
+  KvSource<T> kv;
+  const T* probs = nullptr;  // [H, Tq, Tk]: the probabilities the forward used
+  // Upstream gradient of the output.
+  const T* dout = nullptr;  // [Tq, H, Dh], rows dout_stride apart
+  int64_t dout_stride = 0;
+  // Results (overwritten). dq/dk/dv are required; the maps are optional.
+  T* dq = nullptr;       // [Tq, H, Dh] contiguous
+  T* dk = nullptr;       // [Tk, Hkv, Dh] contiguous
+  T* dv = nullptr;       // [Tk, Hkv, Dh] contiguous
+  T* dprobs = nullptr;   // optional [H, Tq, Tk]
+  T* dscores = nullptr;  // optional [H, Tq, Tk]
+};
+
+// INVALID_ARGUMENT naming the field for bad shapes or missing pointers.
+template <typename T>
+absl::Status AttentionBackward(const AttentionBackwardArgs<T>& args);
+
+// One softmax row: ds = p ⊙ (dp − Σ_j p_j dp_j). n values each.
+template <typename T>
+void SoftmaxBackwardRow(const T* p, const T* dp, int n, T* ds);
+
+// dx[N, in] += dy[N, out] · W   (W is [out, in]: the backward of y = x · Wᵀ + b).
+template <typename T>
+void MatMulBackwardInput(const T* dy, int n, const WeightView& w, T* dx);
+// dw[out, in] += dyᵀ · x (double, dense): the weight gradient of y = x · Wᵀ.
+template <typename T>
+void MatMulBackwardWeight(const T* dy, const T* x, int n, int64_t out, int64_t in, double* dw);
+
+// dx[N, D] = RMSNorm backward at x (y = x · r ⊙ g, r = (mean(x²) + eps)^−½):
+//   dx = r (g ⊙ dy) − x r³/D · Σ x ⊙ g ⊙ dy
+template <typename T>
+void RmsNormBackward(const T* x, int n, int dim, const WeightView& weight, double eps,
+                     const T* dy, T* dx);
+// dx[N, D] = LayerNorm backward (x̂ = (x − μ) r, y = x̂ ⊙ g + b, u = g ⊙ dy):
+//   dx = r (u − mean(u) − x̂ · mean(u ⊙ x̂))
+template <typename T>
+void LayerNormBackward(const T* x, int n, int dim, const WeightView& weight, double eps,
+                       const T* dy, T* dx);
+// In place on g[N, heads, Dh]: the transpose of Rope's rotation, i.e. the inverse rotation
+// (each pair turns by −angle). Same arguments as Backend::Rope.
+template <typename T>
+void RopeBackward(T* g, int n, int64_t row_stride, int num_heads, int head_dim,
+                  const int32_t* positions, double theta, RopeStyle style);
+// dx = dy · GELU'(x) (tanh approximation), x the pre-activation. count values.
+template <typename T>
+void GeluBackward(const T* x, const T* dy, int64_t count, T* dx);
+// out = silu(gate) ⊙ up:  dgate = dout ⊙ up ⊙ σ(g)(1 + g(1 − σ(g))),  dup = dout ⊙ silu(g).
+template <typename T>
+void SwiGluBackward(const T* gate, const T* up, const T* dout, int64_t count, T* dgate, T* dup);
+
+}  // namespace kvlens::kernels
+
+#endif  // KVLENS_KERNELS_CPU_REFERENCE_BACKWARD_H_

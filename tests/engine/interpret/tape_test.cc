@@ -1,0 +1,289 @@
+// Whole-model gradients of the Tape: the forward reproduces Transformer::Forward, every
+// returned tensor matches centred finite differences in float64 (stories260K, a Llama
+// checkpoint with grouped-query attention and adjacent-pair RoPE; tiny in-memory GPT-2 and
+// half-split-RoPE Llama models), parameter gradients match differences in the weights,
+// and the fp32 probe tracks the fp64 one.
+#include "engine/interpret/tape.h"
+
+#include <cmath>
+#include <random>
+
+#include "engine/interpret/finite_difference.h"
+#include "engine/interpret/objective.h"
+#include "engine/model/transformer.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/reference_backend.h"
+#include "tests/engine/interpret/tiny_model.h"
+#include "tests/test_paths.h"
+
+namespace kvlens::interpret {
+namespace {
+
+using testing::TestData;
+
+const std::string kBin = TestData("stories260K/stories260K.bin");
+
+std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t = {1};
+  while (static_cast<int>(t.size()) < n) t.push_back(static_cast<int32_t>(3 + rng() % (vocab - 3)));
+  return t;
+}
+
+template <typename A, typename B>
+double RelErr(const std::vector<A>& a, const std::vector<B>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    num = std::max(num, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+    den = std::max(den, std::abs(static_cast<double>(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+template <typename T>
+std::vector<T> TransformerLogits(const Model& m, kernels::Backend<T>& be,
+                                 const std::vector<int32_t>& t,
+                                 const std::vector<int32_t>& docs = {}) {
+  const int bs = 4, blocks = (static_cast<int>(t.size()) + bs - 1) / bs;
+  KvCacheStorage<T> cache(m.config.num_layers, blocks, bs, m.config.kv_dim(), true);
+  std::vector<int32_t> table(blocks);
+  for (int b = 0; b < blocks; ++b) table[b] = blocks - 1 - b;
+  Transformer<T> tr(m, be);
+  BatchEntry e{t, 0, table, true, docs};
+  ForwardOutput<T> out;
+  const absl::Status s = tr.Forward({&e, 1}, cache, out);
+  EXPECT_TRUE(s.ok()) << s;
+  return out.logits;
+}
+
+Tape<double> MustTape(const Model& m, const SequenceInput<double>& in) {
+  kernels::ReferenceBackend be;
+  auto t = RunForward(m, be, in);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return *std::move(t);
+}
+
+void ExpectFdAgrees(const Model& m, const SequenceInput<double>& in, const Objective& o,
+                    double tol, const std::string& what, int samples = 6,
+                    double min_nonzero = 1.0 / 3) {
+  const Tape<double> t = MustTape(m, in);
+  auto g = ObjectiveGradients(m, t, o);
+  ASSERT_TRUE(g.ok()) << g.status();
+  FdOptions opt;
+  opt.samples_per_tensor = samples;
+  auto r = CheckByFiniteDifferences(m, in, o, *g, opt);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const FdTensorReport& tr : r->tensors) {
+    EXPECT_LE(tr.max_rel_err, tol) << what << ": " << TensorKindName(tr.kind)
+                                   << " abs " << tr.max_abs_err;
+  }
+  // the check is not vacuous: most sampled gradients are non-zero
+  int nonzero = 0, total = 0;
+  for (const FdTensorReport& tr : r->tensors) {
+    for (const FdSample& s : tr.samples) {
+      ++total;
+      nonzero += std::abs(s.fd) > 1e-9 ? 1 : 0;
+    }
+  }
+  EXPECT_GE(nonzero, min_nonzero * total) << what;
+  std::printf("[fd] %s: max abs %.3g, max rel %.3g over %d samples\n", what.c_str(),
+              r->max_abs_err, r->max_rel_err, total);
+}
+
+class StoriesTape : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KVLENS_REQUIRE_FILE(kBin);
+    auto m = LoadModel({kBin, ""});
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = *std::move(m);
+  }
+  std::unique_ptr<Model> model_;
+};
+
+TEST_F(StoriesTape, LogitsEqualTransformerForward) {
+  kernels::ReferenceBackend ref;
+  kernels::CpuBackend fast(2);
+  const auto t = Tokens(23, 1, model_->config.vocab_size);
+  SequenceInput<double> in{t};
+  const Tape<double> tape = MustTape(*model_, in);
+  EXPECT_LE(RelErr(tape.logits, TransformerLogits<double>(*model_, ref, t)), 1e-14);
+  SequenceInput<float> inf{t};
+  auto tf = RunForward(*model_, fast, inf);
+  ASSERT_TRUE(tf.ok()) << tf.status();
+  EXPECT_LE(RelErr(tf->logits, TransformerLogits<float>(*model_, fast, t)), 1e-5);
+  // with document ids
+  std::vector<int32_t> docs(t.size(), 0);
+  for (size_t i = 9; i < docs.size(); ++i) docs[i] = 1;
+  in.doc_ids = docs;
+  EXPECT_LE(RelErr(MustTape(*model_, in).logits, TransformerLogits<double>(*model_, ref, t, docs)),
+            1e-14);
+}
+
+TEST_F(StoriesTape, LogProbGradientsMatchFiniteDifferences) {
+  SequenceInput<double> in{Tokens(12, 2, model_->config.vocab_size)};
+  ExpectFdAgrees(*model_, in, Objective::LogProb({{11, 37}, {6, 100}}), 1e-6, "stories logprob");
+}
+
+TEST_F(StoriesTape, LogitDiffWithDocumentIdsMatchesFiniteDifferences) {
+  SequenceInput<double> in{Tokens(10, 3, model_->config.vocab_size)};
+  in.doc_ids = {0, 0, 0, 0, 1, 1, 1, 1, 1, 1};
+  // Only rows 4…9 (document 1) influence row 9: the other samples are exact zeros. The
+  // gradients here are small (many entries ~1e-7) while the differences' float64 noise is
+  // ~1e-12 absolute, so the per-entry relative error is bounded by noise at ~1e-5.
+  ExpectFdAgrees(*model_, in, Objective::LogitDiff(9, 5, 77), 1e-4, "stories logit diff + docs",
+                 6, 0.2);
+}
+
+TEST_F(StoriesTape, AttnOutProbeMatchesFiniteDifferences) {
+  const ModelConfig& c = model_->config;
+  const int n = 9;
+  std::mt19937 rng(4);
+  std::normal_distribution<double> nd;
+  std::vector<double> g(n * c.head_dim);
+  for (double& x : g) x = nd(rng);
+  SequenceInput<double> in{Tokens(n, 5, c.vocab_size)};
+  ExpectFdAgrees(*model_, in, Objective::AttnOutProbe(3, 5, g), 1e-6, "stories probe G⊙O");
+}
+
+TEST_F(StoriesTape, Fp32GradientsTrackFp64) {
+  kernels::CpuBackend fast(2);
+  const auto t = Tokens(20, 6, model_->config.vocab_size);
+  const Objective o = Objective::LogProb({{19, 42}});
+  const Tape<double> td = MustTape(*model_, SequenceInput<double>{t});
+  auto tf = RunForward(*model_, fast, SequenceInput<float>{t});
+  ASSERT_TRUE(tf.ok());
+  auto gd = ObjectiveGradients(*model_, td, o);
+  auto gf = ObjectiveGradients(*model_, *tf, o);
+  ASSERT_TRUE(gd.ok() && gf.ok());
+  double worst = 0;
+  for (int l = 0; l < model_->config.num_layers; ++l) {
+    for (auto [a, b] : {std::pair{&gf->scores, &gd->scores}, {&gf->q, &gd->q}, {&gf->k, &gd->k},
+                        {&gf->v, &gd->v}, {&gf->attn_out, &gd->attn_out},
+                        {&gf->residual, &gd->residual}}) {
+      worst = std::max(worst, RelErr((*a)[l], (*b)[l]));
+    }
+    // probabilities' gradients: compare on visible entries (masked ones are 0 in both)
+    worst = std::max(worst, RelErr(gf->probs[l], gd->probs[l]));
+  }
+  EXPECT_LE(worst, 1e-4);
+  std::printf("[fp32] worst relative error of fp32 gradients vs fp64: %.3g\n", worst);
+  // and the fp32 gradient passes the fp64 finite-difference check at fp32 tolerance
+  FdOptions opt;
+  opt.samples_per_tensor = 3;
+  auto r = CheckByFiniteDifferences(*model_, SequenceInput<double>{t}, o, *gf, opt);
+  ASSERT_TRUE(r.ok());
+  EXPECT_LE(r->max_rel_err, 1e-3);
+}
+
+TEST_F(StoriesTape, LaterPositionsGetNoGradient) {
+  const auto t = Tokens(10, 7, model_->config.vocab_size);
+  const Tape<double> tape = MustTape(*model_, SequenceInput<double>{t});
+  auto g = ObjectiveGradients(*model_, tape, Objective::LogProb({{5, 9}}));
+  ASSERT_TRUE(g.ok());
+  const std::vector<double> sal = InputTimesGradient(tape, *g, model_->config.dim);
+  for (int i = 6; i < 10; ++i) EXPECT_EQ(sal[i], 0.0) << i;
+  for (int i = 0; i <= 5; ++i) EXPECT_NE(sal[i], 0.0) << i;
+  const auto axg = AttentionTimesGradient(tape, *g, 2);
+  EXPECT_EQ(axg.size(), tape.layers[2].probs.size());
+}
+
+TEST_F(StoriesTape, RejectsEditedTapesAndBadObjectives) {
+  kernels::ReferenceBackend be;
+  const auto t = Tokens(6, 8, model_->config.vocab_size);
+  Edits e;
+  e.ablations.push_back({0, 0, AblationMode::kZero});
+  auto tape = RunForward(*model_, be, SequenceInput<double>{t}, e);
+  ASSERT_TRUE(tape.ok());
+  EXPECT_EQ(ObjectiveGradients(*model_, *tape, Objective::LogProb({{0, 1}})).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  const Tape<double> clean = MustTape(*model_, SequenceInput<double>{t});
+  const auto bad = ObjectiveGradients(*model_, clean, Objective::LogProb({{6, 1}}));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("row 6"), std::string::npos) << bad.status();
+  e = Edits{};
+  e.perturbations.push_back({Coord{TensorKind::kQ, 9, 0, 0, 0}, 1.0});
+  EXPECT_EQ(RunForward(*model_, be, SequenceInput<double>{t}, e).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Tiny in-memory models of both families.
+struct TinyCase {
+  testing::TinySpec spec;
+  const char* name;
+};
+
+class TinyTape : public ::testing::TestWithParam<int> {
+ protected:
+  static testing::TinySpec Spec(int i) {
+    testing::TinySpec s;
+    if (i == 1) {  // Llama, half-split RoPE, grouped-query attention
+      s.arch = Architecture::kLlama;
+      s.rope_style = kernels::RopeStyle::kHalfSplit;
+      s.kv_heads = 2;
+      s.seed = 2;
+    } else if (i == 2) {  // Llama, adjacent pairs, one KV head
+      s.arch = Architecture::kLlama;
+      s.rope_style = kernels::RopeStyle::kAdjacentPairs;
+      s.kv_heads = 1;
+      s.seed = 3;
+    }
+    return s;
+  }
+};
+
+TEST_P(TinyTape, ForwardAndGradientsMatch) {
+  auto m = testing::MakeTinyModel(Spec(GetParam()));
+  kernels::ReferenceBackend ref;
+  const auto t = Tokens(9, 10 + GetParam(), m->config.vocab_size);
+  SequenceInput<double> in{t};
+  EXPECT_LE(RelErr(MustTape(*m, in).logits, TransformerLogits<double>(*m, ref, t)), 1e-14);
+  const std::string name = "tiny model " + std::to_string(GetParam());
+  ExpectFdAgrees(*m, in, Objective::LogProb({{8, 3}, {4, 7}}), 1e-6, name + " logprob", 8);
+  in.doc_ids = {0, 0, 0, 1, 1, 1, 1, 2, 2};
+  ExpectFdAgrees(*m, in, Objective::LogitDiff(8, 1, 2), 1e-6, name + " logit diff + docs", 8,
+                 0.1);
+}
+
+TEST_P(TinyTape, ParameterGradientsMatchDifferencesInTheWeights) {
+  auto m = testing::MakeTinyModel(Spec(GetParam()));
+  const auto t = Tokens(7, 20 + GetParam(), m->config.vocab_size);
+  const Objective o = Objective::LogProb({{6, 5}, {3, 2}});
+  const SequenceInput<double> in{t};
+  const int layer = 1;
+  const LayerWeights& lw = m->weights.layers[layer];
+  const WeightView* views[4] = {&lw.wq, &lw.wk, &lw.wv, &lw.wo};
+  std::mt19937 rng(5);
+  double worst = 0;
+  for (int which = 0; which < 4; ++which) {
+    const WeightView& w = *views[which];
+    for (int s = 0; s < 6; ++s) {
+      const int64_t r = rng() % w.rows, col = rng() % w.cols;
+      float* p = testing::Param(w, r, col);
+      // Round the weight to a multiple of 2^-12 so that w ± 2^-10 and w ± 2^-9 are exact
+      // floats; the gradient is taken at the rounded weight.
+      const float orig = std::round(*p * 4096.0f) / 4096.0f, h = 1.0f / 1024;
+      auto j_at = [&](float k) {
+        *p = orig + k * h;
+        return EvaluateObjective(o, m->config, MustTape(*m, in));
+      };
+      const double fd = (-j_at(2) + 8 * j_at(1) - 8 * j_at(-1) + j_at(-2)) / (12.0 * h);
+      *p = orig;
+      auto g = ObjectiveGradients(*m, MustTape(*m, in), o, BackwardOptions{layer});
+      ASSERT_TRUE(g.ok());
+      ASSERT_EQ(g->params.layer, layer);
+      const std::vector<double>* grads[4] = {&g->params.wq, &g->params.wk, &g->params.wv,
+                                             &g->params.wo};
+      const double an = (*grads[which])[r * w.cols + col];
+      worst = std::max(worst, std::abs(fd - an) / std::max({std::abs(fd), std::abs(an), 1e-3}));
+    }
+  }
+  EXPECT_LE(worst, 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TinyTape, ::testing::Range(0, 3));
+
+}  // namespace
+}  // namespace kvlens::interpret

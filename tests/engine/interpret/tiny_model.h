@@ -1,0 +1,93 @@
+// A tiny model with random f32 weights built in memory (owned buffers), for either
+// family: GPT-2 (LayerNorm, GELU, biases, learned positions) or Llama (RMSNorm, SwiGLU,
+// RoPE of either style, grouped-query attention). Buffers are mutable through Param() so
+// tests can take finite differences in the weights themselves.
+#ifndef KVLENS_TESTS_ENGINE_INTERPRET_TINY_MODEL_H_
+#define KVLENS_TESTS_ENGINE_INTERPRET_TINY_MODEL_H_
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "engine/model/model.h"
+
+namespace kvlens::testing {
+
+struct TinySpec {
+  Architecture arch = Architecture::kGpt2;
+  kernels::RopeStyle rope_style = kernels::RopeStyle::kHalfSplit;
+  int dim = 16, heads = 4, kv_heads = 4, hidden = 24, layers = 2, vocab = 23, max_seq = 32;
+  uint32_t seed = 1;
+};
+
+inline std::unique_ptr<Model> MakeTinyModel(const TinySpec& s) {
+  auto m = std::make_unique<Model>();
+  ModelConfig& c = m->config;
+  c.arch = s.arch;
+  c.dim = s.dim;
+  c.hidden_dim = s.hidden;
+  c.num_layers = s.layers;
+  c.num_heads = s.heads;
+  c.num_kv_heads = s.kv_heads;
+  c.head_dim = s.dim / s.heads;
+  c.vocab_size = s.vocab;
+  c.max_seq_len = s.max_seq;
+  c.rope_style = s.rope_style;
+  c.norm_eps = 1e-5;
+  c.tied_embeddings = false;
+  c.name = "tiny";
+  m->format = "memory";
+  std::mt19937 rng(s.seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  // A [rows, cols] f32 matrix of N(mean, scale²) values, owned by the model.
+  auto mat = [&](int64_t rows, int64_t cols, float scale, float mean = 0.0f) {
+    auto buf = std::make_shared<std::vector<float>>(rows * cols);
+    for (float& x : *buf) x = mean + scale * nd(rng);
+    m->weights.storage.push_back(buf);
+    return kernels::WeightView{buf->data(), kernels::DType::kF32, rows, cols};
+  };
+  const int D = c.dim, KVD = c.kv_dim(), F = c.hidden_dim;
+  const bool gpt2 = s.arch == Architecture::kGpt2;
+  const float w = 1.0f / std::sqrt(static_cast<float>(D));
+  Weights& wt = m->weights;
+  wt.token_embedding = mat(c.vocab_size, D, 1.0f);
+  if (gpt2) wt.position_embedding = mat(c.max_seq_len, D, 0.5f);
+  for (int l = 0; l < c.num_layers; ++l) {
+    LayerWeights lw;
+    lw.attn_norm = mat(1, D, 0.2f, 1.0f);
+    lw.wq = mat(D, D, 2 * w);
+    lw.wk = mat(KVD, D, 2 * w);
+    lw.wv = mat(KVD, D, w);
+    lw.wo = mat(D, D, w);
+    lw.ffn_norm = mat(1, D, 0.2f, 1.0f);
+    lw.w_in = mat(F, D, w);
+    lw.w_out = mat(D, F, 1.0f / std::sqrt(static_cast<float>(F)));
+    if (gpt2) {
+      lw.attn_norm_bias = mat(1, D, 0.1f);
+      lw.bq = mat(1, D, 0.1f);
+      lw.bk = mat(1, KVD, 0.1f);
+      lw.bv = mat(1, KVD, 0.1f);
+      lw.bo = mat(1, D, 0.1f);
+      lw.ffn_norm_bias = mat(1, D, 0.1f);
+      lw.b_in = mat(1, F, 0.1f);
+      lw.b_out = mat(1, D, 0.1f);
+    } else {
+      lw.w_up = mat(F, D, w);
+    }
+    wt.layers.push_back(lw);
+  }
+  wt.final_norm = mat(1, D, 0.2f, 1.0f);
+  if (gpt2) wt.final_norm_bias = mat(1, D, 0.1f);
+  wt.output = mat(c.vocab_size, D, w);
+  return m;
+}
+
+// A mutable pointer to element (r, c) of an f32 weight (tests only).
+inline float* Param(const kernels::WeightView& w, int64_t r, int64_t col) {
+  return const_cast<float*>(static_cast<const float*>(w.data)) + r * w.cols + col;
+}
+
+}  // namespace kvlens::testing
+
+#endif  // KVLENS_TESTS_ENGINE_INTERPRET_TINY_MODEL_H_
