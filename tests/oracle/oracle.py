@@ -4,6 +4,7 @@
   oracle.py --model PATH --tokens "1 2 3" [--doc-ids "0 0 1"] [--positions-per-doc]
             --out FILE [--attention]
   oracle.py --model PATH --generate N --prompt-tokens "1 403 407"
+  oracle.py --model PATH --tokens "1 2 3" --out FILE --grad-logprob "2:7 1:5"
 
 PATH: a llama2.c .bin, a GGUF file (llama), or a Hugging Face directory (gpt2 / llama).
 The output container format is described in README.md and kvlens_oracle/container.py.
@@ -36,6 +37,9 @@ def main(argv=None):
     ap.add_argument("--generate", type=int, help="print N greedy token ids after --prompt-tokens")
     ap.add_argument("--prompt-tokens")
     ap.add_argument("--stop-ids", default="", help="ids that end --generate (e.g. \"1 2\")")
+    ap.add_argument("--grad-logprob",
+                    help='"row:token ...": also write autograd gradients of the summed '
+                         "log-probabilities (kvlens_oracle/grad.py lists the arrays)")
     a = ap.parse_args(argv)
 
     model = load_model(a.model)
@@ -62,6 +66,10 @@ def main(argv=None):
     with torch.no_grad():
         logits, attn = forward(model, tokens, doc_ids=docs, positions=pos)
     arrays = {"logits": logits.numpy()}
+    if a.grad_logprob:
+        from kvlens_oracle.grad import gradients
+        targets = [tuple(int(v) for v in pair.split(":")) for pair in a.grad_logprob.split()]
+        arrays.update(gradients(model, tokens, targets, doc_ids=docs))
     if a.attention:
         for layer in range(attn.shape[0]):
             arrays[f"attn.{layer}"] = attn[layer].numpy()

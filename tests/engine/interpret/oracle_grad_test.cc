@@ -1,0 +1,133 @@
+// Golden gradients from the PyTorch float64 oracle (tests/oracle, autograd; run as a
+// separate process at test time): every tensor the probe returns, for stories260K, at
+// fp64 (relative error ≤ 1e-6) and fp32 (≤ 1e-4). Relative error = max|ours − oracle| /
+// max|oracle| per tensor; probabilities' gradients are compared on visible entries (the
+// oracle's A·V also differentiates masked entries, which the probe reports as 0).
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/interpret/objective.h"
+#include "engine/interpret/tape.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/reference_backend.h"
+#include "tests/oracle/oracle_runner.h"
+#include "tests/test_paths.h"
+
+namespace kvlens::interpret {
+namespace {
+
+const std::string kBin = testing::TestData("stories260K/stories260K.bin");
+
+testing::OracleResult RunGradOracle(const std::vector<int32_t>& tokens,
+                                    const std::vector<TokenTarget>& targets,
+                                    const std::vector<int32_t>& docs) {
+  char tmpl[] = "/tmp/kvlens_oracle_grad_XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd >= 0) close(fd);
+  std::vector<std::string> t;
+  for (const TokenTarget& tg : targets) t.push_back(absl::StrCat(tg.row, ":", tg.token));
+  std::string cmd = std::string(testing::OraclePython()) + " " + KVLENS_SOURCE_DIR +
+                    "/tests/oracle/oracle.py --model '" + kBin + "' --tokens '" +
+                    absl::StrJoin(tokens, " ") + "' --out " + tmpl + " --grad-logprob '" +
+                    absl::StrJoin(t, " ") + "'";
+  if (!docs.empty()) cmd += " --doc-ids '" + absl::StrJoin(docs, " ") + "'";
+  testing::OracleResult r;
+  if (std::system(cmd.c_str()) != 0) {
+    r.error = "oracle failed: " + cmd;
+  } else {
+    r = testing::ReadOracleContainer(tmpl);
+  }
+  std::remove(tmpl);
+  return r;
+}
+
+// Ours (already permuted to the oracle's layout) against the oracle's array.
+double RelErr(const std::vector<double>& ours, const testing::OracleArray& ref,
+              const std::vector<bool>* keep = nullptr) {
+  EXPECT_EQ(ours.size(), ref.data.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ours.size() && i < ref.data.size(); ++i) {
+    if (keep && !(*keep)[i]) continue;
+    num = std::max(num, std::abs(ours[i] - ref.data[i]));
+    den = std::max(den, std::abs(ref.data[i]));
+  }
+  return den > 0 ? num / den : num;
+}
+
+// [T, heads, hd] → [heads, T, hd]
+template <typename T>
+std::vector<double> HeadsFirst(const std::vector<T>& x, int rows, int heads, int hd) {
+  std::vector<double> out(x.size());
+  for (int i = 0; i < rows; ++i)
+    for (int h = 0; h < heads; ++h)
+      for (int d = 0; d < hd; ++d)
+        out[(int64_t{h} * rows + i) * hd + d] = x[(int64_t{i} * heads + h) * hd + d];
+  return out;
+}
+
+template <typename T>
+double WorstError(const Model& m, kernels::Backend<T>& be, const std::vector<int32_t>& tokens,
+                  const std::vector<TokenTarget>& targets, const std::vector<int32_t>& docs,
+                  const testing::OracleResult& ref) {
+  const ModelConfig& c = m.config;
+  SequenceInput<T> in{tokens};
+  in.doc_ids = docs;
+  auto tape = RunForward(m, be, in);
+  EXPECT_TRUE(tape.ok()) << tape.status();
+  auto g = ObjectiveGradients(m, *tape, Objective::LogProb(targets));
+  EXPECT_TRUE(g.ok()) << g.status();
+  const int n = tape->n, H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim;
+  EXPECT_NEAR(EvaluateObjective(Objective::LogProb(targets), c, *tape),
+              ref.arrays.at("objective").data[0], sizeof(T) == 8 ? 1e-10 : 1e-3);
+  std::vector<bool> visible(int64_t{H} * n * n);
+  for (int h = 0; h < H; ++h)
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) visible[(int64_t{h} * n + i) * n + j] = KeyVisible(in, i, j);
+  double worst = 0;
+  auto note = [&](const std::string& name, double e) {
+    EXPECT_LE(e, sizeof(T) == 8 ? 1e-6 : 1e-4) << name;
+    worst = std::max(worst, e);
+  };
+  auto as_double = [](const std::vector<T>& v) { return std::vector<double>(v.begin(), v.end()); };
+  note("embeds", RelErr(as_double(g->residual[0]), ref.arrays.at("grad.embeds")));
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string s = absl::StrCat(".", l);
+    note("resid" + s, RelErr(as_double(g->residual[l + 1]), ref.arrays.at("grad.resid" + s)));
+    note("q" + s, RelErr(HeadsFirst(g->q[l], n, H, hd), ref.arrays.at("grad.q" + s)));
+    note("k" + s, RelErr(HeadsFirst(g->k[l], n, KV, hd), ref.arrays.at("grad.k" + s)));
+    note("v" + s, RelErr(HeadsFirst(g->v[l], n, KV, hd), ref.arrays.at("grad.v" + s)));
+    note("attn_out" + s,
+         RelErr(HeadsFirst(g->attn_out[l], n, H, hd), ref.arrays.at("grad.attn_out" + s)));
+    note("scores" + s, RelErr(as_double(g->scores[l]), ref.arrays.at("grad.scores" + s), &visible));
+    note("probs" + s, RelErr(as_double(g->probs[l]), ref.arrays.at("grad.probs" + s), &visible));
+  }
+  return worst;
+}
+
+TEST(OracleGradients, Stories260KMatchesAutograd) {
+  KVLENS_REQUIRE_FILE(kBin);
+  if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  auto m = LoadModel({kBin, ""});
+  ASSERT_TRUE(m.ok());
+  std::mt19937 rng(31);
+  std::vector<int32_t> tokens = {1};
+  while (tokens.size() < 17) tokens.push_back(static_cast<int32_t>(3 + rng() % 509));
+  const std::vector<TokenTarget> targets = {{16, 42}, {9, 300}, {3, 7}};
+  for (const std::vector<int32_t>& docs :
+       {std::vector<int32_t>{}, std::vector<int32_t>{0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2}}) {
+    const testing::OracleResult ref = RunGradOracle(tokens, targets, docs);
+    ASSERT_TRUE(ref.error.empty()) << ref.error;
+    kernels::ReferenceBackend ref_be;
+    kernels::CpuBackend fast(2);
+    const double e64 = WorstError<double>(**m, ref_be, tokens, targets, docs, ref);
+    const double e32 = WorstError<float>(**m, fast, tokens, targets, docs, ref);
+    std::printf("[oracle] stories260K%s: worst relative error fp64 %.3g, fp32 %.3g\n",
+                docs.empty() ? "" : " with doc ids", e64, e32);
+  }
+}
+
+}  // namespace
+}  // namespace kvlens::interpret

@@ -1,0 +1,37 @@
+"""Autograd gradients of J = sum over (row, token) of log_softmax(logits[row])[token].
+
+gradients(model, tokens, targets, doc_ids=None) -> dict name -> float64 numpy array:
+  objective           [1]
+  grad.embeds         [T, d]         input embeddings (GPT-2: token + position sum)
+  grad.resid.{l}      [T, d]         residual stream *leaving* layer l
+  grad.q.{l}          [H, T, hd]     post-RoPE queries
+  grad.k.{l}, grad.v.{l}  [KV, T, hd]  per KV head (GQA: summed over the query heads)
+  grad.scores.{l}, grad.probs.{l}  [H, T, T]  (masked entries 0)
+  grad.attn_out.{l}   [H, T, hd]     attention output per head, before W_O
+Every intermediate comes from model.forward's capture, with retain_grad().
+"""
+import torch
+
+from .model import forward
+
+
+def gradients(m, tokens, targets, doc_ids=None):
+    embed = m.w["embed"] if m.family == "llama" else m.w["wte"]
+    ids = torch.as_tensor(list(tokens), dtype=torch.long)
+    x0 = embed[ids].detach().clone().requires_grad_(True)
+    capture = {}
+    logits, _ = forward(m, tokens, doc_ids=doc_ids, inputs_embeds=x0, capture=capture)
+    layers = capture["layers"]
+    for rec in layers:
+        for t in rec.values():
+            t.retain_grad()
+    logp = torch.log_softmax(logits, dim=-1)
+    j = sum(logp[r, t] for r, t in targets)
+    j.backward()
+    out = {"objective": j.detach().reshape(1).numpy(), "grad.embeds": x0.grad.numpy()}
+    for l, rec in enumerate(layers):
+        for name, key in (("resid", "resid"), ("q", "q"), ("k", "k"), ("v", "v"),
+                          ("scores", "scores"), ("probs", "probs"), ("attn_out", "attn_out")):
+            g = rec[key].grad
+            out[f"grad.{name}.{l}"] = (torch.zeros_like(rec[key]) if g is None else g).numpy()
+    return out
