@@ -45,13 +45,17 @@ std::shared_ptr<grpc::Channel> GrpcServer::InProcessChannel() {
   return server_->InProcessChannel(grpc::ChannelArguments());
 }
 
+void GrpcServer::BeginDrain() {
+  // Load balancers stop sending first; then refuse what still arrives.
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  service_.StartDraining();
+}
+
 void GrpcServer::Shutdown(std::chrono::milliseconds drain) {
   std::lock_guard<std::mutex> lock(shutdown_mu_);
   if (shut_down_) return;
   shut_down_ = true;
-  // Load balancers stop sending first; then refuse what still arrives.
-  server_->GetHealthCheckService()->SetServingStatus(false);
-  service_.StartDraining();
+  BeginDrain();
   // Every running stream gets its final message (finished, or CANCELLED at the deadline).
   engine_.Shutdown(drain);
   // The streams' last writes need a moment to flush; after that gRPC cancels what is left.

@@ -38,6 +38,9 @@ class GrpcServer {
   // A channel to this server that bypasses the network (tests, benchmarks).
   std::shared_ptr<grpc::Channel> InProcessChannel();
 
+  // The first half of Shutdown: health NOT_SERVING and new calls refused with UNAVAILABLE,
+  // while running streams go on. Idempotent.
+  void BeginDrain();
   // The graceful shutdown above; idempotent, thread-safe, blocks until it is done.
   void Shutdown(std::chrono::milliseconds drain);
   // Blocks until Shutdown has stopped the server.

@@ -130,8 +130,10 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
                                                    " strings, at most ", kMaxStopStrings));
   }
   for (int i = 0; i < stop.stop_size(); ++i) {
-    if (stop.stop(i).empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("stopping.stop[", i, "] is empty"));
+    if (stop.stop(i).empty() || stop.stop(i).size() > kMaxStopBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("stopping.stop[", i, "] has ",
+                                                     stop.stop(i).size(),
+                                                     " bytes, must be 1 … ", kMaxStopBytes));
     }
     out.stop.stop_strings.push_back(stop.stop(i));
   }

@@ -16,7 +16,8 @@ namespace kvlens::server {
 
 inline constexpr int kDefaultMaxNewTokens = 256;
 inline constexpr int kMaxTopLogprobs = 20;
-inline constexpr int kMaxStopStrings = 16;
+inline constexpr int kMaxStopStrings = 16;  // the engine's limits
+inline constexpr size_t kMaxStopBytes = 256;
 
 // INVALID_ARGUMENT naming the field for anything out of range. The callbacks are left
 // empty for the caller to fill.

@@ -1,0 +1,290 @@
+// End-to-end tests of kvlens.v1.Generation over loopback TCP against an in-process server:
+// streaming, logprobs, stop strings, the unary RPCs, health and drain, and validation.
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/generator.h"
+#include "tests/server/server_test_util.h"
+#include "tests/test_paths.h"
+
+namespace kvlens::testing {
+namespace {
+
+#define START_SERVER(server, ...)                      \
+  KVLENS_REQUIRE_FILE(Stories260KPath());              \
+  TestServer server{__VA_ARGS__};                      \
+  ASSERT_TRUE(server.ok()) << server.error()
+
+TEST(GenerationServiceTest, StreamsTheOfflineGreedyText) {
+  START_SERVER(server);
+  const StreamResult r = RunGenerate(server.stub(), GreedyRequest("Once upon a time", 40));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  // The first message only names the request, so a client can cancel before any token.
+  EXPECT_GT(r.request_id, 0);
+  EXPECT_GE(r.messages, 2);
+  ASSERT_TRUE(r.has_final);
+  EXPECT_EQ(r.final.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(r.final.usage().prompt_tokens(), 5);  // BOS + 4
+  EXPECT_EQ(r.final.usage().generated_tokens(), 40);
+  EXPECT_EQ(r.tokens.size(), 40u);
+  EXPECT_EQ(("Once upon a time" + r.text).rfind(kReferenceText, 0), 0u)
+      << "Once upon a time" << r.text;
+  const v1::Timings& t = r.final.timings();
+  EXPECT_GE(t.first_token_seconds(), t.queue_seconds());
+  EXPECT_GE(t.decode_seconds(), 0);
+
+  // The same tokens and text as offline generation with the same model.
+  kernels::CpuBackend backend(1);
+  const std::vector<int32_t> prompt = server.model().tokenizer->Encode("Once upon a time", true);
+  GenerateOptions options;
+  options.max_new_tokens = 40;
+  auto offline = Generate<float>(server.model(), backend, prompt, options);
+  ASSERT_TRUE(offline.ok()) << offline.status();
+  EXPECT_EQ(r.tokens, offline->tokens);
+  IncrementalDecoder decoder(*server.model().tokenizer, prompt.back());
+  std::string text;
+  for (int32_t t2 : offline->tokens) text += decoder.Push(t2);
+  EXPECT_EQ(r.text, text + decoder.Flush());
+}
+
+TEST(GenerationServiceTest, TokenIdPromptsGiveTheSameStreamAsText) {
+  START_SERVER(server);
+  v1::GenerateRequest request = GreedyRequest("", 20);
+  for (int32_t id : server.model().tokenizer->Encode("Once upon a time", true)) {
+    request.mutable_token_ids()->add_ids(id);
+  }
+  const StreamResult by_ids = RunGenerate(server.stub(), request);
+  const StreamResult by_text = RunGenerate(server.stub(), GreedyRequest("Once upon a time", 20));
+  ASSERT_TRUE(by_ids.status.ok()) << by_ids.status.error_message();
+  EXPECT_EQ(by_ids.tokens, by_text.tokens);
+  EXPECT_EQ(by_ids.text, by_text.text);
+}
+
+TEST(GenerationServiceTest, LogprobsAndTopLogprobs) {
+  START_SERVER(server);
+  v1::GenerateRequest request = GreedyRequest("Once upon a time", 10);
+  request.set_top_logprobs(3);  // implies logprobs
+  const StreamResult r = RunGenerate(server.stub(), request);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.logprobs.size(), r.tokens.size());
+  for (size_t i = 0; i < r.tokens.size(); ++i) {
+    const v1::TokenLogprob& lp = r.logprobs[i];
+    EXPECT_EQ(lp.token(), r.tokens[i]);
+    EXPECT_LE(lp.logprob(), 0.0f);
+    ASSERT_EQ(lp.top_size(), 3);
+    // Greedy picks the most likely token.
+    EXPECT_EQ(lp.top(0).token(), r.tokens[i]);
+    EXPECT_FLOAT_EQ(lp.top(0).logprob(), lp.logprob());
+    EXPECT_GE(lp.top(0).logprob(), lp.top(1).logprob());
+  }
+  // Without the flag, none.
+  const StreamResult plain = RunGenerate(server.stub(), GreedyRequest("Once upon a time", 10));
+  EXPECT_TRUE(plain.logprobs.empty());
+}
+
+TEST(GenerationServiceTest, StopStringEndsTheStreamBeforeIt) {
+  START_SERVER(server);
+  v1::GenerateRequest request = GreedyRequest("Once upon a time", 60);
+  request.mutable_stopping()->add_stop("Lily");
+  const StreamResult r = RunGenerate(server.stub(), request);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final.finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(r.text, ", there was a little girl named ");
+}
+
+TEST(GenerationServiceTest, GetModelInfo) {
+  START_SERVER(server);
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::ModelInfo info;
+  ASSERT_TRUE(server.stub().GetModelInfo(&context, {}, &info).ok());
+  const ModelConfig& c = server.model().config;
+  EXPECT_EQ(info.architecture(), "llama");
+  EXPECT_EQ(info.format(), "gguf");
+  EXPECT_EQ(info.num_layers(), c.num_layers);
+  EXPECT_EQ(info.num_heads(), c.num_heads);
+  EXPECT_EQ(info.num_kv_heads(), c.num_kv_heads);
+  EXPECT_EQ(info.head_dim(), c.head_dim);
+  EXPECT_EQ(info.dim(), 64);
+  EXPECT_EQ(info.vocab_size(), 512);
+  EXPECT_EQ(info.context_length(), c.max_seq_len);
+  EXPECT_EQ(info.bos_id(), 1);
+  EXPECT_EQ(info.eos_id(), 2);
+  EXPECT_EQ(info.block_size(), 16);
+  EXPECT_EQ(info.num_blocks(), 256);
+  EXPECT_EQ(info.backend(), "cpu-f32");
+  EXPECT_FALSE(info.dtype().empty());
+}
+
+TEST(GenerationServiceTest, TokenizeDetokenizeRoundTrip) {
+  START_SERVER(server);
+  const std::string text = "Once upon a time, there was a little girl named Lily.";
+  grpc::ClientContext c1;
+  SetDeadline(c1);
+  v1::TokenizeRequest treq;
+  treq.set_text(text);
+  v1::TokenizeResponse tokens;
+  ASSERT_TRUE(server.stub().Tokenize(&c1, treq, &tokens).ok());
+  ASSERT_GT(tokens.token_ids_size(), 1);
+  EXPECT_EQ(tokens.token_ids(0), 1);  // BOS by default
+  EXPECT_EQ(tokens.pieces_size(), tokens.token_ids_size());
+
+  grpc::ClientContext c2;
+  SetDeadline(c2);
+  v1::DetokenizeRequest dreq;
+  *dreq.mutable_token_ids() = tokens.token_ids();
+  v1::DetokenizeResponse back;
+  ASSERT_TRUE(server.stub().Detokenize(&c2, dreq, &back).ok());
+  EXPECT_EQ(back.text(), text);
+
+  grpc::ClientContext c3;
+  SetDeadline(c3);
+  treq.set_add_bos(false);
+  v1::TokenizeResponse no_bos;
+  ASSERT_TRUE(server.stub().Tokenize(&c3, treq, &no_bos).ok());
+  EXPECT_EQ(no_bos.token_ids_size(), tokens.token_ids_size() - 1);
+}
+
+grpc::health::v1::HealthCheckResponse::ServingStatus Health(TestServer& server,
+                                                            const std::string& service) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status s = server.health().Check(&context, request, &response);
+  return s.ok() ? response.status() : grpc::health::v1::HealthCheckResponse::UNKNOWN;
+}
+
+TEST(GenerationServiceTest, HealthServingThenDrainRefusesNewCalls) {
+  START_SERVER(server);
+  EXPECT_EQ(Health(server, ""), grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health(server, "kvlens.v1.Generation"),
+            grpc::health::v1::HealthCheckResponse::SERVING);
+
+  server.server().BeginDrain();
+  EXPECT_EQ(Health(server, ""), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  const StreamResult r = RunGenerate(server.stub(), GreedyRequest("Once upon a time", 5));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::TokenizeResponse tokens;
+  v1::TokenizeRequest treq;
+  treq.set_text("a");
+  EXPECT_EQ(server.stub().Tokenize(&context, treq, &tokens).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+}
+
+struct BadField {
+  const char* name;
+  std::function<void(v1::GenerateRequest&)> edit;
+  grpc::StatusCode code;
+  const char* message;  // a substring of the status message: the field, as the client wrote it
+};
+
+TEST(GenerationServiceTest, EveryBadFieldIsNamed) {
+  START_SERVER(server);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  constexpr auto kInvalid = grpc::StatusCode::INVALID_ARGUMENT;
+  const std::vector<BadField> cases = {
+      {"no prompt", [](auto& r) { r.clear_text(); }, kInvalid, "prompt: set text or token_ids"},
+      {"empty text", [](auto& r) { r.set_text(""); r.set_add_bos(false); }, kInvalid, "text"},
+      {"empty ids", [](auto& r) { r.mutable_token_ids(); }, kInvalid, "token_ids.ids"},
+      {"id range", [](auto& r) { r.mutable_token_ids()->add_ids(1); r.mutable_token_ids()->add_ids(512); },
+       kInvalid, "token_ids.ids[1] = 512"},
+      {"temperature", [](auto& r) { r.mutable_sampling()->set_temperature(-1); }, kInvalid,
+       "sampling.temperature = -1"},
+      {"temperature nan", [&](auto& r) { r.mutable_sampling()->set_temperature(nan); }, kInvalid,
+       "sampling.temperature"},
+      {"top_k", [](auto& r) { r.mutable_sampling()->set_top_k(-2); }, kInvalid, "sampling.top_k = -2"},
+      {"top_p", [](auto& r) { r.mutable_sampling()->set_top_p(1.5); }, kInvalid,
+       "sampling.top_p = 1.5 must be in (0, 1]"},
+      {"top_p 0", [](auto& r) { r.mutable_sampling()->set_top_p(0); }, kInvalid, "sampling.top_p = 0"},
+      {"min_p", [](auto& r) { r.mutable_sampling()->set_min_p(1); }, kInvalid, "sampling.min_p = 1"},
+      {"repetition", [](auto& r) { r.mutable_sampling()->set_repetition_penalty(0); }, kInvalid,
+       "sampling.repetition_penalty = 0"},
+      {"frequency", [](auto& r) { r.mutable_sampling()->set_frequency_penalty(3); }, kInvalid,
+       "sampling.frequency_penalty = 3"},
+      {"presence", [](auto& r) { r.mutable_sampling()->set_presence_penalty(-3); }, kInvalid,
+       "sampling.presence_penalty = -3"},
+      {"bias id", [](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[9999] = 1; }, kInvalid,
+       "sampling.logit_bias key = 9999"},
+      {"bias value", [](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[7] = 1000; },
+       kInvalid, "sampling.logit_bias[7] = 1000"},
+      {"max_new_tokens", [](auto& r) { r.mutable_stopping()->set_max_new_tokens(0); }, kInvalid,
+       "stopping.max_new_tokens = 0"},
+      {"stop empty", [](auto& r) { r.mutable_stopping()->add_stop(""); }, kInvalid, "stopping.stop[0]"},
+      {"stop long", [](auto& r) { r.mutable_stopping()->add_stop(std::string(300, 'a')); }, kInvalid,
+       "stopping.stop[0] has 300 bytes"},
+      {"stop count", [](auto& r) { for (int i = 0; i < 17; ++i) r.mutable_stopping()->add_stop()->push_back('x'); },
+       kInvalid, "stopping.stop: 17 strings"},
+      {"stop token", [](auto& r) { r.mutable_stopping()->add_stop_token_ids(-1); }, kInvalid,
+       "stopping.stop_token_ids[0] = -1"},
+      {"top_logprobs", [](auto& r) { r.set_top_logprobs(21); }, kInvalid, "top_logprobs = 21"},
+      {"session negative", [](auto& r) { r.set_session_id(-1); }, kInvalid, "session_id = -1"},
+      {"session unknown", [](auto& r) { r.set_session_id(4242); }, kInvalid, "session_id 4242"},
+      {"context", [](auto& r) { r.mutable_stopping()->set_max_new_tokens(128); },
+       grpc::StatusCode::OUT_OF_RANGE, "exceeds the context length"},
+  };
+  for (const BadField& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::GenerateRequest request = GreedyRequest("Once upon a time", 8);
+    c.edit(request);
+    const StreamResult r = RunGenerate(server.stub(), request);
+    EXPECT_EQ(r.status.error_code(), c.code) << r.status.error_message();
+    EXPECT_NE(r.status.error_message().find(c.message), std::string::npos)
+        << "message: " << r.status.error_message();
+    EXPECT_EQ(r.messages, 0);
+  }
+}
+
+TEST(GenerationServiceTest, BadFieldsOfTheUnaryCalls) {
+  START_SERVER(server);
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    v1::DetokenizeRequest request;
+    request.add_token_ids(5);
+    request.add_token_ids(600);
+    v1::DetokenizeResponse response;
+    const grpc::Status s = server.stub().Detokenize(&context, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("token_ids[1] = 600"), std::string::npos) << s.error_message();
+  }
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    v1::CancelRequest request;
+    request.set_request_id(777);
+    v1::CancelResponse response;
+    const grpc::Status s = server.stub().Cancel(&context, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_NE(s.error_message().find("request_id = 777"), std::string::npos) << s.error_message();
+  }
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    v1::CloseSessionRequest request;
+    v1::CloseSessionResponse response;
+    const grpc::Status s = server.stub().CloseSession(&context, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("session_id = 0"), std::string::npos) << s.error_message();
+  }
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    v1::CloseSessionRequest request;
+    request.set_session_id(99);
+    v1::CloseSessionResponse response;
+    EXPECT_EQ(server.stub().CloseSession(&context, request, &response).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+}
+
+}  // namespace
+}  // namespace kvlens::testing

@@ -1,0 +1,149 @@
+// The real kvlens-server binary in its own process on loopback: it comes up SERVING,
+// streams to kvlens-cli and to a gRPC client, and on SIGTERM drains and exits 0.
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "tests/server/server_test_util.h"
+#include "tests/test_paths.h"
+
+namespace kvlens::testing {
+namespace {
+
+class ServerProcess {
+ public:
+  // Starts kvlens-server on ephemeral loopback ports and reads them from its first line.
+  explicit ServerProcess(const std::string& model) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], STDERR_FILENO);
+      close(fds[0]);
+      close(fds[1]);
+      execl(KVLENS_SERVER_PATH, KVLENS_SERVER_PATH, "--model", model.c_str(), "--host",
+            "127.0.0.1", "--port", "0", "--metrics-port", "0", "--kv-cache-tokens", "4096",
+            "--threads", "1", "--drain-timeout", "5s", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(fds[1]);
+    out_ = fds[0];
+    // Bounded: 30 s for the "serving … on 127.0.0.1:P, metrics on 127.0.0.1:Q" line.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline && port_ == 0) {
+      pollfd p{out_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = read(out_, buf, sizeof(buf));
+      if (n <= 0) break;
+      log_.append(buf, n);
+      const size_t at = log_.find(" on 127.0.0.1:");
+      if (at != std::string::npos && log_.find('\n', at) != std::string::npos) {
+        std::sscanf(log_.c_str() + at, " on 127.0.0.1:%d, metrics on 127.0.0.1:%d", &port_,
+                    &metrics_port_);
+      }
+    }
+  }
+
+  ~ServerProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_ >= 0) close(out_);
+  }
+
+  int port() const { return port_; }
+  const std::string& log() const { return log_; }
+  void Signal(int sig) { kill(pid_, sig); }
+
+  // Waits up to `timeout` for the process to exit; its exit code, or -1.
+  int WaitExit(std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        DrainLog();
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+
+ private:
+  void DrainLog() {
+    char buf[4096];
+    for (ssize_t n; (n = read(out_, buf, sizeof(buf))) > 0;) log_.append(buf, n);
+  }
+
+  pid_t pid_ = -1;
+  int out_ = -1;
+  int port_ = 0;
+  int metrics_port_ = 0;
+  bool exited_ = false;
+  std::string log_;
+};
+
+TEST(ServerProcessTest, ServesThenDrainsOnSigtermAndExitsZero) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  ServerProcess server(Stories260KPath());
+  ASSERT_GT(server.port(), 0) << server.log();
+  const std::string address = absl::StrCat("127.0.0.1:", server.port());
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  bool serving = false;
+  for (int i = 0; i < 300 && !serving; ++i) {  // ≤ 30 s
+    grpc::ClientContext context;
+    SetDeadline(context, std::chrono::seconds(1));
+    grpc::health::v1::HealthCheckResponse response;
+    serving = health->Check(&context, {}, &response).ok() &&
+              response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+    if (!serving) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(serving) << server.log();
+
+  // kvlens-cli generate --server streams the same text as offline generation.
+  const std::string command =
+      absl::StrCat("timeout 60 ", KVLENS_CLI_PATH, " generate --server ", address,
+                   " --prompt 'Once upon a time' --max-new-tokens 40");
+  FILE* cli = popen(command.c_str(), "r");
+  ASSERT_NE(cli, nullptr);
+  std::string cli_out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), cli)) > 0;) cli_out.append(buf, n);
+  EXPECT_EQ(pclose(cli), 0);
+  EXPECT_EQ(cli_out.rfind(kReferenceText, 0), 0u) << cli_out;
+
+  // A stream in flight when SIGTERM arrives still ends with its final message.
+  auto stub = v1::Generation::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::GenerateRequest request = GreedyRequest("Once upon a time", 100);
+  request.mutable_stopping()->set_ignore_eos(true);
+  auto reader = stub->Generate(&context, request);
+  v1::GenerateResponse chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  server.Signal(SIGTERM);
+  bool has_final = false;
+  while (reader->Read(&chunk)) has_final |= chunk.has_final();
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_TRUE(has_final);
+
+  EXPECT_EQ(server.WaitExit(std::chrono::seconds(30)), 0) << server.log();
+  EXPECT_NE(server.log().find("draining"), std::string::npos) << server.log();
+  EXPECT_NE(server.log().find("stopped"), std::string::npos) << server.log();
+}
+
+}  // namespace
+}  // namespace kvlens::testing
