@@ -163,7 +163,7 @@ absl::Status AttentionLayer(const ModelConfig& c, const SequenceInput<T>& in, in
     for (int i = 0; i < n; ++i) {
       const T* q = lt.q.data() + i * D + int64_t{h} * dh;
       T* s = lt.scores.data() + (int64_t{h} * n + i) * tk;
-      for (int j = 0; j < tk; ++j) {
+      for (int j = 0; j < in.offset + i + 1; ++j) {  // keys past the row are causally masked
         if (!KeyVisible(in, i, j)) continue;
         const T* k = lt.k.data() + j * KVD + int64_t{kvh} * dh;
         T dot = 0;
@@ -177,14 +177,15 @@ absl::Status AttentionLayer(const ModelConfig& c, const SequenceInput<T>& in, in
     for (int i = 0; i < n; ++i) {
       const T* s = lt.scores.data() + (int64_t{h} * n + i) * tk;
       T* p = lt.probs.data() + (int64_t{h} * n + i) * tk;
+      const int end = in.offset + i + 1;
       T max_s = neg_inf;
-      for (int j = 0; j < tk; ++j) max_s = std::max(max_s, s[j]);
+      for (int j = 0; j < end; ++j) max_s = std::max(max_s, s[j]);
       T z = 0;
-      for (int j = 0; j < tk; ++j) {
+      for (int j = 0; j < end; ++j) {
         p[j] = KeyVisible(in, i, j) ? std::exp(s[j] - max_s) : T(0);
         z += p[j];
       }
-      for (int j = 0; j < tk; ++j) p[j] /= z;
+      for (int j = 0; j < end; ++j) p[j] /= z;
     }
   }
   for (const RowOverride& r : e.row_overrides) {
@@ -216,7 +217,7 @@ absl::Status AttentionLayer(const ModelConfig& c, const SequenceInput<T>& in, in
     for (int i = 0; i < n; ++i) {
       const T* p = lt.probs.data() + (int64_t{h} * n + i) * tk;
       T* o = lt.att.data() + i * D + int64_t{h} * dh;
-      for (int j = 0; j < tk; ++j) {
+      for (int j = 0; j < in.offset + i + 1; ++j) {
         if (!KeyVisible(in, i, j)) continue;  // never read a masked key's value row
         const T* v = lt.v.data() + j * KVD + int64_t{kvh} * dh;
         for (int d = 0; d < dh; ++d) o[d] += p[j] * v[d];

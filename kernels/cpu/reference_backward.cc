@@ -1,5 +1,6 @@
 #include "kernels/cpu/reference_backward.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <vector>
@@ -72,8 +73,10 @@ absl::Status AttentionBackward(const AttentionBackwardArgs<T>& b) {
       const T* p = b.probs + (static_cast<int64_t>(h) * tq + i) * tk;
       // dA[j] = g · v_j on visible keys; dV[j] += A[j] g
       double mean = 0.0;  // rowsum(A ⊙ dA)
-      for (int j = 0; j < tk; ++j) {
-        da[j] = 0.0;
+      const int end = CausalKeyEnd(a, i);
+      std::fill(da.begin(), da.end(), 0.0);
+      std::fill(ds.begin(), ds.end(), 0.0);
+      for (int j = 0; j < end; ++j) {
         if (!KeyVisible(a, i, j)) continue;  // never read a masked key's rows
         const T* v = vrow(j, kvh);
         double dot = 0.0;
@@ -86,7 +89,7 @@ absl::Status AttentionBackward(const AttentionBackwardArgs<T>& b) {
       // dS = A ⊙ (dA − rowsum); dQ = scale Σ_j dS[j] k_j; dK[j] += scale dS[j] q
       T* dq = b.dq + i * qw + static_cast<int64_t>(h) * dh;
       std::vector<double> dq_acc(dh, 0.0);
-      for (int j = 0; j < tk; ++j) {
+      for (int j = 0; j < end; ++j) {
         ds[j] = KeyVisible(a, i, j) ? static_cast<double>(p[j]) * (da[j] - mean) : 0.0;
         if (ds[j] == 0.0) continue;
         const T* k = krow(j, kvh);
