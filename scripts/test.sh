@@ -9,6 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 JOBS=${JOBS:-$(nproc)}
+# ccache: paths relative to the checkout, so a fresh clone elsewhere (CI) still hits.
+export CCACHE_BASEDIR=$ROOT CCACHE_NOHASHDIR=1
 
 scripts/install-deps.sh
 
