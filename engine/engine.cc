@@ -134,9 +134,9 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
     return absl::InvalidArgumentError(
         absl::StrCat("top_logprobs = ", request.top_logprobs, " must be in [0, 20]"));
   }
-  if (request.stop.max_new_tokens < 1) {
+  if (request.stop.max_new_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "max_new_tokens = ", request.stop.max_new_tokens, " must be at least 1"));
+        "max_new_tokens = ", request.stop.max_new_tokens, " must be >= 0 (0: up to the context)"));
   }
   if (request.stop.stop_strings.size() > 16) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -174,8 +174,17 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
     }
     history = it->second.tokens.size();
   }
-  const int64_t total = static_cast<int64_t>(history + request.prompt.size()) +
-                        request.stop.max_new_tokens;
+  const int64_t used = static_cast<int64_t>(history + request.prompt.size());
+  if (request.stop.max_new_tokens == 0) {  // as many as the context leaves
+    if (used >= c.max_seq_len) {
+      return absl::OutOfRangeError(absl::StrCat("the prompt (", used,
+                                                " tokens with the session history) fills the "
+                                                "context length ",
+                                                c.max_seq_len));
+    }
+    request.stop.max_new_tokens = static_cast<int>(c.max_seq_len - used);
+  }
+  const int64_t total = used + request.stop.max_new_tokens;
   if (total > c.max_seq_len) {
     return absl::OutOfRangeError(absl::StrCat(
         history > 0 ? absl::StrCat("session history (", history, " tokens) + ") : "",
@@ -216,6 +225,31 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
   ++impl_->in_flight;
   impl_->cv.notify_all();
   return id;
+}
+
+absl::Status Engine::ReadSession(SessionId id,
+                                 const std::function<void(const SessionView&)>& fn) {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  auto it = impl_->sessions.find(id);
+  if (it == impl_->sessions.end()) {
+    return absl::NotFoundError(absl::StrCat("session_id ", id, " is not an open session"));
+  }
+  if (it->second.busy) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id, " has a request in flight"));
+  }
+  // Held busy (as a request would hold it) so fn can read without the lock: the session's
+  // blocks stay referenced and unwritten, and flat_hash_map may rehash, so copy the view.
+  Session& s = it->second;
+  s.busy = true;
+  const std::vector<int32_t> tokens = s.tokens;
+  const std::vector<BlockId> blocks = s.blocks;
+  const int num_cached = s.num_computed;
+  lock.unlock();
+  fn(SessionView{tokens, num_cached, blocks, &impl_->cache});
+  lock.lock();
+  impl_->sessions[id].busy = false;
+  return absl::OkStatus();
 }
 
 void Engine::Cancel(RequestId id) {

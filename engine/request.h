@@ -18,7 +18,7 @@ using SessionId = int64_t;
 using Clock = std::chrono::steady_clock;
 
 struct StopParams {
-  int max_new_tokens = 256;
+  int max_new_tokens = 256;  // 0: as many as the context leaves
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop_strings;  // generation ends before the first occurrence
   bool ignore_eos = false;

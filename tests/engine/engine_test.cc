@@ -239,8 +239,10 @@ TEST_F(EngineTest, RejectsBadRequestsNamingTheField) {
   r = Greedy("Hi", 8);
   r.sampling.top_p = 2;
   EXPECT_NE(engine.Submit(r).status().message().find("top_p"), std::string::npos);
-  r = Greedy("Hi", 0);
+  r = Greedy("Hi", -1);
   EXPECT_NE(engine.Submit(r).status().message().find("max_new_tokens"), std::string::npos);
+  r = Greedy("Hi", 0);  // "up to the context" = 512 − 2 tokens: 32 blocks > 4
+  EXPECT_EQ(engine.Submit(r).status().code(), absl::StatusCode::kResourceExhausted);
   r = Greedy("Hi", 600);
   EXPECT_EQ(engine.Submit(r).status().code(), absl::StatusCode::kOutOfRange);
   r = Greedy("Hi", 100);  // 103 tokens need 7 blocks of 16; the cache has 4
