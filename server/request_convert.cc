@@ -121,6 +121,8 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
                                                      " must be in [1, ", context, "]"));
     }
     out.stop.max_new_tokens = stop.max_new_tokens();
+  } else if (request.session_id() != 0) {
+    out.stop.max_new_tokens = 0;  // the engine knows the session's history: up to the context
   } else {
     out.stop.max_new_tokens =
         std::min<int>(kDefaultMaxNewTokens, context - static_cast<int>(out.prompt.size()));
