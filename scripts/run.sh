@@ -1,23 +1,21 @@
 #!/usr/bin/env bash
-# Builds kvlens and runs it on a model: today the offline CLI (kvlens-cli generate);
-# extra arguments are passed to it. Installs what it needs first (idempotent).
+# Builds kvlens and starts kvlens-server on the embedded default model (models/kjv-gpt2-4l),
+# in the foreground: gRPC on :50051, Prometheus metrics on :9464/metrics. Extra arguments go
+# to kvlens-server (see build/server/kvlens-server --help). Installs what it needs first
+# (idempotent). Talk to it from another terminal:
 #
-#   scripts/run.sh                                   default model, default prompt
-#   scripts/run.sh --prompt "And God said" --max-new-tokens 40 --temperature 0.8
-#   KVLENS_MODEL=path/to/model.gguf scripts/run.sh   another model (GGUF or llama2.c .bin)
+#   build/clients/cli/kvlens-cli generate --server localhost:50051 --prompt "And God said"
+#
+#   KVLENS_MODEL=path scripts/run.sh   another model (GGUF, llama2.c .bin, or HF directory)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 
 scripts/install-deps.sh >/dev/null
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j "$(nproc)" --target kvlens-cli >/dev/null
+cmake --build build -j "$(nproc)" --target kvlens-server kvlens-cli >/dev/null
 
-MODEL=${KVLENS_MODEL:-../shared/testdata/stories260K/stories260K.gguf}
-DEFAULT_PROMPT="Once upon a time"
-has_prompt=0
-for a in "$@"; do case "$a" in --prompt|--prompt=*) has_prompt=1 ;; esac; done
-if [ "$has_prompt" = 1 ]; then
-  exec build/clients/cli/kvlens-cli generate --model "$MODEL" --stats "$@"
-fi
-exec build/clients/cli/kvlens-cli generate --model "$MODEL" --prompt "$DEFAULT_PROMPT" \
-  --max-new-tokens 100 --stats "$@"
+MODEL=${KVLENS_MODEL:-models/kjv-gpt2-4l}
+echo "kvlens: serving $MODEL on :50051 (metrics :9464); try:" >&2
+echo "  build/clients/cli/kvlens-cli generate --server localhost:50051 --prompt \"And God said\"" >&2
+exec build/server/kvlens-server --model "$MODEL" --port 50051 --metrics-port 9464 "$@"
