@@ -12,8 +12,12 @@ PACKAGES=(
   libprotobuf-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   # Python: the PyTorch oracle, training the default model, the Python client
   python3 python3-torch python3-numpy python3-grpcio python3-protobuf python3-matplotlib
+  # an optimised BLAS for python3-torch (Debian's torch otherwise uses the reference BLAS,
+  # ~7x slower training on CPU); it becomes the libblas.so.3 alternative
+  libopenblas0-openmp
   # public-domain English text the default model is trained on
-  bible-kjv-text
+  # (bible-kjv-text holds the data, bible-kjv the `bible` program that prints it)
+  bible-kjv-text bible-kjv
 )
 
 missing=()
