@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -24,6 +25,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/kv_cache/kv_cache_storage.h"
 #include "engine/model/model.h"
 #include "engine/request.h"
 #include "kernels/backend.h"
@@ -89,6 +92,19 @@ class Engine {
   // session prefills only its new tokens, from the session's query offset.
   absl::StatusOr<SessionId> OpenSession();
   absl::Status CloseSession(SessionId id);  // NOT_FOUND for unknown; frees its blocks
+
+  // Interpretability on the live cache: what an idle session holds.
+  struct SessionView {
+    absl::Span<const int32_t> tokens;       // every token so far (the last may be uncached)
+    int num_cached = 0;                     // tokens[0, num_cached) have K/V in `cache`
+    absl::Span<const int32_t> block_table;  // covers num_cached tokens
+    const KvCacheStorage<float>* cache = nullptr;
+  };
+  // Calls fn(view) on the caller's thread with the session held: while fn runs, a Submit
+  // or CloseSession on it fails as "in flight", so its blocks are neither written nor
+  // freed (other sequences never write them either; the step thread keeps running).
+  // NOT_FOUND for an unknown session; FAILED_PRECONDITION while a request runs on it.
+  absl::Status ReadSession(SessionId id, const std::function<void(const SessionView&)>& fn);
 
   // Stops admitting (Submit → UNAVAILABLE); waits up to `drain` for running requests to
   // finish, then cancels the rest. Idempotent.

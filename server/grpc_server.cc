@@ -14,7 +14,9 @@ constexpr char kServiceName[] = "kvlens.v1.Generation";
 }  // namespace
 
 GrpcServer::GrpcServer(Engine& engine, Metrics& metrics, const GrpcServerOptions& options)
-    : engine_(engine), service_(engine, metrics, options.backend_name) {}
+    : engine_(engine),
+      service_(engine, metrics, options.backend_name),
+      interpret_service_(engine, metrics, options.interpret) {}
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions& options,
                                                               Engine& engine, Metrics& metrics) {
@@ -26,6 +28,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(&server->service_);
+  builder.RegisterService(&server->interpret_service_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   server->server_ = builder.BuildAndStart();
@@ -49,6 +52,7 @@ void GrpcServer::BeginDrain() {
   // Load balancers stop sending first; then refuse what still arrives.
   server_->GetHealthCheckService()->SetServingStatus(false);
   service_.StartDraining();
+  interpret_service_.StartDraining();
 }
 
 void GrpcServer::Shutdown(std::chrono::milliseconds drain) {
@@ -58,6 +62,8 @@ void GrpcServer::Shutdown(std::chrono::milliseconds drain) {
   BeginDrain();
   // Every running stream gets its final message (finished, or CANCELLED at the deadline).
   engine_.Shutdown(drain);
+  // Probes in progress finish (their reactors must be done before the server stops).
+  interpret_service_.Stop();
   // The streams' last writes need a moment to flush; after that gRPC cancels what is left.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }

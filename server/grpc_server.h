@@ -1,5 +1,5 @@
-// GrpcServer: builds and owns the grpc::Server with the Generation service, the standard
-// grpc.health.v1 service and server reflection, and runs the graceful shutdown:
+// GrpcServer: builds and owns the grpc::Server with the Generation and Interpret services,
+// the standard grpc.health.v1 service and server reflection, and runs the graceful shutdown:
 //
 //   Shutdown(drain): health NOT_SERVING ─▶ new calls UNAVAILABLE ─▶ Engine::Shutdown(drain)
 //                    (running requests finish, or are cancelled when the drain runs out)
@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "engine/engine.h"
 #include "server/generation_service.h"
+#include "server/interpret_service.h"
 #include "server/metrics.h"
 
 namespace kvlens::server {
@@ -25,6 +26,7 @@ struct GrpcServerOptions {
   std::string address = "127.0.0.1:0";  // host:port; port 0 picks a free one
   std::string backend_name;             // reported by GetModelInfo
   int max_message_bytes = 64 << 20;
+  InterpretOptions interpret;  // limits and workers of kvlens.v1.Interpret
 };
 
 class GrpcServer {
@@ -51,6 +53,7 @@ class GrpcServer {
 
   Engine& engine_;
   GenerationService service_;
+  InterpretService interpret_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::mutex shutdown_mu_;

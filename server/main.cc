@@ -1,6 +1,6 @@
-// kvlens-server: serves one model over gRPC (kvlens.v1.Generation, health, reflection)
-// with Prometheus metrics on a second port. SIGTERM / SIGINT drain gracefully (see
-// grpc_server.h) and exit 0.
+// kvlens-server: serves one model over gRPC (kvlens.v1.Generation and Interpret, health,
+// reflection) with Prometheus metrics on a second port. SIGTERM / SIGINT drain gracefully
+// (see grpc_server.h) and exit 0.
 #include <pthread.h>
 
 #include <algorithm>
@@ -52,6 +52,18 @@ ABSL_FLAG(int32_t, max_waiting, 256,
 ABSL_FLAG(int32_t, max_sessions, 64, "Open sessions at most.");
 ABSL_FLAG(bool, prefix_caching, true, "Reuse cached KV blocks of shared prompt prefixes.");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores).");
+ABSL_FLAG(int32_t, interp_workers, 2,
+          "Interpretability requests (attention maps, probes, interventions, lens) running "
+          "at once, each on its own backends apart from generation.");
+ABSL_FLAG(int32_t, interp_threads, 1, "Threads of each interpretability worker's fp32 backend.");
+ABSL_FLAG(int32_t, interp_queue, 16,
+          "Interpretability requests waiting beyond the running ones; more get "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int32_t, max_interp_positions, 1024, "Tokens of one interpretability request.");
+ABSL_FLAG(int64_t, max_interp_layer_heads, 4096,
+          "Layers x heads one interpretability request may ask for.");
+ABSL_FLAG(int64_t, max_interp_bytes, int64_t{64} << 20,
+          "Bytes one interpretability response may return (all chunks of an attention map).");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long running requests may finish before they are "
           "cancelled (e.g. 30s, 500ms).");
@@ -60,8 +72,8 @@ namespace {
 
 constexpr char kUsage[] =
     "kvlens-server --model PATH [--port P] [--metrics-port Q] [flags]\n\n"
-    "Serves a decoder-only transformer over gRPC (kvlens.v1.Generation, grpc.health.v1, "
-    "server reflection) with Prometheus metrics on a separate HTTP port. Flag names take "
+    "Serves a decoder-only transformer over gRPC (kvlens.v1.Generation and Interpret, "
+    "grpc.health.v1, server reflection) with Prometheus metrics on a separate HTTP port. Flag names take "
     "'-' or '_' alike (--metrics-port = --metrics_port). SIGTERM/SIGINT drain and exit 0.";
 
 // absl flags are C identifiers; the documented interface spells them with hyphens.
@@ -148,6 +160,17 @@ int main(int argc, char** argv) {
   kvlens::server::GrpcServerOptions server_options;
   server_options.address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_port));
   server_options.backend_name = std::string(backend.name());
+  kvlens::server::InterpretOptions& interp = server_options.interpret;
+  interp.workers.num_workers = std::max(1, absl::GetFlag(FLAGS_interp_workers));
+  interp.workers.cpu_threads = std::max(1, absl::GetFlag(FLAGS_interp_threads));
+  interp.workers.max_queued = std::max(0, absl::GetFlag(FLAGS_interp_queue));
+  interp.limits.max_positions = absl::GetFlag(FLAGS_max_interp_positions);
+  interp.limits.max_layer_heads = absl::GetFlag(FLAGS_max_interp_layer_heads);
+  interp.limits.max_bytes = absl::GetFlag(FLAGS_max_interp_bytes);
+  // An attention map stream's chunks are ~1 MiB; other responses are single messages.
+  server_options.max_message_bytes = static_cast<int>(
+      std::clamp<int64_t>(interp.limits.max_bytes + (1 << 20), server_options.max_message_bytes,
+                          int64_t{1} << 30));
   auto server = GrpcServer::Start(server_options, engine, metrics);
   if (!server.ok()) return Fail(server.status());
   std::fprintf(stderr,

@@ -1,6 +1,8 @@
 #include "server/metrics.h"
 
 #include <exception>
+#include <map>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "server/status_util.h"
@@ -90,8 +92,7 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   blocks_cached_ = &blocks.Add({{"state", "cached"}});
   blocks_free_ = &blocks.Add({{"state", "free"}});
 
-  // Interpretability RPCs are not served yet; the series exist (at zero) so the contract
-  // holds and dashboards do not break when they arrive.
+  // Every kind's series exists from the start (at zero), so dashboards see all four.
   auto& interp_requests = prometheus::BuildCounter()
                               .Name("kvlens_interp_requests_total")
                               .Help("Interpretability calls by kind.")
@@ -109,6 +110,17 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
     interp_duration.Add({{"kind", kind}}, LatencyBuckets());
     interp_bytes.Add({{"kind", kind}});
   }
+  interp_requests_ = &interp_requests;
+  interp_duration_ = &interp_duration;
+  interp_bytes_ = &interp_bytes;
+}
+
+void Metrics::RecordInterp(std::string_view kind, double seconds, int64_t bytes) {
+  // Family::Add returns the existing series for known labels (thread-safe).
+  const std::map<std::string, std::string> labels = {{"kind", std::string(kind)}};
+  interp_requests_->Add(labels).Increment();
+  interp_duration_->Add(labels, LatencyBuckets()).Observe(seconds);
+  interp_bytes_->Add(labels).Increment(static_cast<double>(bytes));
 }
 
 Metrics::~Metrics() = default;

@@ -46,6 +46,9 @@ class Metrics final : public EngineObserver {
   void RecordRequestDuration(double seconds) { request_duration_->Observe(seconds); }
   void RecordQueueDuration(double seconds) { queue_duration_->Observe(seconds); }
   void RecordTokens(int prompt, int generated);
+  // kvlens_interp_{requests_total, duration_seconds, response_bytes_total}{kind}; kind is
+  // one of attention, probe, intervene, lens.
+  void RecordInterp(std::string_view kind, double seconds, int64_t bytes);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -69,6 +72,9 @@ class Metrics final : public EngineObserver {
   prometheus::Counter* prefix_hits_ = nullptr;
   prometheus::Counter* preemptions_ = nullptr;
   prometheus::Histogram* batch_tokens_ = nullptr;
+  prometheus::Family<prometheus::Counter>* interp_requests_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* interp_duration_ = nullptr;
+  prometheus::Family<prometheus::Counter>* interp_bytes_ = nullptr;
 };
 
 }  // namespace kvlens::server

@@ -29,7 +29,7 @@ EngineOptions TestServer::DefaultOptions() {
   return o;
 }
 
-TestServer::TestServer(EngineOptions options, int threads) {
+TestServer::TestServer(EngineOptions options, int threads, server::InterpretOptions interpret) {
   model_ = LoadStories260K();
   if (model_ == nullptr) {
     error_ = "cannot load " + Stories260KPath();
@@ -45,6 +45,7 @@ TestServer::TestServer(EngineOptions options, int threads) {
   server::GrpcServerOptions server_options;
   server_options.address = "127.0.0.1:0";
   server_options.backend_name = std::string(backend_->name());
+  server_options.interpret = interpret;
   auto server = server::GrpcServer::Start(server_options, *engine_, *metrics_);
   if (!server.ok()) {
     error_ = std::string(server.status().message());

@@ -34,7 +34,8 @@ std::unique_ptr<Model> LoadStories260K();
 class TestServer {
  public:
   // Loads the model and starts engine, metrics exposer and gRPC server; check ok().
-  explicit TestServer(EngineOptions options = DefaultOptions(), int threads = 1);
+  explicit TestServer(EngineOptions options = DefaultOptions(), int threads = 1,
+                      server::InterpretOptions interpret = {});
   ~TestServer();
 
   static EngineOptions DefaultOptions();
@@ -46,6 +47,7 @@ class TestServer {
   server::GrpcServer& server() { return *server_; }
   v1::Generation::Stub& stub() { return *stub_; }
   grpc::health::v1::Health::Stub& health() { return *health_; }
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
   std::string address() const;
   int metrics_port() const { return metrics_->exposer_port(); }
 

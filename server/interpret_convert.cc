@@ -1,0 +1,321 @@
+#include "server/interpret_convert.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/dtype.h"
+
+namespace kvlens::server {
+namespace {
+
+absl::Status CheckToken(const std::string& field, int64_t id, int32_t vocab_size) {
+  if (id < 0 || id >= vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " = ", id, " must be a token id in [0, ", vocab_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckIndex(const std::string& field, int64_t value, int64_t count) {
+  if (value < 0 || value >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " = ", value, " must be in [0, ", count, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCount(const std::string& field, int64_t count, const InterpLimits& limits) {
+  if (count > limits.max_targets) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " has ", count, " entries, more than the server allows (", limits.max_targets, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SequenceSpec> ToSequence(const v1::PromptInput& input, const Model& model,
+                                        const InterpLimits& limits, const std::string& field,
+                                        const std::vector<int32_t>* session_tokens) {
+  const ModelConfig& c = model.config;
+  SequenceSpec seq;
+  switch (input.prompt_case()) {
+    case v1::PromptInput::kText: {
+      if (model.tokenizer == nullptr) {
+        return absl::FailedPreconditionError("the model has no tokenizer; send token_ids");
+      }
+      seq.tokens = model.tokenizer->Encode(input.text(), !input.has_add_bos() || input.add_bos());
+      break;
+    }
+    case v1::PromptInput::kTokenIds:
+      seq.tokens.assign(input.token_ids().ids().begin(), input.token_ids().ids().end());
+      break;
+    case v1::PromptInput::kSessionId:
+      if (session_tokens == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".session_id is not accepted by this RPC"));
+      }
+      seq.tokens = *session_tokens;
+      break;
+    case v1::PromptInput::PROMPT_NOT_SET:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": set one of text, token_ids, session_id"));
+  }
+  if (seq.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": no tokens"));
+  const int64_t n = static_cast<int64_t>(seq.tokens.size());
+  if (n > limits.max_positions) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " has ", n, " tokens, more than --max-interp-positions = ", limits.max_positions));
+  }
+  if (n > c.max_seq_len) {
+    return absl::OutOfRangeError(
+        absl::StrCat(field, " has ", n, " tokens, more than the context length ", c.max_seq_len));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (absl::Status s = CheckToken(absl::StrCat(field, " token ", i), seq.tokens[i], c.vocab_size);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (input.doc_ids_size() > 0) {
+    if (input.doc_ids_size() != n) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".doc_ids has ", input.doc_ids_size(),
+                                                     " entries for ", n, " tokens"));
+    }
+    seq.doc_ids.assign(input.doc_ids().begin(), input.doc_ids().end());
+  }
+  return seq;
+}
+
+absl::StatusOr<std::vector<int>> ToIndexList(const google::protobuf::RepeatedField<int32_t>& ids,
+                                             int count, const std::string& field) {
+  std::vector<int> out;
+  if (ids.empty()) {
+    for (int i = 0; i < count; ++i) out.push_back(i);
+    return out;
+  }
+  std::vector<bool> seen(count, false);
+  for (int k = 0; k < ids.size(); ++k) {
+    const std::string name = absl::StrCat(field, "[", k, "]");
+    if (absl::Status s = CheckIndex(name, ids[k], count); !s.ok()) return s;
+    if (seen[ids[k]]) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " = ", ids[k], " is repeated"));
+    }
+    seen[ids[k]] = true;
+    out.push_back(ids[k]);
+  }
+  return out;
+}
+
+absl::StatusOr<PositionRange> ToRange(const v1::Range& range, int n, const std::string& field) {
+  PositionRange r{range.begin(), range.end() == 0 ? n : range.end()};
+  if (r.begin < 0 || r.begin >= n || r.end <= r.begin || r.end > n) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " = [", range.begin(), ", ", range.end(),
+                                                   ") must be a non-empty range within [0, ", n,
+                                                   ") (end 0: to the end)"));
+  }
+  return r;
+}
+
+absl::Status CheckLayerHeads(int64_t layers, int64_t heads, const InterpLimits& limits) {
+  if (layers * heads > limits.max_layer_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(layers, " layers x ", heads, " heads = ", layers * heads,
+                     " exceeds --max-interp-layer-heads = ", limits.max_layer_heads));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBytes(int64_t bytes, const InterpLimits& limits, const char* what) {
+  if (bytes > limits.max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, " would return ", bytes, " bytes, more than --max-interp-bytes = ", limits.max_bytes,
+        "; ask for fewer layers, heads or positions, or fp16"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<interpret::TokenTarget>> ToTargets(
+    const google::protobuf::RepeatedPtrField<v1::TokenTarget>& targets, const ModelConfig& c, int n,
+    const InterpLimits& limits, const std::string& field) {
+  if (absl::Status s = CheckCount(field, targets.size(), limits); !s.ok()) return s;
+  std::vector<interpret::TokenTarget> out;
+  for (int k = 0; k < targets.size(); ++k) {
+    const std::string name = absl::StrCat(field, "[", k, "]");
+    if (absl::Status s = CheckIndex(name + ".position", targets[k].position(), n); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckToken(name + ".token", targets[k].token(), c.vocab_size); !s.ok()) {
+      return s;
+    }
+    out.push_back({targets[k].position(), targets[k].token()});
+  }
+  return out;
+}
+
+absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest& request,
+                                                 const ModelConfig& c, int n,
+                                                 const InterpLimits& limits) {
+  interpret::Objective o;
+  switch (request.objective_case()) {
+    case v1::GradientProbeRequest::kLogProb: {
+      auto targets = ToTargets(request.log_prob().targets(), c, n, limits, "log_prob.targets");
+      if (!targets.ok()) return targets.status();
+      if (targets->empty()) return absl::InvalidArgumentError("log_prob.targets: none given");
+      o = interpret::Objective::LogProb(*std::move(targets));
+      break;
+    }
+    case v1::GradientProbeRequest::kLogitDiff: {
+      const v1::LogitDiffObjective& d = request.logit_diff();
+      if (absl::Status s = CheckIndex("logit_diff.position", d.position(), n); !s.ok()) return s;
+      if (absl::Status s = CheckToken("logit_diff.token_a", d.token_a(), c.vocab_size); !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = CheckToken("logit_diff.token_b", d.token_b(), c.vocab_size); !s.ok()) {
+        return s;
+      }
+      o = interpret::Objective::LogitDiff(d.position(), d.token_a(), d.token_b());
+      break;
+    }
+    case v1::GradientProbeRequest::kAttnOutProbe: {
+      const v1::AttnOutProbeObjective& p = request.attn_out_probe();
+      if (absl::Status s = CheckIndex("attn_out_probe.layer", p.layer(), c.num_layers); !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = CheckIndex("attn_out_probe.head", p.head(), c.num_heads); !s.ok()) {
+        return s;
+      }
+      const int64_t want = int64_t{n} * c.head_dim;
+      if (p.g_size() != want) {
+        return absl::InvalidArgumentError(absl::StrCat("attn_out_probe.g has ", p.g_size(),
+                                                       " values; G is [positions = ", n,
+                                                       ", head_dim = ", c.head_dim, "] = ", want));
+      }
+      o = interpret::Objective::AttnOutProbe(p.layer(), p.head(),
+                                             std::vector<double>(p.g().begin(), p.g().end()));
+      break;
+    }
+    case v1::GradientProbeRequest::OBJECTIVE_NOT_SET:
+      return absl::InvalidArgumentError(
+          "objective: set one of log_prob, logit_diff, attn_out_probe");
+  }
+  if (absl::Status s = interpret::ValidateObjective(o, c, n); !s.ok()) return s;
+  return o;
+}
+
+absl::StatusOr<interpret::Edits> ToEdits(const v1::InterveneRequest& request, const ModelConfig& c,
+                                         int n, const InterpLimits& limits) {
+  interpret::Edits edits;
+  if (absl::Status s = CheckCount("ablations", request.ablations_size(), limits); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckCount("row_overrides", request.row_overrides_size(), limits); !s.ok()) {
+    return s;
+  }
+  for (int k = 0; k < request.ablations_size(); ++k) {
+    const v1::HeadAblation& a = request.ablations(k);
+    const std::string name = absl::StrCat("ablations[", k, "]");
+    if (absl::Status s = CheckIndex(name + ".layer", a.layer(), c.num_layers); !s.ok()) return s;
+    if (absl::Status s = CheckIndex(name + ".head", a.head(), c.num_heads); !s.ok()) return s;
+    edits.ablations.push_back({a.layer(), a.head(),
+                               a.mode() == v1::HeadAblation::MODE_MEAN
+                                   ? interpret::AblationMode::kMean
+                                   : interpret::AblationMode::kZero});
+  }
+  for (int k = 0; k < request.row_overrides_size(); ++k) {
+    const v1::RowOverride& r = request.row_overrides(k);
+    const std::string name = absl::StrCat("row_overrides[", k, "]");
+    if (absl::Status s = CheckIndex(name + ".layer", r.layer(), c.num_layers); !s.ok()) return s;
+    if (absl::Status s = CheckIndex(name + ".head", r.head(), c.num_heads); !s.ok()) return s;
+    if (absl::Status s = CheckIndex(name + ".position", r.position(), n); !s.ok()) return s;
+    if (r.probs_size() > 0 && r.probs_size() != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ".probs has ", r.probs_size(), " values; give one per key (", n, ")"));
+    }
+    if (r.probs_size() == 0 && r.masked_keys_size() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": set probs or masked_keys"));
+    }
+    for (int j = 0; j < r.masked_keys_size(); ++j) {
+      if (absl::Status s =
+              CheckIndex(absl::StrCat(name, ".masked_keys[", j, "]"), r.masked_keys(j), n);
+          !s.ok()) {
+        return s;
+      }
+    }
+    edits.row_overrides.push_back(
+        {r.layer(), r.head(), r.position(), std::vector<double>(r.probs().begin(), r.probs().end()),
+         std::vector<int>(r.masked_keys().begin(), r.masked_keys().end())});
+  }
+  return edits;
+}
+
+absl::StatusOr<v1::DType> ToWireDType(v1::DType requested, const std::string& field) {
+  switch (requested) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::DTYPE_FP32:
+      return v1::DTYPE_FP32;
+    case v1::DTYPE_FP16:
+      return v1::DTYPE_FP16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(field, " must be DTYPE_FP32 or DTYPE_FP16"));
+  }
+}
+
+int DTypeBytes(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FP16:
+      return 2;
+    case v1::DTYPE_FP64:
+      return 8;
+    default:
+      return 4;
+  }
+}
+
+template <typename T>
+void AppendValues(absl::Span<const T> values, v1::DType dtype, std::string* out) {
+  // The wire is little-endian, as every host kvlens builds for (x86-64, aarch64).
+  const size_t at = out->size();
+  out->resize(at + values.size() * DTypeBytes(dtype));
+  char* p = out->data() + at;
+  for (const T x : values) {
+    if (dtype == v1::DTYPE_FP16) {
+      const uint16_t h = kernels::F32ToF16(static_cast<float>(x));
+      std::memcpy(p, &h, 2);
+      p += 2;
+    } else if (dtype == v1::DTYPE_FP64) {
+      const double d = static_cast<double>(x);
+      std::memcpy(p, &d, 8);
+      p += 8;
+    } else {
+      const float f = static_cast<float>(x);
+      std::memcpy(p, &f, 4);
+      p += 4;
+    }
+  }
+}
+
+template <typename T>
+void AddTensor(const std::string& name, int layer, int head, std::vector<int64_t> shape,
+               absl::Span<const T> values, v1::DType dtype,
+               google::protobuf::RepeatedPtrField<v1::Tensor>* out) {
+  v1::Tensor* t = out->Add();
+  t->set_name(name);
+  t->set_layer(layer);
+  t->set_head(head);
+  for (int64_t d : shape) t->add_shape(d);
+  t->set_dtype(dtype);
+  AppendValues(values, dtype, t->mutable_data());
+}
+
+template void AppendValues<float>(absl::Span<const float>, v1::DType, std::string*);
+template void AppendValues<double>(absl::Span<const double>, v1::DType, std::string*);
+template void AddTensor<float>(const std::string&, int, int, std::vector<int64_t>,
+                               absl::Span<const float>, v1::DType,
+                               google::protobuf::RepeatedPtrField<v1::Tensor>*);
+template void AddTensor<double>(const std::string&, int, int, std::vector<int64_t>,
+                                absl::Span<const double>, v1::DType,
+                                google::protobuf::RepeatedPtrField<v1::Tensor>*);
+
+}  // namespace kvlens::server

@@ -1,0 +1,94 @@
+// Interpret service: proto → engine conversion with validation (every rejected field named
+// as the client spelled it, every limit named by its server flag) and engine → proto
+// encoding of dense tensors. Only messages here, no gRPC.
+#ifndef KVLENS_SERVER_INTERPRET_CONVERT_H_
+#define KVLENS_SERVER_INTERPRET_CONVERT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/interpret/objective.h"
+#include "engine/interpret/tape.h"
+#include "engine/model/model.h"
+#include "kvlens/v1/interpret.pb.h"
+
+namespace kvlens::server {
+
+// Per-request limits of the Interpret service (server flags; errors name the flag).
+struct InterpLimits {
+  int max_positions = 1024;        // --max-interp-positions: tokens of one sequence
+  int64_t max_layer_heads = 4096;  // --max-interp-layer-heads: layers × heads asked for
+  int64_t max_bytes = 64 << 20;    // --max-interp-bytes: bytes of one response (all chunks)
+  int max_targets = 256;           // targets, edits, lens positions per request
+  int max_verify_samples = 64;     // K of `verify`
+  int max_top_k = 100;             // LogitLens top_k
+  int64_t chunk_bytes = 1 << 20;   // AttentionMaps chunks stay near this size
+};
+
+// A sequence to run on: tokens and optional document ids (same length).
+struct SequenceSpec {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> doc_ids;
+};
+
+// Text or token ids of `input` → tokens (session ids are resolved by the caller and passed
+// as `session_tokens`). Checks vocabulary, document ids and --max-interp-positions.
+absl::StatusOr<SequenceSpec> ToSequence(const v1::PromptInput& input, const Model& model,
+                                        const InterpLimits& limits, const std::string& field,
+                                        const std::vector<int32_t>* session_tokens = nullptr);
+
+// `ids` (empty: 0 … count−1), each in [0, count), no duplicates, in the given order.
+absl::StatusOr<std::vector<int>> ToIndexList(const google::protobuf::RepeatedField<int32_t>& ids,
+                                             int count, const std::string& field);
+
+// [begin, end) within [0, n); end 0 means n. Non-empty.
+struct PositionRange {
+  int begin = 0;
+  int end = 0;
+  int size() const { return end - begin; }
+};
+absl::StatusOr<PositionRange> ToRange(const v1::Range& range, int n, const std::string& field);
+
+// Layers × heads against --max-interp-layer-heads.
+absl::Status CheckLayerHeads(int64_t layers, int64_t heads, const InterpLimits& limits);
+// Bytes of a response against --max-interp-bytes.
+absl::Status CheckBytes(int64_t bytes, const InterpLimits& limits, const char* what);
+
+// The objective of a GradientProbe request (positions are rows: prompts start at 0).
+absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest& request,
+                                                 const ModelConfig& config, int n,
+                                                 const InterpLimits& limits);
+
+// Ablations and attention-row overrides of an Intervene request (patches need the source
+// run and are built by the caller).
+absl::StatusOr<interpret::Edits> ToEdits(const v1::InterveneRequest& request,
+                                         const ModelConfig& config, int n,
+                                         const InterpLimits& limits);
+
+absl::StatusOr<std::vector<interpret::TokenTarget>> ToTargets(
+    const google::protobuf::RepeatedPtrField<v1::TokenTarget>& targets, const ModelConfig& config,
+    int n, const InterpLimits& limits, const std::string& field);
+
+// fp32 unless fp64 asked; dtype fp32 unless fp16 asked (fp64 refused for maps).
+inline bool WantsFp64(v1::Precision p) { return p == v1::PRECISION_FP64; }
+absl::StatusOr<v1::DType> ToWireDType(v1::DType requested, const std::string& field);
+
+// Bytes per element of a wire dtype.
+int DTypeBytes(v1::DType dtype);
+
+// Appends `values` to `out` as little-endian `dtype` (fp16 rounds to nearest even).
+template <typename T>
+void AppendValues(absl::Span<const T> values, v1::DType dtype, std::string* out);
+
+// A named tensor; `values` already in row-major order of `shape`.
+template <typename T>
+void AddTensor(const std::string& name, int layer, int head, std::vector<int64_t> shape,
+               absl::Span<const T> values, v1::DType dtype,
+               google::protobuf::RepeatedPtrField<v1::Tensor>* out);
+
+}  // namespace kvlens::server
+
+#endif  // KVLENS_SERVER_INTERPRET_CONVERT_H_

@@ -1,0 +1,63 @@
+#include "server/interpret_workers.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvlens::server {
+
+InterpretWorkers::InterpretWorkers(const InterpretWorkerOptions& options) : options_(options) {
+  const int n = std::max(1, options.num_workers);
+  for (int k = 0; k < n; ++k) {
+    backends_.push_back(std::make_unique<InterpBackends>(std::max(1, options.cpu_threads)));
+  }
+  for (int k = 0; k < n; ++k) threads_.emplace_back([this, k] { Loop(k); });
+}
+
+InterpretWorkers::~InterpretWorkers() { Stop(); }
+
+absl::Status InterpretWorkers::Submit(Task task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return absl::UnavailableError("the server is shutting down");
+    if (static_cast<int>(queue_.size()) >= options_.max_queued) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "too many interpretability requests waiting (--interp-queue = ", options_.max_queued,
+          ", --interp-workers = ", threads_.size(), "); retry later"));
+    }
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+  return absl::OkStatus();
+}
+
+void InterpretWorkers::Stop() {
+  std::deque<Task> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ && threads_.empty()) return;
+    stop_ = true;
+    left.swap(queue_);
+  }
+  cv_.notify_all();
+  for (Task& t : left) t(nullptr);
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+void InterpretWorkers::Loop(int worker) {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task(backends_[worker].get());
+  }
+}
+
+}  // namespace kvlens::server

@@ -1,0 +1,384 @@
+// kvlens.v1.Interpret end to end on stories260K: attention maps and gradient probes through
+// the RPCs against the PyTorch float64 oracle (autograd, run at test time; relative error
+// ≤ 1e-6 at fp64, ≤ 1e-4 at fp32), the `verify` finite-difference report, chunking,
+// limits that name their flag, and the kvlens_interp_* metrics.
+#include <random>
+
+#include "gtest/gtest.h"
+#include "tests/server/interpret_test_util.h"
+#include "tests/test_paths.h"
+
+namespace kvlens::testing {
+namespace {
+
+std::vector<int32_t> RandomTokens(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t = {1};
+  while (static_cast<int>(t.size()) < n) t.push_back(static_cast<int32_t>(3 + rng() % 509));
+  return t;
+}
+
+const std::vector<int32_t> kDocs = {0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2};
+
+bool Visible(const std::vector<int32_t>& docs, int i, int j) {
+  return j <= i && (docs.empty() || docs[i] == docs[j]);
+}
+
+TEST(InterpretAttention, MapsMatchOracle) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  if (!OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  const ModelConfig& c = server.model().config;
+  const std::vector<int32_t> tokens = RandomTokens(17, 5);
+  for (const std::vector<int32_t>& docs : {std::vector<int32_t>{}, kDocs}) {
+    const OracleResult ref = RunGradOracle(Stories260KPath(), tokens, {{16, 42}}, docs);
+    ASSERT_TRUE(ref.error.empty()) << ref.error;
+    for (const v1::Precision p : {v1::PRECISION_FP64, v1::PRECISION_FP32}) {
+      v1::AttentionMapsRequest request;
+      *request.mutable_input() = IdsInput(tokens, docs);
+      request.set_precision(p);
+      request.set_scores(true);
+      const AttentionResult r = RunAttentionMaps(*stub, request);
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+      EXPECT_EQ(r.info.precision(), p);
+      EXPECT_EQ(r.info.dtype(), v1::DTYPE_FP32);
+      ASSERT_EQ(r.info.layers_size(), c.num_layers);
+      ASSERT_EQ(r.info.heads_size(), c.num_heads);
+      EXPECT_EQ(r.chunks, c.num_layers);  // small maps: one chunk per layer
+      std::vector<double> ours, oracle;
+      for (int l = 0; l < c.num_layers; ++l) {
+        const std::vector<double>& a = ref.arrays.at(absl::StrCat("attn.", l)).data;
+        oracle.insert(oracle.end(), a.begin(), a.end());
+      }
+      const double err = RelErr(r.probs, oracle);
+      EXPECT_LE(err, p == v1::PRECISION_FP64 ? 1e-6 : 1e-4);
+      std::printf("[interp] AttentionMaps%s %s: relative error vs oracle %.3g\n",
+                  docs.empty() ? "" : " (doc ids)", p == v1::PRECISION_FP64 ? "fp64" : "fp32", err);
+      // Masked scores are −∞, visible ones finite.
+      const int n = static_cast<int>(tokens.size());
+      for (int i = 0; i < n; ++i) {
+        for (int j = 0; j < n; ++j) {
+          const double s = r.scores[static_cast<size_t>(i) * n + j];  // layer 0, head 0
+          EXPECT_EQ(std::isinf(s) && s < 0, !Visible(docs, i, j)) << i << "," << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(InterpretAttention, RangesFp16AndChunks) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  server::InterpretOptions options;
+  options.limits.chunk_bytes = 100000;
+  TestServer server(TestServer::DefaultOptions(), 1, options);
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  const ModelConfig& c = server.model().config;
+  const std::vector<int32_t> tokens = RandomTokens(120, 9);
+  v1::AttentionMapsRequest full;
+  *full.mutable_input() = IdsInput(tokens);
+  const AttentionResult all = RunAttentionMaps(*stub, full);
+  ASSERT_TRUE(all.status.ok()) << all.status.error_message();
+  // 8 heads × 120 × 120 fp32 = 460 kB per layer: five chunks of ≤ 100 kB per layer.
+  EXPECT_EQ(all.chunks, 5 * c.num_layers);
+  for (double x : all.probs) ASSERT_FALSE(std::isnan(x));
+
+  v1::AttentionMapsRequest part = full;
+  part.add_layers(3);
+  part.add_layers(1);
+  part.add_heads(5);
+  part.add_heads(2);
+  part.mutable_queries()->set_begin(40);
+  part.mutable_queries()->set_end(60);
+  part.mutable_keys()->set_begin(10);
+  part.mutable_keys()->set_end(50);
+  part.set_dtype(v1::DTYPE_FP16);
+  const AttentionResult sub = RunAttentionMaps(*stub, part);
+  ASSERT_TRUE(sub.status.ok()) << sub.status.error_message();
+  EXPECT_EQ(sub.info.dtype(), v1::DTYPE_FP16);
+  const int n = 120, H = c.num_heads;
+  const int layers[] = {3, 1}, heads[] = {5, 2};
+  double worst = 0;
+  for (int li = 0; li < 2; ++li)
+    for (int hi = 0; hi < 2; ++hi)
+      for (int q = 0; q < 20; ++q)
+        for (int k = 0; k < 40; ++k) {
+          const double want =
+              all.probs[((static_cast<size_t>(layers[li]) * H + heads[hi]) * n + 40 + q) * n + 10 +
+                        k];
+          const double got = sub.probs[((li * 2 + hi) * 20 + q) * 40 + k];
+          worst = std::max(worst, std::abs(want - got));
+        }
+  EXPECT_LE(worst, 5e-4);  // fp16 rounding of values ≤ 1
+}
+
+TEST(InterpretAttention, HeadSummaries) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  std::vector<int32_t> tokens = RandomTokens(21, 3);  // BOS + 20, then the 20 again
+  tokens.insert(tokens.end(), tokens.begin() + 1, tokens.end());
+  v1::AttentionMapsRequest request;
+  *request.mutable_input() = IdsInput(tokens);
+  request.set_head_summaries(true);
+  request.set_probabilities_off(true);
+  request.set_induction_start(1);
+  request.set_induction_period(20);
+  const AttentionResult r = RunAttentionMaps(*stub, request);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.chunks, 0);
+  const ModelConfig& c = server.model().config;
+  ASSERT_EQ(static_cast<int>(r.summaries.size()), c.num_layers * c.num_heads);
+  for (const v1::HeadSummary& s : r.summaries) {
+    EXPECT_GE(s.sink(), 0);
+    EXPECT_LE(s.sink(), 1);
+    EXPECT_GE(s.induction(), 0);
+    EXPECT_LE(s.induction(), 1);
+    EXPECT_GE(s.entropy(), 0);
+  }
+}
+
+// Our per-head slice against the oracle's [heads, rows, cols] array.
+std::vector<double> OracleHead(const OracleArray& a, int h) {
+  const int64_t per = a.dims[1] * a.dims[2];
+  return std::vector<double>(a.data.begin() + h * per, a.data.begin() + (h + 1) * per);
+}
+
+TEST(InterpretProbe, GradientsMatchOracle) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  if (!OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  const ModelConfig& c = server.model().config;
+  const std::vector<int32_t> tokens = RandomTokens(17, 31);
+  const std::vector<std::pair<int, int>> targets = {{16, 42}, {9, 300}, {3, 7}};
+  for (const std::vector<int32_t>& docs : {std::vector<int32_t>{}, kDocs}) {
+    const OracleResult ref = RunGradOracle(Stories260KPath(), tokens, targets, docs);
+    ASSERT_TRUE(ref.error.empty()) << ref.error;
+    const int n = static_cast<int>(tokens.size());
+    std::vector<bool> visible(static_cast<size_t>(n) * n);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) visible[static_cast<size_t>(i) * n + j] = Visible(docs, i, j);
+    for (const v1::Precision p : {v1::PRECISION_FP64, v1::PRECISION_FP32}) {
+      v1::GradientProbeRequest request;
+      *request.mutable_input() = IdsInput(tokens, docs);
+      for (const auto& [row, token] : targets) {
+        v1::TokenTarget* t = request.mutable_log_prob()->add_targets();
+        t->set_position(row);
+        t->set_token(token);
+      }
+      request.set_precision(p);
+      for (auto set :
+           {&v1::GradientProbeRequest::set_scores, &v1::GradientProbeRequest::set_probs,
+            &v1::GradientProbeRequest::set_q, &v1::GradientProbeRequest::set_k,
+            &v1::GradientProbeRequest::set_v, &v1::GradientProbeRequest::set_attn_out,
+            &v1::GradientProbeRequest::set_residual, &v1::GradientProbeRequest::set_embeddings,
+            &v1::GradientProbeRequest::set_attention_times_gradient}) {
+        (request.*set)(true);
+      }
+      v1::GradientProbeResponse response;
+      grpc::ClientContext context;
+      SetDeadline(context);
+      const grpc::Status status = stub->GradientProbe(&context, request, &response);
+      ASSERT_TRUE(status.ok()) << status.error_message();
+      const bool fp64 = p == v1::PRECISION_FP64;
+      EXPECT_EQ(response.precision(), p);
+      EXPECT_NEAR(response.objective(), ref.arrays.at("objective").data[0], fp64 ? 1e-10 : 1e-3);
+      const double tol = fp64 ? 1e-6 : 1e-4;
+      double worst = 0;
+      auto check = [&](const std::string& what, const v1::Tensor* t,
+                       const std::vector<double>& want, const std::vector<bool>* keep = nullptr) {
+        ASSERT_NE(t, nullptr) << what;
+        EXPECT_EQ(t->dtype(), fp64 ? v1::DTYPE_FP64 : v1::DTYPE_FP32);
+        const double e = RelErr(DecodeTensor(*t), want, keep);
+        EXPECT_LE(e, tol) << what;
+        worst = std::max(worst, e);
+      };
+      const auto& ts = response.tensors();
+      check("embeddings", FindTensor(ts, "grad.embeddings", -1, -1),
+            ref.arrays.at("grad.embeds").data);
+      for (int l = 0; l < c.num_layers; ++l) {
+        const std::string s = absl::StrCat(".", l);
+        check("resid" + s, FindTensor(ts, "grad.residual", l + 1, -1),
+              ref.arrays.at("grad.resid" + s).data);
+        for (int h = 0; h < c.num_heads; ++h) {
+          const std::string at = absl::StrCat(s, " head ", h);
+          check("q" + at, FindTensor(ts, "grad.q", l, h),
+                OracleHead(ref.arrays.at("grad.q" + s), h));
+          check("attn_out" + at, FindTensor(ts, "grad.attn_out", l, h),
+                OracleHead(ref.arrays.at("grad.attn_out" + s), h));
+          check("scores" + at, FindTensor(ts, "grad.scores", l, h),
+                OracleHead(ref.arrays.at("grad.scores" + s), h), &visible);
+          check("probs" + at, FindTensor(ts, "grad.probs", l, h),
+                OracleHead(ref.arrays.at("grad.probs" + s), h), &visible);
+          // attention × gradient = A ⊙ dJ/dA from the oracle's own A and dA.
+          const std::vector<double> a = OracleHead(ref.arrays.at("attn" + s), h);
+          std::vector<double> da = OracleHead(ref.arrays.at("grad.probs" + s), h);
+          for (size_t i = 0; i < da.size(); ++i) da[i] = visible[i] ? a[i] * da[i] : 0.0;
+          check("attention_x_gradient" + at, FindTensor(ts, "attention_x_gradient", l, h), da);
+        }
+        for (int h = 0; h < c.num_kv_heads; ++h) {
+          const std::string at = absl::StrCat(s, " kv head ", h);
+          check("k" + at, FindTensor(ts, "grad.k", l, h),
+                OracleHead(ref.arrays.at("grad.k" + s), h));
+          check("v" + at, FindTensor(ts, "grad.v", l, h),
+                OracleHead(ref.arrays.at("grad.v" + s), h));
+        }
+      }
+      const v1::Tensor* saliency = FindTensor(ts, "saliency", -1, -1);
+      ASSERT_NE(saliency, nullptr);
+      EXPECT_EQ(saliency->shape(0), n);
+      std::printf("[interp] GradientProbe%s %s: worst relative error vs oracle %.3g\n",
+                  docs.empty() ? "" : " (doc ids)", fp64 ? "fp64" : "fp32", worst);
+    }
+  }
+}
+
+TEST(InterpretProbe, VerifyReportsSmallFiniteDifferenceErrors) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  const ModelConfig& c = server.model().config;
+  const std::vector<int32_t> tokens = RandomTokens(12, 77);
+  std::vector<v1::GradientProbeRequest> requests(3);
+  requests[0].mutable_logit_diff()->set_position(11);
+  requests[0].mutable_logit_diff()->set_token_a(40);
+  requests[0].mutable_logit_diff()->set_token_b(41);
+  requests[1].mutable_attn_out_probe()->set_layer(2);
+  requests[1].mutable_attn_out_probe()->set_head(3);
+  std::mt19937 rng(4);
+  std::normal_distribution<double> nd;
+  for (int i = 0; i < 12 * c.head_dim; ++i) requests[1].mutable_attn_out_probe()->add_g(nd(rng));
+  v1::TokenTarget* t = requests[2].mutable_log_prob()->add_targets();
+  t->set_position(11);
+  t->set_token(99);
+  requests[2].set_param_layer(1);
+  for (v1::GradientProbeRequest& r : requests) {
+    *r.mutable_input() = IdsInput(tokens);
+    r.set_precision(v1::PRECISION_FP64);
+    r.set_q(true);
+    r.set_k(true);
+    r.set_probs(true);
+    r.set_residual(true);
+    r.set_verify(true);
+    r.set_verify_samples(4);
+    v1::GradientProbeResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = stub->GradientProbe(&context, r, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_TRUE(response.has_verify());
+    EXPECT_EQ(response.verify().tensors_size(), 4);  // probs, q, k, residual
+    EXPECT_GT(response.verify().num_forwards(), 0);
+    // FD noise is ~1e-12 absolute; relative errors grow only where gradients are ~1e-7.
+    EXPECT_LE(response.verify().max_abs_err(), 1e-9);
+    EXPECT_LE(response.verify().max_rel_err(), 1e-4);
+    std::printf("[interp] verify (%s): max abs %.3g, max rel %.3g over %d forwards\n",
+                r.has_logit_diff()       ? "logit diff"
+                : r.has_attn_out_probe() ? "attn-out probe"
+                                         : "log-prob",
+                response.verify().max_abs_err(), response.verify().max_rel_err(),
+                response.verify().num_forwards());
+    if (r.has_param_layer()) {
+      const v1::Tensor* wq = FindTensor(response.tensors(), "grad.wq", 1, -1);
+      ASSERT_NE(wq, nullptr);
+      EXPECT_EQ(wq->shape(0), c.dim);
+      EXPECT_EQ(wq->dtype(), v1::DTYPE_FP64);
+    }
+  }
+}
+
+TEST(InterpretLimits, ErrorsNameTheLimitOrField) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  server::InterpretOptions options;
+  options.limits.max_positions = 64;
+  options.limits.max_layer_heads = 6;
+  options.limits.max_bytes = 20000;
+  TestServer server(TestServer::DefaultOptions(), 1, options);
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  auto maps = [&](const v1::AttentionMapsRequest& r) { return RunAttentionMaps(*stub, r).status; };
+  auto expect = [](const grpc::Status& s, grpc::StatusCode code, const std::string& needle) {
+    EXPECT_EQ(s.error_code(), code) << s.error_message();
+    EXPECT_NE(s.error_message().find(needle), std::string::npos) << s.error_message();
+  };
+  v1::AttentionMapsRequest r;
+  *r.mutable_input() = IdsInput(RandomTokens(65, 1));
+  expect(maps(r), grpc::StatusCode::INVALID_ARGUMENT, "--max-interp-positions = 64");
+  *r.mutable_input() = IdsInput(RandomTokens(40, 1));
+  expect(maps(r), grpc::StatusCode::INVALID_ARGUMENT, "--max-interp-layer-heads = 6");
+  r.add_layers(0);
+  r.add_heads(0);
+  r.add_heads(1);
+  // 2 heads × 40 × 40 × 4 bytes = 12800 ≤ 20000; with scores 25600 > 20000
+  EXPECT_TRUE(maps(r).ok());
+  r.set_scores(true);
+  expect(maps(r), grpc::StatusCode::RESOURCE_EXHAUSTED, "--max-interp-bytes = 20000");
+  r.set_dtype(v1::DTYPE_FP16);  // halves it
+  EXPECT_TRUE(maps(r).ok());
+  v1::AttentionMapsRequest bad = r;
+  bad.add_heads(99);
+  expect(maps(bad), grpc::StatusCode::INVALID_ARGUMENT, "heads[2] = 99");
+  r.mutable_queries()->set_begin(30);
+  r.mutable_queries()->set_end(20);
+  expect(maps(r), grpc::StatusCode::INVALID_ARGUMENT, "queries");
+  r.clear_queries();
+  // A packed input whose first position is in a later document than... every row sees
+  // itself, so rows are never empty; a mismatched doc_ids length is the error.
+  r.mutable_input()->add_doc_ids(0);
+  expect(maps(r), grpc::StatusCode::INVALID_ARGUMENT, "doc_ids");
+
+  v1::GradientProbeRequest p;
+  *p.mutable_input() = IdsInput(RandomTokens(10, 1));
+  grpc::ClientContext c1;
+  SetDeadline(c1);
+  v1::GradientProbeResponse pr;
+  expect(stub->GradientProbe(&c1, p, &pr), grpc::StatusCode::INVALID_ARGUMENT, "objective");
+  p.mutable_log_prob()->add_targets()->set_position(10);
+  grpc::ClientContext c2;
+  SetDeadline(c2);
+  expect(stub->GradientProbe(&c2, p, &pr), grpc::StatusCode::INVALID_ARGUMENT,
+         "log_prob.targets[0].position = 10");
+  p.mutable_log_prob()->mutable_targets(0)->set_position(9);
+  p.add_layers(0);
+  p.add_heads(0);
+  p.set_scores(true);
+  p.set_residual(true);  // 2 × [10, 64] fp32 + … > 20000 bytes? no: the limit below
+  p.set_param_layer(0);  // 4 × [64, 64] fp64 = 131 kB > 20000
+  grpc::ClientContext c3;
+  SetDeadline(c3);
+  expect(stub->GradientProbe(&c3, p, &pr), grpc::StatusCode::RESOURCE_EXHAUSTED,
+         "--max-interp-bytes");
+}
+
+TEST(InterpretMetrics, RecordedByKind) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  v1::AttentionMapsRequest r;
+  *r.mutable_input() = IdsInput(RandomTokens(8, 1));
+  ASSERT_TRUE(RunAttentionMaps(*stub, r).status.ok());
+  v1::LogitLensRequest lens;
+  *lens.mutable_input() = IdsInput(RandomTokens(8, 1));
+  v1::LogitLensResponse lr;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  ASSERT_TRUE(stub->LogitLens(&context, lens, &lr).ok());
+  const std::string m = ScrapeMetrics(server.metrics_port());
+  EXPECT_EQ(MetricValue(m, "kvlens_interp_requests_total{kind=\"attention\"}"), 1);
+  EXPECT_EQ(MetricValue(m, "kvlens_interp_requests_total{kind=\"lens\"}"), 1);
+  EXPECT_EQ(MetricValue(m, "kvlens_interp_requests_total{kind=\"probe\"}"), 0);
+  EXPECT_GT(MetricValue(m, "kvlens_interp_response_bytes_total{kind=\"attention\"}"),
+            5 * 8 * 8 * 8 * 4);
+  EXPECT_EQ(MetricValue(m, "kvlens_interp_duration_seconds_count{kind=\"attention\"}"), 1);
+  EXPECT_EQ(MetricValue(m, R"(kvlens_requests_total{code="OK",rpc="AttentionMaps"})"), 1);
+}
+
+}  // namespace
+}  // namespace kvlens::testing

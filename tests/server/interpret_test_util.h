@@ -1,0 +1,165 @@
+// Helpers of the Interpret end-to-end tests: a stub on a TestServer, reassembly of an
+// AttentionMaps stream into dense [layer][head][query][key] arrays, tensor decoding, and
+// the PyTorch float64 oracle (tests/oracle, autograd) run as a separate process.
+#ifndef KVLENS_TESTS_SERVER_INTERPRET_TEST_UTIL_H_
+#define KVLENS_TESTS_SERVER_INTERPRET_TEST_UTIL_H_
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/dtype.h"
+#include "kvlens/v1/interpret.grpc.pb.h"
+#include "tests/oracle/oracle_runner.h"
+#include "tests/server/server_test_util.h"
+
+namespace kvlens::testing {
+
+inline std::unique_ptr<v1::Interpret::Stub> InterpretStub(TestServer& server) {
+  return v1::Interpret::NewStub(server.channel());
+}
+
+// Little-endian bytes of `dtype` → doubles.
+inline std::vector<double> DecodeValues(const std::string& bytes, v1::DType dtype) {
+  std::vector<double> out;
+  const char* p = bytes.data();
+  if (dtype == v1::DTYPE_FP16) {
+    for (size_t i = 0; i + 2 <= bytes.size(); i += 2) {
+      uint16_t h;
+      std::memcpy(&h, p + i, 2);
+      out.push_back(kernels::F16ToF32(h));
+    }
+  } else if (dtype == v1::DTYPE_FP64) {
+    for (size_t i = 0; i + 8 <= bytes.size(); i += 8) {
+      double d;
+      std::memcpy(&d, p + i, 8);
+      out.push_back(d);
+    }
+  } else {
+    for (size_t i = 0; i + 4 <= bytes.size(); i += 4) {
+      float f;
+      std::memcpy(&f, p + i, 4);
+      out.push_back(f);
+    }
+  }
+  return out;
+}
+
+inline std::vector<double> DecodeTensor(const v1::Tensor& t) {
+  return DecodeValues(t.data(), t.dtype());
+}
+
+// The first tensor named `name` at (layer, head), or nullptr.
+inline const v1::Tensor* FindTensor(const google::protobuf::RepeatedPtrField<v1::Tensor>& ts,
+                                    const std::string& name, int layer, int head) {
+  for (const v1::Tensor& t : ts) {
+    if (t.name() == name && t.layer() == layer && t.head() == head) return &t;
+  }
+  return nullptr;
+}
+
+struct AttentionResult {
+  grpc::Status status;
+  v1::AttentionInfo info;
+  int chunks = 0;
+  // Dense [layers][heads][queries][keys] over the resolved ranges (info).
+  std::vector<double> probs, scores;
+  std::vector<v1::HeadSummary> summaries;
+};
+
+inline AttentionResult RunAttentionMaps(v1::Interpret::Stub& stub,
+                                        const v1::AttentionMapsRequest& request) {
+  AttentionResult r;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  auto reader = stub.AttentionMaps(&context, request);
+  v1::AttentionMapsResponse m;
+  int64_t nl = 0, nh = 0, nq = 0, nk = 0;
+  while (reader->Read(&m)) {
+    if (m.has_info()) {
+      r.info = m.info();
+      nl = r.info.layers_size();
+      nh = r.info.heads_size();
+      nq = r.info.queries().end() - r.info.queries().begin();
+      nk = r.info.keys().end() - r.info.keys().begin();
+      r.probs.assign(nl * nh * nq * nk, NAN);
+      r.scores.assign(nl * nh * nq * nk, NAN);
+    }
+    if (m.has_chunk()) {
+      ++r.chunks;
+      const v1::AttentionChunk& c = m.chunk();
+      int64_t li = 0;
+      while (li < nl && r.info.layers(static_cast<int>(li)) != c.layer()) ++li;
+      auto place = [&](const std::string& bytes, std::vector<double>& dst) {
+        const std::vector<double> v = DecodeValues(bytes, c.dtype());
+        size_t at = 0;
+        for (int h = 0; h < c.num_heads(); ++h)
+          for (int q = 0; q < c.num_queries(); ++q)
+            for (int k = 0; k < c.num_keys(); ++k) {
+              const int64_t qi = c.query_begin() + q - r.info.queries().begin();
+              dst[((li * nh + h) * nq + qi) * nk + k] = v[at++];
+            }
+      };
+      if (!c.probs().empty()) place(c.probs(), r.probs);
+      if (!c.scores().empty()) place(c.scores(), r.scores);
+    }
+    for (const v1::HeadSummary& s : m.head_summaries()) r.summaries.push_back(s);
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+inline v1::PromptInput IdsInput(const std::vector<int32_t>& ids,
+                                const std::vector<int32_t>& docs = {}) {
+  v1::PromptInput in;
+  in.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
+  in.mutable_doc_ids()->Add(docs.begin(), docs.end());
+  return in;
+}
+
+// The oracle's gradients of Σ log p(token | row) (and logits, attention) for `tokens`.
+inline OracleResult RunGradOracle(const std::string& model, const std::vector<int32_t>& tokens,
+                                  const std::vector<std::pair<int, int>>& targets,
+                                  const std::vector<int32_t>& docs) {
+  char tmpl[] = "/tmp/kvlens_interp_oracle_XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd >= 0) close(fd);
+  std::vector<std::string> t;
+  for (const auto& [row, token] : targets) t.push_back(absl::StrCat(row, ":", token));
+  std::string cmd = std::string(OraclePython()) + " " + KVLENS_SOURCE_DIR +
+                    "/tests/oracle/oracle.py --model '" + model + "' --tokens '" +
+                    absl::StrJoin(tokens, " ") + "' --out " + tmpl +
+                    " --attention --grad-logprob '" + absl::StrJoin(t, " ") + "'";
+  if (!docs.empty()) cmd += " --doc-ids '" + absl::StrJoin(docs, " ") + "'";
+  OracleResult r;
+  if (std::system(cmd.c_str()) != 0) {
+    r.error = "oracle failed: " + cmd;
+  } else {
+    r = ReadOracleContainer(tmpl);
+  }
+  std::remove(tmpl);
+  return r;
+}
+
+// max|ours − ref| / max|ref| over entries where keep (if given) is true.
+inline double RelErr(const std::vector<double>& ours, const std::vector<double>& ref,
+                     const std::vector<bool>* keep = nullptr) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ours.size() && i < ref.size(); ++i) {
+    if (keep && !(*keep)[i]) continue;
+    num = std::max(num, std::abs(ours[i] - ref[i]));
+    den = std::max(den, std::abs(ref[i]));
+  }
+  if (ours.size() != ref.size()) return INFINITY;
+  return den > 0 ? num / den : num;
+}
+
+}  // namespace kvlens::testing
+
+#endif  // KVLENS_TESTS_SERVER_INTERPRET_TEST_UTIL_H_
