@@ -1,0 +1,450 @@
+// Attention kernels: flash prefill (fp16 tensor cores via WMMA, fp32 online softmax),
+// split-KV (fp32, decode and fallback) and the probability-materialising kernel (fp32).
+// See attention.h for when each runs. Every kernel applies the same visibility rule as
+// attention_check.h and never reads a cache row at or past num_keys (those slots may hold
+// anything, NaN included).
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/reduce.cuh"
+
+namespace kvlens::kernels::cuda {
+namespace {
+
+namespace wmma = nvcuda::wmma;
+
+__device__ __forceinline__ int64_t PhysicalRow(const AttentionParams& p, int j) {
+  return p.block_table != nullptr
+             ? static_cast<int64_t>(p.block_table[j / p.block_size]) * p.block_size +
+                   j % p.block_size
+             : j;
+}
+
+// Key j (< num_keys) is visible to query row i.
+__device__ __forceinline__ bool Visible(const AttentionParams& p, int i, int j) {
+  if (p.causal && static_cast<int64_t>(j) > static_cast<int64_t>(p.query_offset) + i) {
+    return false;
+  }
+  return p.q_doc == nullptr || p.q_doc[i] == p.k_doc[j];
+}
+
+// Keys j >= this are masked by causality for row i.
+__device__ __forceinline__ int CausalEnd(const AttentionParams& p, int i) {
+  if (!p.causal) return p.num_keys;
+  return static_cast<int>(
+      min(static_cast<int64_t>(p.num_keys), static_cast<int64_t>(p.query_offset) + i + 1));
+}
+
+// ---------------------------------------------------------------------------------------
+// Flash prefill. One block = 64 query rows of one head, 8 warps. Per 64-key tile:
+//   Ks, Vs ← K, V rows (fp16; zeros past num_keys)      S = Qs·Ksᵀ (WMMA, fp32 acc)
+//   per row: m' = max(m, max_j s_j), α = e^{m−m'}, p_j = e^{s_j−m'}, l = α·l + Σ p_j
+//   Os = α·Os + P·Vs (WMMA, P in fp16, fp32 acc)
+// and finally O = Os / l. Shared memory (D = head size, padded rows against bank
+// conflicts; every WMMA tile pointer is 32-byte aligned):
+//   Qs, Ks, Vs  half [64][D+8]   Ss float [64][68]   Ps half [64][72]   Os float [64][D+4]
+//   m, l, α     float [64] each
+constexpr int kBlockM = 64;
+constexpr int kBlockN = 64;
+constexpr int kFlashWarps = 8;
+
+template <int D>
+struct FlashSmem {
+  static constexpr int kLdH = D + 8;        // halves per row of Qs, Ks, Vs
+  static constexpr int kLdS = kBlockN + 4;  // floats per row of Ss
+  static constexpr int kLdP = kBlockN + 8;  // halves per row of Ps
+  static constexpr int kLdO = D + 4;        // floats per row of Os
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kK = kQ + sizeof(__half) * kBlockM * kLdH;
+  static constexpr size_t kV = kK + sizeof(__half) * kBlockN * kLdH;
+  static constexpr size_t kS = kV + sizeof(__half) * kBlockN * kLdH;
+  static constexpr size_t kP = kS + sizeof(float) * kBlockM * kLdS;
+  static constexpr size_t kO = kP + sizeof(__half) * kBlockM * kLdP;
+  static constexpr size_t kRows = kO + sizeof(float) * kBlockM * kLdO;
+  static constexpr size_t kBytes = kRows + sizeof(float) * 3 * kBlockM;
+  static_assert(kK % 32 == 0 && kV % 32 == 0 && kS % 32 == 0 && kP % 32 == 0 && kO % 32 == 0 &&
+                    kRows % 32 == 0,
+                "WMMA tiles need 32-byte alignment");
+};
+
+template <int D>
+__global__ void __launch_bounds__(kFlashWarps * 32) FlashPrefillKernel(AttentionParams p) {
+  using L = FlashSmem<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __half* qs = reinterpret_cast<__half*>(smem + L::kQ);
+  __half* ks = reinterpret_cast<__half*>(smem + L::kK);
+  __half* vs = reinterpret_cast<__half*>(smem + L::kV);
+  float* ss = reinterpret_cast<float*>(smem + L::kS);
+  __half* ps = reinterpret_cast<__half*>(smem + L::kP);
+  float* os = reinterpret_cast<float*>(smem + L::kO);
+  float* row_m = reinterpret_cast<float*>(smem + L::kRows);
+  float* row_l = row_m + kBlockM;
+  float* row_alpha = row_l + kBlockM;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;  // longest causal rows first
+  const int h = blockIdx.y;
+  const int kvh = h / (p.num_heads / p.num_kv_heads);
+  const int rows = min(kBlockM, p.num_queries - q0);
+
+  for (int idx = tid; idx < kBlockM * D; idx += blockDim.x) {
+    const int r = idx / D, c = idx % D;
+    const float x =
+        r < rows ? p.q[static_cast<int64_t>(q0 + r) * p.q_stride + static_cast<int64_t>(h) * D + c]
+                 : 0.0f;
+    qs[r * L::kLdH + c] = __float2half_rn(x);
+    os[r * L::kLdO + c] = 0.0f;
+  }
+  for (int r = tid; r < kBlockM; r += blockDim.x) {
+    row_m[r] = -INFINITY;
+    row_l[r] = 0.0f;
+  }
+  // The last row, q0 + rows − 1, sees keys up to query_offset + q0 + rows − 1.
+  const int key_end = p.causal
+                          ? static_cast<int>(min(static_cast<int64_t>(p.num_keys),
+                                                 static_cast<int64_t>(p.query_offset) + q0 + rows))
+                          : p.num_keys;
+
+  for (int j0 = 0; j0 < key_end; j0 += kBlockN) {
+    __syncthreads();  // the previous tile's Ks, Vs and Ps are consumed
+    for (int idx = tid; idx < kBlockN * D; idx += blockDim.x) {
+      const int r = idx / D, c = idx % D, j = j0 + r;
+      float kx = 0.0f, vx = 0.0f;
+      if (j < p.num_keys) {
+        const int64_t off = PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(kvh) * D + c;
+        kx = p.k[off];
+        vx = p.v[off];
+      }
+      ks[r * L::kLdH + c] = __float2half_rn(kx);
+      vs[r * L::kLdH + c] = __float2half_rn(vx);
+    }
+    __syncthreads();
+
+    // S = Q·Kᵀ: 16 tiles of 16×16, two per warp. Kᵀ is Ks read column-major.
+    for (int t = warp; t < (kBlockM / 16) * (kBlockN / 16); t += kFlashWarps) {
+      const int tm = t / (kBlockN / 16), tn = t % (kBlockN / 16);
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+      for (int kk = 0; kk < D; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+        wmma::load_matrix_sync(a, qs + tm * 16 * L::kLdH + kk, L::kLdH);
+        wmma::load_matrix_sync(b, ks + tn * 16 * L::kLdH + kk, L::kLdH);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(ss + tm * 16 * L::kLdS + tn * 16, acc, L::kLdS, wmma::mem_row_major);
+    }
+    __syncthreads();
+
+    // Online softmax: warp w owns rows 8w … 8w+7, lane owns columns lane and lane + 32.
+    for (int rr = 0; rr < kBlockM / kFlashWarps; ++rr) {
+      const int r = warp * (kBlockM / kFlashWarps) + rr;
+      const int i = q0 + r;
+      float s[2];
+      bool vis[2];
+      float m_tile = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int j = j0 + lane + 32 * u;
+        vis[u] = r < rows && j < p.num_keys && Visible(p, i, j);
+        s[u] = vis[u] ? ss[r * L::kLdS + lane + 32 * u] * p.scale : -INFINITY;
+        m_tile = fmaxf(m_tile, s[u]);
+      }
+      m_tile = WarpReduce(m_tile, MaxOp());
+      const float m_old = row_m[r];
+      const float m_new = fmaxf(m_old, m_tile);
+      // m_old = −∞: nothing seen yet, O and l are 0 (and m_new may still be −∞).
+      const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+      float l_tile = 0.0f;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const float pj = vis[u] ? expf(s[u] - m_new) : 0.0f;
+        ps[r * L::kLdP + lane + 32 * u] = __float2half_rn(pj);
+        l_tile += pj;
+      }
+      l_tile = WarpReduce(l_tile, SumOp());
+      if (lane == 0) {
+        row_m[r] = m_new;
+        row_l[r] = row_l[r] * alpha + l_tile;
+        row_alpha[r] = alpha;
+      }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < kBlockM * D; idx += blockDim.x) {
+      const int r = idx / D;
+      os[r * L::kLdO + idx % D] *= row_alpha[r];
+    }
+    __syncthreads();
+
+    // O += P·V: (64/16)·(D/16) tiles spread over the warps.
+    for (int t = warp; t < (kBlockM / 16) * (D / 16); t += kFlashWarps) {
+      const int tm = t / (D / 16), tn = t % (D / 16);
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::load_matrix_sync(acc, os + tm * 16 * L::kLdO + tn * 16, L::kLdO, wmma::mem_row_major);
+#pragma unroll
+      for (int kk = 0; kk < kBlockN; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+        wmma::load_matrix_sync(a, ps + tm * 16 * L::kLdP + kk, L::kLdP);
+        wmma::load_matrix_sync(b, vs + kk * L::kLdH + tn * 16, L::kLdH);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(os + tm * 16 * L::kLdO + tn * 16, acc, L::kLdO, wmma::mem_row_major);
+    }
+  }
+  __syncthreads();
+  // Every real row saw a key (checked on the host), so l > 0.
+  for (int idx = tid; idx < rows * D; idx += blockDim.x) {
+    const int r = idx / D, c = idx % D;
+    p.out[static_cast<int64_t>(q0 + r) * p.out_stride + static_cast<int64_t>(h) * D + c] =
+        os[r * L::kLdO + c] / row_l[r];
+  }
+}
+
+template <int D>
+absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
+  constexpr size_t kBytes = FlashSmem<D>::kBytes;
+  KVLENS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(FlashPrefillKernel<D>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(kBytes)));
+  const dim3 grid((p.num_queries + kBlockM - 1) / kBlockM, p.num_heads);
+  FlashPrefillKernel<D><<<grid, kFlashWarps * 32, kBytes, stream>>>(p);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("FlashPrefillKernel");
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------
+// Split-KV. Block (i, g, split): query row i, KV head g, keys [split·span, (split+1)·span)
+// ∩ [0, causal end). Warp w handles query heads g·group + w, + 4, …; lanes split the head
+// dimension (lane owns d = 32c + lane). Four keys per step so that four K and V rows are in
+// flight per warp. Output: O directly with one split, else per split (m, l, acc[Dh]) in
+//   workspace [Tq, H, splits, Dh + 2]
+// merged by SplitKvCombineKernel.
+constexpr int kSplitWarps = 4;
+constexpr int kMaxChunks = kSplitKvMaxHeadDim / 32;
+constexpr int kKeysPerStep = 4;
+
+__global__ void __launch_bounds__(kSplitWarps * 32)
+    SplitKvKernel(AttentionParams p, int num_splits, int span, float* workspace) {
+  const int i = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int D = p.head_dim;
+  const int j_begin = split * span;
+  const int j_end = min(CausalEnd(p, i), j_begin + span);
+  const int q_doc = p.q_doc != nullptr ? p.q_doc[i] : 0;
+
+  for (int hg = warp; hg < group; hg += kSplitWarps) {
+    const int h = g * group + hg;
+    const float* q = p.q + static_cast<int64_t>(i) * p.q_stride + static_cast<int64_t>(h) * D;
+    float qr[kMaxChunks], acc[kMaxChunks];
+#pragma unroll
+    for (int c = 0; c < kMaxChunks; ++c) {
+      const int d = 32 * c + lane;
+      qr[c] = d < D ? q[d] : 0.0f;
+      acc[c] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int j0 = j_begin; j0 < j_end; j0 += kKeysPerStep) {
+      bool vis[kKeysPerStep];
+      int64_t off[kKeysPerStep];
+      float s[kKeysPerStep];
+#pragma unroll
+      for (int u = 0; u < kKeysPerStep; ++u) {
+        const int j = j0 + u;
+        vis[u] = j < j_end && (p.q_doc == nullptr || p.k_doc[j] == q_doc);
+        off[u] = vis[u] ? PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(g) * D : 0;
+        float dot = 0.0f;
+        if (vis[u]) {
+#pragma unroll
+          for (int c = 0; c < kMaxChunks; ++c) {
+            const int d = 32 * c + lane;
+            if (d < D) dot += qr[c] * p.k[off[u] + d];
+          }
+        }
+        s[u] = dot;
+      }
+      float m_new = m;
+#pragma unroll
+      for (int u = 0; u < kKeysPerStep; ++u) {
+        s[u] = WarpReduce(s[u], SumOp()) * p.scale;  // vis[u] is the same on every lane
+        if (vis[u]) m_new = fmaxf(m_new, s[u]);
+      }
+      if (m_new == -INFINITY) continue;  // nothing visible yet in this split
+      const float alpha = m == -INFINITY ? 0.0f : expf(m - m_new);
+      float pu[kKeysPerStep];
+      float p_sum = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kKeysPerStep; ++u) {
+        pu[u] = vis[u] ? expf(s[u] - m_new) : 0.0f;
+        p_sum += pu[u];
+      }
+      l = l * alpha + p_sum;
+#pragma unroll
+      for (int c = 0; c < kMaxChunks; ++c) acc[c] *= alpha;
+#pragma unroll
+      for (int u = 0; u < kKeysPerStep; ++u) {
+        if (!vis[u]) continue;  // never read a masked key's value row
+#pragma unroll
+        for (int c = 0; c < kMaxChunks; ++c) {
+          const int d = 32 * c + lane;
+          if (d < D) acc[c] += pu[u] * p.v[off[u] + d];
+        }
+      }
+      m = m_new;
+    }
+    if (num_splits == 1) {
+      float* o = p.out + static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D;
+#pragma unroll
+      for (int c = 0; c < kMaxChunks; ++c) {
+        const int d = 32 * c + lane;
+        if (d < D) o[d] = acc[c] / l;  // l > 0: the row sees a key (checked on the host)
+      }
+    } else {
+      float* w =
+          workspace + ((static_cast<int64_t>(i) * p.num_heads + h) * num_splits + split) * (D + 2);
+      if (lane == 0) {
+        w[0] = m;
+        w[1] = l;
+      }
+#pragma unroll
+      for (int c = 0; c < kMaxChunks; ++c) {
+        const int d = 32 * c + lane;
+        if (d < D) w[2 + d] = acc[c];
+      }
+    }
+  }
+}
+
+// O = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s over the splits that saw a key.
+__global__ void SplitKvCombineKernel(AttentionParams p, int num_splits, const float* workspace) {
+  const int i = blockIdx.x, h = blockIdx.y, D = p.head_dim;
+  const float* w = workspace + (static_cast<int64_t>(i) * p.num_heads + h) * num_splits * (D + 2);
+  float m_max = -INFINITY;
+  for (int s = 0; s < num_splits; ++s) m_max = fmaxf(m_max, w[s * (D + 2)]);
+  float l_sum = 0.0f;
+  for (int s = 0; s < num_splits; ++s) {
+    const float m = w[s * (D + 2)];
+    if (m != -INFINITY) l_sum += w[s * (D + 2) + 1] * expf(m - m_max);
+  }
+  float* o = p.out + static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int s = 0; s < num_splits; ++s) {
+      const float m = w[s * (D + 2)];
+      if (m != -INFINITY) acc += w[s * (D + 2) + 2 + d] * expf(m - m_max);
+    }
+    o[d] = acc / l_sum;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Materialised. Block (i, h), fp32 throughout:
+//   S[h,i,j] = scale · q·k_j (−∞ masked); A = softmax(S) (masked exactly 0); O = A·V,
+// with O computed from the very A written out.
+constexpr int kMaterializedThreads = 256;
+
+__global__ void __launch_bounds__(kMaterializedThreads)
+    MaterializedKernel(AttentionParams p, float* scores, float* probs) {
+  const int i = blockIdx.x, h = blockIdx.y, D = p.head_dim;
+  const int g = h / (p.num_heads / p.num_kv_heads);
+  const int64_t row = (static_cast<int64_t>(h) * p.num_queries + i) * p.num_keys;
+  const float* q = p.q + static_cast<int64_t>(i) * p.q_stride + static_cast<int64_t>(h) * D;
+  float local_max = -INFINITY;
+  for (int j = threadIdx.x; j < p.num_keys; j += blockDim.x) {
+    float s = -INFINITY;
+    if (Visible(p, i, j)) {
+      const float* k = p.k + PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(g) * D;
+      float dot = 0.0f;
+      for (int d = 0; d < D; ++d) dot += q[d] * k[d];
+      s = dot * p.scale;
+    }
+    scores[row + j] = s;
+    local_max = fmaxf(local_max, s);
+  }
+  const float m = BlockReduce(local_max, MaxOp());
+  float local_sum = 0.0f;
+  for (int j = threadIdx.x; j < p.num_keys; j += blockDim.x) {
+    const float s = scores[row + j];
+    const float e = s == -INFINITY ? 0.0f : expf(s - m);
+    probs[row + j] = e;
+    local_sum += e;
+  }
+  const float z = BlockReduce(local_sum, SumOp());  // ends with a barrier
+  for (int j = threadIdx.x; j < p.num_keys; j += blockDim.x) probs[row + j] /= z;
+  __syncthreads();  // every probability is final before any thread reads them all
+  const int end = CausalEnd(p, i);
+  float* o = p.out + static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j < end; ++j) {
+      if (!Visible(p, i, j)) continue;
+      acc += probs[row + j] *
+             p.v[PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(g) * D + d];
+    }
+    o[d] = acc;
+  }
+}
+
+}  // namespace
+
+bool FlashPrefillSupports(int head_dim) { return head_dim == 64 || head_dim == 128; }
+
+absl::Status LaunchFlashPrefill(const AttentionParams& p, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 64:
+      return LaunchFlash<64>(p, stream);
+    case 128:
+      return LaunchFlash<128>(p, stream);
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("flash prefill supports head_dim 64 and 128, got ", p.head_dim));
+  }
+}
+
+int ChooseNumSplits(const AttentionParams& p, int num_sms) {
+  const int64_t blocks = static_cast<int64_t>(p.num_queries) * p.num_kv_heads;
+  const int64_t want = (4 * static_cast<int64_t>(num_sms) + blocks - 1) / blocks;
+  const int64_t by_keys = std::max<int64_t>(1, p.num_keys / 256);  // >= 256 keys a split
+  return static_cast<int>(std::clamp<int64_t>(std::min(want, by_keys), 1, 128));
+}
+
+int64_t SplitKvWorkspaceFloats(const AttentionParams& p, int num_splits) {
+  if (num_splits <= 1) return 0;
+  return static_cast<int64_t>(p.num_queries) * p.num_heads * num_splits * (p.head_dim + 2);
+}
+
+absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* workspace,
+                           cudaStream_t stream) {
+  if (p.head_dim > kSplitKvMaxHeadDim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "split-KV attention supports head_dim <= ", kSplitKvMaxHeadDim, ", got ", p.head_dim));
+  }
+  num_splits = std::max(num_splits, 1);
+  const int span = (p.num_keys + num_splits - 1) / num_splits;
+  const dim3 grid(p.num_queries, p.num_kv_heads, num_splits);
+  SplitKvKernel<<<grid, kSplitWarps * 32, 0, stream>>>(p, num_splits, span, workspace);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvKernel");
+  if (num_splits > 1) {
+    const dim3 combine_grid(p.num_queries, p.num_heads);
+    SplitKvCombineKernel<<<combine_grid, 128, 0, stream>>>(p, num_splits, workspace);
+    KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvCombineKernel");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMaterialized(const AttentionParams& p, float* scores, float* probs,
+                                cudaStream_t stream) {
+  const dim3 grid(p.num_queries, p.num_heads);
+  MaterializedKernel<<<grid, kMaterializedThreads, 0, stream>>>(p, scores, probs);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("MaterializedKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace kvlens::kernels::cuda

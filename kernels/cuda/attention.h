@@ -1,0 +1,67 @@
+// Launchers of the attention kernels (attention.cu). All pointers are device pointers;
+// CudaBackend validates the call on the host first (attention_check.h, including the "row
+// with no visible key" error), uploads the block table and document ids, and picks one:
+//
+//   flash prefill   Dh 64 or 128, Tq >= kFlashMinQueries: tiles of 64 queries × 64 keys,
+//                   Q·Kᵀ and P·V on fp16 tensor cores (WMMA) with fp32 accumulation,
+//                   online softmax in fp32; never the full Tq×Tk matrix.
+//   split-KV        any Dh <= 256, any Tq (decode, short chunks, other head sizes): fp32,
+//                   one block per (query, KV head, key split); the query heads of a GQA group
+//                   share the block so each K/V row is read once; partial (m, l, acc) per
+//                   split merged by a second kernel.
+//   materialised    when probabilities or scores are requested: fp32, writes S and A
+//                   [H, Tq, Tk] and computes O = A·V from exactly the A it returns.
+#ifndef KVLENS_KERNELS_CUDA_ATTENTION_H_
+#define KVLENS_KERNELS_CUDA_ATTENTION_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace kvlens::kernels::cuda {
+
+// One parameter struct for the whole family (strides in elements).
+struct AttentionParams {
+  const float* q = nullptr;  // [Tq, H, Dh], rows q_stride apart
+  int64_t q_stride = 0;
+  const float* k = nullptr;  // physical rows of [Hkv, Dh], kv_row_stride apart
+  const float* v = nullptr;
+  int64_t kv_row_stride = 0;
+  const int32_t* block_table = nullptr;  // [ceil(Tk / block_size)] or null (contiguous)
+  int block_size = 0;
+  const int32_t* q_doc = nullptr;  // [Tq] or null
+  const int32_t* k_doc = nullptr;  // [Tk] or null (with q_doc)
+  float* out = nullptr;            // [Tq, H, Dh], rows out_stride apart
+  int64_t out_stride = 0;
+  int num_queries = 0;   // Tq
+  int num_keys = 0;      // Tk
+  int num_heads = 0;     // H
+  int num_kv_heads = 0;  // Hkv
+  int head_dim = 0;      // Dh
+  int query_offset = 0;
+  bool causal = true;
+  float scale = 0.0f;
+};
+
+inline constexpr int kFlashMinQueries = 32;
+inline constexpr int kSplitKvMaxHeadDim = 256;
+
+bool FlashPrefillSupports(int head_dim);
+absl::Status LaunchFlashPrefill(const AttentionParams& p, cudaStream_t stream);
+
+// How many key splits to use so that about 4 blocks per SM are in flight.
+int ChooseNumSplits(const AttentionParams& p, int num_sms);
+// Floats of workspace LaunchSplitKv needs (0 when num_splits == 1).
+int64_t SplitKvWorkspaceFloats(const AttentionParams& p, int num_splits);
+absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* workspace,
+                           cudaStream_t stream);
+
+// scores and probs: [H, Tq, Tk] device buffers (scratch when the caller wants neither).
+absl::Status LaunchMaterialized(const AttentionParams& p, float* scores, float* probs,
+                                cudaStream_t stream);
+
+}  // namespace kvlens::kernels::cuda
+
+#endif  // KVLENS_KERNELS_CUDA_ATTENTION_H_

@@ -1,0 +1,388 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention_check.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/ops.h"
+
+namespace kvlens::kernels::cuda {
+namespace {
+
+constexpr size_t kIndexRingBytes = size_t{1} << 20;
+constexpr size_t kIndexAlign = 256;
+
+size_t RoundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// The same rule and message as CheckEveryRowSeesAKey, in O(Tq + Tk): a row sees a key
+// iff some key before its causal end shares its document.
+absl::Status CheckRowsSeeAKey(const AttentionArgs<float>& a) {
+  if (a.q_doc_ids == nullptr) {
+    // Without documents a row sees key 0 unless causality hides it: row i sees keys
+    // 0 … offset + i, never empty since offset >= 0. Kept explicit for the record.
+    return absl::OkStatus();
+  }
+  std::unordered_map<int32_t, int> first_key;  // document → its first key
+  first_key.reserve(static_cast<size_t>(a.num_keys));
+  for (int j = 0; j < a.num_keys; ++j) first_key.emplace(a.k_doc_ids[j], j);
+  for (int i = 0; i < a.num_queries; ++i) {
+    const auto it = first_key.find(a.q_doc_ids[i]);
+    if (it == first_key.end() || it->second >= CausalKeyEnd(a, i)) {
+      return NoVisibleKeyError(i, static_cast<int64_t>(a.query_offset) + i);
+    }
+  }
+  return absl::OkStatus();
+}
+
+cudaDataType_t CudaType(DType t) {
+  switch (t) {
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
+  int count = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky runtime error
+    return absl::FailedPreconditionError(
+        absl::StrCat("no usable CUDA device: cudaGetDeviceCount failed: ", cudaGetErrorName(e),
+                     " (", cudaGetErrorString(e), ")"));
+  }
+  if (count == 0) return absl::FailedPreconditionError("no CUDA device present");
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", device, " does not exist (", count, " present)"));
+  }
+  KVLENS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  int num_sms = 0;
+  KVLENS_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  cudaStream_t stream = nullptr;
+  KVLENS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublasHandle_t cublas = nullptr;
+  if (absl::Status s = CublasStatus(cublasCreate(&cublas), "cublasCreate", __FILE__, __LINE__);
+      !s.ok()) {
+    cudaStreamDestroy(stream);
+    return s;
+  }
+  std::unique_ptr<CudaBackend> b(new CudaBackend(device, num_sms, stream, cublas));
+  KVLENS_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas, stream));
+  // Plain fp32 GEMMs stay fp32 (no TF32); f16/bf16 inputs use the tensor cores anyway.
+  KVLENS_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));
+  if (absl::Status s = b->index_host_.Reserve(kIndexRingBytes); !s.ok()) return s;
+  if (absl::Status s = b->index_device_.Reserve(kIndexRingBytes); !s.ok()) return s;
+  return b;
+}
+
+CudaBackend::CudaBackend(int device, int num_sms, cudaStream_t stream, cublasContext* cublas)
+    : device_(device),
+      num_sms_(num_sms),
+      name_(absl::StrCat("cuda:", device)),
+      stream_(stream),
+      cublas_(cublas) {}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(stream_);
+  cublasDestroy(cublas_);
+  cudaStreamDestroy(stream_);
+}
+
+bool CudaBackend::Ok(const absl::Status& s) {
+  if (!s.ok() && status_.ok()) status_ = s;
+  return status_.ok();
+}
+
+absl::Status CudaBackend::Synchronize() {
+  KVLENS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  Ok(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__));
+  return status_;
+}
+
+absl::Status CudaBackend::AdoptWeight(const void* key, void* data, DType dtype, int64_t rows,
+                                      int64_t cols) {
+  if (dtype == DType::kQ8_0) {
+    return absl::InvalidArgumentError("AdoptWeight: q8_0 is not a device dtype");
+  }
+  const size_t bytes = static_cast<size_t>(DTypeRowBytes(dtype, cols) * rows);
+  DeviceWeight& dw = weights_[key];
+  weight_bytes_ += static_cast<int64_t>(bytes) - static_cast<int64_t>(dw.buffer.bytes());
+  dw.buffer = DeviceBuffer::Adopt(data, bytes);
+  dw.dtype = dtype;
+  dw.rows = rows;
+  dw.cols = cols;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const DeviceWeight*> CudaBackend::Upload(const WeightView& w) {
+  if (auto it = weights_.find(w.data); it != weights_.end()) {
+    const DeviceWeight& dw = it->second;
+    if (dw.rows != w.rows || dw.cols != w.cols) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "weight at ", absl::Hex(reinterpret_cast<uintptr_t>(w.data)), " was uploaded as [",
+          dw.rows, ", ", dw.cols, "] and is now used as [", w.rows, ", ", w.cols, "]"));
+    }
+    return &dw;
+  }
+  if (w.dtype == DType::kQ8_0 && w.cols % kQ8_0BlockSize != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("q8_0 weight has ", w.cols, " columns, not a multiple of 32"));
+  }
+  DeviceWeight dw;
+  dw.dtype = w.dtype == DType::kQ8_0 ? DType::kF16 : w.dtype;
+  dw.rows = w.rows;
+  dw.cols = w.cols;
+  const size_t bytes = static_cast<size_t>(DTypeRowBytes(dw.dtype, w.cols) * w.rows);
+  if (absl::Status s = dw.buffer.Reserve(bytes); !s.ok()) return s;
+  if (w.dtype == DType::kQ8_0) {
+    // d · q is exact in float; rounding it to f16 is the only loss (|q| <= 127, d an f16).
+    std::vector<uint16_t> f16(static_cast<size_t>(w.rows * w.cols));
+    std::vector<float> row(static_cast<size_t>(w.cols));
+    for (int64_t r = 0; r < w.rows; ++r) {
+      DequantizeRow(w, r, row.data());
+      for (int64_t c = 0; c < w.cols; ++c) f16[r * w.cols + c] = F32ToF16(row[c]);
+    }
+    KVLENS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(dw.buffer.get(), f16.data(), bytes, cudaMemcpyHostToDevice));
+  } else {
+    KVLENS_CUDA_RETURN_IF_ERROR(cudaMemcpy(dw.buffer.get(), w.data, bytes, cudaMemcpyHostToDevice));
+  }
+  weight_bytes_ += static_cast<int64_t>(dw.buffer.bytes());
+  auto [it, inserted] = weights_.emplace(w.data, std::move(dw));
+  return &it->second;
+}
+
+absl::StatusOr<const void*> CudaBackend::UploadIndices(const void* host, size_t bytes) {
+  const size_t need = RoundUp(std::max<size_t>(bytes, 1), kIndexAlign);
+  if (need > index_host_.bytes()) {
+    // Grow both halves of the ring: wait until no copy reads the old staging memory.
+    KVLENS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    const size_t grown = RoundUp(2 * need, kIndexAlign);
+    if (absl::Status s = index_host_.Reserve(grown); !s.ok()) return s;
+    if (absl::Status s = index_device_.Reserve(grown); !s.ok()) return s;
+    index_offset_ = 0;
+  }
+  if (index_offset_ + need > index_host_.bytes()) {
+    // Wrap around: the staged bytes about to be overwritten may still be waiting for
+    // their copy. (Device reuse is safe: the stream orders it after earlier readers.)
+    KVLENS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    index_offset_ = 0;
+  }
+  unsigned char* staged = index_host_.get() + index_offset_;
+  unsigned char* device = index_device_.as<unsigned char>() + index_offset_;
+  std::memcpy(staged, host, bytes);
+  KVLENS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(device, staged, bytes, cudaMemcpyHostToDevice, stream_));
+  index_offset_ += need;
+  return device;
+}
+
+// y[n, out] = x[n, in] · Wᵀ. Row-major y is column-major yᵀ [out, n], so cuBLAS computes
+// yᵀ = W · xᵀ with W (column-major [in, out], ld in) transposed and xᵀ (column-major
+// [in, n], ld in) as is.
+absl::Status CudaBackend::MatMulImpl(const float* x, int n, const WeightView& w,
+                                     const WeightView& bias, float* y) {
+  if (n <= 0) return absl::OkStatus();
+  absl::StatusOr<const DeviceWeight*> dw = Upload(w);
+  if (!dw.ok()) return dw.status();
+  const DeviceWeight& W = **dw;
+  const int m = static_cast<int>(W.rows), k = static_cast<int>(W.cols);
+  const float alpha = 1.0f, beta = 0.0f;
+  const void* b = x;
+  if (W.dtype != DType::kF32) {
+    const int64_t count = static_cast<int64_t>(n) * k;
+    if (absl::Status s = gemm_input_.Reserve(static_cast<size_t>(count) * 2); !s.ok()) return s;
+    if (absl::Status s = LaunchConvertF32(x, count, W.dtype, gemm_input_.get(), stream_); !s.ok()) {
+      return s;
+    }
+    b = gemm_input_.get();
+  }
+  KVLENS_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+      cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, W.buffer.get(), CudaType(W.dtype), k, b,
+      CudaType(W.dtype), k, &beta, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (!bias.empty()) {
+    absl::StatusOr<const DeviceWeight*> db = Upload(bias);
+    if (!db.ok()) return db.status();
+    return LaunchAddBias(y, n, m, (*db)->buffer.get(), (*db)->dtype, stream_);
+  }
+  return absl::OkStatus();
+}
+
+void CudaBackend::MatMul(const float* x, int n, const WeightView& w, const WeightView& bias,
+                         float* y) {
+  if (!status_.ok()) return;
+  Ok(MatMulImpl(x, n, w, bias, y));
+}
+
+void CudaBackend::Embedding(const WeightView& table, const int32_t* ids, int n, float* out) {
+  if (!status_.ok() || n <= 0) return;
+  absl::StatusOr<const DeviceWeight*> dw = Upload(table);
+  if (!Ok(dw.status())) return;
+  absl::StatusOr<const void*> d_ids = UploadIndices(ids, sizeof(int32_t) * n);
+  if (!Ok(d_ids.status())) return;
+  Ok(LaunchEmbedding((*dw)->buffer.get(), (*dw)->dtype, (*dw)->cols,
+                     static_cast<const int32_t*>(*d_ids), n, out, stream_));
+}
+
+void CudaBackend::RmsNorm(const float* x, int n, int dim, const WeightView& weight, double eps,
+                          float* y) {
+  if (!status_.ok()) return;
+  absl::StatusOr<const DeviceWeight*> dw = Upload(weight);
+  if (!Ok(dw.status())) return;
+  Ok(LaunchRmsNorm(x, n, dim, (*dw)->buffer.get(), (*dw)->dtype, static_cast<float>(eps), y,
+                   stream_));
+}
+
+void CudaBackend::LayerNorm(const float* x, int n, int dim, const WeightView& weight,
+                            const WeightView& bias, double eps, float* y) {
+  if (!status_.ok()) return;
+  absl::StatusOr<const DeviceWeight*> dw = Upload(weight);
+  if (!Ok(dw.status())) return;
+  const void* b = nullptr;
+  if (!bias.empty()) {
+    absl::StatusOr<const DeviceWeight*> db = Upload(bias);
+    if (!Ok(db.status())) return;
+    if ((*db)->dtype != (*dw)->dtype) {
+      Ok(absl::InvalidArgumentError("LayerNorm: weight and bias must share a dtype"));
+      return;
+    }
+    b = (*db)->buffer.get();
+  }
+  Ok(LaunchLayerNorm(x, n, dim, (*dw)->buffer.get(), b, (*dw)->dtype, static_cast<float>(eps), y,
+                     stream_));
+}
+
+void CudaBackend::Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
+                       const int32_t* positions, double theta, RopeStyle style) {
+  if (!status_.ok() || n <= 0) return;
+  absl::StatusOr<const void*> d_pos = UploadIndices(positions, sizeof(int32_t) * n);
+  if (!Ok(d_pos.status())) return;
+  Ok(LaunchRope(x, n, row_stride, num_heads, head_dim, static_cast<const int32_t*>(*d_pos), theta,
+                style, stream_));
+}
+
+void CudaBackend::Gelu(float* x, int64_t count) {
+  if (!status_.ok()) return;
+  Ok(LaunchGelu(x, count, stream_));
+}
+
+void CudaBackend::SwiGlu(const float* gate, const float* up, int64_t count, float* out) {
+  if (!status_.ok()) return;
+  Ok(LaunchSwiGlu(gate, up, count, out, stream_));
+}
+
+void CudaBackend::Add(float* y, const float* x, int64_t count) {
+  if (!status_.ok()) return;
+  Ok(LaunchAdd(y, x, count, stream_));
+}
+
+void CudaBackend::StoreKv(const float* k, const float* v, int n, int64_t src_stride,
+                          int64_t row_elems, const int64_t* dst_rows, float* k_cache,
+                          float* v_cache, int64_t cache_stride) {
+  if (!status_.ok() || n <= 0) return;
+  absl::StatusOr<const void*> d_rows = UploadIndices(dst_rows, sizeof(int64_t) * n);
+  if (!Ok(d_rows.status())) return;
+  Ok(LaunchStoreKv(k, v, n, src_stride, row_elems, static_cast<const int64_t*>(*d_rows), k_cache,
+                   v_cache, cache_stride, stream_));
+}
+
+absl::Status CudaBackend::AttentionImpl(const AttentionArgs<float>& a) {
+  // Host-side checks first, with the CPU backends' messages; nothing is written on error.
+  if (absl::Status s = ValidateAttentionArgs(a); !s.ok()) return s;
+  if (absl::Status s = CheckRowsSeeAKey(a); !s.ok()) return s;
+  AttentionParams p;
+  p.q = a.q;
+  p.q_stride = a.q_stride;
+  p.k = a.kv.k;
+  p.v = a.kv.v;
+  p.kv_row_stride = a.kv.row_stride;
+  p.block_size = a.kv.block_size;
+  p.out = a.out;
+  p.out_stride = a.out_stride;
+  p.num_queries = a.num_queries;
+  p.num_keys = a.num_keys;
+  p.num_heads = a.num_heads;
+  p.num_kv_heads = a.num_kv_heads;
+  p.head_dim = a.head_dim;
+  p.query_offset = a.query_offset;
+  p.causal = a.causal;
+  p.scale = static_cast<float>(a.scale);
+  // One upload for all index arrays of the call: [block table | q docs | k docs].
+  const int num_blocks =
+      a.kv.block_table != nullptr ? (a.num_keys + a.kv.block_size - 1) / a.kv.block_size : 0;
+  const int num_docs = a.q_doc_ids != nullptr ? a.num_queries + a.num_keys : 0;
+  if (num_blocks + num_docs > 0) {
+    std::vector<int32_t>& packed = index_pack_;
+    packed.clear();
+    if (num_blocks > 0)
+      packed.insert(packed.end(), a.kv.block_table, a.kv.block_table + num_blocks);
+    if (num_docs > 0) {
+      packed.insert(packed.end(), a.q_doc_ids, a.q_doc_ids + a.num_queries);
+      packed.insert(packed.end(), a.k_doc_ids, a.k_doc_ids + a.num_keys);
+    }
+    absl::StatusOr<const void*> d = UploadIndices(packed.data(), sizeof(int32_t) * packed.size());
+    if (!d.ok()) return d.status();
+    const int32_t* base = static_cast<const int32_t*>(*d);
+    if (num_blocks > 0) p.block_table = base;
+    if (num_docs > 0) {
+      p.q_doc = base + num_blocks;
+      p.k_doc = base + num_blocks + a.num_queries;
+    }
+  }
+
+  if (a.probs != nullptr || a.scores != nullptr) {
+    // Materialised: S and A go to the caller's buffers, or to the workspace when only one
+    // of the two is wanted.
+    const size_t map_bytes = sizeof(float) * static_cast<size_t>(a.num_heads) *
+                             static_cast<size_t>(a.num_queries) * static_cast<size_t>(a.num_keys);
+    float* scores = a.scores;
+    float* probs = a.probs;
+    if (scores == nullptr || probs == nullptr) {
+      if (absl::Status s = attention_workspace_.Reserve(map_bytes); !s.ok()) return s;
+      (scores == nullptr ? scores : probs) = attention_workspace_.as<float>();
+    }
+    return LaunchMaterialized(p, scores, probs, stream_);
+  }
+  if (a.num_queries >= kFlashMinQueries && FlashPrefillSupports(a.head_dim)) {
+    return LaunchFlashPrefill(p, stream_);
+  }
+  if (a.head_dim > kSplitKvMaxHeadDim) {
+    return absl::InvalidArgumentError(absl::StrCat("AttentionArgs.head_dim ", a.head_dim,
+                                                   " is not supported by the CUDA "
+                                                   "backend without probs/scores (at most ",
+                                                   kSplitKvMaxHeadDim, ")"));
+  }
+  const int splits = ChooseNumSplits(p, num_sms_);
+  const int64_t ws_floats = SplitKvWorkspaceFloats(p, splits);
+  if (ws_floats > 0) {
+    if (absl::Status s = attention_workspace_.Reserve(sizeof(float) * ws_floats); !s.ok()) {
+      return s;
+    }
+  }
+  return LaunchSplitKv(p, splits, attention_workspace_.as<float>(), stream_);
+}
+
+absl::Status CudaBackend::Attention(const AttentionArgs<float>& args) {
+  if (!status_.ok()) return status_;
+  absl::Status s = AttentionImpl(args);
+  // Argument errors are the caller's and leave the backend usable; CUDA failures stick.
+  if (s.code() != absl::StatusCode::kInvalidArgument) Ok(s);
+  return s;
+}
+
+}  // namespace kvlens::kernels::cuda

@@ -1,0 +1,126 @@
+// The CUDA backend: Backend<float> on one NVIDIA GPU.
+//
+// Memory contract (differs from the CPU backends):
+//   - activations (x, y, q, out, gate, up, …), the KV cache (KvSource k/v, StoreKv's
+//     caches) and the optional probs/scores outputs are DEVICE pointers (plain cudaMalloc;
+//     never managed memory);
+//   - index arrays are HOST pointers: Embedding ids, Rope positions, StoreKv dst_rows,
+//     AttentionArgs block_table and doc ids. They are small, the host needs them anyway to
+//     validate (negative block ids, rows with no visible key), and they are uploaded per
+//     call through a pinned ring on the backend's stream;
+//   - weights are HOST WeightViews (the loaded model); each is uploaded on first use and
+//     cached, keyed by its data pointer, keeping its dtype (f32, f16, bf16; q8_0 is
+//     dequantised to f16 at upload). A view of part of a tensor is a separate upload.
+//
+// Every op is enqueued on one stream and returns without waiting. The void ops cannot
+// return a Status: their first failure is kept (status()) and makes every later op a
+// no-op; Attention returns it, and Synchronize() waits for the stream and returns it.
+// Not thread-safe: one engine thread drives one backend.
+//
+// Precision: fp32 activations; MatMul on cuBLAS with fp32 accumulation (f32 weights: fp32
+// GEMM, no TF32; f16/bf16 weights: activations rounded to the weight dtype for the tensor
+// cores); prefill attention on fp16 tensor cores with fp32 softmax; decode attention and
+// the probability-materialising attention in fp32.
+#ifndef KVLENS_KERNELS_CUDA_CUDA_BACKEND_H_
+#define KVLENS_KERNELS_CUDA_CUDA_BACKEND_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/device_buffer.h"
+
+struct cublasContext;
+
+namespace kvlens::kernels::cuda {
+
+// One uploaded weight: [rows, cols] row-major on the device in `dtype` (never q8_0).
+struct DeviceWeight {
+  DeviceBuffer buffer;
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+class CudaBackend final : public Backend<float> {
+ public:
+  // FAILED_PRECONDITION when there is no usable device `device` (no driver, no GPU).
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device = 0);
+  ~CudaBackend() override;
+
+  std::string_view name() const override { return name_; }
+  int device() const { return device_; }
+  int num_sms() const { return num_sms_; }
+  cudaStream_t stream() const { return stream_; }
+  // The first failure of any op so far (OK when none).
+  absl::Status status() const { return status_; }
+  // Waits for every enqueued op; returns the first failure.
+  absl::Status Synchronize();
+  // Bytes of device memory held by uploaded weights.
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+  // Registers weights that already live on the device under a host key, as if
+  // WeightView{key, dtype, rows, cols} had been uploaded: for loaders that upload
+  // themselves and for benchmarks. Takes ownership of `data` (a cudaMalloc allocation).
+  absl::Status AdoptWeight(const void* key, void* data, DType dtype, int64_t rows, int64_t cols);
+
+  void MatMul(const float* x, int n, const WeightView& w, const WeightView& bias,
+              float* y) override;
+  void Embedding(const WeightView& table, const int32_t* ids, int n, float* out) override;
+  void RmsNorm(const float* x, int n, int dim, const WeightView& weight, double eps,
+               float* y) override;
+  void LayerNorm(const float* x, int n, int dim, const WeightView& weight, const WeightView& bias,
+                 double eps, float* y) override;
+  void Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
+            const int32_t* positions, double theta, RopeStyle style) override;
+  void Gelu(float* x, int64_t count) override;
+  void SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
+  void Add(float* y, const float* x, int64_t count) override;
+  void StoreKv(const float* k, const float* v, int n, int64_t src_stride, int64_t row_elems,
+               const int64_t* dst_rows, float* k_cache, float* v_cache,
+               int64_t cache_stride) override;
+  absl::Status Attention(const AttentionArgs<float>& args) override;
+
+ private:
+  CudaBackend(int device, int num_sms, cudaStream_t stream, cublasContext* cublas);
+
+  // Keeps the first failure; true when s is OK and no earlier op failed.
+  bool Ok(const absl::Status& s);
+  absl::StatusOr<const DeviceWeight*> Upload(const WeightView& w);
+  // Copies `bytes` of host memory to the device, ordered on stream_. The device copy is
+  // valid for work enqueued before the next upload that wraps or grows the ring, so an op
+  // makes at most one upload.
+  absl::StatusOr<const void*> UploadIndices(const void* host, size_t bytes);
+  absl::Status MatMulImpl(const float* x, int n, const WeightView& w, const WeightView& bias,
+                          float* y);
+  absl::Status AttentionImpl(const AttentionArgs<float>& a);
+
+  int device_ = 0;
+  int num_sms_ = 0;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cublasContext* cublas_ = nullptr;
+  absl::Status status_;
+
+  std::unordered_map<const void*, DeviceWeight> weights_;  // key: host WeightView::data
+  int64_t weight_bytes_ = 0;
+
+  PinnedBuffer index_host_;    // ring of staged index arrays …
+  DeviceBuffer index_device_;  // … and its device mirror (same offsets)
+  size_t index_offset_ = 0;
+  std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
+
+  DeviceBuffer gemm_input_;           // x rounded to f16/bf16 for the tensor cores
+  DeviceBuffer attention_workspace_;  // split-KV partials, or S/A when not requested
+};
+
+}  // namespace kvlens::kernels::cuda
+
+#endif  // KVLENS_KERNELS_CUDA_CUDA_BACKEND_H_

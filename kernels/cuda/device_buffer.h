@@ -1,0 +1,96 @@
+// An owned cudaMalloc allocation (never managed memory), and a pinned host allocation.
+#ifndef KVLENS_KERNELS_CUDA_DEVICE_BUFFER_H_
+#define KVLENS_KERNELS_CUDA_DEVICE_BUFFER_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace kvlens::kernels::cuda {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() { Free(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      Free();
+      ptr_ = std::exchange(o.ptr_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // Makes the buffer hold at least `bytes` (contents are not kept). Growing frees the old
+  // allocation; cudaFree waits for the device, so work still reading it finishes first.
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    Free();
+    const size_t grown = bytes + bytes / 2;
+    KVLENS_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr_, grown));
+    bytes_ = grown;
+    return absl::OkStatus();
+  }
+  // Takes ownership of a cudaMalloc allocation.
+  static DeviceBuffer Adopt(void* ptr, size_t bytes) {
+    DeviceBuffer b;
+    b.ptr_ = ptr;
+    b.bytes_ = bytes;
+    return b;
+  }
+
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void Free() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() {
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+    KVLENS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&ptr_, bytes));
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  unsigned char* get() const { return static_cast<unsigned char*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace kvlens::kernels::cuda
+
+#endif  // KVLENS_KERNELS_CUDA_DEVICE_BUFFER_H_

@@ -1,0 +1,358 @@
+// kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU.
+//   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
+//   2. benchmarks: prefill attention TFLOP/s (vs PyTorch SDPA numbers passed in with
+//      --sdpa FILE, lines "tokens tflops"), decode attention bandwidth vs a measured
+//      device-to-device copy, end-to-end decode tokens/s of a Llama-7B-shaped model with
+//      random bf16 weights at batch 1, 16, 64 vs the weight-bandwidth roofline.
+// Prints one table; exits 1 when a parity case fails, 2 when no device is usable.
+//
+//   kvlens_gpu_check [--parity-only] [--sdpa FILE] [--quick]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/ops.h"
+#include "tests/kernels/cuda/cuda_parity.h"
+
+namespace kvlens::kernels::cuda {
+namespace {
+
+struct Row {
+  std::string check, shape, measured, reference, ratio, target;
+};
+
+void PrintTable(const std::vector<Row>& rows) {
+  const Row head{"check", "shape", "measured", "reference", "ratio", "target"};
+  size_t w[6] = {0, 0, 0, 0, 0, 0};
+  auto cells = [](const Row& r) {
+    return std::vector<const std::string*>{&r.check,     &r.shape, &r.measured,
+                                           &r.reference, &r.ratio, &r.target};
+  };
+  for (const Row* r : {&head}) {
+    for (int i = 0; i < 6; ++i) w[i] = std::max(w[i], cells(*r)[i]->size());
+  }
+  for (const Row& r : rows) {
+    for (int i = 0; i < 6; ++i) w[i] = std::max(w[i], cells(r)[i]->size());
+  }
+  auto print = [&](const Row& r) {
+    std::string line = "|";
+    for (int i = 0; i < 6; ++i) {
+      line += " " + *cells(r)[i] + std::string(w[i] - cells(r)[i]->size(), ' ') + " |";
+    }
+    std::printf("%s\n", line.c_str());
+  };
+  print(head);
+  std::string sep = "|";
+  for (int i = 0; i < 6; ++i) sep += std::string(w[i] + 2, '-') + "|";
+  std::printf("%s\n", sep.c_str());
+  for (const Row& r : rows) print(r);
+}
+
+bool Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) std::fprintf(stderr, "%s: %s\n", what, std::string(s.message()).c_str());
+  return s.ok();
+}
+
+#define GC_CUDA(expr) Check(CudaStatus((expr), #expr, __FILE__, __LINE__), "CUDA")
+
+// Device allocation that aborts the benchmark cleanly on failure.
+float* Alloc(size_t floats) {
+  void* p = nullptr;
+  if (!GC_CUDA(cudaMalloc(&p, std::max<size_t>(floats, 1) * sizeof(float)))) std::exit(3);
+  return static_cast<float*>(p);
+}
+
+// Seconds per call of fn (after one warm-up), timed with events on the backend's stream.
+template <typename Fn>
+double TimeIt(CudaBackend& b, int iters, Fn&& fn) {
+  fn();
+  if (!Check(b.Synchronize(), "warm-up")) std::exit(3);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start, b.stream());
+  for (int i = 0; i < iters; ++i) fn();
+  cudaEventRecord(stop, b.stream());
+  cudaEventSynchronize(stop);
+  float ms = 0.0f;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (!Check(b.Synchronize(), "benchmark")) std::exit(3);
+  return ms / 1e3 / iters;
+}
+
+// Device-to-device copy bandwidth (bytes read + written per second).
+double CopyBandwidth(CudaBackend& b) {
+  const size_t bytes = size_t{2} << 30;
+  float* src = Alloc(bytes / 4);
+  float* dst = Alloc(bytes / 4);
+  const double t = TimeIt(
+      b, 10, [&] { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, b.stream()); });
+  cudaFree(src);
+  cudaFree(dst);
+  return 2.0 * bytes / t;
+}
+
+void Fill(void* p, DType dtype, int64_t count, uint64_t seed, float scale, cudaStream_t stream) {
+  if (!Check(LaunchFillRandom(p, dtype, count, seed, scale, stream), "fill")) std::exit(3);
+}
+
+std::string Fmt(double v, const char* unit) { return absl::StrFormat("%.1f %s", v, unit); }
+std::string Pct(double r) { return absl::StrFormat("%.0f%%", 100.0 * r); }
+
+void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, bool quick,
+                  std::vector<Row>& rows) {
+  const int heads = 32, dh = 128;
+  for (int t : quick ? std::vector<int>{4096} : std::vector<int>{4096, 8192, 16384}) {
+    const size_t n = size_t(t) * heads * dh;
+    float *q = Alloc(n), *k = Alloc(n), *v = Alloc(n), *o = Alloc(n);
+    for (float* p : {q, k, v}) {
+      Fill(p, DType::kF32, int64_t(n), reinterpret_cast<uintptr_t>(p), 1.0f, b.stream());
+    }
+    AttentionArgs<float> a;
+    a.q = q;
+    a.q_stride = int64_t{heads} * dh;
+    a.num_queries = a.num_keys = t;
+    a.num_heads = a.num_kv_heads = heads;
+    a.head_dim = dh;
+    a.causal = true;
+    a.scale = 1.0 / std::sqrt(double(dh));
+    a.kv = KvSource<float>{k, v, int64_t{heads} * dh, nullptr, 0};
+    a.out = o;
+    a.out_stride = a.q_stride;
+    const double sec = TimeIt(b, 3, [&] { Check(b.Attention(a), "prefill attention"); });
+    const double tflops = 4.0 * heads * dh * (double(t) * t / 2) / sec / 1e12;  // causal half
+    Row r{"prefill attention (causal, fp32 in, fp16 TC)",
+          absl::StrCat("T=", t, " H=32 Dh=128"),
+          Fmt(tflops, "TFLOP/s"),
+          "-",
+          "-",
+          ">= 0.8x SDPA"};
+    if (auto it = sdpa.find(t); it != sdpa.end()) {
+      r.reference = Fmt(it->second, "TFLOP/s SDPA bf16");
+      r.ratio = absl::StrFormat("%.2fx", tflops / it->second);
+    }
+    rows.push_back(r);
+    for (float* p : {q, k, v, o}) cudaFree(p);
+  }
+}
+
+void DecodeAttentionBench(CudaBackend& b, double copy_bw, bool quick, std::vector<Row>& rows) {
+  const int heads = 32, kv_heads = 8, dh = 128, bs = 16;
+  for (int tk : quick ? std::vector<int>{8192} : std::vector<int>{8192, 32768}) {
+    const int blocks = tk / bs;
+    const size_t cache = size_t(blocks) * bs * kv_heads * dh;
+    float *kc = Alloc(cache), *vc = Alloc(cache), *q = Alloc(size_t(heads) * dh),
+          *o = Alloc(size_t(heads) * dh);
+    for (float* p : {kc, vc, q}) {
+      Fill(p, DType::kF32, int64_t(p == q ? heads * dh : cache), 7, 1.0f, b.stream());
+    }
+    std::vector<int32_t> table(blocks);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(1));
+    AttentionArgs<float> a;
+    a.q = q;
+    a.q_stride = heads * dh;
+    a.num_queries = 1;
+    a.num_keys = tk;
+    a.query_offset = tk - 1;
+    a.num_heads = heads;
+    a.num_kv_heads = kv_heads;
+    a.head_dim = dh;
+    a.scale = 1.0 / std::sqrt(double(dh));
+    a.kv = KvSource<float>{kc, vc, int64_t{kv_heads} * dh, table.data(), bs};
+    a.out = o;
+    a.out_stride = a.q_stride;
+    const double sec = TimeIt(b, 20, [&] { Check(b.Attention(a), "decode attention"); });
+    const double bw = 2.0 * double(cache) * sizeof(float) / sec;
+    rows.push_back({"decode attention (paged, fp32 cache)",
+                    absl::StrCat("Tk=", tk, " H=32/8 Dh=128 bs=16"), Fmt(bw / 1e9, "GB/s"),
+                    Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(bw / copy_bw), ">= 70%"});
+    for (float* p : {kc, vc, q, o}) cudaFree(p);
+  }
+}
+
+// Llama-7B shape: D 4096, 32 layers, 32 heads of 128, FFN 11008, vocab 32000, bf16.
+void EndToEndBench(CudaBackend& b, double copy_bw, bool quick, std::vector<Row>& rows) {
+  const int D = 4096, L = 32, H = 32, Dh = 128, F = 11008, V = 32000, bs = 16;
+  const int ctx = 512, steps = quick ? 3 : 8, max_batch = 64;
+  // Host keys for the adopted device weights: one byte each, never read.
+  std::vector<unsigned char> keys(size_t(L) * 9 + 3);
+  int next_key = 0;
+  int64_t streamed_bytes = 0;  // bytes read per step (all but the embedding table)
+  auto weight = [&](int64_t rows_, int64_t cols) {
+    void* data = nullptr;
+    const size_t bytes = size_t(rows_ * cols) * 2;
+    if (!GC_CUDA(cudaMalloc(&data, bytes))) std::exit(3);
+    Fill(data, DType::kBF16, rows_ * cols, 100 + next_key, 0.02f, b.stream());
+    const void* key = &keys[next_key++];
+    if (!Check(b.AdoptWeight(key, data, DType::kBF16, rows_, cols), "adopt")) std::exit(3);
+    return WeightView{key, DType::kBF16, rows_, cols};
+  };
+  struct Layer {
+    WeightView attn_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2;
+  };
+  std::vector<Layer> layers;
+  const WeightView embedding = weight(V, D);
+  for (int l = 0; l < L; ++l) {
+    Layer y{weight(1, D), weight(D, D), weight(D, D), weight(D, D), weight(D, D),
+            weight(1, D), weight(F, D), weight(F, D), weight(D, F)};
+    layers.push_back(y);
+    streamed_bytes += 2 * (4 * int64_t{D} * D + 3 * int64_t{F} * D + 2 * D);
+  }
+  const WeightView final_norm = weight(1, D), output = weight(V, D);
+  streamed_bytes += 2 * (int64_t{V} * D + D);
+
+  const int max_tokens = ctx + steps + 2;
+  const int blocks_per_seq = (max_tokens + bs - 1) / bs;
+  const size_t cache_rows = size_t(max_batch) * blocks_per_seq * bs;
+  std::vector<float*> kc(L), vc(L);
+  for (int l = 0; l < L; ++l) {
+    kc[l] = Alloc(cache_rows * D);
+    vc[l] = Alloc(cache_rows * D);
+    Fill(kc[l], DType::kF32, int64_t(cache_rows) * D, 1000 + l, 1.0f, b.stream());
+    Fill(vc[l], DType::kF32, int64_t(cache_rows) * D, 2000 + l, 1.0f, b.stream());
+  }
+  float *x = Alloc(size_t(max_batch) * D), *xn = Alloc(size_t(max_batch) * D),
+        *q = Alloc(size_t(max_batch) * D), *k = Alloc(size_t(max_batch) * D),
+        *v = Alloc(size_t(max_batch) * D), *att = Alloc(size_t(max_batch) * D),
+        *proj = Alloc(size_t(max_batch) * D), *h1 = Alloc(size_t(max_batch) * F),
+        *h3 = Alloc(size_t(max_batch) * F), *logits = Alloc(size_t(max_batch) * V);
+
+  for (int batch : quick ? std::vector<int>{1} : std::vector<int>{1, 16, 64}) {
+    std::vector<std::vector<int32_t>> tables(batch);
+    for (int s = 0; s < batch; ++s) {
+      tables[s].resize(blocks_per_seq);
+      std::iota(tables[s].begin(), tables[s].end(), s * blocks_per_seq);
+    }
+    int pos = ctx;
+    std::vector<int32_t> ids(batch, 1), positions(batch);
+    std::vector<int64_t> dst(batch);
+    auto step = [&] {
+      for (int s = 0; s < batch; ++s) {
+        positions[s] = pos;
+        dst[s] = int64_t{tables[s][pos / bs]} * bs + pos % bs;
+      }
+      b.Embedding(embedding, ids.data(), batch, x);
+      for (int l = 0; l < L; ++l) {
+        const Layer& w = layers[l];
+        b.RmsNorm(x, batch, D, w.attn_norm, 1e-5, xn);
+        b.MatMul(xn, batch, w.wq, WeightView{}, q);
+        b.MatMul(xn, batch, w.wk, WeightView{}, k);
+        b.MatMul(xn, batch, w.wv, WeightView{}, v);
+        b.Rope(q, batch, D, H, Dh, positions.data(), 10000.0, RopeStyle::kHalfSplit);
+        b.Rope(k, batch, D, H, Dh, positions.data(), 10000.0, RopeStyle::kHalfSplit);
+        b.StoreKv(k, v, batch, D, D, dst.data(), kc[l], vc[l], D);
+        for (int s = 0; s < batch; ++s) {
+          AttentionArgs<float> a;
+          a.q = q + size_t(s) * D;
+          a.q_stride = D;
+          a.num_queries = 1;
+          a.num_keys = pos + 1;
+          a.query_offset = pos;
+          a.num_heads = a.num_kv_heads = H;
+          a.head_dim = Dh;
+          a.scale = 1.0 / std::sqrt(double(Dh));
+          a.kv = KvSource<float>{kc[l], vc[l], D, tables[s].data(), bs};
+          a.out = att + size_t(s) * D;
+          a.out_stride = D;
+          Check(b.Attention(a), "attention");
+        }
+        b.MatMul(att, batch, w.wo, WeightView{}, proj);
+        b.Add(x, proj, int64_t{batch} * D);
+        b.RmsNorm(x, batch, D, w.ffn_norm, 1e-5, xn);
+        b.MatMul(xn, batch, w.w1, WeightView{}, h1);
+        b.MatMul(xn, batch, w.w3, WeightView{}, h3);
+        b.SwiGlu(h1, h3, int64_t{batch} * F, h1);
+        b.MatMul(h1, batch, w.w2, WeightView{}, proj);
+        b.Add(x, proj, int64_t{batch} * D);
+      }
+      b.RmsNorm(x, batch, D, final_norm, 1e-5, xn);
+      b.MatMul(xn, batch, output, WeightView{}, logits);
+      ++pos;
+    };
+    const double sec = TimeIt(b, steps, step);
+    const double tok_s = batch / sec;
+    // Every weight byte read once per step at the copy's DRAM rate (KV reads not counted).
+    const double roofline = batch * copy_bw / double(streamed_bytes);
+    rows.push_back({"end-to-end decode (Llama-7B shape, bf16 weights)",
+                    absl::StrCat("batch ", batch, ", context ", ctx), Fmt(tok_s, "tok/s"),
+                    Fmt(roofline, "tok/s roofline"), Pct(tok_s / roofline),
+                    batch == 1 ? ">= 70%" : "-"});
+  }
+  for (int l = 0; l < L; ++l) {
+    cudaFree(kc[l]);
+    cudaFree(vc[l]);
+  }
+  for (float* p : {x, xn, q, k, v, att, proj, h1, h3, logits}) cudaFree(p);
+}
+
+int Main(int argc, char** argv) {
+  bool parity_only = false, quick = false;
+  std::map<int, double> sdpa;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--parity-only") == 0) {
+      parity_only = true;
+    } else if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--sdpa") == 0 && i + 1 < argc) {
+      std::ifstream in(argv[++i]);
+      int t;
+      double tflops;
+      while (in >> t >> tflops) sdpa[t] = tflops;
+    } else {
+      std::fprintf(stderr, "usage: %s [--parity-only] [--quick] [--sdpa FILE]\n", argv[0]);
+      return 64;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<CudaBackend>> created = CudaBackend::Create(0);
+  if (!created.ok()) {
+    std::fprintf(stderr, "kvlens_gpu_check: %s\n", std::string(created.status().message()).c_str());
+    return 2;
+  }
+  CudaBackend& b = **created;
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("device: %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount,
+              prop.totalGlobalMem / double(1 << 30));
+
+  std::vector<Row> rows;
+  int failures = 0;
+  for (const parity::ParityResult& r : parity::RunParitySuite(b)) {
+    const bool ok = r.pass();
+    failures += ok ? 0 : 1;
+    rows.push_back(
+        {"parity", r.name,
+         r.status.ok() ? absl::StrFormat("err %.3g", r.err) : std::string(r.status.message()),
+         absl::StrFormat("naive err %.3g", r.naive_err), ok ? "PASS" : "FAIL",
+         absl::StrFormat("<= %.3g", r.tol)});
+  }
+  if (!parity_only) {
+    const double copy_bw = CopyBandwidth(b);
+    rows.push_back({"device-to-device copy", "2 GiB", Fmt(copy_bw / 1e9, "GB/s"), "-", "-", "-"});
+    PrefillBench(b, sdpa, quick, rows);
+    DecodeAttentionBench(b, copy_bw, quick, rows);
+    EndToEndBench(b, copy_bw, quick, rows);
+  }
+  PrintTable(rows);
+  std::printf("parity: %d case(s) failed\n", failures);
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace kvlens::kernels::cuda
+
+int main(int argc, char** argv) { return kvlens::kernels::cuda::Main(argc, argv); }

@@ -1,0 +1,290 @@
+// Elementwise, normalisation, embedding and KV-cache kernels: memory-bound, fp32
+// arithmetic, weights read in their stored dtype. Three levels per op: a static __global__
+// kernel, its launcher (ops.h), and the CudaBackend entry that calls the launcher.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
+
+namespace kvlens::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Enough blocks of kThreads to cover count with grid-stride loops, capped so that huge
+// tensors reuse blocks instead of launching millions.
+unsigned GridFor(int64_t count) {
+  const int64_t blocks = (count + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, int64_t{1} << 16));
+}
+
+__device__ __forceinline__ float LoadAsFloat(const void* p, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+__global__ void EmbeddingKernel(const void* table, DType dtype, int64_t dim, const int32_t* ids,
+                                float* out) {
+  const int64_t r = blockIdx.x;
+  const int64_t base = static_cast<int64_t>(ids[r]) * dim;
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+    out[r * dim + c] = LoadAsFloat(table, dtype, base + c);
+  }
+}
+
+// One block per row.
+__global__ void RmsNormKernel(const float* x, int dim, const void* weight, DType dtype, float eps,
+                              float* y) {
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
+  float sum_sq = 0.0f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) sum_sq += xr[i] * xr[i];
+  const float inv_rms = rsqrtf(BlockReduce(sum_sq, SumOp()) / static_cast<float>(dim) + eps);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    yr[i] = xr[i] * inv_rms * LoadAsFloat(weight, dtype, i);
+  }
+}
+
+// One block per row; two passes (mean, then the variance about it) for accuracy.
+__global__ void LayerNormKernel(const float* x, int dim, const void* weight, const void* bias,
+                                DType dtype, float eps, float* y) {
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) sum += xr[i];
+  const float mean = BlockReduce(sum, SumOp()) / static_cast<float>(dim);
+  float sum_sq = 0.0f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float d = xr[i] - mean;
+    sum_sq += d * d;
+  }
+  const float inv_std = rsqrtf(BlockReduce(sum_sq, SumOp()) / static_cast<float>(dim) + eps);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float b = bias != nullptr ? LoadAsFloat(bias, dtype, i) : 0.0f;
+    yr[i] = (xr[i] - mean) * inv_std * LoadAsFloat(weight, dtype, i) + b;
+  }
+}
+
+// One thread per (row, head, pair). The angle is position · theta^(−2p/Dh) in double:
+// at position 1e5 a float angle would be off by ~1e-2 rad.
+__global__ void RopeKernel(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
+                           const int32_t* positions, double theta, bool adjacent) {
+  const int half = head_dim / 2;
+  const int64_t total = static_cast<int64_t>(n) * num_heads * half;
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int p = static_cast<int>(t % half);
+    const int64_t rh = t / half;
+    const int h = static_cast<int>(rh % num_heads);
+    const int64_t r = rh / num_heads;
+    const double angle = positions[r] * pow(theta, -2.0 * p / head_dim);
+    double s, c;
+    sincos(angle, &s, &c);
+    const float cf = static_cast<float>(c), sf = static_cast<float>(s);
+    float* head = x + r * row_stride + static_cast<int64_t>(h) * head_dim;
+    const int ia = adjacent ? 2 * p : p;
+    const int ib = adjacent ? 2 * p + 1 : p + half;
+    const float a = head[ia], b = head[ib];
+    head[ia] = a * cf - b * sf;
+    head[ib] = a * sf + b * cf;
+  }
+}
+
+__global__ void GeluKernel(float* x, int64_t count) {
+  const float k = 0.7978845608028654f;  // √(2/π)
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    x[i] = 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+  }
+}
+
+__global__ void SwiGluKernel(const float* gate, const float* up, int64_t count, float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+__global__ void AddKernel(float* y, const float* x, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] += x[i];
+  }
+}
+
+__global__ void AddBiasKernel(float* y, int64_t total, int64_t cols, const void* bias,
+                              DType dtype) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] += LoadAsFloat(bias, dtype, i % cols);
+  }
+}
+
+__global__ void StoreKvKernel(const float* k, const float* v, int n, int64_t src_stride,
+                              int64_t row_elems, const int64_t* dst_rows, float* k_cache,
+                              float* v_cache, int64_t cache_stride) {
+  const int64_t total = static_cast<int64_t>(n) * row_elems;
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = t / row_elems, e = t % row_elems;
+    const int64_t dst = dst_rows[r] * cache_stride + e;
+    k_cache[dst] = k[r * src_stride + e];
+    v_cache[dst] = v[r * src_stride + e];
+  }
+}
+
+__global__ void ConvertF32Kernel(const float* x, int64_t count, bool to_bf16, void* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (to_bf16) {
+      static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(x[i]);
+    } else {
+      static_cast<__half*>(out)[i] = __float2half_rn(x[i]);
+    }
+  }
+}
+
+__device__ __forceinline__ uint64_t SplitMix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void FillRandomKernel(void* out, DType dtype, int64_t count, uint64_t seed,
+                                 float scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t bits = SplitMix64(seed * 0x100000001b3ull + static_cast<uint64_t>(i));
+    const float u = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    const float value = (2.0f * u - 1.0f) * scale;
+    switch (dtype) {
+      case DType::kF16:
+        static_cast<__half*>(out)[i] = __float2half_rn(value);
+        break;
+      case DType::kBF16:
+        static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(value);
+        break;
+      default:
+        static_cast<float*>(out)[i] = value;
+        break;
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchEmbedding(const void* table, DType dtype, int64_t dim, const int32_t* ids, int n,
+                             float* out, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  EmbeddingKernel<<<n, kThreads, 0, stream>>>(table, dtype, dim, ids, out);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("EmbeddingKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchRmsNorm(const float* x, int n, int dim, const void* weight, DType dtype,
+                           float eps, float* y, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  const int threads = dim >= 4096 ? 1024 : kThreads;
+  RmsNormKernel<<<n, threads, 0, stream>>>(x, dim, weight, dtype, eps, y);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("RmsNormKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchLayerNorm(const float* x, int n, int dim, const void* weight, const void* bias,
+                             DType dtype, float eps, float* y, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  const int threads = dim >= 4096 ? 1024 : kThreads;
+  LayerNormKernel<<<n, threads, 0, stream>>>(x, dim, weight, bias, dtype, eps, y);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("LayerNormKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchRope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
+                        const int32_t* positions, double theta, RopeStyle style,
+                        cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(n) * num_heads * (head_dim / 2);
+  if (total <= 0) return absl::OkStatus();
+  RopeKernel<<<GridFor(total), kThreads, 0, stream>>>(
+      x, n, row_stride, num_heads, head_dim, positions, theta, style == RopeStyle::kAdjacentPairs);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("RopeKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchGelu(float* x, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return absl::OkStatus();
+  GeluKernel<<<GridFor(count), kThreads, 0, stream>>>(x, count);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("GeluKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchSwiGlu(const float* gate, const float* up, int64_t count, float* out,
+                          cudaStream_t stream) {
+  if (count <= 0) return absl::OkStatus();
+  SwiGluKernel<<<GridFor(count), kThreads, 0, stream>>>(gate, up, count, out);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SwiGluKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchAdd(float* y, const float* x, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return absl::OkStatus();
+  AddKernel<<<GridFor(count), kThreads, 0, stream>>>(y, x, count);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("AddKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchAddBias(float* y, int n, int64_t cols, const void* bias, DType dtype,
+                           cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(n) * cols;
+  if (total <= 0) return absl::OkStatus();
+  AddBiasKernel<<<GridFor(total), kThreads, 0, stream>>>(y, total, cols, bias, dtype);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("AddBiasKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchStoreKv(const float* k, const float* v, int n, int64_t src_stride,
+                           int64_t row_elems, const int64_t* dst_rows, float* k_cache,
+                           float* v_cache, int64_t cache_stride, cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(n) * row_elems;
+  if (total <= 0) return absl::OkStatus();
+  StoreKvKernel<<<GridFor(total), kThreads, 0, stream>>>(k, v, n, src_stride, row_elems, dst_rows,
+                                                         k_cache, v_cache, cache_stride);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("StoreKvKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchConvertF32(const float* x, int64_t count, DType to, void* out,
+                              cudaStream_t stream) {
+  if (to != DType::kF16 && to != DType::kBF16) {
+    return absl::InvalidArgumentError("LaunchConvertF32: target must be f16 or bf16");
+  }
+  if (count <= 0) return absl::OkStatus();
+  ConvertF32Kernel<<<GridFor(count), kThreads, 0, stream>>>(x, count, to == DType::kBF16, out);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("ConvertF32Kernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchFillRandom(void* out, DType dtype, int64_t count, uint64_t seed, float scale,
+                              cudaStream_t stream) {
+  if (dtype == DType::kQ8_0) {
+    return absl::InvalidArgumentError("LaunchFillRandom: q8_0 is not a device dtype");
+  }
+  if (count <= 0) return absl::OkStatus();
+  FillRandomKernel<<<GridFor(count), kThreads, 0, stream>>>(out, dtype, count, seed, scale);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("FillRandomKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace kvlens::kernels::cuda

@@ -1,0 +1,55 @@
+// Launchers of the elementwise, normalisation, embedding and cache kernels (ops.cu). Each
+// takes device pointers and a stream, enqueues its kernel and returns at once; a launch
+// failure comes back as a Status. Index arrays (ids, positions, dst_rows) are device
+// arrays here: CudaBackend uploads them from the engine's host arrays.
+//
+// Weights arrive in their device dtype (kF32, kF16 or kBF16; q8_0 is dequantised to f16 at
+// upload, see cuda_backend.h) and are read as float; activations are always float.
+#ifndef KVLENS_KERNELS_CUDA_OPS_H_
+#define KVLENS_KERNELS_CUDA_OPS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
+
+namespace kvlens::kernels::cuda {
+
+// out[n, dim] = table[ids[r], :]   (table [vocab, dim] in `dtype`)
+absl::Status LaunchEmbedding(const void* table, DType dtype, int64_t dim, const int32_t* ids, int n,
+                             float* out, cudaStream_t stream);
+// y[r] = x[r] / sqrt(mean(x[r]²) + eps) ⊙ weight, rows of dim
+absl::Status LaunchRmsNorm(const float* x, int n, int dim, const void* weight, DType dtype,
+                           float eps, float* y, cudaStream_t stream);
+// y[r] = (x[r] − mean) / sqrt(var + eps) ⊙ weight + bias (bias may be null; same dtype)
+absl::Status LaunchLayerNorm(const float* x, int n, int dim, const void* weight, const void* bias,
+                             DType dtype, float eps, float* y, cudaStream_t stream);
+// In place on x[n, num_heads, head_dim] (rows row_stride apart); angles in double.
+absl::Status LaunchRope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
+                        const int32_t* positions, double theta, RopeStyle style,
+                        cudaStream_t stream);
+absl::Status LaunchGelu(float* x, int64_t count, cudaStream_t stream);
+absl::Status LaunchSwiGlu(const float* gate, const float* up, int64_t count, float* out,
+                          cudaStream_t stream);
+absl::Status LaunchAdd(float* y, const float* x, int64_t count, cudaStream_t stream);
+// y[r, c] += bias[c] for r < n, c < cols
+absl::Status LaunchAddBias(float* y, int n, int64_t cols, const void* bias, DType dtype,
+                           cudaStream_t stream);
+// k_cache[dst_rows[r] * cache_stride + e] = k[r * src_stride + e] (and v), e < row_elems
+absl::Status LaunchStoreKv(const float* k, const float* v, int n, int64_t src_stride,
+                           int64_t row_elems, const int64_t* dst_rows, float* k_cache,
+                           float* v_cache, int64_t cache_stride, cudaStream_t stream);
+// out[i] = round_to_nearest_even(x[i]) in `to` (kF16 or kBF16): GEMM inputs for tensor cores.
+absl::Status LaunchConvertF32(const float* x, int64_t count, DType to, void* out,
+                              cudaStream_t stream);
+// out[i] = uniform in [−scale, scale) from a counter hash of (seed, i), stored in `dtype`
+// (kF32, kF16 or kBF16). For benchmarks that need gigabytes of weights without a host copy.
+absl::Status LaunchFillRandom(void* out, DType dtype, int64_t count, uint64_t seed, float scale,
+                              cudaStream_t stream);
+
+}  // namespace kvlens::kernels::cuda
+
+#endif  // KVLENS_KERNELS_CUDA_OPS_H_

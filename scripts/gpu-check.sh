@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# One call on a machine with an NVIDIA GPU: builds the CUDA backend, runs the parity checks
+# against the CPU reference, and the benchmarks (prefill attention vs PyTorch SDPA, decode
+# attention vs a device-to-device copy, Llama-7B-shaped decode vs the weight-bandwidth
+# roofline), then prints one table. See docs/cuda.md.
+#
+#   scripts/gpu-check.sh [--quick] [--parity-only]
+#   scripts/gpu-check.sh --bundle DIR    on a machine WITH libabsl-dev: pack abseil's headers
+#                                        and static libraries into DIR for a GPU machine
+#                                        without them (then KVLENS_ABSL_BUNDLE=DIR there)
+# Environment: BUILD_DIR (build-gpu), KVLENS_ABSL_BUNDLE (default build-gpu-bundle when it
+# exists), CUDA_ARCH (90), JOBS (nproc). The table is also written to $BUILD_DIR/gpu-check.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+CUDA_ARCH=${CUDA_ARCH:-90}
+JOBS=${JOBS:-$(nproc)}
+CHECK_ARGS=()
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bundle)
+      dir=${2:?--bundle needs a directory}
+      mkdir -p "$dir/include" "$dir/lib"
+      cp -r /usr/include/absl "$dir/include/"
+      cp /usr/lib/*/libabsl_*.a "$dir/lib/"
+      echo "abseil bundle in $dir ($(du -sh "$dir" | cut -f1)); carry it to the GPU machine"
+      exit 0 ;;
+    --quick|--parity-only) CHECK_ARGS+=("$1"); shift ;;
+    *) echo "usage: $0 [--quick] [--parity-only] | --bundle DIR" >&2; exit 64 ;;
+  esac
+done
+
+export PATH=/usr/local/cuda/bin:$PATH
+command -v nvcc >/dev/null || { echo "gpu-check: nvcc not found (need the CUDA toolkit)" >&2; exit 2; }
+command -v cmake >/dev/null || { echo "gpu-check: cmake not found" >&2; exit 2; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || {
+  echo "gpu-check: nvidia-smi failed: no usable GPU here" >&2; exit 2; }
+GENERATOR=()
+command -v ninja >/dev/null && GENERATOR=(-G Ninja)
+mkdir -p "$BUILD_DIR"
+
+# 1. The whole tree when its dependencies are here (then the GoogleTest GPU suite runs too);
+#    else the standalone checker, which needs only CUDA, CMake and abseil.
+CHECK_BIN=""
+if cmake -S . -B "$BUILD_DIR/full" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release \
+     -DKVLENS_CUDA=ON -DKVLENS_BUILD_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" \
+     >"$BUILD_DIR/full-configure.log" 2>&1; then
+  echo "== building the full tree (kernels_tests, kvlens_gpu_check)"
+  cmake --build "$BUILD_DIR/full" -j "$JOBS" --target kernels_tests kvlens_gpu_check
+  echo "== GPU unit tests (ctest -L gpu)"
+  (cd "$BUILD_DIR/full" && ctest -L gpu --output-on-failure) || echo "gpu-check: GPU unit tests FAILED"
+  CHECK_BIN=$BUILD_DIR/full/kernels/cuda/kvlens_gpu_check
+else
+  echo "== the full tree does not configure here (missing: $(grep -o 'Could not find a package configuration file provided by "[^"]*"\|Could NOT find [A-Za-z_]*' "$BUILD_DIR/full-configure.log" | sed 's/.*"\(.*\)"/\1/; s/Could NOT find //' | sort -u | tr '\n' ' '))"
+  echo "   building the standalone kvlens_gpu_check (CUDA + abseil only; no GoogleTest suite)"
+  BUNDLE=${KVLENS_ABSL_BUNDLE:-}
+  [ -z "$BUNDLE" ] && [ -d build-gpu-bundle ] && BUNDLE=$ROOT/build-gpu-bundle
+  cmake -S kernels/cuda/standalone -B "$BUILD_DIR/standalone" "${GENERATOR[@]}" \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" \
+    ${BUNDLE:+-DKVLENS_ABSL_BUNDLE="$BUNDLE"} || {
+    echo "gpu-check: abseil not found. On a machine with libabsl-dev run" >&2
+    echo "  scripts/gpu-check.sh --bundle build-gpu-bundle" >&2
+    echo "and bring build-gpu-bundle/ (about 6 MB) along; see docs/cuda.md." >&2
+    exit 2; }
+  cmake --build "$BUILD_DIR/standalone" -j "$JOBS"
+  CHECK_BIN=$BUILD_DIR/standalone/kvlens_gpu_check
+fi
+
+# 2. PyTorch's scaled_dot_product_attention on the prefill shapes, when PyTorch is here.
+SDPA=$BUILD_DIR/sdpa.txt
+: >"$SDPA"
+if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  echo "== PyTorch SDPA reference (bf16, H=32, Dh=128, causal)"
+  python3 - "$SDPA" <<'PY' || echo "gpu-check: the SDPA reference failed; the table lacks it"
+import sys, torch
+import torch.nn.functional as F
+out = open(sys.argv[1], "w")
+for t in (4096, 8192, 16384):
+    q, k, v = (torch.randn(1, 32, t, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    for _ in range(3):
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    iters = 10
+    start.record()
+    for _ in range(iters):
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    stop.record()
+    torch.cuda.synchronize()
+    sec = start.elapsed_time(stop) / 1e3 / iters
+    out.write(f"{t} {4 * 32 * 128 * t * t / 2 / sec / 1e12:.2f}\n")
+PY
+else
+  echo "== PyTorch with CUDA not found: the table has no SDPA reference"
+fi
+
+# 3. Parity and benchmarks: one table.
+echo "== kvlens_gpu_check"
+set +e
+"$CHECK_BIN" --sdpa "$SDPA" "${CHECK_ARGS[@]}" | tee "$BUILD_DIR/gpu-check.txt"
+rc=${PIPESTATUS[0]}
+set -e
+echo "table written to $BUILD_DIR/gpu-check.txt"
+exit "$rc"
