@@ -1,0 +1,270 @@
+// kvlens.v1.Interpret end to end on stories260K: Intervene (ablations, attention-row
+// overrides, residual patching), LogitLens, and the cached-KV probe of an open session,
+// each through the RPC and checked against its definition (engine/interpret run directly
+// in fp64 on the same model).
+#include <random>
+
+#include "engine/interpret/interventions.h"
+#include "engine/interpret/objective.h"
+#include "engine/interpret/tape.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/reference_backend.h"
+#include "tests/server/interpret_test_util.h"
+#include "tests/test_paths.h"
+
+namespace kvlens::testing {
+namespace {
+
+std::vector<int32_t> Tokens(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t = {1};
+  while (static_cast<int>(t.size()) < n) t.push_back(static_cast<int32_t>(3 + rng() % 509));
+  return t;
+}
+
+v1::InterveneResponse CallIntervene(v1::Interpret::Stub& stub, const v1::InterveneRequest& r) {
+  v1::InterveneResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  const grpc::Status s = stub.Intervene(&context, r, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return response;
+}
+
+void AddTarget(v1::InterveneRequest& r, int position, int token) {
+  v1::TokenTarget* t = r.add_targets();
+  t->set_position(position);
+  t->set_token(token);
+}
+
+TEST(InterpretIntervene, PatchingACleanRunIntoItselfChangesNothing) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  const ModelConfig& c = server.model().config;
+  const std::vector<int32_t> tokens = Tokens(10, 2);
+  v1::InterveneRequest r;
+  *r.mutable_input() = IdsInput(tokens);
+  *r.mutable_patch_source() = IdsInput(tokens);
+  r.set_precision(v1::PRECISION_FP64);
+  for (int l = 0; l <= c.num_layers; ++l) {
+    for (int p = 0; p < 10; ++p) {
+      v1::ResidualPatch* patch = r.add_patches();
+      patch->set_layer(l);
+      patch->set_position(p);
+      patch->set_source_position(p);
+    }
+  }
+  AddTarget(r, 9, 42);
+  const v1::InterveneResponse response = CallIntervene(*stub, r);
+  EXPECT_EQ(response.precision(), v1::PRECISION_FP64);
+  EXPECT_EQ(response.max_abs_logit_change(), 0.0);
+  ASSERT_EQ(response.effects_size(), 1);
+  EXPECT_EQ(response.effects(0).clean_logprob(), response.effects(0).edited_logprob());
+
+  // Patching from a different prompt does change the output.
+  *r.mutable_patch_source() = IdsInput(Tokens(10, 3));
+  r.clear_patches();
+  v1::ResidualPatch* patch = r.add_patches();
+  patch->set_layer(2);
+  patch->set_position(9);
+  patch->set_source_position(9);
+  EXPECT_GT(CallIntervene(*stub, r).max_abs_logit_change(), 1e-3);
+}
+
+TEST(InterpretIntervene, AblationsAndRowOverridesAsDefined) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  const Model& model = server.model();
+  const std::vector<int32_t> tokens = Tokens(12, 8);
+  v1::InterveneRequest r;
+  *r.mutable_input() = IdsInput(tokens);
+  r.set_precision(v1::PRECISION_FP64);
+  v1::HeadAblation* a = r.add_ablations();
+  a->set_layer(1);
+  a->set_head(2);
+  a = r.add_ablations();
+  a->set_layer(3);
+  a->set_head(0);
+  a->set_mode(v1::HeadAblation::MODE_MEAN);
+  v1::RowOverride* o = r.add_row_overrides();
+  o->set_layer(0);
+  o->set_head(4);
+  o->set_position(7);
+  o->add_masked_keys(0);
+  o->add_masked_keys(6);
+  AddTarget(r, 11, 42);
+  AddTarget(r, 5, 300);
+  const v1::InterveneResponse response = CallIntervene(*stub, r);
+
+  // The same edits through engine/interpret directly.
+  interpret::Edits edits;
+  edits.ablations = {{1, 2, interpret::AblationMode::kZero},
+                     {3, 0, interpret::AblationMode::kMean}};
+  edits.row_overrides.push_back({0, 4, 7, {}, {0, 6}});
+  kernels::ReferenceBackend be;
+  interpret::SequenceInput<double> in;
+  in.tokens = tokens;
+  const std::vector<interpret::TokenTarget> targets = {{11, 42}, {5, 300}};
+  auto want = interpret::Intervene(model, be, in, edits, targets);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(response.effects_size(), 2);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_DOUBLE_EQ(response.effects(k).clean_logprob(), want->clean_logprobs[k]);
+    EXPECT_DOUBLE_EQ(response.effects(k).edited_logprob(), want->edited_logprobs[k]);
+    EXPECT_NE(response.effects(k).clean_logprob(), response.effects(k).edited_logprob());
+  }
+  // Causality: overriding row 7 alone leaves row 6's output alone and changes row 7's.
+  v1::InterveneRequest only = r;
+  only.clear_ablations();
+  only.clear_targets();
+  AddTarget(only, 6, 42);
+  AddTarget(only, 7, 42);
+  const v1::InterveneResponse o2 = CallIntervene(*stub, only);
+  EXPECT_EQ(o2.effects(0).clean_logprob(), o2.effects(0).edited_logprob());
+  EXPECT_NE(o2.effects(1).clean_logprob(), o2.effects(1).edited_logprob());
+
+  // Errors name the field.
+  v1::InterveneRequest bad = r;
+  bad.mutable_ablations(0)->set_head(99);
+  v1::InterveneResponse ignored;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  const grpc::Status s = stub->Intervene(&context, bad, &ignored);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("ablations[0].head = 99"), std::string::npos)
+      << s.error_message();
+}
+
+TEST(InterpretLens, LastLayerIsTheModelsOwnOutput) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  const ModelConfig& c = server.model().config;
+  const std::vector<int32_t> tokens = Tokens(9, 4);
+  v1::LogitLensRequest lens;
+  *lens.mutable_input() = IdsInput(tokens);
+  lens.set_precision(v1::PRECISION_FP64);
+  lens.set_top_k(3);
+  lens.add_positions(4);
+  lens.add_positions(8);
+  v1::LogitLensResponse lr;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  ASSERT_TRUE(stub->LogitLens(&context, lens, &lr).ok());
+  ASSERT_EQ(lr.rows_size(), (c.num_layers + 1) * 2);
+  const v1::LensRow& last = lr.rows(lr.rows_size() - 1);
+  EXPECT_EQ(last.layer(), c.num_layers);
+  EXPECT_EQ(last.position(), 8);
+  ASSERT_EQ(last.top_size(), 3);
+  EXPECT_GE(last.top(0).logprob(), last.top(1).logprob());
+  EXPECT_FALSE(last.top(0).piece().empty());
+  // The model's own log-probability of that token at that position (Intervene's clean run).
+  v1::InterveneRequest r;
+  *r.mutable_input() = IdsInput(tokens);
+  r.set_precision(v1::PRECISION_FP64);
+  AddTarget(r, 8, last.top(0).token());
+  EXPECT_NEAR(CallIntervene(*stub, r).effects(0).clean_logprob(), last.top(0).logprob(), 1e-12);
+}
+
+TEST(InterpretCachedKv, SessionProbeEqualsFullTapeWithLeafPrefix) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  const Model& model = server.model();
+  const ModelConfig& c = model.config;
+  v1::OpenSessionResponse session;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(server.stub().OpenSession(&context, {}, &session).ok());
+  }
+  v1::GenerateRequest g = GreedyRequest("Once upon a time", 6);
+  g.set_session_id(session.session_id());
+  ASSERT_TRUE(RunGenerate(server.stub(), g).status.ok());
+  std::vector<int32_t> tokens;
+  int cached = 0;
+  ASSERT_TRUE(server.engine()
+                  .ReadSession(session.session_id(),
+                               [&](const Engine::SessionView& v) {
+                                 tokens.assign(v.tokens.begin(), v.tokens.end());
+                                 cached = v.num_cached;
+                               })
+                  .ok());
+  ASSERT_EQ(cached + 1, static_cast<int>(tokens.size()));  // the last token is not cached yet
+
+  const int32_t target = 42;
+  std::vector<v1::CachedKvProbeResponse> responses(2);
+  for (int k = 0; k < 2; ++k) {
+    v1::CachedKvProbeRequest r;
+    r.set_session_id(session.session_id());
+    r.set_target(target);
+    r.set_precision(k == 0 ? v1::PRECISION_FP64 : v1::PRECISION_FP32);
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status s = stub->CachedKvProbe(&context, r, &responses[k]);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(responses[k].num_cached(), cached);
+    ASSERT_EQ(responses[k].tensors_size(), 2 * c.num_layers);
+  }
+  // Definition: a full fp64 tape over the session's tokens whose prefix K/V are leaves.
+  kernels::ReferenceBackend be;
+  interpret::SequenceInput<double> in;
+  in.tokens = tokens;
+  auto tape = interpret::RunForward(model, be, in);
+  ASSERT_TRUE(tape.ok());
+  interpret::BackwardOptions options;
+  options.kv_leaf_end = cached;
+  const int last = static_cast<int>(tokens.size()) - 1;
+  auto grads = interpret::ObjectiveGradients(
+      model, *tape, interpret::Objective::LogProb({{last, target}}), options);
+  ASSERT_TRUE(grads.ok());
+  EXPECT_NEAR(
+      responses[0].objective(),
+      interpret::EvaluateObjective(interpret::Objective::LogProb({{last, target}}), c, *tape),
+      1e-4);
+  double worst64 = 0, worst32 = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    for (const char* name : {"grad.cached_k", "grad.cached_v"}) {
+      const bool is_k = std::string(name) == "grad.cached_k";
+      const std::vector<double>& full = is_k ? grads->k[l] : grads->v[l];
+      const std::vector<double> want(full.begin(),
+                                     full.begin() + static_cast<int64_t>(cached) * c.kv_dim());
+      const v1::Tensor* t64 = FindTensor(responses[0].tensors(), name, l, -1);
+      const v1::Tensor* t32 = FindTensor(responses[1].tensors(), name, l, -1);
+      ASSERT_NE(t64, nullptr);
+      ASSERT_NE(t32, nullptr);
+      worst64 = std::max(worst64, RelErr(DecodeTensor(*t64), want));
+      worst32 = std::max(worst32, RelErr(DecodeTensor(*t32), want));
+    }
+  }
+  // The cache holds the engine's fp32 K/V; the definition recomputes them in fp64.
+  EXPECT_LE(worst64, 1e-4);
+  EXPECT_LE(worst32, 1e-4);
+  std::printf("[interp] cached-KV probe vs full tape with leaf prefix: fp64 %.3g, fp32 %.3g\n",
+              worst64, worst32);
+
+  // AttentionMaps on the session: the session's tokens.
+  v1::AttentionMapsRequest maps;
+  maps.mutable_input()->set_session_id(session.session_id());
+  maps.add_layers(0);
+  const AttentionResult ar = RunAttentionMaps(*stub, maps);
+  ASSERT_TRUE(ar.status.ok()) << ar.status.error_message();
+  EXPECT_EQ(std::vector<int32_t>(ar.info.token_ids().begin(), ar.info.token_ids().end()), tokens);
+
+  // Unknown sessions are NOT_FOUND.
+  v1::CachedKvProbeRequest r;
+  r.set_session_id(12345);
+  v1::CachedKvProbeResponse ignored;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  EXPECT_EQ(stub->CachedKvProbe(&context, r, &ignored).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+}  // namespace
+}  // namespace kvlens::testing
