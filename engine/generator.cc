@@ -36,14 +36,15 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
   }
   if (absl::Status s = options.sampling.Validate(c.vocab_size); !s.ok()) return s;
 
-  const int64_t total = std::min<int64_t>(c.max_seq_len,
-                                          static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
+  const int64_t total = std::min<int64_t>(
+      c.max_seq_len, static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
   KvCacheManager cache_manager(
       static_cast<int>((total + options.block_size - 1) / options.block_size), options.block_size);
   KvCacheStorage<T> cache(c.num_layers, cache_manager.pool().num_blocks(), options.block_size,
                           c.kv_dim(), /*fill_nan=*/true);
   constexpr SequenceId kSeq = 0;
-  if (!cache_manager.Reserve(kSeq, total)) return absl::InternalError("KV cache reservation failed");
+  if (!cache_manager.Reserve(kSeq, total))
+    return absl::InternalError("KV cache reservation failed");
   const std::vector<BlockId>& table = cache_manager.BlockTable(kSeq);
 
   Transformer<T> transformer(model, backend);
@@ -57,7 +58,8 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
   const auto t0 = Clock::now();
   int num_cached = 0;
   while (num_cached < static_cast<int>(prompt.size())) {
-    const int n = std::min<int>(options.prefill_chunk, static_cast<int>(prompt.size()) - num_cached);
+    const int n =
+        std::min<int>(options.prefill_chunk, static_cast<int>(prompt.size()) - num_cached);
     BatchEntry entry;
     entry.tokens = prompt.subspan(num_cached, n);
     entry.num_cached = num_cached;

@@ -35,10 +35,15 @@ struct TokenLogprob {
 // One generated token as streamed.
 struct TokenEvent {
   int32_t token = 0;
-  std::string text;  // UTF-8 delta that became complete with this token (may be empty)
-  float logprob = 0.0f;                // log p(token) under the model (before sampling filters)
+  std::string text;      // UTF-8 delta that became complete with this token (may be empty)
+  float logprob = 0.0f;  // log p(token) under the model (before sampling filters)
   std::vector<TokenLogprob> top_logprobs;  // the N most likely, when asked
   Clock::time_point time;
+  // With GenerationRequest::attention_rows: the attention row of the query whose logits
+  // produced this token (position p − 1 for a token at position p) over keys 0 … p − 1,
+  // for each chosen layer, then head: [layers][heads][attention_keys]. Else empty.
+  std::vector<float> attention;
+  int attention_keys = 0;
 };
 
 struct Usage {
@@ -68,12 +73,20 @@ struct RequestCallbacks {
   std::function<void(const FinishEvent&)> on_finish;  // exactly once, last
 };
 
+// Interpretability: stream each generated token's attention row for these layers and
+// query heads (both non-empty), read from the live forward pass.
+struct AttentionRowsRequest {
+  std::vector<int> layers;
+  std::vector<int> heads;
+};
+
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // token ids (BOS included if wanted)
   SamplingParams sampling;
   StopParams stop;
-  int top_logprobs = 0;     // 0 … 20
-  SessionId session = 0;    // 0: none; else an open session this request appends to
+  int top_logprobs = 0;   // 0 … 20
+  SessionId session = 0;  // 0: none; else an open session this request appends to
+  AttentionRowsRequest attention_rows;  // empty: none streamed
   RequestCallbacks callbacks;
 };
 

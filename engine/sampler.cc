@@ -14,20 +14,22 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
     return absl::InvalidArgumentError(
         absl::StrCat("sampling: ", field, " = ", v, " must be ", range));
   };
-  if (!(temperature >= 0.0 && temperature <= 100.0)) return bad("temperature", temperature, "in [0, 100]");
+  if (!(temperature >= 0.0 && temperature <= 100.0))
+    return bad("temperature", temperature, "in [0, 100]");
   if (top_k < 0) return bad("top_k", top_k, ">= 0");
   if (!(top_p > 0.0 && top_p <= 1.0)) return bad("top_p", top_p, "in (0, 1]");
   if (!(min_p >= 0.0 && min_p < 1.0)) return bad("min_p", min_p, "in [0, 1)");
   if (!(repetition_penalty > 0.0 && repetition_penalty <= 10.0)) {
     return bad("repetition_penalty", repetition_penalty, "in (0, 10]");
   }
-  if (!(std::abs(frequency_penalty) <= 2.0)) return bad("frequency_penalty", frequency_penalty, "in [-2, 2]");
-  if (!(std::abs(presence_penalty) <= 2.0)) return bad("presence_penalty", presence_penalty, "in [-2, 2]");
+  if (!(std::abs(frequency_penalty) <= 2.0))
+    return bad("frequency_penalty", frequency_penalty, "in [-2, 2]");
+  if (!(std::abs(presence_penalty) <= 2.0))
+    return bad("presence_penalty", presence_penalty, "in [-2, 2]");
   for (const auto& [id, bias] : logit_bias) {
     if (id < 0 || id >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("sampling: logit_bias token id ", id,
-                                                     " outside the vocabulary [0, ",
-                                                     vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sampling: logit_bias token id ", id, " outside the vocabulary [0, ", vocab_size, ")"));
     }
     if (!std::isfinite(bias) || std::abs(bias) > 100.0f) {
       return bad(absl::StrCat("logit_bias[", id, "]"), bias, "finite and in [-100, 100]");
@@ -39,8 +41,8 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
 void Sampler::ApplyBiasAndPenalties(absl::Span<float> logits,
                                     absl::Span<const int32_t> history) const {
   for (const auto& [id, bias] : params_.logit_bias) logits[id] += bias;
-  const bool any_penalty = params_.repetition_penalty != 1.0 ||
-                           params_.frequency_penalty != 0.0 || params_.presence_penalty != 0.0;
+  const bool any_penalty = params_.repetition_penalty != 1.0 || params_.frequency_penalty != 0.0 ||
+                           params_.presence_penalty != 0.0;
   if (!any_penalty || history.empty()) return;
   absl::flat_hash_map<int32_t, int> counts;
   for (int32_t t : history) {

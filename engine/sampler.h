@@ -17,10 +17,10 @@
 namespace kvlens {
 
 struct SamplingParams {
-  double temperature = 0.0;  // 0: greedy (argmax, lowest id on ties)
-  int top_k = 0;             // 0: off; keep the k most likely tokens
-  double top_p = 1.0;        // 1: off; keep the smallest set whose mass reaches top_p
-  double min_p = 0.0;        // 0: off; drop tokens with p < min_p · p_max
+  double temperature = 0.0;         // 0: greedy (argmax, lowest id on ties)
+  int top_k = 0;                    // 0: off; keep the k most likely tokens
+  double top_p = 1.0;               // 1: off; keep the smallest set whose mass reaches top_p
+  double min_p = 0.0;               // 0: off; drop tokens with p < min_p · p_max
   double repetition_penalty = 1.0;  // 1: off; CTRL-style: logit/θ if > 0 else logit·θ
   double frequency_penalty = 0.0;   // subtract count(token) · value
   double presence_penalty = 0.0;    // subtract value once per token seen

@@ -29,14 +29,14 @@ template <typename T>
 struct KvSource {
   const T* k = nullptr;
   const T* v = nullptr;
-  int64_t row_stride = 0;               // elements between consecutive physical rows
+  int64_t row_stride = 0;                // elements between consecutive physical rows
   const int32_t* block_table = nullptr;  // [ceil(Tk / block_size)], or nullptr
   int block_size = 0;                    // tokens per block (with a block table)
 
   int64_t PhysicalRow(int64_t t) const {
-    return block_table ? static_cast<int64_t>(block_table[t / block_size]) * block_size +
-                             t % block_size
-                       : t;
+    return block_table
+               ? static_cast<int64_t>(block_table[t / block_size]) * block_size + t % block_size
+               : t;
   }
 };
 
@@ -51,14 +51,14 @@ template <typename T>
 struct AttentionArgs {
   const T* q = nullptr;  // [Tq, H, Dh], rows q_stride elements apart
   int64_t q_stride = 0;
-  int num_queries = 0;  // Tq
-  int num_keys = 0;     // Tk: keys 0 … Tk-1 exist
-  int num_heads = 0;    // H
+  int num_queries = 0;   // Tq
+  int num_keys = 0;      // Tk: keys 0 … Tk-1 exist
+  int num_heads = 0;     // H
   int num_kv_heads = 0;  // Hkv, divides H
   int head_dim = 0;      // Dh
   int query_offset = 0;  // absolute position of query row 0
   bool causal = true;
-  double scale = 0.0;  // usually 1/√Dh
+  double scale = 0.0;                  // usually 1/√Dh
   const int32_t* q_doc_ids = nullptr;  // [Tq] document of each query, or nullptr
   const int32_t* k_doc_ids = nullptr;  // [Tk] document of each key (both or neither)
   KvSource<T> kv;
@@ -84,8 +84,7 @@ class Backend {
   // out[N, D] = table[ids[i]] (table is [vocab, D]).
   virtual void Embedding(const WeightView& table, const int32_t* ids, int n, T* out) = 0;
   // y = x / sqrt(mean(x²) + eps) ⊙ weight, per row of D.
-  virtual void RmsNorm(const T* x, int n, int dim, const WeightView& weight, double eps,
-                       T* y) = 0;
+  virtual void RmsNorm(const T* x, int n, int dim, const WeightView& weight, double eps, T* y) = 0;
   // y = (x − mean) / sqrt(var + eps) ⊙ weight + bias, per row of D (biased variance).
   virtual void LayerNorm(const T* x, int n, int dim, const WeightView& weight,
                          const WeightView& bias, double eps, T* y) = 0;
@@ -102,8 +101,7 @@ class Backend {
   // Copies N new rows of k and v (each row_elems = Hkv*Dh, src rows src_stride apart)
   // into cache rows dst_rows[i] (physical rows of a KvSource layout, cache_stride apart).
   virtual void StoreKv(const T* k, const T* v, int n, int64_t src_stride, int64_t row_elems,
-                       const int64_t* dst_rows, T* k_cache, T* v_cache,
-                       int64_t cache_stride) = 0;
+                       const int64_t* dst_rows, T* k_cache, T* v_cache, int64_t cache_stride) = 0;
   virtual absl::Status Attention(const AttentionArgs<T>& args) = 0;
 };
 

@@ -22,8 +22,8 @@ inline bool Exists(const std::string& p) { return std::filesystem::exists(p); }
 }  // namespace kvlens::testing
 
 // Skips the current test with a clear message when third-party data is absent.
-#define KVLENS_REQUIRE_FILE(path)                                                   \
-  do {                                                                              \
+#define KVLENS_REQUIRE_FILE(path)                                                            \
+  do {                                                                                       \
     if (!::kvlens::testing::Exists(path)) GTEST_SKIP() << "test data not found: " << (path); \
   } while (0)
 

@@ -53,13 +53,27 @@ template <typename G>
 double TensorScale(const Gradients<G>& g, TensorKind kind) {
   const std::vector<std::vector<G>>* t = nullptr;
   switch (kind) {
-    case TensorKind::kScores: t = &g.scores; break;
-    case TensorKind::kProbs: t = &g.probs; break;
-    case TensorKind::kQ: t = &g.q; break;
-    case TensorKind::kK: t = &g.k; break;
-    case TensorKind::kV: t = &g.v; break;
-    case TensorKind::kAttnOut: t = &g.attn_out; break;
-    case TensorKind::kResidual: t = &g.residual; break;
+    case TensorKind::kScores:
+      t = &g.scores;
+      break;
+    case TensorKind::kProbs:
+      t = &g.probs;
+      break;
+    case TensorKind::kQ:
+      t = &g.q;
+      break;
+    case TensorKind::kK:
+      t = &g.k;
+      break;
+    case TensorKind::kV:
+      t = &g.v;
+      break;
+    case TensorKind::kAttnOut:
+      t = &g.attn_out;
+      break;
+    case TensorKind::kResidual:
+      t = &g.residual;
+      break;
   }
   double m = 0.0;
   for (const auto& layer : *t) {

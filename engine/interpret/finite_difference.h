@@ -28,8 +28,8 @@ struct FdOptions {
   uint64_t seed = 1;
   int order = 4;       // 2 or 4
   double step = 1e-3;  // h
-  std::vector<TensorKind> kinds = {TensorKind::kScores, TensorKind::kProbs, TensorKind::kQ,
-                                   TensorKind::kK,      TensorKind::kV,     TensorKind::kAttnOut,
+  std::vector<TensorKind> kinds = {TensorKind::kScores,  TensorKind::kProbs, TensorKind::kQ,
+                                   TensorKind::kK,       TensorKind::kV,     TensorKind::kAttnOut,
                                    TensorKind::kResidual};
 };
 

@@ -17,8 +17,8 @@ absl::StatusOr<InterventionResult> Intervene(const Model& model, kernels::Backen
   if (!clean.ok()) return clean.status();
   for (const TokenTarget& t : targets) {
     if (t.row < 0 || t.row >= clean->n || t.token < 0 || t.token >= V) {
-      return absl::InvalidArgumentError(absl::StrCat("intervene: target (row ", t.row, ", token ",
-                                                     t.token, ") is out of range"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("intervene: target (row ", t.row, ", token ", t.token, ") is out of range"));
     }
   }
   auto edited = RunForward(model, be, input, edits);
@@ -28,8 +28,7 @@ absl::StatusOr<InterventionResult> Intervene(const Model& model, kernels::Backen
   r.edited_logits.assign(edited->logits.begin(), edited->logits.end());
   for (const TokenTarget& t : targets) {
     r.clean_logprobs.push_back(LogSoftmax(clean->logits.data() + int64_t{t.row} * V, V)[t.token]);
-    r.edited_logprobs.push_back(
-        LogSoftmax(edited->logits.data() + int64_t{t.row} * V, V)[t.token]);
+    r.edited_logprobs.push_back(LogSoftmax(edited->logits.data() + int64_t{t.row} * V, V)[t.token]);
   }
   return r;
 }
@@ -38,8 +37,8 @@ template <typename T>
 absl::StatusOr<ResidualPatch> PatchFrom(const Tape<T>& source, const ModelConfig& c, int layer,
                                         int source_row, int target_row) {
   if (layer < 0 || layer > c.num_layers || source_row < 0 || source_row >= source.n) {
-    return absl::InvalidArgumentError(absl::StrCat("patch source (layer ", layer, ", row ",
-                                                   source_row, ") is out of range"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("patch source (layer ", layer, ", row ", source_row, ") is out of range"));
   }
   const std::vector<T>& x = layer == c.num_layers ? source.x_final : source.layers[layer].x;
   ResidualPatch p;
@@ -71,8 +70,10 @@ absl::StatusOr<std::vector<T>> LensLogits(const Model& model, kernels::Backend<T
 }
 
 template <typename T>
-absl::StatusOr<std::vector<std::vector<std::vector<LensEntry>>>> LogitLens(
-    const Model& model, kernels::Backend<T>& be, const Tape<T>& tape, int k) {
+absl::StatusOr<std::vector<std::vector<std::vector<LensEntry>>>> LogitLens(const Model& model,
+                                                                           kernels::Backend<T>& be,
+                                                                           const Tape<T>& tape,
+                                                                           int k) {
   const int V = model.config.vocab_size;
   if (k < 1 || k > V) {
     return absl::InvalidArgumentError(absl::StrCat("logit lens: k = ", k, " outside [1, ", V, "]"));
@@ -96,15 +97,15 @@ absl::StatusOr<std::vector<std::vector<std::vector<LensEntry>>>> LogitLens(
   return out;
 }
 
-#define KVLENS_INSTANTIATE_INTERVENTIONS(T)                                                     \
-  template absl::StatusOr<InterventionResult> Intervene<T>(                                     \
-      const Model&, kernels::Backend<T>&, const SequenceInput<T>&, const Edits&,                \
-      absl::Span<const TokenTarget>);                                                           \
-  template absl::StatusOr<ResidualPatch> PatchFrom<T>(const Tape<T>&, const ModelConfig&, int,  \
-                                                      int, int);                                \
-  template absl::StatusOr<std::vector<T>> LensLogits<T>(const Model&, kernels::Backend<T>&,     \
-                                                        const Tape<T>&, int);                   \
-  template absl::StatusOr<std::vector<std::vector<std::vector<LensEntry>>>> LogitLens<T>(       \
+#define KVLENS_INSTANTIATE_INTERVENTIONS(T)                                                       \
+  template absl::StatusOr<InterventionResult> Intervene<T>(const Model&, kernels::Backend<T>&,    \
+                                                           const SequenceInput<T>&, const Edits&, \
+                                                           absl::Span<const TokenTarget>);        \
+  template absl::StatusOr<ResidualPatch> PatchFrom<T>(const Tape<T>&, const ModelConfig&, int,    \
+                                                      int, int);                                  \
+  template absl::StatusOr<std::vector<T>> LensLogits<T>(const Model&, kernels::Backend<T>&,       \
+                                                        const Tape<T>&, int);                     \
+  template absl::StatusOr<std::vector<std::vector<std::vector<LensEntry>>>> LogitLens<T>(         \
       const Model&, kernels::Backend<T>&, const Tape<T>&, int);
 
 KVLENS_INSTANTIATE_INTERVENTIONS(float)

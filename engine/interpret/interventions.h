@@ -23,10 +23,10 @@
 namespace kvlens::interpret {
 
 struct InterventionResult {
-  std::vector<double> clean_logits;      // [n, V]
-  std::vector<double> edited_logits;     // [n, V]
-  std::vector<double> clean_logprobs;    // [targets]: log p(token | row), clean run
-  std::vector<double> edited_logprobs;   // [targets], edited run
+  std::vector<double> clean_logits;     // [n, V]
+  std::vector<double> edited_logits;    // [n, V]
+  std::vector<double> clean_logprobs;   // [targets]: log p(token | row), clean run
+  std::vector<double> edited_logprobs;  // [targets], edited run
 };
 
 template <typename T>

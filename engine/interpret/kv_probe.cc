@@ -5,7 +5,8 @@
 namespace kvlens::interpret {
 
 template <typename T>
-absl::StatusOr<SequenceInput<T>> InputFromCache(const ModelConfig& c, const KvCacheStorage<T>& cache,
+absl::StatusOr<SequenceInput<T>> InputFromCache(const ModelConfig& c,
+                                                const KvCacheStorage<T>& cache,
                                                 const KvProbeRequest& r) {
   if (r.num_cached < 1) {
     return absl::InvalidArgumentError(
@@ -20,8 +21,8 @@ absl::StatusOr<SequenceInput<T>> InputFromCache(const ModelConfig& c, const KvCa
   const int64_t blocks = (r.num_cached + bs - 1) / bs;
   if (static_cast<int64_t>(r.block_table.size()) < blocks) {
     return absl::InvalidArgumentError(absl::StrCat("kv probe: block_table has ",
-                                                   r.block_table.size(), " blocks, ",
-                                                   r.num_cached, " cached tokens need ", blocks));
+                                                   r.block_table.size(), " blocks, ", r.num_cached,
+                                                   " cached tokens need ", blocks));
   }
   for (int64_t b = 0; b < blocks; ++b) {
     if (r.block_table[b] < 0 || r.block_table[b] >= cache.num_blocks()) {
@@ -76,13 +77,16 @@ absl::StatusOr<KvProbeResult<T>> CachedKvProbe(const Model& model, kernels::Back
 template absl::StatusOr<SequenceInput<float>> InputFromCache<float>(const ModelConfig&,
                                                                     const KvCacheStorage<float>&,
                                                                     const KvProbeRequest&);
-template absl::StatusOr<SequenceInput<double>> InputFromCache<double>(
-    const ModelConfig&, const KvCacheStorage<double>&, const KvProbeRequest&);
+template absl::StatusOr<SequenceInput<double>> InputFromCache<double>(const ModelConfig&,
+                                                                      const KvCacheStorage<double>&,
+                                                                      const KvProbeRequest&);
 template absl::StatusOr<KvProbeResult<float>> CachedKvProbe<float>(const Model&,
                                                                    kernels::Backend<float>&,
                                                                    const KvCacheStorage<float>&,
                                                                    const KvProbeRequest&);
-template absl::StatusOr<KvProbeResult<double>> CachedKvProbe<double>(
-    const Model&, kernels::Backend<double>&, const KvCacheStorage<double>&, const KvProbeRequest&);
+template absl::StatusOr<KvProbeResult<double>> CachedKvProbe<double>(const Model&,
+                                                                     kernels::Backend<double>&,
+                                                                     const KvCacheStorage<double>&,
+                                                                     const KvProbeRequest&);
 
 }  // namespace kvlens::interpret

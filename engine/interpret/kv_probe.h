@@ -36,18 +36,19 @@ struct KvProbeRequest {
 
 template <typename T>
 struct KvProbeResult {
-  double objective = 0.0;             // J
-  std::vector<T> logits;              // [V] of the last new token
-  std::vector<std::vector<T>> dk;     // [L][P, Hkv·Dh] dJ/dK of the cached rows (post-RoPE)
-  std::vector<std::vector<T>> dv;     // [L][P, Hkv·Dh]
-  SequenceInput<T> input;             // what ran: the prefix as read from the cache
-  Gradients<T> grads;                 // every gradient of the new tokens' tape
+  double objective = 0.0;          // J
+  std::vector<T> logits;           // [V] of the last new token
+  std::vector<std::vector<T>> dk;  // [L][P, Hkv·Dh] dJ/dK of the cached rows (post-RoPE)
+  std::vector<std::vector<T>> dv;  // [L][P, Hkv·Dh]
+  SequenceInput<T> input;          // what ran: the prefix as read from the cache
+  Gradients<T> grads;              // every gradient of the new tokens' tape
 };
 
 // The prefix K/V of rows 0 … P−1 read from `cache` through the block table, plus the new
 // tokens, as a tape input. INVALID_ARGUMENT for a short block table or bad block ids.
 template <typename T>
-absl::StatusOr<SequenceInput<T>> InputFromCache(const ModelConfig& c, const KvCacheStorage<T>& cache,
+absl::StatusOr<SequenceInput<T>> InputFromCache(const ModelConfig& c,
+                                                const KvCacheStorage<T>& cache,
                                                 const KvProbeRequest& request);
 
 template <typename T>

@@ -67,8 +67,8 @@ absl::Status ValidateObjective(const Objective& o, const ModelConfig& c, int n) 
         return Bad(absl::StrCat("head ", o.head, " outside [0, ", c.num_heads, ")"));
       }
       if (static_cast<int64_t>(o.g.size()) != int64_t{n} * c.head_dim) {
-        return Bad(absl::StrCat("g has ", o.g.size(), " values, expected [", n, ", ", c.head_dim,
-                                "]"));
+        return Bad(
+            absl::StrCat("g has ", o.g.size(), " values, expected [", n, ", ", c.head_dim, "]"));
       }
       return absl::OkStatus();
   }
@@ -145,7 +145,8 @@ absl::StatusOr<Seed<T>> SeedFor(const Objective& o, const ModelConfig& c, const 
       seed.probe_dout.assign(int64_t{t.n} * D, T(0));
       for (int i = 0; i < t.n; ++i) {
         for (int d = 0; d < dh; ++d) {
-          seed.probe_dout[i * D + int64_t{o.head} * dh + d] = static_cast<T>(o.g[int64_t{i} * dh + d]);
+          seed.probe_dout[i * D + int64_t{o.head} * dh + d] =
+              static_cast<T>(o.g[int64_t{i} * dh + d]);
         }
       }
       break;
@@ -183,16 +184,15 @@ std::vector<double> AttentionTimesGradient(const Tape<T>& t, const Gradients<T>&
   return out;
 }
 
-#define KVLENS_INSTANTIATE_OBJECTIVE(T)                                                        \
-  template std::vector<double> LogSoftmax<T>(const T*, int);                                   \
-  template double EvaluateObjective<T>(const Objective&, const ModelConfig&, const Tape<T>&);  \
-  template absl::StatusOr<Seed<T>> SeedFor<T>(const Objective&, const ModelConfig&,            \
-                                              const Tape<T>&);                                 \
-  template absl::StatusOr<Gradients<T>> ObjectiveGradients<T>(                                 \
-      const Model&, const Tape<T>&, const Objective&, const BackwardOptions&);                 \
+#define KVLENS_INSTANTIATE_OBJECTIVE(T)                                                         \
+  template std::vector<double> LogSoftmax<T>(const T*, int);                                    \
+  template double EvaluateObjective<T>(const Objective&, const ModelConfig&, const Tape<T>&);   \
+  template absl::StatusOr<Seed<T>> SeedFor<T>(const Objective&, const ModelConfig&,             \
+                                              const Tape<T>&);                                  \
+  template absl::StatusOr<Gradients<T>> ObjectiveGradients<T>(                                  \
+      const Model&, const Tape<T>&, const Objective&, const BackwardOptions&);                  \
   template std::vector<double> InputTimesGradient<T>(const Tape<T>&, const Gradients<T>&, int); \
-  template std::vector<double> AttentionTimesGradient<T>(const Tape<T>&, const Gradients<T>&,  \
-                                                         int);
+  template std::vector<double> AttentionTimesGradient<T>(const Tape<T>&, const Gradients<T>&, int);
 
 KVLENS_INSTANTIATE_OBJECTIVE(float)
 KVLENS_INSTANTIATE_OBJECTIVE(double)

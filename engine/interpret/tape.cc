@@ -39,8 +39,8 @@ absl::Status ValidateInput(const ModelConfig& c, const SequenceInput<T>& in) {
   if (n == 0) return Bad("tokens is empty");
   if (in.offset < 0) return Bad(absl::StrCat("offset = ", in.offset, " is negative"));
   if (in.offset + n > c.max_seq_len) {
-    return absl::OutOfRangeError(absl::StrCat(in.offset + n, " tokens exceed the context length ",
-                                              c.max_seq_len));
+    return absl::OutOfRangeError(
+        absl::StrCat(in.offset + n, " tokens exceed the context length ", c.max_seq_len));
   }
   for (int i = 0; i < n; ++i) {
     if (in.tokens[i] < 0 || in.tokens[i] >= c.vocab_size) {
@@ -49,8 +49,8 @@ absl::Status ValidateInput(const ModelConfig& c, const SequenceInput<T>& in) {
     }
   }
   if (!in.doc_ids.empty() && static_cast<int>(in.doc_ids.size()) != in.offset + n) {
-    return Bad(absl::StrCat("doc_ids has ", in.doc_ids.size(), " entries, expected ",
-                            in.offset + n));
+    return Bad(
+        absl::StrCat("doc_ids has ", in.doc_ids.size(), " entries, expected ", in.offset + n));
   }
   const size_t prefix = static_cast<size_t>(in.offset) * c.kv_dim();
   if (in.offset > 0) {
@@ -80,9 +80,9 @@ absl::Status ValidateEdits(const ModelConfig& c, int n, int tk, const Edits& e) 
   const int L = c.num_layers, H = c.num_heads;
   for (const Perturbation& p : e.perturbations) {
     if (FlatIndex(c, n, tk, p.at) < 0) {
-      return Bad(absl::StrCat("perturbation of ", std::string(TensorKindName(p.at.kind)), " at layer ",
-                              p.at.layer, " (head ", p.at.head, ", row ", p.at.row, ", col ",
-                              p.at.col, ") is out of range"));
+      return Bad(absl::StrCat("perturbation of ", std::string(TensorKindName(p.at.kind)),
+                              " at layer ", p.at.layer, " (head ", p.at.head, ", row ", p.at.row,
+                              ", col ", p.at.col, ") is out of range"));
     }
   }
   for (const HeadAblation& a : e.ablations) {
@@ -96,20 +96,22 @@ absl::Status ValidateEdits(const ModelConfig& c, int n, int tk, const Edits& e) 
                               ") is out of range"));
     }
     if (!r.probs.empty() && static_cast<int>(r.probs.size()) != tk) {
-      return Bad(absl::StrCat("row override probs has ", r.probs.size(), " entries, expected ", tk));
+      return Bad(
+          absl::StrCat("row override probs has ", r.probs.size(), " entries, expected ", tk));
     }
     for (int j : r.masked_keys) {
-      if (j < 0 || j >= tk) return Bad(absl::StrCat("row override masks key ", j, " outside [0, ", tk, ")"));
+      if (j < 0 || j >= tk)
+        return Bad(absl::StrCat("row override masks key ", j, " outside [0, ", tk, ")"));
     }
   }
   for (const ResidualPatch& p : e.patches) {
     if (p.layer < 0 || p.layer > L || p.row < 0 || p.row >= n) {
-      return Bad(absl::StrCat("residual patch (layer ", p.layer, ", row ", p.row,
-                              ") is out of range"));
+      return Bad(
+          absl::StrCat("residual patch (layer ", p.layer, ", row ", p.row, ") is out of range"));
     }
     if (static_cast<int>(p.value.size()) != c.dim) {
-      return Bad(absl::StrCat("residual patch value has ", p.value.size(), " entries, expected ",
-                              c.dim));
+      return Bad(
+          absl::StrCat("residual patch value has ", p.value.size(), " entries, expected ", c.dim));
     }
   }
   return absl::OkStatus();
@@ -234,7 +236,8 @@ absl::Status AttentionLayer(const ModelConfig& c, const SequenceInput<T>& in, in
       for (double& m : mean) m /= n;
     }
     for (int i = 0; i < n; ++i) {
-      for (int d = 0; d < dh; ++d) lt.att[i * D + int64_t{a.head} * dh + d] = static_cast<T>(mean[d]);
+      for (int d = 0; d < dh; ++d)
+        lt.att[i * D + int64_t{a.head} * dh + d] = static_cast<T>(mean[d]);
     }
   }
   Perturb(c, n, tk, e, TensorKind::kAttnOut, layer, lt.att);
@@ -314,8 +317,7 @@ T TapeValue(const Tape<T>& tape, const ModelConfig& c, const Coord& at) {
 
 template <typename T>
 T GradientValue(const Gradients<T>& g, int n, int tk, const ModelConfig& c, const Coord& at) {
-  const int64_t idx =
-      FlatIndex(c, n, tk, at) - int64_t{at.layer} * PerLayerSize(c, n, tk, at.kind);
+  const int64_t idx = FlatIndex(c, n, tk, at) - int64_t{at.layer} * PerLayerSize(c, n, tk, at.kind);
   switch (at.kind) {
     case TensorKind::kScores:
       return g.scores[at.layer][idx];
@@ -430,10 +432,10 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
   return t;
 }
 
-#define KVLENS_INSTANTIATE_TAPE(T)                                                            \
-  template absl::StatusOr<Tape<T>> RunForward<T>(const Model&, Backend<T>&,                   \
-                                                 const SequenceInput<T>&, const Edits&);      \
-  template T TapeValue<T>(const Tape<T>&, const ModelConfig&, const Coord&);                  \
+#define KVLENS_INSTANTIATE_TAPE(T)                                                       \
+  template absl::StatusOr<Tape<T>> RunForward<T>(const Model&, Backend<T>&,              \
+                                                 const SequenceInput<T>&, const Edits&); \
+  template T TapeValue<T>(const Tape<T>&, const ModelConfig&, const Coord&);             \
   template T GradientValue<T>(const Gradients<T>&, int, int, const ModelConfig&, const Coord&);
 
 KVLENS_INSTANTIATE_TAPE(float)

@@ -93,8 +93,7 @@ struct Edits {
   std::vector<RowOverride> row_overrides;
   std::vector<ResidualPatch> patches;
   bool empty() const {
-    return perturbations.empty() && ablations.empty() && row_overrides.empty() &&
-           patches.empty();
+    return perturbations.empty() && ablations.empty() && row_overrides.empty() && patches.empty();
   }
 };
 
@@ -103,11 +102,11 @@ struct Edits {
 // (e.g. read from the KV cache) and are leaves: the prefix is never recomputed.
 template <typename T>
 struct SequenceInput {
-  std::vector<int32_t> tokens;                // [n]
+  std::vector<int32_t> tokens;  // [n]
   int offset = 0;
-  std::vector<int32_t> doc_ids;               // [offset + n], or empty
-  std::vector<std::vector<T>> prefix_k;       // [L][offset, Hkv·Dh] post-RoPE, when offset > 0
-  std::vector<std::vector<T>> prefix_v;       // [L][offset, Hkv·Dh]
+  std::vector<int32_t> doc_ids;          // [offset + n], or empty
+  std::vector<std::vector<T>> prefix_k;  // [L][offset, Hkv·Dh] post-RoPE, when offset > 0
+  std::vector<std::vector<T>> prefix_v;  // [L][offset, Hkv·Dh]
 };
 
 template <typename T>
@@ -129,13 +128,13 @@ struct LayerTape {
 template <typename T>
 struct Tape {
   SequenceInput<T> input;
-  int n = 0;                          // new tokens
-  int num_keys = 0;                   // Tk = offset + n
-  std::vector<int32_t> positions;     // [n] offset + i
-  std::vector<LayerTape<T>> layers;   // [L]
-  std::vector<T> x_final;             // [n, D] residual entering the final norm
-  std::vector<T> xf;                  // [n, D] final norm
-  std::vector<T> logits;              // [n, V]
+  int n = 0;                         // new tokens
+  int num_keys = 0;                  // Tk = offset + n
+  std::vector<int32_t> positions;    // [n] offset + i
+  std::vector<LayerTape<T>> layers;  // [L]
+  std::vector<T> x_final;            // [n, D] residual entering the final norm
+  std::vector<T> xf;                 // [n, D] final norm
+  std::vector<T> logits;             // [n, V]
   bool edited = false;
 };
 
@@ -149,8 +148,8 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, kernels::Backend<T>& back
 // Upstream gradients Backward starts from (at least one non-empty).
 template <typename T>
 struct Seed {
-  std::vector<T> dlogits;  // [n, V], or empty
-  int probe_layer = -1;    // with probe_dout: gradient added at O of this layer
+  std::vector<T> dlogits;     // [n, V], or empty
+  int probe_layer = -1;       // with probe_dout: gradient added at O of this layer
   std::vector<T> probe_dout;  // [n, H·Dh], or empty
 };
 
@@ -179,8 +178,8 @@ struct Gradients {
 };
 
 template <typename T>
-absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& tape,
-                                      const Seed<T>& seed, const BackwardOptions& options = {});
+absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& tape, const Seed<T>& seed,
+                                      const BackwardOptions& options = {});
 
 // The value of a tensor entry on the tape / in the gradients (for checks and tests).
 template <typename T>

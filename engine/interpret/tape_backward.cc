@@ -51,8 +51,8 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
           absl::StrCat("probe layer ", seed.probe_layer, " outside [0, ", L, ")"));
     }
     if (static_cast<int64_t>(seed.probe_dout.size()) != n * D) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "seed probe_dout has ", seed.probe_dout.size(), " values, expected ", n * D));
+      return absl::InvalidArgumentError(absl::StrCat("seed probe_dout has ", seed.probe_dout.size(),
+                                                     " values, expected ", n * D));
     }
   }
   if (opt.param_layer < -1 || opt.param_layer >= L) {

@@ -42,11 +42,11 @@ class TensorGetter {
   const GgufFile& f_;
 };
 
-#define KVLENS_ASSIGN(lhs, expr)            \
-  do {                                      \
-    auto _r = (expr);                       \
-    if (!_r.ok()) return _r.status();       \
-    lhs = *_r;                              \
+#define KVLENS_ASSIGN(lhs, expr)      \
+  do {                                \
+    auto _r = (expr);                 \
+    if (!_r.ok()) return _r.status(); \
+    lhs = *_r;                        \
   } while (0)
 
 }  // namespace
@@ -64,8 +64,8 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
   } else if (a == "gpt2") {
     c.arch = Architecture::kGpt2;
   } else {
-    return absl::UnimplementedError(absl::StrCat(
-        "GGUF general.architecture = \"", a, "\" is not supported (llama, gpt2)"));
+    return absl::UnimplementedError(
+        absl::StrCat("GGUF general.architecture = \"", a, "\" is not supported (llama, gpt2)"));
   }
   if (f.tensors().empty()) {
     return absl::InvalidArgumentError(

@@ -63,13 +63,13 @@ class TensorSet {
       }
       for (auto it = (*j)["weight_map"].begin(); it != (*j)["weight_map"].end(); ++it) {
         if (!it.value().is_string()) {
-          return absl::InvalidArgumentError(absl::StrCat(index.string(), ": weight_map.", it.key(),
-                                                         " is not a file name"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(index.string(), ": weight_map.", it.key(), " is not a file name"));
         }
         const std::string f = it.value().get<std::string>();
         if (f.find('/') != std::string::npos || f.find("..") != std::string::npos) {
-          return absl::InvalidArgumentError(absl::StrCat(index.string(), ": shard name ", f,
-                                                         " must be a plain file name"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(index.string(), ": shard name ", f, " must be a plain file name"));
         }
         files.insert(f);
       }
@@ -86,7 +86,8 @@ class TensorSet {
       if (!st.ok()) return st.status();
       for (const auto& [name, t] : (*st)->tensors()) {
         if (!by_name_.emplace(name, &t).second) {
-          return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " appears in two shards"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("tensor ", name, " appears in two shards"));
         }
       }
       files_.push_back(*std::move(st));
@@ -155,7 +156,8 @@ absl::Status LoadGpt2Weights(const TensorSet& ts, const ModelConfig& c, Weights&
   const int64_t D = c.dim, F = c.hidden_dim, V = c.vocab_size;
   WeightView tmp;
   KVLENS_ASSIGN_OR_RETURN(w.token_embedding, ts.Get("transformer.wte.weight", {V, D}));
-  KVLENS_ASSIGN_OR_RETURN(w.position_embedding, ts.Get("transformer.wpe.weight", {c.max_seq_len, D}));
+  KVLENS_ASSIGN_OR_RETURN(w.position_embedding,
+                          ts.Get("transformer.wpe.weight", {c.max_seq_len, D}));
   w.layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = w.layers[l];
@@ -231,8 +233,8 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     c.norm_eps = ConfigFloat(cfg, "layer_norm_epsilon", 1e-5);
     const std::string act = cfg.value("activation_function", "gelu_new");
     if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
-      return absl::UnimplementedError(absl::StrCat(
-          "config.json: activation_function \"", act, "\" is not supported (gelu_new)"));
+      return absl::UnimplementedError(absl::StrCat("config.json: activation_function \"", act,
+                                                   "\" is not supported (gelu_new)"));
     }
     c.tied_embeddings = cfg.value("tie_word_embeddings", true);
   } else if (type == "llama") {
@@ -241,7 +243,8 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     if (auto s = ConfigInt(cfg, {"intermediate_size"}, c.hidden_dim); !s.ok()) return s;
     if (auto s = ConfigInt(cfg, {"num_hidden_layers"}, c.num_layers); !s.ok()) return s;
     if (auto s = ConfigInt(cfg, {"num_attention_heads"}, c.num_heads); !s.ok()) return s;
-    if (auto s = ConfigInt(cfg, {"num_key_value_heads"}, c.num_kv_heads, c.num_heads); !s.ok()) return s;
+    if (auto s = ConfigInt(cfg, {"num_key_value_heads"}, c.num_kv_heads, c.num_heads); !s.ok())
+      return s;
     if (auto s = ConfigInt(cfg, {"max_position_embeddings"}, c.max_seq_len); !s.ok()) return s;
     if (auto s = ConfigInt(cfg, {"vocab_size"}, c.vocab_size); !s.ok()) return s;
     c.norm_eps = ConfigFloat(cfg, "rms_norm_eps", 1e-6);
@@ -252,8 +255,8 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
       return absl::UnimplementedError("config.json: rope_scaling is not supported");
     }
   } else {
-    return absl::UnimplementedError(absl::StrCat("config.json: model_type \"", type,
-                                                 "\" is not supported (gpt2, llama)"));
+    return absl::UnimplementedError(
+        absl::StrCat("config.json: model_type \"", type, "\" is not supported (gpt2, llama)"));
   }
   c.head_dim = c.num_heads > 0 ? c.dim / c.num_heads : 0;
   return c.Validate();

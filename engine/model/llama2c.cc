@@ -14,7 +14,8 @@ constexpr int64_t kHeaderBytes = 7 * 4;
 
 std::string DefaultTokenizerPath(const std::string& model_path, int vocab_size) {
   const std::filesystem::path dir = std::filesystem::path(model_path).parent_path();
-  for (const std::string& name : {std::string("tokenizer.bin"), absl::StrCat("tok", vocab_size, ".bin")}) {
+  for (const std::string& name :
+       {std::string("tokenizer.bin"), absl::StrCat("tok", vocab_size, ".bin")}) {
     const auto candidate = dir / name;
     if (std::filesystem::exists(candidate)) return candidate.string();
   }
@@ -29,9 +30,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadLlama2c(const LoadOptions& options) {
   std::shared_ptr<MappedFile> file = *std::move(file_or);
   const std::string& path = options.path;
   if (file->size() < static_cast<size_t>(kHeaderBytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("llama2.c checkpoint ", path, ": truncated: ",
-                                                   file->size(), " bytes, header needs ",
-                                                   kHeaderBytes));
+    return absl::InvalidArgumentError(absl::StrCat("llama2.c checkpoint ", path,
+                                                   ": truncated: ", file->size(),
+                                                   " bytes, header needs ", kHeaderBytes));
   }
   int32_t h[7];
   std::memcpy(h, file->data(), sizeof(h));
@@ -59,15 +60,15 @@ absl::StatusOr<std::unique_ptr<Model>> LoadLlama2c(const LoadOptions& options) {
         absl::StrCat("llama2.c checkpoint ", path, ": bad header: ", s.message()));
   }
 
-  const int64_t D = c.dim, F = c.hidden_dim, L = c.num_layers, V = c.vocab_size,
-                KVD = c.kv_dim(), S = c.max_seq_len, Dh = c.head_dim;
+  const int64_t D = c.dim, F = c.hidden_dim, L = c.num_layers, V = c.vocab_size, KVD = c.kv_dim(),
+                S = c.max_seq_len, Dh = c.head_dim;
   const int64_t floats = V * D + L * D + L * D * D + 2 * L * KVD * D + L * D * D + L * D +
                          3 * L * F * D + D + S * Dh + (shared_classifier ? 0 : V * D);
   const int64_t expected = kHeaderBytes + floats * 4;
   if (static_cast<int64_t>(file->size()) < expected) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "llama2.c checkpoint ", path, ": truncated: ", file->size(), " bytes, the header (dim=",
-        D, " hidden_dim=", F, " n_layers=", L, " n_heads=", c.num_heads, " n_kv_heads=",
+        "llama2.c checkpoint ", path, ": truncated: ", file->size(), " bytes, the header (dim=", D,
+        " hidden_dim=", F, " n_layers=", L, " n_heads=", c.num_heads, " n_kv_heads=",
         c.num_kv_heads, " vocab_size=", h[5], " seq_len=", S, ") needs ", expected));
   }
 

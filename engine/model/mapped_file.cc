@@ -18,8 +18,7 @@ absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::Open(const std::string& 
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return absl::NotFoundError(absl::StrCat("file not found: ", path));
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot open ", path, ": ", std::strerror(err)));
+    return absl::InvalidArgumentError(absl::StrCat("cannot open ", path, ": ", std::strerror(err)));
   }
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -20,9 +20,8 @@ absl::Status Model::ValidateWeights() const {
   const int64_t D = c.dim, F = c.hidden_dim, KVD = c.kv_dim(), V = c.vocab_size;
   const bool gpt2 = c.arch == Architecture::kGpt2;
   if (static_cast<int>(w.layers.size()) != c.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("model has ", w.layers.size(),
-                                                   " layers of weights, config says ",
-                                                   c.num_layers));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model has ", w.layers.size(), " layers of weights, config says ", c.num_layers));
   }
   struct Check {
     std::string name;
@@ -107,8 +106,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const LoadOptions& opti
       auto model = LoadModel(options);
       if (!model.ok()) return model.status();
       if ((*model)->tokenizer == nullptr) {
-        return absl::NotFoundError(absl::StrCat("no tokenizer found for ", options.path,
-                                                " (pass a tokenizer file)"));
+        return absl::NotFoundError(
+            absl::StrCat("no tokenizer found for ", options.path, " (pass a tokenizer file)"));
       }
       return std::move((*model)->tokenizer);
     }

@@ -37,13 +37,13 @@ absl::Status ModelConfig::Validate() const {
     if (absl::Status s = Positive(field, v, kMax); !s.ok()) return s;
   }
   if (num_heads % num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("model config: num_heads = ", num_heads,
-                                                   " is not a multiple of num_kv_heads = ",
-                                                   num_kv_heads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: num_heads = ", num_heads,
+                     " is not a multiple of num_kv_heads = ", num_kv_heads));
   }
   if (num_heads * head_dim != dim) {
-    return absl::InvalidArgumentError(absl::StrCat("model config: num_heads * head_dim = ",
-                                                   num_heads * head_dim, " != dim = ", dim));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: num_heads * head_dim = ", num_heads * head_dim, " != dim = ", dim));
   }
   if (arch == Architecture::kLlama && head_dim % 2 != 0) {
     return absl::InvalidArgumentError(

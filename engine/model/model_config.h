@@ -21,14 +21,14 @@ std::string_view ArchitectureName(Architecture a);
 
 struct ModelConfig {
   Architecture arch = Architecture::kLlama;
-  int dim = 0;            // D: residual stream width
-  int hidden_dim = 0;     // F: feed-forward inner width
-  int num_layers = 0;     // L
-  int num_heads = 0;      // H: query heads
-  int num_kv_heads = 0;   // Hkv: key/value heads (divides H; H == Hkv without GQA)
-  int head_dim = 0;       // Dh: D / H
-  int vocab_size = 0;     // V
-  int max_seq_len = 0;    // context length: positions 0 … max_seq_len−1
+  int dim = 0;             // D: residual stream width
+  int hidden_dim = 0;      // F: feed-forward inner width
+  int num_layers = 0;      // L
+  int num_heads = 0;       // H: query heads
+  int num_kv_heads = 0;    // Hkv: key/value heads (divides H; H == Hkv without GQA)
+  int head_dim = 0;        // Dh: D / H
+  int vocab_size = 0;      // V
+  int max_seq_len = 0;     // context length: positions 0 … max_seq_len−1
   double norm_eps = 1e-5;  // RMSNorm / LayerNorm epsilon
   double rope_theta = 10000.0;
   kernels::RopeStyle rope_style = kernels::RopeStyle::kAdjacentPairs;

@@ -64,13 +64,15 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     if (name == "__metadata__") {
       if (!v.is_object()) return bad("__metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string()) return bad(absl::StrCat("__metadata__.", m.key(), " is not a string"));
+        if (!m.value().is_string())
+          return bad(absl::StrCat("__metadata__.", m.key(), " is not a string"));
         st->metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
     const std::string where = absl::StrCat("tensor ", name);
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets")) {
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+        !v.contains("data_offsets")) {
       return bad(absl::StrCat(where, ": needs dtype, shape and data_offsets"));
     }
     SafetensorsTensor t;
@@ -92,13 +94,15 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
       if (count > data_size) return bad(absl::StrCat(where, ": shape is larger than the file"));
     }
     const json& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned()) {
       return bad(absl::StrCat(where, ": data_offsets must be two non-negative integers"));
     }
     const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
     if (b > e || e > data_size) {
-      return bad(absl::StrCat(where, ": data_offsets [", b, ", ", e, ") outside the data section of ",
-                              data_size, " bytes (truncated file?)"));
+      return bad(absl::StrCat(where, ": data_offsets [", b, ", ", e,
+                              ") outside the data section of ", data_size,
+                              " bytes (truncated file?)"));
     }
     if (e - b != count * elem) {
       return bad(absl::StrCat(where, ": ", e - b, " bytes, but dtype ", t.dtype, " and shape need ",
@@ -134,12 +138,12 @@ absl::StatusOr<kernels::WeightView> SafetensorsWeightView(const SafetensorsTenso
   } else if (t.dtype == "BF16") {
     w.dtype = kernels::DType::kBF16;
   } else {
-    return absl::UnimplementedError(absl::StrCat("tensor ", t.name, ": dtype ", t.dtype,
-                                                 " is not supported (F32, F16, BF16)"));
+    return absl::UnimplementedError(
+        absl::StrCat("tensor ", t.name, ": dtype ", t.dtype, " is not supported (F32, F16, BF16)"));
   }
   if (t.shape.empty() || t.shape.size() > 2) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": ", t.shape.size(),
-                                                   "-D, expected a vector or a matrix"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", t.name, ": ", t.shape.size(), "-D, expected a vector or a matrix"));
   }
   w.data = t.data;
   w.cols = t.shape.back();

@@ -27,29 +27,27 @@ absl::Status Transformer<T>::Validate(absl::Span<const BatchEntry> batch,
     }
     for (size_t i = 0; i < b.tokens.size(); ++i) {
       if (b.tokens[i] < 0 || b.tokens[i] >= config_.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("batch entry ", e, ": token id ",
-                                                       b.tokens[i], " at index ", i,
-                                                       " is outside the vocabulary [0, ",
-                                                       config_.vocab_size, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("batch entry ", e, ": token id ", b.tokens[i], " at index ", i,
+                         " is outside the vocabulary [0, ", config_.vocab_size, ")"));
       }
     }
     const int64_t blocks_needed = (total + cache.block_size() - 1) / cache.block_size();
     if (static_cast<int64_t>(b.block_table.size()) < blocks_needed) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "batch entry ", e, ": block_table has ", b.block_table.size(), " blocks, ", total,
-          " tokens need ", blocks_needed));
+      return absl::InvalidArgumentError(absl::StrCat("batch entry ", e, ": block_table has ",
+                                                     b.block_table.size(), " blocks, ", total,
+                                                     " tokens need ", blocks_needed));
     }
     for (int32_t id : b.block_table.subspan(0, blocks_needed)) {
       if (id < 0 || id >= cache.num_blocks()) {
         return absl::InvalidArgumentError(absl::StrCat("batch entry ", e, ": block id ", id,
-                                                       " outside the pool [0, ",
-                                                       cache.num_blocks(), ")"));
+                                                       " outside the pool [0, ", cache.num_blocks(),
+                                                       ")"));
       }
     }
     if (!b.doc_ids.empty() && static_cast<int64_t>(b.doc_ids.size()) != total) {
-      return absl::InvalidArgumentError(absl::StrCat("batch entry ", e, ": doc_ids has ",
-                                                     b.doc_ids.size(), " entries, expected ",
-                                                     total));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch entry ", e, ": doc_ids has ", b.doc_ids.size(), " entries, expected ", total));
     }
   }
   return absl::OkStatus();
@@ -72,9 +70,8 @@ void Transformer<T>::FeedForward(const LayerWeights& lw, int n) {
 }
 
 template <typename T>
-absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch,
-                                     KvCacheStorage<T>& cache, ForwardOutput<T>& out,
-                                     AttentionCapture<T>* capture) {
+absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCacheStorage<T>& cache,
+                                     ForwardOutput<T>& out, AttentionCapture<T>* capture) {
   if (absl::Status s = Validate(batch, cache); !s.ok()) return s;
   const ModelConfig& c = config_;
   const Weights& w = model_.weights;
@@ -101,8 +98,8 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch,
       for (size_t i = 0; i < b.tokens.size(); ++i, ++r) {
         tokens[r] = b.tokens[i];
         positions_[r] = b.num_cached + static_cast<int>(i);
-        rows_[r] = static_cast<int64_t>(b.block_table[positions_[r] / bs]) * bs +
-                   positions_[r] % bs;
+        rows_[r] =
+            static_cast<int64_t>(b.block_table[positions_[r] / bs]) * bs + positions_[r] % bs;
       }
     }
   }
@@ -121,8 +118,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch,
     if (c.arch == Architecture::kLlama) {
       backend_.RmsNorm(x_.data(), n, D, lw.attn_norm, c.norm_eps, xn_.data());
     } else {
-      backend_.LayerNorm(x_.data(), n, D, lw.attn_norm, lw.attn_norm_bias, c.norm_eps,
-                         xn_.data());
+      backend_.LayerNorm(x_.data(), n, D, lw.attn_norm, lw.attn_norm_bias, c.norm_eps, xn_.data());
     }
     // qkv projections for every new token
     backend_.MatMul(xn_.data(), n, lw.wq, lw.bq, q_.data());
@@ -131,12 +127,11 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch,
     if (c.arch == Architecture::kLlama) {
       backend_.Rope(q_.data(), n, D, c.num_heads, c.head_dim, positions_.data(), c.rope_theta,
                     c.rope_style);
-      backend_.Rope(k_.data(), n, KVD, c.num_kv_heads, c.head_dim, positions_.data(),
-                    c.rope_theta, c.rope_style);
+      backend_.Rope(k_.data(), n, KVD, c.num_kv_heads, c.head_dim, positions_.data(), c.rope_theta,
+                    c.rope_style);
     }
     // new keys and values into the paged cache
-    backend_.StoreKv(k_.data(), v_.data(), n, KVD, KVD, rows_.data(), cache.k(l), cache.v(l),
-                     KVD);
+    backend_.StoreKv(k_.data(), v_.data(), n, KVD, KVD, rows_.data(), cache.k(l), cache.v(l), KVD);
     // attention per sequence, against all of its cached keys
     int r0 = 0;
     for (size_t e = 0; e < batch.size(); ++e) {
@@ -181,8 +176,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch,
     if (c.arch == Architecture::kLlama) {
       backend_.RmsNorm(x_.data(), n, D, lw.ffn_norm, c.norm_eps, xn_.data());
     } else {
-      backend_.LayerNorm(x_.data(), n, D, lw.ffn_norm, lw.ffn_norm_bias, c.norm_eps,
-                         xn_.data());
+      backend_.LayerNorm(x_.data(), n, D, lw.ffn_norm, lw.ffn_norm_bias, c.norm_eps, xn_.data());
     }
     FeedForward(lw, n);
     backend_.Add(x_.data(), proj_.data(), n * D);

@@ -71,15 +71,15 @@ class Transformer {
   const ModelConfig& config_;
   kernels::Backend<T>& backend_;
   // Activation buffers, reused across calls (llama2.c's RunState).
-  std::vector<T> x_;       // [N, D] residual stream
-  std::vector<T> xn_;      // [N, D] normalised
-  std::vector<T> q_;       // [N, D]
-  std::vector<T> k_;       // [N, KVD]
-  std::vector<T> v_;       // [N, KVD]
-  std::vector<T> att_;     // [N, D] attention output (heads concatenated)
-  std::vector<T> proj_;    // [N, D]
-  std::vector<T> hidden_;  // [N, F]
-  std::vector<T> up_;      // [N, F]
+  std::vector<T> x_;                // [N, D] residual stream
+  std::vector<T> xn_;               // [N, D] normalised
+  std::vector<T> q_;                // [N, D]
+  std::vector<T> k_;                // [N, KVD]
+  std::vector<T> v_;                // [N, KVD]
+  std::vector<T> att_;              // [N, D] attention output (heads concatenated)
+  std::vector<T> proj_;             // [N, D]
+  std::vector<T> hidden_;           // [N, F]
+  std::vector<T> up_;               // [N, F]
   std::vector<int32_t> positions_;  // [N]
   std::vector<int64_t> rows_;       // [N] physical cache row of each new token
 };

@@ -5,11 +5,10 @@
 #include <memory>
 #include <string>
 #include <string_view>
-
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "kernels/weight.h"
 
 namespace kvlens {

@@ -43,8 +43,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromJson(const std::string& 
   if (!j.contains("model") || !j["model"].is_object()) return bad("missing model");
   const json& m = j["model"];
   if (m.value("type", "BPE") != "BPE") {
-    return absl::UnimplementedError(absl::StrCat(path, ": model.type \"", m.value("type", ""),
-                                                 "\" is not supported (BPE)"));
+    return absl::UnimplementedError(
+        absl::StrCat(path, ": model.type \"", m.value("type", ""), "\" is not supported (BPE)"));
   }
   if (!m.contains("vocab") || !m["vocab"].is_object()) return bad("missing model.vocab");
 
@@ -64,20 +64,25 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromJson(const std::string& 
   const bool byte_level = Contains(j.value("pre_tokenizer", json()), "ByteLevel") ||
                           Contains(j.value("decoder", json()), "ByteLevel");
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
-    if (!it.value().is_number_integer()) return bad(absl::StrCat("model.vocab[\"", it.key(), "\"] is not an id"));
+    if (!it.value().is_number_integer())
+      return bad(absl::StrCat("model.vocab[\"", it.key(), "\"] is not an id"));
     TokenType type = TokenType::kNormal;
     const std::string& p = it.key();
-    if (!byte_level && p.size() == 6 && p.rfind("<0x", 0) == 0 && p.back() == '>') type = TokenType::kByte;
+    if (!byte_level && p.size() == 6 && p.rfind("<0x", 0) == 0 && p.back() == '>')
+      type = TokenType::kByte;
     if (auto s = put(p, it.value().get<int64_t>(), type); !s.ok()) return s;
   }
   int32_t bos = -1, eos = -1, unk = -1;
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
     for (const json& t : j["added_tokens"]) {
-      if (!t.contains("id") || !t.contains("content")) return bad("added_tokens entry without id/content");
+      if (!t.contains("id") || !t.contains("content"))
+        return bad("added_tokens entry without id/content");
       const std::string content = t["content"].get<std::string>();
       const bool special = t.value("special", false);
       const int64_t id = t["id"].get<int64_t>();
-      if (auto s = put(content, id, special ? TokenType::kControl : TokenType::kUserDefined); !s.ok()) return s;
+      if (auto s = put(content, id, special ? TokenType::kControl : TokenType::kUserDefined);
+          !s.ok())
+        return s;
       if (content == "<|endoftext|>") bos = eos = static_cast<int32_t>(id);
       if (content == "<s>" || content == "<|begin_of_text|>") bos = static_cast<int32_t>(id);
       if (content == "</s>" || content == "<|end_of_text|>") eos = static_cast<int32_t>(id);
@@ -85,7 +90,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromJson(const std::string& 
     }
   }
   for (size_t i = 0; i < pieces.size(); ++i) {
-    if (types[i] == TokenType::kUnused && pieces[i].empty()) return bad(absl::StrCat("token id ", i, " has no piece"));
+    if (types[i] == TokenType::kUnused && pieces[i].empty())
+      return bad(absl::StrCat("token id ", i, " has no piece"));
   }
 
   std::vector<std::string> merges;

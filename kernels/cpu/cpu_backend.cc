@@ -4,9 +4,9 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include <algorithm>
-#include <functional>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <vector>
 

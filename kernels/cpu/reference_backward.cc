@@ -152,8 +152,8 @@ void MatMulBackwardWeight(const T* dy, const T* x, int n, int64_t out, int64_t i
 }
 
 template <typename T>
-void RmsNormBackward(const T* x, int n, int dim, const WeightView& weight, double eps,
-                     const T* dy, T* dx) {
+void RmsNormBackward(const T* x, int n, int dim, const WeightView& weight, double eps, const T* dy,
+                     T* dx) {
   const std::vector<double> g = Row<T>(weight, 0);
   for (int r = 0; r < n; ++r) {
     const T* xr = x + static_cast<int64_t>(r) * dim;
@@ -244,17 +244,15 @@ void SwiGluBackward(const T* gate, const T* up, const T* dout, int64_t count, T*
   }
 }
 
-#define KVLENS_INSTANTIATE_BACKWARD(T)                                                          \
-  template absl::Status AttentionBackward<T>(const AttentionBackwardArgs<T>&);                  \
-  template void SoftmaxBackwardRow<T>(const T*, const T*, int, T*);                             \
-  template void MatMulBackwardInput<T>(const T*, int, const WeightView&, T*);                   \
-  template void MatMulBackwardWeight<T>(const T*, const T*, int, int64_t, int64_t, double*);    \
-  template void RmsNormBackward<T>(const T*, int, int, const WeightView&, double, const T*,     \
-                                   T*);                                                         \
-  template void LayerNormBackward<T>(const T*, int, int, const WeightView&, double, const T*,   \
-                                     T*);                                                       \
-  template void RopeBackward<T>(T*, int, int64_t, int, int, const int32_t*, double, RopeStyle); \
-  template void GeluBackward<T>(const T*, const T*, int64_t, T*);                               \
+#define KVLENS_INSTANTIATE_BACKWARD(T)                                                             \
+  template absl::Status AttentionBackward<T>(const AttentionBackwardArgs<T>&);                     \
+  template void SoftmaxBackwardRow<T>(const T*, const T*, int, T*);                                \
+  template void MatMulBackwardInput<T>(const T*, int, const WeightView&, T*);                      \
+  template void MatMulBackwardWeight<T>(const T*, const T*, int, int64_t, int64_t, double*);       \
+  template void RmsNormBackward<T>(const T*, int, int, const WeightView&, double, const T*, T*);   \
+  template void LayerNormBackward<T>(const T*, int, int, const WeightView&, double, const T*, T*); \
+  template void RopeBackward<T>(T*, int, int64_t, int, int, const int32_t*, double, RopeStyle);    \
+  template void GeluBackward<T>(const T*, const T*, int64_t, T*);                                  \
   template void SwiGluBackward<T>(const T*, const T*, const T*, int64_t, T*, T*);
 
 KVLENS_INSTANTIATE_BACKWARD(float)

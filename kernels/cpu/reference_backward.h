@@ -69,8 +69,8 @@ void MatMulBackwardWeight(const T* dy, const T* x, int n, int64_t out, int64_t i
 // dx[N, D] = RMSNorm backward at x (y = x · r ⊙ g, r = (mean(x²) + eps)^−½):
 //   dx = r (g ⊙ dy) − x r³/D · Σ x ⊙ g ⊙ dy
 template <typename T>
-void RmsNormBackward(const T* x, int n, int dim, const WeightView& weight, double eps,
-                     const T* dy, T* dx);
+void RmsNormBackward(const T* x, int n, int dim, const WeightView& weight, double eps, const T* dy,
+                     T* dx);
 // dx[N, D] = LayerNorm backward (x̂ = (x − μ) r, y = x̂ ⊙ g + b, u = g ⊙ dy):
 //   dx = r (u − mean(u) − x̂ · mean(u ⊙ x̂))
 template <typename T>

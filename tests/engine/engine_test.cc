@@ -109,9 +109,10 @@ TEST_F(EngineTest, BatchingNeverChangesResults) {
   EngineOptions o;
   o.max_batch_tokens = 64;  // forces chunked prefills interleaved with decodes
   Engine engine(*model_, backend_, o);
-  const std::vector<std::string> prompts = {"Once upon a time", "The cat", "Lily and Ben went to",
-                                            "One day, a big dog", "Tom had a red ball. He",
-                                            "The sun was shining and the birds were singing. A"};
+  const std::vector<std::string> prompts = {
+      "Once upon a time",       "The cat",
+      "Lily and Ben went to",   "One day, a big dog",
+      "Tom had a red ball. He", "The sun was shining and the birds were singing. A"};
   std::vector<std::future<Outcome>> futures;
   std::vector<std::vector<int32_t>> want;
   std::vector<GenerationRequest> reqs;
@@ -187,7 +188,8 @@ TEST_F(EngineTest, SessionSecondTurnPrefillsOnlyNewTokens) {
   const Outcome b = RunOne(engine, t2);
   // the whole history except the last generated token (not yet computed) was cached
   EXPECT_EQ(b.finish.usage.cached_tokens, static_cast<int>(t1.prompt.size()) + 10 - 1);
-  EXPECT_EQ(b.finish.usage.prompt_tokens, static_cast<int>(t1.prompt.size()) + 10 + static_cast<int>(t2.prompt.size()));
+  EXPECT_EQ(b.finish.usage.prompt_tokens,
+            static_cast<int>(t1.prompt.size()) + 10 + static_cast<int>(t2.prompt.size()));
   // and the continuation equals recomputing everything offline
   std::vector<int32_t> history = t1.prompt;
   history.insert(history.end(), a.tokens.begin(), a.tokens.end());

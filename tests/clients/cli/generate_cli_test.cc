@@ -55,9 +55,9 @@ void ExpectReferenceText(const std::string& model_flags) {
   const int prompt_tokens = CountTokens(tok.out);
   ASSERT_GT(prompt_tokens, 1);
   for (const char* precision : {"fp32", "fp64"}) {
-    const RunResult gen = RunCli("generate " + model_flags + " --prompt 'Once upon a time' " +
-                              "--max-new-tokens " + std::to_string(65 - prompt_tokens) +
-                              " --precision " + precision);
+    const RunResult gen =
+        RunCli("generate " + model_flags + " --prompt 'Once upon a time' " + "--max-new-tokens " +
+               std::to_string(65 - prompt_tokens) + " --precision " + precision);
     ASSERT_EQ(gen.exit_code, 0);
     EXPECT_EQ(gen.out, std::string(kReference64) + "\n") << precision;
   }

@@ -1,8 +1,6 @@
 // The attention backward (kernels/cpu/reference_backward.h) on the seeds' worked examples,
 // and against centred finite differences of ReferenceBackend::Attention on random shapes
 // with grouped-query heads, a causal mask, a query offset, document ids and a paged cache.
-#include "kernels/cpu/reference_backward.h"
-
 #include <cmath>
 #include <numbers>
 #include <random>
@@ -10,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/reference_backend.h"
+#include "kernels/cpu/reference_backward.h"
 
 namespace kvlens::kernels {
 namespace {

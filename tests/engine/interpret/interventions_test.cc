@@ -83,7 +83,8 @@ TEST_F(InterventionsTest, MeanAblationUsesTheHeadsMeanOutput) {
     double mean = 0;
     for (int i = 0; i < clean.n; ++i) mean += clean.layers[layer].att[i * D + head * dh + d];
     mean /= clean.n;
-    for (int i = 0; i < ab.n; ++i) EXPECT_NEAR(ab.layers[layer].att[i * D + head * dh + d], mean, 1e-15);
+    for (int i = 0; i < ab.n; ++i)
+      EXPECT_NEAR(ab.layers[layer].att[i * D + head * dh + d], mean, 1e-15);
   }
 }
 
@@ -219,7 +220,7 @@ TEST(HeadScores, FollowTheirDefinitions) {
   EXPECT_NEAR(s[0].prev_token, prev / (n - 1), 1e-15);
   EXPECT_NEAR(s[1].entropy, 0.0, 1e-15);
   EXPECT_NEAR(s[1].prev_token, 1.0, 1e-15);
-  EXPECT_NEAR(s[1].sink, 2.0 / n, 1e-15);  // rows 0 and 1 attend to position 0
+  EXPECT_NEAR(s[1].sink, 2.0 / n, 1e-15);   // rows 0 and 1 attend to position 0
   EXPECT_NEAR(s[2].induction, 1.0, 1e-15);  // rows 3, 4 → keys 2, 3
   EXPECT_NEAR(s[0].induction, (1.0 / 4 + 1.0 / 5) / 2, 1e-15);
   EXPECT_TRUE(std::isnan(ScoreHeads(a, 3, n, tk, 0)[0].induction));
@@ -238,8 +239,8 @@ TEST_F(InterventionsTest, InductionScoresOnRepeatedRandomTokens) {
   double best = 0;
   int best_l = 0, best_h = 0;
   for (int l = 0; l < model_->config.num_layers; ++l) {
-    const auto s = ScoreHeads(tape.layers[l].probs, model_->config.num_heads, tape.n,
-                              tape.num_keys, 0, InductionLayout{P, 1});
+    const auto s = ScoreHeads(tape.layers[l].probs, model_->config.num_heads, tape.n, tape.num_keys,
+                              0, InductionLayout{P, 1});
     for (int h = 0; h < model_->config.num_heads; ++h) {
       EXPECT_GE(s[h].induction, 0.0);
       EXPECT_LE(s[h].induction, 1.0);
@@ -251,8 +252,8 @@ TEST_F(InterventionsTest, InductionScoresOnRepeatedRandomTokens) {
       }
     }
   }
-  std::printf("[induction] stories260K best head: layer %d head %d, score %.3f\n", best_l,
-              best_h, best);
+  std::printf("[induction] stories260K best head: layer %d head %d, score %.3f\n", best_l, best_h,
+              best);
 }
 
 }  // namespace

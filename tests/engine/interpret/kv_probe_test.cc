@@ -93,7 +93,8 @@ TEST_F(KvProbeTest, EqualsFullTapeWithCachedKvAsLeaves) {
   const int L = model_->config.num_layers;
   for (int l = 0; l < L; ++l) {
     // The cached rows hold exactly the full tape's K/V …
-    const std::vector<double> k_full(full->layers[l].k.begin(), full->layers[l].k.begin() + kP * KVD);
+    const std::vector<double> k_full(full->layers[l].k.begin(),
+                                     full->layers[l].k.begin() + kP * KVD);
     EXPECT_LE(MaxDiff(probe->input.prefix_k[l], k_full), 1e-13) << "layer " << l;
     // … and their gradients agree with the leaf view of the full tape.
     const std::vector<double> dk(leaves->k[l].begin(), leaves->k[l].begin() + kP * KVD);

@@ -117,7 +117,8 @@ TEST(OracleGradients, Stories260KMatchesAutograd) {
   while (tokens.size() < 17) tokens.push_back(static_cast<int32_t>(3 + rng() % 509));
   const std::vector<TokenTarget> targets = {{16, 42}, {9, 300}, {3, 7}};
   for (const std::vector<int32_t>& docs :
-       {std::vector<int32_t>{}, std::vector<int32_t>{0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2}}) {
+       {std::vector<int32_t>{},
+        std::vector<int32_t>{0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2}}) {
     const testing::OracleResult ref = RunGradOracle(tokens, targets, docs);
     ASSERT_TRUE(ref.error.empty()) << ref.error;
     kernels::ReferenceBackend ref_be;

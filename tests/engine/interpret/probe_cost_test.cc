@@ -24,7 +24,8 @@ double BestSeconds(Fn&& fn, int reps = 5) {
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -57,10 +58,11 @@ void Measure(const Model& m, kernels::Backend<T>& be, const char* name, int n) {
     KvProbeRequest r{table, n - 1, absl::MakeConstSpan(t).subspan(n - 1), 42};
     ASSERT_TRUE(CachedKvProbe(m, be, cache, r).ok());
   });
-  std::printf("[cost] %s, %d tokens: forward %.3f ms, tape forward %.3f ms, "
-              "forward+backward probe %.3f ms (%.1fx forward), cached-KV probe of the last "
-              "token %.3f ms (%.2fx forward)\n",
-              name, n, fwd * 1e3, tape * 1e3, probe * 1e3, probe / fwd, kv * 1e3, kv / fwd);
+  std::printf(
+      "[cost] %s, %d tokens: forward %.3f ms, tape forward %.3f ms, "
+      "forward+backward probe %.3f ms (%.1fx forward), cached-KV probe of the last "
+      "token %.3f ms (%.2fx forward)\n",
+      name, n, fwd * 1e3, tape * 1e3, probe * 1e3, probe / fwd, kv * 1e3, kv / fwd);
   EXPECT_LT(probe / fwd, 200.0);
 }
 

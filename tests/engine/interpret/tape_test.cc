@@ -65,9 +65,8 @@ Tape<double> MustTape(const Model& m, const SequenceInput<double>& in) {
   return *std::move(t);
 }
 
-void ExpectFdAgrees(const Model& m, const SequenceInput<double>& in, const Objective& o,
-                    double tol, const std::string& what, int samples = 6,
-                    double min_nonzero = 1.0 / 3) {
+void ExpectFdAgrees(const Model& m, const SequenceInput<double>& in, const Objective& o, double tol,
+                    const std::string& what, int samples = 6, double min_nonzero = 1.0 / 3) {
   const Tape<double> t = MustTape(m, in);
   auto g = ObjectiveGradients(m, t, o);
   ASSERT_TRUE(g.ok()) << g.status();
@@ -76,8 +75,8 @@ void ExpectFdAgrees(const Model& m, const SequenceInput<double>& in, const Objec
   auto r = CheckByFiniteDifferences(m, in, o, *g, opt);
   ASSERT_TRUE(r.ok()) << r.status();
   for (const FdTensorReport& tr : r->tensors) {
-    EXPECT_LE(tr.max_rel_err, tol) << what << ": " << TensorKindName(tr.kind)
-                                   << " abs " << tr.max_abs_err;
+    EXPECT_LE(tr.max_rel_err, tol)
+        << what << ": " << TensorKindName(tr.kind) << " abs " << tr.max_abs_err;
   }
   // the check is not vacuous: most sampled gradients are non-zero
   int nonzero = 0, total = 0;
@@ -88,8 +87,8 @@ void ExpectFdAgrees(const Model& m, const SequenceInput<double>& in, const Objec
     }
   }
   EXPECT_GE(nonzero, min_nonzero * total) << what;
-  std::printf("[fd] %s: max abs %.3g, max rel %.3g over %d samples\n", what.c_str(),
-              r->max_abs_err, r->max_rel_err, total);
+  std::printf("[fd] %s: max abs %.3g, max rel %.3g over %d samples\n", what.c_str(), r->max_abs_err,
+              r->max_rel_err, total);
 }
 
 class StoriesTape : public ::testing::Test {
@@ -133,8 +132,8 @@ TEST_F(StoriesTape, LogitDiffWithDocumentIdsMatchesFiniteDifferences) {
   // Only rows 4…9 (document 1) influence row 9: the other samples are exact zeros. The
   // gradients here are small (many entries ~1e-7) while the differences' float64 noise is
   // ~1e-12 absolute, so the per-entry relative error is bounded by noise at ~1e-5.
-  ExpectFdAgrees(*model_, in, Objective::LogitDiff(9, 5, 77), 1e-4, "stories logit diff + docs",
-                 6, 0.2);
+  ExpectFdAgrees(*model_, in, Objective::LogitDiff(9, 5, 77), 1e-4, "stories logit diff + docs", 6,
+                 0.2);
 }
 
 TEST_F(StoriesTape, AttnOutProbeMatchesFiniteDifferences) {
@@ -160,8 +159,11 @@ TEST_F(StoriesTape, Fp32GradientsTrackFp64) {
   ASSERT_TRUE(gd.ok() && gf.ok());
   double worst = 0;
   for (int l = 0; l < model_->config.num_layers; ++l) {
-    for (auto [a, b] : {std::pair{&gf->scores, &gd->scores}, {&gf->q, &gd->q}, {&gf->k, &gd->k},
-                        {&gf->v, &gd->v}, {&gf->attn_out, &gd->attn_out},
+    for (auto [a, b] : {std::pair{&gf->scores, &gd->scores},
+                        {&gf->q, &gd->q},
+                        {&gf->k, &gd->k},
+                        {&gf->v, &gd->v},
+                        {&gf->attn_out, &gd->attn_out},
                         {&gf->residual, &gd->residual}}) {
       worst = std::max(worst, RelErr((*a)[l], (*b)[l]));
     }
@@ -243,8 +245,7 @@ TEST_P(TinyTape, ForwardAndGradientsMatch) {
   const std::string name = "tiny model " + std::to_string(GetParam());
   ExpectFdAgrees(*m, in, Objective::LogProb({{8, 3}, {4, 7}}), 1e-6, name + " logprob", 8);
   in.doc_ids = {0, 0, 0, 1, 1, 1, 1, 2, 2};
-  ExpectFdAgrees(*m, in, Objective::LogitDiff(8, 1, 2), 1e-6, name + " logit diff + docs", 8,
-                 0.1);
+  ExpectFdAgrees(*m, in, Objective::LogitDiff(8, 1, 2), 1e-6, name + " logit diff + docs", 8, 0.1);
 }
 
 TEST_P(TinyTape, ParameterGradientsMatchDifferencesInTheWeights) {

@@ -19,7 +19,7 @@ TEST(KvCacheManagerTest, GrowsBlockTablesByWholeBlocks) {
 
 TEST(KvCacheManagerTest, FailedReserveChangesNothing) {
   KvCacheManager m(4, 16);
-  ASSERT_TRUE(m.Reserve(1, 40));  // 3 blocks
+  ASSERT_TRUE(m.Reserve(1, 40));   // 3 blocks
   EXPECT_FALSE(m.Reserve(2, 40));  // needs 3, 1 free
   EXPECT_TRUE(m.BlockTable(2).empty());
   EXPECT_EQ(m.pool().num_free(), 1);

@@ -34,7 +34,8 @@ std::string DefaultModelDir() {
   const std::filesystem::path models = testing::SourcePath("models");
   if (!std::filesystem::exists(models)) return "";
   for (const auto& e : std::filesystem::directory_iterator(models)) {
-    if (e.is_directory() && std::filesystem::exists(e.path() / "config.json")) return e.path().string();
+    if (e.is_directory() && std::filesystem::exists(e.path() / "config.json"))
+      return e.path().string();
   }
   return "";
 }
@@ -82,8 +83,9 @@ TEST_P(GoldenTest, LogitsAndAttentionMatchTheOracle) {
   ASSERT_NE((*model)->tokenizer, nullptr);
   kernels::ReferenceBackend ref;
   kernels::CpuBackend fast(2);
-  for (const char* prompt : {"Once upon a time", "And God said, Let there be light: and there was light.",
-                             "The quick brown fox jumps over the lazy dog; 12345 !?"}) {
+  for (const char* prompt :
+       {"Once upon a time", "And God said, Let there be light: and there was light.",
+        "The quick brown fox jumps over the lazy dog; 12345 !?"}) {
     const std::vector<int32_t> tokens = (*model)->tokenizer->Encode(prompt, true);
     SCOPED_TRACE(prompt);
     const testing::OracleResult oracle = testing::RunOracle(path, tokens, /*attention=*/true);

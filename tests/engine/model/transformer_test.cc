@@ -143,7 +143,8 @@ TEST_F(TransformerTest, BatchingChangesNothing) {
   kernels::CpuBackend be(2);
   const int V = model_->config.vocab_size;
   const auto t1 = Tokens(19, 4, V), t2 = Tokens(33, 5, V);
-  const auto alone1 = FullLogits<float>(*model_, be, t1), alone2 = FullLogits<float>(*model_, be, t2);
+  const auto alone1 = FullLogits<float>(*model_, be, t1),
+             alone2 = FullLogits<float>(*model_, be, t2);
   // both sequences in one forward, each with its own blocks of one pool
   const int bs = 8;
   KvCacheStorage<float> cache(model_->config.num_layers, 16, bs, model_->config.kv_dim(), true);
