@@ -66,6 +66,11 @@ struct Engine::Impl {
   void RegisterFullBlocks(Sequence& s);
   void LookupPrefix(Sequence& s);
   TokenEvent AfterForward(Sequence& s, const float* logits);
+  absl::Status ForwardWithCaptures(const std::vector<BatchEntry>& batch,
+                                   const std::vector<bool>& capture,
+                                   std::vector<std::vector<std::vector<float>>>& captured);
+  void FillAttentionRow(const Sequence& s, int num_new,
+                        const std::vector<std::vector<float>>& probs, TokenEvent& ev) const;
   void Finish(std::unique_ptr<Sequence> s, FinishReason reason, absl::Status status = {});
   void ReturnToSession(Sequence& s);
   EngineObserver::StepStats CurrentStats() const;
@@ -173,6 +178,22 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
           absl::StrCat("session ", request.session, " already has a request in flight"));
     }
     history = it->second.tokens.size();
+  }
+  const AttentionRowsRequest& rows = request.attention_rows;
+  if (rows.layers.empty() != rows.heads.empty()) {
+    return absl::InvalidArgumentError("attention_rows: give both layers and heads");
+  }
+  for (int l : rows.layers) {
+    if (l < 0 || l >= c.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("attention_rows layer ", l,
+                                                     " is outside [0, ", c.num_layers, ")"));
+    }
+  }
+  for (int h : rows.heads) {
+    if (h < 0 || h >= c.num_heads) {
+      return absl::InvalidArgumentError(absl::StrCat("attention_rows head ", h,
+                                                     " is outside [0, ", c.num_heads, ")"));
+    }
   }
   const int64_t used = static_cast<int64_t>(history + request.prompt.size());
   if (request.stop.max_new_tokens == 0) {  // as many as the context leaves
@@ -473,6 +494,64 @@ TokenEvent Engine::Impl::AfterForward(Sequence& s, const float* logits_row) {
   return ev;
 }
 
+// The Transformer captures attention probabilities of one entry per call, so entries that
+// stream attention rows run one per Forward with a capture, after the others ran batched.
+// Entries are independent sequences (their cache rows are disjoint), so the split changes
+// no result; it costs extra Forward calls only while someone asks for rows. Leaves `out`
+// with one logits row per entry, in batch order.
+absl::Status Engine::Impl::ForwardWithCaptures(
+    const std::vector<BatchEntry>& batch, const std::vector<bool>& capture,
+    std::vector<std::vector<std::vector<float>>>& captured) {
+  if (std::find(capture.begin(), capture.end(), true) == capture.end()) {
+    return transformer.Forward(batch, cache, out);
+  }
+  const size_t V = model.config.vocab_size;
+  std::vector<float> logits(batch.size() * V);
+  std::vector<BatchEntry> rest;
+  std::vector<size_t> rest_index;
+  for (size_t k = 0; k < batch.size(); ++k) {
+    if (!capture[k]) {
+      rest.push_back(batch[k]);
+      rest_index.push_back(k);
+    }
+  }
+  if (!rest.empty()) {
+    if (absl::Status s = transformer.Forward(rest, cache, out); !s.ok()) return s;
+    for (size_t j = 0; j < rest.size(); ++j) {
+      std::copy_n(out.logits.begin() + out.logits_row[j] * V, V, logits.begin() + rest_index[j] * V);
+    }
+  }
+  for (size_t k = 0; k < batch.size(); ++k) {
+    if (!capture[k]) continue;
+    AttentionCapture<float> one;  // entry 0 of a one-entry batch
+    if (absl::Status s = transformer.Forward(absl::MakeConstSpan(&batch[k], 1), cache, out, &one);
+        !s.ok()) {
+      return s;
+    }
+    std::copy_n(out.logits.begin() + out.logits_row[0] * V, V, logits.begin() + k * V);
+    captured[k] = std::move(one.probs);
+  }
+  out.logits = std::move(logits);
+  out.logits_row.resize(batch.size());
+  for (size_t k = 0; k < batch.size(); ++k) out.logits_row[k] = static_cast<int>(k);
+  return absl::OkStatus();
+}
+
+// After the step: the query is the last computed token (position num_computed − 1), its
+// keys 0 … num_computed − 1; probs[l] is [H, num_new, num_computed].
+void Engine::Impl::FillAttentionRow(const Sequence& s, int num_new,
+                                    const std::vector<std::vector<float>>& probs,
+                                    TokenEvent& ev) const {
+  const int tk = s.num_computed;
+  ev.attention_keys = tk;
+  for (int l : s.request.attention_rows.layers) {
+    for (int h : s.request.attention_rows.heads) {
+      const float* row = probs[l].data() + (static_cast<size_t>(h) * num_new + num_new - 1) * tk;
+      ev.attention.insert(ev.attention.end(), row, row + tk);
+    }
+  }
+}
+
 void Engine::Impl::Step() {
   // 1. take new requests, cancellations and session closes
   std::vector<RequestId> to_cancel;
@@ -555,7 +634,16 @@ void Engine::Impl::Step() {
       e.block_table = s->blocks;
       batch.push_back(e);
     }
-    const absl::Status status = transformer.Forward(batch, cache, out);
+    // Sequences streaming attention rows that sample this step are captured (see
+    // ForwardWithCaptures); without any this is one batched Forward.
+    std::vector<bool> capture(plan.size(), false);
+    for (size_t k = 0; k < plan.size(); ++k) {
+      const Sequence& s = *plan[k].first;
+      capture[k] = !s.request.attention_rows.layers.empty() &&
+                   s.num_computed + plan[k].second == static_cast<int>(s.tokens.size());
+    }
+    std::vector<std::vector<std::vector<float>>> captured(plan.size());  // [entry][L][H, Tq, Tk]
+    const absl::Status status = ForwardWithCaptures(batch, capture, captured);
     // 4. advance, sample, stream, finish
     for (size_t k = 0; k < plan.size(); ++k) {
       Sequence& s = *plan[k].first;
@@ -571,6 +659,7 @@ void Engine::Impl::Step() {
           TokenEvent ev = AfterForward(
               s, out.logits.data() + static_cast<size_t>(out.logits_row[k]) *
                                          model.config.vocab_size);
+          if (capture[k]) FillAttentionRow(s, plan[k].second, captured[k], ev);
           const StopParams& stop = s.request.stop;
           const bool eos = !stop.ignore_eos && model.tokenizer &&
                            ev.token == model.tokenizer->eos_id();

@@ -152,6 +152,30 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
   out.top_logprobs = request.top_logprobs();
   if (request.session_id() < 0) return Bad("session_id", request.session_id(), ">= 0");
   out.session = request.session_id();
+  if (request.has_attention_rows()) {
+    // Empty lists mean every layer / head; the engine checks the ranges again.
+    const v1::AttentionRowsRequest& rows = request.attention_rows();
+    for (int l = 0; l < model.config.num_layers; ++l) {
+      if (rows.layers().empty()) out.attention_rows.layers.push_back(l);
+    }
+    for (int k = 0; k < rows.layers_size(); ++k) {
+      if (rows.layers(k) < 0 || rows.layers(k) >= model.config.num_layers) {
+        return Bad(absl::StrCat("attention_rows.layers[", k, "]"), rows.layers(k),
+                   absl::StrCat("in [0, ", model.config.num_layers, ")").c_str());
+      }
+      out.attention_rows.layers.push_back(rows.layers(k));
+    }
+    for (int h = 0; h < model.config.num_heads; ++h) {
+      if (rows.heads().empty()) out.attention_rows.heads.push_back(h);
+    }
+    for (int k = 0; k < rows.heads_size(); ++k) {
+      if (rows.heads(k) < 0 || rows.heads(k) >= model.config.num_heads) {
+        return Bad(absl::StrCat("attention_rows.heads[", k, "]"), rows.heads(k),
+                   absl::StrCat("in [0, ", model.config.num_heads, ")").c_str());
+      }
+      out.attention_rows.heads.push_back(rows.heads(k));
+    }
+  }
   return out;
 }
 
@@ -170,6 +194,12 @@ v1::FinishReason ToProto(FinishReason reason) {
 void ToProto(const TokenEvent& event, bool with_logprobs, v1::GenerateResponse* out) {
   out->add_token_ids(event.token);
   out->mutable_text()->append(event.text);
+  if (!event.attention.empty()) {
+    v1::AttentionRow* row = out->add_attention_rows();
+    row->set_query_position(event.attention_keys - 1);
+    row->set_num_keys(event.attention_keys);
+    row->mutable_probs()->Add(event.attention.begin(), event.attention.end());
+  }
   if (!with_logprobs) return;
   v1::TokenLogprob* lp = out->add_logprobs();
   lp->set_token(event.token);
