@@ -7,6 +7,7 @@ namespace kvlens::cli {
 
 int GenerateCommand(int argc, char** argv);  // argv[1] == "generate"
 int TokenizeCommand(int argc, char** argv);  // argv[1] == "tokenize"
+int HealthCommand(int argc, char** argv);    // argv[1] == "health"
 
 }  // namespace kvlens::cli
 

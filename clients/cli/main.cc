@@ -13,6 +13,7 @@ constexpr char kUsage[] =
     "  generate   generate text from a prompt with a local model (GGUF or llama2.c .bin),\n"
     "             or with a kvlens-server (--server HOST:PORT)\n"
     "  tokenize   print the token ids of a text, separated by spaces\n"
+    "  health     exit 0 when a kvlens-server answers grpc.health.v1 with SERVING\n"
     "\n"
     "Run 'kvlens-cli COMMAND --help' for a command's flags.\n";
 }  // namespace
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   if (command == "generate") return kvlens::cli::GenerateCommand(argc, argv);
   if (command == "tokenize") return kvlens::cli::TokenizeCommand(argc, argv);
+  if (command == "health") return kvlens::cli::HealthCommand(argc, argv);
   std::fprintf(stderr, "kvlens-cli: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

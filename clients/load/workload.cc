@@ -1,0 +1,99 @@
+#include "clients/load/workload.h"
+
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+
+namespace kvlens::load {
+
+absl::StatusOr<LengthDist> LengthDist::Parse(const std::string& spec, const std::string& flag) {
+  LengthDist d;
+  const size_t colon = spec.find(':');
+  const bool ok = colon == std::string::npos
+                      ? absl::SimpleAtoi(spec, &d.min) && (d.max = d.min, true)
+                      : absl::SimpleAtoi(spec.substr(0, colon), &d.min) &&
+                            absl::SimpleAtoi(spec.substr(colon + 1), &d.max);
+  if (!ok || d.min < 1 || d.max < d.min) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, " = '", spec, "' must be N or MIN:MAX with 1 <= MIN <= MAX (tokens)"));
+  }
+  return d;
+}
+
+int LengthDist::Draw(std::mt19937_64& rng) const {
+  if (min == max) return min;
+  return std::uniform_int_distribution<int>(min, max)(rng);
+}
+
+const char* KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kGenerate:
+      return "generate";
+    case Kind::kAttention:
+      return "attention";
+    case Kind::kProbe:
+      return "probe";
+  }
+  return "generate";
+}
+
+Workload::Workload(WorkloadOptions options) : options_(std::move(options)), rng_(options_.seed) {
+  std::uniform_int_distribution<int32_t> id(0, std::max(options_.vocab_size - 1, 0));
+  for (int i = 0; i < options_.shared_prefix_tokens; ++i) shared_prefix_.push_back(id(rng_));
+}
+
+RequestSpec Workload::Next() {
+  RequestSpec spec;
+  const double u = std::uniform_real_distribution<double>(0, 1)(rng_);
+  if (u < options_.attention_share) {
+    spec.kind = Kind::kAttention;
+  } else if (u < options_.attention_share + options_.probe_share) {
+    spec.kind = Kind::kProbe;
+  }
+  spec.max_new_tokens = options_.output_tokens.Draw(rng_);
+  if (!options_.prompts.empty()) {
+    spec.text = options_.prompts[next_prompt_++ % options_.prompts.size()];
+    return spec;
+  }
+  const int length = options_.prompt_tokens.Draw(rng_);
+  spec.token_ids.assign(shared_prefix_.begin(),
+                        shared_prefix_.begin() + std::min<int>(length, shared_prefix_.size()));
+  std::uniform_int_distribution<int32_t> id(0, std::max(options_.vocab_size - 1, 0));
+  while (static_cast<int>(spec.token_ids.size()) < length) spec.token_ids.push_back(id(rng_));
+  return spec;
+}
+
+v1::GenerateRequest Workload::ToGenerateRequest(const RequestSpec& spec,
+                                                uint64_t request_seed) const {
+  v1::GenerateRequest request;
+  if (spec.text.empty()) {
+    request.mutable_token_ids()->mutable_ids()->Assign(spec.token_ids.begin(),
+                                                       spec.token_ids.end());
+  } else {
+    request.set_text(spec.text);
+  }
+  request.mutable_sampling()->set_temperature(options_.temperature);
+  request.mutable_sampling()->set_seed(request_seed);
+  request.mutable_stopping()->set_max_new_tokens(spec.max_new_tokens);
+  request.mutable_stopping()->set_ignore_eos(options_.ignore_eos);
+  return request;
+}
+
+absl::StatusOr<std::vector<std::string>> ReadPromptsFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("--prompts-file '", path, "' cannot be read"));
+  std::vector<std::string> prompts;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    prompts.push_back(absl::StrReplaceAll(line, {{"\\n", "\n"}}));
+  }
+  if (prompts.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--prompts-file '", path, "' has no prompts"));
+  }
+  return prompts;
+}
+
+}  // namespace kvlens::load

@@ -1,0 +1,107 @@
+#include "clients/load/workload.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+
+namespace kvlens::load {
+namespace {
+
+TEST(LengthDistTest, ParsesFixedAndRange) {
+  auto fixed = LengthDist::Parse("64", "prompt-tokens");
+  ASSERT_TRUE(fixed.ok());
+  EXPECT_EQ(fixed->min, 64);
+  EXPECT_EQ(fixed->max, 64);
+  auto range = LengthDist::Parse("8:32", "output-tokens");
+  ASSERT_TRUE(range.ok());
+  EXPECT_EQ(range->min, 8);
+  EXPECT_EQ(range->max, 32);
+  for (const char* bad : {"", "0", "-3", "9:8", "a", "4:", ":4", "1:2:3"}) {
+    auto d = LengthDist::Parse(bad, "output-tokens");
+    ASSERT_FALSE(d.ok()) << bad;
+    EXPECT_NE(d.status().message().find("--output-tokens"), std::string::npos);
+  }
+}
+
+TEST(LengthDistTest, UniformDrawsCoverTheRange) {
+  std::mt19937_64 rng(3);
+  const LengthDist d{2, 5};
+  std::map<int, int> seen;
+  for (int i = 0; i < 4000; ++i) ++seen[d.Draw(rng)];
+  ASSERT_EQ(seen.size(), 4u);
+  for (const auto& [len, n] : seen) {
+    EXPECT_GE(len, 2);
+    EXPECT_LE(len, 5);
+    EXPECT_NEAR(n, 1000, 150);
+  }
+}
+
+TEST(WorkloadTest, SyntheticPromptsShareThePrefixAndStayInVocabulary) {
+  WorkloadOptions o;
+  o.prompt_tokens = {20, 30};
+  o.output_tokens = {16, 16};
+  o.shared_prefix_tokens = 8;
+  o.vocab_size = 50;
+  Workload w(o);
+  const RequestSpec a = w.Next();
+  const RequestSpec b = w.Next();
+  for (const RequestSpec* s : {&a, &b}) {
+    EXPECT_EQ(s->kind, Kind::kGenerate);
+    EXPECT_GE(s->token_ids.size(), 20u);
+    EXPECT_LE(s->token_ids.size(), 30u);
+    EXPECT_EQ(s->max_new_tokens, 16);
+    for (int32_t id : s->token_ids) {
+      EXPECT_GE(id, 0);
+      EXPECT_LT(id, 50);
+    }
+  }
+  EXPECT_TRUE(std::equal(a.token_ids.begin(), a.token_ids.begin() + 8, b.token_ids.begin()));
+  EXPECT_NE(a.token_ids, b.token_ids);
+  const v1::GenerateRequest r = w.ToGenerateRequest(a, 9);
+  EXPECT_EQ(r.token_ids().ids_size(), static_cast<int>(a.token_ids.size()));
+  EXPECT_EQ(r.stopping().max_new_tokens(), 16);
+  EXPECT_TRUE(r.stopping().ignore_eos());
+  EXPECT_EQ(r.sampling().seed(), 9u);
+}
+
+TEST(WorkloadTest, SharesPickKindsInProportion) {
+  WorkloadOptions o;
+  o.prompt_tokens = {4, 4};
+  o.output_tokens = {4, 4};
+  o.vocab_size = 10;
+  o.attention_share = 0.2;
+  o.probe_share = 0.1;
+  Workload w(o);
+  std::map<Kind, int> n;
+  for (int i = 0; i < 10000; ++i) ++n[w.Next().kind];
+  EXPECT_NEAR(n[Kind::kAttention], 2000, 200);
+  EXPECT_NEAR(n[Kind::kProbe], 1000, 150);
+  EXPECT_NEAR(n[Kind::kGenerate], 7000, 250);
+}
+
+TEST(WorkloadTest, FilePromptsAreUsedInTurn) {
+  const std::string path = ::testing::TempDir() + "/kvlens_load_prompts.txt";
+  {
+    std::ofstream f(path);
+    f << "In the beginning\n\nAnd God said\\nLet there be light\r\n";
+  }
+  auto prompts = ReadPromptsFile(path);
+  ASSERT_TRUE(prompts.ok()) << prompts.status();
+  ASSERT_EQ(prompts->size(), 2u);
+  EXPECT_EQ((*prompts)[1], "And God said\nLet there be light");
+  WorkloadOptions o;
+  o.output_tokens = {4, 4};
+  o.prompts = *prompts;
+  Workload w(o);
+  EXPECT_EQ(w.Next().text, "In the beginning");
+  EXPECT_EQ(w.Next().text, (*prompts)[1]);
+  EXPECT_EQ(w.Next().text, "In the beginning");
+  EXPECT_EQ(w.ToGenerateRequest(w.Next(), 1).text(), (*prompts)[1]);
+  std::remove(path.c_str());
+  EXPECT_FALSE(ReadPromptsFile(path).ok());
+}
+
+}  // namespace
+}  // namespace kvlens::load
