@@ -7,6 +7,10 @@ namespace kvlens::cli {
 
 int GenerateCommand(int argc, char** argv);  // argv[1] == "generate"
 int TokenizeCommand(int argc, char** argv);  // argv[1] == "tokenize"
+// kvlens.v1.Interpret against a kvlens-server (interpret_commands.cc).
+int AttentionCommand(int argc, char** argv);  // argv[1] == "attention"
+int ProbeCommand(int argc, char** argv);      // argv[1] == "probe"
+int InterveneCommand(int argc, char** argv);  // argv[1] == "intervene"
 int HealthCommand(int argc, char** argv);    // argv[1] == "health"
 
 }  // namespace kvlens::cli

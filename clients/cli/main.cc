@@ -13,6 +13,9 @@ constexpr char kUsage[] =
     "  generate   generate text from a prompt with a local model (GGUF or llama2.c .bin),\n"
     "             or with a kvlens-server (--server HOST:PORT)\n"
     "  tokenize   print the token ids of a text, separated by spaces\n"
+    "  attention  attention maps and per-head scores from a kvlens-server\n"
+    "  probe      gradient probe (log-prob of a token; saliency; --verify) on a server\n"
+    "  intervene  ablate heads on a server; clean vs edited log-probs\n"
     "  health     exit 0 when a kvlens-server answers grpc.health.v1 with SERVING\n"
     "\n"
     "Run 'kvlens-cli COMMAND --help' for a command's flags.\n";
@@ -26,6 +29,9 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   if (command == "generate") return kvlens::cli::GenerateCommand(argc, argv);
   if (command == "tokenize") return kvlens::cli::TokenizeCommand(argc, argv);
+  if (command == "attention") return kvlens::cli::AttentionCommand(argc, argv);
+  if (command == "probe") return kvlens::cli::ProbeCommand(argc, argv);
+  if (command == "intervene") return kvlens::cli::InterveneCommand(argc, argv);
   if (command == "health") return kvlens::cli::HealthCommand(argc, argv);
   std::fprintf(stderr, "kvlens-cli: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;

@@ -1,0 +1,312 @@
+// kvlens-cli attention | probe | intervene --server HOST:PORT: kvlens.v1.Interpret from the
+// terminal. Output is plain text meant for reading (matrices with 3 decimals, one table per
+// call); the Python client (clients/python) is the tool for plots and arrays.
+#include <grpcpp/grpcpp.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "clients/cli/args.h"
+#include "clients/cli/commands.h"
+#include "kernels/dtype.h"
+#include "kvlens/v1/interpret.grpc.pb.h"
+
+namespace kvlens::cli {
+namespace {
+
+std::vector<FlagSpec> CommonSpecs() {
+  return {
+      {"server", "", "kvlens-server address HOST:PORT (required)"},
+      {"text", "", "prompt text (tokenized by the server, BOS added)"},
+      {"ids", "", "prompt token ids, space-separated (instead of --text)"},
+      {"precision", "fp32", "fp32 or fp64"},
+      {"timeout", "120", "seconds before the call is abandoned"},
+  };
+}
+
+int Fail(const char* command, const std::string& message, int code) {
+  std::cerr << "kvlens-cli " << command << ": " << message << "\n";
+  return code;
+}
+
+// "1 2 3" or "1,2,3" → ints.
+absl::StatusOr<std::vector<int>> ParseInts(const std::string& s, const char* flag) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(s, absl::ByAnyChar(" ,"), absl::SkipEmpty())) {
+    int v = 0;
+    if (!absl::SimpleAtoi(part, &v)) {
+      return absl::InvalidArgumentError(std::string("--") + flag + ": '" + std::string(part) +
+                                        "' is not an integer");
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+absl::Status FillInput(const Args& args, v1::PromptInput* in) {
+  if (args.Has("ids")) {
+    auto ids = ParseInts(args.Str("ids"), "ids");
+    if (!ids.ok()) return ids.status();
+    in->mutable_token_ids()->mutable_ids()->Add(ids->begin(), ids->end());
+  } else if (args.Has("text")) {
+    in->set_text(args.Str("text"));
+  } else {
+    return absl::InvalidArgumentError("give --text or --ids");
+  }
+  return absl::OkStatus();
+}
+
+v1::Precision PrecisionOf(const Args& args) {
+  return args.Str("precision") == "fp64" ? v1::PRECISION_FP64 : v1::PRECISION_FP32;
+}
+
+const char* PrecisionName(v1::Precision p) { return p == v1::PRECISION_FP64 ? "fp64" : "fp32"; }
+
+std::unique_ptr<v1::Interpret::Stub> Connect(const Args& args, grpc::ClientContext& context) {
+  auto seconds = args.Int("timeout", 1, 86400);
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(seconds.ok() ? *seconds : 120));
+  return v1::Interpret::NewStub(
+      grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials()));
+}
+
+std::vector<double> Decode(const std::string& bytes, v1::DType dtype) {
+  std::vector<double> out;
+  const int size = dtype == v1::DTYPE_FP16 ? 2 : dtype == v1::DTYPE_FP64 ? 8 : 4;
+  for (size_t i = 0; i + size <= bytes.size(); i += size) {
+    if (size == 2) {
+      uint16_t h;
+      std::memcpy(&h, bytes.data() + i, 2);
+      out.push_back(kernels::F16ToF32(h));
+    } else if (size == 8) {
+      double d;
+      std::memcpy(&d, bytes.data() + i, 8);
+      out.push_back(d);
+    } else {
+      float f;
+      std::memcpy(&f, bytes.data() + i, 4);
+      out.push_back(f);
+    }
+  }
+  return out;
+}
+
+// Parses common flags; returns an exit code ≥ 0 to stop, or −1 to go on.
+int Prepare(int argc, char** argv, const char* command, const std::string& summary,
+            std::vector<FlagSpec> specs, absl::StatusOr<Args>& args) {
+  args = Args::Parse(argc, argv, 2, specs);
+  if (!args.ok()) return Fail(command, std::string(args.status().message()), 2);
+  if (args->help()) {
+    std::cout << Args::Usage(command, summary, specs);
+    return 0;
+  }
+  if (!args->Has("server")) return Fail(command, "--server HOST:PORT is required", 2);
+  return -1;
+}
+
+}  // namespace
+
+int AttentionCommand(int argc, char** argv) {
+  std::vector<FlagSpec> specs = CommonSpecs();
+  specs.push_back({"layers", "", "layers, e.g. \"0 2\" (default: all)"});
+  specs.push_back({"heads", "", "query heads (default: all)"});
+  specs.push_back({"fp16", "", "fp16 on the wire", true});
+  specs.push_back({"summaries", "", "per-head entropy, previous-token, sink, induction", true});
+  specs.push_back({"induction-period", "0", "repeat period P for the induction score"});
+  specs.push_back({"induction-start", "0", "position of the first repeated token"});
+  specs.push_back({"max-print", "24", "print matrices up to this many positions"});
+  absl::StatusOr<Args> args;
+  if (int code = Prepare(argc, argv, "attention",
+                         "Prints attention probabilities [layer][head][query][key] and "
+                         "optionally per-head summaries.",
+                         specs, args);
+      code >= 0) {
+    return code;
+  }
+  v1::AttentionMapsRequest request;
+  if (absl::Status s = FillInput(*args, request.mutable_input()); !s.ok()) {
+    return Fail("attention", std::string(s.message()), 2);
+  }
+  auto layers = ParseInts(args->Str("layers"), "layers");
+  auto heads = ParseInts(args->Str("heads"), "heads");
+  auto period = args->Int("induction-period", 0, 1 << 20);
+  auto start = args->Int("induction-start", 0, 1 << 20);
+  auto max_print = args->Int("max-print", 0, 1 << 20);
+  for (const absl::Status& s :
+       {layers.status(), heads.status(), period.status(), start.status(), max_print.status()}) {
+    if (!s.ok()) return Fail("attention", std::string(s.message()), 2);
+  }
+  request.mutable_layers()->Add(layers->begin(), layers->end());
+  request.mutable_heads()->Add(heads->begin(), heads->end());
+  request.set_precision(PrecisionOf(*args));
+  if (args->Switch("fp16")) request.set_dtype(v1::DTYPE_FP16);
+  request.set_head_summaries(args->Switch("summaries"));
+  request.set_induction_period(static_cast<int>(*period));
+  request.set_induction_start(static_cast<int>(*start));
+  grpc::ClientContext context;
+  auto stub = Connect(*args, context);
+  auto reader = stub->AttentionMaps(&context, request);
+  v1::AttentionMapsResponse m;
+  while (reader->Read(&m)) {
+    if (m.has_info()) {
+      std::printf("precision %s, %d tokens, %lld bytes\n", PrecisionName(m.info().precision()),
+                  m.info().token_ids_size(), static_cast<long long>(m.info().total_bytes()));
+    }
+    if (m.has_chunk() && !m.chunk().probs().empty()) {
+      const v1::AttentionChunk& c = m.chunk();
+      const std::vector<double> p = Decode(c.probs(), c.dtype());
+      const bool print = c.num_keys() <= *max_print;
+      for (int h = 0; h < c.num_heads(); ++h) {
+        const int head = request.heads_size() > 0 ? request.heads(h) : h;
+        std::printf("layer %d head %d, queries %d..%d, keys %d..%d%s\n", c.layer(), head,
+                    c.query_begin(), c.query_begin() + c.num_queries() - 1, c.key_begin(),
+                    c.key_begin() + c.num_keys() - 1, print ? ":" : " (use --max-print)");
+        if (!print) continue;
+        for (int q = 0; q < c.num_queries(); ++q) {
+          for (int k = 0; k < c.num_keys(); ++k) {
+            std::printf(" %5.3f",
+                        p[(static_cast<size_t>(h) * c.num_queries() + q) * c.num_keys() + k]);
+          }
+          std::printf("\n");
+        }
+      }
+    }
+    if (m.head_summaries_size() > 0) {
+      std::printf("%5s %4s %9s %10s %7s %9s\n", "layer", "head", "entropy", "prev_token", "sink",
+                  "induction");
+      for (const v1::HeadSummary& s : m.head_summaries()) {
+        std::printf("%5d %4d %9.4f %10.4f %7.4f %9.4f\n", s.layer(), s.head(), s.entropy(),
+                    s.prev_token(), s.sink(), s.induction());
+      }
+    }
+  }
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) return Fail("attention", status.error_message(), 1);
+  return 0;
+}
+
+int ProbeCommand(int argc, char** argv) {
+  std::vector<FlagSpec> specs = CommonSpecs();
+  specs.push_back({"target-position", "-1", "position whose next-token log-prob is J (-1: last)"});
+  specs.push_back({"target-token", "", "the token id of J = log p(token | position) (required)"});
+  specs.push_back({"verify", "0", "check K random entries per tensor by finite differences"});
+  absl::StatusOr<Args> args;
+  if (int code = Prepare(argc, argv, "probe",
+                         "Gradient probe: J = log p(target | position); prints J, input x "
+                         "gradient saliency per token and, with --verify, the FD errors.",
+                         specs, args);
+      code >= 0) {
+    return code;
+  }
+  v1::GradientProbeRequest request;
+  if (absl::Status s = FillInput(*args, request.mutable_input()); !s.ok()) {
+    return Fail("probe", std::string(s.message()), 2);
+  }
+  auto position = args->Int("target-position", -1, 1 << 20);
+  auto token = args->Int("target-token", 0, 1 << 30);
+  auto verify = args->Int("verify", 0, 1 << 10);
+  for (const absl::Status& s : {position.status(), token.status(), verify.status()}) {
+    if (!s.ok()) return Fail("probe", std::string(s.message()), 2);
+  }
+  int pos = static_cast<int>(*position);
+  if (pos < 0) {
+    if (!request.input().has_token_ids()) {
+      return Fail("probe", "--target-position -1 needs --ids (or give the position)", 2);
+    }
+    pos = request.input().token_ids().ids_size() - 1;
+  }
+  v1::TokenTarget* t = request.mutable_log_prob()->add_targets();
+  t->set_position(pos);
+  t->set_token(static_cast<int>(*token));
+  request.set_precision(PrecisionOf(*args));
+  request.set_embeddings(true);
+  if (*verify > 0) {
+    request.set_verify(true);
+    request.set_verify_samples(static_cast<int>(*verify));
+  }
+  grpc::ClientContext context;
+  auto stub = Connect(*args, context);
+  v1::GradientProbeResponse response;
+  const grpc::Status status = stub->GradientProbe(&context, request, &response);
+  if (!status.ok()) return Fail("probe", status.error_message(), 1);
+  std::printf("precision %s, J = log p(%d | position %d) = %.6f\n",
+              PrecisionName(response.precision()), t->token(), pos, response.objective());
+  for (const v1::Tensor& tensor : response.tensors()) {
+    if (tensor.name() != "saliency") continue;
+    const std::vector<double> s = Decode(tensor.data(), tensor.dtype());
+    std::printf("%8s %8s %12s\n", "position", "token", "input x grad");
+    for (size_t i = 0; i < s.size(); ++i) {
+      std::printf("%8zu %8d %12.6f\n", i, response.token_ids(static_cast<int>(i)), s[i]);
+    }
+  }
+  if (response.has_verify()) {
+    std::printf("verify: max abs error %.3g, max rel error %.3g (%d fp64 forwards)\n",
+                response.verify().max_abs_err(), response.verify().max_rel_err(),
+                response.verify().num_forwards());
+  }
+  return 0;
+}
+
+int InterveneCommand(int argc, char** argv) {
+  std::vector<FlagSpec> specs = CommonSpecs();
+  specs.push_back({"ablate", "", "heads to ablate, \"LAYER:HEAD ...\" (required)"});
+  specs.push_back({"mean", "", "mean-ablate (default: zero)", true});
+  specs.push_back({"target-position", "", "position whose next-token log-prob is reported"});
+  specs.push_back({"target-token", "", "token id reported (required)"});
+  absl::StatusOr<Args> args;
+  if (int code = Prepare(argc, argv, "intervene",
+                         "Ablates heads and prints the clean and edited logit and log-prob of "
+                         "the target token.",
+                         specs, args);
+      code >= 0) {
+    return code;
+  }
+  v1::InterveneRequest request;
+  if (absl::Status s = FillInput(*args, request.mutable_input()); !s.ok()) {
+    return Fail("intervene", std::string(s.message()), 2);
+  }
+  for (absl::string_view lh : absl::StrSplit(args->Str("ablate"), ' ', absl::SkipEmpty())) {
+    std::vector<std::string> parts = absl::StrSplit(lh, ':');
+    int layer = 0, head = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &layer) ||
+        !absl::SimpleAtoi(parts[1], &head)) {
+      return Fail("intervene", "--ablate: '" + std::string(lh) + "' is not LAYER:HEAD", 2);
+    }
+    v1::HeadAblation* a = request.add_ablations();
+    a->set_layer(layer);
+    a->set_head(head);
+    a->set_mode(args->Switch("mean") ? v1::HeadAblation::MODE_MEAN : v1::HeadAblation::MODE_ZERO);
+  }
+  auto position = args->Int("target-position", 0, 1 << 20);
+  auto token = args->Int("target-token", 0, 1 << 30);
+  for (const absl::Status& s : {position.status(), token.status()}) {
+    if (!s.ok()) return Fail("intervene", std::string(s.message()), 2);
+  }
+  v1::TokenTarget* t = request.add_targets();
+  t->set_position(static_cast<int>(*position));
+  t->set_token(static_cast<int>(*token));
+  request.set_precision(PrecisionOf(*args));
+  grpc::ClientContext context;
+  auto stub = Connect(*args, context);
+  v1::InterveneResponse response;
+  const grpc::Status status = stub->Intervene(&context, request, &response);
+  if (!status.ok()) return Fail("intervene", status.error_message(), 1);
+  std::printf("precision %s, %d ablation(s); max |logit change| %.6f\n",
+              PrecisionName(response.precision()), request.ablations_size(),
+              response.max_abs_logit_change());
+  for (const v1::TargetEffect& e : response.effects()) {
+    std::printf("token %d at position %d: logit %.6f -> %.6f, log-prob %.6f -> %.6f\n",
+                e.target().token(), e.target().position(), e.clean_logit(), e.edited_logit(),
+                e.clean_logprob(), e.edited_logprob());
+  }
+  return 0;
+}
+
+}  // namespace kvlens::cli

@@ -1,0 +1,224 @@
+"""Client for kvlens-server. Arrays come back as numpy arrays in the wire layout:
+attention maps [layer][head][query][key], gradients as each Tensor's shape."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Optional, Sequence
+
+import grpc
+import numpy as np
+
+from kvlens.v1 import generation_pb2 as gen
+from kvlens.v1 import generation_pb2_grpc as gen_grpc
+from kvlens.v1 import interpret_pb2 as ip
+from kvlens.v1 import interpret_pb2_grpc as ip_grpc
+
+_NUMPY = {ip.DTYPE_FP32: "<f4", ip.DTYPE_FP16: "<f2", ip.DTYPE_FP64: "<f8"}
+_MAX_MESSAGE = 1 << 30
+
+
+def decode(data: bytes, dtype: int, shape: Sequence[int] = ()) -> np.ndarray:
+    """Little-endian bytes of a wire dtype → float64 array of `shape`."""
+    a = np.frombuffer(data, dtype=_NUMPY.get(dtype, "<f4")).astype(np.float64)
+    return a.reshape(tuple(shape)) if shape else a
+
+
+def _input(text=None, tokens=None, session_id=None, add_bos=True, doc_ids=None):
+    p = ip.PromptInput()
+    if tokens is not None:
+        p.token_ids.ids.extend(int(t) for t in tokens)
+    elif text is not None:
+        p.text = text
+        p.add_bos = add_bos
+    elif session_id is not None:
+        p.session_id = session_id
+    else:
+        raise ValueError("give text, tokens or session_id")
+    if doc_ids is not None:
+        p.doc_ids.extend(int(d) for d in doc_ids)
+    return p
+
+
+def _precision(fp64: bool):
+    return ip.PRECISION_FP64 if fp64 else ip.PRECISION_FP32
+
+
+@dataclasses.dataclass
+class AttentionMaps:
+    tokens: list
+    layers: list
+    heads: list
+    queries: tuple        # [begin, end)
+    keys: tuple
+    precision: str
+    probs: Optional[np.ndarray]   # [layers, heads, queries, keys]
+    scores: Optional[np.ndarray]
+    summaries: list               # dicts: layer, head, entropy, prev_token, sink, induction
+    chunks: int = 0
+
+    def summary_grid(self, name: str) -> np.ndarray:
+        """One summary as a [layers, heads] array (in self.layers / self.heads order)."""
+        grid = np.full((len(self.layers), len(self.heads)), np.nan)
+        li = {l: i for i, l in enumerate(self.layers)}
+        hi = {h: i for i, h in enumerate(self.heads)}
+        for s in self.summaries:
+            grid[li[s["layer"]], hi[s["head"]]] = s[name]
+        return grid
+
+
+@dataclasses.dataclass
+class GradientProbe:
+    precision: str
+    objective: float
+    tokens: list
+    tensors: dict    # name → {(layer, head): array}
+    verify: Optional[dict]
+
+    def get(self, name: str, layer: int = -1, head: int = -1) -> np.ndarray:
+        return self.tensors[name][(layer, head)]
+
+
+class Client:
+    def __init__(self, address: str, timeout: float = 300.0):
+        self.channel = grpc.insecure_channel(address, options=[
+            ("grpc.max_receive_message_length", _MAX_MESSAGE),
+            ("grpc.max_send_message_length", _MAX_MESSAGE)])
+        self.generation = gen_grpc.GenerationStub(self.channel)
+        self.interpret = ip_grpc.InterpretStub(self.channel)
+        self.timeout = timeout
+
+    # --- Generation ---
+    def model_info(self):
+        return self.generation.GetModelInfo(gen.GetModelInfoRequest(), timeout=self.timeout)
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list:
+        r = self.generation.Tokenize(gen.TokenizeRequest(text=text, add_bos=add_bos),
+                                     timeout=self.timeout)
+        return list(r.token_ids)
+
+    def pieces(self, tokens: Iterable[int]) -> list:
+        return [self.generation.Detokenize(gen.DetokenizeRequest(token_ids=[t]),
+                                           timeout=self.timeout).text for t in tokens]
+
+    def generate(self, text=None, tokens=None, max_new_tokens=32, attention_layers=None,
+                 attention_heads=None):
+        """Greedy generation. With attention_layers/heads (lists; [] = all) every token
+        comes with its attention row: returns (tokens, text, rows) where rows[i] is a
+        [layers, heads, keys] array for generated token i."""
+        req = gen.GenerateRequest()
+        if tokens is not None:
+            req.token_ids.ids.extend(tokens)
+        else:
+            req.text = text
+        req.stopping.max_new_tokens = max_new_tokens
+        if attention_layers is not None or attention_heads is not None:
+            req.attention_rows.layers.extend(attention_layers or [])
+            req.attention_rows.heads.extend(attention_heads or [])
+        out_tokens, out_text, rows = [], "", []
+        for chunk in self.generation.Generate(req, timeout=self.timeout):
+            out_tokens += list(chunk.token_ids)
+            out_text += chunk.text
+            for row in chunk.attention_rows:
+                rows.append(np.asarray(row.probs, dtype=np.float64).reshape(-1, row.num_keys))
+        return out_tokens, out_text, rows
+
+    # --- Interpret ---
+    def attention_maps(self, text=None, tokens=None, session_id=None, layers=(), heads=(),
+                       queries=(0, 0), keys=(0, 0), scores=False, probabilities=True,
+                       fp16=False, fp64=False, summaries=False, induction_period=0,
+                       induction_start=0, doc_ids=None) -> AttentionMaps:
+        req = ip.AttentionMapsRequest(
+            input=_input(text, tokens, session_id, doc_ids=doc_ids), layers=list(layers),
+            heads=list(heads), queries=ip.Range(begin=queries[0], end=queries[1]),
+            keys=ip.Range(begin=keys[0], end=keys[1]), scores=scores,
+            probabilities_off=not probabilities,
+            dtype=ip.DTYPE_FP16 if fp16 else ip.DTYPE_FP32, precision=_precision(fp64),
+            head_summaries=summaries, induction_period=induction_period,
+            induction_start=induction_start)
+        info, probs, sc, summ, chunks = None, None, None, [], 0
+        for m in self.interpret.AttentionMaps(req, timeout=self.timeout):
+            if m.HasField("info"):
+                info = m.info
+                shape = (len(info.layers), len(info.heads), info.queries.end - info.queries.begin,
+                         info.keys.end - info.keys.begin)
+                probs = np.full(shape, np.nan) if probabilities else None
+                sc = np.full(shape, np.nan) if scores else None
+                layer_index = {l: i for i, l in enumerate(info.layers)}
+            if m.HasField("chunk"):
+                c = m.chunk
+                chunks += 1
+                li = layer_index[c.layer]
+                q0 = c.query_begin - info.queries.begin
+                block = (c.num_heads, c.num_queries, c.num_keys)
+                if c.probs:
+                    probs[li, :, q0:q0 + c.num_queries, :] = decode(c.probs, c.dtype, block)
+                if c.scores:
+                    sc[li, :, q0:q0 + c.num_queries, :] = decode(c.scores, c.dtype, block)
+            for s in m.head_summaries:
+                summ.append(dict(layer=s.layer, head=s.head, entropy=s.entropy,
+                                 prev_token=s.prev_token, sink=s.sink, induction=s.induction))
+        return AttentionMaps(tokens=list(info.token_ids), layers=list(info.layers),
+                             heads=list(info.heads),
+                             queries=(info.queries.begin, info.queries.end),
+                             keys=(info.keys.begin, info.keys.end),
+                             precision=ip.Precision.Name(info.precision), probs=probs,
+                             scores=sc, summaries=summ, chunks=chunks)
+
+    def gradient_probe(self, text=None, tokens=None, targets=(), logit_diff=None,
+                       attn_out_probe=None, want=("embeddings",), layers=(), heads=(),
+                       param_layer=None, fp64=False, verify=0, doc_ids=None) -> GradientProbe:
+        """targets: [(position, token)] for J = Σ log p; or logit_diff=(position, a, b); or
+        attn_out_probe=(layer, head, G [positions, head_dim]). want: any of scores, probs,
+        q, k, v, attn_out, residual, embeddings, attention_times_gradient."""
+        req = ip.GradientProbeRequest(input=_input(text, tokens, doc_ids=doc_ids),
+                                      precision=_precision(fp64), layers=list(layers),
+                                      heads=list(heads))
+        if logit_diff is not None:
+            req.logit_diff.position, req.logit_diff.token_a, req.logit_diff.token_b = logit_diff
+        elif attn_out_probe is not None:
+            layer, head, g = attn_out_probe
+            req.attn_out_probe.layer, req.attn_out_probe.head = layer, head
+            req.attn_out_probe.g.extend(np.asarray(g, dtype=np.float64).ravel().tolist())
+        else:
+            for pos, tok in targets:
+                req.log_prob.targets.add(position=pos, token=tok)
+        for name in want:
+            setattr(req, name, True)
+        if param_layer is not None:
+            req.param_layer = param_layer
+        if verify:
+            req.verify, req.verify_samples = True, verify
+        r = self.interpret.GradientProbe(req, timeout=self.timeout)
+        tensors = {}
+        for t in r.tensors:
+            tensors.setdefault(t.name, {})[(t.layer, t.head)] = decode(t.data, t.dtype, t.shape)
+        verify_report = None
+        if r.HasField("verify"):
+            verify_report = dict(max_abs_err=r.verify.max_abs_err, max_rel_err=r.verify.max_rel_err,
+                                 num_forwards=r.verify.num_forwards)
+        return GradientProbe(precision=ip.Precision.Name(r.precision), objective=r.objective,
+                             tokens=list(r.token_ids), tensors=tensors, verify=verify_report)
+
+    def intervene(self, text=None, tokens=None, ablations=(), mean=False, targets=(),
+                  row_overrides=(), patches=(), patch_source=None, fp64=False):
+        """ablations: [(layer, head)]; patches: [(layer, position, source_position)] from
+        patch_source (text or token list). Returns the InterveneResponse message."""
+        req = ip.InterveneRequest(input=_input(text, tokens), precision=_precision(fp64))
+        for layer, head in ablations:
+            req.ablations.add(layer=layer, head=head,
+                              mode=ip.HeadAblation.MODE_MEAN if mean else ip.HeadAblation.MODE_ZERO)
+        for o in row_overrides:
+            req.row_overrides.add(**o)
+        for layer, pos, src in patches:
+            req.patches.add(layer=layer, position=pos, source_position=src)
+        if patch_source is not None:
+            req.patch_source.CopyFrom(_input(tokens=patch_source) if not isinstance(patch_source, str)
+                                      else _input(text=patch_source))
+        for pos, tok in targets:
+            req.targets.add(position=pos, token=tok)
+        return self.interpret.Intervene(req, timeout=self.timeout)
+
+    def logit_lens(self, text=None, tokens=None, positions=(), top_k=5, fp64=False):
+        req = ip.LogitLensRequest(input=_input(text, tokens), positions=list(positions),
+                                  top_k=top_k, precision=_precision(fp64))
+        return self.interpret.LogitLens(req, timeout=self.timeout)
