@@ -10,6 +10,9 @@ PACKAGES=(
   # C++ libraries
   libabsl-dev libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc
   libprotobuf-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
+  # Prometheus server and promtool: tests/load checks the Grafana dashboard's queries and
+  # the alert rules (docker/prometheus) against them
+  prometheus
   # Python: the PyTorch oracle, training the default model, the Python client
   python3 python3-torch python3-numpy python3-grpcio python3-protobuf python3-matplotlib
   # an optimised BLAS for python3-torch (Debian's torch otherwise uses the reference BLAS,
