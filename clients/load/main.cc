@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,7 +74,10 @@ ABSL_FLAG(double, attention_share, 0,
 ABSL_FLAG(double, probe_share, 0,
           "Share of requests in [0, 1] that are GradientProbe calls (log p of the last "
           "prompt token; input-embedding gradients).");
-ABSL_FLAG(uint64_t, seed, 1, "Seed of prompts, lengths, arrivals and sampling.");
+ABSL_FLAG(uint64_t, seed, 0,
+          "Seed of prompts, lengths, arrivals and sampling; the report records it. 0: a "
+          "fresh one per run, so a repeated run does not find its prompts in the server's "
+          "prefix cache (pass the recorded seed to repeat a run exactly).");
 ABSL_FLAG(absl::Duration, request_timeout, absl::Seconds(120), "Deadline of each request.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "After the last start, how long in-flight requests may finish before they are "
@@ -201,6 +205,8 @@ int Main(int argc, char** argv) {
   phase.drain = Ms(absl::GetFlag(FLAGS_drain_timeout));
   phase.request_timeout = Ms(absl::GetFlag(FLAGS_request_timeout));
   phase.seed = absl::GetFlag(FLAGS_seed);
+  if (phase.seed == 0)
+    phase.seed = (uint64_t{std::random_device()()} << 32) | std::random_device()();
   const int warmup = absl::GetFlag(FLAGS_warmup);
   std::string bad;
   if (phase.concurrency < 1 || phase.concurrency > 100000)
