@@ -9,6 +9,8 @@
 //
 // Default model: the first models/*/config.json directory of the source tree (the
 // project's own GPT-2), else ../shared/testdata/stories260K/stories260K.gguf.
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,8 +21,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -69,8 +69,8 @@ double Percentile(std::vector<double> v, double p) {
 
 // Distinct prompts so that the prefix cache does not turn the benchmark into a cache test.
 std::string Prompt(int i) {
-  static const char* kStarts[] = {"Once upon a time", "And it came to pass", "In the beginning",
-                                  "The little dog", "Then said he unto them", "One day Lily"};
+  static const char* kStarts[] = {"Once upon a time", "And it came to pass",    "In the beginning",
+                                  "The little dog",   "Then said he unto them", "One day Lily"};
   return absl::StrCat(kStarts[i % 6], ", ", i, " ");
 }
 
@@ -141,7 +141,8 @@ int main(int argc, char** argv) {
 
   auto model = kvlens::LoadModel({model_path, ""});
   if (!model.ok()) {
-    std::fprintf(stderr, "kvlens_bench_serving: %s\n", std::string(model.status().message()).c_str());
+    std::fprintf(stderr, "kvlens_bench_serving: %s\n",
+                 std::string(model.status().message()).c_str());
     return 1;
   }
   const kvlens::ModelConfig& config = (*model)->config;
@@ -159,27 +160,30 @@ int main(int argc, char** argv) {
   server_options.backend_name = std::string(backend.name());
   auto server = kvlens::server::GrpcServer::Start(server_options, engine, metrics);
   if (!server.ok()) {
-    std::fprintf(stderr, "kvlens_bench_serving: %s\n", std::string(server.status().message()).c_str());
+    std::fprintf(stderr, "kvlens_bench_serving: %s\n",
+                 std::string(server.status().message()).c_str());
     return 1;
   }
   auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->port()),
                                      grpc::InsecureChannelCredentials());
   auto stub = kvlens::v1::Generation::NewStub(channel);
 
-  std::printf("model %s (%s, %d layers, dim %d, vocab %d) | backend %s, %d threads | %d "
-              "requests per client, %d new tokens each\n",
-              model_path.c_str(), std::string(kvlens::ArchitectureName(config.arch)).c_str(),
-              config.num_layers, config.dim, config.vocab_size, std::string(backend.name()).c_str(),
-              backend.num_threads(), per_client, max_new_tokens);
+  std::printf(
+      "model %s (%s, %d layers, dim %d, vocab %d) | backend %s, %d threads | %d "
+      "requests per client, %d new tokens each\n",
+      model_path.c_str(), std::string(kvlens::ArchitectureName(config.arch)).c_str(),
+      config.num_layers, config.dim, config.vocab_size, std::string(backend.name()).c_str(),
+      backend.num_threads(), per_client, max_new_tokens);
   RunLevel(*stub, 1, 1, 8);  // warm-up: connection, thread pool, page faults
-  std::printf("| concurrency | requests | failed | generated tokens | seconds | tokens/s | "
-              "TTFT p50 (ms) | TTFT p99 (ms) |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| concurrency | requests | failed | generated tokens | seconds | tokens/s | "
+      "TTFT p50 (ms) | TTFT p99 (ms) |\n|---|---|---|---|---|---|---|---|\n");
   std::string json = "{\"bench\":\"serving\",\"model\":\"" + model_path + "\",\"levels\":[";
   for (int c : kConcurrency) {
     const Level l = RunLevel(*stub, c, per_client, max_new_tokens);
-    std::printf("| %d | %d | %d | %lld | %.2f | %.1f | %.1f | %.1f |\n", l.concurrency,
-                l.requests, l.failed, static_cast<long long>(l.tokens), l.seconds,
-                l.tokens_per_second(), l.ttft_p50 * 1e3, l.ttft_p99 * 1e3);
+    std::printf("| %d | %d | %d | %lld | %.2f | %.1f | %.1f | %.1f |\n", l.concurrency, l.requests,
+                l.failed, static_cast<long long>(l.tokens), l.seconds, l.tokens_per_second(),
+                l.ttft_p50 * 1e3, l.ttft_p99 * 1e3);
     std::fflush(stdout);
     absl::StrAppend(&json, c == kConcurrency[0] ? "" : ",",
                     absl::StrFormat("{\"concurrency\":%d,\"requests\":%d,\"failed\":%d,"

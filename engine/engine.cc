@@ -29,9 +29,9 @@ struct Sequence {
   int num_prompt = 0;           // tokens before the first generated one
   int num_computed = 0;
   int num_generated = 0;
-  int num_cached_prompt = 0;     // prompt tokens found cached (prefix cache or session)
-  int num_hashed_blocks = 0;     // leading full blocks registered in the prefix cache
-  BlockHash last_hash = 0;       // hash of block num_hashed_blocks − 1
+  int num_cached_prompt = 0;  // prompt tokens found cached (prefix cache or session)
+  int num_hashed_blocks = 0;  // leading full blocks registered in the prefix cache
+  BlockHash last_hash = 0;    // hash of block num_hashed_blocks − 1
   std::vector<BlockId> blocks;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<IncrementalDecoder> decoder;
@@ -87,13 +87,13 @@ struct Engine::Impl {
 
   // --- shared, under mu ---
   mutable std::mutex mu;
-  std::condition_variable cv;        // wakes the step thread
-  std::condition_variable drained;   // running + waiting became empty
+  std::condition_variable cv;       // wakes the step thread
+  std::condition_variable drained;  // running + waiting became empty
   std::deque<std::unique_ptr<Sequence>> incoming;
   std::vector<RequestId> cancelled;
   absl::flat_hash_map<SessionId, Session> sessions;
   std::vector<BlockId> blocks_to_release;  // from closed sessions
-  int64_t in_flight = 0;  // submitted and not finished
+  int64_t in_flight = 0;                   // submitted and not finished
   RequestId next_id = 1;
   SessionId next_session = 1;
   bool accepting = true;
@@ -140,8 +140,8 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
         absl::StrCat("top_logprobs = ", request.top_logprobs, " must be in [0, 20]"));
   }
   if (request.stop.max_new_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_new_tokens = ", request.stop.max_new_tokens, " must be >= 0 (0: up to the context)"));
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens = ", request.stop.max_new_tokens,
+                                                   " must be >= 0 (0: up to the context)"));
   }
   if (request.stop.stop_strings.size() > 16) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -156,9 +156,8 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
   }
   for (int32_t t : request.stop.stop_token_ids) {
     if (t < 0 || t >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: ", t,
-                                                     " is outside the vocabulary [0, ",
-                                                     c.vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stop_token_ids: ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
     }
   }
 
@@ -185,14 +184,14 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
   }
   for (int l : rows.layers) {
     if (l < 0 || l >= c.num_layers) {
-      return absl::InvalidArgumentError(absl::StrCat("attention_rows layer ", l,
-                                                     " is outside [0, ", c.num_layers, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("attention_rows layer ", l, " is outside [0, ", c.num_layers, ")"));
     }
   }
   for (int h : rows.heads) {
     if (h < 0 || h >= c.num_heads) {
-      return absl::InvalidArgumentError(absl::StrCat("attention_rows head ", h,
-                                                     " is outside [0, ", c.num_heads, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("attention_rows head ", h, " is outside [0, ", c.num_heads, ")"));
     }
   }
   const int64_t used = static_cast<int64_t>(history + request.prompt.size());
@@ -208,21 +207,20 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
   const int64_t total = used + request.stop.max_new_tokens;
   if (total > c.max_seq_len) {
     return absl::OutOfRangeError(absl::StrCat(
-        history > 0 ? absl::StrCat("session history (", history, " tokens) + ") : "",
-        "prompt (", request.prompt.size(), " tokens) + max_new_tokens (",
-        request.stop.max_new_tokens, ") = ", total, " exceeds the context length ",
-        c.max_seq_len));
+        history > 0 ? absl::StrCat("session history (", history, " tokens) + ") : "", "prompt (",
+        request.prompt.size(), " tokens) + max_new_tokens (", request.stop.max_new_tokens,
+        ") = ", total, " exceeds the context length ", c.max_seq_len));
   }
   const int64_t blocks_needed = (total + options_.block_size - 1) / options_.block_size;
   if (blocks_needed > options_.num_blocks) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the request needs ", blocks_needed, " KV-cache blocks (", total,
-        " tokens), the cache holds only ", options_.num_blocks, " blocks of ",
-        options_.block_size, " tokens"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the request needs ", blocks_needed, " KV-cache blocks (", total,
+                     " tokens), the cache holds only ", options_.num_blocks, " blocks of ",
+                     options_.block_size, " tokens"));
   }
   if (static_cast<int>(impl_->incoming.size()) + impl_->stats.waiting >= options_.max_waiting) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the waiting queue is full (max_waiting = ", options_.max_waiting, ")"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the waiting queue is full (max_waiting = ", options_.max_waiting, ")"));
   }
   if (request.session != 0) {
     Session& s = impl_->sessions[request.session];
@@ -248,16 +246,14 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
   return id;
 }
 
-absl::Status Engine::ReadSession(SessionId id,
-                                 const std::function<void(const SessionView&)>& fn) {
+absl::Status Engine::ReadSession(SessionId id, const std::function<void(const SessionView&)>& fn) {
   std::unique_lock<std::mutex> lock(impl_->mu);
   auto it = impl_->sessions.find(id);
   if (it == impl_->sessions.end()) {
     return absl::NotFoundError(absl::StrCat("session_id ", id, " is not an open session"));
   }
   if (it->second.busy) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("session ", id, " has a request in flight"));
+    return absl::FailedPreconditionError(absl::StrCat("session ", id, " has a request in flight"));
   }
   // Held busy (as a request would hold it) so fn can read without the lock: the session's
   // blocks stay referenced and unwritten, and flat_hash_map may rehash, so copy the view.
@@ -518,7 +514,8 @@ absl::Status Engine::Impl::ForwardWithCaptures(
   if (!rest.empty()) {
     if (absl::Status s = transformer.Forward(rest, cache, out); !s.ok()) return s;
     for (size_t j = 0; j < rest.size(); ++j) {
-      std::copy_n(out.logits.begin() + out.logits_row[j] * V, V, logits.begin() + rest_index[j] * V);
+      std::copy_n(out.logits.begin() + out.logits_row[j] * V, V,
+                  logits.begin() + rest_index[j] * V);
     }
   }
   for (size_t k = 0; k < batch.size(); ++k) {
@@ -656,13 +653,13 @@ void Engine::Impl::Step() {
         s.num_computed += plan[k].second;
         RegisterFullBlocks(s);
         if (s.num_computed == static_cast<int>(s.tokens.size())) {
-          TokenEvent ev = AfterForward(
-              s, out.logits.data() + static_cast<size_t>(out.logits_row[k]) *
-                                         model.config.vocab_size);
+          TokenEvent ev =
+              AfterForward(s, out.logits.data() +
+                                  static_cast<size_t>(out.logits_row[k]) * model.config.vocab_size);
           if (capture[k]) FillAttentionRow(s, plan[k].second, captured[k], ev);
           const StopParams& stop = s.request.stop;
-          const bool eos = !stop.ignore_eos && model.tokenizer &&
-                           ev.token == model.tokenizer->eos_id();
+          const bool eos =
+              !stop.ignore_eos && model.tokenizer && ev.token == model.tokenizer->eos_id();
           const bool stop_token = std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(),
                                             ev.token) != stop.stop_token_ids.end();
           const StopMatcher::Result text =

@@ -34,11 +34,11 @@
 namespace kvlens {
 
 struct EngineOptions {
-  int num_blocks = 1024;          // KV-cache capacity in blocks
-  int block_size = 16;            // tokens per block
-  int max_batch_tokens = 512;     // token budget of one step (decode + prefill chunks)
-  int max_running = 64;           // sequences decoding at once
-  int max_waiting = 256;          // queue limit; beyond it Submit is RESOURCE_EXHAUSTED
+  int num_blocks = 1024;       // KV-cache capacity in blocks
+  int block_size = 16;         // tokens per block
+  int max_batch_tokens = 512;  // token budget of one step (decode + prefill chunks)
+  int max_running = 64;        // sequences decoding at once
+  int max_waiting = 256;       // queue limit; beyond it Submit is RESOURCE_EXHAUSTED
   int max_sessions = 64;
   bool prefix_caching = true;
 };

@@ -84,8 +84,8 @@ struct GenerationRequest {
   std::vector<int32_t> prompt;  // token ids (BOS included if wanted)
   SamplingParams sampling;
   StopParams stop;
-  int top_logprobs = 0;   // 0 … 20
-  SessionId session = 0;  // 0: none; else an open session this request appends to
+  int top_logprobs = 0;                 // 0 … 20
+  SessionId session = 0;                // 0: none; else an open session this request appends to
   AttentionRowsRequest attention_rows;  // empty: none streamed
   RequestCallbacks callbacks;
 };

@@ -101,9 +101,9 @@ void GenerateStream::TryWrite() {
         if (has_tokens) {
           op = Op::kWrite;
         } else {
-          status = finish_->status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL,
-                                                       "generation failed")
-                                        : ToGrpcStatus(finish_->status);
+          status = finish_->status.ok()
+                       ? grpc::Status(grpc::StatusCode::INTERNAL, "generation failed")
+                       : ToGrpcStatus(finish_->status);
           op = Op::kFinish;
         }
       } else if (finish_.has_value()) {
@@ -122,10 +122,17 @@ void GenerateStream::TryWrite() {
     }
   }
   switch (op) {
-    case Op::kNone: break;
-    case Op::kWrite: StartWrite(&message_); break;
-    case Op::kWriteAndFinish: StartWriteAndFinish(&message_, grpc::WriteOptions(), status); break;
-    case Op::kFinish: Finish(status); break;
+    case Op::kNone:
+      break;
+    case Op::kWrite:
+      StartWrite(&message_);
+      break;
+    case Op::kWriteAndFinish:
+      StartWriteAndFinish(&message_, grpc::WriteOptions(), status);
+      break;
+    case Op::kFinish:
+      Finish(status);
+      break;
   }
 }
 

@@ -12,12 +12,12 @@
 #ifndef KVLENS_SERVER_GENERATE_STREAM_H_
 #define KVLENS_SERVER_GENERATE_STREAM_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <deque>
 #include <mutex>
 #include <optional>
-
-#include <grpcpp/grpcpp.h>
 
 #include "engine/request.h"
 #include "kvlens/v1/generation.pb.h"

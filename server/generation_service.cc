@@ -49,9 +49,9 @@ grpc::ServerUnaryReactor* GenerationService::Cancel(grpc::CallbackServerContext*
     running = active_.contains(id);
   }
   if (!running) {
-    return FinishUnary(context, "Cancel",
-                       absl::NotFoundError(absl::StrCat("request_id = ", id,
-                                                        " is not a running request")));
+    return FinishUnary(
+        context, "Cancel",
+        absl::NotFoundError(absl::StrCat("request_id = ", id, " is not a running request")));
   }
   engine_.Cancel(id);  // outside active_mu_: the engine may call back into the stream
   return FinishUnary(context, "Cancel", absl::OkStatus());
@@ -139,8 +139,8 @@ grpc::ServerUnaryReactor* GenerationService::CloseSession(grpc::CallbackServerCo
   if (draining()) return FinishUnary(context, "CloseSession", Draining());
   if (request->session_id() <= 0) {
     return FinishUnary(context, "CloseSession",
-                       absl::InvalidArgumentError(absl::StrCat(
-                           "session_id = ", request->session_id(), " must be > 0")));
+                       absl::InvalidArgumentError(
+                           absl::StrCat("session_id = ", request->session_id(), " must be > 0")));
   }
   return FinishUnary(context, "CloseSession", engine_.CloseSession(request->session_id()));
 }

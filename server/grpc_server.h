@@ -7,12 +7,12 @@
 #ifndef KVLENS_SERVER_GRPC_SERVER_H_
 #define KVLENS_SERVER_GRPC_SERVER_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 #include "engine/engine.h"

@@ -47,8 +47,7 @@ ABSL_FLAG(int32_t, max_batch_tokens, 512,
           "Token budget of one engine step: decode tokens of all running sequences plus "
           "prefill chunks.");
 ABSL_FLAG(int32_t, max_running, 64, "Sequences decoding at once.");
-ABSL_FLAG(int32_t, max_waiting, 256,
-          "Queue limit: requests beyond it get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int32_t, max_waiting, 256, "Queue limit: requests beyond it get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int32_t, max_sessions, 64, "Open sessions at most.");
 ABSL_FLAG(bool, prefix_caching, true, "Reuse cached KV blocks of shared prompt prefixes.");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores).");
@@ -73,7 +72,8 @@ namespace {
 constexpr char kUsage[] =
     "kvlens-server --model PATH [--port P] [--metrics-port Q] [flags]\n\n"
     "Serves a decoder-only transformer over gRPC (kvlens.v1.Generation and Interpret, "
-    "grpc.health.v1, server reflection) with Prometheus metrics on a separate HTTP port. Flag names take "
+    "grpc.health.v1, server reflection) with Prometheus metrics on a separate HTTP port. Flag "
+    "names take "
     "'-' or '_' alike (--metrics-port = --metrics_port). SIGTERM/SIGINT drain and exit 0.";
 
 // absl flags are C identifiers; the documented interface spells them with hyphens.
@@ -168,17 +168,16 @@ int main(int argc, char** argv) {
   interp.limits.max_layer_heads = absl::GetFlag(FLAGS_max_interp_layer_heads);
   interp.limits.max_bytes = absl::GetFlag(FLAGS_max_interp_bytes);
   // An attention map stream's chunks are ~1 MiB; other responses are single messages.
-  server_options.max_message_bytes = static_cast<int>(
-      std::clamp<int64_t>(interp.limits.max_bytes + (1 << 20), server_options.max_message_bytes,
-                          int64_t{1} << 30));
+  server_options.max_message_bytes = static_cast<int>(std::clamp<int64_t>(
+      interp.limits.max_bytes + (1 << 20), server_options.max_message_bytes, int64_t{1} << 30));
   auto server = GrpcServer::Start(server_options, engine, metrics);
   if (!server.ok()) return Fail(server.status());
   std::fprintf(stderr,
                "kvlens-server: serving %s (%s, %d layers, context %d) on %s:%d, metrics on "
                "%s:%d, KV cache %d blocks x %d tokens\n",
                config.name.c_str(), std::string(kvlens::ArchitectureName(config.arch)).c_str(),
-               config.num_layers, config.max_seq_len, host.c_str(), (*server)->port(),
-               host.c_str(), metrics.exposer_port(), options.num_blocks, options.block_size);
+               config.num_layers, config.max_seq_len, host.c_str(), (*server)->port(), host.c_str(),
+               metrics.exposer_port(), options.num_blocks, options.block_size);
 
   int sig = 0;
   sigwait(&signals, &sig);

@@ -14,14 +14,13 @@ using prometheus::Histogram;
 
 // Latencies from sub-millisecond (a decode step of a small model) to a minute.
 const Histogram::BucketBoundaries& LatencyBuckets() {
-  static const Histogram::BucketBoundaries b = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                                                0.1,   0.25,   0.5,   1,    2.5,   5,
-                                                10,    30,     60};
+  static const Histogram::BucketBoundaries b = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                0.5,   1,      2.5,   5,    10,    30,   60};
   return b;
 }
 
 const Histogram::BucketBoundaries& TokenBuckets() {
-  static const Histogram::BucketBoundaries b = {1,   2,   4,    8,    16,   32,  64,
+  static const Histogram::BucketBoundaries b = {1,   2,   4,   8,    16,   32,   64,
                                                 128, 256, 512, 1024, 2048, 4096, 8192};
   return b;
 }
@@ -50,18 +49,16 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                     "Seconds from a Generate call's arrival to its first generated token.",
                     LatencyBuckets());
   itl_ = histogram("kvlens_inter_token_latency_seconds",
-                   "Seconds between consecutive generated tokens of one stream.",
-                   LatencyBuckets());
-  request_duration_ = histogram("kvlens_request_duration_seconds",
-                                "Seconds from a Generate call's arrival to its final message.",
-                                LatencyBuckets());
+                   "Seconds between consecutive generated tokens of one stream.", LatencyBuckets());
+  request_duration_ =
+      histogram("kvlens_request_duration_seconds",
+                "Seconds from a Generate call's arrival to its final message.", LatencyBuckets());
   queue_duration_ = histogram("kvlens_queue_duration_seconds",
                               "Seconds from a Generate call's arrival to its first scheduled "
                               "engine step.",
                               LatencyBuckets());
   batch_tokens_ = histogram("kvlens_batch_tokens",
-                            "Tokens (decode + prefill chunks) in one engine step.",
-                            TokenBuckets());
+                            "Tokens (decode + prefill chunks) in one engine step.", TokenBuckets());
 
   auto counter = [&](const char* name, const char* help) {
     return &prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
@@ -69,8 +66,8 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   prompt_tokens_ = counter("kvlens_prompt_tokens_total", "Prompt tokens of finished requests.");
   generated_tokens_ =
       counter("kvlens_generated_tokens_total", "Tokens generated for finished requests.");
-  prefix_queries_ = counter("kvlens_prefix_cache_queries_total",
-                            "Prompt tokens looked up in the prefix cache.");
+  prefix_queries_ =
+      counter("kvlens_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.");
   prefix_hits_ = counter("kvlens_prefix_cache_hits_total",
                          "Prompt tokens found in the prefix cache (not prefilled again).");
   preemptions_ = counter("kvlens_preemptions_total",
@@ -85,8 +82,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                        "KV-cache blocks in use by live sequences and sessions / all blocks.");
   auto& blocks = prometheus::BuildGauge()
                      .Name("kvlens_kv_cache_blocks")
-                     .Help("KV-cache block pool by state: used (referenced), cached "
-                           "(unreferenced, holding a reusable prefix), free.")
+                     .Help(
+                         "KV-cache block pool by state: used (referenced), cached "
+                         "(unreferenced, holding a reusable prefix), free.")
                      .Register(r);
   blocks_used_ = &blocks.Add({{"state", "used"}});
   blocks_cached_ = &blocks.Add({{"state", "cached"}});

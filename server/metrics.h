@@ -5,10 +5,6 @@
 #ifndef KVLENS_SERVER_METRICS_H_
 #define KVLENS_SERVER_METRICS_H_
 
-#include <memory>
-#include <string>
-#include <string_view>
-
 #include <grpcpp/support/status.h>
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
@@ -16,6 +12,10 @@
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include <memory>
+#include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "engine/engine.h"

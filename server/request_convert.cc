@@ -86,8 +86,8 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
       if (model.tokenizer == nullptr) {
         return absl::FailedPreconditionError("text: the model has no tokenizer; send token_ids");
       }
-      out.prompt = model.tokenizer->Encode(request.text(),
-                                           !request.has_add_bos() || request.add_bos());
+      out.prompt =
+          model.tokenizer->Encode(request.text(), !request.has_add_bos() || request.add_bos());
       if (out.prompt.empty()) {
         return absl::InvalidArgumentError("text: the prompt is empty (and add_bos is off)");
       }
@@ -105,8 +105,8 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
   }
   if (static_cast<int64_t>(out.prompt.size()) >= context) {
     return absl::OutOfRangeError(absl::StrCat("prompt: ", out.prompt.size(),
-                                              " tokens leave no room in the context of ",
-                                              context, " tokens"));
+                                              " tokens leave no room in the context of ", context,
+                                              " tokens"));
   }
 
   if (absl::Status s = ConvertSampling(request.sampling(), vocab, &out.sampling); !s.ok()) {
@@ -116,9 +116,8 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
   const v1::StoppingParams& stop = request.stopping();
   if (stop.has_max_new_tokens()) {
     if (stop.max_new_tokens() < 1 || stop.max_new_tokens() > context) {
-      return absl::InvalidArgumentError(absl::StrCat("stopping.max_new_tokens = ",
-                                                     stop.max_new_tokens(),
-                                                     " must be in [1, ", context, "]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stopping.max_new_tokens = ", stop.max_new_tokens(), " must be in [1, ", context, "]"));
     }
     out.stop.max_new_tokens = stop.max_new_tokens();
   } else if (request.session_id() != 0) {
@@ -128,14 +127,14 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
         std::min<int>(kDefaultMaxNewTokens, context - static_cast<int>(out.prompt.size()));
   }
   if (stop.stop_size() > kMaxStopStrings) {
-    return absl::InvalidArgumentError(absl::StrCat("stopping.stop: ", stop.stop_size(),
-                                                   " strings, at most ", kMaxStopStrings));
+    return absl::InvalidArgumentError(
+        absl::StrCat("stopping.stop: ", stop.stop_size(), " strings, at most ", kMaxStopStrings));
   }
   for (int i = 0; i < stop.stop_size(); ++i) {
     if (stop.stop(i).empty() || stop.stop(i).size() > kMaxStopBytes) {
       return absl::InvalidArgumentError(absl::StrCat("stopping.stop[", i, "] has ",
-                                                     stop.stop(i).size(),
-                                                     " bytes, must be 1 … ", kMaxStopBytes));
+                                                     stop.stop(i).size(), " bytes, must be 1 … ",
+                                                     kMaxStopBytes));
     }
     out.stop.stop_strings.push_back(stop.stop(i));
   }
@@ -181,12 +180,18 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
 
 v1::FinishReason ToProto(FinishReason reason) {
   switch (reason) {
-    case FinishReason::kLength: return v1::FINISH_REASON_LENGTH;
-    case FinishReason::kEos: return v1::FINISH_REASON_EOS;
-    case FinishReason::kStop: return v1::FINISH_REASON_STOP;
-    case FinishReason::kCancelled: return v1::FINISH_REASON_CANCELLED;
-    case FinishReason::kContext: return v1::FINISH_REASON_CONTEXT;
-    case FinishReason::kError: break;  // an error ends the stream with a status instead
+    case FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kEos:
+      return v1::FINISH_REASON_EOS;
+    case FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case FinishReason::kCancelled:
+      return v1::FINISH_REASON_CANCELLED;
+    case FinishReason::kContext:
+      return v1::FINISH_REASON_CONTEXT;
+    case FinishReason::kError:
+      break;  // an error ends the stream with a status instead
   }
   return v1::FINISH_REASON_UNSPECIFIED;
 }

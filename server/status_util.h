@@ -2,9 +2,9 @@
 #ifndef KVLENS_SERVER_STATUS_UTIL_H_
 #define KVLENS_SERVER_STATUS_UTIL_H_
 
-#include <string_view>
-
 #include <grpcpp/support/status.h>
+
+#include <string_view>
 
 #include "absl/status/status.h"
 

@@ -43,7 +43,8 @@ absl::StatusOr<Args> Args::Parse(int argc, char** argv, int first,
       args.values_[a] = has_value ? value : "true";
     } else {
       if (!has_value) {
-        if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat("--", a, " needs a value"));
+        if (i + 1 >= argc)
+          return absl::InvalidArgumentError(absl::StrCat("--", a, " needs a value"));
         value = argv[++i];
       }
       args.values_[a] = value;
@@ -55,7 +56,8 @@ absl::StatusOr<Args> Args::Parse(int argc, char** argv, int first,
 
 std::string Args::Usage(const std::string& command, const std::string& summary,
                         const std::vector<FlagSpec>& specs) {
-  std::string out = absl::StrCat("usage: kvlens-cli ", command, " [flags]\n\n", summary, "\n\nflags:\n");
+  std::string out =
+      absl::StrCat("usage: kvlens-cli ", command, " [flags]\n\n", summary, "\n\nflags:\n");
   for (const FlagSpec& s : specs) {
     absl::StrAppend(&out, "  --", s.name, s.is_switch ? "" : " VALUE", "\n      ", s.help);
     if (!s.is_switch && !s.value.empty()) absl::StrAppend(&out, " (default: ", s.value, ")");
@@ -67,9 +69,8 @@ std::string Args::Usage(const std::string& command, const std::string& summary,
 absl::StatusOr<int64_t> Args::Int(const std::string& name, int64_t min, int64_t max) const {
   int64_t v = 0;
   if (!absl::SimpleAtoi(values_.at(name), &v) || v < min || v > max) {
-    return absl::InvalidArgumentError(absl::StrCat("--", name, " = '", values_.at(name),
-                                                   "' must be an integer in [", min, ", ", max,
-                                                   "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, " = '", values_.at(name), "' must be an integer in [", min, ", ", max, "]"));
   }
   return v;
 }
@@ -78,8 +79,7 @@ absl::StatusOr<double> Args::Double(const std::string& name, double min, double 
   double v = 0;
   if (!absl::SimpleAtod(values_.at(name), &v) || !(v >= min && v <= max)) {
     return absl::InvalidArgumentError(absl::StrCat("--", name, " = '", values_.at(name),
-                                                   "' must be a number in [", min, ", ", max,
-                                                   "]"));
+                                                   "' must be a number in [", min, ", ", max, "]"));
   }
   return v;
 }

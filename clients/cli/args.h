@@ -14,8 +14,8 @@
 namespace kvlens::cli {
 
 struct FlagSpec {
-  std::string name;     // without the leading "--"
-  std::string value;    // default value ("" = none); "false"/"true" for switches
+  std::string name;   // without the leading "--"
+  std::string value;  // default value ("" = none); "false"/"true" for switches
   std::string help;
   bool is_switch = false;  // takes no value: present means true
 };

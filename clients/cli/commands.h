@@ -11,7 +11,7 @@ int TokenizeCommand(int argc, char** argv);  // argv[1] == "tokenize"
 int AttentionCommand(int argc, char** argv);  // argv[1] == "attention"
 int ProbeCommand(int argc, char** argv);      // argv[1] == "probe"
 int InterveneCommand(int argc, char** argv);  // argv[1] == "intervene"
-int HealthCommand(int argc, char** argv);    // argv[1] == "health"
+int HealthCommand(int argc, char** argv);     // argv[1] == "health"
 
 }  // namespace kvlens::cli
 

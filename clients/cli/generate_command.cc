@@ -18,9 +18,11 @@ namespace {
 const std::vector<FlagSpec>& Specs() {
   static const std::vector<FlagSpec> specs = {
       {"model", "", "model file: GGUF or llama2.c .bin (required unless --server)"},
-      {"server", "", "HOST:PORT of a kvlens-server: generate there and stream the reply "
-                     "(model, precision, threads, prefill and block flags do not apply)"},
-      {"tokenizer", "", "llama2.c tokenizer .bin (default: tokenizer.bin or tok<V>.bin beside the model)"},
+      {"server", "",
+       "HOST:PORT of a kvlens-server: generate there and stream the reply "
+       "(model, precision, threads, prefill and block flags do not apply)"},
+      {"tokenizer", "",
+       "llama2.c tokenizer .bin (default: tokenizer.bin or tok<V>.bin beside the model)"},
       {"prompt", "", "prompt text; the output is the prompt followed by the completion"},
       {"max-new-tokens", "64", "tokens to generate at most"},
       {"temperature", "0", "sampling temperature; 0 is greedy"},
@@ -79,9 +81,8 @@ int GenerateCommand(int argc, char** argv) {
   auto args = Args::Parse(argc, argv, 2, Specs());
   if (!args.ok()) return fail(args.status(), 2);
   if (args->help()) {
-    std::cout << Args::Usage("generate",
-                             "Generates a completion of --prompt and prints prompt + completion.",
-                             Specs());
+    std::cout << Args::Usage(
+        "generate", "Generates a completion of --prompt and prints prompt + completion.", Specs());
     return 0;
   }
   if (args->Has("server")) return RemoteGenerate(*args);
@@ -98,9 +99,9 @@ int GenerateCommand(int argc, char** argv) {
   auto threads = args->Int("threads", 0, 1024);
   auto chunk = args->Int("prefill-chunk", 1, 1 << 20);
   auto block = args->Int("block-size", 1, 1024);
-  for (const absl::Status& s : {max_new.status(), temperature.status(), top_k.status(),
-                                top_p.status(), min_p.status(), rep.status(), seed.status(),
-                                threads.status(), chunk.status(), block.status()}) {
+  for (const absl::Status& s :
+       {max_new.status(), temperature.status(), top_k.status(), top_p.status(), min_p.status(),
+        rep.status(), seed.status(), threads.status(), chunk.status(), block.status()}) {
     if (!s.ok()) return fail(s, 2);
   }
   const std::string precision = args->Str("precision");
@@ -127,7 +128,8 @@ int GenerateCommand(int argc, char** argv) {
   const std::string prompt_text = args->Str("prompt");
   std::vector<int32_t> prompt = tok.Encode(prompt_text, !args->Switch("no-bos"));
   if (prompt.empty()) {
-    return fail(absl::InvalidArgumentError("the prompt is empty and the model has no BOS token"), 2);
+    return fail(absl::InvalidArgumentError("the prompt is empty and the model has no BOS token"),
+                2);
   }
   const bool stats = args->Switch("stats");
   if (precision == "fp64") {

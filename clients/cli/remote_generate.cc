@@ -1,9 +1,9 @@
 #include "clients/cli/remote_generate.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <iostream>
 #include <memory>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_format.h"
 #include "kvlens/v1/generation.grpc.pb.h"
@@ -18,12 +18,18 @@ int Fail(const absl::Status& s, int code) {
 
 const char* FinishName(v1::FinishReason r) {
   switch (r) {
-    case v1::FINISH_REASON_LENGTH: return "length";
-    case v1::FINISH_REASON_EOS: return "eos";
-    case v1::FINISH_REASON_STOP: return "stop";
-    case v1::FINISH_REASON_CANCELLED: return "cancelled";
-    case v1::FINISH_REASON_CONTEXT: return "context";
-    default: return "unspecified";
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_EOS:
+      return "eos";
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    case v1::FINISH_REASON_CANCELLED:
+      return "cancelled";
+    case v1::FINISH_REASON_CONTEXT:
+      return "context";
+    default:
+      return "unspecified";
   }
 }
 
@@ -70,17 +76,16 @@ int RemoteGenerate(const Args& args) {
   const grpc::Status status = reader->Finish();
   std::cout << "\n";
   if (!status.ok()) {
-    return Fail(absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                             status.error_message()),
-                1);
+    return Fail(
+        absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()),
+        1);
   }
   if (args.Switch("stats")) {
     const v1::Usage& u = final.usage();
     const v1::Timings& t = final.timings();
-    const double decode_tps =
-        u.generated_tokens() > 1 && t.decode_seconds() > 0
-            ? (u.generated_tokens() - 1) / t.decode_seconds()
-            : 0.0;
+    const double decode_tps = u.generated_tokens() > 1 && t.decode_seconds() > 0
+                                  ? (u.generated_tokens() - 1) / t.decode_seconds()
+                                  : 0.0;
     std::cerr << absl::StrFormat(
         "server %s | prompt %d tokens (%d cached) | queue %.3f s, prefill %.3f s, first token "
         "%.3f s | generated %d tokens, decode %.1f tok/s | finish: %s\n",

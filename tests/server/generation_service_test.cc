@@ -1,12 +1,12 @@
 // End-to-end tests of kvlens.v1.Generation over loopback TCP against an in-process server:
 // streaming, logprobs, stop strings, the unary RPCs, health and drain, and validation.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "engine/generator.h"
 #include "tests/server/server_test_util.h"
@@ -15,9 +15,9 @@
 namespace kvlens::testing {
 namespace {
 
-#define START_SERVER(server, ...)                      \
-  KVLENS_REQUIRE_FILE(Stories260KPath());              \
-  TestServer server{__VA_ARGS__};                      \
+#define START_SERVER(server, ...)         \
+  KVLENS_REQUIRE_FILE(Stories260KPath()); \
+  TestServer server{__VA_ARGS__};         \
   ASSERT_TRUE(server.ok()) << server.error()
 
 TEST(GenerationServiceTest, StreamsTheOfflineGreedyText) {
@@ -164,8 +164,7 @@ grpc::health::v1::HealthCheckResponse::ServingStatus Health(TestServer& server,
 TEST(GenerationServiceTest, HealthServingThenDrainRefusesNewCalls) {
   START_SERVER(server);
   EXPECT_EQ(Health(server, ""), grpc::health::v1::HealthCheckResponse::SERVING);
-  EXPECT_EQ(Health(server, "kvlens.v1.Generation"),
-            grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health(server, "kvlens.v1.Generation"), grpc::health::v1::HealthCheckResponse::SERVING);
 
   server.server().BeginDrain();
   EXPECT_EQ(Health(server, ""), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
@@ -193,35 +192,51 @@ TEST(GenerationServiceTest, EveryBadFieldIsNamed) {
   constexpr auto kInvalid = grpc::StatusCode::INVALID_ARGUMENT;
   const std::vector<BadField> cases = {
       {"no prompt", [](auto& r) { r.clear_text(); }, kInvalid, "prompt: set text or token_ids"},
-      {"empty text", [](auto& r) { r.set_text(""); r.set_add_bos(false); }, kInvalid, "text"},
+      {"empty text",
+       [](auto& r) {
+         r.set_text("");
+         r.set_add_bos(false);
+       },
+       kInvalid, "text"},
       {"empty ids", [](auto& r) { r.mutable_token_ids(); }, kInvalid, "token_ids.ids"},
-      {"id range", [](auto& r) { r.mutable_token_ids()->add_ids(1); r.mutable_token_ids()->add_ids(512); },
+      {"id range",
+       [](auto& r) {
+         r.mutable_token_ids()->add_ids(1);
+         r.mutable_token_ids()->add_ids(512);
+       },
        kInvalid, "token_ids.ids[1] = 512"},
       {"temperature", [](auto& r) { r.mutable_sampling()->set_temperature(-1); }, kInvalid,
        "sampling.temperature = -1"},
       {"temperature nan", [&](auto& r) { r.mutable_sampling()->set_temperature(nan); }, kInvalid,
        "sampling.temperature"},
-      {"top_k", [](auto& r) { r.mutable_sampling()->set_top_k(-2); }, kInvalid, "sampling.top_k = -2"},
+      {"top_k", [](auto& r) { r.mutable_sampling()->set_top_k(-2); }, kInvalid,
+       "sampling.top_k = -2"},
       {"top_p", [](auto& r) { r.mutable_sampling()->set_top_p(1.5); }, kInvalid,
        "sampling.top_p = 1.5 must be in (0, 1]"},
-      {"top_p 0", [](auto& r) { r.mutable_sampling()->set_top_p(0); }, kInvalid, "sampling.top_p = 0"},
-      {"min_p", [](auto& r) { r.mutable_sampling()->set_min_p(1); }, kInvalid, "sampling.min_p = 1"},
+      {"top_p 0", [](auto& r) { r.mutable_sampling()->set_top_p(0); }, kInvalid,
+       "sampling.top_p = 0"},
+      {"min_p", [](auto& r) { r.mutable_sampling()->set_min_p(1); }, kInvalid,
+       "sampling.min_p = 1"},
       {"repetition", [](auto& r) { r.mutable_sampling()->set_repetition_penalty(0); }, kInvalid,
        "sampling.repetition_penalty = 0"},
       {"frequency", [](auto& r) { r.mutable_sampling()->set_frequency_penalty(3); }, kInvalid,
        "sampling.frequency_penalty = 3"},
       {"presence", [](auto& r) { r.mutable_sampling()->set_presence_penalty(-3); }, kInvalid,
        "sampling.presence_penalty = -3"},
-      {"bias id", [](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[9999] = 1; }, kInvalid,
-       "sampling.logit_bias key = 9999"},
+      {"bias id", [](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[9999] = 1; },
+       kInvalid, "sampling.logit_bias key = 9999"},
       {"bias value", [](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[7] = 1000; },
        kInvalid, "sampling.logit_bias[7] = 1000"},
       {"max_new_tokens", [](auto& r) { r.mutable_stopping()->set_max_new_tokens(0); }, kInvalid,
        "stopping.max_new_tokens = 0"},
-      {"stop empty", [](auto& r) { r.mutable_stopping()->add_stop(""); }, kInvalid, "stopping.stop[0]"},
-      {"stop long", [](auto& r) { r.mutable_stopping()->add_stop(std::string(300, 'a')); }, kInvalid,
-       "stopping.stop[0] has 300 bytes"},
-      {"stop count", [](auto& r) { for (int i = 0; i < 17; ++i) r.mutable_stopping()->add_stop()->push_back('x'); },
+      {"stop empty", [](auto& r) { r.mutable_stopping()->add_stop(""); }, kInvalid,
+       "stopping.stop[0]"},
+      {"stop long", [](auto& r) { r.mutable_stopping()->add_stop(std::string(300, 'a')); },
+       kInvalid, "stopping.stop[0] has 300 bytes"},
+      {"stop count",
+       [](auto& r) {
+         for (int i = 0; i < 17; ++i) r.mutable_stopping()->add_stop()->push_back('x');
+       },
        kInvalid, "stopping.stop: 17 strings"},
       {"stop token", [](auto& r) { r.mutable_stopping()->add_stop_token_ids(-1); }, kInvalid,
        "stopping.stop_token_ids[0] = -1"},

@@ -1,9 +1,9 @@
 // The Prometheus endpoint exports every metric name of ARCHITECTURE.md's table (a
 // contract for dashboards and alerts), each with HELP text and its type.
+#include <gtest/gtest.h>
+
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tests/server/server_test_util.h"
 #include "tests/test_paths.h"

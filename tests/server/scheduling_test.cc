@@ -1,13 +1,13 @@
 // The engine's scheduling behaviour as a client sees it through the server: cancellation
 // frees blocks, sessions prefill only new tokens, prefix-cache hits, batching invariance,
 // and RESOURCE_EXHAUSTED for a request that can never fit or a full queue.
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "engine/generator.h"
 #include "tests/server/server_test_util.h"
@@ -98,7 +98,8 @@ TEST(SchedulingTest, CancelRpcEndsTheStreamAndFreesItsBlocks) {
   EXPECT_TRUE(Eventually([&] {
     const EngineStats s = server.engine().Stats();
     return s.running == 0 && s.waiting == 0 && s.blocks_used == 0;
-  })) << "blocks still used: " << server.engine().Stats().blocks_used;
+  })) << "blocks still used: "
+      << server.engine().Stats().blocks_used;
 }
 
 TEST(SchedulingTest, ClientCancelFreesBlocksVisibleInMetrics) {
@@ -213,9 +214,8 @@ TEST(SchedulingTest, GreedyTokensDoNotDependOnTheBatch) {
   std::vector<v1::GenerateRequest> requests;
   std::vector<StreamResult> alone;
   for (int i = 0; i < kStreams; ++i) {
-    requests.push_back(GreedyRequest(i == 0 ? std::string("Once upon a time")
-                                            : "Lily and Tom number " + std::to_string(i),
-                                     40));
+    requests.push_back(GreedyRequest(
+        i == 0 ? std::string("Once upon a time") : "Lily and Tom number " + std::to_string(i), 40));
     alone.push_back(RunGenerate(server.stub(), requests.back()));
     ASSERT_TRUE(alone.back().status.ok()) << alone.back().status.error_message();
   }
@@ -226,7 +226,8 @@ TEST(SchedulingTest, GreedyTokensDoNotDependOnTheBatch) {
     threads.emplace_back([&, i] {
       ready.fetch_add(1);
       // Start together (bounded spin) so the engine batches them.
-      for (int spin = 0; spin < 100000 && ready.load() < kStreams; ++spin) std::this_thread::yield();
+      for (int spin = 0; spin < 100000 && ready.load() < kStreams; ++spin)
+        std::this_thread::yield();
       together[i] = RunGenerate(server.stub(), requests[i]);
     });
   }
@@ -264,7 +265,8 @@ TEST(SchedulingTest, FullQueueIsResourceExhausted) {
     for (int i = 0; i < kStreams; ++i) {
       threads.emplace_back([&, i] {
         ready.fetch_add(1);
-        for (int spin = 0; spin < 100000 && ready.load() < kStreams; ++spin) std::this_thread::yield();
+        for (int spin = 0; spin < 100000 && ready.load() < kStreams; ++spin)
+          std::this_thread::yield();
         results[i] = RunGenerate(server.stub(), LongRequest("Once upon a time"));
       });
     }

@@ -1,5 +1,6 @@
 // The real kvlens-server binary in its own process on loopback: it comes up SERVING,
 // streams to kvlens-cli and to a gRPC client, and on SIGTERM drains and exits 0.
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -9,8 +10,6 @@
 #include <cstdio>
 #include <string>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "tests/server/server_test_util.h"
@@ -30,9 +29,9 @@ class ServerProcess {
       dup2(fds[1], STDERR_FILENO);
       close(fds[0]);
       close(fds[1]);
-      execl(KVLENS_SERVER_PATH, KVLENS_SERVER_PATH, "--model", model.c_str(), "--host",
-            "127.0.0.1", "--port", "0", "--metrics-port", "0", "--kv-cache-tokens", "4096",
-            "--threads", "1", "--drain-timeout", "5s", static_cast<char*>(nullptr));
+      execl(KVLENS_SERVER_PATH, KVLENS_SERVER_PATH, "--model", model.c_str(), "--host", "127.0.0.1",
+            "--port", "0", "--metrics-port", "0", "--kv-cache-tokens", "4096", "--threads", "1",
+            "--drain-timeout", "5s", static_cast<char*>(nullptr));
       _exit(127);
     }
     close(fds[1]);

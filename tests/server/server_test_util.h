@@ -4,13 +4,13 @@
 #ifndef KVLENS_TESTS_SERVER_SERVER_TEST_UTIL_H_
 #define KVLENS_TESTS_SERVER_SERVER_TEST_UTIL_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "engine/engine.h"
 #include "engine/model/model.h"
