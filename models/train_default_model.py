@@ -383,6 +383,10 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="total optimizer steps (fixes the LR schedule)")
     ap.add_argument("--budget-minutes", type=float, default=0,
                     help="if --steps is 0: measure step time over the first 30 s and pick steps to fit")
+    ap.add_argument("--extend-to", default="",
+                    help="continue a finished --steps run in stages, e.g. 1000,2000: each stage "
+                         "is a cosine schedule from --extend-lr down to --min-lr (warm restart)")
+    ap.add_argument("--extend-lr", type=float, default=1e-3)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
@@ -442,18 +446,31 @@ def main():
     step, total, history, train_time = 0, a.steps, [], 0.0
     if os.path.exists(ckpt_path):
         ck = torch.load(ckpt_path)
-        if ck["args"] == vars(a) or (not a.steps and ck["args"]["budget_minutes"] == a.budget_minutes):
+        base_args = {k: v for k, v in vars(a).items() if k not in ("extend_to", "extend_lr", "threads")}
+        ck_args = {k: v for k, v in ck["args"].items() if k not in ("extend_to", "extend_lr", "threads")}
+        if ck_args == base_args or (not a.steps and ck["args"]["budget_minutes"] == a.budget_minutes):
             model.load_state_dict(ck["model"])
             opt.load_state_dict(ck["opt"])
             data_gen.set_state(ck["data_gen"])
             torch.set_rng_state(ck["torch_rng"])
             step, total, history, train_time = ck["step"], ck["total"], ck["history"], ck["train_time"]
             log(f"resumed from checkpoint at step {step}/{total}")
+    base_total = a.steps or total
+    stages = [a.steps] + [int(x) for x in a.extend_to.split(",") if x]
+    if len(stages) > 1:
+        if not a.steps or any(b <= a_ for a_, b in zip(stages, stages[1:])):
+            raise SystemExit("--extend-to needs --steps S (the first run) and increasing totals")
+        total = stages[-1]
+        log(f"extending the {a.steps}-step run in stages {stages[1:]} (restart lr {a.extend_lr:.1e})")
 
     def lr_at(s):
+        if len(stages) > 1 and s >= base_total:  # later stages: cosine extend_lr → min_lr
+            k = max(i for i in range(len(stages) - 1) if stages[i] <= s)
+            frac = (s - stages[k]) / max(1, stages[k + 1] - stages[k])
+            return a.min_lr + 0.5 * (a.extend_lr - a.min_lr) * (1 + math.cos(math.pi * frac))
         if s < a.warmup:
             return a.lr * (s + 1) / a.warmup
-        frac = min(1.0, (s - a.warmup) / max(1, total - a.warmup))
+        frac = min(1.0, (s - a.warmup) / max(1, (base_total or total) - a.warmup))
         return a.min_lr + 0.5 * (a.lr - a.min_lr) * (1 + math.cos(math.pi * frac))
 
     def save_ckpt():
