@@ -16,6 +16,6 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" --target kvlens-server kvlens-cli >/dev/null
 
 MODEL=${KVLENS_MODEL:-models/kjv-gpt2-4l}
-echo "kvlens: serving $MODEL on :50051 (metrics :9464); try:" >&2
+echo "kvlens: serving $MODEL (gRPC :50051 and metrics :9464 unless overridden); try:" >&2
 echo "  build/clients/cli/kvlens-cli generate --server localhost:50051 --prompt \"And God said\"" >&2
 exec build/server/kvlens-server --model "$MODEL" --port 50051 --metrics-port 9464 "$@"
