@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/flag_names.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -76,20 +77,6 @@ constexpr char kUsage[] =
     "names take "
     "'-' or '_' alike (--metrics-port = --metrics_port). SIGTERM/SIGINT drain and exit 0.";
 
-// absl flags are C identifiers; the documented interface spells them with hyphens.
-std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<std::string>& storage) {
-  storage.assign(argv, argv + argc);
-  for (size_t i = 1; i < storage.size(); ++i) {
-    std::string& a = storage[i];
-    if (!absl::StartsWith(a, "--")) continue;
-    const size_t end = std::min(a.find('='), a.size());
-    std::replace(a.begin() + 2, a.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
-  }
-  std::vector<char*> out;
-  for (std::string& s : storage) out.push_back(s.data());
-  return out;
-}
-
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "kvlens-server: %s\n", std::string(s.message()).c_str());
   return 1;
@@ -107,7 +94,7 @@ int main(int argc, char** argv) {
   usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
   absl::SetFlagsUsageConfig(usage_config);
   std::vector<std::string> storage;
-  std::vector<char*> args = NormalizeFlagNames(argc, argv, storage);
+  std::vector<char*> args = kvlens::NormalizeFlagNames(argc, argv, storage);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
 
   using kvlens::server::GrpcServer;

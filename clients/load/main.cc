@@ -31,6 +31,7 @@
 #include "clients/load/report.h"
 #include "clients/load/runner.h"
 #include "clients/load/workload.h"
+#include "common/flag_names.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051",
           "kvlens-server gRPC address(es), HOST:PORT, comma-separated; requests go "
@@ -98,19 +99,6 @@ constexpr char kUsage[] =
     "and after) as a table and as one JSON line. Every run ends by itself (--requests, "
     "--duration, --drain-timeout). Flag names take '-' or '_' alike. Exit: 0 done, 1 no "
     "server or every request failed, 2 bad flags.";
-
-std::vector<char*> NormalizeFlagNames(int argc, char** argv, std::vector<std::string>& storage) {
-  storage.assign(argv, argv + argc);
-  for (size_t i = 1; i < storage.size(); ++i) {
-    std::string& a = storage[i];
-    if (!absl::StartsWith(a, "--")) continue;
-    const size_t end = std::min(a.find('='), a.size());
-    std::replace(a.begin() + 2, a.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
-  }
-  std::vector<char*> out;
-  for (std::string& s : storage) out.push_back(s.data());
-  return out;
-}
 
 int Fail(const absl::Status& s, int code) {
   std::fprintf(stderr, "kvlens-load: %s\n", std::string(s.message()).c_str());
@@ -181,7 +169,7 @@ int Main(int argc, char** argv) {
   usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
   absl::SetFlagsUsageConfig(usage_config);
   std::vector<std::string> storage;
-  std::vector<char*> args = NormalizeFlagNames(argc, argv, storage);
+  std::vector<char*> args = kvlens::NormalizeFlagNames(argc, argv, storage);
   const std::vector<char*> positional =
       absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (positional.size() > 1) {

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
 #include "engine/tokenizer/tokenizer_factory.h"
 
 namespace kvlens {
@@ -42,13 +43,6 @@ class TensorGetter {
   const GgufFile& f_;
 };
 
-#define KVLENS_ASSIGN(lhs, expr)      \
-  do {                                \
-    auto _r = (expr);                 \
-    if (!_r.ok()) return _r.status(); \
-    lhs = *_r;                        \
-  } while (0)
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> gguf) {
@@ -84,9 +78,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
   const std::string eps_key = c.arch == Architecture::kLlama
                                   ? a + ".attention.layer_norm_rms_epsilon"
                                   : a + ".attention.layer_norm_epsilon";
-  if (f.Find(eps_key) != nullptr) KVLENS_ASSIGN(c.norm_eps, f.GetFloat(eps_key));
+  if (f.Find(eps_key) != nullptr) KVLENS_ASSIGN_OR_RETURN(c.norm_eps, f.GetFloat(eps_key));
   if (f.Find(a + ".rope.freq_base") != nullptr) {
-    KVLENS_ASSIGN(c.rope_theta, f.GetFloat(a + ".rope.freq_base"));
+    KVLENS_ASSIGN_OR_RETURN(c.rope_theta, f.GetFloat(a + ".rope.freq_base"));
   }
   if (c.arch == Architecture::kLlama && f.Find(a + ".rope.dimension_count") != nullptr) {
     int rope_dims = 0;
@@ -108,32 +102,32 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
   const TensorGetter t(f);
   Weights& w = model->weights;
   WeightView emb;
-  KVLENS_ASSIGN(emb, t.Optional("token_embd.weight"));
+  KVLENS_ASSIGN_OR_RETURN(emb, t.Optional("token_embd.weight"));
   if (emb.empty()) return absl::NotFoundError("GGUF: missing tensor token_embd.weight");
   c.vocab_size = static_cast<int>(emb.rows);
   if (absl::Status s = c.Validate(); !s.ok()) return s;
 
   const int64_t D = c.dim, F = c.hidden_dim, KVD = c.kv_dim(), V = c.vocab_size;
-  KVLENS_ASSIGN(w.token_embedding, t.Get("token_embd.weight", V, D));
+  KVLENS_ASSIGN_OR_RETURN(w.token_embedding, t.Get("token_embd.weight", V, D));
   w.layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = w.layers[l];
     const std::string p = absl::StrCat("blk.", l, ".");
-    KVLENS_ASSIGN(lw.attn_norm, t.Get(p + "attn_norm.weight", 1, D));
-    KVLENS_ASSIGN(lw.wo, t.Get(p + "attn_output.weight", D, D));
-    KVLENS_ASSIGN(lw.ffn_norm, t.Get(p + "ffn_norm.weight", 1, D));
-    KVLENS_ASSIGN(lw.w_out, t.Get(p + "ffn_down.weight", D, F));
+    KVLENS_ASSIGN_OR_RETURN(lw.attn_norm, t.Get(p + "attn_norm.weight", 1, D));
+    KVLENS_ASSIGN_OR_RETURN(lw.wo, t.Get(p + "attn_output.weight", D, D));
+    KVLENS_ASSIGN_OR_RETURN(lw.ffn_norm, t.Get(p + "ffn_norm.weight", 1, D));
+    KVLENS_ASSIGN_OR_RETURN(lw.w_out, t.Get(p + "ffn_down.weight", D, F));
     if (c.arch == Architecture::kLlama) {
-      KVLENS_ASSIGN(lw.wq, t.Get(p + "attn_q.weight", D, D));
-      KVLENS_ASSIGN(lw.wk, t.Get(p + "attn_k.weight", KVD, D));
-      KVLENS_ASSIGN(lw.wv, t.Get(p + "attn_v.weight", KVD, D));
-      KVLENS_ASSIGN(lw.w_in, t.Get(p + "ffn_gate.weight", F, D));
-      KVLENS_ASSIGN(lw.w_up, t.Get(p + "ffn_up.weight", F, D));
+      KVLENS_ASSIGN_OR_RETURN(lw.wq, t.Get(p + "attn_q.weight", D, D));
+      KVLENS_ASSIGN_OR_RETURN(lw.wk, t.Get(p + "attn_k.weight", KVD, D));
+      KVLENS_ASSIGN_OR_RETURN(lw.wv, t.Get(p + "attn_v.weight", KVD, D));
+      KVLENS_ASSIGN_OR_RETURN(lw.w_in, t.Get(p + "ffn_gate.weight", F, D));
+      KVLENS_ASSIGN_OR_RETURN(lw.w_up, t.Get(p + "ffn_up.weight", F, D));
     } else {
       // GPT-2 keeps Q, K and V fused: rows [0, D) are Q, [D, 2D) K, [2D, 3D) V.
       WeightView qkv, qkv_b;
-      KVLENS_ASSIGN(qkv, t.Get(p + "attn_qkv.weight", 3 * D, D));
-      KVLENS_ASSIGN(qkv_b, t.Get(p + "attn_qkv.bias", 1, 3 * D));
+      KVLENS_ASSIGN_OR_RETURN(qkv, t.Get(p + "attn_qkv.weight", 3 * D, D));
+      KVLENS_ASSIGN_OR_RETURN(qkv_b, t.Get(p + "attn_qkv.bias", 1, 3 * D));
       if (qkv_b.dtype != kernels::DType::kF32) {
         return absl::UnimplementedError(absl::StrCat("GGUF tensor ", p, "attn_qkv.bias: dtype ",
                                                      std::string(kernels::DTypeName(qkv_b.dtype)),
@@ -146,20 +140,20 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
       lw.bq = WeightView{bias, kernels::DType::kF32, 1, D};
       lw.bk = WeightView{bias + D, kernels::DType::kF32, 1, D};
       lw.bv = WeightView{bias + 2 * D, kernels::DType::kF32, 1, D};
-      KVLENS_ASSIGN(lw.attn_norm_bias, t.Get(p + "attn_norm.bias", 1, D));
-      KVLENS_ASSIGN(lw.bo, t.Get(p + "attn_output.bias", 1, D));
-      KVLENS_ASSIGN(lw.ffn_norm_bias, t.Get(p + "ffn_norm.bias", 1, D));
-      KVLENS_ASSIGN(lw.w_in, t.Get(p + "ffn_up.weight", F, D));
-      KVLENS_ASSIGN(lw.b_in, t.Get(p + "ffn_up.bias", 1, F));
-      KVLENS_ASSIGN(lw.b_out, t.Get(p + "ffn_down.bias", 1, D));
+      KVLENS_ASSIGN_OR_RETURN(lw.attn_norm_bias, t.Get(p + "attn_norm.bias", 1, D));
+      KVLENS_ASSIGN_OR_RETURN(lw.bo, t.Get(p + "attn_output.bias", 1, D));
+      KVLENS_ASSIGN_OR_RETURN(lw.ffn_norm_bias, t.Get(p + "ffn_norm.bias", 1, D));
+      KVLENS_ASSIGN_OR_RETURN(lw.w_in, t.Get(p + "ffn_up.weight", F, D));
+      KVLENS_ASSIGN_OR_RETURN(lw.b_in, t.Get(p + "ffn_up.bias", 1, F));
+      KVLENS_ASSIGN_OR_RETURN(lw.b_out, t.Get(p + "ffn_down.bias", 1, D));
     }
   }
-  KVLENS_ASSIGN(w.final_norm, t.Get("output_norm.weight", 1, D));
+  KVLENS_ASSIGN_OR_RETURN(w.final_norm, t.Get("output_norm.weight", 1, D));
   if (c.arch == Architecture::kGpt2) {
-    KVLENS_ASSIGN(w.final_norm_bias, t.Get("output_norm.bias", 1, D));
-    KVLENS_ASSIGN(w.position_embedding, t.Get("position_embd.weight", c.max_seq_len, D));
+    KVLENS_ASSIGN_OR_RETURN(w.final_norm_bias, t.Get("output_norm.bias", 1, D));
+    KVLENS_ASSIGN_OR_RETURN(w.position_embedding, t.Get("position_embd.weight", c.max_seq_len, D));
   }
-  KVLENS_ASSIGN(w.output, t.Optional("output.weight"));
+  KVLENS_ASSIGN_OR_RETURN(w.output, t.Optional("output.weight"));
   c.tied_embeddings = w.output.empty();
   if (c.tied_embeddings) {
     w.output = w.token_embedding;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/safetensors.h"
+#include "engine/status_macros.h"
 #include "engine/tokenizer/tokenizer_json.h"
 #include "nlohmann/json.hpp"
 
@@ -144,13 +145,6 @@ WeightView VectorSlice(const WeightView& v, int64_t first, int64_t count) {
   const int64_t elem = kernels::DTypeRowBytes(v.dtype, 1);
   return WeightView{static_cast<const uint8_t*>(v.data) + first * elem, v.dtype, 1, count};
 }
-
-#define KVLENS_ASSIGN_OR_RETURN(lhs, expr) \
-  do {                                     \
-    auto _r = (expr);                      \
-    if (!_r.ok()) return _r.status();      \
-    lhs = *_r;                             \
-  } while (0)
 
 absl::Status LoadGpt2Weights(const TensorSet& ts, const ModelConfig& c, Weights& w) {
   const int64_t D = c.dim, F = c.hidden_dim, V = c.vocab_size;
