@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "kernels/cpu/reference_backend.h"
@@ -129,17 +130,20 @@ absl::StatusOr<FdReport> CheckByFiniteDifferences(const Model& model,
       auto p1 = j_at(1), m1 = j_at(-1);
       if (!p1.ok()) return p1.status();
       if (!m1.ok()) return m1.status();
+      double j_max = std::max(std::abs(*p1), std::abs(*m1));
       if (options.order == 4) {
         auto p2 = j_at(2), m2 = j_at(-2);
         if (!p2.ok()) return p2.status();
         if (!m2.ok()) return m2.status();
         sample.fd = (-*p2 + 8 * *p1 - 8 * *m1 + *m2) / (12 * options.step);
+        j_max = std::max({j_max, std::abs(*p2), std::abs(*m2)});
       } else {
         sample.fd = (*p1 - *m1) / (2 * options.step);
       }
+      const double noise = 1000 * std::numeric_limits<double>::epsilon() * j_max / options.step;
       sample.gradient = static_cast<double>(GradientValue(grads, n, tk, c, sample.at));
       const double abs_err = std::abs(sample.gradient - sample.fd);
-      const double den = std::max({std::abs(sample.gradient), std::abs(sample.fd), floor});
+      const double den = std::max({std::abs(sample.gradient), std::abs(sample.fd), floor, noise});
       const double rel_err = den > 0 ? abs_err / den : 0.0;
       tr.max_abs_err = std::max(tr.max_abs_err, abs_err);
       tr.max_rel_err = std::max(tr.max_rel_err, rel_err);

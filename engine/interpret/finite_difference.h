@@ -7,8 +7,12 @@
 //   order 2:  fd = (J(x + h) − J(x − h)) / 2h                                 error O(h²)
 //   order 4:  fd = (−J(x + 2h) + 8J(x + h) − 8J(x − h) + J(x − 2h)) / 12h     error O(h⁴)
 // is compared with the probe's gradient g at that entry:
-//   abs_err = |g − fd|,   rel_err = |g − fd| / max(|g|, |fd|, 1e-3 · max|g over the tensor|)
-// The floor keeps entries whose true gradient is ~0 from dividing by rounding noise. Order
+//   abs_err = |g − fd|,
+//   rel_err = |g − fd| / max(|g|, |fd|, 1e-3 · max|g over the tensor|, noise)
+//   noise   = 1000 · ε₆₄ · max|J(x ± m·h)| / h   (ε₆₄ = 2.2e-16)
+// The floors keep entries whose true gradient is ~0 from dividing by rounding noise: the
+// first where the tensor has larger entries, the second where the whole tensor is zero (a
+// query that cannot tell its keys apart has dQ = 0; its fd is pure rounding, ~ε|J|/h). Order
 // 4 (the default) lets h be large enough (1e-3) that float64 rounding in J (~1e-15 |J|)
 // contributes ~1e-12 |J| instead of ~1e-10 |J| at h = 1e-5.
 #ifndef KVLENS_ENGINE_INTERPRET_FINITE_DIFFERENCE_H_
