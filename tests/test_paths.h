@@ -17,6 +17,8 @@ inline std::string TestData(const std::string& rel) { return SharedDir() + "/tes
 inline std::string SourcePath(const std::string& rel) {
   return std::string(KVLENS_SOURCE_DIR) + "/" + rel;
 }
+// The project's own default model (GPT-2 family, safetensors + tokenizer.json).
+inline std::string DefaultModelPath() { return SourcePath("models/kjv-gpt2-4l"); }
 inline bool Exists(const std::string& p) { return std::filesystem::exists(p); }
 
 }  // namespace kvlens::testing

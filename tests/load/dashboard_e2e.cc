@@ -194,7 +194,7 @@ TEST(DashboardTest, EveryPanelQueryReturnsDataAfterALoadRun) {
   if (prometheus.empty()) {
     GTEST_SKIP() << "prometheus not found (scripts/install-deps.sh installs it)";
   }
-  std::string model = SourcePath("models/kjv-gpt2-4l");
+  std::string model = DefaultModelPath();
   if (!Exists(model + "/config.json")) model = TestData("stories260K/stories260K.gguf");
   KVLENS_REQUIRE_FILE(model);
 

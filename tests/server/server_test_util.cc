@@ -16,11 +16,6 @@ namespace kvlens::testing {
 
 std::string Stories260KPath() { return TestData("stories260K/stories260K.gguf"); }
 
-std::unique_ptr<Model> LoadStories260K() {
-  auto model = LoadModel({Stories260KPath(), ""});
-  return model.ok() ? std::move(*model) : nullptr;
-}
-
 EngineOptions TestServer::DefaultOptions() {
   EngineOptions o;
   o.num_blocks = 256;
@@ -29,12 +24,17 @@ EngineOptions TestServer::DefaultOptions() {
   return o;
 }
 
-TestServer::TestServer(EngineOptions options, int threads, server::InterpretOptions interpret) {
-  model_ = LoadStories260K();
-  if (model_ == nullptr) {
-    error_ = "cannot load " + Stories260KPath();
+TestServer::TestServer(EngineOptions options, int threads, server::InterpretOptions interpret)
+    : TestServer(Stories260KPath(), options, threads, interpret) {}
+
+TestServer::TestServer(const std::string& model_path, EngineOptions options, int threads,
+                       server::InterpretOptions interpret) {
+  auto model = LoadModel({model_path, ""});
+  if (!model.ok()) {
+    error_ = absl::StrCat("cannot load ", model_path, ": ", model.status().ToString());
     return;
   }
+  model_ = std::move(*model);
   backend_ = std::make_unique<kernels::CpuBackend>(threads);
   metrics_ = std::make_unique<server::Metrics>();
   if (absl::Status s = metrics_->StartExposer("127.0.0.1", 0); !s.ok()) {

@@ -29,13 +29,14 @@ inline constexpr char kReferenceText[] =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
     "park.";
 
-std::unique_ptr<Model> LoadStories260K();
-
 class TestServer {
  public:
-  // Loads the model and starts engine, metrics exposer and gRPC server; check ok().
+  // Loads stories260K and starts engine, metrics exposer and gRPC server; check ok().
   explicit TestServer(EngineOptions options = DefaultOptions(), int threads = 1,
                       server::InterpretOptions interpret = {});
+  // The same over the model at `model_path` (any format LoadModel reads).
+  TestServer(const std::string& model_path, EngineOptions options, int threads = 1,
+             server::InterpretOptions interpret = {});
   ~TestServer();
 
   static EngineOptions DefaultOptions();
