@@ -5,6 +5,7 @@
             --out FILE [--attention]
   oracle.py --model PATH --generate N --prompt-tokens "1 403 407"
   oracle.py --model PATH --tokens "1 2 3" --out FILE --grad-logprob "2:7 1:5"
+  oracle.py --model PATH --tokens "1 2 3" --out FILE --grad-logprob "2:7" --grad-cached-kv 2
 
 PATH: a llama2.c .bin, a GGUF file (llama), or a Hugging Face directory (gpt2 / llama).
 The output container format is described in README.md and kvlens_oracle/container.py.
@@ -40,6 +41,9 @@ def main(argv=None):
     ap.add_argument("--grad-logprob",
                     help='"row:token ...": also write autograd gradients of the summed '
                          "log-probabilities (kvlens_oracle/grad.py lists the arrays)")
+    ap.add_argument("--grad-cached-kv", type=int, metavar="P",
+                    help="with one --grad-logprob target: gradients with respect to the K/V "
+                         "rows of positions < P as leaves (a cached prefix), grad.cached_{k,v}.{l}")
     a = ap.parse_args(argv)
 
     model = load_model(a.model)
@@ -67,9 +71,16 @@ def main(argv=None):
         logits, attn = forward(model, tokens, doc_ids=docs, positions=pos)
     arrays = {"logits": logits.numpy()}
     if a.grad_logprob:
-        from kvlens_oracle.grad import gradients
+        from kvlens_oracle.grad import cached_kv_gradients, gradients
         targets = [tuple(int(v) for v in pair.split(":")) for pair in a.grad_logprob.split()]
-        arrays.update(gradients(model, tokens, targets, doc_ids=docs))
+        if a.grad_cached_kv is not None:
+            if len(targets) != 1 or docs is not None:
+                ap.error("--grad-cached-kv takes one --grad-logprob target and no --doc-ids")
+            arrays.update(cached_kv_gradients(model, tokens, targets[0], a.grad_cached_kv))
+        else:
+            arrays.update(gradients(model, tokens, targets, doc_ids=docs))
+    elif a.grad_cached_kv is not None:
+        ap.error("--grad-cached-kv needs --grad-logprob")
     if a.attention:
         for layer in range(attn.shape[0]):
             arrays[f"attn.{layer}"] = attn[layer].numpy()

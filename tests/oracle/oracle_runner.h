@@ -70,17 +70,15 @@ inline OracleResult ReadOracleContainer(const std::string& path) {
   return r;
 }
 
-// Logits (and per-layer attention probabilities with `attention`) for `tokens`.
-inline OracleResult RunOracle(const std::string& model, const std::vector<int32_t>& tokens,
-                              bool attention, const std::vector<int32_t>& doc_ids = {}) {
-  char tmpl[] = "/tmp/kvlens_oracle_XXXXXX";
+// Runs tests/oracle/oracle.py on `tokens` with `args` appended and reads its container.
+inline OracleResult RunOracleWith(const std::string& model, const std::vector<int32_t>& tokens,
+                                  const std::string& args) {
+  char tmpl[] = "/tmp/kvlens_interp_oracle_XXXXXX";
   const int fd = mkstemp(tmpl);
   if (fd >= 0) close(fd);
-  std::string cmd = std::string(OraclePython()) + " " + KVLENS_SOURCE_DIR +
-                    "/tests/oracle/oracle.py --model '" + model + "' --tokens '" +
-                    absl::StrJoin(tokens, " ") + "' --out " + tmpl;
-  if (attention) cmd += " --attention";
-  if (!doc_ids.empty()) cmd += " --doc-ids '" + absl::StrJoin(doc_ids, " ") + "'";
+  const std::string cmd = std::string(OraclePython()) + " " + KVLENS_SOURCE_DIR +
+                          "/tests/oracle/oracle.py --model '" + model + "' --tokens '" +
+                          absl::StrJoin(tokens, " ") + "' --out " + tmpl + " " + args;
   OracleResult r;
   if (std::system(cmd.c_str()) != 0) {
     r.error = "oracle failed: " + cmd;
@@ -89,6 +87,14 @@ inline OracleResult RunOracle(const std::string& model, const std::vector<int32_
   }
   std::remove(tmpl);
   return r;
+}
+
+// Logits (and per-layer attention probabilities with `attention`) for `tokens`.
+inline OracleResult RunOracle(const std::string& model, const std::vector<int32_t>& tokens,
+                              bool attention, const std::vector<int32_t>& doc_ids = {}) {
+  std::string args = attention ? "--attention" : "";
+  if (!doc_ids.empty()) args += " --doc-ids '" + absl::StrJoin(doc_ids, " ") + "'";
+  return RunOracleWith(model, tokens, args);
 }
 
 }  // namespace kvlens::testing

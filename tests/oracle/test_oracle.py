@@ -161,6 +161,24 @@ class Stories260KTest(unittest.TestCase):
                 worst = max(worst, abs(float(fd - grad[i, j])))
         self.assertLess(worst, 1e-7)
 
+    def test_cached_kv_leaves(self):
+        from kvlens_oracle.grad import cached_kv_gradients, gradients
+        ids, P = self.ids[:10], 6
+        target = (len(ids) - 1, ids[-1])
+        leaf = cached_kv_gradients(self.model, ids, target, P)
+        full = gradients(self.model, ids, [target])
+        self.assertAlmostEqual(float(leaf["objective"][0]), float(full["objective"][0]), places=12)
+        L = len(self.model.layers)
+        for name in ("k", "v"):
+            for layer in range(L):
+                g = full[f"grad.{name}.{layer}"]  # [KV, T, hd] -> prefix rows [P, KV*hd]
+                prefix = np.transpose(g, (1, 0, 2)).reshape(len(ids), -1)[:P]
+                diff = np.abs(leaf[f"grad.cached_{name}.{layer}"] - prefix).max()
+                if layer == L - 1:  # nothing downstream of the last layer's K/V but attention
+                    self.assertLess(diff, 1e-12)
+                elif name == "k":  # earlier layers' K also reach J through later layers
+                    self.assertGreater(diff, 1e-6)
+
 
 if __name__ == "__main__":
     unittest.main()

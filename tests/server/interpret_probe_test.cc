@@ -1,6 +1,6 @@
-// kvlens.v1.Interpret end to end on stories260K: attention maps and gradient probes through
-// the RPCs against the PyTorch float64 oracle (autograd, run at test time; relative error
-// ≤ 1e-6 at fp64, ≤ 1e-4 at fp32), the `verify` finite-difference report, chunking,
+// kvlens.v1.Interpret end to end: attention maps and gradient probes through the RPCs on
+// stories260K and the default model against the PyTorch float64 oracle (autograd, run at test time;
+// relative error ≤ 1e-6 at fp64, ≤ 1e-4 at fp32), the `verify` finite-difference report, chunking,
 // limits that name their flag, and the kvlens_interp_* metrics.
 #include <random>
 
@@ -24,16 +24,30 @@ bool Visible(const std::vector<int32_t>& docs, int i, int j) {
   return j <= i && (docs.empty() || docs[i] == docs[j]);
 }
 
-TEST(InterpretAttention, MapsMatchOracle) {
-  KVLENS_REQUIRE_FILE(Stories260KPath());
+// The oracle comparisons run on both model families: stories260K (Llama: RMSNorm, RoPE,
+// SwiGLU, GQA) and the default model (GPT-2: LayerNorm, learned positions, GELU, biases).
+struct OracleModel {
+  const char* name;
+  std::string (*path)();
+};
+const OracleModel kOracleModels[] = {{"stories260K", Stories260KPath},
+                                     {"kjv_gpt2_4l", DefaultModelPath}};
+
+class InterpretOracle : public ::testing::TestWithParam<OracleModel> {};
+INSTANTIATE_TEST_SUITE_P(Models, InterpretOracle, ::testing::ValuesIn(kOracleModels),
+                         [](const auto& p) { return std::string(p.param.name); });
+
+TEST_P(InterpretOracle, AttentionMapsMatchOracle) {
+  const std::string model = GetParam().path();
+  KVLENS_REQUIRE_FILE(model);
   if (!OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
-  TestServer server;
+  TestServer server(model, TestServer::DefaultOptions());
   ASSERT_TRUE(server.ok()) << server.error();
   auto stub = InterpretStub(server);
   const ModelConfig& c = server.model().config;
   const std::vector<int32_t> tokens = RandomTokens(17, 5);
   for (const std::vector<int32_t>& docs : {std::vector<int32_t>{}, kDocs}) {
-    const OracleResult ref = RunGradOracle(Stories260KPath(), tokens, {{16, 42}}, docs);
+    const OracleResult ref = RunGradOracle(model, tokens, {{16, 42}}, docs);
     ASSERT_TRUE(ref.error.empty()) << ref.error;
     for (const v1::Precision p : {v1::PRECISION_FP64, v1::PRECISION_FP32}) {
       v1::AttentionMapsRequest request;
@@ -54,8 +68,9 @@ TEST(InterpretAttention, MapsMatchOracle) {
       }
       const double err = RelErr(r.probs, oracle);
       EXPECT_LE(err, p == v1::PRECISION_FP64 ? 1e-6 : 1e-4);
-      std::printf("[interp] AttentionMaps%s %s: relative error vs oracle %.3g\n",
-                  docs.empty() ? "" : " (doc ids)", p == v1::PRECISION_FP64 ? "fp64" : "fp32", err);
+      std::printf("[interp] %s AttentionMaps%s %s: relative error vs oracle %.3g\n",
+                  GetParam().name, docs.empty() ? "" : " (doc ids)",
+                  p == v1::PRECISION_FP64 ? "fp64" : "fp32", err);
       // Masked scores are −∞, visible ones finite.
       const int n = static_cast<int>(tokens.size());
       for (int i = 0; i < n; ++i) {
@@ -147,17 +162,18 @@ std::vector<double> OracleHead(const OracleArray& a, int h) {
   return std::vector<double>(a.data.begin() + h * per, a.data.begin() + (h + 1) * per);
 }
 
-TEST(InterpretProbe, GradientsMatchOracle) {
-  KVLENS_REQUIRE_FILE(Stories260KPath());
+TEST_P(InterpretOracle, GradientsMatchOracle) {
+  const std::string model = GetParam().path();
+  KVLENS_REQUIRE_FILE(model);
   if (!OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
-  TestServer server;
+  TestServer server(model, TestServer::DefaultOptions());
   ASSERT_TRUE(server.ok()) << server.error();
   auto stub = InterpretStub(server);
   const ModelConfig& c = server.model().config;
   const std::vector<int32_t> tokens = RandomTokens(17, 31);
   const std::vector<std::pair<int, int>> targets = {{16, 42}, {9, 300}, {3, 7}};
   for (const std::vector<int32_t>& docs : {std::vector<int32_t>{}, kDocs}) {
-    const OracleResult ref = RunGradOracle(Stories260KPath(), tokens, targets, docs);
+    const OracleResult ref = RunGradOracle(model, tokens, targets, docs);
     ASSERT_TRUE(ref.error.empty()) << ref.error;
     const int n = static_cast<int>(tokens.size());
     std::vector<bool> visible(static_cast<size_t>(n) * n);
@@ -232,8 +248,8 @@ TEST(InterpretProbe, GradientsMatchOracle) {
       const v1::Tensor* saliency = FindTensor(ts, "saliency", -1, -1);
       ASSERT_NE(saliency, nullptr);
       EXPECT_EQ(saliency->shape(0), n);
-      std::printf("[interp] GradientProbe%s %s: worst relative error vs oracle %.3g\n",
-                  docs.empty() ? "" : " (doc ids)", fp64 ? "fp64" : "fp32", worst);
+      std::printf("[interp] %s GradientProbe%s %s: worst relative error vs oracle %.3g\n",
+                  GetParam().name, docs.empty() ? "" : " (doc ids)", fp64 ? "fp64" : "fp32", worst);
     }
   }
 }

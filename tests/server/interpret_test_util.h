@@ -127,24 +127,20 @@ inline v1::PromptInput IdsInput(const std::vector<int32_t>& ids,
 inline OracleResult RunGradOracle(const std::string& model, const std::vector<int32_t>& tokens,
                                   const std::vector<std::pair<int, int>>& targets,
                                   const std::vector<int32_t>& docs) {
-  char tmpl[] = "/tmp/kvlens_interp_oracle_XXXXXX";
-  const int fd = mkstemp(tmpl);
-  if (fd >= 0) close(fd);
   std::vector<std::string> t;
   for (const auto& [row, token] : targets) t.push_back(absl::StrCat(row, ":", token));
-  std::string cmd = std::string(OraclePython()) + " " + KVLENS_SOURCE_DIR +
-                    "/tests/oracle/oracle.py --model '" + model + "' --tokens '" +
-                    absl::StrJoin(tokens, " ") + "' --out " + tmpl +
-                    " --attention --grad-logprob '" + absl::StrJoin(t, " ") + "'";
-  if (!docs.empty()) cmd += " --doc-ids '" + absl::StrJoin(docs, " ") + "'";
-  OracleResult r;
-  if (std::system(cmd.c_str()) != 0) {
-    r.error = "oracle failed: " + cmd;
-  } else {
-    r = ReadOracleContainer(tmpl);
-  }
-  std::remove(tmpl);
-  return r;
+  std::string args = "--attention --grad-logprob '" + absl::StrJoin(t, " ") + "'";
+  if (!docs.empty()) args += " --doc-ids '" + absl::StrJoin(docs, " ") + "'";
+  return RunOracleWith(model, tokens, args);
+}
+
+// The oracle's gradients of log p(target | last token) with respect to the K/V rows of
+// positions < cached, taken as leaves: grad.cached_k.{l}, grad.cached_v.{l} [cached, KV·hd].
+inline OracleResult RunCachedKvOracle(const std::string& model, const std::vector<int32_t>& tokens,
+                                      int32_t target, int cached) {
+  return RunOracleWith(model, tokens,
+                       absl::StrCat("--grad-logprob ", tokens.size() - 1, ":", target,
+                                    " --grad-cached-kv ", cached));
 }
 
 // max|ours − ref| / max|ref| over entries where keep (if given) is true.

@@ -9,6 +9,12 @@ gradients(model, tokens, targets, doc_ids=None) -> dict name -> float64 numpy ar
   grad.scores.{l}, grad.probs.{l}  [H, T, T]  (masked entries 0)
   grad.attn_out.{l}   [H, T, hd]     attention output per head, before W_O
 Every intermediate comes from model.forward's capture, with retain_grad().
+
+cached_kv_gradients(model, tokens, target, cached) -> the same J for one (row, token), with
+the K/V rows of positions < cached as leaves (a cached prefix; no path back through the
+layers that made them):
+  objective           [1]
+  grad.cached_k.{l}, grad.cached_v.{l}  [cached, KV*hd]  (post-RoPE K; heads side by side)
 """
 import torch
 
@@ -34,4 +40,20 @@ def gradients(m, tokens, targets, doc_ids=None):
                           ("scores", "scores"), ("probs", "probs"), ("attn_out", "attn_out")):
             g = rec[key].grad
             out[f"grad.{name}.{l}"] = (torch.zeros_like(rec[key]) if g is None else g).numpy()
+    return out
+
+
+def cached_kv_gradients(m, tokens, target, cached):
+    if not 0 < cached < len(tokens):
+        raise ValueError(f"cached = {cached} must be in [1, {len(tokens) - 1}]")
+    capture = {"kv_leaf_end": cached}
+    logits, _ = forward(m, tokens, capture=capture)
+    row, token = target
+    j = torch.log_softmax(logits, dim=-1)[row, token]
+    j.backward()
+    out = {"objective": j.detach().reshape(1).numpy()}
+    for l, (kl, vl) in enumerate(capture["kv_leaves"]):
+        for name, leaf in (("k", kl), ("v", vl)):
+            g = leaf.grad  # [KV, cached, hd] -> [cached, KV*hd]
+            out[f"grad.cached_{name}.{l}"] = g.transpose(0, 1).reshape(cached, -1).numpy()
     return out

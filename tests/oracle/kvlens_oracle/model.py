@@ -75,6 +75,19 @@ def _merge(x):
     return x.transpose(0, 1).reshape(x.shape[1], -1)  # [n, T, hd] -> [T, n*hd]
 
 
+def _leaf_prefix(capture, k, v):
+    """With capture["kv_leaf_end"] = P: K/V rows of positions < P become fresh leaves (same
+    values, no path back into the layers that made them), as a cached prefix is to a
+    probe over the tokens after it. The leaves go to capture["kv_leaves"]."""
+    P = capture.get("kv_leaf_end") if capture is not None else None
+    if not P:
+        return k, v
+    kl = k[:, :P].detach().clone().requires_grad_(True)
+    vl = v[:, :P].detach().clone().requires_grad_(True)
+    capture.setdefault("kv_leaves", []).append((kl, vl))
+    return torch.cat((kl, k[:, P:]), dim=1), torch.cat((vl, v[:, P:]), dim=1)
+
+
 def _record(capture, **kw):
     if capture is not None:
         capture.setdefault("layers", []).append(kw)
@@ -90,6 +103,7 @@ def llama_forward(m, x, positions, mask, capture=None):
         q = rope(_heads(n @ lw["wq"].T, H, hd), positions, c["rope_base"], c["rope_style"])
         k = rope(_heads(n @ lw["wk"].T, KV, hd), positions, c["rope_base"], c["rope_style"])
         v = _heads(n @ lw["wv"].T, KV, hd)
+        k, v = _leaf_prefix(capture, k, v)
         kv_of_head = torch.arange(H) // group  # GQA: query head h reads KV head h // group
         out, probs, scores = attention(q, k[kv_of_head], v[kv_of_head], mask)
         h = x + _merge(out) @ lw["wo"].T
@@ -109,6 +123,7 @@ def gpt2_forward(m, x, positions, mask, capture=None):
     for lw in m.layers:
         qkv = layer_norm(x, lw["ln1_w"], lw["ln1_b"], eps) @ lw["w_qkv"].T + lw["b_qkv"]
         q, k, v = (_heads(qkv[:, j * d:(j + 1) * d], H, hd) for j in range(3))
+        k, v = _leaf_prefix(capture, k, v)
         out, probs, scores = attention(q, k, v, mask)
         x = x + _merge(out) @ lw["w_o"].T + lw["b_o"]
         n2 = layer_norm(x, lw["ln2_w"], lw["ln2_b"], eps)
