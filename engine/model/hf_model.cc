@@ -1,9 +1,11 @@
 #include "engine/model/hf_model.h"
 
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/safetensors.h"
@@ -35,6 +37,14 @@ absl::Status ConfigInt(const json& cfg, std::initializer_list<const char*> keys,
       if (!cfg[k].is_number_integer()) {
         return absl::InvalidArgumentError(absl::StrCat("config.json: ", k, " is not an integer"));
       }
+      // get<int>() would wrap a value past int silently (2^32 + 8 → 8)
+      const bool fits = cfg[k].is_number_unsigned()
+                            ? cfg[k].get<uint64_t>() <= INT_MAX
+                            : cfg[k].get<int64_t>() >= INT_MIN && cfg[k].get<int64_t>() <= INT_MAX;
+      if (!fits) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config.json: ", k, " = ", cfg[k].dump(), " is outside the range of int"));
+      }
       out = cfg[k].get<int>();
       return absl::OkStatus();
     }
@@ -50,11 +60,27 @@ double ConfigFloat(const json& cfg, const char* key, double fallback) {
   return cfg.contains(key) && cfg[key].is_number() ? cfg[key].get<double>() : fallback;
 }
 
+// A string or bool config field, `fallback` when absent or null. (json::value() would
+// throw on a value of another type.)
+template <typename T>
+absl::Status ConfigValue(const json& cfg, const char* key, T& out, T fallback) {
+  out = fallback;
+  if (!cfg.contains(key) || cfg[key].is_null()) return absl::OkStatus();
+  const bool ok = std::is_same_v<T, bool> ? cfg[key].is_boolean() : cfg[key].is_string();
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: ", key, " is not a ",
+                                                   std::is_same_v<T, bool> ? "bool" : "string"));
+  }
+  out = cfg[key].get<T>();
+  return absl::OkStatus();
+}
+
 // All tensors of a directory by name, from one file or from the shards an index lists.
 class TensorSet {
  public:
   absl::Status Open(const fs::path& dir) {
     std::set<std::string> files;
+    std::map<std::string, std::string> weight_map;  // tensor → shard, as the index says
     const fs::path index = dir / "model.safetensors.index.json";
     if (fs::exists(index)) {
       auto j = ReadJson(index);
@@ -73,6 +99,7 @@ class TensorSet {
               absl::StrCat(index.string(), ": shard name ", f, " must be a plain file name"));
         }
         files.insert(f);
+        weight_map.emplace(it.key(), f);
       }
     } else {
       for (const auto& e : fs::directory_iterator(dir)) {
@@ -82,9 +109,11 @@ class TensorSet {
     if (files.empty()) {
       return absl::NotFoundError(absl::StrCat("no *.safetensors files in ", dir.string()));
     }
+    std::map<std::string, const SafetensorsFile*> by_file;
     for (const std::string& f : files) {
       auto st = SafetensorsFile::Open((dir / f).string());
       if (!st.ok()) return st.status();
+      by_file[f] = st->get();
       for (const auto& [name, t] : (*st)->tensors()) {
         if (!by_name_.emplace(name, &t).second) {
           return absl::InvalidArgumentError(
@@ -92,6 +121,14 @@ class TensorSet {
         }
       }
       files_.push_back(*std::move(st));
+    }
+    // An index that disagrees with its shards is a broken download or a hand-edited file.
+    for (const auto& [name, f] : weight_map) {
+      if (by_file.at(f)->Find(name) == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(index.string(), ": weight_map puts tensor ",
+                                                       name, " in ", f,
+                                                       ", which does not hold it"));
+      }
     }
     return absl::OkStatus();
   }
@@ -148,14 +185,19 @@ WeightView VectorSlice(const WeightView& v, int64_t first, int64_t count) {
 
 absl::Status LoadGpt2Weights(const TensorSet& ts, const ModelConfig& c, Weights& w) {
   const int64_t D = c.dim, F = c.hidden_dim, V = c.vocab_size;
+  // Checkpoints saved from GPT2LMHeadModel name tensors "transformer.wte.weight", …; those
+  // saved from the bare GPT2Model (openai-community/gpt2 itself) have no prefix.
+  const std::string t =
+      ts.Find("transformer.wte.weight") == nullptr && ts.Find("wte.weight") != nullptr
+          ? ""
+          : "transformer.";
   WeightView tmp;
-  KVLENS_ASSIGN_OR_RETURN(w.token_embedding, ts.Get("transformer.wte.weight", {V, D}));
-  KVLENS_ASSIGN_OR_RETURN(w.position_embedding,
-                          ts.Get("transformer.wpe.weight", {c.max_seq_len, D}));
+  KVLENS_ASSIGN_OR_RETURN(w.token_embedding, ts.Get(t + "wte.weight", {V, D}));
+  KVLENS_ASSIGN_OR_RETURN(w.position_embedding, ts.Get(t + "wpe.weight", {c.max_seq_len, D}));
   w.layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = w.layers[l];
-    const std::string p = absl::StrCat("transformer.h.", l, ".");
+    const std::string p = absl::StrCat(t, "h.", l, ".");
     KVLENS_ASSIGN_OR_RETURN(lw.attn_norm, ts.Get(p + "ln_1.weight", {D}));
     KVLENS_ASSIGN_OR_RETURN(lw.attn_norm_bias, ts.Get(p + "ln_1.bias", {D}));
     KVLENS_ASSIGN_OR_RETURN(tmp, ts.Get(p + "attn.c_attn.weight", {D, 3 * D}));
@@ -179,8 +221,8 @@ absl::Status LoadGpt2Weights(const TensorSet& ts, const ModelConfig& c, Weights&
     lw.w_out = Transposed(tmp, w.storage);
     KVLENS_ASSIGN_OR_RETURN(lw.b_out, ts.Get(p + "mlp.c_proj.bias", {D}));
   }
-  KVLENS_ASSIGN_OR_RETURN(w.final_norm, ts.Get("transformer.ln_f.weight", {D}));
-  KVLENS_ASSIGN_OR_RETURN(w.final_norm_bias, ts.Get("transformer.ln_f.bias", {D}));
+  KVLENS_ASSIGN_OR_RETURN(w.final_norm, ts.Get(t + "ln_f.weight", {D}));
+  KVLENS_ASSIGN_OR_RETURN(w.final_norm_bias, ts.Get(t + "ln_f.bias", {D}));
   w.output = w.token_embedding;
   if (ts.Find("lm_head.weight") != nullptr) {
     KVLENS_ASSIGN_OR_RETURN(w.output, ts.Get("lm_head.weight", {V, D}));
@@ -214,8 +256,14 @@ absl::Status LoadLlamaWeights(const TensorSet& ts, const ModelConfig& c, Weights
 }
 
 absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
-  const std::string type = cfg.value("model_type", "");
+  if (!cfg.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
+  std::string type;
+  if (auto s = ConfigValue<std::string>(cfg, "model_type", type, ""); !s.ok()) return s;
+  const char* dim_key = "hidden_size";
+  const char* heads_key = "num_attention_heads";
   if (type == "gpt2") {
+    dim_key = "n_embd";
+    heads_key = "n_head";
     c.arch = Architecture::kGpt2;
     if (auto s = ConfigInt(cfg, {"n_embd"}, c.dim); !s.ok()) return s;
     if (auto s = ConfigInt(cfg, {"n_layer"}, c.num_layers); !s.ok()) return s;
@@ -225,12 +273,15 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     if (auto s = ConfigInt(cfg, {"n_inner"}, c.hidden_dim, 4 * c.dim); !s.ok()) return s;
     c.num_kv_heads = c.num_heads;
     c.norm_eps = ConfigFloat(cfg, "layer_norm_epsilon", 1e-5);
-    const std::string act = cfg.value("activation_function", "gelu_new");
+    std::string act;
+    if (auto s = ConfigValue<std::string>(cfg, "activation_function", act, "gelu_new"); !s.ok())
+      return s;
     if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
       return absl::UnimplementedError(absl::StrCat("config.json: activation_function \"", act,
                                                    "\" is not supported (gelu_new)"));
     }
-    c.tied_embeddings = cfg.value("tie_word_embeddings", true);
+    if (auto s = ConfigValue(cfg, "tie_word_embeddings", c.tied_embeddings, true); !s.ok())
+      return s;
   } else if (type == "llama") {
     c.arch = Architecture::kLlama;
     if (auto s = ConfigInt(cfg, {"hidden_size"}, c.dim); !s.ok()) return s;
@@ -244,13 +295,19 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     c.norm_eps = ConfigFloat(cfg, "rms_norm_eps", 1e-6);
     c.rope_theta = ConfigFloat(cfg, "rope_theta", 10000.0);
     c.rope_style = kernels::RopeStyle::kHalfSplit;
-    c.tied_embeddings = cfg.value("tie_word_embeddings", false);
+    if (auto s = ConfigValue(cfg, "tie_word_embeddings", c.tied_embeddings, false); !s.ok())
+      return s;
     if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null()) {
       return absl::UnimplementedError("config.json: rope_scaling is not supported");
     }
   } else {
     return absl::UnimplementedError(
         absl::StrCat("config.json: model_type \"", type, "\" is not supported (gpt2, llama)"));
+  }
+  if (c.num_heads > 0 && c.dim % c.num_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: ", dim_key, " = ", c.dim,
+                                                   " is not a multiple of ", heads_key, " = ",
+                                                   c.num_heads));
   }
   c.head_dim = c.num_heads > 0 ? c.dim / c.num_heads : 0;
   return c.Validate();

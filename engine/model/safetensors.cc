@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -90,8 +91,13 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
         return bad(absl::StrCat(where, ": shape has an invalid dimension ", d.dump()));
       }
       t.shape.push_back(d.get<int64_t>());
-      count *= static_cast<uint64_t>(t.shape.back());
-      if (count > data_size) return bad(absl::StrCat(where, ": shape is larger than the file"));
+      const uint64_t dim = static_cast<uint64_t>(t.shape.back());
+      // count · dim > data_size, asked without the product (which could wrap around)
+      if (dim != 0 && count > data_size / dim) {
+        return bad(absl::StrCat(where, ": shape is larger than the file (data section of ",
+                                data_size, " bytes)"));
+      }
+      count *= dim;
     }
     const json& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
@@ -114,17 +120,21 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     range_names.push_back(name);
     st->tensors_.emplace(name, std::move(t));
   }
-  // no two tensors may share bytes
+  // No two tensors may share bytes. Sorted by begin, each non-empty range must start at or
+  // after the furthest end so far (not just its neighbour's: an empty range may sit between
+  // two that overlap).
   std::vector<size_t> order(ranges.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
-  for (size_t i = 1; i < order.size(); ++i) {
-    const auto& prev = ranges[order[i - 1]];
-    const auto& cur = ranges[order[i]];
-    if (cur.first < prev.second && cur.first != cur.second) {
-      return bad(absl::StrCat("tensors ", range_names[order[i - 1]], " and ", range_names[order[i]],
-                              " overlap"));
+  std::optional<size_t> furthest;  // the non-empty range seen so far that ends last
+  for (size_t i : order) {
+    const auto& cur = ranges[i];
+    if (cur.first == cur.second) continue;
+    if (furthest && cur.first < ranges[*furthest].second) {
+      return bad(
+          absl::StrCat("tensors ", range_names[*furthest], " and ", range_names[i], " overlap"));
     }
+    if (!furthest || cur.second > ranges[*furthest].second) furthest = i;
   }
   return st;
 }

@@ -15,7 +15,7 @@ using nlohmann::json;
 // True when `node` (a pre_tokenizer or decoder, possibly a Sequence) contains `type`.
 bool Contains(const json& node, const std::string& type) {
   if (!node.is_object()) return false;
-  if (node.value("type", "") == type) return true;
+  if (node.contains("type") && node["type"].is_string() && node["type"] == type) return true;
   for (const char* list : {"pretokenizers", "decoders", "normalizers"}) {
     if (node.contains(list) && node[list].is_array()) {
       for (const json& n : node[list]) {
@@ -42,17 +42,26 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromJson(const std::string& 
   }
   if (!j.contains("model") || !j["model"].is_object()) return bad("missing model");
   const json& m = j["model"];
+  if (m.contains("type") && !m["type"].is_string()) return bad("model.type is not a string");
   if (m.value("type", "BPE") != "BPE") {
     return absl::UnimplementedError(
         absl::StrCat(path, ": model.type \"", m.value("type", ""), "\" is not supported (BPE)"));
   }
   if (!m.contains("vocab") || !m["vocab"].is_object()) return bad("missing model.vocab");
+  const json no_added = json::array();
+  const json& added =
+      j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"] : no_added;
 
-  // id → piece, from the vocabulary and the added tokens
+  // id → piece, from the vocabulary and the added tokens. Ids are dense (checked below), so
+  // none can reach the number of entries that name one; this bounds the tables up front.
   std::vector<std::string> pieces;
   std::vector<TokenType> types;
+  const int64_t id_limit = static_cast<int64_t>(m["vocab"].size() + added.size());
   auto put = [&](const std::string& piece, int64_t id, TokenType type) -> absl::Status {
-    if (id < 0 || id > (1 << 24)) return bad(absl::StrCat("token id ", id, " out of range"));
+    if (id < 0 || id >= id_limit) {
+      return bad(absl::StrCat("token id ", id, " of \"", piece, "\" is outside [0, ", id_limit,
+                              "), the number of tokens listed"));
+    }
     if (static_cast<size_t>(id) >= pieces.size()) {
       pieces.resize(id + 1);
       types.resize(id + 1, TokenType::kUnused);
@@ -70,40 +79,65 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromJson(const std::string& 
     const std::string& p = it.key();
     if (!byte_level && p.size() == 6 && p.rfind("<0x", 0) == 0 && p.back() == '>')
       type = TokenType::kByte;
-    if (auto s = put(p, it.value().get<int64_t>(), type); !s.ok()) return s;
+    const int64_t id = it.value().get<int64_t>();
+    if (id >= 0 && id < static_cast<int64_t>(types.size()) && types[id] != TokenType::kUnused) {
+      return bad(absl::StrCat("model.vocab[\"", pieces[id], "\"] and model.vocab[\"", p,
+                              "\"] both have id ", id));
+    }
+    if (auto s = put(p, id, type); !s.ok()) return s;
   }
   int32_t bos = -1, eos = -1, unk = -1;
-  if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-    for (const json& t : j["added_tokens"]) {
-      if (!t.contains("id") || !t.contains("content"))
-        return bad("added_tokens entry without id/content");
-      const std::string content = t["content"].get<std::string>();
-      const bool special = t.value("special", false);
-      const int64_t id = t["id"].get<int64_t>();
-      if (auto s = put(content, id, special ? TokenType::kControl : TokenType::kUserDefined);
-          !s.ok())
-        return s;
-      if (content == "<|endoftext|>") bos = eos = static_cast<int32_t>(id);
-      if (content == "<s>" || content == "<|begin_of_text|>") bos = static_cast<int32_t>(id);
-      if (content == "</s>" || content == "<|end_of_text|>") eos = static_cast<int32_t>(id);
-      if (content == "<unk>") unk = static_cast<int32_t>(id);
+  for (size_t i = 0; i < added.size(); ++i) {
+    const json& t = added[i];
+    if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
+        !t.contains("content") || !t["content"].is_string() ||
+        (t.contains("special") && !t["special"].is_boolean())) {
+      return bad(absl::StrCat("added_tokens[", i,
+                              "] needs an integer id, a string content and a bool special"));
     }
+    const std::string content = t["content"].get<std::string>();
+    const bool special = t.value("special", false);
+    const int64_t id = t["id"].get<int64_t>();
+    if (auto s = put(content, id, special ? TokenType::kControl : TokenType::kUserDefined); !s.ok())
+      return s;
+    if (content == "<|endoftext|>") bos = eos = static_cast<int32_t>(id);
+    if (content == "<s>" || content == "<|begin_of_text|>") bos = static_cast<int32_t>(id);
+    if (content == "</s>" || content == "<|end_of_text|>") eos = static_cast<int32_t>(id);
+    if (content == "<unk>") unk = static_cast<int32_t>(id);
   }
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (types[i] == TokenType::kUnused && pieces[i].empty())
       return bad(absl::StrCat("token id ", i, " has no piece"));
   }
 
+  // Merges as "left right" (one space) or ["left", "right"]. As in Hugging Face's BPE, both
+  // sides and what they make must be in model.vocab: anything else is a corrupt file.
   std::vector<std::string> merges;
   if (m.contains("merges") && m["merges"].is_array()) {
     for (const json& mg : m["merges"]) {
+      const std::string where = absl::StrCat("model.merges[", merges.size(), "]");
+      std::string left, right;
       if (mg.is_string()) {
-        merges.push_back(mg.get<std::string>());
+        const std::string text = mg.get<std::string>();
+        const size_t sp = text.find(' ');
+        if (sp == std::string::npos || text.find(' ', sp + 1) != std::string::npos) {
+          return bad(absl::StrCat(where, " \"", text, "\" is not \"left right\""));
+        }
+        left = text.substr(0, sp);
+        right = text.substr(sp + 1);
       } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
-        merges.push_back(mg[0].get<std::string>() + " " + mg[1].get<std::string>());
+        left = mg[0].get<std::string>();
+        right = mg[1].get<std::string>();
       } else {
-        return bad(absl::StrCat("model.merges[", merges.size(), "] is malformed"));
+        return bad(absl::StrCat(where, " is malformed"));
       }
+      for (const std::string& piece : {left, right, left + right}) {
+        if (!m["vocab"].contains(piece)) {
+          return bad(absl::StrCat(where, " (\"", left, "\", \"", right, "\"): \"", piece,
+                                  "\" is not in model.vocab"));
+        }
+      }
+      merges.push_back(left + " " + right);
     }
   }
 
