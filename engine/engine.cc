@@ -50,12 +50,16 @@ struct Session {
 
 struct Engine::Impl {
   Impl(const Model& m, kernels::Backend<float>& b, const EngineOptions& o, EngineObserver* obs)
-      : model(m),
-        options(o),
-        observer(obs),
-        pool(o.num_blocks),
-        cache(m.config.num_layers, o.num_blocks, o.block_size, m.config.kv_dim(), false),
-        transformer(m, b) {}
+      : model(m), options(o), observer(obs), pool(o.num_blocks), transformer(m, b) {
+    // In the backend's memory: host for the CPU backends, the GPU for CUDA.
+    auto c = KvCacheStorage<float>::Create(b.memory(), m.config.num_layers, o.num_blocks,
+                                           o.block_size, m.config.kv_dim(), /*fill_nan=*/false);
+    if (c.ok()) {
+      cache = std::make_unique<KvCacheStorage<float>>(*std::move(c));
+    } else {
+      init_status = c.status();
+    }
+  }
 
   // --- step thread only ---
   void Loop();
@@ -79,7 +83,8 @@ struct Engine::Impl {
   const EngineOptions options;
   EngineObserver* observer;
   BlockPool pool;
-  KvCacheStorage<float> cache;
+  std::unique_ptr<KvCacheStorage<float>> cache;  // null when init_status is not OK
+  absl::Status init_status;                      // the cache allocation's failure
   Transformer<float> transformer;
   std::vector<std::unique_ptr<Sequence>> running;  // admission order
   std::deque<std::unique_ptr<Sequence>> waiting;   // step thread's queue (preempted first)
@@ -121,7 +126,10 @@ Engine::~Engine() {
   impl_->thread.join();
 }
 
+absl::Status Engine::status() const { return impl_->init_status; }
+
 absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
+  if (!impl_->init_status.ok()) return impl_->init_status;
   const ModelConfig& c = model_.config;
   if (model_.tokenizer == nullptr) {
     return absl::FailedPreconditionError("the model has no tokenizer; the engine needs one");
@@ -247,6 +255,7 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
 }
 
 absl::Status Engine::ReadSession(SessionId id, const std::function<void(const SessionView&)>& fn) {
+  if (!impl_->init_status.ok()) return impl_->init_status;
   std::unique_lock<std::mutex> lock(impl_->mu);
   auto it = impl_->sessions.find(id);
   if (it == impl_->sessions.end()) {
@@ -263,7 +272,7 @@ absl::Status Engine::ReadSession(SessionId id, const std::function<void(const Se
   const std::vector<BlockId> blocks = s.blocks;
   const int num_cached = s.num_computed;
   lock.unlock();
-  fn(SessionView{tokens, num_cached, blocks, &impl_->cache});
+  fn(SessionView{tokens, num_cached, blocks, impl_->cache.get()});
   lock.lock();
   impl_->sessions[id].busy = false;
   return absl::OkStatus();
@@ -276,6 +285,7 @@ void Engine::Cancel(RequestId id) {
 }
 
 absl::StatusOr<SessionId> Engine::OpenSession() {
+  if (!impl_->init_status.ok()) return impl_->init_status;
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (!impl_->accepting) return absl::UnavailableError("the engine is shutting down");
   if (static_cast<int>(impl_->sessions.size()) >= options_.max_sessions) {
@@ -499,7 +509,7 @@ absl::Status Engine::Impl::ForwardWithCaptures(
     const std::vector<BatchEntry>& batch, const std::vector<bool>& capture,
     std::vector<std::vector<std::vector<float>>>& captured) {
   if (std::find(capture.begin(), capture.end(), true) == capture.end()) {
-    return transformer.Forward(batch, cache, out);
+    return transformer.Forward(batch, *cache, out);
   }
   const size_t V = model.config.vocab_size;
   std::vector<float> logits(batch.size() * V);
@@ -512,7 +522,7 @@ absl::Status Engine::Impl::ForwardWithCaptures(
     }
   }
   if (!rest.empty()) {
-    if (absl::Status s = transformer.Forward(rest, cache, out); !s.ok()) return s;
+    if (absl::Status s = transformer.Forward(rest, *cache, out); !s.ok()) return s;
     for (size_t j = 0; j < rest.size(); ++j) {
       std::copy_n(out.logits.begin() + out.logits_row[j] * V, V,
                   logits.begin() + rest_index[j] * V);
@@ -521,7 +531,7 @@ absl::Status Engine::Impl::ForwardWithCaptures(
   for (size_t k = 0; k < batch.size(); ++k) {
     if (!capture[k]) continue;
     AttentionCapture<float> one;  // entry 0 of a one-entry batch
-    if (absl::Status s = transformer.Forward(absl::MakeConstSpan(&batch[k], 1), cache, out, &one);
+    if (absl::Status s = transformer.Forward(absl::MakeConstSpan(&batch[k], 1), *cache, out, &one);
         !s.ok()) {
       return s;
     }

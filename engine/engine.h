@@ -73,6 +73,9 @@ struct EngineStats {
 
 class Engine {
  public:
+  // The KV cache and activations live in backend.memory() (host for the CPU backends,
+  // the GPU for CUDA). If the cache cannot be allocated there, status() says why and
+  // Submit, OpenSession and ReadSession return that status.
   Engine(const Model& model, kernels::Backend<float>& backend, EngineOptions options,
          EngineObserver* observer = nullptr);
   ~Engine();  // stops the step thread; unfinished requests finish kCancelled
@@ -85,6 +88,8 @@ class Engine {
   // request can never fit in the cache or the waiting queue is full; UNAVAILABLE after
   // Shutdown.
   absl::StatusOr<RequestId> Submit(GenerationRequest request);
+  // OK once the engine holds its KV cache; else the allocation's failure.
+  absl::Status status() const;
   // Finishes the request with kCancelled and frees its blocks (no-op when already done).
   void Cancel(RequestId id);
 
@@ -98,6 +103,8 @@ class Engine {
     absl::Span<const int32_t> tokens;       // every token so far (the last may be uncached)
     int num_cached = 0;                     // tokens[0, num_cached) have K/V in `cache`
     absl::Span<const int32_t> block_table;  // covers num_cached tokens
+    // In the engine backend's memory: read it with cache->CopyRowsToHost (k()/v() are
+    // device pointers under CUDA).
     const KvCacheStorage<float>* cache = nullptr;
   };
   // Calls fn(view) on the caller's thread with the session held: while fn runs, a Submit

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "kernels/memory.h"
 #include "kernels/weight.h"
 
 namespace kvlens::kernels {
@@ -78,6 +79,17 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+
+  // Where this backend's activations, KV cache and probs/scores must live. The CPU
+  // backends keep the default, host memory (their ops read and write plain pointers);
+  // the CUDA backend returns its device memory. Index arrays and weights are always host.
+  virtual Memory& memory() { return HostMemory(); }
+  // Makes the backend usable from the calling thread (CUDA: its device becomes current
+  // there). Cheap; the engine calls it before each forward pass.
+  virtual absl::Status MakeCurrent() { return absl::OkStatus(); }
+  // Waits for every op enqueued so far and returns the first failure of the void ops
+  // (the CPU backends run ops synchronously and never fail one).
+  virtual absl::Status Synchronize() { return absl::OkStatus(); }
 
   // y[N, out] = x[N, in] · Wᵀ (+ bias[out] when bias is non-empty). W is [out, in].
   virtual void MatMul(const T* x, int n, const WeightView& w, const WeightView& bias, T* y) = 0;

@@ -1,5 +1,7 @@
 #include "engine/interpret/kv_probe.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvlens::interpret {
@@ -38,11 +40,16 @@ absl::StatusOr<SequenceInput<T>> InputFromCache(const ModelConfig& c,
   in.doc_ids.assign(r.doc_ids.begin(), r.doc_ids.end());
   in.prefix_k.assign(c.num_layers, std::vector<T>(r.num_cached * KVD));
   in.prefix_v.assign(c.num_layers, std::vector<T>(r.num_cached * KVD));
+  // One copy per block: its rows are contiguous (and the cache may be device memory).
   for (int l = 0; l < c.num_layers; ++l) {
-    for (int t = 0; t < r.num_cached; ++t) {
-      const int64_t row = int64_t{r.block_table[t / bs]} * bs + t % bs;
-      std::copy_n(cache.k(l) + row * KVD, KVD, in.prefix_k[l].data() + t * KVD);
-      std::copy_n(cache.v(l) + row * KVD, KVD, in.prefix_v[l].data() + t * KVD);
+    for (int t = 0; t < r.num_cached; t += bs) {
+      const int64_t rows = std::min(bs, r.num_cached - t);
+      const int64_t row = int64_t{r.block_table[t / bs]} * bs;
+      if (absl::Status s = cache.CopyRowsToHost(l, row, rows, in.prefix_k[l].data() + t * KVD,
+                                                in.prefix_v[l].data() + t * KVD);
+          !s.ok()) {
+        return s;
+      }
     }
   }
   return in;

@@ -44,8 +44,9 @@ struct KvProbeResult {
   Gradients<T> grads;              // every gradient of the new tokens' tape
 };
 
-// The prefix K/V of rows 0 … P−1 read from `cache` through the block table, plus the new
-// tokens, as a tape input. INVALID_ARGUMENT for a short block table or bad block ids.
+// The prefix K/V of rows 0 … P−1 read from `cache` through the block table (copied out
+// when the cache is device memory), plus the new tokens, as a tape input. INVALID_ARGUMENT for a
+// short block table or bad block ids.
 template <typename T>
 absl::StatusOr<SequenceInput<T>> InputFromCache(const ModelConfig& c,
                                                 const KvCacheStorage<T>& cache,

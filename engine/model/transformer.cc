@@ -1,15 +1,39 @@
 #include "engine/model/transformer.h"
 
 #include <cmath>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace kvlens {
 
 template <typename T>
+Transformer<T>::Transformer(const Model& model, kernels::Backend<T>& backend)
+    : model_(model),
+      config_(model.config),
+      backend_(backend),
+      x_(backend.memory()),
+      xn_(backend.memory()),
+      q_(backend.memory()),
+      k_(backend.memory()),
+      v_(backend.memory()),
+      att_(backend.memory()),
+      proj_(backend.memory()),
+      hidden_(backend.memory()),
+      up_(backend.memory()),
+      logits_(backend.memory()),
+      probs_(backend.memory()) {}
+
+template <typename T>
 absl::Status Transformer<T>::Validate(absl::Span<const BatchEntry> batch,
                                       const KvCacheStorage<T>& cache) const {
   if (batch.empty()) return absl::InvalidArgumentError("forward: empty batch");
+  if (&cache.memory() != &backend_.memory()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward: the KV cache is in ", std::string(cache.memory().name()),
+                     " memory, the backend computes in ", std::string(backend_.memory().name())));
+  }
   for (size_t e = 0; e < batch.size(); ++e) {
     const BatchEntry& b = batch[e];
     if (b.tokens.empty()) {
@@ -77,18 +101,22 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   const Weights& w = model_.weights;
   const int64_t D = c.dim, KVD = c.kv_dim(), F = c.hidden_dim, V = c.vocab_size;
   const int bs = cache.block_size();
+  const bool host = backend_.memory().host_accessible();  // else logits/probs are copied out
 
   int n = 0;
   for (const BatchEntry& b : batch) n += static_cast<int>(b.tokens.size());
-  x_.resize(n * D);
-  xn_.resize(n * D);
-  q_.resize(n * D);
-  k_.resize(n * KVD);
-  v_.resize(n * KVD);
-  att_.resize(n * D);
-  proj_.resize(n * D);
-  hidden_.resize(n * F);
-  up_.resize(c.arch == Architecture::kLlama ? n * F : 0);
+  if (absl::Status s = backend_.MakeCurrent(); !s.ok()) return s;
+  for (auto [buffer, size] : {std::pair{&x_, n * D},
+                              {&xn_, n * D},
+                              {&q_, n * D},
+                              {&k_, n * KVD},
+                              {&v_, n * KVD},
+                              {&att_, n * D},
+                              {&proj_, n * D},
+                              {&hidden_, n * F},
+                              {&up_, c.arch == Architecture::kLlama ? n * F : 0}}) {
+    if (absl::Status s = buffer->Resize(size); !s.ok()) return s;
+  }
   positions_.resize(n);
   rows_.resize(n);
   std::vector<int32_t> tokens(n);
@@ -159,13 +187,25 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       a.kv.block_size = bs;
       a.out = att_.data() + r0 * D;
       a.out_stride = D;
-      if (capture != nullptr && capture->entry == static_cast<int>(e)) {
-        capture->probs[l].resize(static_cast<size_t>(c.num_heads) * tq * a.num_keys);
-        a.probs = capture->probs[l].data();
+      const bool captured = capture != nullptr && capture->entry == static_cast<int>(e);
+      const int64_t probs_size = int64_t{c.num_heads} * tq * a.num_keys;
+      if (captured) {
+        capture->probs[l].resize(probs_size);
+        if (host) {
+          a.probs = capture->probs[l].data();
+        } else {
+          if (absl::Status s = probs_.Resize(probs_size); !s.ok()) return s;
+          a.probs = probs_.data();
+        }
       }
       if (absl::Status s = backend_.Attention(a); !s.ok()) {
         return absl::Status(s.code(),
                             absl::StrCat("batch entry ", e, ", layer ", l, ": ", s.message()));
+      }
+      if (captured && !host) {
+        if (absl::Status s = probs_.CopyToHost(capture->probs[l].data(), probs_size); !s.ok()) {
+          return s;
+        }
       }
       r0 += tq;
     }
@@ -196,7 +236,11 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   }
   const int m = static_cast<int>(rows.size());
   for (int i = 0; i < m; ++i) {
-    std::copy_n(x_.data() + rows[i] * D, D, q_.data() + i * D);
+    if (absl::Status s =
+            backend_.memory().Copy(q_.data() + i * D, x_.data() + rows[i] * D, D * sizeof(T));
+        !s.ok()) {
+      return s;
+    }
   }
   if (c.arch == Architecture::kLlama) {
     backend_.RmsNorm(q_.data(), m, D, w.final_norm, c.norm_eps, xn_.data());
@@ -204,8 +248,14 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     backend_.LayerNorm(q_.data(), m, D, w.final_norm, w.final_norm_bias, c.norm_eps, xn_.data());
   }
   out.logits.resize(static_cast<size_t>(m) * V);
-  backend_.MatMul(xn_.data(), m, w.output, WeightView{}, out.logits.data());
-  return absl::OkStatus();
+  if (host) {
+    backend_.MatMul(xn_.data(), m, w.output, WeightView{}, out.logits.data());
+  } else {
+    if (absl::Status s = logits_.Resize(m * V); !s.ok()) return s;
+    backend_.MatMul(xn_.data(), m, w.output, WeightView{}, logits_.data());
+    if (absl::Status s = logits_.CopyToHost(out.logits.data(), m * V); !s.ok()) return s;
+  }
+  return backend_.Synchronize();
 }
 
 template class Transformer<float>;

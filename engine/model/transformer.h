@@ -20,6 +20,7 @@
 #include "engine/kv_cache/kv_cache_storage.h"
 #include "engine/model/model.h"
 #include "kernels/backend.h"
+#include "kernels/buffer.h"
 
 namespace kvlens {
 
@@ -52,12 +53,12 @@ struct AttentionCapture {
 template <typename T>
 class Transformer {
  public:
-  Transformer(const Model& model, kernels::Backend<T>& backend)
-      : model_(model), config_(model.config), backend_(backend) {}
+  Transformer(const Model& model, kernels::Backend<T>& backend);
 
   // Runs the batch: writes each entry's new keys/values into `cache` (at the rows its
   // block table names) and returns logits. Errors: a token id outside the vocabulary, a
-  // position past max_seq_len, a block table too short (each names the entry and field).
+  // position past max_seq_len, a block table too short (each names the entry and field);
+  // a cache in other memory than the backend's; a backend failure (device errors).
   absl::Status Forward(absl::Span<const BatchEntry> batch, KvCacheStorage<T>& cache,
                        ForwardOutput<T>& out, AttentionCapture<T>* capture = nullptr);
 
@@ -70,16 +71,19 @@ class Transformer {
   const Model& model_;
   const ModelConfig& config_;
   kernels::Backend<T>& backend_;
-  // Activation buffers, reused across calls (llama2.c's RunState).
-  std::vector<T> x_;                // [N, D] residual stream
-  std::vector<T> xn_;               // [N, D] normalised
-  std::vector<T> q_;                // [N, D]
-  std::vector<T> k_;                // [N, KVD]
-  std::vector<T> v_;                // [N, KVD]
-  std::vector<T> att_;              // [N, D] attention output (heads concatenated)
-  std::vector<T> proj_;             // [N, D]
-  std::vector<T> hidden_;           // [N, F]
-  std::vector<T> up_;               // [N, F]
+  // Activation buffers in the backend's memory, reused across calls (llama2.c's RunState).
+  kernels::Buffer<T> x_;       // [N, D] residual stream
+  kernels::Buffer<T> xn_;      // [N, D] normalised
+  kernels::Buffer<T> q_;       // [N, D]
+  kernels::Buffer<T> k_;       // [N, KVD]
+  kernels::Buffer<T> v_;       // [N, KVD]
+  kernels::Buffer<T> att_;     // [N, D] attention output (heads concatenated)
+  kernels::Buffer<T> proj_;    // [N, D]
+  kernels::Buffer<T> hidden_;  // [N, F]
+  kernels::Buffer<T> up_;      // [N, F]
+  kernels::Buffer<T> logits_;  // [rows, V] (device backends only; else out.logits)
+  kernels::Buffer<T> probs_;   // [H, Tq, Tk] one captured layer (device backends only)
+  // Index arrays stay on the host (the backend contract).
   std::vector<int32_t> positions_;  // [N]
   std::vector<int64_t> rows_;       // [N] physical cache row of each new token
 };

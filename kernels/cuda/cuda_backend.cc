@@ -94,7 +94,15 @@ CudaBackend::CudaBackend(int device, int num_sms, cudaStream_t stream, cublasCon
       num_sms_(num_sms),
       name_(absl::StrCat("cuda:", device)),
       stream_(stream),
-      cublas_(cublas) {}
+      memory_(device, stream),
+      cublas_(cublas) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+    device_name_ = prop.name;
+  } else {
+    cudaGetLastError();  // only the name is missing; clear the error
+  }
+}
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
@@ -106,6 +114,11 @@ CudaBackend::~CudaBackend() {
 bool CudaBackend::Ok(const absl::Status& s) {
   if (!s.ok() && status_.ok()) status_ = s;
   return status_.ok();
+}
+
+absl::Status CudaBackend::MakeCurrent() {
+  KVLENS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Synchronize() {

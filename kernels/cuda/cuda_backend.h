@@ -35,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_memory.h"
 #include "kernels/cuda/device_buffer.h"
 
 struct cublasContext;
@@ -56,13 +57,19 @@ class CudaBackend final : public Backend<float> {
   ~CudaBackend() override;
 
   std::string_view name() const override { return name_; }
+  // Device memory: the engine allocates activations and the KV cache here.
+  Memory& memory() override { return memory_; }
+  // Makes this backend's device current on the calling thread.
+  absl::Status MakeCurrent() override;
+  // e.g. "NVIDIA H200".
+  const std::string& device_name() const { return device_name_; }
   int device() const { return device_; }
   int num_sms() const { return num_sms_; }
   cudaStream_t stream() const { return stream_; }
   // The first failure of any op so far (OK when none).
   absl::Status status() const { return status_; }
   // Waits for every enqueued op; returns the first failure.
-  absl::Status Synchronize();
+  absl::Status Synchronize() override;
   // Bytes of device memory held by uploaded weights.
   int64_t weight_bytes() const { return weight_bytes_; }
 
@@ -105,7 +112,9 @@ class CudaBackend final : public Backend<float> {
   int device_ = 0;
   int num_sms_ = 0;
   std::string name_;
+  std::string device_name_;
   cudaStream_t stream_ = nullptr;
+  CudaMemory memory_;
   cublasContext* cublas_ = nullptr;
   absl::Status status_;
 

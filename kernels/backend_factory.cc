@@ -1,0 +1,63 @@
+#include "kernels/backend_factory.h"
+
+#include <cstdint>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_backend.h"
+#ifdef KVLENS_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
+
+namespace kvlens::kernels {
+
+std::string DeviceSpec::ToString() const {
+  return kind == Kind::kCpu ? std::string("cpu") : absl::StrCat("cuda:", index);
+}
+
+absl::StatusOr<DeviceSpec> ParseDevice(std::string_view text) {
+  const auto bad = [&] {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device \"", std::string(text), "\" is not one of cpu, cuda, cuda:N"));
+  };
+  if (text == "cpu") return DeviceSpec{DeviceSpec::Kind::kCpu, 0};
+  if (text == "cuda") return DeviceSpec{DeviceSpec::Kind::kCuda, 0};
+  constexpr std::string_view kCudaPrefix = "cuda:";
+  if (text.substr(0, kCudaPrefix.size()) != kCudaPrefix) return bad();
+  const std::string digits(text.substr(kCudaPrefix.size()));
+  int32_t index = 0;
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(digits, &index) || index > 1023) {
+    return bad();
+  }
+  return DeviceSpec{DeviceSpec::Kind::kCuda, index};
+}
+
+bool HasCudaSupport() {
+#ifdef KVLENS_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_threads) {
+  CreatedBackend out;
+  if (device.kind == DeviceSpec::Kind::kCpu) {
+    out.backend = std::make_unique<CpuBackend>(cpu_threads);
+    out.description = std::string(out.backend->name());
+    return out;
+  }
+#ifdef KVLENS_HAVE_CUDA
+  auto cuda = cuda::CudaBackend::Create(device.index);
+  if (!cuda.ok()) return cuda.status();
+  out.description = absl::StrCat(device.ToString(), " (", (*cuda)->device_name(), ")");
+  out.backend = *std::move(cuda);
+  return out;
+#else
+  return absl::FailedPreconditionError(
+      "this build has no CUDA support (configure with -DKVLENS_CUDA=ON)");
+#endif
+}
+
+}  // namespace kvlens::kernels

@@ -1,0 +1,43 @@
+// The backends a binary can serve with, by name: "cpu" (CpuBackend, fp32) or "cuda[:N]"
+// (CudaBackend on GPU N, only in builds with KVLENS_CUDA). The server's and the CLI's
+// --device flag come here, so neither calls CUDA itself.
+#ifndef KVLENS_KERNELS_BACKEND_FACTORY_H_
+#define KVLENS_KERNELS_BACKEND_FACTORY_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace kvlens::kernels {
+
+struct DeviceSpec {
+  enum class Kind { kCpu, kCuda };
+  Kind kind = Kind::kCpu;
+  int index = 0;  // the GPU (kCuda)
+
+  std::string ToString() const;  // "cpu", "cuda:0"
+};
+
+// "cpu", "cuda" (= "cuda:0") or "cuda:N". INVALID_ARGUMENT naming the accepted forms.
+absl::StatusOr<DeviceSpec> ParseDevice(std::string_view text);
+
+// True when this build has the CUDA backend (KVLENS_CUDA=ON).
+bool HasCudaSupport();
+
+struct CreatedBackend {
+  std::unique_ptr<Backend<float>> backend;
+  std::string description;  // for GetModelInfo / --stats: "cpu-f32", "cuda:0 (NVIDIA H200)"
+};
+
+// The backend for `device`. cpu_threads: CpuBackend threads (0: all cores). Errors (the
+// caller names its flag):
+// FAILED_PRECONDITION when the build has no CUDA support or there is no usable GPU;
+// INVALID_ARGUMENT for a GPU index that does not exist.
+absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_threads);
+
+}  // namespace kvlens::kernels
+
+#endif  // KVLENS_KERNELS_BACKEND_FACTORY_H_

@@ -1,0 +1,131 @@
+// The engine's device path on a CPU-only machine: FakeDeviceBackend computes with the CPU
+// kernels but its memory is "not host-accessible", so the Transformer copies logits and
+// attention captures out, the KV cache is NaN-filled by Memset and read back through
+// CopyRowsToHost. Results must equal the plain CPU path bitwise (same kernels, same
+// order); only the copies differ. The CUDA backend takes this same path (CudaEngine*).
+#include <future>
+#include <memory>
+
+#include "engine/engine.h"
+#include "engine/generator.h"
+#include "engine/interpret/kv_probe.h"
+#include "engine/model/model.h"
+#include "engine/model/transformer.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/engine/fake_device_backend.h"
+#include "tests/test_paths.h"
+
+namespace kvlens {
+namespace {
+
+const std::string kModel = testing::TestData("stories260K/stories260K.bin");
+
+class DeviceMemoryPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KVLENS_REQUIRE_FILE(kModel);
+    auto m = LoadModel({kModel, ""});
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = *std::move(m);
+    prompt_ = model_->tokenizer->Encode("Once upon a time", true);
+  }
+
+  struct Run {
+    std::vector<int32_t> tokens;
+    std::vector<std::vector<float>> attention;  // per token
+    std::vector<float> prefix_k0;               // the session's layer-0 keys, read back
+  };
+  // One greedy request on a session with attention rows of layer 1, heads 0 and 3, then
+  // the session's cached keys through ReadSession + InputFromCache.
+  Run Serve(kernels::Backend<float>& backend) {
+    Run run;
+    EngineOptions o;
+    o.block_size = 7;
+    Engine engine(*model_, backend, o);
+    EXPECT_TRUE(engine.status().ok()) << engine.status();
+    auto session = engine.OpenSession();
+    EXPECT_TRUE(session.ok()) << session.status();
+    GenerationRequest r;
+    r.prompt = prompt_;
+    r.stop.max_new_tokens = 12;
+    r.stop.ignore_eos = true;
+    r.session = *session;
+    r.attention_rows = {{1}, {0, 3}};
+    std::promise<void> done;
+    r.callbacks.on_token = [&](const TokenEvent& e) {
+      run.tokens.push_back(e.token);
+      run.attention.push_back(e.attention);
+    };
+    r.callbacks.on_finish = [&](const FinishEvent&) { done.set_value(); };
+    auto id = engine.Submit(std::move(r));
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok()) return run;
+    done.get_future().wait();
+    absl::Status read;
+    for (int i = 0; i < 200; ++i) {  // the session is released right after on_finish
+      read = engine.ReadSession(*session, [&](const Engine::SessionView& v) {
+        interpret::KvProbeRequest kr;
+        kr.block_table = v.block_table;
+        kr.num_cached = v.num_cached;
+        const int32_t one = 1;
+        kr.new_tokens = absl::MakeConstSpan(&one, 1);
+        auto in = interpret::InputFromCache(model_->config, *v.cache, kr);
+        EXPECT_TRUE(in.ok()) << in.status();
+        if (in.ok()) run.prefix_k0 = in->prefix_k[0];
+      });
+      if (read.code() != absl::StatusCode::kFailedPrecondition) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_TRUE(read.ok()) << read;
+    return run;
+  }
+
+  std::unique_ptr<Model> model_;
+  std::vector<int32_t> prompt_;
+};
+
+TEST_F(DeviceMemoryPathTest, GenerateEqualsCpuAndCopiesLogitsOut) {
+  GenerateOptions o;
+  o.max_new_tokens = 30;
+  o.stop_at_eos = false;
+  o.block_size = 5;
+  kernels::CpuBackend cpu(1);
+  testing::FakeDeviceBackend device(1);
+  auto want = Generate<float>(*model_, cpu, prompt_, o);
+  auto got = Generate<float>(*model_, device, prompt_, o);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->tokens, want->tokens);
+  EXPECT_GT(device.fake_memory().memsets.load(), 0);          // NaN fill without host writes
+  EXPECT_GE(device.fake_memory().copies_to_host.load(), 30);  // one logits copy per step
+}
+
+TEST_F(DeviceMemoryPathTest, EngineEqualsCpuWithAttentionRowsAndSessionReadBack) {
+  kernels::CpuBackend cpu(1);
+  testing::FakeDeviceBackend device(1);
+  const Run want = Serve(cpu);
+  const Run got = Serve(device);
+  ASSERT_EQ(want.tokens.size(), 12u);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.attention, want.attention);
+  ASSERT_FALSE(want.attention[0].empty());
+  ASSERT_FALSE(want.prefix_k0.empty());
+  EXPECT_EQ(got.prefix_k0, want.prefix_k0);
+}
+
+TEST_F(DeviceMemoryPathTest, ForwardRejectsACacheInOtherMemory) {
+  testing::FakeDeviceBackend device(1);
+  Transformer<float> tr(*model_, device);
+  KvCacheStorage<float> host_cache(model_->config.num_layers, 4, 16, model_->config.kv_dim(), true);
+  const std::vector<int32_t> table = {0};
+  BatchEntry e{absl::MakeConstSpan(prompt_), 0, table};
+  ForwardOutput<float> out;
+  const absl::Status s = tr.Forward({&e, 1}, host_cache, out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("host"), std::string_view::npos) << s;
+  EXPECT_NE(s.message().find("fake-device"), std::string_view::npos) << s;
+}
+
+}  // namespace
+}  // namespace kvlens

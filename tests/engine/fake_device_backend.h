@@ -1,0 +1,93 @@
+// A "device" backend for CPU-only machines: CpuBackend's kernels over memory that claims
+// not to be host-accessible. The engine then takes its device path (logits and attention
+// captures copied out, KV cache read back with CopyRowsToHost, NaN fill by Memset), so
+// that path is tested where no GPU exists; the numbers must equal the CPU path's bitwise.
+#ifndef KVLENS_TESTS_ENGINE_FAKE_DEVICE_BACKEND_H_
+#define KVLENS_TESTS_ENGINE_FAKE_DEVICE_BACKEND_H_
+
+#include <atomic>
+#include <string_view>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/memory.h"
+
+namespace kvlens::testing {
+
+// Host memory under another identity, counting the copies out.
+class FakeDeviceMemory final : public kernels::Memory {
+ public:
+  std::string_view name() const override { return "fake-device"; }
+  bool host_accessible() const override { return false; }
+  absl::StatusOr<void*> Allocate(size_t bytes) override { return host().Allocate(bytes); }
+  void Free(void* p) override { host().Free(p); }
+  absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) override {
+    return host().CopyFromHost(dst, src, bytes);
+  }
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
+    ++copies_to_host;
+    return host().CopyToHost(dst, src, bytes);
+  }
+  absl::Status Copy(void* dst, const void* src, size_t bytes) override {
+    return host().Copy(dst, src, bytes);
+  }
+  absl::Status Memset(void* dst, int byte, size_t bytes) override {
+    ++memsets;
+    return host().Memset(dst, byte, bytes);
+  }
+
+  std::atomic<int> copies_to_host{0};
+  std::atomic<int> memsets{0};
+
+ private:
+  static kernels::Memory& host() { return kernels::HostMemory(); }
+};
+
+class FakeDeviceBackend final : public kernels::Backend<float> {
+ public:
+  explicit FakeDeviceBackend(int threads = 1) : cpu_(threads) {}
+  std::string_view name() const override { return "fake-device"; }
+  kernels::Memory& memory() override { return memory_; }
+  FakeDeviceMemory& fake_memory() { return memory_; }
+
+  void MatMul(const float* x, int n, const kernels::WeightView& w, const kernels::WeightView& b,
+              float* y) override {
+    cpu_.MatMul(x, n, w, b, y);
+  }
+  void Embedding(const kernels::WeightView& t, const int32_t* ids, int n, float* out) override {
+    cpu_.Embedding(t, ids, n, out);
+  }
+  void RmsNorm(const float* x, int n, int dim, const kernels::WeightView& w, double eps,
+               float* y) override {
+    cpu_.RmsNorm(x, n, dim, w, eps, y);
+  }
+  void LayerNorm(const float* x, int n, int dim, const kernels::WeightView& w,
+                 const kernels::WeightView& b, double eps, float* y) override {
+    cpu_.LayerNorm(x, n, dim, w, b, eps, y);
+  }
+  void Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
+            const int32_t* positions, double theta, kernels::RopeStyle style) override {
+    cpu_.Rope(x, n, row_stride, num_heads, head_dim, positions, theta, style);
+  }
+  void Gelu(float* x, int64_t count) override { cpu_.Gelu(x, count); }
+  void SwiGlu(const float* g, const float* u, int64_t count, float* out) override {
+    cpu_.SwiGlu(g, u, count, out);
+  }
+  void Add(float* y, const float* x, int64_t count) override { cpu_.Add(y, x, count); }
+  void StoreKv(const float* k, const float* v, int n, int64_t src_stride, int64_t row_elems,
+               const int64_t* dst_rows, float* k_cache, float* v_cache,
+               int64_t cache_stride) override {
+    cpu_.StoreKv(k, v, n, src_stride, row_elems, dst_rows, k_cache, v_cache, cache_stride);
+  }
+  absl::Status Attention(const kernels::AttentionArgs<float>& a) override {
+    return cpu_.Attention(a);
+  }
+
+ private:
+  kernels::CpuBackend cpu_;
+  FakeDeviceMemory memory_;
+};
+
+}  // namespace kvlens::testing
+
+#endif  // KVLENS_TESTS_ENGINE_FAKE_DEVICE_BACKEND_H_

@@ -1,0 +1,55 @@
+// The --device parser and backend creation: "cpu", "cuda", "cuda:N"; anything else is an
+// error naming the accepted forms. Without a GPU (or without CUDA in the build) asking
+// for cuda is FAILED_PRECONDITION, never a crash.
+#include "kernels/backend_factory.h"
+
+#include "gtest/gtest.h"
+
+namespace kvlens::kernels {
+namespace {
+
+TEST(BackendFactoryTest, ParsesCpuAndCuda) {
+  auto cpu = ParseDevice("cpu");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->kind, DeviceSpec::Kind::kCpu);
+  EXPECT_EQ(cpu->ToString(), "cpu");
+  auto cuda = ParseDevice("cuda");
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  EXPECT_EQ(cuda->kind, DeviceSpec::Kind::kCuda);
+  EXPECT_EQ(cuda->index, 0);
+  auto cuda3 = ParseDevice("cuda:3");
+  ASSERT_TRUE(cuda3.ok()) << cuda3.status();
+  EXPECT_EQ(cuda3->index, 3);
+  EXPECT_EQ(cuda3->ToString(), "cuda:3");
+}
+
+TEST(BackendFactoryTest, RejectsEverythingElseNamingTheForms) {
+  for (const char* bad : {"", "bogus", "CPU", "gpu", "cuda:", "cuda:-1", "cuda:x", "cuda:1x",
+                          "cuda:99999999999", " cpu", "cuda0"}) {
+    auto d = ParseDevice(bad);
+    ASSERT_FALSE(d.ok()) << bad;
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(d.status().message().find("cpu, cuda, cuda:N"), std::string_view::npos) << d.status();
+  }
+}
+
+TEST(BackendFactoryTest, CpuBackendIsHostMemory) {
+  auto b = CreateBackend({DeviceSpec::Kind::kCpu, 0}, 1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->description, "cpu-f32");
+  EXPECT_TRUE(b->backend->memory().host_accessible());
+  EXPECT_EQ(&b->backend->memory(), &HostMemory());
+}
+
+TEST(BackendFactoryTest, CudaWithoutAGpuIsFailedPrecondition) {
+  auto b = CreateBackend({DeviceSpec::Kind::kCuda, 0}, 1);
+  if (b.ok()) GTEST_SKIP() << "a CUDA device is present: " << b->description;
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition) << b.status();
+  if (!HasCudaSupport()) {
+    EXPECT_EQ(b.status().message(),
+              "this build has no CUDA support (configure with -DKVLENS_CUDA=ON)");
+  }
+}
+
+}  // namespace
+}  // namespace kvlens::kernels
