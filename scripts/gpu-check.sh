@@ -47,14 +47,17 @@ CHECK_BIN=""
 if cmake -S . -B "$BUILD_DIR/full" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release \
      -DKVLENS_CUDA=ON -DKVLENS_BUILD_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" \
      >"$BUILD_DIR/full-configure.log" 2>&1; then
-  echo "== building the full tree (kernels_tests, kvlens_gpu_check)"
-  cmake --build "$BUILD_DIR/full" -j "$JOBS" --target kernels_tests kvlens_gpu_check
-  echo "== GPU unit tests (ctest -L gpu)"
+  echo "== building the full tree (kernels_tests, engine_tests, kvlens_gpu_check)"
+  cmake --build "$BUILD_DIR/full" -j "$JOBS" --target kernels_tests engine_tests kvlens_gpu_check
+  # CudaBackend* (op parity) and CudaEngine* (the engine on the GPU: stories260K text, the
+  # default model's logits, incremental decode over a NaN cache); both need ../shared.
+  echo "== GPU tests (ctest -L gpu)"
   (cd "$BUILD_DIR/full" && ctest -L gpu --output-on-failure) || echo "gpu-check: GPU unit tests FAILED"
   CHECK_BIN=$BUILD_DIR/full/kernels/cuda/kvlens_gpu_check
 else
   echo "== the full tree does not configure here (missing: $(grep -o 'Could not find a package configuration file provided by "[^"]*"\|Could NOT find [A-Za-z_]*' "$BUILD_DIR/full-configure.log" | sed 's/.*"\(.*\)"/\1/; s/Could NOT find //' | sort -u | tr '\n' ' '))"
-  echo "   building the standalone kvlens_gpu_check (CUDA + abseil only; no GoogleTest suite)"
+  echo "   building the standalone kvlens_gpu_check (CUDA + abseil only; no GoogleTest suite,"
+  echo "   so the engine's CudaEngine* tests do not run: they need the full tree)"
   BUNDLE=${KVLENS_ABSL_BUNDLE:-}
   [ -z "$BUNDLE" ] && [ -d build-gpu-bundle ] && BUNDLE=$ROOT/build-gpu-bundle
   cmake -S kernels/cuda/standalone -B "$BUILD_DIR/standalone" "${GENERATOR[@]}" \

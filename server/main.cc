@@ -22,7 +22,7 @@
 #include "common/flag_names.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/backend_factory.h"
 #include "server/grpc_server.h"
 #include "server/metrics.h"
 
@@ -51,7 +51,12 @@ ABSL_FLAG(int32_t, max_running, 64, "Sequences decoding at once.");
 ABSL_FLAG(int32_t, max_waiting, 256, "Queue limit: requests beyond it get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int32_t, max_sessions, 64, "Open sessions at most.");
 ABSL_FLAG(bool, prefix_caching, true, "Reuse cached KV blocks of shared prompt prefixes.");
-ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores).");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where generation runs: cpu (threaded fp32 CPU backend) or cuda[:N] (GPU N, default "
+          "0; builds with -DKVLENS_CUDA=ON). On cuda the KV cache and activations live on the "
+          "GPU (--kv-cache-bytes is GPU memory); interpretability requests always run on CPU "
+          "workers, reading a session's KV cache back from the GPU.");
+ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores; --device cpu only).");
 ABSL_FLAG(int32_t, interp_workers, 2,
           "Interpretability requests (attention maps, probes, interventions, lens) running "
           "at once, each on its own backends apart from generation.");
@@ -71,7 +76,8 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
 namespace {
 
 constexpr char kUsage[] =
-    "kvlens-server --model PATH [--port P] [--metrics-port Q] [flags]\n\n"
+    "kvlens-server --model PATH [--device cpu|cuda[:N]] [--port P] [--metrics-port Q] "
+    "[flags]\n\n"
     "Serves a decoder-only transformer over gRPC (kvlens.v1.Generation and Interpret, "
     "grpc.health.v1, server reflection) with Prometheus metrics on a separate HTTP port. Flag "
     "names take "
@@ -109,6 +115,16 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  const std::string device_flag = absl::GetFlag(FLAGS_device);
+  auto device = kvlens::kernels::ParseDevice(device_flag);
+  if (!device.ok())
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message())));
+  auto backend = kvlens::kernels::CreateBackend(*device, absl::GetFlag(FLAGS_threads));
+  if (!backend.ok()) {
+    return Fail(absl::Status(backend.status().code(), absl::StrCat("--device ", device_flag, ": ",
+                                                                   backend.status().message())));
+  }
+
   auto model = kvlens::LoadModel({absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_tokenizer)});
   if (!model.ok()) return Fail(model.status());
   const kvlens::ModelConfig& config = (*model)->config;
@@ -141,12 +157,12 @@ int main(int argc, char** argv) {
       return Fail(s);
     }
   }
-  kvlens::kernels::CpuBackend backend(absl::GetFlag(FLAGS_threads));
-  kvlens::Engine engine(**model, backend, options, &metrics);
+  kvlens::Engine engine(**model, *backend->backend, options, &metrics);
+  if (!engine.status().ok()) return Fail(engine.status());
 
   kvlens::server::GrpcServerOptions server_options;
   server_options.address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_port));
-  server_options.backend_name = std::string(backend.name());
+  server_options.backend_name = backend->description;
   kvlens::server::InterpretOptions& interp = server_options.interpret;
   interp.workers.num_workers = std::max(1, absl::GetFlag(FLAGS_interp_workers));
   interp.workers.cpu_threads = std::max(1, absl::GetFlag(FLAGS_interp_threads));
@@ -161,10 +177,11 @@ int main(int argc, char** argv) {
   if (!server.ok()) return Fail(server.status());
   std::fprintf(stderr,
                "kvlens-server: serving %s (%s, %d layers, context %d) on %s:%d, metrics on "
-               "%s:%d, KV cache %d blocks x %d tokens\n",
+               "%s:%d, KV cache %d blocks x %d tokens, backend %s\n",
                config.name.c_str(), std::string(kvlens::ArchitectureName(config.arch)).c_str(),
                config.num_layers, config.max_seq_len, host.c_str(), (*server)->port(), host.c_str(),
-               metrics.exposer_port(), options.num_blocks, options.block_size);
+               metrics.exposer_port(), options.num_blocks, options.block_size,
+               backend->description.c_str());
 
   int sig = 0;
   sigwait(&signals, &sig);

@@ -3,13 +3,14 @@
 #include <iostream>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "clients/cli/args.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/remote_generate.h"
 #include "engine/generator.h"
 #include "engine/model/model.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/backend_factory.h"
 #include "kernels/cpu/reference_backend.h"
 
 namespace kvlens::cli {
@@ -20,7 +21,7 @@ const std::vector<FlagSpec>& Specs() {
       {"model", "", "model file: GGUF or llama2.c .bin (required unless --server)"},
       {"server", "",
        "HOST:PORT of a kvlens-server: generate there and stream the reply "
-       "(model, precision, threads, prefill and block flags do not apply)"},
+       "(model, device, precision, threads, prefill and block flags do not apply)"},
       {"tokenizer", "",
        "llama2.c tokenizer .bin (default: tokenizer.bin or tok<V>.bin beside the model)"},
       {"prompt", "", "prompt text; the output is the prompt followed by the completion"},
@@ -31,8 +32,12 @@ const std::vector<FlagSpec>& Specs() {
       {"min-p", "0", "drop tokens below min-p times the top probability (0: off)"},
       {"repetition-penalty", "1", "CTRL-style repetition penalty (1: off)"},
       {"seed", "0", "random seed for sampling"},
-      {"precision", "fp32", "fp32 (fast CPU path) or fp64 (the double-precision reference)"},
-      {"threads", "0", "CPU threads (0: all cores)"},
+      {"device", "cpu",
+       "cpu, or cuda[:N] for GPU N (default 0; builds with -DKVLENS_CUDA=ON): where the model "
+       "runs, its activations and KV cache included (fp32 only)"},
+      {"precision", "fp32",
+       "fp32 (fast path, on --device) or fp64 (the double-precision CPU reference)"},
+      {"threads", "0", "CPU threads (0: all cores; --device cpu)"},
       {"prefill-chunk", "512", "prompt tokens per prefill step"},
       {"block-size", "16", "KV-cache block size in tokens"},
       {"no-bos", "", "do not prepend the BOS token", true},
@@ -108,6 +113,28 @@ int GenerateCommand(int argc, char** argv) {
   if (precision != "fp32" && precision != "fp64") {
     return fail(absl::InvalidArgumentError("--precision must be fp32 or fp64"), 2);
   }
+  const std::string device_flag = args->Str("device");
+  auto device = kernels::ParseDevice(device_flag);
+  if (!device.ok()) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message())),
+                2);
+  }
+  if (precision == "fp64" && device->kind != kernels::DeviceSpec::Kind::kCpu) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--precision fp64 runs on the CPU only, not --device ", device_flag)),
+                2);
+  }
+  // Before the model loads: a missing GPU fails fast.
+  kernels::CreatedBackend fp32_backend;
+  if (precision == "fp32") {
+    auto backend = kernels::CreateBackend(*device, static_cast<int>(*threads));
+    if (!backend.ok()) {
+      return fail(absl::Status(backend.status().code(), absl::StrCat("--device ", device_flag, ": ",
+                                                                     backend.status().message())),
+                  1);
+    }
+    fp32_backend = *std::move(backend);
+  }
   options.max_new_tokens = static_cast<int>(*max_new);
   options.sampling.temperature = *temperature;
   options.sampling.top_k = static_cast<int>(*top_k);
@@ -136,8 +163,7 @@ int GenerateCommand(int argc, char** argv) {
     kernels::ReferenceBackend backend;
     return Run<double>(**model, backend, prompt, prompt_text, options, stats);
   }
-  kernels::CpuBackend backend(static_cast<int>(*threads));
-  return Run<float>(**model, backend, prompt, prompt_text, options, stats);
+  return Run<float>(**model, *fp32_backend.backend, prompt, prompt_text, options, stats);
 }
 
 }  // namespace kvlens::cli

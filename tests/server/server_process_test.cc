@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/backend_factory.h"
 #include "tests/server/server_test_util.h"
 #include "tests/test_paths.h"
 
@@ -93,6 +95,40 @@ class ServerProcess {
   bool exited_ = false;
   std::string log_;
 };
+
+// Runs kvlens-server to its exit (it must fail before serving); stdout and stderr.
+std::pair<int, std::string> RunServerToExit(const std::string& flags) {
+  const std::string command =
+      absl::StrCat("timeout 60 ", KVLENS_SERVER_PATH, " --model ", Stories260KPath(),
+                   " --port 0 --metrics-port -1 ", flags, " 2>&1");
+  FILE* p = popen(command.c_str(), "r");
+  if (p == nullptr) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(ServerProcessTest, DeviceCudaWithoutAGpuIsAClearError) {
+  if (kernels::CreateBackend({kernels::DeviceSpec::Kind::kCuda, 0}, 1).ok()) {
+    GTEST_SKIP() << "a CUDA device is present";
+  }
+  const auto [code, out] = RunServerToExit("--device cuda");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_EQ(out.rfind("kvlens-server: --device cuda: ", 0), 0u) << out;
+  EXPECT_TRUE(out.find("no CUDA support (configure with -DKVLENS_CUDA=ON)") != std::string::npos ||
+              out.find("CUDA device") != std::string::npos)
+      << out;
+}
+
+TEST(ServerProcessTest, DeviceBogusIsRejectedNamingTheFlag) {
+  const auto [code, out] = RunServerToExit("--device bogus");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("--device: device \"bogus\" is not one of cpu, cuda, cuda:N"),
+            std::string::npos)
+      << out;
+}
 
 TEST(ServerProcessTest, ServesThenDrainsOnSigtermAndExitsZero) {
   KVLENS_REQUIRE_FILE(Stories260KPath());

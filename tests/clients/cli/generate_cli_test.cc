@@ -9,6 +9,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "kernels/backend_factory.h"
 #include "tests/test_paths.h"
 
 namespace kvlens {
@@ -73,6 +74,31 @@ TEST(GenerateCliTest, StoriesLlama2cReproducesRunC) {
   const std::string bin = TestData("stories260K/stories260K.bin");
   KVLENS_REQUIRE_FILE(bin);
   ExpectReferenceText("--model " + bin + " --tokenizer " + TestData("stories260K/tok512.bin"));
+}
+
+TEST(GenerateCliTest, DeviceCudaWithoutAGpuIsAClearError) {
+  if (kernels::CreateBackend({kernels::DeviceSpec::Kind::kCuda, 0}, 1).ok()) {
+    GTEST_SKIP() << "a CUDA device is present";
+  }
+  // Fails before the model loads: no model file is needed.
+  RunResult r = RunCli("generate --model /nonexistent.gguf --prompt x --device cuda:0 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_EQ(r.out.rfind("kvlens-cli generate: --device cuda:0: ", 0), 0u) << r.out;
+  EXPECT_TRUE(r.out.find("no CUDA support (configure with -DKVLENS_CUDA=ON)") !=
+                  std::string::npos ||
+              r.out.find("CUDA device") != std::string::npos)
+      << r.out;
+}
+
+TEST(GenerateCliTest, DeviceBogusIsRejectedNamingTheFlag) {
+  RunResult r = RunCli("generate --model /nonexistent.gguf --prompt x --device bogus 2>&1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--device: device \"bogus\" is not one of cpu, cuda, cuda:N"),
+            std::string::npos)
+      << r.out;
+  r = RunCli("generate --model /nonexistent.gguf --prompt x --device cuda --precision fp64 2>&1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--precision fp64 runs on the CPU only"), std::string::npos) << r.out;
 }
 
 TEST(GenerateCliTest, BadFlagsNameTheFlag) {
