@@ -1,5 +1,7 @@
 #include "server/metrics.h"
 
+#include <prometheus/text_serializer.h>
+
 #include <exception>
 #include <map>
 #include <string>
@@ -124,16 +126,12 @@ void Metrics::RecordInterp(std::string_view kind, double seconds, int64_t bytes)
 Metrics::~Metrics() = default;
 
 absl::Status Metrics::StartExposer(const std::string& host, int port) {
-  const std::string address = absl::StrCat(host, ":", port);
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(address);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics: cannot listen on ", address, ": ", e.what()));
-  }
-  exposer_->RegisterCollectable(registry_);
-  const std::vector<int> ports = exposer_->GetListeningPorts();
-  exposer_port_ = ports.empty() ? port : ports.front();
+  auto server = MetricsHttpServer::Start(host, port, [registry = registry_] {
+    return prometheus::TextSerializer().Serialize(registry->Collect());
+  });
+  if (!server.ok()) return server.status();
+  exposer_ = std::move(*server);
+  exposer_port_ = exposer_->port();
   return absl::OkStatus();
 }
 

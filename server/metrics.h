@@ -1,13 +1,13 @@
 // Prometheus metrics with the exact names of ARCHITECTURE.md's table (a contract:
-// dashboards and alerts depend on them), served by prometheus-cpp's exposer on its own
-// HTTP port. The engine reports through EngineObserver (step thread); the services record
-// request-level metrics from the engine's events.
+// dashboards and alerts depend on them), rendered by prometheus-cpp's text serializer and
+// served on their own HTTP port by MetricsHttpServer (server/metrics_http.h says why not
+// prometheus-cpp's civetweb exposer). The engine reports through EngineObserver (step thread); the
+// services record request-level metrics from the engine's events.
 #ifndef KVLENS_SERVER_METRICS_H_
 #define KVLENS_SERVER_METRICS_H_
 
 #include <grpcpp/support/status.h>
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/engine.h"
+#include "server/metrics_http.h"
 
 namespace kvlens::server {
 
@@ -52,7 +53,7 @@ class Metrics final : public EngineObserver {
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsHttpServer> exposer_;
   int exposer_port_ = 0;
 
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;

@@ -62,7 +62,6 @@ TestServer::~TestServer() {
   if (server_) server_->Shutdown(std::chrono::milliseconds(2000));
   server_.reset();
   engine_.reset();
-  // (The metrics exposer's civetweb takes ~2 s to stop: its accept loop polls.)
 }
 
 std::string TestServer::address() const { return absl::StrCat("127.0.0.1:", server_->port()); }
