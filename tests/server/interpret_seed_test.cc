@@ -125,11 +125,9 @@ TEST(InterpretSeeds, TwoByTwoGradientProbe) {
     ExpectTensor(r, "grad.scores", {0, 0, 0, 3.0 / 8, -3.0 / 8, 0, -1.5, 1.5, 0}, tol, true);
     ExpectTensor(r, "grad.probs", {0, 0, 0, 2, 0, 0, 0, 8, 0}, tol, true);
     ExpectTensor(r, "grad.attn_out", {0, 0, 1, 0, 0, 2}, tol);
-    ExpectTensor(r, "grad.q", {0, 0, 3 / 8.0 / kRoot2, -3 / 8.0 / kRoot2, -1.5 / kRoot2,
-                               1.5 / kRoot2},
-                 tol);
-    ExpectTensor(r, "grad.k", {3 * kLn3 / 8, -1.5 * kLn3, -3 * kLn3 / 8, 1.5 * kLn3, 0, 0},
-                 tol);
+    ExpectTensor(r, "grad.q",
+                 {0, 0, 3 / 8.0 / kRoot2, -3 / 8.0 / kRoot2, -1.5 / kRoot2, 1.5 / kRoot2}, tol);
+    ExpectTensor(r, "grad.k", {3 * kLn3 / 8, -1.5 * kLn3, -3 * kLn3 / 8, 1.5 * kLn3, 0, 0}, tol);
     ExpectTensor(r, "grad.v", {0.75, 0.5, 0.25, 1.5, 0, 0}, tol);
     // The server's own finite-difference check agrees.
     ASSERT_GT(r.verify().num_forwards(), 0);
