@@ -120,6 +120,9 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(
   }
   response->set_backend(backend_name_);
   response->set_block_size(engine_.options().block_size);
+  if (model.generation_config.repetition_penalty) {
+    response->set_default_repetition_penalty(*model.generation_config.repetition_penalty);
+  }
   response->set_num_blocks(engine_.options().num_blocks);
   return FinishUnary(context, "GetModelInfo", absl::OkStatus());
 }

@@ -182,6 +182,13 @@ int main(int argc, char** argv) {
                config.num_layers, config.max_seq_len, host.c_str(), (*server)->port(), host.c_str(),
                metrics.exposer_port(), options.num_blocks, options.block_size,
                backend->description.c_str());
+  const kvlens::GenerationConfig& config_defaults = (*model)->generation_config;
+  if (config_defaults.repetition_penalty) {
+    std::fprintf(stderr,
+                 "kvlens-server: requests without sampling.repetition_penalty get %g "
+                 "(the model's generation_config.json)\n",
+                 *config_defaults.repetition_penalty);
+  }
 
   int sig = 0;
   sigwait(&signals, &sig);

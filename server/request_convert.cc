@@ -22,7 +22,7 @@ absl::Status CheckToken(const std::string& field, int64_t id, int32_t vocab_size
 }
 
 absl::Status ConvertSampling(const v1::SamplingParams& in, int32_t vocab_size,
-                             SamplingParams* out) {
+                             const GenerationConfig& defaults, SamplingParams* out) {
   // The ranges are the engine's (SamplingParams::Validate); checked here to name the field
   // the way the client wrote it.
   if (!(in.temperature() >= 0 && in.temperature() <= 100)) {
@@ -32,7 +32,9 @@ absl::Status ConvertSampling(const v1::SamplingParams& in, int32_t vocab_size,
   const double top_p = in.has_top_p() ? in.top_p() : 1.0;
   if (!(top_p > 0 && top_p <= 1)) return Bad("sampling.top_p", top_p, "in (0, 1]");
   if (!(in.min_p() >= 0 && in.min_p() < 1)) return Bad("sampling.min_p", in.min_p(), "in [0, 1)");
-  const double rep = in.has_repetition_penalty() ? in.repetition_penalty() : 1.0;
+  // Unset: the model's generation_config.json default, as Hugging Face and vLLM apply it.
+  const double rep = in.has_repetition_penalty() ? in.repetition_penalty()
+                                                 : defaults.repetition_penalty.value_or(1.0);
   if (!(rep > 0 && rep <= 10)) return Bad("sampling.repetition_penalty", rep, "in (0, 10]");
   if (!(std::abs(in.frequency_penalty()) <= 2)) {
     return Bad("sampling.frequency_penalty", in.frequency_penalty(), "in [-2, 2]");
@@ -109,7 +111,9 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
                                               " tokens"));
   }
 
-  if (absl::Status s = ConvertSampling(request.sampling(), vocab, &out.sampling); !s.ok()) {
+  if (absl::Status s =
+          ConvertSampling(request.sampling(), vocab, model.generation_config, &out.sampling);
+      !s.ok()) {
     return s;
   }
 

@@ -18,7 +18,9 @@ namespace {
 
 const std::vector<FlagSpec>& Specs() {
   static const std::vector<FlagSpec> specs = {
-      {"model", "", "model file: GGUF or llama2.c .bin (required unless --server)"},
+      {"model", "",
+       "a GGUF file, a llama2.c .bin or a Hugging Face directory (config.json, *.safetensors, "
+       "tokenizer.json); required unless --server"},
       {"server", "",
        "HOST:PORT of a kvlens-server: generate there and stream the reply "
        "(model, device, precision, threads, prefill and block flags do not apply)"},
@@ -30,7 +32,9 @@ const std::vector<FlagSpec>& Specs() {
       {"top-k", "0", "keep the k most likely tokens (0: off)"},
       {"top-p", "1", "nucleus sampling mass (1: off)"},
       {"min-p", "0", "drop tokens below min-p times the top probability (0: off)"},
-      {"repetition-penalty", "1", "CTRL-style repetition penalty (1: off)"},
+      {"repetition-penalty", "1",
+       "CTRL-style repetition penalty (1: off); when not given, the model's "
+       "generation_config.json value applies if it has one (as in Hugging Face and vLLM)"},
       {"seed", "0", "random seed for sampling"},
       {"device", "cpu",
        "cpu, or cuda[:N] for GPU N (default 0; builds with -DKVLENS_CUDA=ON): where the model "
@@ -150,6 +154,9 @@ int GenerateCommand(int argc, char** argv) {
   if (!model.ok()) return fail(model.status(), 1);
   if ((*model)->tokenizer == nullptr) {
     return fail(absl::NotFoundError("the model has no tokenizer (pass --tokenizer)"), 1);
+  }
+  if (!args->Has("repetition-penalty") && (*model)->generation_config.repetition_penalty) {
+    options.sampling.repetition_penalty = *(*model)->generation_config.repetition_penalty;
   }
   const Tokenizer& tok = *(*model)->tokenizer;
   const std::string prompt_text = args->Str("prompt");

@@ -56,7 +56,8 @@ int RemoteGenerate(const Args& args) {
   sampling->set_top_k(static_cast<int32_t>(*top_k));
   sampling->set_top_p(*top_p);
   sampling->set_min_p(*min_p);
-  sampling->set_repetition_penalty(*rep);
+  // Not given: the server applies the model's generation_config.json default.
+  if (args.Has("repetition-penalty")) sampling->set_repetition_penalty(*rep);
   sampling->set_seed(static_cast<uint64_t>(*seed));
   request.mutable_stopping()->set_max_new_tokens(static_cast<int32_t>(*max_new));
   request.mutable_stopping()->set_ignore_eos(args.Switch("ignore-eos"));

@@ -338,6 +338,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir) {
     if (!t.ok()) return t.status();
     model->tokenizer = *std::move(t);
   }
+  KVLENS_ASSIGN_OR_RETURN(
+      model->generation_config,
+      ReadGenerationConfig((fs::path(dir) / "generation_config.json").string()));
   if (absl::Status v = model->ValidateWeights(); !v.ok()) return v;
   return model;
 }

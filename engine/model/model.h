@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "engine/model/generation_config.h"
 #include "engine/model/model_config.h"
 #include "engine/model/weights.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -17,6 +18,8 @@ struct Model {
   Weights weights;
   std::unique_ptr<Tokenizer> tokenizer;  // null when the file brings none
   std::string format;                    // "gguf", "llama2c", "safetensors"
+  // Sampling defaults for requests that leave a field unset (generation_config.json).
+  GenerationConfig generation_config;
 
   // Every weight present with the shape the config implies (errors name the tensor).
   absl::Status ValidateWeights() const;

@@ -5,10 +5,12 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/generator.h"
+#include "tests/linked_model_dir.h"
 #include "tests/server/server_test_util.h"
 #include "tests/test_paths.h"
 
@@ -119,6 +121,35 @@ TEST(GenerationServiceTest, GetModelInfo) {
   EXPECT_EQ(info.num_blocks(), 256);
   EXPECT_EQ(info.backend(), "cpu-f32");
   EXPECT_FALSE(info.dtype().empty());
+}
+
+// The default model with a generation_config.json that sets repetition_penalty 1.3.
+constexpr char kPenaltyConfig[] =
+    R"({"bos_token_id": 4095, "eos_token_id": 4095, "repetition_penalty": 1.3})";
+
+TEST(GenerationServiceTest, GenerationConfigRepetitionPenaltyIsTheDefault) {
+  KVLENS_REQUIRE_FILE(DefaultModelPath());
+  LinkedModelDir dir(DefaultModelPath(), {{"generation_config.json", kPenaltyConfig}});
+  TestServer server(dir.path(), TestServer::DefaultOptions());
+  ASSERT_TRUE(server.ok()) << server.error();
+  v1::ModelInfo info;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(server.stub().GetModelInfo(&context, {}, &info).ok());
+  }
+  ASSERT_TRUE(info.has_default_repetition_penalty());
+  EXPECT_EQ(info.default_repetition_penalty(), 1.3);
+  auto run = [&](std::optional<double> penalty) {
+    v1::GenerateRequest r = GreedyRequest("And God said", 40);
+    if (penalty) r.mutable_sampling()->set_repetition_penalty(*penalty);
+    StreamResult s = RunGenerate(server.stub(), r);
+    EXPECT_TRUE(s.status.ok()) << s.status.error_message();
+    return s.tokens;
+  };
+  const std::vector<int32_t> unset = run(std::nullopt), explicit_13 = run(1.3), off = run(1.0);
+  EXPECT_EQ(unset, explicit_13);
+  EXPECT_NE(unset, off);  // the penalty changes this greedy text, so the check has teeth
 }
 
 TEST(GenerationServiceTest, TokenizeDetokenizeRoundTrip) {

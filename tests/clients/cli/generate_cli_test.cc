@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend_factory.h"
+#include "tests/linked_model_dir.h"
 #include "tests/test_paths.h"
 
 namespace kvlens {
@@ -74,6 +75,21 @@ TEST(GenerateCliTest, StoriesLlama2cReproducesRunC) {
   const std::string bin = TestData("stories260K/stories260K.bin");
   KVLENS_REQUIRE_FILE(bin);
   ExpectReferenceText("--model " + bin + " --tokenizer " + TestData("stories260K/tok512.bin"));
+}
+
+TEST(GenerateCliTest, GenerationConfigRepetitionPenaltyIsTheDefault) {
+  KVLENS_REQUIRE_FILE(testing::DefaultModelPath());
+  testing::LinkedModelDir dir(testing::DefaultModelPath(),
+                              {{"generation_config.json", R"({"repetition_penalty": 1.3})"}});
+  const std::string base =
+      "generate --model " + dir.path() + " --prompt 'And God said' --max-new-tokens 40 ";
+  const RunResult unset = RunCli(base), explicit_13 = RunCli(base + "--repetition-penalty 1.3"),
+                  off = RunCli(base + "--repetition-penalty 1");
+  ASSERT_EQ(unset.exit_code, 0);
+  ASSERT_EQ(explicit_13.exit_code, 0);
+  ASSERT_EQ(off.exit_code, 0);
+  EXPECT_EQ(unset.out, explicit_13.out);
+  EXPECT_NE(unset.out, off.out);  // the penalty changes this greedy text
 }
 
 TEST(GenerateCliTest, DeviceCudaWithoutAGpuIsAClearError) {
