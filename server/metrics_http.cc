@@ -38,8 +38,9 @@ std::string Response(int code, const char* reason, const char* type, const std::
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& host, int port, Render render) {
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(const std::string& host,
+                                                                            int port,
+                                                                            Render render) {
   const std::string address = absl::StrCat(host, ":", port);
   auto fail = [&](const std::string& what, int fd) {
     const std::string msg = absl::StrCat("metrics: cannot listen on ", address, ": ", what);
@@ -79,9 +80,9 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
     return fail(std::strerror(errno), fd);
   }
-  const int bound_port = ntohs(bound.ss_family == AF_INET6
-                                   ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                   : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  const int bound_port =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   int wake[2];
   if (pipe2(wake, O_CLOEXEC) != 0) return fail(std::strerror(errno), fd);
   return std::unique_ptr<MetricsHttpServer>(

@@ -27,8 +27,8 @@ class MetricsHttpServer {
   using Render = std::function<std::string()>;
 
   // Listens on host:port (port 0: an ephemeral one); UNAVAILABLE naming the address.
-  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& host,
-                                                                  int port, Render render);
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& host, int port,
+                                                                  Render render);
   ~MetricsHttpServer();  // stops the thread and closes the socket
 
   int port() const { return port_; }

@@ -70,8 +70,7 @@ TEST(MetricsHttpServer, BadRequestsGetClearStatuses) {
   // A client that connects and says nothing does not wedge the server for others forever
   // (5 s timeout), and the server still answers afterwards.
   EXPECT_EQ(Exchange(server->port(), "").size(), 0u);
-  EXPECT_EQ(Exchange(server->port(), "GET /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 200", 0),
-            0u);
+  EXPECT_EQ(Exchange(server->port(), "GET /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
 }
 
 TEST(MetricsHttpServer, ErrorsNameTheAddressAndStopIsPrompt) {
