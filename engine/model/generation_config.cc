@@ -23,8 +23,8 @@ absl::StatusOr<GenerationConfig> ReadGenerationConfig(const std::string& path) {
     const nlohmann::json& v = j["repetition_penalty"];
     const double rep = v.is_number() ? v.get<double>() : -1.0;
     if (!v.is_number() || !(rep > 0 && rep <= 10)) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": repetition_penalty = ", v.dump(),
-                                                     " must be a number in (0, 10]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": repetition_penalty = ", v.dump(), " must be a number in (0, 10]"));
     }
     out.repetition_penalty = rep;
   }
