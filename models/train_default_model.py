@@ -8,7 +8,7 @@ bible-kjv (the `bible` program that prints it). Everything is seeded.
 Writes, into --out (default models/kjv-gpt2-4l):
   model.safetensors        float32, Hugging Face GPT2LMHeadModel tensor names and layout
   config.json              as transformers' GPT2Config writes it
-  generation_config.json
+  generation_config.json   BOS/EOS ids and the serving default repetition_penalty
   tokenizer.json           Hugging Face `tokenizers` format, byte-level BPE
   training_log.json        measured losses, throughput, steps, held-out metrics
 
@@ -17,8 +17,9 @@ by <|endoftext|> (which is also BOS and EOS). Every 20th chapter (chapter index 
 in canonical order) is held out and never trained on, nor used to learn the tokenizer.
 
 Typical use (what produced the shipped model; see models/README.md):
-  nice -n 10 /usr/bin/python3 models/train_default_model.py --steps N
-  nice -n 10 /usr/bin/python3 models/train_default_model.py --budget-minutes 38
+  /usr/bin/python3 models/train_default_model.py --steps 450 --extend-to 1000,2000,4000
+(it resumes from models/.kjv-train-ckpt.pt when that checkpoint's settings match; a run
+whose checkpoint is already at the last stage only re-evaluates and rewrites the files).
 """
 import argparse
 import collections
@@ -346,12 +347,21 @@ def evaluate(model, windows, bs=16):
 
 
 @torch.no_grad()
-def generate(model, tok, prompt, n, temperature=0.0, top_k=0, seed=0):
+def generate(model, tok, prompt, n, temperature=0.0, top_k=0, seed=0, repetition_penalty=1.0,
+             bos=False):
+    """With bos, <|endoftext|> comes first (as kvlens-cli generate does by default).
+    repetition_penalty: CTRL-style, on every token of the context so far (BOS included):
+    logit / θ where positive, logit · θ where negative."""
     g = torch.Generator().manual_seed(seed)
     model.eval()
-    ids = tok.encode(prompt)
+    ids = ([tok.eot] if bos else []) + tok.encode(prompt)
+    start = 1 if bos else 0
     for _ in range(n):
         logits = model(torch.tensor([ids[-model.wpe.weight.shape[0]:]]))[0, -1]
+        if repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(ids)))
+            lv = logits[seen]
+            logits[seen] = torch.where(lv > 0, lv / repetition_penalty, lv * repetition_penalty)
         if temperature <= 0:
             nxt = int(logits.argmax())
         else:
@@ -364,7 +374,12 @@ def generate(model, tok, prompt, n, temperature=0.0, top_k=0, seed=0):
             break
         ids.append(nxt)
     model.train()
-    return tok.decode(ids)
+    return tok.decode(ids[start:])
+
+
+# Arguments that do not change the trained weights (a checkpoint made with other values of
+# these still resumes).
+_NOT_TRAINING = ("extend_to", "extend_lr", "threads", "repetition_penalty")
 
 
 def main():
@@ -390,6 +405,9 @@ def main():
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repetition-penalty", type=float, default=1.3,
+                    help="serving default written to generation_config.json (not a training "
+                         "setting): greedy text of a model this small loops without it")
     ap.add_argument("--seed", type=int, default=1234)
     a = ap.parse_args()
     if not a.steps and not a.budget_minutes:
@@ -446,8 +464,8 @@ def main():
     step, total, history, train_time = 0, a.steps, [], 0.0
     if os.path.exists(ckpt_path):
         ck = torch.load(ckpt_path)
-        base_args = {k: v for k, v in vars(a).items() if k not in ("extend_to", "extend_lr", "threads")}
-        ck_args = {k: v for k, v in ck["args"].items() if k not in ("extend_to", "extend_lr", "threads")}
+        base_args = {k: v for k, v in vars(a).items() if k not in _NOT_TRAINING}
+        ck_args = {k: v for k, v in ck["args"].items() if k not in _NOT_TRAINING}
         if ck_args == base_args or (not a.steps and ck["args"]["budget_minutes"] == a.budget_minutes):
             model.load_state_dict(ck["model"])
             opt.load_state_dict(ck["opt"])
@@ -541,15 +559,20 @@ def main():
         f.write("\n")
     with open(os.path.join(a.out, "generation_config.json"), "w") as f:
         json.dump({"_from_model_config": True, "bos_token_id": tok.eot, "eos_token_id": tok.eot,
-                   "transformers_version": "4.40.0"}, f, indent=2)
+                   "repetition_penalty": a.repetition_penalty, "transformers_version": "4.40.0"},
+                  f, indent=2)
         f.write("\n")
 
     samples = {}
     for p in ["And God said", "In the beginning", "The LORD is"]:
+        rp = a.repetition_penalty
         samples[p] = {"greedy": generate(model, tok, p, 60),
-                      "t0.8_k40_seed0": generate(model, tok, p, 60, 0.8, 40, seed=0)}
+                      "t0.8_k40_seed0": generate(model, tok, p, 60, 0.8, 40, seed=0),
+                      f"bos_greedy_rp{rp:g}": generate(model, tok, p, 40, repetition_penalty=rp,
+                                                       bos=True)}
         log(f"greedy  {p!r}: {samples[p]['greedy']!r}")
         log(f"sampled {p!r}: {samples[p]['t0.8_k40_seed0']!r}")
+        log(f"BOS + greedy, repetition penalty {rp:g} {p!r}: {samples[p][f'bos_greedy_rp{rp:g}']!r}")
     # a held-out sequence and the training model's logits on it, for verify_default_model.py
     probe = held_windows[0, :T].tolist()
     with torch.no_grad():
