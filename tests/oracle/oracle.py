@@ -44,6 +44,8 @@ def main(argv=None):
     ap.add_argument("--grad-cached-kv", type=int, metavar="P",
                     help="with one --grad-logprob target: gradients with respect to the K/V "
                          "rows of positions < P as leaves (a cached prefix), grad.cached_{k,v}.{l}")
+    ap.add_argument("--grad-param-layer", type=int, metavar="L",
+                    help="with --grad-logprob: also grad.w{q,k,v,o}, layer L's attention weights")
     a = ap.parse_args(argv)
 
     model = load_model(a.model)
@@ -78,7 +80,8 @@ def main(argv=None):
                 ap.error("--grad-cached-kv takes one --grad-logprob target and no --doc-ids")
             arrays.update(cached_kv_gradients(model, tokens, targets[0], a.grad_cached_kv))
         else:
-            arrays.update(gradients(model, tokens, targets, doc_ids=docs))
+            arrays.update(gradients(model, tokens, targets, doc_ids=docs,
+                                    param_layer=a.grad_param_layer))
     elif a.grad_cached_kv is not None:
         ap.error("--grad-cached-kv needs --grad-logprob")
     if a.attention:

@@ -161,6 +161,30 @@ class Stories260KTest(unittest.TestCase):
                 worst = max(worst, abs(float(fd - grad[i, j])))
         self.assertLess(worst, 1e-7)
 
+    def test_param_gradients_match_finite_differences(self):
+        from kvlens_oracle.grad import gradients
+        ids, layer = self.ids[:8], 2
+        target = [(len(ids) - 1, ids[-1]), (3, ids[4])]
+        g = gradients(self.model, ids, target, param_layer=layer)
+        lw = self.model.layers[layer]
+        self.assertFalse(lw["wq"].requires_grad)  # left as it was
+
+        def j():
+            with torch.no_grad():
+                logp = torch.log_softmax(forward(self.model, ids)[0], -1)
+                return float(sum(logp[r, t] for r, t in target))
+        h, worst = 1e-6, 0.0
+        for name, (r, c) in [("wq", (0, 0)), ("wk", (5, 17)), ("wv", (7, 3)), ("wo", (60, 9))]:
+            w = lw[name]
+            old = float(w[r, c])
+            w[r, c] = old + h
+            jp = j()
+            w[r, c] = old - h
+            jm = j()
+            w[r, c] = old
+            worst = max(worst, abs((jp - jm) / (2 * h) - g[f"grad.{name}"][r, c]))
+        self.assertLess(worst, 1e-7)
+
     def test_cached_kv_leaves(self):
         from kvlens_oracle.grad import cached_kv_gradients, gradients
         ids, P = self.ids[:10], 6

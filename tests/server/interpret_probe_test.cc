@@ -173,7 +173,8 @@ TEST_P(InterpretOracle, GradientsMatchOracle) {
   const std::vector<int32_t> tokens = RandomTokens(17, 31);
   const std::vector<std::pair<int, int>> targets = {{16, 42}, {9, 300}, {3, 7}};
   for (const std::vector<int32_t>& docs : {std::vector<int32_t>{}, kDocs}) {
-    const OracleResult ref = RunGradOracle(model, tokens, targets, docs);
+    constexpr int kParamLayer = 1;
+    const OracleResult ref = RunGradOracle(model, tokens, targets, docs, kParamLayer);
     ASSERT_TRUE(ref.error.empty()) << ref.error;
     const int n = static_cast<int>(tokens.size());
     std::vector<bool> visible(static_cast<size_t>(n) * n);
@@ -196,6 +197,7 @@ TEST_P(InterpretOracle, GradientsMatchOracle) {
             &v1::GradientProbeRequest::set_attention_times_gradient}) {
         (request.*set)(true);
       }
+      request.set_param_layer(kParamLayer);
       v1::GradientProbeResponse response;
       grpc::ClientContext context;
       SetDeadline(context);
@@ -244,6 +246,14 @@ TEST_P(InterpretOracle, GradientsMatchOracle) {
           check("v" + at, FindTensor(ts, "grad.v", l, h),
                 OracleHead(ref.arrays.at("grad.v" + s), h));
         }
+      }
+      // One layer's attention weights (returned in fp64 whatever the precision).
+      for (const char* w : {"wq", "wk", "wv", "wo"}) {
+        const v1::Tensor* t = FindTensor(ts, absl::StrCat("grad.", w), kParamLayer, -1);
+        ASSERT_NE(t, nullptr) << w;
+        const double e = RelErr(DecodeTensor(*t), ref.arrays.at(absl::StrCat("grad.", w)).data);
+        EXPECT_LE(e, tol) << w;
+        worst = std::max(worst, e);
       }
       const v1::Tensor* saliency = FindTensor(ts, "saliency", -1, -1);
       ASSERT_NE(saliency, nullptr);

@@ -124,13 +124,15 @@ inline v1::PromptInput IdsInput(const std::vector<int32_t>& ids,
 }
 
 // The oracle's gradients of Σ log p(token | row) (and logits, attention) for `tokens`.
+// With param_layer ≥ 0, also grad.w{q,k,v,o} of that layer ([out, in]).
 inline OracleResult RunGradOracle(const std::string& model, const std::vector<int32_t>& tokens,
                                   const std::vector<std::pair<int, int>>& targets,
-                                  const std::vector<int32_t>& docs) {
+                                  const std::vector<int32_t>& docs, int param_layer = -1) {
   std::vector<std::string> t;
   for (const auto& [row, token] : targets) t.push_back(absl::StrCat(row, ":", token));
   std::string args = "--attention --grad-logprob '" + absl::StrJoin(t, " ") + "'";
   if (!docs.empty()) args += " --doc-ids '" + absl::StrJoin(docs, " ") + "'";
+  if (param_layer >= 0) args += absl::StrCat(" --grad-param-layer ", param_layer);
   return RunOracleWith(model, tokens, args);
 }
 

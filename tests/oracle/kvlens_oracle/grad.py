@@ -8,6 +8,8 @@ gradients(model, tokens, targets, doc_ids=None) -> dict name -> float64 numpy ar
   grad.k.{l}, grad.v.{l}  [KV, T, hd]  per KV head (GQA: summed over the query heads)
   grad.scores.{l}, grad.probs.{l}  [H, T, T]  (masked entries 0)
   grad.attn_out.{l}   [H, T, hd]     attention output per head, before W_O
+  grad.w{q,k,v,o}      [out, in]      with param_layer = l: that layer's attention weights
+                                     (GPT-2: the Q, K, V row blocks of the fused c_attn)
 Every intermediate comes from model.forward's capture, with retain_grad().
 
 cached_kv_gradients(model, tokens, target, cached) -> the same J for one (row, token), with
@@ -21,7 +23,24 @@ import torch
 from .model import forward
 
 
-def gradients(m, tokens, targets, doc_ids=None):
+def _attention_weights(m, layer):
+    lw = m.layers[layer]
+    return [lw["wq"], lw["wk"], lw["wv"], lw["wo"]] if m.family == "llama" else [lw["w_qkv"], lw["w_o"]]
+
+
+def gradients(m, tokens, targets, doc_ids=None, param_layer=None):
+    params = [] if param_layer is None else _attention_weights(m, param_layer)
+    for w in params:
+        w.requires_grad_(True)
+    try:
+        return _gradients(m, tokens, targets, doc_ids, param_layer, params)
+    finally:
+        for w in params:
+            w.requires_grad_(False)
+            w.grad = None
+
+
+def _gradients(m, tokens, targets, doc_ids, param_layer, params):
     embed = m.w["embed"] if m.family == "llama" else m.w["wte"]
     ids = torch.as_tensor(list(tokens), dtype=torch.long)
     x0 = embed[ids].detach().clone().requires_grad_(True)
@@ -40,6 +59,15 @@ def gradients(m, tokens, targets, doc_ids=None):
                           ("scores", "scores"), ("probs", "probs"), ("attn_out", "attn_out")):
             g = rec[key].grad
             out[f"grad.{name}.{l}"] = (torch.zeros_like(rec[key]) if g is None else g).numpy()
+    if params:
+        if m.family == "llama":
+            grads = [w.grad for w in params]
+        else:
+            d = m.cfg["dim"]
+            qkv, wo = params[0].grad, params[1].grad
+            grads = [qkv[:d], qkv[d:2 * d], qkv[2 * d:], wo]
+        for name, g in zip(("wq", "wk", "wv", "wo"), grads):
+            out[f"grad.{name}"] = g.detach().clone().numpy()
     return out
 
 
