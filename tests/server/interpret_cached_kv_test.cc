@@ -29,24 +29,10 @@ TEST_P(InterpretCachedKvOracle, GradientsMatchOracleWithCacheAsLeaves) {
   ASSERT_TRUE(server.ok()) << server.error();
   auto stub = InterpretStub(server);
   const ModelConfig& c = server.model().config;
-  v1::OpenSessionResponse session;
-  {
-    grpc::ClientContext context;
-    SetDeadline(context);
-    ASSERT_TRUE(server.stub().OpenSession(&context, {}, &session).ok());
-  }
-  v1::GenerateRequest g = GreedyRequest(GetParam().prompt, 8);
-  g.set_session_id(session.session_id());
-  ASSERT_TRUE(RunGenerate(server.stub(), g).status.ok());
-  std::vector<int32_t> tokens;
-  int cached = 0;
-  ASSERT_TRUE(server.engine()
-                  .ReadSession(session.session_id(),
-                               [&](const Engine::SessionView& v) {
-                                 tokens.assign(v.tokens.begin(), v.tokens.end());
-                                 cached = v.num_cached;
-                               })
-                  .ok());
+  const GeneratedSession session = OpenSessionAndGenerate(server, GetParam().prompt, 8);
+  ASSERT_TRUE(session.error.empty()) << session.error;
+  const std::vector<int32_t>& tokens = session.tokens;
+  const int cached = session.cached;
   ASSERT_EQ(cached + 1, static_cast<int>(tokens.size()));  // the last token is not cached yet
   const int32_t target = 42;
   const OracleResult ref = RunCachedKvOracle(path, tokens, target, cached);
@@ -54,7 +40,7 @@ TEST_P(InterpretCachedKvOracle, GradientsMatchOracleWithCacheAsLeaves) {
 
   for (const v1::Precision p : {v1::PRECISION_FP64, v1::PRECISION_FP32}) {
     v1::CachedKvProbeRequest r;
-    r.set_session_id(session.session_id());
+    r.set_session_id(session.id);
     r.set_target(target);
     r.set_precision(p);
     v1::CachedKvProbeResponse response;

@@ -178,31 +178,17 @@ TEST(InterpretCachedKv, SessionProbeEqualsFullTapeWithLeafPrefix) {
   auto stub = InterpretStub(server);
   const Model& model = server.model();
   const ModelConfig& c = model.config;
-  v1::OpenSessionResponse session;
-  {
-    grpc::ClientContext context;
-    SetDeadline(context);
-    ASSERT_TRUE(server.stub().OpenSession(&context, {}, &session).ok());
-  }
-  v1::GenerateRequest g = GreedyRequest("Once upon a time", 6);
-  g.set_session_id(session.session_id());
-  ASSERT_TRUE(RunGenerate(server.stub(), g).status.ok());
-  std::vector<int32_t> tokens;
-  int cached = 0;
-  ASSERT_TRUE(server.engine()
-                  .ReadSession(session.session_id(),
-                               [&](const Engine::SessionView& v) {
-                                 tokens.assign(v.tokens.begin(), v.tokens.end());
-                                 cached = v.num_cached;
-                               })
-                  .ok());
+  const GeneratedSession session = OpenSessionAndGenerate(server, "Once upon a time", 6);
+  ASSERT_TRUE(session.error.empty()) << session.error;
+  const std::vector<int32_t>& tokens = session.tokens;
+  const int cached = session.cached;
   ASSERT_EQ(cached + 1, static_cast<int>(tokens.size()));  // the last token is not cached yet
 
   const int32_t target = 42;
   std::vector<v1::CachedKvProbeResponse> responses(2);
   for (int k = 0; k < 2; ++k) {
     v1::CachedKvProbeRequest r;
-    r.set_session_id(session.session_id());
+    r.set_session_id(session.id);
     r.set_target(target);
     r.set_precision(k == 0 ? v1::PRECISION_FP64 : v1::PRECISION_FP32);
     grpc::ClientContext context;
@@ -251,7 +237,7 @@ TEST(InterpretCachedKv, SessionProbeEqualsFullTapeWithLeafPrefix) {
 
   // AttentionMaps on the session: the session's tokens.
   v1::AttentionMapsRequest maps;
-  maps.mutable_input()->set_session_id(session.session_id());
+  maps.mutable_input()->set_session_id(session.id);
   maps.add_layers(0);
   const AttentionResult ar = RunAttentionMaps(*stub, maps);
   ASSERT_TRUE(ar.status.ok()) << ar.status.error_message();

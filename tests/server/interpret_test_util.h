@@ -115,6 +115,42 @@ inline AttentionResult RunAttentionMaps(v1::Interpret::Stub& stub,
   return r;
 }
 
+// A session opened on `server` that generated `max_new_tokens` greedy tokens after
+// `prompt`, with what the engine holds for it (the last token is not cached yet).
+struct GeneratedSession {
+  std::string error;  // empty on success
+  int64_t id = 0;
+  std::vector<int32_t> tokens;
+  int cached = 0;
+};
+
+inline GeneratedSession OpenSessionAndGenerate(TestServer& server, const std::string& prompt,
+                                               int max_new_tokens) {
+  GeneratedSession s;
+  v1::OpenSessionResponse session;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    if (!server.stub().OpenSession(&context, {}, &session).ok()) {
+      s.error = "OpenSession failed";
+      return s;
+    }
+  }
+  s.id = session.session_id();
+  v1::GenerateRequest g = GreedyRequest(prompt, max_new_tokens);
+  g.set_session_id(s.id);
+  if (const StreamResult r = RunGenerate(server.stub(), g); !r.status.ok()) {
+    s.error = "Generate failed: " + r.status.error_message();
+    return s;
+  }
+  const absl::Status read = server.engine().ReadSession(s.id, [&](const Engine::SessionView& v) {
+    s.tokens.assign(v.tokens.begin(), v.tokens.end());
+    s.cached = v.num_cached;
+  });
+  if (!read.ok()) s.error = std::string(read.message());
+  return s;
+}
+
 inline v1::PromptInput IdsInput(const std::vector<int32_t>& ids,
                                 const std::vector<int32_t>& docs = {}) {
   v1::PromptInput in;

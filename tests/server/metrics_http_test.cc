@@ -1,37 +1,15 @@
 #include "server/metrics_http.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/server/server_test_util.h"
 
 namespace kvlens::server {
 namespace {
 
-// Sends `raw` to 127.0.0.1:port and returns everything the server wrote before closing.
-std::string Exchange(int port, const std::string& raw) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  timeval timeout{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    send(fd, raw.data(), raw.size(), MSG_NOSIGNAL);
-    char buf[4096];
-    for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
-  }
-  close(fd);
-  return out;
-}
+using testing::HttpExchange;
 
 std::unique_ptr<MetricsHttpServer> StartOrDie(const std::string& body) {
   auto s = MetricsHttpServer::Start("127.0.0.1", 0, [body] { return body; });
@@ -44,15 +22,16 @@ TEST(MetricsHttpServer, ServesMetricsWithLengthAndContentType) {
   ASSERT_NE(server, nullptr);
   ASSERT_GT(server->port(), 0);
   const std::string r =
-      Exchange(server->port(), "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n");
+      HttpExchange(server->port(), "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n");
   EXPECT_EQ(r.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << r;
   EXPECT_NE(r.find("Content-Type: text/plain; version=0.0.4"), std::string::npos) << r;
   EXPECT_NE(r.find("Content-Length: 12\r\n"), std::string::npos) << r;
   EXPECT_EQ(r.substr(r.size() - 12), "kvlens_up 1\n");
   // A query string is ignored; HEAD gets the headers only.
-  EXPECT_EQ(Exchange(server->port(), "GET /metrics?x=1 HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200", 0),
-            0u);
-  const std::string head = Exchange(server->port(), "HEAD /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(
+      HttpExchange(server->port(), "GET /metrics?x=1 HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200", 0),
+      0u);
+  const std::string head = HttpExchange(server->port(), "HEAD /metrics HTTP/1.1\r\n\r\n");
   EXPECT_EQ(head.rfind("HTTP/1.1 200", 0), 0u);
   EXPECT_EQ(head.find("kvlens_up"), std::string::npos);
 }
@@ -60,17 +39,19 @@ TEST(MetricsHttpServer, ServesMetricsWithLengthAndContentType) {
 TEST(MetricsHttpServer, BadRequestsGetClearStatuses) {
   auto server = StartOrDie("x\n");
   ASSERT_NE(server, nullptr);
-  EXPECT_EQ(Exchange(server->port(), "GET /nope HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 404", 0), 0u);
-  EXPECT_EQ(Exchange(server->port(), "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405", 0),
+  EXPECT_EQ(HttpExchange(server->port(), "GET /nope HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 404", 0),
             0u);
-  EXPECT_EQ(Exchange(server->port(), "garbage\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
-  EXPECT_EQ(Exchange(server->port(), "GET /metrics HTTP/1.1\r\nX: " + std::string(70000, 'a'))
+  EXPECT_EQ(HttpExchange(server->port(), "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405", 0),
+            0u);
+  EXPECT_EQ(HttpExchange(server->port(), "garbage\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
+  EXPECT_EQ(HttpExchange(server->port(), "GET /metrics HTTP/1.1\r\nX: " + std::string(70000, 'a'))
                 .rfind("HTTP/1.1 431", 0),
             0u);
   // A client that connects and says nothing does not wedge the server for others forever
   // (5 s timeout), and the server still answers afterwards.
-  EXPECT_EQ(Exchange(server->port(), "").size(), 0u);
-  EXPECT_EQ(Exchange(server->port(), "GET /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_EQ(HttpExchange(server->port(), "").size(), 0u);
+  EXPECT_EQ(HttpExchange(server->port(), "GET /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 200", 0),
+            0u);
 }
 
 TEST(MetricsHttpServer, ErrorsNameTheAddressAndStopIsPrompt) {

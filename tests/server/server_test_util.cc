@@ -97,10 +97,10 @@ v1::GenerateRequest GreedyRequest(const std::string& text, int max_new_tokens) {
   return request;
 }
 
-std::string ScrapeMetrics(int port) {
+std::string HttpExchange(int port, const std::string& raw) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return "";
-  timeval timeout{10, 0};  // a stuck exposer fails the test instead of hanging it
+  timeval timeout{10, 0};  // a stuck server fails the test instead of hanging it
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
   sockaddr_in addr{};
@@ -109,13 +109,17 @@ std::string ScrapeMetrics(int port) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string response;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string get = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (send(fd, get.data(), get.size(), 0) == static_cast<ssize_t>(get.size())) {
-      char buf[16384];
-      for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) response.append(buf, n);
-    }
+    send(fd, raw.data(), raw.size(), MSG_NOSIGNAL);
+    char buf[16384];
+    for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) response.append(buf, n);
   }
   close(fd);
+  return response;
+}
+
+std::string ScrapeMetrics(int port) {
+  const std::string response =
+      HttpExchange(port, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
   const size_t body = response.find("\r\n\r\n");
   return body == std::string::npos ? "" : response.substr(body + 4);
 }

@@ -84,6 +84,10 @@ StreamResult RunGenerate(v1::Generation::Stub& stub, const v1::GenerateRequest& 
 // A greedy request for `text` with max_new_tokens.
 v1::GenerateRequest GreedyRequest(const std::string& text, int max_new_tokens);
 
+// Sends `raw` to 127.0.0.1:port; everything the server wrote before closing ("" when the
+// connection fails). 10 s timeouts.
+std::string HttpExchange(int port, const std::string& raw);
+
 // GET /metrics from 127.0.0.1:port with a plain socket ("" on failure).
 std::string ScrapeMetrics(int port);
 // The value of the sample whose name (with labels, as exposed) is `series`; -1 if absent.
