@@ -223,8 +223,9 @@ absl::Status LoadGpt2Weights(const TensorSet& ts, const ModelConfig& c, Weights&
   }
   KVLENS_ASSIGN_OR_RETURN(w.final_norm, ts.Get(t + "ln_f.weight", {D}));
   KVLENS_ASSIGN_OR_RETURN(w.final_norm_bias, ts.Get(t + "ln_f.bias", {D}));
+  // Tied unless config.json says otherwise; an untied head must be in the files.
   w.output = w.token_embedding;
-  if (ts.Find("lm_head.weight") != nullptr) {
+  if (!c.tied_embeddings || ts.Find("lm_head.weight") != nullptr) {
     KVLENS_ASSIGN_OR_RETURN(w.output, ts.Get("lm_head.weight", {V, D}));
   }
   return absl::OkStatus();

@@ -386,6 +386,20 @@ TEST(HfModelTest, Gpt2UntiedOutputHead) {
              "lm_head");
 }
 
+// tie_word_embeddings false promises an lm_head.weight: its absence is an error naming it
+// (not a silent fall-back to the token embedding).
+TEST(HfModelTest, Gpt2UntiedWithoutHeadIsAnError) {
+  const std::string dir = FreshDir("gpt2_untied_no_head");
+  json cfg = Gpt2Config(1);
+  cfg["tie_word_embeddings"] = false;
+  WriteText(dir + "/config.json", cfg.dump());
+  WriteSafetensors(dir + "/model.safetensors", Gpt2Tensors(1));
+  auto m = LoadHfModel(dir);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(m.status().message().find("lm_head.weight"), std::string::npos) << m.status();
+}
+
 // Shards: every tensor of layer 0 in the second file, the rest in the first.
 struct Sharded {
   std::string dir;
