@@ -45,7 +45,10 @@ absl::StatusOr<SequenceSpec> ToSequence(const v1::PromptInput& input, const Mode
       if (model.tokenizer == nullptr) {
         return absl::FailedPreconditionError("the model has no tokenizer; send token_ids");
       }
-      seq.tokens = model.tokenizer->Encode(input.text(), !input.has_add_bos() || input.add_bos());
+      const bool add_bos = !input.has_add_bos() || input.add_bos();
+      seq.tokens = !input.has_parse_special() || input.parse_special()
+                       ? model.tokenizer->EncodeWithSpecialTokens(input.text(), add_bos)
+                       : model.tokenizer->Encode(input.text(), add_bos);
       break;
     }
     case v1::PromptInput::kTokenIds:

@@ -45,6 +45,10 @@ const std::vector<FlagSpec>& Specs() {
       {"prefill-chunk", "512", "prompt tokens per prefill step"},
       {"block-size", "16", "KV-cache block size in tokens"},
       {"no-bos", "", "do not prepend the BOS token", true},
+      {"no-parse-special", "",
+       "encode special-token spellings in the prompt (\"<|endoftext|>\", \"<s>\") as plain "
+       "text; by default they become those tokens, as in Hugging Face and llama.cpp",
+       true},
       {"ignore-eos", "", "keep generating past the EOS token", true},
       {"stats", "", "print timing and tokens/s to stderr", true},
   };
@@ -160,7 +164,10 @@ int GenerateCommand(int argc, char** argv) {
   }
   const Tokenizer& tok = *(*model)->tokenizer;
   const std::string prompt_text = args->Str("prompt");
-  std::vector<int32_t> prompt = tok.Encode(prompt_text, !args->Switch("no-bos"));
+  std::vector<int32_t> prompt =
+      args->Switch("no-parse-special")
+          ? tok.Encode(prompt_text, !args->Switch("no-bos"))
+          : tok.EncodeWithSpecialTokens(prompt_text, !args->Switch("no-bos"));
   if (prompt.empty()) {
     return fail(absl::InvalidArgumentError("the prompt is empty and the model has no BOS token"),
                 2);

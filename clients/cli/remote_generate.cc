@@ -51,6 +51,7 @@ int RemoteGenerate(const Args& args) {
   v1::GenerateRequest request;
   request.set_text(args.Str("prompt"));
   request.set_add_bos(!args.Switch("no-bos"));
+  request.set_parse_special(!args.Switch("no-parse-special"));
   v1::SamplingParams* sampling = request.mutable_sampling();
   sampling->set_temperature(*temperature);
   sampling->set_top_k(static_cast<int32_t>(*top_k));

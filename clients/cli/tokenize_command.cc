@@ -10,10 +10,16 @@ namespace kvlens::cli {
 
 int TokenizeCommand(int argc, char** argv) {
   const std::vector<FlagSpec> specs = {
-      {"model", "", "model file: GGUF (a vocabulary-only GGUF is enough) or llama2.c .bin"},
+      {"model", "",
+       "a GGUF (a vocabulary-only GGUF is enough), a llama2.c .bin or a Hugging Face "
+       "directory"},
       {"tokenizer", "", "llama2.c tokenizer .bin (default: found beside a .bin model)"},
       {"text", "", "the text to tokenize"},
       {"bos", "", "prepend the BOS token", true},
+      {"no-parse-special", "",
+       "encode special-token spellings (\"<|endoftext|>\", \"<s>\") as plain text; by default "
+       "they become those tokens",
+       true},
   };
   auto args = Args::Parse(argc, argv, 2, specs);
   if (!args.ok()) {
@@ -33,7 +39,10 @@ int TokenizeCommand(int argc, char** argv) {
     std::cerr << "kvlens-cli tokenize: " << tok.status().message() << "\n";
     return 1;
   }
-  const std::vector<int32_t> ids = (*tok)->Encode(args->Str("text"), args->Switch("bos"));
+  const std::vector<int32_t> ids =
+      args->Switch("no-parse-special")
+          ? (*tok)->Encode(args->Str("text"), args->Switch("bos"))
+          : (*tok)->EncodeWithSpecialTokens(args->Str("text"), args->Switch("bos"));
   std::cout << absl::StrJoin(ids, " ") << "\n";
   return 0;
 }

@@ -1,8 +1,58 @@
 #include "engine/tokenizer/tokenizer.h"
 
+#include <algorithm>
+
 #include "engine/tokenizer/unicode.h"
 
 namespace kvlens {
+
+const std::vector<std::pair<std::string, int32_t>>& Tokenizer::SpecialPieces() const {
+  std::call_once(specials_once_, [this] {
+    for (int32_t id = 0; id < vocab_size(); ++id) {
+      const TokenType t = token_type(id);
+      const std::string_view piece = Piece(id);
+      if ((t == TokenType::kControl || t == TokenType::kUserDefined) && !piece.empty()) {
+        specials_.emplace_back(std::string(piece), id);
+      }
+    }
+    // Longest first, so that at one position the longest spelling wins.
+    std::stable_sort(specials_.begin(), specials_.end(),
+                     [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  });
+  return specials_;
+}
+
+std::vector<int32_t> Tokenizer::EncodeWithSpecialTokens(std::string_view text, bool add_bos) const {
+  const auto& specials = SpecialPieces();
+  std::vector<int32_t> out;
+  if (add_bos && bos_id() >= 0) out.push_back(bos_id());
+  size_t fragment = 0;  // start of the text not yet encoded
+  auto flush = [&](size_t end) {
+    if (end > fragment) {
+      const std::vector<int32_t> ids = Encode(text.substr(fragment, end - fragment), false);
+      out.insert(out.end(), ids.begin(), ids.end());
+    }
+  };
+  for (size_t i = 0; i < text.size();) {
+    const std::pair<std::string, int32_t>* hit = nullptr;
+    for (const auto& sp : specials) {
+      if (text.compare(i, sp.first.size(), sp.first) == 0) {
+        hit = &sp;
+        break;
+      }
+    }
+    if (hit == nullptr) {
+      ++i;
+      continue;
+    }
+    flush(i);
+    out.push_back(hit->second);
+    i += hit->first.size();
+    fragment = i;
+  }
+  flush(text.size());
+  return out;
+}
 
 std::string Tokenizer::Decode(absl::Span<const int32_t> ids) const {
   std::string out;

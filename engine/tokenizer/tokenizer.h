@@ -4,8 +4,10 @@
 #define KVLENS_ENGINE_TOKENIZER_TOKENIZER_H_
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -34,6 +36,13 @@ class Tokenizer {
   // before it or -1: SPM drops the leading space of the first piece of a sequence (prev -1
   // or BOS), which is the dummy prefix Encode added, as sentencepiece and llama2.c do.
   virtual std::string TokenBytes(int32_t id, int32_t prev) const = 0;
+  // Like Encode, but where the text spells a control or user-defined token of the
+  // vocabulary ("<|endoftext|>", "<s>", …) that token is emitted, as Hugging Face
+  // tokenizers and llama.cpp's parse_special do (longest match first, scanning left to
+  // right). The text between such tokens is encoded with Encode (no BOS), so an SPM
+  // fragment after a special token gets its dummy-prefix space, as in llama.cpp.
+  std::vector<int32_t> EncodeWithSpecialTokens(std::string_view text, bool add_bos) const;
+
   // All tokens' bytes concatenated (may end in an incomplete UTF-8 sequence only if the
   // ids themselves do).
   std::string Decode(absl::Span<const int32_t> ids) const;
@@ -46,6 +55,12 @@ class Tokenizer {
   virtual std::string_view Piece(int32_t id) const = 0;
   // kNormal unless the implementation knows better (ours all do); kUnused out of range.
   virtual TokenType token_type(int32_t /*id*/) const { return TokenType::kNormal; }
+
+ private:
+  // (spelling, id) of every control and user-defined token, built on first use.
+  const std::vector<std::pair<std::string, int32_t>>& SpecialPieces() const;
+  mutable std::once_flag specials_once_;
+  mutable std::vector<std::pair<std::string, int32_t>> specials_;
 };
 
 // Turns a stream of token ids into UTF-8 text without ever emitting a broken character:

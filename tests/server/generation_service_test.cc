@@ -152,6 +152,33 @@ TEST(GenerationServiceTest, GenerationConfigRepetitionPenaltyIsTheDefault) {
   EXPECT_NE(unset, off);  // the penalty changes this greedy text, so the check has teeth
 }
 
+TEST(GenerationServiceTest, SpecialTokenSpellingsAreTokensUnlessTurnedOff) {
+  KVLENS_REQUIRE_FILE(DefaultModelPath());
+  TestServer server(DefaultModelPath(), TestServer::DefaultOptions());
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto tokenize = [&](bool parse_special) {
+    v1::TokenizeRequest r;
+    r.set_text("And God said<|endoftext|>And God said");
+    r.set_add_bos(false);
+    if (!parse_special) r.set_parse_special(false);
+    v1::TokenizeResponse out;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    EXPECT_TRUE(server.stub().Tokenize(&context, r, &out).ok());
+    return std::vector<int32_t>(out.token_ids().begin(), out.token_ids().end());
+  };
+  // "And God said" = [295, 386, 387] and <|endoftext|> = 4095 (models/README.md).
+  EXPECT_EQ(tokenize(true), (std::vector<int32_t>{295, 386, 387, 4095, 295, 386, 387}));
+  const std::vector<int32_t> plain = tokenize(false);
+  EXPECT_GT(plain.size(), 7u);
+  for (int32_t id : plain) EXPECT_NE(id, 4095);
+  // Generate's text prompt is tokenized the same way: the usage counts the 7 tokens + BOS.
+  v1::GenerateRequest g = GreedyRequest("And God said<|endoftext|>And God said", 1);
+  const StreamResult s = RunGenerate(server.stub(), g);
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  EXPECT_EQ(s.final.usage().prompt_tokens(), 8);
+}
+
 TEST(GenerationServiceTest, TokenizeDetokenizeRoundTrip) {
   START_SERVER(server);
   const std::string text = "Once upon a time, there was a little girl named Lily.";
