@@ -66,11 +66,7 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
     return FinishUnary(context, "Tokenize",
                        absl::FailedPreconditionError("the model has no tokenizer"));
   }
-  const bool add_bos = !request->has_add_bos() || request->add_bos();
-  const std::vector<int32_t> ids = !request->has_parse_special() || request->parse_special()
-                                       ? tok->EncodeWithSpecialTokens(request->text(), add_bos)
-                                       : tok->Encode(request->text(), add_bos);
-  for (int32_t id : ids) {
+  for (int32_t id : EncodeText(*tok, *request)) {
     response->add_token_ids(id);
     response->add_pieces(std::string(tok->Piece(id)));
   }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/dtype.h"
+#include "server/request_convert.h"
 
 namespace kvlens::server {
 namespace {
@@ -45,10 +46,7 @@ absl::StatusOr<SequenceSpec> ToSequence(const v1::PromptInput& input, const Mode
       if (model.tokenizer == nullptr) {
         return absl::FailedPreconditionError("the model has no tokenizer; send token_ids");
       }
-      const bool add_bos = !input.has_add_bos() || input.add_bos();
-      seq.tokens = !input.has_parse_special() || input.parse_special()
-                       ? model.tokenizer->EncodeWithSpecialTokens(input.text(), add_bos)
-                       : model.tokenizer->Encode(input.text(), add_bos);
+      seq.tokens = EncodeText(*model.tokenizer, input);
       break;
     }
     case v1::PromptInput::kTokenIds:

@@ -88,10 +88,7 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
       if (model.tokenizer == nullptr) {
         return absl::FailedPreconditionError("text: the model has no tokenizer; send token_ids");
       }
-      const bool add_bos = !request.has_add_bos() || request.add_bos();
-      out.prompt = !request.has_parse_special() || request.parse_special()
-                       ? model.tokenizer->EncodeWithSpecialTokens(request.text(), add_bos)
-                       : model.tokenizer->Encode(request.text(), add_bos);
+      out.prompt = EncodeText(*model.tokenizer, request);
       if (out.prompt.empty()) {
         return absl::InvalidArgumentError("text: the prompt is empty (and add_bos is off)");
       }
