@@ -6,24 +6,22 @@
 
 namespace kvlens {
 
-const std::vector<std::pair<std::string, int32_t>>& Tokenizer::SpecialPieces() const {
-  std::call_once(specials_once_, [this] {
-    for (int32_t id = 0; id < vocab_size(); ++id) {
-      const TokenType t = token_type(id);
-      const std::string_view piece = Piece(id);
-      if ((t == TokenType::kControl || t == TokenType::kUserDefined) && !piece.empty()) {
-        specials_.emplace_back(std::string(piece), id);
-      }
+void Tokenizer::BuildSpecials() const {
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    const TokenType t = token_type(id);
+    const std::string_view piece = Piece(id);
+    if ((t == TokenType::kControl || t == TokenType::kUserDefined) && !piece.empty()) {
+      specials_.emplace_back(std::string(piece), id);
+      special_first_byte_[static_cast<uint8_t>(piece[0])] = true;
     }
-    // Longest first, so that at one position the longest spelling wins.
-    std::stable_sort(specials_.begin(), specials_.end(),
-                     [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-  });
-  return specials_;
+  }
+  // Longest first, so that at one position the longest spelling wins.
+  std::stable_sort(specials_.begin(), specials_.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
 }
 
 std::vector<int32_t> Tokenizer::EncodeWithSpecialTokens(std::string_view text, bool add_bos) const {
-  const auto& specials = SpecialPieces();
+  std::call_once(specials_once_, [this] { BuildSpecials(); });
   std::vector<int32_t> out;
   if (add_bos && bos_id() >= 0) out.push_back(bos_id());
   size_t fragment = 0;  // start of the text not yet encoded
@@ -35,10 +33,12 @@ std::vector<int32_t> Tokenizer::EncodeWithSpecialTokens(std::string_view text, b
   };
   for (size_t i = 0; i < text.size();) {
     const std::pair<std::string, int32_t>* hit = nullptr;
-    for (const auto& sp : specials) {
-      if (text.compare(i, sp.first.size(), sp.first) == 0) {
-        hit = &sp;
-        break;
+    if (special_first_byte_[static_cast<uint8_t>(text[i])]) {
+      for (const auto& sp : specials_) {
+        if (text.compare(i, sp.first.size(), sp.first) == 0) {
+          hit = &sp;
+          break;
+        }
       }
     }
     if (hit == nullptr) {

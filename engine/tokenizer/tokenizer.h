@@ -3,6 +3,7 @@
 #ifndef KVLENS_ENGINE_TOKENIZER_TOKENIZER_H_
 #define KVLENS_ENGINE_TOKENIZER_TOKENIZER_H_
 
+#include <array>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -57,10 +58,12 @@ class Tokenizer {
   virtual TokenType token_type(int32_t /*id*/) const { return TokenType::kNormal; }
 
  private:
-  // (spelling, id) of every control and user-defined token, built on first use.
-  const std::vector<std::pair<std::string, int32_t>>& SpecialPieces() const;
+  // (spelling, id) of every control and user-defined token, longest first, and which
+  // bytes start one; built on first use.
+  void BuildSpecials() const;
   mutable std::once_flag specials_once_;
   mutable std::vector<std::pair<std::string, int32_t>> specials_;
+  mutable std::array<bool, 256> special_first_byte_{};
 };
 
 // Turns a stream of token ids into UTF-8 text without ever emitting a broken character:
