@@ -14,20 +14,17 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/engine/fake_device_backend.h"
+#include "tests/engine/stories_model_test.h"
 #include "tests/test_paths.h"
 
 namespace kvlens {
 namespace {
 
-const std::string kModel = testing::TestData("stories260K/stories260K.bin");
-
-class DeviceMemoryPathTest : public ::testing::Test {
+class DeviceMemoryPathTest : public testing::StoriesModelTest {
  protected:
   void SetUp() override {
-    KVLENS_REQUIRE_FILE(kModel);
-    auto m = LoadModel({kModel, ""});
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = *std::move(m);
+    StoriesModelTest::SetUp();
+    if (NoModel()) return;
     prompt_ = model_->tokenizer->Encode("Once upon a time", true);
   }
 
@@ -81,7 +78,6 @@ class DeviceMemoryPathTest : public ::testing::Test {
     return run;
   }
 
-  std::unique_ptr<Model> model_;
   std::vector<int32_t> prompt_;
 };
 

@@ -12,12 +12,11 @@
 #include "engine/model/model.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/engine/stories_model_test.h"
 #include "tests/test_paths.h"
 
 namespace kvlens {
 namespace {
-
-const std::string kModel = testing::TestData("stories260K/stories260K.bin");
 
 struct Outcome {
   std::vector<int32_t> tokens;
@@ -61,14 +60,8 @@ Outcome RunOne(Engine& engine, GenerationRequest req) {
   return s.ok() ? f.get() : Outcome{};
 }
 
-class EngineTest : public ::testing::Test {
+class EngineTest : public testing::StoriesModelTest {
  protected:
-  void SetUp() override {
-    KVLENS_REQUIRE_FILE(kModel);
-    auto m = LoadModel({kModel, ""});
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = *std::move(m);
-  }
   GenerationRequest Greedy(const std::string& text, int max_new) const {
     GenerationRequest r;
     r.prompt = model_->tokenizer->Encode(text, true);
@@ -84,7 +77,6 @@ class EngineTest : public ::testing::Test {
     EXPECT_TRUE(r.ok());
     return r->tokens;
   }
-  std::unique_ptr<Model> model_;
   kernels::CpuBackend backend_{2};
 };
 

@@ -22,41 +22,11 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "tests/engine/model/safetensors_test_writer.h"
 
 namespace kvlens::testing {
-
-struct SeedTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> values;
-};
-
-// safetensors: u64 header length, JSON header, F32 little-endian data.
-inline void WriteSeedSafetensors(const std::string& path, const std::vector<SeedTensor>& ts) {
-  std::string header = "{";
-  uint64_t offset = 0;
-  for (const SeedTensor& t : ts) {
-    const uint64_t n = t.values.size() * sizeof(float);
-    absl::StrAppend(&header, header.size() > 1 ? "," : "", "\"", t.name,
-                    "\":{\"dtype\":\"F32\",\"shape\":[", absl::StrJoin(t.shape, ","),
-                    "],\"data_offsets\":[", offset, ",", offset + n, "]}");
-    offset += n;
-  }
-  header += "}";
-  std::ofstream out(path, std::ios::binary);
-  const uint64_t len = header.size();
-  out.write(reinterpret_cast<const char*>(&len), 8);
-  out << header;
-  for (const SeedTensor& t : ts) {
-    out.write(reinterpret_cast<const char*>(t.values.data()),
-              static_cast<std::streamsize>(t.values.size() * sizeof(float)));
-  }
-}
 
 inline constexpr double kSeedM = 1e4;
 
@@ -91,23 +61,25 @@ inline std::string WriteSeedModel(const std::string& dir, bool identical_keys) {
   std::vector<float> identity(D * D, 0.0f);
   for (int i = 0; i < D; ++i) identity[i * D + i] = 1.0f;
   const std::vector<float> ones(D, 1.0f), zeros(D, 0.0f), zeros_dd(D * D, 0.0f);
-  WriteSeedSafetensors(dir + "/model.safetensors",
-                       {{"transformer.wte.weight", {V, D}, wte},
-                        {"transformer.wpe.weight", {P, D}, std::vector<float>(P * D, 0.0f)},
-                        {"transformer.h.0.ln_1.weight", {D}, ones},
-                        {"transformer.h.0.ln_1.bias", {D}, zeros},
-                        {"transformer.h.0.attn.c_attn.weight", {D, 3 * D}, c_attn},
-                        {"transformer.h.0.attn.c_attn.bias", {3 * D}, std::vector<float>(3 * D)},
-                        {"transformer.h.0.attn.c_proj.weight", {D, D}, identity},
-                        {"transformer.h.0.attn.c_proj.bias", {D}, zeros},
-                        {"transformer.h.0.ln_2.weight", {D}, ones},
-                        {"transformer.h.0.ln_2.bias", {D}, zeros},
-                        {"transformer.h.0.mlp.c_fc.weight", {D, D}, zeros_dd},
-                        {"transformer.h.0.mlp.c_fc.bias", {D}, zeros},
-                        {"transformer.h.0.mlp.c_proj.weight", {D, D}, zeros_dd},
-                        {"transformer.h.0.mlp.c_proj.bias", {D}, zeros},
-                        {"transformer.ln_f.weight", {D}, ones},
-                        {"transformer.ln_f.bias", {D}, zeros}});
+  SafetensorsWriter w;
+  w.AddF32("transformer.wte.weight", {V, D}, wte);
+  w.AddF32("transformer.wpe.weight", {P, D}, std::vector<float>(P * D, 0.0f));
+  w.AddF32("transformer.h.0.ln_1.weight", {D}, ones);
+  w.AddF32("transformer.h.0.ln_1.bias", {D}, zeros);
+  w.AddF32("transformer.h.0.attn.c_attn.weight", {D, 3 * D}, c_attn);
+  w.AddF32("transformer.h.0.attn.c_attn.bias", {3 * D}, std::vector<float>(3 * D));
+  w.AddF32("transformer.h.0.attn.c_proj.weight", {D, D}, identity);
+  w.AddF32("transformer.h.0.attn.c_proj.bias", {D}, zeros);
+  w.AddF32("transformer.h.0.ln_2.weight", {D}, ones);
+  w.AddF32("transformer.h.0.ln_2.bias", {D}, zeros);
+  w.AddF32("transformer.h.0.mlp.c_fc.weight", {D, D}, zeros_dd);
+  w.AddF32("transformer.h.0.mlp.c_fc.bias", {D}, zeros);
+  w.AddF32("transformer.h.0.mlp.c_proj.weight", {D, D}, zeros_dd);
+  w.AddF32("transformer.h.0.mlp.c_proj.bias", {D}, zeros);
+  w.AddF32("transformer.ln_f.weight", {D}, ones);
+  w.AddF32("transformer.ln_f.bias", {D}, zeros);
+  const std::string bytes = w.Bytes();
+  std::ofstream(dir + "/model.safetensors", std::ios::binary).write(bytes.data(), bytes.size());
   std::ofstream(dir + "/config.json")
       << R"({"model_type": "gpt2", "n_embd": 4, "n_layer": 1, "n_head": 2, "n_positions": 8,
   "n_inner": 4, "vocab_size": 4, "layer_norm_epsilon": 1e-12,

@@ -12,12 +12,11 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
+#include "tests/engine/stories_model_test.h"
 #include "tests/test_paths.h"
 
 namespace kvlens::interpret {
 namespace {
-
-const std::string kBin = testing::TestData("stories260K/stories260K.bin");
 
 std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
   std::mt19937 rng(seed);
@@ -26,13 +25,11 @@ std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
   return t;
 }
 
-class InterventionsTest : public ::testing::Test {
+class InterventionsTest : public testing::StoriesModelTest {
  protected:
   void SetUp() override {
-    KVLENS_REQUIRE_FILE(kBin);
-    auto m = LoadModel({kBin, ""});
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = *std::move(m);
+    StoriesModelTest::SetUp();
+    if (NoModel()) return;
     input_.tokens = Tokens(14, 9, model_->config.vocab_size);
   }
   Tape<double> Run(const Edits& e = {}) {
@@ -41,7 +38,6 @@ class InterventionsTest : public ::testing::Test {
     return *std::move(t);
   }
   kernels::ReferenceBackend be_;
-  std::unique_ptr<Model> model_;
   SequenceInput<double> input_;
 };
 

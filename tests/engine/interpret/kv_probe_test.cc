@@ -12,12 +12,11 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
+#include "tests/engine/stories_model_test.h"
 #include "tests/test_paths.h"
 
 namespace kvlens::interpret {
 namespace {
-
-const std::string kBin = testing::TestData("stories260K/stories260K.bin");
 
 std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
   std::mt19937 rng(seed);
@@ -38,13 +37,11 @@ double MaxDiff(const std::vector<T>& a, const std::vector<T>& b, double* scale =
   return m;
 }
 
-class KvProbeTest : public ::testing::Test {
+class KvProbeTest : public testing::StoriesModelTest {
  protected:
   void SetUp() override {
-    KVLENS_REQUIRE_FILE(kBin);
-    auto m = LoadModel({kBin, ""});
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = *std::move(m);
+    StoriesModelTest::SetUp();
+    if (NoModel()) return;
     tokens_ = Tokens(kP + kN, 3, model_->config.vocab_size);
   }
 
@@ -67,7 +64,6 @@ class KvProbeTest : public ::testing::Test {
   static constexpr int kP = 13, kN = 3;
   static constexpr int32_t kTarget = 77;
   std::vector<int32_t> table_ = {7, 2, 10, 5};
-  std::unique_ptr<Model> model_;
   std::vector<int32_t> tokens_;
 };
 

@@ -15,14 +15,13 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
 #include "tests/engine/interpret/tiny_model.h"
+#include "tests/engine/stories_model_test.h"
 #include "tests/test_paths.h"
 
 namespace kvlens::interpret {
 namespace {
 
 using testing::TestData;
-
-const std::string kBin = TestData("stories260K/stories260K.bin");
 
 std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
   std::mt19937 rng(seed);
@@ -91,15 +90,8 @@ void ExpectFdAgrees(const Model& m, const SequenceInput<double>& in, const Objec
               r->max_rel_err, total);
 }
 
-class StoriesTape : public ::testing::Test {
+class StoriesTape : public testing::StoriesModelTest {
  protected:
-  void SetUp() override {
-    KVLENS_REQUIRE_FILE(kBin);
-    auto m = LoadModel({kBin, ""});
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = *std::move(m);
-  }
-  std::unique_ptr<Model> model_;
 };
 
 TEST_F(StoriesTape, LogitsEqualTransformerForward) {

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
+#include "tests/engine/stories_model_test.h"
 #include "tests/test_paths.h"
 
 namespace kvlens {
@@ -20,7 +21,6 @@ namespace {
 
 using testing::TestData;
 
-const std::string kBin = TestData("stories260K/stories260K.bin");
 const std::string kGguf = TestData("stories260K/stories260K.gguf");
 
 // max |a − b| / max |b|: error relative to the scale of the reference values.
@@ -91,15 +91,8 @@ std::vector<T> IncrementalLogits(const Model& m, kernels::Backend<T>& be,
   return all;
 }
 
-class TransformerTest : public ::testing::Test {
+class TransformerTest : public testing::StoriesModelTest {
  protected:
-  void SetUp() override {
-    KVLENS_REQUIRE_FILE(kBin);
-    auto m = LoadModel({kBin, ""});
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = *std::move(m);
-  }
-  std::unique_ptr<Model> model_;
 };
 
 TEST_F(TransformerTest, IncrementalEqualsFullRecomputationDouble) {
