@@ -33,16 +33,25 @@ struct OracleModel {
 const OracleModel kOracleModels[] = {{"stories260K", Stories260KPath},
                                      {"kjv_gpt2_4l", DefaultModelPath}};
 
-class InterpretOracle : public ::testing::TestWithParam<OracleModel> {};
+// Skips without the model or the oracle; else serves the model.
+class InterpretOracle : public ::testing::TestWithParam<OracleModel> {
+ protected:
+  void SetUp() override {
+    model_ = GetParam().path();
+    KVLENS_REQUIRE_FILE(model_);
+    if (!OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+    server_ = std::make_unique<TestServer>(model_, TestServer::DefaultOptions());
+    ASSERT_TRUE(server_->ok()) << server_->error();
+  }
+  std::string model_;
+  std::unique_ptr<TestServer> server_;
+};
 INSTANTIATE_TEST_SUITE_P(Models, InterpretOracle, ::testing::ValuesIn(kOracleModels),
                          [](const auto& p) { return std::string(p.param.name); });
 
 TEST_P(InterpretOracle, AttentionMapsMatchOracle) {
-  const std::string model = GetParam().path();
-  KVLENS_REQUIRE_FILE(model);
-  if (!OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
-  TestServer server(model, TestServer::DefaultOptions());
-  ASSERT_TRUE(server.ok()) << server.error();
+  const std::string& model = model_;
+  TestServer& server = *server_;
   auto stub = InterpretStub(server);
   const ModelConfig& c = server.model().config;
   const std::vector<int32_t> tokens = RandomTokens(17, 5);
@@ -163,11 +172,8 @@ std::vector<double> OracleHead(const OracleArray& a, int h) {
 }
 
 TEST_P(InterpretOracle, GradientsMatchOracle) {
-  const std::string model = GetParam().path();
-  KVLENS_REQUIRE_FILE(model);
-  if (!OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
-  TestServer server(model, TestServer::DefaultOptions());
-  ASSERT_TRUE(server.ok()) << server.error();
+  const std::string& model = model_;
+  TestServer& server = *server_;
   auto stub = InterpretStub(server);
   const ModelConfig& c = server.model().config;
   const std::vector<int32_t> tokens = RandomTokens(17, 31);
