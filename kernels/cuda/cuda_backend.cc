@@ -142,6 +142,11 @@ absl::Status CudaBackend::AdoptWeight(const void* key, void* data, DType dtype, 
   return absl::OkStatus();
 }
 
+void CudaBackend::ForgetWeights() {
+  weights_.clear();  // cudaFree waits for the device: enqueued readers finish first
+  weight_bytes_ = 0;
+}
+
 absl::StatusOr<const DeviceWeight*> CudaBackend::Upload(const WeightView& w) {
   if (auto it = weights_.find(w.data); it != weights_.end()) {
     const DeviceWeight& dw = it->second;

@@ -77,6 +77,11 @@ class CudaBackend final : public Backend<float> {
   // WeightView{key, dtype, rows, cols} had been uploaded: for loaders that upload
   // themselves and for benchmarks. Takes ownership of `data` (a cudaMalloc allocation).
   absl::Status AdoptWeight(const void* key, void* data, DType dtype, int64_t rows, int64_t cols);
+  // Uploads are cached by host address, so a weight's host memory must stay alive and
+  // unchanged while this backend may use it. Whoever frees weights (and may allocate new
+  // ones at the same addresses) first drops the cache: every uploaded or adopted weight's
+  // device memory is freed once the work already enqueued is done.
+  void ForgetWeights();
 
   void MatMul(const float* x, int n, const WeightView& w, const WeightView& bias,
               float* y) override;

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,8 +58,10 @@ TEST_F(CudaBackendTest, RejectsAMissingDevice) {
 
 TEST_F(CudaBackendTest, ParityTableWithinTwiceTheNaiveLowPrecisionError) {
   const std::vector<parity::ParityResult> results = parity::RunParitySuite(*backend_);
-  ASSERT_GT(results.size(), 40u);
+  EXPECT_EQ(results.size(), 39u);  // one per case; maps cases add probs (and scores)
   for (const parity::ParityResult& r : results) {
+    std::cerr << "[ parity   ] " << r.name << ": error " << r.err << ", tolerance " << r.tol
+              << "\n";
     EXPECT_TRUE(r.status.ok()) << r.name << ": " << r.status;
     EXPECT_LE(r.err, r.tol) << r.name << ": error " << r.err << ", naive error " << r.naive_err;
   }
