@@ -24,6 +24,9 @@
 #include "gtest/gtest.h"
 #include "kernels/backend_factory.h"
 #include "kernels/cpu/cpu_backend.h"
+#ifdef KVLENS_CUDA_EMULATOR
+#include "kernels/cuda/cuda_backend.h"
+#endif
 #include "tests/test_paths.h"
 
 namespace kvlens {
@@ -36,8 +39,24 @@ constexpr char kReferenceText[] =
     "park.";
 
 // The CUDA backend, or a skip with the reason (no CUDA in this build, no usable GPU).
+// Built into cuda_emu_tests (tests/kernels/cuda/emu), the backend is the emulated one.
+#ifdef KVLENS_CUDA_EMULATOR
+absl::StatusOr<kernels::CreatedBackend> CreateCudaBackend() {
+  auto b = kernels::cuda::CudaBackend::Create(0);
+  if (!b.ok()) return b.status();
+  kernels::CreatedBackend created;
+  created.description = "cuda:0 (" + (*b)->device_name() + ")";
+  created.backend = *std::move(b);
+  return created;
+}
+#else
+absl::StatusOr<kernels::CreatedBackend> CreateCudaBackend() {
+  return kernels::CreateBackend({kernels::DeviceSpec::Kind::kCuda, 0}, 1);
+}
+#endif
+
 #define KVLENS_REQUIRE_CUDA(var)                                                          \
-  auto var##_or = kernels::CreateBackend({kernels::DeviceSpec::Kind::kCuda, 0}, 1);       \
+  auto var##_or = CreateCudaBackend();                                                    \
   if (!var##_or.ok()) GTEST_SKIP() << "no CUDA backend: " << var##_or.status().message(); \
   kernels::Backend<float>& var = *var##_or->backend;                                      \
   std::cerr << "[ CUDA     ] " << var##_or->description << "\n"

@@ -1,0 +1,153 @@
+// kvlens CUDA emulator, device side: force-included (g++ -include) into kernels/cuda/*.cu
+// after translate_cu.sh has rewritten their two non-C++ constructs (kernel<<<…>>>(…)
+// launches and `extern __shared__` arrays). Each CUDA thread of a block runs as a fiber on
+// the launching host thread; __syncthreads and warp collectives are real barriers between
+// those fibers, so a divergent barrier deadlocks here as on a GPU, and is reported.
+// `__shared__` variables become function statics: shared by the threads of a block (blocks
+// run one after another). Dynamic shared memory is refilled with 0xFF (NaN) per block.
+#ifndef KVLENS_TESTS_KERNELS_CUDA_EMU_EMU_DEVICE_H_
+#define KVLENS_TESTS_KERNELS_CUDA_EMU_EMU_DEVICE_H_
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+
+namespace kvlens_emu {
+
+struct ThreadContext {
+  uint3 thread_idx, block_idx;
+  dim3 block_dim, grid_dim;
+};
+
+// The emulated thread running on this host thread.
+const ThreadContext& Ctx();
+void SyncThreads();
+void SyncWarp();
+// Warp collective: every lane passes its value's bits and gets lane src_lane's.
+uint64_t WarpExchange(uint64_t bits, int src_lane);
+int LaneId();
+void* DynamicShared();
+// 768 floats per warp for the WMMA emulation (mma.h).
+float* WarpScratch();
+
+struct LaunchConfig {
+  const void* func;
+  const char* name;
+  dim3 grid, block;
+  size_t shared_bytes;
+  cudaStream_t stream;
+};
+
+// Runs body once per thread of every block (sets the last error on a bad configuration,
+// a pointer argument outside device memory, or a barrier deadlock).
+void RunGrid(const LaunchConfig& config, const std::function<void()>& body);
+// Records cudaErrorIllegalAddress (and says why) unless p is null or in device memory.
+bool CheckPointerArgument(const LaunchConfig& config, int index, const void* p);
+
+template <typename... P>
+class Launcher {
+ public:
+  Launcher(void (*func)(P...), LaunchConfig config) : func_(func), config_(config) {}
+
+  template <typename... A>
+  void operator()(A&&... args) const {
+    std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+    if (!CheckPointers(params, std::index_sequence_for<P...>())) return;
+    RunGrid(config_, [&] { std::apply(func_, params); });
+  }
+
+ private:
+  template <typename Tuple, size_t... I>
+  bool CheckPointers(const Tuple& t, std::index_sequence<I...>) const {
+    bool ok = true;
+    (
+        [&] {
+          if constexpr (std::is_pointer_v<std::tuple_element_t<I, Tuple>>) {
+            if (ok) {
+              ok = CheckPointerArgument(config_, static_cast<int>(I),
+                                        reinterpret_cast<const void*>(std::get<I>(t)));
+            }
+          }
+        }(),
+        ...);
+    return ok;
+  }
+
+  void (*func_)(P...);
+  LaunchConfig config_;
+};
+
+template <typename... P>
+Launcher<P...> Launch(void (*func)(P...), const char* name, dim3 grid, dim3 block,
+                      size_t shared_bytes = 0, cudaStream_t stream = nullptr) {
+  return Launcher<P...>(
+      func, {reinterpret_cast<const void*>(func), name, grid, block, shared_bytes, stream});
+}
+
+template <typename T>
+T Exchange(T v, int src_lane) {
+  static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>);
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  bits = WarpExchange(bits, src_lane);
+  std::memcpy(&v, &bits, sizeof(T));
+  return v;
+}
+
+}  // namespace kvlens_emu
+
+#define threadIdx (::kvlens_emu::Ctx().thread_idx)
+#define blockIdx (::kvlens_emu::Ctx().block_idx)
+#define blockDim (::kvlens_emu::Ctx().block_dim)
+#define gridDim (::kvlens_emu::Ctx().grid_dim)
+
+inline void __syncthreads() { ::kvlens_emu::SyncThreads(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { ::kvlens_emu::SyncWarp(); }
+
+// Widths other than 32 split the warp into independent groups of `width` lanes.
+template <typename T>
+T __shfl_sync(unsigned, T v, int src_lane, int width = 32) {
+  const int lane = ::kvlens_emu::LaneId();
+  return ::kvlens_emu::Exchange(v, (lane & ~(width - 1)) + (src_lane & (width - 1)));
+}
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
+  const int lane = ::kvlens_emu::LaneId();
+  const int src = lane ^ lane_mask;
+  return ::kvlens_emu::Exchange(v, src < ((lane & ~(width - 1)) + width) ? src : lane);
+}
+template <typename T>
+T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
+  const int lane = ::kvlens_emu::LaneId();
+  const int src = lane + static_cast<int>(delta);
+  return ::kvlens_emu::Exchange(v, src < ((lane & ~(width - 1)) + width) ? src : lane);
+}
+
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+template <typename A, typename B>
+inline std::common_type_t<A, B> min(A a, B b) {
+  return b < a ? b : a;
+}
+template <typename A, typename B>
+inline std::common_type_t<A, B> max(A a, B b) {
+  return a < b ? b : a;
+}
+
+#endif  // KVLENS_TESTS_KERNELS_CUDA_EMU_EMU_DEVICE_H_

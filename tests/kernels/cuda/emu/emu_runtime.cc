@@ -1,0 +1,733 @@
+// kvlens CUDA emulator, host side: the runtime API subset of include/cuda_runtime_api.h,
+// cuBLAS's cublasGemmEx, and the block scheduler behind emu_device.h.
+//
+// Device memory is host memory from mmap, 0xFF-filled (NaN) like uninitialised device
+// memory, ending at an inaccessible guard page: a kernel reading more than 255 bytes past
+// an allocation faults. Copies check their direction (a host pointer given as device
+// memory is an error), and so do kernel pointer arguments. Streams are synchronous.
+//
+// Kernels run one block at a time on the launching host thread (launches from several
+// threads are serialised), one fiber per CUDA thread, switched only at barriers
+// (__syncthreads, warp collectives): a barrier that can never complete, because threads
+// wait at different barriers or have exited, is reported as a failed launch.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tests/kernels/cuda/emu/emu_device.h"
+#include "tests/kernels/cuda/emu/include/cublas_api.h"
+#include "tests/kernels/cuda/emu/include/cuda_bf16.h"
+#include "tests/kernels/cuda/emu/include/cuda_fp16.h"
+
+#if !defined(__x86_64__)
+#error "the kvlens CUDA emulator's fiber switch is written for x86-64"
+#endif
+
+struct kvlens_emu::CUstream_st {};
+struct kvlens_emu::CUevent_st {
+  std::chrono::steady_clock::time_point time;
+};
+struct cublasContext {
+  kvlens_emu::cudaStream_t stream = nullptr;
+};
+
+// void kvlens_emu_switch(void** save_sp, void* load_sp): saves the callee-saved registers
+// on the current stack, stores its pointer in *save_sp, and resumes the fiber whose saved
+// stack pointer is load_sp.
+extern "C" void kvlens_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .globl kvlens_emu_switch
+  .type kvlens_emu_switch, @function
+kvlens_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size kvlens_emu_switch, .-kvlens_emu_switch
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
+
+namespace kvlens_emu {
+namespace {
+
+thread_local cudaError_t t_last_error = cudaSuccess;
+
+cudaError_t Fail(cudaError_t e, const std::string& why) {
+  std::fprintf(stderr, "[cuda-emu] %s\n", why.c_str());
+  t_last_error = e;
+  return e;
+}
+
+// ---- device memory ----------------------------------------------------------------
+constexpr size_t kDeviceBytes = size_t{16} << 30;  // the emulated device's capacity
+constexpr size_t kAlign = 256;
+
+struct Allocation {
+  size_t bytes;
+  void* map;
+  size_t map_bytes;
+};
+
+std::mutex g_memory_mutex;
+std::map<uintptr_t, Allocation> g_device;  // by start address
+size_t g_device_used = 0;
+std::map<uintptr_t, size_t> g_pinned;
+
+size_t PageSize() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+size_t RoundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// The allocation holding [p, p + bytes), or null. Caller holds g_memory_mutex.
+const Allocation* FindDevice(const void* p, size_t bytes) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = g_device.upper_bound(a);
+  if (it == g_device.begin()) return nullptr;
+  --it;
+  if (a + bytes > it->first + it->second.bytes) return nullptr;
+  return &it->second;
+}
+
+std::string Hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%p", p);
+  return buf;
+}
+
+// ---- fibers and blocks -------------------------------------------------------------
+constexpr size_t kStackBytes = 256 * 1024;
+
+enum class FiberState { kReady, kWaiting, kDone };
+
+struct Fiber {
+  void* sp = nullptr;
+  ThreadContext ctx;
+  int linear = 0;
+  FiberState state = FiberState::kReady;
+  int waiting_on = -1;
+  uint64_t wait_generation = 0;
+  uint64_t exchanges = 0;
+};
+
+struct Barrier {
+  int expected = 0;
+  int arrived = 0;
+  uint64_t generation = 0;
+};
+
+struct Block {
+  std::vector<Fiber> fibers;
+  std::vector<Barrier> barriers;    // [0] the block, [1 + w] warp w
+  std::vector<uint64_t> exchange;   // [warp][2][32]
+  std::vector<float> warp_scratch;  // [warp][768]
+  unsigned char* dynamic_shared = nullptr;
+  void* scheduler_sp = nullptr;
+  const std::function<void()>* body = nullptr;
+};
+
+thread_local Block* t_block = nullptr;
+thread_local Fiber* t_fiber = nullptr;
+
+std::mutex g_launch_mutex;
+std::vector<char*> g_stacks;  // kept for the process's life, guarded by g_launch_mutex
+std::vector<unsigned char> g_dynamic_shared;
+
+[[noreturn]] void FiberMain() {
+  (*t_block->body)();
+  t_fiber->state = FiberState::kDone;
+  void* unused = nullptr;
+  kvlens_emu_switch(&unused, t_block->scheduler_sp);
+  __builtin_unreachable();
+}
+
+void* InitialStack(char* stack) {
+  uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + kStackBytes) & ~uintptr_t{15};
+  void** sp = reinterpret_cast<void**>(top);
+  *--sp = nullptr;                              // FiberMain's (absent) return address
+  *--sp = reinterpret_cast<void*>(&FiberMain);  // where the switch's ret goes
+  for (int i = 0; i < 6; ++i) *--sp = nullptr;  // rbp rbx r12 r13 r14 r15
+  return sp;
+}
+
+void Arrive(int index) {
+  Block* b = t_block;
+  Barrier& bar = b->barriers[static_cast<size_t>(index)];
+  if (++bar.arrived == bar.expected) {
+    bar.arrived = 0;
+    ++bar.generation;
+    return;
+  }
+  Fiber* f = t_fiber;
+  f->state = FiberState::kWaiting;
+  f->waiting_on = index;
+  f->wait_generation = bar.generation;
+  kvlens_emu_switch(&f->sp, b->scheduler_sp);
+}
+
+std::string Dim(const dim3& d) {
+  return "(" + std::to_string(d.x) + ", " + std::to_string(d.y) + ", " + std::to_string(d.z) + ")";
+}
+
+std::mutex g_attr_mutex;
+std::unordered_map<const void*, int> g_max_dynamic_shared;
+
+// "" when the launch configuration is valid on sm_90.
+std::string CheckConfig(const LaunchConfig& c) {
+  const uint64_t threads = uint64_t{c.block.x} * c.block.y * c.block.z;
+  if (threads == 0 || threads > kMaxThreadsPerBlock || c.block.z > 64) {
+    return "block " + Dim(c.block) + " has " + std::to_string(threads) +
+           " threads (1 to 1024, z at most 64)";
+  }
+  if (c.grid.x == 0 || c.grid.y == 0 || c.grid.z == 0 || c.grid.x > 0x7fffffffu ||
+      c.grid.y > 65535 || c.grid.z > 65535) {
+    return "grid " + Dim(c.grid) + " is out of range";
+  }
+  size_t limit = kDefaultDynamicSharedBytes;
+  {
+    std::lock_guard<std::mutex> lock(g_attr_mutex);
+    if (auto it = g_max_dynamic_shared.find(c.func); it != g_max_dynamic_shared.end()) {
+      limit = static_cast<size_t>(it->second);
+    }
+  }
+  if (c.shared_bytes > limit) {
+    return std::to_string(c.shared_bytes) + " bytes of dynamic shared memory, over the " +
+           std::to_string(limit) +
+           "-byte limit (raise it with cudaFuncAttributeMaxDynamicSharedMemorySize)";
+  }
+  return "";
+}
+
+}  // namespace
+
+const ThreadContext& Ctx() { return t_fiber->ctx; }
+
+void SyncThreads() { Arrive(0); }
+
+void SyncWarp() { Arrive(1 + t_fiber->linear / 32); }
+
+int LaneId() { return t_fiber->linear % 32; }
+
+uint64_t WarpExchange(uint64_t bits, int src_lane) {
+  Fiber* f = t_fiber;
+  const int warp = f->linear / 32, lane = f->linear % 32;
+  uint64_t* slots = &t_block->exchange[(static_cast<size_t>(warp) * 2 + (f->exchanges & 1)) * 32];
+  slots[lane] = bits;
+  Arrive(1 + warp);
+  ++f->exchanges;
+  const int lanes = t_block->barriers[static_cast<size_t>(1 + warp)].expected;
+  return src_lane >= 0 && src_lane < lanes ? slots[src_lane] : bits;
+}
+
+void* DynamicShared() { return t_block->dynamic_shared; }
+
+float* WarpScratch() {
+  return &t_block->warp_scratch[static_cast<size_t>(t_fiber->linear / 32) * 768];
+}
+
+bool CheckPointerArgument(const LaunchConfig& config, int index, const void* p) {
+  if (p == nullptr) return true;
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  if (FindDevice(p, 0) != nullptr) return true;
+  Fail(cudaErrorIllegalAddress, std::string(config.name) + ": pointer argument " +
+                                    std::to_string(index) + " (" + Hex(p) +
+                                    ") is not in device memory");
+  return false;
+}
+
+void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
+  if (const std::string bad = CheckConfig(c); !bad.empty()) {
+    Fail(cudaErrorInvalidConfiguration, std::string(c.name) + ": " + bad);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  const int threads = static_cast<int>(c.block.x * c.block.y * c.block.z);
+  const int warps = (threads + 31) / 32;
+  while (g_stacks.size() < static_cast<size_t>(threads)) {
+    void* m = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) {
+      Fail(cudaErrorMemoryAllocation, std::string(c.name) + ": no memory for fiber stacks");
+      return;
+    }
+    g_stacks.push_back(static_cast<char*>(m));
+  }
+  if (g_dynamic_shared.size() < c.shared_bytes + 128) g_dynamic_shared.resize(c.shared_bytes + 128);
+  Block b;
+  b.fibers.resize(static_cast<size_t>(threads));
+  b.barriers.resize(static_cast<size_t>(1 + warps));
+  b.barriers[0].expected = threads;
+  for (int w = 0; w < warps; ++w) {
+    b.barriers[static_cast<size_t>(1 + w)].expected = std::min(32, threads - 32 * w);
+  }
+  b.exchange.resize(static_cast<size_t>(warps) * 64);
+  b.warp_scratch.resize(static_cast<size_t>(warps) * 768);
+  b.dynamic_shared = reinterpret_cast<unsigned char*>(
+      RoundUp(reinterpret_cast<uintptr_t>(g_dynamic_shared.data()), 128));
+  b.body = &body;
+  Block* const saved_block = t_block;
+  Fiber* const saved_fiber = t_fiber;
+  t_block = &b;
+  for (unsigned bz = 0; bz < c.grid.z; ++bz) {
+    for (unsigned by = 0; by < c.grid.y; ++by) {
+      for (unsigned bx = 0; bx < c.grid.x; ++bx) {
+        for (Barrier& bar : b.barriers) bar.arrived = 0;
+        std::memset(b.dynamic_shared, 0xff, c.shared_bytes);
+        for (int t = 0; t < threads; ++t) {
+          Fiber& f = b.fibers[static_cast<size_t>(t)];
+          f = Fiber();
+          f.linear = t;
+          f.ctx.thread_idx = {t % c.block.x, (t / c.block.x) % c.block.y,
+                              t / (c.block.x * c.block.y)};
+          f.ctx.block_idx = {bx, by, bz};
+          f.ctx.block_dim = c.block;
+          f.ctx.grid_dim = c.grid;
+          f.sp = InitialStack(g_stacks[static_cast<size_t>(t)]);
+        }
+        int done = 0;
+        while (done < threads) {
+          bool ran = false;
+          done = 0;
+          for (Fiber& f : b.fibers) {
+            if (f.state == FiberState::kWaiting &&
+                b.barriers[static_cast<size_t>(f.waiting_on)].generation != f.wait_generation) {
+              f.state = FiberState::kReady;
+            }
+            if (f.state == FiberState::kReady) {
+              t_fiber = &f;
+              kvlens_emu_switch(&b.scheduler_sp, f.sp);
+              ran = true;
+            }
+            if (f.state == FiberState::kDone) ++done;
+          }
+          if (done < threads && !ran) {
+            int at_block = 0, at_warp = 0;
+            for (const Fiber& f : b.fibers) {
+              if (f.state != FiberState::kWaiting) continue;
+              (f.waiting_on == 0 ? at_block : at_warp)++;
+            }
+            t_block = saved_block;
+            t_fiber = saved_fiber;
+            Fail(cudaErrorLaunchFailure, std::string(c.name) + ": barrier deadlock in block " +
+                                             Dim({bx, by, bz}) + ": " + std::to_string(at_block) +
+                                             " threads wait at __syncthreads, " +
+                                             std::to_string(at_warp) + " at a warp collective, " +
+                                             std::to_string(done) + " have exited");
+            return;
+          }
+        }
+      }
+    }
+  }
+  t_block = saved_block;
+  t_fiber = saved_fiber;
+}
+
+// ---- runtime API -------------------------------------------------------------------
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (device != 0)
+    return Fail(cudaErrorInvalidDevice, "cudaSetDevice: no device " + std::to_string(device));
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return Fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties: no device");
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof(prop->name), "kvlens CUDA emulator (CPU)");
+  prop->totalGlobalMem = kDeviceBytes;
+  prop->sharedMemPerBlock = kDefaultDynamicSharedBytes;
+  prop->sharedMemPerBlockOptin = kMaxDynamicSharedBytes;
+  prop->maxThreadsPerBlock = kMaxThreadsPerBlock;
+  prop->multiProcessorCount = kNumSms;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->memoryClockRate = 1000000;
+  prop->memoryBusWidth = 64;
+  prop->l2CacheSize = 1 << 20;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device != 0) return Fail(cudaErrorInvalidDevice, "cudaDeviceGetAttribute: no device");
+  switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = kMaxThreadsPerBlock;
+      return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = static_cast<int>(kDefaultDynamicSharedBytes);
+      return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount:
+      *value = kNumSms;
+      return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = static_cast<int>(kMaxDynamicSharedBytes);
+      return cudaSuccess;
+  }
+  return Fail(cudaErrorInvalidValue, "cudaDeviceGetAttribute: unknown attribute");
+}
+
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = t_last_error;
+  t_last_error = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError() { return t_last_error; }
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInsufficientDriver:
+      return "cudaErrorInsufficientDriver";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalAddress:
+      return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+  }
+  return "cudaErrorUnknown";
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorIllegalAddress:
+      return "an illegal memory access was encountered";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
+    default:
+      return "emulated CUDA error";
+  }
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  *ptr = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  const size_t data = RoundUp(bytes, kAlign);
+  const size_t map_bytes = RoundUp(data, PageSize()) + PageSize();
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  if (g_device_used + data > kDeviceBytes) {
+    return Fail(cudaErrorMemoryAllocation,
+                "cudaMalloc: " + std::to_string(bytes) + " bytes exceed the emulated device");
+  }
+  void* map = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (map == MAP_FAILED) return Fail(cudaErrorMemoryAllocation, "cudaMalloc: mmap failed");
+  char* guard = static_cast<char*>(map) + map_bytes - PageSize();
+  mprotect(guard, PageSize(), PROT_NONE);
+  char* p = guard - data;  // page-aligned minus a multiple of 256: 256-aligned
+  std::memset(p, 0xff, data);
+  g_device[reinterpret_cast<uintptr_t>(p)] = {bytes, map, map_bytes};
+  g_device_used += data;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  auto it = g_device.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == g_device.end()) {
+    return Fail(cudaErrorInvalidValue, "cudaFree: " + Hex(ptr) + " is not a device allocation");
+  }
+  g_device_used -= RoundUp(it->second.bytes, kAlign);
+  munmap(it->second.map, it->second.map_bytes);
+  g_device.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
+  *ptr = std::aligned_alloc(kAlign, RoundUp(std::max<size_t>(bytes, 1), kAlign));
+  if (*ptr == nullptr) return Fail(cudaErrorMemoryAllocation, "cudaMallocHost failed");
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  g_pinned[reinterpret_cast<uintptr_t>(*ptr)] = bytes;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  if (g_pinned.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
+    return Fail(cudaErrorInvalidValue, "cudaFreeHost: " + Hex(ptr) + " is not pinned memory");
+  }
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  *free_bytes = kDeviceBytes - g_device_used;
+  *total_bytes = kDeviceBytes;
+  return cudaSuccess;
+}
+
+bool IsDeviceRange(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  return FindDevice(p, bytes) != nullptr;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t) {
+  if (bytes == 0) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(g_memory_mutex);
+    const bool dst_device = FindDevice(dst, bytes) != nullptr;
+    const bool src_device = FindDevice(src, bytes) != nullptr;
+    const bool dst_any = FindDevice(dst, 0) != nullptr, src_any = FindDevice(src, 0) != nullptr;
+    std::string bad;
+    switch (kind) {
+      case cudaMemcpyHostToDevice:
+        if (!dst_device)
+          bad = "the destination is not " + std::to_string(bytes) + " bytes of device memory";
+        if (src_any) bad = "the source is device memory";
+        break;
+      case cudaMemcpyDeviceToHost:
+        if (!src_device)
+          bad = "the source is not " + std::to_string(bytes) + " bytes of device memory";
+        if (dst_any) bad = "the destination is device memory";
+        break;
+      case cudaMemcpyDeviceToDevice:
+        if (!dst_device || !src_device) bad = "source and destination must both be device memory";
+        break;
+      case cudaMemcpyHostToHost:
+        if (dst_any || src_any) bad = "host-to-host copy of device memory";
+        break;
+      case cudaMemcpyDefault:
+        if ((dst_any && !dst_device) || (src_any && !src_device))
+          bad = "copy runs past an allocation";
+        break;
+    }
+    if (!bad.empty()) {
+      return Fail(cudaErrorInvalidValue, "cudaMemcpy(" + Hex(dst) + ", " + Hex(src) + ", " +
+                                             std::to_string(bytes) + ", kind " +
+                                             std::to_string(kind) + "): " + bad);
+    }
+  }
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+}
+
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
+  if (bytes == 0) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(g_memory_mutex);
+    if (FindDevice(dst, bytes) == nullptr) {
+      return Fail(cudaErrorInvalidValue,
+                  "cudaMemset(" + Hex(dst) + ", " + std::to_string(bytes) + "): not device memory");
+    }
+  }
+  std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  return cudaMemsetAsync(dst, value, bytes, nullptr);
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  *stream = new CUstream_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  return cudaStreamCreate(stream);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete stream;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  event->time = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+  return cudaSuccess;
+}
+
+cudaError_t FuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+      static_cast<size_t>(value) > kMaxDynamicSharedBytes) {
+    return Fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: " + std::to_string(value) +
+                                           " bytes of dynamic shared memory (at most " +
+                                           std::to_string(kMaxDynamicSharedBytes) + ")");
+  }
+  std::lock_guard<std::mutex> lock(g_attr_mutex);
+  g_max_dynamic_shared[func] = value;
+  return cudaSuccess;
+}
+
+// ---- cuBLAS --------------------------------------------------------------------------
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+  *handle = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t) {
+  return handle == nullptr ? CUBLAS_STATUS_NOT_INITIALIZED : CUBLAS_STATUS_SUCCESS;
+}
+
+namespace {
+
+float Load(const void* p, cudaDataType_t t, int64_t i) {
+  switch (t) {
+    case CUDA_R_16F:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    case CUDA_R_16BF:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case CUDA_R_32F:
+      break;
+  }
+  return static_cast<const float*>(p)[i];
+}
+
+size_t ElementBytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
+
+// Whether a column-major matrix of `rows` × `cols` with leading dimension ld lies in one
+// device allocation.
+bool InDevice(const void* p, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld) {
+  if (rows == 0 || cols == 0) return true;
+  const size_t bytes = static_cast<size_t>((cols - 1) * ld + rows) * ElementBytes(t);
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  return FindDevice(p, bytes) != nullptr;
+}
+
+cublasStatus_t BlasFail(cublasStatus_t s, const std::string& why) {
+  std::fprintf(stderr, "[cuda-emu] cublasGemmEx: %s\n", why.c_str());
+  return s;
+}
+
+}  // namespace
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                            const void* A, cudaDataType_t Atype, int lda, const void* B,
+                            cudaDataType_t Btype, int ldb, const void* beta, void* C,
+                            cudaDataType_t Ctype, int ldc, cublasComputeType_t compute,
+                            cublasGemmAlgo_t) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (m < 0 || n < 0 || k < 0) return BlasFail(CUBLAS_STATUS_INVALID_VALUE, "negative size");
+  const int a_rows = transa == CUBLAS_OP_N ? m : k, a_cols = transa == CUBLAS_OP_N ? k : m;
+  const int b_rows = transb == CUBLAS_OP_N ? k : n, b_cols = transb == CUBLAS_OP_N ? n : k;
+  if (lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) || ldc < std::max(1, m)) {
+    return BlasFail(CUBLAS_STATUS_INVALID_VALUE, "a leading dimension is too small");
+  }
+  if (Atype != Btype || Ctype != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F) {
+    return BlasFail(CUBLAS_STATUS_NOT_SUPPORTED, "types other than A = B, C fp32, compute fp32");
+  }
+  if (!InDevice(A, Atype, a_rows, a_cols, lda) || !InDevice(B, Btype, b_rows, b_cols, ldb) ||
+      !InDevice(C, Ctype, m, n, ldc)) {
+    return BlasFail(CUBLAS_STATUS_EXECUTION_FAILED, "A, B or C is not in device memory");
+  }
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  float* c = static_cast<float*>(C);
+  std::vector<float> b_col(static_cast<size_t>(k));
+  for (int j = 0; j < n; ++j) {
+    for (int l = 0; l < k; ++l) {
+      b_col[static_cast<size_t>(l)] =
+          Load(B, Btype,
+               transb == CUBLAS_OP_N ? l + static_cast<int64_t>(j) * ldb
+                                     : j + static_cast<int64_t>(l) * ldb);
+    }
+    for (int i = 0; i < m; ++i) {
+      float acc = 0.0f;
+      for (int l = 0; l < k; ++l) {
+        const float a = Load(A, Atype,
+                             transa == CUBLAS_OP_N ? i + static_cast<int64_t>(l) * lda
+                                                   : l + static_cast<int64_t>(i) * lda);
+        acc += a * b_col[static_cast<size_t>(l)];
+      }
+      float& out = c[i + static_cast<int64_t>(j) * ldc];
+      out = be == 0.0f ? al * acc : al * acc + be * out;  // beta 0: C is not read (may be NaN)
+    }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace kvlens_emu

@@ -1,0 +1,5 @@
+// kvlens CUDA emulator: see cublas_api.h.
+#ifndef KVLENS_TESTS_KERNELS_CUDA_EMU_INCLUDE_CUBLAS_V2_H_
+#define KVLENS_TESTS_KERNELS_CUDA_EMU_INCLUDE_CUBLAS_V2_H_
+#include <cublas_api.h>
+#endif  // KVLENS_TESTS_KERNELS_CUDA_EMU_INCLUDE_CUBLAS_V2_H_

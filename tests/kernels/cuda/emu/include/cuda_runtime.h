@@ -1,0 +1,5 @@
+// kvlens CUDA emulator: see cuda_runtime_api.h.
+#ifndef KVLENS_TESTS_KERNELS_CUDA_EMU_INCLUDE_CUDA_RUNTIME_H_
+#define KVLENS_TESTS_KERNELS_CUDA_EMU_INCLUDE_CUDA_RUNTIME_H_
+#include <cuda_runtime_api.h>
+#endif  // KVLENS_TESTS_KERNELS_CUDA_EMU_INCLUDE_CUDA_RUNTIME_H_

@@ -1,0 +1,136 @@
+// kvlens CUDA emulator: the subset of the CUDA runtime API that kvlens uses, served by
+// tests/kernels/cuda/emu/emu_runtime.cc on the CPU ("device" memory is host memory behind
+// guard pages; kernels run as one fiber per CUDA thread). Declared in namespace kvlens_emu
+// (so a binary may also link the real libcudart) and made visible to unqualified calls.
+// Only the build of the emulated tests puts this folder on the include path.
+#ifndef KVLENS_TESTS_KERNELS_CUDA_EMU_INCLUDE_CUDA_RUNTIME_API_H_
+#define KVLENS_TESTS_KERNELS_CUDA_EMU_INCLUDE_CUDA_RUNTIME_API_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvlens_emu {
+
+struct uint3 {
+  unsigned x, y, z;
+};
+
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
+};
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInsufficientDriver = 35,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchFailure = 719,
+};
+using cudaError = cudaError_t;
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+
+enum cudaDeviceAttr {
+  cudaDevAttrMaxThreadsPerBlock = 1,
+  cudaDevAttrMaxSharedMemoryPerBlock = 8,
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
+
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
+
+struct CUstream_st;
+struct CUevent_st;
+using cudaStream_t = CUstream_st*;
+using cudaEvent_t = CUevent_st*;
+constexpr unsigned cudaStreamNonBlocking = 0x01;
+
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  size_t sharedMemPerBlock;
+  size_t sharedMemPerBlockOptin;
+  int maxThreadsPerBlock;
+  int multiProcessorCount;
+  int major, minor;
+  int memoryClockRate;  // kHz
+  int memoryBusWidth;   // bits
+  int l2CacheSize;
+};
+
+// The emulated device's limits (those of sm_90: H100/H200).
+constexpr int kMaxThreadsPerBlock = 1024;
+constexpr size_t kDefaultDynamicSharedBytes = 48 * 1024;
+constexpr size_t kMaxDynamicSharedBytes = 227 * 1024;
+constexpr int kNumSms = 4;  // few, so that split-KV attention really splits in tests
+
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+const char* cudaGetErrorName(cudaError_t e);
+const char* cudaGetErrorString(cudaError_t e);
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes);
+template <typename T>
+cudaError_t cudaMalloc(T** ptr, size_t bytes) {
+  return cudaMalloc(reinterpret_cast<void**>(ptr), bytes);
+}
+cudaError_t cudaFree(void* ptr);
+cudaError_t cudaMallocHost(void** ptr, size_t bytes);
+template <typename T>
+cudaError_t cudaMallocHost(T** ptr, size_t bytes) {
+  return cudaMallocHost(reinterpret_cast<void**>(ptr), bytes);
+}
+cudaError_t cudaFreeHost(void* ptr);
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
+cudaError_t cudaMemset(void* dst, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream = nullptr);
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+
+cudaError_t cudaEventCreate(cudaEvent_t* event);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+
+cudaError_t FuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);
+template <typename F>
+cudaError_t cudaFuncSetAttribute(F* func, cudaFuncAttribute attr, int value) {
+  return FuncSetAttribute(reinterpret_cast<const void*>(func), attr, value);
+}
+
+// For the emulator's own tests: whether [p, p + bytes) lies in one device allocation.
+bool IsDeviceRange(const void* p, size_t bytes);
+
+}  // namespace kvlens_emu
+
+using namespace kvlens_emu;  // NOLINT: stands in for the runtime's global declarations
+
+#endif  // KVLENS_TESTS_KERNELS_CUDA_EMU_INCLUDE_CUDA_RUNTIME_API_H_

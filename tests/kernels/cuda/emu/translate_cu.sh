@@ -1,0 +1,25 @@
+#!/bin/sh
+# translate_cu.sh IN.cu OUT.cc: rewrites the two CUDA constructs that are not C++ so that
+# g++ can compile a kernels/cuda/*.cu file against the emulator (emu_device.h):
+#   kernel<<<grid, block, shared, stream>>>(args)
+#     -> ::kvlens_emu::Launch(kernel, "kernel", grid, block, shared, stream)(args)
+#   extern __shared__ __align__(N) T name[];
+#     -> T* name = static_cast<T*>(::kvlens_emu::DynamicShared());
+# Lines keep their numbers (and #line names the original), so diagnostics point at IN.
+# Fails if a launch or an extern __shared__ survives the rewrite.
+set -eu
+in=$1
+out=$2
+{
+  printf '#line 1 "%s"\n' "$in"
+  sed -E \
+    -e 's/extern __shared__ (__align__\([0-9]+\) )?([A-Za-z_][A-Za-z0-9_ ]*[A-Za-z0-9_]) ([A-Za-z_][A-Za-z0-9_]*)\[\];/\2* \3 = static_cast<\2*>(::kvlens_emu::DynamicShared());/' \
+    -e 's/([A-Za-z_][A-Za-z0-9_:]*(<[^<>]*>)?)<<<([^;]*)>>>/::kvlens_emu::Launch(\1, "\1", \3)/g' \
+    "$in"
+} >"$out.tmp"
+if grep -n -E '<<<|>>>|extern __shared__' "$out.tmp" >&2; then
+  echo "translate_cu.sh: $in has a construct the emulator cannot rewrite (above)" >&2
+  rm -f "$out.tmp"
+  exit 1
+fi
+mv "$out.tmp" "$out"
