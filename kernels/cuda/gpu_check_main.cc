@@ -4,9 +4,14 @@
 //      --sdpa FILE, lines "tokens tflops"), decode attention bandwidth vs a measured
 //      device-to-device copy, end-to-end decode tokens/s of a Llama-7B-shaped model with
 //      random bf16 weights at batch 1, 16, 64 vs the weight-bandwidth roofline.
-// Prints one table; exits 1 when a parity case fails, 2 when no device is usable.
+// Prints one table; exits 1 when a parity case fails, 2 when no device is usable, 3 when a
+// benchmark's CUDA call fails.
 //
-//   kvlens_gpu_check [--parity-only] [--sdpa FILE] [--quick]
+//   kvlens_gpu_check [--parity-only] [--sdpa FILE] [--quick | --smoke]
+//
+// --quick: one shape per benchmark, batch 1. --smoke: every benchmark on tiny shapes (a
+// 2-layer model of width 256): the code paths, not the numbers; CI runs it on the CUDA
+// emulator (tests/kernels/cuda/emu) so that a GPU session never meets an untried path.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -65,6 +70,55 @@ bool Check(const absl::Status& s, const char* what) {
   return s.ok();
 }
 
+// A benchmark's op must succeed: its timing means nothing otherwise.
+void Must(const absl::Status& s, const char* what) {
+  if (!Check(s, what)) std::exit(3);
+}
+
+// The benchmarks' shapes: full (the issue's), --quick (one of each), --smoke (tiny).
+struct Sizes {
+  int prefill_heads = 32, prefill_dh = 128;
+  std::vector<int> prefill_tokens = {4096, 8192, 16384};
+  int decode_heads = 32, decode_kv_heads = 8, decode_dh = 128, decode_block = 16;
+  std::vector<int> decode_keys = {8192, 32768};
+  // Llama-7B: D 4096, 32 layers, 32 heads of 128, FFN 11008, vocab 32000.
+  int d = 4096, layers = 32, heads = 32, dh = 128, ffn = 11008, vocab = 32000;
+  int context = 512, steps = 8;
+  std::vector<int> batches = {1, 16, 64};
+  size_t copy_bytes = size_t{2} << 30;
+  std::string model = "Llama-7B shape";
+};
+
+Sizes QuickSizes() {
+  Sizes s;
+  s.prefill_tokens = {4096};
+  s.decode_keys = {8192};
+  s.steps = 3;
+  s.batches = {1};
+  return s;
+}
+
+Sizes SmokeSizes() {
+  Sizes s;
+  s.prefill_heads = 4;
+  s.prefill_tokens = {200};
+  s.decode_heads = 4;
+  s.decode_kv_heads = 2;
+  s.decode_keys = {700};
+  s.d = 256;
+  s.layers = 2;
+  s.heads = 4;
+  s.dh = 64;
+  s.ffn = 512;
+  s.vocab = 1000;
+  s.context = 40;
+  s.steps = 2;
+  s.batches = {1, 3};
+  s.copy_bytes = size_t{1} << 20;
+  s.model = "smoke: D=256 L=2";
+  return s;
+}
+
 #define GC_CUDA(expr) Check(CudaStatus((expr), #expr, __FILE__, __LINE__), "CUDA")
 
 // Device allocation that aborts the benchmark cleanly on failure.
@@ -95,8 +149,7 @@ double TimeIt(CudaBackend& b, int iters, Fn&& fn) {
 }
 
 // Device-to-device copy bandwidth (bytes read + written per second).
-double CopyBandwidth(CudaBackend& b) {
-  const size_t bytes = size_t{2} << 30;
+double CopyBandwidth(CudaBackend& b, size_t bytes) {
   float* src = Alloc(bytes / 4);
   float* dst = Alloc(bytes / 4);
   const double t = TimeIt(
@@ -113,10 +166,10 @@ void Fill(void* p, DType dtype, int64_t count, uint64_t seed, float scale, cudaS
 std::string Fmt(double v, const char* unit) { return absl::StrFormat("%.1f %s", v, unit); }
 std::string Pct(double r) { return absl::StrFormat("%.0f%%", 100.0 * r); }
 
-void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, bool quick,
+void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, const Sizes& z,
                   std::vector<Row>& rows) {
-  const int heads = 32, dh = 128;
-  for (int t : quick ? std::vector<int>{4096} : std::vector<int>{4096, 8192, 16384}) {
+  const int heads = z.prefill_heads, dh = z.prefill_dh;
+  for (int t : z.prefill_tokens) {
     const size_t n = size_t(t) * heads * dh;
     float *q = Alloc(n), *k = Alloc(n), *v = Alloc(n), *o = Alloc(n);
     for (float* p : {q, k, v}) {
@@ -133,10 +186,10 @@ void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, bool quick,
     a.kv = KvSource<float>{k, v, int64_t{heads} * dh, nullptr, 0};
     a.out = o;
     a.out_stride = a.q_stride;
-    const double sec = TimeIt(b, 3, [&] { Check(b.Attention(a), "prefill attention"); });
+    const double sec = TimeIt(b, 3, [&] { Must(b.Attention(a), "prefill attention"); });
     const double tflops = 4.0 * heads * dh * (double(t) * t / 2) / sec / 1e12;  // causal half
     Row r{"prefill attention (causal, fp32 in, fp16 TC)",
-          absl::StrCat("T=", t, " H=32 Dh=128"),
+          absl::StrCat("T=", t, " H=", heads, " Dh=", dh),
           Fmt(tflops, "TFLOP/s"),
           "-",
           "-",
@@ -150,10 +203,11 @@ void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, bool quick,
   }
 }
 
-void DecodeAttentionBench(CudaBackend& b, double copy_bw, bool quick, std::vector<Row>& rows) {
-  const int heads = 32, kv_heads = 8, dh = 128, bs = 16;
-  for (int tk : quick ? std::vector<int>{8192} : std::vector<int>{8192, 32768}) {
-    const int blocks = tk / bs;
+void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<Row>& rows) {
+  const int heads = z.decode_heads, kv_heads = z.decode_kv_heads, dh = z.decode_dh,
+            bs = z.decode_block;
+  for (int tk : z.decode_keys) {
+    const int blocks = (tk + bs - 1) / bs;
     const size_t cache = size_t(blocks) * bs * kv_heads * dh;
     float *kc = Alloc(cache), *vc = Alloc(cache), *q = Alloc(size_t(heads) * dh),
           *o = Alloc(size_t(heads) * dh);
@@ -176,19 +230,21 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, bool quick, std::vecto
     a.kv = KvSource<float>{kc, vc, int64_t{kv_heads} * dh, table.data(), bs};
     a.out = o;
     a.out_stride = a.q_stride;
-    const double sec = TimeIt(b, 20, [&] { Check(b.Attention(a), "decode attention"); });
+    const double sec = TimeIt(b, 20, [&] { Must(b.Attention(a), "decode attention"); });
     const double bw = 2.0 * double(cache) * sizeof(float) / sec;
     rows.push_back({"decode attention (paged, fp32 cache)",
-                    absl::StrCat("Tk=", tk, " H=32/8 Dh=128 bs=16"), Fmt(bw / 1e9, "GB/s"),
-                    Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(bw / copy_bw), ">= 70%"});
+                    absl::StrCat("Tk=", tk, " H=", heads, "/", kv_heads, " Dh=", dh, " bs=", bs),
+                    Fmt(bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(bw / copy_bw),
+                    ">= 70%"});
     for (float* p : {kc, vc, q, o}) cudaFree(p);
   }
 }
 
-// Llama-7B shape: D 4096, 32 layers, 32 heads of 128, FFN 11008, vocab 32000, bf16.
-void EndToEndBench(CudaBackend& b, double copy_bw, bool quick, std::vector<Row>& rows) {
-  const int D = 4096, L = 32, H = 32, Dh = 128, F = 11008, V = 32000, bs = 16;
-  const int ctx = 512, steps = quick ? 3 : 8, max_batch = 64;
+// A Llama-shaped model (Sizes: Llama-7B unless --smoke) with random bf16 weights.
+void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<Row>& rows) {
+  const int D = z.d, L = z.layers, H = z.heads, Dh = z.dh, F = z.ffn, V = z.vocab, bs = 16;
+  const int ctx = z.context, steps = z.steps;
+  const int max_batch = *std::max_element(z.batches.begin(), z.batches.end());
   // Host keys for the adopted device weights: one byte each, never read.
   std::vector<unsigned char> keys(size_t(L) * 9 + 3);
   int next_key = 0;
@@ -232,7 +288,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, bool quick, std::vector<Row>&
         *proj = Alloc(size_t(max_batch) * D), *h1 = Alloc(size_t(max_batch) * F),
         *h3 = Alloc(size_t(max_batch) * F), *logits = Alloc(size_t(max_batch) * V);
 
-  for (int batch : quick ? std::vector<int>{1} : std::vector<int>{1, 16, 64}) {
+  for (int batch : z.batches) {
     std::vector<std::vector<int32_t>> tables(batch);
     for (int s = 0; s < batch; ++s) {
       tables[s].resize(blocks_per_seq);
@@ -269,7 +325,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, bool quick, std::vector<Row>&
           a.kv = KvSource<float>{kc[l], vc[l], D, tables[s].data(), bs};
           a.out = att + size_t(s) * D;
           a.out_stride = D;
-          Check(b.Attention(a), "attention");
+          Must(b.Attention(a), "attention");
         }
         b.MatMul(att, batch, w.wo, WeightView{}, proj);
         b.Add(x, proj, int64_t{batch} * D);
@@ -288,7 +344,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, bool quick, std::vector<Row>&
     const double tok_s = batch / sec;
     // Every weight byte read once per step at the copy's DRAM rate (KV reads not counted).
     const double roofline = batch * copy_bw / double(streamed_bytes);
-    rows.push_back({"end-to-end decode (Llama-7B shape, bf16 weights)",
+    rows.push_back({absl::StrCat("end-to-end decode (", z.model, ", bf16 weights)"),
                     absl::StrCat("batch ", batch, ", context ", ctx), Fmt(tok_s, "tok/s"),
                     Fmt(roofline, "tok/s roofline"), Pct(tok_s / roofline),
                     batch == 1 ? ">= 70%" : "-"});
@@ -301,20 +357,24 @@ void EndToEndBench(CudaBackend& b, double copy_bw, bool quick, std::vector<Row>&
 }
 
 int Main(int argc, char** argv) {
-  bool parity_only = false, quick = false;
+  bool parity_only = false;
+  Sizes sizes;
   std::map<int, double> sdpa;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--parity-only") == 0) {
       parity_only = true;
     } else if (std::strcmp(argv[i], "--quick") == 0) {
-      quick = true;
+      sizes = QuickSizes();
+    } else if (std::strcmp(argv[i], "--smoke") == 0) {
+      sizes = SmokeSizes();
     } else if (std::strcmp(argv[i], "--sdpa") == 0 && i + 1 < argc) {
       std::ifstream in(argv[++i]);
       int t;
       double tflops;
       while (in >> t >> tflops) sdpa[t] = tflops;
     } else {
-      std::fprintf(stderr, "usage: %s [--parity-only] [--quick] [--sdpa FILE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--parity-only] [--quick | --smoke] [--sdpa FILE]\n",
+                   argv[0]);
       return 64;
     }
   }
@@ -341,11 +401,12 @@ int Main(int argc, char** argv) {
          absl::StrFormat("<= %.3g", r.tol)});
   }
   if (!parity_only) {
-    const double copy_bw = CopyBandwidth(b);
-    rows.push_back({"device-to-device copy", "2 GiB", Fmt(copy_bw / 1e9, "GB/s"), "-", "-", "-"});
-    PrefillBench(b, sdpa, quick, rows);
-    DecodeAttentionBench(b, copy_bw, quick, rows);
-    EndToEndBench(b, copy_bw, quick, rows);
+    const double copy_bw = CopyBandwidth(b, sizes.copy_bytes);
+    rows.push_back({"device-to-device copy", absl::StrCat(sizes.copy_bytes >> 20, " MiB"),
+                    Fmt(copy_bw / 1e9, "GB/s"), "-", "-", "-"});
+    PrefillBench(b, sdpa, sizes, rows);
+    DecodeAttentionBench(b, copy_bw, sizes, rows);
+    EndToEndBench(b, copy_bw, sizes, rows);
   }
   PrintTable(rows);
   std::printf("parity: %d case(s) failed\n", failures);
