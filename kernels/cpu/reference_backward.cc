@@ -17,39 +17,13 @@ std::vector<double> Row(const WeightView& w, int64_t r) {
   return out;
 }
 
-// The forward AttentionArgs the backward call mirrors (for the shared checks and mask).
-template <typename T>
-AttentionArgs<T> ForwardArgs(const AttentionBackwardArgs<T>& b) {
-  AttentionArgs<T> a;
-  a.q = b.q;
-  a.q_stride = b.q_stride;
-  a.num_queries = b.num_queries;
-  a.num_keys = b.num_keys;
-  a.num_heads = b.num_heads;
-  a.num_kv_heads = b.num_kv_heads;
-  a.head_dim = b.head_dim;
-  a.query_offset = b.query_offset;
-  a.causal = b.causal;
-  a.scale = b.scale;
-  a.q_doc_ids = b.q_doc_ids;
-  a.k_doc_ids = b.k_doc_ids;
-  a.kv = b.kv;
-  a.out = const_cast<T*>(b.dout);  // only checked for null and stride, never written
-  a.out_stride = b.dout_stride;
-  return a;
-}
-
 }  // namespace
 
 template <typename T>
 absl::Status AttentionBackward(const AttentionBackwardArgs<T>& b) {
-  const AttentionArgs<T> a = ForwardArgs(b);
-  if (absl::Status s = ValidateAttentionArgs(a); !s.ok()) return s;
+  const AttentionArgs<T> a = ForwardArgsOf(b);
+  if (absl::Status s = ValidateAttentionBackwardArgs(b); !s.ok()) return s;
   if (absl::Status s = CheckEveryRowSeesAKey(a); !s.ok()) return s;
-  if (b.probs == nullptr) return absl::InvalidArgumentError("AttentionBackwardArgs.probs is null");
-  if (b.dq == nullptr || b.dk == nullptr || b.dv == nullptr) {
-    return absl::InvalidArgumentError("AttentionBackwardArgs.dq, dk and dv must all be set");
-  }
   const int tq = b.num_queries, tk = b.num_keys, dh = b.head_dim;
   const int hkv = b.num_kv_heads, group = b.num_heads / hkv;
   const int64_t qw = static_cast<int64_t>(b.num_heads) * dh, kvw = static_cast<int64_t>(hkv) * dh;

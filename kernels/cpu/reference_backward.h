@@ -6,50 +6,18 @@
 // Legend as in kernels/backend.h: N rows, D width, H query heads, Hkv KV heads, Dh head
 // size, Tq queries, Tk keys, F feed-forward width.
 //
-// Attention backward, per head (the contract in ARCHITECTURE.md, never a Jacobian):
-//   dV = Aᵀ G          [Tk, Dh]   (a KV head sums over the H/Hkv query heads reading it)
-//   dA = G Vᵀ          [Tq, Tk]   (visible entries; masked entries are reported as 0)
-//   dS = A ⊙ (dA − rowsum(A ⊙ dA))
-//   dQ = dS K · scale  [Tq, Dh]
-//   dK = dSᵀ Q · scale [Tk, Dh]
+// Attention backward: the maths and the arguments are in kernels/attention_backward.h.
 #ifndef KVLENS_KERNELS_CPU_REFERENCE_BACKWARD_H_
 #define KVLENS_KERNELS_CPU_REFERENCE_BACKWARD_H_
 
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/attention_backward.h"
 #include "kernels/backend.h"
 #include "kernels/weight.h"
 
 namespace kvlens::kernels {
-
-template <typename T>
-struct AttentionBackwardArgs {
-  // The forward call's inputs (same meaning as AttentionArgs).
-  const T* q = nullptr;  // [Tq, H, Dh], rows q_stride apart
-  int64_t q_stride = 0;
-  int num_queries = 0;
-  int num_keys = 0;
-  int num_heads = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  int query_offset = 0;
-  bool causal = true;
-  double scale = 0.0;
-  const int32_t* q_doc_ids = nullptr;  // [Tq] or nullptr
-  const int32_t* k_doc_ids = nullptr;  // [Tk] or nullptr
-  KvSource<T> kv;
-  const T* probs = nullptr;  // [H, Tq, Tk]: the probabilities the forward used
-  // Upstream gradient of the output.
-  const T* dout = nullptr;  // [Tq, H, Dh], rows dout_stride apart
-  int64_t dout_stride = 0;
-  // Results (overwritten). dq/dk/dv are required; the maps are optional.
-  T* dq = nullptr;       // [Tq, H, Dh] contiguous
-  T* dk = nullptr;       // [Tk, Hkv, Dh] contiguous
-  T* dv = nullptr;       // [Tk, Hkv, Dh] contiguous
-  T* dprobs = nullptr;   // optional [H, Tq, Tk]
-  T* dscores = nullptr;  // optional [H, Tq, Tk]
-};
 
 // INVALID_ARGUMENT naming the field for bad shapes or missing pointers.
 template <typename T>

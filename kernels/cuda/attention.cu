@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/reduce.cuh"
 
@@ -17,28 +18,6 @@ namespace kvlens::kernels::cuda {
 namespace {
 
 namespace wmma = nvcuda::wmma;
-
-__device__ __forceinline__ int64_t PhysicalRow(const AttentionParams& p, int j) {
-  return p.block_table != nullptr
-             ? static_cast<int64_t>(p.block_table[j / p.block_size]) * p.block_size +
-                   j % p.block_size
-             : j;
-}
-
-// Key j (< num_keys) is visible to query row i.
-__device__ __forceinline__ bool Visible(const AttentionParams& p, int i, int j) {
-  if (p.causal && static_cast<int64_t>(j) > static_cast<int64_t>(p.query_offset) + i) {
-    return false;
-  }
-  return p.q_doc == nullptr || p.q_doc[i] == p.k_doc[j];
-}
-
-// Keys j >= this are masked by causality for row i.
-__device__ __forceinline__ int CausalEnd(const AttentionParams& p, int i) {
-  if (!p.causal) return p.num_keys;
-  return static_cast<int>(
-      min(static_cast<int64_t>(p.num_keys), static_cast<int64_t>(p.query_offset) + i + 1));
-}
 
 // ---------------------------------------------------------------------------------------
 // Flash prefill. One block = 64 query rows of one head, 8 warps. Per 64-key tile:

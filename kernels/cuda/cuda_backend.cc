@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention_check.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_backward.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
 
@@ -319,10 +320,7 @@ void CudaBackend::StoreKv(const float* k, const float* v, int n, int64_t src_str
                    v_cache, cache_stride, stream_));
 }
 
-absl::Status CudaBackend::AttentionImpl(const AttentionArgs<float>& a) {
-  // Host-side checks first, with the CPU backends' messages; nothing is written on error.
-  if (absl::Status s = ValidateAttentionArgs(a); !s.ok()) return s;
-  if (absl::Status s = CheckRowsSeeAKey(a); !s.ok()) return s;
+absl::StatusOr<AttentionParams> CudaBackend::DeviceParams(const AttentionArgs<float>& a) {
   AttentionParams p;
   p.q = a.q;
   p.q_stride = a.q_stride;
@@ -362,7 +360,16 @@ absl::Status CudaBackend::AttentionImpl(const AttentionArgs<float>& a) {
       p.k_doc = base + num_blocks + a.num_queries;
     }
   }
+  return p;
+}
 
+absl::Status CudaBackend::AttentionImpl(const AttentionArgs<float>& a) {
+  // Host-side checks first, with the CPU backends' messages; nothing is written on error.
+  if (absl::Status s = ValidateAttentionArgs(a); !s.ok()) return s;
+  if (absl::Status s = CheckRowsSeeAKey(a); !s.ok()) return s;
+  absl::StatusOr<AttentionParams> params = DeviceParams(a);
+  if (!params.ok()) return params.status();
+  const AttentionParams& p = *params;
   if (a.probs != nullptr || a.scores != nullptr) {
     // Materialised: S and A go to the caller's buffers, or to the workspace when only one
     // of the two is wanted.
@@ -399,6 +406,38 @@ absl::Status CudaBackend::Attention(const AttentionArgs<float>& args) {
   if (!status_.ok()) return status_;
   absl::Status s = AttentionImpl(args);
   // Argument errors are the caller's and leave the backend usable; CUDA failures stick.
+  if (s.code() != absl::StatusCode::kInvalidArgument) Ok(s);
+  return s;
+}
+
+absl::Status CudaBackend::AttentionBackwardImpl(const AttentionBackwardArgs<float>& b) {
+  if (absl::Status s = ValidateAttentionBackwardArgs(b); !s.ok()) return s;
+  const AttentionArgs<float> a = ForwardArgsOf(b);
+  if (absl::Status s = CheckRowsSeeAKey(a); !s.ok()) return s;
+  absl::StatusOr<AttentionParams> params = DeviceParams(a);
+  if (!params.ok()) return params.status();
+  AttentionBackwardParams p;
+  p.fwd = *params;
+  p.probs = b.probs;
+  p.dout = b.dout;
+  p.dout_stride = b.dout_stride;
+  p.dq = b.dq;
+  p.dk = b.dk;
+  p.dv = b.dv;
+  p.dprobs = b.dprobs;
+  p.dscores = b.dscores;
+  if (p.dscores == nullptr) {  // dS is needed for dK: keep it in the workspace
+    const size_t map_bytes = sizeof(float) * static_cast<size_t>(a.num_heads) *
+                             static_cast<size_t>(a.num_queries) * static_cast<size_t>(a.num_keys);
+    if (absl::Status s = attention_workspace_.Reserve(map_bytes); !s.ok()) return s;
+    p.dscores = attention_workspace_.as<float>();
+  }
+  return LaunchAttentionBackward(p, stream_);
+}
+
+absl::Status CudaBackend::AttentionBackward(const AttentionBackwardArgs<float>& args) {
+  if (!status_.ok()) return status_;
+  absl::Status s = AttentionBackwardImpl(args);
   if (s.code() != absl::StatusCode::kInvalidArgument) Ok(s);
   return s;
 }

@@ -34,7 +34,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/attention_backward.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_memory.h"
 #include "kernels/cuda/device_buffer.h"
 
@@ -99,6 +101,11 @@ class CudaBackend final : public Backend<float> {
                const int64_t* dst_rows, float* k_cache, float* v_cache,
                int64_t cache_stride) override;
   absl::Status Attention(const AttentionArgs<float>& args) override;
+  // The attention backward (kernels/attention_backward.h), fp32: q, the KV cache, probs,
+  // dout and every result are device memory; block table and document ids are host
+  // arrays, as for Attention. Same argument errors as the reference's AttentionBackward,
+  // returned without poisoning the backend.
+  absl::Status AttentionBackward(const AttentionBackwardArgs<float>& args);
 
  private:
   CudaBackend(int device, int num_sms, cudaStream_t stream, cublasContext* cublas);
@@ -113,6 +120,9 @@ class CudaBackend final : public Backend<float> {
   absl::Status MatMulImpl(const float* x, int n, const WeightView& w, const WeightView& bias,
                           float* y);
   absl::Status AttentionImpl(const AttentionArgs<float>& a);
+  absl::Status AttentionBackwardImpl(const AttentionBackwardArgs<float>& b);
+  // The kernels' parameters for a checked forward call, index arrays uploaded.
+  absl::StatusOr<AttentionParams> DeviceParams(const AttentionArgs<float>& a);
 
   int device_ = 0;
   int num_sms_ = 0;

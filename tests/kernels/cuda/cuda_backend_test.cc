@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -58,7 +59,7 @@ TEST_F(CudaBackendTest, RejectsAMissingDevice) {
 
 TEST_F(CudaBackendTest, ParityTableWithinTwiceTheNaiveLowPrecisionError) {
   const std::vector<parity::ParityResult> results = parity::RunParitySuite(*backend_);
-  EXPECT_EQ(results.size(), 39u);  // one per case; maps cases add probs (and scores)
+  EXPECT_EQ(results.size(), 59u);  // one per case; maps cases add probs (and scores)
   for (const parity::ParityResult& r : results) {
     std::cerr << "[ parity   ] " << r.name << ": error " << r.err << ", tolerance " << r.tol
               << "\n";
@@ -131,6 +132,118 @@ TEST_F(CudaBackendTest, NegativeBlockIdIsInvalidArgumentLikeTheReference) {
   const absl::Status got = backend_->Attention(a);
   EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument) << got;
   EXPECT_NE(std::string(got.message()).find("kv.block_table"), std::string::npos) << got;
+  EXPECT_TRUE(backend_->status().ok());
+}
+
+// The seeds' 2×2 example on the device, forward then backward: Q = √2·ln3·I, K = I,
+// V = [[2,0],[0,4]], G = [[1,0],[0,2]], no mask. By hand: A rows [3/4, 1/4] and [1/4, 3/4]
+// (J = Σ G ⊙ O = 15/2), dA = G Vᵀ = [[2,0],[0,8]], dS rows [3/8, −3/8] and [−3/2, 3/2],
+// dV = Aᵀ G = [[3/4, 1/2], [1/4, 3/2]], dQ = dS K/√2, dK = dSᵀ Q/√2. With both keys equal
+// every row is uniform whatever the query, so dQ = 0.
+struct SeedResult {
+  std::vector<double> out, probs, dq, dk, dv, dprobs, dscores;
+};
+
+SeedResult RunSeed(CudaBackend& backend, const std::vector<double>& k) {
+  const double a = std::sqrt(2.0) * std::log(3.0);
+  auto dq_in = parity::ToDevice({a, 0, 0, a});
+  auto dk_in = parity::ToDevice(k);
+  auto dv_in = parity::ToDevice({2, 0, 0, 4});
+  auto dg = parity::ToDevice({1, 0, 0, 2});
+  std::vector<absl::StatusOr<DeviceBuffer>> outs;
+  for (int t = 0; t < 7; ++t)
+    outs.push_back(parity::ToDevice(std::vector<double>(4, parity::kNaN)));
+  for (const auto* b : {&dq_in, &dk_in, &dv_in, &dg}) EXPECT_TRUE(b->ok()) << b->status();
+  for (const auto& b : outs) EXPECT_TRUE(b.ok()) << b.status();
+  AttentionArgs<float> f;
+  f.q = dq_in->as<float>();
+  f.q_stride = 2;
+  f.num_queries = f.num_keys = 2;
+  f.num_heads = f.num_kv_heads = 1;
+  f.head_dim = 2;
+  f.causal = false;
+  f.scale = 1.0 / std::sqrt(2.0);
+  f.kv = KvSource<float>{dk_in->as<float>(), dv_in->as<float>(), 2, nullptr, 0};
+  f.out = outs[0]->as<float>();
+  f.out_stride = 2;
+  f.probs = outs[1]->as<float>();
+  EXPECT_TRUE(backend.Attention(f).ok());
+  AttentionBackwardArgs<float> b;
+  b.q = f.q;
+  b.q_stride = 2;
+  b.num_queries = b.num_keys = 2;
+  b.num_heads = b.num_kv_heads = 1;
+  b.head_dim = 2;
+  b.causal = false;
+  b.scale = f.scale;
+  b.kv = f.kv;
+  b.probs = f.probs;  // what the forward used
+  b.dout = dg->as<float>();
+  b.dout_stride = 2;
+  b.dq = outs[2]->as<float>();
+  b.dk = outs[3]->as<float>();
+  b.dv = outs[4]->as<float>();
+  b.dprobs = outs[5]->as<float>();
+  b.dscores = outs[6]->as<float>();
+  const absl::Status s = backend.AttentionBackward(b);
+  EXPECT_TRUE(s.ok()) << s;
+  SeedResult r;
+  std::vector<double>* dst[] = {&r.out, &r.probs, &r.dq, &r.dk, &r.dv, &r.dprobs, &r.dscores};
+  for (int t = 0; t < 7; ++t) {
+    auto h = parity::FromDevice(backend, *outs[t], 4);
+    EXPECT_TRUE(h.ok()) << h.status();
+    if (h.ok()) *dst[t] = *h;
+  }
+  return r;
+}
+
+void ExpectNear(const std::vector<double>& got, const std::vector<double>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t e = 0; e < want.size(); ++e)
+    EXPECT_NEAR(got[e], want[e], 1e-6) << what << "[" << e << "]";
+}
+
+TEST_F(CudaBackendTest, AttentionBackwardSeedsTwoByTwoWorkedExample) {
+  const SeedResult r = RunSeed(*backend_, {1, 0, 0, 1});
+  ExpectNear(r.probs, {0.75, 0.25, 0.25, 0.75}, "A");
+  // J = Σ G ⊙ O = 15/2
+  EXPECT_NEAR(r.out[0] * 1 + r.out[3] * 2, 7.5, 1e-5);
+  ExpectNear(r.dprobs, {2, 0, 0, 8}, "dA");
+  ExpectNear(r.dscores, {3.0 / 8, -3.0 / 8, -1.5, 1.5}, "dS");
+  ExpectNear(r.dv, {0.75, 0.5, 0.25, 1.5}, "dV");
+  const double r2 = std::sqrt(2.0), a = r2 * std::log(3.0);
+  ExpectNear(r.dq, {3.0 / 8 / r2, -3.0 / 8 / r2, -1.5 / r2, 1.5 / r2}, "dQ");
+  ExpectNear(r.dk, {3.0 / 8 * a / r2, -1.5 * a / r2, -3.0 / 8 * a / r2, 1.5 * a / r2}, "dK");
+}
+
+TEST_F(CudaBackendTest, AttentionBackwardSeedsIdenticalKeysGiveZeroDq) {
+  const SeedResult r = RunSeed(*backend_, {1, 0, 1, 0});
+  ExpectNear(r.probs, {0.5, 0.5, 0.5, 0.5}, "A");
+  ExpectNear(r.dq, {0, 0, 0, 0}, "dQ");
+  double dk_norm = 0;
+  for (double d : r.dk) dk_norm += d * d;
+  EXPECT_GT(dk_norm, 1e-2);
+}
+
+// The backward's argument errors are the reference's, and leave the backend usable.
+TEST_F(CudaBackendTest, AttentionBackwardRejectsMissingProbsLikeTheReference) {
+  auto buf = parity::ToDevice(std::vector<double>(16, 0.5));
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  AttentionBackwardArgs<float> b;
+  b.q = buf->as<float>();
+  b.q_stride = 2;
+  b.num_queries = b.num_keys = 2;
+  b.num_heads = b.num_kv_heads = 1;
+  b.head_dim = 2;
+  b.scale = 0.5;
+  b.kv = KvSource<float>{buf->as<float>(), buf->as<float>(), 2, nullptr, 0};
+  b.dout = buf->as<float>();
+  b.dout_stride = 2;
+  b.dq = b.dk = b.dv = buf->as<float>();
+  const absl::Status got = backend_->AttentionBackward(b);
+  EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument) << got;
+  EXPECT_NE(std::string(got.message()).find("AttentionBackwardArgs.probs"), std::string::npos)
+      << got;
   EXPECT_TRUE(backend_->status().ok());
 }
 

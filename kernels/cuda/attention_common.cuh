@@ -1,0 +1,37 @@
+// Device-side helpers shared by the attention kernels (attention.cu, attention_backward.cu):
+// the paged cache's row lookup and the visibility rule of kernels/attention_check.h.
+#ifndef KVLENS_KERNELS_CUDA_ATTENTION_COMMON_CUH_
+#define KVLENS_KERNELS_CUDA_ATTENTION_COMMON_CUH_
+
+#include <cstdint>
+
+#include "kernels/cuda/attention.h"
+
+namespace kvlens::kernels::cuda {
+
+// Physical cache row of logical key j.
+__device__ __forceinline__ int64_t PhysicalRow(const AttentionParams& p, int j) {
+  return p.block_table != nullptr
+             ? static_cast<int64_t>(p.block_table[j / p.block_size]) * p.block_size +
+                   j % p.block_size
+             : j;
+}
+
+// Key j (< num_keys) is visible to query row i.
+__device__ __forceinline__ bool Visible(const AttentionParams& p, int i, int j) {
+  if (p.causal && static_cast<int64_t>(j) > static_cast<int64_t>(p.query_offset) + i) {
+    return false;
+  }
+  return p.q_doc == nullptr || p.q_doc[i] == p.k_doc[j];
+}
+
+// Keys j >= this are masked by causality for row i.
+__device__ __forceinline__ int CausalEnd(const AttentionParams& p, int i) {
+  if (!p.causal) return p.num_keys;
+  return static_cast<int>(
+      min(static_cast<int64_t>(p.num_keys), static_cast<int64_t>(p.query_offset) + i + 1));
+}
+
+}  // namespace kvlens::kernels::cuda
+
+#endif  // KVLENS_KERNELS_CUDA_ATTENTION_COMMON_CUH_
