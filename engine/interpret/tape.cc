@@ -429,6 +429,8 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
   Norm(be, c, w.final_norm, w.final_norm_bias, x.data(), n, t.xf.data());
   t.logits.resize(n * V);
   be.MatMul(t.xf.data(), n, w.output, kernels::WeightView{}, t.logits.data());
+  // A backend whose ops can fail (a device behind kernels/staged_backend.h) reports it here.
+  if (absl::Status s = be.Synchronize(); !s.ok()) return s;
   return t;
 }
 

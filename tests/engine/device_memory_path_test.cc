@@ -13,8 +13,8 @@
 #include "engine/model/transformer.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "tests/engine/fake_device_backend.h"
 #include "tests/engine/stories_model_test.h"
+#include "tests/kernels/fake_device_backend.h"
 #include "tests/test_paths.h"
 
 namespace kvlens {

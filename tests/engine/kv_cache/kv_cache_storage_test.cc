@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/engine/fake_device_backend.h"
+#include "tests/kernels/fake_device_backend.h"
 
 namespace kvlens {
 namespace {

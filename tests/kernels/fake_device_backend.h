@@ -2,8 +2,8 @@
 // not to be host-accessible. The engine then takes its device path (logits and attention
 // captures copied out, KV cache read back with CopyRowsToHost, NaN fill by Memset), so
 // that path is tested where no GPU exists; the numbers must equal the CPU path's bitwise.
-#ifndef KVLENS_TESTS_ENGINE_FAKE_DEVICE_BACKEND_H_
-#define KVLENS_TESTS_ENGINE_FAKE_DEVICE_BACKEND_H_
+#ifndef KVLENS_TESTS_KERNELS_FAKE_DEVICE_BACKEND_H_
+#define KVLENS_TESTS_KERNELS_FAKE_DEVICE_BACKEND_H_
 
 #include <atomic>
 #include <string_view>
@@ -90,4 +90,4 @@ class FakeDeviceBackend final : public kernels::Backend<float> {
 
 }  // namespace kvlens::testing
 
-#endif  // KVLENS_TESTS_ENGINE_FAKE_DEVICE_BACKEND_H_
+#endif  // KVLENS_TESTS_KERNELS_FAKE_DEVICE_BACKEND_H_

@@ -1,0 +1,126 @@
+#include "kernels/staged_backend.h"
+
+namespace kvlens::kernels {
+
+StagedBackend::StagedBackend(Backend<float>& device, Backend<float>& host)
+    : device_(device),
+      host_(host),
+      name_("staged:" + std::string(device.name())),
+      scratch_{Buffer<float>(device.memory()), Buffer<float>(device.memory()),
+               Buffer<float>(device.memory())} {}
+
+bool StagedBackend::Ok(const absl::Status& s) {
+  if (!s.ok() && status_.ok()) status_ = s;
+  return status_.ok();
+}
+
+absl::Status StagedBackend::Synchronize() {
+  Ok(device_.Synchronize());
+  return status_;
+}
+
+float* StagedBackend::Stage(int slot, const float* host, int64_t count) {
+  Buffer<float>& b = scratch_[static_cast<size_t>(slot)];
+  if (!Ok(b.Resize(count))) return nullptr;
+  if (host != nullptr && count > 0 && !Ok(b.CopyFromHost(host, count))) return nullptr;
+  return b.data();
+}
+
+void StagedBackend::Fetch(float* host, int slot, int64_t count) {
+  if (!status_.ok() || count <= 0) return;
+  // The device op's own failure first: its output is not worth copying.
+  if (!Ok(device_.Synchronize())) return;
+  Ok(scratch_[static_cast<size_t>(slot)].CopyToHost(host, count));
+}
+
+void StagedBackend::MatMul(const float* x, int n, const WeightView& w, const WeightView& bias,
+                           float* y) {
+  if (!status_.ok() || n <= 0 || !Ok(device_.MakeCurrent())) return;
+  const float* dx = Stage(0, x, n * w.cols);
+  float* dy = Stage(1, nullptr, n * w.rows);
+  if (dx == nullptr || dy == nullptr) return;
+  device_.MatMul(dx, n, w, bias, dy);
+  Fetch(y, 1, n * w.rows);
+}
+
+void StagedBackend::Embedding(const WeightView& table, const int32_t* ids, int n, float* out) {
+  if (!status_.ok() || n <= 0 || !Ok(device_.MakeCurrent())) return;
+  float* d = Stage(0, nullptr, n * table.cols);
+  if (d == nullptr) return;
+  device_.Embedding(table, ids, n, d);  // ids: a host array, as for every backend
+  Fetch(out, 0, n * table.cols);
+}
+
+void StagedBackend::RmsNorm(const float* x, int n, int dim, const WeightView& weight, double eps,
+                            float* y) {
+  if (!status_.ok() || n <= 0 || !Ok(device_.MakeCurrent())) return;
+  const int64_t count = int64_t{n} * dim;
+  const float* dx = Stage(0, x, count);
+  float* dy = Stage(1, nullptr, count);
+  if (dx == nullptr || dy == nullptr) return;
+  device_.RmsNorm(dx, n, dim, weight, eps, dy);
+  Fetch(y, 1, count);
+}
+
+void StagedBackend::LayerNorm(const float* x, int n, int dim, const WeightView& weight,
+                              const WeightView& bias, double eps, float* y) {
+  if (!status_.ok() || n <= 0 || !Ok(device_.MakeCurrent())) return;
+  const int64_t count = int64_t{n} * dim;
+  const float* dx = Stage(0, x, count);
+  float* dy = Stage(1, nullptr, count);
+  if (dx == nullptr || dy == nullptr) return;
+  device_.LayerNorm(dx, n, dim, weight, bias, eps, dy);
+  Fetch(y, 1, count);
+}
+
+void StagedBackend::Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
+                         const int32_t* positions, double theta, RopeStyle style) {
+  if (!status_.ok() || n <= 0 || !Ok(device_.MakeCurrent())) return;
+  // Rows row_stride apart; the last row ends after its heads.
+  const int64_t count = (n - 1) * row_stride + int64_t{num_heads} * head_dim;
+  float* d = Stage(0, x, count);
+  if (d == nullptr) return;
+  device_.Rope(d, n, row_stride, num_heads, head_dim, positions, theta, style);
+  Fetch(x, 0, count);
+}
+
+void StagedBackend::Gelu(float* x, int64_t count) {
+  if (!status_.ok() || count <= 0 || !Ok(device_.MakeCurrent())) return;
+  float* d = Stage(0, x, count);
+  if (d == nullptr) return;
+  device_.Gelu(d, count);
+  Fetch(x, 0, count);
+}
+
+void StagedBackend::SwiGlu(const float* gate, const float* up, int64_t count, float* out) {
+  if (!status_.ok() || count <= 0 || !Ok(device_.MakeCurrent())) return;
+  const float* dg = Stage(0, gate, count);
+  const float* du = Stage(1, up, count);
+  float* dout = Stage(2, nullptr, count);
+  if (dg == nullptr || du == nullptr || dout == nullptr) return;
+  device_.SwiGlu(dg, du, count, dout);
+  Fetch(out, 2, count);
+}
+
+void StagedBackend::Add(float* y, const float* x, int64_t count) {
+  if (!status_.ok() || count <= 0 || !Ok(device_.MakeCurrent())) return;
+  float* dy = Stage(0, y, count);
+  const float* dx = Stage(1, x, count);
+  if (dy == nullptr || dx == nullptr) return;
+  device_.Add(dy, dx, count);
+  Fetch(y, 0, count);
+}
+
+void StagedBackend::StoreKv(const float* k, const float* v, int n, int64_t src_stride,
+                            int64_t row_elems, const int64_t* dst_rows, float* k_cache,
+                            float* v_cache, int64_t cache_stride) {
+  if (!status_.ok()) return;
+  host_.StoreKv(k, v, n, src_stride, row_elems, dst_rows, k_cache, v_cache, cache_stride);
+}
+
+absl::Status StagedBackend::Attention(const AttentionArgs<float>& args) {
+  if (!status_.ok()) return status_;
+  return host_.Attention(args);
+}
+
+}  // namespace kvlens::kernels

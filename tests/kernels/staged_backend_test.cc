@@ -1,0 +1,151 @@
+// StagedBackend over a device double (CPU kernels over memory that is not host-accessible):
+// every op equals the CPU backend's bitwise (the same kernels run; only the staging
+// differs), outputs come back through the device memory's copies, in-place ops (RoPE
+// with padded rows, GELU, Add) keep what they do not touch, and a failing device
+// allocation is reported by Synchronize with the outputs left alone.
+#include "kernels/staged_backend.h"
+
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/kernels/fake_device_backend.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace kvlens::kernels {
+namespace {
+
+using testing::OwnedWeight;
+
+std::vector<float> Random(std::mt19937_64& rng, size_t n) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+std::vector<double> RandomD(std::mt19937_64& rng, size_t n) {
+  const std::vector<float> f = Random(rng, n);
+  return std::vector<double>(f.begin(), f.end());
+}
+
+class StagedBackendTest : public ::testing::Test {
+ protected:
+  kvlens::testing::FakeDeviceBackend device_;
+  CpuBackend host_{1};
+  StagedBackend staged_{device_, host_};
+  CpuBackend cpu_{1};
+  std::mt19937_64 rng_{42};
+};
+
+TEST_F(StagedBackendTest, MatrixAndRowOpsEqualTheCpuBackend) {
+  const int n = 5, in = 64, out = 48;
+  const OwnedWeight w(RandomD(rng_, size_t(out) * in), out, in, DType::kBF16);
+  const OwnedWeight b(RandomD(rng_, out), 1, out, DType::kF32);
+  const OwnedWeight g(RandomD(rng_, in), 1, in, DType::kF32);
+  const std::vector<float> x = Random(rng_, size_t(n) * in);
+  const int before = device_.fake_memory().copies_to_host;
+  std::vector<float> want(size_t(n) * out), got(want.size(), -7.0f);
+  cpu_.MatMul(x.data(), n, w.view(), b.view(), want.data());
+  staged_.MatMul(x.data(), n, w.view(), b.view(), got.data());
+  EXPECT_EQ(got, want);
+  EXPECT_GT(device_.fake_memory().copies_to_host, before);  // the result came back
+
+  std::vector<float> want_n(x.size()), got_n(x.size());
+  cpu_.RmsNorm(x.data(), n, in, g.view(), 1e-5, want_n.data());
+  staged_.RmsNorm(x.data(), n, in, g.view(), 1e-5, got_n.data());
+  EXPECT_EQ(got_n, want_n);
+  cpu_.LayerNorm(x.data(), n, in, g.view(), g.view(), 1e-5, want_n.data());
+  staged_.LayerNorm(x.data(), n, in, g.view(), g.view(), 1e-5, got_n.data());
+  EXPECT_EQ(got_n, want_n);
+
+  const std::vector<int32_t> ids = {3, 0, 47};
+  std::vector<float> want_e(size_t(3) * in), got_e(want_e.size());
+  cpu_.Embedding(w.view(), ids.data(), 3, want_e.data());
+  staged_.Embedding(w.view(), ids.data(), 3, got_e.data());
+  EXPECT_EQ(got_e, want_e);
+  EXPECT_TRUE(staged_.Synchronize().ok());
+}
+
+TEST_F(StagedBackendTest, InPlaceOpsEqualTheCpuBackendAndKeepThePadding) {
+  // Two rows of 2 heads × 8, 20 floats apart: the 4 padding floats of row 0 must survive.
+  const int n = 2, heads = 2, dh = 8;
+  const int64_t stride = 20;
+  std::vector<float> want = Random(rng_, size_t(stride) * n), got = want;
+  const std::vector<int32_t> pos = {5, 900};
+  cpu_.Rope(want.data(), n, stride, heads, dh, pos.data(), 10000.0, RopeStyle::kHalfSplit);
+  staged_.Rope(got.data(), n, stride, heads, dh, pos.data(), 10000.0, RopeStyle::kHalfSplit);
+  EXPECT_EQ(got, want);
+
+  std::vector<float> a = Random(rng_, 100), a2 = a;
+  const std::vector<float> c = Random(rng_, 100);
+  cpu_.Gelu(a.data(), 100);
+  staged_.Gelu(a2.data(), 100);
+  EXPECT_EQ(a2, a);
+  cpu_.Add(a.data(), c.data(), 100);
+  staged_.Add(a2.data(), c.data(), 100);
+  EXPECT_EQ(a2, a);
+  std::vector<float> s(100), s2(100, 3.0f);
+  cpu_.SwiGlu(a.data(), c.data(), 100, s.data());
+  staged_.SwiGlu(a.data(), c.data(), 100, s2.data());
+  EXPECT_EQ(s2, s);
+  EXPECT_TRUE(staged_.Synchronize().ok());
+}
+
+// A device whose allocations fail: the op does nothing and Synchronize says why.
+class NoMemory final : public Memory {
+ public:
+  std::string_view name() const override { return "full"; }
+  bool host_accessible() const override { return false; }
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    return absl::ResourceExhaustedError(absl::StrCat("no room for ", bytes, " bytes"));
+  }
+  void Free(void*) override {}
+  absl::Status CopyFromHost(void*, const void*, size_t) override { return absl::OkStatus(); }
+  absl::Status CopyToHost(void*, const void*, size_t) override { return absl::OkStatus(); }
+  absl::Status Copy(void*, const void*, size_t) override { return absl::OkStatus(); }
+  absl::Status Memset(void*, int, size_t) override { return absl::OkStatus(); }
+};
+
+class FullDevice final : public Backend<float> {
+ public:
+  std::string_view name() const override { return "full"; }
+  Memory& memory() override { return memory_; }
+  void MatMul(const float*, int, const WeightView&, const WeightView&, float*) override {
+    ADD_FAILURE() << "ran without staged inputs";
+  }
+  void Embedding(const WeightView&, const int32_t*, int, float*) override {}
+  void RmsNorm(const float*, int, int, const WeightView&, double, float*) override {}
+  void LayerNorm(const float*, int, int, const WeightView&, const WeightView&, double,
+                 float*) override {}
+  void Rope(float*, int, int64_t, int, int, const int32_t*, double, RopeStyle) override {}
+  void Gelu(float*, int64_t) override {}
+  void SwiGlu(const float*, const float*, int64_t, float*) override {}
+  void Add(float*, const float*, int64_t) override {}
+  void StoreKv(const float*, const float*, int, int64_t, int64_t, const int64_t*, float*, float*,
+               int64_t) override {}
+  absl::Status Attention(const AttentionArgs<float>&) override { return absl::OkStatus(); }
+
+ private:
+  NoMemory memory_;
+};
+
+TEST(StagedBackendErrors, FailedDeviceAllocationIsReportedAndOutputsAreLeftAlone) {
+  FullDevice device;
+  CpuBackend host(1);
+  StagedBackend staged(device, host);
+  std::mt19937_64 rng(1);
+  const OwnedWeight w(RandomD(rng, 16 * 8), 16, 8, DType::kF32);
+  const std::vector<float> x(8, 1.0f);
+  std::vector<float> y(16, -1.0f);
+  staged.MatMul(x.data(), 1, w.view(), WeightView{}, y.data());
+  EXPECT_EQ(y, std::vector<float>(16, -1.0f));
+  const absl::Status s = staged.Synchronize();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(staged.name(), "staged:full");
+}
+
+}  // namespace
+}  // namespace kvlens::kernels
