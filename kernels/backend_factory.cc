@@ -41,7 +41,8 @@ bool HasCudaSupport() {
 #endif
 }
 
-absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_threads) {
+absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_threads,
+                                             [[maybe_unused]] Backend<float>* share_weights_with) {
   CreatedBackend out;
   if (device.kind == DeviceSpec::Kind::kCpu) {
     out.backend = std::make_unique<CpuBackend>(cpu_threads);
@@ -51,6 +52,10 @@ absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_t
 #ifdef KVLENS_HAVE_CUDA
   auto cuda = cuda::CudaBackend::Create(device.index);
   if (!cuda.ok()) return cuda.status();
+  if (auto* peer = dynamic_cast<cuda::CudaBackend*>(share_weights_with);
+      peer != nullptr && peer->device() == device.index) {
+    if (absl::Status s = (*cuda)->ShareWeightsWith(*peer); !s.ok()) return s;
+  }
   out.description = absl::StrCat(device.ToString(), " (", (*cuda)->device_name(), ")");
   out.backend = *std::move(cuda);
   return out;

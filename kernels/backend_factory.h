@@ -36,7 +36,11 @@ struct CreatedBackend {
 // caller names its flag):
 // FAILED_PRECONDITION when the build has no CUDA support or there is no usable GPU;
 // INVALID_ARGUMENT for a GPU index that does not exist.
-absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_threads);
+// share_weights_with: another backend made here; when both are CUDA backends of the same
+// GPU, the new one shares its uploaded weights (one copy on the device) instead of
+// uploading its own. Ignored otherwise.
+absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_threads,
+                                             Backend<float>* share_weights_with = nullptr);
 
 }  // namespace kvlens::kernels
 

@@ -128,14 +128,29 @@ absl::Status CudaBackend::Synchronize() {
   return status_;
 }
 
+int64_t CudaBackend::weight_bytes() const {
+  std::lock_guard<std::mutex> lock(weights_->mu);
+  return weights_->bytes;
+}
+
+absl::Status CudaBackend::ShareWeightsWith(CudaBackend& other) {
+  if (other.device_ != device_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot share weights between cuda:", device_, " and cuda:", other.device_));
+  }
+  weights_ = other.weights_;  // this backend's own cache (and its uploads) go when unused
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::AdoptWeight(const void* key, void* data, DType dtype, int64_t rows,
                                       int64_t cols) {
   if (dtype == DType::kQ8_0) {
     return absl::InvalidArgumentError("AdoptWeight: q8_0 is not a device dtype");
   }
   const size_t bytes = static_cast<size_t>(DTypeRowBytes(dtype, cols) * rows);
-  DeviceWeight& dw = weights_[key];
-  weight_bytes_ += static_cast<int64_t>(bytes) - static_cast<int64_t>(dw.buffer.bytes());
+  std::lock_guard<std::mutex> lock(weights_->mu);
+  DeviceWeight& dw = weights_->weights[key];
+  weights_->bytes += static_cast<int64_t>(bytes) - static_cast<int64_t>(dw.buffer.bytes());
   dw.buffer = DeviceBuffer::Adopt(data, bytes);
   dw.dtype = dtype;
   dw.rows = rows;
@@ -144,12 +159,16 @@ absl::Status CudaBackend::AdoptWeight(const void* key, void* data, DType dtype, 
 }
 
 void CudaBackend::ForgetWeights() {
-  weights_.clear();  // cudaFree waits for the device: enqueued readers finish first
-  weight_bytes_ = 0;
+  std::lock_guard<std::mutex> lock(weights_->mu);
+  weights_->weights.clear();  // cudaFree waits for the device: enqueued readers finish first
+  weights_->bytes = 0;
 }
 
 absl::StatusOr<const DeviceWeight*> CudaBackend::Upload(const WeightView& w) {
-  if (auto it = weights_.find(w.data); it != weights_.end()) {
+  // Held through the upload: a weight is copied once, whichever sharing backend asks first.
+  // The entry stays put (node-based map) after the lock is released.
+  std::lock_guard<std::mutex> lock(weights_->mu);
+  if (auto it = weights_->weights.find(w.data); it != weights_->weights.end()) {
     const DeviceWeight& dw = it->second;
     if (dw.rows != w.rows || dw.cols != w.cols) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -181,8 +200,8 @@ absl::StatusOr<const DeviceWeight*> CudaBackend::Upload(const WeightView& w) {
   } else {
     KVLENS_CUDA_RETURN_IF_ERROR(cudaMemcpy(dw.buffer.get(), w.data, bytes, cudaMemcpyHostToDevice));
   }
-  weight_bytes_ += static_cast<int64_t>(dw.buffer.bytes());
-  auto [it, inserted] = weights_.emplace(w.data, std::move(dw));
+  weights_->bytes += static_cast<int64_t>(dw.buffer.bytes());
+  auto [it, inserted] = weights_->weights.emplace(w.data, std::move(dw));
   return &it->second;
 }
 

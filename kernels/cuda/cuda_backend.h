@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -52,6 +53,15 @@ struct DeviceWeight {
   int64_t cols = 0;
 };
 
+// Uploaded weights by host address (WeightView::data). The backends of one device may
+// share one cache (CudaBackend::ShareWeightsWith), so the engine's backend and the
+// interpretability workers' hold one copy; lookups and uploads take the mutex.
+struct WeightCache {
+  std::mutex mu;
+  std::unordered_map<const void*, DeviceWeight> weights;  // guarded by mu
+  int64_t bytes = 0;                                      // guarded by mu
+};
+
 class CudaBackend final : public Backend<float> {
  public:
   // FAILED_PRECONDITION when there is no usable device `device` (no driver, no GPU).
@@ -72,8 +82,12 @@ class CudaBackend final : public Backend<float> {
   absl::Status status() const { return status_; }
   // Waits for every enqueued op; returns the first failure.
   absl::Status Synchronize() override;
-  // Bytes of device memory held by uploaded weights.
-  int64_t weight_bytes() const { return weight_bytes_; }
+  // Bytes of device memory held by uploaded weights (of the shared cache, if shared).
+  int64_t weight_bytes() const;
+  // From now on use (and fill) `other`'s weight cache, dropping this backend's own uploads:
+  // backends of one device then hold one copy of each weight. INVALID_ARGUMENT when the
+  // two are on different devices.
+  absl::Status ShareWeightsWith(CudaBackend& other);
 
   // Registers weights that already live on the device under a host key, as if
   // WeightView{key, dtype, rows, cols} had been uploaded: for loaders that upload
@@ -133,8 +147,7 @@ class CudaBackend final : public Backend<float> {
   cublasContext* cublas_ = nullptr;
   absl::Status status_;
 
-  std::unordered_map<const void*, DeviceWeight> weights_;  // key: host WeightView::data
-  int64_t weight_bytes_ = 0;
+  std::shared_ptr<WeightCache> weights_ = std::make_shared<WeightCache>();
 
   PinnedBuffer index_host_;    // ring of staged index arrays …
   DeviceBuffer index_device_;  // … and its device mirror (same offsets)
