@@ -25,6 +25,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   std::unique_ptr<GrpcServer> server(new GrpcServer(engine, metrics, options));
+  if (!server->interpret_service_.status().ok()) return server->interpret_service_.status();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(&server->service_);
@@ -50,7 +51,7 @@ std::shared_ptr<grpc::Channel> GrpcServer::InProcessChannel() {
 
 void GrpcServer::BeginDrain() {
   // Load balancers stop sending first; then refuse what still arrives.
-  server_->GetHealthCheckService()->SetServingStatus(false);
+  if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus(false);
   service_.StartDraining();
   interpret_service_.StartDraining();
 }
@@ -59,6 +60,10 @@ void GrpcServer::Shutdown(std::chrono::milliseconds drain) {
   std::lock_guard<std::mutex> lock(shutdown_mu_);
   if (shut_down_) return;
   shut_down_ = true;
+  if (server_ == nullptr) {  // Start failed: nothing was served, the engine is the caller's
+    interpret_service_.Stop();
+    return;
+  }
   BeginDrain();
   // Every running stream gets its final message (finished, or CANCELLED at the deadline).
   engine_.Shutdown(drain);
@@ -68,6 +73,8 @@ void GrpcServer::Shutdown(std::chrono::milliseconds drain) {
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
-void GrpcServer::Wait() { server_->Wait(); }
+void GrpcServer::Wait() {
+  if (server_ != nullptr) server_->Wait();
+}
 
 }  // namespace kvlens::server

@@ -37,6 +37,8 @@ class GrpcServer {
   ~GrpcServer();  // Shutdown(0) if not yet done
 
   int port() const { return port_; }
+  // Where fp32 interpretability requests run: "cpu" or e.g. "cuda:0 (NVIDIA H200)".
+  const std::string& interp_device() const { return interpret_service_.device_description(); }
   // A channel to this server that bypasses the network (tests, benchmarks).
   std::shared_ptr<grpc::Channel> InProcessChannel();
 

@@ -29,7 +29,7 @@ kernels::Backend<T>& BackendOf(InterpBackends& b) {
   if constexpr (std::is_same_v<T, double>) {
     return b.f64;
   } else {
-    return b.f32;
+    return b.fp32();
   }
 }
 

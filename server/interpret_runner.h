@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
+#include "kernels/staged_backend.h"
 #include "kvlens/v1/interpret.pb.h"
 #include "server/interpret_convert.h"
 
@@ -22,7 +23,15 @@ namespace kvlens::server {
 struct InterpBackends {
   explicit InterpBackends(int cpu_threads) : f32(cpu_threads) {}
   kernels::ReferenceBackend f64;
-  kernels::CpuBackend f32;
+  kernels::CpuBackend f32;  // fp32 probes; with a device, the host side of `staged`
+  // --interp-device cuda[:N]: this worker's GPU backend, and fp32 probes' ops staged onto it
+  // (the tape stays on the host; matrix products, norms, RoPE, activations run on the GPU).
+  std::unique_ptr<kernels::Backend<float>> device;
+  std::unique_ptr<kernels::StagedBackend> staged;
+  kernels::Backend<float>& fp32() {
+    if (staged != nullptr) return *staged;
+    return f32;
+  }
 };
 
 // What every runner needs: the served model, the engine (for sessions), the limits.

@@ -28,6 +28,9 @@ class InterpretService final : public v1::Interpret::CallbackService {
   // `engine` and `metrics` outlive the service.
   InterpretService(Engine& engine, Metrics& metrics, const InterpretOptions& options);
 
+  // Whether every worker got its --interp-device backend.
+  const absl::Status& status() const { return workers_.status(); }
+  const std::string& device_description() const { return workers_.device_description(); }
   // New calls get UNAVAILABLE from now on.
   void StartDraining() { draining_.store(true); }
   // Finishes running probes, answers queued ones UNAVAILABLE, joins the workers. Call

@@ -10,7 +10,24 @@ namespace kvlens::server {
 InterpretWorkers::InterpretWorkers(const InterpretWorkerOptions& options) : options_(options) {
   const int n = std::max(1, options.num_workers);
   for (int k = 0; k < n; ++k) {
-    backends_.push_back(std::make_unique<InterpBackends>(std::max(1, options.cpu_threads)));
+    auto b = std::make_unique<InterpBackends>(std::max(1, options.cpu_threads));
+    if (options.make_device) {
+      b->device = options.make_device();
+      device_description_ = std::string(b->device->name());
+      b->staged = std::make_unique<kernels::StagedBackend>(*b->device, b->f32);
+    } else if (options.device.kind != kernels::DeviceSpec::Kind::kCpu && status_.ok()) {
+      auto created = kernels::CreateBackend(options.device, 1, options.share_weights_with);
+      if (created.ok()) {
+        device_description_ = created->description;
+        b->device = std::move(created->backend);
+        b->staged = std::make_unique<kernels::StagedBackend>(*b->device, b->f32);
+      } else {
+        status_ = absl::Status(created.status().code(),
+                               absl::StrCat("--interp-device ", options.device.ToString(), ": ",
+                                            created.status().message()));
+      }
+    }
+    backends_.push_back(std::move(b));
   }
   for (int k = 0; k < n; ++k) threads_.emplace_back([this, k] { Loop(k); });
 }

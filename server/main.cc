@@ -54,13 +54,18 @@ ABSL_FLAG(bool, prefix_caching, true, "Reuse cached KV blocks of shared prompt p
 ABSL_FLAG(std::string, device, "cpu",
           "Where generation runs: cpu (threaded fp32 CPU backend) or cuda[:N] (GPU N, default "
           "0; builds with -DKVLENS_CUDA=ON). On cuda the KV cache and activations live on the "
-          "GPU (--kv-cache-bytes is GPU memory); interpretability requests always run on CPU "
-          "workers, reading a session's KV cache back from the GPU.");
+          "GPU (--kv-cache-bytes is GPU memory); interpretability requests run where "
+          "--interp-device says, reading a session's KV cache back from the GPU.");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores; --device cpu only).");
 ABSL_FLAG(int32_t, interp_workers, 2,
           "Interpretability requests (attention maps, probes, interventions, lens) running "
           "at once, each on its own backends apart from generation.");
 ABSL_FLAG(int32_t, interp_threads, 1, "Threads of each interpretability worker's fp32 backend.");
+ABSL_FLAG(std::string, interp_device, "cpu",
+          "Where fp32 interpretability requests compute: cpu, or cuda[:N] (each worker gets "
+          "its own GPU stream; the tape stays in host memory and its matrix products, norms, "
+          "RoPE and activations run on the GPU, sharing the weights --device uploaded when it "
+          "is the same GPU). fp64 requests always run on the CPU reference.");
 ABSL_FLAG(int32_t, interp_queue, 16,
           "Interpretability requests waiting beyond the running ones; more get "
           "RESOURCE_EXHAUSTED.");
@@ -160,6 +165,13 @@ int main(int argc, char** argv) {
   kvlens::Engine engine(**model, *backend->backend, options, &metrics);
   if (!engine.status().ok()) return Fail(engine.status());
 
+  const std::string interp_device_flag = absl::GetFlag(FLAGS_interp_device);
+  auto interp_device = kvlens::kernels::ParseDevice(interp_device_flag);
+  if (!interp_device.ok()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--interp-device: ", interp_device.status().message())));
+  }
+
   kvlens::server::GrpcServerOptions server_options;
   server_options.address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_port));
   server_options.backend_name = backend->description;
@@ -167,6 +179,8 @@ int main(int argc, char** argv) {
   interp.workers.num_workers = std::max(1, absl::GetFlag(FLAGS_interp_workers));
   interp.workers.cpu_threads = std::max(1, absl::GetFlag(FLAGS_interp_threads));
   interp.workers.max_queued = std::max(0, absl::GetFlag(FLAGS_interp_queue));
+  interp.workers.device = *interp_device;
+  interp.workers.share_weights_with = backend->backend.get();
   interp.limits.max_positions = absl::GetFlag(FLAGS_max_interp_positions);
   interp.limits.max_layer_heads = absl::GetFlag(FLAGS_max_interp_layer_heads);
   interp.limits.max_bytes = absl::GetFlag(FLAGS_max_interp_bytes);
@@ -177,11 +191,12 @@ int main(int argc, char** argv) {
   if (!server.ok()) return Fail(server.status());
   std::fprintf(stderr,
                "kvlens-server: serving %s (%s, %d layers, context %d) on %s:%d, metrics on "
-               "%s:%d, KV cache %d blocks x %d tokens, backend %s\n",
+               "%s:%d, KV cache %d blocks x %d tokens, backend %s, interpretability fp32 on "
+               "%s\n",
                config.name.c_str(), std::string(kvlens::ArchitectureName(config.arch)).c_str(),
                config.num_layers, config.max_seq_len, host.c_str(), (*server)->port(), host.c_str(),
                metrics.exposer_port(), options.num_blocks, options.block_size,
-               backend->description.c_str());
+               backend->description.c_str(), (*server)->interp_device().c_str());
   const kvlens::GenerationConfig& config_defaults = (*model)->generation_config;
   if (config_defaults.repetition_penalty) {
     std::fprintf(stderr,

@@ -18,12 +18,15 @@
 
 #include "engine/engine.h"
 #include "engine/generator.h"
+#include "engine/interpret/objective.h"
+#include "engine/interpret/tape.h"
 #include "engine/model/model.h"
 #include "engine/model/transformer.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "kernels/backend_factory.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/staged_backend.h"
 #ifdef KVLENS_CUDA_EMULATOR
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -198,6 +201,51 @@ TEST(CudaEngineDecode, IncrementalEqualsFullRecomputeOverANanCache) {
   // one prefill vs one token per step; unused (even) blocks hold NaN and must stay unread
   ExpectClose(AllLogits(*model, cuda, tokens, 1),
               AllLogits(*model, cuda, tokens, static_cast<int>(tokens.size())), 1e-4, 1e-5);
+}
+
+// Interpretability on the GPU: the tape's forward through a StagedBackend over the CUDA
+// backend (matrix products, norms, RoPE, activations on the device; the tape's own
+// attention loop and the backward on the host), against the same tape on the CpuBackend:
+// logits, every layer's attention probabilities, and the gradients of a log-probability
+// (input embeddings, Q/K/V, scores) within 1e-4 of the largest value (fp32 both sides).
+void ExpectCloseNamed(const std::vector<float>& a, const std::vector<float>& b, double rel,
+                      const char* what) {
+  SCOPED_TRACE(what);
+  ExpectClose(a, b, rel, 1e-6);
+}
+
+TEST(CudaEngineInterpret, DefaultModelTapeAndGradientsWithinToleranceOfCpu) {
+  KVLENS_REQUIRE_FILE(testing::DefaultModelPath());
+  KVLENS_REQUIRE_CUDA(cuda);
+  auto model = Load(testing::DefaultModelPath());
+  ASSERT_NE(model, nullptr);
+  interpret::SequenceInput<float> in;
+  in.tokens =
+      model->tokenizer->Encode("And God said, Let there be light: and there was light.", false);
+  ASSERT_GE(in.tokens.size(), 8u);
+  kernels::CpuBackend cpu(2), host(1);
+  kernels::StagedBackend staged(cuda, host);
+  auto want = interpret::RunForward(*model, cpu, in);
+  auto got = interpret::RunForward(*model, staged, in);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectCloseNamed(got->logits, want->logits, 1e-4, "logits");
+  for (int l = 0; l < model->config.num_layers; ++l) {
+    ExpectCloseNamed(got->layers[l].probs, want->layers[l].probs, 1e-4, "probs");
+  }
+  const int last = static_cast<int>(in.tokens.size()) - 1;
+  const interpret::Objective o = interpret::Objective::LogProb({{last - 1, in.tokens[last]}});
+  auto gw = interpret::ObjectiveGradients(*model, *want, o);
+  auto gg = interpret::ObjectiveGradients(*model, *got, o);
+  ASSERT_TRUE(gw.ok()) << gw.status();
+  ASSERT_TRUE(gg.ok()) << gg.status();
+  ExpectCloseNamed(gg->embeddings(), gw->embeddings(), 1e-4, "d embeddings");
+  for (int l = 0; l < model->config.num_layers; ++l) {
+    ExpectCloseNamed(gg->q[l], gw->q[l], 1e-4, "dQ");
+    ExpectCloseNamed(gg->k[l], gw->k[l], 1e-4, "dK");
+    ExpectCloseNamed(gg->v[l], gw->v[l], 1e-4, "dV");
+    ExpectCloseNamed(gg->scores[l], gw->scores[l], 1e-4, "dS");
+  }
 }
 
 }  // namespace

@@ -122,6 +122,23 @@ TEST(ServerProcessTest, DeviceCudaWithoutAGpuIsAClearError) {
       << out;
 }
 
+TEST(ServerProcessTest, InterpDeviceCudaWithoutAGpuIsAClearError) {
+  if (kernels::CreateBackend({kernels::DeviceSpec::Kind::kCuda, 0}, 1).ok()) {
+    GTEST_SKIP() << "a CUDA device is present";
+  }
+  const auto [code, out] = RunServerToExit("--interp-device cuda");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_EQ(out.rfind("kvlens-server: --interp-device cuda:0: ", 0), 0u) << out;
+}
+
+TEST(ServerProcessTest, InterpDeviceBogusIsRejectedNamingTheFlag) {
+  const auto [code, out] = RunServerToExit("--interp-device gpu");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("--interp-device: device \"gpu\" is not one of cpu, cuda, cuda:N"),
+            std::string::npos)
+      << out;
+}
+
 TEST(ServerProcessTest, DeviceBogusIsRejectedNamingTheFlag) {
   const auto [code, out] = RunServerToExit("--device bogus");
   EXPECT_EQ(code, 1) << out;

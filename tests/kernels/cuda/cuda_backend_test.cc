@@ -11,6 +11,7 @@
 #include <cmath>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,33 @@ TEST_F(CudaBackendTest, NegativeBlockIdIsInvalidArgumentLikeTheReference) {
   EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument) << got;
   EXPECT_NE(std::string(got.message()).find("kv.block_table"), std::string::npos) << got;
   EXPECT_TRUE(backend_->status().ok());
+}
+
+// Two backends of one device sharing weights: the second finds the first's upload (no new
+// device memory) and computes the same product on its own stream.
+TEST_F(CudaBackendTest, SharedWeightsAreUploadedOnce) {
+  absl::StatusOr<std::unique_ptr<CudaBackend>> other = CudaBackend::Create(0);
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_TRUE((*other)->ShareWeightsWith(*backend_).ok());
+  std::mt19937_64 rng(3);
+  const kernels::testing::OwnedWeight w(kernels::testing::RandomFloatExact(rng, 32 * 16), 32, 16,
+                                        DType::kF32);
+  auto x = parity::ToDevice(kernels::testing::RandomFloatExact(rng, 2 * 16));
+  auto y1 = parity::ToDevice(std::vector<double>(2 * 32, 0.0));
+  auto y2 = parity::ToDevice(std::vector<double>(2 * 32, 0.0));
+  ASSERT_TRUE(x.ok() && y1.ok() && y2.ok());
+  backend_->MatMul(x->as<float>(), 2, w.view(), WeightView{}, y1->as<float>());
+  const int64_t bytes = backend_->weight_bytes();
+  EXPECT_GE(bytes, 32 * 16 * 4);  // the buffer may round up
+  (*other)->MatMul(x->as<float>(), 2, w.view(), WeightView{}, y2->as<float>());
+  EXPECT_EQ((*other)->weight_bytes(), bytes);
+  EXPECT_EQ(backend_->weight_bytes(), bytes);
+  auto h1 = parity::FromDevice(*backend_, *y1, 64);
+  auto h2 = parity::FromDevice(**other, *y2, 64);
+  ASSERT_TRUE(h1.ok() && h2.ok());
+  EXPECT_EQ(*h1, *h2);
+  backend_->ForgetWeights();
+  EXPECT_EQ((*other)->weight_bytes(), 0);
 }
 
 // The seeds' 2×2 example on the device, forward then backward: Q = √2·ln3·I, K = I,
