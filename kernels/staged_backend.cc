@@ -1,13 +1,22 @@
 #include "kernels/staged_backend.h"
 
+#include <algorithm>
+
+#include "kernels/cpu/reference_backward.h"
+
 namespace kvlens::kernels {
 
-StagedBackend::StagedBackend(Backend<float>& device, Backend<float>& host)
+StagedBackend::StagedBackend(Backend<float>& device, Backend<float>& host,
+                             BackwardOps<float>* device_backward)
     : device_(device),
       host_(host),
+      device_backward_(device_backward),
       name_("staged:" + std::string(device.name())),
       scratch_{Buffer<float>(device.memory()), Buffer<float>(device.memory()),
-               Buffer<float>(device.memory())} {}
+               Buffer<float>(device.memory()), Buffer<float>(device.memory()),
+               Buffer<float>(device.memory()), Buffer<float>(device.memory()),
+               Buffer<float>(device.memory()), Buffer<float>(device.memory()),
+               Buffer<float>(device.memory()), Buffer<float>(device.memory())} {}
 
 bool StagedBackend::Ok(const absl::Status& s) {
   if (!s.ok() && status_.ok()) status_ = s;
@@ -121,6 +130,64 @@ void StagedBackend::StoreKv(const float* k, const float* v, int n, int64_t src_s
 absl::Status StagedBackend::Attention(const AttentionArgs<float>& args) {
   if (!status_.ok()) return status_;
   return host_.Attention(args);
+}
+
+absl::Status StagedBackend::MatMulBackwardInput(const float* dy, int n, const WeightView& w,
+                                                float* dx) {
+  if (device_backward_ == nullptr) {
+    kernels::MatMulBackwardInput(dy, n, w, dx);
+    return absl::OkStatus();
+  }
+  if (!status_.ok()) return status_;
+  if (n <= 0 || !Ok(device_.MakeCurrent())) return status_;
+  const float* ddy = Stage(0, dy, n * w.rows);
+  float* ddx = Stage(1, dx, n * w.cols);  // accumulated into: its current values go too
+  if (ddy == nullptr || ddx == nullptr) return status_;
+  if (!Ok(device_backward_->MatMulBackwardInput(ddy, n, w, ddx))) return status_;
+  Fetch(dx, 1, n * w.cols);
+  return status_;
+}
+
+absl::Status StagedBackend::AttentionBackward(const AttentionBackwardArgs<float>& a) {
+  if (device_backward_ == nullptr) return kernels::AttentionBackward(a);
+  if (!status_.ok()) return status_;
+  // The host arguments' own errors first (they also bound the sizes staged below).
+  if (absl::Status s = ValidateAttentionBackwardArgs(a); !s.ok()) return s;
+  if (!Ok(device_.MakeCurrent())) return status_;
+  const int64_t q_row = int64_t{a.num_heads} * a.head_dim;
+  const int64_t kv_row = int64_t{a.num_kv_heads} * a.head_dim;
+  const int64_t map = int64_t{a.num_heads} * a.num_queries * a.num_keys;
+  // Cache rows read: the logical keys, or every row of the blocks the table names.
+  int64_t cache_rows = a.num_keys;
+  if (a.kv.block_table != nullptr) {
+    cache_rows = 0;
+    for (int b = 0; b * a.kv.block_size < a.num_keys; ++b) {
+      cache_rows =
+          std::max<int64_t>(cache_rows, (int64_t{a.kv.block_table[b]} + 1) * a.kv.block_size);
+    }
+  }
+  AttentionBackwardArgs<float> d = a;
+  d.q = Stage(0, a.q, (a.num_queries - 1) * a.q_stride + q_row);
+  d.kv.k = Stage(1, a.kv.k, (cache_rows - 1) * a.kv.row_stride + kv_row);
+  d.kv.v = Stage(2, a.kv.v, (cache_rows - 1) * a.kv.row_stride + kv_row);
+  d.probs = Stage(3, a.probs, map);
+  d.dout = Stage(4, a.dout, (a.num_queries - 1) * a.dout_stride + q_row);
+  d.dq = Stage(5, nullptr, a.num_queries * q_row);
+  d.dk = Stage(6, nullptr, a.num_keys * kv_row);
+  d.dv = Stage(7, nullptr, a.num_keys * kv_row);
+  d.dprobs = a.dprobs != nullptr ? Stage(8, nullptr, map) : nullptr;
+  d.dscores = a.dscores != nullptr ? Stage(9, nullptr, map) : nullptr;
+  if (!status_.ok()) return status_;
+  if (absl::Status s = device_backward_->AttentionBackward(d); !s.ok()) {
+    if (s.code() != absl::StatusCode::kInvalidArgument) Ok(s);
+    return s;
+  }
+  Fetch(a.dq, 5, a.num_queries * q_row);
+  Fetch(a.dk, 6, a.num_keys * kv_row);
+  Fetch(a.dv, 7, a.num_keys * kv_row);
+  if (a.dprobs != nullptr) Fetch(a.dprobs, 8, map);
+  if (a.dscores != nullptr) Fetch(a.dscores, 9, map);
+  return status_;
 }
 
 }  // namespace kvlens::kernels

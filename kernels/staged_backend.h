@@ -8,7 +8,8 @@
 //
 // Attention and StoreKv run on `host`, a CPU backend: their index arrays and the paged
 // cache (of an extent the arguments do not bound) are host data here, and the tape runs
-// its own attention loop regardless.
+// its own attention loop regardless. The backward ops (kernels/backward_ops.h) stage onto
+// the device backend's BackwardOps when given one.
 //
 // Errors: the void ops record their first failure (a copy, an allocation, a device op)
 // and then do nothing; Synchronize() returns it, as CudaBackend does. One thread at a time.
@@ -21,14 +22,18 @@
 
 #include "absl/status/status.h"
 #include "kernels/backend.h"
+#include "kernels/backward_ops.h"
 #include "kernels/buffer.h"
 
 namespace kvlens::kernels {
 
-class StagedBackend final : public Backend<float> {
+class StagedBackend final : public Backend<float>, public BackwardOps<float> {
  public:
-  // Both must outlive this; `device` is used from the calling thread (MakeCurrent first).
-  StagedBackend(Backend<float>& device, Backend<float>& host);
+  // All must outlive this; `device` is used from the calling thread (MakeCurrent first).
+  // device_backward: the device backend's backward ops (e.g. the same CudaBackend), which
+  // the backward ops below then stage onto; null: they run the reference loops on the host.
+  StagedBackend(Backend<float>& device, Backend<float>& host,
+                BackwardOps<float>* device_backward = nullptr);
 
   std::string_view name() const override { return name_; }
   absl::Status MakeCurrent() override { return device_.MakeCurrent(); }
@@ -53,6 +58,11 @@ class StagedBackend final : public Backend<float> {
                int64_t cache_stride) override;
   absl::Status Attention(const AttentionArgs<float>& args) override;
 
+  // BackwardOps on host arrays: inputs staged in, results (dx; dq, dk, dv, dprobs,
+  // dscores) copied back before returning.
+  absl::Status MatMulBackwardInput(const float* dy, int n, const WeightView& w, float* dx) override;
+  absl::Status AttentionBackward(const AttentionBackwardArgs<float>& args) override;
+
  private:
   // Device scratch slot `slot` holding `count` floats, filled from `host` when non-null.
   float* Stage(int slot, const float* host, int64_t count);
@@ -62,8 +72,9 @@ class StagedBackend final : public Backend<float> {
 
   Backend<float>& device_;
   Backend<float>& host_;
+  BackwardOps<float>* device_backward_;
   std::string name_;
-  std::array<Buffer<float>, 3> scratch_;
+  std::array<Buffer<float>, 10> scratch_;
   absl::Status status_;
 };
 

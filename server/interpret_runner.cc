@@ -33,6 +33,16 @@ kernels::Backend<T>& BackendOf(InterpBackends& b) {
   }
 }
 
+// The backward's heavy ops for fp32 probes with --interp-device; null: the host loops.
+template <typename T>
+kernels::BackwardOps<T>* BackwardOpsOf(InterpBackends& b) {
+  if constexpr (std::is_same_v<T, double>) {
+    return nullptr;
+  } else {
+    return b.staged.get();
+  }
+}
+
 v1::Precision PrecisionOf(bool fp64) { return fp64 ? v1::PRECISION_FP64 : v1::PRECISION_FP32; }
 
 // The sequence of `input`: text, ids, or (when allowed) an open session's tokens.
@@ -244,7 +254,8 @@ absl::Status ProbeAt(const InterpContext& ctx, const v1::GradientProbeRequest& r
   if (!tape.ok()) return tape.status();
   interpret::BackwardOptions options;
   if (request.has_param_layer()) options.param_layer = request.param_layer();
-  auto g = interpret::ObjectiveGradients(model, *tape, objective, options);
+  auto g = interpret::ObjectiveGradients(model, *tape, objective, options,
+                                         BackwardOpsOf<T>(ctx.backends));
   if (!g.ok()) return g.status();
   response->set_objective(interpret::EvaluateObjective(objective, model.config, *tape));
   const v1::DType dtype = std::is_same_v<T, double> ? v1::DTYPE_FP64 : v1::DTYPE_FP32;

@@ -25,7 +25,8 @@ struct InterpBackends {
   kernels::ReferenceBackend f64;
   kernels::CpuBackend f32;  // fp32 probes; with a device, the host side of `staged`
   // --interp-device cuda[:N]: this worker's GPU backend, and fp32 probes' ops staged onto it
-  // (the tape stays on the host; matrix products, norms, RoPE, activations run on the GPU).
+  // (the tape stays on the host; matrix products, norms, RoPE, activations, and in the
+  // backward the input gradients of the products and the attention backward run on the GPU).
   std::unique_ptr<kernels::Backend<float>> device;
   std::unique_ptr<kernels::StagedBackend> staged;
   kernels::Backend<float>& fp32() {

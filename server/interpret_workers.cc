@@ -14,13 +14,15 @@ InterpretWorkers::InterpretWorkers(const InterpretWorkerOptions& options) : opti
     if (options.make_device) {
       b->device = options.make_device();
       device_description_ = std::string(b->device->name());
-      b->staged = std::make_unique<kernels::StagedBackend>(*b->device, b->f32);
+      b->staged = std::make_unique<kernels::StagedBackend>(
+          *b->device, b->f32, dynamic_cast<kernels::BackwardOps<float>*>(b->device.get()));
     } else if (options.device.kind != kernels::DeviceSpec::Kind::kCpu && status_.ok()) {
       auto created = kernels::CreateBackend(options.device, 1, options.share_weights_with);
       if (created.ok()) {
         device_description_ = created->description;
         b->device = std::move(created->backend);
-        b->staged = std::make_unique<kernels::StagedBackend>(*b->device, b->f32);
+        b->staged = std::make_unique<kernels::StagedBackend>(
+            *b->device, b->f32, dynamic_cast<kernels::BackwardOps<float>*>(b->device.get()));
       } else {
         status_ = absl::Status(created.status().code(),
                                absl::StrCat("--interp-device ", options.device.ToString(), ": ",

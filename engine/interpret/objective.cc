@@ -157,11 +157,11 @@ absl::StatusOr<Seed<T>> SeedFor(const Objective& o, const ModelConfig& c, const 
 
 template <typename T>
 absl::StatusOr<Gradients<T>> ObjectiveGradients(const Model& model, const Tape<T>& tape,
-                                                const Objective& o,
-                                                const BackwardOptions& options) {
+                                                const Objective& o, const BackwardOptions& options,
+                                                kernels::BackwardOps<T>* ops) {
   auto seed = SeedFor(o, model.config, tape);
   if (!seed.ok()) return seed.status();
-  return Backward(model, tape, *seed, options);
+  return Backward(model, tape, *seed, options, ops);
 }
 
 template <typename T>
@@ -190,7 +190,8 @@ std::vector<double> AttentionTimesGradient(const Tape<T>& t, const Gradients<T>&
   template absl::StatusOr<Seed<T>> SeedFor<T>(const Objective&, const ModelConfig&,             \
                                               const Tape<T>&);                                  \
   template absl::StatusOr<Gradients<T>> ObjectiveGradients<T>(                                  \
-      const Model&, const Tape<T>&, const Objective&, const BackwardOptions&);                  \
+      const Model&, const Tape<T>&, const Objective&, const BackwardOptions&,                   \
+      kernels::BackwardOps<T>*);                                                                \
   template std::vector<double> InputTimesGradient<T>(const Tape<T>&, const Gradients<T>&, int); \
   template std::vector<double> AttentionTimesGradient<T>(const Tape<T>&, const Gradients<T>&, int);
 

@@ -50,7 +50,8 @@ absl::StatusOr<Seed<T>> SeedFor(const Objective& o, const ModelConfig& c, const 
 template <typename T>
 absl::StatusOr<Gradients<T>> ObjectiveGradients(const Model& model, const Tape<T>& tape,
                                                 const Objective& o,
-                                                const BackwardOptions& options = {});
+                                                const BackwardOptions& options = {},
+                                                kernels::BackwardOps<T>* ops = nullptr);
 
 // Input × gradient saliency per row: Σ_d x0[i, d] · dJ/dx0[i, d], x0 the input embedding.
 template <typename T>

@@ -16,7 +16,8 @@
 // it reproduces Transformer<T>::Forward) and its own attention loop, which records scores
 // and probabilities and accepts Edits: perturbations of any intermediate (finite
 // differences), head ablations, attention-row overrides and residual patches
-// (interventions). Backward uses kernels/cpu/reference_backward.h.
+// (interventions). Backward uses kernels/cpu/reference_backward.h, or a BackwardOps
+// (kernels/backward_ops.h) for its two heavy ops.
 #ifndef KVLENS_ENGINE_INTERPRET_TAPE_H_
 #define KVLENS_ENGINE_INTERPRET_TAPE_H_
 
@@ -27,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/model.h"
 #include "kernels/backend.h"
+#include "kernels/backward_ops.h"
 
 namespace kvlens::interpret {
 
@@ -177,9 +179,12 @@ struct Gradients {
   const std::vector<T>& embeddings() const { return residual[0]; }
 };
 
+// ops: where the matrix products' input gradients and the attention backward run (e.g.
+// a StagedBackend over a GPU); null: the reference loops on the host.
 template <typename T>
 absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& tape, const Seed<T>& seed,
-                                      const BackwardOptions& options = {});
+                                      const BackwardOptions& options = {},
+                                      kernels::BackwardOps<T>* ops = nullptr);
 
 // The value of a tensor entry on the tape / in the gradients (for checks and tests).
 template <typename T>

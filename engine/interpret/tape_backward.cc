@@ -33,7 +33,13 @@ void NormBackward(const ModelConfig& c, const WeightView& w, const T* x, int n, 
 
 template <typename T>
 absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, const Seed<T>& seed,
-                                      const BackwardOptions& opt) {
+                                      const BackwardOptions& opt, kernels::BackwardOps<T>* ops) {
+  // dx += dy · W and the attention backward: on `ops`, or the reference loops here.
+  auto matmul_dx = [ops](const T* dy, int rows, const WeightView& wv, T* out) {
+    if (ops != nullptr) return ops->MatMulBackwardInput(dy, rows, wv, out);
+    kernels::MatMulBackwardInput(dy, rows, wv, out);
+    return absl::OkStatus();
+  };
   const ModelConfig& c = model.config;
   const Weights& w = model.weights;
   if (t.edited) {
@@ -68,7 +74,7 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
   std::vector<T> dx(n * D, T(0));
   if (!seed.dlogits.empty()) {
     std::vector<T> dxf(n * D, T(0));
-    kernels::MatMulBackwardInput(seed.dlogits.data(), n, w.output, dxf.data());
+    if (absl::Status s = matmul_dx(seed.dlogits.data(), n, w.output, dxf.data()); !s.ok()) return s;
     NormBackward(c, w.final_norm, t.x_final.data(), n, dxf.data(), dx.data());
   }
   g.residual[L] = dx;
@@ -79,23 +85,23 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
     const LayerTape<T>& lt = t.layers[l];
     // feed-forward: dx flows to dh directly and through the FFN
     std::fill(dact.begin(), dact.end(), T(0));
-    kernels::MatMulBackwardInput(dx.data(), n, lw.w_out, dact.data());
+    if (absl::Status s = matmul_dx(dx.data(), n, lw.w_out, dact.data()); !s.ok()) return s;
     std::fill(dhn.begin(), dhn.end(), T(0));
     if (c.arch == Architecture::kLlama) {
       kernels::SwiGluBackward(lt.pre.data(), lt.up.data(), dact.data(), n * F, dpre.data(),
                               dup.data());
-      kernels::MatMulBackwardInput(dup.data(), n, lw.w_up, dhn.data());
+      if (absl::Status s = matmul_dx(dup.data(), n, lw.w_up, dhn.data()); !s.ok()) return s;
     } else {
       kernels::GeluBackward(lt.pre.data(), dact.data(), n * F, dpre.data());
     }
-    kernels::MatMulBackwardInput(dpre.data(), n, lw.w_in, dhn.data());
+    if (absl::Status s = matmul_dx(dpre.data(), n, lw.w_in, dhn.data()); !s.ok()) return s;
     NormBackward(c, lw.ffn_norm, lt.h.data(), n, dhn.data(), tmp.data());
     for (int64_t e = 0; e < n * D; ++e) dh[e] = dx[e] + tmp[e];
 
     // output projection (plus a probe's seed on O)
     std::vector<T>& datt = g.attn_out[l];
     datt.assign(n * D, T(0));
-    kernels::MatMulBackwardInput(dh.data(), n, lw.wo, datt.data());
+    if (absl::Status s = matmul_dx(dh.data(), n, lw.wo, datt.data()); !s.ok()) return s;
     if (!seed.probe_dout.empty() && seed.probe_layer == l) {
       for (int64_t e = 0; e < n * D; ++e) datt[e] += seed.probe_dout[e];
     }
@@ -132,7 +138,8 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
     a.dv = g.v[l].data();
     a.dprobs = g.probs[l].data();
     a.dscores = g.scores[l].data();
-    if (absl::Status s = kernels::AttentionBackward(a); !s.ok()) {
+    if (absl::Status s = ops != nullptr ? ops->AttentionBackward(a) : kernels::AttentionBackward(a);
+        !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("layer ", l, ": ", s.message()));
     }
 
@@ -151,9 +158,9 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
                             c.rope_theta, c.rope_style);
     }
     std::fill(dhn.begin(), dhn.end(), T(0));
-    kernels::MatMulBackwardInput(dq.data(), n, lw.wq, dhn.data());
-    kernels::MatMulBackwardInput(dk.data(), n, lw.wk, dhn.data());
-    kernels::MatMulBackwardInput(dv.data(), n, lw.wv, dhn.data());
+    if (absl::Status s = matmul_dx(dq.data(), n, lw.wq, dhn.data()); !s.ok()) return s;
+    if (absl::Status s = matmul_dx(dk.data(), n, lw.wk, dhn.data()); !s.ok()) return s;
+    if (absl::Status s = matmul_dx(dv.data(), n, lw.wv, dhn.data()); !s.ok()) return s;
     if (opt.param_layer == l) {
       ParamGradients& p = g.params;
       p.layer = l;
@@ -175,9 +182,11 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
 
 template absl::StatusOr<Gradients<float>> Backward<float>(const Model&, const Tape<float>&,
                                                           const Seed<float>&,
-                                                          const BackwardOptions&);
+                                                          const BackwardOptions&,
+                                                          kernels::BackwardOps<float>*);
 template absl::StatusOr<Gradients<double>> Backward<double>(const Model&, const Tape<double>&,
                                                             const Seed<double>&,
-                                                            const BackwardOptions&);
+                                                            const BackwardOptions&,
+                                                            kernels::BackwardOps<double>*);
 
 }  // namespace kvlens::interpret

@@ -230,6 +230,15 @@ absl::StatusOr<const void*> CudaBackend::UploadIndices(const void* host, size_t 
   return device;
 }
 
+absl::StatusOr<const void*> CudaBackend::GemmOperand(const float* x, int64_t count, DType dtype) {
+  if (dtype == DType::kF32) return x;
+  if (absl::Status s = gemm_input_.Reserve(static_cast<size_t>(count) * 2); !s.ok()) return s;
+  if (absl::Status s = LaunchConvertF32(x, count, dtype, gemm_input_.get(), stream_); !s.ok()) {
+    return s;
+  }
+  return gemm_input_.get();
+}
+
 // y[n, out] = x[n, in] · Wᵀ. Row-major y is column-major yᵀ [out, n], so cuBLAS computes
 // yᵀ = W · xᵀ with W (column-major [in, out], ld in) transposed and xᵀ (column-major
 // [in, n], ld in) as is.
@@ -241,17 +250,10 @@ absl::Status CudaBackend::MatMulImpl(const float* x, int n, const WeightView& w,
   const DeviceWeight& W = **dw;
   const int m = static_cast<int>(W.rows), k = static_cast<int>(W.cols);
   const float alpha = 1.0f, beta = 0.0f;
-  const void* b = x;
-  if (W.dtype != DType::kF32) {
-    const int64_t count = static_cast<int64_t>(n) * k;
-    if (absl::Status s = gemm_input_.Reserve(static_cast<size_t>(count) * 2); !s.ok()) return s;
-    if (absl::Status s = LaunchConvertF32(x, count, W.dtype, gemm_input_.get(), stream_); !s.ok()) {
-      return s;
-    }
-    b = gemm_input_.get();
-  }
+  absl::StatusOr<const void*> b = GemmOperand(x, static_cast<int64_t>(n) * k, W.dtype);
+  if (!b.ok()) return b.status();
   KVLENS_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
-      cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, W.buffer.get(), CudaType(W.dtype), k, b,
+      cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, W.buffer.get(), CudaType(W.dtype), k, *b,
       CudaType(W.dtype), k, &beta, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (!bias.empty()) {
     absl::StatusOr<const DeviceWeight*> db = Upload(bias);
@@ -259,6 +261,31 @@ absl::Status CudaBackend::MatMulImpl(const float* x, int n, const WeightView& w,
     return LaunchAddBias(y, n, m, (*db)->buffer.get(), (*db)->dtype, stream_);
   }
   return absl::OkStatus();
+}
+
+// dx[n, in] += dy[n, out] · W. Row-major dx is column-major dxᵀ [in, n] = Wᵀ · dyᵀ, and
+// row-major W [out, in] read column-major is already Wᵀ [in, out] (ld in).
+absl::Status CudaBackend::MatMulBackwardInput(const float* dy, int n, const WeightView& w,
+                                              float* dx) {
+  if (!status_.ok()) return status_;
+  if (n <= 0) return absl::OkStatus();
+  absl::StatusOr<const DeviceWeight*> dw = Upload(w);
+  if (!dw.ok()) return dw.status();
+  const DeviceWeight& W = **dw;
+  const int out = static_cast<int>(W.rows), in = static_cast<int>(W.cols);
+  const float alpha = 1.0f, beta = 1.0f;
+  absl::StatusOr<const void*> b = GemmOperand(dy, static_cast<int64_t>(n) * out, W.dtype);
+  if (!b.ok()) {
+    Ok(b.status());
+    return b.status();
+  }
+  const absl::Status s =
+      CublasStatus(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &alpha,
+                                W.buffer.get(), CudaType(W.dtype), in, *b, CudaType(W.dtype), out,
+                                &beta, dx, CUDA_R_32F, in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx", __FILE__, __LINE__);
+  Ok(s);
+  return s;
 }
 
 void CudaBackend::MatMul(const float* x, int n, const WeightView& w, const WeightView& bias,

@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/attention_backward.h"
 #include "kernels/backend.h"
+#include "kernels/backward_ops.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_memory.h"
 #include "kernels/cuda/device_buffer.h"
@@ -62,7 +63,7 @@ struct WeightCache {
   int64_t bytes = 0;                                      // guarded by mu
 };
 
-class CudaBackend final : public Backend<float> {
+class CudaBackend final : public Backend<float>, public BackwardOps<float> {
  public:
   // FAILED_PRECONDITION when there is no usable device `device` (no driver, no GPU).
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device = 0);
@@ -119,7 +120,10 @@ class CudaBackend final : public Backend<float> {
   // dout and every result are device memory; block table and document ids are host
   // arrays, as for Attention. Same argument errors as the reference's AttentionBackward,
   // returned without poisoning the backend.
-  absl::Status AttentionBackward(const AttentionBackwardArgs<float>& args);
+  absl::Status AttentionBackward(const AttentionBackwardArgs<float>& args) override;
+  // dx += dy · W on device pointers (cuBLAS, beta = 1). As in MatMul, f16/bf16 (and
+  // q8_0 → f16) weights take dy rounded to their dtype, fp32 accumulation.
+  absl::Status MatMulBackwardInput(const float* dy, int n, const WeightView& w, float* dx) override;
 
  private:
   CudaBackend(int device, int num_sms, cudaStream_t stream, cublasContext* cublas);
@@ -131,6 +135,9 @@ class CudaBackend final : public Backend<float> {
   // valid for work enqueued before the next upload that wraps or grows the ring, so an op
   // makes at most one upload.
   absl::StatusOr<const void*> UploadIndices(const void* host, size_t bytes);
+  // The GEMM operand for x [count] against a `dtype` weight: x itself for f32, else x
+  // rounded to f16/bf16 in gemm_input_ (valid until the next call).
+  absl::StatusOr<const void*> GemmOperand(const float* x, int64_t count, DType dtype);
   absl::Status MatMulImpl(const float* x, int n, const WeightView& w, const WeightView& bias,
                           float* y);
   absl::Status AttentionImpl(const AttentionArgs<float>& a);

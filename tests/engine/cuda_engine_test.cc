@@ -205,7 +205,8 @@ TEST(CudaEngineDecode, IncrementalEqualsFullRecomputeOverANanCache) {
 
 // Interpretability on the GPU: the tape's forward through a StagedBackend over the CUDA
 // backend (matrix products, norms, RoPE, activations on the device; the tape's own
-// attention loop and the backward on the host), against the same tape on the CpuBackend:
+// attention loop on the host) and its backward with the products' input gradients and the
+// attention backward on the device, against the same tape and backward on the CpuBackend:
 // logits, every layer's attention probabilities, and the gradients of a log-probability
 // (input embeddings, Q/K/V, scores) within 1e-4 of the largest value (fp32 both sides).
 void ExpectCloseNamed(const std::vector<float>& a, const std::vector<float>& b, double rel,
@@ -224,7 +225,8 @@ TEST(CudaEngineInterpret, DefaultModelTapeAndGradientsWithinToleranceOfCpu) {
       model->tokenizer->Encode("And God said, Let there be light: and there was light.", false);
   ASSERT_GE(in.tokens.size(), 8u);
   kernels::CpuBackend cpu(2), host(1);
-  kernels::StagedBackend staged(cuda, host);
+  // The backward's heavy ops too, when the backend has them (CudaBackend does).
+  kernels::StagedBackend staged(cuda, host, dynamic_cast<kernels::BackwardOps<float>*>(&cuda));
   auto want = interpret::RunForward(*model, cpu, in);
   auto got = interpret::RunForward(*model, staged, in);
   ASSERT_TRUE(want.ok()) << want.status();
@@ -236,7 +238,7 @@ TEST(CudaEngineInterpret, DefaultModelTapeAndGradientsWithinToleranceOfCpu) {
   const int last = static_cast<int>(in.tokens.size()) - 1;
   const interpret::Objective o = interpret::Objective::LogProb({{last - 1, in.tokens[last]}});
   auto gw = interpret::ObjectiveGradients(*model, *want, o);
-  auto gg = interpret::ObjectiveGradients(*model, *got, o);
+  auto gg = interpret::ObjectiveGradients(*model, *got, o, {}, &staged);
   ASSERT_TRUE(gw.ok()) << gw.status();
   ASSERT_TRUE(gg.ok()) << gg.status();
   ExpectCloseNamed(gg->embeddings(), gw->embeddings(), 1e-4, "d embeddings");

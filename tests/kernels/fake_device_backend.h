@@ -9,7 +9,9 @@
 #include <string_view>
 
 #include "kernels/backend.h"
+#include "kernels/backward_ops.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/reference_backward.h"
 #include "kernels/memory.h"
 
 namespace kvlens::testing {
@@ -43,7 +45,9 @@ class FakeDeviceMemory final : public kernels::Memory {
   static kernels::Memory& host() { return kernels::HostMemory(); }
 };
 
-class FakeDeviceBackend final : public kernels::Backend<float> {
+// Also the backward ops (the reference loops, on its host-backed "device" memory), so that
+// kernels::StagedBackend's staging of them can be checked.
+class FakeDeviceBackend final : public kernels::Backend<float>, public kernels::BackwardOps<float> {
  public:
   explicit FakeDeviceBackend(int threads = 1) : cpu_(threads) {}
   std::string_view name() const override { return "fake-device"; }
@@ -81,6 +85,14 @@ class FakeDeviceBackend final : public kernels::Backend<float> {
   }
   absl::Status Attention(const kernels::AttentionArgs<float>& a) override {
     return cpu_.Attention(a);
+  }
+  absl::Status MatMulBackwardInput(const float* dy, int n, const kernels::WeightView& w,
+                                   float* dx) override {
+    kernels::MatMulBackwardInput(dy, n, w, dx);
+    return absl::OkStatus();
+  }
+  absl::Status AttentionBackward(const kernels::AttentionBackwardArgs<float>& a) override {
+    return kernels::AttentionBackward(a);
   }
 
  private:

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/reference_backward.h"
 #include "tests/kernels/fake_device_backend.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -92,6 +93,91 @@ TEST_F(StagedBackendTest, InPlaceOpsEqualTheCpuBackendAndKeepThePadding) {
   staged_.SwiGlu(a.data(), c.data(), 100, s2.data());
   EXPECT_EQ(s2, s);
   EXPECT_TRUE(staged_.Synchronize().ok());
+}
+
+TEST_F(StagedBackendTest, BackwardOpsStagedOntoTheDeviceEqualTheReference) {
+  StagedBackend staged(device_, host_, &device_);
+  const int n = 3, in = 40, out = 24;
+  const OwnedWeight w(RandomD(rng_, size_t(out) * in), out, in, DType::kF32);
+  const std::vector<float> dy = Random(rng_, size_t(n) * out);
+  std::vector<float> want = Random(rng_, size_t(n) * in), got = want;  // accumulated into
+  MatMulBackwardInput(dy.data(), n, w.view(), want.data());
+  ASSERT_TRUE(staged.MatMulBackwardInput(dy.data(), n, w.view(), got.data()).ok());
+  EXPECT_EQ(got, want);
+
+  // Attention backward over a paged cache (blocks 3 and 0 of 4, block size 4), GQA 4/2,
+  // an offset of 3 and two documents; q and dout rows padded.
+  const int tq = 4, tk = 7, h = 4, hkv = 2, dh = 8, bs = 4, off = 3;
+  const int64_t q_stride = h * dh + 3, kv_stride = hkv * dh + 1;
+  const std::vector<int32_t> table = {3, 0}, docs = {0, 0, 1, 1, 1, 1, 1};
+  const std::vector<float> q = Random(rng_, size_t(tq) * q_stride),
+                           kc = Random(rng_, size_t(4 * bs) * kv_stride),
+                           vc = Random(rng_, size_t(4 * bs) * kv_stride),
+                           g = Random(rng_, size_t(tq) * q_stride);
+  std::vector<float> o(size_t(tq) * q_stride), probs(size_t(h) * tq * tk);
+  AttentionArgs<float> f;
+  f.q = q.data();
+  f.q_stride = q_stride;
+  f.num_queries = tq;
+  f.num_keys = tk;
+  f.num_heads = h;
+  f.num_kv_heads = hkv;
+  f.head_dim = dh;
+  f.query_offset = off;
+  f.scale = 0.3;
+  f.q_doc_ids = docs.data() + off;
+  f.k_doc_ids = docs.data();
+  f.kv = KvSource<float>{kc.data(), vc.data(), kv_stride, table.data(), bs};
+  f.out = o.data();
+  f.out_stride = q_stride;
+  f.probs = probs.data();
+  ASSERT_TRUE(cpu_.Attention(f).ok());
+  struct Out {
+    std::vector<float> dq, dk, dv, da, ds;
+  };
+  // The backward call writing into r (zeroed); without probs when `no_probs`.
+  auto args = [&](Out& r, bool no_probs) {
+    r.dq.assign(size_t(tq) * h * dh, 0.0f);
+    r.dk.assign(size_t(tk) * hkv * dh, 0.0f);
+    r.dv = r.dk;
+    r.da.assign(probs.size(), 0.0f);
+    r.ds = r.da;
+    AttentionBackwardArgs<float> b;
+    b.q = q.data();
+    b.q_stride = q_stride;
+    b.num_queries = tq;
+    b.num_keys = tk;
+    b.num_heads = h;
+    b.num_kv_heads = hkv;
+    b.head_dim = dh;
+    b.query_offset = off;
+    b.scale = 0.3;
+    b.q_doc_ids = f.q_doc_ids;
+    b.k_doc_ids = f.k_doc_ids;
+    b.kv = f.kv;
+    b.probs = no_probs ? nullptr : probs.data();
+    b.dout = g.data();
+    b.dout_stride = q_stride;
+    b.dq = r.dq.data();
+    b.dk = r.dk.data();
+    b.dv = r.dv.data();
+    b.dprobs = r.da.data();
+    b.dscores = r.ds.data();
+    return b;
+  };
+  Out a, b, c;
+  ASSERT_TRUE(AttentionBackward(args(a, false)).ok());
+  ASSERT_TRUE(staged.AttentionBackward(args(b, false)).ok());
+  EXPECT_EQ(b.dq, a.dq);
+  EXPECT_EQ(b.dk, a.dk);
+  EXPECT_EQ(b.dv, a.dv);
+  EXPECT_EQ(b.da, a.da);
+  EXPECT_EQ(b.ds, a.ds);
+
+  // The reference's argument errors, and the backend stays usable.
+  const absl::Status s = staged.AttentionBackward(args(c, true));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(staged.Synchronize().ok());
 }
 
 // A device whose allocations fail: the op does nothing and Synchronize says why.

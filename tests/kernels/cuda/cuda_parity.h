@@ -161,6 +161,41 @@ inline ParityResult MatMulCase(CudaBackend& gpu, std::mt19937_64& rng, DType dty
   return Judge(name, *y, naive, ref);
 }
 
+// dx += dy · W (the input gradient of MatMul), dx starting from random values: against the
+// reference's MatMulBackwardInput in double.
+inline ParityResult MatMulBackwardInputCase(CudaBackend& gpu, std::mt19937_64& rng, DType dtype,
+                                            int n, int in, int out) {
+  const std::string name = absl::StrCat("MatMulBackwardInput ", std::string(DTypeName(dtype)),
+                                        " n=", n, " in=", in, " out=", out);
+  const std::vector<double> dy = kernels::testing::RandomFloatExact(rng, size_t(n) * out);
+  const std::vector<double> dx0 = kernels::testing::RandomFloatExact(rng, size_t(n) * in);
+  const OwnedWeight w(kernels::testing::RandomVector(rng, size_t(out) * in), out, in, dtype);
+  std::vector<double> ref = dx0;
+  MatMulBackwardInput(dy.data(), n, w.view(), ref.data());
+  // Naive: dy rounded to the weight's dtype as the GPU rounds it, float sums.
+  std::vector<double> naive(ref.size());
+  for (int r = 0; r < n; ++r) {
+    for (int i = 0; i < in; ++i) {
+      float sum = 0.0f;
+      for (int o = 0; o < out; ++o) {
+        sum += static_cast<float>(RoundTo(dtype, dy[size_t(r) * out + o])) *
+               static_cast<float>(RoundTo(dtype, w.values()[size_t(o) * in + i]));
+      }
+      naive[size_t(r) * in + i] = static_cast<float>(dx0[size_t(r) * in + i]) + sum;
+    }
+  }
+  auto ddy = ToDevice(dy);
+  auto ddx = ToDevice(dx0);
+  if (!ddy.ok() || !ddx.ok()) return Failed(name, !ddy.ok() ? ddy.status() : ddx.status());
+  if (absl::Status st = gpu.MatMulBackwardInput(ddy->as<float>(), n, w.view(), ddx->as<float>());
+      !st.ok()) {
+    return Failed(name, st);
+  }
+  auto got = FromDevice(gpu, *ddx, ref.size());
+  if (!got.ok()) return Failed(name, got.status());
+  return Judge(name, *got, naive, ref);
+}
+
 inline ParityResult EmbeddingCase(CudaBackend& gpu, std::mt19937_64& rng, DType dtype) {
   const std::string name = absl::StrCat("Embedding ", std::string(DTypeName(dtype)));
   const int vocab = 50, dim = 64, n = 9;
@@ -882,6 +917,7 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
     add(MatMulCase(gpu, rng, t, 1, 64, 96, false));
     add(MatMulCase(gpu, rng, t, 17, 256, 160, true));
     add(EmbeddingCase(gpu, rng, t));
+    add(MatMulBackwardInputCase(gpu, rng, t, 17, 160, 256));
   }
   add(NormCase(gpu, rng, false, 64, DType::kF32, false));
   add(NormCase(gpu, rng, false, 4096, DType::kBF16, false));
