@@ -30,6 +30,7 @@
 #ifdef KVLENS_CUDA_EMULATOR
 #include "kernels/cuda/cuda_backend.h"
 #endif
+#include "tests/engine/interpret/tiny_model.h"
 #include "tests/test_paths.h"
 
 namespace kvlens {
@@ -188,6 +189,34 @@ TEST(CudaEngineLogits, DefaultModelWithinToleranceOfCpu) {
     ExpectClose(AllLogits(*model, cuda, tokens, chunk), AllLogits(*model, cpu, tokens, chunk), 1e-2,
                 1e-3);
   }
+}
+
+// A Llama-shaped model with head size 64 (the real models' flash path; the default model's
+// 32 never reaches it) and grouped-query heads, random weights: 600 tokens in one prefill
+// (flash kernel, fp16 tensor cores) and in chunks of 7 (split-KV over up to 600 keys, so
+// several splits are merged), each against the CpuBackend.
+TEST(CudaEngineLogits, LlamaHeadSize64FlashAndSplitKvWithinToleranceOfCpu) {
+  KVLENS_REQUIRE_CUDA(cuda);
+  testing::TinySpec spec;
+  spec.arch = Architecture::kLlama;
+  spec.rope_style = kernels::RopeStyle::kAdjacentPairs;
+  spec.dim = 256;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.hidden = 384;
+  spec.layers = 2;
+  spec.vocab = 50;
+  spec.max_seq = 640;
+  spec.seed = 3;
+  const std::unique_ptr<Model> model = testing::MakeTinyModel(spec);
+  ASSERT_EQ(model->config.head_dim, 64);
+  std::mt19937 rng(5);
+  std::vector<int32_t> tokens(600);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
+  kernels::CpuBackend cpu(2);
+  ExpectClose(AllLogits(*model, cuda, tokens, 600), AllLogits(*model, cpu, tokens, 600), 1e-2,
+              1e-3);
+  ExpectClose(AllLogits(*model, cuda, tokens, 7), AllLogits(*model, cpu, tokens, 7), 1e-4, 1e-5);
 }
 
 TEST(CudaEngineDecode, IncrementalEqualsFullRecomputeOverANanCache) {
