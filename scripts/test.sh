@@ -25,7 +25,8 @@ if [ "${KVLENS_SKIP_SANITIZE:-0}" != "1" ]; then
   echo "== tests (ASan + UBSan; unit tests only)"
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVLENS_SANITIZE=ON \
     -DKVLENS_CUDA=OFF -DKVLENS_WERROR=ON >/dev/null
-  cmake --build build-asan -j "$JOBS" --target kernels_tests engine_tests
+  cmake --build build-asan -j "$JOBS" --target kernels_tests engine_tests cuda_emu_tests \
+    cuda_emu_gpu_check
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      ctest --output-on-failure -j "$JOBS" --timeout 900 -L unit)

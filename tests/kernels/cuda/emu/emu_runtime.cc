@@ -3,8 +3,12 @@
 //
 // Device memory is host memory from mmap, 0xFF-filled (NaN) like uninitialised device
 // memory, ending at an inaccessible guard page: a kernel reading more than 255 bytes past
-// an allocation faults. Copies check their direction (a host pointer given as device
-// memory is an error), and so do kernel pointer arguments. Streams are synchronous.
+// an allocation faults. Under AddressSanitizer it is heap memory instead, and every byte
+// past the requested size is poisoned (as is dynamic shared memory past the launch's
+// size): ASan then reports the first out-of-bounds access of a kernel, as compute-
+// sanitizer's memcheck would; the fiber switches are announced to ASan. Copies check their
+// direction (a host pointer given as device memory is an error), and so do kernel pointer
+// arguments. Streams are synchronous.
 //
 // Kernels run one block at a time on the launching host thread (launches from several
 // threads are serialised), one fiber per CUDA thread, switched only at barriers
@@ -26,6 +30,12 @@
 #include "tests/kernels/cuda/emu/include/cublas_api.h"
 #include "tests/kernels/cuda/emu/include/cuda_bf16.h"
 #include "tests/kernels/cuda/emu/include/cuda_fp16.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define KVLENS_EMU_ASAN 1
+#endif
 
 #if !defined(__x86_64__)
 #error "the kvlens CUDA emulator's fiber switch is written for x86-64"
@@ -124,6 +134,8 @@ enum class FiberState { kReady, kWaiting, kDone };
 
 struct Fiber {
   void* sp = nullptr;
+  char* stack = nullptr;
+  void* fake_stack = nullptr;  // ASan's, while switched out
   ThreadContext ctx;
   int linear = 0;
   FiberState state = FiberState::kReady;
@@ -145,6 +157,8 @@ struct Block {
   std::vector<float> warp_scratch;  // [warp][768]
   unsigned char* dynamic_shared = nullptr;
   void* scheduler_sp = nullptr;
+  const void* scheduler_stack = nullptr;  // ASan: the launching thread's stack
+  size_t scheduler_stack_bytes = 0;
   const std::function<void()>* body = nullptr;
 };
 
@@ -155,15 +169,47 @@ std::mutex g_launch_mutex;
 std::vector<char*> g_stacks;  // kept for the process's life, guarded by g_launch_mutex
 std::vector<unsigned char> g_dynamic_shared;
 
+// The two directions of a switch. ASan tracks which stack is current: each switch is
+// announced (start) and completed (finish), and a finished fiber's fake stack is dropped.
+void SwitchToFiber(Block& b, Fiber& f) {
+#ifdef KVLENS_EMU_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f.stack, kStackBytes);
+  kvlens_emu_switch(&b.scheduler_sp, f.sp);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  kvlens_emu_switch(&b.scheduler_sp, f.sp);
+#endif
+}
+
+void SwitchToScheduler(Fiber& f, bool exiting) {
+  Block& b = *t_block;
+#ifdef KVLENS_EMU_ASAN
+  __sanitizer_start_switch_fiber(exiting ? nullptr : &f.fake_stack, b.scheduler_stack,
+                                 b.scheduler_stack_bytes);
+#endif
+  void* unused = nullptr;
+  kvlens_emu_switch(exiting ? &unused : &f.sp, b.scheduler_sp);
+#ifdef KVLENS_EMU_ASAN
+  __sanitizer_finish_switch_fiber(f.fake_stack, &b.scheduler_stack, &b.scheduler_stack_bytes);
+#endif
+}
+
 [[noreturn]] void FiberMain() {
+#ifdef KVLENS_EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &t_block->scheduler_stack,
+                                  &t_block->scheduler_stack_bytes);
+#endif
   (*t_block->body)();
   t_fiber->state = FiberState::kDone;
-  void* unused = nullptr;
-  kvlens_emu_switch(&unused, t_block->scheduler_sp);
+  SwitchToScheduler(*t_fiber, /*exiting=*/true);
   __builtin_unreachable();
 }
 
 void* InitialStack(char* stack) {
+#ifdef KVLENS_EMU_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(stack, kStackBytes);  // frames a deadlocked block left behind
+#endif
   uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + kStackBytes) & ~uintptr_t{15};
   void** sp = reinterpret_cast<void**>(top);
   *--sp = nullptr;                              // FiberMain's (absent) return address
@@ -184,7 +230,7 @@ void Arrive(int index) {
   f->state = FiberState::kWaiting;
   f->waiting_on = index;
   f->wait_generation = bar.generation;
-  kvlens_emu_switch(&f->sp, b->scheduler_sp);
+  SwitchToScheduler(*f, /*exiting=*/false);
 }
 
 std::string Dim(const dim3& d) {
@@ -274,6 +320,9 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
     }
     g_stacks.push_back(static_cast<char*>(m));
   }
+#ifdef KVLENS_EMU_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(g_dynamic_shared.data(), g_dynamic_shared.size());
+#endif
   if (g_dynamic_shared.size() < c.shared_bytes + 128) g_dynamic_shared.resize(c.shared_bytes + 128);
   Block b;
   b.fibers.resize(static_cast<size_t>(threads));
@@ -287,6 +336,13 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
   b.dynamic_shared = reinterpret_cast<unsigned char*>(
       RoundUp(reinterpret_cast<uintptr_t>(g_dynamic_shared.data()), 128));
   b.body = &body;
+#ifdef KVLENS_EMU_ASAN
+  {  // past the launch's dynamic shared memory: out of bounds
+    unsigned char* end = b.dynamic_shared + c.shared_bytes;
+    ASAN_POISON_MEMORY_REGION(
+        end, static_cast<size_t>(g_dynamic_shared.data() + g_dynamic_shared.size() - end));
+  }
+#endif
   Block* const saved_block = t_block;
   Fiber* const saved_fiber = t_fiber;
   t_block = &b;
@@ -304,7 +360,8 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
           f.ctx.block_idx = {bx, by, bz};
           f.ctx.block_dim = c.block;
           f.ctx.grid_dim = c.grid;
-          f.sp = InitialStack(g_stacks[static_cast<size_t>(t)]);
+          f.stack = g_stacks[static_cast<size_t>(t)];
+          f.sp = InitialStack(f.stack);
         }
         int done = 0;
         while (done < threads) {
@@ -317,7 +374,7 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
             }
             if (f.state == FiberState::kReady) {
               t_fiber = &f;
-              kvlens_emu_switch(&b.scheduler_sp, f.sp);
+              SwitchToFiber(b, f);
               ran = true;
             }
             if (f.state == FiberState::kDone) ++done;
@@ -464,6 +521,14 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
     return Fail(cudaErrorMemoryAllocation,
                 "cudaMalloc: " + std::to_string(bytes) + " bytes exceed the emulated device");
   }
+#ifdef KVLENS_EMU_ASAN
+  (void)map_bytes;
+  char* p = static_cast<char*>(std::aligned_alloc(kAlign, data));
+  if (p == nullptr) return Fail(cudaErrorMemoryAllocation, "cudaMalloc: out of host memory");
+  std::memset(p, 0xff, bytes);
+  ASAN_POISON_MEMORY_REGION(p + bytes, data - bytes);
+  g_device[reinterpret_cast<uintptr_t>(p)] = {bytes, p, 0};
+#else
   void* map = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (map == MAP_FAILED) return Fail(cudaErrorMemoryAllocation, "cudaMalloc: mmap failed");
   char* guard = static_cast<char*>(map) + map_bytes - PageSize();
@@ -471,6 +536,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   char* p = guard - data;  // page-aligned minus a multiple of 256: 256-aligned
   std::memset(p, 0xff, data);
   g_device[reinterpret_cast<uintptr_t>(p)] = {bytes, map, map_bytes};
+#endif
   g_device_used += data;
   *ptr = p;
   return cudaSuccess;
@@ -484,7 +550,12 @@ cudaError_t cudaFree(void* ptr) {
     return Fail(cudaErrorInvalidValue, "cudaFree: " + Hex(ptr) + " is not a device allocation");
   }
   g_device_used -= RoundUp(it->second.bytes, kAlign);
+#ifdef KVLENS_EMU_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(it->second.map, RoundUp(it->second.bytes, kAlign));
+  std::free(it->second.map);
+#else
   munmap(it->second.map, it->second.map_bytes);
+#endif
   g_device.erase(it);
   return cudaSuccess;
 }
