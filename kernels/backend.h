@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "kernels/memory.h"
 #include "kernels/weight.h"
 
@@ -115,6 +116,19 @@ class Backend {
   virtual void StoreKv(const T* k, const T* v, int n, int64_t src_stride, int64_t row_elems,
                        const int64_t* dst_rows, T* k_cache, T* v_cache, int64_t cache_stride) = 0;
   virtual absl::Status Attention(const AttentionArgs<T>& args) = 0;
+  // Several independent Attention calls (distinct outputs), e.g. one per sequence of a
+  // batch, which a backend may run as one launch. On error *failed is the index of the
+  // call whose error is returned (and that call's output, and later ones', may be
+  // unwritten). The default runs them one by one.
+  virtual absl::Status AttentionBatch(absl::Span<const AttentionArgs<T>> calls, int* failed) {
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (absl::Status s = Attention(calls[i]); !s.ok()) {
+        *failed = static_cast<int>(i);
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace kvlens::kernels

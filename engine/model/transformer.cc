@@ -160,7 +160,10 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     }
     // new keys and values into the paged cache
     backend_.StoreKv(k_.data(), v_.data(), n, KVD, KVD, rows_.data(), cache.k(l), cache.v(l), KVD);
-    // attention per sequence, against all of its cached keys
+    // attention per sequence, against all of its cached keys: one AttentionBatch for all
+    // sequences but the one whose probabilities are captured (copied out after its call)
+    calls_.clear();
+    call_entries_.clear();
     int r0 = 0;
     for (size_t e = 0; e < batch.size(); ++e) {
       const BatchEntry& b = batch[e];
@@ -189,25 +192,35 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       a.out_stride = D;
       const bool captured = capture != nullptr && capture->entry == static_cast<int>(e);
       const int64_t probs_size = int64_t{c.num_heads} * tq * a.num_keys;
-      if (captured) {
-        capture->probs[l].resize(probs_size);
-        if (host) {
-          a.probs = capture->probs[l].data();
-        } else {
-          if (absl::Status s = probs_.Resize(probs_size); !s.ok()) return s;
-          a.probs = probs_.data();
-        }
+      r0 += tq;
+      if (!captured) {
+        calls_.push_back(a);
+        call_entries_.push_back(static_cast<int>(e));
+        continue;
+      }
+      capture->probs[l].resize(probs_size);
+      if (host) {
+        a.probs = capture->probs[l].data();
+      } else {
+        if (absl::Status s = probs_.Resize(probs_size); !s.ok()) return s;
+        a.probs = probs_.data();
       }
       if (absl::Status s = backend_.Attention(a); !s.ok()) {
         return absl::Status(s.code(),
                             absl::StrCat("batch entry ", e, ", layer ", l, ": ", s.message()));
       }
-      if (captured && !host) {
+      if (!host) {
         if (absl::Status s = probs_.CopyToHost(capture->probs[l].data(), probs_size); !s.ok()) {
           return s;
         }
       }
-      r0 += tq;
+    }
+    if (!calls_.empty()) {
+      int failed = 0;
+      if (absl::Status s = backend_.AttentionBatch(calls_, &failed); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("batch entry ", call_entries_[failed],
+                                                   ", layer ", l, ": ", s.message()));
+      }
     }
     // output projection and residual
     backend_.MatMul(att_.data(), n, lw.wo, lw.bo, proj_.data());

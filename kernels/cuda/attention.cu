@@ -216,8 +216,12 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   const int group = p.num_heads / p.num_kv_heads;
   const int D = p.head_dim;
   const int j_begin = split * span;
-  const int j_end = min(CausalEnd(p, i), j_begin + span);
+  const int key_end = p.row_key_end != nullptr ? p.row_key_end[i] : CausalEnd(p, i);
+  const int j_end = min(key_end, j_begin + span);
   const int q_doc = p.q_doc != nullptr ? p.q_doc[i] : 0;
+  // Batched: this row's sequence's blocks.
+  const int32_t* table =
+      p.row_table_offset != nullptr ? p.block_table + p.row_table_offset[i] : p.block_table;
 
   for (int hg = warp; hg < group; hg += kSplitWarps) {
     const int h = g * group + hg;
@@ -238,7 +242,9 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
       for (int u = 0; u < kKeysPerStep; ++u) {
         const int j = j0 + u;
         vis[u] = j < j_end && (p.q_doc == nullptr || p.k_doc[j] == q_doc);
-        off[u] = vis[u] ? PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(g) * D : 0;
+        off[u] = vis[u] ? PhysicalRowIn(table, p.block_size, j) * p.kv_row_stride +
+                              static_cast<int64_t>(g) * D
+                        : 0;
         float dot = 0.0f;
         if (vis[u]) {
 #pragma unroll

@@ -43,6 +43,11 @@ struct AttentionParams {
   int query_offset = 0;
   bool causal = true;
   float scale = 0.0f;
+  // Several sequences in one split-KV launch (CudaBackend::AttentionBatch): per query row,
+  // the end of its visible keys (causal) and where its sequence's blocks start in
+  // block_table. num_keys is then the largest key end; query_offset and causal are unused.
+  const int32_t* row_key_end = nullptr;
+  const int32_t* row_table_offset = nullptr;
 };
 
 inline constexpr int kFlashMinQueries = 32;
@@ -55,6 +60,7 @@ absl::Status LaunchFlashPrefill(const AttentionParams& p, cudaStream_t stream);
 int ChooseNumSplits(const AttentionParams& p, int num_sms);
 // Floats of workspace LaunchSplitKv needs (0 when num_splits == 1).
 int64_t SplitKvWorkspaceFloats(const AttentionParams& p, int num_splits);
+// Also runs batched params (row_key_end set; no documents).
 absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* workspace,
                            cudaStream_t stream);
 

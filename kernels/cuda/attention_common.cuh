@@ -9,12 +9,17 @@
 
 namespace kvlens::kernels::cuda {
 
+// Physical cache row of logical key j of a sequence whose blocks are `table` (null:
+// contiguous rows).
+__device__ __forceinline__ int64_t PhysicalRowIn(const int32_t* table, int block_size, int j) {
+  return table != nullptr
+             ? static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size
+             : j;
+}
+
 // Physical cache row of logical key j.
 __device__ __forceinline__ int64_t PhysicalRow(const AttentionParams& p, int j) {
-  return p.block_table != nullptr
-             ? static_cast<int64_t>(p.block_table[j / p.block_size]) * p.block_size +
-                   j % p.block_size
-             : j;
+  return PhysicalRowIn(p.block_table, p.block_size, j);
 }
 
 // Key j (< num_keys) is visible to query row i.

@@ -456,6 +456,117 @@ absl::Status CudaBackend::Attention(const AttentionArgs<float>& args) {
   return s;
 }
 
+namespace {
+
+// Whether one split-KV launch may take call `a` (after its checks passed).
+bool Batchable(const AttentionArgs<float>& a) {
+  return a.probs == nullptr && a.scores == nullptr && a.q_doc_ids == nullptr && a.causal &&
+         a.kv.block_table != nullptr && a.head_dim <= kSplitKvMaxHeadDim &&
+         !(a.num_queries >= kFlashMinQueries && FlashPrefillSupports(a.head_dim));
+}
+
+// Whether `a` continues the run that starts with `first` and has `rows` query rows so far:
+// the same cache and shapes, and its q and out rows right after the run's.
+bool Continues(const AttentionArgs<float>& first, int rows, const AttentionArgs<float>& a) {
+  auto at = [](const float* base, int64_t stride, int r) {
+    return reinterpret_cast<uintptr_t>(base) +
+           static_cast<uintptr_t>(r) * static_cast<uintptr_t>(stride) * sizeof(float);
+  };
+  return a.kv.k == first.kv.k && a.kv.v == first.kv.v && a.kv.row_stride == first.kv.row_stride &&
+         a.kv.block_size == first.kv.block_size && a.num_heads == first.num_heads &&
+         a.num_kv_heads == first.num_kv_heads && a.head_dim == first.head_dim &&
+         a.scale == first.scale && a.q_stride == first.q_stride &&
+         a.out_stride == first.out_stride &&
+         reinterpret_cast<uintptr_t>(a.q) == at(first.q, first.q_stride, rows) &&
+         reinterpret_cast<uintptr_t>(a.out) == at(first.out, first.out_stride, rows);
+}
+
+}  // namespace
+
+absl::Status CudaBackend::LaunchBatched(absl::Span<const AttentionArgs<float>> calls) {
+  // One upload: [every call's blocks | key end of each row | table offset of each row].
+  std::vector<int32_t>& packed = index_pack_;
+  packed.clear();
+  std::vector<int32_t> key_end, table_offset;
+  int max_keys = 0;
+  for (const AttentionArgs<float>& a : calls) {
+    const int offset = static_cast<int>(packed.size());
+    const int blocks = (a.num_keys + a.kv.block_size - 1) / a.kv.block_size;
+    packed.insert(packed.end(), a.kv.block_table, a.kv.block_table + blocks);
+    for (int i = 0; i < a.num_queries; ++i) {
+      key_end.push_back(CausalKeyEnd(a, i));
+      table_offset.push_back(offset);
+    }
+    max_keys = std::max(max_keys, a.num_keys);
+  }
+  const int tables = static_cast<int>(packed.size()), rows = static_cast<int>(key_end.size());
+  packed.insert(packed.end(), key_end.begin(), key_end.end());
+  packed.insert(packed.end(), table_offset.begin(), table_offset.end());
+  absl::StatusOr<const void*> d = UploadIndices(packed.data(), sizeof(int32_t) * packed.size());
+  if (!d.ok()) return d.status();
+  const int32_t* base = static_cast<const int32_t*>(*d);
+  const AttentionArgs<float>& a = calls.front();
+  AttentionParams p;
+  p.q = a.q;
+  p.q_stride = a.q_stride;
+  p.k = a.kv.k;
+  p.v = a.kv.v;
+  p.kv_row_stride = a.kv.row_stride;
+  p.block_table = base;
+  p.block_size = a.kv.block_size;
+  p.out = a.out;
+  p.out_stride = a.out_stride;
+  p.num_queries = rows;
+  p.num_keys = max_keys;
+  p.num_heads = a.num_heads;
+  p.num_kv_heads = a.num_kv_heads;
+  p.head_dim = a.head_dim;
+  p.scale = static_cast<float>(a.scale);
+  p.row_key_end = base + tables;
+  p.row_table_offset = base + tables + rows;
+  const int splits = ChooseNumSplits(p, num_sms_);
+  if (const int64_t ws = SplitKvWorkspaceFloats(p, splits); ws > 0) {
+    if (absl::Status s = attention_workspace_.Reserve(sizeof(float) * ws); !s.ok()) return s;
+  }
+  return LaunchSplitKv(p, splits, attention_workspace_.as<float>(), stream_);
+}
+
+absl::Status CudaBackend::AttentionBatch(absl::Span<const AttentionArgs<float>> calls,
+                                         int* failed) {
+  *failed = 0;
+  if (!status_.ok()) return status_;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    absl::Status s = ValidateAttentionArgs(calls[c]);
+    if (s.ok()) s = CheckRowsSeeAKey(calls[c]);
+    if (!s.ok()) {
+      *failed = static_cast<int>(c);
+      return s;
+    }
+  }
+  // Runs [begin, end) of batchable calls in row order; anything else alone.
+  size_t begin = 0;
+  while (begin < calls.size()) {
+    size_t end = begin + 1;
+    int rows = calls[begin].num_queries;
+    if (Batchable(calls[begin])) {
+      while (end < calls.size() && Batchable(calls[end]) &&
+             Continues(calls[begin], rows, calls[end])) {
+        rows += calls[end].num_queries;
+        ++end;
+      }
+    }
+    const absl::Status s = end - begin > 1 ? LaunchBatched(calls.subspan(begin, end - begin))
+                                           : AttentionImpl(calls[begin]);
+    if (!s.ok()) {
+      *failed = static_cast<int>(begin);
+      if (s.code() != absl::StatusCode::kInvalidArgument) Ok(s);
+      return s;
+    }
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::AttentionBackwardImpl(const AttentionBackwardArgs<float>& b) {
   if (absl::Status s = ValidateAttentionBackwardArgs(b); !s.ok()) return s;
   const AttentionArgs<float> a = ForwardArgsOf(b);

@@ -116,6 +116,11 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
                const int64_t* dst_rows, float* k_cache, float* v_cache,
                int64_t cache_stride) override;
   absl::Status Attention(const AttentionArgs<float>& args) override;
+  // Every call's host-side checks first (nothing runs if one fails). Then runs of
+  // consecutive decode-like calls (split-KV sized, paged, no maps or documents, one cache
+  // and shape, q and out rows following on in one buffer) go out as one split-KV launch;
+  // the rest run one by one.
+  absl::Status AttentionBatch(absl::Span<const AttentionArgs<float>> calls, int* failed) override;
   // The attention backward (kernels/attention_backward.h), fp32: q, the KV cache, probs,
   // dout and every result are device memory; block table and document ids are host
   // arrays, as for Attention. Same argument errors as the reference's AttentionBackward,
@@ -142,6 +147,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
                           float* y);
   absl::Status AttentionImpl(const AttentionArgs<float>& a);
   absl::Status AttentionBackwardImpl(const AttentionBackwardArgs<float>& b);
+  // One split-KV launch for calls (checked, batchable, q/out rows consecutive).
+  absl::Status LaunchBatched(absl::Span<const AttentionArgs<float>> calls);
   // The kernels' parameters for a checked forward call, index arrays uploaded.
   absl::StatusOr<AttentionParams> DeviceParams(const AttentionArgs<float>& a);
 

@@ -297,6 +297,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<R
     int pos = ctx;
     std::vector<int32_t> ids(batch, 1), positions(batch);
     std::vector<int64_t> dst(batch);
+    std::vector<AttentionArgs<float>> calls;
     auto step = [&] {
       for (int s = 0; s < batch; ++s) {
         positions[s] = pos;
@@ -312,8 +313,9 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<R
         b.Rope(q, batch, D, H, Dh, positions.data(), 10000.0, RopeStyle::kHalfSplit);
         b.Rope(k, batch, D, H, Dh, positions.data(), 10000.0, RopeStyle::kHalfSplit);
         b.StoreKv(k, v, batch, D, D, dst.data(), kc[l], vc[l], D);
+        calls.clear();
         for (int s = 0; s < batch; ++s) {
-          AttentionArgs<float> a;
+          AttentionArgs<float>& a = calls.emplace_back();
           a.q = q + size_t(s) * D;
           a.q_stride = D;
           a.num_queries = 1;
@@ -325,8 +327,9 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<R
           a.kv = KvSource<float>{kc[l], vc[l], D, tables[s].data(), bs};
           a.out = att + size_t(s) * D;
           a.out_stride = D;
-          Must(b.Attention(a), "attention");
         }
+        int failed = 0;
+        Must(b.AttentionBatch(calls, &failed), "attention");  // as the engine: one launch
         b.MatMul(att, batch, w.wo, WeightView{}, proj);
         b.Add(x, proj, int64_t{batch} * D);
         b.RmsNorm(x, batch, D, w.ffn_norm, 1e-5, xn);

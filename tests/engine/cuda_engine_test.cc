@@ -219,6 +219,64 @@ TEST(CudaEngineLogits, LlamaHeadSize64FlashAndSplitKvWithinToleranceOfCpu) {
   ExpectClose(AllLogits(*model, cuda, tokens, 7), AllLogits(*model, cpu, tokens, 7), 1e-4, 1e-5);
 }
 
+// One engine step over several sequences: three decode tokens and a 4-token chunk in one
+// Forward (CudaBackend::AttentionBatch: one split-KV launch for them), after each
+// sequence's prompt was prefilled on its own; against the same steps on the CpuBackend.
+std::vector<float> BatchedStepLogits(const Model& model, kernels::Backend<float>& backend) {
+  const std::vector<std::vector<int32_t>> prompts = {
+      model.tokenizer->Encode("In the beginning God created", false),
+      model.tokenizer->Encode("And the LORD spake unto Moses, saying, Speak unto", false),
+      model.tokenizer->Encode("Blessed are the meek: for they", false),
+      model.tokenizer->Encode("The LORD is my shepherd; I shall not want.", false)};
+  const int bs = 4;
+  const int max_len = 64, per_seq = max_len / bs;
+  auto cache = KvCacheStorage<float>::Create(backend.memory(), model.config.num_layers,
+                                             static_cast<int>(prompts.size()) * per_seq * 2, bs,
+                                             model.config.kv_dim(), true);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  if (!cache.ok()) return {};
+  // Sequence s owns blocks s, s + 4, s + 8, … (interleaved), every other block stays NaN.
+  std::vector<std::vector<int32_t>> tables(prompts.size());
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    for (int b = 0; b < per_seq; ++b) {
+      tables[s].push_back(static_cast<int32_t>(2 * (b * prompts.size() + s)));
+    }
+  }
+  Transformer<float> tr(model, backend);
+  // Prefill: all but the last token (the fourth sequence: all but its last 4).
+  std::vector<int> held(prompts.size(), 1);
+  held[3] = 4;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    BatchEntry e;
+    e.tokens = absl::MakeConstSpan(prompts[s]).first(prompts[s].size() - held[s]);
+    e.block_table = tables[s];
+    ForwardOutput<float> out;
+    EXPECT_TRUE(tr.Forward({&e, 1}, *cache, out).ok());
+  }
+  std::vector<BatchEntry> step(prompts.size());
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    step[s].tokens = absl::MakeConstSpan(prompts[s]).last(held[s]);
+    step[s].num_cached = static_cast<int>(prompts[s].size()) - held[s];
+    step[s].block_table = tables[s];
+    step[s].all_logits = true;
+  }
+  ForwardOutput<float> out;
+  const absl::Status st = tr.Forward(step, *cache, out);
+  EXPECT_TRUE(st.ok()) << st;
+  return out.logits;
+}
+
+TEST(CudaEngineBatch, OneStepOverSeveralSequencesWithinToleranceOfCpu) {
+  KVLENS_REQUIRE_FILE(testing::DefaultModelPath());
+  KVLENS_REQUIRE_CUDA(cuda);
+  auto model = Load(testing::DefaultModelPath());
+  ASSERT_NE(model, nullptr);
+  kernels::CpuBackend cpu(2);
+  const std::vector<float> want = BatchedStepLogits(*model, cpu);
+  ASSERT_EQ(want.size(), size_t{7} * model->config.vocab_size);  // 3 decode rows + 4 chunk rows
+  ExpectClose(BatchedStepLogits(*model, cuda), want, 1e-4, 1e-5);
+}
+
 TEST(CudaEngineDecode, IncrementalEqualsFullRecomputeOverANanCache) {
   KVLENS_REQUIRE_FILE(testing::DefaultModelPath());
   KVLENS_REQUIRE_CUDA(cuda);

@@ -60,7 +60,7 @@ TEST_F(CudaBackendTest, RejectsAMissingDevice) {
 
 TEST_F(CudaBackendTest, ParityTableWithinTwiceTheNaiveLowPrecisionError) {
   const std::vector<parity::ParityResult> results = parity::RunParitySuite(*backend_);
-  EXPECT_EQ(results.size(), 63u);  // one per case; maps cases add probs (and scores)
+  EXPECT_EQ(results.size(), 64u);  // one per case; maps cases add probs (and scores)
   for (const parity::ParityResult& r : results) {
     std::cerr << "[ parity   ] " << r.name << ": error " << r.err << ", tolerance " << r.tol
               << "\n";
@@ -134,6 +134,47 @@ TEST_F(CudaBackendTest, NegativeBlockIdIsInvalidArgumentLikeTheReference) {
   EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument) << got;
   EXPECT_NE(std::string(got.message()).find("kv.block_table"), std::string::npos) << got;
   EXPECT_TRUE(backend_->status().ok());
+}
+
+// A batch whose third call names a negative block: that call's INVALID_ARGUMENT (the
+// reference's message) with its index, nothing launched (the first call's output stays
+// NaN), and the backend stays usable.
+TEST_F(CudaBackendTest, AttentionBatchWithABadCallRunsNothingAndNamesIt) {
+  const int dh = 64;
+  auto buf = parity::ToDevice(std::vector<double>(64 * dh, 0.5));
+  auto out = parity::ToDevice(std::vector<double>(3 * dh, parity::kNaN));
+  ASSERT_TRUE(buf.ok() && out.ok());
+  const std::vector<int32_t> good = {1, 2}, bad = {1, -1};
+  std::vector<AttentionArgs<float>> calls(3);
+  for (int c = 0; c < 3; ++c) {
+    AttentionArgs<float>& a = calls[c];
+    a.q = buf->as<float>() + c * dh;
+    a.q_stride = dh;
+    a.num_queries = 1;
+    a.num_keys = 20;
+    a.query_offset = 19;
+    a.num_heads = a.num_kv_heads = 1;
+    a.head_dim = dh;
+    a.scale = 0.125;
+    a.kv = KvSource<float>{buf->as<float>(), buf->as<float>(), dh,
+                           c == 2 ? bad.data() : good.data(), 16};
+    a.out = out->as<float>() + c * dh;
+    a.out_stride = dh;
+  }
+  int failed = -1;
+  const absl::Status got = backend_->AttentionBatch(calls, &failed);
+  EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument) << got;
+  EXPECT_EQ(failed, 2);
+  EXPECT_NE(std::string(got.message()).find("kv.block_table"), std::string::npos) << got;
+  EXPECT_TRUE(backend_->status().ok());
+  auto h = parity::FromDevice(*backend_, *out, 3 * dh);
+  ASSERT_TRUE(h.ok());
+  for (double x : *h) EXPECT_TRUE(std::isnan(x));
+  calls.pop_back();  // the two good ones: one batched launch
+  ASSERT_TRUE(backend_->AttentionBatch(calls, &failed).ok());
+  h = parity::FromDevice(*backend_, *out, 3 * dh);
+  ASSERT_TRUE(h.ok());
+  for (int e = 0; e < 2 * dh; ++e) EXPECT_NEAR((*h)[e], 0.5, 1e-6) << e;  // all V rows are 0.5
 }
 
 // Two backends of one device sharing weights: the second finds the first's upload (no new

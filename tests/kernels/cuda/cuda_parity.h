@@ -20,6 +20,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -602,6 +603,111 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
 }
 
 // ---------------------------------------------------------------------------------------
+// AttentionBatch: five sequences in one call over one shared paged cache (NaN elsewhere,
+// blocks shuffled), their q and out rows one after another as the engine lays them out.
+// The third has documents, so it runs alone and splits the others into two batched
+// launches. Against the reference's Attention per sequence; naive = fp32 per sequence.
+inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng) {
+  const std::string name =
+      "AttentionBatch 5 sequences (Tq 1/5/3/1/2, Tk 300/40/30/700/9, "
+      "H=8/2 Dh=64, one with documents)";
+  std::vector<AttnShape> seqs = {{.tq = 1, .tk = 300},
+                                 {.tq = 5, .tk = 40},
+                                 {.tq = 3, .tk = 30, .doc_lengths = {12, 18}},
+                                 {.tq = 1, .tk = 700},
+                                 {.tq = 2, .tk = 9}};
+  const int heads = 8, kv_heads = 2, dh = 64, bs = 16;
+  const int64_t qw = heads * dh, kvw = kv_heads * dh, q_stride = qw + 8, kv_stride = kvw + 4;
+  const double scale = 1.0 / std::sqrt(double(dh));
+  int total_blocks = 0, total_rows = 0;
+  for (AttnShape& s : seqs) {
+    s.heads = heads;
+    s.kv_heads = kv_heads;
+    s.dh = dh;
+    s.block_size = bs;
+    s.offset = s.tk - s.tq;
+    total_blocks += (s.tk + bs - 1) / bs;
+    total_rows += s.tq;
+  }
+  const int num_blocks = 2 * total_blocks + 1;
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<double> kc(size_t(num_blocks) * bs * kv_stride, kNaN), vc = kc;
+  std::vector<double> qs(size_t(total_rows) * q_stride, kNaN), want(qs.size(), kNaN),
+      naive_rows(qs.size(), kNaN);
+  std::vector<std::vector<int32_t>> tables(seqs.size()), docs(seqs.size());
+  std::vector<std::vector<double>> qv(seqs.size()), kv(seqs.size()), vv(seqs.size());
+  int next_block = 0, row0 = 0;
+  for (size_t e = 0; e < seqs.size(); ++e) {
+    const AttnShape& s = seqs[e];
+    qv[e] = kernels::testing::RandomFloatExact(rng, size_t(s.tq) * qw, -2, 2);
+    kv[e] = kernels::testing::RandomFloatExact(rng, size_t(s.tk) * kvw, -2, 2);
+    vv[e] = kernels::testing::RandomFloatExact(rng, size_t(s.tk) * kvw);
+    for (size_t d = 0; d < s.doc_lengths.size(); ++d)
+      docs[e].insert(docs[e].end(), s.doc_lengths[d], int32_t(d));
+    for (int b = 0; b * bs < s.tk; ++b) tables[e].push_back(perm[next_block++]);
+    for (int j = 0; j < s.tk; ++j) {
+      const int64_t row = int64_t{tables[e][j / bs]} * bs + j % bs;
+      std::copy_n(kv[e].begin() + j * kvw, kvw, kc.begin() + row * kv_stride);
+      std::copy_n(vv[e].begin() + j * kvw, kvw, vc.begin() + row * kv_stride);
+    }
+    for (int i = 0; i < s.tq; ++i)
+      std::copy_n(qv[e].begin() + i * qw, qw, qs.begin() + (row0 + i) * q_stride);
+    row0 += s.tq;
+  }
+  auto args = [&](auto* q, auto* k, auto* v, auto* out, size_t e, int r0) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(q)>>;
+    const AttnShape& s = seqs[e];
+    AttentionArgs<T> a;
+    a.q = q + int64_t{r0} * q_stride;
+    a.q_stride = q_stride;
+    a.num_queries = s.tq;
+    a.num_keys = s.tk;
+    a.num_heads = heads;
+    a.num_kv_heads = kv_heads;
+    a.head_dim = dh;
+    a.query_offset = s.offset;
+    a.scale = scale;
+    if (!docs[e].empty()) {
+      a.q_doc_ids = docs[e].data() + s.offset;
+      a.k_doc_ids = docs[e].data();
+    }
+    a.kv = KvSource<T>{k, v, kv_stride, tables[e].data(), bs};
+    a.out = out + int64_t{r0} * q_stride;
+    a.out_stride = q_stride;
+    return a;
+  };
+  auto dq = ToDevice(qs);
+  auto dk = ToDevice(kc);
+  auto dv = ToDevice(vc);
+  auto dout = ToDevice(std::vector<double>(qs.size(), kNaN));
+  if (!dq.ok() || !dk.ok() || !dv.ok() || !dout.ok()) {
+    return Failed(name, absl::InternalError("device upload failed"));
+  }
+  std::vector<AttentionArgs<float>> calls;
+  row0 = 0;
+  for (size_t e = 0; e < seqs.size(); ++e) {
+    const AttentionArgs<double> ra = args(qs.data(), kc.data(), vc.data(), want.data(), e, row0);
+    if (absl::Status st = ReferenceBackend().Attention(ra); !st.ok()) return Failed(name, st);
+    const std::vector<double> naive =
+        NaiveAttention(seqs[e], false, qv[e], kv[e], vv[e], docs[e], scale);
+    for (int i = 0; i < seqs[e].tq; ++i)
+      std::copy_n(naive.begin() + i * qw, qw, naive_rows.begin() + (row0 + i) * q_stride);
+    calls.push_back(
+        args(dq->as<float>(), dk->as<float>(), dv->as<float>(), dout->as<float>(), e, row0));
+    row0 += seqs[e].tq;
+  }
+  int failed = -1;
+  if (absl::Status st = gpu.AttentionBatch(calls, &failed); !st.ok()) {
+    return Failed(name, absl::Status(st.code(), absl::StrCat("call ", failed, ": ", st.message())));
+  }
+  auto got = FromDevice(gpu, *dout, qs.size());
+  if (!got.ok()) return Failed(name, got.status());
+  return Judge(name, *got, naive_rows, want);
+}
+
+// ---------------------------------------------------------------------------------------
 // Attention backward: CudaBackend::AttentionBackward against the double reference's
 // AttentionBackward (kernels/cpu/reference_backward.h), given the reference forward's
 // probabilities rounded to fp32. The naive run is the same maths in fp32 on the host.
@@ -931,6 +1037,7 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
   for (const AttnShape& s : AttentionShapes()) {
     for (ParityResult& p : AttentionCase(gpu, rng, s)) r.push_back(std::move(p));
   }
+  add(AttentionBatchCase(gpu, rng));
   for (const AttnShape& s : AttentionBackwardShapes()) {
     for (ParityResult& p : AttentionBackwardCase(gpu, rng, s)) r.push_back(std::move(p));
   }
