@@ -366,7 +366,10 @@ void CudaBackend::StoreKv(const float* k, const float* v, int n, int64_t src_str
                    v_cache, cache_stride, stream_));
 }
 
-absl::StatusOr<AttentionParams> CudaBackend::DeviceParams(const AttentionArgs<float>& a) {
+namespace {
+
+// The kernels' parameters for `a`, index arrays not yet uploaded (all null).
+AttentionParams HostParams(const AttentionArgs<float>& a) {
   AttentionParams p;
   p.q = a.q;
   p.q_stride = a.q_stride;
@@ -384,6 +387,13 @@ absl::StatusOr<AttentionParams> CudaBackend::DeviceParams(const AttentionArgs<fl
   p.query_offset = a.query_offset;
   p.causal = a.causal;
   p.scale = static_cast<float>(a.scale);
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<AttentionParams> CudaBackend::DeviceParams(const AttentionArgs<float>& a) {
+  AttentionParams p = HostParams(a);
   // One upload for all index arrays of the call: [block table | q docs | k docs].
   const int num_blocks =
       a.kv.block_table != nullptr ? (a.num_keys + a.kv.block_size - 1) / a.kv.block_size : 0;
@@ -505,23 +515,11 @@ absl::Status CudaBackend::LaunchBatched(absl::Span<const AttentionArgs<float>> c
   absl::StatusOr<const void*> d = UploadIndices(packed.data(), sizeof(int32_t) * packed.size());
   if (!d.ok()) return d.status();
   const int32_t* base = static_cast<const int32_t*>(*d);
-  const AttentionArgs<float>& a = calls.front();
-  AttentionParams p;
-  p.q = a.q;
-  p.q_stride = a.q_stride;
-  p.k = a.kv.k;
-  p.v = a.kv.v;
-  p.kv_row_stride = a.kv.row_stride;
+  AttentionParams p = HostParams(calls.front());
   p.block_table = base;
-  p.block_size = a.kv.block_size;
-  p.out = a.out;
-  p.out_stride = a.out_stride;
   p.num_queries = rows;
-  p.num_keys = max_keys;
-  p.num_heads = a.num_heads;
-  p.num_kv_heads = a.num_kv_heads;
-  p.head_dim = a.head_dim;
-  p.scale = static_cast<float>(a.scale);
+  p.num_keys = max_keys;  // the split span; each row stops at its own key end
+  p.query_offset = 0;
   p.row_key_end = base + tables;
   p.row_table_offset = base + tables + rows;
   const int splits = ChooseNumSplits(p, num_sms_);
