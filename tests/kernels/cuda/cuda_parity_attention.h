@@ -1,0 +1,443 @@
+// Parity cases of the attention forward (cuda_parity.h): one call per shape over a paged,
+// NaN-filled cache, and AttentionBatch over several sequences.
+#ifndef KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_ATTENTION_H_
+#define KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_ATTENTION_H_
+
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tests/kernels/cuda/cuda_parity_util.h"
+
+namespace kvlens::kernels::cuda::parity {
+
+// ---------------------------------------------------------------------------------------
+// Attention over a paged, NaN-filled cache with a shuffled block table.
+
+struct AttnShape {
+  std::string label;
+  int tq = 1, tk = 1, heads = 1, kv_heads = 1, dh = 64, offset = 0;
+  bool causal = true;
+  std::vector<int> doc_lengths;  // documents packed in order over the Tk keys; empty: none
+  int block_size = 16;
+  bool want_maps = false;  // request probs and scores (materialising kernel)
+  bool want_probs_only = false;
+};
+
+// The host naive run of the path the backend picks: fp16-rounded Q, K, P, V with fp32
+// softmax for the flash kernel, plain fp32 otherwise.
+inline std::vector<double> NaiveAttention(const AttnShape& s, bool flash,
+                                          const std::vector<double>& q,
+                                          const std::vector<double>& k,
+                                          const std::vector<double>& v,
+                                          const std::vector<int32_t>& docs, double scale) {
+  auto rd = [&](double x) { return flash ? RoundTo(DType::kF16, x) : static_cast<float>(x); };
+  const int group = s.heads / s.kv_heads;
+  std::vector<double> out(size_t(s.tq) * s.heads * s.dh);
+  std::vector<float> sc(s.tk);
+  std::vector<bool> vis(s.tk);
+  for (int h = 0; h < s.heads; ++h) {
+    const int g = h / group;
+    for (int i = 0; i < s.tq; ++i) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (int j = 0; j < s.tk; ++j) {
+        vis[j] =
+            (!s.causal || j <= s.offset + i) && (docs.empty() || docs[s.offset + i] == docs[j]);
+        if (!vis[j]) continue;
+        float dot = 0.0f;
+        for (int d = 0; d < s.dh; ++d) {
+          dot += static_cast<float>(rd(q[(size_t(i) * s.heads + h) * s.dh + d])) *
+                 static_cast<float>(rd(k[(size_t(j) * s.kv_heads + g) * s.dh + d]));
+        }
+        sc[j] = dot * static_cast<float>(scale);
+        m = std::max(m, sc[j]);
+      }
+      float l = 0.0f;
+      std::vector<float> acc(s.dh, 0.0f);
+      for (int j = 0; j < s.tk; ++j) {
+        if (!vis[j]) continue;
+        const float p = std::exp(sc[j] - m);
+        l += p;
+        for (int d = 0; d < s.dh; ++d) {
+          acc[d] += static_cast<float>(rd(p)) *
+                    static_cast<float>(rd(v[(size_t(j) * s.kv_heads + g) * s.dh + d]));
+        }
+      }
+      for (int d = 0; d < s.dh; ++d) out[(size_t(i) * s.heads + h) * s.dh + d] = acc[d] / l;
+    }
+  }
+  return out;
+}
+
+// Random inputs of one attention shape, contiguous (for the naive runs) and laid out as
+// the backends read them: q rows padded with NaN, K and V in a paged cache of twice the
+// blocks needed, NaN everywhere but the sequence's rows, its blocks shuffled.
+struct AttnInputs {
+  int64_t q_width = 0, kv_width = 0, q_stride = 0, kv_stride = 0;
+  double scale = 0.0;
+  std::vector<double> q, k, v;  // [Tq, H, Dh], [Tk, Hkv, Dh], [Tk, Hkv, Dh]
+  std::vector<int32_t> docs;    // [offset + Tq] = [Tk] document of each position, or empty
+  std::vector<int32_t> q_docs;  // [Tq]
+  std::vector<int32_t> table;   // the sequence's blocks
+  std::vector<double> kc, vc;   // the paged cache
+  std::vector<double> qs;       // [Tq, q_stride]
+};
+
+inline AttnInputs MakeAttnInputs(const AttnShape& s, std::mt19937_64& rng) {
+  AttnInputs in;
+  in.q_width = int64_t{s.heads} * s.dh;
+  in.kv_width = int64_t{s.kv_heads} * s.dh;
+  in.q_stride = in.q_width + 8;
+  in.kv_stride = in.kv_width + 4;
+  in.scale = 1.0 / std::sqrt(static_cast<double>(s.dh));
+  in.q = kernels::testing::RandomFloatExact(rng, size_t(s.tq) * in.q_width, -2, 2);
+  in.k = kernels::testing::RandomFloatExact(rng, size_t(s.tk) * in.kv_width, -2, 2);
+  in.v = kernels::testing::RandomFloatExact(rng, size_t(s.tk) * in.kv_width);
+  for (size_t d = 0; d < s.doc_lengths.size(); ++d)
+    in.docs.insert(in.docs.end(), s.doc_lengths[d], int32_t(d));
+  const int needed = (s.tk + s.block_size - 1) / s.block_size;
+  const int num_blocks = 2 * needed + 1;
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  in.table.assign(perm.begin(), perm.begin() + needed);
+  in.kc.assign(size_t(num_blocks) * s.block_size * in.kv_stride, kNaN);
+  in.vc = in.kc;
+  in.qs.assign(size_t(s.tq) * in.q_stride, kNaN);
+  for (int j = 0; j < s.tk; ++j) {
+    const int64_t row = int64_t{in.table[j / s.block_size]} * s.block_size + j % s.block_size;
+    std::copy_n(in.k.begin() + j * in.kv_width, in.kv_width, in.kc.begin() + row * in.kv_stride);
+    std::copy_n(in.v.begin() + j * in.kv_width, in.kv_width, in.vc.begin() + row * in.kv_stride);
+  }
+  for (int i = 0; i < s.tq; ++i)
+    std::copy_n(in.q.begin() + i * in.q_width, in.q_width, in.qs.begin() + i * in.q_stride);
+  if (!in.docs.empty()) {
+    in.q_docs.assign(in.docs.begin() + s.offset, in.docs.begin() + s.offset + s.tq);
+  }
+  return in;
+}
+
+inline std::string ShapeName(const char* op, const AttnShape& s) {
+  return absl::StrCat(op, " ", s.label, " (Tq=", s.tq, " Tk=", s.tk, " H=", s.heads, "/",
+                      s.kv_heads, " Dh=", s.dh, " off=", s.offset, ")");
+}
+
+inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64& rng,
+                                               const AttnShape& s) {
+  const std::string name = ShapeName("Attention", s);
+  const AttnInputs in = MakeAttnInputs(s, rng);
+  const int64_t q_width = in.q_width, q_stride = in.q_stride, kv_stride = in.kv_stride;
+  const double scale = in.scale;
+  const std::vector<double>&q = in.q, &k = in.k, &v = in.v, &kc = in.kc, &vc = in.vc, &qs = in.qs;
+  const std::vector<int32_t>&docs = in.docs, &q_docs = in.q_docs, &table = in.table;
+
+  const size_t map_size = size_t(s.heads) * s.tq * s.tk;
+  const bool maps = s.want_maps || s.want_probs_only;
+  // Reference (double) on the same paged layout.
+  std::vector<double> ref_out(size_t(s.tq) * q_stride, kNaN), ref_probs(map_size),
+      ref_scores(map_size);
+  AttentionArgs<double> ra;
+  ra.q = qs.data();
+  ra.q_stride = q_stride;
+  ra.num_queries = s.tq;
+  ra.num_keys = s.tk;
+  ra.num_heads = s.heads;
+  ra.num_kv_heads = s.kv_heads;
+  ra.head_dim = s.dh;
+  ra.query_offset = s.offset;
+  ra.causal = s.causal;
+  ra.scale = scale;
+  if (!docs.empty()) {
+    ra.q_doc_ids = q_docs.data();
+    ra.k_doc_ids = docs.data();
+  }
+  ra.kv = KvSource<double>{kc.data(), vc.data(), kv_stride, table.data(), s.block_size};
+  ra.out = ref_out.data();
+  ra.out_stride = q_stride;
+  ra.probs = ref_probs.data();
+  ra.scores = ref_scores.data();
+  if (absl::Status st = ReferenceBackend().Attention(ra); !st.ok()) return {Failed(name, st)};
+
+  auto dq = ToDevice(qs);
+  auto dk = ToDevice(kc);
+  auto dv = ToDevice(vc);
+  auto dout = ToDevice(std::vector<double>(size_t(s.tq) * q_stride, kNaN));
+  auto dprobs = ToDevice(std::vector<double>(maps ? map_size : 1, kNaN));
+  auto dscores = ToDevice(std::vector<double>(maps ? map_size : 1, kNaN));
+  if (!dq.ok() || !dk.ok() || !dv.ok() || !dout.ok() || !dprobs.ok() || !dscores.ok()) {
+    return {Failed(name, absl::InternalError("device upload failed"))};
+  }
+  AttentionArgs<float> a;
+  a.q = dq->as<float>();
+  a.q_stride = q_stride;
+  a.num_queries = s.tq;
+  a.num_keys = s.tk;
+  a.num_heads = s.heads;
+  a.num_kv_heads = s.kv_heads;
+  a.head_dim = s.dh;
+  a.query_offset = s.offset;
+  a.causal = s.causal;
+  a.scale = scale;
+  a.q_doc_ids = ra.q_doc_ids;
+  a.k_doc_ids = ra.k_doc_ids;
+  a.kv = KvSource<float>{dk->as<float>(), dv->as<float>(), kv_stride, table.data(), s.block_size};
+  a.out = dout->as<float>();
+  a.out_stride = q_stride;
+  if (maps) a.probs = dprobs->as<float>();
+  if (s.want_maps) a.scores = dscores->as<float>();
+  if (absl::Status st = gpu.Attention(a); !st.ok()) return {Failed(name, st)};
+  auto out = FromDevice(gpu, *dout, size_t(s.tq) * q_stride);
+  if (!out.ok()) return {Failed(name, out.status())};
+
+  // Compare the heads' columns only; the row padding must stay NaN (never written).
+  std::vector<double> got, want, naive_rows;
+  const bool flash = !maps && s.tq >= kFlashMinQueries && FlashPrefillSupports(s.dh);
+  const std::vector<double> naive = NaiveAttention(s, flash, q, k, v, docs, scale);
+  for (int i = 0; i < s.tq; ++i) {
+    for (int64_t c = 0; c < q_stride; ++c) {
+      got.push_back((*out)[i * q_stride + c]);
+      want.push_back(ref_out[i * q_stride + c]);
+      naive_rows.push_back(c < q_width ? naive[i * q_width + c] : kNaN);
+    }
+  }
+  std::vector<ParityResult> results = {Judge(absl::StrCat(name, flash  ? " flash"
+                                                                : maps ? " materialised"
+                                                                       : " split-KV"),
+                                             got, naive_rows, want)};
+  if (maps) {
+    auto probs = FromDevice(gpu, *dprobs, map_size);
+    if (!probs.ok()) return {Failed(name, probs.status())};
+    // Naive probabilities: fp32 softmax of fp32 scores, the materialising kernel's maths.
+    std::vector<double> naive_probs(map_size, 0.0), naive_scores(map_size);
+    for (size_t row = 0; row < map_size / s.tk; ++row) {
+      const int h = static_cast<int>(row / s.tq), i = static_cast<int>(row % s.tq);
+      const int g = h / (s.heads / s.kv_heads);
+      float m = -std::numeric_limits<float>::infinity(), z = 0.0f;
+      for (int j = 0; j < s.tk; ++j) {
+        const bool vis =
+            (!s.causal || j <= s.offset + i) && (docs.empty() || docs[s.offset + i] == docs[j]);
+        float dot = 0.0f;
+        for (int d = 0; d < s.dh; ++d) {
+          dot += static_cast<float>(q[(size_t(i) * s.heads + h) * s.dh + d]) *
+                 static_cast<float>(k[(size_t(j) * s.kv_heads + g) * s.dh + d]);
+        }
+        naive_scores[row * s.tk + j] = vis ? dot * static_cast<float>(scale) : -kInf;
+        if (vis) m = std::max(m, static_cast<float>(naive_scores[row * s.tk + j]));
+      }
+      for (int j = 0; j < s.tk; ++j) {
+        if (std::isinf(naive_scores[row * s.tk + j])) continue;
+        const float e = std::exp(static_cast<float>(naive_scores[row * s.tk + j]) - m);
+        naive_probs[row * s.tk + j] = e;
+        z += e;
+      }
+      for (int j = 0; j < s.tk; ++j)
+        naive_probs[row * s.tk + j] = static_cast<float>(naive_probs[row * s.tk + j]) / z;
+    }
+    results.push_back(Judge(name + " probs", *probs, naive_probs, ref_probs));
+    if (s.want_maps) {
+      auto scores = FromDevice(gpu, *dscores, map_size);
+      if (!scores.ok()) return {Failed(name, scores.status())};
+      results.push_back(Judge(name + " scores", *scores, naive_scores, ref_scores));
+    }
+  }
+  return results;
+}
+
+// ---------------------------------------------------------------------------------------
+// AttentionBatch: five sequences in one call over one shared paged cache (NaN elsewhere,
+// blocks shuffled), their q and out rows one after another as the engine lays them out.
+// The third has documents, so it runs alone and splits the others into two batched
+// launches. Against the reference's Attention per sequence; naive = fp32 per sequence.
+inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng) {
+  const std::string name =
+      "AttentionBatch 5 sequences (Tq 1/5/3/1/2, Tk 300/40/30/700/9, "
+      "H=8/2 Dh=64, one with documents)";
+  std::vector<AttnShape> seqs = {{.tq = 1, .tk = 300},
+                                 {.tq = 5, .tk = 40},
+                                 {.tq = 3, .tk = 30, .doc_lengths = {12, 18}},
+                                 {.tq = 1, .tk = 700},
+                                 {.tq = 2, .tk = 9}};
+  const int heads = 8, kv_heads = 2, dh = 64, bs = 16;
+  const int64_t qw = heads * dh, kvw = kv_heads * dh, q_stride = qw + 8, kv_stride = kvw + 4;
+  const double scale = 1.0 / std::sqrt(double(dh));
+  int total_blocks = 0, total_rows = 0;
+  for (AttnShape& s : seqs) {
+    s.heads = heads;
+    s.kv_heads = kv_heads;
+    s.dh = dh;
+    s.block_size = bs;
+    s.offset = s.tk - s.tq;
+    total_blocks += (s.tk + bs - 1) / bs;
+    total_rows += s.tq;
+  }
+  const int num_blocks = 2 * total_blocks + 1;
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<double> kc(size_t(num_blocks) * bs * kv_stride, kNaN), vc = kc;
+  std::vector<double> qs(size_t(total_rows) * q_stride, kNaN), want(qs.size(), kNaN),
+      naive_rows(qs.size(), kNaN);
+  std::vector<std::vector<int32_t>> tables(seqs.size()), docs(seqs.size());
+  std::vector<std::vector<double>> qv(seqs.size()), kv(seqs.size()), vv(seqs.size());
+  int next_block = 0, row0 = 0;
+  for (size_t e = 0; e < seqs.size(); ++e) {
+    const AttnShape& s = seqs[e];
+    qv[e] = kernels::testing::RandomFloatExact(rng, size_t(s.tq) * qw, -2, 2);
+    kv[e] = kernels::testing::RandomFloatExact(rng, size_t(s.tk) * kvw, -2, 2);
+    vv[e] = kernels::testing::RandomFloatExact(rng, size_t(s.tk) * kvw);
+    for (size_t d = 0; d < s.doc_lengths.size(); ++d)
+      docs[e].insert(docs[e].end(), s.doc_lengths[d], int32_t(d));
+    for (int b = 0; b * bs < s.tk; ++b) tables[e].push_back(perm[next_block++]);
+    for (int j = 0; j < s.tk; ++j) {
+      const int64_t row = int64_t{tables[e][j / bs]} * bs + j % bs;
+      std::copy_n(kv[e].begin() + j * kvw, kvw, kc.begin() + row * kv_stride);
+      std::copy_n(vv[e].begin() + j * kvw, kvw, vc.begin() + row * kv_stride);
+    }
+    for (int i = 0; i < s.tq; ++i)
+      std::copy_n(qv[e].begin() + i * qw, qw, qs.begin() + (row0 + i) * q_stride);
+    row0 += s.tq;
+  }
+  auto args = [&](auto* q, auto* k, auto* v, auto* out, size_t e, int r0) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(q)>>;
+    const AttnShape& s = seqs[e];
+    AttentionArgs<T> a;
+    a.q = q + int64_t{r0} * q_stride;
+    a.q_stride = q_stride;
+    a.num_queries = s.tq;
+    a.num_keys = s.tk;
+    a.num_heads = heads;
+    a.num_kv_heads = kv_heads;
+    a.head_dim = dh;
+    a.query_offset = s.offset;
+    a.scale = scale;
+    if (!docs[e].empty()) {
+      a.q_doc_ids = docs[e].data() + s.offset;
+      a.k_doc_ids = docs[e].data();
+    }
+    a.kv = KvSource<T>{k, v, kv_stride, tables[e].data(), bs};
+    a.out = out + int64_t{r0} * q_stride;
+    a.out_stride = q_stride;
+    return a;
+  };
+  auto dq = ToDevice(qs);
+  auto dk = ToDevice(kc);
+  auto dv = ToDevice(vc);
+  auto dout = ToDevice(std::vector<double>(qs.size(), kNaN));
+  if (!dq.ok() || !dk.ok() || !dv.ok() || !dout.ok()) {
+    return Failed(name, absl::InternalError("device upload failed"));
+  }
+  std::vector<AttentionArgs<float>> calls;
+  row0 = 0;
+  for (size_t e = 0; e < seqs.size(); ++e) {
+    const AttentionArgs<double> ra = args(qs.data(), kc.data(), vc.data(), want.data(), e, row0);
+    if (absl::Status st = ReferenceBackend().Attention(ra); !st.ok()) return Failed(name, st);
+    const std::vector<double> naive =
+        NaiveAttention(seqs[e], false, qv[e], kv[e], vv[e], docs[e], scale);
+    for (int i = 0; i < seqs[e].tq; ++i)
+      std::copy_n(naive.begin() + i * qw, qw, naive_rows.begin() + (row0 + i) * q_stride);
+    calls.push_back(
+        args(dq->as<float>(), dk->as<float>(), dv->as<float>(), dout->as<float>(), e, row0));
+    row0 += seqs[e].tq;
+  }
+  int failed = -1;
+  if (absl::Status st = gpu.AttentionBatch(calls, &failed); !st.ok()) {
+    return Failed(name, absl::Status(st.code(), absl::StrCat("call ", failed, ": ", st.message())));
+  }
+  auto got = FromDevice(gpu, *dout, qs.size());
+  if (!got.ok()) return Failed(name, got.status());
+  return Judge(name, *got, naive_rows, want);
+}
+
+inline std::vector<AttnShape> AttentionShapes() {
+  std::vector<AttnShape> shapes;
+  auto add = [&](AttnShape s) { shapes.push_back(std::move(s)); };
+  add({.label = "prefill causal", .tq = 150, .tk = 150, .heads = 4, .kv_heads = 4, .dh = 64});
+  add({.label = "prefill offset GQA 8/4",
+       .tq = 70,
+       .tk = 200,
+       .heads = 8,
+       .kv_heads = 4,
+       .dh = 128,
+       .offset = 130});
+  add({.label = "prefill docs GQA 8/1",
+       .tq = 130,
+       .tk = 130,
+       .heads = 8,
+       .kv_heads = 1,
+       .dh = 128,
+       .doc_lengths = {40, 50, 40}});
+  add({.label = "prefill non-causal docs",
+       .tq = 64,
+       .tk = 64,
+       .heads = 2,
+       .kv_heads = 2,
+       .dh = 64,
+       .causal = false,
+       .doc_lengths = {10, 54}});
+  add({.label = "chunk with docs and offset",
+       .tq = 40,
+       .tk = 100,
+       .heads = 8,
+       .kv_heads = 4,
+       .dh = 64,
+       .offset = 60,
+       .doc_lengths = {70, 30},
+       .block_size = 8});
+  add({.label = "decode long GQA 8/1",
+       .tq = 1,
+       .tk = 3000,
+       .heads = 8,
+       .kv_heads = 1,
+       .dh = 128,
+       .offset = 2999});
+  add({.label = "decode GQA 8/4",
+       .tq = 1,
+       .tk = 37,
+       .heads = 8,
+       .kv_heads = 4,
+       .dh = 64,
+       .offset = 36,
+       .block_size = 4});
+  add({.label = "short chunk",
+       .tq = 5,
+       .tk = 600,
+       .heads = 4,
+       .kv_heads = 2,
+       .dh = 128,
+       .offset = 595});
+  add({.label = "fallback head size 80",
+       .tq = 100,
+       .tk = 100,
+       .heads = 4,
+       .kv_heads = 2,
+       .dh = 80});
+  add({.label = "fallback head size 256 decode",
+       .tq = 3,
+       .tk = 700,
+       .heads = 2,
+       .kv_heads = 1,
+       .dh = 256,
+       .offset = 697});
+  add({.label = "maps docs offset GQA 8/4",
+       .tq = 20,
+       .tk = 60,
+       .heads = 8,
+       .kv_heads = 4,
+       .dh = 128,
+       .offset = 40,
+       .doc_lengths = {35, 25},
+       .want_maps = true});
+  add({.label = "probs only (flash-sized)",
+       .tq = 48,
+       .tk = 48,
+       .heads = 2,
+       .kv_heads = 1,
+       .dh = 64,
+       .want_probs_only = true});
+  return shapes;
+}
+
+}  // namespace kvlens::kernels::cuda::parity
+
+#endif  // KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_ATTENTION_H_

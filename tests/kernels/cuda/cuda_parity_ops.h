@@ -1,0 +1,257 @@
+// Parity cases of the matrix, row and elementwise ops (cuda_parity.h).
+#ifndef KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_OPS_H_
+#define KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_OPS_H_
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/kernels/cuda/cuda_parity_util.h"
+
+namespace kvlens::kernels::cuda::parity {
+
+// ---------------------------------------------------------------------------------------
+// Elementwise and row ops.
+
+inline ParityResult MatMulCase(CudaBackend& gpu, std::mt19937_64& rng, DType dtype, int n, int in,
+                               int out, bool with_bias) {
+  const std::string name = absl::StrCat("MatMul ", std::string(DTypeName(dtype)), " n=", n,
+                                        " in=", in, " out=", out, with_bias ? " +bias" : "");
+  const std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * in);
+  const OwnedWeight w(kernels::testing::RandomVector(rng, size_t(out) * in), out, in, dtype);
+  const OwnedWeight b(kernels::testing::RandomVector(rng, out), 1, out, DType::kF32);
+  const WeightView bias = with_bias ? b.view() : WeightView{};
+  std::vector<double> ref(size_t(n) * out);
+  ReferenceBackend().MatMul(x.data(), n, w.view(), bias, ref.data());
+  // Naive: inputs rounded as the GPU rounds them, float products summed in float.
+  std::vector<double> naive(ref.size());
+  for (int r = 0; r < n; ++r) {
+    for (int o = 0; o < out; ++o) {
+      float sum = 0.0f;
+      for (int i = 0; i < in; ++i) {
+        sum += static_cast<float>(RoundTo(dtype, x[size_t(r) * in + i])) *
+               static_cast<float>(RoundTo(dtype, w.values()[size_t(o) * in + i]));
+      }
+      naive[size_t(r) * out + o] = with_bias ? sum + static_cast<float>(b.values()[o]) : sum;
+    }
+  }
+  auto dx = ToDevice(x);
+  auto dy = ToDevice(std::vector<double>(ref.size(), kNaN));
+  if (!dx.ok() || !dy.ok()) return Failed(name, !dx.ok() ? dx.status() : dy.status());
+  gpu.MatMul(dx->as<float>(), n, w.view(), bias, dy->as<float>());
+  auto y = FromDevice(gpu, *dy, ref.size());
+  if (!y.ok()) return Failed(name, y.status());
+  return Judge(name, *y, naive, ref);
+}
+
+// dx += dy · W (the input gradient of MatMul), dx starting from random values: against the
+// reference's MatMulBackwardInput in double.
+inline ParityResult MatMulBackwardInputCase(CudaBackend& gpu, std::mt19937_64& rng, DType dtype,
+                                            int n, int in, int out) {
+  const std::string name = absl::StrCat("MatMulBackwardInput ", std::string(DTypeName(dtype)),
+                                        " n=", n, " in=", in, " out=", out);
+  const std::vector<double> dy = kernels::testing::RandomFloatExact(rng, size_t(n) * out);
+  const std::vector<double> dx0 = kernels::testing::RandomFloatExact(rng, size_t(n) * in);
+  const OwnedWeight w(kernels::testing::RandomVector(rng, size_t(out) * in), out, in, dtype);
+  std::vector<double> ref = dx0;
+  MatMulBackwardInput(dy.data(), n, w.view(), ref.data());
+  // Naive: dy rounded to the weight's dtype as the GPU rounds it, float sums.
+  std::vector<double> naive(ref.size());
+  for (int r = 0; r < n; ++r) {
+    for (int i = 0; i < in; ++i) {
+      float sum = 0.0f;
+      for (int o = 0; o < out; ++o) {
+        sum += static_cast<float>(RoundTo(dtype, dy[size_t(r) * out + o])) *
+               static_cast<float>(RoundTo(dtype, w.values()[size_t(o) * in + i]));
+      }
+      naive[size_t(r) * in + i] = static_cast<float>(dx0[size_t(r) * in + i]) + sum;
+    }
+  }
+  auto ddy = ToDevice(dy);
+  auto ddx = ToDevice(dx0);
+  if (!ddy.ok() || !ddx.ok()) return Failed(name, !ddy.ok() ? ddy.status() : ddx.status());
+  if (absl::Status st = gpu.MatMulBackwardInput(ddy->as<float>(), n, w.view(), ddx->as<float>());
+      !st.ok()) {
+    return Failed(name, st);
+  }
+  auto got = FromDevice(gpu, *ddx, ref.size());
+  if (!got.ok()) return Failed(name, got.status());
+  return Judge(name, *got, naive, ref);
+}
+
+inline ParityResult EmbeddingCase(CudaBackend& gpu, std::mt19937_64& rng, DType dtype) {
+  const std::string name = absl::StrCat("Embedding ", std::string(DTypeName(dtype)));
+  const int vocab = 50, dim = 64, n = 9;
+  const OwnedWeight table(kernels::testing::RandomVector(rng, size_t(vocab) * dim), vocab, dim,
+                          dtype);
+  std::vector<int32_t> ids(n);
+  for (int32_t& id : ids) id = static_cast<int32_t>(rng() % vocab);
+  std::vector<double> ref(size_t(n) * dim);
+  ReferenceBackend().Embedding(table.view(), ids.data(), n, ref.data());
+  std::vector<double> naive(ref.size());
+  for (int r = 0; r < n; ++r) {
+    for (int c = 0; c < dim; ++c) {
+      naive[size_t(r) * dim + c] = RoundTo(dtype, table.values()[size_t(ids[r]) * dim + c]);
+    }
+  }
+  auto dy = ToDevice(std::vector<double>(ref.size(), kNaN));
+  if (!dy.ok()) return Failed(name, dy.status());
+  gpu.Embedding(table.view(), ids.data(), n, dy->as<float>());
+  auto y = FromDevice(gpu, *dy, ref.size());
+  if (!y.ok()) return Failed(name, y.status());
+  return Judge(name, *y, naive, ref);
+}
+
+inline ParityResult NormCase(CudaBackend& gpu, std::mt19937_64& rng, bool layer_norm, int dim,
+                             DType dtype, bool with_bias) {
+  const std::string name = absl::StrCat(layer_norm ? "LayerNorm" : "RmsNorm", " dim=", dim, " ",
+                                        std::string(DTypeName(dtype)), with_bias ? " +bias" : "");
+  const int n = 3;
+  const double eps = 1e-5;
+  const std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * dim, -3, 3);
+  const OwnedWeight g(kernels::testing::RandomVector(rng, dim, 0.5, 1.5), 1, dim, dtype);
+  const OwnedWeight b(kernels::testing::RandomVector(rng, dim), 1, dim, dtype);
+  const WeightView bias = with_bias ? b.view() : WeightView{};
+  std::vector<double> ref(x.size()), naive(x.size());
+  if (layer_norm) {
+    ReferenceBackend().LayerNorm(x.data(), n, dim, g.view(), bias, eps, ref.data());
+  } else {
+    ReferenceBackend().RmsNorm(x.data(), n, dim, g.view(), eps, ref.data());
+  }
+  for (int r = 0; r < n; ++r) {
+    const double* xr = x.data() + size_t(r) * dim;
+    float mean = 0.0f, sq = 0.0f;
+    if (layer_norm) {
+      for (int i = 0; i < dim; ++i) mean += static_cast<float>(xr[i]);
+      mean /= static_cast<float>(dim);
+    }
+    for (int i = 0; i < dim; ++i) {
+      const float d = static_cast<float>(xr[i]) - mean;
+      sq += d * d;
+    }
+    const float inv = 1.0f / std::sqrt(sq / static_cast<float>(dim) + static_cast<float>(eps));
+    for (int i = 0; i < dim; ++i) {
+      float y = (static_cast<float>(xr[i]) - mean) * inv * static_cast<float>(g.values()[i]);
+      if (with_bias) y += static_cast<float>(b.values()[i]);
+      naive[size_t(r) * dim + i] = y;
+    }
+  }
+  auto dx = ToDevice(x);
+  auto dy = ToDevice(std::vector<double>(x.size(), kNaN));
+  if (!dx.ok() || !dy.ok()) return Failed(name, !dx.ok() ? dx.status() : dy.status());
+  if (layer_norm) {
+    gpu.LayerNorm(dx->as<float>(), n, dim, g.view(), bias, eps, dy->as<float>());
+  } else {
+    gpu.RmsNorm(dx->as<float>(), n, dim, g.view(), eps, dy->as<float>());
+  }
+  auto y = FromDevice(gpu, *dy, x.size());
+  if (!y.ok()) return Failed(name, y.status());
+  return Judge(name, *y, naive, ref);
+}
+
+inline ParityResult RopeCase(CudaBackend& gpu, std::mt19937_64& rng, RopeStyle style,
+                             int head_dim) {
+  const std::string name = absl::StrCat(
+      "Rope ", style == RopeStyle::kAdjacentPairs ? "adjacent" : "half-split", " Dh=", head_dim);
+  const int n = 5, heads = 3;
+  const int64_t stride = int64_t{heads} * head_dim + 16;  // rows wider than the heads
+  const double theta = 10000.0;
+  const std::vector<int32_t> positions = {0, 1, 17, 4095, 100000};
+  std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * stride, -2, 2);
+  std::vector<double> ref = x, naive = x;
+  ReferenceBackend().Rope(ref.data(), n, stride, heads, head_dim, positions.data(), theta, style);
+  const int half = head_dim / 2;
+  for (int r = 0; r < n; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      double* head = naive.data() + r * stride + int64_t{h} * head_dim;
+      for (int p = 0; p < half; ++p) {
+        const double angle = positions[r] * std::pow(theta, -2.0 * p / head_dim);
+        const float c = static_cast<float>(std::cos(angle)),
+                    s = static_cast<float>(std::sin(angle));
+        const int ia = style == RopeStyle::kAdjacentPairs ? 2 * p : p;
+        const int ib = style == RopeStyle::kAdjacentPairs ? 2 * p + 1 : p + half;
+        const float a = static_cast<float>(head[ia]), b = static_cast<float>(head[ib]);
+        head[ia] = a * c - b * s;
+        head[ib] = a * s + b * c;
+      }
+    }
+  }
+  auto dx = ToDevice(x);
+  if (!dx.ok()) return Failed(name, dx.status());
+  gpu.Rope(dx->as<float>(), n, stride, heads, head_dim, positions.data(), theta, style);
+  auto y = FromDevice(gpu, *dx, x.size());
+  if (!y.ok()) return Failed(name, y.status());
+  return Judge(name, *y, naive, ref);
+}
+
+// kind: 0 Gelu, 1 SwiGlu, 2 Add
+inline ParityResult ElementwiseCase(CudaBackend& gpu, std::mt19937_64& rng, int kind) {
+  const char* names[] = {"Gelu", "SwiGlu", "Add"};
+  const std::string name = names[kind];
+  const int64_t count = 10007;
+  const std::vector<double> a = kernels::testing::RandomFloatExact(rng, count, -8, 8);
+  const std::vector<double> b = kernels::testing::RandomFloatExact(rng, count, -8, 8);
+  std::vector<double> ref = a, naive(count);
+  ReferenceBackend reference;
+  if (kind == 0) reference.Gelu(ref.data(), count);
+  if (kind == 1) reference.SwiGlu(a.data(), b.data(), count, ref.data());
+  if (kind == 2) reference.Add(ref.data(), b.data(), count);
+  for (int64_t i = 0; i < count; ++i) {
+    const float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
+    if (kind == 0) {
+      naive[i] = 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    } else if (kind == 1) {
+      naive[i] = x / (1.0f + std::exp(-x)) * y;
+    } else {
+      naive[i] = x + y;
+    }
+  }
+  auto da = ToDevice(a);
+  auto db = ToDevice(b);
+  auto dout = ToDevice(std::vector<double>(count, kNaN));
+  if (!da.ok() || !db.ok() || !dout.ok()) return Failed(name, absl::InternalError("upload"));
+  const DeviceBuffer* result = &*da;
+  if (kind == 0) gpu.Gelu(da->as<float>(), count);
+  if (kind == 1) {
+    gpu.SwiGlu(da->as<float>(), db->as<float>(), count, dout->as<float>());
+    result = &*dout;
+  }
+  if (kind == 2) gpu.Add(da->as<float>(), db->as<float>(), count);
+  auto y = FromDevice(gpu, *result, count);
+  if (!y.ok()) return Failed(name, y.status());
+  return Judge(name, *y, naive, ref);
+}
+
+inline ParityResult StoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
+  const std::string name = "StoreKv into a NaN-filled cache";
+  const int n = 6, cache_rows = 40;
+  const int64_t row_elems = 24, src_stride = 30, cache_stride = 32;
+  const std::vector<double> k = kernels::testing::RandomFloatExact(rng, size_t(n) * src_stride);
+  const std::vector<double> v = kernels::testing::RandomFloatExact(rng, size_t(n) * src_stride);
+  std::vector<int64_t> rows(cache_rows);
+  std::iota(rows.begin(), rows.end(), 0);
+  std::shuffle(rows.begin(), rows.end(), rng);
+  rows.resize(n);
+  std::vector<double> k_ref(size_t(cache_rows) * cache_stride, kNaN), v_ref = k_ref;
+  ReferenceBackend().StoreKv(k.data(), v.data(), n, src_stride, row_elems, rows.data(),
+                             k_ref.data(), v_ref.data(), cache_stride);
+  auto dk = ToDevice(k);
+  auto dv = ToDevice(v);
+  auto dkc = ToDevice(std::vector<double>(k_ref.size(), kNaN));
+  auto dvc = ToDevice(std::vector<double>(k_ref.size(), kNaN));
+  if (!dk.ok() || !dv.ok() || !dkc.ok() || !dvc.ok()) {
+    return Failed(name, absl::InternalError("upload"));
+  }
+  gpu.StoreKv(dk->as<float>(), dv->as<float>(), n, src_stride, row_elems, rows.data(),
+              dkc->as<float>(), dvc->as<float>(), cache_stride);
+  auto kc = FromDevice(gpu, *dkc, k_ref.size());
+  auto vc = FromDevice(gpu, *dvc, k_ref.size());
+  if (!kc.ok() || !vc.ok()) return Failed(name, !kc.ok() ? kc.status() : vc.status());
+  kc->insert(kc->end(), vc->begin(), vc->end());
+  k_ref.insert(k_ref.end(), v_ref.begin(), v_ref.end());
+  return Judge(name, *kc, k_ref, k_ref);  // a copy: exact
+}
+
+}  // namespace kvlens::kernels::cuda::parity
+
+#endif  // KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_OPS_H_
