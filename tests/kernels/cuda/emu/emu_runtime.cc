@@ -1,5 +1,5 @@
-// kvlens CUDA emulator, host side: the runtime API subset of include/cuda_runtime_api.h,
-// cuBLAS's cublasGemmEx, and the block scheduler behind emu_device.h.
+// kvlens CUDA emulator, host side: the runtime API subset of include/cuda_runtime_api.h
+// and the block scheduler behind emu_device.h (cuBLAS is emu_cublas.cc).
 //
 // Device memory is host memory from mmap, 0xFF-filled (NaN) like uninitialised device
 // memory, ending at an inaccessible guard page: a kernel reading more than 255 bytes past
@@ -27,9 +27,6 @@
 #include <vector>
 
 #include "tests/kernels/cuda/emu/emu_device.h"
-#include "tests/kernels/cuda/emu/include/cublas_api.h"
-#include "tests/kernels/cuda/emu/include/cuda_bf16.h"
-#include "tests/kernels/cuda/emu/include/cuda_fp16.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -44,9 +41,6 @@
 struct kvlens_emu::CUstream_st {};
 struct kvlens_emu::CUevent_st {
   std::chrono::steady_clock::time_point time;
-};
-struct cublasContext {
-  kvlens_emu::cudaStream_t stream = nullptr;
 };
 
 // void kvlens_emu_switch(void** save_sp, void* load_sp): saves the callee-saved registers
@@ -700,105 +694,6 @@ cudaError_t FuncSetAttribute(const void* func, cudaFuncAttribute attr, int value
   std::lock_guard<std::mutex> lock(g_attr_mutex);
   g_max_dynamic_shared[func] = value;
   return cudaSuccess;
-}
-
-// ---- cuBLAS --------------------------------------------------------------------------
-
-cublasStatus_t cublasCreate(cublasHandle_t* handle) {
-  *handle = new cublasContext;
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasDestroy(cublasHandle_t handle) {
-  delete handle;
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  handle->stream = stream;
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t) {
-  return handle == nullptr ? CUBLAS_STATUS_NOT_INITIALIZED : CUBLAS_STATUS_SUCCESS;
-}
-
-namespace {
-
-float Load(const void* p, cudaDataType_t t, int64_t i) {
-  switch (t) {
-    case CUDA_R_16F:
-      return __half2float(static_cast<const __half*>(p)[i]);
-    case CUDA_R_16BF:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case CUDA_R_32F:
-      break;
-  }
-  return static_cast<const float*>(p)[i];
-}
-
-size_t ElementBytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
-
-// Whether a column-major matrix of `rows` × `cols` with leading dimension ld lies in one
-// device allocation.
-bool InDevice(const void* p, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld) {
-  if (rows == 0 || cols == 0) return true;
-  const size_t bytes = static_cast<size_t>((cols - 1) * ld + rows) * ElementBytes(t);
-  std::lock_guard<std::mutex> lock(g_memory_mutex);
-  return FindDevice(p, bytes) != nullptr;
-}
-
-cublasStatus_t BlasFail(cublasStatus_t s, const std::string& why) {
-  std::fprintf(stderr, "[cuda-emu] cublasGemmEx: %s\n", why.c_str());
-  return s;
-}
-
-}  // namespace
-
-cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
-                            cublasOperation_t transb, int m, int n, int k, const void* alpha,
-                            const void* A, cudaDataType_t Atype, int lda, const void* B,
-                            cudaDataType_t Btype, int ldb, const void* beta, void* C,
-                            cudaDataType_t Ctype, int ldc, cublasComputeType_t compute,
-                            cublasGemmAlgo_t) {
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (m < 0 || n < 0 || k < 0) return BlasFail(CUBLAS_STATUS_INVALID_VALUE, "negative size");
-  const int a_rows = transa == CUBLAS_OP_N ? m : k, a_cols = transa == CUBLAS_OP_N ? k : m;
-  const int b_rows = transb == CUBLAS_OP_N ? k : n, b_cols = transb == CUBLAS_OP_N ? n : k;
-  if (lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) || ldc < std::max(1, m)) {
-    return BlasFail(CUBLAS_STATUS_INVALID_VALUE, "a leading dimension is too small");
-  }
-  if (Atype != Btype || Ctype != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F) {
-    return BlasFail(CUBLAS_STATUS_NOT_SUPPORTED, "types other than A = B, C fp32, compute fp32");
-  }
-  if (!InDevice(A, Atype, a_rows, a_cols, lda) || !InDevice(B, Btype, b_rows, b_cols, ldb) ||
-      !InDevice(C, Ctype, m, n, ldc)) {
-    return BlasFail(CUBLAS_STATUS_EXECUTION_FAILED, "A, B or C is not in device memory");
-  }
-  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  float* c = static_cast<float*>(C);
-  std::vector<float> b_col(static_cast<size_t>(k));
-  for (int j = 0; j < n; ++j) {
-    for (int l = 0; l < k; ++l) {
-      b_col[static_cast<size_t>(l)] =
-          Load(B, Btype,
-               transb == CUBLAS_OP_N ? l + static_cast<int64_t>(j) * ldb
-                                     : j + static_cast<int64_t>(l) * ldb);
-    }
-    for (int i = 0; i < m; ++i) {
-      float acc = 0.0f;
-      for (int l = 0; l < k; ++l) {
-        const float a = Load(A, Atype,
-                             transa == CUBLAS_OP_N ? i + static_cast<int64_t>(l) * lda
-                                                   : l + static_cast<int64_t>(i) * lda);
-        acc += a * b_col[static_cast<size_t>(l)];
-      }
-      float& out = c[i + static_cast<int64_t>(j) * ldc];
-      out = be == 0.0f ? al * acc : al * acc + be * out;  // beta 0: C is not read (may be NaN)
-    }
-  }
-  return CUBLAS_STATUS_SUCCESS;
 }
 
 }  // namespace kvlens_emu
