@@ -43,6 +43,12 @@ absl::Status CheckRowsSeeAKey(const AttentionArgs<float>& a) {
   return absl::OkStatus();
 }
 
+// The host-side checks of one Attention call, with the CPU backends' messages.
+absl::Status CheckAttention(const AttentionArgs<float>& a) {
+  if (absl::Status s = ValidateAttentionArgs(a); !s.ok()) return s;
+  return CheckRowsSeeAKey(a);
+}
+
 cudaDataType_t CudaType(DType t) {
   switch (t) {
     case DType::kF16:
@@ -421,8 +427,19 @@ absl::StatusOr<AttentionParams> CudaBackend::DeviceParams(const AttentionArgs<fl
 
 absl::Status CudaBackend::AttentionImpl(const AttentionArgs<float>& a) {
   // Host-side checks first, with the CPU backends' messages; nothing is written on error.
-  if (absl::Status s = ValidateAttentionArgs(a); !s.ok()) return s;
-  if (absl::Status s = CheckRowsSeeAKey(a); !s.ok()) return s;
+  if (absl::Status s = CheckAttention(a); !s.ok()) return s;
+  return AttentionChecked(a);
+}
+
+absl::Status CudaBackend::SplitKv(const AttentionParams& p) {
+  const int splits = ChooseNumSplits(p, num_sms_);
+  if (const int64_t ws = SplitKvWorkspaceFloats(p, splits); ws > 0) {
+    if (absl::Status s = attention_workspace_.Reserve(sizeof(float) * ws); !s.ok()) return s;
+  }
+  return LaunchSplitKv(p, splits, attention_workspace_.as<float>(), stream_);
+}
+
+absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {
   absl::StatusOr<AttentionParams> params = DeviceParams(a);
   if (!params.ok()) return params.status();
   const AttentionParams& p = *params;
@@ -448,14 +465,7 @@ absl::Status CudaBackend::AttentionImpl(const AttentionArgs<float>& a) {
                                                    "backend without probs/scores (at most ",
                                                    kSplitKvMaxHeadDim, ")"));
   }
-  const int splits = ChooseNumSplits(p, num_sms_);
-  const int64_t ws_floats = SplitKvWorkspaceFloats(p, splits);
-  if (ws_floats > 0) {
-    if (absl::Status s = attention_workspace_.Reserve(sizeof(float) * ws_floats); !s.ok()) {
-      return s;
-    }
-  }
-  return LaunchSplitKv(p, splits, attention_workspace_.as<float>(), stream_);
+  return SplitKv(p);
 }
 
 absl::Status CudaBackend::Attention(const AttentionArgs<float>& args) {
@@ -522,11 +532,7 @@ absl::Status CudaBackend::LaunchBatched(absl::Span<const AttentionArgs<float>> c
   p.query_offset = 0;
   p.row_key_end = base + tables;
   p.row_table_offset = base + tables + rows;
-  const int splits = ChooseNumSplits(p, num_sms_);
-  if (const int64_t ws = SplitKvWorkspaceFloats(p, splits); ws > 0) {
-    if (absl::Status s = attention_workspace_.Reserve(sizeof(float) * ws); !s.ok()) return s;
-  }
-  return LaunchSplitKv(p, splits, attention_workspace_.as<float>(), stream_);
+  return SplitKv(p);
 }
 
 absl::Status CudaBackend::AttentionBatch(absl::Span<const AttentionArgs<float>> calls,
@@ -534,9 +540,7 @@ absl::Status CudaBackend::AttentionBatch(absl::Span<const AttentionArgs<float>> 
   *failed = 0;
   if (!status_.ok()) return status_;
   for (size_t c = 0; c < calls.size(); ++c) {
-    absl::Status s = ValidateAttentionArgs(calls[c]);
-    if (s.ok()) s = CheckRowsSeeAKey(calls[c]);
-    if (!s.ok()) {
+    if (absl::Status s = CheckAttention(calls[c]); !s.ok()) {
       *failed = static_cast<int>(c);
       return s;
     }
@@ -554,7 +558,7 @@ absl::Status CudaBackend::AttentionBatch(absl::Span<const AttentionArgs<float>> 
       }
     }
     const absl::Status s = end - begin > 1 ? LaunchBatched(calls.subspan(begin, end - begin))
-                                           : AttentionImpl(calls[begin]);
+                                           : AttentionChecked(calls[begin]);
     if (!s.ok()) {
       *failed = static_cast<int>(begin);
       if (s.code() != absl::StatusCode::kInvalidArgument) Ok(s);

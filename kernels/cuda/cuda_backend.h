@@ -145,7 +145,11 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   absl::StatusOr<const void*> GemmOperand(const float* x, int64_t count, DType dtype);
   absl::Status MatMulImpl(const float* x, int n, const WeightView& w, const WeightView& bias,
                           float* y);
-  absl::Status AttentionImpl(const AttentionArgs<float>& a);
+  absl::Status AttentionImpl(const AttentionArgs<float>& a);  // checks + AttentionChecked
+  // A call whose checks passed: uploads its index arrays and launches the right kernel.
+  absl::Status AttentionChecked(const AttentionArgs<float>& a);
+  // The split-KV kernels for p, with their workspace.
+  absl::Status SplitKv(const AttentionParams& p);
   absl::Status AttentionBackwardImpl(const AttentionBackwardArgs<float>& b);
   // One split-KV launch for calls (checked, batchable, q/out rows consecutive).
   absl::Status LaunchBatched(absl::Span<const AttentionArgs<float>> calls);
