@@ -11,12 +11,9 @@ StagedBackend::StagedBackend(Backend<float>& device, Backend<float>& host,
     : device_(device),
       host_(host),
       device_backward_(device_backward),
-      name_("staged:" + std::string(device.name())),
-      scratch_{Buffer<float>(device.memory()), Buffer<float>(device.memory()),
-               Buffer<float>(device.memory()), Buffer<float>(device.memory()),
-               Buffer<float>(device.memory()), Buffer<float>(device.memory()),
-               Buffer<float>(device.memory()), Buffer<float>(device.memory()),
-               Buffer<float>(device.memory()), Buffer<float>(device.memory())} {}
+      name_("staged:" + std::string(device.name())) {
+  for (Buffer<float>& b : scratch_) b = Buffer<float>(device.memory());
+}
 
 bool StagedBackend::Ok(const absl::Status& s) {
   if (!s.ok() && status_.ok()) status_ = s;
