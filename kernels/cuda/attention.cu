@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_common.cuh"
@@ -199,18 +200,95 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Split-KV. Block (i, g, split): query row i, KV head g, keys [split·span, (split+1)·span)
-// ∩ [0, causal end). Warp w handles query heads g·group + w, + 4, …; lanes split the head
-// dimension (lane owns d = 32c + lane). Four keys per step so that four K and V rows are in
-// flight per warp. Output: O directly with one split, else per split (m, l, acc[Dh]) in
+// Split-KV (decode, short chunks, head sizes the flash kernel lacks). Block (i, g, split):
+// query row i, KV head g, keys [split·span, (split+1)·span) ∩ [0, key end).
+//
+// Each K/V row is read once per head tile, by one warp, for every query head of the tile:
+// the four warps take turns over steps of kKeysPerStep consecutive keys, and a warp keeps
+// its own (m, l, acc) per head. Lane owns dims 128c + 4·lane … +3 (one float4 per chunk
+// where the pointers and strides allow, see SplitKvVectorized), so a step has
+// 2 · kKeysPerStep rows in flight per warp. The step's kKeysPerStep × heads dot products
+// are summed over the lanes together (SumAcrossLanes: 31 shuffles for 32 sums, not 160)
+// and handed to every lane through shared memory. At the end of a head tile the warps'
+// partial results are merged through shared memory; the block writes O directly with one
+// split, else per split (m, l, acc[Dh]) in
 //   workspace [Tq, H, splits, Dh + 2]
 // merged by SplitKvCombineKernel.
 constexpr int kSplitWarps = 4;
-constexpr int kMaxChunks = kSplitKvMaxHeadDim / 32;
 constexpr int kKeysPerStep = 4;
 
+// C float4 chunks per lane: head sizes up to 128·C. The head tile keeps registers in check:
+// q and acc take 2·4·C floats per head.
+template <int C>
+struct SplitKvShape {
+  static constexpr int kHeadTile = 8 / C;
+  static constexpr int kSums = kKeysPerStep * kHeadTile;  // dot products per step: 32 or 16
+  static constexpr int kMaxDim = 128 * C;
+  static_assert(kSums == 16 || kSums == 32, "SumAcrossLanes needs 16 or 32 values");
+};
+
+__device__ __forceinline__ float4 Zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+
+// row[d … d+3], zero past D. Vectorised: D % 4 == 0 and row 16-byte aligned.
+template <bool kVec>
+__device__ __forceinline__ float4 Load4(const float* row, int d, int D) {
+  if (d >= D) return Zero4();
+  if constexpr (kVec) {
+    return *reinterpret_cast<const float4*>(row + d);
+  } else {
+    return make_float4(row[d], d + 1 < D ? row[d + 1] : 0.0f, d + 2 < D ? row[d + 2] : 0.0f,
+                       d + 3 < D ? row[d + 3] : 0.0f);
+  }
+}
+
+__device__ __forceinline__ float Dot4(float4 a, float4 b) {
+  return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+}
+
+__device__ __forceinline__ void Axpy4(float a, float4 x, float4& y) {
+  y.x += a * x.x;
+  y.y += a * x.y;
+  y.z += a * x.z;
+  y.w += a * x.w;
+}
+
+__device__ __forceinline__ void Scale4(float a, float4& y) {
+  y.x *= a;
+  y.y *= a;
+  y.z *= a;
+  y.w *= a;
+}
+
+// Sums each of the N values over the warp's 32 lanes. Halving: at offset o a lane keeps
+// the half of its values selected by its bit o and adds the partner's copy of that half,
+// so N − 1 shuffles leave one value per lane (then 5 − log2 N plain steps). Returns the
+// total of value lane · N / 32 (lane L holds the sum of value L for N = 32).
+template <int N>
+__device__ __forceinline__ float SumAcrossLanes(float (&v)[N], int lane) {
+#pragma unroll
+  for (int n = N, o = 16; n > 1; n /= 2, o /= 2) {
+    const bool upper = (lane & o) != 0;
+#pragma unroll
+    for (int k = 0; k < n / 2; ++k) {
+      const float keep = upper ? v[k + n / 2] : v[k];
+      const float send = upper ? v[k] : v[k + n / 2];
+      v[k] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+  }
+#pragma unroll
+  for (int o = 16 / N; o > 0; o /= 2) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+  return v[0];
+}
+
+template <int C, bool kVec>
 __global__ void __launch_bounds__(kSplitWarps * 32)
     SplitKvKernel(AttentionParams p, int num_splits, int span, float* workspace) {
+  using S = SplitKvShape<C>;
+  constexpr int kTile = S::kHeadTile, kSums = S::kSums;
+  __shared__ float step_scores[kSplitWarps][kSums];
+  __shared__ float part_ml[kSplitWarps][kTile][2];
+  __shared__ float part_acc[kSplitWarps][kTile][S::kMaxDim];
+
   const int i = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = p.num_heads / p.num_kv_heads;
@@ -222,88 +300,126 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   // Batched: this row's sequence's blocks.
   const int32_t* table =
       p.row_table_offset != nullptr ? p.block_table + p.row_table_offset[i] : p.block_table;
+  const float* q_group =
+      p.q + static_cast<int64_t>(i) * p.q_stride + static_cast<int64_t>(g) * group * D;
 
-  for (int hg = warp; hg < group; hg += kSplitWarps) {
-    const int h = g * group + hg;
-    const float* q = p.q + static_cast<int64_t>(i) * p.q_stride + static_cast<int64_t>(h) * D;
-    float qr[kMaxChunks], acc[kMaxChunks];
+  for (int h0 = 0; h0 < group; h0 += kTile) {
+    float4 qr[kTile][C], acc[kTile][C];
+    float m[kTile], l[kTile];
 #pragma unroll
-    for (int c = 0; c < kMaxChunks; ++c) {
-      const int d = 32 * c + lane;
-      qr[c] = d < D ? q[d] : 0.0f;
-      acc[c] = 0.0f;
+    for (int t = 0; t < kTile; ++t) {
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        qr[t][c] =
+            h0 + t < group ? Load4<kVec>(q_group + (h0 + t) * D, 128 * c + 4 * lane, D) : Zero4();
+        acc[t][c] = Zero4();
+      }
+      m[t] = -INFINITY;
+      l[t] = 0.0f;
     }
-    float m = -INFINITY, l = 0.0f;
-    for (int j0 = j_begin; j0 < j_end; j0 += kKeysPerStep) {
+
+    for (int j0 = j_begin + warp * kKeysPerStep; j0 < j_end; j0 += kSplitWarps * kKeysPerStep) {
       bool vis[kKeysPerStep];
-      int64_t off[kKeysPerStep];
-      float s[kKeysPerStep];
+      float4 kr[kKeysPerStep][C], vr[kKeysPerStep][C];
 #pragma unroll
       for (int u = 0; u < kKeysPerStep; ++u) {
         const int j = j0 + u;
         vis[u] = j < j_end && (p.q_doc == nullptr || p.k_doc[j] == q_doc);
-        off[u] = vis[u] ? PhysicalRowIn(table, p.block_size, j) * p.kv_row_stride +
-                              static_cast<int64_t>(g) * D
-                        : 0;
-        float dot = 0.0f;
-        if (vis[u]) {
+        // Only visible rows are read: a masked key's row may hold anything.
+        const int64_t off = vis[u] ? PhysicalRowIn(table, p.block_size, j) * p.kv_row_stride +
+                                         static_cast<int64_t>(g) * D
+                                   : 0;
 #pragma unroll
-          for (int c = 0; c < kMaxChunks; ++c) {
-            const int d = 32 * c + lane;
-            if (d < D) dot += qr[c] * p.k[off[u] + d];
-          }
-        }
-        s[u] = dot;
-      }
-      float m_new = m;
-#pragma unroll
-      for (int u = 0; u < kKeysPerStep; ++u) {
-        s[u] = WarpReduce(s[u], SumOp()) * p.scale;  // vis[u] is the same on every lane
-        if (vis[u]) m_new = fmaxf(m_new, s[u]);
-      }
-      if (m_new == -INFINITY) continue;  // nothing visible yet in this split
-      const float alpha = m == -INFINITY ? 0.0f : expf(m - m_new);
-      float pu[kKeysPerStep];
-      float p_sum = 0.0f;
-#pragma unroll
-      for (int u = 0; u < kKeysPerStep; ++u) {
-        pu[u] = vis[u] ? expf(s[u] - m_new) : 0.0f;
-        p_sum += pu[u];
-      }
-      l = l * alpha + p_sum;
-#pragma unroll
-      for (int c = 0; c < kMaxChunks; ++c) acc[c] *= alpha;
-#pragma unroll
-      for (int u = 0; u < kKeysPerStep; ++u) {
-        if (!vis[u]) continue;  // never read a masked key's value row
-#pragma unroll
-        for (int c = 0; c < kMaxChunks; ++c) {
-          const int d = 32 * c + lane;
-          if (d < D) acc[c] += pu[u] * p.v[off[u] + d];
+        for (int c = 0; c < C; ++c) {
+          kr[u][c] = vis[u] ? Load4<kVec>(p.k + off, 128 * c + 4 * lane, D) : Zero4();
+          vr[u][c] = vis[u] ? Load4<kVec>(p.v + off, 128 * c + 4 * lane, D) : Zero4();
         }
       }
-      m = m_new;
+      float s[kSums];  // s[u · kTile + t]: key u, head h0 + t
+#pragma unroll
+      for (int u = 0; u < kKeysPerStep; ++u) {
+#pragma unroll
+        for (int t = 0; t < kTile; ++t) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int c = 0; c < C; ++c) dot += Dot4(qr[t][c], kr[u][c]);
+          s[u * kTile + t] = dot;
+        }
+      }
+      const float total = SumAcrossLanes(s, lane);
+      if (lane % (32 / kSums) == 0) step_scores[warp][lane * kSums / 32] = total * p.scale;
+      __syncwarp();
+#pragma unroll
+      for (int t = 0; t < kTile; ++t) {
+        float m_new = m[t];
+#pragma unroll
+        for (int u = 0; u < kKeysPerStep; ++u) {
+          if (vis[u]) m_new = fmaxf(m_new, step_scores[warp][u * kTile + t]);
+        }
+        if (m_new == -INFINITY) continue;  // nothing visible yet for this warp
+        const float alpha = m[t] == -INFINITY ? 0.0f : expf(m[t] - m_new);
+        l[t] *= alpha;
+#pragma unroll
+        for (int c = 0; c < C; ++c) Scale4(alpha, acc[t][c]);
+#pragma unroll
+        for (int u = 0; u < kKeysPerStep; ++u) {
+          if (!vis[u]) continue;  // 0 · NaN would poison acc
+          const float pu = expf(step_scores[warp][u * kTile + t] - m_new);
+          l[t] += pu;
+#pragma unroll
+          for (int c = 0; c < C; ++c) Axpy4(pu, vr[u][c], acc[t][c]);
+        }
+        m[t] = m_new;
+      }
+      __syncwarp();  // step_scores is read before the next step overwrites it
     }
-    if (num_splits == 1) {
-      float* o = p.out + static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D;
+
+    // Merge the warps: O = Σ_w e^{m_w − M} acc_w / Σ_w e^{m_w − M} l_w.
 #pragma unroll
-      for (int c = 0; c < kMaxChunks; ++c) {
-        const int d = 32 * c + lane;
-        if (d < D) o[d] = acc[c] / l;  // l > 0: the row sees a key (checked on the host)
-      }
-    } else {
-      float* w =
-          workspace + ((static_cast<int64_t>(i) * p.num_heads + h) * num_splits + split) * (D + 2);
+    for (int t = 0; t < kTile; ++t) {
       if (lane == 0) {
-        w[0] = m;
-        w[1] = l;
+        part_ml[warp][t][0] = m[t];
+        part_ml[warp][t][1] = l[t];
       }
 #pragma unroll
-      for (int c = 0; c < kMaxChunks; ++c) {
-        const int d = 32 * c + lane;
-        if (d < D) w[2 + d] = acc[c];
+      for (int c = 0; c < C; ++c) {
+        const int d = 128 * c + 4 * lane;
+        if (d < S::kMaxDim) {
+          float* a = &part_acc[warp][t][d];
+          a[0] = acc[t][c].x;
+          a[1] = acc[t][c].y;
+          a[2] = acc[t][c].z;
+          a[3] = acc[t][c].w;
+        }
       }
     }
+    __syncthreads();
+    const int tile = min(kTile, group - h0);
+    for (int idx = threadIdx.x; idx < tile * D; idx += blockDim.x) {
+      const int t = idx / D, d = idx % D, h = g * group + h0 + t;
+      float m_max = -INFINITY;
+      for (int w = 0; w < kSplitWarps; ++w) m_max = fmaxf(m_max, part_ml[w][t][0]);
+      float l_sum = 0.0f, a = 0.0f;
+      for (int w = 0; w < kSplitWarps; ++w) {
+        if (part_ml[w][t][0] == -INFINITY) continue;  // this warp saw no key
+        const float e = expf(part_ml[w][t][0] - m_max);
+        l_sum += e * part_ml[w][t][1];
+        a += e * part_acc[w][t][d];
+      }
+      if (num_splits == 1) {
+        // l_sum > 0: the row sees a key (checked on the host).
+        p.out[static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D + d] = a / l_sum;
+      } else {
+        float* w = workspace +
+                   ((static_cast<int64_t>(i) * p.num_heads + h) * num_splits + split) * (D + 2);
+        if (d == 0) {
+          w[0] = m_max;
+          w[1] = l_sum;
+        }
+        w[2 + d] = a;
+      }
+    }
+    __syncthreads();  // the next head tile reuses part_ml and part_acc
   }
 }
 
@@ -400,6 +516,12 @@ int ChooseNumSplits(const AttentionParams& p, int num_sms) {
   return static_cast<int>(std::clamp<int64_t>(std::min(want, by_keys), 1, 128));
 }
 
+bool SplitKvVectorized(const AttentionParams& p) {
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  return p.head_dim % 4 == 0 && p.q_stride % 4 == 0 && p.kv_row_stride % 4 == 0 && aligned(p.q) &&
+         aligned(p.k) && aligned(p.v);
+}
+
 int64_t SplitKvWorkspaceFloats(const AttentionParams& p, int num_splits) {
   if (num_splits <= 1) return 0;
   return static_cast<int64_t>(p.num_queries) * p.num_heads * num_splits * (p.head_dim + 2);
@@ -414,7 +536,19 @@ absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* work
   num_splits = std::max(num_splits, 1);
   const int span = (p.num_keys + num_splits - 1) / num_splits;
   const dim3 grid(p.num_queries, p.num_kv_heads, num_splits);
-  SplitKvKernel<<<grid, kSplitWarps * 32, 0, stream>>>(p, num_splits, span, workspace);
+  const dim3 block(kSplitWarps * 32);
+  const bool vec = SplitKvVectorized(p);
+  if (p.head_dim <= 128) {
+    if (vec) {
+      SplitKvKernel<1, true><<<grid, block, 0, stream>>>(p, num_splits, span, workspace);
+    } else {
+      SplitKvKernel<1, false><<<grid, block, 0, stream>>>(p, num_splits, span, workspace);
+    }
+  } else if (vec) {
+    SplitKvKernel<2, true><<<grid, block, 0, stream>>>(p, num_splits, span, workspace);
+  } else {
+    SplitKvKernel<2, false><<<grid, block, 0, stream>>>(p, num_splits, span, workspace);
+  }
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvKernel");
   if (num_splits > 1) {
     const dim3 combine_grid(p.num_queries, p.num_heads);

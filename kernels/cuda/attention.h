@@ -6,9 +6,10 @@
 //                   Q·Kᵀ and P·V on fp16 tensor cores (WMMA) with fp32 accumulation,
 //                   online softmax in fp32; never the full Tq×Tk matrix.
 //   split-KV        any Dh <= 256, any Tq (decode, short chunks, other head sizes): fp32,
-//                   one block per (query, KV head, key split); the query heads of a GQA group
-//                   share the block so each K/V row is read once; partial (m, l, acc) per
-//                   split merged by a second kernel.
+//                   one block per (query, KV head, key split); its four warps take turns
+//                   over the keys and each K/V row is read once for all the GQA group's
+//                   heads (8 at a time, 4 past Dh 128); partial (m, l, acc) per split
+//                   merged by a second kernel.
 //   materialised    when probabilities or scores are requested: fp32, writes S and A
 //                   [H, Tq, Tk] and computes O = A·V from exactly the A it returns.
 #ifndef KVLENS_KERNELS_CUDA_ATTENTION_H_
@@ -58,6 +59,9 @@ absl::Status LaunchFlashPrefill(const AttentionParams& p, cudaStream_t stream);
 
 // How many key splits to use so that about 4 blocks per SM are in flight.
 int ChooseNumSplits(const AttentionParams& p, int num_sms);
+// The split-KV kernel reads q, K and V as float4: head_dim, q_stride and kv_row_stride
+// multiples of 4 and q, k, v 16-byte aligned (else it reads floats one by one).
+bool SplitKvVectorized(const AttentionParams& p);
 // Floats of workspace LaunchSplitKv needs (0 when num_splits == 1).
 int64_t SplitKvWorkspaceFloats(const AttentionParams& p, int num_splits);
 // Also runs batched params (row_key_end set; no documents).

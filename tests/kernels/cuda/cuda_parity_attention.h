@@ -419,6 +419,23 @@ inline std::vector<AttnShape> AttentionShapes() {
        .kv_heads = 1,
        .dh = 256,
        .offset = 697});
+  // Split-KV head tiles: 12 heads = a tile of 8 and one of 4, floats read one by one
+  // (Dh 50 is no multiple of 4); Dh 256 takes 4 heads a tile, float4 loads.
+  add({.label = "decode scalar loads GQA 12/1",
+       .tq = 1,
+       .tk = 900,
+       .heads = 12,
+       .kv_heads = 1,
+       .dh = 50,
+       .offset = 899,
+       .block_size = 8});
+  add({.label = "decode head size 256 GQA 8/1",
+       .tq = 2,
+       .tk = 520,
+       .heads = 8,
+       .kv_heads = 1,
+       .dh = 256,
+       .offset = 518});
   add({.label = "maps docs offset GQA 8/4",
        .tq = 20,
        .tk = 60,

@@ -15,6 +15,13 @@ struct uint3 {
   unsigned x, y, z;
 };
 
+// vector_types.h: 16-byte aligned, so a misaligned float4 load is reported by UBSan as
+// it would fault on a GPU.
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+
 struct dim3 {
   unsigned x, y, z;
   constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
