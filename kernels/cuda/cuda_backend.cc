@@ -19,6 +19,9 @@ namespace kvlens::kernels::cuda {
 namespace {
 
 constexpr size_t kIndexRingBytes = size_t{1} << 20;
+// Recent uploads compared against a new one: a layer's ops (embedding ids, RoPE positions
+// twice, cache rows, the attention call's tables) with room to spare.
+constexpr size_t kIndexReuse = 8;
 constexpr size_t kIndexAlign = 256;
 
 size_t RoundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -213,6 +216,13 @@ absl::StatusOr<const DeviceWeight*> CudaBackend::Upload(const WeightView& w) {
 
 absl::StatusOr<const void*> CudaBackend::UploadIndices(const void* host, size_t bytes) {
   const size_t need = RoundUp(std::max<size_t>(bytes, 1), kIndexAlign);
+  for (auto it = index_recent_.rbegin(); it != index_recent_.rend(); ++it) {
+    if (bytes > 0 && it->bytes == bytes &&
+        std::memcmp(index_host_.get() + it->offset, host, bytes) == 0) {
+      ++index_stats_.reused;
+      return index_device_.as<unsigned char>() + it->offset;
+    }
+  }
   if (need > index_host_.bytes()) {
     // Grow both halves of the ring: wait until no copy reads the old staging memory.
     KVLENS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
@@ -220,18 +230,24 @@ absl::StatusOr<const void*> CudaBackend::UploadIndices(const void* host, size_t 
     if (absl::Status s = index_host_.Reserve(grown); !s.ok()) return s;
     if (absl::Status s = index_device_.Reserve(grown); !s.ok()) return s;
     index_offset_ = 0;
+    index_recent_.clear();
   }
   if (index_offset_ + need > index_host_.bytes()) {
     // Wrap around: the staged bytes about to be overwritten may still be waiting for
     // their copy. (Device reuse is safe: the stream orders it after earlier readers.)
     KVLENS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     index_offset_ = 0;
+    index_recent_.clear();
   }
   unsigned char* staged = index_host_.get() + index_offset_;
   unsigned char* device = index_device_.as<unsigned char>() + index_offset_;
   std::memcpy(staged, host, bytes);
   KVLENS_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(device, staged, bytes, cudaMemcpyHostToDevice, stream_));
+  if (index_recent_.size() == kIndexReuse) index_recent_.erase(index_recent_.begin());
+  index_recent_.push_back({index_offset_, bytes});
+  ++index_stats_.copies;
+  index_stats_.bytes_copied += static_cast<int64_t>(bytes);
   index_offset_ += need;
   return device;
 }

@@ -100,6 +100,15 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // device memory is freed once the work already enqueued is done.
   void ForgetWeights();
 
+  // Host-to-device copies of index arrays (ids, positions, cache rows, block tables,
+  // document ids) since Create, and the uploads served by an earlier identical copy.
+  struct IndexUploadStats {
+    int64_t copies = 0;
+    int64_t bytes_copied = 0;
+    int64_t reused = 0;
+  };
+  IndexUploadStats index_upload_stats() const { return index_stats_; }
+
   void MatMul(const float* x, int n, const WeightView& w, const WeightView& bias,
               float* y) override;
   void Embedding(const WeightView& table, const int32_t* ids, int n, float* out) override;
@@ -138,7 +147,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   absl::StatusOr<const DeviceWeight*> Upload(const WeightView& w);
   // Copies `bytes` of host memory to the device, ordered on stream_. The device copy is
   // valid for work enqueued before the next upload that wraps or grows the ring, so an op
-  // makes at most one upload.
+  // makes at most one upload. Bytes equal to one of the last kIndexReuse uploads since
+  // the ring last wrapped reuse that copy: its staged bytes are still in the ring, and its
+  // copy is ordered before any later reader (the engine's layers repeat the step's
+  // positions, cache rows and block tables).
   absl::StatusOr<const void*> UploadIndices(const void* host, size_t bytes);
   // The GEMM operand for x [count] against a `dtype` weight: x itself for f32, else x
   // rounded to f16/bf16 in gemm_input_ (valid until the next call).
@@ -170,6 +182,11 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   PinnedBuffer index_host_;    // ring of staged index arrays …
   DeviceBuffer index_device_;  // … and its device mirror (same offsets)
   size_t index_offset_ = 0;
+  struct StagedIndices {
+    size_t offset, bytes;
+  };
+  std::vector<StagedIndices> index_recent_;  // newest last, at most kIndexReuse
+  IndexUploadStats index_stats_;
   std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
 
   DeviceBuffer gemm_input_;           // x rounded to f16/bf16 for the tensor cores

@@ -272,6 +272,46 @@ void ExpectNear(const std::vector<double>& got, const std::vector<double>& want,
     EXPECT_NEAR(got[e], want[e], 1e-6) << what << "[" << e << "]";
 }
 
+// The engine's layers repeat a step's index arrays (RoPE positions for q and k, cache rows,
+// block tables): bytes equal to a recent upload reuse its copy, and the results stay
+// right; an upload that grows the ring forgets what was staged before.
+TEST_F(CudaBackendTest, RepeatedIndexArraysAreCopiedOnce) {
+  const std::vector<float> table = {10, 20, 30, 40};  // 4 rows of dim 1
+  const WeightView w{table.data(), DType::kF32, 4, 1};
+  const int big_n = 300000;  // 1.2 MB of ids: more than the ring's first 1 MiB
+  auto out = parity::ToDevice(std::vector<double>(big_n, parity::kNaN));
+  ASSERT_TRUE(out.ok()) << out.status();
+  auto embed = [&](const std::vector<int32_t>& ids) {
+    backend_->Embedding(w, ids.data(), static_cast<int>(ids.size()), out->as<float>());
+    absl::StatusOr<std::vector<double>> got = parity::FromDevice(*backend_, *out, ids.size());
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got.ok() ? *got : std::vector<double>();
+  };
+  auto want = [&](const std::vector<int32_t>& ids) {
+    std::vector<double> rows;
+    for (int32_t id : ids) rows.push_back(table[id]);
+    return rows;
+  };
+  const std::vector<int32_t> a = {3, 0, 2}, b = {1, 1, 3};
+  const CudaBackend::IndexUploadStats s0 = backend_->index_upload_stats();
+  EXPECT_EQ(embed(a), want(a));
+  EXPECT_EQ(embed(b), want(b));
+  EXPECT_EQ(embed(a), want(a));  // the older of the two recent uploads
+  const CudaBackend::IndexUploadStats s1 = backend_->index_upload_stats();
+  EXPECT_EQ(s1.copies - s0.copies, 2);
+  EXPECT_EQ(s1.bytes_copied - s0.bytes_copied, 2 * 3 * 4);
+  EXPECT_EQ(s1.reused - s0.reused, 1);
+
+  std::vector<int32_t> big(big_n);
+  for (int i = 0; i < big_n; ++i) big[i] = (i * 7) % 4;
+  EXPECT_EQ(embed(big), want(big));
+  EXPECT_EQ(embed(a), want(a));  // copied again: the ring grew
+  const CudaBackend::IndexUploadStats s2 = backend_->index_upload_stats();
+  EXPECT_EQ(s2.copies - s1.copies, 2);
+  EXPECT_EQ(s2.reused, s1.reused);
+  EXPECT_TRUE(backend_->status().ok()) << backend_->status();
+}
+
 TEST_F(CudaBackendTest, AttentionBackwardSeedsTwoByTwoWorkedExample) {
   const SeedResult r = RunSeed(*backend_, {1, 0, 0, 1});
   ExpectNear(r.probs, {0.75, 0.25, 0.25, 0.75}, "A");
