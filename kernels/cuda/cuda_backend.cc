@@ -13,6 +13,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_backward.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/matvec.h"
 #include "kernels/cuda/ops.h"
 
 namespace kvlens::kernels::cuda {
@@ -270,6 +271,17 @@ absl::Status CudaBackend::MatMulImpl(const float* x, int n, const WeightView& w,
   absl::StatusOr<const DeviceWeight*> dw = Upload(w);
   if (!dw.ok()) return dw.status();
   const DeviceWeight& W = **dw;
+  const DeviceWeight* B = nullptr;
+  if (!bias.empty()) {
+    absl::StatusOr<const DeviceWeight*> db = Upload(bias);
+    if (!db.ok()) return db.status();
+    B = *db;
+  }
+  if (n <= kMatVecMaxRows && (W.dtype == DType::kF16 || W.dtype == DType::kBF16)) {
+    return LaunchMatVec(x, n, W.cols, W.buffer.get(), W.dtype, W.rows,
+                        B != nullptr ? B->buffer.get() : nullptr,
+                        B != nullptr ? B->dtype : DType::kF32, y, stream_);
+  }
   const int m = static_cast<int>(W.rows), k = static_cast<int>(W.cols);
   const float alpha = 1.0f, beta = 0.0f;
   absl::StatusOr<const void*> b = GemmOperand(x, static_cast<int64_t>(n) * k, W.dtype);
@@ -277,11 +289,7 @@ absl::Status CudaBackend::MatMulImpl(const float* x, int n, const WeightView& w,
   KVLENS_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
       cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, W.buffer.get(), CudaType(W.dtype), k, *b,
       CudaType(W.dtype), k, &beta, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  if (!bias.empty()) {
-    absl::StatusOr<const DeviceWeight*> db = Upload(bias);
-    if (!db.ok()) return db.status();
-    return LaunchAddBias(y, n, m, (*db)->buffer.get(), (*db)->dtype, stream_);
-  }
+  if (B != nullptr) return LaunchAddBias(y, n, m, B->buffer.get(), B->dtype, stream_);
   return absl::OkStatus();
 }
 

@@ -19,8 +19,9 @@
 //
 // Precision: fp32 activations; MatMul on cuBLAS with fp32 accumulation (f32 weights: fp32
 // GEMM, no TF32; f16/bf16 weights: activations rounded to the weight dtype for the tensor
-// cores); prefill attention on fp16 tensor cores with fp32 softmax; decode attention and
-// the probability-materialising attention in fp32.
+// cores, except for n <= kMatVecMaxRows rows, where matvec.cu keeps them fp32); prefill
+// attention on fp16 tensor cores with fp32 softmax; decode attention and the
+// probability-materialising attention in fp32.
 #ifndef KVLENS_KERNELS_CUDA_CUDA_BACKEND_H_
 #define KVLENS_KERNELS_CUDA_CUDA_BACKEND_H_
 

@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/matvec.h"
 #include "kernels/cuda/ops.h"
 #include "tests/kernels/cuda/cuda_parity.h"
 
@@ -240,6 +241,33 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, std::v
   }
 }
 
+// One bf16 weight of the model's FFN shape [ffn, d], read per product: n up to
+// kMatVecMaxRows takes LaunchMatVec, larger n cuBLAS. Weight bytes per second against the
+// copy: the ceiling of a decode step's products (batch-1 decode is ~all weight reads).
+void MatMulBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<Row>& rows) {
+  const int64_t out = z.ffn, in = z.d;
+  void* data = nullptr;
+  if (!GC_CUDA(cudaMalloc(&data, size_t(out * in) * 2))) std::exit(3);
+  Fill(data, DType::kBF16, out * in, 17, 0.02f, b.stream());
+  const unsigned char key = 0;  // host key of the adopted device weight, never read
+  if (!Check(b.AdoptWeight(&key, data, DType::kBF16, out, in), "adopt")) std::exit(3);
+  const WeightView w{&key, DType::kBF16, out, in};
+  const int max_n = 16;
+  float *x = Alloc(size_t(max_n) * in), *y = Alloc(size_t(max_n) * out);
+  Fill(x, DType::kF32, max_n * in, 18, 1.0f, b.stream());
+  for (int n : {1, kMatVecMaxRows, max_n}) {
+    const double sec = TimeIt(b, 20, [&] { b.MatMul(x, n, w, WeightView{}, y); });
+    const double bw = double(out * in) * 2 / sec;
+    rows.push_back({"matmul (bf16 weights)",
+                    absl::StrCat("n=", n, " [", out, " x ", in, "], ",
+                                 n <= kMatVecMaxRows ? "matvec kernel" : "cuBLAS"),
+                    Fmt(bw / 1e9, "GB/s weights"), Fmt(copy_bw / 1e9, "GB/s d2d copy"),
+                    Pct(bw / copy_bw), "-"});
+  }
+  b.ForgetWeights();  // frees the adopted weight
+  for (float* p : {x, y}) cudaFree(p);
+}
+
 // A Llama-shaped model (Sizes: Llama-7B unless --smoke) with random bf16 weights.
 void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<Row>& rows) {
   const int D = z.d, L = z.layers, H = z.heads, Dh = z.dh, F = z.ffn, V = z.vocab, bs = 16;
@@ -413,6 +441,7 @@ int Main(int argc, char** argv) {
                     Fmt(copy_bw / 1e9, "GB/s"), "-", "-", "-"});
     PrefillBench(b, sdpa, sizes, rows);
     DecodeAttentionBench(b, copy_bw, sizes, rows);
+    MatMulBench(b, copy_bw, sizes, rows);
     EndToEndBench(b, copy_bw, sizes, rows);
   }
   PrintTable(rows);

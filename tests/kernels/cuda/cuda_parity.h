@@ -33,6 +33,9 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
   };
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
     add(MatMulCase(gpu, rng, t, 1, 64, 96, false));
+    add(MatMulCase(gpu, rng, t, 2, 512, 33, true));  // odd out: a warp's second row missing
+    // in % 8 != 0: one element at a time (q8_0 needs whole blocks of 32).
+    add(MatMulCase(gpu, rng, t, 3, t == DType::kQ8_0 ? 96 : 100, 37, true));
     add(MatMulCase(gpu, rng, t, 17, 256, 160, true));
     add(EmbeddingCase(gpu, rng, t));
     add(MatMulBackwardInputCase(gpu, rng, t, 17, 160, 256));

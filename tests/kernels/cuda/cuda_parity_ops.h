@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/matvec.h"
 #include "tests/kernels/cuda/cuda_parity_util.h"
 
 namespace kvlens::kernels::cuda::parity {
@@ -23,13 +24,16 @@ inline ParityResult MatMulCase(CudaBackend& gpu, std::mt19937_64& rng, DType dty
   const WeightView bias = with_bias ? b.view() : WeightView{};
   std::vector<double> ref(size_t(n) * out);
   ReferenceBackend().MatMul(x.data(), n, w.view(), bias, ref.data());
-  // Naive: inputs rounded as the GPU rounds them, float products summed in float.
+  // Naive: inputs rounded as the GPU rounds them, float products summed in float. Up to
+  // kMatVecMaxRows rows, f16/bf16 weights meet x in fp32 (LaunchMatVec); past it x is
+  // rounded to their dtype for the tensor cores.
+  const DType x_dtype = n <= kMatVecMaxRows ? DType::kF32 : dtype;
   std::vector<double> naive(ref.size());
   for (int r = 0; r < n; ++r) {
     for (int o = 0; o < out; ++o) {
       float sum = 0.0f;
       for (int i = 0; i < in; ++i) {
-        sum += static_cast<float>(RoundTo(dtype, x[size_t(r) * in + i])) *
+        sum += static_cast<float>(RoundTo(x_dtype, x[size_t(r) * in + i])) *
                static_cast<float>(RoundTo(dtype, w.values()[size_t(o) * in + i]));
       }
       naive[size_t(r) * out + o] = with_bias ? sum + static_cast<float>(b.values()[o]) : sum;

@@ -13,5 +13,6 @@ struct __nv_bfloat16 {
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return {::kvlens::kernels::F32ToBF16(f)}; }
 inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
 inline float __bfloat162float(__nv_bfloat16 b) { return ::kvlens::kernels::BF16ToF32(b.bits); }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short bits) { return {bits}; }
 
 #endif  // KVLENS_TESTS_KERNELS_CUDA_EMU_INCLUDE_CUDA_BF16_H_

@@ -1,0 +1,32 @@
+// Small-batch matrix products on f16/bf16 weights (matvec.cu): y = x·Wᵀ (+ bias) for at
+// most kMatVecMaxRows rows of x, as in a decode step. A decode step's products are bound by
+// reading the weights once; cuBLAS's tensor-core path first needs x rounded to the weight's
+// dtype (one more kernel per product) and pays its per-call overhead on every one of a
+// 7B model's 224 products a token. This kernel reads W in its dtype (8 values per 16-byte
+// load), keeps x in fp32 and accumulates in fp32, and adds the bias in the same pass.
+#ifndef KVLENS_KERNELS_CUDA_MATVEC_H_
+#define KVLENS_KERNELS_CUDA_MATVEC_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/dtype.h"
+
+namespace kvlens::kernels::cuda {
+
+// Rows of x up to which CudaBackend::MatMul uses LaunchMatVec for f16/bf16 weights. Past
+// it x is re-read from L1 once per row pair of W for every row of x, and the GEMM wins.
+inline constexpr int kMatVecMaxRows = 4;
+
+// y[r, o] = Σ_i x[r, i] · W[o, i] + bias[o] for r < n (1 … kMatVecMaxRows), o < out, with
+// W [out, in] in `dtype` (kF16 or kBF16), bias [out] in bias_dtype or null, x [n, in] and
+// y [n, out] row-major fp32 device arrays. fp32 products and sums.
+absl::Status LaunchMatVec(const float* x, int n, int64_t in, const void* w, DType dtype,
+                          int64_t out, const void* bias, DType bias_dtype, float* y,
+                          cudaStream_t stream);
+
+}  // namespace kvlens::kernels::cuda
+
+#endif  // KVLENS_KERNELS_CUDA_MATVEC_H_
