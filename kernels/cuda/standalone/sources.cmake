@@ -1,0 +1,14 @@
+# The sources of kvlens_gpu_check outside kernels/cuda, relative to the repository root.
+# Shared by the standalone build (this folder) and the main tree, which links its
+# kvlens_gpu_check from exactly these plus kvlens_cuda's objects (kernels/cuda/CMakeLists.txt):
+# a source the standalone build lacks is then a link error in CI, not on a GPU machine.
+set(KVLENS_GPU_CHECK_HOST_SOURCES
+    kernels/attention_check.cc
+    kernels/dtype.cc
+    kernels/memory.cc
+    kernels/weight.cc
+    kernels/cpu/reference_backend.cc
+    kernels/cpu/reference_backward.cc)
+# kvlens_cuda's sources (kernels/cuda).
+set(KVLENS_CUDA_SOURCES cuda_backend.cc cuda_memory.cc ops.cu matvec.cu attention.cu
+    attention_backward.cu)
