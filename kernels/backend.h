@@ -129,6 +129,31 @@ class Backend {
     }
     return absl::OkStatus();
   }
+
+  // Fusions of the engine's layer, for backends where every op is a kernel launch and a
+  // pass over memory. The defaults run the plain ops in the same order, so a backend that
+  // keeps them computes exactly what the separate calls would.
+  //
+  // x += residual, then y = RmsNorm(x): a residual connection followed by the next norm.
+  virtual void AddRmsNorm(T* x, const T* residual, int n, int dim, const WeightView& weight,
+                          double eps, T* y) {
+    Add(x, residual, int64_t{n} * dim);
+    RmsNorm(x, n, dim, weight, eps, y);
+  }
+  // x += residual, then y = LayerNorm(x).
+  virtual void AddLayerNorm(T* x, const T* residual, int n, int dim, const WeightView& weight,
+                            const WeightView& bias, double eps, T* y) {
+    Add(x, residual, int64_t{n} * dim);
+    LayerNorm(x, n, dim, weight, bias, eps, y);
+  }
+  // out[N, F] = silu(x · W_gateᵀ) ⊙ (x · W_upᵀ), both weights [F, in]: the gated half of
+  // a SwiGLU feed-forward. up_scratch [N, F] may be overwritten; out may not alias x.
+  virtual void MatMulSwiGlu(const T* x, int n, const WeightView& w_gate, const WeightView& w_up,
+                            T* up_scratch, T* out) {
+    MatMul(x, n, w_gate, WeightView{}, out);
+    MatMul(x, n, w_up, WeightView{}, up_scratch);
+    SwiGlu(out, up_scratch, int64_t{n} * w_gate.rows, out);
+  }
 };
 
 }  // namespace kvlens::kernels

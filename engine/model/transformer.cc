@@ -78,13 +78,28 @@ absl::Status Transformer<T>::Validate(absl::Span<const BatchEntry> batch,
 }
 
 template <typename T>
+void Transformer<T>::Norm(const WeightView& weight, const WeightView& bias, int n, bool add_proj) {
+  const int D = static_cast<int>(config_.dim);
+  const double eps = config_.norm_eps;
+  if (config_.arch == Architecture::kLlama) {
+    if (add_proj) {
+      backend_.AddRmsNorm(x_.data(), proj_.data(), n, D, weight, eps, xn_.data());
+    } else {
+      backend_.RmsNorm(x_.data(), n, D, weight, eps, xn_.data());
+    }
+  } else if (add_proj) {
+    backend_.AddLayerNorm(x_.data(), proj_.data(), n, D, weight, bias, eps, xn_.data());
+  } else {
+    backend_.LayerNorm(x_.data(), n, D, weight, bias, eps, xn_.data());
+  }
+}
+
+template <typename T>
 void Transformer<T>::FeedForward(const LayerWeights& lw, int n) {
   const int64_t F = config_.hidden_dim;
   if (config_.arch == Architecture::kLlama) {
     // SwiGLU: w_out · (silu(w_in x) ⊙ w_up x)
-    backend_.MatMul(xn_.data(), n, lw.w_in, WeightView{}, hidden_.data());
-    backend_.MatMul(xn_.data(), n, lw.w_up, WeightView{}, up_.data());
-    backend_.SwiGlu(hidden_.data(), up_.data(), n * F, hidden_.data());
+    backend_.MatMulSwiGlu(xn_.data(), n, lw.w_in, lw.w_up, up_.data(), hidden_.data());
   } else {
     // GPT-2: c_proj · gelu(c_fc x + b) + b
     backend_.MatMul(xn_.data(), n, lw.w_in, lw.b_in, hidden_.data());
@@ -133,21 +148,19 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   }
   if (capture != nullptr) capture->probs.assign(c.num_layers, {});
 
-  // token (and, for GPT-2, position) embeddings
+  // token (and, for GPT-2, position) embeddings. A residual still to be added to x_ waits
+  // in proj_ (proj_pending) and is added by the next norm, fused where the backend can.
   backend_.Embedding(w.token_embedding, tokens.data(), n, x_.data());
+  bool proj_pending = false;
   if (c.arch == Architecture::kGpt2) {
     backend_.Embedding(w.position_embedding, positions_.data(), n, proj_.data());
-    backend_.Add(x_.data(), proj_.data(), n * D);
+    proj_pending = true;
   }
 
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
-    // attention norm
-    if (c.arch == Architecture::kLlama) {
-      backend_.RmsNorm(x_.data(), n, D, lw.attn_norm, c.norm_eps, xn_.data());
-    } else {
-      backend_.LayerNorm(x_.data(), n, D, lw.attn_norm, lw.attn_norm_bias, c.norm_eps, xn_.data());
-    }
+    // (the previous block's residual and) attention norm
+    Norm(lw.attn_norm, lw.attn_norm_bias, n, proj_pending);
     // qkv projections for every new token
     backend_.MatMul(xn_.data(), n, lw.wq, lw.bq, q_.data());
     backend_.MatMul(xn_.data(), n, lw.wk, lw.bk, k_.data());
@@ -222,18 +235,14 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
                                                    ", layer ", l, ": ", s.message()));
       }
     }
-    // output projection and residual
+    // output projection, its residual and the feed-forward norm
     backend_.MatMul(att_.data(), n, lw.wo, lw.bo, proj_.data());
-    backend_.Add(x_.data(), proj_.data(), n * D);
-    // feed-forward block and residual
-    if (c.arch == Architecture::kLlama) {
-      backend_.RmsNorm(x_.data(), n, D, lw.ffn_norm, c.norm_eps, xn_.data());
-    } else {
-      backend_.LayerNorm(x_.data(), n, D, lw.ffn_norm, lw.ffn_norm_bias, c.norm_eps, xn_.data());
-    }
+    Norm(lw.ffn_norm, lw.ffn_norm_bias, n, /*add_proj=*/true);
+    // feed-forward block; its residual waits for the next norm
     FeedForward(lw, n);
-    backend_.Add(x_.data(), proj_.data(), n * D);
+    proj_pending = true;
   }
+  if (proj_pending) backend_.Add(x_.data(), proj_.data(), n * D);
 
   // gather the rows that need logits, final norm, classifier
   std::vector<int> rows;

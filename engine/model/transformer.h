@@ -66,6 +66,9 @@ class Transformer {
 
  private:
   absl::Status Validate(absl::Span<const BatchEntry> batch, const KvCacheStorage<T>& cache) const;
+  // xn_ = norm(x_) (RmsNorm for Llama, LayerNorm for GPT-2), after x_ += proj_ when
+  // add_proj: the residual connection left pending by the previous block.
+  void Norm(const WeightView& weight, const WeightView& bias, int n, bool add_proj);
   void FeedForward(const LayerWeights& lw, int n);
 
   const Model& model_;

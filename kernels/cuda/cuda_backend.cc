@@ -336,15 +336,26 @@ void CudaBackend::Embedding(const WeightView& table, const int32_t* ids, int n, 
 
 void CudaBackend::RmsNorm(const float* x, int n, int dim, const WeightView& weight, double eps,
                           float* y) {
+  AddRmsNorm(const_cast<float*>(x), nullptr, n, dim, weight, eps, y);  // x only read
+}
+
+void CudaBackend::AddRmsNorm(float* x, const float* residual, int n, int dim,
+                             const WeightView& weight, double eps, float* y) {
   if (!status_.ok()) return;
   absl::StatusOr<const DeviceWeight*> dw = Upload(weight);
   if (!Ok(dw.status())) return;
-  Ok(LaunchRmsNorm(x, n, dim, (*dw)->buffer.get(), (*dw)->dtype, static_cast<float>(eps), y,
-                   stream_));
+  Ok(LaunchAddRmsNorm(x, residual, n, dim, (*dw)->buffer.get(), (*dw)->dtype,
+                      static_cast<float>(eps), y, stream_));
 }
 
 void CudaBackend::LayerNorm(const float* x, int n, int dim, const WeightView& weight,
                             const WeightView& bias, double eps, float* y) {
+  AddLayerNorm(const_cast<float*>(x), nullptr, n, dim, weight, bias, eps, y);  // x only read
+}
+
+void CudaBackend::AddLayerNorm(float* x, const float* residual, int n, int dim,
+                               const WeightView& weight, const WeightView& bias, double eps,
+                               float* y) {
   if (!status_.ok()) return;
   absl::StatusOr<const DeviceWeight*> dw = Upload(weight);
   if (!Ok(dw.status())) return;
@@ -358,8 +369,25 @@ void CudaBackend::LayerNorm(const float* x, int n, int dim, const WeightView& we
     }
     b = (*db)->buffer.get();
   }
-  Ok(LaunchLayerNorm(x, n, dim, (*dw)->buffer.get(), b, (*dw)->dtype, static_cast<float>(eps), y,
-                     stream_));
+  Ok(LaunchAddLayerNorm(x, residual, n, dim, (*dw)->buffer.get(), b, (*dw)->dtype,
+                        static_cast<float>(eps), y, stream_));
+}
+
+void CudaBackend::MatMulSwiGlu(const float* x, int n, const WeightView& w_gate,
+                               const WeightView& w_up, float* up_scratch, float* out) {
+  if (!status_.ok() || n <= 0) return;
+  absl::StatusOr<const DeviceWeight*> g = Upload(w_gate);
+  if (!Ok(g.status())) return;
+  absl::StatusOr<const DeviceWeight*> u = Upload(w_up);
+  if (!Ok(u.status())) return;
+  const DeviceWeight &G = **g, &U = **u;
+  if (n <= kMatVecMaxRows && (G.dtype == DType::kF16 || G.dtype == DType::kBF16) &&
+      U.dtype == G.dtype && U.rows == G.rows && U.cols == G.cols) {
+    Ok(LaunchMatVecSwiGlu(x, n, G.cols, G.buffer.get(), U.buffer.get(), G.dtype, G.rows, out,
+                          stream_));
+    return;
+  }
+  Backend<float>::MatMulSwiGlu(x, n, w_gate, w_up, up_scratch, out);
 }
 
 void CudaBackend::Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,

@@ -119,6 +119,15 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
                  double eps, float* y) override;
   void Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
             const int32_t* positions, double theta, RopeStyle style) override;
+  // One kernel each: the residual add inside the norm's row pass.
+  void AddRmsNorm(float* x, const float* residual, int n, int dim, const WeightView& weight,
+                  double eps, float* y) override;
+  void AddLayerNorm(float* x, const float* residual, int n, int dim, const WeightView& weight,
+                    const WeightView& bias, double eps, float* y) override;
+  // Up to kMatVecMaxRows rows on f16/bf16 weights: one matvec launch computing both
+  // products and the gate (LaunchMatVecSwiGlu); else two MatMuls and SwiGlu.
+  void MatMulSwiGlu(const float* x, int n, const WeightView& w_gate, const WeightView& w_up,
+                    float* up_scratch, float* out) override;
   void Gelu(float* x, int64_t count) override;
   void SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
   void Add(float* y, const float* x, int64_t count) override;

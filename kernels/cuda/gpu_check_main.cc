@@ -331,10 +331,16 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<R
         positions[s] = pos;
         dst[s] = int64_t{tables[s][pos / bs]} * bs + pos % bs;
       }
+      // The ops the engine's Transformer::Forward makes: each residual add fused into the
+      // next norm, and SwiGLU's two products in one MatMulSwiGlu.
       b.Embedding(embedding, ids.data(), batch, x);
       for (int l = 0; l < L; ++l) {
         const Layer& w = layers[l];
-        b.RmsNorm(x, batch, D, w.attn_norm, 1e-5, xn);
+        if (l == 0) {
+          b.RmsNorm(x, batch, D, w.attn_norm, 1e-5, xn);
+        } else {
+          b.AddRmsNorm(x, proj, batch, D, w.attn_norm, 1e-5, xn);
+        }
         b.MatMul(xn, batch, w.wq, WeightView{}, q);
         b.MatMul(xn, batch, w.wk, WeightView{}, k);
         b.MatMul(xn, batch, w.wv, WeightView{}, v);
@@ -359,14 +365,11 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<R
         int failed = 0;
         Must(b.AttentionBatch(calls, &failed), "attention");  // as the engine: one launch
         b.MatMul(att, batch, w.wo, WeightView{}, proj);
-        b.Add(x, proj, int64_t{batch} * D);
-        b.RmsNorm(x, batch, D, w.ffn_norm, 1e-5, xn);
-        b.MatMul(xn, batch, w.w1, WeightView{}, h1);
-        b.MatMul(xn, batch, w.w3, WeightView{}, h3);
-        b.SwiGlu(h1, h3, int64_t{batch} * F, h1);
+        b.AddRmsNorm(x, proj, batch, D, w.ffn_norm, 1e-5, xn);
+        b.MatMulSwiGlu(xn, batch, w.w1, w.w3, h3, h1);
         b.MatMul(h1, batch, w.w2, WeightView{}, proj);
-        b.Add(x, proj, int64_t{batch} * D);
       }
+      b.Add(x, proj, int64_t{batch} * D);
       b.RmsNorm(x, batch, D, final_norm, 1e-5, xn);
       b.MatMul(xn, batch, output, WeightView{}, logits);
       ++pos;

@@ -27,6 +27,12 @@ absl::Status LaunchMatVec(const float* x, int n, int64_t in, const void* w, DTyp
                           int64_t out, const void* bias, DType bias_dtype, float* y,
                           cudaStream_t stream);
 
+// y[r, o] = silu(g) · u with g = Σ_i x[r, i] · W_gate[o, i], u = Σ_i x[r, i] · W_up[o, i]:
+// SwiGLU's gated product in one pass, both weights [out, in] in `dtype` (kF16 or kBF16).
+absl::Status LaunchMatVecSwiGlu(const float* x, int n, int64_t in, const void* w_gate,
+                                const void* w_up, DType dtype, int64_t out, float* y,
+                                cudaStream_t stream);
+
 }  // namespace kvlens::kernels::cuda
 
 #endif  // KVLENS_KERNELS_CUDA_MATVEC_H_

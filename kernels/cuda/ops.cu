@@ -42,10 +42,21 @@ __global__ void EmbeddingKernel(const void* table, DType dtype, int64_t dim, con
   }
 }
 
-// One block per row.
-__global__ void RmsNormKernel(const float* x, int dim, const void* weight, DType dtype, float eps,
-                              float* y) {
-  const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+// The row the norms read: x's, or with a residual x + residual, stored back into x first
+// (AddRmsNorm, AddLayerNorm). Each thread later reads back only what it wrote itself.
+__device__ __forceinline__ const float* NormInput(float* x, const float* residual, int dim) {
+  float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+  if (residual != nullptr) {
+    const float* rr = residual + static_cast<int64_t>(blockIdx.x) * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) xr[i] += rr[i];
+  }
+  return xr;
+}
+
+// One block per row. x is read only (const_cast in the launcher) unless residual is set.
+__global__ void RmsNormKernel(float* x, const float* residual, int dim, const void* weight,
+                              DType dtype, float eps, float* y) {
+  const float* xr = NormInput(x, residual, dim);
   float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
   float sum_sq = 0.0f;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) sum_sq += xr[i] * xr[i];
@@ -56,9 +67,9 @@ __global__ void RmsNormKernel(const float* x, int dim, const void* weight, DType
 }
 
 // One block per row; two passes (mean, then the variance about it) for accuracy.
-__global__ void LayerNormKernel(const float* x, int dim, const void* weight, const void* bias,
-                                DType dtype, float eps, float* y) {
-  const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+__global__ void LayerNormKernel(float* x, const float* residual, int dim, const void* weight,
+                                const void* bias, DType dtype, float eps, float* y) {
+  const float* xr = NormInput(x, residual, dim);
   float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
   float sum = 0.0f;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) sum += xr[i];
@@ -196,18 +207,30 @@ absl::Status LaunchEmbedding(const void* table, DType dtype, int64_t dim, const 
 
 absl::Status LaunchRmsNorm(const float* x, int n, int dim, const void* weight, DType dtype,
                            float eps, float* y, cudaStream_t stream) {
+  return LaunchAddRmsNorm(const_cast<float*>(x), nullptr, n, dim, weight, dtype, eps, y, stream);
+}
+
+absl::Status LaunchAddRmsNorm(float* x, const float* residual, int n, int dim, const void* weight,
+                              DType dtype, float eps, float* y, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
   const int threads = dim >= 4096 ? 1024 : kThreads;
-  RmsNormKernel<<<n, threads, 0, stream>>>(x, dim, weight, dtype, eps, y);
+  RmsNormKernel<<<n, threads, 0, stream>>>(x, residual, dim, weight, dtype, eps, y);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("RmsNormKernel");
   return absl::OkStatus();
 }
 
 absl::Status LaunchLayerNorm(const float* x, int n, int dim, const void* weight, const void* bias,
                              DType dtype, float eps, float* y, cudaStream_t stream) {
+  return LaunchAddLayerNorm(const_cast<float*>(x), nullptr, n, dim, weight, bias, dtype, eps, y,
+                            stream);
+}
+
+absl::Status LaunchAddLayerNorm(float* x, const float* residual, int n, int dim, const void* weight,
+                                const void* bias, DType dtype, float eps, float* y,
+                                cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
   const int threads = dim >= 4096 ? 1024 : kThreads;
-  LayerNormKernel<<<n, threads, 0, stream>>>(x, dim, weight, bias, dtype, eps, y);
+  LayerNormKernel<<<n, threads, 0, stream>>>(x, residual, dim, weight, bias, dtype, eps, y);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("LayerNormKernel");
   return absl::OkStatus();
 }

@@ -27,6 +27,12 @@ absl::Status LaunchRmsNorm(const float* x, int n, int dim, const void* weight, D
 // y[r] = (x[r] − mean) / sqrt(var + eps) ⊙ weight + bias (bias may be null; same dtype)
 absl::Status LaunchLayerNorm(const float* x, int n, int dim, const void* weight, const void* bias,
                              DType dtype, float eps, float* y, cudaStream_t stream);
+// x += residual, then the norm of x into y, in one pass per row (y must not alias x).
+absl::Status LaunchAddRmsNorm(float* x, const float* residual, int n, int dim, const void* weight,
+                              DType dtype, float eps, float* y, cudaStream_t stream);
+absl::Status LaunchAddLayerNorm(float* x, const float* residual, int n, int dim, const void* weight,
+                                const void* bias, DType dtype, float eps, float* y,
+                                cudaStream_t stream);
 // In place on x[n, num_heads, head_dim] (rows row_stride apart); angles in double.
 absl::Status LaunchRope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
                         const int32_t* positions, double theta, RopeStyle style,

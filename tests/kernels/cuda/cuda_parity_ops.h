@@ -106,22 +106,10 @@ inline ParityResult EmbeddingCase(CudaBackend& gpu, std::mt19937_64& rng, DType 
   return Judge(name, *y, naive, ref);
 }
 
-inline ParityResult NormCase(CudaBackend& gpu, std::mt19937_64& rng, bool layer_norm, int dim,
-                             DType dtype, bool with_bias) {
-  const std::string name = absl::StrCat(layer_norm ? "LayerNorm" : "RmsNorm", " dim=", dim, " ",
-                                        std::string(DTypeName(dtype)), with_bias ? " +bias" : "");
-  const int n = 3;
-  const double eps = 1e-5;
-  const std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * dim, -3, 3);
-  const OwnedWeight g(kernels::testing::RandomVector(rng, dim, 0.5, 1.5), 1, dim, dtype);
-  const OwnedWeight b(kernels::testing::RandomVector(rng, dim), 1, dim, dtype);
-  const WeightView bias = with_bias ? b.view() : WeightView{};
-  std::vector<double> ref(x.size()), naive(x.size());
-  if (layer_norm) {
-    ReferenceBackend().LayerNorm(x.data(), n, dim, g.view(), bias, eps, ref.data());
-  } else {
-    ReferenceBackend().RmsNorm(x.data(), n, dim, g.view(), eps, ref.data());
-  }
+// The norm in float, as the GPU computes it (mean and sum of squares in float).
+inline std::vector<double> NaiveNorm(const std::vector<double>& x, int n, int dim, bool layer_norm,
+                                     const OwnedWeight& g, const OwnedWeight* b, double eps) {
+  std::vector<double> naive(x.size());
   for (int r = 0; r < n; ++r) {
     const double* xr = x.data() + size_t(r) * dim;
     float mean = 0.0f, sq = 0.0f;
@@ -136,10 +124,31 @@ inline ParityResult NormCase(CudaBackend& gpu, std::mt19937_64& rng, bool layer_
     const float inv = 1.0f / std::sqrt(sq / static_cast<float>(dim) + static_cast<float>(eps));
     for (int i = 0; i < dim; ++i) {
       float y = (static_cast<float>(xr[i]) - mean) * inv * static_cast<float>(g.values()[i]);
-      if (with_bias) y += static_cast<float>(b.values()[i]);
+      if (b != nullptr) y += static_cast<float>(b->values()[i]);
       naive[size_t(r) * dim + i] = y;
     }
   }
+  return naive;
+}
+
+inline ParityResult NormCase(CudaBackend& gpu, std::mt19937_64& rng, bool layer_norm, int dim,
+                             DType dtype, bool with_bias) {
+  const std::string name = absl::StrCat(layer_norm ? "LayerNorm" : "RmsNorm", " dim=", dim, " ",
+                                        std::string(DTypeName(dtype)), with_bias ? " +bias" : "");
+  const int n = 3;
+  const double eps = 1e-5;
+  const std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * dim, -3, 3);
+  const OwnedWeight g(kernels::testing::RandomVector(rng, dim, 0.5, 1.5), 1, dim, dtype);
+  const OwnedWeight b(kernels::testing::RandomVector(rng, dim), 1, dim, dtype);
+  const WeightView bias = with_bias ? b.view() : WeightView{};
+  std::vector<double> ref(x.size());
+  if (layer_norm) {
+    ReferenceBackend().LayerNorm(x.data(), n, dim, g.view(), bias, eps, ref.data());
+  } else {
+    ReferenceBackend().RmsNorm(x.data(), n, dim, g.view(), eps, ref.data());
+  }
+  const std::vector<double> naive =
+      NaiveNorm(x, n, dim, layer_norm, g, with_bias ? &b : nullptr, eps);
   auto dx = ToDevice(x);
   auto dy = ToDevice(std::vector<double>(x.size(), kNaN));
   if (!dx.ok() || !dy.ok()) return Failed(name, !dx.ok() ? dx.status() : dy.status());
@@ -149,6 +158,89 @@ inline ParityResult NormCase(CudaBackend& gpu, std::mt19937_64& rng, bool layer_
     gpu.RmsNorm(dx->as<float>(), n, dim, g.view(), eps, dy->as<float>());
   }
   auto y = FromDevice(gpu, *dy, x.size());
+  if (!y.ok()) return Failed(name, y.status());
+  return Judge(name, *y, naive, ref);
+}
+
+// AddRmsNorm / AddLayerNorm: x += residual, then the norm. Judged on the new x and y
+// together, against the reference's default (Add, then the norm, in double).
+inline ParityResult AddNormCase(CudaBackend& gpu, std::mt19937_64& rng, bool layer_norm, int dim,
+                                DType dtype) {
+  const std::string name = absl::StrCat(layer_norm ? "AddLayerNorm" : "AddRmsNorm", " dim=", dim,
+                                        " ", std::string(DTypeName(dtype)));
+  const int n = 3;
+  const double eps = 1e-5;
+  const std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * dim, -3, 3);
+  const std::vector<double> res = kernels::testing::RandomFloatExact(rng, x.size(), -3, 3);
+  const OwnedWeight g(kernels::testing::RandomVector(rng, dim, 0.5, 1.5), 1, dim, dtype);
+  const OwnedWeight b(kernels::testing::RandomVector(rng, dim), 1, dim, dtype);
+  std::vector<double> x_ref = x, y_ref(x.size());
+  if (layer_norm) {
+    ReferenceBackend().AddLayerNorm(x_ref.data(), res.data(), n, dim, g.view(), b.view(), eps,
+                                    y_ref.data());
+  } else {
+    ReferenceBackend().AddRmsNorm(x_ref.data(), res.data(), n, dim, g.view(), eps, y_ref.data());
+  }
+  std::vector<double> x_naive(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    x_naive[i] = static_cast<float>(x[i]) + static_cast<float>(res[i]);
+  }
+  std::vector<double> naive = x_naive, ref = x_ref;
+  const std::vector<double> y_naive =
+      NaiveNorm(x_naive, n, dim, layer_norm, g, layer_norm ? &b : nullptr, eps);
+  naive.insert(naive.end(), y_naive.begin(), y_naive.end());
+  ref.insert(ref.end(), y_ref.begin(), y_ref.end());
+  auto dx = ToDevice(x);
+  auto dr = ToDevice(res);
+  auto dy = ToDevice(std::vector<double>(x.size(), kNaN));
+  if (!dx.ok() || !dr.ok() || !dy.ok()) return Failed(name, absl::InternalError("upload"));
+  if (layer_norm) {
+    gpu.AddLayerNorm(dx->as<float>(), dr->as<float>(), n, dim, g.view(), b.view(), eps,
+                     dy->as<float>());
+  } else {
+    gpu.AddRmsNorm(dx->as<float>(), dr->as<float>(), n, dim, g.view(), eps, dy->as<float>());
+  }
+  auto got_x = FromDevice(gpu, *dx, x.size());
+  auto got_y = FromDevice(gpu, *dy, x.size());
+  if (!got_x.ok() || !got_y.ok()) {
+    return Failed(name, !got_x.ok() ? got_x.status() : got_y.status());
+  }
+  std::vector<double> got = *got_x;
+  got.insert(got.end(), got_y->begin(), got_y->end());
+  return Judge(name, got, naive, ref);
+}
+
+// MatMulSwiGlu: silu(x·W_gateᵀ) ⊙ x·W_upᵀ against the reference's default (two products
+// and SwiGlu in double). Naive: inputs rounded as in MatMulCase, float sums.
+inline ParityResult MatMulSwiGluCase(CudaBackend& gpu, std::mt19937_64& rng, DType dtype, int n,
+                                     int in, int out) {
+  const std::string name = absl::StrCat("MatMulSwiGlu ", std::string(DTypeName(dtype)), " n=", n,
+                                        " in=", in, " out=", out);
+  const std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * in);
+  const OwnedWeight wg(kernels::testing::RandomVector(rng, size_t(out) * in), out, in, dtype);
+  const OwnedWeight wu(kernels::testing::RandomVector(rng, size_t(out) * in), out, in, dtype);
+  std::vector<double> ref(size_t(n) * out), scratch(ref.size());
+  ReferenceBackend().MatMulSwiGlu(x.data(), n, wg.view(), wu.view(), scratch.data(), ref.data());
+  const DType x_dtype = n <= kMatVecMaxRows ? DType::kF32 : dtype;
+  std::vector<double> naive(ref.size());
+  for (int r = 0; r < n; ++r) {
+    for (int o = 0; o < out; ++o) {
+      float gs = 0.0f, us = 0.0f;
+      for (int i = 0; i < in; ++i) {
+        const float xv = static_cast<float>(RoundTo(x_dtype, x[size_t(r) * in + i]));
+        gs += xv * static_cast<float>(RoundTo(dtype, wg.values()[size_t(o) * in + i]));
+        us += xv * static_cast<float>(RoundTo(dtype, wu.values()[size_t(o) * in + i]));
+      }
+      naive[size_t(r) * out + o] = gs / (1.0f + std::exp(-gs)) * us;
+    }
+  }
+  auto dx = ToDevice(x);
+  auto dscratch = ToDevice(std::vector<double>(ref.size(), kNaN));
+  auto dy = ToDevice(std::vector<double>(ref.size(), kNaN));
+  if (!dx.ok() || !dscratch.ok() || !dy.ok()) return Failed(name, absl::InternalError("upload"));
+  gpu.MatMulSwiGlu(dx->as<float>(), n, wg.view(), wu.view(), dscratch->as<float>(),
+                   dy->as<float>());
+  auto y = FromDevice(gpu, *dy, ref.size());
   if (!y.ok()) return Failed(name, y.status());
   return Judge(name, *y, naive, ref);
 }
