@@ -21,11 +21,21 @@ CHECK_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle)
+      # abseil (headers, static libraries), nlohmann_json (headers), GoogleTest (sources,
+      # built there with that machine's compiler) and the test data the GPU suites read.
       dir=${2:?--bundle needs a directory}
-      mkdir -p "$dir/include" "$dir/lib"
-      cp -r /usr/include/absl "$dir/include/"
+      for need in /usr/include/absl /usr/include/nlohmann/json.hpp /usr/src/googletest/CMakeLists.txt \
+                  ../shared/testdata/stories260K/stories260K.bin; do
+        [ -e "$need" ] || { echo "gpu-check --bundle: $need is missing (scripts/install-deps.sh," \
+                                 "and ../shared beside the checkout)" >&2; exit 2; }
+      done
+      rm -rf "$dir"
+      mkdir -p "$dir/include" "$dir/lib" "$dir/shared/testdata"
+      cp -r /usr/include/absl /usr/include/nlohmann "$dir/include/"
       cp /usr/lib/*/libabsl_*.a "$dir/lib/"
-      echo "abseil bundle in $dir ($(du -sh "$dir" | cut -f1)); carry it to the GPU machine"
+      cp -r /usr/src/googletest "$dir/googletest"
+      cp -r ../shared/testdata/stories260K "$dir/shared/testdata/"
+      echo "bundle in $dir ($(du -sh "$dir" | cut -f1)); carry it to the GPU machine"
       exit 0 ;;
     --quick|--parity-only) CHECK_ARGS+=("$1"); shift ;;
     *) echo "usage: $0 [--quick] [--parity-only] | --bundle DIR" >&2; exit 64 ;;
@@ -69,6 +79,13 @@ else
     exit 2; }
   cmake --build "$BUILD_DIR/standalone" -j "$JOBS"
   CHECK_BIN=$BUILD_DIR/standalone/kvlens_gpu_check
+  if [ -x "$BUILD_DIR/standalone/kvlens_gpu_tests" ]; then
+    # The same CudaBackend* and CudaEngine* suites as `ctest -L gpu` in the full tree.
+    echo "== GPU tests (kvlens_gpu_tests: CudaBackend*, CudaEngine*)"
+    "$BUILD_DIR/standalone/kvlens_gpu_tests" --gtest_brief=1 || echo "gpu-check: GPU unit tests FAILED"
+  else
+    echo "gpu-check: no kvlens_gpu_tests (the bundle lacks GoogleTest): end-to-end checks NOT run"
+  fi
 fi
 
 # 2. PyTorch's scaled_dot_product_attention on the prefill shapes, when PyTorch is here.

@@ -12,3 +12,8 @@ set(KVLENS_GPU_CHECK_HOST_SOURCES
 # kvlens_cuda's sources (kernels/cuda).
 set(KVLENS_CUDA_SOURCES cuda_backend.cc cuda_memory.cc ops.cu matvec.cu attention.cu
     attention_backward.cu)
+# The GoogleTest GPU suites (CudaBackend*, CudaEngine*): built into cuda_emu_tests (CI,
+# on the emulator) and, when the bundle brings GoogleTest, into the standalone
+# kvlens_gpu_tests. Header-only helpers aside, they need kvlens_kernels and kvlens_engine.
+set(KVLENS_GPU_TEST_SOURCES tests/kernels/cuda/cuda_backend_test.cc
+    tests/engine/cuda_engine_test.cc)
