@@ -9,7 +9,8 @@
 #                                        and static libraries into DIR for a GPU machine
 #                                        without them (then KVLENS_ABSL_BUNDLE=DIR there)
 # Environment: BUILD_DIR (build-gpu), KVLENS_ABSL_BUNDLE (default build-gpu-bundle when it
-# exists), CUDA_ARCH (90), JOBS (nproc). The table is also written to $BUILD_DIR/gpu-check.txt.
+# exists), CUDA_ARCH (90), JOBS (nproc), STANDALONE=1 (skip the full tree even where it
+# would configure). The table is also written to $BUILD_DIR/gpu-check.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -52,9 +53,10 @@ command -v ninja >/dev/null && GENERATOR=(-G Ninja)
 mkdir -p "$BUILD_DIR"
 
 # 1. The whole tree when its dependencies are here (then the GoogleTest GPU suite runs too);
-#    else the standalone checker, which needs only CUDA, CMake and abseil.
+#    else the standalone build (kernels/cuda/standalone), which needs CUDA, CMake and the
+#    bundle of --bundle.
 CHECK_BIN=""
-if cmake -S . -B "$BUILD_DIR/full" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release \
+if [ "${STANDALONE:-0}" != "1" ] && cmake -S . -B "$BUILD_DIR/full" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release \
      -DKVLENS_CUDA=ON -DKVLENS_BUILD_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" \
      >"$BUILD_DIR/full-configure.log" 2>&1; then
   echo "== building the full tree (kernels_tests, engine_tests, kvlens_gpu_check)"
@@ -65,6 +67,7 @@ if cmake -S . -B "$BUILD_DIR/full" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release 
   (cd "$BUILD_DIR/full" && ctest -L gpu --output-on-failure) || echo "gpu-check: GPU unit tests FAILED"
   CHECK_BIN=$BUILD_DIR/full/kernels/cuda/kvlens_gpu_check
 else
+  [ "${STANDALONE:-0}" = "1" ] && echo "== STANDALONE=1: the standalone build" ||
   echo "== the full tree does not configure here (missing: $(grep -o 'Could not find a package configuration file provided by "[^"]*"\|Could NOT find [A-Za-z_]*' "$BUILD_DIR/full-configure.log" | sed 's/.*"\(.*\)"/\1/; s/Could NOT find //' | sort -u | tr '\n' ' '))"
   echo "   building the standalone kvlens_gpu_check (CUDA + abseil only; no GoogleTest suite,"
   echo "   so the engine's CudaEngine* tests do not run: they need the full tree)"
