@@ -75,6 +75,14 @@ enum class RopeStyle : uint8_t {
   kHalfSplit,      // rotates (i, i + Dh/2) (GPT-NeoX, Hugging Face Llama)
 };
 
+// One product of Backend::MatMulMany: y[N, out] = x · wᵀ (+ bias when non-empty).
+template <typename T>
+struct MatMulOutput {
+  WeightView w;
+  WeightView bias;
+  T* y = nullptr;
+};
+
 template <typename T>
 class Backend {
  public:
@@ -134,6 +142,11 @@ class Backend {
   // pass over memory. The defaults run the plain ops in the same order, so a backend that
   // keeps them computes exactly what the separate calls would.
   //
+  // Several products of the same x: outputs[i].y = x · outputs[i].wᵀ (+ its bias), e.g. a
+  // layer's q, k and v projections.
+  virtual void MatMulMany(const T* x, int n, absl::Span<const MatMulOutput<T>> outputs) {
+    for (const MatMulOutput<T>& o : outputs) MatMul(x, n, o.w, o.bias, o.y);
+  }
   // x += residual, then y = RmsNorm(x): a residual connection followed by the next norm.
   virtual void AddRmsNorm(T* x, const T* residual, int n, int dim, const WeightView& weight,
                           double eps, T* y) {

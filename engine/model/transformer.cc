@@ -162,9 +162,9 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     // (the previous block's residual and) attention norm
     Norm(lw.attn_norm, lw.attn_norm_bias, n, proj_pending);
     // qkv projections for every new token
-    backend_.MatMul(xn_.data(), n, lw.wq, lw.bq, q_.data());
-    backend_.MatMul(xn_.data(), n, lw.wk, lw.bk, k_.data());
-    backend_.MatMul(xn_.data(), n, lw.wv, lw.bv, v_.data());
+    const kernels::MatMulOutput<T> qkv[] = {
+        {lw.wq, lw.bq, q_.data()}, {lw.wk, lw.bk, k_.data()}, {lw.wv, lw.bv, v_.data()}};
+    backend_.MatMulMany(xn_.data(), n, qkv);
     if (c.arch == Architecture::kLlama) {
       backend_.Rope(q_.data(), n, D, c.num_heads, c.head_dim, positions_.data(), c.rope_theta,
                     c.rope_style);

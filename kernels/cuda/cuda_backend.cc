@@ -373,6 +373,33 @@ void CudaBackend::AddLayerNorm(float* x, const float* residual, int n, int dim,
                         static_cast<float>(eps), y, stream_));
 }
 
+void CudaBackend::MatMulMany(const float* x, int n, absl::Span<const MatMulOutput<float>> outputs) {
+  if (!status_.ok() || n <= 0 || outputs.empty()) return;
+  std::vector<MatVecProduct> products;
+  bool fused = n <= kMatVecMaxRows && outputs.size() <= size_t{kMatVecMaxSegments};
+  DType dtype = DType::kF32;
+  for (size_t i = 0; fused && i < outputs.size(); ++i) {
+    absl::StatusOr<const DeviceWeight*> w = Upload(outputs[i].w);
+    if (!Ok(w.status())) return;
+    const DeviceWeight* b = nullptr;
+    if (!outputs[i].bias.empty()) {
+      absl::StatusOr<const DeviceWeight*> db = Upload(outputs[i].bias);
+      if (!Ok(db.status())) return;
+      b = *db;
+    }
+    if (i == 0) dtype = (*w)->dtype;
+    fused = (dtype == DType::kF16 || dtype == DType::kBF16) && (*w)->dtype == dtype &&
+            (*w)->cols == outputs[0].w.cols;
+    products.push_back({(*w)->buffer.get(), (*w)->rows, b != nullptr ? b->buffer.get() : nullptr,
+                        b != nullptr ? b->dtype : DType::kF32, outputs[i].y});
+  }
+  if (fused) {
+    Ok(LaunchMatVecMany(x, n, outputs[0].w.cols, products, dtype, stream_));
+    return;
+  }
+  Backend<float>::MatMulMany(x, n, outputs);
+}
+
 void CudaBackend::MatMulSwiGlu(const float* x, int n, const WeightView& w_gate,
                                const WeightView& w_up, float* up_scratch, float* out) {
   if (!status_.ok() || n <= 0) return;

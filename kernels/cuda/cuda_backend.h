@@ -119,6 +119,9 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
                  double eps, float* y) override;
   void Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
             const int32_t* positions, double theta, RopeStyle style) override;
+  // Up to kMatVecMaxRows rows, f16/bf16 weights of one dtype and width, at most
+  // kMatVecMaxSegments products: one matvec launch (LaunchMatVecMany); else MatMul each.
+  void MatMulMany(const float* x, int n, absl::Span<const MatMulOutput<float>> outputs) override;
   // One kernel each: the residual add inside the norm's row pass.
   void AddRmsNorm(float* x, const float* residual, int n, int dim, const WeightView& weight,
                   double eps, float* y) override;

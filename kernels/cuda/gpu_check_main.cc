@@ -331,8 +331,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<R
         positions[s] = pos;
         dst[s] = int64_t{tables[s][pos / bs]} * bs + pos % bs;
       }
-      // The ops the engine's Transformer::Forward makes: each residual add fused into the
-      // next norm, and SwiGLU's two products in one MatMulSwiGlu.
+      // The ops the engine's Transformer::Forward makes: q, k and v in one MatMulMany, each
+      // residual add fused into the next norm, SwiGLU's two products in one MatMulSwiGlu.
       b.Embedding(embedding, ids.data(), batch, x);
       for (int l = 0; l < L; ++l) {
         const Layer& w = layers[l];
@@ -341,9 +341,9 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<R
         } else {
           b.AddRmsNorm(x, proj, batch, D, w.attn_norm, 1e-5, xn);
         }
-        b.MatMul(xn, batch, w.wq, WeightView{}, q);
-        b.MatMul(xn, batch, w.wk, WeightView{}, k);
-        b.MatMul(xn, batch, w.wv, WeightView{}, v);
+        const MatMulOutput<float> qkv[] = {
+            {w.wq, WeightView{}, q}, {w.wk, WeightView{}, k}, {w.wv, WeightView{}, v}};
+        b.MatMulMany(xn, batch, qkv);
         b.Rope(q, batch, D, H, Dh, positions.data(), 10000.0, RopeStyle::kHalfSplit);
         b.Rope(k, batch, D, H, Dh, positions.data(), 10000.0, RopeStyle::kHalfSplit);
         b.StoreKv(k, v, batch, D, D, dst.data(), kc[l], vc[l], D);

@@ -1,5 +1,7 @@
-// Small-batch products on f16/bf16 weights (see matvec.h). One warp per pair of weight
-// rows: W rows o, o + 1 (plain), or W_gate row o and W_up row o (gated: SwiGLU). Lane reads
+// Small-batch products on f16/bf16 weights (see matvec.h). A launch covers up to
+// kMatVecMaxSegments products of the same x (segments: q, k and v), each a range of
+// blocks. One warp per pair of weight rows: W rows o, o + 1 (plain), or W_gate row o and
+// W_up row o (gated: SwiGLU). Lane reads
 // both rows in 16-byte pieces (8 values) at 8·lane, + 256, …, dots them with the matching
 // x values of each of the n rows (float4 pairs, through L1), and the warp sums its 2·n
 // partial dots by shuffles. Unaligned rows (in % 8 ≠ 0, or a pointer off 16 bytes) take
@@ -7,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -39,23 +42,44 @@ __device__ __forceinline__ float WeightAt(const unsigned short* w, int64_t i) {
 template <bool kGated>
 constexpr int kOutputsPerWarp = kGated ? 1 : kOutPerWarp;
 
-// kGated: w is W_gate and w_up W_up, y = silu(x·W_gateᵀ) ⊙ x·W_upᵀ (no bias); else w_up is
-// unused and y = x·Wᵀ + bias.
+// One product of a launch. kGated: w is W_gate and w_up W_up, y = silu(x·W_gateᵀ) ⊙
+// x·W_upᵀ (no bias); else w_up is unused and y = x·Wᵀ + bias.
+struct Segment {
+  const unsigned short* w;
+  const unsigned short* w_up;
+  const void* bias;
+  DType bias_dtype;
+  float* y;
+  int64_t out;
+  unsigned first_block;  // the segment's blocks are [first_block, next's first_block)
+};
+
+struct Segments {
+  const float* x;
+  int64_t in;
+  int count;
+  Segment seg[kMatVecMaxSegments];
+};
+
 template <bool kBf16, int N, bool kVec, bool kGated>
-__global__ void __launch_bounds__(kWarps * 32)
-    MatVecKernel(const float* __restrict__ x, int64_t in, const unsigned short* __restrict__ w,
-                 const unsigned short* __restrict__ w_up, int64_t out, const void* bias,
-                 DType bias_dtype, float* __restrict__ y) {
+__global__ void __launch_bounds__(kWarps * 32) MatVecKernel(Segments segs) {
+  int si = 0;
+  while (si + 1 < segs.count && blockIdx.x >= segs.seg[si + 1].first_block) ++si;
+  const Segment& sg = segs.seg[si];
+  const float* __restrict__ x = segs.x;
+  const int64_t in = segs.in, out = sg.out;
+  float* __restrict__ y = sg.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kOutputsPerWarp<kGated>;
+  const int64_t o0 =
+      (static_cast<int64_t>(blockIdx.x - sg.first_block) * kWarps + warp) * kOutputsPerWarp<kGated>;
   if (o0 >= out) return;  // whole warps only: no barrier below
   // Plain: rows o0, o0 + 1 (a missing second row reads the first again; its sums are
   // never written). Gated: gate and up rows of o0.
   const int rows = kGated ? 1 : (out - o0 < kOutPerWarp ? static_cast<int>(out - o0) : 2);
-  const unsigned short* wrow[kOutPerWarp];
+  const unsigned short* __restrict__ wrow[kOutPerWarp];
 #pragma unroll
   for (int t = 0; t < kOutPerWarp; ++t) {
-    wrow[t] = kGated ? (t == 0 ? w : w_up) + o0 * in : w + (o0 + (t < rows ? t : 0)) * in;
+    wrow[t] = kGated ? (t == 0 ? sg.w : sg.w_up) + o0 * in : sg.w + (o0 + (t < rows ? t : 0)) * in;
   }
   float acc[kOutPerWarp][N];
 #pragma unroll
@@ -116,17 +140,17 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int t = 0; t < kOutPerWarp; ++t) {
       if (t >= rows) break;  // unrolled, so acc stays in registers
       float b = 0.0f;
-      if (bias != nullptr) {
+      if (sg.bias != nullptr) {
         const int64_t o = o0 + t;
-        switch (bias_dtype) {
+        switch (sg.bias_dtype) {
           case DType::kF16:
-            b = __half2float(static_cast<const __half*>(bias)[o]);
+            b = __half2float(static_cast<const __half*>(sg.bias)[o]);
             break;
           case DType::kBF16:
-            b = __bfloat162float(static_cast<const __nv_bfloat16*>(bias)[o]);
+            b = __bfloat162float(static_cast<const __nv_bfloat16*>(sg.bias)[o]);
             break;
           default:
-            b = static_cast<const float*>(bias)[o];
+            b = static_cast<const float*>(sg.bias)[o];
         }
       }
 #pragma unroll
@@ -135,42 +159,28 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// The weight pointers, dtype and shape of one launch.
-struct MatVecArgs {
-  const float* x;
-  int64_t in;
-  const unsigned short* w;
-  const unsigned short* w_up;  // gated when set
-  int64_t out;
-  const void* bias;
-  DType bias_dtype;
-  float* y;
-};
-
 template <bool kBf16, int N, bool kGated>
-void Launch(bool vec, const MatVecArgs& a, cudaStream_t stream) {
-  const int64_t per_block = int64_t{kWarps} * kOutputsPerWarp<kGated>;
-  const dim3 grid(static_cast<unsigned>((a.out + per_block - 1) / per_block));
+void Launch(bool vec, unsigned blocks, const Segments& segs, cudaStream_t stream) {
   auto* kernel = vec ? MatVecKernel<kBf16, N, true, kGated> : MatVecKernel<kBf16, N, false, kGated>;
-  kernel<<<grid, kWarps * 32, 0, stream>>>(a.x, a.in, a.w, a.w_up, a.out, a.bias, a.bias_dtype,
-                                           a.y);
+  kernel<<<blocks, kWarps * 32, 0, stream>>>(segs);
 }
 
 template <bool kBf16, bool kGated>
-void LaunchRows(int n, bool vec, const MatVecArgs& a, cudaStream_t stream) {
+void LaunchRows(int n, bool vec, unsigned blocks, const Segments& segs, cudaStream_t stream) {
   switch (n) {
     case 1:
-      return Launch<kBf16, 1, kGated>(vec, a, stream);
+      return Launch<kBf16, 1, kGated>(vec, blocks, segs, stream);
     case 2:
-      return Launch<kBf16, 2, kGated>(vec, a, stream);
+      return Launch<kBf16, 2, kGated>(vec, blocks, segs, stream);
     case 3:
-      return Launch<kBf16, 3, kGated>(vec, a, stream);
+      return Launch<kBf16, 3, kGated>(vec, blocks, segs, stream);
     default:
-      return Launch<kBf16, 4, kGated>(vec, a, stream);
+      return Launch<kBf16, 4, kGated>(vec, blocks, segs, stream);
   }
 }
 
-absl::Status LaunchAny(int n, DType dtype, const MatVecArgs& a, cudaStream_t stream) {
+// segs.seg[i].first_block is filled in here.
+absl::Status LaunchSegments(int n, DType dtype, bool gated, Segments segs, cudaStream_t stream) {
   static_assert(kMatVecMaxRows == 4, "LaunchRows instantiates 1 … 4 rows");
   if (n < 1 || n > kMatVecMaxRows) {
     return absl::InvalidArgumentError(
@@ -179,37 +189,62 @@ absl::Status LaunchAny(int n, DType dtype, const MatVecArgs& a, cudaStream_t str
   if (dtype != DType::kF16 && dtype != DType::kBF16) {
     return absl::InvalidArgumentError("LaunchMatVec: weights must be f16 or bf16");
   }
-  if (a.in <= 0 || a.out <= 0) return absl::OkStatus();
+  if (segs.in <= 0) return absl::OkStatus();
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vec =
-      a.in % 8 == 0 && aligned(a.x) && aligned(a.w) && (a.w_up == nullptr || aligned(a.w_up));
-  const bool bf16 = dtype == DType::kBF16, gated = a.w_up != nullptr;
-  if (bf16 && gated) LaunchRows<true, true>(n, vec, a, stream);
-  if (bf16 && !gated) LaunchRows<true, false>(n, vec, a, stream);
-  if (!bf16 && gated) LaunchRows<false, true>(n, vec, a, stream);
-  if (!bf16 && !gated) LaunchRows<false, false>(n, vec, a, stream);
+  bool vec = segs.in % 8 == 0 && aligned(segs.x);
+  const int64_t per_block = int64_t{kWarps} * (gated ? 1 : kOutPerWarp);
+  int64_t blocks = 0;
+  for (int i = 0; i < segs.count; ++i) {
+    Segment& sg = segs.seg[i];
+    vec = vec && aligned(sg.w) && (sg.w_up == nullptr || aligned(sg.w_up));
+    sg.first_block = static_cast<unsigned>(blocks);
+    blocks += (std::max<int64_t>(sg.out, 0) + per_block - 1) / per_block;
+  }
+  if (blocks == 0) return absl::OkStatus();
+  const auto b = static_cast<unsigned>(blocks);
+  const bool bf16 = dtype == DType::kBF16;
+  if (bf16 && gated) LaunchRows<true, true>(n, vec, b, segs, stream);
+  if (bf16 && !gated) LaunchRows<true, false>(n, vec, b, segs, stream);
+  if (!bf16 && gated) LaunchRows<false, true>(n, vec, b, segs, stream);
+  if (!bf16 && !gated) LaunchRows<false, false>(n, vec, b, segs, stream);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("MatVecKernel");
   return absl::OkStatus();
 }
+
+const unsigned short* Bits(const void* w) { return static_cast<const unsigned short*>(w); }
 
 }  // namespace
 
 absl::Status LaunchMatVec(const float* x, int n, int64_t in, const void* w, DType dtype,
                           int64_t out, const void* bias, DType bias_dtype, float* y,
                           cudaStream_t stream) {
-  return LaunchAny(
-      n, dtype, {x, in, static_cast<const unsigned short*>(w), nullptr, out, bias, bias_dtype, y},
-      stream);
+  Segments segs{x, in, 1, {}};
+  segs.seg[0] = {Bits(w), nullptr, bias, bias_dtype, y, out, 0};
+  return LaunchSegments(n, dtype, false, segs, stream);
+}
+
+absl::Status LaunchMatVecMany(const float* x, int n, int64_t in,
+                              absl::Span<const MatVecProduct> products, DType dtype,
+                              cudaStream_t stream) {
+  if (products.empty() || products.size() > static_cast<size_t>(kMatVecMaxSegments)) {
+    return absl::InvalidArgumentError(absl::StrCat("LaunchMatVecMany: 1 to ", kMatVecMaxSegments,
+                                                   " products, got ", products.size()));
+  }
+  Segments segs{x, in, static_cast<int>(products.size()), {}};
+  for (int i = 0; i < segs.count; ++i) {
+    const MatVecProduct& p = products[i];
+    segs.seg[i] = {Bits(p.w), nullptr, p.bias, p.bias_dtype, p.y, p.out, 0};
+  }
+  return LaunchSegments(n, dtype, false, segs, stream);
 }
 
 absl::Status LaunchMatVecSwiGlu(const float* x, int n, int64_t in, const void* w_gate,
                                 const void* w_up, DType dtype, int64_t out, float* y,
                                 cudaStream_t stream) {
   if (w_up == nullptr) return absl::InvalidArgumentError("LaunchMatVecSwiGlu: w_up is null");
-  return LaunchAny(n, dtype,
-                   {x, in, static_cast<const unsigned short*>(w_gate),
-                    static_cast<const unsigned short*>(w_up), out, nullptr, DType::kF32, y},
-                   stream);
+  Segments segs{x, in, 1, {}};
+  segs.seg[0] = {Bits(w_gate), Bits(w_up), nullptr, DType::kF32, y, out, 0};
+  return LaunchSegments(n, dtype, true, segs, stream);
 }
 
 }  // namespace kvlens::kernels::cuda

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "kernels/dtype.h"
 
 namespace kvlens::kernels::cuda {
@@ -26,6 +27,24 @@ inline constexpr int kMatVecMaxRows = 4;
 absl::Status LaunchMatVec(const float* x, int n, int64_t in, const void* w, DType dtype,
                           int64_t out, const void* bias, DType bias_dtype, float* y,
                           cudaStream_t stream);
+
+// Products of one x per launch in LaunchMatVecMany (a layer's q, k and v).
+inline constexpr int kMatVecMaxSegments = 4;
+
+// One product of LaunchMatVecMany: y [n, out] = x · Wᵀ + bias (bias null or [out]).
+struct MatVecProduct {
+  const void* w;
+  int64_t out;
+  const void* bias;
+  DType bias_dtype;
+  float* y;
+};
+
+// Up to kMatVecMaxSegments products of the same x [n, in], their weights all [·, in] in
+// `dtype`, in one launch: as LaunchMatVec for each.
+absl::Status LaunchMatVecMany(const float* x, int n, int64_t in,
+                              absl::Span<const MatVecProduct> products, DType dtype,
+                              cudaStream_t stream);
 
 // y[r, o] = silu(g) · u with g = Σ_i x[r, i] · W_gate[o, i], u = Σ_i x[r, i] · W_up[o, i]:
 // SwiGLU's gated product in one pass, both weights [out, in] in `dtype` (kF16 or kBF16).

@@ -39,10 +39,13 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
     add(MatMulCase(gpu, rng, t, 17, 256, 160, true));
     add(EmbeddingCase(gpu, rng, t));
     add(MatMulBackwardInputCase(gpu, rng, t, 17, 160, 256));
+    add(MatMulManyCase(gpu, rng, t, 1, 256, false));
+    add(MatMulManyCase(gpu, rng, t, 3, t == DType::kQ8_0 ? 96 : 100, false));
     add(MatMulSwiGluCase(gpu, rng, t, 1, 256, 40));
     add(MatMulSwiGluCase(gpu, rng, t, 3, t == DType::kQ8_0 ? 96 : 100, 33));
   }
   add(MatMulSwiGluCase(gpu, rng, DType::kBF16, 6, 128, 24));  // two GEMMs and SwiGlu
+  add(MatMulManyCase(gpu, rng, DType::kBF16, 2, 128, true));  // one MatMul each
   add(AddNormCase(gpu, rng, false, 4096, DType::kBF16));
   add(AddNormCase(gpu, rng, true, 96, DType::kF32));
   add(NormCase(gpu, rng, false, 64, DType::kF32, false));

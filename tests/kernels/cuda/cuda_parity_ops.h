@@ -210,6 +210,53 @@ inline ParityResult AddNormCase(CudaBackend& gpu, std::mt19937_64& rng, bool lay
   return Judge(name, got, naive, ref);
 }
 
+// MatMulMany: three products of one x (q, k, v shaped: outs 48, 16, 16; the second with a
+// bias), judged together against the reference's MatMul of each. mixed: the third weight
+// in f32, so no single matvec launch can take them (each product its own MatMul).
+inline ParityResult MatMulManyCase(CudaBackend& gpu, std::mt19937_64& rng, DType dtype, int n,
+                                   int in, bool mixed) {
+  const std::string name = absl::StrCat("MatMulMany ", std::string(DTypeName(dtype)), " n=", n,
+                                        " in=", in, " outs=48,16+bias,16", mixed ? " (mixed)" : "");
+  const std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * in);
+  const int outs[3] = {48, 16, 16};
+  std::vector<OwnedWeight> ws;
+  for (int i = 0; i < 3; ++i) {
+    ws.emplace_back(kernels::testing::RandomVector(rng, size_t(outs[i]) * in), outs[i], in,
+                    mixed && i == 2 ? DType::kF32 : dtype);
+  }
+  const OwnedWeight b(kernels::testing::RandomVector(rng, outs[1]), 1, outs[1], DType::kF32);
+  std::vector<double> ref, naive;
+  for (int i = 0; i < 3; ++i) {
+    const WeightView bias = i == 1 ? b.view() : WeightView{};
+    std::vector<double> r(size_t(n) * outs[i]);
+    ReferenceBackend().MatMul(x.data(), n, ws[i].view(), bias, r.data());
+    ref.insert(ref.end(), r.begin(), r.end());
+    const DType wt = ws[i].view().dtype;
+    const DType x_dtype = n <= kMatVecMaxRows ? DType::kF32 : wt;
+    for (int row = 0; row < n; ++row) {
+      for (int o = 0; o < outs[i]; ++o) {
+        float sum = 0.0f;
+        for (int k = 0; k < in; ++k) {
+          sum += static_cast<float>(RoundTo(x_dtype, x[size_t(row) * in + k])) *
+                 static_cast<float>(RoundTo(wt, ws[i].values()[size_t(o) * in + k]));
+        }
+        naive.push_back(i == 1 ? sum + static_cast<float>(b.values()[o]) : sum);
+      }
+    }
+  }
+  auto dx = ToDevice(x);
+  auto dy = ToDevice(std::vector<double>(ref.size(), kNaN));
+  if (!dx.ok() || !dy.ok()) return Failed(name, !dx.ok() ? dx.status() : dy.status());
+  float* y = dy->as<float>();
+  const MatMulOutput<float> outputs[] = {{ws[0].view(), WeightView{}, y},
+                                         {ws[1].view(), b.view(), y + size_t(n) * outs[0]},
+                                         {ws[2].view(), WeightView{}, y + size_t(n) * 64}};
+  gpu.MatMulMany(dx->as<float>(), n, outputs);
+  auto got = FromDevice(gpu, *dy, ref.size());
+  if (!got.ok()) return Failed(name, got.status());
+  return Judge(name, *got, naive, ref);
+}
+
 // MatMulSwiGlu: silu(x·W_gateᵀ) ⊙ x·W_upᵀ against the reference's default (two products
 // and SwiGlu in double). Naive: inputs rounded as in MatMulCase, float sums.
 inline ParityResult MatMulSwiGluCase(CudaBackend& gpu, std::mt19937_64& rng, DType dtype, int n,
