@@ -147,6 +147,14 @@ class Backend {
   virtual void MatMulMany(const T* x, int n, absl::Span<const MatMulOutput<T>> outputs) {
     for (const MatMulOutput<T>& o : outputs) MatMul(x, n, o.w, o.bias, o.y);
   }
+  // Rope on q [N, q_heads, Dh] and k [N, k_heads, Dh] (rows q_stride, k_stride apart),
+  // both at positions[i].
+  virtual void RopeQK(T* q, int64_t q_stride, int q_heads, T* k, int64_t k_stride, int k_heads,
+                      int n, int head_dim, const int32_t* positions, double theta,
+                      RopeStyle style) {
+    Rope(q, n, q_stride, q_heads, head_dim, positions, theta, style);
+    Rope(k, n, k_stride, k_heads, head_dim, positions, theta, style);
+  }
   // x += residual, then y = RmsNorm(x): a residual connection followed by the next norm.
   virtual void AddRmsNorm(T* x, const T* residual, int n, int dim, const WeightView& weight,
                           double eps, T* y) {

@@ -166,10 +166,8 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
         {lw.wq, lw.bq, q_.data()}, {lw.wk, lw.bk, k_.data()}, {lw.wv, lw.bv, v_.data()}};
     backend_.MatMulMany(xn_.data(), n, qkv);
     if (c.arch == Architecture::kLlama) {
-      backend_.Rope(q_.data(), n, D, c.num_heads, c.head_dim, positions_.data(), c.rope_theta,
-                    c.rope_style);
-      backend_.Rope(k_.data(), n, KVD, c.num_kv_heads, c.head_dim, positions_.data(), c.rope_theta,
-                    c.rope_style);
+      backend_.RopeQK(q_.data(), D, c.num_heads, k_.data(), KVD, c.num_kv_heads, n, c.head_dim,
+                      positions_.data(), c.rope_theta, c.rope_style);
     }
     // new keys and values into the paged cache
     backend_.StoreKv(k_.data(), v_.data(), n, KVD, KVD, rows_.data(), cache.k(l), cache.v(l), KVD);

@@ -426,6 +426,16 @@ void CudaBackend::Rope(float* x, int n, int64_t row_stride, int num_heads, int h
                 style, stream_));
 }
 
+void CudaBackend::RopeQK(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride,
+                         int k_heads, int n, int head_dim, const int32_t* positions, double theta,
+                         RopeStyle style) {
+  if (!status_.ok() || n <= 0) return;
+  absl::StatusOr<const void*> d_pos = UploadIndices(positions, sizeof(int32_t) * n);
+  if (!Ok(d_pos.status())) return;
+  Ok(LaunchRopeQK(q, q_stride, q_heads, k, k_stride, k_heads, n, head_dim,
+                  static_cast<const int32_t*>(*d_pos), theta, style, stream_));
+}
+
 void CudaBackend::Gelu(float* x, int64_t count) {
   if (!status_.ok()) return;
   Ok(LaunchGelu(x, count, stream_));

@@ -122,6 +122,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // Up to kMatVecMaxRows rows, f16/bf16 weights of one dtype and width, at most
   // kMatVecMaxSegments products: one matvec launch (LaunchMatVecMany); else MatMul each.
   void MatMulMany(const float* x, int n, absl::Span<const MatMulOutput<float>> outputs) override;
+  // One RoPE launch for both (positions uploaded once).
+  void RopeQK(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride, int k_heads,
+              int n, int head_dim, const int32_t* positions, double theta,
+              RopeStyle style) override;
   // One kernel each: the residual add inside the norm's row pass.
   void AddRmsNorm(float* x, const float* residual, int n, int dim, const WeightView& weight,
                   double eps, float* y) override;

@@ -331,8 +331,9 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<R
         positions[s] = pos;
         dst[s] = int64_t{tables[s][pos / bs]} * bs + pos % bs;
       }
-      // The ops the engine's Transformer::Forward makes: q, k and v in one MatMulMany, each
-      // residual add fused into the next norm, SwiGLU's two products in one MatMulSwiGlu.
+      // The ops the engine's Transformer::Forward makes: q, k and v in one MatMulMany, one
+      // RopeQK, each residual add fused into the next norm, SwiGLU's two products in one
+      // MatMulSwiGlu.
       b.Embedding(embedding, ids.data(), batch, x);
       for (int l = 0; l < L; ++l) {
         const Layer& w = layers[l];
@@ -344,8 +345,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<R
         const MatMulOutput<float> qkv[] = {
             {w.wq, WeightView{}, q}, {w.wk, WeightView{}, k}, {w.wv, WeightView{}, v}};
         b.MatMulMany(xn, batch, qkv);
-        b.Rope(q, batch, D, H, Dh, positions.data(), 10000.0, RopeStyle::kHalfSplit);
-        b.Rope(k, batch, D, H, Dh, positions.data(), 10000.0, RopeStyle::kHalfSplit);
+        b.RopeQK(q, D, H, k, D, H, batch, Dh, positions.data(), 10000.0, RopeStyle::kHalfSplit);
         b.StoreKv(k, v, batch, D, D, dst.data(), kc[l], vc[l], D);
         calls.clear();
         for (int s = 0; s < batch; ++s) {

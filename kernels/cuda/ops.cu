@@ -86,23 +86,28 @@ __global__ void LayerNormKernel(float* x, const float* residual, int dim, const 
   }
 }
 
-// One thread per (row, head, pair). The angle is position · theta^(−2p/Dh) in double:
-// at position 1e5 a float angle would be off by ~1e-2 rad.
-__global__ void RopeKernel(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
+// One thread per (row, head, pair), over x's heads and then x2's (RopeQK: q and k in one
+// launch; x2 null for one tensor). The angle is position · theta^(−2p/Dh) in double: at
+// position 1e5 a float angle would be off by ~1e-2 rad.
+__global__ void RopeKernel(float* x, int64_t row_stride, int num_heads, float* x2,
+                           int64_t row_stride2, int num_heads2, int n, int head_dim,
                            const int32_t* positions, double theta, bool adjacent) {
   const int half = head_dim / 2;
-  const int64_t total = static_cast<int64_t>(n) * num_heads * half;
+  const int heads = num_heads + num_heads2;
+  const int64_t total = static_cast<int64_t>(n) * heads * half;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int p = static_cast<int>(t % half);
     const int64_t rh = t / half;
-    const int h = static_cast<int>(rh % num_heads);
-    const int64_t r = rh / num_heads;
+    const int h = static_cast<int>(rh % heads);
+    const int64_t r = rh / heads;
     const double angle = positions[r] * pow(theta, -2.0 * p / head_dim);
     double s, c;
     sincos(angle, &s, &c);
     const float cf = static_cast<float>(c), sf = static_cast<float>(s);
-    float* head = x + r * row_stride + static_cast<int64_t>(h) * head_dim;
+    float* head = h < num_heads
+                      ? x + r * row_stride + static_cast<int64_t>(h) * head_dim
+                      : x2 + r * row_stride2 + static_cast<int64_t>(h - num_heads) * head_dim;
     const int ia = adjacent ? 2 * p : p;
     const int ib = adjacent ? 2 * p + 1 : p + half;
     const float a = head[ia], b = head[ib];
@@ -238,10 +243,18 @@ absl::Status LaunchAddLayerNorm(float* x, const float* residual, int n, int dim,
 absl::Status LaunchRope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
                         const int32_t* positions, double theta, RopeStyle style,
                         cudaStream_t stream) {
-  const int64_t total = static_cast<int64_t>(n) * num_heads * (head_dim / 2);
+  return LaunchRopeQK(x, row_stride, num_heads, nullptr, 0, 0, n, head_dim, positions, theta, style,
+                      stream);
+}
+
+absl::Status LaunchRopeQK(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride,
+                          int k_heads, int n, int head_dim, const int32_t* positions, double theta,
+                          RopeStyle style, cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(n) * (q_heads + k_heads) * (head_dim / 2);
   if (total <= 0) return absl::OkStatus();
-  RopeKernel<<<GridFor(total), kThreads, 0, stream>>>(
-      x, n, row_stride, num_heads, head_dim, positions, theta, style == RopeStyle::kAdjacentPairs);
+  RopeKernel<<<GridFor(total), kThreads, 0, stream>>>(q, q_stride, q_heads, k, k_stride, k_heads, n,
+                                                      head_dim, positions, theta,
+                                                      style == RopeStyle::kAdjacentPairs);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("RopeKernel");
   return absl::OkStatus();
 }

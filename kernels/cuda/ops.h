@@ -37,6 +37,11 @@ absl::Status LaunchAddLayerNorm(float* x, const float* residual, int n, int dim,
 absl::Status LaunchRope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
                         const int32_t* positions, double theta, RopeStyle style,
                         cudaStream_t stream);
+// LaunchRope on q [n, q_heads] and k [n, k_heads] (rows q_stride, k_stride apart) in one
+// launch, both at `positions`.
+absl::Status LaunchRopeQK(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride,
+                          int k_heads, int n, int head_dim, const int32_t* positions, double theta,
+                          RopeStyle style, cudaStream_t stream);
 absl::Status LaunchGelu(float* x, int64_t count, cudaStream_t stream);
 absl::Status LaunchSwiGlu(const float* gate, const float* up, int64_t count, float* out,
                           cudaStream_t stream);

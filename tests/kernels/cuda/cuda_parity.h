@@ -54,6 +54,7 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
   add(NormCase(gpu, rng, true, 4096, DType::kF16, false));
   for (RopeStyle style : {RopeStyle::kAdjacentPairs, RopeStyle::kHalfSplit}) {
     for (int dh : {64, 128}) add(RopeCase(gpu, rng, style, dh));
+    add(RopeQKCase(gpu, rng, style, style == RopeStyle::kAdjacentPairs ? 64 : 128));
   }
   for (int kind = 0; kind < 3; ++kind) add(ElementwiseCase(gpu, rng, kind));
   add(StoreKvCase(gpu, rng));

@@ -292,21 +292,14 @@ inline ParityResult MatMulSwiGluCase(CudaBackend& gpu, std::mt19937_64& rng, DTy
   return Judge(name, *y, naive, ref);
 }
 
-inline ParityResult RopeCase(CudaBackend& gpu, std::mt19937_64& rng, RopeStyle style,
-                             int head_dim) {
-  const std::string name = absl::StrCat(
-      "Rope ", style == RopeStyle::kAdjacentPairs ? "adjacent" : "half-split", " Dh=", head_dim);
-  const int n = 5, heads = 3;
-  const int64_t stride = int64_t{heads} * head_dim + 16;  // rows wider than the heads
-  const double theta = 10000.0;
-  const std::vector<int32_t> positions = {0, 1, 17, 4095, 100000};
-  std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * stride, -2, 2);
-  std::vector<double> ref = x, naive = x;
-  ReferenceBackend().Rope(ref.data(), n, stride, heads, head_dim, positions.data(), theta, style);
+// RoPE in place on x [n, heads, Dh] (rows stride apart) as the GPU computes it: angles in
+// double, rotation in float.
+inline void NaiveRope(std::vector<double>& x, int n, int64_t stride, int heads, int head_dim,
+                      const std::vector<int32_t>& positions, double theta, RopeStyle style) {
   const int half = head_dim / 2;
   for (int r = 0; r < n; ++r) {
     for (int h = 0; h < heads; ++h) {
-      double* head = naive.data() + r * stride + int64_t{h} * head_dim;
+      double* head = x.data() + r * stride + int64_t{h} * head_dim;
       for (int p = 0; p < half; ++p) {
         const double angle = positions[r] * std::pow(theta, -2.0 * p / head_dim);
         const float c = static_cast<float>(std::cos(angle)),
@@ -319,12 +312,59 @@ inline ParityResult RopeCase(CudaBackend& gpu, std::mt19937_64& rng, RopeStyle s
       }
     }
   }
+}
+
+inline ParityResult RopeCase(CudaBackend& gpu, std::mt19937_64& rng, RopeStyle style,
+                             int head_dim) {
+  const std::string name = absl::StrCat(
+      "Rope ", style == RopeStyle::kAdjacentPairs ? "adjacent" : "half-split", " Dh=", head_dim);
+  const int n = 5, heads = 3;
+  const int64_t stride = int64_t{heads} * head_dim + 16;  // rows wider than the heads
+  const double theta = 10000.0;
+  const std::vector<int32_t> positions = {0, 1, 17, 4095, 100000};
+  std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * stride, -2, 2);
+  std::vector<double> ref = x, naive = x;
+  ReferenceBackend().Rope(ref.data(), n, stride, heads, head_dim, positions.data(), theta, style);
+  NaiveRope(naive, n, stride, heads, head_dim, positions, theta, style);
   auto dx = ToDevice(x);
   if (!dx.ok()) return Failed(name, dx.status());
   gpu.Rope(dx->as<float>(), n, stride, heads, head_dim, positions.data(), theta, style);
   auto y = FromDevice(gpu, *dx, x.size());
   if (!y.ok()) return Failed(name, y.status());
   return Judge(name, *y, naive, ref);
+}
+
+// RopeQK: q with 4 heads and k with 2 (GQA), rows of different widths, one launch; judged
+// on q and k together against the reference's two Rope calls.
+inline ParityResult RopeQKCase(CudaBackend& gpu, std::mt19937_64& rng, RopeStyle style,
+                               int head_dim) {
+  const std::string name =
+      absl::StrCat("RopeQK ", style == RopeStyle::kAdjacentPairs ? "adjacent" : "half-split",
+                   " Dh=", head_dim, " heads 4/2");
+  const int n = 4, qh = 4, kh = 2;
+  const int64_t qs = int64_t{qh} * head_dim + 8, ks = int64_t{kh} * head_dim + 4;
+  const double theta = 500000.0;
+  const std::vector<int32_t> positions = {3, 0, 70000, 9};
+  const std::vector<double> q = kernels::testing::RandomFloatExact(rng, size_t(n) * qs, -2, 2);
+  const std::vector<double> k = kernels::testing::RandomFloatExact(rng, size_t(n) * ks, -2, 2);
+  std::vector<double> q_ref = q, k_ref = k, q_naive = q, k_naive = k;
+  ReferenceBackend().RopeQK(q_ref.data(), qs, qh, k_ref.data(), ks, kh, n, head_dim,
+                            positions.data(), theta, style);
+  NaiveRope(q_naive, n, qs, qh, head_dim, positions, theta, style);
+  NaiveRope(k_naive, n, ks, kh, head_dim, positions, theta, style);
+  auto dq = ToDevice(q);
+  auto dk = ToDevice(k);
+  if (!dq.ok() || !dk.ok()) return Failed(name, !dq.ok() ? dq.status() : dk.status());
+  gpu.RopeQK(dq->as<float>(), qs, qh, dk->as<float>(), ks, kh, n, head_dim, positions.data(), theta,
+             style);
+  auto gq = FromDevice(gpu, *dq, q.size());
+  auto gk = FromDevice(gpu, *dk, k.size());
+  if (!gq.ok() || !gk.ok()) return Failed(name, !gq.ok() ? gq.status() : gk.status());
+  std::vector<double> got = *gq, naive = q_naive, ref = q_ref;
+  got.insert(got.end(), gk->begin(), gk->end());
+  naive.insert(naive.end(), k_naive.begin(), k_naive.end());
+  ref.insert(ref.end(), k_ref.begin(), k_ref.end());
+  return Judge(name, got, naive, ref);
 }
 
 // kind: 0 Gelu, 1 SwiGlu, 2 Add
