@@ -255,12 +255,17 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     }
   }
   const int m = static_cast<int>(rows.size());
-  for (int i = 0; i < m; ++i) {
+  // One copy per run of consecutive rows (a decode batch is one run): on a GPU each copy
+  // is an operation of its own.
+  for (int i = 0; i < m;) {
+    int run = 1;
+    while (i + run < m && rows[i + run] == rows[i] + run) ++run;
     if (absl::Status s =
-            backend_.memory().Copy(q_.data() + i * D, x_.data() + rows[i] * D, D * sizeof(T));
+            backend_.memory().Copy(q_.data() + i * D, x_.data() + rows[i] * D, run * D * sizeof(T));
         !s.ok()) {
       return s;
     }
+    i += run;
   }
   if (c.arch == Architecture::kLlama) {
     backend_.RmsNorm(q_.data(), m, D, w.final_norm, c.norm_eps, xn_.data());

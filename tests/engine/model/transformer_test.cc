@@ -152,6 +152,33 @@ TEST_F(TransformerTest, BatchingChangesNothing) {
   EXPECT_LE(RelErr(got2, alone2), 1e-6);
 }
 
+// Entries that want only their last row's logits next to ones that want all: the rows
+// gathered for the classifier are runs (18..23, then 34), each entry's logits at its
+// logits_row, equal to running the sequence alone.
+TEST_F(TransformerTest, MixedLogitRowsChangeNothing) {
+  kernels::CpuBackend be(2);
+  const int V = model_->config.vocab_size;
+  const std::vector<std::vector<int32_t>> t = {Tokens(19, 4, V), Tokens(5, 5, V), Tokens(11, 6, V)};
+  const bool all[3] = {false, true, false};
+  const int bs = 8;
+  KvCacheStorage<float> cache(model_->config.num_layers, 16, bs, model_->config.kv_dim(), true);
+  const std::vector<int32_t> tables[3] = {{9, 2, 14}, {0}, {11, 5}};
+  Transformer<float> tr(*model_, be);
+  std::vector<BatchEntry> e;
+  for (int i = 0; i < 3; ++i) e.push_back({t[i], 0, tables[i], all[i]});
+  ForwardOutput<float> out;
+  ASSERT_TRUE(tr.Forward(e, cache, out).ok());
+  ASSERT_EQ(out.logits.size(), size_t{1 + 5 + 1} * V);
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<float> alone = FullLogits<float>(*model_, be, t[i]);
+    const size_t rows = all[i] ? t[i].size() : 1;
+    const auto first = out.logits.begin() + size_t(out.logits_row[i]) * V;
+    const std::vector<float> got(first, first + rows * V);
+    const std::vector<float> want(alone.end() - rows * V, alone.end());
+    EXPECT_LE(RelErr(got, want), 1e-6) << "entry " << i;
+  }
+}
+
 TEST_F(TransformerTest, Fp32TracksDoubleReference) {
   kernels::ReferenceBackend ref;
   kernels::CpuBackend fast(2);
