@@ -13,17 +13,33 @@ namespace {
 using nlohmann::json;
 
 // True when `node` (a pre_tokenizer or decoder, possibly a Sequence) contains `type`.
-bool Contains(const json& node, const std::string& type) {
-  if (!node.is_object()) return false;
-  if (node.contains("type") && node["type"].is_string() && node["type"] == type) return true;
+// The first node of `type` in node or its Sequence lists, or null.
+const json* Find(const json& node, const std::string& type) {
+  if (!node.is_object()) return nullptr;
+  if (node.contains("type") && node["type"].is_string() && node["type"] == type) return &node;
   for (const char* list : {"pretokenizers", "decoders", "normalizers"}) {
     if (node.contains(list) && node[list].is_array()) {
       for (const json& n : node[list]) {
-        if (Contains(n, type)) return true;
+        if (const json* found = Find(n, type)) return found;
       }
     }
   }
-  return false;
+  return nullptr;
+}
+
+bool Contains(const json& node, const std::string& type) { return Find(node, type) != nullptr; }
+
+// Whether a Metaspace pre-tokenizer prepends ▁ to the text: prepend_scheme "always" or
+// "first" (the text is one piece here), not "never"; older files say add_prefix_space.
+// Hugging Face's default is to prepend.
+bool MetaspacePrepends(const json& metaspace) {
+  if (metaspace.contains("prepend_scheme") && metaspace["prepend_scheme"].is_string()) {
+    return metaspace["prepend_scheme"] != "never";
+  }
+  if (metaspace.contains("add_prefix_space") && metaspace["add_prefix_space"].is_boolean()) {
+    return metaspace["add_prefix_space"].get<bool>();
+  }
+  return true;
 }
 
 }  // namespace
@@ -173,8 +189,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromJson(const std::string& 
   v.bos_id = bos;
   v.eos_id = eos;
   v.unk_id = unk;
+  const json pre_tokenizer = j.value("pre_tokenizer", json());  // Find points into it
+  const json* metaspace = Find(pre_tokenizer, "Metaspace");
   v.add_space_prefix = Contains(j.value("normalizer", json()), "Prepend") ||
-                       Contains(j.value("pre_tokenizer", json()), "Metaspace");
+                       (metaspace != nullptr && MetaspacePrepends(*metaspace));
   auto t = SpmTokenizer::Create(std::move(v));
   if (!t.ok()) return t.status();
   return std::unique_ptr<Tokenizer>(*std::move(t));

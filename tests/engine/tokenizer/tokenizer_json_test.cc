@@ -210,6 +210,30 @@ TEST(TokenizerJsonTest, SpmBpeWithMetaspace) {
   ExpectSpmEncodings(**t);
 }
 
+// A Metaspace that does not prepend (prepend_scheme "never", or the older
+// add_prefix_space false): "hello" has no ▁, so only "l l" merges.
+TEST(TokenizerJsonTest, SpmBpeWithMetaspaceThatDoesNotPrepend) {
+  for (const auto& [key, value] :
+       {std::pair<std::string, json>{"prepend_scheme", "never"}, {"add_prefix_space", false}}) {
+    json j = SpmJson();
+    j["normalizer"] = nullptr;
+    j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {key, value}};
+    auto t = FromJson("spm_metaspace_" + key, j);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ((*t)->Encode("hello", false), (Ids{8, 9, 13, 11})) << key;
+    EXPECT_EQ((*t)->Encode("hello", true), (Ids{1, 8, 9, 13, 11})) << key;
+  }
+  // Inside a Sequence, with the scheme that does prepend: as SpmBpeWithMetaspace.
+  json j = SpmJson();
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers", json::array({{{"type", "Metaspace"}, {"prepend_scheme", "always"}}})}};
+  auto t = FromJson("spm_metaspace_sequence", j);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->Encode("hello", false), (Ids{16}));
+}
+
 // ---- Errors
 
 TEST(TokenizerJsonTest, MissingFileOrNotJson) {
