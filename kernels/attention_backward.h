@@ -69,6 +69,28 @@ AttentionArgs<T> ForwardArgsOf(const AttentionBackwardArgs<T>& b) {
   return a;
 }
 
+// A backward call's inputs from the forward call it differentiates: q, the shape, the mask,
+// the cache and the probabilities the forward wrote. dout and the results are left unset.
+template <typename T>
+AttentionBackwardArgs<T> BackwardArgsOf(const AttentionArgs<T>& f) {
+  AttentionBackwardArgs<T> b;
+  b.q = f.q;
+  b.q_stride = f.q_stride;
+  b.num_queries = f.num_queries;
+  b.num_keys = f.num_keys;
+  b.num_heads = f.num_heads;
+  b.num_kv_heads = f.num_kv_heads;
+  b.head_dim = f.head_dim;
+  b.query_offset = f.query_offset;
+  b.causal = f.causal;
+  b.scale = f.scale;
+  b.q_doc_ids = f.q_doc_ids;
+  b.k_doc_ids = f.k_doc_ids;
+  b.kv = f.kv;
+  b.probs = f.probs;
+  return b;
+}
+
 // The forward's shape checks (ValidateAttentionArgs, with dout as the output), then the
 // backward's own: INVALID_ARGUMENT naming the field. Does not check that every row sees a
 // key (CheckEveryRowSeesAKey does, in O(Tq·Tk)).

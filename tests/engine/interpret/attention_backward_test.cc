@@ -75,21 +75,7 @@ Grads RunBackward(const Problem& p) {
   r.dv.resize(p.v.size());
   r.dprobs.resize(r.probs.size());
   r.dscores.resize(r.probs.size());
-  AttentionBackwardArgs<double> b;
-  b.q = fa.q;
-  b.q_stride = fa.q_stride;
-  b.num_queries = p.tq;
-  b.num_keys = p.tk;
-  b.num_heads = p.h;
-  b.num_kv_heads = p.hkv;
-  b.head_dim = p.dh;
-  b.query_offset = p.offset;
-  b.causal = p.causal;
-  b.scale = fa.scale;
-  b.q_doc_ids = fa.q_doc_ids;
-  b.k_doc_ids = fa.k_doc_ids;
-  b.kv = fa.kv;
-  b.probs = r.probs.data();
+  AttentionBackwardArgs<double> b = BackwardArgsOf(fa);  // probs: r.probs
   b.dout = p.g.data();
   b.dout_stride = fa.q_stride;
   b.dq = r.dq.data();

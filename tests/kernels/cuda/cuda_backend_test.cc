@@ -237,16 +237,7 @@ SeedResult RunSeed(CudaBackend& backend, const std::vector<double>& k) {
   f.out_stride = 2;
   f.probs = outs[1]->as<float>();
   EXPECT_TRUE(backend.Attention(f).ok());
-  AttentionBackwardArgs<float> b;
-  b.q = f.q;
-  b.q_stride = 2;
-  b.num_queries = b.num_keys = 2;
-  b.num_heads = b.num_kv_heads = 1;
-  b.head_dim = 2;
-  b.causal = false;
-  b.scale = f.scale;
-  b.kv = f.kv;
-  b.probs = f.probs;  // what the forward used
+  AttentionBackwardArgs<float> b = BackwardArgsOf(f);  // probs: what the forward wrote
   b.dout = dg->as<float>();
   b.dout_stride = 2;
   b.dq = outs[2]->as<float>();

@@ -111,21 +111,7 @@ inline std::vector<ParityResult> AttentionBackwardCase(CudaBackend& gpu, std::mt
   want.dv.resize(kv_size);
   want.dprobs.resize(map_size);
   want.dscores.resize(map_size);
-  AttentionBackwardArgs<double> rb;
-  rb.q = fa.q;
-  rb.q_stride = fa.q_stride;
-  rb.num_queries = s.tq;
-  rb.num_keys = s.tk;
-  rb.num_heads = s.heads;
-  rb.num_kv_heads = s.kv_heads;
-  rb.head_dim = s.dh;
-  rb.query_offset = s.offset;
-  rb.causal = s.causal;
-  rb.scale = in.scale;
-  rb.q_doc_ids = fa.q_doc_ids;
-  rb.k_doc_ids = fa.k_doc_ids;
-  rb.kv = fa.kv;
-  rb.probs = probs.data();
+  AttentionBackwardArgs<double> rb = BackwardArgsOf(fa);  // probs: the rounded ones
   rb.dout = gs.data();
   rb.dout_stride = in.q_stride;
   rb.dq = want.dq.data();
