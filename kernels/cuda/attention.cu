@@ -383,14 +383,11 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
       }
 #pragma unroll
       for (int c = 0; c < C; ++c) {
-        const int d = 128 * c + 4 * lane;
-        if (d < S::kMaxDim) {
-          float* a = &part_acc[warp][t][d];
-          a[0] = acc[t][c].x;
-          a[1] = acc[t][c].y;
-          a[2] = acc[t][c].z;
-          a[3] = acc[t][c].w;
-        }
+        float* a = &part_acc[warp][t][128 * c + 4 * lane];  // < kMaxDim = 128·C
+        a[0] = acc[t][c].x;
+        a[1] = acc[t][c].y;
+        a[2] = acc[t][c].z;
+        a[3] = acc[t][c].w;
       }
     }
     __syncthreads();
@@ -538,17 +535,9 @@ absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* work
   const dim3 grid(p.num_queries, p.num_kv_heads, num_splits);
   const dim3 block(kSplitWarps * 32);
   const bool vec = SplitKvVectorized(p);
-  if (p.head_dim <= 128) {
-    if (vec) {
-      SplitKvKernel<1, true><<<grid, block, 0, stream>>>(p, num_splits, span, workspace);
-    } else {
-      SplitKvKernel<1, false><<<grid, block, 0, stream>>>(p, num_splits, span, workspace);
-    }
-  } else if (vec) {
-    SplitKvKernel<2, true><<<grid, block, 0, stream>>>(p, num_splits, span, workspace);
-  } else {
-    SplitKvKernel<2, false><<<grid, block, 0, stream>>>(p, num_splits, span, workspace);
-  }
+  auto* kernel = p.head_dim <= 128 ? (vec ? SplitKvKernel<1, true> : SplitKvKernel<1, false>)
+                                   : (vec ? SplitKvKernel<2, true> : SplitKvKernel<2, false>);
+  kernel<<<grid, block, 0, stream>>>(p, num_splits, span, workspace);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvKernel");
   if (num_splits > 1) {
     const dim3 combine_grid(p.num_queries, p.num_heads);

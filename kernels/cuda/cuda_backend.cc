@@ -277,10 +277,10 @@ absl::Status CudaBackend::MatMulImpl(const float* x, int n, const WeightView& w,
     if (!db.ok()) return db.status();
     B = *db;
   }
-  if (n <= kMatVecMaxRows && (W.dtype == DType::kF16 || W.dtype == DType::kBF16)) {
-    return LaunchMatVec(x, n, W.cols, W.buffer.get(), W.dtype, W.rows,
-                        B != nullptr ? B->buffer.get() : nullptr,
-                        B != nullptr ? B->dtype : DType::kF32, y, stream_);
+  if (MatVecTakes(n, W.dtype)) {
+    const MatVecProduct product{W.buffer.get(), W.rows, B != nullptr ? B->buffer.get() : nullptr,
+                                B != nullptr ? B->dtype : DType::kF32, y};
+    return LaunchMatVec(x, n, W.cols, {&product, 1}, W.dtype, stream_);
   }
   const int m = static_cast<int>(W.rows), k = static_cast<int>(W.cols);
   const float alpha = 1.0f, beta = 0.0f;
@@ -376,7 +376,7 @@ void CudaBackend::AddLayerNorm(float* x, const float* residual, int n, int dim,
 void CudaBackend::MatMulMany(const float* x, int n, absl::Span<const MatMulOutput<float>> outputs) {
   if (!status_.ok() || n <= 0 || outputs.empty()) return;
   std::vector<MatVecProduct> products;
-  bool fused = n <= kMatVecMaxRows && outputs.size() <= size_t{kMatVecMaxSegments};
+  bool fused = outputs.size() <= size_t{kMatVecMaxSegments};
   DType dtype = DType::kF32;
   for (size_t i = 0; fused && i < outputs.size(); ++i) {
     absl::StatusOr<const DeviceWeight*> w = Upload(outputs[i].w);
@@ -388,13 +388,12 @@ void CudaBackend::MatMulMany(const float* x, int n, absl::Span<const MatMulOutpu
       b = *db;
     }
     if (i == 0) dtype = (*w)->dtype;
-    fused = (dtype == DType::kF16 || dtype == DType::kBF16) && (*w)->dtype == dtype &&
-            (*w)->cols == outputs[0].w.cols;
+    fused = MatVecTakes(n, dtype) && (*w)->dtype == dtype && (*w)->cols == outputs[0].w.cols;
     products.push_back({(*w)->buffer.get(), (*w)->rows, b != nullptr ? b->buffer.get() : nullptr,
                         b != nullptr ? b->dtype : DType::kF32, outputs[i].y});
   }
   if (fused) {
-    Ok(LaunchMatVecMany(x, n, outputs[0].w.cols, products, dtype, stream_));
+    Ok(LaunchMatVec(x, n, outputs[0].w.cols, products, dtype, stream_));
     return;
   }
   Backend<float>::MatMulMany(x, n, outputs);
@@ -408,8 +407,7 @@ void CudaBackend::MatMulSwiGlu(const float* x, int n, const WeightView& w_gate,
   absl::StatusOr<const DeviceWeight*> u = Upload(w_up);
   if (!Ok(u.status())) return;
   const DeviceWeight &G = **g, &U = **u;
-  if (n <= kMatVecMaxRows && (G.dtype == DType::kF16 || G.dtype == DType::kBF16) &&
-      U.dtype == G.dtype && U.rows == G.rows && U.cols == G.cols) {
+  if (MatVecTakes(n, G.dtype) && U.dtype == G.dtype && U.rows == G.rows && U.cols == G.cols) {
     Ok(LaunchMatVecSwiGlu(x, n, G.cols, G.buffer.get(), U.buffer.get(), G.dtype, G.rows, out,
                           stream_));
     return;

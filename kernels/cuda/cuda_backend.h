@@ -120,7 +120,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   void Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
             const int32_t* positions, double theta, RopeStyle style) override;
   // Up to kMatVecMaxRows rows, f16/bf16 weights of one dtype and width, at most
-  // kMatVecMaxSegments products: one matvec launch (LaunchMatVecMany); else MatMul each.
+  // kMatVecMaxSegments products: one matvec launch (LaunchMatVec); else MatMul each.
   void MatMulMany(const float* x, int n, absl::Span<const MatMulOutput<float>> outputs) override;
   // One RoPE launch for both (positions uploaded once).
   void RopeQK(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride, int k_heads,

@@ -242,7 +242,7 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, std::v
 }
 
 // One bf16 weight of the model's FFN shape [ffn, d], read per product: n up to
-// kMatVecMaxRows takes LaunchMatVec, larger n cuBLAS. Weight bytes per second against the
+// kMatVecMaxRows takes the matvec kernel, larger n cuBLAS. Weight bytes per second against the
 // copy: the ceiling of a decode step's products (batch-1 decode is ~all weight reads).
 void MatMulBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<Row>& rows) {
   const int64_t out = z.ffn, in = z.d;

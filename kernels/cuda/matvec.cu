@@ -1,5 +1,5 @@
 // Small-batch products on f16/bf16 weights (see matvec.h). A launch covers up to
-// kMatVecMaxSegments products of the same x (segments: q, k and v), each a range of
+// kMatVecMaxSegments products of the same x (segments: a layer's q, k and v), each a range of
 // blocks. One warp per pair of weight rows: W rows o, o + 1 (plain), or W_gate row o and
 // W_up row o (gated: SwiGLU). Lane reads
 // both rows in 16-byte pieces (8 values) at 8·lane, + 256, …, dots them with the matching
@@ -215,19 +215,11 @@ const unsigned short* Bits(const void* w) { return static_cast<const unsigned sh
 
 }  // namespace
 
-absl::Status LaunchMatVec(const float* x, int n, int64_t in, const void* w, DType dtype,
-                          int64_t out, const void* bias, DType bias_dtype, float* y,
+absl::Status LaunchMatVec(const float* x, int n, int64_t in,
+                          absl::Span<const MatVecProduct> products, DType dtype,
                           cudaStream_t stream) {
-  Segments segs{x, in, 1, {}};
-  segs.seg[0] = {Bits(w), nullptr, bias, bias_dtype, y, out, 0};
-  return LaunchSegments(n, dtype, false, segs, stream);
-}
-
-absl::Status LaunchMatVecMany(const float* x, int n, int64_t in,
-                              absl::Span<const MatVecProduct> products, DType dtype,
-                              cudaStream_t stream) {
   if (products.empty() || products.size() > static_cast<size_t>(kMatVecMaxSegments)) {
-    return absl::InvalidArgumentError(absl::StrCat("LaunchMatVecMany: 1 to ", kMatVecMaxSegments,
+    return absl::InvalidArgumentError(absl::StrCat("LaunchMatVec: 1 to ", kMatVecMaxSegments,
                                                    " products, got ", products.size()));
   }
   Segments segs{x, in, static_cast<int>(products.size()), {}};

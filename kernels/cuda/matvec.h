@@ -17,21 +17,19 @@
 
 namespace kvlens::kernels::cuda {
 
-// Rows of x up to which CudaBackend::MatMul uses LaunchMatVec for f16/bf16 weights. Past
-// it x is re-read from L1 once per row pair of W for every row of x, and the GEMM wins.
+// Rows of x up to which CudaBackend uses LaunchMatVec for f16/bf16 weights. Past it x is
+// re-read from L1 once per row pair of W for every row of x, and the GEMM wins.
 inline constexpr int kMatVecMaxRows = 4;
 
-// y[r, o] = Σ_i x[r, i] · W[o, i] + bias[o] for r < n (1 … kMatVecMaxRows), o < out, with
-// W [out, in] in `dtype` (kF16 or kBF16), bias [out] in bias_dtype or null, x [n, in] and
-// y [n, out] row-major fp32 device arrays. fp32 products and sums.
-absl::Status LaunchMatVec(const float* x, int n, int64_t in, const void* w, DType dtype,
-                          int64_t out, const void* bias, DType bias_dtype, float* y,
-                          cudaStream_t stream);
+// Whether n rows of x against weights stored in `dtype` take this kernel.
+inline bool MatVecTakes(int n, DType dtype) {
+  return n >= 1 && n <= kMatVecMaxRows && (dtype == DType::kF16 || dtype == DType::kBF16);
+}
 
-// Products of one x per launch in LaunchMatVecMany (a layer's q, k and v).
+// Products of one x per launch (a layer's q, k and v).
 inline constexpr int kMatVecMaxSegments = 4;
 
-// One product of LaunchMatVecMany: y [n, out] = x · Wᵀ + bias (bias null or [out]).
+// One product of LaunchMatVec: y [n, out] = x · Wᵀ + bias (bias null or [out]).
 struct MatVecProduct {
   const void* w;
   int64_t out;
@@ -40,11 +38,13 @@ struct MatVecProduct {
   float* y;
 };
 
-// Up to kMatVecMaxSegments products of the same x [n, in], their weights all [·, in] in
-// `dtype`, in one launch: as LaunchMatVec for each.
-absl::Status LaunchMatVecMany(const float* x, int n, int64_t in,
-                              absl::Span<const MatVecProduct> products, DType dtype,
-                              cudaStream_t stream);
+// y[r, o] = Σ_i x[r, i] · W[o, i] + bias[o] for r < n (1 … kMatVecMaxRows), for each of
+// 1 … kMatVecMaxSegments products of the same x, in one launch. Every W is [out, in] in
+// `dtype` (kF16 or kBF16); x [n, in] and each y [n, out] are row-major fp32 device
+// arrays. fp32 products and sums.
+absl::Status LaunchMatVec(const float* x, int n, int64_t in,
+                          absl::Span<const MatVecProduct> products, DType dtype,
+                          cudaStream_t stream);
 
 // y[r, o] = silu(g) · u with g = Σ_i x[r, i] · W_gate[o, i], u = Σ_i x[r, i] · W_up[o, i]:
 // SwiGLU's gated product in one pass, both weights [out, in] in `dtype` (kF16 or kBF16).
