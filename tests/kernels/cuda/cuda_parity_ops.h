@@ -14,6 +14,29 @@ namespace kvlens::kernels::cuda::parity {
 // ---------------------------------------------------------------------------------------
 // Elementwise and row ops.
 
+// The naive low-precision MatMul: y[r, o] = Σ_i x[r, i] · W[o, i] (+ bias[o]), inputs
+// rounded as the GPU rounds them, products summed in float. Up to kMatVecMaxRows rows,
+// f16/bf16 weights meet x in fp32 (the matvec kernel); past it x is rounded to the
+// weight's dtype for the tensor cores.
+inline std::vector<double> NaiveMatMul(const std::vector<double>& x, int n, int in,
+                                       const OwnedWeight& w, const OwnedWeight* bias) {
+  const DType dtype = w.view().dtype;
+  const DType x_dtype = n <= kMatVecMaxRows ? DType::kF32 : dtype;
+  const int64_t out = w.view().rows;
+  std::vector<double> y(size_t(n) * out);
+  for (int r = 0; r < n; ++r) {
+    for (int64_t o = 0; o < out; ++o) {
+      float sum = 0.0f;
+      for (int i = 0; i < in; ++i) {
+        sum += static_cast<float>(RoundTo(x_dtype, x[size_t(r) * in + i])) *
+               static_cast<float>(RoundTo(dtype, w.values()[size_t(o) * in + i]));
+      }
+      y[size_t(r) * out + o] = bias != nullptr ? sum + static_cast<float>(bias->values()[o]) : sum;
+    }
+  }
+  return y;
+}
+
 inline ParityResult MatMulCase(CudaBackend& gpu, std::mt19937_64& rng, DType dtype, int n, int in,
                                int out, bool with_bias) {
   const std::string name = absl::StrCat("MatMul ", std::string(DTypeName(dtype)), " n=", n,
@@ -24,21 +47,7 @@ inline ParityResult MatMulCase(CudaBackend& gpu, std::mt19937_64& rng, DType dty
   const WeightView bias = with_bias ? b.view() : WeightView{};
   std::vector<double> ref(size_t(n) * out);
   ReferenceBackend().MatMul(x.data(), n, w.view(), bias, ref.data());
-  // Naive: inputs rounded as the GPU rounds them, float products summed in float. Up to
-  // kMatVecMaxRows rows, f16/bf16 weights meet x in fp32 (LaunchMatVec); past it x is
-  // rounded to their dtype for the tensor cores.
-  const DType x_dtype = n <= kMatVecMaxRows ? DType::kF32 : dtype;
-  std::vector<double> naive(ref.size());
-  for (int r = 0; r < n; ++r) {
-    for (int o = 0; o < out; ++o) {
-      float sum = 0.0f;
-      for (int i = 0; i < in; ++i) {
-        sum += static_cast<float>(RoundTo(x_dtype, x[size_t(r) * in + i])) *
-               static_cast<float>(RoundTo(dtype, w.values()[size_t(o) * in + i]));
-      }
-      naive[size_t(r) * out + o] = with_bias ? sum + static_cast<float>(b.values()[o]) : sum;
-    }
-  }
+  const std::vector<double> naive = NaiveMatMul(x, n, in, w, with_bias ? &b : nullptr);
   auto dx = ToDevice(x);
   auto dy = ToDevice(std::vector<double>(ref.size(), kNaN));
   if (!dx.ok() || !dy.ok()) return Failed(name, !dx.ok() ? dx.status() : dy.status());
@@ -231,18 +240,8 @@ inline ParityResult MatMulManyCase(CudaBackend& gpu, std::mt19937_64& rng, DType
     std::vector<double> r(size_t(n) * outs[i]);
     ReferenceBackend().MatMul(x.data(), n, ws[i].view(), bias, r.data());
     ref.insert(ref.end(), r.begin(), r.end());
-    const DType wt = ws[i].view().dtype;
-    const DType x_dtype = n <= kMatVecMaxRows ? DType::kF32 : wt;
-    for (int row = 0; row < n; ++row) {
-      for (int o = 0; o < outs[i]; ++o) {
-        float sum = 0.0f;
-        for (int k = 0; k < in; ++k) {
-          sum += static_cast<float>(RoundTo(x_dtype, x[size_t(row) * in + k])) *
-                 static_cast<float>(RoundTo(wt, ws[i].values()[size_t(o) * in + k]));
-        }
-        naive.push_back(i == 1 ? sum + static_cast<float>(b.values()[o]) : sum);
-      }
-    }
+    const std::vector<double> nv = NaiveMatMul(x, n, in, ws[i], i == 1 ? &b : nullptr);
+    naive.insert(naive.end(), nv.begin(), nv.end());
   }
   auto dx = ToDevice(x);
   auto dy = ToDevice(std::vector<double>(ref.size(), kNaN));
@@ -258,7 +257,7 @@ inline ParityResult MatMulManyCase(CudaBackend& gpu, std::mt19937_64& rng, DType
 }
 
 // MatMulSwiGlu: silu(x·W_gateᵀ) ⊙ x·W_upᵀ against the reference's default (two products
-// and SwiGlu in double). Naive: inputs rounded as in MatMulCase, float sums.
+// and SwiGlu in double). Naive: NaiveMatMul of each, gated in float.
 inline ParityResult MatMulSwiGluCase(CudaBackend& gpu, std::mt19937_64& rng, DType dtype, int n,
                                      int in, int out) {
   const std::string name = absl::StrCat("MatMulSwiGlu ", std::string(DTypeName(dtype)), " n=", n,
@@ -268,18 +267,12 @@ inline ParityResult MatMulSwiGluCase(CudaBackend& gpu, std::mt19937_64& rng, DTy
   const OwnedWeight wu(kernels::testing::RandomVector(rng, size_t(out) * in), out, in, dtype);
   std::vector<double> ref(size_t(n) * out), scratch(ref.size());
   ReferenceBackend().MatMulSwiGlu(x.data(), n, wg.view(), wu.view(), scratch.data(), ref.data());
-  const DType x_dtype = n <= kMatVecMaxRows ? DType::kF32 : dtype;
+  const std::vector<double> gate = NaiveMatMul(x, n, in, wg, nullptr),
+                            up = NaiveMatMul(x, n, in, wu, nullptr);
   std::vector<double> naive(ref.size());
-  for (int r = 0; r < n; ++r) {
-    for (int o = 0; o < out; ++o) {
-      float gs = 0.0f, us = 0.0f;
-      for (int i = 0; i < in; ++i) {
-        const float xv = static_cast<float>(RoundTo(x_dtype, x[size_t(r) * in + i]));
-        gs += xv * static_cast<float>(RoundTo(dtype, wg.values()[size_t(o) * in + i]));
-        us += xv * static_cast<float>(RoundTo(dtype, wu.values()[size_t(o) * in + i]));
-      }
-      naive[size_t(r) * out + o] = gs / (1.0f + std::exp(-gs)) * us;
-    }
+  for (size_t e = 0; e < naive.size(); ++e) {
+    const float g = static_cast<float>(gate[e]);
+    naive[e] = g / (1.0f + std::exp(-g)) * static_cast<float>(up[e]);
   }
   auto dx = ToDevice(x);
   auto dscratch = ToDevice(std::vector<double>(ref.size(), kNaN));
