@@ -17,7 +17,6 @@ namespace kvlens::testing {
 namespace {
 
 v1::GradientProbeResponse Probe(TestServer& server, const std::vector<int32_t>& tokens) {
-  auto stub = InterpretStub(server);
   v1::GradientProbeRequest request;
   *request.mutable_input() = IdsInput(tokens);
   v1::TokenTarget* t = request.mutable_log_prob()->add_targets();
@@ -28,12 +27,7 @@ v1::GradientProbeResponse Probe(TestServer& server, const std::vector<int32_t>& 
   request.set_q(true);
   request.set_scores(true);
   request.set_residual(true);
-  v1::GradientProbeResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context);
-  const grpc::Status status = stub->GradientProbe(&context, request, &response);
-  EXPECT_TRUE(status.ok()) << status.error_message();
-  return response;
+  return CallGradientProbe(server, request);
 }
 
 AttentionResult Maps(TestServer& server, const std::vector<int32_t>& tokens) {

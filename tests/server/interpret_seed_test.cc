@@ -78,16 +78,6 @@ void ExpectTensor(const v1::GradientProbeResponse& response, const std::string& 
   }
 }
 
-v1::GradientProbeResponse Probe(TestServer& server, const v1::GradientProbeRequest& request) {
-  auto stub = InterpretStub(server);
-  v1::GradientProbeResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context);
-  const grpc::Status status = stub->GradientProbe(&context, request, &response);
-  EXPECT_TRUE(status.ok()) << status.error_message();
-  return response;
-}
-
 TEST(InterpretSeeds, TwoByTwoAttentionMaps) {
   SeedModelServer seed(false);
   ASSERT_TRUE(seed.server().ok()) << seed.server().error();
@@ -120,7 +110,7 @@ TEST(InterpretSeeds, TwoByTwoGradientProbe) {
   for (const v1::Precision p : {v1::PRECISION_FP64, v1::PRECISION_FP32}) {
     SCOPED_TRACE(p == v1::PRECISION_FP64 ? "fp64" : "fp32");
     const double tol = p == v1::PRECISION_FP64 ? 1e-6 : 1e-4;
-    const v1::GradientProbeResponse r = Probe(seed.server(), SeedProbe(p));
+    const v1::GradientProbeResponse r = CallGradientProbe(seed.server(), SeedProbe(p));
     EXPECT_NEAR(r.objective(), 15.0 / 2, tol);
     ExpectTensor(r, "grad.scores", {0, 0, 0, 3.0 / 8, -3.0 / 8, 0, -1.5, 1.5, 0}, tol, true);
     ExpectTensor(r, "grad.probs", {0, 0, 0, 2, 0, 0, 0, 8, 0}, tol, true);
@@ -144,7 +134,7 @@ TEST(InterpretSeeds, IdenticalKeysGiveZeroQueryGradient) {
   for (const v1::Precision p : {v1::PRECISION_FP64, v1::PRECISION_FP32}) {
     SCOPED_TRACE(p == v1::PRECISION_FP64 ? "fp64" : "fp32");
     const double tol = p == v1::PRECISION_FP64 ? 1e-6 : 1e-4;
-    const v1::GradientProbeResponse r = Probe(seed.server(), SeedProbe(p));
+    const v1::GradientProbeResponse r = CallGradientProbe(seed.server(), SeedProbe(p));
     EXPECT_NEAR(r.objective(), 5, tol);
     ExpectTensor(r, "grad.probs", {0, 0, 0, 2, 0, 0, 0, 8, 0}, tol, true);
     ExpectTensor(r, "grad.scores", {0, 0, 0, 0.5, -0.5, 0, -2, 2, 0}, tol, true);

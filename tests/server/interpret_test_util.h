@@ -1,6 +1,7 @@
-// Helpers of the Interpret end-to-end tests: a stub on a TestServer, reassembly of an
-// AttentionMaps stream into dense [layer][head][query][key] arrays, tensor decoding, and
-// the PyTorch float64 oracle (tests/oracle, autograd) run as a separate process.
+// Helpers of the Interpret end-to-end tests: a stub on a TestServer, one GradientProbe call,
+// reassembly of an AttentionMaps stream into dense [layer][head][query][key] arrays, tensor
+// decoding, and the PyTorch float64 oracle (tests/oracle, autograd) run as a separate
+// process.
 #ifndef KVLENS_TESTS_SERVER_INTERPRET_TEST_UTIL_H_
 #define KVLENS_TESTS_SERVER_INTERPRET_TEST_UTIL_H_
 
@@ -14,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
 #include "kernels/dtype.h"
 #include "kvlens/v1/interpret.grpc.pb.h"
 #include "tests/oracle/oracle_runner.h"
@@ -23,6 +25,18 @@ namespace kvlens::testing {
 
 inline std::unique_ptr<v1::Interpret::Stub> InterpretStub(TestServer& server) {
   return v1::Interpret::NewStub(server.channel());
+}
+
+// One GradientProbe call, expected to succeed (the response is returned either way).
+inline v1::GradientProbeResponse CallGradientProbe(TestServer& server,
+                                                   const v1::GradientProbeRequest& request) {
+  auto stub = InterpretStub(server);
+  v1::GradientProbeResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  const grpc::Status status = stub->GradientProbe(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return response;
 }
 
 // Little-endian bytes of `dtype` → doubles.
