@@ -113,13 +113,12 @@ TEST_F(CudaBackendTest, RowWithNoVisibleKeyIsInvalidArgumentNamingTheRow) {
   EXPECT_TRUE(backend_->Synchronize().ok());
 }
 
-TEST_F(CudaBackendTest, NegativeBlockIdIsInvalidArgumentLikeTheReference) {
+// One decode query of one head (Dh 64) over 20 keys of the cache `kv` (blocks of 16
+// listed in `table`), reading q at q and writing out.
+AttentionArgs<float> DecodeCall(const float* q, const float* kv, const int32_t* table, float* out) {
   const int dh = 64;
-  auto buf = parity::ToDevice(std::vector<double>(64 * dh, 0.5));
-  ASSERT_TRUE(buf.ok()) << buf.status();
-  const std::vector<int32_t> table = {1, -1};
   AttentionArgs<float> a;
-  a.q = buf->as<float>();
+  a.q = q;
   a.q_stride = dh;
   a.num_queries = 1;
   a.num_keys = 20;
@@ -127,9 +126,19 @@ TEST_F(CudaBackendTest, NegativeBlockIdIsInvalidArgumentLikeTheReference) {
   a.num_heads = a.num_kv_heads = 1;
   a.head_dim = dh;
   a.scale = 0.125;
-  a.kv = KvSource<float>{buf->as<float>(), buf->as<float>(), dh, table.data(), 16};
-  a.out = buf->as<float>();
+  a.kv = KvSource<float>{kv, kv, dh, table, 16};
+  a.out = out;
   a.out_stride = dh;
+  return a;
+}
+
+TEST_F(CudaBackendTest, NegativeBlockIdIsInvalidArgumentLikeTheReference) {
+  const int dh = 64;
+  auto buf = parity::ToDevice(std::vector<double>(64 * dh, 0.5));
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  const std::vector<int32_t> table = {1, -1};
+  const AttentionArgs<float> a =
+      DecodeCall(buf->as<float>(), buf->as<float>(), table.data(), buf->as<float>());
   const absl::Status got = backend_->Attention(a);
   EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument) << got;
   EXPECT_NE(std::string(got.message()).find("kv.block_table"), std::string::npos) << got;
@@ -147,19 +156,8 @@ TEST_F(CudaBackendTest, AttentionBatchWithABadCallRunsNothingAndNamesIt) {
   const std::vector<int32_t> good = {1, 2}, bad = {1, -1};
   std::vector<AttentionArgs<float>> calls(3);
   for (int c = 0; c < 3; ++c) {
-    AttentionArgs<float>& a = calls[c];
-    a.q = buf->as<float>() + c * dh;
-    a.q_stride = dh;
-    a.num_queries = 1;
-    a.num_keys = 20;
-    a.query_offset = 19;
-    a.num_heads = a.num_kv_heads = 1;
-    a.head_dim = dh;
-    a.scale = 0.125;
-    a.kv = KvSource<float>{buf->as<float>(), buf->as<float>(), dh,
-                           c == 2 ? bad.data() : good.data(), 16};
-    a.out = out->as<float>() + c * dh;
-    a.out_stride = dh;
+    calls[c] = DecodeCall(buf->as<float>() + c * dh, buf->as<float>(),
+                          c == 2 ? bad.data() : good.data(), out->as<float>() + c * dh);
   }
   int failed = -1;
   const absl::Status got = backend_->AttentionBatch(calls, &failed);
