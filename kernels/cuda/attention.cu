@@ -1,10 +1,9 @@
-// Attention kernels: flash prefill (fp16 tensor cores via WMMA, fp32 online softmax),
+// Attention kernels: flash prefill (fp16 tensor cores via mma.sync, fp32 online softmax),
 // split-KV (fp32, decode and fallback) and the probability-materialising kernel (fp32).
 // See attention.h for when each runs. Every kernel applies the same visibility rule as
 // attention_check.h and never reads a cache row at or past num_keys (those slots may hold
 // anything, NaN included).
 #include <cuda_fp16.h>
-#include <mma.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,188 +12,247 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace kvlens::kernels::cuda {
 namespace {
 
-namespace wmma = nvcuda::wmma;
+__device__ __forceinline__ float4 Zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+
+// row[d … d+3], zero past D. Vectorised: D % 4 == 0 and row 16-byte aligned.
+template <bool kVec>
+__device__ __forceinline__ float4 Load4(const float* row, int d, int D) {
+  if (d >= D) return Zero4();
+  if constexpr (kVec) {
+    return *reinterpret_cast<const float4*>(row + d);
+  } else {
+    return make_float4(row[d], d + 1 < D ? row[d + 1] : 0.0f, d + 2 < D ? row[d + 2] : 0.0f,
+                       d + 3 < D ? row[d + 3] : 0.0f);
+  }
+}
 
 // ---------------------------------------------------------------------------------------
-// Flash prefill. One block = 64 query rows of one head, 8 warps. Per 64-key tile:
-//   Ks, Vs ← K, V rows (fp16; zeros past num_keys)      S = Qs·Ksᵀ (WMMA, fp32 acc)
-//   per row: m' = max(m, max_j s_j), α = e^{m−m'}, p_j = e^{s_j−m'}, l = α·l + Σ p_j
-//   Os = α·Os + P·Vs (WMMA, P in fp16, fp32 acc)
-// and finally O = Os / l. Shared memory (D = head size, padded rows against bank
-// conflicts; every WMMA tile pointer is 32-byte aligned):
-//   Qs, Ks, Vs  half [64][D+8]   Ss float [64][68]   Ps half [64][72]   Os float [64][D+4]
-//   m, l, α     float [64] each
-constexpr int kBlockM = 64;
+// Flash prefill: FlashAttention-2's loop on mma.sync tensor cores (mma_sync.cuh). One block
+// = 64 query rows of one head, 4 warps of 16 rows. A warp keeps its rows' Q (fp16 A
+// fragments), S, P and O (fp32 accumulators) and the running max m and sum l in
+// registers; only K and V pass through shared memory, rounded to fp16 once per tile:
+//   Ks  [64 keys][D dims]    S = Q·Kᵀ reads its B fragments along a key's dims
+//   Vt  [D dims][64 keys]    O += P·V reads its B fragments along a dim's keys
+// Per 64-key tile and row, with c = scale·log2(e):
+//   m' = max(m, max_j c·s_j),  α = 2^(m − m'),  p_j = 2^(c·s_j − m'),  l = α·l + Σ_j p_j,
+//   O = α·O + P·V  (P rounded to fp16; l sums the fp32 p_j)
+// and finally O / l. S's accumulator layout is P's A-fragment layout, so P never leaves
+// the registers. Rows of Ks and Vt are 32-bit words (pairs of halves) padded to an odd
+// multiple of 4 words mod 32, so the fragment loads (lane 4g + t reads word t of row g of
+// an 8-row group) fall in 32 different banks. Head sizes: multiples of 16 whose rows pad
+// that way (64, 80, 96, 128); past 128 the registers would spill. Masking (causal, documents, the
+// end of the keys) is applied only to tiles that some row of the block does not see whole.
+constexpr int kFlashWarps = 4;
+constexpr int kBlockM = 16 * kFlashWarps;
 constexpr int kBlockN = 64;
-constexpr int kFlashWarps = 8;
 
 template <int D>
 struct FlashSmem {
-  static constexpr int kLdH = D + 8;        // halves per row of Qs, Ks, Vs
-  static constexpr int kLdS = kBlockN + 4;  // floats per row of Ss
-  static constexpr int kLdP = kBlockN + 8;  // halves per row of Ps
-  static constexpr int kLdO = D + 4;        // floats per row of Os
-  static constexpr size_t kQ = 0;
-  static constexpr size_t kK = kQ + sizeof(__half) * kBlockM * kLdH;
-  static constexpr size_t kV = kK + sizeof(__half) * kBlockN * kLdH;
-  static constexpr size_t kS = kV + sizeof(__half) * kBlockN * kLdH;
-  static constexpr size_t kP = kS + sizeof(float) * kBlockM * kLdS;
-  static constexpr size_t kO = kP + sizeof(__half) * kBlockM * kLdP;
-  static constexpr size_t kRows = kO + sizeof(float) * kBlockM * kLdO;
-  static constexpr size_t kBytes = kRows + sizeof(float) * 3 * kBlockM;
-  static_assert(kK % 32 == 0 && kV % 32 == 0 && kS % 32 == 0 && kP % 32 == 0 && kO % 32 == 0 &&
-                    kRows % 32 == 0,
-                "WMMA tiles need 32-byte alignment");
+  static_assert(D % 16 == 0 && D <= 128 && (D / 2 + 4) % 8 == 4, "see the padding above");
+  static constexpr int kKsLd = D / 2 + 4;        // words per Ks row
+  static constexpr int kVtLd = kBlockN / 2 + 4;  // words per Vt row
+  static constexpr size_t kBytes = sizeof(uint32_t) * (kBlockN * kKsLd + D * kVtLd);
 };
 
-template <int D>
+// K and V rows j0 … j0+63 of KV head kvh into Ks and Vt (zeros past num_keys, which are
+// never read).
+template <int D, bool kVec>
+__device__ __forceinline__ void LoadKvTile(const AttentionParams& p, int kvh, int j0, uint32_t* ks,
+                                           uint32_t* vt) {
+  using L = FlashSmem<D>;
+  constexpr int kPieces = D / 4;  // float4 pieces of a head's row
+  auto row = [&](const float* base, int j) -> const float* {
+    return j < p.num_keys
+               ? base + PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(kvh) * D
+               : nullptr;
+  };
+  // K: consecutive threads take consecutive pieces of a row (coalesced).
+  for (int idx = threadIdx.x; idx < kBlockN * kPieces; idx += blockDim.x) {
+    const int r = idx / kPieces, c = idx % kPieces;
+    const float* k = row(p.k, j0 + r);
+    const float4 x = k != nullptr ? Load4<kVec>(k, 4 * c, D) : Zero4();
+    uint32_t* dst = ks + r * L::kKsLd + 2 * c;
+    dst[0] = PackHalf2(x.x, x.y);
+    dst[1] = PackHalf2(x.z, x.w);
+  }
+  // V transposed: a thread takes keys 2jp and 2jp + 1 at four dims and writes four words
+  // (a key pair each); four consecutive threads read 64 bytes of each row.
+  for (int idx = threadIdx.x; idx < (kBlockN / 2) * kPieces; idx += blockDim.x) {
+    const int c = idx % 4 + 4 * (idx / (4 * (kBlockN / 2)));
+    const int jp = (idx / 4) % (kBlockN / 2);
+    const float* v0 = row(p.v, j0 + 2 * jp);
+    const float* v1 = row(p.v, j0 + 2 * jp + 1);
+    const float4 a = v0 != nullptr ? Load4<kVec>(v0, 4 * c, D) : Zero4();
+    const float4 b = v1 != nullptr ? Load4<kVec>(v1, 4 * c, D) : Zero4();
+    uint32_t* dst = vt + 4 * c * L::kVtLd + jp;
+    dst[0] = PackHalf2(a.x, b.x);
+    dst[L::kVtLd] = PackHalf2(a.y, b.y);
+    dst[2 * L::kVtLd] = PackHalf2(a.z, b.z);
+    dst[3 * L::kVtLd] = PackHalf2(a.w, b.w);
+  }
+}
+
+template <int D, bool kVec>
 __global__ void __launch_bounds__(kFlashWarps * 32) FlashPrefillKernel(AttentionParams p) {
   using L = FlashSmem<D>;
-  extern __shared__ __align__(128) unsigned char smem[];
-  __half* qs = reinterpret_cast<__half*>(smem + L::kQ);
-  __half* ks = reinterpret_cast<__half*>(smem + L::kK);
-  __half* vs = reinterpret_cast<__half*>(smem + L::kV);
-  float* ss = reinterpret_cast<float*>(smem + L::kS);
-  __half* ps = reinterpret_cast<__half*>(smem + L::kP);
-  float* os = reinterpret_cast<float*>(smem + L::kO);
-  float* row_m = reinterpret_cast<float*>(smem + L::kRows);
-  float* row_l = row_m + kBlockM;
-  float* row_alpha = row_l + kBlockM;
+  extern __shared__ __align__(16) uint32_t flash_smem[];
+  uint32_t* ks = flash_smem;
+  uint32_t* vt = flash_smem + kBlockN * L::kKsLd;
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
   const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;  // longest causal rows first
   const int h = blockIdx.y;
   const int kvh = h / (p.num_heads / p.num_kv_heads);
   const int rows = min(kBlockM, p.num_queries - q0);
+  // The lane's two rows: fragment rows g and g + 8 of its warp's 16.
+  const int row_i[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
 
-  for (int idx = tid; idx < kBlockM * D; idx += blockDim.x) {
-    const int r = idx / D, c = idx % D;
-    const float x =
-        r < rows ? p.q[static_cast<int64_t>(q0 + r) * p.q_stride + static_cast<int64_t>(h) * D + c]
-                 : 0.0f;
-    qs[r * L::kLdH + c] = __float2half_rn(x);
-    os[r * L::kLdO + c] = 0.0f;
+  // Q as A fragments (unscaled, so rounded as the naive fp16 run rounds it); rows past
+  // the end are zero.
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = row_i[r % 2], d = 16 * kk + 2 * t + 8 * (r / 2);
+      float x0 = 0.0f, x1 = 0.0f;
+      if (i < p.num_queries) {
+        const float* q = p.q + static_cast<int64_t>(i) * p.q_stride + static_cast<int64_t>(h) * D;
+        x0 = q[d];
+        x1 = q[d + 1];
+      }
+      qf[kk][r] = PackHalf2(x0, x1);
+    }
   }
-  for (int r = tid; r < kBlockM; r += blockDim.x) {
-    row_m[r] = -INFINITY;
-    row_l[r] = 0.0f;
-  }
-  // The last row, q0 + rows − 1, sees keys up to query_offset + q0 + rows − 1.
-  const int key_end = p.causal
-                          ? static_cast<int>(min(static_cast<int64_t>(p.num_keys),
-                                                 static_cast<int64_t>(p.query_offset) + q0 + rows))
-                          : p.num_keys;
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const float c = p.scale * 1.4426950408889634f;  // scale·log2(e)
+
+  // The last row, q0 + rows − 1, sees keys up to query_offset + q0 + rows − 1; the first
+  // row sees every key below first_end (so do all the block's rows, without documents).
+  const int64_t num_keys = p.num_keys;
+  const int key_end =
+      p.causal ? static_cast<int>(min(num_keys, static_cast<int64_t>(p.query_offset) + q0 + rows))
+               : p.num_keys;
+  const int64_t first_end =
+      p.causal ? min(num_keys, static_cast<int64_t>(p.query_offset) + q0 + 1) : num_keys;
 
   for (int j0 = 0; j0 < key_end; j0 += kBlockN) {
-    __syncthreads();  // the previous tile's Ks, Vs and Ps are consumed
-    for (int idx = tid; idx < kBlockN * D; idx += blockDim.x) {
-      const int r = idx / D, c = idx % D, j = j0 + r;
-      float kx = 0.0f, vx = 0.0f;
-      if (j < p.num_keys) {
-        const int64_t off = PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(kvh) * D + c;
-        kx = p.k[off];
-        vx = p.v[off];
-      }
-      ks[r * L::kLdH + c] = __float2half_rn(kx);
-      vs[r * L::kLdH + c] = __float2half_rn(vx);
-    }
+    __syncthreads();  // every warp is done with the previous tile
+    LoadKvTile<D, kVec>(p, kvh, j0, ks, vt);
     __syncthreads();
 
-    // S = Q·Kᵀ: 16 tiles of 16×16, two per warp. Kᵀ is Ks read column-major.
-    for (int t = warp; t < (kBlockM / 16) * (kBlockN / 16); t += kFlashWarps) {
-      const int tm = t / (kBlockN / 16), tn = t % (kBlockN / 16);
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::fill_fragment(acc, 0.0f);
+    // S = Q·Kᵀ: 8 accumulator tiles of 16 rows × 8 keys.
+    float s[kBlockN / 8][4];
 #pragma unroll
-      for (int kk = 0; kk < D; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
-        wmma::load_matrix_sync(a, qs + tm * 16 * L::kLdH + kk, L::kLdH);
-        wmma::load_matrix_sync(b, ks + tn * 16 * L::kLdH + kk, L::kLdH);
-        wmma::mma_sync(acc, a, b, acc);
+    for (int nt = 0; nt < kBlockN / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int nt = 0; nt < kBlockN / 8; ++nt) {
+        const uint32_t* kr = ks + (8 * nt + g) * L::kKsLd + 8 * kk + t;
+        const uint32_t b[2] = {kr[0], kr[4]};
+        MmaF16(s[nt], qf[kk], b);
       }
-      wmma::store_matrix_sync(ss + tm * 16 * L::kLdS + tn * 16, acc, L::kLdS, wmma::mem_row_major);
     }
-    __syncthreads();
 
-    // Online softmax: warp w owns rows 8w … 8w+7, lane owns columns lane and lane + 32.
-    for (int rr = 0; rr < kBlockM / kFlashWarps; ++rr) {
-      const int r = warp * (kBlockM / kFlashWarps) + rr;
-      const int i = q0 + r;
-      float s[2];
-      bool vis[2];
-      float m_tile = -INFINITY;
+    // Scale, mask, and the rows' new maxima (a row's four lanes hold its 64 keys).
+    const bool mask = p.q_doc != nullptr || j0 + kBlockN > first_end;
+    float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int j = j0 + lane + 32 * u;
-        vis[u] = r < rows && j < p.num_keys && Visible(p, i, j);
-        s[u] = vis[u] ? ss[r * L::kLdS + lane + 32 * u] * p.scale : -INFINITY;
-        m_tile = fmaxf(m_tile, s[u]);
-      }
-      m_tile = WarpReduce(m_tile, MaxOp());
-      const float m_old = row_m[r];
-      const float m_new = fmaxf(m_old, m_tile);
-      // m_old = −∞: nothing seen yet, O and l are 0 (and m_new may still be −∞).
-      const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-      float l_tile = 0.0f;
+    for (int nt = 0; nt < kBlockN / 8; ++nt) {
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const float pj = vis[u] ? expf(s[u] - m_new) : 0.0f;
-        ps[r * L::kLdP + lane + 32 * u] = __float2half_rn(pj);
-        l_tile += pj;
-      }
-      l_tile = WarpReduce(l_tile, SumOp());
-      if (lane == 0) {
-        row_m[r] = m_new;
-        row_l[r] = row_l[r] * alpha + l_tile;
-        row_alpha[r] = alpha;
+      for (int e = 0; e < 4; ++e) {
+        float x = s[nt][e] * c;
+        if (mask) {
+          const int i = row_i[e / 2], j = j0 + 8 * nt + 2 * t + e % 2;
+          // Rows past the end see every key (their q is zero; they are never written).
+          if (j >= p.num_keys || (i < p.num_queries && !Visible(p, i, j))) x = -INFINITY;
+        }
+        s[nt][e] = x;
+        mt[e / 2] = fmaxf(mt[e / 2], x);
       }
     }
-    __syncthreads();
-    for (int idx = tid; idx < kBlockM * D; idx += blockDim.x) {
-      const int r = idx / D;
-      os[r * L::kLdO + idx % D] *= row_alpha[r];
+    float m_use[2], alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
+      mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
+      const float m_new = fmaxf(m[r], mt[r]);
+      // Nothing seen yet (m_new = −∞): p and α must be 0, not 2^(−∞ + ∞).
+      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[r] = exp2f(m[r] - m_use[r]);
+      m[r] = m_new;
+      l[r] *= alpha[r];  // this lane's share of the row sum; the four are added at the end
     }
-    __syncthreads();
+#pragma unroll
+    for (int nt = 0; nt < kBlockN / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = exp2f(s[nt][e] - m_use[e / 2]);
+        l[e / 2] += s[nt][e];
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      o[nt][0] *= alpha[0];
+      o[nt][1] *= alpha[0];
+      o[nt][2] *= alpha[1];
+      o[nt][3] *= alpha[1];
+    }
 
-    // O += P·V: (64/16)·(D/16) tiles spread over the warps.
-    for (int t = warp; t < (kBlockM / 16) * (D / 16); t += kFlashWarps) {
-      const int tm = t / (D / 16), tn = t % (D / 16);
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::load_matrix_sync(acc, os + tm * 16 * L::kLdO + tn * 16, L::kLdO, wmma::mem_row_major);
+    // O += P·V: P's A fragment for keys 16kk … 16kk+15 is S tiles 2kk and 2kk + 1.
 #pragma unroll
-      for (int kk = 0; kk < kBlockN; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
-        wmma::load_matrix_sync(a, ps + tm * 16 * L::kLdP + kk, L::kLdP);
-        wmma::load_matrix_sync(b, vs + kk * L::kLdH + tn * 16, L::kLdH);
-        wmma::mma_sync(acc, a, b, acc);
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t a[4] = {PackHalf2(s[2 * kk][0], s[2 * kk][1]),
+                             PackHalf2(s[2 * kk][2], s[2 * kk][3]),
+                             PackHalf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             PackHalf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int nt = 0; nt < D / 8; ++nt) {
+        const uint32_t* vr = vt + (8 * nt + g) * L::kVtLd + 8 * kk + t;
+        const uint32_t b[2] = {vr[0], vr[4]};
+        MmaF16(o[nt], a, b);
       }
-      wmma::store_matrix_sync(os + tm * 16 * L::kLdO + tn * 16, acc, L::kLdO, wmma::mem_row_major);
     }
   }
-  __syncthreads();
+
   // Every real row saw a key (checked on the host), so l > 0.
-  for (int idx = tid; idx < rows * D; idx += blockDim.x) {
-    const int r = idx / D, c = idx % D;
-    p.out[static_cast<int64_t>(q0 + r) * p.out_stride + static_cast<int64_t>(h) * D + c] =
-        os[r * L::kLdO + c] / row_l[r];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int i = row_i[r];
+    if (i >= p.num_queries) continue;
+    const float inv = 1.0f / l[r];
+    float* out = p.out + static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      out[8 * nt + 2 * t] = o[nt][2 * r] * inv;
+      out[8 * nt + 2 * t + 1] = o[nt][2 * r + 1] * inv;
+    }
   }
 }
 
 template <int D>
 absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
   constexpr size_t kBytes = FlashSmem<D>::kBytes;
-  KVLENS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(FlashPrefillKernel<D>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(kBytes)));
+  static_assert(kBytes <= 48 * 1024, "over the default dynamic shared memory limit");
+  const bool vec = p.kv_row_stride % 4 == 0 && reinterpret_cast<uintptr_t>(p.k) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
+  auto* kernel = vec ? FlashPrefillKernel<D, true> : FlashPrefillKernel<D, false>;
   const dim3 grid((p.num_queries + kBlockM - 1) / kBlockM, p.num_heads);
-  FlashPrefillKernel<D><<<grid, kFlashWarps * 32, kBytes, stream>>>(p);
+  kernel<<<grid, kFlashWarps * 32, kBytes, stream>>>(p);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("FlashPrefillKernel");
   return absl::OkStatus();
 }
@@ -226,20 +284,6 @@ struct SplitKvShape {
   static constexpr int kMaxDim = 128 * C;
   static_assert(kSums == 16 || kSums == 32, "SumAcrossLanes needs 16 or 32 values");
 };
-
-__device__ __forceinline__ float4 Zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
-
-// row[d … d+3], zero past D. Vectorised: D % 4 == 0 and row 16-byte aligned.
-template <bool kVec>
-__device__ __forceinline__ float4 Load4(const float* row, int d, int D) {
-  if (d >= D) return Zero4();
-  if constexpr (kVec) {
-    return *reinterpret_cast<const float4*>(row + d);
-  } else {
-    return make_float4(row[d], d + 1 < D ? row[d + 1] : 0.0f, d + 2 < D ? row[d + 2] : 0.0f,
-                       d + 3 < D ? row[d + 3] : 0.0f);
-  }
-}
 
 __device__ __forceinline__ float Dot4(float4 a, float4 b) {
   return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
@@ -492,17 +536,23 @@ __global__ void __launch_bounds__(kMaterializedThreads)
 
 }  // namespace
 
-bool FlashPrefillSupports(int head_dim) { return head_dim == 64 || head_dim == 128; }
+bool FlashPrefillSupports(int head_dim) {
+  return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
+}
 
 absl::Status LaunchFlashPrefill(const AttentionParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
     case 64:
       return LaunchFlash<64>(p, stream);
+    case 80:
+      return LaunchFlash<80>(p, stream);
+    case 96:
+      return LaunchFlash<96>(p, stream);
     case 128:
       return LaunchFlash<128>(p, stream);
     default:
       return absl::InvalidArgumentError(
-          absl::StrCat("flash prefill supports head_dim 64 and 128, got ", p.head_dim));
+          absl::StrCat("flash prefill supports head_dim 64, 80, 96 and 128, got ", p.head_dim));
   }
 }
 

@@ -2,9 +2,10 @@
 // CudaBackend validates the call on the host first (attention_check.h, including the "row
 // with no visible key" error), uploads the block table and document ids, and picks one:
 //
-//   flash prefill   Dh 64 or 128, Tq >= kFlashMinQueries: tiles of 64 queries × 64 keys,
-//                   Q·Kᵀ and P·V on fp16 tensor cores (WMMA) with fp32 accumulation,
-//                   online softmax in fp32; never the full Tq×Tk matrix.
+//   flash prefill   Dh 64, 80, 96 or 128, Tq >= kFlashMinQueries: 64 queries × 64 keys,
+//                   Q·Kᵀ and P·V on fp16 tensor cores (mma.sync) with fp32 accumulation,
+//                   online softmax in fp32, S, P and O in registers; never the full Tq×Tk
+//                   matrix.
 //   split-KV        any Dh <= 256, any Tq (decode, short chunks, other head sizes): fp32,
 //                   one block per (query, KV head, key split); its four warps take turns
 //                   over the keys and each K/V row is read once for all the GQA group's

@@ -21,6 +21,7 @@ struct AttnShape {
   bool causal = true;
   std::vector<int> doc_lengths;  // documents packed in order over the Tk keys; empty: none
   int block_size = 16;
+  int kv_pad = 4;          // floats past a cache row's heads (not a multiple of 4: scalar loads)
   bool want_maps = false;  // request probs and scores (materialising kernel)
   bool want_probs_only = false;
 };
@@ -89,7 +90,7 @@ inline AttnInputs MakeAttnInputs(const AttnShape& s, std::mt19937_64& rng) {
   in.q_width = int64_t{s.heads} * s.dh;
   in.kv_width = int64_t{s.kv_heads} * s.dh;
   in.q_stride = in.q_width + 8;
-  in.kv_stride = in.kv_width + 4;
+  in.kv_stride = in.kv_width + s.kv_pad;
   in.scale = 1.0 / std::sqrt(static_cast<double>(s.dh));
   in.q = kernels::testing::RandomFloatExact(rng, size_t(s.tq) * in.q_width, -2, 2);
   in.k = kernels::testing::RandomFloatExact(rng, size_t(s.tk) * in.kv_width, -2, 2);
@@ -375,6 +376,16 @@ inline std::vector<AttnShape> AttentionShapes() {
        .dh = 64,
        .causal = false,
        .doc_lengths = {10, 54}});
+  // Keys end mid-tile without a causal mask; cache rows 3 floats apart past the heads, so
+  // the flash kernel's K/V tile loads go float by float.
+  add({.label = "prefill non-causal odd stride GQA 4/2",
+       .tq = 90,
+       .tk = 77,
+       .heads = 4,
+       .kv_heads = 2,
+       .dh = 128,
+       .causal = false,
+       .kv_pad = 3});
   add({.label = "chunk with docs and offset",
        .tq = 40,
        .tk = 100,
@@ -406,12 +417,25 @@ inline std::vector<AttnShape> AttentionShapes() {
        .kv_heads = 2,
        .dh = 128,
        .offset = 595});
-  add({.label = "fallback head size 80",
+  add({.label = "prefill head size 80 GQA 4/2",
        .tq = 100,
        .tk = 100,
        .heads = 4,
        .kv_heads = 2,
        .dh = 80});
+  add({.label = "prefill head size 96 offset",
+       .tq = 33,
+       .tk = 120,
+       .heads = 3,
+       .kv_heads = 3,
+       .dh = 96,
+       .offset = 87});
+  add({.label = "fallback head size 256 prefill",
+       .tq = 40,
+       .tk = 40,
+       .heads = 2,
+       .kv_heads = 1,
+       .dh = 256});
   add({.label = "fallback head size 256 decode",
        .tq = 3,
        .tk = 700,

@@ -8,6 +8,7 @@
 #ifndef KVLENS_TESTS_KERNELS_CUDA_EMU_EMU_DEVICE_H_
 #define KVLENS_TESTS_KERNELS_CUDA_EMU_EMU_DEVICE_H_
 
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -42,7 +43,7 @@ void SyncWarp();
 uint64_t WarpExchange(uint64_t bits, int src_lane);
 int LaneId();
 void* DynamicShared();
-// 768 floats per warp for the WMMA emulation (mma.h).
+// 768 floats per warp for the tensor-core emulation (MmaM16N8K16F16).
 float* WarpScratch();
 
 struct LaunchConfig {
@@ -107,6 +108,43 @@ T Exchange(T v, int src_lane) {
   bits = WarpExchange(bits, src_lane);
   std::memcpy(&v, &bits, sizeof(T));
   return v;
+}
+
+// PTX `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` (kernels/cuda/mma_sync.cuh):
+// d += a·b for a 16×16 fp16 A, a 16×8 fp16 B and a 16×8 fp32 accumulator, with the
+// fragment layout of the PTX ISA ("Matrix Fragments for mma.m16n8k16 with floating point
+// type"). With g = lane / 4 and t = lane % 4, the lane holds
+//   a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]
+//   a[3] = A[g+8][2t+8, 2t+9]                       (low half first in each register)
+//   b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g]
+//   d[0..1] = D[g][2t, 2t+1]   d[2..3] = D[g+8][2t, 2t+1]
+// A warp collective: the lanes pool A and B in the warp's scratch, each computes its four
+// outputs in fp32 (products of halves are exact in fp32), and the warp meets again before
+// the scratch is reused.
+inline void MmaM16N8K16F16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  auto half = [](uint32_t reg, int upper) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(reg >> (16 * upper))));
+  };
+  float* s = WarpScratch();  // A [16][16], B [16][8]
+  const int g = LaneId() / 4, t = LaneId() % 4;
+  for (int e = 0; e < 2; ++e) {
+    s[g * 16 + 2 * t + e] = half(a[0], e);
+    s[(g + 8) * 16 + 2 * t + e] = half(a[1], e);
+    s[g * 16 + 2 * t + 8 + e] = half(a[2], e);
+    s[(g + 8) * 16 + 2 * t + 8 + e] = half(a[3], e);
+    s[256 + (2 * t + e) * 8 + g] = half(b[0], e);
+    s[256 + (2 * t + 8 + e) * 8 + g] = half(b[1], e);
+  }
+  SyncWarp();
+  float out[4];
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+    float acc = d[e];
+    for (int k = 0; k < 16; ++k) acc += s[row * 16 + k] * s[256 + k * 8 + col];
+    out[e] = acc;
+  }
+  SyncWarp();
+  for (int e = 0; e < 4; ++e) d[e] = out[e];
 }
 
 }  // namespace kvlens_emu

@@ -1,19 +1,20 @@
 // The CUDA emulator's own contract, each check against values worked out by hand: a block
 // barrier orders shared-memory writes before reads; warp shuffles and the block reduction
-// of kernels/cuda/reduce.cuh give the exact sums; WMMA tiles multiply like a naive loop
-// (row- and column-major); a divergent __syncthreads, an oversized block, dynamic shared
-// memory over the limit, a host pointer passed as a kernel argument and a wrong-direction
-// copy all fail as on a GPU; reading past an allocation faults.
+// of kernels/cuda/reduce.cuh give the exact sums; an mma.sync tile (mma_sync.cuh) loaded
+// by the PTX ISA's fragment formulas multiplies like a naive loop; a divergent
+// __syncthreads, an oversized block, dynamic shared memory over the limit, a host pointer
+// passed as a kernel argument and a wrong-direction copy all fail as on a GPU; reading past
+// an allocation faults.
 // clang-format off
 #include "tests/kernels/cuda/emu/emu_device.h"  // first: the device keywords reduce.cuh uses
 // clang-format on
 #include <cuda_runtime_api.h>
-#include <mma.h>
 
 #include <cmath>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace kvlens::kernels::cuda {
@@ -57,20 +58,28 @@ void EmptyKernel(float*) {}
 
 void ReadPastEndKernel(const float* in, int n, float* out) { out[0] = in[n]; }
 
-namespace wmma = nvcuda::wmma;
-
-// D = A·B + C for one 16×16×16 tile; A row-major, B column-major (as the flash kernel reads
-// Kᵀ), C and D row-major.
-void MmaKernel(const __half* a, const __half* b, const float* c, float* d) {
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
-  wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-  wmma::load_matrix_sync(fa, a, 16);
-  wmma::load_matrix_sync(fb, b, 16);
-  wmma::load_matrix_sync(acc, c, 16, wmma::mem_row_major);
-  for (int t = 0; t < acc.num_elements; ++t) acc.x[t] *= 2.0f;  // element-wise: 2C
-  wmma::mma_sync(acc, fa, fb, acc);
-  wmma::store_matrix_sync(d, acc, 16, wmma::mem_row_major);
+// D = A·B + 2C for one m16n8k16 tile through kernels/cuda/mma_sync.cuh, every lane
+// loading and storing its fragments by the PTX ISA's formulas for element i (row-major A
+// [16][16], B [16][8], C and D [16][8]):
+//   A: row = g for i in {0, 1, 4, 5}, else g + 8;   col = 2t + (i & 1) + (i >= 4 ? 8 : 0)
+//   B: row = 2t + (i & 1) + (i >= 2 ? 8 : 0);         col = g
+//   C: row = g + (i >= 2 ? 8 : 0);                    col = 2t + (i & 1)
+void MmaSyncKernel(const __half* a, const __half* b, const float* c, float* d) {
+  const int g = threadIdx.x / 4, t = threadIdx.x % 4;
+  uint32_t fa[4], fb[2];
+  float acc[4];
+  for (int i = 0; i < 8; i += 2) {
+    const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+    const int col = 2 * t + (i >= 4 ? 8 : 0);
+    fa[i / 2] = PackHalf2(__half2float(a[row * 16 + col]), __half2float(a[row * 16 + col + 1]));
+  }
+  for (int i = 0; i < 4; i += 2) {
+    const int row = 2 * t + (i >= 2 ? 8 : 0);
+    fb[i / 2] = PackHalf2(__half2float(b[row * 8 + g]), __half2float(b[(row + 1) * 8 + g]));
+  }
+  for (int i = 0; i < 4; ++i) acc[i] = 2.0f * c[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)];
+  MmaF16(acc, fa, fb);
+  for (int i = 0; i < 4; ++i) d[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)] = acc[i];
 }
 
 template <typename T>
@@ -123,13 +132,15 @@ TEST(CudaEmulator, ShufflesReadTheNamedLane) {
   cudaFree(d);
 }
 
-TEST(CudaEmulator, WmmaTileEqualsNaiveProduct) {
-  std::vector<__half> a(256), b(256);
-  std::vector<float> c(256), fa(256), fb(256);
+TEST(CudaEmulator, MmaSyncTileEqualsNaiveProduct) {
+  std::vector<__half> a(256), b(128);
+  std::vector<float> c(128), fa(256), fb(128);
   for (int i = 0; i < 256; ++i) {
     a[i] = __float2half_rn(static_cast<float>((i * 7) % 13) - 6.0f);  // small integers:
-    b[i] = __float2half_rn(static_cast<float>((i * 5) % 11) - 5.0f);  // exact in fp16/fp32
-    fa[i] = __half2float(a[i]);
+    fa[i] = __half2float(a[i]);                                       // exact in fp16/fp32
+  }
+  for (int i = 0; i < 128; ++i) {
+    b[i] = __float2half_rn(static_cast<float>((i * 5) % 11) - 5.0f);
     fb[i] = __half2float(b[i]);
     c[i] = static_cast<float>(i % 9);
   }
@@ -137,15 +148,15 @@ TEST(CudaEmulator, WmmaTileEqualsNaiveProduct) {
   __half* db = DeviceCopy(b);
   float* dc = DeviceCopy(c);
   float* dd = nullptr;
-  ASSERT_EQ(cudaMalloc(&dd, 256 * sizeof(float)), cudaSuccess);
-  ::kvlens_emu::Launch(MmaKernel, "MmaKernel", 1, 32)(da, db, dc, dd);
+  ASSERT_EQ(cudaMalloc(&dd, 128 * sizeof(float)), cudaSuccess);
+  ::kvlens_emu::Launch(MmaSyncKernel, "MmaSyncKernel", 1, 32)(da, db, dc, dd);
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  const std::vector<float> d = HostCopy(dd, 256);
+  const std::vector<float> d = HostCopy(dd, 128);
   for (int r = 0; r < 16; ++r) {
-    for (int n = 0; n < 16; ++n) {
-      float want = 2.0f * c[r * 16 + n];
-      for (int k = 0; k < 16; ++k) want += fa[r * 16 + k] * fb[n * 16 + k];  // B col-major
-      EXPECT_EQ(d[r * 16 + n], want) << r << ", " << n;
+    for (int n = 0; n < 8; ++n) {
+      float want = 2.0f * c[r * 8 + n];
+      for (int k = 0; k < 16; ++k) want += fa[r * 16 + k] * fb[k * 8 + n];
+      EXPECT_EQ(d[r * 8 + n], want) << r << ", " << n;
     }
   }
   cudaFree(da);

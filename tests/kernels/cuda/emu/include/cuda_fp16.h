@@ -15,5 +15,6 @@ inline __half __float2half_rn(float f) { return {::kvlens::kernels::F32ToF16(f)}
 inline __half __float2half(float f) { return __float2half_rn(f); }
 inline float __half2float(__half h) { return ::kvlens::kernels::F16ToF32(h.bits); }
 inline __half __ushort_as_half(unsigned short bits) { return {bits}; }
+inline unsigned short __half_as_ushort(__half h) { return h.bits; }
 
 #endif  // KVLENS_TESTS_KERNELS_CUDA_EMU_INCLUDE_CUDA_FP16_H_
