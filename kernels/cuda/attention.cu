@@ -72,8 +72,15 @@ __device__ __forceinline__ void LoadKvTile(const AttentionParams& p, int kvh, in
                ? base + PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(kvh) * D
                : nullptr;
   };
+  constexpr int kThreads = kFlashWarps * 32;
+  static_assert(kBlockN * kPieces % kThreads == 0 && kBlockN / 2 * kPieces % kThreads == 0);
+  // Fixed trip counts unrolled by 8: the loads of 8 pieces are issued before the stores
+  // that wait for them (not one round trip to L2 per piece). Full unrolling hoists every
+  // load of the tile and spills at Dh 128.
   // K: consecutive threads take consecutive pieces of a row (coalesced).
-  for (int idx = threadIdx.x; idx < kBlockN * kPieces; idx += blockDim.x) {
+#pragma unroll 8
+  for (int it = 0; it < kBlockN * kPieces / kThreads; ++it) {
+    const int idx = static_cast<int>(threadIdx.x) + it * kThreads;
     const int r = idx / kPieces, c = idx % kPieces;
     const float* k = row(p.k, j0 + r);
     const float4 x = k != nullptr ? Load4<kVec>(k, 4 * c, D) : Zero4();
@@ -83,7 +90,9 @@ __device__ __forceinline__ void LoadKvTile(const AttentionParams& p, int kvh, in
   }
   // V transposed: a thread takes keys 2jp and 2jp + 1 at four dims and writes four words
   // (a key pair each); four consecutive threads read 64 bytes of each row.
-  for (int idx = threadIdx.x; idx < (kBlockN / 2) * kPieces; idx += blockDim.x) {
+#pragma unroll 4
+  for (int it = 0; it < kBlockN / 2 * kPieces / kThreads; ++it) {
+    const int idx = static_cast<int>(threadIdx.x) + it * kThreads;
     const int c = idx % 4 + 4 * (idx / (4 * (kBlockN / 2)));
     const int jp = (idx / 4) % (kBlockN / 2);
     const float* v0 = row(p.v, j0 + 2 * jp);
@@ -99,7 +108,7 @@ __device__ __forceinline__ void LoadKvTile(const AttentionParams& p, int kvh, in
 }
 
 template <int D, bool kVec>
-__global__ void __launch_bounds__(kFlashWarps * 32) FlashPrefillKernel(AttentionParams p) {
+__global__ void __launch_bounds__(kFlashWarps * 32, 3) FlashPrefillKernel(AttentionParams p) {
   using L = FlashSmem<D>;
   extern __shared__ __align__(16) uint32_t flash_smem[];
   uint32_t* ks = flash_smem;
