@@ -51,6 +51,7 @@ __device__ __forceinline__ float4 Load4(const float* row, int d, int D) {
 constexpr int kFlashWarps = 4;
 constexpr int kBlockM = 16 * kFlashWarps;
 constexpr int kBlockN = 64;
+static_assert(kBlockM == kFlashTileQueries, "attention.h's tile size for batched launches");
 
 template <int D>
 struct FlashSmem {
@@ -60,17 +61,44 @@ struct FlashSmem {
   static constexpr size_t kBytes = sizeof(uint32_t) * (kBlockN * kKsLd + D * kVtLd);
 };
 
+// What one block works on: rows q0 … q0 + rows − 1 of a sequence of num_queries rows
+// (query_offset, num_keys) whose q, out and block table start at q, out and table; a
+// batched launch's tile is a sequence of its own (q0 = 0).
+struct FlashSeq {
+  const float* q;
+  float* out;
+  const int32_t* table;
+  int q0, rows, num_queries, num_keys, query_offset;
+};
+
+__device__ __forceinline__ FlashSeq FlashSeqOf(const AttentionParams& p) {
+  if (p.flash_tiles == nullptr) {
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;  // longest causal rows first
+    return {p.q,           p.out,      p.block_table, q0, min(kBlockM, p.num_queries - q0),
+            p.num_queries, p.num_keys, p.query_offset};
+  }
+  const int32_t* t = p.flash_tiles + kFlashTileInts * blockIdx.x;
+  return {p.q + static_cast<int64_t>(t[0]) * p.q_stride,
+          p.out + static_cast<int64_t>(t[0]) * p.out_stride,
+          p.block_table + t[4],
+          0,
+          t[1],
+          t[1],
+          t[3],
+          t[2]};
+}
+
 // K and V rows j0 … j0+63 of KV head kvh into Ks and Vt (zeros past num_keys, which are
 // never read).
 template <int D, bool kVec>
-__device__ __forceinline__ void LoadKvTile(const AttentionParams& p, int kvh, int j0, uint32_t* ks,
-                                           uint32_t* vt) {
+__device__ __forceinline__ void LoadKvTile(const AttentionParams& p, const FlashSeq& seq, int kvh,
+                                           int j0, uint32_t* ks, uint32_t* vt) {
   using L = FlashSmem<D>;
   constexpr int kPieces = D / 4;  // float4 pieces of a head's row
   auto row = [&](const float* base, int j) -> const float* {
-    return j < p.num_keys
-               ? base + PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(kvh) * D
-               : nullptr;
+    return j < seq.num_keys ? base + PhysicalRowIn(seq.table, p.block_size, j) * p.kv_row_stride +
+                                  static_cast<int64_t>(kvh) * D
+                            : nullptr;
   };
   constexpr int kThreads = kFlashWarps * 32;
   static_assert(kBlockN * kPieces % kThreads == 0 && kBlockN / 2 * kPieces % kThreads == 0);
@@ -116,10 +144,10 @@ __global__ void __launch_bounds__(kFlashWarps * 32, 3) FlashPrefillKernel(Attent
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;  // longest causal rows first
+  const FlashSeq seq = FlashSeqOf(p);
+  const int q0 = seq.q0, rows = seq.rows;
   const int h = blockIdx.y;
   const int kvh = h / (p.num_heads / p.num_kv_heads);
-  const int rows = min(kBlockM, p.num_queries - q0);
   // The lane's two rows: fragment rows g and g + 8 of its warp's 16.
   const int row_i[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
 
@@ -132,8 +160,8 @@ __global__ void __launch_bounds__(kFlashWarps * 32, 3) FlashPrefillKernel(Attent
     for (int r = 0; r < 4; ++r) {
       const int i = row_i[r % 2], d = 16 * kk + 2 * t + 8 * (r / 2);
       float x0 = 0.0f, x1 = 0.0f;
-      if (i < p.num_queries) {
-        const float* q = p.q + static_cast<int64_t>(i) * p.q_stride + static_cast<int64_t>(h) * D;
+      if (i < seq.num_queries) {
+        const float* q = seq.q + static_cast<int64_t>(i) * p.q_stride + static_cast<int64_t>(h) * D;
         x0 = q[d];
         x1 = q[d + 1];
       }
@@ -149,16 +177,14 @@ __global__ void __launch_bounds__(kFlashWarps * 32, 3) FlashPrefillKernel(Attent
 
   // The last row, q0 + rows − 1, sees keys up to query_offset + q0 + rows − 1; the first
   // row sees every key below first_end (so do all the block's rows, without documents).
-  const int64_t num_keys = p.num_keys;
+  const int64_t num_keys = seq.num_keys, query_offset = seq.query_offset;
   const int key_end =
-      p.causal ? static_cast<int>(min(num_keys, static_cast<int64_t>(p.query_offset) + q0 + rows))
-               : p.num_keys;
-  const int64_t first_end =
-      p.causal ? min(num_keys, static_cast<int64_t>(p.query_offset) + q0 + 1) : num_keys;
+      p.causal ? static_cast<int>(min(num_keys, query_offset + q0 + rows)) : seq.num_keys;
+  const int64_t first_end = p.causal ? min(num_keys, query_offset + q0 + 1) : num_keys;
 
   for (int j0 = 0; j0 < key_end; j0 += kBlockN) {
     __syncthreads();  // every warp is done with the previous tile
-    LoadKvTile<D, kVec>(p, kvh, j0, ks, vt);
+    LoadKvTile<D, kVec>(p, seq, kvh, j0, ks, vt);
     __syncthreads();
 
     // S = Q·Kᵀ: 8 accumulator tiles of 16 rows × 8 keys.
@@ -186,7 +212,9 @@ __global__ void __launch_bounds__(kFlashWarps * 32, 3) FlashPrefillKernel(Attent
         if (mask) {
           const int i = row_i[e / 2], j = j0 + 8 * nt + 2 * t + e % 2;
           // Rows past the end see every key (their q is zero; they are never written).
-          if (j >= p.num_keys || (i < p.num_queries && !Visible(p, i, j))) x = -INFINITY;
+          const bool visible = (!p.causal || j <= query_offset + i) &&
+                               (p.q_doc == nullptr || p.q_doc[i] == p.k_doc[j]);
+          if (j >= num_keys || (i < seq.num_queries && !visible)) x = -INFINITY;
         }
         s[nt][e] = x;
         mt[e / 2] = fmaxf(mt[e / 2], x);
@@ -242,9 +270,9 @@ __global__ void __launch_bounds__(kFlashWarps * 32, 3) FlashPrefillKernel(Attent
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     const int i = row_i[r];
-    if (i >= p.num_queries) continue;
+    if (i >= seq.num_queries) continue;
     const float inv = 1.0f / l[r];
-    float* out = p.out + static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D;
+    float* out = seq.out + static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D;
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) {
       out[8 * nt + 2 * t] = o[nt][2 * r] * inv;
@@ -260,7 +288,9 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
   const bool vec = p.kv_row_stride % 4 == 0 && reinterpret_cast<uintptr_t>(p.k) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
   auto* kernel = vec ? FlashPrefillKernel<D, true> : FlashPrefillKernel<D, false>;
-  const dim3 grid((p.num_queries + kBlockM - 1) / kBlockM, p.num_heads);
+  const int tiles =
+      p.flash_tiles != nullptr ? p.num_flash_tiles : (p.num_queries + kBlockM - 1) / kBlockM;
+  const dim3 grid(tiles, p.num_heads);
   kernel<<<grid, kFlashWarps * 32, kBytes, stream>>>(p);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("FlashPrefillKernel");
   return absl::OkStatus();

@@ -50,9 +50,18 @@ struct AttentionParams {
   // block_table. num_keys is then the largest key end; query_offset and causal are unused.
   const int32_t* row_key_end = nullptr;
   const int32_t* row_table_offset = nullptr;
+  // Several sequences in one flash launch (CudaBackend::AttentionBatch): one block per
+  // tile of at most kFlashTileQueries rows of one sequence, kFlashTileInts each:
+  //   {first q and out row, rows, query_offset of that row, num_keys, block-table offset}
+  // in the order the blocks should start (longest first). num_queries, num_keys and
+  // query_offset are then unused; documents are not supported.
+  const int32_t* flash_tiles = nullptr;
+  int num_flash_tiles = 0;
 };
 
 inline constexpr int kFlashMinQueries = 32;
+inline constexpr int kFlashTileQueries = 64;
+inline constexpr int kFlashTileInts = 5;
 inline constexpr int kSplitKvMaxHeadDim = 256;
 
 bool FlashPrefillSupports(int head_dim);

@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <unordered_map>
@@ -461,6 +462,11 @@ void CudaBackend::StoreKv(const float* k, const float* v, int n, int64_t src_str
 
 namespace {
 
+// Whether `a` (without probs or scores) runs on the flash prefill kernel.
+bool TakesFlash(const AttentionArgs<float>& a) {
+  return a.num_queries >= kFlashMinQueries && FlashPrefillSupports(a.head_dim);
+}
+
 // The kernels' parameters for `a`, index arrays not yet uploaded (all null).
 AttentionParams HostParams(const AttentionArgs<float>& a) {
   AttentionParams p;
@@ -543,9 +549,7 @@ absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {
     }
     return LaunchMaterialized(p, scores, probs, stream_);
   }
-  if (a.num_queries >= kFlashMinQueries && FlashPrefillSupports(a.head_dim)) {
-    return LaunchFlashPrefill(p, stream_);
-  }
+  if (TakesFlash(a)) return LaunchFlashPrefill(p, stream_);
   if (a.head_dim > kSplitKvMaxHeadDim) {
     return absl::InvalidArgumentError(absl::StrCat("AttentionArgs.head_dim ", a.head_dim,
                                                    " is not supported by the CUDA "
@@ -565,11 +569,16 @@ absl::Status CudaBackend::Attention(const AttentionArgs<float>& args) {
 
 namespace {
 
-// Whether one split-KV launch may take call `a` (after its checks passed).
-bool Batchable(const AttentionArgs<float>& a) {
-  return a.probs == nullptr && a.scores == nullptr && a.q_doc_ids == nullptr && a.causal &&
-         a.kv.block_table != nullptr && a.head_dim <= kSplitKvMaxHeadDim &&
-         !(a.num_queries >= kFlashMinQueries && FlashPrefillSupports(a.head_dim));
+// Which batched launch may take call `a` (after its checks passed) with others: paged,
+// causal, no documents, no maps; the flash kernel's or the split-KV kernel's.
+enum class BatchKind { kNone, kSplitKv, kFlash };
+BatchKind BatchKindOf(const AttentionArgs<float>& a) {
+  if (a.probs != nullptr || a.scores != nullptr || a.q_doc_ids != nullptr || !a.causal ||
+      a.kv.block_table == nullptr) {
+    return BatchKind::kNone;
+  }
+  if (TakesFlash(a)) return BatchKind::kFlash;
+  return a.head_dim <= kSplitKvMaxHeadDim ? BatchKind::kSplitKv : BatchKind::kNone;
 }
 
 // Whether `a` continues the run that starts with `first` and has `rows` query rows so far:
@@ -590,7 +599,7 @@ bool Continues(const AttentionArgs<float>& first, int rows, const AttentionArgs<
 
 }  // namespace
 
-absl::Status CudaBackend::LaunchBatched(absl::Span<const AttentionArgs<float>> calls) {
+absl::Status CudaBackend::LaunchSplitKvBatched(absl::Span<const AttentionArgs<float>> calls) {
   // One upload: [every call's blocks | key end of each row | table offset of each row].
   std::vector<int32_t>& packed = index_pack_;
   packed.clear();
@@ -622,6 +631,39 @@ absl::Status CudaBackend::LaunchBatched(absl::Span<const AttentionArgs<float>> c
   return SplitKv(p);
 }
 
+absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<float>> calls) {
+  // One upload: [every call's blocks | the tiles, longest causal key range first].
+  std::vector<int32_t>& packed = index_pack_;
+  packed.clear();
+  std::vector<std::array<int32_t, kFlashTileInts>> tiles;
+  int row0 = 0;
+  for (const AttentionArgs<float>& a : calls) {
+    const int offset = static_cast<int>(packed.size());
+    const int blocks = (a.num_keys + a.kv.block_size - 1) / a.kv.block_size;
+    packed.insert(packed.end(), a.kv.block_table, a.kv.block_table + blocks);
+    for (int t0 = 0; t0 < a.num_queries; t0 += kFlashTileQueries) {
+      tiles.push_back({row0 + t0, std::min(kFlashTileQueries, a.num_queries - t0),
+                       a.query_offset + t0, a.num_keys, offset});
+    }
+    row0 += a.num_queries;
+  }
+  auto work = [](const std::array<int32_t, kFlashTileInts>& t) {
+    return std::min<int64_t>(t[3], int64_t{t[2]} + t[1]);  // keys the tile's last row sees
+  };
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [&](const auto& x, const auto& y) { return work(x) > work(y); });
+  const int tables = static_cast<int>(packed.size());
+  for (const auto& t : tiles) packed.insert(packed.end(), t.begin(), t.end());
+  absl::StatusOr<const void*> d = UploadIndices(packed.data(), sizeof(int32_t) * packed.size());
+  if (!d.ok()) return d.status();
+  const int32_t* base = static_cast<const int32_t*>(*d);
+  AttentionParams p = HostParams(calls.front());
+  p.block_table = base;
+  p.flash_tiles = base + tables;
+  p.num_flash_tiles = static_cast<int>(tiles.size());
+  return LaunchFlashPrefill(p, stream_);
+}
+
 absl::Status CudaBackend::AttentionBatch(absl::Span<const AttentionArgs<float>> calls,
                                          int* failed) {
   *failed = 0;
@@ -637,15 +679,18 @@ absl::Status CudaBackend::AttentionBatch(absl::Span<const AttentionArgs<float>> 
   while (begin < calls.size()) {
     size_t end = begin + 1;
     int rows = calls[begin].num_queries;
-    if (Batchable(calls[begin])) {
-      while (end < calls.size() && Batchable(calls[end]) &&
+    const BatchKind kind = BatchKindOf(calls[begin]);
+    if (kind != BatchKind::kNone) {
+      while (end < calls.size() && BatchKindOf(calls[end]) == kind &&
              Continues(calls[begin], rows, calls[end])) {
         rows += calls[end].num_queries;
         ++end;
       }
     }
-    const absl::Status s = end - begin > 1 ? LaunchBatched(calls.subspan(begin, end - begin))
-                                           : AttentionChecked(calls[begin]);
+    const absl::Span<const AttentionArgs<float>> run = calls.subspan(begin, end - begin);
+    const absl::Status s = run.size() == 1             ? AttentionChecked(run.front())
+                           : kind == BatchKind::kFlash ? LaunchFlashBatched(run)
+                                                       : LaunchSplitKvBatched(run);
     if (!s.ok()) {
       *failed = static_cast<int>(begin);
       if (s.code() != absl::StatusCode::kInvalidArgument) Ok(s);

@@ -143,9 +143,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
                int64_t cache_stride) override;
   absl::Status Attention(const AttentionArgs<float>& args) override;
   // Every call's host-side checks first (nothing runs if one fails). Then runs of
-  // consecutive decode-like calls (split-KV sized, paged, no maps or documents, one cache
-  // and shape, q and out rows following on in one buffer) go out as one split-KV launch;
-  // the rest run one by one.
+  // consecutive calls that take the same kernel (paged, causal, no maps or documents, one
+  // cache and shape, q and out rows following on in one buffer) go out as one launch:
+  // decode-like calls as one split-KV launch, prefill chunks as one flash launch over all
+  // their 64-query tiles; the rest run one by one.
   absl::Status AttentionBatch(absl::Span<const AttentionArgs<float>> calls, int* failed) override;
   // The attention backward (kernels/attention_backward.h), fp32: q, the KV cache, probs,
   // dout and every result are device memory; block table and document ids are host
@@ -180,8 +181,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // The split-KV kernels for p, with their workspace.
   absl::Status SplitKv(const AttentionParams& p);
   absl::Status AttentionBackwardImpl(const AttentionBackwardArgs<float>& b);
-  // One split-KV launch for calls (checked, batchable, q/out rows consecutive).
-  absl::Status LaunchBatched(absl::Span<const AttentionArgs<float>> calls);
+  // One launch for calls (checked, of one BatchKind, q/out rows consecutive): split-KV
+  // with per-row key ends, or flash with per-block tiles of the sequences.
+  absl::Status LaunchSplitKvBatched(absl::Span<const AttentionArgs<float>> calls);
+  absl::Status LaunchFlashBatched(absl::Span<const AttentionArgs<float>> calls);
   // The kernels' parameters for a checked forward call, index arrays uploaded.
   absl::StatusOr<AttentionParams> DeviceParams(const AttentionArgs<float>& a);
 

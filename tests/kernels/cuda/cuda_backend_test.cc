@@ -60,13 +60,24 @@ TEST_F(CudaBackendTest, RejectsAMissingDevice) {
 
 TEST_F(CudaBackendTest, ParityTableWithinTwiceTheNaiveLowPrecisionError) {
   const std::vector<parity::ParityResult> results = parity::RunParitySuite(*backend_);
-  EXPECT_EQ(results.size(), 99u);  // one per case; maps cases add probs (and scores)
+  EXPECT_EQ(results.size(), 100u);  // one per case; maps cases add probs (and scores)
   for (const parity::ParityResult& r : results) {
     std::cerr << "[ parity   ] " << r.name << ": error " << r.err << ", tolerance " << r.tol
               << "\n";
     EXPECT_TRUE(r.status.ok()) << r.name << ": " << r.status;
     EXPECT_LE(r.err, r.tol) << r.name << ": error " << r.err << ", naive error " << r.naive_err;
   }
+}
+
+// The engine's per-layer AttentionBatch with prefill chunks of several sequences: each run
+// of flash-sized calls is one launch (one index upload: the tables and the tiles), not one
+// per sequence, and the results stay within the parity tolerance.
+TEST_F(CudaBackendTest, PrefillChunksOfARunShareOneFlashLaunch) {
+  std::mt19937_64 rng(11);
+  int uploads = -1;
+  const parity::ParityResult r = parity::AttentionBatchFlashCase(*backend_, rng, &uploads);
+  EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
+  EXPECT_EQ(uploads, 4);  // [Tq 40, 100, 33] | documents alone | decode alone | [64, 70]
 }
 
 // A row whose document has no key at or before its position: the same INVALID_ARGUMENT

@@ -61,7 +61,8 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
   for (const AttnShape& s : AttentionShapes()) {
     for (ParityResult& p : AttentionCase(gpu, rng, s)) r.push_back(std::move(p));
   }
-  add(AttentionBatchCase(gpu, rng));
+  add(AttentionBatchSplitKvCase(gpu, rng));
+  add(AttentionBatchFlashCase(gpu, rng));
   for (const AttnShape& s : AttentionBackwardShapes()) {
     for (ParityResult& p : AttentionBackwardCase(gpu, rng, s)) r.push_back(std::move(p));
   }

@@ -246,20 +246,16 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
 }
 
 // ---------------------------------------------------------------------------------------
-// AttentionBatch: five sequences in one call over one shared paged cache (NaN elsewhere,
-// blocks shuffled), their q and out rows one after another as the engine lays them out.
-// The third has documents, so it runs alone and splits the others into two batched
-// launches. Against the reference's Attention per sequence; naive = fp32 per sequence.
-inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng) {
-  const std::string name =
-      "AttentionBatch 5 sequences (Tq 1/5/3/1/2, Tk 300/40/30/700/9, "
-      "H=8/2 Dh=64, one with documents)";
-  std::vector<AttnShape> seqs = {{.tq = 1, .tk = 300},
-                                 {.tq = 5, .tk = 40},
-                                 {.tq = 3, .tk = 30, .doc_lengths = {12, 18}},
-                                 {.tq = 1, .tk = 700},
-                                 {.tq = 2, .tk = 9}};
-  const int heads = 8, kv_heads = 2, dh = 64, bs = 16;
+// AttentionBatch: sequences (tq, tk, doc_lengths of each) in one call over one shared
+// paged cache (NaN elsewhere, blocks shuffled), their q and out rows one after another as
+// the engine lays them out. Against the reference's Attention per sequence; naive = the
+// path each sequence takes alone (fp16-rounded for the flash kernel, fp32 otherwise).
+// index_uploads (if not null): how many index uploads AttentionBatch made, one per launch.
+inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng,
+                                       const std::string& name, std::vector<AttnShape> seqs,
+                                       int heads, int kv_heads, int dh,
+                                       int* index_uploads = nullptr) {
+  const int bs = 16;
   const int64_t qw = heads * dh, kvw = kv_heads * dh, q_stride = qw + 8, kv_stride = kvw + 4;
   const double scale = 1.0 / std::sqrt(double(dh));
   int total_blocks = 0, total_rows = 0;
@@ -333,8 +329,9 @@ inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng) {
   for (size_t e = 0; e < seqs.size(); ++e) {
     const AttentionArgs<double> ra = args(qs.data(), kc.data(), vc.data(), want.data(), e, row0);
     if (absl::Status st = ReferenceBackend().Attention(ra); !st.ok()) return Failed(name, st);
+    const bool flash = seqs[e].tq >= kFlashMinQueries && FlashPrefillSupports(dh);
     const std::vector<double> naive =
-        NaiveAttention(seqs[e], false, qv[e], kv[e], vv[e], docs[e], scale);
+        NaiveAttention(seqs[e], flash, qv[e], kv[e], vv[e], docs[e], scale);
     for (int i = 0; i < seqs[e].tq; ++i)
       std::copy_n(naive.begin() + i * qw, qw, naive_rows.begin() + (row0 + i) * q_stride);
     calls.push_back(
@@ -342,12 +339,49 @@ inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng) {
     row0 += seqs[e].tq;
   }
   int failed = -1;
+  const CudaBackend::IndexUploadStats before = gpu.index_upload_stats();
   if (absl::Status st = gpu.AttentionBatch(calls, &failed); !st.ok()) {
     return Failed(name, absl::Status(st.code(), absl::StrCat("call ", failed, ": ", st.message())));
+  }
+  const CudaBackend::IndexUploadStats after = gpu.index_upload_stats();
+  if (index_uploads != nullptr) {
+    *index_uploads = static_cast<int>(after.copies - before.copies + after.reused - before.reused);
   }
   auto got = FromDevice(gpu, *dout, qs.size());
   if (!got.ok()) return Failed(name, got.status());
   return Judge(name, *got, naive_rows, want);
+}
+
+// Five decode-like sequences; the third has documents, so it runs alone and splits the
+// others into two batched split-KV launches.
+inline ParityResult AttentionBatchSplitKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
+  return AttentionBatchCase(gpu, rng,
+                            "AttentionBatch 5 sequences (Tq 1/5/3/1/2, Tk 300/40/30/700/9, "
+                            "H=8/2 Dh=64, one with documents)",
+                            {{.tq = 1, .tk = 300},
+                             {.tq = 5, .tk = 40},
+                             {.tq = 3, .tk = 30, .doc_lengths = {12, 18}},
+                             {.tq = 1, .tk = 700},
+                             {.tq = 2, .tk = 9}},
+                            8, 2, 64);
+}
+
+// Prefill chunks: the first three go out as one flash launch (their 64-query tiles, a
+// partial one each, longest first), the fourth (documents) alone, then a decode row, then
+// the last two as a second flash launch.
+inline ParityResult AttentionBatchFlashCase(CudaBackend& gpu, std::mt19937_64& rng,
+                                            int* index_uploads = nullptr) {
+  return AttentionBatchCase(gpu, rng,
+                            "AttentionBatch 7 sequences (Tq 40/100/33/50/1/64/70, "
+                            "Tk 40/300/133/90/60/64/250, H=8/2 Dh=128, prefill chunks)",
+                            {{.tq = 40, .tk = 40},
+                             {.tq = 100, .tk = 300},
+                             {.tq = 33, .tk = 133},
+                             {.tq = 50, .tk = 90, .doc_lengths = {45, 45}},
+                             {.tq = 1, .tk = 60},
+                             {.tq = 64, .tk = 64},
+                             {.tq = 70, .tk = 250}},
+                            8, 2, 128, index_uploads);
 }
 
 inline std::vector<AttnShape> AttentionShapes() {
