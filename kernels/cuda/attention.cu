@@ -48,10 +48,11 @@ __device__ __forceinline__ float4 Load4(const float* row, int d, int D) {
 // an 8-row group) fall in 32 different banks. Head sizes: multiples of 16 whose rows pad
 // that way (64, 80, 96, 128); past 128 the registers would spill. Masking (causal, documents, the
 // end of the keys) is applied only to tiles that some row of the block does not see whole.
-constexpr int kFlashWarps = 4;
-constexpr int kBlockM = 16 * kFlashWarps;
+// W warps a block: 4 (64 queries, up to 3 blocks per SM) or 8 (128 queries, one block
+// per SM, half the K/V traffic per FLOP); see FlashTileQueries.
+template <int W>
+constexpr int kBlockM = 16 * W;
 constexpr int kBlockN = 64;
-static_assert(kBlockM == kFlashTileQueries, "attention.h's tile size for batched launches");
 
 template <int D>
 struct FlashSmem {
@@ -62,51 +63,44 @@ struct FlashSmem {
 };
 
 // What one block works on: rows q0 … q0 + rows − 1 of a sequence of num_queries rows
-// (query_offset, num_keys) whose q, out and block table start at q, out and table; a
-// batched launch's tile is a sequence of its own (q0 = 0).
+// (query_offset, num_keys) whose q and out rows start at row0 of p.q and p.out and whose
+// blocks start at table_offset in p.block_table; a batched launch's tile is a sequence of
+// its own (q0 = 0). Integers only, kept in registers across the tile loop.
 struct FlashSeq {
-  const float* q;
-  float* out;
-  const int32_t* table;
-  int q0, rows, num_queries, num_keys, query_offset;
+  int row0, table_offset, q0, rows, num_queries, num_keys, query_offset;
 };
 
+template <int W>
 __device__ __forceinline__ FlashSeq FlashSeqOf(const AttentionParams& p) {
   if (p.flash_tiles == nullptr) {
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;  // longest causal rows first
-    return {p.q,           p.out,      p.block_table, q0, min(kBlockM, p.num_queries - q0),
-            p.num_queries, p.num_keys, p.query_offset};
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM<W>;  // longest causal rows first
+    return {
+        0, 0, q0, min(kBlockM<W>, p.num_queries - q0), p.num_queries, p.num_keys, p.query_offset};
   }
   const int32_t* t = p.flash_tiles + kFlashTileInts * blockIdx.x;
-  return {p.q + static_cast<int64_t>(t[0]) * p.q_stride,
-          p.out + static_cast<int64_t>(t[0]) * p.out_stride,
-          p.block_table + t[4],
-          0,
-          t[1],
-          t[1],
-          t[3],
-          t[2]};
+  return {t[0], t[4], 0, t[1], t[1], t[3], t[2]};
 }
 
 // K and V rows j0 … j0+63 of KV head kvh into Ks and Vt (zeros past num_keys, which are
 // never read).
-template <int D, bool kVec>
+template <int D, int W, bool kVec>
 __device__ __forceinline__ void LoadKvTile(const AttentionParams& p, const FlashSeq& seq, int kvh,
                                            int j0, uint32_t* ks, uint32_t* vt) {
   using L = FlashSmem<D>;
   constexpr int kPieces = D / 4;  // float4 pieces of a head's row
   auto row = [&](const float* base, int j) -> const float* {
-    return j < seq.num_keys ? base + PhysicalRowIn(seq.table, p.block_size, j) * p.kv_row_stride +
-                                  static_cast<int64_t>(kvh) * D
-                            : nullptr;
+    if (j >= seq.num_keys) return nullptr;
+    const int32_t* table = p.block_table != nullptr ? p.block_table + seq.table_offset : nullptr;
+    return base + PhysicalRowIn(table, p.block_size, j) * p.kv_row_stride +
+           static_cast<int64_t>(kvh) * D;
   };
-  constexpr int kThreads = kFlashWarps * 32;
+  constexpr int kThreads = W * 32;
   static_assert(kBlockN * kPieces % kThreads == 0 && kBlockN / 2 * kPieces % kThreads == 0);
   // Fixed trip counts unrolled by 8: the loads of 8 pieces are issued before the stores
   // that wait for them (not one round trip to L2 per piece). Full unrolling hoists every
   // load of the tile and spills at Dh 128.
   // K: consecutive threads take consecutive pieces of a row (coalesced).
-#pragma unroll 8
+#pragma unroll 4
   for (int it = 0; it < kBlockN * kPieces / kThreads; ++it) {
     const int idx = static_cast<int>(threadIdx.x) + it * kThreads;
     const int r = idx / kPieces, c = idx % kPieces;
@@ -135,8 +129,8 @@ __device__ __forceinline__ void LoadKvTile(const AttentionParams& p, const Flash
   }
 }
 
-template <int D, bool kVec>
-__global__ void __launch_bounds__(kFlashWarps * 32, 3) FlashPrefillKernel(AttentionParams p) {
+template <int D, int W, bool kVec>
+__global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1) FlashPrefillKernel(AttentionParams p) {
   using L = FlashSmem<D>;
   extern __shared__ __align__(16) uint32_t flash_smem[];
   uint32_t* ks = flash_smem;
@@ -144,7 +138,7 @@ __global__ void __launch_bounds__(kFlashWarps * 32, 3) FlashPrefillKernel(Attent
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const FlashSeq seq = FlashSeqOf(p);
+  const FlashSeq seq = FlashSeqOf<W>(p);
   const int q0 = seq.q0, rows = seq.rows;
   const int h = blockIdx.y;
   const int kvh = h / (p.num_heads / p.num_kv_heads);
@@ -161,7 +155,8 @@ __global__ void __launch_bounds__(kFlashWarps * 32, 3) FlashPrefillKernel(Attent
       const int i = row_i[r % 2], d = 16 * kk + 2 * t + 8 * (r / 2);
       float x0 = 0.0f, x1 = 0.0f;
       if (i < seq.num_queries) {
-        const float* q = seq.q + static_cast<int64_t>(i) * p.q_stride + static_cast<int64_t>(h) * D;
+        const float* q =
+            p.q + static_cast<int64_t>(seq.row0 + i) * p.q_stride + static_cast<int64_t>(h) * D;
         x0 = q[d];
         x1 = q[d + 1];
       }
@@ -177,14 +172,14 @@ __global__ void __launch_bounds__(kFlashWarps * 32, 3) FlashPrefillKernel(Attent
 
   // The last row, q0 + rows − 1, sees keys up to query_offset + q0 + rows − 1; the first
   // row sees every key below first_end (so do all the block's rows, without documents).
-  const int64_t num_keys = seq.num_keys, query_offset = seq.query_offset;
-  const int key_end =
-      p.causal ? static_cast<int>(min(num_keys, query_offset + q0 + rows)) : seq.num_keys;
-  const int64_t first_end = p.causal ? min(num_keys, query_offset + q0 + 1) : num_keys;
+  // Positions fit in int32 (a sequence's keys are counted in int).
+  const int num_keys = seq.num_keys, query_offset = seq.query_offset;
+  const int key_end = p.causal ? min(num_keys, query_offset + q0 + rows) : num_keys;
+  const int first_end = p.causal ? min(num_keys, query_offset + q0 + 1) : num_keys;
 
   for (int j0 = 0; j0 < key_end; j0 += kBlockN) {
     __syncthreads();  // every warp is done with the previous tile
-    LoadKvTile<D, kVec>(p, seq, kvh, j0, ks, vt);
+    LoadKvTile<D, W, kVec>(p, seq, kvh, j0, ks, vt);
     __syncthreads();
 
     // S = Q·Kᵀ: 8 accumulator tiles of 16 rows × 8 keys.
@@ -272,7 +267,8 @@ __global__ void __launch_bounds__(kFlashWarps * 32, 3) FlashPrefillKernel(Attent
     const int i = row_i[r];
     if (i >= seq.num_queries) continue;
     const float inv = 1.0f / l[r];
-    float* out = seq.out + static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D;
+    float* out =
+        p.out + static_cast<int64_t>(seq.row0 + i) * p.out_stride + static_cast<int64_t>(h) * D;
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) {
       out[8 * nt + 2 * t] = o[nt][2 * r] * inv;
@@ -281,17 +277,17 @@ __global__ void __launch_bounds__(kFlashWarps * 32, 3) FlashPrefillKernel(Attent
   }
 }
 
-template <int D>
+template <int D, int W>
 absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
   constexpr size_t kBytes = FlashSmem<D>::kBytes;
   static_assert(kBytes <= 48 * 1024, "over the default dynamic shared memory limit");
   const bool vec = p.kv_row_stride % 4 == 0 && reinterpret_cast<uintptr_t>(p.k) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
-  auto* kernel = vec ? FlashPrefillKernel<D, true> : FlashPrefillKernel<D, false>;
+  auto* kernel = vec ? FlashPrefillKernel<D, W, true> : FlashPrefillKernel<D, W, false>;
   const int tiles =
-      p.flash_tiles != nullptr ? p.num_flash_tiles : (p.num_queries + kBlockM - 1) / kBlockM;
+      p.flash_tiles != nullptr ? p.num_flash_tiles : (p.num_queries + kBlockM<W> - 1) / kBlockM<W>;
   const dim3 grid(tiles, p.num_heads);
-  kernel<<<grid, kFlashWarps * 32, kBytes, stream>>>(p);
+  kernel<<<grid, W * 32, kBytes, stream>>>(p);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("FlashPrefillKernel");
   return absl::OkStatus();
 }
@@ -579,16 +575,24 @@ bool FlashPrefillSupports(int head_dim) {
   return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
 }
 
-absl::Status LaunchFlashPrefill(const AttentionParams& p, cudaStream_t stream) {
+int FlashTileQueries(int head_dim, int requested) {
+  return requested == 128 && (head_dim == 64 || head_dim == 128) ? 128 : 64;
+}
+
+absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cudaStream_t stream) {
+  if (tile_queries != FlashTileQueries(p.head_dim, tile_queries)) {
+    return absl::InvalidArgumentError(absl::StrCat("flash prefill has no ", tile_queries,
+                                                   "-query tiles for head_dim ", p.head_dim));
+  }
   switch (p.head_dim) {
     case 64:
-      return LaunchFlash<64>(p, stream);
+      return tile_queries == 128 ? LaunchFlash<64, 8>(p, stream) : LaunchFlash<64, 4>(p, stream);
     case 80:
-      return LaunchFlash<80>(p, stream);
+      return LaunchFlash<80, 4>(p, stream);
     case 96:
-      return LaunchFlash<96>(p, stream);
+      return LaunchFlash<96, 4>(p, stream);
     case 128:
-      return LaunchFlash<128>(p, stream);
+      return tile_queries == 128 ? LaunchFlash<128, 8>(p, stream) : LaunchFlash<128, 4>(p, stream);
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("flash prefill supports head_dim 64, 80, 96 and 128, got ", p.head_dim));

@@ -51,7 +51,7 @@ struct AttentionParams {
   const int32_t* row_key_end = nullptr;
   const int32_t* row_table_offset = nullptr;
   // Several sequences in one flash launch (CudaBackend::AttentionBatch): one block per
-  // tile of at most kFlashTileQueries rows of one sequence, kFlashTileInts each:
+  // tile of at most FlashTileQueries rows of one sequence, kFlashTileInts each:
   //   {first q and out row, rows, query_offset of that row, num_keys, block-table offset}
   // in the order the blocks should start (longest first). num_queries, num_keys and
   // query_offset are then unused; documents are not supported.
@@ -60,12 +60,18 @@ struct AttentionParams {
 };
 
 inline constexpr int kFlashMinQueries = 32;
-inline constexpr int kFlashTileQueries = 64;
 inline constexpr int kFlashTileInts = 5;
+// Queries a flash block takes: 64 (4 warps, up to 3 blocks per SM; the default) or 128
+// (8 warps, one block per SM, half the K/V reads per FLOP). kvlens_gpu_check times both.
+inline constexpr int kFlashDefaultTileQueries = 64;
 inline constexpr int kSplitKvMaxHeadDim = 256;
 
 bool FlashPrefillSupports(int head_dim);
-absl::Status LaunchFlashPrefill(const AttentionParams& p, cudaStream_t stream);
+// The tile size a launch for head_dim takes when `requested` is asked for: 128 for head
+// sizes 64 and 128, else 64.
+int FlashTileQueries(int head_dim, int requested);
+// tile_queries: FlashTileQueries(p.head_dim, ·); p.flash_tiles (if set) cut to that size.
+absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cudaStream_t stream);
 
 // How many key splits to use so that about 4 blocks per SM are in flight.
 int ChooseNumSplits(const AttentionParams& p, int num_sms);

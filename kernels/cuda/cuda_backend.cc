@@ -549,7 +549,9 @@ absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {
     }
     return LaunchMaterialized(p, scores, probs, stream_);
   }
-  if (TakesFlash(a)) return LaunchFlashPrefill(p, stream_);
+  if (TakesFlash(a)) {
+    return LaunchFlashPrefill(p, FlashTileQueries(a.head_dim, flash_tile_queries_), stream_);
+  }
   if (a.head_dim > kSplitKvMaxHeadDim) {
     return absl::InvalidArgumentError(absl::StrCat("AttentionArgs.head_dim ", a.head_dim,
                                                    " is not supported by the CUDA "
@@ -636,14 +638,15 @@ absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<floa
   std::vector<int32_t>& packed = index_pack_;
   packed.clear();
   std::vector<std::array<int32_t, kFlashTileInts>> tiles;
+  const int tile = FlashTileQueries(calls.front().head_dim, flash_tile_queries_);
   int row0 = 0;
   for (const AttentionArgs<float>& a : calls) {
     const int offset = static_cast<int>(packed.size());
     const int blocks = (a.num_keys + a.kv.block_size - 1) / a.kv.block_size;
     packed.insert(packed.end(), a.kv.block_table, a.kv.block_table + blocks);
-    for (int t0 = 0; t0 < a.num_queries; t0 += kFlashTileQueries) {
-      tiles.push_back({row0 + t0, std::min(kFlashTileQueries, a.num_queries - t0),
-                       a.query_offset + t0, a.num_keys, offset});
+    for (int t0 = 0; t0 < a.num_queries; t0 += tile) {
+      tiles.push_back(
+          {row0 + t0, std::min(tile, a.num_queries - t0), a.query_offset + t0, a.num_keys, offset});
     }
     row0 += a.num_queries;
   }
@@ -661,7 +664,16 @@ absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<floa
   p.block_table = base;
   p.flash_tiles = base + tables;
   p.num_flash_tiles = static_cast<int>(tiles.size());
-  return LaunchFlashPrefill(p, stream_);
+  return LaunchFlashPrefill(p, tile, stream_);
+}
+
+absl::Status CudaBackend::SetFlashTileQueries(int queries) {
+  if (queries != 64 && queries != 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flash tile queries must be 64 or 128, got ", queries));
+  }
+  flash_tile_queries_ = queries;
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::AttentionBatch(absl::Span<const AttentionArgs<float>> calls,

@@ -109,6 +109,9 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
     int64_t reused = 0;
   };
   IndexUploadStats index_upload_stats() const { return index_stats_; }
+  // Queries per flash prefill block: 64 (the default) or 128, where the head size allows
+  // (attention.h, FlashTileQueries). For kvlens_gpu_check's comparison and the tests.
+  absl::Status SetFlashTileQueries(int queries);
 
   void MatMul(const float* x, int n, const WeightView& w, const WeightView& bias,
               float* y) override;
@@ -207,6 +210,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   };
   std::vector<StagedIndices> index_recent_;  // newest last, at most kIndexReuse
   IndexUploadStats index_stats_;
+  int flash_tile_queries_ = kFlashDefaultTileQueries;
   std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
 
   DeviceBuffer gemm_input_;           // x rounded to f16/bf16 for the tensor cores

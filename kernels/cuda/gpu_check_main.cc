@@ -170,38 +170,43 @@ std::string Pct(double r) { return absl::StrFormat("%.0f%%", 100.0 * r); }
 void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, const Sizes& z,
                   std::vector<Row>& rows) {
   const int heads = z.prefill_heads, dh = z.prefill_dh;
-  for (int t : z.prefill_tokens) {
-    const size_t n = size_t(t) * heads * dh;
-    float *q = Alloc(n), *k = Alloc(n), *v = Alloc(n), *o = Alloc(n);
-    for (float* p : {q, k, v}) {
-      Fill(p, DType::kF32, int64_t(n), reinterpret_cast<uintptr_t>(p), 1.0f, b.stream());
+  for (int tile : {64, 128}) {
+    Must(b.SetFlashTileQueries(tile), "flash tile size");
+    for (int t : z.prefill_tokens) {
+      const size_t n = size_t(t) * heads * dh;
+      float *q = Alloc(n), *k = Alloc(n), *v = Alloc(n), *o = Alloc(n);
+      for (float* p : {q, k, v}) {
+        Fill(p, DType::kF32, int64_t(n), reinterpret_cast<uintptr_t>(p), 1.0f, b.stream());
+      }
+      AttentionArgs<float> a;
+      a.q = q;
+      a.q_stride = int64_t{heads} * dh;
+      a.num_queries = a.num_keys = t;
+      a.num_heads = a.num_kv_heads = heads;
+      a.head_dim = dh;
+      a.causal = true;
+      a.scale = 1.0 / std::sqrt(double(dh));
+      a.kv = KvSource<float>{k, v, int64_t{heads} * dh, nullptr, 0};
+      a.out = o;
+      a.out_stride = a.q_stride;
+      const double sec = TimeIt(b, 3, [&] { Must(b.Attention(a), "prefill attention"); });
+      const double tflops = 4.0 * heads * dh * (double(t) * t / 2) / sec / 1e12;  // causal half
+      Row r{"prefill attention (causal, fp32 in, fp16 TC)",
+            absl::StrCat("T=", t, " H=", heads, " Dh=", dh, ", ", tile, "-query blocks",
+                         tile == kFlashDefaultTileQueries ? " (default)" : ""),
+            Fmt(tflops, "TFLOP/s"),
+            "-",
+            "-",
+            ">= 0.8x SDPA"};
+      if (auto it = sdpa.find(t); it != sdpa.end()) {
+        r.reference = Fmt(it->second, "TFLOP/s SDPA bf16");
+        r.ratio = absl::StrFormat("%.2fx", tflops / it->second);
+      }
+      rows.push_back(r);
+      for (float* p : {q, k, v, o}) cudaFree(p);
     }
-    AttentionArgs<float> a;
-    a.q = q;
-    a.q_stride = int64_t{heads} * dh;
-    a.num_queries = a.num_keys = t;
-    a.num_heads = a.num_kv_heads = heads;
-    a.head_dim = dh;
-    a.causal = true;
-    a.scale = 1.0 / std::sqrt(double(dh));
-    a.kv = KvSource<float>{k, v, int64_t{heads} * dh, nullptr, 0};
-    a.out = o;
-    a.out_stride = a.q_stride;
-    const double sec = TimeIt(b, 3, [&] { Must(b.Attention(a), "prefill attention"); });
-    const double tflops = 4.0 * heads * dh * (double(t) * t / 2) / sec / 1e12;  // causal half
-    Row r{"prefill attention (causal, fp32 in, fp16 TC)",
-          absl::StrCat("T=", t, " H=", heads, " Dh=", dh),
-          Fmt(tflops, "TFLOP/s"),
-          "-",
-          "-",
-          ">= 0.8x SDPA"};
-    if (auto it = sdpa.find(t); it != sdpa.end()) {
-      r.reference = Fmt(it->second, "TFLOP/s SDPA bf16");
-      r.ratio = absl::StrFormat("%.2fx", tflops / it->second);
-    }
-    rows.push_back(r);
-    for (float* p : {q, k, v, o}) cudaFree(p);
   }
+  Must(b.SetFlashTileQueries(kFlashDefaultTileQueries), "flash tile size");
 }
 
 void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<Row>& rows) {

@@ -80,6 +80,33 @@ TEST_F(CudaBackendTest, PrefillChunksOfARunShareOneFlashLaunch) {
   EXPECT_EQ(uploads, 4);  // [Tq 40, 100, 33] | documents alone | decode alone | [64, 70]
 }
 
+// The 128-query flash blocks (8 warps; head sizes 64 and 128, the others keep 64) on the
+// parity table's flash shapes and a batch of prefill chunks, within the same tolerance.
+TEST_F(CudaBackendTest, FlashWith128QueryTilesWithinTolerance) {
+  EXPECT_EQ(backend_->SetFlashTileQueries(96).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(backend_->SetFlashTileQueries(128).ok());
+  std::mt19937_64 rng(5);
+  std::vector<parity::ParityResult> results;
+  int flash_shapes = 0;
+  for (const parity::AttnShape& s : parity::AttentionShapes()) {
+    if (s.want_maps || s.want_probs_only || s.tq < kFlashMinQueries) continue;
+    if (!FlashPrefillSupports(s.dh)) continue;
+    flash_shapes += FlashTileQueries(s.dh, 128) == 128 ? 1 : 0;
+    for (parity::ParityResult& r : parity::AttentionCase(*backend_, rng, s)) {
+      results.push_back(std::move(r));
+    }
+  }
+  EXPECT_EQ(flash_shapes, 6);  // Dh 64 or 128; Dh 80 and 96 run 64-query blocks
+  int uploads = -1;
+  results.push_back(parity::AttentionBatchFlashCase(*backend_, rng, &uploads));
+  EXPECT_EQ(uploads, 4);
+  for (const parity::ParityResult& r : results) {
+    std::cerr << "[ parity   ] 128-query tiles: " << r.name << ": error " << r.err << ", tolerance "
+              << r.tol << "\n";
+    EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
+  }
+}
+
 // A row whose document has no key at or before its position: the same INVALID_ARGUMENT
 // as the CPU reference, naming the row, and the backend stays usable.
 TEST_F(CudaBackendTest, RowWithNoVisibleKeyIsInvalidArgumentNamingTheRow) {
