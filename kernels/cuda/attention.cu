@@ -342,15 +342,18 @@ __device__ __forceinline__ void Scale4(float a, float4& y) {
 // the half of its values selected by its bit o and adds the partner's copy of that half,
 // so N − 1 shuffles leave one value per lane (then 5 − log2 N plain steps). Returns the
 // total of value lane · N / 32 (lane L holds the sum of value L for N = 32).
+// The halves are chosen with bit masks, not `upper ? v[a] : v[b]`: the compiler turns
+// that into v[upper ? a : b], a run-time index, and moved v (32 floats) to local memory.
 template <int N>
 __device__ __forceinline__ float SumAcrossLanes(float (&v)[N], int lane) {
 #pragma unroll
   for (int n = N, o = 16; n > 1; n /= 2, o /= 2) {
-    const bool upper = (lane & o) != 0;
+    const unsigned upper = (lane & o) != 0 ? 0xffffffffu : 0u;
 #pragma unroll
     for (int k = 0; k < n / 2; ++k) {
-      const float keep = upper ? v[k + n / 2] : v[k];
-      const float send = upper ? v[k] : v[k + n / 2];
+      const unsigned lo = __float_as_uint(v[k]), hi = __float_as_uint(v[k + n / 2]);
+      const float keep = __uint_as_float((lo & ~upper) | (hi & upper));
+      const float send = __uint_as_float((hi & ~upper) | (lo & upper));
       v[k] = keep + __shfl_xor_sync(0xffffffffu, send, o);
     }
   }

@@ -177,6 +177,16 @@ T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
 }
 
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline unsigned __float_as_uint(float x) {
+  unsigned u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
 inline float __expf(float x) { return std::exp(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 template <typename A, typename B>
