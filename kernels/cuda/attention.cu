@@ -309,6 +309,7 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
 // merged by SplitKvCombineKernel.
 constexpr int kSplitWarps = 4;
 constexpr int kKeysPerStep = 4;
+constexpr int kSplitMinKeys = 4 * kSplitWarps * kKeysPerStep;  // 64
 
 // C float4 chunks per lane: head sizes up to 128·C. The head tile keeps registers in check:
 // q and acc take 2·4·C floats per head.
@@ -605,7 +606,8 @@ absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cuda
 int ChooseNumSplits(const AttentionParams& p, int num_sms) {
   const int64_t blocks = static_cast<int64_t>(p.num_queries) * p.num_kv_heads;
   const int64_t want = (4 * static_cast<int64_t>(num_sms) + blocks - 1) / blocks;
-  const int64_t by_keys = std::max<int64_t>(1, p.num_keys / 256);  // >= 256 keys a split
+  // At least kSplitMinKeys keys a split: 4 steps of each of the block's warps.
+  const int64_t by_keys = std::max<int64_t>(1, p.num_keys / kSplitMinKeys);
   return static_cast<int>(std::clamp<int64_t>(std::min(want, by_keys), 1, 128));
 }
 
