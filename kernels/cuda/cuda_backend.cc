@@ -283,13 +283,19 @@ absl::Status CudaBackend::MatMulImpl(const float* x, int n, const WeightView& w,
                                 B != nullptr ? B->dtype : DType::kF32, y};
     return LaunchMatVec(x, n, W.cols, {&product, 1}, W.dtype, stream_);
   }
+  absl::StatusOr<const void*> b = GemmOperand(x, static_cast<int64_t>(n) * W.cols, W.dtype);
+  if (!b.ok()) return b.status();
+  return Gemm(*b, n, W, B, y);
+}
+
+absl::Status CudaBackend::Gemm(const void* operand, int n, const DeviceWeight& W,
+                               const DeviceWeight* B, float* y) {
   const int m = static_cast<int>(W.rows), k = static_cast<int>(W.cols);
   const float alpha = 1.0f, beta = 0.0f;
-  absl::StatusOr<const void*> b = GemmOperand(x, static_cast<int64_t>(n) * k, W.dtype);
-  if (!b.ok()) return b.status();
-  KVLENS_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
-      cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, W.buffer.get(), CudaType(W.dtype), k, *b,
-      CudaType(W.dtype), k, &beta, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  KVLENS_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha,
+                                             W.buffer.get(), CudaType(W.dtype), k, operand,
+                                             CudaType(W.dtype), k, &beta, y, CUDA_R_32F, m,
+                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (B != nullptr) return LaunchAddBias(y, n, m, B->buffer.get(), B->dtype, stream_);
   return absl::OkStatus();
 }
@@ -376,28 +382,44 @@ void CudaBackend::AddLayerNorm(float* x, const float* residual, int n, int dim,
 
 void CudaBackend::MatMulMany(const float* x, int n, absl::Span<const MatMulOutput<float>> outputs) {
   if (!status_.ok() || n <= 0 || outputs.empty()) return;
-  std::vector<MatVecProduct> products;
-  bool fused = outputs.size() <= size_t{kMatVecMaxSegments};
-  DType dtype = DType::kF32;
-  for (size_t i = 0; fused && i < outputs.size(); ++i) {
-    absl::StatusOr<const DeviceWeight*> w = Upload(outputs[i].w);
+  std::vector<const DeviceWeight*> ws, bs;
+  bool shared = true;  // one dtype and input width: one matvec launch, or one GEMM operand
+  for (const MatMulOutput<float>& o : outputs) {
+    absl::StatusOr<const DeviceWeight*> w = Upload(o.w);
     if (!Ok(w.status())) return;
     const DeviceWeight* b = nullptr;
-    if (!outputs[i].bias.empty()) {
-      absl::StatusOr<const DeviceWeight*> db = Upload(outputs[i].bias);
+    if (!o.bias.empty()) {
+      absl::StatusOr<const DeviceWeight*> db = Upload(o.bias);
       if (!Ok(db.status())) return;
       b = *db;
     }
-    if (i == 0) dtype = (*w)->dtype;
-    fused = MatVecTakes(n, dtype) && (*w)->dtype == dtype && (*w)->cols == outputs[0].w.cols;
-    products.push_back({(*w)->buffer.get(), (*w)->rows, b != nullptr ? b->buffer.get() : nullptr,
-                        b != nullptr ? b->dtype : DType::kF32, outputs[i].y});
+    shared = shared &&
+             (ws.empty() || ((*w)->dtype == ws.front()->dtype && (*w)->cols == ws.front()->cols));
+    ws.push_back(*w);
+    bs.push_back(b);
   }
-  if (fused) {
-    Ok(LaunchMatVec(x, n, outputs[0].w.cols, products, dtype, stream_));
+  const DType dtype = ws.front()->dtype;
+  if (!shared) {
+    Backend<float>::MatMulMany(x, n, outputs);
     return;
   }
-  Backend<float>::MatMulMany(x, n, outputs);
+  if (MatVecTakes(n, dtype) && outputs.size() <= size_t{kMatVecMaxSegments}) {
+    std::vector<MatVecProduct> products;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      products.push_back({ws[i]->buffer.get(), ws[i]->rows,
+                          bs[i] != nullptr ? bs[i]->buffer.get() : nullptr,
+                          bs[i] != nullptr ? bs[i]->dtype : DType::kF32, outputs[i].y});
+    }
+    Ok(LaunchMatVec(x, n, ws.front()->cols, products, dtype, stream_));
+    return;
+  }
+  // GEMMs: x rounded to the weights' dtype once for all of them.
+  absl::StatusOr<const void*> operand =
+      GemmOperand(x, static_cast<int64_t>(n) * ws.front()->cols, dtype);
+  if (!Ok(operand.status())) return;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!Ok(Gemm(*operand, n, *ws[i], bs[i], outputs[i].y))) return;
+  }
 }
 
 void CudaBackend::MatMulSwiGlu(const float* x, int n, const WeightView& w_gate,
@@ -408,12 +430,22 @@ void CudaBackend::MatMulSwiGlu(const float* x, int n, const WeightView& w_gate,
   absl::StatusOr<const DeviceWeight*> u = Upload(w_up);
   if (!Ok(u.status())) return;
   const DeviceWeight &G = **g, &U = **u;
-  if (MatVecTakes(n, G.dtype) && U.dtype == G.dtype && U.rows == G.rows && U.cols == G.cols) {
+  if (U.dtype != G.dtype || U.rows != G.rows || U.cols != G.cols) {
+    Backend<float>::MatMulSwiGlu(x, n, w_gate, w_up, up_scratch, out);
+    return;
+  }
+  if (MatVecTakes(n, G.dtype)) {
     Ok(LaunchMatVecSwiGlu(x, n, G.cols, G.buffer.get(), U.buffer.get(), G.dtype, G.rows, out,
                           stream_));
     return;
   }
-  Backend<float>::MatMulSwiGlu(x, n, w_gate, w_up, up_scratch, out);
+  // Two GEMMs on one rounding of x, then SwiGlu.
+  absl::StatusOr<const void*> operand = GemmOperand(x, static_cast<int64_t>(n) * G.cols, G.dtype);
+  if (!Ok(operand.status()) || !Ok(Gemm(*operand, n, G, nullptr, out)) ||
+      !Ok(Gemm(*operand, n, U, nullptr, up_scratch))) {
+    return;
+  }
+  SwiGlu(out, up_scratch, int64_t{n} * G.rows, out);
 }
 
 void CudaBackend::Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,

@@ -176,6 +176,9 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // The GEMM operand for x [count] against a `dtype` weight: x itself for f32, else x
   // rounded to f16/bf16 in gemm_input_ (valid until the next call).
   absl::StatusOr<const void*> GemmOperand(const float* x, int64_t count, DType dtype);
+  // y[n, W.rows] = operand · Wᵀ (+ B) by cuBLAS; operand: GemmOperand of x for W's dtype.
+  absl::Status Gemm(const void* operand, int n, const DeviceWeight& W, const DeviceWeight* B,
+                    float* y);
   absl::Status MatMulImpl(const float* x, int n, const WeightView& w, const WeightView& bias,
                           float* y);
   absl::Status AttentionImpl(const AttentionArgs<float>& a);  // checks + AttentionChecked

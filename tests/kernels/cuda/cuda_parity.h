@@ -46,6 +46,7 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
   }
   add(MatMulSwiGluCase(gpu, rng, DType::kBF16, 6, 128, 24));  // two GEMMs and SwiGlu
   add(MatMulManyCase(gpu, rng, DType::kBF16, 2, 128, true));  // one MatMul each
+  add(MatMulManyCase(gpu, rng, DType::kF16, 6, 128, false));  // three GEMMs, one operand
   add(AddNormCase(gpu, rng, false, 4096, DType::kBF16));
   add(AddNormCase(gpu, rng, true, 96, DType::kF32));
   add(NormCase(gpu, rng, false, 64, DType::kF32, false));
