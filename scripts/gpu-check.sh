@@ -10,13 +10,15 @@
 #                                        without them (then KVLENS_ABSL_BUNDLE=DIR there)
 # Environment: BUILD_DIR (build-gpu), KVLENS_ABSL_BUNDLE (default build-gpu-bundle when it
 # exists), CUDA_ARCH (90), JOBS (nproc), STANDALONE=1 (skip the full tree even where it
-# would configure). The table is also written to $BUILD_DIR/gpu-check.txt.
+# would configure), TEST_TIMEOUT (180 s for the GPU test suites). The table is also
+# written to $BUILD_DIR/gpu-check.txt; each row goes to stderr as it is measured.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 CUDA_ARCH=${CUDA_ARCH:-90}
 JOBS=${JOBS:-$(nproc)}
+TEST_TIMEOUT=${TEST_TIMEOUT:-180}
 CHECK_ARGS=()
 
 while [ $# -gt 0 ]; do
@@ -64,7 +66,8 @@ if [ "${STANDALONE:-0}" != "1" ] && cmake -S . -B "$BUILD_DIR/full" "${GENERATOR
   # CudaBackend* (op parity) and CudaEngine* (the engine on the GPU: stories260K text, the
   # default model's logits, incremental decode over a NaN cache); both need ../shared.
   echo "== GPU tests (ctest -L gpu)"
-  (cd "$BUILD_DIR/full" && ctest -L gpu --output-on-failure) || echo "gpu-check: GPU unit tests FAILED"
+  (cd "$BUILD_DIR/full" && ctest -L gpu --output-on-failure --timeout "$TEST_TIMEOUT") ||
+    echo "gpu-check: GPU unit tests FAILED"
   CHECK_BIN=$BUILD_DIR/full/kernels/cuda/kvlens_gpu_check
 else
   [ "${STANDALONE:-0}" = "1" ] && echo "== STANDALONE=1: the standalone build" ||
@@ -85,7 +88,9 @@ else
   if [ -x "$BUILD_DIR/standalone/kvlens_gpu_tests" ]; then
     # The same CudaBackend* and CudaEngine* suites as `ctest -L gpu` in the full tree.
     echo "== GPU tests (kvlens_gpu_tests: CudaBackend*, CudaEngine*)"
-    "$BUILD_DIR/standalone/kvlens_gpu_tests" --gtest_brief=1 || echo "gpu-check: GPU unit tests FAILED"
+    # A hang (a kernel that never returns) must not cost the table below: time-boxed.
+    timeout "$TEST_TIMEOUT" "$BUILD_DIR/standalone/kvlens_gpu_tests" --gtest_brief=1 ||
+      echo "gpu-check: GPU unit tests FAILED (or ran past ${TEST_TIMEOUT}s)"
   else
     echo "gpu-check: no kvlens_gpu_tests (the bundle lacks GoogleTest): end-to-end checks NOT run"
   fi

@@ -4,8 +4,9 @@
 //      --sdpa FILE, lines "tokens tflops"), decode attention bandwidth vs a measured
 //      device-to-device copy, end-to-end decode tokens/s of a Llama-7B-shaped model with
 //      random bf16 weights at batch 1, 16, 64 vs the weight-bandwidth roofline.
-// Prints one table; exits 1 when a parity case fails, 2 when no device is usable, 3 when a
-// benchmark's CUDA call fails.
+// Prints one table at the end, each row also to stderr as it is measured ("[row] …"), so a
+// hang or a failed benchmark keeps the rows before it; exits 1 when a parity case fails, 2 when no
+// device is usable, 3 when a benchmark's CUDA call fails.
 //
 //   kvlens_gpu_check [--parity-only] [--sdpa FILE] [--quick | --smoke]
 //
@@ -23,6 +24,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -37,6 +39,22 @@ namespace {
 
 struct Row {
   std::string check, shape, measured, reference, ratio, target;
+};
+
+// The rows of the final table, each also written to stderr as it is measured, so that a
+// benchmark that hangs or exits (Must) does not take the rows before it along.
+class Table {
+ public:
+  void Add(Row r) {
+    std::fprintf(stderr, "[row] %s | %s | %s | %s | %s | %s\n", r.check.c_str(), r.shape.c_str(),
+                 r.measured.c_str(), r.reference.c_str(), r.ratio.c_str(), r.target.c_str());
+    std::fflush(stderr);
+    rows_.push_back(std::move(r));
+  }
+  const std::vector<Row>& rows() const { return rows_; }
+
+ private:
+  std::vector<Row> rows_;
 };
 
 void PrintTable(const std::vector<Row>& rows) {
@@ -167,8 +185,7 @@ void Fill(void* p, DType dtype, int64_t count, uint64_t seed, float scale, cudaS
 std::string Fmt(double v, const char* unit) { return absl::StrFormat("%.1f %s", v, unit); }
 std::string Pct(double r) { return absl::StrFormat("%.0f%%", 100.0 * r); }
 
-void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, const Sizes& z,
-                  std::vector<Row>& rows) {
+void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, const Sizes& z, Table& rows) {
   const int heads = z.prefill_heads, dh = z.prefill_dh;
   for (int tile : {64, 128}) {
     Must(b.SetFlashTileQueries(tile), "flash tile size");
@@ -202,14 +219,14 @@ void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, const Sizes
         r.reference = Fmt(it->second, "TFLOP/s SDPA bf16");
         r.ratio = absl::StrFormat("%.2fx", tflops / it->second);
       }
-      rows.push_back(r);
+      rows.Add(r);
       for (float* p : {q, k, v, o}) cudaFree(p);
     }
   }
   Must(b.SetFlashTileQueries(kFlashDefaultTileQueries), "flash tile size");
 }
 
-void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<Row>& rows) {
+void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
   const int heads = z.decode_heads, kv_heads = z.decode_kv_heads, dh = z.decode_dh,
             bs = z.decode_block;
   for (int tk : z.decode_keys) {
@@ -238,10 +255,10 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, std::v
     a.out_stride = a.q_stride;
     const double sec = TimeIt(b, 20, [&] { Must(b.Attention(a), "decode attention"); });
     const double bw = 2.0 * double(cache) * sizeof(float) / sec;
-    rows.push_back({"decode attention (paged, fp32 cache)",
-                    absl::StrCat("Tk=", tk, " H=", heads, "/", kv_heads, " Dh=", dh, " bs=", bs),
-                    Fmt(bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(bw / copy_bw),
-                    ">= 70%"});
+    rows.Add({"decode attention (paged, fp32 cache)",
+              absl::StrCat("Tk=", tk, " H=", heads, "/", kv_heads, " Dh=", dh, " bs=", bs),
+              Fmt(bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(bw / copy_bw),
+              ">= 70%"});
     for (float* p : {kc, vc, q, o}) cudaFree(p);
   }
 }
@@ -249,7 +266,7 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, std::v
 // One bf16 weight of the model's FFN shape [ffn, d], read per product: n up to
 // kMatVecMaxRows takes the matvec kernel, larger n cuBLAS. Weight bytes per second against the
 // copy: the ceiling of a decode step's products (batch-1 decode is ~all weight reads).
-void MatMulBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<Row>& rows) {
+void MatMulBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
   const int64_t out = z.ffn, in = z.d;
   void* data = nullptr;
   if (!GC_CUDA(cudaMalloc(&data, size_t(out * in) * 2))) std::exit(3);
@@ -263,18 +280,18 @@ void MatMulBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<Row
   for (int n : {1, kMatVecMaxRows, max_n}) {
     const double sec = TimeIt(b, 20, [&] { b.MatMul(x, n, w, WeightView{}, y); });
     const double bw = double(out * in) * 2 / sec;
-    rows.push_back({"matmul (bf16 weights)",
-                    absl::StrCat("n=", n, " [", out, " x ", in, "], ",
-                                 n <= kMatVecMaxRows ? "matvec kernel" : "cuBLAS"),
-                    Fmt(bw / 1e9, "GB/s weights"), Fmt(copy_bw / 1e9, "GB/s d2d copy"),
-                    Pct(bw / copy_bw), "-"});
+    rows.Add({"matmul (bf16 weights)",
+              absl::StrCat("n=", n, " [", out, " x ", in, "], ",
+                           n <= kMatVecMaxRows ? "matvec kernel" : "cuBLAS"),
+              Fmt(bw / 1e9, "GB/s weights"), Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(bw / copy_bw),
+              "-"});
   }
   b.ForgetWeights();  // frees the adopted weight
   for (float* p : {x, y}) cudaFree(p);
 }
 
 // A Llama-shaped model (Sizes: Llama-7B unless --smoke) with random bf16 weights.
-void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<Row>& rows) {
+void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
   const int D = z.d, L = z.layers, H = z.heads, Dh = z.dh, F = z.ffn, V = z.vocab, bs = 16;
   const int ctx = z.context, steps = z.steps;
   const int max_batch = *std::max_element(z.batches.begin(), z.batches.end());
@@ -386,11 +403,11 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, std::vector<R
     const double tok_s = batch / sec;
     // Every weight byte read once per step at the copy's DRAM rate (KV reads not counted).
     const double roofline = batch * copy_bw / double(streamed_bytes);
-    rows.push_back({absl::StrCat("end-to-end decode (", z.model, ", bf16 weights)"),
-                    absl::StrFormat("batch %d, context %d, %.0f index copies/step", batch, ctx,
-                                    copies_per_step),
-                    Fmt(tok_s, "tok/s"), Fmt(roofline, "tok/s roofline"), Pct(tok_s / roofline),
-                    batch == 1 ? ">= 70%" : "-"});
+    rows.Add({absl::StrCat("end-to-end decode (", z.model, ", bf16 weights)"),
+              absl::StrFormat("batch %d, context %d, %.0f index copies/step", batch, ctx,
+                              copies_per_step),
+              Fmt(tok_s, "tok/s"), Fmt(roofline, "tok/s roofline"), Pct(tok_s / roofline),
+              batch == 1 ? ">= 70%" : "-"});
   }
   for (int l = 0; l < L; ++l) {
     cudaFree(kc[l]);
@@ -432,27 +449,26 @@ int Main(int argc, char** argv) {
   std::printf("device: %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount,
               prop.totalGlobalMem / double(1 << 30));
 
-  std::vector<Row> rows;
+  Table rows;
   int failures = 0;
   for (const parity::ParityResult& r : parity::RunParitySuite(b)) {
     const bool ok = r.pass();
     failures += ok ? 0 : 1;
-    rows.push_back(
-        {"parity", r.name,
-         r.status.ok() ? absl::StrFormat("err %.3g", r.err) : std::string(r.status.message()),
-         absl::StrFormat("naive err %.3g", r.naive_err), ok ? "PASS" : "FAIL",
-         absl::StrFormat("<= %.3g", r.tol)});
+    rows.Add({"parity", r.name,
+              r.status.ok() ? absl::StrFormat("err %.3g", r.err) : std::string(r.status.message()),
+              absl::StrFormat("naive err %.3g", r.naive_err), ok ? "PASS" : "FAIL",
+              absl::StrFormat("<= %.3g", r.tol)});
   }
   if (!parity_only) {
     const double copy_bw = CopyBandwidth(b, sizes.copy_bytes);
-    rows.push_back({"device-to-device copy", absl::StrCat(sizes.copy_bytes >> 20, " MiB"),
-                    Fmt(copy_bw / 1e9, "GB/s"), "-", "-", "-"});
+    rows.Add({"device-to-device copy", absl::StrCat(sizes.copy_bytes >> 20, " MiB"),
+              Fmt(copy_bw / 1e9, "GB/s"), "-", "-", "-"});
     PrefillBench(b, sdpa, sizes, rows);
     DecodeAttentionBench(b, copy_bw, sizes, rows);
     MatMulBench(b, copy_bw, sizes, rows);
     EndToEndBench(b, copy_bw, sizes, rows);
   }
-  PrintTable(rows);
+  PrintTable(rows.rows());
   std::printf("parity: %d case(s) failed\n", failures);
   return failures == 0 ? 0 : 1;
 }
