@@ -12,10 +12,12 @@
 #define KVLENS_KERNELS_MEMORY_H_
 
 #include <cstddef>
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 
 namespace kvlens::kernels {
 
@@ -44,6 +46,17 @@ class Memory {
   virtual absl::Status Copy(void* dst, const void* src, size_t bytes) = 0;
   // Every byte of dst[0, bytes) ← `byte` (0xFF fills float and double with NaN).
   virtual absl::Status Memset(void* dst, int byte, size_t bytes) = 0;
+
+  // Free and total bytes of the device behind this memory, as its driver counts them
+  // (other processes' allocations included). UNIMPLEMENTED for memory without such a
+  // budget (the host's).
+  struct Usage {
+    size_t free = 0, total = 0;
+  };
+  virtual absl::StatusOr<Usage> usage() const {
+    return absl::UnimplementedError(absl::StrCat("memory \"", std::string(name()),
+                                                 "\" does not report its free and total bytes"));
+  }
 };
 
 // The process's host memory (the CPU backends' memory): one shared instance.

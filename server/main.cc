@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "common/flag_names.h"
 #include "engine/engine.h"
+#include "engine/kv_cache/kv_cache_sizing.h"
 #include "engine/model/model.h"
 #include "kernels/backend_factory.h"
 #include "server/grpc_server.h"
@@ -40,9 +41,14 @@ ABSL_FLAG(int32_t, metrics_port, 9464,
 ABSL_FLAG(int64_t, kv_cache_tokens, 0,
           "KV-cache capacity in tokens (rounded down to whole blocks). 0: use "
           "--kv_cache_bytes.");
-ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20,
+ABSL_FLAG(int64_t, kv_cache_bytes, 0,
           "KV-cache capacity in bytes (K and V, fp32, all layers) when --kv_cache_tokens "
-          "is 0.");
+          "is 0. 0: 256 MiB on the CPU; on a GPU, --gpu-memory-utilization decides.");
+ABSL_FLAG(double, gpu_memory_utilization, 0.9,
+          "On a GPU (--device cuda) when neither --kv-cache-tokens nor --kv-cache-bytes is "
+          "given: the KV cache gets what is left of this fraction of the GPU's memory after "
+          "what is already in use, the weights and one profiled step of --max-batch-tokens "
+          "(vLLM's --gpu-memory-utilization). 0: --kv-cache-bytes as on the CPU.");
 ABSL_FLAG(int32_t, block_size, 16, "KV-cache block size in tokens (the prefix-cache unit).");
 ABSL_FLAG(int32_t, max_batch_tokens, 512,
           "Token budget of one engine step: decode tokens of all running sequences plus "
@@ -139,10 +145,40 @@ int main(int argc, char** argv) {
   if (options.block_size < 1 || options.block_size > 1024) {
     return Fail(absl::InvalidArgumentError("--block-size must be in [1, 1024]"));
   }
+  if (const double u = absl::GetFlag(FLAGS_gpu_memory_utilization); !(u >= 0.0 && u <= 1.0)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--gpu-memory-utilization must be in [0, 1], got ", u)));
+  }
   int64_t tokens = absl::GetFlag(FLAGS_kv_cache_tokens);
+  int64_t cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  if (tokens < 0 || cache_bytes < 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        tokens < 0 ? "--kv-cache-tokens" : "--kv-cache-bytes", " must be >= 0 (0: the default)")));
+  }
+  const bool kv_size_given = tokens > 0 || cache_bytes > 0;
+  const double utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
+  if (!kv_size_given && utilization != 0.0 && !backend->backend->memory().host_accessible()) {
+    auto sizing = kvlens::SizeKvCacheForUtilization(
+        **model, *backend->backend, absl::GetFlag(FLAGS_block_size),
+        absl::GetFlag(FLAGS_max_batch_tokens), utilization);
+    if (!sizing.ok()) {
+      return Fail(absl::Status(sizing.status().code(),
+                               absl::StrCat("--gpu-memory-utilization: ", sizing.status().message(),
+                                            " (or give --kv-cache-bytes)")));
+    }
+    tokens = sizing->tokens;
+    std::fprintf(stderr,
+                 "kvlens-server: KV cache %.2f GiB (%lld tokens) = %.2f x %.2f GiB - %.2f GiB in "
+                 "use before - %.2f GiB weights and a %d-token step\n",
+                 sizing->cache_bytes / double(1 << 30), static_cast<long long>(sizing->tokens),
+                 utilization, sizing->total / double(1 << 30),
+                 sizing->in_use_before / double(1 << 30), sizing->model_and_step / double(1 << 30),
+                 absl::GetFlag(FLAGS_max_batch_tokens));
+  }
   if (tokens <= 0) {
     const int64_t bytes_per_token = int64_t{2} * config.num_layers * config.kv_dim() * 4;
-    tokens = absl::GetFlag(FLAGS_kv_cache_bytes) / std::max<int64_t>(bytes_per_token, 1);
+    if (cache_bytes <= 0) cache_bytes = int64_t{256} << 20;
+    tokens = cache_bytes / std::max<int64_t>(bytes_per_token, 1);
   }
   options.num_blocks = static_cast<int>(std::min<int64_t>(tokens / options.block_size, 1 << 24));
   if (options.num_blocks < 1) {

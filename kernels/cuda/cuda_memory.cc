@@ -52,4 +52,11 @@ absl::Status CudaMemory::Memset(void* dst, int byte, size_t bytes) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<Memory::Usage> CudaMemory::usage() const {
+  KVLENS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  Usage u;
+  KVLENS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&u.free, &u.total));
+  return u;
+}
+
 }  // namespace kvlens::kernels::cuda

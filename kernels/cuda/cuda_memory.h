@@ -27,6 +27,8 @@ class CudaMemory final : public Memory {
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
   absl::Status Copy(void* dst, const void* src, size_t bytes) override;
   absl::Status Memset(void* dst, int byte, size_t bytes) override;
+  // cudaMemGetInfo of the device.
+  absl::StatusOr<Usage> usage() const override;
 
  private:
   int device_;

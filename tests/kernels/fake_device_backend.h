@@ -5,8 +5,11 @@
 #ifndef KVLENS_TESTS_KERNELS_FAKE_DEVICE_BACKEND_H_
 #define KVLENS_TESTS_KERNELS_FAKE_DEVICE_BACKEND_H_
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <string_view>
+#include <unordered_map>
 
 #include "kernels/backend.h"
 #include "kernels/backward_ops.h"
@@ -16,13 +19,56 @@
 
 namespace kvlens::testing {
 
-// Host memory under another identity, counting the copies out.
+// Host memory under another identity, counting the copies out. With a budget (set_budget)
+// it also reports usage() as a device would: free = budget − bytes allocated now, and
+// keeps the peak; allocations past the budget are RESOURCE_EXHAUSTED.
 class FakeDeviceMemory final : public kernels::Memory {
  public:
   std::string_view name() const override { return "fake-device"; }
   bool host_accessible() const override { return false; }
-  absl::StatusOr<void*> Allocate(size_t bytes) override { return host().Allocate(bytes); }
-  void Free(void* p) override { host().Free(p); }
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (budget_ > 0 && in_use_ + bytes > budget_) {
+      return absl::ResourceExhaustedError("fake-device: out of memory");
+    }
+    absl::StatusOr<void*> p = host().Allocate(bytes);
+    if (p.ok() && *p != nullptr) {
+      sizes_[*p] = bytes;
+      in_use_ += bytes;
+      peak_ = std::max(peak_, in_use_);
+    }
+    return p;
+  }
+  void Free(void* p) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = sizes_.find(p); it != sizes_.end()) {
+      in_use_ -= it->second;
+      sizes_.erase(it);
+    }
+    host().Free(p);
+  }
+  absl::StatusOr<Usage> usage() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (budget_ == 0) return kernels::Memory::usage();
+    return Usage{budget_ - in_use_, budget_};
+  }
+  void set_budget(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    budget_ = bytes;
+  }
+  size_t in_use() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return in_use_;
+  }
+  // The most bytes allocated at once since the last reset_peak().
+  size_t peak() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return peak_;
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peak_ = in_use_;
+  }
   absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) override {
     return host().CopyFromHost(dst, src, bytes);
   }
@@ -43,6 +89,10 @@ class FakeDeviceMemory final : public kernels::Memory {
 
  private:
   static kernels::Memory& host() { return kernels::HostMemory(); }
+
+  mutable std::mutex mutex_;
+  std::unordered_map<void*, size_t> sizes_;
+  size_t budget_ = 0, in_use_ = 0, peak_ = 0;
 };
 
 // Also the backward ops (the reference loops, on its host-backed "device" memory), so that

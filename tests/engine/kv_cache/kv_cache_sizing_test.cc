@@ -1,0 +1,129 @@
+// SizeKvCacheForUtilization on the device path's test double (FakeDeviceMemory with a
+// budget: it reports free and total bytes as cudaMemGetInfo would, and keeps the peak).
+// The property checked is the one a server relies on, measured by the fake memory's own
+// accounting: the sized cache plus a worst-case step (max_batch_tokens tokens, every
+// row's logits) peaks within utilization × total, and no whole block more would have fit.
+#include "engine/kv_cache/kv_cache_sizing.h"
+
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "engine/kv_cache/kv_cache_storage.h"
+#include "engine/model/model.h"
+#include "engine/model/transformer.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/kernels/fake_device_backend.h"
+#include "tests/test_paths.h"
+
+namespace kvlens {
+namespace {
+
+class KvCacheSizingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KVLENS_REQUIRE_FILE(testing::DefaultModelPath());
+    auto m = LoadModel({testing::DefaultModelPath(), ""});
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = *std::move(m);
+  }
+
+  // One step of `tokens` new tokens with every row's logits, on a cache of `blocks`.
+  void Step(kernels::Backend<float>& backend, KvCacheStorage<float>& cache, int tokens) {
+    Transformer<float> transformer(*model_, backend);
+    const std::vector<int32_t> ids(tokens, 1);
+    std::vector<int32_t> table((tokens + cache.block_size() - 1) / cache.block_size());
+    std::iota(table.begin(), table.end(), 0);
+    BatchEntry e;
+    e.tokens = ids;
+    e.block_table = table;
+    e.all_logits = true;
+    ForwardOutput<float> out;
+    ASSERT_TRUE(transformer.Forward({&e, 1}, cache, out).ok());
+  }
+
+  std::unique_ptr<Model> model_;
+};
+
+TEST_F(KvCacheSizingTest, CachePlusAWorstCaseStepFitsTheBudgetToTheBlock) {
+  testing::FakeDeviceBackend backend;
+  const size_t total = size_t{16} << 20;
+  backend.fake_memory().set_budget(total);
+  const int block_size = 16, max_batch_tokens = 64;
+  const double utilization = 0.5;
+  auto sizing =
+      SizeKvCacheForUtilization(*model_, backend, block_size, max_batch_tokens, utilization);
+  ASSERT_TRUE(sizing.ok()) << sizing.status();
+  EXPECT_EQ(sizing->total, static_cast<int64_t>(total));
+  EXPECT_EQ(sizing->in_use_before, 0);
+  EXPECT_GT(sizing->model_and_step, 0);  // the step's activations and logits
+  EXPECT_EQ(sizing->tokens % block_size, 0);
+  const ModelConfig& c = model_->config;
+  const int64_t block_bytes = int64_t{2} * c.num_layers * block_size * c.kv_dim() * 4;
+  EXPECT_EQ(sizing->cache_bytes, sizing->tokens / block_size * block_bytes);
+
+  // The server's next moves: the cache, then steps as large as the budget allows.
+  EXPECT_EQ(backend.fake_memory().in_use(), 0u);  // the profile step left nothing behind
+  backend.fake_memory().reset_peak();
+  auto cache = KvCacheStorage<float>::Create(backend.memory(), c.num_layers,
+                                             static_cast<int>(sizing->tokens / block_size),
+                                             block_size, c.kv_dim(), true);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  Step(backend, *cache, max_batch_tokens);
+  const double limit = utilization * static_cast<double>(total);
+  EXPECT_LE(static_cast<double>(backend.fake_memory().peak()), limit);
+  EXPECT_GT(static_cast<double>(backend.fake_memory().peak() + block_bytes), limit);
+}
+
+TEST_F(KvCacheSizingTest, MemoryInUseBeforeCountsAgainstTheBudget) {
+  testing::FakeDeviceBackend backend;
+  const size_t total = size_t{16} << 20;
+  backend.fake_memory().set_budget(total);
+  auto alone = SizeKvCacheForUtilization(*model_, backend, 16, 64, 0.9);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  // Another tenant takes 3 MiB: the cache shrinks by that much, to the block.
+  auto other = backend.memory().Allocate(size_t{3} << 20);
+  ASSERT_TRUE(other.ok());
+  auto shared = SizeKvCacheForUtilization(*model_, backend, 16, 64, 0.9);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_EQ(shared->in_use_before, int64_t{3} << 20);
+  EXPECT_LE(shared->cache_bytes, alone->cache_bytes - (int64_t{3} << 20));
+  EXPECT_GT(shared->cache_bytes +
+                16 * int64_t{2} * model_->config.num_layers * model_->config.kv_dim() * 4,
+            alone->cache_bytes - (int64_t{3} << 20));
+  backend.memory().Free(*other);
+}
+
+TEST_F(KvCacheSizingTest, UtilizationOutsideZeroToOneIsInvalidArgument) {
+  testing::FakeDeviceBackend backend;
+  backend.fake_memory().set_budget(size_t{16} << 20);
+  for (double u : {0.0, -0.5, 1.01, std::nan("")}) {
+    auto s = SizeKvCacheForUtilization(*model_, backend, 16, 64, u);
+    ASSERT_FALSE(s.ok()) << u;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << u;
+    EXPECT_NE(s.status().message().find("utilization"), std::string::npos) << s.status();
+  }
+}
+
+TEST_F(KvCacheSizingTest, HostMemoryHasNoBudget) {
+  kernels::CpuBackend cpu(1);
+  auto s = SizeKvCacheForUtilization(*model_, cpu, 16, 64, 0.9);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented) << s.status();
+}
+
+TEST_F(KvCacheSizingTest, NotOneBlockIsResourceExhaustedWithTheNumbers) {
+  testing::FakeDeviceBackend backend;
+  backend.fake_memory().set_budget(size_t{16} << 20);
+  auto s = SizeKvCacheForUtilization(*model_, backend, 16, 64, 0.01);  // 168 KB
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted) << s.status();
+  EXPECT_NE(s.status().message().find("one block of 16 tokens needs"), std::string::npos)
+      << s.status();
+  EXPECT_EQ(backend.fake_memory().in_use(), 0u);  // nothing left allocated
+}
+
+}  // namespace
+}  // namespace kvlens
