@@ -504,6 +504,22 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
 }
 
 // O = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s over the splits that saw a key.
+// The instantiation for SplitKvVariant (attention.h): bit 0 float4 loads, bit 1 head sizes
+// past 128.
+using SplitKvKernelPtr = void (*)(AttentionParams, int, int, float*);
+SplitKvKernelPtr SplitKvKernelOf(int variant) {
+  switch (variant) {
+    case 0:
+      return SplitKvKernel<1, false>;
+    case 1:
+      return SplitKvKernel<1, true>;
+    case 2:
+      return SplitKvKernel<2, false>;
+    default:
+      return SplitKvKernel<2, true>;
+  }
+}
+
 __global__ void SplitKvCombineKernel(AttentionParams p, int num_splits, const float* workspace) {
   const int i = blockIdx.x, h = blockIdx.y, D = p.head_dim;
   const float* w = workspace + (static_cast<int64_t>(i) * p.num_heads + h) * num_splits * (D + 2);
@@ -603,9 +619,22 @@ absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cuda
   }
 }
 
-int ChooseNumSplits(const AttentionParams& p, int num_sms) {
+int SplitKvVariant(const AttentionParams& p) {
+  return (p.head_dim <= 128 ? 0 : 2) + (SplitKvVectorized(p) ? 1 : 0);
+}
+
+absl::StatusOr<int> SplitKvBlocksPerSm(int variant) {
+  int blocks = 0;
+  KVLENS_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &blocks, reinterpret_cast<const void*>(SplitKvKernelOf(variant)), kSplitWarps * 32, 0));
+  return std::max(blocks, 1);
+}
+
+int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm) {
   const int64_t blocks = static_cast<int64_t>(p.num_queries) * p.num_kv_heads;
-  const int64_t want = (4 * static_cast<int64_t>(num_sms) + blocks - 1) / blocks;
+  // One full wave: as many blocks as fit at once, no partial second wave.
+  const int64_t slots = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
+  const int64_t want = std::max<int64_t>(1, slots / blocks);
   // At least kSplitMinKeys keys a split: 4 steps of each of the block's warps.
   const int64_t by_keys = std::max<int64_t>(1, p.num_keys / kSplitMinKeys);
   return static_cast<int>(std::clamp<int64_t>(std::min(want, by_keys), 1, 128));
@@ -632,9 +661,7 @@ absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* work
   const int span = (p.num_keys + num_splits - 1) / num_splits;
   const dim3 grid(p.num_queries, p.num_kv_heads, num_splits);
   const dim3 block(kSplitWarps * 32);
-  const bool vec = SplitKvVectorized(p);
-  auto* kernel = p.head_dim <= 128 ? (vec ? SplitKvKernel<1, true> : SplitKvKernel<1, false>)
-                                   : (vec ? SplitKvKernel<2, true> : SplitKvKernel<2, false>);
+  auto* kernel = SplitKvKernelOf(SplitKvVariant(p));
   kernel<<<grid, block, 0, stream>>>(p, num_splits, span, workspace);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvKernel");
   if (num_splits > 1) {

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace kvlens::kernels::cuda {
 
@@ -73,11 +74,14 @@ int FlashTileQueries(int head_dim, int requested);
 // tile_queries: FlashTileQueries(p.head_dim, ·); p.flash_tiles (if set) cut to that size.
 absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cudaStream_t stream);
 
-// How many key splits to use so that about 4 blocks per SM are in flight (the kernel's
-// registers let 3 run at once), at least 64 keys a split: a Llama-7B decode step at batch
-// 1 and 512 keys (32 KV heads) gets 8 splits, 256 blocks (2 splits before, at >= 256 keys
-// a split: 64 blocks for 132 SMs).
-int ChooseNumSplits(const AttentionParams& p, int num_sms);
+// Which split-KV kernel LaunchSplitKv runs for p (0…3), and how many of its blocks fit on
+// one SM at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor; at least 1).
+int SplitKvVariant(const AttentionParams& p);
+absl::StatusOr<int> SplitKvBlocksPerSm(int variant);
+// How many key splits to use: enough blocks for one full wave (num_sms × blocks_per_sm;
+// a partial second wave would run its blocks with the SMs half idle), at least 64 keys a
+// split. A Llama-7B decode step at batch 1 and 512 keys (32 KV heads) gets 8 splits.
+int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm);
 // The split-KV kernel reads q, K and V as float4: head_dim, q_stride and kv_row_stride
 // multiples of 4 and q, k, v 16-byte aligned (else it reads floats one by one).
 bool SplitKvVectorized(const AttentionParams& p);

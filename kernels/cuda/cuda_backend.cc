@@ -557,7 +557,13 @@ absl::Status CudaBackend::AttentionImpl(const AttentionArgs<float>& a) {
 }
 
 absl::Status CudaBackend::SplitKv(const AttentionParams& p) {
-  const int splits = ChooseNumSplits(p, num_sms_);
+  const int variant = SplitKvVariant(p);
+  if (split_kv_blocks_per_sm_[variant] == 0) {
+    absl::StatusOr<int> per_sm = SplitKvBlocksPerSm(variant);
+    if (!per_sm.ok()) return per_sm.status();
+    split_kv_blocks_per_sm_[variant] = *per_sm;
+  }
+  const int splits = ChooseNumSplits(p, num_sms_, split_kv_blocks_per_sm_[variant]);
   if (const int64_t ws = SplitKvWorkspaceFloats(p, splits); ws > 0) {
     if (absl::Status s = attention_workspace_.Reserve(sizeof(float) * ws); !s.ok()) return s;
   }

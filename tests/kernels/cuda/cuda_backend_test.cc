@@ -52,6 +52,23 @@ TEST(CudaBackendCreateTest, FailsCleanlyWithoutADevice) {
   EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition) << b.status();
 }
 
+// Key splits for one full wave of split-KV blocks, at least 64 keys a split (no device
+// needed: the H200's 132 SMs and 3 resident blocks are passed in).
+TEST(CudaSplitKv, SplitsFillOneWaveWithAtLeast64KeysEach) {
+  auto splits = [](int queries, int kv_heads, int keys) {
+    AttentionParams p;
+    p.num_queries = queries;
+    p.num_kv_heads = kv_heads;
+    p.num_keys = keys;
+    return ChooseNumSplits(p, /*num_sms=*/132, /*blocks_per_sm=*/3);
+  };
+  EXPECT_EQ(splits(1, 32, 512), 8);      // 396 / 32 = 12 wanted; 512 / 64 = 8 allowed
+  EXPECT_EQ(splits(1, 8, 8192), 49);     // 49 · 8 = 392 blocks <= 396 slots
+  EXPECT_EQ(splits(64, 32, 4096), 1);    // 2048 blocks: more than a wave already
+  EXPECT_EQ(splits(1, 1, 100), 1);       // fewer than 128 keys: one split
+  EXPECT_EQ(splits(1, 1, 100000), 128);  // the cap
+}
+
 TEST_F(CudaBackendTest, RejectsAMissingDevice) {
   absl::StatusOr<std::unique_ptr<CudaBackend>> b = CudaBackend::Create(1 << 20);
   ASSERT_FALSE(b.ok());

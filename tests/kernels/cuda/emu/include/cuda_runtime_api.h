@@ -136,6 +136,11 @@ cudaError_t cudaFuncSetAttribute(F* func, cudaFuncAttribute attr, int value) {
   return FuncSetAttribute(reinterpret_cast<const void*>(func), attr, value);
 }
 
+// Blocks of `func` that fit on one SM: the emulator has no register file to divide, so it
+// answers 2 for every kernel (a value the GPU kernels' register counts give on sm_90).
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks, const void* func,
+                                                          int block_size, size_t shared_bytes);
+
 // For the emulator's own tests: whether [p, p + bytes) lies in one device allocation.
 bool IsDeviceRange(const void* p, size_t bytes);
 
