@@ -34,7 +34,7 @@ __device__ __forceinline__ float4 Load4(const float* row, int d, int D) {
 
 // ---------------------------------------------------------------------------------------
 // Flash prefill: FlashAttention-2's loop on mma.sync tensor cores (mma_sync.cuh). One block
-// = 64 query rows of one head, 4 warps of 16 rows. A warp keeps its rows' Q (fp16 A
+// = 16·W query rows of one head, W warps of 16 rows. A warp keeps its rows' Q (fp16 A
 // fragments), S, P and O (fp32 accumulators) and the running max m and sum l in
 // registers; only K and V pass through shared memory, rounded to fp16 once per tile:
 //   Ks  [64 keys][D dims]    S = Q·Kᵀ reads its B fragments along a key's dims
@@ -46,10 +46,10 @@ __device__ __forceinline__ float4 Load4(const float* row, int d, int D) {
 // the registers. Rows of Ks and Vt are 32-bit words (pairs of halves) padded to an odd
 // multiple of 4 words mod 32, so the fragment loads (lane 4g + t reads word t of row g of
 // an 8-row group) fall in 32 different banks. Head sizes: multiples of 16 whose rows pad
-// that way (64, 80, 96, 128); past 128 the registers would spill. Masking (causal, documents, the
-// end of the keys) is applied only to tiles that some row of the block does not see whole.
-// W warps a block: 4 (64 queries, up to 3 blocks per SM) or 8 (128 queries, one block
-// per SM, half the K/V traffic per FLOP); see FlashTileQueries.
+// that way (64, 80, 96, 128); past 128 the registers would spill. Masking (causal,
+// documents, the end of the keys) is applied only to tiles that some row of the block
+// does not see whole. W warps a block: 4 (64 queries, up to 3 blocks per SM) or 8 (128
+// queries, one block per SM, half the K/V traffic per FLOP); see FlashTileQueries.
 template <int W>
 constexpr int kBlockM = 16 * W;
 constexpr int kBlockN = 64;
@@ -96,7 +96,7 @@ __device__ __forceinline__ void LoadKvTile(const AttentionParams& p, const Flash
   };
   constexpr int kThreads = W * 32;
   static_assert(kBlockN * kPieces % kThreads == 0 && kBlockN / 2 * kPieces % kThreads == 0);
-  // Fixed trip counts unrolled by 8: the loads of 8 pieces are issued before the stores
+  // Fixed trip counts unrolled by 4: the loads of 4 pieces are issued before the stores
   // that wait for them (not one round trip to L2 per piece). Full unrolling hoists every
   // load of the tile and spills at Dh 128.
   // K: consecutive threads take consecutive pieces of a row (coalesced).
