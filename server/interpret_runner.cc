@@ -512,7 +512,9 @@ absl::Status RunCachedKvProbe(const InterpContext& ctx, const v1::CachedKvProbeR
         const int KVD = c.kv_dim();
         response->set_num_cached(P);
         if (!fp64) {
-          auto r = interpret::CachedKvProbe(model, ctx.backends.f32, *v.cache, kr);
+          // The worker's fp32 backend: its GPU (staged) with --interp-device cuda.
+          auto r = interpret::CachedKvProbe(model, ctx.backends.fp32(), *v.cache, kr,
+                                            BackwardOpsOf<float>(ctx.backends));
           if (!r.ok()) {
             status = r.status();
             return;

@@ -58,7 +58,8 @@ absl::StatusOr<SequenceInput<T>> InputFromCache(const ModelConfig& c,
 template <typename T>
 absl::StatusOr<KvProbeResult<T>> CachedKvProbe(const Model& model, kernels::Backend<T>& be,
                                                const KvCacheStorage<T>& cache,
-                                               const KvProbeRequest& r) {
+                                               const KvProbeRequest& r,
+                                               kernels::BackwardOps<T>* ops) {
   const ModelConfig& c = model.config;
   auto in = InputFromCache(c, cache, r);
   if (!in.ok()) return in.status();
@@ -66,7 +67,7 @@ absl::StatusOr<KvProbeResult<T>> CachedKvProbe(const Model& model, kernels::Back
   if (!tape.ok()) return tape.status();
   const int n = tape->n, P = r.num_cached;
   const Objective o = Objective::LogProb({{n - 1, r.target}});
-  auto g = ObjectiveGradients(model, *tape, o);
+  auto g = ObjectiveGradients(model, *tape, o, BackwardOptions{}, ops);
   if (!g.ok()) return g.status();
   KvProbeResult<T> out;
   out.objective = EvaluateObjective(o, c, *tape);
@@ -90,10 +91,12 @@ template absl::StatusOr<SequenceInput<double>> InputFromCache<double>(const Mode
 template absl::StatusOr<KvProbeResult<float>> CachedKvProbe<float>(const Model&,
                                                                    kernels::Backend<float>&,
                                                                    const KvCacheStorage<float>&,
-                                                                   const KvProbeRequest&);
+                                                                   const KvProbeRequest&,
+                                                                   kernels::BackwardOps<float>*);
 template absl::StatusOr<KvProbeResult<double>> CachedKvProbe<double>(const Model&,
                                                                      kernels::Backend<double>&,
                                                                      const KvCacheStorage<double>&,
-                                                                     const KvProbeRequest&);
+                                                                     const KvProbeRequest&,
+                                                                     kernels::BackwardOps<double>*);
 
 }  // namespace kvlens::interpret

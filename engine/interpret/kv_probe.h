@@ -52,10 +52,13 @@ absl::StatusOr<SequenceInput<T>> InputFromCache(const ModelConfig& c,
                                                 const KvCacheStorage<T>& cache,
                                                 const KvProbeRequest& request);
 
+// The forward runs on `backend` (a worker's CPU backend, or its staged GPU backend), the
+// backward's heavy ops on `ops` when given (kernels/backward_ops.h), else on the host.
 template <typename T>
 absl::StatusOr<KvProbeResult<T>> CachedKvProbe(const Model& model, kernels::Backend<T>& backend,
                                                const KvCacheStorage<T>& cache,
-                                               const KvProbeRequest& request);
+                                               const KvProbeRequest& request,
+                                               kernels::BackwardOps<T>* ops = nullptr);
 
 }  // namespace kvlens::interpret
 

@@ -39,23 +39,59 @@ AttentionResult Maps(TestServer& server, const std::vector<int32_t>& tokens) {
   return RunAttentionMaps(*stub, request);
 }
 
-TEST(InterpretDeviceTest, Fp32ProbesThroughAStagedDeviceEqualTheCpuWorkers) {
-  KVLENS_REQUIRE_FILE(Stories260KPath());
-  std::mutex mu;
-  std::vector<FakeDeviceBackend*> made;
-  server::InterpretOptions with_device;
-  with_device.workers.make_device = [&]() -> std::unique_ptr<kernels::Backend<float>> {
-    auto b = std::make_unique<FakeDeviceBackend>();
-    std::lock_guard<std::mutex> lock(mu);
-    made.push_back(b.get());
-    return b;
-  };
-  TestServer cpu_server;
-  TestServer device_server(TestServer::DefaultOptions(), 1, with_device);
-  ASSERT_TRUE(cpu_server.ok()) << cpu_server.error();
-  ASSERT_TRUE(device_server.ok()) << device_server.error();
-  EXPECT_EQ(device_server.server().interp_device(), "fake-device");
-  EXPECT_EQ(cpu_server.server().interp_device(), "cpu");
+// A cached-KV probe (fp32) of a fresh session after greedy generation from `prompt`.
+v1::CachedKvProbeResponse KvProbe(TestServer& server, const std::string& prompt) {
+  const GeneratedSession session = OpenSessionAndGenerate(server, prompt, 6);
+  EXPECT_TRUE(session.error.empty()) << session.error;
+  auto stub = InterpretStub(server);
+  v1::CachedKvProbeRequest r;
+  r.set_session_id(session.id);
+  r.set_target(42);
+  r.set_precision(v1::PRECISION_FP32);
+  v1::CachedKvProbeResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  const grpc::Status s = stub->CachedKvProbe(&context, r, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return response;
+}
+
+// Two servers on stories260K: interpretability workers on the CPU, and on device doubles.
+class InterpretDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KVLENS_REQUIRE_FILE(Stories260KPath());
+    server::InterpretOptions with_device;
+    with_device.workers.make_device = [this]() -> std::unique_ptr<kernels::Backend<float>> {
+      auto b = std::make_unique<FakeDeviceBackend>();
+      std::lock_guard<std::mutex> lock(mu_);
+      made_.push_back(b.get());
+      return b;
+    };
+    cpu_server_ = std::make_unique<TestServer>();
+    device_server_ = std::make_unique<TestServer>(TestServer::DefaultOptions(), 1, with_device);
+    ASSERT_TRUE(cpu_server_->ok()) << cpu_server_->error();
+    ASSERT_TRUE(device_server_->ok()) << device_server_->error();
+    EXPECT_EQ(device_server_->server().interp_device(), "fake-device");
+    EXPECT_EQ(cpu_server_->server().interp_device(), "cpu");
+  }
+  // Copies out of the device doubles' memory so far: the staged path's trace.
+  int DeviceCopies() {
+    std::lock_guard<std::mutex> lock(mu_);
+    EXPECT_FALSE(made_.empty());
+    int copies = 0;
+    for (FakeDeviceBackend* b : made_) copies += b->fake_memory().copies_to_host;
+    return copies;
+  }
+
+  std::mutex mu_;
+  std::vector<FakeDeviceBackend*> made_;
+  std::unique_ptr<TestServer> cpu_server_, device_server_;
+};
+
+TEST_F(InterpretDeviceTest, Fp32ProbesThroughAStagedDeviceEqualTheCpuWorkers) {
+  TestServer& cpu_server = *cpu_server_;
+  TestServer& device_server = *device_server_;
 
   const std::vector<int32_t> tokens =
       cpu_server.model().tokenizer->Encode("Once upon a time, there was a little girl", true);
@@ -78,13 +114,26 @@ TEST(InterpretDeviceTest, Fp32ProbesThroughAStagedDeviceEqualTheCpuWorkers) {
     EXPECT_EQ(DecodeTensor(pg.tensors(i)), DecodeTensor(pw.tensors(i))) << pw.tensors(i).name();
   }
 
-  int copies = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    ASSERT_FALSE(made.empty());
-    for (FakeDeviceBackend* b : made) copies += b->fake_memory().copies_to_host;
+  EXPECT_GT(DeviceCopies(), 0) << "the probes did not run on the device";
+}
+
+// The cached-KV probe took the worker's CPU backend even with a device; it now runs
+// where the other fp32 probes do, with the same answers.
+TEST_F(InterpretDeviceTest, CachedKvProbeRunsOnTheStagedDeviceAndEqualsTheCpuWorkers) {
+  const v1::CachedKvProbeResponse want = KvProbe(*cpu_server_, "Once upon a time");
+  const int before = DeviceCopies();
+  const v1::CachedKvProbeResponse got = KvProbe(*device_server_, "Once upon a time");
+  EXPECT_GT(DeviceCopies(), before) << "the cached-KV probe did not run on the device";
+  ASSERT_GT(want.num_cached(), 0);
+  EXPECT_EQ(got.num_cached(), want.num_cached());
+  EXPECT_EQ(got.objective(), want.objective());
+  ASSERT_EQ(got.tensors_size(), want.tensors_size());
+  ASSERT_GT(want.tensors_size(), 0);
+  for (int i = 0; i < want.tensors_size(); ++i) {
+    EXPECT_EQ(got.tensors(i).name(), want.tensors(i).name());
+    EXPECT_EQ(DecodeTensor(got.tensors(i)), DecodeTensor(want.tensors(i)))
+        << want.tensors(i).name();
   }
-  EXPECT_GT(copies, 0) << "the probes did not run on the device";
 }
 
 }  // namespace
