@@ -22,6 +22,7 @@
 #include "common/flag_names.h"
 #include "engine/engine.h"
 #include "engine/kv_cache/kv_cache_sizing.h"
+#include "engine/kv_cache/kv_cache_storage.h"
 #include "engine/model/model.h"
 #include "kernels/backend_factory.h"
 #include "server/grpc_server.h"
@@ -176,7 +177,8 @@ int main(int argc, char** argv) {
                  absl::GetFlag(FLAGS_max_batch_tokens));
   }
   if (tokens <= 0) {
-    const int64_t bytes_per_token = int64_t{2} * config.num_layers * config.kv_dim() * 4;
+    const int64_t bytes_per_token =
+        kvlens::KvCacheStorage<float>::BlockBytes(config.num_layers, 1, config.kv_dim());
     if (cache_bytes <= 0) cache_bytes = int64_t{256} << 20;
     tokens = cache_bytes / std::max<int64_t>(bytes_per_token, 1);
   }

@@ -56,6 +56,20 @@ v1::CachedKvProbeResponse KvProbe(TestServer& server, const std::string& prompt)
   return response;
 }
 
+// A probe response of the device workers against the CPU workers': the same objective and
+// the same tensors, bitwise.
+template <typename Response>
+void ExpectSameAnswers(const Response& got, const Response& want) {
+  EXPECT_EQ(got.objective(), want.objective());
+  ASSERT_EQ(got.tensors_size(), want.tensors_size());
+  ASSERT_GT(want.tensors_size(), 0);
+  for (int i = 0; i < want.tensors_size(); ++i) {
+    EXPECT_EQ(got.tensors(i).name(), want.tensors(i).name());
+    EXPECT_EQ(DecodeTensor(got.tensors(i)), DecodeTensor(want.tensors(i)))
+        << want.tensors(i).name();
+  }
+}
+
 // Two servers on stories260K: interpretability workers on the CPU, and on device doubles.
 class InterpretDeviceTest : public ::testing::Test {
  protected:
@@ -106,13 +120,7 @@ TEST_F(InterpretDeviceTest, Fp32ProbesThroughAStagedDeviceEqualTheCpuWorkers) {
 
   const v1::GradientProbeResponse pw = Probe(cpu_server, tokens);
   const v1::GradientProbeResponse pg = Probe(device_server, tokens);
-  EXPECT_EQ(pg.objective(), pw.objective());
-  ASSERT_EQ(pg.tensors_size(), pw.tensors_size());
-  ASSERT_GT(pw.tensors_size(), 0);
-  for (int i = 0; i < pw.tensors_size(); ++i) {
-    EXPECT_EQ(pg.tensors(i).name(), pw.tensors(i).name());
-    EXPECT_EQ(DecodeTensor(pg.tensors(i)), DecodeTensor(pw.tensors(i))) << pw.tensors(i).name();
-  }
+  ExpectSameAnswers(pg, pw);
 
   EXPECT_GT(DeviceCopies(), 0) << "the probes did not run on the device";
 }
@@ -126,14 +134,7 @@ TEST_F(InterpretDeviceTest, CachedKvProbeRunsOnTheStagedDeviceAndEqualsTheCpuWor
   EXPECT_GT(DeviceCopies(), before) << "the cached-KV probe did not run on the device";
   ASSERT_GT(want.num_cached(), 0);
   EXPECT_EQ(got.num_cached(), want.num_cached());
-  EXPECT_EQ(got.objective(), want.objective());
-  ASSERT_EQ(got.tensors_size(), want.tensors_size());
-  ASSERT_GT(want.tensors_size(), 0);
-  for (int i = 0; i < want.tensors_size(); ++i) {
-    EXPECT_EQ(got.tensors(i).name(), want.tensors(i).name());
-    EXPECT_EQ(DecodeTensor(got.tensors(i)), DecodeTensor(want.tensors(i)))
-        << want.tensors(i).name();
-  }
+  ExpectSameAnswers(got, want);
 }
 
 }  // namespace
