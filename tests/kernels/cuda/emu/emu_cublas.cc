@@ -74,6 +74,18 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cudaDataType_t Ctype, int ldc, cublasComputeType_t compute,
                             cublasGemmAlgo_t) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  {
+    // Captured: alpha and beta are read now (host pointer mode), the matrices when the
+    // graph runs.
+    const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+    if (RecordIfCapturing(handle->stream, [=] {
+          cublasContext replay;  // the same call on a stream that does not capture
+          cublasGemmEx(&replay, transa, transb, m, n, k, &al, A, Atype, lda, B, Btype, ldb, &be, C,
+                       Ctype, ldc, compute, CUBLAS_GEMM_DEFAULT);
+        })) {
+      return CUBLAS_STATUS_SUCCESS;
+    }
+  }
   if (m < 0 || n < 0 || k < 0) return BlasFail(CUBLAS_STATUS_INVALID_VALUE, "negative size");
   const int a_rows = transa == CUBLAS_OP_N ? m : k, a_cols = transa == CUBLAS_OP_N ? k : m;
   const int b_rows = transb == CUBLAS_OP_N ? k : n, b_cols = transb == CUBLAS_OP_N ? n : k;

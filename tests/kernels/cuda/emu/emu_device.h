@@ -68,11 +68,16 @@ class Launcher {
   template <typename... A>
   void operator()(A&&... args) const {
     std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+    if (RecordIfCapturing(config_.stream, [self = *this, params] { self.Run(params); })) return;
+    Run(params);
+  }
+
+ private:
+  void Run(const std::tuple<std::decay_t<P>...>& params) const {
     if (!CheckPointers(params, std::index_sequence_for<P...>())) return;
     RunGrid(config_, [&] { std::apply(func_, params); });
   }
 
- private:
   template <typename Tuple, size_t... I>
   bool CheckPointers(const Tuple& t, std::index_sequence<I...>) const {
     bool ok = true;

@@ -38,7 +38,17 @@
 #error "the kvlens CUDA emulator's fiber switch is written for x86-64"
 #endif
 
-struct kvlens_emu::CUstream_st {};
+struct kvlens_emu::CUstream_st {
+  bool capturing = false;
+  bool invalidated = false;
+  std::vector<std::function<void()>> nodes;  // the graph being captured
+};
+struct kvlens_emu::CUgraph_st {
+  std::vector<std::function<void()>> nodes;
+};
+struct kvlens_emu::CUgraphExec_st {
+  std::vector<std::function<void()>> nodes;
+};
 struct kvlens_emu::CUevent_st {
   std::chrono::steady_clock::time_point time;
 };
@@ -81,6 +91,17 @@ cudaError_t Fail(cudaError_t e, const std::string& why) {
   std::fprintf(stderr, "[cuda-emu] %s\n", why.c_str());
   t_last_error = e;
   return e;
+}
+
+// The stream this thread is capturing (not in relaxed mode), if any.
+thread_local CUstream_st* t_capturing = nullptr;
+
+// For calls that are not allowed while this thread captures: invalidates the capture.
+cudaError_t RefuseDuringCapture(const char* what) {
+  if (t_capturing == nullptr) return cudaSuccess;
+  t_capturing->invalidated = true;
+  return Fail(cudaErrorStreamCaptureUnsupported,
+              std::string(what) + " during stream capture (invalidates the capture)");
 }
 
 // ---- device memory ----------------------------------------------------------------
@@ -450,7 +471,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   return Fail(cudaErrorInvalidValue, "cudaDeviceGetAttribute: unknown attribute");
 }
 
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return RefuseDuringCapture("cudaDeviceSynchronize"); }
 
 cudaError_t cudaGetLastError() {
   const cudaError_t e = t_last_error;
@@ -482,6 +503,10 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorIllegalAddress";
     case cudaErrorLaunchFailure:
       return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
   }
   return "cudaErrorUnknown";
 }
@@ -507,6 +532,7 @@ const char* cudaGetErrorString(cudaError_t e) {
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   *ptr = nullptr;
+  if (const cudaError_t e = RefuseDuringCapture("cudaMalloc"); e != cudaSuccess) return e;
   if (bytes == 0) return cudaSuccess;
   const size_t data = RoundUp(bytes, kAlign);
   const size_t map_bytes = RoundUp(data, PageSize()) + PageSize();
@@ -537,6 +563,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 }
 
 cudaError_t cudaFree(void* ptr) {
+  if (const cudaError_t e = RefuseDuringCapture("cudaFree"); e != cudaSuccess) return e;
   if (ptr == nullptr) return cudaSuccess;
   std::lock_guard<std::mutex> lock(g_memory_mutex);
   auto it = g_device.find(reinterpret_cast<uintptr_t>(ptr));
@@ -555,6 +582,7 @@ cudaError_t cudaFree(void* ptr) {
 }
 
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
+  if (const cudaError_t e = RefuseDuringCapture("cudaMallocHost"); e != cudaSuccess) return e;
   *ptr = std::aligned_alloc(kAlign, RoundUp(std::max<size_t>(bytes, 1), kAlign));
   if (*ptr == nullptr) return Fail(cudaErrorMemoryAllocation, "cudaMallocHost failed");
   std::lock_guard<std::mutex> lock(g_memory_mutex);
@@ -563,6 +591,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
+  if (const cudaError_t e = RefuseDuringCapture("cudaFreeHost"); e != cudaSuccess) return e;
   if (ptr == nullptr) return cudaSuccess;
   std::lock_guard<std::mutex> lock(g_memory_mutex);
   if (g_pinned.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
@@ -585,8 +614,12 @@ bool IsDeviceRange(const void* p, size_t bytes) {
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t) {
+                            cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
+  // Captured: checked and made when the graph runs (reading the source then).
+  if (RecordIfCapturing(stream, [=] { cudaMemcpyAsync(dst, src, bytes, kind, nullptr); })) {
+    return cudaSuccess;
+  }
   {
     std::lock_guard<std::mutex> lock(g_memory_mutex);
     const bool dst_device = FindDevice(dst, bytes) != nullptr;
@@ -626,11 +659,15 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (const cudaError_t e = RefuseDuringCapture("cudaMemcpy"); e != cudaSuccess) return e;
   return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
 }
 
-cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
+  if (RecordIfCapturing(stream, [=] { cudaMemsetAsync(dst, value, bytes, nullptr); })) {
+    return cudaSuccess;
+  }
   {
     std::lock_guard<std::mutex> lock(g_memory_mutex);
     if (FindDevice(dst, bytes) == nullptr) {
@@ -643,6 +680,7 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
 }
 
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  if (const cudaError_t e = RefuseDuringCapture("cudaMemset"); e != cudaSuccess) return e;
   return cudaMemsetAsync(dst, value, bytes, nullptr);
 }
 
@@ -660,7 +698,78 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (stream != nullptr && stream->capturing) {
+    stream->invalidated = true;
+    return Fail(cudaErrorStreamCaptureUnsupported,
+                "cudaStreamSynchronize on a capturing stream (invalidates the capture)");
+  }
+  return RefuseDuringCapture("cudaStreamSynchronize");
+}
+
+bool RecordIfCapturing(cudaStream_t stream, std::function<void()> node) {
+  if (stream == nullptr || !stream->capturing) return false;
+  stream->nodes.push_back(std::move(node));
+  return true;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  if (stream == nullptr) {
+    return Fail(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture on the legacy stream");
+  }
+  if (stream->capturing) {
+    return Fail(cudaErrorInvalidValue, "cudaStreamBeginCapture: the stream already captures");
+  }
+  stream->capturing = true;
+  stream->invalidated = false;
+  stream->nodes.clear();
+  if (mode != cudaStreamCaptureModeRelaxed) t_capturing = stream;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  *graph = nullptr;
+  if (stream == nullptr || !stream->capturing) {
+    return Fail(cudaErrorInvalidValue, "cudaStreamEndCapture: the stream is not capturing");
+  }
+  stream->capturing = false;
+  if (t_capturing == stream) t_capturing = nullptr;
+  std::vector<std::function<void()>> nodes = std::move(stream->nodes);
+  stream->nodes.clear();
+  if (stream->invalidated) {
+    return Fail(cudaErrorStreamCaptureInvalidated, "cudaStreamEndCapture: capture invalidated");
+  }
+  *graph = new CUgraph_st{std::move(nodes)};
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (graph == nullptr) return Fail(cudaErrorInvalidValue, "cudaGraphInstantiate: no graph");
+  *exec = new CUgraphExec_st{graph->nodes};
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (exec == nullptr) return Fail(cudaErrorInvalidValue, "cudaGraphLaunch: no graph");
+  if (stream != nullptr && stream->capturing) {
+    return Fail(cudaErrorStreamCaptureUnsupported, "cudaGraphLaunch into a capture");
+  }
+  for (const auto& node : exec->nodes) {
+    node();
+    if (const cudaError_t e = cudaPeekAtLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
   *event = new CUevent_st;

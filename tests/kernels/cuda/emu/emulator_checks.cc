@@ -4,7 +4,7 @@
 // by the PTX ISA's fragment formulas multiplies like a naive loop; a divergent
 // __syncthreads, an oversized block, dynamic shared memory over the limit, a host pointer
 // passed as a kernel argument and a wrong-direction copy all fail as on a GPU; reading past
-// an allocation faults.
+// an allocation faults; captured work runs only when its graph is launched.
 // clang-format off
 #include "tests/kernels/cuda/emu/emu_device.h"  // first: the device keywords reduce.cuh uses
 // clang-format on
@@ -211,6 +211,51 @@ TEST(CudaEmulator, CopiesCheckTheirDirectionAndBounds) {
   EXPECT_TRUE(std::isnan(HostCopy(fresh, 1)[0]));
   cudaFree(fresh);
   cudaFree(d);
+}
+
+void AddOneKernel(float* x) { x[threadIdx.x] += 1.0f; }
+
+// Stream capture: launches and copies on a capturing stream run only when the graph is
+// launched (each launch again, the copy reading its source then); a call that would
+// synchronise fails and invalidates the capture, as on a GPU.
+TEST(CudaEmulator, CapturedWorkRunsWhenTheGraphIsLaunched) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 2 * sizeof(float)), cudaSuccess);
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinned, 2 * sizeof(float)), cudaSuccess);
+  pinned[0] = 10.0f;
+  pinned[1] = 20.0f;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(d, pinned, 2 * sizeof(float), cudaMemcpyHostToDevice, stream),
+            cudaSuccess);
+  ::kvlens_emu::Launch(AddOneKernel, "AddOneKernel", 1, 2, 0, stream)(d);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_TRUE(std::isnan(HostCopy(d, 2)[0]));  // nothing ran yet
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  EXPECT_EQ(HostCopy(d, 2), (std::vector<float>{11.0f, 21.0f}));
+  pinned[0] = 30.0f;  // the next launch copies the new value
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  EXPECT_EQ(HostCopy(d, 2), (std::vector<float>{31.0f, 21.0f}));
+
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  float* more = nullptr;
+  EXPECT_EQ(cudaMalloc(&more, 4), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaErrorStreamCaptureUnsupported);
+  cudaGraph_t refused = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream, &refused), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(refused, nullptr);
+  cudaGetLastError();
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);  // out of capture again
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaFreeHost(pinned);
+  cudaFree(d);
+  cudaStreamDestroy(stream);
 }
 
 TEST(CudaEmulatorDeathTest, ReadingPastAnAllocationFaults) {

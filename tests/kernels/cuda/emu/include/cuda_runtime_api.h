@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 namespace kvlens_emu {
 
@@ -41,6 +42,8 @@ enum cudaError_t {
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorIllegalAddress = 700,
   cudaErrorLaunchFailure = 719,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
 };
 using cudaError = cudaError_t;
 
@@ -68,6 +71,31 @@ struct CUevent_st;
 using cudaStream_t = CUstream_st*;
 using cudaEvent_t = CUevent_st*;
 constexpr unsigned cudaStreamNonBlocking = 0x01;
+
+// Stream capture and graphs. While a stream captures, launches, cuBLAS calls and async
+// copies on it are recorded into the graph instead of run; a call that would synchronise
+// (cudaMalloc, cudaFree, cudaMemcpy, cudaStreamSynchronize, …) from the capturing thread
+// fails with cudaErrorStreamCaptureUnsupported and invalidates the capture, as under
+// cudaStreamCaptureModeGlobal/ThreadLocal on a GPU. A graph replays its nodes in order.
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+struct CUgraph_st;
+struct CUgraphExec_st;
+using cudaGraph_t = CUgraph_st*;
+using cudaGraphExec_t = CUgraphExec_st*;
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                 unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+// For the emulator's launch paths: when `stream` is capturing, appends `node` to its graph
+// and returns true (the caller does not run it now).
+bool RecordIfCapturing(cudaStream_t stream, std::function<void()> node);
 
 struct cudaDeviceProp {
   char name[256];
