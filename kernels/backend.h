@@ -99,6 +99,17 @@ class Backend {
   // Waits for every op enqueued so far and returns the first failure of the void ops
   // (the CPU backends run ops synchronously and never fail one).
   virtual absl::Status Synchronize() { return absl::OkStatus(); }
+  // The ops from BeginStep to EndStep are one forward step, which a backend may record and
+  // run as a whole (the CUDA backend: as a CUDA graph when an identical step ran before).
+  // Their results are defined only after EndStep(true); memory() copies in between run at
+  // once, so the step must not rely on them. EndStep(false) drops a step that failed part
+  // way (what of it had run already stays done; the rest never runs). Both return at once
+  // on the CPU backends, which run every op when it is called.
+  virtual void BeginStep() {}
+  virtual absl::Status EndStep(bool run) {
+    (void)run;
+    return absl::OkStatus();
+  }
 
   // y[N, out] = x[N, in] · Wᵀ (+ bias[out] when bias is non-empty). W is [out, in].
   virtual void MatMul(const T* x, int n, const WeightView& w, const WeightView& bias, T* y) = 0;

@@ -52,6 +52,7 @@ absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_t
 #ifdef KVLENS_HAVE_CUDA
   auto cuda = cuda::CudaBackend::Create(device.index);
   if (!cuda.ok()) return cuda.status();
+  (*cuda)->SetCudaGraphs(device.cuda_graphs);
   if (auto* peer = dynamic_cast<cuda::CudaBackend*>(share_weights_with);
       peer != nullptr && peer->device() == device.index) {
     if (absl::Status s = (*cuda)->ShareWeightsWith(*peer); !s.ok()) return s;

@@ -17,6 +17,8 @@ struct DeviceSpec {
   enum class Kind { kCpu, kCuda };
   Kind kind = Kind::kCpu;
   int index = 0;  // the GPU (kCuda)
+  // kCuda: run the engine's forward steps as CUDA graphs (CudaBackend::SetCudaGraphs).
+  bool cuda_graphs = true;
 
   std::string ToString() const;  // "cpu", "cuda:0"
 };

@@ -63,6 +63,10 @@ ABSL_FLAG(std::string, device, "cpu",
           "0; builds with -DKVLENS_CUDA=ON). On cuda the KV cache and activations live on the "
           "GPU (--kv-cache-bytes is GPU memory); interpretability requests run where "
           "--interp-device says, reading a session's KV cache back from the GPU.");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "--device cuda: run each forward step's launches as a CUDA graph, captured the "
+          "second time an identical step runs (decode steps of an unchanged batch) and "
+          "replayed after that; false launches every kernel one by one.");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores; --device cpu only).");
 ABSL_FLAG(int32_t, interp_workers, 2,
           "Interpretability requests (attention maps, probes, interventions, lens) running "
@@ -131,6 +135,7 @@ int main(int argc, char** argv) {
   auto device = kvlens::kernels::ParseDevice(device_flag);
   if (!device.ok())
     return Fail(absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message())));
+  device->cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   auto backend = kvlens::kernels::CreateBackend(*device, absl::GetFlag(FLAGS_threads));
   if (!backend.ok()) {
     return Fail(absl::Status(backend.status().code(), absl::StrCat("--device ", device_flag, ": ",

@@ -148,6 +148,20 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   }
   if (capture != nullptr) capture->probs.assign(c.num_layers, {});
 
+  // The layers are one step for the backend (a CUDA graph when an identical step ran
+  // before), up to the logits, whose rows are gathered by memory copies. Not when
+  // probabilities are captured: those are copied out layer by layer.
+  struct StepScope {
+    kernels::Backend<T>* backend = nullptr;  // while the step is open
+    ~StepScope() {
+      if (backend != nullptr) (void)backend->EndStep(/*run=*/false);  // a failed step
+    }
+  } step;
+  if (capture == nullptr) {
+    backend_.BeginStep();
+    step.backend = &backend_;
+  }
+
   // token (and, for GPT-2, position) embeddings. A residual still to be added to x_ waits
   // in proj_ (proj_pending) and is added by the next norm, fused where the backend can.
   backend_.Embedding(w.token_embedding, tokens.data(), n, x_.data());
@@ -255,6 +269,10 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     }
   }
   const int m = static_cast<int>(rows.size());
+  if (step.backend != nullptr) {
+    step.backend = nullptr;
+    if (absl::Status s = backend_.EndStep(/*run=*/true); !s.ok()) return s;
+  }
   // One copy per run of consecutive rows (a decode batch is one run): on a GPU each copy
   // is an operation of its own.
   for (int i = 0; i < m;) {

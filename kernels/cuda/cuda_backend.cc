@@ -54,6 +54,24 @@ absl::Status CheckAttention(const AttentionArgs<float>& a) {
   return CheckRowsSeeAKey(a);
 }
 
+// The launches of the backend that are not kernels of ops.h, matvec.h or attention.h, in
+// the launcher form StepGraph::Run takes: arguments, then the stream.
+absl::Status CopyToDevice(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
+                    "cudaMemcpyAsync", __FILE__, __LINE__);
+}
+
+// y = op_w(W) · x (+ beta · y) by cublasGemmEx on the handle's stream (the backend's).
+absl::Status CublasGemm(cublasContext* handle, cublasOperation_t op_w, int m, int n, int k,
+                        const void* w, cudaDataType_t type, int ldw, const void* x, int ldx,
+                        float beta, float* y, int ldy, cudaStream_t) {
+  const float alpha = 1.0f;
+  return CublasStatus(
+      cublasGemmEx(handle, op_w, CUBLAS_OP_N, m, n, k, &alpha, w, type, ldw, x, type, ldx, &beta, y,
+                   CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx", __FILE__, __LINE__);
+}
+
 cudaDataType_t CudaType(DType t) {
   switch (t) {
     case DType::kF16:
@@ -133,6 +151,46 @@ absl::Status CudaBackend::MakeCurrent() {
   return absl::OkStatus();
 }
 
+void CudaBackend::SetCudaGraphs(bool on) {
+  graphs_enabled_ = on;
+  if (!on) graph_.Clear();
+}
+
+void CudaBackend::BeginStep() {
+  graph_.Drop();
+  if (!graphs_enabled_ || !status_.ok()) return;
+  // The ring restarts at 0 for every step (the same offsets for the same uploads), so the
+  // previous step's copies must have read it; the engine synchronizes after each step
+  // anyway. Then the buffers retired during that step can go.
+  if (!Ok(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__,
+                     __LINE__))) {
+    return;
+  }
+  retired_.clear();
+  retired_pinned_.clear();
+  index_offset_ = 0;
+  index_recent_.clear();
+  graph_.Begin();
+}
+
+absl::Status CudaBackend::EndStep(bool run) {
+  if (!graph_.recording()) return status_;
+  if (!run || !status_.ok()) {
+    graph_.Drop();
+    return status_;
+  }
+  Ok(graph_.End(stream_, &memory_.stream_mutex()));
+  return status_;
+}
+
+absl::Status CudaBackend::ReserveScratch(DeviceBuffer& buffer, size_t bytes) {
+  if (graph_.recording() && bytes > buffer.bytes() && buffer.get() != nullptr) {
+    retired_.push_back(std::move(buffer));
+    buffer = DeviceBuffer();
+  }
+  return buffer.Reserve(bytes);
+}
+
 absl::Status CudaBackend::Synchronize() {
   KVLENS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   Ok(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__));
@@ -173,6 +231,7 @@ void CudaBackend::ForgetWeights() {
   std::lock_guard<std::mutex> lock(weights_->mu);
   weights_->weights.clear();  // cudaFree waits for the device: enqueued readers finish first
   weights_->bytes = 0;
+  graph_.Clear();  // graphs of steps that read them
 }
 
 absl::StatusOr<const DeviceWeight*> CudaBackend::Upload(const WeightView& w) {
@@ -219,11 +278,22 @@ absl::StatusOr<const DeviceWeight*> CudaBackend::Upload(const WeightView& w) {
 absl::StatusOr<const void*> CudaBackend::UploadIndices(const void* host, size_t bytes) {
   const size_t need = RoundUp(std::max<size_t>(bytes, 1), kIndexAlign);
   for (auto it = index_recent_.rbegin(); it != index_recent_.rend(); ++it) {
-    if (bytes > 0 && it->bytes == bytes &&
+    if (bytes > 0 && it->source == host && it->bytes == bytes &&
         std::memcmp(index_host_.get() + it->offset, host, bytes) == 0) {
       ++index_stats_.reused;
       return index_device_.as<unsigned char>() + it->offset;
     }
+  }
+  if (graph_.recording() && index_offset_ + need > index_host_.bytes()) {
+    // A recorded step's staged bytes wait for copies that have not been made yet: neither
+    // wrap nor free. Continue in a larger ring; the old one lives until the next step.
+    const size_t grown = RoundUp(2 * std::max(index_host_.bytes(), need), kIndexAlign);
+    retired_pinned_.push_back(std::move(index_host_));
+    retired_.push_back(std::move(index_device_));
+    if (absl::Status s = index_host_.Reserve(grown); !s.ok()) return s;
+    if (absl::Status s = index_device_.Reserve(grown); !s.ok()) return s;
+    index_offset_ = 0;
+    index_recent_.clear();
   }
   if (need > index_host_.bytes()) {
     // Grow both halves of the ring: wait until no copy reads the old staging memory.
@@ -244,10 +314,13 @@ absl::StatusOr<const void*> CudaBackend::UploadIndices(const void* host, size_t 
   unsigned char* staged = index_host_.get() + index_offset_;
   unsigned char* device = index_device_.as<unsigned char>() + index_offset_;
   std::memcpy(staged, host, bytes);
-  KVLENS_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(device, staged, bytes, cudaMemcpyHostToDevice, stream_));
+  if (absl::Status s = Launch(&CopyToDevice, static_cast<void*>(device),
+                              static_cast<const void*>(staged), bytes);
+      !s.ok()) {
+    return s;
+  }
   if (index_recent_.size() == kIndexReuse) index_recent_.erase(index_recent_.begin());
-  index_recent_.push_back({index_offset_, bytes});
+  index_recent_.push_back({index_offset_, bytes, host});
   ++index_stats_.copies;
   index_stats_.bytes_copied += static_cast<int64_t>(bytes);
   index_offset_ += need;
@@ -256,8 +329,10 @@ absl::StatusOr<const void*> CudaBackend::UploadIndices(const void* host, size_t 
 
 absl::StatusOr<const void*> CudaBackend::GemmOperand(const float* x, int64_t count, DType dtype) {
   if (dtype == DType::kF32) return x;
-  if (absl::Status s = gemm_input_.Reserve(static_cast<size_t>(count) * 2); !s.ok()) return s;
-  if (absl::Status s = LaunchConvertF32(x, count, dtype, gemm_input_.get(), stream_); !s.ok()) {
+  if (absl::Status s = ReserveScratch(gemm_input_, static_cast<size_t>(count) * 2); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Launch(&LaunchConvertF32, x, count, dtype, gemm_input_.get()); !s.ok()) {
     return s;
   }
   return gemm_input_.get();
@@ -281,7 +356,8 @@ absl::Status CudaBackend::MatMulImpl(const float* x, int n, const WeightView& w,
   if (MatVecTakes(n, W.dtype)) {
     const MatVecProduct product{W.buffer.get(), W.rows, B != nullptr ? B->buffer.get() : nullptr,
                                 B != nullptr ? B->dtype : DType::kF32, y};
-    return LaunchMatVec(x, n, W.cols, {&product, 1}, W.dtype, stream_);
+    return Launch(&LaunchMatVec, x, n, W.cols, absl::Span<const MatVecProduct>(&product, 1),
+                  W.dtype);
   }
   absl::StatusOr<const void*> b = GemmOperand(x, static_cast<int64_t>(n) * W.cols, W.dtype);
   if (!b.ok()) return b.status();
@@ -291,12 +367,16 @@ absl::Status CudaBackend::MatMulImpl(const float* x, int n, const WeightView& w,
 absl::Status CudaBackend::Gemm(const void* operand, int n, const DeviceWeight& W,
                                const DeviceWeight* B, float* y) {
   const int m = static_cast<int>(W.rows), k = static_cast<int>(W.cols);
-  const float alpha = 1.0f, beta = 0.0f;
-  KVLENS_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha,
-                                             W.buffer.get(), CudaType(W.dtype), k, operand,
-                                             CudaType(W.dtype), k, &beta, y, CUDA_R_32F, m,
-                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  if (B != nullptr) return LaunchAddBias(y, n, m, B->buffer.get(), B->dtype, stream_);
+  if (absl::Status s = Launch(&CublasGemm, cublas_, CUBLAS_OP_T, m, n, k,
+                              static_cast<const void*>(W.buffer.get()), CudaType(W.dtype), k,
+                              operand, k, 0.0f, y, m);
+      !s.ok()) {
+    return s;
+  }
+  if (B != nullptr) {
+    return Launch(&LaunchAddBias, y, n, static_cast<int64_t>(m),
+                  static_cast<const void*>(B->buffer.get()), B->dtype);
+  }
   return absl::OkStatus();
 }
 
@@ -310,17 +390,14 @@ absl::Status CudaBackend::MatMulBackwardInput(const float* dy, int n, const Weig
   if (!dw.ok()) return dw.status();
   const DeviceWeight& W = **dw;
   const int out = static_cast<int>(W.rows), in = static_cast<int>(W.cols);
-  const float alpha = 1.0f, beta = 1.0f;
   absl::StatusOr<const void*> b = GemmOperand(dy, static_cast<int64_t>(n) * out, W.dtype);
   if (!b.ok()) {
     Ok(b.status());
     return b.status();
   }
-  const absl::Status s =
-      CublasStatus(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &alpha,
-                                W.buffer.get(), CudaType(W.dtype), in, *b, CudaType(W.dtype), out,
-                                &beta, dx, CUDA_R_32F, in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "cublasGemmEx", __FILE__, __LINE__);
+  const absl::Status s = Launch(&CublasGemm, cublas_, CUBLAS_OP_N, in, n, out,
+                                static_cast<const void*>(W.buffer.get()), CudaType(W.dtype), in, *b,
+                                out, 1.0f, dx, in);
   Ok(s);
   return s;
 }
@@ -337,8 +414,8 @@ void CudaBackend::Embedding(const WeightView& table, const int32_t* ids, int n, 
   if (!Ok(dw.status())) return;
   absl::StatusOr<const void*> d_ids = UploadIndices(ids, sizeof(int32_t) * n);
   if (!Ok(d_ids.status())) return;
-  Ok(LaunchEmbedding((*dw)->buffer.get(), (*dw)->dtype, (*dw)->cols,
-                     static_cast<const int32_t*>(*d_ids), n, out, stream_));
+  Ok(Launch(&LaunchEmbedding, static_cast<const void*>((*dw)->buffer.get()), (*dw)->dtype,
+            (*dw)->cols, static_cast<const int32_t*>(*d_ids), n, out));
 }
 
 void CudaBackend::RmsNorm(const float* x, int n, int dim, const WeightView& weight, double eps,
@@ -351,8 +428,8 @@ void CudaBackend::AddRmsNorm(float* x, const float* residual, int n, int dim,
   if (!status_.ok()) return;
   absl::StatusOr<const DeviceWeight*> dw = Upload(weight);
   if (!Ok(dw.status())) return;
-  Ok(LaunchAddRmsNorm(x, residual, n, dim, (*dw)->buffer.get(), (*dw)->dtype,
-                      static_cast<float>(eps), y, stream_));
+  Ok(Launch(&LaunchAddRmsNorm, x, residual, n, dim, static_cast<const void*>((*dw)->buffer.get()),
+            (*dw)->dtype, static_cast<float>(eps), y));
 }
 
 void CudaBackend::LayerNorm(const float* x, int n, int dim, const WeightView& weight,
@@ -376,8 +453,8 @@ void CudaBackend::AddLayerNorm(float* x, const float* residual, int n, int dim,
     }
     b = (*db)->buffer.get();
   }
-  Ok(LaunchAddLayerNorm(x, residual, n, dim, (*dw)->buffer.get(), b, (*dw)->dtype,
-                        static_cast<float>(eps), y, stream_));
+  Ok(Launch(&LaunchAddLayerNorm, x, residual, n, dim, static_cast<const void*>((*dw)->buffer.get()),
+            b, (*dw)->dtype, static_cast<float>(eps), y));
 }
 
 void CudaBackend::MatMulMany(const float* x, int n, absl::Span<const MatMulOutput<float>> outputs) {
@@ -410,7 +487,8 @@ void CudaBackend::MatMulMany(const float* x, int n, absl::Span<const MatMulOutpu
                           bs[i] != nullptr ? bs[i]->buffer.get() : nullptr,
                           bs[i] != nullptr ? bs[i]->dtype : DType::kF32, outputs[i].y});
     }
-    Ok(LaunchMatVec(x, n, ws.front()->cols, products, dtype, stream_));
+    Ok(Launch(&LaunchMatVec, x, n, ws.front()->cols, absl::Span<const MatVecProduct>(products),
+              dtype));
     return;
   }
   // GEMMs: x rounded to the weights' dtype once for all of them.
@@ -435,8 +513,8 @@ void CudaBackend::MatMulSwiGlu(const float* x, int n, const WeightView& w_gate,
     return;
   }
   if (MatVecTakes(n, G.dtype)) {
-    Ok(LaunchMatVecSwiGlu(x, n, G.cols, G.buffer.get(), U.buffer.get(), G.dtype, G.rows, out,
-                          stream_));
+    Ok(Launch(&LaunchMatVecSwiGlu, x, n, G.cols, static_cast<const void*>(G.buffer.get()),
+              static_cast<const void*>(U.buffer.get()), G.dtype, G.rows, out));
     return;
   }
   // Two GEMMs on one rounding of x, then SwiGlu.
@@ -453,8 +531,8 @@ void CudaBackend::Rope(float* x, int n, int64_t row_stride, int num_heads, int h
   if (!status_.ok() || n <= 0) return;
   absl::StatusOr<const void*> d_pos = UploadIndices(positions, sizeof(int32_t) * n);
   if (!Ok(d_pos.status())) return;
-  Ok(LaunchRope(x, n, row_stride, num_heads, head_dim, static_cast<const int32_t*>(*d_pos), theta,
-                style, stream_));
+  Ok(Launch(&LaunchRope, x, n, row_stride, num_heads, head_dim, static_cast<const int32_t*>(*d_pos),
+            theta, style));
 }
 
 void CudaBackend::RopeQK(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride,
@@ -463,23 +541,23 @@ void CudaBackend::RopeQK(float* q, int64_t q_stride, int q_heads, float* k, int6
   if (!status_.ok() || n <= 0) return;
   absl::StatusOr<const void*> d_pos = UploadIndices(positions, sizeof(int32_t) * n);
   if (!Ok(d_pos.status())) return;
-  Ok(LaunchRopeQK(q, q_stride, q_heads, k, k_stride, k_heads, n, head_dim,
-                  static_cast<const int32_t*>(*d_pos), theta, style, stream_));
+  Ok(Launch(&LaunchRopeQK, q, q_stride, q_heads, k, k_stride, k_heads, n, head_dim,
+            static_cast<const int32_t*>(*d_pos), theta, style));
 }
 
 void CudaBackend::Gelu(float* x, int64_t count) {
   if (!status_.ok()) return;
-  Ok(LaunchGelu(x, count, stream_));
+  Ok(Launch(&LaunchGelu, x, count));
 }
 
 void CudaBackend::SwiGlu(const float* gate, const float* up, int64_t count, float* out) {
   if (!status_.ok()) return;
-  Ok(LaunchSwiGlu(gate, up, count, out, stream_));
+  Ok(Launch(&LaunchSwiGlu, gate, up, count, out));
 }
 
 void CudaBackend::Add(float* y, const float* x, int64_t count) {
   if (!status_.ok()) return;
-  Ok(LaunchAdd(y, x, count, stream_));
+  Ok(Launch(&LaunchAdd, y, x, count));
 }
 
 void CudaBackend::StoreKv(const float* k, const float* v, int n, int64_t src_stride,
@@ -488,8 +566,8 @@ void CudaBackend::StoreKv(const float* k, const float* v, int n, int64_t src_str
   if (!status_.ok() || n <= 0) return;
   absl::StatusOr<const void*> d_rows = UploadIndices(dst_rows, sizeof(int64_t) * n);
   if (!Ok(d_rows.status())) return;
-  Ok(LaunchStoreKv(k, v, n, src_stride, row_elems, static_cast<const int64_t*>(*d_rows), k_cache,
-                   v_cache, cache_stride, stream_));
+  Ok(Launch(&LaunchStoreKv, k, v, n, src_stride, row_elems, static_cast<const int64_t*>(*d_rows),
+            k_cache, v_cache, cache_stride));
 }
 
 namespace {
@@ -565,9 +643,11 @@ absl::Status CudaBackend::SplitKv(const AttentionParams& p) {
   }
   const int splits = ChooseNumSplits(p, num_sms_, split_kv_blocks_per_sm_[variant]);
   if (const int64_t ws = SplitKvWorkspaceFloats(p, splits); ws > 0) {
-    if (absl::Status s = attention_workspace_.Reserve(sizeof(float) * ws); !s.ok()) return s;
+    if (absl::Status s = ReserveScratch(attention_workspace_, sizeof(float) * ws); !s.ok()) {
+      return s;
+    }
   }
-  return LaunchSplitKv(p, splits, attention_workspace_.as<float>(), stream_);
+  return Launch(&LaunchSplitKv, p, splits, attention_workspace_.as<float>());
 }
 
 absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {
@@ -582,13 +662,13 @@ absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {
     float* scores = a.scores;
     float* probs = a.probs;
     if (scores == nullptr || probs == nullptr) {
-      if (absl::Status s = attention_workspace_.Reserve(map_bytes); !s.ok()) return s;
+      if (absl::Status s = ReserveScratch(attention_workspace_, map_bytes); !s.ok()) return s;
       (scores == nullptr ? scores : probs) = attention_workspace_.as<float>();
     }
-    return LaunchMaterialized(p, scores, probs, stream_);
+    return Launch(&LaunchMaterialized, p, scores, probs);
   }
   if (TakesFlash(a)) {
-    return LaunchFlashPrefill(p, FlashTileQueries(a.head_dim, flash_tile_queries_), stream_);
+    return Launch(&LaunchFlashPrefill, p, FlashTileQueries(a.head_dim, flash_tile_queries_));
   }
   if (a.head_dim > kSplitKvMaxHeadDim) {
     return absl::InvalidArgumentError(absl::StrCat("AttentionArgs.head_dim ", a.head_dim,
@@ -645,16 +725,28 @@ absl::Status CudaBackend::LaunchSplitKvBatched(absl::Span<const AttentionArgs<fl
   packed.clear();
   std::vector<int32_t> key_end, table_offset;
   int max_keys = 0;
+  const int block_size = calls.front().kv.block_size;
+  // While a step is recorded every table is padded to a power of two of blocks, and the
+  // split span is that many keys: the launch stays the same while the sequences grow
+  // (the padding is never read: each row stops at its key end).
+  int padded_blocks = 0;
+  if (graph_.recording()) {
+    for (const AttentionArgs<float>& a : calls) max_keys = std::max(max_keys, a.num_keys);
+    padded_blocks = 1;
+    while (padded_blocks * block_size < max_keys) padded_blocks *= 2;
+  }
   for (const AttentionArgs<float>& a : calls) {
     const int offset = static_cast<int>(packed.size());
-    const int blocks = (a.num_keys + a.kv.block_size - 1) / a.kv.block_size;
+    const int blocks = (a.num_keys + block_size - 1) / block_size;
     packed.insert(packed.end(), a.kv.block_table, a.kv.block_table + blocks);
+    if (padded_blocks > blocks) packed.resize(packed.size() + (padded_blocks - blocks), 0);
     for (int i = 0; i < a.num_queries; ++i) {
       key_end.push_back(CausalKeyEnd(a, i));
       table_offset.push_back(offset);
     }
     max_keys = std::max(max_keys, a.num_keys);
   }
+  if (padded_blocks > 0) max_keys = padded_blocks * block_size;
   const int tables = static_cast<int>(packed.size()), rows = static_cast<int>(key_end.size());
   packed.insert(packed.end(), key_end.begin(), key_end.end());
   packed.insert(packed.end(), table_offset.begin(), table_offset.end());
@@ -702,7 +794,7 @@ absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<floa
   p.block_table = base;
   p.flash_tiles = base + tables;
   p.num_flash_tiles = static_cast<int>(tiles.size());
-  return LaunchFlashPrefill(p, tile, stream_);
+  return Launch(&LaunchFlashPrefill, p, tile);
 }
 
 absl::Status CudaBackend::SetFlashTileQueries(int queries) {
@@ -738,7 +830,10 @@ absl::Status CudaBackend::AttentionBatch(absl::Span<const AttentionArgs<float>> 
       }
     }
     const absl::Span<const AttentionArgs<float>> run = calls.subspan(begin, end - begin);
-    const absl::Status s = run.size() == 1             ? AttentionChecked(run.front())
+    // (While a step is recorded, a lone decode-like call takes the batched split-KV launch
+    // too: its key ends come from the device, so its launch does not change every step.)
+    const bool alone = run.size() == 1 && !(kind == BatchKind::kSplitKv && graph_.recording());
+    const absl::Status s = alone                       ? AttentionChecked(run.front())
                            : kind == BatchKind::kFlash ? LaunchFlashBatched(run)
                                                        : LaunchSplitKvBatched(run);
     if (!s.ok()) {
@@ -770,8 +865,11 @@ absl::Status CudaBackend::AttentionBackwardImpl(const AttentionBackwardArgs<floa
   if (p.dscores == nullptr) {  // dS is needed for dK: keep it in the workspace
     const size_t map_bytes = sizeof(float) * static_cast<size_t>(a.num_heads) *
                              static_cast<size_t>(a.num_queries) * static_cast<size_t>(a.num_keys);
-    if (absl::Status s = attention_workspace_.Reserve(map_bytes); !s.ok()) return s;
+    if (absl::Status s = ReserveScratch(attention_workspace_, map_bytes); !s.ok()) return s;
     p.dscores = attention_workspace_.as<float>();
+  }
+  if (graph_.recording()) {
+    return absl::FailedPreconditionError("AttentionBackward: not part of a recorded forward step");
   }
   return LaunchAttentionBackward(p, stream_);
 }

@@ -17,6 +17,13 @@
 // no-op; Attention returns it, and Synchronize() waits for the stream and returns it.
 // Not thread-safe: one engine thread drives one backend.
 //
+// CUDA graphs: between BeginStep and EndStep (the engine's forward step) the launches are
+// recorded and run by StepGraph (step_graph.h): a step that makes exactly the launches of
+// an earlier one is one cudaGraphLaunch of the graph captured the second time it was seen.
+// To make decode steps repeat while their sequences grow, a recorded step's split-KV
+// attention pads each sequence's block table to a power of two of blocks and splits that
+// span (rows stop at their own key end). SetCudaGraphs(false) turns all of this off.
+//
 // Precision: fp32 activations; MatMul on cuBLAS with fp32 accumulation (f32 weights: fp32
 // GEMM, no TF32; f16/bf16 weights: activations rounded to the weight dtype for the tensor
 // cores, except for n <= kMatVecMaxRows rows, where matvec.cu keeps them fp32); prefill
@@ -42,6 +49,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_memory.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/step_graph.h"
 
 struct cublasContext;
 
@@ -113,6 +121,14 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // (attention.h, FlashTileQueries). For kvlens_gpu_check's comparison and the tests.
   absl::Status SetFlashTileQueries(int queries);
 
+  // The forward step's launches, recorded and run as a CUDA graph when an identical step
+  // ran before (see the top of the file). On by default.
+  void SetCudaGraphs(bool on);
+  bool cuda_graphs() const { return graphs_enabled_; }
+  StepGraph::Stats graph_stats() const { return graph_.stats(); }
+  void BeginStep() override;
+  absl::Status EndStep(bool run) override;
+
   void MatMul(const float* x, int n, const WeightView& w, const WeightView& bias,
               float* y) override;
   void Embedding(const WeightView& table, const int32_t* ids, int n, float* out) override;
@@ -165,13 +181,24 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
 
   // Keeps the first failure; true when s is OK and no earlier op failed.
   bool Ok(const absl::Status& s);
+  // fn(args..., stream_) now, or recorded when a step is (StepGraph::Run). Every launch of
+  // the backend goes through here.
+  template <typename Fn, typename... Args>
+  absl::Status Launch(Fn* fn, const Args&... args) {
+    return graph_.Run(stream_, fn, args...);
+  }
+  // buffer.Reserve(bytes); while a step is recorded, a buffer that must grow is kept alive
+  // (retired_) until the next step, as recorded launches still point into it.
+  absl::Status ReserveScratch(DeviceBuffer& buffer, size_t bytes);
   absl::StatusOr<const DeviceWeight*> Upload(const WeightView& w);
   // Copies `bytes` of host memory to the device, ordered on stream_. The device copy is
   // valid for work enqueued before the next upload that wraps or grows the ring, so an op
   // makes at most one upload. Bytes equal to one of the last kIndexReuse uploads since
   // the ring last wrapped reuse that copy: its staged bytes are still in the ring, and its
   // copy is ordered before any later reader (the engine's layers repeat the step's
-  // positions, cache rows and block tables).
+  // positions, cache rows and block tables). Only an upload from the same host array is
+  // reused: which uploads a step reuses then does not depend on whether, say, a token id
+  // happens to equal a position, so the step's launches (and its graph) stay the same.
   absl::StatusOr<const void*> UploadIndices(const void* host, size_t bytes);
   // The GEMM operand for x [count] against a `dtype` weight: x itself for f32, else x
   // rounded to f16/bf16 in gemm_input_ (valid until the next call).
@@ -210,6 +237,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   size_t index_offset_ = 0;
   struct StagedIndices {
     size_t offset, bytes;
+    const void* source;  // the host array it was copied from
   };
   std::vector<StagedIndices> index_recent_;  // newest last, at most kIndexReuse
   IndexUploadStats index_stats_;
@@ -219,6 +247,12 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
 
   DeviceBuffer gemm_input_;           // x rounded to f16/bf16 for the tensor cores
   DeviceBuffer attention_workspace_;  // split-KV partials, or S/A when not requested
+
+  bool graphs_enabled_ = true;
+  StepGraph graph_;
+  // Buffers replaced while a step was recorded, freed when the next one begins.
+  std::vector<DeviceBuffer> retired_;
+  std::vector<PinnedBuffer> retired_pinned_;
 };
 
 }  // namespace kvlens::kernels::cuda

@@ -24,6 +24,7 @@ void CudaMemory::Free(void* p) {
 
 absl::Status CudaMemory::CopyFromHost(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(stream_mu_);
   KVLENS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   // From pageable memory the call returns once src has been staged, so src may be reused.
   KVLENS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
@@ -32,6 +33,7 @@ absl::Status CudaMemory::CopyFromHost(void* dst, const void* src, size_t bytes) 
 
 absl::Status CudaMemory::CopyToHost(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(stream_mu_);
   KVLENS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   KVLENS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
   KVLENS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
@@ -40,6 +42,7 @@ absl::Status CudaMemory::CopyToHost(void* dst, const void* src, size_t bytes) {
 
 absl::Status CudaMemory::Copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(stream_mu_);
   KVLENS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   KVLENS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   return absl::OkStatus();
@@ -47,6 +50,7 @@ absl::Status CudaMemory::Copy(void* dst, const void* src, size_t bytes) {
 
 absl::Status CudaMemory::Memset(void* dst, int byte, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(stream_mu_);
   KVLENS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   KVLENS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, byte, bytes, stream_));
   return absl::OkStatus();

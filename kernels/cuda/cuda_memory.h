@@ -3,12 +3,15 @@
 // stream, so they are ordered with its ops; CopyToHost then waits for that stream.
 // Every call makes the device current first, so CopyToHost works from any thread (the
 // engine's interpretability readers copy a session's KV blocks out while the step thread
-// keeps running).
+// keeps running). Those stream calls hold stream_mutex(), which the backend holds while
+// it captures a CUDA graph on the stream: a copy from another thread then waits instead of
+// being captured into the graph.
 #ifndef KVLENS_KERNELS_CUDA_CUDA_MEMORY_H_
 #define KVLENS_KERNELS_CUDA_CUDA_MEMORY_H_
 
 #include <cuda_runtime_api.h>
 
+#include <mutex>
 #include <string>
 
 #include "kernels/memory.h"
@@ -29,11 +32,14 @@ class CudaMemory final : public Memory {
   absl::Status Memset(void* dst, int byte, size_t bytes) override;
   // cudaMemGetInfo of the device.
   absl::StatusOr<Usage> usage() const override;
+  // Held by every copy and memset (and by the backend during a graph capture).
+  std::mutex& stream_mutex() { return stream_mu_; }
 
  private:
   int device_;
   cudaStream_t stream_;
   std::string name_;
+  std::mutex stream_mu_;
 };
 
 }  // namespace kvlens::kernels::cuda

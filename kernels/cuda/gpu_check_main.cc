@@ -338,77 +338,90 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         *proj = Alloc(size_t(max_batch) * D), *h1 = Alloc(size_t(max_batch) * F),
         *h3 = Alloc(size_t(max_batch) * F), *logits = Alloc(size_t(max_batch) * V);
 
-  for (int batch : z.batches) {
-    std::vector<std::vector<int32_t>> tables(batch);
-    for (int s = 0; s < batch; ++s) {
-      tables[s].resize(blocks_per_seq);
-      std::iota(tables[s].begin(), tables[s].end(), s * blocks_per_seq);
-    }
-    int pos = ctx;
-    std::vector<int32_t> ids(batch, 1), positions(batch);
-    std::vector<int64_t> dst(batch);
-    std::vector<AttentionArgs<float>> calls;
-    auto step = [&] {
+  for (int batch : z.batches)
+    for (bool graphs : {false, true}) {
+      b.SetCudaGraphs(graphs);
+      std::vector<std::vector<int32_t>> tables(batch);
       for (int s = 0; s < batch; ++s) {
-        positions[s] = pos;
-        dst[s] = int64_t{tables[s][pos / bs]} * bs + pos % bs;
+        tables[s].resize(blocks_per_seq);
+        std::iota(tables[s].begin(), tables[s].end(), s * blocks_per_seq);
       }
-      // The ops the engine's Transformer::Forward makes: q, k and v in one MatMulMany, one
-      // RopeQK, each residual add fused into the next norm, SwiGLU's two products in one
-      // MatMulSwiGlu.
-      b.Embedding(embedding, ids.data(), batch, x);
-      for (int l = 0; l < L; ++l) {
-        const Layer& w = layers[l];
-        if (l == 0) {
-          b.RmsNorm(x, batch, D, w.attn_norm, 1e-5, xn);
-        } else {
-          b.AddRmsNorm(x, proj, batch, D, w.attn_norm, 1e-5, xn);
-        }
-        const MatMulOutput<float> qkv[] = {
-            {w.wq, WeightView{}, q}, {w.wk, WeightView{}, k}, {w.wv, WeightView{}, v}};
-        b.MatMulMany(xn, batch, qkv);
-        b.RopeQK(q, D, H, k, D, H, batch, Dh, positions.data(), 10000.0, RopeStyle::kHalfSplit);
-        b.StoreKv(k, v, batch, D, D, dst.data(), kc[l], vc[l], D);
-        calls.clear();
+      int pos = ctx;
+      std::vector<int32_t> ids(batch, 1), positions(batch);
+      std::vector<int64_t> dst(batch);
+      std::vector<AttentionArgs<float>> calls;
+      auto step = [&] {
         for (int s = 0; s < batch; ++s) {
-          AttentionArgs<float>& a = calls.emplace_back();
-          a.q = q + size_t(s) * D;
-          a.q_stride = D;
-          a.num_queries = 1;
-          a.num_keys = pos + 1;
-          a.query_offset = pos;
-          a.num_heads = a.num_kv_heads = H;
-          a.head_dim = Dh;
-          a.scale = 1.0 / std::sqrt(double(Dh));
-          a.kv = KvSource<float>{kc[l], vc[l], D, tables[s].data(), bs};
-          a.out = att + size_t(s) * D;
-          a.out_stride = D;
+          positions[s] = pos;
+          dst[s] = int64_t{tables[s][pos / bs]} * bs + pos % bs;
         }
-        int failed = 0;
-        Must(b.AttentionBatch(calls, &failed), "attention");  // as the engine: one launch
-        b.MatMul(att, batch, w.wo, WeightView{}, proj);
-        b.AddRmsNorm(x, proj, batch, D, w.ffn_norm, 1e-5, xn);
-        b.MatMulSwiGlu(xn, batch, w.w1, w.w3, h3, h1);
-        b.MatMul(h1, batch, w.w2, WeightView{}, proj);
-      }
-      b.Add(x, proj, int64_t{batch} * D);
-      b.RmsNorm(x, batch, D, final_norm, 1e-5, xn);
-      b.MatMul(xn, batch, output, WeightView{}, logits);
-      ++pos;
-    };
-    const int64_t copies_before = b.index_upload_stats().copies;
-    const double sec = TimeIt(b, steps, step);  // steps + 1 calls (one warm-up)
-    const double copies_per_step =
-        double(b.index_upload_stats().copies - copies_before) / (steps + 1);
-    const double tok_s = batch / sec;
-    // Every weight byte read once per step at the copy's DRAM rate (KV reads not counted).
-    const double roofline = batch * copy_bw / double(streamed_bytes);
-    rows.Add({absl::StrCat("end-to-end decode (", z.model, ", bf16 weights)"),
-              absl::StrFormat("batch %d, context %d, %.0f index copies/step", batch, ctx,
-                              copies_per_step),
-              Fmt(tok_s, "tok/s"), Fmt(roofline, "tok/s roofline"), Pct(tok_s / roofline),
-              batch == 1 ? ">= 70%" : "-"});
-  }
+        // The ops the engine's Transformer::Forward makes: q, k and v in one MatMulMany, one
+        // RopeQK, each residual add fused into the next norm, SwiGLU's two products in one
+        // MatMulSwiGlu; the layers as one step (a CUDA graph when graphs are on), then the
+        // logits, which the engine copies to the host (so every step ends synchronised).
+        b.BeginStep();
+        b.Embedding(embedding, ids.data(), batch, x);
+        for (int l = 0; l < L; ++l) {
+          const Layer& w = layers[l];
+          if (l == 0) {
+            b.RmsNorm(x, batch, D, w.attn_norm, 1e-5, xn);
+          } else {
+            b.AddRmsNorm(x, proj, batch, D, w.attn_norm, 1e-5, xn);
+          }
+          const MatMulOutput<float> qkv[] = {
+              {w.wq, WeightView{}, q}, {w.wk, WeightView{}, k}, {w.wv, WeightView{}, v}};
+          b.MatMulMany(xn, batch, qkv);
+          b.RopeQK(q, D, H, k, D, H, batch, Dh, positions.data(), 10000.0, RopeStyle::kHalfSplit);
+          b.StoreKv(k, v, batch, D, D, dst.data(), kc[l], vc[l], D);
+          calls.clear();
+          for (int s = 0; s < batch; ++s) {
+            AttentionArgs<float>& a = calls.emplace_back();
+            a.q = q + size_t(s) * D;
+            a.q_stride = D;
+            a.num_queries = 1;
+            a.num_keys = pos + 1;
+            a.query_offset = pos;
+            a.num_heads = a.num_kv_heads = H;
+            a.head_dim = Dh;
+            a.scale = 1.0 / std::sqrt(double(Dh));
+            a.kv = KvSource<float>{kc[l], vc[l], D, tables[s].data(), bs};
+            a.out = att + size_t(s) * D;
+            a.out_stride = D;
+          }
+          int failed = 0;
+          Must(b.AttentionBatch(calls, &failed), "attention");  // as the engine: one launch
+          b.MatMul(att, batch, w.wo, WeightView{}, proj);
+          b.AddRmsNorm(x, proj, batch, D, w.ffn_norm, 1e-5, xn);
+          b.MatMulSwiGlu(xn, batch, w.w1, w.w3, h3, h1);
+          b.MatMul(h1, batch, w.w2, WeightView{}, proj);
+        }
+        b.Add(x, proj, int64_t{batch} * D);
+        Must(b.EndStep(/*run=*/true), "step");
+        b.RmsNorm(x, batch, D, final_norm, 1e-5, xn);
+        b.MatMul(xn, batch, output, WeightView{}, logits);
+        Must(b.Synchronize(), "step");
+        ++pos;
+      };
+      step();  // a first step (with graphs: seen once, so the next one is captured)
+      const int64_t copies_before = b.index_upload_stats().copies;
+      const StepGraph::Stats graphs_before = b.graph_stats();
+      const double sec = TimeIt(b, steps, step);  // steps + 1 calls (one warm-up: the capture)
+      const double copies_per_step =
+          double(b.index_upload_stats().copies - copies_before) / (steps + 1);
+      const int64_t replayed = b.graph_stats().replays - graphs_before.replays;
+      const double tok_s = batch / sec;
+      // Every weight byte read once per step at the copy's DRAM rate (KV reads not counted).
+      const double roofline = batch * copy_bw / double(streamed_bytes);
+      rows.Add({absl::StrCat("end-to-end decode (", z.model, ", bf16 weights)"),
+                absl::StrFormat("batch %d, context %d, %s, %.0f index copies/step", batch, ctx,
+                                graphs ? absl::StrFormat("graphs (%d of %d steps replayed)",
+                                                         replayed, steps + 1)
+                                       : std::string("no graphs"),
+                                copies_per_step),
+                Fmt(tok_s, "tok/s"), Fmt(roofline, "tok/s roofline"), Pct(tok_s / roofline),
+                batch == 1 ? ">= 70%" : "-"});
+    }
+  b.SetCudaGraphs(true);
   for (int l = 0; l < L; ++l) {
     cudaFree(kc[l]);
     cudaFree(vc[l]);

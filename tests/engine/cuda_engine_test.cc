@@ -27,7 +27,7 @@
 #include "kernels/backend_factory.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/staged_backend.h"
-#ifdef KVLENS_CUDA_EMULATOR
+#ifdef KVLENS_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
 #include "tests/engine/interpret/tiny_model.h"
@@ -289,6 +289,42 @@ TEST(CudaEngineDecode, IncrementalEqualsFullRecomputeOverANanCache) {
   ExpectClose(AllLogits(*model, cuda, tokens, 1),
               AllLogits(*model, cuda, tokens, static_cast<int>(tokens.size())), 1e-4, 1e-5);
 }
+
+#ifdef KVLENS_HAVE_CUDA
+// CUDA graphs in the engine's decode, one token a step (graphs are the backend's default).
+// A recorded step pads each split-KV block table to a power of two of blocks, so with
+// blocks of 7 tokens the steps with 1–7, 8–14, 15–28 and 29–40 keys make four different
+// steps: each runs launch by launch the first time, is captured the second and replayed
+// from then on (36 of 40 steps by a graph). Their logits equal the same steps' without
+// graphs; a replay that read a stale token, position, cache row or key count would not.
+TEST(CudaEngineGraphs, DecodeStepsReplayFourGraphsAndEqualStepsWithoutGraphs) {
+  KVLENS_REQUIRE_FILE(testing::DefaultModelPath());
+  KVLENS_REQUIRE_CUDA(cuda);
+  auto* backend = dynamic_cast<kernels::cuda::CudaBackend*>(&cuda);
+  ASSERT_NE(backend, nullptr);
+  auto model = Load(testing::DefaultModelPath());
+  ASSERT_NE(model, nullptr);
+  std::vector<int32_t> tokens = model->tokenizer->Encode(
+      "In the beginning God created the heaven and the earth. And the earth was without form, "
+      "and void; and darkness was upon the face of the deep. And the Spirit of God moved upon "
+      "the face of the waters.",
+      false);
+  ASSERT_GE(tokens.size(), 40u);
+  tokens.resize(40);
+  const kernels::cuda::StepGraph::Stats s0 = backend->graph_stats();
+  const std::vector<float> with = AllLogits(*model, cuda, tokens, 1);
+  const kernels::cuda::StepGraph::Stats s1 = backend->graph_stats();
+  EXPECT_EQ(s1.steps - s0.steps, 40);
+  EXPECT_EQ(s1.eager - s0.eager, 4);
+  EXPECT_EQ(s1.captures - s0.captures, 4);
+  EXPECT_EQ(s1.replays - s0.replays, 36);
+  EXPECT_EQ(s1.capture_failures, 0);
+  backend->SetCudaGraphs(false);
+  ExpectClose(with, AllLogits(*model, cuda, tokens, 1), 1e-6, 0);
+  EXPECT_EQ(backend->graph_stats().steps, s1.steps);  // nothing recorded
+  EXPECT_EQ(backend->graph_stats().graphs, 0);        // and the graphs destroyed
+}
+#endif
 
 // Interpretability on the GPU: the tape's forward through a StagedBackend over the CUDA
 // backend (matrix products, norms, RoPE, activations on the device; the tape's own

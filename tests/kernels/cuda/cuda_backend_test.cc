@@ -356,6 +356,66 @@ TEST_F(CudaBackendTest, RepeatedIndexArraysAreCopiedOnce) {
   EXPECT_TRUE(backend_->status().ok()) << backend_->status();
 }
 
+// CUDA graphs (step_graph.h): a recorded step runs launch by launch the first time its
+// launches are seen, is captured the second time and replayed after that, each replay
+// reading that step's own index arrays (staged in the ring at the same offsets).
+TEST_F(CudaBackendTest, GraphReplaysReadEachStepsIndexArrays) {
+  const std::vector<float> table = {10, 20, 30, 40, 50};  // 5 rows of dim 1
+  const WeightView w{table.data(), DType::kF32, 5, 1};
+  auto out = parity::ToDevice(std::vector<double>(3, parity::kNaN));
+  auto add = parity::ToDevice(std::vector<double>{1, 2, 3});
+  ASSERT_TRUE(out.ok() && add.ok());
+  auto step = [&](const std::vector<int32_t>& ids) {
+    const int n = static_cast<int>(ids.size());
+    backend_->BeginStep();
+    backend_->Embedding(w, ids.data(), n, out->as<float>());
+    backend_->Add(out->as<float>(), add->as<float>(), n);
+    EXPECT_TRUE(backend_->EndStep(/*run=*/true).ok()) << backend_->status();
+    std::vector<double> want;
+    for (int i = 0; i < n; ++i) want.push_back(table[ids[i]] + 1.0 + i);
+    absl::StatusOr<std::vector<double>> got = parity::FromDevice(*backend_, *out, ids.size());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, want) << "ids " << ids[0] << ", …";
+  };
+  const StepGraph::Stats s0 = backend_->graph_stats();
+  for (int i = 0; i < 5; ++i) step({i, (i + 2) % 5, 4 - i});
+  const StepGraph::Stats s1 = backend_->graph_stats();
+  EXPECT_EQ(s1.steps - s0.steps, 5);
+  EXPECT_EQ(s1.eager - s0.eager, 1);        // first sighting
+  EXPECT_EQ(s1.captures - s0.captures, 1);  // second: captured, then launched
+  EXPECT_EQ(s1.replays - s0.replays, 4);    // the second to the fifth
+  // Other launches (two rows) are another step: run one by one, then captured.
+  step({4, 0});
+  step({1, 3});
+  const StepGraph::Stats s2 = backend_->graph_stats();
+  EXPECT_EQ(s2.eager - s1.eager, 1);
+  EXPECT_EQ(s2.captures - s1.captures, 1);
+  EXPECT_EQ(s2.graphs, 2);
+  // Without graphs nothing is recorded.
+  backend_->SetCudaGraphs(false);
+  step({2, 2, 2});
+  EXPECT_EQ(backend_->graph_stats().steps, s2.steps);  // nothing recorded
+  EXPECT_EQ(backend_->graph_stats().graphs, 0);        // and the graphs destroyed
+  EXPECT_TRUE(backend_->status().ok()) << backend_->status();
+}
+
+TEST_F(CudaBackendTest, ADroppedStepRunsNothing) {
+  const std::vector<float> table = {10, 20};
+  const WeightView w{table.data(), DType::kF32, 2, 1};
+  auto out = parity::ToDevice(std::vector<double>(2, parity::kNaN));
+  ASSERT_TRUE(out.ok());
+  const std::vector<int32_t> ids = {1, 0};
+  for (int i = 0; i < 3; ++i) {  // eager, captured, replayed: none of them runs
+    backend_->BeginStep();
+    backend_->Embedding(w, ids.data(), 2, out->as<float>());
+    EXPECT_TRUE(backend_->EndStep(/*run=*/false).ok());
+  }
+  absl::StatusOr<std::vector<double>> got = parity::FromDevice(*backend_, *out, 2);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(std::isnan((*got)[0]) && std::isnan((*got)[1]));
+  EXPECT_EQ(backend_->graph_stats().steps, 0);  // a dropped step is not counted
+}
+
 TEST_F(CudaBackendTest, AttentionBackwardSeedsTwoByTwoWorkedExample) {
   const SeedResult r = RunSeed(*backend_, {1, 0, 0, 1});
   ExpectNear(r.probs, {0.75, 0.25, 0.25, 0.75}, "A");

@@ -1,0 +1,193 @@
+#include "kernels/cuda/step_graph.h"
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_status.h"
+
+namespace kvlens::kernels::cuda {
+
+void AppendWords(Signature& s, const AttentionParams& p) {
+  // Every field: a graph is replayed only when all of them are equal.
+  AppendWords(s, p.q);
+  AppendWords(s, p.q_stride);
+  AppendWords(s, p.k);
+  AppendWords(s, p.v);
+  AppendWords(s, p.kv_row_stride);
+  AppendWords(s, p.block_table);
+  AppendWords(s, p.block_size);
+  AppendWords(s, p.q_doc);
+  AppendWords(s, p.k_doc);
+  AppendWords(s, p.out);
+  AppendWords(s, p.out_stride);
+  AppendWords(s, p.num_queries);
+  AppendWords(s, p.num_keys);
+  AppendWords(s, p.num_heads);
+  AppendWords(s, p.num_kv_heads);
+  AppendWords(s, p.head_dim);
+  AppendWords(s, p.query_offset);
+  AppendWords(s, p.causal);
+  AppendWords(s, p.scale);
+  AppendWords(s, p.row_key_end);
+  AppendWords(s, p.row_table_offset);
+  AppendWords(s, p.flash_tiles);
+  AppendWords(s, p.num_flash_tiles);
+}
+
+void AppendWords(Signature& s, const MatVecProduct& p) {
+  AppendWords(s, p.w);
+  AppendWords(s, p.out);
+  AppendWords(s, p.bias);
+  AppendWords(s, p.bias_dtype);
+  AppendWords(s, p.y);
+}
+
+namespace {
+
+uint64_t Hash(const Signature& s) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+  for (uint64_t w : s) {
+    h ^= w;
+    h *= 1099511628211ull;
+    h ^= h >> 29;
+  }
+  return h;
+}
+
+}  // namespace
+
+StepGraph::StepGraph(int max_graphs, int max_signatures)
+    : max_graphs_(std::max(max_graphs, 1)), max_signatures_(std::max(max_signatures, 1)) {}
+
+StepGraph::~StepGraph() { Clear(); }
+
+void StepGraph::Begin() {
+  Drop();
+  recording_ = true;
+}
+
+void StepGraph::Drop() {
+  recording_ = false;
+  signature_.clear();
+  launches_.clear();
+}
+
+void StepGraph::Clear() {
+  Drop();
+  for (auto& [hash, e] : entries_) {
+    // An executable graph still running is freed when it completes.
+    if (e.exec != nullptr) cudaGraphExecDestroy(e.exec);
+  }
+  entries_.clear();
+  stats_.graphs = 0;
+}
+
+StepGraph::Stats StepGraph::stats() const { return stats_; }
+
+absl::Status StepGraph::RunEagerly(cudaStream_t stream) {
+  ++stats_.eager;
+  for (auto& launch : launches_) {
+    if (absl::Status s = launch(stream); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+bool StepGraph::Capture(cudaStream_t stream, Entry& entry) {
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  bool ok = true;
+  for (auto& launch : launches_) {
+    if (!launch(stream).ok()) {
+      ok = false;
+      break;
+    }
+  }
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamEndCapture(stream, &graph) != cudaSuccess) ok = false;
+  if (ok && graph != nullptr && cudaGraphInstantiate(&entry.exec, graph, 0) != cudaSuccess) {
+    entry.exec = nullptr;
+    ok = false;
+  }
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (!ok) {
+    cudaGetLastError();  // capture errors are not sticky; clear the last error
+    if (entry.exec != nullptr) cudaGraphExecDestroy(entry.exec);
+    entry.exec = nullptr;
+  }
+  return ok && entry.exec != nullptr;
+}
+
+void StepGraph::Evict() {
+  // Forget the least recently used signatures past max_signatures_, and destroy the least
+  // recently used graphs past max_graphs_.
+  auto oldest = [&](bool with_graph) {
+    auto best = entries_.end();
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (with_graph && it->second.exec == nullptr) continue;
+      if (best == entries_.end() || it->second.last_use < best->second.last_use) best = it;
+    }
+    return best;
+  };
+  while (static_cast<int>(entries_.size()) > max_signatures_) {
+    auto it = oldest(false);
+    if (it->second.exec != nullptr) {
+      cudaGraphExecDestroy(it->second.exec);
+      --stats_.graphs;
+    }
+    entries_.erase(it);
+  }
+  while (stats_.graphs > max_graphs_) {
+    auto it = oldest(true);
+    cudaGraphExecDestroy(it->second.exec);
+    it->second.exec = nullptr;
+    --stats_.graphs;
+  }
+}
+
+absl::Status StepGraph::End(cudaStream_t stream, std::mutex* capture_mutex) {
+  if (!recording_) return absl::OkStatus();
+  recording_ = false;
+  ++stats_.steps;
+  const uint64_t hash = Hash(signature_);
+  auto it = entries_.find(hash);
+  absl::Status status;
+  if (it == entries_.end() || it->second.signature != signature_) {
+    // First sighting (or a hash collision, which replaces the older step): run it.
+    Entry& e = entries_[hash];
+    if (e.exec != nullptr) {
+      cudaGraphExecDestroy(e.exec);
+      --stats_.graphs;
+    }
+    e = Entry();
+    e.signature = signature_;
+    e.last_use = stats_.steps;
+    status = RunEagerly(stream);
+  } else {
+    Entry& e = it->second;
+    e.last_use = stats_.steps;
+    if (e.exec == nullptr && e.capturable) {
+      std::unique_lock<std::mutex> lock;
+      if (capture_mutex != nullptr) lock = std::unique_lock<std::mutex>(*capture_mutex);
+      if (Capture(stream, e)) {
+        ++stats_.captures;
+        ++stats_.graphs;
+      } else {
+        ++stats_.capture_failures;
+        e.capturable = false;
+      }
+    }
+    if (e.exec != nullptr) {
+      status = CudaStatus(cudaGraphLaunch(e.exec, stream), "cudaGraphLaunch", __FILE__, __LINE__);
+      if (status.ok()) ++stats_.replays;
+    } else {
+      status = RunEagerly(stream);
+    }
+  }
+  signature_.clear();
+  launches_.clear();
+  Evict();
+  return status;
+}
+
+}  // namespace kvlens::kernels::cuda

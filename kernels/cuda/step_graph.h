@@ -1,0 +1,150 @@
+// CUDA graphs for the forward step (CudaBackend::BeginStep … EndStep).
+//
+// Between Begin and End every launch the backend makes (kernels, cuBLAS GEMMs, the index
+// uploads' host-to-device copies) goes through Run(), which records it instead of
+// launching it: a closure, and the launch's signature, which is the launcher's address and
+// every argument it passes to the GPU (pointers, sizes, scalars, the attention parameter
+// struct field by field). End() then runs the step one of three ways:
+//   - a graph captured from an earlier step with the same signature exists: launch it
+//     (one cudaGraphLaunch for the whole step);
+//   - the signature was seen once before: capture the closures into a graph
+//     (cudaStreamBeginCapture … EndCapture), instantiate it and launch it;
+//   - otherwise (first sighting, or capture failed): run the closures one by one.
+// A replayed graph is exactly the launches the step would have made: the signatures are
+// equal, so every kernel gets the same arguments. What differs from step to step is data
+// the kernels read from memory at the same addresses: the activations, the KV cache and
+// the index arrays (token ids, positions, cache rows, block tables, key ends), which the
+// backend writes into its pinned staging ring at the same offsets before End, so the
+// graph's copy nodes upload this step's values.
+//
+// Outside Begin … End, Run() launches at once (the eager path, as without graphs).
+#ifndef KVLENS_KERNELS_CUDA_STEP_GRAPH_H_
+#define KVLENS_KERNELS_CUDA_STEP_GRAPH_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/matvec.h"
+
+namespace kvlens::kernels::cuda {
+
+// The signature words of one launch argument.
+using Signature = std::vector<uint64_t>;
+template <typename T>
+void AppendWords(Signature& s, const T& v) {
+  if constexpr (std::is_pointer_v<T>) {
+    s.push_back(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(v)));
+  } else if constexpr (std::is_enum_v<T>) {
+    s.push_back(static_cast<uint64_t>(v));
+  } else {
+    static_assert(std::is_arithmetic_v<T> && sizeof(T) <= sizeof(uint64_t),
+                  "give this argument type an AppendWords overload");
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    s.push_back(bits);
+  }
+}
+void AppendWords(Signature& s, const AttentionParams& p);
+void AppendWords(Signature& s, const MatVecProduct& p);
+template <typename T>
+void AppendWords(Signature& s, absl::Span<const T> v) {
+  s.push_back(v.size());
+  for (const T& x : v) AppendWords(s, x);
+}
+
+// How a launch argument is kept in a recorded closure: spans as a vector (the caller's
+// array may be gone by End), everything else by value.
+template <typename T>
+struct Kept {
+  using type = T;
+  static const T& Keep(const T& v) { return v; }
+  static const T& Pass(const T& v) { return v; }
+};
+template <typename U>
+struct Kept<absl::Span<const U>> {
+  using type = std::vector<U>;
+  static std::vector<U> Keep(absl::Span<const U> v) { return {v.begin(), v.end()}; }
+  static absl::Span<const U> Pass(const std::vector<U>& v) { return v; }
+};
+
+class StepGraph {
+ public:
+  struct Stats {
+    int64_t steps = 0;     // Ends
+    int64_t eager = 0;     // steps run launch by launch
+    int64_t captures = 0;  // graphs captured and instantiated
+    int64_t replays = 0;   // steps run by an existing graph
+    int64_t capture_failures = 0;
+    int64_t graphs = 0;  // instantiated graphs held now
+  };
+
+  // Keeps at most max_graphs instantiated graphs (least recently used go first) and
+  // remembers at most max_signatures steps.
+  explicit StepGraph(int max_graphs = 16, int max_signatures = 64);
+  ~StepGraph();
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+
+  bool recording() const { return recording_; }
+  // Starts recording (dropping a recording in progress).
+  void Begin();
+  // Drops the recording: nothing of it runs.
+  void Drop();
+  // Runs the step recorded since Begin on `stream` (see the top of the file). A capture
+  // holds `capture_mutex` (if given): other threads' work on the stream waits for it
+  // rather than being captured into the graph.
+  absl::Status End(cudaStream_t stream, std::mutex* capture_mutex = nullptr);
+  // Destroys every graph and forgets every signature (e.g. when weights are freed).
+  void Clear();
+  Stats stats() const;
+
+  // fn(args..., stream) now, or recorded until End. fn returns absl::Status.
+  template <typename Fn, typename... Args>
+  absl::Status Run(cudaStream_t stream, Fn* fn, const Args&... args) {
+    if (!recording_) return fn(args..., stream);
+    AppendWords(signature_, reinterpret_cast<uintptr_t>(fn));
+    (AppendWords(signature_, args), ...);
+    launches_.push_back([fn, kept = std::tuple<typename Kept<Args>::type...>(
+                                 Kept<Args>::Keep(args)...)](cudaStream_t s) {
+      return std::apply([&](const auto&... a) { return fn(Kept<Args>::Pass(a)..., s); }, kept);
+    });
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Entry {
+    Signature signature;
+    cudaGraphExec_t exec = nullptr;
+    bool capturable = true;
+    int64_t last_use = 0;
+  };
+  absl::Status RunEagerly(cudaStream_t stream);
+  // Captures launches_ into entry.exec; false (and the stream out of capture mode, the
+  // error cleared) when the runtime refused.
+  bool Capture(cudaStream_t stream, Entry& entry);
+  void Evict();
+
+  bool recording_ = false;
+  Signature signature_;
+  std::vector<std::function<absl::Status(cudaStream_t)>> launches_;
+  std::unordered_map<uint64_t, Entry> entries_;  // by hash of the signature
+  int max_graphs_;
+  int max_signatures_;
+  Stats stats_;
+};
+
+}  // namespace kvlens::kernels::cuda
+
+#endif  // KVLENS_KERNELS_CUDA_STEP_GRAPH_H_
