@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -350,6 +351,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
       std::vector<int32_t> ids(batch, 1), positions(batch);
       std::vector<int64_t> dst(batch);
       std::vector<AttentionArgs<float>> calls;
+      double host_sec = 0;
       auto step = [&] {
         for (int s = 0; s < batch; ++s) {
           positions[s] = pos;
@@ -359,6 +361,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         // RopeQK, each residual add fused into the next norm, SwiGLU's two products in one
         // MatMulSwiGlu; the layers as one step (a CUDA graph when graphs are on), then the
         // logits, which the engine copies to the host (so every step ends synchronised).
+        const auto host_start = std::chrono::steady_clock::now();
         b.BeginStep();
         b.Embedding(embedding, ids.data(), batch, x);
         for (int l = 0; l < L; ++l) {
@@ -396,6 +399,9 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
           b.MatMul(h1, batch, w.w2, WeightView{}, proj);
         }
         b.Add(x, proj, int64_t{batch} * D);
+        // Host time making the layers' calls (with graphs: recording them, the GPU idle).
+        host_sec +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - host_start).count();
         Must(b.EndStep(/*run=*/true), "step");
         b.RmsNorm(x, batch, D, final_norm, 1e-5, xn);
         b.MatMul(xn, batch, output, WeightView{}, logits);
@@ -405,6 +411,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
       step();  // a first step (with graphs: seen once, so the next one is captured)
       const int64_t copies_before = b.index_upload_stats().copies;
       const StepGraph::Stats graphs_before = b.graph_stats();
+      host_sec = 0;
       const double sec = TimeIt(b, steps, step);  // steps + 1 calls (one warm-up: the capture)
       const double copies_per_step =
           double(b.index_upload_stats().copies - copies_before) / (steps + 1);
@@ -413,11 +420,13 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
       // Every weight byte read once per step at the copy's DRAM rate (KV reads not counted).
       const double roofline = batch * copy_bw / double(streamed_bytes);
       rows.Add({absl::StrCat("end-to-end decode (", z.model, ", bf16 weights)"),
-                absl::StrFormat("batch %d, context %d, %s, %.0f index copies/step", batch, ctx,
+                absl::StrFormat("batch %d, context %d, %s, host %.0f us/step, %.0f index "
+                                "copies/step",
+                                batch, ctx,
                                 graphs ? absl::StrFormat("graphs (%d of %d steps replayed)",
                                                          replayed, steps + 1)
                                        : std::string("no graphs"),
-                                copies_per_step),
+                                host_sec * 1e6 / (steps + 1), copies_per_step),
                 Fmt(tok_s, "tok/s"), Fmt(roofline, "tok/s roofline"), Pct(tok_s / roofline),
                 batch == 1 ? ">= 70%" : "-"});
     }

@@ -85,14 +85,14 @@ class StepGraph {
     int64_t steps = 0;     // Ends
     int64_t eager = 0;     // steps run launch by launch
     int64_t captures = 0;  // graphs captured and instantiated
-    int64_t replays = 0;   // steps run by an existing graph
+    int64_t replays = 0;   // steps run by a graph (the capturing one included)
     int64_t capture_failures = 0;
     int64_t graphs = 0;  // instantiated graphs held now
   };
 
   // Keeps at most max_graphs instantiated graphs (least recently used go first) and
   // remembers at most max_signatures steps.
-  explicit StepGraph(int max_graphs = 16, int max_signatures = 64);
+  explicit StepGraph(int max_graphs = 32, int max_signatures = 128);
   ~StepGraph();
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;

@@ -4,6 +4,9 @@
 #include "kernels/backend_factory.h"
 
 #include "gtest/gtest.h"
+#ifdef KVLENS_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace kvlens::kernels {
 namespace {
@@ -50,6 +53,21 @@ TEST(BackendFactoryTest, CudaWithoutAGpuIsFailedPrecondition) {
               "this build has no CUDA support (configure with -DKVLENS_CUDA=ON)");
   }
 }
+
+#ifdef KVLENS_HAVE_CUDA
+// --cuda-graphs reaches the backend (a GPU test: named CudaBackend* for the `gpu` label).
+TEST(CudaBackendFactory, CudaGraphsFollowTheDeviceSpec) {
+  for (bool graphs : {true, false}) {
+    DeviceSpec spec{DeviceSpec::Kind::kCuda, 0};
+    spec.cuda_graphs = graphs;
+    auto b = CreateBackend(spec, 1);
+    if (!b.ok()) GTEST_SKIP() << "no CUDA backend: " << b.status();
+    auto* cuda = dynamic_cast<cuda::CudaBackend*>(b->backend.get());
+    ASSERT_NE(cuda, nullptr);
+    EXPECT_EQ(cuda->cuda_graphs(), graphs);
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace kvlens::kernels
