@@ -106,6 +106,11 @@ class Backend {
   // way (what of it had run already stays done; the rest never runs). Both return at once
   // on the CPU backends, which run every op when it is called.
   virtual void BeginStep() {}
+  // How many rows a step of n one-token decode entries should have. More than n when the
+  // backend runs a few fixed sizes faster (CUDA graphs: one graph for every batch size of
+  // a bucket); the Transformer then adds padding entries that attend to one key of a real
+  // sequence, store nothing (StoreKv row −1) and whose logits are dropped.
+  virtual int PaddedDecodeRows(int n) const { return n; }
   virtual absl::Status EndStep(bool run) {
     (void)run;
     return absl::OkStatus();
@@ -132,6 +137,7 @@ class Backend {
   virtual void Add(T* y, const T* x, int64_t count) = 0;
   // Copies N new rows of k and v (each row_elems = Hkv*Dh, src rows src_stride apart)
   // into cache rows dst_rows[i] (physical rows of a KvSource layout, cache_stride apart).
+  // A negative dst_rows[i] stores nothing (a padding row; see PaddedDecodeRows).
   virtual void StoreKv(const T* k, const T* v, int n, int64_t src_stride, int64_t row_elems,
                        const int64_t* dst_rows, T* k_cache, T* v_cache, int64_t cache_stride) = 0;
   virtual absl::Status Attention(const AttentionArgs<T>& args) = 0;

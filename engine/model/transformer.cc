@@ -112,6 +112,25 @@ template <typename T>
 absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCacheStorage<T>& cache,
                                      ForwardOutput<T>& out, AttentionCapture<T>* capture) {
   if (absl::Status s = Validate(batch, cache); !s.ok()) return s;
+  // A decode step (one token an entry) gets as many rows as the backend prefers (CUDA
+  // graphs: one graph per bucket of batch sizes). The padding entries come last: token 0
+  // at position 0, attending to key 0 of the first sequence, storing nothing (row −1) and
+  // getting no logits.
+  const int num_real = static_cast<int>(batch.size());
+  std::vector<BatchEntry> padded;
+  if (capture == nullptr) {
+    bool decode = true;
+    for (const BatchEntry& b : batch) decode = decode && b.tokens.size() == 1 && b.doc_ids.empty();
+    if (const int rows = decode ? backend_.PaddedDecodeRows(num_real) : num_real; rows > num_real) {
+      static constexpr int32_t kPadToken = 0;
+      BatchEntry pad;
+      pad.tokens = absl::Span<const int32_t>(&kPadToken, 1);
+      pad.block_table = batch.front().block_table.first(1);
+      padded.assign(batch.begin(), batch.end());
+      padded.resize(static_cast<size_t>(rows), pad);
+      batch = padded;
+    }
+  }
   const ModelConfig& c = config_;
   const Weights& w = model_.weights;
   const int64_t D = c.dim, KVD = c.kv_dim(), F = c.hidden_dim, V = c.vocab_size;
@@ -137,12 +156,15 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   std::vector<int32_t> tokens(n);
   {
     int r = 0;
-    for (const BatchEntry& b : batch) {
+    for (size_t e = 0; e < batch.size(); ++e) {
+      const BatchEntry& b = batch[e];
       for (size_t i = 0; i < b.tokens.size(); ++i, ++r) {
         tokens[r] = b.tokens[i];
         positions_[r] = b.num_cached + static_cast<int>(i);
         rows_[r] =
-            static_cast<int64_t>(b.block_table[positions_[r] / bs]) * bs + positions_[r] % bs;
+            e >= static_cast<size_t>(num_real)
+                ? -1  // padding: stored nowhere
+                : static_cast<int64_t>(b.block_table[positions_[r] / bs]) * bs + positions_[r] % bs;
       }
     }
   }
@@ -256,12 +278,12 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   }
   if (proj_pending) backend_.Add(x_.data(), proj_.data(), n * D);
 
-  // gather the rows that need logits, final norm, classifier
+  // gather the rows that need logits (not the padding's), final norm, classifier
   std::vector<int> rows;
   out.logits_row.clear();
   {
     int r0 = 0;
-    for (const BatchEntry& b : batch) {
+    for (const BatchEntry& b : batch.first(static_cast<size_t>(num_real))) {
       const int tq = static_cast<int>(b.tokens.size());
       out.logits_row.push_back(static_cast<int>(rows.size()));
       for (int i = b.all_logits ? 0 : tq - 1; i < tq; ++i) rows.push_back(r0 + i);

@@ -415,6 +415,7 @@ void CpuBackend::StoreKv(const float* k, const float* v, int n, int64_t src_stri
                          int64_t cache_stride) {
   const size_t bytes = static_cast<size_t>(row_elems) * sizeof(float);
   for (int r = 0; r < n; ++r) {
+    if (dst_rows[r] < 0) continue;  // a padding row
     std::memcpy(k_cache + dst_rows[r] * cache_stride, k + r * src_stride, bytes);
     std::memcpy(v_cache + dst_rows[r] * cache_stride, v + r * src_stride, bytes);
   }

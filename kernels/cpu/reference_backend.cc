@@ -113,6 +113,7 @@ void ReferenceBackend::StoreKv(const double* k, const double* v, int n, int64_t 
                                int64_t row_elems, const int64_t* dst_rows, double* k_cache,
                                double* v_cache, int64_t cache_stride) {
   for (int r = 0; r < n; ++r) {
+    if (dst_rows[r] < 0) continue;  // a padding row
     for (int64_t e = 0; e < row_elems; ++e) {
       k_cache[dst_rows[r] * cache_stride + e] = k[r * src_stride + e];
       v_cache[dst_rows[r] * cache_stride + e] = v[r * src_stride + e];

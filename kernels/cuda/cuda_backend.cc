@@ -156,6 +156,11 @@ void CudaBackend::SetCudaGraphs(bool on) {
   if (!on) graph_.Clear();
 }
 
+int CudaBackend::PaddedDecodeRows(int n) const {
+  if (!graphs_enabled_ || n <= 2 || n > 512) return n;
+  return n <= 4 ? 4 : (n + 7) / 8 * 8;
+}
+
 void CudaBackend::BeginStep() {
   graph_.Drop();
   if (!graphs_enabled_ || !status_.ok()) return;

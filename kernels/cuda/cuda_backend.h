@@ -127,6 +127,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   bool cuda_graphs() const { return graphs_enabled_; }
   StepGraph::Stats graph_stats() const { return graph_.stats(); }
   void BeginStep() override;
+  // With graphs on: 1, 2, 4, then multiples of 8 up to 512 (vLLM's capture sizes).
+  int PaddedDecodeRows(int n) const override;
   absl::Status EndStep(bool run) override;
 
   void MatMul(const float* x, int n, const WeightView& w, const WeightView& bias,

@@ -155,6 +155,7 @@ __global__ void StoreKvKernel(const float* k, const float* v, int n, int64_t src
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = t / row_elems, e = t % row_elems;
+    if (dst_rows[r] < 0) continue;  // a padding row
     const int64_t dst = dst_rows[r] * cache_stride + e;
     k_cache[dst] = k[r * src_stride + e];
     v_cache[dst] = v[r * src_stride + e];

@@ -9,6 +9,7 @@
 // a full recompute on CUDA within 1e-4 of the largest |logit|.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <future>
 #include <iostream>
 #include <memory>
@@ -323,6 +324,79 @@ TEST(CudaEngineGraphs, DecodeStepsReplayFourGraphsAndEqualStepsWithoutGraphs) {
   ExpectClose(with, AllLogits(*model, cuda, tokens, 1), 1e-6, 0);
   EXPECT_EQ(backend->graph_stats().steps, s1.steps);  // nothing recorded
   EXPECT_EQ(backend->graph_stats().graphs, 0);        // and the graphs destroyed
+}
+
+// Four sequences prefilled one by one, then 10 decode steps with fixed inputs: 6 of the
+// first three sequences, then 4 of all four. Every logit row, in step order.
+std::vector<float> DecodeThreeThenFour(const Model& model, kernels::Backend<float>& backend,
+                                       const std::function<void()>& before_decode) {
+  const std::vector<std::vector<int32_t>> prompts = {
+      model.tokenizer->Encode("In the beginning God created", false),
+      model.tokenizer->Encode("And the LORD spake unto Moses, saying", false),
+      model.tokenizer->Encode("Blessed are the meek", false),
+      model.tokenizer->Encode("The LORD is my shepherd", false)};
+  const int bs = 32;  // every sequence stays within its one block: one padded table size
+  auto cache = KvCacheStorage<float>::Create(backend.memory(), model.config.num_layers, 8, bs,
+                                             model.config.kv_dim(), true);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  if (!cache.ok()) return {};
+  std::vector<std::vector<int32_t>> tables = {{1}, {3}, {5}, {7}};  // even blocks stay NaN
+  std::vector<int> len(prompts.size());
+  Transformer<float> tr(model, backend);
+  for (size_t q = 0; q < prompts.size(); ++q) {
+    BatchEntry e;
+    e.tokens = prompts[q];
+    e.block_table = tables[q];
+    ForwardOutput<float> out;
+    EXPECT_TRUE(tr.Forward({&e, 1}, *cache, out).ok());
+    len[q] = static_cast<int>(prompts[q].size());
+  }
+  before_decode();
+  std::vector<float> all;
+  std::vector<int32_t> next(prompts.size());
+  for (int t = 0; t < 10; ++t) {
+    const int active = t < 6 ? 3 : 4;
+    std::vector<BatchEntry> step(active);
+    for (int q = 0; q < active; ++q) {
+      next[q] = static_cast<int32_t>((37 * t + 11 * q + 5) % model.config.vocab_size);
+      step[q].tokens = {&next[q], 1};
+      step[q].num_cached = len[q]++;
+      step[q].block_table = tables[q];
+    }
+    ForwardOutput<float> out;
+    const absl::Status st = tr.Forward(step, *cache, out);
+    EXPECT_TRUE(st.ok()) << st;
+    EXPECT_EQ(out.logits.size(), size_t(active) * model.config.vocab_size);  // no padding row
+    all.insert(all.end(), out.logits.begin(), out.logits.end());
+  }
+  return all;
+}
+
+// With graphs, a decode step of 3 sequences is padded to 4 rows (PaddedDecodeRows), so
+// the steps of 3 and of 4 sequences are one step to the graph cache: of the 10 decode
+// steps 1 runs eagerly, 1 is captured and 9 are run by that graph. The padding row reads
+// a real key and stores nothing: every sequence's logits stay within the batch test's
+// tolerance of the CPU backend, which does not pad.
+TEST(CudaEngineGraphs, DecodeBatchesOfThreeAndFourShareOnePaddedGraph) {
+  KVLENS_REQUIRE_FILE(testing::DefaultModelPath());
+  KVLENS_REQUIRE_CUDA(cuda);
+  auto* backend = dynamic_cast<kernels::cuda::CudaBackend*>(&cuda);
+  ASSERT_NE(backend, nullptr);
+  EXPECT_EQ(cuda.PaddedDecodeRows(3), 4);
+  auto model = Load(testing::DefaultModelPath());
+  ASSERT_NE(model, nullptr);
+  kernels::CpuBackend cpu(2);
+  EXPECT_EQ(cpu.PaddedDecodeRows(3), 3);
+  const std::vector<float> want = DecodeThreeThenFour(*model, cpu, [] {});
+  kernels::cuda::StepGraph::Stats s0;
+  const std::vector<float> got =
+      DecodeThreeThenFour(*model, cuda, [&] { s0 = backend->graph_stats(); });
+  const kernels::cuda::StepGraph::Stats s1 = backend->graph_stats();
+  EXPECT_EQ(s1.steps - s0.steps, 10);
+  EXPECT_EQ(s1.eager - s0.eager, 1);
+  EXPECT_EQ(s1.captures - s0.captures, 1);
+  EXPECT_EQ(s1.replays - s0.replays, 9);
+  ExpectClose(got, want, 1e-4, 1e-5);
 }
 #endif
 

@@ -243,5 +243,16 @@ TYPED_TEST(OpsTest, StoreKvWritesOnlyTheNamedRows) {
   }
 }
 
+// A negative destination is a padding row (Transformer's padded decode steps): not stored.
+TYPED_TEST(OpsTest, StoreKvSkipsPaddingRows) {
+  using T = typename TestFixture::T;
+  const std::vector<T> k = {1, 2, 3, 4}, v = {5, 6, 7, 8};
+  std::vector<T> kc(6, -1), vc(6, -1);
+  const int64_t rows[2] = {-1, 2};
+  this->backend_->StoreKv(k.data(), v.data(), 2, 2, 2, rows, kc.data(), vc.data(), 2);
+  EXPECT_EQ(kc, (std::vector<T>{-1, -1, -1, -1, 3, 4}));
+  EXPECT_EQ(vc, (std::vector<T>{-1, -1, -1, -1, 7, 8}));
+}
+
 }  // namespace
 }  // namespace kvlens::kernels

@@ -399,7 +399,7 @@ inline ParityResult ElementwiseCase(CudaBackend& gpu, std::mt19937_64& rng, int 
 }
 
 inline ParityResult StoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
-  const std::string name = "StoreKv into a NaN-filled cache";
+  const std::string name = "StoreKv into a NaN-filled cache (one padding row)";
   const int n = 6, cache_rows = 40;
   const int64_t row_elems = 24, src_stride = 30, cache_stride = 32;
   const std::vector<double> k = kernels::testing::RandomFloatExact(rng, size_t(n) * src_stride);
@@ -408,6 +408,7 @@ inline ParityResult StoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
   std::iota(rows.begin(), rows.end(), 0);
   std::shuffle(rows.begin(), rows.end(), rng);
   rows.resize(n);
+  rows[2] = -1;  // a padding row: stored nowhere
   std::vector<double> k_ref(size_t(cache_rows) * cache_stride, kNaN), v_ref = k_ref;
   ReferenceBackend().StoreKv(k.data(), v.data(), n, src_stride, row_elems, rows.data(),
                              k_ref.data(), v_ref.data(), cache_stride);
