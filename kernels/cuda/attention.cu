@@ -294,7 +294,10 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
 
 // ---------------------------------------------------------------------------------------
 // Split-KV (decode, short chunks, head sizes the flash kernel lacks). Block (i, g, split):
-// query row i, KV head g, keys [split·span, (split+1)·span) ∩ [0, key end).
+// query row i, KV head g, keys [split·span, (split+1)·span) ∩ [0, key end), where span is
+// the row's own key end over the splits (rounded up to whole steps of kKeysPerStep): every
+// split of every row has work, however unequal the rows' key ends, or however far the
+// launch's key count (the longest row's, or a recorded step's padded one) exceeds them.
 //
 // Each K/V row is read once per head tile, by one warp, for every query head of the tile:
 // the four warps take turns over steps of kKeysPerStep consecutive keys, and a warp keeps
@@ -365,7 +368,7 @@ __device__ __forceinline__ float SumAcrossLanes(float (&v)[N], int lane) {
 
 template <int C, bool kVec>
 __global__ void __launch_bounds__(kSplitWarps * 32)
-    SplitKvKernel(AttentionParams p, int num_splits, int span, float* workspace) {
+    SplitKvKernel(AttentionParams p, int num_splits, float* workspace) {
   using S = SplitKvShape<C>;
   constexpr int kTile = S::kHeadTile, kSums = S::kSums;
   __shared__ float step_scores[kSplitWarps][kSums];
@@ -376,8 +379,10 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = p.num_heads / p.num_kv_heads;
   const int D = p.head_dim;
-  const int j_begin = split * span;
   const int key_end = p.row_key_end != nullptr ? p.row_key_end[i] : CausalEnd(p, i);
+  const int span =
+      ((key_end + num_splits - 1) / num_splits + kKeysPerStep - 1) / kKeysPerStep * kKeysPerStep;
+  const int j_begin = split * span;
   const int j_end = min(key_end, j_begin + span);
   const int q_doc = p.q_doc != nullptr ? p.q_doc[i] : 0;
   // Batched: this row's sequence's blocks.
@@ -506,7 +511,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
 // O = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s over the splits that saw a key.
 // The instantiation for SplitKvVariant (attention.h): bit 0 float4 loads, bit 1 head sizes
 // past 128.
-using SplitKvKernelPtr = void (*)(AttentionParams, int, int, float*);
+using SplitKvKernelPtr = void (*)(AttentionParams, int, float*);
 SplitKvKernelPtr SplitKvKernelOf(int variant) {
   switch (variant) {
     case 0:
@@ -658,11 +663,10 @@ absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* work
         "split-KV attention supports head_dim <= ", kSplitKvMaxHeadDim, ", got ", p.head_dim));
   }
   num_splits = std::max(num_splits, 1);
-  const int span = (p.num_keys + num_splits - 1) / num_splits;
   const dim3 grid(p.num_queries, p.num_kv_heads, num_splits);
   const dim3 block(kSplitWarps * 32);
   auto* kernel = SplitKvKernelOf(SplitKvVariant(p));
-  kernel<<<grid, block, 0, stream>>>(p, num_splits, span, workspace);
+  kernel<<<grid, block, 0, stream>>>(p, num_splits, workspace);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvKernel");
   if (num_splits > 1) {
     const dim3 combine_grid(p.num_queries, p.num_heads);

@@ -732,8 +732,8 @@ absl::Status CudaBackend::LaunchSplitKvBatched(absl::Span<const AttentionArgs<fl
   int max_keys = 0;
   const int block_size = calls.front().kv.block_size;
   // While a step is recorded every table is padded to a power of two of blocks, and the
-  // split span is that many keys: the launch stays the same while the sequences grow
-  // (the padding is never read: each row stops at its key end).
+  // splits are chosen for that many keys: the launch stays the same while the sequences
+  // grow (the padding is never read: each row divides its own keys among the splits).
   int padded_blocks = 0;
   if (graph_.recording()) {
     for (const AttentionArgs<float>& a : calls) max_keys = std::max(max_keys, a.num_keys);
@@ -761,7 +761,7 @@ absl::Status CudaBackend::LaunchSplitKvBatched(absl::Span<const AttentionArgs<fl
   AttentionParams p = HostParams(calls.front());
   p.block_table = base;
   p.num_queries = rows;
-  p.num_keys = max_keys;  // the split span; each row stops at its own key end
+  p.num_keys = max_keys;  // sizes the splits; each row divides its own keys among them
   p.query_offset = 0;
   p.row_key_end = base + tables;
   p.row_table_offset = base + tables + rows;
