@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "engine/kv_cache/block_pool.h"
@@ -9,6 +11,7 @@
 #include "engine/model/transformer.h"
 #include "engine/stop_matcher.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace kvlens {
 namespace {
@@ -59,6 +62,11 @@ struct Engine::Impl {
     } else {
       init_status = c.status();
     }
+    int threads = o.sampling_threads;
+    if (threads <= 0) {
+      threads = std::min(8, std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+    }
+    if (threads > 1) sampling_pool = std::make_unique<kernels::ThreadPool>(threads);
   }
 
   // --- step thread only ---
@@ -69,7 +77,10 @@ struct Engine::Impl {
   void Preempt(Sequence& s);
   void RegisterFullBlocks(Sequence& s);
   void LookupPrefix(Sequence& s);
-  TokenEvent AfterForward(Sequence& s, const float* logits);
+  // The token a sequence samples from its logits row (kvlens::SampleRow). Touches only
+  // s's sampler: rows of different sequences may be sampled on different threads.
+  RowSample SampleLogits(Sequence& s, const float* logits) const;
+  TokenEvent AfterForward(Sequence& s, RowSample sampled);
   absl::Status ForwardWithCaptures(const std::vector<BatchEntry>& batch,
                                    const std::vector<bool>& capture,
                                    std::vector<std::vector<std::vector<float>>>& captured);
@@ -89,6 +100,7 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<Sequence>> running;  // admission order
   std::deque<std::unique_ptr<Sequence>> waiting;   // step thread's queue (preempted first)
   ForwardOutput<float> out;
+  std::unique_ptr<kernels::ThreadPool> sampling_pool;  // null: sample on the step thread
 
   // --- shared, under mu ---
   mutable std::mutex mu;
@@ -467,14 +479,15 @@ void Engine::Impl::Finish(std::unique_ptr<Sequence> s, FinishReason reason, absl
   if (in_flight == 0) drained.notify_all();
 }
 
-TokenEvent Engine::Impl::AfterForward(Sequence& s, const float* logits_row) {
-  const int V = model.config.vocab_size;
-  std::vector<float> logits(logits_row, logits_row + V);
-  TokenEvent ev;
+RowSample Engine::Impl::SampleLogits(Sequence& s, const float* logits) const {
   // logprobs under the model itself, before penalties and sampling filters
-  std::vector<double> logprobs;
-  LogSoftmax(logits, logprobs);
-  const int32_t token = s.sampler->Sample(absl::MakeSpan(logits), s.tokens);
+  return SampleRow(*s.sampler, absl::MakeConstSpan(logits, model.config.vocab_size), s.tokens,
+                   s.request.top_logprobs);
+}
+
+TokenEvent Engine::Impl::AfterForward(Sequence& s, RowSample sampled) {
+  TokenEvent ev;
+  const int32_t token = sampled.token;
   const Clock::time_point now = Clock::now();
   if (s.num_generated == 0) {
     s.prompt_done = now;
@@ -484,19 +497,9 @@ TokenEvent Engine::Impl::AfterForward(Sequence& s, const float* logits_row) {
   s.tokens.push_back(token);
   ++s.num_generated;
   ev.token = token;
-  ev.logprob = static_cast<float>(logprobs[token]);
+  ev.logprob = sampled.logprob;
   ev.time = now;
-  if (s.request.top_logprobs > 0) {
-    std::vector<int32_t> ids(V);
-    for (int i = 0; i < V; ++i) ids[i] = i;
-    const int k = std::min(s.request.top_logprobs, V);
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
-      return logprobs[a] != logprobs[b] ? logprobs[a] > logprobs[b] : a < b;
-    });
-    for (int i = 0; i < k; ++i) {
-      ev.top_logprobs.push_back({ids[i], static_cast<float>(logprobs[ids[i]])});
-    }
-  }
+  ev.top_logprobs = std::move(sampled.top_logprobs);
   return ev;
 }
 
@@ -651,7 +654,27 @@ void Engine::Impl::Step() {
     }
     std::vector<std::vector<std::vector<float>>> captured(plan.size());  // [entry][L][H, Tq, Tk]
     const absl::Status status = ForwardWithCaptures(batch, capture, captured);
-    // 4. advance, sample, stream, finish
+    // 4. sample every row that completes its sequence's tokens (in parallel: rows are
+    // independent), then advance, stream, finish in order
+    std::vector<RowSample> sampled(plan.size());
+    if (status.ok()) {
+      std::vector<size_t> rows;
+      for (size_t k = 0; k < plan.size(); ++k) {
+        const Sequence& s = *plan[k].first;
+        if (s.num_computed + plan[k].second == static_cast<int>(s.tokens.size())) rows.push_back(k);
+      }
+      auto sample = [&](int64_t r) {
+        const size_t k = rows[static_cast<size_t>(r)];
+        sampled[k] = SampleLogits(
+            *plan[k].first,
+            out.logits.data() + static_cast<size_t>(out.logits_row[k]) * model.config.vocab_size);
+      };
+      if (sampling_pool != nullptr && rows.size() > 1) {
+        sampling_pool->ParallelFor(static_cast<int64_t>(rows.size()), sample);
+      } else {
+        for (size_t r = 0; r < rows.size(); ++r) sample(static_cast<int64_t>(r));
+      }
+    }
     for (size_t k = 0; k < plan.size(); ++k) {
       Sequence& s = *plan[k].first;
       bool done = false;
@@ -663,9 +686,7 @@ void Engine::Impl::Step() {
         s.num_computed += plan[k].second;
         RegisterFullBlocks(s);
         if (s.num_computed == static_cast<int>(s.tokens.size())) {
-          TokenEvent ev =
-              AfterForward(s, out.logits.data() +
-                                  static_cast<size_t>(out.logits_row[k]) * model.config.vocab_size);
+          TokenEvent ev = AfterForward(s, std::move(sampled[k]));
           if (capture[k]) FillAttentionRow(s, plan[k].second, captured[k], ev);
           const StopParams& stop = s.request.stop;
           const bool eos =

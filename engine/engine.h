@@ -41,6 +41,10 @@ struct EngineOptions {
   int max_waiting = 256;       // queue limit; beyond it Submit is RESOURCE_EXHAUSTED
   int max_sessions = 64;
   bool prefix_caching = true;
+  // Threads that sample a step's rows (log-softmax, penalties, top-k/p, draw: ~0.2–1 ms a
+  // row at a 32000-token vocabulary, which a GPU step of 64 rows would otherwise wait on).
+  // 0: min(8, cores); 1: the step thread alone. Results do not depend on it.
+  int sampling_threads = 0;
 };
 
 // What the engine reports to whoever watches it (metrics); called on the step thread.

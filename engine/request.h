@@ -27,11 +27,6 @@ struct StopParams {
 enum class FinishReason { kLength, kEos, kStop, kCancelled, kContext, kError };
 const char* FinishReasonName(FinishReason r);
 
-struct TokenLogprob {
-  int32_t token = 0;
-  float logprob = 0.0f;
-};
-
 // One generated token as streamed.
 struct TokenEvent {
   int32_t token = 0;

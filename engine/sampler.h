@@ -52,6 +52,23 @@ class Sampler {
 // log softmax of one row of logits, in double for accuracy: out[i] = l_i − logsumexp(l).
 void LogSoftmax(absl::Span<const float> logits, std::vector<double>& out);
 
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+// One logits row as the engine handles it: the model's log-probabilities (LogSoftmax,
+// before penalties and filters), the token `sampler` picks (penalties from `history`), and
+// the `top_logprobs` most likely tokens (ties: lower id first). Its scratch buffers are
+// per thread: rows of different samplers may be handled on different threads at once.
+struct RowSample {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top_logprobs;
+};
+RowSample SampleRow(Sampler& sampler, absl::Span<const float> logits,
+                    absl::Span<const int32_t> history, int top_logprobs);
+
 }  // namespace kvlens
 
 #endif  // KVLENS_ENGINE_SAMPLER_H_

@@ -271,6 +271,50 @@ TEST_F(EngineTest, LogprobsAreTheModelsLogSoftmax) {
   }
 }
 
+// A step's rows are sampled on several threads (EngineOptions::sampling_threads): seeded
+// sampling with penalties and filters, eight requests in one batch on four threads, gives
+// every request the tokens and log-probabilities it gets alone on the step thread.
+TEST_F(EngineTest, ParallelSamplingEqualsEachRequestSampledAlone) {
+  auto request = [&](int i) {
+    GenerationRequest r = Greedy(i % 2 == 0 ? "Once upon a time" : "The cat sat", 16);
+    r.sampling.temperature = 0.9;
+    r.sampling.top_p = 0.9;
+    r.sampling.repetition_penalty = 1.2;
+    r.sampling.seed = 100 + i;
+    r.top_logprobs = 2;
+    return r;
+  };
+  auto run = [&](Engine& engine, const std::vector<int>& which) {
+    std::vector<std::vector<TokenEvent>> events(which.size());
+    std::vector<std::promise<void>> done(which.size());
+    for (size_t j = 0; j < which.size(); ++j) {
+      GenerationRequest r = request(which[j]);
+      r.callbacks.on_token = [&events, j](const TokenEvent& e) { events[j].push_back(e); };
+      r.callbacks.on_finish = [&done, j](const FinishEvent&) { done[j].set_value(); };
+      EXPECT_TRUE(engine.Submit(std::move(r)).ok());
+    }
+    for (auto& d : done) d.get_future().wait();
+    return events;
+  };
+  EngineOptions parallel;
+  parallel.sampling_threads = 4;
+  Engine together(*model_, backend_, parallel);
+  const std::vector<std::vector<TokenEvent>> got = run(together, {0, 1, 2, 3, 4, 5, 6, 7});
+  EngineOptions serial;
+  serial.sampling_threads = 1;
+  Engine alone(*model_, backend_, serial);
+  for (int i = 0; i < 8; ++i) {
+    const std::vector<TokenEvent> want = run(alone, {i}).front();
+    ASSERT_EQ(got[i].size(), want.size()) << i;
+    for (size_t t = 0; t < want.size(); ++t) {
+      EXPECT_EQ(got[i][t].token, want[t].token) << "request " << i << ", token " << t;
+      EXPECT_FLOAT_EQ(got[i][t].logprob, want[t].logprob);
+      ASSERT_EQ(got[i][t].top_logprobs.size(), 2u);
+      EXPECT_EQ(got[i][t].top_logprobs[1].token, want[t].top_logprobs[1].token);
+    }
+  }
+}
+
 TEST_F(EngineTest, ShutdownDrainsThenRefuses) {
   Engine engine(*model_, backend_, EngineOptions{});
   absl::Status s;

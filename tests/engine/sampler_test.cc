@@ -1,7 +1,10 @@
 #include "engine/sampler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -81,6 +84,78 @@ TEST(SamplerTest, TopKAndTopPAndMinPTruncate) {
   c = draws(m);
   EXPECT_EQ(c.count(0) + c.count(1), 0u);
   EXPECT_GT(c[2], 0);
+}
+
+// The filters and the draw by their definitions: every candidate's probability, all of
+// them sorted by (probability desc, id asc), top-k, top-p and min-p cutting that order,
+// then u = 53 random bits × the kept mass walked down it. The sampler sorts only as far
+// as it looks; it must pick the same tokens (same seed, same rng draws) over a 32000-token
+// vocabulary, peaked and flat, for every filter and none.
+int32_t SampleByDefinition(std::vector<float> logits, const SamplingParams& p,
+                           std::mt19937_64& rng) {
+  const float max_l = *std::max_element(logits.begin(), logits.end());
+  std::vector<std::pair<float, int32_t>> c;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    c.push_back(
+        {static_cast<float>(std::exp((static_cast<double>(logits[i]) - max_l) / p.temperature)),
+         static_cast<int32_t>(i)});
+  }
+  std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < c.size()) c.resize(p.top_k);
+  double sum = 0.0;
+  for (const auto& x : c) sum += x.first;
+  if (p.top_p < 1.0) {
+    double mass = 0.0;
+    size_t k = 0;
+    while (k < c.size()) {
+      mass += c[k++].first / sum;
+      if (mass >= p.top_p) break;
+    }
+    c.resize(k);
+  }
+  if (p.min_p > 0.0) {
+    const float threshold = static_cast<float>(p.min_p) * c.front().first;
+    size_t k = 1;
+    while (k < c.size() && c[k].first >= threshold) ++k;
+    c.resize(k);
+  }
+  double total = 0.0;
+  for (const auto& x : c) total += x.first;
+  const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * total;
+  double acc = 0.0;
+  for (const auto& x : c) {
+    acc += x.first;
+    if (u < acc) return x.second;
+  }
+  return c.back().second;
+}
+
+TEST(SamplerTest, SortingOnlyAsFarAsNeededPicksWhatTheDefinitionPicks) {
+  std::mt19937 gen(5);
+  for (float spread : {1.0f, 4.0f}) {  // flat-ish and peaked
+    std::normal_distribution<float> normal(0.0f, spread);
+    std::vector<float> logits(32000);
+    for (float& l : logits) l = normal(gen);
+    for (int variant = 0; variant < 5; ++variant) {
+      SamplingParams p;
+      p.temperature = 0.8;
+      p.seed = 11 + variant;
+      if (variant == 1) p.top_k = 50;
+      if (variant == 2) p.top_p = 0.9;
+      if (variant == 3) p.min_p = 0.05;
+      if (variant == 4) p.top_k = 2000, p.top_p = 0.95, p.min_p = 0.001;
+      Sampler sampler(p);
+      std::mt19937_64 rng(p.seed);
+      for (int draw = 0; draw < 20; ++draw) {
+        std::vector<float> l = logits;
+        const int32_t want = SampleByDefinition(logits, p, rng);
+        EXPECT_EQ(sampler.Sample(absl::MakeSpan(l), {}), want)
+            << "spread " << spread << ", variant " << variant << ", draw " << draw;
+      }
+    }
+  }
 }
 
 TEST(SamplerTest, PenaltiesFollowTheirDefinitions) {
