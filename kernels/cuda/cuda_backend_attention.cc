@@ -1,0 +1,353 @@
+// CudaBackend's attention: the host-side checks, the index uploads, the choice between
+// the flash, split-KV and materialising kernels (attention.h), AttentionBatch's batched
+// launches, and the attention backward. The rest of the backend is cuda_backend.cc.
+#include <algorithm>
+#include <array>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention_check.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_backward.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace kvlens::kernels::cuda {
+namespace {
+
+// The same rule and message as CheckEveryRowSeesAKey, in O(Tq + Tk): a row sees a key
+// iff some key before its causal end shares its document.
+absl::Status CheckRowsSeeAKey(const AttentionArgs<float>& a) {
+  if (a.q_doc_ids == nullptr) {
+    // Without documents a row sees key 0 unless causality hides it: row i sees keys
+    // 0 … offset + i, never empty since offset >= 0. Kept explicit for the record.
+    return absl::OkStatus();
+  }
+  std::unordered_map<int32_t, int> first_key;  // document → its first key
+  first_key.reserve(static_cast<size_t>(a.num_keys));
+  for (int j = 0; j < a.num_keys; ++j) first_key.emplace(a.k_doc_ids[j], j);
+  for (int i = 0; i < a.num_queries; ++i) {
+    const auto it = first_key.find(a.q_doc_ids[i]);
+    if (it == first_key.end() || it->second >= CausalKeyEnd(a, i)) {
+      return NoVisibleKeyError(i, static_cast<int64_t>(a.query_offset) + i);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The host-side checks of one Attention call, with the CPU backends' messages.
+absl::Status CheckAttention(const AttentionArgs<float>& a) {
+  if (absl::Status s = ValidateAttentionArgs(a); !s.ok()) return s;
+  return CheckRowsSeeAKey(a);
+}
+
+// Whether `a` (without probs or scores) runs on the flash prefill kernel.
+bool TakesFlash(const AttentionArgs<float>& a) {
+  return a.num_queries >= kFlashMinQueries && FlashPrefillSupports(a.head_dim);
+}
+
+// The kernels' parameters for `a`, index arrays not yet uploaded (all null).
+AttentionParams HostParams(const AttentionArgs<float>& a) {
+  AttentionParams p;
+  p.q = a.q;
+  p.q_stride = a.q_stride;
+  p.k = a.kv.k;
+  p.v = a.kv.v;
+  p.kv_row_stride = a.kv.row_stride;
+  p.block_size = a.kv.block_size;
+  p.out = a.out;
+  p.out_stride = a.out_stride;
+  p.num_queries = a.num_queries;
+  p.num_keys = a.num_keys;
+  p.num_heads = a.num_heads;
+  p.num_kv_heads = a.num_kv_heads;
+  p.head_dim = a.head_dim;
+  p.query_offset = a.query_offset;
+  p.causal = a.causal;
+  p.scale = static_cast<float>(a.scale);
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<AttentionParams> CudaBackend::DeviceParams(const AttentionArgs<float>& a) {
+  AttentionParams p = HostParams(a);
+  // One upload for all index arrays of the call: [block table | q docs | k docs].
+  const int num_blocks =
+      a.kv.block_table != nullptr ? (a.num_keys + a.kv.block_size - 1) / a.kv.block_size : 0;
+  const int num_docs = a.q_doc_ids != nullptr ? a.num_queries + a.num_keys : 0;
+  if (num_blocks + num_docs > 0) {
+    std::vector<int32_t>& packed = index_pack_;
+    packed.clear();
+    if (num_blocks > 0)
+      packed.insert(packed.end(), a.kv.block_table, a.kv.block_table + num_blocks);
+    if (num_docs > 0) {
+      packed.insert(packed.end(), a.q_doc_ids, a.q_doc_ids + a.num_queries);
+      packed.insert(packed.end(), a.k_doc_ids, a.k_doc_ids + a.num_keys);
+    }
+    absl::StatusOr<const void*> d = UploadIndices(packed.data(), sizeof(int32_t) * packed.size());
+    if (!d.ok()) return d.status();
+    const int32_t* base = static_cast<const int32_t*>(*d);
+    if (num_blocks > 0) p.block_table = base;
+    if (num_docs > 0) {
+      p.q_doc = base + num_blocks;
+      p.k_doc = base + num_blocks + a.num_queries;
+    }
+  }
+  return p;
+}
+
+absl::Status CudaBackend::AttentionImpl(const AttentionArgs<float>& a) {
+  // Host-side checks first, with the CPU backends' messages; nothing is written on error.
+  if (absl::Status s = CheckAttention(a); !s.ok()) return s;
+  return AttentionChecked(a);
+}
+
+absl::Status CudaBackend::SplitKv(const AttentionParams& p) {
+  const int variant = SplitKvVariant(p);
+  if (split_kv_blocks_per_sm_[variant] == 0) {
+    absl::StatusOr<int> per_sm = SplitKvBlocksPerSm(variant);
+    if (!per_sm.ok()) return per_sm.status();
+    split_kv_blocks_per_sm_[variant] = *per_sm;
+  }
+  const int splits = ChooseNumSplits(p, num_sms_, split_kv_blocks_per_sm_[variant]);
+  if (const int64_t ws = SplitKvWorkspaceFloats(p, splits); ws > 0) {
+    if (absl::Status s = ReserveScratch(attention_workspace_, sizeof(float) * ws); !s.ok()) {
+      return s;
+    }
+  }
+  return Launch(&LaunchSplitKv, p, splits, attention_workspace_.as<float>());
+}
+
+absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {
+  absl::StatusOr<AttentionParams> params = DeviceParams(a);
+  if (!params.ok()) return params.status();
+  const AttentionParams& p = *params;
+  if (a.probs != nullptr || a.scores != nullptr) {
+    // Materialised: S and A go to the caller's buffers, or to the workspace when only one
+    // of the two is wanted.
+    const size_t map_bytes = sizeof(float) * static_cast<size_t>(a.num_heads) *
+                             static_cast<size_t>(a.num_queries) * static_cast<size_t>(a.num_keys);
+    float* scores = a.scores;
+    float* probs = a.probs;
+    if (scores == nullptr || probs == nullptr) {
+      if (absl::Status s = ReserveScratch(attention_workspace_, map_bytes); !s.ok()) return s;
+      (scores == nullptr ? scores : probs) = attention_workspace_.as<float>();
+    }
+    return Launch(&LaunchMaterialized, p, scores, probs);
+  }
+  if (TakesFlash(a)) {
+    return Launch(&LaunchFlashPrefill, p, FlashTileQueries(a.head_dim, flash_tile_queries_));
+  }
+  if (a.head_dim > kSplitKvMaxHeadDim) {
+    return absl::InvalidArgumentError(absl::StrCat("AttentionArgs.head_dim ", a.head_dim,
+                                                   " is not supported by the CUDA "
+                                                   "backend without probs/scores (at most ",
+                                                   kSplitKvMaxHeadDim, ")"));
+  }
+  return SplitKv(p);
+}
+
+absl::Status CudaBackend::Attention(const AttentionArgs<float>& args) {
+  if (!status_.ok()) return status_;
+  absl::Status s = AttentionImpl(args);
+  // Argument errors are the caller's and leave the backend usable; CUDA failures stick.
+  if (s.code() != absl::StatusCode::kInvalidArgument) Ok(s);
+  return s;
+}
+
+namespace {
+
+// Which batched launch may take call `a` (after its checks passed) with others: paged,
+// causal, no documents, no maps; the flash kernel's or the split-KV kernel's.
+enum class BatchKind { kNone, kSplitKv, kFlash };
+BatchKind BatchKindOf(const AttentionArgs<float>& a) {
+  if (a.probs != nullptr || a.scores != nullptr || a.q_doc_ids != nullptr || !a.causal ||
+      a.kv.block_table == nullptr) {
+    return BatchKind::kNone;
+  }
+  if (TakesFlash(a)) return BatchKind::kFlash;
+  return a.head_dim <= kSplitKvMaxHeadDim ? BatchKind::kSplitKv : BatchKind::kNone;
+}
+
+// Whether `a` continues the run that starts with `first` and has `rows` query rows so far:
+// the same cache and shapes, and its q and out rows right after the run's.
+bool Continues(const AttentionArgs<float>& first, int rows, const AttentionArgs<float>& a) {
+  auto at = [](const float* base, int64_t stride, int r) {
+    return reinterpret_cast<uintptr_t>(base) +
+           static_cast<uintptr_t>(r) * static_cast<uintptr_t>(stride) * sizeof(float);
+  };
+  return a.kv.k == first.kv.k && a.kv.v == first.kv.v && a.kv.row_stride == first.kv.row_stride &&
+         a.kv.block_size == first.kv.block_size && a.num_heads == first.num_heads &&
+         a.num_kv_heads == first.num_kv_heads && a.head_dim == first.head_dim &&
+         a.scale == first.scale && a.q_stride == first.q_stride &&
+         a.out_stride == first.out_stride &&
+         reinterpret_cast<uintptr_t>(a.q) == at(first.q, first.q_stride, rows) &&
+         reinterpret_cast<uintptr_t>(a.out) == at(first.out, first.out_stride, rows);
+}
+
+}  // namespace
+
+absl::Status CudaBackend::LaunchSplitKvBatched(absl::Span<const AttentionArgs<float>> calls) {
+  // One upload: [every call's blocks | key end of each row | table offset of each row].
+  std::vector<int32_t>& packed = index_pack_;
+  packed.clear();
+  std::vector<int32_t> key_end, table_offset;
+  int max_keys = 0;
+  const int block_size = calls.front().kv.block_size;
+  // While a step is recorded every table is padded to a power of two of blocks, and the
+  // splits are chosen for that many keys: the launch stays the same while the sequences
+  // grow (the padding is never read: each row divides its own keys among the splits).
+  int padded_blocks = 0;
+  if (graph_.recording()) {
+    for (const AttentionArgs<float>& a : calls) max_keys = std::max(max_keys, a.num_keys);
+    padded_blocks = 1;
+    while (padded_blocks * block_size < max_keys) padded_blocks *= 2;
+  }
+  for (const AttentionArgs<float>& a : calls) {
+    const int offset = static_cast<int>(packed.size());
+    const int blocks = (a.num_keys + block_size - 1) / block_size;
+    packed.insert(packed.end(), a.kv.block_table, a.kv.block_table + blocks);
+    if (padded_blocks > blocks) packed.resize(packed.size() + (padded_blocks - blocks), 0);
+    for (int i = 0; i < a.num_queries; ++i) {
+      key_end.push_back(CausalKeyEnd(a, i));
+      table_offset.push_back(offset);
+    }
+    max_keys = std::max(max_keys, a.num_keys);
+  }
+  if (padded_blocks > 0) max_keys = padded_blocks * block_size;
+  const int tables = static_cast<int>(packed.size()), rows = static_cast<int>(key_end.size());
+  packed.insert(packed.end(), key_end.begin(), key_end.end());
+  packed.insert(packed.end(), table_offset.begin(), table_offset.end());
+  absl::StatusOr<const void*> d = UploadIndices(packed.data(), sizeof(int32_t) * packed.size());
+  if (!d.ok()) return d.status();
+  const int32_t* base = static_cast<const int32_t*>(*d);
+  AttentionParams p = HostParams(calls.front());
+  p.block_table = base;
+  p.num_queries = rows;
+  p.num_keys = max_keys;  // sizes the splits; each row divides its own keys among them
+  p.query_offset = 0;
+  p.row_key_end = base + tables;
+  p.row_table_offset = base + tables + rows;
+  return SplitKv(p);
+}
+
+absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<float>> calls) {
+  // One upload: [every call's blocks | the tiles, longest causal key range first].
+  std::vector<int32_t>& packed = index_pack_;
+  packed.clear();
+  std::vector<std::array<int32_t, kFlashTileInts>> tiles;
+  const int tile = FlashTileQueries(calls.front().head_dim, flash_tile_queries_);
+  int row0 = 0;
+  for (const AttentionArgs<float>& a : calls) {
+    const int offset = static_cast<int>(packed.size());
+    const int blocks = (a.num_keys + a.kv.block_size - 1) / a.kv.block_size;
+    packed.insert(packed.end(), a.kv.block_table, a.kv.block_table + blocks);
+    for (int t0 = 0; t0 < a.num_queries; t0 += tile) {
+      tiles.push_back(
+          {row0 + t0, std::min(tile, a.num_queries - t0), a.query_offset + t0, a.num_keys, offset});
+    }
+    row0 += a.num_queries;
+  }
+  auto work = [](const std::array<int32_t, kFlashTileInts>& t) {
+    return std::min<int64_t>(t[3], int64_t{t[2]} + t[1]);  // keys the tile's last row sees
+  };
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [&](const auto& x, const auto& y) { return work(x) > work(y); });
+  const int tables = static_cast<int>(packed.size());
+  for (const auto& t : tiles) packed.insert(packed.end(), t.begin(), t.end());
+  absl::StatusOr<const void*> d = UploadIndices(packed.data(), sizeof(int32_t) * packed.size());
+  if (!d.ok()) return d.status();
+  const int32_t* base = static_cast<const int32_t*>(*d);
+  AttentionParams p = HostParams(calls.front());
+  p.block_table = base;
+  p.flash_tiles = base + tables;
+  p.num_flash_tiles = static_cast<int>(tiles.size());
+  return Launch(&LaunchFlashPrefill, p, tile);
+}
+
+absl::Status CudaBackend::SetFlashTileQueries(int queries) {
+  if (queries != 64 && queries != 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flash tile queries must be 64 or 128, got ", queries));
+  }
+  flash_tile_queries_ = queries;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AttentionBatch(absl::Span<const AttentionArgs<float>> calls,
+                                         int* failed) {
+  *failed = 0;
+  if (!status_.ok()) return status_;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    if (absl::Status s = CheckAttention(calls[c]); !s.ok()) {
+      *failed = static_cast<int>(c);
+      return s;
+    }
+  }
+  // Runs [begin, end) of batchable calls in row order; anything else alone.
+  size_t begin = 0;
+  while (begin < calls.size()) {
+    size_t end = begin + 1;
+    int rows = calls[begin].num_queries;
+    const BatchKind kind = BatchKindOf(calls[begin]);
+    if (kind != BatchKind::kNone) {
+      while (end < calls.size() && BatchKindOf(calls[end]) == kind &&
+             Continues(calls[begin], rows, calls[end])) {
+        rows += calls[end].num_queries;
+        ++end;
+      }
+    }
+    const absl::Span<const AttentionArgs<float>> run = calls.subspan(begin, end - begin);
+    // (While a step is recorded, a lone decode-like call takes the batched split-KV launch
+    // too: its key ends come from the device, so its launch does not change every step.)
+    const bool alone = run.size() == 1 && !(kind == BatchKind::kSplitKv && graph_.recording());
+    const absl::Status s = alone                       ? AttentionChecked(run.front())
+                           : kind == BatchKind::kFlash ? LaunchFlashBatched(run)
+                                                       : LaunchSplitKvBatched(run);
+    if (!s.ok()) {
+      *failed = static_cast<int>(begin);
+      if (s.code() != absl::StatusCode::kInvalidArgument) Ok(s);
+      return s;
+    }
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AttentionBackwardImpl(const AttentionBackwardArgs<float>& b) {
+  if (absl::Status s = ValidateAttentionBackwardArgs(b); !s.ok()) return s;
+  const AttentionArgs<float> a = ForwardArgsOf(b);
+  if (absl::Status s = CheckRowsSeeAKey(a); !s.ok()) return s;
+  absl::StatusOr<AttentionParams> params = DeviceParams(a);
+  if (!params.ok()) return params.status();
+  AttentionBackwardParams p;
+  p.fwd = *params;
+  p.probs = b.probs;
+  p.dout = b.dout;
+  p.dout_stride = b.dout_stride;
+  p.dq = b.dq;
+  p.dk = b.dk;
+  p.dv = b.dv;
+  p.dprobs = b.dprobs;
+  p.dscores = b.dscores;
+  if (p.dscores == nullptr) {  // dS is needed for dK: keep it in the workspace
+    const size_t map_bytes = sizeof(float) * static_cast<size_t>(a.num_heads) *
+                             static_cast<size_t>(a.num_queries) * static_cast<size_t>(a.num_keys);
+    if (absl::Status s = ReserveScratch(attention_workspace_, map_bytes); !s.ok()) return s;
+    p.dscores = attention_workspace_.as<float>();
+  }
+  if (graph_.recording()) {
+    return absl::FailedPreconditionError("AttentionBackward: not part of a recorded forward step");
+  }
+  return LaunchAttentionBackward(p, stream_);
+}
+
+absl::Status CudaBackend::AttentionBackward(const AttentionBackwardArgs<float>& args) {
+  if (!status_.ok()) return status_;
+  absl::Status s = AttentionBackwardImpl(args);
+  if (s.code() != absl::StatusCode::kInvalidArgument) Ok(s);
+  return s;
+}
+
+}  // namespace kvlens::kernels::cuda
