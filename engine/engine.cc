@@ -77,9 +77,6 @@ struct Engine::Impl {
   void Preempt(Sequence& s);
   void RegisterFullBlocks(Sequence& s);
   void LookupPrefix(Sequence& s);
-  // The token a sequence samples from its logits row (kvlens::SampleRow). Touches only
-  // s's sampler: rows of different sequences may be sampled on different threads.
-  RowSample SampleLogits(Sequence& s, const float* logits) const;
   TokenEvent AfterForward(Sequence& s, RowSample sampled);
   absl::Status ForwardWithCaptures(const std::vector<BatchEntry>& batch,
                                    const std::vector<bool>& capture,
@@ -479,12 +476,6 @@ void Engine::Impl::Finish(std::unique_ptr<Sequence> s, FinishReason reason, absl
   if (in_flight == 0) drained.notify_all();
 }
 
-RowSample Engine::Impl::SampleLogits(Sequence& s, const float* logits) const {
-  // logprobs under the model itself, before penalties and sampling filters
-  return SampleRow(*s.sampler, absl::MakeConstSpan(logits, model.config.vocab_size), s.tokens,
-                   s.request.top_logprobs);
-}
-
 TokenEvent Engine::Impl::AfterForward(Sequence& s, RowSample sampled) {
   TokenEvent ev;
   const int32_t token = sampled.token;
@@ -663,11 +654,15 @@ void Engine::Impl::Step() {
         const Sequence& s = *plan[k].first;
         if (s.num_computed + plan[k].second == static_cast<int>(s.tokens.size())) rows.push_back(k);
       }
+      const int V = model.config.vocab_size;
       auto sample = [&](int64_t r) {
         const size_t k = rows[static_cast<size_t>(r)];
-        sampled[k] = SampleLogits(
-            *plan[k].first,
-            out.logits.data() + static_cast<size_t>(out.logits_row[k]) * model.config.vocab_size);
+        Sequence& s = *plan[k].first;
+        // rows of different sequences touch different samplers: safe on any thread
+        sampled[k] = SampleRow(
+            *s.sampler,
+            absl::MakeConstSpan(out.logits.data() + static_cast<size_t>(out.logits_row[k]) * V, V),
+            s.tokens, s.request.top_logprobs);
       };
       if (sampling_pool != nullptr && rows.size() > 1) {
         sampling_pool->ParallelFor(static_cast<int64_t>(rows.size()), sample);

@@ -78,10 +78,19 @@ void StepGraph::Clear() {
     if (e.exec != nullptr) cudaGraphExecDestroy(e.exec);
   }
   entries_.clear();
-  stats_.graphs = 0;
 }
 
-StepGraph::Stats StepGraph::stats() const { return stats_; }
+int64_t StepGraph::NumGraphs() const {
+  int64_t n = 0;
+  for (const auto& [hash, e] : entries_) n += e.exec != nullptr ? 1 : 0;
+  return n;
+}
+
+StepGraph::Stats StepGraph::stats() const {
+  Stats s = stats_;
+  s.graphs = NumGraphs();
+  return s;
+}
 
 absl::Status StepGraph::RunEagerly(cudaStream_t stream) {
   ++stats_.eager;
@@ -131,17 +140,13 @@ void StepGraph::Evict() {
   };
   while (static_cast<int>(entries_.size()) > max_signatures_) {
     auto it = oldest(false);
-    if (it->second.exec != nullptr) {
-      cudaGraphExecDestroy(it->second.exec);
-      --stats_.graphs;
-    }
+    if (it->second.exec != nullptr) cudaGraphExecDestroy(it->second.exec);
     entries_.erase(it);
   }
-  while (stats_.graphs > max_graphs_) {
+  while (NumGraphs() > max_graphs_) {
     auto it = oldest(true);
     cudaGraphExecDestroy(it->second.exec);
     it->second.exec = nullptr;
-    --stats_.graphs;
   }
 }
 
@@ -155,10 +160,7 @@ absl::Status StepGraph::End(cudaStream_t stream, std::mutex* capture_mutex) {
   if (it == entries_.end() || it->second.signature != signature_) {
     // First sighting (or a hash collision, which replaces the older step): run it.
     Entry& e = entries_[hash];
-    if (e.exec != nullptr) {
-      cudaGraphExecDestroy(e.exec);
-      --stats_.graphs;
-    }
+    if (e.exec != nullptr) cudaGraphExecDestroy(e.exec);
     e = Entry();
     e.signature = signature_;
     e.last_use = stats_.steps;
@@ -171,7 +173,6 @@ absl::Status StepGraph::End(cudaStream_t stream, std::mutex* capture_mutex) {
       if (capture_mutex != nullptr) lock = std::unique_lock<std::mutex>(*capture_mutex);
       if (Capture(stream, e)) {
         ++stats_.captures;
-        ++stats_.graphs;
       } else {
         ++stats_.capture_failures;
         e.capturable = false;

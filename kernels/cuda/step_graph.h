@@ -135,6 +135,7 @@ class StepGraph {
   // error cleared) when the runtime refused.
   bool Capture(cudaStream_t stream, Entry& entry);
   void Evict();
+  int64_t NumGraphs() const;  // instantiated graphs held
 
   bool recording_ = false;
   Signature signature_;

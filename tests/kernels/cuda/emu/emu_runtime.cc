@@ -1,5 +1,8 @@
 // kvlens CUDA emulator, host side: the runtime API subset of include/cuda_runtime_api.h
 // and the block scheduler behind emu_device.h (cuBLAS is emu_cublas.cc).
+// One file (past 800 lines) because its parts share file-local state that must not leak
+// into the emulated code: the allocation table, the thread's last error and capture state,
+// and the fiber scheduler the barriers and the launch paths switch through.
 //
 // Device memory is host memory from mmap, 0xFF-filled (NaN) like uninitialised device
 // memory, ending at an inaccessible guard page: a kernel reading more than 255 bytes past
