@@ -8,6 +8,10 @@
 #   scripts/gpu-check.sh --bundle DIR    on a machine WITH libabsl-dev: pack abseil's headers
 #                                        and static libraries into DIR for a GPU machine
 #                                        without them (then KVLENS_ABSL_BUNDLE=DIR there)
+#   scripts/gpu-check.sh --prebuild DIR  after --bundle DIR, where nvcc is (no GPU needed):
+#                                        build the standalone programs into DIR/bin, so the
+#                                        GPU machine spends its time running, not compiling
+#                                        (it falls back to building when they do not load)
 # Environment: BUILD_DIR (build-gpu), KVLENS_ABSL_BUNDLE (default build-gpu-bundle when it
 # exists), CUDA_ARCH (90), JOBS (nproc), STANDALONE=1 (skip the full tree even where it
 # would configure), TEST_TIMEOUT (180 s for the GPU test suites). The table is also
@@ -20,6 +24,12 @@ CUDA_ARCH=${CUDA_ARCH:-90}
 JOBS=${JOBS:-$(nproc)}
 TEST_TIMEOUT=${TEST_TIMEOUT:-180}
 CHECK_ARGS=()
+# What the standalone programs are built from (no git needed: the GPU machine may have only
+# a copy of the tree), so prebuilt programs are used only for the sources at hand.
+source_hash() {
+  find kernels engine tests -type f \( -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \
+    -o -name '*.cmake' -o -name CMakeLists.txt \) | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16
+}
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -40,8 +50,22 @@ while [ $# -gt 0 ]; do
       cp -r ../shared/testdata/stories260K "$dir/shared/testdata/"
       echo "bundle in $dir ($(du -sh "$dir" | cut -f1)); carry it to the GPU machine"
       exit 0 ;;
+    --prebuild)
+      dir=${2:?--prebuild needs the bundle directory}
+      [ -f "$dir/googletest/CMakeLists.txt" ] || {
+        echo "gpu-check --prebuild: $dir is no bundle (run --bundle $dir first)" >&2; exit 2; }
+      dir=$(cd "$dir" && pwd)
+      export PATH=/usr/local/cuda/bin:$PATH
+      cmake -S kernels/cuda/standalone -B "$BUILD_DIR/standalone" -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" -DKVLENS_ABSL_BUNDLE="$dir" >/dev/null
+      cmake --build "$BUILD_DIR/standalone" -j "$JOBS"
+      mkdir -p "$dir/bin"
+      cp "$BUILD_DIR/standalone/kvlens_gpu_check" "$BUILD_DIR/standalone/kvlens_gpu_tests" "$dir/bin/"
+      source_hash >"$dir/bin/SOURCES"
+      echo "prebuilt for sm_$CUDA_ARCH (sources $(cat "$dir/bin/SOURCES")) in $dir/bin ($(du -sh "$dir/bin" | cut -f1))"
+      exit 0 ;;
     --quick|--parity-only) CHECK_ARGS+=("$1"); shift ;;
-    *) echo "usage: $0 [--quick] [--parity-only] | --bundle DIR" >&2; exit 64 ;;
+    *) echo "usage: $0 [--quick] [--parity-only] | --bundle DIR | --prebuild DIR" >&2; exit 64 ;;
   esac
 done
 
@@ -58,7 +82,37 @@ mkdir -p "$BUILD_DIR"
 #    else the standalone build (kernels/cuda/standalone), which needs CUDA, CMake and the
 #    bundle of --bundle.
 CHECK_BIN=""
-if [ "${STANDALONE:-0}" != "1" ] && cmake -S . -B "$BUILD_DIR/full" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release \
+BUNDLE=${KVLENS_ABSL_BUNDLE:-}
+[ -z "$BUNDLE" ] && [ -d build-gpu-bundle ] && BUNDLE=$ROOT/build-gpu-bundle
+# 0. Programs prebuilt elsewhere (--prebuild), when they load here: CUDA's runtime and cuBLAS
+#    come from this machine's toolkit.
+PREBUILT=${BUNDLE:+$BUNDLE/bin}
+if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/kvlens_gpu_check" ]; then
+  for lib in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d "$lib" ] && export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  done
+  set +e
+  "$PREBUILT/kvlens_gpu_check" --usage >/dev/null 2>"$BUILD_DIR/prebuilt-load.log"
+  load_rc=$?
+  set -e
+  if [ "$load_rc" = 64 ] && [ "$(cat "$PREBUILT/SOURCES" 2>/dev/null)" = "$(source_hash)" ]; then
+    echo "== prebuilt programs from $PREBUILT (sources $(cat "$PREBUILT/SOURCES"))"
+    CHECK_BIN=$PREBUILT/kvlens_gpu_check
+    if [ -x "$PREBUILT/kvlens_gpu_tests" ]; then
+      echo "== GPU tests (kvlens_gpu_tests: CudaBackend*, CudaEngine*)"
+      KVLENS_SOURCE_DIR=$ROOT KVLENS_SHARED_DIR=$BUNDLE/shared \
+        timeout "$TEST_TIMEOUT" "$PREBUILT/kvlens_gpu_tests" --gtest_brief=1 ||
+        echo "gpu-check: GPU unit tests FAILED (or ran past ${TEST_TIMEOUT}s)"
+    fi
+  else
+    echo "== the prebuilt programs in $PREBUILT do not serve (exit $load_rc:" \
+         "$(head -c 300 "$BUILD_DIR/prebuilt-load.log"); sources" \
+         "$(cat "$PREBUILT/SOURCES" 2>/dev/null || echo '?') against $(source_hash) here): building here"
+  fi
+fi
+if [ -n "$CHECK_BIN" ]; then
+  :
+elif [ "${STANDALONE:-0}" != "1" ] && cmake -S . -B "$BUILD_DIR/full" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release \
      -DKVLENS_CUDA=ON -DKVLENS_BUILD_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" \
      >"$BUILD_DIR/full-configure.log" 2>&1; then
   echo "== building the full tree (kernels_tests, engine_tests, kvlens_gpu_check)"
@@ -74,8 +128,6 @@ else
   echo "== the full tree does not configure here (missing: $(grep -o 'Could not find a package configuration file provided by "[^"]*"\|Could NOT find [A-Za-z_]*' "$BUILD_DIR/full-configure.log" | sed 's/.*"\(.*\)"/\1/; s/Could NOT find //' | sort -u | tr '\n' ' '))"
   echo "   building the standalone kvlens_gpu_check (CUDA + abseil only; no GoogleTest suite,"
   echo "   so the engine's CudaEngine* tests do not run: they need the full tree)"
-  BUNDLE=${KVLENS_ABSL_BUNDLE:-}
-  [ -z "$BUNDLE" ] && [ -d build-gpu-bundle ] && BUNDLE=$ROOT/build-gpu-bundle
   cmake -S kernels/cuda/standalone -B "$BUILD_DIR/standalone" "${GENERATOR[@]}" \
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" \
     ${BUNDLE:+-DKVLENS_ABSL_BUNDLE="$BUNDLE"} || {
@@ -89,7 +141,8 @@ else
     # The same CudaBackend* and CudaEngine* suites as `ctest -L gpu` in the full tree.
     echo "== GPU tests (kvlens_gpu_tests: CudaBackend*, CudaEngine*)"
     # A hang (a kernel that never returns) must not cost the table below: time-boxed.
-    timeout "$TEST_TIMEOUT" "$BUILD_DIR/standalone/kvlens_gpu_tests" --gtest_brief=1 ||
+    KVLENS_SOURCE_DIR=$ROOT KVLENS_SHARED_DIR=$BUNDLE/shared \
+      timeout "$TEST_TIMEOUT" "$BUILD_DIR/standalone/kvlens_gpu_tests" --gtest_brief=1 ||
       echo "gpu-check: GPU unit tests FAILED (or ran past ${TEST_TIMEOUT}s)"
   else
     echo "gpu-check: no kvlens_gpu_tests (the bundle lacks GoogleTest): end-to-end checks NOT run"

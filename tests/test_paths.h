@@ -14,7 +14,10 @@ inline std::string SharedDir() {
   return KVLENS_SHARED_DIR;
 }
 inline std::string TestData(const std::string& rel) { return SharedDir() + "/testdata/" + rel; }
+// $KVLENS_SOURCE_DIR likewise, for a test binary built on one machine and run on another
+// (scripts/gpu-check.sh --prebuild).
 inline std::string SourcePath(const std::string& rel) {
+  if (const char* env = std::getenv("KVLENS_SOURCE_DIR")) return std::string(env) + "/" + rel;
   return std::string(KVLENS_SOURCE_DIR) + "/" + rel;
 }
 // The project's own default model (GPT-2 family, safetensors + tokenizer.json).
