@@ -300,28 +300,36 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
 // launch's key count (the longest row's, or a recorded step's padded one) exceeds them.
 //
 // Each K/V row is read once per head tile, by one warp, for every query head of the tile:
-// the four warps take turns over steps of kKeysPerStep consecutive keys, and a warp keeps
+// the four warps take turns over steps of kStepKeys consecutive keys, and a warp keeps
 // its own (m, l, acc) per head. Lane owns dims 128c + 4·lane … +3 (one float4 per chunk
 // where the pointers and strides allow, see SplitKvVectorized), so a step has
-// 2 · kKeysPerStep rows in flight per warp. The step's kKeysPerStep × heads dot products
-// are summed over the lanes together (SumAcrossLanes: 31 shuffles for 32 sums, not 160)
-// and handed to every lane through shared memory. At the end of a head tile the warps'
-// partial results are merged through shared memory; the block writes O directly with one
-// split, else per split (m, l, acc[Dh]) in
-//   workspace [Tq, H, splits, Dh + 2]
+// 2 · kStepKeys rows in flight per warp. The step's kStepKeys × heads dot products
+// are summed over the lanes together (SumAcrossLanes: N − 1 shuffles for N sums) and
+// handed to every lane through shared memory. The head tile is the GQA group rounded up
+// to a power of two (at most 8 / C): a tile wider than the group would spend the same
+// arithmetic on heads that do not exist (measured on an H200: Llama-7B's group of 1 in a
+// tile of 8 ran at a fifth of the copy bandwidth). Scores are kept in base 2
+// (c = scale·log2 e, as the flash kernel), so each weight is one exp2. At the end of a
+// head tile the warps' partial results are merged through shared memory; the block writes
+// O directly with one split, else per split (m, l, acc[Dh]) in
+//   workspace [Tq, H, splits, Dh + 2]     (m in base 2)
 // merged by SplitKvCombineKernel.
 constexpr int kSplitWarps = 4;
-constexpr int kKeysPerStep = 4;
+constexpr int kKeysPerStep = 4;  // a split's span is a multiple of this
 constexpr int kSplitMinKeys = 4 * kSplitWarps * kKeysPerStep;  // 64
 
-// C float4 chunks per lane: head sizes up to 128·C. The head tile keeps registers in check:
-// q and acc take 2·4·C floats per head.
-template <int C>
+// C float4 chunks per lane: head sizes up to 128·C. kTile query heads share each K/V row;
+// q and acc take 2·4·C floats per head, a step's K and V rows 2·4·C per key.
+template <int C, int kTileHeads>
 struct SplitKvShape {
-  static constexpr int kHeadTile = 8 / C;
-  static constexpr int kSums = kKeysPerStep * kHeadTile;  // dot products per step: 32 or 16
+  static constexpr int kHeadTile = kTileHeads;
+  static constexpr int kStepKeys = C == 1 && kTileHeads <= 2 ? 8 : 4;
+  static constexpr int kSums = kStepKeys * kHeadTile;  // dot products per step: 4 … 32
   static constexpr int kMaxDim = 128 * C;
-  static_assert(kSums == 16 || kSums == 32, "SumAcrossLanes needs 16 or 32 values");
+  static_assert(kTileHeads * C <= 8, "q and acc past 64 floats a lane would spill");
+  static_assert(kSums >= 4 && kSums <= 32, "SumAcrossLanes takes 4 to 32 values");
+  // Blocks an SM should hold: small tiles fit in 128 registers (4 blocks of 4 warps).
+  static constexpr int kMinBlocks = kTileHeads * C <= 4 ? 4 : 1;
 };
 
 __device__ __forceinline__ float Dot4(float4 a, float4 b) {
@@ -366,11 +374,12 @@ __device__ __forceinline__ float SumAcrossLanes(float (&v)[N], int lane) {
   return v[0];
 }
 
-template <int C, bool kVec>
-__global__ void __launch_bounds__(kSplitWarps * 32)
+template <int C, int kTileHeads, bool kVec>
+__global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>::kMinBlocks)
     SplitKvKernel(AttentionParams p, int num_splits, float* workspace) {
-  using S = SplitKvShape<C>;
-  constexpr int kTile = S::kHeadTile, kSums = S::kSums;
+  using S = SplitKvShape<C, kTileHeads>;
+  constexpr int kTile = S::kHeadTile, kSums = S::kSums, kStepKeys = S::kStepKeys;
+  const float scale2 = p.scale * 1.4426950408889634f;  // scores in base 2
   __shared__ float step_scores[kSplitWarps][kSums];
   __shared__ float part_ml[kSplitWarps][kTile][2];
   __shared__ float part_acc[kSplitWarps][kTile][S::kMaxDim];
@@ -406,11 +415,11 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
       l[t] = 0.0f;
     }
 
-    for (int j0 = j_begin + warp * kKeysPerStep; j0 < j_end; j0 += kSplitWarps * kKeysPerStep) {
-      bool vis[kKeysPerStep];
-      float4 kr[kKeysPerStep][C], vr[kKeysPerStep][C];
+    for (int j0 = j_begin + warp * kStepKeys; j0 < j_end; j0 += kSplitWarps * kStepKeys) {
+      bool vis[kStepKeys];
+      float4 kr[kStepKeys][C], vr[kStepKeys][C];
 #pragma unroll
-      for (int u = 0; u < kKeysPerStep; ++u) {
+      for (int u = 0; u < kStepKeys; ++u) {
         const int j = j0 + u;
         vis[u] = j < j_end && (p.q_doc == nullptr || p.k_doc[j] == q_doc);
         // Only visible rows are read: a masked key's row may hold anything.
@@ -425,7 +434,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
       }
       float s[kSums];  // s[u · kTile + t]: key u, head h0 + t
 #pragma unroll
-      for (int u = 0; u < kKeysPerStep; ++u) {
+      for (int u = 0; u < kStepKeys; ++u) {
 #pragma unroll
         for (int t = 0; t < kTile; ++t) {
           float dot = 0.0f;
@@ -435,24 +444,24 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
         }
       }
       const float total = SumAcrossLanes(s, lane);
-      if (lane % (32 / kSums) == 0) step_scores[warp][lane * kSums / 32] = total * p.scale;
+      if (lane % (32 / kSums) == 0) step_scores[warp][lane * kSums / 32] = total * scale2;
       __syncwarp();
 #pragma unroll
       for (int t = 0; t < kTile; ++t) {
         float m_new = m[t];
 #pragma unroll
-        for (int u = 0; u < kKeysPerStep; ++u) {
+        for (int u = 0; u < kStepKeys; ++u) {
           if (vis[u]) m_new = fmaxf(m_new, step_scores[warp][u * kTile + t]);
         }
         if (m_new == -INFINITY) continue;  // nothing visible yet for this warp
-        const float alpha = m[t] == -INFINITY ? 0.0f : expf(m[t] - m_new);
+        const float alpha = m[t] == -INFINITY ? 0.0f : exp2f(m[t] - m_new);
         l[t] *= alpha;
 #pragma unroll
         for (int c = 0; c < C; ++c) Scale4(alpha, acc[t][c]);
 #pragma unroll
-        for (int u = 0; u < kKeysPerStep; ++u) {
+        for (int u = 0; u < kStepKeys; ++u) {
           if (!vis[u]) continue;  // 0 · NaN would poison acc
-          const float pu = expf(step_scores[warp][u * kTile + t] - m_new);
+          const float pu = exp2f(step_scores[warp][u * kTile + t] - m_new);
           l[t] += pu;
 #pragma unroll
           for (int c = 0; c < C; ++c) Axpy4(pu, vr[u][c], acc[t][c]);
@@ -487,7 +496,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
       float l_sum = 0.0f, a = 0.0f;
       for (int w = 0; w < kSplitWarps; ++w) {
         if (part_ml[w][t][0] == -INFINITY) continue;  // this warp saw no key
-        const float e = expf(part_ml[w][t][0] - m_max);
+        const float e = exp2f(part_ml[w][t][0] - m_max);
         l_sum += e * part_ml[w][t][1];
         a += e * part_acc[w][t][d];
       }
@@ -508,23 +517,37 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   }
 }
 
-// O = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s over the splits that saw a key.
 // The instantiation for SplitKvVariant (attention.h): bit 0 float4 loads, bit 1 head sizes
-// past 128.
+// past 128, bits 2-3 log2 of the head tile.
 using SplitKvKernelPtr = void (*)(AttentionParams, int, float*);
-SplitKvKernelPtr SplitKvKernelOf(int variant) {
-  switch (variant) {
-    case 0:
-      return SplitKvKernel<1, false>;
-    case 1:
-      return SplitKvKernel<1, true>;
-    case 2:
-      return SplitKvKernel<2, false>;
-    default:
-      return SplitKvKernel<2, true>;
+template <int C, int kTileHeads>
+SplitKvKernelPtr SplitKvKernelOf(bool vec) {
+  if constexpr (kTileHeads * C > 8) {
+    return nullptr;  // SplitKvVariant never asks for it
+  } else {
+    return vec ? SplitKvKernel<C, kTileHeads, true> : SplitKvKernel<C, kTileHeads, false>;
   }
 }
+template <int C>
+SplitKvKernelPtr SplitKvKernelOf(int tile_log2, bool vec) {
+  switch (tile_log2) {
+    case 0:
+      return SplitKvKernelOf<C, 1>(vec);
+    case 1:
+      return SplitKvKernelOf<C, 2>(vec);
+    case 2:
+      return SplitKvKernelOf<C, 4>(vec);
+    default:
+      return SplitKvKernelOf<C, 8>(vec);
+  }
+}
+SplitKvKernelPtr SplitKvKernelOf(int variant) {
+  const bool vec = (variant & 1) != 0;
+  const int tile_log2 = (variant >> 2) & 3;
+  return (variant & 2) != 0 ? SplitKvKernelOf<2>(tile_log2, vec) : SplitKvKernelOf<1>(tile_log2, vec);
+}
 
+// O = Σ_s 2^{m_s − M} acc_s / Σ_s 2^{m_s − M} l_s over the splits that saw a key.
 __global__ void SplitKvCombineKernel(AttentionParams p, int num_splits, const float* workspace) {
   const int i = blockIdx.x, h = blockIdx.y, D = p.head_dim;
   const float* w = workspace + (static_cast<int64_t>(i) * p.num_heads + h) * num_splits * (D + 2);
@@ -533,14 +556,14 @@ __global__ void SplitKvCombineKernel(AttentionParams p, int num_splits, const fl
   float l_sum = 0.0f;
   for (int s = 0; s < num_splits; ++s) {
     const float m = w[s * (D + 2)];
-    if (m != -INFINITY) l_sum += w[s * (D + 2) + 1] * expf(m - m_max);
+    if (m != -INFINITY) l_sum += w[s * (D + 2) + 1] * exp2f(m - m_max);
   }
   float* o = p.out + static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.0f;
     for (int s = 0; s < num_splits; ++s) {
       const float m = w[s * (D + 2)];
-      if (m != -INFINITY) acc += w[s * (D + 2) + 2 + d] * expf(m - m_max);
+      if (m != -INFINITY) acc += w[s * (D + 2) + 2 + d] * exp2f(m - m_max);
     }
     o[d] = acc / l_sum;
   }
@@ -625,7 +648,11 @@ absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cuda
 }
 
 int SplitKvVariant(const AttentionParams& p) {
-  return (p.head_dim <= 128 ? 0 : 2) + (SplitKvVectorized(p) ? 1 : 0);
+  const int chunks = p.head_dim <= 128 ? 1 : 2;
+  const int group = std::max(p.num_heads / std::max(p.num_kv_heads, 1), 1);
+  int tile_log2 = 0;
+  while ((1 << tile_log2) < group && (2 << tile_log2) * chunks <= 8) ++tile_log2;
+  return tile_log2 * 4 + (chunks == 2 ? 2 : 0) + (SplitKvVectorized(p) ? 1 : 0);
 }
 
 absl::StatusOr<int> SplitKvBlocksPerSm(int variant) {

@@ -244,7 +244,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   std::vector<StagedIndices> index_recent_;  // newest last, at most kIndexReuse
   IndexUploadStats index_stats_;
   int flash_tile_queries_ = kFlashDefaultTileQueries;
-  int split_kv_blocks_per_sm_[4] = {0, 0, 0, 0};  // by SplitKvVariant, 0: not asked yet
+  int split_kv_blocks_per_sm_[16] = {};  // by SplitKvVariant, 0: not asked yet
   std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
 
   DeviceBuffer gemm_input_;           // x rounded to f16/bf16 for the tensor cores

@@ -9,7 +9,10 @@
 // device is usable, 3 when a benchmark's CUDA call fails.
 //
 //   kvlens_gpu_check [--parity-only] [--sdpa FILE] [--quick | --smoke]
+//                    [--only prefill|decode|matmul|e2e ...]
 //
+// --only NAME: that benchmark alone (repeatable) and no parity table: for a profiler
+// (ncu -k regex:SplitKv … kvlens_gpu_check --quick --only decode).
 // --quick: one shape per benchmark, batch 1. --smoke: every benchmark on tiny shapes (a
 // 2-layer model of width 256): the code paths, not the numbers; CI runs it on the CUDA
 // emulator (tests/kernels/cuda/emu) so that a GPU session never meets an untried path.
@@ -24,6 +27,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -440,6 +444,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
 
 int Main(int argc, char** argv) {
   bool parity_only = false;
+  std::set<std::string> only;
   Sizes sizes;
   std::map<int, double> sdpa;
   for (int i = 1; i < argc; ++i) {
@@ -449,13 +454,18 @@ int Main(int argc, char** argv) {
       sizes = QuickSizes();
     } else if (std::strcmp(argv[i], "--smoke") == 0) {
       sizes = SmokeSizes();
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc &&
+               std::set<std::string>{"prefill", "decode", "matmul", "e2e"}.count(argv[i + 1])) {
+      only.insert(argv[++i]);
     } else if (std::strcmp(argv[i], "--sdpa") == 0 && i + 1 < argc) {
       std::ifstream in(argv[++i]);
       int t;
       double tflops;
       while (in >> t >> tflops) sdpa[t] = tflops;
     } else {
-      std::fprintf(stderr, "usage: %s [--parity-only] [--quick | --smoke] [--sdpa FILE]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--parity-only] [--quick | --smoke] [--sdpa FILE] "
+                   "[--only prefill|decode|matmul|e2e ...]\n",
                    argv[0]);
       return 64;
     }
@@ -473,7 +483,9 @@ int Main(int argc, char** argv) {
 
   Table rows;
   int failures = 0;
-  for (const parity::ParityResult& r : parity::RunParitySuite(b)) {
+  const auto run = [&only](const char* name) { return only.empty() || only.count(name) > 0; };
+  for (const parity::ParityResult& r :
+       only.empty() ? parity::RunParitySuite(b) : std::vector<parity::ParityResult>{}) {
     const bool ok = r.pass();
     failures += ok ? 0 : 1;
     rows.Add({"parity", r.name,
@@ -485,10 +497,10 @@ int Main(int argc, char** argv) {
     const double copy_bw = CopyBandwidth(b, sizes.copy_bytes);
     rows.Add({"device-to-device copy", absl::StrCat(sizes.copy_bytes >> 20, " MiB"),
               Fmt(copy_bw / 1e9, "GB/s"), "-", "-", "-"});
-    PrefillBench(b, sdpa, sizes, rows);
-    DecodeAttentionBench(b, copy_bw, sizes, rows);
-    MatMulBench(b, copy_bw, sizes, rows);
-    EndToEndBench(b, copy_bw, sizes, rows);
+    if (run("prefill")) PrefillBench(b, sdpa, sizes, rows);
+    if (run("decode")) DecodeAttentionBench(b, copy_bw, sizes, rows);
+    if (run("matmul")) MatMulBench(b, copy_bw, sizes, rows);
+    if (run("e2e")) EndToEndBench(b, copy_bw, sizes, rows);
   }
   PrintTable(rows.rows());
   std::printf("parity: %d case(s) failed\n", failures);

@@ -444,6 +444,24 @@ inline std::vector<AttnShape> AttentionShapes() {
        .dh = 64,
        .offset = 36,
        .block_size = 4});
+  // The split-KV head tile follows the group: 1 (MHA, 8 keys a step), 4 for a group of 3.
+  add({.label = "decode MHA 4/4",
+       .tq = 1,
+       .tk = 333,
+       .heads = 4,
+       .kv_heads = 4,
+       .dh = 128,
+       .offset = 332,
+       .kv_pad = 0});
+  add({.label = "decode GQA 6/2",
+       .tq = 2,
+       .tk = 97,
+       .heads = 6,
+       .kv_heads = 2,
+       .dh = 64,
+       .offset = 95,
+       .block_size = 8,
+       .kv_pad = 0});
   add({.label = "short chunk",
        .tq = 5,
        .tk = 600,
