@@ -323,13 +323,16 @@ constexpr int kSplitMinKeys = 4 * kSplitWarps * kKeysPerStep;  // 64
 template <int C, int kTileHeads>
 struct SplitKvShape {
   static constexpr int kHeadTile = kTileHeads;
-  static constexpr int kStepKeys = C == 1 && kTileHeads <= 2 ? 8 : 4;
+  static constexpr int kStepKeys = 4;
+  // The next step's rows are loaded while this step's are used, where registers allow.
+  static constexpr bool kPrefetch = C == 1 && kTileHeads <= 4;
   static constexpr int kSums = kStepKeys * kHeadTile;  // dot products per step: 4 … 32
   static constexpr int kMaxDim = 128 * C;
   static_assert(kTileHeads * C <= 8, "q and acc past 64 floats a lane would spill");
   static_assert(kSums >= 4 && kSums <= 32, "SumAcrossLanes takes 4 to 32 values");
-  // Blocks an SM should hold: small tiles fit in 128 registers (4 blocks of 4 warps).
-  static constexpr int kMinBlocks = kTileHeads * C <= 4 ? 4 : 1;
+  // Blocks an SM should hold: up to 2 heads fit in 128 registers (4 blocks of 4 warps),
+  // 4 heads and the second buffer in 168 (3 blocks).
+  static constexpr int kMinBlocks = kTileHeads * C <= 2 ? 4 : kTileHeads * C <= 4 ? 3 : 1;
 };
 
 __device__ __forceinline__ float Dot4(float4 a, float4 b) {
@@ -415,9 +418,10 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
       l[t] = 0.0f;
     }
 
-    for (int j0 = j_begin + warp * kStepKeys; j0 < j_end; j0 += kSplitWarps * kStepKeys) {
-      bool vis[kStepKeys];
-      float4 kr[kStepKeys][C], vr[kStepKeys][C];
+    // A step: the K and V rows of keys j0 … j0 + kStepKeys − 1 (load: loads only, the
+    // rows of keys past j_end or in other documents zero and never read) …
+    const auto load = [&](int j0, bool (&vis)[kStepKeys], float4 (&kr)[kStepKeys][C],
+                          float4 (&vr)[kStepKeys][C]) {
 #pragma unroll
       for (int u = 0; u < kStepKeys; ++u) {
         const int j = j0 + u;
@@ -432,6 +436,10 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
           vr[u][c] = vis[u] ? Load4<kVec>(p.v + off, 128 * c + 4 * lane, D) : Zero4();
         }
       }
+    };
+    // … and what is done with them once they are in registers.
+    const auto consume = [&](const bool (&vis)[kStepKeys], const float4 (&kr)[kStepKeys][C],
+                             const float4 (&vr)[kStepKeys][C]) {
       float s[kSums];  // s[u · kTile + t]: key u, head h0 + t
 #pragma unroll
       for (int u = 0; u < kStepKeys; ++u) {
@@ -469,6 +477,32 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
         m[t] = m_new;
       }
       __syncwarp();  // step_scores is read before the next step overwrites it
+    };
+    constexpr int kStride = kSplitWarps * kStepKeys;
+    int j0 = j_begin + warp * kStepKeys;
+    if constexpr (S::kPrefetch) {
+      // Two register buffers: the next step's rows are on their way while this step's are
+      // used (named buffers, not an array indexed by a variable, which would go to local
+      // memory). A buffer is only consumed after a load filled it for that step.
+      bool vis0[kStepKeys], vis1[kStepKeys];
+      float4 kr0[kStepKeys][C], vr0[kStepKeys][C], kr1[kStepKeys][C], vr1[kStepKeys][C];
+      if (j0 < j_end) load(j0, vis0, kr0, vr0);
+      while (j0 < j_end) {
+        if (j0 + kStride < j_end) load(j0 + kStride, vis1, kr1, vr1);
+        consume(vis0, kr0, vr0);
+        j0 += kStride;
+        if (j0 >= j_end) break;
+        if (j0 + kStride < j_end) load(j0 + kStride, vis0, kr0, vr0);
+        consume(vis1, kr1, vr1);
+        j0 += kStride;
+      }
+    } else {
+      for (; j0 < j_end; j0 += kStride) {
+        bool vis[kStepKeys];
+        float4 kr[kStepKeys][C], vr[kStepKeys][C];
+        load(j0, vis, kr, vr);
+        consume(vis, kr, vr);
+      }
     }
 
     // Merge the warps: O = Σ_w e^{m_w − M} acc_w / Σ_w e^{m_w − M} l_w.

@@ -1,12 +1,15 @@
 // Small-batch products on f16/bf16 weights (see matvec.h). A launch covers up to
 // kMatVecMaxSegments products of the same x (segments: a layer's q, k and v). The work is
-// cut into units, one output feature each: W row o (plain), or W_gate row o and W_up row o
-// (gated: SwiGLU), and the grid is persistent: exactly as many blocks as fit on the GPU at
-// once, block b taking units b, b + grid, … So every block reads the same number of
-// weight bytes, give or take one unit, whatever the shape. (The first version gave each
-// warp a pair of rows and launched a block per 8 warps: 11008 rows made one full wave and
-// a partial one of 29 blocks, and an H200 read the weights at 64% of its copy bandwidth.)
-// In a unit the block's 256 threads read the row(s) in 16-byte pieces (8 values) at
+// cut into units of two weight rows: W rows o and o + 1 (plain), or W_gate row o and W_up
+// row o (gated: SwiGLU), so each x value read from L1 serves two rows. The grid is
+// persistent: exactly as many blocks as fit on the GPU at once, block b taking units b,
+// b + grid, … So every block reads the same number of weight bytes, give or take one
+// unit, whatever the shape. (The first version gave each warp a unit and launched a block
+// per 8 warps: 11008 rows made one full wave and a partial one of 29 blocks, and an H200
+// read the weights at 64% of its copy bandwidth.) For one row of x the kernel fits in 32
+// registers, so 8 blocks (2048 threads) share an SM and one block's loads are in flight
+// while another sums. In a unit the block's 256 threads read the rows in 16-byte pieces
+// (8 values) at
 // 8·thread, + 2048, …, dot them with the matching x values of each of the n rows (float4
 // pairs, through L1), sum over the warp by shuffles and over the 8 warps through shared
 // memory (double-buffered, so one barrier a unit). Unaligned rows (in % 8 ≠ 0, or a
@@ -48,19 +51,20 @@ struct Segment {
   float* y;
   int64_t out;
   int64_t first_unit;  // the segment's units are [first_unit, next's first_unit)
+  int64_t units;       // ceil(out / 2) plain, out gated
 };
 
 struct Segments {
   const float* x;
   int64_t in;
   int count;
-  int64_t units;  // Σ out
+  int64_t units;  // Σ of the segments' units
   Segment seg[kMatVecMaxSegments];
 };
 
 template <bool kBf16, int N, bool kVec, bool kGated>
-__global__ void __launch_bounds__(kThreads) MatVecKernel(Segments segs) {
-  constexpr int R = kGated ? 2 : 1;  // weight rows a unit reads
+__global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 3) MatVecKernel(Segments segs) {
+  constexpr int R = 2;  // weight rows a unit reads
   __shared__ float part[2][kWarps][R * N];
   const float* __restrict__ x = segs.x;
   const int64_t in = segs.in;
@@ -70,10 +74,13 @@ __global__ void __launch_bounds__(kThreads) MatVecKernel(Segments segs) {
     int si = 0;
     while (si + 1 < segs.count && unit >= segs.seg[si + 1].first_unit) ++si;
     const Segment& sg = segs.seg[si];
-    const int64_t o = unit - sg.first_unit;
+    // Plain: rows o, o + 1 (a missing second row reads the first again; its sums are never
+    // written). Gated: gate and up rows of o.
+    const int64_t o = kGated ? unit - sg.first_unit : 2 * (unit - sg.first_unit);
+    const int rows = kGated || o + 1 < sg.out ? 2 : 1;
     const unsigned short* __restrict__ wrow[R];
     wrow[0] = sg.w + o * in;
-    if constexpr (kGated) wrow[R - 1] = sg.w_up + o * in;
+    wrow[1] = kGated ? sg.w_up + o * in : sg.w + (o + rows - 1) * in;
     float acc[R][N];
 #pragma unroll
     for (int t = 0; t < R; ++t) {
@@ -81,7 +88,7 @@ __global__ void __launch_bounds__(kThreads) MatVecKernel(Segments segs) {
       for (int r = 0; r < N; ++r) acc[t][r] = 0.0f;
     }
     if constexpr (kVec) {
-#pragma unroll 4
+#pragma unroll 2
       for (int64_t i = 8 * threadIdx.x; i < in; i += 8 * kThreads) {
         uint4 wv[R];
 #pragma unroll
@@ -135,22 +142,26 @@ __global__ void __launch_bounds__(kThreads) MatVecKernel(Segments segs) {
       float* y = sg.y + static_cast<int64_t>(lane) * sg.out + o;
       if constexpr (kGated) {
         const float g = sum[0];  // as SwiGluKernel
-        *y = g / (1.0f + expf(-g)) * sum[R - 1];
+        *y = g / (1.0f + expf(-g)) * sum[1];
       } else {
-        float b = 0.0f;
-        if (sg.bias != nullptr) {
-          switch (sg.bias_dtype) {
-            case DType::kF16:
-              b = __half2float(static_cast<const __half*>(sg.bias)[o]);
-              break;
-            case DType::kBF16:
-              b = __bfloat162float(static_cast<const __nv_bfloat16*>(sg.bias)[o]);
-              break;
-            default:
-              b = static_cast<const float*>(sg.bias)[o];
+#pragma unroll
+        for (int t = 0; t < R; ++t) {
+          if (t >= rows) break;  // unrolled, so sum stays in registers
+          float b = 0.0f;
+          if (sg.bias != nullptr) {
+            switch (sg.bias_dtype) {
+              case DType::kF16:
+                b = __half2float(static_cast<const __half*>(sg.bias)[o + t]);
+                break;
+              case DType::kBF16:
+                b = __bfloat162float(static_cast<const __nv_bfloat16*>(sg.bias)[o + t]);
+                break;
+              default:
+                b = static_cast<const float*>(sg.bias)[o + t];
+            }
           }
+          y[t] = sum[t] + b;
         }
-        *y = sum[0] + b;
       }
     }
   }
@@ -216,7 +227,8 @@ absl::Status LaunchSegments(int n, DType dtype, bool gated, Segments segs, cudaS
     Segment& sg = segs.seg[i];
     vec = vec && aligned(sg.w) && (sg.w_up == nullptr || aligned(sg.w_up));
     sg.first_unit = units;
-    units += std::max<int64_t>(sg.out, 0);
+    sg.units = gated ? std::max<int64_t>(sg.out, 0) : (std::max<int64_t>(sg.out, 0) + 1) / 2;
+    units += sg.units;
   }
   if (units == 0) return absl::OkStatus();
   segs.units = units;
@@ -243,7 +255,7 @@ absl::Status LaunchMatVec(const float* x, int n, int64_t in,
   Segments segs{x, in, static_cast<int>(products.size()), 0, {}};
   for (int i = 0; i < segs.count; ++i) {
     const MatVecProduct& p = products[i];
-    segs.seg[i] = {Bits(p.w), nullptr, p.bias, p.bias_dtype, p.y, p.out, 0};
+    segs.seg[i] = {Bits(p.w), nullptr, p.bias, p.bias_dtype, p.y, p.out, 0, 0};
   }
   return LaunchSegments(n, dtype, false, segs, stream);
 }
@@ -253,7 +265,7 @@ absl::Status LaunchMatVecSwiGlu(const float* x, int n, int64_t in, const void* w
                                 cudaStream_t stream) {
   if (w_up == nullptr) return absl::InvalidArgumentError("LaunchMatVecSwiGlu: w_up is null");
   Segments segs{x, in, 1, 0, {}};
-  segs.seg[0] = {Bits(w_gate), Bits(w_up), nullptr, DType::kF32, y, out, 0};
+  segs.seg[0] = {Bits(w_gate), Bits(w_up), nullptr, DType::kF32, y, out, 0, 0};
   return LaunchSegments(n, dtype, true, segs, stream);
 }
 
