@@ -4,6 +4,7 @@
 // attention_check.h and never reads a cache row at or past num_keys (those slots may hold
 // anything, NaN included).
 #include <cuda_fp16.h>
+#include <cuda_pipeline_primitives.h>
 
 #include <algorithm>
 #include <cmath>
@@ -324,15 +325,12 @@ template <int C, int kTileHeads>
 struct SplitKvShape {
   static constexpr int kHeadTile = kTileHeads;
   static constexpr int kStepKeys = 4;
-  // The next step's rows are loaded while this step's are used, where registers allow.
-  static constexpr bool kPrefetch = C == 1 && kTileHeads <= 4;
   static constexpr int kSums = kStepKeys * kHeadTile;  // dot products per step: 4 … 32
   static constexpr int kMaxDim = 128 * C;
   static_assert(kTileHeads * C <= 8, "q and acc past 64 floats a lane would spill");
   static_assert(kSums >= 4 && kSums <= 32, "SumAcrossLanes takes 4 to 32 values");
-  // Blocks an SM should hold: up to 2 heads fit in 128 registers (4 blocks of 4 warps),
-  // 4 heads and the second buffer in 168 (3 blocks).
-  static constexpr int kMinBlocks = kTileHeads * C <= 2 ? 4 : kTileHeads * C <= 4 ? 3 : 1;
+  // Blocks an SM should hold: up to 4 heads fit in 128 registers (4 blocks of 4 warps).
+  static constexpr int kMinBlocks = kTileHeads * C <= 4 ? 4 : 1;
 };
 
 __device__ __forceinline__ float Dot4(float4 a, float4 b) {
@@ -377,12 +375,24 @@ __device__ __forceinline__ float SumAcrossLanes(float (&v)[N], int lane) {
   return v[0];
 }
 
+// Asynchronous loads (cp.async into a ring in shared memory, kStages steps deep per warp)
+// where the rows are float4-aligned, up to 128 dims and the tile is at most 4 heads (the
+// shared memory of 8 heads' merge and the ring would pass the 48 KB a block may declare):
+// a lane copies and later reads back only its own 16 bytes of each row, so it waits only
+// for its own copies. Elsewhere each step loads into registers and then sums.
+constexpr int kSplitStages = 2;
+template <int C, int kTileHeads, bool kVec>
+constexpr bool kSplitKvAsync = kVec && C == 1 && kTileHeads <= 4;
+
 template <int C, int kTileHeads, bool kVec>
 __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>::kMinBlocks)
     SplitKvKernel(AttentionParams p, int num_splits, float* workspace) {
   using S = SplitKvShape<C, kTileHeads>;
   constexpr int kTile = S::kHeadTile, kSums = S::kSums, kStepKeys = S::kStepKeys;
+  constexpr bool kAsync = kSplitKvAsync<C, kTileHeads, kVec>;
   const float scale2 = p.scale * 1.4426950408889634f;  // scores in base 2
+  // [warp][stage][key u][K, V][lane]
+  __shared__ float4 ring[kAsync ? kSplitWarps * kSplitStages * kStepKeys * 2 * 32 : 1];
   __shared__ float step_scores[kSplitWarps][kSums];
   __shared__ float part_ml[kSplitWarps][kTile][2];
   __shared__ float part_acc[kSplitWarps][kTile][S::kMaxDim];
@@ -420,16 +430,25 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
 
     // A step: the K and V rows of keys j0 … j0 + kStepKeys − 1 (load: loads only, the
     // rows of keys past j_end or in other documents zero and never read) …
+    const auto visible = [&](int j) {
+      return j < j_end && (p.q_doc == nullptr || p.k_doc[j] == q_doc);
+    };
+    // Offset of key j0 + u's row of KV head g. A step's keys start at a multiple of
+    // kStepKeys (span is one), so they share a cache block when the block size is one too:
+    // then one table lookup serves the step.
+    const bool step_in_one_block = p.block_size % kStepKeys == 0;
+    const auto row_offset = [&](int j0, int u, int64_t first_row) {
+      const int64_t row = step_in_one_block ? first_row + u : PhysicalRowIn(table, p.block_size, j0 + u);
+      return row * p.kv_row_stride + static_cast<int64_t>(g) * D;
+    };
     const auto load = [&](int j0, bool (&vis)[kStepKeys], float4 (&kr)[kStepKeys][C],
                           float4 (&vr)[kStepKeys][C]) {
+      const int64_t first_row = step_in_one_block ? PhysicalRowIn(table, p.block_size, j0) : 0;
 #pragma unroll
       for (int u = 0; u < kStepKeys; ++u) {
-        const int j = j0 + u;
-        vis[u] = j < j_end && (p.q_doc == nullptr || p.k_doc[j] == q_doc);
+        vis[u] = visible(j0 + u);
         // Only visible rows are read: a masked key's row may hold anything.
-        const int64_t off = vis[u] ? PhysicalRowIn(table, p.block_size, j) * p.kv_row_stride +
-                                         static_cast<int64_t>(g) * D
-                                   : 0;
+        const int64_t off = vis[u] ? row_offset(j0, u, first_row) : 0;
 #pragma unroll
         for (int c = 0; c < C; ++c) {
           kr[u][c] = vis[u] ? Load4<kVec>(p.k + off, 128 * c + 4 * lane, D) : Zero4();
@@ -479,25 +498,49 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
       __syncwarp();  // step_scores is read before the next step overwrites it
     };
     constexpr int kStride = kSplitWarps * kStepKeys;
-    int j0 = j_begin + warp * kStepKeys;
-    if constexpr (S::kPrefetch) {
-      // Two register buffers: the next step's rows are on their way while this step's are
-      // used (named buffers, not an array indexed by a variable, which would go to local
-      // memory). A buffer is only consumed after a load filled it for that step.
-      bool vis0[kStepKeys], vis1[kStepKeys];
-      float4 kr0[kStepKeys][C], vr0[kStepKeys][C], kr1[kStepKeys][C], vr1[kStepKeys][C];
-      if (j0 < j_end) load(j0, vis0, kr0, vr0);
-      while (j0 < j_end) {
-        if (j0 + kStride < j_end) load(j0 + kStride, vis1, kr1, vr1);
-        consume(vis0, kr0, vr0);
-        j0 += kStride;
-        if (j0 >= j_end) break;
-        if (j0 + kStride < j_end) load(j0 + kStride, vis0, kr0, vr0);
-        consume(vis1, kr1, vr1);
-        j0 += kStride;
+    const int j_first = j_begin + warp * kStepKeys;  // this warp's steps: j_first + n·kStride
+    if constexpr (kAsync) {
+      const int steps = j_first < j_end ? (j_end - j_first + kStride - 1) / kStride : 0;
+      const bool in_dims = 4 * lane < D;  // this lane's 16 bytes of a row exist
+      const auto slot = [&](int n, int u, int kv) -> float4* {
+        return &ring[(((warp * kSplitStages + n % kSplitStages) * kStepKeys + u) * 2 + kv) * 32 +
+                     lane];
+      };
+      // Step n's copies, as one group (empty past the last step, so that the count of
+      // groups stays the step count plus kSplitStages).
+      const auto issue = [&](int n) {
+        if (n < steps && in_dims) {
+          const int j0 = j_first + n * kStride;
+          const int64_t first_row =
+              step_in_one_block ? PhysicalRowIn(table, p.block_size, j0) : 0;
+#pragma unroll
+          for (int u = 0; u < kStepKeys; ++u) {
+            if (!visible(j0 + u)) continue;  // its row may hold anything: not read
+            const int64_t off = row_offset(j0, u, first_row) + 4 * lane;
+            __pipeline_memcpy_async(slot(n, u, 0), p.k + off, sizeof(float4));
+            __pipeline_memcpy_async(slot(n, u, 1), p.v + off, sizeof(float4));
+          }
+        }
+        __pipeline_commit();
+      };
+      for (int n = 0; n < kSplitStages; ++n) issue(n);
+      for (int n = 0; n < steps; ++n) {
+        __pipeline_wait_prior(kSplitStages - 1);  // step n's group has landed
+        const int j0 = j_first + n * kStride;
+        bool vis[kStepKeys];
+        float4 kr[kStepKeys][C], vr[kStepKeys][C];
+#pragma unroll
+        for (int u = 0; u < kStepKeys; ++u) {
+          vis[u] = visible(j0 + u);
+          kr[u][0] = vis[u] && in_dims ? *slot(n, u, 0) : Zero4();
+          vr[u][0] = vis[u] && in_dims ? *slot(n, u, 1) : Zero4();
+        }
+        consume(vis, kr, vr);
+        issue(n + kSplitStages);  // into the slot just read (consume used its values)
       }
+      __pipeline_wait_prior(0);
     } else {
-      for (; j0 < j_end; j0 += kStride) {
+      for (int j0 = j_first; j0 < j_end; j0 += kStride) {
         bool vis[kStepKeys];
         float4 kr[kStepKeys][C], vr[kStepKeys][C];
         load(j0, vis, kr, vr);
