@@ -4,7 +4,6 @@
 // attention_check.h and never reads a cache row at or past num_keys (those slots may hold
 // anything, NaN included).
 #include <cuda_fp16.h>
-#include <cuda_pipeline_primitives.h>
 
 #include <algorithm>
 #include <cmath>
@@ -301,18 +300,24 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
 // launch's key count (the longest row's, or a recorded step's padded one) exceeds them.
 //
 // Each K/V row is read once per head tile, by one warp, for every query head of the tile:
-// the four warps take turns over steps of kStepKeys consecutive keys, and a warp keeps
-// its own (m, l, acc) per head. Lane owns dims 128c + 4·lane … +3 (one float4 per chunk
-// where the pointers and strides allow, see SplitKvVectorized), so a step has
-// 2 · kStepKeys rows in flight per warp. The step's kStepKeys × heads dot products
-// are summed over the lanes together (SumAcrossLanes: N − 1 shuffles for N sums) and
-// handed to every lane through shared memory. The head tile is the GQA group rounded up
-// to a power of two (at most 8 / C): a tile wider than the group would spend the same
-// arithmetic on heads that do not exist (measured on an H200: Llama-7B's group of 1 in a
-// tile of 8 ran at a fifth of the copy bandwidth). Scores are kept in base 2
-// (c = scale·log2 e, as the flash kernel), so each weight is one exp2. At the end of a
-// head tile the warps' partial results are merged through shared memory; the block writes
-// O directly with one split, else per split (m, l, acc[Dh]) in
+// the four warps take turns over steps of kStepKeys consecutive keys (one block-table
+// lookup a step), and a warp keeps its own (m, l, acc) per head. Lane owns dims 128c +
+// 4·lane … +3 (one float4 per chunk where the pointers and strides allow, see
+// SplitKvVectorized), so a step has 2 · kStepKeys rows in flight per warp. The step's
+// kStepKeys × heads dot products are summed over the lanes together (SumAcrossLanes:
+// N − 1 shuffles for N sums), which leaves each lane one (key, head) score; the online
+// softmax update runs on those in parallel (the max and sum over a head's keys by
+// shuffles, one exp2 a lane), and the weights and rescales reach every lane's acc through
+// shared memory. The head tile is the GQA group rounded up to a power of two (at most
+// 8 / C): a tile wider than the group would spend the same arithmetic on heads that do
+// not exist. Scores are kept in base 2 (c = scale·log2 e, as the flash kernel).
+// Measured on an H200 (Tk 8192, GQA 32/8, 4 heads a tile): a tile of 8 took 75 us, a tile
+// of 4 34 us; each lane redoing every head's softmax update serially issued ~1000
+// instructions a step with 3-4 warps a scheduler (ncu: issue-bound, not waiting on
+// memory), and loading the next step early (in registers, or by cp.async into shared
+// memory) made it slower (38-39 us), not faster. At the end of a head tile the warps'
+// partial results are merged through shared memory; the block writes O directly with one
+// split, else per split (m, l, acc[Dh]) in
 //   workspace [Tq, H, splits, Dh + 2]     (m in base 2)
 // merged by SplitKvCombineKernel.
 constexpr int kSplitWarps = 4;
@@ -375,25 +380,14 @@ __device__ __forceinline__ float SumAcrossLanes(float (&v)[N], int lane) {
   return v[0];
 }
 
-// Asynchronous loads (cp.async into a ring in shared memory, kStages steps deep per warp)
-// where the rows are float4-aligned, up to 128 dims and the tile is at most 4 heads (the
-// shared memory of 8 heads' merge and the ring would pass the 48 KB a block may declare):
-// a lane copies and later reads back only its own 16 bytes of each row, so it waits only
-// for its own copies. Elsewhere each step loads into registers and then sums.
-constexpr int kSplitStages = 2;
-template <int C, int kTileHeads, bool kVec>
-constexpr bool kSplitKvAsync = kVec && C == 1 && kTileHeads <= 4;
-
 template <int C, int kTileHeads, bool kVec>
 __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>::kMinBlocks)
     SplitKvKernel(AttentionParams p, int num_splits, float* workspace) {
   using S = SplitKvShape<C, kTileHeads>;
   constexpr int kTile = S::kHeadTile, kSums = S::kSums, kStepKeys = S::kStepKeys;
-  constexpr bool kAsync = kSplitKvAsync<C, kTileHeads, kVec>;
   const float scale2 = p.scale * 1.4426950408889634f;  // scores in base 2
-  // [warp][stage][key u][K, V][lane]
-  __shared__ float4 ring[kAsync ? kSplitWarps * kSplitStages * kStepKeys * 2 * 32 : 1];
-  __shared__ float step_scores[kSplitWarps][kSums];
+  __shared__ float step_p[kSplitWarps][kSums];       // a step's weights 2^(s − m')
+  __shared__ float step_alpha[kSplitWarps][kTile];    // and each head's rescale 2^(m − m')
   __shared__ float part_ml[kSplitWarps][kTile][2];
   __shared__ float part_acc[kSplitWarps][kTile][S::kMaxDim];
 
@@ -413,9 +407,14 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
   const float* q_group =
       p.q + static_cast<int64_t>(i) * p.q_stride + static_cast<int64_t>(g) * group * D;
 
+  // After SumAcrossLanes a lane holds the score of key su, head st of the step (lanes
+  // 32 / kSums apart hold the next one); it keeps the running max and sum of head st.
+  const int sidx = lane * kSums / 32, su = sidx / kTile, st = sidx % kTile;
+  constexpr int kKeyLanes = 32 / kSums * kTile;  // lane distance between keys of one head
+
   for (int h0 = 0; h0 < group; h0 += kTile) {
     float4 qr[kTile][C], acc[kTile][C];
-    float m[kTile], l[kTile];
+    float m = -INFINITY, l = 0.0f;  // of head h0 + st, over this warp's keys so far
 #pragma unroll
     for (int t = 0; t < kTile; ++t) {
 #pragma unroll
@@ -424,8 +423,6 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
             h0 + t < group ? Load4<kVec>(q_group + (h0 + t) * D, 128 * c + 4 * lane, D) : Zero4();
         acc[t][c] = Zero4();
       }
-      m[t] = -INFINITY;
-      l[t] = 0.0f;
     }
 
     // A step: the K and V rows of keys j0 … j0 + kStepKeys − 1 (load: loads only, the
@@ -433,22 +430,20 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
     const auto visible = [&](int j) {
       return j < j_end && (p.q_doc == nullptr || p.k_doc[j] == q_doc);
     };
-    // Offset of key j0 + u's row of KV head g. A step's keys start at a multiple of
-    // kStepKeys (span is one), so they share a cache block when the block size is one too:
-    // then one table lookup serves the step.
+    // A step's keys start at a multiple of kStepKeys (span is one), so they share a cache
+    // block when the block size is one too: then one table lookup serves the step.
     const bool step_in_one_block = p.block_size % kStepKeys == 0;
-    const auto row_offset = [&](int j0, int u, int64_t first_row) {
-      const int64_t row = step_in_one_block ? first_row + u : PhysicalRowIn(table, p.block_size, j0 + u);
-      return row * p.kv_row_stride + static_cast<int64_t>(g) * D;
-    };
     const auto load = [&](int j0, bool (&vis)[kStepKeys], float4 (&kr)[kStepKeys][C],
                           float4 (&vr)[kStepKeys][C]) {
       const int64_t first_row = step_in_one_block ? PhysicalRowIn(table, p.block_size, j0) : 0;
 #pragma unroll
       for (int u = 0; u < kStepKeys; ++u) {
-        vis[u] = visible(j0 + u);
+        const int j = j0 + u;
+        vis[u] = visible(j);
+        const int64_t row =
+            step_in_one_block ? first_row + u : PhysicalRowIn(table, p.block_size, j);
         // Only visible rows are read: a masked key's row may hold anything.
-        const int64_t off = vis[u] ? row_offset(j0, u, first_row) : 0;
+        const int64_t off = vis[u] ? row * p.kv_row_stride + static_cast<int64_t>(g) * D : 0;
 #pragma unroll
         for (int c = 0; c < C; ++c) {
           kr[u][c] = vis[u] ? Load4<kVec>(p.k + off, 128 * c + 4 * lane, D) : Zero4();
@@ -457,7 +452,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
       }
     };
     // … and what is done with them once they are in registers.
-    const auto consume = [&](const bool (&vis)[kStepKeys], const float4 (&kr)[kStepKeys][C],
+    const auto consume = [&](int j0, const float4 (&kr)[kStepKeys][C],
                              const float4 (&vr)[kStepKeys][C]) {
       float s[kSums];  // s[u · kTile + t]: key u, head h0 + t
 #pragma unroll
@@ -470,91 +465,61 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
           s[u * kTile + t] = dot;
         }
       }
+      // The softmax update, lane-parallel: each lane takes its (key su, head st) score; the
+      // max and the sum over a head's keys are shuffles across lanes kKeyLanes apart; each
+      // lane makes one exp2 for its weight and (those of key 0) one for the head's rescale,
+      // and the weights and rescales reach every lane through shared memory.
       const float total = SumAcrossLanes(s, lane);
-      if (lane % (32 / kSums) == 0) step_scores[warp][lane * kSums / 32] = total * scale2;
+      const int j_own = j0 + su;
+      const float score = visible(j_own) ? total * scale2 : -INFINITY;
+      float step_max = score;
+#pragma unroll
+      for (int o = kKeyLanes; o < 32; o *= 2) {
+        step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, o));
+      }
+      const float m_new = fmaxf(m, step_max);
+      // Nothing visible yet (m_new = −∞): weights 0, and acc (0) keeps its scale.
+      const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
+      const float w = score == -INFINITY ? 0.0f : exp2f(score - m_new);
+      float w_sum = w;
+#pragma unroll
+      for (int o = kKeyLanes; o < 32; o *= 2) w_sum += __shfl_xor_sync(0xffffffffu, w_sum, o);
+      l = l * alpha + w_sum;
+      m = m_new;
+      if (lane % (32 / kSums) == 0) {
+        step_p[warp][sidx] = w;
+        if (su == 0) step_alpha[warp][st] = alpha;
+      }
       __syncwarp();
 #pragma unroll
       for (int t = 0; t < kTile; ++t) {
-        float m_new = m[t];
+        const float a = step_alpha[warp][t];
+#pragma unroll
+        for (int c = 0; c < C; ++c) Scale4(a, acc[t][c]);
 #pragma unroll
         for (int u = 0; u < kStepKeys; ++u) {
-          if (vis[u]) m_new = fmaxf(m_new, step_scores[warp][u * kTile + t]);
-        }
-        if (m_new == -INFINITY) continue;  // nothing visible yet for this warp
-        const float alpha = m[t] == -INFINITY ? 0.0f : exp2f(m[t] - m_new);
-        l[t] *= alpha;
-#pragma unroll
-        for (int c = 0; c < C; ++c) Scale4(alpha, acc[t][c]);
-#pragma unroll
-        for (int u = 0; u < kStepKeys; ++u) {
-          if (!vis[u]) continue;  // 0 · NaN would poison acc
-          const float pu = exp2f(step_scores[warp][u * kTile + t] - m_new);
-          l[t] += pu;
+          // 0 for masked keys, whose vr is 0 too (never read): no 0 · NaN.
+          const float pu = step_p[warp][u * kTile + t];
 #pragma unroll
           for (int c = 0; c < C; ++c) Axpy4(pu, vr[u][c], acc[t][c]);
         }
-        m[t] = m_new;
       }
-      __syncwarp();  // step_scores is read before the next step overwrites it
+      __syncwarp();  // step_p and step_alpha are read before the next step overwrites them
     };
-    constexpr int kStride = kSplitWarps * kStepKeys;
-    const int j_first = j_begin + warp * kStepKeys;  // this warp's steps: j_first + n·kStride
-    if constexpr (kAsync) {
-      const int steps = j_first < j_end ? (j_end - j_first + kStride - 1) / kStride : 0;
-      const bool in_dims = 4 * lane < D;  // this lane's 16 bytes of a row exist
-      const auto slot = [&](int n, int u, int kv) -> float4* {
-        return &ring[(((warp * kSplitStages + n % kSplitStages) * kStepKeys + u) * 2 + kv) * 32 +
-                     lane];
-      };
-      // Step n's copies, as one group (empty past the last step, so that the count of
-      // groups stays the step count plus kSplitStages).
-      const auto issue = [&](int n) {
-        if (n < steps && in_dims) {
-          const int j0 = j_first + n * kStride;
-          const int64_t first_row =
-              step_in_one_block ? PhysicalRowIn(table, p.block_size, j0) : 0;
-#pragma unroll
-          for (int u = 0; u < kStepKeys; ++u) {
-            if (!visible(j0 + u)) continue;  // its row may hold anything: not read
-            const int64_t off = row_offset(j0, u, first_row) + 4 * lane;
-            __pipeline_memcpy_async(slot(n, u, 0), p.k + off, sizeof(float4));
-            __pipeline_memcpy_async(slot(n, u, 1), p.v + off, sizeof(float4));
-          }
-        }
-        __pipeline_commit();
-      };
-      for (int n = 0; n < kSplitStages; ++n) issue(n);
-      for (int n = 0; n < steps; ++n) {
-        __pipeline_wait_prior(kSplitStages - 1);  // step n's group has landed
-        const int j0 = j_first + n * kStride;
-        bool vis[kStepKeys];
-        float4 kr[kStepKeys][C], vr[kStepKeys][C];
-#pragma unroll
-        for (int u = 0; u < kStepKeys; ++u) {
-          vis[u] = visible(j0 + u);
-          kr[u][0] = vis[u] && in_dims ? *slot(n, u, 0) : Zero4();
-          vr[u][0] = vis[u] && in_dims ? *slot(n, u, 1) : Zero4();
-        }
-        consume(vis, kr, vr);
-        issue(n + kSplitStages);  // into the slot just read (consume used its values)
-      }
-      __pipeline_wait_prior(0);
-    } else {
-      for (int j0 = j_first; j0 < j_end; j0 += kStride) {
-        bool vis[kStepKeys];
-        float4 kr[kStepKeys][C], vr[kStepKeys][C];
-        load(j0, vis, kr, vr);
-        consume(vis, kr, vr);
-      }
+    for (int j0 = j_begin + warp * kStepKeys; j0 < j_end; j0 += kSplitWarps * kStepKeys) {
+      bool vis[kStepKeys];
+      float4 kr[kStepKeys][C], vr[kStepKeys][C];
+      load(j0, vis, kr, vr);
+      consume(j0, kr, vr);
     }
 
     // Merge the warps: O = Σ_w e^{m_w − M} acc_w / Σ_w e^{m_w − M} l_w.
+    if (su == 0 && lane % (32 / kSums) == 0) {
+      part_ml[warp][st][0] = m;
+      part_ml[warp][st][1] = l;
+    }
 #pragma unroll
     for (int t = 0; t < kTile; ++t) {
-      if (lane == 0) {
-        part_ml[warp][t][0] = m[t];
-        part_ml[warp][t][1] = l[t];
-      }
 #pragma unroll
       for (int c = 0; c < C; ++c) {
         float* a = &part_acc[warp][t][128 * c + 4 * lane];  // < kMaxDim = 128·C

@@ -62,45 +62,25 @@ struct Segments {
   Segment seg[kMatVecMaxSegments];
 };
 
-// Units a block works on at once: two for one row of x (units u and u + grid, so each
-// thread has four 16-byte weight loads in flight a piece, and one barrier serves two
-// units), one for more rows (whose x values and sums take the registers).
-template <int N>
-constexpr int kUnitsAtOnce = N == 1 ? 2 : 1;
-
 template <bool kBf16, int N, bool kVec, bool kGated>
-__global__ void __launch_bounds__(kThreads, N == 1 ? 4 : 3) MatVecKernel(Segments segs) {
-  constexpr int U = kUnitsAtOnce<N>;
-  constexpr int R = 2 * U;  // weight rows read at once: rows 2k and 2k + 1 are unit k's
+__global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 3) MatVecKernel(Segments segs) {
+  constexpr int R = 2;  // weight rows a unit reads
   __shared__ float part[2][kWarps][R * N];
   const float* __restrict__ x = segs.x;
   const int64_t in = segs.in;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int buf = 0;
-  for (int64_t first = blockIdx.x; first < segs.units; first += int64_t{U} * gridDim.x, buf ^= 1) {
-    const Segment* sg[U];
-    int64_t o[U];
-    int rows[U];  // 0: no such unit (its rows read unit 0's again, and nothing is written)
+  for (int64_t unit = blockIdx.x; unit < segs.units; unit += gridDim.x, buf ^= 1) {
+    int si = 0;
+    while (si + 1 < segs.count && unit >= segs.seg[si + 1].first_unit) ++si;
+    const Segment& sg = segs.seg[si];
+    // Plain: rows o, o + 1 (a missing second row reads the first again; its sums are never
+    // written). Gated: gate and up rows of o.
+    const int64_t o = kGated ? unit - sg.first_unit : 2 * (unit - sg.first_unit);
+    const int rows = kGated || o + 1 < sg.out ? 2 : 1;
     const unsigned short* __restrict__ wrow[R];
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-      const int64_t unit = first + int64_t{k} * gridDim.x;
-      const bool here = unit < segs.units;
-      int si = 0;
-      while (si + 1 < segs.count && unit >= segs.seg[si + 1].first_unit) ++si;
-      sg[k] = &segs.seg[si];
-      // Plain: rows o, o + 1 (a missing second row reads the first again; its sums are
-      // never written). Gated: gate and up rows of o.
-      o[k] = kGated ? unit - sg[k]->first_unit : 2 * (unit - sg[k]->first_unit);
-      rows[k] = !here ? 0 : kGated || o[k] + 1 < sg[k]->out ? 2 : 1;
-      if (!here) {
-        sg[k] = sg[0];
-        o[k] = o[0];
-      }
-      wrow[2 * k] = sg[k]->w + o[k] * in;
-      wrow[2 * k + 1] = kGated ? sg[k]->w_up + o[k] * in
-                               : sg[k]->w + (o[k] + (rows[k] == 2 ? 1 : 0)) * in;
-    }
+    wrow[0] = sg.w + o * in;
+    wrow[1] = kGated ? sg.w_up + o * in : sg.w + (o + rows - 1) * in;
     float acc[R][N];
 #pragma unroll
     for (int t = 0; t < R; ++t) {
@@ -148,45 +128,39 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 4 : 3) MatVecKernel(Segment
         if (lane == 0) part[buf][warp][t * N + r] = v;
       }
     }
-    // The only barrier of the iteration: part[buf] is next written two iterations on,
-    // after every warp (warp 0's reads below included) has passed the next one's barrier.
+    // The only barrier of the unit: part[buf] is next written two units on, after every
+    // warp (warp 0's reads below included) has passed the next unit's barrier.
     __syncthreads();
-    if (warp == 0 && lane < U * N) {  // lane k·N + r: unit k, row r of x
-      const int k = lane / N, r = lane % N;
-      const int rows_k = k == 0 ? rows[0] : rows[U - 1];
-      if (rows_k > 0) {
-        const Segment& sk = *(k == 0 ? sg[0] : sg[U - 1]);
-        const int64_t ok = k == 0 ? o[0] : o[U - 1];
-        float sum[2];
+    if (warp == 0 && lane < N) {  // lane r: row r of x
+      float sum[R];
 #pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          sum[t] = 0.0f;
+      for (int t = 0; t < R; ++t) {
+        sum[t] = 0.0f;
 #pragma unroll
-          for (int w = 0; w < kWarps; ++w) sum[t] += part[buf][w][(2 * k + t) * N + r];
-        }
-        float* y = sk.y + static_cast<int64_t>(r) * sk.out + ok;
-        if constexpr (kGated) {
-          const float g = sum[0];  // as SwiGluKernel
-          *y = g / (1.0f + expf(-g)) * sum[1];
-        } else {
+        for (int w = 0; w < kWarps; ++w) sum[t] += part[buf][w][t * N + lane];
+      }
+      float* y = sg.y + static_cast<int64_t>(lane) * sg.out + o;
+      if constexpr (kGated) {
+        const float g = sum[0];  // as SwiGluKernel
+        *y = g / (1.0f + expf(-g)) * sum[1];
+      } else {
 #pragma unroll
-          for (int t = 0; t < 2; ++t) {
-            if (t >= rows_k) break;  // unrolled, so sum stays in registers
-            float b = 0.0f;
-            if (sk.bias != nullptr) {
-              switch (sk.bias_dtype) {
-                case DType::kF16:
-                  b = __half2float(static_cast<const __half*>(sk.bias)[ok + t]);
-                  break;
-                case DType::kBF16:
-                  b = __bfloat162float(static_cast<const __nv_bfloat16*>(sk.bias)[ok + t]);
-                  break;
-                default:
-                  b = static_cast<const float*>(sk.bias)[ok + t];
-              }
+        for (int t = 0; t < R; ++t) {
+          if (t >= rows) break;  // unrolled, so sum stays in registers
+          float b = 0.0f;
+          if (sg.bias != nullptr) {
+            switch (sg.bias_dtype) {
+              case DType::kF16:
+                b = __half2float(static_cast<const __half*>(sg.bias)[o + t]);
+                break;
+              case DType::kBF16:
+                b = __bfloat162float(static_cast<const __nv_bfloat16*>(sg.bias)[o + t]);
+                break;
+              default:
+                b = static_cast<const float*>(sg.bias)[o + t];
             }
-            y[t] = sum[t] + b;
           }
+          y[t] = sum[t] + b;
         }
       }
     }
