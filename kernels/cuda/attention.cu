@@ -590,25 +590,43 @@ SplitKvKernelPtr SplitKvKernelOf(int variant) {
 }
 
 // O = Σ_s 2^{m_s − M} acc_s / Σ_s 2^{m_s − M} l_s over the splits that saw a key.
+// Block (row, head), a thread per dim. The splits' maxima and sums go through shared
+// memory, each split's weight 2^(m_s − M) computed once; a thread requests its first
+// kCombineAhead partial sums before that, so the loads overlap.
+constexpr int kCombineAhead = 8;
 __global__ void SplitKvCombineKernel(AttentionParams p, int num_splits, const float* workspace) {
-  const int i = blockIdx.x, h = blockIdx.y, D = p.head_dim;
+  __shared__ float weight[128];  // 2^(m_s − M), 0 for a split that saw no key (≤ 128 splits)
+  __shared__ float total;        // Σ_s 2^(m_s − M) l_s
+  const int i = blockIdx.x, h = blockIdx.y, D = p.head_dim, d = threadIdx.x;
   const float* w = workspace + (static_cast<int64_t>(i) * p.num_heads + h) * num_splits * (D + 2);
-  float m_max = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) m_max = fmaxf(m_max, w[s * (D + 2)]);
-  float l_sum = 0.0f;
-  for (int s = 0; s < num_splits; ++s) {
-    const float m = w[s * (D + 2)];
-    if (m != -INFINITY) l_sum += w[s * (D + 2) + 1] * exp2f(m - m_max);
+  float ahead[kCombineAhead];
+#pragma unroll
+  for (int s = 0; s < kCombineAhead; ++s) {
+    ahead[s] = s < num_splits && d < D ? w[s * (D + 2) + 2 + d] : 0.0f;
   }
-  float* o = p.out + static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int s = 0; s < num_splits; ++s) {
+  if (threadIdx.x < 32) {
+    float m_max = -INFINITY;
+    for (int s = threadIdx.x; s < num_splits; s += 32) m_max = fmaxf(m_max, w[s * (D + 2)]);
+    m_max = WarpReduce(m_max, MaxOp());
+    float l_sum = 0.0f;
+    for (int s = threadIdx.x; s < num_splits; s += 32) {
       const float m = w[s * (D + 2)];
-      if (m != -INFINITY) acc += w[s * (D + 2) + 2 + d] * exp2f(m - m_max);
+      const float e = m == -INFINITY ? 0.0f : exp2f(m - m_max);
+      weight[s] = e;
+      l_sum += e * w[s * (D + 2) + 1];
     }
-    o[d] = acc / l_sum;
+    l_sum = WarpReduce(l_sum, SumOp());
+    if (threadIdx.x == 0) total = l_sum;
   }
+  __syncthreads();
+  if (d >= D) return;
+  float acc = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kCombineAhead; ++s) {
+    if (s < num_splits) acc += weight[s] * ahead[s];
+  }
+  for (int s = kCombineAhead; s < num_splits; ++s) acc += weight[s] * w[s * (D + 2) + 2 + d];
+  p.out[static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D + d] = acc / total;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -739,7 +757,8 @@ absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* work
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvKernel");
   if (num_splits > 1) {
     const dim3 combine_grid(p.num_queries, p.num_heads);
-    SplitKvCombineKernel<<<combine_grid, 128, 0, stream>>>(p, num_splits, workspace);
+    const int threads = std::max(32, (p.head_dim + 31) / 32 * 32);
+    SplitKvCombineKernel<<<combine_grid, threads, 0, stream>>>(p, num_splits, workspace);
     KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvCombineKernel");
   }
   return absl::OkStatus();

@@ -53,6 +53,10 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
   add(NormCase(gpu, rng, false, 4096, DType::kBF16, false));
   add(NormCase(gpu, rng, true, 96, DType::kF32, true));
   add(NormCase(gpu, rng, true, 4096, DType::kF16, false));
+  // RMSNorm keeps rows of up to 4096 in registers (a row of 1001 ends inside a thread's
+  // four values); longer rows take the looped kernel.
+  add(NormCase(gpu, rng, false, 1001, DType::kBF16, false));
+  add(AddNormCase(gpu, rng, false, 5003, DType::kF16));
   for (RopeStyle style : {RopeStyle::kAdjacentPairs, RopeStyle::kHalfSplit}) {
     for (int dh : {64, 128}) add(RopeCase(gpu, rng, style, dh));
     add(RopeQKCase(gpu, rng, style, style == RopeStyle::kAdjacentPairs ? 64 : 128));
