@@ -172,6 +172,17 @@ class Backend {
     Rope(q, n, q_stride, q_heads, head_dim, positions, theta, style);
     Rope(k, n, k_stride, k_heads, head_dim, positions, theta, style);
   }
+  // RopeQK on q and k, then StoreKv of the rotated k and of v (rows kv_stride apart,
+  // kv_heads · head_dim values each): a Llama layer's new keys and values.
+  virtual void RopeQKStoreKv(T* q, int64_t q_stride, int q_heads, T* k, const T* v,
+                             int64_t kv_stride, int kv_heads, int n, int head_dim,
+                             const int32_t* positions, double theta, RopeStyle style,
+                             const int64_t* dst_rows, T* k_cache, T* v_cache,
+                             int64_t cache_stride) {
+    RopeQK(q, q_stride, q_heads, k, kv_stride, kv_heads, n, head_dim, positions, theta, style);
+    StoreKv(k, v, n, kv_stride, int64_t{kv_heads} * head_dim, dst_rows, k_cache, v_cache,
+            cache_stride);
+  }
   // x += residual, then y = RmsNorm(x): a residual connection followed by the next norm.
   virtual void AddRmsNorm(T* x, const T* residual, int n, int dim, const WeightView& weight,
                           double eps, T* y) {

@@ -201,12 +201,15 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     const kernels::MatMulOutput<T> qkv[] = {
         {lw.wq, lw.bq, q_.data()}, {lw.wk, lw.bk, k_.data()}, {lw.wv, lw.bv, v_.data()}};
     backend_.MatMulMany(xn_.data(), n, qkv);
+    // (rotary positions on q and k, and) new keys and values into the paged cache
     if (c.arch == Architecture::kLlama) {
-      backend_.RopeQK(q_.data(), D, c.num_heads, k_.data(), KVD, c.num_kv_heads, n, c.head_dim,
-                      positions_.data(), c.rope_theta, c.rope_style);
+      backend_.RopeQKStoreKv(q_.data(), D, c.num_heads, k_.data(), v_.data(), KVD,
+                             c.num_kv_heads, n, c.head_dim, positions_.data(), c.rope_theta,
+                             c.rope_style, rows_.data(), cache.k(l), cache.v(l), KVD);
+    } else {
+      backend_.StoreKv(k_.data(), v_.data(), n, KVD, KVD, rows_.data(), cache.k(l), cache.v(l),
+                       KVD);
     }
-    // new keys and values into the paged cache
-    backend_.StoreKv(k_.data(), v_.data(), n, KVD, KVD, rows_.data(), cache.k(l), cache.v(l), KVD);
     // attention per sequence, against all of its cached keys: one AttentionBatch for all
     // sequences but the one whose probabilities are captured (copied out after its call)
     calls_.clear();

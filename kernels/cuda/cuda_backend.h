@@ -159,6 +159,12 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   void Gelu(float* x, int64_t count) override;
   void SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
   void Add(float* y, const float* x, int64_t count) override;
+  // One launch (rope, then k's and v's cache rows), for even head sizes.
+  void RopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,
+                     int64_t kv_stride, int kv_heads, int n, int head_dim,
+                     const int32_t* positions, double theta, RopeStyle style,
+                     const int64_t* dst_rows, float* k_cache, float* v_cache,
+                     int64_t cache_stride) override;
   void StoreKv(const float* k, const float* v, int n, int64_t src_stride, int64_t row_elems,
                const int64_t* dst_rows, float* k_cache, float* v_cache,
                int64_t cache_stride) override;

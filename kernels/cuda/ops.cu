@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -118,9 +119,20 @@ __global__ void LayerNormKernel(float* x, const float* residual, int dim, const 
 // One thread per (row, head, pair), over x's heads and then x2's (RopeQK: q and k in one
 // launch; x2 null for one tensor). The angle is position · theta^(−2p/Dh) in double: at
 // position 1e5 a float angle would be off by ~1e-2 rad.
+// With k_cache set (RopeQKStoreKv; head_dim even), the threads of x2's heads (k) also
+// store the rotated pair into k_cache and v's same pair into v_cache, at cache row
+// dst_rows[r] (none for a negative row): the cache rows in the same launch.
+struct KvStore {
+  const float* v;
+  const int64_t* dst_rows;
+  float* k_cache;
+  float* v_cache;
+  int64_t cache_stride;
+};
+
 __global__ void RopeKernel(float* x, int64_t row_stride, int num_heads, float* x2,
                            int64_t row_stride2, int num_heads2, int n, int head_dim,
-                           const int32_t* positions, double theta, bool adjacent) {
+                           const int32_t* positions, double theta, bool adjacent, KvStore store) {
   const int half = head_dim / 2;
   const int heads = num_heads + num_heads2;
   const int64_t total = static_cast<int64_t>(n) * heads * half;
@@ -140,8 +152,18 @@ __global__ void RopeKernel(float* x, int64_t row_stride, int num_heads, float* x
     const int ia = adjacent ? 2 * p : p;
     const int ib = adjacent ? 2 * p + 1 : p + half;
     const float a = head[ia], b = head[ib];
-    head[ia] = a * cf - b * sf;
-    head[ib] = a * sf + b * cf;
+    const float ra = a * cf - b * sf, rb = a * sf + b * cf;
+    head[ia] = ra;
+    head[ib] = rb;
+    if (store.k_cache != nullptr && h >= num_heads && store.dst_rows[r] >= 0) {
+      const int64_t in_row = static_cast<int64_t>(h - num_heads) * head_dim;
+      const int64_t dst = store.dst_rows[r] * store.cache_stride + in_row;
+      const float* vr = store.v + r * row_stride2 + in_row;
+      store.k_cache[dst + ia] = ra;
+      store.k_cache[dst + ib] = rb;
+      store.v_cache[dst + ia] = vr[ia];
+      store.v_cache[dst + ib] = vr[ib];
+    }
   }
 }
 
@@ -289,8 +311,27 @@ absl::Status LaunchRopeQK(float* q, int64_t q_stride, int q_heads, float* k, int
   if (total <= 0) return absl::OkStatus();
   RopeKernel<<<GridFor(total), kThreads, 0, stream>>>(q, q_stride, q_heads, k, k_stride, k_heads, n,
                                                       head_dim, positions, theta,
-                                                      style == RopeStyle::kAdjacentPairs);
+                                                      style == RopeStyle::kAdjacentPairs,
+                                                      KvStore{nullptr, nullptr, nullptr, nullptr, 0});
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("RopeKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchRopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,
+                                 int64_t kv_stride, int kv_heads, int n, int head_dim,
+                                 const int32_t* positions, double theta, RopeStyle style,
+                                 const int64_t* dst_rows, float* k_cache, float* v_cache,
+                                 int64_t cache_stride, cudaStream_t stream) {
+  if (head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LaunchRopeQKStoreKv: head_dim must be even, got ", head_dim));
+  }
+  const int64_t total = static_cast<int64_t>(n) * (q_heads + kv_heads) * (head_dim / 2);
+  if (total <= 0) return absl::OkStatus();
+  RopeKernel<<<GridFor(total), kThreads, 0, stream>>>(
+      q, q_stride, q_heads, k, kv_stride, kv_heads, n, head_dim, positions, theta,
+      style == RopeStyle::kAdjacentPairs, KvStore{v, dst_rows, k_cache, v_cache, cache_stride});
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("RopeKernel (with StoreKv)");
   return absl::OkStatus();
 }
 

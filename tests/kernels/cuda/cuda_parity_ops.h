@@ -429,6 +429,67 @@ inline ParityResult StoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
   return Judge(name, *kc, k_ref, k_ref);  // a copy: exact
 }
 
+// RopeQKStoreKv (one launch on the GPU) against the reference's RopeQK and StoreKv: q and
+// k rotated, k's rotated rows and v's rows in a NaN-filled cache at shuffled rows, one of
+// them a padding row. Judged on q, k and both caches together.
+inline ParityResult RopeQKStoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
+  const std::string name = "RopeQKStoreKv half-split Dh=64 heads 4/2 (one padding row)";
+  const int n = 5, qh = 4, kh = 2, dh = 64, cache_rows = 24;
+  const int64_t qs = int64_t{qh} * dh + 8, kvs = int64_t{kh} * dh + 4, cache_stride = kh * dh + 12;
+  const double theta = 10000.0;
+  const RopeStyle style = RopeStyle::kHalfSplit;
+  const std::vector<int32_t> positions = {0, 7, 300, 12, 5};
+  const std::vector<double> q = kernels::testing::RandomFloatExact(rng, size_t(n) * qs, -2, 2);
+  const std::vector<double> k = kernels::testing::RandomFloatExact(rng, size_t(n) * kvs, -2, 2);
+  const std::vector<double> v = kernels::testing::RandomFloatExact(rng, size_t(n) * kvs, -2, 2);
+  std::vector<int64_t> rows(cache_rows);
+  std::iota(rows.begin(), rows.end(), 0);
+  std::shuffle(rows.begin(), rows.end(), rng);
+  rows.resize(n);
+  rows[3] = -1;  // a padding row: rotated, stored nowhere
+  std::vector<double> q_ref = q, k_ref = k, q_naive = q, k_naive = k;
+  std::vector<double> kc_ref(size_t(cache_rows) * cache_stride, kNaN), vc_ref = kc_ref;
+  ReferenceBackend().RopeQKStoreKv(q_ref.data(), qs, qh, k_ref.data(), v.data(), kvs, kh, n, dh,
+                                   positions.data(), theta, style, rows.data(), kc_ref.data(),
+                                   vc_ref.data(), cache_stride);
+  NaiveRope(q_naive, n, qs, qh, dh, positions, theta, style);
+  NaiveRope(k_naive, n, kvs, kh, dh, positions, theta, style);
+  std::vector<double> kc_naive = kc_ref, vc_naive = vc_ref;  // NaN where nothing is stored
+  for (int r = 0; r < n; ++r) {
+    if (rows[r] < 0) continue;
+    for (int64_t e = 0; e < int64_t{kh} * dh; ++e) {
+      kc_naive[rows[r] * cache_stride + e] = k_naive[r * kvs + e];
+      vc_naive[rows[r] * cache_stride + e] = v[r * kvs + e];
+    }
+  }
+  auto dq = ToDevice(q);
+  auto dk = ToDevice(k);
+  auto dv = ToDevice(v);
+  auto dkc = ToDevice(std::vector<double>(kc_ref.size(), kNaN));
+  auto dvc = ToDevice(std::vector<double>(kc_ref.size(), kNaN));
+  if (!dq.ok() || !dk.ok() || !dv.ok() || !dkc.ok() || !dvc.ok()) {
+    return Failed(name, absl::InternalError("upload"));
+  }
+  gpu.RopeQKStoreKv(dq->as<float>(), qs, qh, dk->as<float>(), dv->as<float>(), kvs, kh, n, dh,
+                    positions.data(), theta, style, rows.data(), dkc->as<float>(),
+                    dvc->as<float>(), cache_stride);
+  std::vector<double> got, naive, ref;
+  const std::pair<const DeviceBuffer*, size_t> outs[] = {
+      {&*dq, q.size()}, {&*dk, k.size()}, {&*dkc, kc_ref.size()}, {&*dvc, kc_ref.size()}};
+  for (const auto& [buffer, count] : outs) {
+    auto y = FromDevice(gpu, *buffer, count);
+    if (!y.ok()) return Failed(name, y.status());
+    got.insert(got.end(), y->begin(), y->end());
+  }
+  for (const std::vector<double>* part : {&q_naive, &k_naive, &kc_naive, &vc_naive}) {
+    naive.insert(naive.end(), part->begin(), part->end());
+  }
+  for (const std::vector<double>* part : {&q_ref, &k_ref, &kc_ref, &vc_ref}) {
+    ref.insert(ref.end(), part->begin(), part->end());
+  }
+  return Judge(name, got, naive, ref);
+}
+
 }  // namespace kvlens::kernels::cuda::parity
 
 #endif  // KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_OPS_H_
