@@ -381,7 +381,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
           dst[s] = int64_t{tables[s][pos / bs]} * bs + pos % bs;
         }
         // The ops the engine's Transformer::Forward makes: q, k and v in one MatMulMany, one
-        // RopeQK, each residual add fused into the next norm, SwiGLU's two products in one
+        // RopeQKStoreKv, each residual add fused into the next norm, SwiGLU's two products in one
         // MatMulSwiGlu; the layers as one step (a CUDA graph when graphs are on), then the
         // logits, which the engine copies to the host (so every step ends synchronised).
         const auto host_start = std::chrono::steady_clock::now();
@@ -397,8 +397,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
           const MatMulOutput<float> qkv[] = {
               {w.wq, WeightView{}, q}, {w.wk, WeightView{}, k}, {w.wv, WeightView{}, v}};
           b.MatMulMany(xn, batch, qkv);
-          b.RopeQK(q, D, H, k, D, H, batch, Dh, positions.data(), 10000.0, RopeStyle::kHalfSplit);
-          b.StoreKv(k, v, batch, D, D, dst.data(), kc[l], vc[l], D);
+          b.RopeQKStoreKv(q, D, H, k, v, D, H, batch, Dh, positions.data(), 10000.0,
+                          RopeStyle::kHalfSplit, dst.data(), kc[l], vc[l], D);
           calls.clear();
           for (int s = 0; s < batch; ++s) {
             AttentionArgs<float>& a = calls.emplace_back();
