@@ -203,9 +203,9 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     backend_.MatMulMany(xn_.data(), n, qkv);
     // (rotary positions on q and k, and) new keys and values into the paged cache
     if (c.arch == Architecture::kLlama) {
-      backend_.RopeQKStoreKv(q_.data(), D, c.num_heads, k_.data(), v_.data(), KVD,
-                             c.num_kv_heads, n, c.head_dim, positions_.data(), c.rope_theta,
-                             c.rope_style, rows_.data(), cache.k(l), cache.v(l), KVD);
+      backend_.RopeQKStoreKv(q_.data(), D, c.num_heads, k_.data(), v_.data(), KVD, c.num_kv_heads,
+                             n, c.head_dim, positions_.data(), c.rope_theta, c.rope_style,
+                             rows_.data(), cache.k(l), cache.v(l), KVD);
     } else {
       backend_.StoreKv(k_.data(), v_.data(), n, KVD, KVD, rows_.data(), cache.k(l), cache.v(l),
                        KVD);

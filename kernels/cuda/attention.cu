@@ -386,8 +386,8 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
   using S = SplitKvShape<C, kTileHeads>;
   constexpr int kTile = S::kHeadTile, kSums = S::kSums, kStepKeys = S::kStepKeys;
   const float scale2 = p.scale * 1.4426950408889634f;  // scores in base 2
-  __shared__ float step_p[kSplitWarps][kSums];       // a step's weights 2^(s − m')
-  __shared__ float step_alpha[kSplitWarps][kTile];    // and each head's rescale 2^(m − m')
+  __shared__ float step_p[kSplitWarps][kSums];         // a step's weights 2^(s − m')
+  __shared__ float step_alpha[kSplitWarps][kTile];     // and each head's rescale 2^(m − m')
   __shared__ float part_ml[kSplitWarps][kTile][2];
   __shared__ float part_acc[kSplitWarps][kTile][S::kMaxDim];
 
@@ -433,8 +433,8 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
     // A step's keys start at a multiple of kStepKeys (span is one), so they share a cache
     // block when the block size is one too: then one table lookup serves the step.
     const bool step_in_one_block = p.block_size % kStepKeys == 0;
-    const auto load = [&](int j0, bool (&vis)[kStepKeys], float4 (&kr)[kStepKeys][C],
-                          float4 (&vr)[kStepKeys][C]) {
+    const auto load = [&](int j0, bool(&vis)[kStepKeys], float4(&kr)[kStepKeys][C],
+                          float4(&vr)[kStepKeys][C]) {
       const int64_t first_row = step_in_one_block ? PhysicalRowIn(table, p.block_size, j0) : 0;
 #pragma unroll
       for (int u = 0; u < kStepKeys; ++u) {
@@ -452,8 +452,8 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
       }
     };
     // … and what is done with them once they are in registers.
-    const auto consume = [&](int j0, const float4 (&kr)[kStepKeys][C],
-                             const float4 (&vr)[kStepKeys][C]) {
+    const auto consume = [&](int j0, const float4(&kr)[kStepKeys][C],
+                             const float4(&vr)[kStepKeys][C]) {
       float s[kSums];  // s[u · kTile + t]: key u, head h0 + t
 #pragma unroll
       for (int u = 0; u < kStepKeys; ++u) {
@@ -586,7 +586,8 @@ SplitKvKernelPtr SplitKvKernelOf(int tile_log2, bool vec) {
 SplitKvKernelPtr SplitKvKernelOf(int variant) {
   const bool vec = (variant & 1) != 0;
   const int tile_log2 = (variant >> 2) & 3;
-  return (variant & 2) != 0 ? SplitKvKernelOf<2>(tile_log2, vec) : SplitKvKernelOf<1>(tile_log2, vec);
+  return (variant & 2) != 0 ? SplitKvKernelOf<2>(tile_log2, vec)
+                            : SplitKvKernelOf<1>(tile_log2, vec);
 }
 
 // O = Σ_s 2^{m_s − M} acc_s / Σ_s 2^{m_s − M} l_s over the splits that saw a key.

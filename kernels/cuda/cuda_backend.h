@@ -161,10 +161,9 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   void Add(float* y, const float* x, int64_t count) override;
   // One launch (rope, then k's and v's cache rows), for even head sizes.
   void RopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,
-                     int64_t kv_stride, int kv_heads, int n, int head_dim,
-                     const int32_t* positions, double theta, RopeStyle style,
-                     const int64_t* dst_rows, float* k_cache, float* v_cache,
-                     int64_t cache_stride) override;
+                     int64_t kv_stride, int kv_heads, int n, int head_dim, const int32_t* positions,
+                     double theta, RopeStyle style, const int64_t* dst_rows, float* k_cache,
+                     float* v_cache, int64_t cache_stride) override;
   void StoreKv(const float* k, const float* v, int n, int64_t src_stride, int64_t row_elems,
                const int64_t* dst_rows, float* k_cache, float* v_cache,
                int64_t cache_stride) override;
@@ -251,7 +250,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   IndexUploadStats index_stats_;
   int flash_tile_queries_ = kFlashDefaultTileQueries;
   int split_kv_blocks_per_sm_[16] = {};  // by SplitKvVariant, 0: not asked yet
-  std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
+  std::vector<int32_t> index_pack_;      // host staging of one Attention call's index arrays
 
   DeviceBuffer gemm_input_;           // x rounded to f16/bf16 for the tensor cores
   DeviceBuffer attention_workspace_;  // split-KV partials, or S/A when not requested

@@ -266,7 +266,8 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
     constexpr int kCalls = 20;
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
-    if (!GC_CUDA(cudaStreamBeginCapture(b.stream(), cudaStreamCaptureModeThreadLocal))) std::exit(3);
+    if (!GC_CUDA(cudaStreamBeginCapture(b.stream(), cudaStreamCaptureModeThreadLocal)))
+      std::exit(3);
     for (int c = 0; c < kCalls; ++c) Must(b.Attention(a), "decode attention (captured)");
     if (!GC_CUDA(cudaStreamEndCapture(b.stream(), &graph)) ||
         !GC_CUDA(cudaGraphInstantiate(&exec, graph, 0))) {

@@ -173,8 +173,8 @@ int BlocksPerSm() {
   static const int blocks = [] {
     int b = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &b, reinterpret_cast<const void*>(MatVecKernel<kBf16, N, kVec, kGated>), kThreads,
-            0) != cudaSuccess) {
+            &b, reinterpret_cast<const void*>(MatVecKernel<kBf16, N, kVec, kGated>), kThreads, 0) !=
+        cudaSuccess) {
       b = 1;
     }
     return std::max(b, 1);
@@ -189,7 +189,8 @@ void Launch(bool vec, const Segments& segs, cudaStream_t stream) {
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     sms = 1;
   }
-  const int per_sm = vec ? BlocksPerSm<kBf16, N, true, kGated>() : BlocksPerSm<kBf16, N, false, kGated>();
+  const int per_sm =
+      vec ? BlocksPerSm<kBf16, N, true, kGated>() : BlocksPerSm<kBf16, N, false, kGated>();
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(segs.units, int64_t{sms} * per_sm));
   auto* kernel = vec ? MatVecKernel<kBf16, N, true, kGated> : MatVecKernel<kBf16, N, false, kGated>;
   kernel<<<blocks, kThreads, 0, stream>>>(segs);

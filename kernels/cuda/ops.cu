@@ -309,10 +309,9 @@ absl::Status LaunchRopeQK(float* q, int64_t q_stride, int q_heads, float* k, int
                           RopeStyle style, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(n) * (q_heads + k_heads) * (head_dim / 2);
   if (total <= 0) return absl::OkStatus();
-  RopeKernel<<<GridFor(total), kThreads, 0, stream>>>(q, q_stride, q_heads, k, k_stride, k_heads, n,
-                                                      head_dim, positions, theta,
-                                                      style == RopeStyle::kAdjacentPairs,
-                                                      KvStore{nullptr, nullptr, nullptr, nullptr, 0});
+  RopeKernel<<<GridFor(total), kThreads, 0, stream>>>(
+      q, q_stride, q_heads, k, k_stride, k_heads, n, head_dim, positions, theta,
+      style == RopeStyle::kAdjacentPairs, KvStore{nullptr, nullptr, nullptr, nullptr, 0});
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("RopeKernel");
   return absl::OkStatus();
 }

@@ -471,8 +471,8 @@ inline ParityResult RopeQKStoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
     return Failed(name, absl::InternalError("upload"));
   }
   gpu.RopeQKStoreKv(dq->as<float>(), qs, qh, dk->as<float>(), dv->as<float>(), kvs, kh, n, dh,
-                    positions.data(), theta, style, rows.data(), dkc->as<float>(),
-                    dvc->as<float>(), cache_stride);
+                    positions.data(), theta, style, rows.data(), dkc->as<float>(), dvc->as<float>(),
+                    cache_stride);
   std::vector<double> got, naive, ref;
   const std::pair<const DeviceBuffer*, size_t> outs[] = {
       {&*dq, q.size()}, {&*dk, k.size()}, {&*dkc, kc_ref.size()}, {&*dvc, kc_ref.size()}};
