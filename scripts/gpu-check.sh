@@ -81,6 +81,21 @@ mkdir -p "$BUILD_DIR"
 # 1. The whole tree when its dependencies are here (then the GoogleTest GPU suite runs too);
 #    else the standalone build (kernels/cuda/standalone), which needs CUDA, CMake and the
 #    bundle of --bundle.
+# The standalone kvlens_gpu_tests: the same CudaBackend* and CudaEngine* suites as
+# `ctest -L gpu` in the full tree, finding the tree and the bundle's test data wherever
+# the program was built. A hang (a kernel that never returns) must not cost the table
+# below: time-boxed.
+run_gpu_tests() {
+  if [ ! -x "$1" ]; then
+    echo "gpu-check: no kvlens_gpu_tests (the bundle lacks GoogleTest): end-to-end checks NOT run"
+    return
+  fi
+  echo "== GPU tests (kvlens_gpu_tests: CudaBackend*, CudaEngine*)"
+  KVLENS_SOURCE_DIR=$ROOT KVLENS_SHARED_DIR=$BUNDLE/shared \
+    timeout "$TEST_TIMEOUT" "$1" --gtest_brief=1 ||
+    echo "gpu-check: GPU unit tests FAILED (or ran past ${TEST_TIMEOUT}s)"
+}
+
 CHECK_BIN=""
 BUNDLE=${KVLENS_ABSL_BUNDLE:-}
 [ -z "$BUNDLE" ] && [ -d build-gpu-bundle ] && BUNDLE=$ROOT/build-gpu-bundle
@@ -98,12 +113,7 @@ if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/kvlens_gpu_check" ]; then
   if [ "$load_rc" = 64 ] && [ "$(cat "$PREBUILT/SOURCES" 2>/dev/null)" = "$(source_hash)" ]; then
     echo "== prebuilt programs from $PREBUILT (sources $(cat "$PREBUILT/SOURCES"))"
     CHECK_BIN=$PREBUILT/kvlens_gpu_check
-    if [ -x "$PREBUILT/kvlens_gpu_tests" ]; then
-      echo "== GPU tests (kvlens_gpu_tests: CudaBackend*, CudaEngine*)"
-      KVLENS_SOURCE_DIR=$ROOT KVLENS_SHARED_DIR=$BUNDLE/shared \
-        timeout "$TEST_TIMEOUT" "$PREBUILT/kvlens_gpu_tests" --gtest_brief=1 ||
-        echo "gpu-check: GPU unit tests FAILED (or ran past ${TEST_TIMEOUT}s)"
-    fi
+    run_gpu_tests "$PREBUILT/kvlens_gpu_tests"
   else
     echo "== the prebuilt programs in $PREBUILT do not serve (exit $load_rc:" \
          "$(head -c 300 "$BUILD_DIR/prebuilt-load.log"); sources" \
@@ -137,16 +147,7 @@ else
     exit 2; }
   cmake --build "$BUILD_DIR/standalone" -j "$JOBS"
   CHECK_BIN=$BUILD_DIR/standalone/kvlens_gpu_check
-  if [ -x "$BUILD_DIR/standalone/kvlens_gpu_tests" ]; then
-    # The same CudaBackend* and CudaEngine* suites as `ctest -L gpu` in the full tree.
-    echo "== GPU tests (kvlens_gpu_tests: CudaBackend*, CudaEngine*)"
-    # A hang (a kernel that never returns) must not cost the table below: time-boxed.
-    KVLENS_SOURCE_DIR=$ROOT KVLENS_SHARED_DIR=$BUNDLE/shared \
-      timeout "$TEST_TIMEOUT" "$BUILD_DIR/standalone/kvlens_gpu_tests" --gtest_brief=1 ||
-      echo "gpu-check: GPU unit tests FAILED (or ran past ${TEST_TIMEOUT}s)"
-  else
-    echo "gpu-check: no kvlens_gpu_tests (the bundle lacks GoogleTest): end-to-end checks NOT run"
-  fi
+  run_gpu_tests "$BUILD_DIR/standalone/kvlens_gpu_tests"
 fi
 
 # 2. PyTorch's scaled_dot_product_attention on the prefill shapes, when PyTorch is here.
