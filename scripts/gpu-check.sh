@@ -114,10 +114,12 @@ if [ -n "$PREBUILT" ] && [ -x "$PREBUILT/kvlens_gpu_check" ]; then
     echo "== prebuilt programs from $PREBUILT (sources $(cat "$PREBUILT/SOURCES"))"
     CHECK_BIN=$PREBUILT/kvlens_gpu_check
     run_gpu_tests "$PREBUILT/kvlens_gpu_tests"
+  elif [ "$load_rc" != 64 ]; then
+    echo "== the prebuilt programs in $PREBUILT do not load here (exit $load_rc:" \
+         "$(head -c 300 "$BUILD_DIR/prebuilt-load.log")): building here"
   else
-    echo "== the prebuilt programs in $PREBUILT do not serve (exit $load_rc:" \
-         "$(head -c 300 "$BUILD_DIR/prebuilt-load.log"); sources" \
-         "$(cat "$PREBUILT/SOURCES" 2>/dev/null || echo '?') against $(source_hash) here): building here"
+    echo "== the prebuilt programs in $PREBUILT are of other sources" \
+         "($(cat "$PREBUILT/SOURCES" 2>/dev/null || echo '?'), here $(source_hash)): building here"
   fi
 fi
 if [ -n "$CHECK_BIN" ]; then
