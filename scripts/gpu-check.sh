@@ -94,6 +94,21 @@ run_gpu_tests() {
   KVLENS_SOURCE_DIR=$ROOT KVLENS_SHARED_DIR=$BUNDLE/shared \
     timeout "$TEST_TIMEOUT" "$1" --gtest_brief=1 ||
     echo "gpu-check: GPU unit tests FAILED (or ran past ${TEST_TIMEOUT}s)"
+  # Out-of-bounds and misaligned accesses on the real device: the op-level suite, decode
+  # over a NaN cache and graph replay (about 10 s on an H200), where compute-sanitizer
+  # works (on Firecracker machines; gVisor refuses the device). Its log: memcheck.log.
+  if command -v compute-sanitizer >/dev/null; then
+    echo "== compute-sanitizer memcheck (CudaBackendTest, CudaEngineDecode, graph replay)"
+    if KVLENS_SOURCE_DIR=$ROOT KVLENS_SHARED_DIR=$BUNDLE/shared timeout "$TEST_TIMEOUT" \
+         compute-sanitizer --tool memcheck --error-exitcode 9 "$1" --gtest_brief=1 \
+         --gtest_filter='CudaBackendTest.*:CudaEngineDecode.*:CudaEngineGraphs.DecodeSteps*' \
+         >"$BUILD_DIR/memcheck.log" 2>&1; then
+      grep -E "ERROR SUMMARY" "$BUILD_DIR/memcheck.log" | tail -1
+    else
+      echo "gpu-check: memcheck FAILED or did not finish (exit $?; $BUILD_DIR/memcheck.log):"
+      grep -E "ERROR SUMMARY|Invalid|FAILED|refused|not supported" "$BUILD_DIR/memcheck.log" | head -5
+    fi
+  fi
 }
 
 CHECK_BIN=""
