@@ -295,7 +295,7 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
 // ---------------------------------------------------------------------------------------
 // Split-KV (decode, short chunks, head sizes the flash kernel lacks). Block (i, g, split):
 // query row i, KV head g, keys [split·span, (split+1)·span) ∩ [0, key end), where span is
-// the row's own key end over the splits (rounded up to whole steps of kKeysPerStep): every
+// the row's own key end over the splits (rounded up to whole steps of kStepKeys): every
 // split of every row has work, however unequal the rows' key ends, or however far the
 // launch's key count (the longest row's, or a recorded step's padded one) exceeds them.
 //
@@ -321,15 +321,15 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
 //   workspace [Tq, H, splits, Dh + 2]     (m in base 2)
 // merged by SplitKvCombineKernel.
 constexpr int kSplitWarps = 4;
-constexpr int kKeysPerStep = 4;  // a split's span is a multiple of this
-constexpr int kSplitMinKeys = 4 * kSplitWarps * kKeysPerStep;  // 64
+constexpr int kStepKeys = 4;  // keys a warp takes a step; a split's span is a multiple
+constexpr int kSplitMinKeys = 4 * kSplitWarps * kStepKeys;  // 64
+constexpr int kSplitKvMaxSplits = 128;
 
 // C float4 chunks per lane: head sizes up to 128·C. kTile query heads share each K/V row;
 // q and acc take 2·4·C floats per head, a step's K and V rows 2·4·C per key.
 template <int C, int kTileHeads>
 struct SplitKvShape {
   static constexpr int kHeadTile = kTileHeads;
-  static constexpr int kStepKeys = 4;
   static constexpr int kSums = kStepKeys * kHeadTile;  // dot products per step: 4 … 32
   static constexpr int kMaxDim = 128 * C;
   static_assert(kTileHeads * C <= 8, "q and acc past 64 floats a lane would spill");
@@ -384,7 +384,7 @@ template <int C, int kTileHeads, bool kVec>
 __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>::kMinBlocks)
     SplitKvKernel(AttentionParams p, int num_splits, float* workspace) {
   using S = SplitKvShape<C, kTileHeads>;
-  constexpr int kTile = S::kHeadTile, kSums = S::kSums, kStepKeys = S::kStepKeys;
+  constexpr int kTile = S::kHeadTile, kSums = S::kSums;
   const float scale2 = p.scale * 1.4426950408889634f;  // scores in base 2
   __shared__ float step_p[kSplitWarps][kSums];         // a step's weights 2^(s − m')
   __shared__ float step_alpha[kSplitWarps][kTile];     // and each head's rescale 2^(m − m')
@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
   const int D = p.head_dim;
   const int key_end = p.row_key_end != nullptr ? p.row_key_end[i] : CausalEnd(p, i);
   const int span =
-      ((key_end + num_splits - 1) / num_splits + kKeysPerStep - 1) / kKeysPerStep * kKeysPerStep;
+      ((key_end + num_splits - 1) / num_splits + kStepKeys - 1) / kStepKeys * kStepKeys;
   const int j_begin = split * span;
   const int j_end = min(key_end, j_begin + span);
   const int q_doc = p.q_doc != nullptr ? p.q_doc[i] : 0;
@@ -425,35 +425,30 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
       }
     }
 
-    // A step: the K and V rows of keys j0 … j0 + kStepKeys − 1 (load: loads only, the
-    // rows of keys past j_end or in other documents zero and never read) …
     const auto visible = [&](int j) {
       return j < j_end && (p.q_doc == nullptr || p.k_doc[j] == q_doc);
     };
     // A step's keys start at a multiple of kStepKeys (span is one), so they share a cache
     // block when the block size is one too: then one table lookup serves the step.
     const bool step_in_one_block = p.block_size % kStepKeys == 0;
-    const auto load = [&](int j0, bool(&vis)[kStepKeys], float4(&kr)[kStepKeys][C],
-                          float4(&vr)[kStepKeys][C]) {
+    for (int j0 = j_begin + warp * kStepKeys; j0 < j_end; j0 += kSplitWarps * kStepKeys) {
+      // The step's K and V rows; those of keys past j_end or in other documents are zero
+      // and never read (a masked key's row may hold anything).
+      float4 kr[kStepKeys][C], vr[kStepKeys][C];
       const int64_t first_row = step_in_one_block ? PhysicalRowIn(table, p.block_size, j0) : 0;
 #pragma unroll
       for (int u = 0; u < kStepKeys; ++u) {
         const int j = j0 + u;
-        vis[u] = visible(j);
+        const bool vis = visible(j);
         const int64_t row =
             step_in_one_block ? first_row + u : PhysicalRowIn(table, p.block_size, j);
-        // Only visible rows are read: a masked key's row may hold anything.
-        const int64_t off = vis[u] ? row * p.kv_row_stride + static_cast<int64_t>(g) * D : 0;
+        const int64_t off = vis ? row * p.kv_row_stride + static_cast<int64_t>(g) * D : 0;
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-          kr[u][c] = vis[u] ? Load4<kVec>(p.k + off, 128 * c + 4 * lane, D) : Zero4();
-          vr[u][c] = vis[u] ? Load4<kVec>(p.v + off, 128 * c + 4 * lane, D) : Zero4();
+          kr[u][c] = vis ? Load4<kVec>(p.k + off, 128 * c + 4 * lane, D) : Zero4();
+          vr[u][c] = vis ? Load4<kVec>(p.v + off, 128 * c + 4 * lane, D) : Zero4();
         }
       }
-    };
-    // … and what is done with them once they are in registers.
-    const auto consume = [&](int j0, const float4(&kr)[kStepKeys][C],
-                             const float4(&vr)[kStepKeys][C]) {
       float s[kSums];  // s[u · kTile + t]: key u, head h0 + t
 #pragma unroll
       for (int u = 0; u < kStepKeys; ++u) {
@@ -470,8 +465,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
       // lane makes one exp2 for its weight and (those of key 0) one for the head's rescale,
       // and the weights and rescales reach every lane through shared memory.
       const float total = SumAcrossLanes(s, lane);
-      const int j_own = j0 + su;
-      const float score = visible(j_own) ? total * scale2 : -INFINITY;
+      const float score = visible(j0 + su) ? total * scale2 : -INFINITY;
       float step_max = score;
 #pragma unroll
       for (int o = kKeyLanes; o < 32; o *= 2) {
@@ -505,12 +499,6 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
         }
       }
       __syncwarp();  // step_p and step_alpha are read before the next step overwrites them
-    };
-    for (int j0 = j_begin + warp * kStepKeys; j0 < j_end; j0 += kSplitWarps * kStepKeys) {
-      bool vis[kStepKeys];
-      float4 kr[kStepKeys][C], vr[kStepKeys][C];
-      load(j0, vis, kr, vr);
-      consume(j0, kr, vr);
     }
 
     // Merge the warps: O = Σ_w e^{m_w − M} acc_w / Σ_w e^{m_w − M} l_w.
@@ -596,8 +584,8 @@ SplitKvKernelPtr SplitKvKernelOf(int variant) {
 // kCombineAhead partial sums before that, so the loads overlap.
 constexpr int kCombineAhead = 8;
 __global__ void SplitKvCombineKernel(AttentionParams p, int num_splits, const float* workspace) {
-  __shared__ float weight[128];  // 2^(m_s − M), 0 for a split that saw no key (≤ 128 splits)
-  __shared__ float total;        // Σ_s 2^(m_s − M) l_s
+  __shared__ float weight[kSplitKvMaxSplits];  // 2^(m_s − M), 0 for a split that saw no key
+  __shared__ float total;                      // Σ_s 2^(m_s − M) l_s
   const int i = blockIdx.x, h = blockIdx.y, D = p.head_dim, d = threadIdx.x;
   const float* w = workspace + (static_cast<int64_t>(i) * p.num_heads + h) * num_splits * (D + 2);
   float ahead[kCombineAhead];
@@ -730,7 +718,7 @@ int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm) {
   const int64_t want = std::max<int64_t>(1, slots / blocks);
   // At least kSplitMinKeys keys a split: 4 steps of each of the block's warps.
   const int64_t by_keys = std::max<int64_t>(1, p.num_keys / kSplitMinKeys);
-  return static_cast<int>(std::clamp<int64_t>(std::min(want, by_keys), 1, 128));
+  return static_cast<int>(std::clamp<int64_t>(std::min(want, by_keys), 1, kSplitKvMaxSplits));
 }
 
 bool SplitKvVectorized(const AttentionParams& p) {
@@ -749,6 +737,10 @@ absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* work
   if (p.head_dim > kSplitKvMaxHeadDim) {
     return absl::InvalidArgumentError(absl::StrCat(
         "split-KV attention supports head_dim <= ", kSplitKvMaxHeadDim, ", got ", p.head_dim));
+  }
+  if (num_splits > kSplitKvMaxSplits) {
+    return absl::InvalidArgumentError(absl::StrCat("split-KV attention takes at most ",
+                                                   kSplitKvMaxSplits, " splits, got ", num_splits));
   }
   num_splits = std::max(num_splits, 1);
   const dim3 grid(p.num_queries, p.num_kv_heads, num_splits);
