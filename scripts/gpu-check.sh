@@ -24,6 +24,20 @@ CUDA_ARCH=${CUDA_ARCH:-90}
 JOBS=${JOBS:-$(nproc)}
 TEST_TIMEOUT=${TEST_TIMEOUT:-180}
 CHECK_ARGS=()
+GENERATOR=()
+command -v ninja >/dev/null && GENERATOR=(-G Ninja)
+# The standalone programs (kernels/cuda/standalone) into $BUILD_DIR/standalone, with the
+# bundle $1 when given.
+build_standalone() {
+  cmake -S kernels/cuda/standalone -B "$BUILD_DIR/standalone" "${GENERATOR[@]}" \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" \
+    ${1:+-DKVLENS_ABSL_BUNDLE="$1"} || {
+    echo "gpu-check: abseil not found. On a machine with libabsl-dev run" >&2
+    echo "  scripts/gpu-check.sh --bundle build-gpu-bundle" >&2
+    echo "and bring build-gpu-bundle/ (about 13 MB) along; see docs/cuda.md." >&2
+    exit 2; }
+  cmake --build "$BUILD_DIR/standalone" -j "$JOBS"
+}
 # What the standalone programs are built from (no git needed: the GPU machine may have only
 # a copy of the tree), so prebuilt programs are used only for the sources at hand.
 source_hash() {
@@ -56,9 +70,7 @@ while [ $# -gt 0 ]; do
         echo "gpu-check --prebuild: $dir is no bundle (run --bundle $dir first)" >&2; exit 2; }
       dir=$(cd "$dir" && pwd)
       export PATH=/usr/local/cuda/bin:$PATH
-      cmake -S kernels/cuda/standalone -B "$BUILD_DIR/standalone" -DCMAKE_BUILD_TYPE=Release \
-        -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" -DKVLENS_ABSL_BUNDLE="$dir" >/dev/null
-      cmake --build "$BUILD_DIR/standalone" -j "$JOBS"
+      build_standalone "$dir"
       mkdir -p "$dir/bin"
       cp "$BUILD_DIR/standalone/kvlens_gpu_check" "$BUILD_DIR/standalone/kvlens_gpu_tests" "$dir/bin/"
       source_hash >"$dir/bin/SOURCES"
@@ -74,8 +86,6 @@ command -v nvcc >/dev/null || { echo "gpu-check: nvcc not found (need the CUDA t
 command -v cmake >/dev/null || { echo "gpu-check: cmake not found" >&2; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || {
   echo "gpu-check: nvidia-smi failed: no usable GPU here" >&2; exit 2; }
-GENERATOR=()
-command -v ninja >/dev/null && GENERATOR=(-G Ninja)
 mkdir -p "$BUILD_DIR"
 
 # 1. The whole tree when its dependencies are here (then the GoogleTest GPU suite runs too);
@@ -155,14 +165,7 @@ else
   echo "== the full tree does not configure here (missing: $(grep -o 'Could not find a package configuration file provided by "[^"]*"\|Could NOT find [A-Za-z_]*' "$BUILD_DIR/full-configure.log" | sed 's/.*"\(.*\)"/\1/; s/Could NOT find //' | sort -u | tr '\n' ' '))"
   echo "   building the standalone kvlens_gpu_check (CUDA + abseil only; no GoogleTest suite,"
   echo "   so the engine's CudaEngine* tests do not run: they need the full tree)"
-  cmake -S kernels/cuda/standalone -B "$BUILD_DIR/standalone" "${GENERATOR[@]}" \
-    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" \
-    ${BUNDLE:+-DKVLENS_ABSL_BUNDLE="$BUNDLE"} || {
-    echo "gpu-check: abseil not found. On a machine with libabsl-dev run" >&2
-    echo "  scripts/gpu-check.sh --bundle build-gpu-bundle" >&2
-    echo "and bring build-gpu-bundle/ (about 6 MB) along; see docs/cuda.md." >&2
-    exit 2; }
-  cmake --build "$BUILD_DIR/standalone" -j "$JOBS"
+  build_standalone "$BUNDLE"
   CHECK_BIN=$BUILD_DIR/standalone/kvlens_gpu_check
   run_gpu_tests "$BUILD_DIR/standalone/kvlens_gpu_tests"
 fi
