@@ -51,7 +51,6 @@ struct Segment {
   float* y;
   int64_t out;
   int64_t first_unit;  // the segment's units are [first_unit, next's first_unit)
-  int64_t units;       // ceil(out / 2) plain, out gated
 };
 
 struct Segments {
@@ -228,8 +227,8 @@ absl::Status LaunchSegments(int n, DType dtype, bool gated, Segments segs, cudaS
     Segment& sg = segs.seg[i];
     vec = vec && aligned(sg.w) && (sg.w_up == nullptr || aligned(sg.w_up));
     sg.first_unit = units;
-    sg.units = gated ? std::max<int64_t>(sg.out, 0) : (std::max<int64_t>(sg.out, 0) + 1) / 2;
-    units += sg.units;
+    // ceil(out / 2) plain, out gated
+    units += gated ? std::max<int64_t>(sg.out, 0) : (std::max<int64_t>(sg.out, 0) + 1) / 2;
   }
   if (units == 0) return absl::OkStatus();
   segs.units = units;
@@ -256,7 +255,7 @@ absl::Status LaunchMatVec(const float* x, int n, int64_t in,
   Segments segs{x, in, static_cast<int>(products.size()), 0, {}};
   for (int i = 0; i < segs.count; ++i) {
     const MatVecProduct& p = products[i];
-    segs.seg[i] = {Bits(p.w), nullptr, p.bias, p.bias_dtype, p.y, p.out, 0, 0};
+    segs.seg[i] = {Bits(p.w), nullptr, p.bias, p.bias_dtype, p.y, p.out, 0};
   }
   return LaunchSegments(n, dtype, false, segs, stream);
 }
@@ -266,7 +265,7 @@ absl::Status LaunchMatVecSwiGlu(const float* x, int n, int64_t in, const void* w
                                 cudaStream_t stream) {
   if (w_up == nullptr) return absl::InvalidArgumentError("LaunchMatVecSwiGlu: w_up is null");
   Segments segs{x, in, 1, 0, {}};
-  segs.seg[0] = {Bits(w_gate), Bits(w_up), nullptr, DType::kF32, y, out, 0, 0};
+  segs.seg[0] = {Bits(w_gate), Bits(w_up), nullptr, DType::kF32, y, out, 0};
   return LaunchSegments(n, dtype, true, segs, stream);
 }
 
