@@ -304,16 +304,29 @@ absl::Status LaunchRope(float* x, int n, int64_t row_stride, int num_heads, int 
                       stream);
 }
 
+namespace {
+
+// RopeKernel over q's heads and k's, storing the cache rows when `store` has a cache.
+absl::Status LaunchRopeKernel(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride,
+                              int k_heads, int n, int head_dim, const int32_t* positions,
+                              double theta, RopeStyle style, const KvStore& store,
+                              cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(n) * (q_heads + k_heads) * (head_dim / 2);
+  if (total <= 0) return absl::OkStatus();
+  RopeKernel<<<GridFor(total), kThreads, 0, stream>>>(q, q_stride, q_heads, k, k_stride, k_heads, n,
+                                                      head_dim, positions, theta,
+                                                      style == RopeStyle::kAdjacentPairs, store);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("RopeKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status LaunchRopeQK(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride,
                           int k_heads, int n, int head_dim, const int32_t* positions, double theta,
                           RopeStyle style, cudaStream_t stream) {
-  const int64_t total = static_cast<int64_t>(n) * (q_heads + k_heads) * (head_dim / 2);
-  if (total <= 0) return absl::OkStatus();
-  RopeKernel<<<GridFor(total), kThreads, 0, stream>>>(
-      q, q_stride, q_heads, k, k_stride, k_heads, n, head_dim, positions, theta,
-      style == RopeStyle::kAdjacentPairs, KvStore{nullptr, nullptr, nullptr, nullptr, 0});
-  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("RopeKernel");
-  return absl::OkStatus();
+  return LaunchRopeKernel(q, q_stride, q_heads, k, k_stride, k_heads, n, head_dim, positions, theta,
+                          style, KvStore{nullptr, nullptr, nullptr, nullptr, 0}, stream);
 }
 
 absl::Status LaunchRopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,
@@ -325,13 +338,9 @@ absl::Status LaunchRopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float*
     return absl::InvalidArgumentError(
         absl::StrCat("LaunchRopeQKStoreKv: head_dim must be even, got ", head_dim));
   }
-  const int64_t total = static_cast<int64_t>(n) * (q_heads + kv_heads) * (head_dim / 2);
-  if (total <= 0) return absl::OkStatus();
-  RopeKernel<<<GridFor(total), kThreads, 0, stream>>>(
-      q, q_stride, q_heads, k, kv_stride, kv_heads, n, head_dim, positions, theta,
-      style == RopeStyle::kAdjacentPairs, KvStore{v, dst_rows, k_cache, v_cache, cache_stride});
-  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("RopeKernel (with StoreKv)");
-  return absl::OkStatus();
+  return LaunchRopeKernel(q, q_stride, q_heads, k, kv_stride, kv_heads, n, head_dim, positions,
+                          theta, style, KvStore{v, dst_rows, k_cache, v_cache, cache_stride},
+                          stream);
 }
 
 absl::Status LaunchGelu(float* x, int64_t count, cudaStream_t stream) {
