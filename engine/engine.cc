@@ -55,8 +55,9 @@ struct Engine::Impl {
   Impl(const Model& m, kernels::Backend<float>& b, const EngineOptions& o, EngineObserver* obs)
       : model(m), options(o), observer(obs), pool(o.num_blocks), transformer(m, b) {
     // In the backend's memory: host for the CPU backends, the GPU for CUDA.
-    auto c = KvCacheStorage<float>::Create(b.memory(), m.config.num_layers, o.num_blocks,
-                                           o.block_size, m.config.kv_dim(), /*fill_nan=*/false);
+    auto c =
+        KvCacheStorage<float>::Create(b.memory(), m.config.num_layers, o.num_blocks, o.block_size,
+                                      m.config.kv_dim(), /*fill_nan=*/false, o.kv_cache_dtype);
     if (c.ok()) {
       cache = std::make_unique<KvCacheStorage<float>>(*std::move(c));
     } else {

@@ -34,8 +34,11 @@
 namespace kvlens {
 
 struct EngineOptions {
-  int num_blocks = 1024;       // KV-cache capacity in blocks
-  int block_size = 16;         // tokens per block
+  int num_blocks = 1024;  // KV-cache capacity in blocks
+  int block_size = 16;    // tokens per block
+  // The cache's element type: the activation type (float), or bf16 at half the bytes
+  // (kernels/kv_dtype.h); num_blocks is the same either way.
+  kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kActivation;
   int max_batch_tokens = 512;  // token budget of one step (decode + prefill chunks)
   int max_running = 64;        // sequences decoding at once
   int max_waiting = 256;       // queue limit; beyond it Submit is RESOURCE_EXHAUSTED

@@ -40,9 +40,9 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
       c.max_seq_len, static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
   KvCacheManager cache_manager(
       static_cast<int>((total + options.block_size - 1) / options.block_size), options.block_size);
-  auto cache_or =
-      KvCacheStorage<T>::Create(backend.memory(), c.num_layers, cache_manager.pool().num_blocks(),
-                                options.block_size, c.kv_dim(), /*fill_nan=*/true);
+  auto cache_or = KvCacheStorage<T>::Create(backend.memory(), c.num_layers,
+                                            cache_manager.pool().num_blocks(), options.block_size,
+                                            c.kv_dim(), /*fill_nan=*/true, options.kv_cache_dtype);
   if (!cache_or.ok()) return cache_or.status();
   KvCacheStorage<T>& cache = *cache_or;
   constexpr SequenceId kSeq = 0;

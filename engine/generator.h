@@ -22,6 +22,7 @@ struct GenerateOptions {
   int max_new_tokens = 64;
   int prefill_chunk = 512;  // prompt tokens per forward step
   int block_size = 16;      // KV-cache tokens per block
+  kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kActivation;  // the cache's elements
   SamplingParams sampling;
   bool stop_at_eos = true;
   std::vector<int32_t> stop_token_ids;

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/attention_check.h"
 #include "kernels/backend.h"
 
@@ -100,6 +101,11 @@ absl::Status ValidateAttentionBackwardArgs(const AttentionBackwardArgs<T>& b) {
   if (b.probs == nullptr) return absl::InvalidArgumentError("AttentionBackwardArgs.probs is null");
   if (b.dq == nullptr || b.dk == nullptr || b.dv == nullptr) {
     return absl::InvalidArgumentError("AttentionBackwardArgs.dq, dk and dv must all be set");
+  }
+  if (b.kv.dtype != KvDtype::kActivation) {  // the tapes keep their K and V in T
+    return absl::InvalidArgumentError(
+        absl::StrCat("AttentionBackwardArgs.kv.dtype must be the activation type, got ",
+                     std::string(KvDtypeName(b.kv.dtype))));
   }
   return absl::OkStatus();
 }

@@ -55,6 +55,10 @@ absl::Status ValidateAttentionArgs(const AttentionArgs<T>& a) {
   }
   if (a.kv.k == nullptr) return Bad("kv.k", "is null");
   if (a.kv.v == nullptr) return Bad("kv.v", "is null");
+  if (a.kv.dtype != KvDtype::kActivation && a.kv.dtype != KvDtype::kBF16) {
+    return Bad("kv.dtype", absl::StrCat("(", static_cast<int>(a.kv.dtype),
+                                        ") is not a KV cache type (auto or bf16)"));
+  }
   if (a.kv.row_stride < kv_width) {
     return Bad("kv.row_stride",
                absl::StrCat("(", a.kv.row_stride, ") is less than num_kv_heads * head_dim (",

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "kernels/kv_dtype.h"
 #include "kernels/memory.h"
 #include "kernels/weight.h"
 
@@ -29,16 +30,31 @@ namespace kvlens::kernels {
 //               [slot0|slot1|…]  [slot0|slot1|…]       slot = [Hkv, Dh]
 template <typename T>
 struct KvSource {
-  const T* k = nullptr;
-  const T* v = nullptr;
+  const void* k = nullptr;  // elements of type `dtype`: T, or bf16 bits (uint16_t)
+  const void* v = nullptr;
   int64_t row_stride = 0;                // elements between consecutive physical rows
   const int32_t* block_table = nullptr;  // [ceil(Tk / block_size)], or nullptr
   int block_size = 0;                    // tokens per block (with a block table)
+  KvDtype dtype = KvDtype::kActivation;
 
   int64_t PhysicalRow(int64_t t) const {
     return block_table
                ? static_cast<int64_t>(block_table[t / block_size]) * block_size + t % block_size
                : t;
+  }
+  // Host backends: n elements of token t's key (or value) row from element `col` on, as
+  // T: a pointer into `base` when it holds T, else `scratch` (n elements) widened.
+  const T* Row(const void* base, int64_t t, int64_t col, int n, T* scratch) const {
+    const int64_t at = PhysicalRow(t) * row_stride + col;
+    if (dtype == KvDtype::kActivation) return static_cast<const T*>(base) + at;
+    for (int e = 0; e < n; ++e) scratch[e] = KvLoad<T>(base, at + e, dtype);
+    return scratch;
+  }
+  const T* KeyRow(int64_t t, int64_t col, int n, T* scratch) const {
+    return Row(k, t, col, n, scratch);
+  }
+  const T* ValueRow(int64_t t, int64_t col, int n, T* scratch) const {
+    return Row(v, t, col, n, scratch);
   }
 };
 
@@ -136,10 +152,12 @@ class Backend {
   // y += x, elementwise (residual connections).
   virtual void Add(T* y, const T* x, int64_t count) = 0;
   // Copies N new rows of k and v (each row_elems = Hkv*Dh, src rows src_stride apart)
-  // into cache rows dst_rows[i] (physical rows of a KvSource layout, cache_stride apart).
-  // A negative dst_rows[i] stores nothing (a padding row; see PaddedDecodeRows).
+  // into cache rows dst_rows[i] (physical rows of a KvSource layout, cache_stride apart),
+  // rounded to the cache's element type (kv_dtype.h). A negative dst_rows[i] stores
+  // nothing (a padding row; see PaddedDecodeRows).
   virtual void StoreKv(const T* k, const T* v, int n, int64_t src_stride, int64_t row_elems,
-                       const int64_t* dst_rows, T* k_cache, T* v_cache, int64_t cache_stride) = 0;
+                       const int64_t* dst_rows, void* k_cache, void* v_cache, int64_t cache_stride,
+                       KvDtype cache_dtype) = 0;
   virtual absl::Status Attention(const AttentionArgs<T>& args) = 0;
   // Several independent Attention calls (distinct outputs), e.g. one per sequence of a
   // batch, which a backend may run as one launch. On error *failed is the index of the
@@ -177,11 +195,11 @@ class Backend {
   virtual void RopeQKStoreKv(T* q, int64_t q_stride, int q_heads, T* k, const T* v,
                              int64_t kv_stride, int kv_heads, int n, int head_dim,
                              const int32_t* positions, double theta, RopeStyle style,
-                             const int64_t* dst_rows, T* k_cache, T* v_cache,
-                             int64_t cache_stride) {
+                             const int64_t* dst_rows, void* k_cache, void* v_cache,
+                             int64_t cache_stride, KvDtype cache_dtype) {
     RopeQK(q, q_stride, q_heads, k, kv_stride, kv_heads, n, head_dim, positions, theta, style);
     StoreKv(k, v, n, kv_stride, int64_t{kv_heads} * head_dim, dst_rows, k_cache, v_cache,
-            cache_stride);
+            cache_stride, cache_dtype);
   }
   // x += residual, then y = RmsNorm(x): a residual connection followed by the next norm.
   virtual void AddRmsNorm(T* x, const T* residual, int n, int dim, const WeightView& weight,

@@ -118,10 +118,11 @@ void StagedBackend::Add(float* y, const float* x, int64_t count) {
 }
 
 void StagedBackend::StoreKv(const float* k, const float* v, int n, int64_t src_stride,
-                            int64_t row_elems, const int64_t* dst_rows, float* k_cache,
-                            float* v_cache, int64_t cache_stride) {
+                            int64_t row_elems, const int64_t* dst_rows, void* k_cache,
+                            void* v_cache, int64_t cache_stride, KvDtype cache_dtype) {
   if (!status_.ok()) return;
-  host_.StoreKv(k, v, n, src_stride, row_elems, dst_rows, k_cache, v_cache, cache_stride);
+  host_.StoreKv(k, v, n, src_stride, row_elems, dst_rows, k_cache, v_cache, cache_stride,
+                cache_dtype);
 }
 
 absl::Status StagedBackend::Attention(const AttentionArgs<float>& args) {
@@ -165,8 +166,8 @@ absl::Status StagedBackend::AttentionBackward(const AttentionBackwardArgs<float>
   }
   AttentionBackwardArgs<float> d = a;
   d.q = Stage(0, a.q, (a.num_queries - 1) * a.q_stride + q_row);
-  d.kv.k = Stage(1, a.kv.k, (cache_rows - 1) * a.kv.row_stride + kv_row);
-  d.kv.v = Stage(2, a.kv.v, (cache_rows - 1) * a.kv.row_stride + kv_row);
+  d.kv.k = Stage(1, static_cast<const float*>(a.kv.k), (cache_rows - 1) * a.kv.row_stride + kv_row);
+  d.kv.v = Stage(2, static_cast<const float*>(a.kv.v), (cache_rows - 1) * a.kv.row_stride + kv_row);
   d.probs = Stage(3, a.probs, map);
   d.dout = Stage(4, a.dout, (a.num_queries - 1) * a.dout_stride + q_row);
   d.dq = Stage(5, nullptr, a.num_queries * q_row);

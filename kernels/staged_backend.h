@@ -54,8 +54,8 @@ class StagedBackend final : public Backend<float>, public BackwardOps<float> {
   void SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
   void Add(float* y, const float* x, int64_t count) override;
   void StoreKv(const float* k, const float* v, int n, int64_t src_stride, int64_t row_elems,
-               const int64_t* dst_rows, float* k_cache, float* v_cache,
-               int64_t cache_stride) override;
+               const int64_t* dst_rows, void* k_cache, void* v_cache, int64_t cache_stride,
+               KvDtype cache_dtype) override;
   absl::Status Attention(const AttentionArgs<float>& args) override;
 
   // BackwardOps on host arrays: inputs staged in, results (dx; dq, dk, dv, dprobs,

@@ -124,6 +124,8 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(
     response->set_default_repetition_penalty(*model.generation_config.repetition_penalty);
   }
   response->set_num_blocks(engine_.options().num_blocks);
+  response->set_kv_cache_dtype(engine_.options().kv_cache_dtype == kernels::KvDtype::kBF16 ? "bf16"
+                                                                                           : "f32");
   return FinishUnary(context, "GetModelInfo", absl::OkStatus());
 }
 

@@ -25,6 +25,7 @@
 #include "engine/kv_cache/kv_cache_storage.h"
 #include "engine/model/model.h"
 #include "kernels/backend_factory.h"
+#include "kernels/kv_dtype.h"
 #include "server/grpc_server.h"
 #include "server/metrics.h"
 
@@ -43,13 +44,18 @@ ABSL_FLAG(int64_t, kv_cache_tokens, 0,
           "KV-cache capacity in tokens (rounded down to whole blocks). 0: use "
           "--kv_cache_bytes.");
 ABSL_FLAG(int64_t, kv_cache_bytes, 0,
-          "KV-cache capacity in bytes (K and V, fp32, all layers) when --kv_cache_tokens "
+          "KV-cache capacity in bytes (K and V, all layers, of --kv-cache-dtype) when "
+          "--kv_cache_tokens "
           "is 0. 0: 256 MiB on the CPU; on a GPU, --gpu-memory-utilization decides.");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "On a GPU (--device cuda) when neither --kv-cache-tokens nor --kv-cache-bytes is "
           "given: the KV cache gets what is left of this fraction of the GPU's memory after "
           "what is already in use, the weights and one profiled step of --max-batch-tokens "
           "(vLLM's --gpu-memory-utilization). 0: --kv-cache-bytes as on the CPU.");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "KV-cache element type: auto (fp32, the activations' type) or bf16 (half the bytes: "
+          "twice the tokens in the same memory; keys and values rounded to bf16 as they are "
+          "stored, vLLM's --kv-cache-dtype).");
 ABSL_FLAG(int32_t, block_size, 16, "KV-cache block size in tokens (the prefix-cache unit).");
 ABSL_FLAG(int32_t, max_batch_tokens, 512,
           "Token budget of one engine step: decode tokens of all running sequences plus "
@@ -147,6 +153,12 @@ int main(int argc, char** argv) {
   const kvlens::ModelConfig& config = (*model)->config;
 
   kvlens::EngineOptions options;
+  auto kv_dtype = kvlens::kernels::ParseKvDtype(absl::GetFlag(FLAGS_kv_cache_dtype));
+  if (!kv_dtype.ok()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--kv-cache-dtype: ", kv_dtype.status().message())));
+  }
+  options.kv_cache_dtype = *kv_dtype;
   options.block_size = absl::GetFlag(FLAGS_block_size);
   if (options.block_size < 1 || options.block_size > 1024) {
     return Fail(absl::InvalidArgumentError("--block-size must be in [1, 1024]"));
@@ -166,7 +178,7 @@ int main(int argc, char** argv) {
   if (!kv_size_given && utilization != 0.0 && !backend->backend->memory().host_accessible()) {
     auto sizing = kvlens::SizeKvCacheForUtilization(
         **model, *backend->backend, absl::GetFlag(FLAGS_block_size),
-        absl::GetFlag(FLAGS_max_batch_tokens), utilization);
+        absl::GetFlag(FLAGS_max_batch_tokens), utilization, options.kv_cache_dtype);
     if (!sizing.ok()) {
       return Fail(absl::Status(sizing.status().code(),
                                absl::StrCat("--gpu-memory-utilization: ", sizing.status().message(),
@@ -182,8 +194,8 @@ int main(int argc, char** argv) {
                  absl::GetFlag(FLAGS_max_batch_tokens));
   }
   if (tokens <= 0) {
-    const int64_t bytes_per_token =
-        kvlens::KvCacheStorage<float>::BlockBytes(config.num_layers, 1, config.kv_dim());
+    const int64_t bytes_per_token = kvlens::KvCacheStorage<float>::BlockBytes(
+        config.num_layers, 1, config.kv_dim(), options.kv_cache_dtype);
     if (cache_bytes <= 0) cache_bytes = int64_t{256} << 20;
     tokens = cache_bytes / std::max<int64_t>(bytes_per_token, 1);
   }

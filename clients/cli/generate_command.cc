@@ -44,6 +44,9 @@ const std::vector<FlagSpec>& Specs() {
       {"threads", "0", "CPU threads (0: all cores; --device cpu)"},
       {"prefill-chunk", "512", "prompt tokens per prefill step"},
       {"block-size", "16", "KV-cache block size in tokens"},
+      {"kv-cache-dtype", "auto",
+       "KV-cache element type: auto (the activations': fp32, fp64 with --precision fp64) or "
+       "bf16 (keys and values rounded to bf16 as they are stored)"},
       {"no-bos", "", "do not prepend the BOS token", true},
       {"no-parse-special", "",
        "encode special-token spellings in the prompt (\"<|endoftext|>\", \"<s>\") as plain "
@@ -121,6 +124,12 @@ int GenerateCommand(int argc, char** argv) {
   if (precision != "fp32" && precision != "fp64") {
     return fail(absl::InvalidArgumentError("--precision must be fp32 or fp64"), 2);
   }
+  auto kv_dtype = kernels::ParseKvDtype(args->Str("kv-cache-dtype"));
+  if (!kv_dtype.ok()) {
+    return fail(
+        absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype: ", kv_dtype.status().message())),
+        2);
+  }
   const std::string device_flag = args->Str("device");
   auto device = kernels::ParseDevice(device_flag);
   if (!device.ok()) {
@@ -152,6 +161,7 @@ int GenerateCommand(int argc, char** argv) {
   options.sampling.seed = static_cast<uint64_t>(*seed);
   options.prefill_chunk = static_cast<int>(*chunk);
   options.block_size = static_cast<int>(*block);
+  options.kv_cache_dtype = *kv_dtype;
   options.stop_at_eos = !args->Switch("ignore-eos");
 
   auto model = LoadModel({args->Str("model"), args->Str("tokenizer")});

@@ -20,7 +20,8 @@ std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", bytes / doub
 absl::StatusOr<KvCacheSizing> SizeKvCacheForUtilization(const Model& model,
                                                         kernels::Backend<float>& backend,
                                                         int block_size, int max_batch_tokens,
-                                                        double utilization) {
+                                                        double utilization,
+                                                        kernels::KvDtype kv_dtype) {
   if (!(utilization > 0.0 && utilization <= 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("GPU memory utilization must be in (0, 1], got ", utilization));
@@ -35,8 +36,8 @@ absl::StatusOr<KvCacheSizing> SizeKvCacheForUtilization(const Model& model,
   kernels::Memory& memory = backend.memory();
   absl::StatusOr<kernels::Memory::Usage> before = memory.usage();
   if (!before.ok()) return before.status();
-  const int64_t token_bytes =
-      KvCacheStorage<float>::BlockBytes(config.num_layers, /*block_size=*/1, config.kv_dim());
+  const int64_t token_bytes = KvCacheStorage<float>::BlockBytes(config.num_layers, /*block_size=*/1,
+                                                                config.kv_dim(), kv_dtype);
 
   // The profile step: max_batch_tokens new tokens of one sequence, every row's logits, on
   // a cache of just the blocks they need. It uploads the weights (they stay) and sizes
@@ -45,8 +46,9 @@ absl::StatusOr<KvCacheSizing> SizeKvCacheForUtilization(const Model& model,
   const int64_t temp_bytes = int64_t{blocks} * block_size * token_bytes;
   int64_t model_and_step = 0;
   {
-    absl::StatusOr<KvCacheStorage<float>> cache = KvCacheStorage<float>::Create(
-        memory, config.num_layers, blocks, block_size, config.kv_dim(), /*fill_nan=*/false);
+    absl::StatusOr<KvCacheStorage<float>> cache =
+        KvCacheStorage<float>::Create(memory, config.num_layers, blocks, block_size,
+                                      config.kv_dim(), /*fill_nan=*/false, kv_dtype);
     if (!cache.ok()) return cache.status();
     Transformer<float> transformer(model, backend);
     const std::vector<int32_t> tokens(profile_tokens, 0);

@@ -205,10 +205,10 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     if (c.arch == Architecture::kLlama) {
       backend_.RopeQKStoreKv(q_.data(), D, c.num_heads, k_.data(), v_.data(), KVD, c.num_kv_heads,
                              n, c.head_dim, positions_.data(), c.rope_theta, c.rope_style,
-                             rows_.data(), cache.k(l), cache.v(l), KVD);
+                             rows_.data(), cache.k(l), cache.v(l), KVD, cache.dtype());
     } else {
-      backend_.StoreKv(k_.data(), v_.data(), n, KVD, KVD, rows_.data(), cache.k(l), cache.v(l),
-                       KVD);
+      backend_.StoreKv(k_.data(), v_.data(), n, KVD, KVD, rows_.data(), cache.k(l), cache.v(l), KVD,
+                       cache.dtype());
     }
     // attention per sequence, against all of its cached keys: one AttentionBatch for all
     // sequences but the one whose probabilities are captured (copied out after its call)
@@ -233,11 +233,8 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
         a.q_doc_ids = b.doc_ids.data() + b.num_cached;
         a.k_doc_ids = b.doc_ids.data();
       }
-      a.kv.k = cache.k(l);
-      a.kv.v = cache.v(l);
-      a.kv.row_stride = KVD;
+      a.kv = cache.Source(l);
       a.kv.block_table = b.block_table.data();
-      a.kv.block_size = bs;
       a.out = att_.data() + r0 * D;
       a.out_stride = D;
       const bool captured = capture != nullptr && capture->entry == static_cast<int>(e);

@@ -411,13 +411,12 @@ void CpuBackend::Add(float* y, const float* x, int64_t count) {
 }
 
 void CpuBackend::StoreKv(const float* k, const float* v, int n, int64_t src_stride,
-                         int64_t row_elems, const int64_t* dst_rows, float* k_cache, float* v_cache,
-                         int64_t cache_stride) {
-  const size_t bytes = static_cast<size_t>(row_elems) * sizeof(float);
+                         int64_t row_elems, const int64_t* dst_rows, void* k_cache, void* v_cache,
+                         int64_t cache_stride, KvDtype cache_dtype) {
   for (int r = 0; r < n; ++r) {
     if (dst_rows[r] < 0) continue;  // a padding row
-    std::memcpy(k_cache + dst_rows[r] * cache_stride, k + r * src_stride, bytes);
-    std::memcpy(v_cache + dst_rows[r] * cache_stride, v + r * src_stride, bytes);
+    KvStoreRow(k_cache, dst_rows[r] * cache_stride, k + r * src_stride, row_elems, cache_dtype);
+    KvStoreRow(v_cache, dst_rows[r] * cache_stride, v + r * src_stride, row_elems, cache_dtype);
   }
 }
 
@@ -452,9 +451,10 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
     const int kvh = static_cast<int>(task % a.num_kv_heads);
     const int i0 = static_cast<int>(task / a.num_kv_heads) * rows_per_task;
     const int i1 = std::min(tq, i0 + rows_per_task);
-    thread_local std::vector<float> s, p;
+    thread_local std::vector<float> s, p, row;  // row: a bf16 cache row widened
     s.resize(tk);
     p.resize(tk);
+    row.resize(dh);
     for (int i = i0; i < i1; ++i) {
       const int end = CausalKeyEnd(a, i);
       for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
@@ -465,8 +465,7 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
             s[j] = kNegInf;
             continue;
           }
-          const float* k =
-              a.kv.k + a.kv.PhysicalRow(j) * a.kv.row_stride + static_cast<int64_t>(kvh) * dh;
+          const float* k = a.kv.KeyRow(j, static_cast<int64_t>(kvh) * dh, dh, row.data());
           s[j] = scale * Dot(q, k, dh);
           max_s = std::max(max_s, s[j]);
         }
@@ -481,8 +480,7 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
         for (int j = 0; j < end; ++j) {
           p[j] *= inv_z;
           if (p[j] == 0.0f) continue;  // masked, or underflowed: adds nothing
-          const float* v =
-              a.kv.v + a.kv.PhysicalRow(j) * a.kv.row_stride + static_cast<int64_t>(kvh) * dh;
+          const float* v = a.kv.ValueRow(j, static_cast<int64_t>(kvh) * dh, dh, row.data());
           Axpy(o, p[j], v, dh);
         }
         const int64_t map = (static_cast<int64_t>(h) * tq + i) * tk;

@@ -110,14 +110,12 @@ void ReferenceBackend::Add(double* y, const double* x, int64_t count) {
 }
 
 void ReferenceBackend::StoreKv(const double* k, const double* v, int n, int64_t src_stride,
-                               int64_t row_elems, const int64_t* dst_rows, double* k_cache,
-                               double* v_cache, int64_t cache_stride) {
+                               int64_t row_elems, const int64_t* dst_rows, void* k_cache,
+                               void* v_cache, int64_t cache_stride, KvDtype cache_dtype) {
   for (int r = 0; r < n; ++r) {
     if (dst_rows[r] < 0) continue;  // a padding row
-    for (int64_t e = 0; e < row_elems; ++e) {
-      k_cache[dst_rows[r] * cache_stride + e] = k[r * src_stride + e];
-      v_cache[dst_rows[r] * cache_stride + e] = v[r * src_stride + e];
-    }
+    KvStoreRow(k_cache, dst_rows[r] * cache_stride, k + r * src_stride, row_elems, cache_dtype);
+    KvStoreRow(v_cache, dst_rows[r] * cache_stride, v + r * src_stride, row_elems, cache_dtype);
   }
 }
 
@@ -141,7 +139,7 @@ absl::Status ReferenceBackend::Attention(const AttentionArgs<double>& a) {
     if (num_visible == 0) return NoVisibleKeyError(i, int64_t{a.query_offset} + i);
   }
   const double neg_inf = -std::numeric_limits<double>::infinity();
-  std::vector<double> s(tk), p(tk);
+  std::vector<double> s(tk), p(tk), row(dh);  // row: a bf16 cache row widened
   for (int h = 0; h < a.num_heads; ++h) {
     const int kvh = h / group;
     for (int i = 0; i < tq; ++i) {
@@ -152,8 +150,7 @@ absl::Status ReferenceBackend::Attention(const AttentionArgs<double>& a) {
           s[j] = neg_inf;
           continue;
         }
-        const double* k =
-            a.kv.k + a.kv.PhysicalRow(j) * a.kv.row_stride + static_cast<int64_t>(kvh) * dh;
+        const double* k = a.kv.KeyRow(j, static_cast<int64_t>(kvh) * dh, dh, row.data());
         double dot = 0.0;
         for (int d = 0; d < dh; ++d) dot += q[d] * k[d];
         s[j] = a.scale * dot;
@@ -169,8 +166,7 @@ absl::Status ReferenceBackend::Attention(const AttentionArgs<double>& a) {
       for (int d = 0; d < dh; ++d) o[d] = 0.0;
       for (int j = 0; j < tk; ++j) {
         if (!visible(i, j)) continue;  // never read a masked key's value row
-        const double* v =
-            a.kv.v + a.kv.PhysicalRow(j) * a.kv.row_stride + static_cast<int64_t>(kvh) * dh;
+        const double* v = a.kv.ValueRow(j, static_cast<int64_t>(kvh) * dh, dh, row.data());
         for (int d = 0; d < dh; ++d) o[d] += p[j] * v[d];
       }
       const int64_t map = (static_cast<int64_t>(h) * tq + i) * tk;

@@ -24,8 +24,8 @@ class ReferenceBackend final : public Backend<double> {
   void SwiGlu(const double* gate, const double* up, int64_t count, double* out) override;
   void Add(double* y, const double* x, int64_t count) override;
   void StoreKv(const double* k, const double* v, int n, int64_t src_stride, int64_t row_elems,
-               const int64_t* dst_rows, double* k_cache, double* v_cache,
-               int64_t cache_stride) override;
+               const int64_t* dst_rows, void* k_cache, void* v_cache, int64_t cache_stride,
+               KvDtype cache_dtype) override;
   absl::Status Attention(const AttentionArgs<double>& args) override;
 };
 

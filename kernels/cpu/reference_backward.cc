@@ -33,11 +33,13 @@ absl::Status AttentionBackward(const AttentionBackwardArgs<T>& b) {
   // dK and dV accumulate over query rows and over the query heads of a group: in double.
   std::vector<double> dk(tk * kvw, 0.0), dv(tk * kvw, 0.0);
   std::vector<double> da(tk), ds(tk);
-  auto krow = [&](int j, int kvh) {
-    return b.kv.k + b.kv.PhysicalRow(j) * b.kv.row_stride + static_cast<int64_t>(kvh) * dh;
+  auto krow = [&](int j, int kvh) {  // ValidateAttentionBackwardArgs: the activation type
+    return static_cast<const T*>(b.kv.k) + b.kv.PhysicalRow(j) * b.kv.row_stride +
+           static_cast<int64_t>(kvh) * dh;
   };
   auto vrow = [&](int j, int kvh) {
-    return b.kv.v + b.kv.PhysicalRow(j) * b.kv.row_stride + static_cast<int64_t>(kvh) * dh;
+    return static_cast<const T*>(b.kv.v) + b.kv.PhysicalRow(j) * b.kv.row_stride +
+           static_cast<int64_t>(kvh) * dh;
   };
   for (int h = 0; h < b.num_heads; ++h) {
     const int kvh = h / group;

@@ -32,6 +32,48 @@ __device__ __forceinline__ float4 Load4(const float* row, int d, int D) {
   }
 }
 
+// bf16 bits → float, exactly.
+__device__ __forceinline__ float Bf16ToFloat(uint32_t bits16) {
+  return __uint_as_float(bits16 << 16);
+}
+
+// The same from a bf16 cache row (bits as uint16_t), widened. Vectorised: 8-byte aligned.
+template <bool kVec>
+__device__ __forceinline__ float4 Load4(const uint16_t* row, int d, int D) {
+  if (d >= D) return Zero4();
+  if constexpr (kVec) {
+    const uint2 u = *reinterpret_cast<const uint2*>(row + d);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+  } else {
+    return make_float4(Bf16ToFloat(row[d]), d + 1 < D ? Bf16ToFloat(row[d + 1]) : 0.0f,
+                       d + 2 < D ? Bf16ToFloat(row[d + 2]) : 0.0f,
+                       d + 3 < D ? Bf16ToFloat(row[d + 3]) : 0.0f);
+  }
+}
+
+// Cache element → float (KT: float, or uint16_t for bf16).
+__device__ __forceinline__ float KvToFloat(float x) { return x; }
+__device__ __forceinline__ float KvToFloat(uint16_t x) { return Bf16ToFloat(x); }
+
+// The cache arrays of p as KT.
+template <typename KT>
+__device__ __forceinline__ const KT* KeysOf(const AttentionParams& p) {
+  return static_cast<const KT*>(p.k);
+}
+template <typename KT>
+__device__ __forceinline__ const KT* ValuesOf(const AttentionParams& p) {
+  return static_cast<const KT*>(p.v);
+}
+
+// The cache's four-element loads may be vectorised: the row stride a multiple of 4 and
+// k and v aligned to four elements (16 bytes of fp32, 8 of bf16).
+bool KvVectorized(const AttentionParams& p) {
+  const uintptr_t align = p.kv_dtype == KvDtype::kBF16 ? 8 : 16;
+  return p.kv_row_stride % 4 == 0 && reinterpret_cast<uintptr_t>(p.k) % align == 0 &&
+         reinterpret_cast<uintptr_t>(p.v) % align == 0;
+}
+
 // ---------------------------------------------------------------------------------------
 // Flash prefill: FlashAttention-2's loop on mma.sync tensor cores (mma_sync.cuh). One block
 // = 16·W query rows of one head, W warps of 16 rows. A warp keeps its rows' Q (fp16 A
@@ -83,12 +125,12 @@ __device__ __forceinline__ FlashSeq FlashSeqOf(const AttentionParams& p) {
 
 // K and V rows j0 … j0+63 of KV head kvh into Ks and Vt (zeros past num_keys, which are
 // never read).
-template <int D, int W, bool kVec>
+template <int D, int W, bool kVec, typename KT>
 __device__ __forceinline__ void LoadKvTile(const AttentionParams& p, const FlashSeq& seq, int kvh,
                                            int j0, uint32_t* ks, uint32_t* vt) {
   using L = FlashSmem<D>;
-  constexpr int kPieces = D / 4;  // float4 pieces of a head's row
-  auto row = [&](const float* base, int j) -> const float* {
+  constexpr int kPieces = D / 4;  // four-element pieces of a head's row
+  auto row = [&](const KT* base, int j) -> const KT* {
     if (j >= seq.num_keys) return nullptr;
     const int32_t* table = p.block_table != nullptr ? p.block_table + seq.table_offset : nullptr;
     return base + PhysicalRowIn(table, p.block_size, j) * p.kv_row_stride +
@@ -104,7 +146,7 @@ __device__ __forceinline__ void LoadKvTile(const AttentionParams& p, const Flash
   for (int it = 0; it < kBlockN * kPieces / kThreads; ++it) {
     const int idx = static_cast<int>(threadIdx.x) + it * kThreads;
     const int r = idx / kPieces, c = idx % kPieces;
-    const float* k = row(p.k, j0 + r);
+    const KT* k = row(KeysOf<KT>(p), j0 + r);
     const float4 x = k != nullptr ? Load4<kVec>(k, 4 * c, D) : Zero4();
     uint32_t* dst = ks + r * L::kKsLd + 2 * c;
     dst[0] = PackHalf2(x.x, x.y);
@@ -117,8 +159,8 @@ __device__ __forceinline__ void LoadKvTile(const AttentionParams& p, const Flash
     const int idx = static_cast<int>(threadIdx.x) + it * kThreads;
     const int c = idx % 4 + 4 * (idx / (4 * (kBlockN / 2)));
     const int jp = (idx / 4) % (kBlockN / 2);
-    const float* v0 = row(p.v, j0 + 2 * jp);
-    const float* v1 = row(p.v, j0 + 2 * jp + 1);
+    const KT* v0 = row(ValuesOf<KT>(p), j0 + 2 * jp);
+    const KT* v1 = row(ValuesOf<KT>(p), j0 + 2 * jp + 1);
     const float4 a = v0 != nullptr ? Load4<kVec>(v0, 4 * c, D) : Zero4();
     const float4 b = v1 != nullptr ? Load4<kVec>(v1, 4 * c, D) : Zero4();
     uint32_t* dst = vt + 4 * c * L::kVtLd + jp;
@@ -129,7 +171,7 @@ __device__ __forceinline__ void LoadKvTile(const AttentionParams& p, const Flash
   }
 }
 
-template <int D, int W, bool kVec>
+template <int D, int W, bool kVec, typename KT>
 __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1) FlashPrefillKernel(AttentionParams p) {
   using L = FlashSmem<D>;
   extern __shared__ __align__(16) uint32_t flash_smem[];
@@ -179,7 +221,7 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1) FlashPrefillKernel(Att
 
   for (int j0 = 0; j0 < key_end; j0 += kBlockN) {
     __syncthreads();  // every warp is done with the previous tile
-    LoadKvTile<D, W, kVec>(p, seq, kvh, j0, ks, vt);
+    LoadKvTile<D, W, kVec, KT>(p, seq, kvh, j0, ks, vt);
     __syncthreads();
 
     // S = Q·Kᵀ: 8 accumulator tiles of 16 rows × 8 keys.
@@ -281,9 +323,12 @@ template <int D, int W>
 absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
   constexpr size_t kBytes = FlashSmem<D>::kBytes;
   static_assert(kBytes <= 48 * 1024, "over the default dynamic shared memory limit");
-  const bool vec = p.kv_row_stride % 4 == 0 && reinterpret_cast<uintptr_t>(p.k) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
-  auto* kernel = vec ? FlashPrefillKernel<D, W, true> : FlashPrefillKernel<D, W, false>;
+  const bool vec = KvVectorized(p);
+  auto* kernel =
+      p.kv_dtype == KvDtype::kBF16
+          ? (vec ? FlashPrefillKernel<D, W, true, uint16_t>
+                 : FlashPrefillKernel<D, W, false, uint16_t>)
+          : (vec ? FlashPrefillKernel<D, W, true, float> : FlashPrefillKernel<D, W, false, float>);
   const int tiles =
       p.flash_tiles != nullptr ? p.num_flash_tiles : (p.num_queries + kBlockM<W> - 1) / kBlockM<W>;
   const dim3 grid(tiles, p.num_heads);
@@ -380,7 +425,7 @@ __device__ __forceinline__ float SumAcrossLanes(float (&v)[N], int lane) {
   return v[0];
 }
 
-template <int C, int kTileHeads, bool kVec>
+template <int C, int kTileHeads, bool kVec, typename KT>
 __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>::kMinBlocks)
     SplitKvKernel(AttentionParams p, int num_splits, float* workspace) {
   using S = SplitKvShape<C, kTileHeads>;
@@ -445,8 +490,8 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
         const int64_t off = vis ? row * p.kv_row_stride + static_cast<int64_t>(g) * D : 0;
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-          kr[u][c] = vis ? Load4<kVec>(p.k + off, 128 * c + 4 * lane, D) : Zero4();
-          vr[u][c] = vis ? Load4<kVec>(p.v + off, 128 * c + 4 * lane, D) : Zero4();
+          kr[u][c] = vis ? Load4<kVec>(KeysOf<KT>(p) + off, 128 * c + 4 * lane, D) : Zero4();
+          vr[u][c] = vis ? Load4<kVec>(ValuesOf<KT>(p) + off, 128 * c + 4 * lane, D) : Zero4();
         }
       }
       float s[kSums];  // s[u · kTile + t]: key u, head h0 + t
@@ -547,35 +592,39 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
   }
 }
 
-// The instantiation for SplitKvVariant (attention.h): bit 0 float4 loads, bit 1 head sizes
-// past 128, bits 2-3 log2 of the head tile.
+// The instantiation for SplitKvVariant (attention.h): bit 0 vector loads, bit 1 head sizes
+// past 128, bits 2-3 log2 of the head tile, bit 4 a bf16 cache.
 using SplitKvKernelPtr = void (*)(AttentionParams, int, float*);
-template <int C, int kTileHeads>
+template <int C, int kTileHeads, typename KT>
 SplitKvKernelPtr SplitKvKernelOf(bool vec) {
   if constexpr (kTileHeads * C > 8) {
     return nullptr;  // SplitKvVariant never asks for it
   } else {
-    return vec ? SplitKvKernel<C, kTileHeads, true> : SplitKvKernel<C, kTileHeads, false>;
+    return vec ? SplitKvKernel<C, kTileHeads, true, KT> : SplitKvKernel<C, kTileHeads, false, KT>;
   }
 }
-template <int C>
+template <int C, typename KT>
 SplitKvKernelPtr SplitKvKernelOf(int tile_log2, bool vec) {
   switch (tile_log2) {
     case 0:
-      return SplitKvKernelOf<C, 1>(vec);
+      return SplitKvKernelOf<C, 1, KT>(vec);
     case 1:
-      return SplitKvKernelOf<C, 2>(vec);
+      return SplitKvKernelOf<C, 2, KT>(vec);
     case 2:
-      return SplitKvKernelOf<C, 4>(vec);
+      return SplitKvKernelOf<C, 4, KT>(vec);
     default:
-      return SplitKvKernelOf<C, 8>(vec);
+      return SplitKvKernelOf<C, 8, KT>(vec);
   }
 }
+template <typename KT>
 SplitKvKernelPtr SplitKvKernelOf(int variant) {
   const bool vec = (variant & 1) != 0;
   const int tile_log2 = (variant >> 2) & 3;
-  return (variant & 2) != 0 ? SplitKvKernelOf<2>(tile_log2, vec)
-                            : SplitKvKernelOf<1>(tile_log2, vec);
+  return (variant & 2) != 0 ? SplitKvKernelOf<2, KT>(tile_log2, vec)
+                            : SplitKvKernelOf<1, KT>(tile_log2, vec);
+}
+SplitKvKernelPtr SplitKvKernelOf(int variant) {
+  return (variant & 16) != 0 ? SplitKvKernelOf<uint16_t>(variant) : SplitKvKernelOf<float>(variant);
 }
 
 // O = Σ_s 2^{m_s − M} acc_s / Σ_s 2^{m_s − M} l_s over the splits that saw a key.
@@ -624,6 +673,7 @@ __global__ void SplitKvCombineKernel(AttentionParams p, int num_splits, const fl
 // with O computed from the very A written out.
 constexpr int kMaterializedThreads = 256;
 
+template <typename KT>
 __global__ void __launch_bounds__(kMaterializedThreads)
     MaterializedKernel(AttentionParams p, float* scores, float* probs) {
   const int i = blockIdx.x, h = blockIdx.y, D = p.head_dim;
@@ -634,9 +684,10 @@ __global__ void __launch_bounds__(kMaterializedThreads)
   for (int j = threadIdx.x; j < p.num_keys; j += blockDim.x) {
     float s = -INFINITY;
     if (Visible(p, i, j)) {
-      const float* k = p.k + PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(g) * D;
+      const KT* k =
+          KeysOf<KT>(p) + PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(g) * D;
       float dot = 0.0f;
-      for (int d = 0; d < D; ++d) dot += q[d] * k[d];
+      for (int d = 0; d < D; ++d) dot += q[d] * KvToFloat(k[d]);
       s = dot * p.scale;
     }
     scores[row + j] = s;
@@ -660,7 +711,8 @@ __global__ void __launch_bounds__(kMaterializedThreads)
     for (int j = 0; j < end; ++j) {
       if (!Visible(p, i, j)) continue;
       acc += probs[row + j] *
-             p.v[PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(g) * D + d];
+             KvToFloat(ValuesOf<KT>(
+                 p)[PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(g) * D + d]);
     }
     o[d] = acc;
   }
@@ -701,7 +753,8 @@ int SplitKvVariant(const AttentionParams& p) {
   const int group = std::max(p.num_heads / std::max(p.num_kv_heads, 1), 1);
   int tile_log2 = 0;
   while ((1 << tile_log2) < group && (2 << tile_log2) * chunks <= 8) ++tile_log2;
-  return tile_log2 * 4 + (chunks == 2 ? 2 : 0) + (SplitKvVectorized(p) ? 1 : 0);
+  return (p.kv_dtype == KvDtype::kBF16 ? 16 : 0) + tile_log2 * 4 + (chunks == 2 ? 2 : 0) +
+         (SplitKvVectorized(p) ? 1 : 0);
 }
 
 absl::StatusOr<int> SplitKvBlocksPerSm(int variant) {
@@ -723,8 +776,7 @@ int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm) {
 
 bool SplitKvVectorized(const AttentionParams& p) {
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  return p.head_dim % 4 == 0 && p.q_stride % 4 == 0 && p.kv_row_stride % 4 == 0 && aligned(p.q) &&
-         aligned(p.k) && aligned(p.v);
+  return p.head_dim % 4 == 0 && p.q_stride % 4 == 0 && aligned(p.q) && KvVectorized(p);
 }
 
 int64_t SplitKvWorkspaceFloats(const AttentionParams& p, int num_splits) {
@@ -760,7 +812,11 @@ absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* work
 absl::Status LaunchMaterialized(const AttentionParams& p, float* scores, float* probs,
                                 cudaStream_t stream) {
   const dim3 grid(p.num_queries, p.num_heads);
-  MaterializedKernel<<<grid, kMaterializedThreads, 0, stream>>>(p, scores, probs);
+  if (p.kv_dtype == KvDtype::kBF16) {
+    MaterializedKernel<uint16_t><<<grid, kMaterializedThreads, 0, stream>>>(p, scores, probs);
+  } else {
+    MaterializedKernel<float><<<grid, kMaterializedThreads, 0, stream>>>(p, scores, probs);
+  }
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("MaterializedKernel");
   return absl::OkStatus();
 }

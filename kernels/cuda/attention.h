@@ -13,6 +13,10 @@
 //                   merged by a second kernel.
 //   materialised    when probabilities or scores are requested: fp32, writes S and A
 //                   [H, Tq, Tk] and computes O = A·V from exactly the A it returns.
+//
+// Each reads the cache as it is stored (p.kv_dtype): fp32, or bf16 widened to fp32 as it
+// is loaded (half the bytes a key; the flash kernel rounds both to fp16 for its tensor
+// cores alike).
 #ifndef KVLENS_KERNELS_CUDA_ATTENTION_H_
 #define KVLENS_KERNELS_CUDA_ATTENTION_H_
 
@@ -22,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/kv_dtype.h"
 
 namespace kvlens::kernels::cuda {
 
@@ -29,9 +34,10 @@ namespace kvlens::kernels::cuda {
 struct AttentionParams {
   const float* q = nullptr;  // [Tq, H, Dh], rows q_stride apart
   int64_t q_stride = 0;
-  const float* k = nullptr;  // physical rows of [Hkv, Dh], kv_row_stride apart
-  const float* v = nullptr;
+  const void* k = nullptr;  // physical rows of [Hkv, Dh], kv_row_stride elements apart,
+  const void* v = nullptr;  // of type kv_dtype: float, or bf16 bits (uint16_t)
   int64_t kv_row_stride = 0;
+  KvDtype kv_dtype = KvDtype::kActivation;
   const int32_t* block_table = nullptr;  // [ceil(Tk / block_size)] or null (contiguous)
   int block_size = 0;
   const int32_t* q_doc = nullptr;  // [Tq] or null
@@ -76,17 +82,20 @@ int FlashTileQueries(int head_dim, int requested);
 // tile_queries: FlashTileQueries(p.head_dim, ·); p.flash_tiles (if set) cut to that size.
 absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cudaStream_t stream);
 
-// Which split-KV kernel LaunchSplitKv runs for p (0…15: float4 loads, head size past 128,
-// the head tile that covers the GQA group), and how many of its blocks fit on
+// Which split-KV kernel LaunchSplitKv runs for p (0…kSplitKvVariants − 1: vector loads,
+// head size past 128, the head tile that covers the GQA group, a bf16 cache), and how
+// many of its blocks fit on
 // one SM at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor; at least 1).
+inline constexpr int kSplitKvVariants = 32;
 int SplitKvVariant(const AttentionParams& p);
 absl::StatusOr<int> SplitKvBlocksPerSm(int variant);
 // How many key splits to use: enough blocks for one full wave (num_sms × blocks_per_sm;
 // a partial second wave would run its blocks with the SMs half idle), at least 64 keys a
 // split. A Llama-7B decode step at batch 1 and 512 keys (32 KV heads) gets 8 splits.
 int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm);
-// The split-KV kernel reads q, K and V as float4: head_dim, q_stride and kv_row_stride
-// multiples of 4 and q, k, v 16-byte aligned (else it reads floats one by one).
+// The split-KV kernel reads q as float4 and K and V four elements at a time (a float4, or
+// 8 bytes of bf16): head_dim, q_stride and kv_row_stride multiples of 4, q 16-byte
+// aligned and k, v aligned to four elements (else it reads them one by one).
 bool SplitKvVectorized(const AttentionParams& p);
 // Floats of workspace LaunchSplitKv needs (0 when num_splits == 1).
 int64_t SplitKvWorkspaceFloats(const AttentionParams& p, int num_splits);

@@ -28,7 +28,8 @@ __global__ void __launch_bounds__(kRowThreads) BackwardRowsKernel(AttentionBackw
   for (int j = threadIdx.x; j < p.num_keys; j += blockDim.x) {
     float da = 0.0f;
     if (Visible(p, i, j)) {
-      const float* v = p.v + PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(g) * D;
+      const float* v = static_cast<const float*>(p.v) + PhysicalRow(p, j) * p.kv_row_stride +
+                       static_cast<int64_t>(g) * D;
       for (int d = 0; d < D; ++d) da += grad[d] * v[d];
       local += a[j] * da;
     }
@@ -46,7 +47,9 @@ __global__ void __launch_bounds__(kRowThreads) BackwardRowsKernel(AttentionBackw
     float acc = 0.0f;
     for (int j = 0; j < end; ++j) {
       if (!Visible(p, i, j)) continue;
-      acc += ds[j] * p.k[PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(g) * D + d];
+      acc +=
+          ds[j] * static_cast<const float*>(
+                      p.k)[PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(g) * D + d];
     }
     dq[d] = acc * p.scale;
   }
@@ -88,6 +91,9 @@ absl::Status LaunchAttentionBackward(const AttentionBackwardParams& b, cudaStrea
   if (p.num_queries <= 0 || p.num_keys <= 0) return absl::OkStatus();
   if (b.dscores == nullptr) {
     return absl::InvalidArgumentError("LaunchAttentionBackward: dscores (workspace) is null");
+  }
+  if (b.fwd.kv_dtype != KvDtype::kActivation) {
+    return absl::InvalidArgumentError("LaunchAttentionBackward: K and V must be fp32");
   }
   const dim3 rows(p.num_queries, p.num_heads);
   BackwardRowsKernel<<<rows, kRowThreads, 0, stream>>>(b);

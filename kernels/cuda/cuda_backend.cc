@@ -523,11 +523,11 @@ void CudaBackend::RopeQK(float* q, int64_t q_stride, int q_heads, float* k, int6
 void CudaBackend::RopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,
                                 int64_t kv_stride, int kv_heads, int n, int head_dim,
                                 const int32_t* positions, double theta, RopeStyle style,
-                                const int64_t* dst_rows, float* k_cache, float* v_cache,
-                                int64_t cache_stride) {
+                                const int64_t* dst_rows, void* k_cache, void* v_cache,
+                                int64_t cache_stride, KvDtype cache_dtype) {
   if (head_dim % 2 != 0) {  // rope leaves the last value of each head: the two plain ops
     Backend::RopeQKStoreKv(q, q_stride, q_heads, k, v, kv_stride, kv_heads, n, head_dim, positions,
-                           theta, style, dst_rows, k_cache, v_cache, cache_stride);
+                           theta, style, dst_rows, k_cache, v_cache, cache_stride, cache_dtype);
     return;
   }
   if (!status_.ok() || n <= 0) return;
@@ -537,7 +537,7 @@ void CudaBackend::RopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* 
   if (!Ok(d_rows.status())) return;
   Ok(Launch(&LaunchRopeQKStoreKv, q, q_stride, q_heads, k, v, kv_stride, kv_heads, n, head_dim,
             static_cast<const int32_t*>(*d_pos), theta, style, static_cast<const int64_t*>(*d_rows),
-            k_cache, v_cache, cache_stride));
+            k_cache, v_cache, cache_stride, cache_dtype));
 }
 
 void CudaBackend::Gelu(float* x, int64_t count) {
@@ -556,13 +556,13 @@ void CudaBackend::Add(float* y, const float* x, int64_t count) {
 }
 
 void CudaBackend::StoreKv(const float* k, const float* v, int n, int64_t src_stride,
-                          int64_t row_elems, const int64_t* dst_rows, float* k_cache,
-                          float* v_cache, int64_t cache_stride) {
+                          int64_t row_elems, const int64_t* dst_rows, void* k_cache, void* v_cache,
+                          int64_t cache_stride, KvDtype cache_dtype) {
   if (!status_.ok() || n <= 0) return;
   absl::StatusOr<const void*> d_rows = UploadIndices(dst_rows, sizeof(int64_t) * n);
   if (!Ok(d_rows.status())) return;
   Ok(Launch(&LaunchStoreKv, k, v, n, src_stride, row_elems, static_cast<const int64_t*>(*d_rows),
-            k_cache, v_cache, cache_stride));
+            k_cache, v_cache, cache_stride, cache_dtype));
 }
 
 }  // namespace kvlens::kernels::cuda

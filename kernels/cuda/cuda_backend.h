@@ -162,11 +162,11 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // One launch (rope, then k's and v's cache rows), for even head sizes.
   void RopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,
                      int64_t kv_stride, int kv_heads, int n, int head_dim, const int32_t* positions,
-                     double theta, RopeStyle style, const int64_t* dst_rows, float* k_cache,
-                     float* v_cache, int64_t cache_stride) override;
+                     double theta, RopeStyle style, const int64_t* dst_rows, void* k_cache,
+                     void* v_cache, int64_t cache_stride, KvDtype cache_dtype) override;
   void StoreKv(const float* k, const float* v, int n, int64_t src_stride, int64_t row_elems,
-               const int64_t* dst_rows, float* k_cache, float* v_cache,
-               int64_t cache_stride) override;
+               const int64_t* dst_rows, void* k_cache, void* v_cache, int64_t cache_stride,
+               KvDtype cache_dtype) override;
   absl::Status Attention(const AttentionArgs<float>& args) override;
   // Every call's host-side checks first (nothing runs if one fails). Then runs of
   // consecutive calls that take the same kernel (paged, causal, no maps or documents, one
@@ -249,8 +249,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   std::vector<StagedIndices> index_recent_;  // newest last, at most kIndexReuse
   IndexUploadStats index_stats_;
   int flash_tile_queries_ = kFlashDefaultTileQueries;
-  int split_kv_blocks_per_sm_[16] = {};  // by SplitKvVariant, 0: not asked yet
-  std::vector<int32_t> index_pack_;      // host staging of one Attention call's index arrays
+  int split_kv_blocks_per_sm_[kSplitKvVariants] = {};  // by SplitKvVariant, 0: not asked yet
+  std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
 
   DeviceBuffer gemm_input_;           // x rounded to f16/bf16 for the tensor cores
   DeviceBuffer attention_workspace_;  // split-KV partials, or S/A when not requested

@@ -54,6 +54,7 @@ AttentionParams HostParams(const AttentionArgs<float>& a) {
   p.k = a.kv.k;
   p.v = a.kv.v;
   p.kv_row_stride = a.kv.row_stride;
+  p.kv_dtype = a.kv.dtype;
   p.block_size = a.kv.block_size;
   p.out = a.out;
   p.out_stride = a.out_stride;
@@ -178,9 +179,9 @@ bool Continues(const AttentionArgs<float>& first, int rows, const AttentionArgs<
            static_cast<uintptr_t>(r) * static_cast<uintptr_t>(stride) * sizeof(float);
   };
   return a.kv.k == first.kv.k && a.kv.v == first.kv.v && a.kv.row_stride == first.kv.row_stride &&
-         a.kv.block_size == first.kv.block_size && a.num_heads == first.num_heads &&
-         a.num_kv_heads == first.num_kv_heads && a.head_dim == first.head_dim &&
-         a.scale == first.scale && a.q_stride == first.q_stride &&
+         a.kv.dtype == first.kv.dtype && a.kv.block_size == first.kv.block_size &&
+         a.num_heads == first.num_heads && a.num_kv_heads == first.num_kv_heads &&
+         a.head_dim == first.head_dim && a.scale == first.scale && a.q_stride == first.q_stride &&
          a.out_stride == first.out_stride &&
          reinterpret_cast<uintptr_t>(a.q) == at(first.q, first.q_stride, rows) &&
          reinterpret_cast<uintptr_t>(a.out) == at(first.out, first.out_stride, rows);

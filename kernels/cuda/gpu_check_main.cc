@@ -399,7 +399,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
               {w.wq, WeightView{}, q}, {w.wk, WeightView{}, k}, {w.wv, WeightView{}, v}};
           b.MatMulMany(xn, batch, qkv);
           b.RopeQKStoreKv(q, D, H, k, v, D, H, batch, Dh, positions.data(), 10000.0,
-                          RopeStyle::kHalfSplit, dst.data(), kc[l], vc[l], D);
+                          RopeStyle::kHalfSplit, dst.data(), kc[l], vc[l], D, KvDtype::kActivation);
           calls.clear();
           for (int s = 0; s < batch; ++s) {
             AttentionArgs<float>& a = calls.emplace_back();

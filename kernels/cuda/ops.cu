@@ -125,10 +125,20 @@ __global__ void LayerNormKernel(float* x, const float* residual, int dim, const 
 struct KvStore {
   const float* v;
   const int64_t* dst_rows;
-  float* k_cache;
-  float* v_cache;
+  void* k_cache;  // float, or bf16 bits (uint16_t) when bf16
+  void* v_cache;
   int64_t cache_stride;
+  bool bf16;
 };
+
+// cache[i] = x, rounded to nearest-even bf16 in a bf16 cache.
+__device__ __forceinline__ void StoreCacheElement(void* cache, int64_t i, float x, bool bf16) {
+  if (bf16) {
+    static_cast<uint16_t*>(cache)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  } else {
+    static_cast<float*>(cache)[i] = x;
+  }
+}
 
 __global__ void RopeKernel(float* x, int64_t row_stride, int num_heads, float* x2,
                            int64_t row_stride2, int num_heads2, int n, int head_dim,
@@ -159,10 +169,10 @@ __global__ void RopeKernel(float* x, int64_t row_stride, int num_heads, float* x
       const int64_t in_row = static_cast<int64_t>(h - num_heads) * head_dim;
       const int64_t dst = store.dst_rows[r] * store.cache_stride + in_row;
       const float* vr = store.v + r * row_stride2 + in_row;
-      store.k_cache[dst + ia] = ra;
-      store.k_cache[dst + ib] = rb;
-      store.v_cache[dst + ia] = vr[ia];
-      store.v_cache[dst + ib] = vr[ib];
+      StoreCacheElement(store.k_cache, dst + ia, ra, store.bf16);
+      StoreCacheElement(store.k_cache, dst + ib, rb, store.bf16);
+      StoreCacheElement(store.v_cache, dst + ia, vr[ia], store.bf16);
+      StoreCacheElement(store.v_cache, dst + ib, vr[ib], store.bf16);
     }
   }
 }
@@ -200,16 +210,16 @@ __global__ void AddBiasKernel(float* y, int64_t total, int64_t cols, const void*
 }
 
 __global__ void StoreKvKernel(const float* k, const float* v, int n, int64_t src_stride,
-                              int64_t row_elems, const int64_t* dst_rows, float* k_cache,
-                              float* v_cache, int64_t cache_stride) {
+                              int64_t row_elems, const int64_t* dst_rows, void* k_cache,
+                              void* v_cache, int64_t cache_stride, bool bf16) {
   const int64_t total = static_cast<int64_t>(n) * row_elems;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = t / row_elems, e = t % row_elems;
     if (dst_rows[r] < 0) continue;  // a padding row
     const int64_t dst = dst_rows[r] * cache_stride + e;
-    k_cache[dst] = k[r * src_stride + e];
-    v_cache[dst] = v[r * src_stride + e];
+    StoreCacheElement(k_cache, dst, k[r * src_stride + e], bf16);
+    StoreCacheElement(v_cache, dst, v[r * src_stride + e], bf16);
   }
 }
 
@@ -326,21 +336,21 @@ absl::Status LaunchRopeQK(float* q, int64_t q_stride, int q_heads, float* k, int
                           int k_heads, int n, int head_dim, const int32_t* positions, double theta,
                           RopeStyle style, cudaStream_t stream) {
   return LaunchRopeKernel(q, q_stride, q_heads, k, k_stride, k_heads, n, head_dim, positions, theta,
-                          style, KvStore{nullptr, nullptr, nullptr, nullptr, 0}, stream);
+                          style, KvStore{nullptr, nullptr, nullptr, nullptr, 0, false}, stream);
 }
 
 absl::Status LaunchRopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,
                                  int64_t kv_stride, int kv_heads, int n, int head_dim,
                                  const int32_t* positions, double theta, RopeStyle style,
-                                 const int64_t* dst_rows, float* k_cache, float* v_cache,
-                                 int64_t cache_stride, cudaStream_t stream) {
+                                 const int64_t* dst_rows, void* k_cache, void* v_cache,
+                                 int64_t cache_stride, KvDtype cache_dtype, cudaStream_t stream) {
   if (head_dim % 2 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("LaunchRopeQKStoreKv: head_dim must be even, got ", head_dim));
   }
-  return LaunchRopeKernel(q, q_stride, q_heads, k, kv_stride, kv_heads, n, head_dim, positions,
-                          theta, style, KvStore{v, dst_rows, k_cache, v_cache, cache_stride},
-                          stream);
+  return LaunchRopeKernel(
+      q, q_stride, q_heads, k, kv_stride, kv_heads, n, head_dim, positions, theta, style,
+      KvStore{v, dst_rows, k_cache, v_cache, cache_stride, cache_dtype == KvDtype::kBF16}, stream);
 }
 
 absl::Status LaunchGelu(float* x, int64_t count, cudaStream_t stream) {
@@ -375,12 +385,13 @@ absl::Status LaunchAddBias(float* y, int n, int64_t cols, const void* bias, DTyp
 }
 
 absl::Status LaunchStoreKv(const float* k, const float* v, int n, int64_t src_stride,
-                           int64_t row_elems, const int64_t* dst_rows, float* k_cache,
-                           float* v_cache, int64_t cache_stride, cudaStream_t stream) {
+                           int64_t row_elems, const int64_t* dst_rows, void* k_cache, void* v_cache,
+                           int64_t cache_stride, KvDtype cache_dtype, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(n) * row_elems;
   if (total <= 0) return absl::OkStatus();
   StoreKvKernel<<<GridFor(total), kThreads, 0, stream>>>(k, v, n, src_stride, row_elems, dst_rows,
-                                                         k_cache, v_cache, cache_stride);
+                                                         k_cache, v_cache, cache_stride,
+                                                         cache_dtype == KvDtype::kBF16);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("StoreKvKernel");
   return absl::OkStatus();
 }

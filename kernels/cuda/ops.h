@@ -49,17 +49,18 @@ absl::Status LaunchAdd(float* y, const float* x, int64_t count, cudaStream_t str
 // y[r, c] += bias[c] for r < n, c < cols
 absl::Status LaunchAddBias(float* y, int n, int64_t cols, const void* bias, DType dtype,
                            cudaStream_t stream);
-// k_cache[dst_rows[r] * cache_stride + e] = k[r * src_stride + e] (and v), e < row_elems
 // LaunchRopeQK on q and k, and in the same launch LaunchStoreKv of the rotated k and of v
 // (rows kv_stride apart, kv_heads · head_dim values each). head_dim must be even.
 absl::Status LaunchRopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,
                                  int64_t kv_stride, int kv_heads, int n, int head_dim,
                                  const int32_t* positions, double theta, RopeStyle style,
-                                 const int64_t* dst_rows, float* k_cache, float* v_cache,
-                                 int64_t cache_stride, cudaStream_t stream);
+                                 const int64_t* dst_rows, void* k_cache, void* v_cache,
+                                 int64_t cache_stride, KvDtype cache_dtype, cudaStream_t stream);
+// k_cache[dst_rows[r] * cache_stride + e] = k[r * src_stride + e] (and v), e < row_elems,
+// rounded to nearest-even bf16 in a bf16 cache; rows with dst_rows[r] < 0 store nothing.
 absl::Status LaunchStoreKv(const float* k, const float* v, int n, int64_t src_stride,
-                           int64_t row_elems, const int64_t* dst_rows, float* k_cache,
-                           float* v_cache, int64_t cache_stride, cudaStream_t stream);
+                           int64_t row_elems, const int64_t* dst_rows, void* k_cache, void* v_cache,
+                           int64_t cache_stride, KvDtype cache_dtype, cudaStream_t stream);
 // out[i] = round_to_nearest_even(x[i]) in `to` (kF16 or kBF16): GEMM inputs for tensor cores.
 absl::Status LaunchConvertF32(const float* x, int64_t count, DType to, void* out,
                               cudaStream_t stream);

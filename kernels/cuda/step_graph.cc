@@ -13,6 +13,7 @@ void AppendWords(Signature& s, const AttentionParams& p) {
   AppendWords(s, p.k);
   AppendWords(s, p.v);
   AppendWords(s, p.kv_row_stride);
+  AppendWords(s, p.kv_dtype);
   AppendWords(s, p.block_table);
   AppendWords(s, p.block_size);
   AppendWords(s, p.q_doc);

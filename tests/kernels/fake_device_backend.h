@@ -129,9 +129,10 @@ class FakeDeviceBackend final : public kernels::Backend<float>, public kernels::
   }
   void Add(float* y, const float* x, int64_t count) override { cpu_.Add(y, x, count); }
   void StoreKv(const float* k, const float* v, int n, int64_t src_stride, int64_t row_elems,
-               const int64_t* dst_rows, float* k_cache, float* v_cache,
-               int64_t cache_stride) override {
-    cpu_.StoreKv(k, v, n, src_stride, row_elems, dst_rows, k_cache, v_cache, cache_stride);
+               const int64_t* dst_rows, void* k_cache, void* v_cache, int64_t cache_stride,
+               kernels::KvDtype cache_dtype) override {
+    cpu_.StoreKv(k, v, n, src_stride, row_elems, dst_rows, k_cache, v_cache, cache_stride,
+                 cache_dtype);
   }
   absl::Status Attention(const kernels::AttentionArgs<float>& a) override {
     return cpu_.Attention(a);

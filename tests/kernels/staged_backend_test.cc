@@ -198,8 +198,8 @@ class FullDevice final : public Backend<float> {
   void Gelu(float*, int64_t) override {}
   void SwiGlu(const float*, const float*, int64_t, float*) override {}
   void Add(float*, const float*, int64_t) override {}
-  void StoreKv(const float*, const float*, int, int64_t, int64_t, const int64_t*, float*, float*,
-               int64_t) override {}
+  void StoreKv(const float*, const float*, int, int64_t, int64_t, const int64_t*, void*, void*,
+               int64_t, KvDtype) override {}
   absl::Status Attention(const AttentionArgs<float>&) override { return absl::OkStatus(); }
 
  private:

@@ -5,6 +5,7 @@
 set(KVLENS_GPU_CHECK_HOST_SOURCES
     kernels/attention_check.cc
     kernels/dtype.cc
+    kernels/kv_dtype.cc
     kernels/memory.cc
     kernels/weight.cc
     kernels/cpu/reference_backend.cc

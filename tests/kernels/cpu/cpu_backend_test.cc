@@ -153,11 +153,12 @@ TEST(CpuBackendTest, ElementwiseAndNormOpsMatchReference) {
   }
 }
 
-// Copies p's contiguous K/V into a paged cache through a shuffled block table, with three
-// spare blocks, padded rows, and NaN in every slot no token owns; then runs attention
-// through the block table.
+// Copies p's contiguous K/V into a paged cache (elements of type cache_dtype) through a
+// shuffled block table, with three spare blocks, padded rows, and NaN in every slot no
+// token owns; then runs attention through the block table.
 template <typename B>
-AttnResult RunPaged(B& backend, const AttnProblem& p, int block_size, std::mt19937_64& rng) {
+AttnResult RunPaged(B& backend, const AttnProblem& p, int block_size, std::mt19937_64& rng,
+                    KvDtype cache_dtype = KvDtype::kActivation) {
   using T = decltype(testing::ScalarOf(static_cast<B*>(nullptr)));
   const int num_blocks = (p.tk + block_size - 1) / block_size;
   const int physical_blocks = num_blocks + 3;
@@ -167,18 +168,20 @@ AttnResult RunPaged(B& backend, const AttnProblem& p, int block_size, std::mt199
   const std::vector<int32_t> table(all.begin(), all.begin() + num_blocks);
   const int64_t row_elems = static_cast<int64_t>(p.kv_heads) * p.dh;
   const int64_t cache_stride = row_elems + 3;
-  std::vector<T> k_cache(static_cast<size_t>(physical_blocks) * block_size * cache_stride,
-                         std::numeric_limits<T>::quiet_NaN());
-  std::vector<T> v_cache(k_cache.size(), std::numeric_limits<T>::quiet_NaN());
+  const size_t cache_elems = static_cast<size_t>(physical_blocks) * block_size * cache_stride;
+  // All-ones bytes: NaN in T and in bf16.
+  std::vector<unsigned char> k_cache(cache_elems * KvElementBytes<T>(cache_dtype), 0xFF);
+  std::vector<unsigned char> v_cache(k_cache.size(), 0xFF);
   KvSource<T> kv;
   kv.row_stride = cache_stride;
   kv.block_table = table.data();
   kv.block_size = block_size;
+  kv.dtype = cache_dtype;
   std::vector<int64_t> dst(p.tk);
   for (int t = 0; t < p.tk; ++t) dst[t] = kv.PhysicalRow(t);
   const std::vector<T> k = testing::Cast<T>(p.k), v = testing::Cast<T>(p.v);
   backend.StoreKv(k.data(), v.data(), p.tk, row_elems, row_elems, dst.data(), k_cache.data(),
-                  v_cache.data(), cache_stride);
+                  v_cache.data(), cache_stride, cache_dtype);
   kv.k = k_cache.data();
   kv.v = v_cache.data();
 
@@ -309,6 +312,45 @@ TEST(CpuBackendTest, AttentionMatchesReferenceContiguousAndPaged) {
       ASSERT_TRUE(ref_paged.status.ok()) << what;
       for (size_t e = 0; e < want.out.size(); ++e) ASSERT_EQ(ref_paged.out[e], want.out[e]) << what;
       ExpectAttentionClose(p, RunPaged(cpu, p, block_size, rng), want, what);
+    }
+  }
+}
+
+// x rounded to the nearest bf16 (8 significant bits), ties to even: x / ulp rounded by
+// nearbyint in the default rounding mode, for normal x. Independent of kernels/dtype.h's
+// bit manipulation.
+double RoundToBf16(double x) {
+  if (x == 0.0) return x;
+  const double ulp = std::ldexp(1.0, std::ilogb(x) - 7);
+  return std::nearbyint(x / ulp) * ulp;
+}
+
+// On a bf16 cache, attention sees each key and value rounded to bf16 once, as it was
+// stored: the reference through the block table equals the reference on the rounded K and V
+// exactly, and the fast backend is as close to it as on a float cache.
+TEST(CpuBackendTest, AttentionOnABf16CacheReadsTheRoundedValues) {
+  std::mt19937_64 rng(29);
+  ReferenceBackend ref;
+  CpuBackend cpu(3);
+  const std::vector<AttnConfig> configs = {
+      {7, 7, 4, 4, 16, 0, true, false},      {13, 13, 8, 4, 32, 0, true, false},
+      {1, 50, 8, 2, 128, 49, true, false},   {7, 30, 4, 4, 8, 23, true, true},
+      {3, 300, 16, 8, 72, 297, true, false},
+  };
+  for (const AttnConfig& c : configs) {
+    const AttnProblem p = MakeProblem(c, rng);
+    AttnProblem rounded = p;
+    for (std::vector<double>* kv : {&rounded.k, &rounded.v}) {
+      for (double& x : *kv) x = RoundToBf16(x);
+    }
+    ASSERT_NE(rounded.k, p.k) << "float inputs that bf16 holds exactly test nothing";
+    const AttnResult want = testing::RunAttention(ref, rounded);
+    for (int block_size : {1, 16, 7}) {
+      const std::string what = c.Name() + absl::StrCat(" block_size=", block_size, " bf16");
+      const AttnResult ref_paged = RunPaged(ref, p, block_size, rng, KvDtype::kBF16);
+      ASSERT_TRUE(ref_paged.status.ok()) << what;
+      for (size_t e = 0; e < want.out.size(); ++e) ASSERT_EQ(ref_paged.out[e], want.out[e]) << what;
+      ExpectAttentionClose(rounded, RunPaged(cpu, p, block_size, rng, KvDtype::kBF16), want, what);
     }
   }
 }

@@ -1,6 +1,7 @@
 // Every non-attention op on both CPU backends against values worked out by hand or
 // straight from the op's formula.
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <numbers>
@@ -232,7 +233,8 @@ TYPED_TEST(OpsTest, StoreKvWritesOnlyTheNamedRows) {
   const std::vector<T> k = {1, 2, 3, -9, 4, 5, 6, -9}, v = {7, 8, 9, -9, 10, 11, 12, -9};
   std::vector<T> kc(30, -1), vc(30, -1);
   const int64_t rows[2] = {5, 1};
-  this->backend_->StoreKv(k.data(), v.data(), 2, 4, 3, rows, kc.data(), vc.data(), 5);
+  this->backend_->StoreKv(k.data(), v.data(), 2, 4, 3, rows, kc.data(), vc.data(), 5,
+                          KvDtype::kActivation);
   for (int e = 0; e < 30; ++e) {
     const int row = e / 5, col = e % 5;
     double want_k = -1, want_v = -1;
@@ -249,9 +251,26 @@ TYPED_TEST(OpsTest, StoreKvSkipsPaddingRows) {
   const std::vector<T> k = {1, 2, 3, 4}, v = {5, 6, 7, 8};
   std::vector<T> kc(6, -1), vc(6, -1);
   const int64_t rows[2] = {-1, 2};
-  this->backend_->StoreKv(k.data(), v.data(), 2, 2, 2, rows, kc.data(), vc.data(), 2);
+  this->backend_->StoreKv(k.data(), v.data(), 2, 2, 2, rows, kc.data(), vc.data(), 2,
+                          KvDtype::kActivation);
   EXPECT_EQ(kc, (std::vector<T>{-1, -1, -1, -1, 3, 4}));
   EXPECT_EQ(vc, (std::vector<T>{-1, -1, -1, -1, 7, 8}));
+}
+
+// A bf16 cache stores each value rounded to nearest, ties to even (bits by hand: 1 + 2^-8
+// is halfway between 1 (0x3F80) and 1 + 2^-7 (0x3F81) and goes to the even 0x3F80;
+// 1 + 3·2^-9 rounds up to 0x3F81; 1 + 2^-7 + 2^-8 is halfway and goes to the even 0x3F82
+// (1 + 2^-6); −2.5 is exact, 0xC020). Padding rows store nothing.
+TYPED_TEST(OpsTest, StoreKvRoundsIntoABf16Cache) {
+  using T = typename TestFixture::T;
+  const std::vector<T> k = {T(1 + 1.0 / 256), T(1 + 3.0 / 512), 9, 9};
+  const std::vector<T> v = {T(1 + 1.0 / 128 + 1.0 / 256), T(-2.5), 9, 9};
+  std::vector<uint16_t> kc(6, 0xFFFF), vc(6, 0xFFFF);
+  const int64_t rows[2] = {1, -1};
+  this->backend_->StoreKv(k.data(), v.data(), 2, 2, 2, rows, kc.data(), vc.data(), 3,
+                          KvDtype::kBF16);
+  EXPECT_EQ(kc, (std::vector<uint16_t>{0xFFFF, 0xFFFF, 0xFFFF, 0x3F80, 0x3F81, 0xFFFF}));
+  EXPECT_EQ(vc, (std::vector<uint16_t>{0xFFFF, 0xFFFF, 0xFFFF, 0x3F82, 0xC020, 0xFFFF}));
 }
 
 }  // namespace

@@ -411,7 +411,7 @@ inline ParityResult StoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
   rows[2] = -1;  // a padding row: stored nowhere
   std::vector<double> k_ref(size_t(cache_rows) * cache_stride, kNaN), v_ref = k_ref;
   ReferenceBackend().StoreKv(k.data(), v.data(), n, src_stride, row_elems, rows.data(),
-                             k_ref.data(), v_ref.data(), cache_stride);
+                             k_ref.data(), v_ref.data(), cache_stride, KvDtype::kActivation);
   auto dk = ToDevice(k);
   auto dv = ToDevice(v);
   auto dkc = ToDevice(std::vector<double>(k_ref.size(), kNaN));
@@ -420,7 +420,7 @@ inline ParityResult StoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
     return Failed(name, absl::InternalError("upload"));
   }
   gpu.StoreKv(dk->as<float>(), dv->as<float>(), n, src_stride, row_elems, rows.data(),
-              dkc->as<float>(), dvc->as<float>(), cache_stride);
+              dkc->as<float>(), dvc->as<float>(), cache_stride, KvDtype::kActivation);
   auto kc = FromDevice(gpu, *dkc, k_ref.size());
   auto vc = FromDevice(gpu, *dvc, k_ref.size());
   if (!kc.ok() || !vc.ok()) return Failed(name, !kc.ok() ? kc.status() : vc.status());
@@ -451,7 +451,7 @@ inline ParityResult RopeQKStoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
   std::vector<double> kc_ref(size_t(cache_rows) * cache_stride, kNaN), vc_ref = kc_ref;
   ReferenceBackend().RopeQKStoreKv(q_ref.data(), qs, qh, k_ref.data(), v.data(), kvs, kh, n, dh,
                                    positions.data(), theta, style, rows.data(), kc_ref.data(),
-                                   vc_ref.data(), cache_stride);
+                                   vc_ref.data(), cache_stride, KvDtype::kActivation);
   NaiveRope(q_naive, n, qs, qh, dh, positions, theta, style);
   NaiveRope(k_naive, n, kvs, kh, dh, positions, theta, style);
   std::vector<double> kc_naive = kc_ref, vc_naive = vc_ref;  // NaN where nothing is stored
@@ -472,7 +472,7 @@ inline ParityResult RopeQKStoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
   }
   gpu.RopeQKStoreKv(dq->as<float>(), qs, qh, dk->as<float>(), dv->as<float>(), kvs, kh, n, dh,
                     positions.data(), theta, style, rows.data(), dkc->as<float>(), dvc->as<float>(),
-                    cache_stride);
+                    cache_stride, KvDtype::kActivation);
   std::vector<double> got, naive, ref;
   const std::pair<const DeviceBuffer*, size_t> outs[] = {
       {&*dq, q.size()}, {&*dk, k.size()}, {&*dkc, kc_ref.size()}, {&*dvc, kc_ref.size()}};

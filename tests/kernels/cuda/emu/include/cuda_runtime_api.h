@@ -22,6 +22,10 @@ struct alignas(16) float4 {
   float x, y, z, w;
 };
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+// 8-byte aligned, as in CUDA (a bf16 KV cache's four-element loads).
+struct alignas(8) uint2 {
+  unsigned int x, y;
+};
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
