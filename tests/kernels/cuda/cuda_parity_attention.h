@@ -24,6 +24,7 @@ struct AttnShape {
   int kv_pad = 4;          // floats past a cache row's heads (not a multiple of 4: scalar loads)
   bool want_maps = false;  // request probs and scores (materialising kernel)
   bool want_probs_only = false;
+  bool bf16_cache = false;  // K and V stored in bf16 (the reference reads the rounded values)
 };
 
 // The host naive run of the path the backend picks: fp16-rounded Q, K, P, V with fp32
@@ -95,6 +96,11 @@ inline AttnInputs MakeAttnInputs(const AttnShape& s, std::mt19937_64& rng) {
   in.q = kernels::testing::RandomFloatExact(rng, size_t(s.tq) * in.q_width, -2, 2);
   in.k = kernels::testing::RandomFloatExact(rng, size_t(s.tk) * in.kv_width, -2, 2);
   in.v = kernels::testing::RandomFloatExact(rng, size_t(s.tk) * in.kv_width);
+  if (s.bf16_cache) {  // what a bf16 cache holds: the reference and naive runs read these
+    for (std::vector<double>* x : {&in.k, &in.v}) {
+      for (double& e : *x) e = RoundTo(DType::kBF16, e);
+    }
+  }
   for (size_t d = 0; d < s.doc_lengths.size(); ++d)
     in.docs.insert(in.docs.end(), s.doc_lengths[d], int32_t(d));
   const int needed = (s.tk + s.block_size - 1) / s.block_size;
@@ -121,7 +127,8 @@ inline AttnInputs MakeAttnInputs(const AttnShape& s, std::mt19937_64& rng) {
 
 inline std::string ShapeName(const char* op, const AttnShape& s) {
   return absl::StrCat(op, " ", s.label, " (Tq=", s.tq, " Tk=", s.tk, " H=", s.heads, "/",
-                      s.kv_heads, " Dh=", s.dh, " off=", s.offset, ")");
+                      s.kv_heads, " Dh=", s.dh, " off=", s.offset, ")",
+                      s.bf16_cache ? " bf16 cache" : "");
 }
 
 inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64& rng,
@@ -161,8 +168,8 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
   if (absl::Status st = ReferenceBackend().Attention(ra); !st.ok()) return {Failed(name, st)};
 
   auto dq = ToDevice(qs);
-  auto dk = ToDevice(kc);
-  auto dv = ToDevice(vc);
+  auto dk = s.bf16_cache ? ToDeviceBf16(kc) : ToDevice(kc);
+  auto dv = s.bf16_cache ? ToDeviceBf16(vc) : ToDevice(vc);
   auto dout = ToDevice(std::vector<double>(size_t(s.tq) * q_stride, kNaN));
   auto dprobs = ToDevice(std::vector<double>(maps ? map_size : 1, kNaN));
   auto dscores = ToDevice(std::vector<double>(maps ? map_size : 1, kNaN));
@@ -182,7 +189,9 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
   a.scale = scale;
   a.q_doc_ids = ra.q_doc_ids;
   a.k_doc_ids = ra.k_doc_ids;
-  a.kv = KvSource<float>{dk->as<float>(), dv->as<float>(), kv_stride, table.data(), s.block_size};
+  a.kv = KvSource<float>{dk->get(),    dv->get(),
+                         kv_stride,    table.data(),
+                         s.block_size, s.bf16_cache ? KvDtype::kBF16 : KvDtype::kActivation};
   a.out = dout->as<float>();
   a.out_stride = q_stride;
   if (maps) a.probs = dprobs->as<float>();
@@ -528,6 +537,60 @@ inline std::vector<AttnShape> AttentionShapes() {
        .kv_heads = 1,
        .dh = 64,
        .want_probs_only = true});
+  // A bf16 cache (--kv-cache-dtype bf16): each kernel's loads of four bf16 (8 bytes) or of
+  // single values (odd strides, Dh 50), widened to fp32 as they arrive.
+  add({.label = "prefill offset GQA 8/4",
+       .tq = 70,
+       .tk = 200,
+       .heads = 8,
+       .kv_heads = 4,
+       .dh = 128,
+       .offset = 130,
+       .bf16_cache = true});
+  add({.label = "prefill non-causal odd stride GQA 4/2",
+       .tq = 90,
+       .tk = 77,
+       .heads = 4,
+       .kv_heads = 2,
+       .dh = 128,
+       .causal = false,
+       .kv_pad = 3,
+       .bf16_cache = true});
+  add({.label = "decode long GQA 8/1",
+       .tq = 1,
+       .tk = 3000,
+       .heads = 8,
+       .kv_heads = 1,
+       .dh = 128,
+       .offset = 2999,
+       .bf16_cache = true});
+  add({.label = "decode scalar loads GQA 12/1",
+       .tq = 1,
+       .tk = 900,
+       .heads = 12,
+       .kv_heads = 1,
+       .dh = 50,
+       .offset = 899,
+       .block_size = 8,
+       .bf16_cache = true});
+  add({.label = "decode head size 256 GQA 8/1",
+       .tq = 2,
+       .tk = 520,
+       .heads = 8,
+       .kv_heads = 1,
+       .dh = 256,
+       .offset = 518,
+       .bf16_cache = true});
+  add({.label = "maps docs offset GQA 8/4",
+       .tq = 20,
+       .tk = 60,
+       .heads = 8,
+       .kv_heads = 4,
+       .dh = 128,
+       .offset = 40,
+       .doc_lengths = {35, 25},
+       .want_maps = true,
+       .bf16_cache = true});
   return shapes;
 }
 

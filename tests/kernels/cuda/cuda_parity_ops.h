@@ -490,6 +490,88 @@ inline ParityResult RopeQKStoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
   return Judge(name, got, naive, ref);
 }
 
+// StoreKv into a bf16 cache against the reference's: every value rounded to nearest-even
+// bf16 (the inputs are floats, so the reference's rounding through float is the same
+// rounding), NaN wherever nothing is stored. Exact.
+inline ParityResult StoreKvBf16Case(CudaBackend& gpu, std::mt19937_64& rng) {
+  const std::string name = "StoreKv into a NaN-filled bf16 cache (one padding row)";
+  const int n = 6, cache_rows = 40;
+  const int64_t row_elems = 24, src_stride = 30, cache_stride = 28;
+  const std::vector<double> k = kernels::testing::RandomFloatExact(rng, size_t(n) * src_stride);
+  const std::vector<double> v = kernels::testing::RandomFloatExact(rng, size_t(n) * src_stride);
+  std::vector<int64_t> rows(cache_rows);
+  std::iota(rows.begin(), rows.end(), 0);
+  std::shuffle(rows.begin(), rows.end(), rng);
+  rows.resize(n);
+  rows[4] = -1;  // a padding row: stored nowhere
+  const size_t cache_elems = size_t(cache_rows) * cache_stride;
+  std::vector<uint16_t> kb(cache_elems, 0xFFFF), vb(cache_elems, 0xFFFF);
+  ReferenceBackend().StoreKv(k.data(), v.data(), n, src_stride, row_elems, rows.data(), kb.data(),
+                             vb.data(), cache_stride, KvDtype::kBF16);
+  std::vector<double> want(2 * cache_elems);
+  for (size_t e = 0; e < cache_elems; ++e) {
+    want[e] = BF16ToF32(kb[e]);
+    want[cache_elems + e] = BF16ToF32(vb[e]);
+  }
+  auto dk = ToDevice(k);
+  auto dv = ToDevice(v);
+  auto dkc = ToDeviceBf16(std::vector<double>(cache_elems, kNaN));
+  auto dvc = ToDeviceBf16(std::vector<double>(cache_elems, kNaN));
+  if (!dk.ok() || !dv.ok() || !dkc.ok() || !dvc.ok()) {
+    return Failed(name, absl::InternalError("upload"));
+  }
+  gpu.StoreKv(dk->as<float>(), dv->as<float>(), n, src_stride, row_elems, rows.data(), dkc->get(),
+              dvc->get(), cache_stride, KvDtype::kBF16);
+  auto kc = FromDeviceBf16(gpu, *dkc, cache_elems);
+  auto vc = FromDeviceBf16(gpu, *dvc, cache_elems);
+  if (!kc.ok() || !vc.ok()) return Failed(name, !kc.ok() ? kc.status() : vc.status());
+  kc->insert(kc->end(), vc->begin(), vc->end());
+  return Judge(name, *kc, want, want);  // a rounding of the same floats: exact
+}
+
+// RopeQKStoreKv into a bf16 cache: the cache holds exactly the bf16 rounding (on the host,
+// kernels/dtype.h) of the k the kernel rotated, which it returns, and of v; NaN elsewhere.
+// (The rotation itself is the float case's row.) Exact.
+inline ParityResult RopeQKStoreKvBf16Case(CudaBackend& gpu, std::mt19937_64& rng) {
+  const std::string name = "RopeQKStoreKv adjacent-pairs Dh=128 heads 8/2 into a bf16 cache";
+  const int n = 4, qh = 8, kh = 2, dh = 128, cache_rows = 16;
+  const int64_t qs = int64_t{qh} * dh, kvs = int64_t{kh} * dh, cache_stride = kh * dh;
+  const std::vector<int32_t> positions = {3, 0, 1000, 17};
+  const std::vector<double> q = kernels::testing::RandomFloatExact(rng, size_t(n) * qs, -2, 2);
+  const std::vector<double> k = kernels::testing::RandomFloatExact(rng, size_t(n) * kvs, -2, 2);
+  const std::vector<double> v = kernels::testing::RandomFloatExact(rng, size_t(n) * kvs, -2, 2);
+  std::vector<int64_t> rows = {9, 2, -1, 14};
+  const size_t cache_elems = size_t(cache_rows) * cache_stride;
+  auto dq = ToDevice(q);
+  auto dk = ToDevice(k);
+  auto dv = ToDevice(v);
+  auto dkc = ToDeviceBf16(std::vector<double>(cache_elems, kNaN));
+  auto dvc = ToDeviceBf16(std::vector<double>(cache_elems, kNaN));
+  if (!dq.ok() || !dk.ok() || !dv.ok() || !dkc.ok() || !dvc.ok()) {
+    return Failed(name, absl::InternalError("upload"));
+  }
+  gpu.RopeQKStoreKv(dq->as<float>(), qs, qh, dk->as<float>(), dv->as<float>(), kvs, kh, n, dh,
+                    positions.data(), 10000.0, RopeStyle::kAdjacentPairs, rows.data(), dkc->get(),
+                    dvc->get(), cache_stride, KvDtype::kBF16);
+  auto rotated_k = FromDevice(gpu, *dk, k.size());
+  auto kc = FromDeviceBf16(gpu, *dkc, cache_elems);
+  auto vc = FromDeviceBf16(gpu, *dvc, cache_elems);
+  if (!rotated_k.ok() || !kc.ok() || !vc.ok()) {
+    return Failed(name, absl::InternalError("download"));
+  }
+  if (MaxErr(*rotated_k, k) == 0.0) return Failed(name, absl::InternalError("k was not rotated"));
+  std::vector<double> want(2 * cache_elems, kNaN);
+  for (int r = 0; r < n; ++r) {
+    if (rows[r] < 0) continue;
+    for (int64_t e = 0; e < kvs; ++e) {
+      want[rows[r] * cache_stride + e] = RoundTo(DType::kBF16, (*rotated_k)[r * kvs + e]);
+      want[cache_elems + rows[r] * cache_stride + e] = RoundTo(DType::kBF16, v[r * kvs + e]);
+    }
+  }
+  kc->insert(kc->end(), vc->begin(), vc->end());
+  return Judge(name, *kc, want, want);
+}
+
 }  // namespace kvlens::kernels::cuda::parity
 
 #endif  // KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_OPS_H_

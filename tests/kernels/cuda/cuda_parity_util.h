@@ -127,6 +127,31 @@ inline absl::StatusOr<std::vector<double>> FromDevice(CudaBackend& backend, cons
   return std::vector<double>(f.begin(), f.end());
 }
 
+// A bf16 KV cache on the device: each value rounded to nearest-even bf16 (NaN stays NaN).
+inline absl::StatusOr<DeviceBuffer> ToDeviceBf16(const std::vector<double>& h) {
+  std::vector<uint16_t> bits(h.size());
+  for (size_t i = 0; i < h.size(); ++i) bits[i] = F32ToBF16(static_cast<float>(h[i]));
+  DeviceBuffer b;
+  if (absl::Status s = b.Reserve(std::max<size_t>(bits.size(), 1) * sizeof(uint16_t)); !s.ok()) {
+    return s;
+  }
+  KVLENS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(b.get(), bits.data(), bits.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  return b;
+}
+
+// n bf16 values of a device buffer, widened.
+inline absl::StatusOr<std::vector<double>> FromDeviceBf16(CudaBackend& backend,
+                                                          const DeviceBuffer& b, size_t n) {
+  if (absl::Status s = backend.Synchronize(); !s.ok()) return s;
+  std::vector<uint16_t> bits(n);
+  KVLENS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(bits.data(), b.get(), n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+  std::vector<double> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = BF16ToF32(bits[i]);
+  return out;
+}
+
 }  // namespace kvlens::kernels::cuda::parity
 
 #endif  // KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_UTIL_H_
