@@ -90,14 +90,16 @@ std::string Greedy(const Model& model, kernels::Backend<float>& backend, int max
 
 // Logits of every position of `tokens` in one prefill (NaN cache, scattered blocks).
 std::vector<float> AllLogits(const Model& model, kernels::Backend<float>& backend,
-                             const std::vector<int32_t>& tokens, int chunk) {
+                             const std::vector<int32_t>& tokens, int chunk,
+                             kernels::KvDtype cache_dtype = kernels::KvDtype::kActivation) {
   const int bs = 7, blocks = static_cast<int>(tokens.size() + bs - 1) / bs;
   std::vector<int32_t> table(blocks);
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), std::mt19937(7));
   for (int32_t& b : table) b = 2 * b + 1;  // odd blocks only: even ones stay NaN
-  auto cache = KvCacheStorage<float>::Create(backend.memory(), model.config.num_layers,
-                                             2 * blocks + 1, bs, model.config.kv_dim(), true);
+  auto cache =
+      KvCacheStorage<float>::Create(backend.memory(), model.config.num_layers, 2 * blocks + 1, bs,
+                                    model.config.kv_dim(), true, cache_dtype);
   EXPECT_TRUE(cache.ok()) << cache.status();
   if (!cache.ok()) return {};
   Transformer<float> tr(model, backend);
@@ -223,7 +225,8 @@ TEST(CudaEngineLogits, LlamaHeadSize64FlashAndSplitKvWithinToleranceOfCpu) {
 // One engine step over several sequences: three decode tokens and a 4-token chunk in one
 // Forward (CudaBackend::AttentionBatch: one split-KV launch for them), after each
 // sequence's prompt was prefilled on its own; against the same steps on the CpuBackend.
-std::vector<float> BatchedStepLogits(const Model& model, kernels::Backend<float>& backend) {
+std::vector<float> BatchedStepLogits(const Model& model, kernels::Backend<float>& backend,
+                                     kernels::KvDtype cache_dtype = kernels::KvDtype::kActivation) {
   const std::vector<std::vector<int32_t>> prompts = {
       model.tokenizer->Encode("In the beginning God created", false),
       model.tokenizer->Encode("And the LORD spake unto Moses, saying, Speak unto", false),
@@ -233,7 +236,7 @@ std::vector<float> BatchedStepLogits(const Model& model, kernels::Backend<float>
   const int max_len = 64, per_seq = max_len / bs;
   auto cache = KvCacheStorage<float>::Create(backend.memory(), model.config.num_layers,
                                              static_cast<int>(prompts.size()) * per_seq * 2, bs,
-                                             model.config.kv_dim(), true);
+                                             model.config.kv_dim(), true, cache_dtype);
   EXPECT_TRUE(cache.ok()) << cache.status();
   if (!cache.ok()) return {};
   // Sequence s owns blocks s, s + 4, s + 8, … (interleaved), every other block stays NaN.
@@ -276,6 +279,63 @@ TEST(CudaEngineBatch, OneStepOverSeveralSequencesWithinToleranceOfCpu) {
   const std::vector<float> want = BatchedStepLogits(*model, cpu);
   ASSERT_EQ(want.size(), size_t{7} * model->config.vocab_size);  // 3 decode rows + 4 chunk rows
   ExpectClose(BatchedStepLogits(*model, cuda), want, 1e-4, 1e-5);
+}
+
+// fp32 paths on a bf16 cache: CUDA's logits against the CpuBackend's on a bf16 cache
+// differ by more than on a float cache, because a key or value that the two backends
+// compute a float ulp apart can round to neighbouring bf16 values (2^-8 apart); those
+// flips are rare, so the difference stays well below what the bf16 cache itself moves
+// (the CpuBackend on a bf16 against a float cache). Measured on the emulator, split-KV
+// chunks of 7: 1.2e-3 against 2.7e-2 moved (on float caches the backends differ by 7.5e-6).
+void ExpectBf16CacheAgreement(const std::vector<float>& cuda_bf16,
+                              const std::vector<float>& cpu_bf16,
+                              const std::vector<float>& cpu_f32) {
+  ASSERT_EQ(cuda_bf16.size(), cpu_bf16.size());
+  ASSERT_EQ(cpu_f32.size(), cpu_bf16.size());
+  double err = 0, moved = 0;
+  for (size_t i = 0; i < cpu_bf16.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(cuda_bf16[i])) << "value " << i << " is " << cuda_bf16[i];
+    err = std::max(err, std::abs(static_cast<double>(cuda_bf16[i]) - cpu_bf16[i]));
+    moved = std::max(moved, std::abs(static_cast<double>(cpu_bf16[i]) - cpu_f32[i]));
+  }
+  std::cerr << "[ CUDA     ] bf16 cache: max error " << err << ", the cache type moves " << moved
+            << "\n";
+  EXPECT_GT(moved, 0.0);
+  EXPECT_LE(err, moved / 4);
+}
+
+// A bf16 KV cache (--kv-cache-dtype bf16): the head-size-64 model's flash prefill (fp16
+// tensor cores: the float cache's tolerance) and split-KV chunks, and one batched step of
+// the default model (AttentionBatch).
+TEST(CudaEngineLogits, Bf16CacheWithinToleranceOfCpu) {
+  KVLENS_REQUIRE_CUDA(cuda);
+  constexpr auto kBf16 = kernels::KvDtype::kBF16;
+  testing::TinySpec spec;
+  spec.arch = Architecture::kLlama;
+  spec.rope_style = kernels::RopeStyle::kHalfSplit;
+  spec.dim = 256;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.hidden = 384;
+  spec.layers = 2;
+  spec.vocab = 50;
+  spec.max_seq = 320;
+  spec.seed = 4;
+  const std::unique_ptr<Model> model = testing::MakeTinyModel(spec);
+  std::mt19937 rng(6);
+  std::vector<int32_t> tokens(300);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
+  kernels::CpuBackend cpu(2);
+  ExpectClose(AllLogits(*model, cuda, tokens, 300, kBf16),
+              AllLogits(*model, cpu, tokens, 300, kBf16), 1e-2, 1e-3);
+  ExpectBf16CacheAgreement(AllLogits(*model, cuda, tokens, 7, kBf16),
+                           AllLogits(*model, cpu, tokens, 7, kBf16),
+                           AllLogits(*model, cpu, tokens, 7));
+  KVLENS_REQUIRE_FILE(testing::DefaultModelPath());
+  auto bible = Load(testing::DefaultModelPath());
+  ASSERT_NE(bible, nullptr);
+  ExpectBf16CacheAgreement(BatchedStepLogits(*bible, cuda, kBf16),
+                           BatchedStepLogits(*bible, cpu, kBf16), BatchedStepLogits(*bible, cpu));
 }
 
 TEST(CudaEngineDecode, IncrementalEqualsFullRecomputeOverANanCache) {
