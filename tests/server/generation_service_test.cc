@@ -56,6 +56,32 @@ TEST(GenerationServiceTest, StreamsTheOfflineGreedyText) {
   EXPECT_EQ(r.text, text + decoder.Flush());
 }
 
+// --kv-cache-dtype bf16: GetModelInfo says so, the blocks are the same count, and the
+// stream equals offline generation on a bf16 cache token for token.
+TEST(GenerationServiceTest, Bf16KvCacheServesTheOfflineBf16Text) {
+  EngineOptions options = TestServer::DefaultOptions();
+  options.kv_cache_dtype = kernels::KvDtype::kBF16;
+  START_SERVER(server, options);
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    v1::ModelInfo info;
+    ASSERT_TRUE(server.stub().GetModelInfo(&context, {}, &info).ok());
+    EXPECT_EQ(info.kv_cache_dtype(), "bf16");
+    EXPECT_EQ(info.num_blocks(), 256);
+  }
+  const StreamResult r = RunGenerate(server.stub(), GreedyRequest("Once upon a time", 40));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  kernels::CpuBackend backend(1);
+  const std::vector<int32_t> prompt = server.model().tokenizer->Encode("Once upon a time", true);
+  GenerateOptions offline_options;
+  offline_options.max_new_tokens = 40;
+  offline_options.kv_cache_dtype = kernels::KvDtype::kBF16;
+  auto offline = Generate<float>(server.model(), backend, prompt, offline_options);
+  ASSERT_TRUE(offline.ok()) << offline.status();
+  EXPECT_EQ(r.tokens, offline->tokens);
+}
+
 TEST(GenerationServiceTest, TokenIdPromptsGiveTheSameStreamAsText) {
   START_SERVER(server);
   v1::GenerateRequest request = GreedyRequest("", 20);
@@ -122,6 +148,7 @@ TEST(GenerationServiceTest, GetModelInfo) {
   EXPECT_EQ(info.block_size(), 16);
   EXPECT_EQ(info.num_blocks(), 256);
   EXPECT_EQ(info.backend(), "cpu-f32");
+  EXPECT_EQ(info.kv_cache_dtype(), "f32");
   EXPECT_FALSE(info.dtype().empty());
 }
 

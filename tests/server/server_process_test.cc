@@ -147,6 +147,15 @@ TEST(ServerProcessTest, DeviceBogusIsRejectedNamingTheFlag) {
       << out;
 }
 
+TEST(ServerProcessTest, KvCacheDtypeBogusIsRejectedNamingTheFlag) {
+  const auto [code, out] = RunServerToExit("--kv-cache-dtype fp8");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("--kv-cache-dtype: kv_cache_dtype: unknown type \"fp8\" (expected auto or "
+                     "bf16)"),
+            std::string::npos)
+      << out;
+}
+
 TEST(ServerProcessTest, ServesThenDrainsOnSigtermAndExitsZero) {
   KVLENS_REQUIRE_FILE(Stories260KPath());
   ServerProcess server(Stories260KPath());

@@ -117,6 +117,26 @@ TEST(GenerateCliTest, DeviceBogusIsRejectedNamingTheFlag) {
   EXPECT_NE(r.out.find("--precision fp64 runs on the CPU only"), std::string::npos) << r.out;
 }
 
+// --kv-cache-dtype bf16: the fp32 path and the double reference, both on a bf16 cache,
+// generate the same greedy text; an unknown type is named.
+TEST(GenerateCliTest, Bf16KvCacheFp32AndFp64Agree) {
+  const std::string gguf = TestData("stories260K/stories260K.gguf");
+  KVLENS_REQUIRE_FILE(gguf);
+  const std::string base = "generate --model " + gguf +
+                           " --prompt 'Once upon a time' --max-new-tokens 40 --kv-cache-dtype bf16";
+  const RunResult fp32 = RunCli(base), fp64 = RunCli(base + " --precision fp64");
+  ASSERT_EQ(fp32.exit_code, 0);
+  ASSERT_EQ(fp64.exit_code, 0);
+  EXPECT_EQ(fp32.out, fp64.out);
+  EXPECT_EQ(fp32.out.rfind("Once upon a time", 0), 0u) << fp32.out;
+  const RunResult bad =
+      RunCli("generate --model " + gguf + " --prompt x --kv-cache-dtype fp8 2>&1");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--kv-cache-dtype: kv_cache_dtype: unknown type \"fp8\""),
+            std::string::npos)
+      << bad.out;
+}
+
 TEST(GenerateCliTest, BadFlagsNameTheFlag) {
   RunResult r = RunCli("generate --model /nonexistent.gguf --prompt x 2>&1");
   EXPECT_EQ(r.exit_code, 1);
