@@ -1,9 +1,10 @@
 // kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU.
 //   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
 //   2. benchmarks: prefill attention TFLOP/s (vs PyTorch SDPA numbers passed in with
-//      --sdpa FILE, lines "tokens tflops"), decode attention bandwidth vs a measured
-//      device-to-device copy, end-to-end decode tokens/s of a Llama-7B-shaped model with
-//      random bf16 weights at batch 1, 16, 64 vs the weight-bandwidth roofline.
+//      --sdpa FILE, lines "tokens tflops"), decode attention bandwidth (fp32 and bf16 KV
+//      caches) vs a measured device-to-device copy, end-to-end decode tokens/s of a
+//      Llama-7B-shaped model with random bf16 weights at batch 1, 16, 64 vs the
+//      weight-bandwidth roofline (fp32 cache without and with CUDA graphs, bf16 cache with).
 // Prints one table at the end, each row also to stderr as it is measured ("[row] …"), so a
 // hang or a failed benchmark keeps the rows before it; exits 1 when a parity case fails, 2 when no
 // device is usable, 3 when a benchmark's CUDA call fails.
@@ -234,58 +235,65 @@ void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, const Sizes
 void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
   const int heads = z.decode_heads, kv_heads = z.decode_kv_heads, dh = z.decode_dh,
             bs = z.decode_block;
-  for (int tk : z.decode_keys) {
-    const int blocks = (tk + bs - 1) / bs;
-    const size_t cache = size_t(blocks) * bs * kv_heads * dh;
-    float *kc = Alloc(cache), *vc = Alloc(cache), *q = Alloc(size_t(heads) * dh),
-          *o = Alloc(size_t(heads) * dh);
-    for (float* p : {kc, vc, q}) {
-      Fill(p, DType::kF32, int64_t(p == q ? heads * dh : cache), 7, 1.0f, b.stream());
+  for (int tk : z.decode_keys)
+    for (KvDtype cache_dtype : {KvDtype::kActivation, KvDtype::kBF16}) {
+      const bool bf16 = cache_dtype == KvDtype::kBF16;
+      const int blocks = (tk + bs - 1) / bs;
+      const size_t cache = size_t(blocks) * bs * kv_heads * dh;
+      const double cache_bytes = double(cache) * KvElementBytes<float>(cache_dtype);
+      // Alloc counts floats: a bf16 cache takes half as many.
+      float *kc = Alloc(bf16 ? (cache + 1) / 2 : cache),
+            *vc = Alloc(bf16 ? (cache + 1) / 2 : cache), *q = Alloc(size_t(heads) * dh),
+            *o = Alloc(size_t(heads) * dh);
+      Fill(q, DType::kF32, int64_t{heads} * dh, 7, 1.0f, b.stream());
+      for (float* p : {kc, vc}) {
+        Fill(p, bf16 ? DType::kBF16 : DType::kF32, int64_t(cache), 7, 1.0f, b.stream());
+      }
+      std::vector<int32_t> table(blocks);
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), std::mt19937(1));
+      AttentionArgs<float> a;
+      a.q = q;
+      a.q_stride = heads * dh;
+      a.num_queries = 1;
+      a.num_keys = tk;
+      a.query_offset = tk - 1;
+      a.num_heads = heads;
+      a.num_kv_heads = kv_heads;
+      a.head_dim = dh;
+      a.scale = 1.0 / std::sqrt(double(dh));
+      a.kv = KvSource<float>{kc, vc, int64_t{kv_heads} * dh, table.data(), bs, cache_dtype};
+      a.out = o;
+      a.out_stride = a.q_stride;
+      // One call at a time, each with its host-side checks and launches …
+      const double call_sec = TimeIt(b, 20, [&] { Must(b.Attention(a), "decode attention"); });
+      // … and the GPU's time alone: 20 calls captured in a CUDA graph, replayed. A model's
+      // step makes its calls while the GPU works (or replays them, with --cuda-graphs), so
+      // the host's part is not in a layer's time; at 8k keys it would be most of this one's.
+      constexpr int kCalls = 20;
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      if (!GC_CUDA(cudaStreamBeginCapture(b.stream(), cudaStreamCaptureModeThreadLocal)))
+        std::exit(3);
+      for (int c = 0; c < kCalls; ++c) Must(b.Attention(a), "decode attention (captured)");
+      if (!GC_CUDA(cudaStreamEndCapture(b.stream(), &graph)) ||
+          !GC_CUDA(cudaGraphInstantiate(&exec, graph, 0))) {
+        std::exit(3);
+      }
+      const double sec = TimeIt(b, 5, [&] { GC_CUDA(cudaGraphLaunch(exec, b.stream())); }) / kCalls;
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      const double bw = 2.0 * cache_bytes / sec;
+      rows.Add(
+          {bf16 ? "decode attention (paged, bf16 cache)" : "decode attention (paged, fp32 cache)",
+           absl::StrFormat("Tk=%d H=%d/%d Dh=%d bs=%d, graph replay %.1f us (one call with the "
+                           "host's part: %.0f us, %.0f GB/s)",
+                           tk, heads, kv_heads, dh, bs, sec * 1e6, call_sec * 1e6,
+                           2.0 * cache_bytes / call_sec / 1e9),
+           Fmt(bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(bw / copy_bw),
+           ">= 70%"});
+      for (float* p : {kc, vc, q, o}) cudaFree(p);
     }
-    std::vector<int32_t> table(blocks);
-    std::iota(table.begin(), table.end(), 0);
-    std::shuffle(table.begin(), table.end(), std::mt19937(1));
-    AttentionArgs<float> a;
-    a.q = q;
-    a.q_stride = heads * dh;
-    a.num_queries = 1;
-    a.num_keys = tk;
-    a.query_offset = tk - 1;
-    a.num_heads = heads;
-    a.num_kv_heads = kv_heads;
-    a.head_dim = dh;
-    a.scale = 1.0 / std::sqrt(double(dh));
-    a.kv = KvSource<float>{kc, vc, int64_t{kv_heads} * dh, table.data(), bs};
-    a.out = o;
-    a.out_stride = a.q_stride;
-    // One call at a time, each with its host-side checks and launches …
-    const double call_sec = TimeIt(b, 20, [&] { Must(b.Attention(a), "decode attention"); });
-    // … and the GPU's time alone: 20 calls captured in a CUDA graph, replayed. A model's
-    // step makes its calls while the GPU works (or replays them, with --cuda-graphs), so
-    // the host's part is not in a layer's time; at 8k keys it would be most of this one's.
-    constexpr int kCalls = 20;
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    if (!GC_CUDA(cudaStreamBeginCapture(b.stream(), cudaStreamCaptureModeThreadLocal)))
-      std::exit(3);
-    for (int c = 0; c < kCalls; ++c) Must(b.Attention(a), "decode attention (captured)");
-    if (!GC_CUDA(cudaStreamEndCapture(b.stream(), &graph)) ||
-        !GC_CUDA(cudaGraphInstantiate(&exec, graph, 0))) {
-      std::exit(3);
-    }
-    const double sec = TimeIt(b, 5, [&] { GC_CUDA(cudaGraphLaunch(exec, b.stream())); }) / kCalls;
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    const double bw = 2.0 * double(cache) * sizeof(float) / sec;
-    rows.Add({"decode attention (paged, fp32 cache)",
-              absl::StrFormat("Tk=%d H=%d/%d Dh=%d bs=%d, graph replay (one call with the host's "
-                              "part: %.0f us, %.0f GB/s)",
-                              tk, heads, kv_heads, dh, bs, call_sec * 1e6,
-                              2.0 * double(cache) * sizeof(float) / call_sec / 1e9),
-              Fmt(bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(bw / copy_bw),
-              ">= 70%"});
-    for (float* p : {kc, vc, q, o}) cudaFree(p);
-  }
 }
 
 // One bf16 weight of the model's FFN shape [ffn, d], read per product: n up to
@@ -350,12 +358,17 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
   const int max_tokens = ctx + steps + 2;
   const int blocks_per_seq = (max_tokens + bs - 1) / bs;
   const size_t cache_rows = size_t(max_batch) * blocks_per_seq * bs;
-  std::vector<float*> kc(L), vc(L);
+  // Both caches, fp32 and bf16 (--kv-cache-dtype bf16), of every layer.
+  std::vector<float*> kc(L), vc(L), kc16(L), vc16(L);
   for (int l = 0; l < L; ++l) {
     kc[l] = Alloc(cache_rows * D);
     vc[l] = Alloc(cache_rows * D);
+    kc16[l] = Alloc(cache_rows * D / 2);
+    vc16[l] = Alloc(cache_rows * D / 2);
     Fill(kc[l], DType::kF32, int64_t(cache_rows) * D, 1000 + l, 1.0f, b.stream());
     Fill(vc[l], DType::kF32, int64_t(cache_rows) * D, 2000 + l, 1.0f, b.stream());
+    Fill(kc16[l], DType::kBF16, int64_t(cache_rows) * D, 3000 + l, 1.0f, b.stream());
+    Fill(vc16[l], DType::kBF16, int64_t(cache_rows) * D, 4000 + l, 1.0f, b.stream());
   }
   float *x = Alloc(size_t(max_batch) * D), *xn = Alloc(size_t(max_batch) * D),
         *q = Alloc(size_t(max_batch) * D), *k = Alloc(size_t(max_batch) * D),
@@ -363,8 +376,13 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         *proj = Alloc(size_t(max_batch) * D), *h1 = Alloc(size_t(max_batch) * F),
         *h3 = Alloc(size_t(max_batch) * F), *logits = Alloc(size_t(max_batch) * V);
 
+  // Per batch: fp32 cache without and with graphs, then the bf16 cache with graphs.
   for (int batch : z.batches)
-    for (bool graphs : {false, true}) {
+    for (int run = 0; run < 3; ++run) {
+      const bool graphs = run > 0;
+      const KvDtype cache_dtype = run == 2 ? KvDtype::kBF16 : KvDtype::kActivation;
+      const std::vector<float*>& kcs = run == 2 ? kc16 : kc;
+      const std::vector<float*>& vcs = run == 2 ? vc16 : vc;
       b.SetCudaGraphs(graphs);
       std::vector<std::vector<int32_t>> tables(batch);
       for (int s = 0; s < batch; ++s) {
@@ -399,7 +417,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
               {w.wq, WeightView{}, q}, {w.wk, WeightView{}, k}, {w.wv, WeightView{}, v}};
           b.MatMulMany(xn, batch, qkv);
           b.RopeQKStoreKv(q, D, H, k, v, D, H, batch, Dh, positions.data(), 10000.0,
-                          RopeStyle::kHalfSplit, dst.data(), kc[l], vc[l], D, KvDtype::kActivation);
+                          RopeStyle::kHalfSplit, dst.data(), kcs[l], vcs[l], D, cache_dtype);
           calls.clear();
           for (int s = 0; s < batch; ++s) {
             AttentionArgs<float>& a = calls.emplace_back();
@@ -411,7 +429,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
             a.num_heads = a.num_kv_heads = H;
             a.head_dim = Dh;
             a.scale = 1.0 / std::sqrt(double(Dh));
-            a.kv = KvSource<float>{kc[l], vc[l], D, tables[s].data(), bs};
+            a.kv = KvSource<float>{kcs[l], vcs[l], D, tables[s].data(), bs, cache_dtype};
             a.out = att + size_t(s) * D;
             a.out_stride = D;
           }
@@ -443,7 +461,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
       const double tok_s = batch / sec;
       // Every weight byte read once per step at the copy's DRAM rate (KV reads not counted).
       const double roofline = batch * copy_bw / double(streamed_bytes);
-      rows.Add({absl::StrCat("end-to-end decode (", z.model, ", bf16 weights)"),
+      rows.Add({absl::StrCat("end-to-end decode (", z.model, ", bf16 weights",
+                             run == 2 ? ", bf16 KV cache)" : ")"),
                 absl::StrFormat("batch %d, context %d, %s, host %.0f us/step, %.0f index "
                                 "copies/step",
                                 batch, ctx,
@@ -455,9 +474,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
                 batch == 1 ? ">= 70%" : "-"});
     }
   b.SetCudaGraphs(true);
-  for (int l = 0; l < L; ++l) {
-    cudaFree(kc[l]);
-    cudaFree(vc[l]);
+  for (const std::vector<float*>* c : {&kc, &vc, &kc16, &vc16}) {
+    for (float* p : *c) cudaFree(p);
   }
   for (float* p : {x, xn, q, k, v, att, proj, h1, h3, logits}) cudaFree(p);
 }
