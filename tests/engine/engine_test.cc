@@ -4,8 +4,10 @@
 // errors naming the field.
 #include "engine/engine.h"
 
+#include <condition_variable>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <random>
 
 #include "engine/generator.h"
@@ -126,11 +128,27 @@ TEST_F(EngineTest, PreemptionRecomputesWithoutChangingResults) {
   o.block_size = 4;
   o.num_blocks = 14;  // 56 tokens for four requests of ~30 tokens each
   o.prefix_caching = false;
+  // The step thread waits after its first step until all four requests are in, so they
+  // run together however the threads are scheduled (else, on a loaded machine, the first
+  // could finish before the last arrives and nothing would be preempted).
   struct Counter : EngineObserver {
     std::atomic<int> preemptions{0};
-    void OnStep(const StepStats&) override {}
+    std::mutex mu;
+    std::condition_variable cv;
+    bool all_submitted = false;
+    void OnStep(const StepStats&) override {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return all_submitted; });
+    }
     void OnPreemption() override { ++preemptions; }
     void OnPrefixLookup(int, int) override {}
+    void Open() {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        all_submitted = true;
+      }
+      cv.notify_all();
+    }
   } counter;
   Engine engine(*model_, backend_, o, &counter);
   std::vector<std::future<Outcome>> futures;
@@ -143,8 +161,10 @@ TEST_F(EngineTest, PreemptionRecomputesWithoutChangingResults) {
   for (const GenerationRequest& r : reqs) {
     absl::Status s;
     futures.push_back(Start(engine, r, &s));
+    if (!s.ok()) counter.Open();
     ASSERT_TRUE(s.ok()) << s;
   }
+  counter.Open();
   for (size_t i = 0; i < futures.size(); ++i) EXPECT_EQ(futures[i].get().tokens, want[i]) << i;
   EXPECT_GT(counter.preemptions.load(), 0);
   EXPECT_EQ(BlocksUsedWhenIdle(engine), 0);
