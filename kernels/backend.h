@@ -47,7 +47,8 @@ struct KvSource {
   const T* Row(const void* base, int64_t t, int64_t col, int n, T* scratch) const {
     const int64_t at = PhysicalRow(t) * row_stride + col;
     if (dtype == KvDtype::kActivation) return static_cast<const T*>(base) + at;
-    for (int e = 0; e < n; ++e) scratch[e] = KvLoad<T>(base, at + e, dtype);
+    const uint16_t* bits = static_cast<const uint16_t*>(base) + at;  // bf16
+    for (int e = 0; e < n; ++e) scratch[e] = static_cast<T>(BF16ToF32(bits[e]));
     return scratch;
   }
   const T* KeyRow(int64_t t, int64_t col, int n, T* scratch) const {

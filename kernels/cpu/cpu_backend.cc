@@ -420,10 +420,52 @@ void CpuBackend::StoreKv(const float* k, const float* v, int n, int64_t src_stri
   }
 }
 
+// Asks for the cache lines of key (or value) t's n elements from column col: a paged
+// cache's rows lie in blocks in any order, where the hardware prefetcher cannot follow.
+inline void Prefetch(const KvSource<float>& kv, const void* base, int64_t t, int64_t col, int n) {
+  const int64_t bytes = n * KvElementBytes<float>(kv.dtype);
+  const char* p = static_cast<const char*>(base) +
+                  (kv.PhysicalRow(t) * kv.row_stride + col) * KvElementBytes<float>(kv.dtype);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+}
+
+// out[t] = Σ_i q[t][i]·k[i] for the m ≤ 4 vectors q[t] that meet the key row k: one pass
+// over k for all of them.
+inline void DotMany(const float* const* q, int m, const float* k, int64_t n, float* out) {
+  Vec acc[4] = {VZero(), VZero(), VZero(), VZero()};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const Vec kv = VLoad(k + i);
+    for (int t = 0; t < m; ++t) acc[t] = VFma(VLoad(q[t] + i), kv, acc[t]);
+  }
+  for (int t = 0; t < m; ++t) {
+    float sum = VSum(acc[t]);
+    for (int64_t r = i; r < n; ++r) sum += q[t][r] * k[r];
+    out[t] = sum;
+  }
+}
+
+// o[t][i] += w[t]·v[i] for m ≤ 4 outputs: one pass over the value row v.
+inline void AxpyMany(float* const* o, int m, const float* w, const float* v, int64_t n) {
+  Vec wv[4];
+  for (int t = 0; t < m; ++t) wv[t] = VSet1(w[t]);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const Vec vv = VLoad(v + i);
+    for (int t = 0; t < m; ++t) VStore(o[t] + i, VFma(wv[t], vv, VLoad(o[t] + i)));
+  }
+  for (int t = 0; t < m; ++t) {
+    for (int64_t r = i; r < n; ++r) o[t][r] += w[t] * v[r];
+  }
+}
+
 // Per (query row, head): scores of the causally reachable keys (−∞ for other documents),
 // max subtracted, exponentials summed in fp32, p = e / Σe, then out = Σ p_j v_j with those
-// very p. Tasks are (KV head, block of query rows), so the query heads sharing a KV head
-// reuse its keys from cache.
+// very p. A task is (KV head, tile of query rows): every (row, head) pair of the tile that
+// reads that KV head takes each key row, then each value row, in one pass (up to
+// kMaxPairs of them; at most 4 share a register pass). One read of a row — and for a bf16
+// cache one widening — serves the whole tile, so decode reads the cache once per KV head
+// (not once per query head) and a prefill chunk once per tile of rows.
 absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
   if (absl::Status s = ValidateAttentionArgs(a); !s.ok()) return s;
   if (absl::Status s = CheckEveryRowSeesAKey(a); !s.ok()) return s;
@@ -431,15 +473,20 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
   const int group = a.num_heads / a.num_kv_heads;
   const float scale = static_cast<float>(a.scale);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  // Enough tasks to balance causal rows of unequal length, not so many that they are tiny.
-  const int64_t work_per_row = static_cast<int64_t>(tk) * dh * group;
-  const int rows_per_task = static_cast<int>(std::clamp<int64_t>(
-      (int64_t{1} << 16) / std::max<int64_t>(work_per_row, 1), 1,
-      std::max<int64_t>(1, int64_t{tq} * a.num_kv_heads / (4 * pool_->num_threads()))));
+  constexpr int kMaxPairs = 64;
+  constexpr int kPrefetchAhead = 6;  // keys: a row's cache lines are asked for this early
+  // Rows of a tile: as many as fit kMaxPairs pairs, fewer when that would leave threads
+  // without a task.
+  const int64_t threads = pool_->num_threads();
+  const int rows_per_task = static_cast<int>(
+      std::clamp<int64_t>(std::min<int64_t>(kMaxPairs / std::max(group, 1),
+                                            int64_t{tq} * a.num_kv_heads / (4 * threads)),
+                          1, tq));
   const int row_blocks = (tq + rows_per_task - 1) / rows_per_task;
   const int64_t num_tasks = int64_t{row_blocks} * a.num_kv_heads;
   // Tiny calls (decode over a short context) run on the calling thread.
-  const bool inline_run = int64_t{tq} * work_per_row * a.num_kv_heads < (int64_t{1} << 15);
+  const int64_t work = int64_t{tq} * tk * dh * a.num_heads;
+  const bool inline_run = work < (int64_t{1} << 15);
   auto for_each_task = [&](const std::function<void(int64_t)>& fn) {
     if (inline_run) {
       for (int64_t t = 0; t < num_tasks; ++t) fn(t);
@@ -451,46 +498,112 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
     const int kvh = static_cast<int>(task % a.num_kv_heads);
     const int i0 = static_cast<int>(task / a.num_kv_heads) * rows_per_task;
     const int i1 = std::min(tq, i0 + rows_per_task);
-    thread_local std::vector<float> s, p, row;  // row: a bf16 cache row widened
-    s.resize(tk);
-    p.resize(tk);
-    row.resize(dh);
-    for (int i = i0; i < i1; ++i) {
-      const int end = CausalKeyEnd(a, i);
-      for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-        const float* q = a.q + i * a.q_stride + static_cast<int64_t>(h) * dh;
-        float max_s = kNegInf;
-        for (int j = 0; j < end; ++j) {
-          if (a.q_doc_ids != nullptr && a.q_doc_ids[i] != a.k_doc_ids[j]) {
-            s[j] = kNegInf;
-            continue;
+    const int64_t col = static_cast<int64_t>(kvh) * dh;
+    // The tile's (row, head) pairs, in chunks of up to kMaxPairs (a large group).
+    for (int h_first = kvh * group; h_first < (kvh + 1) * group; h_first += kMaxPairs) {
+      const int h_last = std::min((kvh + 1) * group, h_first + kMaxPairs);
+      const int heads = h_last - h_first;
+      const int rows = std::min(i1 - i0, std::max(1, kMaxPairs / heads));
+      for (int r0 = i0; r0 < i1; r0 += rows) {
+        const int r1 = std::min(i1, r0 + rows);
+        const int pairs = (r1 - r0) * heads;
+        // Pair u = (row r0 + u / heads, head h_first + u % heads): its q and out, the end
+        // of its keys, scores s[u][·] and weights p[u][·] (row: a bf16 row widened).
+        thread_local std::vector<float> s, p, row;
+        s.resize(size_t(pairs) * tk);
+        p.resize(s.size());
+        row.resize(dh);
+        const float* qs[kMaxPairs];
+        float* os[kMaxPairs];
+        int ends[kMaxPairs];
+        float max_s[kMaxPairs], dots[4], w[4];
+        int key_end = 0;
+        for (int u = 0; u < pairs; ++u) {
+          const int i = r0 + u / heads, h = h_first + u % heads;
+          qs[u] = a.q + i * a.q_stride + static_cast<int64_t>(h) * dh;
+          os[u] = a.out + i * a.out_stride + static_cast<int64_t>(h) * dh;
+          ends[u] = CausalKeyEnd(a, i);
+          key_end = std::max(key_end, ends[u]);
+          max_s[u] = kNegInf;
+          std::fill(os[u], os[u] + dh, 0.0f);
+        }
+        // Scores: a pair sees key j when j < its end and the documents match.
+        for (int j = 0; j < key_end; ++j) {
+          if (j + kPrefetchAhead < key_end) Prefetch(a.kv, a.kv.k, j + kPrefetchAhead, col, dh);
+          const float* k = nullptr;
+          for (int u0 = 0; u0 < pairs; u0 += 4) {
+            const float* q4[4];
+            int live[4], m = 0;
+            for (int u = u0; u < std::min(pairs, u0 + 4); ++u) {
+              const int i = r0 + u / heads;
+              const bool vis =
+                  j < ends[u] && (a.q_doc_ids == nullptr || a.q_doc_ids[i] == a.k_doc_ids[j]);
+              if (!vis) {
+                s[size_t(u) * tk + j] = kNegInf;
+                continue;
+              }
+              q4[m] = qs[u];
+              live[m++] = u;
+            }
+            if (m == 0) continue;
+            if (k == nullptr) k = a.kv.KeyRow(j, col, dh, row.data());
+            DotMany(q4, m, k, dh, dots);
+            for (int t = 0; t < m; ++t) {
+              const int u = live[t];
+              s[size_t(u) * tk + j] = scale * dots[t];
+              max_s[u] = std::max(max_s[u], s[size_t(u) * tk + j]);
+            }
           }
-          const float* k = a.kv.KeyRow(j, static_cast<int64_t>(kvh) * dh, dh, row.data());
-          s[j] = scale * Dot(q, k, dh);
-          max_s = std::max(max_s, s[j]);
         }
-        float z = 0.0f;
-        for (int j = 0; j < end; ++j) {
-          p[j] = s[j] == kNegInf ? 0.0f : std::exp(s[j] - max_s);
-          z += p[j];
+        for (int u = 0; u < pairs; ++u) {
+          const float* su = s.data() + size_t(u) * tk;
+          float* pu = p.data() + size_t(u) * tk;
+          float z = 0.0f;
+          for (int j = 0; j < ends[u]; ++j) {
+            pu[j] = su[j] == kNegInf ? 0.0f : std::exp(su[j] - max_s[u]);
+            z += pu[j];
+          }
+          const float inv_z = 1.0f / z;
+          for (int j = 0; j < ends[u]; ++j) pu[j] *= inv_z;
         }
-        const float inv_z = 1.0f / z;
-        float* o = a.out + i * a.out_stride + static_cast<int64_t>(h) * dh;
-        std::fill(o, o + dh, 0.0f);
-        for (int j = 0; j < end; ++j) {
-          p[j] *= inv_z;
-          if (p[j] == 0.0f) continue;  // masked, or underflowed: adds nothing
-          const float* v = a.kv.ValueRow(j, static_cast<int64_t>(kvh) * dh, dh, row.data());
-          Axpy(o, p[j], v, dh);
+        // Values: each row read once for the pairs that give it weight (a masked key, or
+        // one whose weight underflowed, adds nothing and is never read for that pair).
+        for (int j = 0; j < key_end; ++j) {
+          const float* v = nullptr;
+          bool prefetched = false;
+          for (int u0 = 0; u0 < pairs; u0 += 4) {
+            float* o4[4];
+            int m = 0;
+            for (int u = u0; u < std::min(pairs, u0 + 4); ++u) {
+              const float pu = j < ends[u] ? p[size_t(u) * tk + j] : 0.0f;
+              if (pu == 0.0f) continue;
+              o4[m] = os[u];
+              w[m++] = pu;
+            }
+            if (m == 0) continue;
+            if (v == nullptr) {
+              if (!prefetched && j + kPrefetchAhead < key_end) {
+                Prefetch(a.kv, a.kv.v, j + kPrefetchAhead, col, dh);
+              }
+              prefetched = true;
+              v = a.kv.ValueRow(j, col, dh, row.data());
+            }
+            AxpyMany(o4, m, w, v, dh);
+          }
         }
-        const int64_t map = (static_cast<int64_t>(h) * tq + i) * tk;
-        if (a.scores != nullptr) {
-          std::copy(s.begin(), s.begin() + end, a.scores + map);
-          std::fill(a.scores + map + end, a.scores + map + tk, kNegInf);
-        }
-        if (a.probs != nullptr) {
-          std::copy(p.begin(), p.begin() + end, a.probs + map);
-          std::fill(a.probs + map + end, a.probs + map + tk, 0.0f);
+        for (int u = 0; u < pairs; ++u) {
+          const int i = r0 + u / heads, h = h_first + u % heads;
+          const int64_t map = (static_cast<int64_t>(h) * tq + i) * tk;
+          if (a.scores != nullptr) {
+            const float* su = s.data() + size_t(u) * tk;
+            std::copy(su, su + ends[u], a.scores + map);
+            std::fill(a.scores + map + ends[u], a.scores + map + tk, kNegInf);
+          }
+          if (a.probs != nullptr) {
+            const float* pu = p.data() + size_t(u) * tk;
+            std::copy(pu, pu + ends[u], a.probs + map);
+            std::fill(a.probs + map + ends[u], a.probs + map + tk, 0.0f);
+          }
         }
       }
     }
