@@ -26,6 +26,13 @@ constexpr int kLanes = 16;
 using Vec = __m512;
 inline Vec VZero() { return _mm512_setzero_ps(); }
 inline Vec VLoad(const float* p) { return _mm512_loadu_ps(p); }
+// kLanes bf16 values (bits) widened: each 16-bit pattern shifted into a float's top half.
+inline Vec VLoad(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  // The masked form: GCC 12's plain _mm512_cvtepu16_epi32 warns spuriously (as VSum's).
+  const __m512i w = _mm512_maskz_cvtepu16_epi32(static_cast<__mmask16>(0xFFFF), h);
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(static_cast<__mmask16>(0xFFFF), w, 16));
+}
 inline void VStore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec VSet1(float x) { return _mm512_set1_ps(x); }
 inline Vec VAdd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
@@ -47,6 +54,10 @@ constexpr int kLanes = 8;
 using Vec = __m256;
 inline Vec VZero() { return _mm256_setzero_ps(); }
 inline Vec VLoad(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec VLoad(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
 inline void VStore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec VSet1(float x) { return _mm256_set1_ps(x); }
 inline Vec VAdd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
@@ -68,6 +79,11 @@ inline Vec VZero() { return Vec{}; }
 inline Vec VLoad(const float* p) {
   Vec v;
   std::memcpy(v.l, p, sizeof(v.l));
+  return v;
+}
+inline Vec VLoad(const uint16_t* p) {
+  Vec v;
+  for (int i = 0; i < kLanes; ++i) v.l[i] = BF16ToF32(p[i]);
   return v;
 }
 inline void VStore(float* p, Vec v) { std::memcpy(p, v.l, sizeof(v.l)); }
@@ -429,9 +445,13 @@ inline void Prefetch(const KvSource<float>& kv, const void* base, int64_t t, int
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
 }
 
-// out[t] = Σ_i q[t][i]·k[i] for the m ≤ 4 vectors q[t] that meet the key row k: one pass
-// over k for all of them.
-inline void DotMany(const float* const* q, int m, const float* k, int64_t n, float* out) {
+inline float ToFloat(float x) { return x; }
+inline float ToFloat(uint16_t bf16) { return BF16ToF32(bf16); }
+
+// out[t] = Σ_i q[t][i]·k[i] for the m ≤ 4 vectors q[t] that meet the key row k (floats, or
+// a bf16 cache's bits widened as they are loaded): one pass over k for all of them.
+template <typename K>
+inline void DotMany(const float* const* q, int m, const K* k, int64_t n, float* out) {
   Vec acc[4] = {VZero(), VZero(), VZero(), VZero()};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -440,13 +460,14 @@ inline void DotMany(const float* const* q, int m, const float* k, int64_t n, flo
   }
   for (int t = 0; t < m; ++t) {
     float sum = VSum(acc[t]);
-    for (int64_t r = i; r < n; ++r) sum += q[t][r] * k[r];
+    for (int64_t r = i; r < n; ++r) sum += q[t][r] * ToFloat(k[r]);
     out[t] = sum;
   }
 }
 
-// o[t][i] += w[t]·v[i] for m ≤ 4 outputs: one pass over the value row v.
-inline void AxpyMany(float* const* o, int m, const float* w, const float* v, int64_t n) {
+// o[t][i] += w[t]·v[i] for m ≤ 4 outputs: one pass over the value row v (as k above).
+template <typename V>
+inline void AxpyMany(float* const* o, int m, const float* w, const V* v, int64_t n) {
   Vec wv[4];
   for (int t = 0; t < m; ++t) wv[t] = VSet1(w[t]);
   int64_t i = 0;
@@ -455,7 +476,7 @@ inline void AxpyMany(float* const* o, int m, const float* w, const float* v, int
     for (int t = 0; t < m; ++t) VStore(o[t] + i, VFma(wv[t], vv, VLoad(o[t] + i)));
   }
   for (int t = 0; t < m; ++t) {
-    for (int64_t r = i; r < n; ++r) o[t][r] += w[t] * v[r];
+    for (int64_t r = i; r < n; ++r) o[t][r] += w[t] * ToFloat(v[r]);
   }
 }
 
@@ -463,9 +484,10 @@ inline void AxpyMany(float* const* o, int m, const float* w, const float* v, int
 // max subtracted, exponentials summed in fp32, p = e / Σe, then out = Σ p_j v_j with those
 // very p. A task is (KV head, tile of query rows): every (row, head) pair of the tile that
 // reads that KV head takes each key row, then each value row, in one pass (up to
-// kMaxPairs of them; at most 4 share a register pass). One read of a row — and for a bf16
-// cache one widening — serves the whole tile, so decode reads the cache once per KV head
-// (not once per query head) and a prefill chunk once per tile of rows.
+// kMaxPairs of them; at most 4 share a register pass). One read of a row serves the whole
+// tile, so decode reads the cache once per KV head (not once per query head) and a
+// prefill chunk once per tile of rows. A bf16 cache's rows are widened in registers as
+// they are loaded.
 absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
   if (absl::Status s = ValidateAttentionArgs(a); !s.ok()) return s;
   if (absl::Status s = CheckEveryRowSeesAKey(a); !s.ok()) return s;
@@ -499,6 +521,12 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
     const int i0 = static_cast<int>(task / a.num_kv_heads) * rows_per_task;
     const int i1 = std::min(tq, i0 + rows_per_task);
     const int64_t col = static_cast<int64_t>(kvh) * dh;
+    // Key (or value) j's slice of this KV head, in the cache's own element type.
+    const bool bf16 = a.kv.dtype == KvDtype::kBF16;
+    const int64_t elem = KvElementBytes<float>(a.kv.dtype);
+    auto row_at = [&](const void* base, int j) -> const void* {
+      return static_cast<const char*>(base) + (a.kv.PhysicalRow(j) * a.kv.row_stride + col) * elem;
+    };
     // The tile's (row, head) pairs, in chunks of up to kMaxPairs (a large group).
     for (int h_first = kvh * group; h_first < (kvh + 1) * group; h_first += kMaxPairs) {
       const int h_last = std::min((kvh + 1) * group, h_first + kMaxPairs);
@@ -508,11 +536,10 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
         const int r1 = std::min(i1, r0 + rows);
         const int pairs = (r1 - r0) * heads;
         // Pair u = (row r0 + u / heads, head h_first + u % heads): its q and out, the end
-        // of its keys, scores s[u][·] and weights p[u][·] (row: a bf16 row widened).
-        thread_local std::vector<float> s, p, row;
+        // of its keys, scores s[u][·] and weights p[u][·].
+        thread_local std::vector<float> s, p;
         s.resize(size_t(pairs) * tk);
         p.resize(s.size());
-        row.resize(dh);
         const float* qs[kMaxPairs];
         float* os[kMaxPairs];
         int ends[kMaxPairs];
@@ -530,7 +557,7 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
         // Scores: a pair sees key j when j < its end and the documents match.
         for (int j = 0; j < key_end; ++j) {
           if (j + kPrefetchAhead < key_end) Prefetch(a.kv, a.kv.k, j + kPrefetchAhead, col, dh);
-          const float* k = nullptr;
+          const void* k = nullptr;
           for (int u0 = 0; u0 < pairs; u0 += 4) {
             const float* q4[4];
             int live[4], m = 0;
@@ -546,8 +573,12 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
               live[m++] = u;
             }
             if (m == 0) continue;
-            if (k == nullptr) k = a.kv.KeyRow(j, col, dh, row.data());
-            DotMany(q4, m, k, dh, dots);
+            if (k == nullptr) k = row_at(a.kv.k, j);
+            if (bf16) {
+              DotMany(q4, m, static_cast<const uint16_t*>(k), dh, dots);
+            } else {
+              DotMany(q4, m, static_cast<const float*>(k), dh, dots);
+            }
             for (int t = 0; t < m; ++t) {
               const int u = live[t];
               s[size_t(u) * tk + j] = scale * dots[t];
@@ -569,7 +600,7 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
         // Values: each row read once for the pairs that give it weight (a masked key, or
         // one whose weight underflowed, adds nothing and is never read for that pair).
         for (int j = 0; j < key_end; ++j) {
-          const float* v = nullptr;
+          const void* v = nullptr;
           bool prefetched = false;
           for (int u0 = 0; u0 < pairs; u0 += 4) {
             float* o4[4];
@@ -586,9 +617,13 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
                 Prefetch(a.kv, a.kv.v, j + kPrefetchAhead, col, dh);
               }
               prefetched = true;
-              v = a.kv.ValueRow(j, col, dh, row.data());
+              v = row_at(a.kv.v, j);
             }
-            AxpyMany(o4, m, w, v, dh);
+            if (bf16) {
+              AxpyMany(o4, m, w, static_cast<const uint16_t*>(v), dh);
+            } else {
+              AxpyMany(o4, m, w, static_cast<const float*>(v), dh);
+            }
           }
         }
         for (int u = 0; u < pairs; ++u) {
