@@ -131,14 +131,6 @@ inline float Sum(const float* a, int64_t n) {
   return sum;
 }
 
-// y[i] += alpha · x[i]
-inline void Axpy(float* y, float alpha, const float* x, int64_t n) {
-  const Vec va = VSet1(alpha);
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) VStore(y + i, VFma(va, VLoad(x + i), VLoad(y + i)));
-  for (; i < n; ++i) y[i] += alpha * x[i];
-}
-
 // ---- MatMul ----
 
 // The register tile: kTileN activation rows × kTileW weight rows of dot products.
