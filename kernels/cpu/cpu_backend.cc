@@ -472,6 +472,120 @@ inline void AxpyMany(float* const* o, int m, const float* w, const V* v, int64_t
   }
 }
 
+// Decode attention split over the keys (FlashDecoding on the CPU): a task takes a span of
+// kSplitSpan keys for every query row and every head, reading each key and value row
+// whole (all KV heads, contiguous) once; it keeps per (row, head) the span's max m, sum
+// l of 2^… weights and unnormalised output acc, merged at the end:
+//   out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s,  M = max_s m_s.
+// Paged rows of a KV head are 4 KiB apart in fp32 (a row holds every KV head), so a task
+// per KV head reads an eighth of each row it touches and waits on rows; this reads rows
+// as they lie. Same visibility rule; no maps (those calls take the tiled path).
+constexpr int kSplitSpan = 256;
+constexpr int kSplitMaxQueries = 4;  // query rows of a call that takes this path
+
+template <typename E>
+void AttentionSplitKeys(const AttentionArgs<float>& a, ThreadPool& pool) {
+  const int tq = a.num_queries, dh = a.head_dim, H = a.num_heads, Hkv = a.num_kv_heads;
+  const int group = H / Hkv;
+  const float scale = static_cast<float>(a.scale);
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  int key_end = 0;
+  for (int i = 0; i < tq; ++i) key_end = std::max(key_end, CausalKeyEnd(a, i));
+  const int spans = (key_end + kSplitSpan - 1) / kSplitSpan;
+  const int64_t rh = int64_t{tq} * H;  // (row, head) pairs
+  std::vector<float> m(size_t(spans) * rh), l(m.size()), acc(m.size() * size_t(dh));
+  const E* k_base = static_cast<const E*>(a.kv.k);
+  const E* v_base = static_cast<const E*>(a.kv.v);
+  pool.ParallelFor(spans, [&](int64_t sp) {
+    const int j0 = static_cast<int>(sp) * kSplitSpan;
+    const int j1 = std::min(key_end, j0 + kSplitSpan);
+    thread_local std::vector<float> sc;  // [H][kSplitSpan] scores, then weights
+    sc.resize(size_t(H) * kSplitSpan);
+    for (int i = 0; i < tq; ++i) {
+      const int end = std::min(j1, CausalKeyEnd(a, i));
+      float* ms = m.data() + (sp * rh + int64_t{i} * H);
+      float* ls = l.data() + (sp * rh + int64_t{i} * H);
+      float* as = acc.data() + (sp * rh + int64_t{i} * H) * dh;
+      std::fill(ms, ms + H, kNegInf);
+      std::fill(ls, ls + H, 0.0f);
+      std::fill(as, as + int64_t{H} * dh, 0.0f);
+      if (end <= j0) continue;
+      const float* q = a.q + i * a.q_stride;
+      for (int j = j0; j < end; ++j) {
+        float* sj = sc.data() + (j - j0);
+        if (a.q_doc_ids != nullptr && a.q_doc_ids[i] != a.k_doc_ids[j]) {
+          for (int h = 0; h < H; ++h) sj[size_t(h) * kSplitSpan] = kNegInf;
+          continue;
+        }
+        const E* krow = k_base + a.kv.PhysicalRow(j) * a.kv.row_stride;
+        for (int g = 0; g < Hkv; ++g) {
+          for (int h0 = g * group; h0 < (g + 1) * group; h0 += 4) {
+            const int n = std::min(4, (g + 1) * group - h0);
+            const float* q4[4];
+            float dots[4];
+            for (int t = 0; t < n; ++t) q4[t] = q + int64_t{h0 + t} * dh;
+            DotMany(q4, n, krow + int64_t{g} * dh, dh, dots);
+            for (int t = 0; t < n; ++t) {
+              const float x = scale * dots[t];
+              sj[size_t(h0 + t) * kSplitSpan] = x;
+              ms[h0 + t] = std::max(ms[h0 + t], x);
+            }
+          }
+        }
+      }
+      for (int h = 0; h < H; ++h) {
+        float* sh = sc.data() + size_t(h) * kSplitSpan;
+        if (ms[h] == kNegInf) continue;  // this span shows the row no key
+        float sum = 0.0f;
+        for (int j = j0; j < end; ++j) {
+          const float x = sh[j - j0];
+          sh[j - j0] = x == kNegInf ? 0.0f : std::exp(x - ms[h]);
+          sum += sh[j - j0];
+        }
+        ls[h] = sum;
+      }
+      for (int j = j0; j < end; ++j) {
+        const E* vrow = v_base + a.kv.PhysicalRow(j) * a.kv.row_stride;
+        for (int g = 0; g < Hkv; ++g) {
+          for (int h0 = g * group; h0 < (g + 1) * group; h0 += 4) {
+            const int n = std::min(4, (g + 1) * group - h0);
+            float* o4[4];
+            float w[4];
+            int live = 0;
+            for (int t = 0; t < n; ++t) {
+              const int h = h0 + t;
+              const float wt = ms[h] == kNegInf ? 0.0f : sc[size_t(h) * kSplitSpan + (j - j0)];
+              if (wt == 0.0f) continue;  // masked or underflowed: adds nothing
+              o4[live] = as + int64_t{h} * dh;
+              w[live++] = wt;
+            }
+            if (live > 0) AxpyMany(o4, live, w, vrow + int64_t{g} * dh, dh);
+          }
+        }
+      }
+    }
+  });
+  for (int i = 0; i < tq; ++i) {
+    for (int h = 0; h < H; ++h) {
+      float top = kNegInf;
+      for (int sp = 0; sp < spans; ++sp) top = std::max(top, m[sp * rh + int64_t{i} * H + h]);
+      float* o = a.out + i * a.out_stride + int64_t{h} * dh;
+      std::fill(o, o + dh, 0.0f);
+      float z = 0.0f;
+      for (int sp = 0; sp < spans; ++sp) {
+        const int64_t at = sp * rh + int64_t{i} * H + h;
+        if (m[at] == kNegInf) continue;
+        const float e = std::exp(m[at] - top);
+        z += e * l[at];
+        const float* as = acc.data() + at * dh;
+        for (int d = 0; d < dh; ++d) o[d] += e * as[d];
+      }
+      const float inv_z = 1.0f / z;  // z > 0: every row sees a key (checked)
+      for (int d = 0; d < dh; ++d) o[d] *= inv_z;
+    }
+  }
+}
+
 // Per (query row, head): scores of the causally reachable keys (−∞ for other documents),
 // max subtracted, exponentials summed in fp32, p = e / Σe, then out = Σ p_j v_j with those
 // very p. A task is (KV head, tile of query rows): every (row, head) pair of the tile that
@@ -484,6 +598,15 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
   if (absl::Status s = ValidateAttentionArgs(a); !s.ok()) return s;
   if (absl::Status s = CheckEveryRowSeesAKey(a); !s.ok()) return s;
   const int tq = a.num_queries, tk = a.num_keys, dh = a.head_dim;
+  // Decode over a long context: split over the keys, rows read whole.
+  if (tq <= kSplitMaxQueries && tk >= 2 * kSplitSpan && a.probs == nullptr && a.scores == nullptr) {
+    if (a.kv.dtype == KvDtype::kBF16) {
+      AttentionSplitKeys<uint16_t>(a, *pool_);
+    } else {
+      AttentionSplitKeys<float>(a, *pool_);
+    }
+    return absl::OkStatus();
+  }
   const int group = a.num_heads / a.num_kv_heads;
   const float scale = static_cast<float>(a.scale);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
