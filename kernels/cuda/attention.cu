@@ -368,7 +368,6 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
 constexpr int kSplitWarps = 4;
 constexpr int kStepKeys = 4;  // keys a warp takes a step; a split's span is a multiple
 constexpr int kSplitMinKeys = 4 * kSplitWarps * kStepKeys;  // 64
-constexpr int kSplitKvMaxSplits = 128;
 
 // C float4 chunks per lane: head sizes up to 128·C. kTile query heads share each K/V row;
 // q and acc take 2·4·C floats per head, a step's K and V rows 2·4·C per key.

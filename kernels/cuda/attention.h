@@ -74,6 +74,7 @@ inline constexpr int kFlashTileInts = 5;
 // tokens against 59/71/76 for 64.
 inline constexpr int kFlashDefaultTileQueries = 128;
 inline constexpr int kSplitKvMaxHeadDim = 256;
+inline constexpr int kSplitKvMaxSplits = 128;  // key splits of one split-KV launch at most
 
 bool FlashPrefillSupports(int head_dim);
 // The tile size a launch for head_dim takes when `requested` is asked for: 128 for head

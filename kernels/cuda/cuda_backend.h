@@ -120,6 +120,9 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // Queries per flash prefill block: 64 (the default) or 128, where the head size allows
   // (attention.h, FlashTileQueries). For kvlens_gpu_check's comparison and the tests.
   absl::Status SetFlashTileQueries(int queries);
+  // Key splits of every split-KV launch: 0 (the default) lets ChooseNumSplits decide, else
+  // 1 … kSplitKvMaxSplits. For kvlens_gpu_check's sweep of the decode kernel.
+  absl::Status SetSplitKvSplits(int splits);
 
   // The forward step's launches, recorded and run as a CUDA graph when an identical step
   // ran before (see the top of the file). On by default.
@@ -249,6 +252,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   std::vector<StagedIndices> index_recent_;  // newest last, at most kIndexReuse
   IndexUploadStats index_stats_;
   int flash_tile_queries_ = kFlashDefaultTileQueries;
+  int split_kv_splits_ = 0;                            // SetSplitKvSplits; 0: ChooseNumSplits
   int split_kv_blocks_per_sm_[kSplitKvVariants] = {};  // by SplitKvVariant, 0: not asked yet
   std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
 

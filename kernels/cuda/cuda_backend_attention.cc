@@ -111,7 +111,9 @@ absl::Status CudaBackend::SplitKv(const AttentionParams& p) {
     if (!per_sm.ok()) return per_sm.status();
     split_kv_blocks_per_sm_[variant] = *per_sm;
   }
-  const int splits = ChooseNumSplits(p, num_sms_, split_kv_blocks_per_sm_[variant]);
+  const int splits = split_kv_splits_ > 0
+                         ? split_kv_splits_
+                         : ChooseNumSplits(p, num_sms_, split_kv_blocks_per_sm_[variant]);
   if (const int64_t ws = SplitKvWorkspaceFloats(p, splits); ws > 0) {
     if (absl::Status s = ReserveScratch(attention_workspace_, sizeof(float) * ws); !s.ok()) {
       return s;
@@ -265,6 +267,15 @@ absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<floa
   p.flash_tiles = base + tables;
   p.num_flash_tiles = static_cast<int>(tiles.size());
   return Launch(&LaunchFlashPrefill, p, tile);
+}
+
+absl::Status CudaBackend::SetSplitKvSplits(int splits) {
+  if (splits < 0 || splits > kSplitKvMaxSplits) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("split-KV splits must be in [0, ", kSplitKvMaxSplits, "], got ", splits));
+  }
+  split_kv_splits_ = splits;
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::SetFlashTileQueries(int queries) {

@@ -173,6 +173,30 @@ double TimeIt(CudaBackend& b, int iters, Fn&& fn) {
   return ms / 1e3 / iters;
 }
 
+// Seconds per call of fn on the GPU alone: 20 calls captured in a CUDA graph, replayed.
+// One call runs first, outside the capture: it sizes the backend's workspaces (memory
+// cannot be allocated while a stream is captured).
+template <typename Fn>
+double ReplaySeconds(CudaBackend& b, Fn&& fn) {
+  constexpr int kCalls = 20;
+  fn();
+  if (!Check(b.Synchronize(), "warm-up")) std::exit(3);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (!GC_CUDA(cudaStreamBeginCapture(b.stream(), cudaStreamCaptureModeThreadLocal))) {
+    std::exit(3);
+  }
+  for (int c = 0; c < kCalls; ++c) fn();
+  if (!GC_CUDA(cudaStreamEndCapture(b.stream(), &graph)) ||
+      !GC_CUDA(cudaGraphInstantiate(&exec, graph, 0))) {
+    std::exit(3);
+  }
+  const double sec = TimeIt(b, 5, [&] { GC_CUDA(cudaGraphLaunch(exec, b.stream())); }) / kCalls;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return sec;
+}
+
 // Device-to-device copy bandwidth (bytes read + written per second).
 double CopyBandwidth(CudaBackend& b, size_t bytes) {
   float* src = Alloc(bytes / 4);
@@ -193,13 +217,18 @@ std::string Pct(double r) { return absl::StrFormat("%.0f%%", 100.0 * r); }
 
 void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, const Sizes& z, Table& rows) {
   const int heads = z.prefill_heads, dh = z.prefill_dh;
-  for (int tile : {64, 128}) {
+  // 64- and 128-query blocks on an fp32 cache, then the default on a bf16 cache.
+  for (int config = 0; config < 3; ++config) {
+    const int tile = config == 0 ? 64 : 128;
+    const bool bf16 = config == 2;
     Must(b.SetFlashTileQueries(tile), "flash tile size");
     for (int t : z.prefill_tokens) {
       const size_t n = size_t(t) * heads * dh;
-      float *q = Alloc(n), *k = Alloc(n), *v = Alloc(n), *o = Alloc(n);
+      float *q = Alloc(n), *k = Alloc(bf16 ? (n + 1) / 2 : n), *v = Alloc(bf16 ? (n + 1) / 2 : n),
+            *o = Alloc(n);
       for (float* p : {q, k, v}) {
-        Fill(p, DType::kF32, int64_t(n), reinterpret_cast<uintptr_t>(p), 1.0f, b.stream());
+        Fill(p, bf16 && p != q ? DType::kBF16 : DType::kF32, int64_t(n),
+             reinterpret_cast<uintptr_t>(p), 1.0f, b.stream());
       }
       AttentionArgs<float> a;
       a.q = q;
@@ -209,12 +238,14 @@ void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, const Sizes
       a.head_dim = dh;
       a.causal = true;
       a.scale = 1.0 / std::sqrt(double(dh));
-      a.kv = KvSource<float>{k, v, int64_t{heads} * dh, nullptr, 0};
+      a.kv = KvSource<float>{k,       v, int64_t{heads} * dh,
+                             nullptr, 0, bf16 ? KvDtype::kBF16 : KvDtype::kActivation};
       a.out = o;
       a.out_stride = a.q_stride;
       const double sec = TimeIt(b, 3, [&] { Must(b.Attention(a), "prefill attention"); });
       const double tflops = 4.0 * heads * dh * (double(t) * t / 2) / sec / 1e12;  // causal half
-      Row r{"prefill attention (causal, fp32 in, fp16 TC)",
+      Row r{bf16 ? "prefill attention (causal, fp32 q, bf16 cache, fp16 TC)"
+                 : "prefill attention (causal, fp32 in, fp16 TC)",
             absl::StrCat("T=", t, " H=", heads, " Dh=", dh, ", ", tile, "-query blocks",
                          tile == kFlashDefaultTileQueries ? " (default)" : ""),
             Fmt(tflops, "TFLOP/s"),
@@ -270,20 +301,18 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
       // … and the GPU's time alone: 20 calls captured in a CUDA graph, replayed. A model's
       // step makes its calls while the GPU works (or replays them, with --cuda-graphs), so
       // the host's part is not in a layer's time; at 8k keys it would be most of this one's.
-      constexpr int kCalls = 20;
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      if (!GC_CUDA(cudaStreamBeginCapture(b.stream(), cudaStreamCaptureModeThreadLocal)))
-        std::exit(3);
-      for (int c = 0; c < kCalls; ++c) Must(b.Attention(a), "decode attention (captured)");
-      if (!GC_CUDA(cudaStreamEndCapture(b.stream(), &graph)) ||
-          !GC_CUDA(cudaGraphInstantiate(&exec, graph, 0))) {
-        std::exit(3);
-      }
-      const double sec = TimeIt(b, 5, [&] { GC_CUDA(cudaGraphLaunch(exec, b.stream())); }) / kCalls;
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
+      const auto call = [&] { Must(b.Attention(a), "decode attention"); };
+      const double sec = ReplaySeconds(b, call);
       const double bw = 2.0 * cache_bytes / sec;
+      // The same call with each fixed number of key splits: which split count the kernel
+      // wants here, against ChooseNumSplits' choice above.
+      std::string sweep;
+      for (int splits : {8, 16, 32, 64, 96, 128}) {
+        Must(b.SetSplitKvSplits(splits), "split-KV splits");
+        absl::StrAppend(&sweep, sweep.empty() ? "" : ", ", splits, ": ",
+                        absl::StrFormat("%.0f", 2.0 * cache_bytes / ReplaySeconds(b, call) / 1e9));
+      }
+      Must(b.SetSplitKvSplits(0), "split-KV splits");
       rows.Add(
           {bf16 ? "decode attention (paged, bf16 cache)" : "decode attention (paged, fp32 cache)",
            absl::StrFormat("Tk=%d H=%d/%d Dh=%d bs=%d, graph replay %.1f us (one call with the "
@@ -292,6 +321,9 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
                            2.0 * cache_bytes / call_sec / 1e9),
            Fmt(bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(bw / copy_bw),
            ">= 70%"});
+      rows.Add({bf16 ? "decode attention, fixed splits (bf16 cache)"
+                     : "decode attention, fixed splits (fp32 cache)",
+                absl::StrFormat("Tk=%d, splits: GB/s = %s", tk, sweep), "-", "-", "-", "-"});
       for (float* p : {kc, vc, q, o}) cudaFree(p);
     }
 }

@@ -127,6 +127,36 @@ TEST_F(CudaBackendTest, FlashWith64QueryTilesWithinTolerance) {
   }
 }
 
+// SetSplitKvSplits (kvlens_gpu_check's sweep): any fixed number of key splits, more than
+// some rows have keys for included, gives the reference's outputs within the parity
+// tolerance, on fp32 and bf16 caches; out of range is an error naming the limit.
+TEST_F(CudaBackendTest, FixedSplitCountsWithinTolerance) {
+  EXPECT_EQ(backend_->SetSplitKvSplits(-1).code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status too_many = backend_->SetSplitKvSplits(kSplitKvMaxSplits + 1);
+  EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_many.message().find("[0, 128]"), std::string_view::npos) << too_many;
+  std::mt19937_64 rng(9);
+  for (int splits : {1, 7, 128}) {
+    ASSERT_TRUE(backend_->SetSplitKvSplits(splits).ok());
+    for (bool bf16 : {false, true}) {
+      parity::AttnShape s{.label = absl::StrCat("decode, ", splits, " splits"),
+                          .tq = 2,
+                          .tk = 300,
+                          .heads = 8,
+                          .kv_heads = 2,
+                          .dh = 64,
+                          .offset = 298,
+                          .block_size = 8,
+                          .bf16_cache = bf16};
+      for (const parity::ParityResult& r : parity::AttentionCase(*backend_, rng, s)) {
+        EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > "
+                              << r.tol;
+      }
+    }
+  }
+  ASSERT_TRUE(backend_->SetSplitKvSplits(0).ok());
+}
+
 // A row whose document has no key at or before its position: the same INVALID_ARGUMENT
 // as the CPU reference, naming the row, and the backend stays usable.
 TEST_F(CudaBackendTest, RowWithNoVisibleKeyIsInvalidArgumentNamingTheRow) {
