@@ -77,6 +77,35 @@ TEST_F(KvCacheSizingTest, CachePlusAWorstCaseStepFitsTheBudgetToTheBlock) {
   EXPECT_GT(static_cast<double>(backend.fake_memory().peak() + block_bytes), limit);
 }
 
+// A bf16 cache (--kv-cache-dtype bf16): two bytes an element, so the same budget holds
+// twice the tokens (to the block), and the cache created with them fits as before.
+TEST_F(KvCacheSizingTest, Bf16CacheHoldsTwiceTheTokens) {
+  testing::FakeDeviceBackend backend;
+  const size_t total = size_t{16} << 20;
+  backend.fake_memory().set_budget(total);
+  const int block_size = 16, max_batch_tokens = 64;
+  const double utilization = 0.5;
+  auto f32 = SizeKvCacheForUtilization(*model_, backend, block_size, max_batch_tokens, utilization);
+  auto bf16 = SizeKvCacheForUtilization(*model_, backend, block_size, max_batch_tokens, utilization,
+                                        kernels::KvDtype::kBF16);
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  const ModelConfig& c = model_->config;
+  const int64_t bf16_block = int64_t{2} * c.num_layers * block_size * c.kv_dim() * 2;
+  EXPECT_EQ(bf16->cache_bytes, bf16->tokens / block_size * bf16_block);
+  // The same bytes to within a block of either type.
+  EXPECT_GE(bf16->tokens, 2 * f32->tokens);
+  EXPECT_LE(bf16->tokens, 2 * f32->tokens + 2 * block_size);
+  backend.fake_memory().reset_peak();
+  auto cache = KvCacheStorage<float>::Create(backend.memory(), c.num_layers,
+                                             static_cast<int>(bf16->tokens / block_size),
+                                             block_size, c.kv_dim(), true, kernels::KvDtype::kBF16);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  Step(backend, *cache, max_batch_tokens);
+  EXPECT_LE(static_cast<double>(backend.fake_memory().peak()),
+            utilization * static_cast<double>(total));
+}
+
 TEST_F(KvCacheSizingTest, MemoryInUseBeforeCountsAgainstTheBudget) {
   testing::FakeDeviceBackend backend;
   const size_t total = size_t{16} << 20;
