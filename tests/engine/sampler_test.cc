@@ -196,5 +196,34 @@ TEST(LogSoftmaxTest, MatchesHandComputedValues) {
   EXPECT_NEAR(out[1], std::log(0.75), 1e-7);
 }
 
+// The float exponentials summed in double against std::exp in double throughout, on a
+// 32000-token row: logits spread over ~2, ~20 and ~200 nats, with −inf (a logit bias)
+// and logits far below the rest (whose e^x underflows float).
+TEST(LogSoftmaxTest, MatchesDoubleExpOnLargeRows) {
+  std::mt19937 rng(3);
+  for (float spread : {1.0f, 10.0f, 100.0f}) {
+    std::normal_distribution<float> g(0.0f, spread);
+    std::vector<float> logits(32000);
+    for (float& l : logits) l = g(rng) + 7.0f;
+    logits[5] = -std::numeric_limits<float>::infinity();
+    logits[6] = -1e4f;
+    logits[7] = logits[8] - 90.0f;
+    double max_l = -std::numeric_limits<double>::infinity();
+    for (float l : logits) max_l = std::max(max_l, static_cast<double>(l));
+    double sum = 0.0;
+    for (float l : logits) sum += std::exp(static_cast<double>(l) - max_l);
+    const double lse = max_l + std::log(sum);
+    std::vector<double> out;
+    LogSoftmax(logits, out);
+    ASSERT_EQ(out.size(), logits.size());
+    EXPECT_EQ(out[5], -std::numeric_limits<double>::infinity());
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (i == 5) continue;
+      ASSERT_NEAR(out[i], static_cast<double>(logits[i]) - lse, 1e-6)
+          << "spread " << spread << " token " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvlens
