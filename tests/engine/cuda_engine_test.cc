@@ -194,24 +194,31 @@ TEST(CudaEngineLogits, DefaultModelWithinToleranceOfCpu) {
   }
 }
 
-// A Llama-shaped model with head size 64 (the real models' flash path; the default model's
-// 32 never reaches it) and grouped-query heads, random weights: 600 tokens in one prefill
-// (flash kernel, fp16 tensor cores) and in chunks of 7 (split-KV over up to 600 keys, so
-// several splits are merged), each against the CpuBackend.
-TEST(CudaEngineLogits, LlamaHeadSize64FlashAndSplitKvWithinToleranceOfCpu) {
-  KVLENS_REQUIRE_CUDA(cuda);
+// A 2-layer Llama-shaped model with head size 64 (4 heads of 64, 2 KV heads), a vocabulary
+// of 50, random weights.
+std::unique_ptr<Model> HeadSize64Model(kernels::RopeStyle rope_style, int max_seq, int seed) {
   testing::TinySpec spec;
   spec.arch = Architecture::kLlama;
-  spec.rope_style = kernels::RopeStyle::kAdjacentPairs;
+  spec.rope_style = rope_style;
   spec.dim = 256;
   spec.heads = 4;
   spec.kv_heads = 2;
   spec.hidden = 384;
   spec.layers = 2;
   spec.vocab = 50;
-  spec.max_seq = 640;
-  spec.seed = 3;
-  const std::unique_ptr<Model> model = testing::MakeTinyModel(spec);
+  spec.max_seq = max_seq;
+  spec.seed = seed;
+  return testing::MakeTinyModel(spec);
+}
+
+// A Llama-shaped model with head size 64 (the real models' flash path; the default model's
+// 32 never reaches it) and grouped-query heads, random weights: 600 tokens in one prefill
+// (flash kernel, fp16 tensor cores) and in chunks of 7 (split-KV over up to 600 keys, so
+// several splits are merged), each against the CpuBackend.
+TEST(CudaEngineLogits, LlamaHeadSize64FlashAndSplitKvWithinToleranceOfCpu) {
+  KVLENS_REQUIRE_CUDA(cuda);
+  const std::unique_ptr<Model> model =
+      HeadSize64Model(kernels::RopeStyle::kAdjacentPairs, /*max_seq=*/640, /*seed=*/3);
   ASSERT_EQ(model->config.head_dim, 64);
   std::mt19937 rng(5);
   std::vector<int32_t> tokens(600);
@@ -310,18 +317,8 @@ void ExpectBf16CacheAgreement(const std::vector<float>& cuda_bf16,
 TEST(CudaEngineLogits, Bf16CacheWithinToleranceOfCpu) {
   KVLENS_REQUIRE_CUDA(cuda);
   constexpr auto kBf16 = kernels::KvDtype::kBF16;
-  testing::TinySpec spec;
-  spec.arch = Architecture::kLlama;
-  spec.rope_style = kernels::RopeStyle::kHalfSplit;
-  spec.dim = 256;
-  spec.heads = 4;
-  spec.kv_heads = 2;
-  spec.hidden = 384;
-  spec.layers = 2;
-  spec.vocab = 50;
-  spec.max_seq = 320;
-  spec.seed = 4;
-  const std::unique_ptr<Model> model = testing::MakeTinyModel(spec);
+  const std::unique_ptr<Model> model =
+      HeadSize64Model(kernels::RopeStyle::kHalfSplit, /*max_seq=*/320, /*seed=*/4);
   std::mt19937 rng(6);
   std::vector<int32_t> tokens(300);
   for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);

@@ -3,6 +3,7 @@
 #ifndef KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_ATTENTION_H_
 #define KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_ATTENTION_H_
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -538,59 +539,17 @@ inline std::vector<AttnShape> AttentionShapes() {
        .dh = 64,
        .want_probs_only = true});
   // A bf16 cache (--kv-cache-dtype bf16): each kernel's loads of four bf16 (8 bytes) or of
-  // single values (odd strides, Dh 50), widened to fp32 as they arrive.
-  add({.label = "prefill offset GQA 8/4",
-       .tq = 70,
-       .tk = 200,
-       .heads = 8,
-       .kv_heads = 4,
-       .dh = 128,
-       .offset = 130,
-       .bf16_cache = true});
-  add({.label = "prefill non-causal odd stride GQA 4/2",
-       .tq = 90,
-       .tk = 77,
-       .heads = 4,
-       .kv_heads = 2,
-       .dh = 128,
-       .causal = false,
-       .kv_pad = 3,
-       .bf16_cache = true});
-  add({.label = "decode long GQA 8/1",
-       .tq = 1,
-       .tk = 3000,
-       .heads = 8,
-       .kv_heads = 1,
-       .dh = 128,
-       .offset = 2999,
-       .bf16_cache = true});
-  add({.label = "decode scalar loads GQA 12/1",
-       .tq = 1,
-       .tk = 900,
-       .heads = 12,
-       .kv_heads = 1,
-       .dh = 50,
-       .offset = 899,
-       .block_size = 8,
-       .bf16_cache = true});
-  add({.label = "decode head size 256 GQA 8/1",
-       .tq = 2,
-       .tk = 520,
-       .heads = 8,
-       .kv_heads = 1,
-       .dh = 256,
-       .offset = 518,
-       .bf16_cache = true});
-  add({.label = "maps docs offset GQA 8/4",
-       .tq = 20,
-       .tk = 60,
-       .heads = 8,
-       .kv_heads = 4,
-       .dh = 128,
-       .offset = 40,
-       .doc_lengths = {35, 25},
-       .want_maps = true,
-       .bf16_cache = true});
+  // single values (odd strides, Dh 50), widened to fp32 as they arrive; the same shapes.
+  for (const char* label : {"prefill offset GQA 8/4", "prefill non-causal odd stride GQA 4/2",
+                            "decode long GQA 8/1", "decode scalar loads GQA 12/1",
+                            "decode head size 256 GQA 8/1", "maps docs offset GQA 8/4"}) {
+    const auto it = std::find_if(shapes.begin(), shapes.end(),
+                                 [&](const AttnShape& s) { return s.label == label; });
+    if (it == shapes.end()) continue;  // the count in RunParitySuite's test then fails
+    AttnShape bf16 = *it;
+    bf16.bf16_cache = true;
+    shapes.push_back(std::move(bf16));
+  }
   return shapes;
 }
 

@@ -398,17 +398,30 @@ inline ParityResult ElementwiseCase(CudaBackend& gpu, std::mt19937_64& rng, int 
   return Judge(name, *y, naive, ref);
 }
 
+// StoreKv's inputs: n rows of k and v (src_stride apart) and their distinct destination
+// rows among cache_rows, shuffled, one of them (padding_row) −1: a padding row.
+struct StoreKvInputs {
+  std::vector<double> k, v;
+  std::vector<int64_t> rows;
+};
+inline StoreKvInputs MakeStoreKvInputs(std::mt19937_64& rng, int n, int64_t src_stride,
+                                       int cache_rows, int padding_row) {
+  StoreKvInputs in;
+  in.k = kernels::testing::RandomFloatExact(rng, size_t(n) * src_stride);
+  in.v = kernels::testing::RandomFloatExact(rng, size_t(n) * src_stride);
+  in.rows.resize(cache_rows);
+  std::iota(in.rows.begin(), in.rows.end(), 0);
+  std::shuffle(in.rows.begin(), in.rows.end(), rng);
+  in.rows.resize(n);
+  in.rows[padding_row] = -1;  // stored nowhere
+  return in;
+}
+
 inline ParityResult StoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
   const std::string name = "StoreKv into a NaN-filled cache (one padding row)";
   const int n = 6, cache_rows = 40;
   const int64_t row_elems = 24, src_stride = 30, cache_stride = 32;
-  const std::vector<double> k = kernels::testing::RandomFloatExact(rng, size_t(n) * src_stride);
-  const std::vector<double> v = kernels::testing::RandomFloatExact(rng, size_t(n) * src_stride);
-  std::vector<int64_t> rows(cache_rows);
-  std::iota(rows.begin(), rows.end(), 0);
-  std::shuffle(rows.begin(), rows.end(), rng);
-  rows.resize(n);
-  rows[2] = -1;  // a padding row: stored nowhere
+  const auto [k, v, rows] = MakeStoreKvInputs(rng, n, src_stride, cache_rows, 2);
   std::vector<double> k_ref(size_t(cache_rows) * cache_stride, kNaN), v_ref = k_ref;
   ReferenceBackend().StoreKv(k.data(), v.data(), n, src_stride, row_elems, rows.data(),
                              k_ref.data(), v_ref.data(), cache_stride, KvDtype::kActivation);
@@ -497,13 +510,7 @@ inline ParityResult StoreKvBf16Case(CudaBackend& gpu, std::mt19937_64& rng) {
   const std::string name = "StoreKv into a NaN-filled bf16 cache (one padding row)";
   const int n = 6, cache_rows = 40;
   const int64_t row_elems = 24, src_stride = 30, cache_stride = 28;
-  const std::vector<double> k = kernels::testing::RandomFloatExact(rng, size_t(n) * src_stride);
-  const std::vector<double> v = kernels::testing::RandomFloatExact(rng, size_t(n) * src_stride);
-  std::vector<int64_t> rows(cache_rows);
-  std::iota(rows.begin(), rows.end(), 0);
-  std::shuffle(rows.begin(), rows.end(), rng);
-  rows.resize(n);
-  rows[4] = -1;  // a padding row: stored nowhere
+  const auto [k, v, rows] = MakeStoreKvInputs(rng, n, src_stride, cache_rows, 4);
   const size_t cache_elems = size_t(cache_rows) * cache_stride;
   std::vector<uint16_t> kb(cache_elems, 0xFFFF), vb(cache_elems, 0xFFFF);
   ReferenceBackend().StoreKv(k.data(), v.data(), n, src_stride, row_elems, rows.data(), kb.data(),
