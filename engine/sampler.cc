@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/fast_exp.h"
 
 namespace kvlens {
 
@@ -136,37 +137,6 @@ int32_t Sampler::Sample(absl::Span<float> logits, absl::Span<const int32_t> hist
   return candidates_[keep - 1].second;
 }
 
-namespace {
-
-// e^−y for y >= 0 (NaN and +inf count as large), in float, within about 2e-7 relative:
-// 2^n · e^r with n = round(−y / ln 2) and |r| <= ln 2 / 2, e^r by its Taylor series to
-// r^6 (truncation 1.3e-7). y is capped at 87.3 (e^−87.3 ≈ 1.2e-38, still a normal float),
-// which changes a sum that includes e^0 = 1 by nothing float or double can hold. The cap
-// compares the bits as integers (for y >= 0 their order is the floats'), so the loop
-// calling this has no float compare and vectorises under the default -ftrapping-math
-// (std::exp in double costs ~5 ns an element, 160 us a 32000-token row).
-inline float ExpNegated(float y) {
-  constexpr int32_t kCapBits = 0x42ae999a;  // 87.3f
-  int32_t yb;
-  std::memcpy(&yb, &y, sizeof(yb));
-  yb = yb < kCapBits ? yb : kCapBits;
-  float yc;
-  std::memcpy(&yc, &yb, sizeof(yc));
-  const float x = -yc;
-  constexpr float kRound = 12582912.0f;  // 1.5 · 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504f + kRound) - kRound;
-  const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;  // ln 2 = hi + lo
-  const float p =
-      1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 +
-                                          r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 0]
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
-}  // namespace
-
 void LogSoftmax(absl::Span<const float> logits, std::vector<double>& out) {
   // The max over eight independent lanes (a float max reduction is not vectorised
   // without -ffast-math; this at least overlaps the compares).
@@ -184,7 +154,7 @@ void LogSoftmax(absl::Span<const float> logits, std::vector<double>& out) {
   e.resize(logits.size());
   const float* l = logits.data();
   float* ep = e.data();
-  for (size_t i = 0; i < logits.size(); ++i) ep[i] = ExpNegated(max_f - l[i]);
+  for (size_t i = 0; i < logits.size(); ++i) ep[i] = kernels::ExpNegated(max_f - l[i]);
   double acc[4] = {0.0, 0.0, 0.0, 0.0};
   size_t j = 0;
   for (; j + 4 <= e.size(); j += 4) {

@@ -15,6 +15,7 @@
 #endif
 
 #include "kernels/attention_check.h"
+#include "kernels/fast_exp.h"
 
 namespace kvlens::kernels {
 namespace {
@@ -536,12 +537,11 @@ void AttentionSplitKeys(const AttentionArgs<float>& a, ThreadPool& pool) {
       for (int h = 0; h < H; ++h) {
         float* sh = sc.data() + size_t(h) * kSplitSpan;
         if (ms[h] == kNegInf) continue;  // this span shows the row no key
+        // e^(s − m), 0 for a masked key (s = −∞); a vectorised pass, then the sum.
+        const float mh = ms[h];
+        for (int j = 0; j < end - j0; ++j) sh[j] = ExpNegated(mh - sh[j]);
         float sum = 0.0f;
-        for (int j = j0; j < end; ++j) {
-          const float x = sh[j - j0];
-          sh[j - j0] = x == kNegInf ? 0.0f : std::exp(x - ms[h]);
-          sum += sh[j - j0];
-        }
+        for (int j = 0; j < end - j0; ++j) sum += sh[j];
         ls[h] = sum;
       }
       for (int j = j0; j < end; ++j) {
@@ -704,11 +704,11 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
         for (int u = 0; u < pairs; ++u) {
           const float* su = s.data() + size_t(u) * tk;
           float* pu = p.data() + size_t(u) * tk;
+          // e^(s − max), 0 for a masked key (s = −∞); a vectorised pass, then the sum.
+          const float mu = max_s[u];
+          for (int j = 0; j < ends[u]; ++j) pu[j] = ExpNegated(mu - su[j]);
           float z = 0.0f;
-          for (int j = 0; j < ends[u]; ++j) {
-            pu[j] = su[j] == kNegInf ? 0.0f : std::exp(su[j] - max_s[u]);
-            z += pu[j];
-          }
+          for (int j = 0; j < ends[u]; ++j) z += pu[j];
           const float inv_z = 1.0f / z;
           for (int j = 0; j < ends[u]; ++j) pu[j] *= inv_z;
         }
