@@ -153,6 +153,14 @@ float* Alloc(size_t floats) {
   return static_cast<float*>(p);
 }
 
+// A KV cache array of `elems` elements of type d: fp32, or bf16 in half the bytes. The
+// stored type LaunchFillRandom writes into it is CacheDType(d).
+float* AllocCache(size_t elems, KvDtype d) {
+  const size_t bytes = elems * size_t(KvElementBytes<float>(d));
+  return Alloc((bytes + sizeof(float) - 1) / sizeof(float));
+}
+DType CacheDType(KvDtype d) { return d == KvDtype::kBF16 ? DType::kBF16 : DType::kF32; }
+
 // Seconds per call of fn (after one warm-up), timed with events on the backend's stream.
 template <typename Fn>
 double TimeIt(CudaBackend& b, int iters, Fn&& fn) {
@@ -221,13 +229,14 @@ void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, const Sizes
   for (int config = 0; config < 3; ++config) {
     const int tile = config == 0 ? 64 : 128;
     const bool bf16 = config == 2;
+    const KvDtype cache_dtype = bf16 ? KvDtype::kBF16 : KvDtype::kActivation;
     Must(b.SetFlashTileQueries(tile), "flash tile size");
     for (int t : z.prefill_tokens) {
       const size_t n = size_t(t) * heads * dh;
-      float *q = Alloc(n), *k = Alloc(bf16 ? (n + 1) / 2 : n), *v = Alloc(bf16 ? (n + 1) / 2 : n),
+      float *q = Alloc(n), *k = AllocCache(n, cache_dtype), *v = AllocCache(n, cache_dtype),
             *o = Alloc(n);
       for (float* p : {q, k, v}) {
-        Fill(p, bf16 && p != q ? DType::kBF16 : DType::kF32, int64_t(n),
+        Fill(p, p == q ? DType::kF32 : CacheDType(cache_dtype), int64_t(n),
              reinterpret_cast<uintptr_t>(p), 1.0f, b.stream());
       }
       AttentionArgs<float> a;
@@ -238,8 +247,7 @@ void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, const Sizes
       a.head_dim = dh;
       a.causal = true;
       a.scale = 1.0 / std::sqrt(double(dh));
-      a.kv = KvSource<float>{k,       v, int64_t{heads} * dh,
-                             nullptr, 0, bf16 ? KvDtype::kBF16 : KvDtype::kActivation};
+      a.kv = KvSource<float>{k, v, int64_t{heads} * dh, nullptr, 0, cache_dtype};
       a.out = o;
       a.out_stride = a.q_stride;
       const double sec = TimeIt(b, 3, [&] { Must(b.Attention(a), "prefill attention"); });
@@ -272,14 +280,11 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
       const int blocks = (tk + bs - 1) / bs;
       const size_t cache = size_t(blocks) * bs * kv_heads * dh;
       const double cache_bytes = double(cache) * KvElementBytes<float>(cache_dtype);
-      // Alloc counts floats: a bf16 cache takes half as many.
-      float *kc = Alloc(bf16 ? (cache + 1) / 2 : cache),
-            *vc = Alloc(bf16 ? (cache + 1) / 2 : cache), *q = Alloc(size_t(heads) * dh),
-            *o = Alloc(size_t(heads) * dh);
+      float *kc = AllocCache(cache, cache_dtype), *vc = AllocCache(cache, cache_dtype),
+            *q = Alloc(size_t(heads) * dh), *o = Alloc(size_t(heads) * dh);
       Fill(q, DType::kF32, int64_t{heads} * dh, 7, 1.0f, b.stream());
-      for (float* p : {kc, vc}) {
-        Fill(p, bf16 ? DType::kBF16 : DType::kF32, int64_t(cache), 7, 1.0f, b.stream());
-      }
+      for (float* p : {kc, vc})
+        Fill(p, CacheDType(cache_dtype), int64_t(cache), 7, 1.0f, b.stream());
       std::vector<int32_t> table(blocks);
       std::iota(table.begin(), table.end(), 0);
       std::shuffle(table.begin(), table.end(), std::mt19937(1));
@@ -395,8 +400,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
   for (int l = 0; l < L; ++l) {
     kc[l] = Alloc(cache_rows * D);
     vc[l] = Alloc(cache_rows * D);
-    kc16[l] = Alloc(cache_rows * D / 2);
-    vc16[l] = Alloc(cache_rows * D / 2);
+    kc16[l] = AllocCache(cache_rows * D, KvDtype::kBF16);
+    vc16[l] = AllocCache(cache_rows * D, KvDtype::kBF16);
     Fill(kc[l], DType::kF32, int64_t(cache_rows) * D, 1000 + l, 1.0f, b.stream());
     Fill(vc[l], DType::kF32, int64_t(cache_rows) * D, 2000 + l, 1.0f, b.stream());
     Fill(kc16[l], DType::kBF16, int64_t(cache_rows) * D, 3000 + l, 1.0f, b.stream());
