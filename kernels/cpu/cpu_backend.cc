@@ -476,7 +476,7 @@ inline void AxpyMany(float* const* o, int m, const float* w, const V* v, int64_t
 // Decode attention split over the keys (FlashDecoding on the CPU): a task takes a span of
 // kSplitSpan keys for every query row and every head, reading each key and value row
 // whole (all KV heads, contiguous) once; it keeps per (row, head) the span's max m, sum
-// l of 2^… weights and unnormalised output acc, merged at the end:
+// l of its weights e^(s − m) and unnormalised output acc, merged at the end:
 //   out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s,  M = max_s m_s.
 // Paged rows of a KV head are 4 KiB apart in fp32 (a row holds every KV head), so a task
 // per KV head reads an eighth of each row it touches and waits on rows; this reads rows
