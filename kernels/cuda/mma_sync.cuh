@@ -10,11 +10,13 @@
 //   B 16×8 fp16, two registers:  b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g]
 //   C/D 16×8 fp32:               d[0], d[1] = D[g][2t, 2t+1]   d[2], d[3] = D[g+8][2t, 2t+1]
 //
-// The CUDA emulator runs the same layout on the CPU (MmaM16N8K16F16 in
-// tests/kernels/cuda/emu/emu_device.h, which the emulator force-includes).
+// The bf16 product (MmaBf16) has the same fragment layout with bf16 halves.
+// The CUDA emulator runs the same layout on the CPU (MmaM16N8K16F16 and MmaM16N8K16BF16
+// in tests/kernels/cuda/emu/emu_device.h, which the emulator force-includes).
 #ifndef KVLENS_KERNELS_CUDA_MMA_SYNC_CUH_
 #define KVLENS_KERNELS_CUDA_MMA_SYNC_CUH_
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -36,6 +38,31 @@ __device__ __forceinline__ void MmaF16(float (&d)[4], const uint32_t (&a)[4],
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// d += a·b (bf16 inputs, fp32 accumulation).
+__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4],
+                                        const uint32_t (&b)[2]) {
+#ifdef KVLENS_CUDA_EMULATOR
+  ::kvlens_emu::MmaM16N8K16BF16(d, a, b);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// Two floats rounded to bf16 (nearest even) in one register, lo in the low half.
+__device__ __forceinline__ uint32_t PackBf162(float lo, float hi) {
+#ifdef KVLENS_CUDA_EMULATOR
+  return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+         (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+#else
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
 #endif
 }
 

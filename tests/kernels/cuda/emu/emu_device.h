@@ -5,6 +5,14 @@
 // those fibers, so a divergent barrier deadlocks here as on a GPU, and is reported.
 // `__shared__` variables become function statics: shared by the threads of a block (blocks
 // run one after another). Dynamic shared memory is refilled with 0xFF (NaN) per block.
+// The PTX the kernels reach through inline assembly on a GPU is emulated here too:
+// mma.sync m16n8k16 with fp16 or bf16 inputs (MmaM16N8K16F16, MmaM16N8K16BF16),
+// ldmatrix .x4 (LdMatrixX4, a warp collective reading the rows when the whole warp is at
+// it) and cp.async (CpAsync16, CpAsyncCommit, CpAsyncWait: each thread's copies are queued
+// and land only at the wait that completes their group, so shared memory read before the
+// wait still holds its old contents, NaN). Misaligned ldmatrix or cp.async addresses, and
+// ones outside shared (destination) or device (cp.async source) memory, abort the process
+// with a message, where a GPU would fault.
 #ifndef KVLENS_TESTS_KERNELS_CUDA_EMU_EMU_DEVICE_H_
 #define KVLENS_TESTS_KERNELS_CUDA_EMU_EMU_DEVICE_H_
 
@@ -26,6 +34,7 @@
 #define __forceinline__ inline
 #define __shared__ static
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 #define __restrict__ __restrict
 
 namespace kvlens_emu {
@@ -41,9 +50,12 @@ void SyncThreads();
 void SyncWarp();
 // Warp collective: every lane passes its value's bits and gets lane src_lane's.
 uint64_t WarpExchange(uint64_t bits, int src_lane);
+// Warp collective: every lane passes its value's bits and gets all of them, lane l's in
+// out32[l] (0 for lanes past the end of a partial warp).
+void WarpAllGather(uint64_t bits, uint64_t* out32);
 int LaneId();
 void* DynamicShared();
-// 768 floats per warp for the tensor-core emulation (MmaM16N8K16F16).
+// 768 floats per warp for the tensor-core emulation (MmaM16N8K16).
 float* WarpScratch();
 
 struct LaunchConfig {
@@ -115,20 +127,23 @@ T Exchange(T v, int src_lane) {
   return v;
 }
 
-// PTX `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` (kernels/cuda/mma_sync.cuh):
-// d += a·b for a 16×16 fp16 A, a 16×8 fp16 B and a 16×8 fp32 accumulator, with the
-// fragment layout of the PTX ISA ("Matrix Fragments for mma.m16n8k16 with floating point
-// type"). With g = lane / 4 and t = lane % 4, the lane holds
+// PTX `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`
+// (kernels/cuda/mma_sync.cuh): d += a·b for a 16×16 A, a 16×8 B (16-bit elements, fp16 or
+// bf16) and a 16×8 fp32 accumulator, with the fragment layout of the PTX ISA ("Matrix
+// Fragments for mma.m16n8k16 with floating point type"). With g = lane / 4 and
+// t = lane % 4, the lane holds
 //   a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]
 //   a[3] = A[g+8][2t+8, 2t+9]                       (low half first in each register)
 //   b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g]
 //   d[0..1] = D[g][2t, 2t+1]   d[2..3] = D[g+8][2t, 2t+1]
 // A warp collective: the lanes pool A and B in the warp's scratch, each computes its four
-// outputs in fp32 (products of halves are exact in fp32), and the warp meets again before
-// the scratch is reused.
-inline void MmaM16N8K16F16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  auto half = [](uint32_t reg, int upper) {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(reg >> (16 * upper))));
+// outputs in fp32 (products of fp16 or bf16 values are exact in fp32), and the warp meets
+// again before the scratch is reused. `decode` turns a 16-bit element's bits into a float.
+template <typename Decode>
+inline void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                        Decode decode) {
+  auto half = [&](uint32_t reg, int upper) {
+    return decode(static_cast<uint16_t>(reg >> (16 * upper)));
   };
   float* s = WarpScratch();  // A [16][16], B [16][8]
   const int g = LaneId() / 4, t = LaneId() % 4;
@@ -151,6 +166,40 @@ inline void MmaM16N8K16F16(float (&d)[4], const uint32_t (&a)[4], const uint32_t
   SyncWarp();
   for (int e = 0; e < 4; ++e) d[e] = out[e];
 }
+
+// fp16 inputs.
+inline void MmaM16N8K16F16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  MmaM16N8K16(d, a, b, [](uint16_t h) { return __half2float(__ushort_as_half(h)); });
+}
+
+// bf16 inputs: a bf16 is the upper half of a float's bits.
+inline void MmaM16N8K16BF16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  MmaM16N8K16(d, a, b, [](uint16_t h) {
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+  });
+}
+
+// PTX `ldmatrix.sync.aligned.m8n8.x4{,.trans}.shared.b16`, a warp collective (full warps
+// only): lane L gives the address of row L % 8 of matrix L / 8 (eight 16-bit elements, 16
+// bytes, 16-byte aligned, in shared memory), and with g = lane / 4, t = lane % 4 receives
+// in r[i] (first element in the low half)
+//   trans = false: M_i[g][2t], M_i[g][2t+1]     trans = true: M_i[2t][g], M_i[2t+1][g]
+// The rows are read once the whole warp is at the collective.
+void LdMatrixX4(uint32_t (&r)[4], const void* row_address, bool trans);
+
+// PTX `cp.async.cg.shared.global` of 16 bytes with a source size: copies src_bytes (0 to
+// 16) of src_global (device memory, not read when 0) and zero-fills the rest of the 16
+// bytes at dst_shared (shared memory); both 16-byte aligned. Per thread, deferred: the
+// copy (of the source as it is now) is queued in the thread's open group, CpAsyncCommit
+// closes that group (possibly empty), and CpAsyncWait(n) lands every copy of every
+// committed group but the newest n (copies not yet committed stay queued, as in PTX).
+// What is still queued when the thread exits is dropped.
+void CpAsync16(void* dst_shared, const void* src_global, int src_bytes);
+void CpAsyncCommit();
+void CpAsyncWait(int pending);
 
 }  // namespace kvlens_emu
 

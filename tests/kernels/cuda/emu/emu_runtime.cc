@@ -1,6 +1,6 @@
 // kvlens CUDA emulator, host side: the runtime API subset of include/cuda_runtime_api.h
 // and the block scheduler behind emu_device.h (cuBLAS is emu_cublas.cc).
-// One file (past 800 lines) because its parts share file-local state that must not leak
+// One file (past 900 lines) because its parts share file-local state that must not leak
 // into the emulated code: the allocation table, the thread's last error and capture state,
 // and the fiber scheduler the barriers and the launch paths switch through.
 //
@@ -16,7 +16,10 @@
 // Kernels run one block at a time on the launching host thread (launches from several
 // threads are serialised), one fiber per CUDA thread, switched only at barriers
 // (__syncthreads, warp collectives): a barrier that can never complete, because threads
-// wait at different barriers or have exited, is reported as a failed launch.
+// wait at different barriers or have exited, is reported as a failed launch. The device
+// side's PTX stand-ins live here too: ldmatrix (one warp round: the last lane to arrive
+// reads the 32 rows) and cp.async (a queue per fiber, emptied by the waits). A misaligned
+// or out-of-place address there aborts the process with a message, as a GPU kernel faults.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -40,6 +43,10 @@
 #if !defined(__x86_64__)
 #error "the kvlens CUDA emulator's fiber switch is written for x86-64"
 #endif
+
+// The program's zero-initialised static storage (from the linker), where the function
+// statics that stand for `__shared__` variables live.
+extern "C" char __bss_start, _end;
 
 struct kvlens_emu::CUstream_st {
   bool capturing = false;
@@ -150,6 +157,14 @@ constexpr size_t kStackBytes = 256 * 1024;
 
 enum class FiberState { kReady, kWaiting, kDone };
 
+// A queued cp.async: the 16 bytes it will write (the source read when it was issued,
+// zero-filled past its source size) and the commit group it belongs to.
+struct AsyncCopy {
+  void* dst;
+  uint64_t group;
+  unsigned char bytes[16];
+};
+
 struct Fiber {
   void* sp = nullptr;
   char* stack = nullptr;
@@ -159,7 +174,9 @@ struct Fiber {
   FiberState state = FiberState::kReady;
   int waiting_on = -1;
   uint64_t wait_generation = 0;
-  uint64_t exchanges = 0;
+  uint64_t exchanges = 0;           // warp rounds so far: their parity picks the slots
+  std::vector<AsyncCopy> cp_async;  // queued, oldest first
+  uint64_t cp_async_groups = 0;     // commit groups closed so far
 };
 
 struct Barrier {
@@ -170,10 +187,13 @@ struct Barrier {
 
 struct Block {
   std::vector<Fiber> fibers;
-  std::vector<Barrier> barriers;    // [0] the block, [1 + w] warp w
-  std::vector<uint64_t> exchange;   // [warp][2][32]
-  std::vector<float> warp_scratch;  // [warp][768]
+  std::vector<Barrier> barriers;             // [0] the block, [1 + w] warp w
+  std::vector<uint64_t> exchange;            // [warp][2][32]
+  std::vector<float> warp_scratch;           // [warp][768]
+  std::vector<unsigned char> ldmatrix_rows;  // [warp][2][32][16]
   unsigned char* dynamic_shared = nullptr;
+  size_t shared_bytes = 0;     // of dynamic_shared
+  const char* name = nullptr;  // the kernel's
   void* scheduler_sp = nullptr;
   const void* scheduler_stack = nullptr;  // ASan: the launching thread's stack
   size_t scheduler_stack_bytes = 0;
@@ -294,15 +314,144 @@ void SyncWarp() { Arrive(1 + t_fiber->linear / 32); }
 
 int LaneId() { return t_fiber->linear % 32; }
 
-uint64_t WarpExchange(uint64_t bits, int src_lane) {
+namespace {
+
+int WarpLanes() {
+  return t_block->barriers[static_cast<size_t>(1 + t_fiber->linear / 32)].expected;
+}
+
+// One round of a warp collective: posts bits in the lane's slot and returns the warp's
+// slots once every lane has posted. Rounds alternate between two sets of slots (by the
+// parity of the fiber's `exchanges`): a lane that runs ahead into the next round cannot
+// overwrite what its warp still reads from this one, so the slots stay valid until the
+// lane's next warp barrier. The last lane to arrive first runs complete(slots, parity),
+// while the whole warp is at the collective.
+template <typename Complete>
+const uint64_t* WarpRound(uint64_t bits, Complete&& complete) {
   Fiber* f = t_fiber;
   const int warp = f->linear / 32, lane = f->linear % 32;
-  uint64_t* slots = &t_block->exchange[(static_cast<size_t>(warp) * 2 + (f->exchanges & 1)) * 32];
+  const size_t parity = f->exchanges & 1;
+  uint64_t* slots = &t_block->exchange[(static_cast<size_t>(warp) * 2 + parity) * 32];
   slots[lane] = bits;
+  const Barrier& bar = t_block->barriers[static_cast<size_t>(1 + warp)];
+  if (bar.arrived + 1 == bar.expected) complete(static_cast<const uint64_t*>(slots), parity);
   Arrive(1 + warp);
   ++f->exchanges;
-  const int lanes = t_block->barriers[static_cast<size_t>(1 + warp)].expected;
-  return src_lane >= 0 && src_lane < lanes ? slots[src_lane] : bits;
+  return slots;
+}
+
+// Ends the process with a message naming the instruction, the kernel and the thread.
+[[noreturn]] void DeviceFault(const char* instruction, const std::string& why) {
+  const ThreadContext& c = t_fiber->ctx;
+  std::fprintf(stderr, "[cuda-emu] %s: %s (kernel %s, block (%u, %u, %u), thread (%u, %u, %u))\n",
+               instruction, why.c_str(), t_block->name, c.block_idx.x, c.block_idx.y, c.block_idx.z,
+               c.thread_idx.x, c.thread_idx.y, c.thread_idx.z);
+  std::fflush(stderr);
+  std::abort();
+}
+
+void CheckAligned16(const char* instruction, const char* role, const void* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 == 0) return;
+  DeviceFault(instruction, std::string(role) + " " + Hex(p) +
+                               " is not 16-byte aligned (cudaErrorMisalignedAddress on a GPU)");
+}
+
+// [p, p + bytes) lies in the block's dynamic shared memory or in static storage (a
+// `__shared__` function static), not on a fiber's stack, in device memory or on the heap.
+void CheckShared(const char* instruction, const char* role, const void* p, size_t bytes) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t dynamic = reinterpret_cast<uintptr_t>(t_block->dynamic_shared);
+  if (a >= dynamic && a + bytes <= dynamic + t_block->shared_bytes) return;
+  if (a >= reinterpret_cast<uintptr_t>(&__bss_start) &&
+      a + bytes <= reinterpret_cast<uintptr_t>(&_end)) {
+    return;
+  }
+  DeviceFault(instruction, std::string(role) + " " + Hex(p) + " is not " + std::to_string(bytes) +
+                               " bytes of shared memory (the block's " +
+                               std::to_string(t_block->shared_bytes) +
+                               " bytes of dynamic shared memory or a __shared__ variable)");
+}
+
+}  // namespace
+
+uint64_t WarpExchange(uint64_t bits, int src_lane) {
+  const uint64_t* slots = WarpRound(bits, [](const uint64_t*, size_t) {});
+  return src_lane >= 0 && src_lane < WarpLanes() ? slots[src_lane] : bits;
+}
+
+void WarpAllGather(uint64_t bits, uint64_t* out32) {
+  const uint64_t* slots = WarpRound(bits, [](const uint64_t*, size_t) {});
+  const int lanes = WarpLanes();
+  for (int l = 0; l < 32; ++l) out32[l] = l < lanes ? slots[l] : 0;
+}
+
+void LdMatrixX4(uint32_t (&r)[4], const void* row_address, bool trans) {
+  CheckAligned16("ldmatrix", "row address", row_address);
+  CheckShared("ldmatrix", "row address", row_address, 16);
+  if (WarpLanes() != 32) {
+    DeviceFault("ldmatrix", "a warp collective of all 32 lanes, run in a warp of " +
+                                std::to_string(WarpLanes()) + " threads");
+  }
+  const size_t warp = static_cast<size_t>(t_fiber->linear / 32);
+  const size_t parity = t_fiber->exchanges & 1;
+  // The last lane to arrive copies the 32 rows (matrix i's row j from lane 8i + j).
+  WarpRound(reinterpret_cast<uintptr_t>(row_address), [warp](const uint64_t* slots, size_t p) {
+    unsigned char* rows = &t_block->ldmatrix_rows[(warp * 2 + p) * 512];
+    for (int l = 0; l < 32; ++l) {
+      std::memcpy(rows + 16 * l, reinterpret_cast<const void*>(slots[l]), 16);
+    }
+  });
+  const unsigned char* rows = &t_block->ldmatrix_rows[(warp * 2 + parity) * 512];
+  const int g = LaneId() / 4, t = LaneId() % 4;
+  for (int i = 0; i < 4; ++i) {
+    if (!trans) {  // row g, elements 2t and 2t+1: the row's 32-bit word t
+      std::memcpy(&r[i], rows + 16 * (8 * i + g) + 4 * t, 4);
+    } else {  // element g of rows 2t and 2t+1
+      uint16_t lo, hi;
+      std::memcpy(&lo, rows + 16 * (8 * i + 2 * t) + 2 * g, 2);
+      std::memcpy(&hi, rows + 16 * (8 * i + 2 * t + 1) + 2 * g, 2);
+      r[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    }
+  }
+}
+
+void CpAsync16(void* dst_shared, const void* src_global, int src_bytes) {
+  if (src_bytes < 0 || src_bytes > 16) {
+    DeviceFault("cp.async", "source size " + std::to_string(src_bytes) + " is not 0 to 16");
+  }
+  CheckAligned16("cp.async", "destination", dst_shared);
+  CheckAligned16("cp.async", "source", src_global);
+  CheckShared("cp.async", "destination", dst_shared, 16);
+  if (src_bytes > 0 && !IsDeviceRange(src_global, static_cast<size_t>(src_bytes))) {
+    DeviceFault("cp.async", "source " + Hex(src_global) + " is not " + std::to_string(src_bytes) +
+                                " bytes of device memory (cudaErrorIllegalAddress on a GPU)");
+  }
+  // In flight the destination is undefined: it reads as NaN (0xFF bytes) from the issue to
+  // the wait, so a thread still reading a tile's old contents after another thread has
+  // begun overwriting it (a missing barrier before the issue) reads NaN, as it may read
+  // the new bytes half-written on a GPU.
+  std::memset(dst_shared, 0xff, 16);
+  Fiber& f = *t_fiber;
+  AsyncCopy& c = f.cp_async.emplace_back();
+  c.dst = dst_shared;
+  c.group = f.cp_async_groups;
+  std::memset(c.bytes, 0, sizeof(c.bytes));
+  if (src_bytes > 0) std::memcpy(c.bytes, src_global, static_cast<size_t>(src_bytes));
+}
+
+void CpAsyncCommit() { ++t_fiber->cp_async_groups; }
+
+void CpAsyncWait(int pending) {
+  if (pending < 0) DeviceFault("cp.async.wait_group", std::to_string(pending) + " groups");
+  Fiber& f = *t_fiber;
+  // Groups [0, landed) land; the queue holds copies in group order.
+  const uint64_t keep = static_cast<uint64_t>(pending);
+  const uint64_t landed = f.cp_async_groups > keep ? f.cp_async_groups - keep : 0;
+  size_t n = 0;
+  for (; n < f.cp_async.size() && f.cp_async[n].group < landed; ++n) {
+    std::memcpy(f.cp_async[n].dst, f.cp_async[n].bytes, sizeof(f.cp_async[n].bytes));
+  }
+  f.cp_async.erase(f.cp_async.begin(), f.cp_async.begin() + static_cast<std::ptrdiff_t>(n));
 }
 
 void* DynamicShared() { return t_block->dynamic_shared; }
@@ -351,8 +500,11 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
   }
   b.exchange.resize(static_cast<size_t>(warps) * 64);
   b.warp_scratch.resize(static_cast<size_t>(warps) * 768);
+  b.ldmatrix_rows.resize(static_cast<size_t>(warps) * 2 * 512);
   b.dynamic_shared = reinterpret_cast<unsigned char*>(
       RoundUp(reinterpret_cast<uintptr_t>(g_dynamic_shared.data()), 128));
+  b.shared_bytes = c.shared_bytes;
+  b.name = c.name;
   b.body = &body;
 #ifdef KVLENS_EMU_ASAN
   {  // past the launch's dynamic shared memory: out of bounds

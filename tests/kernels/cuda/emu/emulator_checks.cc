@@ -1,19 +1,27 @@
 // The CUDA emulator's own contract, each check against values worked out by hand: a block
 // barrier orders shared-memory writes before reads; warp shuffles and the block reduction
-// of kernels/cuda/reduce.cuh give the exact sums; an mma.sync tile (mma_sync.cuh) loaded
-// by the PTX ISA's fragment formulas multiplies like a naive loop; a divergent
-// __syncthreads, an oversized block, dynamic shared memory over the limit, a host pointer
-// passed as a kernel argument and a wrong-direction copy all fail as on a GPU; reading past
-// an allocation faults; captured work runs only when its graph is launched.
+// of kernels/cuda/reduce.cuh give the exact sums; an all-gather gives every lane its
+// (possibly partial) warp's values; mma.sync tiles (mma_sync.cuh, fp16 and bf16) loaded
+// by the PTX ISA's fragment formulas multiply like a naive loop; ldmatrix .x4
+// (async_copy.cuh), plain and .trans, from static and dynamic shared memory, gives every
+// lane the words of the ISA's formulas; cp.async lands a group only at the wait that
+// completes it (its destination reads as NaN from the issue to then), zero-fills past its
+// source size and drops what a thread leaves queued; a divergent __syncthreads, an oversized block,
+// dynamic shared memory over the limit, a host pointer passed as a kernel argument and a
+// wrong-direction copy all fail as on a GPU; reading past an allocation faults, and so do
+// misaligned or non-shared ldmatrix and cp.async addresses; captured work runs only when
+// its graph is launched.
 // clang-format off
 #include "tests/kernels/cuda/emu/emu_device.h"  // first: the device keywords reduce.cuh uses
 // clang-format on
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/reduce.cuh"
 
@@ -49,6 +57,16 @@ void ShuffleKernel(int* out) {
   out[32 + lane] = __shfl_down_sync(0xffffffffu, lane, 3);
 }
 
+// Two all-gathers back to back (the second's values differ), each thread writing what it
+// got: out[(round * threads + thread) * 32 + lane].
+void AllGatherKernel(uint64_t* out) {
+  const int t = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+  for (int round = 0; round < 2; ++round) {
+    ::kvlens_emu::WarpAllGather(static_cast<uint64_t>(t * 10 + round),
+                                &out[(round * threads + t) * 32]);
+  }
+}
+
 void DivergentBarrierKernel(float* out) {
   if (threadIdx.x < 16) __syncthreads();
   out[threadIdx.x] = 1.0f;
@@ -82,6 +100,154 @@ void MmaSyncKernel(const __half* a, const __half* b, const float* c, float* d) {
   for (int i = 0; i < 4; ++i) d[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)] = acc[i];
 }
 
+// MmaSyncKernel with bf16 inputs (MmaBf16): the same fragment formulas.
+void MmaSyncBf16Kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, float* d) {
+  const int g = threadIdx.x / 4, t = threadIdx.x % 4;
+  uint32_t fa[4], fb[2];
+  float acc[4];
+  for (int i = 0; i < 8; i += 2) {
+    const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+    const int col = 2 * t + (i >= 4 ? 8 : 0);
+    fa[i / 2] =
+        PackBf162(__bfloat162float(a[row * 16 + col]), __bfloat162float(a[row * 16 + col + 1]));
+  }
+  for (int i = 0; i < 4; i += 2) {
+    const int row = 2 * t + (i >= 2 ? 8 : 0);
+    fb[i / 2] = PackBf162(__bfloat162float(b[row * 8 + g]), __bfloat162float(b[(row + 1) * 8 + g]));
+  }
+  for (int i = 0; i < 4; ++i) acc[i] = 2.0f * c[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)];
+  MmaBf16(acc, fa, fb);
+  for (int i = 0; i < 4; ++i) d[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)] = acc[i];
+}
+
+// ldmatrix's four 8×8 matrices of 16-bit elements, element (m, row, col) = m·64 + row·8 +
+// col, stored with rows kLdStride elements (48 bytes) apart, the padding 0xFFFF.
+constexpr int kLdStride = 24;
+constexpr int kLdElements = 4 * 8 * kLdStride;
+
+uint32_t LdElement(int m, int row, int col) {
+  return static_cast<uint32_t>(m * 64 + row * 8 + col);
+}
+
+// One warp loads the matrices from a __shared__ array (or dynamic shared memory) with
+// ldmatrix .x4: .trans into out[0, 128), plain into out[128, 256) (lane L's r[i] at
+// L * 4 + i). Right after the plain load every lane overwrites the row it addressed: the
+// rows must have been read when the whole warp was at the ldmatrix (as on a GPU), not
+// when each fiber resumes.
+void LdMatrixKernel(bool dynamic, uint32_t* out) {
+  __shared__ __align__(16) uint16_t static_tiles[kLdElements];
+  uint16_t* tiles = dynamic ? static_cast<uint16_t*>(::kvlens_emu::DynamicShared()) : static_tiles;
+  const int lane = static_cast<int>(threadIdx.x);
+  for (int e = lane; e < kLdElements; e += 32) tiles[e] = 0xffff;
+  __syncwarp();
+  for (int e = lane; e < 256; e += 32) {
+    tiles[(e / 8) * kLdStride + e % 8] =
+        static_cast<uint16_t>(LdElement(e / 64, (e / 8) % 8, e % 8));
+  }
+  __syncwarp();
+  uint16_t* row = &tiles[((lane / 8) * 8 + lane % 8) * kLdStride];  // matrix L / 8, row L % 8
+  uint32_t r[4];
+  LdMatrixX4<true>(r, row);
+  for (int i = 0; i < 4; ++i) out[lane * 4 + i] = r[i];
+  LdMatrixX4<false>(r, row);
+  for (int c = 0; c < 8; ++c) row[c] = 0;
+  for (int i = 0; i < 4; ++i) out[128 + lane * 4 + i] = r[i];
+}
+
+// Lane 5's row address is 8 bytes past a 16-byte boundary.
+void MisalignedLdMatrixKernel(uint32_t* out) {
+  auto* rows = static_cast<uint16_t*>(::kvlens_emu::DynamicShared());
+  uint32_t r[4];
+  LdMatrixX4<false>(r, rows + threadIdx.x * 8 + (threadIdx.x == 5 ? 4 : 0));
+  out[threadIdx.x] = r[0];
+}
+
+// Every lane addresses a row of device memory instead of shared memory.
+void GlobalLdMatrixKernel(uint32_t* out) {
+  uint32_t r[4];
+  LdMatrixX4<false>(r, out + threadIdx.x * 4);
+  out[threadIdx.x] = r[0];
+}
+
+// cp.async from src + offset (in 32-bit words) to dynamic shared memory + offset.
+void CpAsyncAtKernel(const uint32_t* src, int src_offset, int dst_offset) {
+  auto* smem = static_cast<uint32_t*>(::kvlens_emu::DynamicShared());
+  CpAsync16(smem + dst_offset, src + src_offset, 16);
+}
+
+// A cp.async into a thread's local array (its stack), not shared memory.
+void CpAsyncToLocalKernel(const uint32_t* src, uint32_t* out) {
+  alignas(16) uint32_t local[4] = {};
+  CpAsync16(local, src, 16);
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+  out[0] = local[0];
+}
+
+// Each of 32 threads owns five 16-byte slots (4 words each) of dynamic shared memory and
+// the same five of src; it copies slot 0 (16 bytes) and slot 2 (source size 0: zeros, src
+// not read) in group A, slot 1 (16 bytes) and slot 3 (source size 8: two words, two zero
+// words) in group B, and slot 4 in a group it commits only after the second wait. Its 20
+// words go to out[stage][thread] (kCpWords each) at each stage: 0 before any wait, 1 after
+// CpAsyncWait<1>, 2 after CpAsyncWait<0>, 3 after committing and waiting for slot 4. Then,
+// after a __syncthreads, thread 0 writes thread 31's slots to out[4][0].
+constexpr int kCpWords = 20;
+
+void CpAsyncKernel(const uint32_t* src, uint32_t* out) {
+  auto* smem = static_cast<uint32_t*>(::kvlens_emu::DynamicShared());
+  const int t = static_cast<int>(threadIdx.x);
+  uint32_t* mine = smem + t * kCpWords;
+  const uint32_t* from = src + t * kCpWords;
+  auto write_out = [&](int stage, const uint32_t* words) {
+    for (int w = 0; w < kCpWords; ++w) out[(stage * 32 + t) * kCpWords + w] = words[w];
+  };
+  CpAsync16(mine + 0, from + 0, 16);  // group A
+  CpAsync16(mine + 8, nullptr, 0);
+  CpAsyncCommit();
+  CpAsync16(mine + 4, from + 4, 16);  // group B
+  CpAsync16(mine + 12, from + 12, 8);
+  CpAsyncCommit();
+  CpAsync16(mine + 16, from + 16, 16);  // not committed yet
+  write_out(0, mine);
+  CpAsyncWait<1>();
+  write_out(1, mine);
+  CpAsyncWait<0>();
+  write_out(2, mine);
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+  write_out(3, mine);
+  __syncthreads();
+  if (t == 0) {
+    for (int w = 0; w < kCpWords; ++w) out[4 * 32 * kCpWords + w] = smem[31 * kCpWords + w];
+  }
+}
+
+// Block 0 queues and commits a copy but exits without waiting; block 1 (the same fibers,
+// re-created) waits for everything and reads the slot: still NaN, nothing carried over.
+void CpAsyncDroppedKernel(const uint32_t* src, uint32_t* out) {
+  auto* smem = static_cast<uint32_t*>(::kvlens_emu::DynamicShared());
+  if (blockIdx.x == 0) {
+    CpAsync16(smem, src, 16);
+    CpAsyncCommit();
+    return;
+  }
+  CpAsyncWait<0>();
+  out[0] = smem[0];
+}
+
+// A destination that held data reads as NaN once a copy into it is issued (the copy is in
+// flight), and as the source after the wait: out = {before, in flight, landed}.
+void CpAsyncInFlightKernel(const uint32_t* src, uint32_t* out) {
+  auto* smem = static_cast<uint32_t*>(::kvlens_emu::DynamicShared());
+  smem[0] = 7;
+  out[0] = smem[0];
+  CpAsync16(smem, src, 16);
+  CpAsyncCommit();
+  out[1] = smem[0];
+  CpAsyncWait<0>();
+  out[2] = smem[0];
+}
+
 template <typename T>
 T* DeviceCopy(const std::vector<T>& host) {
   T* d = nullptr;
@@ -96,6 +262,17 @@ std::vector<T> HostCopy(const T* d, size_t n) {
   std::vector<T> h(n);
   EXPECT_EQ(cudaMemcpy(h.data(), d, sizeof(T) * n, cudaMemcpyDeviceToHost), cudaSuccess);
   return h;
+}
+
+TEST(CudaEmulator, CpAsyncDestinationIsNaNWhileInFlight) {
+  uint32_t* src = DeviceCopy(std::vector<uint32_t>{41, 42, 43, 44});
+  uint32_t* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, 3 * sizeof(uint32_t)), cudaSuccess);
+  ::kvlens_emu::Launch(CpAsyncInFlightKernel, "CpAsyncInFlightKernel", 1, 1, 16)(src, out);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(HostCopy(out, 3), (std::vector<uint32_t>{7, 0xffffffffu, 41}));
+  cudaFree(src);
+  cudaFree(out);
 }
 
 TEST(CudaEmulator, BarrierOrdersSharedMemoryAcrossThreadsAndBlocks) {
@@ -132,6 +309,24 @@ TEST(CudaEmulator, ShufflesReadTheNamedLane) {
   cudaFree(d);
 }
 
+TEST(CudaEmulator, WarpAllGatherGivesEveryLaneTheWholeWarp) {
+  uint64_t* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 2 * 48 * 32 * sizeof(uint64_t)), cudaSuccess);
+  ::kvlens_emu::Launch(AllGatherKernel, "AllGatherKernel", 1, 48)(d);  // warp 1: 16 lanes
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<uint64_t> h = HostCopy(d, 2 * 48 * 32);
+  for (int round = 0; round < 2; ++round) {
+    for (int t = 0; t < 48; ++t) {
+      const int warp_start = t / 32 * 32, lanes = t < 32 ? 32 : 16;
+      for (int l = 0; l < 32; ++l) {
+        const uint64_t want = l < lanes ? static_cast<uint64_t>((warp_start + l) * 10 + round) : 0;
+        EXPECT_EQ(h[(round * 48 + t) * 32 + l], want) << round << ", " << t << ", " << l;
+      }
+    }
+  }
+  cudaFree(d);
+}
+
 TEST(CudaEmulator, MmaSyncTileEqualsNaiveProduct) {
   std::vector<__half> a(256), b(128);
   std::vector<float> c(128), fa(256), fb(128);
@@ -163,6 +358,119 @@ TEST(CudaEmulator, MmaSyncTileEqualsNaiveProduct) {
   cudaFree(db);
   cudaFree(dc);
   cudaFree(dd);
+}
+
+TEST(CudaEmulator, MmaSyncBf16TileEqualsNaiveProduct) {
+  std::vector<__nv_bfloat16> a(256), b(128);
+  std::vector<float> c(128), fa(256), fb(128);
+  for (int i = 0; i < 256; ++i) {
+    // Small integers times 2^16 (beyond fp16's range), exact in bf16, as are the products
+    // and their sums in fp32.
+    fa[i] = (static_cast<float>((i * 7) % 13) - 6.0f) * 65536.0f;
+    a[i] = __float2bfloat16_rn(fa[i]);
+    ASSERT_EQ(__bfloat162float(a[i]), fa[i]);
+  }
+  for (int i = 0; i < 128; ++i) {
+    fb[i] = (static_cast<float>((i * 5) % 11) - 5.0f) / 16.0f;
+    b[i] = __float2bfloat16_rn(fb[i]);
+    ASSERT_EQ(__bfloat162float(b[i]), fb[i]);
+    c[i] = static_cast<float>(i % 9);
+  }
+  __nv_bfloat16* da = DeviceCopy(a);
+  __nv_bfloat16* db = DeviceCopy(b);
+  float* dc = DeviceCopy(c);
+  float* dd = nullptr;
+  ASSERT_EQ(cudaMalloc(&dd, 128 * sizeof(float)), cudaSuccess);
+  ::kvlens_emu::Launch(MmaSyncBf16Kernel, "MmaSyncBf16Kernel", 1, 32)(da, db, dc, dd);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<float> d = HostCopy(dd, 128);
+  for (int r = 0; r < 16; ++r) {
+    for (int n = 0; n < 8; ++n) {
+      float want = 2.0f * c[r * 8 + n];
+      for (int k = 0; k < 16; ++k) want += fa[r * 16 + k] * fb[k * 8 + n];
+      EXPECT_EQ(d[r * 8 + n], want) << r << ", " << n;
+    }
+  }
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+  cudaFree(dd);
+}
+
+TEST(CudaEmulator, LdMatrixGivesEachLaneTheIsaFragments) {
+  uint32_t* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 256 * sizeof(uint32_t)), cudaSuccess);
+  for (const bool dynamic : {false, true}) {
+    SCOPED_TRACE(dynamic ? "dynamic shared memory" : "__shared__ array");
+    ::kvlens_emu::Launch(LdMatrixKernel, "LdMatrixKernel", 1, 32,
+                         dynamic ? kLdElements * sizeof(uint16_t) : 0)(dynamic, d);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    const std::vector<uint32_t> h = HostCopy(d, 256);
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      for (int i = 0; i < 4; ++i) {
+        // .trans: M_i[2t][g], M_i[2t+1][g]; plain: M_i[g][2t], M_i[g][2t+1] (low half first).
+        EXPECT_EQ(h[lane * 4 + i], LdElement(i, 2 * t, g) | LdElement(i, 2 * t + 1, g) << 16)
+            << "trans, lane " << lane << ", r[" << i << "]";
+        EXPECT_EQ(h[128 + lane * 4 + i], LdElement(i, g, 2 * t) | LdElement(i, g, 2 * t + 1) << 16)
+            << "plain, lane " << lane << ", r[" << i << "]";
+      }
+    }
+  }
+  cudaFree(d);
+}
+
+TEST(CudaEmulator, CpAsyncLandsAGroupAtItsWait) {
+  std::vector<uint32_t> src(32 * kCpWords);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = 0x01000000u + static_cast<uint32_t>(i);
+  uint32_t* dsrc = DeviceCopy(src);
+  uint32_t* dout = nullptr;
+  const size_t out_words = (4 * 32 + 1) * kCpWords;
+  ASSERT_EQ(cudaMalloc(&dout, out_words * sizeof(uint32_t)), cudaSuccess);
+  ::kvlens_emu::Launch(CpAsyncKernel, "CpAsyncKernel", 1, 32, 32 * kCpWords * 4)(dsrc, dout);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<uint32_t> out = HostCopy(dout, out_words);
+  constexpr uint32_t kNaN = 0xffffffffu;  // dynamic shared memory before any copy lands
+  for (int t = 0; t < 32; ++t) {
+    const uint32_t* s = &src[static_cast<size_t>(t) * kCpWords];
+    // Slots 0 (A, 16 bytes), 1 (B, 16 bytes), 2 (A, source size 0), 3 (B, source size 8),
+    // 4 (committed after the second wait); each stage as the kernel's comment says.
+    auto slot0 = [&](int w) { return s[w]; };
+    auto slot1 = [&](int w) { return s[4 + w]; };
+    auto slot3 = [&](int w) { return w < 2 ? s[12 + w] : 0u; };
+    auto slot4 = [&](int w) { return s[16 + w]; };
+    const std::vector<std::vector<uint32_t>> want = [&] {
+      std::vector<std::vector<uint32_t>> stages(5, std::vector<uint32_t>(kCpWords, kNaN));
+      for (int w = 0; w < 4; ++w) {
+        stages[1][w] = slot0(w);
+        stages[1][8 + w] = 0;
+        for (int stage = 2; stage <= 3; ++stage) {
+          stages[stage][w] = slot0(w);
+          stages[stage][4 + w] = slot1(w);
+          stages[stage][8 + w] = 0;
+          stages[stage][12 + w] = slot3(w);
+        }
+        stages[3][16 + w] = slot4(w);
+      }
+      return stages;
+    }();
+    for (int stage = 0; stage < 4; ++stage) {
+      for (int w = 0; w < kCpWords; ++w) {
+        EXPECT_EQ(out[(static_cast<size_t>(stage) * 32 + t) * kCpWords + w], want[stage][w])
+            << "thread " << t << ", stage " << stage << ", word " << w;
+      }
+    }
+    if (t == 31) {  // thread 0's view of thread 31's slots after the __syncthreads
+      for (int w = 0; w < kCpWords; ++w) {
+        EXPECT_EQ(out[4 * 32 * kCpWords + w], want[3][w]) << "thread 0 reading 31, word " << w;
+      }
+    }
+  }
+  ::kvlens_emu::Launch(CpAsyncDroppedKernel, "CpAsyncDroppedKernel", 2, 1, 16)(dsrc, dout);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(HostCopy(dout, 1)[0], kNaN);
+  cudaFree(dsrc);
+  cudaFree(dout);
 }
 
 TEST(CudaEmulator, DivergentSyncthreadsIsALaunchFailure) {
@@ -276,6 +584,30 @@ TEST(CudaEmulatorDeathTest, ReadingPastAnAllocationFaults) {
                kReport);
   cudaFree(in);
   cudaFree(out);
+}
+
+// A GPU faults on a misaligned ldmatrix or cp.async address (cudaErrorMisalignedAddress)
+// and on one outside the state space the instruction names; the emulator ends the process
+// with a message naming the instruction and the address.
+TEST(CudaEmulatorDeathTest, MisalignedOrNonSharedLdMatrixAndCpAsyncAbort) {
+  uint32_t* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 256 * sizeof(uint32_t)), cudaSuccess);
+  EXPECT_DEATH(::kvlens_emu::Launch(MisalignedLdMatrixKernel, "MisalignedLdMatrixKernel", 1, 32,
+                                    32 * 16 + 16)(d),
+               "ldmatrix: row address 0x[0-9a-f]+ is not 16-byte aligned");
+  EXPECT_DEATH(::kvlens_emu::Launch(GlobalLdMatrixKernel, "GlobalLdMatrixKernel", 1, 32)(d),
+               "ldmatrix: row address 0x[0-9a-f]+ is not 16 bytes of shared memory");
+  EXPECT_DEATH(::kvlens_emu::Launch(CpAsyncAtKernel, "CpAsyncAtKernel", 1, 1, 64)(d, 0, 2),
+               "cp.async: destination 0x[0-9a-f]+ is not 16-byte aligned");
+  EXPECT_DEATH(::kvlens_emu::Launch(CpAsyncAtKernel, "CpAsyncAtKernel", 1, 1, 64)(d, 1, 0),
+               "cp.async: source 0x[0-9a-f]+ is not 16-byte aligned");
+  EXPECT_DEATH(::kvlens_emu::Launch(CpAsyncAtKernel, "CpAsyncAtKernel", 1, 1, 64)(d, 0, 16),
+               "cp.async: destination 0x[0-9a-f]+ is not 16 bytes of shared memory");
+  EXPECT_DEATH(::kvlens_emu::Launch(CpAsyncAtKernel, "CpAsyncAtKernel", 1, 1, 64)(d, 256, 0),
+               "cp.async: source 0x[0-9a-f]+ is not 16 bytes of device memory");
+  EXPECT_DEATH(::kvlens_emu::Launch(CpAsyncToLocalKernel, "CpAsyncToLocalKernel", 1, 1)(d, d),
+               "cp.async: destination 0x[0-9a-f]+ is not 16 bytes of shared memory");
+  cudaFree(d);
 }
 
 }  // namespace
