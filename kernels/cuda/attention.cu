@@ -12,6 +12,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/flash_common.cuh"
 #include "kernels/cuda/kv_load.cuh"
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/reduce.cuh"
@@ -34,21 +35,14 @@ bool KvVectorized(const AttentionParams& p) {
 // registers; only K and V pass through shared memory, rounded to fp16 once per tile:
 //   Ks  [64 keys][D dims]    S = Q·Kᵀ reads its B fragments along a key's dims
 //   Vt  [D dims][64 keys]    O += P·V reads its B fragments along a dim's keys
-// Per 64-key tile and row, with c = scale·log2(e):
-//   m' = max(m, max_j c·s_j),  α = 2^(m − m'),  p_j = 2^(c·s_j − m'),  l = α·l + Σ_j p_j,
-//   O = α·O + P·V  (P rounded to fp16; l sums the fp32 p_j)
-// and finally O / l. S's accumulator layout is P's A-fragment layout, so P never leaves
-// the registers. Rows of Ks and Vt are 32-bit words (pairs of halves) padded to an odd
-// multiple of 4 words mod 32, so the fragment loads (lane 4g + t reads word t of row g of
-// an 8-row group) fall in 32 different banks. Head sizes: multiples of 16 whose rows pad
-// that way (64, 80, 96, 128); past 128 the registers would spill. Masking (causal,
-// documents, the end of the keys) is applied only to tiles that some row of the block
-// does not see whole. W warps a block: 4 (64 queries, up to 3 blocks per SM) or 8 (128
-// queries, one block per SM, half the K/V traffic per FLOP); see FlashTileQueries.
-template <int W>
-constexpr int kBlockM = 16 * W;
-constexpr int kBlockN = 64;
-
+// Per 64-key tile, the online softmax of flash_common.cuh (FlashSoftmaxTile), then
+// O += P·V with P rounded to fp16 (l sums the fp32 p_j), and finally O / l. S's accumulator layout
+// is P's A-fragment layout, so P never leaves the registers. Rows of Ks and Vt are 32-bit words
+// (pairs of halves) padded to an odd multiple of 4 words mod 32, so the fragment loads (lane 4g + t
+// reads word t of row g of an 8-row group) fall in 32 different banks. Head sizes: multiples of 16
+// whose rows pad that way (64, 80, 96, 128); past 128 the registers would spill. W warps a block: 4
+// (64 queries, up to 3 blocks per SM) or 8 (128 queries, one block per SM, half the K/V traffic per
+// FLOP); see FlashTileQueries.
 template <int D>
 struct FlashSmem {
   static_assert(D % 16 == 0 && D <= 128 && (D / 2 + 4) % 8 == 4, "see the padding above");
@@ -56,25 +50,6 @@ struct FlashSmem {
   static constexpr int kVtLd = kBlockN / 2 + 4;  // words per Vt row
   static constexpr size_t kBytes = sizeof(uint32_t) * (kBlockN * kKsLd + D * kVtLd);
 };
-
-// What one block works on: rows q0 … q0 + rows − 1 of a sequence of num_queries rows
-// (query_offset, num_keys) whose q and out rows start at row0 of p.q and p.out and whose
-// blocks start at table_offset in p.block_table; a batched launch's tile is a sequence of
-// its own (q0 = 0). Integers only, kept in registers across the tile loop.
-struct FlashSeq {
-  int row0, table_offset, q0, rows, num_queries, num_keys, query_offset;
-};
-
-template <int W>
-__device__ __forceinline__ FlashSeq FlashSeqOf(const AttentionParams& p) {
-  if (p.flash_tiles == nullptr) {
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM<W>;  // longest causal rows first
-    return {
-        0, 0, q0, min(kBlockM<W>, p.num_queries - q0), p.num_queries, p.num_keys, p.query_offset};
-  }
-  const int32_t* t = p.flash_tiles + kFlashTileInts * blockIdx.x;
-  return {t[0], t[4], 0, t[1], t[1], t[3], t[2]};
-}
 
 // K and V rows j0 … j0+63 of KV head kvh into Ks and Vt (zeros past num_keys, which are
 // never read).
@@ -134,7 +109,7 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1) FlashPrefillKernel(Att
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const FlashSeq seq = FlashSeqOf<W>(p);
-  const int q0 = seq.q0, rows = seq.rows;
+  const int q0 = seq.q0;
   const int h = blockIdx.y;
   const int kvh = h / (p.num_heads / p.num_kv_heads);
   // The lane's two rows: fragment rows g and g + 8 of its warp's 16.
@@ -165,12 +140,7 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1) FlashPrefillKernel(Att
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float c = p.scale * 1.4426950408889634f;  // scale·log2(e)
 
-  // The last row, q0 + rows − 1, sees keys up to query_offset + q0 + rows − 1; the first
-  // row sees every key below first_end (so do all the block's rows, without documents).
-  // Positions fit in int32 (a sequence's keys are counted in int).
-  const int num_keys = seq.num_keys, query_offset = seq.query_offset;
-  const int key_end = p.causal ? min(num_keys, query_offset + q0 + rows) : num_keys;
-  const int first_end = p.causal ? min(num_keys, query_offset + q0 + 1) : num_keys;
+  const auto [key_end, first_end] = FlashKeysOf(p, seq);
 
   for (int j0 = 0; j0 < key_end; j0 += kBlockN) {
     __syncthreads();  // every warp is done with the previous tile
@@ -191,52 +161,7 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1) FlashPrefillKernel(Att
       }
     }
 
-    // Scale, mask, and the rows' new maxima (a row's four lanes hold its 64 keys).
-    const bool mask = p.q_doc != nullptr || j0 + kBlockN > first_end;
-    float mt[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[nt][e] * c;
-        if (mask) {
-          const int i = row_i[e / 2], j = j0 + 8 * nt + 2 * t + e % 2;
-          // Rows past the end see every key (their q is zero; they are never written).
-          const bool visible = (!p.causal || j <= query_offset + i) &&
-                               (p.q_doc == nullptr || p.q_doc[i] == p.k_doc[j]);
-          if (j >= num_keys || (i < seq.num_queries && !visible)) x = -INFINITY;
-        }
-        s[nt][e] = x;
-        mt[e / 2] = fmaxf(mt[e / 2], x);
-      }
-    }
-    float m_use[2], alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
-      mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
-      const float m_new = fmaxf(m[r], mt[r]);
-      // Nothing seen yet (m_new = −∞): p and α must be 0, not 2^(−∞ + ∞).
-      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = exp2f(m[r] - m_use[r]);
-      m[r] = m_new;
-      l[r] *= alpha[r];  // this lane's share of the row sum; the four are added at the end
-    }
-#pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] = exp2f(s[nt][e] - m_use[e / 2]);
-        l[e / 2] += s[nt][e];
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {
-      o[nt][0] *= alpha[0];
-      o[nt][1] *= alpha[0];
-      o[nt][2] *= alpha[1];
-      o[nt][3] *= alpha[1];
-    }
+    FlashSoftmaxTile<D>(p, seq, first_end, j0, row_i, c, s, m, l, o);
 
     // O += P·V: P's A fragment for keys 16kk … 16kk+15 is S tiles 2kk and 2kk + 1.
 #pragma unroll
@@ -254,22 +179,7 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1) FlashPrefillKernel(Att
     }
   }
 
-  // Every real row saw a key (checked on the host), so l > 0.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const int i = row_i[r];
-    if (i >= seq.num_queries) continue;
-    const float inv = 1.0f / l[r];
-    float* out =
-        p.out + static_cast<int64_t>(seq.row0 + i) * p.out_stride + static_cast<int64_t>(h) * D;
-#pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {
-      out[8 * nt + 2 * t] = o[nt][2 * r] * inv;
-      out[8 * nt + 2 * t + 1] = o[nt][2 * r + 1] * inv;
-    }
-  }
+  FlashWriteRows<D>(p, seq, h, row_i, l, o);
 }
 
 template <int D, int W>

@@ -1,0 +1,143 @@
+// What the two flash prefill kernels share (FlashPrefillKernel in attention.cu, on fp16
+// tensor cores over any cache; FlashPrefillBf16Kernel in flash_prefill_bf16.cu, on bf16
+// tensor cores over a bf16 cache): the block's tile of queries, and the per-warp steps
+// around the tensor-core products, all in registers in mma.sync's accumulator layout
+// (mma_sync.cuh: lane 4g + t holds rows g and g + 8 of its warp's 16, columns 2t, 2t + 1
+// of each 8-wide tile).
+//
+// Per 64-key tile and row, with c = scale·log2(e) (FlashSoftmaxTile):
+//   m' = max(m, max_j c·s_j),  α = 2^(m − m'),  p_j = 2^(c·s_j − m'),  l = α·l + Σ_j p_j,
+//   O = α·O   (then the kernel adds P·V, P rounded to its tensor cores' type)
+// and finally O / l (FlashWriteRows). Masking (causal, documents, the end of the keys) is
+// applied only to tiles that some row of the block does not see whole.
+#ifndef KVLENS_KERNELS_CUDA_FLASH_COMMON_CUH_
+#define KVLENS_KERNELS_CUDA_FLASH_COMMON_CUH_
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/attention.h"
+
+namespace kvlens::kernels::cuda {
+
+template <int W>
+constexpr int kBlockM = 16 * W;  // queries a block: W warps of 16
+constexpr int kBlockN = 64;      // keys a tile
+
+// What one block works on: rows q0 … q0 + rows − 1 of a sequence of num_queries rows
+// (query_offset, num_keys) whose q and out rows start at row0 of p.q and p.out and whose
+// blocks start at table_offset in p.block_table; a batched launch's tile is a sequence of
+// its own (q0 = 0). Integers only, kept in registers across the tile loop.
+struct FlashSeq {
+  int row0, table_offset, q0, rows, num_queries, num_keys, query_offset;
+};
+
+template <int W>
+__device__ __forceinline__ FlashSeq FlashSeqOf(const AttentionParams& p) {
+  if (p.flash_tiles == nullptr) {
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM<W>;  // longest causal rows first
+    return {
+        0, 0, q0, min(kBlockM<W>, p.num_queries - q0), p.num_queries, p.num_keys, p.query_offset};
+  }
+  const int32_t* t = p.flash_tiles + kFlashTileInts * blockIdx.x;
+  return {t[0], t[4], 0, t[1], t[1], t[3], t[2]};
+}
+
+// The keys a block reads: the last row, q0 + rows − 1, sees keys up to query_offset + q0 +
+// rows − 1 (key_end); the first row sees every key below first_end (so do all the block's
+// rows, without documents). Positions fit in int32 (a sequence's keys are counted in int).
+struct FlashKeyRange {
+  int key_end, first_end;
+};
+
+__device__ __forceinline__ FlashKeyRange FlashKeysOf(const AttentionParams& p,
+                                                     const FlashSeq& seq) {
+  const int q_first = seq.query_offset + seq.q0;
+  return {p.causal ? min(seq.num_keys, q_first + seq.rows) : seq.num_keys,
+          p.causal ? min(seq.num_keys, q_first + 1) : seq.num_keys};
+}
+
+// One tile's online-softmax step on the warp's scores s (the tile's keys j0 … j0 + 63, raw
+// Q·Kᵀ), for the lane's rows row_i[0], row_i[1]: s becomes the unnormalised weights p_j,
+// and m, l (this lane's share of the row sum; the four lanes of a row are added at the
+// end) and O are rescaled.
+template <int D>
+__device__ __forceinline__ void FlashSoftmaxTile(const AttentionParams& p, const FlashSeq& seq,
+                                                 int first_end, int j0, const int (&row_i)[2],
+                                                 float c, float (&s)[kBlockN / 8][4], float (&m)[2],
+                                                 float (&l)[2], float (&o)[D / 8][4]) {
+  const int t = threadIdx.x % 4;
+  const bool mask = p.q_doc != nullptr || j0 + kBlockN > first_end;
+  float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < kBlockN / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[nt][e] * c;
+      if (mask) {
+        const int i = row_i[e / 2], j = j0 + 8 * nt + 2 * t + e % 2;
+        // Rows past the end see every key (their q is zero; they are never written).
+        const bool visible = (!p.causal || j <= seq.query_offset + i) &&
+                             (p.q_doc == nullptr || p.q_doc[i] == p.k_doc[j]);
+        if (j >= seq.num_keys || (i < seq.num_queries && !visible)) x = -INFINITY;
+      }
+      s[nt][e] = x;
+      mt[e / 2] = fmaxf(mt[e / 2], x);
+    }
+  }
+  float m_use[2], alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
+    mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
+    const float m_new = fmaxf(m[r], mt[r]);
+    // Nothing seen yet (m_new = −∞): p and α must be 0, not 2^(−∞ + ∞).
+    m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[r] = exp2f(m[r] - m_use[r]);
+    m[r] = m_new;
+    l[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int nt = 0; nt < kBlockN / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[nt][e] = exp2f(s[nt][e] - m_use[e / 2]);
+      l[e / 2] += s[nt][e];
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) {
+    o[nt][0] *= alpha[0];
+    o[nt][1] *= alpha[0];
+    o[nt][2] *= alpha[1];
+    o[nt][3] *= alpha[1];
+  }
+}
+
+// O / l to the lane's rows of p.out (rows past the sequence's end are not written). Every
+// real row saw a key (checked on the host), so l > 0.
+template <int D>
+__device__ __forceinline__ void FlashWriteRows(const AttentionParams& p, const FlashSeq& seq, int h,
+                                               const int (&row_i)[2], float (&l)[2],
+                                               const float (&o)[D / 8][4]) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int i = row_i[r];
+    if (i >= seq.num_queries) continue;
+    const float inv = 1.0f / l[r];
+    float* out =
+        p.out + static_cast<int64_t>(seq.row0 + i) * p.out_stride + static_cast<int64_t>(h) * D;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      out[8 * nt + 2 * t] = o[nt][2 * r] * inv;
+      out[8 * nt + 2 * t + 1] = o[nt][2 * r + 1] * inv;
+    }
+  }
+}
+
+}  // namespace kvlens::kernels::cuda
+
+#endif  // KVLENS_KERNELS_CUDA_FLASH_COMMON_CUH_
