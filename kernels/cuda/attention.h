@@ -5,7 +5,9 @@
 //   flash prefill   Dh 64, 80, 96 or 128, Tq >= kFlashMinQueries: 64 queries × 64 keys,
 //                   Q·Kᵀ and P·V on fp16 tensor cores (mma.sync) with fp32 accumulation,
 //                   online softmax in fp32, S, P and O in registers; never the full Tq×Tk
-//                   matrix.
+//                   matrix. Over a bf16 cache (rows in 16-byte pieces) its bf16 twin
+//                   instead: K/V tiles copied to shared memory as stored (cp.async, two
+//                   stages) and read by ldmatrix, Q·Kᵀ and P·V on bf16 tensor cores.
 //   split-KV        any Dh <= 256, any Tq (decode, short chunks, other head sizes): fp32,
 //                   one block per (query, KV head, key split); its four warps take turns
 //                   over the keys and each K/V row is read once for all the GQA group's
@@ -82,6 +84,12 @@ bool FlashPrefillSupports(int head_dim);
 int FlashTileQueries(int head_dim, int requested);
 // tile_queries: FlashTileQueries(p.head_dim, ·); p.flash_tiles (if set) cut to that size.
 absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cudaStream_t stream);
+// The bf16 twin (flash_prefill_bf16.cu) takes p when the cache is bf16, kv_row_stride a
+// multiple of 8 and k, v 16-byte aligned (its copies move 16 bytes), at the head sizes of
+// FlashPrefillSupports. It rounds Q and P to bf16 (FlashPrefillKernel: fp16).
+bool FlashPrefillBf16Supports(const AttentionParams& p);
+absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries,
+                                    cudaStream_t stream);
 
 // Which split-KV kernel LaunchSplitKv runs for p (0…kSplitKvVariants − 1: vector loads,
 // head size past 128, the head tile that covers the GQA group, a bf16 cache), and how

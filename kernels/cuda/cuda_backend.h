@@ -117,9 +117,14 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
     int64_t reused = 0;
   };
   IndexUploadStats index_upload_stats() const { return index_stats_; }
-  // Queries per flash prefill block: 64 (the default) or 128, where the head size allows
+  // Queries per flash prefill block: 64 or 128 (the default), where the head size allows
   // (attention.h, FlashTileQueries). For kvlens_gpu_check's comparison and the tests.
   absl::Status SetFlashTileQueries(int queries);
+  // Whether prefill over a bf16 cache takes the bf16 flash kernel where it applies
+  // (FlashPrefillBf16Supports; on by default) or the fp16 one that converts each element.
+  // For kvlens_gpu_check's comparison and the tests.
+  void SetFlashBf16(bool on) { flash_bf16_ = on; }
+  bool flash_bf16() const { return flash_bf16_; }
   // Key splits of every split-KV launch: 0 (the default) lets ChooseNumSplits decide, else
   // 1 … kSplitKvMaxSplits. For kvlens_gpu_check's sweep of the decode kernel.
   absl::Status SetSplitKvSplits(int splits);
@@ -228,6 +233,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // with per-row key ends, or flash with per-block tiles of the sequences.
   absl::Status LaunchSplitKvBatched(absl::Span<const AttentionArgs<float>> calls);
   absl::Status LaunchFlashBatched(absl::Span<const AttentionArgs<float>> calls);
+  // The flash launch of p: the bf16 kernel where it applies (and flash_bf16_), else fp16.
+  absl::Status Flash(const AttentionParams& p, int tile_queries);
   // The kernels' parameters for a checked forward call, index arrays uploaded.
   absl::StatusOr<AttentionParams> DeviceParams(const AttentionArgs<float>& a);
 
@@ -252,6 +259,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   std::vector<StagedIndices> index_recent_;  // newest last, at most kIndexReuse
   IndexUploadStats index_stats_;
   int flash_tile_queries_ = kFlashDefaultTileQueries;
+  bool flash_bf16_ = true;                             // SetFlashBf16
   int split_kv_splits_ = 0;                            // SetSplitKvSplits; 0: ChooseNumSplits
   int split_kv_blocks_per_sm_[kSplitKvVariants] = {};  // by SplitKvVariant, 0: not asked yet
   std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays

@@ -140,7 +140,7 @@ absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {
     return Launch(&LaunchMaterialized, p, scores, probs);
   }
   if (TakesFlash(a)) {
-    return Launch(&LaunchFlashPrefill, p, FlashTileQueries(a.head_dim, flash_tile_queries_));
+    return Flash(p, FlashTileQueries(a.head_dim, flash_tile_queries_));
   }
   if (a.head_dim > kSplitKvMaxHeadDim) {
     return absl::InvalidArgumentError(absl::StrCat("AttentionArgs.head_dim ", a.head_dim,
@@ -266,7 +266,14 @@ absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<floa
   p.block_table = base;
   p.flash_tiles = base + tables;
   p.num_flash_tiles = static_cast<int>(tiles.size());
-  return Launch(&LaunchFlashPrefill, p, tile);
+  return Flash(p, tile);
+}
+
+absl::Status CudaBackend::Flash(const AttentionParams& p, int tile_queries) {
+  if (flash_bf16_ && FlashPrefillBf16Supports(p)) {
+    return Launch(&LaunchFlashPrefillBf16, p, tile_queries);
+  }
+  return Launch(&LaunchFlashPrefill, p, tile_queries);
 }
 
 absl::Status CudaBackend::SetSplitKvSplits(int splits) {

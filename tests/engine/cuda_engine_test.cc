@@ -311,9 +311,9 @@ void ExpectBf16CacheAgreement(const std::vector<float>& cuda_bf16,
   EXPECT_LE(err, moved / 4);
 }
 
-// A bf16 KV cache (--kv-cache-dtype bf16): the head-size-64 model's flash prefill (fp16
-// tensor cores: the float cache's tolerance) and split-KV chunks, and one batched step of
-// the default model (AttentionBatch).
+// A bf16 KV cache (--kv-cache-dtype bf16): the head-size-64 model's flash prefill (the
+// bf16 flash kernel: Q and P rounded to bf16, within the float cache's flash tolerance)
+// and split-KV chunks, and one batched step of the default model (AttentionBatch).
 TEST(CudaEngineLogits, Bf16CacheWithinToleranceOfCpu) {
   KVLENS_REQUIRE_CUDA(cuda);
   constexpr auto kBf16 = kernels::KvDtype::kBF16;

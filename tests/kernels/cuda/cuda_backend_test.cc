@@ -77,7 +77,7 @@ TEST_F(CudaBackendTest, RejectsAMissingDevice) {
 
 TEST_F(CudaBackendTest, ParityTableWithinTwiceTheNaiveLowPrecisionError) {
   const std::vector<parity::ParityResult> results = parity::RunParitySuite(*backend_);
-  EXPECT_EQ(results.size(), 116u);  // one per case; maps cases add probs (and scores)
+  EXPECT_EQ(results.size(), 125u);  // one per case; maps cases add probs (and scores)
   for (const parity::ParityResult& r : results) {
     std::cerr << "[ parity   ] " << r.name << ": error " << r.err << ", tolerance " << r.tol
               << "\n";
@@ -116,15 +116,86 @@ TEST_F(CudaBackendTest, FlashWith64QueryTilesWithinTolerance) {
       results.push_back(std::move(r));
     }
   }
-  EXPECT_EQ(flash_shapes, 10);  // Dh 64 and 128 (6 shapes, 2 on a bf16 cache), 80 and 96
+  // Dh 64 and 128 (6 shapes, 2 on a bf16 cache), 80 and 96; 8 on a bf16 cache in 16-byte
+  // pieces (the bf16 kernel).
+  EXPECT_EQ(flash_shapes, 18);
   int uploads = -1;
   results.push_back(parity::AttentionBatchFlashCase(*backend_, rng, &uploads));
+  EXPECT_EQ(uploads, 4);
+  results.push_back(parity::AttentionBatchFlashCase(*backend_, rng, &uploads, true));
   EXPECT_EQ(uploads, 4);
   for (const parity::ParityResult& r : results) {
     std::cerr << "[ parity   ] 64-query tiles: " << r.name << ": error " << r.err << ", tolerance "
               << r.tol << "\n";
     EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
   }
+}
+
+// Prefill over a bf16 cache whose rows are 16-byte pieces takes the bf16 flash kernel,
+// which rounds Q and P to bf16; SetFlashBf16(false) sends it to the fp16 kernel. Told
+// apart by which naive run the output follows: on one tile of keys (the running max is the
+// final one, so P is rounded from the same values as the naive run's), a kernel's RMS
+// difference from the naive run of its own precision is fp32 summation order plus a rare
+// rounding flip, far below its difference from the other precision's run (Q rounded to
+// bf16 against fp16 moves every score by ~2^-9 relative). Both stay within the parity
+// tolerance.
+TEST_F(CudaBackendTest, Bf16CacheTakesTheBf16FlashKernelUnlessTurnedOff) {
+  const parity::AttnShape s{.label = "one tile",
+                            .tq = 64,
+                            .tk = 64,
+                            .heads = 4,
+                            .kv_heads = 2,
+                            .dh = 64,
+                            .causal = false,
+                            .kv_pad = 8,
+                            .bf16_cache = true};
+  std::mt19937_64 rng(21);
+  const parity::AttnInputs in = parity::MakeAttnInputs(s, rng);
+  const std::vector<double> naive_bf16 =
+      parity::NaiveAttention(s, DType::kBF16, in.q, in.k, in.v, in.docs, in.scale);
+  const std::vector<double> naive_f16 =
+      parity::NaiveAttention(s, DType::kF16, in.q, in.k, in.v, in.docs, in.scale);
+  auto dq = parity::ToDevice(in.qs);
+  auto dk = parity::ToDeviceBf16(in.kc);
+  auto dv = parity::ToDeviceBf16(in.vc);
+  auto dout = parity::ToDevice(std::vector<double>(in.qs.size(), parity::kNaN));
+  ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok());
+  AttentionArgs<float> a;
+  a.q = dq->as<float>();
+  a.q_stride = in.q_stride;
+  a.num_queries = s.tq;
+  a.num_keys = s.tk;
+  a.num_heads = s.heads;
+  a.num_kv_heads = s.kv_heads;
+  a.head_dim = s.dh;
+  a.causal = false;
+  a.scale = in.scale;
+  a.kv = KvSource<float>{dk->get(),       dv->get(),    in.kv_stride,
+                         in.table.data(), s.block_size, KvDtype::kBF16};
+  a.out = dout->as<float>();
+  a.out_stride = in.q_stride;
+  for (bool bf16_kernel : {true, false}) {
+    backend_->SetFlashBf16(bf16_kernel);
+    EXPECT_EQ(parity::AttentionPathDType(*backend_, a, true),
+              bf16_kernel ? DType::kBF16 : DType::kF16);
+    ASSERT_TRUE(backend_->Attention(a).ok());
+    auto out = parity::FromDevice(*backend_, *dout, in.qs.size());
+    ASSERT_TRUE(out.ok()) << out.status();
+    double sq_bf16 = 0, sq_f16 = 0;
+    for (int i = 0; i < s.tq; ++i) {
+      for (int64_t c = 0; c < in.q_width; ++c) {
+        const double got = (*out)[i * in.q_stride + c];
+        sq_bf16 += std::pow(got - naive_bf16[i * in.q_width + c], 2);
+        sq_f16 += std::pow(got - naive_f16[i * in.q_width + c], 2);
+      }
+    }
+    const double own = std::sqrt(bf16_kernel ? sq_bf16 : sq_f16);
+    const double other = std::sqrt(bf16_kernel ? sq_f16 : sq_bf16);
+    EXPECT_LT(10 * own, other) << (bf16_kernel ? "bf16" : "fp16") << " kernel: RMS·n " << own
+                               << " from its own precision's naive run, " << other
+                               << " from the other's";
+  }
+  backend_->SetFlashBf16(true);
 }
 
 // SetSplitKvSplits (kvlens_gpu_check's sweep): any fixed number of key splits, more than

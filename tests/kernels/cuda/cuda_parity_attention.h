@@ -28,14 +28,27 @@ struct AttnShape {
   bool bf16_cache = false;  // K and V stored in bf16 (the reference reads the rounded values)
 };
 
-// The host naive run of the path the backend picks: fp16-rounded Q, K, P, V with fp32
-// softmax for the flash kernel, plain fp32 otherwise.
-inline std::vector<double> NaiveAttention(const AttnShape& s, bool flash,
+// Which precision the backend's path for a call rounds Q, K, P and V to: fp16 for the flash
+// kernel, bf16 for its bf16 twin (a bf16 cache in 16-byte pieces), fp32 otherwise.
+inline DType AttentionPathDType(const CudaBackend& gpu, const AttentionArgs<float>& a, bool flash) {
+  if (!flash) return DType::kF32;
+  AttentionParams p;
+  p.k = a.kv.k;
+  p.v = a.kv.v;
+  p.kv_row_stride = a.kv.row_stride;
+  p.kv_dtype = a.kv.dtype;
+  p.head_dim = a.head_dim;
+  return gpu.flash_bf16() && FlashPrefillBf16Supports(p) ? DType::kBF16 : DType::kF16;
+}
+
+// The host naive run of the path the backend picks: Q, K, P, V rounded to `path` (fp16 or
+// bf16 on the flash kernels, unrounded fp32 otherwise) with an fp32 softmax.
+inline std::vector<double> NaiveAttention(const AttnShape& s, DType path,
                                           const std::vector<double>& q,
                                           const std::vector<double>& k,
                                           const std::vector<double>& v,
                                           const std::vector<int32_t>& docs, double scale) {
-  auto rd = [&](double x) { return flash ? RoundTo(DType::kF16, x) : static_cast<float>(x); };
+  auto rd = [&](double x) { return RoundTo(path, x); };
   const int group = s.heads / s.kv_heads;
   std::vector<double> out(size_t(s.tq) * s.heads * s.dh);
   std::vector<float> sc(s.tk);
@@ -204,7 +217,8 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
   // Compare the heads' columns only; the row padding must stay NaN (never written).
   std::vector<double> got, want, naive_rows;
   const bool flash = !maps && s.tq >= kFlashMinQueries && FlashPrefillSupports(s.dh);
-  const std::vector<double> naive = NaiveAttention(s, flash, q, k, v, docs, scale);
+  const DType path = AttentionPathDType(gpu, a, flash);
+  const std::vector<double> naive = NaiveAttention(s, path, q, k, v, docs, scale);
   for (int i = 0; i < s.tq; ++i) {
     for (int64_t c = 0; c < q_stride; ++c) {
       got.push_back((*out)[i * q_stride + c]);
@@ -212,10 +226,11 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
       naive_rows.push_back(c < q_width ? naive[i * q_width + c] : kNaN);
     }
   }
-  std::vector<ParityResult> results = {Judge(absl::StrCat(name, flash  ? " flash"
-                                                                : maps ? " materialised"
-                                                                       : " split-KV"),
-                                             got, naive_rows, want)};
+  const char* kernel = path == DType::kBF16 ? " flash bf16"
+                       : flash              ? " flash"
+                       : maps               ? " materialised"
+                                            : " split-KV";
+  std::vector<ParityResult> results = {Judge(name + kernel, got, naive_rows, want)};
   if (maps) {
     auto probs = FromDevice(gpu, *dprobs, map_size);
     if (!probs.ok()) return {Failed(name, probs.status())};
@@ -264,9 +279,11 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
 inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng,
                                        const std::string& name, std::vector<AttnShape> seqs,
                                        int heads, int kv_heads, int dh,
-                                       int* index_uploads = nullptr) {
+                                       int* index_uploads = nullptr, bool bf16_cache = false) {
   const int bs = 16;
-  const int64_t qw = heads * dh, kvw = kv_heads * dh, q_stride = qw + 8, kv_stride = kvw + 4;
+  // A bf16 cache's rows padded to 16-byte pieces (the bf16 flash kernel's copies).
+  const int64_t qw = heads * dh, kvw = kv_heads * dh, q_stride = qw + 8,
+                kv_stride = kvw + (bf16_cache ? 8 : 4);
   const double scale = 1.0 / std::sqrt(double(dh));
   int total_blocks = 0, total_rows = 0;
   for (AttnShape& s : seqs) {
@@ -293,6 +310,11 @@ inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng,
     qv[e] = kernels::testing::RandomFloatExact(rng, size_t(s.tq) * qw, -2, 2);
     kv[e] = kernels::testing::RandomFloatExact(rng, size_t(s.tk) * kvw, -2, 2);
     vv[e] = kernels::testing::RandomFloatExact(rng, size_t(s.tk) * kvw);
+    if (bf16_cache) {  // what a bf16 cache holds: the reference and naive runs read these
+      for (std::vector<double>* x : {&kv[e], &vv[e]}) {
+        for (double& v : *x) v = RoundTo(DType::kBF16, v);
+      }
+    }
     for (size_t d = 0; d < s.doc_lengths.size(); ++d)
       docs[e].insert(docs[e].end(), s.doc_lengths[d], int32_t(d));
     for (int b = 0; b * bs < s.tk; ++b) tables[e].push_back(perm[next_block++]);
@@ -323,13 +345,16 @@ inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng,
       a.k_doc_ids = docs[e].data();
     }
     a.kv = KvSource<T>{k, v, kv_stride, tables[e].data(), bs};
+    if constexpr (std::is_same_v<T, float>) {
+      if (bf16_cache) a.kv.dtype = KvDtype::kBF16;
+    }
     a.out = out + int64_t{r0} * q_stride;
     a.out_stride = q_stride;
     return a;
   };
   auto dq = ToDevice(qs);
-  auto dk = ToDevice(kc);
-  auto dv = ToDevice(vc);
+  auto dk = bf16_cache ? ToDeviceBf16(kc) : ToDevice(kc);
+  auto dv = bf16_cache ? ToDeviceBf16(vc) : ToDevice(vc);
   auto dout = ToDevice(std::vector<double>(qs.size(), kNaN));
   if (!dq.ok() || !dk.ok() || !dv.ok() || !dout.ok()) {
     return Failed(name, absl::InternalError("device upload failed"));
@@ -339,13 +364,13 @@ inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng,
   for (size_t e = 0; e < seqs.size(); ++e) {
     const AttentionArgs<double> ra = args(qs.data(), kc.data(), vc.data(), want.data(), e, row0);
     if (absl::Status st = ReferenceBackend().Attention(ra); !st.ok()) return Failed(name, st);
-    const bool flash = seqs[e].tq >= kFlashMinQueries && FlashPrefillSupports(dh);
-    const std::vector<double> naive =
-        NaiveAttention(seqs[e], flash, qv[e], kv[e], vv[e], docs[e], scale);
-    for (int i = 0; i < seqs[e].tq; ++i)
-      std::copy_n(naive.begin() + i * qw, qw, naive_rows.begin() + (row0 + i) * q_stride);
     calls.push_back(
         args(dq->as<float>(), dk->as<float>(), dv->as<float>(), dout->as<float>(), e, row0));
+    const bool flash = seqs[e].tq >= kFlashMinQueries && FlashPrefillSupports(dh);
+    const std::vector<double> naive = NaiveAttention(
+        seqs[e], AttentionPathDType(gpu, calls.back(), flash), qv[e], kv[e], vv[e], docs[e], scale);
+    for (int i = 0; i < seqs[e].tq; ++i)
+      std::copy_n(naive.begin() + i * qw, qw, naive_rows.begin() + (row0 + i) * q_stride);
     row0 += seqs[e].tq;
   }
   int failed = -1;
@@ -380,10 +405,12 @@ inline ParityResult AttentionBatchSplitKvCase(CudaBackend& gpu, std::mt19937_64&
 // partial one each, longest first), the fourth (documents) alone, then a decode row, then
 // the last two as a second flash launch.
 inline ParityResult AttentionBatchFlashCase(CudaBackend& gpu, std::mt19937_64& rng,
-                                            int* index_uploads = nullptr) {
+                                            int* index_uploads = nullptr, bool bf16_cache = false) {
   return AttentionBatchCase(gpu, rng,
-                            "AttentionBatch 7 sequences (Tq 40/100/33/50/1/64/70, "
-                            "Tk 40/300/133/90/60/64/250, H=8/2 Dh=128, prefill chunks)",
+                            absl::StrCat("AttentionBatch 7 sequences (Tq 40/100/33/50/1/64/70, "
+                                         "Tk 40/300/133/90/60/64/250, H=8/2 Dh=128, prefill "
+                                         "chunks)",
+                                         bf16_cache ? " bf16 cache" : ""),
                             {{.tq = 40, .tk = 40},
                              {.tq = 100, .tk = 300},
                              {.tq = 33, .tk = 133},
@@ -391,7 +418,7 @@ inline ParityResult AttentionBatchFlashCase(CudaBackend& gpu, std::mt19937_64& r
                              {.tq = 1, .tk = 60},
                              {.tq = 64, .tk = 64},
                              {.tq = 70, .tk = 250}},
-                            8, 2, 128, index_uploads);
+                            8, 2, 128, index_uploads, bf16_cache);
 }
 
 inline std::vector<AttnShape> AttentionShapes() {
@@ -550,6 +577,32 @@ inline std::vector<AttnShape> AttentionShapes() {
     bf16.bf16_cache = true;
     shapes.push_back(std::move(bf16));
   }
+  // The prefill shapes again on a bf16 cache whose rows are 16-byte pieces (8 bf16 of
+  // padding): the bf16 flash kernel's cp.async and ldmatrix path, every head size, with
+  // offsets, documents, GQA, keys ending mid-tile and 64- and 128-query blocks.
+  for (const char* label : {"prefill causal", "prefill offset GQA 8/4", "prefill docs GQA 8/1",
+                            "prefill non-causal docs", "prefill head size 80 GQA 4/2",
+                            "prefill head size 96 offset", "chunk with docs and offset"}) {
+    const auto it = std::find_if(shapes.begin(), shapes.end(),
+                                 [&](const AttnShape& s) { return s.label == label; });
+    if (it == shapes.end()) continue;  // the count in RunParitySuite's test then fails
+    AttnShape bf16 = *it;
+    bf16.label += ", rows in 16-byte pieces";
+    bf16.bf16_cache = true;
+    bf16.kv_pad = 8;
+    shapes.push_back(std::move(bf16));
+  }
+  // Keys ending mid-tile without a causal mask (no multiple of 64 keys: the last tile's
+  // copies zero-fill), GQA 4/2.
+  shapes.push_back({.label = "prefill non-causal keys mid-tile, rows in 16-byte pieces",
+                    .tq = 90,
+                    .tk = 77,
+                    .heads = 4,
+                    .kv_heads = 2,
+                    .dh = 128,
+                    .causal = false,
+                    .kv_pad = 8,
+                    .bf16_cache = true});
   return shapes;
 }
 
