@@ -225,12 +225,16 @@ std::string Pct(double r) { return absl::StrFormat("%.0f%%", 100.0 * r); }
 
 void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, const Sizes& z, Table& rows) {
   const int heads = z.prefill_heads, dh = z.prefill_dh;
-  // 64- and 128-query blocks on an fp32 cache, then the default on a bf16 cache.
-  for (int config = 0; config < 3; ++config) {
-    const int tile = config == 0 ? 64 : 128;
-    const bool bf16 = config == 2;
+  // 64- and 128-query blocks on an fp32 cache, then on a bf16 cache: the fp16 kernel
+  // (converting each element, as on fp32), then the bf16 kernel (cp.async, ldmatrix; the
+  // default there) with 128- and 64-query blocks.
+  for (int config = 0; config < 5; ++config) {
+    const int tile = config == 0 || config == 4 ? 64 : 128;
+    const bool bf16 = config >= 2;
+    const bool bf16_kernel = config >= 3;
     const KvDtype cache_dtype = bf16 ? KvDtype::kBF16 : KvDtype::kActivation;
     Must(b.SetFlashTileQueries(tile), "flash tile size");
+    b.SetFlashBf16(bf16_kernel);
     for (int t : z.prefill_tokens) {
       const size_t n = size_t(t) * heads * dh;
       float *q = Alloc(n), *k = AllocCache(n, cache_dtype), *v = AllocCache(n, cache_dtype),
@@ -252,8 +256,9 @@ void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, const Sizes
       a.out_stride = a.q_stride;
       const double sec = TimeIt(b, 3, [&] { Must(b.Attention(a), "prefill attention"); });
       const double tflops = 4.0 * heads * dh * (double(t) * t / 2) / sec / 1e12;  // causal half
-      Row r{bf16 ? "prefill attention (causal, fp32 q, bf16 cache, fp16 TC)"
-                 : "prefill attention (causal, fp32 in, fp16 TC)",
+      Row r{bf16_kernel ? "prefill attention (causal, fp32 q, bf16 cache, bf16 TC, cp.async)"
+            : bf16      ? "prefill attention (causal, fp32 q, bf16 cache, fp16 TC)"
+                        : "prefill attention (causal, fp32 in, fp16 TC)",
             absl::StrCat("T=", t, " H=", heads, " Dh=", dh, ", ", tile, "-query blocks",
                          tile == kFlashDefaultTileQueries ? " (default)" : ""),
             Fmt(tflops, "TFLOP/s"),
@@ -269,6 +274,7 @@ void PrefillBench(CudaBackend& b, const std::map<int, double>& sdpa, const Sizes
     }
   }
   Must(b.SetFlashTileQueries(kFlashDefaultTileQueries), "flash tile size");
+  b.SetFlashBf16(true);
 }
 
 void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
