@@ -9,8 +9,10 @@
 // mma.sync m16n8k16 with fp16 or bf16 inputs (MmaM16N8K16F16, MmaM16N8K16BF16),
 // ldmatrix .x4 (LdMatrixX4, a warp collective reading the rows when the whole warp is at
 // it) and cp.async (CpAsync16, CpAsyncCommit, CpAsyncWait: each thread's copies are queued
-// and land only at the wait that completes their group, so shared memory read before the
-// wait still holds its old contents, NaN). Misaligned ldmatrix or cp.async addresses, and
+// and land only at the wait that completes their group; the destination reads as NaN
+// from the issue until then), and griddepcontrol.wait (GridDependencyWait: kernels run one
+// after another, so it only records that the thread waited, which a programmatic launch
+// requires of every thread). Misaligned ldmatrix or cp.async addresses, and
 // ones outside shared (destination) or device (cp.async source) memory, abort the process
 // with a message, where a GPU would fault.
 #ifndef KVLENS_TESTS_KERNELS_CUDA_EMU_EMU_DEVICE_H_
@@ -64,6 +66,10 @@ struct LaunchConfig {
   dim3 grid, block;
   size_t shared_bytes;
   cudaStream_t stream;
+  // Launched as a programmatic dependent launch may be (kernels/cuda/launch.cuh): every
+  // thread must call griddepcontrol.wait (GridDependencyWait) before it exits, else the
+  // launch fails, since on a GPU it could have read its inputs before they were written.
+  bool requires_grid_wait = false;
 };
 
 // Runs body once per thread of every block (sets the last error on a bad configuration,
@@ -112,10 +118,15 @@ class Launcher {
 
 template <typename... P>
 Launcher<P...> Launch(void (*func)(P...), const char* name, dim3 grid, dim3 block,
-                      size_t shared_bytes = 0, cudaStream_t stream = nullptr) {
-  return Launcher<P...>(
-      func, {reinterpret_cast<const void*>(func), name, grid, block, shared_bytes, stream});
+                      size_t shared_bytes = 0, cudaStream_t stream = nullptr,
+                      bool requires_grid_wait = false) {
+  return Launcher<P...>(func, {reinterpret_cast<const void*>(func), name, grid, block, shared_bytes,
+                               stream, requires_grid_wait});
 }
+
+// griddepcontrol.wait: kernels run one after another here, so there is nothing to wait
+// for; it records that the thread waited (see LaunchConfig::requires_grid_wait).
+void GridDependencyWait();
 
 template <typename T>
 T Exchange(T v, int src_lane) {

@@ -177,6 +177,7 @@ struct Fiber {
   uint64_t exchanges = 0;           // warp rounds so far: their parity picks the slots
   std::vector<AsyncCopy> cp_async;  // queued, oldest first
   uint64_t cp_async_groups = 0;     // commit groups closed so far
+  bool waited_for_grids = false;    // called GridDependencyWait
 };
 
 struct Barrier {
@@ -441,6 +442,8 @@ void CpAsync16(void* dst_shared, const void* src_global, int src_bytes) {
 
 void CpAsyncCommit() { ++t_fiber->cp_async_groups; }
 
+void GridDependencyWait() { t_fiber->waited_for_grids = true; }
+
 void CpAsyncWait(int pending) {
   if (pending < 0) DeviceFault("cp.async.wait_group", std::to_string(pending) + " groups");
   Fiber& f = *t_fiber;
@@ -562,6 +565,19 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
                                              " threads wait at __syncthreads, " +
                                              std::to_string(at_warp) + " at a warp collective, " +
                                              std::to_string(done) + " have exited");
+            return;
+          }
+        }
+        if (c.requires_grid_wait) {
+          for (const Fiber& f : b.fibers) {
+            if (f.waited_for_grids) continue;
+            t_block = saved_block;
+            t_fiber = saved_fiber;
+            Fail(cudaErrorLaunchFailure,
+                 std::string(c.name) + ": thread " + std::to_string(f.linear) + " of block " +
+                     Dim({bx, by, bz}) +
+                     " exited without griddepcontrol.wait, but the kernel may be launched "
+                     "before the previous one has finished (programmatic dependent launch)");
             return;
           }
         }

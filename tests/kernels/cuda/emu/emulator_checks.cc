@@ -9,8 +9,9 @@
 // source size and drops what a thread leaves queued; a divergent __syncthreads, an oversized block,
 // dynamic shared memory over the limit, a host pointer passed as a kernel argument and a
 // wrong-direction copy all fail as on a GPU; reading past an allocation faults, and so do
-// misaligned or non-shared ldmatrix and cp.async addresses; captured work runs only when
-// its graph is launched.
+// misaligned or non-shared ldmatrix and cp.async addresses; a programmatic launch some
+// thread of which never calls griddepcontrol.wait fails; captured work runs only when its
+// graph is launched.
 // clang-format off
 #include "tests/kernels/cuda/emu/emu_device.h"  // first: the device keywords reduce.cuh uses
 // clang-format on
@@ -248,6 +249,13 @@ void CpAsyncInFlightKernel(const uint32_t* src, uint32_t* out) {
   out[2] = smem[0];
 }
 
+// Launched as kernels/cuda/launch.cuh launches (programmatic dependent launch): thread 5
+// forgets griddepcontrol.wait.
+void GridWaitKernel(float* out) {
+  if (threadIdx.x != 5) ::kvlens_emu::GridDependencyWait();
+  out[threadIdx.x] = 1.0f;
+}
+
 template <typename T>
 T* DeviceCopy(const std::vector<T>& host) {
   T* d = nullptr;
@@ -273,6 +281,17 @@ TEST(CudaEmulator, CpAsyncDestinationIsNaNWhileInFlight) {
   EXPECT_EQ(HostCopy(out, 3), (std::vector<uint32_t>{7, 0xffffffffu, 41}));
   cudaFree(src);
   cudaFree(out);
+}
+
+TEST(CudaEmulator, AProgrammaticLaunchWithoutTheGridWaitFails) {
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 32 * sizeof(float)), cudaSuccess);
+  ::kvlens_emu::Launch(GridWaitKernel, "GridWaitKernel", 1, 32, 0, nullptr)(d);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // an ordinary launch need not wait
+  ::kvlens_emu::Launch(GridWaitKernel, "GridWaitKernel", 1, 32, 0, nullptr,
+                       /*requires_grid_wait=*/true)(d);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  cudaFree(d);
 }
 
 TEST(CudaEmulator, BarrierOrdersSharedMemoryAcrossThreadsAndBlocks) {
