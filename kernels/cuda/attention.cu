@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/flash_common.cuh"
 #include "kernels/cuda/kv_load.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/reduce.cuh"
 
@@ -101,6 +102,7 @@ __device__ __forceinline__ void LoadKvTile(const AttentionParams& p, const Flash
 
 template <int D, int W, bool kVec, typename KT>
 __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1) FlashPrefillKernel(AttentionParams p) {
+  WaitForPriorGrids();  // first: see launch.cuh
   using L = FlashSmem<D>;
   extern __shared__ __align__(16) uint32_t flash_smem[];
   uint32_t* ks = flash_smem;
@@ -195,7 +197,7 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
   const int tiles =
       p.flash_tiles != nullptr ? p.num_flash_tiles : (p.num_queries + kBlockM<W> - 1) / kBlockM<W>;
   const dim3 grid(tiles, p.num_heads);
-  kernel<<<grid, W * 32, kBytes, stream>>>(p);
+  LaunchKernel("FlashPrefillKernel", kernel, grid, W * 32, kBytes, stream, p);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("FlashPrefillKernel");
   return absl::OkStatus();
 }
@@ -290,6 +292,7 @@ __device__ __forceinline__ float SumAcrossLanes(float (&v)[N], int lane) {
 template <int C, int kTileHeads, bool kVec, typename KT>
 __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>::kMinBlocks)
     SplitKvKernel(AttentionParams p, int num_splits, float* workspace) {
+  WaitForPriorGrids();  // first: see launch.cuh
   using S = SplitKvShape<C, kTileHeads>;
   constexpr int kTile = S::kHeadTile, kSums = S::kSums;
   const float scale2 = p.scale * 1.4426950408889634f;  // scores in base 2
@@ -495,6 +498,7 @@ SplitKvKernelPtr SplitKvKernelOf(int variant) {
 // kCombineAhead partial sums before that, so the loads overlap.
 constexpr int kCombineAhead = 8;
 __global__ void SplitKvCombineKernel(AttentionParams p, int num_splits, const float* workspace) {
+  WaitForPriorGrids();                         // first: see launch.cuh
   __shared__ float weight[kSplitKvMaxSplits];  // 2^(m_s − M), 0 for a split that saw no key
   __shared__ float total;                      // Σ_s 2^(m_s − M) l_s
   const int i = blockIdx.x, h = blockIdx.y, D = p.head_dim, d = threadIdx.x;
@@ -538,6 +542,7 @@ constexpr int kMaterializedThreads = 256;
 template <typename KT>
 __global__ void __launch_bounds__(kMaterializedThreads)
     MaterializedKernel(AttentionParams p, float* scores, float* probs) {
+  WaitForPriorGrids();  // first: see launch.cuh
   const int i = blockIdx.x, h = blockIdx.y, D = p.head_dim;
   const int g = h / (p.num_heads / p.num_kv_heads);
   const int64_t row = (static_cast<int64_t>(h) * p.num_queries + i) * p.num_keys;
@@ -660,12 +665,13 @@ absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* work
   const dim3 grid(p.num_queries, p.num_kv_heads, num_splits);
   const dim3 block(kSplitWarps * 32);
   auto* kernel = SplitKvKernelOf(SplitKvVariant(p));
-  kernel<<<grid, block, 0, stream>>>(p, num_splits, workspace);
+  LaunchKernel("SplitKvKernel", kernel, grid, block, 0, stream, p, num_splits, workspace);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvKernel");
   if (num_splits > 1) {
     const dim3 combine_grid(p.num_queries, p.num_heads);
     const int threads = std::max(32, (p.head_dim + 31) / 32 * 32);
-    SplitKvCombineKernel<<<combine_grid, threads, 0, stream>>>(p, num_splits, workspace);
+    LaunchKernel("SplitKvCombineKernel", SplitKvCombineKernel, combine_grid, threads, 0, stream, p,
+                 num_splits, workspace);
     KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvCombineKernel");
   }
   return absl::OkStatus();
@@ -675,9 +681,11 @@ absl::Status LaunchMaterialized(const AttentionParams& p, float* scores, float* 
                                 cudaStream_t stream) {
   const dim3 grid(p.num_queries, p.num_heads);
   if (p.kv_dtype == KvDtype::kBF16) {
-    MaterializedKernel<uint16_t><<<grid, kMaterializedThreads, 0, stream>>>(p, scores, probs);
+    LaunchKernel("MaterializedKernel", MaterializedKernel<uint16_t>, grid, kMaterializedThreads, 0,
+                 stream, p, scores, probs);
   } else {
-    MaterializedKernel<float><<<grid, kMaterializedThreads, 0, stream>>>(p, scores, probs);
+    LaunchKernel("MaterializedKernel", MaterializedKernel<float>, grid, kMaterializedThreads, 0,
+                 stream, p, scores, probs);
   }
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("MaterializedKernel");
   return absl::OkStatus();

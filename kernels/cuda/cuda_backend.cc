@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/ops.h"
 
@@ -125,6 +126,11 @@ absl::Status CudaBackend::MakeCurrent() {
 void CudaBackend::SetCudaGraphs(bool on) {
   graphs_enabled_ = on;
   if (!on) graph_.Clear();
+}
+
+void CudaBackend::SetProgrammaticLaunches(bool on) {
+  cuda::SetProgrammaticLaunches(on);
+  graph_.Clear();
 }
 
 int CudaBackend::PaddedDecodeRows(int n) const {

@@ -132,6 +132,9 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // The forward step's launches, recorded and run as a CUDA graph when an identical step
   // ran before (see the top of the file). On by default.
   void SetCudaGraphs(bool on);
+  // Programmatic dependent launch for every kernel launch of the process (launch.h; off by
+  // default): drops this backend's graphs, which keep the mode they were captured with.
+  void SetProgrammaticLaunches(bool on);
   bool cuda_graphs() const { return graphs_enabled_; }
   StepGraph::Stats graph_stats() const { return graph_.stats(); }
   void BeginStep() override;

@@ -34,6 +34,7 @@
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma_sync.cuh"
 
 namespace kvlens::kernels::cuda {
@@ -76,6 +77,7 @@ __device__ __forceinline__ void IssueTile(const AttentionParams& p, const FlashS
 template <int D, int W>
 __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1)
     FlashPrefillBf16Kernel(AttentionParams p) {
+  WaitForPriorGrids();  // first: see launch.cuh
   using L = Bf16Tiles<D>;
   extern __shared__ __align__(16) uint16_t flash_bf16_smem[];
   auto ks = [&](int stage) { return flash_bf16_smem + (2 * stage) * L::kElems; };
@@ -202,7 +204,7 @@ absl::Status LaunchBf16(const AttentionParams& p, cudaStream_t stream) {
   const int tiles =
       p.flash_tiles != nullptr ? p.num_flash_tiles : (p.num_queries + kBlockM<W> - 1) / kBlockM<W>;
   const dim3 grid(tiles, p.num_heads);
-  kernel<<<grid, W * 32, kBytes, stream>>>(p);
+  LaunchKernel("FlashPrefillBf16Kernel", kernel, grid, W * 32, kBytes, stream, p);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("FlashPrefillBf16Kernel");
   return absl::OkStatus();
 }

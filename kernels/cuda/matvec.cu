@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/reduce.cuh"
 
@@ -63,6 +64,7 @@ struct Segments {
 
 template <bool kBf16, int N, bool kVec, bool kGated>
 __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 3) MatVecKernel(Segments segs) {
+  WaitForPriorGrids();  // first: see launch.cuh
   constexpr int R = 2;  // weight rows a unit reads
   __shared__ float part[2][kWarps][R * N];
   const float* __restrict__ x = segs.x;
@@ -192,7 +194,7 @@ void Launch(bool vec, const Segments& segs, cudaStream_t stream) {
       vec ? BlocksPerSm<kBf16, N, true, kGated>() : BlocksPerSm<kBf16, N, false, kGated>();
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(segs.units, int64_t{sms} * per_sm));
   auto* kernel = vec ? MatVecKernel<kBf16, N, true, kGated> : MatVecKernel<kBf16, N, false, kGated>;
-  kernel<<<blocks, kThreads, 0, stream>>>(segs);
+  LaunchKernel("MatVecKernel", kernel, blocks, kThreads, 0, stream, segs);
 }
 
 template <bool kBf16, bool kGated>

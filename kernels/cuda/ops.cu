@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
 
@@ -36,6 +37,7 @@ __device__ __forceinline__ float LoadAsFloat(const void* p, DType dtype, int64_t
 
 __global__ void EmbeddingKernel(const void* table, DType dtype, int64_t dim, const int32_t* ids,
                                 float* out) {
+  WaitForPriorGrids();  // first: see launch.cuh
   const int64_t r = blockIdx.x;
   const int64_t base = static_cast<int64_t>(ids[r]) * dim;
   for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
@@ -57,6 +59,7 @@ __device__ __forceinline__ const float* NormInput(float* x, const float* residua
 // One block per row. x is read only (const_cast in the launcher) unless residual is set.
 __global__ void RmsNormKernel(float* x, const float* residual, int dim, const void* weight,
                               DType dtype, float eps, float* y) {
+  WaitForPriorGrids();  // first: see launch.cuh
   const float* xr = NormInput(x, residual, dim);
   float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
   float sum_sq = 0.0f;
@@ -73,6 +76,7 @@ __global__ void RmsNormKernel(float* x, const float* residual, int dim, const vo
 // took 6 us a row of 4096, 8% of a Llama-7B decode step at batch 1.)
 __global__ void RmsNormRegisterKernel(float* x, const float* residual, int dim, const void* weight,
                                       DType dtype, float eps, float* y) {
+  WaitForPriorGrids();  // first: see launch.cuh
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim;
   const int i0 = 4 * static_cast<int>(threadIdx.x);
   float v[4], w[4];
@@ -99,6 +103,7 @@ __global__ void RmsNormRegisterKernel(float* x, const float* residual, int dim, 
 // One block per row; two passes (mean, then the variance about it) for accuracy.
 __global__ void LayerNormKernel(float* x, const float* residual, int dim, const void* weight,
                                 const void* bias, DType dtype, float eps, float* y) {
+  WaitForPriorGrids();  // first: see launch.cuh
   const float* xr = NormInput(x, residual, dim);
   float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
   float sum = 0.0f;
@@ -143,6 +148,7 @@ __device__ __forceinline__ void StoreCacheElement(void* cache, int64_t i, float 
 __global__ void RopeKernel(float* x, int64_t row_stride, int num_heads, float* x2,
                            int64_t row_stride2, int num_heads2, int n, int head_dim,
                            const int32_t* positions, double theta, bool adjacent, KvStore store) {
+  WaitForPriorGrids();  // first: see launch.cuh
   const int half = head_dim / 2;
   const int heads = num_heads + num_heads2;
   const int64_t total = static_cast<int64_t>(n) * heads * half;
@@ -178,6 +184,7 @@ __global__ void RopeKernel(float* x, int64_t row_stride, int num_heads, float* x
 }
 
 __global__ void GeluKernel(float* x, int64_t count) {
+  WaitForPriorGrids();                  // first: see launch.cuh
   const float k = 0.7978845608028654f;  // √(2/π)
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -187,6 +194,7 @@ __global__ void GeluKernel(float* x, int64_t count) {
 }
 
 __global__ void SwiGluKernel(const float* gate, const float* up, int64_t count, float* out) {
+  WaitForPriorGrids();  // first: see launch.cuh
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = gate[i];
@@ -195,6 +203,7 @@ __global__ void SwiGluKernel(const float* gate, const float* up, int64_t count, 
 }
 
 __global__ void AddKernel(float* y, const float* x, int64_t count) {
+  WaitForPriorGrids();  // first: see launch.cuh
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     y[i] += x[i];
@@ -203,6 +212,7 @@ __global__ void AddKernel(float* y, const float* x, int64_t count) {
 
 __global__ void AddBiasKernel(float* y, int64_t total, int64_t cols, const void* bias,
                               DType dtype) {
+  WaitForPriorGrids();  // first: see launch.cuh
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     y[i] += LoadAsFloat(bias, dtype, i % cols);
@@ -212,6 +222,7 @@ __global__ void AddBiasKernel(float* y, int64_t total, int64_t cols, const void*
 __global__ void StoreKvKernel(const float* k, const float* v, int n, int64_t src_stride,
                               int64_t row_elems, const int64_t* dst_rows, void* k_cache,
                               void* v_cache, int64_t cache_stride, bool bf16) {
+  WaitForPriorGrids();  // first: see launch.cuh
   const int64_t total = static_cast<int64_t>(n) * row_elems;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -224,6 +235,7 @@ __global__ void StoreKvKernel(const float* k, const float* v, int n, int64_t src
 }
 
 __global__ void ConvertF32Kernel(const float* x, int64_t count, bool to_bf16, void* out) {
+  WaitForPriorGrids();  // first: see launch.cuh
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     if (to_bf16) {
@@ -243,6 +255,7 @@ __device__ __forceinline__ uint64_t SplitMix64(uint64_t z) {
 
 __global__ void FillRandomKernel(void* out, DType dtype, int64_t count, uint64_t seed,
                                  float scale) {
+  WaitForPriorGrids();  // first: see launch.cuh
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint64_t bits = SplitMix64(seed * 0x100000001b3ull + static_cast<uint64_t>(i));
@@ -267,7 +280,8 @@ __global__ void FillRandomKernel(void* out, DType dtype, int64_t count, uint64_t
 absl::Status LaunchEmbedding(const void* table, DType dtype, int64_t dim, const int32_t* ids, int n,
                              float* out, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
-  EmbeddingKernel<<<n, kThreads, 0, stream>>>(table, dtype, dim, ids, out);
+  LaunchKernel("EmbeddingKernel", EmbeddingKernel, n, kThreads, 0, stream, table, dtype, dim, ids,
+               out);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("EmbeddingKernel");
   return absl::OkStatus();
 }
@@ -282,11 +296,13 @@ absl::Status LaunchAddRmsNorm(float* x, const float* residual, int n, int dim, c
   if (n <= 0) return absl::OkStatus();
   if (dim <= 4 * 1024) {
     const int threads = std::max(32, ((dim + 3) / 4 + 31) / 32 * 32);
-    RmsNormRegisterKernel<<<n, threads, 0, stream>>>(x, residual, dim, weight, dtype, eps, y);
+    LaunchKernel("RmsNormRegisterKernel", RmsNormRegisterKernel, n, threads, 0, stream, x, residual,
+                 dim, weight, dtype, eps, y);
     KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("RmsNormRegisterKernel");
     return absl::OkStatus();
   }
-  RmsNormKernel<<<n, 1024, 0, stream>>>(x, residual, dim, weight, dtype, eps, y);
+  LaunchKernel("RmsNormKernel", RmsNormKernel, n, 1024, 0, stream, x, residual, dim, weight, dtype,
+               eps, y);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("RmsNormKernel");
   return absl::OkStatus();
 }
@@ -302,7 +318,8 @@ absl::Status LaunchAddLayerNorm(float* x, const float* residual, int n, int dim,
                                 cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
   const int threads = dim >= 4096 ? 1024 : kThreads;
-  LayerNormKernel<<<n, threads, 0, stream>>>(x, residual, dim, weight, bias, dtype, eps, y);
+  LaunchKernel("LayerNormKernel", LayerNormKernel, n, threads, 0, stream, x, residual, dim, weight,
+               bias, dtype, eps, y);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("LayerNormKernel");
   return absl::OkStatus();
 }
@@ -323,9 +340,9 @@ absl::Status LaunchRopeKernel(float* q, int64_t q_stride, int q_heads, float* k,
                               cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(n) * (q_heads + k_heads) * (head_dim / 2);
   if (total <= 0) return absl::OkStatus();
-  RopeKernel<<<GridFor(total), kThreads, 0, stream>>>(q, q_stride, q_heads, k, k_stride, k_heads, n,
-                                                      head_dim, positions, theta,
-                                                      style == RopeStyle::kAdjacentPairs, store);
+  LaunchKernel("RopeKernel", RopeKernel, GridFor(total), kThreads, 0, stream, q, q_stride, q_heads,
+               k, k_stride, k_heads, n, head_dim, positions, theta,
+               style == RopeStyle::kAdjacentPairs, store);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("RopeKernel");
   return absl::OkStatus();
 }
@@ -355,7 +372,7 @@ absl::Status LaunchRopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float*
 
 absl::Status LaunchGelu(float* x, int64_t count, cudaStream_t stream) {
   if (count <= 0) return absl::OkStatus();
-  GeluKernel<<<GridFor(count), kThreads, 0, stream>>>(x, count);
+  LaunchKernel("GeluKernel", GeluKernel, GridFor(count), kThreads, 0, stream, x, count);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("GeluKernel");
   return absl::OkStatus();
 }
@@ -363,14 +380,15 @@ absl::Status LaunchGelu(float* x, int64_t count, cudaStream_t stream) {
 absl::Status LaunchSwiGlu(const float* gate, const float* up, int64_t count, float* out,
                           cudaStream_t stream) {
   if (count <= 0) return absl::OkStatus();
-  SwiGluKernel<<<GridFor(count), kThreads, 0, stream>>>(gate, up, count, out);
+  LaunchKernel("SwiGluKernel", SwiGluKernel, GridFor(count), kThreads, 0, stream, gate, up, count,
+               out);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SwiGluKernel");
   return absl::OkStatus();
 }
 
 absl::Status LaunchAdd(float* y, const float* x, int64_t count, cudaStream_t stream) {
   if (count <= 0) return absl::OkStatus();
-  AddKernel<<<GridFor(count), kThreads, 0, stream>>>(y, x, count);
+  LaunchKernel("AddKernel", AddKernel, GridFor(count), kThreads, 0, stream, y, x, count);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("AddKernel");
   return absl::OkStatus();
 }
@@ -379,7 +397,8 @@ absl::Status LaunchAddBias(float* y, int n, int64_t cols, const void* bias, DTyp
                            cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(n) * cols;
   if (total <= 0) return absl::OkStatus();
-  AddBiasKernel<<<GridFor(total), kThreads, 0, stream>>>(y, total, cols, bias, dtype);
+  LaunchKernel("AddBiasKernel", AddBiasKernel, GridFor(total), kThreads, 0, stream, y, total, cols,
+               bias, dtype);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("AddBiasKernel");
   return absl::OkStatus();
 }
@@ -389,9 +408,9 @@ absl::Status LaunchStoreKv(const float* k, const float* v, int n, int64_t src_st
                            int64_t cache_stride, KvDtype cache_dtype, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(n) * row_elems;
   if (total <= 0) return absl::OkStatus();
-  StoreKvKernel<<<GridFor(total), kThreads, 0, stream>>>(k, v, n, src_stride, row_elems, dst_rows,
-                                                         k_cache, v_cache, cache_stride,
-                                                         cache_dtype == KvDtype::kBF16);
+  LaunchKernel("StoreKvKernel", StoreKvKernel, GridFor(total), kThreads, 0, stream, k, v, n,
+               src_stride, row_elems, dst_rows, k_cache, v_cache, cache_stride,
+               cache_dtype == KvDtype::kBF16);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("StoreKvKernel");
   return absl::OkStatus();
 }
@@ -402,7 +421,8 @@ absl::Status LaunchConvertF32(const float* x, int64_t count, DType to, void* out
     return absl::InvalidArgumentError("LaunchConvertF32: target must be f16 or bf16");
   }
   if (count <= 0) return absl::OkStatus();
-  ConvertF32Kernel<<<GridFor(count), kThreads, 0, stream>>>(x, count, to == DType::kBF16, out);
+  LaunchKernel("ConvertF32Kernel", ConvertF32Kernel, GridFor(count), kThreads, 0, stream, x, count,
+               to == DType::kBF16, out);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("ConvertF32Kernel");
   return absl::OkStatus();
 }
@@ -413,7 +433,8 @@ absl::Status LaunchFillRandom(void* out, DType dtype, int64_t count, uint64_t se
     return absl::InvalidArgumentError("LaunchFillRandom: q8_0 is not a device dtype");
   }
   if (count <= 0) return absl::OkStatus();
-  FillRandomKernel<<<GridFor(count), kThreads, 0, stream>>>(out, dtype, count, seed, scale);
+  LaunchKernel("FillRandomKernel", FillRandomKernel, GridFor(count), kThreads, 0, stream, out,
+               dtype, count, seed, scale);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("FillRandomKernel");
   return absl::OkStatus();
 }

@@ -30,6 +30,7 @@
 #include "kernels/staged_backend.h"
 #ifdef KVLENS_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.h"
 #endif
 #include "tests/engine/interpret/tiny_model.h"
 #include "tests/test_paths.h"
@@ -454,6 +455,38 @@ TEST(CudaEngineGraphs, DecodeBatchesOfThreeAndFourShareOnePaddedGraph) {
   EXPECT_EQ(s1.captures - s0.captures, 1);
   EXPECT_EQ(s1.replays - s0.replays, 9);
   ExpectClose(got, want, 1e-4, 1e-5);
+}
+
+// Programmatic dependent launch (kernels/cuda/launch.h): a kernel may be scheduled before
+// the one before it has finished, but waits for it before it touches memory, so nothing a
+// step computes changes: the default model's prefill in one call (the flash kernel) and
+// batched decode steps run as graphs give the same logits with it on and off. (On the
+// emulator kernels run one after another; there, every kernel launched this way must call
+// griddepcontrol.wait before it exits, or its launch fails.)
+TEST(CudaEngineGraphs, ProgrammaticLaunchesLeaveTheLogitsUnchanged) {
+  KVLENS_REQUIRE_FILE(testing::DefaultModelPath());
+  KVLENS_REQUIRE_CUDA(cuda);
+  auto* backend = dynamic_cast<kernels::cuda::CudaBackend*>(&cuda);
+  ASSERT_NE(backend, nullptr);
+  auto model = Load(testing::DefaultModelPath());
+  ASSERT_NE(model, nullptr);
+  std::vector<int32_t> tokens = model->tokenizer->Encode(
+      "In the beginning God created the heaven and the earth. And the earth was without form, "
+      "and void; and darkness was upon the face of the deep. And the Spirit of God moved upon "
+      "the face of the waters.",
+      false);
+  ASSERT_GE(tokens.size(), 34u);
+  tokens.resize(34);                                    // >= kFlashMinQueries: the flash kernel
+  ASSERT_FALSE(kernels::cuda::ProgrammaticLaunches());  // the default
+  const std::vector<float> prefill_off = AllLogits(*model, cuda, tokens, 34);
+  const std::vector<float> decode_off = DecodeThreeThenFour(*model, cuda, [] {});
+  backend->SetProgrammaticLaunches(true);
+  EXPECT_TRUE(kernels::cuda::ProgrammaticLaunches());
+  const std::vector<float> prefill_on = AllLogits(*model, cuda, tokens, 34);
+  const std::vector<float> decode_on = DecodeThreeThenFour(*model, cuda, [] {});
+  backend->SetProgrammaticLaunches(false);
+  ExpectClose(prefill_on, prefill_off, 1e-6, 0);
+  ExpectClose(decode_on, decode_off, 1e-6, 0);
 }
 
 // Continuous batching on the GPU: five requests submitted together, with different

@@ -1,0 +1,59 @@
+// Kernel launches that may overlap the previous kernel on their stream (programmatic
+// dependent launch, sm_90; the switch is in launch.h). The contract, for every kernel
+// launched by LaunchKernel: its first statement is WaitForPriorGrids(), so nothing it does
+// to global memory happens before the previous grid has completed and its writes are
+// visible. What overlaps is the launch itself: the next grid's blocks are scheduled while
+// this one runs, rather than after it drains. The CUDA emulator fails a LaunchKernel
+// launch in which a thread exits without the wait.
+#ifndef KVLENS_KERNELS_CUDA_LAUNCH_CUH_
+#define KVLENS_KERNELS_CUDA_LAUNCH_CUH_
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "kernels/cuda/launch.h"
+
+namespace kvlens::kernels::cuda {
+
+// griddepcontrol.wait: returns once every grid this one depends on has completed and its
+// memory is visible (at once when launched without the attribute). Then
+// griddepcontrol.launch_dependents: the next kernel may be scheduled from now on (it, in
+// turn, waits before touching memory).
+__device__ __forceinline__ void WaitForPriorGrids() {
+#if defined(KVLENS_CUDA_EMULATOR)
+  ::kvlens_emu::GridDependencyWait();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), with the programmatic
+// stream-serialization attribute when ProgrammaticLaunches(). Errors as a <<<>>> launch's:
+// in cudaGetLastError() (KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED).
+template <typename... P, typename... A>
+void LaunchKernel(const char* name, void (*kernel)(P...), dim3 grid, dim3 block,
+                  size_t shared_bytes, cudaStream_t stream, A&&... args) {
+#ifdef KVLENS_CUDA_EMULATOR
+  ::kvlens_emu::Launch(kernel, name, grid, block, shared_bytes, stream,
+                       /*requires_grid_wait=*/true)(std::forward<A>(args)...);
+#else
+  (void)name;
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = ProgrammaticLaunches() ? 1 : 0;
+  cudaLaunchKernelEx(&config, kernel, std::forward<A>(args)...);
+#endif
+}
+
+}  // namespace kvlens::kernels::cuda
+
+#endif  // KVLENS_KERNELS_CUDA_LAUNCH_CUH_
