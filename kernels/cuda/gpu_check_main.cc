@@ -4,7 +4,8 @@
 //      --sdpa FILE, lines "tokens tflops"), decode attention bandwidth (fp32 and bf16 KV
 //      caches) vs a measured device-to-device copy, end-to-end decode tokens/s of a
 //      Llama-7B-shaped model with random bf16 weights at batch 1, 16, 64 vs the
-//      weight-bandwidth roofline (fp32 cache without and with CUDA graphs, bf16 cache with).
+//      weight-bandwidth roofline (fp32 cache without and with CUDA graphs, bf16 cache with;
+//      both with programmatic dependent launches too).
 // Prints one table at the end, each row also to stderr as it is measured ("[row] …"), so a
 // hang or a failed benchmark keeps the rows before it; exits 1 when a parity case fails, 2 when no
 // device is usable, 3 when a benchmark's CUDA call fails.
@@ -419,14 +420,18 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         *proj = Alloc(size_t(max_batch) * D), *h1 = Alloc(size_t(max_batch) * F),
         *h3 = Alloc(size_t(max_batch) * F), *logits = Alloc(size_t(max_batch) * V);
 
-  // Per batch: fp32 cache without and with graphs, then the bf16 cache with graphs.
+  // Per batch: fp32 cache without and with graphs, the bf16 cache with graphs, then both
+  // caches with graphs and programmatic dependent launches (launch.h).
   for (int batch : z.batches)
-    for (int run = 0; run < 3; ++run) {
+    for (int run = 0; run < 5; ++run) {
       const bool graphs = run > 0;
-      const KvDtype cache_dtype = run == 2 ? KvDtype::kBF16 : KvDtype::kActivation;
-      const std::vector<float*>& kcs = run == 2 ? kc16 : kc;
-      const std::vector<float*>& vcs = run == 2 ? vc16 : vc;
+      const bool bf16_cache = run == 2 || run == 4;
+      const bool pdl = run >= 3;
+      const KvDtype cache_dtype = bf16_cache ? KvDtype::kBF16 : KvDtype::kActivation;
+      const std::vector<float*>& kcs = bf16_cache ? kc16 : kc;
+      const std::vector<float*>& vcs = bf16_cache ? vc16 : vc;
       b.SetCudaGraphs(graphs);
+      b.SetProgrammaticLaunches(pdl);
       std::vector<std::vector<int32_t>> tables(batch);
       for (int s = 0; s < batch; ++s) {
         tables[s].resize(blocks_per_seq);
@@ -505,18 +510,19 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
       // Every weight byte read once per step at the copy's DRAM rate (KV reads not counted).
       const double roofline = batch * copy_bw / double(streamed_bytes);
       rows.Add({absl::StrCat("end-to-end decode (", z.model, ", bf16 weights",
-                             run == 2 ? ", bf16 KV cache)" : ")"),
-                absl::StrFormat("batch %d, context %d, %s, host %.0f us/step, %.0f index "
+                             bf16_cache ? ", bf16 KV cache)" : ")"),
+                absl::StrFormat("batch %d, context %d, %s%s, host %.0f us/step, %.0f index "
                                 "copies/step",
                                 batch, ctx,
                                 graphs ? absl::StrFormat("graphs (%d of %d steps replayed)",
                                                          replayed, steps + 1)
                                        : std::string("no graphs"),
-                                host_sec * 1e6 / (steps + 1), copies_per_step),
+                                pdl ? ", PDL" : "", host_sec * 1e6 / (steps + 1), copies_per_step),
                 Fmt(tok_s, "tok/s"), Fmt(roofline, "tok/s roofline"), Pct(tok_s / roofline),
                 batch == 1 ? ">= 70%" : "-"});
     }
   b.SetCudaGraphs(true);
+  b.SetProgrammaticLaunches(false);
   for (const std::vector<float*>* c : {&kc, &vc, &kc16, &vc16}) {
     for (float* p : *c) cudaFree(p);
   }
