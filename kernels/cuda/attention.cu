@@ -205,41 +205,53 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
 // ---------------------------------------------------------------------------------------
 // Split-KV (decode, short chunks, head sizes the flash kernel lacks). Block (i, g, split):
 // query row i, KV head g, keys [split·span, (split+1)·span) ∩ [0, key end), where span is
-// the row's own key end over the splits (rounded up to whole steps of kStepKeys): every
+// the row's own key end over the splits (rounded up to whole steps of kStep keys): every
 // split of every row has work, however unequal the rows' key ends, or however far the
 // launch's key count (the longest row's, or a recorded step's padded one) exceeds them.
 //
 // Each K/V row is read once per head tile, by one warp, for every query head of the tile:
-// the four warps take turns over steps of kStepKeys consecutive keys (one block-table
-// lookup a step), and a warp keeps its own (m, l, acc) per head. Lane owns dims 128c +
-// 4·lane … +3 (one float4 per chunk where the pointers and strides allow, see
-// SplitKvVectorized), so a step has 2 · kStepKeys rows in flight per warp. The step's
-// kStepKeys × heads dot products are summed over the lanes together (SumAcrossLanes:
-// N − 1 shuffles for N sums), which leaves each lane one (key, head) score; the online
-// softmax update runs on those in parallel (the max and sum over a head's keys by
-// shuffles, one exp2 a lane), and the weights and rescales reach every lane's acc through
-// shared memory. The head tile is the GQA group rounded up to a power of two (at most
-// 8 / C): a tile wider than the group would spend the same arithmetic on heads that do
-// not exist. Scores are kept in base 2 (c = scale·log2 e, as the flash kernel).
+// the four warps take turns over steps of kStep consecutive keys (one block-table lookup a
+// step), and a warp keeps its own (m, l, acc) per head. Lane owns dims 128c + 4·lane … +3
+// (one float4, or 8 bytes of bf16, per chunk where the pointers and strides allow, see
+// SplitKvVectorized), so a step has 2 · kStep rows in flight per warp (kStep: 4, or 8 on a
+// bf16 cache, kSplitStepKeys). The step's kStep × heads dot products are summed over the
+// lanes together (SumAcrossLanes: N − 1 shuffles for N sums), which leaves each lane one
+// (key, head) score; the online softmax update runs on those in parallel (the max and sum
+// over a head's keys by shuffles, one exp2 a lane), and the weights and rescales reach
+// every lane's acc through shared memory. The head tile is the GQA group rounded up to a
+// power of two (at most 8 / C): a tile wider than the group would spend the same
+// arithmetic on heads that do not exist. Scores are kept in base 2 (c = scale·log2 e, as
+// the flash kernel).
 // Measured on an H200 (Tk 8192, GQA 32/8, 4 heads a tile): a tile of 8 took 75 us, a tile
-// of 4 34 us; each lane redoing every head's softmax update serially issued ~1000
-// instructions a step with 3-4 warps a scheduler (ncu: issue-bound, not waiting on
-// memory), and loading the next step early (in registers, or by cp.async into shared
-// memory) made it slower (38-39 us), not faster. At the end of a head tile the warps'
-// partial results are merged through shared memory; the block writes O directly with one
-// split, else per split (m, l, acc[Dh]) in
+// of 4 34 us (the tile of 8 then kept its 32 sums in local memory: see HalveAcrossLanes); each lane
+// redoing every head's softmax update serially issued ~1000 instructions a step with 3-4 warps a
+// scheduler (ncu: issue-bound, not waiting on memory), and loading the next step early (in
+// registers, or by cp.async into shared memory) made it slower (38-39 us), not faster. At the end
+// of a head tile the warps' partial results are merged through shared memory; the block writes O
+// directly with one split, else per split (m, l, acc[Dh]) in
 //   workspace [Tq, H, splits, Dh + 2]     (m in base 2)
 // merged by SplitKvCombineKernel.
 constexpr int kSplitWarps = 4;
-constexpr int kStepKeys = 4;  // keys a warp takes a step; a split's span is a multiple
+constexpr int kStepKeys = 4;  // keys a warp takes a step (fp32); a split's span is a multiple
 constexpr int kSplitMinKeys = 4 * kSplitWarps * kStepKeys;  // 64
+
+// Keys a warp takes a step: 4 on an fp32 cache; 8 on a bf16 cache where the step's dot
+// products still fit SumAcrossLanes (8 · head tile <= 32). A warp waits for each step's
+// rows before it computes (the kernel is bound by that latency, see above), so a bf16 row,
+// half the bytes, would otherwise halve the bytes in flight and leave the time per key
+// unchanged: with 8 keys a step a lane has as many bytes in flight as on fp32 (8 keys × 2
+// rows × 8 bytes), held as raw bf16 (2 registers a row piece, not 4), and half the steps.
+template <typename KT, int kTileHeads>
+constexpr int kSplitStepKeys = sizeof(KT) == 2 && 2 * kStepKeys* kTileHeads <= 32 ? 2 * kStepKeys
+                                                                                  : kStepKeys;
 
 // C float4 chunks per lane: head sizes up to 128·C. kTile query heads share each K/V row;
 // q and acc take 2·4·C floats per head, a step's K and V rows 2·4·C per key.
-template <int C, int kTileHeads>
+template <int C, int kTileHeads, int kStep = kStepKeys>
 struct SplitKvShape {
   static constexpr int kHeadTile = kTileHeads;
-  static constexpr int kSums = kStepKeys * kHeadTile;  // dot products per step: 4 … 32
+  static constexpr int kStepK = kStep;
+  static constexpr int kSums = kStep * kHeadTile;  // dot products per step: 4 … 32
   static constexpr int kMaxDim = 128 * C;
   static_assert(kTileHeads * C <= 8, "q and acc past 64 floats a lane would spill");
   static_assert(kSums >= 4 && kSums <= 32, "SumAcrossLanes takes 4 to 32 values");
@@ -265,16 +277,47 @@ __device__ __forceinline__ void Scale4(float a, float4& y) {
   y.w *= a;
 }
 
-// Sums each of the N values over the warp's 32 lanes. Halving: at offset o a lane keeps
-// the half of its values selected by its bit o and adds the partner's copy of that half,
-// so N − 1 shuffles leave one value per lane (then 5 − log2 N plain steps). Returns the
-// total of value lane · N / 32 (lane L holds the sum of value L for N = 32).
-// The halves are chosen with bit masks, not `upper ? v[a] : v[b]`: the compiler turns
-// that into v[upper ? a : b], a run-time index, and moved v (32 floats) to local memory.
-template <int N>
-__device__ __forceinline__ float SumAcrossLanes(float (&v)[N], int lane) {
-#pragma unroll
-  for (int n = N, o = 16; n > 1; n /= 2, o /= 2) {
+// Four consecutive cache elements of a row (a lane's piece), as loaded and kept until
+// used: a float4 for an fp32 cache, 8 bytes of bf16 (uint2) for a bf16 cache, widened to
+// a float4 only where the arithmetic needs it (Widen). Zero past D, as Load4.
+template <typename KT>
+struct KvPiece {
+  using Raw = float4;
+  template <bool kVec>
+  __device__ __forceinline__ static Raw Load(const float* row, int d, int D) {
+    return Load4<kVec>(row, d, D);
+  }
+  __device__ __forceinline__ static Raw Zero() { return Zero4(); }
+  __device__ __forceinline__ static float4 Widen(Raw r) { return r; }
+};
+
+template <>
+struct KvPiece<uint16_t> {
+  using Raw = uint2;
+  template <bool kVec>
+  __device__ __forceinline__ static Raw Load(const uint16_t* row, int d, int D) {
+    if (d >= D) return make_uint2(0u, 0u);
+    if constexpr (kVec) {
+      return *reinterpret_cast<const uint2*>(row + d);
+    } else {
+      auto at = [&](int e) { return d + e < D ? static_cast<uint32_t>(row[d + e]) : 0u; };
+      return make_uint2(at(0) | (at(1) << 16), at(2) | (at(3) << 16));
+    }
+  }
+  __device__ __forceinline__ static Raw Zero() { return make_uint2(0u, 0u); }
+  __device__ __forceinline__ static float4 Widen(Raw r) {
+    return make_float4(__uint_as_float(r.x << 16), __uint_as_float(r.x & 0xffff0000u),
+                       __uint_as_float(r.y << 16), __uint_as_float(r.y & 0xffff0000u));
+  }
+};
+
+// One halving level of SumAcrossLanes (n values left, partner lanes o apart), then the
+// next by template recursion: every index is a constant, so v stays in registers (a
+// `#pragma unroll` over the levels was not unrolled at N = 32, and ptxas put v in a
+// 128-byte local frame).
+template <int N, int n, int o>
+__device__ __forceinline__ void HalveAcrossLanes(float (&v)[N], int lane) {
+  if constexpr (n > 1) {
     const unsigned upper = (lane & o) != 0 ? 0xffffffffu : 0u;
 #pragma unroll
     for (int k = 0; k < n / 2; ++k) {
@@ -283,18 +326,31 @@ __device__ __forceinline__ float SumAcrossLanes(float (&v)[N], int lane) {
       const float send = __uint_as_float((hi & ~upper) | (lo & upper));
       v[k] = keep + __shfl_xor_sync(0xffffffffu, send, o);
     }
+    HalveAcrossLanes<N, n / 2, o / 2>(v, lane);
   }
+}
+
+// Sums each of the N values over the warp's 32 lanes. Halving: at offset o a lane keeps
+// the half of its values selected by its bit o and adds the partner's copy of that half,
+// so N − 1 shuffles leave one value per lane (then 5 − log2 N plain steps). Returns the
+// total of value lane · N / 32 (lane L holds the sum of value L for N = 32).
+// The halves are chosen with bit masks, not `upper ? v[a] : v[b]`: the compiler turns
+// that into v[upper ? a : b], a run-time index, and moved v (32 floats) to local memory.
+template <int N>
+__device__ __forceinline__ float SumAcrossLanes(float (&v)[N], int lane) {
+  HalveAcrossLanes<N, N, 16>(v, lane);
 #pragma unroll
   for (int o = 16 / N; o > 0; o /= 2) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
   return v[0];
 }
 
 template <int C, int kTileHeads, bool kVec, typename KT>
-__global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>::kMinBlocks)
+__global__ void __launch_bounds__(
+    kSplitWarps * 32, SplitKvShape<C, kTileHeads, kSplitStepKeys<KT, kTileHeads>>::kMinBlocks)
     SplitKvKernel(AttentionParams p, int num_splits, float* workspace) {
   WaitForPriorGrids();  // first: see launch.cuh
-  using S = SplitKvShape<C, kTileHeads>;
-  constexpr int kTile = S::kHeadTile, kSums = S::kSums;
+  using S = SplitKvShape<C, kTileHeads, kSplitStepKeys<KT, kTileHeads>>;
+  constexpr int kTile = S::kHeadTile, kSums = S::kSums, kStep = S::kStepK;
   const float scale2 = p.scale * 1.4426950408889634f;  // scores in base 2
   __shared__ float step_p[kSplitWarps][kSums];         // a step's weights 2^(s − m')
   __shared__ float step_alpha[kSplitWarps][kTile];     // and each head's rescale 2^(m − m')
@@ -306,8 +362,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
   const int group = p.num_heads / p.num_kv_heads;
   const int D = p.head_dim;
   const int key_end = p.row_key_end != nullptr ? p.row_key_end[i] : CausalEnd(p, i);
-  const int span =
-      ((key_end + num_splits - 1) / num_splits + kStepKeys - 1) / kStepKeys * kStepKeys;
+  const int span = ((key_end + num_splits - 1) / num_splits + kStep - 1) / kStep * kStep;
   const int j_begin = split * span;
   const int j_end = min(key_end, j_begin + span);
   const int q_doc = p.q_doc != nullptr ? p.q_doc[i] : 0;
@@ -338,16 +393,16 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
     const auto visible = [&](int j) {
       return j < j_end && (p.q_doc == nullptr || p.k_doc[j] == q_doc);
     };
-    // A step's keys start at a multiple of kStepKeys (span is one), so they share a cache
+    // A step's keys start at a multiple of kStep (span is one), so they share a cache
     // block when the block size is one too: then one table lookup serves the step.
-    const bool step_in_one_block = p.block_size % kStepKeys == 0;
-    for (int j0 = j_begin + warp * kStepKeys; j0 < j_end; j0 += kSplitWarps * kStepKeys) {
-      // The step's K and V rows; those of keys past j_end or in other documents are zero
-      // and never read (a masked key's row may hold anything).
-      float4 kr[kStepKeys][C], vr[kStepKeys][C];
+    const bool step_in_one_block = p.block_size % kStep == 0;
+    for (int j0 = j_begin + warp * kStep; j0 < j_end; j0 += kSplitWarps * kStep) {
+      // The step's K and V rows, as stored (KvPiece); those of keys past j_end or in other
+      // documents are zero and never read (a masked key's row may hold anything).
+      typename KvPiece<KT>::Raw kr[kStep][C], vr[kStep][C];
       const int64_t first_row = step_in_one_block ? PhysicalRowIn(table, p.block_size, j0) : 0;
 #pragma unroll
-      for (int u = 0; u < kStepKeys; ++u) {
+      for (int u = 0; u < kStep; ++u) {
         const int j = j0 + u;
         const bool vis = visible(j);
         const int64_t row =
@@ -355,18 +410,22 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
         const int64_t off = vis ? row * p.kv_row_stride + static_cast<int64_t>(g) * D : 0;
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-          kr[u][c] = vis ? Load4<kVec>(KeysOf<KT>(p) + off, 128 * c + 4 * lane, D) : Zero4();
-          vr[u][c] = vis ? Load4<kVec>(ValuesOf<KT>(p) + off, 128 * c + 4 * lane, D) : Zero4();
+          kr[u][c] =
+              vis ? KvPiece<KT>::template Load<kVec>(KeysOf<KT>(p) + off, 128 * c + 4 * lane, D)
+                  : KvPiece<KT>::Zero();
+          vr[u][c] =
+              vis ? KvPiece<KT>::template Load<kVec>(ValuesOf<KT>(p) + off, 128 * c + 4 * lane, D)
+                  : KvPiece<KT>::Zero();
         }
       }
       float s[kSums];  // s[u · kTile + t]: key u, head h0 + t
 #pragma unroll
-      for (int u = 0; u < kStepKeys; ++u) {
+      for (int u = 0; u < kStep; ++u) {
 #pragma unroll
         for (int t = 0; t < kTile; ++t) {
           float dot = 0.0f;
 #pragma unroll
-          for (int c = 0; c < C; ++c) dot += Dot4(qr[t][c], kr[u][c]);
+          for (int c = 0; c < C; ++c) dot += Dot4(qr[t][c], KvPiece<KT>::Widen(kr[u][c]));
           s[u * kTile + t] = dot;
         }
       }
@@ -401,11 +460,11 @@ __global__ void __launch_bounds__(kSplitWarps * 32, SplitKvShape<C, kTileHeads>:
 #pragma unroll
         for (int c = 0; c < C; ++c) Scale4(a, acc[t][c]);
 #pragma unroll
-        for (int u = 0; u < kStepKeys; ++u) {
+        for (int u = 0; u < kStep; ++u) {
           // 0 for masked keys, whose vr is 0 too (never read): no 0 · NaN.
           const float pu = step_p[warp][u * kTile + t];
 #pragma unroll
-          for (int c = 0; c < C; ++c) Axpy4(pu, vr[u][c], acc[t][c]);
+          for (int c = 0; c < C; ++c) Axpy4(pu, KvPiece<KT>::Widen(vr[u][c]), acc[t][c]);
         }
       }
       __syncwarp();  // step_p and step_alpha are read before the next step overwrites them

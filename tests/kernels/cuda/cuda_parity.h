@@ -70,6 +70,7 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
     for (ParityResult& p : AttentionCase(gpu, rng, s)) r.push_back(std::move(p));
   }
   add(AttentionBatchSplitKvCase(gpu, rng));
+  add(AttentionBatchSplitKvCase(gpu, rng, /*bf16_cache=*/true));
   add(AttentionBatchFlashCase(gpu, rng));
   add(AttentionBatchFlashCase(gpu, rng, nullptr, /*bf16_cache=*/true));
   for (const AttnShape& s : AttentionBackwardShapes()) {

@@ -389,16 +389,18 @@ inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng,
 
 // Five decode-like sequences; the third has documents, so it runs alone and splits the
 // others into two batched split-KV launches.
-inline ParityResult AttentionBatchSplitKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
+inline ParityResult AttentionBatchSplitKvCase(CudaBackend& gpu, std::mt19937_64& rng,
+                                              bool bf16_cache = false) {
   return AttentionBatchCase(gpu, rng,
-                            "AttentionBatch 5 sequences (Tq 1/5/3/1/2, Tk 300/40/30/700/9, "
-                            "H=8/2 Dh=64, one with documents)",
+                            absl::StrCat("AttentionBatch 5 sequences (Tq 1/5/3/1/2, Tk "
+                                         "300/40/30/700/9, H=8/2 Dh=64, one with documents)",
+                                         bf16_cache ? " bf16 cache" : ""),
                             {{.tq = 1, .tk = 300},
                              {.tq = 5, .tk = 40},
                              {.tq = 3, .tk = 30, .doc_lengths = {12, 18}},
                              {.tq = 1, .tk = 700},
                              {.tq = 2, .tk = 9}},
-                            8, 2, 64);
+                            8, 2, 64, nullptr, bf16_cache);
 }
 
 // Prefill chunks: the first three go out as one flash launch (their 64-query tiles, a
@@ -570,6 +572,16 @@ inline std::vector<AttnShape> AttentionShapes() {
   for (const char* label : {"prefill offset GQA 8/4", "prefill non-causal odd stride GQA 4/2",
                             "decode long GQA 8/1", "decode scalar loads GQA 12/1",
                             "decode head size 256 GQA 8/1", "maps docs offset GQA 8/4"}) {
+    const auto it = std::find_if(shapes.begin(), shapes.end(),
+                                 [&](const AttnShape& s) { return s.label == label; });
+    if (it == shapes.end()) continue;  // the count in RunParitySuite's test then fails
+    AttnShape bf16 = *it;
+    bf16.bf16_cache = true;
+    shapes.push_back(std::move(bf16));
+  }
+  // Decode on a bf16 cache with 8 keys a split-KV step (head tiles of 1, 2 and 4): block
+  // sizes of 4 (a step spans two blocks), 8 and 16, several splits, odd head counts.
+  for (const char* label : {"decode GQA 8/4", "decode MHA 4/4", "decode GQA 6/2", "short chunk"}) {
     const auto it = std::find_if(shapes.begin(), shapes.end(),
                                  [&](const AttnShape& s) { return s.label == label; });
     if (it == shapes.end()) continue;  // the count in RunParitySuite's test then fails
