@@ -1,7 +1,8 @@
 // Small-batch products on f16/bf16 weights (see matvec.h). A launch covers up to
 // kMatVecMaxSegments products of the same x (segments: a layer's q, k and v). The work is
-// cut into units of two weight rows: W rows o and o + 1 (plain), or W_gate row o and W_up
-// row o (gated: SwiGLU), so each x value read from L1 serves two rows. The grid is
+// cut into units of R weight rows (kUnitRows: 2 for one row of x, 4 for more): W rows o …
+// o + R − 1 (plain), or W_gate and W_up rows of outputs o … o + R/2 − 1 (gated: SwiGLU),
+// so each x value read from L1 serves R rows. The grid is
 // persistent: exactly as many blocks as fit on the GPU at once, block b taking units b,
 // b + grid, … So every block reads the same number of weight bytes, give or take one
 // unit, whatever the shape. (The first version gave each warp a unit and launched a block
@@ -62,10 +63,20 @@ struct Segments {
   Segment seg[kMatVecMaxSegments];
 };
 
+// Weight rows a unit reads for N rows of x: 2, or 4 from N = 2 on. Each x value a thread
+// loads (through L1) serves R weight rows, so L1 carries 2N / R times the weight bytes in
+// fp32 x: at N = 4 with 2 rows, four times the weights' bytes, and the kernel read weights
+// at 50% of copy bandwidth on an H200 (80% at N = 1); 4 rows halve that (2026-11-30, not
+// yet measured). (At N = 1 more rows a unit did not pay: two units at once ran at 74%.)
+template <int N>
+constexpr int kUnitRows = N >= 2 ? 4 : 2;
+int UnitRows(int n) { return n >= 2 ? kUnitRows<2> : kUnitRows<1>; }
+
 template <bool kBf16, int N, bool kVec, bool kGated>
-__global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 3) MatVecKernel(Segments segs) {
-  WaitForPriorGrids();  // first: see launch.cuh
-  constexpr int R = 2;  // weight rows a unit reads
+__global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segments segs) {
+  WaitForPriorGrids();                       // first: see launch.cuh
+  constexpr int R = kUnitRows<N>;            // weight rows a unit reads
+  constexpr int kOuts = kGated ? R / 2 : R;  // outputs a unit writes
   __shared__ float part[2][kWarps][R * N];
   const float* __restrict__ x = segs.x;
   const int64_t in = segs.in;
@@ -75,13 +86,27 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 3) MatVecKernel(Segment
     int si = 0;
     while (si + 1 < segs.count && unit >= segs.seg[si + 1].first_unit) ++si;
     const Segment& sg = segs.seg[si];
-    // Plain: rows o, o + 1 (a missing second row reads the first again; its sums are never
-    // written). Gated: gate and up rows of o.
-    const int64_t o = kGated ? unit - sg.first_unit : 2 * (unit - sg.first_unit);
-    const int rows = kGated || o + 1 < sg.out ? 2 : 1;
+    // Outputs o … o + kOuts − 1, of which `outs` exist. Plain: weight rows o + t (a missing
+    // row reads the last one again; its sums are never written). Gated: the gate and up
+    // rows of each output, interleaved.
+    const int64_t o = kOuts * (unit - sg.first_unit);
+    int outs;
     const unsigned short* __restrict__ wrow[R];
-    wrow[0] = sg.w + o * in;
-    wrow[1] = kGated ? sg.w_up + o * in : sg.w + (o + rows - 1) * in;
+    if constexpr (R == 2) {  // one row of x: the code the H200 measured at 80%, as it was
+      outs = kGated || o + 1 >= sg.out ? 1 : 2;
+      wrow[0] = sg.w + o * in;
+      wrow[1] = kGated ? sg.w_up + o * in : sg.w + (o + outs - 1) * in;
+    } else {
+      outs = static_cast<int>(min(static_cast<int64_t>(kOuts), sg.out - o));
+#pragma unroll
+      for (int t = 0; t < R; ++t) {
+        if constexpr (kGated) {
+          wrow[t] = (t % 2 == 0 ? sg.w : sg.w_up) + (o + min(t / 2, outs - 1)) * in;
+        } else {
+          wrow[t] = sg.w + (o + min(t, outs - 1)) * in;
+        }
+      }
+    }
     float acc[R][N];
 #pragma unroll
     for (int t = 0; t < R; ++t) {
@@ -142,12 +167,16 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 3) MatVecKernel(Segment
       }
       float* y = sg.y + static_cast<int64_t>(lane) * sg.out + o;
       if constexpr (kGated) {
-        const float g = sum[0];  // as SwiGluKernel
-        *y = g / (1.0f + expf(-g)) * sum[1];
+#pragma unroll
+        for (int k = 0; k < kOuts; ++k) {
+          if (k >= outs) break;        // unrolled, so sum stays in registers
+          const float g = sum[2 * k];  // as SwiGluKernel
+          y[k] = g / (1.0f + expf(-g)) * sum[2 * k + 1];
+        }
       } else {
 #pragma unroll
         for (int t = 0; t < R; ++t) {
-          if (t >= rows) break;  // unrolled, so sum stays in registers
+          if (t >= outs) break;  // unrolled, so sum stays in registers
           float b = 0.0f;
           if (sg.bias != nullptr) {
             switch (sg.bias_dtype) {
@@ -225,12 +254,13 @@ absl::Status LaunchSegments(int n, DType dtype, bool gated, Segments segs, cudaS
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   bool vec = segs.in % 8 == 0 && aligned(segs.x);
   int64_t units = 0;
+  // Outputs a unit writes (MatVecKernel's kOuts).
+  const int64_t unit_outs = gated ? UnitRows(n) / 2 : UnitRows(n);
   for (int i = 0; i < segs.count; ++i) {
     Segment& sg = segs.seg[i];
     vec = vec && aligned(sg.w) && (sg.w_up == nullptr || aligned(sg.w_up));
     sg.first_unit = units;
-    // ceil(out / 2) plain, out gated
-    units += gated ? std::max<int64_t>(sg.out, 0) : (std::max<int64_t>(sg.out, 0) + 1) / 2;
+    units += (std::max<int64_t>(sg.out, 0) + unit_outs - 1) / unit_outs;
   }
   if (units == 0) return absl::OkStatus();
   segs.units = units;

@@ -44,6 +44,12 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
     add(MatMulSwiGluCase(gpu, rng, t, 1, 256, 40));
     add(MatMulSwiGluCase(gpu, rng, t, 3, t == DType::kQ8_0 ? 96 : 100, 33));
   }
+  // Four rows of x: the matvec's 4-row units (a last unit of 2 rows, and of 1 gated output
+  // of 2); two rows with the q/k/v segments.
+  add(MatMulCase(gpu, rng, DType::kF16, 4, 256, 38, true));
+  add(MatMulCase(gpu, rng, DType::kBF16, 4, 100, 39, false));  // one element at a time
+  add(MatMulSwiGluCase(gpu, rng, DType::kBF16, 4, 256, 41));
+  add(MatMulManyCase(gpu, rng, DType::kBF16, 2, 256, false));
   add(MatMulSwiGluCase(gpu, rng, DType::kBF16, 6, 128, 24));  // two GEMMs and SwiGlu
   add(MatMulManyCase(gpu, rng, DType::kBF16, 2, 128, true));  // one MatMul each
   add(MatMulManyCase(gpu, rng, DType::kF16, 6, 128, false));  // three GEMMs, one operand
