@@ -6,7 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/fast_exp.h"
+#include "kernels/cpu/row_reduce.h"
 
 namespace kvlens {
 
@@ -62,9 +62,7 @@ void Sampler::ApplyBiasAndPenalties(absl::Span<float> logits,
 int32_t Sampler::Sample(absl::Span<float> logits, absl::Span<const int32_t> history) {
   ApplyBiasAndPenalties(logits, history);
   const int32_t n = static_cast<int32_t>(logits.size());
-  if (params_.temperature == 0.0) {
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  }
+  if (params_.temperature == 0.0) return kernels::ArgMax(logits);
   // softmax at temperature, max subtracted first
   const float max_l = *std::max_element(logits.begin(), logits.end());
   candidates_.resize(n);
@@ -136,57 +134,36 @@ int32_t Sampler::Sample(absl::Span<float> logits, absl::Span<const int32_t> hist
 }
 
 void LogSoftmax(absl::Span<const float> logits, std::vector<double>& out) {
-  // The max over eight independent lanes (a float max reduction is not vectorised
-  // without -ffast-math; this at least overlaps the compares).
-  float lane_max[8];
-  std::fill_n(lane_max, 8, -std::numeric_limits<float>::infinity());
-  size_t m = 0;
-  for (; m + 8 <= logits.size(); m += 8) {
-    for (int t = 0; t < 8; ++t) lane_max[t] = std::max(lane_max[t], logits[m + t]);
-  }
-  for (; m < logits.size(); ++m) lane_max[0] = std::max(lane_max[0], logits[m]);
-  const float max_f = *std::max_element(lane_max, lane_max + 8);
-  const double max_l = max_f;
-  // Σ e^(l − max): the exponentials in float (vectorised), summed in double.
-  thread_local std::vector<float> e;
-  e.resize(logits.size());
-  const float* l = logits.data();
-  float* ep = e.data();
-  for (size_t i = 0; i < logits.size(); ++i) ep[i] = kernels::ExpNegated(max_f - l[i]);
-  double acc[4] = {0.0, 0.0, 0.0, 0.0};
-  size_t j = 0;
-  for (; j + 4 <= e.size(); j += 4) {
-    for (int t = 0; t < 4; ++t) acc[t] += e[j + t];
-  }
-  for (; j < e.size(); ++j) acc[0] += e[j];
-  const double sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-  const double lse = max_l + std::log(sum);
+  const double lse = kernels::LogSumExp(logits);
   out.resize(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) out[i] = static_cast<double>(logits[i]) - lse;
 }
 
 RowSample SampleRow(Sampler& sampler, absl::Span<const float> logits,
                     absl::Span<const int32_t> history, int top_logprobs) {
-  // Reused per thread: a fresh 32000-entry row and its log-probabilities (384 KB) a row
-  // cost more in page faults than the arithmetic (the heap's top is trimmed and regrown).
+  // Reused per thread: a fresh 32000-entry row (128 KB) a row costs more in page faults
+  // than the arithmetic (the heap's top is trimmed and regrown).
   thread_local std::vector<float> row;
-  thread_local std::vector<double> logprobs;
   thread_local std::vector<int32_t> ids;
   row.assign(logits.begin(), logits.end());
   RowSample out;
-  LogSoftmax(logits, logprobs);
+  // Only the log-probabilities reported are formed (each as LogSoftmax forms it): the
+  // whole row in double would be 256 KB written a row for one or a few values read.
+  const double lse = kernels::LogSumExp(logits);
+  auto logprob = [&](int32_t i) { return static_cast<double>(logits[i]) - lse; };
   out.token = sampler.Sample(absl::MakeSpan(row), history);
-  out.logprob = static_cast<float>(logprobs[out.token]);
+  out.logprob = static_cast<float>(logprob(out.token));
   if (top_logprobs > 0) {
     const int V = static_cast<int>(logits.size());
     ids.resize(V);
     for (int i = 0; i < V; ++i) ids[i] = i;
     const int k = std::min(top_logprobs, V);
     std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
-      return logprobs[a] != logprobs[b] ? logprobs[a] > logprobs[b] : a < b;
+      const double la = logprob(a), lb = logprob(b);
+      return la != lb ? la > lb : a < b;
     });
     for (int i = 0; i < k; ++i) {
-      out.top_logprobs.push_back({ids[i], static_cast<float>(logprobs[ids[i]])});
+      out.top_logprobs.push_back({ids[i], static_cast<float>(logprob(ids[i]))});
     }
   }
   return out;

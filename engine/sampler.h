@@ -49,7 +49,7 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> candidates_;  // (probability or logit, id)
 };
 
-// log softmax of one row of logits, in double for accuracy: out[i] = l_i − logsumexp(l).
+// log softmax of one row of logits: out[i] = l_i − kernels::LogSumExp(l), in double.
 void LogSoftmax(absl::Span<const float> logits, std::vector<double>& out);
 
 struct TokenLogprob {

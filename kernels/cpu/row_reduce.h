@@ -1,0 +1,24 @@
+// Reductions over one row of logits for the engine's sampling (engine/sampler.h), compiled
+// for the build machine's instruction set (as cpu_backend.cc) so their loops vectorise:
+// log Σ_i e^(l_i) (the log-probabilities; exponentials in float by ExpNegated, summed in
+// double) and the greedy pick.
+#ifndef KVLENS_KERNELS_CPU_ROW_REDUCE_H_
+#define KVLENS_KERNELS_CPU_ROW_REDUCE_H_
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+
+namespace kvlens::kernels {
+
+// max_i l_i + log Σ_i e^(l_i − max): −inf for an empty row or one of −inf only; a −inf
+// logit adds nothing.
+double LogSumExp(absl::Span<const float> logits);
+
+// The index of the largest logit, the first one if several tie (std::max_element's
+// answer; a NaN logit is never picked). 0 for an empty row, or one of −inf or NaN only.
+int32_t ArgMax(absl::Span<const float> logits);
+
+}  // namespace kvlens::kernels
+
+#endif  // KVLENS_KERNELS_CPU_ROW_REDUCE_H_
