@@ -63,13 +63,13 @@ int32_t Sampler::Sample(absl::Span<float> logits, absl::Span<const int32_t> hist
   ApplyBiasAndPenalties(logits, history);
   const int32_t n = static_cast<int32_t>(logits.size());
   if (params_.temperature == 0.0) return kernels::ArgMax(logits);
-  // softmax at temperature, max subtracted first
-  const float max_l = *std::max_element(logits.begin(), logits.end());
+  // softmax at temperature, max subtracted first (in float, vectorised: std::exp in double
+  // took ~5 ns an element, 160 µs a 32000-token row)
+  const float max_l = logits[kernels::ArgMax(logits)];
+  weights_.resize(n);
+  kernels::TemperatureWeights(logits, max_l, params_.temperature, weights_.data());
   candidates_.resize(n);
-  for (int32_t i = 0; i < n; ++i) {
-    const double p = std::exp((static_cast<double>(logits[i]) - max_l) / params_.temperature);
-    candidates_[i] = {static_cast<float>(p), i};
-  }
+  for (int32_t i = 0; i < n; ++i) candidates_[i] = {weights_[i], i};
   // The candidates in the order (probability desc, id asc), sorted only as far as the
   // filters and the draw look: [0, sorted) is final. A peaked distribution needs its top
   // few dozen, not all V (a full sort of 32000 candidates took ~2.5 ms a row).

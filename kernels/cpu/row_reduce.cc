@@ -1,5 +1,6 @@
-// Compiled with -march=native when the build allows it (kernels/CMakeLists.txt): the loops
-// below vectorise to the machine's widest float lanes.
+// Compiled with -march=native when the build allows it, and -ffp-contract=off
+// (kernels/CMakeLists.txt): the loops below vectorise to the machine's widest float lanes,
+// and every element's arithmetic is the same as without vectors.
 #include "kernels/cpu/row_reduce.h"
 
 #include <algorithm>
@@ -45,6 +46,13 @@ double LogSumExp(absl::Span<const float> logits) {
   for (; j < e.size(); ++j) acc[0] += e[j];
   const double sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   return static_cast<double>(max_f) + std::log(sum);
+}
+
+void TemperatureWeights(absl::Span<const float> logits, float max_l, double temperature,
+                        float* out) {
+  const float inv_t = static_cast<float>(1.0 / temperature);
+  const float* l = logits.data();
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = ExpNegated((max_l - l[i]) * inv_t);
 }
 
 int32_t ArgMax(absl::Span<const float> logits) {

@@ -1,5 +1,5 @@
-// kernels::LogSumExp and ArgMax against values worked out by hand, against std::exp in
-// double, and against std::max_element.
+// kernels::LogSumExp, ArgMax and TemperatureWeights against values worked out by hand,
+// against std::exp in double, and against std::max_element.
 #include "kernels/cpu/row_reduce.h"
 
 #include <algorithm>
@@ -17,8 +17,8 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 TEST(LogSumExpTest, HandComputedValues) {
   // log(e^0 + e^(log 3)) = log 4; a −inf logit adds nothing.
-  EXPECT_NEAR(LogSumExp(std::vector<float>{0.0f, static_cast<float>(std::log(3.0))}),
-              std::log(4.0), 1e-7);
+  EXPECT_NEAR(LogSumExp(std::vector<float>{0.0f, static_cast<float>(std::log(3.0))}), std::log(4.0),
+              1e-7);
   EXPECT_NEAR(LogSumExp(std::vector<float>{-kInf, 2.0f, -kInf}), 2.0, 1e-7);
   // Nine equal logits of 5 (past the 8-lane loop's tail): 5 + log 9.
   EXPECT_NEAR(LogSumExp(std::vector<float>(9, 5.0f)), 5.0 + std::log(9.0), 1e-6);
@@ -42,6 +42,19 @@ TEST(LogSumExpTest, MatchesDoubleExpOnALargeRow) {
   double sum = 0.0;
   for (float l : logits) sum += std::exp(static_cast<double>(l) - max_l);
   EXPECT_NEAR(LogSumExp(logits), max_l + std::log(sum), 1e-6);
+}
+
+// e^((l − max) / T) at T = 2: logits 1, 1 − 2 ln 2, 1 − 400 and −inf give 1, 1/2, e^−200
+// (below e^−87.3: 0) and 0.
+TEST(TemperatureWeightsTest, HandComputedValues) {
+  const std::vector<float> logits = {1.0f, static_cast<float>(1.0 - 2.0 * std::log(2.0)),
+                                     1.0f - 400.0f, -kInf};
+  std::vector<float> w(logits.size(), -1.0f);
+  TemperatureWeights(logits, 1.0f, 2.0, w.data());
+  EXPECT_EQ(w[0], 1.0f);
+  EXPECT_NEAR(w[1], 0.5f, 1e-6);
+  EXPECT_EQ(w[2], 0.0f);
+  EXPECT_EQ(w[3], 0.0f);
 }
 
 // The first of tied maxima (as std::max_element), past and inside the eight-lane loop's
