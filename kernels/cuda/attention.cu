@@ -117,24 +117,10 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1) FlashPrefillKernel(Att
   // The lane's two rows: fragment rows g and g + 8 of its warp's 16.
   const int row_i[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
 
-  // Q as A fragments (unscaled, so rounded as the naive fp16 run rounds it); rows past
-  // the end are zero.
+  // Q as fp16 A fragments (as the naive fp16 run rounds it).
   uint32_t qf[D / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = row_i[r % 2], d = 16 * kk + 2 * t + 8 * (r / 2);
-      float x0 = 0.0f, x1 = 0.0f;
-      if (i < seq.num_queries) {
-        const float* q =
-            p.q + static_cast<int64_t>(seq.row0 + i) * p.q_stride + static_cast<int64_t>(h) * D;
-        x0 = q[d];
-        x1 = q[d + 1];
-      }
-      qf[kk][r] = PackHalf2(x0, x1);
-    }
-  }
+  FlashLoadQ<D>(
+      p, seq, h, row_i, [](float a, float b) { return PackHalf2(a, b); }, qf);
 
   float o[D / 8][4];
 #pragma unroll
@@ -655,23 +641,9 @@ int FlashTileQueries(int head_dim, int requested) {
 }
 
 absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cudaStream_t stream) {
-  if (tile_queries != FlashTileQueries(p.head_dim, tile_queries)) {
-    return absl::InvalidArgumentError(absl::StrCat("flash prefill has no ", tile_queries,
-                                                   "-query tiles for head_dim ", p.head_dim));
-  }
-  switch (p.head_dim) {
-    case 64:
-      return tile_queries == 128 ? LaunchFlash<64, 8>(p, stream) : LaunchFlash<64, 4>(p, stream);
-    case 80:
-      return LaunchFlash<80, 4>(p, stream);
-    case 96:
-      return LaunchFlash<96, 4>(p, stream);
-    case 128:
-      return tile_queries == 128 ? LaunchFlash<128, 8>(p, stream) : LaunchFlash<128, 4>(p, stream);
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("flash prefill supports head_dim 64, 80, 96 and 128, got ", p.head_dim));
-  }
+  return DispatchFlash(p, tile_queries, [&](auto d, auto w) {
+    return LaunchFlash<decltype(d)::value, decltype(w)::value>(p, stream);
+  });
 }
 
 int SplitKvVariant(const AttentionParams& p) {

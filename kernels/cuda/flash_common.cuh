@@ -9,13 +9,17 @@
 //   m' = max(m, max_j c·s_j),  α = 2^(m − m'),  p_j = 2^(c·s_j − m'),  l = α·l + Σ_j p_j,
 //   O = α·O   (then the kernel adds P·V, P rounded to its tensor cores' type)
 // and finally O / l (FlashWriteRows). Masking (causal, documents, the end of the keys) is
-// applied only to tiles that some row of the block does not see whole.
+// applied only to tiles that some row of the block does not see whole. DispatchFlash picks
+// the instantiation for a call's head size and block size.
 #ifndef KVLENS_KERNELS_CUDA_FLASH_COMMON_CUH_
 #define KVLENS_KERNELS_CUDA_FLASH_COMMON_CUH_
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/cuda/attention.h"
 
 namespace kvlens::kernels::cuda {
@@ -55,6 +59,31 @@ __device__ __forceinline__ FlashKeyRange FlashKeysOf(const AttentionParams& p,
   const int q_first = seq.query_offset + seq.q0;
   return {p.causal ? min(seq.num_keys, q_first + seq.rows) : seq.num_keys,
           p.causal ? min(seq.num_keys, q_first + 1) : seq.num_keys};
+}
+
+// The lane's Q values as A fragments (unscaled), each pair rounded by pack (PackHalf2 or
+// PackBf162: as the naive run of the kernel's precision rounds them); rows past the
+// sequence's end are zero.
+template <int D, typename Pack>
+__device__ __forceinline__ void FlashLoadQ(const AttentionParams& p, const FlashSeq& seq, int h,
+                                           const int (&row_i)[2], Pack pack,
+                                           uint32_t (&qf)[D / 16][4]) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = row_i[r % 2], d = 16 * kk + 2 * t + 8 * (r / 2);
+      float x0 = 0.0f, x1 = 0.0f;
+      if (i < seq.num_queries) {
+        const float* q =
+            p.q + static_cast<int64_t>(seq.row0 + i) * p.q_stride + static_cast<int64_t>(h) * D;
+        x0 = q[d];
+        x1 = q[d + 1];
+      }
+      qf[kk][r] = pack(x0, x1);
+    }
+  }
 }
 
 // One tile's online-softmax step on the warp's scores s (the tile's keys j0 … j0 + 63, raw
@@ -135,6 +164,37 @@ __device__ __forceinline__ void FlashWriteRows(const AttentionParams& p, const F
       out[8 * nt + 2 * t] = o[nt][2 * r] * inv;
       out[8 * nt + 2 * t + 1] = o[nt][2 * r + 1] * inv;
     }
+  }
+}
+
+// Host side: launch(D, W) (std::integral_constant tags) for p's head size and the block of
+// tile_queries queries (FlashTileQueries must allow it: W = tile_queries / 16 warps), or
+// INVALID_ARGUMENT naming what is not supported.
+template <typename Launch>
+absl::Status DispatchFlash(const AttentionParams& p, int tile_queries, Launch&& launch) {
+  using W4 = std::integral_constant<int, 4>;
+  using W8 = std::integral_constant<int, 8>;
+  if (tile_queries != FlashTileQueries(p.head_dim, tile_queries)) {
+    return absl::InvalidArgumentError(absl::StrCat("flash prefill has no ", tile_queries,
+                                                   "-query tiles for head_dim ", p.head_dim));
+  }
+  const bool wide = tile_queries == 128;
+  switch (p.head_dim) {
+    case 64: {
+      using D = std::integral_constant<int, 64>;
+      return wide ? launch(D{}, W8{}) : launch(D{}, W4{});
+    }
+    case 80:
+      return launch(std::integral_constant<int, 80>{}, W4{});
+    case 96:
+      return launch(std::integral_constant<int, 96>{}, W4{});
+    case 128: {
+      using D = std::integral_constant<int, 128>;
+      return wide ? launch(D{}, W8{}) : launch(D{}, W4{});
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("flash prefill supports head_dim 64, 80, 96 and 128, got ", p.head_dim));
   }
 }
 

@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1)
   const uint16_t* vcache = static_cast<const uint16_t*>(p.v);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
+  const int g = lane / 4;
   const FlashSeq seq = FlashSeqOf<W>(p);
   const int h = blockIdx.y;
   const int kvh = h / (p.num_heads / p.num_kv_heads);
@@ -99,24 +99,10 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1)
   IssueTile<D, W>(p, seq, kvh, 0, vcache, vs(0));
   CpAsyncCommit();
 
-  // Q as bf16 A fragments (unscaled, as the naive bf16 run rounds it); rows past the end
-  // are zero.
+  // Q as bf16 A fragments (as the naive bf16 run rounds it).
   uint32_t qf[D / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = row_i[r % 2], d = 16 * kk + 2 * t + 8 * (r / 2);
-      float x0 = 0.0f, x1 = 0.0f;
-      if (i < seq.num_queries) {
-        const float* q =
-            p.q + static_cast<int64_t>(seq.row0 + i) * p.q_stride + static_cast<int64_t>(h) * D;
-        x0 = q[d];
-        x1 = q[d + 1];
-      }
-      qf[kk][r] = PackBf162(x0, x1);
-    }
-  }
+  FlashLoadQ<D>(
+      p, seq, h, row_i, [](float a, float b) { return PackBf162(a, b); }, qf);
 
   float o[D / 8][4];
 #pragma unroll
@@ -225,20 +211,9 @@ absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries,
         "16-byte aligned K and V, head_dim 64, 80, 96 or 128; got kv_row_stride ",
         p.kv_row_stride, ", head_dim ", p.head_dim));
   }
-  if (tile_queries != FlashTileQueries(p.head_dim, tile_queries)) {
-    return absl::InvalidArgumentError(absl::StrCat("flash prefill has no ", tile_queries,
-                                                   "-query tiles for head_dim ", p.head_dim));
-  }
-  switch (p.head_dim) {
-    case 64:
-      return tile_queries == 128 ? LaunchBf16<64, 8>(p, stream) : LaunchBf16<64, 4>(p, stream);
-    case 80:
-      return LaunchBf16<80, 4>(p, stream);
-    case 96:
-      return LaunchBf16<96, 4>(p, stream);
-    default:
-      return tile_queries == 128 ? LaunchBf16<128, 8>(p, stream) : LaunchBf16<128, 4>(p, stream);
-  }
+  return DispatchFlash(p, tile_queries, [&](auto d, auto w) {
+    return LaunchBf16<decltype(d)::value, decltype(w)::value>(p, stream);
+  });
 }
 
 }  // namespace kvlens::kernels::cuda

@@ -350,6 +350,15 @@ TEST(CudaEngineDecode, IncrementalEqualsFullRecomputeOverANanCache) {
 }
 
 #ifdef KVLENS_HAVE_CUDA
+// Genesis 1:1-2 in the default model's tokens (more than 40).
+std::vector<int32_t> GenesisTokens(const Model& model) {
+  return model.tokenizer->Encode(
+      "In the beginning God created the heaven and the earth. And the earth was without form, "
+      "and void; and darkness was upon the face of the deep. And the Spirit of God moved upon "
+      "the face of the waters.",
+      false);
+}
+
 // CUDA graphs in the engine's decode, one token a step (graphs are the backend's default).
 // A recorded step pads each split-KV block table to a power of two of blocks, so with
 // blocks of 7 tokens the steps with 1–7, 8–14, 15–28 and 29–40 keys make four different
@@ -363,11 +372,7 @@ TEST(CudaEngineGraphs, DecodeStepsReplayFourGraphsAndEqualStepsWithoutGraphs) {
   ASSERT_NE(backend, nullptr);
   auto model = Load(testing::DefaultModelPath());
   ASSERT_NE(model, nullptr);
-  std::vector<int32_t> tokens = model->tokenizer->Encode(
-      "In the beginning God created the heaven and the earth. And the earth was without form, "
-      "and void; and darkness was upon the face of the deep. And the Spirit of God moved upon "
-      "the face of the waters.",
-      false);
+  std::vector<int32_t> tokens = GenesisTokens(*model);
   ASSERT_GE(tokens.size(), 40u);
   tokens.resize(40);
   const kernels::cuda::StepGraph::Stats s0 = backend->graph_stats();
@@ -470,11 +475,7 @@ TEST(CudaEngineGraphs, ProgrammaticLaunchesLeaveTheLogitsUnchanged) {
   ASSERT_NE(backend, nullptr);
   auto model = Load(testing::DefaultModelPath());
   ASSERT_NE(model, nullptr);
-  std::vector<int32_t> tokens = model->tokenizer->Encode(
-      "In the beginning God created the heaven and the earth. And the earth was without form, "
-      "and void; and darkness was upon the face of the deep. And the Spirit of God moved upon "
-      "the face of the waters.",
-      false);
+  std::vector<int32_t> tokens = GenesisTokens(*model);
   ASSERT_GE(tokens.size(), 34u);
   tokens.resize(34);                                    // >= kFlashMinQueries: the flash kernel
   ASSERT_FALSE(kernels::cuda::ProgrammaticLaunches());  // the default

@@ -4,6 +4,8 @@
 #define KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_ATTENTION_H_
 
 #include <algorithm>
+#include <functional>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -567,43 +569,40 @@ inline std::vector<AttnShape> AttentionShapes() {
        .kv_heads = 1,
        .dh = 64,
        .want_probs_only = true});
+  // Copies of the shapes named on a bf16 cache, changed by `change`. (A label not found
+  // adds nothing, and the count in RunParitySuite's test then fails.)
+  auto add_variants = [&](std::initializer_list<const char*> labels,
+                          const std::function<void(AttnShape&)>& change) {
+    for (const char* label : labels) {
+      const auto it = std::find_if(shapes.begin(), shapes.end(),
+                                   [&](const AttnShape& s) { return s.label == label; });
+      if (it == shapes.end()) continue;
+      AttnShape v = *it;
+      v.bf16_cache = true;
+      change(v);
+      shapes.push_back(std::move(v));
+    }
+  };
   // A bf16 cache (--kv-cache-dtype bf16): each kernel's loads of four bf16 (8 bytes) or of
   // single values (odd strides, Dh 50), widened to fp32 as they arrive; the same shapes.
-  for (const char* label : {"prefill offset GQA 8/4", "prefill non-causal odd stride GQA 4/2",
-                            "decode long GQA 8/1", "decode scalar loads GQA 12/1",
-                            "decode head size 256 GQA 8/1", "maps docs offset GQA 8/4"}) {
-    const auto it = std::find_if(shapes.begin(), shapes.end(),
-                                 [&](const AttnShape& s) { return s.label == label; });
-    if (it == shapes.end()) continue;  // the count in RunParitySuite's test then fails
-    AttnShape bf16 = *it;
-    bf16.bf16_cache = true;
-    shapes.push_back(std::move(bf16));
-  }
+  add_variants(
+      {"prefill offset GQA 8/4", "prefill non-causal odd stride GQA 4/2", "decode long GQA 8/1",
+       "decode scalar loads GQA 12/1", "decode head size 256 GQA 8/1", "maps docs offset GQA 8/4"},
+      [](AttnShape&) {});
   // Decode on a bf16 cache with 8 keys a split-KV step (head tiles of 1, 2 and 4): block
   // sizes of 4 (a step spans two blocks), 8 and 16, several splits, odd head counts.
-  for (const char* label : {"decode GQA 8/4", "decode MHA 4/4", "decode GQA 6/2", "short chunk"}) {
-    const auto it = std::find_if(shapes.begin(), shapes.end(),
-                                 [&](const AttnShape& s) { return s.label == label; });
-    if (it == shapes.end()) continue;  // the count in RunParitySuite's test then fails
-    AttnShape bf16 = *it;
-    bf16.bf16_cache = true;
-    shapes.push_back(std::move(bf16));
-  }
+  add_variants({"decode GQA 8/4", "decode MHA 4/4", "decode GQA 6/2", "short chunk"},
+               [](AttnShape&) {});
   // The prefill shapes again on a bf16 cache whose rows are 16-byte pieces (8 bf16 of
   // padding): the bf16 flash kernel's cp.async and ldmatrix path, every head size, with
   // offsets, documents, GQA, keys ending mid-tile and 64- and 128-query blocks.
-  for (const char* label : {"prefill causal", "prefill offset GQA 8/4", "prefill docs GQA 8/1",
-                            "prefill non-causal docs", "prefill head size 80 GQA 4/2",
-                            "prefill head size 96 offset", "chunk with docs and offset"}) {
-    const auto it = std::find_if(shapes.begin(), shapes.end(),
-                                 [&](const AttnShape& s) { return s.label == label; });
-    if (it == shapes.end()) continue;  // the count in RunParitySuite's test then fails
-    AttnShape bf16 = *it;
-    bf16.label += ", rows in 16-byte pieces";
-    bf16.bf16_cache = true;
-    bf16.kv_pad = 8;
-    shapes.push_back(std::move(bf16));
-  }
+  add_variants({"prefill causal", "prefill offset GQA 8/4", "prefill docs GQA 8/1",
+                "prefill non-causal docs", "prefill head size 80 GQA 4/2",
+                "prefill head size 96 offset", "chunk with docs and offset"},
+               [](AttnShape& v) {
+                 v.label += ", rows in 16-byte pieces";
+                 v.kv_pad = 8;
+               });
   // Keys ending mid-tile without a causal mask (no multiple of 64 keys: the last tile's
   // copies zero-fill), GQA 4/2.
   shapes.push_back({.label = "prefill non-causal keys mid-tile, rows in 16-byte pieces",

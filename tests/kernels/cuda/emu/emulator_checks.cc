@@ -346,6 +346,35 @@ TEST(CudaEmulator, WarpAllGatherGivesEveryLaneTheWholeWarp) {
   cudaFree(d);
 }
 
+// Runs `kernel` (one warp: D = A·B + 2C by mma.sync) on A [16][16] and B [16][8] whose
+// values are exactly fa and fb, and checks D against the naive product (exact: small
+// integers, up to a power of two).
+template <typename T>
+void ExpectMmaTileEqualsNaive(void (*kernel)(const T*, const T*, const float*, float*),
+                              const char* name, const std::vector<T>& a, const std::vector<T>& b,
+                              const std::vector<float>& fa, const std::vector<float>& fb,
+                              const std::vector<float>& c) {
+  T* da = DeviceCopy(a);
+  T* db = DeviceCopy(b);
+  float* dc = DeviceCopy(c);
+  float* dd = nullptr;
+  ASSERT_EQ(cudaMalloc(&dd, 128 * sizeof(float)), cudaSuccess);
+  ::kvlens_emu::Launch(kernel, name, 1, 32)(da, db, dc, dd);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<float> d = HostCopy(dd, 128);
+  for (int r = 0; r < 16; ++r) {
+    for (int n = 0; n < 8; ++n) {
+      float want = 2.0f * c[r * 8 + n];
+      for (int k = 0; k < 16; ++k) want += fa[r * 16 + k] * fb[k * 8 + n];
+      EXPECT_EQ(d[r * 8 + n], want) << name << " " << r << ", " << n;
+    }
+  }
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+  cudaFree(dd);
+}
+
 TEST(CudaEmulator, MmaSyncTileEqualsNaiveProduct) {
   std::vector<__half> a(256), b(128);
   std::vector<float> c(128), fa(256), fb(128);
@@ -358,25 +387,7 @@ TEST(CudaEmulator, MmaSyncTileEqualsNaiveProduct) {
     fb[i] = __half2float(b[i]);
     c[i] = static_cast<float>(i % 9);
   }
-  __half* da = DeviceCopy(a);
-  __half* db = DeviceCopy(b);
-  float* dc = DeviceCopy(c);
-  float* dd = nullptr;
-  ASSERT_EQ(cudaMalloc(&dd, 128 * sizeof(float)), cudaSuccess);
-  ::kvlens_emu::Launch(MmaSyncKernel, "MmaSyncKernel", 1, 32)(da, db, dc, dd);
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  const std::vector<float> d = HostCopy(dd, 128);
-  for (int r = 0; r < 16; ++r) {
-    for (int n = 0; n < 8; ++n) {
-      float want = 2.0f * c[r * 8 + n];
-      for (int k = 0; k < 16; ++k) want += fa[r * 16 + k] * fb[k * 8 + n];
-      EXPECT_EQ(d[r * 8 + n], want) << r << ", " << n;
-    }
-  }
-  cudaFree(da);
-  cudaFree(db);
-  cudaFree(dc);
-  cudaFree(dd);
+  ExpectMmaTileEqualsNaive(MmaSyncKernel, "MmaSyncKernel", a, b, fa, fb, c);
 }
 
 TEST(CudaEmulator, MmaSyncBf16TileEqualsNaiveProduct) {
@@ -395,25 +406,7 @@ TEST(CudaEmulator, MmaSyncBf16TileEqualsNaiveProduct) {
     ASSERT_EQ(__bfloat162float(b[i]), fb[i]);
     c[i] = static_cast<float>(i % 9);
   }
-  __nv_bfloat16* da = DeviceCopy(a);
-  __nv_bfloat16* db = DeviceCopy(b);
-  float* dc = DeviceCopy(c);
-  float* dd = nullptr;
-  ASSERT_EQ(cudaMalloc(&dd, 128 * sizeof(float)), cudaSuccess);
-  ::kvlens_emu::Launch(MmaSyncBf16Kernel, "MmaSyncBf16Kernel", 1, 32)(da, db, dc, dd);
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  const std::vector<float> d = HostCopy(dd, 128);
-  for (int r = 0; r < 16; ++r) {
-    for (int n = 0; n < 8; ++n) {
-      float want = 2.0f * c[r * 8 + n];
-      for (int k = 0; k < 16; ++k) want += fa[r * 16 + k] * fb[k * 8 + n];
-      EXPECT_EQ(d[r * 8 + n], want) << r << ", " << n;
-    }
-  }
-  cudaFree(da);
-  cudaFree(db);
-  cudaFree(dc);
-  cudaFree(dd);
+  ExpectMmaTileEqualsNaive(MmaSyncBf16Kernel, "MmaSyncBf16Kernel", a, b, fa, fb, c);
 }
 
 TEST(CudaEmulator, LdMatrixGivesEachLaneTheIsaFragments) {
