@@ -65,7 +65,7 @@ int32_t Sampler::Sample(absl::Span<float> logits, absl::Span<const int32_t> hist
   if (params_.temperature == 0.0) return kernels::ArgMax(logits);
   // softmax at temperature, max subtracted first (in float, vectorised: std::exp in double
   // took ~5 ns an element, 160 µs a 32000-token row)
-  const float max_l = logits[kernels::ArgMax(logits)];
+  const float max_l = kernels::MaxLogit(logits);
   weights_.resize(n);
   kernels::TemperatureWeights(logits, max_l, params_.temperature, weights_.data());
   candidates_.resize(n);

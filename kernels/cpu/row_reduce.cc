@@ -11,11 +11,9 @@
 #include "kernels/fast_exp.h"
 
 namespace kvlens::kernels {
-namespace {
-
-// The largest logit (NaN ignored), over eight independent lanes: a float max reduction is
-// not vectorised without -ffast-math; eight lanes let the compiler do it with vector maxes.
-float RowMax(absl::Span<const float> logits) {
+// Over eight independent lanes: a float max reduction is not vectorised without
+// -ffast-math; eight lanes let the compiler do it with vector maxes.
+float MaxLogit(absl::Span<const float> logits) {
   float lane_max[8];
   std::fill_n(lane_max, 8, -std::numeric_limits<float>::infinity());
   size_t m = 0;
@@ -26,11 +24,9 @@ float RowMax(absl::Span<const float> logits) {
   return *std::max_element(lane_max, lane_max + 8);
 }
 
-}  // namespace
-
 double LogSumExp(absl::Span<const float> logits) {
   if (logits.empty()) return -std::numeric_limits<double>::infinity();
-  const float max_f = RowMax(logits);
+  const float max_f = MaxLogit(logits);
   if (max_f == -std::numeric_limits<float>::infinity()) return max_f;
   // Σ e^(l − max): the exponentials in float (vectorised), summed in double.
   thread_local std::vector<float> e;
@@ -58,7 +54,7 @@ void TemperatureWeights(absl::Span<const float> logits, float max_l, double temp
 int32_t ArgMax(absl::Span<const float> logits) {
   // The max (vectorised), then its first position: two passes over 128 KB of a
   // 32000-token row cost less than std::max_element's one dependent compare an element.
-  const float max_f = RowMax(logits);
+  const float max_f = MaxLogit(logits);
   for (size_t i = 0; i < logits.size(); ++i) {
     if (logits[i] == max_f) return static_cast<int32_t>(i);
   }

@@ -2,8 +2,8 @@
 // for the build machine's instruction set (as cpu_backend.cc) so their loops vectorise,
 // but without contracting a·b + c into one FMA: each result is the same on every machine,
 // so a seeded request draws the same token everywhere. log Σ_i e^(l_i) (the
-// log-probabilities; exponentials in float by ExpNegated, summed in double), the greedy
-// pick, and the weights of a temperature draw.
+// log-probabilities; exponentials in float by ExpNegated, summed in double), the max and
+// the greedy pick, and the weights of a temperature draw.
 #ifndef KVLENS_KERNELS_CPU_ROW_REDUCE_H_
 #define KVLENS_KERNELS_CPU_ROW_REDUCE_H_
 
@@ -12,6 +12,9 @@
 #include "absl/types/span.h"
 
 namespace kvlens::kernels {
+
+// The largest logit (NaN ignored; −inf for an empty row).
+float MaxLogit(absl::Span<const float> logits);
 
 // max_i l_i + log Σ_i e^(l_i − max): −inf for an empty row or one of −inf only; a −inf
 // logit adds nothing.
