@@ -604,16 +604,11 @@ inline std::vector<AttnShape> AttentionShapes() {
                  v.kv_pad = 8;
                });
   // Keys ending mid-tile without a causal mask (no multiple of 64 keys: the last tile's
-  // copies zero-fill), GQA 4/2.
-  shapes.push_back({.label = "prefill non-causal keys mid-tile, rows in 16-byte pieces",
-                    .tq = 90,
-                    .tk = 77,
-                    .heads = 4,
-                    .kv_heads = 2,
-                    .dh = 128,
-                    .causal = false,
-                    .kv_pad = 8,
-                    .bf16_cache = true});
+  // copies zero-fill), GQA 4/2: the odd-stride shape with its rows in 16-byte pieces.
+  add_variants({"prefill non-causal odd stride GQA 4/2"}, [](AttnShape& v) {
+    v.label = "prefill non-causal keys mid-tile, rows in 16-byte pieces";
+    v.kv_pad = 8;
+  });
   return shapes;
 }
 

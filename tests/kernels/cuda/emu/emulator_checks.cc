@@ -77,47 +77,43 @@ void EmptyKernel(float*) {}
 
 void ReadPastEndKernel(const float* in, int n, float* out) { out[0] = in[n]; }
 
+// T's value as float (fp16 or bf16).
+inline float ToFloat(__half x) { return __half2float(x); }
+inline float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Two values packed as the tensor cores' operand type, and the product on that type.
+inline uint32_t PackAs(__half, float lo, float hi) { return PackHalf2(lo, hi); }
+inline uint32_t PackAs(__nv_bfloat16, float lo, float hi) { return PackBf162(lo, hi); }
+inline void MmaAs(__half, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  MmaF16(d, a, b);
+}
+inline void MmaAs(__nv_bfloat16, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  MmaBf16(d, a, b);
+}
+
 // D = A·B + 2C for one m16n8k16 tile through kernels/cuda/mma_sync.cuh, every lane
 // loading and storing its fragments by the PTX ISA's formulas for element i (row-major A
 // [16][16], B [16][8], C and D [16][8]):
 //   A: row = g for i in {0, 1, 4, 5}, else g + 8;   col = 2t + (i & 1) + (i >= 4 ? 8 : 0)
 //   B: row = 2t + (i & 1) + (i >= 2 ? 8 : 0);         col = g
 //   C: row = g + (i >= 2 ? 8 : 0);                    col = 2t + (i & 1)
-void MmaSyncKernel(const __half* a, const __half* b, const float* c, float* d) {
+// T: __half (MmaF16) or __nv_bfloat16 (MmaBf16), the same formulas.
+template <typename T>
+void MmaSyncKernel(const T* a, const T* b, const float* c, float* d) {
   const int g = threadIdx.x / 4, t = threadIdx.x % 4;
   uint32_t fa[4], fb[2];
   float acc[4];
   for (int i = 0; i < 8; i += 2) {
     const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
     const int col = 2 * t + (i >= 4 ? 8 : 0);
-    fa[i / 2] = PackHalf2(__half2float(a[row * 16 + col]), __half2float(a[row * 16 + col + 1]));
+    fa[i / 2] = PackAs(T{}, ToFloat(a[row * 16 + col]), ToFloat(a[row * 16 + col + 1]));
   }
   for (int i = 0; i < 4; i += 2) {
     const int row = 2 * t + (i >= 2 ? 8 : 0);
-    fb[i / 2] = PackHalf2(__half2float(b[row * 8 + g]), __half2float(b[(row + 1) * 8 + g]));
+    fb[i / 2] = PackAs(T{}, ToFloat(b[row * 8 + g]), ToFloat(b[(row + 1) * 8 + g]));
   }
   for (int i = 0; i < 4; ++i) acc[i] = 2.0f * c[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)];
-  MmaF16(acc, fa, fb);
-  for (int i = 0; i < 4; ++i) d[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)] = acc[i];
-}
-
-// MmaSyncKernel with bf16 inputs (MmaBf16): the same fragment formulas.
-void MmaSyncBf16Kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, float* d) {
-  const int g = threadIdx.x / 4, t = threadIdx.x % 4;
-  uint32_t fa[4], fb[2];
-  float acc[4];
-  for (int i = 0; i < 8; i += 2) {
-    const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
-    const int col = 2 * t + (i >= 4 ? 8 : 0);
-    fa[i / 2] =
-        PackBf162(__bfloat162float(a[row * 16 + col]), __bfloat162float(a[row * 16 + col + 1]));
-  }
-  for (int i = 0; i < 4; i += 2) {
-    const int row = 2 * t + (i >= 2 ? 8 : 0);
-    fb[i / 2] = PackBf162(__bfloat162float(b[row * 8 + g]), __bfloat162float(b[(row + 1) * 8 + g]));
-  }
-  for (int i = 0; i < 4; ++i) acc[i] = 2.0f * c[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)];
-  MmaBf16(acc, fa, fb);
+  MmaAs(T{}, acc, fa, fb);
   for (int i = 0; i < 4; ++i) d[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)] = acc[i];
 }
 
@@ -387,7 +383,7 @@ TEST(CudaEmulator, MmaSyncTileEqualsNaiveProduct) {
     fb[i] = __half2float(b[i]);
     c[i] = static_cast<float>(i % 9);
   }
-  ExpectMmaTileEqualsNaive(MmaSyncKernel, "MmaSyncKernel", a, b, fa, fb, c);
+  ExpectMmaTileEqualsNaive(MmaSyncKernel<__half>, "MmaSyncKernel<__half>", a, b, fa, fb, c);
 }
 
 TEST(CudaEmulator, MmaSyncBf16TileEqualsNaiveProduct) {
@@ -406,7 +402,8 @@ TEST(CudaEmulator, MmaSyncBf16TileEqualsNaiveProduct) {
     ASSERT_EQ(__bfloat162float(b[i]), fb[i]);
     c[i] = static_cast<float>(i % 9);
   }
-  ExpectMmaTileEqualsNaive(MmaSyncBf16Kernel, "MmaSyncBf16Kernel", a, b, fa, fb, c);
+  ExpectMmaTileEqualsNaive(MmaSyncKernel<__nv_bfloat16>, "MmaSyncKernel<__nv_bfloat16>", a, b, fa,
+                           fb, c);
 }
 
 TEST(CudaEmulator, LdMatrixGivesEachLaneTheIsaFragments) {
