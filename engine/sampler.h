@@ -46,8 +46,6 @@ class Sampler {
 
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> candidates_;  // (probability or logit, id)
-  std::vector<float> weights_;                         // e^((l − max) / T) of each id
 };
 
 // log softmax of one row of logits: out[i] = l_i − kernels::LogSumExp(l), in double.

@@ -89,8 +89,9 @@ TEST(SamplerTest, TopKAndTopPAndMinPTruncate) {
 // The filters and the draw by their definitions: every candidate's probability, all of
 // them sorted by (probability desc, id asc), top-k, top-p and min-p cutting that order,
 // then u = 53 random bits × the kept mass walked down it. The sampler sorts only as far
-// as it looks; it must pick the same tokens (same seed, same rng draws) over a 32000-token
-// vocabulary, peaked and flat, for every filter and none.
+// as it looks (bucket by bucket); it must pick the same tokens (same seed, same rng draws)
+// over a 32000-token vocabulary, peaked and flat, with runs of tied weights and with most
+// weights 0, and over tiny vocabularies, for every filter and none.
 int32_t SampleByDefinition(std::vector<float> logits, const SamplingParams& p,
                            std::mt19937_64& rng) {
   const float max_l = *std::max_element(logits.begin(), logits.end());
@@ -134,10 +135,19 @@ int32_t SampleByDefinition(std::vector<float> logits, const SamplingParams& p,
 
 TEST(SamplerTest, SortingOnlyAsFarAsNeededPicksWhatTheDefinitionPicks) {
   std::mt19937 gen(5);
-  for (float spread : {1.0f, 4.0f}) {  // flat-ish and peaked
-    std::normal_distribution<float> normal(0.0f, spread);
-    std::vector<float> logits(32000);
-    for (float& l : logits) l = normal(gen);
+  struct Row {
+    int vocab;
+    float spread;
+    bool ties;  // logits rounded to quarters: runs of equal weights, lower id first
+  };
+  for (const Row& row : {Row{32000, 1.0f, false}, Row{32000, 4.0f, false},  // flat-ish, peaked
+                         Row{32000, 1.0f, true}, Row{32000, 30.0f, false},  // ties, zeros
+                         Row{7, 1.0f, true}, Row{2, 0.0f, false}}) {
+    const float spread = row.spread;
+    std::normal_distribution<float> normal(0.0f, std::max(spread, 1e-6f));
+    std::vector<float> logits(row.vocab);
+    for (float& l : logits) l = row.ties ? std::round(normal(gen) * 4.0f) / 4.0f : normal(gen);
+    if (spread == 0.0f) std::fill(logits.begin(), logits.end(), 0.5f);
     for (int variant = 0; variant < 5; ++variant) {
       SamplingParams p;
       p.temperature = 0.8;
@@ -152,7 +162,8 @@ TEST(SamplerTest, SortingOnlyAsFarAsNeededPicksWhatTheDefinitionPicks) {
         std::vector<float> l = logits;
         const int32_t want = SampleByDefinition(logits, p, rng);
         EXPECT_EQ(sampler.Sample(absl::MakeSpan(l), {}), want)
-            << "spread " << spread << ", variant " << variant << ", draw " << draw;
+            << "vocab " << row.vocab << ", spread " << spread << ", ties " << row.ties
+            << ", variant " << variant << ", draw " << draw;
       }
     }
   }
