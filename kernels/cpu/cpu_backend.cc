@@ -257,9 +257,28 @@ std::vector<float> VectorOf(const WeightView& w) {
   return v;
 }
 
+// tanh z = sign(z)·(1 − e^(−2|z|)) / (1 + e^(−2|z|)), the exponential by ExpNegated: within
+// ~2e-7 of tanh absolutely, and branch- and compare-free, so the loops below vectorise
+// (libm's tanhf, one call an element, took 12% of a GPT-2 decode step's time).
+inline float TanhOne(float z) {
+  const float e = ExpNegated(2.0f * std::fabs(z));
+  return std::copysign((1.0f - e) / (1.0f + e), z);
+}
+
 inline float GeluOne(float x) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+  return 0.5f * x * (1.0f + TanhOne(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+// g·σ(g) = g / (1 + e^−g), as g·1 / (1 + e^−|g|) for g >= +0 and g·e^−|g| / (1 + e^−|g|)
+// below, so the exponential never overflows; the sign is read from g's bits (a float
+// compare would keep the loop from vectorising under -ftrapping-math).
+inline float SiluOne(float g) {
+  const float e = ExpNegated(std::fabs(g));
+  uint32_t bits;
+  std::memcpy(&bits, &g, sizeof(bits));
+  const float num = (bits >> 31) != 0 ? e : 1.0f;
+  return g * num / (1.0f + e);
 }
 
 }  // namespace
@@ -409,7 +428,7 @@ void CpuBackend::Gelu(float* x, int64_t count) {
 
 void CpuBackend::SwiGlu(const float* gate, const float* up, int64_t count, float* out) {
   ParallelRange(count, 1 << 14, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    for (int64_t i = i0; i < i1; ++i) out[i] = SiluOne(gate[i]) * up[i];
   });
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <numeric>
 #include <random>
 #include <string>
@@ -281,6 +282,40 @@ void ExpectAttentionClose(const AttnProblem& p, const AttnResult& got, const Att
       ASSERT_EQ(got.probs[e], 0.0) << what << " probs " << e;
     } else {
       ASSERT_NEAR(got.scores[e], want.scores[e], s_tol) << what << " scores " << e;
+    }
+  }
+}
+
+// GELU and SwiGLU form their exponentials in float (kernels/fast_exp.h), not by libm:
+// floats from −20 to 20 on a 1e-4 grid, and the edges (±0, tiny, huge), within
+// 2e-7 · max(1, |x|) of the double formula (as libm's tanhf and expf would be);
+// from ±9 (GELU) and ±88 (SiLU) on the results are the asymptotes, x or 0, exactly.
+TEST(CpuBackendTest, GeluAndSiluAreWithinAFewUlpsOfTheFormula) {
+  std::vector<float> x;
+  for (int i = -200000; i <= 200000; ++i) x.push_back(static_cast<float>(i) * 1e-4f);
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-7f, -1e-7f, 30.0f, -30.0f, 87.0f, -87.0f, 88.0f,
+                  -88.0f, 1e4f, -1e4f, 3e38f, -3e38f}) {
+    x.push_back(v);
+  }
+  const int64_t n = static_cast<int64_t>(x.size());
+  CpuBackend cpu(2);
+  std::vector<float> gelu = x;
+  cpu.Gelu(gelu.data(), n);
+  std::vector<float> ones(x.size(), 1.0f), silu(x.size());
+  cpu.SwiGlu(x.data(), ones.data(), n, silu.data());
+  const double c = std::sqrt(2.0 / std::numbers::pi);
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    const double tol = 2e-7 * std::max(1.0, std::abs(v));
+    const double want_gelu = 0.5 * v * (1.0 + std::tanh(c * (v + 0.044715 * v * v * v)));
+    const double want_silu = v / (1.0 + std::exp(-v));
+    ASSERT_NEAR(gelu[i], want_gelu, tol) << "gelu(" << v << ")";
+    ASSERT_NEAR(silu[i], want_silu, tol) << "silu(" << v << ")";
+    if (std::abs(v) >= 9.0) {
+      EXPECT_EQ(gelu[i], v > 0 ? v : 0.0) << "gelu(" << v << ")";
+    }
+    if (std::abs(v) >= 88.0) {
+      EXPECT_EQ(silu[i], v > 0 ? v : 0.0) << "silu(" << v << ")";
     }
   }
 }
