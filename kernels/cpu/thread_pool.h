@@ -1,5 +1,7 @@
 // A small persistent thread pool for data-parallel kernels: one ParallelFor at a time,
-// the calling thread works too, and a call made from inside a task runs inline.
+// the calling thread works too, and a call made from inside a task runs inline. Idle
+// workers, and a caller waiting for them, poll for ~50 µs before they sleep (unless the
+// pool has more threads than the machine has cores).
 #ifndef KVLENS_KERNELS_CPU_THREAD_POOL_H_
 #define KVLENS_KERNELS_CPU_THREAD_POOL_H_
 
@@ -31,16 +33,21 @@ class ThreadPool {
  private:
   void WorkerLoop();
   void RunTasks();
+  // Polls pred until it holds (true) or the spin time is over (pred's last value).
+  template <typename Pred>
+  bool SpinUntil(Pred pred) const;
 
   std::vector<std::thread> workers_;
   std::mutex call_mu_;  // one ParallelFor at a time
 
-  std::mutex mu_;
+  bool spin_ = false;
+
+  std::mutex mu_;  // held for every change of generation_ and stop_
   std::condition_variable start_cv_;
   std::condition_variable done_cv_;
-  uint64_t generation_ = 0;  // bumped for every ParallelFor; guarded by mu_
-  int workers_busy_ = 0;     // workers still inside the current generation; guarded by mu_
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};  // bumped for every ParallelFor
+  std::atomic<int> workers_busy_{0};     // workers still inside the current generation
+  std::atomic<bool> stop_{false};
 
   const std::function<void(int64_t)>* fn_ = nullptr;
   int64_t num_tasks_ = 0;

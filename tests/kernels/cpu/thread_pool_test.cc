@@ -1,6 +1,7 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -35,6 +36,28 @@ TEST(ThreadPoolTest, ManyCallsInARowAndNestedCallsRunInline) {
         4, [&](int64_t t) { pool.ParallelFor(3, [&](int64_t u) { sum.fetch_add(t * 3 + u); }); });
   }
   EXPECT_EQ(sum.load(), 2000 * 66);  // Σ 0…11
+}
+
+// Calls far apart (longer than the ~50 µs a worker polls) find the workers asleep on the
+// condition variable, calls back to back find them polling; and a worker's task that
+// outlasts the caller's poll puts the caller to sleep until the worker wakes it. Every
+// task must run, and every call return, either way.
+TEST(ThreadPoolTest, CallsAfterTheWorkersFellAsleepAndBackToBack) {
+  ThreadPool pool(2);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<int64_t> sum{0};
+  for (int round = 0; round < 40; ++round) {
+    std::this_thread::sleep_for(std::chrono::microseconds(round % 2 == 0 ? 500 : 0));
+    const bool slow_worker = round % 4 == 1;
+    pool.ParallelFor(2, [&](int64_t t) {
+      if (slow_worker) {
+        const bool on_caller = std::this_thread::get_id() == caller;
+        std::this_thread::sleep_for(std::chrono::microseconds(on_caller ? 100 : 400));
+      }
+      sum.fetch_add(t + 1);
+    });
+  }
+  EXPECT_EQ(sum.load(), 40 * 3);
 }
 
 TEST(ThreadPoolTest, ConcurrentCallersAreSerialised) {
