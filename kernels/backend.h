@@ -7,8 +7,11 @@
 #ifndef KVLENS_KERNELS_BACKEND_H_
 #define KVLENS_KERNELS_BACKEND_H_
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -221,6 +224,45 @@ class Backend {
     MatMul(x, n, w_gate, WeightView{}, out);
     MatMul(x, n, w_up, WeightView{}, up_scratch);
     SwiGlu(out, up_scratch, int64_t{n} * w_gate.rows, out);
+  }
+
+  // The greedy pick of each of `rows` rows of logits [rows, vocab] (this backend's memory),
+  // into host arrays: token[r] the first index of row r's largest logit (NaN never; 0 for
+  // a row of −inf or NaN only, as kernels::ArgMax) and logprob[r] its log-probability,
+  // −log Σ_j e^(l_j − max) (NaN logits add nothing, as kernels::LogSumExp). For a device
+  // backend this spares copying the rows out when only the pick is wanted; waits for the
+  // work before it and returns the first failure of the void ops. The default copies the
+  // rows to the host first where they are not there already.
+  virtual absl::Status GreedyPick(const T* logits, int rows, int vocab, int32_t* token,
+                                  float* logprob) {
+    if (rows <= 0) return Synchronize();
+    const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(vocab);
+    std::vector<T> copy;
+    const T* host = logits;
+    if (!memory().host_accessible()) {
+      copy.resize(count);
+      if (absl::Status s = memory().CopyToHost(copy.data(), logits, count * sizeof(T)); !s.ok()) {
+        return s;
+      }
+      host = copy.data();
+    }
+    for (int r = 0; r < rows; ++r) {
+      const T* l = host + static_cast<size_t>(r) * static_cast<size_t>(vocab);
+      int32_t best = -1;
+      for (int j = 0; j < vocab; ++j) {
+        if (l[j] > -std::numeric_limits<T>::infinity() && (best < 0 || l[j] > l[best])) best = j;
+      }
+      double sum = 0.0;
+      if (best >= 0) {
+        for (int j = 0; j < vocab; ++j) {
+          if (!std::isnan(l[j])) sum += std::exp(static_cast<double>(l[j]) - l[best]);
+        }
+      }
+      token[r] = best < 0 ? 0 : best;
+      logprob[r] =
+          best < 0 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(-std::log(sum));
+    }
+    return Synchronize();
   }
 };
 

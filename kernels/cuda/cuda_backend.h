@@ -193,6 +193,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // dx += dy · W on device pointers (cuBLAS, beta = 1). As in MatMul, f16/bf16 (and
   // q8_0 → f16) weights take dy rounded to their dtype, fp32 accumulation.
   absl::Status MatMulBackwardInput(const float* dy, int n, const WeightView& w, float* dx) override;
+  // One launch (LaunchGreedyPick) and one copy of 8 bytes a row back; not while a step is
+  // recorded (FAILED_PRECONDITION).
+  absl::Status GreedyPick(const float* logits, int rows, int vocab, int32_t* token,
+                          float* logprob) override;
 
  private:
   CudaBackend(int device, int num_sms, cudaStream_t stream, cublasContext* cublas);
@@ -269,6 +273,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
 
   DeviceBuffer gemm_input_;           // x rounded to f16/bf16 for the tensor cores
   DeviceBuffer attention_workspace_;  // split-KV partials, or S/A when not requested
+  DeviceBuffer pick_device_;          // GreedyPick's tokens and log-probabilities …
+  std::vector<int32_t> pick_host_;    // … copied back (a float's bits in the second half)
 
   bool graphs_enabled_ = true;
   StepGraph graph_;

@@ -8,13 +8,16 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "tests/kernels/cuda/cuda_parity.h"
@@ -336,6 +339,47 @@ TEST_F(CudaBackendTest, AttentionBatchWithABadCallRunsNothingAndNamesIt) {
 
 // Two backends of one device sharing weights: the second finds the first's upload (no new
 // device memory) and computes the same product on its own stream.
+// GreedyPick on the device against Backend's default on the host (the CPU backend), which
+// ops_test checks by hand: rows of 32000 and of 1000 (not a multiple of the block), with
+// ties, NaN and −inf placed in different threads' shares, and rows of −inf or NaN only.
+TEST_F(CudaBackendTest, GreedyPickEqualsTheHostsPick) {
+  std::mt19937_64 rng(9);
+  for (int vocab : {32000, 1000}) {
+    SCOPED_TRACE(vocab);
+    constexpr int kRows = 6;
+    std::normal_distribution<double> normal(0.0, 3.0);
+    std::vector<double> logits(static_cast<size_t>(kRows) * vocab);
+    for (double& l : logits) l = static_cast<float>(normal(rng));
+    const double inf = std::numeric_limits<double>::infinity();
+    auto row = [&](int r) { return logits.begin() + static_cast<ptrdiff_t>(r) * vocab; };
+    row(1)[vocab - 1] = row(1)[37] = row(1)[900] = 20.0;  // tie: 37 is the first
+    row(2)[5] = std::nan(""), row(2)[6] = inf * -1, row(2)[vocab / 2] = 30.0;
+    std::fill(row(3), row(3) + vocab, -inf);
+    std::fill(row(4), row(4) + vocab, std::nan(""));
+    row(5)[0] = -inf, row(5)[vocab - 1] = 40.0;  // the last index
+    auto d = parity::ToDevice(logits);
+    ASSERT_TRUE(d.ok()) << d.status();
+    std::vector<int32_t> token(kRows, -1), want_token(kRows, -2);
+    std::vector<float> logprob(kRows), want_logprob(kRows);
+    ASSERT_TRUE(
+        backend_->GreedyPick(d->as<float>(), kRows, vocab, token.data(), logprob.data()).ok());
+    const std::vector<float> host(logits.begin(), logits.end());
+    kernels::CpuBackend cpu(1);
+    ASSERT_TRUE(
+        cpu.GreedyPick(host.data(), kRows, vocab, want_token.data(), want_logprob.data()).ok());
+    EXPECT_EQ(token, want_token);
+    EXPECT_EQ(want_token[1], 37);
+    EXPECT_EQ(want_token[5], vocab - 1);
+    for (int r = 0; r < kRows; ++r) {
+      if (std::isnan(want_logprob[r])) {
+        EXPECT_TRUE(std::isnan(logprob[r])) << r;
+      } else {
+        EXPECT_NEAR(logprob[r], want_logprob[r], 1e-5 * (1 + std::abs(want_logprob[r]))) << r;
+      }
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, SharedWeightsAreUploadedOnce) {
   absl::StatusOr<std::unique_ptr<CudaBackend>> other = CudaBackend::Create(0);
   ASSERT_TRUE(other.ok()) << other.status();
