@@ -44,6 +44,15 @@ struct Sequence {
   bool was_scheduled = false;
 };
 
+// Whether the next token of s is the plain greedy pick of its raw logits, with only that
+// token's log-probability reported: what Backend::GreedyPick gives (SampleRow would apply
+// no bias or penalty, draw nothing and list no top log-probabilities).
+bool PickSuffices(const Sequence& s) {
+  const SamplingParams& p = s.sampler->params();
+  return p.temperature == 0.0 && p.logit_bias.empty() && p.repetition_penalty == 1.0 &&
+         p.frequency_penalty == 0.0 && p.presence_penalty == 0.0 && s.request.top_logprobs == 0;
+}
+
 struct Session {
   std::vector<int32_t> tokens;
   std::vector<BlockId> blocks;
@@ -506,13 +515,16 @@ absl::Status Engine::Impl::ForwardWithCaptures(
   if (std::find(capture.begin(), capture.end(), true) == capture.end()) {
     return transformer.Forward(batch, *cache, out);
   }
+  // Every entry's logits row comes back here, so none takes the device's greedy pick.
+  std::vector<BatchEntry> rows_batch(batch.begin(), batch.end());
+  for (BatchEntry& e : rows_batch) e.greedy_only = false;
   const size_t V = model.config.vocab_size;
   std::vector<float> logits(batch.size() * V);
   std::vector<BatchEntry> rest;
   std::vector<size_t> rest_index;
   for (size_t k = 0; k < batch.size(); ++k) {
     if (!capture[k]) {
-      rest.push_back(batch[k]);
+      rest.push_back(rows_batch[k]);
       rest_index.push_back(k);
     }
   }
@@ -526,7 +538,8 @@ absl::Status Engine::Impl::ForwardWithCaptures(
   for (size_t k = 0; k < batch.size(); ++k) {
     if (!capture[k]) continue;
     AttentionCapture<float> one;  // entry 0 of a one-entry batch
-    if (absl::Status s = transformer.Forward(absl::MakeConstSpan(&batch[k], 1), *cache, out, &one);
+    if (absl::Status s =
+            transformer.Forward(absl::MakeConstSpan(&rows_batch[k], 1), *cache, out, &one);
         !s.ok()) {
       return s;
     }
@@ -634,6 +647,9 @@ void Engine::Impl::Step() {
       e.tokens = absl::MakeConstSpan(s->tokens).subspan(s->num_computed, n);
       e.num_cached = s->num_computed;
       e.block_table = s->blocks;
+      // A device backend then copies out no logits row for a chunk that samples nothing
+      // (a prompt's middle) or whose next token is the argmax of the raw logits.
+      e.greedy_only = s->num_computed + n < static_cast<int>(s->tokens.size()) || PickSuffices(*s);
       batch.push_back(e);
     }
     // Sequences streaming attention rows that sample this step are captured (see
@@ -659,6 +675,13 @@ void Engine::Impl::Step() {
       auto sample = [&](int64_t r) {
         const size_t k = rows[static_cast<size_t>(r)];
         Sequence& s = *plan[k].first;
+        if (batch[k].greedy_only && !out.greedy_token.empty()) {
+          // The device's pick: what SampleRow would give for a row PickSuffices admits.
+          const size_t row = static_cast<size_t>(out.logits_row[k]);
+          sampled[k].token = out.greedy_token[row];
+          sampled[k].logprob = out.greedy_logprob[row];
+          return;
+        }
         // rows of different sequences touch different samplers: safe on any thread
         sampled[k] = SampleRow(
             *s.sampler,

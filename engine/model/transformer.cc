@@ -313,12 +313,47 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     backend_.LayerNorm(q_.data(), m, D, w.final_norm, w.final_norm_bias, c.norm_eps, xn_.data());
   }
   out.logits.resize(static_cast<size_t>(m) * V);
+  out.greedy_token.clear();
+  out.greedy_logprob.clear();
   if (host) {
     backend_.MatMul(xn_.data(), m, w.output, WeightView{}, out.logits.data());
-  } else {
-    if (absl::Status s = logits_.Resize(m * V); !s.ok()) return s;
-    backend_.MatMul(xn_.data(), m, w.output, WeightView{}, logits_.data());
-    if (absl::Status s = logits_.CopyToHost(out.logits.data(), m * V); !s.ok()) return s;
+    return backend_.Synchronize();
+  }
+  if (absl::Status s = logits_.Resize(m * V); !s.ok()) return s;
+  backend_.MatMul(xn_.data(), m, w.output, WeightView{}, logits_.data());
+  // The rows wanted on the host: all of them, or (when some entry wants only its greedy
+  // pick) those of the other entries, one copy per run of consecutive rows.
+  std::vector<bool> wanted(static_cast<size_t>(m), true);
+  bool any_greedy = false;
+  for (int e = 0; e < num_real; ++e) {
+    const BatchEntry& b = batch[static_cast<size_t>(e)];
+    if (b.greedy_only && !b.all_logits) {
+      any_greedy = true;
+      wanted[static_cast<size_t>(out.logits_row[static_cast<size_t>(e)])] = false;
+    }
+  }
+  if (any_greedy) {
+    out.greedy_token.resize(static_cast<size_t>(m));
+    out.greedy_logprob.resize(static_cast<size_t>(m));
+    if (absl::Status s = backend_.GreedyPick(logits_.data(), m, static_cast<int>(V),
+                                             out.greedy_token.data(), out.greedy_logprob.data());
+        !s.ok()) {
+      return s;
+    }
+  }
+  for (int i = 0; i < m;) {
+    if (!wanted[static_cast<size_t>(i)]) {
+      ++i;
+      continue;
+    }
+    int run = 1;
+    while (i + run < m && wanted[static_cast<size_t>(i + run)]) ++run;
+    if (absl::Status s = logits_.CopyToHost(out.logits.data() + static_cast<size_t>(i) * V, run * V,
+                                            static_cast<int64_t>(i) * V);
+        !s.ok()) {
+      return s;
+    }
+    i += run;
   }
   return backend_.Synchronize();
 }

@@ -444,7 +444,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         std::iota(tables[s].begin(), tables[s].end(), s * blocks_per_seq);
       }
       int pos = ctx;
-      std::vector<int32_t> ids(batch, 1), positions(batch);
+      std::vector<int32_t> ids(batch, 1), positions(batch), picks(batch);
+      std::vector<float> pick_logprobs(batch);
       std::vector<int64_t> dst(batch);
       std::vector<AttentionArgs<float>> calls;
       double host_sec = 0;
@@ -456,7 +457,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         // The ops the engine's Transformer::Forward makes: q, k and v in one MatMulMany, one
         // RopeQKStoreKv, each residual add fused into the next norm, SwiGLU's two products in one
         // MatMulSwiGlu; the layers as one step (a CUDA graph when graphs are on), then the
-        // logits, which the engine copies to the host (so every step ends synchronised).
+        // logits and their greedy pick, copied back as the engine's greedy decode does (so
+        // every step ends synchronised; the sampling path's whole-row copy is timed below).
         const auto host_start = std::chrono::steady_clock::now();
         b.BeginStep();
         b.Embedding(embedding, ids.data(), batch, x);
@@ -501,7 +503,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         Must(b.EndStep(/*run=*/true), "step");
         b.RmsNorm(x, batch, D, final_norm, 1e-5, xn);
         b.MatMul(xn, batch, output, WeightView{}, logits);
-        Must(b.Synchronize(), "step");
+        Must(b.GreedyPick(logits, batch, V, picks.data(), pick_logprobs.data()), "greedy pick");
         ++pos;
       };
       step();  // a first step (with graphs: seen once, so the next one is captured)
@@ -526,6 +528,20 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
                                 pdl ? ", PDL" : "", host_sec * 1e6 / (steps + 1), copies_per_step),
                 Fmt(tok_s, "tok/s"), Fmt(roofline, "tok/s roofline"), Pct(tok_s / roofline),
                 batch == 1 ? ">= 70%" : "-"});
+      if (run == 4) {
+        // What a step whose rows are sampled on the host adds instead of the pick: every
+        // logits row copied to pageable host memory, as the Transformer does.
+        std::vector<float> host_logits(size_t(batch) * V);
+        const double copy_sec = TimeIt(b, 20, [&] {
+          Must(b.memory().CopyToHost(host_logits.data(), logits, host_logits.size() * 4),
+               "logits copy");
+        });
+        rows.Add({"logits to the host (host sampling's copy)",
+                  absl::StrFormat("batch %d x %d floats, pageable memory", batch, V),
+                  absl::StrFormat("%.0f us (%.1f GB/s)", copy_sec * 1e6,
+                                  host_logits.size() * 4 / copy_sec / 1e9),
+                  "-", "-", "-"});
+      }
     }
   b.SetCudaGraphs(true);
   b.SetProgrammaticLaunches(false);

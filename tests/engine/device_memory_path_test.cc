@@ -110,6 +110,68 @@ TEST_F(DeviceMemoryPathTest, EngineEqualsCpuWithAttentionRowsAndSessionReadBack)
   EXPECT_EQ(got.prefix_k0, want.prefix_k0);
 }
 
+// Requests whose next token is the raw logits' argmax take the device's greedy pick (no
+// logits row copied out); the others in the same steps get their rows. A plain greedy
+// request, one with top log-probabilities, one with a repetition penalty and a seeded
+// temperature draw, served together: the same tokens and top log-probabilities as the CPU
+// path (same kernels, so bitwise), and log-probabilities within 1e-6 (the pick forms
+// −log Σ e^(l − max) in double, SampleRow l − LogSumExp(l) from float exponentials).
+TEST_F(DeviceMemoryPathTest, GreedyPicksAndLogitRowsInOneBatchEqualCpu) {
+  struct Out {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    std::vector<std::vector<TokenLogprob>> top;
+  };
+  auto serve = [&](kernels::Backend<float>& backend) {
+    Engine engine(*model_, backend, EngineOptions{});
+    EXPECT_TRUE(engine.status().ok()) << engine.status();
+    std::vector<Out> outs(4);
+    std::vector<std::promise<void>> done(outs.size());
+    for (size_t i = 0; i < outs.size(); ++i) {
+      GenerationRequest r;
+      r.prompt = prompt_;
+      r.stop.max_new_tokens = 10 + static_cast<int>(i);
+      r.stop.ignore_eos = true;
+      if (i == 1) r.top_logprobs = 3;
+      if (i == 2) r.sampling.repetition_penalty = 1.3;
+      if (i == 3) r.sampling.temperature = 0.9, r.sampling.seed = 5;
+      r.callbacks.on_token = [&outs, i](const TokenEvent& e) {
+        outs[i].tokens.push_back(e.token);
+        outs[i].logprobs.push_back(e.logprob);
+        outs[i].top.push_back(e.top_logprobs);
+      };
+      r.callbacks.on_finish = [&done, i](const FinishEvent&) { done[i].set_value(); };
+      EXPECT_TRUE(engine.Submit(std::move(r)).ok());
+    }
+    for (auto& d : done) d.get_future().wait();
+    return outs;
+  };
+  kernels::CpuBackend cpu(1);
+  testing::FakeDeviceBackend device(1);
+  const std::vector<Out> want = serve(cpu);
+  const std::vector<Out> got = serve(device);
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_EQ(want[i].tokens.size(), 10 + i);
+    EXPECT_EQ(got[i].tokens, want[i].tokens);
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size());
+    for (size_t t = 0; t < want[i].logprobs.size(); ++t) {
+      EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 1e-6) << "token " << t;
+    }
+    ASSERT_EQ(got[i].top.size(), want[i].top.size());
+    for (size_t t = 0; t < want[i].top.size(); ++t) {
+      ASSERT_EQ(got[i].top[t].size(), want[i].top[t].size());
+      for (size_t j = 0; j < want[i].top[t].size(); ++j) {
+        EXPECT_EQ(got[i].top[t][j].token, want[i].top[t][j].token);
+        EXPECT_EQ(got[i].top[t][j].logprob, want[i].top[t][j].logprob);
+      }
+    }
+  }
+  EXPECT_EQ(want[1].top[0].size(), 3u);
+  // Request 0's 10 tokens and every prompt row: each step that ran a greedy entry.
+  EXPECT_GE(device.greedy_pick_rows.load(), 10);
+}
+
 TEST_F(DeviceMemoryPathTest, ForwardRejectsACacheInOtherMemory) {
   testing::FakeDeviceBackend device(1);
   Transformer<float> tr(*model_, device);

@@ -137,6 +137,13 @@ class FakeDeviceBackend final : public kernels::Backend<float>, public kernels::
   absl::Status Attention(const kernels::AttentionArgs<float>& a) override {
     return cpu_.Attention(a);
   }
+  // Backend's default (the rows copied out, picked on the host), counting the rows.
+  absl::Status GreedyPick(const float* logits, int rows, int vocab, int32_t* token,
+                          float* logprob) override {
+    greedy_pick_rows += rows;
+    return kernels::Backend<float>::GreedyPick(logits, rows, vocab, token, logprob);
+  }
+  std::atomic<int> greedy_pick_rows{0};
   absl::Status MatMulBackwardInput(const float* dy, int n, const kernels::WeightView& w,
                                    float* dx) override {
     kernels::MatMulBackwardInput(dy, n, w, dx);
