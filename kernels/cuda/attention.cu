@@ -52,15 +52,15 @@ struct FlashSmem {
   static constexpr size_t kBytes = sizeof(uint32_t) * (kBlockN * kKsLd + D * kVtLd);
 };
 
-// K and V rows j0 … j0+63 of KV head kvh into Ks and Vt (zeros past num_keys, which are
-// never read).
+// K and V rows j0 … j0+63 of KV head kvh into Ks and Vt, zeros from key_end on (as the
+// bf16 kernel's IssueTile: no row of the block sees them, and a NaN there would reach P·V).
 template <int D, int W, bool kVec, typename KT>
 __device__ __forceinline__ void LoadKvTile(const AttentionParams& p, const FlashSeq& seq, int kvh,
-                                           int j0, uint32_t* ks, uint32_t* vt) {
+                                           int j0, int key_end, uint32_t* ks, uint32_t* vt) {
   using L = FlashSmem<D>;
   constexpr int kPieces = D / 4;  // four-element pieces of a head's row
   auto row = [&](const KT* base, int j) -> const KT* {
-    if (j >= seq.num_keys) return nullptr;
+    if (j >= key_end) return nullptr;
     const int32_t* table = p.block_table != nullptr ? p.block_table + seq.table_offset : nullptr;
     return base + PhysicalRowIn(table, p.block_size, j) * p.kv_row_stride +
            static_cast<int64_t>(kvh) * D;
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1) FlashPrefillKernel(Att
 
   for (int j0 = 0; j0 < key_end; j0 += kBlockN) {
     __syncthreads();  // every warp is done with the previous tile
-    LoadKvTile<D, W, kVec, KT>(p, seq, kvh, j0, ks, vt);
+    LoadKvTile<D, W, kVec, KT>(p, seq, kvh, j0, key_end, ks, vt);
     __syncthreads();
 
     // S = Q·Kᵀ: 8 accumulator tiles of 16 rows × 8 keys.
@@ -191,9 +191,12 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
 // ---------------------------------------------------------------------------------------
 // Split-KV (decode, short chunks, head sizes the flash kernel lacks). Block (i, g, split):
 // query row i, KV head g, keys [split·span, (split+1)·span) ∩ [0, key end), where span is
-// the row's own key end over the splits (rounded up to whole steps of kStep keys): every
-// split of every row has work, however unequal the rows' key ends, or however far the
-// launch's key count (the longest row's, or a recorded step's padded one) exceeds them.
+// the row's own key end over the splits (rounded up to whole steps of kStep keys): the
+// work follows each row's own keys, however unequal the rows' key ends, or however far
+// the launch's key count (the longest row's, or a recorded step's padded one) exceeds
+// them. With few keys a split the rounding can leave the last splits empty (a key end
+// of 40 over 8 splits of 8-key steps fills 5); SplitKvCombineKernel gives an empty
+// split (m = −∞) weight 0.
 //
 // Each K/V row is read once per head tile, by one warp, for every query head of the tile:
 // the four warps take turns over steps of kStep consecutive keys (one block-table lookup a
@@ -391,8 +394,10 @@ __global__ void __launch_bounds__(
       for (int u = 0; u < kStep; ++u) {
         const int j = j0 + u;
         const bool vis = visible(j);
-        const int64_t row =
-            step_in_one_block ? first_row + u : PhysicalRowIn(table, p.block_size, j);
+        // (Past j_end the table may end: no lookup for an invisible key.)
+        const int64_t row = step_in_one_block ? first_row + u
+                            : vis             ? PhysicalRowIn(table, p.block_size, j)
+                                              : 0;
         const int64_t off = vis ? row * p.kv_row_stride + static_cast<int64_t>(g) * D : 0;
 #pragma unroll
         for (int c = 0; c < C; ++c) {
@@ -667,7 +672,8 @@ int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm) {
   // One full wave: as many blocks as fit at once, no partial second wave.
   const int64_t slots = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
   const int64_t want = std::max<int64_t>(1, slots / blocks);
-  // At least kSplitMinKeys keys a split: 4 steps of each of the block's warps.
+  // At least kSplitMinKeys keys a split: 4 steps of each of the block's warps on an fp32
+  // cache, 2 on a bf16 one (8-key steps).
   const int64_t by_keys = std::max<int64_t>(1, p.num_keys / kSplitMinKeys);
   return static_cast<int>(std::clamp<int64_t>(std::min(want, by_keys), 1, kSplitKvMaxSplits));
 }

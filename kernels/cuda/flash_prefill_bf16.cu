@@ -49,12 +49,14 @@ struct Bf16Tiles {
   static constexpr size_t kBytes = 2 * 2 * kElems * sizeof(uint16_t);  // K, V × 2 stages
 };
 
-// Issues the copies of rows j0 … j0 + 63 of KV head kvh of `cache` (K or V) into `tile`
-// (zeros past num_keys: never read as real keys, and a NaN there would reach P·V as
-// 0·NaN). Consecutive threads take consecutive pieces of a row.
+// Issues the copies of rows j0 … j0 + 63 of KV head kvh of `cache` (K or V) into `tile`,
+// zeros from key_end on (FlashKeysOf: no row of the block sees them; whatever the cache
+// holds there, a NaN say, would otherwise reach P·V as 0·NaN). Consecutive threads take
+// consecutive pieces of a row.
 template <int D, int W>
 __device__ __forceinline__ void IssueTile(const AttentionParams& p, const FlashSeq& seq, int kvh,
-                                          int j0, const uint16_t* cache, uint16_t* tile) {
+                                          int j0, int key_end, const uint16_t* cache,
+                                          uint16_t* tile) {
   using L = Bf16Tiles<D>;
   constexpr int kThreads = W * 32;
   static_assert(kBlockN * L::kPieces % kThreads == 0);
@@ -64,7 +66,7 @@ __device__ __forceinline__ void IssueTile(const AttentionParams& p, const FlashS
     const int idx = static_cast<int>(threadIdx.x) + it * kThreads;
     const int r = idx / L::kPieces, c = idx % L::kPieces;
     const int j = j0 + r;
-    const bool in = j < seq.num_keys;
+    const bool in = j < key_end;
     const uint16_t* src = cache;  // not read when !in
     if (in) {
       src += PhysicalRowIn(table, p.block_size, j) * p.kv_row_stride +
@@ -94,9 +96,9 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1)
   const auto [key_end, first_end] = FlashKeysOf(p, seq);
 
   // Tile 0's copies first: they run while Q is read.
-  IssueTile<D, W>(p, seq, kvh, 0, kcache, ks(0));
+  IssueTile<D, W>(p, seq, kvh, 0, key_end, kcache, ks(0));
   CpAsyncCommit();
-  IssueTile<D, W>(p, seq, kvh, 0, vcache, vs(0));
+  IssueTile<D, W>(p, seq, kvh, 0, key_end, vcache, vs(0));
   CpAsyncCommit();
 
   // Q as bf16 A fragments (as the naive bf16 run rounds it).
@@ -124,9 +126,9 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1)
     CpAsyncWait<1>();  // K(j) is here (V(j) may not be)
     __syncthreads();
     if (j0 + kBlockN < key_end) {
-      IssueTile<D, W>(p, seq, kvh, j0 + kBlockN, kcache, ks(stage ^ 1));
+      IssueTile<D, W>(p, seq, kvh, j0 + kBlockN, key_end, kcache, ks(stage ^ 1));
       CpAsyncCommit();
-      IssueTile<D, W>(p, seq, kvh, j0 + kBlockN, vcache, vs(stage ^ 1));
+      IssueTile<D, W>(p, seq, kvh, j0 + kBlockN, key_end, vcache, vs(stage ^ 1));
     } else {
       CpAsyncCommit();  // empty groups keep the count: the wait below is for V(j)
     }

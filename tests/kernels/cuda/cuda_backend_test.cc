@@ -201,6 +201,82 @@ TEST_F(CudaBackendTest, Bf16CacheTakesTheBf16FlashKernelUnlessTurnedOff) {
   backend_->SetFlashBf16(true);
 }
 
+// A causal prefill block sees keys up to its last query only; what the cache holds past
+// them (up to num_keys) must not matter, NaN included: the flash kernels zero those rows
+// rather than multiply a NaN value row by a zero weight. Keys 74 … 127 of a 64-query call
+// at offset 10 (the block's keys end mid-tile) NaN-filled against finite: the same
+// outputs, all finite, for the fp16 kernel over fp32 and bf16 caches and for the bf16
+// kernel.
+TEST_F(CudaBackendTest, FlashIgnoresWhatTheCacheHoldsPastTheBlocksKeys) {
+  for (bool bf16_cache : {false, true}) {
+    for (bool bf16_kernel : {true, false}) {
+      if (!bf16_cache && !bf16_kernel) continue;
+      SCOPED_TRACE(::testing::Message()
+                   << "bf16 cache " << bf16_cache << ", bf16 kernel " << bf16_kernel);
+      const parity::AttnShape s{.label = "keys past the block's",
+                                .tq = 64,
+                                .tk = 128,
+                                .heads = 4,
+                                .kv_heads = 2,
+                                .dh = 64,
+                                .offset = 10,
+                                .causal = true,
+                                .kv_pad = 8,
+                                .bf16_cache = bf16_cache};
+      std::mt19937_64 rng(23);
+      parity::AttnInputs in = parity::MakeAttnInputs(s, rng);
+      backend_->SetFlashBf16(bf16_kernel);
+      auto run = [&]() -> std::vector<double> {
+        auto dq = parity::ToDevice(in.qs);
+        auto dk = bf16_cache ? parity::ToDeviceBf16(in.kc) : parity::ToDevice(in.kc);
+        auto dv = bf16_cache ? parity::ToDeviceBf16(in.vc) : parity::ToDevice(in.vc);
+        auto dout = parity::ToDevice(std::vector<double>(in.qs.size(), parity::kNaN));
+        EXPECT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok());
+        if (!(dq.ok() && dk.ok() && dv.ok() && dout.ok())) return {};
+        AttentionArgs<float> a;
+        a.q = dq->as<float>();
+        a.q_stride = in.q_stride;
+        a.num_queries = s.tq;
+        a.num_keys = s.tk;
+        a.query_offset = s.offset;
+        a.num_heads = s.heads;
+        a.num_kv_heads = s.kv_heads;
+        a.head_dim = s.dh;
+        a.causal = true;
+        a.scale = in.scale;
+        a.kv = KvSource<float>{dk->get(),    dv->get(),
+                               in.kv_stride, in.table.data(),
+                               s.block_size, bf16_cache ? KvDtype::kBF16 : KvDtype::kActivation};
+        a.out = dout->as<float>();
+        a.out_stride = in.q_stride;
+        EXPECT_EQ(parity::AttentionPathDType(*backend_, a, true),
+                  bf16_cache && bf16_kernel ? DType::kBF16 : DType::kF16);
+        EXPECT_TRUE(backend_->Attention(a).ok());
+        auto out = parity::FromDevice(*backend_, *dout, in.qs.size());
+        EXPECT_TRUE(out.ok()) << out.status();
+        return out.ok() ? *out : std::vector<double>{};
+      };
+      const std::vector<double> finite = run();
+      for (int j = s.offset + s.tq; j < s.tk; ++j) {
+        const int64_t row = int64_t{in.table[j / s.block_size]} * s.block_size + j % s.block_size;
+        for (int64_t e = 0; e < in.kv_stride; ++e) {
+          in.kc[row * in.kv_stride + e] = in.vc[row * in.kv_stride + e] = parity::kNaN;
+        }
+      }
+      const std::vector<double> poisoned = run();
+      ASSERT_EQ(poisoned.size(), finite.size());
+      for (int i = 0; i < s.tq; ++i) {
+        for (int64_t c = 0; c < in.q_width; ++c) {
+          const size_t at = static_cast<size_t>(i * in.q_stride + c);
+          ASSERT_TRUE(std::isfinite(poisoned[at])) << "row " << i << ", column " << c;
+          ASSERT_EQ(poisoned[at], finite[at]) << "row " << i << ", column " << c;
+        }
+      }
+    }
+  }
+  backend_->SetFlashBf16(true);
+}
+
 // SetSplitKvSplits (kvlens_gpu_check's sweep): any fixed number of key splits, more than
 // some rows have keys for included, gives the reference's outputs within the parity
 // tolerance, on fp32 and bf16 caches; out of range is an error naming the limit.
