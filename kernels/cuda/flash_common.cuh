@@ -105,10 +105,14 @@ __device__ __forceinline__ void FlashSoftmaxTile(const AttentionParams& p, const
       float x = s[nt][e] * c;
       if (mask) {
         const int i = row_i[e / 2], j = j0 + 8 * nt + 2 * t + e % 2;
-        // Rows past the end see every key (their q is zero; they are never written).
-        const bool visible = (!p.causal || j <= seq.query_offset + i) &&
-                             (p.q_doc == nullptr || p.q_doc[i] == p.k_doc[j]);
-        if (j >= seq.num_keys || (i < seq.num_queries && !visible)) x = -INFINITY;
+        // Rows past the end see every key (their q is zero; they are never written). The
+        // document ids are read only for a real row and key: their arrays end there.
+        bool visible = j < seq.num_keys;
+        if (visible && i < seq.num_queries) {
+          visible = (!p.causal || j <= seq.query_offset + i) &&
+                    (p.q_doc == nullptr || p.q_doc[i] == p.k_doc[j]);
+        }
+        if (!visible) x = -INFINITY;
       }
       s[nt][e] = x;
       mt[e / 2] = fmaxf(mt[e / 2], x);

@@ -10,6 +10,8 @@
 
 #include <cuda_runtime.h>
 
+#include <mutex>
+#include <unordered_map>
 #include <utility>
 
 #include "kernels/cuda/launch.h"
@@ -29,9 +31,29 @@ __device__ __forceinline__ void WaitForPriorGrids() {
 #endif
 }
 
+#ifndef KVLENS_CUDA_EMULATOR
+// Whether kernel's code was generated for sm_90 or later, so that its WaitForPriorGrids()
+// is a real griddepcontrol.wait. A binary built for an older architecture and JIT-compiled
+// from its PTX on the device has an empty wait, and must not be launched programmatically.
+// Asked of the runtime once per kernel.
+inline bool KernelWaitsForPriorGrids(const void* kernel) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, inserted] = known.try_emplace(kernel, false);
+  if (inserted) {
+    cudaFuncAttributes a = {};
+    it->second = cudaFuncGetAttributes(&a, kernel) == cudaSuccess && a.ptxVersion >= 90;
+    if (!it->second) cudaGetLastError();  // a failed query is not the launch's error
+  }
+  return it->second;
+}
+#endif
+
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), with the programmatic
-// stream-serialization attribute when ProgrammaticLaunches(). Errors as a <<<>>> launch's:
-// in cudaGetLastError() (KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED).
+// stream-serialization attribute when ProgrammaticLaunches() (and the kernel's code has the
+// wait: KernelWaitsForPriorGrids). Errors as a <<<>>> launch's: in cudaGetLastError()
+// (KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED).
 template <typename... P, typename... A>
 void LaunchKernel(const char* name, void (*kernel)(P...), dim3 grid, dim3 block,
                   size_t shared_bytes, cudaStream_t stream, A&&... args) {
@@ -49,7 +71,9 @@ void LaunchKernel(const char* name, void (*kernel)(P...), dim3 grid, dim3 block,
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   config.attrs = attr;
-  config.numAttrs = ProgrammaticLaunches() ? 1 : 0;
+  config.numAttrs =
+      ProgrammaticLaunches() && KernelWaitsForPriorGrids(reinterpret_cast<const void*>(kernel)) ? 1
+                                                                                                : 0;
   cudaLaunchKernelEx(&config, kernel, std::forward<A>(args)...);
 #endif
 }
