@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/flag_names.h"
+#include "common/malloc_tuning.h"
 #include "engine/engine.h"
 #include "engine/kv_cache/kv_cache_sizing.h"
 #include "engine/kv_cache/kv_cache_storage.h"
@@ -113,6 +114,7 @@ int Fail(const absl::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvlens::RetainFreedMemory();  // before anything is allocated: see malloc_tuning.h
   absl::SetProgramUsageMessage(kUsage);
   absl::FlagsUsageConfig usage_config;
   // --help lists this file's flags (absl's default looks for a file named like the binary).

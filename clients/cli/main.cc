@@ -4,6 +4,7 @@
 #include <string>
 
 #include "clients/cli/commands.h"
+#include "common/malloc_tuning.h"
 
 namespace {
 constexpr char kUsage[] =
@@ -22,6 +23,7 @@ constexpr char kUsage[] =
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvlens::RetainFreedMemory();  // before anything is allocated: see malloc_tuning.h
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
