@@ -24,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/malloc_tuning.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -131,6 +132,7 @@ int Arg(int argc, char** argv, const char* name, int fallback) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvlens::RetainFreedMemory();  // as kvlens-server does (common/malloc_tuning.h)
   std::string model_path = DefaultModel();
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--model") == 0) model_path = argv[i + 1];
