@@ -158,31 +158,15 @@ TEST_F(CudaBackendTest, Bf16CacheTakesTheBf16FlashKernelUnlessTurnedOff) {
       parity::NaiveAttention(s, DType::kBF16, in.q, in.k, in.v, in.docs, in.scale);
   const std::vector<double> naive_f16 =
       parity::NaiveAttention(s, DType::kF16, in.q, in.k, in.v, in.docs, in.scale);
-  auto dq = parity::ToDevice(in.qs);
-  auto dk = parity::ToDeviceBf16(in.kc);
-  auto dv = parity::ToDeviceBf16(in.vc);
-  auto dout = parity::ToDevice(std::vector<double>(in.qs.size(), parity::kNaN));
-  ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok());
-  AttentionArgs<float> a;
-  a.q = dq->as<float>();
-  a.q_stride = in.q_stride;
-  a.num_queries = s.tq;
-  a.num_keys = s.tk;
-  a.num_heads = s.heads;
-  a.num_kv_heads = s.kv_heads;
-  a.head_dim = s.dh;
-  a.causal = false;
-  a.scale = in.scale;
-  a.kv = KvSource<float>{dk->get(),       dv->get(),    in.kv_stride,
-                         in.table.data(), s.block_size, KvDtype::kBF16};
-  a.out = dout->as<float>();
-  a.out_stride = in.q_stride;
+  auto call = parity::UploadAttnCall(s, in);
+  ASSERT_TRUE(call.ok()) << call.status();
+  const AttentionArgs<float>& a = call->args;
   for (bool bf16_kernel : {true, false}) {
     backend_->SetFlashBf16(bf16_kernel);
     EXPECT_EQ(parity::AttentionPathDType(*backend_, a, true),
               bf16_kernel ? DType::kBF16 : DType::kF16);
     ASSERT_TRUE(backend_->Attention(a).ok());
-    auto out = parity::FromDevice(*backend_, *dout, in.qs.size());
+    auto out = parity::FromDevice(*backend_, call->out, in.qs.size());
     ASSERT_TRUE(out.ok()) << out.status();
     double sq_bf16 = 0, sq_f16 = 0;
     for (int i = 0; i < s.tq; ++i) {
@@ -227,32 +211,14 @@ TEST_F(CudaBackendTest, FlashIgnoresWhatTheCacheHoldsPastTheBlocksKeys) {
       parity::AttnInputs in = parity::MakeAttnInputs(s, rng);
       backend_->SetFlashBf16(bf16_kernel);
       auto run = [&]() -> std::vector<double> {
-        auto dq = parity::ToDevice(in.qs);
-        auto dk = bf16_cache ? parity::ToDeviceBf16(in.kc) : parity::ToDevice(in.kc);
-        auto dv = bf16_cache ? parity::ToDeviceBf16(in.vc) : parity::ToDevice(in.vc);
-        auto dout = parity::ToDevice(std::vector<double>(in.qs.size(), parity::kNaN));
-        EXPECT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok());
-        if (!(dq.ok() && dk.ok() && dv.ok() && dout.ok())) return {};
-        AttentionArgs<float> a;
-        a.q = dq->as<float>();
-        a.q_stride = in.q_stride;
-        a.num_queries = s.tq;
-        a.num_keys = s.tk;
-        a.query_offset = s.offset;
-        a.num_heads = s.heads;
-        a.num_kv_heads = s.kv_heads;
-        a.head_dim = s.dh;
-        a.causal = true;
-        a.scale = in.scale;
-        a.kv = KvSource<float>{dk->get(),    dv->get(),
-                               in.kv_stride, in.table.data(),
-                               s.block_size, bf16_cache ? KvDtype::kBF16 : KvDtype::kActivation};
-        a.out = dout->as<float>();
-        a.out_stride = in.q_stride;
+        auto call = parity::UploadAttnCall(s, in);
+        EXPECT_TRUE(call.ok()) << call.status();
+        if (!call.ok()) return {};
+        const AttentionArgs<float>& a = call->args;
         EXPECT_EQ(parity::AttentionPathDType(*backend_, a, true),
                   bf16_cache && bf16_kernel ? DType::kBF16 : DType::kF16);
         EXPECT_TRUE(backend_->Attention(a).ok());
-        auto out = parity::FromDevice(*backend_, *dout, in.qs.size());
+        auto out = parity::FromDevice(*backend_, call->out, in.qs.size());
         EXPECT_TRUE(out.ok()) << out.status();
         return out.ok() ? *out : std::vector<double>{};
       };

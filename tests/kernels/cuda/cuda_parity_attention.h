@@ -147,54 +147,16 @@ inline std::string ShapeName(const char* op, const AttnShape& s) {
                       s.bf16_cache ? " bf16 cache" : "");
 }
 
-inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64& rng,
-                                               const AttnShape& s) {
-  const std::string name = ShapeName("Attention", s);
-  const AttnInputs in = MakeAttnInputs(s, rng);
-  const int64_t q_width = in.q_width, q_stride = in.q_stride, kv_stride = in.kv_stride;
-  const double scale = in.scale;
-  const std::vector<double>&q = in.q, &k = in.k, &v = in.v, &kc = in.kc, &vc = in.vc, &qs = in.qs;
-  const std::vector<int32_t>&docs = in.docs, &q_docs = in.q_docs, &table = in.table;
-
-  const size_t map_size = size_t(s.heads) * s.tq * s.tk;
-  const bool maps = s.want_maps || s.want_probs_only;
-  // Reference (double) on the same paged layout.
-  std::vector<double> ref_out(size_t(s.tq) * q_stride, kNaN), ref_probs(map_size),
-      ref_scores(map_size);
-  AttentionArgs<double> ra;
-  ra.q = qs.data();
-  ra.q_stride = q_stride;
-  ra.num_queries = s.tq;
-  ra.num_keys = s.tk;
-  ra.num_heads = s.heads;
-  ra.num_kv_heads = s.kv_heads;
-  ra.head_dim = s.dh;
-  ra.query_offset = s.offset;
-  ra.causal = s.causal;
-  ra.scale = scale;
-  if (!docs.empty()) {
-    ra.q_doc_ids = q_docs.data();
-    ra.k_doc_ids = docs.data();
-  }
-  ra.kv = KvSource<double>{kc.data(), vc.data(), kv_stride, table.data(), s.block_size};
-  ra.out = ref_out.data();
-  ra.out_stride = q_stride;
-  ra.probs = ref_probs.data();
-  ra.scores = ref_scores.data();
-  if (absl::Status st = ReferenceBackend().Attention(ra); !st.ok()) return {Failed(name, st)};
-
-  auto dq = ToDevice(qs);
-  auto dk = s.bf16_cache ? ToDeviceBf16(kc) : ToDevice(kc);
-  auto dv = s.bf16_cache ? ToDeviceBf16(vc) : ToDevice(vc);
-  auto dout = ToDevice(std::vector<double>(size_t(s.tq) * q_stride, kNaN));
-  auto dprobs = ToDevice(std::vector<double>(maps ? map_size : 1, kNaN));
-  auto dscores = ToDevice(std::vector<double>(maps ? map_size : 1, kNaN));
-  if (!dq.ok() || !dk.ok() || !dv.ok() || !dout.ok() || !dprobs.ok() || !dscores.ok()) {
-    return {Failed(name, absl::InternalError("device upload failed"))};
-  }
-  AttentionArgs<float> a;
-  a.q = dq->as<float>();
-  a.q_stride = q_stride;
+// The arguments of s's call over `in`'s layout: Q rows `q` (in.qs's layout), the paged
+// cache k/v of `cache_dtype` (a bf16 cache's device copy; the reference reads the rounded
+// values as stored, kActivation), output rows `out` (in.q_stride apart), the documents
+// when the shape has them; no maps.
+template <typename T>
+AttentionArgs<T> AttnArgsOf(const AttnShape& s, const AttnInputs& in, const T* q, const void* k,
+                            const void* v, KvDtype cache_dtype, T* out) {
+  AttentionArgs<T> a;
+  a.q = q;
+  a.q_stride = in.q_stride;
   a.num_queries = s.tq;
   a.num_keys = s.tk;
   a.num_heads = s.heads;
@@ -202,18 +164,68 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
   a.head_dim = s.dh;
   a.query_offset = s.offset;
   a.causal = s.causal;
-  a.scale = scale;
-  a.q_doc_ids = ra.q_doc_ids;
-  a.k_doc_ids = ra.k_doc_ids;
-  a.kv = KvSource<float>{dk->get(),    dv->get(),
-                         kv_stride,    table.data(),
-                         s.block_size, s.bf16_cache ? KvDtype::kBF16 : KvDtype::kActivation};
-  a.out = dout->as<float>();
-  a.out_stride = q_stride;
+  a.scale = in.scale;
+  if (!in.docs.empty()) {
+    a.q_doc_ids = in.q_docs.data();
+    a.k_doc_ids = in.docs.data();
+  }
+  a.kv = KvSource<T>{k, v, in.kv_stride, in.table.data(), s.block_size, cache_dtype};
+  a.out = out;
+  a.out_stride = in.q_stride;
+  return a;
+}
+
+// s's call on the device: Q and the cache uploaded (bf16 when s.bf16_cache), O NaN-filled.
+struct DeviceAttnCall {
+  DeviceBuffer q, k, v, out;
+  AttentionArgs<float> args;
+};
+inline absl::StatusOr<DeviceAttnCall> UploadAttnCall(const AttnShape& s, const AttnInputs& in) {
+  auto dq = ToDevice(in.qs);
+  auto dk = s.bf16_cache ? ToDeviceBf16(in.kc) : ToDevice(in.kc);
+  auto dv = s.bf16_cache ? ToDeviceBf16(in.vc) : ToDevice(in.vc);
+  auto dout = ToDevice(std::vector<double>(in.qs.size(), kNaN));
+  for (const auto* b : {&dq, &dk, &dv, &dout}) {
+    if (!b->ok()) return b->status();
+  }
+  DeviceAttnCall c{*std::move(dq), *std::move(dk), *std::move(dv), *std::move(dout), {}};
+  c.args =
+      AttnArgsOf<float>(s, in, c.q.as<float>(), c.k.get(), c.v.get(),
+                        s.bf16_cache ? KvDtype::kBF16 : KvDtype::kActivation, c.out.as<float>());
+  return c;
+}
+
+inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64& rng,
+                                               const AttnShape& s) {
+  const std::string name = ShapeName("Attention", s);
+  const AttnInputs in = MakeAttnInputs(s, rng);
+  const int64_t q_width = in.q_width, q_stride = in.q_stride;
+  const double scale = in.scale;
+  const std::vector<double>&q = in.q, &k = in.k, &v = in.v, &kc = in.kc, &vc = in.vc, &qs = in.qs;
+  const std::vector<int32_t>& docs = in.docs;
+
+  const size_t map_size = size_t(s.heads) * s.tq * s.tk;
+  const bool maps = s.want_maps || s.want_probs_only;
+  // Reference (double) on the same paged layout.
+  std::vector<double> ref_out(size_t(s.tq) * q_stride, kNaN), ref_probs(map_size),
+      ref_scores(map_size);
+  AttentionArgs<double> ra = AttnArgsOf<double>(s, in, qs.data(), kc.data(), vc.data(),
+                                                KvDtype::kActivation, ref_out.data());
+  ra.probs = ref_probs.data();
+  ra.scores = ref_scores.data();
+  if (absl::Status st = ReferenceBackend().Attention(ra); !st.ok()) return {Failed(name, st)};
+
+  auto call = UploadAttnCall(s, in);
+  auto dprobs = ToDevice(std::vector<double>(maps ? map_size : 1, kNaN));
+  auto dscores = ToDevice(std::vector<double>(maps ? map_size : 1, kNaN));
+  if (!call.ok() || !dprobs.ok() || !dscores.ok()) {
+    return {Failed(name, absl::InternalError("device upload failed"))};
+  }
+  AttentionArgs<float>& a = call->args;
   if (maps) a.probs = dprobs->as<float>();
   if (s.want_maps) a.scores = dscores->as<float>();
   if (absl::Status st = gpu.Attention(a); !st.ok()) return {Failed(name, st)};
-  auto out = FromDevice(gpu, *dout, size_t(s.tq) * q_stride);
+  auto out = FromDevice(gpu, call->out, size_t(s.tq) * q_stride);
   if (!out.ok()) return {Failed(name, out.status())};
 
   // Compare the heads' columns only; the row padding must stay NaN (never written).
