@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "bench/bench_help.h"
 #include "kernels/buffer.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kv_dtype.h"
@@ -48,6 +49,13 @@ double SecondsPerCall(double min_seconds, Fn&& fn) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (kvlens::bench::PrintedHelp(
+          argc, argv,
+          "usage: kvlens_bench_attention [threads=0 (all)] [min_seconds=0.5]\n"
+          "CpuBackend decode attention (H 32/8, Dh 128, paged blocks of 16, fp32 and bf16\n"
+          "caches, 2k/8k keys, 1 or 16 queries): time per call and cache GB/s against this\n"
+          "machine's memcpy in the same run. Prints a table, then one JSON line.\n"))
+    return 0;
   const int threads = argc > 1 ? std::atoi(argv[1]) : 0;
   const double min_seconds = argc > 2 ? std::atof(argv[2]) : 0.5;
   CpuBackend cpu(threads);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_help.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/dtype.h"
 
@@ -52,6 +53,14 @@ std::vector<uint8_t> MakeWeight(DType dt, int64_t rows, int64_t cols, std::mt199
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (kvlens::bench::PrintedHelp(
+          argc, argv,
+          "usage: kvlens_bench_matmul [dim=2048] [threads=0 (all)] [min_seconds=0.5]\n"
+          "CpuBackend::MatMul y[N, dim] = x[N, dim] · Wᵀ for a square weight in each stored\n"
+          "dtype (f32, f16, bf16, q8_0), N = 1 and 64: ms per call and GFLOP/s. Prints a\n"
+          "table, then one JSON line.\n")) {
+    return 0;
+  }
   const int dim = argc > 1 ? std::atoi(argv[1]) : 2048;
   const int threads = argc > 2 ? std::atoi(argv[2]) : 0;
   const double min_seconds = argc > 3 ? std::atof(argv[3]) : 0.5;

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_help.h"
 #include "engine/sampler.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -32,12 +33,12 @@ struct Mode {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
-    std::printf(
-        "usage: kvlens_bench_sampling [rows] [vocab]\n"
-        "Times one engine step's host sampling (kvlens::SampleRow on each of `rows` rows of\n"
-        "Gaussian logits, default 64 x 32000) on one thread and on a pool, per sampling mode.\n"
-        "Prints a table, then one JSON line.\n");
+  if (kvlens::bench::PrintedHelp(
+          argc, argv,
+          "usage: kvlens_bench_sampling [rows=64] [vocab=32000]\n"
+          "Times one engine step's host sampling (kvlens::SampleRow on each of `rows` rows of\n"
+          "Gaussian logits) on one thread and on a pool, per sampling mode. Prints a table,\n"
+          "then one JSON line.\n")) {
     return 0;
   }
   const int rows = argc > 1 ? std::atoi(argv[1]) : 64;

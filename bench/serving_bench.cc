@@ -24,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/bench_help.h"
 #include "common/malloc_tuning.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
@@ -132,6 +133,17 @@ int Arg(int argc, char** argv, const char* name, int fallback) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (kvlens::bench::PrintedHelp(
+          argc, argv,
+          "usage: kvlens_bench_serving [--model PATH] [--requests-per-client N=4]\n"
+          "                            [--max-new-tokens N=64] [--threads N=0 (all)]\n"
+          "Starts an in-process kvlens server on 127.0.0.1 and drives it with 1, 4, 16 and 64\n"
+          "concurrent streaming clients: generated tokens/s and p50/p99 time to first token.\n"
+          "Default model: the first models/*/config.json directory of the source tree, else\n"
+          "../shared/testdata/stories260K/stories260K.gguf. Prints a table, then one JSON "
+          "line.\n")) {
+    return 0;
+  }
   kvlens::RetainFreedMemory();  // as kvlens-server does (common/malloc_tuning.h)
   std::string model_path = DefaultModel();
   for (int i = 1; i + 1 < argc; ++i) {
