@@ -47,7 +47,7 @@ struct Sequence {
 // Whether the next token of s is the plain greedy pick of its raw logits, with only that
 // token's log-probability reported: what Backend::GreedyPick gives (SampleRow would apply
 // no bias or penalty, draw nothing and list no top log-probabilities).
-bool PickSuffices(const Sequence& s) {
+static bool PickSuffices(const Sequence& s) {
   const SamplingParams& p = s.sampler->params();
   return p.temperature == 0.0 && p.logit_bias.empty() && p.repetition_penalty == 1.0 &&
          p.frequency_penalty == 0.0 && p.presence_penalty == 0.0 && s.request.top_logprobs == 0;

@@ -80,7 +80,8 @@ void BucketByWeight(const std::vector<float>& weights, std::vector<uint32_t>& co
   // Ids i ≡ s (mod kLanes) count and place through lane s's counters, so a run of weights
   // in one bucket (the zeros of a peaked row) is kLanes chains of increments, not one
   // chain through a single counter. Within a bucket the order is then not the ids'; the
-  // bucket is sorted by its keys when it is reached.
+  // bucket is sorted by its keys when it is reached. (The loops are unrolled by lane: one
+  // loop with the lane as i % kLanes measured 5–10% slower.)
   constexpr int kBucketBits = 11;
   constexpr int kShift = 32 - kBucketBits;
   constexpr uint32_t kBuckets = uint32_t{1} << kBucketBits;
