@@ -10,8 +10,6 @@
 
 #include <cuda_runtime.h>
 
-#include <mutex>
-#include <unordered_map>
 #include <utility>
 
 #include "kernels/cuda/launch.h"
@@ -35,18 +33,11 @@ __device__ __forceinline__ void WaitForPriorGrids() {
 // Whether kernel's code was generated for sm_90 or later, so that its WaitForPriorGrids()
 // is a real griddepcontrol.wait. A binary built for an older architecture and JIT-compiled
 // from its PTX on the device has an empty wait, and must not be launched programmatically.
-// Asked of the runtime once per kernel.
 inline bool KernelWaitsForPriorGrids(const void* kernel) {
-  static std::mutex mu;
-  static std::unordered_map<const void*, bool> known;
-  std::lock_guard<std::mutex> lock(mu);
-  auto [it, inserted] = known.try_emplace(kernel, false);
-  if (inserted) {
-    cudaFuncAttributes a = {};
-    it->second = cudaFuncGetAttributes(&a, kernel) == cudaSuccess && a.ptxVersion >= 90;
-    if (!it->second) cudaGetLastError();  // a failed query is not the launch's error
-  }
-  return it->second;
+  cudaFuncAttributes a = {};
+  const bool waits = cudaFuncGetAttributes(&a, kernel) == cudaSuccess && a.ptxVersion >= 90;
+  if (!waits) cudaGetLastError();  // a failed query is not a launch's error
+  return waits;
 }
 #endif
 
@@ -71,9 +62,12 @@ void LaunchKernel(const char* name, void (*kernel)(P...), dim3 grid, dim3 block,
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   config.attrs = attr;
-  config.numAttrs =
-      ProgrammaticLaunches() && KernelWaitsForPriorGrids(reinterpret_cast<const void*>(kernel)) ? 1
-                                                                                                : 0;
+  if (ProgrammaticLaunches()) {
+    // Asked once per kernel signature, not per launch: every kernel of the binary was
+    // compiled for the same architectures, so one of them answers for all.
+    static const bool waits = KernelWaitsForPriorGrids(reinterpret_cast<const void*>(kernel));
+    config.numAttrs = waits ? 1 : 0;
+  }
   cudaLaunchKernelEx(&config, kernel, std::forward<A>(args)...);
 #endif
 }
