@@ -29,5 +29,18 @@ TEST(FastExpTest, ZeroPastTheCap) {
   EXPECT_GT(ExpNegated(87.2f), 0.0f);
 }
 
+// −inf − −inf is a NaN with the sign bit set on x86 (the default NaN): 0 all the same,
+// as is the positive one; −0 is 0.
+TEST(FastExpTest, NegativeNanIsZeroAndNegativeZeroIsOne) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  volatile float minus_inf = -inf;
+  const float default_nan = minus_inf - minus_inf;
+  EXPECT_TRUE(std::isnan(default_nan));
+  EXPECT_EQ(ExpNegated(default_nan), 0.0f);
+  EXPECT_EQ(ExpNegated(std::copysign(nan, -1.0f)), 0.0f);
+  EXPECT_EQ(ExpNegated(-0.0f), 1.0f);
+}
+
 }  // namespace
 }  // namespace kvlens::kernels
