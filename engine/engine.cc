@@ -44,13 +44,14 @@ struct Sequence {
   bool was_scheduled = false;
 };
 
-// Whether the next token of s is the plain greedy pick of its raw logits, with only that
-// token's log-probability reported: what Backend::GreedyPick gives (SampleRow would apply
-// no bias or penalty, draw nothing and list no top log-probabilities).
+// Whether the next token of s is what Backend::DrawTokens gives for its raw logits, with
+// only that token's log-probability reported: no bias or penalty to apply first and no top
+// log-probabilities (the draw itself, greedy or at a temperature with top-k, top-p and
+// min-p, is the same as SampleRow's, given the same uniform number).
 static bool PickSuffices(const Sequence& s) {
   const SamplingParams& p = s.sampler->params();
-  return p.temperature == 0.0 && p.logit_bias.empty() && p.repetition_penalty == 1.0 &&
-         p.frequency_penalty == 0.0 && p.presence_penalty == 0.0 && s.request.top_logprobs == 0;
+  return p.logit_bias.empty() && p.repetition_penalty == 1.0 && p.frequency_penalty == 0.0 &&
+         p.presence_penalty == 0.0 && s.request.top_logprobs == 0;
 }
 
 struct Session {
@@ -515,9 +516,9 @@ absl::Status Engine::Impl::ForwardWithCaptures(
   if (std::find(capture.begin(), capture.end(), true) == capture.end()) {
     return transformer.Forward(batch, *cache, out);
   }
-  // Every entry's logits row comes back here, so none takes the device's greedy pick.
+  // Every entry's logits row comes back here, so none takes the device's pick.
   std::vector<BatchEntry> rows_batch(batch.begin(), batch.end());
-  for (BatchEntry& e : rows_batch) e.greedy_only = false;
+  for (BatchEntry& e : rows_batch) e.pick_only = false;
   const size_t V = model.config.vocab_size;
   std::vector<float> logits(batch.size() * V);
   std::vector<BatchEntry> rest;
@@ -649,7 +650,14 @@ void Engine::Impl::Step() {
       e.block_table = s->blocks;
       // A device backend then copies out no logits row for a chunk that samples nothing
       // (a prompt's middle) or whose next token is the argmax of the raw logits.
-      e.greedy_only = s->num_computed + n < static_cast<int>(s->tokens.size()) || PickSuffices(*s);
+      const bool samples = s->num_computed + n == static_cast<int>(s->tokens.size());
+      e.pick_only = !samples || PickSuffices(*s);
+      if (samples && e.pick_only && s->sampler->params().temperature > 0.0) {
+        // The device draws with the number the host's Sample would take next (Sampler::
+        // ReserveUniform); a host path that samples this row after all takes the same one.
+        e.draw = s->sampler->Draw();
+        e.draw.u01 = s->sampler->ReserveUniform();
+      }
       batch.push_back(e);
     }
     // Sequences streaming attention rows that sample this step are captured (see
@@ -675,11 +683,12 @@ void Engine::Impl::Step() {
       auto sample = [&](int64_t r) {
         const size_t k = rows[static_cast<size_t>(r)];
         Sequence& s = *plan[k].first;
-        if (batch[k].greedy_only && !out.greedy_token.empty()) {
+        if (batch[k].pick_only && !out.pick_token.empty()) {
           // The device's pick: what SampleRow would give for a row PickSuffices admits.
           const size_t row = static_cast<size_t>(out.logits_row[k]);
-          sampled[k].token = out.greedy_token[row];
-          sampled[k].logprob = out.greedy_logprob[row];
+          sampled[k].token = out.pick_token[row];
+          sampled[k].logprob = out.pick_logprob[row];
+          s.sampler->ClearReserved();  // its number was the device's draw
           return;
         }
         // rows of different sequences touch different samplers: safe on any thread

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "kernels/token_draw.h"
 
 namespace kvlens {
 
@@ -41,11 +42,27 @@ class Sampler {
 
   const SamplingParams& params() const { return params_; }
 
+  // The draw these params make (temperature and filters; u01 left 0): what a device
+  // backend runs where the logits are (Backend::DrawTokens), for params with no bias and
+  // no penalties.
+  kernels::TokenDraw Draw() const;
+  // The uniform number of the next draw, taken from the generator now and kept until a
+  // draw uses it (Sample) or ClearReserved: a draw made elsewhere (on a device) then uses
+  // the same number a Sample here would have, and the stream of draws stays one per
+  // sampled token whichever path samples. Repeated calls return the same number.
+  double ReserveUniform();
+  // Forgets a reserved number that a draw elsewhere has used.
+  void ClearReserved() { reserved_ = false; }
+
  private:
   void ApplyBiasAndPenalties(absl::Span<float> logits, absl::Span<const int32_t> history) const;
+  // The reserved number, or a fresh one.
+  double NextUniform();
 
   SamplingParams params_;
   std::mt19937_64 rng_;
+  bool reserved_ = false;
+  double reserved_u01_ = 0.0;
 };
 
 // log softmax of one row of logits: out[i] = l_i − kernels::LogSumExp(l), in double.

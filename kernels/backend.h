@@ -11,12 +11,14 @@
 #include <cstdint>
 #include <limits>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "kernels/kv_dtype.h"
 #include "kernels/memory.h"
+#include "kernels/token_draw.h"
 #include "kernels/weight.h"
 
 namespace kvlens::kernels {
@@ -263,6 +265,35 @@ class Backend {
           best < 0 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(-std::log(sum));
     }
     return Synchronize();
+  }
+
+  // The token draws[r] picks from row r of logits [rows, vocab] (this backend's memory),
+  // into host arrays: token[r] = DrawToken(row r, draws[r]) (the greedy pick where
+  // draws[r].temperature is 0) and logprob[r] = l[token] − LogSumExp(row r), in double:
+  // what engine/sampler.h's SampleRow reports for a row with no bias, penalty or top
+  // log-probabilities. For a device backend this spares copying the rows out. Waits for
+  // the work before it and returns the first failure of the void ops. The default copies
+  // the rows to the host where they are not there already and draws there (DrawRows).
+  virtual absl::Status DrawTokens(const T* logits, int rows, int vocab, const TokenDraw* draws,
+                                  int32_t* token, float* logprob) {
+    if (absl::Status s = Synchronize(); !s.ok() || rows <= 0) return s;
+    const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(vocab);
+    std::vector<T> copy;
+    const T* host = logits;
+    if (!memory().host_accessible()) {
+      copy.resize(count);
+      if (absl::Status s = memory().CopyToHost(copy.data(), logits, count * sizeof(T)); !s.ok()) {
+        return s;
+      }
+      host = copy.data();
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      DrawRows(host, rows, vocab, draws, token, logprob);
+    } else {
+      const std::vector<float> rows_f(host, host + count);
+      DrawRows(rows_f.data(), rows, vocab, draws, token, logprob);
+    }
+    return absl::OkStatus();
   }
 };
 

@@ -313,8 +313,8 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     backend_.LayerNorm(q_.data(), m, D, w.final_norm, w.final_norm_bias, c.norm_eps, xn_.data());
   }
   out.logits.resize(static_cast<size_t>(m) * V);
-  out.greedy_token.clear();
-  out.greedy_logprob.clear();
+  out.pick_token.clear();
+  out.pick_logprob.clear();
   if (host) {
     backend_.MatMul(xn_.data(), m, w.output, WeightView{}, out.logits.data());
     return backend_.Synchronize();
@@ -324,19 +324,22 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   // The rows wanted on the host: all of them, or (when some entry wants only its greedy
   // pick) those of the other entries, one copy per run of consecutive rows.
   std::vector<bool> wanted(static_cast<size_t>(m), true);
-  bool any_greedy = false;
+  std::vector<kernels::TokenDraw> draws(static_cast<size_t>(m));  // greedy unless asked
+  bool any_pick = false;
   for (int e = 0; e < num_real; ++e) {
     const BatchEntry& b = batch[static_cast<size_t>(e)];
-    if (b.greedy_only && !b.all_logits) {
-      any_greedy = true;
-      wanted[static_cast<size_t>(out.logits_row[static_cast<size_t>(e)])] = false;
+    if (b.pick_only && !b.all_logits) {
+      any_pick = true;
+      const size_t row = static_cast<size_t>(out.logits_row[static_cast<size_t>(e)]);
+      wanted[row] = false;
+      draws[row] = b.draw;
     }
   }
-  if (any_greedy) {
-    out.greedy_token.resize(static_cast<size_t>(m));
-    out.greedy_logprob.resize(static_cast<size_t>(m));
-    if (absl::Status s = backend_.GreedyPick(logits_.data(), m, static_cast<int>(V),
-                                             out.greedy_token.data(), out.greedy_logprob.data());
+  if (any_pick) {
+    out.pick_token.resize(static_cast<size_t>(m));
+    out.pick_logprob.resize(static_cast<size_t>(m));
+    if (absl::Status s = backend_.DrawTokens(logits_.data(), m, static_cast<int>(V), draws.data(),
+                                             out.pick_token.data(), out.pick_logprob.data());
         !s.ok()) {
       return s;
     }

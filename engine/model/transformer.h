@@ -32,11 +32,13 @@ struct BatchEntry {
   // Optional document id of every position 0 … num_cached + tokens.size() − 1 (packed
   // inputs: a token attends only to earlier tokens of its own document).
   absl::Span<const int32_t> doc_ids;
-  // Only the greedy pick of its (last) logits row is wanted (Backend::GreedyPick): a device
-  // backend then hands back the pick (ForwardOutput::greedy_token) instead of the row, and
-  // leaves the row's logits unset. Ignored with all_logits, and by host backends, which
-  // always give the rows.
-  bool greedy_only = false;
+  // Only the token `draw` picks from its (last) logits row is wanted (Backend::DrawTokens,
+  // the greedy pick by default): a device backend then hands back that token and its
+  // log-probability (ForwardOutput::pick_token) instead of the row, and leaves the row's
+  // logits unset. Ignored with all_logits, and by host backends, which always give the
+  // rows.
+  bool pick_only = false;
+  kernels::TokenDraw draw;
 };
 
 // What Forward hands back. Logits rows follow the entries in order: all new tokens of an
@@ -45,11 +47,12 @@ template <typename T>
 struct ForwardOutput {
   std::vector<T> logits;        // [rows, V]
   std::vector<int> logits_row;  // per entry: first row of its logits
-  // Per logits row, when some entry is greedy_only on a device backend (else empty): the
-  // row's greedy pick and its log-probability (Backend::GreedyPick). The logits of the
-  // greedy_only entries' rows are then not copied out (unspecified values).
-  std::vector<int32_t> greedy_token;
-  std::vector<float> greedy_logprob;
+  // Per logits row, when some entry is pick_only on a device backend (else empty): the
+  // token its entry's draw picks and its log-probability (Backend::DrawTokens; rows of
+  // other entries: the greedy pick). The logits of the pick_only entries' rows are then
+  // not copied out (unspecified values).
+  std::vector<int32_t> pick_token;
+  std::vector<float> pick_logprob;
 };
 
 // Optional captures for interpretability: attention probabilities of one entry.

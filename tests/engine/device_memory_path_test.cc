@@ -110,12 +110,13 @@ TEST_F(DeviceMemoryPathTest, EngineEqualsCpuWithAttentionRowsAndSessionReadBack)
   EXPECT_EQ(got.prefix_k0, want.prefix_k0);
 }
 
-// Requests whose next token is the raw logits' argmax take the device's greedy pick (no
-// logits row copied out); the others in the same steps get their rows. A plain greedy
-// request, one with top log-probabilities, one with a repetition penalty and a seeded
-// temperature draw, served together: the same tokens and top log-probabilities as the CPU
-// path (same kernels, so bitwise), and log-probabilities within 1e-6 (the pick forms
-// −log Σ e^(l − max) in double, SampleRow l − LogSumExp(l) from float exponentials).
+// Requests with no bias, penalty or top log-probabilities take the device's pick (no
+// logits row copied out): the greedy one, and a seeded temperature draw, whose uniform
+// number the engine reserves from the request's generator before the step; the others in
+// the same steps get their rows. A plain greedy request, one with top log-probabilities,
+// one with a repetition penalty and a seeded temperature draw with top-p, served
+// together: the same tokens and top log-probabilities as the CPU path (the same kernels
+// and the same draws, so bitwise), and log-probabilities within 1e-6.
 TEST_F(DeviceMemoryPathTest, GreedyPicksAndLogitRowsInOneBatchEqualCpu) {
   struct Out {
     std::vector<int32_t> tokens;
@@ -134,7 +135,7 @@ TEST_F(DeviceMemoryPathTest, GreedyPicksAndLogitRowsInOneBatchEqualCpu) {
       r.stop.ignore_eos = true;
       if (i == 1) r.top_logprobs = 3;
       if (i == 2) r.sampling.repetition_penalty = 1.3;
-      if (i == 3) r.sampling.temperature = 0.9, r.sampling.seed = 5;
+      if (i == 3) r.sampling.temperature = 1.5, r.sampling.top_p = 0.95, r.sampling.seed = 5;
       r.callbacks.on_token = [&outs, i](const TokenEvent& e) {
         outs[i].tokens.push_back(e.token);
         outs[i].logprobs.push_back(e.logprob);
@@ -168,8 +169,10 @@ TEST_F(DeviceMemoryPathTest, GreedyPicksAndLogitRowsInOneBatchEqualCpu) {
     }
   }
   EXPECT_EQ(want[1].top[0].size(), 3u);
-  // Request 0's 10 tokens and every prompt row: each step that ran a greedy entry.
-  EXPECT_GE(device.greedy_pick_rows.load(), 10);
+  // Request 0's 10 tokens and every prompt row: each step that ran a picking entry; and
+  // request 3's 13 tokens, drawn on the "device".
+  EXPECT_GE(device.pick_rows.load(), 10);
+  EXPECT_EQ(device.drawn_rows.load(), 13);
 }
 
 TEST_F(DeviceMemoryPathTest, ForwardRejectsACacheInOtherMemory) {

@@ -137,13 +137,16 @@ class FakeDeviceBackend final : public kernels::Backend<float>, public kernels::
   absl::Status Attention(const kernels::AttentionArgs<float>& a) override {
     return cpu_.Attention(a);
   }
-  // Backend's default (the rows copied out, picked on the host), counting the rows.
-  absl::Status GreedyPick(const float* logits, int rows, int vocab, int32_t* token,
-                          float* logprob) override {
-    greedy_pick_rows += rows;
-    return kernels::Backend<float>::GreedyPick(logits, rows, vocab, token, logprob);
+  // Backend's default (the rows copied out, drawn on the host), counting the rows and
+  // those drawn at a temperature.
+  absl::Status DrawTokens(const float* logits, int rows, int vocab, const kernels::TokenDraw* draws,
+                          int32_t* token, float* logprob) override {
+    pick_rows += rows;
+    for (int r = 0; r < rows; ++r) drawn_rows += draws[r].temperature > 0.0 ? 1 : 0;
+    return kernels::Backend<float>::DrawTokens(logits, rows, vocab, draws, token, logprob);
   }
-  std::atomic<int> greedy_pick_rows{0};
+  std::atomic<int> pick_rows{0};
+  std::atomic<int> drawn_rows{0};
   absl::Status MatMulBackwardInput(const float* dy, int n, const kernels::WeightView& w,
                                    float* dx) override {
     kernels::MatMulBackwardInput(dy, n, w, dx);

@@ -1,0 +1,44 @@
+// A temperature draw from one row of logits, given the draw's uniform number: the part of
+// sampling (engine/sampler.h) that a device backend can run where the logits are
+// (Backend::DrawTokens), defined once here for the host.
+//
+// Order: weights w_i = e^((l_i − max) / T) in float (kernels::TemperatureWeights) → the
+// candidates sorted by (weight desc, id asc) → top-k → top-p (the shortest prefix whose
+// mass, each weight over the kept sum, reaches top_p) → min-p (weights >= min_p · the
+// largest) → u = u01 · the kept mass, and the first candidate whose running mass exceeds u
+// (the last kept one if rounding leaves none).
+#ifndef KVLENS_KERNELS_TOKEN_DRAW_H_
+#define KVLENS_KERNELS_TOKEN_DRAW_H_
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+
+namespace kvlens::kernels {
+
+struct TokenDraw {
+  double temperature = 0.0;  // 0: the greedy pick (ArgMax); the filters and u01 unused
+  int top_k = 0;             // 0: off
+  double top_p = 1.0;        // 1: off
+  double min_p = 0.0;        // 0: off
+  double u01 = 0.0;          // the draw's uniform number in [0, 1): 53 random bits · 2^−53
+};
+
+// 53 random bits of a 64-bit generator's output as a uniform number in [0, 1).
+inline double UniformFromBits(uint64_t bits) {
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+// The token `draw` picks from `logits` (bias and penalties already applied); the greedy
+// pick (kernels::ArgMax) at temperature 0. The logits are not modified.
+int32_t DrawToken(absl::Span<const float> logits, const TokenDraw& draw);
+
+// Each of `rows` rows of logits [rows, vocab]: token[r] = DrawToken(row r, draws[r]) and
+// logprob[r] = l[token[r]] − LogSumExp(row r) (kernels/cpu/row_reduce.h), the model's
+// log-probability of the token, as the engine reports it.
+void DrawRows(const float* logits, int rows, int vocab, const TokenDraw* draws, int32_t* token,
+              float* logprob);
+
+}  // namespace kvlens::kernels
+
+#endif  // KVLENS_KERNELS_TOKEN_DRAW_H_

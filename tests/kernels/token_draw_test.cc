@@ -1,0 +1,117 @@
+// DrawToken and DrawRows on rows worked by hand. engine/sampler_test checks DrawToken
+// (through Sampler) against the definition over large rows; the CUDA parity suite checks
+// the device's draws against DrawRows.
+#include "kernels/token_draw.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace kvlens::kernels {
+namespace {
+
+// Logits log 1 … log 4 at temperature 1: weights 1/4, 1/2, 3/4, 1 (to ExpNegated's 2e-7),
+// so the sorted candidates are 3, 2, 1, 0 with running masses 1, 1.75, 2.25, 2.5.
+const std::vector<float> kQuarters = {0.0f, std::log(2.0f), std::log(3.0f), std::log(4.0f)};
+
+int32_t Draw(const std::vector<float>& logits, TokenDraw d) { return DrawToken(logits, d); }
+
+TEST(TokenDrawTest, WalksTheCandidatesByWeight) {
+  TokenDraw d;
+  d.temperature = 1.0;
+  const struct {
+    double u01;
+    int32_t want;
+  } cases[] = {{0.0, 3}, {0.1, 3}, {0.39, 3},   // u < 1
+               {0.41, 2}, {0.69, 2},            // 1 <= u < 1.75
+               {0.71, 1}, {0.89, 1},            // 1.75 <= u < 2.25
+               {0.91, 0}, {0.999999, 0}};       // 2.25 <= u < 2.5
+  for (const auto& c : cases) {
+    d.u01 = c.u01;
+    EXPECT_EQ(Draw(kQuarters, d), c.want) << "u01 " << c.u01;
+  }
+}
+
+TEST(TokenDrawTest, TopKTopPAndMinPCutTheSortedOrder) {
+  TokenDraw d;
+  d.temperature = 1.0;
+  d.top_k = 2;  // {3, 2}, mass 1.75: u = 1.05 lands on 2, u = 0.875 on 3
+  d.u01 = 0.6;
+  EXPECT_EQ(Draw(kQuarters, d), 2);
+  d.u01 = 0.5;
+  EXPECT_EQ(Draw(kQuarters, d), 3);
+  d.top_k = 0;
+  d.top_p = 0.41;  // shares 0.4, 0.7: two kept, as with top_k = 2
+  d.u01 = 0.6;
+  EXPECT_EQ(Draw(kQuarters, d), 2);
+  d.top_p = 0.39;  // the first share, 0.4, reaches it: only 3
+  d.u01 = 0.999;
+  EXPECT_EQ(Draw(kQuarters, d), 3);
+  d.top_p = 1.0;
+  d.min_p = 0.3;  // weights >= 0.3: {3, 2, 1}, mass 2.25; u = 2.2275 lands on 1, never 0
+  d.u01 = 0.99;
+  EXPECT_EQ(Draw(kQuarters, d), 1);
+  d.min_p = 0.6;  // {3, 2}
+  EXPECT_EQ(Draw(kQuarters, d), 2);
+}
+
+// A lower temperature sharpens: at T = 0.5 the weights are squared (1, 9/16, 1/4, 1/16 for
+// candidates 3, 2, 1, 0: running masses 1, 1.5625, 1.8125, 1.875).
+TEST(TokenDrawTest, TemperatureSharpens) {
+  TokenDraw d;
+  d.temperature = 0.5;
+  d.u01 = 0.6;  // u = 1.125
+  EXPECT_EQ(Draw(kQuarters, d), 2);
+  d.u01 = 0.9;  // u = 1.6875
+  EXPECT_EQ(Draw(kQuarters, d), 1);
+  d.u01 = 0.52;  // u = 0.975 lands on 3; at T = 1, u = 1.3 lands on 2
+  EXPECT_EQ(Draw(kQuarters, d), 3);
+  d.temperature = 1.0;
+  EXPECT_EQ(Draw(kQuarters, d), 2);
+}
+
+// Equal weights go by id; greedy takes the first largest logit.
+TEST(TokenDrawTest, TiesGoByIdAndGreedyTakesTheFirstMax) {
+  TokenDraw d;
+  d.temperature = 1.0;
+  d.u01 = 0.5;  // u = 1.5 over three weights of 1: the second, id 1
+  EXPECT_EQ(Draw({0.0f, 0.0f, 0.0f}, d), 1);
+  d.temperature = 0.0;
+  EXPECT_EQ(Draw({1.0f, 3.0f, 2.0f, 3.0f}, d), 1);
+}
+
+// No mass at all (every logit −inf): the draw finds no candidate whose running mass
+// exceeds u = 0 and takes the last kept one in (weight, id) order: the last id, or the
+// top_k-th.
+TEST(TokenDrawTest, ARowWithoutMassTakesTheLastKeptCandidate) {
+  const float inf = std::numeric_limits<float>::infinity();
+  TokenDraw d;
+  d.temperature = 1.0;
+  d.u01 = 0.5;
+  EXPECT_EQ(Draw({-inf, -inf, -inf}, d), 2);
+  d.top_k = 2;
+  EXPECT_EQ(Draw({-inf, -inf, -inf}, d), 1);
+}
+
+// DrawRows: each row's token and its log-probability l − log Σ e^l.
+TEST(TokenDrawTest, DrawRowsReportsTheModelsLogProbability) {
+  std::vector<float> rows = kQuarters;
+  rows.insert(rows.end(), {5.0f, 1.0f, 5.0f, 0.0f});
+  TokenDraw draws[2];
+  draws[0].temperature = 1.0;
+  draws[0].u01 = 0.5;  // token 2
+  // draws[1]: greedy, the first 5
+  int32_t token[2] = {-1, -1};
+  float logprob[2] = {0.0f, 0.0f};
+  DrawRows(rows.data(), 2, 4, draws, token, logprob);
+  EXPECT_EQ(token[0], 2);
+  EXPECT_NEAR(logprob[0], std::log(3.0 / 10.0), 1e-6);  // e^l = 1, 2, 3, 4
+  EXPECT_EQ(token[1], 0);
+  const double z = 2 * std::exp(5.0) + std::exp(1.0) + 1.0;
+  EXPECT_NEAR(logprob[1], 5.0 - std::log(z), 1e-6);
+}
+
+}  // namespace
+}  // namespace kvlens::kernels
