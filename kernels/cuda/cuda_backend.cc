@@ -584,6 +584,41 @@ absl::Status CudaBackend::GreedyPick(const float* logits, int rows, int vocab, i
   return status_;
 }
 
+absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
+                                     const TokenDraw* draws, int32_t* token, float* logprob) {
+  if (rows < 0 || vocab <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DrawTokens: rows = ", rows, " must be >= 0 and vocab = ", vocab, " >= 1"));
+  }
+  if (graph_.recording()) {
+    return absl::FailedPreconditionError("DrawTokens: called while a step is being recorded");
+  }
+  if (vocab > kDrawMaxVocab) {
+    // Past the kernel's fixed-point range: the rows go to the host.
+    return Backend<float>::DrawTokens(logits, rows, vocab, draws, token, logprob);
+  }
+  if (!status_.ok() || rows == 0) return Synchronize();
+  draw_host_.resize(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) draw_host_[static_cast<size_t>(r)] = ToDeviceDraw(draws[r]);
+  absl::StatusOr<const void*> d_draws =
+      UploadIndices(draw_host_.data(), sizeof(DeviceDraw) * static_cast<size_t>(rows));
+  if (!Ok(d_draws.status())) return status_;
+  // Tokens, then log-probabilities: one copy back of 8 bytes a row.
+  const size_t bytes = sizeof(int32_t) * static_cast<size_t>(rows) * 2;
+  if (!Ok(ReserveScratch(pick_device_, bytes))) return status_;
+  int32_t* d_token = pick_device_.as<int32_t>();
+  float* d_logprob = reinterpret_cast<float*>(d_token + rows);
+  if (!Ok(Launch(&LaunchDrawTokens, logits, rows, vocab, static_cast<const DeviceDraw*>(*d_draws),
+                 d_token, d_logprob))) {
+    return status_;
+  }
+  pick_host_.resize(static_cast<size_t>(rows) * 2);
+  if (!Ok(memory_.CopyToHost(pick_host_.data(), d_token, bytes))) return status_;
+  std::memcpy(token, pick_host_.data(), sizeof(int32_t) * rows);
+  std::memcpy(logprob, pick_host_.data() + rows, sizeof(float) * rows);
+  return status_;
+}
+
 void CudaBackend::StoreKv(const float* k, const float* v, int n, int64_t src_stride,
                           int64_t row_elems, const int64_t* dst_rows, void* k_cache, void* v_cache,
                           int64_t cache_stride, KvDtype cache_dtype) {

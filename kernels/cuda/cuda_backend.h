@@ -49,6 +49,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_memory.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/draw_tokens.h"
 #include "kernels/cuda/step_graph.h"
 
 struct cublasContext;
@@ -197,6 +198,11 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // recorded (FAILED_PRECONDITION).
   absl::Status GreedyPick(const float* logits, int rows, int vocab, int32_t* token,
                           float* logprob) override;
+  // One launch (LaunchDrawTokens, every row, greedy ones too), the draws uploaded with the
+  // index arrays, and one copy of 8 bytes a row back; vocabularies past kDrawMaxVocab go
+  // to Backend's host default. Not while a step is recorded (FAILED_PRECONDITION).
+  absl::Status DrawTokens(const float* logits, int rows, int vocab, const TokenDraw* draws,
+                          int32_t* token, float* logprob) override;
 
  private:
   CudaBackend(int device, int num_sms, cudaStream_t stream, cublasContext* cublas);
@@ -271,10 +277,11 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   int split_kv_blocks_per_sm_[kSplitKvVariants] = {};  // by SplitKvVariant, 0: not asked yet
   std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
 
-  DeviceBuffer gemm_input_;           // x rounded to f16/bf16 for the tensor cores
-  DeviceBuffer attention_workspace_;  // split-KV partials, or S/A when not requested
-  DeviceBuffer pick_device_;          // GreedyPick's tokens and log-probabilities …
-  std::vector<int32_t> pick_host_;    // … copied back (a float's bits in the second half)
+  DeviceBuffer gemm_input_;            // x rounded to f16/bf16 for the tensor cores
+  DeviceBuffer attention_workspace_;   // split-KV partials, or S/A when not requested
+  DeviceBuffer pick_device_;           // GreedyPick's tokens and log-probabilities …
+  std::vector<int32_t> pick_host_;     // … copied back (a float's bits in the second half)
+  std::vector<DeviceDraw> draw_host_;  // DrawTokens' draws, staged for the upload
 
   bool graphs_enabled_ = true;
   StepGraph graph_;

@@ -422,6 +422,96 @@ TEST_F(CudaBackendTest, GreedyPickEqualsTheHostsPick) {
   }
 }
 
+// DrawTokens on the device against DrawRows on the host (kernels/token_draw.h, checked by
+// hand in token_draw_test and against the definition in sampler_test), the same draws and
+// uniform numbers: rows of 32000 (Gaussian logits σ = 1 and 3, quarters with runs of tied
+// weights, σ = 30 where most weights are 0), 1000 and 7 tokens, a row of −inf only and one
+// with NaN and −inf, each under greedy, temperatures 0.3 … 100, top-k (1, 50, past the
+// vocabulary), top-p, min-p and all three, at uniform numbers from 0 to just under 1.
+// The tokens must be equal: the weights are the host's bit for bit, and the masses differ
+// by at most vocab · 2^−43, which no draw here lands that close to a boundary.
+TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
+  std::mt19937_64 rng(17);
+  const double inf = std::numeric_limits<double>::infinity();
+  struct RowKind {
+    int vocab;
+    double sigma;
+    bool quarters;
+  };
+  const RowKind kinds[] = {{32000, 1.0, false},  {32000, 3.0, false}, {32000, 1.0, true},
+                           {32000, 30.0, false}, {1000, 2.0, false},  {7, 1.0, true}};
+  std::vector<kernels::TokenDraw> variants;
+  for (double t : {0.0, 0.3, 0.8, 1.0, 100.0}) {
+    kernels::TokenDraw d;
+    d.temperature = t;
+    variants.push_back(d);
+  }
+  auto with = [](double t, int k, double p, double min_p) {
+    kernels::TokenDraw d;
+    d.temperature = t, d.top_k = k, d.top_p = p, d.min_p = min_p;
+    return d;
+  };
+  variants.push_back(with(0.8, 1, 1.0, 0.0));
+  variants.push_back(with(0.8, 50, 1.0, 0.0));
+  variants.push_back(with(0.8, 40000, 1.0, 0.0));
+  variants.push_back(with(0.8, 0, 0.9, 0.0));
+  variants.push_back(with(1.0, 0, 0.5, 0.0));
+  variants.push_back(with(0.8, 0, 1.0, 0.05));
+  variants.push_back(with(1.5, 2000, 0.95, 0.001));
+  variants.push_back(with(100.0, 0, 0.3, 0.0));
+  const double u01s[] = {0.0, 0.25, 0.5, 0.75, 0.999999};
+  for (const RowKind& kind : kinds) {
+    SCOPED_TRACE(::testing::Message() << "vocab " << kind.vocab << ", sigma " << kind.sigma
+                                      << (kind.quarters ? ", quarters" : ""));
+    std::normal_distribution<double> normal(0.0, kind.sigma);
+    std::vector<double> row(static_cast<size_t>(kind.vocab));
+    for (double& l : row) {
+      l = kind.quarters ? std::round(normal(rng) * 4.0) / 4.0 : static_cast<float>(normal(rng));
+    }
+    // One row per (variant, u01): the same logits each time.
+    const int rows = static_cast<int>(variants.size() * std::size(u01s));
+    std::vector<double> logits;
+    std::vector<kernels::TokenDraw> draws;
+    for (const kernels::TokenDraw& v : variants) {
+      for (double u : u01s) {
+        logits.insert(logits.end(), row.begin(), row.end());
+        draws.push_back(v);
+        draws.back().u01 = u;
+      }
+    }
+    auto d = parity::ToDevice(logits);
+    ASSERT_TRUE(d.ok()) << d.status();
+    std::vector<int32_t> token(rows, -1), want_token(rows, -2);
+    std::vector<float> logprob(rows), want_logprob(rows);
+    ASSERT_TRUE(backend_
+                    ->DrawTokens(d->as<float>(), rows, kind.vocab, draws.data(), token.data(),
+                                 logprob.data())
+                    .ok());
+    const std::vector<float> host(logits.begin(), logits.end());
+    kernels::DrawRows(host.data(), rows, kind.vocab, draws.data(), want_token.data(),
+                      want_logprob.data());
+    for (int r = 0; r < rows; ++r) {
+      const kernels::TokenDraw& v = draws[static_cast<size_t>(r)];
+      EXPECT_EQ(token[r], want_token[r])
+          << "T " << v.temperature << ", top_k " << v.top_k << ", top_p " << v.top_p << ", min_p "
+          << v.min_p << ", u01 " << v.u01;
+      EXPECT_NEAR(logprob[r], want_logprob[r], 1e-5 * (1 + std::abs(want_logprob[r]))) << r;
+    }
+  }
+  // Rows without mass: −inf only (the last kept candidate: the last id, or the top_k-th),
+  // and NaN with −inf (greedy takes the first −inf, as ArgMax does).
+  std::vector<double> degenerate(2 * 5, -inf);
+  degenerate[5] = std::nan("");
+  auto d = parity::ToDevice(degenerate);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const kernels::TokenDraw draws[2] = {with(1.0, 3, 1.0, 0.0), with(0.0, 0, 1.0, 0.0)};
+  int32_t token[2] = {-1, -1};
+  float logprob[2];
+  ASSERT_TRUE(backend_->DrawTokens(d->as<float>(), 2, 5, draws, token, logprob).ok());
+  EXPECT_EQ(token[0], 2);
+  EXPECT_EQ(token[1], 1);
+}
+
 TEST_F(CudaBackendTest, SharedWeightsAreUploadedOnce) {
   absl::StatusOr<std::unique_ptr<CudaBackend>> other = CudaBackend::Create(0);
   ASSERT_TRUE(other.ok()) << other.status();

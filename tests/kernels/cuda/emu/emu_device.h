@@ -56,6 +56,8 @@ uint64_t WarpExchange(uint64_t bits, int src_lane);
 // out32[l] (0 for lanes past the end of a partial warp).
 void WarpAllGather(uint64_t bits, uint64_t* out32);
 int LaneId();
+// Warp collective: bit l set where lane l's pred holds; *present the lanes of this warp.
+uint32_t WarpBallot(bool pred, uint32_t* present);
 void* DynamicShared();
 // 768 floats per warp for the tensor-core emulation (MmaM16N8K16).
 float* WarpScratch();
@@ -239,6 +241,59 @@ T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
   const int lane = ::kvlens_emu::LaneId();
   const int src = lane + static_cast<int>(delta);
   return ::kvlens_emu::Exchange(v, src < ((lane & ~(width - 1)) + width) ? src : lane);
+}
+
+template <typename T>
+T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
+  const int lane = ::kvlens_emu::LaneId();
+  const int src = lane - static_cast<int>(delta);
+  return ::kvlens_emu::Exchange(v, src >= (lane & ~(width - 1)) ? src : lane);
+}
+inline unsigned __ballot_sync(unsigned, int pred) {
+  uint32_t present = 0;
+  return ::kvlens_emu::WarpBallot(pred != 0, &present);
+}
+inline int __all_sync(unsigned, int pred) {
+  uint32_t present = 0;
+  return ::kvlens_emu::WarpBallot(pred != 0, &present) == present;
+}
+inline int __ffs(unsigned x) { return __builtin_ffs(static_cast<int>(x)); }
+
+// Fibers switch only at barriers and warp collectives, so a plain read-modify-write is
+// atomic here.
+inline unsigned atomicAdd(unsigned* address, unsigned v) {
+  const unsigned old = *address;
+  *address = old + v;
+  return old;
+}
+inline int atomicAdd(int* address, int v) {
+  const int old = *address;
+  *address = old + v;
+  return old;
+}
+inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long v) {
+  const unsigned long long old = *address;
+  *address = old + v;
+  return old;
+}
+
+// Round-to-nearest float arithmetic that a GPU compiler never contracts into an FMA; the
+// translated .cu files are compiled with -ffp-contract=off, so here neither.
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline int __float_as_int(float x) {
+  int i;
+  std::memcpy(&i, &x, sizeof i);
+  return i;
+}
+inline float __int_as_float(int i) {
+  float x;
+  std::memcpy(&x, &i, sizeof x);
+  return x;
+}
+inline unsigned long long __float2ull_rn(float x) {
+  return static_cast<unsigned long long>(std::nearbyint(x));
 }
 
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }

@@ -386,6 +386,16 @@ void WarpAllGather(uint64_t bits, uint64_t* out32) {
   for (int l = 0; l < 32; ++l) out32[l] = l < lanes ? slots[l] : 0;
 }
 
+uint32_t WarpBallot(bool pred, uint32_t* present) {
+  uint64_t slots[32];
+  WarpAllGather(pred ? 1u : 0u, slots);
+  const int lanes = WarpLanes();
+  uint32_t ballot = 0;
+  for (int l = 0; l < lanes; ++l) ballot |= static_cast<uint32_t>(slots[l] != 0) << l;
+  *present = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
+  return ballot;
+}
+
 void LdMatrixX4(uint32_t (&r)[4], const void* row_address, bool trans) {
   CheckAligned16("ldmatrix", "row address", row_address);
   CheckShared("ldmatrix", "row address", row_address, 16);

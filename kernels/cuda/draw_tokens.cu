@@ -1,0 +1,407 @@
+// Token draws where the logits are: kernels/token_draw.h's DrawToken, one block a row.
+//
+// The host sorts the candidates by key = (~weight bits) << 32 | id (ascending: weight desc,
+// id asc) and walks the sorted order. Here nothing is sorted: every question the draw asks
+// of that order is "which candidate is at rank r" (top-k) or "which is the first whose
+// running mass reaches X" (top-p, the draw), and each is answered by a radix descent over
+// the keys: a 256-bin histogram of the next 8 key bits among the candidates that match the
+// bits fixed so far (count, and mass), the bin where the running total crosses, and so on,
+// 4 levels for the weight bits, then the ids within a run of equal weights (one level less
+// per pass where the rank within the run is 0). Each pass recomputes the weights from the
+// logits (one row of a few hundred KB at most: L1 and L2 hold it), so the kernel needs no
+// scratch memory. A sampled row takes ~15 passes over its logits.
+//
+// Masses are sums of 42-bit fixed-point weights (w · 2^42 rounded) in 64-bit integers:
+// exact, so the same whatever order the threads add them in (a seed gives the same token
+// on every run), and a bin's mass is exactly the sum of its sub-bins' at the next level.
+// The host sums the same float weights in double; the two differ by at most vocab · 2^−43
+// against a kept mass of at least 1 (the largest weight is e^0).
+#include "kernels/cuda/draw_tokens.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/reduce.cuh"
+
+namespace kvlens::kernels::cuda {
+
+DeviceDraw ToDeviceDraw(const TokenDraw& draw) {
+  DeviceDraw d;
+  d.inv_temperature = draw.temperature == 0.0 ? 0.0f : static_cast<float>(1.0 / draw.temperature);
+  d.min_p = static_cast<float>(draw.min_p);
+  d.top_k = draw.top_k;
+  d.top_p = draw.top_p;
+  d.u01 = draw.u01;
+  return d;
+}
+
+namespace {
+
+constexpr int kDrawThreads = 512;
+constexpr int kDrawWarps = kDrawThreads / 32;
+constexpr int kBins = 256;
+constexpr int kHistograms = 8;  // warp w adds into histogram w % 8: less contention
+constexpr unsigned kFull = 0xffffffffu;
+constexpr uint64_t kAllKeys = ~uint64_t{0};
+using u64 = unsigned long long;
+
+// kernels/fast_exp.h's ExpNegated, operation by operation, with round-to-nearest
+// intrinsics that the compiler never contracts into FMAs (the host's is compiled with
+// -ffp-contract=off): the weights are the host's, bit for bit.
+__device__ __forceinline__ float ExpNegatedExact(float y) {
+  constexpr int kCapBits = 0x42ae999a;  // 87.3f
+  int yb = __float_as_int(y) & 0x7fffffff;  // NaN of either sign past the cap, −0 is 0
+  const bool small = yb < kCapBits;  // (NaN and +inf have larger bits)
+  yb = small ? yb : kCapBits;
+  const float x = -__int_as_float(yb);
+  constexpr float kRound = 12582912.0f;
+  const float n = __fsub_rn(__fadd_rn(__fmul_rn(x, 1.44269504f), kRound), kRound);
+  const float r = __fsub_rn(__fsub_rn(x, __fmul_rn(n, 0.693145752f)), __fmul_rn(n, 1.42860677e-6f));
+  float p = __fadd_rn(1.0f / 120, __fmul_rn(r, 1.0f / 720));
+  p = __fadd_rn(1.0f / 24, __fmul_rn(r, p));
+  p = __fadd_rn(1.0f / 6, __fmul_rn(r, p));
+  p = __fadd_rn(0.5f, __fmul_rn(r, p));
+  p = __fadd_rn(1.0f, __fmul_rn(r, p));
+  p = __fadd_rn(1.0f, __fmul_rn(r, p));
+  const int bits = small ? (static_cast<int>(n) + 127) << 23 : 0;  // 2^n, or 0
+  return __fmul_rn(p, __int_as_float(bits));
+}
+
+__device__ __forceinline__ u64 FixedMass(float w) { return __float2ull_rn(__fmul_rn(w, 0x1p42f)); }
+
+__device__ __forceinline__ uint64_t KeyOf(float w, int j) {
+  return static_cast<uint64_t>(~__float_as_uint(w)) << 32 | static_cast<uint32_t>(j);
+}
+
+// The row as the draw sees it: weight w_j = e^((max − l_j) · −1/T), TemperatureWeights'.
+struct Row {
+  const float* x;
+  int vocab;
+  float max;
+  float inv_t;
+  __device__ __forceinline__ float Weight(int j) const {
+    return ExpNegatedExact(__fmul_rn(__fsub_rn(max, x[j]), inv_t));
+  }
+};
+
+struct Smem {
+  unsigned count[kHistograms][kBins];
+  u64 mass[kHistograms][kBins];
+  unsigned bin_count[kBins];
+  u64 bin_mass[kBins];
+  u64 partial[kDrawWarps];
+  double partial_d[kDrawWarps];
+  int pick;             // FindBin's bin, −1 for none
+  u64 pick_before;      // the running total before it (count or mass)
+  unsigned pick_count;  // its candidates
+};
+
+struct MinU64 {
+  __device__ u64 operator()(u64 a, u64 b) const { return a < b ? a : b; }
+};
+struct MaxU64 {
+  __device__ u64 operator()(u64 a, u64 b) const { return a > b ? a : b; }
+};
+struct SumU64 {
+  __device__ u64 operator()(u64 a, u64 b) const { return a + b; }
+};
+
+// Every thread gets the result; warps combined in a fixed order (deterministic).
+template <typename Op>
+__device__ u64 BlockReduceU64(u64 v, Op op, Smem& s) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(kFull, v, o));
+  __syncthreads();  // the previous call's readers are done with s.partial
+  if ((threadIdx.x & 31) == 0) s.partial[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = s.partial[0];
+  for (int w = 1; w < kDrawWarps; ++w) v = op(v, s.partial[w]);
+  return v;
+}
+
+__device__ double BlockSumDouble(double v, Smem& s) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) s.partial_d[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = s.partial_d[0];
+  for (int w = 1; w < kDrawWarps; ++w) v += s.partial_d[w];
+  return v;
+}
+
+// Counts (and with kMass sums the fixed-point masses of) the candidates with key <= limit
+// whose key agrees with `prefix` above bit shift + 8, by their key bits shift … shift + 7,
+// into s.bin_count (s.bin_mass).
+template <bool kMass>
+__device__ void Histogram(const Row& row, uint64_t prefix, int shift, uint64_t limit, Smem& s) {
+  for (int b = threadIdx.x; b < kHistograms * kBins; b += blockDim.x) {
+    (&s.count[0][0])[b] = 0;
+    if (kMass) (&s.mass[0][0])[b] = 0;
+  }
+  __syncthreads();
+  const int h = (threadIdx.x >> 5) % kHistograms, lane = threadIdx.x & 31;
+  const int high = shift + 8;
+  for (int j0 = 0; j0 < row.vocab; j0 += blockDim.x) {  // every lane of a warp iterates
+    const int j = j0 + static_cast<int>(threadIdx.x);
+    int bin = -1;
+    u64 f = 0;
+    if (j < row.vocab) {
+      const float w = row.Weight(j);
+      const uint64_t key = KeyOf(w, j);
+      if (key <= limit && (high >= 64 || (key >> high) == (prefix >> high))) {
+        bin = static_cast<int>((key >> shift) & 0xff);
+        if (kMass) f = FixedMass(w);
+      }
+    }
+    // A warp whose 32 candidates share a bin (a run of zero weights; at the top level,
+    // weights of one binade) adds once.
+    const int bin0 = __shfl_sync(kFull, bin, 0);
+    if (__all_sync(kFull, bin == bin0)) {
+      if (bin0 >= 0) {
+        if (kMass) {
+          for (int o = 16; o > 0; o >>= 1) f += __shfl_xor_sync(kFull, f, o);
+        }
+        if (lane == 0) {
+          atomicAdd(&s.count[h][bin0], 32u);
+          if (kMass && f != 0) atomicAdd(&s.mass[h][bin0], f);
+        }
+      }
+    } else if (bin >= 0) {
+      atomicAdd(&s.count[h][bin], 1u);
+      if (kMass && f != 0) atomicAdd(&s.mass[h][bin], f);
+    }
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
+    unsigned c = 0;
+    u64 m = 0;
+    for (int k = 0; k < kHistograms; ++k) {
+      c += s.count[k][b];
+      if (kMass) m += s.mass[k][b];
+    }
+    s.bin_count[b] = c;
+    s.bin_mass[b] = m;
+  }
+  __syncthreads();
+}
+
+// The first bin (ascending) at which `reached(before + the running total through it)`
+// holds, totals of bin_mass (kMass) or bin_count: s.pick, with the running total before it
+// in s.pick_before and its count in s.pick_count; s.pick = −1 if no bin reaches. `reached`
+// must be monotone in the total.
+template <bool kMass, typename Reached>
+__device__ void FindBin(u64 before, Reached reached, Smem& s) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    u64 v[kBins / 32];
+    u64 local = 0;
+#pragma unroll
+    for (int k = 0; k < kBins / 32; ++k) {
+      const int b = lane * (kBins / 32) + k;
+      v[k] = kMass ? s.bin_mass[b] : s.bin_count[b];
+      local += v[k];
+    }
+    u64 inclusive = local;
+    for (int o = 1; o < 32; o <<= 1) {
+      const u64 t = __shfl_up_sync(kFull, inclusive, o);
+      if (lane >= o) inclusive += t;
+    }
+    const unsigned hits = __ballot_sync(kFull, reached(before + inclusive));
+    if (hits == 0) {
+      if (lane == 0) s.pick = -1;
+    } else if (lane == __ffs(hits) - 1) {
+      u64 at = before + inclusive - local;
+      int k = 0;
+      while (k < kBins / 32 - 1 && !reached(at + v[k])) at += v[k++];
+      const int b = lane * (kBins / 32) + k;
+      s.pick = b;
+      s.pick_before = at;
+      s.pick_count = s.bin_count[b];
+    }
+  }
+  __syncthreads();
+}
+
+// Over the candidates with key <= limit that agree with prefix's top 32 bits (one
+// weight), the key of rank r (0: the lowest id).
+__device__ uint64_t RankInRun(const Row& row, uint64_t prefix, uint64_t limit, unsigned r,
+                              Smem& s) {
+  if (r == 0) {
+    u64 best = kAllKeys;
+    for (int j = threadIdx.x; j < row.vocab; j += blockDim.x) {
+      const uint64_t key = KeyOf(row.Weight(j), j);
+      if (key <= limit && (key >> 32) == (prefix >> 32) && key < best) best = key;
+    }
+    return BlockReduceU64(best, MinU64(), s);
+  }
+  // ids < kDrawMaxVocab = 2^21: key bits 24 … 31 are 0, the ids' levels start at bit 16.
+  for (int shift = 16; shift >= 0; shift -= 8) {
+    Histogram<false>(row, prefix, shift, limit, s);
+    FindBin<false>(0, [r](u64 c) { return c > r; }, s);
+    prefix |= static_cast<uint64_t>(s.pick) << shift;
+    r -= static_cast<unsigned>(s.pick_before);
+  }
+  return prefix;
+}
+
+// The key of rank r (0-based) among the candidates with key <= limit (r < their count).
+__device__ uint64_t SelectByRank(const Row& row, uint64_t limit, unsigned r, Smem& s) {
+  uint64_t prefix = 0;
+  for (int shift = 56; shift >= 32; shift -= 8) {
+    Histogram<false>(row, prefix, shift, limit, s);
+    FindBin<false>(0, [r](u64 c) { return c > r; }, s);
+    prefix |= static_cast<uint64_t>(s.pick) << shift;
+    r -= static_cast<unsigned>(s.pick_before);
+  }
+  return RankInRun(row, prefix, limit, r, s);
+}
+
+// The first candidate (ascending keys <= limit) at which the running mass reaches x
+// (>= x, or > x when strict); false if the whole mass does not.
+__device__ bool SelectByMass(const Row& row, uint64_t limit, double x, bool strict,
+                             uint64_t* key, Smem& s) {
+  auto reached = [x, strict](u64 total) {
+    const double t = static_cast<double>(total);
+    return strict ? t > x : t >= x;
+  };
+  uint64_t prefix = 0;
+  u64 before = 0;
+  for (int shift = 56; shift >= 32; shift -= 8) {
+    Histogram<true>(row, prefix, shift, limit, s);
+    FindBin<true>(before, reached, s);
+    // A bin's sub-bins hold exactly its mass, so only the top level can miss.
+    if (s.pick < 0) return false;
+    prefix |= static_cast<uint64_t>(s.pick) << shift;
+    before = s.pick_before;
+  }
+  // A run of `run` candidates of one weight (ids ascending), each of mass f: the first n
+  // whose running mass before + (n + 1) · f reaches x.
+  const unsigned run = s.pick_count;
+  const u64 f = FixedMass(__uint_as_float(~static_cast<uint32_t>(prefix >> 32)));
+  unsigned n = 0;
+  if (f > 0 && run > 1) {
+    const double estimate = (x - static_cast<double>(before)) / static_cast<double>(f) - 1.0;
+    n = estimate <= 0.0 ? 0u
+                        : static_cast<unsigned>(fmin(estimate, static_cast<double>(run - 1)));
+    while (n > 0 && reached(before + static_cast<u64>(n) * f)) --n;
+    while (n + 1 < run && !reached(before + static_cast<u64>(n + 1) * f)) ++n;
+  }
+  *key = RankInRun(row, prefix, limit, n, s);
+  return true;
+}
+
+// Σ of the fixed-point masses of the candidates with key <= limit.
+__device__ u64 MassWithin(const Row& row, uint64_t limit, Smem& s) {
+  u64 sum = 0;
+  for (int j = threadIdx.x; j < row.vocab; j += blockDim.x) {
+    const float w = row.Weight(j);
+    if (KeyOf(w, j) <= limit) sum += FixedMass(w);
+  }
+  return BlockReduceU64(sum, SumU64(), s);
+}
+
+// Block r: row r's draw (DrawToken) and its log-probability.
+__global__ void __launch_bounds__(kDrawThreads)
+    DrawTokensKernel(const float* logits, int vocab, const DeviceDraw* draws, int32_t* token,
+                     float* logprob) {
+  WaitForPriorGrids();  // first: see launch.cuh
+  __shared__ Smem s;
+  const float* x = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  const DeviceDraw d = draws[blockIdx.x];
+  // MaxLogit (NaN ignored) and LogSumExp: max + log Σ e^(l − max), the exponentials as
+  // the host's (ExpNegated), summed in double.
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, x[j]);
+  m = BlockReduce(m, MaxOp());
+  double sum = 0.0;
+  if (m != -INFINITY) {
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+      sum += static_cast<double>(ExpNegatedExact(__fsub_rn(m, x[j])));
+    }
+  }
+  sum = BlockSumDouble(sum, s);
+  const double lse = m == -INFINITY ? -static_cast<double>(INFINITY)
+                                    : static_cast<double>(m) + log(sum);
+  uint64_t picked = 0;  // the chosen key (its low 32 bits the token)
+  if (d.inv_temperature == 0.0f) {
+    // ArgMax: the first l == max (0 if none, a row of NaN).
+    u64 first = static_cast<u64>(vocab);
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+      if (x[j] == m && static_cast<u64>(j) < first) first = static_cast<u64>(j);
+    }
+    first = BlockReduceU64(first, MinU64(), s);
+    picked = first < static_cast<u64>(vocab) ? first : 0;
+  } else {
+    const Row row{x, vocab, m, d.inv_temperature};
+    uint64_t limit = kAllKeys;  // the kept candidates: key <= limit
+    if (d.top_k > 0 && d.top_k < vocab) {
+      limit = SelectByRank(row, kAllKeys, static_cast<unsigned>(d.top_k - 1), s);
+    }
+    const u64 kept_mass = MassWithin(row, limit, s);
+    bool cut = false;
+    // (With no mass the host's running share is 0 / 0: top-p cuts nothing.)
+    if (d.top_p < 1.0 && kept_mass > 0) {
+      uint64_t key = 0;
+      if (SelectByMass(row, limit, d.top_p * static_cast<double>(kept_mass), false, &key, s) &&
+          key < limit) {
+        limit = key;
+        cut = true;
+      }
+    }
+    if (d.min_p > 0.0f) {
+      // The kept candidates whose weight reaches min_p · the largest weight (the first
+      // candidate's: it always stays); the last of them in key order is the new limit.
+      float w_max = 0.0f;
+      for (int j = threadIdx.x; j < vocab; j += blockDim.x) w_max = fmaxf(w_max, row.Weight(j));
+      w_max = BlockReduce(w_max, MaxOp());
+      const float threshold = __fmul_rn(d.min_p, w_max);
+      u64 last = 0;
+      for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+        const float w = row.Weight(j);
+        const uint64_t key = KeyOf(w, j);
+        if (key <= limit && w >= threshold && key > last) last = key;
+      }
+      last = BlockReduceU64(last, MaxU64(), s);
+      if (last < limit) {
+        limit = last;
+        cut = true;
+      }
+    }
+    const u64 total = cut ? MassWithin(row, limit, s) : kept_mass;
+    // The first candidate whose running mass exceeds u = u01 · total; the last kept one
+    // if none does (no mass at all).
+    if (!SelectByMass(row, limit, d.u01 * static_cast<double>(total), true, &picked, s)) {
+      u64 last = 0;
+      for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+        const uint64_t key = KeyOf(row.Weight(j), j);
+        if (key <= limit && key > last) last = key;
+      }
+      picked = BlockReduceU64(last, MaxU64(), s);
+    }
+  }
+  if (threadIdx.x == 0) {
+    const int t = static_cast<int>(static_cast<uint32_t>(picked));
+    token[blockIdx.x] = t;
+    logprob[blockIdx.x] = static_cast<float>(static_cast<double>(x[t]) - lse);
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchDrawTokens(const float* logits, int rows, int vocab, const DeviceDraw* draws,
+                              int32_t* token, float* logprob, cudaStream_t stream) {
+  if (vocab < 1 || vocab > kDrawMaxVocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LaunchDrawTokens: vocab = ", vocab, " must be in [1, ", kDrawMaxVocab, "]"));
+  }
+  if (rows <= 0) return absl::OkStatus();
+  LaunchKernel("DrawTokensKernel", DrawTokensKernel, static_cast<unsigned>(rows), kDrawThreads, 0,
+               stream, logits, vocab, draws, token, logprob);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("DrawTokensKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace kvlens::kernels::cuda

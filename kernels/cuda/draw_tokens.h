@@ -1,0 +1,43 @@
+// Token draws on the device (CudaBackend::DrawTokens): kernels/token_draw.h's DrawToken,
+// row by row where the logits are, so a sampling step copies back 8 bytes a row rather
+// than the row.
+#ifndef KVLENS_KERNELS_CUDA_DRAW_TOKENS_H_
+#define KVLENS_KERNELS_CUDA_DRAW_TOKENS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/token_draw.h"
+
+namespace kvlens::kernels::cuda {
+
+// One row's draw as the kernel reads it (uploaded as an array, one per row).
+struct DeviceDraw {
+  float inv_temperature = 0.0f;  // float(1 / temperature), as TemperatureWeights; 0: greedy
+  float min_p = 0.0f;            // float(min_p), as DrawToken's threshold
+  int32_t top_k = 0;
+  int32_t unused = 0;
+  double top_p = 1.0;
+  double u01 = 0.0;
+};
+
+DeviceDraw ToDeviceDraw(const TokenDraw& draw);
+
+// The largest vocabulary the kernel takes: the candidates' masses are summed as 42-bit
+// fixed-point integers (exact and in any order the same) in 64 bits.
+inline constexpr int kDrawMaxVocab = 1 << 21;
+
+// For each of `rows` rows of logits [rows, vocab] (device arrays): token[r] the token
+// draws[r] picks (DrawToken, the greedy pick at inv_temperature 0), logprob[r] =
+// l[token] − LogSumExp(row) (row_reduce.h's). The same token as DrawToken for the same
+// u01 except where u01 · the kept mass falls within ~vocab · 2^−43 of a boundary between
+// two candidates (the masses here are fixed-point sums of the same float weights; the
+// host sums them in double), or a top-p cut within as much of top_p · the sum.
+absl::Status LaunchDrawTokens(const float* logits, int rows, int vocab, const DeviceDraw* draws,
+                              int32_t* token, float* logprob, cudaStream_t stream);
+
+}  // namespace kvlens::kernels::cuda
+
+#endif  // KVLENS_KERNELS_CUDA_DRAW_TOKENS_H_
