@@ -16,14 +16,13 @@
 // on every run), and a bin's mass is exactly the sum of its sub-bins' at the next level.
 // The host sums the same float weights in double; the two differ by at most vocab · 2^−43
 // against a kept mass of at least 1 (the largest weight is e^0).
-#include "kernels/cuda/draw_tokens.h"
-
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/draw_tokens.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/reduce.cuh"
 
@@ -53,9 +52,9 @@ using u64 = unsigned long long;
 // intrinsics that the compiler never contracts into FMAs (the host's is compiled with
 // -ffp-contract=off): the weights are the host's, bit for bit.
 __device__ __forceinline__ float ExpNegatedExact(float y) {
-  constexpr int kCapBits = 0x42ae999a;  // 87.3f
+  constexpr int kCapBits = 0x42ae999a;      // 87.3f
   int yb = __float_as_int(y) & 0x7fffffff;  // NaN of either sign past the cap, −0 is 0
-  const bool small = yb < kCapBits;  // (NaN and +inf have larger bits)
+  const bool small = yb < kCapBits;         // (NaN and +inf have larger bits)
   yb = small ? yb : kCapBits;
   const float x = -__int_as_float(yb);
   constexpr float kRound = 12582912.0f;
@@ -240,7 +239,8 @@ __device__ uint64_t RankInRun(const Row& row, uint64_t prefix, uint64_t limit, u
   // ids < kDrawMaxVocab = 2^21: key bits 24 … 31 are 0, the ids' levels start at bit 16.
   for (int shift = 16; shift >= 0; shift -= 8) {
     Histogram<false>(row, prefix, shift, limit, s);
-    FindBin<false>(0, [r](u64 c) { return c > r; }, s);
+    FindBin<false>(
+        0, [r](u64 c) { return c > r; }, s);
     prefix |= static_cast<uint64_t>(s.pick) << shift;
     r -= static_cast<unsigned>(s.pick_before);
   }
@@ -252,7 +252,8 @@ __device__ uint64_t SelectByRank(const Row& row, uint64_t limit, unsigned r, Sme
   uint64_t prefix = 0;
   for (int shift = 56; shift >= 32; shift -= 8) {
     Histogram<false>(row, prefix, shift, limit, s);
-    FindBin<false>(0, [r](u64 c) { return c > r; }, s);
+    FindBin<false>(
+        0, [r](u64 c) { return c > r; }, s);
     prefix |= static_cast<uint64_t>(s.pick) << shift;
     r -= static_cast<unsigned>(s.pick_before);
   }
@@ -261,8 +262,8 @@ __device__ uint64_t SelectByRank(const Row& row, uint64_t limit, unsigned r, Sme
 
 // The first candidate (ascending keys <= limit) at which the running mass reaches x
 // (>= x, or > x when strict); false if the whole mass does not.
-__device__ bool SelectByMass(const Row& row, uint64_t limit, double x, bool strict,
-                             uint64_t* key, Smem& s) {
+__device__ bool SelectByMass(const Row& row, uint64_t limit, double x, bool strict, uint64_t* key,
+                             Smem& s) {
   auto reached = [x, strict](u64 total) {
     const double t = static_cast<double>(total);
     return strict ? t > x : t >= x;
@@ -284,8 +285,7 @@ __device__ bool SelectByMass(const Row& row, uint64_t limit, double x, bool stri
   unsigned n = 0;
   if (f > 0 && run > 1) {
     const double estimate = (x - static_cast<double>(before)) / static_cast<double>(f) - 1.0;
-    n = estimate <= 0.0 ? 0u
-                        : static_cast<unsigned>(fmin(estimate, static_cast<double>(run - 1)));
+    n = estimate <= 0.0 ? 0u : static_cast<unsigned>(fmin(estimate, static_cast<double>(run - 1)));
     while (n > 0 && reached(before + static_cast<u64>(n) * f)) --n;
     while (n + 1 < run && !reached(before + static_cast<u64>(n + 1) * f)) ++n;
   }
@@ -323,8 +323,8 @@ __global__ void __launch_bounds__(kDrawThreads)
     }
   }
   sum = BlockSumDouble(sum, s);
-  const double lse = m == -INFINITY ? -static_cast<double>(INFINITY)
-                                    : static_cast<double>(m) + log(sum);
+  const double lse =
+      m == -INFINITY ? -static_cast<double>(INFINITY) : static_cast<double>(m) + log(sum);
   uint64_t picked = 0;  // the chosen key (its low 32 bits the token)
   if (d.inv_temperature == 0.0f) {
     // ArgMax: the first l == max (0 if none, a row of NaN).

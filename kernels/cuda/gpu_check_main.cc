@@ -541,6 +541,44 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
                   absl::StrFormat("%.0f us (%.1f GB/s)", copy_sec * 1e6,
                                   host_logits.size() * 4 / copy_sec / 1e9),
                   "-", "-", "-"});
+        // A step of seeded draws (temperature 0.8, top-p 0.95) on the device, as the engine
+        // runs them for requests without penalties (CudaBackend::DrawTokens), against the
+        // copy above plus DrawRows on the host (one thread; the engine spreads a step's rows
+        // over up to 8). The tokens must agree.
+        std::vector<TokenDraw> draws(static_cast<size_t>(batch));
+        for (int s = 0; s < batch; ++s) {
+          draws[s].temperature = 0.8;
+          draws[s].top_p = 0.95;
+          draws[s].u01 = (s + 0.5) / batch;
+        }
+        const double draw_sec = TimeIt(b, 20, [&] {
+          Must(b.DrawTokens(logits, batch, V, draws.data(), picks.data(), pick_logprobs.data()),
+               "draw");
+        });
+        std::vector<int32_t> host_picks(static_cast<size_t>(batch));
+        std::vector<float> host_logprobs(static_cast<size_t>(batch));
+        Must(b.memory().CopyToHost(host_logits.data(), logits, host_logits.size() * 4),
+             "logits copy");
+        constexpr int kHostReps = 3;
+        const auto host_start = std::chrono::steady_clock::now();
+        for (int i = 0; i < kHostReps; ++i) {
+          DrawRows(host_logits.data(), batch, V, draws.data(), host_picks.data(),
+                   host_logprobs.data());
+        }
+        const double host_draw_sec =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - host_start).count() /
+            kHostReps;
+        int differ = 0;
+        for (int s = 0; s < batch; ++s) differ += picks[s] != host_picks[s] ? 1 : 0;
+        rows.Add({"token draws on the device (T 0.8, top-p 0.95)",
+                  absl::StrFormat("batch %d x %d, one block a row; %d of %d tokens differ from "
+                                  "the host's",
+                                  batch, V, differ, batch),
+                  absl::StrFormat("%.0f us", draw_sec * 1e6),
+                  absl::StrFormat("%.0f us copy + %.0f us host draws (1 thread)", copy_sec * 1e6,
+                                  host_draw_sec * 1e6),
+                  absl::StrFormat("%.1fx", (copy_sec + host_draw_sec) / draw_sec), "-"});
+        if (differ > 0) std::printf("warning: %d device draws differ from the host's\n", differ);
       }
     }
   b.SetCudaGraphs(true);

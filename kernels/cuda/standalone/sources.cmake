@@ -8,8 +8,10 @@ set(KVLENS_GPU_CHECK_HOST_SOURCES
     kernels/kv_dtype.cc
     kernels/memory.cc
     kernels/weight.cc
+    kernels/token_draw.cc
     kernels/cpu/reference_backend.cc
-    kernels/cpu/reference_backward.cc)
+    kernels/cpu/reference_backward.cc
+    kernels/cpu/row_reduce.cc)
 # kvlens_cuda's sources (kernels/cuda).
 set(KVLENS_CUDA_SOURCES cuda_backend.cc cuda_backend_attention.cc cuda_memory.cc step_graph.cc launch.cc ops.cu matvec.cu attention.cu
     flash_prefill_bf16.cu attention_backward.cu draw_tokens.cu)
