@@ -333,10 +333,59 @@ __device__ __forceinline__ float SumAcrossLanes(float (&v)[N], int lane) {
   return v[0];
 }
 
+// The combine folded into the split-KV launch (LaunchSplitKv with `arrivals`): each block
+// of (row i, KV head g) counts itself in arrivals[i · kv_heads + g] once its partial
+// results are written, and the block that arrives last (all the others' partials are then
+// in memory: each made its writes visible before counting) merges the group's heads as
+// SplitKvCombineKernel does, and sets the count back to 0 for the next launch (a replayed
+// graph's too). Saves the combine's launch, and its wait for the slowest split of all rows:
+// a row's merge starts as soon as its own splits are done.
+__device__ void CombineIfLast(const AttentionParams& p, int i, int g, int num_splits,
+                              const float* workspace, int* arrivals) {
+  __shared__ int last;
+  __shared__ float weight[kSplitKvMaxSplits];  // 2^(m_s − M), 0 for a split that saw no key
+  __shared__ float total;                      // Σ_s 2^(m_s − M) l_s
+  __threadfence();  // this block's partials, visible to whichever block merges them
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&arrivals[i * p.num_kv_heads + g], 1) == num_splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int group = p.num_heads / p.num_kv_heads, D = p.head_dim;
+  for (int t = 0; t < group; ++t) {
+    const int h = g * group + t;
+    // The other blocks' partials are read past L1 (__ldcg): written by other SMs.
+    const float* w = workspace + (static_cast<int64_t>(i) * p.num_heads + h) * num_splits * (D + 2);
+    if (threadIdx.x < 32) {
+      float m_max = -INFINITY;
+      for (int s = threadIdx.x; s < num_splits; s += 32)
+        m_max = fmaxf(m_max, __ldcg(w + s * (D + 2)));
+      m_max = WarpReduce(m_max, MaxOp());
+      float l_sum = 0.0f;
+      for (int s = threadIdx.x; s < num_splits; s += 32) {
+        const float m = __ldcg(w + s * (D + 2));
+        const float e = m == -INFINITY ? 0.0f : exp2f(m - m_max);
+        weight[s] = e;
+        l_sum += e * __ldcg(w + s * (D + 2) + 1);
+      }
+      l_sum = WarpReduce(l_sum, SumOp());
+      if (threadIdx.x == 0) total = l_sum;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float acc = 0.0f;
+      for (int s = 0; s < num_splits; ++s) acc += weight[s] * __ldcg(w + s * (D + 2) + 2 + d);
+      p.out[static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D + d] = acc / total;
+    }
+    __syncthreads();  // weight and total are the next head's
+  }
+  if (threadIdx.x == 0) arrivals[i * p.num_kv_heads + g] = 0;
+}
+
 template <int C, int kTileHeads, bool kVec, typename KT>
 __global__ void __launch_bounds__(
     kSplitWarps * 32, SplitKvShape<C, kTileHeads, kSplitStepKeys<KT, kTileHeads>>::kMinBlocks)
-    SplitKvKernel(AttentionParams p, int num_splits, float* workspace) {
+    SplitKvKernel(AttentionParams p, int num_splits, float* workspace, int* arrivals) {
   WaitForPriorGrids();  // first: see launch.cuh
   using S = SplitKvShape<C, kTileHeads, kSplitStepKeys<KT, kTileHeads>>;
   constexpr int kTile = S::kHeadTile, kSums = S::kSums, kStep = S::kStepK;
@@ -505,11 +554,13 @@ __global__ void __launch_bounds__(
     }
     __syncthreads();  // the next head tile reuses part_ml and part_acc
   }
+  if (num_splits > 1 && arrivals != nullptr)
+    CombineIfLast(p, i, g, num_splits, workspace, arrivals);
 }
 
 // The instantiation for SplitKvVariant (attention.h): bit 0 vector loads, bit 1 head sizes
 // past 128, bits 2-3 log2 of the head tile, bit 4 a bf16 cache.
-using SplitKvKernelPtr = void (*)(AttentionParams, int, float*);
+using SplitKvKernelPtr = void (*)(AttentionParams, int, float*, int*);
 template <int C, int kTileHeads, typename KT>
 SplitKvKernelPtr SplitKvKernelOf(bool vec) {
   if constexpr (kTileHeads * C > 8) {
@@ -683,13 +734,17 @@ bool SplitKvVectorized(const AttentionParams& p) {
   return p.head_dim % 4 == 0 && p.q_stride % 4 == 0 && aligned(p.q) && KvVectorized(p);
 }
 
+int64_t SplitKvArrivalCounts(const AttentionParams& p) {
+  return static_cast<int64_t>(p.num_queries) * p.num_kv_heads;
+}
+
 int64_t SplitKvWorkspaceFloats(const AttentionParams& p, int num_splits) {
   if (num_splits <= 1) return 0;
   return static_cast<int64_t>(p.num_queries) * p.num_heads * num_splits * (p.head_dim + 2);
 }
 
 absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* workspace,
-                           cudaStream_t stream) {
+                           int* arrivals, cudaStream_t stream) {
   if (p.head_dim > kSplitKvMaxHeadDim) {
     return absl::InvalidArgumentError(absl::StrCat(
         "split-KV attention supports head_dim <= ", kSplitKvMaxHeadDim, ", got ", p.head_dim));
@@ -702,9 +757,10 @@ absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* work
   const dim3 grid(p.num_queries, p.num_kv_heads, num_splits);
   const dim3 block(kSplitWarps * 32);
   auto* kernel = SplitKvKernelOf(SplitKvVariant(p));
-  LaunchKernel("SplitKvKernel", kernel, grid, block, 0, stream, p, num_splits, workspace);
+  LaunchKernel("SplitKvKernel", kernel, grid, block, 0, stream, p, num_splits, workspace,
+               num_splits > 1 ? arrivals : nullptr);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvKernel");
-  if (num_splits > 1) {
+  if (num_splits > 1 && arrivals == nullptr) {
     const dim3 combine_grid(p.num_queries, p.num_heads);
     const int threads = std::max(32, (p.head_dim + 31) / 32 * 32);
     LaunchKernel("SplitKvCombineKernel", SplitKvCombineKernel, combine_grid, threads, 0, stream, p,

@@ -108,9 +108,15 @@ int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm);
 bool SplitKvVectorized(const AttentionParams& p);
 // Floats of workspace LaunchSplitKv needs (0 when num_splits == 1).
 int64_t SplitKvWorkspaceFloats(const AttentionParams& p, int num_splits);
-// Also runs batched params (row_key_end set; no documents).
+// Ints of `arrivals` LaunchSplitKv needs to merge the splits in the same launch: one per
+// (row, KV head).
+int64_t SplitKvArrivalCounts(const AttentionParams& p);
+// Also runs batched params (row_key_end set; no documents). With num_splits > 1 the splits'
+// partial results are merged by SplitKvCombineKernel, a second launch, or, given
+// `arrivals` (SplitKvArrivalCounts ints, all 0; left 0), by the last block of each row and
+// KV head to finish, in the same launch.
 absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* workspace,
-                           cudaStream_t stream);
+                           int* arrivals, cudaStream_t stream);
 
 // scores and probs: [H, Tq, Tk] device buffers (scratch when the caller wants neither).
 absl::Status LaunchMaterialized(const AttentionParams& p, float* scores, float* probs,

@@ -129,6 +129,11 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // Key splits of every split-KV launch: 0 (the default) lets ChooseNumSplits decide, else
   // 1 … kSplitKvMaxSplits. For kvlens_gpu_check's sweep of the decode kernel.
   absl::Status SetSplitKvSplits(int splits);
+  // Whether the split-KV launch merges its splits itself (the last block of each row and
+  // KV head to finish; LaunchSplitKv's `arrivals`) instead of a second launch. Off by
+  // default until a GPU has timed it (kvlens_gpu_check's decode rows).
+  void SetSplitKvFusedCombine(bool on) { split_kv_fused_combine_ = on; }
+  bool split_kv_fused_combine() const { return split_kv_fused_combine_; }
 
   // The forward step's launches, recorded and run as a CUDA graph when an identical step
   // ran before (see the top of the file). On by default.
@@ -274,11 +279,13 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   int flash_tile_queries_ = kFlashDefaultTileQueries;
   bool flash_bf16_ = true;                             // SetFlashBf16
   int split_kv_splits_ = 0;                            // SetSplitKvSplits; 0: ChooseNumSplits
+  bool split_kv_fused_combine_ = false;                // SetSplitKvFusedCombine
   int split_kv_blocks_per_sm_[kSplitKvVariants] = {};  // by SplitKvVariant, 0: not asked yet
   std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
 
   DeviceBuffer gemm_input_;            // x rounded to f16/bf16 for the tensor cores
   DeviceBuffer attention_workspace_;   // split-KV partials, or S/A when not requested
+  DeviceBuffer split_kv_arrivals_;     // the fused combine's counts, 0 between launches
   DeviceBuffer pick_device_;           // GreedyPick's tokens and log-probabilities …
   std::vector<int32_t> pick_host_;     // … copied back (a float's bits in the second half)
   std::vector<DeviceDraw> draw_host_;  // DrawTokens' draws, staged for the upload

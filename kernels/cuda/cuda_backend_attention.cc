@@ -119,7 +119,20 @@ absl::Status CudaBackend::SplitKv(const AttentionParams& p) {
       return s;
     }
   }
-  return Launch(&LaunchSplitKv, p, splits, attention_workspace_.as<float>());
+  int* arrivals = nullptr;
+  if (split_kv_fused_combine_ && splits > 1) {
+    // At least 64K counts (256 KB), so that a growing batch rarely regrows them.
+    const size_t bytes = sizeof(int) * std::max<int64_t>(SplitKvArrivalCounts(p), int64_t{1} << 16);
+    if (bytes > split_kv_arrivals_.bytes()) {
+      if (absl::Status s = ReserveScratch(split_kv_arrivals_, bytes); !s.ok()) return s;
+      // Zero before the launch; in a recorded step, as a node of its graph (each launch
+      // leaves the counts at 0 again).
+      KVLENS_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(split_kv_arrivals_.get(), 0, split_kv_arrivals_.bytes(), stream_));
+    }
+    arrivals = split_kv_arrivals_.as<int>();
+  }
+  return Launch(&LaunchSplitKv, p, splits, attention_workspace_.as<float>(), arrivals);
 }
 
 absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {

@@ -330,12 +330,23 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
       b.SetProgrammaticLaunches(true);
       const double pdl_sec = ReplaySeconds(b, call);
       b.SetProgrammaticLaunches(false);
+      // The splits merged by the split-KV launch itself (no combine launch), without and
+      // with PDL.
+      b.SetSplitKvFusedCombine(true);
+      const double fused_sec = ReplaySeconds(b, call);
+      b.SetProgrammaticLaunches(true);
+      const double fused_pdl_sec = ReplaySeconds(b, call);
+      b.SetProgrammaticLaunches(false);
+      b.SetSplitKvFusedCombine(false);
       rows.Add(
           {bf16 ? "decode attention (paged, bf16 cache)" : "decode attention (paged, fp32 cache)",
            absl::StrFormat("Tk=%d H=%d/%d Dh=%d bs=%d, graph replay %.1f us (with PDL: %.1f us, "
+                           "%.0f GB/s; fused combine: %.1f us, %.0f GB/s, with PDL %.1f us, "
                            "%.0f GB/s; one call with the host's part: %.0f us, %.0f GB/s)",
                            tk, heads, kv_heads, dh, bs, sec * 1e6, pdl_sec * 1e6,
-                           2.0 * cache_bytes / pdl_sec / 1e9, call_sec * 1e6,
+                           2.0 * cache_bytes / pdl_sec / 1e9, fused_sec * 1e6,
+                           2.0 * cache_bytes / fused_sec / 1e9, fused_pdl_sec * 1e6,
+                           2.0 * cache_bytes / fused_pdl_sec / 1e9, call_sec * 1e6,
                            2.0 * cache_bytes / call_sec / 1e9),
            Fmt(bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(bw / copy_bw),
            ">= 70%"});
@@ -427,12 +438,15 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         *h3 = Alloc(size_t(max_batch) * F), *logits = Alloc(size_t(max_batch) * V);
 
   // Per batch: fp32 cache without and with graphs, the bf16 cache with graphs, then both
-  // caches with graphs and programmatic dependent launches (launch.h).
+  // caches with graphs and programmatic dependent launches (launch.h), then the fp32 cache
+  // with graphs, PDL and split-KV's fused combine (SetSplitKvFusedCombine).
   for (int batch : z.batches)
-    for (int run = 0; run < 5; ++run) {
+    for (int run = 0; run < 6; ++run) {
       const bool graphs = run > 0;
       const bool bf16_cache = run == 2 || run == 4;
       const bool pdl = run >= 3;
+      const bool fused_combine = run == 5;
+      b.SetSplitKvFusedCombine(fused_combine);
       const KvDtype cache_dtype = bf16_cache ? KvDtype::kBF16 : KvDtype::kActivation;
       const std::vector<float*>& kcs = bf16_cache ? kc16 : kc;
       const std::vector<float*>& vcs = bf16_cache ? vc16 : vc;
@@ -517,18 +531,20 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
       const double tok_s = batch / sec;
       // Every weight byte read once per step at the copy's DRAM rate (KV reads not counted).
       const double roofline = batch * copy_bw / double(streamed_bytes);
-      rows.Add({absl::StrCat("end-to-end decode (", z.model, ", bf16 weights",
-                             bf16_cache ? ", bf16 KV cache)" : ")"),
-                absl::StrFormat("batch %d, context %d, %s%s, host %.0f us/step, %.0f index "
-                                "copies/step",
-                                batch, ctx,
-                                graphs ? absl::StrFormat("graphs (%d of %d steps replayed)",
-                                                         replayed, steps + 1)
-                                       : std::string("no graphs"),
-                                pdl ? ", PDL" : "", host_sec * 1e6 / (steps + 1), copies_per_step),
-                Fmt(tok_s, "tok/s"), Fmt(roofline, "tok/s roofline"), Pct(tok_s / roofline),
-                batch == 1 ? ">= 70%" : "-"});
-      if (run == 4) {
+      rows.Add(
+          {absl::StrCat("end-to-end decode (", z.model, ", bf16 weights",
+                        bf16_cache ? ", bf16 KV cache)" : ")"),
+           absl::StrFormat(
+               "batch %d, context %d, %s%s, host %.0f us/step, %.0f index "
+               "copies/step",
+               batch, ctx,
+               graphs ? absl::StrFormat("graphs (%d of %d steps replayed)", replayed, steps + 1)
+                      : std::string("no graphs"),
+               std::string(pdl ? ", PDL" : "") + (fused_combine ? ", fused split-KV combine" : ""),
+               host_sec * 1e6 / (steps + 1), copies_per_step),
+           Fmt(tok_s, "tok/s"), Fmt(roofline, "tok/s roofline"), Pct(tok_s / roofline),
+           batch == 1 ? ">= 70%" : "-"});
+      if (run == 5) {
         // What a step whose rows are sampled on the host adds instead of the pick: every
         // logits row copied to pageable host memory, as the Transformer does.
         std::vector<float> host_logits(size_t(batch) * V);
@@ -583,6 +599,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
     }
   b.SetCudaGraphs(true);
   b.SetProgrammaticLaunches(false);
+  b.SetSplitKvFusedCombine(false);
   for (const std::vector<float*>* c : {&kc, &vc, &kc16, &vc16}) {
     for (float* p : *c) cudaFree(p);
   }

@@ -546,6 +546,30 @@ TEST(CudaEngineGraphs, ProgrammaticLaunchesLeaveTheLogitsUnchanged) {
   ExpectClose(decode_on, decode_off, 1e-6, 0);
 }
 
+// Split-KV merging its own splits (SetSplitKvFusedCombine) in recorded, replayed decode
+// steps: the same logits as the combine launch (the same arithmetic, so within 1e-6), with
+// and without programmatic launches.
+TEST(CudaEngineGraphs, FusedSplitCombineLeavesTheLogitsUnchanged) {
+  KVLENS_REQUIRE_FILE(testing::DefaultModelPath());
+  KVLENS_REQUIRE_CUDA(cuda);
+  auto* backend = dynamic_cast<kernels::cuda::CudaBackend*>(&cuda);
+  ASSERT_NE(backend, nullptr);
+  auto model = Load(testing::DefaultModelPath());
+  ASSERT_NE(model, nullptr);
+  ASSERT_FALSE(backend->split_kv_fused_combine());  // the default
+  ASSERT_TRUE(backend->SetSplitKvSplits(6).ok());   // splits on any device's SM count
+  const std::vector<float> separate = DecodeThreeThenFour(*model, cuda, [] {});
+  backend->SetSplitKvFusedCombine(true);
+  const std::vector<float> fused = DecodeThreeThenFour(*model, cuda, [] {});
+  backend->SetProgrammaticLaunches(true);
+  const std::vector<float> fused_pdl = DecodeThreeThenFour(*model, cuda, [] {});
+  backend->SetProgrammaticLaunches(false);
+  backend->SetSplitKvFusedCombine(false);
+  ASSERT_TRUE(backend->SetSplitKvSplits(0).ok());
+  ExpectClose(fused, separate, 1e-6, 0);
+  ExpectClose(fused_pdl, separate, 1e-6, 0);
+}
+
 // Continuous batching on the GPU: five requests submitted together, with different
 // prompts and lengths, so the decode batch shrinks from five to one as they finish (steps
 // padded to 8, 4, 2 and 1 rows with graphs) and prompts are prefilled beside decodes.

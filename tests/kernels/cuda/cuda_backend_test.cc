@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -130,6 +131,43 @@ TEST_F(CudaBackendTest, FlashWith64QueryTilesWithinTolerance) {
   for (const parity::ParityResult& r : results) {
     std::cerr << "[ parity   ] 64-query tiles: " << r.name << ": error " << r.err << ", tolerance "
               << r.tol << "\n";
+    EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
+  }
+}
+
+// The split-KV launch merging its own splits (SetSplitKvFusedCombine: the last block of a
+// row and KV head to finish merges them) gives the parity table's decode and short-chunk
+// answers, over both caches, with the automatic split count and with 5 and 128 splits;
+// each case runs twice, so a launch that left its arrival counts off 0 would fail the
+// second (no block would see itself last, and the output would keep its NaN fill).
+TEST_F(CudaBackendTest, FusedSplitCombineWithinToleranceAndLeavesItsCountsAtZero) {
+  backend_->SetSplitKvFusedCombine(true);
+  std::mt19937_64 rng(8);
+  std::vector<parity::ParityResult> results;
+  int shapes = 0;
+  for (int splits : {0, 5, 128}) {
+    ASSERT_TRUE(backend_->SetSplitKvSplits(splits).ok());
+    for (const parity::AttnShape& s : parity::AttentionShapes()) {
+      if (s.want_maps || s.want_probs_only) continue;
+      if (s.tq >= kFlashMinQueries && FlashPrefillSupports(s.dh)) continue;  // flash
+      shapes += splits == 0 ? 1 : 0;
+      for (int twice = 0; twice < 2; ++twice) {
+        for (parity::ParityResult& r : parity::AttentionCase(*backend_, rng, s)) {
+          r.name += absl::StrCat(", ", splits, " splits");
+          results.push_back(std::move(r));
+        }
+      }
+    }
+    for (bool bf16 : {false, true}) {
+      for (int twice = 0; twice < 2; ++twice) {
+        results.push_back(parity::AttentionBatchSplitKvCase(*backend_, rng, bf16));
+      }
+    }
+  }
+  ASSERT_TRUE(backend_->SetSplitKvSplits(0).ok());
+  backend_->SetSplitKvFusedCombine(false);
+  EXPECT_GE(shapes, 8);
+  for (const parity::ParityResult& r : results) {
     EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
   }
 }

@@ -277,6 +277,13 @@ inline unsigned long long atomicAdd(unsigned long long* address, unsigned long l
   return old;
 }
 
+// Blocks run one after another here: every write is visible to the blocks after it.
+inline void __threadfence() {}
+template <typename T>
+T __ldcg(const T* address) {
+  return *address;
+}
+
 // Round-to-nearest float arithmetic that a GPU compiler never contracts into an FMA; the
 // translated .cu files are compiled with -ffp-contract=off, so here neither.
 inline float __fadd_rn(float a, float b) { return a + b; }
