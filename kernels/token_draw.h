@@ -25,9 +25,7 @@ struct TokenDraw {
 };
 
 // 53 random bits of a 64-bit generator's output as a uniform number in [0, 1).
-inline double UniformFromBits(uint64_t bits) {
-  return static_cast<double>(bits >> 11) * 0x1.0p-53;
-}
+inline double UniformFromBits(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
 
 // The token `draw` picks from `logits` (bias and penalties already applied); the greedy
 // pick (kernels::ArgMax) at temperature 0. The logits are not modified.
