@@ -57,7 +57,22 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
   ForwardOutput<T> out;
   std::vector<float> logits(c.vocab_size);
 
-  // prefill in chunks; only the last chunk's last row needs logits
+  // A device backend draws the next token where the logits are (Backend::DrawTokens) when
+  // the sampler applies no bias or penalty, with the uniform number Sample would take
+  // (Sampler::ReserveUniform); a host backend returns the row and Sample takes it.
+  const SamplingParams& sp = sampler.params();
+  const bool device_pick = sp.logit_bias.empty() && sp.repetition_penalty == 1.0 &&
+                           sp.frequency_penalty == 0.0 && sp.presence_penalty == 0.0;
+  auto prepare = [&](BatchEntry& entry) {
+    entry.pick_only = device_pick;
+    if (device_pick && sp.temperature > 0.0) {
+      entry.draw = sampler.Draw();
+      entry.draw.u01 = sampler.ReserveUniform();
+    }
+  };
+
+  // prefill in chunks; only the last chunk's last row needs logits (the middle chunks'
+  // are not even copied out of a device)
   const auto t0 = Clock::now();
   int num_cached = 0;
   while (num_cached < static_cast<int>(prompt.size())) {
@@ -67,6 +82,11 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
     entry.tokens = prompt.subspan(num_cached, n);
     entry.num_cached = num_cached;
     entry.block_table = table;
+    if (num_cached + n < static_cast<int>(prompt.size())) {
+      entry.pick_only = true;
+    } else {
+      prepare(entry);
+    }
     if (absl::Status s = transformer.Forward({&entry, 1}, cache, out); !s.ok()) return s;
     num_cached += n;
   }
@@ -78,8 +98,14 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
       result.finish_reason = FinishReason::kLength;
       break;
     }
-    std::copy(out.logits.end() - c.vocab_size, out.logits.end(), logits.begin());
-    const int32_t next = sampler.Sample(absl::MakeSpan(logits), history);
+    int32_t next = 0;
+    if (!out.pick_token.empty()) {
+      next = out.pick_token.back();
+      sampler.ClearReserved();  // its number was the device's draw
+    } else {
+      std::copy(out.logits.end() - c.vocab_size, out.logits.end(), logits.begin());
+      next = sampler.Sample(absl::MakeSpan(logits), history);
+    }
     result.tokens.push_back(next);
     history.push_back(next);
     if (on_token && !on_token(next)) {
@@ -108,6 +134,7 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
     entry.tokens = absl::MakeConstSpan(&history.back(), 1);
     entry.num_cached = num_cached;
     entry.block_table = table;
+    prepare(entry);
     if (absl::Status s = transformer.Forward({&entry, 1}, cache, out); !s.ok()) return s;
     ++num_cached;
   }

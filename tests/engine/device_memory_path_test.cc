@@ -81,20 +81,31 @@ class DeviceMemoryPathTest : public testing::StoriesModelTest {
   std::vector<int32_t> prompt_;
 };
 
-TEST_F(DeviceMemoryPathTest, GenerateEqualsCpuAndCopiesLogitsOut) {
-  GenerateOptions o;
-  o.max_new_tokens = 30;
-  o.stop_at_eos = false;
-  o.block_size = 5;
-  kernels::CpuBackend cpu(1);
-  testing::FakeDeviceBackend device(1);
-  auto want = Generate<float>(*model_, cpu, prompt_, o);
-  auto got = Generate<float>(*model_, device, prompt_, o);
-  ASSERT_TRUE(want.ok()) << want.status();
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->tokens, want->tokens);
-  EXPECT_GT(device.fake_memory().memsets.load(), 0);          // NaN fill without host writes
-  EXPECT_GE(device.fake_memory().copies_to_host.load(), 30);  // one logits copy per step
+// Generate on a device backend takes each token from Backend::DrawTokens (greedy, then a
+// seeded draw at temperature 1.5 with top-p, its uniform number reserved from the
+// sampler's generator), and with a repetition penalty from the logits row on the host:
+// the CPU's tokens every time.
+TEST_F(DeviceMemoryPathTest, GenerateEqualsCpuGreedySampledAndPenalised) {
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);
+    GenerateOptions o;
+    o.max_new_tokens = 30;
+    o.stop_at_eos = false;
+    o.block_size = 5;
+    if (variant == 1) o.sampling.temperature = 1.5, o.sampling.top_p = 0.95, o.sampling.seed = 3;
+    if (variant == 2) o.sampling.temperature = 1.5, o.sampling.repetition_penalty = 1.3;
+    kernels::CpuBackend cpu(1);
+    testing::FakeDeviceBackend device(1);
+    auto want = Generate<float>(*model_, cpu, prompt_, o);
+    auto got = Generate<float>(*model_, device, prompt_, o);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->tokens, want->tokens);
+    EXPECT_GT(device.fake_memory().memsets.load(), 0);          // NaN fill without host writes
+    EXPECT_GE(device.fake_memory().copies_to_host.load(), 30);  // a row (or a pick) a step
+    EXPECT_EQ(device.pick_rows.load(), variant == 2 ? 0 : 30);
+    EXPECT_EQ(device.drawn_rows.load(), variant == 1 ? 30 : 0);
+  }
 }
 
 TEST_F(DeviceMemoryPathTest, EngineEqualsCpuWithAttentionRowsAndSessionReadBack) {
