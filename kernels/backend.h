@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/kv_dtype.h"
 #include "kernels/memory.h"
@@ -238,16 +239,11 @@ class Backend {
   virtual absl::Status GreedyPick(const T* logits, int rows, int vocab, int32_t* token,
                                   float* logprob) {
     if (rows <= 0) return Synchronize();
-    const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(vocab);
     std::vector<T> copy;
-    const T* host = logits;
-    if (!memory().host_accessible()) {
-      copy.resize(count);
-      if (absl::Status s = memory().CopyToHost(copy.data(), logits, count * sizeof(T)); !s.ok()) {
-        return s;
-      }
-      host = copy.data();
-    }
+    absl::StatusOr<const T*> rows_on_host =
+        OnHost(logits, static_cast<size_t>(rows) * static_cast<size_t>(vocab), copy);
+    if (!rows_on_host.ok()) return rows_on_host.status();
+    const T* host = *rows_on_host;
     for (int r = 0; r < rows; ++r) {
       const T* l = host + static_cast<size_t>(r) * static_cast<size_t>(vocab);
       int32_t best = -1;
@@ -279,14 +275,9 @@ class Backend {
     if (absl::Status s = Synchronize(); !s.ok() || rows <= 0) return s;
     const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(vocab);
     std::vector<T> copy;
-    const T* host = logits;
-    if (!memory().host_accessible()) {
-      copy.resize(count);
-      if (absl::Status s = memory().CopyToHost(copy.data(), logits, count * sizeof(T)); !s.ok()) {
-        return s;
-      }
-      host = copy.data();
-    }
+    absl::StatusOr<const T*> rows_on_host = OnHost(logits, count, copy);
+    if (!rows_on_host.ok()) return rows_on_host.status();
+    const T* host = *rows_on_host;
     if constexpr (std::is_same_v<T, float>) {
       DrawRows(host, rows, vocab, draws, token, logprob);
     } else {
@@ -294,6 +285,18 @@ class Backend {
       DrawRows(rows_f.data(), rows, vocab, draws, token, logprob);
     }
     return absl::OkStatus();
+  }
+
+ protected:
+  // `count` elements of this backend's memory, readable on the host: `data` itself where
+  // the memory is host-accessible, else copied into `copy`.
+  absl::StatusOr<const T*> OnHost(const T* data, size_t count, std::vector<T>& copy) {
+    if (memory().host_accessible()) return data;
+    copy.resize(count);
+    if (absl::Status s = memory().CopyToHost(copy.data(), data, count * sizeof(T)); !s.ok()) {
+      return s;
+    }
+    return static_cast<const T*>(copy.data());
   }
 };
 

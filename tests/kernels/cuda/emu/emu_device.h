@@ -130,6 +130,15 @@ Launcher<P...> Launch(void (*func)(P...), const char* name, dim3 grid, dim3 bloc
 // for; it records that the thread waited (see LaunchConfig::requires_grid_wait).
 void GridDependencyWait();
 
+// The bits of `from` read as a To (the __*_as_* intrinsics).
+template <typename To, typename From>
+To BitCast(From from) {
+  static_assert(sizeof(To) == sizeof(From) && std::is_trivially_copyable_v<From>);
+  To to;
+  std::memcpy(&to, &from, sizeof to);
+  return to;
+}
+
 template <typename T>
 T Exchange(T v, int src_lane) {
   static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>);
@@ -289,31 +298,15 @@ T __ldcg(const T* address) {
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
-inline int __float_as_int(float x) {
-  int i;
-  std::memcpy(&i, &x, sizeof i);
-  return i;
-}
-inline float __int_as_float(int i) {
-  float x;
-  std::memcpy(&x, &i, sizeof x);
-  return x;
-}
+inline int __float_as_int(float x) { return ::kvlens_emu::BitCast<int>(x); }
+inline float __int_as_float(int i) { return ::kvlens_emu::BitCast<float>(i); }
 inline unsigned long long __float2ull_rn(float x) {
   return static_cast<unsigned long long>(std::nearbyint(x));
 }
 
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-inline unsigned __float_as_uint(float x) {
-  unsigned u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
-inline float __uint_as_float(unsigned u) {
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
+inline unsigned __float_as_uint(float x) { return ::kvlens_emu::BitCast<unsigned>(x); }
+inline float __uint_as_float(unsigned u) { return ::kvlens_emu::BitCast<float>(u); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 template <typename A, typename B>
