@@ -460,6 +460,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
       int pos = ctx;
       std::vector<int32_t> ids(batch, 1), positions(batch), picks(batch);
       std::vector<float> pick_logprobs(batch);
+      const std::vector<TokenDraw> greedy(static_cast<size_t>(batch));  // temperature 0
       std::vector<int64_t> dst(batch);
       std::vector<AttentionArgs<float>> calls;
       double host_sec = 0;
@@ -471,8 +472,9 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         // The ops the engine's Transformer::Forward makes: q, k and v in one MatMulMany, one
         // RopeQKStoreKv, each residual add fused into the next norm, SwiGLU's two products in one
         // MatMulSwiGlu; the layers as one step (a CUDA graph when graphs are on), then the
-        // logits and their greedy pick, copied back as the engine's greedy decode does (so
-        // every step ends synchronised; the sampling path's whole-row copy is timed below).
+        // logits and their greedy pick (DrawTokens), copied back as the engine's greedy
+        // decode does (so every step ends synchronised; the host sampling path's whole-row
+        // copy and the device's seeded draws are timed below).
         const auto host_start = std::chrono::steady_clock::now();
         b.BeginStep();
         b.Embedding(embedding, ids.data(), batch, x);
@@ -517,7 +519,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         Must(b.EndStep(/*run=*/true), "step");
         b.RmsNorm(x, batch, D, final_norm, 1e-5, xn);
         b.MatMul(xn, batch, output, WeightView{}, logits);
-        Must(b.GreedyPick(logits, batch, V, picks.data(), pick_logprobs.data()), "greedy pick");
+        Must(b.DrawTokens(logits, batch, V, greedy.data(), picks.data(), pick_logprobs.data()),
+             "greedy pick");
         ++pos;
       };
       step();  // a first step (with graphs: seen once, so the next one is captured)
