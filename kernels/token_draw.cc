@@ -1,6 +1,7 @@
 #include "kernels/token_draw.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -78,7 +79,11 @@ void BucketByWeight(const std::vector<float>& weights, std::vector<uint32_t>& co
 
 int32_t DrawToken(absl::Span<const float> logits, const TokenDraw& draw) {
   const int32_t n = static_cast<int32_t>(logits.size());
-  if (draw.temperature == 0.0) return ArgMax(logits);
+  // A temperature so small that 1/T overflows float (below ~3e-39) is greedy too: its
+  // weights would be 0 · inf = NaN at the max and 0 elsewhere.
+  if (draw.temperature == 0.0 || std::isinf(static_cast<float>(1.0 / draw.temperature))) {
+    return ArgMax(logits);
+  }
   // softmax at temperature, max subtracted first (in float, vectorised: std::exp in double
   // took ~5 ns an element, 160 µs a 32000-token row)
   const float max_l = MaxLogit(logits);

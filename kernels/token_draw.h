@@ -17,7 +17,7 @@
 namespace kvlens::kernels {
 
 struct TokenDraw {
-  double temperature = 0.0;  // 0: the greedy pick (ArgMax); the filters and u01 unused
+  double temperature = 0.0;  // 0 (or < ~3e-39): the greedy pick; the filters, u01 unused
   int top_k = 0;             // 0: off
   double top_p = 1.0;        // 1: off
   double min_p = 0.0;        // 0: off

@@ -18,6 +18,7 @@
 // against a kept mass of at least 1 (the largest weight is e^0).
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -30,7 +31,9 @@ namespace kvlens::kernels::cuda {
 
 DeviceDraw ToDeviceDraw(const TokenDraw& draw) {
   DeviceDraw d;
-  d.inv_temperature = draw.temperature == 0.0 ? 0.0f : static_cast<float>(1.0 / draw.temperature);
+  // 0 is greedy: a temperature of 0, or one whose 1/T overflows float (DrawToken's rule).
+  const float inv = draw.temperature == 0.0 ? 0.0f : static_cast<float>(1.0 / draw.temperature);
+  d.inv_temperature = std::isinf(inv) ? 0.0f : inv;
   d.min_p = static_cast<float>(draw.min_p);
   d.top_k = draw.top_k;
   d.top_p = draw.top_p;

@@ -80,6 +80,14 @@ TEST(TokenDrawTest, TiesGoByIdAndGreedyTakesTheFirstMax) {
   EXPECT_EQ(Draw({0.0f, 0.0f, 0.0f}, d), 1);
   d.temperature = 0.0;
   EXPECT_EQ(Draw({1.0f, 3.0f, 2.0f, 3.0f}, d), 1);
+  // 1/T past float's range: greedy too (not 0 · inf = NaN weights, which drew the last id)
+  d.temperature = 1e-40;
+  d.u01 = 0.999;
+  EXPECT_EQ(Draw({1.0f, 3.0f, 2.0f, 3.0f}, d), 1);
+  // 1/T = 1e30 is a float: a draw, between the two maxima (weight 1 each, the others 0):
+  // u = 0.999 · 2 lands on the second
+  d.temperature = 1e-30;
+  EXPECT_EQ(Draw({1.0f, 3.0f, 2.0f, 3.0f}, d), 3);
 }
 
 // No mass at all (every logit −inf): the draw finds no candidate whose running mass
