@@ -8,8 +8,9 @@
 // bits fixed so far (count, and mass), the bin where the running total crosses, and so on,
 // 4 levels for the weight bits, then the ids within a run of equal weights (one level less
 // per pass where the rank within the run is 0). Each pass recomputes the weights from the
-// logits (one row of a few hundred KB at most: L1 and L2 hold it), so the kernel needs no
-// scratch memory. A sampled row takes ~15 passes over its logits.
+// logits (one row of a few hundred KB at most: L1 and L2 hold it), or, for rows of up to
+// 40960 tokens, reads them from shared memory, where the first pass put them; the kernel
+// needs no scratch memory. A sampled row takes ~15 passes over its weights.
 //
 // Masses are sums of 42-bit fixed-point weights (w · 2^42 rounded) in 64-bit integers:
 // exact, so the same whatever order the threads add them in (a seed gives the same token
@@ -79,16 +80,26 @@ __device__ __forceinline__ uint64_t KeyOf(float w, int j) {
   return static_cast<uint64_t>(~__float_as_uint(w)) << 32 | static_cast<uint32_t>(j);
 }
 
-// The row as the draw sees it: weight w_j = e^((max − l_j) · −1/T), TemperatureWeights'.
+// The row as the draw sees it: weight w_j = e^((max − l_j) · −1/T), TemperatureWeights',
+// read from `cache` (shared memory) where the row's weights fit there, else recomputed.
 struct Row {
   const float* x;
   int vocab;
   float max;
   float inv_t;
-  __device__ __forceinline__ float Weight(int j) const {
+  const float* cache;
+  __device__ __forceinline__ float Compute(int j) const {
     return ExpNegatedExact(__fmul_rn(__fsub_rn(max, x[j]), inv_t));
   }
+  __device__ __forceinline__ float Weight(int j) const {
+    return cache != nullptr ? cache[j] : Compute(j);
+  }
 };
+
+// Rows of up to this many tokens keep their weights in shared memory (160 KB, with the
+// histograms' 28 KB within an SM's 227 KB): each of a draw's ~15 passes then reads them
+// rather than recomputing an exponential a token.
+constexpr int kDrawCachedVocab = 40960;
 
 struct Smem {
   unsigned count[kHistograms][kBins];
@@ -308,10 +319,11 @@ __device__ u64 MassWithin(const Row& row, uint64_t limit, Smem& s) {
 
 // Block r: row r's draw (DrawToken) and its log-probability.
 __global__ void __launch_bounds__(kDrawThreads)
-    DrawTokensKernel(const float* logits, int vocab, const DeviceDraw* draws, int32_t* token,
-                     float* logprob) {
+    DrawTokensKernel(const float* logits, int vocab, const DeviceDraw* draws, bool cache_weights,
+                     int32_t* token, float* logprob) {
   WaitForPriorGrids();  // first: see launch.cuh
   __shared__ Smem s;
+  extern __shared__ float draw_weights[];  // [vocab] with cache_weights
   const float* x = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   const DeviceDraw d = draws[blockIdx.x];
   // MaxLogit (NaN ignored) and LogSumExp: max + log Σ e^(l − max), the exponentials as
@@ -338,7 +350,12 @@ __global__ void __launch_bounds__(kDrawThreads)
     first = BlockReduceU64(first, MinU64(), s);
     picked = first < static_cast<u64>(vocab) ? first : 0;
   } else {
-    const Row row{x, vocab, m, d.inv_temperature};
+    Row row{x, vocab, m, d.inv_temperature, nullptr};
+    if (cache_weights) {
+      for (int j = threadIdx.x; j < vocab; j += blockDim.x) draw_weights[j] = row.Compute(j);
+      __syncthreads();
+      row.cache = draw_weights;
+    }
     uint64_t limit = kAllKeys;  // the kept candidates: key <= limit
     if (d.top_k > 0 && d.top_k < vocab) {
       limit = SelectByRank(row, kAllKeys, static_cast<unsigned>(d.top_k - 1), s);
@@ -401,8 +418,16 @@ absl::Status LaunchDrawTokens(const float* logits, int rows, int vocab, const De
         absl::StrCat("LaunchDrawTokens: vocab = ", vocab, " must be in [1, ", kDrawMaxVocab, "]"));
   }
   if (rows <= 0) return absl::OkStatus();
-  LaunchKernel("DrawTokensKernel", DrawTokensKernel, static_cast<unsigned>(rows), kDrawThreads, 0,
-               stream, logits, vocab, draws, token, logprob);
+  const bool cache_weights = vocab <= kDrawCachedVocab;
+  const size_t cache_bytes = cache_weights ? sizeof(float) * static_cast<size_t>(vocab) : 0;
+  if (cache_bytes > 48 * 1024) {
+    // Past 48 KiB of dynamic shared memory a kernel must opt in (see flash_prefill_bf16.cu).
+    KVLENS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(DrawTokensKernel,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     static_cast<int>(cache_bytes)));
+  }
+  LaunchKernel("DrawTokensKernel", DrawTokensKernel, static_cast<unsigned>(rows), kDrawThreads,
+               cache_bytes, stream, logits, vocab, draws, cache_weights, token, logprob);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("DrawTokensKernel");
   return absl::OkStatus();
 }

@@ -463,11 +463,12 @@ TEST_F(CudaBackendTest, GreedyPickEqualsTheHostsPick) {
 // DrawTokens on the device against DrawRows on the host (kernels/token_draw.h, checked by
 // hand in token_draw_test and against the definition in sampler_test), the same draws and
 // uniform numbers: rows of 32000 (Gaussian logits σ = 1 and 3, quarters with runs of tied
-// weights, σ = 30 where most weights are 0), 1000 and 7 tokens, a row of −inf only and one
-// with NaN and −inf, each under greedy, temperatures 1e-40 (greedy too), 0.3 … 100, top-k (1, 50,
-// past the vocabulary), top-p, min-p and all three, at uniform numbers from 0 to just under 1. The
-// tokens must be equal: the weights are the host's bit for bit, and the masses differ by at most
-// vocab · 2^−43, which no draw here lands that close to a boundary.
+// weights, σ = 30 where most weights are 0), 1000 and 7 tokens (their weights kept in shared
+// memory), 50000 (the weights recomputed each pass), a row of −inf only and one with NaN and −inf,
+// each under greedy, temperatures 1e-40 (greedy too), 0.3 … 100, top-k (1, 50, past the
+// vocabulary), top-p, min-p and all three, at uniform numbers from 0 to just under 1. The tokens
+// must be equal: the weights are the host's bit for bit, and the masses differ by at most vocab ·
+// 2^−43, which no draw here lands that close to a boundary.
 TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
   std::mt19937_64 rng(17);
   const double inf = std::numeric_limits<double>::infinity();
@@ -477,7 +478,8 @@ TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
     bool quarters;
   };
   const RowKind kinds[] = {{32000, 1.0, false},  {32000, 3.0, false}, {32000, 1.0, true},
-                           {32000, 30.0, false}, {1000, 2.0, false},  {7, 1.0, true}};
+                           {32000, 30.0, false}, {1000, 2.0, false},  {7, 1.0, true},
+                           {50000, 2.0, true}};
   std::vector<kernels::TokenDraw> variants;
   for (double t : {0.0, 1e-40, 0.3, 0.8, 1.0, 100.0}) {
     kernels::TokenDraw d;
