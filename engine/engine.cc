@@ -44,14 +44,14 @@ struct Sequence {
   bool was_scheduled = false;
 };
 
-// Whether the next token of s is what Backend::DrawTokens gives for its raw logits, with
-// only that token's log-probability reported: no bias or penalty to apply first and no top
-// log-probabilities (the draw itself, greedy or at a temperature with top-k, top-p and
-// min-p, is the same as SampleRow's, given the same uniform number).
+// Whether the next token of s is what Backend::DrawTokens gives for its raw logits: no
+// bias or penalty to apply first (the draw itself, greedy or at a temperature with top-k,
+// top-p and min-p, and the top log-probabilities are SampleRow's, given the same uniform
+// number).
 static bool PickSuffices(const Sequence& s) {
   const SamplingParams& p = s.sampler->params();
   return p.logit_bias.empty() && p.repetition_penalty == 1.0 && p.frequency_penalty == 0.0 &&
-         p.presence_penalty == 0.0 && s.request.top_logprobs == 0;
+         p.presence_penalty == 0.0;
 }
 
 struct Session {
@@ -652,11 +652,14 @@ void Engine::Impl::Step() {
       // (a prompt's middle) or whose next token is the argmax of the raw logits.
       const bool samples = s->num_computed + n == static_cast<int>(s->tokens.size());
       e.pick_only = !samples || PickSuffices(*s);
-      if (samples && e.pick_only && s->sampler->params().temperature > 0.0) {
-        // The device draws with the number the host's Sample would take next (Sampler::
-        // ReserveUniform); a host path that samples this row after all takes the same one.
-        e.draw = s->sampler->Draw();
-        e.draw.u01 = s->sampler->ReserveUniform();
+      if (samples && e.pick_only) {
+        if (s->sampler->params().temperature > 0.0) {
+          // The device draws with the number the host's Sample would take next (Sampler::
+          // ReserveUniform); a host path that samples this row after all takes the same one.
+          e.draw = s->sampler->Draw();
+          e.draw.u01 = s->sampler->ReserveUniform();
+        }
+        e.draw.top_logprobs = s->request.top_logprobs;
       }
       batch.push_back(e);
     }
@@ -688,6 +691,10 @@ void Engine::Impl::Step() {
           const size_t row = static_cast<size_t>(out.logits_row[k]);
           sampled[k].token = out.pick_token[row];
           sampled[k].logprob = out.pick_logprob[row];
+          for (int t = 0; t < std::min(s.request.top_logprobs, V); ++t) {
+            const size_t at = row * kernels::kMaxTopLogprobs + static_cast<size_t>(t);
+            sampled[k].top_logprobs.push_back({out.pick_top_token[at], out.pick_top_logprob[at]});
+          }
           s.sampler->ClearReserved();  // its number was the device's draw
           return;
         }

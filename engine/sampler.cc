@@ -104,7 +104,6 @@ RowSample SampleRow(Sampler& sampler, absl::Span<const float> logits,
   // Reused per thread: a fresh 32000-entry row (128 KB) a row costs more in page faults
   // than the arithmetic (the heap's top is trimmed and regrown).
   thread_local std::vector<float> row;
-  thread_local std::vector<int32_t> ids;
   row.assign(logits.begin(), logits.end());
   RowSample out;
   // Only the log-probabilities reported are formed (each as LogSoftmax forms it): the
@@ -114,16 +113,12 @@ RowSample SampleRow(Sampler& sampler, absl::Span<const float> logits,
   out.token = sampler.Sample(absl::MakeSpan(row), history);
   out.logprob = static_cast<float>(logprob(out.token));
   if (top_logprobs > 0) {
-    const int V = static_cast<int>(logits.size());
-    ids.resize(V);
-    for (int i = 0; i < V; ++i) ids[i] = i;
-    const int k = std::min(top_logprobs, V);
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
-      const double la = logprob(a), lb = logprob(b);
-      return la != lb ? la > lb : a < b;
-    });
-    for (int i = 0; i < k; ++i) {
-      out.top_logprobs.push_back({ids[i], static_cast<float>(logprob(ids[i]))});
+    const int k = std::min(top_logprobs, static_cast<int>(logits.size()));
+    int32_t ids[kernels::kMaxTopLogprobs];
+    float lps[kernels::kMaxTopLogprobs];
+    kernels::TopLogprobs(logits, lse, std::min(k, kernels::kMaxTopLogprobs), ids, lps);
+    for (int i = 0; i < std::min(k, kernels::kMaxTopLogprobs); ++i) {
+      out.top_logprobs.push_back({ids[i], lps[i]});
     }
   }
   return out;

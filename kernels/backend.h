@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "kernels/kv_dtype.h"
 #include "kernels/memory.h"
@@ -265,13 +266,19 @@ class Backend {
 
   // The token draws[r] picks from row r of logits [rows, vocab] (this backend's memory),
   // into host arrays: token[r] = DrawToken(row r, draws[r]) (the greedy pick where
-  // draws[r].temperature is 0) and logprob[r] = l[token] − LogSumExp(row r), in double:
-  // what engine/sampler.h's SampleRow reports for a row with no bias, penalty or top
-  // log-probabilities. For a device backend this spares copying the rows out. Waits for
-  // the work before it and returns the first failure of the void ops. The default copies
-  // the rows to the host where they are not there already and draws there (DrawRows).
+  // draws[r].temperature is 0) and logprob[r] = l[token] − LogSumExp(row r), in double,
+  // and the row's draws[r].top_logprobs most likely tokens with theirs into top_token and
+  // top_logprob ([rows, kMaxTopLogprobs]; may be null when no row asks): what
+  // engine/sampler.h's SampleRow reports for a row with no bias or penalty (DrawRows).
+  // For a device backend this spares copying the rows out. Waits for the work before it
+  // and returns the first failure of the void ops. The default copies the rows to the
+  // host where they are not there already and draws there.
   virtual absl::Status DrawTokens(const T* logits, int rows, int vocab, const TokenDraw* draws,
-                                  int32_t* token, float* logprob) {
+                                  int32_t* token, float* logprob, int32_t* top_token,
+                                  float* top_logprob) {
+    if (absl::Status s = CheckTopLogprobs(rows, draws, top_token, top_logprob); !s.ok()) {
+      return s;
+    }
     if (absl::Status s = Synchronize(); !s.ok() || rows <= 0) return s;
     const size_t count = static_cast<size_t>(rows) * static_cast<size_t>(vocab);
     std::vector<T> copy;
@@ -279,15 +286,33 @@ class Backend {
     if (!rows_on_host.ok()) return rows_on_host.status();
     const T* host = *rows_on_host;
     if constexpr (std::is_same_v<T, float>) {
-      DrawRows(host, rows, vocab, draws, token, logprob);
+      DrawRows(host, rows, vocab, draws, token, logprob, top_token, top_logprob);
     } else {
       const std::vector<float> rows_f(host, host + count);
-      DrawRows(rows_f.data(), rows, vocab, draws, token, logprob);
+      DrawRows(rows_f.data(), rows, vocab, draws, token, logprob, top_token, top_logprob);
     }
     return absl::OkStatus();
   }
 
  protected:
+  // INVALID_ARGUMENT if a row asks for top log-probabilities (0 … kMaxTopLogprobs) that
+  // there are no arrays for.
+  static absl::Status CheckTopLogprobs(int rows, const TokenDraw* draws, const int32_t* top_token,
+                                       const float* top_logprob) {
+    for (int r = 0; r < rows; ++r) {
+      const int k = draws[r].top_logprobs;
+      if (k < 0 || k > kMaxTopLogprobs) {
+        return absl::InvalidArgumentError(absl::StrCat("DrawTokens: draws[", r,
+                                                       "].top_logprobs = ", k, " must be in [0, ",
+                                                       kMaxTopLogprobs, "]"));
+      }
+      if (k > 0 && (top_token == nullptr || top_logprob == nullptr)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "DrawTokens: draws[", r, "].top_logprobs = ", k, " but no top_token/top_logprob"));
+      }
+    }
+    return absl::OkStatus();
+  }
   // `count` elements of this backend's memory, readable on the host: `data` itself where
   // the memory is host-accessible, else copied into `copy`.
   absl::StatusOr<const T*> OnHost(const T* data, size_t count, std::vector<T>& copy) {

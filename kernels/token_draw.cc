@@ -171,8 +171,24 @@ int32_t DrawToken(absl::Span<const float> logits, const TokenDraw& draw) {
   return static_cast<int32_t>(static_cast<uint32_t>(candidates[keep - 1]));
 }
 
+void TopLogprobs(absl::Span<const float> logits, double lse, int k, int32_t* ids, float* logprobs) {
+  thread_local std::vector<int32_t> order;
+  const int V = static_cast<int>(logits.size());
+  order.resize(static_cast<size_t>(V));
+  for (int i = 0; i < V; ++i) order[static_cast<size_t>(i)] = i;
+  auto logprob = [&](int32_t i) { return static_cast<double>(logits[i]) - lse; };
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    const double la = logprob(a), lb = logprob(b);
+    return la != lb ? la > lb : a < b;
+  });
+  for (int i = 0; i < k; ++i) {
+    ids[i] = order[static_cast<size_t>(i)];
+    logprobs[i] = static_cast<float>(logprob(ids[i]));
+  }
+}
+
 void DrawRows(const float* logits, int rows, int vocab, const TokenDraw* draws, int32_t* token,
-              float* logprob) {
+              float* logprob, int32_t* top_token, float* top_logprob) {
   for (int r = 0; r < rows; ++r) {
     if (vocab <= 0) {
       token[r] = 0;
@@ -182,7 +198,12 @@ void DrawRows(const float* logits, int rows, int vocab, const TokenDraw* draws, 
     const absl::Span<const float> row(logits + static_cast<size_t>(r) * vocab,
                                       static_cast<size_t>(vocab));
     token[r] = DrawToken(row, draws[r]);
-    logprob[r] = static_cast<float>(static_cast<double>(row[token[r]]) - LogSumExp(row));
+    const double lse = LogSumExp(row);
+    logprob[r] = static_cast<float>(static_cast<double>(row[token[r]]) - lse);
+    if (const int k = std::min({draws[r].top_logprobs, vocab, kMaxTopLogprobs}); k > 0) {
+      const size_t at = static_cast<size_t>(r) * kMaxTopLogprobs;
+      TopLogprobs(row, lse, k, top_token + at, top_logprob + at);
+    }
   }
 }
 

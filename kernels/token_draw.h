@@ -22,7 +22,11 @@ struct TokenDraw {
   double top_p = 1.0;        // 1: off
   double min_p = 0.0;        // 0: off
   double u01 = 0.0;          // the draw's uniform number in [0, 1): 53 random bits · 2^−53
+  int top_logprobs = 0;      // also the row's this many most likely tokens (0 … 20)
 };
+
+// The most top log-probabilities a row reports (the API's limit).
+inline constexpr int kMaxTopLogprobs = 20;
 
 // 53 random bits of a 64-bit generator's output as a uniform number in [0, 1).
 inline double UniformFromBits(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
@@ -31,11 +35,17 @@ inline double UniformFromBits(uint64_t bits) { return static_cast<double>(bits >
 // pick (kernels::ArgMax) at temperature 0. The logits are not modified.
 int32_t DrawToken(absl::Span<const float> logits, const TokenDraw& draw);
 
+// The k most likely tokens of a row (k <= its size), by log-probability l − lse desc,
+// then id asc, into ids[0 … k) and their log-probabilities into logprobs.
+void TopLogprobs(absl::Span<const float> logits, double lse, int k, int32_t* ids, float* logprobs);
+
 // Each of `rows` rows of logits [rows, vocab]: token[r] = DrawToken(row r, draws[r]) and
 // logprob[r] = l[token[r]] − LogSumExp(row r) (kernels/cpu/row_reduce.h), the model's
-// log-probability of the token, as the engine reports it.
+// log-probability of the token, as the engine reports it; and where draws[r].top_logprobs
+// is k > 0, TopLogprobs(row r, min(k, vocab)) into top_token and top_logprob, each
+// [rows, kMaxTopLogprobs] (row r's first entries; may be null when no row asks).
 void DrawRows(const float* logits, int rows, int vocab, const TokenDraw* draws, int32_t* token,
-              float* logprob);
+              float* logprob, int32_t* top_token, float* top_logprob);
 
 }  // namespace kvlens::kernels
 

@@ -315,6 +315,8 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   out.logits.resize(static_cast<size_t>(m) * V);
   out.pick_token.clear();
   out.pick_logprob.clear();
+  out.pick_top_token.clear();
+  out.pick_top_logprob.clear();
   if (host) {
     backend_.MatMul(xn_.data(), m, w.output, WeightView{}, out.logits.data());
     return backend_.Synchronize();
@@ -338,8 +340,16 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   if (any_pick) {
     out.pick_token.resize(static_cast<size_t>(m));
     out.pick_logprob.resize(static_cast<size_t>(m));
+    const bool any_top = std::any_of(
+        draws.begin(), draws.end(), [](const kernels::TokenDraw& d) { return d.top_logprobs > 0; });
+    if (any_top) {
+      out.pick_top_token.resize(static_cast<size_t>(m) * kernels::kMaxTopLogprobs);
+      out.pick_top_logprob.resize(static_cast<size_t>(m) * kernels::kMaxTopLogprobs);
+    }
     if (absl::Status s = backend_.DrawTokens(logits_.data(), m, static_cast<int>(V), draws.data(),
-                                             out.pick_token.data(), out.pick_logprob.data());
+                                             out.pick_token.data(), out.pick_logprob.data(),
+                                             any_top ? out.pick_top_token.data() : nullptr,
+                                             any_top ? out.pick_top_logprob.data() : nullptr);
         !s.ok()) {
       return s;
     }

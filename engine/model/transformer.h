@@ -53,6 +53,10 @@ struct ForwardOutput {
   // not copied out (unspecified values).
   std::vector<int32_t> pick_token;
   std::vector<float> pick_logprob;
+  // [rows, kernels::kMaxTopLogprobs], when some picking entry's draw asks for top
+  // log-probabilities (else empty): row r's first draw.top_logprobs entries.
+  std::vector<int32_t> pick_top_token;
+  std::vector<float> pick_top_logprob;
 };
 
 // Optional captures for interpretability: attention probabilities of one entry.

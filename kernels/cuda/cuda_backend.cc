@@ -585,37 +585,54 @@ absl::Status CudaBackend::GreedyPick(const float* logits, int rows, int vocab, i
 }
 
 absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
-                                     const TokenDraw* draws, int32_t* token, float* logprob) {
+                                     const TokenDraw* draws, int32_t* token, float* logprob,
+                                     int32_t* top_token, float* top_logprob) {
   if (rows < 0 || vocab <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("DrawTokens: rows = ", rows, " must be >= 0 and vocab = ", vocab, " >= 1"));
   }
+  if (absl::Status s = CheckTopLogprobs(rows, draws, top_token, top_logprob); !s.ok()) return s;
   if (graph_.recording()) {
     return absl::FailedPreconditionError("DrawTokens: called while a step is being recorded");
   }
   if (vocab > kDrawMaxVocab) {
     // Past the kernel's fixed-point range: the rows go to the host.
-    return Backend<float>::DrawTokens(logits, rows, vocab, draws, token, logprob);
+    return Backend<float>::DrawTokens(logits, rows, vocab, draws, token, logprob, top_token,
+                                      top_logprob);
   }
   if (!status_.ok() || rows == 0) return Synchronize();
   draw_host_.resize(static_cast<size_t>(rows));
-  for (int r = 0; r < rows; ++r) draw_host_[static_cast<size_t>(r)] = ToDeviceDraw(draws[r]);
+  bool any_top = false;
+  for (int r = 0; r < rows; ++r) {
+    draw_host_[static_cast<size_t>(r)] = ToDeviceDraw(draws[r]);
+    any_top = any_top || draws[r].top_logprobs > 0;
+  }
   absl::StatusOr<const void*> d_draws =
       UploadIndices(draw_host_.data(), sizeof(DeviceDraw) * static_cast<size_t>(rows));
   if (!Ok(d_draws.status())) return status_;
-  // Tokens, then log-probabilities: one copy back of 8 bytes a row.
-  const size_t bytes = sizeof(int32_t) * static_cast<size_t>(rows) * 2;
+  // Tokens, then log-probabilities, then (when asked) the top tokens and theirs: one copy
+  // back, 8 bytes a row (and 160 more with top log-probabilities).
+  const size_t per_row = any_top ? 2 + 2 * kMaxTopLogprobs : 2;
+  const size_t bytes = sizeof(int32_t) * static_cast<size_t>(rows) * per_row;
   if (!Ok(ReserveScratch(pick_device_, bytes))) return status_;
   int32_t* d_token = pick_device_.as<int32_t>();
   float* d_logprob = reinterpret_cast<float*>(d_token + rows);
+  int32_t* d_top_token = any_top ? d_token + 2 * rows : nullptr;
+  float* d_top_logprob =
+      any_top ? reinterpret_cast<float*>(d_top_token + rows * kMaxTopLogprobs) : nullptr;
   if (!Ok(Launch(&LaunchDrawTokens, logits, rows, vocab, static_cast<const DeviceDraw*>(*d_draws),
-                 d_token, d_logprob))) {
+                 d_token, d_logprob, d_top_token, d_top_logprob))) {
     return status_;
   }
-  pick_host_.resize(static_cast<size_t>(rows) * 2);
+  pick_host_.resize(static_cast<size_t>(rows) * per_row);
   if (!Ok(memory_.CopyToHost(pick_host_.data(), d_token, bytes))) return status_;
   std::memcpy(token, pick_host_.data(), sizeof(int32_t) * rows);
   std::memcpy(logprob, pick_host_.data() + rows, sizeof(float) * rows);
+  if (any_top) {
+    const size_t top = static_cast<size_t>(rows) * kMaxTopLogprobs;
+    std::memcpy(top_token, pick_host_.data() + 2 * rows, sizeof(int32_t) * top);
+    std::memcpy(top_logprob, pick_host_.data() + 2 * rows + top, sizeof(float) * top);
+  }
   return status_;
 }
 

@@ -204,10 +204,12 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   absl::Status GreedyPick(const float* logits, int rows, int vocab, int32_t* token,
                           float* logprob) override;
   // One launch (LaunchDrawTokens, every row, greedy ones too), the draws uploaded with the
-  // index arrays, and one copy of 8 bytes a row back; vocabularies past kDrawMaxVocab go
-  // to Backend's host default. Not while a step is recorded (FAILED_PRECONDITION).
+  // index arrays, and one copy of 8 bytes a row back (168 with top log-probabilities); vocabularies
+  // past kDrawMaxVocab go to Backend's host default. Not while a step is recorded
+  // (FAILED_PRECONDITION).
   absl::Status DrawTokens(const float* logits, int rows, int vocab, const TokenDraw* draws,
-                          int32_t* token, float* logprob) override;
+                          int32_t* token, float* logprob, int32_t* top_token,
+                          float* top_logprob) override;
 
  private:
   CudaBackend(int device, int num_sms, cudaStream_t stream, cublasContext* cublas);

@@ -39,6 +39,7 @@ DeviceDraw ToDeviceDraw(const TokenDraw& draw) {
   d.top_k = draw.top_k;
   d.top_p = draw.top_p;
   d.u01 = draw.u01;
+  d.top_logprobs = draw.top_logprobs;
   return d;
 }
 
@@ -78,6 +79,16 @@ __device__ __forceinline__ u64 FixedMass(float w) { return __float2ull_rn(__fmul
 
 __device__ __forceinline__ uint64_t KeyOf(float w, int j) {
   return static_cast<uint64_t>(~__float_as_uint(w)) << 32 | static_cast<uint32_t>(j);
+}
+
+// A logit's key for the top log-probabilities: ascending is (logit desc, id asc), the bits
+// of any float mapped to an unsigned order first (negative: all flipped; else the sign
+// set); NaN last.
+__device__ __forceinline__ uint64_t LogitKeyOf(float l, int j) {
+  const uint32_t b = __float_as_uint(l);
+  const uint32_t ordered = (b & 0x80000000u) != 0 ? ~b : b | 0x80000000u;
+  const uint32_t high = l != l ? 0xffffffffu : ~ordered;
+  return static_cast<uint64_t>(high) << 32 | static_cast<uint32_t>(j);
 }
 
 // The row as the draw sees it: weight w_j = e^((max − l_j) · −1/T), TemperatureWeights',
@@ -320,7 +331,7 @@ __device__ u64 MassWithin(const Row& row, uint64_t limit, Smem& s) {
 // Block r: row r's draw (DrawToken) and its log-probability.
 __global__ void __launch_bounds__(kDrawThreads)
     DrawTokensKernel(const float* logits, int vocab, const DeviceDraw* draws, bool cache_weights,
-                     int32_t* token, float* logprob) {
+                     int32_t* token, float* logprob, int32_t* top_token, float* top_logprob) {
   WaitForPriorGrids();  // first: see launch.cuh
   __shared__ Smem s;
   extern __shared__ float draw_weights[];  // [vocab] with cache_weights
@@ -407,12 +418,30 @@ __global__ void __launch_bounds__(kDrawThreads)
     token[blockIdx.x] = t;
     logprob[blockIdx.x] = static_cast<float>(static_cast<double>(x[t]) - lse);
   }
+  // The top log-probabilities: k passes, each the smallest key past the last one taken.
+  const int k = min(min(d.top_logprobs, vocab), kMaxTopLogprobs);
+  u64 taken = 0;
+  for (int t = 0; t < k; ++t) {
+    u64 best = kAllKeys;
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+      const u64 key = LogitKeyOf(x[j], j);
+      if ((t == 0 || key > taken) && key < best) best = key;
+    }
+    taken = BlockReduceU64(best, MinU64(), s);
+    if (threadIdx.x == 0) {
+      const int id = static_cast<int>(static_cast<uint32_t>(taken));
+      const int64_t at = static_cast<int64_t>(blockIdx.x) * kMaxTopLogprobs + t;
+      top_token[at] = id;
+      top_logprob[at] = static_cast<float>(static_cast<double>(x[id]) - lse);
+    }
+  }
 }
 
 }  // namespace
 
 absl::Status LaunchDrawTokens(const float* logits, int rows, int vocab, const DeviceDraw* draws,
-                              int32_t* token, float* logprob, cudaStream_t stream) {
+                              int32_t* token, float* logprob, int32_t* top_token,
+                              float* top_logprob, cudaStream_t stream) {
   if (vocab < 1 || vocab > kDrawMaxVocab) {
     return absl::InvalidArgumentError(
         absl::StrCat("LaunchDrawTokens: vocab = ", vocab, " must be in [1, ", kDrawMaxVocab, "]"));
@@ -427,7 +456,8 @@ absl::Status LaunchDrawTokens(const float* logits, int rows, int vocab, const De
                                                      static_cast<int>(cache_bytes)));
   }
   LaunchKernel("DrawTokensKernel", DrawTokensKernel, static_cast<unsigned>(rows), kDrawThreads,
-               cache_bytes, stream, logits, vocab, draws, cache_weights, token, logprob);
+               cache_bytes, stream, logits, vocab, draws, cache_weights, token, logprob, top_token,
+               top_logprob);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("DrawTokensKernel");
   return absl::OkStatus();
 }

@@ -18,7 +18,7 @@ struct DeviceDraw {
   float inv_temperature = 0.0f;  // float(1 / temperature), as TemperatureWeights; 0: greedy
   float min_p = 0.0f;            // float(min_p), as DrawToken's threshold
   int32_t top_k = 0;
-  int32_t unused = 0;
+  int32_t top_logprobs = 0;  // 0 … kMaxTopLogprobs
   double top_p = 1.0;
   double u01 = 0.0;
 };
@@ -31,12 +31,15 @@ inline constexpr int kDrawMaxVocab = 1 << 21;
 
 // For each of `rows` rows of logits [rows, vocab] (device arrays): token[r] the token
 // draws[r] picks (DrawToken, the greedy pick at inv_temperature 0), logprob[r] =
-// l[token] − LogSumExp(row) (row_reduce.h's). The same token as DrawToken for the same
-// u01 except where u01 · the kept mass falls within ~vocab · 2^−43 of a boundary between
-// two candidates (the masses here are fixed-point sums of the same float weights; the
-// host sums them in double), or a top-p cut within as much of top_p · the sum.
+// l[token] − LogSumExp(row) (row_reduce.h's), and the row's draws[r].top_logprobs most
+// likely tokens (logit desc, id asc: TopLogprobs' order) with theirs in top_token and
+// top_logprob [rows, kMaxTopLogprobs] (null when no row asks). The same token as DrawToken for the
+// same u01 except where u01 · the kept mass falls within ~vocab · 2^−43 of a boundary between two
+// candidates (the masses here are fixed-point sums of the same float weights; the host sums them in
+// double), or a top-p cut within as much of top_p · the sum.
 absl::Status LaunchDrawTokens(const float* logits, int rows, int vocab, const DeviceDraw* draws,
-                              int32_t* token, float* logprob, cudaStream_t stream);
+                              int32_t* token, float* logprob, int32_t* top_token,
+                              float* top_logprob, cudaStream_t stream);
 
 }  // namespace kvlens::kernels::cuda
 

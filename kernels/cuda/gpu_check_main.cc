@@ -519,7 +519,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         Must(b.EndStep(/*run=*/true), "step");
         b.RmsNorm(x, batch, D, final_norm, 1e-5, xn);
         b.MatMul(xn, batch, output, WeightView{}, logits);
-        Must(b.DrawTokens(logits, batch, V, greedy.data(), picks.data(), pick_logprobs.data()),
+        Must(b.DrawTokens(logits, batch, V, greedy.data(), picks.data(), pick_logprobs.data(),
+                          nullptr, nullptr),
              "greedy pick");
         ++pos;
       };
@@ -571,7 +572,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
           draws[s].u01 = (s + 0.5) / batch;
         }
         const double draw_sec = TimeIt(b, 20, [&] {
-          Must(b.DrawTokens(logits, batch, V, draws.data(), picks.data(), pick_logprobs.data()),
+          Must(b.DrawTokens(logits, batch, V, draws.data(), picks.data(), pick_logprobs.data(),
+                            nullptr, nullptr),
                "draw");
         });
         std::vector<int32_t> host_picks(static_cast<size_t>(batch));
@@ -582,7 +584,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         const auto host_start = std::chrono::steady_clock::now();
         for (int i = 0; i < kHostReps; ++i) {
           DrawRows(host_logits.data(), batch, V, draws.data(), host_picks.data(),
-                   host_logprobs.data());
+                   host_logprobs.data(), nullptr, nullptr);
         }
         const double host_draw_sec =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - host_start).count() /

@@ -180,9 +180,9 @@ TEST(CudaEngineServe, Stories260KThroughTheEngineEqualsCpu) {
 // Seeded temperature draws through the Engine: on CUDA they are drawn where the logits
 // are (CudaBackend::DrawTokens, with the uniform number the engine reserves from each
 // request's generator), on the CPU by the Sampler; the same tokens, and log-probabilities
-// within 1e-4. A request with a repetition penalty in the same steps takes its logits
-// row to the host on both. (The logits differ by float rounding, ~1e-6 here: a draw
-// within that of a boundary could differ; none of these does.)
+// within 1e-4, and one request's top-5 log-probabilities too. A request with a repetition
+// penalty in the same steps takes its logits row to the host on both. (The logits differ by float
+// rounding, ~1e-6 here: a draw within that of a boundary could differ; none of these does.)
 TEST(CudaEngineServe, Stories260KSeededDrawsEqualCpu) {
   KVLENS_REQUIRE_FILE(kStories);
   KVLENS_REQUIRE_CUDA(cuda);
@@ -191,6 +191,7 @@ TEST(CudaEngineServe, Stories260KSeededDrawsEqualCpu) {
   struct Out {
     std::vector<int32_t> tokens;
     std::vector<float> logprobs;
+    std::vector<std::vector<TokenLogprob>> top;
   };
   auto serve = [&](kernels::Backend<float>& backend) {
     Engine engine(*model, backend, EngineOptions{});
@@ -204,12 +205,13 @@ TEST(CudaEngineServe, Stories260KSeededDrawsEqualCpu) {
       r.stop.ignore_eos = true;
       r.sampling.seed = 100 + i;
       r.sampling.temperature = i == 0 ? 1.0 : 0.8;
-      if (i == 1) r.sampling.top_p = 0.9;
+      if (i == 1) r.sampling.top_p = 0.9, r.top_logprobs = 5;
       if (i == 2) r.sampling.top_k = 40, r.sampling.min_p = 0.02;
       if (i == 3) r.sampling.repetition_penalty = 1.2;
       r.callbacks.on_token = [&outs, i](const TokenEvent& e) {
         outs[i].tokens.push_back(e.token);
         outs[i].logprobs.push_back(e.logprob);
+        outs[i].top.push_back(e.top_logprobs);
       };
       r.callbacks.on_finish = [&done, i](const FinishEvent&) { done[i].set_value(); };
       EXPECT_TRUE(engine.Submit(std::move(r)).ok());
@@ -220,6 +222,17 @@ TEST(CudaEngineServe, Stories260KSeededDrawsEqualCpu) {
   kernels::CpuBackend cpu(2);
   const std::vector<Out> want = serve(cpu);
   const std::vector<Out> got = serve(cuda);
+  // Request 1's top log-probabilities (from the device on CUDA): the same tokens, values
+  // within 1e-4.
+  ASSERT_EQ(got[1].top.size(), want[1].top.size());
+  for (size_t t = 0; t < want[1].top.size(); ++t) {
+    ASSERT_EQ(want[1].top[t].size(), 5u);
+    ASSERT_EQ(got[1].top[t].size(), 5u);
+    for (size_t j = 0; j < 5; ++j) {
+      EXPECT_EQ(got[1].top[t][j].token, want[1].top[t][j].token) << "token " << t << ", top " << j;
+      EXPECT_NEAR(got[1].top[t][j].logprob, want[1].top[t][j].logprob, 1e-4);
+    }
+  }
   for (size_t i = 0; i < want.size(); ++i) {
     SCOPED_TRACE(i);
     ASSERT_EQ(want[i].tokens.size(), 30u);

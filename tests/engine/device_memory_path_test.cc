@@ -121,11 +121,11 @@ TEST_F(DeviceMemoryPathTest, EngineEqualsCpuWithAttentionRowsAndSessionReadBack)
   EXPECT_EQ(got.prefix_k0, want.prefix_k0);
 }
 
-// Requests with no bias, penalty or top log-probabilities take the device's pick (no
-// logits row copied out): the greedy one, and a seeded temperature draw, whose uniform
-// number the engine reserves from the request's generator before the step; the others in
-// the same steps get their rows. A plain greedy request, one with top log-probabilities,
-// one with a repetition penalty and a seeded temperature draw with top-p, served
+// Requests with no bias or penalty take the device's pick (no logits row copied out): the
+// greedy one, one with top log-probabilities, and a seeded temperature draw, whose uniform
+// number the engine reserves from the request's generator before the step; the one with a
+// repetition penalty gets its row in the same steps. A plain greedy request, one with top
+// log-probabilities, one with a repetition penalty and a seeded temperature draw with top-p, served
 // together: the same tokens and top log-probabilities as the CPU path (the same kernels
 // and the same draws, so bitwise), and log-probabilities within 1e-6.
 TEST_F(DeviceMemoryPathTest, GreedyPicksAndLogitRowsInOneBatchEqualCpu) {
@@ -184,6 +184,7 @@ TEST_F(DeviceMemoryPathTest, GreedyPicksAndLogitRowsInOneBatchEqualCpu) {
   // request 3's 13 tokens, drawn on the "device".
   EXPECT_GE(device.pick_rows.load(), 10);
   EXPECT_EQ(device.drawn_rows.load(), 13);
+  EXPECT_EQ(device.top_rows.load(), 11);  // request 1's tokens, with their top 3
 }
 
 TEST_F(DeviceMemoryPathTest, ForwardRejectsACacheInOtherMemory) {

@@ -140,13 +140,19 @@ class FakeDeviceBackend final : public kernels::Backend<float>, public kernels::
   // Backend's default (the rows copied out, drawn on the host), counting the rows and
   // those drawn at a temperature.
   absl::Status DrawTokens(const float* logits, int rows, int vocab, const kernels::TokenDraw* draws,
-                          int32_t* token, float* logprob) override {
+                          int32_t* token, float* logprob, int32_t* top_token,
+                          float* top_logprob) override {
     pick_rows += rows;
-    for (int r = 0; r < rows; ++r) drawn_rows += draws[r].temperature > 0.0 ? 1 : 0;
-    return kernels::Backend<float>::DrawTokens(logits, rows, vocab, draws, token, logprob);
+    for (int r = 0; r < rows; ++r) {
+      drawn_rows += draws[r].temperature > 0.0 ? 1 : 0;
+      top_rows += draws[r].top_logprobs > 0 ? 1 : 0;
+    }
+    return kernels::Backend<float>::DrawTokens(logits, rows, vocab, draws, token, logprob,
+                                               top_token, top_logprob);
   }
   std::atomic<int> pick_rows{0};
   std::atomic<int> drawn_rows{0};
+  std::atomic<int> top_rows{0};
   absl::Status MatMulBackwardInput(const float* dy, int n, const kernels::WeightView& w,
                                    float* dx) override {
     kernels::MatMulBackwardInput(dy, n, w, dx);

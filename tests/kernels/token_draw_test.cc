@@ -111,14 +111,21 @@ TEST(TokenDrawTest, DrawRowsReportsTheModelsLogProbability) {
   draws[0].temperature = 1.0;
   draws[0].u01 = 0.5;  // token 2
   // draws[1]: greedy, the first 5
+  draws[1].top_logprobs = 3;  // ids 0 and 2 (tied at 5: lower id first), then 1
   int32_t token[2] = {-1, -1};
   float logprob[2] = {0.0f, 0.0f};
-  DrawRows(rows.data(), 2, 4, draws, token, logprob);
+  int32_t top[2 * kMaxTopLogprobs];
+  float top_lp[2 * kMaxTopLogprobs];
+  DrawRows(rows.data(), 2, 4, draws, token, logprob, top, top_lp);
   EXPECT_EQ(token[0], 2);
   EXPECT_NEAR(logprob[0], std::log(3.0 / 10.0), 1e-6);  // e^l = 1, 2, 3, 4
   EXPECT_EQ(token[1], 0);
   const double z = 2 * std::exp(5.0) + std::exp(1.0) + 1.0;
   EXPECT_NEAR(logprob[1], 5.0 - std::log(z), 1e-6);
+  EXPECT_EQ(top[kMaxTopLogprobs + 0], 0);
+  EXPECT_EQ(top[kMaxTopLogprobs + 1], 2);
+  EXPECT_EQ(top[kMaxTopLogprobs + 2], 1);
+  EXPECT_NEAR(top_lp[kMaxTopLogprobs + 2], 1.0 - std::log(z), 1e-6);
 }
 
 }  // namespace

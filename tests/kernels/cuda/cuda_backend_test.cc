@@ -499,6 +499,8 @@ TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
   variants.push_back(with(0.8, 0, 1.0, 0.05));
   variants.push_back(with(1.5, 2000, 0.95, 0.001));
   variants.push_back(with(100.0, 0, 0.3, 0.0));
+  variants[0].top_logprobs = 20;  // greedy, with the top log-probabilities
+  variants[3].top_logprobs = 5;   // T 0.8
   const double u01s[] = {0.0, 0.25, 0.5, 0.75, 0.999999};
   for (const RowKind& kind : kinds) {
     SCOPED_TRACE(::testing::Message() << "vocab " << kind.vocab << ", sigma " << kind.sigma
@@ -523,19 +525,27 @@ TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
     ASSERT_TRUE(d.ok()) << d.status();
     std::vector<int32_t> token(rows, -1), want_token(rows, -2);
     std::vector<float> logprob(rows), want_logprob(rows);
+    const size_t tops = static_cast<size_t>(rows) * kernels::kMaxTopLogprobs;
+    std::vector<int32_t> top(tops, -1), want_top(tops, -2);
+    std::vector<float> top_lp(tops), want_top_lp(tops);
     ASSERT_TRUE(backend_
                     ->DrawTokens(d->as<float>(), rows, kind.vocab, draws.data(), token.data(),
-                                 logprob.data())
+                                 logprob.data(), top.data(), top_lp.data())
                     .ok());
     const std::vector<float> host(logits.begin(), logits.end());
     kernels::DrawRows(host.data(), rows, kind.vocab, draws.data(), want_token.data(),
-                      want_logprob.data());
+                      want_logprob.data(), want_top.data(), want_top_lp.data());
     for (int r = 0; r < rows; ++r) {
       const kernels::TokenDraw& v = draws[static_cast<size_t>(r)];
       EXPECT_EQ(token[r], want_token[r])
           << "T " << v.temperature << ", top_k " << v.top_k << ", top_p " << v.top_p << ", min_p "
           << v.min_p << ", u01 " << v.u01;
       EXPECT_NEAR(logprob[r], want_logprob[r], 1e-5 * (1 + std::abs(want_logprob[r]))) << r;
+      for (int i = 0; i < std::min(v.top_logprobs, kind.vocab); ++i) {
+        const size_t at = static_cast<size_t>(r) * kernels::kMaxTopLogprobs + i;
+        EXPECT_EQ(top[at], want_top[at]) << "row " << r << ", top " << i;
+        EXPECT_NEAR(top_lp[at], want_top_lp[at], 1e-5 * (1 + std::abs(want_top_lp[at])));
+      }
     }
   }
   // Rows without mass: −inf only (the last kept candidate: the last id, or the top_k-th),
@@ -547,7 +557,15 @@ TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
   const kernels::TokenDraw draws[2] = {with(1.0, 3, 1.0, 0.0), with(0.0, 0, 1.0, 0.0)};
   int32_t token[2] = {-1, -1};
   float logprob[2];
-  ASSERT_TRUE(backend_->DrawTokens(d->as<float>(), 2, 5, draws, token, logprob).ok());
+  ASSERT_TRUE(
+      backend_->DrawTokens(d->as<float>(), 2, 5, draws, token, logprob, nullptr, nullptr).ok());
+  // Top log-probabilities asked for without arrays to hold them: refused, naming the field.
+  kernels::TokenDraw asks_top;
+  asks_top.top_logprobs = 3;
+  const absl::Status refused =
+      backend_->DrawTokens(d->as<float>(), 1, 5, &asks_top, token, logprob, nullptr, nullptr);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("top_logprobs"), std::string::npos) << refused;
   EXPECT_EQ(token[0], 2);
   EXPECT_EQ(token[1], 1);
 }
