@@ -28,6 +28,7 @@
 #include "kernels/backend_factory.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/staged_backend.h"
+#include "tests/engine/serve_together.h"
 #ifdef KVLENS_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.h"
@@ -188,40 +189,21 @@ TEST(CudaEngineServe, Stories260KSeededDrawsEqualCpu) {
   KVLENS_REQUIRE_CUDA(cuda);
   auto model = Load(kStories);
   ASSERT_NE(model, nullptr);
-  struct Out {
-    std::vector<int32_t> tokens;
-    std::vector<float> logprobs;
-    std::vector<std::vector<TokenLogprob>> top;
-  };
-  auto serve = [&](kernels::Backend<float>& backend) {
-    Engine engine(*model, backend, EngineOptions{});
-    EXPECT_TRUE(engine.status().ok()) << engine.status();
-    std::vector<Out> outs(4);
-    std::vector<std::promise<void>> done(outs.size());
-    for (size_t i = 0; i < outs.size(); ++i) {
-      GenerationRequest r;
-      r.prompt = model->tokenizer->Encode(i % 2 == 0 ? "Once upon a time" : "The cat", true);
-      r.stop.max_new_tokens = 30;
-      r.stop.ignore_eos = true;
-      r.sampling.seed = 100 + i;
-      r.sampling.temperature = i == 0 ? 1.0 : 0.8;
-      if (i == 1) r.sampling.top_p = 0.9, r.top_logprobs = 5;
-      if (i == 2) r.sampling.top_k = 40, r.sampling.min_p = 0.02;
-      if (i == 3) r.sampling.repetition_penalty = 1.2;
-      r.callbacks.on_token = [&outs, i](const TokenEvent& e) {
-        outs[i].tokens.push_back(e.token);
-        outs[i].logprobs.push_back(e.logprob);
-        outs[i].top.push_back(e.top_logprobs);
-      };
-      r.callbacks.on_finish = [&done, i](const FinishEvent&) { done[i].set_value(); };
-      EXPECT_TRUE(engine.Submit(std::move(r)).ok());
-    }
-    for (auto& d : done) d.get_future().wait();
-    return outs;
-  };
+  std::vector<GenerationRequest> requests(4);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    GenerationRequest& r = requests[i];
+    r.prompt = model->tokenizer->Encode(i % 2 == 0 ? "Once upon a time" : "The cat", true);
+    r.stop.max_new_tokens = 30;
+    r.stop.ignore_eos = true;
+    r.sampling.seed = 100 + i;
+    r.sampling.temperature = i == 0 ? 1.0 : 0.8;
+    if (i == 1) r.sampling.top_p = 0.9, r.top_logprobs = 5;
+    if (i == 2) r.sampling.top_k = 40, r.sampling.min_p = 0.02;
+    if (i == 3) r.sampling.repetition_penalty = 1.2;
+  }
   kernels::CpuBackend cpu(2);
-  const std::vector<Out> want = serve(cpu);
-  const std::vector<Out> got = serve(cuda);
+  const std::vector<testing::Served> want = testing::ServeTogether(*model, cpu, requests);
+  const std::vector<testing::Served> got = testing::ServeTogether(*model, cuda, requests);
   // Request 1's top log-probabilities (from the device on CUDA): the same tokens, values
   // within 1e-4.
   ASSERT_EQ(got[1].top.size(), want[1].top.size());

@@ -13,6 +13,7 @@
 #include "engine/model/transformer.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/engine/serve_together.h"
 #include "tests/engine/stories_model_test.h"
 #include "tests/kernels/fake_device_backend.h"
 #include "tests/test_paths.h"
@@ -121,47 +122,27 @@ TEST_F(DeviceMemoryPathTest, EngineEqualsCpuWithAttentionRowsAndSessionReadBack)
   EXPECT_EQ(got.prefix_k0, want.prefix_k0);
 }
 
-// Requests with no bias or penalty take the device's pick (no logits row copied out): the
-// greedy one, one with top log-probabilities, and a seeded temperature draw, whose uniform
-// number the engine reserves from the request's generator before the step; the one with a
-// repetition penalty gets its row in the same steps. A plain greedy request, one with top
-// log-probabilities, one with a repetition penalty and a seeded temperature draw with top-p, served
-// together: the same tokens and top log-probabilities as the CPU path (the same kernels
-// and the same draws, so bitwise), and log-probabilities within 1e-6.
+// Requests with no bias or penalty take the device's pick (no logits row copied out): a
+// plain greedy one, one with top log-probabilities, and a seeded temperature draw with
+// top-p, whose uniform number the engine reserves from the request's generator before the
+// step; one with a repetition penalty gets its row in the same steps. Served together:
+// the same tokens and top log-probabilities as the CPU path (the same kernels and the same
+// draws, so bitwise), and log-probabilities within 1e-6.
 TEST_F(DeviceMemoryPathTest, GreedyPicksAndLogitRowsInOneBatchEqualCpu) {
-  struct Out {
-    std::vector<int32_t> tokens;
-    std::vector<float> logprobs;
-    std::vector<std::vector<TokenLogprob>> top;
-  };
-  auto serve = [&](kernels::Backend<float>& backend) {
-    Engine engine(*model_, backend, EngineOptions{});
-    EXPECT_TRUE(engine.status().ok()) << engine.status();
-    std::vector<Out> outs(4);
-    std::vector<std::promise<void>> done(outs.size());
-    for (size_t i = 0; i < outs.size(); ++i) {
-      GenerationRequest r;
-      r.prompt = prompt_;
-      r.stop.max_new_tokens = 10 + static_cast<int>(i);
-      r.stop.ignore_eos = true;
-      if (i == 1) r.top_logprobs = 3;
-      if (i == 2) r.sampling.repetition_penalty = 1.3;
-      if (i == 3) r.sampling.temperature = 1.5, r.sampling.top_p = 0.95, r.sampling.seed = 5;
-      r.callbacks.on_token = [&outs, i](const TokenEvent& e) {
-        outs[i].tokens.push_back(e.token);
-        outs[i].logprobs.push_back(e.logprob);
-        outs[i].top.push_back(e.top_logprobs);
-      };
-      r.callbacks.on_finish = [&done, i](const FinishEvent&) { done[i].set_value(); };
-      EXPECT_TRUE(engine.Submit(std::move(r)).ok());
-    }
-    for (auto& d : done) d.get_future().wait();
-    return outs;
-  };
+  std::vector<GenerationRequest> requests(4);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    GenerationRequest& r = requests[i];
+    r.prompt = prompt_;
+    r.stop.max_new_tokens = 10 + static_cast<int>(i);
+    r.stop.ignore_eos = true;
+    if (i == 1) r.top_logprobs = 3;
+    if (i == 2) r.sampling.repetition_penalty = 1.3;
+    if (i == 3) r.sampling.temperature = 1.5, r.sampling.top_p = 0.95, r.sampling.seed = 5;
+  }
   kernels::CpuBackend cpu(1);
   testing::FakeDeviceBackend device(1);
-  const std::vector<Out> want = serve(cpu);
-  const std::vector<Out> got = serve(device);
+  const std::vector<testing::Served> want = testing::ServeTogether(*model_, cpu, requests);
+  const std::vector<testing::Served> got = testing::ServeTogether(*model_, device, requests);
   for (size_t i = 0; i < want.size(); ++i) {
     SCOPED_TRACE(i);
     ASSERT_EQ(want[i].tokens.size(), 10 + i);

@@ -1,0 +1,50 @@
+// Serves requests together through one Engine on a backend and collects what each
+// streamed: the engine tests that compare a device path with the CPU's (device_memory_path,
+// cuda_engine) run the same requests through both.
+#ifndef KVLENS_TESTS_ENGINE_SERVE_TOGETHER_H_
+#define KVLENS_TESTS_ENGINE_SERVE_TOGETHER_H_
+
+#include <future>
+#include <utility>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/model/model.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+
+namespace kvlens::testing {
+
+struct Served {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<std::vector<TokenLogprob>> top;  // each token's top log-probabilities
+};
+
+// Submits every request (their callbacks replaced) to a new Engine with default options
+// and waits until all have finished.
+inline std::vector<Served> ServeTogether(const Model& model, kernels::Backend<float>& backend,
+                                         std::vector<GenerationRequest> requests) {
+  Engine engine(model, backend, EngineOptions{});
+  EXPECT_TRUE(engine.status().ok()) << engine.status();
+  std::vector<Served> outs(requests.size());
+  std::vector<std::promise<void>> done(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    GenerationRequest& r = requests[i];
+    r.callbacks.on_token = [&outs, i](const TokenEvent& e) {
+      outs[i].tokens.push_back(e.token);
+      outs[i].logprobs.push_back(e.logprob);
+      outs[i].top.push_back(e.top_logprobs);
+    };
+    r.callbacks.on_finish = [&done, i](const FinishEvent&) { done[i].set_value(); };
+    const auto id = engine.Submit(std::move(r));
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok()) done[i].set_value();
+  }
+  for (auto& d : done) d.get_future().wait();
+  return outs;
+}
+
+}  // namespace kvlens::testing
+
+#endif  // KVLENS_TESTS_ENGINE_SERVE_TOGETHER_H_
