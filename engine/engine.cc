@@ -649,7 +649,7 @@ void Engine::Impl::Step() {
       e.num_cached = s->num_computed;
       e.block_table = s->blocks;
       // A device backend then copies out no logits row for a chunk that samples nothing
-      // (a prompt's middle) or whose next token is the argmax of the raw logits.
+      // (a prompt's middle) or whose next token it can draw itself (PickSuffices).
       const bool samples = s->num_computed + n == static_cast<int>(s->tokens.size());
       e.pick_only = !samples || PickSuffices(*s);
       if (samples && e.pick_only) {

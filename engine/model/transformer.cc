@@ -323,8 +323,8 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   }
   if (absl::Status s = logits_.Resize(m * V); !s.ok()) return s;
   backend_.MatMul(xn_.data(), m, w.output, WeightView{}, logits_.data());
-  // The rows wanted on the host: all of them, or (when some entry wants only its greedy
-  // pick) those of the other entries, one copy per run of consecutive rows.
+  // The rows wanted on the host: all of them, or (when some entry wants only the token its
+  // draw picks) those of the other entries, one copy per run of consecutive rows.
   std::vector<bool> wanted(static_cast<size_t>(m), true);
   std::vector<kernels::TokenDraw> draws(static_cast<size_t>(m));  // greedy unless asked
   bool any_pick = false;
