@@ -45,13 +45,12 @@ struct Sequence {
 };
 
 // Whether the next token of s is what Backend::DrawTokens gives for its raw logits: no
-// bias or penalty to apply first (the draw itself, greedy or at a temperature with top-k,
-// top-p and min-p, and the top log-probabilities are SampleRow's, given the same uniform
-// number).
+// penalty to apply first (the draw itself, greedy or at a temperature with top-k, top-p,
+// min-p and a logit bias, and the top log-probabilities are SampleRow's, given the same
+// uniform number).
 static bool PickSuffices(const Sequence& s) {
   const SamplingParams& p = s.sampler->params();
-  return p.logit_bias.empty() && p.repetition_penalty == 1.0 && p.frequency_penalty == 0.0 &&
-         p.presence_penalty == 0.0;
+  return p.repetition_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0;
 }
 
 struct Session {
@@ -653,10 +652,10 @@ void Engine::Impl::Step() {
       const bool samples = s->num_computed + n == static_cast<int>(s->tokens.size());
       e.pick_only = !samples || PickSuffices(*s);
       if (samples && e.pick_only) {
-        if (s->sampler->params().temperature > 0.0) {
+        e.draw = s->sampler->Draw();
+        if (e.draw.temperature > 0.0) {
           // The device draws with the number the host's Sample would take next (Sampler::
           // ReserveUniform); a host path that samples this row after all takes the same one.
-          e.draw = s->sampler->Draw();
           e.draw.u01 = s->sampler->ReserveUniform();
         }
         e.draw.top_logprobs = s->request.top_logprobs;

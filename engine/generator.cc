@@ -58,16 +58,16 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
   std::vector<float> logits(c.vocab_size);
 
   // A device backend draws the next token where the logits are (Backend::DrawTokens) when
-  // the sampler applies no bias or penalty, with the uniform number Sample would take
+  // the sampler applies no penalty, with the uniform number Sample would take
   // (Sampler::ReserveUniform); a host backend returns the row and Sample takes it.
   const SamplingParams& sp = sampler.params();
-  const bool device_pick = sp.logit_bias.empty() && sp.repetition_penalty == 1.0 &&
-                           sp.frequency_penalty == 0.0 && sp.presence_penalty == 0.0;
+  const bool device_pick =
+      sp.repetition_penalty == 1.0 && sp.frequency_penalty == 0.0 && sp.presence_penalty == 0.0;
   auto prepare = [&](BatchEntry& entry) {
     entry.pick_only = device_pick;
-    if (device_pick && sp.temperature > 0.0) {
+    if (device_pick) {
       entry.draw = sampler.Draw();
-      entry.draw.u01 = sampler.ReserveUniform();
+      if (sp.temperature > 0.0) entry.draw.u01 = sampler.ReserveUniform();
     }
   };
 

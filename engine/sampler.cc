@@ -42,7 +42,7 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
 
 void Sampler::ApplyBiasAndPenalties(absl::Span<float> logits,
                                     absl::Span<const int32_t> history) const {
-  for (const auto& [id, bias] : params_.logit_bias) logits[id] += bias;
+  kernels::ApplyLogitBias(logits, params_.logit_bias);
   const bool any_penalty = params_.repetition_penalty != 1.0 || params_.frequency_penalty != 0.0 ||
                            params_.presence_penalty != 0.0;
   if (!any_penalty || history.empty()) return;
@@ -63,7 +63,7 @@ void Sampler::ApplyBiasAndPenalties(absl::Span<float> logits,
 int32_t Sampler::Sample(absl::Span<float> logits, absl::Span<const int32_t> history) {
   ApplyBiasAndPenalties(logits, history);
   if (params_.temperature == 0.0) return kernels::ArgMax(logits);
-  kernels::TokenDraw draw = Draw();
+  kernels::TokenDraw draw = Draw();  // (its logit_bias is applied above)
   draw.u01 = NextUniform();
   return kernels::DrawToken(logits, draw);
 }
@@ -74,6 +74,7 @@ kernels::TokenDraw Sampler::Draw() const {
   d.top_k = params_.top_k;
   d.top_p = params_.top_p;
   d.min_p = params_.min_p;
+  d.logit_bias = params_.logit_bias;
   return d;
 }
 

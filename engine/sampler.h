@@ -42,9 +42,9 @@ class Sampler {
 
   const SamplingParams& params() const { return params_; }
 
-  // The draw these params make (temperature and filters; u01 left 0): what a device
-  // backend runs where the logits are (Backend::DrawTokens), for params with no bias and
-  // no penalties.
+  // The draw these params make (temperature, filters and logit bias, a view of these
+  // params'; u01 left 0): what a device backend runs where the logits are
+  // (Backend::DrawTokens), for params with no penalties.
   kernels::TokenDraw Draw() const;
   // The uniform number of the next draw, taken from the generator now and kept until a
   // draw uses it (Sample) or ClearReserved: a draw made elsewhere (on a device) then uses

@@ -197,8 +197,15 @@ void DrawRows(const float* logits, int rows, int vocab, const TokenDraw* draws, 
     }
     const absl::Span<const float> row(logits + static_cast<size_t>(r) * vocab,
                                       static_cast<size_t>(vocab));
-    token[r] = DrawToken(row, draws[r]);
-    const double lse = LogSumExp(row);
+    if (draws[r].logit_bias.empty()) {
+      token[r] = DrawToken(row, draws[r]);
+    } else {
+      thread_local std::vector<float> biased;
+      biased.assign(row.begin(), row.end());
+      ApplyLogitBias(absl::MakeSpan(biased), draws[r].logit_bias);
+      token[r] = DrawToken(biased, draws[r]);
+    }
+    const double lse = LogSumExp(row);  // the model's log-probabilities: before the bias
     logprob[r] = static_cast<float>(static_cast<double>(row[token[r]]) - lse);
     if (const int k = std::min({draws[r].top_logprobs, vocab, kMaxTopLogprobs}); k > 0) {
       const size_t at = static_cast<size_t>(r) * kMaxTopLogprobs;

@@ -11,6 +11,7 @@
 #define KVLENS_KERNELS_TOKEN_DRAW_H_
 
 #include <cstdint>
+#include <utility>
 
 #include "absl/types/span.h"
 
@@ -23,7 +24,17 @@ struct TokenDraw {
   double min_p = 0.0;        // 0: off
   double u01 = 0.0;          // the draw's uniform number in [0, 1): 53 random bits · 2^−53
   int top_logprobs = 0;      // also the row's this many most likely tokens (0 … 20)
+  // Added to the logits, entry by entry in order, before the draw (not before the reported
+  // log-probabilities): by DrawRows and Backend::DrawTokens; DrawToken's caller applies
+  // it (ApplyLogitBias). Ids in [0, vocab).
+  absl::Span<const std::pair<int32_t, float>> logit_bias;
 };
+
+// logits[id] += bias for each entry in order (a repeated id adds each time).
+inline void ApplyLogitBias(absl::Span<float> logits,
+                           absl::Span<const std::pair<int32_t, float>> bias) {
+  for (const auto& [id, b] : bias) logits[static_cast<size_t>(id)] += b;
+}
 
 // The most top log-probabilities a row reports (the API's limit).
 inline constexpr int kMaxTopLogprobs = 20;
@@ -32,14 +43,16 @@ inline constexpr int kMaxTopLogprobs = 20;
 inline double UniformFromBits(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
 
 // The token `draw` picks from `logits` (bias and penalties already applied); the greedy
-// pick (kernels::ArgMax) at temperature 0. The logits are not modified.
+// pick (kernels::ArgMax) at temperature 0. The logits are not modified; draw.logit_bias
+// is not applied (the caller has).
 int32_t DrawToken(absl::Span<const float> logits, const TokenDraw& draw);
 
 // The k most likely tokens of a row (k <= its size), by log-probability l − lse desc,
 // then id asc, into ids[0 … k) and their log-probabilities into logprobs.
 void TopLogprobs(absl::Span<const float> logits, double lse, int k, int32_t* ids, float* logprobs);
 
-// Each of `rows` rows of logits [rows, vocab]: token[r] = DrawToken(row r, draws[r]) and
+// Each of `rows` rows of logits [rows, vocab]: token[r] = DrawToken(row r with
+// draws[r].logit_bias applied, draws[r]) and
 // logprob[r] = l[token[r]] − LogSumExp(row r) (kernels/cpu/row_reduce.h), the model's
 // log-probability of the token, as the engine reports it; and where draws[r].top_logprobs
 // is k > 0, TopLogprobs(row r, min(k, vocab)) into top_token and top_logprob, each

@@ -595,21 +595,45 @@ absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
   if (graph_.recording()) {
     return absl::FailedPreconditionError("DrawTokens: called while a step is being recorded");
   }
-  if (vocab > kDrawMaxVocab) {
-    // Past the kernel's fixed-point range: the rows go to the host.
+  bool any_bias = false;
+  for (int r = 0; r < rows; ++r) {
+    for (const auto& [id, value] : draws[r].logit_bias) {
+      if (id < 0 || id >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("DrawTokens: draws[", r,
+                                                       "].logit_bias names token ", id,
+                                                       " outside the vocabulary [0, ", vocab, ")"));
+      }
+      any_bias = true;
+    }
+  }
+  if (vocab > kDrawMaxVocab || (any_bias && vocab > kDrawCachedVocab)) {
+    // Past the kernel's fixed-point range, or a biased row past its shared memory: the
+    // rows go to the host.
     return Backend<float>::DrawTokens(logits, rows, vocab, draws, token, logprob, top_token,
                                       top_logprob);
   }
   if (!status_.ok() || rows == 0) return Synchronize();
   draw_host_.resize(static_cast<size_t>(rows));
+  bias_host_.clear();
   bool any_top = false;
   for (int r = 0; r < rows; ++r) {
-    draw_host_[static_cast<size_t>(r)] = ToDeviceDraw(draws[r]);
+    DeviceDraw& d = draw_host_[static_cast<size_t>(r)];
+    d = ToDeviceDraw(draws[r]);
+    d.bias_offset = static_cast<int32_t>(bias_host_.size());
+    d.bias_count = static_cast<int32_t>(draws[r].logit_bias.size());
+    for (const auto& [id, value] : draws[r].logit_bias) bias_host_.push_back({id, value});
     any_top = any_top || draws[r].top_logprobs > 0;
   }
   absl::StatusOr<const void*> d_draws =
       UploadIndices(draw_host_.data(), sizeof(DeviceDraw) * static_cast<size_t>(rows));
   if (!Ok(d_draws.status())) return status_;
+  const DeviceBias* d_bias = nullptr;
+  if (any_bias) {
+    absl::StatusOr<const void*> uploaded =
+        UploadIndices(bias_host_.data(), sizeof(DeviceBias) * bias_host_.size());
+    if (!Ok(uploaded.status())) return status_;
+    d_bias = static_cast<const DeviceBias*>(*uploaded);
+  }
   // Tokens, then log-probabilities, then (when asked) the top tokens and theirs: one copy
   // back, 8 bytes a row (and 160 more with top log-probabilities).
   const size_t per_row = any_top ? 2 + 2 * kMaxTopLogprobs : 2;
@@ -621,7 +645,7 @@ absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
   float* d_top_logprob =
       any_top ? reinterpret_cast<float*>(d_top_token + rows * kMaxTopLogprobs) : nullptr;
   if (!Ok(Launch(&LaunchDrawTokens, logits, rows, vocab, static_cast<const DeviceDraw*>(*d_draws),
-                 d_token, d_logprob, d_top_token, d_top_logprob))) {
+                 d_bias, d_token, d_logprob, d_top_token, d_top_logprob))) {
     return status_;
   }
   pick_host_.resize(static_cast<size_t>(rows) * per_row);

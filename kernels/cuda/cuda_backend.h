@@ -203,10 +203,11 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // recorded (FAILED_PRECONDITION).
   absl::Status GreedyPick(const float* logits, int rows, int vocab, int32_t* token,
                           float* logprob) override;
-  // One launch (LaunchDrawTokens, every row, greedy ones too), the draws uploaded with the
-  // index arrays, and one copy of 8 bytes a row back (168 with top log-probabilities); vocabularies
-  // past kDrawMaxVocab go to Backend's host default. Not while a step is recorded
-  // (FAILED_PRECONDITION).
+  // One launch (LaunchDrawTokens, every row, greedy ones too), the draws and their logit
+  // biases uploaded with the index arrays, and one copy of 8 bytes a row back (168 with
+  // top log-probabilities); vocabularies past kDrawMaxVocab (or past kDrawCachedVocab
+  // with a logit bias) go to Backend's host default. A bias id outside the vocabulary is
+  // INVALID_ARGUMENT. Not while a step is recorded (FAILED_PRECONDITION).
   absl::Status DrawTokens(const float* logits, int rows, int vocab, const TokenDraw* draws,
                           int32_t* token, float* logprob, int32_t* top_token,
                           float* top_logprob) override;
@@ -290,7 +291,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   DeviceBuffer split_kv_arrivals_;     // the fused combine's counts, 0 between launches
   DeviceBuffer pick_device_;           // GreedyPick's tokens and log-probabilities …
   std::vector<int32_t> pick_host_;     // … copied back (a float's bits in the second half)
-  std::vector<DeviceDraw> draw_host_;  // DrawTokens' draws, staged for the upload
+  std::vector<DeviceDraw> draw_host_;  // DrawTokens' draws, staged for the upload,
+  std::vector<DeviceBias> bias_host_;  // and their logit biases
 
   bool graphs_enabled_ = true;
   StepGraph graph_;

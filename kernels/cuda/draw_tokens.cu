@@ -107,10 +107,9 @@ struct Row {
   }
 };
 
-// Rows of up to this many tokens keep their weights in shared memory (160 KB, with the
-// histograms' 28 KB within an SM's 227 KB): each of a draw's ~15 passes then reads them
-// rather than recomputing an exponential a token.
-constexpr int kDrawCachedVocab = 40960;
+// Rows of up to kDrawCachedVocab tokens keep their weights in shared memory (160 KB, with
+// the histograms' 28 KB within an SM's 227 KB): each of a draw's ~15 passes then reads
+// them rather than recomputing an exponential a token.
 
 struct Smem {
   unsigned count[kHistograms][kBins];
@@ -330,8 +329,9 @@ __device__ u64 MassWithin(const Row& row, uint64_t limit, Smem& s) {
 
 // Block r: row r's draw (DrawToken) and its log-probability.
 __global__ void __launch_bounds__(kDrawThreads)
-    DrawTokensKernel(const float* logits, int vocab, const DeviceDraw* draws, bool cache_weights,
-                     int32_t* token, float* logprob, int32_t* top_token, float* top_logprob) {
+    DrawTokensKernel(const float* logits, int vocab, const DeviceDraw* draws,
+                     const DeviceBias* bias, bool cache_weights, int32_t* token, float* logprob,
+                     int32_t* top_token, float* top_logprob) {
   WaitForPriorGrids();  // first: see launch.cuh
   __shared__ Smem s;
   extern __shared__ float draw_weights[];  // [vocab] with cache_weights
@@ -351,18 +351,38 @@ __global__ void __launch_bounds__(kDrawThreads)
   sum = BlockSumDouble(sum, s);
   const double lse =
       m == -INFINITY ? -static_cast<double>(INFINITY) : static_cast<double>(m) + log(sum);
+  // The logits the draw sees: the row, or with a logit bias its biased copy in shared
+  // memory (each entry added in turn, as ApplyLogitBias; the host checked that it fits),
+  // with their own max.
+  const float* xd = x;
+  float md = m;
+  if (d.bias_count > 0 && cache_weights) {  // (LaunchDrawTokens refuses a bias otherwise)
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x) draw_weights[j] = x[j];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int b = d.bias_offset; b < d.bias_offset + d.bias_count; ++b) {
+        draw_weights[bias[b].id] = __fadd_rn(draw_weights[bias[b].id], bias[b].value);
+      }
+    }
+    __syncthreads();
+    xd = draw_weights;
+    md = -INFINITY;
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x) md = fmaxf(md, xd[j]);
+    md = BlockReduce(md, MaxOp());
+  }
   uint64_t picked = 0;  // the chosen key (its low 32 bits the token)
   if (d.inv_temperature == 0.0f) {
     // ArgMax: the first l == max (0 if none, a row of NaN).
     u64 first = static_cast<u64>(vocab);
     for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-      if (x[j] == m && static_cast<u64>(j) < first) first = static_cast<u64>(j);
+      if (xd[j] == md && static_cast<u64>(j) < first) first = static_cast<u64>(j);
     }
     first = BlockReduceU64(first, MinU64(), s);
     picked = first < static_cast<u64>(vocab) ? first : 0;
   } else {
-    Row row{x, vocab, m, d.inv_temperature, nullptr};
+    Row row{xd, vocab, md, d.inv_temperature, nullptr};
     if (cache_weights) {
+      // (A thread overwrites only the biased logits it reads itself.)
       for (int j = threadIdx.x; j < vocab; j += blockDim.x) draw_weights[j] = row.Compute(j);
       __syncthreads();
       row.cache = draw_weights;
@@ -440,14 +460,18 @@ __global__ void __launch_bounds__(kDrawThreads)
 }  // namespace
 
 absl::Status LaunchDrawTokens(const float* logits, int rows, int vocab, const DeviceDraw* draws,
-                              int32_t* token, float* logprob, int32_t* top_token,
-                              float* top_logprob, cudaStream_t stream) {
+                              const DeviceBias* bias, int32_t* token, float* logprob,
+                              int32_t* top_token, float* top_logprob, cudaStream_t stream) {
   if (vocab < 1 || vocab > kDrawMaxVocab) {
     return absl::InvalidArgumentError(
         absl::StrCat("LaunchDrawTokens: vocab = ", vocab, " must be in [1, ", kDrawMaxVocab, "]"));
   }
   if (rows <= 0) return absl::OkStatus();
   const bool cache_weights = vocab <= kDrawCachedVocab;
+  if (bias != nullptr && !cache_weights) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LaunchDrawTokens: a logit bias needs vocab <= ", kDrawCachedVocab, ", got ", vocab));
+  }
   const size_t cache_bytes = cache_weights ? sizeof(float) * static_cast<size_t>(vocab) : 0;
   if (cache_bytes > 48 * 1024) {
     // Past 48 KiB of dynamic shared memory a kernel must opt in (see flash_prefill_bf16.cu).
@@ -456,8 +480,8 @@ absl::Status LaunchDrawTokens(const float* logits, int rows, int vocab, const De
                                                      static_cast<int>(cache_bytes)));
   }
   LaunchKernel("DrawTokensKernel", DrawTokensKernel, static_cast<unsigned>(rows), kDrawThreads,
-               cache_bytes, stream, logits, vocab, draws, cache_weights, token, logprob, top_token,
-               top_logprob);
+               cache_bytes, stream, logits, vocab, draws, bias, cache_weights, token, logprob,
+               top_token, top_logprob);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("DrawTokensKernel");
   return absl::OkStatus();
 }

@@ -21,6 +21,14 @@ struct DeviceDraw {
   int32_t top_logprobs = 0;  // 0 … kMaxTopLogprobs
   double top_p = 1.0;
   double u01 = 0.0;
+  int32_t bias_offset = 0;  // the row's logit bias: entries [offset, offset + count) of
+  int32_t bias_count = 0;   // LaunchDrawTokens' `bias`
+};
+
+// One logit-bias entry: logits[id] += value.
+struct DeviceBias {
+  int32_t id = 0;
+  float value = 0.0f;
 };
 
 DeviceDraw ToDeviceDraw(const TokenDraw& draw);
@@ -28,18 +36,23 @@ DeviceDraw ToDeviceDraw(const TokenDraw& draw);
 // The largest vocabulary the kernel takes: the candidates' masses are summed as 42-bit
 // fixed-point integers (exact and in any order the same) in 64 bits.
 inline constexpr int kDrawMaxVocab = 1 << 21;
+// The largest vocabulary whose rows the kernel keeps in shared memory (their weights, or
+// a biased row's logits): rows with a logit bias need it.
+inline constexpr int kDrawCachedVocab = 40960;
 
 // For each of `rows` rows of logits [rows, vocab] (device arrays): token[r] the token
 // draws[r] picks (DrawToken, the greedy pick at inv_temperature 0), logprob[r] =
 // l[token] − LogSumExp(row) (row_reduce.h's), and the row's draws[r].top_logprobs most
 // likely tokens (logit desc, id asc: TopLogprobs' order) with theirs in top_token and
-// top_logprob [rows, kMaxTopLogprobs] (null when no row asks). The same token as DrawToken for the
+// top_logprob [rows, kMaxTopLogprobs] (null when no row asks). A row with a logit bias
+// (`bias`, ids in [0, vocab)) draws from its biased logits (vocab <= kDrawCachedVocab);
+// its reported log-probabilities are the raw logits'. The same token as DrawToken for the
 // same u01 except where u01 · the kept mass falls within ~vocab · 2^−43 of a boundary between two
 // candidates (the masses here are fixed-point sums of the same float weights; the host sums them in
 // double), or a top-p cut within as much of top_p · the sum.
 absl::Status LaunchDrawTokens(const float* logits, int rows, int vocab, const DeviceDraw* draws,
-                              int32_t* token, float* logprob, int32_t* top_token,
-                              float* top_logprob, cudaStream_t stream);
+                              const DeviceBias* bias, int32_t* token, float* logprob,
+                              int32_t* top_token, float* top_logprob, cudaStream_t stream);
 
 }  // namespace kvlens::kernels::cuda
 

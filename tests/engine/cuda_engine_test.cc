@@ -181,9 +181,10 @@ TEST(CudaEngineServe, Stories260KThroughTheEngineEqualsCpu) {
 // Seeded temperature draws through the Engine: on CUDA they are drawn where the logits
 // are (CudaBackend::DrawTokens, with the uniform number the engine reserves from each
 // request's generator), on the CPU by the Sampler; the same tokens, and log-probabilities
-// within 1e-4, and one request's top-5 log-probabilities too. A request with a repetition
-// penalty in the same steps takes its logits row to the host on both. (The logits differ by float
-// rounding, ~1e-6 here: a draw within that of a boundary could differ; none of these does.)
+// within 1e-4, and one request's top-5 log-probabilities too; one draws with a logit bias. A
+// request with a repetition penalty in the same steps takes its logits row to the host on both.
+// (The logits differ by float rounding, ~1e-6 here: a draw within that of a boundary could differ;
+// none of these does.)
 TEST(CudaEngineServe, Stories260KSeededDrawsEqualCpu) {
   KVLENS_REQUIRE_FILE(kStories);
   KVLENS_REQUIRE_CUDA(cuda);
@@ -198,7 +199,10 @@ TEST(CudaEngineServe, Stories260KSeededDrawsEqualCpu) {
     r.sampling.seed = 100 + i;
     r.sampling.temperature = i == 0 ? 1.0 : 0.8;
     if (i == 1) r.sampling.top_p = 0.9, r.top_logprobs = 5;
-    if (i == 2) r.sampling.top_k = 40, r.sampling.min_p = 0.02;
+    if (i == 2) {
+      r.sampling.top_k = 40, r.sampling.min_p = 0.02;
+      r.sampling.logit_bias = {{50, 3.0f}, {50, 1.0f}, {1, -100.0f}};
+    }
     if (i == 3) r.sampling.repetition_penalty = 1.2;
   }
   kernels::CpuBackend cpu(2);

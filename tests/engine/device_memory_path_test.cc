@@ -84,10 +84,10 @@ class DeviceMemoryPathTest : public testing::StoriesModelTest {
 
 // Generate on a device backend takes each token from Backend::DrawTokens (greedy, then a
 // seeded draw at temperature 1.5 with top-p, its uniform number reserved from the
-// sampler's generator), and with a repetition penalty from the logits row on the host:
-// the CPU's tokens every time.
+// sampler's generator, and greedy with a logit bias), and with a repetition penalty from
+// the logits row on the host: the CPU's tokens every time.
 TEST_F(DeviceMemoryPathTest, GenerateEqualsCpuGreedySampledAndPenalised) {
-  for (int variant = 0; variant < 3; ++variant) {
+  for (int variant = 0; variant < 4; ++variant) {
     SCOPED_TRACE(variant);
     GenerateOptions o;
     o.max_new_tokens = 30;
@@ -95,6 +95,7 @@ TEST_F(DeviceMemoryPathTest, GenerateEqualsCpuGreedySampledAndPenalised) {
     o.block_size = 5;
     if (variant == 1) o.sampling.temperature = 1.5, o.sampling.top_p = 0.95, o.sampling.seed = 3;
     if (variant == 2) o.sampling.temperature = 1.5, o.sampling.repetition_penalty = 1.3;
+    if (variant == 3) o.sampling.logit_bias = {{13, 4.0f}, {0, -100.0f}};
     kernels::CpuBackend cpu(1);
     testing::FakeDeviceBackend device(1);
     auto want = Generate<float>(*model_, cpu, prompt_, o);
@@ -122,14 +123,14 @@ TEST_F(DeviceMemoryPathTest, EngineEqualsCpuWithAttentionRowsAndSessionReadBack)
   EXPECT_EQ(got.prefix_k0, want.prefix_k0);
 }
 
-// Requests with no bias or penalty take the device's pick (no logits row copied out): a
-// plain greedy one, one with top log-probabilities, and a seeded temperature draw with
-// top-p, whose uniform number the engine reserves from the request's generator before the
-// step; one with a repetition penalty gets its row in the same steps. Served together:
-// the same tokens and top log-probabilities as the CPU path (the same kernels and the same
-// draws, so bitwise), and log-probabilities within 1e-6.
+// Requests with no penalty take the device's pick (no logits row copied out): a plain
+// greedy one, one with top log-probabilities, a greedy one with a logit bias, and a seeded
+// temperature draw with top-p, whose uniform number the engine reserves from the request's
+// generator before the step; one with a repetition penalty gets its row in the same steps. Served
+// together: the same tokens and top log-probabilities as the CPU path (the same kernels and the
+// same draws, so bitwise), and log-probabilities within 1e-6.
 TEST_F(DeviceMemoryPathTest, GreedyPicksAndLogitRowsInOneBatchEqualCpu) {
-  std::vector<GenerationRequest> requests(4);
+  std::vector<GenerationRequest> requests(5);
   for (size_t i = 0; i < requests.size(); ++i) {
     GenerationRequest& r = requests[i];
     r.prompt = prompt_;
@@ -138,6 +139,7 @@ TEST_F(DeviceMemoryPathTest, GreedyPicksAndLogitRowsInOneBatchEqualCpu) {
     if (i == 1) r.top_logprobs = 3;
     if (i == 2) r.sampling.repetition_penalty = 1.3;
     if (i == 3) r.sampling.temperature = 1.5, r.sampling.top_p = 0.95, r.sampling.seed = 5;
+    if (i == 4) r.sampling.logit_bias = {{13, 6.0f}, {13, 4.0f}, {0, -100.0f}};
   }
   kernels::CpuBackend cpu(1);
   testing::FakeDeviceBackend device(1);
@@ -161,11 +163,13 @@ TEST_F(DeviceMemoryPathTest, GreedyPicksAndLogitRowsInOneBatchEqualCpu) {
     }
   }
   EXPECT_EQ(want[1].top[0].size(), 3u);
+  EXPECT_NE(want[4].tokens, want[0].tokens);  // the bias changed the greedy text
   // Request 0's 10 tokens and every prompt row: each step that ran a picking entry; and
   // request 3's 13 tokens, drawn on the "device".
   EXPECT_GE(device.pick_rows.load(), 10);
   EXPECT_EQ(device.drawn_rows.load(), 13);
-  EXPECT_EQ(device.top_rows.load(), 11);  // request 1's tokens, with their top 3
+  EXPECT_EQ(device.top_rows.load(), 11);     // request 1's tokens, with their top 3
+  EXPECT_EQ(device.biased_rows.load(), 14);  // request 4's, with its logit bias
 }
 
 TEST_F(DeviceMemoryPathTest, ForwardRejectsACacheInOtherMemory) {

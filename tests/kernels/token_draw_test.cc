@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -126,6 +127,28 @@ TEST(TokenDrawTest, DrawRowsReportsTheModelsLogProbability) {
   EXPECT_EQ(top[kMaxTopLogprobs + 1], 2);
   EXPECT_EQ(top[kMaxTopLogprobs + 2], 1);
   EXPECT_NEAR(top_lp[kMaxTopLogprobs + 2], 1.0 - std::log(z), 1e-6);
+}
+
+// DrawRows applies a row's logit bias, entry by entry, before the draw but not before the
+// reported log-probabilities: +2 on id 0 (log 1 + 2 = 2 beats log 4) makes it greedy's
+// pick, reported at its raw log(1/10); two −1s on id 3 add up (log 4 − 2 < log 3).
+TEST(TokenDrawTest, DrawRowsAppliesTheLogitBiasToTheDrawOnly) {
+  const std::vector<std::pair<int32_t, float>> raise = {{0, 2.0f}};
+  const std::vector<std::pair<int32_t, float>> lower = {{3, -1.0f}, {3, -1.0f}};
+  TokenDraw draws[2];
+  draws[0].logit_bias = raise;
+  draws[1].logit_bias = lower;
+  int32_t token[2] = {-1, -1};
+  float logprob[2];
+  std::vector<float> rows = kQuarters;
+  rows.insert(rows.end(), kQuarters.begin(), kQuarters.end());
+  DrawRows(rows.data(), 2, 4, draws, token, logprob, nullptr, nullptr);
+  EXPECT_EQ(token[0], 0);
+  EXPECT_NEAR(logprob[0], std::log(0.1), 1e-6);
+  EXPECT_EQ(token[1], 2);
+  EXPECT_NEAR(logprob[1], std::log(0.3), 1e-6);
+  // DrawToken itself leaves the bias to its caller.
+  EXPECT_EQ(DrawToken(kQuarters, draws[0]), 3);
 }
 
 }  // namespace

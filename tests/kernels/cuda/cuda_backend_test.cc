@@ -463,12 +463,14 @@ TEST_F(CudaBackendTest, GreedyPickEqualsTheHostsPick) {
 // DrawTokens on the device against DrawRows on the host (kernels/token_draw.h, checked by
 // hand in token_draw_test and against the definition in sampler_test), the same draws and
 // uniform numbers: rows of 32000 (Gaussian logits σ = 1 and 3, quarters with runs of tied
-// weights, σ = 30 where most weights are 0), 1000 and 7 tokens (their weights kept in shared
-// memory), 50000 (the weights recomputed each pass), a row of −inf only and one with NaN and −inf,
-// each under greedy, temperatures 1e-40 (greedy too), 0.3 … 100, top-k (1, 50, past the
-// vocabulary), top-p, min-p and all three, at uniform numbers from 0 to just under 1. The tokens
-// must be equal: the weights are the host's bit for bit, and the masses differ by at most vocab ·
-// 2^−43, which no draw here lands that close to a boundary.
+// weights, σ = 30 where most weights are 0), 1000 and 12 tokens (their weights kept in
+// shared memory), 50000 (recomputed each pass; with a logit bias, drawn on the host), a row
+// of −inf only and one with NaN and −inf; each under greedy, temperatures 1e-40 (greedy
+// too) and 0.3 … 100, top-k (1, 50, past the vocabulary), top-p, min-p and all three, some
+// with top-20 or top-5 log-probabilities, and logit biases (one raising a token, a ban list
+// with a repeated id), at uniform numbers from 0 to just under 1. The tokens must be
+// equal: the weights are the host's bit for bit, and the masses differ by at most
+// vocab · 2^−43, which no draw here lands that close to a boundary.
 TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
   std::mt19937_64 rng(17);
   const double inf = std::numeric_limits<double>::infinity();
@@ -478,7 +480,7 @@ TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
     bool quarters;
   };
   const RowKind kinds[] = {{32000, 1.0, false},  {32000, 3.0, false}, {32000, 1.0, true},
-                           {32000, 30.0, false}, {1000, 2.0, false},  {7, 1.0, true},
+                           {32000, 30.0, false}, {1000, 2.0, false},  {12, 1.0, true},
                            {50000, 2.0, true}};
   std::vector<kernels::TokenDraw> variants;
   for (double t : {0.0, 1e-40, 0.3, 0.8, 1.0, 100.0}) {
@@ -501,6 +503,17 @@ TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
   variants.push_back(with(100.0, 0, 0.3, 0.0));
   variants[0].top_logprobs = 20;  // greedy, with the top log-probabilities
   variants[3].top_logprobs = 5;   // T 0.8
+  // Logit biases: +30 on token 5 (greedy's pick then), and a ban list with a repeated id
+  // (−100 on tokens 0 … 9, −1 twice more on 3) under a top-p draw.
+  const std::vector<std::pair<int32_t, float>> raise = {{5, 30.0f}};
+  std::vector<std::pair<int32_t, float>> bans;
+  for (int32_t id = 0; id < 10; ++id) bans.push_back({id, -100.0f});
+  bans.push_back({3, -1.0f});
+  bans.push_back({3, -1.0f});
+  variants.push_back(with(0.0, 0, 1.0, 0.0));
+  variants.back().logit_bias = raise;
+  variants.push_back(with(0.8, 0, 0.9, 0.0));
+  variants.back().logit_bias = bans;
   const double u01s[] = {0.0, 0.25, 0.5, 0.75, 0.999999};
   for (const RowKind& kind : kinds) {
     SCOPED_TRACE(::testing::Message() << "vocab " << kind.vocab << ", sigma " << kind.sigma
@@ -510,41 +523,46 @@ TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
     for (double& l : row) {
       l = kind.quarters ? std::round(normal(rng) * 4.0) / 4.0 : static_cast<float>(normal(rng));
     }
-    // One row per (variant, u01): the same logits each time.
-    const int rows = static_cast<int>(variants.size() * std::size(u01s));
-    std::vector<double> logits;
-    std::vector<kernels::TokenDraw> draws;
-    for (const kernels::TokenDraw& v : variants) {
-      for (double u : u01s) {
-        logits.insert(logits.end(), row.begin(), row.end());
-        draws.push_back(v);
-        draws.back().u01 = u;
+    // One row per (variant, u01): the same logits each time. The variants with a logit
+    // bias go in a call of their own: past kDrawCachedVocab such a call is drawn on the
+    // host, and the others must still reach the kernel.
+    for (const bool biased : {false, true}) {
+      std::vector<double> logits;
+      std::vector<kernels::TokenDraw> draws;
+      for (const kernels::TokenDraw& v : variants) {
+        if (v.logit_bias.empty() == biased) continue;
+        for (double u : u01s) {
+          logits.insert(logits.end(), row.begin(), row.end());
+          draws.push_back(v);
+          draws.back().u01 = u;
+        }
       }
-    }
-    auto d = parity::ToDevice(logits);
-    ASSERT_TRUE(d.ok()) << d.status();
-    std::vector<int32_t> token(rows, -1), want_token(rows, -2);
-    std::vector<float> logprob(rows), want_logprob(rows);
-    const size_t tops = static_cast<size_t>(rows) * kernels::kMaxTopLogprobs;
-    std::vector<int32_t> top(tops, -1), want_top(tops, -2);
-    std::vector<float> top_lp(tops), want_top_lp(tops);
-    ASSERT_TRUE(backend_
-                    ->DrawTokens(d->as<float>(), rows, kind.vocab, draws.data(), token.data(),
-                                 logprob.data(), top.data(), top_lp.data())
-                    .ok());
-    const std::vector<float> host(logits.begin(), logits.end());
-    kernels::DrawRows(host.data(), rows, kind.vocab, draws.data(), want_token.data(),
-                      want_logprob.data(), want_top.data(), want_top_lp.data());
-    for (int r = 0; r < rows; ++r) {
-      const kernels::TokenDraw& v = draws[static_cast<size_t>(r)];
-      EXPECT_EQ(token[r], want_token[r])
-          << "T " << v.temperature << ", top_k " << v.top_k << ", top_p " << v.top_p << ", min_p "
-          << v.min_p << ", u01 " << v.u01;
-      EXPECT_NEAR(logprob[r], want_logprob[r], 1e-5 * (1 + std::abs(want_logprob[r]))) << r;
-      for (int i = 0; i < std::min(v.top_logprobs, kind.vocab); ++i) {
-        const size_t at = static_cast<size_t>(r) * kernels::kMaxTopLogprobs + i;
-        EXPECT_EQ(top[at], want_top[at]) << "row " << r << ", top " << i;
-        EXPECT_NEAR(top_lp[at], want_top_lp[at], 1e-5 * (1 + std::abs(want_top_lp[at])));
+      const int rows = static_cast<int>(draws.size());
+      auto d = parity::ToDevice(logits);
+      ASSERT_TRUE(d.ok()) << d.status();
+      std::vector<int32_t> token(rows, -1), want_token(rows, -2);
+      std::vector<float> logprob(rows), want_logprob(rows);
+      const size_t tops = static_cast<size_t>(rows) * kernels::kMaxTopLogprobs;
+      std::vector<int32_t> top(tops, -1), want_top(tops, -2);
+      std::vector<float> top_lp(tops), want_top_lp(tops);
+      ASSERT_TRUE(backend_
+                      ->DrawTokens(d->as<float>(), rows, kind.vocab, draws.data(), token.data(),
+                                   logprob.data(), top.data(), top_lp.data())
+                      .ok());
+      const std::vector<float> host(logits.begin(), logits.end());
+      kernels::DrawRows(host.data(), rows, kind.vocab, draws.data(), want_token.data(),
+                        want_logprob.data(), want_top.data(), want_top_lp.data());
+      for (int r = 0; r < rows; ++r) {
+        const kernels::TokenDraw& v = draws[static_cast<size_t>(r)];
+        EXPECT_EQ(token[r], want_token[r])
+            << "T " << v.temperature << ", top_k " << v.top_k << ", top_p " << v.top_p << ", min_p "
+            << v.min_p << ", u01 " << v.u01;
+        EXPECT_NEAR(logprob[r], want_logprob[r], 1e-5 * (1 + std::abs(want_logprob[r]))) << r;
+        for (int i = 0; i < std::min(v.top_logprobs, kind.vocab); ++i) {
+          const size_t at = static_cast<size_t>(r) * kernels::kMaxTopLogprobs + i;
+          EXPECT_EQ(top[at], want_top[at]) << "row " << r << ", top " << i;
+          EXPECT_NEAR(top_lp[at], want_top_lp[at], 1e-5 * (1 + std::abs(want_top_lp[at])));
+        }
       }
     }
   }
