@@ -230,40 +230,6 @@ class Backend {
     SwiGlu(out, up_scratch, int64_t{n} * w_gate.rows, out);
   }
 
-  // The greedy pick of each of `rows` rows of logits [rows, vocab] (this backend's memory),
-  // into host arrays: token[r] the first index of row r's largest logit (NaN never; 0 for
-  // a row of −inf or NaN only, as kernels::ArgMax) and logprob[r] its log-probability,
-  // −log Σ_j e^(l_j − max) (NaN logits add nothing, as kernels::LogSumExp). For a device
-  // backend this spares copying the rows out when only the pick is wanted; waits for the
-  // work before it and returns the first failure of the void ops. The default copies the
-  // rows to the host first where they are not there already.
-  virtual absl::Status GreedyPick(const T* logits, int rows, int vocab, int32_t* token,
-                                  float* logprob) {
-    if (rows <= 0) return Synchronize();
-    std::vector<T> copy;
-    absl::StatusOr<const T*> rows_on_host =
-        OnHost(logits, static_cast<size_t>(rows) * static_cast<size_t>(vocab), copy);
-    if (!rows_on_host.ok()) return rows_on_host.status();
-    const T* host = *rows_on_host;
-    for (int r = 0; r < rows; ++r) {
-      const T* l = host + static_cast<size_t>(r) * static_cast<size_t>(vocab);
-      int32_t best = -1;
-      for (int j = 0; j < vocab; ++j) {
-        if (l[j] > -std::numeric_limits<T>::infinity() && (best < 0 || l[j] > l[best])) best = j;
-      }
-      double sum = 0.0;
-      if (best >= 0) {
-        for (int j = 0; j < vocab; ++j) {
-          if (!std::isnan(l[j])) sum += std::exp(static_cast<double>(l[j]) - l[best]);
-        }
-      }
-      token[r] = best < 0 ? 0 : best;
-      logprob[r] =
-          best < 0 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(-std::log(sum));
-    }
-    return Synchronize();
-  }
-
   // The token draws[r] picks from row r of logits [rows, vocab] (this backend's memory),
   // into host arrays: token[r] = DrawToken(row r, draws[r]) (the greedy pick where
   // draws[r].temperature is 0) and logprob[r] = l[token] − LogSumExp(row r), in double,

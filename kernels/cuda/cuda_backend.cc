@@ -561,29 +561,6 @@ void CudaBackend::Add(float* y, const float* x, int64_t count) {
   Ok(Launch(&LaunchAdd, y, x, count));
 }
 
-absl::Status CudaBackend::GreedyPick(const float* logits, int rows, int vocab, int32_t* token,
-                                     float* logprob) {
-  if (rows < 0 || vocab <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GreedyPick: rows = ", rows, " must be >= 0 and vocab = ", vocab, " >= 1"));
-  }
-  if (graph_.recording()) {
-    return absl::FailedPreconditionError("GreedyPick: called while a step is being recorded");
-  }
-  if (!status_.ok() || rows == 0) return Synchronize();
-  // Tokens, then log-probabilities: one copy back of 8 bytes a row.
-  const size_t bytes = sizeof(int32_t) * static_cast<size_t>(rows) * 2;
-  if (!Ok(ReserveScratch(pick_device_, bytes))) return status_;
-  int32_t* d_token = pick_device_.as<int32_t>();
-  float* d_logprob = reinterpret_cast<float*>(d_token + rows);
-  if (!Ok(Launch(&LaunchGreedyPick, logits, rows, vocab, d_token, d_logprob))) return status_;
-  pick_host_.resize(static_cast<size_t>(rows) * 2);
-  if (!Ok(memory_.CopyToHost(pick_host_.data(), d_token, bytes))) return status_;
-  std::memcpy(token, pick_host_.data(), sizeof(int32_t) * rows);
-  std::memcpy(logprob, pick_host_.data() + rows, sizeof(float) * rows);
-  return status_;
-}
-
 absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
                                      const TokenDraw* draws, int32_t* token, float* logprob,
                                      int32_t* top_token, float* top_logprob) {

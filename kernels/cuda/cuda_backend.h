@@ -199,10 +199,6 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // dx += dy · W on device pointers (cuBLAS, beta = 1). As in MatMul, f16/bf16 (and
   // q8_0 → f16) weights take dy rounded to their dtype, fp32 accumulation.
   absl::Status MatMulBackwardInput(const float* dy, int n, const WeightView& w, float* dx) override;
-  // One launch (LaunchGreedyPick) and one copy of 8 bytes a row back; not while a step is
-  // recorded (FAILED_PRECONDITION).
-  absl::Status GreedyPick(const float* logits, int rows, int vocab, int32_t* token,
-                          float* logprob) override;
   // One launch (LaunchDrawTokens, every row, greedy ones too), the draws and their logit
   // biases uploaded with the index arrays, and one copy of 8 bytes a row back (168 with
   // top log-probabilities); vocabularies past kDrawMaxVocab (or past kDrawCachedVocab
@@ -289,7 +285,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   DeviceBuffer gemm_input_;            // x rounded to f16/bf16 for the tensor cores
   DeviceBuffer attention_workspace_;   // split-KV partials, or S/A when not requested
   DeviceBuffer split_kv_arrivals_;     // the fused combine's counts, 0 between launches
-  DeviceBuffer pick_device_;           // GreedyPick's tokens and log-probabilities …
+  DeviceBuffer pick_device_;           // DrawTokens' tokens and log-probabilities …
   std::vector<int32_t> pick_host_;     // … copied back (a float's bits in the second half)
   std::vector<DeviceDraw> draw_host_;  // DrawTokens' draws, staged for the upload,
   std::vector<DeviceBias> bias_host_;  // and their logit biases

@@ -210,53 +210,6 @@ __global__ void AddKernel(float* y, const float* x, int64_t count) {
   }
 }
 
-// Block r: row r's greedy pick (CudaBackend::GreedyPick, Backend::GreedyPick). Each thread
-// scans its strided share in index order keeping the first largest, then the block keeps
-// the larger, or on a tie the lower index; the log-probability is −log Σ e^(l − max), NaN
-// logits adding nothing.
-__global__ void GreedyPickKernel(const float* logits, int vocab, int32_t* token, float* logprob) {
-  WaitForPriorGrids();  // first: see launch.cuh
-  const float* x = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  float best = -INFINITY;
-  int index = vocab;  // none yet
-  for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const float v = x[j];
-    if (v > best) best = v, index = j;
-  }
-  auto take = [&](float other_best, int other_index) {
-    if (other_best > best || (other_best == best && other_index < index)) {
-      best = other_best;
-      index = other_index;
-    }
-  };
-  for (int o = 16; o > 0; o >>= 1) {
-    const float b = __shfl_xor_sync(0xffffffffu, best, o);
-    const int i = __shfl_xor_sync(0xffffffffu, index, o);
-    take(b, i);
-  }
-  __shared__ float warp_best[32];
-  __shared__ int warp_index[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_best[warp] = best, warp_index[warp] = index;
-  __syncthreads();
-  best = warp_best[0];
-  index = warp_index[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) take(warp_best[w], warp_index[w]);
-  // Every thread now holds the row's pick (index == vocab: only −inf or NaN).
-  float sum = 0.0f;
-  if (index < vocab) {
-    for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-      const float v = x[j];
-      sum += v == v ? expf(v - best) : 0.0f;
-    }
-  }
-  sum = BlockReduce(sum, SumOp());
-  if (threadIdx.x == 0) {
-    token[blockIdx.x] = index < vocab ? index : 0;
-    logprob[blockIdx.x] = index < vocab ? -logf(sum) : NAN;
-  }
-}
-
 __global__ void AddBiasKernel(float* y, int64_t total, int64_t cols, const void* bias,
                               DType dtype) {
   WaitForPriorGrids();  // first: see launch.cuh
@@ -437,15 +390,6 @@ absl::Status LaunchAdd(float* y, const float* x, int64_t count, cudaStream_t str
   if (count <= 0) return absl::OkStatus();
   LaunchKernel("AddKernel", AddKernel, GridFor(count), kThreads, 0, stream, y, x, count);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("AddKernel");
-  return absl::OkStatus();
-}
-
-absl::Status LaunchGreedyPick(const float* logits, int rows, int vocab, int32_t* token,
-                              float* logprob, cudaStream_t stream) {
-  if (rows <= 0 || vocab <= 0) return absl::OkStatus();
-  LaunchKernel("GreedyPickKernel", GreedyPickKernel, static_cast<unsigned>(rows), kThreads, 0,
-               stream, logits, vocab, token, logprob);
-  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("GreedyPickKernel");
   return absl::OkStatus();
 }
 

@@ -46,11 +46,6 @@ absl::Status LaunchGelu(float* x, int64_t count, cudaStream_t stream);
 absl::Status LaunchSwiGlu(const float* gate, const float* up, int64_t count, float* out,
                           cudaStream_t stream);
 absl::Status LaunchAdd(float* y, const float* x, int64_t count, cudaStream_t stream);
-// For each of `rows` rows of logits [rows, vocab]: token[r] the first index of the
-// largest logit (NaN never; 0 for a row of −inf or NaN only), logprob[r] = −log Σ_j
-// e^(l_j − max) over the non-NaN logits (NaN for a row without a pick). Device arrays.
-absl::Status LaunchGreedyPick(const float* logits, int rows, int vocab, int32_t* token,
-                              float* logprob, cudaStream_t stream);
 // y[r, c] += bias[c] for r < n, c < cols
 absl::Status LaunchAddBias(float* y, int n, int64_t cols, const void* bias, DType dtype,
                            cudaStream_t stream);

@@ -221,9 +221,10 @@ TYPED_TEST(OpsTest, SwiGluByFormula) {
   EXPECT_NEAR(out[2], 3 / (1 + std::exp(-1.0)), this->kRel * 4);
 }
 
-// Backend::GreedyPick by hand: the first of tied maxima; NaN never picked and adding
-// nothing; −inf adding nothing; a row of −inf or NaN only gives token 0 and NaN.
-TYPED_TEST(OpsTest, GreedyPickByHand) {
+// Backend::DrawTokens' greedy pick by hand (temperature 0): the first of tied maxima; NaN
+// never picked and adding nothing; −inf adding nothing; a row of −inf or NaN only gives
+// token 0 and NaN.
+TYPED_TEST(OpsTest, GreedyDrawByHand) {
   using T = typename TestFixture::T;
   const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
   const std::vector<T> logits = {1,    3,    3,    2,     // tie: the first 3
@@ -232,7 +233,11 @@ TYPED_TEST(OpsTest, GreedyPickByHand) {
                                  nan,  nan,  nan,  nan};
   std::vector<int32_t> token(4, -1);
   std::vector<float> logprob(4, 7.0f);
-  ASSERT_TRUE(this->backend_->GreedyPick(logits.data(), 4, 4, token.data(), logprob.data()).ok());
+  const std::vector<kernels::TokenDraw> greedy(4);
+  ASSERT_TRUE(this->backend_
+                  ->DrawTokens(logits.data(), 4, 4, greedy.data(), token.data(), logprob.data(),
+                               nullptr, nullptr)
+                  .ok());
   EXPECT_EQ(token, (std::vector<int32_t>{1, 2, 0, 0}));
   EXPECT_NEAR(logprob[0], 3 - std::log(std::exp(1.0) + 2 * std::exp(3.0) + std::exp(2.0)), 1e-6);
   EXPECT_NEAR(logprob[1], -std::log(1 + std::exp(-2.5)), 1e-6);

@@ -419,10 +419,10 @@ TEST_F(CudaBackendTest, AttentionBatchWithABadCallRunsNothingAndNamesIt) {
 
 // Two backends of one device sharing weights: the second finds the first's upload (no new
 // device memory) and computes the same product on its own stream.
-// GreedyPick on the device against Backend's default on the host (the CPU backend), which
-// ops_test checks by hand: rows of 32000 and of 1000 (not a multiple of the block), with
-// ties, NaN and −inf placed in different threads' shares, and rows of −inf or NaN only.
-TEST_F(CudaBackendTest, GreedyPickEqualsTheHostsPick) {
+// Greedy draws on the device against DrawRows on the host (ops_test checks the host's by
+// hand): rows of 32000 and of 1000 (not a multiple of the block), with ties, NaN and −inf
+// placed in different threads' shares, and rows of −inf or NaN only.
+TEST_F(CudaBackendTest, GreedyDrawsEqualTheHostsPick) {
   std::mt19937_64 rng(9);
   for (int vocab : {32000, 1000}) {
     SCOPED_TRACE(vocab);
@@ -441,12 +441,14 @@ TEST_F(CudaBackendTest, GreedyPickEqualsTheHostsPick) {
     ASSERT_TRUE(d.ok()) << d.status();
     std::vector<int32_t> token(kRows, -1), want_token(kRows, -2);
     std::vector<float> logprob(kRows), want_logprob(kRows);
-    ASSERT_TRUE(
-        backend_->GreedyPick(d->as<float>(), kRows, vocab, token.data(), logprob.data()).ok());
+    const std::vector<kernels::TokenDraw> greedy(kRows);
+    ASSERT_TRUE(backend_
+                    ->DrawTokens(d->as<float>(), kRows, vocab, greedy.data(), token.data(),
+                                 logprob.data(), nullptr, nullptr)
+                    .ok());
     const std::vector<float> host(logits.begin(), logits.end());
-    kernels::CpuBackend cpu(1);
-    ASSERT_TRUE(
-        cpu.GreedyPick(host.data(), kRows, vocab, want_token.data(), want_logprob.data()).ok());
+    kernels::DrawRows(host.data(), kRows, vocab, greedy.data(), want_token.data(),
+                      want_logprob.data(), nullptr, nullptr);
     EXPECT_EQ(token, want_token);
     EXPECT_EQ(want_token[1], 37);
     EXPECT_EQ(want_token[5], vocab - 1);
