@@ -44,15 +44,6 @@ struct Sequence {
   bool was_scheduled = false;
 };
 
-// Whether the next token of s is what Backend::DrawTokens gives for its raw logits: no
-// penalty to apply first (the draw itself, greedy or at a temperature with top-k, top-p,
-// min-p and a logit bias, and the top log-probabilities are SampleRow's, given the same
-// uniform number).
-static bool PickSuffices(const Sequence& s) {
-  const SamplingParams& p = s.sampler->params();
-  return p.repetition_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0;
-}
-
 struct Session {
   std::vector<int32_t> tokens;
   std::vector<BlockId> blocks;
@@ -648,16 +639,13 @@ void Engine::Impl::Step() {
       e.num_cached = s->num_computed;
       e.block_table = s->blocks;
       // A device backend then copies out no logits row for a chunk that samples nothing
-      // (a prompt's middle) or whose next token it can draw itself (PickSuffices).
+      // (a prompt's middle) or whose next token it can draw itself (no penalties).
       const bool samples = s->num_computed + n == static_cast<int>(s->tokens.size());
-      e.pick_only = !samples || PickSuffices(*s);
+      e.pick_only = !samples || !s->sampler->NeedsHistory();
       if (samples && e.pick_only) {
-        e.draw = s->sampler->Draw();
-        if (e.draw.temperature > 0.0) {
-          // The device draws with the number the host's Sample would take next (Sampler::
-          // ReserveUniform); a host path that samples this row after all takes the same one.
-          e.draw.u01 = s->sampler->ReserveUniform();
-        }
+        // With the number the host's Sample would take next; a host path that samples
+        // this row after all takes the same one.
+        e.draw = s->sampler->ReserveDraw();
         e.draw.top_logprobs = s->request.top_logprobs;
       }
       batch.push_back(e);
@@ -686,7 +674,7 @@ void Engine::Impl::Step() {
         const size_t k = rows[static_cast<size_t>(r)];
         Sequence& s = *plan[k].first;
         if (batch[k].pick_only && !out.pick_token.empty()) {
-          // The device's pick: what SampleRow would give for a row PickSuffices admits.
+          // The device's pick: what SampleRow would give for a row without penalties.
           const size_t row = static_cast<size_t>(out.logits_row[k]);
           sampled[k].token = out.pick_token[row];
           sampled[k].logprob = out.pick_logprob[row];

@@ -59,16 +59,10 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
 
   // A device backend draws the next token where the logits are (Backend::DrawTokens) when
   // the sampler applies no penalty, with the uniform number Sample would take
-  // (Sampler::ReserveUniform); a host backend returns the row and Sample takes it.
-  const SamplingParams& sp = sampler.params();
-  const bool device_pick =
-      sp.repetition_penalty == 1.0 && sp.frequency_penalty == 0.0 && sp.presence_penalty == 0.0;
+  // (Sampler::ReserveDraw); a host backend returns the row and Sample takes it.
   auto prepare = [&](BatchEntry& entry) {
-    entry.pick_only = device_pick;
-    if (device_pick) {
-      entry.draw = sampler.Draw();
-      if (sp.temperature > 0.0) entry.draw.u01 = sampler.ReserveUniform();
-    }
+    entry.pick_only = !sampler.NeedsHistory();
+    if (entry.pick_only) entry.draw = sampler.ReserveDraw();
   };
 
   // prefill in chunks; only the last chunk's last row needs logits (the middle chunks'

@@ -43,9 +43,7 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
 void Sampler::ApplyBiasAndPenalties(absl::Span<float> logits,
                                     absl::Span<const int32_t> history) const {
   kernels::ApplyLogitBias(logits, params_.logit_bias);
-  const bool any_penalty = params_.repetition_penalty != 1.0 || params_.frequency_penalty != 0.0 ||
-                           params_.presence_penalty != 0.0;
-  if (!any_penalty || history.empty()) return;
+  if (!NeedsHistory() || history.empty()) return;
   absl::flat_hash_map<int32_t, int> counts;
   for (int32_t t : history) {
     if (t >= 0 && t < static_cast<int32_t>(logits.size())) ++counts[t];
@@ -78,12 +76,16 @@ kernels::TokenDraw Sampler::Draw() const {
   return d;
 }
 
-double Sampler::ReserveUniform() {
-  if (!reserved_) {
-    reserved_u01_ = kernels::UniformFromBits(rng_());
-    reserved_ = true;
+kernels::TokenDraw Sampler::ReserveDraw() {
+  kernels::TokenDraw d = Draw();
+  if (d.temperature > 0.0) {  // as Sample, which draws a number only then
+    if (!reserved_) {
+      reserved_u01_ = kernels::UniformFromBits(rng_());
+      reserved_ = true;
+    }
+    d.u01 = reserved_u01_;
   }
-  return reserved_u01_;
+  return d;
 }
 
 double Sampler::NextUniform() {
@@ -113,14 +115,13 @@ RowSample SampleRow(Sampler& sampler, absl::Span<const float> logits,
   auto logprob = [&](int32_t i) { return static_cast<double>(logits[i]) - lse; };
   out.token = sampler.Sample(absl::MakeSpan(row), history);
   out.logprob = static_cast<float>(logprob(out.token));
-  if (top_logprobs > 0) {
-    const int k = std::min(top_logprobs, static_cast<int>(logits.size()));
+  if (const int k =
+          std::min({top_logprobs, static_cast<int>(logits.size()), kernels::kMaxTopLogprobs});
+      k > 0) {
     int32_t ids[kernels::kMaxTopLogprobs];
     float lps[kernels::kMaxTopLogprobs];
-    kernels::TopLogprobs(logits, lse, std::min(k, kernels::kMaxTopLogprobs), ids, lps);
-    for (int i = 0; i < std::min(k, kernels::kMaxTopLogprobs); ++i) {
-      out.top_logprobs.push_back({ids[i], lps[i]});
-    }
+    kernels::TopLogprobs(logits, lse, k, ids, lps);
+    for (int i = 0; i < k; ++i) out.top_logprobs.push_back({ids[i], lps[i]});
   }
   return out;
 }

@@ -42,20 +42,26 @@ class Sampler {
 
   const SamplingParams& params() const { return params_; }
 
-  // The draw these params make (temperature, filters and logit bias, a view of these
-  // params'; u01 left 0): what a device backend runs where the logits are
-  // (Backend::DrawTokens), for params with no penalties.
-  kernels::TokenDraw Draw() const;
-  // The uniform number of the next draw, taken from the generator now and kept until a
-  // draw uses it (Sample) or ClearReserved: a draw made elsewhere (on a device) then uses
-  // the same number a Sample here would have, and the stream of draws stays one per
-  // sampled token whichever path samples. Repeated calls return the same number.
-  double ReserveUniform();
+  // Whether the penalties need the tokens so far: then only Sample, given the history,
+  // can pick; otherwise ReserveDraw's draw on the raw logits picks what Sample would.
+  bool NeedsHistory() const {
+    return params_.repetition_penalty != 1.0 || params_.frequency_penalty != 0.0 ||
+           params_.presence_penalty != 0.0;
+  }
+  // The next draw (temperature, filters and logit bias, a view of these params') for a
+  // backend to run where the logits are (Backend::DrawTokens), with its uniform number
+  // taken from the generator now (at a temperature) and kept until a draw uses it
+  // (Sample) or ClearReserved: the same number a Sample here would have taken, so the
+  // stream of draws stays one per sampled token whichever path samples. Calls before
+  // that reuse the number.
+  kernels::TokenDraw ReserveDraw();
   // Forgets a reserved number that a draw elsewhere has used.
   void ClearReserved() { reserved_ = false; }
 
  private:
   void ApplyBiasAndPenalties(absl::Span<float> logits, absl::Span<const int32_t> history) const;
+  // The draw these params make, u01 left 0.
+  kernels::TokenDraw Draw() const;
   // The reserved number, or a fresh one.
   double NextUniform();
 

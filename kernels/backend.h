@@ -7,9 +7,7 @@
 #ifndef KVLENS_KERNELS_BACKEND_H_
 #define KVLENS_KERNELS_BACKEND_H_
 
-#include <cmath>
 #include <cstdint>
-#include <limits>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -235,7 +233,7 @@ class Backend {
   // draws[r].temperature is 0) and logprob[r] = l[token] − LogSumExp(row r), in double,
   // and the row's draws[r].top_logprobs most likely tokens with theirs into top_token and
   // top_logprob ([rows, kMaxTopLogprobs]; may be null when no row asks): what
-  // engine/sampler.h's SampleRow reports for a row with no bias or penalty (DrawRows).
+  // engine/sampler.h's SampleRow reports for a row with no penalty (DrawRows).
   // For a device backend this spares copying the rows out. Waits for the work before it
   // and returns the first failure of the void ops. The default copies the rows to the
   // host where they are not there already and draws there.
