@@ -248,6 +248,22 @@ __device__ void FindBin(u64 before, Reached reached, Smem& s) {
   __syncthreads();
 }
 
+// Fixes prefix's key bits from_shift + 7 down to to_shift, 8 at a time, so that they are
+// those of the candidate of rank r (0-based, over the keys <= limit that agree with prefix
+// above them); r becomes its rank among the candidates that agree with the new prefix.
+__device__ uint64_t DescendByRank(const Row& row, uint64_t prefix, int from_shift, int to_shift,
+                                  uint64_t limit, unsigned& r, Smem& s) {
+  for (int shift = from_shift; shift >= to_shift; shift -= 8) {
+    Histogram<false>(row, prefix, shift, limit, s);
+    const unsigned rank = r;
+    FindBin<false>(
+        0, [rank](u64 c) { return c > rank; }, s);
+    prefix |= static_cast<uint64_t>(s.pick) << shift;
+    r -= static_cast<unsigned>(s.pick_before);
+  }
+  return prefix;
+}
+
 // Over the candidates with key <= limit that agree with prefix's top 32 bits (one
 // weight), the key of rank r (0: the lowest id).
 __device__ uint64_t RankInRun(const Row& row, uint64_t prefix, uint64_t limit, unsigned r,
@@ -261,27 +277,25 @@ __device__ uint64_t RankInRun(const Row& row, uint64_t prefix, uint64_t limit, u
     return BlockReduceU64(best, MinU64(), s);
   }
   // ids < kDrawMaxVocab = 2^21: key bits 24 … 31 are 0, the ids' levels start at bit 16.
-  for (int shift = 16; shift >= 0; shift -= 8) {
-    Histogram<false>(row, prefix, shift, limit, s);
-    FindBin<false>(
-        0, [r](u64 c) { return c > r; }, s);
-    prefix |= static_cast<uint64_t>(s.pick) << shift;
-    r -= static_cast<unsigned>(s.pick_before);
-  }
-  return prefix;
+  return DescendByRank(row, prefix, 16, 0, limit, r, s);
 }
 
 // The key of rank r (0-based) among the candidates with key <= limit (r < their count).
 __device__ uint64_t SelectByRank(const Row& row, uint64_t limit, unsigned r, Smem& s) {
-  uint64_t prefix = 0;
-  for (int shift = 56; shift >= 32; shift -= 8) {
-    Histogram<false>(row, prefix, shift, limit, s);
-    FindBin<false>(
-        0, [r](u64 c) { return c > r; }, s);
-    prefix |= static_cast<uint64_t>(s.pick) << shift;
-    r -= static_cast<unsigned>(s.pick_before);
-  }
+  const uint64_t prefix = DescendByRank(row, 0, 56, 32, limit, r, s);  // the weight's bits
   return RankInRun(row, prefix, limit, r, s);
+}
+
+// The last key (largest) among the candidates with key <= limit whose weight reaches
+// min_weight (>= 0: all of them), 0 if there is none.
+__device__ uint64_t LastKeyWithin(const Row& row, uint64_t limit, float min_weight, Smem& s) {
+  u64 last = 0;
+  for (int j = threadIdx.x; j < row.vocab; j += blockDim.x) {
+    const float w = row.Weight(j);
+    const uint64_t key = KeyOf(w, j);
+    if (key <= limit && w >= min_weight && key > last) last = key;
+  }
+  return BlockReduceU64(last, MaxU64(), s);
 }
 
 // The first candidate (ascending keys <= limit) at which the running mass reaches x
@@ -408,14 +422,7 @@ __global__ void __launch_bounds__(kDrawThreads)
       float w_max = 0.0f;
       for (int j = threadIdx.x; j < vocab; j += blockDim.x) w_max = fmaxf(w_max, row.Weight(j));
       w_max = BlockReduce(w_max, MaxOp());
-      const float threshold = __fmul_rn(d.min_p, w_max);
-      u64 last = 0;
-      for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-        const float w = row.Weight(j);
-        const uint64_t key = KeyOf(w, j);
-        if (key <= limit && w >= threshold && key > last) last = key;
-      }
-      last = BlockReduceU64(last, MaxU64(), s);
+      const uint64_t last = LastKeyWithin(row, limit, __fmul_rn(d.min_p, w_max), s);
       if (last < limit) {
         limit = last;
         cut = true;
@@ -425,12 +432,7 @@ __global__ void __launch_bounds__(kDrawThreads)
     // The first candidate whose running mass exceeds u = u01 · total; the last kept one
     // if none does (no mass at all).
     if (!SelectByMass(row, limit, d.u01 * static_cast<double>(total), true, &picked, s)) {
-      u64 last = 0;
-      for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-        const uint64_t key = KeyOf(row.Weight(j), j);
-        if (key <= limit && key > last) last = key;
-      }
-      picked = BlockReduceU64(last, MaxU64(), s);
+      picked = LastKeyWithin(row, limit, 0.0f, s);
     }
   }
   if (threadIdx.x == 0) {
