@@ -233,14 +233,15 @@ class Backend {
   // draws[r].temperature is 0) and logprob[r] = l[token] − LogSumExp(row r), in double,
   // and the row's draws[r].top_logprobs most likely tokens with theirs into top_token and
   // top_logprob ([rows, kMaxTopLogprobs]; may be null when no row asks): what
-  // engine/sampler.h's SampleRow reports for a row with no penalty (DrawRows).
+  // engine/sampler.h's SampleRow reports (DrawRows: the logit bias and the penalties over
+  // draws[r].token_counts apply to the draw, not to the reported log-probabilities).
   // For a device backend this spares copying the rows out. Waits for the work before it
   // and returns the first failure of the void ops. The default copies the rows to the
   // host where they are not there already and draws there.
   virtual absl::Status DrawTokens(const T* logits, int rows, int vocab, const TokenDraw* draws,
                                   int32_t* token, float* logprob, int32_t* top_token,
                                   float* top_logprob) {
-    if (absl::Status s = CheckTopLogprobs(rows, draws, top_token, top_logprob); !s.ok()) {
+    if (absl::Status s = CheckDraws(rows, vocab, draws, top_token, top_logprob); !s.ok()) {
       return s;
     }
     if (absl::Status s = Synchronize(); !s.ok() || rows <= 0) return s;
@@ -260,9 +261,10 @@ class Backend {
 
  protected:
   // INVALID_ARGUMENT if a row asks for top log-probabilities (0 … kMaxTopLogprobs) that
-  // there are no arrays for.
-  static absl::Status CheckTopLogprobs(int rows, const TokenDraw* draws, const int32_t* top_token,
-                                       const float* top_logprob) {
+  // there are no arrays for, or names a token outside [0, vocab) in its logit bias or its
+  // penalties' token counts (or counts one fewer than once).
+  static absl::Status CheckDraws(int rows, int vocab, const TokenDraw* draws,
+                                 const int32_t* top_token, const float* top_logprob) {
     for (int r = 0; r < rows; ++r) {
       const int k = draws[r].top_logprobs;
       if (k < 0 || k > kMaxTopLogprobs) {
@@ -273,6 +275,21 @@ class Backend {
       if (k > 0 && (top_token == nullptr || top_logprob == nullptr)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "DrawTokens: draws[", r, "].top_logprobs = ", k, " but no top_token/top_logprob"));
+      }
+      for (const auto& [id, value] : draws[r].logit_bias) {
+        if (id < 0 || id >= vocab) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("DrawTokens: draws[", r, "].logit_bias names token ", id,
+                           " outside the vocabulary [0, ", vocab, ")"));
+        }
+      }
+      if (!draws[r].HasPenalties()) continue;
+      for (const auto& [id, count] : draws[r].token_counts) {
+        if (id < 0 || id >= vocab || count < 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "DrawTokens: draws[", r, "].token_counts has token ", id, " counted ", count,
+              " times: the token must be in [0, ", vocab, ") and the count >= 1"));
+        }
       }
     }
     return absl::OkStatus();

@@ -171,6 +171,26 @@ int32_t DrawToken(absl::Span<const float> logits, const TokenDraw& draw) {
   return static_cast<int32_t>(static_cast<uint32_t>(candidates[keep - 1]));
 }
 
+float PenalizedLogit(float logit, int32_t count, double repetition, double frequency,
+                     double presence) {
+  float l = logit;
+  if (repetition != 1.0) {
+    l = l > 0 ? static_cast<float>(static_cast<double>(l) / repetition)
+              : static_cast<float>(static_cast<double>(l) * repetition);
+  }
+  const double scaled = frequency * static_cast<double>(count);
+  return l - static_cast<float>(scaled + presence);
+}
+
+void ApplyPenalties(absl::Span<float> logits, const TokenDraw& draw) {
+  if (!draw.HasPenalties()) return;
+  for (const auto& [id, count] : draw.token_counts) {
+    float& l = logits[static_cast<size_t>(id)];
+    l = PenalizedLogit(l, count, draw.repetition_penalty, draw.frequency_penalty,
+                       draw.presence_penalty);
+  }
+}
+
 void TopLogprobs(absl::Span<const float> logits, double lse, int k, int32_t* ids, float* logprobs) {
   thread_local std::vector<int32_t> order;
   const int V = static_cast<int>(logits.size());
@@ -197,15 +217,17 @@ void DrawRows(const float* logits, int rows, int vocab, const TokenDraw* draws, 
     }
     const absl::Span<const float> row(logits + static_cast<size_t>(r) * vocab,
                                       static_cast<size_t>(vocab));
-    if (draws[r].logit_bias.empty()) {
+    if (draws[r].logit_bias.empty() && !draws[r].HasPenalties()) {
       token[r] = DrawToken(row, draws[r]);
     } else {
-      thread_local std::vector<float> biased;
-      biased.assign(row.begin(), row.end());
-      ApplyLogitBias(absl::MakeSpan(biased), draws[r].logit_bias);
-      token[r] = DrawToken(biased, draws[r]);
+      thread_local std::vector<float> adjusted;
+      adjusted.assign(row.begin(), row.end());
+      ApplyLogitBias(absl::MakeSpan(adjusted), draws[r].logit_bias);
+      ApplyPenalties(absl::MakeSpan(adjusted), draws[r]);
+      token[r] = DrawToken(adjusted, draws[r]);
     }
-    const double lse = LogSumExp(row);  // the model's log-probabilities: before the bias
+    // the model's log-probabilities: before the bias and the penalties
+    const double lse = LogSumExp(row);
     logprob[r] = static_cast<float>(static_cast<double>(row[token[r]]) - lse);
     if (const int k = std::min({draws[r].top_logprobs, vocab, kMaxTopLogprobs}); k > 0) {
       const size_t at = static_cast<size_t>(r) * kMaxTopLogprobs;

@@ -28,6 +28,19 @@ struct TokenDraw {
   // log-probabilities): by DrawRows and Backend::DrawTokens; DrawToken's caller applies
   // it (ApplyLogitBias). Ids in [0, vocab).
   absl::Span<const std::pair<int32_t, float>> logit_bias;
+  // The repetition, frequency and presence penalties (engine/sampler.h's SamplingParams;
+  // 1, 0, 0: off) over the tokens so far, each distinct token once with its count (>= 1):
+  // applied after the logit bias, before the draw (not before the reported
+  // log-probabilities), by DrawRows and Backend::DrawTokens. Ids in [0, vocab), distinct.
+  double repetition_penalty = 1.0;
+  double frequency_penalty = 0.0;
+  double presence_penalty = 0.0;
+  absl::Span<const std::pair<int32_t, int32_t>> token_counts;
+
+  bool HasPenalties() const {
+    return !token_counts.empty() &&
+           (repetition_penalty != 1.0 || frequency_penalty != 0.0 || presence_penalty != 0.0);
+  }
 };
 
 // logits[id] += bias for each entry in order (a repeated id adds each time).
@@ -35,6 +48,16 @@ inline void ApplyLogitBias(absl::Span<float> logits,
                            absl::Span<const std::pair<int32_t, float>> bias) {
   for (const auto& [id, b] : bias) logits[static_cast<size_t>(id)] += b;
 }
+
+// One token's logit under the penalties, seen `count` times: CTRL's repetition penalty
+// (l / θ if l > 0, else l · θ, in double rounded to float), then
+// l − float(frequency · count + presence) (each operation rounded on its own: no FMA).
+float PenalizedLogit(float logit, int32_t count, double repetition, double frequency,
+                     double presence);
+
+// logits[id] = PenalizedLogit(logits[id], count, …) for each of draw.token_counts (when
+// draw.HasPenalties()).
+void ApplyPenalties(absl::Span<float> logits, const TokenDraw& draw);
 
 // The most top log-probabilities a row reports (the API's limit).
 inline constexpr int kMaxTopLogprobs = 20;
@@ -52,7 +75,7 @@ int32_t DrawToken(absl::Span<const float> logits, const TokenDraw& draw);
 void TopLogprobs(absl::Span<const float> logits, double lse, int k, int32_t* ids, float* logprobs);
 
 // Each of `rows` rows of logits [rows, vocab]: token[r] = DrawToken(row r with
-// draws[r].logit_bias applied, draws[r]) and
+// draws[r].logit_bias and then its penalties applied, draws[r]) and
 // logprob[r] = l[token[r]] − LogSumExp(row r) (kernels/cpu/row_reduce.h), the model's
 // log-probability of the token, as the engine reports it; and where draws[r].top_logprobs
 // is k > 0, TopLogprobs(row r, min(k, vocab)) into top_token and top_logprob, each

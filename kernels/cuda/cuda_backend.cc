@@ -308,6 +308,29 @@ absl::StatusOr<const void*> CudaBackend::UploadIndices(const void* host, size_t 
   return device;
 }
 
+absl::Status CudaBackend::UploadPacked(std::vector<unsigned char>& pack,
+                                       std::initializer_list<HostArray> arrays,
+                                       const void** device) {
+  constexpr size_t kAlign = 16;
+  pack.clear();
+  std::vector<size_t> offsets;
+  offsets.reserve(arrays.size());
+  for (const HostArray& a : arrays) {
+    pack.resize(RoundUp(pack.size(), kAlign));
+    offsets.push_back(pack.size());
+    const auto* bytes = static_cast<const unsigned char*>(a.data);
+    if (a.bytes > 0) pack.insert(pack.end(), bytes, bytes + a.bytes);
+  }
+  absl::StatusOr<const void*> d = UploadIndices(pack.data(), pack.size());
+  if (!d.ok()) return d.status();
+  size_t i = 0;
+  for (const HostArray& a : arrays) {
+    device[i] = a.bytes > 0 ? static_cast<const unsigned char*>(*d) + offsets[i] : nullptr;
+    ++i;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<const void*> CudaBackend::GemmOperand(const float* x, int64_t count, DType dtype) {
   if (dtype == DType::kF32) return x;
   if (absl::Status s = ReserveScratch(gemm_input_, static_cast<size_t>(count) * 2); !s.ok()) {
@@ -537,12 +560,14 @@ void CudaBackend::RopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* 
     return;
   }
   if (!status_.ok() || n <= 0) return;
-  absl::StatusOr<const void*> d_pos = UploadIndices(positions, sizeof(int32_t) * n);
-  if (!Ok(d_pos.status())) return;
-  absl::StatusOr<const void*> d_rows = UploadIndices(dst_rows, sizeof(int64_t) * n);
-  if (!Ok(d_rows.status())) return;
+  // One upload (two could wrap the ring between them and overwrite the first).
+  const void* d[2] = {nullptr, nullptr};
+  if (!Ok(UploadPacked(rope_store_pack_,
+                       {{positions, sizeof(int32_t) * n}, {dst_rows, sizeof(int64_t) * n}}, d))) {
+    return;
+  }
   Ok(Launch(&LaunchRopeQKStoreKv, q, q_stride, q_heads, k, v, kv_stride, kv_heads, n, head_dim,
-            static_cast<const int32_t*>(*d_pos), theta, style, static_cast<const int64_t*>(*d_rows),
+            static_cast<const int32_t*>(d[0]), theta, style, static_cast<const int64_t*>(d[1]),
             k_cache, v_cache, cache_stride, cache_dtype));
 }
 
@@ -568,30 +593,25 @@ absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
     return absl::InvalidArgumentError(
         absl::StrCat("DrawTokens: rows = ", rows, " must be >= 0 and vocab = ", vocab, " >= 1"));
   }
-  if (absl::Status s = CheckTopLogprobs(rows, draws, top_token, top_logprob); !s.ok()) return s;
+  if (absl::Status s = CheckDraws(rows, vocab, draws, top_token, top_logprob); !s.ok()) return s;
   if (graph_.recording()) {
     return absl::FailedPreconditionError("DrawTokens: called while a step is being recorded");
   }
   bool any_bias = false;
+  bool any_penalty = false;
   for (int r = 0; r < rows; ++r) {
-    for (const auto& [id, value] : draws[r].logit_bias) {
-      if (id < 0 || id >= vocab) {
-        return absl::InvalidArgumentError(absl::StrCat("DrawTokens: draws[", r,
-                                                       "].logit_bias names token ", id,
-                                                       " outside the vocabulary [0, ", vocab, ")"));
-      }
-      any_bias = true;
-    }
+    any_bias = any_bias || !draws[r].logit_bias.empty();
+    any_penalty = any_penalty || draws[r].HasPenalties();
   }
-  if (vocab > kDrawMaxVocab || (any_bias && vocab > kDrawCachedVocab)) {
-    // Past the kernel's fixed-point range, or a biased row past its shared memory: the
-    // rows go to the host.
+  if (vocab > kDrawMaxVocab) {
+    // Past the kernel's fixed-point range: the rows go to the host.
     return Backend<float>::DrawTokens(logits, rows, vocab, draws, token, logprob, top_token,
                                       top_logprob);
   }
   if (!status_.ok() || rows == 0) return Synchronize();
   draw_host_.resize(static_cast<size_t>(rows));
   bias_host_.clear();
+  penalty_host_.clear();
   bool any_top = false;
   for (int r = 0; r < rows; ++r) {
     DeviceDraw& d = draw_host_[static_cast<size_t>(r)];
@@ -599,17 +619,31 @@ absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
     d.bias_offset = static_cast<int32_t>(bias_host_.size());
     d.bias_count = static_cast<int32_t>(draws[r].logit_bias.size());
     for (const auto& [id, value] : draws[r].logit_bias) bias_host_.push_back({id, value});
+    if (draws[r].HasPenalties()) {
+      d.penalty_offset = static_cast<int32_t>(penalty_host_.size());
+      d.penalty_count = static_cast<int32_t>(draws[r].token_counts.size());
+      for (const auto& [id, count] : draws[r].token_counts) penalty_host_.push_back({id, count});
+    }
     any_top = any_top || draws[r].top_logprobs > 0;
   }
-  absl::StatusOr<const void*> d_draws =
-      UploadIndices(draw_host_.data(), sizeof(DeviceDraw) * static_cast<size_t>(rows));
-  if (!Ok(d_draws.status())) return status_;
-  const DeviceBias* d_bias = nullptr;
-  if (any_bias) {
-    absl::StatusOr<const void*> uploaded =
-        UploadIndices(bias_host_.data(), sizeof(DeviceBias) * bias_host_.size());
-    if (!Ok(uploaded.status())) return status_;
-    d_bias = static_cast<const DeviceBias*>(*uploaded);
+  // One upload (two could wrap or grow the ring between them and lose the first).
+  const void* d[3] = {nullptr, nullptr, nullptr};
+  if (!Ok(UploadPacked(draw_pack_,
+                       {{draw_host_.data(), sizeof(DeviceDraw) * draw_host_.size()},
+                        {bias_host_.data(), sizeof(DeviceBias) * bias_host_.size()},
+                        {penalty_host_.data(), sizeof(DevicePenalty) * penalty_host_.size()}},
+                       d))) {
+    return status_;
+  }
+  const auto* d_draws = static_cast<const DeviceDraw*>(d[0]);
+  const auto* d_bias = static_cast<const DeviceBias*>(d[1]);
+  const auto* d_penalties = static_cast<const DevicePenalty*>(d[2]);
+  float* d_adjusted = nullptr;
+  if ((any_bias || any_penalty) && vocab > kDrawCachedVocab) {
+    if (!Ok(ReserveScratch(draw_adjusted_, sizeof(float) * static_cast<size_t>(rows) * vocab))) {
+      return status_;
+    }
+    d_adjusted = draw_adjusted_.as<float>();
   }
   // Tokens, then log-probabilities, then (when asked) the top tokens and theirs: one copy
   // back, 8 bytes a row (and 160 more with top log-probabilities).
@@ -621,8 +655,8 @@ absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
   int32_t* d_top_token = any_top ? d_token + 2 * rows : nullptr;
   float* d_top_logprob =
       any_top ? reinterpret_cast<float*>(d_top_token + rows * kMaxTopLogprobs) : nullptr;
-  if (!Ok(Launch(&LaunchDrawTokens, logits, rows, vocab, static_cast<const DeviceDraw*>(*d_draws),
-                 d_bias, d_token, d_logprob, d_top_token, d_top_logprob))) {
+  if (!Ok(Launch(&LaunchDrawTokens, logits, rows, vocab, d_draws, d_bias, d_penalties, d_adjusted,
+                 d_token, d_logprob, d_top_token, d_top_logprob))) {
     return status_;
   }
   pick_host_.resize(static_cast<size_t>(rows) * per_row);

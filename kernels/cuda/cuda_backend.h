@@ -35,6 +35,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -199,11 +200,12 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // dx += dy · W on device pointers (cuBLAS, beta = 1). As in MatMul, f16/bf16 (and
   // q8_0 → f16) weights take dy rounded to their dtype, fp32 accumulation.
   absl::Status MatMulBackwardInput(const float* dy, int n, const WeightView& w, float* dx) override;
-  // One launch (LaunchDrawTokens, every row, greedy ones too), the draws and their logit
-  // biases uploaded with the index arrays, and one copy of 8 bytes a row back (168 with
-  // top log-probabilities); vocabularies past kDrawMaxVocab (or past kDrawCachedVocab
-  // with a logit bias) go to Backend's host default. A bias id outside the vocabulary is
-  // INVALID_ARGUMENT. Not while a step is recorded (FAILED_PRECONDITION).
+  // One launch (LaunchDrawTokens, every row, greedy ones too), the draws, their logit
+  // biases and their penalties' token counts uploaded with the index arrays, and one copy
+  // of 8 bytes a row back (168 with top log-probabilities); vocabularies past
+  // kDrawMaxVocab go to Backend's host default. A bias or counted id outside the
+  // vocabulary, or a count below 1, is INVALID_ARGUMENT. Not while a step is recorded
+  // (FAILED_PRECONDITION).
   absl::Status DrawTokens(const float* logits, int rows, int vocab, const TokenDraw* draws,
                           int32_t* token, float* logprob, int32_t* top_token,
                           float* top_logprob) override;
@@ -232,6 +234,15 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // reused: which uploads a step reuses then does not depend on whether, say, a token id
   // happens to equal a position, so the step's launches (and its graph) stay the same.
   absl::StatusOr<const void*> UploadIndices(const void* host, size_t bytes);
+  // Several index arrays of one op in its one upload: each copied into `pack` (the op's
+  // own staging array, so that a copy is reused only by the same op) at a 16-byte aligned
+  // offset, and device[i] set to arrays[i]'s copy (null for an empty array).
+  struct HostArray {
+    const void* data;
+    size_t bytes;
+  };
+  absl::Status UploadPacked(std::vector<unsigned char>& pack,
+                            std::initializer_list<HostArray> arrays, const void** device);
   // The GEMM operand for x [count] against a `dtype` weight: x itself for f32, else x
   // rounded to f16/bf16 in gemm_input_ (valid until the next call).
   absl::StatusOr<const void*> GemmOperand(const float* x, int64_t count, DType dtype);
@@ -280,15 +291,19 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   int split_kv_splits_ = 0;                            // SetSplitKvSplits; 0: ChooseNumSplits
   bool split_kv_fused_combine_ = false;                // SetSplitKvFusedCombine
   int split_kv_blocks_per_sm_[kSplitKvVariants] = {};  // by SplitKvVariant, 0: not asked yet
-  std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
+  std::vector<int32_t> index_pack_;             // host staging of one Attention call's index arrays
+  std::vector<unsigned char> rope_store_pack_;  // RopeQKStoreKv's positions and cache rows
+  std::vector<unsigned char> draw_pack_;        // DrawTokens' draws, biases and counts
 
-  DeviceBuffer gemm_input_;            // x rounded to f16/bf16 for the tensor cores
-  DeviceBuffer attention_workspace_;   // split-KV partials, or S/A when not requested
-  DeviceBuffer split_kv_arrivals_;     // the fused combine's counts, 0 between launches
-  DeviceBuffer pick_device_;           // DrawTokens' tokens and log-probabilities …
-  std::vector<int32_t> pick_host_;     // … copied back (a float's bits in the second half)
-  std::vector<DeviceDraw> draw_host_;  // DrawTokens' draws, staged for the upload,
-  std::vector<DeviceBias> bias_host_;  // and their logit biases
+  DeviceBuffer gemm_input_;                  // x rounded to f16/bf16 for the tensor cores
+  DeviceBuffer attention_workspace_;         // split-KV partials, or S/A when not requested
+  DeviceBuffer split_kv_arrivals_;           // the fused combine's counts, 0 between launches
+  DeviceBuffer pick_device_;                 // DrawTokens' tokens and log-probabilities …
+  std::vector<int32_t> pick_host_;           // … copied back (a float's bits in the second half)
+  std::vector<DeviceDraw> draw_host_;        // DrawTokens' draws, staged for the upload,
+  std::vector<DeviceBias> bias_host_;        // their logit biases
+  std::vector<DevicePenalty> penalty_host_;  // and their penalties' token counts
+  DeviceBuffer draw_adjusted_;  // DrawTokens' biased or penalized rows past kDrawCachedVocab
 
   bool graphs_enabled_ = true;
   StepGraph graph_;

@@ -40,6 +40,11 @@ DeviceDraw ToDeviceDraw(const TokenDraw& draw) {
   d.top_p = draw.top_p;
   d.u01 = draw.u01;
   d.top_logprobs = draw.top_logprobs;
+  if (draw.HasPenalties()) {  // (else penalty_count stays 0: none applies)
+    d.repetition_penalty = draw.repetition_penalty;
+    d.frequency_penalty = draw.frequency_penalty;
+    d.presence_penalty = draw.presence_penalty;
+  }
   return d;
 }
 
@@ -341,11 +346,23 @@ __device__ u64 MassWithin(const Row& row, uint64_t limit, Smem& s) {
   return BlockReduceU64(sum, SumU64(), s);
 }
 
+// token_draw.h's PenalizedLogit, each operation rounded on its own as the host's.
+__device__ float PenalizedLogit(float l, int32_t count, const DeviceDraw& d) {
+  if (d.repetition_penalty != 1.0) {
+    const double wide = static_cast<double>(l);
+    l = __double2float_rn(l > 0 ? __ddiv_rn(wide, d.repetition_penalty)
+                                : __dmul_rn(wide, d.repetition_penalty));
+  }
+  const double scaled = __dmul_rn(d.frequency_penalty, static_cast<double>(count));
+  return __fsub_rn(l, __double2float_rn(__dadd_rn(scaled, d.presence_penalty)));
+}
+
 // Block r: row r's draw (DrawToken) and its log-probability.
 __global__ void __launch_bounds__(kDrawThreads)
     DrawTokensKernel(const float* logits, int vocab, const DeviceDraw* draws,
-                     const DeviceBias* bias, bool cache_weights, int32_t* token, float* logprob,
-                     int32_t* top_token, float* top_logprob) {
+                     const DeviceBias* bias, const DevicePenalty* penalties, float* adjusted,
+                     bool cache_weights, int32_t* token, float* logprob, int32_t* top_token,
+                     float* top_logprob) {
   WaitForPriorGrids();  // first: see launch.cuh
   __shared__ Smem s;
   extern __shared__ float draw_weights[];  // [vocab] with cache_weights
@@ -365,21 +382,29 @@ __global__ void __launch_bounds__(kDrawThreads)
   sum = BlockSumDouble(sum, s);
   const double lse =
       m == -INFINITY ? -static_cast<double>(INFINITY) : static_cast<double>(m) + log(sum);
-  // The logits the draw sees: the row, or with a logit bias its biased copy in shared
-  // memory (each entry added in turn, as ApplyLogitBias; the host checked that it fits),
-  // with their own max.
+  // The logits the draw sees: the row, or with a logit bias or penalties its adjusted
+  // copy (in shared memory, or past kDrawCachedVocab the row's part of `adjusted`: a
+  // block's global writes are visible to its threads after a barrier as well), with their
+  // own max. The bias entries are added in turn by one thread, as ApplyLogitBias; the
+  // penalized tokens are distinct, so each thread takes its own.
   const float* xd = x;
   float md = m;
-  if (d.bias_count > 0 && cache_weights) {  // (LaunchDrawTokens refuses a bias otherwise)
-    for (int j = threadIdx.x; j < vocab; j += blockDim.x) draw_weights[j] = x[j];
+  if (d.bias_count > 0 || d.penalty_count > 0) {
+    float* xa = cache_weights ? draw_weights : adjusted + static_cast<int64_t>(blockIdx.x) * vocab;
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x) xa[j] = x[j];
     __syncthreads();
     if (threadIdx.x == 0) {
       for (int b = d.bias_offset; b < d.bias_offset + d.bias_count; ++b) {
-        draw_weights[bias[b].id] = __fadd_rn(draw_weights[bias[b].id], bias[b].value);
+        xa[bias[b].id] = __fadd_rn(xa[bias[b].id], bias[b].value);
       }
     }
     __syncthreads();
-    xd = draw_weights;
+    for (int p = threadIdx.x; p < d.penalty_count; p += blockDim.x) {
+      const DevicePenalty e = penalties[d.penalty_offset + p];
+      xa[e.id] = PenalizedLogit(xa[e.id], e.count, d);
+    }
+    __syncthreads();
+    xd = xa;
     md = -INFINITY;
     for (int j = threadIdx.x; j < vocab; j += blockDim.x) md = fmaxf(md, xd[j]);
     md = BlockReduce(md, MaxOp());
@@ -396,7 +421,7 @@ __global__ void __launch_bounds__(kDrawThreads)
   } else {
     Row row{xd, vocab, md, d.inv_temperature, nullptr};
     if (cache_weights) {
-      // (A thread overwrites only the biased logits it reads itself.)
+      // (A thread overwrites only the adjusted logits it reads itself.)
       for (int j = threadIdx.x; j < vocab; j += blockDim.x) draw_weights[j] = row.Compute(j);
       __syncthreads();
       row.cache = draw_weights;
@@ -462,17 +487,19 @@ __global__ void __launch_bounds__(kDrawThreads)
 }  // namespace
 
 absl::Status LaunchDrawTokens(const float* logits, int rows, int vocab, const DeviceDraw* draws,
-                              const DeviceBias* bias, int32_t* token, float* logprob,
-                              int32_t* top_token, float* top_logprob, cudaStream_t stream) {
+                              const DeviceBias* bias, const DevicePenalty* penalties,
+                              float* adjusted, int32_t* token, float* logprob, int32_t* top_token,
+                              float* top_logprob, cudaStream_t stream) {
   if (vocab < 1 || vocab > kDrawMaxVocab) {
     return absl::InvalidArgumentError(
         absl::StrCat("LaunchDrawTokens: vocab = ", vocab, " must be in [1, ", kDrawMaxVocab, "]"));
   }
   if (rows <= 0) return absl::OkStatus();
   const bool cache_weights = vocab <= kDrawCachedVocab;
-  if (bias != nullptr && !cache_weights) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "LaunchDrawTokens: a logit bias needs vocab <= ", kDrawCachedVocab, ", got ", vocab));
+  if ((bias != nullptr || penalties != nullptr) && !cache_weights && adjusted == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LaunchDrawTokens: a logit bias or penalties past vocab = ", kDrawCachedVocab,
+                     " need `adjusted` [rows, vocab] (vocab = ", vocab, ")"));
   }
   const size_t cache_bytes = cache_weights ? sizeof(float) * static_cast<size_t>(vocab) : 0;
   if (cache_bytes > 48 * 1024) {
@@ -482,8 +509,8 @@ absl::Status LaunchDrawTokens(const float* logits, int rows, int vocab, const De
                                                      static_cast<int>(cache_bytes)));
   }
   LaunchKernel("DrawTokensKernel", DrawTokensKernel, static_cast<unsigned>(rows), kDrawThreads,
-               cache_bytes, stream, logits, vocab, draws, bias, cache_weights, token, logprob,
-               top_token, top_logprob);
+               cache_bytes, stream, logits, vocab, draws, bias, penalties, adjusted, cache_weights,
+               token, logprob, top_token, top_logprob);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("DrawTokensKernel");
   return absl::OkStatus();
 }

@@ -21,8 +21,13 @@ struct DeviceDraw {
   int32_t top_logprobs = 0;  // 0 … kMaxTopLogprobs
   double top_p = 1.0;
   double u01 = 0.0;
-  int32_t bias_offset = 0;  // the row's logit bias: entries [offset, offset + count) of
-  int32_t bias_count = 0;   // LaunchDrawTokens' `bias`
+  int32_t bias_offset = 0;          // the row's logit bias: entries [offset, offset + count) of
+  int32_t bias_count = 0;           // LaunchDrawTokens' `bias`
+  double repetition_penalty = 1.0;  // TokenDraw's penalties
+  double frequency_penalty = 0.0;
+  double presence_penalty = 0.0;
+  int32_t penalty_offset = 0;  // the row's token counts: entries [offset, offset + count)
+  int32_t penalty_count = 0;   // of LaunchDrawTokens' `penalties` (0: no penalty applies)
 };
 
 // One logit-bias entry: logits[id] += value.
@@ -31,13 +36,20 @@ struct DeviceBias {
   float value = 0.0f;
 };
 
+// One token the penalties count: logits[id] = PenalizedLogit(logits[id], count, …).
+struct DevicePenalty {
+  int32_t id = 0;
+  int32_t count = 0;
+};
+
 DeviceDraw ToDeviceDraw(const TokenDraw& draw);
 
 // The largest vocabulary the kernel takes: the candidates' masses are summed as 42-bit
 // fixed-point integers (exact and in any order the same) in 64 bits.
 inline constexpr int kDrawMaxVocab = 1 << 21;
 // The largest vocabulary whose rows the kernel keeps in shared memory (their weights, or
-// a biased row's logits): rows with a logit bias need it.
+// an adjusted row's logits); longer rows recompute the weights each pass, and an adjusted
+// one is written to `adjusted`.
 inline constexpr int kDrawCachedVocab = 40960;
 
 // For each of `rows` rows of logits [rows, vocab] (device arrays): token[r] the token
@@ -45,14 +57,19 @@ inline constexpr int kDrawCachedVocab = 40960;
 // l[token] − LogSumExp(row) (row_reduce.h's), and the row's draws[r].top_logprobs most
 // likely tokens (logit desc, id asc: TopLogprobs' order) with theirs in top_token and
 // top_logprob [rows, kMaxTopLogprobs] (null when no row asks). A row with a logit bias
-// (`bias`, ids in [0, vocab)) draws from its biased logits (vocab <= kDrawCachedVocab);
-// its reported log-probabilities are the raw logits'. The same token as DrawToken for the
-// same u01 except where u01 · the kept mass falls within ~vocab · 2^−43 of a boundary between two
-// candidates (the masses here are fixed-point sums of the same float weights; the host sums them in
-// double), or a top-p cut within as much of top_p · the sum.
+// (`bias`, ids in [0, vocab)) or penalties (`penalties`, distinct ids in [0, vocab)) draws
+// from its adjusted logits (the bias entries added in order, then each counted token
+// penalized: ApplyLogitBias, ApplyPenalties): in shared memory for vocab <=
+// kDrawCachedVocab, else in `adjusted` [rows, vocab] (device scratch; null when no row
+// is adjusted or the rows fit); its reported log-probabilities are the raw logits'. The
+// same token as DrawToken for the same u01 except where u01 · the kept mass falls within
+// ~vocab · 2^−43 of a boundary between two candidates (the masses here are fixed-point
+// sums of the same float weights; the host sums them in double), or a top-p cut within as
+// much of top_p · the sum.
 absl::Status LaunchDrawTokens(const float* logits, int rows, int vocab, const DeviceDraw* draws,
-                              const DeviceBias* bias, int32_t* token, float* logprob,
-                              int32_t* top_token, float* top_logprob, cudaStream_t stream);
+                              const DeviceBias* bias, const DevicePenalty* penalties,
+                              float* adjusted, int32_t* token, float* logprob, int32_t* top_token,
+                              float* top_logprob, cudaStream_t stream);
 
 }  // namespace kvlens::kernels::cuda
 

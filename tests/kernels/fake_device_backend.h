@@ -147,6 +147,7 @@ class FakeDeviceBackend final : public kernels::Backend<float>, public kernels::
       drawn_rows += draws[r].temperature > 0.0 ? 1 : 0;
       top_rows += draws[r].top_logprobs > 0 ? 1 : 0;
       biased_rows += draws[r].logit_bias.empty() ? 0 : 1;
+      penalized_rows += draws[r].HasPenalties() ? 1 : 0;
     }
     return kernels::Backend<float>::DrawTokens(logits, rows, vocab, draws, token, logprob,
                                                top_token, top_logprob);
@@ -155,6 +156,7 @@ class FakeDeviceBackend final : public kernels::Backend<float>, public kernels::
   std::atomic<int> drawn_rows{0};
   std::atomic<int> top_rows{0};
   std::atomic<int> biased_rows{0};
+  std::atomic<int> penalized_rows{0};
   absl::Status MatMulBackwardInput(const float* dy, int n, const kernels::WeightView& w,
                                    float* dx) override {
     kernels::MatMulBackwardInput(dy, n, w, dx);

@@ -151,5 +151,51 @@ TEST(TokenDrawTest, DrawRowsAppliesTheLogitBiasToTheDrawOnly) {
   EXPECT_EQ(DrawToken(kQuarters, draws[0]), 3);
 }
 
+// PenalizedLogit by hand: 3 seen twice under repetition 2, frequency 0.5, presence 0.25:
+// 3 / 2 − (0.5 · 2 + 0.25) = 0.25; −1 seen once: −1 · 2 − 0.75 = −2.75; a negative
+// frequency raises.
+TEST(TokenDrawTest, PenalizedLogitFollowsItsDefinition) {
+  EXPECT_EQ(PenalizedLogit(3.0f, 2, 2.0, 0.5, 0.25), 0.25f);
+  EXPECT_EQ(PenalizedLogit(-1.0f, 1, 2.0, 0.5, 0.25), -2.75f);
+  EXPECT_EQ(PenalizedLogit(0.0f, 4, 1.0, -0.5, 0.0), 2.0f);
+  EXPECT_EQ(PenalizedLogit(6.0f, 1, 3.0, 0.0, 0.0), 2.0f);
+}
+
+// DrawRows applies the penalties over a row's token counts after the bias, before the
+// draw but not before the reported log-probabilities. Greedy over log 1 … log 4:
+// presence 1 on id 3 (log 4 − 1 < log 3) picks 2; repetition 3 on ids 2 and 3 (log 3 / 3,
+// log 4 / 3 < log 2) picks 1; frequency 0.25 on id 3 counted twice (log 4 − 0.5 < log 3)
+// picks 2, counted once (log 4 − 0.25 > log 3) keeps 3; a bias of +2 on id 0 and then
+// repetition 4 there (2 / 4 < log 4; the other order, 0 · 4 + 2, would pick 0) keeps 3.
+// Penalties with no counts, or counts with no penalty, change nothing.
+TEST(TokenDrawTest, DrawRowsAppliesThePenaltiesToTheDrawOnly) {
+  const std::vector<std::pair<int32_t, int32_t>> three_once = {{3, 1}};
+  const std::vector<std::pair<int32_t, int32_t>> two_and_three = {{2, 1}, {3, 1}};
+  const std::vector<std::pair<int32_t, int32_t>> three_twice = {{3, 2}};
+  const std::vector<std::pair<int32_t, int32_t>> zero_once = {{0, 1}};
+  const std::vector<std::pair<int32_t, float>> raise = {{0, 2.0f}};
+  constexpr int kRows = 7;
+  TokenDraw draws[kRows];
+  draws[0].presence_penalty = 1.0, draws[0].token_counts = three_once;
+  draws[1].repetition_penalty = 3.0, draws[1].token_counts = two_and_three;
+  draws[2].frequency_penalty = 0.25, draws[2].token_counts = three_twice;
+  draws[3].frequency_penalty = 0.25, draws[3].token_counts = three_once;
+  draws[4].logit_bias = raise, draws[4].repetition_penalty = 4.0, draws[4].token_counts = zero_once;
+  draws[5].presence_penalty = 1.0;     // no counts
+  draws[6].token_counts = three_once;  // no penalty
+  std::vector<float> rows;
+  for (int r = 0; r < kRows; ++r) rows.insert(rows.end(), kQuarters.begin(), kQuarters.end());
+  int32_t token[kRows];
+  float logprob[kRows];
+  DrawRows(rows.data(), kRows, 4, draws, token, logprob, nullptr, nullptr);
+  const int32_t want[kRows] = {2, 1, 2, 3, 3, 3, 3};
+  for (int r = 0; r < kRows; ++r) {
+    EXPECT_EQ(token[r], want[r]) << "row " << r;
+    EXPECT_NEAR(logprob[r], std::log((want[r] + 1) / 10.0), 1e-6) << "row " << r;
+  }
+  EXPECT_FALSE(draws[5].HasPenalties());
+  EXPECT_FALSE(draws[6].HasPenalties());
+}
+
 }  // namespace
 }  // namespace kvlens::kernels

@@ -69,13 +69,15 @@ TEST_F(CudaBackendTest, GreedyDrawsEqualTheHostsPick) {
 // hand in token_draw_test and against the definition in sampler_test), the same draws and
 // uniform numbers: rows of 32000 (Gaussian logits σ = 1 and 3, quarters with runs of tied
 // weights, σ = 30 where most weights are 0), 1000 and 12 tokens (their weights kept in
-// shared memory), 50000 (recomputed each pass; with a logit bias, drawn on the host), a row
-// of −inf only and one with NaN and −inf; each under greedy, temperatures 1e-40 (greedy
-// too) and 0.3 … 100, top-k (1, 50, past the vocabulary), top-p, min-p and all three, some
-// with top-20 or top-5 log-probabilities, and logit biases (one raising a token, a ban list
-// with a repeated id), at uniform numbers from 0 to just under 1. The tokens must be
-// equal: the weights are the host's bit for bit, and the masses differ by at most
-// vocab · 2^−43, which no draw here lands that close to a boundary.
+// shared memory), 50000 (recomputed each pass; a biased or penalized row adjusted in
+// global scratch), a row of −inf only and one with NaN and −inf; each under greedy,
+// temperatures 1e-40 (greedy too) and 0.3 … 100, top-k (1, 50, past the vocabulary),
+// top-p, min-p and all three, some with top-20 or top-5 log-probabilities, logit biases
+// (one raising a token, a ban list with a repeated id), and penalties (repetition,
+// frequency and presence, over the row's ten most likely tokens and others, counted 1 …
+// 10 times; one greedy with a bias too), at uniform numbers from 0 to just under 1. The
+// tokens must be equal: the weights are the host's bit for bit, and the masses differ by
+// at most vocab · 2^−43, which no draw here lands that close to a boundary.
 TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
   std::mt19937_64 rng(17);
   const double inf = std::numeric_limits<double>::infinity();
@@ -119,6 +121,18 @@ TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
   variants.back().logit_bias = raise;
   variants.push_back(with(0.8, 0, 0.9, 0.0));
   variants.back().logit_bias = bans;
+  // Penalties (their token counts are the row's, below): greedy with a repetition penalty
+  // of 10 (the most likely tokens are all counted, so the pick must move off the argmax),
+  // then with a bias on token 5 as well, and all three penalties under a top-p draw.
+  const size_t first_penalized = variants.size();
+  variants.push_back(with(0.0, 0, 1.0, 0.0));
+  variants.back().repetition_penalty = 10.0;
+  variants.push_back(with(0.0, 0, 1.0, 0.0));
+  variants.back().repetition_penalty = 1.3, variants.back().frequency_penalty = 0.4;
+  variants.back().presence_penalty = 0.3, variants.back().logit_bias = raise;
+  variants.push_back(with(0.9, 0, 0.95, 0.0));
+  variants.back().repetition_penalty = 1.3, variants.back().frequency_penalty = -0.4;
+  variants.back().presence_penalty = 0.7, variants.back().top_logprobs = 5;
   const double u01s[] = {0.0, 0.25, 0.5, 0.75, 0.999999};
   for (const RowKind& kind : kinds) {
     SCOPED_TRACE(::testing::Message() << "vocab " << kind.vocab << ", sigma " << kind.sigma
@@ -128,18 +142,27 @@ TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
     for (double& l : row) {
       l = kind.quarters ? std::round(normal(rng) * 4.0) / 4.0 : static_cast<float>(normal(rng));
     }
-    // One row per (variant, u01): the same logits each time. The variants with a logit
-    // bias go in a call of their own: past kDrawCachedVocab such a call is drawn on the
-    // host, and the others must still reach the kernel.
-    for (const bool biased : {false, true}) {
+    // The counted tokens: the ten most likely (counted 1 … 10 times) and every 7th id
+    // after them, distinct.
+    std::vector<int32_t> order(row.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+    const size_t likely = std::min<size_t>(10, order.size());
+    std::partial_sort(
+        order.begin(), order.begin() + static_cast<ptrdiff_t>(likely), order.end(),
+        [&](int32_t a, int32_t b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
+    std::vector<std::pair<int32_t, int32_t>> counts;
+    for (size_t i = 0; i < likely; ++i) counts.push_back({order[i], static_cast<int32_t>(i + 1)});
+    for (size_t i = likely; i < order.size(); i += 7) counts.push_back({order[i], 2});
+    // One row per (variant, u01): the same logits each time.
+    {
       std::vector<double> logits;
       std::vector<kernels::TokenDraw> draws;
-      for (const kernels::TokenDraw& v : variants) {
-        if (v.logit_bias.empty() == biased) continue;
+      for (size_t v = 0; v < variants.size(); ++v) {
         for (double u : u01s) {
           logits.insert(logits.end(), row.begin(), row.end());
-          draws.push_back(v);
+          draws.push_back(variants[v]);
           draws.back().u01 = u;
+          if (v >= first_penalized) draws.back().token_counts = counts;
         }
       }
       const int rows = static_cast<int>(draws.size());
@@ -169,6 +192,12 @@ TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
           EXPECT_NEAR(top_lp[at], want_top_lp[at], 1e-5 * (1 + std::abs(want_top_lp[at])));
         }
       }
+      // The greedy draw with a repetition penalty of 10 leaves the argmax (every one of
+      // the most likely tokens is counted) on rows long enough for a better one.
+      const int32_t penalized_pick = want_token[first_penalized * std::size(u01s)];
+      if (kind.vocab >= 1000) {
+        EXPECT_NE(penalized_pick, order[0]);
+      }
     }
   }
   // Rows without mass: −inf only (the last kept candidate: the last id, or the top_k-th),
@@ -189,6 +218,15 @@ TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
       backend_->DrawTokens(d->as<float>(), 1, 5, &asks_top, token, logprob, nullptr, nullptr);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.message().find("top_logprobs"), std::string::npos) << refused;
+  // A penalty counting a token past the vocabulary: refused, naming the field and the id.
+  kernels::TokenDraw past;
+  past.presence_penalty = 0.5;
+  const std::pair<int32_t, int32_t> counted[] = {{1, 1}, {5, 2}};
+  past.token_counts = counted;
+  const absl::Status outside =
+      backend_->DrawTokens(d->as<float>(), 1, 5, &past, token, logprob, nullptr, nullptr);
+  EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(outside.message().find("token_counts has token 5"), std::string::npos) << outside;
   EXPECT_EQ(token[0], 2);
   EXPECT_EQ(token[1], 1);
 }

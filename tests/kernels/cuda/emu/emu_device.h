@@ -298,6 +298,10 @@ T __ldcg(const T* address) {
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline float __double2float_rn(double x) { return static_cast<float>(x); }
 inline int __float_as_int(float x) { return ::kvlens_emu::BitCast<int>(x); }
 inline float __int_as_float(int i) { return ::kvlens_emu::BitCast<float>(i); }
 inline unsigned long long __float2ull_rn(float x) {
