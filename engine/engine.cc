@@ -638,14 +638,15 @@ void Engine::Impl::Step() {
       e.tokens = absl::MakeConstSpan(s->tokens).subspan(s->num_computed, n);
       e.num_cached = s->num_computed;
       e.block_table = s->blocks;
-      // A device backend then copies out no logits row for a chunk that samples nothing
-      // (a prompt's middle) or whose next token it can draw itself (no penalties).
+      // A device backend then copies out no logits row: a chunk that samples nothing (a
+      // prompt's middle) wants none, and one that samples has its next token drawn where
+      // the logits are (penalties from the counts of the tokens so far).
       const bool samples = s->num_computed + n == static_cast<int>(s->tokens.size());
-      e.pick_only = !samples || !s->sampler->NeedsHistory();
-      if (samples && e.pick_only) {
+      e.pick_only = true;
+      if (samples) {
         // With the number the host's Sample would take next; a host path that samples
         // this row after all takes the same one.
-        e.draw = s->sampler->ReserveDraw();
+        e.draw = s->sampler->ReserveDraw(s->tokens);
         e.draw.top_logprobs = s->request.top_logprobs;
       }
       batch.push_back(e);

@@ -57,12 +57,12 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
   ForwardOutput<T> out;
   std::vector<float> logits(c.vocab_size);
 
-  // A device backend draws the next token where the logits are (Backend::DrawTokens) when
-  // the sampler applies no penalty, with the uniform number Sample would take
-  // (Sampler::ReserveDraw); a host backend returns the row and Sample takes it.
+  // A device backend draws the next token where the logits are (Backend::DrawTokens),
+  // penalties included, with the uniform number Sample would take (Sampler::ReserveDraw);
+  // a host backend returns the row and Sample takes it.
   auto prepare = [&](BatchEntry& entry) {
-    entry.pick_only = !sampler.NeedsHistory();
-    if (entry.pick_only) entry.draw = sampler.ReserveDraw();
+    entry.pick_only = true;
+    entry.draw = sampler.ReserveDraw(history);
   };
 
   // prefill in chunks; only the last chunk's last row needs logits (the middle chunks'

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <limits>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/row_reduce.h"
 
@@ -44,18 +43,16 @@ void Sampler::ApplyBiasAndPenalties(absl::Span<float> logits,
                                     absl::Span<const int32_t> history) const {
   kernels::ApplyLogitBias(logits, params_.logit_bias);
   if (!NeedsHistory() || history.empty()) return;
-  absl::flat_hash_map<int32_t, int> counts;
-  for (int32_t t : history) {
-    if (t >= 0 && t < static_cast<int32_t>(logits.size())) ++counts[t];
+  TokenCounts counts;
+  counts.Update(history);
+  kernels::TokenDraw draw = Draw();
+  std::vector<std::pair<int32_t, int32_t>> in_vocab;  // (tokens past the row: none apply)
+  in_vocab.reserve(counts.entries().size());
+  for (const auto& e : counts.entries()) {
+    if (e.first < static_cast<int32_t>(logits.size())) in_vocab.push_back(e);
   }
-  for (const auto& [t, n] : counts) {
-    float& l = logits[t];
-    if (params_.repetition_penalty != 1.0) {
-      l = l > 0 ? static_cast<float>(l / params_.repetition_penalty)
-                : static_cast<float>(l * params_.repetition_penalty);
-    }
-    l -= static_cast<float>(params_.frequency_penalty * n + params_.presence_penalty);
-  }
+  draw.token_counts = in_vocab;
+  kernels::ApplyPenalties(logits, draw);
 }
 
 int32_t Sampler::Sample(absl::Span<float> logits, absl::Span<const int32_t> history) {
@@ -73,11 +70,18 @@ kernels::TokenDraw Sampler::Draw() const {
   d.top_p = params_.top_p;
   d.min_p = params_.min_p;
   d.logit_bias = params_.logit_bias;
+  d.repetition_penalty = params_.repetition_penalty;
+  d.frequency_penalty = params_.frequency_penalty;
+  d.presence_penalty = params_.presence_penalty;
   return d;
 }
 
-kernels::TokenDraw Sampler::ReserveDraw() {
+kernels::TokenDraw Sampler::ReserveDraw(absl::Span<const int32_t> history) {
   kernels::TokenDraw d = Draw();
+  if (NeedsHistory()) {
+    counts_.Update(history);
+    d.token_counts = counts_.entries();
+  }
   if (d.temperature > 0.0) {  // as Sample, which draws a number only then
     if (!reserved_) {
       reserved_u01_ = kernels::UniformFromBits(rng_());

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "engine/token_counts.h"
 #include "kernels/token_draw.h"
 
 namespace kvlens {
@@ -42,30 +43,32 @@ class Sampler {
 
   const SamplingParams& params() const { return params_; }
 
-  // Whether the penalties need the tokens so far: then only Sample, given the history,
-  // can pick; otherwise ReserveDraw's draw on the raw logits picks what Sample would.
+  // Whether the penalties look at the tokens so far.
   bool NeedsHistory() const {
     return params_.repetition_penalty != 1.0 || params_.frequency_penalty != 0.0 ||
            params_.presence_penalty != 0.0;
   }
-  // The next draw (temperature, filters and logit bias, a view of these params') for a
-  // backend to run where the logits are (Backend::DrawTokens), with its uniform number
-  // taken from the generator now (at a temperature) and kept until a draw uses it
-  // (Sample) or ClearReserved: the same number a Sample here would have taken, so the
-  // stream of draws stays one per sampled token whichever path samples. Calls before
-  // that reuse the number.
-  kernels::TokenDraw ReserveDraw();
+  // The next draw (temperature, filters, logit bias and penalties, a view of these
+  // params' and of the counts of `history`'s tokens, valid until the next call) for a
+  // backend to run where the logits are (Backend::DrawTokens): the token Sample(logits,
+  // history) would pick. Its uniform number is taken from the generator now (at a
+  // temperature) and kept until a draw uses it (Sample) or ClearReserved: the same number
+  // a Sample here would have taken, so the stream of draws stays one per sampled token
+  // whichever path samples. Calls before that reuse the number. The counts are kept from
+  // call to call (TokenCounts): each call's `history` must extend the one before.
+  kernels::TokenDraw ReserveDraw(absl::Span<const int32_t> history);
   // Forgets a reserved number that a draw elsewhere has used.
   void ClearReserved() { reserved_ = false; }
 
  private:
   void ApplyBiasAndPenalties(absl::Span<float> logits, absl::Span<const int32_t> history) const;
-  // The draw these params make, u01 left 0.
+  // The draw these params make, u01 left 0 and no token counts.
   kernels::TokenDraw Draw() const;
   // The reserved number, or a fresh one.
   double NextUniform();
 
   SamplingParams params_;
+  TokenCounts counts_;  // ReserveDraw's, with penalties
   std::mt19937_64 rng_;
   bool reserved_ = false;
   double reserved_u01_ = 0.0;

@@ -181,16 +181,16 @@ TEST(CudaEngineServe, Stories260KThroughTheEngineEqualsCpu) {
 // Seeded temperature draws through the Engine: on CUDA they are drawn where the logits
 // are (CudaBackend::DrawTokens, with the uniform number the engine reserves from each
 // request's generator), on the CPU by the Sampler; the same tokens, and log-probabilities
-// within 1e-4, and one request's top-5 log-probabilities too; one draws with a logit bias. A
-// request with a repetition penalty in the same steps takes its logits row to the host on both.
-// (The logits differ by float rounding, ~1e-6 here: a draw within that of a boundary could differ;
-// none of these does.)
+// within 1e-4, and one request's top-5 log-probabilities too; one draws with a logit bias, one
+// with repetition, frequency and presence penalties over its tokens so far (their counts
+// uploaded with the draws), and one greedily with a repetition penalty. (The logits differ by float
+// rounding, ~1e-6 here: a draw within that of a boundary could differ; none of these does.)
 TEST(CudaEngineServe, Stories260KSeededDrawsEqualCpu) {
   KVLENS_REQUIRE_FILE(kStories);
   KVLENS_REQUIRE_CUDA(cuda);
   auto model = Load(kStories);
   ASSERT_NE(model, nullptr);
-  std::vector<GenerationRequest> requests(4);
+  std::vector<GenerationRequest> requests(5);
   for (size_t i = 0; i < requests.size(); ++i) {
     GenerationRequest& r = requests[i];
     r.prompt = model->tokenizer->Encode(i % 2 == 0 ? "Once upon a time" : "The cat", true);
@@ -203,7 +203,11 @@ TEST(CudaEngineServe, Stories260KSeededDrawsEqualCpu) {
       r.sampling.top_k = 40, r.sampling.min_p = 0.02;
       r.sampling.logit_bias = {{50, 3.0f}, {50, 1.0f}, {1, -100.0f}};
     }
-    if (i == 3) r.sampling.repetition_penalty = 1.2;
+    if (i == 3) {
+      r.sampling.repetition_penalty = 1.2, r.sampling.frequency_penalty = 0.3;
+      r.sampling.presence_penalty = 0.2;
+    }
+    if (i == 4) r.sampling.temperature = 0.0, r.sampling.repetition_penalty = 1.5;
   }
   kernels::CpuBackend cpu(2);
   const std::vector<testing::Served> want = testing::ServeTogether(*model, cpu, requests);

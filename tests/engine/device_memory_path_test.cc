@@ -84,8 +84,8 @@ class DeviceMemoryPathTest : public testing::StoriesModelTest {
 
 // Generate on a device backend takes each token from Backend::DrawTokens (greedy, then a
 // seeded draw at temperature 1.5 with top-p, its uniform number reserved from the
-// sampler's generator, and greedy with a logit bias), and with a repetition penalty from
-// the logits row on the host: the CPU's tokens every time.
+// sampler's generator, greedy with a logit bias, and a seeded draw with a repetition
+// penalty over the counts of the tokens so far): the CPU's tokens every time.
 TEST_F(DeviceMemoryPathTest, GenerateEqualsCpuGreedySampledAndPenalised) {
   for (int variant = 0; variant < 4; ++variant) {
     SCOPED_TRACE(variant);
@@ -105,8 +105,10 @@ TEST_F(DeviceMemoryPathTest, GenerateEqualsCpuGreedySampledAndPenalised) {
     EXPECT_EQ(got->tokens, want->tokens);
     EXPECT_GT(device.fake_memory().memsets.load(), 0);          // NaN fill without host writes
     EXPECT_GE(device.fake_memory().copies_to_host.load(), 30);  // a row (or a pick) a step
-    EXPECT_EQ(device.pick_rows.load(), variant == 2 ? 0 : 30);
-    EXPECT_EQ(device.drawn_rows.load(), variant == 1 ? 30 : 0);
+    EXPECT_EQ(device.pick_rows.load(), 30);
+    EXPECT_EQ(device.drawn_rows.load(), variant == 1 || variant == 2 ? 30 : 0);
+    // (the first step's counts are the prompt's: its penalty applies from the start)
+    EXPECT_EQ(device.penalized_rows.load(), variant == 2 ? 30 : 0);
   }
 }
 
@@ -123,12 +125,12 @@ TEST_F(DeviceMemoryPathTest, EngineEqualsCpuWithAttentionRowsAndSessionReadBack)
   EXPECT_EQ(got.prefix_k0, want.prefix_k0);
 }
 
-// Requests with no penalty take the device's pick (no logits row copied out): a plain
-// greedy one, one with top log-probabilities, a greedy one with a logit bias, and a seeded
-// temperature draw with top-p, whose uniform number the engine reserves from the request's
-// generator before the step; one with a repetition penalty gets its row in the same steps. Served
-// together: the same tokens and top log-probabilities as the CPU path (the same kernels and the
-// same draws, so bitwise), and log-probabilities within 1e-6.
+// Every request takes the device's pick (no logits row copied out): a plain greedy one,
+// one with top log-probabilities, one with a repetition penalty (and frequency and
+// presence penalties), a seeded temperature draw with top-p, whose uniform number the
+// engine reserves from the request's generator before the step, and a greedy one with a
+// logit bias. Served together: the same tokens and top log-probabilities as the CPU path
+// (the same kernels and the same draws, so bitwise), and log-probabilities within 1e-6.
 TEST_F(DeviceMemoryPathTest, GreedyPicksAndLogitRowsInOneBatchEqualCpu) {
   std::vector<GenerationRequest> requests(5);
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -137,7 +139,10 @@ TEST_F(DeviceMemoryPathTest, GreedyPicksAndLogitRowsInOneBatchEqualCpu) {
     r.stop.max_new_tokens = 10 + static_cast<int>(i);
     r.stop.ignore_eos = true;
     if (i == 1) r.top_logprobs = 3;
-    if (i == 2) r.sampling.repetition_penalty = 1.3;
+    if (i == 2) {
+      r.sampling.repetition_penalty = 1.3, r.sampling.frequency_penalty = 0.5;
+      r.sampling.presence_penalty = 0.25;
+    }
     if (i == 3) r.sampling.temperature = 1.5, r.sampling.top_p = 0.95, r.sampling.seed = 5;
     if (i == 4) r.sampling.logit_bias = {{13, 6.0f}, {13, 4.0f}, {0, -100.0f}};
   }
@@ -164,10 +169,12 @@ TEST_F(DeviceMemoryPathTest, GreedyPicksAndLogitRowsInOneBatchEqualCpu) {
   }
   EXPECT_EQ(want[1].top[0].size(), 3u);
   EXPECT_NE(want[4].tokens, want[0].tokens);  // the bias changed the greedy text
-  // Request 0's 10 tokens and every prompt row: each step that ran a picking entry; and
-  // request 3's 13 tokens, drawn on the "device".
-  EXPECT_GE(device.pick_rows.load(), 10);
+  EXPECT_NE(want[2].tokens, want[0].tokens);  // and so did the penalties
+  // Every row: the 10 + … + 14 tokens; request 3's 13 drawn at a temperature and
+  // request 2's 12 with its penalties, on the "device".
+  EXPECT_EQ(device.pick_rows.load(), 60);
   EXPECT_EQ(device.drawn_rows.load(), 13);
+  EXPECT_EQ(device.penalized_rows.load(), 12);
   EXPECT_EQ(device.top_rows.load(), 11);     // request 1's tokens, with their top 3
   EXPECT_EQ(device.biased_rows.load(), 14);  // request 4's, with its logit bias
 }

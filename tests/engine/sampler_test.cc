@@ -186,6 +186,51 @@ TEST(SamplerTest, PenaltiesFollowTheirDefinitions) {
   EXPECT_FLOAT_EQ(l[2], -2.75f);
 }
 
+// ReserveDraw hands a backend the draw Sample would make: its token counts are the
+// history's, kept from call to call, and DrawRows with them picks Sample's token (with
+// the same uniform number), step by step as a 40-token history of a 24-token vocabulary
+// grows (so tokens repeat and the penalties bite), under each penalty and filter.
+TEST(SamplerTest, ReservedDrawsWithPenaltiesPickWhatSamplePicks) {
+  SamplingParams p;
+  p.repetition_penalty = 1.5;
+  p.frequency_penalty = 0.3;
+  p.presence_penalty = -0.2;
+  p.logit_bias = {{4, 1.0f}};
+  p.temperature = 0.9;
+  p.top_p = 0.9;
+  p.seed = 11;
+  for (const double temperature : {0.9, 0.0}) {
+    p.temperature = temperature;
+    Sampler sample(p), reserve(p), plain(SamplingParams{.temperature = temperature, .seed = 11});
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    std::vector<int32_t> history = {3, 3, 7};
+    int moved = 0;  // steps where the penalties changed the pick
+    for (int step = 0; step < 40; ++step) {
+      std::vector<float> logits(24);
+      for (float& l : logits) l = normal(rng);
+      const kernels::TokenDraw d = reserve.ReserveDraw(history);
+      ASSERT_TRUE(d.HasPenalties());
+      std::map<int32_t, int32_t> want_counts;
+      for (int32_t t : history) ++want_counts[t];
+      const std::map<int32_t, int32_t> counts(d.token_counts.begin(), d.token_counts.end());
+      EXPECT_EQ(counts, want_counts);
+      EXPECT_EQ(d.token_counts.size(), want_counts.size());  // each token once
+      int32_t token = -1;
+      float logprob = 0.0f;
+      kernels::DrawRows(logits.data(), 1, 24, &d, &token, &logprob, nullptr, nullptr);
+      reserve.ClearReserved();
+      std::vector<float> copy = logits;
+      const int32_t want = sample.Sample(absl::MakeSpan(copy), history);
+      EXPECT_EQ(token, want) << "step " << step;
+      copy = logits;
+      moved += plain.Sample(absl::MakeSpan(copy), history) != want;
+      history.push_back(want);
+    }
+    EXPECT_GT(moved, 0);
+  }
+}
+
 TEST(SamplerTest, ValidateNamesTheField) {
   SamplingParams p;
   p.top_p = 0.0;
