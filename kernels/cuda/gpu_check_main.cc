@@ -113,6 +113,7 @@ struct Sizes {
   std::vector<int> batches = {1, 16, 64};
   size_t copy_bytes = size_t{2} << 30;
   std::string model = "Llama-7B shape";
+  int big_vocab = 128256;  // the draws past kDrawCachedVocab: Llama 3's vocabulary
 };
 
 Sizes QuickSizes() {
@@ -142,6 +143,7 @@ Sizes SmokeSizes() {
   s.batches = {1, 3};
   s.copy_bytes = size_t{1} << 20;
   s.model = "smoke: D=256 L=2";
+  s.big_vocab = 41000;
   return s;
 }
 
@@ -562,44 +564,76 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
                                   host_logits.size() * 4 / copy_sec / 1e9),
                   "-", "-", "-"});
         // A step of seeded draws (temperature 0.8, top-p 0.95) on the device, as the engine
-        // runs them for requests without penalties (CudaBackend::DrawTokens), against the
-        // copy above plus DrawRows on the host (one thread; the engine spreads a step's rows
-        // over up to 8). The tokens must agree.
-        std::vector<TokenDraw> draws(static_cast<size_t>(batch));
-        for (int s = 0; s < batch; ++s) {
-          draws[s].temperature = 0.8;
-          draws[s].top_p = 0.95;
-          draws[s].u01 = (s + 0.5) / batch;
+        // runs them (CudaBackend::DrawTokens), against a copy of the rows plus DrawRows on
+        // the host (one thread; the engine spreads a step's rows over up to 8): plain, with
+        // repetition, frequency and presence penalties over 1000 counted tokens a row, and
+        // those on Llama 3's 128256-token vocabulary (past the shared-memory rows: adjusted
+        // rows in global scratch; Gaussian logits, sigma 3). The tokens must agree.
+        std::vector<std::pair<int32_t, int32_t>> counts;
+        for (int32_t i = 0; i < 1000; ++i) counts.push_back({(i * 7919) % V, 1 + i % 5});
+        std::vector<float> big_host(static_cast<size_t>(batch) * z.big_vocab);
+        {
+          std::mt19937 rng(3);
+          std::normal_distribution<float> normal(0.0f, 3.0f);
+          for (float& l : big_host) l = normal(rng);
         }
-        const double draw_sec = TimeIt(b, 20, [&] {
-          Must(b.DrawTokens(logits, batch, V, draws.data(), picks.data(), pick_logprobs.data(),
-                            nullptr, nullptr),
-               "draw");
-        });
-        std::vector<int32_t> host_picks(static_cast<size_t>(batch));
-        std::vector<float> host_logprobs(static_cast<size_t>(batch));
-        Must(b.memory().CopyToHost(host_logits.data(), logits, host_logits.size() * 4),
-             "logits copy");
-        constexpr int kHostReps = 3;
-        const auto host_start = std::chrono::steady_clock::now();
-        for (int i = 0; i < kHostReps; ++i) {
-          DrawRows(host_logits.data(), batch, V, draws.data(), host_picks.data(),
-                   host_logprobs.data(), nullptr, nullptr);
+        float* big = nullptr;
+        GC_CUDA(cudaMalloc(&big, big_host.size() * 4));
+        GC_CUDA(cudaMemcpy(big, big_host.data(), big_host.size() * 4, cudaMemcpyHostToDevice));
+        for (int kind = 0; kind < 3; ++kind) {
+          const int vocab = kind == 2 ? z.big_vocab : V;
+          const float* rows_dev = kind == 2 ? big : logits;
+          std::vector<TokenDraw> draws(static_cast<size_t>(batch));
+          for (int s = 0; s < batch; ++s) {
+            draws[s].temperature = 0.8;
+            draws[s].top_p = 0.95;
+            draws[s].u01 = (s + 0.5) / batch;
+            if (kind > 0) {
+              draws[s].repetition_penalty = 1.1;
+              draws[s].frequency_penalty = 0.2;
+              draws[s].presence_penalty = 0.1;
+              draws[s].token_counts = counts;
+            }
+          }
+          std::vector<float> rows_host(static_cast<size_t>(batch) * vocab);
+          const double rows_copy_sec = TimeIt(b, 20, [&] {
+            Must(b.memory().CopyToHost(rows_host.data(), rows_dev, rows_host.size() * 4),
+                 "logits copy");
+          });
+          const double draw_sec = TimeIt(b, 20, [&] {
+            Must(b.DrawTokens(rows_dev, batch, vocab, draws.data(), picks.data(),
+                              pick_logprobs.data(), nullptr, nullptr),
+                 "draw");
+          });
+          std::vector<int32_t> host_picks(static_cast<size_t>(batch));
+          std::vector<float> host_logprobs(static_cast<size_t>(batch));
+          constexpr int kHostReps = 3;
+          const auto host_start = std::chrono::steady_clock::now();
+          for (int i = 0; i < kHostReps; ++i) {
+            DrawRows(rows_host.data(), batch, vocab, draws.data(), host_picks.data(),
+                     host_logprobs.data(), nullptr, nullptr);
+          }
+          const double host_draw_sec =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - host_start)
+                  .count() /
+              kHostReps;
+          int differ = 0;
+          for (int s = 0; s < batch; ++s) differ += picks[s] != host_picks[s] ? 1 : 0;
+          const char* what[3] = {"token draws on the device (T 0.8, top-p 0.95)",
+                                 "token draws on the device, with penalties",
+                                 "token draws on the device, penalties, large vocabulary"};
+          rows.Add({what[kind],
+                    absl::StrFormat("batch %d x %d, one block a row%s; %d of %d tokens differ "
+                                    "from the host's",
+                                    batch, vocab, kind > 0 ? ", 1000 tokens counted" : "",
+                                    differ, batch),
+                    absl::StrFormat("%.0f us", draw_sec * 1e6),
+                    absl::StrFormat("%.0f us copy + %.0f us host draws (1 thread)",
+                                    rows_copy_sec * 1e6, host_draw_sec * 1e6),
+                    absl::StrFormat("%.1fx", (rows_copy_sec + host_draw_sec) / draw_sec), "-"});
+          if (differ > 0) std::printf("warning: %d device draws differ from the host's\n", differ);
         }
-        const double host_draw_sec =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - host_start).count() /
-            kHostReps;
-        int differ = 0;
-        for (int s = 0; s < batch; ++s) differ += picks[s] != host_picks[s] ? 1 : 0;
-        rows.Add({"token draws on the device (T 0.8, top-p 0.95)",
-                  absl::StrFormat("batch %d x %d, one block a row; %d of %d tokens differ from "
-                                  "the host's",
-                                  batch, V, differ, batch),
-                  absl::StrFormat("%.0f us", draw_sec * 1e6),
-                  absl::StrFormat("%.0f us copy + %.0f us host draws (1 thread)", copy_sec * 1e6,
-                                  host_draw_sec * 1e6),
-                  absl::StrFormat("%.1fx", (copy_sec + host_draw_sec) / draw_sec), "-"});
-        if (differ > 0) std::printf("warning: %d device draws differ from the host's\n", differ);
+        GC_CUDA(cudaFree(big));
       }
     }
   b.SetCudaGraphs(true);
