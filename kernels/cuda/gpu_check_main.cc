@@ -577,9 +577,11 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
           std::normal_distribution<float> normal(0.0f, 3.0f);
           for (float& l : big_host) l = normal(rng);
         }
-        float* big = nullptr;
-        GC_CUDA(cudaMalloc(&big, big_host.size() * 4));
-        GC_CUDA(cudaMemcpy(big, big_host.data(), big_host.size() * 4, cudaMemcpyHostToDevice));
+        float* big = Alloc(big_host.size());
+        if (!GC_CUDA(
+                cudaMemcpy(big, big_host.data(), big_host.size() * 4, cudaMemcpyHostToDevice))) {
+          std::exit(3);
+        }
         for (int kind = 0; kind < 3; ++kind) {
           const int vocab = kind == 2 ? z.big_vocab : V;
           const float* rows_dev = kind == 2 ? big : logits;
@@ -614,8 +616,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
                      host_logprobs.data(), nullptr, nullptr);
           }
           const double host_draw_sec =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - host_start)
-                  .count() /
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - host_start).count() /
               kHostReps;
           int differ = 0;
           for (int s = 0; s < batch; ++s) differ += picks[s] != host_picks[s] ? 1 : 0;
@@ -625,8 +626,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
           rows.Add({what[kind],
                     absl::StrFormat("batch %d x %d, one block a row%s; %d of %d tokens differ "
                                     "from the host's",
-                                    batch, vocab, kind > 0 ? ", 1000 tokens counted" : "",
-                                    differ, batch),
+                                    batch, vocab, kind > 0 ? ", 1000 tokens counted" : "", differ,
+                                    batch),
                     absl::StrFormat("%.0f us", draw_sec * 1e6),
                     absl::StrFormat("%.0f us copy + %.0f us host draws (1 thread)",
                                     rows_copy_sec * 1e6, host_draw_sec * 1e6),
