@@ -521,6 +521,63 @@ TEST_F(CudaBackendTest, RepeatedIndexArraysAreCopiedOnce) {
   EXPECT_TRUE(backend_->status().ok()) << backend_->status();
 }
 
+// An op's index arrays go up in one upload: RopeQKStoreKv's positions (4 bytes a token)
+// and cache rows (8) staged apart would let the rows wrap the 1 MiB ring onto the
+// positions before the launch read them. Here a 400 KB upload first (Embedding's ids)
+// leaves the positions of 60000 tokens at [400 KB, 640 KB) and their rows past the end:
+// q and k must still be rotated by their own positions (the reference's, in double) and
+// stored at their own rows.
+TEST_F(CudaBackendTest, AnOpsIndexArraysShareOneUpload) {
+  const std::vector<float> table = {10, 20, 30, 40};
+  const WeightView w{table.data(), DType::kF32, 4, 1};
+  const int n_ids = 100000, n = 60000, dh = 2;
+  auto embedded = parity::ToDevice(std::vector<double>(n_ids, parity::kNaN));
+  ASSERT_TRUE(embedded.ok()) << embedded.status();
+  std::vector<int32_t> ids(n_ids);
+  for (int i = 0; i < n_ids; ++i) ids[i] = i % 4;
+  std::mt19937_64 rng(23);
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round);
+    backend_->Embedding(w, ids.data(), n_ids, embedded->as<float>());
+    std::vector<int32_t> positions(n);
+    std::vector<int64_t> rows(n);
+    for (int i = 0; i < n; ++i) {
+      positions[i] = (i * 13 + 7 + round) % 4096;
+      rows[i] = n - 1 - i;
+    }
+    const std::vector<double> q = kernels::testing::RandomFloatExact(rng, size_t{2} * n, -2, 2);
+    const std::vector<double> k = kernels::testing::RandomFloatExact(rng, size_t{2} * n, -2, 2);
+    const std::vector<double> v = kernels::testing::RandomFloatExact(rng, size_t{2} * n, -2, 2);
+    std::vector<double> q_ref = q, k_ref = k;
+    std::vector<double> kc_ref(size_t{2} * n, parity::kNaN), vc_ref = kc_ref;
+    ReferenceBackend().RopeQKStoreKv(q_ref.data(), dh, 1, k_ref.data(), v.data(), dh, 1, n, dh,
+                                     positions.data(), 10000.0, RopeStyle::kHalfSplit, rows.data(),
+                                     kc_ref.data(), vc_ref.data(), dh, KvDtype::kActivation);
+    auto dq = parity::ToDevice(q);
+    auto dk = parity::ToDevice(k);
+    auto dv = parity::ToDevice(v);
+    auto dkc = parity::ToDevice(kc_ref);  // (overwritten everywhere)
+    auto dvc = parity::ToDevice(kc_ref);
+    ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dkc.ok() && dvc.ok());
+    backend_->RopeQKStoreKv(dq->as<float>(), dh, 1, dk->as<float>(), dv->as<float>(), dh, 1, n, dh,
+                            positions.data(), 10000.0, RopeStyle::kHalfSplit, rows.data(),
+                            dkc->as<float>(), dvc->as<float>(), dh, KvDtype::kActivation);
+    const std::pair<const DeviceBuffer*, const std::vector<double>*> outs[] = {
+        {&*dq, &q_ref}, {&*dk, &k_ref}, {&*dkc, &kc_ref}, {&*dvc, &vc_ref}};
+    for (const auto& [buffer, want] : outs) {
+      absl::StatusOr<std::vector<double>> got =
+          parity::FromDevice(*backend_, *buffer, want->size());
+      ASSERT_TRUE(got.ok()) << got.status();
+      double worst = 0.0;  // (angles up to 4095 rad, computed in float on the device)
+      for (size_t e = 0; e < want->size(); ++e) {
+        worst = std::max(worst, std::abs((*got)[e] - (*want)[e]));
+      }
+      EXPECT_LT(worst, 2e-3);
+    }
+  }
+  EXPECT_TRUE(backend_->status().ok()) << backend_->status();
+}
+
 // CUDA graphs (step_graph.h): a recorded step runs launch by launch the first time its
 // launches are seen, is captured the second time and replayed after that, each replay
 // reading that step's own index arrays (staged in the ring at the same offsets).
