@@ -1,7 +1,10 @@
 // Host-side sampling of one engine step: for each of `rows` logit rows (vocabulary 32000,
-// Gaussian logits, 600 tokens of history for the penalties) the engine's per-row work,
-// kvlens::SampleRow (LogSoftmax for the reported log-probabilities, then Sampler::Sample),
-// on the step thread alone and spread over a ThreadPool as the Engine does
+// Gaussian logits, 600 tokens of history for the penalties) the engine's per-row work on a
+// host backend: Sampler::ReserveDraw (the draw's uniform number and the history's token
+// counts, kept from step to step: here the history does not grow, so after the first
+// step this is the draw alone; a growing one adds a hash lookup a token) and kvlens::DrawRow
+// (bias and penalties on a copy of the row, the draw, the log-probability), on the step
+// thread alone and spread over a ThreadPool as the Engine does
 // (EngineOptions::sampling_threads).
 // On a GPU a 64-row decode step takes a few milliseconds; this is what the host adds.
 // Each figure is the median of 7 timings of 5 steps. Prints a table, then one JSON line
@@ -36,9 +39,9 @@ int main(int argc, char** argv) {
   if (kvlens::bench::PrintedHelp(
           argc, argv,
           "usage: kvlens_bench_sampling [rows=64] [vocab=32000]\n"
-          "Times one engine step's host sampling (kvlens::SampleRow on each of `rows` rows of\n"
-          "Gaussian logits) on one thread and on a pool, per sampling mode. Prints a table,\n"
-          "then one JSON line.\n")) {
+          "Times one engine step's host sampling (Sampler::ReserveDraw and kvlens::DrawRow on\n"
+          "each of `rows` rows of Gaussian logits) on one thread and on a pool, per sampling\n"
+          "mode. Prints a table, then one JSON line.\n")) {
     return 0;
   }
   const int rows = argc > 1 ? std::atoi(argv[1]) : 64;
@@ -59,17 +62,20 @@ int main(int argc, char** argv) {
 
   // Over these logits (σ = 3) the draws look at: top-p 0.95 at t 0.8 ~430 candidates; the
   // plain draw at t 1 a few hundred on average, now and then thousands; at t 0.3 a few.
-  std::vector<Mode> modes(4);
+  std::vector<Mode> modes(5);
   modes[0].name = "greedy";
   modes[1].name = "t0.8,top_p0.95,rep1.1";
   modes[1].params.temperature = 0.8;
   modes[1].params.top_p = 0.95;
   modes[1].params.repetition_penalty = 1.1;
-  modes[2].name = "t1.0";
-  modes[2].params.temperature = 1.0;
-  modes[3].name = "t0.3,top_p0.95";
-  modes[3].params.temperature = 0.3;
-  modes[3].params.top_p = 0.95;
+  modes[2].name = "t0.8,top_p0.95";
+  modes[2].params.temperature = 0.8;
+  modes[2].params.top_p = 0.95;
+  modes[3].name = "t1.0";
+  modes[3].params.temperature = 1.0;
+  modes[4].name = "t0.3,top_p0.95";
+  modes[4].params.temperature = 0.3;
+  modes[4].params.top_p = 0.95;
 
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   std::printf("sampling: %d rows x %d vocabulary, %d cores\n", rows, vocab, cores);
@@ -89,10 +95,10 @@ int main(int argc, char** argv) {
       std::vector<int32_t> picked(rows);
       auto step = [&] {
         pool.ParallelFor(rows, [&](int64_t r) {
+          kvlens::Sampler& sampler = samplers[static_cast<size_t>(r)];
+          const kvlens::kernels::TokenDraw draw = sampler.ReserveDraw(history);
           picked[static_cast<size_t>(r)] =
-              kvlens::SampleRow(samplers[static_cast<size_t>(r)], logits[static_cast<size_t>(r)],
-                                history, /*top_logprobs=*/0)
-                  .token;
+              kvlens::DrawRow(sampler, logits[static_cast<size_t>(r)], draw).token;
         });
       };
       for (int i = 0; i < 3; ++i) step();  // warm-up (first-touch of the row buffers)

@@ -675,7 +675,7 @@ void Engine::Impl::Step() {
         const size_t k = rows[static_cast<size_t>(r)];
         Sequence& s = *plan[k].first;
         if (batch[k].pick_only && !out.pick_token.empty()) {
-          // The device's pick: what SampleRow would give for a row without penalties.
+          // The device's pick: what DrawRow gives on the host.
           const size_t row = static_cast<size_t>(out.logits_row[k]);
           sampled[k].token = out.pick_token[row];
           sampled[k].logprob = out.pick_logprob[row];
@@ -686,11 +686,12 @@ void Engine::Impl::Step() {
           s.sampler->ClearReserved();  // its number was the device's draw
           return;
         }
-        // rows of different sequences touch different samplers: safe on any thread
-        sampled[k] = SampleRow(
+        // The reserved draw on the host (bias and penalties from the kept counts). Rows of
+        // different sequences touch different samplers: safe on any thread.
+        sampled[k] = DrawRow(
             *s.sampler,
             absl::MakeConstSpan(out.logits.data() + static_cast<size_t>(out.logits_row[k]) * V, V),
-            s.tokens, s.request.top_logprobs);
+            batch[k].draw);
       };
       if (sampling_pool != nullptr && rows.size() > 1) {
         sampling_pool->ParallelFor(static_cast<int64_t>(rows.size()), sample);

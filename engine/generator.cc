@@ -59,10 +59,12 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
 
   // A device backend draws the next token where the logits are (Backend::DrawTokens),
   // penalties included, with the uniform number Sample would take (Sampler::ReserveDraw);
-  // a host backend returns the row and Sample takes it.
+  // a host backend returns the row and DrawRow draws the same there.
+  kernels::TokenDraw draw;  // the step's (its counts valid until the next ReserveDraw)
   auto prepare = [&](BatchEntry& entry) {
+    draw = sampler.ReserveDraw(history);
     entry.pick_only = true;
-    entry.draw = sampler.ReserveDraw(history);
+    entry.draw = draw;
   };
 
   // prefill in chunks; only the last chunk's last row needs logits (the middle chunks'
@@ -97,8 +99,8 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
       next = out.pick_token.back();
       sampler.ClearReserved();  // its number was the device's draw
     } else {
-      std::copy(out.logits.end() - c.vocab_size, out.logits.end(), logits.begin());
-      next = sampler.Sample(absl::MakeSpan(logits), history);
+      std::copy(out.logits.end() - c.vocab_size, out.logits.end(), logits.begin());  // (as float)
+      next = DrawRow(sampler, logits, draw).token;
     }
     result.tokens.push_back(next);
     history.push_back(next);

@@ -130,4 +130,18 @@ RowSample SampleRow(Sampler& sampler, absl::Span<const float> logits,
   return out;
 }
 
+RowSample DrawRow(Sampler& sampler, absl::Span<const float> logits,
+                  const kernels::TokenDraw& draw) {
+  const int vocab = static_cast<int>(logits.size());
+  kernels::TokenDraw d = draw;
+  d.top_logprobs = std::clamp(d.top_logprobs, 0, std::min(vocab, kernels::kMaxTopLogprobs));
+  RowSample out;
+  int32_t ids[kernels::kMaxTopLogprobs];
+  float lps[kernels::kMaxTopLogprobs];
+  kernels::DrawRows(logits.data(), 1, vocab, &d, &out.token, &out.logprob, ids, lps);
+  for (int i = 0; i < d.top_logprobs; ++i) out.top_logprobs.push_back({ids[i], lps[i]});
+  sampler.ClearReserved();  // its number was this draw's
+  return out;
+}
+
 }  // namespace kvlens

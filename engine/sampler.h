@@ -93,6 +93,12 @@ struct RowSample {
 };
 RowSample SampleRow(Sampler& sampler, absl::Span<const float> logits,
                     absl::Span<const int32_t> history, int top_logprobs);
+// The same for a draw `sampler` reserved (Sampler::ReserveDraw, its token counts and
+// uniform number; draw.top_logprobs of the row's most likely tokens), drawn on the host as
+// a backend's DrawTokens draws it (kernels::DrawRows), which then clears the reservation:
+// SampleRow's result without recounting the history, and without copying a row that has
+// no bias or penalty.
+RowSample DrawRow(Sampler& sampler, absl::Span<const float> logits, const kernels::TokenDraw& draw);
 
 }  // namespace kvlens
 

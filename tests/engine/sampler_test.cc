@@ -187,9 +187,10 @@ TEST(SamplerTest, PenaltiesFollowTheirDefinitions) {
 }
 
 // ReserveDraw hands a backend the draw Sample would make: its token counts are the
-// history's, kept from call to call, and DrawRows with them picks Sample's token (with
-// the same uniform number), step by step as a 40-token history of a 24-token vocabulary
-// grows (so tokens repeat and the penalties bite), under each penalty and filter.
+// history's, kept from call to call, and DrawRow with them (DrawRows, then the
+// reservation cleared) gives SampleRow's token, log-probability and top 3 (with the same
+// uniform number), step by step as a 40-token history of a 24-token vocabulary grows (so
+// tokens repeat and the penalties bite), under each penalty and filter.
 TEST(SamplerTest, ReservedDrawsWithPenaltiesPickWhatSamplePicks) {
   SamplingParams p;
   p.repetition_penalty = 1.5;
@@ -216,14 +217,19 @@ TEST(SamplerTest, ReservedDrawsWithPenaltiesPickWhatSamplePicks) {
       const std::map<int32_t, int32_t> counts(d.token_counts.begin(), d.token_counts.end());
       EXPECT_EQ(counts, want_counts);
       EXPECT_EQ(d.token_counts.size(), want_counts.size());  // each token once
-      int32_t token = -1;
-      float logprob = 0.0f;
-      kernels::DrawRows(logits.data(), 1, 24, &d, &token, &logprob, nullptr, nullptr);
-      reserve.ClearReserved();
+      kernels::TokenDraw with_top = d;
+      with_top.top_logprobs = 3;
+      const RowSample got = DrawRow(reserve, logits, with_top);
+      const RowSample sampled = SampleRow(sample, logits, history, 3);
+      const int32_t want = sampled.token;
+      EXPECT_EQ(got.token, want) << "step " << step;
+      EXPECT_EQ(got.logprob, sampled.logprob);
+      ASSERT_EQ(got.top_logprobs.size(), 3u);
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(got.top_logprobs[i].token, sampled.top_logprobs[i].token);
+        EXPECT_EQ(got.top_logprobs[i].logprob, sampled.top_logprobs[i].logprob);
+      }
       std::vector<float> copy = logits;
-      const int32_t want = sample.Sample(absl::MakeSpan(copy), history);
-      EXPECT_EQ(token, want) << "step " << step;
-      copy = logits;
       moved += plain.Sample(absl::MakeSpan(copy), history) != want;
       history.push_back(want);
     }
