@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kernels/attention_check.h"
 #include "kernels/cpu/reference_backward.h"
 
 namespace kvlens::kernels {
@@ -125,9 +126,42 @@ void StagedBackend::StoreKv(const float* k, const float* v, int n, int64_t src_s
                 cache_dtype);
 }
 
-absl::Status StagedBackend::Attention(const AttentionArgs<float>& args) {
+absl::Status StagedBackend::Attention(const AttentionArgs<float>& a) {
   if (!status_.ok()) return status_;
-  return host_.Attention(args);
+  // A bf16 cache's rows (2 bytes an element) are read where they are.
+  if (a.kv.dtype != KvDtype::kActivation) return host_.Attention(a);
+  // The host arguments' own errors first (they also bound the sizes staged below).
+  if (absl::Status s = ValidateAttentionArgs(a); !s.ok()) return s;
+  if (a.num_queries <= 0 || !Ok(device_.MakeCurrent())) return status_;
+  const int64_t q_row = int64_t{a.num_heads} * a.head_dim;
+  const int64_t kv_row = int64_t{a.num_kv_heads} * a.head_dim;
+  const int64_t map = int64_t{a.num_heads} * a.num_queries * a.num_keys;
+  // Cache rows read: the logical keys, or every row of the blocks the table names.
+  int64_t cache_rows = a.num_keys;
+  if (a.kv.block_table != nullptr) {
+    cache_rows = 0;
+    for (int b = 0; b * a.kv.block_size < a.num_keys; ++b) {
+      cache_rows =
+          std::max<int64_t>(cache_rows, (int64_t{a.kv.block_table[b]} + 1) * a.kv.block_size);
+    }
+  }
+  const int64_t out_count = (a.num_queries - 1) * a.out_stride + q_row;
+  AttentionArgs<float> d = a;  // the block table and document ids stay host arrays
+  d.q = Stage(0, a.q, (a.num_queries - 1) * a.q_stride + q_row);
+  d.kv.k = Stage(1, static_cast<const float*>(a.kv.k), (cache_rows - 1) * a.kv.row_stride + kv_row);
+  d.kv.v = Stage(2, static_cast<const float*>(a.kv.v), (cache_rows - 1) * a.kv.row_stride + kv_row);
+  d.out = Stage(3, a.out, out_count);  // (copied in too: what lies between rows stays)
+  d.probs = a.probs != nullptr ? Stage(4, nullptr, map) : nullptr;
+  d.scores = a.scores != nullptr ? Stage(5, nullptr, map) : nullptr;
+  if (!status_.ok()) return status_;
+  if (absl::Status s = device_.Attention(d); !s.ok()) {
+    if (s.code() != absl::StatusCode::kInvalidArgument) Ok(s);
+    return s;
+  }
+  Fetch(a.out, 3, out_count);
+  if (a.probs != nullptr) Fetch(a.probs, 4, map);
+  if (a.scores != nullptr) Fetch(a.scores, 5, map);
+  return status_;
 }
 
 absl::Status StagedBackend::MatMulBackwardInput(const float* dy, int n, const WeightView& w,

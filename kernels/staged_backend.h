@@ -6,10 +6,11 @@
 // records each activation on the host anyway. Weights are not copied per op (the device
 // backend caches uploads by host address); activations are, both ways.
 //
-// Attention and StoreKv run on `host`, a CPU backend: their index arrays and the paged
-// cache (of an extent the arguments do not bound) are host data here, and the tape runs
-// its own attention loop regardless. The backward ops (kernels/backward_ops.h) stage onto
-// the device backend's BackwardOps when given one.
+// Attention stages its inputs (q, and the keys and values: the logical rows, or every row of
+// the blocks a table names) and copies back out, probs and scores; the block table and
+// document ids stay host arrays, as every backend takes them. A bf16 cache's Attention,
+// and StoreKv, run on `host`, a CPU backend. The backward ops (kernels/backward_ops.h)
+// stage onto the device backend's BackwardOps when given one.
 //
 // Errors: the void ops record their first failure (a copy, an allocation, a device op)
 // and then do nothing; Synchronize() returns it, as CudaBackend does. One thread at a time.

@@ -147,52 +147,117 @@ void Norm(Backend<T>& be, const ModelConfig& c, const kernels::WeightView& w,
   }
 }
 
-// S, A and O of one layer, every head, with the attention edits applied. Mirrors
-// ReferenceBackend::Attention's arithmetic so double tapes reproduce the forward exactly.
+// The head ablations and attention-output perturbations of `layer`, on O.
 template <typename T>
-absl::Status AttentionLayer(const ModelConfig& c, const SequenceInput<T>& in, int layer,
-                            const Edits& e, LayerTape<T>& lt) {
+void EditAttentionOutput(const ModelConfig& c, int n, int tk, int layer, const Edits& e,
+                         LayerTape<T>& lt) {
+  const int dh = c.head_dim;
+  const int64_t D = int64_t{c.num_heads} * dh;
+  for (const HeadAblation& a : e.ablations) {
+    if (a.layer != layer) continue;
+    std::vector<double> mean(dh, 0.0);
+    if (a.mode == AblationMode::kMean) {
+      for (int i = 0; i < n; ++i) {
+        for (int d = 0; d < dh; ++d) mean[d] += lt.att[i * D + int64_t{a.head} * dh + d];
+      }
+      for (double& m : mean) m /= n;
+    }
+    for (int i = 0; i < n; ++i) {
+      for (int d = 0; d < dh; ++d)
+        lt.att[i * D + int64_t{a.head} * dh + d] = static_cast<T>(mean[d]);
+    }
+  }
+  Perturb(c, n, tk, e, TensorKind::kAttnOut, layer, lt.att);
+}
+
+// S, A and O of one layer, every head, with the attention edits applied. The backend's
+// Attention computes them, its probabilities and scores materialized (a CPU backend's
+// threads and vectors, a staged device's kernel; ReferenceBackend's arithmetic for a
+// double tape, so it reproduces the reference forward exactly). An edit acting inside
+// the softmax (a perturbation of the scores or the probabilities, a row override) then
+// redoes only the (head, row) pairs it reaches, with the loops below: the row's softmax
+// where its scores changed, its O where its probabilities changed. An edit that changes
+// nothing (an override by the row's own probabilities) leaves the backend's values, so
+// the edited run equals the clean one bit for bit.
+template <typename T>
+absl::Status AttentionLayer(Backend<T>& be, const ModelConfig& c, const SequenceInput<T>& in,
+                            int layer, const Edits& e, LayerTape<T>& lt) {
   const int n = static_cast<int>(in.tokens.size()), tk = in.offset + n;
   const int H = c.num_heads, dh = c.head_dim, group = c.num_heads / c.num_kv_heads;
   const int64_t D = int64_t{H} * dh, KVD = c.kv_dim();
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-  const T neg_inf = -std::numeric_limits<T>::infinity();
-  lt.scores.assign(int64_t{H} * n * tk, neg_inf);
-  lt.probs.assign(int64_t{H} * n * tk, T(0));
-  lt.att.assign(n * D, T(0));
-  for (int h = 0; h < H; ++h) {
-    const int kvh = h / group;
-    for (int i = 0; i < n; ++i) {
-      const T* q = lt.q.data() + i * D + int64_t{h} * dh;
-      T* s = lt.scores.data() + (int64_t{h} * n + i) * tk;
-      for (int j = 0; j < in.offset + i + 1; ++j) {  // keys past the row are causally masked
-        if (!KeyVisible(in, i, j)) continue;
-        const T* k = lt.k.data() + j * KVD + int64_t{kvh} * dh;
-        T dot = 0;
-        for (int d = 0; d < dh; ++d) dot += q[d] * k[d];
-        s[j] = static_cast<T>(scale * dot);
-      }
-    }
+  lt.scores.resize(int64_t{H} * n * tk);
+  lt.probs.resize(lt.scores.size());
+  lt.att.resize(n * D);
+  kernels::AttentionArgs<T> a;
+  a.q = lt.q.data();
+  a.q_stride = D;
+  a.num_queries = n;
+  a.num_keys = tk;
+  a.num_heads = H;
+  a.num_kv_heads = c.num_kv_heads;
+  a.head_dim = dh;
+  a.query_offset = in.offset;
+  a.causal = true;
+  a.scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  if (!in.doc_ids.empty()) {
+    a.q_doc_ids = in.doc_ids.data() + in.offset;
+    a.k_doc_ids = in.doc_ids.data();
   }
-  Perturb(c, n, tk, e, TensorKind::kScores, layer, lt.scores);
-  for (int h = 0; h < H; ++h) {
-    for (int i = 0; i < n; ++i) {
-      const T* s = lt.scores.data() + (int64_t{h} * n + i) * tk;
-      T* p = lt.probs.data() + (int64_t{h} * n + i) * tk;
-      const int end = in.offset + i + 1;
-      T max_s = neg_inf;
-      for (int j = 0; j < end; ++j) max_s = std::max(max_s, s[j]);
-      T z = 0;
-      for (int j = 0; j < end; ++j) {
-        p[j] = KeyVisible(in, i, j) ? std::exp(s[j] - max_s) : T(0);
-        z += p[j];
-      }
-      for (int j = 0; j < end; ++j) p[j] /= z;
+  a.kv.k = lt.k.data();
+  a.kv.v = lt.v.data();
+  a.kv.row_stride = KVD;
+  a.out = lt.att.data();
+  a.out_stride = D;
+  a.probs = lt.probs.data();
+  a.scores = lt.scores.data();
+  if (absl::Status s = be.Attention(a); !s.ok()) return s;
+
+  // The (head, row) pairs an edit inside the softmax reaches, with their clean scores and
+  // probabilities.
+  std::vector<std::pair<int, int>> pairs;
+  for (const Perturbation& p : e.perturbations) {
+    if (p.at.layer == layer &&
+        (p.at.kind == TensorKind::kScores || p.at.kind == TensorKind::kProbs)) {
+      pairs.push_back({p.at.head, p.at.row});
     }
   }
   for (const RowOverride& r : e.row_overrides) {
+    if (r.layer == layer) pairs.push_back({r.head, r.row});
+  }
+  if (pairs.empty()) {
+    EditAttentionOutput(c, n, tk, layer, e, lt);
+    return absl::OkStatus();
+  }
+  std::sort(pairs.begin(), pairs.end());
+  pairs.erase(std::unique(pairs.begin(), pairs.end()), pairs.end());
+  auto map_row = [&](std::vector<T>& m, int h, int i) {
+    return m.data() + (int64_t{h} * n + i) * tk;
+  };
+  std::vector<T> clean_s, clean_p;
+  for (const auto& [h, i] : pairs) {
+    clean_s.insert(clean_s.end(), map_row(lt.scores, h, i), map_row(lt.scores, h, i) + tk);
+    clean_p.insert(clean_p.end(), map_row(lt.probs, h, i), map_row(lt.probs, h, i) + tk);
+  }
+  Perturb(c, n, tk, e, TensorKind::kScores, layer, lt.scores);
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  for (size_t u = 0; u < pairs.size(); ++u) {
+    const auto [h, i] = pairs[u];
+    const T* s = map_row(lt.scores, h, i);
+    if (std::equal(s, s + tk, clean_s.begin() + static_cast<int64_t>(u) * tk)) continue;
+    T* p = map_row(lt.probs, h, i);
+    const int end = in.offset + i + 1;
+    T max_s = neg_inf;
+    for (int j = 0; j < end; ++j) max_s = std::max(max_s, s[j]);
+    T z = 0;
+    for (int j = 0; j < end; ++j) {
+      p[j] = KeyVisible(in, i, j) ? std::exp(s[j] - max_s) : T(0);
+      z += p[j];
+    }
+    for (int j = 0; j < end; ++j) p[j] /= z;
+  }
+  for (const RowOverride& r : e.row_overrides) {
     if (r.layer != layer) continue;
-    T* p = lt.probs.data() + (int64_t{r.head} * n + r.row) * tk;
+    T* p = map_row(lt.probs, r.head, r.row);
     if (!r.probs.empty()) {
       for (int j = 0; j < tk; ++j) {
         if (r.probs[j] < 0 || (r.probs[j] != 0 && !KeyVisible(in, r.row, j))) {
@@ -214,33 +279,20 @@ absl::Status AttentionLayer(const ModelConfig& c, const SequenceInput<T>& in, in
     }
   }
   Perturb(c, n, tk, e, TensorKind::kProbs, layer, lt.probs);
-  for (int h = 0; h < H; ++h) {
+  for (size_t u = 0; u < pairs.size(); ++u) {
+    const auto [h, i] = pairs[u];
+    const T* p = map_row(lt.probs, h, i);
+    if (std::equal(p, p + tk, clean_p.begin() + static_cast<int64_t>(u) * tk)) continue;
     const int kvh = h / group;
-    for (int i = 0; i < n; ++i) {
-      const T* p = lt.probs.data() + (int64_t{h} * n + i) * tk;
-      T* o = lt.att.data() + i * D + int64_t{h} * dh;
-      for (int j = 0; j < in.offset + i + 1; ++j) {
-        if (!KeyVisible(in, i, j)) continue;  // never read a masked key's value row
-        const T* v = lt.v.data() + j * KVD + int64_t{kvh} * dh;
-        for (int d = 0; d < dh; ++d) o[d] += p[j] * v[d];
-      }
+    T* o = lt.att.data() + i * D + int64_t{h} * dh;
+    std::fill(o, o + dh, T(0));
+    for (int j = 0; j < in.offset + i + 1; ++j) {
+      if (!KeyVisible(in, i, j)) continue;  // never read a masked key's value row
+      const T* v = lt.v.data() + j * KVD + int64_t{kvh} * dh;
+      for (int d = 0; d < dh; ++d) o[d] += p[j] * v[d];
     }
   }
-  for (const HeadAblation& a : e.ablations) {
-    if (a.layer != layer) continue;
-    std::vector<double> mean(dh, 0.0);
-    if (a.mode == AblationMode::kMean) {
-      for (int i = 0; i < n; ++i) {
-        for (int d = 0; d < dh; ++d) mean[d] += lt.att[i * D + int64_t{a.head} * dh + d];
-      }
-      for (double& m : mean) m /= n;
-    }
-    for (int i = 0; i < n; ++i) {
-      for (int d = 0; d < dh; ++d)
-        lt.att[i * D + int64_t{a.head} * dh + d] = static_cast<T>(mean[d]);
-    }
-  }
-  Perturb(c, n, tk, e, TensorKind::kAttnOut, layer, lt.att);
+  EditAttentionOutput(c, n, tk, layer, e, lt);
   return absl::OkStatus();
 }
 
@@ -397,7 +449,7 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
     std::copy(v_new.begin(), v_new.end(), lt.v.begin() + off_rows);
     Perturb(c, n, tk, edits, TensorKind::kK, l, lt.k);
     Perturb(c, n, tk, edits, TensorKind::kV, l, lt.v);
-    if (absl::Status s = AttentionLayer(c, input, l, edits, lt); !s.ok()) return s;
+    if (absl::Status s = AttentionLayer(be, c, input, l, edits, lt); !s.ok()) return s;
     // output projection and residual
     be.MatMul(lt.att.data(), n, lw.wo, lw.bo, proj.data());
     be.Add(x.data(), proj.data(), n * D);

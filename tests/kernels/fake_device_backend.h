@@ -135,6 +135,7 @@ class FakeDeviceBackend final : public kernels::Backend<float>, public kernels::
                  cache_dtype);
   }
   absl::Status Attention(const kernels::AttentionArgs<float>& a) override {
+    ++attention_calls;
     return cpu_.Attention(a);
   }
   // Backend's default (the rows copied out, drawn on the host), counting the rows and
@@ -157,6 +158,7 @@ class FakeDeviceBackend final : public kernels::Backend<float>, public kernels::
   std::atomic<int> top_rows{0};
   std::atomic<int> biased_rows{0};
   std::atomic<int> penalized_rows{0};
+  std::atomic<int> attention_calls{0};
   absl::Status MatMulBackwardInput(const float* dy, int n, const kernels::WeightView& w,
                                    float* dx) override {
     kernels::MatMulBackwardInput(dy, n, w, dx);

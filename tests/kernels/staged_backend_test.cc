@@ -5,6 +5,7 @@
 // allocation is reported by Synchronize with the outputs left alone.
 #include "kernels/staged_backend.h"
 
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -166,6 +167,92 @@ TEST_F(StagedBackendTest, BackwardOpsStagedOntoTheDeviceEqualTheReference) {
   const absl::Status s = staged.AttentionBackward(args(c, true));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_TRUE(staged.Synchronize().ok());
+}
+
+// Attention staged onto the device (the interpretability tape's forward): over a paged
+// cache (blocks 3 and 0 of 4), GQA 4/2, an offset of 3, two documents, q and out rows
+// padded (the padding of out kept), with probabilities and scores: the CPU backend's
+// results bitwise, computed by the device; a bf16 cache's call runs on the host instead;
+// a call with a row that sees no key is refused as the CPU backend refuses it.
+TEST_F(StagedBackendTest, AttentionRunsOnTheDeviceAndEqualsTheCpuBackend) {
+  const int tq = 4, tk = 7, h = 4, hkv = 2, dh = 8, bs = 4, off = 3;
+  const int64_t q_stride = h * dh + 3, kv_stride = hkv * dh + 1;
+  const std::vector<int32_t> table = {3, 0}, docs = {0, 0, 1, 1, 1, 1, 1};
+  const std::vector<float> q = Random(rng_, size_t(tq) * q_stride),
+                           kc = Random(rng_, size_t(4 * bs) * kv_stride),
+                           vc = Random(rng_, size_t(4 * bs) * kv_stride);
+  struct Result {
+    std::vector<float> out, probs, scores;
+  };
+  auto run = [&](Backend<float>& be, Result& r) {
+    r.out.assign(size_t(tq) * q_stride, -5.0f);  // the padding must stay -5
+    r.probs.assign(size_t(h) * tq * tk, -6.0f);
+    r.scores.assign(r.probs.size(), -7.0f);
+    AttentionArgs<float> f;
+    f.q = q.data();
+    f.q_stride = q_stride;
+    f.num_queries = tq;
+    f.num_keys = tk;
+    f.num_heads = h;
+    f.num_kv_heads = hkv;
+    f.head_dim = dh;
+    f.query_offset = off;
+    f.scale = 0.3;
+    f.q_doc_ids = docs.data() + off;
+    f.k_doc_ids = docs.data();
+    f.kv = KvSource<float>{kc.data(), vc.data(), kv_stride, table.data(), bs};
+    f.out = r.out.data();
+    f.out_stride = q_stride;
+    f.probs = r.probs.data();
+    f.scores = r.scores.data();
+    return be.Attention(f);
+  };
+  Result want, got;
+  ASSERT_TRUE(run(cpu_, want).ok());
+  const int copies = device_.fake_memory().copies_to_host;
+  ASSERT_TRUE(run(staged_, got).ok());
+  EXPECT_EQ(device_.attention_calls.load(), 1);
+  EXPECT_GE(device_.fake_memory().copies_to_host - copies, 3);  // out, probs, scores
+  EXPECT_EQ(got.out, want.out);
+  EXPECT_EQ(got.probs, want.probs);
+  EXPECT_EQ(got.scores, want.scores);
+  EXPECT_EQ(got.out[h * dh], -5.0f);
+  // row 0 (document 1) against key 0 (document 0): masked
+  EXPECT_EQ(got.scores[0], -std::numeric_limits<float>::infinity());
+
+  // A bf16 cache: the host backend's call.
+  std::vector<uint16_t> kb(kc.size()), vb(vc.size());
+  for (size_t e = 0; e < kc.size(); ++e) kb[e] = F32ToBF16(kc[e]), vb[e] = F32ToBF16(vc[e]);
+  std::vector<float> out_cpu(size_t(tq) * q_stride), out_staged(out_cpu.size());
+  AttentionArgs<float> b;
+  b.q = q.data();
+  b.q_stride = q_stride;
+  b.num_queries = tq;
+  b.num_keys = tk;
+  b.num_heads = h;
+  b.num_kv_heads = hkv;
+  b.head_dim = dh;
+  b.query_offset = off;
+  b.scale = 0.3;
+  b.kv = KvSource<float>{kb.data(), vb.data(), kv_stride, table.data(), bs, KvDtype::kBF16};
+  b.out = out_cpu.data();
+  b.out_stride = q_stride;
+  ASSERT_TRUE(cpu_.Attention(b).ok());
+  b.out = out_staged.data();
+  ASSERT_TRUE(staged_.Attention(b).ok());
+  EXPECT_EQ(out_staged, out_cpu);
+  EXPECT_EQ(device_.attention_calls.load(), 1);
+
+  // Row 0 at offset 0 with keys of another document only: refused, and still usable.
+  const std::vector<int32_t> apart = {1, 0, 0, 0, 0, 0, 0};
+  b.kv = KvSource<float>{kc.data(), vc.data(), kv_stride, table.data(), bs};
+  b.query_offset = 0;
+  b.num_keys = 4;
+  b.q_doc_ids = apart.data();
+  b.k_doc_ids = docs.data();
+  const absl::Status s = staged_.Attention(b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(staged_.Synchronize().ok());
 }
 
 // A device whose allocations fail: the op does nothing and Synchronize says why.
