@@ -16,6 +16,21 @@ StagedBackend::StagedBackend(Backend<float>& device, Backend<float>& host,
   for (Buffer<float>& b : scratch_) b = Buffer<float>(device.memory());
 }
 
+namespace {
+
+// The cache rows an attention call over `num_keys` keys reads: the logical keys, or every
+// row of the blocks the table names (the staged extent).
+int64_t CacheRowsRead(const KvSource<float>& kv, int num_keys) {
+  if (kv.block_table == nullptr) return num_keys;
+  int64_t rows = 0;
+  for (int b = 0; b * kv.block_size < num_keys; ++b) {
+    rows = std::max<int64_t>(rows, (int64_t{kv.block_table[b]} + 1) * kv.block_size);
+  }
+  return rows;
+}
+
+}  // namespace
+
 bool StagedBackend::Ok(const absl::Status& s) {
   if (!s.ok() && status_.ok()) status_ = s;
   return status_.ok();
@@ -136,15 +151,7 @@ absl::Status StagedBackend::Attention(const AttentionArgs<float>& a) {
   const int64_t q_row = int64_t{a.num_heads} * a.head_dim;
   const int64_t kv_row = int64_t{a.num_kv_heads} * a.head_dim;
   const int64_t map = int64_t{a.num_heads} * a.num_queries * a.num_keys;
-  // Cache rows read: the logical keys, or every row of the blocks the table names.
-  int64_t cache_rows = a.num_keys;
-  if (a.kv.block_table != nullptr) {
-    cache_rows = 0;
-    for (int b = 0; b * a.kv.block_size < a.num_keys; ++b) {
-      cache_rows =
-          std::max<int64_t>(cache_rows, (int64_t{a.kv.block_table[b]} + 1) * a.kv.block_size);
-    }
-  }
+  const int64_t cache_rows = CacheRowsRead(a.kv, a.num_keys);
   const int64_t out_count = (a.num_queries - 1) * a.out_stride + q_row;
   AttentionArgs<float> d = a;  // the block table and document ids stay host arrays
   d.q = Stage(0, a.q, (a.num_queries - 1) * a.q_stride + q_row);
@@ -189,15 +196,7 @@ absl::Status StagedBackend::AttentionBackward(const AttentionBackwardArgs<float>
   const int64_t q_row = int64_t{a.num_heads} * a.head_dim;
   const int64_t kv_row = int64_t{a.num_kv_heads} * a.head_dim;
   const int64_t map = int64_t{a.num_heads} * a.num_queries * a.num_keys;
-  // Cache rows read: the logical keys, or every row of the blocks the table names.
-  int64_t cache_rows = a.num_keys;
-  if (a.kv.block_table != nullptr) {
-    cache_rows = 0;
-    for (int b = 0; b * a.kv.block_size < a.num_keys; ++b) {
-      cache_rows =
-          std::max<int64_t>(cache_rows, (int64_t{a.kv.block_table[b]} + 1) * a.kv.block_size);
-    }
-  }
+  const int64_t cache_rows = CacheRowsRead(a.kv, a.num_keys);
   AttentionBackwardArgs<float> d = a;
   d.q = Stage(0, a.q, (a.num_queries - 1) * a.q_stride + q_row);
   d.kv.k = Stage(1, static_cast<const float*>(a.kv.k), (cache_rows - 1) * a.kv.row_stride + kv_row);

@@ -33,6 +33,41 @@ std::vector<double> RandomD(std::mt19937_64& rng, size_t n) {
   return std::vector<double>(f.begin(), f.end());
 }
 
+// One attention call over a paged cache (blocks 3 and 0 of 4, block size 4), GQA 4/2, an
+// offset of 3 and two documents, q and out rows padded.
+struct PagedCall {
+  static constexpr int tq = 4, tk = 7, h = 4, hkv = 2, dh = 8, bs = 4, off = 3;
+  static constexpr int64_t q_stride = h * dh + 3, kv_stride = hkv * dh + 1;
+  std::vector<int32_t> table = {3, 0}, docs = {0, 0, 1, 1, 1, 1, 1};
+  std::vector<float> q, kc, vc;
+
+  explicit PagedCall(std::mt19937_64& rng)
+      : q(Random(rng, size_t(tq) * q_stride)),
+        kc(Random(rng, size_t(4 * bs) * kv_stride)),
+        vc(Random(rng, size_t(4 * bs) * kv_stride)) {}
+  // The call writing out [tq, q_stride] and, when non-null, probs and scores [h, tq, tk].
+  AttentionArgs<float> Args(float* out, float* probs, float* scores) const {
+    AttentionArgs<float> f;
+    f.q = q.data();
+    f.q_stride = q_stride;
+    f.num_queries = tq;
+    f.num_keys = tk;
+    f.num_heads = h;
+    f.num_kv_heads = hkv;
+    f.head_dim = dh;
+    f.query_offset = off;
+    f.scale = 0.3;
+    f.q_doc_ids = docs.data() + off;
+    f.k_doc_ids = docs.data();
+    f.kv = KvSource<float>{kc.data(), vc.data(), kv_stride, table.data(), bs};
+    f.out = out;
+    f.out_stride = q_stride;
+    f.probs = probs;
+    f.scores = scores;
+    return f;
+  }
+};
+
 class StagedBackendTest : public ::testing::Test {
  protected:
   kvlens::testing::FakeDeviceBackend device_;
@@ -106,32 +141,13 @@ TEST_F(StagedBackendTest, BackwardOpsStagedOntoTheDeviceEqualTheReference) {
   ASSERT_TRUE(staged.MatMulBackwardInput(dy.data(), n, w.view(), got.data()).ok());
   EXPECT_EQ(got, want);
 
-  // Attention backward over a paged cache (blocks 3 and 0 of 4, block size 4), GQA 4/2,
-  // an offset of 3 and two documents; q and dout rows padded.
-  const int tq = 4, tk = 7, h = 4, hkv = 2, dh = 8, bs = 4, off = 3;
-  const int64_t q_stride = h * dh + 3, kv_stride = hkv * dh + 1;
-  const std::vector<int32_t> table = {3, 0}, docs = {0, 0, 1, 1, 1, 1, 1};
-  const std::vector<float> q = Random(rng_, size_t(tq) * q_stride),
-                           kc = Random(rng_, size_t(4 * bs) * kv_stride),
-                           vc = Random(rng_, size_t(4 * bs) * kv_stride),
-                           g = Random(rng_, size_t(tq) * q_stride);
+  // Attention backward over PagedCall's paged cache; q and dout rows padded.
+  const PagedCall call(rng_);
+  const int tq = call.tq, tk = call.tk, h = call.h, hkv = call.hkv, dh = call.dh;
+  const int64_t q_stride = call.q_stride;
+  const std::vector<float> g = Random(rng_, size_t(tq) * q_stride);
   std::vector<float> o(size_t(tq) * q_stride), probs(size_t(h) * tq * tk);
-  AttentionArgs<float> f;
-  f.q = q.data();
-  f.q_stride = q_stride;
-  f.num_queries = tq;
-  f.num_keys = tk;
-  f.num_heads = h;
-  f.num_kv_heads = hkv;
-  f.head_dim = dh;
-  f.query_offset = off;
-  f.scale = 0.3;
-  f.q_doc_ids = docs.data() + off;
-  f.k_doc_ids = docs.data();
-  f.kv = KvSource<float>{kc.data(), vc.data(), kv_stride, table.data(), bs};
-  f.out = o.data();
-  f.out_stride = q_stride;
-  f.probs = probs.data();
+  const AttentionArgs<float> f = call.Args(o.data(), probs.data(), nullptr);
   ASSERT_TRUE(cpu_.Attention(f).ok());
   struct Out {
     std::vector<float> dq, dk, dv, da, ds;
@@ -169,18 +185,14 @@ TEST_F(StagedBackendTest, BackwardOpsStagedOntoTheDeviceEqualTheReference) {
   EXPECT_TRUE(staged.Synchronize().ok());
 }
 
-// Attention staged onto the device (the interpretability tape's forward): over a paged
-// cache (blocks 3 and 0 of 4), GQA 4/2, an offset of 3, two documents, q and out rows
-// padded (the padding of out kept), with probabilities and scores: the CPU backend's
-// results bitwise, computed by the device; a bf16 cache's call runs on the host instead;
-// a call with a row that sees no key is refused as the CPU backend refuses it.
+// Attention staged onto the device (the interpretability tape's forward): PagedCall (the
+// padding of out kept), with probabilities and scores: the CPU backend's results bitwise,
+// computed by the device; a bf16 cache's call runs on the host instead; a call with a row
+// that sees no key is refused as the CPU backend refuses it.
 TEST_F(StagedBackendTest, AttentionRunsOnTheDeviceAndEqualsTheCpuBackend) {
-  const int tq = 4, tk = 7, h = 4, hkv = 2, dh = 8, bs = 4, off = 3;
-  const int64_t q_stride = h * dh + 3, kv_stride = hkv * dh + 1;
-  const std::vector<int32_t> table = {3, 0}, docs = {0, 0, 1, 1, 1, 1, 1};
-  const std::vector<float> q = Random(rng_, size_t(tq) * q_stride),
-                           kc = Random(rng_, size_t(4 * bs) * kv_stride),
-                           vc = Random(rng_, size_t(4 * bs) * kv_stride);
+  const PagedCall call(rng_);
+  const int tq = call.tq, tk = call.tk, h = call.h, dh = call.dh;
+  const int64_t q_stride = call.q_stride;
   struct Result {
     std::vector<float> out, probs, scores;
   };
@@ -188,24 +200,7 @@ TEST_F(StagedBackendTest, AttentionRunsOnTheDeviceAndEqualsTheCpuBackend) {
     r.out.assign(size_t(tq) * q_stride, -5.0f);  // the padding must stay -5
     r.probs.assign(size_t(h) * tq * tk, -6.0f);
     r.scores.assign(r.probs.size(), -7.0f);
-    AttentionArgs<float> f;
-    f.q = q.data();
-    f.q_stride = q_stride;
-    f.num_queries = tq;
-    f.num_keys = tk;
-    f.num_heads = h;
-    f.num_kv_heads = hkv;
-    f.head_dim = dh;
-    f.query_offset = off;
-    f.scale = 0.3;
-    f.q_doc_ids = docs.data() + off;
-    f.k_doc_ids = docs.data();
-    f.kv = KvSource<float>{kc.data(), vc.data(), kv_stride, table.data(), bs};
-    f.out = r.out.data();
-    f.out_stride = q_stride;
-    f.probs = r.probs.data();
-    f.scores = r.scores.data();
-    return be.Attention(f);
+    return be.Attention(call.Args(r.out.data(), r.probs.data(), r.scores.data()));
   };
   Result want, got;
   ASSERT_TRUE(run(cpu_, want).ok());
@@ -221,22 +216,14 @@ TEST_F(StagedBackendTest, AttentionRunsOnTheDeviceAndEqualsTheCpuBackend) {
   EXPECT_EQ(got.scores[0], -std::numeric_limits<float>::infinity());
 
   // A bf16 cache: the host backend's call.
-  std::vector<uint16_t> kb(kc.size()), vb(vc.size());
-  for (size_t e = 0; e < kc.size(); ++e) kb[e] = F32ToBF16(kc[e]), vb[e] = F32ToBF16(vc[e]);
+  std::vector<uint16_t> kb(call.kc.size()), vb(call.vc.size());
+  for (size_t e = 0; e < kb.size(); ++e)
+    kb[e] = F32ToBF16(call.kc[e]), vb[e] = F32ToBF16(call.vc[e]);
   std::vector<float> out_cpu(size_t(tq) * q_stride), out_staged(out_cpu.size());
-  AttentionArgs<float> b;
-  b.q = q.data();
-  b.q_stride = q_stride;
-  b.num_queries = tq;
-  b.num_keys = tk;
-  b.num_heads = h;
-  b.num_kv_heads = hkv;
-  b.head_dim = dh;
-  b.query_offset = off;
-  b.scale = 0.3;
-  b.kv = KvSource<float>{kb.data(), vb.data(), kv_stride, table.data(), bs, KvDtype::kBF16};
-  b.out = out_cpu.data();
-  b.out_stride = q_stride;
+  AttentionArgs<float> b = call.Args(out_cpu.data(), nullptr, nullptr);
+  b.kv.k = kb.data();
+  b.kv.v = vb.data();
+  b.kv.dtype = KvDtype::kBF16;
   ASSERT_TRUE(cpu_.Attention(b).ok());
   b.out = out_staged.data();
   ASSERT_TRUE(staged_.Attention(b).ok());
@@ -245,11 +232,10 @@ TEST_F(StagedBackendTest, AttentionRunsOnTheDeviceAndEqualsTheCpuBackend) {
 
   // Row 0 at offset 0 with keys of another document only: refused, and still usable.
   const std::vector<int32_t> apart = {1, 0, 0, 0, 0, 0, 0};
-  b.kv = KvSource<float>{kc.data(), vc.data(), kv_stride, table.data(), bs};
+  b = call.Args(out_staged.data(), nullptr, nullptr);
   b.query_offset = 0;
   b.num_keys = 4;
   b.q_doc_ids = apart.data();
-  b.k_doc_ids = docs.data();
   const absl::Status s = staged_.Attention(b);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_TRUE(staged_.Synchronize().ok());
