@@ -157,17 +157,19 @@ absl::Status StagedBackend::Attention(const AttentionArgs<float>& a) {
   d.q = Stage(0, a.q, (a.num_queries - 1) * a.q_stride + q_row);
   d.kv.k = Stage(1, static_cast<const float*>(a.kv.k), (cache_rows - 1) * a.kv.row_stride + kv_row);
   d.kv.v = Stage(2, static_cast<const float*>(a.kv.v), (cache_rows - 1) * a.kv.row_stride + kv_row);
-  d.out = Stage(3, a.out, out_count);  // (copied in too: what lies between rows stays)
-  d.probs = a.probs != nullptr ? Stage(4, nullptr, map) : nullptr;
-  d.scores = a.scores != nullptr ? Stage(5, nullptr, map) : nullptr;
+  // (The slots AttentionBackward stages the same sizes in: the maps' device scratch is
+  // shared, never a second set.)
+  d.out = Stage(4, a.out, out_count);  // (copied in too: what lies between rows stays)
+  d.probs = a.probs != nullptr ? Stage(8, nullptr, map) : nullptr;
+  d.scores = a.scores != nullptr ? Stage(9, nullptr, map) : nullptr;
   if (!status_.ok()) return status_;
   if (absl::Status s = device_.Attention(d); !s.ok()) {
     if (s.code() != absl::StatusCode::kInvalidArgument) Ok(s);
     return s;
   }
-  Fetch(a.out, 3, out_count);
-  if (a.probs != nullptr) Fetch(a.probs, 4, map);
-  if (a.scores != nullptr) Fetch(a.scores, 5, map);
+  Fetch(a.out, 4, out_count);
+  if (a.probs != nullptr) Fetch(a.probs, 8, map);
+  if (a.scores != nullptr) Fetch(a.scores, 9, map);
   return status_;
 }
 
