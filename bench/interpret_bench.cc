@@ -1,7 +1,9 @@
 // The interpretability tape on the CPU (engine/interpret): time of a recording forward
 // (every layer's scores and probabilities kept) and of a forward + backward gradient
-// probe (J = log p of the last token's target), against the engine's plain forward over
-// the same tokens, on a Llama-shaped model with random f32 weights (D 512, 8 layers,
+// probe (J = log p of the last token's target), its backward's heavy ops on the
+// CpuBackend (kernels/cpu/cpu_backward.cc, as the server's fp32 probes) and, for
+// comparison, the reference loops (double, one thread), against the engine's plain
+// forward over the same tokens, on a Llama-shaped model with random f32 weights (D 512, 8 layers,
 // 8 heads of 64, FFN 1376, vocab 4096) at 256 and 1024 tokens. The attention share grows
 // with the tokens (the products' share with the model), so the longer row shows what the
 // tape's attention costs. Prints a table, then one JSON line for scripts.
@@ -53,7 +55,8 @@ int main(int argc, char** argv) {
           argc, argv,
           "usage: kvlens_bench_interpret [threads=1]\n"
           "Times the interpretability tape's recording forward and a forward + backward\n"
-          "gradient probe against the plain forward, on a random Llama-shaped model (D 512,\n"
+          "gradient probe (backward on the reference loops, and on the CpuBackend's ops)\n"
+          "against the plain forward, on a random Llama-shaped model (D 512,\n"
           "8 layers, 8 heads of 64) at 256 and 1024 tokens, on a CpuBackend with `threads`\n"
           "threads (the server's --interp-threads). Prints a table, then one JSON line.\n")) {
     return 0;
@@ -75,8 +78,8 @@ int main(int argc, char** argv) {
 
   std::printf("interpret tape: D %d, %d layers, %d heads of %d, %d thread(s)\n", c.dim,
               c.num_layers, c.num_heads, c.head_dim, threads);
-  std::printf("%8s %12s %16s %18s %10s\n", "tokens", "forward ms", "tape forward ms",
-              "fwd+bwd probe ms", "probe/fwd");
+  std::printf("%8s %12s %16s %22s %20s %10s\n", "tokens", "forward ms", "tape forward ms",
+              "probe, reference ms", "probe, cpu ops ms", "probe/fwd");
   std::string json = absl::StrFormat(
       "{\"bench\":\"interpret\",\"dim\":%d,\"layers\":%d,\"heads\":%d,\"threads\":%d,\"results\":[",
       c.dim, c.num_layers, c.num_heads, threads);
@@ -100,16 +103,21 @@ int main(int argc, char** argv) {
     const double tape = BestSeconds(
         reps, [&] { Must(kvlens::interpret::RunForward(*model, be, in).ok(), "tape forward"); });
     const kvlens::interpret::Objective o = kvlens::interpret::Objective::LogProb({{n - 1, 42}});
-    const double probe = BestSeconds(reps, [&] {
-      auto t = kvlens::interpret::RunForward(*model, be, in);
-      Must(t.ok(), "tape forward");
-      Must(kvlens::interpret::ObjectiveGradients(*model, *t, o).ok(), "gradients");
-    });
-    std::printf("%8d %12.1f %16.1f %18.1f %10.1f\n", n, fwd * 1e3, tape * 1e3, probe * 1e3,
-                probe / fwd);
+    auto probe_with = [&](kvlens::kernels::BackwardOps<float>* ops) {
+      return BestSeconds(reps, [&] {
+        auto t = kvlens::interpret::RunForward(*model, be, in);
+        Must(t.ok(), "tape forward");
+        Must(kvlens::interpret::ObjectiveGradients(*model, *t, o, {}, ops).ok(), "gradients");
+      });
+    };
+    const double probe_ref = probe_with(nullptr);
+    const double probe = probe_with(&be);
+    std::printf("%8d %12.1f %16.1f %22.1f %20.1f %10.1f\n", n, fwd * 1e3, tape * 1e3,
+                probe_ref * 1e3, probe * 1e3, probe / fwd);
     json += absl::StrFormat(
-        "%s{\"tokens\":%d,\"forward_ms\":%.2f,\"tape_forward_ms\":%.2f,\"probe_ms\":%.2f}",
-        first ? "" : ",", n, fwd * 1e3, tape * 1e3, probe * 1e3);
+        "%s{\"tokens\":%d,\"forward_ms\":%.2f,\"tape_forward_ms\":%.2f,"
+        "\"probe_reference_ms\":%.2f,\"probe_ms\":%.2f}",
+        first ? "" : ",", n, fwd * 1e3, tape * 1e3, probe_ref * 1e3, probe * 1e3);
     first = false;
   }
   std::printf("%s]}\n", json.c_str());

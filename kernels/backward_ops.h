@@ -1,7 +1,8 @@
 // BackwardOps: the two heavy ops of the interpretability backward pass, for a backend that
 // runs them on its own memory like its forward ops. engine/interpret's Backward uses the
 // reference loops of kernels/cpu/reference_backward.h on the host unless given one
-// (CudaBackend on device pointers; StagedBackend on host arrays, staged onto its device).
+// (CpuBackend, in float on its thread pool; CudaBackend on device pointers; StagedBackend
+// on host arrays, staged onto its device).
 // Everything else in the backward (norms, RoPE, activations, one layer's weight gradients)
 // is O(tokens · width) and stays on the host.
 #ifndef KVLENS_KERNELS_BACKWARD_OPS_H_

@@ -33,13 +33,15 @@ kernels::Backend<T>& BackendOf(InterpBackends& b) {
   }
 }
 
-// The backward's heavy ops for fp32 probes with --interp-device; null: the host loops.
+// The backward's heavy ops for fp32 probes: staged onto the GPU with --interp-device, else
+// the CPU backend's (threaded, in float); fp64 probes: null, the reference loops.
 template <typename T>
 kernels::BackwardOps<T>* BackwardOpsOf(InterpBackends& b) {
   if constexpr (std::is_same_v<T, double>) {
     return nullptr;
   } else {
-    return b.staged.get();
+    if (b.staged != nullptr) return b.staged.get();
+    return &b.f32;
   }
 }
 

@@ -23,7 +23,8 @@ namespace kvlens::server {
 struct InterpBackends {
   explicit InterpBackends(int cpu_threads) : f32(cpu_threads) {}
   kernels::ReferenceBackend f64;
-  kernels::CpuBackend f32;  // fp32 probes; with a device, the host side of `staged`
+  kernels::CpuBackend f32;  // fp32 probes and their backward ops; with a device, the host
+                            // side of `staged`
   // --interp-device cuda[:N]: this worker's GPU backend, and fp32 probes' ops staged onto it
   // (the tape stays on the host; matrix products, norms, RoPE, activations, and in the
   // backward the input gradients of the products and the attention backward run on the GPU).

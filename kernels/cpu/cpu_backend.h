@@ -7,11 +7,12 @@
 #include <memory>
 
 #include "kernels/backend.h"
+#include "kernels/backward_ops.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace kvlens::kernels {
 
-class CpuBackend final : public Backend<float> {
+class CpuBackend final : public Backend<float>, public BackwardOps<float> {
  public:
   // num_threads counts the calling thread; 0 means std::thread::hardware_concurrency().
   explicit CpuBackend(int num_threads = 0);
@@ -37,6 +38,11 @@ class CpuBackend final : public Backend<float> {
                const int64_t* dst_rows, void* k_cache, void* v_cache, int64_t cache_stride,
                KvDtype cache_dtype) override;
   absl::Status Attention(const AttentionArgs<float>& args) override;
+
+  // The interpretability backward's heavy ops (cpu_backward.cc): fp32 on the pool,
+  // accumulated in float; the reference loops (double, one thread) are their oracle.
+  absl::Status MatMulBackwardInput(const float* dy, int n, const WeightView& w, float* dx) override;
+  absl::Status AttentionBackward(const AttentionBackwardArgs<float>& args) override;
 
  private:
   // Splits [0, count) into chunks of at least min_chunk and runs fn(begin, end) on the pool.

@@ -53,12 +53,15 @@ void Measure(const Model& m, kernels::Backend<T>& be, const char* name, int n) {
   const double probe = BestSeconds([&] {
     auto tp = RunForward(m, be, in);
     ASSERT_TRUE(tp.ok());
-    ASSERT_TRUE(ObjectiveGradients(m, *tp, o).ok());
+    // The backend's backward ops where it has them (CpuBackend, as the server's fp32
+    // probes), else the reference loops (fp64).
+    ASSERT_TRUE(
+        ObjectiveGradients(m, *tp, o, {}, dynamic_cast<kernels::BackwardOps<T>*>(&be)).ok());
   });
   // cached-KV probe of one new token after n − 1 cached ones
   const double kv = BestSeconds([&] {
     KvProbeRequest r{table, n - 1, absl::MakeConstSpan(t).subspan(n - 1), 42};
-    ASSERT_TRUE(CachedKvProbe(m, be, cache, r).ok());
+    ASSERT_TRUE(CachedKvProbe(m, be, cache, r, dynamic_cast<kernels::BackwardOps<T>*>(&be)).ok());
   });
   std::printf(
       "[cost] %s, %d tokens: forward %.3f ms, tape forward %.3f ms, "

@@ -15,8 +15,7 @@ namespace kvlens::kernels {
 namespace {
 
 template <typename T>
-std::vector<T> Definition(const std::vector<T>& dy, int n, const WeightView& w,
-                          std::vector<T> dx) {
+std::vector<T> Definition(const std::vector<T>& dy, int n, const WeightView& w, std::vector<T> dx) {
   const int64_t in = w.cols, out = w.rows;
   std::vector<double> wd(static_cast<size_t>(out * in));
   for (int64_t o = 0; o < out; ++o) DequantizeRow(w, o, wd.data() + o * in);
