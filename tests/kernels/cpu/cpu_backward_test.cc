@@ -45,8 +45,8 @@ TEST(CpuBackwardTest, MatMulBackwardInputMatchesTheReference) {
     CpuBackend cpu(threads);
     for (const Shape& s : {Shape{37, 300, 200, DType::kF32}, Shape{5, 64, 416, DType::kBF16},
                            Shape{17, 96, 160, DType::kQ8_0}, Shape{1, 7, 3, DType::kF32}}) {
-      SCOPED_TRACE(::testing::Message() << threads << " threads, n " << s.n << ", " << s.out
-                                        << " x " << s.in);
+      SCOPED_TRACE(::testing::Message()
+                   << threads << " threads, n " << s.n << ", " << s.out << " x " << s.in);
       const testing::OwnedWeight w(testing::RandomFloatExact(rng, size_t(s.out * s.in), -1, 1),
                                    s.out, s.in, s.dtype);
       std::vector<float> dy = Random(rng, size_t(s.n * s.out));
@@ -121,9 +121,9 @@ TEST(CpuBackwardTest, AttentionBackwardMatchesTheReference) {
     CpuBackend cpu(threads);
     for (const Case& c : {Case{9, 40, 8, 2, 64, true}, Case{40, 40, 4, 4, 80, false},
                           Case{1, 77, 6, 3, 64, false}, Case{16, 100, 2, 1, 80, true}}) {
-      SCOPED_TRACE(::testing::Message() << threads << " threads, Tq " << c.tq << ", Tk " << c.tk
-                                        << ", heads " << c.h << "/" << c.hkv << ", Dh " << c.dh
-                                        << (c.docs ? ", documents" : ""));
+      SCOPED_TRACE(::testing::Message()
+                   << threads << " threads, Tq " << c.tq << ", Tk " << c.tk << ", heads " << c.h
+                   << "/" << c.hkv << ", Dh " << c.dh << (c.docs ? ", documents" : ""));
       Problem p = MakeProblem(rng, c.tq, c.tk, c.h, c.hkv, c.dh, c.docs);
       const AttentionArgs<float> f = p.Forward();
       ASSERT_TRUE(cpu.Attention(f).ok());
@@ -168,8 +168,8 @@ TEST(CpuBackwardTest, SeedsTwoByTwoWorkedExample) {
   for (const bool identical : {false, true}) {
     SCOPED_TRACE(identical ? "identical keys" : "K = I");
     const std::vector<float> q = {static_cast<float>(a), 0, 0, static_cast<float>(a)};
-    const std::vector<float> k = identical ? std::vector<float>{1, 0, 1, 0}
-                                           : std::vector<float>{1, 0, 0, 1};
+    const std::vector<float> k =
+        identical ? std::vector<float>{1, 0, 1, 0} : std::vector<float>{1, 0, 0, 1};
     const std::vector<float> v = {2, 0, 0, 4}, g = {1, 0, 0, 2};
     std::vector<float> out(4), probs(4), dq(4), dk(4), dv(4), da(4), ds(4);
     AttentionArgs<float> f;
@@ -195,7 +195,8 @@ TEST(CpuBackwardTest, SeedsTwoByTwoWorkedExample) {
     b.dscores = ds.data();
     ASSERT_TRUE(cpu.AttentionBackward(b).ok());
     auto near = [](const std::vector<float>& got, const std::vector<double>& want, const char* w) {
-      for (size_t e = 0; e < want.size(); ++e) EXPECT_NEAR(got[e], want[e], 1e-5) << w << "[" << e << "]";
+      for (size_t e = 0; e < want.size(); ++e)
+        EXPECT_NEAR(got[e], want[e], 1e-5) << w << "[" << e << "]";
     };
     if (!identical) {
       near(da, {2, 0, 0, 8}, "dA");
