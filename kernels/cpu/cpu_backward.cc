@@ -1,6 +1,7 @@
 // CpuBackend's BackwardOps (kernels/backward_ops.h): the interpretability backward's two
 // heavy ops in fp32 on the thread pool, with this machine's vector width (compiled
-// -march=native where allowed, as cpu_backend.cc). The reference loops
+// -march=native where allowed, as cpu_backend.cc); the input gradients of many rows
+// through the forward's MatMul on W transposed. The reference loops
 // (kernels/cpu/reference_backward.h) accumulate in double on one thread and stay the
 // oracle; these accumulate in float (FMA where the machine has it) and are checked against
 // them within fp32 rounding.
@@ -40,15 +41,43 @@ inline float Dot(const float* __restrict a, const float* __restrict b, int n) {
   return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
+// From this many rows of dy on, MatMulBackwardInput transposes W and runs MatMul.
+constexpr int kTransposeRows = 16;
+
 }  // namespace
 
 absl::Status CpuBackend::MatMulBackwardInput(const float* dy, int n, const WeightView& w,
                                              float* dx) {
   if (n <= 0) return absl::OkStatus();
   const int64_t in = w.cols, out = w.rows;
-  // A task: a panel of kWidth columns of W (every row of W decoded once into a float
-  // panel), then kRows rows of dy at a time over it, their accumulators in L1; each
-  // task owns its columns of dx.
+  if (n >= kTransposeRows) {
+    // Many rows: dx[:, c0 … c0 + width) += dy · (Wᵀ's rows c0 …)ᵀ by the forward's MatMul,
+    // on Wᵀ's rows decoded and transposed a panel at a time (out · width floats; the
+    // transpose costs out · in, the product n · out · in).
+    constexpr int64_t kWidth = 256;  // a multiple of q8_0's 32-element blocks
+    std::vector<float> panel(static_cast<size_t>(out * std::min(kWidth, in)));
+    std::vector<float> wt(panel.size());
+    std::vector<float> y(static_cast<size_t>(n * std::min(kWidth, in)));
+    for (int64_t c0 = 0; c0 < in; c0 += kWidth) {
+      const int64_t width = std::min(kWidth, in - c0);
+      for (int64_t o = 0; o < out; ++o) {
+        const WeightView columns{w.row(o) + DTypeRowBytes(w.dtype, c0), w.dtype, 1, width};
+        DequantizeRow(columns, 0, panel.data() + o * width);
+      }
+      for (int64_t o = 0; o < out; ++o) {
+        for (int64_t c = 0; c < width; ++c) wt[c * out + o] = panel[o * width + c];
+      }
+      MatMul(dy, n, WeightView{wt.data(), DType::kF32, width, out}, WeightView{}, y.data());
+      for (int r = 0; r < n; ++r) {
+        Axpy(dx + r * in + c0, 1.0f, y.data() + r * width, static_cast<int>(width));
+      }
+    }
+    return absl::OkStatus();
+  }
+  // Few rows (a cached-KV probe's one new token), where a transpose would cost as much as
+  // the product: a task per panel of kWidth columns of W (every row of W decoded once
+  // into a float panel), then kRows rows of dy at a time over it, their accumulators in
+  // L1; each task owns its columns of dx.
   constexpr int64_t kWidth = 128;  // a multiple of q8_0's 32-element blocks
   constexpr int kRows = 16;
   const int64_t panels = (in + kWidth - 1) / kWidth;
