@@ -45,14 +45,12 @@ void Sampler::ApplyBiasAndPenalties(absl::Span<float> logits,
   if (!NeedsHistory() || history.empty()) return;
   TokenCounts counts;
   counts.Update(history);
-  kernels::TokenDraw draw = Draw();
-  std::vector<std::pair<int32_t, int32_t>> in_vocab;  // (tokens past the row: none apply)
-  in_vocab.reserve(counts.entries().size());
-  for (const auto& e : counts.entries()) {
-    if (e.first < static_cast<int32_t>(logits.size())) in_vocab.push_back(e);
+  for (const auto& [id, count] : counts.entries()) {
+    if (id >= static_cast<int32_t>(logits.size())) continue;  // past the row: none applies
+    float& l = logits[static_cast<size_t>(id)];
+    l = kernels::PenalizedLogit(l, count, params_.repetition_penalty, params_.frequency_penalty,
+                                params_.presence_penalty);
   }
-  draw.token_counts = in_vocab;
-  kernels::ApplyPenalties(logits, draw);
 }
 
 int32_t Sampler::Sample(absl::Span<float> logits, absl::Span<const int32_t> history) {

@@ -43,11 +43,6 @@ class Sampler {
 
   const SamplingParams& params() const { return params_; }
 
-  // Whether the penalties look at the tokens so far.
-  bool NeedsHistory() const {
-    return params_.repetition_penalty != 1.0 || params_.frequency_penalty != 0.0 ||
-           params_.presence_penalty != 0.0;
-  }
   // The next draw (temperature, filters, logit bias and penalties, a view of these
   // params' and of the counts of `history`'s tokens, valid until the next call) for a
   // backend to run where the logits are (Backend::DrawTokens): the token Sample(logits,
@@ -61,6 +56,11 @@ class Sampler {
   void ClearReserved() { reserved_ = false; }
 
  private:
+  // Whether the penalties look at the tokens so far.
+  bool NeedsHistory() const {
+    return params_.repetition_penalty != 1.0 || params_.frequency_penalty != 0.0 ||
+           params_.presence_penalty != 0.0;
+  }
   void ApplyBiasAndPenalties(absl::Span<float> logits, absl::Span<const int32_t> history) const;
   // The draw these params make, u01 left 0 and no token counts.
   kernels::TokenDraw Draw() const;
