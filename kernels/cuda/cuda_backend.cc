@@ -597,12 +597,6 @@ absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
   if (graph_.recording()) {
     return absl::FailedPreconditionError("DrawTokens: called while a step is being recorded");
   }
-  bool any_bias = false;
-  bool any_penalty = false;
-  for (int r = 0; r < rows; ++r) {
-    any_bias = any_bias || !draws[r].logit_bias.empty();
-    any_penalty = any_penalty || draws[r].HasPenalties();
-  }
   if (vocab > kDrawMaxVocab) {
     // Past the kernel's fixed-point range: the rows go to the host.
     return Backend<float>::DrawTokens(logits, rows, vocab, draws, token, logprob, top_token,
@@ -639,7 +633,7 @@ absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
   const auto* d_bias = static_cast<const DeviceBias*>(d[1]);
   const auto* d_penalties = static_cast<const DevicePenalty*>(d[2]);
   float* d_adjusted = nullptr;
-  if ((any_bias || any_penalty) && vocab > kDrawCachedVocab) {
+  if ((d_bias != nullptr || d_penalties != nullptr) && vocab > kDrawCachedVocab) {
     if (!Ok(ReserveScratch(draw_adjusted_, sizeof(float) * static_cast<size_t>(rows) * vocab))) {
       return status_;
     }

@@ -112,10 +112,6 @@ struct Row {
   }
 };
 
-// Rows of up to kDrawCachedVocab tokens keep their weights in shared memory (160 KB, with
-// the histograms' 28 KB within an SM's 227 KB): each of a draw's ~15 passes then reads
-// them rather than recomputing an exponential a token.
-
 struct Smem {
   unsigned count[kHistograms][kBins];
   u64 mass[kHistograms][kBins];
