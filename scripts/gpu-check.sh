@@ -170,29 +170,63 @@ else
   run_gpu_tests "$BUILD_DIR/standalone/kvlens_gpu_tests"
 fi
 
-# 2. PyTorch's scaled_dot_product_attention on the prefill shapes, when PyTorch is here.
+# 2. PyTorch's scaled_dot_product_attention on the prefill shapes, when PyTorch is here: each
+#    backend forced in turn (the target is the flash backend: "SDPA's flash path"), then
+#    PyTorch's own choice, with the name of the kernel that choice ran (lines "BACKEND T
+#    TFLOPS" and "kernel T NAME", read by kvlens_gpu_check --sdpa).
 SDPA=$BUILD_DIR/sdpa.txt
 : >"$SDPA"
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-  echo "== PyTorch SDPA reference (bf16, H=32, Dh=128, causal)"
+  echo "== PyTorch SDPA reference (bf16, H=32, Dh=128, causal; each backend, then the default)"
   python3 - "$SDPA" <<'PY' || echo "gpu-check: the SDPA reference failed; the table lacks it"
-import sys, torch
+import contextlib, sys, torch
 import torch.nn.functional as F
+try:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+except ImportError:  # PyTorch before 2.3: the flash backend alone, by the old switch
+    backends = [("flash", None)]
+    def sdpa_kernel(_):
+        return torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False)
 out = open(sys.argv[1], "w")
+print("torch", torch.__version__)
 for t in (4096, 8192, 16384):
     q, k, v = (torch.randn(1, 32, t, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    for _ in range(3):
-        F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    iters = 10
-    start.record()
-    for _ in range(iters):
-        F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    stop.record()
-    torch.cuda.synchronize()
-    sec = start.elapsed_time(stop) / 1e3 / iters
-    out.write(f"{t} {4 * 32 * 128 * t * t / 2 / sec / 1e12:.2f}\n")
+    for name, backend in backends + [("default", None)]:
+        try:
+            with contextlib.nullcontext() if name == "default" else sdpa_kernel(backend):
+                for _ in range(3):
+                    F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                torch.cuda.synchronize()
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                iters = 10
+                start.record()
+                for _ in range(iters):
+                    F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                stop.record()
+                torch.cuda.synchronize()
+        except Exception as e:  # a backend this build or shape lacks
+            print(f"SDPA {name} T={t}: not available ({str(e).splitlines()[0][:120]})")
+            continue
+        sec = start.elapsed_time(stop) / 1e3 / iters
+        tflops = 4 * 32 * 128 * t * t / 2 / sec / 1e12
+        print(f"SDPA {name} T={t}: {tflops:.1f} TFLOP/s")
+        out.write(f"{name} {t} {tflops:.2f}\n")
+    try:  # which kernel the default ran: the longest on the GPU in one profiled call
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            torch.cuda.synchronize()
+        events = prof.key_averages()
+        kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")]
+        ev = max(kernels or events, key=lambda e: getattr(e, "device_time_total",
+                                                          getattr(e, "cuda_time_total", 0)))
+        name = ev.key.removeprefix("void ").split("(")[0].split("<")[0].replace(" ", "_")
+        out.write(f"kernel {t} {name[:80]}\n")
+    except Exception as e:  # the name is a remark, never a failure
+        print(f"SDPA default T={t}: kernel name not found ({e})")
+    out.flush()
 PY
 else
   echo "== PyTorch with CUDA not found: the table has no SDPA reference"
