@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1) FlashPrefillKernel(Att
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const FlashSeq seq = FlashSeqOf<W>(p);
+  const FlashSeq seq = FlashSeqOf<kBlockM<W>>(p);
   const int q0 = seq.q0;
   const int h = blockIdx.y;
   const int kvh = h / (p.num_heads / p.num_kv_heads);

@@ -87,9 +87,13 @@ absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cuda
 // The bf16 twin (flash_prefill_bf16.cu) takes p when the cache is bf16, kv_row_stride a
 // multiple of 8 and k, v 16-byte aligned (its copies move 16 bytes), at the head sizes of
 // FlashPrefillSupports. It rounds Q and P to bf16 (FlashPrefillKernel: fp16).
+// warp_queries (16 or 32): the queries a warp takes in a 128-query block (8 warps of 16,
+// or 4 of 32: each K/V fragment read from shared memory then serves twice the products);
+// 64-query blocks always have 4 warps of 16.
 bool FlashPrefillBf16Supports(const AttentionParams& p);
-absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries,
+absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, int warp_queries,
                                     cudaStream_t stream);
+inline constexpr int kFlashDefaultWarpQueries = 32;
 
 // Which split-KV kernel LaunchSplitKv runs for p (0…kSplitKvVariants − 1: vector loads,
 // head size past 128, the head tile that covers the GQA group, a bf16 cache), and how

@@ -127,6 +127,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // For kvlens_gpu_check's comparison and the tests.
   void SetFlashBf16(bool on) { flash_bf16_ = on; }
   bool flash_bf16() const { return flash_bf16_; }
+  // Queries a warp of the bf16 flash kernel takes in a 128-query block: 32 (4 warps; the
+  // default) or 16 (8 warps). attention.h, LaunchFlashPrefillBf16. For kvlens_gpu_check's
+  // comparison and the tests.
+  absl::Status SetFlashWarpQueries(int queries);
   // Key splits of every split-KV launch: 0 (the default) lets ChooseNumSplits decide, else
   // 1 … kSplitKvMaxSplits. For kvlens_gpu_check's sweep of the decode kernel.
   absl::Status SetSplitKvSplits(int splits);
@@ -288,6 +292,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   IndexUploadStats index_stats_;
   int flash_tile_queries_ = kFlashDefaultTileQueries;
   bool flash_bf16_ = true;                             // SetFlashBf16
+  int flash_warp_queries_ = kFlashDefaultWarpQueries;  // SetFlashWarpQueries
   int split_kv_splits_ = 0;                            // SetSplitKvSplits; 0: ChooseNumSplits
   bool split_kv_fused_combine_ = false;                // SetSplitKvFusedCombine
   int split_kv_blocks_per_sm_[kSplitKvVariants] = {};  // by SplitKvVariant, 0: not asked yet

@@ -284,7 +284,7 @@ absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<floa
 
 absl::Status CudaBackend::Flash(const AttentionParams& p, int tile_queries) {
   if (flash_bf16_ && FlashPrefillBf16Supports(p)) {
-    return Launch(&LaunchFlashPrefillBf16, p, tile_queries);
+    return Launch(&LaunchFlashPrefillBf16, p, tile_queries, flash_warp_queries_);
   }
   return Launch(&LaunchFlashPrefill, p, tile_queries);
 }
@@ -295,6 +295,15 @@ absl::Status CudaBackend::SetSplitKvSplits(int splits) {
         absl::StrCat("split-KV splits must be in [0, ", kSplitKvMaxSplits, "], got ", splits));
   }
   split_kv_splits_ = splits;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SetFlashWarpQueries(int queries) {
+  if (queries != 16 && queries != 32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flash warp queries must be 16 or 32, got ", queries));
+  }
+  flash_warp_queries_ = queries;
   return absl::OkStatus();
 }
 

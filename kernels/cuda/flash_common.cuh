@@ -36,12 +36,12 @@ struct FlashSeq {
   int row0, table_offset, q0, rows, num_queries, num_keys, query_offset;
 };
 
-template <int W>
+// BM: the block's queries (kBlockM<W> for warps of 16 queries).
+template <int BM>
 __device__ __forceinline__ FlashSeq FlashSeqOf(const AttentionParams& p) {
   if (p.flash_tiles == nullptr) {
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM<W>;  // longest causal rows first
-    return {
-        0, 0, q0, min(kBlockM<W>, p.num_queries - q0), p.num_queries, p.num_keys, p.query_offset};
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * BM;  // longest causal rows first
+    return {0, 0, q0, min(BM, p.num_queries - q0), p.num_queries, p.num_keys, p.query_offset};
   }
   const int32_t* t = p.flash_tiles + kFlashTileInts * blockIdx.x;
   return {t[0], t[4], 0, t[1], t[1], t[3], t[2]};

@@ -24,6 +24,15 @@
 // so tile j + 1's copies run under tile j's products. Q (fp32 activations) and P are
 // rounded to bf16, the cache's K and V are used as stored; accumulation and the softmax
 // are fp32. Masking, the tiles' rows and the output follow flash_common.cuh.
+//
+// A warp takes R = 1 or 2 stripes of 16 queries (W warps, 16·W·R queries a block). With
+// R = 1 its Q fragments stay in registers (8 warps of 16 for a 128-query block). With
+// R = 2 (4 warps of 32, FlashAttention-2's layout at head size 128) every K and V fragment
+// an ldmatrix brings serves both stripes, so shared memory delivers half the bytes per
+// product, the bound of a one-stripe warp; O and S then take twice the registers, so Q is
+// kept in shared memory as bf16 (one more tile, written once) and read by ldmatrix. In the
+// products each fragment is requested one step before its mma.sync uses it, so a load's
+// latency passes under the previous products rather than stalling the warp.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -40,13 +49,16 @@
 namespace kvlens::kernels::cuda {
 namespace {
 
-template <int D>
+template <int D, int W, int R>
 struct Bf16Tiles {
-  static_assert(D % 16 == 0 && D <= 128);
+  static_assert(D % 16 == 0 && D <= 128 && (R == 1 || R == 2));
   static constexpr int kLd = D + 8;             // bf16 elements a shared-memory row
   static constexpr int kElems = kBlockN * kLd;  // one K or V tile
   static constexpr int kPieces = D / 8;         // 16-byte pieces of a head's row
-  static constexpr size_t kBytes = 2 * 2 * kElems * sizeof(uint16_t);  // K, V × 2 stages
+  static constexpr int kRows = 16 * W * R;      // queries a block
+  static constexpr size_t kKvBytes = 2 * 2 * kElems * sizeof(uint16_t);  // K, V × 2 stages
+  static constexpr size_t kQBytes = R == 1 ? 0 : kRows * kLd * sizeof(uint16_t);
+  static constexpr size_t kBytes = kKvBytes + kQBytes;
 };
 
 // Issues the copies of rows j0 … j0 + 63 of KV head kvh of `cache` (K or V) into `tile`,
@@ -57,7 +69,7 @@ template <int D, int W>
 __device__ __forceinline__ void IssueTile(const AttentionParams& p, const FlashSeq& seq, int kvh,
                                           int j0, int key_end, const uint16_t* cache,
                                           uint16_t* tile) {
-  using L = Bf16Tiles<D>;
+  using L = Bf16Tiles<D, W, 1>;
   constexpr int kThreads = W * 32;
   static_assert(kBlockN * L::kPieces % kThreads == 0);
   const int32_t* table = p.block_table != nullptr ? p.block_table + seq.table_offset : nullptr;
@@ -76,23 +88,56 @@ __device__ __forceinline__ void IssueTile(const AttentionParams& p, const FlashS
   }
 }
 
-template <int D, int W>
-__global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1)
-    FlashPrefillBf16Kernel(AttentionParams p) {
+// Q's rows of the block as bf16 (rounded as FlashLoadQ rounds them; rows past the
+// sequence's end zero) into qs [kRows][kLd], for R = 2.
+template <int D, int W, int R>
+__device__ __forceinline__ void StageQ(const AttentionParams& p, const FlashSeq& seq, int h,
+                                       uint16_t* qs) {
+  using L = Bf16Tiles<D, W, R>;
+  for (int idx = threadIdx.x; idx < L::kRows * L::kPieces; idx += W * 32) {
+    const int r = idx / L::kPieces, c = idx % L::kPieces;
+    const int i = seq.q0 + r;
+    uint32_t w[4] = {0, 0, 0, 0};
+    if (i < seq.num_queries) {
+      const float* q = p.q + static_cast<int64_t>(seq.row0 + i) * p.q_stride +
+                       static_cast<int64_t>(h) * D + 8 * c;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) w[e] = PackBf162(q[2 * e], q[2 * e + 1]);
+    }
+    uint4 piece;
+    piece.x = w[0];
+    piece.y = w[1];
+    piece.z = w[2];
+    piece.w = w[3];
+    *reinterpret_cast<uint4*>(qs + r * L::kLd + 8 * c) = piece;
+  }
+}
+
+template <int D, int W, int R>
+__global__ void __launch_bounds__(W * 32, R == 2   ? 2
+                                          : W == 4 ? 3
+                                                   : 1) FlashPrefillBf16Kernel(AttentionParams p) {
   WaitForPriorGrids();  // first: see launch.cuh
-  using L = Bf16Tiles<D>;
+  using L = Bf16Tiles<D, W, R>;
   extern __shared__ __align__(16) uint16_t flash_bf16_smem[];
   auto ks = [&](int stage) { return flash_bf16_smem + (2 * stage) * L::kElems; };
   auto vs = [&](int stage) { return flash_bf16_smem + (2 * stage + 1) * L::kElems; };
+  uint16_t* qs = flash_bf16_smem + 4 * L::kElems;  // R = 2 only
   const uint16_t* kcache = static_cast<const uint16_t*>(p.k);
   const uint16_t* vcache = static_cast<const uint16_t*>(p.v);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4;
-  const FlashSeq seq = FlashSeqOf<W>(p);
+  const FlashSeq seq = FlashSeqOf<L::kRows>(p);
   const int h = blockIdx.y;
   const int kvh = h / (p.num_heads / p.num_kv_heads);
-  const int row_i[2] = {seq.q0 + 16 * warp + g, seq.q0 + 16 * warp + g + 8};
+  // The lane's rows: fragment rows g and g + 8 of each of the warp's stripes.
+  int row_i[R][2];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    row_i[r][0] = seq.q0 + 16 * (R * warp + r) + g;
+    row_i[r][1] = row_i[r][0] + 8;
+  }
   const auto [key_end, first_end] = FlashKeysOf(p, seq);
 
   // Tile 0's copies first: they run while Q is read.
@@ -101,25 +146,49 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1)
   IssueTile<D, W>(p, seq, kvh, 0, key_end, vcache, vs(0));
   CpAsyncCommit();
 
-  // Q as bf16 A fragments (as the naive bf16 run rounds it).
-  uint32_t qf[D / 16][4];
-  FlashLoadQ<D>(
-      p, seq, h, row_i, [](float a, float b) { return PackBf162(a, b); }, qf);
-
-  float o[D / 8][4];
-#pragma unroll
-  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const float c = p.scale * 1.4426950408889634f;  // scale·log2(e)
-
   // ldmatrix row addresses, relative to a tile: lane L gives row L % 8 of matrix L / 8.
   //   K (plain): matrices (keys +0, dims +0), (keys +0, dims +8), (keys +8, dims +0),
   //              (keys +8, dims +8) → B fragments {b0, b1} of key groups n and n + 1.
   //   V (.trans): (keys +0, dims +0), (keys +8, dims +0), (keys +0, dims +8),
   //              (keys +8, dims +8) → B fragments {b0, b1} of dim groups n and n + 1.
+  //   Q (plain): (rows +0, dims +0), (rows +8, dims +0), (rows +0, dims +8),
+  //              (rows +8, dims +8) → the A fragment a0 … a3 of 16 rows × 16 dims.
   const int mat = lane / 8, mrow = lane % 8;
   const int k_lane = (8 * (mat / 2) + mrow) * L::kLd + 8 * (mat % 2);
   const int v_lane = (8 * (mat % 2) + mrow) * L::kLd + 8 * (mat / 2);
+  const uint16_t* q_warp = qs + 16 * R * warp * L::kLd + v_lane;  // Q's layout is V's
+
+  // Q as bf16 A fragments (as the naive bf16 run rounds it): in registers for one stripe,
+  // in shared memory for two (read before the loop's first barrier, not written again).
+  uint32_t qf[R == 1 ? D / 16 : 1][4];
+  if constexpr (R == 1) {
+    FlashLoadQ<D>(
+        p, seq, h, row_i[0], [](float a, float b) { return PackBf162(a, b); }, qf);
+  } else {
+    StageQ<D, W, R>(p, seq, h, qs);
+  }
+  // The A fragment of stripe r for dims 16kk … 16kk + 15.
+  auto load_a = [&](uint32_t(&a)[4], int r, int kk) {
+    if constexpr (R == 1) {
+      a[0] = qf[kk][0];
+      a[1] = qf[kk][1];
+      a[2] = qf[kk][2];
+      a[3] = qf[kk][3];
+    } else {
+      LdMatrixX4<false>(a, q_warp + 16 * r * L::kLd + 16 * kk);
+    }
+  };
+
+  float o[R][D / 8][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) o[r][nt][0] = o[r][nt][1] = o[r][nt][2] = o[r][nt][3] = 0.0f;
+  }
+  float m[R][2], l[R][2];
+#pragma unroll
+  for (int r = 0; r < R; ++r) m[r][0] = m[r][1] = -INFINITY, l[r][0] = l[r][1] = 0.0f;
+  const float c = p.scale * 1.4426950408889634f;  // scale·log2(e)
 
   int stage = 0;
   for (int j0 = 0; j0 < key_end; j0 += kBlockN, stage ^= 1) {
@@ -134,65 +203,121 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1)
     }
     CpAsyncCommit();
 
-    // S = Q·Kᵀ: 8 accumulator tiles of 16 rows × 8 keys, two a ldmatrix.
+    // S = Q·Kᵀ: per stripe 8 accumulator tiles of 16 rows × 8 keys, two a ldmatrix. Steps
+    // (kk, np) in order, each one's fragments requested before the previous one's products.
     const uint16_t* kt = ks(stage);
-    float s[kBlockN / 8][4];
+    float s[R][kBlockN / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    for (int r = 0; r < R; ++r) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+      for (int nt = 0; nt < kBlockN / 8; ++nt)
+        s[r][nt][0] = s[r][nt][1] = s[r][nt][2] = s[r][nt][3] = 0.0f;
+    }
+    constexpr int kSSteps = (D / 16) * (kBlockN / 16);
+    uint32_t a[R][4], b[4];
 #pragma unroll
-      for (int np = 0; np < kBlockN / 16; ++np) {
-        uint32_t b[4];
-        LdMatrixX4<false>(b, kt + 16 * np * L::kLd + 16 * kk + k_lane);
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        MmaBf16(s[2 * np], qf[kk], b0);
-        MmaBf16(s[2 * np + 1], qf[kk], b1);
+    for (int r = 0; r < R; ++r) load_a(a[r], r, 0);
+    LdMatrixX4<false>(b, kt + k_lane);
+#pragma unroll
+    for (int step = 0; step < kSSteps; ++step) {
+      const int kk = step / (kBlockN / 16), np = step % (kBlockN / 16);
+      uint32_t an[R][4] = {}, bn[4];
+      if (step + 1 < kSSteps) {
+        const int kk1 = (step + 1) / (kBlockN / 16), np1 = (step + 1) % (kBlockN / 16);
+        LdMatrixX4<false>(bn, kt + 16 * np1 * L::kLd + 16 * kk1 + k_lane);
+        if (kk1 != kk) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) load_a(an[r], r, kk1);
+        }
+      }
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        MmaBf16(s[r][2 * np], a[r], b0);
+        MmaBf16(s[r][2 * np + 1], a[r], b1);
+      }
+      if (step + 1 < kSSteps) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) b[e] = bn[e];
+        if ((step + 1) / (kBlockN / 16) != kk) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[r][e] = an[r][e];
+          }
+        }
       }
     }
 
-    FlashSoftmaxTile<D>(p, seq, first_end, j0, row_i, c, s, m, l, o);
+    // P as bf16 A fragments at once (keys 16kk … 16kk+15 are S tiles 2kk and 2kk + 1): half
+    // the registers of S through the products below.
+    uint32_t pa[R][kBlockN / 16][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      FlashSoftmaxTile<D>(p, seq, first_end, j0, row_i[r], c, s[r], m[r], l[r], o[r]);
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        pa[r][kk][0] = PackBf162(s[r][2 * kk][0], s[r][2 * kk][1]);
+        pa[r][kk][1] = PackBf162(s[r][2 * kk][2], s[r][2 * kk][3]);
+        pa[r][kk][2] = PackBf162(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
+        pa[r][kk][3] = PackBf162(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
+      }
+    }
 
     CpAsyncWait<2>();  // V(j) is here (K(j+1), V(j+1) may not be)
     __syncthreads();
 
-    // O += P·V: P's A fragment for keys 16kk … 16kk+15 is S tiles 2kk and 2kk + 1.
+    // O += P·V, steps (kk, dp) in order, each V fragment requested before the previous
+    // step's products.
     const uint16_t* vt = vs(stage);
+    constexpr int kVSteps = (kBlockN / 16) * (D / 16);
+    LdMatrixX4<true>(b, vt + v_lane);
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t a[4] = {PackBf162(s[2 * kk][0], s[2 * kk][1]),
-                             PackBf162(s[2 * kk][2], s[2 * kk][3]),
-                             PackBf162(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             PackBf162(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+    for (int step = 0; step < kVSteps; ++step) {
+      const int kk = step / (D / 16), dp = step % (D / 16);
+      uint32_t bn[4];
+      if (step + 1 < kVSteps) {
+        const int kk1 = (step + 1) / (D / 16), dp1 = (step + 1) % (D / 16);
+        LdMatrixX4<true>(bn, vt + 16 * kk1 * L::kLd + 16 * dp1 + v_lane);
+      }
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
 #pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b[4];
-        LdMatrixX4<true>(b, vt + 16 * kk * L::kLd + 16 * dp + v_lane);
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        MmaBf16(o[2 * dp], a, b0);
-        MmaBf16(o[2 * dp + 1], a, b1);
+      for (int r = 0; r < R; ++r) {
+        MmaBf16(o[r][2 * dp], pa[r][kk], b0);
+        MmaBf16(o[r][2 * dp + 1], pa[r][kk], b1);
+      }
+      if (step + 1 < kVSteps) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) b[e] = bn[e];
       }
     }
   }
   CpAsyncWait<0>();  // nothing may land after the block exits
 
-  FlashWriteRows<D>(p, seq, h, row_i, l, o);
+#pragma unroll
+  for (int r = 0; r < R; ++r) FlashWriteRows<D>(p, seq, h, row_i[r], l[r], o[r]);
 }
 
-template <int D, int W>
+template <int D, int W, int R>
 absl::Status LaunchBf16(const AttentionParams& p, cudaStream_t stream) {
-  constexpr size_t kBytes = Bf16Tiles<D>::kBytes;
-  auto* kernel = FlashPrefillBf16Kernel<D, W>;
+  using L = Bf16Tiles<D, W, R>;
+  auto* kernel = FlashPrefillBf16Kernel<D, W, R>;
   // Past 48 KiB of dynamic shared memory a kernel must opt in (every launch: the attribute
-  // belongs to the device's context, and setting it is not a stream operation).
-  if constexpr (kBytes > 48 * 1024) {
+  // belongs to the device's context, and setting it is not a stream operation). Two-stripe
+  // blocks (up to 102 KiB) also ask for the largest shared-memory carveout, so that two
+  // fit on an SM beside each other.
+  if constexpr (L::kBytes > 48 * 1024) {
     KVLENS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes)));
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes)));
+  }
+  if constexpr (R == 2) {
+    KVLENS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   }
   const int tiles =
-      p.flash_tiles != nullptr ? p.num_flash_tiles : (p.num_queries + kBlockM<W> - 1) / kBlockM<W>;
+      p.flash_tiles != nullptr ? p.num_flash_tiles : (p.num_queries + L::kRows - 1) / L::kRows;
   const dim3 grid(tiles, p.num_heads);
-  LaunchKernel("FlashPrefillBf16Kernel", kernel, grid, W * 32, kBytes, stream, p);
+  LaunchKernel("FlashPrefillBf16Kernel", kernel, grid, W * 32, L::kBytes, stream, p);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("FlashPrefillBf16Kernel");
   return absl::OkStatus();
 }
@@ -205,8 +330,12 @@ bool FlashPrefillBf16Supports(const AttentionParams& p) {
          reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
 }
 
-absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries,
+absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, int warp_queries,
                                     cudaStream_t stream) {
+  if (warp_queries != 16 && warp_queries != 32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flash warp queries must be 16 or 32, got ", warp_queries));
+  }
   if (!FlashPrefillBf16Supports(p)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the bf16 flash prefill needs a bf16 cache with kv_row_stride a multiple of 8 and "
@@ -214,7 +343,12 @@ absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries,
         p.kv_row_stride, ", head_dim ", p.head_dim));
   }
   return DispatchFlash(p, tile_queries, [&](auto d, auto w) {
-    return LaunchBf16<decltype(d)::value, decltype(w)::value>(p, stream);
+    constexpr int D = decltype(d)::value, W = decltype(w)::value;
+    // 128-query blocks: 8 warps of 16 queries or 4 of 32; 64-query blocks: 4 of 16.
+    if constexpr (W == 8) {
+      if (warp_queries == 32) return LaunchBf16<D, 4, 2>(p, stream);
+    }
+    return LaunchBf16<D, W, 1>(p, stream);
   });
 }
 

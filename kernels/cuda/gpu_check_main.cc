@@ -300,14 +300,17 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
   }
   // 64- and 128-query blocks on an fp32 cache, then on a bf16 cache: the fp16 kernel
   // (converting each element, as on fp32), then the bf16 kernel (cp.async, ldmatrix; the
-  // default there) with 128- and 64-query blocks.
-  for (int config = 0; config < 5; ++config) {
-    const int tile = config == 0 || config == 4 ? 64 : 128;
+  // default there) with 128-query blocks of 4 warps of 32 queries (the default) and of 8
+  // warps of 16, and with 64-query blocks (4 warps of 16).
+  for (int config = 0; config < 6; ++config) {
+    const int tile = config == 0 || config == 5 ? 64 : 128;
     const bool bf16 = config >= 2;
     const bool bf16_kernel = config >= 3;
+    const int warp_queries = config == 3 ? 32 : 16;
     const KvDtype cache_dtype = bf16 ? KvDtype::kBF16 : KvDtype::kActivation;
     Must(b.SetFlashTileQueries(tile), "flash tile size");
     b.SetFlashBf16(bf16_kernel);
+    Must(b.SetFlashWarpQueries(warp_queries), "flash warp queries");
     for (int t : z.prefill_tokens) {
       const size_t n = size_t(t) * heads * dh;
       float *q = Alloc(n), *k = AllocCache(n, cache_dtype), *v = AllocCache(n, cache_dtype),
@@ -332,8 +335,13 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
       Row r{bf16_kernel ? "prefill attention (causal, fp32 q, bf16 cache, bf16 TC, cp.async)"
             : bf16      ? "prefill attention (causal, fp32 q, bf16 cache, fp16 TC)"
                         : "prefill attention (causal, fp32 in, fp16 TC)",
-            absl::StrCat("T=", t, " H=", heads, " Dh=", dh, ", ", tile, "-query blocks",
-                         tile == kFlashDefaultTileQueries ? " (default)" : ""),
+            absl::StrCat(
+                "T=", t, " H=", heads, " Dh=", dh, ", ", tile, "-query blocks",
+                bf16_kernel ? absl::StrCat(" of ", tile / warp_queries, " warps") : std::string(),
+                tile == kFlashDefaultTileQueries &&
+                        (!bf16_kernel || warp_queries == kFlashDefaultWarpQueries)
+                    ? " (default)"
+                    : ""),
             Fmt(tflops, "TFLOP/s"),
             "-",
             "-",
@@ -348,6 +356,7 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
   }
   Must(b.SetFlashTileQueries(kFlashDefaultTileQueries), "flash tile size");
   b.SetFlashBf16(true);
+  Must(b.SetFlashWarpQueries(kFlashDefaultWarpQueries), "flash warp queries");
 }
 
 void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {

@@ -113,6 +113,36 @@ TEST_F(CudaBackendTest, FlashWith64QueryTilesWithinTolerance) {
   }
 }
 
+// The parity table's 128-query blocks of the bf16 flash kernel are 4 warps of 32 queries
+// (kFlashDefaultWarpQueries); this runs its flash shapes on a bf16 cache, and a batch of
+// prefill chunks, with 8 warps of 16 (Q's fragments in registers), within the same
+// tolerance.
+TEST_F(CudaBackendTest, Bf16FlashWithWarpsOf16QueriesWithinTolerance) {
+  static_assert(kFlashDefaultWarpQueries == 32, "then this test should run warps of 32");
+  EXPECT_EQ(backend_->SetFlashWarpQueries(64).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(backend_->SetFlashWarpQueries(16).ok());
+  std::mt19937_64 rng(6);
+  std::vector<parity::ParityResult> results;
+  int shapes = 0;
+  for (const parity::AttnShape& s : parity::AttentionShapes()) {
+    if (s.want_maps || s.want_probs_only || s.tq < kFlashMinQueries || !s.bf16_cache) continue;
+    if (FlashTileQueries(s.dh, kFlashDefaultTileQueries) != 128) continue;
+    ++shapes;
+    for (parity::ParityResult& r : parity::AttentionCase(*backend_, rng, s)) {
+      results.push_back(std::move(r));
+    }
+  }
+  EXPECT_GE(shapes, 4);
+  int uploads = -1;
+  results.push_back(parity::AttentionBatchFlashCase(*backend_, rng, &uploads, true));
+  ASSERT_TRUE(backend_->SetFlashWarpQueries(kFlashDefaultWarpQueries).ok());
+  for (const parity::ParityResult& r : results) {
+    std::cerr << "[ parity   ] warps of 16: " << r.name << ": error " << r.err << ", tolerance "
+              << r.tol << "\n";
+    EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
+  }
+}
+
 // The split-KV launch merging its own splits (SetSplitKvFusedCombine: the last block of a
 // row and KV head to finish merges them) gives the parity table's decode and short-chunk
 // answers, over both caches, with the automatic split count and with 5 and 128 splits;
@@ -206,13 +236,17 @@ TEST_F(CudaBackendTest, Bf16CacheTakesTheBf16FlashKernelUnlessTurnedOff) {
 // rather than multiply a NaN value row by a zero weight. Keys 74 … 127 of a 64-query call
 // at offset 10 (the block's keys end mid-tile) NaN-filled against finite: the same
 // outputs, all finite, for the fp16 kernel over fp32 and bf16 caches and for the bf16
-// kernel.
+// kernel with warps of 32 and of 16 queries.
 TEST_F(CudaBackendTest, FlashIgnoresWhatTheCacheHoldsPastTheBlocksKeys) {
   for (bool bf16_cache : {false, true}) {
-    for (bool bf16_kernel : {true, false}) {
+    for (int warp_queries : {0, 32, 16}) {  // 0: the fp16 kernel
+      const bool bf16_kernel = warp_queries != 0;
       if (!bf16_cache && !bf16_kernel) continue;
-      SCOPED_TRACE(::testing::Message()
-                   << "bf16 cache " << bf16_cache << ", bf16 kernel " << bf16_kernel);
+      SCOPED_TRACE(::testing::Message() << "bf16 cache " << bf16_cache << ", bf16 kernel "
+                                        << bf16_kernel << ", warps of " << warp_queries);
+      if (bf16_kernel) {
+        ASSERT_TRUE(backend_->SetFlashWarpQueries(warp_queries).ok());
+      }
       const parity::AttnShape s{.label = "keys past the block's",
                                 .tq = 64,
                                 .tk = 128,
@@ -257,6 +291,7 @@ TEST_F(CudaBackendTest, FlashIgnoresWhatTheCacheHoldsPastTheBlocksKeys) {
     }
   }
   backend_->SetFlashBf16(true);
+  ASSERT_TRUE(backend_->SetFlashWarpQueries(kFlashDefaultWarpQueries).ok());
 }
 
 // SetSplitKvSplits (kvlens_gpu_check's sweep): any fixed number of key splits, more than

@@ -986,6 +986,12 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks, const
 }
 
 cudaError_t FuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) {  // a hint: -1 or 0 … 100
+    return func != nullptr && value >= -1 && value <= 100
+               ? cudaSuccess
+               : Fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: carveout " +
+                                                 std::to_string(value) + " (-1 or 0 … 100)");
+  }
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
       static_cast<size_t>(value) > kMaxDynamicSharedBytes) {
     return Fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: " + std::to_string(value) +

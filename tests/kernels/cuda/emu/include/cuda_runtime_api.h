@@ -69,7 +69,9 @@ enum cudaDeviceAttr {
 
 enum cudaFuncAttribute {
   cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+  cudaFuncAttributePreferredSharedMemoryCarveout = 9,
 };
+constexpr int cudaSharedmemCarveoutMaxShared = 100;
 
 struct CUstream_st;
 struct CUevent_st;
