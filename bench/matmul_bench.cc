@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
           argc, argv,
           "usage: kvlens_bench_matmul [dim=2048] [threads=0 (all)] [min_seconds=0.5]\n"
           "CpuBackend::MatMul y[N, dim] = x[N, dim] · Wᵀ for a square weight in each stored\n"
-          "dtype (f32, f16, bf16, q8_0), N = 1 and 64: ms per call and GFLOP/s. Prints a\n"
+          "dtype (f32, f16, bf16, q8_0), N = 1, 4, 16 and 64: ms per call and GFLOP/s. Prints a\n"
           "table, then one JSON line.\n")) {
     return 0;
   }
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
     const std::vector<uint8_t> w_bytes = MakeWeight(dt, dim, dim, rng);
     const WeightView w{w_bytes.data(), dt, dim, dim};
-    for (int n : {1, 64}) {
+    for (int n : {1, 4, 16, 64}) {
       std::vector<float> x(static_cast<size_t>(n) * dim), y(static_cast<size_t>(n) * dim);
       for (float& v : x) v = u(rng);
       cpu.MatMul(x.data(), n, w, WeightView{}, y.data());  // warm up caches and threads

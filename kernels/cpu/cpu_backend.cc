@@ -139,7 +139,7 @@ constexpr int kTileN = 4;
 #if defined(__AVX512F__)
 constexpr int kTileW = 4;  // 16 accumulators + 4 weight vectors + 1 x vector of 32 zmm
 #else
-constexpr int kTileW = 2;  // 8 accumulators + 2 + 1 of 16 ymm
+constexpr int kTileW = 2;              // 8 accumulators + 2 + 1 of 16 ymm
 #endif
 // Weight rows dequantised together; each is then used by every x row of the chunk.
 constexpr int kWBlock = 8;
@@ -173,7 +173,7 @@ inline void DotTile(const float* x, int64_t x_stride, const float* const* w, int
   for (int r = 0; r < NR; ++r) {
     for (int c = 0; c < WR; ++c) {
       float sum = VSum(acc[r][c]);
-      for (int64_t t = k; t < len; ++t) sum += x[r * x_stride + t] * w[c][t];
+      for (int64_t t = k; t < len; ++t) sum = std::fma(x[r * x_stride + t], w[c][t], sum);
       y[r * y_stride + c] = accumulate ? y[r * y_stride + c] + sum : sum;
     }
   }
@@ -203,6 +203,129 @@ inline void DotBlock(const float* x, int64_t x_stride, int nr, const float* cons
   }
 }
 
+// ---- MatMul, many rows: the same sums, vectorised across rows ----
+//
+// DotTile's result for one x row and one weight row is a fixed sequence of roundings: per
+// slice of kKBlock inputs, kLanes chains of FMAs (lane j takes k = j, j + kLanes, … of the
+// slice), VSum's tree over the lanes, the slice's last len % kLanes products one FMA each,
+// then the slice added to y. From kPackedMinRows rows of x on, MatMul computes that very
+// sequence for kLanes rows at once, one row a lane, which spares DotTile's horizontal sums
+// and half its loads: x is packed in groups of kGroup rows, column by column
+// (xp[k·kGroup + r] = x[r][k], two vectors a column), and per k the column's vector loads
+// and one broadcast of w[c][k] a weight row feed a fused multiply-add for each vector. A
+// group of two vectors takes 6 weight rows (12 accumulators, 15 registers with the column
+// and the broadcast), a group's last vector alone (at most kLanes rows) 12. So a row's
+// outputs are bit for bit the same whatever else is in the batch (docs/architecture.md:
+// batching never changes results). On this project's Zen 4 machine one thread went from
+// 55 to ~90 GFLOP/s on 64 rows (kvlens_bench_matmul; its FMA peak is 116).
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+constexpr bool kPackedMatMul = true;
+#else
+constexpr bool kPackedMatMul = false;  // the portable Vec's VSum is another order
+#endif
+constexpr int kGroup = 2 * kLanes;  // x rows a packed group
+constexpr int kPackW = 12;          // weight rows dequantised together
+constexpr int kPackedMinRows = 16;
+
+// VSum's order on kLanes lane values, lane by lane of p[0 … kLanes − 1]: the four-lane
+// quarters (halves for 8 lanes) added pairwise, then (q0 + q2) + (q1 + q3).
+inline Vec VSumTree(const Vec* p) {
+  Vec q[4];
+  for (int i = 0; i < 4; ++i) {
+#if defined(__AVX512F__)
+    q[i] = VAdd(VAdd(p[i], p[4 + i]), VAdd(p[8 + i], p[12 + i]));
+#else
+    q[i] = VAdd(p[i], p[4 + i]);
+#endif
+  }
+  return VAdd(VAdd(q[0], q[2]), VAdd(q[1], q[3]));
+}
+
+// Where x's column k sits in a packed group: within each slice of kKBlock, the columns of
+// lane j's chain (k = j, j + kLanes, …) one after another, so that each chain reads its
+// columns in order; the slice's last len % kLanes columns stay in place.
+inline int64_t PackedColumn(int64_t k, int64_t len) {
+  const int64_t k0 = k / kKBlock * kKBlock;
+  const int64_t steps = std::min(kKBlock, len - k0) / kLanes;
+  const int64_t off = k - k0;
+  return off < steps * kLanes ? k0 + off % kLanes * steps + off / kLanes : k;
+}
+
+// y[r·y_stride + c] as DotTile computes it, for r < rows (≤ XV·kLanes) of a packed group
+// (columns placed by PackedColumn) and c < WR.
+template <int WR, int XV>
+inline void OuterTile(const float* xp, const float* const* w, int64_t len, float* y,
+                      int64_t y_stride, int rows) {
+  alignas(64) float part[WR][kLanes][XV * kLanes];  // the lanes' chains of one slice
+  alignas(64) float sum[WR][XV * kLanes];
+  for (int64_t k0 = 0; k0 < len; k0 += kKBlock) {
+    const int64_t slice = std::min(kKBlock, len - k0);
+    const int64_t steps = slice / kLanes;
+    for (int j = 0; j < kLanes; ++j) {
+      Vec acc[WR][XV];
+#pragma GCC unroll 16
+      for (int c = 0; c < WR; ++c) {
+#pragma GCC unroll 2
+        for (int v = 0; v < XV; ++v) acc[c][v] = VZero();
+      }
+      const float* col = xp + (k0 + j * steps) * kGroup;
+      for (int64_t i = 0; i < steps; ++i, col += kGroup) {
+        const int64_t k = k0 + j + i * kLanes;
+        Vec xv[XV];
+#pragma GCC unroll 2
+        for (int v = 0; v < XV; ++v) xv[v] = VLoad(col + v * kLanes);
+#pragma GCC unroll 16
+        for (int c = 0; c < WR; ++c) {
+          const Vec b = VSet1(w[c][k]);
+#pragma GCC unroll 2
+          for (int v = 0; v < XV; ++v) acc[c][v] = VFma(xv[v], b, acc[c][v]);
+        }
+      }
+#pragma GCC unroll 16
+      for (int c = 0; c < WR; ++c) {
+#pragma GCC unroll 2
+        for (int v = 0; v < XV; ++v) VStore(part[c][j] + v * kLanes, acc[c][v]);
+      }
+    }
+    for (int c = 0; c < WR; ++c) {
+      for (int v = 0; v < XV; ++v) {
+        Vec lanes[kLanes];
+        for (int j = 0; j < kLanes; ++j) lanes[j] = VLoad(part[c][j] + v * kLanes);
+        Vec total = VSumTree(lanes);
+        for (int64_t k = k0 + steps * kLanes; k < k0 + slice; ++k) {
+          total = VFma(VLoad(xp + k * kGroup + v * kLanes), VSet1(w[c][k]), total);
+        }
+        VStore(sum[c] + v * kLanes, total);
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < WR; ++c) {
+        y[r * y_stride + c] = k0 > 0 ? y[r * y_stride + c] + sum[c][r] : sum[c][r];
+      }
+    }
+  }
+}
+
+// OuterTile for num_w ≤ WR weight rows.
+template <int XV, int WR = 6>
+inline void OuterTileOf(int num_w, const float* xp, const float* const* w, int64_t len, float* y,
+                        int64_t y_stride, int rows) {
+  if (num_w == WR) return OuterTile<WR, XV>(xp, w, len, y, y_stride, rows);
+  if constexpr (WR > 1) OuterTileOf<XV, WR - 1>(num_w, xp, w, len, y, y_stride, rows);
+}
+
+// The num_w ≤ kPackW weight rows w against one packed group of `rows` rows.
+inline void OuterGroup(const float* xp, const float* const* w, int num_w, int64_t len, float* y,
+                       int64_t y_stride, int rows) {
+  for (int c = 0; c < num_w; c += 6) {
+    if (rows <= kLanes) {
+      OuterTileOf<1>(std::min(6, num_w - c), xp, w + c, len, y + c, y_stride, rows);
+    } else {
+      OuterTileOf<2>(std::min(6, num_w - c), xp, w + c, len, y + c, y_stride, rows);
+    }
+  }
+}
+
 // Row r of w as floats (the SIMD-friendly twin of DequantizeRow<float>).
 void DequantizeRowFast(const WeightView& w, int64_t r, float* out) {
   const uint8_t* src = w.row(r);
@@ -227,7 +350,11 @@ void DequantizeRowFast(const WeightView& w, int64_t r, float* out) {
       return;
     }
     case DType::kBF16: {
-      for (int64_t i = 0; i < n; ++i) {
+      int64_t i = 0;
+      for (; i + kLanes <= n; i += kLanes) {
+        VStore(out + i, VLoad(reinterpret_cast<const uint16_t*>(src + 2 * i)));
+      }
+      for (; i < n; ++i) {
         uint16_t b;
         std::memcpy(&b, src + 2 * i, 2);
         const uint32_t bits = static_cast<uint32_t>(b) << 16;
@@ -306,6 +433,7 @@ void CpuBackend::MatMul(const float* x, int n, const WeightView& w, const Weight
                         float* y) {
   const int64_t in = w.cols, out = w.rows;
   if (n <= 0 || out <= 0) return;
+  if (kPackedMatMul && n >= kPackedMinRows) return MatMulPacked(x, n, w, bias, y);
   const std::vector<float> b = bias.empty() ? std::vector<float>() : VectorOf(bias);
   // f32 rows are used in place for a single x row; for batches a packed copy (written just
   // now, so cache-hot) measures faster than strided reads of the mapped matrix.
@@ -345,6 +473,75 @@ void CpuBackend::MatMul(const float* x, int n, const WeightView& w, const Weight
         for (int r = n0; r < n1; ++r) {
           for (int64_t o = o0; o < o1; ++o) y[r * out + o] += b[o];
         }
+      }
+    }
+  });
+}
+
+// MatMul from kPackedMinRows rows on (see OuterTile), kPackedChunkRows rows of x at a time:
+// the chunk packed, in parallel over its groups (zeros past its last row), then parallel
+// over output features as above, kPackW weight rows dequantised at a time and multiplied
+// with every group of the chunk.
+void CpuBackend::MatMulPacked(const float* x, int n, const WeightView& w, const WeightView& bias,
+                              float* y) {
+  constexpr int kPackedChunkRows = 8 * kGroup;
+  const int64_t in = w.cols, out = w.rows;
+  for (int r0 = 0; r0 < n; r0 += kPackedChunkRows) {
+    const int rows = std::min(kPackedChunkRows, n - r0);
+    MatMulPackedChunk(x + int64_t{r0} * in, rows, w, bias, y + int64_t{r0} * out);
+  }
+}
+
+void CpuBackend::MatMulPackedChunk(const float* x, int n, const WeightView& w,
+                                   const WeightView& bias, float* y) {
+  const int64_t in = w.cols, out = w.rows;
+  const std::vector<float> b = bias.empty() ? std::vector<float>() : VectorOf(bias);
+  const int groups = (n + kGroup - 1) / kGroup;
+  const size_t group_floats = static_cast<size_t>(in) * kGroup;
+  // Kept by the calling thread (a step's products reuse it: no page faults per call), at
+  // most kPackedChunkRows · in floats.
+  thread_local std::vector<float> packed;
+  if (packed.size() < groups * group_floats) packed.resize(groups * group_floats);
+  float* xp = packed.data();
+  ParallelRange(groups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      float* dst = xp + g * group_floats;
+      for (int r = 0; r < kGroup; ++r) {
+        const int64_t row = g * kGroup + r;
+        if (row < n) {
+          const float* src = x + row * in;
+          for (int64_t k = 0; k < in; ++k) dst[PackedColumn(k, in) * kGroup + r] = src[k];
+        } else {
+          for (int64_t k = 0; k < in; ++k) dst[k * kGroup + r] = 0.0f;
+        }
+      }
+    }
+  });
+  const bool direct = w.dtype == DType::kF32;
+  const int64_t min_rows = std::max<int64_t>(
+      kPackW, ((int64_t{1} << 16) / std::max<int64_t>(1, in * n) + kPackW - 1) / kPackW * kPackW);
+  ParallelRange(out, min_rows, [&](int64_t o0, int64_t o1) {
+    thread_local std::vector<float> w_buf;
+    if (!direct) w_buf.resize(static_cast<size_t>(kPackW * in));
+    for (int64_t ob = o0; ob < o1; ob += kPackW) {
+      const int num_w = static_cast<int>(std::min<int64_t>(kPackW, o1 - ob));
+      const float* w_rows[kPackW];
+      for (int c = 0; c < num_w; ++c) {
+        if (direct) {
+          w_rows[c] = reinterpret_cast<const float*>(w.row(ob + c));
+        } else {
+          DequantizeRowFast(w, ob + c, w_buf.data() + c * in);
+          w_rows[c] = w_buf.data() + c * in;
+        }
+      }
+      for (int g = 0; g < groups; ++g) {
+        OuterGroup(xp + g * group_floats, w_rows, num_w, in, y + int64_t{g} * kGroup * out + ob,
+                   out, std::min(kGroup, n - g * kGroup));
+      }
+    }
+    if (!b.empty()) {
+      for (int r = 0; r < n; ++r) {
+        for (int64_t o = o0; o < o1; ++o) y[r * out + o] += b[o];
       }
     }
   });

@@ -49,6 +49,11 @@ class CpuBackend final : public Backend<float>, public BackwardOps<float> {
   template <typename Fn>
   void ParallelRange(int64_t count, int64_t min_chunk, Fn&& fn);
 
+  // MatMul's path for many rows (cpu_backend.cc, OuterTile).
+  void MatMulPacked(const float* x, int n, const WeightView& w, const WeightView& bias, float* y);
+  void MatMulPackedChunk(const float* x, int n, const WeightView& w, const WeightView& bias,
+                         float* y);
+
   std::unique_ptr<ThreadPool> pool_;
 };
 

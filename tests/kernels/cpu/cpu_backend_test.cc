@@ -3,7 +3,9 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <numbers>
 #include <numeric>
@@ -67,6 +69,44 @@ TEST(CpuBackendTest, MatMulMatchesReferenceForEveryDtypeAndBatch) {
                     << DTypeName(dt) << " in=" << s.in << " out=" << s.out << " n=" << n
                     << " r=" << r << " o=" << o << " threads=" << threads;
               }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A row's outputs are the same bits whatever else is in the batch (docs/architecture.md:
+// batching never changes results): from 16 rows on MatMul vectorises the dot products
+// across rows rather than along k, and must round exactly as the one-row path does. Rows
+// of batches that fill a packed group's two vectors, one vector and part of one, over
+// widths with one, two and three slices of 512 inputs (the last with a remainder of 12),
+// every dtype, a bias, 1 and 3 threads, against each row multiplied alone.
+TEST(CpuBackendTest, MatMulGivesARowTheSameBitsInAnyBatch) {
+  std::mt19937_64 rng(22);
+  for (int threads : {1, 3}) {
+    CpuBackend cpu(threads);
+    for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+      for (int in : {96, 544, 1100}) {
+        if (dt == DType::kQ8_0) in = in / 32 * 32;
+        const int out = 50;  // past the tiles of 6 and 12 weight rows
+        const OwnedWeight w(testing::RandomVector(rng, static_cast<size_t>(in) * out), out, in, dt);
+        const OwnedWeight bias(testing::RandomVector(rng, out), 1, out, DType::kF32);
+        for (int n : {16, 20, 37, 70}) {
+          const std::vector<float> x =
+              testing::Cast<float>(testing::RandomFloatExact(rng, static_cast<size_t>(n) * in));
+          std::vector<float> batch(static_cast<size_t>(n) * out, std::nanf(""));
+          cpu.MatMul(x.data(), n, w.view(), bias.view(), batch.data());
+          for (int r = 0; r < n; ++r) {
+            std::vector<float> alone(out, std::nanf(""));
+            cpu.MatMul(x.data() + static_cast<size_t>(r) * in, 1, w.view(), bias.view(),
+                       alone.data());
+            for (int o = 0; o < out; ++o) {
+              ASSERT_EQ(std::bit_cast<uint32_t>(batch[r * out + o]),
+                        std::bit_cast<uint32_t>(alone[o]))
+                  << DTypeName(dt) << " in=" << in << " n=" << n << " r=" << r << " o=" << o
+                  << " threads=" << threads << ": " << batch[r * out + o] << " vs " << alone[o];
             }
           }
         }
