@@ -139,7 +139,7 @@ constexpr int kTileN = 4;
 #if defined(__AVX512F__)
 constexpr int kTileW = 4;  // 16 accumulators + 4 weight vectors + 1 x vector of 32 zmm
 #else
-constexpr int kTileW = 2;              // 8 accumulators + 2 + 1 of 16 ymm
+constexpr int kTileW = 2;  // 8 accumulators + 2 + 1 of 16 ymm
 #endif
 // Weight rows dequantised together; each is then used by every x row of the chunk.
 constexpr int kWBlock = 8;
@@ -148,10 +148,84 @@ constexpr int kNChunk = 64;
 // Inner-dimension slice: kWBlock weight slices plus a kTileN x tile stay in L1 (24 KiB).
 constexpr int64_t kKBlock = 512;
 
-// y[r·y_stride + c] (+)= Σ_k x[r·x_stride + k] · w[c][k]   for r < NR, c < WR
-template <int NR, int WR>
-inline void DotTile(const float* x, int64_t x_stride, const float* const* w, int64_t len, float* y,
-                    int64_t y_stride, bool accumulate) {
+// A weight row as DotTile reads it: kLanes weights from k as floats (Load), or one (At).
+// Each gives exactly DequantizeRowFast's floats (a q8_0 weight is d · q, one rounding), so
+// a product reads the stored row in place or a dequantised copy with the same result.
+struct F32Row {
+  const float* p;
+  Vec Load(int64_t k) const { return VLoad(p + k); }
+  float At(int64_t k) const { return p[k]; }
+};
+struct Bf16Row {
+  const uint8_t* p;
+  Vec Load(int64_t k) const { return VLoad(reinterpret_cast<const uint16_t*>(p + 2 * k)); }
+  float At(int64_t k) const {
+    uint16_t b;
+    std::memcpy(&b, p + 2 * k, 2);
+    return BF16ToF32(b);
+  }
+};
+struct F16Row {
+  const uint8_t* p;
+  float At(int64_t k) const {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * k, 2);
+    return F16ToF32(h);
+  }
+  Vec Load(int64_t k) const {
+#if defined(__AVX512F__)
+    // The masked forms here: GCC 12's plain ones warn spuriously (as in VLoad above).
+    return _mm512_maskz_cvtph_ps(static_cast<__mmask16>(0xFFFF),
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * k)));
+#elif defined(__AVX2__) && defined(__FMA__)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * k)));
+#else
+    Vec v;
+    for (int i = 0; i < kLanes; ++i) v.l[i] = At(k + i);
+    return v;
+#endif
+  }
+};
+struct Q8Row {  // k and k + kLanes − 1 in one block of kQ8_0BlockSize
+  const uint8_t* p;
+  float Scale(int64_t k) const {
+    uint16_t d;
+    std::memcpy(&d, p + k / kQ8_0BlockSize * kQ8_0BlockBytes, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(d);  // exact, as F16ToF32
+#else
+    return F16ToF32(d);
+#endif
+  }
+  const int8_t* Quants(int64_t k) const {
+    return reinterpret_cast<const int8_t*>(p + k / kQ8_0BlockSize * kQ8_0BlockBytes + 2) +
+           k % kQ8_0BlockSize;
+  }
+  float At(int64_t k) const { return Scale(k) * static_cast<float>(*Quants(k)); }
+  Vec Load(int64_t k) const {
+#if defined(__AVX512F__)
+    const __m512 q = _mm512_maskz_cvtepi32_ps(
+        static_cast<__mmask16>(0xFFFF),
+        _mm512_maskz_cvtepi8_epi32(static_cast<__mmask16>(0xFFFF),
+                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(Quants(k)))));
+    return _mm512_mul_ps(_mm512_set1_ps(Scale(k)), q);
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 q = _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(Quants(k)))));
+    return _mm256_mul_ps(_mm256_set1_ps(Scale(k)), q);
+#else
+    Vec v;
+    for (int i = 0; i < kLanes; ++i) v.l[i] = At(k + i);
+    return v;
+#endif
+  }
+};
+static_assert(kQ8_0BlockSize % kLanes == 0);
+
+// y[r·y_stride + c] (+)= Σ_k x[r·x_stride + k] · w[c][k0 + k]   for r < NR, c < WR, k < len
+template <int NR, int WR, typename Row>
+inline void DotTile(const float* x, int64_t x_stride, const Row* w, int64_t k0, int64_t len,
+                    float* y, int64_t y_stride, bool accumulate) {
   Vec acc[NR][WR];
 #pragma GCC unroll 16
   for (int r = 0; r < NR; ++r) {
@@ -162,7 +236,7 @@ inline void DotTile(const float* x, int64_t x_stride, const float* const* w, int
   for (; k + kLanes <= len; k += kLanes) {
     Vec wv[WR];
 #pragma GCC unroll 16
-    for (int c = 0; c < WR; ++c) wv[c] = VLoad(w[c] + k);
+    for (int c = 0; c < WR; ++c) wv[c] = w[c].Load(k0 + k);
 #pragma GCC unroll 16
     for (int r = 0; r < NR; ++r) {
       const Vec xv = VLoad(x + r * x_stride + k);
@@ -173,33 +247,34 @@ inline void DotTile(const float* x, int64_t x_stride, const float* const* w, int
   for (int r = 0; r < NR; ++r) {
     for (int c = 0; c < WR; ++c) {
       float sum = VSum(acc[r][c]);
-      for (int64_t t = k; t < len; ++t) sum = std::fma(x[r * x_stride + t], w[c][t], sum);
+      for (int64_t t = k; t < len; ++t) sum = std::fma(x[r * x_stride + t], w[c].At(k0 + t), sum);
       y[r * y_stride + c] = accumulate ? y[r * y_stride + c] + sum : sum;
     }
   }
 }
 
-template <int NR>
-inline void DotRows(const float* x, int64_t x_stride, const float* const* w, int num_w, int64_t len,
-                    float* y, int64_t y_stride, bool acc) {
+template <int NR, typename Row>
+inline void DotRows(const float* x, int64_t x_stride, const Row* w, int num_w, int64_t k0,
+                    int64_t len, float* y, int64_t y_stride, bool acc) {
   int c = 0;
   for (; c + kTileW <= num_w; c += kTileW) {
-    DotTile<NR, kTileW>(x, x_stride, w + c, len, y + c, y_stride, acc);
+    DotTile<NR, kTileW>(x, x_stride, w + c, k0, len, y + c, y_stride, acc);
   }
-  for (; c < num_w; ++c) DotTile<NR, 1>(x, x_stride, w + c, len, y + c, y_stride, acc);
+  for (; c < num_w; ++c) DotTile<NR, 1>(x, x_stride, w + c, k0, len, y + c, y_stride, acc);
 }
 
-inline void DotBlock(const float* x, int64_t x_stride, int nr, const float* const* w, int num_w,
+template <typename Row>
+inline void DotBlock(const float* x, int64_t x_stride, int nr, const Row* w, int num_w, int64_t k0,
                      int64_t len, float* y, int64_t y_stride, bool acc) {
   switch (nr) {
     case 4:
-      return DotRows<4>(x, x_stride, w, num_w, len, y, y_stride, acc);
+      return DotRows<4>(x, x_stride, w, num_w, k0, len, y, y_stride, acc);
     case 3:
-      return DotRows<3>(x, x_stride, w, num_w, len, y, y_stride, acc);
+      return DotRows<3>(x, x_stride, w, num_w, k0, len, y, y_stride, acc);
     case 2:
-      return DotRows<2>(x, x_stride, w, num_w, len, y, y_stride, acc);
+      return DotRows<2>(x, x_stride, w, num_w, k0, len, y, y_stride, acc);
     default:
-      return DotRows<1>(x, x_stride, w, num_w, len, y, y_stride, acc);
+      return DotRows<1>(x, x_stride, w, num_w, k0, len, y, y_stride, acc);
   }
 }
 
@@ -367,7 +442,11 @@ void DequantizeRowFast(const WeightView& w, int64_t r, float* out) {
         const uint8_t* block = src + b * kQ8_0BlockBytes;
         uint16_t d_bits;
         std::memcpy(&d_bits, block, 2);
+#if defined(__F16C__)
+        const float d = _cvtsh_ss(d_bits);  // exact, as F16ToF32
+#else
         const float d = F16ToF32(d_bits);
+#endif
         int8_t q[kQ8_0BlockSize];
         std::memcpy(q, block + 2, kQ8_0BlockSize);
         float* o = out + b * kQ8_0BlockSize;
@@ -435,9 +514,11 @@ void CpuBackend::MatMul(const float* x, int n, const WeightView& w, const Weight
   if (n <= 0 || out <= 0) return;
   if (kPackedMatMul && n >= kPackedMinRows) return MatMulPacked(x, n, w, bias, y);
   const std::vector<float> b = bias.empty() ? std::vector<float>() : VectorOf(bias);
-  // f32 rows are used in place for a single x row; for batches a packed copy (written just
-  // now, so cache-hot) measures faster than strided reads of the mapped matrix.
-  const bool direct = w.dtype == DType::kF32 && n < kTileN;
+  // Up to kTileN − 1 rows read the stored weights in place (each element used once or a
+  // few times: converting on the fly costs no more than converting into a copy, and the
+  // copy's writes and reads are spared); more rows take a dequantised copy (written just
+  // now, so cache-hot), which measured faster than strided reads of the mapped matrix.
+  const bool direct = n < kTileN;
   // Each task gets at least ~64K multiply-adds: waking threads costs more than tiny
   // products (a 260K-parameter model decodes fastest on one thread otherwise).
   const int64_t min_rows =
@@ -446,27 +527,52 @@ void CpuBackend::MatMul(const float* x, int n, const WeightView& w, const Weight
   ParallelRange(out, min_rows, [&](int64_t o0, int64_t o1) {
     thread_local std::vector<float> w_buf;
     if (!direct) w_buf.resize(static_cast<size_t>(kWBlock * in));
+    // The products of x rows n0 … n1 − 1 with weight rows ob … ob + num_w − 1.
+    auto product = [&](int n0, int n1, int64_t ob, int num_w, const auto* rows) {
+      for (int64_t k0 = 0; k0 < in; k0 += kKBlock) {
+        const int64_t len = std::min(kKBlock, in - k0);
+        for (int r0 = n0; r0 < n1; r0 += kTileN) {
+          DotBlock(x + r0 * in + k0, in, std::min(kTileN, n1 - r0), rows, num_w, k0, len,
+                   y + r0 * out + ob, out, /*acc=*/k0 > 0);
+        }
+      }
+    };
     for (int n0 = 0; n0 < n; n0 += kNChunk) {
       const int n1 = std::min(n, n0 + kNChunk);
       for (int64_t ob = o0; ob < o1; ob += kWBlock) {
         const int num_w = static_cast<int>(std::min<int64_t>(kWBlock, o1 - ob));
-        const float* w_rows[kWBlock];
-        for (int c = 0; c < num_w; ++c) {
-          if (direct) {
-            w_rows[c] = reinterpret_cast<const float*>(w.row(ob + c));
-          } else {
+        if (!direct) {
+          F32Row rows[kWBlock];
+          for (int c = 0; c < num_w; ++c) {
             DequantizeRowFast(w, ob + c, w_buf.data() + c * in);
-            w_rows[c] = w_buf.data() + c * in;
+            rows[c] = F32Row{w_buf.data() + c * in};
           }
+          product(n0, n1, ob, num_w, rows);
+          continue;
         }
-        for (int64_t k0 = 0; k0 < in; k0 += kKBlock) {
-          const int64_t len = std::min(kKBlock, in - k0);
-          const float* w_slices[kWBlock];
-          for (int c = 0; c < num_w; ++c) w_slices[c] = w_rows[c] + k0;
-          for (int r0 = n0; r0 < n1; r0 += kTileN) {
-            DotBlock(x + r0 * in + k0, in, std::min(kTileN, n1 - r0), w_slices, num_w, len,
-                     y + r0 * out + ob, out, /*acc=*/k0 > 0);
+        auto in_place = [&](auto row) {
+          decltype(row) rows[kWBlock];
+          for (int c = 0; c < num_w; ++c) rows[c] = decltype(row){w.row(ob + c)};
+          product(n0, n1, ob, num_w, rows);
+        };
+        switch (w.dtype) {
+          case DType::kF32: {
+            F32Row rows[kWBlock];
+            for (int c = 0; c < num_w; ++c) {
+              rows[c] = F32Row{reinterpret_cast<const float*>(w.row(ob + c))};
+            }
+            product(n0, n1, ob, num_w, rows);
+            break;
           }
+          case DType::kBF16:
+            in_place(Bf16Row{});
+            break;
+          case DType::kF16:
+            in_place(F16Row{});
+            break;
+          case DType::kQ8_0:
+            in_place(Q8Row{});
+            break;
         }
       }
       if (!b.empty()) {
