@@ -505,20 +505,22 @@ void CpuBackend::ParallelRange(int64_t count, int64_t min_chunk, Fn&& fn) {
   });
 }
 
-// y[N, out] = x[N, in] · Wᵀ + bias. Parallel over output features; inside a task, a block
-// of kWBlock weight rows is dequantised once and multiplied with every x row of a chunk
-// of kNChunk, slice by slice of kKBlock inputs, through kTileN × kTileW register tiles.
+// y[N, out] = x[N, in] · Wᵀ + bias. From kPackedMinRows rows on (SIMD builds),
+// MatMulPacked. Otherwise parallel over output features; inside a task, a block of kWBlock
+// weight rows (read in place, or dequantised once into a copy) is multiplied with every x
+// row of a chunk of kNChunk, slice by slice of kKBlock inputs, through kTileN × kTileW
+// register tiles.
 void CpuBackend::MatMul(const float* x, int n, const WeightView& w, const WeightView& bias,
                         float* y) {
   const int64_t in = w.cols, out = w.rows;
   if (n <= 0 || out <= 0) return;
   if (kPackedMatMul && n >= kPackedMinRows) return MatMulPacked(x, n, w, bias, y);
   const std::vector<float> b = bias.empty() ? std::vector<float>() : VectorOf(bias);
-  // Up to kTileN − 1 rows read the stored weights in place (each element used once or a
-  // few times: converting on the fly costs no more than converting into a copy, and the
-  // copy's writes and reads are spared); more rows take a dequantised copy (written just
-  // now, so cache-hot), which measured faster than strided reads of the mapped matrix.
-  const bool direct = n < kTileN;
+  // Below kPackedMinRows rows the products read the stored weights in place, widening
+  // them as they load (each element is used by a few tiles of kTileN rows: converting it
+  // each time measured faster than writing a float copy and reading it back, by 1.2–2.5×
+  // at 1 to 12 rows). More rows (without the packed path) take the copy.
+  const bool direct = n < kPackedMinRows;
   // Each task gets at least ~64K multiply-adds: waking threads costs more than tiny
   // products (a 260K-parameter model decodes fastest on one thread otherwise).
   const int64_t min_rows =
