@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
@@ -37,6 +38,7 @@ inline Vec VLoad(const uint16_t* p) {
 inline void VStore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec VSet1(float x) { return _mm512_set1_ps(x); }
 inline Vec VAdd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec VMul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
 inline Vec VFma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline float VSum(Vec v) {
   // Through memory: GCC 12's _mm512_reduce_add_ps and 256-bit extracts warn spuriously
@@ -62,6 +64,7 @@ inline Vec VLoad(const uint16_t* p) {
 inline void VStore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec VSet1(float x) { return _mm256_set1_ps(x); }
 inline Vec VAdd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec VMul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
 inline Vec VFma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline float VSum(Vec v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -95,6 +98,10 @@ inline Vec VSet1(float x) {
 }
 inline Vec VAdd(Vec a, Vec b) {
   for (int i = 0; i < kLanes; ++i) a.l[i] += b.l[i];
+  return a;
+}
+inline Vec VMul(Vec a, Vec b) {
+  for (int i = 0; i < kLanes; ++i) a.l[i] *= b.l[i];
   return a;
 }
 inline Vec VFma(Vec a, Vec b, Vec c) {
@@ -777,7 +784,7 @@ inline void DotMany(const float* const* q, int m, const K* k, int64_t n, float* 
   }
   for (int t = 0; t < m; ++t) {
     float sum = VSum(acc[t]);
-    for (int64_t r = i; r < n; ++r) sum += q[t][r] * ToFloat(k[r]);
+    for (int64_t r = i; r < n; ++r) sum = std::fma(q[t][r], ToFloat(k[r]), sum);
     out[t] = sum;
   }
 }
@@ -793,7 +800,7 @@ inline void AxpyMany(float* const* o, int m, const float* w, const V* v, int64_t
     for (int t = 0; t < m; ++t) VStore(o[t] + i, VFma(wv[t], vv, VLoad(o[t] + i)));
   }
   for (int t = 0; t < m; ++t) {
-    for (int64_t r = i; r < n; ++r) o[t][r] += w[t] * ToFloat(v[r]);
+    for (int64_t r = i; r < n; ++r) o[t][r] = std::fma(w[t], ToFloat(v[r]), o[t][r]);
   }
 }
 
@@ -918,6 +925,222 @@ void AttentionSplitKeys(const AttentionArgs<float>& a, ThreadPool& pool) {
 // tile, so decode reads the cache once per KV head (not once per query head) and a
 // prefill chunk once per tile of rows. A bf16 cache's rows are widened in registers as
 // they are loaded.
+// ---- Attention, many (row, head) pairs: vectorised across the pairs ----
+//
+// From kLanes pairs of a call on (SIMD builds), scores, softmax and values run one pair a
+// lane, as MatMulPacked runs rows: Q is packed by dims (qt[d][u]), and per dim a key's
+// element is broadcast and a fused multiply-add goes into each pair vector's score for that
+// key (6 keys and two pair vectors at a time: 12 accumulators); the softmax's max, e^(s −
+// max) and sum run lane by lane down the keys; and O (packed by dims too) takes the
+// weights of a key, a pair vector, times each of 6 of its value elements broadcast. Each
+// score is formed exactly as DotMany forms it (its lanes' chains, then VSum's tree, done
+// vertically), and each output exactly as AxpyMany's chain over the keys (a key of weight 0
+// adds an exact 0), so a pair gets the same bits on either path, and rows after it in the
+// call change none of them. Pairs past the task's last (padding lanes) see every key of
+// the tile with a zero query, and are dropped.
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+constexpr bool kPairLanes = true;
+#else
+constexpr bool kPairLanes = false;
+#endif
+
+template <typename KT>
+inline float KvAt(const KT* row, int d) {
+  if constexpr (std::is_same_v<KT, float>) {
+    return row[d];
+  } else {
+    return BF16ToF32(row[d]);
+  }
+}
+
+// The scores of NK keys for pair vectors v < NV, each exactly as DotMany forms it (then
+// scaled): per lane l of DotMany's vector, the chain over d = l, l + kLanes, … (qt holds
+// the dims in that order: QtRow), VSum's tree over the lanes (VSumTree), then the last
+// dh % kLanes dims one FMA each.
+template <int NK, int NV, typename KT>
+inline void ScoreTile(const float* qt, int64_t lanes, const KT* const* keys, int dh, float scale,
+                      float* s_out) {
+  const int steps = dh / kLanes;
+  Vec part[kLanes][NK][NV];
+  for (int l = 0; l < kLanes; ++l) {
+    Vec acc[NK][NV];
+#pragma GCC unroll 8
+    for (int t = 0; t < NK; ++t) {
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) acc[t][v] = VZero();
+    }
+    const float* q = qt + int64_t{l} * steps * lanes;
+    for (int i = 0; i < steps; ++i, q += lanes) {
+      const int d = l + i * kLanes;
+      Vec qv[NV];
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) qv[v] = VLoad(q + v * kLanes);
+#pragma GCC unroll 8
+      for (int t = 0; t < NK; ++t) {
+        const Vec b = VSet1(KvAt(keys[t], d));
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; ++v) acc[t][v] = VFma(qv[v], b, acc[t][v]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NK; ++t) {
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) part[l][t][v] = acc[t][v];
+    }
+  }
+  const Vec sv = VSet1(scale);
+  for (int t = 0; t < NK; ++t) {
+    for (int v = 0; v < NV; ++v) {
+      Vec lanes_of[kLanes];
+      for (int l = 0; l < kLanes; ++l) lanes_of[l] = part[l][t][v];
+      Vec total = VSumTree(lanes_of);
+      for (int d = steps * kLanes; d < dh; ++d) {
+        total = VFma(VLoad(qt + int64_t{d} * lanes + v * kLanes), VSet1(KvAt(keys[t], d)), total);
+      }
+      VStore(s_out + t * lanes + v * kLanes, VMul(sv, total));
+    }
+  }
+}
+
+// Where dim d of a query sits in qt: DotMany's lane chains one after another (lane l's dims
+// l, l + kLanes, … at rows l·steps …), the last dh % kLanes dims in place.
+inline int QtRow(int d, int dh) {
+  const int steps = dh / kLanes;
+  return d < steps * kLanes ? d % kLanes * steps + d / kLanes : d;
+}
+
+// ot[d][v] += Σ_j p[j][v] · value_j[d] for dims d0 … d0 + ND − 1, pair vectors v < NV.
+template <int ND, int NV, typename KT>
+inline void ValueTile(const float* p, int64_t lanes, const KT* const* values, int key_end, int d0,
+                      float* ot) {
+  Vec acc[ND][NV];
+#pragma GCC unroll 8
+  for (int t = 0; t < ND; ++t) {
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) acc[t][v] = VZero();
+  }
+  for (int j = 0; j < key_end; ++j) {
+    Vec pv[NV];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) pv[v] = VLoad(p + j * lanes + v * kLanes);
+#pragma GCC unroll 8
+    for (int t = 0; t < ND; ++t) {
+      const Vec b = VSet1(KvAt(values[j], d0 + t));
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) acc[t][v] = VFma(pv[v], b, acc[t][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < ND; ++t) {
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) VStore(ot + (d0 + t) * lanes + v * kLanes, acc[t][v]);
+  }
+}
+
+template <int NV, typename KT, int ND = 6>
+inline void ValueTileOf(int nd, const float* p, int64_t lanes, const KT* const* values, int key_end,
+                        int d0, float* ot) {
+  if (nd == ND) return ValueTile<ND, NV>(p, lanes, values, key_end, d0, ot);
+  if constexpr (ND > 1) ValueTileOf<NV, KT, ND - 1>(nd, p, lanes, values, key_end, d0, ot);
+}
+
+template <int NV, typename KT, int NK = 6>
+inline void ScoreTileOf(int nk, const float* qt, int64_t lanes, const KT* const* keys, int dh,
+                        float scale, float* s_out) {
+  if (nk == NK) return ScoreTile<NK, NV>(qt, lanes, keys, dh, scale, s_out);
+  if constexpr (NK > 1) ScoreTileOf<NV, KT, NK - 1>(nk, qt, lanes, keys, dh, scale, s_out);
+}
+
+// The pairs u < pairs of one task (pair u: row rows[u], q qs[u], out os[u], keys below
+// ends[u]) over keys 0 … key_end − 1 of the KV head whose slice of a cache row row_at gives.
+// scores/probs rows (maps) are written as the pair-by-pair path writes them.
+template <typename KT, typename RowAt>
+void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows,
+                       const int* heads_of, const float* const* qs, float* const* os,
+                       const int* ends, int key_end, RowAt row_at) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int dh = a.head_dim, tk = a.num_keys, tq = a.num_queries;
+  const int nv = (pairs + kLanes - 1) / kLanes;
+  const int64_t lanes = int64_t{nv} * kLanes;
+  thread_local std::vector<float> qt, sp, ot;
+  thread_local std::vector<const KT*> krows;
+  qt.assign(static_cast<size_t>(dh * lanes), 0.0f);
+  sp.resize(static_cast<size_t>(key_end * lanes));
+  ot.resize(static_cast<size_t>(dh * lanes));
+  krows.resize(static_cast<size_t>(key_end));
+  for (int u = 0; u < pairs; ++u) {
+    for (int d = 0; d < dh; ++d) qt[QtRow(d, dh) * lanes + u] = qs[u][d];
+  }
+  // Scores, 6 keys at a time, two pair vectors at a time.
+  for (int j = 0; j < key_end; ++j) krows[j] = static_cast<const KT*>(row_at(a.kv.k, j));
+  const float scale = static_cast<float>(a.scale);
+  for (int j0 = 0; j0 < key_end; j0 += 6) {
+    const int nk = std::min(6, key_end - j0);
+    for (int v = 0; v < nv; v += 2) {
+      float* out = sp.data() + j0 * lanes + v * kLanes;
+      if (v + 1 < nv) {
+        ScoreTileOf<2, KT>(nk, qt.data() + v * kLanes, lanes, krows.data() + j0, dh, scale, out);
+      } else {
+        ScoreTileOf<1, KT>(nk, qt.data() + v * kLanes, lanes, krows.data() + j0, dh, scale, out);
+      }
+    }
+  }
+  // Masks, then e^(s − max) / Σ lane by lane (a padding lane sees every key).
+  std::vector<float> mx(static_cast<size_t>(lanes), kNegInf), z(static_cast<size_t>(lanes), 0.0f);
+  for (int j = 0; j < key_end; ++j) {
+    float* sj = sp.data() + j * lanes;
+    for (int u = 0; u < pairs; ++u) {
+      const bool vis =
+          j < ends[u] && (a.q_doc_ids == nullptr || a.q_doc_ids[rows[u]] == a.k_doc_ids[j]);
+      if (!vis) sj[u] = kNegInf;
+    }
+    for (int64_t l = 0; l < lanes; ++l) mx[l] = std::max(mx[l], sj[l]);
+  }
+  if (a.scores != nullptr) {
+    for (int u = 0; u < pairs; ++u) {
+      float* map = a.scores + (static_cast<int64_t>(heads_of[u]) * tq + rows[u]) * tk;
+      for (int j = 0; j < ends[u]; ++j) map[j] = sp[j * lanes + u];
+      std::fill(map + ends[u], map + tk, kNegInf);
+    }
+  }
+  for (int j = 0; j < key_end; ++j) {
+    float* sj = sp.data() + j * lanes;
+    for (int64_t l = 0; l < lanes; ++l) {
+      sj[l] = ExpNegated(mx[l] - sj[l]);  // 0 for a masked key (s = −∞)
+      z[l] += sj[l];
+    }
+  }
+  for (int64_t l = 0; l < lanes; ++l) z[l] = 1.0f / z[l];
+  for (int j = 0; j < key_end; ++j) {
+    float* sj = sp.data() + j * lanes;
+    for (int64_t l = 0; l < lanes; ++l) sj[l] *= z[l];
+  }
+  if (a.probs != nullptr) {
+    for (int u = 0; u < pairs; ++u) {
+      float* map = a.probs + (static_cast<int64_t>(heads_of[u]) * tq + rows[u]) * tk;
+      for (int j = 0; j < ends[u]; ++j) map[j] = sp[j * lanes + u];
+      std::fill(map + ends[u], map + tk, 0.0f);
+    }
+  }
+  // Values, 6 dims at a time, two pair vectors at a time.
+  for (int j = 0; j < key_end; ++j) krows[j] = static_cast<const KT*>(row_at(a.kv.v, j));
+  for (int d0 = 0; d0 < dh; d0 += 6) {
+    const int nd = std::min(6, dh - d0);
+    for (int v = 0; v < nv; v += 2) {
+      if (v + 1 < nv) {
+        ValueTileOf<2, KT>(nd, sp.data() + v * kLanes, lanes, krows.data(), key_end, d0,
+                           ot.data() + v * kLanes);
+      } else {
+        ValueTileOf<1, KT>(nd, sp.data() + v * kLanes, lanes, krows.data(), key_end, d0,
+                           ot.data() + v * kLanes);
+      }
+    }
+  }
+  for (int u = 0; u < pairs; ++u) {
+    for (int d = 0; d < dh; ++d) os[u][d] = ot[d * lanes + u];
+  }
+}
+
 absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
   if (absl::Status s = ValidateAttentionArgs(a); !s.ok()) return s;
   if (absl::Status s = CheckEveryRowSeesAKey(a); !s.ok()) return s;
@@ -943,6 +1166,10 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
       std::clamp<int64_t>(std::min<int64_t>(kMaxPairs / std::max(group, 1),
                                             int64_t{tq} * a.num_kv_heads / (4 * threads)),
                           1, tq));
+  // A call of at least kLanes (row, head) pairs runs every tile across the pairs
+  // (AttendAcrossPairs; a tile's spare lanes are padding); either path gives a pair the
+  // same bits, so this only decides which is faster.
+  const bool across = kPairLanes && int64_t{tq} * group >= kLanes;
   const int row_blocks = (tq + rows_per_task - 1) / rows_per_task;
   const int64_t num_tasks = int64_t{row_blocks} * a.num_kv_heads;
   // Tiny calls (decode over a short context) run on the calling thread.
@@ -992,6 +1219,21 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
           key_end = std::max(key_end, ends[u]);
           max_s[u] = kNegInf;
           std::fill(os[u], os[u] + dh, 0.0f);
+        }
+        if (across) {
+          int pair_rows[kMaxPairs], pair_heads[kMaxPairs];
+          for (int u = 0; u < pairs; ++u) {
+            pair_rows[u] = r0 + u / heads;
+            pair_heads[u] = h_first + u % heads;
+          }
+          if (bf16) {
+            AttendAcrossPairs<uint16_t>(a, pairs, pair_rows, pair_heads, qs, os, ends, key_end,
+                                        row_at);
+          } else {
+            AttendAcrossPairs<float>(a, pairs, pair_rows, pair_heads, qs, os, ends, key_end,
+                                     row_at);
+          }
+          continue;
         }
         // Scores: a pair sees key j when j < its end and the documents match.
         for (int j = 0; j < key_end; ++j) {

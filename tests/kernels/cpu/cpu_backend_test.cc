@@ -432,6 +432,73 @@ TEST(CpuBackendTest, AttentionOnABf16CacheReadsTheRoundedValues) {
   }
 }
 
+// Calls of at least a vector's width of (row, head) pairs run across the pairs, one a SIMD
+// lane (AttendAcrossPairs): the reference's outputs, probabilities and scores with GQA and
+// MQA, documents (causal and not), offsets, head sizes past and short of the 6-dim value
+// tiles (50, 72), pair counts that leave padding lanes, contiguous and paged (block size 7)
+// fp32 caches and a bf16 cache; the same bits on 1, 2 and 3 threads, whose tiles differ
+// (a row's lane never depends on the other rows of its tile); and, for the causal calls
+// without documents, the same bits as the last row computed alone (a call of fewer pairs
+// than a vector takes the pair-by-pair path, which must round identically).
+TEST(CpuBackendTest, AttentionAcrossPairsMatchesReferenceOnAnyTiling) {
+  std::mt19937_64 rng(37);
+  ReferenceBackend ref;
+  const std::vector<AttnConfig> configs = {
+      {40, 40, 4, 2, 64, 0, true, false},   // 80 pairs, GQA 4/2
+      {37, 60, 8, 2, 50, 23, true, true},   // documents and offset, head size 50
+      {64, 64, 2, 2, 128, 0, false, true},  // documents without causality
+      {33, 33, 16, 1, 72, 0, true, false},  // MQA 16/1, head size 72
+      {16, 16, 1, 1, 8, 0, true, false},    // exactly one vector of pairs
+  };
+  for (const AttnConfig& c : configs) {
+    const AttnProblem p = MakeProblem(c, rng);
+    AttnProblem rounded = p;
+    for (std::vector<double>* kv : {&rounded.k, &rounded.v}) {
+      for (double& x : *kv) x = RoundToBf16(x);
+    }
+    const AttnResult want = testing::RunAttention(ref, p);
+    const AttnResult want_bf16 = testing::RunAttention(ref, rounded);
+    if (c.causal && !c.docs && c.tq == c.tk && c.heads / c.kv_heads < 16) {
+      AttnProblem last = p;  // the last row alone, at its offset
+      last.tq = 1;
+      last.offset = c.tq - 1;
+      last.q.assign(p.q.end() - int64_t{c.heads} * c.dh, p.q.end());
+      CpuBackend cpu(2);
+      const AttnResult alone = testing::RunAttention(cpu, last);
+      const AttnResult whole = testing::RunAttention(cpu, p);
+      for (int h = 0; h < c.heads; ++h) {
+        for (int d = 0; d < c.dh; ++d) {
+          ASSERT_EQ(alone.O(0, h, d, last), whole.O(c.tq - 1, h, d, p)) << c.Name() << " h=" << h;
+        }
+        for (int j = 0; j < c.tk; ++j) {
+          ASSERT_EQ(alone.P(h, 0, j, last), whole.P(h, c.tq - 1, j, p)) << c.Name() << " h=" << h;
+        }
+      }
+    }
+    AttnResult first;
+    for (int threads : {1, 2, 3}) {
+      CpuBackend cpu(threads);
+      const std::string what = c.Name() + absl::StrCat(" threads=", threads);
+      const AttnResult got = testing::RunAttention(cpu, p);
+      ExpectAttentionClose(p, got, want, what);
+      ExpectAttentionClose(p, RunPaged(cpu, p, 7, rng), want, what + " block_size=7");
+      ExpectAttentionClose(rounded, RunPaged(cpu, p, 7, rng, KvDtype::kBF16), want_bf16,
+                           what + " bf16");
+      if (threads == 1) {
+        first = got;
+        continue;
+      }
+      for (size_t e = 0; e < got.out.size(); ++e) {
+        ASSERT_EQ(got.out[e], first.out[e]) << what << " out " << e;
+      }
+      for (size_t e = 0; e < got.probs.size(); ++e) {
+        ASSERT_EQ(got.probs[e], first.probs[e]) << what << " probs " << e;
+        ASSERT_EQ(got.scores[e], first.scores[e]) << what << " scores " << e;
+      }
+    }
+  }
+}
+
 // Decode-like calls (up to 4 query rows) over 512 keys or more, without maps, split the
 // keys into spans of 256 read row by row and merge the spans' softmax partials: the same
 // outputs as the reference, on fp32 and bf16 caches, with GQA, documents (a span may show
