@@ -323,6 +323,60 @@ inline Vec VSumTree(const Vec* p) {
   return VAdd(VAdd(q[0], q[2]), VAdd(q[1], q[3]));
 }
 
+// r[i][j] ↔ r[j][i]: kLanes vectors transposed in registers (unpack, then shuffles of
+// pairs, then of 128-bit quarters).
+#if defined(__AVX512F__)
+inline void TransposeLanes(Vec (&r)[kLanes]) {
+  // The masked forms: GCC 12's plain ones warn spuriously (as in VLoad above).
+  constexpr __mmask16 kAll = 0xFFFF;
+  Vec t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_maskz_unpacklo_ps(kAll, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_ps(kAll, r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i + 0] =
+        _mm512_maskz_shuffle_ps(kAll, t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 1] =
+        _mm512_maskz_shuffle_ps(kAll, t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * i + 2] =
+        _mm512_maskz_shuffle_ps(kAll, t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 3] =
+        _mm512_maskz_shuffle_ps(kAll, t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_maskz_shuffle_f32x4(kAll, r[i], r[4 + i], 0x88);
+    t[4 + i] = _mm512_maskz_shuffle_f32x4(kAll, r[i], r[4 + i], 0xdd);
+    t[8 + i] = _mm512_maskz_shuffle_f32x4(kAll, r[8 + i], r[12 + i], 0x88);
+    t[12 + i] = _mm512_maskz_shuffle_f32x4(kAll, r[8 + i], r[12 + i], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_maskz_shuffle_f32x4(kAll, t[i], t[8 + i], 0x88);
+    r[8 + i] = _mm512_maskz_shuffle_f32x4(kAll, t[i], t[8 + i], 0xdd);
+    r[4 + i] = _mm512_maskz_shuffle_f32x4(kAll, t[4 + i], t[12 + i], 0x88);
+    r[12 + i] = _mm512_maskz_shuffle_f32x4(kAll, t[4 + i], t[12 + i], 0xdd);
+  }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+inline void TransposeLanes(Vec (&r)[kLanes]) {
+  Vec t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
+    r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
+  }
+}
+#endif
+
 // Where x's column k sits in a packed group: within each slice of kKBlock, the columns of
 // lane j's chain (k = j, j + kLanes, …) one after another, so that each chain reads its
 // columns in order; the slice's last len % kLanes columns stay in place.
@@ -331,6 +385,35 @@ inline int64_t PackedColumn(int64_t k, int64_t len) {
   const int64_t steps = std::min(kKBlock, len - k0) / kLanes;
   const int64_t off = k - k0;
   return off < steps * kLanes ? k0 + off % kLanes * steps + off / kLanes : k;
+}
+
+// Group g of x's n rows (zeros past row n) packed by columns into dst (PackedColumn): per
+// kLanes rows and kLanes consecutive columns, the loaded rows transposed in registers and
+// each column stored whole; a slice's last len % kLanes columns one element at a time.
+inline void PackGroup(const float* x, int n, int64_t in, int64_t g, float* dst) {
+  for (int h = 0; h < kGroup / kLanes; ++h) {
+    const int64_t row0 = g * kGroup + int64_t{h} * kLanes;
+    const int rows = static_cast<int>(std::clamp<int64_t>(n - row0, 0, kLanes));
+    for (int64_t k0 = 0; k0 < in; k0 += kKBlock) {
+      const int64_t slice = std::min(kKBlock, in - k0);
+      const int64_t steps = slice / kLanes;
+      for (int64_t i = 0; i < steps; ++i) {
+        Vec r[kLanes];
+        for (int t = 0; t < kLanes; ++t) {
+          r[t] = t < rows ? VLoad(x + (row0 + t) * in + k0 + i * kLanes) : VZero();
+        }
+        TransposeLanes(r);  // r[j]: the rows' column k0 + i·kLanes + j
+        for (int j = 0; j < kLanes; ++j) {
+          VStore(dst + (k0 + j * steps + i) * kGroup + h * kLanes, r[j]);
+        }
+      }
+      for (int64_t k = k0 + steps * kLanes; k < k0 + slice; ++k) {
+        for (int t = 0; t < kLanes; ++t) {
+          dst[k * kGroup + h * kLanes + t] = t < rows ? x[(row0 + t) * in + k] : 0.0f;
+        }
+      }
+    }
+  }
 }
 
 // y[r·y_stride + c] as DotTile computes it, for r < rows (≤ XV·kLanes) of a packed group
@@ -619,18 +702,7 @@ void CpuBackend::MatMulPackedChunk(const float* x, int n, const WeightView& w,
   if (packed.size() < groups * group_floats) packed.resize(groups * group_floats);
   float* xp = packed.data();
   ParallelRange(groups, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
-      float* dst = xp + g * group_floats;
-      for (int r = 0; r < kGroup; ++r) {
-        const int64_t row = g * kGroup + r;
-        if (row < n) {
-          const float* src = x + row * in;
-          for (int64_t k = 0; k < in; ++k) dst[PackedColumn(k, in) * kGroup + r] = src[k];
-        } else {
-          for (int64_t k = 0; k < in; ++k) dst[k * kGroup + r] = 0.0f;
-        }
-      }
-    }
+    for (int64_t g = g0; g < g1; ++g) PackGroup(x, n, in, g, xp + g * group_floats);
   });
   const bool direct = w.dtype == DType::kF32;
   const int64_t min_rows = std::max<int64_t>(
