@@ -1216,19 +1216,78 @@ void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows
 absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
   if (absl::Status s = ValidateAttentionArgs(a); !s.ok()) return s;
   if (absl::Status s = CheckEveryRowSeesAKey(a); !s.ok()) return s;
-  const int tq = a.num_queries, tk = a.num_keys, dh = a.head_dim;
-  // Decode over a long context: split over the keys, rows read whole.
-  if (tq <= kSplitMaxQueries && tk >= 2 * kSplitSpan && a.probs == nullptr && a.scores == nullptr) {
-    if (a.kv.dtype == KvDtype::kBF16) {
-      AttentionSplitKeys<uint16_t>(a, *pool_);
-    } else {
-      AttentionSplitKeys<float>(a, *pool_);
-    }
+  if (TakesSplitKeys(a)) {
+    RunSplitKeys(a);
     return absl::OkStatus();
   }
+  const TiledAttention t = PlanTiled(a);
+  if (t.inline_run) {
+    for (int64_t task = 0; task < t.count; ++task) t.run(task);
+  } else {
+    pool_->ParallelFor(t.count, t.run);
+  }
+  return absl::OkStatus();
+}
+
+// Several calls (a decode step's sequences): those on the tiled path share one ParallelFor,
+// their tasks side by side (each task computes what it computes in Attention, so the bits
+// are the same); a call that splits its keys runs on its own. As the default: calls before
+// a failing one have run, and *failed names it.
+absl::Status CpuBackend::AttentionBatch(absl::Span<const AttentionArgs<float>> calls, int* failed) {
+  std::vector<TiledAttention> tiled;
+  std::vector<int64_t> first;  // tiled[c]'s first task in the shared range
+  int64_t total = 0;
+  auto run_tiled = [&] {
+    if (tiled.empty()) return;
+    pool_->ParallelFor(total, [&](int64_t task) {
+      const size_t c =
+          static_cast<size_t>(std::upper_bound(first.begin(), first.end(), task) - first.begin()) -
+          1;
+      tiled[c].run(task - first[c]);
+    });
+  };
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const AttentionArgs<float>& a = calls[i];
+    absl::Status s = ValidateAttentionArgs(a);
+    if (s.ok()) s = CheckEveryRowSeesAKey(a);
+    if (!s.ok()) {
+      run_tiled();
+      *failed = static_cast<int>(i);
+      return s;
+    }
+    if (TakesSplitKeys(a)) {
+      RunSplitKeys(a);
+      continue;
+    }
+    first.push_back(total);
+    tiled.push_back(PlanTiled(a));
+    total += tiled.back().count;
+  }
+  run_tiled();
+  return absl::OkStatus();
+}
+
+// Decode over a long context: split over the keys, rows read whole.
+bool CpuBackend::TakesSplitKeys(const AttentionArgs<float>& a) {
+  return a.num_queries <= kSplitMaxQueries && a.num_keys >= 2 * kSplitSpan && a.probs == nullptr &&
+         a.scores == nullptr;
+}
+
+void CpuBackend::RunSplitKeys(const AttentionArgs<float>& a) {
+  if (a.kv.dtype == KvDtype::kBF16) {
+    AttentionSplitKeys<uint16_t>(a, *pool_);
+  } else {
+    AttentionSplitKeys<float>(a, *pool_);
+  }
+}
+
+// A checked call on the tiled path: its tasks (a KV head × a tile of query rows each) and
+// what task t computes. The closure holds a reference to `a`, which must outlive it.
+CpuBackend::TiledAttention CpuBackend::PlanTiled(const AttentionArgs<float>& a) {
+  const int tq = a.num_queries, tk = a.num_keys, dh = a.head_dim;
   const int group = a.num_heads / a.num_kv_heads;
   const float scale = static_cast<float>(a.scale);
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   constexpr int kMaxPairs = 64;
   constexpr int kPrefetchAhead = 6;  // keys: a row's cache lines are asked for this early
   // Rows of a tile: as many as fit kMaxPairs pairs, fewer when that would leave threads
@@ -1247,156 +1306,150 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
   // Tiny calls (decode over a short context) run on the calling thread.
   const int64_t work = int64_t{tq} * tk * dh * a.num_heads;
   const bool inline_run = work < (int64_t{1} << 15);
-  auto for_each_task = [&](const std::function<void(int64_t)>& fn) {
-    if (inline_run) {
-      for (int64_t t = 0; t < num_tasks; ++t) fn(t);
-    } else {
-      pool_->ParallelFor(num_tasks, fn);
-    }
-  };
-  for_each_task([&](int64_t task) {
-    const int kvh = static_cast<int>(task % a.num_kv_heads);
-    const int i0 = static_cast<int>(task / a.num_kv_heads) * rows_per_task;
-    const int i1 = std::min(tq, i0 + rows_per_task);
-    const int64_t col = static_cast<int64_t>(kvh) * dh;
-    // Key (or value) j's slice of this KV head, in the cache's own element type.
-    const bool bf16 = a.kv.dtype == KvDtype::kBF16;
-    const int64_t elem = KvElementBytes<float>(a.kv.dtype);
-    auto row_at = [&](const void* base, int j) -> const void* {
-      return static_cast<const char*>(base) + (a.kv.PhysicalRow(j) * a.kv.row_stride + col) * elem;
-    };
-    // The tile's (row, head) pairs, in chunks of up to kMaxPairs (a large group).
-    for (int h_first = kvh * group; h_first < (kvh + 1) * group; h_first += kMaxPairs) {
-      const int h_last = std::min((kvh + 1) * group, h_first + kMaxPairs);
-      const int heads = h_last - h_first;
-      const int rows = std::min(i1 - i0, std::max(1, kMaxPairs / heads));
-      for (int r0 = i0; r0 < i1; r0 += rows) {
-        const int r1 = std::min(i1, r0 + rows);
-        const int pairs = (r1 - r0) * heads;
-        // Pair u = (row r0 + u / heads, head h_first + u % heads): its q and out, the end
-        // of its keys, scores s[u][·] and weights p[u][·].
-        thread_local std::vector<float> s, p;
-        s.resize(size_t(pairs) * tk);
-        p.resize(s.size());
-        const float* qs[kMaxPairs];
-        float* os[kMaxPairs];
-        int ends[kMaxPairs];
-        float max_s[kMaxPairs], dots[4], w[4];
-        int key_end = 0;
-        for (int u = 0; u < pairs; ++u) {
-          const int i = r0 + u / heads, h = h_first + u % heads;
-          qs[u] = a.q + i * a.q_stride + static_cast<int64_t>(h) * dh;
-          os[u] = a.out + i * a.out_stride + static_cast<int64_t>(h) * dh;
-          ends[u] = CausalKeyEnd(a, i);
-          key_end = std::max(key_end, ends[u]);
-          max_s[u] = kNegInf;
-          std::fill(os[u], os[u] + dh, 0.0f);
-        }
-        if (across) {
-          int pair_rows[kMaxPairs], pair_heads[kMaxPairs];
-          for (int u = 0; u < pairs; ++u) {
-            pair_rows[u] = r0 + u / heads;
-            pair_heads[u] = h_first + u % heads;
-          }
-          if (bf16) {
-            AttendAcrossPairs<uint16_t>(a, pairs, pair_rows, pair_heads, qs, os, ends, key_end,
-                                        row_at);
-          } else {
-            AttendAcrossPairs<float>(a, pairs, pair_rows, pair_heads, qs, os, ends, key_end,
-                                     row_at);
-          }
-          continue;
-        }
-        // Scores: a pair sees key j when j < its end and the documents match.
-        for (int j = 0; j < key_end; ++j) {
-          if (j + kPrefetchAhead < key_end) Prefetch(a.kv, a.kv.k, j + kPrefetchAhead, col, dh);
-          const void* k = nullptr;
-          for (int u0 = 0; u0 < pairs; u0 += 4) {
-            const float* q4[4];
-            int live[4], m = 0;
-            for (int u = u0; u < std::min(pairs, u0 + 4); ++u) {
-              const int i = r0 + u / heads;
-              const bool vis =
-                  j < ends[u] && (a.q_doc_ids == nullptr || a.q_doc_ids[i] == a.k_doc_ids[j]);
-              if (!vis) {
-                s[size_t(u) * tk + j] = kNegInf;
-                continue;
+  return {
+      num_tasks, inline_run, [&a, tq, tk, dh, group, scale, rows_per_task, across](int64_t task) {
+        const int kvh = static_cast<int>(task % a.num_kv_heads);
+        const int i0 = static_cast<int>(task / a.num_kv_heads) * rows_per_task;
+        const int i1 = std::min(tq, i0 + rows_per_task);
+        const int64_t col = static_cast<int64_t>(kvh) * dh;
+        // Key (or value) j's slice of this KV head, in the cache's own element type.
+        const bool bf16 = a.kv.dtype == KvDtype::kBF16;
+        const int64_t elem = KvElementBytes<float>(a.kv.dtype);
+        auto row_at = [&](const void* base, int j) -> const void* {
+          return static_cast<const char*>(base) +
+                 (a.kv.PhysicalRow(j) * a.kv.row_stride + col) * elem;
+        };
+        // The tile's (row, head) pairs, in chunks of up to kMaxPairs (a large group).
+        for (int h_first = kvh * group; h_first < (kvh + 1) * group; h_first += kMaxPairs) {
+          const int h_last = std::min((kvh + 1) * group, h_first + kMaxPairs);
+          const int heads = h_last - h_first;
+          const int rows = std::min(i1 - i0, std::max(1, kMaxPairs / heads));
+          for (int r0 = i0; r0 < i1; r0 += rows) {
+            const int r1 = std::min(i1, r0 + rows);
+            const int pairs = (r1 - r0) * heads;
+            // Pair u = (row r0 + u / heads, head h_first + u % heads): its q and out, the end
+            // of its keys, scores s[u][·] and weights p[u][·].
+            thread_local std::vector<float> s, p;
+            s.resize(size_t(pairs) * tk);
+            p.resize(s.size());
+            const float* qs[kMaxPairs];
+            float* os[kMaxPairs];
+            int ends[kMaxPairs];
+            float max_s[kMaxPairs], dots[4], w[4];
+            int key_end = 0;
+            for (int u = 0; u < pairs; ++u) {
+              const int i = r0 + u / heads, h = h_first + u % heads;
+              qs[u] = a.q + i * a.q_stride + static_cast<int64_t>(h) * dh;
+              os[u] = a.out + i * a.out_stride + static_cast<int64_t>(h) * dh;
+              ends[u] = CausalKeyEnd(a, i);
+              key_end = std::max(key_end, ends[u]);
+              max_s[u] = kNegInf;
+              std::fill(os[u], os[u] + dh, 0.0f);
+            }
+            if (across) {
+              int pair_rows[kMaxPairs], pair_heads[kMaxPairs];
+              for (int u = 0; u < pairs; ++u) {
+                pair_rows[u] = r0 + u / heads;
+                pair_heads[u] = h_first + u % heads;
               }
-              q4[m] = qs[u];
-              live[m++] = u;
-            }
-            if (m == 0) continue;
-            if (k == nullptr) k = row_at(a.kv.k, j);
-            if (bf16) {
-              DotMany(q4, m, static_cast<const uint16_t*>(k), dh, dots);
-            } else {
-              DotMany(q4, m, static_cast<const float*>(k), dh, dots);
-            }
-            for (int t = 0; t < m; ++t) {
-              const int u = live[t];
-              s[size_t(u) * tk + j] = scale * dots[t];
-              max_s[u] = std::max(max_s[u], s[size_t(u) * tk + j]);
-            }
-          }
-        }
-        for (int u = 0; u < pairs; ++u) {
-          const float* su = s.data() + size_t(u) * tk;
-          float* pu = p.data() + size_t(u) * tk;
-          // e^(s − max), 0 for a masked key (s = −∞); a vectorised pass, then the sum.
-          const float mu = max_s[u];
-          for (int j = 0; j < ends[u]; ++j) pu[j] = ExpNegated(mu - su[j]);
-          float z = 0.0f;
-          for (int j = 0; j < ends[u]; ++j) z += pu[j];
-          const float inv_z = 1.0f / z;
-          for (int j = 0; j < ends[u]; ++j) pu[j] *= inv_z;
-        }
-        // Values: each row read once for the pairs that give it weight (a masked key, or
-        // one whose weight underflowed, adds nothing and is never read for that pair).
-        for (int j = 0; j < key_end; ++j) {
-          const void* v = nullptr;
-          bool prefetched = false;
-          for (int u0 = 0; u0 < pairs; u0 += 4) {
-            float* o4[4];
-            int m = 0;
-            for (int u = u0; u < std::min(pairs, u0 + 4); ++u) {
-              const float pu = j < ends[u] ? p[size_t(u) * tk + j] : 0.0f;
-              if (pu == 0.0f) continue;
-              o4[m] = os[u];
-              w[m++] = pu;
-            }
-            if (m == 0) continue;
-            if (v == nullptr) {
-              if (!prefetched && j + kPrefetchAhead < key_end) {
-                Prefetch(a.kv, a.kv.v, j + kPrefetchAhead, col, dh);
+              if (bf16) {
+                AttendAcrossPairs<uint16_t>(a, pairs, pair_rows, pair_heads, qs, os, ends, key_end,
+                                            row_at);
+              } else {
+                AttendAcrossPairs<float>(a, pairs, pair_rows, pair_heads, qs, os, ends, key_end,
+                                         row_at);
               }
-              prefetched = true;
-              v = row_at(a.kv.v, j);
+              continue;
             }
-            if (bf16) {
-              AxpyMany(o4, m, w, static_cast<const uint16_t*>(v), dh);
-            } else {
-              AxpyMany(o4, m, w, static_cast<const float*>(v), dh);
+            // Scores: a pair sees key j when j < its end and the documents match.
+            for (int j = 0; j < key_end; ++j) {
+              if (j + kPrefetchAhead < key_end) Prefetch(a.kv, a.kv.k, j + kPrefetchAhead, col, dh);
+              const void* k = nullptr;
+              for (int u0 = 0; u0 < pairs; u0 += 4) {
+                const float* q4[4];
+                int live[4], m = 0;
+                for (int u = u0; u < std::min(pairs, u0 + 4); ++u) {
+                  const int i = r0 + u / heads;
+                  const bool vis =
+                      j < ends[u] && (a.q_doc_ids == nullptr || a.q_doc_ids[i] == a.k_doc_ids[j]);
+                  if (!vis) {
+                    s[size_t(u) * tk + j] = kNegInf;
+                    continue;
+                  }
+                  q4[m] = qs[u];
+                  live[m++] = u;
+                }
+                if (m == 0) continue;
+                if (k == nullptr) k = row_at(a.kv.k, j);
+                if (bf16) {
+                  DotMany(q4, m, static_cast<const uint16_t*>(k), dh, dots);
+                } else {
+                  DotMany(q4, m, static_cast<const float*>(k), dh, dots);
+                }
+                for (int t = 0; t < m; ++t) {
+                  const int u = live[t];
+                  s[size_t(u) * tk + j] = scale * dots[t];
+                  max_s[u] = std::max(max_s[u], s[size_t(u) * tk + j]);
+                }
+              }
+            }
+            for (int u = 0; u < pairs; ++u) {
+              const float* su = s.data() + size_t(u) * tk;
+              float* pu = p.data() + size_t(u) * tk;
+              // e^(s − max), 0 for a masked key (s = −∞); a vectorised pass, then the sum.
+              const float mu = max_s[u];
+              for (int j = 0; j < ends[u]; ++j) pu[j] = ExpNegated(mu - su[j]);
+              float z = 0.0f;
+              for (int j = 0; j < ends[u]; ++j) z += pu[j];
+              const float inv_z = 1.0f / z;
+              for (int j = 0; j < ends[u]; ++j) pu[j] *= inv_z;
+            }
+            // Values: each row read once for the pairs that give it weight (a masked key, or
+            // one whose weight underflowed, adds nothing and is never read for that pair).
+            for (int j = 0; j < key_end; ++j) {
+              const void* v = nullptr;
+              bool prefetched = false;
+              for (int u0 = 0; u0 < pairs; u0 += 4) {
+                float* o4[4];
+                int m = 0;
+                for (int u = u0; u < std::min(pairs, u0 + 4); ++u) {
+                  const float pu = j < ends[u] ? p[size_t(u) * tk + j] : 0.0f;
+                  if (pu == 0.0f) continue;
+                  o4[m] = os[u];
+                  w[m++] = pu;
+                }
+                if (m == 0) continue;
+                if (v == nullptr) {
+                  if (!prefetched && j + kPrefetchAhead < key_end) {
+                    Prefetch(a.kv, a.kv.v, j + kPrefetchAhead, col, dh);
+                  }
+                  prefetched = true;
+                  v = row_at(a.kv.v, j);
+                }
+                if (bf16) {
+                  AxpyMany(o4, m, w, static_cast<const uint16_t*>(v), dh);
+                } else {
+                  AxpyMany(o4, m, w, static_cast<const float*>(v), dh);
+                }
+              }
+            }
+            for (int u = 0; u < pairs; ++u) {
+              const int i = r0 + u / heads, h = h_first + u % heads;
+              const int64_t map = (static_cast<int64_t>(h) * tq + i) * tk;
+              if (a.scores != nullptr) {
+                const float* su = s.data() + size_t(u) * tk;
+                std::copy(su, su + ends[u], a.scores + map);
+                std::fill(a.scores + map + ends[u], a.scores + map + tk, kNegInf);
+              }
+              if (a.probs != nullptr) {
+                const float* pu = p.data() + size_t(u) * tk;
+                std::copy(pu, pu + ends[u], a.probs + map);
+                std::fill(a.probs + map + ends[u], a.probs + map + tk, 0.0f);
+              }
             }
           }
         }
-        for (int u = 0; u < pairs; ++u) {
-          const int i = r0 + u / heads, h = h_first + u % heads;
-          const int64_t map = (static_cast<int64_t>(h) * tq + i) * tk;
-          if (a.scores != nullptr) {
-            const float* su = s.data() + size_t(u) * tk;
-            std::copy(su, su + ends[u], a.scores + map);
-            std::fill(a.scores + map + ends[u], a.scores + map + tk, kNegInf);
-          }
-          if (a.probs != nullptr) {
-            const float* pu = p.data() + size_t(u) * tk;
-            std::copy(pu, pu + ends[u], a.probs + map);
-            std::fill(a.probs + map + ends[u], a.probs + map + tk, 0.0f);
-          }
-        }
-      }
-    }
-  });
-  return absl::OkStatus();
+      }};
 }
 
 }  // namespace kvlens::kernels

@@ -4,6 +4,7 @@
 #ifndef KVLENS_KERNELS_CPU_CPU_BACKEND_H_
 #define KVLENS_KERNELS_CPU_CPU_BACKEND_H_
 
+#include <functional>
 #include <memory>
 
 #include "kernels/backend.h"
@@ -38,6 +39,7 @@ class CpuBackend final : public Backend<float>, public BackwardOps<float> {
                const int64_t* dst_rows, void* k_cache, void* v_cache, int64_t cache_stride,
                KvDtype cache_dtype) override;
   absl::Status Attention(const AttentionArgs<float>& args) override;
+  absl::Status AttentionBatch(absl::Span<const AttentionArgs<float>> calls, int* failed) override;
 
   // The interpretability backward's heavy ops (cpu_backward.cc): fp32 on the pool,
   // accumulated in float; the reference loops (double, one thread) are their oracle.
@@ -53,6 +55,18 @@ class CpuBackend final : public Backend<float>, public BackwardOps<float> {
   void MatMulPacked(const float* x, int n, const WeightView& w, const WeightView& bias, float* y);
   void MatMulPackedChunk(const float* x, int n, const WeightView& w, const WeightView& bias,
                          float* y);
+
+  // Attention's two paths (cpu_backend.cc): decode over a long context split over the
+  // keys, and the tiled path, planned as independent tasks so that AttentionBatch can run
+  // several calls' tasks in one ParallelFor.
+  struct TiledAttention {
+    int64_t count = 0;
+    bool inline_run = false;  // tiny: Attention runs it on the calling thread
+    std::function<void(int64_t)> run;
+  };
+  static bool TakesSplitKeys(const AttentionArgs<float>& a);
+  void RunSplitKeys(const AttentionArgs<float>& a);
+  TiledAttention PlanTiled(const AttentionArgs<float>& a);
 
   std::unique_ptr<ThreadPool> pool_;
 };

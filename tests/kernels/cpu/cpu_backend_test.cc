@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <numbers>
 #include <numeric>
 #include <random>
@@ -494,6 +495,106 @@ TEST(CpuBackendTest, AttentionAcrossPairsMatchesReferenceOnAnyTiling) {
       for (size_t e = 0; e < got.probs.size(); ++e) {
         ASSERT_EQ(got.probs[e], first.probs[e]) << what << " probs " << e;
         ASSERT_EQ(got.scores[e], first.scores[e]) << what << " scores " << e;
+      }
+    }
+  }
+}
+
+// AttentionBatch runs the tiled calls' tasks in one ParallelFor (and a call that splits its
+// keys on its own): every output the same bits as the calls made one by one, decode rows
+// over short and long (split) contexts, a prefill chunk with documents, GQA and MHA, with
+// and without maps. A call that fails its checks (here a row that sees no key) stops the
+// batch there: the calls before it have run, *failed names it, and the calls after it are
+// untouched.
+TEST(CpuBackendTest, AttentionBatchEqualsTheCallsOneByOne) {
+  std::mt19937_64 rng(41);
+  const std::vector<AttnConfig> configs = {
+      {1, 40, 6, 6, 32, 39, true, false},    // decode, MHA, short context
+      {1, 700, 8, 2, 64, 699, true, false},  // decode over a long context: split keys
+      {20, 50, 8, 4, 64, 30, true, true},    // a chunk with documents and an offset
+      {2, 33, 4, 1, 16, 31, true, false},    // two rows, MQA
+      {24, 24, 4, 4, 48, 0, true, false},    // prefill across pairs
+  };
+  struct Owned {
+    std::vector<float> q, k, v, out, probs, scores;
+    std::vector<int32_t> q_doc, k_doc;
+    AttentionArgs<float> args;
+  };
+  auto make = [](const AttnProblem& p, bool maps) {
+    auto o = std::make_unique<Owned>();
+    o->q = testing::Cast<float>(p.q);
+    o->k = testing::Cast<float>(p.k);
+    o->v = testing::Cast<float>(p.v);
+    o->out.assign(static_cast<size_t>(p.tq) * p.heads * p.dh, 12345.0f);
+    o->probs.assign(static_cast<size_t>(p.heads) * p.tq * p.tk, 12345.0f);
+    o->scores = o->probs;
+    o->q_doc = p.q_doc;
+    o->k_doc = p.k_doc;
+    AttentionArgs<float>& a = o->args;
+    a.q = o->q.data();
+    a.q_stride = int64_t{p.heads} * p.dh;
+    a.num_queries = p.tq;
+    a.num_keys = p.tk;
+    a.num_heads = p.heads;
+    a.num_kv_heads = p.kv_heads;
+    a.head_dim = p.dh;
+    a.query_offset = p.offset;
+    a.causal = p.causal;
+    a.scale = p.scale;
+    if (!o->q_doc.empty()) {
+      a.q_doc_ids = o->q_doc.data();
+      a.k_doc_ids = o->k_doc.data();
+    }
+    a.kv.k = o->k.data();
+    a.kv.v = o->v.data();
+    a.kv.row_stride = int64_t{p.kv_heads} * p.dh;
+    a.out = o->out.data();
+    a.out_stride = a.q_stride;
+    if (maps) {
+      a.probs = o->probs.data();
+      a.scores = o->scores.data();
+    }
+    return o;
+  };
+  std::vector<AttnProblem> problems;
+  for (const AttnConfig& c : configs) problems.push_back(MakeProblem(c, rng));
+  for (bool maps : {false, true}) {
+    CpuBackend cpu(2);
+    std::vector<std::unique_ptr<Owned>> alone, batch;
+    std::vector<AttentionArgs<float>> args;
+    for (const AttnProblem& p : problems) {
+      alone.push_back(make(p, maps));
+      ASSERT_TRUE(cpu.Attention(alone.back()->args).ok());
+      batch.push_back(make(p, maps));
+      args.push_back(batch.back()->args);
+    }
+    int failed = -1;
+    ASSERT_TRUE(cpu.AttentionBatch(args, &failed).ok());
+    for (size_t c = 0; c < problems.size(); ++c) {
+      EXPECT_EQ(batch[c]->out, alone[c]->out) << configs[c].Name() << " maps " << maps;
+      EXPECT_EQ(batch[c]->probs, alone[c]->probs) << configs[c].Name() << " maps " << maps;
+      EXPECT_EQ(batch[c]->scores, alone[c]->scores) << configs[c].Name() << " maps " << maps;
+    }
+    // A row that sees no key: the third call of the batch.
+    std::vector<std::unique_ptr<Owned>> again;
+    std::vector<AttentionArgs<float>> failing;
+    for (const AttnProblem& p : problems) {
+      again.push_back(make(p, maps));
+      failing.push_back(again.back()->args);
+    }
+    std::vector<int32_t> lonely = again[2]->k_doc;
+    for (int32_t& d : lonely) d = 999;
+    failing[2].k_doc_ids = lonely.data();
+    failed = -1;
+    const absl::Status s = cpu.AttentionBatch(failing, &failed);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(failed, 2);
+    for (size_t c = 0; c < problems.size(); ++c) {
+      if (c < 2) {
+        EXPECT_EQ(again[c]->out, alone[c]->out) << "ran before the failing call: " << c;
+      } else {
+        for (float x : again[c]->out)
+          ASSERT_EQ(x, 12345.0f) << "untouched from the failing call on: " << c;
       }
     }
   }
