@@ -44,6 +44,36 @@ T ScalarOf(Backend<T>*);
 
 constexpr double kUntouched = 12345.0;
 
+// p's call over contiguous K/V (rows of kv_heads · dh) with q, k, v, out and maps (null:
+// none) where the caller keeps them; the document ids are p's own.
+template <typename T>
+AttentionArgs<T> ContiguousArgs(const AttnProblem& p, const T* q, const T* k, const T* v, T* out,
+                                T* probs, T* scores) {
+  AttentionArgs<T> a;
+  a.q = q;
+  a.q_stride = static_cast<int64_t>(p.heads) * p.dh;
+  a.num_queries = p.tq;
+  a.num_keys = p.tk;
+  a.num_heads = p.heads;
+  a.num_kv_heads = p.kv_heads;
+  a.head_dim = p.dh;
+  a.query_offset = p.offset;
+  a.causal = p.causal;
+  a.scale = p.scale;
+  if (!p.q_doc.empty()) {
+    a.q_doc_ids = p.q_doc.data();
+    a.k_doc_ids = p.k_doc.data();
+  }
+  a.kv.k = k;
+  a.kv.v = v;
+  a.kv.row_stride = static_cast<int64_t>(p.kv_heads) * p.dh;
+  a.out = out;
+  a.out_stride = a.q_stride;
+  a.probs = probs;
+  a.scores = scores;
+  return a;
+}
+
 // Runs p on backend with contiguous K/V; out/probs/scores start as kUntouched so that a
 // failing call can be checked to have written nothing.
 template <typename B>
@@ -58,28 +88,8 @@ AttnResult RunAttention(B& backend, const AttnProblem& p) {
   std::vector<T> out(count(p.tq, p.heads, p.dh), static_cast<T>(kUntouched));
   std::vector<T> probs(count(p.heads, p.tq, p.tk), static_cast<T>(kUntouched));
   std::vector<T> scores(probs.size(), static_cast<T>(kUntouched));
-  AttentionArgs<T> a;
-  a.q = q.data();
-  a.q_stride = static_cast<int64_t>(p.heads) * p.dh;
-  a.num_queries = p.tq;
-  a.num_keys = p.tk;
-  a.num_heads = p.heads;
-  a.num_kv_heads = p.kv_heads;
-  a.head_dim = p.dh;
-  a.query_offset = p.offset;
-  a.causal = p.causal;
-  a.scale = p.scale;
-  if (!p.q_doc.empty()) {
-    a.q_doc_ids = p.q_doc.data();
-    a.k_doc_ids = p.k_doc.data();
-  }
-  a.kv.k = k.data();
-  a.kv.v = v.data();
-  a.kv.row_stride = static_cast<int64_t>(p.kv_heads) * p.dh;
-  a.out = out.data();
-  a.out_stride = a.q_stride;
-  a.probs = probs.data();
-  a.scores = scores.data();
+  const AttentionArgs<T> a =
+      ContiguousArgs<T>(p, q.data(), k.data(), v.data(), out.data(), probs.data(), scores.data());
   AttnResult r;
   r.status = backend.Attention(a);
   r.out = ToDouble(out);

@@ -237,28 +237,12 @@ AttnResult RunPaged(B& backend, const AttnProblem& p, int block_size, std::mt199
   }
   std::vector<T> out(static_cast<size_t>(p.tq) * q_stride, static_cast<T>(testing::kUntouched));
   std::vector<T> probs(static_cast<size_t>(p.heads) * p.tq * p.tk), scores(probs.size());
-  AttentionArgs<T> a;
-  a.q = q_padded.data();
-  a.q_stride = q_stride;
-  a.num_queries = p.tq;
-  a.num_keys = p.tk;
-  a.num_heads = p.heads;
-  a.num_kv_heads = p.kv_heads;
-  a.head_dim = p.dh;
-  a.query_offset = p.offset;
-  a.causal = p.causal;
-  a.scale = p.scale;
-  if (!p.q_doc.empty()) {
-    a.q_doc_ids = p.q_doc.data();
-    a.k_doc_ids = p.k_doc.data();
-  }
-  a.kv = kv;
-  a.out = out.data();
+  AttentionArgs<T> a =
+      testing::ContiguousArgs<T>(p, q_padded.data(), nullptr, nullptr, out.data(),
+                                 maps ? probs.data() : nullptr, maps ? scores.data() : nullptr);
+  a.q_stride = q_stride;  // padded rows, and the cache through its block table
   a.out_stride = q_stride;
-  if (maps) {
-    a.probs = probs.data();
-    a.scores = scores.data();
-  }
+  a.kv = kv;
   AttnResult r;
   r.status = backend.Attention(a);
   for (int i = 0; i < p.tq; ++i) {
@@ -517,7 +501,6 @@ TEST(CpuBackendTest, AttentionBatchEqualsTheCallsOneByOne) {
   };
   struct Owned {
     std::vector<float> q, k, v, out, probs, scores;
-    std::vector<int32_t> q_doc, k_doc;
     AttentionArgs<float> args;
   };
   auto make = [](const AttnProblem& p, bool maps) {
@@ -528,32 +511,9 @@ TEST(CpuBackendTest, AttentionBatchEqualsTheCallsOneByOne) {
     o->out.assign(static_cast<size_t>(p.tq) * p.heads * p.dh, 12345.0f);
     o->probs.assign(static_cast<size_t>(p.heads) * p.tq * p.tk, 12345.0f);
     o->scores = o->probs;
-    o->q_doc = p.q_doc;
-    o->k_doc = p.k_doc;
-    AttentionArgs<float>& a = o->args;
-    a.q = o->q.data();
-    a.q_stride = int64_t{p.heads} * p.dh;
-    a.num_queries = p.tq;
-    a.num_keys = p.tk;
-    a.num_heads = p.heads;
-    a.num_kv_heads = p.kv_heads;
-    a.head_dim = p.dh;
-    a.query_offset = p.offset;
-    a.causal = p.causal;
-    a.scale = p.scale;
-    if (!o->q_doc.empty()) {
-      a.q_doc_ids = o->q_doc.data();
-      a.k_doc_ids = o->k_doc.data();
-    }
-    a.kv.k = o->k.data();
-    a.kv.v = o->v.data();
-    a.kv.row_stride = int64_t{p.kv_heads} * p.dh;
-    a.out = o->out.data();
-    a.out_stride = a.q_stride;
-    if (maps) {
-      a.probs = o->probs.data();
-      a.scores = o->scores.data();
-    }
+    o->args = testing::ContiguousArgs<float>(p, o->q.data(), o->k.data(), o->v.data(),
+                                             o->out.data(), maps ? o->probs.data() : nullptr,
+                                             maps ? o->scores.data() : nullptr);
     return o;
   };
   std::vector<AttnProblem> problems;
@@ -582,7 +542,7 @@ TEST(CpuBackendTest, AttentionBatchEqualsTheCallsOneByOne) {
       again.push_back(make(p, maps));
       failing.push_back(again.back()->args);
     }
-    std::vector<int32_t> lonely = again[2]->k_doc;
+    std::vector<int32_t> lonely = problems[2].k_doc;
     for (int32_t& d : lonely) d = 999;
     failing[2].k_doc_ids = lonely.data();
     failed = -1;
