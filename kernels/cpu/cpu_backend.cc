@@ -1158,7 +1158,9 @@ void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows
     }
   }
   // Masks, then e^(s − max) / Σ lane by lane (a padding lane sees every key).
-  std::vector<float> mx(static_cast<size_t>(lanes), kNegInf), z(static_cast<size_t>(lanes), 0.0f);
+  thread_local std::vector<float> mx, z;
+  mx.assign(static_cast<size_t>(lanes), kNegInf);
+  z.assign(static_cast<size_t>(lanes), 0.0f);
   for (int j = 0; j < key_end; ++j) {
     float* sj = sp.data() + j * lanes;
     for (int u = 0; u < pairs; ++u) {
@@ -1329,9 +1331,6 @@ CpuBackend::TiledAttention CpuBackend::PlanTiled(const AttentionArgs<float>& a) 
             const int pairs = (r1 - r0) * heads;
             // Pair u = (row r0 + u / heads, head h_first + u % heads): its q and out, the end
             // of its keys, scores s[u][·] and weights p[u][·].
-            thread_local std::vector<float> s, p;
-            s.resize(size_t(pairs) * tk);
-            p.resize(s.size());
             const float* qs[kMaxPairs];
             float* os[kMaxPairs];
             int ends[kMaxPairs];
@@ -1361,6 +1360,9 @@ CpuBackend::TiledAttention CpuBackend::PlanTiled(const AttentionArgs<float>& a) 
               }
               continue;
             }
+            thread_local std::vector<float> s, p;
+            s.resize(size_t(pairs) * tk);
+            p.resize(s.size());
             // Scores: a pair sees key j when j < its end and the documents match.
             for (int j = 0; j < key_end; ++j) {
               if (j + kPrefetchAhead < key_end) Prefetch(a.kv, a.kv.k, j + kPrefetchAhead, col, dh);
