@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/simd.h"
@@ -259,6 +260,12 @@ inline void TransposeLanes(Vec (&r)[kLanes]) {
   for (int i = 0; i < 4; ++i) {
     r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
     r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
+  }
+}
+#else
+inline void TransposeLanes(Vec (&r)[kLanes]) {  // the portable Vec (the path is off there)
+  for (int i = 0; i < kLanes; ++i) {
+    for (int j = i + 1; j < kLanes; ++j) std::swap(r[i].l[j], r[j].l[i]);
   }
 }
 #endif
