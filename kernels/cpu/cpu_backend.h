@@ -56,7 +56,7 @@ class CpuBackend final : public Backend<float>, public BackwardOps<float> {
   void MatMulPackedChunk(const float* x, int n, const WeightView& w, const WeightView& bias,
                          float* y);
 
-  // Attention's two paths (cpu_backend.cc): decode over a long context split over the
+  // Attention's two paths (cpu_attention.cc): decode over a long context split over the
   // keys, and the tiled path, planned as independent tasks so that AttentionBatch can run
   // several calls' tasks in one ParallelFor.
   struct TiledAttention {
