@@ -8,6 +8,13 @@
 // Shape: a Llama-7B-like layer with grouped-query heads (H 32, Hkv 8, Dh 128), one query
 // (decode) or 16 (a prefill chunk) at the end of 2k or 8k cached keys, blocks of 16
 // tokens in shuffled order.
+//
+// Then a decode step over short contexts, as the engine runs it (one AttentionBatch of
+// one call per sequence, each a single query row over its own paged cache): the default
+// model's layer (H 6/6, Dh 32, 64 sequences), a Llama-7B MHA layer (H 32/32, Dh 128) and a
+// GQA one (H 32/8, Dh 128), 8 sequences each, 200–455 keys: time per step and per
+// (head, key). Steps go round several layers' caches, 96 MiB or more in all, so that the
+// cache is read from memory as a served model's is, not from the last-level cache.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -20,6 +27,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/types/span.h"
 #include "bench/bench_help.h"
 #include "kernels/buffer.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -54,7 +62,9 @@ int main(int argc, char** argv) {
           "usage: kvlens_bench_attention [threads=0 (all)] [min_seconds=0.5]\n"
           "CpuBackend decode attention (H 32/8, Dh 128, paged blocks of 16, fp32 and bf16\n"
           "caches, 2k/8k keys, 1 or 16 queries): time per call and cache GB/s against this\n"
-          "machine's memcpy in the same run. Prints a table, then one JSON line.\n"))
+          "machine's memcpy in the same run; then a decode step of many sequences over\n"
+          "short contexts (AttentionBatch; H 6/6 Dh 32, H 32/32 and 32/8 Dh 128): time per\n"
+          "step and per (head, key). Prints tables, then one JSON line.\n"))
     return 0;
   const int threads = argc > 1 ? std::atoi(argv[1]) : 0;
   const double min_seconds = argc > 2 ? std::atof(argv[2]) : 0.5;
@@ -140,6 +150,86 @@ int main(int argc, char** argv) {
         first = false;
       }
     }
+  }
+  json += "],\"decode_batch\":[";
+  first = true;
+  std::printf("\ndecode step over short contexts (AttentionBatch, one query row a sequence)\n");
+  std::printf("%-18s %4s %9s %10s %12s %12s\n", "shape", "seqs", "keys", "us/step", "ns/head-key",
+              "cache GB/s");
+  struct Shape {
+    const char* name;
+    int heads, kv_heads, dh, seqs;
+  };
+  for (const Shape& sh : {Shape{"H6/6 Dh32", 6, 6, 32, 64}, Shape{"H32/32 Dh128", 32, 32, 128, 8},
+                          Shape{"H32/8 Dh128", 32, 8, 128, 8}}) {
+    const int64_t row = int64_t{sh.kv_heads} * sh.dh;
+    // Sequence s holds 200 + 255·s/(seqs − 1) keys (200 … 455), its blocks shuffled among
+    // every sequence's.
+    std::vector<int> keys(sh.seqs);
+    int total_blocks = 0;
+    for (int i = 0; i < sh.seqs; ++i) {
+      keys[i] = 200 + 255 * i / std::max(1, sh.seqs - 1);
+      total_blocks += (keys[i] + kBlock - 1) / kBlock;
+    }
+    std::vector<int32_t> ids(total_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<std::vector<int32_t>> tables(sh.seqs);
+    int next = 0;
+    int64_t head_keys = 0;
+    for (int i = 0; i < sh.seqs; ++i) {
+      for (int b = 0; b < (keys[i] + kBlock - 1) / kBlock; ++b) tables[i].push_back(ids[next++]);
+      head_keys += int64_t{keys[i]} * sh.heads;
+    }
+    const size_t cache_floats = size_t(total_blocks) * kBlock * row;
+    const int layers = static_cast<int>((size_t{96} << 20) / (2 * 4 * cache_floats) + 1);
+    std::vector<float> kc(cache_floats * layers), vc(kc.size());
+    for (float& x : kc) x = u(rng);
+    for (float& x : vc) x = u(rng);
+    std::vector<float> q(size_t(sh.seqs) * sh.heads * sh.dh), out(q.size());
+    for (float& x : q) x = u(rng);
+    std::vector<AttentionArgs<float>> calls(size_t(sh.seqs) * layers);
+    for (int c = 0; c < sh.seqs * layers; ++c) {
+      const int i = c % sh.seqs;
+      const size_t layer_off = size_t(c / sh.seqs) * cache_floats;
+      AttentionArgs<float>& a = calls[c];
+      a.q = q.data() + size_t(i) * sh.heads * sh.dh;
+      a.q_stride = int64_t{sh.heads} * sh.dh;
+      a.num_queries = 1;
+      a.num_keys = keys[i];
+      a.num_heads = sh.heads;
+      a.num_kv_heads = sh.kv_heads;
+      a.head_dim = sh.dh;
+      a.query_offset = keys[i] - 1;
+      a.scale = 1.0 / std::sqrt(double(sh.dh));
+      a.kv = {kc.data() + layer_off, vc.data() + layer_off, row, tables[i].data(), kBlock,
+              KvDtype::kActivation};
+      a.out = out.data() + size_t(i) * sh.heads * sh.dh;
+      a.out_stride = a.q_stride;
+    }
+    bool ok = true;
+    int layer = 0;
+    const double sec = SecondsPerCall(min_seconds, [&] {
+      int failed = -1;
+      ok = ok && cpu.AttentionBatch(absl::MakeConstSpan(calls).subspan(size_t(layer) * sh.seqs,
+                                                                       size_t(sh.seqs)),
+                                    &failed)
+                     .ok();
+      layer = (layer + 1) % layers;
+    });
+    if (!ok) {
+      std::fprintf(stderr, "attention batch failed\n");
+      return 1;
+    }
+    int64_t cache_bytes = 0;  // K and V rows each sequence reads
+    for (int i = 0; i < sh.seqs; ++i) cache_bytes += 2 * int64_t{keys[i]} * row * 4;
+    const double ns_per = sec * 1e9 / double(head_keys);
+    std::printf("%-18s %4d %4d–%-4d %10.1f %12.2f %12.2f\n", sh.name, sh.seqs, keys.front(),
+                keys.back(), sec * 1e6, ns_per, double(cache_bytes) / sec / 1e9);
+    json += absl::StrFormat(
+        "%s{\"shape\":\"%s\",\"seqs\":%d,\"us_per_step\":%.2f,\"ns_per_head_key\":%.3f}",
+        first ? "" : ",", sh.name, sh.seqs, sec * 1e6, ns_per);
+    first = false;
   }
   std::printf("%s]}\n", json.c_str());
   return 0;
