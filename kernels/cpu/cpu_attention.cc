@@ -1,8 +1,9 @@
 // CpuBackend's attention (declared in cpu_backend.h; split from cpu_backend.cc for size):
-// decode over a long context split over the keys, and the tiled path, pair by pair or one
-// pair a SIMD lane, with the same roundings either way. Compiled with -march=native when
-// the build allows it (kernels/CMakeLists.txt); the helpers live in this file's anonymous
-// namespace.
+// decode over a long context split over the keys, and the tiled path: one (row, head) pair
+// a SIMD lane when a KV head has kLanes pairs or more (AttendAcrossPairs), else a pair at a
+// time with its keys kLanes at a time (AttendNarrow), with the same roundings either way. Compiled
+// with -march=native when the build allows it (kernels/CMakeLists.txt); the helpers live in this
+// file's anonymous namespace.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -312,7 +313,7 @@ inline void ScoreTileOf(int nk, const float* qt, int64_t lanes, const KT* const*
 
 // The pairs u < pairs of one task (pair u: row rows[u], q qs[u], out os[u], keys below
 // ends[u]) over keys 0 … key_end − 1 of the KV head whose slice of a cache row row_at gives.
-// scores/probs rows (maps) are written as the pair-by-pair path writes them.
+// scores/probs rows (maps) are written as AttendNarrow writes them.
 template <typename KT, typename RowAt>
 void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows,
                        const int* heads_of, const float* const* qs, float* const* os,
@@ -402,6 +403,153 @@ void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows
   }
 }
 
+// Value rows chained into kLanes·NV dims of one output, j in order: o = p_j·v_j + o as
+// AxpyMany forms it, a key of weight 0 skipped.
+template <int NV, typename KT>
+inline void ValueChain(const float* p, int j0, int j1, const KT* const* values, int64_t col, int d0,
+                       float* o) {
+  Vec acc[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) acc[v] = VLoad(o + d0 + v * kLanes);
+  for (int j = j0; j < j1; ++j) {
+    if (p[j] == 0.0f) continue;
+    const Vec w = VSet1(p[j]);
+    const KT* row = values[j] + col + d0;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[v] = VFma(w, VLoad(row + v * kLanes), acc[v]);
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) VStore(o + d0 + v * kLanes, acc[v]);
+}
+
+template <typename KT, int NV = 8>
+inline void ValueChainOf(int nv, const float* p, int j0, int j1, const KT* const* values,
+                         int64_t col, int d0, float* o) {
+  if (nv == NV) return ValueChain<NV>(p, j0, j1, values, col, d0, o);
+  if constexpr (NV > 1) ValueChainOf<KT, NV - 1>(nv, p, j0, j1, values, col, d0, o);
+}
+
+// The pairs of a tile too few to fill the lanes (pairs < kLanes: a decode step, a few rows
+// of a small group), one pair at a time but each step vectorised, every rounding as the
+// order of DotMany and AxpyMany makes it: a pair's scores kLanes keys at a time
+// (each key's lane chains, then VSumLanes: VSum's tree for all kLanes keys at once), its
+// softmax, then its output chained in registers over the keys. The keys are taken in
+// blocks (kLanes for scores, kValueBlock for values) that every pair of the tile reads
+// before the next block, so a row is read from memory once for the tile.
+template <typename KT, typename RowBase>
+void AttendNarrow(const AttentionArgs<float>& a, int pairs, const int* rows, const int* heads_of,
+                  const float* const* qs, float* const* os, const int* ends, const int64_t* cols,
+                  int key_end, RowBase row_base) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr int kValueBlock = 64;
+  constexpr int kAhead = 8;  // rows asked for this many keys early (a paged cache's blocks)
+  const int dh = a.head_dim, tk = a.num_keys, tq = a.num_queries;
+  const int steps = dh / kLanes;
+  const int64_t stride = (key_end + kLanes - 1) / kLanes * kLanes;  // a pair's score row
+  thread_local std::vector<float> sp;
+  thread_local std::vector<const KT*> krows;
+  sp.resize(static_cast<size_t>(pairs * stride));
+  krows.resize(static_cast<size_t>(stride));
+  // The span of a cache row the pairs read: their KV heads' columns.
+  int64_t lo = cols[0], hi = cols[0];
+  for (int u = 1; u < pairs; ++u) {
+    lo = std::min(lo, cols[u]);
+    hi = std::max(hi, cols[u]);
+  }
+  const int64_t span_bytes = (hi + dh - lo) * static_cast<int64_t>(sizeof(KT));
+  auto prefetch = [&](const KT* row) {
+    const char* c = reinterpret_cast<const char*>(row + lo);
+    for (int64_t b = 0; b < span_bytes; b += 64) __builtin_prefetch(c + b);
+  };
+  for (int j = 0; j < key_end; ++j) krows[j] = static_cast<const KT*>(row_base(a.kv.k, j));
+  const float scale = static_cast<float>(a.scale);
+  const Vec sv = VSet1(scale);
+  thread_local std::vector<float> mx;  // per pair, lane by lane: the max of its scores
+  mx.assign(static_cast<size_t>(pairs * kLanes), kNegInf);
+  for (int j0 = 0; j0 < key_end; j0 += kLanes) {
+    for (int j = j0 + kAhead; j < std::min(key_end, j0 + kAhead + kLanes); ++j) {
+      prefetch(krows[j]);
+    }
+    for (int u = 0; u < pairs; ++u) {
+      if (j0 >= ends[u]) continue;
+      const int n = std::min(kLanes, ends[u] - j0);
+      const float* q = qs[u];
+      Vec acc[kLanes];
+      for (int t = 0; t < kLanes; ++t) acc[t] = VZero();
+      for (int t = 0; t < n; ++t) {
+        const KT* k = krows[j0 + t] + cols[u];
+        for (int i = 0; i < steps; ++i) {
+          acc[t] = VFma(VLoad(q + i * kLanes), VLoad(k + i * kLanes), acc[t]);
+        }
+      }
+      float* su = sp.data() + u * stride + j0;
+      Vec total = VSumLanes(acc);
+      if (steps * kLanes < dh) {  // the last dh % kLanes dims, one FMA each (as DotMany)
+        VStore(su, total);
+        for (int t = 0; t < n; ++t) {
+          for (int d = steps * kLanes; d < dh; ++d)
+            su[t] = std::fma(q[d], KvAt(krows[j0 + t] + cols[u], d), su[t]);
+        }
+        total = VLoad(su);
+      }
+      VStore(su, VMul(sv, total));
+      for (int t = n; t < kLanes; ++t) su[t] = kNegInf;
+      if (a.q_doc_ids != nullptr) {
+        const int32_t doc = a.q_doc_ids[rows[u]];
+        for (int t = 0; t < n; ++t) {
+          if (a.k_doc_ids[j0 + t] != doc) su[t] = kNegInf;
+        }
+      }
+      float* m = mx.data() + u * kLanes;
+      VStore(m, VMax(VLoad(su), VLoad(m)));
+    }
+  }
+  for (int u = 0; u < pairs; ++u) {
+    float* su = sp.data() + u * stride;
+    const int end = ends[u];
+    if (a.scores != nullptr) {
+      float* map = a.scores + (static_cast<int64_t>(heads_of[u]) * tq + rows[u]) * tk;
+      std::copy(su, su + end, map);
+      std::fill(map + end, map + tk, kNegInf);
+    }
+    float mu = kNegInf;
+    for (int l = 0; l < kLanes; ++l) mu = std::max(mu, mx[u * kLanes + l]);
+    // e^(s − max), 0 for a masked key (s = −∞); a vectorised pass, then the sum.
+    for (int j = 0; j < end; ++j) su[j] = ExpNegated(mu - su[j]);
+    float z = 0.0f;
+    for (int j = 0; j < end; ++j) z += su[j];
+    const float inv_z = 1.0f / z;
+    for (int j = 0; j < end; ++j) su[j] *= inv_z;
+    if (a.probs != nullptr) {
+      float* map = a.probs + (static_cast<int64_t>(heads_of[u]) * tq + rows[u]) * tk;
+      std::copy(su, su + end, map);
+      std::fill(map + end, map + tk, 0.0f);
+    }
+  }
+  for (int j = 0; j < key_end; ++j) krows[j] = static_cast<const KT*>(row_base(a.kv.v, j));
+  constexpr int kChunk = 8 * kLanes;  // dims a chain keeps in registers
+  for (int j0 = 0; j0 < key_end; j0 += kValueBlock) {
+    const int j1 = std::min(key_end, j0 + kValueBlock);
+    for (int j = j1; j < std::min(key_end, j1 + kValueBlock); ++j) prefetch(krows[j]);
+    for (int u = 0; u < pairs; ++u) {
+      const int e = std::min(j1, ends[u]);
+      if (j0 >= e) continue;
+      const float* pu = sp.data() + u * stride;
+      for (int d0 = 0; d0 < steps * kLanes; d0 += kChunk) {
+        const int nv = std::min(steps - d0 / kLanes, 8);
+        ValueChainOf<KT>(nv, pu, j0, e, krows.data(), cols[u], d0, os[u]);
+      }
+      for (int d = steps * kLanes; d < dh; ++d) {  // the last dh % kLanes dims (as AxpyMany)
+        float o = os[u][d];
+        for (int j = j0; j < e; ++j) {
+          if (pu[j] != 0.0f) o = std::fma(pu[j], KvAt(krows[j] + cols[u], d), o);
+        }
+        os[u][d] = o;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
@@ -411,7 +559,7 @@ absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
     RunSplitKeys(a);
     return absl::OkStatus();
   }
-  const TiledAttention t = PlanTiled(a);
+  const TiledAttention t = PlanTiled(a, pool_->num_threads());
   if (t.inline_run) {
     for (int64_t task = 0; task < t.count; ++task) t.run(task);
   } else {
@@ -451,7 +599,8 @@ absl::Status CpuBackend::AttentionBatch(absl::Span<const AttentionArgs<float>> c
       continue;
     }
     first.push_back(total);
-    tiled.push_back(PlanTiled(a));
+    tiled.push_back(
+        PlanTiled(a, static_cast<int>((pool_->num_threads() + calls.size() - 1) / calls.size())));
     total += tiled.back().count;
   }
   run_tiled();
@@ -472,15 +621,13 @@ void CpuBackend::RunSplitKeys(const AttentionArgs<float>& a) {
   }
 }
 
-// A checked call on the tiled path: its tasks (a KV head × a tile of query rows each) and
+// A checked call on the tiled path: its tasks (a KV head, or several for a narrow call, × a
+// tile of query rows each) and
 // what task t computes. The closure holds a reference to `a`, which must outlive it.
-CpuBackend::TiledAttention CpuBackend::PlanTiled(const AttentionArgs<float>& a) {
+CpuBackend::TiledAttention CpuBackend::PlanTiled(const AttentionArgs<float>& a, int min_tasks) {
   const int tq = a.num_queries, tk = a.num_keys, dh = a.head_dim;
   const int group = a.num_heads / a.num_kv_heads;
-  const float scale = static_cast<float>(a.scale);
-  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   constexpr int kMaxPairs = 64;
-  constexpr int kPrefetchAhead = 6;  // keys: a row's cache lines are asked for this early
   // Rows of a tile: as many as fit kMaxPairs pairs, fewer when that would leave threads
   // without a task.
   const int64_t threads = pool_->num_threads();
@@ -493,154 +640,85 @@ CpuBackend::TiledAttention CpuBackend::PlanTiled(const AttentionArgs<float>& a) 
   // same bits, so this only decides which is faster.
   const bool across = kPairLanes && int64_t{tq} * group >= kLanes;
   const int row_blocks = (tq + rows_per_task - 1) / rows_per_task;
-  const int64_t num_tasks = int64_t{row_blocks} * a.num_kv_heads;
+  // A tile across the pairs takes one KV head; a narrow one takes several, so that it reads
+  // kNarrowSlice bytes or more of each cache row at a time (a row holds every KV head, and
+  // reading an eighth of each row, as one KV head of eight does, waits on memory), as long
+  // as that leaves min_tasks tasks.
+  constexpr int64_t kNarrowSlice = 2048;
+  const int64_t head_bytes = int64_t{dh} * KvElementBytes<float>(a.kv.dtype);
+  const int kv_per_task =
+      across ? 1
+             : static_cast<int>(std::clamp<int64_t>(
+                   std::min<int64_t>(kNarrowSlice / head_bytes,
+                                     int64_t{row_blocks} * a.num_kv_heads / std::max(min_tasks, 1)),
+                   1, a.num_kv_heads));
+  const int kv_tasks = (a.num_kv_heads + kv_per_task - 1) / kv_per_task;
+  const int64_t num_tasks = int64_t{row_blocks} * kv_tasks;
   // Tiny calls (decode over a short context) run on the calling thread.
   const int64_t work = int64_t{tq} * tk * dh * a.num_heads;
   const bool inline_run = work < (int64_t{1} << 15);
-  return {
-      num_tasks, inline_run, [&a, tq, tk, dh, group, scale, rows_per_task, across](int64_t task) {
-        const int kvh = static_cast<int>(task % a.num_kv_heads);
-        const int i0 = static_cast<int>(task / a.num_kv_heads) * rows_per_task;
-        const int i1 = std::min(tq, i0 + rows_per_task);
-        const int64_t col = static_cast<int64_t>(kvh) * dh;
-        // Key (or value) j's slice of this KV head, in the cache's own element type.
-        const bool bf16 = a.kv.dtype == KvDtype::kBF16;
-        const int64_t elem = KvElementBytes<float>(a.kv.dtype);
-        auto row_at = [&](const void* base, int j) -> const void* {
-          return static_cast<const char*>(base) +
-                 (a.kv.PhysicalRow(j) * a.kv.row_stride + col) * elem;
-        };
-        // The tile's (row, head) pairs, in chunks of up to kMaxPairs (a large group).
-        for (int h_first = kvh * group; h_first < (kvh + 1) * group; h_first += kMaxPairs) {
-          const int h_last = std::min((kvh + 1) * group, h_first + kMaxPairs);
-          const int heads = h_last - h_first;
-          const int rows = std::min(i1 - i0, std::max(1, kMaxPairs / heads));
-          for (int r0 = i0; r0 < i1; r0 += rows) {
-            const int r1 = std::min(i1, r0 + rows);
-            const int pairs = (r1 - r0) * heads;
-            // Pair u = (row r0 + u / heads, head h_first + u % heads): its q and out, the end
-            // of its keys, scores s[u][·] and weights p[u][·].
+  return {num_tasks, inline_run,
+          [&a, tq, dh, group, rows_per_task, across, kv_per_task, kv_tasks](int64_t task) {
+            const int kv0 = static_cast<int>(task % kv_tasks) * kv_per_task;
+            const int kv1 = std::min(a.num_kv_heads, kv0 + kv_per_task);
+            const int i0 = static_cast<int>(task / kv_tasks) * rows_per_task;
+            const int i1 = std::min(tq, i0 + rows_per_task);
+            const bool bf16 = a.kv.dtype == KvDtype::kBF16;
+            const int64_t elem = KvElementBytes<float>(a.kv.dtype);
+            // Key (or value) j's whole row, in the cache's own element type.
+            auto row_base = [&](const void* base, int j) -> const void* {
+              return static_cast<const char*>(base) + a.kv.PhysicalRow(j) * a.kv.row_stride * elem;
+            };
+            // The task's (row, head) pairs, run kMaxPairs at a time (a tile across the pairs
+            // holds one KV head's): pair u's q and out, the end of its keys, its KV head's
+            // column in a cache row.
             const float* qs[kMaxPairs];
             float* os[kMaxPairs];
-            int ends[kMaxPairs];
-            float max_s[kMaxPairs], dots[4], w[4];
-            int key_end = 0;
-            for (int u = 0; u < pairs; ++u) {
-              const int i = r0 + u / heads, h = h_first + u % heads;
-              qs[u] = a.q + i * a.q_stride + static_cast<int64_t>(h) * dh;
-              os[u] = a.out + i * a.out_stride + static_cast<int64_t>(h) * dh;
-              ends[u] = CausalKeyEnd(a, i);
-              key_end = std::max(key_end, ends[u]);
-              max_s[u] = kNegInf;
-              std::fill(os[u], os[u] + dh, 0.0f);
-            }
-            if (across) {
-              int pair_rows[kMaxPairs], pair_heads[kMaxPairs];
-              for (int u = 0; u < pairs; ++u) {
-                pair_rows[u] = r0 + u / heads;
-                pair_heads[u] = h_first + u % heads;
-              }
-              if (bf16) {
-                AttendAcrossPairs<uint16_t>(a, pairs, pair_rows, pair_heads, qs, os, ends, key_end,
-                                            row_at);
+            int ends[kMaxPairs], pair_rows[kMaxPairs], pair_heads[kMaxPairs];
+            int64_t cols[kMaxPairs];
+            int pairs = 0, key_end = 0;
+            auto run = [&] {
+              if (pairs == 0) return;
+              if (across) {
+                const int64_t col = cols[0];
+                auto row_at = [&](const void* base, int j) -> const void* {
+                  return static_cast<const char*>(row_base(base, j)) + col * elem;
+                };
+                if (bf16) {
+                  AttendAcrossPairs<uint16_t>(a, pairs, pair_rows, pair_heads, qs, os, ends,
+                                              key_end, row_at);
+                } else {
+                  AttendAcrossPairs<float>(a, pairs, pair_rows, pair_heads, qs, os, ends, key_end,
+                                           row_at);
+                }
+              } else if (bf16) {
+                AttendNarrow<uint16_t>(a, pairs, pair_rows, pair_heads, qs, os, ends, cols, key_end,
+                                       row_base);
               } else {
-                AttendAcrossPairs<float>(a, pairs, pair_rows, pair_heads, qs, os, ends, key_end,
-                                         row_at);
+                AttendNarrow<float>(a, pairs, pair_rows, pair_heads, qs, os, ends, cols, key_end,
+                                    row_base);
               }
-              continue;
-            }
-            thread_local std::vector<float> s, p;
-            s.resize(size_t(pairs) * tk);
-            p.resize(s.size());
-            // Scores: a pair sees key j when j < its end and the documents match.
-            for (int j = 0; j < key_end; ++j) {
-              if (j + kPrefetchAhead < key_end) Prefetch(a.kv, a.kv.k, j + kPrefetchAhead, col, dh);
-              const void* k = nullptr;
-              for (int u0 = 0; u0 < pairs; u0 += 4) {
-                const float* q4[4];
-                int live[4], m = 0;
-                for (int u = u0; u < std::min(pairs, u0 + 4); ++u) {
-                  const int i = r0 + u / heads;
-                  const bool vis =
-                      j < ends[u] && (a.q_doc_ids == nullptr || a.q_doc_ids[i] == a.k_doc_ids[j]);
-                  if (!vis) {
-                    s[size_t(u) * tk + j] = kNegInf;
-                    continue;
-                  }
-                  q4[m] = qs[u];
-                  live[m++] = u;
-                }
-                if (m == 0) continue;
-                if (k == nullptr) k = row_at(a.kv.k, j);
-                if (bf16) {
-                  DotMany(q4, m, static_cast<const uint16_t*>(k), dh, dots);
-                } else {
-                  DotMany(q4, m, static_cast<const float*>(k), dh, dots);
-                }
-                for (int t = 0; t < m; ++t) {
-                  const int u = live[t];
-                  s[size_t(u) * tk + j] = scale * dots[t];
-                  max_s[u] = std::max(max_s[u], s[size_t(u) * tk + j]);
+              pairs = 0;
+              key_end = 0;
+            };
+            for (int kvh = kv0; kvh < kv1; ++kvh) {
+              for (int i = i0; i < i1; ++i) {
+                for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+                  pair_rows[pairs] = i;
+                  pair_heads[pairs] = h;
+                  qs[pairs] = a.q + i * a.q_stride + static_cast<int64_t>(h) * dh;
+                  os[pairs] = a.out + i * a.out_stride + static_cast<int64_t>(h) * dh;
+                  std::fill(os[pairs], os[pairs] + dh, 0.0f);
+                  ends[pairs] = CausalKeyEnd(a, i);
+                  cols[pairs] = static_cast<int64_t>(kvh) * dh;
+                  key_end = std::max(key_end, ends[pairs]);
+                  if (++pairs == kMaxPairs) run();
                 }
               }
+              if (across) run();
             }
-            for (int u = 0; u < pairs; ++u) {
-              const float* su = s.data() + size_t(u) * tk;
-              float* pu = p.data() + size_t(u) * tk;
-              // e^(s − max), 0 for a masked key (s = −∞); a vectorised pass, then the sum.
-              const float mu = max_s[u];
-              for (int j = 0; j < ends[u]; ++j) pu[j] = ExpNegated(mu - su[j]);
-              float z = 0.0f;
-              for (int j = 0; j < ends[u]; ++j) z += pu[j];
-              const float inv_z = 1.0f / z;
-              for (int j = 0; j < ends[u]; ++j) pu[j] *= inv_z;
-            }
-            // Values: each row read once for the pairs that give it weight (a masked key, or
-            // one whose weight underflowed, adds nothing and is never read for that pair).
-            for (int j = 0; j < key_end; ++j) {
-              const void* v = nullptr;
-              bool prefetched = false;
-              for (int u0 = 0; u0 < pairs; u0 += 4) {
-                float* o4[4];
-                int m = 0;
-                for (int u = u0; u < std::min(pairs, u0 + 4); ++u) {
-                  const float pu = j < ends[u] ? p[size_t(u) * tk + j] : 0.0f;
-                  if (pu == 0.0f) continue;
-                  o4[m] = os[u];
-                  w[m++] = pu;
-                }
-                if (m == 0) continue;
-                if (v == nullptr) {
-                  if (!prefetched && j + kPrefetchAhead < key_end) {
-                    Prefetch(a.kv, a.kv.v, j + kPrefetchAhead, col, dh);
-                  }
-                  prefetched = true;
-                  v = row_at(a.kv.v, j);
-                }
-                if (bf16) {
-                  AxpyMany(o4, m, w, static_cast<const uint16_t*>(v), dh);
-                } else {
-                  AxpyMany(o4, m, w, static_cast<const float*>(v), dh);
-                }
-              }
-            }
-            for (int u = 0; u < pairs; ++u) {
-              const int i = r0 + u / heads, h = h_first + u % heads;
-              const int64_t map = (static_cast<int64_t>(h) * tq + i) * tk;
-              if (a.scores != nullptr) {
-                const float* su = s.data() + size_t(u) * tk;
-                std::copy(su, su + ends[u], a.scores + map);
-                std::fill(a.scores + map + ends[u], a.scores + map + tk, kNegInf);
-              }
-              if (a.probs != nullptr) {
-                const float* pu = p.data() + size_t(u) * tk;
-                std::copy(pu, pu + ends[u], a.probs + map);
-                std::fill(a.probs + map + ends[u], a.probs + map + tk, 0.0f);
-              }
-            }
-          }
-        }
-      }};
+            run();
+          }};
 }
 
 }  // namespace kvlens::kernels

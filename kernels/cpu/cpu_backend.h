@@ -66,7 +66,9 @@ class CpuBackend final : public Backend<float>, public BackwardOps<float> {
   };
   static bool TakesSplitKeys(const AttentionArgs<float>& a);
   void RunSplitKeys(const AttentionArgs<float>& a);
-  TiledAttention PlanTiled(const AttentionArgs<float>& a);
+  // min_tasks: the fewest tasks a narrow call (fewer than kLanes pairs a KV head) is split
+  // into, where it can be (the pool's threads for a call on its own).
+  TiledAttention PlanTiled(const AttentionArgs<float>& a, int min_tasks);
 
   std::unique_ptr<ThreadPool> pool_;
 };

@@ -38,6 +38,10 @@ inline Vec VSet1(float x) { return _mm512_set1_ps(x); }
 inline Vec VAdd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 inline Vec VMul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
 inline Vec VFma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+// Lane by lane (m < a) ? a : m, which is std::max(m, a): m where a is NaN or equal.
+inline Vec VMax(Vec a, Vec m) {
+  return _mm512_maskz_max_ps(static_cast<__mmask16>(0xFFFF), a, m);  // masked: as VLoad's
+}
 inline float VSum(Vec v) {
   // Through memory: GCC 12's _mm512_reduce_add_ps and 256-bit extracts warn spuriously
   // (-Wmaybe-uninitialized inside avx512fintrin.h).
@@ -64,6 +68,7 @@ inline Vec VSet1(float x) { return _mm256_set1_ps(x); }
 inline Vec VAdd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 inline Vec VMul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
 inline Vec VFma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec VMax(Vec a, Vec m) { return _mm256_max_ps(a, m); }
 inline float VSum(Vec v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -106,6 +111,10 @@ inline Vec VFma(Vec a, Vec b, Vec c) {
   for (int i = 0; i < kLanes; ++i) c.l[i] += a.l[i] * b.l[i];
   return c;
 }
+inline Vec VMax(Vec a, Vec m) {
+  for (int i = 0; i < kLanes; ++i) m.l[i] = m.l[i] < a.l[i] ? a.l[i] : m.l[i];
+  return m;
+}
 inline float VSum(Vec v) {
   float s = 0.0f;
   for (float e : v.l) s += e;
@@ -126,6 +135,57 @@ inline Vec VSumTree(const Vec* p) {
   }
   return VAdd(VAdd(q[0], q[2]), VAdd(q[1], q[3]));
 }
+
+// Lane t = VSum(a[t]) for t < kLanes, the same additions in the same tree, done for all
+// kLanes vectors at once by shuffling as it adds (the transpose of VSumTree): the quarter
+// sums c0 + c1 and c2 + c3 (AVX-512) or halves c0 + c1 (AVX2) of vectors t and t + 4
+// (and t + 8, t + 12) side by side, then their sums q, then q0 + q2 and q1 + q3 of four
+// vectors in each 128-bit lane, then those two; lane 4c + n ends with vector 4c + n.
+#if defined(__AVX512F__)
+inline Vec VSumLanes(const Vec* a) {
+  constexpr __mmask16 kAll = 0xFFFF;  // the masked forms: GCC 12's plain ones warn spuriously
+  constexpr __mmask8 kAll8 = 0xFF;
+  auto pair_sums = [&](Vec x, Vec y) {  // [x.c0 + x.c1, x.c2 + x.c3, y.c0 + y.c1, y.c2 + y.c3]
+    return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(kAll, x, y, 0x88),
+                         _mm512_maskz_shuffle_f32x4(kAll, x, y, 0xdd));
+  };
+  Vec c[4];
+  for (int n = 0; n < 4; ++n) {
+    // [q(n), q(n + 4), q(n + 8), q(n + 12)], q = (c0 + c1) + (c2 + c3) of that vector.
+    c[n] = pair_sums(pair_sums(a[n], a[4 + n]), pair_sums(a[8 + n], a[12 + n]));
+  }
+  auto halves = [&](Vec x, Vec y) {  // per 128-bit lane: [x.q0 + x.q2, x.q1 + x.q3, y.…, y.…]
+    const __m512d xd = _mm512_castps_pd(x), yd = _mm512_castps_pd(y);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_maskz_unpacklo_pd(kAll8, xd, yd)),
+                         _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(kAll8, xd, yd)));
+  };
+  const Vec d0 = halves(c[0], c[1]), d1 = halves(c[2], c[3]);
+  return _mm512_add_ps(_mm512_maskz_shuffle_ps(kAll, d0, d1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_maskz_shuffle_ps(kAll, d0, d1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+inline Vec VSumLanes(const Vec* a) {
+  Vec c[4];
+  for (int n = 0; n < 4; ++n) {  // [q(n), q(n + 4)], q = c0 + c1 of that vector
+    c[n] = _mm256_add_ps(_mm256_permute2f128_ps(a[n], a[4 + n], 0x20),
+                         _mm256_permute2f128_ps(a[n], a[4 + n], 0x31));
+  }
+  auto halves = [](Vec x, Vec y) {
+    const __m256d xd = _mm256_castps_pd(x), yd = _mm256_castps_pd(y);
+    return _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(xd, yd)),
+                         _mm256_castpd_ps(_mm256_unpackhi_pd(xd, yd)));
+  };
+  const Vec d0 = halves(c[0], c[1]), d1 = halves(c[2], c[3]);
+  return _mm256_add_ps(_mm256_shuffle_ps(d0, d1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm256_shuffle_ps(d0, d1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#else
+inline Vec VSumLanes(const Vec* a) {
+  Vec r;
+  for (int t = 0; t < kLanes; ++t) r.l[t] = VSum(a[t]);
+  return r;
+}
+#endif
 
 }  // namespace
 }  // namespace kvlens::kernels

@@ -424,7 +424,7 @@ TEST(CpuBackendTest, AttentionOnABf16CacheReadsTheRoundedValues) {
 // fp32 caches and a bf16 cache; the same bits on 1, 2 and 3 threads, whose tiles differ
 // (a row's lane never depends on the other rows of its tile); and, for the causal calls
 // without documents, the same bits as the last row computed alone (a call of fewer pairs
-// than a vector takes the pair-by-pair path, which must round identically).
+// than a vector takes the narrow tiles, AttendNarrow, which must round identically).
 TEST(CpuBackendTest, AttentionAcrossPairsMatchesReferenceOnAnyTiling) {
   std::mt19937_64 rng(37);
   ReferenceBackend ref;
@@ -479,6 +479,66 @@ TEST(CpuBackendTest, AttentionAcrossPairsMatchesReferenceOnAnyTiling) {
       for (size_t e = 0; e < got.probs.size(); ++e) {
         ASSERT_EQ(got.probs[e], first.probs[e]) << what << " probs " << e;
         ASSERT_EQ(got.scores[e], first.scores[e]) << what << " scores " << e;
+      }
+    }
+  }
+}
+
+// A call of fewer pairs than the lanes (a decode row, a few rows of a small group) takes
+// the narrow tiles (AttendNarrow: one pair at a time, its keys kLanes at a time, several
+// KV heads a task): each row alone and each chunk of three rows, at their offsets, gives
+// every pair the bits the whole call gave it (across the pairs where it fills the lanes),
+// on 1 and 3 threads, fp32 and bf16 paged caches with maps; the whole call within
+// tolerance of the double reference. Head sizes with and without a remainder of the
+// lanes (8 to 128), documents, non-causal, MHA (80 heads: more pairs a task than one run
+// of them takes), GQA and MQA, and more keys than a block of values.
+TEST(CpuBackendTest, AttentionOfFewPairsGivesEachPairTheBitsOfTheWholeCall) {
+  std::mt19937_64 rng(43);
+  ReferenceBackend ref;
+  const std::vector<AttnConfig> configs = {
+      {24, 60, 6, 6, 32, 36, true, false},     // the default model's heads
+      {20, 45, 12, 4, 72, 25, true, true},     // GQA 12/4 with documents, head size 72
+      {16, 40, 4, 4, 50, 24, false, true},     // documents without causality, head size 50
+      {18, 300, 2, 1, 128, 282, true, false},  // MQA 2/1 over 300 keys
+      {16, 20, 80, 80, 8, 4, true, false},     // 80 heads of 8
+  };
+  for (const AttnConfig& c : configs) {
+    const AttnProblem p = MakeProblem(c, rng);
+    CpuBackend two(2);
+    const AttnResult whole = RunPaged(two, p, 7, rng);
+    ExpectAttentionClose(p, whole, testing::RunAttention(ref, p), c.Name());
+    const AttnResult whole_bf16 = RunPaged(two, p, 7, rng, KvDtype::kBF16);
+    ASSERT_TRUE(whole_bf16.status.ok()) << c.Name();
+    for (int rows : {1, 3}) {
+      for (int i0 = 0; i0 < c.tq; i0 += rows) {
+        AttnProblem part = p;  // rows i0 … i0 + n − 1 alone, at their offset
+        const int n = std::min(rows, c.tq - i0);
+        part.tq = n;
+        part.offset = p.offset + i0;
+        const int64_t row = int64_t{c.heads} * c.dh;
+        part.q.assign(p.q.begin() + i0 * row, p.q.begin() + (i0 + n) * row);
+        if (c.docs) part.q_doc.assign(p.q_doc.begin() + i0, p.q_doc.begin() + i0 + n);
+        for (int threads : {1, 3}) {
+          CpuBackend cpu(threads);
+          const std::string what =
+              absl::StrCat(c.Name(), " rows ", i0, "+", n, " threads=", threads);
+          for (const KvDtype dtype : {KvDtype::kActivation, KvDtype::kBF16}) {
+            const AttnResult& want = dtype == KvDtype::kBF16 ? whole_bf16 : whole;
+            const AttnResult got = RunPaged(cpu, part, 5, rng, dtype);
+            ASSERT_TRUE(got.status.ok()) << what;
+            for (int i = 0; i < n; ++i) {
+              for (int h = 0; h < c.heads; ++h) {
+                for (int d = 0; d < c.dh; ++d) {
+                  ASSERT_EQ(got.O(i, h, d, part), want.O(i0 + i, h, d, p)) << what << " h=" << h;
+                }
+                for (int j = 0; j < c.tk; ++j) {
+                  ASSERT_EQ(got.P(h, i, j, part), want.P(h, i0 + i, j, p)) << what << " h=" << h;
+                  ASSERT_EQ(got.S(h, i, j, part), want.S(h, i0 + i, j, p)) << what << " h=" << h;
+                }
+              }
+            }
+          }
+        }
       }
     }
   }
