@@ -20,171 +20,20 @@
 namespace kvlens::kernels {
 namespace {
 
-// Asks for the cache lines of key (or value) t's n elements from column col: a paged
-// cache's rows lie in blocks in any order, where the hardware prefetcher cannot follow.
-inline void Prefetch(const KvSource<float>& kv, const void* base, int64_t t, int64_t col, int n) {
-  const int64_t bytes = n * KvElementBytes<float>(kv.dtype);
-  const char* p = static_cast<const char*>(base) +
-                  (kv.PhysicalRow(t) * kv.row_stride + col) * KvElementBytes<float>(kv.dtype);
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
-}
-
-inline float ToFloat(float x) { return x; }
-inline float ToFloat(uint16_t bf16) { return BF16ToF32(bf16); }
-
-// out[t] = Σ_i q[t][i]·k[i] for the m ≤ 4 vectors q[t] that meet the key row k (floats, or
-// a bf16 cache's bits widened as they are loaded): one pass over k for all of them.
-template <typename K>
-inline void DotMany(const float* const* q, int m, const K* k, int64_t n, float* out) {
-  Vec acc[4] = {VZero(), VZero(), VZero(), VZero()};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const Vec kv = VLoad(k + i);
-    for (int t = 0; t < m; ++t) acc[t] = VFma(VLoad(q[t] + i), kv, acc[t]);
-  }
-  for (int t = 0; t < m; ++t) {
-    float sum = VSum(acc[t]);
-    for (int64_t r = i; r < n; ++r) sum = std::fma(q[t][r], ToFloat(k[r]), sum);
-    out[t] = sum;
-  }
-}
-
-// o[t][i] += w[t]·v[i] for m ≤ 4 outputs: one pass over the value row v (as k above).
-template <typename V>
-inline void AxpyMany(float* const* o, int m, const float* w, const V* v, int64_t n) {
-  Vec wv[4];
-  for (int t = 0; t < m; ++t) wv[t] = VSet1(w[t]);
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const Vec vv = VLoad(v + i);
-    for (int t = 0; t < m; ++t) VStore(o[t] + i, VFma(wv[t], vv, VLoad(o[t] + i)));
-  }
-  for (int t = 0; t < m; ++t) {
-    for (int64_t r = i; r < n; ++r) o[t][r] = std::fma(w[t], ToFloat(v[r]), o[t][r]);
-  }
-}
-
-// Decode attention split over the keys (FlashDecoding on the CPU): a task takes a span of
-// kSplitSpan keys for every query row and every head, reading each key and value row
-// whole (all KV heads, contiguous) once; it keeps per (row, head) the span's max m, sum
-// l of its weights e^(s − m) and unnormalised output acc, merged at the end:
-//   out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s,  M = max_s m_s.
-// Paged rows of a KV head are 4 KiB apart in fp32 (a row holds every KV head), so a task
-// per KV head reads an eighth of each row it touches and waits on rows; this reads rows
-// as they lie. Same visibility rule; no maps (those calls take the tiled path).
-constexpr int kSplitSpan = 256;
-constexpr int kSplitMaxQueries = 4;  // query rows of a call that takes this path
-
-template <typename E>
-void AttentionSplitKeys(const AttentionArgs<float>& a, ThreadPool& pool) {
-  const int tq = a.num_queries, dh = a.head_dim, H = a.num_heads, Hkv = a.num_kv_heads;
-  const int group = H / Hkv;
-  const float scale = static_cast<float>(a.scale);
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  int key_end = 0;
-  for (int i = 0; i < tq; ++i) key_end = std::max(key_end, CausalKeyEnd(a, i));
-  const int spans = (key_end + kSplitSpan - 1) / kSplitSpan;
-  const int64_t rh = int64_t{tq} * H;  // (row, head) pairs
-  std::vector<float> m(size_t(spans) * rh), l(m.size()), acc(m.size() * size_t(dh));
-  const E* k_base = static_cast<const E*>(a.kv.k);
-  const E* v_base = static_cast<const E*>(a.kv.v);
-  pool.ParallelFor(spans, [&](int64_t sp) {
-    const int j0 = static_cast<int>(sp) * kSplitSpan;
-    const int j1 = std::min(key_end, j0 + kSplitSpan);
-    thread_local std::vector<float> sc;  // [H][kSplitSpan] scores, then weights
-    sc.resize(size_t(H) * kSplitSpan);
-    for (int i = 0; i < tq; ++i) {
-      const int end = std::min(j1, CausalKeyEnd(a, i));
-      float* ms = m.data() + (sp * rh + int64_t{i} * H);
-      float* ls = l.data() + (sp * rh + int64_t{i} * H);
-      float* as = acc.data() + (sp * rh + int64_t{i} * H) * dh;
-      std::fill(ms, ms + H, kNegInf);
-      std::fill(ls, ls + H, 0.0f);
-      std::fill(as, as + int64_t{H} * dh, 0.0f);
-      if (end <= j0) continue;
-      const float* q = a.q + i * a.q_stride;
-      for (int j = j0; j < end; ++j) {
-        float* sj = sc.data() + (j - j0);
-        if (a.q_doc_ids != nullptr && a.q_doc_ids[i] != a.k_doc_ids[j]) {
-          for (int h = 0; h < H; ++h) sj[size_t(h) * kSplitSpan] = kNegInf;
-          continue;
-        }
-        const E* krow = k_base + a.kv.PhysicalRow(j) * a.kv.row_stride;
-        for (int g = 0; g < Hkv; ++g) {
-          for (int h0 = g * group; h0 < (g + 1) * group; h0 += 4) {
-            const int n = std::min(4, (g + 1) * group - h0);
-            const float* q4[4];
-            float dots[4];
-            for (int t = 0; t < n; ++t) q4[t] = q + int64_t{h0 + t} * dh;
-            DotMany(q4, n, krow + int64_t{g} * dh, dh, dots);
-            for (int t = 0; t < n; ++t) {
-              const float x = scale * dots[t];
-              sj[size_t(h0 + t) * kSplitSpan] = x;
-              ms[h0 + t] = std::max(ms[h0 + t], x);
-            }
-          }
-        }
-      }
-      for (int h = 0; h < H; ++h) {
-        float* sh = sc.data() + size_t(h) * kSplitSpan;
-        if (ms[h] == kNegInf) continue;  // this span shows the row no key
-        // e^(s − m), 0 for a masked key (s = −∞); a vectorised pass, then the sum.
-        const float mh = ms[h];
-        for (int j = 0; j < end - j0; ++j) sh[j] = ExpNegated(mh - sh[j]);
-        float sum = 0.0f;
-        for (int j = 0; j < end - j0; ++j) sum += sh[j];
-        ls[h] = sum;
-      }
-      for (int j = j0; j < end; ++j) {
-        const E* vrow = v_base + a.kv.PhysicalRow(j) * a.kv.row_stride;
-        for (int g = 0; g < Hkv; ++g) {
-          for (int h0 = g * group; h0 < (g + 1) * group; h0 += 4) {
-            const int n = std::min(4, (g + 1) * group - h0);
-            float* o4[4];
-            float w[4];
-            int live = 0;
-            for (int t = 0; t < n; ++t) {
-              const int h = h0 + t;
-              const float wt = ms[h] == kNegInf ? 0.0f : sc[size_t(h) * kSplitSpan + (j - j0)];
-              if (wt == 0.0f) continue;  // masked or underflowed: adds nothing
-              o4[live] = as + int64_t{h} * dh;
-              w[live++] = wt;
-            }
-            if (live > 0) AxpyMany(o4, live, w, vrow + int64_t{g} * dh, dh);
-          }
-        }
-      }
-    }
-  });
-  for (int i = 0; i < tq; ++i) {
-    for (int h = 0; h < H; ++h) {
-      float top = kNegInf;
-      for (int sp = 0; sp < spans; ++sp) top = std::max(top, m[sp * rh + int64_t{i} * H + h]);
-      float* o = a.out + i * a.out_stride + int64_t{h} * dh;
-      std::fill(o, o + dh, 0.0f);
-      float z = 0.0f;
-      for (int sp = 0; sp < spans; ++sp) {
-        const int64_t at = sp * rh + int64_t{i} * H + h;
-        if (m[at] == kNegInf) continue;
-        const float e = std::exp(m[at] - top);
-        z += e * l[at];
-        const float* as = acc.data() + at * dh;
-        for (int d = 0; d < dh; ++d) o[d] += e * as[d];
-      }
-      const float inv_z = 1.0f / z;  // z > 0: every row sees a key (checked)
-      for (int d = 0; d < dh; ++d) o[d] *= inv_z;
-    }
-  }
-}
-
-// Per (query row, head): scores of the causally reachable keys (−∞ for other documents),
-// max subtracted, exponentials summed in fp32, p = e / Σe, then out = Σ p_j v_j with those
-// very p. A task is (KV head, tile of query rows): every (row, head) pair of the tile that
-// reads that KV head takes each key row, then each value row, in one pass (up to
-// kMaxPairs of them; at most 4 share a register pass). One read of a row serves the whole
-// tile, so decode reads the cache once per KV head (not once per query head) and a
-// prefill chunk once per tile of rows. A bf16 cache's rows are widened in registers as
-// they are loaded.
+// Per (query row, head) pair: scores of the causally reachable keys (−∞ for other
+// documents), max subtracted, exponentials summed in fp32, p = e / Σe, then out = Σ p_j v_j
+// with those very p. The order of every rounding, on every path (this defines a pair's
+// bits, whatever its call's other rows, tiling or threads):
+//   - score s_j = scale · dot, the dot formed as kLanes lane chains (lane l: the FMAs over
+//     d = l, l + kLanes, … in order), VSum's tree over the lanes, then the last dh % kLanes
+//     dims one FMA each;
+//   - the weights' sum in key order; p_j = e_j · (1 / Σ);
+//   - out[d] the chain of FMAs p_j · v_j[d] + out[d] over the keys in order from 0, a key
+//     of weight 0 adding nothing.
+// A task is a tile of query rows and one KV head (many pairs) or several (few): the pairs
+// that read a cache row take it in one pass, so decode reads the cache once per KV head
+// (not once per query head) and a prefill chunk once per tile of rows. A bf16 cache's rows
+// are widened in registers as they are loaded.
 // ---- Attention, many (row, head) pairs: vectorised across the pairs ----
 //
 // From kLanes pairs of a call on (SIMD builds), scores, softmax and values run one pair a
@@ -193,9 +42,9 @@ void AttentionSplitKeys(const AttentionArgs<float>& a, ThreadPool& pool) {
 // key (6 keys and two pair vectors at a time: 12 accumulators); the softmax's max, e^(s −
 // max) and sum run lane by lane down the keys; and O (packed by dims too) takes the
 // weights of a key, a pair vector, times each of 6 of its value elements broadcast. Each
-// score is formed exactly as DotMany forms it (its lanes' chains, then VSum's tree, done
-// vertically), and each output exactly as AxpyMany's chain over the keys (a key of weight 0
-// adds an exact 0), so a pair gets the same bits on either path, and rows after it in the
+// score is formed in the order above (its lanes' chains, then VSum's tree, done
+// vertically), and each output as the chain over the keys (a key of weight 0 adds an
+// exact 0), so a pair gets the same bits on either path, and rows after it in the
 // call change none of them. Pairs past the task's last (padding lanes) see every key of
 // the tile with a zero query, and are dropped.
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -213,8 +62,8 @@ inline float KvAt(const KT* row, int d) {
   }
 }
 
-// The scores of NK keys for pair vectors v < NV, each exactly as DotMany forms it (then
-// scaled): per lane l of DotMany's vector, the chain over d = l, l + kLanes, … (qt holds
+// The scores of NK keys for pair vectors v < NV, each in the order above (then scaled):
+// per lane l of a key's dot, the chain over d = l, l + kLanes, … (qt holds
 // the dims in that order: QtRow), VSum's tree over the lanes (VSumTree), then the last
 // dh % kLanes dims one FMA each.
 template <int NK, int NV, typename KT>
@@ -262,7 +111,7 @@ inline void ScoreTile(const float* qt, int64_t lanes, const KT* const* keys, int
   }
 }
 
-// Where dim d of a query sits in qt: DotMany's lane chains one after another (lane l's dims
+// Where dim d of a query sits in qt: a dot's lane chains one after another (lane l's dims
 // l, l + kLanes, … at rows l·steps …), the last dh % kLanes dims in place.
 inline int QtRow(int d, int dh) {
   const int steps = dh / kLanes;
@@ -404,7 +253,7 @@ void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows
 }
 
 // Value rows chained into kLanes·NV dims of one output, j in order: o = p_j·v_j + o as
-// AxpyMany forms it, a key of weight 0 skipped.
+// the order above makes it, a key of weight 0 skipped.
 template <int NV, typename KT>
 inline void ValueChain(const float* p, int j0, int j1, const KT* const* values, int64_t col, int d0,
                        float* o) {
@@ -429,96 +278,184 @@ inline void ValueChainOf(int nv, const float* p, int j0, int j1, const KT* const
   if constexpr (NV > 1) ValueChainOf<KT, NV - 1>(nv, p, j0, j1, values, col, d0, o);
 }
 
-// The pairs of a tile too few to fill the lanes (pairs < kLanes: a decode step, a few rows
-// of a small group), one pair at a time but each step vectorised, every rounding as the
-// order of DotMany and AxpyMany makes it: a pair's scores kLanes keys at a time
-// (each key's lane chains, then VSumLanes: VSum's tree for all kLanes keys at once), its
-// softmax, then its output chained in registers over the keys. The keys are taken in
-// blocks (kLanes for scores, kValueBlock for values) that every pair of the tile reads
-// before the next block, so a row is read from memory once for the tile.
+// A set of (row, head) pairs over the keys [j_begin, j_end) of a cache, one pair at a time
+// but each step vectorised, every rounding in the order above:
+// a pair's scores kLanes keys at a time (each key's lane chains, then VSumLanes: VSum's
+// tree for all kLanes keys at once), and its output chained in registers over the keys.
+// The keys are taken in blocks (kLanes for scores, kValueBlock for values) that every pair
+// reads before the next block, so a cache row is read from memory once for them all.
+// Pair u: row rows[u], q qs[u], keys below ends[u], its KV head's column cols[u] of a row.
+template <typename KT>
+struct NarrowPairs {
+  const AttentionArgs<float>& a;
+  int pairs;
+  const int* rows;
+  const float* const* qs;
+  const int* ends;
+  const int64_t* cols;
+  int j_begin, j_end;
+  // Scores (then weights) of pair u at sp[u · stride + j − j_begin]; per pair, lane by lane,
+  // the max of its scores at mx[u · kLanes …]; the key and value rows.
+  std::vector<float>& sp;
+  std::vector<float>& mx;
+  std::vector<const KT*>& rows_of;
+  int64_t stride = 0;
+
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  static constexpr int kValueBlock = 64;
+  static constexpr int kAhead = 8;  // rows asked for this many keys early (paged blocks)
+
+  int End(int u) const { return std::min(j_end, ends[u]); }
+
+  int64_t span_lo = 0, span_bytes = 0;  // the part of a row the pairs read
+
+  template <typename RowBase>
+  void LoadRows(const void* base, RowBase row_base) {
+    rows_of.resize(static_cast<size_t>(stride));
+    for (int j = j_begin; j < j_end; ++j) {
+      rows_of[j - j_begin] = static_cast<const KT*>(row_base(base, j));
+    }
+    int64_t hi = cols[0];
+    span_lo = cols[0];
+    for (int u = 1; u < pairs; ++u) {
+      span_lo = std::min(span_lo, cols[u]);
+      hi = std::max(hi, cols[u]);
+    }
+    span_bytes = (hi + a.head_dim - span_lo) * static_cast<int64_t>(sizeof(KT));
+  }
+
+  // Asks for the part of row r (an index into rows_of) that the pairs read.
+  void Prefetch(int r) const {
+    const char* c = reinterpret_cast<const char*>(rows_of[r] + span_lo);
+    for (int64_t b = 0; b < span_bytes; b += 64) __builtin_prefetch(c + b);
+  }
+
+  // Scaled scores of every pair's visible keys (−∞ for a key of another document, and past
+  // a pair's end within its last block), and their max.
+  template <typename RowBase>
+  void Scores(RowBase row_base) {
+    const int dh = a.head_dim, steps = dh / kLanes;
+    stride = (j_end - j_begin + kLanes - 1) / kLanes * kLanes;
+    sp.resize(static_cast<size_t>(pairs * stride));
+    mx.assign(static_cast<size_t>(pairs * kLanes), kNegInf);
+    LoadRows(a.kv.k, row_base);
+    const Vec sv = VSet1(static_cast<float>(a.scale));
+    const int n_rows = j_end - j_begin;
+    for (int r0 = 0; r0 < n_rows; r0 += kLanes) {
+      for (int r = r0 + kAhead; r < std::min(n_rows, r0 + kAhead + kLanes); ++r) Prefetch(r);
+      const int j0 = j_begin + r0;
+      for (int u = 0; u < pairs; ++u) {
+        if (j0 >= End(u)) continue;
+        const int n = std::min(kLanes, End(u) - j0);
+        const float* q = qs[u];
+        // The kLanes keys' chains side by side (a lane past the pair's end reads the
+        // block's first key, and its score is replaced by −∞ below).
+        const KT* k[kLanes];
+        for (int t = 0; t < kLanes; ++t) k[t] = rows_of[r0 + (t < n ? t : 0)] + cols[u];
+        Vec acc[kLanes];
+#pragma GCC unroll 16
+        for (int t = 0; t < kLanes; ++t) acc[t] = VZero();
+        for (int i = 0; i < steps; ++i) {
+          const Vec qv = VLoad(q + i * kLanes);
+#pragma GCC unroll 16
+          for (int t = 0; t < kLanes; ++t) acc[t] = VFma(qv, VLoad(k[t] + i * kLanes), acc[t]);
+        }
+        float* su = sp.data() + u * stride + r0;
+        Vec total = VSumLanes(acc);
+        if (steps * kLanes < dh) {  // the last dh % kLanes dims, one FMA each
+          VStore(su, total);
+          for (int t = 0; t < n; ++t) {
+            for (int d = steps * kLanes; d < dh; ++d) {
+              su[t] = std::fma(q[d], KvAt(k[t], d), su[t]);
+            }
+          }
+          total = VLoad(su);
+        }
+        VStore(su, VMul(sv, total));
+        for (int t = n; t < kLanes; ++t) su[t] = kNegInf;
+        if (a.q_doc_ids != nullptr) {
+          const int32_t doc = a.q_doc_ids[rows[u]];
+          for (int t = 0; t < n; ++t) {
+            if (a.k_doc_ids[j0 + t] != doc) su[t] = kNegInf;
+          }
+        }
+        float* m = mx.data() + u * kLanes;
+        VStore(m, VMax(VLoad(su), VLoad(m)));
+      }
+    }
+  }
+
+  float Max(int u) const {
+    float mu = kNegInf;
+    for (int l = 0; l < kLanes; ++l) mu = std::max(mu, mx[u * kLanes + l]);
+    return mu;
+  }
+
+  // Pair u's weights e^(s − mu) in place (0 for a masked key, s = −∞; a vectorised pass),
+  // and their sum.
+  float Exponentials(int u, float mu) {
+    float* su = sp.data() + u * stride;
+    const int n = End(u) - j_begin;
+    for (int r = 0; r < n; ++r) su[r] = ExpNegated(mu - su[r]);
+    float z = 0.0f;
+    for (int r = 0; r < n; ++r) z += su[r];
+    return z;
+  }
+
+  // os[u][d] += Σ_j w_j · value_j[d] over the pairs' keys in order, for the pairs with
+  // live[u] (all when live is null).
+  template <typename RowBase>
+  void Values(RowBase row_base, float* const* os, const uint8_t* live) {
+    const int dh = a.head_dim, steps = dh / kLanes;
+    LoadRows(a.kv.v, row_base);
+    constexpr int kChunk = 8 * kLanes;  // dims a chain keeps in registers
+    const int n_rows = j_end - j_begin;
+    for (int r0 = 0; r0 < n_rows; r0 += kValueBlock) {
+      const int r1 = std::min(n_rows, r0 + kValueBlock);
+      for (int r = r1; r < std::min(n_rows, r1 + kValueBlock); ++r) Prefetch(r);
+      for (int u = 0; u < pairs; ++u) {
+        const int e = std::min(r1, End(u) - j_begin);
+        if (r0 >= e || (live != nullptr && !live[u])) continue;
+        const float* pu = sp.data() + u * stride;
+        for (int d0 = 0; d0 < steps * kLanes; d0 += kChunk) {
+          const int nv = std::min(steps - d0 / kLanes, 8);
+          ValueChainOf<KT>(nv, pu, r0, e, rows_of.data(), cols[u], d0, os[u]);
+        }
+        for (int d = steps * kLanes; d < dh; ++d) {  // the last dh % kLanes dims
+          float o = os[u][d];
+          for (int r = r0; r < e; ++r) {
+            if (pu[r] != 0.0f) o = std::fma(pu[r], KvAt(rows_of[r] + cols[u], d), o);
+          }
+          os[u][d] = o;
+        }
+      }
+    }
+  }
+};
+
+// The pairs of a tile too few to fill the lanes (pairs < kLanes a KV head: a decode step,
+// a few rows of a small group), over keys 0 … key_end − 1: NarrowPairs' scores, the
+// softmax (e^(s − max), summed in key order, times 1/Σ), then the outputs; maps as
+// AttendAcrossPairs writes them.
 template <typename KT, typename RowBase>
 void AttendNarrow(const AttentionArgs<float>& a, int pairs, const int* rows, const int* heads_of,
                   const float* const* qs, float* const* os, const int* ends, const int64_t* cols,
                   int key_end, RowBase row_base) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  constexpr int kValueBlock = 64;
-  constexpr int kAhead = 8;  // rows asked for this many keys early (a paged cache's blocks)
-  const int dh = a.head_dim, tk = a.num_keys, tq = a.num_queries;
-  const int steps = dh / kLanes;
-  const int64_t stride = (key_end + kLanes - 1) / kLanes * kLanes;  // a pair's score row
-  thread_local std::vector<float> sp;
-  thread_local std::vector<const KT*> krows;
-  sp.resize(static_cast<size_t>(pairs * stride));
-  krows.resize(static_cast<size_t>(stride));
-  // The span of a cache row the pairs read: their KV heads' columns.
-  int64_t lo = cols[0], hi = cols[0];
-  for (int u = 1; u < pairs; ++u) {
-    lo = std::min(lo, cols[u]);
-    hi = std::max(hi, cols[u]);
-  }
-  const int64_t span_bytes = (hi + dh - lo) * static_cast<int64_t>(sizeof(KT));
-  auto prefetch = [&](const KT* row) {
-    const char* c = reinterpret_cast<const char*>(row + lo);
-    for (int64_t b = 0; b < span_bytes; b += 64) __builtin_prefetch(c + b);
-  };
-  for (int j = 0; j < key_end; ++j) krows[j] = static_cast<const KT*>(row_base(a.kv.k, j));
-  const float scale = static_cast<float>(a.scale);
-  const Vec sv = VSet1(scale);
-  thread_local std::vector<float> mx;  // per pair, lane by lane: the max of its scores
-  mx.assign(static_cast<size_t>(pairs * kLanes), kNegInf);
-  for (int j0 = 0; j0 < key_end; j0 += kLanes) {
-    for (int j = j0 + kAhead; j < std::min(key_end, j0 + kAhead + kLanes); ++j) {
-      prefetch(krows[j]);
-    }
-    for (int u = 0; u < pairs; ++u) {
-      if (j0 >= ends[u]) continue;
-      const int n = std::min(kLanes, ends[u] - j0);
-      const float* q = qs[u];
-      Vec acc[kLanes];
-      for (int t = 0; t < kLanes; ++t) acc[t] = VZero();
-      for (int t = 0; t < n; ++t) {
-        const KT* k = krows[j0 + t] + cols[u];
-        for (int i = 0; i < steps; ++i) {
-          acc[t] = VFma(VLoad(q + i * kLanes), VLoad(k + i * kLanes), acc[t]);
-        }
-      }
-      float* su = sp.data() + u * stride + j0;
-      Vec total = VSumLanes(acc);
-      if (steps * kLanes < dh) {  // the last dh % kLanes dims, one FMA each (as DotMany)
-        VStore(su, total);
-        for (int t = 0; t < n; ++t) {
-          for (int d = steps * kLanes; d < dh; ++d)
-            su[t] = std::fma(q[d], KvAt(krows[j0 + t] + cols[u], d), su[t]);
-        }
-        total = VLoad(su);
-      }
-      VStore(su, VMul(sv, total));
-      for (int t = n; t < kLanes; ++t) su[t] = kNegInf;
-      if (a.q_doc_ids != nullptr) {
-        const int32_t doc = a.q_doc_ids[rows[u]];
-        for (int t = 0; t < n; ++t) {
-          if (a.k_doc_ids[j0 + t] != doc) su[t] = kNegInf;
-        }
-      }
-      float* m = mx.data() + u * kLanes;
-      VStore(m, VMax(VLoad(su), VLoad(m)));
-    }
-  }
+  const int tk = a.num_keys, tq = a.num_queries;
+  thread_local std::vector<float> sp, mx;
+  thread_local std::vector<const KT*> rows_of;
+  NarrowPairs<KT> np{a, pairs, rows, qs, ends, cols, 0, key_end, sp, mx, rows_of};
+  np.Scores(row_base);
   for (int u = 0; u < pairs; ++u) {
-    float* su = sp.data() + u * stride;
+    float* su = sp.data() + u * np.stride;
     const int end = ends[u];
     if (a.scores != nullptr) {
       float* map = a.scores + (static_cast<int64_t>(heads_of[u]) * tq + rows[u]) * tk;
       std::copy(su, su + end, map);
       std::fill(map + end, map + tk, kNegInf);
     }
-    float mu = kNegInf;
-    for (int l = 0; l < kLanes; ++l) mu = std::max(mu, mx[u * kLanes + l]);
-    // e^(s − max), 0 for a masked key (s = −∞); a vectorised pass, then the sum.
-    for (int j = 0; j < end; ++j) su[j] = ExpNegated(mu - su[j]);
-    float z = 0.0f;
-    for (int j = 0; j < end; ++j) z += su[j];
-    const float inv_z = 1.0f / z;
+    const float inv_z = 1.0f / np.Exponentials(u, np.Max(u));
     for (int j = 0; j < end; ++j) su[j] *= inv_z;
     if (a.probs != nullptr) {
       float* map = a.probs + (static_cast<int64_t>(heads_of[u]) * tq + rows[u]) * tk;
@@ -526,26 +463,90 @@ void AttendNarrow(const AttentionArgs<float>& a, int pairs, const int* rows, con
       std::fill(map + end, map + tk, 0.0f);
     }
   }
-  for (int j = 0; j < key_end; ++j) krows[j] = static_cast<const KT*>(row_base(a.kv.v, j));
-  constexpr int kChunk = 8 * kLanes;  // dims a chain keeps in registers
-  for (int j0 = 0; j0 < key_end; j0 += kValueBlock) {
-    const int j1 = std::min(key_end, j0 + kValueBlock);
-    for (int j = j1; j < std::min(key_end, j1 + kValueBlock); ++j) prefetch(krows[j]);
-    for (int u = 0; u < pairs; ++u) {
-      const int e = std::min(j1, ends[u]);
-      if (j0 >= e) continue;
-      const float* pu = sp.data() + u * stride;
-      for (int d0 = 0; d0 < steps * kLanes; d0 += kChunk) {
-        const int nv = std::min(steps - d0 / kLanes, 8);
-        ValueChainOf<KT>(nv, pu, j0, e, krows.data(), cols[u], d0, os[u]);
+  np.Values(row_base, os, nullptr);
+}
+
+// Decode attention split over the keys (FlashDecoding on the CPU): a task takes a span of
+// kSplitSpan keys for every query row and every head (NarrowPairs over the span: each
+// block of key and value rows, all KV heads, read once), and keeps per (row, head) the
+// span's max m, sum l of its weights e^(s − m) and unnormalised output acc, merged at the
+// end:
+//   out = Σ_s e^{m_s − M} acc_s / Σ_s e^{m_s − M} l_s,  M = max_s m_s.
+// Paged rows of a KV head are 4 KiB apart in fp32 (a row holds every KV head), so a task
+// per KV head reads an eighth of each row it touches and waits on rows; this reads rows
+// as they lie. Same visibility rule; no maps (those calls take the tiled path).
+constexpr int kSplitSpan = 256;
+constexpr int kSplitMaxQueries = 4;  // query rows of a call that takes this path
+
+template <typename E>
+void AttentionSplitKeys(const AttentionArgs<float>& a, ThreadPool& pool) {
+  const int tq = a.num_queries, dh = a.head_dim, H = a.num_heads;
+  const int group = H / a.num_kv_heads;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  int key_end = 0;
+  for (int i = 0; i < tq; ++i) key_end = std::max(key_end, CausalKeyEnd(a, i));
+  const int spans = (key_end + kSplitSpan - 1) / kSplitSpan;
+  const int rh = tq * H;  // (row, head) pairs: u = i·H + h
+  std::vector<float> m(size_t(spans) * rh), l(m.size()), acc(m.size() * size_t(dh));
+  std::vector<int> rows(rh), ends(rh);
+  std::vector<const float*> qs(rh);
+  std::vector<int64_t> cols(rh);
+  for (int u = 0; u < rh; ++u) {
+    const int i = u / H, h = u % H;
+    rows[u] = i;
+    ends[u] = CausalKeyEnd(a, i);
+    qs[u] = a.q + i * a.q_stride + int64_t{h} * dh;
+    cols[u] = int64_t{h / group} * dh;
+  }
+  auto row_base = [&](const void* base, int j) -> const void* {
+    return static_cast<const E*>(base) + a.kv.PhysicalRow(j) * a.kv.row_stride;
+  };
+  pool.ParallelFor(spans, [&](int64_t sp) {
+    const int j0 = static_cast<int>(sp) * kSplitSpan;
+    const int j1 = std::min(key_end, j0 + kSplitSpan);
+    thread_local std::vector<float> w, mx;
+    thread_local std::vector<const E*> rows_of;
+    thread_local std::vector<float*> os;
+    thread_local std::vector<uint8_t> live;
+    os.resize(size_t(rh));
+    live.assign(size_t(rh), 0);
+    float* ms = m.data() + sp * rh;
+    float* ls = l.data() + sp * rh;
+    float* as = acc.data() + sp * rh * dh;
+    std::fill(ms, ms + rh, kNegInf);
+    std::fill(ls, ls + rh, 0.0f);
+    std::fill(as, as + int64_t{rh} * dh, 0.0f);
+    NarrowPairs<E> np{a,  rh, rows.data(), qs.data(), ends.data(), cols.data(),
+                      j0, j1, w,           mx,        rows_of};
+    np.Scores(row_base);
+    for (int u = 0; u < rh; ++u) {
+      os[u] = as + int64_t{u} * dh;
+      if (np.End(u) <= j0) continue;
+      const float mu = np.Max(u);
+      if (mu == kNegInf) continue;  // this span shows the row no key
+      ms[u] = mu;
+      ls[u] = np.Exponentials(u, mu);
+      live[u] = 1;
+    }
+    np.Values(row_base, os.data(), live.data());
+  });
+  for (int i = 0; i < tq; ++i) {
+    for (int h = 0; h < H; ++h) {
+      float top = kNegInf;
+      for (int sp = 0; sp < spans; ++sp) top = std::max(top, m[sp * rh + int64_t{i} * H + h]);
+      float* o = a.out + i * a.out_stride + int64_t{h} * dh;
+      std::fill(o, o + dh, 0.0f);
+      float z = 0.0f;
+      for (int sp = 0; sp < spans; ++sp) {
+        const int64_t at = sp * rh + int64_t{i} * H + h;
+        if (m[at] == kNegInf) continue;
+        const float e = std::exp(m[at] - top);
+        z += e * l[at];
+        const float* as = acc.data() + at * dh;
+        for (int d = 0; d < dh; ++d) o[d] += e * as[d];
       }
-      for (int d = steps * kLanes; d < dh; ++d) {  // the last dh % kLanes dims (as AxpyMany)
-        float o = os[u][d];
-        for (int j = j0; j < e; ++j) {
-          if (pu[j] != 0.0f) o = std::fma(pu[j], KvAt(krows[j] + cols[u], d), o);
-        }
-        os[u][d] = o;
-      }
+      const float inv_z = 1.0f / z;  // z > 0: every row sees a key (checked)
+      for (int d = 0; d < dh; ++d) o[d] *= inv_z;
     }
   }
 }
