@@ -1,7 +1,8 @@
 // CpuBackend's BackwardOps (kernels/backward_ops.h): the interpretability backward's two
 // heavy ops in fp32 on the thread pool, with this machine's vector width (compiled
 // -march=native where allowed, as cpu_backend.cc); the input gradients of many rows
-// through the forward's MatMul on W transposed. The reference loops
+// through the forward's MatMul on W transposed, the attention backward on the forward's
+// tiles (attention_tiles.h), one (row, head) pair a SIMD lane. The reference loops
 // (kernels/cpu/reference_backward.h) accumulate in double on one thread and stay the
 // oracle; these accumulate in float (FMA where the machine has it) and are checked against
 // them within fp32 rounding.
@@ -9,7 +10,9 @@
 #include <vector>
 
 #include "kernels/attention_check.h"
+#include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/simd.h"
 
 namespace kvlens::kernels {
 namespace {
@@ -30,15 +33,33 @@ inline void Axpy(float* __restrict y, float c, const float* __restrict x, int n)
   for (int d = 0; d < n; ++d) y[d] += c * x[d];
 }
 
-// Σ a[d] · b[d], in 8 interleaved partial sums (so the loop vectorizes), then added.
-inline float Dot(const float* __restrict a, const float* __restrict b, int n) {
-  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int d = 0;
-  for (; d + 8 <= n; d += 8) {
-    for (int l = 0; l < 8; ++l) s[l] += a[d + l] * b[d + l];
+// dst[0 … n) += Σ_u w[u] · rows[u][0 … n) for u < m, kChunk dims at a time in registers (a
+// row of weight 0 is skipped).
+inline void AddRowCombination(float* dst, int n, const float* w, const float* const* rows, int m) {
+  constexpr int kVecs = 4, kChunk = kVecs * kLanes;
+  int d0 = 0;
+  for (; d0 + kChunk <= n; d0 += kChunk) {
+    Vec acc[kVecs];
+    for (int k = 0; k < kVecs; ++k) acc[k] = VLoad(dst + d0 + k * kLanes);
+    for (int u = 0; u < m; ++u) {
+      if (w[u] == 0.0f) continue;
+      const Vec c = VSet1(w[u]);
+      for (int k = 0; k < kVecs; ++k) acc[k] = VFma(c, VLoad(rows[u] + d0 + k * kLanes), acc[k]);
+    }
+    for (int k = 0; k < kVecs; ++k) VStore(dst + d0 + k * kLanes, acc[k]);
   }
-  for (; d < n; ++d) s[0] += a[d] * b[d];
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  for (; d0 + kLanes <= n; d0 += kLanes) {
+    Vec acc = VLoad(dst + d0);
+    for (int u = 0; u < m; ++u) {
+      if (w[u] != 0.0f) acc = VFma(VSet1(w[u]), VLoad(rows[u] + d0), acc);
+    }
+    VStore(dst + d0, acc);
+  }
+  for (; d0 < n; ++d0) {
+    float acc = dst[d0];
+    for (int u = 0; u < m; ++u) acc += w[u] * rows[u][d0];
+    dst[d0] = acc;
+  }
 }
 
 // From this many rows of dy on, MatMulBackwardInput transposes W and runs MatMul.
@@ -115,52 +136,133 @@ absl::Status CpuBackend::AttentionBackward(const AttentionBackwardArgs<float>& b
   const int tq = b.num_queries, tk = b.num_keys, dh = b.head_dim;
   const int hkv = b.num_kv_heads, group = b.num_heads / hkv;
   const int64_t qw = static_cast<int64_t>(b.num_heads) * dh, kvw = static_cast<int64_t>(hkv) * dh;
-  // A task per KV head: the query heads of its group, every row; dK and dV of that head
-  // accumulate in the task's own [Tk, Dh] arrays (no other task writes them), dQ and the
-  // maps' rows of its heads are its own too.
+  const float scale = static_cast<float>(b.scale);
+  // A task per KV head: the (row, head) pairs of its group, kPairTile at a time, one pair a
+  // SIMD lane as the forward's tiles run them; dK and dV of that head accumulate in the
+  // task's own [Tk, Dh] arrays (no other task writes them), dQ and the maps' rows of its
+  // heads are its own too. Per tile, with p the forward's probabilities (0 off the visible
+  // keys, whose rows are never read):
+  //   dA[j] = g · v_j (ScoreTile on the packed g), mean = Σ_j p_j dA[j],
+  //   dS[j] = p_j (dA[j] − mean), dQ = scale Σ_j dS[j] k_j (ValueTile on the keys),
+  //   dV[j] += Σ_pairs p_j g, dK[j] += scale Σ_pairs dS[j] q (a key's row at a time).
+  constexpr int kPairTile = 2 * kLanes;
   const int64_t work = int64_t{tq} * tk * dh * b.num_heads;
   ForEachTask(*pool_, hkv, work, [&](int64_t task) {
     const int kvh = static_cast<int>(task);
-    thread_local std::vector<float> dk, dv, da, ds, dq;
+    thread_local std::vector<float> dk, dv, gt, da, pt, ot, w;
+    thread_local std::vector<const float*> krows, vrows;
     dk.assign(static_cast<size_t>(tk) * dh, 0.0f);
     dv.assign(dk.size(), 0.0f);
-    da.resize(static_cast<size_t>(tk));
-    ds.resize(static_cast<size_t>(tk));
-    dq.resize(static_cast<size_t>(dh));
     auto row = [&](const void* base, int j) {  // (validated: the activation type)
       return static_cast<const float*>(base) + b.kv.PhysicalRow(j) * b.kv.row_stride +
              static_cast<int64_t>(kvh) * dh;
     };
-    const float scale = static_cast<float>(b.scale);
-    for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-      for (int i = 0; i < tq; ++i) {
-        const float* q = b.q + i * b.q_stride + static_cast<int64_t>(h) * dh;
-        const float* g = b.dout + i * b.dout_stride + static_cast<int64_t>(h) * dh;
-        const float* p = b.probs + (static_cast<int64_t>(h) * tq + i) * tk;
-        const int end = CausalKeyEnd(a, i);
-        std::fill(da.begin(), da.end(), 0.0f);
-        std::fill(ds.begin(), ds.end(), 0.0f);
-        // dA[j] = g · v_j on visible keys; dV[j] += A[j] g; mean = rowsum(A ⊙ dA)
-        float mean = 0.0f;
-        for (int j = 0; j < end; ++j) {
-          if (!KeyVisible(a, i, j)) continue;  // never read a masked key's rows
-          da[j] = Dot(g, row(b.kv.v, j), dh);
-          mean += p[j] * da[j];
-          Axpy(dv.data() + static_cast<int64_t>(j) * dh, p[j], g, dh);
+    const int64_t pairs_total = int64_t{group} * tq;
+    for (int64_t u0 = 0; u0 < pairs_total; u0 += kPairTile) {
+      const int pairs = static_cast<int>(std::min<int64_t>(kPairTile, pairs_total - u0));
+      const int nv = (pairs + kLanes - 1) / kLanes;
+      const int64_t lanes = int64_t{nv} * kLanes;
+      int rows[kPairTile], heads[kPairTile], ends[kPairTile];
+      const float *qs[kPairTile], *gs[kPairTile];
+      int key_end = 0;
+      for (int u = 0; u < pairs; ++u) {
+        const int64_t pu = u0 + u;
+        rows[u] = static_cast<int>(pu % tq);
+        heads[u] = kvh * group + static_cast<int>(pu / tq);
+        ends[u] = CausalKeyEnd(a, rows[u]);
+        key_end = std::max(key_end, ends[u]);
+        qs[u] = b.q + rows[u] * b.q_stride + static_cast<int64_t>(heads[u]) * dh;
+        gs[u] = b.dout + rows[u] * b.dout_stride + static_cast<int64_t>(heads[u]) * dh;
+      }
+      gt.assign(static_cast<size_t>(dh * lanes), 0.0f);
+      for (int u = 0; u < pairs; ++u) {
+        for (int d = 0; d < dh; ++d) gt[QtRow(d, dh) * lanes + u] = gs[u][d];
+      }
+      krows.resize(static_cast<size_t>(key_end));
+      vrows.resize(static_cast<size_t>(key_end));
+      for (int j = 0; j < key_end; ++j) {
+        krows[j] = row(b.kv.k, j);
+        vrows[j] = row(b.kv.v, j);
+      }
+      // dA[j][u] (zero off the visible keys) and p[j][u].
+      da.resize(static_cast<size_t>(key_end * lanes));
+      pt.assign(da.size(), 0.0f);
+      for (int j0 = 0; j0 < key_end; j0 += 6) {
+        const int nk = std::min(6, key_end - j0);
+        for (int v = 0; v < nv; v += 2) {
+          float* out = da.data() + j0 * lanes + v * kLanes;
+          if (v + 1 < nv) {
+            ScoreTileOf<2, float>(nk, gt.data() + v * kLanes, lanes, vrows.data() + j0, dh, 1.0f,
+                                  out);
+          } else {
+            ScoreTileOf<1, float>(nk, gt.data() + v * kLanes, lanes, vrows.data() + j0, dh, 1.0f,
+                                  out);
+          }
         }
-        // dS = A ⊙ (dA − mean); dQ = scale Σ_j dS[j] k_j; dK[j] += scale dS[j] q
-        std::fill(dq.begin(), dq.end(), 0.0f);
-        for (int j = 0; j < end; ++j) {
-          ds[j] = KeyVisible(a, i, j) ? p[j] * (da[j] - mean) : 0.0f;
-          if (ds[j] == 0.0f) continue;
-          const float c = scale * ds[j];
-          Axpy(dq.data(), c, row(b.kv.k, j), dh);
-          Axpy(dk.data() + static_cast<int64_t>(j) * dh, c, q, dh);
+      }
+      float mean[kPairTile] = {};
+      for (int u = 0; u < pairs; ++u) {
+        const float* p = b.probs + (static_cast<int64_t>(heads[u]) * tq + rows[u]) * tk;
+        for (int j = 0; j < key_end; ++j) {
+          float& x = da[j * lanes + u];
+          if (j < ends[u] && KeyVisible(a, rows[u], j)) {
+            pt[j * lanes + u] = p[j];
+            mean[u] += p[j] * x;
+          } else {
+            x = 0.0f;  // a masked key's row may hold anything
+          }
         }
-        std::copy(dq.begin(), dq.end(), b.dq + i * qw + static_cast<int64_t>(h) * dh);
-        const int64_t map = (static_cast<int64_t>(h) * tq + i) * tk;
-        if (b.dprobs != nullptr) std::copy(da.begin(), da.end(), b.dprobs + map);
-        if (b.dscores != nullptr) std::copy(ds.begin(), ds.end(), b.dscores + map);
+      }
+      for (int u = pairs; u < lanes; ++u) {
+        for (int j = 0; j < key_end; ++j) da[j * lanes + u] = 0.0f;
+      }
+      if (b.dprobs != nullptr) {
+        for (int u = 0; u < pairs; ++u) {
+          float* map = b.dprobs + (static_cast<int64_t>(heads[u]) * tq + rows[u]) * tk;
+          for (int j = 0; j < key_end; ++j) map[j] = da[j * lanes + u];
+          std::fill(map + key_end, map + tk, 0.0f);
+        }
+      }
+      // dS in place of dA.
+      for (int j = 0; j < key_end; ++j) {
+        for (int u = 0; u < pairs; ++u) {
+          float& x = da[j * lanes + u];
+          x = pt[j * lanes + u] * (x - mean[u]);
+        }
+      }
+      if (b.dscores != nullptr) {
+        for (int u = 0; u < pairs; ++u) {
+          float* map = b.dscores + (static_cast<int64_t>(heads[u]) * tq + rows[u]) * tk;
+          for (int j = 0; j < key_end; ++j) map[j] = da[j * lanes + u];
+          std::fill(map + key_end, map + tk, 0.0f);
+        }
+      }
+      // dQ = scale Σ_j dS[j] k_j, 6 dims at a time.
+      ot.resize(static_cast<size_t>(dh * lanes));
+      for (int d0 = 0; d0 < dh; d0 += 6) {
+        const int nd = std::min(6, dh - d0);
+        for (int v = 0; v < nv; v += 2) {
+          if (v + 1 < nv) {
+            ValueTileOf<2, float>(nd, da.data() + v * kLanes, lanes, krows.data(), key_end, d0,
+                                  ot.data() + v * kLanes);
+          } else {
+            ValueTileOf<1, float>(nd, da.data() + v * kLanes, lanes, krows.data(), key_end, d0,
+                                  ot.data() + v * kLanes);
+          }
+        }
+      }
+      for (int u = 0; u < pairs; ++u) {
+        float* dq = b.dq + rows[u] * qw + static_cast<int64_t>(heads[u]) * dh;
+        for (int d = 0; d < dh; ++d) dq[d] = scale * ot[d * lanes + u];
+      }
+      // dV[j] += Σ_u p[j][u] g_u; dK[j] += Σ_u scale dS[j][u] q_u.
+      w.resize(static_cast<size_t>(pairs));
+      for (int j = 0; j < key_end; ++j) {
+        const float* pj = pt.data() + j * lanes;
+        AddRowCombination(dv.data() + static_cast<int64_t>(j) * dh, dh, pj, gs, pairs);
+        const float* sj = da.data() + j * lanes;
+        for (int u = 0; u < pairs; ++u) w[u] = scale * sj[u];
+        AddRowCombination(dk.data() + static_cast<int64_t>(j) * dh, dh, w.data(), qs, pairs);
       }
     }
     for (int j = 0; j < tk; ++j) {
