@@ -9,12 +9,13 @@
 // (decode) or 16 (a prefill chunk) at the end of 2k or 8k cached keys, blocks of 16
 // tokens in shuffled order.
 //
-// Then a decode step over short contexts, as the engine runs it (one AttentionBatch of
-// one call per sequence, each a single query row over its own paged cache): the default
-// model's layer (H 6/6, Dh 32, 64 sequences), a Llama-7B MHA layer (H 32/32, Dh 128) and a
-// GQA one (H 32/8, Dh 128), 8 sequences each, 200–455 keys: time per step and per
-// (head, key). Steps go round several layers' caches, 96 MiB or more in all, so that the
-// cache is read from memory as a served model's is, not from the last-level cache.
+// Then a decode step, as the engine runs it (one AttentionBatch of one call per sequence,
+// each a single query row over its own paged cache): the default model's layer (H 6/6,
+// Dh 32, 64 sequences), a Llama-7B MHA layer (H 32/32, Dh 128) and a GQA one (H 32/8,
+// Dh 128), 8 sequences each, over 200–455 keys, and the GQA layer for 16 sequences over
+// 600–1400 keys (split over the keys): time per step and per (head, key). Steps go round
+// several layers' caches, 96 MiB or more in all, so that the cache is read from memory as
+// a served model's is, not from the last-level cache.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -63,8 +64,8 @@ int main(int argc, char** argv) {
           "CpuBackend decode attention (H 32/8, Dh 128, paged blocks of 16, fp32 and bf16\n"
           "caches, 2k/8k keys, 1 or 16 queries): time per call and cache GB/s against this\n"
           "machine's memcpy in the same run; then a decode step of many sequences over\n"
-          "short contexts (AttentionBatch; H 6/6 Dh 32, H 32/32 and 32/8 Dh 128): time per\n"
-          "step and per (head, key). Prints tables, then one JSON line.\n"))
+          "short and long contexts (AttentionBatch; H 6/6 Dh 32, H 32/32 and 32/8 Dh 128):\n"
+          "time per step and per (head, key). Prints tables, then one JSON line.\n"))
     return 0;
   const int threads = argc > 1 ? std::atoi(argv[1]) : 0;
   const double min_seconds = argc > 2 ? std::atof(argv[2]) : 0.5;
@@ -153,22 +154,24 @@ int main(int argc, char** argv) {
   }
   json += "],\"decode_batch\":[";
   first = true;
-  std::printf("\ndecode step over short contexts (AttentionBatch, one query row a sequence)\n");
+  std::printf("\ndecode step (AttentionBatch, one query row a sequence)\n");
   std::printf("%-18s %4s %9s %10s %12s %12s\n", "shape", "seqs", "keys", "us/step", "ns/head-key",
               "cache GB/s");
   struct Shape {
     const char* name;
-    int heads, kv_heads, dh, seqs;
+    int heads, kv_heads, dh, seqs, min_keys, max_keys;
   };
-  for (const Shape& sh : {Shape{"H6/6 Dh32", 6, 6, 32, 64}, Shape{"H32/32 Dh128", 32, 32, 128, 8},
-                          Shape{"H32/8 Dh128", 32, 8, 128, 8}}) {
+  for (const Shape& sh :
+       {Shape{"H6/6 Dh32", 6, 6, 32, 64, 200, 455}, Shape{"H32/32 Dh128", 32, 32, 128, 8, 200, 455},
+        Shape{"H32/8 Dh128", 32, 8, 128, 8, 200, 455},
+        Shape{"H32/8 Dh128", 32, 8, 128, 16, 600, 1400}}) {
     const int64_t row = int64_t{sh.kv_heads} * sh.dh;
-    // Sequence s holds 200 + 255·s/(seqs − 1) keys (200 … 455), its blocks shuffled among
+    // Sequence s holds min + (max − min)·s/(seqs − 1) keys, its blocks shuffled among
     // every sequence's.
     std::vector<int> keys(sh.seqs);
     int total_blocks = 0;
     for (int i = 0; i < sh.seqs; ++i) {
-      keys[i] = 200 + 255 * i / std::max(1, sh.seqs - 1);
+      keys[i] = sh.min_keys + (sh.max_keys - sh.min_keys) * i / std::max(1, sh.seqs - 1);
       total_blocks += (keys[i] + kBlock - 1) / kBlock;
     }
     std::vector<int32_t> ids(total_blocks);
@@ -227,8 +230,9 @@ int main(int argc, char** argv) {
     std::printf("%-18s %4d %4d–%-4d %10.1f %12.2f %12.2f\n", sh.name, sh.seqs, keys.front(),
                 keys.back(), sec * 1e6, ns_per, double(cache_bytes) / sec / 1e9);
     json += absl::StrFormat(
-        "%s{\"shape\":\"%s\",\"seqs\":%d,\"us_per_step\":%.2f,\"ns_per_head_key\":%.3f}",
-        first ? "" : ",", sh.name, sh.seqs, sec * 1e6, ns_per);
+        "%s{\"shape\":\"%s\",\"seqs\":%d,\"keys\":[%d,%d],\"us_per_step\":%.2f,"
+        "\"ns_per_head_key\":%.3f}",
+        first ? "" : ",", sh.name, sh.seqs, keys.front(), keys.back(), sec * 1e6, ns_per);
     first = false;
   }
   std::printf("%s]}\n", json.c_str());

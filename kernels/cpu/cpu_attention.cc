@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -375,48 +376,56 @@ constexpr int kSplitSpan = 256;
 constexpr int kSplitMaxQueries = 4;  // query rows of a call that takes this path
 
 template <typename E>
-void AttentionSplitKeys(const AttentionArgs<float>& a, ThreadPool& pool) {
-  const int tq = a.num_queries, dh = a.head_dim, H = a.num_heads;
-  const int group = H / a.num_kv_heads;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  int key_end = 0;
-  for (int i = 0; i < tq; ++i) key_end = std::max(key_end, CausalKeyEnd(a, i));
-  const int spans = (key_end + kSplitSpan - 1) / kSplitSpan;
-  const int rh = tq * H;  // (row, head) pairs: u = i·H + h
-  std::vector<float> m(size_t(spans) * rh), l(m.size()), acc(m.size() * size_t(dh));
-  std::vector<int> rows(rh), ends(rh);
-  std::vector<const float*> qs(rh);
-  std::vector<int64_t> cols(rh);
-  for (int u = 0; u < rh; ++u) {
-    const int i = u / H, h = u % H;
-    rows[u] = i;
-    ends[u] = CausalKeyEnd(a, i);
-    qs[u] = a.q + i * a.q_stride + int64_t{h} * dh;
-    cols[u] = int64_t{h / group} * dh;
+class SplitKeysPlan {
+ public:
+  explicit SplitKeysPlan(const AttentionArgs<float>& a)
+      : a_(a), dh_(a.head_dim), heads_(a.num_heads), rh_(a.num_queries * a.num_heads) {
+    const int tq = a.num_queries, group = heads_ / a.num_kv_heads;
+    for (int i = 0; i < tq; ++i) key_end_ = std::max(key_end_, CausalKeyEnd(a, i));
+    spans_ = (key_end_ + kSplitSpan - 1) / kSplitSpan;
+    m_.resize(size_t(spans_) * rh_);
+    l_.resize(m_.size());
+    acc_.resize(m_.size() * size_t(dh_));
+    rows_.resize(rh_);  // (row, head) pairs: u = i·H + h
+    ends_.resize(rh_);
+    qs_.resize(rh_);
+    cols_.resize(rh_);
+    for (int u = 0; u < rh_; ++u) {
+      const int i = u / heads_, h = u % heads_;
+      rows_[u] = i;
+      ends_[u] = CausalKeyEnd(a, i);
+      qs_[u] = a.q + i * a.q_stride + int64_t{h} * dh_;
+      cols_[u] = int64_t{h / group} * dh_;
+    }
   }
-  auto row_base = [&](const void* base, int j) -> const void* {
-    return static_cast<const E*>(base) + a.kv.PhysicalRow(j) * a.kv.row_stride;
-  };
-  pool.ParallelFor(spans, [&](int64_t sp) {
+
+  int spans() const { return spans_; }
+
+  // Span sp's max, sum and unnormalised output for every pair.
+  void Run(int64_t sp) {
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     const int j0 = static_cast<int>(sp) * kSplitSpan;
-    const int j1 = std::min(key_end, j0 + kSplitSpan);
+    const int j1 = std::min(key_end_, j0 + kSplitSpan);
+    auto row_base = [this](const void* base, int j) -> const void* {
+      return static_cast<const E*>(base) + a_.kv.PhysicalRow(j) * a_.kv.row_stride;
+    };
     thread_local std::vector<float> w, mx;
     thread_local std::vector<const E*> rows_of;
     thread_local std::vector<float*> os;
     thread_local std::vector<uint8_t> live;
-    os.resize(size_t(rh));
-    live.assign(size_t(rh), 0);
-    float* ms = m.data() + sp * rh;
-    float* ls = l.data() + sp * rh;
-    float* as = acc.data() + sp * rh * dh;
-    std::fill(ms, ms + rh, kNegInf);
-    std::fill(ls, ls + rh, 0.0f);
-    std::fill(as, as + int64_t{rh} * dh, 0.0f);
-    NarrowPairs<E> np{a,  rh, rows.data(), qs.data(), ends.data(), cols.data(),
-                      j0, j1, w,           mx,        rows_of};
+    os.resize(size_t(rh_));
+    live.assign(size_t(rh_), 0);
+    float* ms = m_.data() + sp * rh_;
+    float* ls = l_.data() + sp * rh_;
+    float* as = acc_.data() + sp * rh_ * dh_;
+    std::fill(ms, ms + rh_, kNegInf);
+    std::fill(ls, ls + rh_, 0.0f);
+    std::fill(as, as + int64_t{rh_} * dh_, 0.0f);
+    NarrowPairs<E> np{a_, rh_, rows_.data(), qs_.data(), ends_.data(), cols_.data(), j0,
+                      j1, w,   mx,           rows_of};
     np.Scores(row_base);
-    for (int u = 0; u < rh; ++u) {
-      os[u] = as + int64_t{u} * dh;
+    for (int u = 0; u < rh_; ++u) {
+      os[u] = as + int64_t{u} * dh_;
       if (np.End(u) <= j0) continue;
       const float mu = np.Max(u);
       if (mu == kNegInf) continue;  // this span shows the row no key
@@ -425,83 +434,100 @@ void AttentionSplitKeys(const AttentionArgs<float>& a, ThreadPool& pool) {
       live[u] = 1;
     }
     np.Values(row_base, os.data(), live.data());
-  });
-  for (int i = 0; i < tq; ++i) {
-    for (int h = 0; h < H; ++h) {
+  }
+
+  // The spans merged into the output, after every Run.
+  void Finish() const {
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    for (int u = 0; u < rh_; ++u) {
+      const int i = u / heads_, h = u % heads_;
       float top = kNegInf;
-      for (int sp = 0; sp < spans; ++sp) top = std::max(top, m[sp * rh + int64_t{i} * H + h]);
-      float* o = a.out + i * a.out_stride + int64_t{h} * dh;
-      std::fill(o, o + dh, 0.0f);
+      for (int sp = 0; sp < spans_; ++sp) top = std::max(top, m_[sp * rh_ + u]);
+      float* o = a_.out + i * a_.out_stride + int64_t{h} * dh_;
+      std::fill(o, o + dh_, 0.0f);
       float z = 0.0f;
-      for (int sp = 0; sp < spans; ++sp) {
-        const int64_t at = sp * rh + int64_t{i} * H + h;
-        if (m[at] == kNegInf) continue;
-        const float e = std::exp(m[at] - top);
-        z += e * l[at];
-        const float* as = acc.data() + at * dh;
-        for (int d = 0; d < dh; ++d) o[d] += e * as[d];
+      for (int sp = 0; sp < spans_; ++sp) {
+        const int64_t at = int64_t{sp} * rh_ + u;
+        if (m_[at] == kNegInf) continue;
+        const float e = std::exp(m_[at] - top);
+        z += e * l_[at];
+        const float* as = acc_.data() + at * dh_;
+        for (int d = 0; d < dh_; ++d) o[d] += e * as[d];
       }
       const float inv_z = 1.0f / z;  // z > 0: every row sees a key (checked)
-      for (int d = 0; d < dh; ++d) o[d] *= inv_z;
+      for (int d = 0; d < dh_; ++d) o[d] *= inv_z;
     }
   }
-}
+
+ private:
+  const AttentionArgs<float>& a_;
+  const int dh_, heads_, rh_;
+  int key_end_ = 0, spans_ = 0;
+  std::vector<float> m_, l_, acc_;  // per span and pair: max, sum, output
+  std::vector<int> rows_, ends_;
+  std::vector<const float*> qs_;
+  std::vector<int64_t> cols_;
+};
 
 }  // namespace
 
 absl::Status CpuBackend::Attention(const AttentionArgs<float>& a) {
   if (absl::Status s = ValidateAttentionArgs(a); !s.ok()) return s;
   if (absl::Status s = CheckEveryRowSeesAKey(a); !s.ok()) return s;
-  if (TakesSplitKeys(a)) {
-    RunSplitKeys(a);
-    return absl::OkStatus();
-  }
-  const TiledAttention t = PlanTiled(a, pool_->num_threads());
+  const AttentionPlan t = Plan(a, pool_->num_threads());
   if (t.inline_run) {
     for (int64_t task = 0; task < t.count; ++task) t.run(task);
   } else {
     pool_->ParallelFor(t.count, t.run);
   }
+  if (t.finish) t.finish();
   return absl::OkStatus();
 }
 
-// Several calls (a decode step's sequences): those on the tiled path share one ParallelFor,
-// their tasks side by side (each task computes what it computes in Attention, so the bits
-// are the same); a call that splits its keys runs on its own. As the default: calls before
-// a failing one have run, and *failed names it.
+// Several calls (a decode step's sequences): all their tasks side by side in one
+// ParallelFor (each task computes what it computes in Attention, so the bits are the
+// same), then the split calls' merges, one task a call. As the default: calls before a
+// failing one have run, and *failed names it.
 absl::Status CpuBackend::AttentionBatch(absl::Span<const AttentionArgs<float>> calls, int* failed) {
-  std::vector<TiledAttention> tiled;
-  std::vector<int64_t> first;  // tiled[c]'s first task in the shared range
+  std::vector<AttentionPlan> plans;
+  std::vector<int64_t> first;  // plans[c]'s first task in the shared range
   int64_t total = 0;
-  auto run_tiled = [&] {
-    if (tiled.empty()) return;
+  auto run = [&] {
+    if (plans.empty()) return;
     pool_->ParallelFor(total, [&](int64_t task) {
       const size_t c =
           static_cast<size_t>(std::upper_bound(first.begin(), first.end(), task) - first.begin()) -
           1;
-      tiled[c].run(task - first[c]);
+      plans[c].run(task - first[c]);
     });
+    std::vector<const AttentionPlan*> merges;
+    for (const AttentionPlan& p : plans) {
+      if (p.finish) merges.push_back(&p);
+    }
+    pool_->ParallelFor(static_cast<int64_t>(merges.size()),
+                       [&](int64_t c) { merges[static_cast<size_t>(c)]->finish(); });
   };
+  const int min_tasks = static_cast<int>((pool_->num_threads() + calls.size() - 1) /
+                                         std::max<size_t>(calls.size(), 1));
   for (size_t i = 0; i < calls.size(); ++i) {
     const AttentionArgs<float>& a = calls[i];
     absl::Status s = ValidateAttentionArgs(a);
     if (s.ok()) s = CheckEveryRowSeesAKey(a);
     if (!s.ok()) {
-      run_tiled();
+      run();
       *failed = static_cast<int>(i);
       return s;
     }
-    if (TakesSplitKeys(a)) {
-      RunSplitKeys(a);
-      continue;
-    }
     first.push_back(total);
-    tiled.push_back(
-        PlanTiled(a, static_cast<int>((pool_->num_threads() + calls.size() - 1) / calls.size())));
-    total += tiled.back().count;
+    plans.push_back(Plan(a, min_tasks));
+    total += plans.back().count;
   }
-  run_tiled();
+  run();
   return absl::OkStatus();
+}
+
+CpuBackend::AttentionPlan CpuBackend::Plan(const AttentionArgs<float>& a, int min_tasks) {
+  return TakesSplitKeys(a) ? PlanSplitKeys(a) : PlanTiled(a, min_tasks);
 }
 
 // Decode over a long context: split over the keys, rows read whole.
@@ -510,18 +536,26 @@ bool CpuBackend::TakesSplitKeys(const AttentionArgs<float>& a) {
          a.scores == nullptr;
 }
 
-void CpuBackend::RunSplitKeys(const AttentionArgs<float>& a) {
+// A checked call on the split path: a task per span of keys, then the merge. The closures
+// share the plan's state and hold a reference to `a`, which must outlive them.
+CpuBackend::AttentionPlan CpuBackend::PlanSplitKeys(const AttentionArgs<float>& a) {
+  auto make = [](auto plan) {
+    AttentionPlan t;
+    t.count = plan->spans();
+    t.run = [plan](int64_t sp) { plan->Run(sp); };
+    t.finish = [plan] { plan->Finish(); };
+    return t;
+  };
   if (a.kv.dtype == KvDtype::kBF16) {
-    AttentionSplitKeys<uint16_t>(a, *pool_);
-  } else {
-    AttentionSplitKeys<float>(a, *pool_);
+    return make(std::make_shared<SplitKeysPlan<uint16_t>>(a));
   }
+  return make(std::make_shared<SplitKeysPlan<float>>(a));
 }
 
 // A checked call on the tiled path: its tasks (a KV head, or several for a narrow call, × a
 // tile of query rows each) and
 // what task t computes. The closure holds a reference to `a`, which must outlive it.
-CpuBackend::TiledAttention CpuBackend::PlanTiled(const AttentionArgs<float>& a, int min_tasks) {
+CpuBackend::AttentionPlan CpuBackend::PlanTiled(const AttentionArgs<float>& a, int min_tasks) {
   const int tq = a.num_queries, tk = a.num_keys, dh = a.head_dim;
   const int group = a.num_heads / a.num_kv_heads;
   constexpr int kMaxPairs = 64;

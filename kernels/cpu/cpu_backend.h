@@ -58,17 +58,21 @@ class CpuBackend final : public Backend<float>, public BackwardOps<float> {
 
   // Attention's two paths (cpu_attention.cc): decode over a long context split over the
   // keys, and the tiled path, planned as independent tasks so that AttentionBatch can run
-  // several calls' tasks in one ParallelFor.
-  struct TiledAttention {
+  // several calls' tasks in one ParallelFor; a split call's finish (after all its tasks)
+  // merges its spans.
+  struct AttentionPlan {
     int64_t count = 0;
     bool inline_run = false;  // tiny: Attention runs it on the calling thread
     std::function<void(int64_t)> run;
+    std::function<void()> finish;  // empty on the tiled path
   };
   static bool TakesSplitKeys(const AttentionArgs<float>& a);
-  void RunSplitKeys(const AttentionArgs<float>& a);
+  static AttentionPlan PlanSplitKeys(const AttentionArgs<float>& a);
   // min_tasks: the fewest tasks a narrow call (fewer than kLanes pairs a KV head) is split
   // into, where it can be (the pool's threads for a call on its own).
-  TiledAttention PlanTiled(const AttentionArgs<float>& a, int min_tasks);
+  AttentionPlan PlanTiled(const AttentionArgs<float>& a, int min_tasks);
+  // The plan for a checked call: split keys or tiled.
+  AttentionPlan Plan(const AttentionArgs<float>& a, int min_tasks);
 
   std::unique_ptr<ThreadPool> pool_;
 };
