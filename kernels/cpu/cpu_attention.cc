@@ -24,8 +24,9 @@ namespace {
 
 // Per (query row, head) pair: scores of the causally reachable keys (−∞ for other
 // documents), max subtracted, exponentials summed in fp32, p = e / Σe, then out = Σ p_j v_j
-// with those very p. The order of every rounding, on every path (this defines a pair's
-// bits, whatever its call's other rows, tiling or threads):
+// with those very p. The order of every rounding on the tiled paths (this defines a pair's
+// bits, whatever its call's other rows, tiling or threads; the split path below keeps it
+// within each span of keys, then merges the spans):
 //   - score s_j = scale · dot, the dot formed as kLanes lane chains (lane l: the FMAs over
 //     d = l, l + kLanes, … in order), VSum's tree over the lanes, then the last dh % kLanes
 //     dims one FMA each;
@@ -176,6 +177,22 @@ inline void ValueChainOf(int nv, const float* p, int j0, int j1, const KT* const
 // Pair u: row rows[u], q qs[u], keys below ends[u], its KV head's column cols[u] of a row.
 template <typename KT>
 struct NarrowPairs {
+  NarrowPairs(const AttentionArgs<float>& a_in, int pairs_in, const int* rows_in,
+              const float* const* qs_in, const int* ends_in, const int64_t* cols_in, int begin,
+              int end, std::vector<float>& sp_in, std::vector<float>& mx_in,
+              std::vector<const KT*>& rows_of_in)
+      : a(a_in),
+        pairs(pairs_in),
+        rows(rows_in),
+        qs(qs_in),
+        ends(ends_in),
+        cols(cols_in),
+        j_begin(begin),
+        j_end(end),
+        sp(sp_in),
+        mx(mx_in),
+        rows_of(rows_of_in) {}
+
   const AttentionArgs<float>& a;
   int pairs;
   const int* rows;
@@ -234,11 +251,9 @@ struct NarrowPairs {
     LoadRows(a.kv.k, row_base);
     const Vec sv = VSet1(static_cast<float>(a.scale));
     const int n_rows = j_end - j_begin;
+    const int ahead = static_cast<int>(std::clamp<int64_t>(kAheadBytes / span_bytes, 2, 64));
+    for (int r = 0; r < std::min(n_rows, ahead); ++r) Prefetch(r);
     for (int r0 = 0; r0 < n_rows; r0 += kLanes) {
-      const int ahead = static_cast<int>(std::clamp<int64_t>(kAheadBytes / span_bytes, 2, 64));
-      if (r0 == 0) {
-        for (int r = 0; r < std::min(n_rows, ahead); ++r) Prefetch(r);
-      }
       for (int r = r0 + ahead; r < std::min(n_rows, r0 + ahead + kLanes); ++r) Prefetch(r);
       const int j0 = j_begin + r0;
       for (int u = 0; u < pairs; ++u) {
@@ -342,7 +357,7 @@ void AttendNarrow(const AttentionArgs<float>& a, int pairs, const int* rows, con
   const int tk = a.num_keys, tq = a.num_queries;
   thread_local std::vector<float> sp, mx;
   thread_local std::vector<const KT*> rows_of;
-  NarrowPairs<KT> np{a, pairs, rows, qs, ends, cols, 0, key_end, sp, mx, rows_of};
+  NarrowPairs<KT> np(a, pairs, rows, qs, ends, cols, 0, key_end, sp, mx, rows_of);
   np.Scores(row_base);
   for (int u = 0; u < pairs; ++u) {
     float* su = sp.data() + u * np.stride;
@@ -421,8 +436,8 @@ class SplitKeysPlan {
     std::fill(ms, ms + rh_, kNegInf);
     std::fill(ls, ls + rh_, 0.0f);
     std::fill(as, as + int64_t{rh_} * dh_, 0.0f);
-    NarrowPairs<E> np{a_, rh_, rows_.data(), qs_.data(), ends_.data(), cols_.data(), j0,
-                      j1, w,   mx,           rows_of};
+    NarrowPairs<E> np(a_, rh_, rows_.data(), qs_.data(), ends_.data(), cols_.data(), j0, j1, w, mx,
+                      rows_of);
     np.Scores(row_base);
     for (int u = 0; u < rh_; ++u) {
       os[u] = as + int64_t{u} * dh_;
