@@ -137,29 +137,39 @@ absl::Status CpuBackend::AttentionBackward(const AttentionBackwardArgs<float>& b
   const int hkv = b.num_kv_heads, group = b.num_heads / hkv;
   const int64_t qw = static_cast<int64_t>(b.num_heads) * dh, kvw = static_cast<int64_t>(hkv) * dh;
   const float scale = static_cast<float>(b.scale);
-  // A task per KV head: the (row, head) pairs of its group, kPairTile at a time, one pair a
-  // SIMD lane as the forward's tiles run them; dK and dV of that head accumulate in the
-  // task's own [Tk, Dh] arrays (no other task writes them), dQ and the maps' rows of its
-  // heads are its own too. Per tile, with p the forward's probabilities (0 off the visible
-  // keys, whose rows are never read):
+  // A task per KV head and chunk of its (row, head) pairs (kChunkTasks tasks or more in
+  // all, whatever the threads: a model with one KV head still fills them), the pairs
+  // kPairTile at a time, one pair a SIMD lane as the forward's tiles run them. A task's dK
+  // and dV accumulate in its chunk's own [Tk, Dh] arrays, summed in chunk order afterwards
+  // (so the bits do not depend on the threads); dQ and the maps' rows of its pairs are its
+  // own. Per tile, with p the forward's probabilities (0 off the visible keys, whose rows
+  // are never read):
   //   dA[j] = g · v_j (ScoreTile on the packed g), mean = Σ_j p_j dA[j],
   //   dS[j] = p_j (dA[j] − mean), dQ = scale Σ_j dS[j] k_j (ValueTile on the keys),
   //   dV[j] += Σ_pairs p_j g, dK[j] += scale Σ_pairs dS[j] q (a key's row at a time).
   constexpr int kPairTile = 2 * kLanes;
+  constexpr int kChunkTasks = 16;
+  const int64_t pairs_total = int64_t{group} * tq;  // a KV head's; pair u = (head u / tq, row)
+  const int64_t tiles = (pairs_total + kPairTile - 1) / kPairTile;
+  const int chunks = static_cast<int>(std::clamp<int64_t>((kChunkTasks + hkv - 1) / hkv, 1, tiles));
+  const int64_t tiles_per_chunk = (tiles + chunks - 1) / chunks;
+  const int64_t kv_elems = static_cast<int64_t>(tk) * dh;
+  std::vector<float> dk_parts(static_cast<size_t>(hkv * chunks * kv_elems), 0.0f);
+  std::vector<float> dv_parts(dk_parts.size(), 0.0f);
   const int64_t work = int64_t{tq} * tk * dh * b.num_heads;
-  ForEachTask(*pool_, hkv, work, [&](int64_t task) {
-    const int kvh = static_cast<int>(task);
-    thread_local std::vector<float> dk, dv, gt, da, pt, ot, w;
+  ForEachTask(*pool_, int64_t{hkv} * chunks, work, [&](int64_t task) {
+    const int kvh = static_cast<int>(task / chunks), chunk = static_cast<int>(task % chunks);
+    thread_local std::vector<float> gt, da, pt, ot, w;
     thread_local std::vector<const float*> krows, vrows;
-    dk.assign(static_cast<size_t>(tk) * dh, 0.0f);
-    dv.assign(dk.size(), 0.0f);
+    float* dk = dk_parts.data() + task * kv_elems;
+    float* dv = dv_parts.data() + task * kv_elems;
     auto row = [&](const void* base, int j) {  // (validated: the activation type)
       return static_cast<const float*>(base) + b.kv.PhysicalRow(j) * b.kv.row_stride +
              static_cast<int64_t>(kvh) * dh;
     };
-    const int64_t pairs_total = int64_t{group} * tq;
-    for (int64_t u0 = 0; u0 < pairs_total; u0 += kPairTile) {
-      const int pairs = static_cast<int>(std::min<int64_t>(kPairTile, pairs_total - u0));
+    const int64_t u_end = std::min(pairs_total, (chunk + 1) * tiles_per_chunk * kPairTile);
+    for (int64_t u0 = chunk * tiles_per_chunk * kPairTile; u0 < u_end; u0 += kPairTile) {
+      const int pairs = static_cast<int>(std::min<int64_t>(kPairTile, u_end - u0));
       const int nv = (pairs + kLanes - 1) / kLanes;
       const int64_t lanes = int64_t{nv} * kLanes;
       int rows[kPairTile], heads[kPairTile], ends[kPairTile];
@@ -259,16 +269,28 @@ absl::Status CpuBackend::AttentionBackward(const AttentionBackwardArgs<float>& b
       w.resize(static_cast<size_t>(pairs));
       for (int j = 0; j < key_end; ++j) {
         const float* pj = pt.data() + j * lanes;
-        AddRowCombination(dv.data() + static_cast<int64_t>(j) * dh, dh, pj, gs, pairs);
+        AddRowCombination(dv + static_cast<int64_t>(j) * dh, dh, pj, gs, pairs);
         const float* sj = da.data() + j * lanes;
         for (int u = 0; u < pairs; ++u) w[u] = scale * sj[u];
-        AddRowCombination(dk.data() + static_cast<int64_t>(j) * dh, dh, w.data(), qs, pairs);
+        AddRowCombination(dk + static_cast<int64_t>(j) * dh, dh, w.data(), qs, pairs);
       }
     }
-    for (int j = 0; j < tk; ++j) {
+  });
+  // dK and dV: the chunks' arrays summed in chunk order, a task per KV head and span of keys.
+  constexpr int kKeySpan = 64;
+  const int64_t spans = (tk + kKeySpan - 1) / kKeySpan;
+  ForEachTask(*pool_, hkv * spans, int64_t{chunks} * kv_elems * hkv * 2, [&](int64_t task) {
+    const int kvh = static_cast<int>(task / spans);
+    const int j0 = static_cast<int>(task % spans) * kKeySpan, j1 = std::min(tk, j0 + kKeySpan);
+    for (int j = j0; j < j1; ++j) {
       const int64_t at = static_cast<int64_t>(j) * kvw + static_cast<int64_t>(kvh) * dh;
-      std::copy_n(dk.data() + static_cast<int64_t>(j) * dh, dh, b.dk + at);
-      std::copy_n(dv.data() + static_cast<int64_t>(j) * dh, dh, b.dv + at);
+      for (const auto& [parts, out] : {std::pair{&dk_parts, b.dk}, std::pair{&dv_parts, b.dv}}) {
+        const float* first = parts->data() + (int64_t{kvh} * chunks * tk + j) * dh;
+        std::copy_n(first, dh, out + at);
+        for (int c = 1; c < chunks; ++c) {
+          Axpy(out + at, 1.0f, first + int64_t{c} * kv_elems, dh);
+        }
+      }
     }
   });
   return absl::OkStatus();
