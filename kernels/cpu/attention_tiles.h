@@ -5,6 +5,7 @@
 #ifndef KVLENS_KERNELS_CPU_ATTENTION_TILES_H_
 #define KVLENS_KERNELS_CPU_ATTENTION_TILES_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -125,6 +126,41 @@ inline void ScoreTileOf(int nk, const float* qt, int64_t lanes, const KT* const*
                         float scale, float* s_out) {
   if (nk == NK) return ScoreTile<NK, NV>(qt, lanes, keys, dh, scale, s_out);
   if constexpr (NK > 1) ScoreTileOf<NV, KT, NK - 1>(nk, qt, lanes, keys, dh, scale, s_out);
+}
+
+// s_out[j·lanes + u]: the scores of keys j < key_end for the nv pair vectors of qt (packed
+// by QtRow), 6 keys and two pair vectors at a time.
+template <typename KT>
+inline void ScoresAcrossPairs(const float* qt, int64_t lanes, int nv, const KT* const* keys,
+                              int key_end, int dh, float scale, float* s_out) {
+  for (int j0 = 0; j0 < key_end; j0 += 6) {
+    const int nk = std::min(6, key_end - j0);
+    for (int v = 0; v < nv; v += 2) {
+      float* out = s_out + j0 * lanes + v * kLanes;
+      if (v + 1 < nv) {
+        ScoreTileOf<2, KT>(nk, qt + v * kLanes, lanes, keys + j0, dh, scale, out);
+      } else {
+        ScoreTileOf<1, KT>(nk, qt + v * kLanes, lanes, keys + j0, dh, scale, out);
+      }
+    }
+  }
+}
+
+// ot[d·lanes + u] = Σ_{j < key_end} p[j·lanes + u] · values_j[d] for the nv pair vectors,
+// 6 dims and two pair vectors at a time.
+template <typename KT>
+inline void ValuesAcrossPairs(const float* p, int64_t lanes, int nv, const KT* const* values,
+                              int key_end, int dh, float* ot) {
+  for (int d0 = 0; d0 < dh; d0 += 6) {
+    const int nd = std::min(6, dh - d0);
+    for (int v = 0; v < nv; v += 2) {
+      if (v + 1 < nv) {
+        ValueTileOf<2, KT>(nd, p + v * kLanes, lanes, values, key_end, d0, ot + v * kLanes);
+      } else {
+        ValueTileOf<1, KT>(nd, p + v * kLanes, lanes, values, key_end, d0, ot + v * kLanes);
+      }
+    }
+  }
 }
 
 }  // namespace

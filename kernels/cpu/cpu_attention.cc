@@ -70,20 +70,10 @@ void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows
   for (int u = 0; u < pairs; ++u) {
     for (int d = 0; d < dh; ++d) qt[QtRow(d, dh) * lanes + u] = qs[u][d];
   }
-  // Scores, 6 keys at a time, two pair vectors at a time.
+  // Scores (ScoresAcrossPairs).
   for (int j = 0; j < key_end; ++j) krows[j] = static_cast<const KT*>(row_at(a.kv.k, j));
-  const float scale = static_cast<float>(a.scale);
-  for (int j0 = 0; j0 < key_end; j0 += 6) {
-    const int nk = std::min(6, key_end - j0);
-    for (int v = 0; v < nv; v += 2) {
-      float* out = sp.data() + j0 * lanes + v * kLanes;
-      if (v + 1 < nv) {
-        ScoreTileOf<2, KT>(nk, qt.data() + v * kLanes, lanes, krows.data() + j0, dh, scale, out);
-      } else {
-        ScoreTileOf<1, KT>(nk, qt.data() + v * kLanes, lanes, krows.data() + j0, dh, scale, out);
-      }
-    }
-  }
+  ScoresAcrossPairs(qt.data(), lanes, nv, krows.data(), key_end, dh, static_cast<float>(a.scale),
+                    sp.data());
   // Masks, then e^(s − max) / Σ lane by lane (a padding lane sees every key).
   thread_local std::vector<float> mx, z;
   mx.assign(static_cast<size_t>(lanes), kNegInf);
@@ -123,20 +113,9 @@ void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows
       std::fill(map + ends[u], map + tk, 0.0f);
     }
   }
-  // Values, 6 dims at a time, two pair vectors at a time.
+  // Values (ValuesAcrossPairs).
   for (int j = 0; j < key_end; ++j) krows[j] = static_cast<const KT*>(row_at(a.kv.v, j));
-  for (int d0 = 0; d0 < dh; d0 += 6) {
-    const int nd = std::min(6, dh - d0);
-    for (int v = 0; v < nv; v += 2) {
-      if (v + 1 < nv) {
-        ValueTileOf<2, KT>(nd, sp.data() + v * kLanes, lanes, krows.data(), key_end, d0,
-                           ot.data() + v * kLanes);
-      } else {
-        ValueTileOf<1, KT>(nd, sp.data() + v * kLanes, lanes, krows.data(), key_end, d0,
-                           ot.data() + v * kLanes);
-      }
-    }
-  }
+  ValuesAcrossPairs(sp.data(), lanes, nv, krows.data(), key_end, dh, ot.data());
   for (int u = 0; u < pairs; ++u) {
     for (int d = 0; d < dh; ++d) os[u][d] = ot[d * lanes + u];
   }

@@ -197,19 +197,7 @@ absl::Status CpuBackend::AttentionBackward(const AttentionBackwardArgs<float>& b
       // dA[j][u] (zero off the visible keys) and p[j][u].
       da.resize(static_cast<size_t>(key_end * lanes));
       pt.assign(da.size(), 0.0f);
-      for (int j0 = 0; j0 < key_end; j0 += 6) {
-        const int nk = std::min(6, key_end - j0);
-        for (int v = 0; v < nv; v += 2) {
-          float* out = da.data() + j0 * lanes + v * kLanes;
-          if (v + 1 < nv) {
-            ScoreTileOf<2, float>(nk, gt.data() + v * kLanes, lanes, vrows.data() + j0, dh, 1.0f,
-                                  out);
-          } else {
-            ScoreTileOf<1, float>(nk, gt.data() + v * kLanes, lanes, vrows.data() + j0, dh, 1.0f,
-                                  out);
-          }
-        }
-      }
+      ScoresAcrossPairs(gt.data(), lanes, nv, vrows.data(), key_end, dh, 1.0f, da.data());
       float mean[kPairTile] = {};
       for (int u = 0; u < pairs; ++u) {
         const float* p = b.probs + (static_cast<int64_t>(heads[u]) * tq + rows[u]) * tk;
@@ -249,18 +237,7 @@ absl::Status CpuBackend::AttentionBackward(const AttentionBackwardArgs<float>& b
       }
       // dQ = scale Σ_j dS[j] k_j, 6 dims at a time.
       ot.resize(static_cast<size_t>(dh * lanes));
-      for (int d0 = 0; d0 < dh; d0 += 6) {
-        const int nd = std::min(6, dh - d0);
-        for (int v = 0; v < nv; v += 2) {
-          if (v + 1 < nv) {
-            ValueTileOf<2, float>(nd, da.data() + v * kLanes, lanes, krows.data(), key_end, d0,
-                                  ot.data() + v * kLanes);
-          } else {
-            ValueTileOf<1, float>(nd, da.data() + v * kLanes, lanes, krows.data(), key_end, d0,
-                                  ot.data() + v * kLanes);
-          }
-        }
-      }
+      ValuesAcrossPairs(da.data(), lanes, nv, krows.data(), key_end, dh, ot.data());
       for (int u = 0; u < pairs; ++u) {
         float* dq = b.dq + rows[u] * qw + static_cast<int64_t>(heads[u]) * dh;
         for (int d = 0; d < dh; ++d) dq[d] = scale * ot[d * lanes + u];
