@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -96,6 +97,22 @@ struct F16Row {
 };
 struct Q8Row {  // k and k + kLanes − 1 in one block of kQ8_0BlockSize
   const uint8_t* p;
+#if defined(__AVX512F__)
+  // kLanes quants times the scale d: d · q, one rounding, as DequantizeRowFast.
+  static Vec Widened(const int8_t* q, Vec d) {
+    const __m512 f = _mm512_maskz_cvtepi32_ps(
+        static_cast<__mmask16>(0xFFFF),
+        _mm512_maskz_cvtepi8_epi32(static_cast<__mmask16>(0xFFFF),
+                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
+    return _mm512_mul_ps(d, f);
+  }
+  // A whole block from k (a multiple of kQ8_0BlockSize = 2 · kLanes), its scale read once.
+  void LoadBlock(int64_t k, Vec& lo, Vec& hi) const {
+    const Vec d = _mm512_set1_ps(Scale(k));
+    lo = Widened(Quants(k), d);
+    hi = Widened(Quants(k) + kLanes, d);
+  }
+#endif
   float Scale(int64_t k) const {
     uint16_t d;
     std::memcpy(&d, p + k / kQ8_0BlockSize * kQ8_0BlockBytes, 2);
@@ -112,11 +129,7 @@ struct Q8Row {  // k and k + kLanes − 1 in one block of kQ8_0BlockSize
   float At(int64_t k) const { return Scale(k) * static_cast<float>(*Quants(k)); }
   Vec Load(int64_t k) const {
 #if defined(__AVX512F__)
-    const __m512 q = _mm512_maskz_cvtepi32_ps(
-        static_cast<__mmask16>(0xFFFF),
-        _mm512_maskz_cvtepi8_epi32(static_cast<__mmask16>(0xFFFF),
-                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(Quants(k)))));
-    return _mm512_mul_ps(_mm512_set1_ps(Scale(k)), q);
+    return Widened(Quants(k), _mm512_set1_ps(Scale(k)));
 #elif defined(__AVX2__) && defined(__FMA__)
     const __m256 q = _mm256_cvtepi32_ps(
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(Quants(k)))));
@@ -141,6 +154,23 @@ inline void DotTile(const float* x, int64_t x_stride, const Row* w, int64_t k0, 
     for (int c = 0; c < WR; ++c) acc[r][c] = VZero();
   }
   int64_t k = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<Row, Q8Row>) {
+    // A block of q8_0 a step (k0 and k are multiples of the block): its scale read once.
+    // Each accumulator takes the same FMAs in the same order as two single steps.
+    for (; k + kQ8_0BlockSize <= len; k += kQ8_0BlockSize) {
+      Vec lo[WR], hi[WR];
+#pragma GCC unroll 16
+      for (int c = 0; c < WR; ++c) w[c].LoadBlock(k0 + k, lo[c], hi[c]);
+#pragma GCC unroll 16
+      for (int r = 0; r < NR; ++r) {
+        const Vec xa = VLoad(x + r * x_stride + k), xb = VLoad(x + r * x_stride + k + kLanes);
+#pragma GCC unroll 16
+        for (int c = 0; c < WR; ++c) acc[r][c] = VFma(xb, hi[c], VFma(xa, lo[c], acc[r][c]));
+      }
+    }
+  }
+#endif
   for (; k + kLanes <= len; k += kLanes) {
     Vec wv[WR];
 #pragma GCC unroll 16
