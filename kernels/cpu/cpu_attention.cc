@@ -354,6 +354,7 @@ void AttendNarrow(const AttentionArgs<float>& a, int pairs, const int* rows, con
       std::fill(map + end, map + tk, 0.0f);
     }
   }
+  for (int u = 0; u < pairs; ++u) std::fill(os[u], os[u] + a.head_dim, 0.0f);  // chains' start
   np.Values(row_base, os, nullptr);
 }
 
@@ -547,8 +548,8 @@ CpuBackend::AttentionPlan CpuBackend::PlanSplitKeys(const AttentionArgs<float>& 
 }
 
 // A checked call on the tiled path: its tasks (a KV head, or several for a narrow call, × a
-// tile of query rows each) and
-// what task t computes. The closure holds a reference to `a`, which must outlive it.
+// tile of query rows each) and what task t computes. The closure holds a reference to `a`,
+// which must outlive it.
 CpuBackend::AttentionPlan CpuBackend::PlanTiled(const AttentionArgs<float>& a, int min_tasks) {
   const int tq = a.num_queries, tk = a.num_keys, dh = a.head_dim;
   const int group = a.num_heads / a.num_kv_heads;
@@ -633,7 +634,6 @@ CpuBackend::AttentionPlan CpuBackend::PlanTiled(const AttentionArgs<float>& a, i
                   pair_heads[pairs] = h;
                   qs[pairs] = a.q + i * a.q_stride + static_cast<int64_t>(h) * dh;
                   os[pairs] = a.out + i * a.out_stride + static_cast<int64_t>(h) * dh;
-                  std::fill(os[pairs], os[pairs] + dh, 0.0f);
                   ends[pairs] = CausalKeyEnd(a, i);
                   cols[pairs] = static_cast<int64_t>(kvh) * dh;
                   key_end = std::max(key_end, ends[pairs]);

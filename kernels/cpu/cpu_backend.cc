@@ -61,9 +61,10 @@ constexpr int64_t kKBlock = 512;
 // Each gives exactly DequantizeRowFast's floats (a q8_0 weight is d · q, one rounding), so
 // a product reads the stored row in place or a dequantised copy with the same result.
 struct F32Row {
-  const float* p;
-  Vec Load(int64_t k) const { return VLoad(p + k); }
-  float At(int64_t k) const { return p[k]; }
+  const uint8_t* p;  // as the other rows: a WeightView's bytes, or a float copy's
+  const float* f() const { return reinterpret_cast<const float*>(p); }
+  Vec Load(int64_t k) const { return VLoad(f() + k); }
+  float At(int64_t k) const { return f()[k]; }
 };
 struct Bf16Row {
   const uint8_t* p;
@@ -451,19 +452,11 @@ void DequantizeRowFast(const WeightView& w, int64_t r, float* out) {
       return;
     }
     case DType::kQ8_0: {
-      for (int64_t b = 0; b < n / kQ8_0BlockSize; ++b) {
-        const uint8_t* block = src + b * kQ8_0BlockBytes;
-        uint16_t d_bits;
-        std::memcpy(&d_bits, block, 2);
-#if defined(__F16C__)
-        const float d = _cvtsh_ss(d_bits);  // exact, as F16ToF32
-#else
-        const float d = F16ToF32(d_bits);
-#endif
-        int8_t q[kQ8_0BlockSize];
-        std::memcpy(q, block + 2, kQ8_0BlockSize);
-        float* o = out + b * kQ8_0BlockSize;
-        for (int i = 0; i < kQ8_0BlockSize; ++i) o[i] = d * static_cast<float>(q[i]);
+      const Q8Row row{src};  // the blocks' scales and quants, as DotTile reads them
+      for (int64_t k = 0; k + kQ8_0BlockSize <= n; k += kQ8_0BlockSize) {
+        const float d = row.Scale(k);
+        const int8_t* q = row.Quants(k);
+        for (int i = 0; i < kQ8_0BlockSize; ++i) out[k + i] = d * static_cast<float>(q[i]);
       }
       return;
     }
@@ -560,7 +553,7 @@ void CpuBackend::MatMul(const float* x, int n, const WeightView& w, const Weight
           F32Row rows[kWBlock];
           for (int c = 0; c < num_w; ++c) {
             DequantizeRowFast(w, ob + c, w_buf.data() + c * in);
-            rows[c] = F32Row{w_buf.data() + c * in};
+            rows[c] = F32Row{reinterpret_cast<const uint8_t*>(w_buf.data() + c * in)};
           }
           product(n0, n1, ob, num_w, rows);
           continue;
@@ -571,14 +564,9 @@ void CpuBackend::MatMul(const float* x, int n, const WeightView& w, const Weight
           product(n0, n1, ob, num_w, rows);
         };
         switch (w.dtype) {
-          case DType::kF32: {
-            F32Row rows[kWBlock];
-            for (int c = 0; c < num_w; ++c) {
-              rows[c] = F32Row{reinterpret_cast<const float*>(w.row(ob + c))};
-            }
-            product(n0, n1, ob, num_w, rows);
+          case DType::kF32:
+            in_place(F32Row{});
             break;
-          }
           case DType::kBF16:
             in_place(Bf16Row{});
             break;

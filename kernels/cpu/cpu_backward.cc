@@ -142,8 +142,8 @@ absl::Status CpuBackend::AttentionBackward(const AttentionBackwardArgs<float>& b
   // kPairTile at a time, one pair a SIMD lane as the forward's tiles run them. A task's dK
   // and dV accumulate in its chunk's own [Tk, Dh] arrays, summed in chunk order afterwards
   // (so the bits do not depend on the threads); dQ and the maps' rows of its pairs are its
-  // own. Per tile, with p the forward's probabilities (0 off the visible keys, whose rows
-  // are never read):
+  // own. Per tile, with p the forward's probabilities (0 off the visible keys; a masked
+  // key's dA is formed from its row and dropped):
   //   dA[j] = g · v_j (ScoreTile on the packed g), mean = Σ_j p_j dA[j],
   //   dS[j] = p_j (dA[j] − mean), dQ = scale Σ_j dS[j] k_j (ValueTile on the keys),
   //   dV[j] += Σ_pairs p_j g, dK[j] += scale Σ_pairs dS[j] q (a key's row at a time).
@@ -211,9 +211,6 @@ absl::Status CpuBackend::AttentionBackward(const AttentionBackwardArgs<float>& b
           }
         }
       }
-      for (int u = pairs; u < lanes; ++u) {
-        for (int j = 0; j < key_end; ++j) da[j * lanes + u] = 0.0f;
-      }
       if (b.dprobs != nullptr) {
         for (int u = 0; u < pairs; ++u) {
           float* map = b.dprobs + (static_cast<int64_t>(heads[u]) * tq + rows[u]) * tk;
@@ -235,7 +232,7 @@ absl::Status CpuBackend::AttentionBackward(const AttentionBackwardArgs<float>& b
           std::fill(map + key_end, map + tk, 0.0f);
         }
       }
-      // dQ = scale Σ_j dS[j] k_j, 6 dims at a time.
+      // dQ = scale Σ_j dS[j] k_j (a padding lane's is never read).
       ot.resize(static_cast<size_t>(dh * lanes));
       ValuesAcrossPairs(da.data(), lanes, nv, krows.data(), key_end, dh, ot.data());
       for (int u = 0; u < pairs; ++u) {
