@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "bench/bench_help.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/dtype.h"
+#include "kernels/ggml_quants.h"
 
 namespace {
 
@@ -19,7 +21,7 @@ using kvlens::kernels::CpuBackend;
 using kvlens::kernels::DType;
 using kvlens::kernels::WeightView;
 
-// Random weights in dtype's storage (q8_0: one f16 scale and 32 int8 per block).
+// Random weights in dtype's storage (a ggml block type: random bytes, small scales).
 std::vector<uint8_t> MakeWeight(DType dt, int64_t rows, int64_t cols, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<uint8_t> bytes(static_cast<size_t>(kvlens::kernels::DTypeRowBytes(dt, cols) * rows));
@@ -38,14 +40,17 @@ std::vector<uint8_t> MakeWeight(DType dt, int64_t rows, int64_t cols, std::mt199
         reinterpret_cast<uint16_t*>(bytes.data())[i] = kvlens::kernels::F32ToBF16(u(rng));
       }
       break;
-    case DType::kQ8_0:
-      for (size_t b = 0; b < bytes.size(); b += kvlens::kernels::kQ8_0BlockBytes) {
-        const uint16_t d = kvlens::kernels::F32ToF16(1.0f / 127);
-        bytes[b] = static_cast<uint8_t>(d & 0xff);
-        bytes[b + 1] = static_cast<uint8_t>(d >> 8);
-        for (int i = 0; i < 32; ++i) bytes[b + 2 + i] = static_cast<uint8_t>(rng() % 255);
+    default: {  // ggml blocks: random quants and scales, f16 fields small and finite
+      const kvlens::kernels::DTypeBlock shape = kvlens::kernels::DTypeBlockOf(dt);
+      const kvlens::kernels::BlockHalves at = kvlens::kernels::BlockHalvesOf(dt);
+      const uint16_t d = kvlens::kernels::F32ToF16(1.0f / 1024);
+      for (size_t b = 0; b < bytes.size(); b += shape.bytes) {
+        for (int i = 0; i < shape.bytes; ++i) bytes[b + i] = static_cast<uint8_t>(rng());
+        std::memcpy(&bytes[b + at.d_at], &d, 2);
+        if (at.min_at >= 0) std::memcpy(&bytes[b + at.min_at], &d, 2);
       }
       break;
+    }
   }
   return bytes;
 }
@@ -57,13 +62,18 @@ int main(int argc, char** argv) {
           argc, argv,
           "usage: kvlens_bench_matmul [dim=2048] [threads=0 (all)] [min_seconds=0.5]\n"
           "CpuBackend::MatMul y[N, dim] = x[N, dim] · Wᵀ for a square weight in each stored\n"
-          "dtype (f32, f16, bf16, q8_0), N = 1, 4, 16 and 64: ms per call and GFLOP/s. Prints a\n"
-          "table, then one JSON line.\n")) {
+          "dtype (f32, f16, bf16, q8_0, and the GGUF quantisations q4_0, q4_K, q5_K, q6_K),\n"
+          "N = 1, 4, 16 and 64: ms per call and GFLOP/s. dim must be a multiple of 256.\n"
+          "Prints a table, then one JSON line.\n")) {
     return 0;
   }
   const int dim = argc > 1 ? std::atoi(argv[1]) : 2048;
   const int threads = argc > 2 ? std::atoi(argv[2]) : 0;
   const double min_seconds = argc > 3 ? std::atof(argv[3]) : 0.5;
+  if (dim <= 0 || dim % 256 != 0) {
+    std::fprintf(stderr, "dim must be a positive multiple of 256 (a k-quant block), got %d\n", dim);
+    return 2;
+  }
   CpuBackend cpu(threads);
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -75,7 +85,8 @@ int main(int argc, char** argv) {
                      ",\"threads\":" + std::to_string(cpu.num_threads()) + ",\"simd\":\"" +
                      std::string(CpuBackend::SimdName()) + "\",\"results\":[";
   bool first = true;
-  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K,
+                   DType::kQ5_K, DType::kQ6_K}) {
     const std::vector<uint8_t> w_bytes = MakeWeight(dt, dim, dim, rng);
     const WeightView w{w_bytes.data(), dt, dim, dim};
     for (int n : {1, 4, 16, 64}) {

@@ -15,6 +15,18 @@ enum class DType : uint8_t {
   kF16,
   kBF16,
   kQ8_0,  // ggml block quantisation: blocks of 32 int8 with one f16 scale (34 bytes)
+  // ggml's other block quantisations (layouts in kernels/ggml_quants.h): 32-element blocks
+  // of 4 or 5 bits with a scale (and an offset, _1); and the k-quants, super-blocks of 256
+  // elements with 16 or 8 sub-block scales, 2 to 6 bits an element.
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ2_K,
+  kQ3_K,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
 };
 
 inline constexpr int kQ8_0BlockSize = 32;
@@ -22,18 +34,50 @@ inline constexpr int kQ8_0BlockBytes = 34;
 
 std::string_view DTypeName(DType t);
 
-// Bytes used by `count` consecutive elements (count must be a multiple of 32 for q8_0).
-inline int64_t DTypeRowBytes(DType t, int64_t count) {
+// A dtype's storage unit: `elems` consecutive elements take `bytes` bytes (1 element for
+// the float types). A row of a block type holds a whole number of blocks.
+struct DTypeBlock {
+  int elems;
+  int bytes;
+};
+inline constexpr DTypeBlock DTypeBlockOf(DType t) {
   switch (t) {
     case DType::kF32:
-      return count * 4;
+      return {1, 4};
     case DType::kF16:
     case DType::kBF16:
-      return count * 2;
+      return {1, 2};
     case DType::kQ8_0:
-      return count / kQ8_0BlockSize * kQ8_0BlockBytes;
+      return {kQ8_0BlockSize, kQ8_0BlockBytes};
+    case DType::kQ4_0:
+      return {32, 18};
+    case DType::kQ4_1:
+      return {32, 20};
+    case DType::kQ5_0:
+      return {32, 22};
+    case DType::kQ5_1:
+      return {32, 24};
+    case DType::kQ2_K:
+      return {256, 84};
+    case DType::kQ3_K:
+      return {256, 110};
+    case DType::kQ4_K:
+      return {256, 144};
+    case DType::kQ5_K:
+      return {256, 176};
+    case DType::kQ6_K:
+      return {256, 210};
   }
-  return 0;
+  return {1, 0};
+}
+inline constexpr int DTypeBlockSize(DType t) { return DTypeBlockOf(t).elems; }
+// True for the ggml block types (q8_0, q4_K, …), which only CPU code decodes.
+inline constexpr bool DTypeIsBlockQuantized(DType t) { return DTypeBlockSize(t) > 1; }
+
+// Bytes used by `count` consecutive elements (a multiple of DTypeBlockSize(t)).
+inline int64_t DTypeRowBytes(DType t, int64_t count) {
+  const DTypeBlock b = DTypeBlockOf(t);
+  return count / b.elems * b.bytes;
 }
 
 // IEEE half → float, exact for every finite, infinite and NaN input.

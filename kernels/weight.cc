@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "kernels/ggml_quants.h"
+
 namespace kvlens::kernels {
 
 template <typename T>
@@ -33,20 +35,18 @@ void DequantizeRow(const WeightView& w, int64_t r, T* out) {
       }
       return;
     }
-    case DType::kQ8_0: {
-      // Block b: f16 scale d, then 32 int8 quants q; element = d · q.
-      for (int64_t b = 0; b < n / kQ8_0BlockSize; ++b) {
-        const uint8_t* block = src + b * kQ8_0BlockBytes;
-        uint16_t d_bits;
-        std::memcpy(&d_bits, block, 2);
-        const T d = static_cast<T>(F16ToF32(d_bits));
-        const auto* q = reinterpret_cast<const int8_t*>(block + 2);
-        for (int i = 0; i < kQ8_0BlockSize; ++i) {
-          out[b * kQ8_0BlockSize + i] = d * static_cast<T>(q[i]);
-        }
-      }
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+      DecodeBlocks(w.dtype, src, n / DTypeBlockSize(w.dtype), out);
       return;
-    }
   }
 }
 

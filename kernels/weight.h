@@ -11,7 +11,8 @@
 namespace kvlens::kernels {
 
 // A matrix `[rows, cols]` stored row-major, each row `cols` elements of `dtype` packed
-// contiguously (a row of q8_0 is cols/32 blocks). Linear layers use the convention
+// contiguously (a row of a block type is cols / DTypeBlockSize whole blocks). Linear layers use the
+// convention
 // `[out_features, in_features]` (llama2.c, GGUF and PyTorch's nn.Linear): y = x · Wᵀ.
 // A vector is a matrix with rows == 1.
 struct WeightView {

@@ -670,10 +670,39 @@ absl::StatusOr<kernels::WeightView> GgufWeightView(const GgufTensor& tensor) {
     case GgmlType::kQ8_0:
       dtype = kernels::DType::kQ8_0;
       break;
+    case GgmlType::kQ4_0:
+      dtype = kernels::DType::kQ4_0;
+      break;
+    case GgmlType::kQ4_1:
+      dtype = kernels::DType::kQ4_1;
+      break;
+    case GgmlType::kQ5_0:
+      dtype = kernels::DType::kQ5_0;
+      break;
+    case GgmlType::kQ5_1:
+      dtype = kernels::DType::kQ5_1;
+      break;
+    case GgmlType::kQ2_K:
+      dtype = kernels::DType::kQ2_K;
+      break;
+    case GgmlType::kQ3_K:
+      dtype = kernels::DType::kQ3_K;
+      break;
+    case GgmlType::kQ4_K:
+      dtype = kernels::DType::kQ4_K;
+      break;
+    case GgmlType::kQ5_K:
+      dtype = kernels::DType::kQ5_K;
+      break;
+    case GgmlType::kQ6_K:
+      dtype = kernels::DType::kQ6_K;
+      break;
     default:
       return absl::UnimplementedError(absl::StrCat(
           "tensor \"", tensor.name, "\" has ggml type ", Sv(GgmlTypeName(tensor.type)), " (",
-          static_cast<uint32_t>(tensor.type), "); supported: f32, f16, bf16, q8_0"));
+          static_cast<uint32_t>(tensor.type),
+          "); supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, "
+          "q5_K, q6_K"));
   }
   // ne[0] is the last entry of the row-major shape; a 0-d tensor is a single element.
   const int64_t cols = tensor.shape.empty() ? 1 : tensor.shape.back();

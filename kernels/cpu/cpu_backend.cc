@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/simd.h"
 #include "kernels/fast_exp.h"
+#include "kernels/ggml_quants.h"
 
 namespace kvlens::kernels {
 namespace {
@@ -415,6 +416,12 @@ inline void OuterGroup(const float* xp, const float* const* w, int num_w, int64_
   }
 }
 
+// The dtypes a product reads in place (a *Row above); the others (ggml's 4-, 5- and k-quant
+// blocks) are decoded a weight row at a time into a float copy, DequantizeRowFast's floats.
+constexpr bool HasRowReader(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kQ8_0;
+}
+
 // Row r of w as floats (the SIMD-friendly twin of DequantizeRow<float>).
 void DequantizeRowFast(const WeightView& w, int64_t r, float* out) {
   const uint8_t* src = w.row(r);
@@ -460,6 +467,17 @@ void DequantizeRowFast(const WeightView& w, int64_t r, float* out) {
       }
       return;
     }
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+      DecodeBlocks(w.dtype, src, n / DTypeBlockSize(w.dtype), out);
+      return;
   }
 }
 
@@ -526,7 +544,7 @@ void CpuBackend::MatMul(const float* x, int n, const WeightView& w, const Weight
   // them as they load (each element is used by a few tiles of kTileN rows: converting it
   // each time measured faster than writing a float copy and reading it back, by 1.2–2.5×
   // at 1 to 12 rows). More rows (without the packed path) take the copy.
-  const bool direct = n < kPackedMinRows;
+  const bool direct = n < kPackedMinRows && HasRowReader(w.dtype);
   // Each task gets at least ~64K multiply-adds: waking threads costs more than tiny
   // products (a 260K-parameter model decodes fastest on one thread otherwise).
   const int64_t min_rows =
@@ -575,6 +593,8 @@ void CpuBackend::MatMul(const float* x, int n, const WeightView& w, const Weight
             break;
           case DType::kQ8_0:
             in_place(Q8Row{});
+            break;
+          default:  // no row reader (HasRowReader): decoded into w_buf above
             break;
         }
       }

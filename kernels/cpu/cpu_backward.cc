@@ -75,7 +75,8 @@ absl::Status CpuBackend::MatMulBackwardInput(const float* dy, int n, const Weigh
     // Many rows: dx[:, c0 … c0 + width) += dy · (Wᵀ's rows c0 …)ᵀ by the forward's MatMul,
     // on Wᵀ's rows decoded and transposed a panel at a time (out · width floats; the
     // transpose costs out · in, the product n · out · in).
-    constexpr int64_t kWidth = 256;  // a multiple of q8_0's 32-element blocks
+    constexpr int64_t kWidth = 256;  // a multiple of every block type's elements
+    static_assert(kWidth % DTypeBlockSize(DType::kQ4_K) == 0);
     std::vector<float> panel(static_cast<size_t>(out * std::min(kWidth, in)));
     std::vector<float> wt(panel.size());
     std::vector<float> y(static_cast<size_t>(n * std::min(kWidth, in)));
@@ -96,21 +97,24 @@ absl::Status CpuBackend::MatMulBackwardInput(const float* dy, int n, const Weigh
     return absl::OkStatus();
   }
   // Few rows (a cached-KV probe's one new token), where a transpose would cost as much as
-  // the product: a task per panel of kWidth columns of W (every row of W decoded once
+  // the product: a task per panel of panel_width columns of W (every row of W decoded once
   // into a float panel), then kRows rows of dy at a time over it, their accumulators in
   // L1; each task owns its columns of dx.
-  constexpr int64_t kWidth = 128;  // a multiple of q8_0's 32-element blocks
+  // 128 columns, or a k-quant's 256 (a panel holds whole blocks); a column's sums do not
+  // depend on the panel's width.
+  constexpr int64_t kMaxWidth = 256;
+  const int64_t panel_width = std::max<int64_t>(128, DTypeBlockSize(w.dtype));
   constexpr int kRows = 16;
-  const int64_t panels = (in + kWidth - 1) / kWidth;
+  const int64_t panels = (in + panel_width - 1) / panel_width;
   ForEachTask(*pool_, panels, n * out * in, [&](int64_t p) {
-    const int64_t c0 = p * kWidth, width = std::min(kWidth, in - c0);
+    const int64_t c0 = p * panel_width, width = std::min(panel_width, in - c0);
     thread_local std::vector<float> panel;
     panel.resize(static_cast<size_t>(out * width));
     for (int64_t o = 0; o < out; ++o) {
       const WeightView columns{w.row(o) + DTypeRowBytes(w.dtype, c0), w.dtype, 1, width};
       DequantizeRow(columns, 0, panel.data() + o * width);
     }
-    alignas(64) float acc[kRows * kWidth];
+    alignas(64) float acc[kRows * kMaxWidth];
     for (int r0 = 0; r0 < n; r0 += kRows) {
       const int rows = std::min(kRows, n - r0);
       std::fill(acc, acc + rows * width, 0.0f);

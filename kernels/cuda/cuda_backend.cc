@@ -194,8 +194,9 @@ absl::Status CudaBackend::ShareWeightsWith(CudaBackend& other) {
 
 absl::Status CudaBackend::AdoptWeight(const void* key, void* data, DType dtype, int64_t rows,
                                       int64_t cols) {
-  if (dtype == DType::kQ8_0) {
-    return absl::InvalidArgumentError("AdoptWeight: q8_0 is not a device dtype");
+  if (DTypeIsBlockQuantized(dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AdoptWeight: ", std::string(DTypeName(dtype)), " is not a device dtype"));
   }
   const size_t bytes = static_cast<size_t>(DTypeRowBytes(dtype, cols) * rows);
   std::lock_guard<std::mutex> lock(weights_->mu);
@@ -228,18 +229,21 @@ absl::StatusOr<const DeviceWeight*> CudaBackend::Upload(const WeightView& w) {
     }
     return &dw;
   }
-  if (w.dtype == DType::kQ8_0 && w.cols % kQ8_0BlockSize != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("q8_0 weight has ", w.cols, " columns, not a multiple of 32"));
+  const bool quantized = DTypeIsBlockQuantized(w.dtype);
+  if (quantized && w.cols % DTypeBlockSize(w.dtype) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(DTypeName(w.dtype)), " weight has ",
+                                                   w.cols, " columns, not a multiple of ",
+                                                   DTypeBlockSize(w.dtype)));
   }
   DeviceWeight dw;
-  dw.dtype = w.dtype == DType::kQ8_0 ? DType::kF16 : w.dtype;
+  dw.dtype = quantized ? DType::kF16 : w.dtype;
   dw.rows = w.rows;
   dw.cols = w.cols;
   const size_t bytes = static_cast<size_t>(DTypeRowBytes(dw.dtype, w.cols) * w.rows);
   if (absl::Status s = dw.buffer.Reserve(bytes); !s.ok()) return s;
-  if (w.dtype == DType::kQ8_0) {
-    // d · q is exact in float; rounding it to f16 is the only loss (|q| <= 127, d an f16).
+  if (quantized) {
+    // A block type's elements decode to floats of at most one rounding (kernels/ggml_quants.h);
+    // rounding them to f16 is the device copy's only other loss.
     std::vector<uint16_t> f16(static_cast<size_t>(w.rows * w.cols));
     std::vector<float> row(static_cast<size_t>(w.cols));
     for (int64_t r = 0; r < w.rows; ++r) {

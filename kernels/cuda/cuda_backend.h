@@ -9,8 +9,9 @@
 //     validate (negative block ids, rows with no visible key), and they are uploaded per
 //     call through a pinned ring on the backend's stream;
 //   - weights are HOST WeightViews (the loaded model); each is uploaded on first use and
-//     cached, keyed by its data pointer, keeping its dtype (f32, f16, bf16; q8_0 is
-//     dequantised to f16 at upload). A view of part of a tensor is a separate upload.
+//     cached, keyed by its data pointer, keeping its dtype (f32, f16, bf16; ggml's block
+//     types, q8_0 and q4_K alike, are dequantised to f16 at upload). A view of part of a tensor is
+//     a separate upload.
 //
 // Every op is enqueued on one stream and returns without waiting. The void ops cannot
 // return a Status: their first failure is kept (status()) and makes every later op a
@@ -57,7 +58,7 @@ struct cublasContext;
 
 namespace kvlens::kernels::cuda {
 
-// One uploaded weight: [rows, cols] row-major on the device in `dtype` (never q8_0).
+// One uploaded weight: [rows, cols] row-major on the device in `dtype` (never a block type).
 struct DeviceWeight {
   DeviceBuffer buffer;
   DType dtype = DType::kF32;
@@ -202,7 +203,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // returned without poisoning the backend.
   absl::Status AttentionBackward(const AttentionBackwardArgs<float>& args) override;
   // dx += dy · W on device pointers (cuBLAS, beta = 1). As in MatMul, f16/bf16 (and
-  // q8_0 → f16) weights take dy rounded to their dtype, fp32 accumulation.
+  // block types → f16) weights take dy rounded to their dtype, fp32 accumulation.
   absl::Status MatMulBackwardInput(const float* dy, int n, const WeightView& w, float* dx) override;
   // One launch (LaunchDrawTokens, every row, greedy ones too), the draws, their logit
   // biases and their penalties' token counts uploaded with the index arrays, and one copy

@@ -429,8 +429,8 @@ absl::Status LaunchConvertF32(const float* x, int64_t count, DType to, void* out
 
 absl::Status LaunchFillRandom(void* out, DType dtype, int64_t count, uint64_t seed, float scale,
                               cudaStream_t stream) {
-  if (dtype == DType::kQ8_0) {
-    return absl::InvalidArgumentError("LaunchFillRandom: q8_0 is not a device dtype");
+  if (DTypeIsBlockQuantized(dtype)) {
+    return absl::InvalidArgumentError("LaunchFillRandom: block types are not device dtypes");
   }
   if (count <= 0) return absl::OkStatus();
   LaunchKernel("FillRandomKernel", FillRandomKernel, GridFor(count), kThreads, 0, stream, out,

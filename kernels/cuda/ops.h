@@ -3,8 +3,9 @@
 // failure comes back as a Status. Index arrays (ids, positions, dst_rows) are device
 // arrays here: CudaBackend uploads them from the engine's host arrays.
 //
-// Weights arrive in their device dtype (kF32, kF16 or kBF16; q8_0 is dequantised to f16 at
-// upload, see cuda_backend.h) and are read as float; activations are always float.
+// Weights arrive in their device dtype (kF32, kF16 or kBF16; block types such as q8_0 are
+// dequantised to f16 at upload, see cuda_backend.h) and are read as float; activations are always
+// float.
 #ifndef KVLENS_KERNELS_CUDA_OPS_H_
 #define KVLENS_KERNELS_CUDA_OPS_H_
 

@@ -8,15 +8,72 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/dtype.h"
+#include "kernels/ggml_quants.h"
 #include "kernels/weight.h"
 
 namespace kvlens::kernels::testing {
 
+// Scales (d, and dmin or m) that make a random block of ggml's type t span about ±amax.
+inline std::pair<double, double> RandomBlockScales(DType t, double amax) {
+  switch (t) {
+    case DType::kQ4_0:
+      return {amax / 8, 0};
+    case DType::kQ4_1:
+      return {amax / 8, -amax};  // x = q · d + m, q in [0, 15]
+    case DType::kQ5_0:
+      return {amax / 16, 0};
+    case DType::kQ5_1:
+      return {amax / 16, -amax};
+    case DType::kQ2_K:
+      return {amax / 45, amax / 15};  // x = d·sc·q − dmin·m, sc, m ≤ 15, q ≤ 3
+    case DType::kQ3_K:
+      return {amax / 128, 0};  // x = d·(sc − 32)·q, q in [−4, 3]
+    case DType::kQ4_K:
+      return {amax / 945, amax / 63};  // sc, m ≤ 63, q ≤ 15
+    case DType::kQ5_K:
+      return {amax / 1953, amax / 63};
+    case DType::kQ6_K:
+      return {amax / 4096, 0};  // int8 scales, q in [−32, 31]
+    default:
+      return {amax / 127, 0};
+  }
+}
+
+// Random blocks of ggml's type t (`blocks` of them from rng), scaled as RandomBlockScales.
+inline void FillRandomBlocks(DType t, double amax, int64_t blocks, std::mt19937_64& rng,
+                             uint8_t* out) {
+  const auto [d, dmin] = RandomBlockScales(t, amax);
+  const DTypeBlock shape = DTypeBlockOf(t);
+  const BlockHalves at = BlockHalvesOf(t);
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint8_t* block = out + b * shape.bytes;
+    for (int i = 0; i < shape.bytes; ++i) block[i] = static_cast<uint8_t>(rng());
+    const uint16_t dh = F32ToF16(static_cast<float>(d)), mh = F32ToF16(static_cast<float>(dmin));
+    std::memcpy(block + at.d_at, &dh, 2);
+    if (at.min_at >= 0) std::memcpy(block + at.min_at, &mh, 2);
+  }
+}
+
+// Helpers' dtype lists: every stored dtype, and the widths they allow.
+inline constexpr DType kAllDTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
+                                       DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                                       DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K,
+                                       DType::kQ6_K};
+// `cols` rounded down to whole blocks of t (at least one block).
+inline int64_t BlockCols(DType t, int64_t cols) {
+  const int64_t b = DTypeBlockSize(t);
+  return std::max(b, cols / b * b);
+}
+
 // A weight matrix that owns its bytes. values() are the numbers the stored bytes mean
 // (after f16/bf16 rounding or q8_0 quantisation), computed here without DequantizeRow.
+// ggml's other block types hold random blocks instead, with scales that make each row span
+// about its values' ±max (a product needs valid blocks, not these values); their values()
+// come from DequantizeRow<double>, which ggml_quants_test checks against ggml itself.
 class OwnedWeight {
  public:
   OwnedWeight() = default;
@@ -70,6 +127,14 @@ class OwnedWeight {
             }
           }
           break;
+        default: {
+          double amax = 1e-3;
+          for (int64_t i = 0; i < cols; ++i) amax = std::max(amax, std::abs(src[i]));
+          std::mt19937_64 rng(static_cast<uint64_t>(r) * 7919 + static_cast<uint64_t>(cols));
+          FillRandomBlocks(dtype, amax, cols / DTypeBlockSize(dtype), rng, row);
+          DequantizeRow(WeightView{row, dtype, 1, cols}, 0, meant);
+          break;
+        }
       }
     }
   }

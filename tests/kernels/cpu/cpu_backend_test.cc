@@ -44,13 +44,15 @@ TEST(CpuBackendTest, MatMulMatchesReferenceForEveryDtypeAndBatch) {
   };
   for (int threads : {1, 3}) {
     CpuBackend cpu(threads);
-    for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+    for (DType dt : testing::kAllDTypes) {
       for (Shape s : {Shape{64, 37}, Shape{96, 130}, Shape{288, 9}, Shape{32, 1}}) {
-        if (dt != DType::kQ8_0) s.in += 5;  // odd widths exercise the SIMD tails
+        if (!DTypeIsBlockQuantized(dt)) s.in += 5;  // odd widths exercise the SIMD tails
+        // k-quants: 512, 768, 2304 (4.5 slices of 512) and 256 inputs
+        if (DTypeBlockSize(dt) == 256) s.in *= 8;
         const OwnedWeight w(testing::RandomVector(rng, static_cast<size_t>(s.in) * s.out), s.out,
                             s.in, dt);
         const OwnedWeight bias(testing::RandomVector(rng, s.out), 1, s.out,
-                               dt == DType::kQ8_0 ? DType::kF16 : dt);
+                               DTypeIsBlockQuantized(dt) ? DType::kF16 : dt);
         for (int n : {1, 2, 5, 64, 71}) {
           const std::vector<double> x =
               testing::RandomFloatExact(rng, static_cast<size_t>(n) * s.in);
@@ -88,9 +90,10 @@ TEST(CpuBackendTest, MatMulGivesARowTheSameBitsInAnyBatch) {
   std::mt19937_64 rng(22);
   for (int threads : {1, 3}) {
     CpuBackend cpu(threads);
-    for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+    for (DType dt : testing::kAllDTypes) {
       for (int in : {96, 544, 1100}) {
-        if (dt == DType::kQ8_0) in = in / 32 * 32;
+        if (DTypeBlockSize(dt) == 32) in = in / 32 * 32;
+        if (DTypeBlockSize(dt) == 256) in = in == 96 ? 256 : in == 544 ? 1280 : 2560;
         const int out = 50;  // past the tiles of 6 and 12 weight rows
         const OwnedWeight w(testing::RandomVector(rng, static_cast<size_t>(in) * out), out, in, dt);
         const OwnedWeight bias(testing::RandomVector(rng, out), 1, out, DType::kF32);
@@ -184,11 +187,12 @@ TEST(CpuBackendTest, ElementwiseAndNormOpsMatchReference) {
     cpu.Rope(qf.data(), 4, kStride, kHeads, kDh, pos, 500000.0, style);
     ExpectNearRelative(qf, qr, 2e-6, "rope");
   }
-  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
-    const OwnedWeight table(testing::RandomVector(rng, 50 * 64), 50, 64, dt);
+  for (DType dt : testing::kAllDTypes) {
+    const int64_t cols = testing::BlockCols(dt, 64);
+    const OwnedWeight table(testing::RandomVector(rng, 50 * cols), 50, cols, dt);
     const int32_t ids[5] = {49, 0, 7, 7, 23};
-    std::vector<double> er(5 * 64);
-    std::vector<float> e(5 * 64);
+    std::vector<double> er(5 * cols);
+    std::vector<float> e(5 * cols);
     ref.Embedding(table.view(), ids, 5, er.data());
     cpu.Embedding(table.view(), ids, 5, e.data());
     for (size_t i = 0; i < e.size(); ++i) ASSERT_EQ(e[i], er[i]) << DTypeName(dt);

@@ -44,7 +44,9 @@ TEST(CpuBackwardTest, MatMulBackwardInputMatchesTheReference) {
   for (const int threads : {1, 3}) {
     CpuBackend cpu(threads);
     for (const Shape& s : {Shape{37, 300, 200, DType::kF32}, Shape{5, 64, 416, DType::kBF16},
-                           Shape{17, 96, 160, DType::kQ8_0}, Shape{1, 7, 3, DType::kF32}}) {
+                           Shape{17, 96, 160, DType::kQ8_0}, Shape{1, 7, 3, DType::kF32},
+                           Shape{3, 40, 768, DType::kQ4_K}, Shape{20, 33, 512, DType::kQ6_K},
+                           Shape{2, 9, 96, DType::kQ5_0}}) {
       SCOPED_TRACE(::testing::Message()
                    << threads << " threads, n " << s.n << ", " << s.out << " x " << s.in);
       const testing::OwnedWeight w(testing::RandomFloatExact(rng, size_t(s.out * s.in), -1, 1),

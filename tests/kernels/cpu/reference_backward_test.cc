@@ -42,7 +42,8 @@ void CheckShapes() {
     DType dtype;
   };
   for (const Shape& s : {Shape{11, 37, 150, DType::kF32}, Shape{8, 5, 64, DType::kBF16},
-                         Shape{3, 19, 96, DType::kQ8_0}, Shape{1, 300, 7, DType::kF32}}) {
+                         Shape{3, 19, 96, DType::kQ8_0}, Shape{1, 300, 7, DType::kF32},
+                         Shape{2, 6, 512, DType::kQ3_K}}) {
     SCOPED_TRACE(::testing::Message() << "n " << s.n << ", " << s.out << " x " << s.in);
     const testing::OwnedWeight w(testing::RandomFloatExact(rng, size_t(s.out * s.in), -1, 1), s.out,
                                  s.in, s.dtype);
