@@ -6,9 +6,10 @@ import struct
 
 import numpy as np
 
+from kvlens_oracle import ggml_quants
 from kvlens_oracle.checkpoints import write_safetensors
 
-GGML = {"F32": 0, "F16": 1, "Q8_0": 8, "BF16": 30}
+GGML = {"F32": 0, "F16": 1, "BF16": 30, **{k: v[0] for k, v in ggml_quants.TYPES.items()}}
 
 
 def shared_testdata():
@@ -55,13 +56,9 @@ def quantize(arr, kind):
         bits = a.astype("<f4").view("<u4")
         bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")  # round to nearest even
         return bits.tobytes(), (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    if kind == "Q8_0":
-        blocks = a.reshape(-1, 32)
-        d = (np.abs(blocks).max(axis=1) / 127.0).astype(np.float16)
-        safe = np.where(d == 0, 1, d).astype(np.float64)
-        q = np.clip(np.round(blocks / safe[:, None]), -127, 127).astype(np.int8)
-        raw = b"".join(d[i].tobytes() + q[i].tobytes() for i in range(len(d)))
-        return raw, (d.astype(np.float64)[:, None] * q).reshape(-1)
+    if kind in ggml_quants.TYPES:
+        raw = ggml_quants.encode(a, kind)
+        return raw, ggml_quants.decode(raw, kind, a.size)
     raise ValueError(kind)
 
 

@@ -110,7 +110,8 @@ TEST(GgufTest, WeightViewOfHigherDimsAndTypes) {
   w.tensors.push_back({"q", {32, 3, 2}, 8, std::string(6 * 34, '\1'), std::nullopt});
   w.tensors.push_back({"h", {4, 2}, 1, std::string(16, '\0'), std::nullopt});    // f16
   w.tensors.push_back({"bf", {4}, 30, std::string(8, '\0'), std::nullopt});      // bf16
-  w.tensors.push_back({"k4", {256}, 12, std::string(144, '\0'), std::nullopt});  // q4_K
+  w.tensors.push_back({"k4", {512}, 12, std::string(288, '\0'), std::nullopt});  // q4_K
+  w.tensors.push_back({"x4", {256}, 23, std::string(136, '\0'), std::nullopt});  // iq4_xs
   auto f = OpenBytes("types", w.Bytes());
   ASSERT_TRUE(f.ok()) << f.status();
   const GgufTensor* q = (*f)->FindTensor("q");
@@ -124,9 +125,15 @@ TEST(GgufTest, WeightViewOfHigherDimsAndTypes) {
   EXPECT_EQ(GgufWeightView(*(*f)->FindTensor("h"))->dtype, kernels::DType::kF16);
   EXPECT_EQ(GgufWeightView(*(*f)->FindTensor("bf"))->dtype, kernels::DType::kBF16);
   auto k4 = GgufWeightView(*(*f)->FindTensor("k4"));
-  EXPECT_EQ(k4.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_TRUE(HasSubstr(std::string(k4.status().message()), "k4"));
-  EXPECT_TRUE(HasSubstr(std::string(k4.status().message()), "q4_K"));
+  ASSERT_TRUE(k4.ok()) << k4.status();
+  EXPECT_EQ(k4->dtype, kernels::DType::kQ4_K);
+  EXPECT_EQ(k4->row_bytes(), 288);
+  // The i-quants are not decoded: a clear error naming the tensor, its type and ours.
+  auto x4 = GgufWeightView(*(*f)->FindTensor("x4"));
+  EXPECT_EQ(x4.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(HasSubstr(std::string(x4.status().message()), "x4"));
+  EXPECT_TRUE(HasSubstr(std::string(x4.status().message()), "iq4_xs"));
+  EXPECT_TRUE(HasSubstr(std::string(x4.status().message()), "q6_K"));
 }
 
 TEST(GgufTest, HonoursGeneralAlignment) {

@@ -3,8 +3,13 @@
 // stories260K (llama2.c .bin and GGUF) and the embedded default model (GPT-2 family,
 // safetensors). Tolerances: max relative error ≤ 1e-5 with fp32 activations, ≤ 1e-9 for
 // the double-precision reference.
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <set>
 
 #include "engine/model/model.h"
 #include "engine/model/transformer.h"
@@ -115,6 +120,40 @@ TEST_P(GoldenTest, PackedDocumentsMatchTheOracle) {
   kernels::CpuBackend fast(2);
   CompareWithOracle<double>(**model, ref, tokens, oracle, 1e-9, docs);
   CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5, docs);
+}
+
+// A model in every ggml block type (q8_0, q4_0 … q5_1, q2_K … q6_K; written by
+// tests/oracle/make_quantized_gguf.py): kvlens' decoders and the oracle's own (numpy, from
+// the layouts) read the same bytes, so the tolerances are those of an f32 model.
+TEST(QuantizedGoldenTest, EveryBlockTypeMatchesTheOracle) {
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  char tmpl[] = "/tmp/kvlens_quantized_XXXXXX";
+  const int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  const std::string path = tmpl;
+  const std::string cmd = std::string(testing::OraclePython()) + " " + KVLENS_SOURCE_DIR +
+                          "/tests/oracle/make_quantized_gguf.py --out " + path;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto model = LoadModel({path, ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::set<kernels::DType> types;
+  const LayerWeights& l0 = (*model)->weights.layers[0];
+  const LayerWeights& l1 = (*model)->weights.layers[1];
+  for (const kernels::WeightView* w :
+       {&l0.wq, &l0.wk, &l0.wv, &l0.wo, &l0.w_in, &l0.w_up, &l0.w_out, &l1.wq, &l1.wk, &l1.wv,
+        &l1.wo, &l1.w_in, &l1.w_up, &l1.w_out}) {
+    types.insert(w->dtype);
+  }
+  EXPECT_EQ(types.size(), 10u);  // every block type
+  const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128, 3};
+  const testing::OracleResult oracle = testing::RunOracle(path, tokens, /*attention=*/true);
+  std::remove(path.c_str());
+  ASSERT_TRUE(oracle.error.empty()) << oracle.error;
+  kernels::ReferenceBackend ref;
+  kernels::CpuBackend fast(2);
+  CompareWithOracle<double>(**model, ref, tokens, oracle, 1e-9);
+  CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GoldenTest,

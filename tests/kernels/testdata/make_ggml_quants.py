@@ -4,7 +4,7 @@ ggml itself decodes them to, for tests/kernels/ggml_quants_test.cc and the oracl
 
 ggml is the oracle: its libggml-base.so quantises and dequantises (quantize_row_*_ref,
 dequantize_row_*). No Debian package carries it; the npm registry does, in node-llama-cpp's
-prebuilt binaries (llama.cpp b7xxx, MIT):
+prebuilt binaries (MIT):
 
     npm pack @node-llama-cpp/linux-x64@3.22.1 && tar xzf node-llama-cpp-linux-x64-3.22.1.tgz
     /usr/bin/python3 tests/kernels/testdata/make_ggml_quants.py \\

@@ -10,12 +10,14 @@ import struct
 
 import numpy as np
 
+from kvlens_oracle import ggml_quants
+
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f",
             7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 
 GGML_F32, GGML_F16, GGML_Q8_0, GGML_BF16 = 0, 1, 8, 30
-_TYPE_NAMES = {GGML_F32: "F32", GGML_F16: "F16", GGML_Q8_0: "Q8_0", GGML_BF16: "BF16"}
+_TYPE_NAMES = {GGML_F32: "F32", GGML_F16: "F16", GGML_BF16: "BF16", **ggml_quants.BY_ID}
 
 
 class _Cursor:
@@ -60,11 +62,10 @@ def _decode(buf, offset, ggml_type, count):
         return np.frombuffer(buf, "<f2", count, offset).astype(np.float64)
     if ggml_type == GGML_BF16:
         return bf16_to_f32(np.frombuffer(buf, "<u2", count, offset)).astype(np.float64)
-    if ggml_type == GGML_Q8_0:
-        if count % 32:
-            raise ValueError("Q8_0 tensor size not a multiple of 32")
-        blocks = np.frombuffer(buf, np.dtype([("d", "<f2"), ("q", "i1", 32)]), count // 32, offset)
-        return (blocks["d"].astype(np.float64)[:, None] * blocks["q"].astype(np.float64)).reshape(-1)
+    if ggml_type in ggml_quants.BY_ID:
+        kind = ggml_quants.BY_ID[ggml_type]
+        _, elems, nbytes = ggml_quants.TYPES[kind]
+        return ggml_quants.decode(buf[offset:offset + count // elems * nbytes], kind, count)
     raise NotImplementedError(f"ggml tensor type {ggml_type} not supported by the oracle")
 
 

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Writes a small random Llama GGUF whose weight matrices use every ggml block type
+kvlens decodes (q8_0, q4_0, q4_1, q5_0, q5_1, q2_K … q6_K), for the golden test of
+quantised models (tests/engine/model/golden_test.cc): kvlens and the oracle read the same
+bytes, each with its own decoder.
+
+    /usr/bin/python3 tests/oracle/make_quantized_gguf.py --out /tmp/q.gguf
+
+dim 256, 4 heads of 64 (2 KV heads), FFN 512, 2 layers, vocab 384, no tokenizer.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from oracle_fixtures import write_gguf  # noqa: E402
+
+DIM, HEADS, KV_HEADS, FFN, LAYERS, VOCAB = 256, 4, 2, 512, 2, 384
+# Per layer: q, k, v, output, gate, up, down.
+LAYER_TYPES = [
+    ["Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "Q4_0", "Q4_1"],
+    ["Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q3_K"],
+]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=11)
+    args = ap.parse_args()
+    rng = np.random.default_rng(args.seed)
+    kv = DIM // HEADS * KV_HEADS
+
+    def mat(rows, cols):
+        return rng.normal(0, 1 / np.sqrt(cols), (rows, cols))
+
+    def norm():
+        return 1 + rng.normal(0, 0.1, DIM)
+
+    tensors = [("token_embd.weight", rng.normal(0, 1, (VOCAB, DIM)), "Q4_K")]
+    for layer, kinds in enumerate(LAYER_TYPES):
+        shapes = [(DIM, DIM), (kv, DIM), (kv, DIM), (DIM, DIM), (FFN, DIM), (FFN, DIM), (DIM, FFN)]
+        names = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+        tensors.append((f"blk.{layer}.attn_norm.weight", norm(), "F32"))
+        tensors.append((f"blk.{layer}.ffn_norm.weight", norm(), "F32"))
+        for name, shape, kind in zip(names, shapes, kinds):
+            tensors.append((f"blk.{layer}.{name}.weight", mat(*shape), kind))
+    tensors.append(("output_norm.weight", norm(), "F32"))
+    tensors.append(("output.weight", mat(VOCAB, DIM), "Q6_K"))
+    metadata = {
+        "general.architecture": "llama",
+        "general.name": "kvlens-quantized-test",
+        "llama.embedding_length": DIM,
+        "llama.feed_forward_length": FFN,
+        "llama.block_count": LAYERS,
+        "llama.attention.head_count": HEADS,
+        "llama.attention.head_count_kv": KV_HEADS,
+        "llama.context_length": 256,
+        "llama.attention.layer_norm_rms_epsilon": 1e-5,
+        "llama.rope.freq_base": 10000.0,
+    }
+    write_gguf(args.out, metadata, tensors)
+
+
+if __name__ == "__main__":
+    main()
