@@ -145,6 +145,129 @@ struct Q8Row {  // k and k + kLanes − 1 in one block of kQ8_0BlockSize
 };
 static_assert(kQ8_0BlockSize % kLanes == 0);
 
+#if defined(__AVX512F__)
+// ggml's 4- to 6-bit blocks read in place on AVX-512 (the other ISAs decode a row at a time
+// into a float copy, HasRowReader). Load(k), k a multiple of kLanes, widens the kLanes
+// quants from k and scales them exactly as kernels/ggml_quants.h's decoders do: where
+// those compute (d·sc)·q − dmin·m, d·sc·q is exact, so one fused multiply-subtract gives
+// the same bits. At(k) takes the decoder's float (the products never need it: their
+// slices hold whole blocks).
+// Integer lane ops in their masked forms (GCC 12's plain ones warn spuriously, as VLoad's).
+constexpr __mmask16 kAll = 0xFFFF;
+inline __m512i I32And(__m512i a, __m512i b) { return _mm512_maskz_and_epi32(kAll, a, b); }
+inline __m512i I32Or(__m512i a, __m512i b) { return _mm512_maskz_or_epi32(kAll, a, b); }
+inline __m512i I32Sub(__m512i a, __m512i b) { return _mm512_maskz_sub_epi32(kAll, a, b); }
+inline __m512i I32Shr(__m512i a, int n) {
+  return _mm512_maskz_srlv_epi32(kAll, a, _mm512_set1_epi32(n));
+}
+inline __m512i I32Shl(__m512i a, int n) {
+  return _mm512_maskz_sllv_epi32(kAll, a, _mm512_set1_epi32(n));
+}
+inline __m512i WidenBytes(const uint8_t* p) {
+  return _mm512_maskz_cvtepu8_epi32(static_cast<__mmask16>(0xFFFF),
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline Vec ToFloat(__m512i v) {
+  return _mm512_maskz_cvtepi32_ps(static_cast<__mmask16>(0xFFFF), v);
+}
+inline float HalfToFloat(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+template <DType kType>
+struct BlockRow {
+  const uint8_t* p;
+  float At(int64_t k) const {
+    constexpr DTypeBlock kShape = DTypeBlockOf(kType);
+    float block[256];
+    DecodeBlocks(kType, p + k / kShape.elems * kShape.bytes, 1, block);
+    return block[k % kShape.elems];
+  }
+  // Elements k … k + 31 (k a multiple of 32): one sub-block's scales read once.
+  void LoadBlock(int64_t k, Vec& lo, Vec& hi) const;
+  Vec Load(int64_t k) const {
+    Vec lo, hi;
+    LoadBlock(k / 32 * 32, lo, hi);
+    return k % 32 ? hi : lo;
+  }
+};
+// q4_0: a block's first 16 elements are qs's low nibbles, the next 16 its high ones.
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ4_0>::LoadBlock(int64_t k, Vec& lo,
+                                                                     Vec& hi) const {
+  const uint8_t* b = p + k / 32 * 18;
+  const __m512i bytes = WidenBytes(b + 2), mask = _mm512_set1_epi32(0xF);
+  const __m512i eight = _mm512_set1_epi32(8);
+  const Vec d = _mm512_set1_ps(HalfToFloat(b));
+  lo = _mm512_mul_ps(ToFloat(I32Sub(I32And(bytes, mask), eight)), d);
+  hi = _mm512_mul_ps(ToFloat(I32Sub(I32Shr(bytes, 4), eight)), d);
+}
+// q4_K and q5_K: sub-block j = e / 32 of the super-block's 256 (e = k % 256) is qs bytes
+// 32·(j / 2) … + 31, nibble j % 2; q5_K's fifth bit is bit j of qh[0 … 31].
+template <DType kType>
+[[gnu::always_inline]] inline void LoadK4(const uint8_t* b, int64_t e, const uint8_t* qs,
+                                          const uint8_t* qh, Vec& lo, Vec& hi) {
+  const int j = static_cast<int>(e / 32);
+  int sc, m;
+  ScaleMinK4(j, b + 4, &sc, &m);
+  const Vec d1 = _mm512_set1_ps(HalfToFloat(b) * static_cast<float>(sc));
+  const Vec m1 = _mm512_set1_ps(HalfToFloat(b + 2) * static_cast<float>(m));
+  const __m512i mask = _mm512_set1_epi32(0xF);
+  __m512i q[2];
+  for (int h = 0; h < 2; ++h) {
+    q[h] = I32And(I32Shr(WidenBytes(qs + 32 * (j / 2) + 16 * h), 4 * (j % 2)), mask);
+    if constexpr (kType == DType::kQ5_K) {
+      const __m512i high = I32And(I32Shr(WidenBytes(qh + 16 * h), j), _mm512_set1_epi32(1));
+      q[h] = I32Or(q[h], I32Shl(high, 4));
+    }
+  }
+  lo = _mm512_fmsub_ps(ToFloat(q[0]), d1, m1);
+  hi = _mm512_fmsub_ps(ToFloat(q[1]), d1, m1);
+}
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ4_K>::LoadBlock(int64_t k, Vec& lo,
+                                                                     Vec& hi) const {
+  const uint8_t* b = p + k / 256 * 144;
+  LoadK4<DType::kQ4_K>(b, k % 256, b + 16, nullptr, lo, hi);
+}
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ5_K>::LoadBlock(int64_t k, Vec& lo,
+                                                                     Vec& hi) const {
+  const uint8_t* b = p + k / 256 * 176;
+  LoadK4<DType::kQ5_K>(b, k % 256, b + 48, b + 16, lo, hi);
+}
+// q6_K: element e = 128·n + 32·c + l takes its low 4 bits from ql[64·n + 32·(c % 2) + l]
+// (nibble c / 2), its high 2 from qh[32·n + l] (bits 2·c), its scale from sc[e / 16].
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ6_K>::LoadBlock(int64_t k, Vec& lo,
+                                                                     Vec& hi) const {
+  const uint8_t* b = p + k / 256 * 210;
+  const int e = static_cast<int>(k % 256), n = e / 128, c = (e % 128) / 32;
+  const float d = HalfToFloat(b + 208);
+  Vec* out[2] = {&lo, &hi};
+  for (int h = 0; h < 2; ++h) {
+    const __m512i low4 = I32And(I32Shr(WidenBytes(b + 64 * n + 32 * (c % 2) + 16 * h), 4 * (c / 2)),
+                                _mm512_set1_epi32(0xF));
+    const __m512i high2 =
+        I32And(I32Shr(WidenBytes(b + 128 + 32 * n + 16 * h), 2 * c), _mm512_set1_epi32(3));
+    const __m512i q = I32Sub(I32Or(low4, I32Shl(high2, 4)), _mm512_set1_epi32(32));
+    const float s = d * static_cast<float>(static_cast<int8_t>(b[192 + e / 16 + h]));
+    *out[h] = _mm512_mul_ps(_mm512_set1_ps(s), ToFloat(q));
+  }
+}
+#endif
+
+// Rows whose LoadBlock reads 32 elements at once (AVX-512 only).
+template <typename Row>
+constexpr bool kStepsBlocks = false;
+#if defined(__AVX512F__)
+template <>
+constexpr bool kStepsBlocks<Q8Row> = true;
+template <DType kType>
+constexpr bool kStepsBlocks<BlockRow<kType>> = true;
+#endif
+
 // y[r·y_stride + c] (+)= Σ_k x[r·x_stride + k] · w[c][k0 + k]   for r < NR, c < WR, k < len
 template <int NR, int WR, typename Row>
 inline void DotTile(const float* x, int64_t x_stride, const Row* w, int64_t k0, int64_t len,
@@ -157,8 +280,9 @@ inline void DotTile(const float* x, int64_t x_stride, const Row* w, int64_t k0, 
   }
   int64_t k = 0;
 #if defined(__AVX512F__)
-  if constexpr (std::is_same_v<Row, Q8Row>) {
-    // A block of q8_0 a step (k0 and k are multiples of the block): its scale read once.
+  if constexpr (kStepsBlocks<Row>) {
+    // 32 elements a step, a block of q8_0 or q4_0, a sub-block of a k-quant (k0 and k are
+    // multiples of 32): its scales read once.
     // Each accumulator takes the same FMAs in the same order as two single steps.
     for (; k + kQ8_0BlockSize <= len; k += kQ8_0BlockSize) {
       Vec lo[WR], hi[WR];
@@ -419,6 +543,11 @@ inline void OuterGroup(const float* xp, const float* const* w, int num_w, int64_
 // The dtypes a product reads in place (a *Row above); the others (ggml's 4-, 5- and k-quant
 // blocks) are decoded a weight row at a time into a float copy, DequantizeRowFast's floats.
 constexpr bool HasRowReader(DType t) {
+#if defined(__AVX512F__)
+  if (t == DType::kQ4_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K) {
+    return true;
+  }
+#endif
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kQ8_0;
 }
 
@@ -594,6 +723,20 @@ void CpuBackend::MatMul(const float* x, int n, const WeightView& w, const Weight
           case DType::kQ8_0:
             in_place(Q8Row{});
             break;
+#if defined(__AVX512F__)
+          case DType::kQ4_0:
+            in_place(BlockRow<DType::kQ4_0>{});
+            break;
+          case DType::kQ4_K:
+            in_place(BlockRow<DType::kQ4_K>{});
+            break;
+          case DType::kQ5_K:
+            in_place(BlockRow<DType::kQ5_K>{});
+            break;
+          case DType::kQ6_K:
+            in_place(BlockRow<DType::kQ6_K>{});
+            break;
+#endif
           default:  // no row reader (HasRowReader): decoded into w_buf above
             break;
         }
