@@ -44,6 +44,13 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
     add(MatMulSwiGluCase(gpu, rng, t, 1, 256, 40));
     add(MatMulSwiGluCase(gpu, rng, t, 3, t == DType::kQ8_0 ? 96 : 100, 33));
   }
+  // ggml's other block types, dequantised to f16 at upload (rows of whole blocks).
+  for (DType t : {DType::kQ4_0, DType::kQ4_K, DType::kQ6_K}) {
+    add(MatMulCase(gpu, rng, t, 1, 256, 96, false));
+    add(MatMulCase(gpu, rng, t, 17, 512, 160, true));
+    add(MatMulBackwardInputCase(gpu, rng, t, 17, 256, 160));
+    add(MatMulSwiGluCase(gpu, rng, t, 1, 256, 40));
+  }
   // Four rows of x: the matvec's 4-row units (a last unit of 2 rows, and of 1 gated output
   // of 2); two rows with the q/k/v segments.
   add(MatMulCase(gpu, rng, DType::kF16, 4, 256, 38, true));

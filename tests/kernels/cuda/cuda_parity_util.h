@@ -94,9 +94,9 @@ inline ParityResult Failed(std::string name, absl::Status s) {
 
 // Rounds as the GPU's tensor-core inputs are rounded.
 inline double RoundTo(DType t, double x) {
+  if (DTypeIsBlockQuantized(t)) return F16ToF32(F32ToF16(static_cast<float>(x)));  // as f16
   switch (t) {
     case DType::kF16:
-    case DType::kQ8_0:
       return F16ToF32(F32ToF16(static_cast<float>(x)));
     case DType::kBF16:
       return BF16ToF32(F32ToBF16(static_cast<float>(x)));
