@@ -551,6 +551,19 @@ constexpr bool HasRowReader(DType t) {
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kQ8_0;
 }
 
+#if defined(__AVX512F__)
+// n elements (whole blocks) of a row read by `row`, stored as floats.
+template <DType kType>
+void StoreBlocks(const BlockRow<kType>& row, int64_t n, float* out) {
+  for (int64_t k = 0; k < n; k += 32) {
+    Vec lo, hi;
+    row.LoadBlock(k, lo, hi);
+    VStore(out + k, lo);
+    VStore(out + k + kLanes, hi);
+  }
+}
+#endif
+
 // Row r of w as floats (the SIMD-friendly twin of DequantizeRow<float>).
 void DequantizeRowFast(const WeightView& w, int64_t r, float* out) {
   const uint8_t* src = w.row(r);
@@ -596,15 +609,27 @@ void DequantizeRowFast(const WeightView& w, int64_t r, float* out) {
       }
       return;
     }
+#if defined(__AVX512F__)
+    // The in-place readers' registers, stored: the same floats, 32 at a time.
     case DType::kQ4_0:
+      return StoreBlocks(BlockRow<DType::kQ4_0>{src}, n, out);
+    case DType::kQ4_K:
+      return StoreBlocks(BlockRow<DType::kQ4_K>{src}, n, out);
+    case DType::kQ5_K:
+      return StoreBlocks(BlockRow<DType::kQ5_K>{src}, n, out);
+    case DType::kQ6_K:
+      return StoreBlocks(BlockRow<DType::kQ6_K>{src}, n, out);
+#else
+    case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+#endif
     case DType::kQ4_1:
     case DType::kQ5_0:
     case DType::kQ5_1:
     case DType::kQ2_K:
     case DType::kQ3_K:
-    case DType::kQ4_K:
-    case DType::kQ5_K:
-    case DType::kQ6_K:
       DecodeBlocks(w.dtype, src, n / DTypeBlockSize(w.dtype), out);
       return;
   }
