@@ -147,11 +147,14 @@ static_assert(kQ8_0BlockSize % kLanes == 0);
 
 #if defined(__AVX512F__)
 // ggml's 4- to 6-bit blocks read in place on AVX-512 (the other ISAs decode a row at a time
-// into a float copy, HasRowReader). Load(k), k a multiple of kLanes, widens the kLanes
-// quants from k and scales them exactly as kernels/ggml_quants.h's decoders do: where
-// those compute (d·sc)·q − dmin·m, d·sc·q is exact, so one fused multiply-subtract gives
-// the same bits. At(k) takes the decoder's float (the products never need it: their
-// slices hold whole blocks).
+// into a float copy, HasRowReader): q4_0 a block of 32 at a time (LoadBlock), the k-quants
+// q4_K, q5_K and q6_K a super-block of 256 at a time (Scales once, then LoadSub for each
+// 32 elements). They widen the quants in registers and scale them exactly as
+// kernels/ggml_quants.h's decoders do: where those compute (d·sc)·q − dmin·m, d·sc and
+// d·sc·q are exact, so one fused multiply-subtract gives the same bits; q6_K's (d·sc)·q is
+// one product, rounded once either way. (ggml_quants_test checks them against ggml's
+// floats through DequantizeRowFast, which stores these registers.)
+//
 // Integer lane ops in their masked forms (GCC 12's plain ones warn spuriously, as VLoad's).
 constexpr __mmask16 kAll = 0xFFFF;
 inline __m512i I32And(__m512i a, __m512i b) { return _mm512_maskz_and_epi32(kAll, a, b); }
@@ -184,11 +187,19 @@ struct BlockRow {
     DecodeBlocks(kType, p + k / kShape.elems * kShape.bytes, 1, block);
     return block[k % kShape.elems];
   }
-  // Elements k … k + 31 (k a multiple of 32): one sub-block's scales read once.
+  // 32-element blocks (q4_0): elements k … k + 31 (k a multiple of 32), the scale read once.
   void LoadBlock(int64_t k, Vec& lo, Vec& hi) const;
-  Vec Load(int64_t k) const {
+  // The k-quants, a super-block at a time (k a multiple of 256): Scales(k) gives its 16
+  // scale floats, made once; LoadSub(k, j, scales, …) its elements 32·j … 32·j + 31.
+  Vec Scales(int64_t k) const;
+  void LoadSub(int64_t k, int j, Vec scales, Vec& lo, Vec& hi) const;
+  Vec Load(int64_t k) const {  // (the products step whole blocks and never call it)
     Vec lo, hi;
-    LoadBlock(k / 32 * 32, lo, hi);
+    if constexpr (DTypeBlockSize(kType) == 256) {
+      LoadSub(k / 256 * 256, static_cast<int>(k % 256 / 32), Scales(k / 256 * 256), lo, hi);
+    } else {
+      LoadBlock(k / 32 * 32, lo, hi);
+    }
     return k % 32 ? hi : lo;
   }
 };
@@ -203,20 +214,37 @@ template <>
   lo = _mm512_mul_ps(ToFloat(I32Sub(I32And(bytes, mask), eight)), d);
   hi = _mm512_mul_ps(ToFloat(I32Sub(I32Shr(bytes, 4), eight)), d);
 }
-// q4_K and q5_K: sub-block j = e / 32 of the super-block's 256 (e = k % 256) is qs bytes
-// 32·(j / 2) … + 31, nibble j % 2; q5_K's fifth bit is bit j of qh[0 … 31].
+// q4_K and q5_K a super-block at a time: scales = [d·sc_0 … d·sc_7, dmin·m_0 … dmin·m_7].
+// ScaleMinK4's unpacking in lanes: lane i < 8 is sc_i, lane 8 + j is m_j. With s the 12
+// scale bytes: sc_j = s[j] & 63, m_j = s[j + 4] & 63 (j < 4); sc_j = (s[j + 4] & 15) |
+// (s[j − 4] >> 6) << 4, m_j = (s[j + 4] >> 4) | (s[j] >> 6) << 4 (j ≥ 4).
+inline Vec ScalesK4(const uint8_t* b) {
+  const __m512i s = WidenBytes(b + 4);  // lanes 12–15 (qs bytes) unused
+  const __m512i low_at = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11);
+  const __m512i low_shift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4);
+  const __m512i low_mask =
+      _mm512_setr_epi32(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
+  const __m512i high_at = _mm512_setr_epi32(0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7);
+  const __m512i high_mask =
+      _mm512_setr_epi32(0, 0, 0, 0, 48, 48, 48, 48, 0, 0, 0, 0, 48, 48, 48, 48);
+  const __m512i low = I32And(
+      _mm512_maskz_srlv_epi32(kAll, _mm512_maskz_permutexvar_epi32(kAll, low_at, s), low_shift),
+      low_mask);
+  const __m512i high =  // (byte >> 6) << 4
+      I32And(I32Shr(_mm512_maskz_permutexvar_epi32(kAll, high_at, s), 2), high_mask);
+  const Vec d = _mm512_mask_blend_ps(static_cast<__mmask16>(0xFF00), _mm512_set1_ps(HalfToFloat(b)),
+                                     _mm512_set1_ps(HalfToFloat(b + 2)));
+  return _mm512_mul_ps(d, ToFloat(I32Or(low, high)));
+}
 template <DType kType>
-[[gnu::always_inline]] inline void LoadK4(const uint8_t* b, int64_t e, const uint8_t* qs,
-                                          const uint8_t* qh, Vec& lo, Vec& hi) {
-  const int j = static_cast<int>(e / 32);
-  int sc, m;
-  ScaleMinK4(j, b + 4, &sc, &m);
-  const Vec d1 = _mm512_set1_ps(HalfToFloat(b) * static_cast<float>(sc));
-  const Vec m1 = _mm512_set1_ps(HalfToFloat(b + 2) * static_cast<float>(m));
-  const __m512i mask = _mm512_set1_epi32(0xF);
+[[gnu::always_inline]] inline void LoadSubK4(const uint8_t* qs, const uint8_t* qh, int j,
+                                             Vec scales, Vec& lo, Vec& hi) {
+  const Vec d1 = _mm512_maskz_permutexvar_ps(kAll, _mm512_set1_epi32(j), scales);
+  const Vec m1 = _mm512_maskz_permutexvar_ps(kAll, _mm512_set1_epi32(8 + j), scales);
   __m512i q[2];
   for (int h = 0; h < 2; ++h) {
-    q[h] = I32And(I32Shr(WidenBytes(qs + 32 * (j / 2) + 16 * h), 4 * (j % 2)), mask);
+    const __m512i bytes = WidenBytes(qs + 32 * (j / 2) + 16 * h);
+    q[h] = j % 2 ? I32Shr(bytes, 4) : I32And(bytes, _mm512_set1_epi32(0xF));
     if constexpr (kType == DType::kQ5_K) {
       const __m512i high = I32And(I32Shr(WidenBytes(qh + 16 * h), j), _mm512_set1_epi32(1));
       q[h] = I32Or(q[h], I32Shl(high, 4));
@@ -226,25 +254,37 @@ template <DType kType>
   hi = _mm512_fmsub_ps(ToFloat(q[1]), d1, m1);
 }
 template <>
-[[gnu::always_inline]] inline void BlockRow<DType::kQ4_K>::LoadBlock(int64_t k, Vec& lo,
-                                                                     Vec& hi) const {
-  const uint8_t* b = p + k / 256 * 144;
-  LoadK4<DType::kQ4_K>(b, k % 256, b + 16, nullptr, lo, hi);
+inline Vec BlockRow<DType::kQ4_K>::Scales(int64_t k) const {
+  return ScalesK4(p + k / 256 * 144);
 }
 template <>
-[[gnu::always_inline]] inline void BlockRow<DType::kQ5_K>::LoadBlock(int64_t k, Vec& lo,
-                                                                     Vec& hi) const {
+[[gnu::always_inline]] inline void BlockRow<DType::kQ4_K>::LoadSub(int64_t k, int j, Vec scales,
+                                                                   Vec& lo, Vec& hi) const {
+  LoadSubK4<DType::kQ4_K>(p + k / 256 * 144 + 16, nullptr, j, scales, lo, hi);
+}
+template <>
+inline Vec BlockRow<DType::kQ5_K>::Scales(int64_t k) const {
+  return ScalesK4(p + k / 256 * 176);
+}
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ5_K>::LoadSub(int64_t k, int j, Vec scales,
+                                                                   Vec& lo, Vec& hi) const {
   const uint8_t* b = p + k / 256 * 176;
-  LoadK4<DType::kQ5_K>(b, k % 256, b + 48, b + 16, lo, hi);
+  LoadSubK4<DType::kQ5_K>(b + 48, b + 16, j, scales, lo, hi);
 }
-// q6_K: element e = 128·n + 32·c + l takes its low 4 bits from ql[64·n + 32·(c % 2) + l]
-// (nibble c / 2), its high 2 from qh[32·n + l] (bits 2·c), its scale from sc[e / 16].
+// q6_K a super-block at a time: scales = d · sc[0 … 15], one per 16 elements.
 template <>
-[[gnu::always_inline]] inline void BlockRow<DType::kQ6_K>::LoadBlock(int64_t k, Vec& lo,
-                                                                     Vec& hi) const {
+inline Vec BlockRow<DType::kQ6_K>::Scales(int64_t k) const {
   const uint8_t* b = p + k / 256 * 210;
-  const int e = static_cast<int>(k % 256), n = e / 128, c = (e % 128) / 32;
-  const float d = HalfToFloat(b + 208);
+  const __m512i sc =
+      _mm512_maskz_cvtepi8_epi32(kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+  return _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b + 208)), ToFloat(sc));
+}
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ6_K>::LoadSub(int64_t k, int j, Vec scales,
+                                                                   Vec& lo, Vec& hi) const {
+  const uint8_t* b = p + k / 256 * 210;
+  const int n = j / 4, c = j % 4;
   Vec* out[2] = {&lo, &hi};
   for (int h = 0; h < 2; ++h) {
     const __m512i low4 = I32And(I32Shr(WidenBytes(b + 64 * n + 32 * (c % 2) + 16 * h), 4 * (c / 2)),
@@ -252,20 +292,25 @@ template <>
     const __m512i high2 =
         I32And(I32Shr(WidenBytes(b + 128 + 32 * n + 16 * h), 2 * c), _mm512_set1_epi32(3));
     const __m512i q = I32Sub(I32Or(low4, I32Shl(high2, 4)), _mm512_set1_epi32(32));
-    const float s = d * static_cast<float>(static_cast<int8_t>(b[192 + e / 16 + h]));
-    *out[h] = _mm512_mul_ps(_mm512_set1_ps(s), ToFloat(q));
+    const Vec s = _mm512_maskz_permutexvar_ps(kAll, _mm512_set1_epi32(2 * j + h), scales);
+    *out[h] = _mm512_mul_ps(s, ToFloat(q));
   }
 }
 #endif
 
-// Rows whose LoadBlock reads 32 elements at once (AVX-512 only).
+// Rows whose LoadBlock reads 32 elements at once, and those that also read a super-block
+// of 256 a sub-block at a time, its scales made once (AVX-512 only).
 template <typename Row>
 constexpr bool kStepsBlocks = false;
+template <typename Row>
+constexpr bool kStepsSuperBlocks = false;
 #if defined(__AVX512F__)
 template <>
 constexpr bool kStepsBlocks<Q8Row> = true;
 template <DType kType>
-constexpr bool kStepsBlocks<BlockRow<kType>> = true;
+constexpr bool kStepsBlocks<BlockRow<kType>> = DTypeBlockSize(kType) == 32;
+template <DType kType>
+constexpr bool kStepsSuperBlocks<BlockRow<kType>> = DTypeBlockSize(kType) == 256;
 #endif
 
 // y[r·y_stride + c] (+)= Σ_k x[r·x_stride + k] · w[c][k0 + k]   for r < NR, c < WR, k < len
@@ -280,6 +325,28 @@ inline void DotTile(const float* x, int64_t x_stride, const Row* w, int64_t k0, 
   }
   int64_t k = 0;
 #if defined(__AVX512F__)
+  if constexpr (kStepsSuperBlocks<Row>) {
+    // A k-quant super-block a step (k0 and k are multiples of 256), then its sub-blocks of
+    // 32 as below: the same FMAs in the same order.
+    for (; k + 256 <= len; k += 256) {
+      Vec scales[WR];
+#pragma GCC unroll 16
+      for (int c = 0; c < WR; ++c) scales[c] = w[c].Scales(k0 + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        Vec lo[WR], hi[WR];
+#pragma GCC unroll 16
+        for (int c = 0; c < WR; ++c) w[c].LoadSub(k0 + k, j, scales[c], lo[c], hi[c]);
+#pragma GCC unroll 16
+        for (int r = 0; r < NR; ++r) {
+          const float* xr = x + r * x_stride + k + 32 * j;
+          const Vec xa = VLoad(xr), xb = VLoad(xr + kLanes);
+#pragma GCC unroll 16
+          for (int c = 0; c < WR; ++c) acc[r][c] = VFma(xb, hi[c], VFma(xa, lo[c], acc[r][c]));
+        }
+      }
+    }
+  }
   if constexpr (kStepsBlocks<Row>) {
     // 32 elements a step, a block of q8_0 or q4_0, a sub-block of a k-quant (k0 and k are
     // multiples of 32): its scales read once.
@@ -557,6 +624,17 @@ template <DType kType>
 void StoreBlocks(const BlockRow<kType>& row, int64_t n, float* out) {
   for (int64_t k = 0; k < n; k += 32) {
     Vec lo, hi;
+    if constexpr (DTypeBlockSize(kType) == 256) {  // a super-block, its scales made once
+      const Vec scales = row.Scales(k);
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        row.LoadSub(k, j, scales, lo, hi);
+        VStore(out + k + 32 * j, lo);
+        VStore(out + k + 32 * j + kLanes, hi);
+      }
+      k += 256 - 32;
+      continue;
+    }
     row.LoadBlock(k, lo, hi);
     VStore(out + k, lo);
     VStore(out + k + kLanes, hi);
