@@ -1,0 +1,313 @@
+// The CPU products' weight-row readers: a stored weight row as DotTile reads it, widened to
+// floats in registers (f32, bf16, f16, q8_0, and on AVX-512 ggml's q4_0, q4_K, q5_K and
+// q6_K blocks), and which dtypes have one. Like simd.h, included only by the files compiled
+// with -march=native where the build allows it (cpu_backend.cc), and inside an anonymous
+// namespace, so code built for different instruction sets never meets in one inline
+// function.
+#ifndef KVLENS_KERNELS_CPU_WEIGHT_ROWS_H_
+#define KVLENS_KERNELS_CPU_WEIGHT_ROWS_H_
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/simd.h"
+#include "kernels/dtype.h"
+#include "kernels/ggml_quants.h"
+
+namespace kvlens::kernels {
+namespace {
+
+// A weight row as DotTile reads it: kLanes weights from k as floats (Load), or one (At).
+// Each gives exactly DequantizeRowFast's floats (a q8_0 weight is d · q, one rounding), so
+// a product reads the stored row in place or a dequantised copy with the same result.
+struct F32Row {
+  const uint8_t* p;  // as the other rows: a WeightView's bytes, or a float copy's
+  const float* f() const { return reinterpret_cast<const float*>(p); }
+  Vec Load(int64_t k) const { return VLoad(f() + k); }
+  float At(int64_t k) const { return f()[k]; }
+};
+struct Bf16Row {
+  const uint8_t* p;
+  Vec Load(int64_t k) const { return VLoad(reinterpret_cast<const uint16_t*>(p + 2 * k)); }
+  float At(int64_t k) const {
+    uint16_t b;
+    std::memcpy(&b, p + 2 * k, 2);
+    return BF16ToF32(b);
+  }
+};
+struct F16Row {
+  const uint8_t* p;
+  float At(int64_t k) const {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * k, 2);
+    return F16ToF32(h);
+  }
+  Vec Load(int64_t k) const {
+#if defined(__AVX512F__)
+    // The masked forms here: GCC 12's plain ones warn spuriously (as in VLoad above).
+    return _mm512_maskz_cvtph_ps(static_cast<__mmask16>(0xFFFF),
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * k)));
+#elif defined(__AVX2__) && defined(__FMA__)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * k)));
+#else
+    Vec v;
+    for (int i = 0; i < kLanes; ++i) v.l[i] = At(k + i);
+    return v;
+#endif
+  }
+};
+struct Q8Row {  // k and k + kLanes − 1 in one block of kQ8_0BlockSize
+  const uint8_t* p;
+#if defined(__AVX512F__)
+  // kLanes quants times the scale d: d · q, one rounding, as DequantizeRowFast.
+  static Vec Widened(const int8_t* q, Vec d) {
+    const __m512 f = _mm512_maskz_cvtepi32_ps(
+        static_cast<__mmask16>(0xFFFF),
+        _mm512_maskz_cvtepi8_epi32(static_cast<__mmask16>(0xFFFF),
+                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
+    return _mm512_mul_ps(d, f);
+  }
+  // A whole block from k (a multiple of kQ8_0BlockSize = 2 · kLanes), its scale read once.
+  void LoadBlock(int64_t k, Vec& lo, Vec& hi) const {
+    const Vec d = _mm512_set1_ps(Scale(k));
+    lo = Widened(Quants(k), d);
+    hi = Widened(Quants(k) + kLanes, d);
+  }
+#endif
+  float Scale(int64_t k) const {
+    uint16_t d;
+    std::memcpy(&d, p + k / kQ8_0BlockSize * kQ8_0BlockBytes, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(d);  // exact, as F16ToF32
+#else
+    return F16ToF32(d);
+#endif
+  }
+  const int8_t* Quants(int64_t k) const {
+    return reinterpret_cast<const int8_t*>(p + k / kQ8_0BlockSize * kQ8_0BlockBytes + 2) +
+           k % kQ8_0BlockSize;
+  }
+  float At(int64_t k) const { return Scale(k) * static_cast<float>(*Quants(k)); }
+  Vec Load(int64_t k) const {
+#if defined(__AVX512F__)
+    return Widened(Quants(k), _mm512_set1_ps(Scale(k)));
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 q = _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(Quants(k)))));
+    return _mm256_mul_ps(_mm256_set1_ps(Scale(k)), q);
+#else
+    Vec v;
+    for (int i = 0; i < kLanes; ++i) v.l[i] = At(k + i);
+    return v;
+#endif
+  }
+};
+static_assert(kQ8_0BlockSize % kLanes == 0);
+
+#if defined(__AVX512F__)
+// ggml's 4- to 6-bit blocks read in place on AVX-512 (the other ISAs decode a row at a time
+// into a float copy, HasRowReader): q4_0 a block of 32 at a time (LoadBlock), the k-quants
+// q4_K, q5_K and q6_K a super-block of 256 at a time (Scales once, then LoadSub for each
+// 32 elements). They widen the quants in registers and scale them exactly as
+// kernels/ggml_quants.h's decoders do: where those compute (d·sc)·q − dmin·m, d·sc and
+// d·sc·q are exact, so one fused multiply-subtract gives the same bits; q6_K's (d·sc)·q is
+// one product, rounded once either way. (ggml_quants_test checks them against ggml's
+// floats through DequantizeRowFast, which stores these registers.)
+//
+// Integer lane ops in their masked forms (GCC 12's plain ones warn spuriously, as VLoad's).
+constexpr __mmask16 kAll = 0xFFFF;
+inline __m512i I32And(__m512i a, __m512i b) { return _mm512_maskz_and_epi32(kAll, a, b); }
+inline __m512i I32Or(__m512i a, __m512i b) { return _mm512_maskz_or_epi32(kAll, a, b); }
+inline __m512i I32Sub(__m512i a, __m512i b) { return _mm512_maskz_sub_epi32(kAll, a, b); }
+inline __m512i I32Shr(__m512i a, int n) {
+  return _mm512_maskz_srlv_epi32(kAll, a, _mm512_set1_epi32(n));
+}
+inline __m512i I32Shl(__m512i a, int n) {
+  return _mm512_maskz_sllv_epi32(kAll, a, _mm512_set1_epi32(n));
+}
+inline __m512i WidenBytes(const uint8_t* p) {
+  return _mm512_maskz_cvtepu8_epi32(static_cast<__mmask16>(0xFFFF),
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline Vec ToFloat(__m512i v) {
+  return _mm512_maskz_cvtepi32_ps(static_cast<__mmask16>(0xFFFF), v);
+}
+inline float HalfToFloat(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+template <DType kType>
+struct BlockRow {
+  const uint8_t* p;
+  float At(int64_t k) const {
+    constexpr DTypeBlock kShape = DTypeBlockOf(kType);
+    float block[256];
+    DecodeBlocks(kType, p + k / kShape.elems * kShape.bytes, 1, block);
+    return block[k % kShape.elems];
+  }
+  // 32-element blocks (q4_0): elements k … k + 31 (k a multiple of 32), the scale read once.
+  void LoadBlock(int64_t k, Vec& lo, Vec& hi) const;
+  // The k-quants, a super-block at a time (k a multiple of 256): Scales(k) gives its 16
+  // scale floats, made once; LoadSub(k, j, scales, …) its elements 32·j … 32·j + 31.
+  Vec Scales(int64_t k) const;
+  void LoadSub(int64_t k, int j, Vec scales, Vec& lo, Vec& hi) const;
+  Vec Load(int64_t k) const {  // (the products step whole blocks and never call it)
+    Vec lo, hi;
+    if constexpr (DTypeBlockSize(kType) == 256) {
+      LoadSub(k / 256 * 256, static_cast<int>(k % 256 / 32), Scales(k / 256 * 256), lo, hi);
+    } else {
+      LoadBlock(k / 32 * 32, lo, hi);
+    }
+    return k % 32 ? hi : lo;
+  }
+};
+// q4_0: a block's first 16 elements are qs's low nibbles, the next 16 its high ones.
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ4_0>::LoadBlock(int64_t k, Vec& lo,
+                                                                     Vec& hi) const {
+  const uint8_t* b = p + k / 32 * 18;
+  const __m512i bytes = WidenBytes(b + 2), mask = _mm512_set1_epi32(0xF);
+  const __m512i eight = _mm512_set1_epi32(8);
+  const Vec d = _mm512_set1_ps(HalfToFloat(b));
+  lo = _mm512_mul_ps(ToFloat(I32Sub(I32And(bytes, mask), eight)), d);
+  hi = _mm512_mul_ps(ToFloat(I32Sub(I32Shr(bytes, 4), eight)), d);
+}
+// q4_K and q5_K a super-block at a time: scales = [d·sc_0 … d·sc_7, dmin·m_0 … dmin·m_7].
+// ScaleMinK4's unpacking in lanes: lane i < 8 is sc_i, lane 8 + j is m_j. With s the 12
+// scale bytes: sc_j = s[j] & 63, m_j = s[j + 4] & 63 (j < 4); sc_j = (s[j + 4] & 15) |
+// (s[j − 4] >> 6) << 4, m_j = (s[j + 4] >> 4) | (s[j] >> 6) << 4 (j ≥ 4).
+inline Vec ScalesK4(const uint8_t* b) {
+  const __m512i s = WidenBytes(b + 4);  // lanes 12–15 (qs bytes) unused
+  const __m512i low_at = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11);
+  const __m512i low_shift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4);
+  const __m512i low_mask =
+      _mm512_setr_epi32(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
+  const __m512i high_at = _mm512_setr_epi32(0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7);
+  const __m512i high_mask =
+      _mm512_setr_epi32(0, 0, 0, 0, 48, 48, 48, 48, 0, 0, 0, 0, 48, 48, 48, 48);
+  const __m512i low = I32And(
+      _mm512_maskz_srlv_epi32(kAll, _mm512_maskz_permutexvar_epi32(kAll, low_at, s), low_shift),
+      low_mask);
+  const __m512i high =  // (byte >> 6) << 4
+      I32And(I32Shr(_mm512_maskz_permutexvar_epi32(kAll, high_at, s), 2), high_mask);
+  const Vec d = _mm512_mask_blend_ps(static_cast<__mmask16>(0xFF00), _mm512_set1_ps(HalfToFloat(b)),
+                                     _mm512_set1_ps(HalfToFloat(b + 2)));
+  return _mm512_mul_ps(d, ToFloat(I32Or(low, high)));
+}
+template <DType kType>
+[[gnu::always_inline]] inline void LoadSubK4(const uint8_t* qs, const uint8_t* qh, int j,
+                                             Vec scales, Vec& lo, Vec& hi) {
+  const Vec d1 = _mm512_maskz_permutexvar_ps(kAll, _mm512_set1_epi32(j), scales);
+  const Vec m1 = _mm512_maskz_permutexvar_ps(kAll, _mm512_set1_epi32(8 + j), scales);
+  __m512i q[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m512i bytes = WidenBytes(qs + 32 * (j / 2) + 16 * h);
+    q[h] = j % 2 ? I32Shr(bytes, 4) : I32And(bytes, _mm512_set1_epi32(0xF));
+    if constexpr (kType == DType::kQ5_K) {
+      const __m512i high = I32And(I32Shr(WidenBytes(qh + 16 * h), j), _mm512_set1_epi32(1));
+      q[h] = I32Or(q[h], I32Shl(high, 4));
+    }
+  }
+  lo = _mm512_fmsub_ps(ToFloat(q[0]), d1, m1);
+  hi = _mm512_fmsub_ps(ToFloat(q[1]), d1, m1);
+}
+template <>
+inline Vec BlockRow<DType::kQ4_K>::Scales(int64_t k) const {
+  return ScalesK4(p + k / 256 * 144);
+}
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ4_K>::LoadSub(int64_t k, int j, Vec scales,
+                                                                   Vec& lo, Vec& hi) const {
+  LoadSubK4<DType::kQ4_K>(p + k / 256 * 144 + 16, nullptr, j, scales, lo, hi);
+}
+template <>
+inline Vec BlockRow<DType::kQ5_K>::Scales(int64_t k) const {
+  return ScalesK4(p + k / 256 * 176);
+}
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ5_K>::LoadSub(int64_t k, int j, Vec scales,
+                                                                   Vec& lo, Vec& hi) const {
+  const uint8_t* b = p + k / 256 * 176;
+  LoadSubK4<DType::kQ5_K>(b + 48, b + 16, j, scales, lo, hi);
+}
+// q6_K a super-block at a time: scales = d · sc[0 … 15], one per 16 elements.
+template <>
+inline Vec BlockRow<DType::kQ6_K>::Scales(int64_t k) const {
+  const uint8_t* b = p + k / 256 * 210;
+  const __m512i sc =
+      _mm512_maskz_cvtepi8_epi32(kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+  return _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b + 208)), ToFloat(sc));
+}
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ6_K>::LoadSub(int64_t k, int j, Vec scales,
+                                                                   Vec& lo, Vec& hi) const {
+  const uint8_t* b = p + k / 256 * 210;
+  const int n = j / 4, c = j % 4;
+  Vec* out[2] = {&lo, &hi};
+  for (int h = 0; h < 2; ++h) {
+    const __m512i low4 = I32And(I32Shr(WidenBytes(b + 64 * n + 32 * (c % 2) + 16 * h), 4 * (c / 2)),
+                                _mm512_set1_epi32(0xF));
+    const __m512i high2 =
+        I32And(I32Shr(WidenBytes(b + 128 + 32 * n + 16 * h), 2 * c), _mm512_set1_epi32(3));
+    const __m512i q = I32Sub(I32Or(low4, I32Shl(high2, 4)), _mm512_set1_epi32(32));
+    const Vec s = _mm512_maskz_permutexvar_ps(kAll, _mm512_set1_epi32(2 * j + h), scales);
+    *out[h] = _mm512_mul_ps(s, ToFloat(q));
+  }
+}
+#endif
+
+// Rows whose LoadBlock reads 32 elements at once, and those that also read a super-block
+// of 256 a sub-block at a time, its scales made once (AVX-512 only).
+template <typename Row>
+constexpr bool kStepsBlocks = false;
+template <typename Row>
+constexpr bool kStepsSuperBlocks = false;
+#if defined(__AVX512F__)
+template <>
+constexpr bool kStepsBlocks<Q8Row> = true;
+template <DType kType>
+constexpr bool kStepsBlocks<BlockRow<kType>> = DTypeBlockSize(kType) == 32;
+template <DType kType>
+constexpr bool kStepsSuperBlocks<BlockRow<kType>> = DTypeBlockSize(kType) == 256;
+#endif
+
+// The dtypes a product reads in place (a *Row above); the others (ggml's 4-, 5- and k-quant
+// blocks) are decoded a weight row at a time into a float copy, DequantizeRowFast's floats.
+constexpr bool HasRowReader(DType t) {
+#if defined(__AVX512F__)
+  if (t == DType::kQ4_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K) {
+    return true;
+  }
+#endif
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kQ8_0;
+}
+
+#if defined(__AVX512F__)
+// n elements (whole blocks) of a row read by `row`, stored as floats.
+template <DType kType>
+void StoreBlocks(const BlockRow<kType>& row, int64_t n, float* out) {
+  for (int64_t k = 0; k < n; k += 32) {
+    Vec lo, hi;
+    if constexpr (DTypeBlockSize(kType) == 256) {  // a super-block, its scales made once
+      const Vec scales = row.Scales(k);
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        row.LoadSub(k, j, scales, lo, hi);
+        VStore(out + k + 32 * j, lo);
+        VStore(out + k + 32 * j + kLanes, hi);
+      }
+      k += 256 - 32;
+      continue;
+    }
+    row.LoadBlock(k, lo, hi);
+    VStore(out + k, lo);
+    VStore(out + k + kLanes, hi);
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace kvlens::kernels
+
+#endif  // KVLENS_KERNELS_CPU_WEIGHT_ROWS_H_
