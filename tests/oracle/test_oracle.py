@@ -110,8 +110,17 @@ class Stories260KTest(unittest.TestCase):
 
     def test_gguf_quantized_types_v2(self):
         g = GGUFFile(self.gguf_path)
-        kinds = ["F16", "BF16", "Q8_0", "F32"]
-        tensors = [(n, a, kinds[i % 4] if a.ndim == 2 else "F32") for i, (n, a) in enumerate(g.tensors.items())]
+        # Every type whose blocks fit stories260K's 64-wide rows (the k-quants need 256);
+        # its ffn_down rows are 172 wide, so those stay float.
+        kinds = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F32"]
+        float_kinds = ["F16", "BF16", "F32"]
+
+        def kind_of(i, a):
+            if a.ndim != 2:
+                return "F32"
+            k = kinds[i % len(kinds)]
+            return k if a.shape[1] % 32 == 0 or k in float_kinds else float_kinds[i % 3]
+        tensors = [(n, a, kind_of(i, a)) for i, (n, a) in enumerate(g.tensors.items())]
         md = {k: v for k, v in g.metadata.items() if not k.startswith("tokenizer.")}
         with tempfile.TemporaryDirectory() as d:
             p = os.path.join(d, "mixed.gguf")
@@ -124,8 +133,13 @@ class Stories260KTest(unittest.TestCase):
             self.assertEqual(q.tensors[name].shape, g.tensors[name].shape, name)
             np.testing.assert_array_equal(q.tensors[name], want, err_msg=name)
         with torch.no_grad():
-            diff = float((forward(m, self.ids)[0] - forward(self.model, self.ids)[0]).abs().max())
-        self.assertLess(diff, 0.5)  # quantised weights: close, not equal
+            ref = forward(self.model, self.ids)[0]
+            diff = float((forward(m, self.ids)[0] - ref).abs().max())
+        # Quantised weights: close, not equal. 4- and 5-bit weights move this model's logits
+        # by a few units on a scale of ~20 (llama.cpp's own Q4_0 file of it: 3.8; Q8_0
+        # alone: 0.24).
+        self.assertGreater(diff, 0.0)
+        self.assertLess(diff, 0.2 * float(ref.abs().max()))
 
     def test_packed_documents_equal_separate_runs(self):
         a, b = self.ids[:9], self.tok.encode("She wanted to play")
