@@ -32,6 +32,8 @@ def _gguf_str(s):
 def _gguf_value(v):
     if isinstance(v, bool):
         return struct.pack("<I?", 7, v)
+    if isinstance(v, np.uint32):  # as llama.cpp wants its hyperparameters
+        return struct.pack("<II", 4, int(v))
     if isinstance(v, int):
         return struct.pack("<Ii", 5, v)
     if isinstance(v, float):

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Writes a random-weight Llama GGUF for decode benchmarks of quantised files, with the
+stories260K tokenizer (../shared/testdata) so llama.cpp and kvlens both load it.
+
+    /usr/bin/python3 bench/make_random_llama_gguf.py --out /tmp/m.gguf --recipe q4_k_m
+
+Recipes: q4_k_m (llama.cpp's Q4_K_M mix: q4_K, with q6_K for the output, and for attn_v
+and ffn_down on every other layer), q8_0, f16. Shape flags default to a 0.4B-parameter
+model: dim 2048, FFN 5632, 8 layers, 32 heads of 64, 8 KV heads.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "oracle"))
+
+from kvlens_oracle.gguf import GGUFFile  # noqa: E402
+from oracle_fixtures import shared_testdata, write_gguf  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--recipe", default="q4_k_m", choices=["q4_k_m", "q8_0", "f16"])
+    ap.add_argument("--dim", type=int, default=2048)
+    ap.add_argument("--ffn", type=int, default=5632)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    args = ap.parse_args()
+    data = shared_testdata()
+    if data is None:
+        sys.exit("needs ../shared/testdata (the stories260K tokenizer)")
+    g = GGUFFile(os.path.join(data, "stories260K", "stories260K.gguf"))
+    vocab = len(g.metadata["tokenizer.ggml.tokens"])
+    rng = np.random.default_rng(5)
+    dim, kv = args.dim, args.dim // args.heads * args.kv_heads
+
+    def kind(name, layer):
+        if args.recipe != "q4_k_m":
+            return args.recipe.upper()
+        if name == "output":
+            return "Q6_K"
+        if name in ("attn_v", "ffn_down") and layer % 2 == 0:
+            return "Q6_K"
+        return "Q4_K"
+
+    def mat(rows, cols):
+        return rng.standard_normal((rows, cols), dtype=np.float32) / np.sqrt(cols)
+
+    tensors = [("token_embd.weight", mat(vocab, dim), kind("token_embd", -1))]
+    for l in range(args.layers):
+        tensors.append((f"blk.{l}.attn_norm.weight", np.ones(dim), "F32"))
+        tensors.append((f"blk.{l}.ffn_norm.weight", np.ones(dim), "F32"))
+        for name, shape in (("attn_q", (dim, dim)), ("attn_k", (kv, dim)), ("attn_v", (kv, dim)),
+                            ("attn_output", (dim, dim)), ("ffn_gate", (args.ffn, dim)),
+                            ("ffn_up", (args.ffn, dim)), ("ffn_down", (dim, args.ffn))):
+            tensors.append((f"blk.{l}.{name}.weight", mat(*shape), kind(name, l)))
+    tensors.append(("output_norm.weight", np.ones(dim), "F32"))
+    tensors.append(("output.weight", mat(vocab, dim), kind("output", -1)))
+    md = {k: np.uint32(v) if isinstance(v, int) else v  # token ids: uint32, as in the file
+          for k, v in g.metadata.items() if k.startswith("tokenizer.")}
+    md.update({
+        "general.architecture": "llama",
+        "general.name": f"random-llama-{args.recipe}",
+        # uint32, as llama.cpp requires
+        "llama.embedding_length": np.uint32(dim),
+        "llama.feed_forward_length": np.uint32(args.ffn),
+        "llama.block_count": np.uint32(args.layers),
+        "llama.attention.head_count": np.uint32(args.heads),
+        "llama.attention.head_count_kv": np.uint32(args.kv_heads),
+        "llama.context_length": np.uint32(2048),
+        "llama.attention.layer_norm_rms_epsilon": 1e-5,
+        "llama.rope.freq_base": 10000.0,
+        "llama.rope.dimension_count": np.uint32(dim // args.heads),
+    })
+    md = {"general.architecture": md.pop("general.architecture"), **md}
+    write_gguf(args.out, md, tensors)
+
+
+if __name__ == "__main__":
+    main()
