@@ -115,9 +115,7 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(
   response->set_vocab_size(c.vocab_size);
   response->set_bos_id(model.tokenizer ? model.tokenizer->bos_id() : -1);
   response->set_eos_id(model.tokenizer ? model.tokenizer->eos_id() : -1);
-  if (!model.weights.layers.empty()) {
-    response->set_dtype(std::string(kernels::DTypeName(model.weights.layers[0].wq.dtype)));
-  }
+  response->set_dtype(LinearWeightDTypes(model.weights));
   response->set_backend(backend_name_);
   response->set_block_size(engine_.options().block_size);
   if (model.generation_config.repetition_penalty) {

@@ -1,5 +1,10 @@
 #include "engine/model/weights.h"
 
+#include <algorithm>
+#include <map>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvlens {
@@ -13,6 +18,23 @@ absl::Status CheckShape(absl::string_view tensor_name, const WeightView& w, int6
                                                    w.cols, "]"));
   }
   return absl::OkStatus();
+}
+
+std::string LinearWeightDTypes(const Weights& w) {
+  std::map<kernels::DType, int64_t> elements;
+  auto add = [&](const WeightView& v) {
+    if (!v.empty()) elements[v.dtype] += v.rows * v.cols;
+  };
+  for (const LayerWeights& l : w.layers) {
+    for (const WeightView* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_in, &l.w_up, &l.w_out}) add(*v);
+  }
+  add(w.output);
+  std::vector<std::pair<int64_t, std::string>> by_size;
+  for (const auto& [dtype, n] : elements) by_size.emplace_back(-n, kernels::DTypeName(dtype));
+  std::sort(by_size.begin(), by_size.end());
+  std::string out;
+  for (const auto& [n, name] : by_size) absl::StrAppend(&out, out.empty() ? "" : "+", name);
+  return out;
 }
 
 }  // namespace kvlens

@@ -50,6 +50,10 @@ struct Weights {
 absl::Status CheckShape(absl::string_view tensor_name, const WeightView& w, int64_t rows,
                         int64_t cols);
 
+// The stored types of the linear weights (every layer's projections and the output), most
+// parameters first, joined by "+": "f16" for a plain model, "q4_K+q6_K" for a Q4_K_M file.
+std::string LinearWeightDTypes(const Weights& w);
+
 }  // namespace kvlens
 
 #endif  // KVLENS_ENGINE_MODEL_WEIGHTS_H_
