@@ -3,7 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/dtype.h"
+#include "engine/model/weights.h"
+#include "kernels/kv_dtype.h"
 #include "server/generate_stream.h"
 #include "server/request_convert.h"
 #include "server/status_util.h"
