@@ -21,7 +21,7 @@ namespace {
 
 const std::string kBin = testing::TestData("stories260K/stories260K.bin");
 
-testing::OracleResult RunGradOracle(const std::vector<int32_t>& tokens,
+testing::OracleResult RunGradOracle(const std::string& model, const std::vector<int32_t>& tokens,
                                     const std::vector<TokenTarget>& targets,
                                     const std::vector<int32_t>& docs) {
   char tmpl[] = "/tmp/kvlens_oracle_grad_XXXXXX";
@@ -30,7 +30,7 @@ testing::OracleResult RunGradOracle(const std::vector<int32_t>& tokens,
   std::vector<std::string> t;
   for (const TokenTarget& tg : targets) t.push_back(absl::StrCat(tg.row, ":", tg.token));
   std::string cmd = std::string(testing::OraclePython()) + " " + KVLENS_SOURCE_DIR +
-                    "/tests/oracle/oracle.py --model '" + kBin + "' --tokens '" +
+                    "/tests/oracle/oracle.py --model '" + model + "' --tokens '" +
                     absl::StrJoin(tokens, " ") + "' --out " + tmpl + " --grad-logprob '" +
                     absl::StrJoin(t, " ") + "'";
   if (!docs.empty()) cmd += " --doc-ids '" + absl::StrJoin(docs, " ") + "'";
@@ -119,7 +119,7 @@ TEST(OracleGradients, Stories260KMatchesAutograd) {
   for (const std::vector<int32_t>& docs :
        {std::vector<int32_t>{},
         std::vector<int32_t>{0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2}}) {
-    const testing::OracleResult ref = RunGradOracle(tokens, targets, docs);
+    const testing::OracleResult ref = RunGradOracle(kBin, tokens, targets, docs);
     ASSERT_TRUE(ref.error.empty()) << ref.error;
     kernels::ReferenceBackend ref_be;
     kernels::CpuBackend fast(2);
@@ -128,6 +128,34 @@ TEST(OracleGradients, Stories260KMatchesAutograd) {
     std::printf("[oracle] stories260K%s: worst relative error fp64 %.3g, fp32 %.3g\n",
                 docs.empty() ? "" : " with doc ids", e64, e32);
   }
+}
+
+// Gradient probes on a model in every ggml block type (tests/oracle/make_quantized_gguf.py):
+// the tape's forward and backward read the quantised weights through kvlens' decoders and
+// must match autograd on the oracle's own decoding of the same bytes. (CpuBackend's
+// MatMulBackwardInput over block types: CpuBackwardTest.)
+TEST(OracleGradients, QuantizedModelMatchesAutograd) {
+  if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  char tmpl[] = "/tmp/kvlens_quantized_grad_XXXXXX";
+  const int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  const std::string path = tmpl;
+  const std::string cmd = std::string(testing::OraclePython()) + " " + KVLENS_SOURCE_DIR +
+                          "/tests/oracle/make_quantized_gguf.py --out " + path;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto m = LoadModel({path, ""});
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128};
+  const std::vector<TokenTarget> targets = {{11, 42}, {4, 300}};
+  const testing::OracleResult ref = RunGradOracle(path, tokens, targets, {});
+  std::remove(path.c_str());
+  ASSERT_TRUE(ref.error.empty()) << ref.error;
+  kernels::ReferenceBackend ref_be;
+  kernels::CpuBackend fast(2);
+  const double e64 = WorstError<double>(**m, ref_be, tokens, targets, {}, ref);
+  const double e32 = WorstError<float>(**m, fast, tokens, targets, {}, ref);
+  std::printf("[oracle] quantized model: worst relative error fp64 %.3g, fp32 %.3g\n", e64, e32);
 }
 
 }  // namespace
