@@ -173,6 +173,101 @@ template <>
   lo = _mm512_mul_ps(ToFloat(I32Sub(I32And(bytes, mask), eight)), d);
   hi = _mm512_mul_ps(ToFloat(I32Sub(I32Shr(bytes, 4), eight)), d);
 }
+// q4_1: q4_0's nibbles, x = q·d + m (q·d exact: one fused multiply-add rounds as the add).
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ4_1>::LoadBlock(int64_t k, Vec& lo,
+                                                                     Vec& hi) const {
+  const uint8_t* b = p + k / 32 * 20;
+  const __m512i bytes = WidenBytes(b + 4);
+  const Vec d = _mm512_set1_ps(HalfToFloat(b)), m = _mm512_set1_ps(HalfToFloat(b + 2));
+  lo = _mm512_fmadd_ps(ToFloat(I32And(bytes, _mm512_set1_epi32(0xF))), d, m);
+  hi = _mm512_fmadd_ps(ToFloat(I32Shr(bytes, 4)), d, m);
+}
+// q5_0 and q5_1: q4_0's and q4_1's nibbles, each with a fifth bit: bit l of the 32-bit qh
+// for element l. q5_0: x = (q − 16)·d; q5_1: x = q·d + m.
+template <DType kType>
+[[gnu::always_inline]] inline void LoadQ5(const uint8_t* b, Vec& lo, Vec& hi) {
+  constexpr bool kMin = kType == DType::kQ5_1;
+  uint32_t qh;
+  std::memcpy(&qh, b + (kMin ? 4 : 2), 4);
+  const __m512i bytes = WidenBytes(b + (kMin ? 8 : 6));
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i bits = _mm512_set1_epi32(static_cast<int>(qh));
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i high_lo = I32And(_mm512_maskz_srlv_epi32(kAll, bits, lane), one);
+  const __m512i high_hi = I32And(
+      _mm512_maskz_srlv_epi32(kAll, bits, _mm512_add_epi32(lane, _mm512_set1_epi32(16))), one);
+  const __m512i q_lo = I32Or(I32And(bytes, _mm512_set1_epi32(0xF)), I32Shl(high_lo, 4));
+  const __m512i q_hi = I32Or(I32Shr(bytes, 4), I32Shl(high_hi, 4));
+  const Vec d = _mm512_set1_ps(HalfToFloat(b));
+  if constexpr (kMin) {
+    const Vec m = _mm512_set1_ps(HalfToFloat(b + 2));
+    lo = _mm512_fmadd_ps(ToFloat(q_lo), d, m);
+    hi = _mm512_fmadd_ps(ToFloat(q_hi), d, m);
+  } else {
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    lo = _mm512_mul_ps(ToFloat(I32Sub(q_lo, sixteen)), d);
+    hi = _mm512_mul_ps(ToFloat(I32Sub(q_hi, sixteen)), d);
+  }
+}
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ5_0>::LoadBlock(int64_t k, Vec& lo,
+                                                                     Vec& hi) const {
+  LoadQ5<DType::kQ5_0>(p + k / 32 * 22, lo, hi);
+}
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ5_1>::LoadBlock(int64_t k, Vec& lo,
+                                                                     Vec& hi) const {
+  LoadQ5<DType::kQ5_1>(p + k / 32 * 24, lo, hi);
+}
+// q2_K and q3_K: sub-blocks of 16, so LoadSub(j) spans two, each with its own scale, read
+// from the bytes (Scales is unused). Element e = 128·n + 32·s + 16·h + l (j = 4·n + s) has
+// its 2 low bits at bits 2·s of qs[32·n + 16·h + l], its scale at index 8·n + 2·s + h;
+// q3_K's third bit is bit 4·n + s of hmask[16·h + l].
+template <>
+inline Vec BlockRow<DType::kQ2_K>::Scales(int64_t) const {
+  return VZero();
+}
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ2_K>::LoadSub(int64_t k, int j, Vec, Vec& lo,
+                                                                   Vec& hi) const {
+  const uint8_t* b = p + k / 256 * 84;
+  const int n = j / 4, s2 = 2 * (j % 4);
+  const float d = HalfToFloat(b + 80), dmin = HalfToFloat(b + 82);
+  Vec* out[2] = {&lo, &hi};
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t sc = b[8 * n + s2 + h];
+    const __m512i q =
+        I32And(I32Shr(WidenBytes(b + 16 + 32 * n + 16 * h), s2), _mm512_set1_epi32(3));
+    *out[h] = _mm512_fmsub_ps(ToFloat(q), _mm512_set1_ps(d * static_cast<float>(sc & 0xF)),
+                              _mm512_set1_ps(dmin * static_cast<float>(sc >> 4)));
+  }
+}
+template <>
+inline Vec BlockRow<DType::kQ3_K>::Scales(int64_t) const {
+  return VZero();
+}
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ3_K>::LoadSub(int64_t k, int j, Vec, Vec& lo,
+                                                                   Vec& hi) const {
+  const uint8_t* b = p + k / 256 * 110;
+  const uint8_t* packed = b + 96;
+  const int n = j / 4, s = j % 4;
+  const float d = HalfToFloat(b + 108);
+  Vec* out[2] = {&lo, &hi};
+  for (int h = 0; h < 2; ++h) {
+    const int is = 8 * n + 2 * s + h;  // the 6-bit scale, as DecodeQ3_K unpacks it
+    const int low = is < 8 ? packed[is] & 0xF : packed[is - 8] >> 4;
+    const int high = (packed[8 + is % 4] >> (2 * (is / 4))) & 3;
+    const __m512i q2 =
+        I32And(I32Shr(WidenBytes(b + 32 + 32 * n + 16 * h), 2 * s), _mm512_set1_epi32(3));
+    const __m512i hbit = I32And(I32Shr(WidenBytes(b + 16 * h), 4 * n + s), _mm512_set1_epi32(1));
+    // q2 − (hbit ? 0 : 4) = q2 + 4·hbit − 4
+    const __m512i q = I32Sub(I32Or(q2, I32Shl(hbit, 2)), _mm512_set1_epi32(4));
+    const float dl = d * static_cast<float>((low | (high << 4)) - 32);
+    *out[h] = _mm512_mul_ps(_mm512_set1_ps(dl), ToFloat(q));
+  }
+}
 // q4_K and q5_K a super-block at a time: scales = [d·sc_0 … d·sc_7, dmin·m_0 … dmin·m_7].
 // ScaleMinK4's unpacking in lanes: lane i < 8 is sc_i, lane 8 + j is m_j. With s the 12
 // scale bytes: sc_j = s[j] & 63, m_j = s[j + 4] & 63 (j < 4); sc_j = (s[j + 4] & 15) |
@@ -276,9 +371,7 @@ constexpr bool kStepsSuperBlocks<BlockRow<kType>> = DTypeBlockSize(kType) == 256
 // blocks) are decoded a weight row at a time into a float copy, DequantizeRowFast's floats.
 constexpr bool HasRowReader(DType t) {
 #if defined(__AVX512F__)
-  if (t == DType::kQ4_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K) {
-    return true;
-  }
+  if (DTypeIsBlockQuantized(t)) return true;
 #endif
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kQ8_0;
 }
