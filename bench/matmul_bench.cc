@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
           argc, argv,
           "usage: kvlens_bench_matmul [dim=2048] [threads=0 (all)] [min_seconds=0.5]\n"
           "CpuBackend::MatMul y[N, dim] = x[N, dim] · Wᵀ for a square weight in each stored\n"
-          "dtype (f32, f16, bf16, q8_0, and the GGUF quantisations q4_0, q4_K, q5_K, q6_K),\n"
+          "dtype (f32, f16, bf16, and ggml's block types q8_0, q4_0 … q5_1, q2_K … q6_K),\n"
           "N = 1, 4, 16 and 64: ms per call and GFLOP/s. dim must be a multiple of 256.\n"
           "Prints a table, then one JSON line.\n")) {
     return 0;
@@ -85,7 +85,8 @@ int main(int argc, char** argv) {
                      ",\"threads\":" + std::to_string(cpu.num_threads()) + ",\"simd\":\"" +
                      std::string(CpuBackend::SimdName()) + "\",\"results\":[";
   bool first = true;
-  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K,
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                   DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
                    DType::kQ5_K, DType::kQ6_K}) {
     const std::vector<uint8_t> w_bytes = MakeWeight(dt, dim, dim, rng);
     const WeightView w{w_bytes.data(), dt, dim, dim};

@@ -1,6 +1,6 @@
 // The CPU products' weight-row readers: a stored weight row as DotTile reads it, widened to
-// floats in registers (f32, bf16, f16, q8_0, and on AVX-512 ggml's q4_0, q4_K, q5_K and
-// q6_K blocks), and which dtypes have one. Like simd.h, included only by the files compiled
+// floats in registers (f32, bf16, f16, q8_0, and on AVX-512 all of ggml's other block
+// types), and which dtypes have one. Like simd.h, included only by the files compiled
 // with -march=native where the build allows it (cpu_backend.cc), and inside an anonymous
 // namespace, so code built for different instruction sets never meets in one inline
 // function.
@@ -105,13 +105,14 @@ struct Q8Row {  // k and k + kLanes − 1 in one block of kQ8_0BlockSize
 static_assert(kQ8_0BlockSize % kLanes == 0);
 
 #if defined(__AVX512F__)
-// ggml's 4- to 6-bit blocks read in place on AVX-512 (the other ISAs decode a row at a time
-// into a float copy, HasRowReader): q4_0 a block of 32 at a time (LoadBlock), the k-quants
-// q4_K, q5_K and q6_K a super-block of 256 at a time (Scales once, then LoadSub for each
-// 32 elements). They widen the quants in registers and scale them exactly as
-// kernels/ggml_quants.h's decoders do: where those compute (d·sc)·q − dmin·m, d·sc and
-// d·sc·q are exact, so one fused multiply-subtract gives the same bits; q6_K's (d·sc)·q is
-// one product, rounded once either way. (ggml_quants_test checks them against ggml's
+// ggml's 2- to 6-bit blocks read in place on AVX-512 (the other ISAs decode a row at a time
+// into a float copy, HasRowReader): q4_0, q4_1, q5_0 and q5_1 a block of 32 at a time
+// (LoadBlock), the k-quants a super-block of 256 at a time (Scales once, then LoadSub for
+// each 32 elements; q2_K and q3_K read their 16-element scales there). They widen the
+// quants in registers and scale them exactly as kernels/ggml_quants.h's decoders do: where
+// those compute d·q + m or (d·sc)·q − dmin·m, d·sc and the product with q are exact, so one
+// fused multiply-add gives the same bits; q6_K's (d·sc)·q is one product, rounded once
+// either way. (ggml_quants_test checks them against ggml's
 // floats through DequantizeRowFast, which stores these registers.)
 //
 // Integer lane ops in their masked forms (GCC 12's plain ones warn spuriously, as VLoad's).
