@@ -35,16 +35,7 @@ void DequantizeRow(const WeightView& w, int64_t r, T* out) {
       }
       return;
     }
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_1:
-    case DType::kQ5_0:
-    case DType::kQ5_1:
-    case DType::kQ2_K:
-    case DType::kQ3_K:
-    case DType::kQ4_K:
-    case DType::kQ5_K:
-    case DType::kQ6_K:
+    default:  // ggml's block types
       DecodeBlocks(w.dtype, src, n / DTypeBlockSize(w.dtype), out);
       return;
   }

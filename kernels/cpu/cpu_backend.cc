@@ -398,39 +398,14 @@ void DequantizeRowFast(const WeightView& w, int64_t r, float* out) {
       }
       return;
     }
+    default:
 #if defined(__AVX512F__)
-    // The in-place readers' registers, stored: the same floats, 32 at a time.
-    case DType::kQ4_0:
-      return StoreBlocks(BlockRow<DType::kQ4_0>{src}, n, out);
-    case DType::kQ4_1:
-      return StoreBlocks(BlockRow<DType::kQ4_1>{src}, n, out);
-    case DType::kQ5_0:
-      return StoreBlocks(BlockRow<DType::kQ5_0>{src}, n, out);
-    case DType::kQ5_1:
-      return StoreBlocks(BlockRow<DType::kQ5_1>{src}, n, out);
-    case DType::kQ2_K:
-      return StoreBlocks(BlockRow<DType::kQ2_K>{src}, n, out);
-    case DType::kQ3_K:
-      return StoreBlocks(BlockRow<DType::kQ3_K>{src}, n, out);
-    case DType::kQ4_K:
-      return StoreBlocks(BlockRow<DType::kQ4_K>{src}, n, out);
-    case DType::kQ5_K:
-      return StoreBlocks(BlockRow<DType::kQ5_K>{src}, n, out);
-    case DType::kQ6_K:
-      return StoreBlocks(BlockRow<DType::kQ6_K>{src}, n, out);
+      // The in-place readers' registers, stored: the same floats, 32 at a time.
+      VisitBlockRow(w.dtype, src, [&](auto row) { StoreBlocks(row, n, out); });
 #else
-    case DType::kQ4_0:
-    case DType::kQ4_1:
-    case DType::kQ5_0:
-    case DType::kQ5_1:
-    case DType::kQ2_K:
-    case DType::kQ3_K:
-    case DType::kQ4_K:
-    case DType::kQ5_K:
-    case DType::kQ6_K:
       DecodeBlocks(w.dtype, src, n / DTypeBlockSize(w.dtype), out);
-      return;
 #endif
+      return;
   }
 }
 
@@ -547,36 +522,10 @@ void CpuBackend::MatMul(const float* x, int n, const WeightView& w, const Weight
           case DType::kQ8_0:
             in_place(Q8Row{});
             break;
+          default:  // ggml's other blocks: their BlockRow (HasRowReader says where)
 #if defined(__AVX512F__)
-          case DType::kQ4_0:
-            in_place(BlockRow<DType::kQ4_0>{});
-            break;
-          case DType::kQ4_1:
-            in_place(BlockRow<DType::kQ4_1>{});
-            break;
-          case DType::kQ5_0:
-            in_place(BlockRow<DType::kQ5_0>{});
-            break;
-          case DType::kQ5_1:
-            in_place(BlockRow<DType::kQ5_1>{});
-            break;
-          case DType::kQ2_K:
-            in_place(BlockRow<DType::kQ2_K>{});
-            break;
-          case DType::kQ3_K:
-            in_place(BlockRow<DType::kQ3_K>{});
-            break;
-          case DType::kQ4_K:
-            in_place(BlockRow<DType::kQ4_K>{});
-            break;
-          case DType::kQ5_K:
-            in_place(BlockRow<DType::kQ5_K>{});
-            break;
-          case DType::kQ6_K:
-            in_place(BlockRow<DType::kQ6_K>{});
-            break;
+            VisitBlockRow(w.dtype, nullptr, in_place);
 #endif
-          default:  // no row reader (HasRowReader): decoded into w_buf above
             break;
         }
       }

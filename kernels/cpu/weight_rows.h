@@ -368,6 +368,35 @@ template <DType kType>
 constexpr bool kStepsSuperBlocks<BlockRow<kType>> = DTypeBlockSize(kType) == 256;
 #endif
 
+#if defined(__AVX512F__)
+// fn(BlockRow<t>{p}) for the block type t other than q8_0 (Q8Row's); nothing otherwise.
+template <typename Fn>
+void VisitBlockRow(DType t, const uint8_t* p, Fn&& fn) {
+  switch (t) {
+    case DType::kQ4_0:
+      return fn(BlockRow<DType::kQ4_0>{p});
+    case DType::kQ4_1:
+      return fn(BlockRow<DType::kQ4_1>{p});
+    case DType::kQ5_0:
+      return fn(BlockRow<DType::kQ5_0>{p});
+    case DType::kQ5_1:
+      return fn(BlockRow<DType::kQ5_1>{p});
+    case DType::kQ2_K:
+      return fn(BlockRow<DType::kQ2_K>{p});
+    case DType::kQ3_K:
+      return fn(BlockRow<DType::kQ3_K>{p});
+    case DType::kQ4_K:
+      return fn(BlockRow<DType::kQ4_K>{p});
+    case DType::kQ5_K:
+      return fn(BlockRow<DType::kQ5_K>{p});
+    case DType::kQ6_K:
+      return fn(BlockRow<DType::kQ6_K>{p});
+    default:
+      return;
+  }
+}
+#endif
+
 // The dtypes a product reads in place (a *Row above); the others (ggml's 4-, 5- and k-quant
 // blocks) are decoded a weight row at a time into a float copy, DequantizeRowFast's floats.
 constexpr bool HasRowReader(DType t) {

@@ -97,6 +97,23 @@ inline OracleResult RunOracle(const std::string& model, const std::vector<int32_
   return RunOracleWith(model, tokens, args);
 }
 
+// Writes tests/oracle/make_quantized_gguf.py's model (a random Llama in every ggml block
+// type) to a new temporary file and returns its path, or "" when that failed. The caller
+// removes the file.
+inline std::string MakeQuantizedModel() {
+  char tmpl[] = "/tmp/kvlens_quantized_XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd < 0) return "";
+  close(fd);
+  const std::string cmd = std::string(OraclePython()) + " " + KVLENS_SOURCE_DIR +
+                          "/tests/oracle/make_quantized_gguf.py --out " + tmpl;
+  if (std::system(cmd.c_str()) != 0) {
+    std::remove(tmpl);
+    return "";
+  }
+  return tmpl;
+}
+
 }  // namespace kvlens::testing
 
 #endif  // KVLENS_TESTS_ORACLE_ORACLE_RUNNER_H_

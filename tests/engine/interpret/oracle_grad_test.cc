@@ -136,14 +136,8 @@ TEST(OracleGradients, Stories260KMatchesAutograd) {
 // MatMulBackwardInput over block types: CpuBackwardTest.)
 TEST(OracleGradients, QuantizedModelMatchesAutograd) {
   if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
-  char tmpl[] = "/tmp/kvlens_quantized_grad_XXXXXX";
-  const int fd = mkstemp(tmpl);
-  ASSERT_GE(fd, 0);
-  close(fd);
-  const std::string path = tmpl;
-  const std::string cmd = std::string(testing::OraclePython()) + " " + KVLENS_SOURCE_DIR +
-                          "/tests/oracle/make_quantized_gguf.py --out " + path;
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const std::string path = testing::MakeQuantizedModel();
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
   auto m = LoadModel({path, ""});
   ASSERT_TRUE(m.ok()) << m.status();
   const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128};

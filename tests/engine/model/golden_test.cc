@@ -127,14 +127,8 @@ TEST_P(GoldenTest, PackedDocumentsMatchTheOracle) {
 // the layouts) read the same bytes, so the tolerances are those of an f32 model.
 TEST(QuantizedGoldenTest, EveryBlockTypeMatchesTheOracle) {
   ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
-  char tmpl[] = "/tmp/kvlens_quantized_XXXXXX";
-  const int fd = mkstemp(tmpl);
-  ASSERT_GE(fd, 0);
-  close(fd);
-  const std::string path = tmpl;
-  const std::string cmd = std::string(testing::OraclePython()) + " " + KVLENS_SOURCE_DIR +
-                          "/tests/oracle/make_quantized_gguf.py --out " + path;
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const std::string path = testing::MakeQuantizedModel();
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
   auto model = LoadModel({path, ""});
   ASSERT_TRUE(model.ok()) << model.status();
   std::set<kernels::DType> types;
