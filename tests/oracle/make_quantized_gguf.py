@@ -6,7 +6,8 @@ bytes, each with its own decoder.
 
     /usr/bin/python3 tests/oracle/make_quantized_gguf.py --out /tmp/q.gguf
 
-dim 256, 4 heads of 64 (2 KV heads), FFN 512, 2 layers, vocab 384, no tokenizer.
+dim 256, 4 heads of 64 (2 KV heads), FFN 512, 2 layers, vocab 384 and no tokenizer; with
+--tokenizer GGUF, that file's tokenizer and its vocabulary size (for tests that serve it).
 """
 import argparse
 import os
@@ -30,7 +31,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--tokenizer", help="a GGUF whose tokenizer the model takes")
     args = ap.parse_args()
+    tokenizer = {}
+    vocab = VOCAB
+    if args.tokenizer:
+        from kvlens_oracle.gguf import GGUFFile
+        md = GGUFFile(args.tokenizer).metadata
+        tokenizer = {k: np.uint32(v) if isinstance(v, int) else v  # ids: uint32, as there
+                     for k, v in md.items() if k.startswith("tokenizer.")}
+        vocab = len(md["tokenizer.ggml.tokens"])
     rng = np.random.default_rng(args.seed)
     kv = DIM // HEADS * KV_HEADS
 
@@ -40,7 +50,7 @@ def main():
     def norm():
         return 1 + rng.normal(0, 0.1, DIM)
 
-    tensors = [("token_embd.weight", rng.normal(0, 1, (VOCAB, DIM)), "Q4_K")]
+    tensors = [("token_embd.weight", rng.normal(0, 1, (vocab, DIM)), "Q4_K")]
     for layer, kinds in enumerate(LAYER_TYPES):
         shapes = [(DIM, DIM), (kv, DIM), (kv, DIM), (DIM, DIM), (FFN, DIM), (FFN, DIM), (DIM, FFN)]
         names = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
@@ -49,7 +59,7 @@ def main():
         for name, shape, kind in zip(names, shapes, kinds):
             tensors.append((f"blk.{layer}.{name}.weight", mat(*shape), kind))
     tensors.append(("output_norm.weight", norm(), "F32"))
-    tensors.append(("output.weight", mat(VOCAB, DIM), "Q6_K"))
+    tensors.append(("output.weight", mat(vocab, DIM), "Q6_K"))
     metadata = {
         "general.architecture": "llama",
         "general.name": "kvlens-quantized-test",
@@ -61,6 +71,7 @@ def main():
         "llama.context_length": 256,
         "llama.attention.layer_norm_rms_epsilon": 1e-5,
         "llama.rope.freq_base": 10000.0,
+        **tokenizer,
     }
     write_gguf(args.out, metadata, tensors)
 

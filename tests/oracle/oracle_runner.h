@@ -98,15 +98,15 @@ inline OracleResult RunOracle(const std::string& model, const std::vector<int32_
 }
 
 // Writes tests/oracle/make_quantized_gguf.py's model (a random Llama in every ggml block
-// type) to a new temporary file and returns its path, or "" when that failed. The caller
-// removes the file.
-inline std::string MakeQuantizedModel() {
+// type; `args` are the script's flags) to a new temporary file and returns its path, or ""
+// when that failed. The caller removes the file.
+inline std::string MakeQuantizedModel(const std::string& args = "") {
   char tmpl[] = "/tmp/kvlens_quantized_XXXXXX";
   const int fd = mkstemp(tmpl);
   if (fd < 0) return "";
   close(fd);
   const std::string cmd = std::string(OraclePython()) + " " + KVLENS_SOURCE_DIR +
-                          "/tests/oracle/make_quantized_gguf.py --out " + tmpl;
+                          "/tests/oracle/make_quantized_gguf.py --out " + tmpl + " " + args;
   if (std::system(cmd.c_str()) != 0) {
     std::remove(tmpl);
     return "";

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -11,6 +12,7 @@
 
 #include "engine/generator.h"
 #include "tests/linked_model_dir.h"
+#include "tests/oracle/oracle_runner.h"
 #include "tests/server/server_test_util.h"
 #include "tests/test_paths.h"
 
@@ -149,7 +151,45 @@ TEST(GenerationServiceTest, GetModelInfo) {
   EXPECT_EQ(info.num_blocks(), 256);
   EXPECT_EQ(info.backend(), "cpu-f32");
   EXPECT_EQ(info.kv_cache_dtype(), "f32");
-  EXPECT_FALSE(info.dtype().empty());
+  EXPECT_EQ(info.dtype(), "f32");  // stories260K.gguf holds f32 tensors only
+}
+
+// A GGUF in every ggml block type (tests/oracle/make_quantized_gguf.py) served over gRPC:
+// GetModelInfo lists its linear weights' types by parameter count, and a greedy stream
+// equals offline generation token for token.
+TEST(GenerationServiceTest, ServesAQuantisedModel) {
+  KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
+  ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path =
+      MakeQuantizedModel("--tokenizer " + TestData("stories260K/stories260K.gguf"));
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  TestServer server(path, TestServer::DefaultOptions());
+  std::remove(path.c_str());  // mapped: the file's pages stay while the server runs
+  ASSERT_TRUE(server.ok()) << server.error();
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::ModelInfo info;
+  ASSERT_TRUE(server.stub().GetModelInfo(&context, {}, &info).ok());
+  // Elements per type (make_quantized_gguf.py's layout): q6_K 32768 + 131072 + 131072 (the
+  // output, 512 × 256), q3_K 65536 + 131072, q5_K 32768 + 131072, then 131072 each for q2_K, q4_0,
+  // q4_1 and q4_K (ties by name), q5_0 65536, and 32768 each for q5_1 and q8_0.
+  EXPECT_EQ(info.dtype(), "q6_K+q3_K+q5_K+q2_K+q4_0+q4_1+q4_K+q5_0+q5_1+q8_0");
+
+  v1::GenerateRequest request;
+  const std::vector<int32_t> prompt = {1, 5, 300, 17, 42};
+  for (int32_t id : prompt) request.mutable_token_ids()->add_ids(id);
+  request.mutable_stopping()->set_max_new_tokens(24);
+  request.mutable_stopping()->set_ignore_eos(true);
+  const StreamResult r = RunGenerate(server.stub(), request);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  kernels::CpuBackend backend(1);
+  GenerateOptions options;
+  options.max_new_tokens = 24;
+  options.stop_at_eos = false;
+  auto offline = Generate<float>(server.model(), backend, prompt, options);
+  ASSERT_TRUE(offline.ok()) << offline.status();
+  EXPECT_EQ(r.tokens, offline->tokens);
+  EXPECT_EQ(r.tokens.size(), 24u);
 }
 
 // The default model with a generation_config.json that sets repetition_penalty 1.3.
