@@ -17,8 +17,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "oracle"))
 
-from kvlens_oracle.gguf import GGUFFile  # noqa: E402
-from oracle_fixtures import shared_testdata, write_gguf  # noqa: E402
+from oracle_fixtures import llama_metadata, llama_projections, shared_testdata, write_gguf  # noqa: E402,E501
 
 
 def main():
@@ -34,8 +33,9 @@ def main():
     data = shared_testdata()
     if data is None:
         sys.exit("needs ../shared/testdata (the stories260K tokenizer)")
-    g = GGUFFile(os.path.join(data, "stories260K", "stories260K.gguf"))
-    vocab = len(g.metadata["tokenizer.ggml.tokens"])
+    md, vocab = llama_metadata(f"random-llama-{args.recipe}", args.dim, args.ffn, args.layers,
+                               args.heads, args.kv_heads, 2048,
+                               tokenizer_from=os.path.join(data, "stories260K", "stories260K.gguf"))
     rng = np.random.default_rng(5)
     dim, kv = args.dim, args.dim // args.heads * args.kv_heads
 
@@ -55,29 +55,10 @@ def main():
     for l in range(args.layers):
         tensors.append((f"blk.{l}.attn_norm.weight", np.ones(dim), "F32"))
         tensors.append((f"blk.{l}.ffn_norm.weight", np.ones(dim), "F32"))
-        for name, shape in (("attn_q", (dim, dim)), ("attn_k", (kv, dim)), ("attn_v", (kv, dim)),
-                            ("attn_output", (dim, dim)), ("ffn_gate", (args.ffn, dim)),
-                            ("ffn_up", (args.ffn, dim)), ("ffn_down", (dim, args.ffn))):
+        for name, shape in llama_projections(dim, kv, args.ffn):
             tensors.append((f"blk.{l}.{name}.weight", mat(*shape), kind(name, l)))
     tensors.append(("output_norm.weight", np.ones(dim), "F32"))
     tensors.append(("output.weight", mat(vocab, dim), kind("output", -1)))
-    md = {k: np.uint32(v) if isinstance(v, int) else v  # token ids: uint32, as in the file
-          for k, v in g.metadata.items() if k.startswith("tokenizer.")}
-    md.update({
-        "general.architecture": "llama",
-        "general.name": f"random-llama-{args.recipe}",
-        # uint32, as llama.cpp requires
-        "llama.embedding_length": np.uint32(dim),
-        "llama.feed_forward_length": np.uint32(args.ffn),
-        "llama.block_count": np.uint32(args.layers),
-        "llama.attention.head_count": np.uint32(args.heads),
-        "llama.attention.head_count_kv": np.uint32(args.kv_heads),
-        "llama.context_length": np.uint32(2048),
-        "llama.attention.layer_norm_rms_epsilon": 1e-5,
-        "llama.rope.freq_base": 10000.0,
-        "llama.rope.dimension_count": np.uint32(dim // args.heads),
-    })
-    md = {"general.architecture": md.pop("general.architecture"), **md}
     write_gguf(args.out, md, tensors)
 
 

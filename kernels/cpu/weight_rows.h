@@ -127,12 +127,9 @@ inline __m512i I32Shl(__m512i a, int n) {
   return _mm512_maskz_sllv_epi32(kAll, a, _mm512_set1_epi32(n));
 }
 inline __m512i WidenBytes(const uint8_t* p) {
-  return _mm512_maskz_cvtepu8_epi32(static_cast<__mmask16>(0xFFFF),
-                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_maskz_cvtepu8_epi32(kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-inline Vec ToFloat(__m512i v) {
-  return _mm512_maskz_cvtepi32_ps(static_cast<__mmask16>(0xFFFF), v);
-}
+inline Vec ToFloat(__m512i v) { return _mm512_maskz_cvtepi32_ps(kAll, v); }
 inline float HalfToFloat(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);

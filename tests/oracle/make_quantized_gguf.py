@@ -17,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from oracle_fixtures import write_gguf  # noqa: E402
+from oracle_fixtures import llama_metadata, llama_projections, write_gguf  # noqa: E402
 
 DIM, HEADS, KV_HEADS, FFN, LAYERS, VOCAB = 256, 4, 2, 512, 2, 384
 # Per layer: q, k, v, output, gate, up, down.
@@ -33,14 +33,9 @@ def main():
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--tokenizer", help="a GGUF whose tokenizer the model takes")
     args = ap.parse_args()
-    tokenizer = {}
-    vocab = VOCAB
-    if args.tokenizer:
-        from kvlens_oracle.gguf import GGUFFile
-        md = GGUFFile(args.tokenizer).metadata
-        tokenizer = {k: np.uint32(v) if isinstance(v, int) else v  # ids: uint32, as there
-                     for k, v in md.items() if k.startswith("tokenizer.")}
-        vocab = len(md["tokenizer.ggml.tokens"])
+    metadata, vocab = llama_metadata("kvlens-quantized-test", DIM, FFN, LAYERS, HEADS, KV_HEADS,
+                                     256, tokenizer_from=args.tokenizer)
+    vocab = vocab or VOCAB
     rng = np.random.default_rng(args.seed)
     kv = DIM // HEADS * KV_HEADS
 
@@ -52,27 +47,12 @@ def main():
 
     tensors = [("token_embd.weight", rng.normal(0, 1, (vocab, DIM)), "Q4_K")]
     for layer, kinds in enumerate(LAYER_TYPES):
-        shapes = [(DIM, DIM), (kv, DIM), (kv, DIM), (DIM, DIM), (FFN, DIM), (FFN, DIM), (DIM, FFN)]
-        names = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
         tensors.append((f"blk.{layer}.attn_norm.weight", norm(), "F32"))
         tensors.append((f"blk.{layer}.ffn_norm.weight", norm(), "F32"))
-        for name, shape, kind in zip(names, shapes, kinds):
+        for (name, shape), kind in zip(llama_projections(DIM, kv, FFN), kinds):
             tensors.append((f"blk.{layer}.{name}.weight", mat(*shape), kind))
     tensors.append(("output_norm.weight", norm(), "F32"))
     tensors.append(("output.weight", mat(vocab, DIM), "Q6_K"))
-    metadata = {
-        "general.architecture": "llama",
-        "general.name": "kvlens-quantized-test",
-        "llama.embedding_length": DIM,
-        "llama.feed_forward_length": FFN,
-        "llama.block_count": LAYERS,
-        "llama.attention.head_count": HEADS,
-        "llama.attention.head_count_kv": KV_HEADS,
-        "llama.context_length": 256,
-        "llama.attention.layer_norm_rms_epsilon": 1e-5,
-        "llama.rope.freq_base": 10000.0,
-        **tokenizer,
-    }
     write_gguf(args.out, metadata, tensors)
 
 

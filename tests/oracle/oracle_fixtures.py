@@ -84,6 +84,40 @@ def write_gguf(path, metadata, tensors, version=3, alignment=32):
     return expect
 
 
+# ------------------------------------------------------ random Llama GGUF models
+def llama_projections(dim, kv_dim, ffn):
+    """A Llama layer's linear weights, in GGUF's names: [(name, (rows, cols)), ...]."""
+    return [("attn_q", (dim, dim)), ("attn_k", (kv_dim, dim)), ("attn_v", (kv_dim, dim)),
+            ("attn_output", (dim, dim)), ("ffn_gate", (ffn, dim)), ("ffn_up", (ffn, dim)),
+            ("ffn_down", (dim, ffn))]
+
+
+def llama_metadata(name, dim, ffn, layers, heads, kv_heads, context, tokenizer_from=None):
+    """GGUF metadata for a Llama, counts as uint32 (llama.cpp requires it); with
+    tokenizer_from (a GGUF path), that file's tokenizer. Returns (metadata, its vocab size
+    or None)."""
+    md = {
+        "general.architecture": "llama",
+        "general.name": name,
+        "llama.embedding_length": np.uint32(dim),
+        "llama.feed_forward_length": np.uint32(ffn),
+        "llama.block_count": np.uint32(layers),
+        "llama.attention.head_count": np.uint32(heads),
+        "llama.attention.head_count_kv": np.uint32(kv_heads),
+        "llama.context_length": np.uint32(context),
+        "llama.attention.layer_norm_rms_epsilon": 1e-5,
+        "llama.rope.freq_base": 10000.0,
+        "llama.rope.dimension_count": np.uint32(dim // heads),
+    }
+    if tokenizer_from is None:
+        return md, None
+    from kvlens_oracle.gguf import GGUFFile
+    src = GGUFFile(tokenizer_from).metadata
+    md.update({k: np.uint32(v) if isinstance(v, int) else v  # token ids: uint32, as there
+               for k, v in src.items() if k.startswith("tokenizer.")})
+    return md, len(src["tokenizer.ggml.tokens"])
+
+
 # --------------------------------------------------------- llama2.c -> other files
 def write_llama2c(path, hdr, t, untied):
     order = ["token_embedding", "rms_att", "wq", "wk", "wv", "wo", "rms_ffn", "w1", "w2", "w3",
