@@ -64,6 +64,8 @@ int main(int argc, char** argv) {
           "CpuBackend::MatMul y[N, dim] = x[N, dim] · Wᵀ for a square weight in each stored\n"
           "dtype (f32, f16, bf16, and ggml's block types q8_0, q4_0 … q5_1, q2_K … q6_K),\n"
           "N = 1, 4, 16 and 64: ms per call and GFLOP/s. dim must be a multiple of 256.\n"
+          "Block types run twice: act=f32 (exact, the default) and act=int8\n"
+          "(CpuBackend::SetInt8Activations, the server's --int8-activations).\n"
           "Prints a table, then one JSON line.\n")) {
     return 0;
   }
@@ -80,7 +82,7 @@ int main(int argc, char** argv) {
 
   std::printf("CpuBackend MatMul  weight %dx%d  threads=%d  simd=%s\n", dim, dim, cpu.num_threads(),
               std::string(CpuBackend::SimdName()).c_str());
-  std::printf("%-6s %5s %12s %10s\n", "dtype", "N", "ms/call", "GFLOP/s");
+  std::printf("%-6s %-5s %5s %12s %10s\n", "dtype", "act", "N", "ms/call", "GFLOP/s");
   std::string json = "{\"bench\":\"matmul\",\"dim\":" + std::to_string(dim) +
                      ",\"threads\":" + std::to_string(cpu.num_threads()) + ",\"simd\":\"" +
                      std::string(CpuBackend::SimdName()) + "\",\"results\":[";
@@ -90,27 +92,34 @@ int main(int argc, char** argv) {
                    DType::kQ5_K, DType::kQ6_K}) {
     const std::vector<uint8_t> w_bytes = MakeWeight(dt, dim, dim, rng);
     const WeightView w{w_bytes.data(), dt, dim, dim};
-    for (int n : {1, 4, 16, 64}) {
-      std::vector<float> x(static_cast<size_t>(n) * dim), y(static_cast<size_t>(n) * dim);
-      for (float& v : x) v = u(rng);
-      cpu.MatMul(x.data(), n, w, WeightView{}, y.data());  // warm up caches and threads
-      int64_t calls = 0;
-      const auto start = std::chrono::steady_clock::now();
-      double seconds = 0;
-      do {
-        cpu.MatMul(x.data(), n, w, WeightView{}, y.data());
-        ++calls;
-        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      } while (seconds < min_seconds);
-      const double per_call = seconds / calls;
-      const double gflops = 2.0 * n * dim * static_cast<double>(dim) / per_call * 1e-9;
-      const std::string name(kvlens::kernels::DTypeName(dt));
-      std::printf("%-6s %5d %12.3f %10.2f\n", name.c_str(), n, per_call * 1e3, gflops);
-      char item[160];
-      std::snprintf(item, sizeof(item), "%s{\"dtype\":\"%s\",\"n\":%d,\"ms\":%.4f,\"gflops\":%.3f}",
-                    first ? "" : ",", name.c_str(), n, per_call * 1e3, gflops);
-      json += item;
-      first = false;
+    const bool blocks = kvlens::kernels::DTypeIsBlockQuantized(dt);
+    for (const bool int8 : {false, true}) {
+      if (int8 && !blocks) continue;
+      cpu.SetInt8Activations(int8);
+      const char* act = int8 ? "int8" : "f32";
+      for (int n : {1, 4, 16, 64}) {
+        std::vector<float> x(static_cast<size_t>(n) * dim), y(static_cast<size_t>(n) * dim);
+        for (float& v : x) v = u(rng);
+        cpu.MatMul(x.data(), n, w, WeightView{}, y.data());  // warm up caches and threads
+        int64_t calls = 0;
+        const auto start = std::chrono::steady_clock::now();
+        double seconds = 0;
+        do {
+          cpu.MatMul(x.data(), n, w, WeightView{}, y.data());
+          ++calls;
+          seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        } while (seconds < min_seconds);
+        const double per_call = seconds / calls;
+        const double gflops = 2.0 * n * dim * static_cast<double>(dim) / per_call * 1e-9;
+        const std::string name(kvlens::kernels::DTypeName(dt));
+        std::printf("%-6s %-5s %5d %12.3f %10.2f\n", name.c_str(), act, n, per_call * 1e3, gflops);
+        char item[192];
+        std::snprintf(item, sizeof(item),
+                      "%s{\"dtype\":\"%s\",\"act\":\"%s\",\"n\":%d,\"ms\":%.4f,\"gflops\":%.3f}",
+                      first ? "" : ",", name.c_str(), act, n, per_call * 1e3, gflops);
+        json += item;
+        first = false;
+      }
     }
   }
   json += "]}";

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/q8_products.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/weight_rows.h"
 #include "kernels/fast_exp.h"
@@ -466,6 +467,7 @@ void CpuBackend::MatMul(const float* x, int n, const WeightView& w, const Weight
                         float* y) {
   const int64_t in = w.cols, out = w.rows;
   if (n <= 0 || out <= 0) return;
+  if (int8_activations_ && DTypeIsBlockQuantized(w.dtype)) return MatMulQ8(x, n, w, bias, y);
   if (kPackedMatMul && n >= kPackedMinRows) return MatMulPacked(x, n, w, bias, y);
   const std::vector<float> b = bias.empty() ? std::vector<float>() : VectorOf(bias);
   // Below kPackedMinRows rows the products read the stored weights in place, widening
@@ -593,6 +595,61 @@ void CpuBackend::MatMulPackedChunk(const float* x, int n, const WeightView& w,
         for (int64_t o = o0; o < o1; ++o) y[r * out + o] += b[o];
       }
     }
+  });
+}
+
+// The activation rows quantised first (in parallel when there are many), then parallel over
+// output features: each weight row rewritten in integer form once (q8_products.h), then
+// multiplied with every activation row, four at a time.
+void CpuBackend::MatMulQ8(const float* x, int n, const WeightView& w, const WeightView& bias,
+                          float* y) {
+  const int64_t in = w.cols, out = w.rows;
+  const int64_t padded = (in + kQ8Unit - 1) / kQ8Unit * kQ8Unit;
+  const int64_t units = padded / kQ8Unit;
+  const std::vector<float> b = bias.empty() ? std::vector<float>() : VectorOf(bias);
+  // Kept by the calling thread, as MatMulPackedChunk's packed rows.
+  thread_local std::vector<int8_t> act;
+  thread_local std::vector<float> act_d, act_s;
+  thread_local std::vector<Q8ActRow> rows;
+  act.resize(static_cast<size_t>(n * padded));
+  act_d.resize(static_cast<size_t>(n * padded / 16));
+  act_s.resize(act_d.size());
+  rows.resize(static_cast<size_t>(n));
+  int8_t* a = act.data();
+  float* d16 = act_d.data();
+  float* s16 = act_s.data();
+  ParallelRange(n, std::max<int64_t>(1, (int64_t{1} << 16) / in), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      QuantizeRowQ8(x + r * in, in, padded, a + r * padded, d16 + r * padded / 16,
+                    s16 + r * padded / 16);
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    rows[r] = Q8ActRow{a + r * padded, d16 + r * padded / 16, s16 + r * padded / 16};
+  }
+  const Q8ActRow* xr = rows.data();
+  const int64_t min_rows = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, in * n));
+  ParallelRange(out, min_rows, [&](int64_t o0, int64_t o1) {
+    thread_local std::vector<Q8WeightUnit> unit_buf;
+    if (static_cast<int64_t>(unit_buf.size()) < units) unit_buf.resize(static_cast<size_t>(units));
+    const Q8WeightUnit* wu = unit_buf.data();
+    auto dot = [&](auto nr, int r0, int64_t o) {
+      constexpr int NR = decltype(nr)::value;
+      Q8Acc acc[NR];
+      for (int r = 0; r < NR; ++r) acc[r] = Q8Zero();
+      for (int64_t u = 0; u < units; ++u) Q8DotUnit<NR>(wu[u], xr + r0, u, acc);
+      for (int r = 0; r < NR; ++r) {
+        y[(r0 + r) * out + o] = Q8Sum(acc[r]) + (b.empty() ? 0.0f : b[o]);
+      }
+    };
+    VisitUnpacker(w.dtype, [&](auto unpack) {
+      for (int64_t o = o0; o < o1; ++o) {
+        for (int64_t u = 0; u < units; ++u) unpack(w.row(o), in, u, &unit_buf[u]);
+        int r0 = 0;
+        for (; r0 + 4 <= n; r0 += 4) dot(std::integral_constant<int, 4>{}, r0, o);
+        for (; r0 < n; ++r0) dot(std::integral_constant<int, 1>{}, r0, o);
+      }
+    });
   });
 }
 

@@ -23,6 +23,12 @@ class CpuBackend final : public Backend<float>, public BackwardOps<float> {
   // "avx512", "avx2" or "scalar": the inner loops this build was compiled with.
   static std::string_view SimdName();
 
+  // Opt-in: products with block-quantised weights (q8_0, q4_K, …) round their activations
+  // to 8 bits per block of 32, as llama.cpp does, and multiply in integers (q8_products.h):
+  // faster, no longer exact. Other weights, the backward and the other ops are unchanged.
+  void SetInt8Activations(bool on) { int8_activations_ = on; }
+  bool int8_activations() const { return int8_activations_; }
+
   void MatMul(const float* x, int n, const WeightView& w, const WeightView& bias,
               float* y) override;
   void Embedding(const WeightView& table, const int32_t* ids, int n, float* out) override;
@@ -55,6 +61,8 @@ class CpuBackend final : public Backend<float>, public BackwardOps<float> {
   void MatMulPacked(const float* x, int n, const WeightView& w, const WeightView& bias, float* y);
   void MatMulPackedChunk(const float* x, int n, const WeightView& w, const WeightView& bias,
                          float* y);
+  // MatMul's int8-activation path (SetInt8Activations; block-quantised weights only).
+  void MatMulQ8(const float* x, int n, const WeightView& w, const WeightView& bias, float* y);
 
   // Attention's two paths (cpu_attention.cc): decode over a long context split over the
   // keys, and the tiled path, planned as independent tasks so that AttentionBatch can run
@@ -75,6 +83,7 @@ class CpuBackend final : public Backend<float>, public BackwardOps<float> {
   AttentionPlan Plan(const AttentionArgs<float>& a, int min_tasks);
 
   std::unique_ptr<ThreadPool> pool_;
+  bool int8_activations_ = false;
 };
 
 }  // namespace kvlens::kernels
