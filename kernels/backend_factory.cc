@@ -45,9 +45,19 @@ absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_t
                                              [[maybe_unused]] Backend<float>* share_weights_with) {
   CreatedBackend out;
   if (device.kind == DeviceSpec::Kind::kCpu) {
-    out.backend = std::make_unique<CpuBackend>(cpu_threads);
-    out.description = std::string(out.backend->name());
+    auto cpu = std::make_unique<CpuBackend>(cpu_threads);
+    cpu->SetInt8Activations(device.int8_activations);
+    out.description =
+        device.int8_activations
+            ? absl::StrCat(std::string(cpu->name()), " (int8 activations for quantised weights)")
+            : std::string(cpu->name());
+    out.backend = std::move(cpu);
     return out;
+  }
+  if (device.int8_activations) {
+    return absl::InvalidArgumentError(
+        "int8 activations are a CPU option: the CUDA backend multiplies f16 copies of quantised "
+        "weights");
   }
 #ifdef KVLENS_HAVE_CUDA
   auto cuda = cuda::CudaBackend::Create(device.index);

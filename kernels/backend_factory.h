@@ -19,6 +19,9 @@ struct DeviceSpec {
   int index = 0;  // the GPU (kCuda)
   // kCuda: run the engine's forward steps as CUDA graphs (CudaBackend::SetCudaGraphs).
   bool cuda_graphs = true;
+  // kCpu: products with block-quantised weights take 8-bit activations, as llama.cpp's do
+  // (CpuBackend::SetInt8Activations): faster, no longer exact. Off by default.
+  bool int8_activations = false;
 
   std::string ToString() const;  // "cpu", "cuda:0"
 };
@@ -37,7 +40,7 @@ struct CreatedBackend {
 // The backend for `device`. cpu_threads: CpuBackend threads (0: all cores). Errors (the
 // caller names its flag):
 // FAILED_PRECONDITION when the build has no CUDA support or there is no usable GPU;
-// INVALID_ARGUMENT for a GPU index that does not exist.
+// INVALID_ARGUMENT for a GPU index that does not exist, or int8_activations on CUDA.
 // share_weights_with: another backend made here; when both are CUDA backends of the same
 // GPU, the new one shares its uploaded weights (one copy on the device) instead of
 // uploading its own. Ignored otherwise.

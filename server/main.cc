@@ -75,6 +75,10 @@ ABSL_FLAG(bool, cuda_graphs, true,
           "second time an identical step runs (decode steps of an unchanged batch) and "
           "replayed after that; false launches every kernel one by one.");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores; --device cpu only).");
+ABSL_FLAG(bool, int8_activations, false,
+          "--device cpu: generation's products with block-quantised weights (q8_0, q4_K, ...) "
+          "round their activations to 8 bits per block of 32, as llama.cpp does: faster, no "
+          "longer exact. Interpretability requests keep exact activations.");
 ABSL_FLAG(int32_t, interp_workers, 2,
           "Interpretability requests (attention maps, probes, interventions, lens) running "
           "at once, each on its own backends apart from generation.");
@@ -144,6 +148,7 @@ int main(int argc, char** argv) {
   if (!device.ok())
     return Fail(absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message())));
   device->cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  device->int8_activations = absl::GetFlag(FLAGS_int8_activations);
   auto backend = kvlens::kernels::CreateBackend(*device, absl::GetFlag(FLAGS_threads));
   if (!backend.ok()) {
     return Fail(absl::Status(backend.status().code(), absl::StrCat("--device ", device_flag, ": ",

@@ -42,6 +42,10 @@ const std::vector<FlagSpec>& Specs() {
       {"precision", "fp32",
        "fp32 (fast path, on --device) or fp64 (the double-precision CPU reference)"},
       {"threads", "0", "CPU threads (0: all cores; --device cpu)"},
+      {"int8-activations", "",
+       "products with block-quantised weights (q8_0, q4_K, ...) round their activations to "
+       "8 bits, as llama.cpp does: faster, no longer exact (--device cpu, --precision fp32)",
+       true},
       {"prefill-chunk", "512", "prompt tokens per prefill step"},
       {"block-size", "16", "KV-cache block size in tokens"},
       {"kv-cache-dtype", "auto",
@@ -59,8 +63,9 @@ const std::vector<FlagSpec>& Specs() {
 }
 
 template <typename T>
-int Run(const Model& model, kernels::Backend<T>& backend, const std::vector<int32_t>& prompt,
-        const std::string& prompt_text, const GenerateOptions& options, bool stats) {
+int Run(const Model& model, kernels::Backend<T>& backend, std::string_view backend_description,
+        const std::vector<int32_t>& prompt, const std::string& prompt_text,
+        const GenerateOptions& options, bool stats) {
   IncrementalDecoder decoder(*model.tokenizer);
   for (int32_t id : prompt) decoder.Push(id);  // the prompt is printed as given
   std::cout << prompt_text << std::flush;
@@ -80,7 +85,7 @@ int Run(const Model& model, kernels::Backend<T>& backend, const std::vector<int3
     std::cerr << absl::StrFormat(
         "backend %s | prompt %d tokens in %.3f s (%.1f tok/s) | generated %d tokens, decode "
         "%.1f tok/s | finish: %s\n",
-        backend.name(), prompt.size(), result->prefill_seconds,
+        backend_description, prompt.size(), result->prefill_seconds,
         prompt.size() / std::max(result->prefill_seconds, 1e-9), n, decode_tps,
         FinishReasonName(result->finish_reason));
   }
@@ -141,6 +146,14 @@ int GenerateCommand(int argc, char** argv) {
                     "--precision fp64 runs on the CPU only, not --device ", device_flag)),
                 2);
   }
+  device->int8_activations = args->Switch("int8-activations");
+  if (device->int8_activations &&
+      (precision == "fp64" || device->kind != kernels::DeviceSpec::Kind::kCpu)) {
+    return fail(absl::InvalidArgumentError(
+                    "--int8-activations applies to --device cpu with --precision fp32 (fp64 is "
+                    "the exact reference; CUDA multiplies f16 copies of quantised weights)"),
+                2);
+  }
   // Before the model loads: a missing GPU fails fast.
   kernels::CreatedBackend fp32_backend;
   if (precision == "fp32") {
@@ -185,9 +198,10 @@ int GenerateCommand(int argc, char** argv) {
   const bool stats = args->Switch("stats");
   if (precision == "fp64") {
     kernels::ReferenceBackend backend;
-    return Run<double>(**model, backend, prompt, prompt_text, options, stats);
+    return Run<double>(**model, backend, backend.name(), prompt, prompt_text, options, stats);
   }
-  return Run<float>(**model, *fp32_backend.backend, prompt, prompt_text, options, stats);
+  return Run<float>(**model, *fp32_backend.backend, fp32_backend.description, prompt, prompt_text,
+                    options, stats);
 }
 
 }  // namespace kvlens::cli

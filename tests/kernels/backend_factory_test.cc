@@ -4,6 +4,7 @@
 #include "kernels/backend_factory.h"
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
 #ifdef KVLENS_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -42,6 +43,26 @@ TEST(BackendFactoryTest, CpuBackendIsHostMemory) {
   EXPECT_EQ(b->description, "cpu-f32");
   EXPECT_TRUE(b->backend->memory().host_accessible());
   EXPECT_EQ(&b->backend->memory(), &HostMemory());
+}
+
+// --int8-activations reaches the CPU backend and its description; CUDA refuses it by name,
+// with or without a GPU.
+TEST(BackendFactoryTest, Int8ActivationsAreACpuOption) {
+  DeviceSpec cpu{DeviceSpec::Kind::kCpu, 0};
+  cpu.int8_activations = true;
+  auto b = CreateBackend(cpu, 1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->description, "cpu-f32 (int8 activations for quantised weights)");
+  auto* backend = dynamic_cast<CpuBackend*>(b->backend.get());
+  ASSERT_NE(backend, nullptr);
+  EXPECT_TRUE(backend->int8_activations());
+  DeviceSpec cuda{DeviceSpec::Kind::kCuda, 0};
+  cuda.int8_activations = true;
+  auto c = CreateBackend(cuda, 1);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  EXPECT_NE(c.status().message().find("int8 activations are a CPU option"), std::string_view::npos)
+      << c.status();
 }
 
 TEST(BackendFactoryTest, CudaWithoutAGpuIsFailedPrecondition) {

@@ -5,6 +5,8 @@
 
 #include <array>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -115,6 +117,33 @@ TEST(GenerateCliTest, DeviceBogusIsRejectedNamingTheFlag) {
   r = RunCli("generate --model /nonexistent.gguf --prompt x --device cuda --precision fp64 2>&1");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("--precision fp64 runs on the CPU only"), std::string::npos) << r.out;
+}
+
+// --int8-activations: named in --stats; float weights ignore it (stories260K is f32), so
+// the text is the exact path's; fp64 and CUDA refuse it by name.
+TEST(GenerateCliTest, Int8ActivationsLeaveFloatWeightsAloneAndNameTheirLimits) {
+  const std::string gguf = TestData("stories260K/stories260K.gguf");
+  KVLENS_REQUIRE_FILE(gguf);
+  const std::string base =
+      "generate --model " + gguf + " --prompt 'Once upon a time' --max-new-tokens 30";
+  const RunResult exact = RunCli(base);
+  const RunResult int8 = RunCli(base + " --int8-activations --stats 2>/tmp/kvlens_int8_stats.txt");
+  ASSERT_EQ(exact.exit_code, 0);
+  ASSERT_EQ(int8.exit_code, 0);
+  EXPECT_EQ(int8.out, exact.out);
+  std::ifstream stats("/tmp/kvlens_int8_stats.txt");
+  const std::string line((std::istreambuf_iterator<char>(stats)), std::istreambuf_iterator<char>());
+  std::remove("/tmp/kvlens_int8_stats.txt");
+  EXPECT_NE(line.find("backend cpu-f32 (int8 activations for quantised weights)"),
+            std::string::npos)
+      << line;
+  for (const char* bad : {" --precision fp64", " --device cuda"}) {
+    const RunResult r = RunCli(base + " --int8-activations" + bad + " 2>&1");
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find("--int8-activations applies to --device cpu with --precision fp32"),
+              std::string::npos)
+        << r.out;
+  }
 }
 
 // --kv-cache-dtype bf16: the fp32 path and the double reference, both on a bf16 cache,
