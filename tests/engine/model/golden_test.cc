@@ -150,6 +150,42 @@ TEST(QuantizedGoldenTest, EveryBlockTypeMatchesTheOracle) {
   CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5);
 }
 
+// CpuBackend's int8-activation mode against the oracle rounding the same products' inputs
+// the same way (kvlens_oracle.model.q8_round, from ggml's quantize_row_q8_0). kvlens rounds
+// its fp32 activations and the oracle its float64 ones cast to float32, so an input within
+// ~1e-7 of a rounding boundary can land on either side: the tolerance allows a few such
+// flips. It must be far below the mode's distance from the exact model, or the test could
+// not tell the mode from exact products.
+TEST(QuantizedGoldenTest, Int8ActivationsMatchTheOracleRoundingTheSameWay) {
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path = testing::MakeQuantizedModel();
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  auto model = LoadModel({path, ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128, 3};
+  const testing::OracleResult rounded = testing::RunOracleWith(path, tokens, "--int8-activations");
+  const testing::OracleResult exact = testing::RunOracle(path, tokens, /*attention=*/false);
+  std::remove(path.c_str());
+  ASSERT_TRUE(rounded.error.empty()) << rounded.error;
+  ASSERT_TRUE(exact.error.empty()) << exact.error;
+  kernels::CpuBackend fast(2);
+  fast.SetInt8Activations(true);
+  const int n = static_cast<int>(tokens.size());
+  KvCacheStorage<float> cache((*model)->config.num_layers, 1, 16, (*model)->config.kv_dim(), true);
+  const std::vector<int32_t> table = {0};
+  Transformer<float> tr(**model, fast);
+  BatchEntry e{tokens, 0, table, /*all_logits=*/true, {}};
+  ForwardOutput<float> out;
+  ASSERT_TRUE(tr.Forward({&e, 1}, cache, out, nullptr).ok());
+  ASSERT_EQ(out.logits.size(), static_cast<size_t>(n) * (*model)->config.vocab_size);
+  const double to_rounded = RelErr(out.logits, rounded.arrays.at("logits").data);
+  const double to_exact = RelErr(out.logits, exact.arrays.at("logits").data);
+  std::printf("int8 activations: logits within %.3g of the rounding oracle, %.3g of the exact\n",
+              to_rounded, to_exact);
+  EXPECT_LE(to_rounded, 1e-4);
+  EXPECT_GE(to_exact, 20 * to_rounded);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, GoldenTest,
                          ::testing::Values(testing::TestData("stories260K/stories260K.bin"),
                                            testing::TestData("stories260K/stories260K.gguf"),
