@@ -276,9 +276,9 @@ inline __m512i ShrHalves(__m512i v, int lo, int hi) {
 }
 // The byte mask of lanes whose byte in v has bit `lo` (lower 256 bits) or `hi` (upper) set.
 inline __mmask64 BitHalves(__m512i v, int lo, int hi) {
-  const __m512i m =
-      _mm512_mask_blend_epi64(static_cast<__mmask8>(0xF0), _mm512_set1_epi8(static_cast<char>(1 << lo)),
-                              _mm512_set1_epi8(static_cast<char>(1 << hi)));
+  const __m512i m = _mm512_mask_blend_epi64(static_cast<__mmask8>(0xF0),
+                                            _mm512_set1_epi8(static_cast<char>(1 << lo)),
+                                            _mm512_set1_epi8(static_cast<char>(1 << hi)));
   return _mm512_mask_test_epi8_mask(kAll64, v, m);
 }
 inline __m512i AddWhere(__m512i v, __mmask64 where, int add) {
@@ -302,8 +302,9 @@ inline void UnpackBlocks8(const uint8_t* b, float offset_of_d, Q8WeightUnit* out
     _mm256_store_si256(reinterpret_cast<__m256i*>(out->q + 32 * j), quants(b + kStride * j));
   }
   const Vec d = BlockHalves16(b, kStride, 0);
-  const Vec offset = kMinAt < 0 ? _mm512_mul_ps(_mm512_set1_ps(offset_of_d), d)
-                                : _mm512_sub_ps(_mm512_setzero_ps(), BlockHalves16(b, kStride, kMinAt));
+  const Vec offset = kMinAt < 0
+                         ? _mm512_mul_ps(_mm512_set1_ps(offset_of_d), d)
+                         : _mm512_sub_ps(_mm512_setzero_ps(), BlockHalves16(b, kStride, kMinAt));
   StoreScales(out, d, offset);
 }
 // 16 packed nibbles at p as 32 bytes: the low nibbles, then the high ones.
@@ -342,7 +343,9 @@ inline void UnpackUnitFast(const uint8_t* b, Q8WeightUnit* out) {
       _mm512_store_si512(out->q + 64 * c, U8And(ShrHalves(v, 4 * (c % 2), 4 * (c % 2) + 2), 3));
     }
     const __m512i sc = WidenBytes(b);
-    StoreScales(out, _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b + 80)), ToFloat(I32And(sc, _mm512_set1_epi32(0xF)))),
+    StoreScales(out,
+                _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b + 80)),
+                              ToFloat(I32And(sc, _mm512_set1_epi32(0xF)))),
                 _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b + 82)), ToFloat(I32Shr(sc, 4))));
   } else if constexpr (kType == DType::kQ3_K) {
     // As q2_K, plus 4 where hmask's bit 2c (first 32) or 2c + 1 (last 32) is set.
@@ -382,12 +385,14 @@ inline void UnpackUnitFast(const uint8_t* b, Q8WeightUnit* out) {
       const __m512i ql = _mm512_loadu_si512(b + 64 * n);
       const __m512i low4 = U8And(g ? _mm512_maskz_srli_epi16(kAll32, ql, 4) : ql, 0xF);
       const __m512i high2 = U8And(ShrHalves(Both32(b + 128 + 32 * n), 4 * g, 4 * g + 2), 3);
-      _mm512_store_si512(out->q + 64 * c,
-                         _mm512_maskz_or_epi32(kAll, low4, _mm512_maskz_slli_epi16(kAll32, high2, 4)));
+      _mm512_store_si512(
+          out->q + 64 * c,
+          _mm512_maskz_or_epi32(kAll, low4, _mm512_maskz_slli_epi16(kAll32, high2, 4)));
     }
-    const Vec scale = _mm512_mul_ps(
-        _mm512_set1_ps(HalfToFloat(b + 208)),
-        ToFloat(_mm512_maskz_cvtepi8_epi32(kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)))));
+    const Vec scale =
+        _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b + 208)),
+                      ToFloat(_mm512_maskz_cvtepi8_epi32(
+                          kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)))));
     StoreScales(out, scale, _mm512_mul_ps(_mm512_set1_ps(32.0f), scale));
   }
 }

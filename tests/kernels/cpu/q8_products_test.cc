@@ -167,8 +167,7 @@ TEST(Q8ProductsTest, GiveARowTheSameBitsInAnyBatchAndKeepNaNsInTheirRow) {
       cpu.MatMul(x.data(), n, w.view(), WeightView{}, batch.data());
       for (int r = 0; r < n; ++r) {
         std::vector<float> alone(out, 0.0f);
-        cpu.MatMul(x.data() + static_cast<size_t>(r) * in, 1, w.view(), WeightView{},
-                   alone.data());
+        cpu.MatMul(x.data() + static_cast<size_t>(r) * in, 1, w.view(), WeightView{}, alone.data());
         for (int o = 0; o < out; ++o) {
           if (r == 4) {
             ASSERT_TRUE(std::isnan(batch[r * out + o])) << DTypeName(dt) << " o=" << o;
