@@ -131,6 +131,15 @@ TEST(ServerProcessTest, InterpDeviceCudaWithoutAGpuIsAClearError) {
   EXPECT_EQ(out.rfind("kvlens-server: --interp-device cuda:0: ", 0), 0u) << out;
 }
 
+// --int8-activations is a CPU option: with --device cuda the server stops before it loads
+// anything, GPU or not.
+TEST(ServerProcessTest, Int8ActivationsOnCudaAreRefusedByName) {
+  const auto [code, out] = RunServerToExit("--device cuda --int8-activations");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_EQ(out.rfind("kvlens-server: --device cuda: int8 activations are a CPU option", 0), 0u)
+      << out;
+}
+
 TEST(ServerProcessTest, InterpDeviceBogusIsRejectedNamingTheFlag) {
   const auto [code, out] = RunServerToExit("--interp-device gpu");
   EXPECT_EQ(code, 1) << out;
