@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "clients/cli/args.h"
 #include "clients/cli/commands.h"
+#include "clients/cli/local_backend.h"
 #include "clients/cli/remote_generate.h"
 #include "engine/generator.h"
 #include "engine/model/model.h"
@@ -36,21 +37,8 @@ const std::vector<FlagSpec>& Specs() {
        "CTRL-style repetition penalty (1: off); when not given, the model's "
        "generation_config.json value applies if it has one (as in Hugging Face and vLLM)"},
       {"seed", "0", "random seed for sampling"},
-      {"device", "cpu",
-       "cpu, or cuda[:N] for GPU N (default 0; builds with -DKVLENS_CUDA=ON): where the model "
-       "runs, its activations and KV cache included (fp32 only)"},
-      {"precision", "fp32",
-       "fp32 (fast path, on --device) or fp64 (the double-precision CPU reference)"},
-      {"threads", "0", "CPU threads (0: all cores; --device cpu)"},
-      {"int8-activations", "",
-       "products with block-quantised weights (q8_0, q4_K, ...) round their activations to "
-       "8 bits, as llama.cpp does: faster, no longer exact (--device cpu, --precision fp32)",
-       true},
       {"prefill-chunk", "512", "prompt tokens per prefill step"},
       {"block-size", "16", "KV-cache block size in tokens"},
-      {"kv-cache-dtype", "auto",
-       "KV-cache element type: auto (the activations': fp32, fp64 with --precision fp64) or "
-       "bf16 (keys and values rounded to bf16 as they are stored)"},
       {"no-bos", "", "do not prepend the BOS token", true},
       {"no-parse-special", "",
        "encode special-token spellings in the prompt (\"<|endoftext|>\", \"<s>\") as plain "
@@ -59,7 +47,12 @@ const std::vector<FlagSpec>& Specs() {
       {"ignore-eos", "", "keep generating past the EOS token", true},
       {"stats", "", "print timing and tokens/s to stderr", true},
   };
-  return specs;
+  static const std::vector<FlagSpec> all = [] {
+    std::vector<FlagSpec> v = specs;
+    for (FlagSpec& f : LocalBackendFlags()) v.push_back(std::move(f));
+    return v;
+  }();
+  return all;
 }
 
 template <typename T>
@@ -117,54 +110,16 @@ int GenerateCommand(int argc, char** argv) {
   auto min_p = args->Double("min-p", 0, 1);
   auto rep = args->Double("repetition-penalty", 0, 10);
   auto seed = args->Int("seed", 0, INT64_MAX);
-  auto threads = args->Int("threads", 0, 1024);
   auto chunk = args->Int("prefill-chunk", 1, 1 << 20);
   auto block = args->Int("block-size", 1, 1024);
   for (const absl::Status& s :
        {max_new.status(), temperature.status(), top_k.status(), top_p.status(), min_p.status(),
-        rep.status(), seed.status(), threads.status(), chunk.status(), block.status()}) {
+        rep.status(), seed.status(), chunk.status(), block.status()}) {
     if (!s.ok()) return fail(s, 2);
   }
-  const std::string precision = args->Str("precision");
-  if (precision != "fp32" && precision != "fp64") {
-    return fail(absl::InvalidArgumentError("--precision must be fp32 or fp64"), 2);
-  }
-  auto kv_dtype = kernels::ParseKvDtype(args->Str("kv-cache-dtype"));
-  if (!kv_dtype.ok()) {
-    return fail(
-        absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype: ", kv_dtype.status().message())),
-        2);
-  }
-  const std::string device_flag = args->Str("device");
-  auto device = kernels::ParseDevice(device_flag);
-  if (!device.ok()) {
-    return fail(absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message())),
-                2);
-  }
-  if (precision == "fp64" && device->kind != kernels::DeviceSpec::Kind::kCpu) {
-    return fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--precision fp64 runs on the CPU only, not --device ", device_flag)),
-                2);
-  }
-  device->int8_activations = args->Switch("int8-activations");
-  if (device->int8_activations &&
-      (precision == "fp64" || device->kind != kernels::DeviceSpec::Kind::kCpu)) {
-    return fail(absl::InvalidArgumentError(
-                    "--int8-activations applies to --device cpu with --precision fp32 (fp64 is "
-                    "the exact reference; CUDA multiplies f16 copies of quantised weights)"),
-                2);
-  }
-  // Before the model loads: a missing GPU fails fast.
-  kernels::CreatedBackend fp32_backend;
-  if (precision == "fp32") {
-    auto backend = kernels::CreateBackend(*device, static_cast<int>(*threads));
-    if (!backend.ok()) {
-      return fail(absl::Status(backend.status().code(), absl::StrCat("--device ", device_flag, ": ",
-                                                                     backend.status().message())),
-                  1);
-    }
-    fp32_backend = *std::move(backend);
-  }
+  LocalBackend local;
+  absl::Status error;
+  if (const int code = MakeLocalBackend(*args, &local, &error); code != 0) return fail(error, code);
   options.max_new_tokens = static_cast<int>(*max_new);
   options.sampling.temperature = *temperature;
   options.sampling.top_k = static_cast<int>(*top_k);
@@ -174,7 +129,7 @@ int GenerateCommand(int argc, char** argv) {
   options.sampling.seed = static_cast<uint64_t>(*seed);
   options.prefill_chunk = static_cast<int>(*chunk);
   options.block_size = static_cast<int>(*block);
-  options.kv_cache_dtype = *kv_dtype;
+  options.kv_cache_dtype = local.kv_cache_dtype;
   options.stop_at_eos = !args->Switch("ignore-eos");
 
   auto model = LoadModel({args->Str("model"), args->Str("tokenizer")});
@@ -196,11 +151,11 @@ int GenerateCommand(int argc, char** argv) {
                 2);
   }
   const bool stats = args->Switch("stats");
-  if (precision == "fp64") {
+  if (local.fp64) {
     kernels::ReferenceBackend backend;
     return Run<double>(**model, backend, backend.name(), prompt, prompt_text, options, stats);
   }
-  return Run<float>(**model, *fp32_backend.backend, fp32_backend.description, prompt, prompt_text,
+  return Run<float>(**model, *local.fp32.backend, local.fp32.description, prompt, prompt_text,
                     options, stats);
 }
 

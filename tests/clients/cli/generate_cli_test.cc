@@ -12,31 +12,16 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend_factory.h"
+#include "tests/clients/cli/run_cli.h"
 #include "tests/linked_model_dir.h"
 #include "tests/test_paths.h"
 
 namespace kvlens {
 namespace {
 
+using testing::RunCli;
+using testing::RunResult;
 using testing::TestData;
-
-struct RunResult {
-  int exit_code = -1;
-  std::string out;  // stdout only; stderr goes to the test log
-};
-
-RunResult RunCli(const std::string& args) {
-  const std::string cmd = std::string(KVLENS_CLI_PATH) + " " + args;
-  RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 int CountTokens(const std::string& ids_line) {
   std::istringstream in(ids_line);

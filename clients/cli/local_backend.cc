@@ -1,0 +1,76 @@
+#include "clients/cli/local_backend.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvlens::cli {
+
+std::vector<FlagSpec> LocalBackendFlags() {
+  return {
+      {"device", "cpu",
+       "cpu, or cuda[:N] for GPU N (default 0; builds with -DKVLENS_CUDA=ON): where the model "
+       "runs, its activations and KV cache included (fp32 only)"},
+      {"precision", "fp32",
+       "fp32 (fast path, on --device) or fp64 (the double-precision CPU reference)"},
+      {"threads", "0", "CPU threads (0: all cores; --device cpu)"},
+      {"int8-activations", "",
+       "products with block-quantised weights (q8_0, q4_K, ...) round their activations to "
+       "8 bits, as llama.cpp does: faster, no longer exact (--device cpu, --precision fp32)",
+       true},
+      {"kv-cache-dtype", "auto",
+       "KV-cache element type: auto (the activations': fp32, fp64 with --precision fp64) or "
+       "bf16 (keys and values rounded to bf16 as they are stored)"},
+  };
+}
+
+int MakeLocalBackend(const Args& args, LocalBackend* out, absl::Status* error) {
+  auto threads = args.Int("threads", 0, 1024);
+  if (!threads.ok()) {
+    *error = threads.status();
+    return 2;
+  }
+  const std::string precision = args.Str("precision");
+  if (precision != "fp32" && precision != "fp64") {
+    *error = absl::InvalidArgumentError("--precision must be fp32 or fp64");
+    return 2;
+  }
+  auto kv_dtype = kernels::ParseKvDtype(args.Str("kv-cache-dtype"));
+  if (!kv_dtype.ok()) {
+    *error =
+        absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype: ", kv_dtype.status().message()));
+    return 2;
+  }
+  const std::string device_flag = args.Str("device");
+  auto device = kernels::ParseDevice(device_flag);
+  if (!device.ok()) {
+    *error = absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
+    return 2;
+  }
+  if (precision == "fp64" && device->kind != kernels::DeviceSpec::Kind::kCpu) {
+    *error = absl::InvalidArgumentError(
+        absl::StrCat("--precision fp64 runs on the CPU only, not --device ", device_flag));
+    return 2;
+  }
+  device->int8_activations = args.Switch("int8-activations");
+  if (device->int8_activations &&
+      (precision == "fp64" || device->kind != kernels::DeviceSpec::Kind::kCpu)) {
+    *error = absl::InvalidArgumentError(
+        "--int8-activations applies to --device cpu with --precision fp32 (fp64 is the exact "
+        "reference; CUDA multiplies f16 copies of quantised weights)");
+    return 2;
+  }
+  out->kv_cache_dtype = *kv_dtype;
+  out->fp64 = precision == "fp64";
+  if (out->fp64) return 0;
+  auto backend = kernels::CreateBackend(*device, static_cast<int>(*threads));
+  if (!backend.ok()) {
+    *error = absl::Status(backend.status().code(), absl::StrCat("--device ", device_flag, ": ",
+                                                                backend.status().message()));
+    return 1;
+  }
+  out->fp32 = *std::move(backend);
+  return 0;
+}
+
+}  // namespace kvlens::cli
