@@ -1,0 +1,120 @@
+#include "engine/perplexity.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "engine/kv_cache/kv_cache_manager.h"
+#include "engine/kv_cache/kv_cache_storage.h"
+#include "engine/model/transformer.h"
+
+namespace kvlens {
+
+double PerplexityResult::perplexity() const { return std::exp(mean_nll()); }
+
+namespace {
+
+// −log softmax(row)[target] in double: log Σ exp(row − max) + max − row[target].
+template <typename T>
+double NegLogProb(const T* row, int vocab, int32_t target) {
+  double max = -INFINITY;
+  for (int v = 0; v < vocab; ++v) max = std::max(max, static_cast<double>(row[v]));
+  double sum = 0.0;
+  for (int v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - max);
+  return std::log(sum) + max - static_cast<double>(row[target]);
+}
+
+}  // namespace
+
+template <typename T>
+absl::StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
+                                                    kernels::Backend<T>& backend,
+                                                    absl::Span<const int32_t> tokens,
+                                                    const PerplexityOptions& options,
+                                                    const PerplexityCallback& on_window) {
+  using Clock = std::chrono::steady_clock;
+  const ModelConfig& c = model.config;
+  const int ctx = options.context;
+  if (ctx < 1 || ctx > c.max_seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("context = ", ctx, " must be in [1, ", c.max_seq_len,
+                     "] (the model's context length)"));
+  }
+  if (options.chunk <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk = ", options.chunk, " must be > 0"));
+  }
+  if (options.block_size <= 0 || options.block_size > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_size = ", options.block_size, " must be in [1, 1024]"));
+  }
+  if (options.max_windows < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_windows = ", options.max_windows, " must be >= 0"));
+  }
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n < ctx + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("the text has ", n, " tokens; a context of ",
+                                                   ctx, " needs at least ", ctx + 1));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token ", i, " = ", tokens[i],
+                                                     " is outside the vocabulary [0, ",
+                                                     c.vocab_size, ")"));
+    }
+  }
+  int64_t windows = (n - 1) / ctx;
+  if (options.max_windows > 0) windows = std::min<int64_t>(windows, options.max_windows);
+
+  KvCacheManager cache_manager((ctx + options.block_size - 1) / options.block_size,
+                               options.block_size);
+  auto cache_or = KvCacheStorage<T>::Create(backend.memory(), c.num_layers,
+                                            cache_manager.pool().num_blocks(), options.block_size,
+                                            c.kv_dim(), /*fill_nan=*/true, options.kv_cache_dtype);
+  if (!cache_or.ok()) return cache_or.status();
+  KvCacheStorage<T>& cache = *cache_or;
+  constexpr SequenceId kSeq = 0;
+  if (!cache_manager.Reserve(kSeq, ctx)) return absl::InternalError("KV cache reservation failed");
+  const std::vector<BlockId>& table = cache_manager.BlockTable(kSeq);
+
+  Transformer<T> transformer(model, backend);
+  ForwardOutput<T> out;
+  PerplexityResult result;
+  const auto t0 = Clock::now();
+  for (int64_t w = 0; w < windows; ++w) {
+    const absl::Span<const int32_t> window = tokens.subspan(w * ctx, ctx + 1);
+    double window_sum = 0.0;
+    // Every window starts from an empty cache: its rows are overwritten from position 0.
+    for (int done = 0; done < ctx;) {
+      const int len = std::min(options.chunk, ctx - done);
+      BatchEntry entry;
+      entry.tokens = window.subspan(done, len);
+      entry.num_cached = done;
+      entry.block_table = table;
+      entry.all_logits = true;
+      if (absl::Status s = transformer.Forward({&entry, 1}, cache, out); !s.ok()) return s;
+      for (int r = 0; r < len; ++r) {
+        window_sum += NegLogProb(out.logits.data() + static_cast<int64_t>(r) * c.vocab_size,
+                                 c.vocab_size, window[done + r + 1]);
+      }
+      done += len;
+    }
+    result.windows += 1;
+    result.tokens += ctx;
+    result.nll_sum += window_sum;
+    result.window_nll.push_back(window_sum / ctx);
+    result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (on_window) on_window(result);
+  }
+  return result;
+}
+
+template absl::StatusOr<PerplexityResult> EvaluatePerplexity<double>(
+    const Model&, kernels::Backend<double>&, absl::Span<const int32_t>, const PerplexityOptions&,
+    const PerplexityCallback&);
+template absl::StatusOr<PerplexityResult> EvaluatePerplexity<float>(
+    const Model&, kernels::Backend<float>&, absl::Span<const int32_t>, const PerplexityOptions&,
+    const PerplexityCallback&);
+
+}  // namespace kvlens
