@@ -5,8 +5,9 @@
 
 namespace kvlens::cli {
 
-int GenerateCommand(int argc, char** argv);  // argv[1] == "generate"
-int TokenizeCommand(int argc, char** argv);  // argv[1] == "tokenize"
+int GenerateCommand(int argc, char** argv);    // argv[1] == "generate"
+int TokenizeCommand(int argc, char** argv);    // argv[1] == "tokenize"
+int PerplexityCommand(int argc, char** argv);  // argv[1] == "perplexity"
 // kvlens.v1.Interpret against a kvlens-server (interpret_commands.cc).
 int AttentionCommand(int argc, char** argv);  // argv[1] == "attention"
 int ProbeCommand(int argc, char** argv);      // argv[1] == "probe"

@@ -14,6 +14,7 @@ constexpr char kUsage[] =
     "  generate   generate text from a prompt with a local model (GGUF or llama2.c .bin),\n"
     "             or with a kvlens-server (--server HOST:PORT)\n"
     "  tokenize   print the token ids of a text, separated by spaces\n"
+    "  perplexity a local model's perplexity on a text file\n"
     "  attention  attention maps and per-head scores from a kvlens-server\n"
     "  probe      gradient probe (log-prob of a token; saliency; --verify) on a server\n"
     "  intervene  ablate heads on a server; clean vs edited log-probs\n"
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   if (command == "generate") return kvlens::cli::GenerateCommand(argc, argv);
   if (command == "tokenize") return kvlens::cli::TokenizeCommand(argc, argv);
+  if (command == "perplexity") return kvlens::cli::PerplexityCommand(argc, argv);
   if (command == "attention") return kvlens::cli::AttentionCommand(argc, argv);
   if (command == "probe") return kvlens::cli::ProbeCommand(argc, argv);
   if (command == "intervene") return kvlens::cli::InterveneCommand(argc, argv);
