@@ -37,9 +37,8 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
   const ModelConfig& c = model.config;
   const int ctx = options.context;
   if (ctx < 1 || ctx > c.max_seq_len) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("context = ", ctx, " must be in [1, ", c.max_seq_len,
-                     "] (the model's context length)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "context = ", ctx, " must be in [1, ", c.max_seq_len, "] (the model's context length)"));
   }
   if (options.chunk <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("chunk = ", options.chunk, " must be > 0"));
@@ -59,9 +58,8 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
   }
   for (int64_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("token ", i, " = ", tokens[i],
-                                                     " is outside the vocabulary [0, ",
-                                                     c.vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token ", i, " = ", tokens[i], " is outside the vocabulary [0, ", c.vocab_size, ")"));
     }
   }
   int64_t windows = (n - 1) / ctx;
@@ -110,11 +108,15 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
   return result;
 }
 
-template absl::StatusOr<PerplexityResult> EvaluatePerplexity<double>(
-    const Model&, kernels::Backend<double>&, absl::Span<const int32_t>, const PerplexityOptions&,
-    const PerplexityCallback&);
-template absl::StatusOr<PerplexityResult> EvaluatePerplexity<float>(
-    const Model&, kernels::Backend<float>&, absl::Span<const int32_t>, const PerplexityOptions&,
-    const PerplexityCallback&);
+template absl::StatusOr<PerplexityResult> EvaluatePerplexity<double>(const Model&,
+                                                                     kernels::Backend<double>&,
+                                                                     absl::Span<const int32_t>,
+                                                                     const PerplexityOptions&,
+                                                                     const PerplexityCallback&);
+template absl::StatusOr<PerplexityResult> EvaluatePerplexity<float>(const Model&,
+                                                                    kernels::Backend<float>&,
+                                                                    absl::Span<const int32_t>,
+                                                                    const PerplexityOptions&,
+                                                                    const PerplexityCallback&);
 
 }  // namespace kvlens

@@ -28,9 +28,9 @@ struct PerplexityOptions {
 
 struct PerplexityResult {
   int windows = 0;
-  int64_t tokens = 0;             // predicted tokens: windows · C
-  double nll_sum = 0.0;           // Σ −log p(token | its window's earlier tokens), nats
-  std::vector<double> window_nll; // per window: its mean
+  int64_t tokens = 0;              // predicted tokens: windows · C
+  double nll_sum = 0.0;            // Σ −log p(token | its window's earlier tokens), nats
+  std::vector<double> window_nll;  // per window: its mean
   double seconds = 0.0;
 
   double mean_nll() const { return tokens > 0 ? nll_sum / static_cast<double>(tokens) : 0.0; }

@@ -65,8 +65,8 @@ int MakeLocalBackend(const Args& args, LocalBackend* out, absl::Status* error) {
   if (out->fp64) return 0;
   auto backend = kernels::CreateBackend(*device, static_cast<int>(*threads));
   if (!backend.ok()) {
-    *error = absl::Status(backend.status().code(), absl::StrCat("--device ", device_flag, ": ",
-                                                                backend.status().message()));
+    *error = absl::Status(backend.status().code(),
+                          absl::StrCat("--device ", device_flag, ": ", backend.status().message()));
     return 1;
   }
   out->fp32 = *std::move(backend);

@@ -17,8 +17,8 @@ namespace kvlens::cli {
 std::vector<FlagSpec> LocalBackendFlags();
 
 struct LocalBackend {
-  bool fp64 = false;                      // --precision fp64: the caller runs ReferenceBackend
-  kernels::CreatedBackend fp32;           // otherwise: the fp32 backend on --device
+  bool fp64 = false;             // --precision fp64: the caller runs ReferenceBackend
+  kernels::CreatedBackend fp32;  // otherwise: the fp32 backend on --device
   kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kActivation;
 };
 

@@ -71,7 +71,8 @@ int PerplexityCommand(int argc, char** argv) {
   auto max_windows = args->Int("max-windows", 0, 1 << 30);
   auto chunk = args->Int("chunk", 1, 1 << 20);
   auto block = args->Int("block-size", 1, 1024);
-  for (const absl::Status& s : {ctx.status(), max_windows.status(), chunk.status(), block.status()}) {
+  for (const absl::Status& s :
+       {ctx.status(), max_windows.status(), chunk.status(), block.status()}) {
     if (!s.ok()) return fail(s, 2);
   }
   LocalBackend local;
@@ -79,7 +80,8 @@ int PerplexityCommand(int argc, char** argv) {
   if (const int code = MakeLocalBackend(*args, &local, &error); code != 0) return fail(error, code);
 
   std::ifstream in(args->Str("file"), std::ios::binary);
-  if (!in) return fail(absl::NotFoundError(absl::StrCat("cannot read --file ", args->Str("file"))), 1);
+  if (!in)
+    return fail(absl::NotFoundError(absl::StrCat("cannot read --file ", args->Str("file"))), 1);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto model = LoadModel({args->Str("model"), args->Str("tokenizer")});
   if (!model.ok()) return fail(model.status(), 1);
@@ -93,9 +95,8 @@ int PerplexityCommand(int argc, char** argv) {
                                           : tok.EncodeWithSpecialTokens(text, bos);
   const int max_len = (*model)->config.max_seq_len;
   if (*ctx > max_len) {
-    return fail(absl::InvalidArgumentError(absl::StrCat("--ctx ", *ctx,
-                                                        " is more than the model's context length ",
-                                                        max_len)),
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--ctx ", *ctx, " is more than the model's context length ", max_len)),
                 2);
   }
   PerplexityOptions options;
@@ -129,14 +130,14 @@ int PerplexityCommand(int argc, char** argv) {
     std::cout << absl::StrFormat(
         "{\"perplexity\":%.6f,\"mean_nll\":%.8f,\"tokens\":%d,\"windows\":%d,\"ctx\":%d,"
         "\"text_tokens\":%d,\"backend\":\"%s\",\"seconds\":%.3f,\"tokens_per_second\":%.1f}\n",
-        result->perplexity(), result->mean_nll(), result->tokens, result->windows,
-        options.context, tokens.size(), backend_name, result->seconds, tps);
+        result->perplexity(), result->mean_nll(), result->tokens, result->windows, options.context,
+        tokens.size(), backend_name, result->seconds, tps);
   } else {
     std::cout << absl::StrFormat(
         "perplexity %.4f (mean NLL %.6f nats/token) over %d tokens: %d windows of %d "
         "(the text has %d tokens)\nbackend %s | %.2f s, %.0f tokens/s\n",
-        result->perplexity(), result->mean_nll(), result->tokens, result->windows,
-        options.context, tokens.size(), backend_name, result->seconds, tps);
+        result->perplexity(), result->mean_nll(), result->tokens, result->windows, options.context,
+        tokens.size(), backend_name, result->seconds, tps);
   }
   return 0;
 }

@@ -53,7 +53,8 @@ TEST(PerplexityTest, MatchesTheOracleWindowByWindow) {
   std::vector<double> want;
   for (int w = 0; w < 3; ++w) {
     want.push_back(OracleWindowNll(
-        StoriesGguf(), std::vector<int32_t>(tokens.begin() + w * kCtx, tokens.begin() + (w + 1) * kCtx + 1),
+        StoriesGguf(),
+        std::vector<int32_t>(tokens.begin() + w * kCtx, tokens.begin() + (w + 1) * kCtx + 1),
         vocab));
   }
   PerplexityOptions options;
@@ -116,11 +117,11 @@ TEST(PerplexityTest, BadArgumentsNameTheField) {
   };
   std::vector<Case> cases;
   cases.push_back({PerplexityOptions{0}, tokens, "context = 0 must be in [1, "});
-  cases.push_back({PerplexityOptions{max_len + 1}, tokens,
-                   "(the model's context length)"});
+  cases.push_back({PerplexityOptions{max_len + 1}, tokens, "(the model's context length)"});
   cases.push_back({PerplexityOptions{39, 0, 0}, tokens, "chunk = 0 must be > 0"});
-  cases.push_back({PerplexityOptions{40}, tokens, "the text has 40 tokens; a context of 40 needs "
-                                                  "at least 41"});
+  cases.push_back({PerplexityOptions{40}, tokens,
+                   "the text has 40 tokens; a context of 40 needs "
+                   "at least 41"});
   std::vector<int32_t> bad = tokens;
   bad[7] = -3;
   cases.push_back({PerplexityOptions{8}, bad, "token 7 = -3 is outside the vocabulary"});

@@ -57,8 +57,7 @@ TEST(PerplexityCliTest, BadInputNamesTheFlagOrTheLimit) {
   const std::string base = "perplexity --model " + DefaultModel() + " --file " + text;
   RunResult r = RunCli(base + " --ctx 300 2>&1");
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find("--ctx 300 is more than the model's context length 256"),
-            std::string::npos)
+  EXPECT_NE(r.out.find("--ctx 300 is more than the model's context length 256"), std::string::npos)
       << r.out;
   r = RunCli(base + " 2>&1");  // a few tokens: less than one window of 256 + 1
   EXPECT_EQ(r.exit_code, 2) << r.out;
