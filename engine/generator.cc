@@ -4,8 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "engine/kv_cache/kv_cache_manager.h"
-#include "engine/kv_cache/kv_cache_storage.h"
+#include "engine/kv_cache/sequence_cache.h"
 #include "engine/model/transformer.h"
 
 namespace kvlens {
@@ -38,17 +37,11 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
 
   const int64_t total = std::min<int64_t>(
       c.max_seq_len, static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
-  KvCacheManager cache_manager(
-      static_cast<int>((total + options.block_size - 1) / options.block_size), options.block_size);
-  auto cache_or = KvCacheStorage<T>::Create(backend.memory(), c.num_layers,
-                                            cache_manager.pool().num_blocks(), options.block_size,
-                                            c.kv_dim(), /*fill_nan=*/true, options.kv_cache_dtype);
+  auto cache_or = SequenceCache<T>::Create(backend.memory(), c, total, options.block_size,
+                                           options.kv_cache_dtype);
   if (!cache_or.ok()) return cache_or.status();
-  KvCacheStorage<T>& cache = *cache_or;
-  constexpr SequenceId kSeq = 0;
-  if (!cache_manager.Reserve(kSeq, total))
-    return absl::InternalError("KV cache reservation failed");
-  const std::vector<BlockId>& table = cache_manager.BlockTable(kSeq);
+  KvCacheStorage<T>& cache = (*cache_or)->storage;
+  const std::vector<BlockId>& table = (*cache_or)->table();
 
   Transformer<T> transformer(model, backend);
   Sampler sampler(options.sampling);

@@ -5,8 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "engine/kv_cache/kv_cache_manager.h"
-#include "engine/kv_cache/kv_cache_storage.h"
+#include "engine/kv_cache/sequence_cache.h"
 #include "engine/model/transformer.h"
 
 namespace kvlens {
@@ -65,16 +64,10 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
   int64_t windows = (n - 1) / ctx;
   if (options.max_windows > 0) windows = std::min<int64_t>(windows, options.max_windows);
 
-  KvCacheManager cache_manager((ctx + options.block_size - 1) / options.block_size,
-                               options.block_size);
-  auto cache_or = KvCacheStorage<T>::Create(backend.memory(), c.num_layers,
-                                            cache_manager.pool().num_blocks(), options.block_size,
-                                            c.kv_dim(), /*fill_nan=*/true, options.kv_cache_dtype);
-  if (!cache_or.ok()) return cache_or.status();
-  KvCacheStorage<T>& cache = *cache_or;
-  constexpr SequenceId kSeq = 0;
-  if (!cache_manager.Reserve(kSeq, ctx)) return absl::InternalError("KV cache reservation failed");
-  const std::vector<BlockId>& table = cache_manager.BlockTable(kSeq);
+  auto cache = SequenceCache<T>::Create(backend.memory(), c, ctx, options.block_size,
+                                        options.kv_cache_dtype);
+  if (!cache.ok()) return cache.status();
+  const std::vector<BlockId>& table = (*cache)->table();
 
   Transformer<T> transformer(model, backend);
   ForwardOutput<T> out;
@@ -91,7 +84,8 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
       entry.num_cached = done;
       entry.block_table = table;
       entry.all_logits = true;
-      if (absl::Status s = transformer.Forward({&entry, 1}, cache, out); !s.ok()) return s;
+      if (absl::Status s = transformer.Forward({&entry, 1}, (*cache)->storage, out); !s.ok())
+        return s;
       for (int r = 0; r < len; ++r) {
         window_sum += NegLogProb(out.logits.data() + static_cast<int64_t>(r) * c.vocab_size,
                                  c.vocab_size, window[done + r + 1]);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 
 namespace kvlens::kernels {
 
@@ -73,6 +74,39 @@ inline constexpr DTypeBlock DTypeBlockOf(DType t) {
 inline constexpr int DTypeBlockSize(DType t) { return DTypeBlockOf(t).elems; }
 // True for the ggml block types (q8_0, q4_K, …), which only CPU code decodes.
 inline constexpr bool DTypeIsBlockQuantized(DType t) { return DTypeBlockSize(t) > 1; }
+
+// fn(std::integral_constant<DType, t>{}) for a ggml block type t, nothing for the float
+// types: the one switch through which code reaches its per-type templates (weight readers,
+// the int8 products' unpacking).
+template <typename Fn>
+inline void VisitBlockType(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::kQ8_0:
+      return fn(std::integral_constant<DType, DType::kQ8_0>{});
+    case DType::kQ4_0:
+      return fn(std::integral_constant<DType, DType::kQ4_0>{});
+    case DType::kQ4_1:
+      return fn(std::integral_constant<DType, DType::kQ4_1>{});
+    case DType::kQ5_0:
+      return fn(std::integral_constant<DType, DType::kQ5_0>{});
+    case DType::kQ5_1:
+      return fn(std::integral_constant<DType, DType::kQ5_1>{});
+    case DType::kQ2_K:
+      return fn(std::integral_constant<DType, DType::kQ2_K>{});
+    case DType::kQ3_K:
+      return fn(std::integral_constant<DType, DType::kQ3_K>{});
+    case DType::kQ4_K:
+      return fn(std::integral_constant<DType, DType::kQ4_K>{});
+    case DType::kQ5_K:
+      return fn(std::integral_constant<DType, DType::kQ5_K>{});
+    case DType::kQ6_K:
+      return fn(std::integral_constant<DType, DType::kQ6_K>{});
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+      return;
+  }
+}
 
 // Bytes used by `count` consecutive elements (a multiple of DTypeBlockSize(t)).
 inline int64_t DTypeRowBytes(DType t, int64_t count) {

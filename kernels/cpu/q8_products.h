@@ -208,10 +208,29 @@ inline void UnpackQ6_K(const uint8_t* b, uint8_t* q, float* scale, float* offset
   }
 }
 
-// Unit u (elements 256·u …) of a weight row of `in` elements in block type t; a unit past
-// the row's last block is zero (quants, scales and offsets).
-inline void UnpackUnit(DType t, const uint8_t* row, int64_t in, int64_t u, Q8WeightUnit* out) {
-  const DTypeBlock shape = DTypeBlockOf(t);
+// Block type kType's Unpack*.
+template <DType kType>
+inline void UnpackBlock(const uint8_t* b, uint8_t* q, float* scale, float* offset) {
+  if constexpr (kType == DType::kQ8_0) UnpackQ8_0(b, q, scale, offset);
+  if constexpr (kType == DType::kQ4_0 || kType == DType::kQ4_1) {
+    UnpackQ4<kType == DType::kQ4_1>(b, q, scale, offset);
+  }
+  if constexpr (kType == DType::kQ5_0 || kType == DType::kQ5_1) {
+    UnpackQ5<kType == DType::kQ5_1>(b, q, scale, offset);
+  }
+  if constexpr (kType == DType::kQ2_K) UnpackQ2_K(b, q, scale, offset);
+  if constexpr (kType == DType::kQ3_K) UnpackQ3_K(b, q, scale, offset);
+  if constexpr (kType == DType::kQ4_K || kType == DType::kQ5_K) {
+    UnpackK4<kType == DType::kQ5_K>(b, q, scale, offset);
+  }
+  if constexpr (kType == DType::kQ6_K) UnpackQ6_K(b, q, scale, offset);
+}
+
+// Unit u (elements 256·u …) of a weight row of `in` elements in block type kType; a unit
+// past the row's last block is zero (quants, scales and offsets).
+template <DType kType>
+inline void UnpackUnit(const uint8_t* row, int64_t in, int64_t u, Q8WeightUnit* out) {
+  constexpr DTypeBlock shape = DTypeBlockOf(kType);
   const int64_t first = u * kQ8Unit;
   const int elems = static_cast<int>(std::min<int64_t>(kQ8Unit, in - first));
   const uint8_t* src = row + first / shape.elems * shape.bytes;
@@ -219,36 +238,8 @@ inline void UnpackUnit(DType t, const uint8_t* row, int64_t in, int64_t u, Q8Wei
     std::memset(out->q + elems, 0, kQ8Unit - elems);
     for (int s = elems / 16; s < kQ8Subs; ++s) out->scale[s] = out->offset[s] = 0.0f;
   }
-  auto each = [&](auto unpack) {
-    for (int e = 0; e < elems; e += shape.elems, src += shape.bytes) {
-      unpack(src, out->q + e, out->scale + e / 16, out->offset + e / 16);
-    }
-  };
-  switch (t) {
-    case DType::kQ8_0:
-      return each(UnpackQ8_0);
-    case DType::kQ4_0:
-      return each(UnpackQ4<false>);
-    case DType::kQ4_1:
-      return each(UnpackQ4<true>);
-    case DType::kQ5_0:
-      return each(UnpackQ5<false>);
-    case DType::kQ5_1:
-      return each(UnpackQ5<true>);
-    case DType::kQ2_K:
-      return each(UnpackQ2_K);
-    case DType::kQ3_K:
-      return each(UnpackQ3_K);
-    case DType::kQ4_K:
-      return each(UnpackK4<false>);
-    case DType::kQ5_K:
-      return each(UnpackK4<true>);
-    case DType::kQ6_K:
-      return each(UnpackQ6_K);
-    case DType::kF32:
-    case DType::kF16:
-    case DType::kBF16:
-      return;  // not block types: MatMul never asks
+  for (int e = 0; e < elems; e += shape.elems, src += shape.bytes) {
+    UnpackBlock<kType>(src, out->q + e, out->scale + e / 16, out->offset + e / 16);
   }
 }
 
@@ -409,46 +400,21 @@ inline void UnpackUnitFast(const uint8_t* b, Q8WeightUnit* out) {
 // Unit u of a row, through UnpackUnitFast where the unit is whole.
 template <DType kType>
 inline void UnpackUnitOf(const uint8_t* row, int64_t in, int64_t u, Q8WeightUnit* out) {
-  if ((u + 1) * kQ8Unit > in) return UnpackUnit(kType, row, in, u, out);
+  if ((u + 1) * kQ8Unit > in) return UnpackUnit<kType>(row, in, u, out);
   constexpr DTypeBlock shape = DTypeBlockOf(kType);
   UnpackUnitFast<kType>(row + u * kQ8Unit / shape.elems * shape.bytes, out);
 }
 #else
 template <DType kType>
 inline void UnpackUnitOf(const uint8_t* row, int64_t in, int64_t u, Q8WeightUnit* out) {
-  UnpackUnit(kType, row, in, u, out);
+  UnpackUnit<kType>(row, in, u, out);
 }
 #endif
 
 // fn(unpack) with unpack(row, in, u, out) = UnpackUnitOf<t>.
 template <typename Fn>
 inline void VisitUnpacker(DType t, Fn&& fn) {
-  switch (t) {
-    case DType::kQ8_0:
-      return fn(UnpackUnitOf<DType::kQ8_0>);
-    case DType::kQ4_0:
-      return fn(UnpackUnitOf<DType::kQ4_0>);
-    case DType::kQ4_1:
-      return fn(UnpackUnitOf<DType::kQ4_1>);
-    case DType::kQ5_0:
-      return fn(UnpackUnitOf<DType::kQ5_0>);
-    case DType::kQ5_1:
-      return fn(UnpackUnitOf<DType::kQ5_1>);
-    case DType::kQ2_K:
-      return fn(UnpackUnitOf<DType::kQ2_K>);
-    case DType::kQ3_K:
-      return fn(UnpackUnitOf<DType::kQ3_K>);
-    case DType::kQ4_K:
-      return fn(UnpackUnitOf<DType::kQ4_K>);
-    case DType::kQ5_K:
-      return fn(UnpackUnitOf<DType::kQ5_K>);
-    case DType::kQ6_K:
-      return fn(UnpackUnitOf<DType::kQ6_K>);
-    case DType::kF32:
-    case DType::kF16:
-    case DType::kBF16:
-      return;
-  }
+  VisitBlockType(t, [&](auto type) { fn(UnpackUnitOf<decltype(type)::value>); });
 }
 
 // ---- The products ----

@@ -369,28 +369,9 @@ constexpr bool kStepsSuperBlocks<BlockRow<kType>> = DTypeBlockSize(kType) == 256
 // fn(BlockRow<t>{p}) for the block type t other than q8_0 (Q8Row's); nothing otherwise.
 template <typename Fn>
 void VisitBlockRow(DType t, const uint8_t* p, Fn&& fn) {
-  switch (t) {
-    case DType::kQ4_0:
-      return fn(BlockRow<DType::kQ4_0>{p});
-    case DType::kQ4_1:
-      return fn(BlockRow<DType::kQ4_1>{p});
-    case DType::kQ5_0:
-      return fn(BlockRow<DType::kQ5_0>{p});
-    case DType::kQ5_1:
-      return fn(BlockRow<DType::kQ5_1>{p});
-    case DType::kQ2_K:
-      return fn(BlockRow<DType::kQ2_K>{p});
-    case DType::kQ3_K:
-      return fn(BlockRow<DType::kQ3_K>{p});
-    case DType::kQ4_K:
-      return fn(BlockRow<DType::kQ4_K>{p});
-    case DType::kQ5_K:
-      return fn(BlockRow<DType::kQ5_K>{p});
-    case DType::kQ6_K:
-      return fn(BlockRow<DType::kQ6_K>{p});
-    default:
-      return;
-  }
+  VisitBlockType(t, [&](auto type) {
+    if constexpr (decltype(type)::value != DType::kQ8_0) fn(BlockRow<decltype(type)::value>{p});
+  });
 }
 #endif
 
