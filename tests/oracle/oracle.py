@@ -46,13 +46,9 @@ def main(argv=None):
                          "rows of positions < P as leaves (a cached prefix), grad.cached_{k,v}.{l}")
     ap.add_argument("--grad-param-layer", type=int, metavar="L",
                     help="with --grad-logprob: also grad.w{q,k,v,o}, layer L's attention weights")
-    ap.add_argument("--int8-activations", action="store_true",
-                    help="round the inputs of products with block-quantised weights as kvlens' "
-                         "--int8-activations does (kvlens_oracle.model.q8_round; GGUF models)")
     a = ap.parse_args(argv)
 
     model = load_model(a.model)
-    model.int8_activations = a.int8_activations
     if a.generate is not None:
         if not a.prompt_tokens:
             ap.error("--generate needs --prompt-tokens")

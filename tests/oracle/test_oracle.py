@@ -49,25 +49,6 @@ class ContainerTest(unittest.TestCase):
 
 
 @unittest.skipIf(TESTDATA is None, "shared testdata absent (set KVLENS_SHARED_DIR); skipping stories260K checks")
-class Q8RoundTest(unittest.TestCase):
-    """kvlens_oracle.model.q8_round, by hand: ggml's quantize_row_q8_0 rule per 32."""
-
-    def test_halves_round_away_from_zero_per_block(self):
-        from kvlens_oracle.model import q8_round
-        x = torch.zeros(2, 64, dtype=torch.float64)
-        x[0, 0], x[0, 1], x[0, 2] = 2.5, 127.0, -2.5   # d = 1: 2.5 -> 3, -2.5 -> -3
-        x[0, 32], x[0, 33] = 0.1, 12.7                  # d = 0.1: its own block
-        x[1, 5] = 1e-3                                  # d = 1e-3 / 127: x itself (q = 127)
-        r = q8_round(x)
-        self.assertEqual(r[0, :3].tolist(), [3.0, 127.0, -3.0])
-        d = np.float32(np.float32(12.7) / np.float32(127.0))
-        self.assertEqual(r[0, 32].item(), float(d) * round(float(np.float32(0.1) / d)))
-        self.assertEqual(r[0, 33].item(), float(d) * 127)
-        self.assertAlmostEqual(r[1, 5].item(), 1e-3, delta=1e-9)
-        self.assertEqual(int(torch.count_nonzero(r[1])), 1)
-        self.assertEqual(int(torch.count_nonzero(q8_round(torch.zeros(1, 32)))), 0)
-
-
 class Stories260KTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -72,12 +72,6 @@ def load_gguf(path):
     w = dict(embed=_t(T["token_embd.weight"]), final_norm=_t(T["output_norm.weight"]), out=_t(out))
     model = OracleModel("llama", cfg, w, layers, path)
     model.tensor_types = g.tensor_types
-    # Which products have block-quantised weights (for int8_activations, model.py).
-    floats = ("F32", "F16", "BF16")
-    model.quantized = [{k for k, v in names.items() if g.tensor_types[f"blk.{i}.{v}.weight"] not in floats}
-                       for i in range(cfg["n_layers"])]
-    out_name = "output.weight" if "output.weight" in T else "token_embd.weight"
-    model.quantized_out = g.tensor_types[out_name] not in floats
     return model
 
 

@@ -93,51 +93,26 @@ def _record(capture, **kw):
         capture.setdefault("layers", []).append(kw)
 
 
-def q8_round(x):
-    """x as kvlens' --int8-activations rounds a product's input: to float32, then per block
-    of 32 of the last axis as ggml's quantize_row_q8_0 does, in float32: d = max|x| / 127,
-    q = x * (1/d) rounded half away from zero. Returns d * q in float64."""
-    x32 = x.to(torch.float32)
-    b = x32.reshape(*x32.shape[:-1], -1, 32)
-    d = b.abs().amax(dim=-1, keepdim=True) / 127.0
-    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
-    v = (b * inv).to(torch.float64)  # a float32 product, exact in float64
-    q = torch.sign(v) * torch.floor(v.abs() + 0.5)
-    return (d.to(torch.float64) * q).reshape(x.shape)
-
-
-def _linear(m, x, w, quantized):
-    """x @ w.T; with m.int8_activations, a block-quantised weight's input is q8_round(x)."""
-    if quantized and getattr(m, "int8_activations", False):
-        x = q8_round(x)
-    return x @ w.T
-
-
 def llama_forward(m, x, positions, mask, capture=None):
     c = m.cfg
     H, KV, hd, eps = c["n_heads"], c["n_kv_heads"], c["head_dim"], c["eps"]
     group = H // KV
     probs_all = []
-    for i, lw in enumerate(m.layers):
-        quantized = m.quantized[i] if hasattr(m, "quantized") else set()
-
-        def lin(x, key):
-            return _linear(m, x, lw[key], key in quantized)
-
+    for lw in m.layers:
         n = rms_norm(x, lw["attn_norm"], eps)
-        q = rope(_heads(lin(n, "wq"), H, hd), positions, c["rope_base"], c["rope_style"])
-        k = rope(_heads(lin(n, "wk"), KV, hd), positions, c["rope_base"], c["rope_style"])
-        v = _heads(lin(n, "wv"), KV, hd)
+        q = rope(_heads(n @ lw["wq"].T, H, hd), positions, c["rope_base"], c["rope_style"])
+        k = rope(_heads(n @ lw["wk"].T, KV, hd), positions, c["rope_base"], c["rope_style"])
+        v = _heads(n @ lw["wv"].T, KV, hd)
         k, v = _leaf_prefix(capture, k, v)
         kv_of_head = torch.arange(H) // group  # GQA: query head h reads KV head h // group
         out, probs, scores = attention(q, k[kv_of_head], v[kv_of_head], mask)
-        h = x + lin(_merge(out), "wo")
+        h = x + _merge(out) @ lw["wo"].T
         n2 = rms_norm(h, lw["ffn_norm"], eps)
-        x = h + lin(silu(lin(n2, "w1")) * lin(n2, "w3"), "w2")
+        x = h + (silu(n2 @ lw["w1"].T) * (n2 @ lw["w3"].T)) @ lw["w2"].T
         probs_all.append(probs)
         _record(capture, q=q, k=k, v=v, scores=scores, probs=probs, attn_out=out, resid=x)
     x = rms_norm(x, m.w["final_norm"], eps)
-    return _linear(m, x, m.w["out"], getattr(m, "quantized_out", False)), torch.stack(probs_all)
+    return x @ m.w["out"].T, torch.stack(probs_all)
 
 
 def gpt2_forward(m, x, positions, mask, capture=None):
