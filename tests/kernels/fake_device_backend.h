@@ -16,6 +16,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backward.h"
 #include "kernels/memory.h"
+#include "tests/kernels/cpu_forwarding_backend.h"
 
 namespace kvlens::testing {
 
@@ -97,43 +98,13 @@ class FakeDeviceMemory final : public kernels::Memory {
 
 // Also the backward ops (the reference loops, on its host-backed "device" memory), so that
 // kernels::StagedBackend's staging of them can be checked.
-class FakeDeviceBackend final : public kernels::Backend<float>, public kernels::BackwardOps<float> {
+class FakeDeviceBackend final : public CpuForwardingBackend, public kernels::BackwardOps<float> {
  public:
-  explicit FakeDeviceBackend(int threads = 1) : cpu_(threads) {}
+  explicit FakeDeviceBackend(int threads = 1) : CpuForwardingBackend(threads) {}
   std::string_view name() const override { return "fake-device"; }
   kernels::Memory& memory() override { return memory_; }
   FakeDeviceMemory& fake_memory() { return memory_; }
 
-  void MatMul(const float* x, int n, const kernels::WeightView& w, const kernels::WeightView& b,
-              float* y) override {
-    cpu_.MatMul(x, n, w, b, y);
-  }
-  void Embedding(const kernels::WeightView& t, const int32_t* ids, int n, float* out) override {
-    cpu_.Embedding(t, ids, n, out);
-  }
-  void RmsNorm(const float* x, int n, int dim, const kernels::WeightView& w, double eps,
-               float* y) override {
-    cpu_.RmsNorm(x, n, dim, w, eps, y);
-  }
-  void LayerNorm(const float* x, int n, int dim, const kernels::WeightView& w,
-                 const kernels::WeightView& b, double eps, float* y) override {
-    cpu_.LayerNorm(x, n, dim, w, b, eps, y);
-  }
-  void Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
-            const int32_t* positions, double theta, kernels::RopeStyle style) override {
-    cpu_.Rope(x, n, row_stride, num_heads, head_dim, positions, theta, style);
-  }
-  void Gelu(float* x, int64_t count) override { cpu_.Gelu(x, count); }
-  void SwiGlu(const float* g, const float* u, int64_t count, float* out) override {
-    cpu_.SwiGlu(g, u, count, out);
-  }
-  void Add(float* y, const float* x, int64_t count) override { cpu_.Add(y, x, count); }
-  void StoreKv(const float* k, const float* v, int n, int64_t src_stride, int64_t row_elems,
-               const int64_t* dst_rows, void* k_cache, void* v_cache, int64_t cache_stride,
-               kernels::KvDtype cache_dtype) override {
-    cpu_.StoreKv(k, v, n, src_stride, row_elems, dst_rows, k_cache, v_cache, cache_stride,
-                 cache_dtype);
-  }
   absl::Status Attention(const kernels::AttentionArgs<float>& a) override {
     ++attention_calls;
     return cpu_.Attention(a);
@@ -169,7 +140,6 @@ class FakeDeviceBackend final : public kernels::Backend<float>, public kernels::
   }
 
  private:
-  kernels::CpuBackend cpu_;
   FakeDeviceMemory memory_;
 };
 

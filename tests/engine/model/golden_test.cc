@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
+#include "tests/kernels/cpu_forwarding_backend.h"
 #include "tests/oracle/oracle_runner.h"
 #include "tests/test_paths.h"
 
@@ -157,16 +158,16 @@ TEST(QuantizedGoldenTest, EveryBlockTypeMatchesTheOracle) {
 // on how the fp32 activations before it rounded (an input within ~1e-7 of a rounding
 // boundary lands on either side in another build; a whole-model comparison with an oracle
 // rounding its own activations is not stable).
-class Int8CheckingBackend final : public kernels::Backend<float> {
+class Int8CheckingBackend final : public testing::CpuForwardingBackend {
  public:
-  Int8CheckingBackend() : inner_(2) { inner_.SetInt8Activations(true); }
+  Int8CheckingBackend() : CpuForwardingBackend(2) { cpu().SetInt8Activations(true); }
   std::string_view name() const override { return "int8-checking"; }
   int block_products() const { return block_products_; }
   double worst() const { return worst_; }
 
   void MatMul(const float* x, int n, const kernels::WeightView& w, const kernels::WeightView& bias,
               float* y) override {
-    inner_.MatMul(x, n, w, bias, y);
+    CpuForwardingBackend::MatMul(x, n, w, bias, y);
     if (!kernels::DTypeIsBlockQuantized(w.dtype)) return;
     ++block_products_;
     const int64_t in = w.cols;
@@ -189,37 +190,8 @@ class Int8CheckingBackend final : public kernels::Backend<float> {
       }
     }
   }
-  void Embedding(const kernels::WeightView& t, const int32_t* ids, int n, float* out) override {
-    inner_.Embedding(t, ids, n, out);
-  }
-  void RmsNorm(const float* x, int n, int dim, const kernels::WeightView& w, double eps,
-               float* y) override {
-    inner_.RmsNorm(x, n, dim, w, eps, y);
-  }
-  void LayerNorm(const float* x, int n, int dim, const kernels::WeightView& w,
-                 const kernels::WeightView& b, double eps, float* y) override {
-    inner_.LayerNorm(x, n, dim, w, b, eps, y);
-  }
-  void Rope(float* x, int n, int64_t stride, int heads, int dh, const int32_t* positions,
-            double theta, kernels::RopeStyle style) override {
-    inner_.Rope(x, n, stride, heads, dh, positions, theta, style);
-  }
-  void Gelu(float* x, int64_t count) override { inner_.Gelu(x, count); }
-  void SwiGlu(const float* g, const float* u, int64_t count, float* out) override {
-    inner_.SwiGlu(g, u, count, out);
-  }
-  void Add(float* y, const float* x, int64_t count) override { inner_.Add(y, x, count); }
-  void StoreKv(const float* k, const float* v, int n, int64_t src_stride, int64_t row_elems,
-               const int64_t* dst_rows, void* kc, void* vc, int64_t cache_stride,
-               kernels::KvDtype dtype) override {
-    inner_.StoreKv(k, v, n, src_stride, row_elems, dst_rows, kc, vc, cache_stride, dtype);
-  }
-  absl::Status Attention(const kernels::AttentionArgs<float>& args) override {
-    return inner_.Attention(args);
-  }
 
  private:
-  kernels::CpuBackend inner_;
   int block_products_ = 0;
   double worst_ = 0.0;
 };
