@@ -1,8 +1,10 @@
-// Perplexity of a model on a token stream, as llama.cpp's llama-perplexity and the default
-// model's training script measure it: the stream is cut into windows of `context` + 1
-// tokens that overlap by one (window w is tokens w·C … w·C + C); each window runs from an
-// empty cache, and its first C tokens predict the next C. The result is the mean negative
-// log-likelihood per predicted token (nats) and its exponential.
+// Perplexity of a model on a token stream, as the default model's training script measures
+// it: the stream is cut into windows of `context` + 1 tokens that overlap by one (window w
+// is tokens w·C … w·C + C); each window runs from an empty cache, and its first C tokens
+// predict the next C, all of them scored. (llama.cpp's llama-perplexity scores only the
+// second half of each window, so that every scored token has C/2 tokens of context; its
+// numbers are lower than these.) The result is the mean negative log-likelihood per
+// predicted token (nats) and its exponential.
 #ifndef KVLENS_ENGINE_PERPLEXITY_H_
 #define KVLENS_ENGINE_PERPLEXITY_H_
 

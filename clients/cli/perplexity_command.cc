@@ -1,6 +1,6 @@
-// kvlens-cli perplexity: a model's perplexity on a text file (engine/perplexity.h), as
-// llama.cpp's llama-perplexity reports it; to compare precisions, quantisations and
-// --int8-activations on the same text.
+// kvlens-cli perplexity: a model's perplexity on a text file (engine/perplexity.h), in the
+// manner of llama.cpp's llama-perplexity (which scores only each window's second half); to
+// compare precisions, quantisations and --int8-activations on the same text.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
