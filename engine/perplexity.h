@@ -3,7 +3,7 @@
 // is tokens w·C … w·C + C); each window runs from an empty cache, and its first C tokens
 // predict the next C, all of them scored. (llama.cpp's llama-perplexity scores only the
 // second half of each window, so that every scored token has C/2 tokens of context; its
-// numbers are lower than these.) The result is the mean negative log-likelihood per
+// numbers are typically lower than these.) The result is the mean negative log-likelihood per
 // predicted token (nats) and its exponential.
 #ifndef KVLENS_ENGINE_PERPLEXITY_H_
 #define KVLENS_ENGINE_PERPLEXITY_H_
