@@ -113,6 +113,15 @@ inline void DecodeQ2_K(const uint8_t* b, T* y) {
   }
 }
 
+// q3_K's 6-bit scale j (of 16, stored biased by 32) from its 12 packed bytes: low 4 bits
+// from bytes 0–7 (low nibbles for 0–7, high for 8–15), top 2 bits from bytes 8–11 (byte
+// 8 + j%4, bits 2·(j/4)). Returns the unbiased scale.
+inline int ScaleK3(int j, const uint8_t* packed) {
+  const int low = j < 8 ? packed[j] & 0xF : packed[j - 8] >> 4;
+  const int high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (low | (high << 4)) - 32;
+}
+
 // q3_K (110 bytes): hmask[32] (each element's high bit), qs[64] (its low 2 bits), scales[12]
 // (16 sub-block scales of 6 bits, stored biased by 32), f16 d. Sub-blocks of 16;
 // x = (d·(sc − 32)) · (low 2 bits − (high bit ? 0 : 4)).
@@ -122,14 +131,8 @@ inline void DecodeQ3_K(const uint8_t* b, T* y) {
   const uint8_t* q = b + 32;
   const uint8_t* packed = b + 96;
   const T d = HalfAt<T>(b + 108);
-  // The 6-bit scales: low 4 bits from bytes 0–7 (low nibbles for 0–7, high for 8–15), top
-  // 2 bits from bytes 8–11 (byte 8 + j%4, bits 2·(j/4)).
   int sc[16];
-  for (int j = 0; j < 16; ++j) {
-    const int low = j < 8 ? packed[j] & 0xF : packed[j - 8] >> 4;
-    const int high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
-    sc[j] = (low | (high << 4)) - 32;
-  }
+  for (int j = 0; j < 16; ++j) sc[j] = ScaleK3(j, packed);
   int is = 0;
   uint8_t m = 1;
   for (int n = 0; n < 256; n += 128, q += 32) {

@@ -147,9 +147,7 @@ inline void UnpackQ3_K(const uint8_t* b, uint8_t* q, float* scale, float* offset
   const uint8_t* packed = b + 96;
   const float d = HalfAt<float>(b + 108);
   for (int j = 0; j < 16; ++j) {
-    const int low = j < 8 ? packed[j] & 0xF : packed[j - 8] >> 4;
-    const int high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
-    scale[j] = d * static_cast<float>((low | (high << 4)) - 32);
+    scale[j] = d * static_cast<float>(ScaleK3(j, packed));
     offset[j] = 4.0f * scale[j];
   }
   uint8_t m = 1;
@@ -283,15 +281,20 @@ inline void StoreScales(Q8WeightUnit* out, Vec scale, Vec offset) {
 inline Vec BlockHalves16(const uint8_t* b, int stride, int at) {
   // Eight scalar loads into one register (a gather measured slower on Zen 4), each half
   // doubled, widened.
+  auto bits = [&](int j) {
+    uint16_t v;
+    std::memcpy(&v, b + j * stride + at, 2);
+    return v;
+  };
   __m128i h = _mm_setzero_si128();
-  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(b + at), 0);
-  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(b + stride + at), 1);
-  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(b + 2 * stride + at), 2);
-  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(b + 3 * stride + at), 3);
-  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(b + 4 * stride + at), 4);
-  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(b + 5 * stride + at), 5);
-  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(b + 6 * stride + at), 6);
-  h = _mm_insert_epi16(h, *reinterpret_cast<const uint16_t*>(b + 7 * stride + at), 7);
+  h = _mm_insert_epi16(h, bits(0), 0);
+  h = _mm_insert_epi16(h, bits(1), 1);
+  h = _mm_insert_epi16(h, bits(2), 2);
+  h = _mm_insert_epi16(h, bits(3), 3);
+  h = _mm_insert_epi16(h, bits(4), 4);
+  h = _mm_insert_epi16(h, bits(5), 5);
+  h = _mm_insert_epi16(h, bits(6), 6);
+  h = _mm_insert_epi16(h, bits(7), 7);
   return _mm512_maskz_cvtph_ps(
       kAll, _mm256_set_m128i(_mm_unpackhi_epi16(h, h), _mm_unpacklo_epi16(h, h)));
 }
@@ -358,9 +361,7 @@ inline void UnpackUnitFast(const uint8_t* b, Q8WeightUnit* out) {
     const uint8_t* packed = b + 96;
     const float d = HalfToFloat(b + 108);
     for (int j = 0; j < 16; ++j) {
-      const int low = j < 8 ? packed[j] & 0xF : packed[j - 8] >> 4;
-      const int high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
-      out->scale[j] = d * static_cast<float>((low | (high << 4)) - 32);
+      out->scale[j] = d * static_cast<float>(ScaleK3(j, packed));
       out->offset[j] = 4.0f * out->scale[j];
     }
   } else if constexpr (kType == DType::kQ4_K || kType == DType::kQ5_K) {
@@ -423,7 +424,6 @@ inline void VisitUnpacker(DType t, Fn&& fn) {
 // takes the same operations in the same order whatever NR is, so a row's result does not
 // depend on the rows beside it (batching never changes results).
 #if defined(KVLENS_Q8_VNNI)
-constexpr bool kQ8Vnni = true;
 using Q8Acc = __m512;
 inline Q8Acc Q8Zero() { return _mm512_setzero_ps(); }
 inline float Q8Sum(Q8Acc v) { return VSum(v); }
@@ -433,14 +433,14 @@ template <int NR>
                                              Q8Acc* acc) {
   constexpr __mmask16 kAll16 = 0xFFFF;
   const __m512 scale = _mm512_load_ps(w.scale);
-  const __m512 offset = _mm512_load_ps(w.offset);
+  const __m512 neg_offset = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_load_ps(w.offset));
   // The unit's share in two partial sums (even and odd chunks), so that the chains of
   // fused multiply-adds a row waits on are short.
   Q8Acc cs[NR], part[NR][2];
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
-    // Σ offset · d · Σa over the unit's sub-blocks, subtracted.
-    part[r][0] = _mm512_mul_ps(offset, _mm512_loadu_ps(x[r].s16 + u * kQ8Subs));
+    // −Σ offset · d · Σa over the unit's sub-blocks.
+    part[r][0] = _mm512_mul_ps(neg_offset, _mm512_loadu_ps(x[r].s16 + u * kQ8Subs));
     part[r][1] = _mm512_setzero_ps();
     cs[r] = _mm512_mul_ps(scale, _mm512_loadu_ps(x[r].d16 + u * kQ8Subs));
   }
@@ -457,8 +457,7 @@ template <int NR>
       const __m512i dot = _mm512_maskz_dpbusd_epi32(kAll16, _mm512_setzero_si512(), q, a);
       const Vec term = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(kAll16, dot),
                                      _mm512_maskz_permutexvar_ps(kAll16, idx, cs[r]));
-      part[r][c % 2] = c < 2 ? (c == 0 ? _mm512_sub_ps(term, part[r][0]) : term)
-                             : _mm512_add_ps(part[r][c % 2], term);
+      part[r][c % 2] = _mm512_add_ps(part[r][c % 2], term);
     }
   }
 #pragma GCC unroll 8
@@ -466,7 +465,6 @@ template <int NR>
     acc[r] = _mm512_add_ps(acc[r], _mm512_add_ps(part[r][0], part[r][1]));
 }
 #else
-constexpr bool kQ8Vnni = false;
 using Q8Acc = float;
 inline Q8Acc Q8Zero() { return 0.0f; }
 inline float Q8Sum(Q8Acc v) { return v; }

@@ -254,15 +254,12 @@ template <>
   const float d = HalfToFloat(b + 108);
   Vec* out[2] = {&lo, &hi};
   for (int h = 0; h < 2; ++h) {
-    const int is = 8 * n + 2 * s + h;  // the 6-bit scale, as DecodeQ3_K unpacks it
-    const int low = is < 8 ? packed[is] & 0xF : packed[is - 8] >> 4;
-    const int high = (packed[8 + is % 4] >> (2 * (is / 4))) & 3;
     const __m512i q2 =
         I32And(I32Shr(WidenBytes(b + 32 + 32 * n + 16 * h), 2 * s), _mm512_set1_epi32(3));
     const __m512i hbit = I32And(I32Shr(WidenBytes(b + 16 * h), 4 * n + s), _mm512_set1_epi32(1));
     // q2 − (hbit ? 0 : 4) = q2 + 4·hbit − 4
     const __m512i q = I32Sub(I32Or(q2, I32Shl(hbit, 2)), _mm512_set1_epi32(4));
-    const float dl = d * static_cast<float>((low | (high << 4)) - 32);
+    const float dl = d * static_cast<float>(ScaleK3(8 * n + 2 * s + h, packed));
     *out[h] = _mm512_mul_ps(_mm512_set1_ps(dl), ToFloat(q));
   }
 }
