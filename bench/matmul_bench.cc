@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
           argc, argv,
           "usage: kvlens_bench_matmul [dim=2048] [threads=0 (all)] [min_seconds=0.5] [dtypes=all]\n"
           "CpuBackend::MatMul y[N, dim] = x[N, dim] · Wᵀ for a square weight in each stored\n"
-          "dtype (f32, f16, bf16, and ggml's block types q8_0, q4_0 … q5_1, q2_K … q6_K),\n"
+          "dtype (f32, f16, bf16, and ggml's block types q8_0, q4_0 … q5_1, q2_K … q6_K,\n"
+          "iq4_nl, iq4_xs),\n"
           "N = 1, 4, 16 and 64: ms per call, GFLOP/s, and the weight's bytes per second\n"
           "against this machine's read bandwidth (threads summing 256 MiB, same run).\n"
           "dim must be a multiple of 256. dtypes: a comma-separated list (q4_K,q6_K).\n"
@@ -127,7 +128,7 @@ int main(int argc, char** argv) {
   bool first = true;
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
                    DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
-                   DType::kQ5_K, DType::kQ6_K}) {
+                   DType::kQ5_K, DType::kQ6_K, DType::kIQ4_NL, DType::kIQ4_XS}) {
     if (!only.empty() &&
         only.find("," + std::string(kvlens::kernels::DTypeName(dt)) + ",") == std::string::npos) {
       continue;

@@ -30,6 +30,10 @@ std::string_view DTypeName(DType t) {
       return "q5_K";
     case DType::kQ6_K:
       return "q6_K";
+    case DType::kIQ4_NL:
+      return "iq4_nl";
+    case DType::kIQ4_XS:
+      return "iq4_xs";
   }
   return "unknown";
 }

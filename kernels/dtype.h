@@ -28,6 +28,11 @@ enum class DType : uint8_t {
   kQ4_K,
   kQ5_K,
   kQ6_K,
+  // ggml's 4-bit non-linear types: each nibble indexes a fixed table of 16 values
+  // (kIQ4Values in ggml_quants.h). iq4_nl: blocks of 32 with one f16 scale, as q4_0;
+  // iq4_xs: super-blocks of 256 with a 6-bit scale per 32.
+  kIQ4_NL,
+  kIQ4_XS,
 };
 
 inline constexpr int kQ8_0BlockSize = 32;
@@ -68,6 +73,10 @@ inline constexpr DTypeBlock DTypeBlockOf(DType t) {
       return {256, 176};
     case DType::kQ6_K:
       return {256, 210};
+    case DType::kIQ4_NL:
+      return {32, 18};
+    case DType::kIQ4_XS:
+      return {256, 136};
   }
   return {1, 0};
 }
@@ -101,6 +110,10 @@ inline void VisitBlockType(DType t, Fn&& fn) {
       return fn(std::integral_constant<DType, DType::kQ5_K>{});
     case DType::kQ6_K:
       return fn(std::integral_constant<DType, DType::kQ6_K>{});
+    case DType::kIQ4_NL:
+      return fn(std::integral_constant<DType, DType::kIQ4_NL>{});
+    case DType::kIQ4_XS:
+      return fn(std::integral_constant<DType, DType::kIQ4_XS>{});
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:

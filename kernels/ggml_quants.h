@@ -1,9 +1,10 @@
-// ggml's block quantisations (the weights of most GGUF files: q4_0 … q8_0, and the
-// k-quants q2_K … q6_K of Q4_K_M and its siblings): their layouts, as ggml-common.h
-// defines them, and their decoding, element for element the arithmetic of ggml's
-// dequantize_row_* (tests/kernels/ggml_quants_test.cc checks every type against ggml's own
-// output). Every product below is exact in float (an f16 times an integer of at most 8
-// bits, and that times a quant of at most 6 bits, except q6_K's last product), so a decoded
+// ggml's block quantisations (the weights of most GGUF files: q4_0 … q8_0, the k-quants
+// q2_K … q6_K of Q4_K_M and its siblings, and the non-linear iq4_nl and iq4_xs of IQ4_NL
+// and IQ4_XS files): their layouts, as ggml-common.h defines them, and their decoding,
+// element for element the arithmetic of ggml's dequantize_row_* (tests/kernels/
+// ggml_quants_test.cc checks every type against ggml's own output). Every product below is
+// exact in float (an f16 times an integer of at most 8 bits, and that times a quant of at
+// most 6 bits or, iq4_xs, a table value of 8), except q6_K's last product, so a decoded
 // float has at most one rounding, whether or not a compiler fuses a multiply and an add.
 //
 // Included by weight.cc (portable) and by the -march=native kernels (cpu_backend.cc):
@@ -224,6 +225,50 @@ inline void DecodeQ6_K(const uint8_t* b, T* y) {
   }
 }
 
+// ---- 4-bit non-linear types (i-quants) ----
+
+// The 16 values a nibble of iq4_nl and iq4_xs selects (ggml's kvalues_iq4nl): a
+// non-uniform grid, denser near zero, that fits normally distributed weights better than
+// q4_0's even steps.
+constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                   1,    13,   25,  38,  53,  69,  89,  113};
+
+// iq4_nl (18 bytes): f16 d, qs[16] as q4_0's; x = d · kIQ4Values[nibble] (exact).
+template <typename T>
+inline void DecodeIQ4_NL(const uint8_t* b, T* y) {
+  const T d = HalfAt<T>(b);
+  const uint8_t* qs = b + 2;
+  for (int l = 0; l < 16; ++l) {
+    y[l] = d * static_cast<T>(kIQ4Values[qs[l] & 0xF]);
+    y[l + 16] = d * static_cast<T>(kIQ4Values[qs[l] >> 4]);
+  }
+}
+
+// iq4_xs's 6-bit scale of sub-block j (of 8, 32 elements each), stored biased by 32: low 4
+// bits in nibble j%2 of scales_l[j/2] (byte 4 + j/2), top 2 bits at bits 2j of the 16-bit
+// scales_h (bytes 2–3). Returns the unbiased scale (−32 … 31).
+inline int ScaleIQ4XS(int j, const uint8_t* b) {
+  const int scales_h = b[2] | (b[3] << 8);
+  const int low = (b[4 + j / 2] >> (4 * (j % 2))) & 0xF;
+  return (low | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
+
+// iq4_xs (136 bytes): f16 d, scales_h (16 bits), scales_l[4], qs[128]. Sub-blocks of 32,
+// each over 16 bytes of qs laid out as an iq4_nl block's; x = (d·sc) · kIQ4Values[nibble],
+// both products exact (11 significant bits of d, 5 of |sc| < 32 or 1 of 32, 7 of the value).
+template <typename T>
+inline void DecodeIQ4_XS(const uint8_t* b, T* y) {
+  const T d = HalfAt<T>(b);
+  const uint8_t* qs = b + 8;
+  for (int j = 0; j < 8; ++j, y += 32, qs += 16) {
+    const T dl = d * static_cast<T>(ScaleIQ4XS(j, b));
+    for (int l = 0; l < 16; ++l) {
+      y[l] = dl * static_cast<T>(kIQ4Values[qs[l] & 0xF]);
+      y[l + 16] = dl * static_cast<T>(kIQ4Values[qs[l] >> 4]);
+    }
+  }
+}
+
 // Where a block's f16 fields lie: its scale d, and its min (dmin, or q4_1's and q5_1's m)
 // or −1. For tools that build blocks (tests, benchmarks).
 struct BlockHalves {
@@ -235,6 +280,8 @@ constexpr BlockHalves BlockHalvesOf(DType t) {
     case DType::kQ8_0:
     case DType::kQ4_0:
     case DType::kQ5_0:
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS:
       return {0, -1};
     case DType::kQ4_1:
     case DType::kQ5_1:
@@ -283,6 +330,10 @@ inline void DecodeBlocks(DType t, const uint8_t* src, int64_t blocks, T* out) {
       return each(DecodeQ5_K<T>);
     case DType::kQ6_K:
       return each(DecodeQ6_K<T>);
+    case DType::kIQ4_NL:
+      return each(DecodeIQ4_NL<T>);
+    case DType::kIQ4_XS:
+      return each(DecodeIQ4_XS<T>);
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:

@@ -697,12 +697,18 @@ absl::StatusOr<kernels::WeightView> GgufWeightView(const GgufTensor& tensor) {
     case GgmlType::kQ6_K:
       dtype = kernels::DType::kQ6_K;
       break;
+    case GgmlType::kIQ4_NL:
+      dtype = kernels::DType::kIQ4_NL;
+      break;
+    case GgmlType::kIQ4_XS:
+      dtype = kernels::DType::kIQ4_XS;
+      break;
     default:
       return absl::UnimplementedError(absl::StrCat(
           "tensor \"", tensor.name, "\" has ggml type ", Sv(GgmlTypeName(tensor.type)), " (",
           static_cast<uint32_t>(tensor.type),
           "); supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, "
-          "q5_K, q6_K"));
+          "q5_K, q6_K, iq4_nl, iq4_xs"));
   }
   // ne[0] is the last entry of the row-major shape; a 0-d tensor is a single element.
   const int64_t cols = tensor.shape.empty() ? 1 : tensor.shape.back();

@@ -151,8 +151,9 @@ class GgufFile {
 
 // The tensor as a 2-D weight view [rows, cols]: cols = ne[0] (the innermost, contiguous
 // dimension), rows = product of the outer dimensions. F32, F16, BF16 and the block types
-// kvlens decodes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K … Q6_K); other types (the i-quants,
-// ternary, integer) give UNIMPLEMENTED naming the tensor, its type and the supported ones.
+// kvlens decodes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K … Q6_K, IQ4_NL, IQ4_XS); other types
+// (the other i-quants, ternary, integer) give UNIMPLEMENTED naming the tensor, its type and the
+// supported ones.
 absl::StatusOr<kernels::WeightView> GgufWeightView(const GgufTensor& tensor);
 
 }  // namespace kvlens

@@ -206,6 +206,24 @@ inline void UnpackQ6_K(const uint8_t* b, uint8_t* q, float* scale, float* offset
   }
 }
 
+// iq4_nl and iq4_xs: the table value + 128 (an unsigned byte), offset 128 · the scale, as
+// q8_0; iq4_xs's scale is d · sc per 32 elements.
+inline void UnpackIQ4(const uint8_t* qs, float d, uint8_t* q, float* scale, float* offset) {
+  for (int l = 0; l < 16; ++l) {
+    q[l] = static_cast<uint8_t>(kIQ4Values[qs[l] & 0xF] + 128);
+    q[l + 16] = static_cast<uint8_t>(kIQ4Values[qs[l] >> 4] + 128);
+  }
+  scale[0] = scale[1] = d;
+  offset[0] = offset[1] = 128.0f * d;
+}
+inline void UnpackIQ4_XS(const uint8_t* b, uint8_t* q, float* scale, float* offset) {
+  const float d = HalfAt<float>(b);
+  for (int j = 0; j < 8; ++j) {
+    UnpackIQ4(b + 8 + 16 * j, d * static_cast<float>(ScaleIQ4XS(j, b)), q + 32 * j, scale + 2 * j,
+              offset + 2 * j);
+  }
+}
+
 // Block type kType's Unpack*.
 template <DType kType>
 inline void UnpackBlock(const uint8_t* b, uint8_t* q, float* scale, float* offset) {
@@ -222,6 +240,8 @@ inline void UnpackBlock(const uint8_t* b, uint8_t* q, float* scale, float* offse
     UnpackK4<kType == DType::kQ5_K>(b, q, scale, offset);
   }
   if constexpr (kType == DType::kQ6_K) UnpackQ6_K(b, q, scale, offset);
+  if constexpr (kType == DType::kIQ4_NL) UnpackIQ4(b + 2, HalfAt<float>(b), q, scale, offset);
+  if constexpr (kType == DType::kIQ4_XS) UnpackIQ4_XS(b, q, scale, offset);
 }
 
 // Unit u (elements 256·u …) of a weight row of `in` elements in block type kType; a unit
@@ -324,6 +344,12 @@ inline __m256i Quants5(const uint8_t* qh, const uint8_t* qs) {
   return _mm256_mask_add_epi8(Nibbles32(qs), h, Nibbles32(qs), _mm256_set1_epi8(16));
 }
 
+// iq4_nl and iq4_xs: 16 packed nibbles at p as 32 table values + 128 (Nibbles32's order).
+inline __m256i IQ4Quants32(const uint8_t* p) {
+  const __m128i table = _mm_add_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values)),
+                                     _mm_set1_epi8(static_cast<char>(128)));
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), Nibbles32(p));
+}
 template <DType kType>
 inline void UnpackUnitFast(const uint8_t* b, Q8WeightUnit* out) {
   if constexpr (kType == DType::kQ8_0) {
@@ -378,6 +404,15 @@ inline void UnpackUnitFast(const uint8_t* b, Q8WeightUnit* out) {
     const __m512i at = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     StoreScales(out, _mm512_maskz_permutexvar_ps(kAll, at, sm),
                 _mm512_maskz_permutexvar_ps(kAll, _mm512_add_epi32(at, _mm512_set1_epi32(8)), sm));
+  } else if constexpr (kType == DType::kIQ4_NL) {
+    UnpackBlocks8<18, -1>(b, 128.0f, out, [](const uint8_t* p) { return IQ4Quants32(p + 2); });
+  } else if constexpr (kType == DType::kIQ4_XS) {
+    for (int j = 0; j < 8; ++j) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out->q + 32 * j), IQ4Quants32(b + 8 + 16 * j));
+    }
+    const Vec scale =
+        ScalesIQ4XS(b, _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
+    StoreScales(out, scale, _mm512_mul_ps(_mm512_set1_ps(128.0f), scale));
   } else if constexpr (kType == DType::kQ6_K) {
     // Chunk c (n = c/2): ql[64n …]'s low nibbles (c even) or high ones, plus qh[32n …]'s
     // bits 4·(c%2) (first 32) and 4·(c%2) + 2 (last 32) as the value's bits 4 and 5.

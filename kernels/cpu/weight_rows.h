@@ -345,6 +345,51 @@ template <>
     *out[h] = _mm512_mul_ps(s, ToFloat(q));
   }
 }
+// iq4_nl and iq4_xs: each nibble, widened, selects its table value as a float (a permute of
+// kIQ4Values in a register), times the block's or the sub-block's scale: exact, as the
+// decoders' products.
+[[gnu::always_inline]] inline void LoadIQ4(const uint8_t* qs, Vec scale, Vec& lo, Vec& hi) {
+  const Vec table = ToFloat(_mm512_maskz_cvtepi8_epi32(
+      kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values))));
+  const __m512i bytes = WidenBytes(qs);
+  lo = _mm512_mul_ps(
+      _mm512_maskz_permutexvar_ps(kAll, I32And(bytes, _mm512_set1_epi32(0xF)), table), scale);
+  hi = _mm512_mul_ps(_mm512_maskz_permutexvar_ps(kAll, I32Shr(bytes, 4), table), scale);
+}
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kIQ4_NL>::LoadBlock(int64_t k, Vec& lo,
+                                                                       Vec& hi) const {
+  const uint8_t* b = p + k / 32 * 18;
+  LoadIQ4(b + 2, _mm512_set1_ps(HalfToFloat(b)), lo, hi);
+}
+// iq4_xs's sub-block scales d · sc (ScaleIQ4XS in lanes): lane i holds sub-block at[i]'s.
+// Its low 4 bits are bits 4j of the 32-bit scales_l, its top 2 bits bits 2j of scales_h.
+inline Vec ScalesIQ4XS(const uint8_t* b, __m512i at) {
+  uint32_t low_bits;
+  uint16_t high_bits;
+  std::memcpy(&high_bits, b + 2, 2);
+  std::memcpy(&low_bits, b + 4, 4);
+  const __m512i low = I32And(
+      _mm512_maskz_srlv_epi32(kAll, _mm512_set1_epi32(static_cast<int>(low_bits)), I32Shl(at, 2)),
+      _mm512_set1_epi32(0xF));
+  const __m512i high =
+      I32And(_mm512_maskz_srlv_epi32(kAll, _mm512_set1_epi32(high_bits), I32Shl(at, 1)),
+             _mm512_set1_epi32(3));
+  const __m512i sc = I32Sub(I32Or(low, I32Shl(high, 4)), _mm512_set1_epi32(32));
+  return _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b)), ToFloat(sc));
+}
+// iq4_xs a super-block at a time: scales = d · sc_j in lanes 0 … 7 (and again in 8 … 15).
+template <>
+inline Vec BlockRow<DType::kIQ4_XS>::Scales(int64_t k) const {
+  return ScalesIQ4XS(p + k / 256 * 136,
+                     _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7));
+}
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kIQ4_XS>::LoadSub(int64_t k, int j, Vec scales,
+                                                                     Vec& lo, Vec& hi) const {
+  LoadIQ4(p + k / 256 * 136 + 8 + 16 * j,
+          _mm512_maskz_permutexvar_ps(kAll, _mm512_set1_epi32(j), scales), lo, hi);
+}
 #endif
 
 // Rows whose LoadBlock reads 32 elements at once, and those that also read a super-block
@@ -372,7 +417,7 @@ void VisitBlockRow(DType t, const uint8_t* p, Fn&& fn) {
 }
 #endif
 
-// The dtypes a product reads in place (a *Row above); the others (ggml's 4-, 5- and k-quant
+// The dtypes a product reads in place (a *Row above); the others (ggml's 4-, 5-bit, k-quant and iq4
 // blocks) are decoded a weight row at a time into a float copy, DequantizeRowFast's floats.
 constexpr bool HasRowReader(DType t) {
 #if defined(__AVX512F__)

@@ -76,7 +76,7 @@ TEST(GgmlQuantsTest, FixtureCoversEveryBlockType) {
     }
     EXPECT_EQ(cases, 3) << DTypeName(t);
   }
-  EXPECT_EQ(block_types, 10);
+  EXPECT_EQ(block_types, 12);
 }
 
 // The float decoders, portable (DequantizeRow) and -march=native (CpuBackend's embedding

@@ -38,6 +38,10 @@ inline std::pair<double, double> RandomBlockScales(DType t, double amax) {
       return {amax / 1953, amax / 63};
     case DType::kQ6_K:
       return {amax / 4096, 0};  // int8 scales, q in [−32, 31]
+    case DType::kIQ4_NL:
+      return {amax / 127, 0};  // table values in [−127, 113]
+    case DType::kIQ4_XS:
+      return {amax / 4064, 0};  // sc in [−32, 31]
     default:
       return {amax / 127, 0};
   }
@@ -59,10 +63,10 @@ inline void FillRandomBlocks(DType t, double amax, int64_t blocks, std::mt19937_
 }
 
 // Helpers' dtype lists: every stored dtype, and the widths they allow.
-inline constexpr DType kAllDTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
-                                       DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
-                                       DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K,
-                                       DType::kQ6_K};
+inline constexpr DType kAllDTypes[] = {DType::kF32,  DType::kF16,    DType::kBF16,  DType::kQ8_0,
+                                       DType::kQ4_0, DType::kQ4_1,   DType::kQ5_0,  DType::kQ5_1,
+                                       DType::kQ2_K, DType::kQ3_K,   DType::kQ4_K,  DType::kQ5_K,
+                                       DType::kQ6_K, DType::kIQ4_NL, DType::kIQ4_XS};
 // `cols` rounded down to whole blocks of t (at least one block).
 inline int64_t BlockCols(DType t, int64_t cols) {
   const int64_t b = DTypeBlockSize(t);

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes a small random Llama GGUF whose weight matrices use every ggml block type
-kvlens decodes (q8_0, q4_0, q4_1, q5_0, q5_1, q2_K … q6_K), for the golden test of
+kvlens decodes (q8_0, q4_0, q4_1, q5_0, q5_1, q2_K … q6_K, iq4_nl, iq4_xs), for the golden test of
 quantised models (tests/engine/model/golden_test.cc): kvlens and the oracle read the same
 bytes, each with its own decoder.
 
@@ -23,7 +23,7 @@ DIM, HEADS, KV_HEADS, FFN, LAYERS, VOCAB = 256, 4, 2, 512, 2, 384
 # Per layer: q, k, v, output, gate, up, down.
 LAYER_TYPES = [
     ["Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "Q4_0", "Q4_1"],
-    ["Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q3_K"],
+    ["Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q5_K", "Q3_K"],
 ]
 
 

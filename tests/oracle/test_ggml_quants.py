@@ -56,8 +56,11 @@ class GgmlQuantsTest(unittest.TestCase):
         # block's (or sub-block's) span, at most twice the max, over the type's levels
         # (Q4_1: 2/15/2 = 0.067), plus room for the 6-bit sub-block scales; Q3_K and Q6_K
         # (signed levels −qmax … qmax − 1) may clip a full step at the far end (1/4, 1/32).
+        # IQ4_NL and IQ4_XS: half the table's widest gap (24 of 127), or a value of the far
+        # sign past its end (113 against 127), plus IQ4_XS's 6-bit scales.
         bound = {"Q8_0": 0.005, "Q4_0": 0.08, "Q4_1": 0.075, "Q5_0": 0.04, "Q5_1": 0.04,
-                 "Q2_K": 0.35, "Q3_K": 0.28, "Q4_K": 0.08, "Q5_K": 0.05, "Q6_K": 0.035}
+                 "Q2_K": 0.35, "Q3_K": 0.28, "Q4_K": 0.08, "Q5_K": 0.05, "Q6_K": 0.035,
+                 "IQ4_NL": 0.12, "IQ4_XS": 0.14}
         for kind, (_, elems, nbytes) in ggml_quants.TYPES.items():
             raw = ggml_quants.encode(x, kind)
             self.assertEqual(len(raw), x.size // elems * nbytes, kind)

@@ -170,10 +170,11 @@ TEST(GenerationServiceTest, ServesAQuantisedModel) {
   SetDeadline(context);
   v1::ModelInfo info;
   ASSERT_TRUE(server.stub().GetModelInfo(&context, {}, &info).ok());
-  // Elements per type (make_quantized_gguf.py's layout): q6_K 32768 + 131072 + 131072 (the
-  // output, 512 × 256), q3_K 65536 + 131072, q5_K 32768 + 131072, then 131072 each for q2_K, q4_0,
-  // q4_1 and q4_K (ties by name), q5_0 65536, and 32768 each for q5_1 and q8_0.
-  EXPECT_EQ(info.dtype(), "q6_K+q3_K+q5_K+q2_K+q4_0+q4_1+q4_K+q5_0+q5_1+q8_0");
+  // Elements per type (make_quantized_gguf.py's layout): q3_K 65536 + 131072, q5_K and q6_K
+  // 163840 (q6_K: 32768 and the output, 512 × 256), then 131072 each for iq4_xs, q2_K, q4_0
+  // and q4_1 (ties by name), 65536 each for iq4_nl, q4_K and q5_0, and 32768 each for q5_1
+  // and q8_0.
+  EXPECT_EQ(info.dtype(), "q3_K+q5_K+q6_K+iq4_xs+q2_K+q4_0+q4_1+iq4_nl+q4_K+q5_0+q5_1+q8_0");
 
   v1::GenerateRequest request;
   const std::vector<int32_t> prompt = {1, 5, 300, 17, 42};

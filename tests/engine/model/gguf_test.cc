@@ -112,6 +112,7 @@ TEST(GgufTest, WeightViewOfHigherDimsAndTypes) {
   w.tensors.push_back({"bf", {4}, 30, std::string(8, '\0'), std::nullopt});      // bf16
   w.tensors.push_back({"k4", {512}, 12, std::string(288, '\0'), std::nullopt});  // q4_K
   w.tensors.push_back({"x4", {256}, 23, std::string(136, '\0'), std::nullopt});  // iq4_xs
+  w.tensors.push_back({"x2", {256}, 16, std::string(66, '\0'), std::nullopt});   // iq2_xxs
   auto f = OpenBytes("types", w.Bytes());
   ASSERT_TRUE(f.ok()) << f.status();
   const GgufTensor* q = (*f)->FindTensor("q");
@@ -128,12 +129,16 @@ TEST(GgufTest, WeightViewOfHigherDimsAndTypes) {
   ASSERT_TRUE(k4.ok()) << k4.status();
   EXPECT_EQ(k4->dtype, kernels::DType::kQ4_K);
   EXPECT_EQ(k4->row_bytes(), 288);
-  // The i-quants are not decoded: a clear error naming the tensor, its type and ours.
   auto x4 = GgufWeightView(*(*f)->FindTensor("x4"));
-  EXPECT_EQ(x4.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_TRUE(HasSubstr(std::string(x4.status().message()), "x4"));
-  EXPECT_TRUE(HasSubstr(std::string(x4.status().message()), "iq4_xs"));
-  EXPECT_TRUE(HasSubstr(std::string(x4.status().message()), "q6_K"));
+  ASSERT_TRUE(x4.ok()) << x4.status();
+  EXPECT_EQ(x4->dtype, kernels::DType::kIQ4_XS);
+  EXPECT_EQ(x4->row_bytes(), 136);
+  // The grid i-quants are not decoded: a clear error naming the tensor, its type and ours.
+  auto x2 = GgufWeightView(*(*f)->FindTensor("x2"));
+  EXPECT_EQ(x2.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(HasSubstr(std::string(x2.status().message()), "x2"));
+  EXPECT_TRUE(HasSubstr(std::string(x2.status().message()), "iq2_xxs"));
+  EXPECT_TRUE(HasSubstr(std::string(x2.status().message()), "iq4_xs"));
 }
 
 TEST(GgufTest, HonoursGeneralAlignment) {

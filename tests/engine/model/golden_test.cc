@@ -123,7 +123,7 @@ TEST_P(GoldenTest, PackedDocumentsMatchTheOracle) {
   CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5, docs);
 }
 
-// A model in every ggml block type (q8_0, q4_0 … q5_1, q2_K … q6_K; written by
+// A model in every ggml block type (q8_0, q4_0 … q5_1, q2_K … q6_K, iq4_nl, iq4_xs; written by
 // tests/oracle/make_quantized_gguf.py): kvlens' decoders and the oracle's own (numpy, from
 // the layouts) read the same bytes, so the tolerances are those of an f32 model.
 TEST(QuantizedGoldenTest, EveryBlockTypeMatchesTheOracle) {
@@ -140,7 +140,7 @@ TEST(QuantizedGoldenTest, EveryBlockTypeMatchesTheOracle) {
         &l1.wo, &l1.w_in, &l1.w_up, &l1.w_out}) {
     types.insert(w->dtype);
   }
-  EXPECT_EQ(types.size(), 10u);  // every block type
+  EXPECT_EQ(types.size(), 12u);  // every block type
   const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128, 3};
   const testing::OracleResult oracle = testing::RunOracle(path, tokens, /*attention=*/true);
   std::remove(path.c_str());

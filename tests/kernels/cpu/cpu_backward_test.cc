@@ -46,7 +46,8 @@ TEST(CpuBackwardTest, MatMulBackwardInputMatchesTheReference) {
     for (const Shape& s : {Shape{37, 300, 200, DType::kF32}, Shape{5, 64, 416, DType::kBF16},
                            Shape{17, 96, 160, DType::kQ8_0}, Shape{1, 7, 3, DType::kF32},
                            Shape{3, 40, 768, DType::kQ4_K}, Shape{20, 33, 512, DType::kQ6_K},
-                           Shape{2, 9, 96, DType::kQ5_0}}) {
+                           Shape{2, 9, 96, DType::kQ5_0}, Shape{4, 24, 96, DType::kIQ4_NL},
+                           Shape{3, 17, 512, DType::kIQ4_XS}}) {
       SCOPED_TRACE(::testing::Message()
                    << threads << " threads, n " << s.n << ", " << s.out << " x " << s.in);
       const testing::OwnedWeight w(testing::RandomFloatExact(rng, size_t(s.out * s.in), -1, 1),

@@ -22,9 +22,9 @@ namespace {
 
 using testing::OwnedWeight;
 
-constexpr DType kBlockTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
-                                 DType::kQ5_1, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
-                                 DType::kQ5_K, DType::kQ6_K};
+constexpr DType kBlockTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,   DType::kQ5_0,
+                                 DType::kQ5_1, DType::kQ2_K, DType::kQ3_K,   DType::kQ4_K,
+                                 DType::kQ5_K, DType::kQ6_K, DType::kIQ4_NL, DType::kIQ4_XS};
 
 // x rounded as ggml's quantize_row_q8_0 rounds it: per block of 32, d = max|x| / 127 in
 // float, q = roundf(x · (1/d)) (halves away from zero); the values d · q, and each

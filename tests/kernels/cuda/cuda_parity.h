@@ -45,7 +45,7 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
     add(MatMulSwiGluCase(gpu, rng, t, 3, t == DType::kQ8_0 ? 96 : 100, 33));
   }
   // ggml's other block types, dequantised to f16 at upload (rows of whole blocks).
-  for (DType t : {DType::kQ4_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ4_0, DType::kQ4_K, DType::kQ6_K, DType::kIQ4_XS}) {
     add(MatMulCase(gpu, rng, t, 1, 256, 96, false));
     add(MatMulCase(gpu, rng, t, 17, 512, 160, true));
     add(MatMulBackwardInputCase(gpu, rng, t, 17, 256, 160));

@@ -3,7 +3,8 @@
 ggml itself decodes them to, for tests/kernels/ggml_quants_test.cc and the oracle's tests.
 
 ggml is the oracle: its libggml-base.so quantises and dequantises (quantize_row_*_ref,
-dequantize_row_*). No Debian package carries it; the npm registry does, in node-llama-cpp's
+dequantize_row_*). Types are appended at the end of TYPES, so that the entries of the
+older ones (and the random draws that made them) stay as they were. No Debian package carries it; the npm registry does, in node-llama-cpp's
 prebuilt binaries (MIT):
 
     npm pack @node-llama-cpp/linux-x64@3.22.1 && tar xzf node-llama-cpp-linux-x64-3.22.1.tgz
@@ -36,6 +37,8 @@ TYPES = {
     "q4_K": (12, 256, 144, [0, 2]),
     "q5_K": (13, 256, 176, [0, 2]),
     "q6_K": (14, 256, 210, [208]),
+    "iq4_nl": (20, 32, 18, [0]),
+    "iq4_xs": (23, 256, 136, [0]),
 }
 N = 1024
 

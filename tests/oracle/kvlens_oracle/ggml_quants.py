@@ -1,5 +1,8 @@
 """ggml's block quantisations in numpy: decoding (float64, exact) and a simple encoder.
 
+Types: q8_0, q4_0, q4_1, q5_0, q5_1, the k-quants q2_K … q6_K, and the 4-bit non-linear
+iq4_nl and iq4_xs.
+
 Block layouts as ggml-common.h defines them; this module is written from those layouts,
 independently of kvlens' C++ decoder (kernels/ggml_quants.h). `decode` returns each
 element's exact value (every product here is exact in float64), which ggml's float
@@ -24,7 +27,12 @@ TYPES = {
     "Q4_K": (12, 256, 144),
     "Q5_K": (13, 256, 176),
     "Q6_K": (14, 256, 210),
+    "IQ4_NL": (20, 32, 18),
+    "IQ4_XS": (23, 256, 136),
 }
+# The 16 values an IQ4_NL or IQ4_XS nibble selects (ggml-common.h's kvalues_iq4nl).
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10,
+                       1, 13, 25, 38, 53, 69, 89, 113], np.int64)
 BY_ID = {v[0]: k for k, v in TYPES.items()}
 
 
@@ -139,6 +147,18 @@ def decode(raw, kind, count):
         sc = b[:, 192:208].view(np.int8).astype(np.int64)
         d = _half(b, 208)
         return ((d[:, None] * sc[:, np.arange(256) // 16]) * (q - 32)).reshape(-1)
+    if kind == "IQ4_NL":
+        qs = b[:, 2:18]
+        idx = np.concatenate([_bits(qs, 0, 4), _bits(qs, 4, 4)], axis=1)
+        return (_half(b, 0)[:, None] * IQ4_VALUES[idx]).reshape(-1)
+    if kind == "IQ4_XS":
+        scales_h = b[:, 2].astype(np.int64) | (b[:, 3].astype(np.int64) << 8)
+        j = np.arange(8)
+        low = _bits(b[:, 4 + j // 2], 4 * (j % 2), 4)
+        sc = (low | (((scales_h[:, None] >> (2 * j)) & 3) << 4)) - 32
+        qs = b[:, 8:].reshape(-1, 8, 16)
+        idx = np.concatenate([_bits(qs, 0, 4), _bits(qs, 4, 4)], axis=2)
+        return ((_half(b, 0)[:, None] * sc)[:, :, None] * IQ4_VALUES[idx]).reshape(-1)
     raise ValueError(kind)
 
 
@@ -245,6 +265,30 @@ def encode(values, kind):
                 out[:, 128 + qh_at[e]] |= ((u[:, e] >> 4) << qh_shift[e]).astype(np.uint8)
             out[:, 192:208] = sc.astype(np.int8).view(np.uint8)
             put_half(208, d)
+    elif kind in ("IQ4_NL", "IQ4_XS"):
+        # Per 32 elements, the scale that maps the largest magnitude onto the table's −127;
+        # IQ4_XS stores those as 6-bit multiples (−31 … 31) of one f16 per super-block.
+        xs = x.reshape(n, -1, 32)
+        peak = np.take_along_axis(xs, np.abs(xs).argmax(2)[:, :, None], 2)[:, :, 0]
+        if kind == "IQ4_NL":
+            d = _f16(peak[:, 0] / -127)
+            dl = d.astype(np.float64)[:, None]
+            put_half(0, d)
+        else:
+            d = _f16(np.abs(peak / 127).max(1) / 31)
+            sc = np.clip(np.round(-peak / 127 / _safe(d.astype(np.float64))[:, None]), -31, 31)
+            sc = sc.astype(np.int64)
+            dl = d.astype(np.float64)[:, None] * sc
+            put_half(0, d)
+            u = sc + 32
+            h = ((u >> 4) << (2 * np.arange(8))).sum(1)
+            out[:, 2], out[:, 3] = h & 0xFF, h >> 8
+            out[:, 4:8] = (u[:, 0::2] & 0xF) | ((u[:, 1::2] & 0xF) << 4)
+        t = xs / _safe(dl)[:, :, None]
+        q = np.abs(t[..., None] - IQ4_VALUES).argmin(-1)  # the nearest table value
+        packed = (q[:, :, :16] | (q[:, :, 16:] << 4)).astype(np.uint8).reshape(n, -1)
+        at = 2 if kind == "IQ4_NL" else 8
+        out[:, at:] = packed
     else:
         raise ValueError(kind)
     return out.tobytes()
