@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/kv_cache/sequence_cache.h"
@@ -50,10 +51,23 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
     return absl::InvalidArgumentError(
         absl::StrCat("max_windows = ", options.max_windows, " must be >= 0"));
   }
+  const bool second_half = options.scoring == PerplexityScoring::kSecondHalf;
+  if (second_half && ctx < 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "context = ", ctx, " must be at least 3 when only the second half of a window is scored"));
+  }
+  if (options.bos_token >= c.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bos_token = ", options.bos_token, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+  }
+  // A window is inputs + 1 tokens from w·C: its first `inputs` predict the next ones, from
+  // position `first` on.
+  const int inputs = second_half ? ctx - 1 : ctx;
+  const int first = second_half ? ctx / 2 : 0;
   const int64_t n = static_cast<int64_t>(tokens.size());
-  if (n < ctx + 1) {
+  if (n < inputs + 1) {
     return absl::InvalidArgumentError(absl::StrCat("the text has ", n, " tokens; a context of ",
-                                                   ctx, " needs at least ", ctx + 1));
+                                                   ctx, " needs at least ", inputs + 1));
   }
   for (int64_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size) {
@@ -61,7 +75,7 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
           "token ", i, " = ", tokens[i], " is outside the vocabulary [0, ", c.vocab_size, ")"));
     }
   }
-  int64_t windows = (n - 1) / ctx;
+  int64_t windows = (n - (inputs + 1 - ctx)) / ctx;
   if (options.max_windows > 0) windows = std::min<int64_t>(windows, options.max_windows);
 
   auto cache = SequenceCache<T>::Create(backend.memory(), c, ctx, options.block_size,
@@ -73,29 +87,31 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
   ForwardOutput<T> out;
   PerplexityResult result;
   const auto t0 = Clock::now();
+  std::vector<int32_t> window;
   for (int64_t w = 0; w < windows; ++w) {
-    const absl::Span<const int32_t> window = tokens.subspan(w * ctx, ctx + 1);
+    window.assign(tokens.begin() + w * ctx, tokens.begin() + w * ctx + inputs + 1);
+    if (second_half && options.bos_token >= 0) window[0] = options.bos_token;
     double window_sum = 0.0;
     // Every window starts from an empty cache: its rows are overwritten from position 0.
-    for (int done = 0; done < ctx;) {
-      const int len = std::min(options.chunk, ctx - done);
+    for (int done = 0; done < inputs;) {
+      const int len = std::min(options.chunk, inputs - done);
       BatchEntry entry;
-      entry.tokens = window.subspan(done, len);
+      entry.tokens = absl::MakeConstSpan(window).subspan(done, len);
       entry.num_cached = done;
       entry.block_table = table;
       entry.all_logits = true;
       if (absl::Status s = transformer.Forward({&entry, 1}, (*cache)->storage, out); !s.ok())
         return s;
-      for (int r = 0; r < len; ++r) {
+      for (int r = std::max(0, first - done); r < len; ++r) {
         window_sum += NegLogProb(out.logits.data() + static_cast<int64_t>(r) * c.vocab_size,
                                  c.vocab_size, window[done + r + 1]);
       }
       done += len;
     }
     result.windows += 1;
-    result.tokens += ctx;
+    result.tokens += inputs - first;
     result.nll_sum += window_sum;
-    result.window_nll.push_back(window_sum / ctx);
+    result.window_nll.push_back(window_sum / (inputs - first));
     result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     if (on_window) on_window(result);
   }

@@ -1,5 +1,5 @@
 // kvlens-cli perplexity: a model's perplexity on a text file (engine/perplexity.h), in the
-// manner of llama.cpp's llama-perplexity (which scores only each window's second half); to
+// manner of llama.cpp's llama-perplexity (--scoring second-half scores as it does); to
 // compare precisions, quantisations and --int8-activations on the same text.
 #include <algorithm>
 #include <cmath>
@@ -32,6 +32,12 @@ const std::vector<FlagSpec>& Specs() {
          "tokens per window: each window of ctx + 1 tokens predicts its last ctx from the "
          "earlier ones, from an empty cache; windows overlap by one token (0: 512, or the "
          "model's context length if shorter)"},
+        {"scoring", "all",
+         "all: every token of each window (windows of ctx + 1 overlapping by one), as the "
+         "default model's training script scores; second-half: as llama.cpp's "
+         "llama-perplexity, disjoint windows of ctx tokens, each starting with BOS (unless "
+         "--no-bos), scoring only tokens ctx/2 + 1 ... ctx - 1 (comparable with its numbers "
+         "at the same context)"},
         {"max-windows", "0", "score at most this many windows (0: all)"},
         {"chunk", "512", "tokens per forward step within a window"},
         {"block-size", "16", "KV-cache block size in tokens"},
@@ -75,6 +81,12 @@ int PerplexityCommand(int argc, char** argv) {
        {ctx.status(), max_windows.status(), chunk.status(), block.status()}) {
     if (!s.ok()) return fail(s, 2);
   }
+  const std::string scoring = args->Str("scoring");
+  if (scoring != "all" && scoring != "second-half") {
+    return fail(absl::InvalidArgumentError(
+                    absl::StrCat("--scoring must be all or second-half, got \"", scoring, "\"")),
+                2);
+  }
   LocalBackend local;
   absl::Status error;
   if (const int code = MakeLocalBackend(*args, &local, &error); code != 0) return fail(error, code);
@@ -105,6 +117,10 @@ int PerplexityCommand(int argc, char** argv) {
   options.chunk = static_cast<int>(*chunk);
   options.block_size = static_cast<int>(*block);
   options.kv_cache_dtype = local.kv_cache_dtype;
+  if (scoring == "second-half") {
+    options.scoring = PerplexityScoring::kSecondHalf;
+    options.bos_token = bos ? tok.bos_id() : -1;
+  }
   const bool progress = args->Switch("progress");
   auto on_window = [&](const PerplexityResult& r) {
     if (progress) {
@@ -129,15 +145,17 @@ int PerplexityCommand(int argc, char** argv) {
   if (args->Switch("json")) {
     std::cout << absl::StrFormat(
         "{\"perplexity\":%.6f,\"mean_nll\":%.8f,\"tokens\":%d,\"windows\":%d,\"ctx\":%d,"
-        "\"text_tokens\":%d,\"backend\":\"%s\",\"seconds\":%.3f,\"tokens_per_second\":%.1f}\n",
+        "\"scoring\":\"%s\",\"text_tokens\":%d,\"backend\":\"%s\",\"seconds\":%.3f,"
+        "\"tokens_per_second\":%.1f}\n",
         result->perplexity(), result->mean_nll(), result->tokens, result->windows, options.context,
-        tokens.size(), backend_name, result->seconds, tps);
+        scoring, tokens.size(), backend_name, result->seconds, tps);
   } else {
     std::cout << absl::StrFormat(
-        "perplexity %.4f (mean NLL %.6f nats/token) over %d tokens: %d windows of %d "
+        "perplexity %.4f (mean NLL %.6f nats/token) over %d tokens: %d windows of %d%s "
         "(the text has %d tokens)\nbackend %s | %.2f s, %.0f tokens/s\n",
         result->perplexity(), result->mean_nll(), result->tokens, result->windows, options.context,
-        tokens.size(), backend_name, result->seconds, tps);
+        scoring == "all" ? "" : ", second halves scored", tokens.size(), backend_name,
+        result->seconds, tps);
   }
   return 0;
 }

@@ -19,15 +19,17 @@ namespace {
 
 std::string StoriesGguf() { return testing::TestData("stories260K/stories260K.gguf"); }
 
-// Σ over the window's first C positions of −log softmax(oracle logits)[next token].
-double OracleWindowNll(const std::string& model, const std::vector<int32_t>& window, int vocab) {
+// Σ over the window's positions first … (all but its last token) of −log softmax(oracle
+// logits)[next token].
+double OracleWindowNll(const std::string& model, const std::vector<int32_t>& window, int vocab,
+                       size_t first = 0) {
   const std::vector<int32_t> inputs(window.begin(), window.end() - 1);
   const testing::OracleResult r = testing::RunOracle(model, inputs, /*attention=*/false);
   EXPECT_TRUE(r.error.empty()) << r.error;
   if (!r.error.empty()) return NAN;
   const std::vector<double>& logits = r.arrays.at("logits").data;
   double sum = 0.0;
-  for (size_t t = 0; t < inputs.size(); ++t) {
+  for (size_t t = first; t < inputs.size(); ++t) {
     const double* row = logits.data() + t * vocab;
     double max = row[0];
     for (int v = 1; v < vocab; ++v) max = std::max(max, row[v]);
@@ -78,6 +80,56 @@ TEST(PerplexityTest, MatchesTheOracleWindowByWindow) {
   EXPECT_NEAR(exact->perplexity(), std::exp(want_sum / (3 * kCtx)), 1e-9 * exact->perplexity());
 }
 
+// llama.cpp's llama-perplexity (tools/perplexity): disjoint windows of C tokens, each one's
+// first token replaced by BOS, and of each window's logits only rows C/2 … C − 2 scored
+// (predicting tokens C/2 + 1 … C − 1).
+TEST(PerplexityTest, SecondHalfScoringIsLlamaPerplexitys) {
+  KVLENS_REQUIRE_FILE(StoriesGguf());
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  auto model = LoadModel({StoriesGguf(), ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int32_t> tokens = (*model)->tokenizer->Encode(
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park with her friends. One day, it was raining and she could not go out.",
+      true);
+  constexpr int kCtx = 13;  // rows 6 … 11 scored: 6 tokens a window
+  const int vocab = (*model)->config.vocab_size;
+  const int32_t bos = (*model)->tokenizer->bos_id();
+  ASSERT_GE(bos, 0);
+  ASSERT_GE(tokens.size(), 3u * kCtx);
+  double want_sum = 0.0;
+  std::vector<double> want;
+  for (int w = 0; w < 3; ++w) {
+    std::vector<int32_t> window(tokens.begin() + w * kCtx, tokens.begin() + (w + 1) * kCtx);
+    window[0] = bos;
+    want.push_back(OracleWindowNll(StoriesGguf(), window, vocab, kCtx / 2));
+    want_sum += want.back();
+  }
+  PerplexityOptions options;
+  options.context = kCtx;
+  options.max_windows = 3;
+  options.chunk = 4;  // the first scored row in the middle of a step
+  options.scoring = PerplexityScoring::kSecondHalf;
+  options.bos_token = bos;
+  kernels::ReferenceBackend ref;
+  kernels::CpuBackend fast(2);
+  auto exact = EvaluatePerplexity<double>(**model, ref, tokens, options);
+  auto fp32 = EvaluatePerplexity<float>(**model, fast, tokens, options);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_NEAR(exact->window_nll[w], want[w] / 6, 1e-9 * want[w] / 6) << "window " << w;
+    EXPECT_NEAR(fp32->window_nll[w], want[w] / 6, 1e-5 * want[w] / 6) << "window " << w;
+  }
+  EXPECT_EQ(exact->tokens, 3 * 6);
+  EXPECT_NEAR(exact->mean_nll(), want_sum / 18, 1e-9 * want_sum / 18);
+  // Without max_windows: every whole window of C (the text's last partial one dropped).
+  options.max_windows = 0;
+  auto all = EvaluatePerplexity<double>(**model, ref, tokens, options);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->windows, static_cast<int>(tokens.size()) / kCtx);
+}
+
 TEST(PerplexityTest, ChunksAndWindowsDoNotChangeAWindowsResult) {
   KVLENS_REQUIRE_FILE(StoriesGguf());
   auto model = LoadModel({StoriesGguf(), ""});
@@ -122,6 +174,14 @@ TEST(PerplexityTest, BadArgumentsNameTheField) {
   cases.push_back({PerplexityOptions{40}, tokens,
                    "the text has 40 tokens; a context of 40 needs "
                    "at least 41"});
+  PerplexityOptions halves{2};
+  halves.scoring = PerplexityScoring::kSecondHalf;
+  cases.push_back({halves, tokens, "context = 2 must be at least 3"});
+  halves.context = 41;
+  cases.push_back({halves, tokens, "the text has 40 tokens; a context of 41 needs at least 41"});
+  halves.context = 8;
+  halves.bos_token = 100000;
+  cases.push_back({halves, tokens, "bos_token = 100000 is outside the vocabulary"});
   std::vector<int32_t> bad = tokens;
   bad[7] = -3;
   cases.push_back({PerplexityOptions{8}, bad, "token 7 = -3 is outside the vocabulary"});

@@ -64,6 +64,22 @@ TEST(PerplexityCliTest, BadInputNamesTheFlagOrTheLimit) {
   EXPECT_NE(r.out.find("a context of 256 needs at least 257"), std::string::npos) << r.out;
   r = RunCli(base + " --ctx 2 --json");  // short windows score it
   EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"scoring\":\"all\""), std::string::npos) << r.out;
+  r = RunCli(base + " --scoring llama 2>&1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--scoring must be all or second-half, got \"llama\""), std::string::npos)
+      << r.out;
+  r = RunCli(base + " --scoring second-half --ctx 2 2>&1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("context = 2 must be at least 3"), std::string::npos) << r.out;
+  r = RunCli(base + " --scoring second-half --ctx 3 --json");  // 3 tokens a window, 1 scored
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  if (r.exit_code == 0) {
+    const nlohmann::json got = nlohmann::json::parse(r.out);
+    EXPECT_EQ(got.at("scoring").get<std::string>(), "second-half");
+    EXPECT_EQ(got.at("windows").get<int>(), got.at("text_tokens").get<int>() / 3);
+    EXPECT_EQ(got.at("tokens").get<int>(), got.at("windows").get<int>());
+  }
   std::remove(text.c_str());
   r = RunCli("perplexity --model " + DefaultModel() + " 2>&1");
   EXPECT_EQ(r.exit_code, 2) << r.out;
