@@ -20,6 +20,17 @@ inline std::string SourcePath(const std::string& rel) {
   if (const char* env = std::getenv("KVLENS_SOURCE_DIR")) return std::string(env) + "/" + rel;
   return std::string(KVLENS_SOURCE_DIR) + "/" + rel;
 }
+// llama.cpp's tokenizer vectors beyond ../shared/testdata (scripts/fetch-test-vocabs.sh
+// puts them in $KVLENS_VOCAB_DIR, or ~/.cache/kvlens/llama-vocab).
+inline std::string LlamaVocab(const std::string& name) {
+  if (const char* env = std::getenv("KVLENS_VOCAB_DIR")) return std::string(env) + "/" + name;
+  const char* cache = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::string base = cache != nullptr  ? std::string(cache)
+                           : home != nullptr ? std::string(home) + "/.cache"
+                                             : std::string("/nonexistent");
+  return base + "/kvlens/llama-vocab/" + name;
+}
 // The project's own default model (GPT-2 family, safetensors + tokenizer.json).
 inline std::string DefaultModelPath() { return SourcePath("models/kjv-gpt2-4l"); }
 inline bool Exists(const std::string& p) { return std::filesystem::exists(p); }

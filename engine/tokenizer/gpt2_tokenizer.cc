@@ -1,5 +1,6 @@
 #include "engine/tokenizer/gpt2_tokenizer.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "absl/status/status.h"
@@ -38,9 +39,61 @@ CharClass Classify(char32_t cp) {
   return CharClass::kOther;
 }
 
+// The end of the whitespace run's match from i under \s+(?!\S)|\s+: the run, less its last
+// character when a non-space follows (it goes to the next word), unless that leaves nothing.
+size_t SpaceRunMatch(size_t i, size_t ws_end, size_t n) {
+  return (ws_end == n || ws_end - i == 1) ? ws_end : ws_end - 1;
+}
+
+bool IsNewline(char32_t c) { return c == U'\r' || c == U'\n'; }
+
+char32_t AsciiLower(char32_t c) { return c >= U'A' && c <= U'Z' ? c + 32 : c; }
+
+// Llama 3's and Qwen2's regex (Gpt2Tokenizer::PreTokenizer), alternatives tried in order.
+size_t Llama3Match(const std::vector<Char>& chars, size_t i, size_t max_digits) {
+  const size_t n = chars.size();
+  const auto cls_at = [&](size_t k) { return k < n ? chars[k].cls : CharClass::kSpace; };
+  const auto lower_at = [&](size_t k) { return k < n ? AsciiLower(chars[k].cp) : U'\0'; };
+  const auto run_end = [&](size_t k, CharClass cls) {
+    while (k < n && chars[k].cls == cls) ++k;
+    return k;
+  };
+  const char32_t c = chars[i].cp;
+  // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+  if (c == U'\'') {
+    const char32_t a = lower_at(i + 1), b = lower_at(i + 2);
+    if (a == U's' || a == U't' || a == U'm' || a == U'd') return i + 2;
+    if ((a == U'r' && b == U'e') || (a == U'v' && b == U'e') || (a == U'l' && b == U'l')) {
+      return i + 3;
+    }
+  }
+  // [^\r\n\p{L}\p{N}]?\p{L}+
+  const CharClass cls = chars[i].cls;
+  if (cls != CharClass::kLetter && cls != CharClass::kNumber && !IsNewline(c) &&
+      cls_at(i + 1) == CharClass::kLetter) {
+    return run_end(i + 1, CharClass::kLetter);
+  }
+  if (cls == CharClass::kLetter) return run_end(i, CharClass::kLetter);
+  // \p{N}{1,3} (Qwen2: \p{N})
+  if (cls == CharClass::kNumber) return std::min(run_end(i, CharClass::kNumber), i + max_digits);
+  // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+  const size_t body = c == U' ' && cls_at(i + 1) == CharClass::kOther ? i + 1 : i;
+  if (chars[body].cls == CharClass::kOther) {
+    size_t end = run_end(body, CharClass::kOther);
+    while (end < n && IsNewline(chars[end].cp)) ++end;
+    return end;
+  }
+  // \s*[\r\n]+: up to the run's last newline.
+  const size_t ws_end = run_end(i, CharClass::kSpace);
+  for (size_t k = ws_end; k > i; --k) {
+    if (IsNewline(chars[k - 1].cp)) return k;
+  }
+  return SpaceRunMatch(i, ws_end, n);
+}
+
 }  // namespace
 
-std::vector<std::string_view> Gpt2Tokenizer::PreTokenize(std::string_view text) {
+std::vector<std::string_view> Gpt2Tokenizer::PreTokenize(std::string_view text, PreTokenizer pre) {
   // Invalid UTF-8 decodes as U+FFFD (class "other") but keeps its own bytes.
   std::vector<Char> chars;
   for (size_t pos = 0; pos < text.size();) {
@@ -57,6 +110,15 @@ std::vector<std::string_view> Gpt2Tokenizer::PreTokenize(std::string_view text) 
   };
 
   std::vector<std::string_view> words;
+  if (pre != PreTokenizer::kGpt2) {
+    const size_t max_digits = pre == PreTokenizer::kLlama3 ? 3 : 1;
+    for (size_t i = 0; i < n;) {
+      const size_t end = Llama3Match(chars, i, max_digits);
+      words.push_back(text.substr(pos_of(i), pos_of(end) - pos_of(i)));
+      i = end;
+    }
+    return words;
+  }
   for (size_t i = 0; i < n;) {
     size_t end = i;
     const char32_t c = chars[i].cp;
@@ -76,8 +138,7 @@ std::vector<std::string_view> Gpt2Tokenizer::PreTokenize(std::string_view text) 
       } else {
         // \s+(?!\S) takes a whitespace run but leaves its last character to the next word
         // when a non-space follows; a lone space before a non-space falls to \s+.
-        const size_t ws_end = run_end(i, CharClass::kSpace);
-        end = (ws_end == n || ws_end - i == 1) ? ws_end : ws_end - 1;
+        end = SpaceRunMatch(i, run_end(i, CharClass::kSpace), n);
       }
     }
     words.push_back(text.substr(pos_of(i), pos_of(end) - pos_of(i)));
@@ -141,6 +202,12 @@ void Gpt2Tokenizer::EncodeWord(std::string_view word, std::vector<int32_t>& ids)
   std::string mapped;
   mapped.reserve(2 * word.size());
   for (char c : word) mapped += byte_to_chars_[static_cast<uint8_t>(c)];
+  if (vocab_.ignore_merges) {
+    if (const auto it = piece_to_id_.find(mapped); it != piece_to_id_.end()) {
+      ids.push_back(it->second);
+      return;
+    }
+  }
   std::vector<std::string_view> symbols;
   for (size_t pos = 0; pos < mapped.size();) {
     const int len = unicode::DecodeUtf8(mapped, pos).len;
@@ -171,7 +238,7 @@ void Gpt2Tokenizer::EncodeWord(std::string_view word, std::vector<int32_t>& ids)
 std::vector<int32_t> Gpt2Tokenizer::Encode(std::string_view text, bool add_bos) const {
   std::vector<int32_t> ids;
   if (add_bos && vocab_.bos_id >= 0) ids.push_back(vocab_.bos_id);
-  for (std::string_view word : PreTokenize(text)) EncodeWord(word, ids);
+  for (std::string_view word : PreTokenize(text, vocab_.pre)) EncodeWord(word, ids);
   return ids;
 }
 

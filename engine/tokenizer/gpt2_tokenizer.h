@@ -1,9 +1,9 @@
-// GPT-2's byte-level BPE (GGUF tokenizer.ggml.model "gpt2").
+// GPT-2's byte-level BPE (GGUF tokenizer.ggml.model "gpt2"), the tokenizer of GPT-2 and,
+// with their own pre-tokenizers, of Llama 3 and Qwen2.
 //
-// Encode: split the text with GPT-2's pre-tokenizer regex
-//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// (implemented by hand), map each piece's bytes to printable characters (GPT-2's
-// bytes_to_unicode: a space becomes "Ġ"), then apply the merges in rank order.
+// Encode: split the text with the pre-tokenizer's regex (implemented by hand, PreTokenizer
+// below), map each piece's bytes to printable characters (GPT-2's bytes_to_unicode: a space
+// becomes "Ġ"), then apply the merges in rank order.
 #ifndef KVLENS_ENGINE_TOKENIZER_GPT2_TOKENIZER_H_
 #define KVLENS_ENGINE_TOKENIZER_GPT2_TOKENIZER_H_
 
@@ -23,12 +23,25 @@ namespace kvlens {
 
 class Gpt2Tokenizer : public Tokenizer {
  public:
+  // The pre-tokenizer regexes (GGUF tokenizer.ggml.pre):
+  //   kGpt2 ("gpt-2", "default"):
+  //     's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+  //   kLlama3 ("llama-bpe", Llama 3):
+  //     (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+  //     ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+  //   kQwen2 ("qwen2"): kLlama3's with \p{N} for \p{N}{1,3} (one digit a piece).
+  enum class PreTokenizer { kGpt2, kLlama3, kQwen2 };
+
   struct Vocab {
     std::vector<std::string> pieces;  // byte-level spelling ("Ġthe")
     std::vector<TokenType> types;     // same length as pieces
     std::vector<std::string> merges;  // "left right", best (rank 0) first
     int32_t bos_id = -1;
     int32_t eos_id = -1;
+    PreTokenizer pre = PreTokenizer::kGpt2;
+    // A piece whose byte-level spelling is itself a token becomes that token without the
+    // merges (Llama 3's tokenizer: "ignore_merges").
+    bool ignore_merges = false;
   };
   // INVALID_ARGUMENT for mismatched lengths, a malformed merge, or an id out of range.
   static absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Create(Vocab vocab);
@@ -43,7 +56,8 @@ class Gpt2Tokenizer : public Tokenizer {
 
   // The pre-tokenizer alone: `text` cut into the regex's matches, in order (exposed for
   // tests; concatenated they give back `text`).
-  static std::vector<std::string_view> PreTokenize(std::string_view text);
+  static std::vector<std::string_view> PreTokenize(std::string_view text,
+                                                   PreTokenizer pre = PreTokenizer::kGpt2);
 
  private:
   explicit Gpt2Tokenizer(Vocab vocab);

@@ -20,6 +20,7 @@ namespace {
 absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 constexpr char kModelKey[] = "tokenizer.ggml.model";
+constexpr char kPreKey[] = "tokenizer.ggml.pre";  // the pre-tokenizer of a "gpt2" model
 constexpr char kTokensKey[] = "tokenizer.ggml.tokens";
 constexpr char kScoresKey[] = "tokenizer.ggml.scores";
 constexpr char kTypesKey[] = "tokenizer.ggml.token_type";
@@ -119,6 +120,22 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& ggu
     auto merges = gguf.GetStringArray(kMergesKey);
     if (!merges.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("tokenizer: ", merges.status().message()));
+    }
+    if (gguf.Find(kPreKey) != nullptr) {
+      auto pre = gguf.GetString(kPreKey);
+      if (!pre.ok()) return pre.status();
+      const std::string_view p = *pre;
+      if (p == "llama-bpe" || p == "llama3" || p == "llama-v3") {
+        v.pre = Gpt2Tokenizer::PreTokenizer::kLlama3;
+        v.ignore_merges = true;  // as Llama 3's tokenizer.json and llama.cpp
+      } else if (p == "qwen2" || p == "deepseek-r1-qwen") {
+        v.pre = Gpt2Tokenizer::PreTokenizer::kQwen2;
+      } else if (p != "gpt-2" && p != "gpt2" && p != "default") {
+        return absl::UnimplementedError(
+            absl::StrCat(gguf.path(), ": ", kPreKey, " = \"", Sv(p),
+                         "\" is not supported (gpt-2, default, llama-bpe, llama3, llama-v3, qwen2, "
+                         "deepseek-r1-qwen): its pre-tokenizer would split text differently"));
+      }
     }
     v.pieces = ToStrings(*tokens);
     v.merges = ToStrings(*merges);

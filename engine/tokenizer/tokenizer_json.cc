@@ -42,6 +42,13 @@ bool MetaspacePrepends(const json& metaspace) {
   return true;
 }
 
+// The Split regexes of byte-level tokenizers whose pre-tokenizers kvlens implements
+// (Gpt2Tokenizer::PreTokenizer), as their tokenizer.json files spell them.
+constexpr char kLlama3Regex[] =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr char kQwen2Regex[] =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromJson(const std::string& path) {
@@ -159,6 +166,28 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromJson(const std::string& 
 
   if (byte_level) {
     Gpt2Tokenizer::Vocab v;
+    // GPT-2's regex is ByteLevel's own; a Split before it brings another (Llama 3, Qwen2).
+    const json pre_tokenizer = j.value("pre_tokenizer", json());  // Find points into it
+    if (const json* split = Find(pre_tokenizer, "Split")) {
+      const json pattern = split->value("pattern", json());
+      const std::string regex =
+          pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()
+              ? pattern["Regex"].get<std::string>()
+              : std::string();
+      if (regex == kLlama3Regex) {
+        v.pre = Gpt2Tokenizer::PreTokenizer::kLlama3;
+      } else if (regex == kQwen2Regex) {
+        v.pre = Gpt2Tokenizer::PreTokenizer::kQwen2;
+      } else {
+        return absl::UnimplementedError(absl::StrCat(
+            path, ": pre_tokenizer Split pattern ", pattern.dump(),
+            " is not supported (GPT-2's ByteLevel regex, Llama 3's or Qwen2's Split regex)"));
+      }
+    }
+    if (m.contains("ignore_merges")) {
+      if (!m["ignore_merges"].is_boolean()) return bad("model.ignore_merges is not a bool");
+      v.ignore_merges = m["ignore_merges"].get<bool>();
+    }
     v.pieces = std::move(pieces);
     v.types = std::move(types);
     v.merges = std::move(merges);

@@ -119,6 +119,28 @@ TEST(TokenizerFromGgufTest, Gpt2NeedsWellFormedMerges) {
   EXPECT_EQ((*tok)->Decode({2, 1, 0}), "abba");
 }
 
+// tokenizer.ggml.pre picks the pre-tokenizer; one kvlens does not know is refused by name
+// (splitting text with another regex would give other tokens, silently).
+TEST(TokenizerFromGgufTest, Gpt2PreTokenizerIsKnownOrRefused) {
+  GgufWriter w;
+  w.AddString("tokenizer.ggml.model", "gpt2");
+  w.AddStringArray("tokenizer.ggml.tokens", {"1", "2", "12", "3", "123"});
+  w.AddStringArray("tokenizer.ggml.merges", {"1 2", "12 3"});
+  GgufWriter gpt2 = w, llama3 = w, unknown = w;
+  gpt2.AddString("tokenizer.ggml.pre", "gpt-2");
+  llama3.AddString("tokenizer.ggml.pre", "llama-bpe");
+  unknown.AddString("tokenizer.ggml.pre", "tekken");
+  // "1231": GPT-2 takes the digit run whole; Llama 3 cuts it after three digits.
+  auto a = FromWriter("pre_gpt2", gpt2);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ((*a)->Encode("1231", false), (std::vector<int32_t>{4, 0}));
+  auto b = FromWriter("pre_llama3", llama3);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->Encode("12312", false), (std::vector<int32_t>{4, 2}));
+  ExpectError(FromWriter("pre_unknown", unknown), absl::StatusCode::kUnimplemented,
+              "tokenizer.ggml.pre = \"tekken\" is not supported");
+}
+
 TEST(TokenizerFromLlama2cTest, RejectsBadFiles) {
   const std::string path = testing::TestData("stories260K/tok512.bin");
   KVLENS_REQUIRE_FILE(path);

@@ -103,13 +103,24 @@ TEST(TokenizerJsonTest, ByteLevelBpeWithArrayMerges) {
   ExpectGpt2Encodings(**t);
 }
 
+constexpr char kLlama3Split[] =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// Llama 3's pre_tokenizer: Sequence [Split (its regex), ByteLevel (use_regex false)].
+json Llama3PreTokenizer(const std::string& regex) {
+  return {{"type", "Sequence"},
+          {"pretokenizers", json::array({json{{"type", "Split"},
+                                              {"pattern", {{"Regex", regex}}},
+                                              {"behavior", "Isolated"},
+                                              {"invert", false}},
+                                         json{{"type", "ByteLevel"}, {"use_regex", false}}})}};
+}
+
 // The ByteLevel decoder alone (no pre_tokenizer entry) also marks a byte-level vocabulary,
 // as does a ByteLevel inside a Sequence.
 TEST(TokenizerJsonTest, ByteLevelFoundInsideSequences) {
   json j = Gpt2Json(false);
-  j["pre_tokenizer"] = {
-      {"type", "Sequence"},
-      {"pretokenizers", json::array({json{{"type", "Split"}}, json{{"type", "ByteLevel"}}})}};
+  j["pre_tokenizer"] = Llama3PreTokenizer(kLlama3Split);
   auto seq = FromJson("gpt2_sequence", j);
   ASSERT_TRUE(seq.ok()) << seq.status();
   EXPECT_EQ((*seq)->Encode("hello world", false), (Ids{11, 16}));
@@ -117,6 +128,43 @@ TEST(TokenizerJsonTest, ByteLevelFoundInsideSequences) {
   auto dec = FromJson("gpt2_decoder_only", j);
   ASSERT_TRUE(dec.ok()) << dec.status();
   EXPECT_EQ((*dec)->Encode("hello world", false), (Ids{11, 16}));
+}
+
+// A Split regex picks the pre-tokenizer: with a merge "! Ċ" (rank 11), Llama 3's regex keeps
+// "!\n" in one piece (punctuation takes the newlines after it), so the merge applies;
+// GPT-2's cuts "!" from "\n" and it cannot. A regex kvlens does not implement is refused.
+TEST(TokenizerJsonTest, SplitRegexPicksThePreTokenizer) {
+  json j = Gpt2Json(false);
+  j["model"]["vocab"]["!\u010a"] = 32;
+  j["model"]["merges"].push_back("! \u010a");
+  auto gpt2 = FromJson("split_gpt2", j);
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  EXPECT_EQ((*gpt2)->Encode("hello!\n", false), (Ids{11, 22, 21}));
+  j["pre_tokenizer"] = Llama3PreTokenizer(kLlama3Split);
+  auto llama3 = FromJson("split_llama3", j);
+  ASSERT_TRUE(llama3.ok()) << llama3.status();
+  EXPECT_EQ((*llama3)->Encode("hello!\n", false), (Ids{11, 32}));
+  j["pre_tokenizer"] = Llama3PreTokenizer("\\p{L}+|\\s+");
+  ExpectError(FromJson("split_unknown", j), absl::StatusCode::kUnimplemented,
+              {"pre_tokenizer Split pattern", "is not supported"});
+}
+
+// model.ignore_merges (Llama 3): a piece that is a token is that token, merges or not.
+// "held" has no merge path to a single token; with "held" in the vocabulary (id 32) and
+// ignore_merges it becomes that token, without it h e l d → he l d as before.
+TEST(TokenizerJsonTest, IgnoreMergesTakesWholePieces) {
+  json j = Gpt2Json(false);
+  j["model"]["vocab"]["held"] = 32;
+  auto plain = FromJson("merges_kept", j);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->Encode("held", false), (Ids{8, 2, 7}));
+  j["model"]["ignore_merges"] = true;
+  auto whole = FromJson("merges_ignored", j);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ((*whole)->Encode("held", false), (Ids{32}));
+  j["model"]["ignore_merges"] = "yes";
+  ExpectError(FromJson("merges_bad", j), absl::StatusCode::kInvalidArgument,
+              {"model.ignore_merges is not a bool"});
 }
 
 // Added tokens: <|endoftext|> is GPT-2's BOS and EOS and a control token (no text);
