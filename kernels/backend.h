@@ -7,6 +7,7 @@
 #ifndef KVLENS_KERNELS_BACKEND_H_
 #define KVLENS_KERNELS_BACKEND_H_
 
+#include <cmath>
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
@@ -97,6 +98,22 @@ enum class RopeStyle : uint8_t {
   kHalfSplit,      // rotates (i, i + Dh/2) (GPT-NeoX, Hugging Face Llama)
 };
 
+// Rotary position embedding: pair p of a head at position pos turns by
+//   pos · theta^(−2p/Dh) / freq_factors[p]
+// (freq_factors null: no division). The factors are Llama 3.1's rope scaling ("llama3"),
+// which slows the low frequencies by up to its factor (GGUF rope_freqs.weight).
+struct RopeSpec {
+  double theta = 10000.0;
+  RopeStyle style = RopeStyle::kAdjacentPairs;
+  const float* freq_factors = nullptr;  // [Dh/2], host memory outliving the call's work
+
+  // Pair p's angle per position, in double (positions reach 1e5 rad and beyond).
+  double Frequency(int p, int head_dim) const {
+    const double f = std::pow(theta, -2.0 * p / head_dim);
+    return freq_factors != nullptr ? f / static_cast<double>(freq_factors[p]) : f;
+  }
+};
+
 // One product of Backend::MatMulMany: y[N, out] = x · wᵀ (+ bias when non-empty).
 template <typename T>
 struct MatMulOutput {
@@ -148,9 +165,9 @@ class Backend {
   virtual void LayerNorm(const T* x, int n, int dim, const WeightView& weight,
                          const WeightView& bias, double eps, T* y) = 0;
   // In place on x[N, heads, Dh] (rows row_stride elements apart); token i is at
-  // positions[i]. Pair p of a head turns by positions[i] · theta^(−2p/Dh).
+  // positions[i]. Pair p of a head turns by positions[i] · rope.Frequency(p, Dh).
   virtual void Rope(T* x, int n, int64_t row_stride, int num_heads, int head_dim,
-                    const int32_t* positions, double theta, RopeStyle style) = 0;
+                    const int32_t* positions, const RopeSpec& rope) = 0;
   // x ← GELU(x), tanh approximation (GPT-2), elementwise over count values.
   virtual void Gelu(T* x, int64_t count) = 0;
   // out = silu(gate) ⊙ up, elementwise (SwiGLU).
@@ -191,19 +208,18 @@ class Backend {
   // Rope on q [N, q_heads, Dh] and k [N, k_heads, Dh] (rows q_stride, k_stride apart),
   // both at positions[i].
   virtual void RopeQK(T* q, int64_t q_stride, int q_heads, T* k, int64_t k_stride, int k_heads,
-                      int n, int head_dim, const int32_t* positions, double theta,
-                      RopeStyle style) {
-    Rope(q, n, q_stride, q_heads, head_dim, positions, theta, style);
-    Rope(k, n, k_stride, k_heads, head_dim, positions, theta, style);
+                      int n, int head_dim, const int32_t* positions, const RopeSpec& rope) {
+    Rope(q, n, q_stride, q_heads, head_dim, positions, rope);
+    Rope(k, n, k_stride, k_heads, head_dim, positions, rope);
   }
   // RopeQK on q and k, then StoreKv of the rotated k and of v (rows kv_stride apart,
   // kv_heads · head_dim values each): a Llama layer's new keys and values.
   virtual void RopeQKStoreKv(T* q, int64_t q_stride, int q_heads, T* k, const T* v,
                              int64_t kv_stride, int kv_heads, int n, int head_dim,
-                             const int32_t* positions, double theta, RopeStyle style,
+                             const int32_t* positions, const RopeSpec& rope,
                              const int64_t* dst_rows, void* k_cache, void* v_cache,
                              int64_t cache_stride, KvDtype cache_dtype) {
-    RopeQK(q, q_stride, q_heads, k, kv_stride, kv_heads, n, head_dim, positions, theta, style);
+    RopeQK(q, q_stride, q_heads, k, kv_stride, kv_heads, n, head_dim, positions, rope);
     StoreKv(k, v, n, kv_stride, int64_t{kv_heads} * head_dim, dst_rows, k_cache, v_cache,
             cache_stride, cache_dtype);
   }

@@ -96,13 +96,13 @@ void StagedBackend::LayerNorm(const float* x, int n, int dim, const WeightView& 
 }
 
 void StagedBackend::Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
-                         const int32_t* positions, double theta, RopeStyle style) {
+                         const int32_t* positions, const RopeSpec& rope) {
   if (!status_.ok() || n <= 0 || !Ok(device_.MakeCurrent())) return;
   // Rows row_stride apart; the last row ends after its heads.
   const int64_t count = (n - 1) * row_stride + int64_t{num_heads} * head_dim;
   float* d = Stage(0, x, count);
   if (d == nullptr) return;
-  device_.Rope(d, n, row_stride, num_heads, head_dim, positions, theta, style);
+  device_.Rope(d, n, row_stride, num_heads, head_dim, positions, rope);
   Fetch(x, 0, count);
 }
 

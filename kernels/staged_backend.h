@@ -50,7 +50,7 @@ class StagedBackend final : public Backend<float>, public BackwardOps<float> {
   void LayerNorm(const float* x, int n, int dim, const WeightView& weight, const WeightView& bias,
                  double eps, float* y) override;
   void Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
-            const int32_t* positions, double theta, RopeStyle style) override;
+            const int32_t* positions, const RopeSpec& rope) override;
   void Gelu(float* x, int64_t count) override;
   void SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
   void Add(float* y, const float* x, int64_t count) override;

@@ -432,10 +432,9 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
     be.MatMul(lt.xn.data(), n, lw.wk, lw.bk, k_new.data());
     be.MatMul(lt.xn.data(), n, lw.wv, lw.bv, v_new.data());
     if (c.arch == Architecture::kLlama) {
-      be.Rope(lt.q.data(), n, D, c.num_heads, c.head_dim, t.positions.data(), c.rope_theta,
-              c.rope_style);
-      be.Rope(k_new.data(), n, KVD, c.num_kv_heads, c.head_dim, t.positions.data(), c.rope_theta,
-              c.rope_style);
+      const kernels::RopeSpec rope = RopeOf(c, w);
+      be.Rope(lt.q.data(), n, D, c.num_heads, c.head_dim, t.positions.data(), rope);
+      be.Rope(k_new.data(), n, KVD, c.num_kv_heads, c.head_dim, t.positions.data(), rope);
     }
     Perturb(c, n, tk, edits, TensorKind::kQ, l, lt.q);
     // every key: the cached prefix (leaves), then the new tokens

@@ -152,10 +152,10 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
       std::fill_n(dv.begin() + i * KVD, KVD, T(0));
     }
     if (c.arch == Architecture::kLlama) {
-      kernels::RopeBackward(dq.data(), n, D, c.num_heads, c.head_dim, t.positions.data(),
-                            c.rope_theta, c.rope_style);
+      const kernels::RopeSpec rope = RopeOf(c, w);
+      kernels::RopeBackward(dq.data(), n, D, c.num_heads, c.head_dim, t.positions.data(), rope);
       kernels::RopeBackward(dk.data(), n, KVD, c.num_kv_heads, c.head_dim, t.positions.data(),
-                            c.rope_theta, c.rope_style);
+                            rope);
     }
     std::fill(dhn.begin(), dhn.end(), T(0));
     if (absl::Status s = matmul_dx(dq.data(), n, lw.wq, dhn.data()); !s.ok()) return s;

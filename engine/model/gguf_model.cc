@@ -149,6 +149,11 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
     }
   }
   KVLENS_ASSIGN_OR_RETURN(w.final_norm, t.Get("output_norm.weight", 1, D));
+  if (c.arch == Architecture::kLlama) {
+    // Llama 3.1's rope scaling: per-pair divisors of the frequencies (ModelConfig checks
+    // the shape, type and values).
+    KVLENS_ASSIGN_OR_RETURN(w.rope_freqs, t.Optional("rope_freqs.weight"));
+  }
   if (c.arch == Architecture::kGpt2) {
     KVLENS_ASSIGN_OR_RETURN(w.final_norm_bias, t.Get("output_norm.bias", 1, D));
     KVLENS_ASSIGN_OR_RETURN(w.position_embedding, t.Get("position_embd.weight", c.max_seq_len, D));

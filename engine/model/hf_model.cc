@@ -1,9 +1,11 @@
 #include "engine/model/hf_model.h"
 
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numbers>
 #include <set>
 #include <type_traits>
 
@@ -298,9 +300,6 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     c.rope_style = kernels::RopeStyle::kHalfSplit;
     if (auto s = ConfigValue(cfg, "tie_word_embeddings", c.tied_embeddings, false); !s.ok())
       return s;
-    if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null()) {
-      return absl::UnimplementedError("config.json: rope_scaling is not supported");
-    }
   } else {
     return absl::UnimplementedError(
         absl::StrCat("config.json: model_type \"", type, "\" is not supported (gpt2, llama)"));
@@ -315,6 +314,64 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
 }
 
 }  // namespace
+
+// config.json's rope_scaling for a Llama: null, or Llama 3.1's "llama3" (rope_type, or the
+// older "type"), whose per-pair divisors of the frequencies it computes into w.rope_freqs
+// (as Hugging Face's _compute_llama3_parameters and llama.cpp's converter do): 1 where a
+// pair's wavelength 2π/freq is under original/high_freq_factor, `factor` where it is over
+// original/low_freq_factor, and 1/((1 − s)/factor + s) between them, s = (original/wavelength
+// − low) / (high − low). Other rope types are UNIMPLEMENTED, naming them.
+absl::Status ReadRopeScaling(const json& cfg, const ModelConfig& c, Weights& w) {
+  if (!cfg.contains("rope_scaling") || cfg["rope_scaling"].is_null()) return absl::OkStatus();
+  const json& rs = cfg["rope_scaling"];
+  if (!rs.is_object()) {
+    return absl::InvalidArgumentError("config.json: rope_scaling is not an object");
+  }
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {
+    if (absl::Status s = ConfigValue<std::string>(rs, key, type, type); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: rope_scaling.", key, " is not a string"));
+    }
+    if (!type.empty()) break;
+  }
+  if (type != "llama3") {
+    return absl::UnimplementedError(absl::StrCat("config.json: rope_scaling.rope_type \"", type,
+                                                 "\" is not supported (llama3)"));
+  }
+  double v[4];
+  const char* keys[4] = {"factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings"};
+  for (int i = 0; i < 4; ++i) {
+    if (!rs.contains(keys[i]) || !rs[keys[i]].is_number() || !(rs[keys[i]].get<double>() > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: rope_scaling.", keys[i], " must be a positive number"));
+    }
+    v[i] = rs[keys[i]].get<double>();
+  }
+  const double factor = v[0], low = v[1], high = v[2], original = v[3];
+  if (!(high > low)) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: rope_scaling.high_freq_factor = ",
+                                                   high, " must exceed low_freq_factor = ", low));
+  }
+  const int half = c.head_dim / 2;
+  auto factors = std::shared_ptr<float[]>(new float[half]);
+  for (int p = 0; p < half; ++p) {
+    const double wavelength =
+        2.0 * std::numbers::pi / std::pow(c.rope_theta, -2.0 * p / c.head_dim);
+    double divisor = 1.0;
+    if (wavelength > original / low) {
+      divisor = factor;
+    } else if (wavelength >= original / high) {
+      const double s = (original / wavelength - low) / (high - low);
+      divisor = 1.0 / ((1.0 - s) / factor + s);
+    }
+    factors[p] = static_cast<float>(divisor);
+  }
+  w.rope_freqs = WeightView{factors.get(), kernels::DType::kF32, 1, half};
+  w.storage.push_back(std::shared_ptr<const void>(factors, factors.get()));
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir) {
   auto cfg = ReadJson(fs::path(dir) / "config.json");
@@ -332,6 +389,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir) {
                                                  : LoadLlamaWeights(ts, c, model->weights);
   if (!s.ok()) return s;
   ts.KeepAlive(model->weights.storage);
+  if (c.arch == Architecture::kLlama) {
+    if (absl::Status r = ReadRopeScaling(*cfg, c, model->weights); !r.ok()) return r;
+  }
 
   const fs::path tok = fs::path(dir) / "tokenizer.json";
   if (fs::exists(tok)) {

@@ -1,5 +1,6 @@
 #include "engine/model/model.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -61,6 +62,23 @@ absl::Status Model::ValidateWeights() const {
   }
   for (const Check& ch : checks) {
     if (absl::Status s = CheckShape(ch.name, *ch.view, ch.rows, ch.cols); !s.ok()) return s;
+  }
+  if (!w.rope_freqs.empty()) {
+    if (gpt2) return absl::InvalidArgumentError("rope_freqs: GPT-2 models have no RoPE");
+    const int half = c.head_dim / 2;
+    if (absl::Status s = CheckShape("rope_freqs", w.rope_freqs, 1, half); !s.ok()) return s;
+    if (w.rope_freqs.dtype != kernels::DType::kF32) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rope_freqs: dtype ", std::string(kernels::DTypeName(w.rope_freqs.dtype)),
+                       " (must be f32)"));
+    }
+    const auto* f = static_cast<const float*>(w.rope_freqs.data);
+    for (int p = 0; p < half; ++p) {
+      if (!(f[p] > 0.0f) || !std::isfinite(f[p])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rope_freqs[", p, "] = ", f[p], ": frequency factors must be positive and finite"));
+      }
+    }
   }
   return absl::OkStatus();
 }

@@ -23,7 +23,8 @@ Transformer<T>::Transformer(const Model& model, kernels::Backend<T>& backend)
       hidden_(backend.memory()),
       up_(backend.memory()),
       logits_(backend.memory()),
-      probs_(backend.memory()) {}
+      probs_(backend.memory()),
+      rope_(RopeOf(model.config, model.weights)) {}
 
 template <typename T>
 absl::Status Transformer<T>::Validate(absl::Span<const BatchEntry> batch,
@@ -204,8 +205,8 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     // (rotary positions on q and k, and) new keys and values into the paged cache
     if (c.arch == Architecture::kLlama) {
       backend_.RopeQKStoreKv(q_.data(), D, c.num_heads, k_.data(), v_.data(), KVD, c.num_kv_heads,
-                             n, c.head_dim, positions_.data(), c.rope_theta, c.rope_style,
-                             rows_.data(), cache.k(l), cache.v(l), KVD, cache.dtype());
+                             n, c.head_dim, positions_.data(), rope_, rows_.data(), cache.k(l),
+                             cache.v(l), KVD, cache.dtype());
     } else {
       backend_.StoreKv(k_.data(), v_.data(), n, KVD, KVD, rows_.data(), cache.k(l), cache.v(l), KVD,
                        cache.dtype());

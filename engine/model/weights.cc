@@ -20,6 +20,14 @@ absl::Status CheckShape(absl::string_view tensor_name, const WeightView& w, int6
   return absl::OkStatus();
 }
 
+kernels::RopeSpec RopeOf(const ModelConfig& c, const Weights& w) {
+  kernels::RopeSpec rope;
+  rope.theta = c.rope_theta;
+  rope.style = c.rope_style;
+  if (!w.rope_freqs.empty()) rope.freq_factors = static_cast<const float*>(w.rope_freqs.data);
+  return rope;
+}
+
 std::string LinearWeightDTypes(const Weights& w) {
   std::map<kernels::DType, int64_t> elements;
   auto add = [&](const WeightView& v) {

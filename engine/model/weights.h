@@ -9,6 +9,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "engine/model/model_config.h"
+#include "kernels/backend.h"
 #include "kernels/weight.h"
 
 namespace kvlens {
@@ -40,6 +42,9 @@ struct Weights {
   WeightView final_norm;       // [1, D]
   WeightView final_norm_bias;  // [1, D] (GPT-2)
   WeightView output;           // [V, D]; equals token_embedding when tied
+  // [1, Dh/2] f32 divisors of RoPE's frequencies (Llama 3.1's rope scaling: GGUF
+  // rope_freqs.weight, or computed from config.json's rope_scaling), or empty.
+  WeightView rope_freqs;
   // Whatever the views point into (a memory mapping, converted buffers).
   std::vector<std::shared_ptr<const void>> storage;
 };
@@ -49,6 +54,9 @@ struct Weights {
 // got [64, 32]"), or NOT_FOUND when it is missing.
 absl::Status CheckShape(absl::string_view tensor_name, const WeightView& w, int64_t rows,
                         int64_t cols);
+
+// The model's RoPE: the config's theta and style, with rope_freqs' factors when present.
+kernels::RopeSpec RopeOf(const ModelConfig& c, const Weights& w);
 
 // The stored types of the linear weights (every layer's projections and the output), most
 // parameters first, joined by "+": "f16" for a plain model, "q4_K+q6_K" for a Q4_K_M file.

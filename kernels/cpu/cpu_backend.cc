@@ -690,10 +690,10 @@ void CpuBackend::LayerNorm(const float* x, int n, int dim, const WeightView& wei
 }
 
 void CpuBackend::Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
-                      const int32_t* positions, double theta, RopeStyle style) {
+                      const int32_t* positions, const RopeSpec& rope) {
   const int half = head_dim / 2;
   std::vector<double> inv_freq(half);
-  for (int p = 0; p < half; ++p) inv_freq[p] = std::pow(theta, -2.0 * p / head_dim);
+  for (int p = 0; p < half; ++p) inv_freq[p] = rope.Frequency(p, head_dim);
   ParallelRange(n, 8, [&](int64_t r0, int64_t r1) {
     std::vector<float> cos_t(half), sin_t(half);
     for (int64_t r = r0; r < r1; ++r) {
@@ -705,7 +705,7 @@ void CpuBackend::Rope(float* x, int n, int64_t row_stride, int num_heads, int he
       }
       for (int h = 0; h < num_heads; ++h) {
         float* head = x + r * row_stride + static_cast<int64_t>(h) * head_dim;
-        if (style == RopeStyle::kAdjacentPairs) {
+        if (rope.style == RopeStyle::kAdjacentPairs) {
           for (int p = 0; p < half; ++p) {
             const float a = head[2 * p], b = head[2 * p + 1];
             head[2 * p] = a * cos_t[p] - b * sin_t[p];

@@ -70,19 +70,19 @@ void ReferenceBackend::LayerNorm(const double* x, int n, int dim, const WeightVi
   }
 }
 
-// Pair p = (a, b) of each head turns by angle pos · theta^(−2p/Dh):
+// Pair p = (a, b) of each head turns by angle pos · rope.Frequency(p, Dh):
 //   (a, b) ← (a cos − b sin, a sin + b cos)
 void ReferenceBackend::Rope(double* x, int n, int64_t row_stride, int num_heads, int head_dim,
-                            const int32_t* positions, double theta, RopeStyle style) {
+                            const int32_t* positions, const RopeSpec& rope) {
   const int half = head_dim / 2;
   for (int r = 0; r < n; ++r) {
     for (int h = 0; h < num_heads; ++h) {
       double* head = x + r * row_stride + static_cast<int64_t>(h) * head_dim;
       for (int p = 0; p < half; ++p) {
-        const double angle = positions[r] * std::pow(theta, -2.0 * p / head_dim);
+        const double angle = positions[r] * rope.Frequency(p, head_dim);
         const double c = std::cos(angle), s = std::sin(angle);
-        const int ia = style == RopeStyle::kAdjacentPairs ? 2 * p : p;
-        const int ib = style == RopeStyle::kAdjacentPairs ? 2 * p + 1 : p + half;
+        const int ia = rope.style == RopeStyle::kAdjacentPairs ? 2 * p : p;
+        const int ib = rope.style == RopeStyle::kAdjacentPairs ? 2 * p + 1 : p + half;
         const double a = head[ia], b = head[ib];
         head[ia] = a * c - b * s;
         head[ib] = a * s + b * c;

@@ -19,7 +19,7 @@ class ReferenceBackend final : public Backend<double> {
   void LayerNorm(const double* x, int n, int dim, const WeightView& weight, const WeightView& bias,
                  double eps, double* y) override;
   void Rope(double* x, int n, int64_t row_stride, int num_heads, int head_dim,
-            const int32_t* positions, double theta, RopeStyle style) override;
+            const int32_t* positions, const RopeSpec& rope) override;
   void Gelu(double* x, int64_t count) override;
   void SwiGlu(const double* gate, const double* up, int64_t count, double* out) override;
   void Add(double* y, const double* x, int64_t count) override;

@@ -180,16 +180,16 @@ void LayerNormBackward(const T* x, int n, int dim, const WeightView& weight, dou
 
 template <typename T>
 void RopeBackward(T* x, int n, int64_t row_stride, int num_heads, int head_dim,
-                  const int32_t* positions, double theta, RopeStyle style) {
+                  const int32_t* positions, const RopeSpec& rope) {
   const int half = head_dim / 2;
   for (int r = 0; r < n; ++r) {
     for (int h = 0; h < num_heads; ++h) {
       T* head = x + r * row_stride + static_cast<int64_t>(h) * head_dim;
       for (int p = 0; p < half; ++p) {
-        const double angle = positions[r] * std::pow(theta, -2.0 * p / head_dim);
+        const double angle = positions[r] * rope.Frequency(p, head_dim);
         const double c = std::cos(angle), s = std::sin(angle);
-        const int ia = style == RopeStyle::kAdjacentPairs ? 2 * p : p;
-        const int ib = style == RopeStyle::kAdjacentPairs ? 2 * p + 1 : p + half;
+        const int ia = rope.style == RopeStyle::kAdjacentPairs ? 2 * p : p;
+        const int ib = rope.style == RopeStyle::kAdjacentPairs ? 2 * p + 1 : p + half;
         const double ga = head[ia], gb = head[ib];
         // Rᵀ(θ) = R(−θ)
         head[ia] = static_cast<T>(ga * c + gb * s);
@@ -227,7 +227,7 @@ void SwiGluBackward(const T* gate, const T* up, const T* dout, int64_t count, T*
   template void MatMulBackwardWeight<T>(const T*, const T*, int, int64_t, int64_t, double*);       \
   template void RmsNormBackward<T>(const T*, int, int, const WeightView&, double, const T*, T*);   \
   template void LayerNormBackward<T>(const T*, int, int, const WeightView&, double, const T*, T*); \
-  template void RopeBackward<T>(T*, int, int64_t, int, int, const int32_t*, double, RopeStyle);    \
+  template void RopeBackward<T>(T*, int, int64_t, int, int, const int32_t*, const RopeSpec&);      \
   template void GeluBackward<T>(const T*, const T*, int64_t, T*);                                  \
   template void SwiGluBackward<T>(const T*, const T*, const T*, int64_t, T*, T*);
 

@@ -48,7 +48,7 @@ void LayerNormBackward(const T* x, int n, int dim, const WeightView& weight, dou
 // (each pair turns by −angle). Same arguments as Backend::Rope.
 template <typename T>
 void RopeBackward(T* g, int n, int64_t row_stride, int num_heads, int head_dim,
-                  const int32_t* positions, double theta, RopeStyle style);
+                  const int32_t* positions, const RopeSpec& rope);
 // dx = dy · GELU'(x) (tanh approximation), x the pre-activation. count values.
 template <typename T>
 void GeluBackward(const T* x, const T* dy, int64_t count, T* dx);

@@ -534,36 +534,52 @@ void CudaBackend::MatMulSwiGlu(const float* x, int n, const WeightView& w_gate,
   SwiGlu(out, up_scratch, int64_t{n} * G.rows, out);
 }
 
+absl::StatusOr<RopeSpec> CudaBackend::DeviceRope(const RopeSpec& rope, int head_dim) {
+  if (rope.freq_factors == nullptr) return rope;
+  absl::StatusOr<const DeviceWeight*> dw =
+      Upload(WeightView{rope.freq_factors, DType::kF32, 1, head_dim / 2});
+  if (!dw.ok()) return dw.status();
+  RopeSpec device = rope;
+  device.freq_factors = static_cast<const float*>((*dw)->buffer.get());
+  return device;
+}
+
 void CudaBackend::Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
-                       const int32_t* positions, double theta, RopeStyle style) {
+                       const int32_t* positions, const RopeSpec& rope) {
   if (!status_.ok() || n <= 0) return;
+  absl::StatusOr<RopeSpec> d_rope = DeviceRope(rope, head_dim);
+  if (!Ok(d_rope.status())) return;
   absl::StatusOr<const void*> d_pos = UploadIndices(positions, sizeof(int32_t) * n);
   if (!Ok(d_pos.status())) return;
   Ok(Launch(&LaunchRope, x, n, row_stride, num_heads, head_dim, static_cast<const int32_t*>(*d_pos),
-            theta, style));
+            *d_rope));
 }
 
 void CudaBackend::RopeQK(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride,
-                         int k_heads, int n, int head_dim, const int32_t* positions, double theta,
-                         RopeStyle style) {
+                         int k_heads, int n, int head_dim, const int32_t* positions,
+                         const RopeSpec& rope) {
   if (!status_.ok() || n <= 0) return;
+  absl::StatusOr<RopeSpec> d_rope = DeviceRope(rope, head_dim);
+  if (!Ok(d_rope.status())) return;
   absl::StatusOr<const void*> d_pos = UploadIndices(positions, sizeof(int32_t) * n);
   if (!Ok(d_pos.status())) return;
   Ok(Launch(&LaunchRopeQK, q, q_stride, q_heads, k, k_stride, k_heads, n, head_dim,
-            static_cast<const int32_t*>(*d_pos), theta, style));
+            static_cast<const int32_t*>(*d_pos), *d_rope));
 }
 
 void CudaBackend::RopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,
                                 int64_t kv_stride, int kv_heads, int n, int head_dim,
-                                const int32_t* positions, double theta, RopeStyle style,
+                                const int32_t* positions, const RopeSpec& rope,
                                 const int64_t* dst_rows, void* k_cache, void* v_cache,
                                 int64_t cache_stride, KvDtype cache_dtype) {
   if (head_dim % 2 != 0) {  // rope leaves the last value of each head: the two plain ops
     Backend::RopeQKStoreKv(q, q_stride, q_heads, k, v, kv_stride, kv_heads, n, head_dim, positions,
-                           theta, style, dst_rows, k_cache, v_cache, cache_stride, cache_dtype);
+                           rope, dst_rows, k_cache, v_cache, cache_stride, cache_dtype);
     return;
   }
   if (!status_.ok() || n <= 0) return;
+  absl::StatusOr<RopeSpec> d_rope = DeviceRope(rope, head_dim);
+  if (!Ok(d_rope.status())) return;
   // One upload (two could wrap the ring between them and overwrite the first).
   const void* d[2] = {nullptr, nullptr};
   if (!Ok(UploadPacked(rope_store_pack_,
@@ -571,8 +587,8 @@ void CudaBackend::RopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* 
     return;
   }
   Ok(Launch(&LaunchRopeQKStoreKv, q, q_stride, q_heads, k, v, kv_stride, kv_heads, n, head_dim,
-            static_cast<const int32_t*>(d[0]), theta, style, static_cast<const int64_t*>(d[1]),
-            k_cache, v_cache, cache_stride, cache_dtype));
+            static_cast<const int32_t*>(d[0]), *d_rope, static_cast<const int64_t*>(d[1]), k_cache,
+            v_cache, cache_stride, cache_dtype));
 }
 
 void CudaBackend::Gelu(float* x, int64_t count) {

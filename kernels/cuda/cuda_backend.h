@@ -162,14 +162,13 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   void LayerNorm(const float* x, int n, int dim, const WeightView& weight, const WeightView& bias,
                  double eps, float* y) override;
   void Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
-            const int32_t* positions, double theta, RopeStyle style) override;
+            const int32_t* positions, const RopeSpec& rope) override;
   // Up to kMatVecMaxRows rows, f16/bf16 weights of one dtype and width, at most
   // kMatVecMaxSegments products: one matvec launch (LaunchMatVec); else MatMul each.
   void MatMulMany(const float* x, int n, absl::Span<const MatMulOutput<float>> outputs) override;
   // One RoPE launch for both (positions uploaded once).
   void RopeQK(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride, int k_heads,
-              int n, int head_dim, const int32_t* positions, double theta,
-              RopeStyle style) override;
+              int n, int head_dim, const int32_t* positions, const RopeSpec& rope) override;
   // One kernel each: the residual add inside the norm's row pass.
   void AddRmsNorm(float* x, const float* residual, int n, int dim, const WeightView& weight,
                   double eps, float* y) override;
@@ -185,8 +184,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // One launch (rope, then k's and v's cache rows), for even head sizes.
   void RopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,
                      int64_t kv_stride, int kv_heads, int n, int head_dim, const int32_t* positions,
-                     double theta, RopeStyle style, const int64_t* dst_rows, void* k_cache,
-                     void* v_cache, int64_t cache_stride, KvDtype cache_dtype) override;
+                     const RopeSpec& rope, const int64_t* dst_rows, void* k_cache, void* v_cache,
+                     int64_t cache_stride, KvDtype cache_dtype) override;
   void StoreKv(const float* k, const float* v, int n, int64_t src_stride, int64_t row_elems,
                const int64_t* dst_rows, void* k_cache, void* v_cache, int64_t cache_stride,
                KvDtype cache_dtype) override;
@@ -230,6 +229,9 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // (retired_) until the next step, as recorded launches still point into it.
   absl::Status ReserveScratch(DeviceBuffer& buffer, size_t bytes);
   absl::StatusOr<const DeviceWeight*> Upload(const WeightView& w);
+  // rope with its frequency factors (host) replaced by their device copy, uploaded once
+  // as a weight.
+  absl::StatusOr<RopeSpec> DeviceRope(const RopeSpec& rope, int head_dim);
   // Copies `bytes` of host memory to the device, ordered on stream_. The device copy is
   // valid for work enqueued before the next upload that wraps or grows the ring, so an op
   // makes at most one upload. Bytes equal to one of the last kIndexReuse uploads since

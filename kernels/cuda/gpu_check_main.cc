@@ -569,8 +569,9 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
           const MatMulOutput<float> qkv[] = {
               {w.wq, WeightView{}, q}, {w.wk, WeightView{}, k}, {w.wv, WeightView{}, v}};
           b.MatMulMany(xn, batch, qkv);
-          b.RopeQKStoreKv(q, D, H, k, v, D, H, batch, Dh, positions.data(), 10000.0,
-                          RopeStyle::kHalfSplit, dst.data(), kcs[l], vcs[l], D, cache_dtype);
+          b.RopeQKStoreKv(q, D, H, k, v, D, H, batch, Dh, positions.data(),
+                          RopeSpec{10000.0, RopeStyle::kHalfSplit}, dst.data(), kcs[l], vcs[l], D,
+                          cache_dtype);
           calls.clear();
           for (int s = 0; s < batch; ++s) {
             AttentionArgs<float>& a = calls.emplace_back();

@@ -122,8 +122,9 @@ __global__ void LayerNormKernel(float* x, const float* residual, int dim, const 
 }
 
 // One thread per (row, head, pair), over x's heads and then x2's (RopeQK: q and k in one
-// launch; x2 null for one tensor). The angle is position · theta^(−2p/Dh) in double: at
-// position 1e5 a float angle would be off by ~1e-2 rad.
+// launch; x2 null for one tensor). The angle is position · theta^(−2p/Dh) in double (at
+// position 1e5 a float angle would be off by ~1e-2 rad), divided by freq_factors[p] when
+// set (RopeSpec).
 // With k_cache set (RopeQKStoreKv; head_dim even), the threads of x2's heads (k) also
 // store the rotated pair into k_cache and v's same pair into v_cache, at cache row
 // dst_rows[r] (none for a negative row): the cache rows in the same launch.
@@ -147,7 +148,8 @@ __device__ __forceinline__ void StoreCacheElement(void* cache, int64_t i, float 
 
 __global__ void RopeKernel(float* x, int64_t row_stride, int num_heads, float* x2,
                            int64_t row_stride2, int num_heads2, int n, int head_dim,
-                           const int32_t* positions, double theta, bool adjacent, KvStore store) {
+                           const int32_t* positions, double theta, const float* freq_factors,
+                           bool adjacent, KvStore store) {
   WaitForPriorGrids();  // first: see launch.cuh
   const int half = head_dim / 2;
   const int heads = num_heads + num_heads2;
@@ -158,7 +160,9 @@ __global__ void RopeKernel(float* x, int64_t row_stride, int num_heads, float* x
     const int64_t rh = t / half;
     const int h = static_cast<int>(rh % heads);
     const int64_t r = rh / heads;
-    const double angle = positions[r] * pow(theta, -2.0 * p / head_dim);
+    double freq = pow(theta, -2.0 * p / head_dim);
+    if (freq_factors != nullptr) freq /= static_cast<double>(freq_factors[p]);
+    const double angle = positions[r] * freq;
     double s, c;
     sincos(angle, &s, &c);
     const float cf = static_cast<float>(c), sf = static_cast<float>(s);
@@ -325,9 +329,8 @@ absl::Status LaunchAddLayerNorm(float* x, const float* residual, int n, int dim,
 }
 
 absl::Status LaunchRope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
-                        const int32_t* positions, double theta, RopeStyle style,
-                        cudaStream_t stream) {
-  return LaunchRopeQK(x, row_stride, num_heads, nullptr, 0, 0, n, head_dim, positions, theta, style,
+                        const int32_t* positions, const RopeSpec& rope, cudaStream_t stream) {
+  return LaunchRopeQK(x, row_stride, num_heads, nullptr, 0, 0, n, head_dim, positions, rope,
                       stream);
 }
 
@@ -336,13 +339,12 @@ namespace {
 // RopeKernel over q's heads and k's, storing the cache rows when `store` has a cache.
 absl::Status LaunchRopeKernel(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride,
                               int k_heads, int n, int head_dim, const int32_t* positions,
-                              double theta, RopeStyle style, const KvStore& store,
-                              cudaStream_t stream) {
+                              const RopeSpec& rope, const KvStore& store, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(n) * (q_heads + k_heads) * (head_dim / 2);
   if (total <= 0) return absl::OkStatus();
   LaunchKernel("RopeKernel", RopeKernel, GridFor(total), kThreads, 0, stream, q, q_stride, q_heads,
-               k, k_stride, k_heads, n, head_dim, positions, theta,
-               style == RopeStyle::kAdjacentPairs, store);
+               k, k_stride, k_heads, n, head_dim, positions, rope.theta, rope.freq_factors,
+               rope.style == RopeStyle::kAdjacentPairs, store);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("RopeKernel");
   return absl::OkStatus();
 }
@@ -350,15 +352,15 @@ absl::Status LaunchRopeKernel(float* q, int64_t q_stride, int q_heads, float* k,
 }  // namespace
 
 absl::Status LaunchRopeQK(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride,
-                          int k_heads, int n, int head_dim, const int32_t* positions, double theta,
-                          RopeStyle style, cudaStream_t stream) {
-  return LaunchRopeKernel(q, q_stride, q_heads, k, k_stride, k_heads, n, head_dim, positions, theta,
-                          style, KvStore{nullptr, nullptr, nullptr, nullptr, 0, false}, stream);
+                          int k_heads, int n, int head_dim, const int32_t* positions,
+                          const RopeSpec& rope, cudaStream_t stream) {
+  return LaunchRopeKernel(q, q_stride, q_heads, k, k_stride, k_heads, n, head_dim, positions, rope,
+                          KvStore{nullptr, nullptr, nullptr, nullptr, 0, false}, stream);
 }
 
 absl::Status LaunchRopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,
                                  int64_t kv_stride, int kv_heads, int n, int head_dim,
-                                 const int32_t* positions, double theta, RopeStyle style,
+                                 const int32_t* positions, const RopeSpec& rope,
                                  const int64_t* dst_rows, void* k_cache, void* v_cache,
                                  int64_t cache_stride, KvDtype cache_dtype, cudaStream_t stream) {
   if (head_dim % 2 != 0) {
@@ -366,7 +368,7 @@ absl::Status LaunchRopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float*
         absl::StrCat("LaunchRopeQKStoreKv: head_dim must be even, got ", head_dim));
   }
   return LaunchRopeKernel(
-      q, q_stride, q_heads, k, kv_stride, kv_heads, n, head_dim, positions, theta, style,
+      q, q_stride, q_heads, k, kv_stride, kv_heads, n, head_dim, positions, rope,
       KvStore{v, dst_rows, k_cache, v_cache, cache_stride, cache_dtype == KvDtype::kBF16}, stream);
 }
 

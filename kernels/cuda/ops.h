@@ -34,15 +34,15 @@ absl::Status LaunchAddRmsNorm(float* x, const float* residual, int n, int dim, c
 absl::Status LaunchAddLayerNorm(float* x, const float* residual, int n, int dim, const void* weight,
                                 const void* bias, DType dtype, float eps, float* y,
                                 cudaStream_t stream);
-// In place on x[n, num_heads, head_dim] (rows row_stride apart); angles in double.
+// In place on x[n, num_heads, head_dim] (rows row_stride apart); angles in double. Here
+// rope.freq_factors, when set, is a DEVICE pointer ([head_dim / 2] floats).
 absl::Status LaunchRope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
-                        const int32_t* positions, double theta, RopeStyle style,
-                        cudaStream_t stream);
+                        const int32_t* positions, const RopeSpec& rope, cudaStream_t stream);
 // LaunchRope on q [n, q_heads] and k [n, k_heads] (rows q_stride, k_stride apart) in one
 // launch, both at `positions`.
 absl::Status LaunchRopeQK(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride,
-                          int k_heads, int n, int head_dim, const int32_t* positions, double theta,
-                          RopeStyle style, cudaStream_t stream);
+                          int k_heads, int n, int head_dim, const int32_t* positions,
+                          const RopeSpec& rope, cudaStream_t stream);
 absl::Status LaunchGelu(float* x, int64_t count, cudaStream_t stream);
 absl::Status LaunchSwiGlu(const float* gate, const float* up, int64_t count, float* out,
                           cudaStream_t stream);
@@ -54,7 +54,7 @@ absl::Status LaunchAddBias(float* y, int n, int64_t cols, const void* bias, DTyp
 // (rows kv_stride apart, kv_heads · head_dim values each). head_dim must be even.
 absl::Status LaunchRopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,
                                  int64_t kv_stride, int kv_heads, int n, int head_dim,
-                                 const int32_t* positions, double theta, RopeStyle style,
+                                 const int32_t* positions, const RopeSpec& rope,
                                  const int64_t* dst_rows, void* k_cache, void* v_cache,
                                  int64_t cache_stride, KvDtype cache_dtype, cudaStream_t stream);
 // k_cache[dst_rows[r] * cache_stride + e] = k[r * src_stride + e] (and v), e < row_elems,

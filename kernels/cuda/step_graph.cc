@@ -6,6 +6,12 @@
 
 namespace kvlens::kernels::cuda {
 
+void AppendWords(Signature& s, const RopeSpec& r) {
+  AppendWords(s, r.theta);
+  AppendWords(s, r.style);
+  AppendWords(s, r.freq_factors);
+}
+
 void AppendWords(Signature& s, const AttentionParams& p) {
   // Every field: a graph is replayed only when all of them are equal.
   AppendWords(s, p.q);

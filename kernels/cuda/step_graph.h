@@ -35,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "kernels/backend.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/matvec.h"
 
@@ -58,6 +59,7 @@ void AppendWords(Signature& s, const T& v) {
 }
 void AppendWords(Signature& s, const AttentionParams& p);
 void AppendWords(Signature& s, const MatVecProduct& p);
+void AppendWords(Signature& s, const RopeSpec& r);
 template <typename T>
 void AppendWords(Signature& s, absl::Span<const T> v) {
   s.push_back(v.size());

@@ -30,8 +30,8 @@ class CpuForwardingBackend : public kernels::Backend<float> {
     cpu_.LayerNorm(x, n, dim, w, b, eps, y);
   }
   void Rope(float* x, int n, int64_t row_stride, int num_heads, int head_dim,
-            const int32_t* positions, double theta, kernels::RopeStyle style) override {
-    cpu_.Rope(x, n, row_stride, num_heads, head_dim, positions, theta, style);
+            const int32_t* positions, const kernels::RopeSpec& rope) override {
+    cpu_.Rope(x, n, row_stride, num_heads, head_dim, positions, rope);
   }
   void Gelu(float* x, int64_t count) override { cpu_.Gelu(x, count); }
   void SwiGlu(const float* g, const float* u, int64_t count, float* out) override {

@@ -111,8 +111,10 @@ TEST_F(StagedBackendTest, InPlaceOpsEqualTheCpuBackendAndKeepThePadding) {
   const int64_t stride = 20;
   std::vector<float> want = Random(rng_, size_t(stride) * n), got = want;
   const std::vector<int32_t> pos = {5, 900};
-  cpu_.Rope(want.data(), n, stride, heads, dh, pos.data(), 10000.0, RopeStyle::kHalfSplit);
-  staged_.Rope(got.data(), n, stride, heads, dh, pos.data(), 10000.0, RopeStyle::kHalfSplit);
+  cpu_.Rope(want.data(), n, stride, heads, dh, pos.data(),
+            RopeSpec{10000.0, RopeStyle::kHalfSplit});
+  staged_.Rope(got.data(), n, stride, heads, dh, pos.data(),
+               RopeSpec{10000.0, RopeStyle::kHalfSplit});
   EXPECT_EQ(got, want);
 
   std::vector<float> a = Random(rng_, 100), a2 = a;
@@ -268,7 +270,7 @@ class FullDevice final : public Backend<float> {
   void RmsNorm(const float*, int, int, const WeightView&, double, float*) override {}
   void LayerNorm(const float*, int, int, const WeightView&, const WeightView&, double,
                  float*) override {}
-  void Rope(float*, int, int64_t, int, int, const int32_t*, double, RopeStyle) override {}
+  void Rope(float*, int, int64_t, int, int, const int32_t*, const RopeSpec&) override {}
   void Gelu(float*, int64_t) override {}
   void SwiGlu(const float*, const float*, int64_t, float*) override {}
   void Add(float*, const float*, int64_t) override {}

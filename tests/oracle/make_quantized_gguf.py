@@ -8,7 +8,11 @@ bytes, each with its own decoder.
 
 dim 256, 4 heads of 64 (2 KV heads), FFN 512, 2 layers, vocab 384 and no tokenizer; with
 --tokenizer GGUF, that file's tokenizer and its vocabulary size (for tests that serve it).
+--f32 writes every weight in F32 instead; --rope-freqs adds Llama 3.1's rope scaling
+(rope_freqs.weight), the factors convert_hf_to_gguf.py derives from rope_scaling
+{factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192}.
 """
+import math
 import argparse
 import os
 import sys
@@ -32,6 +36,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--tokenizer", help="a GGUF whose tokenizer the model takes")
+    ap.add_argument("--f32", action="store_true", help="every weight in F32")
+    ap.add_argument("--rope-freqs", action="store_true", help="Llama 3.1's rope_freqs.weight")
     args = ap.parse_args()
     metadata, vocab = llama_metadata("kvlens-quantized-test", DIM, FFN, LAYERS, HEADS, KV_HEADS,
                                      256, tokenizer_from=args.tokenizer)
@@ -53,7 +59,28 @@ def main():
             tensors.append((f"blk.{layer}.{name}.weight", mat(*shape), kind))
     tensors.append(("output_norm.weight", norm(), "F32"))
     tensors.append(("output.weight", mat(vocab, DIM), "Q6_K"))
+    if args.rope_freqs:
+        tensors.append(("rope_freqs.weight", llama31_rope_factors(DIM // HEADS, 10000.0), "F32"))
+    if args.f32:
+        tensors = [(name, values, "F32") for name, values, _ in tensors]
     write_gguf(args.out, metadata, tensors)
+
+
+def llama31_rope_factors(head_dim, base, factor=8.0, low=1.0, high=4.0, original=8192):
+    """Per pair: 1 where the wavelength is under original/high, factor where it is over
+    original/low, and between them 1 / ((1 - s)/factor + s), s = (original/wavelength - low)
+    / (high - low)."""
+    out = []
+    for i in range(head_dim // 2):
+        wavelength = 2 * math.pi * base ** (2 * i / head_dim)
+        if wavelength < original / high:
+            out.append(1.0)
+        elif wavelength > original / low:
+            out.append(factor)
+        else:
+            s = (original / wavelength - low) / (high - low)
+            out.append(1 / ((1 - s) / factor + s))
+    return np.array(out)
 
 
 if __name__ == "__main__":

@@ -151,6 +151,30 @@ TEST(QuantizedGoldenTest, EveryBlockTypeMatchesTheOracle) {
   CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5);
 }
 
+// Llama 3.1's rope scaling (GGUF rope_freqs.weight, per-pair divisors of the frequencies)
+// against the oracle, which applies the factors it reads from the same file. Prompt
+// positions run to 250 (the model's context: 256), where the slowed low frequencies turn by visibly
+// less.
+TEST(RopeScalingGoldenTest, Llama31FrequencyFactorsMatchTheOracle) {
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path = testing::MakeQuantizedModel("--f32 --rope-freqs");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  auto model = LoadModel({path, ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ((*model)->weights.rope_freqs.cols, 32);
+  EXPECT_EQ(RopeOf((*model)->config, (*model)->weights).freq_factors,
+            static_cast<const float*>((*model)->weights.rope_freqs.data));
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 250; ++i) tokens.push_back((i * 97 + 5) % 384);
+  const testing::OracleResult oracle = testing::RunOracle(path, tokens, /*attention=*/true);
+  std::remove(path.c_str());
+  ASSERT_TRUE(oracle.error.empty()) << oracle.error;
+  kernels::ReferenceBackend ref;
+  kernels::CpuBackend fast(2);
+  CompareWithOracle<double>(**model, ref, tokens, oracle, 1e-9);
+  CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5);
+}
+
 // CpuBackend with int8 activations, every matrix product checked as it runs: the output
 // must be the product of the input rounded by ggml's quantize_row_q8_0 rule (written here
 // from its definition) with the exact weights (DequantizeRow<double>, checked against

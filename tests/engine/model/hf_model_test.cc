@@ -668,12 +668,13 @@ Tensors LlamaTensors() {
 }
 
 // Hugging Face's rotate_half RoPE: x·cos + rotate_half(x)·sin, rotate_half(x) = [−x₂, x₁]
-// over the two halves of each head, angle pos · θ^(−2i/Dh) for pair i.
-void Rope(Matrix& x, int heads, int dh, double theta) {
+// over the two halves of each head, angle pos · θ^(−2i/Dh) / divisors[i] for pair i.
+void Rope(Matrix& x, int heads, int dh, double theta, const std::vector<double>& divisors = {}) {
   for (size_t pos = 0; pos < x.size(); ++pos) {
     for (int h = 0; h < heads; ++h) {
       for (int i = 0; i < dh / 2; ++i) {
-        const double a = pos * std::pow(theta, -2.0 * i / dh);
+        const double a =
+            pos * std::pow(theta, -2.0 * i / dh) / (divisors.empty() ? 1.0 : divisors[i]);
         double& x1 = x[pos][h * dh + i];
         double& x2 = x[pos][h * dh + i + dh / 2];
         const double r1 = x1 * std::cos(a) - x2 * std::sin(a);
@@ -685,7 +686,8 @@ void Rope(Matrix& x, int heads, int dh, double theta) {
   }
 }
 
-Matrix LlamaReference(const Tensors& ts, const std::vector<int32_t>& tokens) {
+Matrix LlamaReference(const Tensors& ts, const std::vector<int32_t>& tokens,
+                      const std::vector<double>& rope_divisors = {}) {
   const double eps = 1e-5;
   auto T = [&](const std::string& n) -> const Tensor& { return ts.at(n); };
   Matrix x(tokens.size(), std::vector<double>(kLD));
@@ -696,8 +698,8 @@ Matrix LlamaReference(const Tensors& ts, const std::vector<int32_t>& tokens) {
   Matrix q = Linear(h, T(p + "self_attn.q_proj.weight"), nullptr, true);
   Matrix k = Linear(h, T(p + "self_attn.k_proj.weight"), nullptr, true);
   const Matrix v = Linear(h, T(p + "self_attn.v_proj.weight"), nullptr, true);
-  Rope(q, kLH, kLDh, 10000.0);
-  Rope(k, kLKv, kLDh, 10000.0);
+  Rope(q, kLH, kLDh, 10000.0, rope_divisors);
+  Rope(k, kLKv, kLDh, 10000.0, rope_divisors);
   const Matrix a = Attention(q, k, v, kLH, kLKv, kLDh);
   AddTo(x, Linear(a, T(p + "self_attn.o_proj.weight"), nullptr, true));
   const Matrix h2 = RmsNorm(x, T(p + "post_attention_layernorm.weight"), eps);
@@ -756,6 +758,30 @@ TEST(HfModelTest, LlamaF16Bf16LoadsAndRunsAsTheReference) {
   ExpectLogitsMatch(**m, LlamaReference(ts, kTokens), kTokens);
 }
 
+// Llama 3.1's rope_scaling ("llama3"): per-pair divisors of the frequencies. Dh 4 with θ
+// 10000: frequencies 1 and 0.01, wavelengths 2π and 628.3. With original 1024, low 1,
+// high 4: pair 0 is under 1024/4 (divisor 1); pair 1 lies between 256 and 1024, so
+// s = (1024/628.3 − 1)/3 = 0.20992 and the divisor is 1/((1 − s)/8 + s) = 3.23964.
+TEST(HfModelTest, LlamaRopeScalingDividesTheLowFrequencies) {
+  const Tensors ts = LlamaTensors();
+  json cfg = LlamaConfig();
+  cfg["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", 8.0},
+                         {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 1024}};
+  auto m = LoadHfModel(WriteLlamaDir("llama_rope_scaling", ts, cfg));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const kernels::WeightView& f = (*m)->weights.rope_freqs;
+  ASSERT_EQ(f.cols, kLDh / 2);
+  const auto* factors = static_cast<const float*>(f.data);
+  EXPECT_EQ(factors[0], 1.0f);
+  EXPECT_NEAR(factors[1], 3.2396418, 1e-6);
+  // (The divisors are stored as floats, as GGUF's rope_freqs.)
+  const double divisor = static_cast<float>(3.2396418468652604);
+  ExpectLogitsMatch(**m, LlamaReference(ts, kTokens, {1.0, divisor}), kTokens);
+}
+
 TEST(HfModelTest, LlamaErrors) {
   Tensors ts = LlamaTensors();
   ts.erase("lm_head.weight");  // untied, so the head is required
@@ -807,7 +833,15 @@ TEST(HfModelTest, LlamaErrors) {
       {"rope_scaling",
        {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}},
        absl::StatusCode::kUnimplemented,
-       {"rope_scaling"}},
+       {"rope_scaling.rope_type \"linear\" is not supported (llama3)"}},
+      {"rope_scaling_factor",
+       {{"rope_scaling",
+         {{"rope_type", "llama3"},
+          {"low_freq_factor", 1.0},
+          {"high_freq_factor", 4.0},
+          {"original_max_position_embeddings", 8192}}}},
+       absl::StatusCode::kInvalidArgument,
+       {"rope_scaling.factor must be a positive number"}},
       {"theta", {{"rope_theta", -1.0}}, absl::StatusCode::kInvalidArgument, {"rope_theta = -1"}},
       {"tie",
        {{"tie_word_embeddings", 1}},

@@ -181,11 +181,17 @@ TEST(CpuBackendTest, ElementwiseAndNormOpsMatchReference) {
     constexpr int kHeads = 3, kDh = 64, kStride = kHeads * kDh + 5;
     const int32_t pos[4] = {0, 17, 4095, 100000};
     const std::vector<double> q = testing::RandomFloatExact(rng, 4 * kStride);
-    std::vector<double> qr = q;
-    std::vector<float> qf = testing::Cast<float>(q);
-    ref.Rope(qr.data(), 4, kStride, kHeads, kDh, pos, 500000.0, style);
-    cpu.Rope(qf.data(), 4, kStride, kHeads, kDh, pos, 500000.0, style);
-    ExpectNearRelative(qf, qr, 2e-6, "rope");
+    // Llama 3.1-like factors: 1 for the high frequencies, up to 8 for the low ones.
+    std::vector<float> factors(kDh / 2);
+    for (int p = 0; p < kDh / 2; ++p) factors[p] = 1.0f + 7.0f * p / (kDh / 2 - 1);
+    const float* const factor_sets[] = {nullptr, factors.data()};
+    for (const float* f : factor_sets) {
+      std::vector<double> qr = q;
+      std::vector<float> qf = testing::Cast<float>(q);
+      ref.Rope(qr.data(), 4, kStride, kHeads, kDh, pos, RopeSpec{500000.0, style, f});
+      cpu.Rope(qf.data(), 4, kStride, kHeads, kDh, pos, RopeSpec{500000.0, style, f});
+      ExpectNearRelative(qf, qr, 2e-6, "rope");
+    }
   }
   for (DType dt : testing::kAllDTypes) {
     const int64_t cols = testing::BlockCols(dt, 64);

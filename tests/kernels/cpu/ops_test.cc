@@ -147,26 +147,31 @@ TYPED_TEST(OpsTest, RopeRotatesTheRightPairsByTheRightAngles) {
   const int32_t pos[2] = {1, 3};
   std::vector<T> base(2 * kStride);
   for (int e = 0; e < 2 * kStride; ++e) base[e] = static_cast<T>(0.5 + 0.25 * e);
-  for (RopeStyle style : {RopeStyle::kAdjacentPairs, RopeStyle::kHalfSplit}) {
-    std::vector<T> x = base;
-    this->backend_->Rope(x.data(), 2, kStride, 2, 4, pos, 100.0, style);
-    for (int r = 0; r < 2; ++r) {
-      for (int h = 0; h < 2; ++h) {
-        for (int p = 0; p < 2; ++p) {
-          const double angle = pos[r] * (p == 0 ? 1.0 : 0.1);
-          const int ia = style == RopeStyle::kAdjacentPairs ? 2 * p : p;
-          const int ib = style == RopeStyle::kAdjacentPairs ? 2 * p + 1 : p + 2;
-          const double a = base[r * kStride + h * 4 + ia], b = base[r * kStride + h * 4 + ib];
-          EXPECT_NEAR(x[r * kStride + h * 4 + ia], std::cos(angle) * a - std::sin(angle) * b,
-                      4 * this->kRel);
-          EXPECT_NEAR(x[r * kStride + h * 4 + ib], std::sin(angle) * a + std::cos(angle) * b,
-                      4 * this->kRel);
+  // Frequencies 100^(−2p/4): 1 and 0.1; with Llama 3.1's factors, divided by 2 and 4.
+  const float factors[2] = {2.0f, 4.0f};
+  for (const bool scaled : {false, true})
+    for (RopeStyle style : {RopeStyle::kAdjacentPairs, RopeStyle::kHalfSplit}) {
+      std::vector<T> x = base;
+      this->backend_->Rope(x.data(), 2, kStride, 2, 4, pos,
+                           RopeSpec{100.0, style, scaled ? factors : nullptr});
+      for (int r = 0; r < 2; ++r) {
+        for (int h = 0; h < 2; ++h) {
+          for (int p = 0; p < 2; ++p) {
+            const double angle =
+                pos[r] * (p == 0 ? 1.0 : 0.1) / (scaled ? (p == 0 ? 2.0 : 4.0) : 1.0);
+            const int ia = style == RopeStyle::kAdjacentPairs ? 2 * p : p;
+            const int ib = style == RopeStyle::kAdjacentPairs ? 2 * p + 1 : p + 2;
+            const double a = base[r * kStride + h * 4 + ia], b = base[r * kStride + h * 4 + ib];
+            EXPECT_NEAR(x[r * kStride + h * 4 + ia], std::cos(angle) * a - std::sin(angle) * b,
+                        4 * this->kRel);
+            EXPECT_NEAR(x[r * kStride + h * 4 + ib], std::sin(angle) * a + std::cos(angle) * b,
+                        4 * this->kRel);
+          }
         }
+        EXPECT_EQ(x[r * kStride + 8], base[r * kStride + 8]);
+        EXPECT_EQ(x[r * kStride + 9], base[r * kStride + 9]);
       }
-      EXPECT_EQ(x[r * kStride + 8], base[r * kStride + 8]);
-      EXPECT_EQ(x[r * kStride + 9], base[r * kStride + 9]);
     }
-  }
 }
 
 // RoPE makes ⟨R(m)q, R(n)k⟩ depend on m − n only.
@@ -178,8 +183,8 @@ TYPED_TEST(OpsTest, RopeDotProductDependsOnRelativePosition) {
   for (RopeStyle style : {RopeStyle::kAdjacentPairs, RopeStyle::kHalfSplit}) {
     auto rotated_dot = [&](int m, int n) {
       std::vector<T> q = q0, k = k0;
-      this->backend_->Rope(q.data(), 1, 64, 1, 64, &m, 10000.0, style);
-      this->backend_->Rope(k.data(), 1, 64, 1, 64, &n, 10000.0, style);
+      this->backend_->Rope(q.data(), 1, 64, 1, 64, &m, RopeSpec{10000.0, style});
+      this->backend_->Rope(k.data(), 1, 64, 1, 64, &n, RopeSpec{10000.0, style});
       double dot = 0;
       for (int d = 0; d < 64; ++d) dot += static_cast<double>(q[d]) * k[d];
       return dot;

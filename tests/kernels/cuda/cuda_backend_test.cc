@@ -59,7 +59,7 @@ TEST_F(CudaBackendTest, RejectsAMissingDevice) {
 
 TEST_F(CudaBackendTest, ParityTableWithinTwiceTheNaiveLowPrecisionError) {
   const std::vector<parity::ParityResult> results = parity::RunParitySuite(*backend_);
-  EXPECT_EQ(results.size(), 150u);  // one per case; maps cases add probs (and scores)
+  EXPECT_EQ(results.size(), 151u);  // one per case; maps cases add probs (and scores)
   for (const parity::ParityResult& r : results) {
     std::cerr << "[ parity   ] " << r.name << ": error " << r.err << ", tolerance " << r.tol
               << "\n";
@@ -586,8 +586,9 @@ TEST_F(CudaBackendTest, AnOpsIndexArraysShareOneUpload) {
     std::vector<double> q_ref = q, k_ref = k;
     std::vector<double> kc_ref(size_t{2} * n, parity::kNaN), vc_ref = kc_ref;
     ReferenceBackend().RopeQKStoreKv(q_ref.data(), dh, 1, k_ref.data(), v.data(), dh, 1, n, dh,
-                                     positions.data(), 10000.0, RopeStyle::kHalfSplit, rows.data(),
-                                     kc_ref.data(), vc_ref.data(), dh, KvDtype::kActivation);
+                                     positions.data(), RopeSpec{10000.0, RopeStyle::kHalfSplit},
+                                     rows.data(), kc_ref.data(), vc_ref.data(), dh,
+                                     KvDtype::kActivation);
     auto dq = parity::ToDevice(q);
     auto dk = parity::ToDevice(k);
     auto dv = parity::ToDevice(v);
@@ -595,7 +596,7 @@ TEST_F(CudaBackendTest, AnOpsIndexArraysShareOneUpload) {
     auto dvc = parity::ToDevice(kc_ref);
     ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dkc.ok() && dvc.ok());
     backend_->RopeQKStoreKv(dq->as<float>(), dh, 1, dk->as<float>(), dv->as<float>(), dh, 1, n, dh,
-                            positions.data(), 10000.0, RopeStyle::kHalfSplit, rows.data(),
+                            positions.data(), RopeSpec{10000.0, RopeStyle::kHalfSplit}, rows.data(),
                             dkc->as<float>(), dvc->as<float>(), dh, KvDtype::kActivation);
     const std::pair<const DeviceBuffer*, const std::vector<double>*> outs[] = {
         {&*dq, &q_ref}, {&*dk, &k_ref}, {&*dkc, &kc_ref}, {&*dvc, &vc_ref}};

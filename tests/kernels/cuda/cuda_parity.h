@@ -76,7 +76,8 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
   }
   for (int kind = 0; kind < 3; ++kind) add(ElementwiseCase(gpu, rng, kind));
   add(StoreKvCase(gpu, rng));
-  add(RopeQKStoreKvCase(gpu, rng));
+  add(RopeQKStoreKvCase(gpu, rng, false));
+  add(RopeQKStoreKvCase(gpu, rng, true));
   add(StoreKvBf16Case(gpu, rng));
   add(RopeQKStoreKvBf16Case(gpu, rng));
   for (const AttnShape& s : AttentionShapes()) {

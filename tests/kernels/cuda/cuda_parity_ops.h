@@ -2,6 +2,8 @@
 #ifndef KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_OPS_H_
 #define KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_OPS_H_
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -288,13 +290,16 @@ inline ParityResult MatMulSwiGluCase(CudaBackend& gpu, std::mt19937_64& rng, DTy
 // RoPE in place on x [n, heads, Dh] (rows stride apart) as the GPU computes it: angles in
 // double, rotation in float.
 inline void NaiveRope(std::vector<double>& x, int n, int64_t stride, int heads, int head_dim,
-                      const std::vector<int32_t>& positions, double theta, RopeStyle style) {
+                      const std::vector<int32_t>& positions, const RopeSpec& rope) {
+  const double theta = rope.theta;
+  const RopeStyle style = rope.style;
   const int half = head_dim / 2;
   for (int r = 0; r < n; ++r) {
     for (int h = 0; h < heads; ++h) {
       double* head = x.data() + r * stride + int64_t{h} * head_dim;
       for (int p = 0; p < half; ++p) {
-        const double angle = positions[r] * std::pow(theta, -2.0 * p / head_dim);
+        const double factor = rope.freq_factors != nullptr ? rope.freq_factors[p] : 1.0;
+        const double angle = positions[r] * std::pow(theta, -2.0 * p / head_dim) / factor;
         const float c = static_cast<float>(std::cos(angle)),
                     s = static_cast<float>(std::sin(angle));
         const int ia = style == RopeStyle::kAdjacentPairs ? 2 * p : p;
@@ -313,15 +318,15 @@ inline ParityResult RopeCase(CudaBackend& gpu, std::mt19937_64& rng, RopeStyle s
       "Rope ", style == RopeStyle::kAdjacentPairs ? "adjacent" : "half-split", " Dh=", head_dim);
   const int n = 5, heads = 3;
   const int64_t stride = int64_t{heads} * head_dim + 16;  // rows wider than the heads
-  const double theta = 10000.0;
+  const RopeSpec rope{10000.0, style};
   const std::vector<int32_t> positions = {0, 1, 17, 4095, 100000};
   std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * stride, -2, 2);
   std::vector<double> ref = x, naive = x;
-  ReferenceBackend().Rope(ref.data(), n, stride, heads, head_dim, positions.data(), theta, style);
-  NaiveRope(naive, n, stride, heads, head_dim, positions, theta, style);
+  ReferenceBackend().Rope(ref.data(), n, stride, heads, head_dim, positions.data(), rope);
+  NaiveRope(naive, n, stride, heads, head_dim, positions, rope);
   auto dx = ToDevice(x);
   if (!dx.ok()) return Failed(name, dx.status());
-  gpu.Rope(dx->as<float>(), n, stride, heads, head_dim, positions.data(), theta, style);
+  gpu.Rope(dx->as<float>(), n, stride, heads, head_dim, positions.data(), rope);
   auto y = FromDevice(gpu, *dx, x.size());
   if (!y.ok()) return Failed(name, y.status());
   return Judge(name, *y, naive, ref);
@@ -336,20 +341,19 @@ inline ParityResult RopeQKCase(CudaBackend& gpu, std::mt19937_64& rng, RopeStyle
                    " Dh=", head_dim, " heads 4/2");
   const int n = 4, qh = 4, kh = 2;
   const int64_t qs = int64_t{qh} * head_dim + 8, ks = int64_t{kh} * head_dim + 4;
-  const double theta = 500000.0;
+  const RopeSpec rope{500000.0, style};
   const std::vector<int32_t> positions = {3, 0, 70000, 9};
   const std::vector<double> q = kernels::testing::RandomFloatExact(rng, size_t(n) * qs, -2, 2);
   const std::vector<double> k = kernels::testing::RandomFloatExact(rng, size_t(n) * ks, -2, 2);
   std::vector<double> q_ref = q, k_ref = k, q_naive = q, k_naive = k;
   ReferenceBackend().RopeQK(q_ref.data(), qs, qh, k_ref.data(), ks, kh, n, head_dim,
-                            positions.data(), theta, style);
-  NaiveRope(q_naive, n, qs, qh, head_dim, positions, theta, style);
-  NaiveRope(k_naive, n, ks, kh, head_dim, positions, theta, style);
+                            positions.data(), rope);
+  NaiveRope(q_naive, n, qs, qh, head_dim, positions, rope);
+  NaiveRope(k_naive, n, ks, kh, head_dim, positions, rope);
   auto dq = ToDevice(q);
   auto dk = ToDevice(k);
   if (!dq.ok() || !dk.ok()) return Failed(name, !dq.ok() ? dq.status() : dk.status());
-  gpu.RopeQK(dq->as<float>(), qs, qh, dk->as<float>(), ks, kh, n, head_dim, positions.data(), theta,
-             style);
+  gpu.RopeQK(dq->as<float>(), qs, qh, dk->as<float>(), ks, kh, n, head_dim, positions.data(), rope);
   auto gq = FromDevice(gpu, *dq, q.size());
   auto gk = FromDevice(gpu, *dk, k.size());
   if (!gq.ok() || !gk.ok()) return Failed(name, !gq.ok() ? gq.status() : gk.status());
@@ -444,13 +448,19 @@ inline ParityResult StoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
 
 // RopeQKStoreKv (one launch on the GPU) against the reference's RopeQK and StoreKv: q and
 // k rotated, k's rotated rows and v's rows in a NaN-filled cache at shuffled rows, one of
-// them a padding row. Judged on q, k and both caches together.
-inline ParityResult RopeQKStoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
-  const std::string name = "RopeQKStoreKv half-split Dh=64 heads 4/2 (one padding row)";
+// them a padding row. Judged on q, k and both caches together. `scaled`: with frequency
+// factors (Llama 3.1's rope scaling, as convert_hf_to_gguf.py computes them for factor 8).
+inline ParityResult RopeQKStoreKvCase(CudaBackend& gpu, std::mt19937_64& rng, bool scaled) {
+  const std::string name =
+      absl::StrCat("RopeQKStoreKv half-split Dh=64 heads 4/2 (one padding row)",
+                   scaled ? ", Llama 3.1 frequency factors" : "");
   const int n = 5, qh = 4, kh = 2, dh = 64, cache_rows = 24;
   const int64_t qs = int64_t{qh} * dh + 8, kvs = int64_t{kh} * dh + 4, cache_stride = kh * dh + 12;
-  const double theta = 10000.0;
-  const RopeStyle style = RopeStyle::kHalfSplit;
+  std::vector<float> factors(dh / 2);
+  for (int p = 0; p < dh / 2; ++p) {  // 1 (high frequencies) … 8 (low), smooth between
+    factors[p] = static_cast<float>(1.0 + 7.0 * std::clamp((p - 10.0) / 12.0, 0.0, 1.0));
+  }
+  const RopeSpec rope{10000.0, RopeStyle::kHalfSplit, scaled ? factors.data() : nullptr};
   const std::vector<int32_t> positions = {0, 7, 300, 12, 5};
   const std::vector<double> q = kernels::testing::RandomFloatExact(rng, size_t(n) * qs, -2, 2);
   const std::vector<double> k = kernels::testing::RandomFloatExact(rng, size_t(n) * kvs, -2, 2);
@@ -463,10 +473,10 @@ inline ParityResult RopeQKStoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
   std::vector<double> q_ref = q, k_ref = k, q_naive = q, k_naive = k;
   std::vector<double> kc_ref(size_t(cache_rows) * cache_stride, kNaN), vc_ref = kc_ref;
   ReferenceBackend().RopeQKStoreKv(q_ref.data(), qs, qh, k_ref.data(), v.data(), kvs, kh, n, dh,
-                                   positions.data(), theta, style, rows.data(), kc_ref.data(),
+                                   positions.data(), rope, rows.data(), kc_ref.data(),
                                    vc_ref.data(), cache_stride, KvDtype::kActivation);
-  NaiveRope(q_naive, n, qs, qh, dh, positions, theta, style);
-  NaiveRope(k_naive, n, kvs, kh, dh, positions, theta, style);
+  NaiveRope(q_naive, n, qs, qh, dh, positions, rope);
+  NaiveRope(k_naive, n, kvs, kh, dh, positions, rope);
   std::vector<double> kc_naive = kc_ref, vc_naive = vc_ref;  // NaN where nothing is stored
   for (int r = 0; r < n; ++r) {
     if (rows[r] < 0) continue;
@@ -484,7 +494,7 @@ inline ParityResult RopeQKStoreKvCase(CudaBackend& gpu, std::mt19937_64& rng) {
     return Failed(name, absl::InternalError("upload"));
   }
   gpu.RopeQKStoreKv(dq->as<float>(), qs, qh, dk->as<float>(), dv->as<float>(), kvs, kh, n, dh,
-                    positions.data(), theta, style, rows.data(), dkc->as<float>(), dvc->as<float>(),
+                    positions.data(), rope, rows.data(), dkc->as<float>(), dvc->as<float>(),
                     cache_stride, KvDtype::kActivation);
   std::vector<double> got, naive, ref;
   const std::pair<const DeviceBuffer*, size_t> outs[] = {
@@ -558,8 +568,8 @@ inline ParityResult RopeQKStoreKvBf16Case(CudaBackend& gpu, std::mt19937_64& rng
     return Failed(name, absl::InternalError("upload"));
   }
   gpu.RopeQKStoreKv(dq->as<float>(), qs, qh, dk->as<float>(), dv->as<float>(), kvs, kh, n, dh,
-                    positions.data(), 10000.0, RopeStyle::kAdjacentPairs, rows.data(), dkc->get(),
-                    dvc->get(), cache_stride, KvDtype::kBF16);
+                    positions.data(), RopeSpec{10000.0, RopeStyle::kAdjacentPairs}, rows.data(),
+                    dkc->get(), dvc->get(), cache_stride, KvDtype::kBF16);
   auto rotated_k = FromDevice(gpu, *dk, k.size());
   auto kc = FromDeviceBf16(gpu, *dkc, cache_elems);
   auto vc = FromDeviceBf16(gpu, *dvc, cache_elems);

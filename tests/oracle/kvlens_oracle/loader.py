@@ -64,6 +64,8 @@ def load_gguf(path):
                      m.get("llama.rope.freq_base", 10000.0), "adjacent")
     if int(m.get("llama.rope.dimension_count", cfg["head_dim"])) != cfg["head_dim"]:
         raise NotImplementedError("partial rotary embeddings are not supported by the oracle")
+    if "rope_freqs.weight" in T:  # Llama 3.1's rope scaling: divisors of the frequencies
+        cfg["rope_factors"] = _t(T["rope_freqs.weight"]).reshape(-1)
     names = dict(attn_norm="attn_norm", wq="attn_q", wk="attn_k", wv="attn_v", wo="attn_output",
                  ffn_norm="ffn_norm", w1="ffn_gate", w2="ffn_down", w3="ffn_up")
     layers = [{k: _t(T[f"blk.{i}.{v}.weight"]) for k, v in names.items()}

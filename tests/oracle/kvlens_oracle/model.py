@@ -51,12 +51,16 @@ def silu(x):
     return x / (1.0 + torch.exp(-x))
 
 
-def rope(x, positions, base, style):
+def rope(x, positions, base, style, factors=None):
     """x [H, T, hd]. style "adjacent": pairs (2i, 2i+1); "half": pairs (i, i + hd/2).
-    Pair i is rotated by angle pos * base^(-2i/hd)."""
+    Pair i is rotated by angle pos * base^(-2i/hd) / factors[i] (Llama 3.1's rope scaling:
+    GGUF rope_freqs.weight; no division when factors is None)."""
     hd = x.shape[-1]
     i = torch.arange(hd // 2, dtype=F64)
-    ang = positions.to(F64)[:, None] * base ** (-2.0 * i / hd)  # [T, hd/2]
+    freq = base ** (-2.0 * i / hd)
+    if factors is not None:
+        freq = freq / factors
+    ang = positions.to(F64)[:, None] * freq  # [T, hd/2]
     cos, sin = torch.cos(ang), torch.sin(ang)
     if style == "adjacent":
         a, b = x[..., 0::2], x[..., 1::2]
@@ -100,8 +104,9 @@ def llama_forward(m, x, positions, mask, capture=None):
     probs_all = []
     for lw in m.layers:
         n = rms_norm(x, lw["attn_norm"], eps)
-        q = rope(_heads(n @ lw["wq"].T, H, hd), positions, c["rope_base"], c["rope_style"])
-        k = rope(_heads(n @ lw["wk"].T, KV, hd), positions, c["rope_base"], c["rope_style"])
+        factors = c.get("rope_factors")
+        q = rope(_heads(n @ lw["wq"].T, H, hd), positions, c["rope_base"], c["rope_style"], factors)
+        k = rope(_heads(n @ lw["wk"].T, KV, hd), positions, c["rope_base"], c["rope_style"], factors)
         v = _heads(n @ lw["wv"].T, KV, hd)
         k, v = _leaf_prefix(capture, k, v)
         kv_of_head = torch.arange(H) // group  # GQA: query head h reads KV head h // group
