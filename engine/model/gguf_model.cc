@@ -53,13 +53,17 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
   auto model = std::make_unique<Model>();
   model->format = "gguf";
   ModelConfig& c = model->config;
-  if (a == "llama") {
+  // Qwen2 is a Llama with biases on q, k and v, whose RoPE rotates half-split pairs
+  // (llama.cpp's converter leaves its q and k rows unpermuted and runs NEOX rope).
+  const bool qwen2 = a == "qwen2";
+  if (a == "llama" || qwen2) {
     c.arch = Architecture::kLlama;
+    c.qkv_bias = qwen2;
   } else if (a == "gpt2") {
     c.arch = Architecture::kGpt2;
   } else {
-    return absl::UnimplementedError(
-        absl::StrCat("GGUF general.architecture = \"", a, "\" is not supported (llama, gpt2)"));
+    return absl::UnimplementedError(absl::StrCat("GGUF general.architecture = \"", a,
+                                                 "\" is not supported (llama, qwen2, gpt2)"));
   }
   if (f.tensors().empty()) {
     return absl::InvalidArgumentError(
@@ -92,7 +96,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
     }
   }
   // llama.cpp's converter permutes Q/K rows so that "llama" rotates adjacent pairs.
-  c.rope_style = kernels::RopeStyle::kAdjacentPairs;
+  c.rope_style = qwen2 ? kernels::RopeStyle::kHalfSplit : kernels::RopeStyle::kAdjacentPairs;
   if (f.Find("general.name") != nullptr) {
     auto name = f.GetString("general.name");
     if (name.ok()) c.name = std::string(*name);
@@ -123,6 +127,22 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
       KVLENS_ASSIGN_OR_RETURN(lw.wv, t.Get(p + "attn_v.weight", KVD, D));
       KVLENS_ASSIGN_OR_RETURN(lw.w_in, t.Get(p + "ffn_gate.weight", F, D));
       KVLENS_ASSIGN_OR_RETURN(lw.w_up, t.Get(p + "ffn_up.weight", F, D));
+      if (qwen2) {
+        const struct {
+          const char* name;
+          WeightView* view;
+          int64_t size;
+        } biases[] = {
+            {"attn_q.bias", &lw.bq, D}, {"attn_k.bias", &lw.bk, KVD}, {"attn_v.bias", &lw.bv, KVD}};
+        for (const auto& b : biases) {
+          KVLENS_ASSIGN_OR_RETURN(*b.view, t.Get(p + b.name, 1, b.size));
+          if (b.view->dtype != kernels::DType::kF32) {
+            return absl::UnimplementedError(absl::StrCat(
+                "GGUF tensor ", p, b.name, ": dtype ",
+                std::string(kernels::DTypeName(b.view->dtype)), " (biases must be f32)"));
+          }
+        }
+      }
     } else {
       // GPT-2 keeps Q, K and V fused: rows [0, D) are Q, [D, 2D) K, [2D, 3D) V.
       WeightView qkv, qkv_b;

@@ -249,6 +249,11 @@ absl::Status LoadLlamaWeights(const TensorSet& ts, const ModelConfig& c, Weights
     KVLENS_ASSIGN_OR_RETURN(lw.w_in, ts.Get(p + "mlp.gate_proj.weight", {F, D}));
     KVLENS_ASSIGN_OR_RETURN(lw.w_up, ts.Get(p + "mlp.up_proj.weight", {F, D}));
     KVLENS_ASSIGN_OR_RETURN(lw.w_out, ts.Get(p + "mlp.down_proj.weight", {D, F}));
+    if (c.qkv_bias) {  // Qwen2
+      KVLENS_ASSIGN_OR_RETURN(lw.bq, ts.Get(p + "self_attn.q_proj.bias", {D}));
+      KVLENS_ASSIGN_OR_RETURN(lw.bk, ts.Get(p + "self_attn.k_proj.bias", {KVD}));
+      KVLENS_ASSIGN_OR_RETURN(lw.bv, ts.Get(p + "self_attn.v_proj.bias", {KVD}));
+    }
   }
   KVLENS_ASSIGN_OR_RETURN(w.final_norm, ts.Get("model.norm.weight", {D}));
   w.output = w.token_embedding;
@@ -285,8 +290,15 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     }
     if (auto s = ConfigValue(cfg, "tie_word_embeddings", c.tied_embeddings, true); !s.ok())
       return s;
-  } else if (type == "llama") {
+  } else if (type == "llama" || type == "qwen2") {
+    // Qwen2: a Llama with biases on q, k and v (and a sliding window we do not implement).
     c.arch = Architecture::kLlama;
+    c.qkv_bias = type == "qwen2";
+    bool sliding = false;
+    if (auto s = ConfigValue(cfg, "use_sliding_window", sliding, false); !s.ok()) return s;
+    if (sliding) {
+      return absl::UnimplementedError("config.json: use_sliding_window = true is not supported");
+    }
     if (auto s = ConfigInt(cfg, {"hidden_size"}, c.dim); !s.ok()) return s;
     if (auto s = ConfigInt(cfg, {"intermediate_size"}, c.hidden_dim); !s.ok()) return s;
     if (auto s = ConfigInt(cfg, {"num_hidden_layers"}, c.num_layers); !s.ok()) return s;
@@ -301,8 +313,8 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     if (auto s = ConfigValue(cfg, "tie_word_embeddings", c.tied_embeddings, false); !s.ok())
       return s;
   } else {
-    return absl::UnimplementedError(
-        absl::StrCat("config.json: model_type \"", type, "\" is not supported (gpt2, llama)"));
+    return absl::UnimplementedError(absl::StrCat("config.json: model_type \"", type,
+                                                 "\" is not supported (gpt2, llama, qwen2)"));
   }
   if (c.num_heads > 0 && c.dim % c.num_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: ", dim_key, " = ", c.dim,

@@ -58,6 +58,11 @@ absl::Status Model::ValidateWeights() const {
                                    {p + "b_out", &lw.b_out, 1, D}});
     } else {
       checks.push_back({p + "w_up", &lw.w_up, F, D});
+      if (c.qkv_bias) {  // Qwen2
+        checks.insert(
+            checks.end(),
+            {{p + "bq", &lw.bq, 1, D}, {p + "bk", &lw.bk, 1, KVD}, {p + "bv", &lw.bv, 1, KVD}});
+      }
     }
   }
   for (const Check& ch : checks) {

@@ -13,7 +13,7 @@ namespace kvlens {
 
 // The two decoder-only families kvlens serves.
 enum class Architecture : uint8_t {
-  kLlama,  // RoPE, RMSNorm, SwiGLU FFN, grouped-query attention, no biases
+  kLlama,  // RoPE, RMSNorm, SwiGLU FFN, grouped-query attention; no biases (Qwen2: q, k, v)
   kGpt2,   // learned absolute positions, LayerNorm, GELU (tanh) FFN, biases everywhere
 };
 
@@ -31,6 +31,7 @@ struct ModelConfig {
   int max_seq_len = 0;     // context length: positions 0 … max_seq_len−1
   double norm_eps = 1e-5;  // RMSNorm / LayerNorm epsilon
   double rope_theta = 10000.0;
+  bool qkv_bias = false;  // Llama family: biases on q, k and v (Qwen2)
   kernels::RopeStyle rope_style = kernels::RopeStyle::kAdjacentPairs;
   bool tied_embeddings = true;  // output head shares the token embedding table
   std::string name;             // free-form (file name or general.name)

@@ -8,7 +8,8 @@ bytes, each with its own decoder.
 
 dim 256, 4 heads of 64 (2 KV heads), FFN 512, 2 layers, vocab 384 and no tokenizer; with
 --tokenizer GGUF, that file's tokenizer and its vocabulary size (for tests that serve it).
---f32 writes every weight in F32 instead; --rope-freqs adds Llama 3.1's rope scaling
+--f32 writes every weight in F32 instead; --qwen2 makes it a Qwen2 (biases on q, k and v,
+RoPE on half-split pairs); --rope-freqs adds Llama 3.1's rope scaling
 (rope_freqs.weight), the factors convert_hf_to_gguf.py derives from rope_scaling
 {factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192}.
 """
@@ -38,6 +39,10 @@ def main():
     ap.add_argument("--tokenizer", help="a GGUF whose tokenizer the model takes")
     ap.add_argument("--f32", action="store_true", help="every weight in F32")
     ap.add_argument("--rope-freqs", action="store_true", help="Llama 3.1's rope_freqs.weight")
+    ap.add_argument("--qwen2", action="store_true",
+                    help="a Qwen2 instead: architecture qwen2, biases on q, k and v")
+    ap.add_argument("--drop", action="append", default=[], metavar="TENSOR",
+                    help="leave this tensor out (for tests of the loader's errors)")
     args = ap.parse_args()
     metadata, vocab = llama_metadata("kvlens-quantized-test", DIM, FFN, LAYERS, HEADS, KV_HEADS,
                                      256, tokenizer_from=args.tokenizer)
@@ -59,10 +64,17 @@ def main():
             tensors.append((f"blk.{layer}.{name}.weight", mat(*shape), kind))
     tensors.append(("output_norm.weight", norm(), "F32"))
     tensors.append(("output.weight", mat(vocab, DIM), "Q6_K"))
+    if args.qwen2:
+        metadata = {k.replace("llama.", "qwen2.", 1): v for k, v in metadata.items()}
+        metadata["general.architecture"] = "qwen2"
+        for layer in range(len(LAYER_TYPES)):
+            for name, size in (("attn_q", DIM), ("attn_k", kv), ("attn_v", kv)):
+                tensors.append((f"blk.{layer}.{name}.bias", rng.normal(0, 0.5, size), "F32"))
     if args.rope_freqs:
         tensors.append(("rope_freqs.weight", llama31_rope_factors(DIM // HEADS, 10000.0), "F32"))
     if args.f32:
         tensors = [(name, values, "F32") for name, values, _ in tensors]
+    tensors = [t for t in tensors if t[0] not in args.drop]
     write_gguf(args.out, metadata, tensors)
 
 

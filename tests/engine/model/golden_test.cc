@@ -175,6 +175,36 @@ TEST(RopeScalingGoldenTest, Llama31FrequencyFactorsMatchTheOracle) {
   CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5);
 }
 
+// A Qwen2 GGUF: a Llama with biases on q, k and v and RoPE on half-split pairs (llama.cpp's
+// converter leaves Qwen2's q and k rows unpermuted), against the oracle reading the same
+// file as a Qwen2.
+TEST(Qwen2GoldenTest, BiasesAndHalfSplitRopeMatchTheOracle) {
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path = testing::MakeQuantizedModel("--f32 --qwen2");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  auto model = LoadModel({path, ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->config.rope_style, kernels::RopeStyle::kHalfSplit);
+  EXPECT_EQ((*model)->weights.layers[1].bk.cols, (*model)->config.kv_dim());
+  const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128, 3};
+  const testing::OracleResult oracle = testing::RunOracle(path, tokens, /*attention=*/true);
+  std::remove(path.c_str());
+  ASSERT_TRUE(oracle.error.empty()) << oracle.error;
+  kernels::ReferenceBackend ref;
+  kernels::CpuBackend fast(2);
+  CompareWithOracle<double>(**model, ref, tokens, oracle, 1e-9);
+  CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5);
+
+  const std::string no_bias = testing::MakeQuantizedModel("--f32 --qwen2 --drop blk.1.attn_v.bias");
+  ASSERT_FALSE(no_bias.empty());
+  auto bad = LoadModel({no_bias, ""});
+  std::remove(no_bias.c_str());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kNotFound) << bad.status();
+  EXPECT_NE(std::string(bad.status().message()).find("missing tensor blk.1.attn_v.bias"),
+            std::string::npos)
+      << bad.status();
+}
+
 // CpuBackend with int8 activations, every matrix product checked as it runs: the output
 // must be the product of the input rounded by ggml's quantize_row_q8_0 rule (written here
 // from its definition) with the exact weights (DequantizeRow<double>, checked against

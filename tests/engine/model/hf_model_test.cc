@@ -695,9 +695,12 @@ Matrix LlamaReference(const Tensors& ts, const std::vector<int32_t>& tokens,
     for (int k = 0; k < kLD; ++k) x[i][k] = T("model.embed_tokens.weight").at(tokens[i], k);
   const std::string p = "model.layers.0.";
   const Matrix h = RmsNorm(x, T(p + "input_layernorm.weight"), eps);
-  Matrix q = Linear(h, T(p + "self_attn.q_proj.weight"), nullptr, true);
-  Matrix k = Linear(h, T(p + "self_attn.k_proj.weight"), nullptr, true);
-  const Matrix v = Linear(h, T(p + "self_attn.v_proj.weight"), nullptr, true);
+  // Qwen2's q, k and v biases, where the tensors hold them.
+  auto B = [&](const std::string& n) { return ts.count(n) ? &ts.at(n) : nullptr; };
+  Matrix q = Linear(h, T(p + "self_attn.q_proj.weight"), B(p + "self_attn.q_proj.bias"), true);
+  Matrix k = Linear(h, T(p + "self_attn.k_proj.weight"), B(p + "self_attn.k_proj.bias"), true);
+  const Matrix v =
+      Linear(h, T(p + "self_attn.v_proj.weight"), B(p + "self_attn.v_proj.bias"), true);
   Rope(q, kLH, kLDh, 10000.0, rope_divisors);
   Rope(k, kLKv, kLDh, 10000.0, rope_divisors);
   const Matrix a = Attention(q, k, v, kLH, kLKv, kLDh);
@@ -780,6 +783,28 @@ TEST(HfModelTest, LlamaRopeScalingDividesTheLowFrequencies) {
   // (The divisors are stored as floats, as GGUF's rope_freqs.)
   const double divisor = static_cast<float>(3.2396418468652604);
   ExpectLogitsMatch(**m, LlamaReference(ts, kTokens, {1.0, divisor}), kTokens);
+}
+
+// Qwen2: a Llama with biases on q, k and v (bf16 here, as Qwen2's checkpoints store them).
+TEST(HfModelTest, Qwen2AddsTheQkvBiases) {
+  Tensors ts = LlamaTensors();
+  ts["model.layers.0.self_attn.q_proj.bias"] = Random({kLD}, 21, "BF16");
+  ts["model.layers.0.self_attn.k_proj.bias"] = Random({kLD / kLH * kLKv}, 22, "BF16");
+  ts["model.layers.0.self_attn.v_proj.bias"] = Random({kLD / kLH * kLKv}, 23, "BF16");
+  json cfg = LlamaConfig();
+  cfg["model_type"] = "qwen2";
+  cfg["use_sliding_window"] = false;
+  auto m = LoadHfModel(WriteLlamaDir("qwen2", ts, cfg));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE((*m)->config.qkv_bias);
+  ExpectLogitsMatch(**m, LlamaReference(ts, kTokens), kTokens);
+
+  ts.erase("model.layers.0.self_attn.v_proj.bias");
+  ExpectError(LoadHfModel(WriteLlamaDir("qwen2_no_bias", ts, cfg)), absl::StatusCode::kNotFound,
+              {"missing tensor model.layers.0.self_attn.v_proj.bias"});
+  cfg["use_sliding_window"] = true;
+  ExpectError(LoadHfModel(WriteLlamaDir("qwen2_sliding", LlamaTensors(), cfg)),
+              absl::StatusCode::kUnimplemented, {"use_sliding_window = true is not supported"});
 }
 
 TEST(HfModelTest, LlamaErrors) {

@@ -51,18 +51,21 @@ def load_llama2c(path):
 
 
 def load_gguf(path):
+    """A GGUF Llama, or a Qwen2: a Llama with q/k/v biases whose q and k rows llama.cpp's
+    converter leaves as Hugging Face wrote them (rotate_half RoPE: "half" pairs)."""
     g = GGUFFile(path)
     arch = g.metadata.get("general.architecture")
-    if arch != "llama":
+    if arch not in ("llama", "qwen2"):
         raise NotImplementedError(f"GGUF architecture {arch!r} not supported by the oracle")
     m, T = g.metadata, g.tensors
-    n_heads = int(m["llama.attention.head_count"])
-    cfg = _llama_cfg(int(m["llama.embedding_length"]), int(m["llama.block_count"]), n_heads,
-                     int(m.get("llama.attention.head_count_kv", n_heads)),
+    n_heads = int(m[f"{arch}.attention.head_count"])
+    cfg = _llama_cfg(int(m[f"{arch}.embedding_length"]), int(m[f"{arch}.block_count"]), n_heads,
+                     int(m.get(f"{arch}.attention.head_count_kv", n_heads)),
                      T["token_embd.weight"].shape[0],
-                     m.get("llama.attention.layer_norm_rms_epsilon", 1e-5),
-                     m.get("llama.rope.freq_base", 10000.0), "adjacent")
-    if int(m.get("llama.rope.dimension_count", cfg["head_dim"])) != cfg["head_dim"]:
+                     m.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
+                     m.get(f"{arch}.rope.freq_base", 10000.0),
+                     "half" if arch == "qwen2" else "adjacent")
+    if int(m.get(f"{arch}.rope.dimension_count", cfg["head_dim"])) != cfg["head_dim"]:
         raise NotImplementedError("partial rotary embeddings are not supported by the oracle")
     if "rope_freqs.weight" in T:  # Llama 3.1's rope scaling: divisors of the frequencies
         cfg["rope_factors"] = _t(T["rope_freqs.weight"]).reshape(-1)
@@ -70,6 +73,10 @@ def load_gguf(path):
                  ffn_norm="ffn_norm", w1="ffn_gate", w2="ffn_down", w3="ffn_up")
     layers = [{k: _t(T[f"blk.{i}.{v}.weight"]) for k, v in names.items()}
               for i in range(cfg["n_layers"])]
+    if arch == "qwen2":
+        for i, lw in enumerate(layers):
+            for k, v in (("bq", "attn_q"), ("bk", "attn_k"), ("bv", "attn_v")):
+                lw[k] = _t(T[f"blk.{i}.{v}.bias"])
     out = T.get("output.weight", T["token_embd.weight"])
     w = dict(embed=_t(T["token_embd.weight"]), final_norm=_t(T["output_norm.weight"]), out=_t(out))
     model = OracleModel("llama", cfg, w, layers, path)

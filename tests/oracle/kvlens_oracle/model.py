@@ -105,9 +105,12 @@ def llama_forward(m, x, positions, mask, capture=None):
     for lw in m.layers:
         n = rms_norm(x, lw["attn_norm"], eps)
         factors = c.get("rope_factors")
-        q = rope(_heads(n @ lw["wq"].T, H, hd), positions, c["rope_base"], c["rope_style"], factors)
-        k = rope(_heads(n @ lw["wk"].T, KV, hd), positions, c["rope_base"], c["rope_style"], factors)
-        v = _heads(n @ lw["wv"].T, KV, hd)
+        qp, kp, vp = n @ lw["wq"].T, n @ lw["wk"].T, n @ lw["wv"].T
+        if "bq" in lw:  # Qwen2's biases
+            qp, kp, vp = qp + lw["bq"], kp + lw["bk"], vp + lw["bv"]
+        q = rope(_heads(qp, H, hd), positions, c["rope_base"], c["rope_style"], factors)
+        k = rope(_heads(kp, KV, hd), positions, c["rope_base"], c["rope_style"], factors)
+        v = _heads(vp, KV, hd)
         k, v = _leaf_prefix(capture, k, v)
         kv_of_head = torch.arange(H) // group  # GQA: query head h reads KV head h // group
         out, probs, scores = attention(q, k[kv_of_head], v[kv_of_head], mask)
