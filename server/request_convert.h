@@ -24,11 +24,12 @@ inline constexpr size_t kMaxStopBytes = 256;
 absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest& request,
                                                       const Model& model);
 
-// A text prompt's ids under the message's optional add_bos and parse_special (both absent:
-// true). Msg: GenerateRequest, TokenizeRequest or Interpret's PromptInput.
+// A text prompt's ids under the message's optional add_bos (absent: the model's own
+// setting, Tokenizer::adds_bos) and parse_special (absent: true). Msg: GenerateRequest,
+// TokenizeRequest or Interpret's PromptInput.
 template <typename Msg>
 std::vector<int32_t> EncodeText(const Tokenizer& tokenizer, const Msg& m) {
-  const bool add_bos = !m.has_add_bos() || m.add_bos();
+  const bool add_bos = m.has_add_bos() ? m.add_bos() : tokenizer.adds_bos();
   return !m.has_parse_special() || m.parse_special()
              ? tokenizer.EncodeWithSpecialTokens(m.text(), add_bos)
              : tokenizer.Encode(m.text(), add_bos);

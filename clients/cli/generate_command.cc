@@ -39,7 +39,10 @@ const std::vector<FlagSpec>& Specs() {
       {"seed", "0", "random seed for sampling"},
       {"prefill-chunk", "512", "prompt tokens per prefill step"},
       {"block-size", "16", "KV-cache block size in tokens"},
-      {"no-bos", "", "do not prepend the BOS token", true},
+      {"no-bos", "",
+       "do not prepend the BOS token (models whose GGUF says tokenizer.ggml.add_bos_token = "
+       "false, such as Qwen2, never get one)",
+       true},
       {"no-parse-special", "",
        "encode special-token spellings in the prompt (\"<|endoftext|>\", \"<s>\") as plain "
        "text; by default they become those tokens, as in Hugging Face and llama.cpp",
@@ -144,8 +147,8 @@ int GenerateCommand(int argc, char** argv) {
   const std::string prompt_text = args->Str("prompt");
   std::vector<int32_t> prompt =
       args->Switch("no-parse-special")
-          ? tok.Encode(prompt_text, !args->Switch("no-bos"))
-          : tok.EncodeWithSpecialTokens(prompt_text, !args->Switch("no-bos"));
+          ? tok.Encode(prompt_text, !args->Switch("no-bos") && tok.adds_bos())
+          : tok.EncodeWithSpecialTokens(prompt_text, !args->Switch("no-bos") && tok.adds_bos());
   if (prompt.empty()) {
     return fail(absl::InvalidArgumentError("the prompt is empty and the model has no BOS token"),
                 2);

@@ -101,7 +101,7 @@ int PerplexityCommand(int argc, char** argv) {
     return fail(absl::NotFoundError("the model has no tokenizer (pass --tokenizer)"), 1);
   }
   const Tokenizer& tok = *(*model)->tokenizer;
-  const bool bos = !args->Switch("no-bos");
+  const bool bos = !args->Switch("no-bos") && tok.adds_bos();
   const std::vector<int32_t> tokens = args->Switch("no-parse-special")
                                           ? tok.Encode(text, bos)
                                           : tok.EncodeWithSpecialTokens(text, bos);

@@ -50,7 +50,7 @@ int RemoteGenerate(const Args& args) {
 
   v1::GenerateRequest request;
   request.set_text(args.Str("prompt"));
-  request.set_add_bos(!args.Switch("no-bos"));
+  if (args.Switch("no-bos")) request.set_add_bos(false);  // else the model's own default
   request.set_parse_special(!args.Switch("no-parse-special"));
   v1::SamplingParams* sampling = request.mutable_sampling();
   sampling->set_temperature(*temperature);

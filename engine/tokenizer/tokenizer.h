@@ -50,6 +50,11 @@ class Tokenizer {
 
   virtual int32_t vocab_size() const = 0;
   virtual int32_t bos_id() const = 0;  // -1 when absent
+  // Whether a text prompt gets BOS when its request does not say: the model's own setting
+  // (GGUF tokenizer.ggml.add_bos_token: true for Llama 3, false for Qwen2), true when the
+  // file has none.
+  bool adds_bos() const { return adds_bos_; }
+  void set_adds_bos(bool adds) { adds_bos_ = adds; }
   virtual int32_t eos_id() const = 0;  // -1 when absent
   // The vocabulary's own spelling of a token (e.g. "▁the", "<0x0A>", "Ġthe"); "" for an id
   // outside [0, vocab_size). TokenBytes also gives "" for such ids.
@@ -64,6 +69,7 @@ class Tokenizer {
   mutable std::once_flag specials_once_;
   mutable std::vector<std::pair<std::string, int32_t>> specials_;
   mutable std::array<bool, 256> special_first_byte_{};
+  bool adds_bos_ = true;
 };
 
 // Turns a stream of token ids into UTF-8 text without ever emitting a broken character:

@@ -21,6 +21,7 @@ absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.
 
 constexpr char kModelKey[] = "tokenizer.ggml.model";
 constexpr char kPreKey[] = "tokenizer.ggml.pre";  // the pre-tokenizer of a "gpt2" model
+constexpr char kAddBosKey[] = "tokenizer.ggml.add_bos_token";
 constexpr char kTokensKey[] = "tokenizer.ggml.tokens";
 constexpr char kScoresKey[] = "tokenizer.ggml.scores";
 constexpr char kTypesKey[] = "tokenizer.ggml.token_type";
@@ -87,6 +88,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& ggu
   auto eos = OptionalId(gguf, "tokenizer.ggml.eos_token_id", n);
   if (!eos.ok()) return eos.status();
 
+  auto finish = [&](std::unique_ptr<Tokenizer> tok) -> absl::StatusOr<std::unique_ptr<Tokenizer>> {
+    if (gguf.Find(kAddBosKey) != nullptr) {
+      auto add = gguf.GetBool(kAddBosKey);
+      if (!add.ok()) return add.status();
+      tok->set_adds_bos(*add);
+    }
+    return tok;
+  };
   if (*model == "llama") {
     SpmTokenizer::Vocab v;
     auto scores = gguf.GetFloatArray(kScoresKey);
@@ -113,7 +122,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& ggu
     v.unk_id = *unk;
     auto tok = SpmTokenizer::Create(std::move(v));
     if (!tok.ok()) return tok.status();
-    return std::unique_ptr<Tokenizer>(*std::move(tok));
+    return finish(*std::move(tok));
   }
   if (*model == "gpt2") {
     Gpt2Tokenizer::Vocab v;
@@ -144,7 +153,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& ggu
     v.eos_id = *eos;
     auto tok = Gpt2Tokenizer::Create(std::move(v));
     if (!tok.ok()) return tok.status();
-    return std::unique_ptr<Tokenizer>(*std::move(tok));
+    return finish(*std::move(tok));
   }
   return absl::UnimplementedError(absl::StrCat(gguf.path(), ": ", kModelKey, " = \"", Sv(*model),
                                                "\" is not supported (llama, gpt2)"));

@@ -41,6 +41,8 @@ def main():
     ap.add_argument("--rope-freqs", action="store_true", help="Llama 3.1's rope_freqs.weight")
     ap.add_argument("--qwen2", action="store_true",
                     help="a Qwen2 instead: architecture qwen2, biases on q, k and v")
+    ap.add_argument("--no-add-bos", action="store_true",
+                    help="tokenizer.ggml.add_bos_token = false (as Qwen2's files say)")
     ap.add_argument("--drop", action="append", default=[], metavar="TENSOR",
                     help="leave this tensor out (for tests of the loader's errors)")
     args = ap.parse_args()
@@ -75,6 +77,8 @@ def main():
     if args.f32:
         tensors = [(name, values, "F32") for name, values, _ in tensors]
     tensors = [t for t in tensors if t[0] not in args.drop]
+    if args.no_add_bos:
+        metadata["tokenizer.ggml.add_bos_token"] = False
     write_gguf(args.out, metadata, tensors)
 
 

@@ -249,6 +249,39 @@ TEST(GenerationServiceTest, SpecialTokenSpellingsAreTokensUnlessTurnedOff) {
   EXPECT_EQ(s.final.usage().prompt_tokens(), 8);
 }
 
+// A model whose GGUF says tokenizer.ggml.add_bos_token = false (Qwen2's do) gets no BOS
+// unless the request asks for one; Generate's text prompts follow the same default.
+TEST(GenerationServiceTest, AbsentAddBosFollowsTheModel) {
+  KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
+  ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path = MakeQuantizedModel(
+      "--tokenizer " + TestData("stories260K/stories260K.gguf") + " --no-add-bos");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  TestServer server(path, TestServer::DefaultOptions());
+  std::remove(path.c_str());
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto tokenize = [&](std::optional<bool> add_bos) {
+    v1::TokenizeRequest r;
+    r.set_text("Once upon a time");
+    if (add_bos) r.set_add_bos(*add_bos);
+    v1::TokenizeResponse out;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    EXPECT_TRUE(server.stub().Tokenize(&context, r, &out).ok());
+    return std::vector<int32_t>(out.token_ids().begin(), out.token_ids().end());
+  };
+  const std::vector<int32_t> plain = tokenize(std::nullopt);
+  ASSERT_FALSE(plain.empty());
+  EXPECT_NE(plain.front(), 1);  // stories260K's BOS
+  std::vector<int32_t> with_bos = {1};
+  with_bos.insert(with_bos.end(), plain.begin(), plain.end());
+  EXPECT_EQ(tokenize(true), with_bos);
+  EXPECT_EQ(tokenize(false), plain);
+  const StreamResult s = RunGenerate(server.stub(), GreedyRequest("Once upon a time", 1));
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  EXPECT_EQ(s.final.usage().prompt_tokens(), static_cast<int>(plain.size()));
+}
+
 TEST(GenerationServiceTest, TokenizeDetokenizeRoundTrip) {
   START_SERVER(server);
   const std::string text = "Once upon a time, there was a little girl named Lily.";

@@ -23,13 +23,15 @@ def decode(data: bytes, dtype: int, shape: Sequence[int] = ()) -> np.ndarray:
     return a.reshape(tuple(shape)) if shape else a
 
 
-def _input(text=None, tokens=None, session_id=None, add_bos=True, doc_ids=None):
+def _input(text=None, tokens=None, session_id=None, add_bos=None, doc_ids=None):
+    """add_bos None: the model's own setting (the server's default)."""
     p = ip.PromptInput()
     if tokens is not None:
         p.token_ids.ids.extend(int(t) for t in tokens)
     elif text is not None:
         p.text = text
-        p.add_bos = add_bos
+        if add_bos is not None:
+            p.add_bos = add_bos
     elif session_id is not None:
         p.session_id = session_id
     else:
@@ -91,9 +93,12 @@ class Client:
     def model_info(self):
         return self.generation.GetModelInfo(gen.GetModelInfoRequest(), timeout=self.timeout)
 
-    def tokenize(self, text: str, add_bos: bool = True) -> list:
-        r = self.generation.Tokenize(gen.TokenizeRequest(text=text, add_bos=add_bos),
-                                     timeout=self.timeout)
+    def tokenize(self, text: str, add_bos: Optional[bool] = None) -> list:
+        """add_bos None: the model's own setting."""
+        request = gen.TokenizeRequest(text=text)
+        if add_bos is not None:
+            request.add_bos = add_bos
+        r = self.generation.Tokenize(request, timeout=self.timeout)
         return list(r.token_ids)
 
     def pieces(self, tokens: Iterable[int]) -> list:

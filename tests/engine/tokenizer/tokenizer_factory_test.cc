@@ -137,6 +137,12 @@ TEST(TokenizerFromGgufTest, Gpt2PreTokenizerIsKnownOrRefused) {
   auto b = FromWriter("pre_llama3", llama3);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ((*b)->Encode("12312", false), (std::vector<int32_t>{4, 2}));
+  EXPECT_TRUE((*b)->adds_bos());  // no tokenizer.ggml.add_bos_token: BOS by default
+  GgufWriter no_bos = llama3;
+  no_bos.AddBool("tokenizer.ggml.add_bos_token", false);
+  auto c = FromWriter("pre_no_bos", no_bos);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE((*c)->adds_bos());
   ExpectError(FromWriter("pre_unknown", unknown), absl::StatusCode::kUnimplemented,
               "tokenizer.ggml.pre = \"tekken\" is not supported");
 }
