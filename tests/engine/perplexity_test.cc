@@ -19,6 +19,11 @@ namespace {
 
 std::string StoriesGguf() { return testing::TestData("stories260K/stories260K.gguf"); }
 
+// The text both oracle tests score (stories260K's own style; 40-odd tokens).
+constexpr char kStory[] =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+    "park with her friends. One day, it was raining and she could not go out.";
+
 // Σ over the window's positions first … (all but its last token) of −log softmax(oracle
 // logits)[next token].
 double OracleWindowNll(const std::string& model, const std::vector<int32_t>& window, int vocab,
@@ -45,10 +50,7 @@ TEST(PerplexityTest, MatchesTheOracleWindowByWindow) {
   ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
   auto model = LoadModel({StoriesGguf(), ""});
   ASSERT_TRUE(model.ok()) << model.status();
-  const std::vector<int32_t> tokens = (*model)->tokenizer->Encode(
-      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
-      "park with her friends. One day, it was raining and she could not go out.",
-      true);
+  const std::vector<int32_t> tokens = (*model)->tokenizer->Encode(kStory, true);
   constexpr int kCtx = 12;
   const int vocab = (*model)->config.vocab_size;
   ASSERT_GE(tokens.size(), 3u * kCtx + 1);
@@ -88,10 +90,7 @@ TEST(PerplexityTest, SecondHalfScoringIsLlamaPerplexitys) {
   ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
   auto model = LoadModel({StoriesGguf(), ""});
   ASSERT_TRUE(model.ok()) << model.status();
-  const std::vector<int32_t> tokens = (*model)->tokenizer->Encode(
-      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
-      "park with her friends. One day, it was raining and she could not go out.",
-      true);
+  const std::vector<int32_t> tokens = (*model)->tokenizer->Encode(kStory, true);
   constexpr int kCtx = 13;  // rows 6 … 11 scored: 6 tokens a window
   const int vocab = (*model)->config.vocab_size;
   const int32_t bos = (*model)->tokenizer->bos_id();

@@ -76,6 +76,19 @@ void CompareWithOracle(const Model& model, kernels::Backend<T>& backend,
   }
 }
 
+// The oracle on the model file at `path` (which it then removes), against the reference
+// backend (1e-9) and the fp32 CPU backend (1e-5): logits and every layer's attention.
+void ExpectBothBackendsMatchTheOracle(const Model& model, const std::string& path,
+                                      const std::vector<int32_t>& tokens) {
+  const testing::OracleResult oracle = testing::RunOracle(path, tokens, /*attention=*/true);
+  std::remove(path.c_str());
+  ASSERT_TRUE(oracle.error.empty()) << oracle.error;
+  kernels::ReferenceBackend ref;
+  kernels::CpuBackend fast(2);
+  CompareWithOracle<double>(model, ref, tokens, oracle, 1e-9);
+  CompareWithOracle<float>(model, fast, tokens, oracle, 1e-5);
+}
+
 class GoldenTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenTest, LogitsAndAttentionMatchTheOracle) {
@@ -142,19 +155,13 @@ TEST(QuantizedGoldenTest, EveryBlockTypeMatchesTheOracle) {
   }
   EXPECT_EQ(types.size(), 12u);  // every block type
   const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128, 3};
-  const testing::OracleResult oracle = testing::RunOracle(path, tokens, /*attention=*/true);
-  std::remove(path.c_str());
-  ASSERT_TRUE(oracle.error.empty()) << oracle.error;
-  kernels::ReferenceBackend ref;
-  kernels::CpuBackend fast(2);
-  CompareWithOracle<double>(**model, ref, tokens, oracle, 1e-9);
-  CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5);
+  ExpectBothBackendsMatchTheOracle(**model, path, tokens);
 }
 
 // Llama 3.1's rope scaling (GGUF rope_freqs.weight, per-pair divisors of the frequencies)
 // against the oracle, which applies the factors it reads from the same file. Prompt
-// positions run to 250 (the model's context: 256), where the slowed low frequencies turn by visibly
-// less.
+// positions run to 250 (the model's context is 256), where the slowed low frequencies turn
+// by visibly less.
 TEST(RopeScalingGoldenTest, Llama31FrequencyFactorsMatchTheOracle) {
   ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
   const std::string path = testing::MakeQuantizedModel("--f32 --rope-freqs");
@@ -166,13 +173,7 @@ TEST(RopeScalingGoldenTest, Llama31FrequencyFactorsMatchTheOracle) {
             static_cast<const float*>((*model)->weights.rope_freqs.data));
   std::vector<int32_t> tokens;
   for (int i = 0; i < 250; ++i) tokens.push_back((i * 97 + 5) % 384);
-  const testing::OracleResult oracle = testing::RunOracle(path, tokens, /*attention=*/true);
-  std::remove(path.c_str());
-  ASSERT_TRUE(oracle.error.empty()) << oracle.error;
-  kernels::ReferenceBackend ref;
-  kernels::CpuBackend fast(2);
-  CompareWithOracle<double>(**model, ref, tokens, oracle, 1e-9);
-  CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5);
+  ExpectBothBackendsMatchTheOracle(**model, path, tokens);
 }
 
 // A Qwen2 GGUF: a Llama with biases on q, k and v and RoPE on half-split pairs (llama.cpp's
@@ -187,13 +188,7 @@ TEST(Qwen2GoldenTest, BiasesAndHalfSplitRopeMatchTheOracle) {
   EXPECT_EQ((*model)->config.rope_style, kernels::RopeStyle::kHalfSplit);
   EXPECT_EQ((*model)->weights.layers[1].bk.cols, (*model)->config.kv_dim());
   const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128, 3};
-  const testing::OracleResult oracle = testing::RunOracle(path, tokens, /*attention=*/true);
-  std::remove(path.c_str());
-  ASSERT_TRUE(oracle.error.empty()) << oracle.error;
-  kernels::ReferenceBackend ref;
-  kernels::CpuBackend fast(2);
-  CompareWithOracle<double>(**model, ref, tokens, oracle, 1e-9);
-  CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5);
+  ExpectBothBackendsMatchTheOracle(**model, path, tokens);
 
   const std::string no_bias = testing::MakeQuantizedModel("--f32 --qwen2 --drop blk.1.attn_v.bias");
   ASSERT_FALSE(no_bias.empty());
