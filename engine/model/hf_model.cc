@@ -410,6 +410,21 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir) {
     auto t = TokenizerFromJson(tok.string());
     if (!t.ok()) return t.status();
     model->tokenizer = *std::move(t);
+    // tokenizer_config.json's BOS default: its add_bos_token, or none when it sets
+    // bos_token to null (Qwen2's, whose <|endoftext|> is never prepended).
+    const fs::path tok_cfg = fs::path(dir) / "tokenizer_config.json";
+    if (fs::exists(tok_cfg)) {
+      auto tc = ReadJson(tok_cfg);
+      if (!tc.ok()) return tc.status();
+      if (tc->is_object() && tc->contains("add_bos_token")) {
+        if (!(*tc)["add_bos_token"].is_boolean()) {
+          return absl::InvalidArgumentError("tokenizer_config.json: add_bos_token is not a bool");
+        }
+        model->tokenizer->set_adds_bos((*tc)["add_bos_token"].get<bool>());
+      } else if (tc->is_object() && tc->contains("bos_token") && (*tc)["bos_token"].is_null()) {
+        model->tokenizer->set_adds_bos(false);
+      }
+    }
   }
   KVLENS_ASSIGN_OR_RETURN(
       model->generation_config,

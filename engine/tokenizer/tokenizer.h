@@ -51,8 +51,8 @@ class Tokenizer {
   virtual int32_t vocab_size() const = 0;
   virtual int32_t bos_id() const = 0;  // -1 when absent
   // Whether a text prompt gets BOS when its request does not say: the model's own setting
-  // (GGUF tokenizer.ggml.add_bos_token: true for Llama 3, false for Qwen2), true when the
-  // file has none.
+  // (GGUF tokenizer.ggml.add_bos_token: true for Llama 3, false for Qwen2; tokenizer_config
+  // .json's add_bos_token, or false for a null bos_token), true when the files have none.
   bool adds_bos() const { return adds_bos_; }
   void set_adds_bos(bool adds) { adds_bos_ = adds; }
   virtual int32_t eos_id() const = 0;  // -1 when absent

@@ -537,6 +537,22 @@ TEST(HfModelTest, LoadsTheTokenizerBesideTheWeights) {
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_NE((*m)->tokenizer, nullptr);
   EXPECT_EQ((*m)->tokenizer->Encode("ab", false), (std::vector<int32_t>{2}));
+  EXPECT_TRUE((*m)->tokenizer->adds_bos());  // no tokenizer_config.json: BOS by default
+
+  // tokenizer_config.json: add_bos_token decides; a null bos_token (Qwen2) means none.
+  const std::pair<std::string, bool> configs[] = {{R"({"add_bos_token": false})", false},
+                                                  {R"({"add_bos_token": true})", true},
+                                                  {R"({"bos_token": null})", false},
+                                                  {R"({"bos_token": "<s>"})", true}};
+  for (const auto& [text, adds] : configs) {
+    WriteText(dir + "/tokenizer_config.json", text);
+    auto with_config = LoadHfModel(dir);
+    ASSERT_TRUE(with_config.ok()) << with_config.status();
+    EXPECT_EQ((*with_config)->tokenizer->adds_bos(), adds) << text;
+  }
+  WriteText(dir + "/tokenizer_config.json", R"({"add_bos_token": "yes"})");
+  ExpectError(LoadHfModel(dir), absl::StatusCode::kInvalidArgument,
+              {"tokenizer_config.json: add_bos_token is not a bool"});
 }
 
 // A config.json edit → the error it must give (code and words).
