@@ -714,7 +714,7 @@ void Engine::Impl::Step() {
           if (capture[k]) FillAttentionRow(s, plan[k].second, captured[k], ev);
           const StopParams& stop = s.request.stop;
           const bool eos =
-              !stop.ignore_eos && model.tokenizer && ev.token == model.tokenizer->eos_id();
+              !stop.ignore_eos && model.tokenizer && model.tokenizer->IsEndOfGeneration(ev.token);
           const bool stop_token = std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(),
                                             ev.token) != stop.stop_token_ids.end();
           const StopMatcher::Result text =

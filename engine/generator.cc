@@ -101,7 +101,7 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
       result.finish_reason = FinishReason::kCancelled;
       break;
     }
-    if (options.stop_at_eos && next == (model.tokenizer ? model.tokenizer->eos_id() : -1)) {
+    if (options.stop_at_eos && model.tokenizer && model.tokenizer->IsEndOfGeneration(next)) {
       result.finish_reason = FinishReason::kEos;
       break;
     }

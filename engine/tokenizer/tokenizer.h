@@ -3,6 +3,7 @@
 #ifndef KVLENS_ENGINE_TOKENIZER_TOKENIZER_H_
 #define KVLENS_ENGINE_TOKENIZER_TOKENIZER_H_
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <mutex>
@@ -55,6 +56,14 @@ class Tokenizer {
   // .json's add_bos_token, or false for a null bos_token), true when the files have none.
   bool adds_bos() const { return adds_bos_; }
   void set_adds_bos(bool adds) { adds_bos_ = adds; }
+  // Whether `id` ends a generation: EOS, or another end-of-generation token the model names
+  // (GGUF tokenizer.ggml.eot_token_id and eom_token_id: Llama 3's <|eot_id|>, <|eom_id|>),
+  // as llama.cpp stops on any of them.
+  bool IsEndOfGeneration(int32_t id) const {
+    return id >= 0 &&
+           (id == eos_id() || std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end());
+  }
+  void AddEndOfGeneration(int32_t id) { end_ids_.push_back(id); }
   virtual int32_t eos_id() const = 0;  // -1 when absent
   // The vocabulary's own spelling of a token (e.g. "▁the", "<0x0A>", "Ġthe"); "" for an id
   // outside [0, vocab_size). TokenBytes also gives "" for such ids.
@@ -70,6 +79,7 @@ class Tokenizer {
   mutable std::vector<std::pair<std::string, int32_t>> specials_;
   mutable std::array<bool, 256> special_first_byte_{};
   bool adds_bos_ = true;
+  std::vector<int32_t> end_ids_;  // besides EOS
 };
 
 // Turns a stream of token ids into UTF-8 text without ever emitting a broken character:

@@ -94,6 +94,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& ggu
       if (!add.ok()) return add.status();
       tok->set_adds_bos(*add);
     }
+    for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
+      auto id = OptionalId(gguf, key, n);
+      if (!id.ok()) return id.status();
+      if (*id >= 0) tok->AddEndOfGeneration(*id);
+    }
     return tok;
   };
   if (*model == "llama") {

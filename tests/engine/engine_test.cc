@@ -241,6 +241,28 @@ TEST_F(EngineTest, StopStringsAndStopTokens) {
   EXPECT_EQ(o.tokens, std::vector<int32_t>(all.begin(), all.begin() + 4));
 }
 
+// A model's other end-of-generation tokens (GGUF eot/eom ids, Llama 3's <|eot_id|>) end a
+// generation as EOS does, in the engine and offline, unless the request ignores EOS.
+TEST_F(EngineTest, EndOfGenerationTokensStopLikeEos) {
+  GenerationRequest r = Greedy("Once upon a time", 40);
+  const std::vector<int32_t> all = Offline(r.prompt, 40);
+  ASSERT_NE(all[3], model_->tokenizer->eos_id());
+  model_->tokenizer->AddEndOfGeneration(all[3]);
+  Engine engine(*model_, backend_, EngineOptions{});
+  r.stop.ignore_eos = false;
+  Outcome o = RunOne(engine, r);
+  EXPECT_EQ(o.finish.reason, FinishReason::kEos);
+  EXPECT_EQ(o.tokens, std::vector<int32_t>(all.begin(), all.begin() + 4));
+  GenerateOptions opts;
+  opts.max_new_tokens = 40;
+  auto offline = Generate<float>(*model_, backend_, r.prompt, opts);
+  ASSERT_TRUE(offline.ok()) << offline.status();
+  EXPECT_EQ(offline->finish_reason, FinishReason::kEos);
+  EXPECT_EQ(offline->tokens, o.tokens);
+  r.stop.ignore_eos = true;
+  EXPECT_EQ(RunOne(engine, r).tokens, all);
+}
+
 TEST_F(EngineTest, RejectsBadRequestsNamingTheField) {
   EngineOptions o;
   o.num_blocks = 4;

@@ -143,6 +143,20 @@ TEST(TokenizerFromGgufTest, Gpt2PreTokenizerIsKnownOrRefused) {
   auto c = FromWriter("pre_no_bos", no_bos);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_FALSE((*c)->adds_bos());
+  // End-of-generation ids besides EOS (Llama 3's eot and eom), each inside the vocabulary.
+  GgufWriter eog = llama3;
+  eog.AddU32("tokenizer.ggml.eot_token_id", 3);
+  eog.AddU32("tokenizer.ggml.eom_token_id", 4);
+  auto d = FromWriter("eog", eog);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE((*d)->IsEndOfGeneration(3));
+  EXPECT_TRUE((*d)->IsEndOfGeneration(4));
+  EXPECT_FALSE((*d)->IsEndOfGeneration(2));
+  EXPECT_FALSE((*b)->IsEndOfGeneration(3));
+  GgufWriter bad_eog = llama3;
+  bad_eog.AddU32("tokenizer.ggml.eot_token_id", 5);
+  ExpectError(FromWriter("bad_eog", bad_eog), absl::StatusCode::kInvalidArgument,
+              "tokenizer.ggml.eot_token_id = 5 is outside the vocabulary of 5");
   ExpectError(FromWriter("pre_unknown", unknown), absl::StatusCode::kUnimplemented,
               "tokenizer.ggml.pre = \"tekken\" is not supported");
 }
