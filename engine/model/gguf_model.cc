@@ -127,7 +127,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
       KVLENS_ASSIGN_OR_RETURN(lw.wv, t.Get(p + "attn_v.weight", KVD, D));
       KVLENS_ASSIGN_OR_RETURN(lw.w_in, t.Get(p + "ffn_gate.weight", F, D));
       KVLENS_ASSIGN_OR_RETURN(lw.w_up, t.Get(p + "ffn_up.weight", F, D));
-      if (qwen2) {
+      if (c.qkv_bias) {  // Qwen2
         const struct {
           const char* name;
           WeightView* view;

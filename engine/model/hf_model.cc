@@ -1,7 +1,6 @@
 #include "engine/model/hf_model.h"
 
 #include <climits>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -370,7 +369,7 @@ absl::Status ReadRopeScaling(const json& cfg, const ModelConfig& c, Weights& w) 
   auto factors = std::shared_ptr<float[]>(new float[half]);
   for (int p = 0; p < half; ++p) {
     const double wavelength =
-        2.0 * std::numbers::pi / std::pow(c.rope_theta, -2.0 * p / c.head_dim);
+        2.0 * std::numbers::pi / kernels::RopeSpec{c.rope_theta}.Frequency(p, c.head_dim);
     double divisor = 1.0;
     if (wavelength > original / low) {
       divisor = factor;

@@ -2,8 +2,9 @@
 // tensor, loaded, read back, and run. The expected logits come from a naive double-precision
 // forward pass below, written from the Hugging Face modelling code's equations over the
 // values this test wrote (GPT-2's Conv1D [in, out] weights used as stored), never from
-// kvlens' own weight mapping. (Just over 800 lines: both families share the writer, the
-// reference ops and the error helpers, and read best side by side.)
+// kvlens' own weight mapping. (About 900 lines: both families, Qwen2 and Llama 3.1's rope
+// scaling among the Llama cases, share the writer, the reference ops and the error helpers,
+// and read best side by side.)
 #include "engine/model/hf_model.h"
 
 #include <cmath>
