@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
       if (int8 && !blocks) continue;
       cpu.SetInt8Activations(int8);
       const char* act = int8 ? "int8" : "f32";
-      for (int n : {1, 4, 16, 64}) {
+      for (int n : {1, 4, 16, 64, 256}) {
         std::vector<float> x(static_cast<size_t>(n) * dim), y(static_cast<size_t>(n) * dim);
         for (float& v : x) v = u(rng);
         cpu.MatMul(x.data(), n, w, WeightView{}, y.data());  // warm up caches and threads

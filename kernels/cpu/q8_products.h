@@ -1,6 +1,10 @@
 // Products of block-quantised weights with 8-bit activations: CpuBackend's opt-in
 // int8-activation mode (SetInt8Activations; the server's and the CLI's
-// --int8-activations), llama.cpp's trade of exactness for speed.
+// --int8-activations), llama.cpp's trade of exactness for speed. This file has the
+// scheme of the 32-element types (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl) and the weights'
+// integer form that both schemes unpack; q8k_products.h has the 256-element types' scheme
+// (activations per 256 as llama.cpp's q8_K, integer scales), which multiplies many rows at
+// once far faster.
 //
 // The activations are rounded as ggml's quantize_row_q8_0 rounds them: per block of 32,
 // d = max|x| / 127 and a = roundf(x / d) (as x · (1/d), in float), so x ≈ d · a with

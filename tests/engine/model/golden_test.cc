@@ -201,12 +201,12 @@ TEST(Qwen2GoldenTest, BiasesAndHalfSplitRopeMatchTheOracle) {
 }
 
 // CpuBackend with int8 activations, every matrix product checked as it runs: the output
-// must be the product of the input rounded by ggml's quantize_row_q8_0 rule (written here
-// from its definition) with the exact weights (DequantizeRow<double>, checked against
-// ggml), in double. Each product is checked on its own input, so the check does not depend
-// on how the fp32 activations before it rounded (an input within ~1e-7 of a rounding
-// boundary lands on either side in another build; a whole-model comparison with an oracle
-// rounding its own activations is not stable).
+// must be the product of the input rounded by the mode's rules (ggml's quantize_row_q8_0,
+// or q8_K's granularity for the 256-element types; written here from their definitions) with the
+// exact weights (DequantizeRow<double>, checked against ggml), in double. Each product is checked
+// on its own input, so the check does not depend on how the fp32 activations before it rounded (an
+// input within ~1e-7 of a rounding boundary lands on either side in another build; a whole-model
+// comparison with an oracle rounding its own activations is not stable).
 class Int8CheckingBackend final : public testing::CpuForwardingBackend {
  public:
   Int8CheckingBackend() : CpuForwardingBackend(2) { cpu().SetInt8Activations(true); }
@@ -221,11 +221,16 @@ class Int8CheckingBackend final : public testing::CpuForwardingBackend {
     ++block_products_;
     const int64_t in = w.cols;
     std::vector<double> rounded(static_cast<size_t>(n * in)), row(static_cast<size_t>(in));
-    for (int64_t b = 0; b < n * in; b += 32) {
+    // Per 32 elements rounding halves away from zero (q8_0), or for the 256-element types
+    // per 256 to even (q8_K).
+    const int64_t block = kernels::DTypeBlockSize(w.dtype) == 256 ? 256 : 32;
+    for (int64_t b = 0; b < n * in; b += block) {
       float amax = 0.0f;
-      for (int64_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+      for (int64_t i = b; i < b + block; ++i) amax = std::max(amax, std::fabs(x[i]));
       const float d = amax / 127.0f, id = d == 0.0f ? 0.0f : 1.0f / d;
-      for (int64_t i = b; i < b + 32; ++i) rounded[i] = double{d} * std::round(x[i] * id);
+      for (int64_t i = b; i < b + block; ++i) {
+        rounded[i] = double{d} * (block == 32 ? std::round(x[i] * id) : std::nearbyint(x[i] * id));
+      }
     }
     for (int64_t o = 0; o < w.rows; ++o) {
       kernels::DequantizeRow(w, o, row.data());
@@ -252,14 +257,17 @@ TEST(QuantizedGoldenTest, Int8ActivationsRoundEveryProductsInputAsGgml) {
   auto model = LoadModel({path, ""});
   std::remove(path.c_str());
   ASSERT_TRUE(model.ok()) << model.status();
-  const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128, 3};
+  // 20 tokens: from 16 rows on the 256-element types' products take their tile.
+  const std::vector<int32_t> tokens = {1,   5,   300, 17,  42,  383, 0,   9,   9,  77,
+                                       256, 128, 3,   100, 200, 300, 301, 302, 12, 34};
   Int8CheckingBackend backend;
-  KvCacheStorage<float> cache((*model)->config.num_layers, 1, 16, (*model)->config.kv_dim(), true);
-  const std::vector<int32_t> table = {0};
+  KvCacheStorage<float> cache((*model)->config.num_layers, 2, 16, (*model)->config.kv_dim(), true);
+  const std::vector<int32_t> table = {0, 1};
   Transformer<float> tr(**model, backend);
   BatchEntry e{tokens, 0, table, /*all_logits=*/true, {}};
   ForwardOutput<float> out;
-  ASSERT_TRUE(tr.Forward({&e, 1}, cache, out, nullptr).ok());
+  const absl::Status st = tr.Forward({&e, 1}, cache, out, nullptr);
+  ASSERT_TRUE(st.ok()) << st;
   // 7 products a layer in 2 layers, and the logits' (q6_K).
   EXPECT_EQ(backend.block_products(), 15);
   EXPECT_LE(backend.worst(), 1e-6);
