@@ -694,7 +694,7 @@ void CpuBackend::MatMulQ8K(const float* x, int n, const WeightView& w, const Wei
     rows[r] = Q8KActRow{a + r * in, d + r * units, bs + r * units * kQ8Subs};
   }
   const Q8KActRow* xr = rows.data();
-  VisitQ8KType(w.dtype, [&](auto unpack, auto type) {
+  VisitQ8KType(w.dtype, [&](auto type) {
     constexpr DType kType = decltype(type)::value;
     constexpr int kOffset = Q8KOffset(kType);
     constexpr bool kMins = Q8KHasMins(kType);
@@ -707,17 +707,26 @@ void CpuBackend::MatMulQ8K(const float* x, int n, const WeightView& w, const Wei
       thread_local std::vector<Q8KUnit> unit_buf;
       if (static_cast<int64_t>(unit_buf.size()) < units)
         unit_buf.resize(static_cast<size_t>(units));
-      for (int64_t o = o0; o < o1; ++o) {
-        for (int64_t u = 0; u < units; ++u) unpack(w.row(o), in, u, &unit_buf[u]);
-        for (int r = 0; r < n; ++r) {
-          float acc = 0.0f;
-          for (int64_t u = 0; u < units; ++u) {
-            int32_t I, J;
-            Q8KUnitInts<kOffset, kMins>(unit_buf[u], xr[r], u, &I, &J);
-            acc = Q8KStep<kMins>(acc, I, J, unit_buf[u].D, unit_buf[u].M, xr[r].d[u]);
+      // NR rows' chains over the units of weight row o.
+      auto rows_of = [&](auto nr, int r0, int64_t o) {
+        constexpr int NR = decltype(nr)::value;
+        float acc[NR];
+        for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
+        for (int64_t u = 0; u < units; ++u) {
+          int32_t I[NR], J[NR];
+          Q8KUnitInts<kOffset, kMins, NR>(unit_buf[u], xr + r0, u, I, J);
+          for (int r = 0; r < NR; ++r) {
+            acc[r] =
+                Q8KStep<kMins>(acc[r], I[r], J[r], unit_buf[u].D, unit_buf[u].M, xr[r0 + r].d[u]);
           }
-          y[r * out + o] = acc + (b.empty() ? 0.0f : b[o]);
         }
+        for (int r = 0; r < NR; ++r) y[(r0 + r) * out + o] = acc[r] + (b.empty() ? 0.0f : b[o]);
+      };
+      for (int64_t o = o0; o < o1; ++o) {
+        for (int64_t u = 0; u < units; ++u) UnpackQ8K<kType>(w.row(o), in, u, &unit_buf[u]);
+        int r0 = 0;
+        for (; r0 + 4 <= n; r0 += 4) rows_of(std::integral_constant<int, 4>{}, r0, o);
+        for (; r0 < n; ++r0) rows_of(std::integral_constant<int, 1>{}, r0, o);
       }
     });
   });

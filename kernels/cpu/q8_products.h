@@ -354,7 +354,8 @@ inline __m256i IQ4Quants32(const uint8_t* p) {
                                      _mm_set1_epi8(static_cast<char>(128)));
   return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), Nibbles32(p));
 }
-template <DType kType>
+// kFloatScales false: the quants only (q8k_products.h makes its own integer scales).
+template <DType kType, bool kFloatScales = true>
 inline void UnpackUnitFast(const uint8_t* b, Q8WeightUnit* out) {
   if constexpr (kType == DType::kQ8_0) {
     UnpackBlocks8<34, -1>(b, 128.0f, out, [](const uint8_t* p) {
@@ -376,10 +377,11 @@ inline void UnpackUnitFast(const uint8_t* b, Q8WeightUnit* out) {
       _mm512_store_si512(out->q + 64 * c, U8And(ShrHalves(v, 4 * (c % 2), 4 * (c % 2) + 2), 3));
     }
     const __m512i sc = WidenBytes(b);
-    StoreScales(out,
-                _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b + 80)),
-                              ToFloat(I32And(sc, _mm512_set1_epi32(0xF)))),
-                _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b + 82)), ToFloat(I32Shr(sc, 4))));
+    if constexpr (kFloatScales)
+      StoreScales(out,
+                  _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b + 80)),
+                                ToFloat(I32And(sc, _mm512_set1_epi32(0xF)))),
+                  _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b + 82)), ToFloat(I32Shr(sc, 4))));
   } else if constexpr (kType == DType::kQ3_K) {
     // As q2_K, plus 4 where hmask's bit 2c (first 32) or 2c + 1 (last 32) is set.
     const __m512i hm = Both32(b);
@@ -390,7 +392,7 @@ inline void UnpackUnitFast(const uint8_t* b, Q8WeightUnit* out) {
     }
     const uint8_t* packed = b + 96;
     const float d = HalfToFloat(b + 108);
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < 16 && kFloatScales; ++j) {
       out->scale[j] = d * static_cast<float>(ScaleK3(j, packed));
       out->offset[j] = 4.0f * out->scale[j];
     }
@@ -406,8 +408,10 @@ inline void UnpackUnitFast(const uint8_t* b, Q8WeightUnit* out) {
     }
     const Vec sm = ScalesK4(b);  // [d·sc_0 … d·sc_7, dmin·m_0 … dmin·m_7]
     const __m512i at = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    StoreScales(out, _mm512_maskz_permutexvar_ps(kAll, at, sm),
-                _mm512_maskz_permutexvar_ps(kAll, _mm512_add_epi32(at, _mm512_set1_epi32(8)), sm));
+    if constexpr (kFloatScales)
+      StoreScales(
+          out, _mm512_maskz_permutexvar_ps(kAll, at, sm),
+          _mm512_maskz_permutexvar_ps(kAll, _mm512_add_epi32(at, _mm512_set1_epi32(8)), sm));
   } else if constexpr (kType == DType::kIQ4_NL) {
     UnpackBlocks8<18, -1>(b, 128.0f, out, [](const uint8_t* p) { return IQ4Quants32(p + 2); });
   } else if constexpr (kType == DType::kIQ4_XS) {
@@ -416,7 +420,8 @@ inline void UnpackUnitFast(const uint8_t* b, Q8WeightUnit* out) {
     }
     const Vec scale =
         ScalesIQ4XS(b, _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
-    StoreScales(out, scale, _mm512_mul_ps(_mm512_set1_ps(128.0f), scale));
+    if constexpr (kFloatScales)
+      StoreScales(out, scale, _mm512_mul_ps(_mm512_set1_ps(128.0f), scale));
   } else if constexpr (kType == DType::kQ6_K) {
     // Chunk c (n = c/2): ql[64n …]'s low nibbles (c even) or high ones, plus qh[32n …]'s
     // bits 4·(c%2) (first 32) and 4·(c%2) + 2 (last 32) as the value's bits 4 and 5.
@@ -433,7 +438,8 @@ inline void UnpackUnitFast(const uint8_t* b, Q8WeightUnit* out) {
         _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b + 208)),
                       ToFloat(_mm512_maskz_cvtepi8_epi32(
                           kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)))));
-    StoreScales(out, scale, _mm512_mul_ps(_mm512_set1_ps(32.0f), scale));
+    if constexpr (kFloatScales)
+      StoreScales(out, scale, _mm512_mul_ps(_mm512_set1_ps(32.0f), scale));
   }
 }
 

@@ -187,68 +187,137 @@ inline void Q8KScales(const uint8_t* b, int32_t* c, int32_t* m, float* D, float*
 // Unit u (super-block u) of a weight row of type kType.
 template <DType kType>
 inline void UnpackQ8K(const uint8_t* row, int64_t in, int64_t u, Q8KUnit* out) {
+  const uint8_t* b = row + u * DTypeBlockOf(kType).bytes;
+#if !defined(KVLENS_Q8_VNNI)
   UnpackUnitOf<kType>(row, in, u, &out->quants);
-  Q8KScales<kType>(row + u * DTypeBlockOf(kType).bytes, out->c, out->m, &out->D, &out->M);
+#else
+  (void)in;
+  UnpackUnitFast<kType, /*kFloatScales=*/false>(b, &out->quants);
+  // The common types' scales in lanes (q8k_products_test compares every type's unit with
+  // the scalar Q8KScales through the products).
+  constexpr __mmask16 kAll16 = 0xFFFF;
+  const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  if constexpr (kType == DType::kQ4_K || kType == DType::kQ5_K) {
+    const __m512i sm = ScalesK4Ints(b);
+    _mm512_store_si512(out->c, _mm512_maskz_permutexvar_epi32(kAll16, pairs, sm));
+    _mm512_store_si512(out->m, _mm512_maskz_permutexvar_epi32(
+                                   kAll16, _mm512_add_epi32(pairs, _mm512_set1_epi32(8)), sm));
+    out->D = HalfAt<float>(b);
+    out->M = HalfAt<float>(b + 2);
+    return;
+  } else if constexpr (kType == DType::kQ6_K) {
+    _mm512_store_si512(out->c,
+                       _mm512_maskz_cvtepi8_epi32(
+                           kAll16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192))));
+    _mm512_store_si512(out->m, _mm512_setzero_si512());
+    out->D = HalfAt<float>(b + 208);
+    out->M = 0.0f;
+    return;
+  } else if constexpr (kType == DType::kIQ4_XS) {
+    _mm512_store_si512(out->c, ScalesIQ4XSInts(b, pairs));
+    _mm512_store_si512(out->m, _mm512_setzero_si512());
+    out->D = HalfAt<float>(b);
+    out->M = 0.0f;
+    return;
+  }
+#endif
+  Q8KScales<kType>(b, out->c, out->m, &out->D, &out->M);
 }
 
-// fn(unpack, integral_constant<DType, t>) for a 256-element type t.
+// fn(integral_constant<DType, t>) for a 256-element type t.
 template <typename Fn>
 inline void VisitQ8KType(DType t, Fn&& fn) {
   VisitBlockType(t, [&](auto type) {
-    if constexpr (UsesQ8K(decltype(type)::value)) fn(UnpackQ8K<decltype(type)::value>, type);
+    if constexpr (UsesQ8K(decltype(type)::value)) fn(type);
   });
 }
 
 // ---- One unit's integers, along k (a few rows) ----
 
-// I and J of weight unit w with activation row x's unit u.
-template <int kOffset, bool kMins>
-[[gnu::always_inline]] inline void Q8KUnitInts(const Q8KUnit& w, const Q8KActRow& x, int64_t u,
+#if defined(KVLENS_Q8_VNNI)
+// out[r] = the sum of v[r]'s lanes, four rows' reductions sharing their shuffles.
+template <int NR>
+[[gnu::always_inline]] inline void IReduceRows(const __m512i* v, int32_t* out) {
+  if constexpr (NR == 4) {
+    constexpr __mmask16 kAll16 = 0xFFFF;
+    constexpr __mmask8 kAll8 = 0xFF;
+    // Per 128 bits: [v0, v1, v0, v1] partials, then [v0, v1, v2, v3].
+    const __m512i t01 = _mm512_add_epi32(_mm512_maskz_unpacklo_epi32(kAll16, v[0], v[1]),
+                                         _mm512_maskz_unpackhi_epi32(kAll16, v[0], v[1]));
+    const __m512i t23 = _mm512_add_epi32(_mm512_maskz_unpacklo_epi32(kAll16, v[2], v[3]),
+                                         _mm512_maskz_unpackhi_epi32(kAll16, v[2], v[3]));
+    const __m512i t = _mm512_add_epi32(_mm512_maskz_unpacklo_epi64(kAll8, t01, t23),
+                                       _mm512_maskz_unpackhi_epi64(kAll8, t01, t23));
+    alignas(64) int32_t q[16];
+    _mm512_store_si512(q, t);
+    const __m128i* p = reinterpret_cast<const __m128i*>(q);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                     _mm_add_epi32(_mm_add_epi32(_mm_load_si128(p), _mm_load_si128(p + 1)),
+                                   _mm_add_epi32(_mm_load_si128(p + 2), _mm_load_si128(p + 3))));
+  } else {
+    for (int r = 0; r < NR; ++r) out[r] = IReduce(v[r]);
+  }
+}
+#endif
+
+// I[r] and J[r] of weight unit w with unit u of the NR activation rows x[0 … NR).
+template <int kOffset, bool kMins, int NR>
+[[gnu::always_inline]] inline void Q8KUnitInts(const Q8KUnit& w, const Q8KActRow* x, int64_t u,
                                                int32_t* I, int32_t* J) {
-  const int8_t* a = x.a + u * kQ8Unit;
-  const int32_t* bsum = x.bsum + u * kQ8Subs;
 #if defined(KVLENS_Q8_VNNI)
   constexpr __mmask16 kAll16 = 0xFFFF;
   const __m512i c16 = _mm512_load_si512(w.c);
-  __m512i v = _mm512_setzero_si512();
+  __m512i scl[4], q[4];
 #pragma GCC unroll 4
   for (int ch = 0; ch < 4; ++ch) {
     // Lane j of a 64-element chunk's dot holds elements 4j … 4j + 3: sub-block 4·ch + j/4.
     const __m512i idx = _mm512_setr_epi32(
         4 * ch, 4 * ch, 4 * ch, 4 * ch, 4 * ch + 1, 4 * ch + 1, 4 * ch + 1, 4 * ch + 1, 4 * ch + 2,
         4 * ch + 2, 4 * ch + 2, 4 * ch + 2, 4 * ch + 3, 4 * ch + 3, 4 * ch + 3, 4 * ch + 3);
-    const __m512i p = _mm512_maskz_dpbusd_epi32(kAll16, _mm512_setzero_si512(),
-                                                _mm512_load_si512(w.quants.q + 64 * ch),
-                                                _mm512_loadu_si512(a + 64 * ch));
-    v = _mm512_maskz_add_epi32(
-        kAll16, v,
-        _mm512_maskz_mullo_epi32(kAll16, p, _mm512_maskz_permutexvar_epi32(kAll16, idx, c16)));
+    scl[ch] = _mm512_maskz_permutexvar_epi32(kAll16, idx, c16);
+    q[ch] = _mm512_load_si512(w.quants.q + 64 * ch);
   }
-  const __m512i b16 = _mm512_loadu_si512(bsum);
-  if constexpr (kMins) {
-    *I = IReduce(v);
-    *J = IReduce(_mm512_maskz_mullo_epi32(kAll16, _mm512_load_si512(w.m), b16));
-  } else {
-    // Σ c_s (q − o) a = Σ c_s q a − o Σ c_s B_s (o a power of two).
-    static_assert(kOffset > 0 && (kOffset & (kOffset - 1)) == 0);
-    constexpr int kShift = __builtin_ctz(kOffset);
-    const __m512i ob =
-        _mm512_maskz_slli_epi32(kAll16, _mm512_maskz_mullo_epi32(kAll16, c16, b16), kShift);
-    *I = IReduce(_mm512_maskz_sub_epi32(kAll16, v, ob));
-    *J = 0;
-  }
-#else
-  int32_t i_sum = 0, j_sum = 0;
-  for (int s = 0; s < kQ8Subs; ++s) {
-    int32_t dot = 0;
-    for (int i = 16 * s; i < 16 * s + 16; ++i) {
-      dot += (static_cast<int32_t>(w.quants.q[i]) - kOffset) * a[i];
+  __m512i v[NR], z[NR];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+    const int8_t* a = x[r].a + u * kQ8Unit;
+    v[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int ch = 0; ch < 4; ++ch) {
+      const __m512i p = _mm512_maskz_dpbusd_epi32(kAll16, _mm512_setzero_si512(), q[ch],
+                                                  _mm512_loadu_si512(a + 64 * ch));
+      v[r] = _mm512_maskz_add_epi32(kAll16, v[r], _mm512_maskz_mullo_epi32(kAll16, p, scl[ch]));
     }
-    i_sum += w.c[s] * dot;
-    j_sum += w.m[s] * bsum[s];
+    const __m512i b16 = _mm512_loadu_si512(x[r].bsum + u * kQ8Subs);
+    if constexpr (kMins) {
+      z[r] = _mm512_maskz_mullo_epi32(kAll16, _mm512_load_si512(w.m), b16);
+    } else {
+      // Σ c_s (q − o) a = Σ c_s q a − o Σ c_s B_s (o a power of two).
+      static_assert(kOffset > 0 && (kOffset & (kOffset - 1)) == 0);
+      constexpr int kShift = __builtin_ctz(kOffset);
+      v[r] = _mm512_maskz_sub_epi32(
+          kAll16, v[r],
+          _mm512_maskz_slli_epi32(kAll16, _mm512_maskz_mullo_epi32(kAll16, c16, b16), kShift));
+    }
   }
-  *I = i_sum;
-  *J = kMins ? j_sum : 0;
+  IReduceRows<NR>(v, I);
+  if constexpr (kMins) IReduceRows<NR>(z, J);
+#else
+  for (int r = 0; r < NR; ++r) {
+    const int8_t* a = x[r].a + u * kQ8Unit;
+    const int32_t* bsum = x[r].bsum + u * kQ8Subs;
+    int32_t i_sum = 0, j_sum = 0;
+    for (int s = 0; s < kQ8Subs; ++s) {
+      int32_t dot = 0;
+      for (int i = 16 * s; i < 16 * s + 16; ++i) {
+        dot += (static_cast<int32_t>(w.quants.q[i]) - kOffset) * a[i];
+      }
+      i_sum += w.c[s] * dot;
+      j_sum += w.m[s] * bsum[s];
+    }
+    I[r] = i_sum;
+    J[r] = j_sum;
+  }
 #endif
 }
 

@@ -267,7 +267,8 @@ template <>
 // ScaleMinK4's unpacking in lanes: lane i < 8 is sc_i, lane 8 + j is m_j. With s the 12
 // scale bytes: sc_j = s[j] & 63, m_j = s[j + 4] & 63 (j < 4); sc_j = (s[j + 4] & 15) |
 // (s[j − 4] >> 6) << 4, m_j = (s[j + 4] >> 4) | (s[j] >> 6) << 4 (j ≥ 4).
-inline Vec ScalesK4(const uint8_t* b) {
+// ScalesK4Ints: the integers [sc_0 … sc_7, m_0 … m_7].
+inline __m512i ScalesK4Ints(const uint8_t* b) {
   const __m512i s = WidenBytes(b + 4);  // lanes 12–15 (qs bytes) unused
   const __m512i low_at = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11);
   const __m512i low_shift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4);
@@ -281,9 +282,12 @@ inline Vec ScalesK4(const uint8_t* b) {
       low_mask);
   const __m512i high =  // (byte >> 6) << 4
       I32And(I32Shr(_mm512_maskz_permutexvar_epi32(kAll, high_at, s), 2), high_mask);
+  return I32Or(low, high);
+}
+inline Vec ScalesK4(const uint8_t* b) {
   const Vec d = _mm512_mask_blend_ps(static_cast<__mmask16>(0xFF00), _mm512_set1_ps(HalfToFloat(b)),
                                      _mm512_set1_ps(HalfToFloat(b + 2)));
-  return _mm512_mul_ps(d, ToFloat(I32Or(low, high)));
+  return _mm512_mul_ps(d, ToFloat(ScalesK4Ints(b)));
 }
 template <DType kType>
 [[gnu::always_inline]] inline void LoadSubK4(const uint8_t* qs, const uint8_t* qh, int j,
@@ -362,9 +366,10 @@ template <>
   const uint8_t* b = p + k / 32 * 18;
   LoadIQ4(b + 2, _mm512_set1_ps(HalfToFloat(b)), lo, hi);
 }
-// iq4_xs's sub-block scales d · sc (ScaleIQ4XS in lanes): lane i holds sub-block at[i]'s.
+// iq4_xs's sub-block scales sc (ScaleIQ4XS in lanes), and d · sc: lane i holds sub-block
+// at[i]'s.
 // Its low 4 bits are bits 4j of the 32-bit scales_l, its top 2 bits bits 2j of scales_h.
-inline Vec ScalesIQ4XS(const uint8_t* b, __m512i at) {
+inline __m512i ScalesIQ4XSInts(const uint8_t* b, __m512i at) {
   uint32_t low_bits;
   uint16_t high_bits;
   std::memcpy(&high_bits, b + 2, 2);
@@ -375,8 +380,10 @@ inline Vec ScalesIQ4XS(const uint8_t* b, __m512i at) {
   const __m512i high =
       I32And(_mm512_maskz_srlv_epi32(kAll, _mm512_set1_epi32(high_bits), I32Shl(at, 1)),
              _mm512_set1_epi32(3));
-  const __m512i sc = I32Sub(I32Or(low, I32Shl(high, 4)), _mm512_set1_epi32(32));
-  return _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b)), ToFloat(sc));
+  return I32Sub(I32Or(low, I32Shl(high, 4)), _mm512_set1_epi32(32));
+}
+inline Vec ScalesIQ4XS(const uint8_t* b, __m512i at) {
+  return _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b)), ToFloat(ScalesIQ4XSInts(b, at)));
 }
 // iq4_xs a super-block at a time: scales = d · sc_j in lanes 0 … 7 (and again in 8 … 15).
 template <>
