@@ -77,8 +77,9 @@ ABSL_FLAG(bool, cuda_graphs, true,
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores; --device cpu only).");
 ABSL_FLAG(bool, int8_activations, false,
           "--device cpu: generation's products with block-quantised weights (q8_0, q4_K, ...) "
-          "round their activations to 8 bits per block of 32, as llama.cpp does: faster, no "
-          "longer exact. Interpretability requests keep exact activations.");
+          "round their activations to 8 bits (per 32, or per 256 for the k-quants), as "
+          "llama.cpp does: faster, no longer exact. Interpretability requests keep exact "
+          "activations.");
 ABSL_FLAG(int32_t, interp_workers, 2,
           "Interpretability requests (attention maps, probes, interventions, lens) running "
           "at once, each on its own backends apart from generation.");

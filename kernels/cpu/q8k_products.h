@@ -88,8 +88,9 @@ inline int32_t IReduce(__m512i v) {
   return _mm_cvtsi128_si32(q);
 }
 
-// The same values as QuantizeUnitQ8KScalar (q8k_products_test checks both against the
-// definition): the same float operations, nearest-even conversion by the default MXCSR.
+// The same values as QuantizeUnitQ8KScalar (builds without VNNI run that one; Q8ProductsTest
+// checks either against the definition): the same float operations, the conversion to
+// nearest-even by the default MXCSR.
 inline void QuantizeUnitQ8K(const float* x, int8_t* a, float* d, int32_t* bsum) {
   constexpr __mmask16 kAll16 = 0xFFFF;
   __m512 m = _mm512_setzero_ps();
@@ -193,8 +194,8 @@ inline void UnpackQ8K(const uint8_t* row, int64_t in, int64_t u, Q8KUnit* out) {
 #else
   (void)in;
   UnpackUnitFast<kType, /*kFloatScales=*/false>(b, &out->quants);
-  // The common types' scales in lanes (q8k_products_test compares every type's unit with
-  // the scalar Q8KScales through the products).
+  // The common types' scales in lanes; q2_K's and q3_K's through Q8KScales (Q8ProductsTest
+  // checks every type's products against the definition).
   constexpr __mmask16 kAll16 = 0xFFFF;
   const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   if constexpr (kType == DType::kQ4_K || kType == DType::kQ5_K) {
