@@ -61,14 +61,14 @@ class CpuBackend final : public Backend<float>, public BackwardOps<float> {
   void MatMulPacked(const float* x, int n, const WeightView& w, const WeightView& bias, float* y);
   void MatMulPackedChunk(const float* x, int n, const WeightView& w, const WeightView& bias,
                          float* y);
-  // MatMul's int8-activation path (SetInt8Activations; block-quantised weights only).
+  // MatMul's int8-activation path (SetInt8Activations; block-quantised weights only):
+  // the 32-element types' scheme (q8_products.h), the 256-element types' (q8k_products.h),
+  // and their shared 16-rows-a-vector path (Scheme: Q8BTiles or Q8KTiles).
   void MatMulQ8(const float* x, int n, const WeightView& w, const WeightView& bias, float* y);
-  // Its scheme for the 256-element types (q8k_products.h): along k for a few rows, 16 rows
-  // a vector from kQ8KGemmRows on, in chunks (MatMulQ8KGemm).
   void MatMulQ8K(const float* x, int n, const WeightView& w, const WeightView& bias, float* y);
-  template <DType kType>
-  void MatMulQ8KGemm(const void* rows, int n, const WeightView& w, const std::vector<float>& bias,
-                     float* y);
+  template <typename Scheme>
+  void MatMulTiled(const void* rows, int n, const WeightView& w, const std::vector<float>& bias,
+                   float* y);
 
   // Attention's two paths (cpu_attention.cc): decode over a long context split over the
   // keys, and the tiled path, planned as independent tasks so that AttentionBatch can run

@@ -42,23 +42,23 @@ constexpr int kQ8Unit = 256;
 constexpr int kQ8Subs = kQ8Unit / 16;
 
 // One activation row, quantised: a[k] for k < padded length (zeros past the row), and per
-// 16 elements the block's scale d and d · Σ a over the 16.
+// block of 32 its scale d and Σ a.
 struct Q8ActRow {
   const int8_t* a;
-  const float* d16;
-  const float* s16;
+  const float* d;
+  const int32_t* bsum;
 };
 
-// x[0 … in) (in a multiple of 32) into a[0 … padded), d16 and s16 [padded / 16]; padded is
+// x[0 … in) (in a multiple of 32) into a[0 … padded), d and bsum [padded / 32]; padded is
 // in rounded up to kQ8Unit. A block holding a NaN or an infinity gets d = NaN (the products
-// that read it are NaN, as the exact products would be).
-inline void QuantizeRowQ8(const float* x, int64_t in, int64_t padded, int8_t* a, float* d16,
-                          float* s16) {
+// that read it are NaN, as the exact products would be) and a = 0.
+inline void QuantizeRowQ8(const float* x, int64_t in, int64_t padded, int8_t* a, float* d,
+                          int32_t* bsum) {
   for (int64_t b = 0; b < padded; b += 32) {
     if (b >= in) {
       std::memset(a + b, 0, 32);
-      d16[b / 16] = d16[b / 16 + 1] = 0.0f;
-      s16[b / 16] = s16[b / 16 + 1] = 0.0f;
+      d[b / 32] = 0.0f;
+      bsum[b / 32] = 0;
       continue;
     }
     float amax = 0.0f;
@@ -68,19 +68,16 @@ inline void QuantizeRowQ8(const float* x, int64_t in, int64_t padded, int8_t* a,
       finite &= v <= std::numeric_limits<float>::max();
       amax = v > amax ? v : amax;
     }
-    float d = amax / 127.0f;
-    const float id = finite && d != 0.0f ? 1.0f / d : 0.0f;
-    int sum[2] = {0, 0};
+    const float db = amax / 127.0f;
+    const float id = finite && db != 0.0f ? 1.0f / db : 0.0f;
+    int sum = 0;
     for (int i = 0; i < 32; ++i) {
-      const int v = static_cast<int>(std::roundf(x[b + i] * id));
+      const int v = finite ? static_cast<int>(std::roundf(x[b + i] * id)) : 0;
       a[b + i] = static_cast<int8_t>(v);
-      sum[i / 16] += v;
+      sum += v;
     }
-    if (!finite) d = std::numeric_limits<float>::quiet_NaN();
-    for (int h = 0; h < 2; ++h) {
-      d16[b / 16 + h] = d;
-      s16[b / 16 + h] = d * static_cast<float>(sum[h]);
-    }
+    d[b / 32] = finite ? db : std::numeric_limits<float>::quiet_NaN();
+    bsum[b / 32] = sum;
   }
 }
 
@@ -465,68 +462,253 @@ inline void VisitUnpacker(DType t, Fn&& fn) {
 
 // ---- The products ----
 //
-// acc[r] += unit u's share of Σ_i w_i · x_r,i for NR activation rows. A row's accumulator
-// takes the same operations in the same order whatever NR is, so a row's result does not
-// depend on the rows beside it (batching never changes results).
-#if defined(KVLENS_Q8_VNNI)
-using Q8Acc = __m512;
-inline Q8Acc Q8Zero() { return _mm512_setzero_ps(); }
-inline float Q8Sum(Q8Acc v) { return VSum(v); }
+// Block b of a unit (32 elements, weight = D_b · (q − o) + M_b with o the type's offset
+// and M_b its min, zero for the types without) and an activation row's block (d_b, a):
+//   I_b = Σ (q_i − o) · a_i and B_b = Σ a_i, exact integers;
+//   t_b = fma(I_b, D_b · d_b, 0) (the product, never contracted into the sums below), then
+//   for the types with mins t_b ← fma(B_b, M_b · d_b, t_b);
+// a unit's share is ((t_0 + t_1) + (t_2 + t_3)) + ((t_4 + t_5) + (t_6 + t_7)), and a row's
+// output the sum of its units' shares in order, then the bias. Q8BlockUnit computes it
+// along k for a few rows, Q8BGemmTile with 16 rows in a vector's lanes: the same float
+// operations, so a row's result does not depend on the rows beside it (batching never
+// changes results).
 
-template <int NR>
-[[gnu::always_inline]] inline void Q8DotUnit(const Q8WeightUnit& w, const Q8ActRow* x, int64_t u,
-                                             Q8Acc* acc) {
-  constexpr __mmask16 kAll16 = 0xFFFF;
-  const __m512 scale = _mm512_load_ps(w.scale);
-  const __m512 neg_offset = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_load_ps(w.offset));
-  // The unit's share in two partial sums (even and odd chunks), so that the chains of
-  // fused multiply-adds a row waits on are short.
-  Q8Acc cs[NR], part[NR][2];
-#pragma GCC unroll 8
-  for (int r = 0; r < NR; ++r) {
-    // −Σ offset · d · Σa over the unit's sub-blocks.
-    part[r][0] = _mm512_mul_ps(neg_offset, _mm512_loadu_ps(x[r].s16 + u * kQ8Subs));
-    part[r][1] = _mm512_setzero_ps();
-    cs[r] = _mm512_mul_ps(scale, _mm512_loadu_ps(x[r].d16 + u * kQ8Subs));
-  }
-#pragma GCC unroll 4
-  for (int c = 0; c < 4; ++c) {
-    // Lane j of a 64-element chunk's dot holds elements 4j … 4j + 3: sub-block 4c + j/4.
-    const __m512i idx = _mm512_setr_epi32(4 * c, 4 * c, 4 * c, 4 * c, 4 * c + 1, 4 * c + 1,
-                                          4 * c + 1, 4 * c + 1, 4 * c + 2, 4 * c + 2, 4 * c + 2,
-                                          4 * c + 2, 4 * c + 3, 4 * c + 3, 4 * c + 3, 4 * c + 3);
-    const __m512i q = _mm512_load_si512(w.q + 64 * c);
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) {
-      const __m512i a = _mm512_loadu_si512(x[r].a + u * kQ8Unit + 64 * c);
-      const __m512i dot = _mm512_maskz_dpbusd_epi32(kAll16, _mm512_setzero_si512(), q, a);
-      const Vec term = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(kAll16, dot),
-                                     _mm512_maskz_permutexvar_ps(kAll16, idx, cs[r]));
-      part[r][c % 2] = _mm512_add_ps(part[r][c % 2], term);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < NR; ++r)
-    acc[r] = _mm512_add_ps(acc[r], _mm512_add_ps(part[r][0], part[r][1]));
+// The type's quant offset o (UnpackUnit's quants are q = o + the signed value) and whether
+// it has mins (q4_1, q5_1: weight = d · q + m).
+constexpr int Q8BOffset(DType t) {
+  return t == DType::kQ8_0 || t == DType::kIQ4_NL ? 128
+         : t == DType::kQ4_0                      ? 8
+         : t == DType::kQ5_0                      ? 16
+                                                  : 0;
 }
-#else
-using Q8Acc = float;
-inline Q8Acc Q8Zero() { return 0.0f; }
-inline float Q8Sum(Q8Acc v) { return v; }
+constexpr bool Q8BHasMins(DType t) { return t == DType::kQ4_1 || t == DType::kQ5_1; }
 
-template <int NR>
-inline void Q8DotUnit(const Q8WeightUnit& w, const Q8ActRow* x, int64_t u, Q8Acc* acc) {
+#if defined(KVLENS_Q8_VNNI)
+// [b_0 … b_7]: b_2c the sum of p[c]'s lanes 0 … 7, b_2c+1 of its lanes 8 … 15.
+inline __m256i BlockSums8(const __m512i* p) {
+  constexpr __mmask16 kAll16 = 0xFFFF;
+  constexpr __mmask8 kAll8 = 0xFF;
+  // Per 128 bits: [p0, p1, p2, p3] partials, one 128-bit quarter each.
+  const __m512i t01 = _mm512_add_epi32(_mm512_maskz_unpacklo_epi32(kAll16, p[0], p[1]),
+                                       _mm512_maskz_unpackhi_epi32(kAll16, p[0], p[1]));
+  const __m512i t23 = _mm512_add_epi32(_mm512_maskz_unpacklo_epi32(kAll16, p[2], p[3]),
+                                       _mm512_maskz_unpackhi_epi32(kAll16, p[2], p[3]));
+  const __m512i t = _mm512_add_epi32(_mm512_maskz_unpacklo_epi64(kAll8, t01, t23),
+                                     _mm512_maskz_unpackhi_epi64(kAll8, t01, t23));
+  // Quarters 0 + 1: the even blocks; 2 + 3: the odd ones.
+  // Through memory: GCC 12's 512-bit extracts warn spuriously (as VSum's).
+  alignas(64) int32_t q[16];
+  _mm512_store_si512(q, _mm512_add_epi32(t, _mm512_maskz_shuffle_i32x4(kAll16, t, t, 0xB1)));
+  const __m128i even = _mm_load_si128(reinterpret_cast<const __m128i*>(q));
+  const __m128i odd = _mm_load_si128(reinterpret_cast<const __m128i*>(q + 8));
+  return _mm256_set_m128i(_mm_unpackhi_epi32(even, odd), _mm_unpacklo_epi32(even, odd));
+}
+// ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7)).
+inline float TreeSum8(__m256 t) {
+  const __m256 p = _mm256_add_ps(t, _mm256_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m256 q = _mm256_add_ps(p, _mm256_permute_ps(p, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1)));
+}
+#endif
+
+// acc[r] += unit u's share for NR activation rows x[0 … NR).
+template <int kOffset, bool kMins, int NR>
+[[gnu::always_inline]] inline void Q8BlockUnit(const Q8WeightUnit& w, const Q8ActRow* x, int64_t u,
+                                               float* acc) {
+#if defined(KVLENS_Q8_VNNI)
+  constexpr __mmask16 kAll16 = 0xFFFF;
+  // Per block the first of its two per-16 values: lanes 0, 2, … 14 of v.
+  auto evens = [](const float* v) {
+    const __m256 pairs =
+        _mm256_shuffle_ps(_mm256_load_ps(v), _mm256_load_ps(v + 8), _MM_SHUFFLE(2, 0, 2, 0));
+    return _mm256_castpd_ps(
+        _mm256_permute4x64_pd(_mm256_castps_pd(pairs), _MM_SHUFFLE(3, 1, 2, 0)));
+  };
+  const __m256 D = evens(w.scale);
+  // M_b = −offset (UnpackQ4<true> and UnpackQ5<true> store offset = −m), negated as the
+  // scalar code and the tile negate (the sign bit flipped).
+  const __m256 M =
+      kMins ? _mm256_xor_ps(_mm256_set1_ps(-0.0f), evens(w.offset)) : _mm256_setzero_ps();
+  __m512i q[4];
+#pragma GCC unroll 4
+  for (int ch = 0; ch < 4; ++ch) q[ch] = _mm512_load_si512(w.q + 64 * ch);
+#pragma GCC unroll 4
   for (int r = 0; r < NR; ++r) {
     const int8_t* a = x[r].a + u * kQ8Unit;
-    const float* d16 = x[r].d16 + u * kQ8Subs;
-    const float* s16 = x[r].s16 + u * kQ8Subs;
-    for (int s = 0; s < kQ8Subs; ++s) {
+    __m512i p[4];
+#pragma GCC unroll 4
+    for (int ch = 0; ch < 4; ++ch) {
+      p[ch] = _mm512_maskz_dpbusd_epi32(kAll16, _mm512_setzero_si512(), q[ch],
+                                        _mm512_loadu_si512(a + 64 * ch));
+    }
+    __m256i I = BlockSums8(p);
+    const __m256i B = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].bsum + u * 8));
+    const __m256 dv = _mm256_loadu_ps(x[r].d + u * 8);
+    if constexpr (!kMins) {
+      static_assert(kOffset > 0 && (kOffset & (kOffset - 1)) == 0);
+      I = _mm256_sub_epi32(I, _mm256_slli_epi32(B, __builtin_ctz(kOffset)));
+    }
+    // The product as an FMA with zero: a plain product feeding the sums below could be
+    // contracted into an FMA one way here and another way in the tile.
+    __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(D, dv), _mm256_setzero_ps());
+    if constexpr (kMins) t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(B), _mm256_mul_ps(M, dv), t);
+    acc[r] = acc[r] + TreeSum8(t);
+  }
+#else
+  for (int r = 0; r < NR; ++r) {
+    const int8_t* a = x[r].a + u * kQ8Unit;
+    float t[8];
+    for (int b = 0; b < 8; ++b) {
       int32_t dot = 0;
-      for (int i = 0; i < 16; ++i) dot += static_cast<int32_t>(w.q[16 * s + i]) * a[16 * s + i];
-      acc[r] += w.scale[s] * d16[s] * static_cast<float>(dot) - w.offset[s] * s16[s];
+      for (int i = 32 * b; i < 32 * b + 32; ++i) {
+        dot += (static_cast<int32_t>(w.q[i]) - kOffset) * a[i];
+      }
+      const float db = x[r].d[u * 8 + b];
+      t[b] = std::fma(static_cast<float>(dot), w.scale[2 * b] * db, 0.0f);
+      if constexpr (kMins) {
+        t[b] = std::fma(static_cast<float>(x[r].bsum[u * 8 + b]), -w.offset[2 * b] * db, t[b]);
+      }
+    }
+    acc[r] = acc[r] + (((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7])));
+  }
+#endif
+}
+
+#if defined(KVLENS_Q8_VNNI)
+// ---- Many rows: 16 rows a vector ----
+
+// The fewest rows the tiles take (CpuBackend::MatMulTiled), and the rows of a packed group,
+// one a lane.
+constexpr int kQ8TileRows = 16;
+
+// One weight unit as the tile reads it: the signed quants q − o (broadcast 4 at a time), per
+// block D, M and corr = 128 · Σ (q − o), which takes back the + 128 of the tile's unsigned
+// activations.
+struct Q8BGemmUnit {
+  alignas(64) int8_t w[kQ8Unit];
+  float D[8], M[8];
+  int32_t corr[8];
+};
+
+template <int kOffset, bool kMins>
+inline void ToQ8BGemmUnit(const Q8WeightUnit& u, Q8BGemmUnit* g) {
+  for (int ch = 0; ch < 4; ++ch) {
+    _mm512_store_si512(g->w + 64 * ch,
+                       _mm512_maskz_sub_epi8(~__mmask64{0}, _mm512_load_si512(u.q + 64 * ch),
+                                             _mm512_set1_epi8(static_cast<char>(kOffset))));
+  }
+  for (int b = 0; b < 8; ++b) {
+    int32_t sum = 0;
+    for (int i = 32 * b; i < 32 * b + 32; ++i) sum += g->w[i];
+    g->corr[b] = 128 * sum;
+    g->D[b] = u.scale[2 * b];
+    g->M[b] = kMins ? -u.offset[2 * b] : 0.0f;
+  }
+}
+
+// A group of up to 16 activation rows' unit u as the tile reads it: A[t] holds in lane r
+// row r's elements 4t … 4t + 3 as unsigned bytes a + 128; per block d and Σ a, one row a
+// lane. Missing rows are zeros (a = 0, d = 0).
+struct Q8BGemmAct {
+  alignas(64) uint8_t A[kQ8Unit / 4][64];
+  alignas(64) float d[8][16];
+  alignas(64) int32_t bsum[8][16];
+};
+
+inline void PackQ8BGroup(const Q8ActRow* rows, int count, int64_t u, Q8BGemmAct* p) {
+  for (int r = 0; r < 16; ++r) {
+    const bool real = r < count;
+    for (int t = 0; t < kQ8Unit / 4; ++t) {
+      uint32_t v = 0;
+      if (real) std::memcpy(&v, rows[r].a + u * kQ8Unit + 4 * t, 4);
+      v ^= 0x80808080u;
+      std::memcpy(&p->A[t][4 * r], &v, 4);
+    }
+    for (int b = 0; b < 8; ++b) {
+      p->d[b][r] = real ? rows[r].d[u * 8 + b] : 0.0f;
+      p->bsum[b][r] = real ? rows[r].bsum[u * 8 + b] : 0;
     }
   }
 }
+
+// y[c] (lane r: row r) = Σ over the units of weight rows w[c] (units each) with a packed
+// group (units Q8BGemmAct), in Q8BlockUnit's order.
+template <int W, bool kMins>
+inline void Q8BGemmTile(const Q8BGemmAct* act, int64_t units, const Q8BGemmUnit* const* w,
+                        __m512 (&y)[W]) {
+  constexpr __mmask16 kAll16 = 0xFFFF;
+#pragma GCC unroll 8
+  for (int c = 0; c < W; ++c) y[c] = _mm512_setzero_ps();
+  for (int64_t u = 0; u < units; ++u) {
+    const Q8BGemmAct& p = act[u];
+    __m512 t_even[W], pair_even[W], quad_even[W];
+#pragma GCC unroll 8
+    for (int b = 0; b < 8; ++b) {
+      __m512i acc[W];
+#pragma GCC unroll 8
+      for (int c = 0; c < W; ++c) acc[c] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int t = 8 * b; t < 8 * b + 8; ++t) {
+        const __m512i a = _mm512_load_si512(p.A[t]);
+#pragma GCC unroll 8
+        for (int c = 0; c < W; ++c) {
+          int32_t q4;
+          std::memcpy(&q4, w[c][u].w + 4 * t, 4);
+          acc[c] = _mm512_maskz_dpbusd_epi32(kAll16, acc[c], a, _mm512_set1_epi32(q4));
+        }
+      }
+      const __m512 dv = _mm512_load_ps(p.d[b]);
+#pragma GCC unroll 8
+      for (int c = 0; c < W; ++c) {
+        const __m512i I =
+            _mm512_maskz_sub_epi32(kAll16, acc[c], _mm512_set1_epi32(w[c][u].corr[b]));
+        __m512 t =
+            _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, I),
+                            _mm512_mul_ps(dv, _mm512_set1_ps(w[c][u].D[b])), _mm512_setzero_ps());
+        if constexpr (kMins) {
+          t = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, _mm512_load_si512(p.bsum[b])),
+                              _mm512_mul_ps(dv, _mm512_set1_ps(w[c][u].M[b])), t);
+        }
+        if (b % 2 == 0) {
+          t_even[c] = t;
+          continue;
+        }
+        const __m512 pair = _mm512_add_ps(t_even[c], t);
+        if (b % 4 == 1) {
+          pair_even[c] = pair;
+          continue;
+        }
+        const __m512 quad = _mm512_add_ps(pair_even[c], pair);
+        if (b == 3) {
+          quad_even[c] = quad;
+        } else {
+          y[c] = _mm512_add_ps(y[c], _mm512_add_ps(quad_even[c], quad));
+        }
+      }
+    }
+  }
+}
+
+// The 32-element types' scheme for CpuBackend::MatMulTiled.
+template <DType kType>
+struct Q8BTiles {
+  using Row = Q8ActRow;
+  using Act = Q8BGemmAct;
+  using Unit = Q8BGemmUnit;
+  static constexpr int kCols = 4;  // weight rows a tile: 4 × 5 vectors of state
+  static void Pack(const Row* rows, int count, int64_t u, Act* p) {
+    PackQ8BGroup(rows, count, u, p);
+  }
+  static void Unpack(const uint8_t* row, int64_t in, int64_t u, Unit* g) {
+    Q8WeightUnit tmp;
+    UnpackUnitOf<kType>(row, in, u, &tmp);
+    ToQ8BGemmUnit<Q8BOffset(kType), Q8BHasMins(kType)>(tmp, g);
+  }
+  template <int W>
+  static void Tile(const Act* act, int64_t units, const Unit* const* w, __m512 (&y)[W]) {
+    Q8BGemmTile<W, Q8BHasMins(kType)>(act, units, w, y);
+  }
+};
 #endif
 
 }  // namespace

@@ -17,7 +17,7 @@
 //   the types with mins, over the units in order, plus the bias at the end.
 //
 // So a row's result is the same bits whether it is computed alone along k (Q8KDotUnit, for
-// a few rows) or with 15 others in the lanes of a vector (Q8KGemmTile, from kQ8KGemmRows
+// a few rows) or with 15 others in the lanes of a vector (Q8KGemmTile, from kQ8TileRows
 // rows on): batching never changes results. The integer sums use AVX-512 VNNI (64 byte
 // products an instruction). In the tile the per-unit float work is shared by 16 rows, where
 // q8_products.h's scheme (a float scale per 16 elements of each row) spends four float
@@ -333,9 +333,7 @@ template <bool kMins>
 
 // ---- Many rows: 16 rows a vector ----
 #if defined(KVLENS_Q8_VNNI)
-constexpr int kQ8KGemmRows =
-    16;                      // rows a packed group, one a lane; and the fewest rows the tile takes
-constexpr int kQ8KCols = 8;  // weight rows a tile
+constexpr int kQ8KCols = 8;  // weight rows a tile (kQ8TileRows rows: q8_products.h)
 
 // One weight unit as the tile reads it: the signed quants q − o (broadcast 4 at a time), c
 // per 16 elements, the mins in int16 pairs (m_2j, m_2j+1), D and M, and corr = 128 ·
@@ -389,7 +387,7 @@ struct Q8KGemmAct {
 };
 
 inline void PackQ8KGroup(const Q8KActRow* rows, int count, int64_t u, Q8KGemmAct* p) {
-  for (int r = 0; r < kQ8KGemmRows; ++r) {
+  for (int r = 0; r < kQ8TileRows; ++r) {
     if (r >= count) {
       for (int t = 0; t < kQ8Unit / 4; ++t) std::memset(&p->A[t][4 * r], 0x80, 4);
       p->d[r] = 0.0f;
@@ -465,6 +463,30 @@ inline void Q8KGemmTile(const Q8KGemmAct* act, int64_t units, const Q8KGemmUnit*
     }
   }
 }
+
+// The 256-element types' scheme for CpuBackend::MatMulTiled.
+template <DType kType>
+struct Q8KTiles {
+  using Row = Q8KActRow;
+  using Act = Q8KGemmAct;
+  using Unit = Q8KGemmUnit;
+  static constexpr int kCols = kQ8KCols;
+  static void Pack(const Row* rows, int count, int64_t u, Act* p) {
+    PackQ8KGroup(rows, count, u, p);
+  }
+  static void Unpack(const uint8_t* row, int64_t in, int64_t u, Unit* g) {
+    Q8KUnit tmp;
+    UnpackQ8K<kType>(row, in, u, &tmp);
+    ToGemmUnit<Q8KOffset(kType)>(tmp, g);
+  }
+  template <int W>
+  static void Tile(const Act* act, int64_t units, const Unit* const* w, __m512 (&y)[W]) {
+    // kSub: the width of the type's scales.
+    constexpr int kSub =
+        kType == DType::kQ4_K || kType == DType::kQ5_K || kType == DType::kIQ4_XS ? 32 : 16;
+    Q8KGemmTile<W, kSub, Q8KHasMins(kType)>(act, units, w, y);
+  }
+};
 #endif
 
 }  // namespace

@@ -187,7 +187,8 @@ TEST(Q8ProductsTest, GiveARowTheSameBitsInAnyBatchAndKeepNaNsInTheirRow) {
             }
             ASSERT_EQ(std::bit_cast<uint32_t>(batch[r * out + o]),
                       std::bit_cast<uint32_t>(alone[o]))
-                << DTypeName(dt) << " r=" << r << " o=" << o << " threads=" << threads;
+                << DTypeName(dt) << " n=" << n << " r=" << r << " o=" << o
+                << " threads=" << threads;
           }
         }
       }
