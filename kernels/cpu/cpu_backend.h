@@ -92,6 +92,19 @@ class CpuBackend final : public Backend<float>, public BackwardOps<float> {
   bool int8_activations_ = false;
 };
 
+// Used by cpu_backend.cc and cpu_int8.cc.
+template <typename Fn>
+inline void CpuBackend::ParallelRange(int64_t count, int64_t min_chunk, Fn&& fn) {
+  if (count <= 0) return;
+  const int64_t max_tasks = 4 * static_cast<int64_t>(pool_->num_threads());
+  const int64_t chunk = std::max(min_chunk, (count + max_tasks - 1) / max_tasks);
+  const int64_t tasks = (count + chunk - 1) / chunk;
+  pool_->ParallelFor(tasks, [&](int64_t t) {
+    const int64_t begin = t * chunk;
+    fn(begin, std::min(count, begin + chunk));
+  });
+}
+
 }  // namespace kvlens::kernels
 
 #endif  // KVLENS_KERNELS_CPU_CPU_BACKEND_H_

@@ -20,7 +20,7 @@
 // element (tests/kernels/cpu/q8_products_test.cc checks both).
 //
 // Like simd.h, included only by files compiled with -march=native where the build allows
-// it (cpu_backend.cc), inside an anonymous namespace.
+// it (cpu_int8.cc), inside an anonymous namespace.
 #ifndef KVLENS_KERNELS_CPU_Q8_PRODUCTS_H_
 #define KVLENS_KERNELS_CPU_Q8_PRODUCTS_H_
 

@@ -24,7 +24,7 @@
 // operations on every 64 products: this one multiplies a long prompt's rows about twice as
 // fast as the exact float path.
 //
-// Like simd.h, included only by cpu_backend.cc, inside an anonymous namespace.
+// Like simd.h, included only by cpu_int8.cc, inside an anonymous namespace.
 #ifndef KVLENS_KERNELS_CPU_Q8K_PRODUCTS_H_
 #define KVLENS_KERNELS_CPU_Q8K_PRODUCTS_H_
 

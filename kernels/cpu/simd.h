@@ -1,8 +1,8 @@
 // The CPU kernels' SIMD vocabulary: Vec holds kLanes floats (AVX-512, AVX2 + FMA, or a
 // portable array), with the loads, stores and arithmetic the kernels use. Included only by
 // the files compiled with -march=native where the build allows it (cpu_backend.cc,
-// cpu_attention.cc; kernels/CMakeLists.txt), and inside an anonymous namespace, so code
-// built for different instruction sets never meets in one inline function.
+// cpu_attention.cc, cpu_int8.cc; kernels/CMakeLists.txt), and inside an anonymous namespace, so
+// code built for different instruction sets never meets in one inline function.
 #ifndef KVLENS_KERNELS_CPU_SIMD_H_
 #define KVLENS_KERNELS_CPU_SIMD_H_
 
