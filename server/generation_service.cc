@@ -125,6 +125,8 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(
   response->set_num_blocks(engine_.options().num_blocks);
   response->set_kv_cache_dtype(engine_.options().kv_cache_dtype == kernels::KvDtype::kBF16 ? "bf16"
                                                                                            : "f32");
+  if (model.chat_format)
+    response->set_chat_template(std::string(ChatFormatName(*model.chat_format)));
   return FinishUnary(context, "GetModelInfo", absl::OkStatus());
 }
 

@@ -58,6 +58,13 @@ ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "twice the tokens in the same memory; keys and values rounded to bf16 as they are "
           "stored, vLLM's --kv-cache-dtype).");
 ABSL_FLAG(int32_t, block_size, 16, "KV-cache block size in tokens (the prefix-cache unit).");
+ABSL_FLAG(std::string, chat_template, "auto",
+          "How GenerateRequest.chat becomes a prompt: auto (the family of the model's own Jinja "
+          "chat template, recognised as llama.cpp's built-in templates are; chat prompts are "
+          "refused when it is none of them) or one of: chatml, llama3, llama2, llama2-sys, "
+          "llama2-sys-bos, llama2-sys-strip, mistral-v1, mistral-v3, mistral-v3-tekken, "
+          "mistral-v7, phi3, phi4, gemma, command-r, deepseek2, deepseek-coder, vicuna, "
+          "vicuna-orca, minicpm.");
 ABSL_FLAG(int32_t, max_batch_tokens, 512,
           "Token budget of one engine step: decode tokens of all running sequences plus "
           "prefill chunks.");
@@ -159,6 +166,14 @@ int main(int argc, char** argv) {
   auto model = kvlens::LoadModel({absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_tokenizer)});
   if (!model.ok()) return Fail(model.status());
   const kvlens::ModelConfig& config = (*model)->config;
+  if (const std::string chat = absl::GetFlag(FLAGS_chat_template); chat != "auto") {
+    auto format = kvlens::ChatFormatByName(chat);
+    if (!format.ok()) {
+      return Fail(
+          absl::InvalidArgumentError(absl::StrCat("--chat-template: ", format.status().message())));
+    }
+    (*model)->chat_format = *format;
+  }
 
   kvlens::EngineOptions options;
   auto kv_dtype = kvlens::kernels::ParseKvDtype(absl::GetFlag(FLAGS_kv_cache_dtype));

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/tokenizer/chat_template.h"
 
 namespace kvlens::server {
 namespace {
@@ -101,8 +102,31 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
       out.prompt.assign(ids.begin(), ids.end());
       break;
     }
+    case v1::GenerateRequest::kChat: {
+      if (model.tokenizer == nullptr) {
+        return absl::FailedPreconditionError("chat: the model has no tokenizer; send token_ids");
+      }
+      if (!model.chat_format.has_value()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "chat: the model's chat template is ",
+            model.tokenizer->chat_template().empty() ? "missing" : "none kvlens writes",
+            "; start the server with --chat-template (", ChatFormatNames(), ") or send text"));
+      }
+      std::vector<ChatMessage> messages;
+      for (const v1::ChatMessage& m : request.chat().messages()) {
+        messages.push_back({m.role(), m.content()});
+      }
+      const bool open =
+          !request.chat().has_add_generation_prompt() || request.chat().add_generation_prompt();
+      auto text = ApplyChatTemplate(*model.chat_format, messages, open);
+      if (!text.ok())
+        return absl::InvalidArgumentError(absl::StrCat("chat.", text.status().message()));
+      const bool add_bos = request.has_add_bos() ? request.add_bos() : model.tokenizer->adds_bos();
+      out.prompt = model.tokenizer->EncodeWithSpecialTokens(*text, add_bos);
+      break;
+    }
     case v1::GenerateRequest::PROMPT_NOT_SET:
-      return absl::InvalidArgumentError("prompt: set text or token_ids");
+      return absl::InvalidArgumentError("prompt: set text, token_ids or chat");
   }
   if (static_cast<int64_t>(out.prompt.size()) >= context) {
     return absl::OutOfRangeError(absl::StrCat("prompt: ", out.prompt.size(),

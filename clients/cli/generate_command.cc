@@ -28,6 +28,16 @@ const std::vector<FlagSpec>& Specs() {
       {"tokenizer", "",
        "llama2.c tokenizer .bin (default: tokenizer.bin or tok<V>.bin beside the model)"},
       {"prompt", "", "prompt text; the output is the prompt followed by the completion"},
+      {"chat", "",
+       "--prompt is a user message: the prompt is the conversation as the model's chat "
+       "template writes it (GGUF tokenizer.chat_template, tokenizer_config.json), and only the "
+       "reply is printed",
+       true},
+      {"system", "", "with --chat: a system message before the user's"},
+      {"chat-template", "",
+       "with --chat, local models: the format to write the conversation in instead of the "
+       "model's own (chatml, llama3, mistral-v7, gemma, phi3, ...; kvlens-server's "
+       "--chat-template lists them all)"},
       {"max-new-tokens", "64", "tokens to generate at most"},
       {"temperature", "0", "sampling temperature; 0 is greedy"},
       {"top-k", "0", "keep the k most likely tokens (0: off)"},
@@ -99,7 +109,10 @@ int GenerateCommand(int argc, char** argv) {
   if (!args.ok()) return fail(args.status(), 2);
   if (args->help()) {
     std::cout << Args::Usage(
-        "generate", "Generates a completion of --prompt and prints prompt + completion.", Specs());
+        "generate",
+        "Generates a completion of --prompt and prints prompt + completion (with --chat: the "
+        "reply to --prompt as a user message).",
+        Specs());
     return 0;
   }
   if (args->Has("server")) return RemoteGenerate(*args);
@@ -144,9 +157,32 @@ int GenerateCommand(int argc, char** argv) {
     options.sampling.repetition_penalty = *(*model)->generation_config.repetition_penalty;
   }
   const Tokenizer& tok = *(*model)->tokenizer;
-  const std::string prompt_text = args->Str("prompt");
+  std::string prompt_text = args->Str("prompt");
+  std::string shown = prompt_text;  // what is printed before the completion
+  bool parse_special = !args->Switch("no-parse-special");
+  if (args->Switch("chat") || args->Has("system")) {
+    if (args->Has("chat-template")) {
+      auto f = ChatFormatByName(args->Str("chat-template"));
+      if (!f.ok()) return fail(f.status(), 2);
+      (*model)->chat_format = *f;
+    }
+    if (!(*model)->chat_format) {
+      return fail(absl::FailedPreconditionError(
+                      "--chat: the model's chat template is missing or none kvlens writes; "
+                      "name one with --chat-template"),
+                  2);
+    }
+    std::vector<ChatMessage> messages;
+    if (args->Has("system")) messages.push_back({"system", args->Str("system")});
+    messages.push_back({"user", prompt_text});
+    auto text = ApplyChatTemplate(*(*model)->chat_format, messages, true);
+    if (!text.ok()) return fail(text.status(), 2);
+    prompt_text = *text;
+    shown.clear();
+    parse_special = true;  // the template's <|im_start|>, [INST], … are special tokens
+  }
   std::vector<int32_t> prompt =
-      args->Switch("no-parse-special")
+      !parse_special
           ? tok.Encode(prompt_text, !args->Switch("no-bos") && tok.adds_bos())
           : tok.EncodeWithSpecialTokens(prompt_text, !args->Switch("no-bos") && tok.adds_bos());
   if (prompt.empty()) {
@@ -156,10 +192,10 @@ int GenerateCommand(int argc, char** argv) {
   const bool stats = args->Switch("stats");
   if (local.fp64) {
     kernels::ReferenceBackend backend;
-    return Run<double>(**model, backend, backend.name(), prompt, prompt_text, options, stats);
+    return Run<double>(**model, backend, backend.name(), prompt, shown, options, stats);
   }
-  return Run<float>(**model, *local.fp32.backend, local.fp32.description, prompt, prompt_text,
-                    options, stats);
+  return Run<float>(**model, *local.fp32.backend, local.fp32.description, prompt, shown, options,
+                    stats);
 }
 
 }  // namespace kvlens::cli

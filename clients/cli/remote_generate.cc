@@ -49,7 +49,24 @@ int RemoteGenerate(const Args& args) {
   }
 
   v1::GenerateRequest request;
-  request.set_text(args.Str("prompt"));
+  const bool chat = args.Switch("chat") || args.Has("system");
+  if (args.Has("chat-template")) {
+    return Fail(absl::InvalidArgumentError(
+                    "--chat-template applies to local models; start kvlens-server with it"),
+                2);
+  }
+  if (chat) {  // the server writes the conversation in the model's chat template
+    if (args.Has("system")) {
+      v1::ChatMessage* m = request.mutable_chat()->add_messages();
+      m->set_role("system");
+      m->set_content(args.Str("system"));
+    }
+    v1::ChatMessage* m = request.mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content(args.Str("prompt"));
+  } else {
+    request.set_text(args.Str("prompt"));
+  }
   if (args.Switch("no-bos")) request.set_add_bos(false);  // else the model's own default
   request.set_parse_special(!args.Switch("no-parse-special"));
   v1::SamplingParams* sampling = request.mutable_sampling();
@@ -68,7 +85,7 @@ int RemoteGenerate(const Args& args) {
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
       stub->Generate(&context, request);
-  std::cout << args.Str("prompt") << std::flush;  // as offline: prompt, then completion
+  if (!chat) std::cout << args.Str("prompt") << std::flush;  // as offline: prompt, then completion
   v1::GenerateResponse chunk;
   v1::GenerateFinal final;
   while (reader->Read(&chunk)) {

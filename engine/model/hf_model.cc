@@ -423,6 +423,24 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir) {
       } else if (tc->is_object() && tc->contains("bos_token") && (*tc)["bos_token"].is_null()) {
         model->tokenizer->set_adds_bos(false);
       }
+      // chat_template: a string, or a list of {name, template} whose "default" is the one.
+      if (tc->is_object() && tc->contains("chat_template")) {
+        const auto& ct = (*tc)["chat_template"];
+        if (ct.is_string()) {
+          model->tokenizer->set_chat_template(ct.get<std::string>());
+        } else if (ct.is_array()) {
+          for (const auto& named : ct) {
+            if (named.is_object() && named.value("name", "") == "default" &&
+                named.contains("template") && named["template"].is_string()) {
+              model->tokenizer->set_chat_template(named["template"].get<std::string>());
+            }
+          }
+        } else if (!ct.is_null()) {
+          return absl::InvalidArgumentError(
+              "tokenizer_config.json: chat_template is neither a string nor a list of "
+              "{name, template}");
+        }
+      }
     }
   }
   KVLENS_ASSIGN_OR_RETURN(

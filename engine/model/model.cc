@@ -103,15 +103,21 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const LoadOptions& options) {
   if (!fs::exists(options.path, ec)) {
     return absl::NotFoundError(absl::StrCat("model path not found: ", options.path));
   }
+  absl::StatusOr<std::unique_ptr<Model>> model;
   if (fs::is_directory(options.path, ec)) {
-    return LoadHfModel(options.path);
-  }
-  if (HasGgufMagic(options.path)) {
+    model = LoadHfModel(options.path);
+  } else if (HasGgufMagic(options.path)) {
     auto gguf = GgufFile::Open(options.path);
     if (!gguf.ok()) return gguf.status();
-    return LoadGgufModel(*std::move(gguf));
+    model = LoadGgufModel(*std::move(gguf));
+  } else {
+    model = LoadLlama2c(options);
   }
-  return LoadLlama2c(options);
+  if (model.ok() && (*model)->tokenizer != nullptr) {
+    auto format = DetectChatFormat((*model)->tokenizer->chat_template());
+    if (format.ok()) (*model)->chat_format = *format;
+  }
+  return model;
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const LoadOptions& options) {

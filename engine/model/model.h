@@ -3,12 +3,14 @@
 #define KVLENS_ENGINE_MODEL_MODEL_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "engine/model/generation_config.h"
 #include "engine/model/model_config.h"
 #include "engine/model/weights.h"
+#include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace kvlens {
@@ -20,6 +22,10 @@ struct Model {
   std::string format;                    // "gguf", "llama2c", "safetensors"
   // Sampling defaults for requests that leave a field unset (generation_config.json).
   GenerationConfig generation_config;
+  // How a conversation becomes a prompt: the family of the tokenizer's chat template
+  // (DetectChatFormat, at load), or what a server's --chat-template names; none when the
+  // template is missing or none kvlens writes.
+  std::optional<ChatFormat> chat_format;
 
   // Every weight present with the shape the config implies (errors name the tensor).
   absl::Status ValidateWeights() const;

@@ -64,6 +64,10 @@ class Tokenizer {
            (id == eos_id() || std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end());
   }
   void AddEndOfGeneration(int32_t id) { end_ids_.push_back(id); }
+  // The model's Jinja chat template (GGUF tokenizer.chat_template, tokenizer_config.json's
+  // chat_template); "" when it has none. chat_template.h reads its family.
+  const std::string& chat_template() const { return chat_template_; }
+  void set_chat_template(std::string t) { chat_template_ = std::move(t); }
   virtual int32_t eos_id() const = 0;  // -1 when absent
   // The vocabulary's own spelling of a token (e.g. "▁the", "<0x0A>", "Ġthe"); "" for an id
   // outside [0, vocab_size). TokenBytes also gives "" for such ids.
@@ -78,6 +82,7 @@ class Tokenizer {
   mutable std::once_flag specials_once_;
   mutable std::vector<std::pair<std::string, int32_t>> specials_;
   mutable std::array<bool, 256> special_first_byte_{};
+  std::string chat_template_;
   bool adds_bos_ = true;
   std::vector<int32_t> end_ids_;  // besides EOS
 };

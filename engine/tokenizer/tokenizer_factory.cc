@@ -94,6 +94,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& ggu
       if (!add.ok()) return add.status();
       tok->set_adds_bos(*add);
     }
+    if (gguf.Find("tokenizer.chat_template") != nullptr) {
+      auto tmpl = gguf.GetString("tokenizer.chat_template");
+      if (!tmpl.ok()) return tmpl.status();
+      tok->set_chat_template(std::string(*tmpl));
+    }
     for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
       auto id = OptionalId(gguf, key, n);
       if (!id.ok()) return id.status();

@@ -43,6 +43,8 @@ def main():
                     help="a Qwen2 instead: architecture qwen2, biases on q, k and v")
     ap.add_argument("--no-add-bos", action="store_true",
                     help="tokenizer.ggml.add_bos_token = false (as Qwen2's files say)")
+    ap.add_argument("--chat-template", metavar="JINJA",
+                    help="tokenizer.chat_template: the model's Jinja chat template")
     ap.add_argument("--drop", action="append", default=[], metavar="TENSOR",
                     help="leave this tensor out (for tests of the loader's errors)")
     args = ap.parse_args()
@@ -79,6 +81,8 @@ def main():
     tensors = [t for t in tensors if t[0] not in args.drop]
     if args.no_add_bos:
         metadata["tokenizer.ggml.add_bos_token"] = False
+    if args.chat_template is not None:
+        metadata["tokenizer.chat_template"] = args.chat_template
     write_gguf(args.out, metadata, tensors)
 
 

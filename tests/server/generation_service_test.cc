@@ -282,6 +282,59 @@ TEST(GenerationServiceTest, AbsentAddBosFollowsTheModel) {
   EXPECT_EQ(s.final.usage().prompt_tokens(), static_cast<int>(plain.size()));
 }
 
+// A chat prompt is the conversation as the model's chat template writes it: a GGUF whose
+// tokenizer.chat_template is ChatML's gets "chatml" in GetModelInfo, and a chat request
+// the prompt of the same conversation written out by hand as text. The default model has
+// no template: chat is refused, naming --chat-template; so is a role no template knows.
+TEST(GenerationServiceTest, ChatPromptsFollowTheModelsTemplate) {
+  KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
+  ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path =
+      MakeQuantizedModel("--tokenizer " + TestData("stories260K/stories260K.gguf") +
+                         " --chat-template '{{ \"<|im_start|>\" + message.role }}'");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  TestServer server(path, TestServer::DefaultOptions());
+  std::remove(path.c_str());
+  ASSERT_TRUE(server.ok()) << server.error();
+  v1::ModelInfo info;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(server.stub().GetModelInfo(&context, {}, &info).ok());
+  }
+  EXPECT_EQ(info.chat_template(), "chatml");
+  v1::GenerateRequest chat = GreedyRequest("", 1);
+  auto* c = chat.mutable_chat();
+  auto* m = c->add_messages();
+  m->set_role("system");
+  m->set_content("Be kind.");
+  m = c->add_messages();
+  m->set_role("user");
+  m->set_content("Once upon a time");
+  const StreamResult s = RunGenerate(server.stub(), chat);
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  const StreamResult t = RunGenerate(
+      server.stub(),
+      GreedyRequest("<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nOnce upon a "
+                    "time<|im_end|>\n<|im_start|>assistant\n",
+                    1));
+  ASSERT_TRUE(t.status.ok()) << t.status.error_message();
+  EXPECT_EQ(s.final.usage().prompt_tokens(), t.final.usage().prompt_tokens());
+  EXPECT_EQ(s.tokens, t.tokens);
+  m->set_role("tool");
+  const StreamResult bad = RunGenerate(server.stub(), chat);
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(bad.status.error_message().find("chat.messages[1].role"), std::string::npos)
+      << bad.status.error_message();
+
+  START_SERVER(plain);
+  m->set_role("user");
+  const StreamResult none = RunGenerate(plain.stub(), chat);
+  EXPECT_EQ(none.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(none.status.error_message().find("--chat-template"), std::string::npos)
+      << none.status.error_message();
+}
+
 TEST(GenerationServiceTest, TokenizeDetokenizeRoundTrip) {
   START_SERVER(server);
   const std::string text = "Once upon a time, there was a little girl named Lily.";
@@ -352,7 +405,8 @@ TEST(GenerationServiceTest, EveryBadFieldIsNamed) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   constexpr auto kInvalid = grpc::StatusCode::INVALID_ARGUMENT;
   const std::vector<BadField> cases = {
-      {"no prompt", [](auto& r) { r.clear_text(); }, kInvalid, "prompt: set text or token_ids"},
+      {"no prompt", [](auto& r) { r.clear_text(); }, kInvalid,
+       "prompt: set text, token_ids or chat"},
       {"empty text",
        [](auto& r) {
          r.set_text("");

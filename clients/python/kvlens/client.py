@@ -106,12 +106,17 @@ class Client:
                                            timeout=self.timeout).text for t in tokens]
 
     def generate(self, text=None, tokens=None, max_new_tokens=32, attention_layers=None,
-                 attention_heads=None):
+                 attention_heads=None, chat=None):
         """Greedy generation. With attention_layers/heads (lists; [] = all) every token
         comes with its attention row: returns (tokens, text, rows) where rows[i] is a
-        [layers, heads, keys] array for generated token i."""
+        [layers, heads, keys] array for generated token i. chat: a conversation instead of
+        text, [{"role": "system"|"user"|"assistant", "content": ...}, ...], written by the
+        model's chat template (model_info().chat_template), the assistant's turn opened."""
         req = gen.GenerateRequest()
-        if tokens is not None:
+        if chat is not None:
+            for m in chat:
+                req.chat.messages.add(role=m["role"], content=m["content"])
+        elif tokens is not None:
             req.token_ids.ids.extend(tokens)
         else:
             req.text = text

@@ -93,6 +93,35 @@ TEST(GenerateCliTest, DeviceCudaWithoutAGpuIsAClearError) {
       << r.out;
 }
 
+// --chat writes --system and --prompt as the chat template does and prints only the reply:
+// with --chat-template chatml on stories260K (whose GGUF has no template) the reply is the
+// completion of the same conversation written out by hand as a text prompt. Without a
+// template, --chat is refused naming --chat-template; an unknown name is refused listing
+// the known ones.
+TEST(GenerateCliTest, ChatWritesTheConversationInTheTemplate) {
+  const std::string gguf = TestData("stories260K/stories260K.gguf");
+  const std::string text =
+      "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nOnce upon a "
+      "time<|im_end|>\n<|im_start|>assistant\n";
+  // (sh keeps the newlines inside single quotes.)
+  const RunResult plain =
+      RunCli("generate --model " + gguf + " --max-new-tokens 12 --prompt '" + text + "'");
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  ASSERT_EQ(plain.out.substr(0, text.size()), text);
+  const RunResult chat =
+      RunCli("generate --model " + gguf +
+             " --max-new-tokens 12 --chat --chat-template chatml --system 'Be kind.' "
+             "--prompt 'Once upon a time'");
+  ASSERT_EQ(chat.exit_code, 0) << chat.out;
+  EXPECT_EQ(chat.out, plain.out.substr(text.size()));
+  RunResult r = RunCli("generate --model " + gguf + " --chat --prompt x 2>&1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--chat-template"), std::string::npos) << r.out;
+  r = RunCli("generate --model " + gguf + " --chat --chat-template jinja --prompt x 2>&1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("\"jinja\" is not one of chatml, llama3"), std::string::npos) << r.out;
+}
+
 TEST(GenerateCliTest, DeviceBogusIsRejectedNamingTheFlag) {
   RunResult r = RunCli("generate --model /nonexistent.gguf --prompt x --device bogus 2>&1");
   EXPECT_EQ(r.exit_code, 2) << r.out;

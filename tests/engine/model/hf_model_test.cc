@@ -554,6 +554,23 @@ TEST(HfModelTest, LoadsTheTokenizerBesideTheWeights) {
   WriteText(dir + "/tokenizer_config.json", R"({"add_bos_token": "yes"})");
   ExpectError(LoadHfModel(dir), absl::StatusCode::kInvalidArgument,
               {"tokenizer_config.json: add_bos_token is not a bool"});
+
+  // chat_template: a string, or named templates of which "default" is the model's.
+  WriteText(dir + "/tokenizer_config.json", R"({"chat_template": "<|im_start|>{{ x }}"})");
+  auto chat = LoadModel({dir, ""});
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ((*chat)->tokenizer->chat_template(), "<|im_start|>{{ x }}");
+  ASSERT_TRUE((*chat)->chat_format.has_value());
+  EXPECT_EQ(ChatFormatName(*(*chat)->chat_format), "chatml");
+  WriteText(dir + "/tokenizer_config.json",
+            R"({"chat_template": [{"name": "tool_use", "template": "t"},
+                                  {"name": "default", "template": "[INST] d"}]})");
+  chat = LoadModel({dir, ""});
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ((*chat)->tokenizer->chat_template(), "[INST] d");
+  WriteText(dir + "/tokenizer_config.json", R"({"chat_template": 3})");
+  ExpectError(LoadHfModel(dir), absl::StatusCode::kInvalidArgument,
+              {"tokenizer_config.json: chat_template is neither a string nor a list"});
 }
 
 // A config.json edit → the error it must give (code and words).

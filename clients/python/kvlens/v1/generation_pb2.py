@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akvlens/v1/generation.proto\x12\tkvlens.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xcc\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05min_p\x18\x04 \x01(\x01\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x01\x12\x18\n\x10presence_penalty\x18\x08 \x01(\x01\x12<\n\nlogit_bias\x18\t \x03(\x0b\x32(.kvlens.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x08\n\x06_top_pB\x15\n\x13_repetition_penalty\"z\n\x0eStoppingParams\x12\x1b\n\x0emax_new_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x02 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x03 \x03(\x05\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x42\x11\n\x0f_max_new_tokens\"\xf4\x02\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x13.kvlens.v1.TokenIdsH\x00\x12\x14\n\x07\x61\x64\x64_bos\x18\x03 \x01(\x08H\x01\x88\x01\x01\x12\x1a\n\rparse_special\x18\n \x01(\x08H\x02\x88\x01\x01\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.kvlens.v1.SamplingParams\x12+\n\x08stopping\x18\x05 \x01(\x0b\x32\x19.kvlens.v1.StoppingParams\x12\x10\n\x08logprobs\x18\x06 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x07 \x01(\x05\x12\x12\n\nsession_id\x18\x08 \x01(\x03\x12\x37\n\x0e\x61ttention_rows\x18\t \x01(\x0b\x32\x1f.kvlens.v1.AttentionRowsRequestB\x08\n\x06promptB\n\n\x08_add_bosB\x10\n\x0e_parse_special\"5\n\x14\x41ttentionRowsRequest\x12\x0e\n\x06layers\x18\x01 \x03(\x05\x12\r\n\x05heads\x18\x02 \x03(\x05\"G\n\x0c\x41ttentionRow\x12\x16\n\x0equery_position\x18\x01 \x01(\x05\x12\x10\n\x08num_keys\x18\x02 \x01(\x05\x12\r\n\x05probs\x18\x03 \x03(\x02\",\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"R\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\"\n\x03top\x18\x03 \x03(\x0b\x32\x15.kvlens.v1.TopLogprob\"O\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x18\n\x10generated_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\"n\n\x07Timings\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x17\n\x0fprefill_seconds\x18\x02 \x01(\x01\x12\x1b\n\x13\x66irst_token_seconds\x18\x03 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_seconds\x18\x04 \x01(\x01\"\x85\x01\n\rGenerateFinal\x12.\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x17.kvlens.v1.FinishReason\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.kvlens.v1.Usage\x12#\n\x07timings\x18\x03 \x01(\x0b\x32\x12.kvlens.v1.Timings\"\xcc\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12)\n\x08logprobs\x18\x04 \x03(\x0b\x32\x17.kvlens.v1.TokenLogprob\x12\'\n\x05\x66inal\x18\x05 \x01(\x0b\x32\x18.kvlens.v1.GenerateFinal\x12/\n\x0e\x61ttention_rows\x18\x06 \x03(\x0b\x32\x17.kvlens.v1.AttentionRow\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\"\x10\n\x0e\x43\x61ncelResponse\"o\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x14\n\x07\x61\x64\x64_bos\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\x1a\n\rparse_special\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\n\n\x08_add_bosB\x10\n\x0e_parse_special\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0e\n\x06pieces\x18\x02 \x03(\t\"&\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x15\n\x13GetModelInfoRequest\"\xa3\x03\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\x12\x12\n\nnum_layers\x18\x04 \x01(\x05\x12\x11\n\tnum_heads\x18\x05 \x01(\x05\x12\x14\n\x0cnum_kv_heads\x18\x06 \x01(\x05\x12\x10\n\x08head_dim\x18\x07 \x01(\x05\x12\x0b\n\x03\x64im\x18\x08 \x01(\x05\x12\x12\n\nhidden_dim\x18\t \x01(\x05\x12\x16\n\x0e\x63ontext_length\x18\n \x01(\x05\x12\x12\n\nvocab_size\x18\x0b \x01(\x05\x12\x0e\n\x06\x62os_id\x18\x0c \x01(\x05\x12\x0e\n\x06\x65os_id\x18\r \x01(\x05\x12\r\n\x05\x64type\x18\x0e \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x0f \x01(\t\x12\x12\n\nblock_size\x18\x10 \x01(\x05\x12\x12\n\nnum_blocks\x18\x11 \x01(\x05\x12\'\n\x1a\x64\x65\x66\x61ult_repetition_penalty\x18\x12 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\x0ekv_cache_dtype\x18\x13 \x01(\tB\x1d\n\x1b_default_repetition_penalty\"\x14\n\x12OpenSessionRequest\")\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x03\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\"\x16\n\x14\x43loseSessionResponse*\xae\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x02\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x12\x19\n\x15\x46INISH_REASON_CONTEXT\x10\x05\x32\x87\x04\n\nGeneration\x12\x45\n\x08Generate\x12\x1a.kvlens.v1.GenerateRequest\x1a\x1b.kvlens.v1.GenerateResponse0\x01\x12=\n\x06\x43\x61ncel\x12\x18.kvlens.v1.CancelRequest\x1a\x19.kvlens.v1.CancelResponse\x12\x43\n\x08Tokenize\x12\x1a.kvlens.v1.TokenizeRequest\x1a\x1b.kvlens.v1.TokenizeResponse\x12I\n\nDetokenize\x12\x1c.kvlens.v1.DetokenizeRequest\x1a\x1d.kvlens.v1.DetokenizeResponse\x12\x44\n\x0cGetModelInfo\x12\x1e.kvlens.v1.GetModelInfoRequest\x1a\x14.kvlens.v1.ModelInfo\x12L\n\x0bOpenSession\x12\x1d.kvlens.v1.OpenSessionRequest\x1a\x1e.kvlens.v1.OpenSessionResponse\x12O\n\x0c\x43loseSession\x12\x1e.kvlens.v1.CloseSessionRequest\x1a\x1f.kvlens.v1.CloseSessionResponseB\x03\xf8\x01\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akvlens/v1/generation.proto\x12\tkvlens.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xcc\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05min_p\x18\x04 \x01(\x01\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x01\x12\x18\n\x10presence_penalty\x18\x08 \x01(\x01\x12<\n\nlogit_bias\x18\t \x03(\x0b\x32(.kvlens.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x08\n\x06_top_pB\x15\n\x13_repetition_penalty\"z\n\x0eStoppingParams\x12\x1b\n\x0emax_new_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x02 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x03 \x03(\x05\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x42\x11\n\x0f_max_new_tokens\"\x9b\x03\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x13.kvlens.v1.TokenIdsH\x00\x12%\n\x04\x63hat\x18\x0b \x01(\x0b\x32\x15.kvlens.v1.ChatPromptH\x00\x12\x14\n\x07\x61\x64\x64_bos\x18\x03 \x01(\x08H\x01\x88\x01\x01\x12\x1a\n\rparse_special\x18\n \x01(\x08H\x02\x88\x01\x01\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.kvlens.v1.SamplingParams\x12+\n\x08stopping\x18\x05 \x01(\x0b\x32\x19.kvlens.v1.StoppingParams\x12\x10\n\x08logprobs\x18\x06 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x07 \x01(\x05\x12\x12\n\nsession_id\x18\x08 \x01(\x03\x12\x37\n\x0e\x61ttention_rows\x18\t \x01(\x0b\x32\x1f.kvlens.v1.AttentionRowsRequestB\x08\n\x06promptB\n\n\x08_add_bosB\x10\n\x0e_parse_special\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"t\n\nChatPrompt\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.kvlens.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"5\n\x14\x41ttentionRowsRequest\x12\x0e\n\x06layers\x18\x01 \x03(\x05\x12\r\n\x05heads\x18\x02 \x03(\x05\"G\n\x0c\x41ttentionRow\x12\x16\n\x0equery_position\x18\x01 \x01(\x05\x12\x10\n\x08num_keys\x18\x02 \x01(\x05\x12\r\n\x05probs\x18\x03 \x03(\x02\",\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"R\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\"\n\x03top\x18\x03 \x03(\x0b\x32\x15.kvlens.v1.TopLogprob\"O\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x18\n\x10generated_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\"n\n\x07Timings\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x17\n\x0fprefill_seconds\x18\x02 \x01(\x01\x12\x1b\n\x13\x66irst_token_seconds\x18\x03 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_seconds\x18\x04 \x01(\x01\"\x85\x01\n\rGenerateFinal\x12.\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x17.kvlens.v1.FinishReason\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.kvlens.v1.Usage\x12#\n\x07timings\x18\x03 \x01(\x0b\x32\x12.kvlens.v1.Timings\"\xcc\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12)\n\x08logprobs\x18\x04 \x03(\x0b\x32\x17.kvlens.v1.TokenLogprob\x12\'\n\x05\x66inal\x18\x05 \x01(\x0b\x32\x18.kvlens.v1.GenerateFinal\x12/\n\x0e\x61ttention_rows\x18\x06 \x03(\x0b\x32\x17.kvlens.v1.AttentionRow\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\"\x10\n\x0e\x43\x61ncelResponse\"o\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x14\n\x07\x61\x64\x64_bos\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\x1a\n\rparse_special\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\n\n\x08_add_bosB\x10\n\x0e_parse_special\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0e\n\x06pieces\x18\x02 \x03(\t\"&\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x15\n\x13GetModelInfoRequest\"\xba\x03\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\x12\x12\n\nnum_layers\x18\x04 \x01(\x05\x12\x11\n\tnum_heads\x18\x05 \x01(\x05\x12\x14\n\x0cnum_kv_heads\x18\x06 \x01(\x05\x12\x10\n\x08head_dim\x18\x07 \x01(\x05\x12\x0b\n\x03\x64im\x18\x08 \x01(\x05\x12\x12\n\nhidden_dim\x18\t \x01(\x05\x12\x16\n\x0e\x63ontext_length\x18\n \x01(\x05\x12\x12\n\nvocab_size\x18\x0b \x01(\x05\x12\x0e\n\x06\x62os_id\x18\x0c \x01(\x05\x12\x0e\n\x06\x65os_id\x18\r \x01(\x05\x12\r\n\x05\x64type\x18\x0e \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x0f \x01(\t\x12\x12\n\nblock_size\x18\x10 \x01(\x05\x12\x12\n\nnum_blocks\x18\x11 \x01(\x05\x12\'\n\x1a\x64\x65\x66\x61ult_repetition_penalty\x18\x12 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\x0ekv_cache_dtype\x18\x13 \x01(\t\x12\x15\n\rchat_template\x18\x14 \x01(\tB\x1d\n\x1b_default_repetition_penalty\"\x14\n\x12OpenSessionRequest\")\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x03\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\"\x16\n\x14\x43loseSessionResponse*\xae\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x02\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x12\x19\n\x15\x46INISH_REASON_CONTEXT\x10\x05\x32\x87\x04\n\nGeneration\x12\x45\n\x08Generate\x12\x1a.kvlens.v1.GenerateRequest\x1a\x1b.kvlens.v1.GenerateResponse0\x01\x12=\n\x06\x43\x61ncel\x12\x18.kvlens.v1.CancelRequest\x1a\x19.kvlens.v1.CancelResponse\x12\x43\n\x08Tokenize\x12\x1a.kvlens.v1.TokenizeRequest\x1a\x1b.kvlens.v1.TokenizeResponse\x12I\n\nDetokenize\x12\x1c.kvlens.v1.DetokenizeRequest\x1a\x1d.kvlens.v1.DetokenizeResponse\x12\x44\n\x0cGetModelInfo\x12\x1e.kvlens.v1.GetModelInfoRequest\x1a\x14.kvlens.v1.ModelInfo\x12L\n\x0bOpenSession\x12\x1d.kvlens.v1.OpenSessionRequest\x1a\x1e.kvlens.v1.OpenSessionResponse\x12O\n\x0c\x43loseSession\x12\x1e.kvlens.v1.CloseSessionRequest\x1a\x1f.kvlens.v1.CloseSessionResponseB\x03\xf8\x01\x01\x62\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvlens.v1.generation_pb2', globals())
@@ -23,8 +23,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._serialized_options = b'\370\001\001'
   _SAMPLINGPARAMS_LOGITBIASENTRY._options = None
   _SAMPLINGPARAMS_LOGITBIASENTRY._serialized_options = b'8\001'
-  _FINISHREASON._serialized_start=2571
-  _FINISHREASON._serialized_end=2745
+  _FINISHREASON._serialized_start=2797
+  _FINISHREASON._serialized_end=2971
   _TOKENIDS._serialized_start=41
   _TOKENIDS._serialized_end=64
   _SAMPLINGPARAMS._serialized_start=67
@@ -34,47 +34,51 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _STOPPINGPARAMS._serialized_start=401
   _STOPPINGPARAMS._serialized_end=523
   _GENERATEREQUEST._serialized_start=526
-  _GENERATEREQUEST._serialized_end=898
-  _ATTENTIONROWSREQUEST._serialized_start=900
-  _ATTENTIONROWSREQUEST._serialized_end=953
-  _ATTENTIONROW._serialized_start=955
-  _ATTENTIONROW._serialized_end=1026
-  _TOPLOGPROB._serialized_start=1028
-  _TOPLOGPROB._serialized_end=1072
-  _TOKENLOGPROB._serialized_start=1074
-  _TOKENLOGPROB._serialized_end=1156
-  _USAGE._serialized_start=1158
-  _USAGE._serialized_end=1237
-  _TIMINGS._serialized_start=1239
-  _TIMINGS._serialized_end=1349
-  _GENERATEFINAL._serialized_start=1352
-  _GENERATEFINAL._serialized_end=1485
-  _GENERATERESPONSE._serialized_start=1488
-  _GENERATERESPONSE._serialized_end=1692
-  _CANCELREQUEST._serialized_start=1694
-  _CANCELREQUEST._serialized_end=1729
-  _CANCELRESPONSE._serialized_start=1731
-  _CANCELRESPONSE._serialized_end=1747
-  _TOKENIZEREQUEST._serialized_start=1749
-  _TOKENIZEREQUEST._serialized_end=1860
-  _TOKENIZERESPONSE._serialized_start=1862
-  _TOKENIZERESPONSE._serialized_end=1915
-  _DETOKENIZEREQUEST._serialized_start=1917
-  _DETOKENIZEREQUEST._serialized_end=1955
-  _DETOKENIZERESPONSE._serialized_start=1957
-  _DETOKENIZERESPONSE._serialized_end=1991
-  _GETMODELINFOREQUEST._serialized_start=1993
-  _GETMODELINFOREQUEST._serialized_end=2014
-  _MODELINFO._serialized_start=2017
-  _MODELINFO._serialized_end=2436
-  _OPENSESSIONREQUEST._serialized_start=2438
-  _OPENSESSIONREQUEST._serialized_end=2458
-  _OPENSESSIONRESPONSE._serialized_start=2460
-  _OPENSESSIONRESPONSE._serialized_end=2501
-  _CLOSESESSIONREQUEST._serialized_start=2503
-  _CLOSESESSIONREQUEST._serialized_end=2544
-  _CLOSESESSIONRESPONSE._serialized_start=2546
-  _CLOSESESSIONRESPONSE._serialized_end=2568
-  _GENERATION._serialized_start=2748
-  _GENERATION._serialized_end=3267
+  _GENERATEREQUEST._serialized_end=937
+  _CHATMESSAGE._serialized_start=939
+  _CHATMESSAGE._serialized_end=983
+  _CHATPROMPT._serialized_start=985
+  _CHATPROMPT._serialized_end=1101
+  _ATTENTIONROWSREQUEST._serialized_start=1103
+  _ATTENTIONROWSREQUEST._serialized_end=1156
+  _ATTENTIONROW._serialized_start=1158
+  _ATTENTIONROW._serialized_end=1229
+  _TOPLOGPROB._serialized_start=1231
+  _TOPLOGPROB._serialized_end=1275
+  _TOKENLOGPROB._serialized_start=1277
+  _TOKENLOGPROB._serialized_end=1359
+  _USAGE._serialized_start=1361
+  _USAGE._serialized_end=1440
+  _TIMINGS._serialized_start=1442
+  _TIMINGS._serialized_end=1552
+  _GENERATEFINAL._serialized_start=1555
+  _GENERATEFINAL._serialized_end=1688
+  _GENERATERESPONSE._serialized_start=1691
+  _GENERATERESPONSE._serialized_end=1895
+  _CANCELREQUEST._serialized_start=1897
+  _CANCELREQUEST._serialized_end=1932
+  _CANCELRESPONSE._serialized_start=1934
+  _CANCELRESPONSE._serialized_end=1950
+  _TOKENIZEREQUEST._serialized_start=1952
+  _TOKENIZEREQUEST._serialized_end=2063
+  _TOKENIZERESPONSE._serialized_start=2065
+  _TOKENIZERESPONSE._serialized_end=2118
+  _DETOKENIZEREQUEST._serialized_start=2120
+  _DETOKENIZEREQUEST._serialized_end=2158
+  _DETOKENIZERESPONSE._serialized_start=2160
+  _DETOKENIZERESPONSE._serialized_end=2194
+  _GETMODELINFOREQUEST._serialized_start=2196
+  _GETMODELINFOREQUEST._serialized_end=2217
+  _MODELINFO._serialized_start=2220
+  _MODELINFO._serialized_end=2662
+  _OPENSESSIONREQUEST._serialized_start=2664
+  _OPENSESSIONREQUEST._serialized_end=2684
+  _OPENSESSIONRESPONSE._serialized_start=2686
+  _OPENSESSIONRESPONSE._serialized_end=2727
+  _CLOSESESSIONREQUEST._serialized_start=2729
+  _CLOSESESSIONREQUEST._serialized_end=2770
+  _CLOSESESSIONRESPONSE._serialized_start=2772
+  _CLOSESESSIONRESPONSE._serialized_end=2794
+  _GENERATION._serialized_start=2974
+  _GENERATION._serialized_end=3493
 # @@protoc_insertion_point(module_scope)
