@@ -648,7 +648,8 @@ inline void Q8BGemmTile(const Q8BGemmAct* act, int64_t units, const Q8BGemmUnit*
 #pragma GCC unroll 8
       for (int c = 0; c < W; ++c) acc[c] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-      for (int t = 8 * b; t < 8 * b + 8; ++t) {
+      for (int i = 0; i < 8; ++i) {
+        const int t = 8 * b + i;
         const __m512i a = _mm512_load_si512(p.A[t]);
 #pragma GCC unroll 8
         for (int c = 0; c < W; ++c) {

@@ -427,8 +427,10 @@ inline void Q8KGemmTile(const Q8KGemmAct* act, int64_t units, const Q8KGemmUnit*
       __m512i acc[W];
 #pragma GCC unroll 8
       for (int c = 0; c < W; ++c) acc[c] = _mm512_setzero_si512();
+        // A constant trip count: GCC at -O2 ignores (and warns about) the unroll otherwise.
 #pragma GCC unroll 8
-      for (int t = s0 / 4; t < (s0 + kSub) / 4; ++t) {
+      for (int i = 0; i < kSub / 4; ++i) {
+        const int t = s0 / 4 + i;
         const __m512i a = _mm512_load_si512(p.A[t]);
 #pragma GCC unroll 8
         for (int c = 0; c < W; ++c) {
