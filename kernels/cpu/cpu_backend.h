@@ -63,9 +63,11 @@ class CpuBackend final : public Backend<float>, public BackwardOps<float> {
                          float* y);
   // MatMul's int8-activation path (SetInt8Activations; block-quantised weights only):
   // the 32-element types' scheme (q8_products.h), the 256-element types' (q8k_products.h),
-  // and their shared 16-rows-a-vector path (Scheme: Q8BTiles or Q8KTiles).
+  // driven alike (Scheme: Q8BScheme or Q8KScheme), with their 16-rows-a-vector path.
   void MatMulQ8(const float* x, int n, const WeightView& w, const WeightView& bias, float* y);
-  void MatMulQ8K(const float* x, int n, const WeightView& w, const WeightView& bias, float* y);
+  template <typename Scheme>
+  void MatMulInt8(const float* x, int n, const WeightView& w, const std::vector<float>& bias,
+                  float* y);
   template <typename Scheme>
   void MatMulTiled(const void* rows, int n, const WeightView& w, const std::vector<float>& bias,
                    float* y);

@@ -24,132 +24,73 @@ std::vector<float> BiasOf(const WeightView& bias) {
 
 }  // namespace
 
-// The int8 mode's two schemes (q8_products.h: the 32-element types, q8k_products.h: the
-// 256-element ones) share this shape: the activation rows quantised first (in parallel when
-// there are many); from kQ8TileRows rows on MatMulTiled, else parallel over output
-// features, a weight row's units unpacked once, then each activation row's sum, four rows
-// at a time.
 void CpuBackend::MatMulQ8(const float* x, int n, const WeightView& w, const WeightView& bias,
                           float* y) {
-  if (UsesQ8K(w.dtype)) return MatMulQ8K(x, n, w, bias, y);
-  const int64_t in = w.cols, out = w.rows;
-  const int64_t padded = (in + kQ8Unit - 1) / kQ8Unit * kQ8Unit;
-  const int64_t units = padded / kQ8Unit, blocks = padded / 32;
   const std::vector<float> b = BiasOf(bias);
+  VisitBlockType(w.dtype, [&](auto type) {
+    constexpr DType kType = decltype(type)::value;
+    if constexpr (UsesQ8K(kType)) {
+      MatMulInt8<Q8KScheme<kType>>(x, n, w, b, y);
+    } else {
+      MatMulInt8<Q8BScheme<kType>>(x, n, w, b, y);
+    }
+  });
+}
+
+// Both schemes (q8_products.h: the 32-element types, q8k_products.h: the 256-element ones)
+// take this shape: the activation rows quantised first (in parallel when there are many);
+// from kQ8TileRows rows on MatMulTiled, else parallel over output features, a weight row's
+// units unpacked once, then each activation row's steps, four rows at a time.
+template <typename Scheme>
+void CpuBackend::MatMulInt8(const float* x, int n, const WeightView& w, const std::vector<float>& b,
+                            float* y) {
+  using Row = typename Scheme::Row;
+  using Unit = typename Scheme::Unit;
+  const int64_t in = w.cols, out = w.rows;
+  const int64_t padded = Scheme::Padded(in), units = (padded + kQ8Unit - 1) / kQ8Unit;
+  const int64_t scales = Scheme::Scales(in), sums = Scheme::Sums(in);
   // Kept by the calling thread, as MatMulPackedChunk's packed rows; the pool's threads see
   // their own thread_locals, so the buffers go to them as pointers.
   thread_local std::vector<int8_t> act;
   thread_local std::vector<float> act_d;
   thread_local std::vector<int32_t> act_b;
-  thread_local std::vector<Q8ActRow> rows;
+  thread_local std::vector<Row> rows;
   act.resize(static_cast<size_t>(n * padded));
-  act_d.resize(static_cast<size_t>(n * blocks));
-  act_b.resize(act_d.size());
+  act_d.resize(static_cast<size_t>(n * scales));
+  act_b.resize(static_cast<size_t>(n * sums));
   rows.resize(static_cast<size_t>(n));
   int8_t* a = act.data();
   float* d = act_d.data();
   int32_t* bs = act_b.data();
   ParallelRange(n, std::max<int64_t>(1, (int64_t{1} << 14) / in), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      QuantizeRowQ8(x + r * in, in, padded, a + r * padded, d + r * blocks, bs + r * blocks);
+      Scheme::Quantize(x + r * in, in, a + r * padded, d + r * scales, bs + r * sums);
     }
   });
-  for (int r = 0; r < n; ++r) rows[r] = Q8ActRow{a + r * padded, d + r * blocks, bs + r * blocks};
-  const Q8ActRow* xr = rows.data();
-  VisitBlockType(w.dtype, [&](auto type) {
-    constexpr DType kType = decltype(type)::value;
-    if constexpr (!UsesQ8K(kType)) {
-      constexpr int kOffset = Q8BOffset(kType);
-      constexpr bool kMins = Q8BHasMins(kType);
+  for (int r = 0; r < n; ++r)
+    rows[r] = Scheme::RowAt(a + r * padded, d + r * scales, bs + r * sums);
+  const Row* xr = rows.data();
 #if defined(KVLENS_Q8_VNNI)
-      if (n >= kQ8TileRows) return MatMulTiled<Q8BTiles<kType>>(xr, n, w, b, y);
+  if (n >= kQ8TileRows) return MatMulTiled<Scheme>(xr, n, w, b, y);
 #endif
-      const int64_t min_rows =
-          std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, in * n));
-      ParallelRange(out, min_rows, [&](int64_t o0, int64_t o1) {
-        thread_local std::vector<Q8WeightUnit> unit_buf;
-        if (static_cast<int64_t>(unit_buf.size()) < units) {
-          unit_buf.resize(static_cast<size_t>(units));
-        }
-        auto rows_of = [&](auto nr, int r0, int64_t o) {
-          constexpr int NR = decltype(nr)::value;
-          float acc[NR];
-          for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
-          for (int64_t u = 0; u < units; ++u) {
-            Q8BlockUnit<kOffset, kMins, NR>(unit_buf[u], xr + r0, u, acc);
-          }
-          for (int r = 0; r < NR; ++r) y[(r0 + r) * out + o] = acc[r] + (b.empty() ? 0.0f : b[o]);
-        };
-        for (int64_t o = o0; o < o1; ++o) {
-          for (int64_t u = 0; u < units; ++u) UnpackUnitOf<kType>(w.row(o), in, u, &unit_buf[u]);
-          int r0 = 0;
-          for (; r0 + 4 <= n; r0 += 4) rows_of(std::integral_constant<int, 4>{}, r0, o);
-          for (; r0 < n; ++r0) rows_of(std::integral_constant<int, 1>{}, r0, o);
-        }
-      });
+  const int64_t min_rows = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, in * n));
+  ParallelRange(out, min_rows, [&](int64_t o0, int64_t o1) {
+    thread_local std::vector<Unit> unit_buf;
+    if (static_cast<int64_t>(unit_buf.size()) < units) unit_buf.resize(static_cast<size_t>(units));
+    // NR rows' sums over the units of weight row o.
+    auto rows_of = [&](auto nr, int r0, int64_t o) {
+      constexpr int NR = decltype(nr)::value;
+      float acc[NR];
+      for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
+      for (int64_t u = 0; u < units; ++u) Scheme::template Step<NR>(unit_buf[u], xr + r0, u, acc);
+      for (int r = 0; r < NR; ++r) y[(r0 + r) * out + o] = acc[r] + (b.empty() ? 0.0f : b[o]);
+    };
+    for (int64_t o = o0; o < o1; ++o) {
+      for (int64_t u = 0; u < units; ++u) Scheme::UnpackUnit(w.row(o), in, u, &unit_buf[u]);
+      int r0 = 0;
+      for (; r0 + 4 <= n; r0 += 4) rows_of(std::integral_constant<int, 4>{}, r0, o);
+      for (; r0 < n; ++r0) rows_of(std::integral_constant<int, 1>{}, r0, o);
     }
-  });
-}
-
-void CpuBackend::MatMulQ8K(const float* x, int n, const WeightView& w, const WeightView& bias,
-                           float* y) {
-  const int64_t in = w.cols, out = w.rows, units = in / kQ8Unit;
-  const std::vector<float> b = BiasOf(bias);
-  thread_local std::vector<int8_t> act;
-  thread_local std::vector<float> act_d;
-  thread_local std::vector<int32_t> act_b;
-  thread_local std::vector<Q8KActRow> rows;
-  act.resize(static_cast<size_t>(n * in));
-  act_d.resize(static_cast<size_t>(n * units));
-  act_b.resize(static_cast<size_t>(n * units * kQ8Subs));
-  rows.resize(static_cast<size_t>(n));
-  int8_t* a = act.data();
-  float* d = act_d.data();
-  int32_t* bs = act_b.data();
-  ParallelRange(n, std::max<int64_t>(1, (int64_t{1} << 14) / in), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      QuantizeRowQ8K(x + r * in, in, a + r * in, d + r * units, bs + r * units * kQ8Subs);
-    }
-  });
-  for (int r = 0; r < n; ++r) {
-    rows[r] = Q8KActRow{a + r * in, d + r * units, bs + r * units * kQ8Subs};
-  }
-  const Q8KActRow* xr = rows.data();
-  VisitQ8KType(w.dtype, [&](auto type) {
-    constexpr DType kType = decltype(type)::value;
-    constexpr int kOffset = Q8KOffset(kType);
-    constexpr bool kMins = Q8KHasMins(kType);
-#if defined(KVLENS_Q8_VNNI)
-    if (n >= kQ8TileRows) return MatMulTiled<Q8KTiles<kType>>(xr, n, w, b, y);
-#endif
-    const int64_t min_rows =
-        std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, in * n));
-    ParallelRange(out, min_rows, [&](int64_t o0, int64_t o1) {
-      thread_local std::vector<Q8KUnit> unit_buf;
-      if (static_cast<int64_t>(unit_buf.size()) < units)
-        unit_buf.resize(static_cast<size_t>(units));
-      // NR rows' chains over the units of weight row o.
-      auto rows_of = [&](auto nr, int r0, int64_t o) {
-        constexpr int NR = decltype(nr)::value;
-        float acc[NR];
-        for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
-        for (int64_t u = 0; u < units; ++u) {
-          int32_t I[NR], J[NR];
-          Q8KUnitInts<kOffset, kMins, NR>(unit_buf[u], xr + r0, u, I, J);
-          for (int r = 0; r < NR; ++r) {
-            acc[r] =
-                Q8KStep<kMins>(acc[r], I[r], J[r], unit_buf[u].D, unit_buf[u].M, xr[r0 + r].d[u]);
-          }
-        }
-        for (int r = 0; r < NR; ++r) y[(r0 + r) * out + o] = acc[r] + (b.empty() ? 0.0f : b[o]);
-      };
-      for (int64_t o = o0; o < o1; ++o) {
-        for (int64_t u = 0; u < units; ++u) UnpackQ8K<kType>(w.row(o), in, u, &unit_buf[u]);
-        int r0 = 0;
-        for (; r0 + 4 <= n; r0 += 4) rows_of(std::integral_constant<int, 4>{}, r0, o);
-        for (; r0 < n; ++r0) rows_of(std::integral_constant<int, 1>{}, r0, o);
-      }
-    });
   });
 }
 
@@ -165,7 +106,7 @@ void CpuBackend::MatMulTiled(const void* act_rows, int n, const WeightView& w,
   constexpr int kChunkRows = 16 * kQ8TileRows;  // ~600 KB packed at 2048 inputs
   constexpr int kCols = Scheme::kCols;
   using Act = typename Scheme::Act;
-  using Unit = typename Scheme::Unit;
+  using Unit = typename Scheme::TileUnit;
   const auto* xr = static_cast<const typename Scheme::Row*>(act_rows);
   const int64_t in = w.cols, out = w.rows, units = (in + kQ8Unit - 1) / kQ8Unit;
   thread_local std::vector<Act> packed;
@@ -190,7 +131,7 @@ void CpuBackend::MatMulTiled(const void* act_rows, int n, const WeightView& w,
         const Unit* wc[kCols];
         for (int c = 0; c < cols; ++c) {
           for (int64_t u = 0; u < units; ++u)
-            Scheme::Unpack(w.row(ob + c), in, u, &wbuf[c * units + u]);
+            Scheme::UnpackTile(w.row(ob + c), in, u, &wbuf[c * units + u]);
           wc[c] = &wbuf[c * units];
         }
         for (int g = 0; g < groups; ++g) {

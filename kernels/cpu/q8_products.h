@@ -484,17 +484,22 @@ constexpr int Q8BOffset(DType t) {
 constexpr bool Q8BHasMins(DType t) { return t == DType::kQ4_1 || t == DType::kQ5_1; }
 
 #if defined(KVLENS_Q8_VNNI)
+// Quarter q (128 bits) of the result holds [v0, v1, v2, v3]'s sums over their quarter q.
+inline __m512i QuarterSums4(const __m512i* v) {
+  constexpr __mmask16 kAll16 = 0xFFFF;
+  constexpr __mmask8 kAll8 = 0xFF;
+  const __m512i t01 = _mm512_add_epi32(_mm512_maskz_unpacklo_epi32(kAll16, v[0], v[1]),
+                                       _mm512_maskz_unpackhi_epi32(kAll16, v[0], v[1]));
+  const __m512i t23 = _mm512_add_epi32(_mm512_maskz_unpacklo_epi32(kAll16, v[2], v[3]),
+                                       _mm512_maskz_unpackhi_epi32(kAll16, v[2], v[3]));
+  return _mm512_add_epi32(_mm512_maskz_unpacklo_epi64(kAll8, t01, t23),
+                          _mm512_maskz_unpackhi_epi64(kAll8, t01, t23));
+}
+
 // [b_0 … b_7]: b_2c the sum of p[c]'s lanes 0 … 7, b_2c+1 of its lanes 8 … 15.
 inline __m256i BlockSums8(const __m512i* p) {
   constexpr __mmask16 kAll16 = 0xFFFF;
-  constexpr __mmask8 kAll8 = 0xFF;
-  // Per 128 bits: [p0, p1, p2, p3] partials, one 128-bit quarter each.
-  const __m512i t01 = _mm512_add_epi32(_mm512_maskz_unpacklo_epi32(kAll16, p[0], p[1]),
-                                       _mm512_maskz_unpackhi_epi32(kAll16, p[0], p[1]));
-  const __m512i t23 = _mm512_add_epi32(_mm512_maskz_unpacklo_epi32(kAll16, p[2], p[3]),
-                                       _mm512_maskz_unpackhi_epi32(kAll16, p[2], p[3]));
-  const __m512i t = _mm512_add_epi32(_mm512_maskz_unpacklo_epi64(kAll8, t01, t23),
-                                     _mm512_maskz_unpackhi_epi64(kAll8, t01, t23));
+  const __m512i t = QuarterSums4(p);
   // Quarters 0 + 1: the even blocks; 2 + 3: the odd ones.
   // Through memory: GCC 12's 512-bit extracts warn spuriously (as VSum's).
   alignas(64) int32_t q[16];
@@ -690,27 +695,47 @@ inline void Q8BGemmTile(const Q8BGemmAct* act, int64_t units, const Q8BGemmUnit*
   }
 }
 
-// The 32-element types' scheme for CpuBackend::MatMulTiled.
+#endif
+
+// The 32-element types' scheme, as CpuBackend::MatMulInt8 and MatMulTiled drive it: the
+// activation row's buffers (a padded to whole units, d and Σ a per block), the weight unit
+// along k and a unit's step for NR rows, and the 16-row tile's parts.
 template <DType kType>
-struct Q8BTiles {
+struct Q8BScheme {
   using Row = Q8ActRow;
+  using Unit = Q8WeightUnit;
+  static int64_t Padded(int64_t in) { return (in + kQ8Unit - 1) / kQ8Unit * kQ8Unit; }
+  static int64_t Scales(int64_t in) { return Padded(in) / 32; }
+  static int64_t Sums(int64_t in) { return Padded(in) / 32; }
+  static void Quantize(const float* x, int64_t in, int8_t* a, float* d, int32_t* bsum) {
+    QuantizeRowQ8(x, in, Padded(in), a, d, bsum);
+  }
+  static Row RowAt(int8_t* a, float* d, int32_t* bsum) { return Row{a, d, bsum}; }
+  static void UnpackUnit(const uint8_t* row, int64_t in, int64_t u, Unit* out) {
+    UnpackUnitOf<kType>(row, in, u, out);
+  }
+  template <int NR>
+  static void Step(const Unit& w, const Row* x, int64_t u, float* acc) {
+    Q8BlockUnit<Q8BOffset(kType), Q8BHasMins(kType), NR>(w, x, u, acc);
+  }
+#if defined(KVLENS_Q8_VNNI)
   using Act = Q8BGemmAct;
-  using Unit = Q8BGemmUnit;
+  using TileUnit = Q8BGemmUnit;
   static constexpr int kCols = 4;  // weight rows a tile: 4 × 5 vectors of state
   static void Pack(const Row* rows, int count, int64_t u, Act* p) {
     PackQ8BGroup(rows, count, u, p);
   }
-  static void Unpack(const uint8_t* row, int64_t in, int64_t u, Unit* g) {
+  static void UnpackTile(const uint8_t* row, int64_t in, int64_t u, TileUnit* g) {
     Q8WeightUnit tmp;
     UnpackUnitOf<kType>(row, in, u, &tmp);
     ToQ8BGemmUnit<Q8BOffset(kType), Q8BHasMins(kType)>(tmp, g);
   }
   template <int W>
-  static void Tile(const Act* act, int64_t units, const Unit* const* w, __m512 (&y)[W]) {
+  static void Tile(const Act* act, int64_t units, const TileUnit* const* w, __m512 (&y)[W]) {
     Q8BGemmTile<W, Q8BHasMins(kType)>(act, units, w, y);
   }
-};
 #endif
+};
 
 }  // namespace
 }  // namespace kvlens::kernels

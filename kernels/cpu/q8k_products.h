@@ -240,17 +240,9 @@ inline void VisitQ8KType(DType t, Fn&& fn) {
 template <int NR>
 [[gnu::always_inline]] inline void IReduceRows(const __m512i* v, int32_t* out) {
   if constexpr (NR == 4) {
-    constexpr __mmask16 kAll16 = 0xFFFF;
-    constexpr __mmask8 kAll8 = 0xFF;
-    // Per 128 bits: [v0, v1, v0, v1] partials, then [v0, v1, v2, v3].
-    const __m512i t01 = _mm512_add_epi32(_mm512_maskz_unpacklo_epi32(kAll16, v[0], v[1]),
-                                         _mm512_maskz_unpackhi_epi32(kAll16, v[0], v[1]));
-    const __m512i t23 = _mm512_add_epi32(_mm512_maskz_unpacklo_epi32(kAll16, v[2], v[3]),
-                                         _mm512_maskz_unpackhi_epi32(kAll16, v[2], v[3]));
-    const __m512i t = _mm512_add_epi32(_mm512_maskz_unpacklo_epi64(kAll8, t01, t23),
-                                       _mm512_maskz_unpackhi_epi64(kAll8, t01, t23));
+    // The four quarters' [v0, v1, v2, v3] sums (QuarterSums4), added.
     alignas(64) int32_t q[16];
-    _mm512_store_si512(q, t);
+    _mm512_store_si512(q, QuarterSums4(v));
     const __m128i* p = reinterpret_cast<const __m128i*>(q);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
                      _mm_add_epi32(_mm_add_epi32(_mm_load_si128(p), _mm_load_si128(p + 1)),
@@ -466,30 +458,52 @@ inline void Q8KGemmTile(const Q8KGemmAct* act, int64_t units, const Q8KGemmUnit*
   }
 }
 
-// The 256-element types' scheme for CpuBackend::MatMulTiled.
+#endif
+
+// The 256-element types' scheme, as CpuBackend::MatMulInt8 and MatMulTiled drive it (see
+// Q8BScheme): d per unit, Σ a per 16 elements.
 template <DType kType>
-struct Q8KTiles {
+struct Q8KScheme {
   using Row = Q8KActRow;
+  using Unit = Q8KUnit;
+  static int64_t Padded(int64_t in) { return in; }  // whole super-blocks already
+  static int64_t Scales(int64_t in) { return in / kQ8Unit; }
+  static int64_t Sums(int64_t in) { return in / 16; }
+  static void Quantize(const float* x, int64_t in, int8_t* a, float* d, int32_t* bsum) {
+    QuantizeRowQ8K(x, in, a, d, bsum);
+  }
+  static Row RowAt(int8_t* a, float* d, int32_t* bsum) { return Row{a, d, bsum}; }
+  static void UnpackUnit(const uint8_t* row, int64_t in, int64_t u, Unit* out) {
+    UnpackQ8K<kType>(row, in, u, out);
+  }
+  template <int NR>
+  static void Step(const Unit& w, const Row* x, int64_t u, float* acc) {
+    constexpr bool kMins = Q8KHasMins(kType);
+    int32_t I[NR], J[NR];
+    Q8KUnitInts<Q8KOffset(kType), kMins, NR>(w, x, u, I, J);
+    for (int r = 0; r < NR; ++r) acc[r] = Q8KStep<kMins>(acc[r], I[r], J[r], w.D, w.M, x[r].d[u]);
+  }
+#if defined(KVLENS_Q8_VNNI)
   using Act = Q8KGemmAct;
-  using Unit = Q8KGemmUnit;
+  using TileUnit = Q8KGemmUnit;
   static constexpr int kCols = kQ8KCols;
   static void Pack(const Row* rows, int count, int64_t u, Act* p) {
     PackQ8KGroup(rows, count, u, p);
   }
-  static void Unpack(const uint8_t* row, int64_t in, int64_t u, Unit* g) {
+  static void UnpackTile(const uint8_t* row, int64_t in, int64_t u, TileUnit* g) {
     Q8KUnit tmp;
     UnpackQ8K<kType>(row, in, u, &tmp);
     ToGemmUnit<Q8KOffset(kType)>(tmp, g);
   }
   template <int W>
-  static void Tile(const Act* act, int64_t units, const Unit* const* w, __m512 (&y)[W]) {
+  static void Tile(const Act* act, int64_t units, const TileUnit* const* w, __m512 (&y)[W]) {
     // kSub: the width of the type's scales.
     constexpr int kSub =
         kType == DType::kQ4_K || kType == DType::kQ5_K || kType == DType::kIQ4_XS ? 32 : 16;
     Q8KGemmTile<W, kSub, Q8KHasMins(kType)>(act, units, w, y);
   }
-};
 #endif
+};
 
 }  // namespace
 }  // namespace kvlens::kernels
