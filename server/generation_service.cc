@@ -67,7 +67,17 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
     return FinishUnary(context, "Tokenize",
                        absl::FailedPreconditionError("the model has no tokenizer"));
   }
-  for (int32_t id : EncodeText(*tok, *request)) {
+  std::vector<int32_t> ids;
+  if (request->has_chat()) {
+    auto chat = EncodeChat(
+        engine_.model(), request->chat(),
+        request->has_add_bos() ? std::optional<bool>(request->add_bos()) : std::nullopt, "chat");
+    if (!chat.ok()) return FinishUnary(context, "Tokenize", chat.status());
+    ids = *std::move(chat);
+  } else {
+    ids = EncodeText(*tok, *request);
+  }
+  for (int32_t id : ids) {
     response->add_token_ids(id);
     response->add_pieces(std::string(tok->Piece(id)));
   }

@@ -52,6 +52,15 @@ absl::StatusOr<SequenceSpec> ToSequence(const v1::PromptInput& input, const Mode
     case v1::PromptInput::kTokenIds:
       seq.tokens.assign(input.token_ids().ids().begin(), input.token_ids().ids().end());
       break;
+    case v1::PromptInput::kChat: {
+      auto ids =
+          EncodeChat(model, input.chat(),
+                     input.has_add_bos() ? std::optional<bool>(input.add_bos()) : std::nullopt,
+                     field + ".chat");
+      if (!ids.ok()) return ids.status();
+      seq.tokens = *std::move(ids);
+      break;
+    }
     case v1::PromptInput::kSessionId:
       if (session_tokens == nullptr) {
         return absl::InvalidArgumentError(

@@ -78,6 +78,30 @@ absl::Status ValidateTokenIds(const google::protobuf::RepeatedField<int32_t>& id
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<int32_t>> EncodeChat(const Model& model, const v1::ChatPrompt& chat,
+                                                std::optional<bool> add_bos,
+                                                const std::string& field) {
+  if (model.tokenizer == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": the model has no tokenizer; send token_ids"));
+  }
+  if (!model.chat_format.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": the model's chat template is ",
+        model.tokenizer->chat_template().empty() ? "missing" : "none kvlens writes",
+        "; start the server with --chat-template (", ChatFormatNames(), ") or send text"));
+  }
+  std::vector<ChatMessage> messages;
+  for (const v1::ChatMessage& m : chat.messages()) messages.push_back({m.role(), m.content()});
+  const bool open = !chat.has_add_generation_prompt() || chat.add_generation_prompt();
+  auto text = ApplyChatTemplate(*model.chat_format, messages, open);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".", text.status().message()));
+  }
+  return model.tokenizer->EncodeWithSpecialTokens(*text,
+                                                  add_bos.value_or(model.tokenizer->adds_bos()));
+}
+
 absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest& request,
                                                       const Model& model) {
   const int32_t vocab = model.config.vocab_size;
@@ -103,26 +127,11 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
       break;
     }
     case v1::GenerateRequest::kChat: {
-      if (model.tokenizer == nullptr) {
-        return absl::FailedPreconditionError("chat: the model has no tokenizer; send token_ids");
-      }
-      if (!model.chat_format.has_value()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "chat: the model's chat template is ",
-            model.tokenizer->chat_template().empty() ? "missing" : "none kvlens writes",
-            "; start the server with --chat-template (", ChatFormatNames(), ") or send text"));
-      }
-      std::vector<ChatMessage> messages;
-      for (const v1::ChatMessage& m : request.chat().messages()) {
-        messages.push_back({m.role(), m.content()});
-      }
-      const bool open =
-          !request.chat().has_add_generation_prompt() || request.chat().add_generation_prompt();
-      auto text = ApplyChatTemplate(*model.chat_format, messages, open);
-      if (!text.ok())
-        return absl::InvalidArgumentError(absl::StrCat("chat.", text.status().message()));
-      const bool add_bos = request.has_add_bos() ? request.add_bos() : model.tokenizer->adds_bos();
-      out.prompt = model.tokenizer->EncodeWithSpecialTokens(*text, add_bos);
+      auto ids = EncodeChat(
+          model, request.chat(),
+          request.has_add_bos() ? std::optional<bool>(request.add_bos()) : std::nullopt, "chat");
+      if (!ids.ok()) return ids.status();
+      out.prompt = *std::move(ids);
       break;
     }
     case v1::GenerateRequest::PROMPT_NOT_SET:

@@ -5,6 +5,8 @@
 #define KVLENS_SERVER_REQUEST_CONVERT_H_
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -34,6 +36,14 @@ std::vector<int32_t> EncodeText(const Tokenizer& tokenizer, const Msg& m) {
              ? tokenizer.EncodeWithSpecialTokens(m.text(), add_bos)
              : tokenizer.Encode(m.text(), add_bos);
 }
+
+// A conversation's ids: written by the model's chat format (Model::chat_format), encoded
+// with special tokens parsed and BOS per add_bos (absent: the model's own setting).
+// FAILED_PRECONDITION naming --chat-template when the model has no chat format,
+// INVALID_ARGUMENT naming field (e.g. "chat.messages[1].role") for a bad conversation.
+absl::StatusOr<std::vector<int32_t>> EncodeChat(const Model& model, const v1::ChatPrompt& chat,
+                                                std::optional<bool> add_bos,
+                                                const std::string& field);
 
 // Token ids of a Detokenize call, each in [0, vocab_size).
 absl::Status ValidateTokenIds(const google::protobuf::RepeatedField<int32_t>& ids,

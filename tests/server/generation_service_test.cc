@@ -13,6 +13,7 @@
 #include "engine/generator.h"
 #include "tests/linked_model_dir.h"
 #include "tests/oracle/oracle_runner.h"
+#include "tests/server/interpret_test_util.h"
 #include "tests/server/server_test_util.h"
 #include "tests/test_paths.h"
 
@@ -321,6 +322,41 @@ TEST(GenerationServiceTest, ChatPromptsFollowTheModelsTemplate) {
   ASSERT_TRUE(t.status.ok()) << t.status.error_message();
   EXPECT_EQ(s.final.usage().prompt_tokens(), t.final.usage().prompt_tokens());
   EXPECT_EQ(s.tokens, t.tokens);
+  // Tokenize and the Interpret inputs take the same conversation.
+  auto tokenize = [&](const v1::TokenizeRequest& r) {
+    v1::TokenizeResponse out;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    EXPECT_TRUE(server.stub().Tokenize(&context, r, &out).ok());
+    return std::vector<int32_t>(out.token_ids().begin(), out.token_ids().end());
+  };
+  v1::TokenizeRequest by_chat, by_text;
+  *by_chat.mutable_chat() = chat.chat();
+  by_text.set_text(
+      "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nOnce upon a "
+      "time<|im_end|>\n<|im_start|>assistant\n");
+  const std::vector<int32_t> chat_ids = tokenize(by_chat);
+  EXPECT_EQ(static_cast<int>(chat_ids.size()), s.final.usage().prompt_tokens());
+  EXPECT_EQ(chat_ids, tokenize(by_text));
+  auto interpret = InterpretStub(server);
+  auto lens = [&](const v1::PromptInput& input) {
+    v1::LogitLensRequest r;
+    *r.mutable_input() = input;
+    v1::LogitLensResponse out;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status st = interpret->LogitLens(&context, r, &out);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    std::vector<int32_t> tops;
+    for (const v1::LensRow& row : out.rows()) tops.push_back(row.top(0).token());
+    return tops;
+  };
+  v1::PromptInput chat_input, text_input;
+  *chat_input.mutable_chat() = chat.chat();
+  text_input.set_text(by_text.text());
+  const std::vector<int32_t> chat_tops = lens(chat_input);
+  EXPECT_FALSE(chat_tops.empty());
+  EXPECT_EQ(chat_tops, lens(text_input));
   m->set_role("tool");
   const StreamResult bad = RunGenerate(server.stub(), chat);
   EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
