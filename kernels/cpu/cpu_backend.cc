@@ -454,7 +454,9 @@ void CpuBackend::MatMul(const float* x, int n, const WeightView& w, const Weight
                         float* y) {
   const int64_t in = w.cols, out = w.rows;
   if (n <= 0 || out <= 0) return;
-  if (int8_activations_ && DTypeIsBlockQuantized(w.dtype)) return MatMulQ8(x, n, w, bias, y);
+  if (int8_activations_ && DTypeIsBlockQuantized(w.dtype)) {
+    return MatMulQ8(x, n, w, bias.empty() ? std::vector<float>() : VectorOf(bias), y);
+  }
   if (kPackedMatMul && n >= kPackedMinRows) return MatMulPacked(x, n, w, bias, y);
   const std::vector<float> b = bias.empty() ? std::vector<float>() : VectorOf(bias);
   // Below kPackedMinRows rows the products read the stored weights in place, widening

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/backward_ops.h"
@@ -64,7 +65,8 @@ class CpuBackend final : public Backend<float>, public BackwardOps<float> {
   // MatMul's int8-activation path (SetInt8Activations; block-quantised weights only):
   // the 32-element types' scheme (q8_products.h), the 256-element types' (q8k_products.h),
   // driven alike (Scheme: Q8BScheme or Q8KScheme), with their 16-rows-a-vector path.
-  void MatMulQ8(const float* x, int n, const WeightView& w, const WeightView& bias, float* y);
+  void MatMulQ8(const float* x, int n, const WeightView& w, const std::vector<float>& bias,
+                float* y);
   template <typename Scheme>
   void MatMulInt8(const float* x, int n, const WeightView& w, const std::vector<float>& bias,
                   float* y);

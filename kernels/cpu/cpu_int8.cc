@@ -9,24 +9,11 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/q8_products.h"
 #include "kernels/cpu/q8k_products.h"
-#include "kernels/weight.h"
 
 namespace kvlens::kernels {
-namespace {
 
-std::vector<float> BiasOf(const WeightView& bias) {
-  std::vector<float> b;
-  if (bias.empty()) return b;
-  b.resize(static_cast<size_t>(bias.cols));
-  DequantizeRow(bias, 0, b.data());
-  return b;
-}
-
-}  // namespace
-
-void CpuBackend::MatMulQ8(const float* x, int n, const WeightView& w, const WeightView& bias,
+void CpuBackend::MatMulQ8(const float* x, int n, const WeightView& w, const std::vector<float>& b,
                           float* y) {
-  const std::vector<float> b = BiasOf(bias);
   VisitBlockType(w.dtype, [&](auto type) {
     constexpr DType kType = decltype(type)::value;
     if constexpr (UsesQ8K(kType)) {

@@ -454,12 +454,6 @@ inline void UnpackUnitOf(const uint8_t* row, int64_t in, int64_t u, Q8WeightUnit
 }
 #endif
 
-// fn(unpack) with unpack(row, in, u, out) = UnpackUnitOf<t>.
-template <typename Fn>
-inline void VisitUnpacker(DType t, Fn&& fn) {
-  VisitBlockType(t, [&](auto type) { fn(UnpackUnitOf<decltype(type)::value>); });
-}
-
 // ---- The products ----
 //
 // Block b of a unit (32 elements, weight = D_b · (q − o) + M_b with o the type's offset

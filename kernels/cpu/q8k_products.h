@@ -225,14 +225,6 @@ inline void UnpackQ8K(const uint8_t* row, int64_t in, int64_t u, Q8KUnit* out) {
   Q8KScales<kType>(b, out->c, out->m, &out->D, &out->M);
 }
 
-// fn(integral_constant<DType, t>) for a 256-element type t.
-template <typename Fn>
-inline void VisitQ8KType(DType t, Fn&& fn) {
-  VisitBlockType(t, [&](auto type) {
-    if constexpr (UsesQ8K(decltype(type)::value)) fn(type);
-  });
-}
-
 // ---- One unit's integers, along k (a few rows) ----
 
 #if defined(KVLENS_Q8_VNNI)
