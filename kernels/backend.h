@@ -159,7 +159,8 @@ class Backend {
   virtual void MatMul(const T* x, int n, const WeightView& w, const WeightView& bias, T* y) = 0;
   // out[N, D] = table[ids[i]] (table is [vocab, D]).
   virtual void Embedding(const WeightView& table, const int32_t* ids, int n, T* out) = 0;
-  // y = x / sqrt(mean(x²) + eps) ⊙ weight, per row of D.
+  // y = x / sqrt(mean(x²) + eps) ⊙ weight, per row of D. y may be x (in place: Qwen3's
+  // norm over each head of q and k).
   virtual void RmsNorm(const T* x, int n, int dim, const WeightView& weight, double eps, T* y) = 0;
   // y = (x − mean) / sqrt(var + eps) ⊙ weight + bias, per row of D (biased variance).
   virtual void LayerNorm(const T* x, int n, int dim, const WeightView& weight,

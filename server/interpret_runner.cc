@@ -223,11 +223,11 @@ void AddGradientTensors(const v1::GradientProbeRequest& request, const ModelConf
   if (request.has_param_layer()) {
     // Parameter gradients are accumulated in double whatever the precision.
     const interpret::ParamGradients& p = g.params;
-    const int64_t D = c.dim, KVD = c.kv_dim();
-    AddTensor("grad.wq", p.layer, -1, {D, D}, absl::MakeConstSpan(p.wq), v1::DTYPE_FP64, out);
+    const int64_t D = c.dim, QD = c.q_dim(), KVD = c.kv_dim();
+    AddTensor("grad.wq", p.layer, -1, {QD, D}, absl::MakeConstSpan(p.wq), v1::DTYPE_FP64, out);
     AddTensor("grad.wk", p.layer, -1, {KVD, D}, absl::MakeConstSpan(p.wk), v1::DTYPE_FP64, out);
     AddTensor("grad.wv", p.layer, -1, {KVD, D}, absl::MakeConstSpan(p.wv), v1::DTYPE_FP64, out);
-    AddTensor("grad.wo", p.layer, -1, {D, D}, absl::MakeConstSpan(p.wo), v1::DTYPE_FP64, out);
+    AddTensor("grad.wo", p.layer, -1, {D, QD}, absl::MakeConstSpan(p.wo), v1::DTYPE_FP64, out);
   }
 }
 

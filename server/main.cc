@@ -267,15 +267,18 @@ int main(int argc, char** argv) {
       interp.limits.max_bytes + (1 << 20), server_options.max_message_bytes, int64_t{1} << 30));
   auto server = GrpcServer::Start(server_options, engine, metrics);
   if (!server.ok()) return Fail(server.status());
-  std::fprintf(stderr,
-               "kvlens-server: serving %s (%s, %d layers, context %d) on %s:%d, metrics on "
-               "%s:%d, KV cache %d blocks x %d tokens (%s), backend %s, interpretability fp32 "
-               "on %s\n",
-               config.name.c_str(), std::string(kvlens::ArchitectureName(config.arch)).c_str(),
-               config.num_layers, config.max_seq_len, host.c_str(), (*server)->port(), host.c_str(),
-               metrics.exposer_port(), options.num_blocks, options.block_size,
-               options.kv_cache_dtype == kvlens::kernels::KvDtype::kBF16 ? "bf16" : "fp32",
-               backend->description.c_str(), (*server)->interp_device().c_str());
+  std::fprintf(
+      stderr,
+      "kvlens-server: serving %s (%s, %d layers, context %d) on %s:%d, metrics on "
+      "%s:%d, KV cache %d blocks x %d tokens (%s), backend %s, interpretability fp32 "
+      "on %s\n",
+      config.name.c_str(),
+      (config.family.empty() ? std::string(kvlens::ArchitectureName(config.arch)) : config.family)
+          .c_str(),
+      config.num_layers, config.max_seq_len, host.c_str(), (*server)->port(), host.c_str(),
+      metrics.exposer_port(), options.num_blocks, options.block_size,
+      options.kv_cache_dtype == kvlens::kernels::KvDtype::kBF16 ? "bf16" : "fp32",
+      backend->description.c_str(), (*server)->interp_device().c_str());
   const kvlens::GenerationConfig& config_defaults = (*model)->generation_config;
   if (config_defaults.repetition_penalty) {
     std::fprintf(stderr,

@@ -103,7 +103,7 @@ double EvaluateObjective(const Objective& o, const ModelConfig& c, const Tape<T>
              static_cast<double>(t.logits[int64_t{o.row} * V + o.token_b]);
     case Objective::Kind::kAttnOutProbe: {
       const int dh = c.head_dim;
-      const int64_t D = c.dim;
+      const int64_t D = c.q_dim();  // O: heads side by side
       double j = 0.0;
       for (int i = 0; i < t.n; ++i) {
         for (int d = 0; d < dh; ++d) {
@@ -140,7 +140,7 @@ absl::StatusOr<Seed<T>> SeedFor(const Objective& o, const ModelConfig& c, const 
       break;
     case Objective::Kind::kAttnOutProbe: {
       const int dh = c.head_dim;
-      const int64_t D = c.dim;
+      const int64_t D = c.q_dim();  // O: heads side by side
       seed.probe_layer = o.layer;
       seed.probe_dout.assign(int64_t{t.n} * D, T(0));
       for (int i = 0; i < t.n; ++i) {

@@ -397,7 +397,7 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
   if (absl::Status s = ValidateInput(c, input); !s.ok()) return s;
   const int n = static_cast<int>(input.tokens.size()), tk = input.offset + n;
   if (absl::Status s = ValidateEdits(c, n, tk, edits); !s.ok()) return s;
-  const int64_t D = c.dim, KVD = c.kv_dim(), F = c.hidden_dim, V = c.vocab_size;
+  const int64_t D = c.dim, QD = c.q_dim(), KVD = c.kv_dim(), F = c.hidden_dim, V = c.vocab_size;
   const int64_t off_rows = int64_t{input.offset} * KVD;
 
   Tape<T> t;
@@ -426,14 +426,21 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
     // attention norm and q/k/v projections of the new tokens
     lt.xn.resize(n * D);
     Norm(be, c, lw.attn_norm, lw.attn_norm_bias, x.data(), n, lt.xn.data());
-    lt.q.resize(n * D);
+    lt.q.resize(n * QD);
     std::vector<T> k_new(n * KVD), v_new(n * KVD);
     be.MatMul(lt.xn.data(), n, lw.wq, lw.bq, lt.q.data());
     be.MatMul(lt.xn.data(), n, lw.wk, lw.bk, k_new.data());
     be.MatMul(lt.xn.data(), n, lw.wv, lw.bv, v_new.data());
+    if (c.qk_norm) {  // Qwen3: RMSNorm over each head of q and k
+      lt.q_pre = lt.q;
+      lt.k_pre = k_new;
+      be.RmsNorm(lt.q_pre.data(), n * c.num_heads, c.head_dim, lw.q_norm, c.norm_eps, lt.q.data());
+      be.RmsNorm(lt.k_pre.data(), n * c.num_kv_heads, c.head_dim, lw.k_norm, c.norm_eps,
+                 k_new.data());
+    }
     if (c.arch == Architecture::kLlama) {
       const kernels::RopeSpec rope = RopeOf(c, w);
-      be.Rope(lt.q.data(), n, D, c.num_heads, c.head_dim, t.positions.data(), rope);
+      be.Rope(lt.q.data(), n, QD, c.num_heads, c.head_dim, t.positions.data(), rope);
       be.Rope(k_new.data(), n, KVD, c.num_kv_heads, c.head_dim, t.positions.data(), rope);
     }
     Perturb(c, n, tk, edits, TensorKind::kQ, l, lt.q);

@@ -6,7 +6,8 @@
 // heads, Hkv KV heads, Dh head size, F FFN width, V vocab. Row i is absolute position
 // offset + i. Everything is per sequence; batching belongs to Transformer.
 //
-//   x_l ─┬─ norm ─ xn ─ W_Q/W_K/W_V ─ RoPE ─ q,k,v ─ S = q kᵀ/√Dh ─ A = softmax(S) ─ O = A v
+//   x_l ─┬─ norm ─ xn ─ W_Q/W_K/W_V ─ (q/k head norms) ─ RoPE ─ q,k,v ─ S = q kᵀ/√Dh ─ A =
+//   softmax(S) ─ O = A v
 //        │                                                                              │
 //        └───────────────────────────── + ◀── W_O ◀─────────────────────────────────────┘
 //                                       h ─┬─ norm ─ hn ─ FFN ─ f ─┐
@@ -115,6 +116,8 @@ template <typename T>
 struct LayerTape {
   std::vector<T> x;       // [n, D]     layer input (residual stream)
   std::vector<T> xn;      // [n, D]     attention norm
+  std::vector<T> q_pre;   // [n, H·Dh]  W_Q·xn (+ b), before the per-head norm (Qwen3 only)
+  std::vector<T> k_pre;   // [n, Hkv·Dh] the new tokens' W_K·xn, before the norm (Qwen3 only)
   std::vector<T> q;       // [n, H·Dh]  post-RoPE
   std::vector<T> k, v;    // [Tk, Hkv·Dh] every key (prefix rows first), post-RoPE
   std::vector<T> scores;  // [H, n, Tk] masked = −∞
@@ -166,7 +169,7 @@ struct BackwardOptions {
 // dJ/dθ for one layer's attention parameters, dense, [out, in] like the weights.
 struct ParamGradients {
   int layer = -1;
-  std::vector<double> wq, wk, wv, wo;  // [D, D], [Hkv·Dh, D], [Hkv·Dh, D], [D, D]
+  std::vector<double> wq, wk, wv, wo;  // [H·Dh, D], [Hkv·Dh, D], [Hkv·Dh, D], [D, H·Dh]
 };
 
 // Gradients of the objective, laid out like the tape (see TensorKind for shapes).

@@ -4,8 +4,9 @@
 //   for l = L−1 … 0:
 //     dx_{l+1} ─┬─ W_out' ─ act' ─ W_in'/W_up' ─ ffn-norm' ─┐
 //               └──────────────────────────────────────── + ─▶ dh
-//     dh ─┬─ W_O' ─▶ dO ─ attention' ─▶ dQ, dK, dV ─ RoPE' ─ W_Q'/W_K'/W_V' ─ attn-norm' ─┐
-//         └──────────────────────────────────────────────────────────────────────────── + ─▶ dx_l
+//     dh ─┬─ W_O' ─▶ dO ─ attention' ─▶ dQ, dK, dV ─ RoPE' ─ head norms' ─ W_Q'/W_K'/W_V' ┐
+//         │                                                     (Qwen3)                 │
+//         └──────────────────────────────────────────────────── + ◀── attn-norm' ◀──────┘ ─▶ dx_l
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -46,7 +47,7 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
     return absl::FailedPreconditionError("backward needs a tape recorded without edits");
   }
   const int n = t.n, tk = t.num_keys, L = c.num_layers, off = t.input.offset;
-  const int64_t D = c.dim, KVD = c.kv_dim(), F = c.hidden_dim, V = c.vocab_size;
+  const int64_t D = c.dim, QD = c.q_dim(), KVD = c.kv_dim(), F = c.hidden_dim, V = c.vocab_size;
   if (!seed.dlogits.empty() && static_cast<int64_t>(seed.dlogits.size()) != n * V) {
     return absl::InvalidArgumentError(
         absl::StrCat("seed dlogits has ", seed.dlogits.size(), " values, expected ", n * V));
@@ -56,9 +57,9 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
       return absl::InvalidArgumentError(
           absl::StrCat("probe layer ", seed.probe_layer, " outside [0, ", L, ")"));
     }
-    if (static_cast<int64_t>(seed.probe_dout.size()) != n * D) {
+    if (static_cast<int64_t>(seed.probe_dout.size()) != n * QD) {
       return absl::InvalidArgumentError(absl::StrCat("seed probe_dout has ", seed.probe_dout.size(),
-                                                     " values, expected ", n * D));
+                                                     " values, expected ", n * QD));
     }
   }
   if (opt.param_layer < -1 || opt.param_layer >= L) {
@@ -100,21 +101,21 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
 
     // output projection (plus a probe's seed on O)
     std::vector<T>& datt = g.attn_out[l];
-    datt.assign(n * D, T(0));
+    datt.assign(n * QD, T(0));
     if (absl::Status s = matmul_dx(dh.data(), n, lw.wo, datt.data()); !s.ok()) return s;
     if (!seed.probe_dout.empty() && seed.probe_layer == l) {
-      for (int64_t e = 0; e < n * D; ++e) datt[e] += seed.probe_dout[e];
+      for (int64_t e = 0; e < n * QD; ++e) datt[e] += seed.probe_dout[e];
     }
 
     // attention
-    g.q[l].resize(n * D);
+    g.q[l].resize(n * QD);
     g.k[l].resize(tk * KVD);
     g.v[l].resize(tk * KVD);
     g.scores[l].resize(int64_t{c.num_heads} * n * tk);
     g.probs[l].resize(int64_t{c.num_heads} * n * tk);
     kernels::AttentionBackwardArgs<T> a;
     a.q = lt.q.data();
-    a.q_stride = D;
+    a.q_stride = QD;
     a.num_queries = n;
     a.num_keys = tk;
     a.num_heads = c.num_heads;
@@ -132,7 +133,7 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
     a.kv.row_stride = KVD;
     a.probs = lt.probs.data();
     a.dout = datt.data();
-    a.dout_stride = D;
+    a.dout_stride = QD;
     a.dq = g.q[l].data();
     a.dk = g.k[l].data();
     a.dv = g.v[l].data();
@@ -153,9 +154,19 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
     }
     if (c.arch == Architecture::kLlama) {
       const kernels::RopeSpec rope = RopeOf(c, w);
-      kernels::RopeBackward(dq.data(), n, D, c.num_heads, c.head_dim, t.positions.data(), rope);
+      kernels::RopeBackward(dq.data(), n, QD, c.num_heads, c.head_dim, t.positions.data(), rope);
       kernels::RopeBackward(dk.data(), n, KVD, c.num_kv_heads, c.head_dim, t.positions.data(),
                             rope);
+    }
+    if (c.qk_norm) {  // back through the per-head norms to W_Q·xn and W_K·xn
+      std::vector<T> d_pre(dq.size());
+      kernels::RmsNormBackward(lt.q_pre.data(), n * c.num_heads, c.head_dim, lw.q_norm, c.norm_eps,
+                               dq.data(), d_pre.data());
+      dq.swap(d_pre);
+      d_pre.resize(dk.size());
+      kernels::RmsNormBackward(lt.k_pre.data(), n * c.num_kv_heads, c.head_dim, lw.k_norm,
+                               c.norm_eps, dk.data(), d_pre.data());
+      dk.swap(d_pre);
     }
     std::fill(dhn.begin(), dhn.end(), T(0));
     if (absl::Status s = matmul_dx(dq.data(), n, lw.wq, dhn.data()); !s.ok()) return s;
@@ -164,14 +175,14 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
     if (opt.param_layer == l) {
       ParamGradients& p = g.params;
       p.layer = l;
-      p.wq.assign(D * D, 0.0);
+      p.wq.assign(QD * D, 0.0);
       p.wk.assign(KVD * D, 0.0);
       p.wv.assign(KVD * D, 0.0);
-      p.wo.assign(D * D, 0.0);
-      kernels::MatMulBackwardWeight(dq.data(), lt.xn.data(), n, D, D, p.wq.data());
+      p.wo.assign(D * QD, 0.0);
+      kernels::MatMulBackwardWeight(dq.data(), lt.xn.data(), n, QD, D, p.wq.data());
       kernels::MatMulBackwardWeight(dk.data(), lt.xn.data(), n, KVD, D, p.wk.data());
       kernels::MatMulBackwardWeight(dv.data(), lt.xn.data(), n, KVD, D, p.wv.data());
-      kernels::MatMulBackwardWeight(dh.data(), lt.att.data(), n, D, D, p.wo.data());
+      kernels::MatMulBackwardWeight(dh.data(), lt.att.data(), n, D, QD, p.wo.data());
     }
     NormBackward(c, lw.attn_norm, lt.x.data(), n, dhn.data(), tmp.data());
     for (int64_t e = 0; e < n * D; ++e) dx[e] = dh[e] + tmp[e];

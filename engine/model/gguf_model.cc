@@ -54,17 +54,20 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
   model->format = "gguf";
   ModelConfig& c = model->config;
   // Qwen2 is a Llama with biases on q, k and v, whose RoPE rotates half-split pairs
-  // (llama.cpp's converter leaves its q and k rows unpermuted and runs NEOX rope).
-  const bool qwen2 = a == "qwen2";
-  if (a == "llama" || qwen2) {
+  // (llama.cpp's converter leaves its q and k rows unpermuted and runs NEOX rope). Qwen3
+  // drops the biases and normalises each head of q and k (RMSNorm) before RoPE.
+  const bool qwen2 = a == "qwen2", qwen3 = a == "qwen3";
+  if (a == "llama" || qwen2 || qwen3) {
     c.arch = Architecture::kLlama;
     c.qkv_bias = qwen2;
+    c.qk_norm = qwen3;
   } else if (a == "gpt2") {
     c.arch = Architecture::kGpt2;
   } else {
-    return absl::UnimplementedError(absl::StrCat("GGUF general.architecture = \"", a,
-                                                 "\" is not supported (llama, qwen2, gpt2)"));
+    return absl::UnimplementedError(absl::StrCat(
+        "GGUF general.architecture = \"", a, "\" is not supported (llama, qwen2, qwen3, gpt2)"));
   }
+  c.family = a;
   if (f.tensors().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("GGUF ", f.path(), " holds no tensors (a vocabulary-only file?)"));
@@ -78,7 +81,21 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
   if (f.Find(a + ".attention.head_count_kv") != nullptr) {
     if (auto s = ReadInt(f, a + ".attention.head_count_kv", c.num_kv_heads); !s.ok()) return s;
   }
+  // The head size: attention.key_length where the file has it (Qwen3: 128 with a width
+  // of 1024 and 16 heads), else D / H.
   c.head_dim = c.dim / c.num_heads;
+  if (f.Find(a + ".attention.key_length") != nullptr) {
+    if (auto s = ReadInt(f, a + ".attention.key_length", c.head_dim); !s.ok()) return s;
+    int value_length = c.head_dim;
+    if (f.Find(a + ".attention.value_length") != nullptr) {
+      if (auto s = ReadInt(f, a + ".attention.value_length", value_length); !s.ok()) return s;
+    }
+    if (value_length != c.head_dim) {
+      return absl::UnimplementedError(absl::StrCat(
+          "GGUF ", a, ".attention.value_length = ", value_length, " differs from key_length = ",
+          c.head_dim, " (heads whose values are another size are not supported)"));
+    }
+  }
   const std::string eps_key = c.arch == Architecture::kLlama
                                   ? a + ".attention.layer_norm_rms_epsilon"
                                   : a + ".attention.layer_norm_epsilon";
@@ -89,14 +106,15 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
   if (c.arch == Architecture::kLlama && f.Find(a + ".rope.dimension_count") != nullptr) {
     int rope_dims = 0;
     if (auto s = ReadInt(f, a + ".rope.dimension_count", rope_dims); !s.ok()) return s;
-    if (rope_dims != c.dim / c.num_heads) {
+    if (rope_dims != c.head_dim) {
       return absl::UnimplementedError(absl::StrCat(
           "GGUF ", a, ".rope.dimension_count = ", rope_dims,
           ": partial rotary embeddings are not supported (head size ", c.head_dim, ")"));
     }
   }
   // llama.cpp's converter permutes Q/K rows so that "llama" rotates adjacent pairs.
-  c.rope_style = qwen2 ? kernels::RopeStyle::kHalfSplit : kernels::RopeStyle::kAdjacentPairs;
+  c.rope_style =
+      qwen2 || qwen3 ? kernels::RopeStyle::kHalfSplit : kernels::RopeStyle::kAdjacentPairs;
   if (f.Find("general.name") != nullptr) {
     auto name = f.GetString("general.name");
     if (name.ok()) c.name = std::string(*name);
@@ -111,18 +129,18 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
   c.vocab_size = static_cast<int>(emb.rows);
   if (absl::Status s = c.Validate(); !s.ok()) return s;
 
-  const int64_t D = c.dim, F = c.hidden_dim, KVD = c.kv_dim(), V = c.vocab_size;
+  const int64_t D = c.dim, QD = c.q_dim(), F = c.hidden_dim, KVD = c.kv_dim(), V = c.vocab_size;
   KVLENS_ASSIGN_OR_RETURN(w.token_embedding, t.Get("token_embd.weight", V, D));
   w.layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = w.layers[l];
     const std::string p = absl::StrCat("blk.", l, ".");
     KVLENS_ASSIGN_OR_RETURN(lw.attn_norm, t.Get(p + "attn_norm.weight", 1, D));
-    KVLENS_ASSIGN_OR_RETURN(lw.wo, t.Get(p + "attn_output.weight", D, D));
+    KVLENS_ASSIGN_OR_RETURN(lw.wo, t.Get(p + "attn_output.weight", D, QD));
     KVLENS_ASSIGN_OR_RETURN(lw.ffn_norm, t.Get(p + "ffn_norm.weight", 1, D));
     KVLENS_ASSIGN_OR_RETURN(lw.w_out, t.Get(p + "ffn_down.weight", D, F));
     if (c.arch == Architecture::kLlama) {
-      KVLENS_ASSIGN_OR_RETURN(lw.wq, t.Get(p + "attn_q.weight", D, D));
+      KVLENS_ASSIGN_OR_RETURN(lw.wq, t.Get(p + "attn_q.weight", QD, D));
       KVLENS_ASSIGN_OR_RETURN(lw.wk, t.Get(p + "attn_k.weight", KVD, D));
       KVLENS_ASSIGN_OR_RETURN(lw.wv, t.Get(p + "attn_v.weight", KVD, D));
       KVLENS_ASSIGN_OR_RETURN(lw.w_in, t.Get(p + "ffn_gate.weight", F, D));
@@ -132,8 +150,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
           const char* name;
           WeightView* view;
           int64_t size;
-        } biases[] = {
-            {"attn_q.bias", &lw.bq, D}, {"attn_k.bias", &lw.bk, KVD}, {"attn_v.bias", &lw.bv, KVD}};
+        } biases[] = {{"attn_q.bias", &lw.bq, QD},
+                      {"attn_k.bias", &lw.bk, KVD},
+                      {"attn_v.bias", &lw.bv, KVD}};
         for (const auto& b : biases) {
           KVLENS_ASSIGN_OR_RETURN(*b.view, t.Get(p + b.name, 1, b.size));
           if (b.view->dtype != kernels::DType::kF32) {
@@ -142,6 +161,10 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
                 std::string(kernels::DTypeName(b.view->dtype)), " (biases must be f32)"));
           }
         }
+      }
+      if (c.qk_norm) {  // Qwen3
+        KVLENS_ASSIGN_OR_RETURN(lw.q_norm, t.Get(p + "attn_q_norm.weight", 1, c.head_dim));
+        KVLENS_ASSIGN_OR_RETURN(lw.k_norm, t.Get(p + "attn_k_norm.weight", 1, c.head_dim));
       }
     } else {
       // GPT-2 keeps Q, K and V fused: rows [0, D) are Q, [D, 2D) K, [2D, 3D) V.

@@ -233,25 +233,29 @@ absl::Status LoadGpt2Weights(const TensorSet& ts, const ModelConfig& c, Weights&
 }
 
 absl::Status LoadLlamaWeights(const TensorSet& ts, const ModelConfig& c, Weights& w) {
-  const int64_t D = c.dim, F = c.hidden_dim, V = c.vocab_size, KVD = c.kv_dim();
+  const int64_t D = c.dim, QD = c.q_dim(), F = c.hidden_dim, V = c.vocab_size, KVD = c.kv_dim();
   KVLENS_ASSIGN_OR_RETURN(w.token_embedding, ts.Get("model.embed_tokens.weight", {V, D}));
   w.layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = w.layers[l];
     const std::string p = absl::StrCat("model.layers.", l, ".");
     KVLENS_ASSIGN_OR_RETURN(lw.attn_norm, ts.Get(p + "input_layernorm.weight", {D}));
-    KVLENS_ASSIGN_OR_RETURN(lw.wq, ts.Get(p + "self_attn.q_proj.weight", {D, D}));
+    KVLENS_ASSIGN_OR_RETURN(lw.wq, ts.Get(p + "self_attn.q_proj.weight", {QD, D}));
     KVLENS_ASSIGN_OR_RETURN(lw.wk, ts.Get(p + "self_attn.k_proj.weight", {KVD, D}));
     KVLENS_ASSIGN_OR_RETURN(lw.wv, ts.Get(p + "self_attn.v_proj.weight", {KVD, D}));
-    KVLENS_ASSIGN_OR_RETURN(lw.wo, ts.Get(p + "self_attn.o_proj.weight", {D, D}));
+    KVLENS_ASSIGN_OR_RETURN(lw.wo, ts.Get(p + "self_attn.o_proj.weight", {D, QD}));
     KVLENS_ASSIGN_OR_RETURN(lw.ffn_norm, ts.Get(p + "post_attention_layernorm.weight", {D}));
     KVLENS_ASSIGN_OR_RETURN(lw.w_in, ts.Get(p + "mlp.gate_proj.weight", {F, D}));
     KVLENS_ASSIGN_OR_RETURN(lw.w_up, ts.Get(p + "mlp.up_proj.weight", {F, D}));
     KVLENS_ASSIGN_OR_RETURN(lw.w_out, ts.Get(p + "mlp.down_proj.weight", {D, F}));
     if (c.qkv_bias) {  // Qwen2
-      KVLENS_ASSIGN_OR_RETURN(lw.bq, ts.Get(p + "self_attn.q_proj.bias", {D}));
+      KVLENS_ASSIGN_OR_RETURN(lw.bq, ts.Get(p + "self_attn.q_proj.bias", {QD}));
       KVLENS_ASSIGN_OR_RETURN(lw.bk, ts.Get(p + "self_attn.k_proj.bias", {KVD}));
       KVLENS_ASSIGN_OR_RETURN(lw.bv, ts.Get(p + "self_attn.v_proj.bias", {KVD}));
+    }
+    if (c.qk_norm) {  // Qwen3
+      KVLENS_ASSIGN_OR_RETURN(lw.q_norm, ts.Get(p + "self_attn.q_norm.weight", {c.head_dim}));
+      KVLENS_ASSIGN_OR_RETURN(lw.k_norm, ts.Get(p + "self_attn.k_norm.weight", {c.head_dim}));
     }
   }
   KVLENS_ASSIGN_OR_RETURN(w.final_norm, ts.Get("model.norm.weight", {D}));
@@ -289,14 +293,27 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     }
     if (auto s = ConfigValue(cfg, "tie_word_embeddings", c.tied_embeddings, true); !s.ok())
       return s;
-  } else if (type == "llama" || type == "qwen2") {
-    // Qwen2: a Llama with biases on q, k and v (and a sliding window we do not implement).
+  } else if (type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral") {
+    // Qwen2: a Llama with biases on q, k and v; Qwen3: no biases, an RMSNorm over each head
+    // of q and k; Mistral: a Llama (both Qwens and Mistral may set a sliding window, which
+    // kvlens does not implement).
     c.arch = Architecture::kLlama;
     c.qkv_bias = type == "qwen2";
+    c.qk_norm = type == "qwen3";
     bool sliding = false;
     if (auto s = ConfigValue(cfg, "use_sliding_window", sliding, false); !s.ok()) return s;
     if (sliding) {
       return absl::UnimplementedError("config.json: use_sliding_window = true is not supported");
+    }
+    if (type == "mistral" && cfg.contains("sliding_window") && !cfg["sliding_window"].is_null()) {
+      return absl::UnimplementedError(
+          "config.json: sliding_window is set (Mistral 7B v0.1's window of 4096 is not "
+          "implemented; v0.2 and later set null)");
+    }
+    bool attention_bias = false;
+    if (auto s = ConfigValue(cfg, "attention_bias", attention_bias, false); !s.ok()) return s;
+    if (attention_bias && type != "qwen2") {
+      return absl::UnimplementedError("config.json: attention_bias = true is not supported");
     }
     if (auto s = ConfigInt(cfg, {"hidden_size"}, c.dim); !s.ok()) return s;
     if (auto s = ConfigInt(cfg, {"intermediate_size"}, c.hidden_dim); !s.ok()) return s;
@@ -312,15 +329,25 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     if (auto s = ConfigValue(cfg, "tie_word_embeddings", c.tied_embeddings, false); !s.ok())
       return s;
   } else {
-    return absl::UnimplementedError(absl::StrCat("config.json: model_type \"", type,
-                                                 "\" is not supported (gpt2, llama, qwen2)"));
+    return absl::UnimplementedError(
+        absl::StrCat("config.json: model_type \"", type,
+                     "\" is not supported (gpt2, llama, mistral, qwen2, qwen3)"));
   }
-  if (c.num_heads > 0 && c.dim % c.num_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: ", dim_key, " = ", c.dim,
-                                                   " is not a multiple of ", heads_key, " = ",
-                                                   c.num_heads));
+  c.family = type;
+  // The head size: head_dim where config.json has it (Qwen3: 128 with hidden_size 1024
+  // and 16 heads), else hidden_size / heads.
+  const bool own_head_dim =
+      c.arch == Architecture::kLlama && cfg.contains("head_dim") && !cfg["head_dim"].is_null();
+  if (own_head_dim) {
+    if (auto s = ConfigInt(cfg, {"head_dim"}, c.head_dim); !s.ok()) return s;
+  } else {
+    if (c.num_heads > 0 && c.dim % c.num_heads != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: ", dim_key, " = ", c.dim,
+                                                     " is not a multiple of ", heads_key, " = ",
+                                                     c.num_heads));
+    }
+    c.head_dim = c.num_heads > 0 ? c.dim / c.num_heads : 0;
   }
-  c.head_dim = c.num_heads > 0 ? c.dim / c.num_heads : 0;
   return c.Validate();
 }
 

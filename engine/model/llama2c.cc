@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadLlama2c(const LoadOptions& options) {
   model->format = "llama2c";
   ModelConfig& c = model->config;
   c.arch = Architecture::kLlama;
+  c.family = "llama";
   c.dim = h[0];
   c.hidden_dim = h[1];
   c.num_layers = h[2];

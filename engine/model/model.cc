@@ -18,7 +18,7 @@ namespace kvlens {
 absl::Status Model::ValidateWeights() const {
   const ModelConfig& c = config;
   const Weights& w = weights;
-  const int64_t D = c.dim, F = c.hidden_dim, KVD = c.kv_dim(), V = c.vocab_size;
+  const int64_t D = c.dim, QD = c.q_dim(), F = c.hidden_dim, KVD = c.kv_dim(), V = c.vocab_size;
   const bool gpt2 = c.arch == Architecture::kGpt2;
   if (static_cast<int>(w.layers.size()) != c.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -40,10 +40,10 @@ absl::Status Model::ValidateWeights() const {
     const LayerWeights& lw = w.layers[l];
     const std::string p = absl::StrCat("layers.", l, ".");
     checks.insert(checks.end(), {{p + "attn_norm", &lw.attn_norm, 1, D},
-                                 {p + "wq", &lw.wq, D, D},
+                                 {p + "wq", &lw.wq, QD, D},
                                  {p + "wk", &lw.wk, KVD, D},
                                  {p + "wv", &lw.wv, KVD, D},
-                                 {p + "wo", &lw.wo, D, D},
+                                 {p + "wo", &lw.wo, D, QD},
                                  {p + "ffn_norm", &lw.ffn_norm, 1, D},
                                  {p + "w_in", &lw.w_in, F, D},
                                  {p + "w_out", &lw.w_out, D, F}});
@@ -61,7 +61,11 @@ absl::Status Model::ValidateWeights() const {
       if (c.qkv_bias) {  // Qwen2
         checks.insert(
             checks.end(),
-            {{p + "bq", &lw.bq, 1, D}, {p + "bk", &lw.bk, 1, KVD}, {p + "bv", &lw.bv, 1, KVD}});
+            {{p + "bq", &lw.bq, 1, QD}, {p + "bk", &lw.bk, 1, KVD}, {p + "bv", &lw.bv, 1, KVD}});
+      }
+      if (c.qk_norm) {  // Qwen3
+        checks.insert(checks.end(), {{p + "q_norm", &lw.q_norm, 1, c.head_dim},
+                                     {p + "k_norm", &lw.k_norm, 1, c.head_dim}});
       }
     }
   }

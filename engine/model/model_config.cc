@@ -41,9 +41,18 @@ absl::Status ModelConfig::Validate() const {
         absl::StrCat("model config: num_heads = ", num_heads,
                      " is not a multiple of num_kv_heads = ", num_kv_heads));
   }
-  if (num_heads * head_dim != dim) {
+  // GPT-2's fused c_attn splits in three equal parts; a Llama may have H·Dh ≠ D.
+  if (arch == Architecture::kGpt2 && num_heads * head_dim != dim) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model config: num_heads * head_dim = ", num_heads * head_dim, " != dim = ", dim));
+  }
+  if (int64_t{num_heads} * head_dim > kMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: num_heads * head_dim = ", int64_t{num_heads} * head_dim,
+                     " must be at most ", kMax));
+  }
+  if (qk_norm && arch != Architecture::kLlama) {
+    return absl::InvalidArgumentError("model config: qk_norm needs the llama architecture");
   }
   if (arch == Architecture::kLlama && head_dim % 2 != 0) {
     return absl::InvalidArgumentError(

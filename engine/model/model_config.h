@@ -13,7 +13,8 @@ namespace kvlens {
 
 // The two decoder-only families kvlens serves.
 enum class Architecture : uint8_t {
-  kLlama,  // RoPE, RMSNorm, SwiGLU FFN, grouped-query attention; no biases (Qwen2: q, k, v)
+  kLlama,  // RoPE, RMSNorm, SwiGLU FFN, grouped-query attention; no biases (Qwen2: q, k, v;
+           // Qwen3: RMSNorm on each head of q and k)
   kGpt2,   // learned absolute positions, LayerNorm, GELU (tanh) FFN, biases everywhere
 };
 
@@ -26,16 +27,21 @@ struct ModelConfig {
   int num_layers = 0;      // L
   int num_heads = 0;       // H: query heads
   int num_kv_heads = 0;    // Hkv: key/value heads (divides H; H == Hkv without GQA)
-  int head_dim = 0;        // Dh: D / H
+  int head_dim = 0;        // Dh: D / H, or what the file says (Qwen3, Mistral Nemo: H·Dh ≠ D)
   int vocab_size = 0;      // V
   int max_seq_len = 0;     // context length: positions 0 … max_seq_len−1
   double norm_eps = 1e-5;  // RMSNorm / LayerNorm epsilon
   double rope_theta = 10000.0;
   bool qkv_bias = false;  // Llama family: biases on q, k and v (Qwen2)
+  bool qk_norm = false;   // Llama family: RMSNorm over each head of q and k before RoPE (Qwen3)
   kernels::RopeStyle rope_style = kernels::RopeStyle::kAdjacentPairs;
   bool tied_embeddings = true;  // output head shares the token embedding table
   std::string name;             // free-form (file name or general.name)
+  // The file's architecture name ("llama", "qwen2", "qwen3", "mistral", "gpt2"); reported,
+  // never dispatched on (arch and the flags above say how the model computes).
+  std::string family;
 
+  int q_dim() const { return num_heads * head_dim; }  // H·Dh: width of q and of W_O's input
   int kv_dim() const { return num_kv_heads * head_dim; }
   // Checks every invariant above; errors name the field and the limit.
   absl::Status Validate() const;

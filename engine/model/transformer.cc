@@ -1,5 +1,6 @@
 #include "engine/model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -134,7 +135,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   }
   const ModelConfig& c = config_;
   const Weights& w = model_.weights;
-  const int64_t D = c.dim, KVD = c.kv_dim(), F = c.hidden_dim, V = c.vocab_size;
+  const int64_t D = c.dim, QD = c.q_dim(), KVD = c.kv_dim(), F = c.hidden_dim, V = c.vocab_size;
   const int bs = cache.block_size();
   const bool host = backend_.memory().host_accessible();  // else logits/probs are copied out
 
@@ -143,10 +144,10 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   if (absl::Status s = backend_.MakeCurrent(); !s.ok()) return s;
   for (auto [buffer, size] : {std::pair{&x_, n * D},
                               {&xn_, n * D},
-                              {&q_, n * D},
+                              {&q_, n * std::max(D, QD)},  // also the logits rows' gather
                               {&k_, n * KVD},
                               {&v_, n * KVD},
-                              {&att_, n * D},
+                              {&att_, n * QD},
                               {&proj_, n * D},
                               {&hidden_, n * F},
                               {&up_, c.arch == Architecture::kLlama ? n * F : 0}}) {
@@ -202,9 +203,13 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     const kernels::MatMulOutput<T> qkv[] = {
         {lw.wq, lw.bq, q_.data()}, {lw.wk, lw.bk, k_.data()}, {lw.wv, lw.bv, v_.data()}};
     backend_.MatMulMany(xn_.data(), n, qkv);
+    if (c.qk_norm) {  // Qwen3: RMSNorm over each head of q and k, in place
+      backend_.RmsNorm(q_.data(), n * c.num_heads, c.head_dim, lw.q_norm, c.norm_eps, q_.data());
+      backend_.RmsNorm(k_.data(), n * c.num_kv_heads, c.head_dim, lw.k_norm, c.norm_eps, k_.data());
+    }
     // (rotary positions on q and k, and) new keys and values into the paged cache
     if (c.arch == Architecture::kLlama) {
-      backend_.RopeQKStoreKv(q_.data(), D, c.num_heads, k_.data(), v_.data(), KVD, c.num_kv_heads,
+      backend_.RopeQKStoreKv(q_.data(), QD, c.num_heads, k_.data(), v_.data(), KVD, c.num_kv_heads,
                              n, c.head_dim, positions_.data(), rope_, rows_.data(), cache.k(l),
                              cache.v(l), KVD, cache.dtype());
     } else {
@@ -220,8 +225,8 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       const BatchEntry& b = batch[e];
       const int tq = static_cast<int>(b.tokens.size());
       kernels::AttentionArgs<T> a;
-      a.q = q_.data() + r0 * D;
-      a.q_stride = D;
+      a.q = q_.data() + r0 * QD;
+      a.q_stride = QD;
       a.num_queries = tq;
       a.num_keys = b.num_cached + tq;
       a.num_heads = c.num_heads;
@@ -236,8 +241,8 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       }
       a.kv = cache.Source(l);
       a.kv.block_table = b.block_table.data();
-      a.out = att_.data() + r0 * D;
-      a.out_stride = D;
+      a.out = att_.data() + r0 * QD;
+      a.out_stride = QD;
       const bool captured = capture != nullptr && capture->entry == static_cast<int>(e);
       const int64_t probs_size = int64_t{c.num_heads} * tq * a.num_keys;
       r0 += tq;

@@ -22,9 +22,10 @@ using kernels::WeightView;
 struct LayerWeights {
   WeightView attn_norm;       // [1, D]  RMSNorm weight / LayerNorm γ
   WeightView attn_norm_bias;  // [1, D]  LayerNorm β (GPT-2)
-  WeightView wq, wk, wv;      // [D, D], [Hkv·Dh, D], [Hkv·Dh, D]
-  WeightView bq, bk, bv;      // [1, D], [1, Hkv·Dh], [1, Hkv·Dh] (GPT-2)
-  WeightView wo;              // [D, D]
+  WeightView wq, wk, wv;  // [H·Dh, D], [Hkv·Dh, D], [Hkv·Dh, D]  (H·Dh = D but in Qwen3 …)
+  WeightView bq, bk, bv;  // [1, H·Dh], [1, Hkv·Dh], [1, Hkv·Dh] (GPT-2, Qwen2)
+  WeightView q_norm, k_norm;  // [1, Dh]  RMSNorm weights over each head of q and k (Qwen3)
+  WeightView wo;              // [D, H·Dh]
   WeightView bo;              // [1, D] (GPT-2)
   WeightView ffn_norm;        // [1, D]
   WeightView ffn_norm_bias;   // [1, D] (GPT-2)

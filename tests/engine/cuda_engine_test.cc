@@ -289,6 +289,34 @@ TEST(CudaEngineLogits, LlamaHeadSize64FlashAndSplitKvWithinToleranceOfCpu) {
   ExpectClose(AllLogits(*model, cuda, tokens, 7), AllLogits(*model, cpu, tokens, 7), 1e-4, 1e-5);
 }
 
+// Qwen3's shape: an RMSNorm over each head of q and k before RoPE (in place, on the
+// device), and 4 query heads of 64 over a residual stream of 128, so q and the attention
+// output are twice the stream's width. One prefill (flash kernel) and chunks of 7.
+TEST(CudaEngineLogits, Qwen3HeadNormsAndWideHeadsWithinToleranceOfCpu) {
+  KVLENS_REQUIRE_CUDA(cuda);
+  testing::TinySpec spec;
+  spec.arch = Architecture::kLlama;
+  spec.rope_style = kernels::RopeStyle::kHalfSplit;
+  spec.dim = 128;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.head_dim = 64;
+  spec.qk_norm = true;
+  spec.hidden = 256;
+  spec.vocab = 50;
+  spec.max_seq = 128;
+  spec.seed = 9;
+  const std::unique_ptr<Model> model = testing::MakeTinyModel(spec);
+  ASSERT_EQ(model->config.q_dim(), 256);
+  std::mt19937 rng(6);
+  std::vector<int32_t> tokens(100);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
+  kernels::CpuBackend cpu(2);
+  ExpectClose(AllLogits(*model, cuda, tokens, 100), AllLogits(*model, cpu, tokens, 100), 1e-2,
+              1e-3);
+  ExpectClose(AllLogits(*model, cuda, tokens, 7), AllLogits(*model, cpu, tokens, 7), 1e-4, 1e-5);
+}
+
 // One engine step over several sequences: three decode tokens and a 4-token chunk in one
 // Forward (CudaBackend::AttentionBatch: one split-KV launch for them), after each
 // sequence's prompt was prefilled on its own; against the same steps on the CpuBackend.

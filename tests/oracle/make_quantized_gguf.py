@@ -9,12 +9,18 @@ bytes, each with its own decoder.
 dim 256, 4 heads of 64 (2 KV heads), FFN 512, 2 layers, vocab 384 and no tokenizer; with
 --tokenizer GGUF, that file's tokenizer and its vocabulary size (for tests that serve it).
 --f32 writes every weight in F32 instead; --qwen2 makes it a Qwen2 (biases on q, k and v,
-RoPE on half-split pairs); --rope-freqs adds Llama 3.1's rope scaling
+RoPE on half-split pairs); --qwen3 a Qwen3 (no biases, an RMSNorm over each head of q and k,
+half-split RoPE, and heads of 128, so that the 4 query heads are 512 wide, twice dim); --rope-freqs adds Llama 3.1's rope scaling
 (rope_freqs.weight), the factors convert_hf_to_gguf.py derives from rope_scaling
 {factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192}.
+--hf DIR also writes the same values (as the GGUF decodes them) as a Hugging Face directory
+(config.json + model.safetensors in F32) of a Qwen2 or Qwen3, whose q and k rows GGUF
+keeps in Hugging Face's order. --set KEY=N overrides an integer metadata field (for tests
+of the loader's errors).
 """
-import math
 import argparse
+import json
+import math
 import os
 import sys
 
@@ -41,18 +47,24 @@ def main():
     ap.add_argument("--rope-freqs", action="store_true", help="Llama 3.1's rope_freqs.weight")
     ap.add_argument("--qwen2", action="store_true",
                     help="a Qwen2 instead: architecture qwen2, biases on q, k and v")
+    ap.add_argument("--qwen3", action="store_true",
+                    help="a Qwen3 instead: architecture qwen3, q/k head norms, head size 128")
     ap.add_argument("--no-add-bos", action="store_true",
                     help="tokenizer.ggml.add_bos_token = false (as Qwen2's files say)")
     ap.add_argument("--chat-template", metavar="JINJA",
                     help="tokenizer.chat_template: the model's Jinja chat template")
     ap.add_argument("--drop", action="append", default=[], metavar="TENSOR",
                     help="leave this tensor out (for tests of the loader's errors)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=N",
+                    help="set an integer metadata field (uint32)")
+    ap.add_argument("--hf", metavar="DIR", help="also write a Hugging Face directory (Qwen2/3)")
     args = ap.parse_args()
     metadata, vocab = llama_metadata("kvlens-quantized-test", DIM, FFN, LAYERS, HEADS, KV_HEADS,
                                      256, tokenizer_from=args.tokenizer)
     vocab = vocab or VOCAB
     rng = np.random.default_rng(args.seed)
-    kv = DIM // HEADS * KV_HEADS
+    head_dim = 128 if args.qwen3 else DIM // HEADS
+    kv, q_dim = head_dim * KV_HEADS, head_dim * HEADS
 
     def mat(rows, cols):
         return rng.normal(0, 1 / np.sqrt(cols), (rows, cols))
@@ -64,7 +76,7 @@ def main():
     for layer, kinds in enumerate(LAYER_TYPES):
         tensors.append((f"blk.{layer}.attn_norm.weight", norm(), "F32"))
         tensors.append((f"blk.{layer}.ffn_norm.weight", norm(), "F32"))
-        for (name, shape), kind in zip(llama_projections(DIM, kv, FFN), kinds):
+        for (name, shape), kind in zip(llama_projections(DIM, kv, FFN, q_dim), kinds):
             tensors.append((f"blk.{layer}.{name}.weight", mat(*shape), kind))
     tensors.append(("output_norm.weight", norm(), "F32"))
     tensors.append(("output.weight", mat(vocab, DIM), "Q6_K"))
@@ -74,8 +86,18 @@ def main():
         for layer in range(len(LAYER_TYPES)):
             for name, size in (("attn_q", DIM), ("attn_k", kv), ("attn_v", kv)):
                 tensors.append((f"blk.{layer}.{name}.bias", rng.normal(0, 0.5, size), "F32"))
+    if args.qwen3:
+        metadata = {k.replace("llama.", "qwen3.", 1): v for k, v in metadata.items()}
+        metadata["general.architecture"] = "qwen3"
+        metadata["qwen3.attention.key_length"] = np.uint32(head_dim)
+        metadata["qwen3.attention.value_length"] = np.uint32(head_dim)
+        metadata["qwen3.rope.dimension_count"] = np.uint32(head_dim)
+        for layer in range(len(LAYER_TYPES)):
+            for name in ("attn_q_norm", "attn_k_norm"):
+                tensors.append((f"blk.{layer}.{name}.weight",
+                                1 + rng.normal(0, 0.3, head_dim), "F32"))
     if args.rope_freqs:
-        tensors.append(("rope_freqs.weight", llama31_rope_factors(DIM // HEADS, 10000.0), "F32"))
+        tensors.append(("rope_freqs.weight", llama31_rope_factors(head_dim, 10000.0), "F32"))
     if args.f32:
         tensors = [(name, values, "F32") for name, values, _ in tensors]
     tensors = [t for t in tensors if t[0] not in args.drop]
@@ -83,7 +105,50 @@ def main():
         metadata["tokenizer.ggml.add_bos_token"] = False
     if args.chat_template is not None:
         metadata["tokenizer.chat_template"] = args.chat_template
-    write_gguf(args.out, metadata, tensors)
+    for item in args.set:
+        key, value = item.split("=", 1)
+        metadata[key] = np.uint32(int(value))
+    values = write_gguf(args.out, metadata, tensors)
+    if args.hf:
+        if not (args.qwen2 or args.qwen3):
+            ap.error("--hf needs --qwen2 or --qwen3 (a GGUF llama permutes its q and k rows)")
+        write_hf(args.hf, "qwen3" if args.qwen3 else "qwen2", head_dim, vocab,
+                 {name: values[name] for name, _, _ in tensors})
+
+
+# GGUF names -> Hugging Face names (Qwen2 / Qwen3 layers).
+HF_NAMES = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight":
+            "post_attention_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
+            "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
+            "attn_output.weight": "self_attn.o_proj.weight", "ffn_gate.weight":
+            "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight":
+            "mlp.down_proj.weight", "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias":
+            "self_attn.k_proj.bias", "attn_v.bias": "self_attn.v_proj.bias",
+            "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight":
+            "self_attn.k_norm.weight"}
+
+
+def write_hf(directory, model_type, head_dim, vocab, values):
+    """values: GGUF name -> the float64 values the GGUF holds, shaped [rows, cols] as GGUF
+    and torch.nn.Linear both store a weight."""
+    from kvlens_oracle.checkpoints import write_safetensors
+    os.makedirs(directory, exist_ok=True)
+    out = {}
+    for name, v in values.items():
+        if name.startswith("blk."):
+            _, layer, rest = name.split(".", 2)
+            out[f"model.layers.{layer}.{HF_NAMES[rest]}"] = v
+        else:
+            out[{"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight":
+                 "model.norm.weight", "output.weight": "lm_head.weight"}[name]] = v
+    write_safetensors(os.path.join(directory, "model.safetensors"), out)
+    config = {"model_type": model_type, "hidden_size": DIM, "intermediate_size": FFN,
+              "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+              "num_key_value_heads": KV_HEADS, "head_dim": head_dim, "vocab_size": vocab,
+              "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+              "tie_word_embeddings": False, "use_sliding_window": False}
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
 
 
 def llama31_rope_factors(head_dim, base, factor=8.0, low=1.0, high=4.0, original=8192):

@@ -85,10 +85,12 @@ def write_gguf(path, metadata, tensors, version=3, alignment=32):
 
 
 # ------------------------------------------------------ random Llama GGUF models
-def llama_projections(dim, kv_dim, ffn):
-    """A Llama layer's linear weights, in GGUF's names: [(name, (rows, cols)), ...]."""
-    return [("attn_q", (dim, dim)), ("attn_k", (kv_dim, dim)), ("attn_v", (kv_dim, dim)),
-            ("attn_output", (dim, dim)), ("ffn_gate", (ffn, dim)), ("ffn_up", (ffn, dim)),
+def llama_projections(dim, kv_dim, ffn, q_dim=None):
+    """A Llama layer's linear weights, in GGUF's names: [(name, (rows, cols)), ...]. q_dim:
+    the query heads' width (heads × head size) where it is not dim (Qwen3)."""
+    q_dim = q_dim or dim
+    return [("attn_q", (q_dim, dim)), ("attn_k", (kv_dim, dim)), ("attn_v", (kv_dim, dim)),
+            ("attn_output", (dim, q_dim)), ("ffn_gate", (ffn, dim)), ("ffn_up", (ffn, dim)),
             ("ffn_down", (dim, ffn))]
 
 

@@ -218,5 +218,54 @@ class Stories260KTest(unittest.TestCase):
                     self.assertGreater(diff, 1e-6)
 
 
+
+class Qwen3Test(unittest.TestCase):
+    """A random Qwen3 from make_quantized_gguf.py --qwen3 --f32 --hf: the oracle's GGUF and
+    Hugging Face readers give the same model, and its first layer's queries are, per head,
+    RMSNorm(W_Q x) ⊙ q_norm rotated, written out here with numpy."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.gguf = os.path.join(cls.tmp.name, "q3.gguf")
+        cls.hf = os.path.join(cls.tmp.name, "hf")
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "make_quantized_gguf.py")
+        rc = os.system(f"{sys.executable} {script} --out {cls.gguf} --qwen3 --f32 --hf {cls.hf}")
+        if rc != 0:
+            raise RuntimeError("make_quantized_gguf.py failed")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_gguf_equals_hf(self):
+        ids = [1, 5, 300, 17, 42, 383, 0, 9]
+        a, b = load_model(self.gguf), load_model(self.hf)
+        self.assertEqual(a.cfg["head_dim"], 128)
+        self.assertEqual(b.cfg["head_dim"], 128)
+        la, lb = forward(a, ids)[0], forward(b, ids)[0]
+        self.assertLess(float((la - lb).abs().max()), 1e-12)
+
+    def test_first_layer_queries_by_hand(self):
+        m = load_model(self.gguf)
+        ids = [1, 5, 300]
+        capture = {}
+        forward(m, ids, capture=capture)
+        q = capture["layers"][0]["q"].detach().numpy()  # [H, T, hd], after RoPE
+        lw = {k: v.numpy() for k, v in m.layers[0].items()}
+        x = m.w["embed"].numpy()[ids]
+        xn = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * lw["attn_norm"]
+        hd = 128
+        for h in range(4):
+            for t in range(3):
+                v = xn[t] @ lw["wq"][h * hd:(h + 1) * hd].T
+                v = v / np.sqrt((v * v).mean() + 1e-5) * lw["q_norm"]
+                i = np.arange(hd // 2)
+                ang = t * 10000.0 ** (-2 * i / hd)
+                a, b = v[:hd // 2], v[hd // 2:]
+                want = np.concatenate([a * np.cos(ang) - b * np.sin(ang),
+                                       b * np.cos(ang) + a * np.sin(ang)])
+                self.assertLess(np.abs(q[h, t] - want).max(), 1e-12)
+
 if __name__ == "__main__":
     unittest.main()

@@ -194,6 +194,47 @@ TEST(GenerationServiceTest, ServesAQuantisedModel) {
   EXPECT_EQ(r.tokens.size(), 24u);
 }
 
+// A Qwen3 GGUF (heads of 128 over a residual stream of 256, RMSNorm over each head of q and
+// k): GetModelInfo names the file's architecture and the query heads' width, and a greedy
+// stream equals the oracle's greedy continuation (PyTorch float64, full recompute per token).
+TEST(GenerationServiceTest, ServesAQwen3) {
+  KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
+  ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path =
+      MakeQuantizedModel("--f32 --qwen3 --tokenizer " + TestData("stories260K/stories260K.gguf"));
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  const std::vector<int32_t> prompt = {1, 5, 300, 17, 42};
+  const std::string cmd = std::string(OraclePython()) + " " + KVLENS_SOURCE_DIR +
+                          "/tests/oracle/oracle.py --model " + path +
+                          " --generate 12 --prompt-tokens '1 5 300 17 42'";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::vector<int32_t> oracle;
+  for (int id; fscanf(pipe, "%d", &id) == 1;) oracle.push_back(id);
+  ASSERT_EQ(pclose(pipe), 0) << cmd;
+  ASSERT_EQ(oracle.size(), 12u);
+  TestServer server(path, TestServer::DefaultOptions());
+  std::remove(path.c_str());
+  ASSERT_TRUE(server.ok()) << server.error();
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::ModelInfo info;
+  ASSERT_TRUE(server.stub().GetModelInfo(&context, {}, &info).ok());
+  EXPECT_EQ(info.architecture(), "llama");
+  EXPECT_EQ(info.family(), "qwen3");
+  EXPECT_EQ(info.dim(), 256);
+  EXPECT_EQ(info.head_dim(), 128);
+  EXPECT_EQ(info.q_dim(), 512);
+
+  v1::GenerateRequest request;
+  for (int32_t id : prompt) request.mutable_token_ids()->add_ids(id);
+  request.mutable_stopping()->set_max_new_tokens(12);
+  request.mutable_stopping()->set_ignore_eos(true);
+  const StreamResult r = RunGenerate(server.stub(), request);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, oracle);
+}
+
 // The default model with a generation_config.json that sets repetition_penalty 1.3.
 constexpr char kPenaltyConfig[] =
     R"({"bos_token_id": 4095, "eos_token_id": 4095, "repetition_penalty": 1.3})";

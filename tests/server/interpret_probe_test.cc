@@ -2,6 +2,9 @@
 // stories260K and the default model against the PyTorch float64 oracle (autograd, run at test time;
 // relative error ≤ 1e-6 at fp64, ≤ 1e-4 at fp32), the `verify` finite-difference report, chunking,
 // limits that name their flag, and the kvlens_interp_* metrics.
+#include <unistd.h>
+
+#include <cstdio>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -24,14 +27,31 @@ bool Visible(const std::vector<int32_t>& docs, int i, int j) {
   return j <= i && (docs.empty() || docs[i] == docs[j]);
 }
 
+// A random Qwen3 (tests/oracle/make_quantized_gguf.py --qwen3, f32, with stories260K's
+// tokenizer): RMSNorm over each head of q and k, 4 query heads of 128 over a residual
+// stream of 256. Written once per process and removed at exit; "" when it cannot be.
+std::string Qwen3Path() {
+  static const std::string path = [] {
+    if (!OracleAvailable() || access(Stories260KPath().c_str(), R_OK) != 0) return std::string();
+    return MakeQuantizedModel("--f32 --qwen3 --tokenizer " + Stories260KPath());
+  }();
+  static const struct Remove {
+    ~Remove() {
+      if (!path.empty()) std::remove(path.c_str());
+    }
+  } remove;
+  return path;
+}
+
 // The oracle comparisons run on both model families: stories260K (Llama: RMSNorm, RoPE,
-// SwiGLU, GQA) and the default model (GPT-2: LayerNorm, learned positions, GELU, biases).
+// SwiGLU, GQA), a Qwen3 (a Llama with head norms and heads wider than dim / heads) and the
+// default model (GPT-2: LayerNorm, learned positions, GELU, biases).
 struct OracleModel {
   const char* name;
   std::string (*path)();
 };
-const OracleModel kOracleModels[] = {{"stories260K", Stories260KPath},
-                                     {"kjv_gpt2_4l", DefaultModelPath}};
+const OracleModel kOracleModels[] = {
+    {"stories260K", Stories260KPath}, {"qwen3", Qwen3Path}, {"kjv_gpt2_4l", DefaultModelPath}};
 
 // Skips without the model or the oracle; else serves the model.
 class InterpretOracle : public ::testing::TestWithParam<OracleModel> {
@@ -253,10 +273,16 @@ TEST_P(InterpretOracle, GradientsMatchOracle) {
                 OracleHead(ref.arrays.at("grad.v" + s), h));
         }
       }
-      // One layer's attention weights (returned in fp64 whatever the precision).
+      // One layer's attention weights (returned in fp64 whatever the precision), [out, in].
       for (const char* w : {"wq", "wk", "wv", "wo"}) {
         const v1::Tensor* t = FindTensor(ts, absl::StrCat("grad.", w), kParamLayer, -1);
         ASSERT_NE(t, nullptr) << w;
+        const std::string name = w;
+        const int out = name == "wq" ? c.q_dim() : name == "wo" ? c.dim : c.kv_dim();
+        const int in = name == "wo" ? c.q_dim() : c.dim;
+        ASSERT_EQ(t->shape_size(), 2) << w;
+        EXPECT_EQ(t->shape(0), out) << w;
+        EXPECT_EQ(t->shape(1), in) << w;
         const double e = RelErr(DecodeTensor(*t), ref.arrays.at(absl::StrCat("grad.", w)).data);
         EXPECT_LE(e, tol) << w;
         worst = std::max(worst, e);

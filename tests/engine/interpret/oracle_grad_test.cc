@@ -23,7 +23,7 @@ const std::string kBin = testing::TestData("stories260K/stories260K.bin");
 
 testing::OracleResult RunGradOracle(const std::string& model, const std::vector<int32_t>& tokens,
                                     const std::vector<TokenTarget>& targets,
-                                    const std::vector<int32_t>& docs) {
+                                    const std::vector<int32_t>& docs, int param_layer = -1) {
   char tmpl[] = "/tmp/kvlens_oracle_grad_XXXXXX";
   const int fd = mkstemp(tmpl);
   if (fd >= 0) close(fd);
@@ -34,6 +34,7 @@ testing::OracleResult RunGradOracle(const std::string& model, const std::vector<
                     absl::StrJoin(tokens, " ") + "' --out " + tmpl + " --grad-logprob '" +
                     absl::StrJoin(t, " ") + "'";
   if (!docs.empty()) cmd += " --doc-ids '" + absl::StrJoin(docs, " ") + "'";
+  if (param_layer >= 0) cmd += absl::StrCat(" --grad-param-layer ", param_layer);
   testing::OracleResult r;
   if (std::system(cmd.c_str()) != 0) {
     r.error = "oracle failed: " + cmd;
@@ -150,6 +151,51 @@ TEST(OracleGradients, QuantizedModelMatchesAutograd) {
   const double e64 = WorstError<double>(**m, ref_be, tokens, targets, {}, ref);
   const double e32 = WorstError<float>(**m, fast, tokens, targets, {}, ref);
   std::printf("[oracle] quantized model: worst relative error fp64 %.3g, fp32 %.3g\n", e64, e32);
+}
+
+// A Qwen3 (tests/oracle/make_quantized_gguf.py --qwen3, f32): the backward passes through
+// the RMSNorm over each head of q and k, and its query heads (4 × 128) are wider than the
+// residual stream (256), so W_Q's and W_O's gradients are 512 × 256 and 256 × 512.
+TEST(OracleGradients, Qwen3HeadNormsMatchAutograd) {
+  if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  const std::string path = testing::MakeQuantizedModel("--f32 --qwen3");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  auto m = LoadModel({path, ""});
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ((*m)->config.q_dim(), 2 * (*m)->config.dim);
+  const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128};
+  const std::vector<TokenTarget> targets = {{11, 42}, {4, 300}, {0, 9}};
+  const std::vector<int32_t> docs = {0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1};
+  for (const std::vector<int32_t>& d : {std::vector<int32_t>{}, docs}) {
+    const testing::OracleResult ref = RunGradOracle(path, tokens, targets, d);
+    ASSERT_TRUE(ref.error.empty()) << ref.error;
+    kernels::ReferenceBackend ref_be;
+    kernels::CpuBackend fast(2);
+    const double e64 = WorstError<double>(**m, ref_be, tokens, targets, d, ref);
+    const double e32 = WorstError<float>(**m, fast, tokens, targets, d, ref);
+    std::printf("[oracle] qwen3%s: worst relative error fp64 %.3g, fp32 %.3g\n",
+                d.empty() ? "" : " with doc ids", e64, e32);
+  }
+  // Layer 1's attention weights, [out, in] as the weights: W_Q 512 × 256, W_O 256 × 512.
+  const testing::OracleResult ref = RunGradOracle(path, tokens, targets, {}, /*param_layer=*/1);
+  std::remove(path.c_str());
+  ASSERT_TRUE(ref.error.empty()) << ref.error;
+  kernels::ReferenceBackend ref_be;
+  auto tape = RunForward(**m, ref_be, SequenceInput<double>{tokens});
+  ASSERT_TRUE(tape.ok()) << tape.status();
+  BackwardOptions options;
+  options.param_layer = 1;
+  auto g = ObjectiveGradients(**m, *tape, Objective::LogProb(targets), options);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const ParamGradients& p = g->params;
+  for (const auto& [name, ours] : {std::pair{"grad.wq", &p.wq}, std::pair{"grad.wk", &p.wk},
+                                   std::pair{"grad.wv", &p.wv}, std::pair{"grad.wo", &p.wo}}) {
+    const testing::OracleArray& want = ref.arrays.at(name);
+    ASSERT_EQ(ours->size(), want.data.size()) << name;
+    EXPECT_LE(RelErr(*ours, want), 1e-6) << name;
+  }
+  EXPECT_EQ(ref.arrays.at("grad.wq").dims, (std::vector<int64_t>{512, 256}));
+  EXPECT_EQ(ref.arrays.at("grad.wo").dims, (std::vector<int64_t>{256, 512}));
 }
 
 }  // namespace

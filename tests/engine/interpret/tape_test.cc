@@ -223,6 +223,13 @@ class TinyTape : public ::testing::TestWithParam<int> {
       s.rope_style = kernels::RopeStyle::kAdjacentPairs;
       s.kv_heads = 1;
       s.seed = 3;
+    } else if (i == 3) {  // Qwen3: norms over each head of q and k, heads of 6 (q: 24 ≠ 16)
+      s.arch = Architecture::kLlama;
+      s.rope_style = kernels::RopeStyle::kHalfSplit;
+      s.kv_heads = 2;
+      s.head_dim = 6;
+      s.qk_norm = true;
+      s.seed = 4;
     }
     return s;
   }
@@ -276,7 +283,7 @@ TEST_P(TinyTape, ParameterGradientsMatchDifferencesInTheWeights) {
   EXPECT_LE(worst, 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, TinyTape, ::testing::Range(0, 3));
+INSTANTIATE_TEST_SUITE_P(Families, TinyTape, ::testing::Range(0, 4));
 
 }  // namespace
 }  // namespace kvlens::interpret

@@ -1,6 +1,7 @@
 // A tiny model with random f32 weights built in memory (owned buffers), for either
 // family: GPT-2 (LayerNorm, GELU, biases, learned positions) or Llama (RMSNorm, SwiGLU,
-// RoPE of either style, grouped-query attention). Buffers are mutable through Param() so
+// RoPE of either style, grouped-query attention; optionally Qwen3's norms over each head of
+// q and k, and heads whose width is not dim / heads). Buffers are mutable through Param() so
 // tests can take finite differences in the weights themselves.
 #ifndef KVLENS_TESTS_ENGINE_INTERPRET_TINY_MODEL_H_
 #define KVLENS_TESTS_ENGINE_INTERPRET_TINY_MODEL_H_
@@ -18,6 +19,8 @@ struct TinySpec {
   Architecture arch = Architecture::kGpt2;
   kernels::RopeStyle rope_style = kernels::RopeStyle::kHalfSplit;
   int dim = 16, heads = 4, kv_heads = 4, hidden = 24, layers = 2, vocab = 23, max_seq = 32;
+  int head_dim = 0;      // 0: dim / heads
+  bool qk_norm = false;  // Llama only
   uint32_t seed = 1;
 };
 
@@ -30,7 +33,8 @@ inline std::unique_ptr<Model> MakeTinyModel(const TinySpec& s) {
   c.num_layers = s.layers;
   c.num_heads = s.heads;
   c.num_kv_heads = s.kv_heads;
-  c.head_dim = s.dim / s.heads;
+  c.head_dim = s.head_dim > 0 ? s.head_dim : s.dim / s.heads;
+  c.qk_norm = s.qk_norm;
   c.vocab_size = s.vocab;
   c.max_seq_len = s.max_seq;
   c.rope_style = s.rope_style;
@@ -47,7 +51,7 @@ inline std::unique_ptr<Model> MakeTinyModel(const TinySpec& s) {
     m->weights.storage.push_back(buf);
     return kernels::WeightView{buf->data(), kernels::DType::kF32, rows, cols};
   };
-  const int D = c.dim, KVD = c.kv_dim(), F = c.hidden_dim;
+  const int D = c.dim, QD = c.q_dim(), KVD = c.kv_dim(), F = c.hidden_dim;
   const bool gpt2 = s.arch == Architecture::kGpt2;
   const float w = 1.0f / std::sqrt(static_cast<float>(D));
   Weights& wt = m->weights;
@@ -56,10 +60,10 @@ inline std::unique_ptr<Model> MakeTinyModel(const TinySpec& s) {
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights lw;
     lw.attn_norm = mat(1, D, 0.2f, 1.0f);
-    lw.wq = mat(D, D, 2 * w);
+    lw.wq = mat(QD, D, 2 * w);
     lw.wk = mat(KVD, D, 2 * w);
     lw.wv = mat(KVD, D, w);
-    lw.wo = mat(D, D, w);
+    lw.wo = mat(D, QD, w);
     lw.ffn_norm = mat(1, D, 0.2f, 1.0f);
     lw.w_in = mat(F, D, w);
     lw.w_out = mat(D, F, 1.0f / std::sqrt(static_cast<float>(F)));
@@ -74,6 +78,10 @@ inline std::unique_ptr<Model> MakeTinyModel(const TinySpec& s) {
       lw.b_out = mat(1, D, 0.1f);
     } else {
       lw.w_up = mat(F, D, w);
+    }
+    if (s.qk_norm) {
+      lw.q_norm = mat(1, c.head_dim, 0.3f, 1.0f);
+      lw.k_norm = mat(1, c.head_dim, 0.3f, 1.0f);
     }
     wt.layers.push_back(lw);
   }

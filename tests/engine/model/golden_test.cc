@@ -200,6 +200,82 @@ TEST(Qwen2GoldenTest, BiasesAndHalfSplitRopeMatchTheOracle) {
       << bad.status();
 }
 
+// A Qwen3 GGUF in every block type: no biases, an RMSNorm over each head of q and k before
+// RoPE on half-split pairs, and heads of 128, so that the 4 query heads (512 wide) are
+// twice the residual stream's width (256) and W_O's rows are 512 long; against the oracle
+// reading the same file as a Qwen3.
+TEST(Qwen3GoldenTest, HeadNormsAndWideHeadsMatchTheOracle) {
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path = testing::MakeQuantizedModel("--qwen3");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  auto model = LoadModel({path, ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config;
+  EXPECT_EQ(c.family, "qwen3");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.rope_style, kernels::RopeStyle::kHalfSplit);
+  EXPECT_EQ(c.dim, 256);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.q_dim(), 512);
+  EXPECT_EQ((*model)->weights.layers[0].wo.cols, 512);
+  const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128, 3, 64};
+  ExpectBothBackendsMatchTheOracle(**model, path, tokens);
+}
+
+// The same architecture from a Hugging Face directory (config.json's model_type "qwen3" and
+// head_dim; q_norm and k_norm tensors), against the oracle's own reading of the directory.
+TEST(Qwen3GoldenTest, HuggingFaceDirectoryMatchesTheOracle) {
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  char dir_template[] = "/tmp/kvlens_qwen3_hf_XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string gguf = testing::MakeQuantizedModel("--f32 --qwen3 --hf " + dir);
+  ASSERT_FALSE(gguf.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  std::remove(gguf.c_str());
+  auto model = LoadModel({dir, ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->format, "safetensors");
+  EXPECT_EQ((*model)->config.family, "qwen3");
+  EXPECT_EQ((*model)->config.q_dim(), 512);
+  const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256};
+  const testing::OracleResult oracle = testing::RunOracle(dir, tokens, /*attention=*/true);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(oracle.error.empty()) << oracle.error;
+  kernels::ReferenceBackend ref;
+  kernels::CpuBackend fast(2);
+  CompareWithOracle<double>(**model, ref, tokens, oracle, 1e-9);
+  CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5);
+}
+
+// A Qwen3 file without a head norm, or whose values are not the keys' size, or whose RoPE
+// covers part of a head, is refused by name.
+TEST(Qwen3GoldenTest, LoaderErrorsNameTheTensorOrField) {
+  const struct {
+    std::string args;
+    absl::StatusCode code;
+    std::string message;
+  } cases[] = {
+      {"--drop blk.1.attn_k_norm.weight", absl::StatusCode::kNotFound,
+       "missing tensor blk.1.attn_k_norm.weight"},
+      {"--set qwen3.attention.value_length=64", absl::StatusCode::kUnimplemented,
+       "qwen3.attention.value_length = 64 differs from key_length = 128"},
+      {"--set qwen3.rope.dimension_count=64", absl::StatusCode::kUnimplemented,
+       "qwen3.rope.dimension_count = 64: partial rotary embeddings are not supported (head "
+       "size 128)"},
+  };
+  for (const auto& tc : cases) {
+    SCOPED_TRACE(tc.args);
+    const std::string path = testing::MakeQuantizedModel("--f32 --qwen3 " + tc.args);
+    ASSERT_FALSE(path.empty());
+    auto bad = LoadModel({path, ""});
+    std::remove(path.c_str());
+    EXPECT_EQ(bad.status().code(), tc.code) << bad.status();
+    EXPECT_NE(std::string(bad.status().message()).find(tc.message), std::string::npos)
+        << bad.status();
+  }
+}
+
 // CpuBackend with int8 activations, every matrix product checked as it runs: the output
 // must be the product of the input rounded by the mode's rules (ggml's quantize_row_q8_0,
 // or q8_K's granularity for the 256-element types; written here from their definitions) with the

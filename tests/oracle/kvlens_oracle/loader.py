@@ -33,7 +33,7 @@ class OracleModel:
 
 def _llama_cfg(d, n_layers, n_heads, n_kv, vocab, eps, base, rope_style, head_dim=None):
     return dict(dim=d, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, vocab_size=vocab,
-                head_dim=head_dim or d // n_heads, eps=float(eps), rope_base=float(base),
+                head_dim=int(head_dim) if head_dim else d // n_heads, eps=float(eps), rope_base=float(base),
                 rope_style=rope_style)
 
 
@@ -52,10 +52,11 @@ def load_llama2c(path):
 
 def load_gguf(path):
     """A GGUF Llama, or a Qwen2: a Llama with q/k/v biases whose q and k rows llama.cpp's
-    converter leaves as Hugging Face wrote them (rotate_half RoPE: "half" pairs)."""
+    converter leaves as Hugging Face wrote them (rotate_half RoPE: "half" pairs), or a
+    Qwen3: no biases, an RMSNorm over each head of q and k, heads of key_length."""
     g = GGUFFile(path)
     arch = g.metadata.get("general.architecture")
-    if arch not in ("llama", "qwen2"):
+    if arch not in ("llama", "qwen2", "qwen3"):
         raise NotImplementedError(f"GGUF architecture {arch!r} not supported by the oracle")
     m, T = g.metadata, g.tensors
     n_heads = int(m[f"{arch}.attention.head_count"])
@@ -64,7 +65,8 @@ def load_gguf(path):
                      T["token_embd.weight"].shape[0],
                      m.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
                      m.get(f"{arch}.rope.freq_base", 10000.0),
-                     "half" if arch == "qwen2" else "adjacent")
+                     "half" if arch in ("qwen2", "qwen3") else "adjacent",
+                     m.get(f"{arch}.attention.key_length"))
     if int(m.get(f"{arch}.rope.dimension_count", cfg["head_dim"])) != cfg["head_dim"]:
         raise NotImplementedError("partial rotary embeddings are not supported by the oracle")
     if "rope_freqs.weight" in T:  # Llama 3.1's rope scaling: divisors of the frequencies
@@ -77,6 +79,10 @@ def load_gguf(path):
         for i, lw in enumerate(layers):
             for k, v in (("bq", "attn_q"), ("bk", "attn_k"), ("bv", "attn_v")):
                 lw[k] = _t(T[f"blk.{i}.{v}.bias"])
+    if arch == "qwen3":
+        for i, lw in enumerate(layers):
+            for k in ("q_norm", "k_norm"):
+                lw[k] = _t(T[f"blk.{i}.attn_{k}.weight"])
     out = T.get("output.weight", T["token_embd.weight"])
     w = dict(embed=_t(T["token_embd.weight"]), final_norm=_t(T["output_norm.weight"]), out=_t(out))
     model = OracleModel("llama", cfg, w, layers, path)
@@ -113,6 +119,10 @@ def _load_hf_llama(c, T, path):
                  w1="mlp.gate_proj", w2="mlp.down_proj", w3="mlp.up_proj")
     layers = [{k: _t(T[f"{p}layers.{i}.{v}.weight"]) for k, v in names.items()}
               for i in range(cfg["n_layers"])]
+    if c.get("model_type") == "qwen3":
+        for i, lw in enumerate(layers):
+            for k in ("q_norm", "k_norm"):
+                lw[k] = _t(T[f"{p}layers.{i}.self_attn.{k}.weight"])
     embed = T[p + "embed_tokens.weight"]
     out = T.get("lm_head.weight", embed)
     w = dict(embed=_t(embed), final_norm=_t(T[p + "norm.weight"]), out=_t(out))
@@ -153,7 +163,7 @@ def load_hf(path):
     mt = c.get("model_type")
     if mt == "gpt2":
         return _load_hf_gpt2(c, T, directory)
-    if mt == "llama":
+    if mt in ("llama", "mistral", "qwen3"):
         return _load_hf_llama(c, T, directory)
     raise NotImplementedError(f"model_type {mt!r} not supported by the oracle")
 

@@ -108,8 +108,11 @@ def llama_forward(m, x, positions, mask, capture=None):
         qp, kp, vp = n @ lw["wq"].T, n @ lw["wk"].T, n @ lw["wv"].T
         if "bq" in lw:  # Qwen2's biases
             qp, kp, vp = qp + lw["bq"], kp + lw["bk"], vp + lw["bv"]
-        q = rope(_heads(qp, H, hd), positions, c["rope_base"], c["rope_style"], factors)
-        k = rope(_heads(kp, KV, hd), positions, c["rope_base"], c["rope_style"], factors)
+        q, k = _heads(qp, H, hd), _heads(kp, KV, hd)
+        if "q_norm" in lw:  # Qwen3: RMSNorm over each head's vector, before RoPE
+            q, k = rms_norm(q, lw["q_norm"], eps), rms_norm(k, lw["k_norm"], eps)
+        q = rope(q, positions, c["rope_base"], c["rope_style"], factors)
+        k = rope(k, positions, c["rope_base"], c["rope_style"], factors)
         v = _heads(vp, KV, hd)
         k, v = _leaf_prefix(capture, k, v)
         kv_of_head = torch.arange(H) // group  # GQA: query head h reads KV head h // group
