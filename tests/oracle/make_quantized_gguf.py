@@ -14,9 +14,11 @@ half-split RoPE, and heads of 128, so that the 4 query heads are 512 wide, twice
 (rope_freqs.weight), the factors convert_hf_to_gguf.py derives from rope_scaling
 {factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192}.
 --hf DIR also writes the same values (as the GGUF decodes them) as a Hugging Face directory
-(config.json + model.safetensors in F32) of a Qwen2 or Qwen3, whose q and k rows GGUF
-keeps in Hugging Face's order. --set KEY=N overrides an integer metadata field (for tests
-of the loader's errors).
+(config.json + model.safetensors in F32): a Qwen2 or Qwen3, whose q and k rows GGUF keeps in
+Hugging Face's order, or a Llama (--hf-type llama or mistral), whose rows it turns back from
+GGUF's adjacent pairs to Hugging Face's halves; --hf-config JSON merges fields into its
+config.json. --set KEY=N overrides an integer metadata field (for tests of the loader's
+errors).
 """
 import argparse
 import json
@@ -28,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from oracle_fixtures import llama_metadata, llama_projections, write_gguf  # noqa: E402
+from oracle_fixtures import llama_metadata, llama_projections, to_half_split, write_gguf  # noqa: E402,E501
 
 DIM, HEADS, KV_HEADS, FFN, LAYERS, VOCAB = 256, 4, 2, 512, 2, 384
 # Per layer: q, k, v, output, gate, up, down.
@@ -57,7 +59,10 @@ def main():
                     help="leave this tensor out (for tests of the loader's errors)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=N",
                     help="set an integer metadata field (uint32)")
-    ap.add_argument("--hf", metavar="DIR", help="also write a Hugging Face directory (Qwen2/3)")
+    ap.add_argument("--hf", metavar="DIR", help="also write a Hugging Face directory")
+    ap.add_argument("--hf-type", default=None, help="its model_type (default: the GGUF's)")
+    ap.add_argument("--hf-config", default="{}", metavar="JSON",
+                    help="fields merged into its config.json")
     args = ap.parse_args()
     metadata, vocab = llama_metadata("kvlens-quantized-test", DIM, FFN, LAYERS, HEADS, KV_HEADS,
                                      256, tokenizer_from=args.tokenizer)
@@ -110,10 +115,15 @@ def main():
         metadata[key] = np.uint32(int(value))
     values = write_gguf(args.out, metadata, tensors)
     if args.hf:
-        if not (args.qwen2 or args.qwen3):
-            ap.error("--hf needs --qwen2 or --qwen3 (a GGUF llama permutes its q and k rows)")
-        write_hf(args.hf, "qwen3" if args.qwen3 else "qwen2", head_dim, vocab,
-                 {name: values[name] for name, _, _ in tensors})
+        arch = metadata["general.architecture"]
+        values = {name: values[name] for name, _, _ in tensors}
+        if arch == "llama":  # GGUF's q and k rows rotate adjacent pairs; HF's rotate halves
+            for name in values:
+                if name.endswith(("attn_q.weight", "attn_k.weight")):
+                    heads = HEADS if "attn_q" in name else KV_HEADS
+                    values[name] = to_half_split(values[name], heads)
+        write_hf(args.hf, args.hf_type or arch, head_dim, vocab, values,
+                 json.loads(args.hf_config))
 
 
 # GGUF names -> Hugging Face names (Qwen2 / Qwen3 layers).
@@ -128,7 +138,7 @@ HF_NAMES = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight":
             "self_attn.k_norm.weight"}
 
 
-def write_hf(directory, model_type, head_dim, vocab, values):
+def write_hf(directory, model_type, head_dim, vocab, values, extra):
     """values: GGUF name -> the float64 values the GGUF holds, shaped [rows, cols] as GGUF
     and torch.nn.Linear both store a weight."""
     from kvlens_oracle.checkpoints import write_safetensors
@@ -146,7 +156,7 @@ def write_hf(directory, model_type, head_dim, vocab, values):
               "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
               "num_key_value_heads": KV_HEADS, "head_dim": head_dim, "vocab_size": vocab,
               "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-              "tie_word_embeddings": False, "use_sliding_window": False}
+              "tie_word_embeddings": False, "use_sliding_window": False, **extra}
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
 

@@ -223,21 +223,29 @@ TEST(Qwen3GoldenTest, HeadNormsAndWideHeadsMatchTheOracle) {
   ExpectBothBackendsMatchTheOracle(**model, path, tokens);
 }
 
-// The same architecture from a Hugging Face directory (config.json's model_type "qwen3" and
-// head_dim; q_norm and k_norm tensors), against the oracle's own reading of the directory.
-TEST(Qwen3GoldenTest, HuggingFaceDirectoryMatchesTheOracle) {
-  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
-  char dir_template[] = "/tmp/kvlens_qwen3_hf_XXXXXX";
-  ASSERT_NE(mkdtemp(dir_template), nullptr);
+// A Hugging Face directory that tests/oracle/make_quantized_gguf.py writes with `args`
+// (f32), loaded by kvlens and by the oracle's own reader; "" or the load's error.
+std::string HfDirectory(const std::string& args, absl::StatusOr<std::unique_ptr<Model>>& model) {
+  char dir_template[] = "/tmp/kvlens_hf_XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) return "";
   const std::string dir = dir_template;
-  const std::string gguf = testing::MakeQuantizedModel("--f32 --qwen3 --hf " + dir);
-  ASSERT_FALSE(gguf.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  const std::string gguf = testing::MakeQuantizedModel("--f32 --hf " + dir + " " + args);
+  if (gguf.empty()) return "";
   std::remove(gguf.c_str());
-  auto model = LoadModel({dir, ""});
+  model = LoadModel({dir, ""});
+  return dir;
+}
+
+void ExpectHfDirectoryMatchesTheOracle(const std::string& args, const std::string& family,
+                                       int q_dim) {
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  absl::StatusOr<std::unique_ptr<Model>> model = absl::UnknownError("not loaded");
+  const std::string dir = HfDirectory(args, model);
+  ASSERT_FALSE(dir.empty()) << "tests/oracle/make_quantized_gguf.py failed";
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ((*model)->format, "safetensors");
-  EXPECT_EQ((*model)->config.family, "qwen3");
-  EXPECT_EQ((*model)->config.q_dim(), 512);
+  EXPECT_EQ((*model)->config.family, family);
+  EXPECT_EQ((*model)->config.q_dim(), q_dim);
   const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256};
   const testing::OracleResult oracle = testing::RunOracle(dir, tokens, /*attention=*/true);
   std::filesystem::remove_all(dir);
@@ -246,6 +254,26 @@ TEST(Qwen3GoldenTest, HuggingFaceDirectoryMatchesTheOracle) {
   kernels::CpuBackend fast(2);
   CompareWithOracle<double>(**model, ref, tokens, oracle, 1e-9);
   CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5);
+}
+
+// The same architecture from a Hugging Face directory (config.json's model_type "qwen3" and
+// head_dim; q_norm and k_norm tensors), against the oracle's own reading of the directory.
+TEST(Qwen3GoldenTest, HuggingFaceDirectoryMatchesTheOracle) {
+  ExpectHfDirectoryMatchesTheOracle("--qwen3", "qwen3", 512);
+}
+
+// Mistral's config.json (model_type "mistral") is a Llama's; a sliding window is refused.
+TEST(MistralGoldenTest, HuggingFaceDirectoryMatchesTheOracle) {
+  ExpectHfDirectoryMatchesTheOracle("--hf-type mistral --hf-config '{\"sliding_window\": null}'",
+                                    "mistral", 256);
+  absl::StatusOr<std::unique_ptr<Model>> model = absl::UnknownError("not loaded");
+  const std::string dir =
+      HfDirectory("--hf-type mistral --hf-config '{\"sliding_window\": 4096}'", model);
+  ASSERT_FALSE(dir.empty());
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented) << model.status();
+  EXPECT_NE(std::string(model.status().message()).find("sliding_window is set"), std::string::npos)
+      << model.status();
 }
 
 // A Qwen3 file without a head norm, or whose values are not the keys' size, or whose RoPE
