@@ -305,11 +305,6 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     if (sliding) {
       return absl::UnimplementedError("config.json: use_sliding_window = true is not supported");
     }
-    if (type == "mistral" && cfg.contains("sliding_window") && !cfg["sliding_window"].is_null()) {
-      return absl::UnimplementedError(
-          "config.json: sliding_window is set (Mistral 7B v0.1's window of 4096 is not "
-          "implemented; v0.2 and later set null)");
-    }
     bool attention_bias = false;
     if (auto s = ConfigValue(cfg, "attention_bias", attention_bias, false); !s.ok()) return s;
     if (attention_bias && type != "qwen2") {
@@ -322,6 +317,20 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     if (auto s = ConfigInt(cfg, {"num_key_value_heads"}, c.num_kv_heads, c.num_heads); !s.ok())
       return s;
     if (auto s = ConfigInt(cfg, {"max_position_embeddings"}, c.max_seq_len); !s.ok()) return s;
+    // Mistral 7B v0.1 lets a query see only the last sliding_window keys (4096; v0.2 and
+    // later set null). Within that many positions every key a causal query sees is inside
+    // its window, so full attention is exact there: the context stops at the window rather
+    // than going past it with the wrong answers (llama.cpp serves such files unwindowed).
+    if (type == "mistral") {
+      int window = 0;
+      if (auto s = ConfigInt(cfg, {"sliding_window"}, window, 0); !s.ok()) return s;
+      if (window < 0 ||
+          (window == 0 && cfg.contains("sliding_window") && !cfg["sliding_window"].is_null())) {
+        return absl::InvalidArgumentError(absl::StrCat("config.json: sliding_window = ", window,
+                                                       " (a positive number of keys, or null)"));
+      }
+      if (window > 0 && window < c.max_seq_len) c.max_seq_len = window;
+    }
     if (auto s = ConfigInt(cfg, {"vocab_size"}, c.vocab_size); !s.ok()) return s;
     c.norm_eps = ConfigFloat(cfg, "rms_norm_eps", 1e-6);
     c.rope_theta = ConfigFloat(cfg, "rope_theta", 10000.0);

@@ -219,6 +219,42 @@ class Stories260KTest(unittest.TestCase):
 
 
 
+class MistralWindowTest(unittest.TestCase):
+    """A random Llama from make_quantized_gguf.py --f32, and the same values as a Mistral
+    directory whose sliding_window is 3: within 3 positions the window hides nothing, so both
+    give the same logits; past it, each query sees only its last 3 keys."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.gguf = os.path.join(cls.tmp.name, "m.gguf")
+        cls.hf = os.path.join(cls.tmp.name, "hf")
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "make_quantized_gguf.py")
+        rc = os.system(f"{sys.executable} {script} --out {cls.gguf} --f32 --hf {cls.hf} "
+                       "--hf-type mistral --hf-config '{\"sliding_window\": 3}'")
+        if rc != 0:
+            raise RuntimeError("make_quantized_gguf.py failed")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_window(self):
+        full, windowed = load_model(self.gguf), load_model(self.hf)
+        self.assertNotIn("sliding_window", full.cfg)
+        self.assertEqual(windowed.cfg["sliding_window"], 3)
+        ids = [1, 5, 300, 17, 42, 383]
+        la, _ = forward(full, ids)
+        lb, attn = forward(windowed, ids)
+        # Rows 0..2 see the same keys either way (the GGUF's q/k rows came back from HF's
+        # half-split order, so this also checks that conversion).
+        self.assertLess(float((la[:3] - lb[:3]).abs().max()), 1e-12)
+        self.assertGreater(float((la[3:] - lb[3:]).abs().max()), 1e-6)
+        # Query 5 attends to keys 3, 4, 5 only, in every layer and head.
+        self.assertEqual(float(attn[:, :, 5, :3].abs().max()), 0.0)
+        self.assertLess(float((attn[:, :, 5, 3:].sum(-1) - 1).abs().max()), 1e-12)
+
+
 class Qwen3Test(unittest.TestCase):
     """A random Qwen3 from make_quantized_gguf.py --qwen3 --f32 --hf: the oracle's GGUF and
     Hugging Face readers give the same model, and its first layer's queries are, per head,

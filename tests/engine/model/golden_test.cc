@@ -237,7 +237,7 @@ std::string HfDirectory(const std::string& args, absl::StatusOr<std::unique_ptr<
 }
 
 void ExpectHfDirectoryMatchesTheOracle(const std::string& args, const std::string& family,
-                                       int q_dim) {
+                                       int q_dim, int max_seq_len = 256) {
   ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
   absl::StatusOr<std::unique_ptr<Model>> model = absl::UnknownError("not loaded");
   const std::string dir = HfDirectory(args, model);
@@ -246,6 +246,7 @@ void ExpectHfDirectoryMatchesTheOracle(const std::string& args, const std::strin
   EXPECT_EQ((*model)->format, "safetensors");
   EXPECT_EQ((*model)->config.family, family);
   EXPECT_EQ((*model)->config.q_dim(), q_dim);
+  EXPECT_EQ((*model)->config.max_seq_len, max_seq_len);
   const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256};
   const testing::OracleResult oracle = testing::RunOracle(dir, tokens, /*attention=*/true);
   std::filesystem::remove_all(dir);
@@ -262,17 +263,24 @@ TEST(Qwen3GoldenTest, HuggingFaceDirectoryMatchesTheOracle) {
   ExpectHfDirectoryMatchesTheOracle("--qwen3", "qwen3", 512);
 }
 
-// Mistral's config.json (model_type "mistral") is a Llama's; a sliding window is refused.
+// Mistral's config.json (model_type "mistral") is a Llama's. Mistral 7B v0.1's sliding
+// window (each query sees its last sliding_window keys) hides nothing within that many
+// positions, so the context stops there: 11 tokens against the oracle, which applies the
+// window itself, are the whole context. A window of 0 is refused by name.
 TEST(MistralGoldenTest, HuggingFaceDirectoryMatchesTheOracle) {
   ExpectHfDirectoryMatchesTheOracle("--hf-type mistral --hf-config '{\"sliding_window\": null}'",
                                     "mistral", 256);
+  ExpectHfDirectoryMatchesTheOracle("--hf-type mistral --hf-config '{\"sliding_window\": 4096}'",
+                                    "mistral", 256);
+  ExpectHfDirectoryMatchesTheOracle("--hf-type mistral --hf-config '{\"sliding_window\": 11}'",
+                                    "mistral", 256, /*max_seq_len=*/11);
   absl::StatusOr<std::unique_ptr<Model>> model = absl::UnknownError("not loaded");
   const std::string dir =
-      HfDirectory("--hf-type mistral --hf-config '{\"sliding_window\": 4096}'", model);
+      HfDirectory("--hf-type mistral --hf-config '{\"sliding_window\": 0}'", model);
   ASSERT_FALSE(dir.empty());
   std::filesystem::remove_all(dir);
-  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented) << model.status();
-  EXPECT_NE(std::string(model.status().message()).find("sliding_window is set"), std::string::npos)
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument) << model.status();
+  EXPECT_NE(std::string(model.status().message()).find("sliding_window = 0"), std::string::npos)
       << model.status();
 }
 

@@ -119,6 +119,8 @@ def _load_hf_llama(c, T, path):
                  w1="mlp.gate_proj", w2="mlp.down_proj", w3="mlp.up_proj")
     layers = [{k: _t(T[f"{p}layers.{i}.{v}.weight"]) for k, v in names.items()}
               for i in range(cfg["n_layers"])]
+    if c.get("model_type") == "mistral" and c.get("sliding_window") is not None:
+        cfg["sliding_window"] = c["sliding_window"]
     if c.get("model_type") == "qwen3":
         for i, lw in enumerate(layers):
             for k in ("q_norm", "k_norm"):

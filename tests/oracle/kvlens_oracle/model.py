@@ -11,10 +11,13 @@ import torch
 F64 = torch.float64
 
 
-def allowed_mask(T, doc_ids=None):
-    """[T, T] bool: query i may see key j iff j <= i (and same document when doc_ids given)."""
+def allowed_mask(T, doc_ids=None, window=None):
+    """[T, T] bool: query i may see key j iff j <= i (and same document when doc_ids given;
+    and i - j < window when a sliding window is given, as Mistral 7B v0.1's)."""
     idx = torch.arange(T)
     mask = idx[None, :] <= idx[:, None]
+    if window is not None:
+        mask = mask & (idx[:, None] - idx[None, :] < window)
     if doc_ids is not None:
         d = torch.as_tensor(doc_ids)
         mask = mask & (d[None, :] == d[:, None])
@@ -157,7 +160,7 @@ def forward(m, tokens, doc_ids=None, positions=None, inputs_embeds=None, capture
     if doc_ids is not None and len(doc_ids) != T:
         raise ValueError("doc_ids must have one entry per token")
     pos = torch.arange(T) if positions is None else torch.as_tensor(list(positions), dtype=torch.long)
-    mask = allowed_mask(T, doc_ids)
+    mask = allowed_mask(T, doc_ids, m.cfg.get("sliding_window"))
     embed = m.w["embed"] if m.family == "llama" else m.w["wte"]
     x = embed[ids] if inputs_embeds is None else inputs_embeds
     if capture is not None:
