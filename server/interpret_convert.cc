@@ -146,6 +146,18 @@ absl::Status CheckBytes(int64_t bytes, const InterpLimits& limits, const char* w
   return absl::OkStatus();
 }
 
+absl::Status CheckTapeBytes(int64_t bytes, int positions, const InterpLimits& limits,
+                            const std::string& what) {
+  if (bytes > limits.max_tape_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, " over ", positions, " positions needs ", bytes,
+        " bytes of working memory (activations, attention maps and their gradients grow with "
+        "layers x heads x positions^2), more than --max-interp-tape-bytes = ",
+        limits.max_tape_bytes, "; ask for fewer positions"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<interpret::TokenTarget>> ToTargets(
     const google::protobuf::RepeatedPtrField<v1::TokenTarget>& targets, const ModelConfig& c, int n,
     const InterpLimits& limits, const std::string& field) {

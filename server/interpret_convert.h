@@ -22,10 +22,11 @@ struct InterpLimits {
   int max_positions = 1024;        // --max-interp-positions: tokens of one sequence
   int64_t max_layer_heads = 4096;  // --max-interp-layer-heads: layers × heads asked for
   int64_t max_bytes = 64 << 20;    // --max-interp-bytes: bytes of one response (all chunks)
-  int max_targets = 256;           // targets, edits, lens positions per request
-  int max_verify_samples = 64;     // K of `verify`
-  int max_top_k = 100;             // LogitLens top_k
-  int64_t chunk_bytes = 1 << 20;   // AttentionMaps chunks stay near this size
+  int64_t max_tape_bytes = int64_t{8} << 30;  // --max-interp-tape-bytes: working memory
+  int max_targets = 256;                      // targets, edits, lens positions per request
+  int max_verify_samples = 64;                // K of `verify`
+  int max_top_k = 100;                        // LogitLens top_k
+  int64_t chunk_bytes = 1 << 20;              // AttentionMaps chunks stay near this size
 };
 
 // A sequence to run on: tokens and optional document ids (same length).
@@ -56,6 +57,11 @@ absl::StatusOr<PositionRange> ToRange(const v1::Range& range, int n, const std::
 absl::Status CheckLayerHeads(int64_t layers, int64_t heads, const InterpLimits& limits);
 // Bytes of a response against --max-interp-bytes.
 absl::Status CheckBytes(int64_t bytes, const InterpLimits& limits, const char* what);
+// Working memory of a request's tapes and gradients (interpret::TapeBytes) against
+// --max-interp-tape-bytes, before anything is allocated: RESOURCE_EXHAUSTED naming the flag,
+// the positions and the bytes.
+absl::Status CheckTapeBytes(int64_t bytes, int positions, const InterpLimits& limits,
+                            const std::string& what);
 
 // The objective of a GradientProbe request (positions are rows: prompts start at 0).
 absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest& request,

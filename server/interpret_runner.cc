@@ -99,12 +99,35 @@ absl::Span<const T> MapSlice(const std::vector<T>& map, int h, int n, int tk) {
                                           static_cast<size_t>(n) * tk);
 }
 
+// Bytes of `tapes` forward tapes of n positions over num_keys keys in T, one of them also
+// differentiated when `backward` (with the parameter gradients of one layer when asked).
+template <typename T>
+int64_t WorkBytes(const ModelConfig& c, int n, int num_keys, int tapes, bool backward,
+                  bool param_grads = false) {
+  const int e = static_cast<int>(sizeof(T));
+  int64_t bytes = tapes * interpret::TapeBytes(c, n, num_keys, e, false);
+  if (backward) {
+    bytes += interpret::TapeBytes(c, n, num_keys, e, true) -
+             interpret::TapeBytes(c, n, num_keys, e, false);
+  }
+  if (param_grads) {
+    bytes += int64_t{8} * 2 * (int64_t{c.q_dim()} + c.kv_dim()) * c.dim;  // wq, wk, wv, wo
+  }
+  return bytes;
+}
+
 template <typename T>
 absl::Status AttentionMapsAt(const InterpContext& ctx, const v1::AttentionMapsRequest& request,
                              const SequenceSpec& seq, const std::vector<int>& layers,
                              const std::vector<int>& heads, PositionRange qr, PositionRange kr,
                              v1::DType dtype, std::vector<v1::AttentionMapsResponse>& out) {
   const ModelConfig& c = ctx.model().config;
+  const int num = static_cast<int>(seq.tokens.size());
+  if (absl::Status s =
+          CheckTapeBytes(WorkBytes<T>(c, num, num, 1, false), num, ctx.limits, "AttentionMaps");
+      !s.ok()) {
+    return s;
+  }
   auto tape = interpret::RunForward(ctx.model(), BackendOf<T>(ctx.backends), InputOf<T>(seq));
   if (!tape.ok()) return tape.status();
   const int n = tape->n;
@@ -252,6 +275,11 @@ absl::Status ProbeAt(const InterpContext& ctx, const v1::GradientProbeRequest& r
                      v1::GradientProbeResponse* response) {
   const Model& model = ctx.model();
   const SequenceInput<T> in = InputOf<T>(seq);
+  const int num = static_cast<int>(seq.tokens.size());
+  // With verify, the finite differences' fp64 tapes come one at a time beside this one.
+  const int64_t work = WorkBytes<T>(model.config, num, num, 1, true, request.has_param_layer()) +
+                       (request.verify() ? WorkBytes<double>(model.config, num, num, 1, false) : 0);
+  if (absl::Status s = CheckTapeBytes(work, num, ctx.limits, "GradientProbe"); !s.ok()) return s;
   auto tape = interpret::RunForward(model, BackendOf<T>(ctx.backends), in);
   if (!tape.ok()) return tape.status();
   interpret::BackwardOptions options;
@@ -300,9 +328,20 @@ absl::Status InterveneAt(const InterpContext& ctx, const v1::InterveneRequest& r
   const ModelConfig& c = model.config;
   kernels::Backend<T>& be = BackendOf<T>(ctx.backends);
   const int n = static_cast<int>(seq.tokens.size());
+  // The clean and the edited tapes are alive together.
+  if (absl::Status s = CheckTapeBytes(WorkBytes<T>(c, n, n, 2, false), n, ctx.limits, "Intervene");
+      !s.ok()) {
+    return s;
+  }
   if (request.patches_size() > 0) {
     auto source = Resolve(ctx, request.patch_source(), "patch_source", true);
     if (!source.ok()) return source.status();
+    const int sn = static_cast<int>(source->tokens.size());
+    if (absl::Status s = CheckTapeBytes(WorkBytes<T>(c, sn, sn, 1, false), sn, ctx.limits,
+                                        "Intervene's patch_source");
+        !s.ok()) {
+      return s;
+    }
     auto source_tape = interpret::RunForward(model, be, InputOf<T>(*source));
     if (!source_tape.ok()) return source_tape.status();
     for (int k = 0; k < request.patches_size(); ++k) {
@@ -353,6 +392,12 @@ absl::Status LensAt(const InterpContext& ctx, const SequenceSpec& seq,
                     const std::vector<int>& positions, int k, v1::LogitLensResponse* response) {
   const Model& model = ctx.model();
   kernels::Backend<T>& be = BackendOf<T>(ctx.backends);
+  const int num = static_cast<int>(seq.tokens.size());
+  if (absl::Status s = CheckTapeBytes(WorkBytes<T>(model.config, num, num, 1, false), num,
+                                      ctx.limits, "LogitLens");
+      !s.ok()) {
+    return s;
+  }
   auto tape = interpret::RunForward(model, be, InputOf<T>(seq));
   if (!tape.ok()) return tape.status();
   auto lens = interpret::LogitLens(model, be, *tape, k);
@@ -506,6 +551,11 @@ absl::Status RunCachedKvProbe(const InterpContext& ctx, const v1::CachedKvProbeR
                            " or the context length ", c.max_seq_len));
           return;
         }
+        const int num = static_cast<int>(tokens.size()), keys = static_cast<int>(total);
+        status = CheckTapeBytes(fp64 ? WorkBytes<double>(c, num, keys, 1, true)
+                                     : WorkBytes<float>(c, num, keys, 1, true),
+                                keys, ctx.limits, "CachedKvProbe");
+        if (!status.ok()) return;
         interpret::KvProbeRequest kr;
         kr.block_table = v.block_table;
         kr.num_cached = P;

@@ -104,6 +104,10 @@ ABSL_FLAG(int64_t, max_interp_layer_heads, 4096,
           "Layers x heads one interpretability request may ask for.");
 ABSL_FLAG(int64_t, max_interp_bytes, int64_t{64} << 20,
           "Bytes one interpretability response may return (all chunks of an attention map).");
+ABSL_FLAG(int64_t, max_interp_tape_bytes, int64_t{8} << 30,
+          "Working memory one interpretability request may take (its activations, attention "
+          "maps and their gradients: about 4 x layers x heads x positions^2 elements for a "
+          "probe); larger requests are refused before they allocate.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long running requests may finish before they are "
           "cancelled (e.g. 30s, 500ms).");
@@ -262,6 +266,7 @@ int main(int argc, char** argv) {
   interp.limits.max_positions = absl::GetFlag(FLAGS_max_interp_positions);
   interp.limits.max_layer_heads = absl::GetFlag(FLAGS_max_interp_layer_heads);
   interp.limits.max_bytes = absl::GetFlag(FLAGS_max_interp_bytes);
+  interp.limits.max_tape_bytes = absl::GetFlag(FLAGS_max_interp_tape_bytes);
   // An attention map stream's chunks are ~1 MiB; other responses are single messages.
   server_options.max_message_bytes = static_cast<int>(std::clamp<int64_t>(
       interp.limits.max_bytes + (1 << 20), server_options.max_message_bytes, int64_t{1} << 30));

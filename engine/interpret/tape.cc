@@ -318,6 +318,21 @@ std::string_view TensorKindName(TensorKind kind) {
   return "?";
 }
 
+int64_t TapeBytes(const ModelConfig& c, int n, int num_keys, int elem_bytes, bool backward) {
+  const int64_t D = c.dim, QD = c.q_dim(), KVD = c.kv_dim(), F = c.hidden_dim, L = c.num_layers;
+  const int64_t H = c.num_heads, N = n, tk = num_keys;
+  const int64_t maps = H * N * tk;  // one [H, n, Tk] map
+  // LayerTape: x, xn, h, hn; q, att; k, v; scores, probs; pre, act (+ up); q_pre, k_pre.
+  int64_t layer = 4 * N * D + 2 * N * QD + 2 * tk * KVD + 2 * maps + 2 * N * F;
+  if (c.arch == Architecture::kLlama) layer += N * F;
+  if (c.qk_norm) layer += N * QD + N * KVD;
+  // Tape: its layers, the prefix keys and values it copies, x_final, xf, logits.
+  int64_t elems = L * layer + 2 * L * (tk - N) * KVD + 2 * N * D + N * c.vocab_size;
+  // Gradients: scores, probs, q, k, v, attn_out per layer; L + 1 residuals.
+  if (backward) elems += L * (2 * maps + 2 * N * QD + 2 * tk * KVD) + (L + 1) * N * D;
+  return elems * elem_bytes;
+}
+
 int64_t FlatIndex(const ModelConfig& c, int n, int tk, const Coord& at) {
   const int L = c.num_layers, H = c.num_heads, dh = c.head_dim;
   const int max_layer = at.kind == TensorKind::kResidual ? L : L - 1;

@@ -143,6 +143,14 @@ struct Tape {
   bool edited = false;
 };
 
+// Bytes of the activations a tape of n new tokens over num_keys keys (offset = num_keys − n
+// cached ones, whose keys and values it copies) holds, elements of elem_bytes each; with
+// `backward` also those of the Gradients that Backward returns, less the parameter
+// gradients. What a probe's working memory grows with: 4·L·H·n·Tk of it are the score and
+// probability maps and their gradients. The server refuses requests past
+// --max-interp-tape-bytes with it, before allocating.
+int64_t TapeBytes(const ModelConfig& c, int n, int num_keys, int elem_bytes, bool backward);
+
 // Runs the forward. Errors (INVALID_ARGUMENT / OUT_OF_RANGE naming the field): empty or
 // out-of-vocabulary tokens, positions past the context, doc_ids or prefix of the wrong
 // size, a query row without a visible key, edits naming entries that do not exist.

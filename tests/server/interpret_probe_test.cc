@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <random>
 
+#include "engine/interpret/tape.h"
 #include "gtest/gtest.h"
 #include "tests/server/interpret_test_util.h"
 #include "tests/test_paths.h"
@@ -412,6 +413,50 @@ TEST(InterpretLimits, ErrorsNameTheLimitOrField) {
   SetDeadline(c3);
   expect(stub->GradientProbe(&c3, p, &pr), grpc::StatusCode::RESOURCE_EXHAUSTED,
          "--max-interp-bytes");
+}
+
+// --max-interp-tape-bytes: a request whose tapes would need more working memory than the
+// flag allows is refused before it allocates, naming the flag; the limit here is exactly
+// one fp32 tape of 40 positions (interpret::TapeBytes, checked against real tapes in
+// tests/engine/interpret/tape_test.cc), so 40 positions of maps fit and 41 do not, and a
+// probe (tape + gradients) of 40 does not.
+TEST(InterpretLimits, WorkingMemoryNamesTheFlag) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  server::InterpretOptions options;
+  TestServer probe_size(TestServer::DefaultOptions(), 1, options);
+  ASSERT_TRUE(probe_size.ok()) << probe_size.error();
+  const int64_t one_tape = interpret::TapeBytes(probe_size.model().config, 40, 40, 4, false);
+  options.limits.max_tape_bytes = one_tape;
+  TestServer server(TestServer::DefaultOptions(), 1, options);
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  const std::string flag = "--max-interp-tape-bytes = " + std::to_string(one_tape);
+  v1::AttentionMapsRequest r;
+  r.add_layers(0);
+  r.add_heads(0);
+  *r.mutable_input() = IdsInput(RandomTokens(40, 1));
+  EXPECT_TRUE(RunAttentionMaps(*stub, r).status.ok());
+  *r.mutable_input() = IdsInput(RandomTokens(41, 1));
+  const grpc::Status big = RunAttentionMaps(*stub, r).status;
+  EXPECT_EQ(big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << big.error_message();
+  EXPECT_NE(big.error_message().find(flag), std::string::npos) << big.error_message();
+  EXPECT_NE(big.error_message().find("over 41 positions"), std::string::npos)
+      << big.error_message();
+
+  v1::GradientProbeRequest p;
+  *p.mutable_input() = IdsInput(RandomTokens(40, 1));
+  p.mutable_log_prob()->add_targets()->set_position(39);
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::GradientProbeResponse pr;
+  const grpc::Status probe = stub->GradientProbe(&context, p, &pr);
+  EXPECT_EQ(probe.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << probe.error_message();
+  EXPECT_NE(probe.error_message().find("GradientProbe over 40 positions"), std::string::npos)
+      << probe.error_message();
+  EXPECT_NE(probe.error_message().find(flag), std::string::npos) << probe.error_message();
+  // The server still answers.
+  *r.mutable_input() = IdsInput(RandomTokens(8, 1));
+  EXPECT_TRUE(RunAttentionMaps(*stub, r).status.ok());
 }
 
 TEST(InterpretMetrics, RecordedByKind) {

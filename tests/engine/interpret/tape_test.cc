@@ -283,6 +283,45 @@ TEST_P(TinyTape, ParameterGradientsMatchDifferencesInTheWeights) {
   EXPECT_LE(worst, 1e-5);
 }
 
+// TapeBytes (what the server checks --max-interp-tape-bytes with) against the elements the
+// tape and the gradients actually hold, counted vector by vector, with and without a prefix.
+TEST_P(TinyTape, TapeBytesCountsWhatTheTapeAndGradientsHold) {
+  auto m = testing::MakeTinyModel(Spec(GetParam()));
+  const ModelConfig& c = m->config;
+  for (const int offset : {0, 3}) {
+    SequenceInput<double> in{Tokens(6, 30 + GetParam(), c.vocab_size)};
+    in.offset = offset;
+    std::mt19937 rng(7);
+    std::normal_distribution<double> nd(0.0, 1.0);
+    for (auto* prefix : {&in.prefix_k, &in.prefix_v}) {
+      prefix->assign(c.num_layers, std::vector<double>(int64_t{offset} * c.kv_dim()));
+      for (auto& rows : *prefix) {
+        for (double& x : rows) x = nd(rng);
+      }
+    }
+    const Tape<double> t = MustTape(*m, in);
+    int64_t held = static_cast<int64_t>(t.x_final.size() + t.xf.size() + t.logits.size());
+    for (int l = 0; l < c.num_layers; ++l) {
+      const LayerTape<double>& lt = t.layers[l];
+      for (const auto* v : {&lt.x, &lt.xn, &lt.q_pre, &lt.k_pre, &lt.q, &lt.k, &lt.v, &lt.scores,
+                            &lt.probs, &lt.att, &lt.h, &lt.hn, &lt.pre, &lt.up, &lt.act,
+                            &t.input.prefix_k[l], &t.input.prefix_v[l]}) {
+        held += static_cast<int64_t>(v->size());
+      }
+    }
+    const int tk = offset + 6;
+    EXPECT_EQ(TapeBytes(c, 6, tk, 8, false), held * 8) << "offset " << offset;
+    auto g = ObjectiveGradients(*m, t, Objective::LogProb({{5, 3}}));
+    ASSERT_TRUE(g.ok()) << g.status();
+    for (const auto* per_layer :
+         {&g->scores, &g->probs, &g->q, &g->k, &g->v, &g->attn_out, &g->residual}) {
+      for (const auto& v : *per_layer) held += static_cast<int64_t>(v.size());
+    }
+    EXPECT_EQ(TapeBytes(c, 6, tk, 8, true), held * 8) << "offset " << offset;
+    EXPECT_EQ(TapeBytes(c, 6, tk, 4, true), held * 4);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, TinyTape, ::testing::Range(0, 4));
 
 }  // namespace
