@@ -32,6 +32,7 @@ struct AttentionBackwardArgs {
   int head_dim = 0;
   int query_offset = 0;
   bool causal = true;
+  int window = 0;
   double scale = 0.0;
   const int32_t* q_doc_ids = nullptr;  // [Tq] or nullptr
   const int32_t* k_doc_ids = nullptr;  // [Tk] or nullptr
@@ -61,6 +62,7 @@ AttentionArgs<T> ForwardArgsOf(const AttentionBackwardArgs<T>& b) {
   a.head_dim = b.head_dim;
   a.query_offset = b.query_offset;
   a.causal = b.causal;
+  a.window = b.window;
   a.scale = b.scale;
   a.q_doc_ids = b.q_doc_ids;
   a.k_doc_ids = b.k_doc_ids;
@@ -84,6 +86,7 @@ AttentionBackwardArgs<T> BackwardArgsOf(const AttentionArgs<T>& f) {
   b.head_dim = f.head_dim;
   b.query_offset = f.query_offset;
   b.causal = f.causal;
+  b.window = f.window;
   b.scale = f.scale;
   b.q_doc_ids = f.q_doc_ids;
   b.k_doc_ids = f.k_doc_ids;

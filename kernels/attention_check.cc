@@ -77,6 +77,8 @@ absl::Status ValidateAttentionArgs(const AttentionArgs<T>& a) {
       }
     }
   }
+  if (a.window < 0) return Bad("window", absl::StrCat("must be non-negative, got ", a.window));
+  if (a.window > 0 && !a.causal) return Bad("window", "needs causal attention");
   if ((a.q_doc_ids == nullptr) != (a.k_doc_ids == nullptr)) {
     return Bad("q_doc_ids", "and k_doc_ids must be both set or both null");
   }

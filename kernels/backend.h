@@ -69,7 +69,9 @@ struct KvSource {
 //   S = Q Kᵀ · scale + M,  A = softmax_rows(S),  O = A V
 // M is 0 where a key is visible and −∞ where it is masked (never "value set to zero").
 // Query row i is absolute position query_offset + i. It sees key j when
-//   (!causal || j <= query_offset + i) && (doc ids absent || q_doc[i] == k_doc[j]).
+//   (!causal || j <= query_offset + i) && (doc ids absent || q_doc[i] == k_doc[j])
+//   && (window == 0 || query_offset + i − j < window)
+// (a sliding window: each query sees its last `window` positions, itself included).
 // A row left with no visible key is an error (INVALID_ARGUMENT naming the row).
 // Grouped-query attention: query head h reads KV head h / (H / Hkv).
 template <typename T>
@@ -83,6 +85,7 @@ struct AttentionArgs {
   int head_dim = 0;      // Dh
   int query_offset = 0;  // absolute position of query row 0
   bool causal = true;
+  int window = 0;                      // > 0: sliding window (Mistral 7B v0.1: 4096)
   double scale = 0.0;                  // usually 1/√Dh
   const int32_t* q_doc_ids = nullptr;  // [Tq] document of each query, or nullptr
   const int32_t* k_doc_ids = nullptr;  // [Tk] document of each key (both or neither)

@@ -123,6 +123,7 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(
   response->set_dim(c.dim);
   response->set_family(c.family);
   response->set_q_dim(c.q_dim());
+  response->set_sliding_window(c.sliding_window);
   response->set_hidden_dim(c.hidden_dim);
   response->set_context_length(c.max_seq_len);
   response->set_vocab_size(c.vocab_size);

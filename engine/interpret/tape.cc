@@ -67,7 +67,7 @@ absl::Status ValidateInput(const ModelConfig& c, const SequenceInput<T>& in) {
   }
   for (int i = 0; i < n; ++i) {
     bool any = false;
-    for (int j = 0; j <= in.offset + i && !any; ++j) any = KeyVisible(in, i, j);
+    for (int j = 0; j <= in.offset + i && !any; ++j) any = KeyVisible(in, i, j, c.sliding_window);
     if (!any) {
       return Bad(absl::StrCat("attention query row ", i, " (position ", in.offset + i,
                               ") has no visible key"));
@@ -198,6 +198,7 @@ absl::Status AttentionLayer(Backend<T>& be, const ModelConfig& c, const Sequence
   a.head_dim = dh;
   a.query_offset = in.offset;
   a.causal = true;
+  a.window = c.sliding_window;
   a.scale = 1.0 / std::sqrt(static_cast<double>(dh));
   if (!in.doc_ids.empty()) {
     a.q_doc_ids = in.doc_ids.data() + in.offset;
@@ -250,7 +251,7 @@ absl::Status AttentionLayer(Backend<T>& be, const ModelConfig& c, const Sequence
     for (int j = 0; j < end; ++j) max_s = std::max(max_s, s[j]);
     T z = 0;
     for (int j = 0; j < end; ++j) {
-      p[j] = KeyVisible(in, i, j) ? std::exp(s[j] - max_s) : T(0);
+      p[j] = KeyVisible(in, i, j, c.sliding_window) ? std::exp(s[j] - max_s) : T(0);
       z += p[j];
     }
     for (int j = 0; j < end; ++j) p[j] /= z;
@@ -260,7 +261,7 @@ absl::Status AttentionLayer(Backend<T>& be, const ModelConfig& c, const Sequence
     T* p = map_row(lt.probs, r.head, r.row);
     if (!r.probs.empty()) {
       for (int j = 0; j < tk; ++j) {
-        if (r.probs[j] < 0 || (r.probs[j] != 0 && !KeyVisible(in, r.row, j))) {
+        if (r.probs[j] < 0 || (r.probs[j] != 0 && !KeyVisible(in, r.row, j, c.sliding_window))) {
           return Bad(absl::StrCat("row override (layer ", layer, ", head ", r.head, ", row ", r.row,
                                   "): probability of key ", j,
                                   " must be ≥ 0, and 0 for a masked key"));
@@ -287,7 +288,7 @@ absl::Status AttentionLayer(Backend<T>& be, const ModelConfig& c, const Sequence
     T* o = lt.att.data() + i * D + int64_t{h} * dh;
     std::fill(o, o + dh, T(0));
     for (int j = 0; j < in.offset + i + 1; ++j) {
-      if (!KeyVisible(in, i, j)) continue;  // never read a masked key's value row
+      if (!KeyVisible(in, i, j, c.sliding_window)) continue;  // never read a masked key's value row
       const T* v = lt.v.data() + j * KVD + int64_t{kvh} * dh;
       for (int d = 0; d < dh; ++d) o[d] += p[j] * v[d];
     }

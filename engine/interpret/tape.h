@@ -206,11 +206,13 @@ T GradientValue(const Gradients<T>& g, int num_queries, int num_keys, const Mode
 // Flat index of `at` in its [L][…] tensor, or −1 when out of range.
 int64_t FlatIndex(const ModelConfig& c, int num_queries, int num_keys, const Coord& at);
 
-// Whether query row i (absolute position offset + i) sees key j: causal and, with doc
-// ids, the same document.
+// Whether query row i (absolute position offset + i) sees key j: causal, with doc ids the
+// same document, and with a sliding window (ModelConfig::sliding_window > 0) one of the
+// last `window` positions.
 template <typename T>
-bool KeyVisible(const SequenceInput<T>& in, int i, int j) {
+bool KeyVisible(const SequenceInput<T>& in, int i, int j, int window) {
   if (j > in.offset + i) return false;
+  if (window > 0 && in.offset + i - j >= window) return false;
   return in.doc_ids.empty() || in.doc_ids[in.offset + i] == in.doc_ids[j];
 }
 

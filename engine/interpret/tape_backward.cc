@@ -123,6 +123,7 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
     a.head_dim = c.head_dim;
     a.query_offset = off;
     a.causal = true;
+    a.window = c.sliding_window;
     a.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
     if (!t.input.doc_ids.empty()) {
       a.q_doc_ids = t.input.doc_ids.data() + off;

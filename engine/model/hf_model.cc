@@ -317,10 +317,8 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     if (auto s = ConfigInt(cfg, {"num_key_value_heads"}, c.num_kv_heads, c.num_heads); !s.ok())
       return s;
     if (auto s = ConfigInt(cfg, {"max_position_embeddings"}, c.max_seq_len); !s.ok()) return s;
-    // Mistral 7B v0.1 lets a query see only the last sliding_window keys (4096; v0.2 and
-    // later set null). Within that many positions every key a causal query sees is inside
-    // its window, so full attention is exact there: the context stops at the window rather
-    // than going past it with the wrong answers (llama.cpp serves such files unwindowed).
+    // Mistral 7B v0.1 lets a query see only its last sliding_window positions (4096; v0.2
+    // and later set null); a window as long as the context hides nothing.
     if (type == "mistral") {
       int window = 0;
       if (auto s = ConfigInt(cfg, {"sliding_window"}, window, 0); !s.ok()) return s;
@@ -329,7 +327,7 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
         return absl::InvalidArgumentError(absl::StrCat("config.json: sliding_window = ", window,
                                                        " (a positive number of keys, or null)"));
       }
-      if (window > 0 && window < c.max_seq_len) c.max_seq_len = window;
+      if (window > 0 && window < c.max_seq_len) c.sliding_window = window;
     }
     if (auto s = ConfigInt(cfg, {"vocab_size"}, c.vocab_size); !s.ok()) return s;
     c.norm_eps = ConfigFloat(cfg, "rms_norm_eps", 1e-6);

@@ -58,6 +58,10 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("model config: head_dim = ", head_dim, " must be even for RoPE"));
   }
+  if (sliding_window < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: sliding_window = ", sliding_window, " must be non-negative (0: none)"));
+  }
   if (!(norm_eps > 0.0 && norm_eps < 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("model config: norm_eps = ", norm_eps, " must be in (0, 1)"));

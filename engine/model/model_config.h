@@ -30,6 +30,7 @@ struct ModelConfig {
   int head_dim = 0;        // Dh: D / H, or what the file says (Qwen3, Mistral Nemo: H·Dh ≠ D)
   int vocab_size = 0;      // V
   int max_seq_len = 0;     // context length: positions 0 … max_seq_len−1
+  int sliding_window = 0;  // > 0: a query sees only its last this many positions (Mistral v0.1)
   double norm_eps = 1e-5;  // RMSNorm / LayerNorm epsilon
   double rope_theta = 10000.0;
   bool qkv_bias = false;  // Llama family: biases on q, k and v (Qwen2)

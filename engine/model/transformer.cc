@@ -234,6 +234,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       a.head_dim = c.head_dim;
       a.query_offset = b.num_cached;
       a.causal = true;
+      a.window = c.sliding_window;
       a.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
       if (!b.doc_ids.empty()) {
         a.q_doc_ids = b.doc_ids.data() + b.num_cached;

@@ -81,8 +81,9 @@ void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows
   for (int j = 0; j < key_end; ++j) {
     float* sj = sp.data() + j * lanes;
     for (int u = 0; u < pairs; ++u) {
-      const bool vis =
-          j < ends[u] && (a.q_doc_ids == nullptr || a.q_doc_ids[rows[u]] == a.k_doc_ids[j]);
+      const bool vis = j < ends[u] &&
+                       (a.q_doc_ids == nullptr || a.q_doc_ids[rows[u]] == a.k_doc_ids[j]) &&
+                       j >= WindowKeyBegin(a, rows[u]);
       if (!vis) sj[u] = kNegInf;
     }
     for (int64_t l = 0; l < lanes; ++l) mx[l] = std::max(mx[l], sj[l]);
@@ -270,6 +271,7 @@ struct NarrowPairs {
             if (a.k_doc_ids[j0 + t] != doc) su[t] = kNegInf;
           }
         }
+        for (int t = 0; t < std::min(n, WindowKeyBegin(a, rows[u]) - j0); ++t) su[t] = kNegInf;
         float* m = mx.data() + u * kLanes;
         VStore(m, VMax(VLoad(su), VLoad(m)));
       }
@@ -376,7 +378,11 @@ class SplitKeysPlan {
   explicit SplitKeysPlan(const AttentionArgs<float>& a)
       : a_(a), dh_(a.head_dim), heads_(a.num_heads), rh_(a.num_queries * a.num_heads) {
     const int tq = a.num_queries, group = heads_ / a.num_kv_heads;
-    for (int i = 0; i < tq; ++i) key_end_ = std::max(key_end_, CausalKeyEnd(a, i));
+    key_begin_ = a.num_keys;
+    for (int i = 0; i < tq; ++i) {
+      key_end_ = std::max(key_end_, CausalKeyEnd(a, i));
+      key_begin_ = std::min(key_begin_, WindowKeyBegin(a, i));
+    }
     spans_ = (key_end_ + kSplitSpan - 1) / kSplitSpan;
     m_.resize(size_t(spans_) * rh_);
     l_.resize(m_.size());
@@ -416,6 +422,7 @@ class SplitKeysPlan {
     std::fill(ms, ms + rh_, kNegInf);
     std::fill(ls, ls + rh_, 0.0f);
     std::fill(as, as + int64_t{rh_} * dh_, 0.0f);
+    if (j1 <= key_begin_) return;  // before every row's sliding window: no key shown
     NarrowPairs<E> np(a_, rh_, rows_.data(), qs_.data(), ends_.data(), cols_.data(), j0, j1, w, mx,
                       rows_of);
     np.Scores(row_base);
@@ -457,7 +464,7 @@ class SplitKeysPlan {
  private:
   const AttentionArgs<float>& a_;
   const int dh_, heads_, rh_;
-  int key_end_ = 0, spans_ = 0;
+  int key_end_ = 0, key_begin_ = 0, spans_ = 0;
   std::vector<float> m_, l_, acc_;  // per span and pair: max, sum, output
   std::vector<int> rows_, ends_;
   std::vector<const float*> qs_;

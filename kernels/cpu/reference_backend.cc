@@ -130,7 +130,8 @@ absl::Status ReferenceBackend::Attention(const AttentionArgs<double>& a) {
   auto visible = [&](int i, int j) {
     const bool causal_ok = !a.causal || static_cast<int64_t>(j) <= int64_t{a.query_offset} + i;
     const bool doc_ok = a.q_doc_ids == nullptr || a.q_doc_ids[i] == a.k_doc_ids[j];
-    return causal_ok && doc_ok;
+    const bool window_ok = a.window == 0 || int64_t{a.query_offset} + i - j < a.window;
+    return causal_ok && doc_ok && window_ok;
   };
   // Reject before writing anything.
   for (int i = 0; i < tq; ++i) {

@@ -400,6 +400,8 @@ __global__ void __launch_bounds__(
   const int group = p.num_heads / p.num_kv_heads;
   const int D = p.head_dim;
   const int key_end = p.row_key_end != nullptr ? p.row_key_end[i] : CausalEnd(p, i);
+  // A sliding window (causal, so the row is position key_end − 1) hides keys below this.
+  const int key_begin = p.window > 0 ? max(0, key_end - p.window) : 0;
   const int span = ((key_end + num_splits - 1) / num_splits + kStep - 1) / kStep * kStep;
   const int j_begin = split * span;
   const int j_end = min(key_end, j_begin + span);
@@ -429,7 +431,7 @@ __global__ void __launch_bounds__(
     }
 
     const auto visible = [&](int j) {
-      return j < j_end && (p.q_doc == nullptr || p.k_doc[j] == q_doc);
+      return j < j_end && j >= key_begin && (p.q_doc == nullptr || p.k_doc[j] == q_doc);
     };
     // A step's keys start at a multiple of kStep (span is one), so they share a cache
     // block when the block size is one too: then one table lookup serves the step.

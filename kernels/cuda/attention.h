@@ -53,6 +53,7 @@ struct AttentionParams {
   int head_dim = 0;      // Dh
   int query_offset = 0;
   bool causal = true;
+  int window = 0;  // > 0: a row sees only its last `window` positions (causal only)
   float scale = 0.0f;
   // Several sequences in one split-KV launch (CudaBackend::AttentionBatch): per query row,
   // the end of its visible keys (causal) and where its sequence's blocks start in

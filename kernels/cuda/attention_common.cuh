@@ -27,6 +27,7 @@ __device__ __forceinline__ bool Visible(const AttentionParams& p, int i, int j) 
   if (p.causal && static_cast<int64_t>(j) > static_cast<int64_t>(p.query_offset) + i) {
     return false;
   }
+  if (p.window > 0 && static_cast<int64_t>(p.query_offset) + i - j >= p.window) return false;
   return p.q_doc == nullptr || p.q_doc[i] == p.k_doc[j];
 }
 

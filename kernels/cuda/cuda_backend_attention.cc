@@ -65,6 +65,7 @@ AttentionParams HostParams(const AttentionArgs<float>& a) {
   p.head_dim = a.head_dim;
   p.query_offset = a.query_offset;
   p.causal = a.causal;
+  p.window = a.window;
   p.scale = static_cast<float>(a.scale);
   return p;
 }
@@ -196,8 +197,8 @@ bool Continues(const AttentionArgs<float>& first, int rows, const AttentionArgs<
   return a.kv.k == first.kv.k && a.kv.v == first.kv.v && a.kv.row_stride == first.kv.row_stride &&
          a.kv.dtype == first.kv.dtype && a.kv.block_size == first.kv.block_size &&
          a.num_heads == first.num_heads && a.num_kv_heads == first.num_kv_heads &&
-         a.head_dim == first.head_dim && a.scale == first.scale && a.q_stride == first.q_stride &&
-         a.out_stride == first.out_stride &&
+         a.head_dim == first.head_dim && a.scale == first.scale && a.window == first.window &&
+         a.q_stride == first.q_stride && a.out_stride == first.out_stride &&
          reinterpret_cast<uintptr_t>(a.q) == at(first.q, first.q_stride, rows) &&
          reinterpret_cast<uintptr_t>(a.out) == at(first.out, first.out_stride, rows);
 }

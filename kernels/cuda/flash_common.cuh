@@ -96,7 +96,7 @@ __device__ __forceinline__ void FlashSoftmaxTile(const AttentionParams& p, const
                                                  float c, float (&s)[kBlockN / 8][4], float (&m)[2],
                                                  float (&l)[2], float (&o)[D / 8][4]) {
   const int t = threadIdx.x % 4;
-  const bool mask = p.q_doc != nullptr || j0 + kBlockN > first_end;
+  const bool mask = p.q_doc != nullptr || p.window > 0 || j0 + kBlockN > first_end;
   float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int nt = 0; nt < kBlockN / 8; ++nt) {
@@ -110,6 +110,7 @@ __device__ __forceinline__ void FlashSoftmaxTile(const AttentionParams& p, const
         bool visible = j < seq.num_keys;
         if (visible && i < seq.num_queries) {
           visible = (!p.causal || j <= seq.query_offset + i) &&
+                    (p.window == 0 || seq.query_offset + i - j < p.window) &&
                     (p.q_doc == nullptr || p.q_doc[i] == p.k_doc[j]);
         }
         if (!visible) x = -INFINITY;

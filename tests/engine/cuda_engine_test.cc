@@ -317,6 +317,33 @@ TEST(CudaEngineLogits, Qwen3HeadNormsAndWideHeadsWithinToleranceOfCpu) {
   ExpectClose(AllLogits(*model, cuda, tokens, 7), AllLogits(*model, cpu, tokens, 7), 1e-4, 1e-5);
 }
 
+// Mistral 7B v0.1's sliding window (here 50 positions over 300 tokens): one prefill (the
+// flash kernel masks each tile to the rows' windows) and chunks of 7 (split-KV, most
+// splits outside the window), each against the CpuBackend, whose window the oracle checks
+// (tests/engine/model/golden_test.cc).
+TEST(CudaEngineLogits, SlidingWindowWithinToleranceOfCpu) {
+  KVLENS_REQUIRE_CUDA(cuda);
+  testing::TinySpec spec;
+  spec.arch = Architecture::kLlama;
+  spec.rope_style = kernels::RopeStyle::kHalfSplit;
+  spec.dim = 256;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.hidden = 384;
+  spec.vocab = 50;
+  spec.max_seq = 320;
+  spec.window = 50;
+  spec.seed = 10;
+  const std::unique_ptr<Model> model = testing::MakeTinyModel(spec);
+  std::mt19937 rng(7);
+  std::vector<int32_t> tokens(300);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
+  kernels::CpuBackend cpu(2);
+  ExpectClose(AllLogits(*model, cuda, tokens, 300), AllLogits(*model, cpu, tokens, 300), 1e-2,
+              1e-3);
+  ExpectClose(AllLogits(*model, cuda, tokens, 7), AllLogits(*model, cpu, tokens, 7), 1e-4, 1e-5);
+}
+
 // One engine step over several sequences: three decode tokens and a 4-token chunk in one
 // Forward (CudaBackend::AttentionBatch: one split-KV launch for them), after each
 // sequence's prompt was prefilled on its own; against the same steps on the CpuBackend.

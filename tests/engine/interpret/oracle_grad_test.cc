@@ -86,7 +86,8 @@ double WorstError(const Model& m, kernels::Backend<T>& be, const std::vector<int
   std::vector<bool> visible(int64_t{H} * n * n);
   for (int h = 0; h < H; ++h)
     for (int i = 0; i < n; ++i)
-      for (int j = 0; j < n; ++j) visible[(int64_t{h} * n + i) * n + j] = KeyVisible(in, i, j);
+      for (int j = 0; j < n; ++j)
+        visible[(int64_t{h} * n + i) * n + j] = KeyVisible(in, i, j, m.config.sliding_window);
   double worst = 0;
   auto note = [&](const std::string& name, double e) {
     EXPECT_LE(e, sizeof(T) == 8 ? 1e-6 : 1e-4) << name;

@@ -230,6 +230,12 @@ class TinyTape : public ::testing::TestWithParam<int> {
       s.head_dim = 6;
       s.qk_norm = true;
       s.seed = 4;
+    } else if (i == 4) {  // Mistral 7B v0.1: a sliding window, here of 3 positions
+      s.arch = Architecture::kLlama;
+      s.rope_style = kernels::RopeStyle::kHalfSplit;
+      s.kv_heads = 2;
+      s.window = 3;
+      s.seed = 5;
     }
     return s;
   }
@@ -322,7 +328,7 @@ TEST_P(TinyTape, TapeBytesCountsWhatTheTapeAndGradientsHold) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, TinyTape, ::testing::Range(0, 4));
+INSTANTIATE_TEST_SUITE_P(Families, TinyTape, ::testing::Range(0, 5));
 
 }  // namespace
 }  // namespace kvlens::interpret

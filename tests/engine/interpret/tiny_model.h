@@ -21,6 +21,7 @@ struct TinySpec {
   int dim = 16, heads = 4, kv_heads = 4, hidden = 24, layers = 2, vocab = 23, max_seq = 32;
   int head_dim = 0;      // 0: dim / heads
   bool qk_norm = false;  // Llama only
+  int window = 0;        // sliding window (0: none)
   uint32_t seed = 1;
 };
 
@@ -37,6 +38,7 @@ inline std::unique_ptr<Model> MakeTinyModel(const TinySpec& s) {
   c.qk_norm = s.qk_norm;
   c.vocab_size = s.vocab;
   c.max_seq_len = s.max_seq;
+  c.sliding_window = s.window;
   c.rope_style = s.rope_style;
   c.norm_eps = 1e-5;
   c.tied_embeddings = false;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <set>
 
+#include "engine/generator.h"
 #include "engine/model/model.h"
 #include "engine/model/transformer.h"
 #include "gtest/gtest.h"
@@ -237,7 +238,7 @@ std::string HfDirectory(const std::string& args, absl::StatusOr<std::unique_ptr<
 }
 
 void ExpectHfDirectoryMatchesTheOracle(const std::string& args, const std::string& family,
-                                       int q_dim, int max_seq_len = 256) {
+                                       int q_dim) {
   ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
   absl::StatusOr<std::unique_ptr<Model>> model = absl::UnknownError("not loaded");
   const std::string dir = HfDirectory(args, model);
@@ -246,7 +247,7 @@ void ExpectHfDirectoryMatchesTheOracle(const std::string& args, const std::strin
   EXPECT_EQ((*model)->format, "safetensors");
   EXPECT_EQ((*model)->config.family, family);
   EXPECT_EQ((*model)->config.q_dim(), q_dim);
-  EXPECT_EQ((*model)->config.max_seq_len, max_seq_len);
+  EXPECT_EQ((*model)->config.max_seq_len, 256);  // max_position_embeddings
   const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256};
   const testing::OracleResult oracle = testing::RunOracle(dir, tokens, /*attention=*/true);
   std::filesystem::remove_all(dir);
@@ -263,17 +264,13 @@ TEST(Qwen3GoldenTest, HuggingFaceDirectoryMatchesTheOracle) {
   ExpectHfDirectoryMatchesTheOracle("--qwen3", "qwen3", 512);
 }
 
-// Mistral's config.json (model_type "mistral") is a Llama's. Mistral 7B v0.1's sliding
-// window (each query sees its last sliding_window keys) hides nothing within that many
-// positions, so the context stops there: 11 tokens against the oracle, which applies the
-// window itself, are the whole context. A window of 0 is refused by name.
+// Mistral's config.json (model_type "mistral") is a Llama's; sliding_window null or as long
+// as the context (4096 against 256 positions) is no window. A window of 0 is refused by name.
 TEST(MistralGoldenTest, HuggingFaceDirectoryMatchesTheOracle) {
   ExpectHfDirectoryMatchesTheOracle("--hf-type mistral --hf-config '{\"sliding_window\": null}'",
                                     "mistral", 256);
   ExpectHfDirectoryMatchesTheOracle("--hf-type mistral --hf-config '{\"sliding_window\": 4096}'",
                                     "mistral", 256);
-  ExpectHfDirectoryMatchesTheOracle("--hf-type mistral --hf-config '{\"sliding_window\": 11}'",
-                                    "mistral", 256, /*max_seq_len=*/11);
   absl::StatusOr<std::unique_ptr<Model>> model = absl::UnknownError("not loaded");
   const std::string dir =
       HfDirectory("--hf-type mistral --hf-config '{\"sliding_window\": 0}'", model);
@@ -282,6 +279,54 @@ TEST(MistralGoldenTest, HuggingFaceDirectoryMatchesTheOracle) {
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument) << model.status();
   EXPECT_NE(std::string(model.status().message()).find("sliding_window = 0"), std::string::npos)
       << model.status();
+}
+
+// Mistral 7B v0.1's sliding window (each query sees its last sliding_window positions), here
+// 3 so that it binds: the logits and every layer's attention over 11 tokens, and 12 greedy
+// tokens generated from the cache in prompt chunks of 2 (decode rows and chunks with
+// offsets), on both backends, against the oracle, which applies the window itself
+// (Hugging Face's eager rule) and recomputes every greedy step from scratch.
+TEST(MistralGoldenTest, SlidingWindowMatchesTheOracle) {
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  absl::StatusOr<std::unique_ptr<Model>> model = absl::UnknownError("not loaded");
+  const std::string dir =
+      HfDirectory("--hf-type mistral --hf-config '{\"sliding_window\": 3}'", model);
+  ASSERT_FALSE(dir.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->config.sliding_window, 3);
+  EXPECT_EQ((*model)->config.max_seq_len, 256);
+  const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256};
+  const testing::OracleResult oracle = testing::RunOracle(dir, tokens, /*attention=*/true);
+  const std::string cmd = std::string(testing::OraclePython()) + " " + KVLENS_SOURCE_DIR +
+                          "/tests/oracle/oracle.py --model " + dir +
+                          " --generate 12 --prompt-tokens '1 5 300 17 42'";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::vector<int32_t> greedy;
+  for (int id; fscanf(pipe, "%d", &id) == 1;) greedy.push_back(id);
+  const int rc = pclose(pipe);
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(rc, 0) << cmd;
+  ASSERT_EQ(greedy.size(), 12u);
+  ASSERT_TRUE(oracle.error.empty()) << oracle.error;
+  kernels::ReferenceBackend ref;
+  kernels::CpuBackend fast(2);
+  CompareWithOracle<double>(**model, ref, tokens, oracle, 1e-9);
+  CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5);
+  // Rows past the window see exactly 3 keys: the oracle's maps are not plain causal ones.
+  EXPECT_EQ(oracle.arrays.at("attn.0").data[10 * 11 + 0], 0.0);
+  GenerateOptions options;
+  options.max_new_tokens = 12;
+  options.prefill_chunk = 2;
+  options.block_size = 4;
+  options.stop_at_eos = false;
+  const std::vector<int32_t> prompt = {1, 5, 300, 17, 42};
+  auto r64 = Generate<double>(**model, ref, prompt, options);
+  ASSERT_TRUE(r64.ok()) << r64.status();
+  EXPECT_EQ(r64->tokens, greedy);
+  auto r32 = Generate<float>(**model, fast, prompt, options);
+  ASSERT_TRUE(r32.ok()) << r32.status();
+  EXPECT_EQ(r32->tokens, greedy);
 }
 
 // A Qwen3 file without a head norm, or whose values are not the keys' size, or whose RoPE

@@ -295,6 +295,71 @@ TYPED_TEST(AttentionTest, SeedPackedDocumentSlotSevenSeesFiveToSeven) {
   for (int d = 0; d < 4; ++d) EXPECT_NEAR(r.O(5, 0, d, p), p.v[5 * 4 + d], this->kTol);
 }
 
+// A sliding window of 3 (Mistral 7B v0.1's rule, window 4096): the query at slot 7 sees
+// slots 5, 6, 7 as in the packed example above, now because of the window; by hand. A
+// window of 1 leaves each row its own value; one as long as the keys hides nothing; and
+// the last rows alone (query offset 6) are the full computation's tail.
+TYPED_TEST(AttentionTest, SlidingWindowSlotSevenSeesFiveToSeven) {
+  std::mt19937_64 rng(12);
+  AttnProblem p;
+  p.tq = p.tk = 10;
+  p.dh = 4;
+  p.causal = true;
+  p.window = 3;
+  p.scale = 0.5;
+  p.q = testing::RandomFloatExact(rng, 40);
+  p.k = testing::RandomFloatExact(rng, 40);
+  p.v = testing::RandomFloatExact(rng, 40);
+  const AttnResult r = this->RunOk(p);
+  for (int j = 0; j < 10; ++j) {
+    const bool allowed = j >= 5 && j <= 7;
+    EXPECT_EQ(r.P(0, 7, j, p) > 0.0, allowed) << j;
+    EXPECT_EQ(r.S(0, 7, j, p) == -kInf, !allowed) << j;
+  }
+  double s[3], z = 0, o[4] = {0, 0, 0, 0};
+  for (int j = 5; j <= 7; ++j) {
+    double dot = 0;
+    for (int d = 0; d < 4; ++d) dot += p.q[7 * 4 + d] * p.k[j * 4 + d];
+    s[j - 5] = std::exp(0.5 * dot);
+    z += s[j - 5];
+  }
+  for (int j = 5; j <= 7; ++j) {
+    EXPECT_NEAR(r.P(0, 7, j, p), s[j - 5] / z, this->kTol);
+    for (int d = 0; d < 4; ++d) o[d] += s[j - 5] / z * p.v[j * 4 + d];
+  }
+  for (int d = 0; d < 4; ++d) EXPECT_NEAR(r.O(7, 0, d, p), o[d], this->kTol);
+  // Rows 0 and 1 are inside the window from the start: plain causal rows.
+  AttnProblem causal = p;
+  causal.window = 0;
+  const AttnResult c = this->RunOk(causal);
+  for (int d = 0; d < 4; ++d) EXPECT_NEAR(r.O(1, 0, d, p), c.O(1, 0, d, p), this->kTol);
+  EXPECT_GT(std::abs(r.O(9, 0, 0, p) - c.O(9, 0, 0, p)), 1e-6);
+  AttnProblem whole = p;
+  whole.window = 10;
+  const AttnResult w = this->RunOk(whole);
+  for (size_t e = 0; e < w.out.size(); ++e) EXPECT_EQ(w.out[e], c.out[e]) << e;
+  AttnProblem own = p;
+  own.window = 1;
+  const AttnResult one = this->RunOk(own);
+  for (int i = 0; i < 10; ++i) {
+    for (int d = 0; d < 4; ++d) EXPECT_NEAR(one.O(i, 0, d, p), p.v[i * 4 + d], this->kTol);
+  }
+  AttnProblem tail = p;
+  tail.tq = 4;
+  tail.offset = 6;
+  tail.q.assign(p.q.begin() + 24, p.q.end());
+  const AttnResult t = this->RunOk(tail);
+  for (int i = 0; i < 4; ++i) {
+    for (int d = 0; d < 4; ++d) EXPECT_NEAR(t.O(i, 0, d, tail), r.O(6 + i, 0, d, p), this->kTol);
+  }
+  AttnProblem bad = p;
+  bad.window = -1;
+  EXPECT_NE(this->Run(bad).status.message().find("window"), std::string::npos);
+  bad.window = 3;
+  bad.causal = false;
+  EXPECT_NE(this->Run(bad).status.message().find("window"), std::string::npos);
+}
+
 // Seed 001 sinusoidal features: p_ω(t) = (sin ωt, cos ωt);
 // p_ω(t+Δ) = [[cos ωΔ, sin ωΔ], [−sin ωΔ, cos ωΔ]] p_ω(t) and p_ω(t)ᵀp_ω(u) = cos ω(t−u).
 // With ω_i = 10000^(−2i/d) the encoding's dot products, and so attention scores between

@@ -18,6 +18,7 @@ struct AttnProblem {
   int tq = 1, tk = 1, heads = 1, kv_heads = 1, dh = 1;
   int offset = 0;
   bool causal = false;
+  int window = 0;
   double scale = 1.0;
   std::vector<double> q, k, v;
   std::vector<int32_t> q_doc, k_doc;  // both empty, or [Tq] and [Tk]
@@ -59,6 +60,7 @@ AttentionArgs<T> ContiguousArgs(const AttnProblem& p, const T* q, const T* k, co
   a.head_dim = p.dh;
   a.query_offset = p.offset;
   a.causal = p.causal;
+  a.window = p.window;
   a.scale = p.scale;
   if (!p.q_doc.empty()) {
     a.q_doc_ids = p.q_doc.data();

@@ -267,9 +267,11 @@ AttnResult RunPaged(B& backend, const AttnProblem& p, int block_size, std::mt199
 struct AttnConfig {
   int tq, tk, heads, kv_heads, dh, offset;
   bool causal, docs;
+  int window = 0;
   std::string Name() const {
     return absl::StrCat("tq=", tq, " tk=", tk, " H=", heads, " Hkv=", kv_heads, " Dh=", dh,
-                        " off=", offset, causal ? " causal" : "", docs ? " docs" : "");
+                        " off=", offset, causal ? " causal" : "", docs ? " docs" : "",
+                        window > 0 ? absl::StrCat(" window=", window) : "");
   }
 };
 
@@ -282,6 +284,7 @@ AttnProblem MakeProblem(const AttnConfig& c, std::mt19937_64& rng) {
   p.dh = c.dh;
   p.offset = c.offset;
   p.causal = c.causal;
+  p.window = c.window;
   p.scale = 1.0 / std::sqrt(static_cast<double>(c.dh));
   p.q = testing::RandomFloatExact(rng, static_cast<size_t>(c.tq) * c.heads * c.dh, -2, 2);
   p.k = testing::RandomFloatExact(rng, static_cast<size_t>(c.tk) * c.kv_heads * c.dh, -2, 2);
@@ -372,6 +375,13 @@ TEST(CpuBackendTest, AttentionMatchesReferenceContiguousAndPaged) {
       {7, 30, 4, 4, 8, 23, true, true},       // documents and offset
       {11, 11, 2, 1, 8, 0, false, true},      // documents without causality
       {3, 300, 16, 8, 72, 297, true, false},  // a longer history, odd head size
+      // Sliding windows: decode over split keys whose first spans are all outside it, a
+      // chunk (across pairs), a prefill with documents, a window that ends mid-span.
+      {1, 700, 8, 2, 64, 699, true, false, 300},
+      {6, 41, 4, 2, 128, 35, true, false, 10},
+      {20, 20, 4, 2, 16, 0, true, true, 5},
+      {24, 24, 4, 4, 48, 0, true, false, 7},
+      {3, 600, 16, 8, 72, 597, true, false, 257},
   };
   for (const AttnConfig& c : configs) {
     const AttnProblem p = MakeProblem(c, rng);
@@ -563,11 +573,13 @@ TEST(CpuBackendTest, AttentionOfFewPairsGivesEachPairTheBitsOfTheWholeCall) {
 TEST(CpuBackendTest, AttentionBatchEqualsTheCallsOneByOne) {
   std::mt19937_64 rng(41);
   const std::vector<AttnConfig> configs = {
-      {1, 40, 6, 6, 32, 39, true, false},    // decode, MHA, short context
-      {1, 700, 8, 2, 64, 699, true, false},  // decode over a long context: split keys
-      {20, 50, 8, 4, 64, 30, true, true},    // a chunk with documents and an offset
-      {2, 33, 4, 1, 16, 31, true, false},    // two rows, MQA
-      {24, 24, 4, 4, 48, 0, true, false},    // prefill across pairs
+      {1, 40, 6, 6, 32, 39, true, false},         // decode, MHA, short context
+      {1, 700, 8, 2, 64, 699, true, false},       // decode over a long context: split keys
+      {20, 50, 8, 4, 64, 30, true, true},         // a chunk with documents and an offset
+      {2, 33, 4, 1, 16, 31, true, false},         // two rows, MQA
+      {24, 24, 4, 4, 48, 0, true, false},         // prefill across pairs
+      {1, 700, 8, 2, 64, 699, true, false, 300},  // decode in a sliding window
+      {20, 50, 8, 4, 64, 30, true, false, 9},     // a chunk in a sliding window
   };
   struct Owned {
     std::vector<float> q, k, v, out, probs, scores;

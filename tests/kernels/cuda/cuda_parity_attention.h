@@ -23,6 +23,7 @@ struct AttnShape {
   int tq = 1, tk = 1, heads = 1, kv_heads = 1, dh = 64, offset = 0;
   bool causal = true;
   std::vector<int> doc_lengths;  // documents packed in order over the Tk keys; empty: none
+  int window = 0;                // a sliding window (each row sees its last `window` keys)
   int block_size = 16;
   int kv_pad = 4;          // floats past a cache row's heads (not a multiple of 4: scalar loads)
   bool want_maps = false;  // request probs and scores (materialising kernel)
@@ -60,8 +61,9 @@ inline std::vector<double> NaiveAttention(const AttnShape& s, DType path,
     for (int i = 0; i < s.tq; ++i) {
       float m = -std::numeric_limits<float>::infinity();
       for (int j = 0; j < s.tk; ++j) {
-        vis[j] =
-            (!s.causal || j <= s.offset + i) && (docs.empty() || docs[s.offset + i] == docs[j]);
+        vis[j] = (!s.causal || j <= s.offset + i) &&
+                 (docs.empty() || docs[s.offset + i] == docs[j]) &&
+                 (s.window == 0 || s.offset + i - j < s.window);
         if (!vis[j]) continue;
         float dot = 0.0f;
         for (int d = 0; d < s.dh; ++d) {
@@ -164,6 +166,7 @@ AttentionArgs<T> AttnArgsOf(const AttnShape& s, const AttnInputs& in, const T* q
   a.head_dim = s.dh;
   a.query_offset = s.offset;
   a.causal = s.causal;
+  a.window = s.window;
   a.scale = in.scale;
   if (!in.docs.empty()) {
     a.q_doc_ids = in.q_docs.data();
@@ -255,8 +258,9 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
       const int g = h / (s.heads / s.kv_heads);
       float m = -std::numeric_limits<float>::infinity(), z = 0.0f;
       for (int j = 0; j < s.tk; ++j) {
-        const bool vis =
-            (!s.causal || j <= s.offset + i) && (docs.empty() || docs[s.offset + i] == docs[j]);
+        const bool vis = (!s.causal || j <= s.offset + i) &&
+                         (docs.empty() || docs[s.offset + i] == docs[j]) &&
+                         (s.window == 0 || s.offset + i - j < s.window);
         float dot = 0.0f;
         for (int d = 0; d < s.dh; ++d) {
           dot += static_cast<float>(q[(size_t(i) * s.heads + h) * s.dh + d]) *
@@ -353,6 +357,7 @@ inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng,
     a.num_kv_heads = kv_heads;
     a.head_dim = dh;
     a.query_offset = s.offset;
+    a.window = s.window;
     a.scale = scale;
     if (!docs[e].empty()) {
       a.q_doc_ids = docs[e].data() + s.offset;
@@ -435,6 +440,20 @@ inline ParityResult AttentionBatchFlashCase(CudaBackend& gpu, std::mt19937_64& r
                              {.tq = 64, .tk = 64},
                              {.tq = 70, .tk = 250}},
                             8, 2, 128, index_uploads, bf16_cache);
+}
+
+// Sliding windows (every sequence of a model has the same one): decode rows and prefill
+// chunks of several sequences, each batched launch masking each row to its own window.
+inline ParityResult AttentionBatchWindowCase(CudaBackend& gpu, std::mt19937_64& rng) {
+  return AttentionBatchCase(gpu, rng,
+                            "AttentionBatch 5 sequences in a sliding window of 50 (Tq "
+                            "1/2/40/1/64, Tk 300/30/140/700/64, H=8/2 Dh=64)",
+                            {{.tq = 1, .tk = 300, .window = 50},
+                             {.tq = 2, .tk = 30, .window = 50},
+                             {.tq = 40, .tk = 140, .window = 50},
+                             {.tq = 1, .tk = 700, .window = 50},
+                             {.tq = 64, .tk = 64, .window = 50}},
+                            8, 2, 64);
 }
 
 inline std::vector<AttnShape> AttentionShapes() {
@@ -574,6 +593,34 @@ inline std::vector<AttnShape> AttentionShapes() {
        .offset = 40,
        .doc_lengths = {35, 25},
        .want_maps = true});
+  // Sliding windows: the flash kernel (a window ending mid-tile, with an offset), split-KV
+  // decode over a long context (most splits entirely outside it) and the materialising
+  // kernel's maps.
+  add({.label = "prefill sliding window 37 offset GQA 8/4",
+       .tq = 100,
+       .tk = 160,
+       .heads = 8,
+       .kv_heads = 4,
+       .dh = 128,
+       .offset = 60,
+       .window = 37});
+  add({.label = "decode sliding window 100 GQA 8/2",
+       .tq = 1,
+       .tk = 2000,
+       .heads = 8,
+       .kv_heads = 2,
+       .dh = 64,
+       .offset = 1999,
+       .window = 100});
+  add({.label = "maps sliding window 9 GQA 4/2",
+       .tq = 20,
+       .tk = 50,
+       .heads = 4,
+       .kv_heads = 2,
+       .dh = 64,
+       .offset = 30,
+       .window = 9,
+       .want_maps = true});
   add({.label = "probs only (flash-sized)",
        .tq = 48,
        .tk = 48,
@@ -608,13 +655,14 @@ inline std::vector<AttnShape> AttentionShapes() {
   // The prefill shapes again on a bf16 cache whose rows are 16-byte pieces (8 bf16 of
   // padding): the bf16 flash kernel's cp.async and ldmatrix path, every head size, with
   // offsets, documents, GQA, keys ending mid-tile and 64- and 128-query blocks.
-  add_variants({"prefill causal", "prefill offset GQA 8/4", "prefill docs GQA 8/1",
-                "prefill non-causal docs", "prefill head size 80 GQA 4/2",
-                "prefill head size 96 offset", "chunk with docs and offset"},
-               [](AttnShape& v) {
-                 v.label += ", rows in 16-byte pieces";
-                 v.kv_pad = 8;
-               });
+  add_variants(
+      {"prefill causal", "prefill offset GQA 8/4", "prefill docs GQA 8/1",
+       "prefill non-causal docs", "prefill head size 80 GQA 4/2", "prefill head size 96 offset",
+       "chunk with docs and offset", "prefill sliding window 37 offset GQA 8/4"},
+      [](AttnShape& v) {
+        v.label += ", rows in 16-byte pieces";
+        v.kv_pad = 8;
+      });
   // Keys ending mid-tile without a causal mask (no multiple of 64 keys: the last tile's
   // copies zero-fill), GQA 4/2: the odd-stride shape with its rows in 16-byte pieces.
   add_variants({"prefill non-causal odd stride GQA 4/2"}, [](AttnShape& v) {
