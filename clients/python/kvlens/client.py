@@ -23,10 +23,21 @@ def decode(data: bytes, dtype: int, shape: Sequence[int] = ()) -> np.ndarray:
     return a.reshape(tuple(shape)) if shape else a
 
 
-def _input(text=None, tokens=None, session_id=None, add_bos=None, doc_ids=None):
-    """add_bos None: the model's own setting (the server's default)."""
+def _chat(target, chat):
+    """Messages [{"role": ..., "content": ...}] into a ChatPrompt field."""
+    for m in chat:
+        target.messages.add(role=m["role"], content=m["content"])
+
+
+def _input(text=None, tokens=None, session_id=None, add_bos=None, doc_ids=None, chat=None):
+    """add_bos None: the model's own setting (the server's default). chat: a conversation,
+    written by the model's chat template as Client.generate(chat=...) writes it."""
     p = ip.PromptInput()
-    if tokens is not None:
+    if chat is not None:
+        _chat(p.chat, chat)
+        if add_bos is not None:
+            p.add_bos = add_bos
+    elif tokens is not None:
         p.token_ids.ids.extend(int(t) for t in tokens)
     elif text is not None:
         p.text = text
@@ -35,7 +46,7 @@ def _input(text=None, tokens=None, session_id=None, add_bos=None, doc_ids=None):
     elif session_id is not None:
         p.session_id = session_id
     else:
-        raise ValueError("give text, tokens or session_id")
+        raise ValueError("give text, tokens, chat or session_id")
     if doc_ids is not None:
         p.doc_ids.extend(int(d) for d in doc_ids)
     return p
@@ -93,9 +104,15 @@ class Client:
     def model_info(self):
         return self.generation.GetModelInfo(gen.GetModelInfoRequest(), timeout=self.timeout)
 
-    def tokenize(self, text: str, add_bos: Optional[bool] = None) -> list:
-        """add_bos None: the model's own setting."""
-        request = gen.TokenizeRequest(text=text)
+    def tokenize(self, text: Optional[str] = None, add_bos: Optional[bool] = None,
+                 chat=None) -> list:
+        """add_bos None: the model's own setting. chat: a conversation instead of text, as
+        generate(chat=...) writes it."""
+        request = gen.TokenizeRequest()
+        if chat is not None:
+            _chat(request.chat, chat)
+        else:
+            request.text = text
         if add_bos is not None:
             request.add_bos = add_bos
         r = self.generation.Tokenize(request, timeout=self.timeout)
@@ -114,8 +131,7 @@ class Client:
         model's chat template (model_info().chat_template), the assistant's turn opened."""
         req = gen.GenerateRequest()
         if chat is not None:
-            for m in chat:
-                req.chat.messages.add(role=m["role"], content=m["content"])
+            _chat(req.chat, chat)
         elif tokens is not None:
             req.token_ids.ids.extend(tokens)
         else:
@@ -136,9 +152,12 @@ class Client:
     def attention_maps(self, text=None, tokens=None, session_id=None, layers=(), heads=(),
                        queries=(0, 0), keys=(0, 0), scores=False, probabilities=True,
                        fp16=False, fp64=False, summaries=False, induction_period=0,
-                       induction_start=0, doc_ids=None) -> AttentionMaps:
+                       induction_start=0, doc_ids=None, chat=None) -> AttentionMaps:
+        """The inputs of every Interpret method: text, tokens, chat (a conversation, as
+        generate(chat=...) writes it) or session_id (attention_maps, logit_lens)."""
         req = ip.AttentionMapsRequest(
-            input=_input(text, tokens, session_id, doc_ids=doc_ids), layers=list(layers),
+            input=_input(text, tokens, session_id, doc_ids=doc_ids, chat=chat),
+            layers=list(layers),
             heads=list(heads), queries=ip.Range(begin=queries[0], end=queries[1]),
             keys=ip.Range(begin=keys[0], end=keys[1]), scores=scores,
             probabilities_off=not probabilities,
@@ -176,11 +195,12 @@ class Client:
 
     def gradient_probe(self, text=None, tokens=None, targets=(), logit_diff=None,
                        attn_out_probe=None, want=("embeddings",), layers=(), heads=(),
-                       param_layer=None, fp64=False, verify=0, doc_ids=None) -> GradientProbe:
+                       param_layer=None, fp64=False, verify=0, doc_ids=None,
+                       chat=None) -> GradientProbe:
         """targets: [(position, token)] for J = Σ log p; or logit_diff=(position, a, b); or
         attn_out_probe=(layer, head, G [positions, head_dim]). want: any of scores, probs,
         q, k, v, attn_out, residual, embeddings, attention_times_gradient."""
-        req = ip.GradientProbeRequest(input=_input(text, tokens, doc_ids=doc_ids),
+        req = ip.GradientProbeRequest(input=_input(text, tokens, doc_ids=doc_ids, chat=chat),
                                       precision=_precision(fp64), layers=list(layers),
                                       heads=list(heads))
         if logit_diff is not None:
@@ -210,10 +230,11 @@ class Client:
                              tokens=list(r.token_ids), tensors=tensors, verify=verify_report)
 
     def intervene(self, text=None, tokens=None, ablations=(), mean=False, targets=(),
-                  row_overrides=(), patches=(), patch_source=None, fp64=False):
+                  row_overrides=(), patches=(), patch_source=None, fp64=False, chat=None):
         """ablations: [(layer, head)]; patches: [(layer, position, source_position)] from
         patch_source (text or token list). Returns the InterveneResponse message."""
-        req = ip.InterveneRequest(input=_input(text, tokens), precision=_precision(fp64))
+        req = ip.InterveneRequest(input=_input(text, tokens, chat=chat),
+                                  precision=_precision(fp64))
         for layer, head in ablations:
             req.ablations.add(layer=layer, head=head,
                               mode=ip.HeadAblation.MODE_MEAN if mean else ip.HeadAblation.MODE_ZERO)
@@ -228,7 +249,9 @@ class Client:
             req.targets.add(position=pos, token=tok)
         return self.interpret.Intervene(req, timeout=self.timeout)
 
-    def logit_lens(self, text=None, tokens=None, positions=(), top_k=5, fp64=False):
-        req = ip.LogitLensRequest(input=_input(text, tokens), positions=list(positions),
+    def logit_lens(self, text=None, tokens=None, positions=(), top_k=5, fp64=False, chat=None,
+                   session_id=None):
+        req = ip.LogitLensRequest(input=_input(text, tokens, session_id, chat=chat),
+                                  positions=list(positions),
                                   top_k=top_k, precision=_precision(fp64))
         return self.interpret.LogitLens(req, timeout=self.timeout)

@@ -1,0 +1,121 @@
+// The Python client (clients/python/kvlens) against a live server: every method it has for
+// a conversation (chat=...) gives what the same conversation written out by hand as text
+// gives, and what the C++ stubs read from the same server (token ids, an attention row, the
+// generated tokens). Runs Debian's /usr/bin/python3 with PYTHONPATH=clients/python.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "tests/oracle/oracle_runner.h"
+#include "tests/server/interpret_test_util.h"
+#include "tests/server/server_test_util.h"
+#include "tests/test_paths.h"
+
+namespace kvlens::testing {
+namespace {
+
+constexpr char kChatText[] =
+    "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nOnce upon a "
+    "time<|im_end|>\n<|im_start|>assistant\n";
+
+constexpr char kScript[] = R"(
+import json, sys
+from kvlens import Client
+c = Client(sys.argv[1])
+conv = [{"role": "system", "content": "Be kind."},
+        {"role": "user", "content": "Once upon a time"}]
+text = ("<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nOnce upon a time"
+        "<|im_end|>\n<|im_start|>assistant\n")
+out = {"tok_chat": c.tokenize(chat=conv), "tok_text": c.tokenize(text)}
+m = c.attention_maps(chat=conv, layers=[1], heads=[0, 2])
+last = len(m.tokens) - 1
+out["maps_tokens"] = m.tokens
+out["maps_shape"] = list(m.probs.shape)
+out["maps_row"] = m.probs[0, 1, last, :].tolist()
+out["objective_chat"] = c.gradient_probe(chat=conv, targets=[(last, 5)]).objective
+out["objective_text"] = c.gradient_probe(text=text, targets=[(last, 5)]).objective
+out["lens_chat"] = [r.top[0].token for r in c.logit_lens(chat=conv).rows]
+out["lens_text"] = [r.top[0].token for r in c.logit_lens(text=text).rows]
+out["ablation_change"] = c.intervene(chat=conv, ablations=[(0, 0)],
+                                     targets=[(last, 5)]).max_abs_logit_change
+out["generated"] = c.generate(chat=conv, max_new_tokens=4)[0]
+print(json.dumps(out))
+)";
+
+TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
+  KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
+  ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path =
+      MakeQuantizedModel("--tokenizer " + TestData("stories260K/stories260K.gguf") +
+                         " --chat-template '{{ \"<|im_start|>\" + message.role }}'");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  TestServer server(path, TestServer::DefaultOptions());
+  std::remove(path.c_str());
+  ASSERT_TRUE(server.ok()) << server.error();
+
+  const std::string script = ::testing::TempDir() + "kvlens_python_client_test.py";
+  std::ofstream(script) << kScript;
+  const std::string cmd = "PYTHONPATH=" + std::string(KVLENS_SOURCE_DIR) +
+                          "/clients/python /usr/bin/python3 " + script + " " + server.address();
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) output.append(buf, n);
+  ASSERT_EQ(pclose(pipe), 0) << cmd << "\n" << output;
+  std::remove(script.c_str());
+  const nlohmann::json out = nlohmann::json::parse(output);
+
+  // Token ids: chat = written-out text = what the C++ stub gets for the text.
+  v1::TokenizeRequest by_text;
+  by_text.set_text(kChatText);
+  v1::TokenizeResponse tokenized;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(server.stub().Tokenize(&context, by_text, &tokenized).ok());
+  }
+  const std::vector<int32_t> ids(tokenized.token_ids().begin(), tokenized.token_ids().end());
+  ASSERT_GT(ids.size(), 10u);
+  EXPECT_EQ(out["tok_chat"].get<std::vector<int32_t>>(), ids);
+  EXPECT_EQ(out["tok_text"].get<std::vector<int32_t>>(), ids);
+  EXPECT_EQ(out["maps_tokens"].get<std::vector<int32_t>>(), ids);
+
+  // An attention row, decoded from the chunks by the client, equals the C++ stub's.
+  const int n = static_cast<int>(ids.size());
+  EXPECT_EQ(out["maps_shape"].get<std::vector<int>>(), (std::vector<int>{1, 2, n, n}));
+  v1::AttentionMapsRequest maps;
+  *maps.mutable_input() = IdsInput(ids);
+  maps.add_layers(1);
+  maps.add_heads(2);
+  const AttentionResult want = RunAttentionMaps(*InterpretStub(server), maps);
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  const std::vector<double> row = out["maps_row"].get<std::vector<double>>();
+  ASSERT_EQ(row.size(), static_cast<size_t>(n));
+  double sum = 0;
+  for (int k = 0; k < n; ++k) {
+    EXPECT_EQ(row[k], want.probs[static_cast<size_t>(n - 1) * n + k]) << k;
+    sum += row[k];
+  }
+  EXPECT_NEAR(sum, 1.0, 1e-5);
+
+  // The other Interpret methods and Generate: chat = text.
+  EXPECT_EQ(out["objective_chat"].get<double>(), out["objective_text"].get<double>());
+  EXPECT_LT(out["objective_chat"].get<double>(), 0.0);  // a log-probability
+  EXPECT_EQ(out["lens_chat"], out["lens_text"]);
+  EXPECT_FALSE(out["lens_chat"].empty());
+  EXPECT_GT(out["ablation_change"].get<double>(), 0.0);
+  v1::GenerateRequest generate;
+  generate.set_text(kChatText);
+  generate.mutable_stopping()->set_max_new_tokens(4);
+  const StreamResult g = RunGenerate(server.stub(), generate);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(out["generated"].get<std::vector<int32_t>>(), g.tokens);
+}
+
+}  // namespace
+}  // namespace kvlens::testing
