@@ -56,16 +56,20 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
   // Qwen2 is a Llama with biases on q, k and v, whose RoPE rotates half-split pairs
   // (llama.cpp's converter leaves its q and k rows unpermuted and runs NEOX rope). Qwen3
   // drops the biases and normalises each head of q and k (RMSNorm) before RoPE.
-  const bool qwen2 = a == "qwen2", qwen3 = a == "qwen3";
-  if (a == "llama" || qwen2 || qwen3) {
+  // Phi-3 fuses q, k and v (attn_qkv) and gate and up (ffn_up), and rotates half-split
+  // pairs; its sliding window (attention.sliding_window) is applied as Hugging Face applies
+  // it (llama.cpp ignores it).
+  const bool qwen2 = a == "qwen2", qwen3 = a == "qwen3", phi3 = a == "phi3";
+  if (a == "llama" || qwen2 || qwen3 || phi3) {
     c.arch = Architecture::kLlama;
     c.qkv_bias = qwen2;
     c.qk_norm = qwen3;
   } else if (a == "gpt2") {
     c.arch = Architecture::kGpt2;
   } else {
-    return absl::UnimplementedError(absl::StrCat(
-        "GGUF general.architecture = \"", a, "\" is not supported (llama, qwen2, qwen3, gpt2)"));
+    return absl::UnimplementedError(
+        absl::StrCat("GGUF general.architecture = \"", a,
+                     "\" is not supported (llama, qwen2, qwen3, phi3, gpt2)"));
   }
   c.family = a;
   if (f.tensors().empty()) {
@@ -114,7 +118,11 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
   }
   // llama.cpp's converter permutes Q/K rows so that "llama" rotates adjacent pairs.
   c.rope_style =
-      qwen2 || qwen3 ? kernels::RopeStyle::kHalfSplit : kernels::RopeStyle::kAdjacentPairs;
+      qwen2 || qwen3 || phi3 ? kernels::RopeStyle::kHalfSplit : kernels::RopeStyle::kAdjacentPairs;
+  if (phi3 && f.Find("phi3.attention.sliding_window") != nullptr) {
+    if (auto s = ReadInt(f, "phi3.attention.sliding_window", c.sliding_window); !s.ok()) return s;
+    if (c.sliding_window >= c.max_seq_len) c.sliding_window = 0;  // hides nothing
+  }
   if (f.Find("general.name") != nullptr) {
     auto name = f.GetString("general.name");
     if (name.ok()) c.name = std::string(*name);
@@ -139,7 +147,25 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
     KVLENS_ASSIGN_OR_RETURN(lw.wo, t.Get(p + "attn_output.weight", D, QD));
     KVLENS_ASSIGN_OR_RETURN(lw.ffn_norm, t.Get(p + "ffn_norm.weight", 1, D));
     KVLENS_ASSIGN_OR_RETURN(lw.w_out, t.Get(p + "ffn_down.weight", D, F));
-    if (c.arch == Architecture::kLlama) {
+    if (phi3) {
+      // Rows q | k | v of attn_qkv (or separate tensors, as some converters write them),
+      // and gate | up of ffn_up.
+      WeightView qkv, up;
+      KVLENS_ASSIGN_OR_RETURN(qkv, t.Optional(p + "attn_qkv.weight"));
+      if (!qkv.empty()) {
+        KVLENS_ASSIGN_OR_RETURN(qkv, t.Get(p + "attn_qkv.weight", QD + 2 * KVD, D));
+        lw.wq = qkv.Rows(0, QD);
+        lw.wk = qkv.Rows(QD, KVD);
+        lw.wv = qkv.Rows(QD + KVD, KVD);
+      } else {
+        KVLENS_ASSIGN_OR_RETURN(lw.wq, t.Get(p + "attn_q.weight", QD, D));
+        KVLENS_ASSIGN_OR_RETURN(lw.wk, t.Get(p + "attn_k.weight", KVD, D));
+        KVLENS_ASSIGN_OR_RETURN(lw.wv, t.Get(p + "attn_v.weight", KVD, D));
+      }
+      KVLENS_ASSIGN_OR_RETURN(up, t.Get(p + "ffn_up.weight", 2 * F, D));
+      lw.w_in = up.Rows(0, F);
+      lw.w_up = up.Rows(F, F);
+    } else if (c.arch == Architecture::kLlama) {
       KVLENS_ASSIGN_OR_RETURN(lw.wq, t.Get(p + "attn_q.weight", QD, D));
       KVLENS_ASSIGN_OR_RETURN(lw.wk, t.Get(p + "attn_k.weight", KVD, D));
       KVLENS_ASSIGN_OR_RETURN(lw.wv, t.Get(p + "attn_v.weight", KVD, D));
@@ -196,6 +222,15 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
     // Llama 3.1's rope scaling: per-pair divisors of the frequencies (ModelConfig checks
     // the shape, type and values).
     KVLENS_ASSIGN_OR_RETURN(w.rope_freqs, t.Optional("rope_freqs.weight"));
+  }
+  for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+    WeightView factors;
+    KVLENS_ASSIGN_OR_RETURN(factors, t.Optional(name));
+    if (!factors.empty()) {
+      return absl::UnimplementedError(
+          absl::StrCat("GGUF tensor ", name,
+                       ": LongRoPE (Phi-3's 128k-context variants, Phi-3.5) is not supported"));
+    }
   }
   if (c.arch == Architecture::kGpt2) {
     KVLENS_ASSIGN_OR_RETURN(w.final_norm_bias, t.Get("output_norm.bias", 1, D));

@@ -240,13 +240,24 @@ absl::Status LoadLlamaWeights(const TensorSet& ts, const ModelConfig& c, Weights
     LayerWeights& lw = w.layers[l];
     const std::string p = absl::StrCat("model.layers.", l, ".");
     KVLENS_ASSIGN_OR_RETURN(lw.attn_norm, ts.Get(p + "input_layernorm.weight", {D}));
-    KVLENS_ASSIGN_OR_RETURN(lw.wq, ts.Get(p + "self_attn.q_proj.weight", {QD, D}));
-    KVLENS_ASSIGN_OR_RETURN(lw.wk, ts.Get(p + "self_attn.k_proj.weight", {KVD, D}));
-    KVLENS_ASSIGN_OR_RETURN(lw.wv, ts.Get(p + "self_attn.v_proj.weight", {KVD, D}));
+    if (c.family == "phi3") {  // rows q | k | v of qkv_proj, gate | up of gate_up_proj
+      WeightView qkv, gate_up;
+      KVLENS_ASSIGN_OR_RETURN(qkv, ts.Get(p + "self_attn.qkv_proj.weight", {QD + 2 * KVD, D}));
+      KVLENS_ASSIGN_OR_RETURN(gate_up, ts.Get(p + "mlp.gate_up_proj.weight", {2 * F, D}));
+      lw.wq = qkv.Rows(0, QD);
+      lw.wk = qkv.Rows(QD, KVD);
+      lw.wv = qkv.Rows(QD + KVD, KVD);
+      lw.w_in = gate_up.Rows(0, F);
+      lw.w_up = gate_up.Rows(F, F);
+    } else {
+      KVLENS_ASSIGN_OR_RETURN(lw.wq, ts.Get(p + "self_attn.q_proj.weight", {QD, D}));
+      KVLENS_ASSIGN_OR_RETURN(lw.wk, ts.Get(p + "self_attn.k_proj.weight", {KVD, D}));
+      KVLENS_ASSIGN_OR_RETURN(lw.wv, ts.Get(p + "self_attn.v_proj.weight", {KVD, D}));
+      KVLENS_ASSIGN_OR_RETURN(lw.w_in, ts.Get(p + "mlp.gate_proj.weight", {F, D}));
+      KVLENS_ASSIGN_OR_RETURN(lw.w_up, ts.Get(p + "mlp.up_proj.weight", {F, D}));
+    }
     KVLENS_ASSIGN_OR_RETURN(lw.wo, ts.Get(p + "self_attn.o_proj.weight", {D, QD}));
     KVLENS_ASSIGN_OR_RETURN(lw.ffn_norm, ts.Get(p + "post_attention_layernorm.weight", {D}));
-    KVLENS_ASSIGN_OR_RETURN(lw.w_in, ts.Get(p + "mlp.gate_proj.weight", {F, D}));
-    KVLENS_ASSIGN_OR_RETURN(lw.w_up, ts.Get(p + "mlp.up_proj.weight", {F, D}));
     KVLENS_ASSIGN_OR_RETURN(lw.w_out, ts.Get(p + "mlp.down_proj.weight", {D, F}));
     if (c.qkv_bias) {  // Qwen2
       KVLENS_ASSIGN_OR_RETURN(lw.bq, ts.Get(p + "self_attn.q_proj.bias", {QD}));
@@ -293,10 +304,12 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     }
     if (auto s = ConfigValue(cfg, "tie_word_embeddings", c.tied_embeddings, true); !s.ok())
       return s;
-  } else if (type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral") {
+  } else if (type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral" ||
+             type == "phi3") {
     // Qwen2: a Llama with biases on q, k and v; Qwen3: no biases, an RMSNorm over each head
-    // of q and k; Mistral: a Llama (both Qwens and Mistral may set a sliding window, which
-    // kvlens does not implement).
+    // of q and k; Mistral: a Llama, with a sliding window in 7B v0.1; Phi-3: a Llama whose
+    // q, k, v and gate, up are fused, with a sliding window (Qwen2's per-layer windows,
+    // use_sliding_window, are not implemented).
     c.arch = Architecture::kLlama;
     c.qkv_bias = type == "qwen2";
     c.qk_norm = type == "qwen3";
@@ -310,6 +323,11 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     if (attention_bias && type != "qwen2") {
       return absl::UnimplementedError("config.json: attention_bias = true is not supported");
     }
+    if (ConfigFloat(cfg, "partial_rotary_factor", 1.0) != 1.0) {  // Phi-4-mini: 0.75
+      return absl::UnimplementedError(absl::StrCat(
+          "config.json: partial_rotary_factor = ", ConfigFloat(cfg, "partial_rotary_factor", 1.0),
+          " is not supported (RoPE over the whole head)"));
+    }
     if (auto s = ConfigInt(cfg, {"hidden_size"}, c.dim); !s.ok()) return s;
     if (auto s = ConfigInt(cfg, {"intermediate_size"}, c.hidden_dim); !s.ok()) return s;
     if (auto s = ConfigInt(cfg, {"num_hidden_layers"}, c.num_layers); !s.ok()) return s;
@@ -318,8 +336,9 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
       return s;
     if (auto s = ConfigInt(cfg, {"max_position_embeddings"}, c.max_seq_len); !s.ok()) return s;
     // Mistral 7B v0.1 lets a query see only its last sliding_window positions (4096; v0.2
-    // and later set null); a window as long as the context hides nothing.
-    if (type == "mistral") {
+    // and later set null), Phi-3 mini its last 2047; a window as long as the context hides
+    // nothing.
+    if (type == "mistral" || type == "phi3") {
       int window = 0;
       if (auto s = ConfigInt(cfg, {"sliding_window"}, window, 0); !s.ok()) return s;
       if (window < 0 ||
@@ -338,7 +357,7 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
   } else {
     return absl::UnimplementedError(
         absl::StrCat("config.json: model_type \"", type,
-                     "\" is not supported (gpt2, llama, mistral, qwen2, qwen3)"));
+                     "\" is not supported (gpt2, llama, mistral, phi3, qwen2, qwen3)"));
   }
   c.family = type;
   // The head size: head_dim where config.json has it (Qwen3: 128 with hidden_size 1024

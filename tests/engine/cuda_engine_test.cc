@@ -344,6 +344,50 @@ TEST(CudaEngineLogits, SlidingWindowWithinToleranceOfCpu) {
   ExpectClose(AllLogits(*model, cuda, tokens, 7), AllLogits(*model, cpu, tokens, 7), 1e-4, 1e-5);
 }
 
+// Phi-3's fused projections: q, k and v as row views of one [QD + 2·KVD, D] tensor and gate
+// and up of one [2F, D] tensor (the device copies are keyed by where each view starts), with
+// a sliding window; against the same model on the CpuBackend.
+TEST(CudaEngineLogits, Phi3FusedRowViewsWithinToleranceOfCpu) {
+  KVLENS_REQUIRE_CUDA(cuda);
+  testing::TinySpec spec;
+  spec.arch = Architecture::kLlama;
+  spec.rope_style = kernels::RopeStyle::kHalfSplit;
+  spec.dim = 128;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.hidden = 192;
+  spec.vocab = 50;
+  spec.max_seq = 128;
+  spec.window = 20;
+  spec.seed = 11;
+  const std::unique_ptr<Model> model = testing::MakeTinyModel(spec);
+  const ModelConfig& c = model->config;
+  for (LayerWeights& lw : model->weights.layers) {
+    auto fuse = [&](std::initializer_list<kernels::WeightView*> parts) {
+      auto buf = std::make_shared<std::vector<float>>();
+      for (const kernels::WeightView* w : parts) {
+        const float* p = static_cast<const float*>(w->data);
+        buf->insert(buf->end(), p, p + w->rows * w->cols);
+      }
+      int64_t row = 0;
+      for (kernels::WeightView* w : parts) {
+        w->data = buf->data() + row * c.dim;
+        row += w->rows;
+      }
+      model->weights.storage.push_back(buf);
+    };
+    fuse({&lw.wq, &lw.wk, &lw.wv});
+    fuse({&lw.w_in, &lw.w_up});
+    ASSERT_EQ(lw.wk.data, lw.wq.row(c.q_dim()));
+  }
+  std::mt19937 rng(8);
+  std::vector<int32_t> tokens(90);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
+  kernels::CpuBackend cpu(2);
+  ExpectClose(AllLogits(*model, cuda, tokens, 90), AllLogits(*model, cpu, tokens, 90), 1e-2, 1e-3);
+  ExpectClose(AllLogits(*model, cuda, tokens, 7), AllLogits(*model, cpu, tokens, 7), 1e-4, 1e-5);
+}
+
 // One engine step over several sequences: three decode tokens and a 4-token chunk in one
 // Forward (CudaBackend::AttentionBatch: one split-KV launch for them), after each
 // sequence's prompt was prefilled on its own; against the same steps on the CpuBackend.

@@ -10,7 +10,9 @@ dim 256, 4 heads of 64 (2 KV heads), FFN 512, 2 layers, vocab 384 and no tokeniz
 --tokenizer GGUF, that file's tokenizer and its vocabulary size (for tests that serve it).
 --f32 writes every weight in F32 instead; --qwen2 makes it a Qwen2 (biases on q, k and v,
 RoPE on half-split pairs); --qwen3 a Qwen3 (no biases, an RMSNorm over each head of q and k,
-half-split RoPE, and heads of 128, so that the 4 query heads are 512 wide, twice dim); --rope-freqs adds Llama 3.1's rope scaling
+half-split RoPE, and heads of 128, so that the 4 query heads are 512 wide, twice dim); --phi3
+a Phi-3 (q, k and v fused in attn_qkv, gate and up in ffn_up, half-split RoPE; its sliding
+window by --set phi3.attention.sliding_window=N); --rope-freqs adds Llama 3.1's rope scaling
 (rope_freqs.weight), the factors convert_hf_to_gguf.py derives from rope_scaling
 {factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192}.
 --hf DIR also writes the same values (as the GGUF decodes them) as a Hugging Face directory
@@ -51,6 +53,11 @@ def main():
                     help="a Qwen2 instead: architecture qwen2, biases on q, k and v")
     ap.add_argument("--qwen3", action="store_true",
                     help="a Qwen3 instead: architecture qwen3, q/k head norms, head size 128")
+    ap.add_argument("--phi3", action="store_true",
+                    help="a Phi-3 instead: architecture phi3, q/k/v fused in attn_qkv and "
+                         "gate/up in ffn_up (each in the type of its first part)")
+    ap.add_argument("--long-rope", action="store_true",
+                    help="Phi-3's LongRoPE factors (rope_factors_long/short.weight)")
     ap.add_argument("--no-add-bos", action="store_true",
                     help="tokenizer.ggml.add_bos_token = false (as Qwen2's files say)")
     ap.add_argument("--chat-template", metavar="JINJA",
@@ -101,6 +108,22 @@ def main():
             for name in ("attn_q_norm", "attn_k_norm"):
                 tensors.append((f"blk.{layer}.{name}.weight",
                                 1 + rng.normal(0, 0.3, head_dim), "F32"))
+    if args.phi3:
+        metadata = {k.replace("llama.", "phi3.", 1): v for k, v in metadata.items()}
+        metadata["general.architecture"] = "phi3"
+        metadata["phi3.rope.dimension_count"] = np.uint32(head_dim)
+        by_name = {name: (values, kind) for name, values, kind in tensors}
+        for layer in range(len(LAYER_TYPES)):
+            p = f"blk.{layer}."
+            for fused, parts in (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
+                                 ("ffn_up", ("ffn_gate", "ffn_up"))):
+                kind = by_name[p + parts[0] + ".weight"][1]
+                rows = np.concatenate([by_name.pop(p + x + ".weight")[0] for x in parts])
+                by_name[p + fused + ".weight"] = (rows, kind)
+        tensors = [(name, v, kind) for name, (v, kind) in by_name.items()]
+    if args.long_rope:
+        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+            tensors.append((name, 1 + rng.uniform(0, 3, head_dim // 2), "F32"))
     if args.rope_freqs:
         tensors.append(("rope_freqs.weight", llama31_rope_factors(head_dim, 10000.0), "F32"))
     if args.f32:
@@ -143,11 +166,15 @@ def write_hf(directory, model_type, head_dim, vocab, values, extra):
     and torch.nn.Linear both store a weight."""
     from kvlens_oracle.checkpoints import write_safetensors
     os.makedirs(directory, exist_ok=True)
+    names = dict(HF_NAMES)
+    if model_type == "phi3":  # fused: q | k | v, gate | up
+        names.update({"attn_qkv.weight": "self_attn.qkv_proj.weight",
+                      "ffn_up.weight": "mlp.gate_up_proj.weight"})
     out = {}
     for name, v in values.items():
         if name.startswith("blk."):
             _, layer, rest = name.split(".", 2)
-            out[f"model.layers.{layer}.{HF_NAMES[rest]}"] = v
+            out[f"model.layers.{layer}.{names[rest]}"] = v
         else:
             out[{"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight":
                  "model.norm.weight", "output.weight": "lm_head.weight"}[name]] = v

@@ -255,6 +255,51 @@ class MistralWindowTest(unittest.TestCase):
         self.assertLess(float((attn[:, :, 5, 3:].sum(-1) - 1).abs().max()), 1e-12)
 
 
+class Phi3Test(unittest.TestCase):
+    """A random Phi-3 from make_quantized_gguf.py --phi3 --f32 (q, k, v fused in attn_qkv,
+    gate and up in ffn_up) with a sliding window of 4, and the same values as a Hugging Face
+    directory (qkv_proj, gate_up_proj): the oracle's two readers split them alike, and the
+    window binds past 4 positions."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.gguf = os.path.join(cls.tmp.name, "phi3.gguf")
+        cls.hf = os.path.join(cls.tmp.name, "hf")
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "make_quantized_gguf.py")
+        rc = os.system(f"{sys.executable} {script} --out {cls.gguf} --phi3 --f32 --hf {cls.hf} "
+                       "--set phi3.attention.sliding_window=4 "
+                       "--hf-config '{\"sliding_window\": 4}'")
+        if rc != 0:
+            raise RuntimeError("make_quantized_gguf.py failed")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_gguf_equals_hf_and_the_window_binds(self):
+        a, b = load_model(self.gguf), load_model(self.hf)
+        self.assertEqual(a.cfg["sliding_window"], 4)
+        self.assertEqual(b.cfg["sliding_window"], 4)
+        ids = [1, 5, 300, 17, 42, 383, 0, 9]
+        la, attn = forward(a, ids)
+        lb, _ = forward(b, ids)
+        self.assertLess(float((la - lb).abs().max()), 1e-12)
+        self.assertEqual(float(attn[:, :, 7, :4].abs().max()), 0.0)
+        unwindowed = copy.copy(a)
+        unwindowed.cfg = dict(a.cfg, sliding_window=None)
+        lu, _ = forward(unwindowed, ids)
+        self.assertLess(float((la[:4] - lu[:4]).abs().max()), 1e-12)
+        self.assertGreater(float((la[4:] - lu[4:]).abs().max()), 1e-6)
+        # The fused rows split as q | k | v and gate | up: layer 0's q is the first 256 rows.
+        g = GGUFFile(self.gguf)
+        qkv = g.tensors["blk.0.attn_qkv.weight"]
+        self.assertEqual(qkv.shape, (256 + 2 * 128, 256))
+        self.assertTrue(np.array_equal(a.layers[0]["wq"].numpy(), qkv[:256]))
+        self.assertTrue(np.array_equal(a.layers[0]["w3"].numpy(),
+                                       g.tensors["blk.0.ffn_up.weight"][512:]))
+
+
 class Qwen3Test(unittest.TestCase):
     """A random Qwen3 from make_quantized_gguf.py --qwen3 --f32 --hf: the oracle's GGUF and
     Hugging Face readers give the same model, and its first layer's queries are, per head,

@@ -357,6 +357,65 @@ TEST(Qwen3GoldenTest, LoaderErrorsNameTheTensorOrField) {
   }
 }
 
+// Phi-3: q, k and v fused in attn_qkv (rows q | k | v) and gate and up in ffn_up, read as
+// row views of the stored (quantised: every block type) tensors; half-split RoPE; its
+// sliding window (here 5, so that it binds) from phi3.attention.sliding_window. Both
+// backends against the oracle, which splits the fused tensors itself. Then the same values
+// as a Hugging Face directory (qkv_proj, gate_up_proj, config.json's sliding_window).
+TEST(Phi3GoldenTest, FusedTensorsAndSlidingWindowMatchTheOracle) {
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path =
+      testing::MakeQuantizedModel("--phi3 --set phi3.attention.sliding_window=5");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  auto model = LoadModel({path, ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config;
+  EXPECT_EQ(c.family, "phi3");
+  EXPECT_EQ(c.rope_style, kernels::RopeStyle::kHalfSplit);
+  EXPECT_EQ(c.sliding_window, 5);
+  const LayerWeights& lw = (*model)->weights.layers[0];
+  EXPECT_EQ(lw.wk.data, lw.wq.row(c.q_dim()));  // views into attn_qkv
+  EXPECT_EQ(lw.w_up.rows, c.hidden_dim);
+  const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128, 3, 64};
+  ExpectBothBackendsMatchTheOracle(**model, path, tokens);
+  ExpectHfDirectoryMatchesTheOracle("--phi3 --hf-config '{\"sliding_window\": 5}'", "phi3", 256);
+}
+
+// A Phi-3 without its fused FFN tensor, with a partial rotary factor (Phi-4-mini) or with
+// LongRoPE's factors (the 128k variants) is refused by name.
+TEST(Phi3GoldenTest, LoaderErrorsNameTheTensorOrField) {
+  const struct {
+    std::string args;
+    absl::StatusCode code;
+    std::string message;
+  } cases[] = {
+      {"--drop blk.1.ffn_up.weight", absl::StatusCode::kNotFound,
+       "missing tensor blk.1.ffn_up.weight"},
+      {"--long-rope", absl::StatusCode::kUnimplemented,
+       "rope_factors_long.weight: LongRoPE (Phi-3's 128k-context variants, Phi-3.5) is not "
+       "supported"},
+  };
+  for (const auto& tc : cases) {
+    SCOPED_TRACE(tc.args);
+    const std::string path = testing::MakeQuantizedModel("--f32 --phi3 " + tc.args);
+    ASSERT_FALSE(path.empty());
+    auto bad = LoadModel({path, ""});
+    std::remove(path.c_str());
+    EXPECT_EQ(bad.status().code(), tc.code) << bad.status();
+    EXPECT_NE(std::string(bad.status().message()).find(tc.message), std::string::npos)
+        << bad.status();
+  }
+  absl::StatusOr<std::unique_ptr<Model>> model = absl::UnknownError("not loaded");
+  const std::string dir =
+      HfDirectory("--phi3 --hf-config '{\"partial_rotary_factor\": 0.75}'", model);
+  ASSERT_FALSE(dir.empty());
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented) << model.status();
+  EXPECT_NE(std::string(model.status().message()).find("partial_rotary_factor = 0.75"),
+            std::string::npos)
+      << model.status();
+}
+
 // CpuBackend with int8 activations, every matrix product checked as it runs: the output
 // must be the product of the input rounded by the mode's rules (ggml's quantize_row_q8_0,
 // or q8_K's granularity for the 256-element types; written here from their definitions) with the

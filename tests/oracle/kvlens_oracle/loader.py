@@ -53,10 +53,13 @@ def load_llama2c(path):
 def load_gguf(path):
     """A GGUF Llama, or a Qwen2: a Llama with q/k/v biases whose q and k rows llama.cpp's
     converter leaves as Hugging Face wrote them (rotate_half RoPE: "half" pairs), or a
-    Qwen3: no biases, an RMSNorm over each head of q and k, heads of key_length."""
+    Qwen3: no biases, an RMSNorm over each head of q and k, heads of key_length; or a Phi-3:
+    q, k and v fused in attn_qkv (rows q | k | v), gate and up in ffn_up (rows gate | up),
+    half-split RoPE, and a sliding window (attention.sliding_window), as Hugging Face's
+    Phi-3 applies it."""
     g = GGUFFile(path)
     arch = g.metadata.get("general.architecture")
-    if arch not in ("llama", "qwen2", "qwen3"):
+    if arch not in ("llama", "qwen2", "qwen3", "phi3"):
         raise NotImplementedError(f"GGUF architecture {arch!r} not supported by the oracle")
     m, T = g.metadata, g.tensors
     n_heads = int(m[f"{arch}.attention.head_count"])
@@ -65,7 +68,7 @@ def load_gguf(path):
                      T["token_embd.weight"].shape[0],
                      m.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
                      m.get(f"{arch}.rope.freq_base", 10000.0),
-                     "half" if arch in ("qwen2", "qwen3") else "adjacent",
+                     "half" if arch in ("qwen2", "qwen3", "phi3") else "adjacent",
                      m.get(f"{arch}.attention.key_length"))
     if int(m.get(f"{arch}.rope.dimension_count", cfg["head_dim"])) != cfg["head_dim"]:
         raise NotImplementedError("partial rotary embeddings are not supported by the oracle")
@@ -73,8 +76,21 @@ def load_gguf(path):
         cfg["rope_factors"] = _t(T["rope_freqs.weight"]).reshape(-1)
     names = dict(attn_norm="attn_norm", wq="attn_q", wk="attn_k", wv="attn_v", wo="attn_output",
                  ffn_norm="ffn_norm", w1="ffn_gate", w2="ffn_down", w3="ffn_up")
+    if arch == "phi3":
+        if "rope_factors_long.weight" in T or "rope_factors_short.weight" in T:
+            raise NotImplementedError("Phi-3's LongRoPE is not supported by the oracle")
+        names = dict(attn_norm="attn_norm", wo="attn_output", ffn_norm="ffn_norm", w2="ffn_down")
+        if m.get("phi3.attention.sliding_window"):
+            cfg["sliding_window"] = int(m["phi3.attention.sliding_window"])
     layers = [{k: _t(T[f"blk.{i}.{v}.weight"]) for k, v in names.items()}
               for i in range(cfg["n_layers"])]
+    if arch == "phi3":
+        qd, kvd = cfg["n_heads"] * cfg["head_dim"], cfg["n_kv_heads"] * cfg["head_dim"]
+        for i, lw in enumerate(layers):
+            qkv, up = _t(T[f"blk.{i}.attn_qkv.weight"]), _t(T[f"blk.{i}.ffn_up.weight"])
+            lw.update(wq=qkv[:qd], wk=qkv[qd:qd + kvd], wv=qkv[qd + kvd:])
+            ff = up.shape[0] // 2
+            lw.update(w1=up[:ff], w3=up[ff:])
     if arch == "qwen2":
         for i, lw in enumerate(layers):
             for k, v in (("bq", "attn_q"), ("bk", "attn_k"), ("bv", "attn_v")):
@@ -117,9 +133,21 @@ def _load_hf_llama(c, T, path):
     names = dict(attn_norm="input_layernorm", wq="self_attn.q_proj", wk="self_attn.k_proj",
                  wv="self_attn.v_proj", wo="self_attn.o_proj", ffn_norm="post_attention_layernorm",
                  w1="mlp.gate_proj", w2="mlp.down_proj", w3="mlp.up_proj")
+    phi3 = c.get("model_type") == "phi3"
+    if phi3:  # q | k | v fused in qkv_proj, gate | up in gate_up_proj
+        for k in ("wq", "wk", "wv", "w1", "w3"):
+            del names[k]
     layers = [{k: _t(T[f"{p}layers.{i}.{v}.weight"]) for k, v in names.items()}
               for i in range(cfg["n_layers"])]
-    if c.get("model_type") == "mistral" and c.get("sliding_window") is not None:
+    if phi3:
+        qd, kvd = cfg["n_heads"] * cfg["head_dim"], cfg["n_kv_heads"] * cfg["head_dim"]
+        for i, lw in enumerate(layers):
+            qkv = _t(T[f"{p}layers.{i}.self_attn.qkv_proj.weight"])
+            up = _t(T[f"{p}layers.{i}.mlp.gate_up_proj.weight"])
+            lw.update(wq=qkv[:qd], wk=qkv[qd:qd + kvd], wv=qkv[qd + kvd:])
+            ff = up.shape[0] // 2
+            lw.update(w1=up[:ff], w3=up[ff:])
+    if c.get("model_type") in ("mistral", "phi3") and c.get("sliding_window") is not None:
         cfg["sliding_window"] = c["sliding_window"]
     if c.get("model_type") == "qwen3":
         for i, lw in enumerate(layers):
@@ -165,7 +193,7 @@ def load_hf(path):
     mt = c.get("model_type")
     if mt == "gpt2":
         return _load_hf_gpt2(c, T, directory)
-    if mt in ("llama", "mistral", "qwen3"):
+    if mt in ("llama", "mistral", "qwen3", "phi3"):
         return _load_hf_llama(c, T, directory)
     raise NotImplementedError(f"model_type {mt!r} not supported by the oracle")
 
