@@ -219,10 +219,10 @@ class Stories260KTest(unittest.TestCase):
 
 
 
-class MistralWindowTest(unittest.TestCase):
-    """A random Llama from make_quantized_gguf.py --f32, and the same values as a Mistral
-    directory whose sliding_window is 3: within 3 positions the window hides nothing, so both
-    give the same logits; past it, each query sees only its last 3 keys."""
+class GgufAndHfTest(unittest.TestCase):
+    """A random model from make_quantized_gguf.py ARGS as a GGUF (cls.gguf) and the same
+    values as a Hugging Face directory (cls.hf), in a temporary folder for the class."""
+    ARGS = None
 
     @classmethod
     def setUpClass(cls):
@@ -230,14 +230,21 @@ class MistralWindowTest(unittest.TestCase):
         cls.gguf = os.path.join(cls.tmp.name, "m.gguf")
         cls.hf = os.path.join(cls.tmp.name, "hf")
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "make_quantized_gguf.py")
-        rc = os.system(f"{sys.executable} {script} --out {cls.gguf} --f32 --hf {cls.hf} "
-                       "--hf-type mistral --hf-config '{\"sliding_window\": 3}'")
+        rc = os.system(f"{sys.executable} {script} --out {cls.gguf} --hf {cls.hf} {cls.ARGS}")
         if rc != 0:
             raise RuntimeError("make_quantized_gguf.py failed")
 
     @classmethod
     def tearDownClass(cls):
         cls.tmp.cleanup()
+
+
+class MistralWindowTest(GgufAndHfTest):
+    """A random Llama from make_quantized_gguf.py --f32, and the same values as a Mistral
+    directory whose sliding_window is 3: within 3 positions the window hides nothing, so both
+    give the same logits; past it, each query sees only its last 3 keys."""
+
+    ARGS = "--f32 --hf-type mistral --hf-config '{\"sliding_window\": 3}'"
 
     def test_window(self):
         full, windowed = load_model(self.gguf), load_model(self.hf)
@@ -255,27 +262,14 @@ class MistralWindowTest(unittest.TestCase):
         self.assertLess(float((attn[:, :, 5, 3:].sum(-1) - 1).abs().max()), 1e-12)
 
 
-class Phi3Test(unittest.TestCase):
+class Phi3Test(GgufAndHfTest):
     """A random Phi-3 from make_quantized_gguf.py --phi3 --f32 (q, k, v fused in attn_qkv,
     gate and up in ffn_up) with a sliding window of 4, and the same values as a Hugging Face
     directory (qkv_proj, gate_up_proj): the oracle's two readers split them alike, and the
     window binds past 4 positions."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.gguf = os.path.join(cls.tmp.name, "phi3.gguf")
-        cls.hf = os.path.join(cls.tmp.name, "hf")
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "make_quantized_gguf.py")
-        rc = os.system(f"{sys.executable} {script} --out {cls.gguf} --phi3 --f32 --hf {cls.hf} "
-                       "--set phi3.attention.sliding_window=4 "
-                       "--hf-config '{\"sliding_window\": 4}'")
-        if rc != 0:
-            raise RuntimeError("make_quantized_gguf.py failed")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
+    ARGS = ("--phi3 --f32 --set phi3.attention.sliding_window=4 "
+            "--hf-config '{\"sliding_window\": 4}'")
 
     def test_gguf_equals_hf_and_the_window_binds(self):
         a, b = load_model(self.gguf), load_model(self.hf)
@@ -300,24 +294,12 @@ class Phi3Test(unittest.TestCase):
                                        g.tensors["blk.0.ffn_up.weight"][512:]))
 
 
-class Qwen3Test(unittest.TestCase):
+class Qwen3Test(GgufAndHfTest):
     """A random Qwen3 from make_quantized_gguf.py --qwen3 --f32 --hf: the oracle's GGUF and
     Hugging Face readers give the same model, and its first layer's queries are, per head,
     RMSNorm(W_Q x) ⊙ q_norm rotated, written out here with numpy."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.gguf = os.path.join(cls.tmp.name, "q3.gguf")
-        cls.hf = os.path.join(cls.tmp.name, "hf")
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "make_quantized_gguf.py")
-        rc = os.system(f"{sys.executable} {script} --out {cls.gguf} --qwen3 --f32 --hf {cls.hf}")
-        if rc != 0:
-            raise RuntimeError("make_quantized_gguf.py failed")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
+    ARGS = "--qwen3 --f32"
 
     def test_gguf_equals_hf(self):
         ids = [1, 5, 300, 17, 42, 383, 0, 9]

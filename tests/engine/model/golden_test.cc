@@ -258,6 +258,34 @@ void ExpectHfDirectoryMatchesTheOracle(const std::string& args, const std::strin
   CompareWithOracle<float>(**model, fast, tokens, oracle, 1e-5);
 }
 
+// A model file make_quantized_gguf.py writes with `args` (or, with `hf`, the Hugging Face
+// directory it writes) is refused with `code` and a message containing `message`.
+struct LoadError {
+  std::string args;
+  absl::StatusCode code;
+  std::string message;
+  bool hf = false;
+};
+void ExpectLoadErrors(const std::string& base, std::initializer_list<LoadError> cases) {
+  for (const LoadError& tc : cases) {
+    SCOPED_TRACE(tc.args);
+    absl::StatusOr<std::unique_ptr<Model>> bad = absl::UnknownError("not loaded");
+    if (tc.hf) {
+      const std::string dir = HfDirectory(base + " " + tc.args, bad);
+      ASSERT_FALSE(dir.empty());
+      std::filesystem::remove_all(dir);
+    } else {
+      const std::string path = testing::MakeQuantizedModel(base + " " + tc.args);
+      ASSERT_FALSE(path.empty());
+      bad = LoadModel({path, ""});
+      std::remove(path.c_str());
+    }
+    EXPECT_EQ(bad.status().code(), tc.code) << bad.status();
+    EXPECT_NE(std::string(bad.status().message()).find(tc.message), std::string::npos)
+        << bad.status();
+  }
+}
+
 // The same architecture from a Hugging Face directory (config.json's model_type "qwen3" and
 // head_dim; q_norm and k_norm tensors), against the oracle's own reading of the directory.
 TEST(Qwen3GoldenTest, HuggingFaceDirectoryMatchesTheOracle) {
@@ -271,14 +299,9 @@ TEST(MistralGoldenTest, HuggingFaceDirectoryMatchesTheOracle) {
                                     "mistral", 256);
   ExpectHfDirectoryMatchesTheOracle("--hf-type mistral --hf-config '{\"sliding_window\": 4096}'",
                                     "mistral", 256);
-  absl::StatusOr<std::unique_ptr<Model>> model = absl::UnknownError("not loaded");
-  const std::string dir =
-      HfDirectory("--hf-type mistral --hf-config '{\"sliding_window\": 0}'", model);
-  ASSERT_FALSE(dir.empty());
-  std::filesystem::remove_all(dir);
-  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument) << model.status();
-  EXPECT_NE(std::string(model.status().message()).find("sliding_window = 0"), std::string::npos)
-      << model.status();
+  ExpectLoadErrors("--hf-type mistral",
+                   {{"--hf-config '{\"sliding_window\": 0}'", absl::StatusCode::kInvalidArgument,
+                     "sliding_window = 0", /*hf=*/true}});
 }
 
 // Mistral 7B v0.1's sliding window (each query sees its last sliding_window positions), here
@@ -332,29 +355,15 @@ TEST(MistralGoldenTest, SlidingWindowMatchesTheOracle) {
 // A Qwen3 file without a head norm, or whose values are not the keys' size, or whose RoPE
 // covers part of a head, is refused by name.
 TEST(Qwen3GoldenTest, LoaderErrorsNameTheTensorOrField) {
-  const struct {
-    std::string args;
-    absl::StatusCode code;
-    std::string message;
-  } cases[] = {
-      {"--drop blk.1.attn_k_norm.weight", absl::StatusCode::kNotFound,
-       "missing tensor blk.1.attn_k_norm.weight"},
-      {"--set qwen3.attention.value_length=64", absl::StatusCode::kUnimplemented,
-       "qwen3.attention.value_length = 64 differs from key_length = 128"},
-      {"--set qwen3.rope.dimension_count=64", absl::StatusCode::kUnimplemented,
-       "qwen3.rope.dimension_count = 64: partial rotary embeddings are not supported (head "
-       "size 128)"},
-  };
-  for (const auto& tc : cases) {
-    SCOPED_TRACE(tc.args);
-    const std::string path = testing::MakeQuantizedModel("--f32 --qwen3 " + tc.args);
-    ASSERT_FALSE(path.empty());
-    auto bad = LoadModel({path, ""});
-    std::remove(path.c_str());
-    EXPECT_EQ(bad.status().code(), tc.code) << bad.status();
-    EXPECT_NE(std::string(bad.status().message()).find(tc.message), std::string::npos)
-        << bad.status();
-  }
+  ExpectLoadErrors(
+      "--f32 --qwen3",
+      {{"--drop blk.1.attn_k_norm.weight", absl::StatusCode::kNotFound,
+        "missing tensor blk.1.attn_k_norm.weight"},
+       {"--set qwen3.attention.value_length=64", absl::StatusCode::kUnimplemented,
+        "qwen3.attention.value_length = 64 differs from key_length = 128"},
+       {"--set qwen3.rope.dimension_count=64", absl::StatusCode::kUnimplemented,
+        "qwen3.rope.dimension_count = 64: partial rotary embeddings are not supported (head "
+        "size 128)"}});
 }
 
 // Phi-3: q, k and v fused in attn_qkv (rows q | k | v) and gate and up in ffn_up, read as
@@ -384,36 +393,15 @@ TEST(Phi3GoldenTest, FusedTensorsAndSlidingWindowMatchTheOracle) {
 // A Phi-3 without its fused FFN tensor, with a partial rotary factor (Phi-4-mini) or with
 // LongRoPE's factors (the 128k variants) is refused by name.
 TEST(Phi3GoldenTest, LoaderErrorsNameTheTensorOrField) {
-  const struct {
-    std::string args;
-    absl::StatusCode code;
-    std::string message;
-  } cases[] = {
-      {"--drop blk.1.ffn_up.weight", absl::StatusCode::kNotFound,
-       "missing tensor blk.1.ffn_up.weight"},
-      {"--long-rope", absl::StatusCode::kUnimplemented,
-       "rope_factors_long.weight: LongRoPE (Phi-3's 128k-context variants, Phi-3.5) is not "
-       "supported"},
-  };
-  for (const auto& tc : cases) {
-    SCOPED_TRACE(tc.args);
-    const std::string path = testing::MakeQuantizedModel("--f32 --phi3 " + tc.args);
-    ASSERT_FALSE(path.empty());
-    auto bad = LoadModel({path, ""});
-    std::remove(path.c_str());
-    EXPECT_EQ(bad.status().code(), tc.code) << bad.status();
-    EXPECT_NE(std::string(bad.status().message()).find(tc.message), std::string::npos)
-        << bad.status();
-  }
-  absl::StatusOr<std::unique_ptr<Model>> model = absl::UnknownError("not loaded");
-  const std::string dir =
-      HfDirectory("--phi3 --hf-config '{\"partial_rotary_factor\": 0.75}'", model);
-  ASSERT_FALSE(dir.empty());
-  std::filesystem::remove_all(dir);
-  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented) << model.status();
-  EXPECT_NE(std::string(model.status().message()).find("partial_rotary_factor = 0.75"),
-            std::string::npos)
-      << model.status();
+  ExpectLoadErrors(
+      "--f32 --phi3",
+      {{"--drop blk.1.ffn_up.weight", absl::StatusCode::kNotFound,
+        "missing tensor blk.1.ffn_up.weight"},
+       {"--long-rope", absl::StatusCode::kUnimplemented,
+        "rope_factors_long.weight: LongRoPE (Phi-3's 128k-context variants, Phi-3.5) is not "
+        "supported"},
+       {"--hf-config '{\"partial_rotary_factor\": 0.75}'", absl::StatusCode::kUnimplemented,
+        "partial_rotary_factor = 0.75", /*hf=*/true}});
 }
 
 // CpuBackend with int8 activations, every matrix product checked as it runs: the output

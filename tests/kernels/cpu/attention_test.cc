@@ -258,6 +258,28 @@ TYPED_TEST(AttentionTest, SeedLargeWeightOnAZeroValue) {
   EXPECT_NEAR(r.O(0, 0, 0, p), 1.0, 10 * this->kTol);
 }
 
+// Row 7 of a one-head problem of 10 slots of 4 dims at scale 0.5 that sees exactly slots
+// 5, 6, 7: its probabilities (and −∞ scores elsewhere) and its output, by hand in double.
+void ExpectSlotSevenSeesFiveToSeven(const AttnProblem& p, const AttnResult& r, double tol) {
+  for (int j = 0; j < 10; ++j) {
+    const bool allowed = j >= 5 && j <= 7;
+    EXPECT_EQ(r.P(0, 7, j, p) > 0.0, allowed) << j;
+    EXPECT_EQ(r.S(0, 7, j, p) == -kInf, !allowed) << j;
+  }
+  double s[3], z = 0, o[4] = {0, 0, 0, 0};
+  for (int j = 5; j <= 7; ++j) {
+    double dot = 0;
+    for (int d = 0; d < 4; ++d) dot += p.q[7 * 4 + d] * p.k[j * 4 + d];
+    s[j - 5] = std::exp(0.5 * dot);
+    z += s[j - 5];
+  }
+  for (int j = 5; j <= 7; ++j) {
+    EXPECT_NEAR(r.P(0, 7, j, p), s[j - 5] / z, tol);
+    for (int d = 0; d < 4; ++d) o[d] += s[j - 5] / z * p.v[j * 4 + d];
+  }
+  for (int d = 0; d < 4; ++d) EXPECT_NEAR(r.O(7, 0, d, p), o[d], tol);
+}
+
 // Seed 002 packed documents: the second document begins at slot 5 (slots 0–4 are the
 // prior example), so with causal order the query at slot 7 sees exactly slots 5, 6, 7.
 TYPED_TEST(AttentionTest, SeedPackedDocumentSlotSevenSeesFiveToSeven) {
@@ -272,24 +294,7 @@ TYPED_TEST(AttentionTest, SeedPackedDocumentSlotSevenSeesFiveToSeven) {
   p.v = testing::RandomFloatExact(rng, 40);
   p.q_doc = p.k_doc = {0, 0, 0, 0, 0, 1, 1, 1, 1, 1};
   const AttnResult r = this->RunOk(p);
-  for (int j = 0; j < 10; ++j) {
-    const bool allowed = j >= 5 && j <= 7;
-    EXPECT_EQ(r.P(0, 7, j, p) > 0.0, allowed) << j;
-    EXPECT_EQ(r.S(0, 7, j, p) == -kInf, !allowed) << j;
-  }
-  // Row 7 by hand: softmax over slots 5–7 only, in double.
-  double s[3], z = 0, o[4] = {0, 0, 0, 0};
-  for (int j = 5; j <= 7; ++j) {
-    double dot = 0;
-    for (int d = 0; d < 4; ++d) dot += p.q[7 * 4 + d] * p.k[j * 4 + d];
-    s[j - 5] = std::exp(0.5 * dot);
-    z += s[j - 5];
-  }
-  for (int j = 5; j <= 7; ++j) {
-    EXPECT_NEAR(r.P(0, 7, j, p), s[j - 5] / z, this->kTol);
-    for (int d = 0; d < 4; ++d) o[d] += s[j - 5] / z * p.v[j * 4 + d];
-  }
-  for (int d = 0; d < 4; ++d) EXPECT_NEAR(r.O(7, 0, d, p), o[d], this->kTol);
+  ExpectSlotSevenSeesFiveToSeven(p, r, this->kTol);
   // Slot 5, the new document's first token, sees only itself.
   EXPECT_NEAR(r.P(0, 5, 5, p), 1.0, this->kTol);
   for (int d = 0; d < 4; ++d) EXPECT_NEAR(r.O(5, 0, d, p), p.v[5 * 4 + d], this->kTol);
@@ -311,23 +316,7 @@ TYPED_TEST(AttentionTest, SlidingWindowSlotSevenSeesFiveToSeven) {
   p.k = testing::RandomFloatExact(rng, 40);
   p.v = testing::RandomFloatExact(rng, 40);
   const AttnResult r = this->RunOk(p);
-  for (int j = 0; j < 10; ++j) {
-    const bool allowed = j >= 5 && j <= 7;
-    EXPECT_EQ(r.P(0, 7, j, p) > 0.0, allowed) << j;
-    EXPECT_EQ(r.S(0, 7, j, p) == -kInf, !allowed) << j;
-  }
-  double s[3], z = 0, o[4] = {0, 0, 0, 0};
-  for (int j = 5; j <= 7; ++j) {
-    double dot = 0;
-    for (int d = 0; d < 4; ++d) dot += p.q[7 * 4 + d] * p.k[j * 4 + d];
-    s[j - 5] = std::exp(0.5 * dot);
-    z += s[j - 5];
-  }
-  for (int j = 5; j <= 7; ++j) {
-    EXPECT_NEAR(r.P(0, 7, j, p), s[j - 5] / z, this->kTol);
-    for (int d = 0; d < 4; ++d) o[d] += s[j - 5] / z * p.v[j * 4 + d];
-  }
-  for (int d = 0; d < 4; ++d) EXPECT_NEAR(r.O(7, 0, d, p), o[d], this->kTol);
+  ExpectSlotSevenSeesFiveToSeven(p, r, this->kTol);
   // Rows 0 and 1 are inside the window from the start: plain causal rows.
   AttnProblem causal = p;
   causal.window = 0;
