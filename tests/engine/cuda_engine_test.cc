@@ -271,6 +271,18 @@ std::unique_ptr<Model> HeadSize64Model(kernels::RopeStyle rope_style, int max_se
   return testing::MakeTinyModel(spec);
 }
 
+// `n` random tokens (ids below 50, from seed) in one prefill and in chunks of 7 (decode-like
+// calls over a growing cache), each step's logits against the CpuBackend's.
+void ExpectPrefillAndChunksCloseToCpu(const Model& model, kernels::Backend<float>& cuda, int n,
+                                      uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> tokens(n);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
+  kernels::CpuBackend cpu(2);
+  ExpectClose(AllLogits(model, cuda, tokens, n), AllLogits(model, cpu, tokens, n), 1e-2, 1e-3);
+  ExpectClose(AllLogits(model, cuda, tokens, 7), AllLogits(model, cpu, tokens, 7), 1e-4, 1e-5);
+}
+
 // A Llama-shaped model with head size 64 (the real models' flash path; the default model's
 // 32 never reaches it) and grouped-query heads, random weights: 600 tokens in one prefill
 // (flash kernel, fp16 tensor cores) and in chunks of 7 (split-KV over up to 600 keys, so
@@ -280,13 +292,7 @@ TEST(CudaEngineLogits, LlamaHeadSize64FlashAndSplitKvWithinToleranceOfCpu) {
   const std::unique_ptr<Model> model =
       HeadSize64Model(kernels::RopeStyle::kAdjacentPairs, /*max_seq=*/640, /*seed=*/3);
   ASSERT_EQ(model->config.head_dim, 64);
-  std::mt19937 rng(5);
-  std::vector<int32_t> tokens(600);
-  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
-  kernels::CpuBackend cpu(2);
-  ExpectClose(AllLogits(*model, cuda, tokens, 600), AllLogits(*model, cpu, tokens, 600), 1e-2,
-              1e-3);
-  ExpectClose(AllLogits(*model, cuda, tokens, 7), AllLogits(*model, cpu, tokens, 7), 1e-4, 1e-5);
+  ExpectPrefillAndChunksCloseToCpu(*model, cuda, 600, 5);
 }
 
 // Qwen3's shape: an RMSNorm over each head of q and k before RoPE (in place, on the
@@ -308,13 +314,7 @@ TEST(CudaEngineLogits, Qwen3HeadNormsAndWideHeadsWithinToleranceOfCpu) {
   spec.seed = 9;
   const std::unique_ptr<Model> model = testing::MakeTinyModel(spec);
   ASSERT_EQ(model->config.q_dim(), 256);
-  std::mt19937 rng(6);
-  std::vector<int32_t> tokens(100);
-  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
-  kernels::CpuBackend cpu(2);
-  ExpectClose(AllLogits(*model, cuda, tokens, 100), AllLogits(*model, cpu, tokens, 100), 1e-2,
-              1e-3);
-  ExpectClose(AllLogits(*model, cuda, tokens, 7), AllLogits(*model, cpu, tokens, 7), 1e-4, 1e-5);
+  ExpectPrefillAndChunksCloseToCpu(*model, cuda, 100, 6);
 }
 
 // Mistral 7B v0.1's sliding window (here 50 positions over 300 tokens): one prefill (the
@@ -335,13 +335,7 @@ TEST(CudaEngineLogits, SlidingWindowWithinToleranceOfCpu) {
   spec.window = 50;
   spec.seed = 10;
   const std::unique_ptr<Model> model = testing::MakeTinyModel(spec);
-  std::mt19937 rng(7);
-  std::vector<int32_t> tokens(300);
-  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
-  kernels::CpuBackend cpu(2);
-  ExpectClose(AllLogits(*model, cuda, tokens, 300), AllLogits(*model, cpu, tokens, 300), 1e-2,
-              1e-3);
-  ExpectClose(AllLogits(*model, cuda, tokens, 7), AllLogits(*model, cpu, tokens, 7), 1e-4, 1e-5);
+  ExpectPrefillAndChunksCloseToCpu(*model, cuda, 300, 7);
 }
 
 // Phi-3's fused projections: q, k and v as row views of one [QD + 2·KVD, D] tensor and gate
@@ -380,12 +374,7 @@ TEST(CudaEngineLogits, Phi3FusedRowViewsWithinToleranceOfCpu) {
     fuse({&lw.w_in, &lw.w_up});
     ASSERT_EQ(lw.wk.data, lw.wq.row(c.q_dim()));
   }
-  std::mt19937 rng(8);
-  std::vector<int32_t> tokens(90);
-  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
-  kernels::CpuBackend cpu(2);
-  ExpectClose(AllLogits(*model, cuda, tokens, 90), AllLogits(*model, cpu, tokens, 90), 1e-2, 1e-3);
-  ExpectClose(AllLogits(*model, cuda, tokens, 7), AllLogits(*model, cpu, tokens, 7), 1e-4, 1e-5);
+  ExpectPrefillAndChunksCloseToCpu(*model, cuda, 90, 8);
 }
 
 // One engine step over several sequences: three decode tokens and a 4-token chunk in one

@@ -89,6 +89,22 @@ inline OracleResult RunOracleWith(const std::string& model, const std::vector<in
   return r;
 }
 
+// The oracle's `n` greedy tokens after `prompt` (each step a full recompute); empty when
+// it fails.
+inline std::vector<int32_t> OracleGreedy(const std::string& model,
+                                         const std::vector<int32_t>& prompt, int n) {
+  const std::string cmd = std::string(OraclePython()) + " " + KVLENS_SOURCE_DIR +
+                          "/tests/oracle/oracle.py --model '" + model + "' --generate " +
+                          std::to_string(n) + " --prompt-tokens '" + absl::StrJoin(prompt, " ") +
+                          "'";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return {};
+  std::vector<int32_t> ids;
+  for (int id; fscanf(pipe, "%d", &id) == 1;) ids.push_back(id);
+  if (pclose(pipe) != 0) return {};
+  return ids;
+}
+
 // Logits (and per-layer attention probabilities with `attention`) for `tokens`.
 inline OracleResult RunOracle(const std::string& model, const std::vector<int32_t>& tokens,
                               bool attention, const std::vector<int32_t>& doc_ids = {}) {

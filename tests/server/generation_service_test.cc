@@ -204,15 +204,8 @@ TEST(GenerationServiceTest, ServesAQwen3) {
       MakeQuantizedModel("--f32 --qwen3 --tokenizer " + TestData("stories260K/stories260K.gguf"));
   ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
   const std::vector<int32_t> prompt = {1, 5, 300, 17, 42};
-  const std::string cmd = std::string(OraclePython()) + " " + KVLENS_SOURCE_DIR +
-                          "/tests/oracle/oracle.py --model " + path +
-                          " --generate 12 --prompt-tokens '1 5 300 17 42'";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::vector<int32_t> oracle;
-  for (int id; fscanf(pipe, "%d", &id) == 1;) oracle.push_back(id);
-  ASSERT_EQ(pclose(pipe), 0) << cmd;
-  ASSERT_EQ(oracle.size(), 12u);
+  const std::vector<int32_t> oracle = OracleGreedy(path, prompt, 12);
+  ASSERT_EQ(oracle.size(), 12u) << "oracle.py --generate failed";
   TestServer server(path, TestServer::DefaultOptions());
   std::remove(path.c_str());
   ASSERT_TRUE(server.ok()) << server.error();

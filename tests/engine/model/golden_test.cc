@@ -320,17 +320,10 @@ TEST(MistralGoldenTest, SlidingWindowMatchesTheOracle) {
   EXPECT_EQ((*model)->config.max_seq_len, 256);
   const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256};
   const testing::OracleResult oracle = testing::RunOracle(dir, tokens, /*attention=*/true);
-  const std::string cmd = std::string(testing::OraclePython()) + " " + KVLENS_SOURCE_DIR +
-                          "/tests/oracle/oracle.py --model " + dir +
-                          " --generate 12 --prompt-tokens '1 5 300 17 42'";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::vector<int32_t> greedy;
-  for (int id; fscanf(pipe, "%d", &id) == 1;) greedy.push_back(id);
-  const int rc = pclose(pipe);
+  const std::vector<int32_t> prompt = {1, 5, 300, 17, 42};
+  const std::vector<int32_t> greedy = testing::OracleGreedy(dir, prompt, 12);
   std::filesystem::remove_all(dir);
-  ASSERT_EQ(rc, 0) << cmd;
-  ASSERT_EQ(greedy.size(), 12u);
+  ASSERT_EQ(greedy.size(), 12u) << "oracle.py --generate failed";
   ASSERT_TRUE(oracle.error.empty()) << oracle.error;
   kernels::ReferenceBackend ref;
   kernels::CpuBackend fast(2);
@@ -343,7 +336,6 @@ TEST(MistralGoldenTest, SlidingWindowMatchesTheOracle) {
   options.prefill_chunk = 2;
   options.block_size = 4;
   options.stop_at_eos = false;
-  const std::vector<int32_t> prompt = {1, 5, 300, 17, 42};
   auto r64 = Generate<double>(**model, ref, prompt, options);
   ASSERT_TRUE(r64.ok()) << r64.status();
   EXPECT_EQ(r64->tokens, greedy);
