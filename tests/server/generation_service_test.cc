@@ -228,6 +228,37 @@ TEST(GenerationServiceTest, ServesAQwen3) {
   EXPECT_EQ(r.tokens, oracle);
 }
 
+// A Phi-3 (fused projections) whose sliding window of 4 binds within the prompt and the 12
+// generated tokens: GetModelInfo reports it, and the stream (prefill, then decode steps
+// over the paged cache) equals the oracle's greedy tokens, each a full windowed recompute.
+TEST(GenerationServiceTest, ServesAPhi3WithASlidingWindow) {
+  KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
+  ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path =
+      MakeQuantizedModel("--f32 --phi3 --set phi3.attention.sliding_window=4 --tokenizer " +
+                         TestData("stories260K/stories260K.gguf"));
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  const std::vector<int32_t> prompt = {1, 5, 300, 17, 42};
+  const std::vector<int32_t> oracle = OracleGreedy(path, prompt, 12);
+  ASSERT_EQ(oracle.size(), 12u) << "oracle.py --generate failed";
+  TestServer server(path, TestServer::DefaultOptions());
+  std::remove(path.c_str());
+  ASSERT_TRUE(server.ok()) << server.error();
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::ModelInfo info;
+  ASSERT_TRUE(server.stub().GetModelInfo(&context, {}, &info).ok());
+  EXPECT_EQ(info.family(), "phi3");
+  EXPECT_EQ(info.sliding_window(), 4);
+  v1::GenerateRequest request;
+  for (int32_t id : prompt) request.mutable_token_ids()->add_ids(id);
+  request.mutable_stopping()->set_max_new_tokens(12);
+  request.mutable_stopping()->set_ignore_eos(true);
+  const StreamResult r = RunGenerate(server.stub(), request);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, oracle);
+}
+
 // The default model with a generation_config.json that sets repetition_penalty 1.3.
 constexpr char kPenaltyConfig[] =
     R"({"bos_token_id": 4095, "eos_token_id": 4095, "repetition_penalty": 1.3})";
