@@ -153,7 +153,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
       WeightView qkv, up;
       KVLENS_ASSIGN_OR_RETURN(qkv, t.Optional(p + "attn_qkv.weight"));
       if (!qkv.empty()) {
-        KVLENS_ASSIGN_OR_RETURN(qkv, t.Get(p + "attn_qkv.weight", QD + 2 * KVD, D));
+        if (absl::Status s = CheckShape(p + "attn_qkv.weight", qkv, QD + 2 * KVD, D); !s.ok()) {
+          return s;
+        }
         lw.wq = qkv.Rows(0, QD);
         lw.wk = qkv.Rows(QD, KVD);
         lw.wv = qkv.Rows(QD + KVD, KVD);

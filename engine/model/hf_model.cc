@@ -323,10 +323,10 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     if (attention_bias && type != "qwen2") {
       return absl::UnimplementedError("config.json: attention_bias = true is not supported");
     }
-    if (ConfigFloat(cfg, "partial_rotary_factor", 1.0) != 1.0) {  // Phi-4-mini: 0.75
-      return absl::UnimplementedError(absl::StrCat(
-          "config.json: partial_rotary_factor = ", ConfigFloat(cfg, "partial_rotary_factor", 1.0),
-          " is not supported (RoPE over the whole head)"));
+    const double rotary = ConfigFloat(cfg, "partial_rotary_factor", 1.0);
+    if (rotary != 1.0) {  // Phi-4-mini: 0.75
+      return absl::UnimplementedError(absl::StrCat("config.json: partial_rotary_factor = ", rotary,
+                                                   " is not supported (RoPE over the whole head)"));
     }
     if (auto s = ConfigInt(cfg, {"hidden_size"}, c.dim); !s.ok()) return s;
     if (auto s = ConfigInt(cfg, {"intermediate_size"}, c.hidden_dim); !s.ok()) return s;

@@ -194,14 +194,13 @@ TEST(GenerationServiceTest, ServesAQuantisedModel) {
   EXPECT_EQ(r.tokens.size(), 24u);
 }
 
-// A Qwen3 GGUF (heads of 128 over a residual stream of 256, RMSNorm over each head of q and
-// k): GetModelInfo names the file's architecture and the query heads' width, and a greedy
-// stream equals the oracle's greedy continuation (PyTorch float64, full recompute per token).
-TEST(GenerationServiceTest, ServesAQwen3) {
-  KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
+// Serves make_quantized_gguf.py's f32 model of `args` (with stories260K's tokenizer):
+// `info` is its GetModelInfo, and 12 greedy tokens streamed after {1, 5, 300, 17, 42} must
+// equal the oracle's (PyTorch float64, a full recompute per token).
+void ExpectServedGreedyEqualsTheOracle(const std::string& args, v1::ModelInfo& info) {
   ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
-  const std::string path =
-      MakeQuantizedModel("--f32 --qwen3 --tokenizer " + TestData("stories260K/stories260K.gguf"));
+  const std::string path = MakeQuantizedModel("--f32 " + args + " --tokenizer " +
+                                              TestData("stories260K/stories260K.gguf"));
   ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
   const std::vector<int32_t> prompt = {1, 5, 300, 17, 42};
   const std::vector<int32_t> oracle = OracleGreedy(path, prompt, 12);
@@ -211,14 +210,7 @@ TEST(GenerationServiceTest, ServesAQwen3) {
   ASSERT_TRUE(server.ok()) << server.error();
   grpc::ClientContext context;
   SetDeadline(context);
-  v1::ModelInfo info;
   ASSERT_TRUE(server.stub().GetModelInfo(&context, {}, &info).ok());
-  EXPECT_EQ(info.architecture(), "llama");
-  EXPECT_EQ(info.family(), "qwen3");
-  EXPECT_EQ(info.dim(), 256);
-  EXPECT_EQ(info.head_dim(), 128);
-  EXPECT_EQ(info.q_dim(), 512);
-
   v1::GenerateRequest request;
   for (int32_t id : prompt) request.mutable_token_ids()->add_ids(id);
   request.mutable_stopping()->set_max_new_tokens(12);
@@ -228,35 +220,30 @@ TEST(GenerationServiceTest, ServesAQwen3) {
   EXPECT_EQ(r.tokens, oracle);
 }
 
+// A Qwen3 GGUF (heads of 128 over a residual stream of 256, RMSNorm over each head of q and
+// k): GetModelInfo names the file's architecture and the query heads' width, and a greedy
+// stream equals the oracle's greedy continuation (PyTorch float64, full recompute per token).
+TEST(GenerationServiceTest, ServesAQwen3) {
+  KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
+  v1::ModelInfo info;
+  ASSERT_NO_FATAL_FAILURE(ExpectServedGreedyEqualsTheOracle("--qwen3", info));
+  EXPECT_EQ(info.architecture(), "llama");
+  EXPECT_EQ(info.family(), "qwen3");
+  EXPECT_EQ(info.dim(), 256);
+  EXPECT_EQ(info.head_dim(), 128);
+  EXPECT_EQ(info.q_dim(), 512);
+}
+
 // A Phi-3 (fused projections) whose sliding window of 4 binds within the prompt and the 12
 // generated tokens: GetModelInfo reports it, and the stream (prefill, then decode steps
 // over the paged cache) equals the oracle's greedy tokens, each a full windowed recompute.
 TEST(GenerationServiceTest, ServesAPhi3WithASlidingWindow) {
   KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
-  ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
-  const std::string path =
-      MakeQuantizedModel("--f32 --phi3 --set phi3.attention.sliding_window=4 --tokenizer " +
-                         TestData("stories260K/stories260K.gguf"));
-  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
-  const std::vector<int32_t> prompt = {1, 5, 300, 17, 42};
-  const std::vector<int32_t> oracle = OracleGreedy(path, prompt, 12);
-  ASSERT_EQ(oracle.size(), 12u) << "oracle.py --generate failed";
-  TestServer server(path, TestServer::DefaultOptions());
-  std::remove(path.c_str());
-  ASSERT_TRUE(server.ok()) << server.error();
-  grpc::ClientContext context;
-  SetDeadline(context);
   v1::ModelInfo info;
-  ASSERT_TRUE(server.stub().GetModelInfo(&context, {}, &info).ok());
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectServedGreedyEqualsTheOracle("--phi3 --set phi3.attention.sliding_window=4", info));
   EXPECT_EQ(info.family(), "phi3");
   EXPECT_EQ(info.sliding_window(), 4);
-  v1::GenerateRequest request;
-  for (int32_t id : prompt) request.mutable_token_ids()->add_ids(id);
-  request.mutable_stopping()->set_max_new_tokens(12);
-  request.mutable_stopping()->set_ignore_eos(true);
-  const StreamResult r = RunGenerate(server.stub(), request);
-  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
-  EXPECT_EQ(r.tokens, oracle);
 }
 
 // The default model with a generation_config.json that sets repetition_penalty 1.3.
