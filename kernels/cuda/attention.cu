@@ -128,9 +128,10 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1) FlashPrefillKernel(Att
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float c = p.scale * 1.4426950408889634f;  // scale·log2(e)
 
-  const auto [key_end, first_end] = FlashKeysOf(p, seq);
+  const FlashKeyRange keys = FlashKeysOf(p, seq);
+  const int key_end = keys.key_end;
 
-  for (int j0 = 0; j0 < key_end; j0 += kBlockN) {
+  for (int j0 = keys.key_begin; j0 < key_end; j0 += kBlockN) {
     __syncthreads();  // every warp is done with the previous tile
     LoadKvTile<D, W, kVec, KT>(p, seq, kvh, j0, key_end, ks, vt);
     __syncthreads();
@@ -149,7 +150,7 @@ __global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1) FlashPrefillKernel(Att
       }
     }
 
-    FlashSoftmaxTile<D>(p, seq, first_end, j0, row_i, c, s, m, l, o);
+    FlashSoftmaxTile<D>(p, seq, keys, j0, row_i, c, s, m, l, o);
 
     // O += P·V: P's A fragment for keys 16kk … 16kk+15 is S tiles 2kk and 2kk + 1.
 #pragma unroll
@@ -190,8 +191,9 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
 
 // ---------------------------------------------------------------------------------------
 // Split-KV (decode, short chunks, head sizes the flash kernel lacks). Block (i, g, split):
-// query row i, KV head g, keys [split·span, (split+1)·span) ∩ [0, key end), where span is
-// the row's own key end over the splits (rounded up to whole steps of kStep keys): the
+// query row i, KV head g, keys [b + split·span, b + (split+1)·span) ∩ [0, key end), where
+// b is 0, or under a sliding window the step holding the row's first key in it, and span
+// is the row's own keys from b over the splits (rounded up to whole steps of kStep keys): the
 // work follows each row's own keys, however unequal the rows' key ends, or however far
 // the launch's key count (the longest row's, or a recorded step's padded one) exceeds
 // them. With few keys a split the rounding can leave the last splits empty (a key end
@@ -400,10 +402,14 @@ __global__ void __launch_bounds__(
   const int group = p.num_heads / p.num_kv_heads;
   const int D = p.head_dim;
   const int key_end = p.row_key_end != nullptr ? p.row_key_end[i] : CausalEnd(p, i);
-  // A sliding window (causal, so the row is position key_end − 1) hides keys below this.
+  // A sliding window (causal, so the row is position key_end − 1) hides keys below
+  // key_begin: the splits share the keys from there (from the step holding it: steps start
+  // at multiples of kStep), not from 0, where most splits of a long context would be idle.
   const int key_begin = p.window > 0 ? max(0, key_end - p.window) : 0;
-  const int span = ((key_end + num_splits - 1) / num_splits + kStep - 1) / kStep * kStep;
-  const int j_begin = split * span;
+  const int steps_begin = key_begin / kStep * kStep;
+  const int span =
+      ((key_end - steps_begin + num_splits - 1) / num_splits + kStep - 1) / kStep * kStep;
+  const int j_begin = steps_begin + split * span;
   const int j_end = min(key_end, j_begin + span);
   const int q_doc = p.q_doc != nullptr ? p.q_doc[i] : 0;
   // Batched: this row's sequence's blocks.
@@ -726,8 +732,9 @@ int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm) {
   const int64_t slots = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
   const int64_t want = std::max<int64_t>(1, slots / blocks);
   // At least kSplitMinKeys keys a split: 4 steps of each of the block's warps on an fp32
-  // cache, 2 on a bf16 one (8-key steps).
-  const int64_t by_keys = std::max<int64_t>(1, p.num_keys / kSplitMinKeys);
+  // cache, 2 on a bf16 one (8-key steps). A row reads at most a sliding window's keys.
+  const int64_t row_keys = p.window > 0 ? std::min(p.num_keys, p.window) : p.num_keys;
+  const int64_t by_keys = std::max<int64_t>(1, row_keys / kSplitMinKeys);
   return static_cast<int>(std::clamp<int64_t>(std::min(want, by_keys), 1, kSplitKvMaxSplits));
 }
 

@@ -8,8 +8,9 @@
 // Per 64-key tile and row, with c = scale·log2(e) (FlashSoftmaxTile):
 //   m' = max(m, max_j c·s_j),  α = 2^(m − m'),  p_j = 2^(c·s_j − m'),  l = α·l + Σ_j p_j,
 //   O = α·O   (then the kernel adds P·V, P rounded to its tensor cores' type)
-// and finally O / l (FlashWriteRows). Masking (causal, documents, the end of the keys) is
-// applied only to tiles that some row of the block does not see whole. DispatchFlash picks
+// and finally O / l (FlashWriteRows). Masking (causal, documents, the end of the keys, a
+// sliding window) is applied only to tiles that some row of the block does not see whole,
+// and under a window the tiles that no row sees are not visited (FlashKeysOf). DispatchFlash picks
 // the instantiation for a call's head size and block size.
 #ifndef KVLENS_KERNELS_CUDA_FLASH_COMMON_CUH_
 #define KVLENS_KERNELS_CUDA_FLASH_COMMON_CUH_
@@ -49,16 +50,23 @@ __device__ __forceinline__ FlashSeq FlashSeqOf(const AttentionParams& p) {
 
 // The keys a block reads: the last row, q0 + rows − 1, sees keys up to query_offset + q0 +
 // rows − 1 (key_end); the first row sees every key below first_end (so do all the block's
-// rows, without documents). Positions fit in int32 (a sequence's keys are counted in int).
+// rows, without documents). Under a sliding window of W keys no row sees a key below the
+// first row's position − W + 1: the block starts at the tile holding that key (key_begin,
+// a multiple of kBlockN, so the tiles it walks are the ones it walked before and give the
+// same bits; the tiles it skips were wholly masked), and from window_clear (the last row's
+// position − W + 1) on the window hides no key of any row. Positions fit in int32 (a
+// sequence's keys are counted in int).
 struct FlashKeyRange {
-  int key_end, first_end;
+  int key_begin, key_end, first_end, window_clear;
 };
 
 __device__ __forceinline__ FlashKeyRange FlashKeysOf(const AttentionParams& p,
                                                      const FlashSeq& seq) {
   const int q_first = seq.query_offset + seq.q0;
-  return {p.causal ? min(seq.num_keys, q_first + seq.rows) : seq.num_keys,
-          p.causal ? min(seq.num_keys, q_first + 1) : seq.num_keys};
+  const int key_begin = p.window > 0 ? max(0, q_first - p.window + 1) / kBlockN * kBlockN : 0;
+  const int window_clear = p.window > 0 ? q_first + seq.rows - p.window : 0;
+  return {key_begin, p.causal ? min(seq.num_keys, q_first + seq.rows) : seq.num_keys,
+          p.causal ? min(seq.num_keys, q_first + 1) : seq.num_keys, window_clear};
 }
 
 // The lane's Q values as A fragments (unscaled), each pair rounded by pack (PackHalf2 or
@@ -87,16 +95,17 @@ __device__ __forceinline__ void FlashLoadQ(const AttentionParams& p, const Flash
 }
 
 // One tile's online-softmax step on the warp's scores s (the tile's keys j0 … j0 + 63, raw
-// Q·Kᵀ), for the lane's rows row_i[0], row_i[1]: s becomes the unnormalised weights p_j,
-// and m, l (this lane's share of the row sum; the four lanes of a row are added at the
-// end) and O are rescaled.
+// Q·Kᵀ; `keys` the block's FlashKeysOf), for the lane's rows row_i[0], row_i[1]: s becomes
+// the unnormalised weights p_j, and m, l (this lane's share of the row sum; the four lanes
+// of a row are added at the end) and O are rescaled.
 template <int D>
 __device__ __forceinline__ void FlashSoftmaxTile(const AttentionParams& p, const FlashSeq& seq,
-                                                 int first_end, int j0, const int (&row_i)[2],
-                                                 float c, float (&s)[kBlockN / 8][4], float (&m)[2],
+                                                 const FlashKeyRange& keys, int j0,
+                                                 const int (&row_i)[2], float c,
+                                                 float (&s)[kBlockN / 8][4], float (&m)[2],
                                                  float (&l)[2], float (&o)[D / 8][4]) {
   const int t = threadIdx.x % 4;
-  const bool mask = p.q_doc != nullptr || p.window > 0 || j0 + kBlockN > first_end;
+  const bool mask = p.q_doc != nullptr || j0 < keys.window_clear || j0 + kBlockN > keys.first_end;
   float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int nt = 0; nt < kBlockN / 8; ++nt) {

@@ -138,12 +138,13 @@ __global__ void __launch_bounds__(W * 32, R == 2   ? 2
     row_i[r][0] = seq.q0 + 16 * (R * warp + r) + g;
     row_i[r][1] = row_i[r][0] + 8;
   }
-  const auto [key_end, first_end] = FlashKeysOf(p, seq);
+  const FlashKeyRange keys = FlashKeysOf(p, seq);
+  const int key_end = keys.key_end;
 
-  // Tile 0's copies first: they run while Q is read.
-  IssueTile<D, W>(p, seq, kvh, 0, key_end, kcache, ks(0));
+  // The first tile's copies first: they run while Q is read.
+  IssueTile<D, W>(p, seq, kvh, keys.key_begin, key_end, kcache, ks(0));
   CpAsyncCommit();
-  IssueTile<D, W>(p, seq, kvh, 0, key_end, vcache, vs(0));
+  IssueTile<D, W>(p, seq, kvh, keys.key_begin, key_end, vcache, vs(0));
   CpAsyncCommit();
 
   // ldmatrix row addresses, relative to a tile: lane L gives row L % 8 of matrix L / 8.
@@ -191,7 +192,7 @@ __global__ void __launch_bounds__(W * 32, R == 2   ? 2
   const float c = p.scale * 1.4426950408889634f;  // scale·log2(e)
 
   int stage = 0;
-  for (int j0 = 0; j0 < key_end; j0 += kBlockN, stage ^= 1) {
+  for (int j0 = keys.key_begin; j0 < key_end; j0 += kBlockN, stage ^= 1) {
     CpAsyncWait<1>();  // K(j) is here (V(j) may not be)
     __syncthreads();
     if (j0 + kBlockN < key_end) {
@@ -254,7 +255,7 @@ __global__ void __launch_bounds__(W * 32, R == 2   ? 2
     uint32_t pa[R][kBlockN / 16][4];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      FlashSoftmaxTile<D>(p, seq, first_end, j0, row_i[r], c, s[r], m[r], l[r], o[r]);
+      FlashSoftmaxTile<D>(p, seq, keys, j0, row_i[r], c, s[r], m[r], l[r], o[r]);
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
         pa[r][kk][0] = PackBf162(s[r][2 * kk][0], s[r][2 * kk][1]);

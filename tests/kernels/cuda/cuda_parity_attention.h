@@ -594,7 +594,7 @@ inline std::vector<AttnShape> AttentionShapes() {
        .doc_lengths = {35, 25},
        .want_maps = true});
   // Sliding windows: the flash kernel (a window ending mid-tile, with an offset), split-KV
-  // decode over a long context (most splits entirely outside it) and the materialising
+  // decode over a long context (its splits share the window's keys) and the materialising
   // kernel's maps.
   add({.label = "prefill sliding window 37 offset GQA 8/4",
        .tq = 100,
@@ -604,6 +604,16 @@ inline std::vector<AttnShape> AttentionShapes() {
        .dh = 128,
        .offset = 60,
        .window = 37});
+  // A window far shorter than the context: most of each block's key tiles lie wholly
+  // before it (not visited), the first one visited starts before it (masked in part).
+  add({.label = "prefill sliding window 70 long context GQA 8/2",
+       .tq = 200,
+       .tk = 700,
+       .heads = 8,
+       .kv_heads = 2,
+       .dh = 64,
+       .offset = 500,
+       .window = 70});
   add({.label = "decode sliding window 100 GQA 8/2",
        .tq = 1,
        .tk = 2000,
@@ -650,7 +660,8 @@ inline std::vector<AttnShape> AttentionShapes() {
       [](AttnShape&) {});
   // Decode on a bf16 cache with 8 keys a split-KV step (head tiles of 1, 2 and 4): block
   // sizes of 4 (a step spans two blocks), 8 and 16, several splits, odd head counts.
-  add_variants({"decode GQA 8/4", "decode MHA 4/4", "decode GQA 6/2", "short chunk"},
+  add_variants({"decode GQA 8/4", "decode MHA 4/4", "decode GQA 6/2", "short chunk",
+                "decode sliding window 100 GQA 8/2"},
                [](AttnShape&) {});
   // The prefill shapes again on a bf16 cache whose rows are 16-byte pieces (8 bf16 of
   // padding): the bf16 flash kernel's cp.async and ldmatrix path, every head size, with
@@ -658,7 +669,8 @@ inline std::vector<AttnShape> AttentionShapes() {
   add_variants(
       {"prefill causal", "prefill offset GQA 8/4", "prefill docs GQA 8/1",
        "prefill non-causal docs", "prefill head size 80 GQA 4/2", "prefill head size 96 offset",
-       "chunk with docs and offset", "prefill sliding window 37 offset GQA 8/4"},
+       "chunk with docs and offset", "prefill sliding window 37 offset GQA 8/4",
+       "prefill sliding window 70 long context GQA 8/2"},
       [](AttnShape& v) {
         v.label += ", rows in 16-byte pieces";
         v.kv_pad = 8;
