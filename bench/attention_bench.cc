@@ -7,7 +7,9 @@
 //
 // Shape: a Llama-7B-like layer with grouped-query heads (H 32, Hkv 8, Dh 128), one query
 // (decode) or 16 (a prefill chunk) at the end of 2k or 8k cached keys, blocks of 16
-// tokens in shuffled order.
+// tokens in shuffled order. On the 8k fp32 cache, a chunk of 64 queries again under
+// sliding windows (Mistral 7B v0.1's 4096, and 1024): the tiled path reads only the keys
+// from the earliest row's window on, so its time should follow the keys the rows see.
 //
 // Then a decode step, as the engine runs it (one AttentionBatch of one call per sequence,
 // each a single query row over its own paged cache): the default model's layer (H 6/6,
@@ -63,7 +65,9 @@ int main(int argc, char** argv) {
           "usage: kvlens_bench_attention [threads=0 (all)] [min_seconds=0.5]\n"
           "CpuBackend decode attention (H 32/8, Dh 128, paged blocks of 16, fp32 and bf16\n"
           "caches, 2k/8k keys, 1 or 16 queries): time per call and cache GB/s against this\n"
-          "machine's memcpy in the same run; then a decode step of many sequences over\n"
+          "machine's memcpy in the same run; a 64-query chunk at the end of 8k keys under\n"
+          "sliding windows of 4096 and 1024 against none; then a decode step of many sequences "
+          "over\n"
           "short and long contexts (AttentionBatch; H 6/6 Dh 32, H 32/32 and 32/8 Dh 128):\n"
           "time per step and per (head, key). Prints tables, then one JSON line.\n"))
     return 0;
@@ -90,6 +94,7 @@ int main(int argc, char** argv) {
       absl::StrFormat("{\"bench\":\"attention\",\"threads\":%d,\"copy_gbps\":%.2f,\"results\":[",
                       cpu.num_threads(), copy_bw / 1e9);
   bool first = true;
+  std::string window_table, window_json;  // the sliding-window rows, printed after the table
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (int tk : {2048, 8192}) {
@@ -150,8 +155,56 @@ int main(int argc, char** argv) {
             first ? "" : ",", name, tk, tq, sec * 1e6, bw / 1e9);
         first = false;
       }
+      if (tk != 8192 || dtype != KvDtype::kActivation) continue;
+      // A 64-query chunk at the end of the keys, without a window and in windows of 4096
+      // and 1024: time per call against the unwindowed call's, next to the share of
+      // (row, key) pairs the rows see.
+      constexpr int kChunk = 64;
+      std::vector<float> q(size_t(kChunk) * kHeads * kDh), out(q.size());
+      for (float& x : q) x = u(rng);
+      double full_sec = 0;
+      for (int window : {0, 4096, 1024}) {
+        AttentionArgs<float> a;
+        a.q = q.data();
+        a.q_stride = int64_t{kHeads} * kDh;
+        a.num_queries = kChunk;
+        a.num_keys = tk;
+        a.num_heads = kHeads;
+        a.num_kv_heads = kKvHeads;
+        a.head_dim = kDh;
+        a.query_offset = tk - kChunk;
+        a.causal = true;
+        a.window = window;
+        a.scale = 1.0 / std::sqrt(double(kDh));
+        a.kv = {kc.data(), vc.data(), kRow, table.data(), kBlock, dtype};
+        a.out = out.data();
+        a.out_stride = a.q_stride;
+        bool ok = true;
+        const double sec = SecondsPerCall(min_seconds, [&] { ok = ok && cpu.Attention(a).ok(); });
+        if (!ok) {
+          std::fprintf(stderr, "windowed attention failed\n");
+          return 1;
+        }
+        if (window == 0) full_sec = sec;
+        int64_t seen = 0, all = 0;  // (row, key) pairs shown, with and without the window
+        for (int i = 0; i < kChunk; ++i) {
+          const int end = a.query_offset + i + 1;
+          all += end;
+          seen += window > 0 ? std::min(end, window) : end;
+        }
+        window_table += absl::StrFormat("%6d %6d %4d %10.1f %10.2f %10.2f\n", window, tk, kChunk,
+                                        sec * 1e6, sec / full_sec, double(seen) / double(all));
+        window_json += absl::StrFormat(
+            "%s{\"window\":%d,\"keys\":%d,\"tq\":%d,\"us_per_call\":%.2f,\"of_full\":%.3f}",
+            window_json.empty() ? "" : ",", window, tk, kChunk, sec * 1e6, sec / full_sec);
+      }
     }
   }
+  std::printf("\nprefill chunk in a sliding window (fp32 cache; 0: no window)\n");
+  std::printf("%6s %6s %4s %10s %10s %10s\n", "window", "keys", "Tq", "us/call", "of full",
+              "keys seen");
+  std::printf("%s", window_table.c_str());
+  json += "],\"window_chunk\":[" + window_json;
   json += "],\"decode_batch\":[";
   first = true;
   std::printf("\ndecode step (AttentionBatch, one query row a sequence)\n");

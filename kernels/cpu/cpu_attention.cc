@@ -32,7 +32,8 @@ namespace {
 //     dims one FMA each;
 //   - the weights' sum in key order; p_j = e_j · (1 / Σ);
 //   - out[d] the chain of FMAs p_j · v_j[d] + out[d] over the keys in order from 0, a key
-//     of weight 0 adding nothing.
+//     of weight 0 adding nothing (under a sliding window a tile starts at its earliest
+//     row's window, TiledKeyBegin: the keys before it have weight 0 for every row).
 // A task is a tile of query rows and one KV head (many pairs) or several (few): the pairs
 // that read a cache row take it in one pass, so decode reads the cache once per KV head
 // (not once per query head) and a prefill chunk once per tile of rows. A bf16 cache's rows
@@ -51,35 +52,38 @@ namespace {
 // call change none of them. Pairs past the task's last (padding lanes) see every key of
 // the tile with a zero query, and are dropped.
 // The pairs u < pairs of one task (pair u: row rows[u], q qs[u], out os[u], keys below
-// ends[u]) over keys 0 … key_end − 1 of the KV head whose slice of a cache row row_at gives.
-// scores/probs rows (maps) are written as AttendNarrow writes them.
+// ends[u]) over keys key_begin … key_end − 1 of the KV head whose slice of a cache row
+// row_at gives (keys before key_begin, outside every pair's sliding window, would add
+// weights and products of exactly 0: TiledKeyBegin). scores/probs rows (maps) are written
+// as AttendNarrow writes them; they take key_begin = 0.
 template <typename KT, typename RowAt>
 void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows,
                        const int* heads_of, const float* const* qs, float* const* os,
-                       const int* ends, int key_end, RowAt row_at) {
+                       const int* ends, int key_begin, int key_end, RowAt row_at) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int dh = a.head_dim, tk = a.num_keys, tq = a.num_queries;
   const int nv = (pairs + kLanes - 1) / kLanes;
   const int64_t lanes = int64_t{nv} * kLanes;
+  const int nk = key_end - key_begin;  // sp and krows hold keys key_begin … from index 0
   thread_local std::vector<float> qt, sp, ot;
   thread_local std::vector<const KT*> krows;
   qt.assign(static_cast<size_t>(dh * lanes), 0.0f);
-  sp.resize(static_cast<size_t>(key_end * lanes));
+  sp.resize(static_cast<size_t>(nk * lanes));
   ot.resize(static_cast<size_t>(dh * lanes));
-  krows.resize(static_cast<size_t>(key_end));
+  krows.resize(static_cast<size_t>(nk));
   for (int u = 0; u < pairs; ++u) {
     for (int d = 0; d < dh; ++d) qt[QtRow(d, dh) * lanes + u] = qs[u][d];
   }
   // Scores (ScoresAcrossPairs).
-  for (int j = 0; j < key_end; ++j) krows[j] = static_cast<const KT*>(row_at(a.kv.k, j));
-  ScoresAcrossPairs(qt.data(), lanes, nv, krows.data(), key_end, dh, static_cast<float>(a.scale),
+  for (int r = 0; r < nk; ++r) krows[r] = static_cast<const KT*>(row_at(a.kv.k, key_begin + r));
+  ScoresAcrossPairs(qt.data(), lanes, nv, krows.data(), nk, dh, static_cast<float>(a.scale),
                     sp.data());
   // Masks, then e^(s − max) / Σ lane by lane (a padding lane sees every key).
   thread_local std::vector<float> mx, z;
   mx.assign(static_cast<size_t>(lanes), kNegInf);
   z.assign(static_cast<size_t>(lanes), 0.0f);
-  for (int j = 0; j < key_end; ++j) {
-    float* sj = sp.data() + j * lanes;
+  for (int j = key_begin; j < key_end; ++j) {
+    float* sj = sp.data() + (j - key_begin) * lanes;
     for (int u = 0; u < pairs; ++u) {
       const bool vis = j < ends[u] &&
                        (a.q_doc_ids == nullptr || a.q_doc_ids[rows[u]] == a.k_doc_ids[j]) &&
@@ -88,26 +92,26 @@ void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows
     }
     for (int64_t l = 0; l < lanes; ++l) mx[l] = std::max(mx[l], sj[l]);
   }
-  if (a.scores != nullptr) {
+  if (a.scores != nullptr) {  // (key_begin = 0)
     for (int u = 0; u < pairs; ++u) {
       float* map = a.scores + (static_cast<int64_t>(heads_of[u]) * tq + rows[u]) * tk;
       for (int j = 0; j < ends[u]; ++j) map[j] = sp[j * lanes + u];
       std::fill(map + ends[u], map + tk, kNegInf);
     }
   }
-  for (int j = 0; j < key_end; ++j) {
-    float* sj = sp.data() + j * lanes;
+  for (int r = 0; r < nk; ++r) {
+    float* sj = sp.data() + r * lanes;
     for (int64_t l = 0; l < lanes; ++l) {
       sj[l] = ExpNegated(mx[l] - sj[l]);  // 0 for a masked key (s = −∞)
       z[l] += sj[l];
     }
   }
   for (int64_t l = 0; l < lanes; ++l) z[l] = 1.0f / z[l];
-  for (int j = 0; j < key_end; ++j) {
-    float* sj = sp.data() + j * lanes;
+  for (int r = 0; r < nk; ++r) {
+    float* sj = sp.data() + r * lanes;
     for (int64_t l = 0; l < lanes; ++l) sj[l] *= z[l];
   }
-  if (a.probs != nullptr) {
+  if (a.probs != nullptr) {  // (key_begin = 0)
     for (int u = 0; u < pairs; ++u) {
       float* map = a.probs + (static_cast<int64_t>(heads_of[u]) * tq + rows[u]) * tk;
       for (int j = 0; j < ends[u]; ++j) map[j] = sp[j * lanes + u];
@@ -115,8 +119,8 @@ void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows
     }
   }
   // Values (ValuesAcrossPairs).
-  for (int j = 0; j < key_end; ++j) krows[j] = static_cast<const KT*>(row_at(a.kv.v, j));
-  ValuesAcrossPairs(sp.data(), lanes, nv, krows.data(), key_end, dh, ot.data());
+  for (int r = 0; r < nk; ++r) krows[r] = static_cast<const KT*>(row_at(a.kv.v, key_begin + r));
+  ValuesAcrossPairs(sp.data(), lanes, nv, krows.data(), nk, dh, ot.data());
   for (int u = 0; u < pairs; ++u) {
     for (int d = 0; d < dh; ++d) os[u][d] = ot[d * lanes + u];
   }
@@ -327,30 +331,30 @@ struct NarrowPairs {
 };
 
 // The pairs of a tile too few to fill the lanes (pairs < kLanes a KV head: a decode step,
-// a few rows of a small group), over keys 0 … key_end − 1: NarrowPairs' scores, the
-// softmax (e^(s − max), summed in key order, times 1/Σ), then the outputs; maps as
-// AttendAcrossPairs writes them.
+// a few rows of a small group), over keys key_begin … key_end − 1 (as AttendAcrossPairs):
+// NarrowPairs' scores, the softmax (e^(s − max), summed in key order, times 1/Σ), then the
+// outputs; maps as AttendAcrossPairs writes them.
 template <typename KT, typename RowBase>
 void AttendNarrow(const AttentionArgs<float>& a, int pairs, const int* rows, const int* heads_of,
                   const float* const* qs, float* const* os, const int* ends, const int64_t* cols,
-                  int key_end, RowBase row_base) {
+                  int key_begin, int key_end, RowBase row_base) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int tk = a.num_keys, tq = a.num_queries;
   thread_local std::vector<float> sp, mx;
   thread_local std::vector<const KT*> rows_of;
-  NarrowPairs<KT> np(a, pairs, rows, qs, ends, cols, 0, key_end, sp, mx, rows_of);
+  NarrowPairs<KT> np(a, pairs, rows, qs, ends, cols, key_begin, key_end, sp, mx, rows_of);
   np.Scores(row_base);
   for (int u = 0; u < pairs; ++u) {
     float* su = sp.data() + u * np.stride;
-    const int end = ends[u];
-    if (a.scores != nullptr) {
+    const int end = ends[u];    // su[r]: key key_begin + r
+    if (a.scores != nullptr) {  // (key_begin = 0)
       float* map = a.scores + (static_cast<int64_t>(heads_of[u]) * tq + rows[u]) * tk;
       std::copy(su, su + end, map);
       std::fill(map + end, map + tk, kNegInf);
     }
     const float inv_z = 1.0f / np.Exponentials(u, np.Max(u));
-    for (int j = 0; j < end; ++j) su[j] *= inv_z;
-    if (a.probs != nullptr) {
+    for (int r = 0; r < end - key_begin; ++r) su[r] *= inv_z;
+    if (a.probs != nullptr) {  // (key_begin = 0)
       float* map = a.probs + (static_cast<int64_t>(heads_of[u]) * tq + rows[u]) * tk;
       std::copy(su, su + end, map);
       std::fill(map + end, map + tk, 0.0f);
@@ -358,6 +362,18 @@ void AttendNarrow(const AttentionArgs<float>& a, int pairs, const int* rows, con
   }
   for (int u = 0; u < pairs; ++u) std::fill(os[u], os[u] + a.head_dim, 0.0f);  // chains' start
   np.Values(row_base, os, nullptr);
+}
+
+// The first key a tile's pairs (rows rows[u < pairs]) read: under a sliding window, the
+// first key of the earliest row's window (a key before every pair's window has weight
+// exactly 0, and adds exact zeros to the sum and the value chains: skipping it changes no
+// bit, except that a sum or output of 0 could have been −0); 0 without a window, or when
+// the call writes maps (their rows are filled from key 0).
+int TiledKeyBegin(const AttentionArgs<float>& a, int pairs, const int* rows) {
+  if (a.window <= 0 || a.probs != nullptr || a.scores != nullptr) return 0;
+  int begin = a.num_keys;
+  for (int u = 0; u < pairs; ++u) begin = std::min(begin, WindowKeyBegin(a, rows[u]));
+  return begin;
 }
 
 // Decode attention split over the keys (FlashDecoding on the CPU): a task takes a span of
@@ -612,6 +628,7 @@ CpuBackend::AttentionPlan CpuBackend::PlanTiled(const AttentionArgs<float>& a, i
             int pairs = 0, key_end = 0;
             auto run = [&] {
               if (pairs == 0) return;
+              const int key_begin = TiledKeyBegin(a, pairs, pair_rows);
               if (across) {
                 const int64_t col = cols[0];
                 auto row_at = [&](const void* base, int j) -> const void* {
@@ -619,17 +636,17 @@ CpuBackend::AttentionPlan CpuBackend::PlanTiled(const AttentionArgs<float>& a, i
                 };
                 if (bf16) {
                   AttendAcrossPairs<uint16_t>(a, pairs, pair_rows, pair_heads, qs, os, ends,
-                                              key_end, row_at);
+                                              key_begin, key_end, row_at);
                 } else {
-                  AttendAcrossPairs<float>(a, pairs, pair_rows, pair_heads, qs, os, ends, key_end,
-                                           row_at);
+                  AttendAcrossPairs<float>(a, pairs, pair_rows, pair_heads, qs, os, ends, key_begin,
+                                           key_end, row_at);
                 }
               } else if (bf16) {
-                AttendNarrow<uint16_t>(a, pairs, pair_rows, pair_heads, qs, os, ends, cols, key_end,
-                                       row_base);
+                AttendNarrow<uint16_t>(a, pairs, pair_rows, pair_heads, qs, os, ends, cols,
+                                       key_begin, key_end, row_base);
               } else {
-                AttendNarrow<float>(a, pairs, pair_rows, pair_heads, qs, os, ends, cols, key_end,
-                                    row_base);
+                AttendNarrow<float>(a, pairs, pair_rows, pair_heads, qs, os, ends, cols, key_begin,
+                                    key_end, row_base);
               }
               pairs = 0;
               key_end = 0;

@@ -564,6 +564,48 @@ TEST(CpuBackendTest, AttentionOfFewPairsGivesEachPairTheBitsOfTheWholeCall) {
   }
 }
 
+// Without maps, a sliding window's tiled calls read only the keys from the earliest row's
+// window on (TiledKeyBegin); a call with maps walks them all from key 0, where the keys
+// before every window get weight 0. Each call's outputs, without maps: within tolerance of
+// the reference, and the very bits of the call with maps (a key of weight 0 adds exact
+// zeros to the sum and the value chains), on fp32 and bf16 paged caches, 1 and 3 threads:
+// prefill chunks across the pairs (most keys before the window, or a window ending
+// mid-chunk), narrow calls (a few rows of GQA 4/2, a decode row) over keys far past it.
+TEST(CpuBackendTest, SlidingWindowWithoutMapsGivesTheBitsOfTheCallWithMaps) {
+  std::mt19937_64 rng(47);
+  ReferenceBackend ref;
+  const std::vector<AttnConfig> configs = {
+      {40, 240, 4, 2, 64, 200, true, false, 30},  // a chunk across the pairs, 170 keys before
+      {24, 24, 4, 4, 48, 0, true, false, 7},      // a prefill, windows ending mid-chunk
+      {20, 60, 8, 4, 64, 40, true, true, 9},      // with documents
+      {2, 300, 4, 2, 72, 298, true, false, 50},   // narrow: 4 pairs a KV head, head size 72
+      {1, 200, 6, 6, 32, 199, true, false, 20},   // a decode row (tiled: short context)
+  };
+  for (const AttnConfig& c : configs) {
+    const AttnProblem p = MakeProblem(c, rng);
+    const AttnResult want = testing::RunAttention(ref, p);
+    ASSERT_TRUE(want.status.ok()) << c.Name();
+    const double v_scale = testing::MaxAbs(p.v);
+    for (int threads : {1, 3}) {
+      CpuBackend cpu(threads);
+      for (const KvDtype dtype : {KvDtype::kActivation, KvDtype::kBF16}) {
+        const std::string what = absl::StrCat(c.Name(), " threads=", threads,
+                                              dtype == KvDtype::kBF16 ? " bf16" : " fp32");
+        const AttnResult with_maps = RunPaged(cpu, p, 7, rng, dtype, true);
+        const AttnResult no_maps = RunPaged(cpu, p, 7, rng, dtype, false);
+        ASSERT_TRUE(with_maps.status.ok()) << what << " " << with_maps.status;
+        ASSERT_TRUE(no_maps.status.ok()) << what << " " << no_maps.status;
+        // A bf16 cache rounds K and V: 8 significant bits, 2^-8 relative.
+        const double tol = (dtype == KvDtype::kBF16 ? 1e-2 : 2e-5) * v_scale;
+        for (size_t e = 0; e < want.out.size(); ++e) {
+          ASSERT_NEAR(no_maps.out[e], want.out[e], tol) << what << " out " << e;
+          ASSERT_EQ(no_maps.out[e], with_maps.out[e]) << what << " out " << e;
+        }
+      }
+    }
+  }
+}
+
 // AttentionBatch runs the tiled calls' tasks in one ParallelFor (and a call that splits its
 // keys on its own): every output the same bits as the calls made one by one, decode rows
 // over short and long (split) contexts, a prefill chunk with documents, GQA and MHA, with
