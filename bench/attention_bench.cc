@@ -121,9 +121,8 @@ int main(int argc, char** argv) {
       kvlens::kernels::Buffer<unsigned char>&kc = *kc_or, &vc = *vc_or;
       cpu.StoreKv(k.data(), v.data(), tk, kRow, kRow, rows.data(), kc.data(), vc.data(), kRow,
                   dtype);
-      for (int tq : {1, 16}) {
-        std::vector<float> q(size_t(tq) * kHeads * kDh), out(q.size());
-        for (float& x : q) x = u(rng);
+      // tq query rows (q, out) at the end of the cached keys.
+      auto args_at_end = [&](const std::vector<float>& q, std::vector<float>& out, int tq) {
         AttentionArgs<float> a;
         a.q = q.data();
         a.q_stride = int64_t{kHeads} * kDh;
@@ -137,6 +136,12 @@ int main(int argc, char** argv) {
         a.kv = {kc.data(), vc.data(), kRow, table.data(), kBlock, dtype};
         a.out = out.data();
         a.out_stride = a.q_stride;
+        return a;
+      };
+      for (int tq : {1, 16}) {
+        std::vector<float> q(size_t(tq) * kHeads * kDh), out(q.size());
+        for (float& x : q) x = u(rng);
+        const AttentionArgs<float> a = args_at_end(q, out, tq);
         bool ok = true;
         const double sec = SecondsPerCall(min_seconds, [&] { ok = ok && cpu.Attention(a).ok(); });
         if (!ok) {
@@ -164,21 +169,9 @@ int main(int argc, char** argv) {
       for (float& x : q) x = u(rng);
       double full_sec = 0;
       for (int window : {0, 4096, 1024}) {
-        AttentionArgs<float> a;
-        a.q = q.data();
-        a.q_stride = int64_t{kHeads} * kDh;
-        a.num_queries = kChunk;
-        a.num_keys = tk;
-        a.num_heads = kHeads;
-        a.num_kv_heads = kKvHeads;
-        a.head_dim = kDh;
-        a.query_offset = tk - kChunk;
+        AttentionArgs<float> a = args_at_end(q, out, kChunk);
         a.causal = true;
         a.window = window;
-        a.scale = 1.0 / std::sqrt(double(kDh));
-        a.kv = {kc.data(), vc.data(), kRow, table.data(), kBlock, dtype};
-        a.out = out.data();
-        a.out_stride = a.q_stride;
         bool ok = true;
         const double sec = SecondsPerCall(min_seconds, [&] { ok = ok && cpu.Attention(a).ok(); });
         if (!ok) {

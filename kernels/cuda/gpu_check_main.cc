@@ -276,6 +276,23 @@ std::pair<double, const char*> SdpaTarget(const SdpaReference& sdpa, int t) {
   return {0.0, nullptr};
 }
 
+// Causal self-attention over t tokens, H heads of dh (no GQA), contiguous q, k, v and o.
+AttentionArgs<float> PrefillArgs(const float* q, const float* k, const float* v, float* o, int t,
+                                 int heads, int dh, KvDtype cache_dtype) {
+  AttentionArgs<float> a;
+  a.q = q;
+  a.q_stride = int64_t{heads} * dh;
+  a.num_queries = a.num_keys = t;
+  a.num_heads = a.num_kv_heads = heads;
+  a.head_dim = dh;
+  a.causal = true;
+  a.scale = 1.0 / std::sqrt(double(dh));
+  a.kv = KvSource<float>{k, v, int64_t{heads} * dh, nullptr, 0, cache_dtype};
+  a.out = o;
+  a.out_stride = a.q_stride;
+  return a;
+}
+
 void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Table& rows) {
   const int heads = z.prefill_heads, dh = z.prefill_dh;
   // PyTorch's numbers first (gpu-check.sh measures H 32, Dh 128): every backend it ran, the
@@ -319,17 +336,7 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
         Fill(p, p == q ? DType::kF32 : CacheDType(cache_dtype), int64_t(n),
              reinterpret_cast<uintptr_t>(p), 1.0f, b.stream());
       }
-      AttentionArgs<float> a;
-      a.q = q;
-      a.q_stride = int64_t{heads} * dh;
-      a.num_queries = a.num_keys = t;
-      a.num_heads = a.num_kv_heads = heads;
-      a.head_dim = dh;
-      a.causal = true;
-      a.scale = 1.0 / std::sqrt(double(dh));
-      a.kv = KvSource<float>{k, v, int64_t{heads} * dh, nullptr, 0, cache_dtype};
-      a.out = o;
-      a.out_stride = a.q_stride;
+      const AttentionArgs<float> a = PrefillArgs(q, k, v, o, t, heads, dh, cache_dtype);
       const double sec = TimeIt(b, 3, [&] { Must(b.Attention(a), "prefill attention"); });
       const double tflops = 4.0 * heads * dh * (double(t) * t / 2) / sec / 1e12;  // causal half
       Row r{bf16_kernel ? "prefill attention (causal, fp32 q, bf16 cache, bf16 TC, cp.async)"
@@ -372,18 +379,8 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
   }
   double full_sec = 0;
   for (int window : {0, t / 4, t / 8}) {
-    AttentionArgs<float> a;
-    a.q = q;
-    a.q_stride = int64_t{heads} * dh;
-    a.num_queries = a.num_keys = t;
-    a.num_heads = a.num_kv_heads = heads;
-    a.head_dim = dh;
-    a.causal = true;
+    AttentionArgs<float> a = PrefillArgs(q, k, v, o, t, heads, dh, KvDtype::kBF16);
     a.window = window;
-    a.scale = 1.0 / std::sqrt(double(dh));
-    a.kv = KvSource<float>{k, v, int64_t{heads} * dh, nullptr, 0, KvDtype::kBF16};
-    a.out = o;
-    a.out_stride = a.q_stride;
     const double sec = TimeIt(b, 3, [&] { Must(b.Attention(a), "windowed prefill attention"); });
     if (window == 0) full_sec = sec;
     double pairs = 0;  // (row, key) pairs seen
