@@ -36,6 +36,9 @@ struct Sequence {
   int num_hashed_blocks = 0;  // leading full blocks registered in the prefix cache
   BlockHash last_hash = 0;    // hash of block num_hashed_blocks − 1
   std::vector<BlockId> blocks;
+  // Leading blocks given back as they left the sliding window (ReleaseOutOfWindow): their
+  // entries of `blocks` alias the first live block, whose own reference they do not hold.
+  int num_released_blocks = 0;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<IncrementalDecoder> decoder;
   StopMatcher stop_matcher;
@@ -75,6 +78,8 @@ struct Engine::Impl {
   void Step();
   bool EnsureBlocks(Sequence& s, int num_tokens);
   void FreeBlocks(Sequence& s);
+  void ReleaseBlocks(Sequence& s);
+  void ReleaseOutOfWindow(Sequence& s);
   void Preempt(Sequence& s);
   void RegisterFullBlocks(Sequence& s);
   void LookupPrefix(Sequence& s);
@@ -229,12 +234,21 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
         request.prompt.size(), " tokens) + max_new_tokens (", request.stop.max_new_tokens,
         ") = ", total, " exceeds the context length ", c.max_seq_len));
   }
-  const int64_t blocks_needed = (total + options_.block_size - 1) / options_.block_size;
+  // Tokens whose blocks the request holds at once: all of them, or under a sliding window
+  // whose blocks are released (ReleaseOutOfWindow) at most a window, a step's chunk and a
+  // block either side.
+  int64_t live = total;
+  if (c.sliding_window > 0 && options_.release_out_of_window_blocks && request.session == 0) {
+    live = std::min<int64_t>(total, std::min<int64_t>(total, options_.max_batch_tokens) +
+                                        c.sliding_window - 1 + options_.block_size);
+  }
+  const int64_t blocks_needed = (live + options_.block_size - 1) / options_.block_size;
   if (blocks_needed > options_.num_blocks) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the request needs ", blocks_needed, " KV-cache blocks (", total,
-                     " tokens), the cache holds only ", options_.num_blocks, " blocks of ",
-                     options_.block_size, " tokens"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the request needs ", blocks_needed, " KV-cache blocks (", live, " tokens",
+        live < total ? absl::StrCat(" at once of ", total, " in its sliding window") : "",
+        "), the cache holds only ", options_.num_blocks, " blocks of ", options_.block_size,
+        " tokens"));
   }
   if (static_cast<int>(impl_->incoming.size()) + impl_->stats.waiting >= options_.max_waiting) {
     return absl::ResourceExhaustedError(
@@ -371,9 +385,38 @@ EngineObserver::StepStats Engine::Impl::CurrentStats() const {
   return s;
 }
 
-void Engine::Impl::FreeBlocks(Sequence& s) {
-  for (BlockId b : s.blocks) pool.Release(b);
+// Gives every block the sequence still holds back to the pool (not the released ones'
+// aliases); its block table is then empty.
+void Engine::Impl::ReleaseBlocks(Sequence& s) {
+  for (size_t b = static_cast<size_t>(s.num_released_blocks); b < s.blocks.size(); ++b) {
+    pool.Release(s.blocks[b]);
+  }
   s.blocks.clear();
+  s.num_released_blocks = 0;
+}
+
+// Under a sliding window W, every query still to come (positions ≥ num_computed) sees
+// keys from num_computed − W + 1 on: the blocks wholly before that go back to the pool
+// (hashed ones stay in the prefix cache). Their table entries then alias the first live
+// block, so the table still covers keys 0 …: a kernel that reads a masked key (the maps'
+// paths walk every key) reads finite rows it then masks, never a block another sequence
+// may be writing. Sessions keep their blocks.
+void Engine::Impl::ReleaseOutOfWindow(Sequence& s) {
+  const int window = model.config.sliding_window;
+  if (window <= 0 || !options.release_out_of_window_blocks || s.request.session != 0 ||
+      s.blocks.empty()) {
+    return;
+  }
+  const int first_seen = std::max(0, s.num_computed - window + 1);
+  const int dead = std::min(first_seen / options.block_size, static_cast<int>(s.blocks.size()) - 1);
+  if (dead <= s.num_released_blocks) return;
+  for (int b = s.num_released_blocks; b < dead; ++b) pool.Release(s.blocks[b]);
+  std::fill(s.blocks.begin(), s.blocks.begin() + dead, s.blocks[dead]);
+  s.num_released_blocks = dead;
+}
+
+void Engine::Impl::FreeBlocks(Sequence& s) {
+  ReleaseBlocks(s);
   s.num_computed = 0;
   s.num_hashed_blocks = 0;
   s.last_hash = 0;
@@ -415,6 +458,7 @@ void Engine::Impl::LookupPrefix(Sequence& s) {
   s.num_hashed_blocks = hit;
   s.last_hash = h;
   if (!s.was_scheduled) s.num_cached_prompt = std::max(s.num_cached_prompt, s.num_computed);
+  ReleaseOutOfWindow(s);  // a long cached prefix holds only its window
 }
 
 void Engine::Impl::RegisterFullBlocks(Sequence& s) {
@@ -432,8 +476,7 @@ void Engine::Impl::ReturnToSession(Sequence& s) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = sessions.find(s.request.session);
   if (it == sessions.end()) {  // closed meanwhile (cannot happen while busy) — release
-    for (BlockId b : s.blocks) pool.Release(b);
-    s.blocks.clear();
+    ReleaseBlocks(s);
     return;
   }
   Session& sess = it->second;
@@ -448,8 +491,7 @@ void Engine::Impl::Finish(std::unique_ptr<Sequence> s, FinishReason reason, absl
   if (s->request.session != 0) {
     ReturnToSession(*s);
   } else {
-    for (BlockId b : s->blocks) pool.Release(b);
-    s->blocks.clear();
+    ReleaseBlocks(*s);
   }
   FinishEvent ev;
   ev.reason = reason;
@@ -709,6 +751,7 @@ void Engine::Impl::Step() {
       } else {
         s.num_computed += plan[k].second;
         RegisterFullBlocks(s);
+        ReleaseOutOfWindow(s);
         if (s.num_computed == static_cast<int>(s.tokens.size())) {
           TokenEvent ev = AfterForward(s, std::move(sampled[k]));
           if (capture[k]) FillAttentionRow(s, plan[k].second, captured[k], ev);

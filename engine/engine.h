@@ -44,6 +44,12 @@ struct EngineOptions {
   int max_waiting = 256;       // queue limit; beyond it Submit is RESOURCE_EXHAUSTED
   int max_sessions = 64;
   bool prefix_caching = true;
+  // With a sliding window (ModelConfig::sliding_window), a sequence gives its blocks back
+  // to the pool as they fall wholly out of the window of every query still to come (to
+  // the prefix cache, when they are hashed), as vLLM does: its live blocks stay about a
+  // window plus a step's chunk, however long it runs. Sessions keep every block (their
+  // cached-KV probes read the whole history).
+  bool release_out_of_window_blocks = true;
   // Threads that sample a step's rows (log-softmax, penalties, top-k/p, draw: ~0.2–1 ms a
   // row at a 32000-token vocabulary, which a GPU step of 64 rows would otherwise wait on).
   // 0: min(8, cores); 1: the step thread alone. Results do not depend on it.

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "engine/generator.h"
 #include "engine/model/model.h"
 #include "gtest/gtest.h"
@@ -355,6 +356,135 @@ TEST_F(EngineTest, ParallelSamplingEqualsEachRequestSampledAlone) {
       EXPECT_EQ(got[i][t].top_logprobs[1].token, want[t].top_logprobs[1].token);
     }
   }
+}
+
+// Under a sliding window (stories260K given one of 16 positions, blocks of 4), a sequence
+// gives back each block once no query still to come can see it. A request of 65 tokens in
+// a 40-token pool, which needs 17 blocks kept whole (refused, naming them, with the release
+// off), runs holding at most 7 (a window, a step's chunk of 8 and a block either side:
+// ceil((8 + 15) / 4) + 1) and streams the tokens offline generation gives, its cache
+// never released. A long prompt found in the prefix cache (its released blocks stay
+// there) is adopted, its blocks before the window given back at once, and continues as
+// offline generation does.
+TEST_F(EngineTest, SlidingWindowReleasesBlocksAsTheyLeaveIt) {
+  model_->config.sliding_window = 16;
+  struct MaxUsed : EngineObserver {
+    std::atomic<int> max_used{0};
+    void OnStep(const StepStats& s) override {
+      max_used = std::max(max_used.load(), s.blocks_used);
+    }
+    void OnPreemption() override {}
+    void OnPrefixLookup(int, int) override {}
+  } observer;
+  EngineOptions o;
+  o.block_size = 4;
+  o.num_blocks = 10;
+  o.max_batch_tokens = 8;
+  GenerationRequest r = Greedy("Once upon a time", 60);
+  const int total = static_cast<int>(r.prompt.size()) + 60;
+  ASSERT_GT((total + 3) / 4, o.num_blocks);
+  {
+    EngineOptions kept = o;
+    kept.release_out_of_window_blocks = false;
+    Engine engine(*model_, backend_, kept);
+    const absl::Status s = engine.Submit(r).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find(absl::StrCat("needs ", (total + 3) / 4, " KV-cache blocks")),
+              std::string::npos)
+        << s;
+  }
+  Engine engine(*model_, backend_, o, &observer);
+  const Outcome got = RunOne(engine, r);
+  EXPECT_EQ(got.tokens, Offline(r.prompt, 60));
+  EXPECT_GT(observer.max_used.load(), 0);
+  EXPECT_LE(observer.max_used.load(), 7);
+  EXPECT_EQ(BlocksUsedWhenIdle(engine), 0);
+
+  // 44 prompt tokens twice in a pool of 64 blocks: the second finds 40 of them cached
+  // (never the block of the last one).
+  o.num_blocks = 64;
+  o.max_batch_tokens = 512;
+  Engine cached(*model_, backend_, o, &observer);
+  GenerationRequest longer;
+  longer.prompt = model_->tokenizer->Encode(
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park. One day, she saw a big, red ball.",
+      true);
+  longer.stop.max_new_tokens = 12;
+  longer.stop.ignore_eos = true;
+  ASSERT_GE(longer.prompt.size(), 41u);
+  const std::vector<int32_t> want = Offline(longer.prompt, 12);
+  EXPECT_EQ(RunOne(cached, longer).tokens, want);
+  const Outcome again = RunOne(cached, longer);
+  EXPECT_EQ(again.tokens, want);
+  EXPECT_EQ(again.finish.usage.cached_tokens, (static_cast<int>(longer.prompt.size()) - 1) / 4 * 4);
+  EXPECT_EQ(BlocksUsedWhenIdle(cached), 0);
+}
+
+// Released blocks' table entries alias a live block, so a kernel that reads every key (the
+// maps' paths, here the streamed attention rows) reads finite rows it masks: each row is
+// exactly 0 before its query's window (position p − 1 sees keys p − 16 … p − 1) and the
+// very row an engine that keeps every block streams; among four windowed requests sharing
+// steps in a pool they outgrow (preempted and recomputed as needed), every one streams the
+// tokens offline generation gives.
+TEST_F(EngineTest, SlidingWindowRowsAndTokensEqualAnEngineThatKeepsEveryBlock) {
+  model_->config.sliding_window = 16;
+  auto rows_of = [&](Engine& engine, GenerationRequest r) {
+    std::vector<TokenEvent> events;
+    std::promise<void> done;
+    r.attention_rows = {{0, 4}, {1, 6}};
+    r.callbacks.on_token = [&](const TokenEvent& e) { events.push_back(e); };
+    r.callbacks.on_finish = [&](const FinishEvent&) { done.set_value(); };
+    EXPECT_TRUE(engine.Submit(r).ok());
+    done.get_future().wait();
+    return events;
+  };
+  EngineOptions o;
+  o.block_size = 4;
+  o.num_blocks = 10;
+  o.max_batch_tokens = 8;
+  Engine released(*model_, backend_, o);
+  EngineOptions kept_options;
+  kept_options.block_size = 4;
+  kept_options.release_out_of_window_blocks = false;
+  Engine kept(*model_, backend_, kept_options);
+  const GenerationRequest r = Greedy("Once upon a time", 40);
+  const std::vector<TokenEvent> got = rows_of(released, r), want = rows_of(kept, r);
+  ASSERT_EQ(got.size(), 40u);
+  ASSERT_EQ(want.size(), 40u);
+  for (size_t t = 0; t < got.size(); ++t) {
+    EXPECT_EQ(got[t].token, want[t].token) << t;
+    const int keys = got[t].attention_keys;  // the query at position keys − 1
+    ASSERT_EQ(keys, want[t].attention_keys);
+    ASSERT_EQ(got[t].attention.size(), size_t{4} * keys);
+    EXPECT_EQ(got[t].attention, want[t].attention) << "token " << t;
+    for (int row = 0; row < 4; ++row) {
+      double sum = 0;
+      for (int j = 0; j < keys; ++j) {
+        const float p = got[t].attention[size_t(row) * keys + j];
+        if (j < keys - 16) {
+          EXPECT_EQ(p, 0.0f) << "token " << t << " row " << row << " key " << j;
+        }
+        sum += p;
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-5);
+    }
+  }
+
+  std::vector<std::future<Outcome>> futures;
+  std::vector<GenerationRequest> reqs;
+  for (const char* p : {"Once upon a time", "The dog ran", "A little bird", "Mom said"}) {
+    reqs.push_back(Greedy(p, 36));
+  }
+  for (const GenerationRequest& q : reqs) {
+    absl::Status s;
+    futures.push_back(Start(released, q, &s));
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  for (size_t i = 0; i < futures.size(); ++i) {
+    EXPECT_EQ(futures[i].get().tokens, Offline(reqs[i].prompt, 36)) << i;
+  }
+  EXPECT_EQ(BlocksUsedWhenIdle(released), 0);
 }
 
 TEST_F(EngineTest, ShutdownDrainsThenRefuses) {
