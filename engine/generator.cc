@@ -37,8 +37,9 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
 
   const int64_t total = std::min<int64_t>(
       c.max_seq_len, static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
+  // (a ring of a window and a chunk under a sliding window: SequenceCache)
   auto cache_or = SequenceCache<T>::Create(backend.memory(), c, total, options.block_size,
-                                           options.kv_cache_dtype);
+                                           options.kv_cache_dtype, options.prefill_chunk);
   if (!cache_or.ok()) return cache_or.status();
   KvCacheStorage<T>& cache = (*cache_or)->storage;
   const std::vector<BlockId>& table = (*cache_or)->table();

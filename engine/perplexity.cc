@@ -79,7 +79,7 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
   if (options.max_windows > 0) windows = std::min<int64_t>(windows, options.max_windows);
 
   auto cache = SequenceCache<T>::Create(backend.memory(), c, ctx, options.block_size,
-                                        options.kv_cache_dtype);
+                                        options.kv_cache_dtype, options.chunk);
   if (!cache.ok()) return cache.status();
   const std::vector<BlockId>& table = (*cache)->table();
 

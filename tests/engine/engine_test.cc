@@ -363,9 +363,9 @@ TEST_F(EngineTest, ParallelSamplingEqualsEachRequestSampledAlone) {
 // a 40-token pool, which needs 17 blocks kept whole (refused, naming them, with the release
 // off), runs holding at most 7 (a window, a step's chunk of 8 and a block either side:
 // ceil((8 + 15) / 4) + 1) and streams the tokens offline generation gives, its cache
-// never released. A long prompt found in the prefix cache (its released blocks stay
-// there) is adopted, its blocks before the window given back at once, and continues as
-// offline generation does.
+// never released (and again in a ring of blocks). A long prompt found in the prefix cache
+// (its released blocks stay there) is adopted, its blocks before the window given back at
+// once, and continues as offline generation does.
 TEST_F(EngineTest, SlidingWindowReleasesBlocksAsTheyLeaveIt) {
   model_->config.sliding_window = 16;
   struct MaxUsed : EngineObserver {
@@ -395,7 +395,18 @@ TEST_F(EngineTest, SlidingWindowReleasesBlocksAsTheyLeaveIt) {
   }
   Engine engine(*model_, backend_, o, &observer);
   const Outcome got = RunOne(engine, r);
-  EXPECT_EQ(got.tokens, Offline(r.prompt, 60));
+  const std::vector<int32_t> offline = Offline(r.prompt, 60);
+  EXPECT_EQ(got.tokens, offline);
+  // Offline generation in prompt chunks of 3 and blocks of 4 keeps its cache in a ring of
+  // ceil((3 + 15) / 4) = 5 blocks (SequenceCache): the same tokens.
+  GenerateOptions ring;
+  ring.max_new_tokens = 60;
+  ring.stop_at_eos = false;
+  ring.prefill_chunk = 3;
+  ring.block_size = 4;
+  auto ringed = Generate<float>(*model_, backend_, r.prompt, ring);
+  ASSERT_TRUE(ringed.ok()) << ringed.status();
+  EXPECT_EQ(ringed->tokens, offline);
   EXPECT_GT(observer.max_used.load(), 0);
   EXPECT_LE(observer.max_used.load(), 7);
   EXPECT_EQ(BlocksUsedWhenIdle(engine), 0);
@@ -415,6 +426,12 @@ TEST_F(EngineTest, SlidingWindowReleasesBlocksAsTheyLeaveIt) {
   ASSERT_GE(longer.prompt.size(), 41u);
   const std::vector<int32_t> want = Offline(longer.prompt, 12);
   EXPECT_EQ(RunOne(cached, longer).tokens, want);
+  // Its prompt chunks of 3 go round the ring of 5 blocks twice: the same tokens (a ring of
+  // 4 would overwrite keys the chunks' first queries see).
+  ring.max_new_tokens = 12;
+  ringed = Generate<float>(*model_, backend_, longer.prompt, ring);
+  ASSERT_TRUE(ringed.ok()) << ringed.status();
+  EXPECT_EQ(ringed->tokens, want);
   const Outcome again = RunOne(cached, longer);
   EXPECT_EQ(again.tokens, want);
   EXPECT_EQ(again.finish.usage.cached_tokens, (static_cast<int>(longer.prompt.size()) - 1) / 4 * 4);
