@@ -189,47 +189,27 @@ TEST(CudaEngineServe, SlidingWindowReleasingBlocksEqualsCpu) {
   auto model = Load(kStories);
   ASSERT_NE(model, nullptr);
   model->config.sliding_window = 16;
-  const std::vector<std::string> prompts = {"Once upon a time", "The cat", "Lily and Ben went"};
-  auto serve = [&](kernels::Backend<float>& backend, std::vector<std::vector<float>>& logprobs) {
-    EngineOptions o;
-    o.block_size = 4;
-    o.num_blocks = 10;
-    o.max_batch_tokens = 8;
-    Engine engine(*model, backend, o);
-    EXPECT_TRUE(engine.status().ok()) << engine.status();
-    std::vector<std::string> texts(prompts.size());
-    logprobs.assign(prompts.size(), {});
-    std::vector<std::promise<void>> done(prompts.size());
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      GenerationRequest r;
-      r.prompt = model->tokenizer->Encode(prompts[i], true);
-      r.stop.max_new_tokens = 45 + 10 * static_cast<int>(i);
-      r.stop.ignore_eos = true;
-      r.callbacks.on_token = [&texts, &logprobs, i](const TokenEvent& e) {
-        texts[i] += e.text;
-        logprobs[i].push_back(e.logprob);
-      };
-      r.callbacks.on_finish = [&texts, &done, i](const FinishEvent& e) {
-        texts[i] += e.text;
-        done[i].set_value();
-      };
-      const auto id = engine.Submit(std::move(r));
-      EXPECT_TRUE(id.ok()) << id.status();
-      if (!id.ok()) done[i].set_value();
-    }
-    for (auto& d : done) d.get_future().wait();
-    return texts;
-  };
+  std::vector<GenerationRequest> requests;
+  for (const char* p : {"Once upon a time", "The cat", "Lily and Ben went"}) {
+    GenerationRequest r;
+    r.prompt = model->tokenizer->Encode(p, true);
+    r.stop.max_new_tokens = 45 + 10 * static_cast<int>(requests.size());
+    r.stop.ignore_eos = true;
+    requests.push_back(std::move(r));
+  }
+  EngineOptions o;
+  o.block_size = 4;
+  o.num_blocks = 10;
+  o.max_batch_tokens = 8;
   kernels::CpuBackend cpu(2);
-  std::vector<std::vector<float>> want_logprobs, got_logprobs;
-  const std::vector<std::string> want = serve(cpu, want_logprobs);
-  const std::vector<std::string> got = serve(cuda, got_logprobs);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(got[i], want[i]) << "request " << i;
-    ASSERT_EQ(got_logprobs[i].size(), want_logprobs[i].size());
-    ASSERT_EQ(got_logprobs[i].size(), size_t(45 + 10 * i));
-    for (size_t t = 0; t < got_logprobs[i].size(); ++t) {
-      EXPECT_NEAR(got_logprobs[i][t], want_logprobs[i][t], 1e-4)
+  const std::vector<testing::Served> want = testing::ServeTogether(*model, cpu, requests, o);
+  const std::vector<testing::Served> got = testing::ServeTogether(*model, cuda, requests, o);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size());
+    ASSERT_EQ(got[i].logprobs.size(), size_t(45 + 10 * i));
+    for (size_t t = 0; t < got[i].logprobs.size(); ++t) {
+      EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 1e-4)
           << "request " << i << " token " << t;
     }
   }

@@ -21,11 +21,12 @@ struct Served {
   std::vector<std::vector<TokenLogprob>> top;  // each token's top log-probabilities
 };
 
-// Submits every request (their callbacks replaced) to a new Engine with default options
-// and waits until all have finished.
+// Submits every request (their callbacks replaced) to a new Engine with `options` and
+// waits until all have finished.
 inline std::vector<Served> ServeTogether(const Model& model, kernels::Backend<float>& backend,
-                                         std::vector<GenerationRequest> requests) {
-  Engine engine(model, backend, EngineOptions{});
+                                         std::vector<GenerationRequest> requests,
+                                         const EngineOptions& options = EngineOptions{}) {
+  Engine engine(model, backend, options);
   EXPECT_TRUE(engine.status().ok()) << engine.status();
   std::vector<Served> outs(requests.size());
   std::vector<std::promise<void>> done(requests.size());
