@@ -197,7 +197,9 @@ TEST(GenerationServiceTest, ServesAQuantisedModel) {
 // Serves make_quantized_gguf.py's f32 model of `args` (with stories260K's tokenizer):
 // `info` is its GetModelInfo, and 12 greedy tokens streamed after {1, 5, 300, 17, 42} must
 // equal the oracle's (PyTorch float64, a full recompute per token).
-void ExpectServedGreedyEqualsTheOracle(const std::string& args, v1::ModelInfo& info) {
+void ExpectServedGreedyEqualsTheOracle(
+    const std::string& args, v1::ModelInfo& info,
+    const EngineOptions& options = TestServer::DefaultOptions()) {
   ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
   const std::string path = MakeQuantizedModel("--f32 " + args + " --tokenizer " +
                                               TestData("stories260K/stories260K.gguf"));
@@ -205,7 +207,7 @@ void ExpectServedGreedyEqualsTheOracle(const std::string& args, v1::ModelInfo& i
   const std::vector<int32_t> prompt = {1, 5, 300, 17, 42};
   const std::vector<int32_t> oracle = OracleGreedy(path, prompt, 12);
   ASSERT_EQ(oracle.size(), 12u) << "oracle.py --generate failed";
-  TestServer server(path, TestServer::DefaultOptions());
+  TestServer server(path, options);
   std::remove(path.c_str());
   ASSERT_TRUE(server.ok()) << server.error();
   grpc::ClientContext context;
@@ -237,11 +239,18 @@ TEST(GenerationServiceTest, ServesAQwen3) {
 // A Phi-3 (fused projections) whose sliding window of 4 binds within the prompt and the 12
 // generated tokens: GetModelInfo reports it, and the stream (prefill, then decode steps
 // over the paged cache) equals the oracle's greedy tokens, each a full windowed recompute.
+// The server's cache holds 3 blocks of 4 tokens, the request 17 tokens: it is served
+// because blocks go back to the pool as they leave the window (steps of 4 tokens: at most
+// 4 + 3 + 4 tokens, 3 blocks, held at once).
 TEST(GenerationServiceTest, ServesAPhi3WithASlidingWindow) {
   KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
   v1::ModelInfo info;
-  ASSERT_NO_FATAL_FAILURE(
-      ExpectServedGreedyEqualsTheOracle("--phi3 --set phi3.attention.sliding_window=4", info));
+  EngineOptions small = TestServer::DefaultOptions();
+  small.block_size = 4;
+  small.num_blocks = 3;
+  small.max_batch_tokens = 4;
+  ASSERT_NO_FATAL_FAILURE(ExpectServedGreedyEqualsTheOracle(
+      "--phi3 --set phi3.attention.sliding_window=4", info, small));
   EXPECT_EQ(info.family(), "phi3");
   EXPECT_EQ(info.sliding_window(), 4);
 }
