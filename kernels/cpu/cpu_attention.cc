@@ -55,7 +55,7 @@ namespace {
 // ends[u]) over keys key_begin … key_end − 1 of the KV head whose slice of a cache row
 // row_at gives (keys before key_begin, outside every pair's sliding window, would add
 // weights and products of exactly 0: TiledKeyBegin). scores/probs rows (maps) are written
-// as AttendNarrow writes them; they take key_begin = 0.
+// as AttendNarrow writes them (−∞ and 0 before key_begin, as the mask would have made them).
 template <typename KT, typename RowAt>
 void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows,
                        const int* heads_of, const float* const* qs, float* const* os,
@@ -92,10 +92,11 @@ void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows
     }
     for (int64_t l = 0; l < lanes; ++l) mx[l] = std::max(mx[l], sj[l]);
   }
-  if (a.scores != nullptr) {  // (key_begin = 0)
+  if (a.scores != nullptr) {
     for (int u = 0; u < pairs; ++u) {
       float* map = a.scores + (static_cast<int64_t>(heads_of[u]) * tq + rows[u]) * tk;
-      for (int j = 0; j < ends[u]; ++j) map[j] = sp[j * lanes + u];
+      std::fill(map, map + key_begin, kNegInf);
+      for (int j = key_begin; j < ends[u]; ++j) map[j] = sp[(j - key_begin) * lanes + u];
       std::fill(map + ends[u], map + tk, kNegInf);
     }
   }
@@ -111,10 +112,11 @@ void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows
     float* sj = sp.data() + r * lanes;
     for (int64_t l = 0; l < lanes; ++l) sj[l] *= z[l];
   }
-  if (a.probs != nullptr) {  // (key_begin = 0)
+  if (a.probs != nullptr) {
     for (int u = 0; u < pairs; ++u) {
       float* map = a.probs + (static_cast<int64_t>(heads_of[u]) * tq + rows[u]) * tk;
-      for (int j = 0; j < ends[u]; ++j) map[j] = sp[j * lanes + u];
+      std::fill(map, map + key_begin, 0.0f);
+      for (int j = key_begin; j < ends[u]; ++j) map[j] = sp[(j - key_begin) * lanes + u];
       std::fill(map + ends[u], map + tk, 0.0f);
     }
   }
@@ -346,17 +348,19 @@ void AttendNarrow(const AttentionArgs<float>& a, int pairs, const int* rows, con
   np.Scores(row_base);
   for (int u = 0; u < pairs; ++u) {
     float* su = sp.data() + u * np.stride;
-    const int end = ends[u];    // su[r]: key key_begin + r
-    if (a.scores != nullptr) {  // (key_begin = 0)
+    const int end = ends[u];  // su[r]: key key_begin + r
+    if (a.scores != nullptr) {
       float* map = a.scores + (static_cast<int64_t>(heads_of[u]) * tq + rows[u]) * tk;
-      std::copy(su, su + end, map);
+      std::fill(map, map + key_begin, kNegInf);
+      std::copy(su, su + end - key_begin, map + key_begin);
       std::fill(map + end, map + tk, kNegInf);
     }
     const float inv_z = 1.0f / np.Exponentials(u, np.Max(u));
     for (int r = 0; r < end - key_begin; ++r) su[r] *= inv_z;
-    if (a.probs != nullptr) {  // (key_begin = 0)
+    if (a.probs != nullptr) {
       float* map = a.probs + (static_cast<int64_t>(heads_of[u]) * tq + rows[u]) * tk;
-      std::copy(su, su + end, map);
+      std::fill(map, map + key_begin, 0.0f);
+      std::copy(su, su + end - key_begin, map + key_begin);
       std::fill(map + end, map + tk, 0.0f);
     }
   }
@@ -367,10 +371,10 @@ void AttendNarrow(const AttentionArgs<float>& a, int pairs, const int* rows, con
 // The first key a tile's pairs (rows rows[u < pairs]) read: under a sliding window, the
 // first key of the earliest row's window (a key before every pair's window has weight
 // exactly 0, and adds exact zeros to the sum and the value chains: skipping it changes no
-// bit, except that a sum or output of 0 could have been −0); 0 without a window, or when
-// the call writes maps (their rows are filled from key 0).
+// bit, except that a sum or output of 0 could have been −0; maps get the −∞ and 0 the
+// mask gives them); 0 without a window.
 int TiledKeyBegin(const AttentionArgs<float>& a, int pairs, const int* rows) {
-  if (a.window <= 0 || a.probs != nullptr || a.scores != nullptr) return 0;
+  if (a.window <= 0) return 0;
   int begin = a.num_keys;
   for (int u = 0; u < pairs; ++u) begin = std::min(begin, WindowKeyBegin(a, rows[u]));
   return begin;

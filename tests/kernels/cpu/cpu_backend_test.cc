@@ -564,18 +564,19 @@ TEST(CpuBackendTest, AttentionOfFewPairsGivesEachPairTheBitsOfTheWholeCall) {
   }
 }
 
-// Without maps, a sliding window's tiled calls read only the keys from the earliest row's
-// window on (TiledKeyBegin); a call with maps walks them all from key 0, where the keys
-// before every window get weight 0. Each call's outputs, without maps: within tolerance of
-// the reference, and the very bits of the call with maps (a key of weight 0 adds exact
-// zeros to the sum and the value chains), on fp32 and bf16 paged caches, 1 and 3 threads:
-// prefill chunks across the pairs (most keys before the window, or a window ending
-// mid-chunk), narrow calls (a few rows of GQA 4/2, a decode row) over keys far past it.
-TEST(CpuBackendTest, SlidingWindowWithoutMapsGivesTheBitsOfTheCallWithMaps) {
+// A sliding window's tiled calls read only the keys from the earliest row's window on
+// (TiledKeyBegin; with b that key, every key before b has weight 0 for every row). So each
+// call gives the very bits of the same call over keys b … alone (the cache's rows from b,
+// the offset b less): outputs, and maps whose keys before b are −∞ (scores) and 0
+// (probabilities), as the mask makes them; with and without maps; within tolerance of the
+// reference too. fp32 and bf16 paged caches, 1 and 3 threads: prefill chunks across the
+// pairs (most keys before the window, or windows ending mid-chunk), narrow calls (a few
+// rows of GQA 4/2, a decode row) over keys far past the window, documents.
+TEST(CpuBackendTest, SlidingWindowGivesTheBitsOfTheCallOverItsKeysAlone) {
   std::mt19937_64 rng(47);
   ReferenceBackend ref;
   const std::vector<AttnConfig> configs = {
-      {40, 240, 4, 2, 64, 200, true, false, 30},  // a chunk across the pairs, 170 keys before
+      {40, 240, 4, 2, 64, 200, true, false, 30},  // a chunk across the pairs, 171 keys before
       {24, 24, 4, 4, 48, 0, true, false, 7},      // a prefill, windows ending mid-chunk
       {20, 60, 8, 4, 64, 40, true, true, 9},      // with documents
       {2, 300, 4, 2, 72, 298, true, false, 50},   // narrow: 4 pairs a KV head, head size 72
@@ -583,6 +584,14 @@ TEST(CpuBackendTest, SlidingWindowWithoutMapsGivesTheBitsOfTheCallWithMaps) {
   };
   for (const AttnConfig& c : configs) {
     const AttnProblem p = MakeProblem(c, rng);
+    const int b = std::max(0, c.offset - c.window + 1);
+    AttnProblem alone = p;  // keys b … only
+    alone.tk = c.tk - b;
+    alone.offset = c.offset - b;
+    const int64_t row = int64_t{c.kv_heads} * c.dh;
+    alone.k.assign(p.k.begin() + b * row, p.k.end());
+    alone.v.assign(p.v.begin() + b * row, p.v.end());
+    if (c.docs) alone.k_doc.assign(p.k_doc.begin() + b, p.k_doc.end());
     const AttnResult want = testing::RunAttention(ref, p);
     ASSERT_TRUE(want.status.ok()) << c.Name();
     const double v_scale = testing::MaxAbs(p.v);
@@ -591,15 +600,32 @@ TEST(CpuBackendTest, SlidingWindowWithoutMapsGivesTheBitsOfTheCallWithMaps) {
       for (const KvDtype dtype : {KvDtype::kActivation, KvDtype::kBF16}) {
         const std::string what = absl::StrCat(c.Name(), " threads=", threads,
                                               dtype == KvDtype::kBF16 ? " bf16" : " fp32");
-        const AttnResult with_maps = RunPaged(cpu, p, 7, rng, dtype, true);
+        const AttnResult got = RunPaged(cpu, p, 7, rng, dtype, true);
+        const AttnResult got_alone = RunPaged(cpu, alone, 7, rng, dtype, true);
         const AttnResult no_maps = RunPaged(cpu, p, 7, rng, dtype, false);
-        ASSERT_TRUE(with_maps.status.ok()) << what << " " << with_maps.status;
+        ASSERT_TRUE(got.status.ok()) << what << " " << got.status;
+        ASSERT_TRUE(got_alone.status.ok()) << what << " " << got_alone.status;
         ASSERT_TRUE(no_maps.status.ok()) << what << " " << no_maps.status;
         // A bf16 cache rounds K and V: 8 significant bits, 2^-8 relative.
         const double tol = (dtype == KvDtype::kBF16 ? 1e-2 : 2e-5) * v_scale;
         for (size_t e = 0; e < want.out.size(); ++e) {
-          ASSERT_NEAR(no_maps.out[e], want.out[e], tol) << what << " out " << e;
-          ASSERT_EQ(no_maps.out[e], with_maps.out[e]) << what << " out " << e;
+          ASSERT_NEAR(got.out[e], want.out[e], tol) << what << " out " << e;
+          ASSERT_EQ(got.out[e], got_alone.out[e]) << what << " out " << e;
+          ASSERT_EQ(no_maps.out[e], got.out[e]) << what << " out " << e;
+        }
+        for (int h = 0; h < c.heads; ++h) {
+          for (int i = 0; i < c.tq; ++i) {
+            for (int j = 0; j < c.tk; ++j) {
+              const std::string at = absl::StrCat(what, " h=", h, " i=", i, " j=", j);
+              if (j < b) {
+                ASSERT_EQ(got.P(h, i, j, p), 0.0) << at;
+                ASSERT_EQ(got.S(h, i, j, p), -std::numeric_limits<double>::infinity()) << at;
+              } else {
+                ASSERT_EQ(got.P(h, i, j, p), got_alone.P(h, i, j - b, alone)) << at;
+                ASSERT_EQ(got.S(h, i, j, p), got_alone.S(h, i, j - b, alone)) << at;
+              }
+            }
+          }
         }
       }
     }
