@@ -438,12 +438,12 @@ TEST_F(EngineTest, SlidingWindowReleasesBlocksAsTheyLeaveIt) {
   EXPECT_EQ(BlocksUsedWhenIdle(cached), 0);
 }
 
-// Released blocks' table entries alias a live block, so a kernel that reads every key (the
-// maps' paths, here the streamed attention rows) reads finite rows it masks: each row is
-// exactly 0 before its query's window (position p − 1 sees keys p − 16 … p − 1) and the
-// very row an engine that keeps every block streams; among four windowed requests sharing
-// steps in a pool they outgrow (preempted and recomputed as needed), every one streams the
-// tokens offline generation gives.
+// Released blocks' table entries alias a live block, so a kernel that reads keys just
+// before a window (the CPU's split-key spans, the GPU's first tile) reads finite rows it
+// masks. The streamed attention rows are exactly 0 before each query's window (position
+// p − 1 sees keys p − 16 … p − 1) and the very rows an engine that keeps every block
+// streams; among four windowed requests sharing steps in a pool they outgrow (preempted
+// and recomputed as needed), every one streams the tokens offline generation gives.
 TEST_F(EngineTest, SlidingWindowRowsAndTokensEqualAnEngineThatKeepsEveryBlock) {
   model_->config.sliding_window = 16;
   auto rows_of = [&](Engine& engine, GenerationRequest r) {
