@@ -398,9 +398,9 @@ void Engine::Impl::ReleaseBlocks(Sequence& s) {
 // Under a sliding window W, every query still to come (positions ≥ num_computed) sees
 // keys from num_computed − W + 1 on: the blocks wholly before that go back to the pool
 // (hashed ones stay in the prefix cache). Their table entries then alias the first live
-// block, so the table still covers keys 0 …: a kernel that reads a masked key (the maps'
-// paths walk every key) reads finite rows it then masks, never a block another sequence
-// may be writing. Sessions keep their blocks.
+// block, so the table still covers keys 0 …: a kernel that reads masked keys just before
+// the window (the CPU's split-key spans, the GPU's first tile) reads finite rows it then
+// masks, never a block another sequence may be writing. Sessions keep their blocks.
 void Engine::Impl::ReleaseOutOfWindow(Sequence& s) {
   const int window = model.config.sliding_window;
   if (window <= 0 || !options.release_out_of_window_blocks || s.request.session != 0 ||
