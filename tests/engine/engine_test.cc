@@ -411,8 +411,9 @@ TEST_F(EngineTest, SlidingWindowReleasesBlocksAsTheyLeaveIt) {
   EXPECT_LE(observer.max_used.load(), 7);
   EXPECT_EQ(BlocksUsedWhenIdle(engine), 0);
 
-  // 44 prompt tokens twice in a pool of 64 blocks: the second finds 40 of them cached
-  // (never the block of the last one).
+  // 45 prompt tokens (BOS included) twice in a pool of 64 blocks: the second finds 44 of
+  // them cached (never the block of the last one), and gives 7 of those 11 blocks back
+  // at once.
   o.num_blocks = 64;
   o.max_batch_tokens = 512;
   Engine cached(*model_, backend_, o, &observer);
@@ -423,11 +424,11 @@ TEST_F(EngineTest, SlidingWindowReleasesBlocksAsTheyLeaveIt) {
       true);
   longer.stop.max_new_tokens = 12;
   longer.stop.ignore_eos = true;
-  ASSERT_GE(longer.prompt.size(), 41u);
+  ASSERT_EQ(longer.prompt.size(), 45u);
   const std::vector<int32_t> want = Offline(longer.prompt, 12);
   EXPECT_EQ(RunOne(cached, longer).tokens, want);
-  // Its prompt chunks of 3 go round the ring of 5 blocks twice: the same tokens (a ring of
-  // 4 would overwrite keys the chunks' first queries see).
+  // Its prompt chunks of 3 go round the ring of 5 blocks (20 positions) twice and more:
+  // the same tokens (a ring of 4 would overwrite keys the chunks' first queries see).
   ring.max_new_tokens = 12;
   ringed = Generate<float>(*model_, backend_, longer.prompt, ring);
   ASSERT_TRUE(ringed.ok()) << ringed.status();
