@@ -20,6 +20,12 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// Whether a request's blocks go back to the pool as they leave the model's sliding window
+// (EngineOptions::release_out_of_window_blocks; never a session's).
+bool ReleasesOutOfWindow(const ModelConfig& c, const EngineOptions& o, SessionId session) {
+  return c.sliding_window > 0 && o.release_out_of_window_blocks && session == 0;
+}
+
 }  // namespace
 
 // One request in flight. Invariant (vLLM's): tokens[0, num_computed) have keys/values in
@@ -149,40 +155,7 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
   if (model_.tokenizer == nullptr) {
     return absl::FailedPreconditionError("the model has no tokenizer; the engine needs one");
   }
-  if (request.prompt.empty()) return absl::InvalidArgumentError("prompt: no tokens");
-  for (size_t i = 0; i < request.prompt.size(); ++i) {
-    if (request.prompt[i] < 0 || request.prompt[i] >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " = ", request.prompt[i],
-                                                     " is outside the vocabulary [0, ",
-                                                     c.vocab_size, ")"));
-    }
-  }
-  if (absl::Status s = request.sampling.Validate(c.vocab_size); !s.ok()) return s;
-  if (request.top_logprobs < 0 || request.top_logprobs > 20) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top_logprobs = ", request.top_logprobs, " must be in [0, 20]"));
-  }
-  if (request.stop.max_new_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens = ", request.stop.max_new_tokens,
-                                                   " must be >= 0 (0: up to the context)"));
-  }
-  if (request.stop.stop_strings.size() > 16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "stop_strings has ", request.stop.stop_strings.size(), " entries, at most 16"));
-  }
-  for (size_t i = 0; i < request.stop.stop_strings.size(); ++i) {
-    const size_t n = request.stop.stop_strings[i].size();
-    if (n == 0 || n > 256) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("stop_strings[", i, "] has ", n, " bytes, must be 1 … 256"));
-    }
-  }
-  for (int32_t t : request.stop.stop_token_ids) {
-    if (t < 0 || t >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "stop_token_ids: ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
-    }
-  }
+  if (absl::Status s = request.Validate(c.vocab_size); !s.ok()) return s;
 
   auto seq = std::make_unique<Sequence>();
   seq->arrival = Clock::now();
@@ -238,7 +211,7 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
   // whose blocks are released (ReleaseOutOfWindow) at most a window, a step's chunk and a
   // block either side.
   int64_t live = total;
-  if (c.sliding_window > 0 && options_.release_out_of_window_blocks && request.session == 0) {
+  if (ReleasesOutOfWindow(c, options_, request.session)) {
     live = std::min<int64_t>(total, std::min<int64_t>(total, options_.max_batch_tokens) +
                                         c.sliding_window - 1 + options_.block_size);
   }
@@ -403,10 +376,7 @@ void Engine::Impl::ReleaseBlocks(Sequence& s) {
 // masks, never a block another sequence may be writing. Sessions keep their blocks.
 void Engine::Impl::ReleaseOutOfWindow(Sequence& s) {
   const int window = model.config.sliding_window;
-  if (window <= 0 || !options.release_out_of_window_blocks || s.request.session != 0 ||
-      s.blocks.empty()) {
-    return;
-  }
+  if (!ReleasesOutOfWindow(model.config, options, s.request.session) || s.blocks.empty()) return;
   const int first_seen = std::max(0, s.num_computed - window + 1);
   const int dead = std::min(first_seen / options.block_size, static_cast<int>(s.blocks.size()) - 1);
   if (dead <= s.num_released_blocks) return;

@@ -1,5 +1,7 @@
 #include "engine/request.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace kvlens {
 
 const char* FinishReasonName(FinishReason r) {
@@ -18,6 +20,44 @@ const char* FinishReasonName(FinishReason r) {
       return "error";
   }
   return "unknown";
+}
+
+absl::Status GenerationRequest::Validate(int32_t vocab_size) const {
+  if (prompt.empty()) return absl::InvalidArgumentError("prompt: no tokens");
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " = ", prompt[i],
+                                                     " is outside the vocabulary [0, ", vocab_size,
+                                                     ")"));
+    }
+  }
+  if (absl::Status s = sampling.Validate(vocab_size); !s.ok()) return s;
+  if (top_logprobs < 0 || top_logprobs > 20) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs = ", top_logprobs, " must be in [0, 20]"));
+  }
+  if (stop.max_new_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens = ", stop.max_new_tokens,
+                                                   " must be >= 0 (0: up to the context)"));
+  }
+  if (stop.stop_strings.size() > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stop_strings has ", stop.stop_strings.size(), " entries, at most 16"));
+  }
+  for (size_t i = 0; i < stop.stop_strings.size(); ++i) {
+    const size_t n = stop.stop_strings[i].size();
+    if (n == 0 || n > 256) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop_strings[", i, "] has ", n, " bytes, must be 1 … 256"));
+    }
+  }
+  for (int32_t t : stop.stop_token_ids) {
+    if (t < 0 || t >= vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop_token_ids: ", t, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvlens

@@ -83,6 +83,11 @@ struct GenerationRequest {
   SessionId session = 0;                // 0: none; else an open session this request appends to
   AttentionRowsRequest attention_rows;  // empty: none streamed
   RequestCallbacks callbacks;
+
+  // The fields that need no engine state (prompt and stop token ids within the
+  // vocabulary, sampling, top_logprobs, max_new_tokens, stop strings): INVALID_ARGUMENT
+  // naming the first bad one, else OK.
+  absl::Status Validate(int32_t vocab_size) const;
 };
 
 }  // namespace kvlens
