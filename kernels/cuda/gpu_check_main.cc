@@ -1,4 +1,7 @@
-// kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU.
+// kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU. One
+// file of about 800 lines: one program whose benchmarks share its table, sizes, timing
+// and allocation helpers, and whose sources a GPU machine's standalone build lists by
+// name (kernels/cuda/standalone/CMakeLists.txt), each benchmark a function of its own.
 //   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
 //   2. benchmarks: prefill attention TFLOP/s (vs PyTorch SDPA numbers passed in with
 //      --sdpa FILE: lines "BACKEND TOKENS TFLOPS" for flash, cudnn, efficient and default,
@@ -276,22 +279,39 @@ std::pair<double, const char*> SdpaTarget(const SdpaReference& sdpa, int t) {
   return {0.0, nullptr};
 }
 
-// Causal self-attention over t tokens, H heads of dh (no GQA), contiguous q, k, v and o.
-AttentionArgs<float> PrefillArgs(const float* q, const float* k, const float* v, float* o, int t,
-                                 int heads, int dh, KvDtype cache_dtype) {
-  AttentionArgs<float> a;
-  a.q = q;
-  a.q_stride = int64_t{heads} * dh;
-  a.num_queries = a.num_keys = t;
-  a.num_heads = a.num_kv_heads = heads;
-  a.head_dim = dh;
-  a.causal = true;
-  a.scale = 1.0 / std::sqrt(double(dh));
-  a.kv = KvSource<float>{k, v, int64_t{heads} * dh, nullptr, 0, cache_dtype};
-  a.out = o;
-  a.out_stride = a.q_stride;
-  return a;
-}
+// Causal self-attention over t tokens, H heads of dh (no GQA): contiguous q, k and v
+// (random; k and v a cache of cache_dtype) and o in device memory, freed with the call.
+struct PrefillCall {
+  PrefillCall(CudaBackend& b, int t, int heads, int dh, KvDtype cache_dtype) {
+    const size_t n = size_t(t) * heads * dh;
+    q = Alloc(n);
+    k = AllocCache(n, cache_dtype);
+    v = AllocCache(n, cache_dtype);
+    o = Alloc(n);
+    for (float* p : {q, k, v}) {
+      Fill(p, p == q ? DType::kF32 : CacheDType(cache_dtype), int64_t(n),
+           reinterpret_cast<uintptr_t>(p), 1.0f, b.stream());
+    }
+    args.q = q;
+    args.q_stride = int64_t{heads} * dh;
+    args.num_queries = args.num_keys = t;
+    args.num_heads = args.num_kv_heads = heads;
+    args.head_dim = dh;
+    args.causal = true;
+    args.scale = 1.0 / std::sqrt(double(dh));
+    args.kv = KvSource<float>{k, v, int64_t{heads} * dh, nullptr, 0, cache_dtype};
+    args.out = o;
+    args.out_stride = args.q_stride;
+  }
+  ~PrefillCall() {
+    for (float* p : {q, k, v, o}) cudaFree(p);
+  }
+  PrefillCall(const PrefillCall&) = delete;
+  PrefillCall& operator=(const PrefillCall&) = delete;
+
+  float *q, *k, *v, *o;
+  AttentionArgs<float> args;
+};
 
 void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Table& rows) {
   const int heads = z.prefill_heads, dh = z.prefill_dh;
@@ -329,15 +349,8 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
     b.SetFlashBf16(bf16_kernel);
     Must(b.SetFlashWarpQueries(warp_queries), "flash warp queries");
     for (int t : z.prefill_tokens) {
-      const size_t n = size_t(t) * heads * dh;
-      float *q = Alloc(n), *k = AllocCache(n, cache_dtype), *v = AllocCache(n, cache_dtype),
-            *o = Alloc(n);
-      for (float* p : {q, k, v}) {
-        Fill(p, p == q ? DType::kF32 : CacheDType(cache_dtype), int64_t(n),
-             reinterpret_cast<uintptr_t>(p), 1.0f, b.stream());
-      }
-      const AttentionArgs<float> a = PrefillArgs(q, k, v, o, t, heads, dh, cache_dtype);
-      const double sec = TimeIt(b, 3, [&] { Must(b.Attention(a), "prefill attention"); });
+      const PrefillCall call(b, t, heads, dh, cache_dtype);
+      const double sec = TimeIt(b, 3, [&] { Must(b.Attention(call.args), "prefill attention"); });
       const double tflops = 4.0 * heads * dh * (double(t) * t / 2) / sec / 1e12;  // causal half
       Row r{bf16_kernel ? "prefill attention (causal, fp32 q, bf16 cache, bf16 TC, cp.async)"
             : bf16      ? "prefill attention (causal, fp32 q, bf16 cache, fp16 TC)"
@@ -358,7 +371,6 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
         r.ratio = absl::StrFormat("%.2fx", tflops / ref);
       }
       rows.Add(r);
-      for (float* p : {q, k, v, o}) cudaFree(p);
     }
   }
   Must(b.SetFlashTileQueries(kFlashDefaultTileQueries), "flash tile size");
@@ -370,18 +382,12 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
   // before their window, so the time should follow the (row, key) pairs the rows see
   // ("keys seen"); TFLOP/s counts those pairs only.
   const int t = z.prefill_tokens.back();
-  const size_t n = size_t(t) * heads * dh;
-  float *q = Alloc(n), *k = AllocCache(n, KvDtype::kBF16), *v = AllocCache(n, KvDtype::kBF16),
-        *o = Alloc(n);
-  for (float* p : {q, k, v}) {
-    Fill(p, p == q ? DType::kF32 : CacheDType(KvDtype::kBF16), int64_t(n),
-         reinterpret_cast<uintptr_t>(p), 1.0f, b.stream());
-  }
+  PrefillCall call(b, t, heads, dh, KvDtype::kBF16);
   double full_sec = 0;
   for (int window : {0, t / 4, t / 8}) {
-    AttentionArgs<float> a = PrefillArgs(q, k, v, o, t, heads, dh, KvDtype::kBF16);
-    a.window = window;
-    const double sec = TimeIt(b, 3, [&] { Must(b.Attention(a), "windowed prefill attention"); });
+    call.args.window = window;
+    const double sec =
+        TimeIt(b, 3, [&] { Must(b.Attention(call.args), "windowed prefill attention"); });
     if (window == 0) full_sec = sec;
     double pairs = 0;  // (row, key) pairs seen
     for (int i = 0; i < t; ++i) pairs += window > 0 ? std::min(i + 1, window) : i + 1;
@@ -393,7 +399,6 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
               absl::StrFormat("%.0f us a call unwindowed", full_sec * 1e6),
               absl::StrFormat("%.2fx the time", sec / full_sec), "time ~ keys seen"});
   }
-  for (float* p : {q, k, v, o}) cudaFree(p);
 }
 
 void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
