@@ -258,8 +258,22 @@ TYPED_TEST(AttentionTest, SeedLargeWeightOnAZeroValue) {
   EXPECT_NEAR(r.O(0, 0, 0, p), 1.0, 10 * this->kTol);
 }
 
-// Row 7 of a one-head problem of 10 slots of 4 dims at scale 0.5 that sees exactly slots
-// 5, 6, 7: its probabilities (and −∞ scores elsewhere) and its output, by hand in double.
+// A causal one-head problem of 10 slots of 4 dims at scale 0.5, random from `seed`.
+AttnProblem TenSlots(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  AttnProblem p;
+  p.tq = p.tk = 10;
+  p.dh = 4;
+  p.causal = true;
+  p.scale = 0.5;
+  p.q = testing::RandomFloatExact(rng, 40);
+  p.k = testing::RandomFloatExact(rng, 40);
+  p.v = testing::RandomFloatExact(rng, 40);
+  return p;
+}
+
+// Row 7 of a TenSlots problem that sees exactly slots 5, 6, 7: its probabilities (and −∞ scores
+// elsewhere) and its output, by hand in double.
 void ExpectSlotSevenSeesFiveToSeven(const AttnProblem& p, const AttnResult& r, double tol) {
   for (int j = 0; j < 10; ++j) {
     const bool allowed = j >= 5 && j <= 7;
@@ -283,15 +297,7 @@ void ExpectSlotSevenSeesFiveToSeven(const AttnProblem& p, const AttnResult& r, d
 // Seed 002 packed documents: the second document begins at slot 5 (slots 0–4 are the
 // prior example), so with causal order the query at slot 7 sees exactly slots 5, 6, 7.
 TYPED_TEST(AttentionTest, SeedPackedDocumentSlotSevenSeesFiveToSeven) {
-  std::mt19937_64 rng(11);
-  AttnProblem p;
-  p.tq = p.tk = 10;
-  p.dh = 4;
-  p.causal = true;
-  p.scale = 0.5;
-  p.q = testing::RandomFloatExact(rng, 40);
-  p.k = testing::RandomFloatExact(rng, 40);
-  p.v = testing::RandomFloatExact(rng, 40);
+  AttnProblem p = TenSlots(11);
   p.q_doc = p.k_doc = {0, 0, 0, 0, 0, 1, 1, 1, 1, 1};
   const AttnResult r = this->RunOk(p);
   ExpectSlotSevenSeesFiveToSeven(p, r, this->kTol);
@@ -305,16 +311,8 @@ TYPED_TEST(AttentionTest, SeedPackedDocumentSlotSevenSeesFiveToSeven) {
 // window of 1 leaves each row its own value; one as long as the keys hides nothing; and
 // the last rows alone (query offset 6) are the full computation's tail.
 TYPED_TEST(AttentionTest, SlidingWindowSlotSevenSeesFiveToSeven) {
-  std::mt19937_64 rng(12);
-  AttnProblem p;
-  p.tq = p.tk = 10;
-  p.dh = 4;
-  p.causal = true;
+  AttnProblem p = TenSlots(12);
   p.window = 3;
-  p.scale = 0.5;
-  p.q = testing::RandomFloatExact(rng, 40);
-  p.k = testing::RandomFloatExact(rng, 40);
-  p.v = testing::RandomFloatExact(rng, 40);
   const AttnResult r = this->RunOk(p);
   ExpectSlotSevenSeesFiveToSeven(p, r, this->kTol);
   // Rows 0 and 1 are inside the window from the start: plain causal rows.
