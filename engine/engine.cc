@@ -21,9 +21,10 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 }
 
 // Whether a request's blocks go back to the pool as they leave the model's sliding window
-// (EngineOptions::release_out_of_window_blocks; never a session's).
+// (EngineOptions::release_out_of_window_blocks; never a session's; not when some layer
+// sees the whole context, as Gemma 3's every sixth does).
 bool ReleasesOutOfWindow(const ModelConfig& c, const EngineOptions& o, SessionId session) {
-  return c.sliding_window > 0 && o.release_out_of_window_blocks && session == 0;
+  return c.CommonWindow() > 0 && o.release_out_of_window_blocks && session == 0;
 }
 
 }  // namespace
@@ -213,7 +214,7 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
   int64_t live = total;
   if (ReleasesOutOfWindow(c, options_, request.session)) {
     live = std::min<int64_t>(total, std::min<int64_t>(total, options_.max_batch_tokens) +
-                                        c.sliding_window - 1 + options_.block_size);
+                                        c.CommonWindow() - 1 + options_.block_size);
   }
   const int64_t blocks_needed = (live + options_.block_size - 1) / options_.block_size;
   if (blocks_needed > options_.num_blocks) {
@@ -375,7 +376,7 @@ void Engine::Impl::ReleaseBlocks(Sequence& s) {
 // the window (the CPU's split-key spans, the GPU's first tile) reads finite rows it then
 // masks, never a block another sequence may be writing. Sessions keep their blocks.
 void Engine::Impl::ReleaseOutOfWindow(Sequence& s) {
-  const int window = model.config.sliding_window;
+  const int window = model.config.CommonWindow();
   if (!ReleasesOutOfWindow(model.config, options, s.request.session) || s.blocks.empty()) return;
   const int first_seen = std::max(0, s.num_computed - window + 1);
   const int dead = std::min(first_seen / options.block_size, static_cast<int>(s.blocks.size()) - 1);

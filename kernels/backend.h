@@ -176,6 +176,11 @@ class Backend {
   virtual void Gelu(T* x, int64_t count) = 0;
   // out = silu(gate) ⊙ up, elementwise (SwiGLU).
   virtual void SwiGlu(const T* gate, const T* up, int64_t count, T* out) = 0;
+  // out = GELU(gate) ⊙ up, elementwise, GELU's tanh approximation (GeGLU: Gemma's
+  // gelu_pytorch_tanh). out may be gate.
+  virtual void GeGlu(const T* gate, const T* up, int64_t count, T* out) = 0;
+  // x ← factor · x, elementwise (Gemma's embeddings, times √D).
+  virtual void Scale(T* x, int64_t count, double factor) = 0;
   // y += x, elementwise (residual connections).
   virtual void Add(T* y, const T* x, int64_t count) = 0;
   // Copies N new rows of k and v (each row_elems = Hkv*Dh, src rows src_stride apart)

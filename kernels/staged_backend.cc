@@ -124,6 +124,24 @@ void StagedBackend::SwiGlu(const float* gate, const float* up, int64_t count, fl
   Fetch(out, 2, count);
 }
 
+void StagedBackend::GeGlu(const float* gate, const float* up, int64_t count, float* out) {
+  if (!status_.ok() || count <= 0 || !Ok(device_.MakeCurrent())) return;
+  const float* dg = Stage(0, gate, count);
+  const float* du = Stage(1, up, count);
+  float* dout = Stage(2, nullptr, count);
+  if (dg == nullptr || du == nullptr || dout == nullptr) return;
+  device_.GeGlu(dg, du, count, dout);
+  Fetch(out, 2, count);
+}
+
+void StagedBackend::Scale(float* x, int64_t count, double factor) {
+  if (!status_.ok() || count <= 0 || !Ok(device_.MakeCurrent())) return;
+  float* d = Stage(0, x, count);
+  if (d == nullptr) return;
+  device_.Scale(d, count, factor);
+  Fetch(x, 0, count);
+}
+
 void StagedBackend::Add(float* y, const float* x, int64_t count) {
   if (!status_.ok() || count <= 0 || !Ok(device_.MakeCurrent())) return;
   float* dy = Stage(0, y, count);

@@ -25,7 +25,7 @@ Coord RandomCoord(const ModelConfig& c, const SequenceInput<double>& in, TensorK
       at.row = pick(n);
       std::vector<int> visible;
       for (int j = 0; j < tk; ++j) {
-        if (KeyVisible(in, at.row, j, c.sliding_window)) visible.push_back(j);
+        if (KeyVisible(in, at.row, j, c.WindowOf(at.layer))) visible.push_back(j);
       }
       at.col = visible[pick(static_cast<int>(visible.size()))];
       break;

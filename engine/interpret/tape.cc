@@ -198,8 +198,8 @@ absl::Status AttentionLayer(Backend<T>& be, const ModelConfig& c, const Sequence
   a.head_dim = dh;
   a.query_offset = in.offset;
   a.causal = true;
-  a.window = c.sliding_window;
-  a.scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  a.window = c.WindowOf(layer);
+  a.scale = c.AttentionScale();
   if (!in.doc_ids.empty()) {
     a.q_doc_ids = in.doc_ids.data() + in.offset;
     a.k_doc_ids = in.doc_ids.data();
@@ -251,7 +251,7 @@ absl::Status AttentionLayer(Backend<T>& be, const ModelConfig& c, const Sequence
     for (int j = 0; j < end; ++j) max_s = std::max(max_s, s[j]);
     T z = 0;
     for (int j = 0; j < end; ++j) {
-      p[j] = KeyVisible(in, i, j, c.sliding_window) ? std::exp(s[j] - max_s) : T(0);
+      p[j] = KeyVisible(in, i, j, c.WindowOf(layer)) ? std::exp(s[j] - max_s) : T(0);
       z += p[j];
     }
     for (int j = 0; j < end; ++j) p[j] /= z;
@@ -261,7 +261,7 @@ absl::Status AttentionLayer(Backend<T>& be, const ModelConfig& c, const Sequence
     T* p = map_row(lt.probs, r.head, r.row);
     if (!r.probs.empty()) {
       for (int j = 0; j < tk; ++j) {
-        if (r.probs[j] < 0 || (r.probs[j] != 0 && !KeyVisible(in, r.row, j, c.sliding_window))) {
+        if (r.probs[j] < 0 || (r.probs[j] != 0 && !KeyVisible(in, r.row, j, c.WindowOf(layer)))) {
           return Bad(absl::StrCat("row override (layer ", layer, ", head ", r.head, ", row ", r.row,
                                   "): probability of key ", j,
                                   " must be ≥ 0, and 0 for a masked key"));
@@ -288,7 +288,8 @@ absl::Status AttentionLayer(Backend<T>& be, const ModelConfig& c, const Sequence
     T* o = lt.att.data() + i * D + int64_t{h} * dh;
     std::fill(o, o + dh, T(0));
     for (int j = 0; j < in.offset + i + 1; ++j) {
-      if (!KeyVisible(in, i, j, c.sliding_window)) continue;  // never read a masked key's value row
+      if (!KeyVisible(in, i, j, c.WindowOf(layer)))
+        continue;  // never read a masked key's value row
       const T* v = lt.v.data() + j * KVD + int64_t{kvh} * dh;
       for (int d = 0; d < dh; ++d) o[d] += p[j] * v[d];
     }
@@ -323,10 +324,12 @@ int64_t TapeBytes(const ModelConfig& c, int n, int num_keys, int elem_bytes, boo
   const int64_t D = c.dim, QD = c.q_dim(), KVD = c.kv_dim(), F = c.hidden_dim, L = c.num_layers;
   const int64_t H = c.num_heads, N = n, tk = num_keys;
   const int64_t maps = H * N * tk;  // one [H, n, Tk] map
-  // LayerTape: x, xn, h, hn; q, att; k, v; scores, probs; pre, act (+ up); q_pre, k_pre.
+  // LayerTape: x, xn, h, hn; q, att; k, v; scores, probs; pre, act (+ up); q_pre, k_pre;
+  // attn_proj, ffn_out.
   int64_t layer = 4 * N * D + 2 * N * QD + 2 * tk * KVD + 2 * maps + 2 * N * F;
   if (c.arch == Architecture::kLlama) layer += N * F;
   if (c.qk_norm) layer += N * QD + N * KVD;
+  if (c.sandwich_norms) layer += 2 * N * D;  // attn_proj, ffn_out
   // Tape: its layers, the prefix keys and values it copies, x_final, xf, logits.
   int64_t elems = L * layer + 2 * L * (tk - N) * KVD + 2 * N * D + N * c.vocab_size;
   // Gradients: scores, probs, q, k, v, attn_out per layer; L + 1 residuals.
@@ -425,9 +428,10 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
   for (int i = 0; i < n; ++i) t.positions[i] = input.offset + i;
   t.layers.resize(c.num_layers);
 
-  // token (and, for GPT-2, position) embeddings
+  // token (and, for GPT-2, position) embeddings; Gemma's times √D
   std::vector<T> x(n * D), proj(n * D);
   be.Embedding(w.token_embedding, input.tokens.data(), n, x.data());
+  if (c.embedding_scale != 1.0) be.Scale(x.data(), n * D, c.embedding_scale);
   if (c.arch == Architecture::kGpt2) {
     be.Embedding(w.position_embedding, t.positions.data(), n, proj.data());
     be.Add(x.data(), proj.data(), n * D);
@@ -455,7 +459,7 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
                  k_new.data());
     }
     if (c.arch == Architecture::kLlama) {
-      const kernels::RopeSpec rope = RopeOf(c, w);
+      const kernels::RopeSpec rope = RopeOf(c, w, l);
       be.Rope(lt.q.data(), n, QD, c.num_heads, c.head_dim, t.positions.data(), rope);
       be.Rope(k_new.data(), n, KVD, c.num_kv_heads, c.head_dim, t.positions.data(), rope);
     }
@@ -474,6 +478,10 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
     if (absl::Status s = AttentionLayer(be, c, input, l, edits, lt); !s.ok()) return s;
     // output projection and residual
     be.MatMul(lt.att.data(), n, lw.wo, lw.bo, proj.data());
+    if (c.sandwich_norms) {
+      lt.attn_proj = proj;
+      be.RmsNorm(lt.attn_proj.data(), n, c.dim, lw.post_attn_norm, c.norm_eps, proj.data());
+    }
     be.Add(x.data(), proj.data(), n * D);
     lt.h = x;
     // feed-forward block and residual
@@ -485,13 +493,21 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
       lt.up.resize(n * F);
       be.MatMul(lt.hn.data(), n, lw.w_in, kernels::WeightView{}, lt.pre.data());
       be.MatMul(lt.hn.data(), n, lw.w_up, kernels::WeightView{}, lt.up.data());
-      be.SwiGlu(lt.pre.data(), lt.up.data(), n * F, lt.act.data());
+      if (c.gate_activation == GateActivation::kGeluTanh) {
+        be.GeGlu(lt.pre.data(), lt.up.data(), n * F, lt.act.data());
+      } else {
+        be.SwiGlu(lt.pre.data(), lt.up.data(), n * F, lt.act.data());
+      }
     } else {
       be.MatMul(lt.hn.data(), n, lw.w_in, lw.b_in, lt.pre.data());
       lt.act = lt.pre;
       be.Gelu(lt.act.data(), n * F);
     }
     be.MatMul(lt.act.data(), n, lw.w_out, lw.b_out, proj.data());
+    if (c.sandwich_norms) {
+      lt.ffn_out = proj;
+      be.RmsNorm(lt.ffn_out.data(), n, c.dim, lw.post_ffn_norm, c.norm_eps, proj.data());
+    }
     be.Add(x.data(), proj.data(), n * D);
   }
 

@@ -1,7 +1,7 @@
 // Backward over a Tape: the reverse of RunForward, layer by layer (see tape.h).
 //
 //   dlogits ─ W_outᵀ ─ final-norm' ─▶ dx_L
-//   for l = L−1 … 0:
+//   for l = L−1 … 0:                       (Gemma 3: each block's output norm' first)
 //     dx_{l+1} ─┬─ W_out' ─ act' ─ W_in'/W_up' ─ ffn-norm' ─┐
 //               └──────────────────────────────────────── + ─▶ dh
 //     dh ─┬─ W_O' ─▶ dO ─ attention' ─▶ dQ, dK, dV ─ RoPE' ─ head norms' ─ W_Q'/W_K'/W_V' ┐
@@ -81,16 +81,25 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
   g.residual[L] = dx;
 
   std::vector<T> dact(n * F), dpre(n * F), dup(n * F), dhn(n * D), dh(n * D), tmp(n * D);
+  std::vector<T> dsandwich(c.sandwich_norms ? n * D : 0), dproj(c.sandwich_norms ? n * D : 0);
   for (int l = L - 1; l >= 0; --l) {
     const LayerWeights& lw = w.layers[l];
     const LayerTape<T>& lt = t.layers[l];
-    // feed-forward: dx flows to dh directly and through the FFN
+    // feed-forward: dx flows to dh directly and through the FFN (and its norm)
+    const T* dffn = dx.data();
+    if (c.sandwich_norms) {
+      kernels::RmsNormBackward(lt.ffn_out.data(), n, c.dim, lw.post_ffn_norm, c.norm_eps, dx.data(),
+                               dsandwich.data());
+      dffn = dsandwich.data();
+    }
     std::fill(dact.begin(), dact.end(), T(0));
-    if (absl::Status s = matmul_dx(dx.data(), n, lw.w_out, dact.data()); !s.ok()) return s;
+    if (absl::Status s = matmul_dx(dffn, n, lw.w_out, dact.data()); !s.ok()) return s;
     std::fill(dhn.begin(), dhn.end(), T(0));
     if (c.arch == Architecture::kLlama) {
-      kernels::SwiGluBackward(lt.pre.data(), lt.up.data(), dact.data(), n * F, dpre.data(),
-                              dup.data());
+      (c.gate_activation == GateActivation::kGeluTanh
+           ? kernels::GeGluBackward<T>
+           : kernels::SwiGluBackward<T>)(lt.pre.data(), lt.up.data(), dact.data(), n * F,
+                                         dpre.data(), dup.data());
       if (absl::Status s = matmul_dx(dup.data(), n, lw.w_up, dhn.data()); !s.ok()) return s;
     } else {
       kernels::GeluBackward(lt.pre.data(), dact.data(), n * F, dpre.data());
@@ -99,10 +108,16 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
     NormBackward(c, lw.ffn_norm, lt.h.data(), n, dhn.data(), tmp.data());
     for (int64_t e = 0; e < n * D; ++e) dh[e] = dx[e] + tmp[e];
 
-    // output projection (plus a probe's seed on O)
+    // output projection (and its norm; plus a probe's seed on O)
+    const T* dattn_proj = dh.data();
+    if (c.sandwich_norms) {
+      kernels::RmsNormBackward(lt.attn_proj.data(), n, c.dim, lw.post_attn_norm, c.norm_eps,
+                               dh.data(), dproj.data());
+      dattn_proj = dproj.data();
+    }
     std::vector<T>& datt = g.attn_out[l];
     datt.assign(n * QD, T(0));
-    if (absl::Status s = matmul_dx(dh.data(), n, lw.wo, datt.data()); !s.ok()) return s;
+    if (absl::Status s = matmul_dx(dattn_proj, n, lw.wo, datt.data()); !s.ok()) return s;
     if (!seed.probe_dout.empty() && seed.probe_layer == l) {
       for (int64_t e = 0; e < n * QD; ++e) datt[e] += seed.probe_dout[e];
     }
@@ -123,8 +138,8 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
     a.head_dim = c.head_dim;
     a.query_offset = off;
     a.causal = true;
-    a.window = c.sliding_window;
-    a.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+    a.window = c.WindowOf(l);
+    a.scale = c.AttentionScale();
     if (!t.input.doc_ids.empty()) {
       a.q_doc_ids = t.input.doc_ids.data() + off;
       a.k_doc_ids = t.input.doc_ids.data();
@@ -154,7 +169,7 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
       std::fill_n(dv.begin() + i * KVD, KVD, T(0));
     }
     if (c.arch == Architecture::kLlama) {
-      const kernels::RopeSpec rope = RopeOf(c, w);
+      const kernels::RopeSpec rope = RopeOf(c, w, l);
       kernels::RopeBackward(dq.data(), n, QD, c.num_heads, c.head_dim, t.positions.data(), rope);
       kernels::RopeBackward(dk.data(), n, KVD, c.num_kv_heads, c.head_dim, t.positions.data(),
                             rope);
@@ -183,7 +198,7 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
       kernels::MatMulBackwardWeight(dq.data(), lt.xn.data(), n, QD, D, p.wq.data());
       kernels::MatMulBackwardWeight(dk.data(), lt.xn.data(), n, KVD, D, p.wk.data());
       kernels::MatMulBackwardWeight(dv.data(), lt.xn.data(), n, KVD, D, p.wv.data());
-      kernels::MatMulBackwardWeight(dh.data(), lt.att.data(), n, D, QD, p.wo.data());
+      kernels::MatMulBackwardWeight(dattn_proj, lt.att.data(), n, D, QD, p.wo.data());
     }
     NormBackward(c, lw.attn_norm, lt.x.data(), n, dhn.data(), tmp.data());
     for (int64_t e = 0; e < n * D; ++e) dx[e] = dh[e] + tmp[e];

@@ -41,8 +41,8 @@ struct SequenceCache {
                                                                int64_t max_chunk = 0) {
     const int logical = static_cast<int>((tokens + block_size - 1) / block_size);
     int blocks = logical;
-    if (c.sliding_window > 0 && max_chunk > 0) {
-      const int64_t ring = (max_chunk + c.sliding_window - 1 + block_size - 1) / block_size;
+    if (const int window = c.CommonWindow(); window > 0 && max_chunk > 0) {
+      const int64_t ring = (max_chunk + window - 1 + block_size - 1) / block_size;
       blocks = static_cast<int>(std::min<int64_t>(logical, ring));
     }
     auto storage = KvCacheStorage<T>::Create(memory, c.num_layers, blocks, block_size, c.kv_dim(),

@@ -1,5 +1,6 @@
 #include "engine/model/gguf_model.h"
 
+#include <cmath>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,64 @@ absl::Status ReadInt(const GgufFile& f, const std::string& key, int& out) {
         absl::StrCat("GGUF metadata ", key, " = ", *v, " is out of range [1, 2^30]"));
   }
   out = static_cast<int>(*v);
+  return absl::OkStatus();
+}
+
+// Gemma 3 as llama.cpp runs it: with attention.sliding_window, every sixth layer sees the
+// whole context and the others the window, turning with an unscaled RoPE base of 10000
+// (rope.freq_base and rope.scaling are the full layers'); scores times 1/√head_dim, but
+// 1/√(D/H) for the 62-layer 27B (Hugging Face: query_pre_attn_scalar 168). A final logit
+// soft-cap is refused.
+absl::Status ReadGemma3Layers(const GgufFile& f, ModelConfig& c) {
+  if (f.Find("gemma3.final_logit_softcapping") != nullptr) {
+    double cap = 0.0;
+    KVLENS_ASSIGN_OR_RETURN(cap, f.GetFloat("gemma3.final_logit_softcapping"));
+    if (cap != 0.0) {
+      return absl::UnimplementedError(
+          absl::StrCat("GGUF gemma3.final_logit_softcapping = ", cap, " is not supported (none)"));
+    }
+  }
+  if (f.Find("gemma3.attention.sliding_window") != nullptr) {
+    if (auto s = ReadInt(f, "gemma3.attention.sliding_window", c.sliding_window); !s.ok()) {
+      return s;
+    }
+    for (int l = 0; l < c.num_layers; ++l) c.windowed_layers.push_back((l + 1) % 6 != 0);
+    c.rope_theta_windowed = 1e4;
+  }
+  if (c.num_layers == 62) {
+    c.attention_scale = 1.0 / std::sqrt(static_cast<double>(c.dim / c.num_heads));
+  }
+  return absl::OkStatus();
+}
+
+// {arch}.rope.scaling.type: "none", or "linear" (positions divided by rope.scaling.factor:
+// every frequency's divisor in w.rope_freqs, which must not be there already).
+absl::Status ReadRopeScaling(const GgufFile& f, const std::string& a, const ModelConfig& c,
+                             Weights& w) {
+  const std::string key = a + ".rope.scaling.type";
+  if (f.Find(key) == nullptr) return absl::OkStatus();
+  std::string_view type;
+  KVLENS_ASSIGN_OR_RETURN(type, f.GetString(key));
+  if (type == "none") return absl::OkStatus();
+  if (type != "linear") {
+    return absl::UnimplementedError(absl::StrCat("GGUF ", key, " = \"", std::string(type),
+                                                 "\" is not supported (none, linear)"));
+  }
+  double factor = 0.0;
+  KVLENS_ASSIGN_OR_RETURN(factor, f.GetFloat(a + ".rope.scaling.factor"));
+  if (!(factor > 0.0 && factor < 1e6)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GGUF ", a, ".rope.scaling.factor = ", factor, " must be in (0, 1e6)"));
+  }
+  if (!w.rope_freqs.empty()) {
+    return absl::UnimplementedError(
+        absl::StrCat("GGUF ", key, " = \"linear\" together with rope_freqs.weight"));
+  }
+  const int half = c.head_dim / 2;
+  auto factors = std::shared_ptr<float[]>(new float[half]);
+  for (int p = 0; p < half; ++p) factors[p] = static_cast<float>(factor);
+  w.rope_freqs = WeightView{factors.get(), kernels::DType::kF32, 1, half};
+  w.storage.push_back(std::shared_ptr<const void>(factors, factors.get()));
   return absl::OkStatus();
 }
 
@@ -59,17 +118,29 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
   // Phi-3 fuses q, k and v (attn_qkv) and gate and up (ffn_up), and rotates half-split
   // pairs; its sliding window (attention.sliding_window) is applied as Hugging Face applies
   // it (llama.cpp ignores it).
+  // Gemma gates its feed-forward with GELU (tanh), multiplies the embeddings by √D and
+  // rotates half-split pairs; llama.cpp's converter stores its RMSNorm weights plus one,
+  // so they scale as a Llama's do. Gemma 3 adds RMSNorms over each head of q and k and on
+  // the attention and feed-forward outputs, and layers windowed as llama.cpp has them
+  // (ReadGemma3Layers).
   const bool qwen2 = a == "qwen2", qwen3 = a == "qwen3", phi3 = a == "phi3";
-  if (a == "llama" || qwen2 || qwen3 || phi3) {
+  const bool gemma3 = a == "gemma3", gemma = a == "gemma" || gemma3;
+  if (a == "llama" || qwen2 || qwen3 || phi3 || gemma) {
     c.arch = Architecture::kLlama;
     c.qkv_bias = qwen2;
-    c.qk_norm = qwen3;
+    c.qk_norm = qwen3 || gemma3;
+    c.sandwich_norms = gemma3;
+    if (gemma) c.gate_activation = GateActivation::kGeluTanh;
   } else if (a == "gpt2") {
     c.arch = Architecture::kGpt2;
+  } else if (a == "gemma2") {
+    return absl::UnimplementedError(
+        "GGUF general.architecture = \"gemma2\" is not supported (its attention logit "
+        "soft-capping is not implemented; gemma and gemma3 are)");
   } else {
     return absl::UnimplementedError(
         absl::StrCat("GGUF general.architecture = \"", a,
-                     "\" is not supported (llama, qwen2, qwen3, phi3, gpt2)"));
+                     "\" is not supported (llama, qwen2, qwen3, phi3, gemma, gemma3, gpt2)"));
   }
   c.family = a;
   if (f.tensors().empty()) {
@@ -117,8 +188,12 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
     }
   }
   // llama.cpp's converter permutes Q/K rows so that "llama" rotates adjacent pairs.
-  c.rope_style =
-      qwen2 || qwen3 || phi3 ? kernels::RopeStyle::kHalfSplit : kernels::RopeStyle::kAdjacentPairs;
+  c.rope_style = qwen2 || qwen3 || phi3 || gemma ? kernels::RopeStyle::kHalfSplit
+                                                 : kernels::RopeStyle::kAdjacentPairs;
+  if (gemma) c.embedding_scale = std::sqrt(static_cast<double>(c.dim));
+  if (gemma3) {
+    if (absl::Status s = ReadGemma3Layers(f, c); !s.ok()) return s;
+  }
   if (phi3 && f.Find("phi3.attention.sliding_window") != nullptr) {
     if (auto s = ReadInt(f, "phi3.attention.sliding_window", c.sliding_window); !s.ok()) return s;
     if (c.sliding_window >= c.max_seq_len) c.sliding_window = 0;  // hides nothing
@@ -190,9 +265,13 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
           }
         }
       }
-      if (c.qk_norm) {  // Qwen3
+      if (c.qk_norm) {  // Qwen3, Gemma 3
         KVLENS_ASSIGN_OR_RETURN(lw.q_norm, t.Get(p + "attn_q_norm.weight", 1, c.head_dim));
         KVLENS_ASSIGN_OR_RETURN(lw.k_norm, t.Get(p + "attn_k_norm.weight", 1, c.head_dim));
+      }
+      if (c.sandwich_norms) {  // Gemma 3
+        KVLENS_ASSIGN_OR_RETURN(lw.post_attn_norm, t.Get(p + "post_attention_norm.weight", 1, D));
+        KVLENS_ASSIGN_OR_RETURN(lw.post_ffn_norm, t.Get(p + "post_ffw_norm.weight", 1, D));
       }
     } else {
       // GPT-2 keeps Q, K and V fused: rows [0, D) are Q, [D, 2D) K, [2D, 3D) V.
@@ -224,6 +303,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
     // Llama 3.1's rope scaling: per-pair divisors of the frequencies (ModelConfig checks
     // the shape, type and values).
     KVLENS_ASSIGN_OR_RETURN(w.rope_freqs, t.Optional("rope_freqs.weight"));
+    if (absl::Status s = ReadRopeScaling(f, a, c, w); !s.ok()) return s;
   }
   for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
     WeightView factors;

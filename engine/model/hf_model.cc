@@ -1,17 +1,20 @@
 #include "engine/model/hf_model.h"
 
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numbers>
 #include <set>
+#include <tuple>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/safetensors.h"
 #include "engine/status_macros.h"
 #include "engine/tokenizer/tokenizer_json.h"
+#include "kernels/weight.h"
 #include "nlohmann/json.hpp"
 
 namespace kvlens {
@@ -184,6 +187,16 @@ WeightView VectorSlice(const WeightView& v, int64_t first, int64_t count) {
   return WeightView{static_cast<const uint8_t*>(v.data) + first * elem, v.dtype, 1, count};
 }
 
+// Gemma's RMSNorm scales by (1 + weight), computed in float32 (Hugging Face's
+// GemmaRMSNorm): an f32 copy of the vector holding 1 + weight.
+WeightView OnePlus(const WeightView& v, std::vector<std::shared_ptr<const void>>& storage) {
+  auto buf = std::shared_ptr<float[]>(new float[v.cols]);
+  kernels::DequantizeRow(v, 0, buf.get());
+  for (int64_t i = 0; i < v.cols; ++i) buf[i] = 1.0f + buf[i];
+  storage.push_back(std::shared_ptr<const void>(buf, buf.get()));
+  return WeightView{buf.get(), kernels::DType::kF32, 1, v.cols};
+}
+
 absl::Status LoadGpt2Weights(const TensorSet& ts, const ModelConfig& c, Weights& w) {
   const int64_t D = c.dim, F = c.hidden_dim, V = c.vocab_size;
   // Checkpoints saved from GPT2LMHeadModel name tensors "transformer.wte.weight", …; those
@@ -234,11 +247,19 @@ absl::Status LoadGpt2Weights(const TensorSet& ts, const ModelConfig& c, Weights&
 
 absl::Status LoadLlamaWeights(const TensorSet& ts, const ModelConfig& c, Weights& w) {
   const int64_t D = c.dim, QD = c.q_dim(), F = c.hidden_dim, V = c.vocab_size, KVD = c.kv_dim();
-  KVLENS_ASSIGN_OR_RETURN(w.token_embedding, ts.Get("model.embed_tokens.weight", {V, D}));
+  // Gemma 3's multimodal checkpoints keep the language model under a prefix of its own.
+  std::string m = "model.";
+  for (const char* prefix : {"language_model.model.", "model.language_model."}) {
+    if (ts.Find(m + "embed_tokens.weight") == nullptr &&
+        ts.Find(absl::StrCat(prefix, "embed_tokens.weight")) != nullptr) {
+      m = prefix;
+    }
+  }
+  KVLENS_ASSIGN_OR_RETURN(w.token_embedding, ts.Get(m + "embed_tokens.weight", {V, D}));
   w.layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = w.layers[l];
-    const std::string p = absl::StrCat("model.layers.", l, ".");
+    const std::string p = absl::StrCat(m, "layers.", l, ".");
     KVLENS_ASSIGN_OR_RETURN(lw.attn_norm, ts.Get(p + "input_layernorm.weight", {D}));
     if (c.family == "phi3") {  // rows q | k | v of qkv_proj, gate | up of gate_up_proj
       WeightView qkv, gate_up;
@@ -257,7 +278,15 @@ absl::Status LoadLlamaWeights(const TensorSet& ts, const ModelConfig& c, Weights
       KVLENS_ASSIGN_OR_RETURN(lw.w_up, ts.Get(p + "mlp.up_proj.weight", {F, D}));
     }
     KVLENS_ASSIGN_OR_RETURN(lw.wo, ts.Get(p + "self_attn.o_proj.weight", {D, QD}));
-    KVLENS_ASSIGN_OR_RETURN(lw.ffn_norm, ts.Get(p + "post_attention_layernorm.weight", {D}));
+    if (c.sandwich_norms) {  // Gemma 3: post_attention_layernorm is the attention output's
+      KVLENS_ASSIGN_OR_RETURN(lw.post_attn_norm,
+                              ts.Get(p + "post_attention_layernorm.weight", {D}));
+      KVLENS_ASSIGN_OR_RETURN(lw.ffn_norm, ts.Get(p + "pre_feedforward_layernorm.weight", {D}));
+      KVLENS_ASSIGN_OR_RETURN(lw.post_ffn_norm,
+                              ts.Get(p + "post_feedforward_layernorm.weight", {D}));
+    } else {
+      KVLENS_ASSIGN_OR_RETURN(lw.ffn_norm, ts.Get(p + "post_attention_layernorm.weight", {D}));
+    }
     KVLENS_ASSIGN_OR_RETURN(lw.w_out, ts.Get(p + "mlp.down_proj.weight", {D, F}));
     if (c.qkv_bias) {  // Qwen2
       KVLENS_ASSIGN_OR_RETURN(lw.bq, ts.Get(p + "self_attn.q_proj.bias", {QD}));
@@ -269,12 +298,121 @@ absl::Status LoadLlamaWeights(const TensorSet& ts, const ModelConfig& c, Weights
       KVLENS_ASSIGN_OR_RETURN(lw.k_norm, ts.Get(p + "self_attn.k_norm.weight", {c.head_dim}));
     }
   }
-  KVLENS_ASSIGN_OR_RETURN(w.final_norm, ts.Get("model.norm.weight", {D}));
+  KVLENS_ASSIGN_OR_RETURN(w.final_norm, ts.Get(m + "norm.weight", {D}));
+  if (c.gate_activation == GateActivation::kGeluTanh) {  // Gemma's norms: 1 + weight
+    for (LayerWeights& lw : w.layers) {
+      for (WeightView* v : {&lw.attn_norm, &lw.ffn_norm, &lw.post_attn_norm, &lw.post_ffn_norm,
+                            &lw.q_norm, &lw.k_norm}) {
+        if (!v->empty()) *v = OnePlus(*v, w.storage);
+      }
+    }
+    w.final_norm = OnePlus(w.final_norm, w.storage);
+  }
   w.output = w.token_embedding;
   if (!c.tied_embeddings || ts.Find("lm_head.weight") != nullptr) {
     KVLENS_ASSIGN_OR_RETURN(w.output, ts.Get("lm_head.weight", {V, D}));
   }
   return absl::OkStatus();
+}
+
+// Gemma's gate: hidden_activation where config.json has it (gelu_pytorch_tanh, or its
+// twin gelu_new), else GELU's tanh approximation whatever hidden_act says, as Hugging
+// Face's Gemma has done since its first configs said "gelu" (and llama.cpp does).
+absl::Status ReadGemmaActivation(const json& cfg) {
+  std::string act;
+  if (auto s = ConfigValue<std::string>(cfg, "hidden_activation", act, "gelu_pytorch_tanh");
+      !s.ok())
+    return s;
+  if (act != "gelu_pytorch_tanh" && act != "gelu_new") {
+    return absl::UnimplementedError(absl::StrCat("config.json: hidden_activation \"", act,
+                                                 "\" is not supported (gelu_pytorch_tanh)"));
+  }
+  return absl::OkStatus();
+}
+
+// Gemma 3 (config.json's model_type "gemma3_text", or the text_config of a multimodal
+// "gemma3"; fields it leaves out take Gemma3TextConfig's defaults): a Gemma whose q and k
+// heads are RMS-normed, whose attention and feed-forward outputs are normed before their
+// residual adds, whose attention scale is query_pre_attn_scalar^−1/2, and whose layers
+// attend within sliding_window but every sliding_window_pattern-th (layer_types, where
+// given) over the whole context, rotating with rope_local_base_freq in the window and
+// rope_theta (and rope_scaling) outside it.
+absl::Status ReadGemma3Config(const json& t, ModelConfig& c) {
+  if (!t.is_object())
+    return absl::InvalidArgumentError("config.json: text_config is not an object");
+  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (t.contains(cap) && !t[cap].is_null()) {
+      return absl::UnimplementedError(
+          absl::StrCat("config.json: ", cap, " = ", t[cap].dump(), " is not supported (null)"));
+    }
+  }
+  if (absl::Status s = ReadGemmaActivation(t); !s.ok()) return s;
+  c.arch = Architecture::kLlama;
+  c.gate_activation = GateActivation::kGeluTanh;
+  c.qk_norm = true;
+  c.sandwich_norms = true;
+  c.rope_style = kernels::RopeStyle::kHalfSplit;
+  for (const auto& [key, out, fallback] :
+       {std::tuple<const char*, int*, int>{"hidden_size", &c.dim, 2304},
+        {"intermediate_size", &c.hidden_dim, 9216},
+        {"num_hidden_layers", &c.num_layers, 26},
+        {"num_attention_heads", &c.num_heads, 8},
+        {"num_key_value_heads", &c.num_kv_heads, 4},
+        {"head_dim", &c.head_dim, 256},
+        {"vocab_size", &c.vocab_size, 262208},
+        {"max_position_embeddings", &c.max_seq_len, 131072},
+        {"sliding_window", &c.sliding_window, 4096}}) {
+    if (absl::Status s = ConfigInt(t, {key}, *out, fallback); !s.ok()) return s;
+  }
+  if (c.sliding_window <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: sliding_window = ", c.sliding_window, " (a positive number of keys)"));
+  }
+  if (c.num_layers > 0 && t.contains("layer_types") && !t["layer_types"].is_null()) {
+    const json& types = t["layer_types"];
+    if (!types.is_array() || static_cast<int>(types.size()) != c.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.json: layer_types must list one type per layer (", c.num_layers, ")"));
+    }
+    for (const json& type : types) {
+      if (type != "sliding_attention" && type != "full_attention") {
+        return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types entry ",
+                                                       type.dump(),
+                                                       " (sliding_attention or full_attention)"));
+      }
+      c.windowed_layers.push_back(type == "sliding_attention");
+    }
+  } else if (c.num_layers > 0) {
+    int pattern = 6;
+    if (absl::Status s = ConfigInt(t, {"sliding_window_pattern"}, pattern, 6); !s.ok()) return s;
+    if (pattern <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: sliding_window_pattern = ", pattern, " must be positive"));
+    }
+    for (int l = 0; l < c.num_layers; ++l) c.windowed_layers.push_back((l + 1) % pattern != 0);
+  }
+  c.norm_eps = ConfigFloat(t, "rms_norm_eps", 1e-6);
+  c.rope_theta = ConfigFloat(t, "rope_theta", 1e6);
+  c.rope_theta_windowed = ConfigFloat(t, "rope_local_base_freq", 1e4);
+  const double query_scalar = ConfigFloat(t, "query_pre_attn_scalar", 256.0);
+  if (!(query_scalar > 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: query_pre_attn_scalar = ", query_scalar, " must be positive"));
+  }
+  c.attention_scale = 1.0 / std::sqrt(query_scalar);
+  if (auto s = ConfigValue(t, "tie_word_embeddings", c.tied_embeddings, true); !s.ok()) return s;
+  c.embedding_scale = std::sqrt(static_cast<double>(c.dim));
+  return absl::OkStatus();
+}
+
+// The config whose fields describe the language model: a multimodal Gemma 3's text_config,
+// else the file's own.
+const json& TextConfig(const json& cfg) {
+  if (cfg.is_object() && cfg.value("model_type", json()) == "gemma3" &&
+      cfg.contains("text_config")) {
+    return cfg["text_config"];
+  }
+  return cfg;
 }
 
 absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
@@ -283,7 +421,17 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
   if (auto s = ConfigValue<std::string>(cfg, "model_type", type, ""); !s.ok()) return s;
   const char* dim_key = "hidden_size";
   const char* heads_key = "num_attention_heads";
-  if (type == "gpt2") {
+  if (type == "gemma2") {
+    return absl::UnimplementedError(
+        "config.json: model_type \"gemma2\" is not supported (its attention logit "
+        "soft-capping, attn_logit_softcapping, is not implemented; Gemma and Gemma 3 are)");
+  }
+  if (type == "gemma3_text" || type == "gemma3") {
+    if (type == "gemma3" && !cfg.contains("text_config")) {
+      return absl::InvalidArgumentError("config.json: model_type gemma3 without a text_config");
+    }
+    if (absl::Status s = ReadGemma3Config(TextConfig(cfg), c); !s.ok()) return s;
+  } else if (type == "gpt2") {
     dim_key = "n_embd";
     heads_key = "n_head";
     c.arch = Architecture::kGpt2;
@@ -305,12 +453,18 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     if (auto s = ConfigValue(cfg, "tie_word_embeddings", c.tied_embeddings, true); !s.ok())
       return s;
   } else if (type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral" ||
-             type == "phi3") {
+             type == "phi3" || type == "gemma") {
     // Qwen2: a Llama with biases on q, k and v; Qwen3: no biases, an RMSNorm over each head
     // of q and k; Mistral: a Llama, with a sliding window in 7B v0.1; Phi-3: a Llama whose
     // q, k, v and gate, up are fused, with a sliding window (Qwen2's per-layer windows,
-    // use_sliding_window, are not implemented).
+    // use_sliding_window, are not implemented); Gemma: a Llama with a GeGLU feed-forward,
+    // embeddings times √hidden_size, RMSNorms scaling by 1 + weight (LoadLlamaWeights)
+    // and, by default, tied embeddings.
     c.arch = Architecture::kLlama;
+    if (type == "gemma") {
+      if (absl::Status s = ReadGemmaActivation(cfg); !s.ok()) return s;
+      c.gate_activation = GateActivation::kGeluTanh;
+    }
     c.qkv_bias = type == "qwen2";
     c.qk_norm = type == "qwen3";
     bool sliding = false;
@@ -352,19 +506,24 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
     c.norm_eps = ConfigFloat(cfg, "rms_norm_eps", 1e-6);
     c.rope_theta = ConfigFloat(cfg, "rope_theta", 10000.0);
     c.rope_style = kernels::RopeStyle::kHalfSplit;
-    if (auto s = ConfigValue(cfg, "tie_word_embeddings", c.tied_embeddings, false); !s.ok())
+    if (auto s = ConfigValue(cfg, "tie_word_embeddings", c.tied_embeddings, type == "gemma");
+        !s.ok())
       return s;
+    if (type == "gemma") c.embedding_scale = std::sqrt(static_cast<double>(c.dim));
   } else {
     return absl::UnimplementedError(
         absl::StrCat("config.json: model_type \"", type,
-                     "\" is not supported (gpt2, llama, mistral, phi3, qwen2, qwen3)"));
+                     "\" is not supported (gemma, gemma3, gemma3_text, gpt2, llama, mistral, "
+                     "phi3, qwen2, qwen3)"));
   }
   c.family = type;
   // The head size: head_dim where config.json has it (Qwen3: 128 with hidden_size 1024
   // and 16 heads), else hidden_size / heads.
   const bool own_head_dim =
       c.arch == Architecture::kLlama && cfg.contains("head_dim") && !cfg["head_dim"].is_null();
-  if (own_head_dim) {
+  if (type == "gemma3_text" || type == "gemma3") {
+    // ReadGemma3Config read head_dim (Gemma3TextConfig's default: 256)
+  } else if (own_head_dim) {
     if (auto s = ConfigInt(cfg, {"head_dim"}, c.head_dim); !s.ok()) return s;
   } else {
     if (c.num_heads > 0 && c.dim % c.num_heads != 0) {
@@ -384,7 +543,9 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
 // (as Hugging Face's _compute_llama3_parameters and llama.cpp's converter do): 1 where a
 // pair's wavelength 2π/freq is under original/high_freq_factor, `factor` where it is over
 // original/low_freq_factor, and 1/((1 − s)/factor + s) between them, s = (original/wavelength
-// − low) / (high − low). Other rope types are UNIMPLEMENTED, naming them.
+// − low) / (high − low); or "linear" (Gemma 3's global layers), which divides every
+// frequency by `factor` (positions divided by it). Other rope types are UNIMPLEMENTED,
+// naming them.
 absl::Status ReadRopeScaling(const json& cfg, const ModelConfig& c, Weights& w) {
   if (!cfg.contains("rope_scaling") || cfg["rope_scaling"].is_null()) return absl::OkStatus();
   const json& rs = cfg["rope_scaling"];
@@ -399,9 +560,24 @@ absl::Status ReadRopeScaling(const json& cfg, const ModelConfig& c, Weights& w) 
     }
     if (!type.empty()) break;
   }
+  const int half = c.head_dim / 2;
+  auto factors = std::shared_ptr<float[]>(new float[half]);
+  auto keep = [&] {
+    w.rope_freqs = WeightView{factors.get(), kernels::DType::kF32, 1, half};
+    w.storage.push_back(std::shared_ptr<const void>(factors, factors.get()));
+    return absl::OkStatus();
+  };
+  if (type == "linear") {
+    if (!rs.contains("factor") || !rs["factor"].is_number() || !(rs["factor"].get<double>() > 0)) {
+      return absl::InvalidArgumentError(
+          "config.json: rope_scaling.factor must be a positive number");
+    }
+    for (int p = 0; p < half; ++p) factors[p] = static_cast<float>(rs["factor"].get<double>());
+    return keep();
+  }
   if (type != "llama3") {
     return absl::UnimplementedError(absl::StrCat("config.json: rope_scaling.rope_type \"", type,
-                                                 "\" is not supported (llama3)"));
+                                                 "\" is not supported (llama3, linear)"));
   }
   double v[4];
   const char* keys[4] = {"factor", "low_freq_factor", "high_freq_factor",
@@ -418,8 +594,6 @@ absl::Status ReadRopeScaling(const json& cfg, const ModelConfig& c, Weights& w) 
     return absl::InvalidArgumentError(absl::StrCat("config.json: rope_scaling.high_freq_factor = ",
                                                    high, " must exceed low_freq_factor = ", low));
   }
-  const int half = c.head_dim / 2;
-  auto factors = std::shared_ptr<float[]>(new float[half]);
   for (int p = 0; p < half; ++p) {
     const double wavelength =
         2.0 * std::numbers::pi / kernels::RopeSpec{c.rope_theta}.Frequency(p, c.head_dim);
@@ -432,9 +606,7 @@ absl::Status ReadRopeScaling(const json& cfg, const ModelConfig& c, Weights& w) 
     }
     factors[p] = static_cast<float>(divisor);
   }
-  w.rope_freqs = WeightView{factors.get(), kernels::DType::kF32, 1, half};
-  w.storage.push_back(std::shared_ptr<const void>(factors, factors.get()));
-  return absl::OkStatus();
+  return keep();
 }
 
 absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir) {
@@ -454,7 +626,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir) {
   if (!s.ok()) return s;
   ts.KeepAlive(model->weights.storage);
   if (c.arch == Architecture::kLlama) {
-    if (absl::Status r = ReadRopeScaling(*cfg, c, model->weights); !r.ok()) return r;
+    if (absl::Status r = ReadRopeScaling(TextConfig(*cfg), c, model->weights); !r.ok()) return r;
   }
 
   const fs::path tok = fs::path(dir) / "tokenizer.json";

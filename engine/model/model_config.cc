@@ -1,5 +1,7 @@
 #include "engine/model/model_config.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvlens {
@@ -23,6 +25,17 @@ absl::Status Positive(absl::string_view field, int64_t v, int64_t limit) {
   return absl::OkStatus();
 }
 }  // namespace
+
+int ModelConfig::CommonWindow() const {
+  for (bool windowed : windowed_layers) {
+    if (!windowed) return 0;
+  }
+  return sliding_window;
+}
+
+double ModelConfig::AttentionScale() const {
+  return attention_scale > 0.0 ? attention_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
 
 absl::Status ModelConfig::Validate() const {
   constexpr int64_t kMax = 1 << 20;
@@ -65,6 +78,27 @@ absl::Status ModelConfig::Validate() const {
   if (!(norm_eps > 0.0 && norm_eps < 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("model config: norm_eps = ", norm_eps, " must be in (0, 1)"));
+  }
+  if (!windowed_layers.empty() && static_cast<int>(windowed_layers.size()) != num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: windowed_layers has ",
+                                                   windowed_layers.size(),
+                                                   " entries, expected num_layers = ", num_layers));
+  }
+  if (!(rope_theta_windowed >= 0.0) || !(attention_scale >= 0.0 && attention_scale < 1e6)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: rope_theta_windowed = ", rope_theta_windowed, " and attention_scale = ",
+        attention_scale, " must be non-negative (0: the default) and finite"));
+  }
+  if (sandwich_norms && arch != Architecture::kLlama) {
+    return absl::InvalidArgumentError("model config: sandwich_norms needs the llama architecture");
+  }
+  if (!(embedding_scale > 0.0 && embedding_scale < 1e6)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: embedding_scale = ", embedding_scale, " must be in (0, 1e6)"));
+  }
+  if (gate_activation != GateActivation::kSilu && arch != Architecture::kLlama) {
+    return absl::InvalidArgumentError(
+        "model config: gate_activation applies to the llama architecture only");
   }
   if (!(rope_theta > 0.0)) {
     return absl::InvalidArgumentError(

@@ -24,8 +24,11 @@ Transformer<T>::Transformer(const Model& model, kernels::Backend<T>& backend)
       hidden_(backend.memory()),
       up_(backend.memory()),
       logits_(backend.memory()),
-      probs_(backend.memory()),
-      rope_(RopeOf(model.config, model.weights)) {}
+      probs_(backend.memory()) {
+  for (int l = 0; l < model.config.num_layers; ++l) {
+    ropes_.push_back(RopeOf(model.config, model.weights, l));
+  }
+}
 
 template <typename T>
 absl::Status Transformer<T>::Validate(absl::Span<const BatchEntry> batch,
@@ -99,7 +102,14 @@ void Transformer<T>::Norm(const WeightView& weight, const WeightView& bias, int 
 template <typename T>
 void Transformer<T>::FeedForward(const LayerWeights& lw, int n) {
   const int64_t F = config_.hidden_dim;
-  if (config_.arch == Architecture::kLlama) {
+  if (config_.arch == Architecture::kLlama &&
+      config_.gate_activation == GateActivation::kGeluTanh) {
+    // GeGLU (Gemma): w_out · (gelu(w_in x) ⊙ w_up x)
+    const kernels::MatMulOutput<T> gate_up[] = {{lw.w_in, WeightView{}, hidden_.data()},
+                                                {lw.w_up, WeightView{}, up_.data()}};
+    backend_.MatMulMany(xn_.data(), n, gate_up);
+    backend_.GeGlu(hidden_.data(), up_.data(), n * F, hidden_.data());
+  } else if (config_.arch == Architecture::kLlama) {
     // SwiGLU: w_out · (silu(w_in x) ⊙ w_up x)
     backend_.MatMulSwiGlu(xn_.data(), n, lw.w_in, lw.w_up, up_.data(), hidden_.data());
   } else {
@@ -189,6 +199,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   // token (and, for GPT-2, position) embeddings. A residual still to be added to x_ waits
   // in proj_ (proj_pending) and is added by the next norm, fused where the backend can.
   backend_.Embedding(w.token_embedding, tokens.data(), n, x_.data());
+  if (c.embedding_scale != 1.0) backend_.Scale(x_.data(), n * D, c.embedding_scale);
   bool proj_pending = false;
   if (c.arch == Architecture::kGpt2) {
     backend_.Embedding(w.position_embedding, positions_.data(), n, proj_.data());
@@ -210,7 +221,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     // (rotary positions on q and k, and) new keys and values into the paged cache
     if (c.arch == Architecture::kLlama) {
       backend_.RopeQKStoreKv(q_.data(), QD, c.num_heads, k_.data(), v_.data(), KVD, c.num_kv_heads,
-                             n, c.head_dim, positions_.data(), rope_, rows_.data(), cache.k(l),
+                             n, c.head_dim, positions_.data(), ropes_[l], rows_.data(), cache.k(l),
                              cache.v(l), KVD, cache.dtype());
     } else {
       backend_.StoreKv(k_.data(), v_.data(), n, KVD, KVD, rows_.data(), cache.k(l), cache.v(l), KVD,
@@ -234,8 +245,8 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       a.head_dim = c.head_dim;
       a.query_offset = b.num_cached;
       a.causal = true;
-      a.window = c.sliding_window;
-      a.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+      a.window = c.WindowOf(l);
+      a.scale = c.AttentionScale();
       if (!b.doc_ids.empty()) {
         a.q_doc_ids = b.doc_ids.data() + b.num_cached;
         a.k_doc_ids = b.doc_ids.data();
@@ -276,11 +287,17 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
                                                    ", layer ", l, ": ", s.message()));
       }
     }
-    // output projection, its residual and the feed-forward norm
+    // output projection (Gemma 3: and its norm), its residual and the feed-forward norm
     backend_.MatMul(att_.data(), n, lw.wo, lw.bo, proj_.data());
+    if (c.sandwich_norms) {
+      backend_.RmsNorm(proj_.data(), n, c.dim, lw.post_attn_norm, c.norm_eps, proj_.data());
+    }
     Norm(lw.ffn_norm, lw.ffn_norm_bias, n, /*add_proj=*/true);
-    // feed-forward block; its residual waits for the next norm
+    // feed-forward block (and its norm); its residual waits for the next norm
     FeedForward(lw, n);
+    if (c.sandwich_norms) {
+      backend_.RmsNorm(proj_.data(), n, c.dim, lw.post_ffn_norm, c.norm_eps, proj_.data());
+    }
     proj_pending = true;
   }
   if (proj_pending) backend_.Add(x_.data(), proj_.data(), n * D);

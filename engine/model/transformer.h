@@ -105,7 +105,7 @@ class Transformer {
   kernels::Buffer<T> probs_;   // [H, Tq, Tk] one captured layer (device backends only)
   // Index arrays stay on the host (the backend contract).
   std::vector<int32_t> positions_;                // [N]
-  kernels::RopeSpec rope_;                        // the model's (RopeOf)
+  std::vector<kernels::RopeSpec> ropes_;          // each layer's (RopeOf)
   std::vector<int64_t> rows_;                     // [N] physical cache row of each new token
   std::vector<kernels::AttentionArgs<T>> calls_;  // one layer's attention, entry by entry
   std::vector<int> call_entries_;                 // the batch entry of each call

@@ -20,10 +20,14 @@ absl::Status CheckShape(absl::string_view tensor_name, const WeightView& w, int6
   return absl::OkStatus();
 }
 
-kernels::RopeSpec RopeOf(const ModelConfig& c, const Weights& w) {
+kernels::RopeSpec RopeOf(const ModelConfig& c, const Weights& w, int layer) {
   kernels::RopeSpec rope;
-  rope.theta = c.rope_theta;
   rope.style = c.rope_style;
+  if (c.rope_theta_windowed > 0.0 && c.WindowOf(layer) > 0) {
+    rope.theta = c.rope_theta_windowed;
+    return rope;
+  }
+  rope.theta = c.rope_theta;
   if (!w.rope_freqs.empty()) rope.freq_factors = static_cast<const float*>(w.rope_freqs.data);
   return rope;
 }

@@ -28,6 +28,8 @@ struct LayerWeights {
   WeightView wo;              // [D, H·Dh]
   WeightView bo;              // [1, D] (GPT-2)
   WeightView ffn_norm;        // [1, D]
+  WeightView post_attn_norm;  // [1, D]  RMSNorm of the attention output (sandwich_norms)
+  WeightView post_ffn_norm;   // [1, D]  RMSNorm of the feed-forward output (sandwich_norms)
   WeightView ffn_norm_bias;   // [1, D] (GPT-2)
   WeightView w_in;            // [F, D]  Llama: gate (w1); GPT-2: c_fc
   WeightView b_in;            // [1, F]  (GPT-2)
@@ -56,8 +58,9 @@ struct Weights {
 absl::Status CheckShape(absl::string_view tensor_name, const WeightView& w, int64_t rows,
                         int64_t cols);
 
-// The model's RoPE: the config's theta and style, with rope_freqs' factors when present.
-kernels::RopeSpec RopeOf(const ModelConfig& c, const Weights& w);
+// Layer `layer`'s RoPE: the config's theta and style, with rope_freqs' factors when
+// present; a windowed layer's rope_theta_windowed, without factors, when that is set.
+kernels::RopeSpec RopeOf(const ModelConfig& c, const Weights& w, int layer);
 
 // The stored types of the linear weights (every layer's projections and the output), most
 // parameters first, joined by "+": "f16" for a plain model, "q4_K+q6_K" for a Q4_K_M file.

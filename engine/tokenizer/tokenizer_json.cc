@@ -124,8 +124,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerFromJson(const std::string& 
     if (auto s = put(content, id, special ? TokenType::kControl : TokenType::kUserDefined); !s.ok())
       return s;
     if (content == "<|endoftext|>") bos = eos = static_cast<int32_t>(id);
-    if (content == "<s>" || content == "<|begin_of_text|>") bos = static_cast<int32_t>(id);
-    if (content == "</s>" || content == "<|end_of_text|>") eos = static_cast<int32_t>(id);
+    if (content == "<s>" || content == "<|begin_of_text|>" || content == "<bos>") {
+      bos = static_cast<int32_t>(id);
+    }
+    if (content == "</s>" || content == "<|end_of_text|>" || content == "<eos>") {
+      eos = static_cast<int32_t>(id);
+    }
     if (content == "<unk>") unk = static_cast<int32_t>(id);
   }
   for (size_t i = 0; i < pieces.size(); ++i) {

@@ -669,6 +669,19 @@ void CpuBackend::SwiGlu(const float* gate, const float* up, int64_t count, float
   });
 }
 
+void CpuBackend::GeGlu(const float* gate, const float* up, int64_t count, float* out) {
+  ParallelRange(count, 1 << 14, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = GeluOne(gate[i]) * up[i];
+  });
+}
+
+void CpuBackend::Scale(float* x, int64_t count, double factor) {
+  const float f = static_cast<float>(factor);
+  ParallelRange(count, 1 << 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) x[i] *= f;
+  });
+}
+
 void CpuBackend::Add(float* y, const float* x, int64_t count) {
   ParallelRange(count, 1 << 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) y[i] += x[i];

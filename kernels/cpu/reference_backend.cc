@@ -105,6 +105,19 @@ void ReferenceBackend::SwiGlu(const double* gate, const double* up, int64_t coun
   for (int64_t i = 0; i < count; ++i) out[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
 }
 
+// out = GELU(gate) ⊙ up (GELU as above)
+void ReferenceBackend::GeGlu(const double* gate, const double* up, int64_t count, double* out) {
+  const double k = std::sqrt(2.0 / std::numbers::pi);
+  for (int64_t i = 0; i < count; ++i) {
+    const double g = gate[i];
+    out[i] = 0.5 * g * (1.0 + std::tanh(k * (g + 0.044715 * g * g * g))) * up[i];
+  }
+}
+
+void ReferenceBackend::Scale(double* x, int64_t count, double factor) {
+  for (int64_t i = 0; i < count; ++i) x[i] *= factor;
+}
+
 void ReferenceBackend::Add(double* y, const double* x, int64_t count) {
   for (int64_t i = 0; i < count; ++i) y[i] += x[i];
 }

@@ -22,6 +22,8 @@ class ReferenceBackend final : public Backend<double> {
             const int32_t* positions, const RopeSpec& rope) override;
   void Gelu(double* x, int64_t count) override;
   void SwiGlu(const double* gate, const double* up, int64_t count, double* out) override;
+  void GeGlu(const double* gate, const double* up, int64_t count, double* out) override;
+  void Scale(double* x, int64_t count, double factor) override;
   void Add(double* y, const double* x, int64_t count) override;
   void StoreKv(const double* k, const double* v, int n, int64_t src_stride, int64_t row_elems,
                const int64_t* dst_rows, void* k_cache, void* v_cache, int64_t cache_stride,

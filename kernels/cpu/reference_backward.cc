@@ -220,6 +220,18 @@ void SwiGluBackward(const T* gate, const T* up, const T* dout, int64_t count, T*
   }
 }
 
+template <typename T>
+void GeGluBackward(const T* gate, const T* up, const T* dout, int64_t count, T* dgate, T* dup) {
+  const double k = std::sqrt(2.0 / std::numbers::pi);
+  for (int64_t i = 0; i < count; ++i) {
+    const double g = gate[i];
+    const double t = std::tanh(k * (g + 0.044715 * g * g * g));
+    const double d = 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * g * g);
+    dgate[i] = static_cast<T>(dout[i] * static_cast<double>(up[i]) * d);
+    dup[i] = static_cast<T>(dout[i] * 0.5 * g * (1.0 + t));
+  }
+}
+
 #define KVLENS_INSTANTIATE_BACKWARD(T)                                                             \
   template absl::Status AttentionBackward<T>(const AttentionBackwardArgs<T>&);                     \
   template void SoftmaxBackwardRow<T>(const T*, const T*, int, T*);                                \
@@ -229,7 +241,8 @@ void SwiGluBackward(const T* gate, const T* up, const T* dout, int64_t count, T*
   template void LayerNormBackward<T>(const T*, int, int, const WeightView&, double, const T*, T*); \
   template void RopeBackward<T>(T*, int, int64_t, int, int, const int32_t*, const RopeSpec&);      \
   template void GeluBackward<T>(const T*, const T*, int64_t, T*);                                  \
-  template void SwiGluBackward<T>(const T*, const T*, const T*, int64_t, T*, T*);
+  template void SwiGluBackward<T>(const T*, const T*, const T*, int64_t, T*, T*);                  \
+  template void GeGluBackward<T>(const T*, const T*, const T*, int64_t, T*, T*);
 
 KVLENS_INSTANTIATE_BACKWARD(float)
 KVLENS_INSTANTIATE_BACKWARD(double)

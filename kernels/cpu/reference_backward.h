@@ -55,6 +55,10 @@ void GeluBackward(const T* x, const T* dy, int64_t count, T* dx);
 // out = silu(gate) ⊙ up:  dgate = dout ⊙ up ⊙ σ(g)(1 + g(1 − σ(g))),  dup = dout ⊙ silu(g).
 template <typename T>
 void SwiGluBackward(const T* gate, const T* up, const T* dout, int64_t count, T* dgate, T* dup);
+// out = GELU(gate) ⊙ up (tanh approximation):  dgate = dout ⊙ up ⊙ GELU'(g),
+// dup = dout ⊙ GELU(g).
+template <typename T>
+void GeGluBackward(const T* gate, const T* up, const T* dout, int64_t count, T* dgate, T* dup);
 
 }  // namespace kvlens::kernels
 

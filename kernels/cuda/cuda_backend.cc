@@ -601,6 +601,16 @@ void CudaBackend::SwiGlu(const float* gate, const float* up, int64_t count, floa
   Ok(Launch(&LaunchSwiGlu, gate, up, count, out));
 }
 
+void CudaBackend::GeGlu(const float* gate, const float* up, int64_t count, float* out) {
+  if (!status_.ok()) return;
+  Ok(Launch(&LaunchGeGlu, gate, up, count, out));
+}
+
+void CudaBackend::Scale(float* x, int64_t count, double factor) {
+  if (!status_.ok()) return;
+  Ok(Launch(&LaunchScale, x, count, factor));
+}
+
 void CudaBackend::Add(float* y, const float* x, int64_t count) {
   if (!status_.ok()) return;
   Ok(Launch(&LaunchAdd, y, x, count));

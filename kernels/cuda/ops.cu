@@ -206,6 +206,24 @@ __global__ void SwiGluKernel(const float* gate, const float* up, int64_t count, 
   }
 }
 
+__global__ void GeGluKernel(const float* gate, const float* up, int64_t count, float* out) {
+  WaitForPriorGrids();                  // first: see launch.cuh
+  const float k = 0.7978845608028654f;  // √(2/π), as GeluKernel
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
+__global__ void ScaleKernel(float* x, int64_t count, float factor) {
+  WaitForPriorGrids();  // first: see launch.cuh
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] *= factor;
+  }
+}
+
 __global__ void AddKernel(float* y, const float* x, int64_t count) {
   WaitForPriorGrids();  // first: see launch.cuh
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
@@ -385,6 +403,23 @@ absl::Status LaunchSwiGlu(const float* gate, const float* up, int64_t count, flo
   LaunchKernel("SwiGluKernel", SwiGluKernel, GridFor(count), kThreads, 0, stream, gate, up, count,
                out);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SwiGluKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchGeGlu(const float* gate, const float* up, int64_t count, float* out,
+                         cudaStream_t stream) {
+  if (count <= 0) return absl::OkStatus();
+  LaunchKernel("GeGluKernel", GeGluKernel, GridFor(count), kThreads, 0, stream, gate, up, count,
+               out);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("GeGluKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchScale(float* x, int64_t count, double factor, cudaStream_t stream) {
+  if (count <= 0) return absl::OkStatus();
+  LaunchKernel("ScaleKernel", ScaleKernel, GridFor(count), kThreads, 0, stream, x, count,
+               static_cast<float>(factor));
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("ScaleKernel");
   return absl::OkStatus();
 }
 

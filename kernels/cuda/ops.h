@@ -46,6 +46,11 @@ absl::Status LaunchRopeQK(float* q, int64_t q_stride, int q_heads, float* k, int
 absl::Status LaunchGelu(float* x, int64_t count, cudaStream_t stream);
 absl::Status LaunchSwiGlu(const float* gate, const float* up, int64_t count, float* out,
                           cudaStream_t stream);
+// out = GELU(gate) ⊙ up (tanh approximation); out may be gate.
+absl::Status LaunchGeGlu(const float* gate, const float* up, int64_t count, float* out,
+                         cudaStream_t stream);
+// x ← float(factor) · x
+absl::Status LaunchScale(float* x, int64_t count, double factor, cudaStream_t stream);
 absl::Status LaunchAdd(float* y, const float* x, int64_t count, cudaStream_t stream);
 // y[r, c] += bias[c] for r < n, c < cols
 absl::Status LaunchAddBias(float* y, int n, int64_t cols, const void* bias, DType dtype,

@@ -358,6 +358,36 @@ TEST(CudaEngineLogits, Qwen3HeadNormsAndWideHeadsWithinToleranceOfCpu) {
   ExpectPrefillAndChunksCloseToCpu(*model, cuda, 100, 6);
 }
 
+// Gemma's shape: a GELU(tanh)-gated feed-forward, embeddings times √128, and heads of 256
+// (2 query heads over a stream of 128, one KV head), which the flash kernel does not take:
+// split-KV attention in the prefill too. One prefill and chunks of 7; then Gemma 3's.
+TEST(CudaEngineLogits, GemmaGeGluAndHeadSize256WithinToleranceOfCpu) {
+  KVLENS_REQUIRE_CUDA(cuda);
+  testing::TinySpec spec;
+  spec.arch = Architecture::kLlama;
+  spec.rope_style = kernels::RopeStyle::kHalfSplit;
+  spec.dim = 128;
+  spec.heads = 2;
+  spec.kv_heads = 1;
+  spec.head_dim = 256;
+  spec.gemma = true;
+  spec.hidden = 256;
+  spec.vocab = 50;
+  spec.max_seq = 128;
+  spec.seed = 12;
+  const std::unique_ptr<Model> model = testing::MakeTinyModel(spec);
+  ASSERT_EQ(model->config.q_dim(), 512);
+  ExpectPrefillAndChunksCloseToCpu(*model, cuda, 100, 6);
+  // Gemma 3: norms on each block's outputs and over each head of q and k, layer 0 within 20
+  // keys (RoPE base 1e4), layer 1 over all of them (base 1e6), scores times 0.3.
+  spec.gemma3 = true;
+  spec.qk_norm = true;
+  spec.window = 20;
+  const std::unique_ptr<Model> gemma3 = testing::MakeTinyModel(spec);
+  ASSERT_EQ(gemma3->config.WindowOf(1), 0);
+  ExpectPrefillAndChunksCloseToCpu(*gemma3, cuda, 100, 6);
+}
+
 // Mistral 7B v0.1's sliding window (here 50 positions over 300 tokens): one prefill (the
 // flash kernel masks each tile to the rows' windows) and chunks of 7 (split-KV, most
 // splits outside the window), each against the CpuBackend, whose window the oracle checks

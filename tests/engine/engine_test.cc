@@ -439,6 +439,53 @@ TEST_F(EngineTest, SlidingWindowReleasesBlocksAsTheyLeaveIt) {
   EXPECT_EQ(BlocksUsedWhenIdle(cached), 0);
 }
 
+// A model whose last layer sees the whole context (Gemma 3's pattern: stories260K with
+// layers 0–3 windowed to 16 positions, layer 4 not) keeps every block of a sequence: the
+// 65-token request is refused by a 10-block pool (naming its 17 blocks), and in a pool of
+// 20 holds all it stores at once (16: the last token's keys never are) and streams offline
+// generation's tokens, whose cache is no ring.
+TEST_F(EngineTest, AWindowNotEveryLayerKeepsReleasesNothing) {
+  model_->config.sliding_window = 16;
+  model_->config.windowed_layers = {true, true, true, true, false};
+  struct MaxUsed : EngineObserver {
+    std::atomic<int> max_used{0};
+    void OnStep(const StepStats& s) override {
+      max_used = std::max(max_used.load(), s.blocks_used);
+    }
+    void OnPreemption() override {}
+    void OnPrefixLookup(int, int) override {}
+  } observer;
+  EngineOptions o;
+  o.block_size = 4;
+  o.num_blocks = 10;
+  o.max_batch_tokens = 8;
+  GenerationRequest r = Greedy("Once upon a time", 60);
+  const int total = static_cast<int>(r.prompt.size()) + 60;
+  ASSERT_EQ((total + 3) / 4, 17);
+  {
+    Engine engine(*model_, backend_, o);
+    const absl::Status s = engine.Submit(r).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find("needs 17 KV-cache blocks"), std::string::npos) << s;
+  }
+  o.num_blocks = 20;
+  Engine engine(*model_, backend_, o, &observer);
+  const std::vector<int32_t> offline = Offline(r.prompt, 60);
+  EXPECT_EQ(RunOne(engine, r).tokens, offline);
+  EXPECT_EQ(observer.max_used.load(), 16);  // the last token's keys are never stored
+  GenerateOptions chunked;
+  chunked.max_new_tokens = 60;
+  chunked.stop_at_eos = false;
+  chunked.prefill_chunk = 3;
+  chunked.block_size = 4;
+  auto g = Generate<float>(*model_, backend_, r.prompt, chunked);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->tokens, offline);
+  // The windowed layers alone would have changed them: the same model windowed everywhere.
+  model_->config.windowed_layers.clear();
+  EXPECT_NE(Offline(r.prompt, 60), offline);
+}
+
 // Released blocks' table entries alias a live block, so a kernel that reads keys just
 // before a window (the CPU's split-key spans, the GPU's first tile) reads finite rows it
 // masks. The streamed attention rows are exactly 0 before each query's window (position

@@ -37,6 +37,10 @@ class CpuForwardingBackend : public kernels::Backend<float> {
   void SwiGlu(const float* g, const float* u, int64_t count, float* out) override {
     cpu_.SwiGlu(g, u, count, out);
   }
+  void GeGlu(const float* g, const float* u, int64_t count, float* out) override {
+    cpu_.GeGlu(g, u, count, out);
+  }
+  void Scale(float* x, int64_t count, double factor) override { cpu_.Scale(x, count, factor); }
   void Add(float* y, const float* x, int64_t count) override { cpu_.Add(y, x, count); }
   void StoreKv(const float* k, const float* v, int n, int64_t src_stride, int64_t row_elems,
                const int64_t* dst_rows, void* k_cache, void* v_cache, int64_t cache_stride,

@@ -129,6 +129,12 @@ TEST_F(StagedBackendTest, InPlaceOpsEqualTheCpuBackendAndKeepThePadding) {
   cpu_.SwiGlu(a.data(), c.data(), 100, s.data());
   staged_.SwiGlu(a.data(), c.data(), 100, s2.data());
   EXPECT_EQ(s2, s);
+  cpu_.GeGlu(a.data(), c.data(), 100, s.data());
+  staged_.GeGlu(a.data(), c.data(), 100, s2.data());
+  EXPECT_EQ(s2, s);
+  cpu_.Scale(a.data(), 100, 3.5);
+  staged_.Scale(a2.data(), 100, 3.5);
+  EXPECT_EQ(a2, a);
   EXPECT_TRUE(staged_.Synchronize().ok());
 }
 
@@ -273,6 +279,8 @@ class FullDevice final : public Backend<float> {
   void Rope(float*, int, int64_t, int, int, const int32_t*, const RopeSpec&) override {}
   void Gelu(float*, int64_t) override {}
   void SwiGlu(const float*, const float*, int64_t, float*) override {}
+  void GeGlu(const float*, const float*, int64_t, float*) override {}
+  void Scale(float*, int64_t, double) override {}
   void Add(float*, const float*, int64_t) override {}
   void StoreKv(const float*, const float*, int, int64_t, int64_t, const int64_t*, void*, void*,
                int64_t, KvDtype) override {}

@@ -12,7 +12,10 @@ dim 256, 4 heads of 64 (2 KV heads), FFN 512, 2 layers, vocab 384 and no tokeniz
 RoPE on half-split pairs); --qwen3 a Qwen3 (no biases, an RMSNorm over each head of q and k,
 half-split RoPE, and heads of 128, so that the 4 query heads are 512 wide, twice dim); --phi3
 a Phi-3 (q, k and v fused in attn_qkv, gate and up in ffn_up, half-split RoPE; its sliding
-window by --set phi3.attention.sliding_window=N); --rope-freqs adds Llama 3.1's rope scaling
+window by --set phi3.attention.sliding_window=N); --gemma a Gemma (GELU-gated feed-forward,
+embeddings times sqrt(dim), half-split RoPE, heads of 256, tied embeddings; its norms hold
+1 + weight as llama.cpp's converter writes them, its Hugging Face directory the weight
+alone); --rope-freqs adds Llama 3.1's rope scaling
 (rope_freqs.weight), the factors convert_hf_to_gguf.py derives from rope_scaling
 {factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192}.
 --hf DIR also writes the same values (as the GGUF decodes them) as a Hugging Face directory
@@ -20,7 +23,7 @@ window by --set phi3.attention.sliding_window=N); --rope-freqs adds Llama 3.1's 
 Hugging Face's order, or a Llama (--hf-type llama or mistral), whose rows it turns back from
 GGUF's adjacent pairs to Hugging Face's halves; --hf-config JSON merges fields into its
 config.json. --set KEY=N overrides an integer metadata field (for tests of the loader's
-errors).
+errors); --set-str KEY=TEXT a string one.
 """
 import argparse
 import json
@@ -56,6 +59,16 @@ def main():
     ap.add_argument("--phi3", action="store_true",
                     help="a Phi-3 instead: architecture phi3, q/k/v fused in attn_qkv and "
                          "gate/up in ffn_up (each in the type of its first part)")
+    ap.add_argument("--gemma", action="store_true",
+                    help="a Gemma instead: architecture gemma, GeGLU, heads of 256, tied")
+    ap.add_argument("--gemma3", action="store_true",
+                    help="a Gemma 3 instead: as --gemma, with q/k head norms and norms on each "
+                         "block's outputs (its GGUF, architecture gemma3, kvlens refuses)")
+    ap.add_argument("--layers", type=int, default=LAYERS,
+                    help="number of layers (their weight types cycle through LAYER_TYPES')")
+    ap.add_argument("--rope-scaling-linear", type=float, metavar="FACTOR",
+                    help="RoPE positions divided by FACTOR: rope.scaling.type linear (Hugging "
+                         "Face: rope_scaling {rope_type linear, factor})")
     ap.add_argument("--long-rope", action="store_true",
                     help="Phi-3's LongRoPE factors (rope_factors_long/short.weight)")
     ap.add_argument("--no-add-bos", action="store_true",
@@ -66,16 +79,19 @@ def main():
                     help="leave this tensor out (for tests of the loader's errors)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=N",
                     help="set an integer metadata field (uint32)")
+    ap.add_argument("--set-str", action="append", default=[], metavar="KEY=TEXT",
+                    help="set a string metadata field")
     ap.add_argument("--hf", metavar="DIR", help="also write a Hugging Face directory")
     ap.add_argument("--hf-type", default=None, help="its model_type (default: the GGUF's)")
     ap.add_argument("--hf-config", default="{}", metavar="JSON",
                     help="fields merged into its config.json")
     args = ap.parse_args()
-    metadata, vocab = llama_metadata("kvlens-quantized-test", DIM, FFN, LAYERS, HEADS, KV_HEADS,
+    metadata, vocab = llama_metadata("kvlens-quantized-test", DIM, FFN, args.layers, HEADS, KV_HEADS,
                                      256, tokenizer_from=args.tokenizer)
     vocab = vocab or VOCAB
     rng = np.random.default_rng(args.seed)
-    head_dim = 128 if args.qwen3 else DIM // HEADS
+    args.gemma = args.gemma or args.gemma3
+    head_dim = 128 if args.qwen3 else 256 if args.gemma else DIM // HEADS
     kv, q_dim = head_dim * KV_HEADS, head_dim * HEADS
 
     def mat(rows, cols):
@@ -85,7 +101,8 @@ def main():
         return 1 + rng.normal(0, 0.1, DIM)
 
     tensors = [("token_embd.weight", rng.normal(0, 1, (vocab, DIM)), "Q4_K")]
-    for layer, kinds in enumerate(LAYER_TYPES):
+    for layer in range(args.layers):
+        kinds = LAYER_TYPES[layer % len(LAYER_TYPES)]
         tensors.append((f"blk.{layer}.attn_norm.weight", norm(), "F32"))
         tensors.append((f"blk.{layer}.ffn_norm.weight", norm(), "F32"))
         for (name, shape), kind in zip(llama_projections(DIM, kv, FFN, q_dim), kinds):
@@ -95,7 +112,7 @@ def main():
     if args.qwen2:
         metadata = {k.replace("llama.", "qwen2.", 1): v for k, v in metadata.items()}
         metadata["general.architecture"] = "qwen2"
-        for layer in range(len(LAYER_TYPES)):
+        for layer in range(args.layers):
             for name, size in (("attn_q", DIM), ("attn_k", kv), ("attn_v", kv)):
                 tensors.append((f"blk.{layer}.{name}.bias", rng.normal(0, 0.5, size), "F32"))
     if args.qwen3:
@@ -104,7 +121,7 @@ def main():
         metadata["qwen3.attention.key_length"] = np.uint32(head_dim)
         metadata["qwen3.attention.value_length"] = np.uint32(head_dim)
         metadata["qwen3.rope.dimension_count"] = np.uint32(head_dim)
-        for layer in range(len(LAYER_TYPES)):
+        for layer in range(args.layers):
             for name in ("attn_q_norm", "attn_k_norm"):
                 tensors.append((f"blk.{layer}.{name}.weight",
                                 1 + rng.normal(0, 0.3, head_dim), "F32"))
@@ -113,7 +130,7 @@ def main():
         metadata["general.architecture"] = "phi3"
         metadata["phi3.rope.dimension_count"] = np.uint32(head_dim)
         by_name = {name: (values, kind) for name, values, kind in tensors}
-        for layer in range(len(LAYER_TYPES)):
+        for layer in range(args.layers):
             p = f"blk.{layer}."
             for fused, parts in (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
                                  ("ffn_up", ("ffn_gate", "ffn_up"))):
@@ -121,6 +138,26 @@ def main():
                 rows = np.concatenate([by_name.pop(p + x + ".weight")[0] for x in parts])
                 by_name[p + fused + ".weight"] = (rows, kind)
         tensors = [(name, v, kind) for name, (v, kind) in by_name.items()]
+    if args.gemma:
+        metadata = {k.replace("llama.", "gemma.", 1): v for k, v in metadata.items()}
+        metadata["general.architecture"] = "gemma"
+        for key in ("key_length", "value_length"):
+            metadata[f"gemma.attention.{key}"] = np.uint32(head_dim)
+        metadata["gemma.rope.dimension_count"] = np.uint32(head_dim)
+        tensors = [t for t in tensors if t[0] != "output.weight"]  # tied
+    if args.gemma3:
+        metadata = {k.replace("gemma.", "gemma3.", 1): v for k, v in metadata.items()}
+        metadata["general.architecture"] = "gemma3"
+        for layer in range(args.layers):
+            for name, size in (("attn_q_norm", head_dim), ("attn_k_norm", head_dim),
+                               ("post_attention_norm", DIM), ("post_ffw_norm", DIM)):
+                # (within 1 ± 0.5, so that the weight alone, v − 1, is as exact in f32)
+                tensors.append((f"blk.{layer}.{name}.weight", 1 + rng.normal(0, 0.1, size),
+                                "F32"))
+    if args.rope_scaling_linear is not None:
+        arch = metadata["general.architecture"]
+        metadata[f"{arch}.rope.scaling.type"] = "linear"
+        metadata[f"{arch}.rope.scaling.factor"] = float(args.rope_scaling_linear)  # f32
     if args.long_rope:
         for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
             tensors.append((name, 1 + rng.uniform(0, 3, head_dim // 2), "F32"))
@@ -136,6 +173,9 @@ def main():
     for item in args.set:
         key, value = item.split("=", 1)
         metadata[key] = np.uint32(int(value))
+    for item in args.set_str:
+        key, value = item.split("=", 1)
+        metadata[key] = value
     values = write_gguf(args.out, metadata, tensors)
     if args.hf:
         arch = metadata["general.architecture"]
@@ -145,8 +185,17 @@ def main():
                 if name.endswith(("attn_q.weight", "attn_k.weight")):
                     heads = HEADS if "attn_q" in name else KV_HEADS
                     values[name] = to_half_split(values[name], heads)
-        write_hf(args.hf, args.hf_type or arch, head_dim, vocab, values,
-                 json.loads(args.hf_config))
+        if arch in ("gemma", "gemma3"):  # Hugging Face keeps the weight; its norms add the 1
+            values = {name: v - 1 if name.endswith("norm.weight") else v
+                      for name, v in values.items()}
+        extra = {"num_hidden_layers": args.layers}
+        if args.rope_scaling_linear is not None:
+            extra["rope_scaling"] = {"rope_type": "linear", "factor": args.rope_scaling_linear}
+        if arch == "gemma3" and "gemma3.attention.sliding_window" in metadata:
+            extra["sliding_window"] = int(metadata["gemma3.attention.sliding_window"])
+        extra.update(json.loads(args.hf_config))
+        write_hf(args.hf, args.hf_type or {"gemma3": "gemma3_text"}.get(arch, arch), head_dim,
+                 vocab, values, extra)
 
 
 # GGUF names -> Hugging Face names (Qwen2 / Qwen3 layers).
@@ -167,6 +216,10 @@ def write_hf(directory, model_type, head_dim, vocab, values, extra):
     from kvlens_oracle.checkpoints import write_safetensors
     os.makedirs(directory, exist_ok=True)
     names = dict(HF_NAMES)
+    if model_type == "gemma3_text":  # norms around attention and the feed-forward
+        names.update({"ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                      "post_attention_norm.weight": "post_attention_layernorm.weight",
+                      "post_ffw_norm.weight": "post_feedforward_layernorm.weight"})
     if model_type == "phi3":  # fused: q | k | v, gate | up
         names.update({"attn_qkv.weight": "self_attn.qkv_proj.weight",
                       "ffn_up.weight": "mlp.gate_up_proj.weight"})
@@ -183,7 +236,10 @@ def write_hf(directory, model_type, head_dim, vocab, values, extra):
               "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
               "num_key_value_heads": KV_HEADS, "head_dim": head_dim, "vocab_size": vocab,
               "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-              "tie_word_embeddings": False, "use_sliding_window": False, **extra}
+              "tie_word_embeddings": "output.weight" not in values, "use_sliding_window": False}
+    if model_type in ("gemma", "gemma3_text"):
+        config["hidden_activation"] = "gelu_pytorch_tanh"
+    config.update(extra)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
 

@@ -330,5 +330,138 @@ class Qwen3Test(GgufAndHfTest):
                                        b * np.cos(ang) + a * np.sin(ang)])
                 self.assertLess(np.abs(q[h, t] - want).max(), 1e-12)
 
+
+class GemmaTest(GgufAndHfTest):
+    """A random Gemma from make_quantized_gguf.py --gemma --f32: the GGUF's norms hold
+    1 + weight, the Hugging Face directory's the weight alone, and both readers give the
+    same model; one token through layer 0 (attention then returns the token's own value
+    row) written out here with numpy: embeddings times sqrt(256) = 16, RMSNorm, W_V, W_O,
+    and a GELU(tanh)-gated feed-forward."""
+
+    ARGS = "--gemma --f32"
+
+    def test_gguf_equals_hf(self):
+        a, b = load_model(self.gguf), load_model(self.hf)
+        for m in (a, b):
+            self.assertEqual((m.cfg["head_dim"], m.cfg["gate"], m.cfg["embed_scale"]),
+                             (256, "gelu_tanh", 16.0))
+        ids = [1, 5, 300, 17, 42, 383, 0, 9]
+        la, lb = forward(a, ids)[0], forward(b, ids)[0]
+        self.assertLess(float((la - lb).abs().max()), 1e-12)
+        silu = copy.copy(a)
+        silu.cfg = dict(a.cfg, gate=None)
+        self.assertGreater(float((forward(silu, ids)[0] - la).abs().max()), 1e-3)
+
+    def test_first_layer_of_one_token_by_hand(self):
+        m = load_model(self.gguf)
+        capture = {}
+        forward(m, [300], capture=capture)
+        got = capture["layers"][0]["resid"].detach().numpy()[0]
+        lw = {k: v.numpy() for k, v in m.layers[0].items()}
+        x = m.w["embed"].numpy()[300] * 16.0
+
+        def norm(v, w):
+            return v / np.sqrt((v * v).mean() + 1e-5) * w
+
+        v = norm(x, lw["attn_norm"]) @ lw["wv"].T  # [2 KV heads * 256]
+        heads = np.concatenate([v[(h // 2) * 256:(h // 2 + 1) * 256] for h in range(4)])
+        h = x + heads @ lw["wo"].T
+        n2 = norm(h, lw["ffn_norm"])
+        g = n2 @ lw["w1"].T
+        gelu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+        want = h + (gelu * (n2 @ lw["w3"].T)) @ lw["w2"].T
+        self.assertLess(np.abs(got - want).max(), 1e-10 * np.abs(want).max())
+
+
+GEMMA3_CONFIG = ('{"sliding_window": 3, "sliding_window_pattern": 2, "query_pre_attn_scalar": 100, '
+                 '"rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, '
+                 '"rope_scaling": {"rope_type": "linear", "factor": 8.0}}')
+
+
+class Gemma3Test(GgufAndHfTest):
+    """A random Gemma 3 text model (make_quantized_gguf.py --gemma3 --f32, its Hugging Face
+    directory) whose layer 0 attends within 3 keys with RoPE base 1e4 and whose layer 1 sees
+    every key with base 1e6 and linear scaling by 8: its scores for query 1 and key 0 in both
+    layers, and one token through layer 0, written out here with numpy."""
+
+    ARGS = "--gemma3 --f32 --hf-config '" + GEMMA3_CONFIG + "'"
+
+    @staticmethod
+    def norm(v, w):
+        return v / np.sqrt((v * v).mean(-1, keepdims=True) + 1e-5) * w
+
+    def test_window_binds_in_the_windowed_layer_only(self):
+        m = load_model(self.hf)
+        self.assertEqual(m.cfg["windowed_layers"], [True, False])
+        _, attn = forward(m, [1, 5, 300, 17, 42, 383])
+        self.assertEqual(float(attn[0, :, 5, :3].abs().max()), 0.0)
+        self.assertGreater(float(attn[1, :, 5, :3].abs().min()), 0.0)
+
+    def test_scores_by_hand(self):
+        m = load_model(self.hf)
+        ids = [300, 17]
+        capture = {}
+        forward(m, ids, capture=capture)
+        x = m.w["embed"].numpy()[ids] * 16.0
+        for layer, (base, factor) in enumerate(((1e4, 1.0), (1e6, 8.0))):
+            lw = {k: v.numpy() for k, v in m.layers[layer].items()}
+            xn = self.norm(x, lw["attn_norm"])
+            i = np.arange(128)
+            ang = base ** (-2 * i / 256) / factor  # position 1; position 0 is not turned
+            for h in range(4):
+                q = self.norm(xn[1] @ lw["wq"][h * 256:(h + 1) * 256].T, lw["q_norm"])
+                kv = h // 2
+                k = self.norm(xn[0] @ lw["wk"][kv * 256:(kv + 1) * 256].T, lw["k_norm"])
+                a, b = q[:128], q[128:]
+                q = np.concatenate([a * np.cos(ang) - b * np.sin(ang), b * np.cos(ang) + a * np.sin(ang)])
+                want = q @ k / 10.0  # query_pre_attn_scalar 100
+                got = float(capture["layers"][layer]["scores"][h, 1, 0])
+                self.assertLess(abs(got - want), 1e-10 * max(1.0, abs(want)))
+            x = capture["layers"][layer]["resid"].detach().numpy()
+
+    def test_one_token_through_layer_0_by_hand(self):
+        m = load_model(self.hf)
+        capture = {}
+        forward(m, [300], capture=capture)
+        lw = {k: v.numpy() for k, v in m.layers[0].items()}
+        x = m.w["embed"].numpy()[300] * 16.0
+        v = self.norm(x, lw["attn_norm"]) @ lw["wv"].T
+        heads = np.concatenate([v[(h // 2) * 256:(h // 2 + 1) * 256] for h in range(4)])
+        h = x + self.norm(heads @ lw["wo"].T, lw["post_attn_norm"])
+        n2 = self.norm(h, lw["ffn_norm"])
+        g = n2 @ lw["w1"].T
+        gelu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+        want = h + self.norm((gelu * (n2 @ lw["w3"].T)) @ lw["w2"].T, lw["post_ffn_norm"])
+        got = capture["layers"][0]["resid"].detach().numpy()[0]
+        self.assertLess(np.abs(got - want).max(), 1e-10 * np.abs(want).max())
+        # The stored norms are the weights alone: the oracle added the 1.
+        from kvlens_oracle.checkpoints import read_safetensors
+        raw = read_safetensors(os.path.join(self.hf, "model.safetensors"))
+        stored = raw["model.layers.0.post_feedforward_layernorm.weight"]
+        self.assertLess(np.abs(stored + 1 - lw["post_ffn_norm"]).max(), 1e-12)
+
+
+class Gemma3GgufTest(GgufAndHfTest):
+    """A random Gemma 3 of 6 layers as llama.cpp writes one (architecture gemma3, norms
+    holding 1 + weight, attention.sliding_window 3, rope.scaling.type linear by 8) and as a
+    Hugging Face directory (sliding_window_pattern's default 6): the two readers agree, and
+    layer 5 alone sees every key."""
+
+    ARGS = "--gemma3 --layers 6 --f32 --set gemma3.attention.sliding_window=3 --rope-scaling-linear 8"
+
+    def test_gguf_equals_hf(self):
+        a, b = load_model(self.gguf), load_model(self.hf)
+        for m in (a, b):
+            self.assertEqual(m.cfg["windowed_layers"], [True] * 5 + [False])
+            self.assertEqual(float(m.cfg["rope_factors"][3]), 8.0)
+        ids = [1, 5, 300, 17, 42, 383, 0, 9]
+        la, attn = forward(a, ids)
+        lb, _ = forward(b, ids)
+        # (eps: the GGUF's float32(1e-5) against config.json's 1e-5, in 5 norms a layer)
+        self.assertLess(float((la - lb).abs().max()), 1e-10)
+        self.assertEqual(float(attn[:5, :, 7, :5].abs().max()), 0.0)
+        self.assertGreater(float(attn[5, :, 7, :5].abs().min()), 0.0)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -255,6 +255,26 @@ TEST(GenerationServiceTest, ServesAPhi3WithASlidingWindow) {
   EXPECT_EQ(info.sliding_window(), 4);
 }
 
+// A Gemma 3 as llama.cpp writes it (6 layers: layers 0–4 within 4 keys and RoPE base 1e4,
+// layer 5 over every key with rope.freq_base and linear scaling by 8; norms on each
+// block's outputs; GeGLU; embeddings times 16), served in steps of 4 tokens from blocks
+// of 4: the stream equals the oracle's greedy tokens, each a full recompute. Its full
+// layer keeps every block: the request's 5 blocks fit a pool of 5.
+TEST(GenerationServiceTest, ServesAGemma3) {
+  KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
+  v1::ModelInfo info;
+  EngineOptions small = TestServer::DefaultOptions();
+  small.block_size = 4;
+  small.num_blocks = 5;
+  small.max_batch_tokens = 4;
+  ASSERT_NO_FATAL_FAILURE(ExpectServedGreedyEqualsTheOracle(
+      "--gemma3 --layers 6 --set gemma3.attention.sliding_window=4 --rope-scaling-linear 8", info,
+      small));
+  EXPECT_EQ(info.family(), "gemma3");
+  EXPECT_EQ(info.sliding_window(), 4);
+  EXPECT_EQ(info.head_dim(), 256);
+}
+
 // The default model with a generation_config.json that sets repetition_penalty 1.3.
 constexpr char kPenaltyConfig[] =
     R"({"bos_token_id": 4095, "eos_token_id": 4095, "repetition_penalty": 1.3})";

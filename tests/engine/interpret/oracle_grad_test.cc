@@ -4,6 +4,7 @@
 // max|oracle| per tensor; probabilities' gradients are compared on visible entries (the
 // oracle's A·V also differentiates masked entries, which the probe reports as 0).
 #include <cmath>
+#include <filesystem>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -83,11 +84,15 @@ double WorstError(const Model& m, kernels::Backend<T>& be, const std::vector<int
   const int n = tape->n, H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim;
   EXPECT_NEAR(EvaluateObjective(Objective::LogProb(targets), c, *tape),
               ref.arrays.at("objective").data[0], sizeof(T) == 8 ? 1e-10 : 1e-3);
+  // The entries layer l's mask shows (its own window: Gemma 3's layers differ).
   std::vector<bool> visible(int64_t{H} * n * n);
-  for (int h = 0; h < H; ++h)
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < n; ++j)
-        visible[(int64_t{h} * n + i) * n + j] = KeyVisible(in, i, j, m.config.sliding_window);
+  auto visible_in = [&](int l) {
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < n; ++j)
+          visible[(int64_t{h} * n + i) * n + j] = KeyVisible(in, i, j, c.WindowOf(l));
+    return &visible;
+  };
   double worst = 0;
   auto note = [&](const std::string& name, double e) {
     EXPECT_LE(e, sizeof(T) == 8 ? 1e-6 : 1e-4) << name;
@@ -103,7 +108,8 @@ double WorstError(const Model& m, kernels::Backend<T>& be, const std::vector<int
     note("v" + s, RelErr(HeadsFirst(g->v[l], n, KV, hd), ref.arrays.at("grad.v" + s)));
     note("attn_out" + s,
          RelErr(HeadsFirst(g->attn_out[l], n, H, hd), ref.arrays.at("grad.attn_out" + s)));
-    note("scores" + s, RelErr(as_double(g->scores[l]), ref.arrays.at("grad.scores" + s), &visible));
+    note("scores" + s,
+         RelErr(as_double(g->scores[l]), ref.arrays.at("grad.scores" + s), visible_in(l)));
     note("probs" + s, RelErr(as_double(g->probs[l]), ref.arrays.at("grad.probs" + s), &visible));
   }
   return worst;
@@ -152,6 +158,64 @@ TEST(OracleGradients, QuantizedModelMatchesAutograd) {
   const double e64 = WorstError<double>(**m, ref_be, tokens, targets, {}, ref);
   const double e32 = WorstError<float>(**m, fast, tokens, targets, {}, ref);
   std::printf("[oracle] quantized model: worst relative error fp64 %.3g, fp32 %.3g\n", e64, e32);
+}
+
+// A Gemma (tests/oracle/make_quantized_gguf.py --gemma, f32): the backward passes through
+// the GELU(tanh)-gated feed-forward into heads of 256, and the embeddings' gradient is the
+// first layer's input's (the lookup times √256).
+TEST(OracleGradients, GemmaGeGluMatchesAutograd) {
+  if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  const std::string path = testing::MakeQuantizedModel("--f32 --gemma");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  auto m = LoadModel({path, ""});
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ((*m)->config.gate_activation, GateActivation::kGeluTanh);
+  const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128};
+  const std::vector<TokenTarget> targets = {{11, 42}, {4, 300}, {0, 9}};
+  const testing::OracleResult ref = RunGradOracle(path, tokens, targets, {});
+  std::remove(path.c_str());
+  ASSERT_TRUE(ref.error.empty()) << ref.error;
+  kernels::ReferenceBackend ref_be;
+  kernels::CpuBackend fast(2);
+  const double e64 = WorstError<double>(**m, ref_be, tokens, targets, {}, ref);
+  const double e32 = WorstError<float>(**m, fast, tokens, targets, {}, ref);
+  std::printf("[oracle] gemma: worst relative error fp64 %.3g, fp32 %.3g\n", e64, e32);
+}
+
+// A Gemma 3 text model (make_quantized_gguf.py --gemma3, its Hugging Face directory): the
+// backward passes through the norms on each block's outputs and the head norms, layer 0
+// windowed (3 keys) and layer 1 not, with their RoPE bases; W_O's gradient is taken through
+// the attention output's norm.
+TEST(OracleGradients, Gemma3SandwichNormsMatchAutograd) {
+  if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  char dir_template[] = "/tmp/kvlens_gemma3_XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string gguf = testing::MakeQuantizedModel(
+      "--f32 --gemma3 --hf " + dir +
+      " --hf-config '{\"sliding_window\": 3, \"sliding_window_pattern\": 2, "
+      "\"query_pre_attn_scalar\": 100}'");
+  ASSERT_FALSE(gguf.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  std::remove(gguf.c_str());
+  auto m = LoadModel({dir, ""});
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE((*m)->config.sandwich_norms);
+  const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128};
+  const std::vector<TokenTarget> targets = {{11, 42}, {4, 300}, {0, 9}};
+  const testing::OracleResult ref = RunGradOracle(dir, tokens, targets, {}, /*param_layer=*/0);
+  ASSERT_TRUE(ref.error.empty()) << ref.error;
+  kernels::ReferenceBackend ref_be;
+  kernels::CpuBackend fast(2);
+  const double e64 = WorstError<double>(**m, ref_be, tokens, targets, {}, ref);
+  const double e32 = WorstError<float>(**m, fast, tokens, targets, {}, ref);
+  std::printf("[oracle] gemma3: worst relative error fp64 %.3g, fp32 %.3g\n", e64, e32);
+  auto tape = RunForward(**m, ref_be, SequenceInput<double>{tokens});
+  ASSERT_TRUE(tape.ok()) << tape.status();
+  auto g = ObjectiveGradients(**m, *tape, Objective::LogProb(targets), BackwardOptions{0});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_LE(RelErr(g->params.wo, ref.arrays.at("grad.wo")), 1e-6);
+  EXPECT_LE(RelErr(g->params.wq, ref.arrays.at("grad.wq")), 1e-6);
+  std::filesystem::remove_all(dir);
 }
 
 // A Qwen3 (tests/oracle/make_quantized_gguf.py --qwen3, f32): the backward passes through

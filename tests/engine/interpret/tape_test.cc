@@ -236,6 +236,21 @@ class TinyTape : public ::testing::TestWithParam<int> {
       s.kv_heads = 2;
       s.window = 3;
       s.seed = 5;
+    } else if (i == 5) {  // Gemma: GeGLU, embeddings times √16 = 4, one KV head
+      s.arch = Architecture::kLlama;
+      s.rope_style = kernels::RopeStyle::kHalfSplit;
+      s.kv_heads = 1;
+      s.gemma = true;
+      s.seed = 6;
+    } else if (i == 6) {  // Gemma 3: norms around each block, head norms, layer 0 windowed
+      s.arch = Architecture::kLlama;
+      s.rope_style = kernels::RopeStyle::kHalfSplit;
+      s.kv_heads = 2;
+      s.gemma = true;
+      s.gemma3 = true;
+      s.qk_norm = true;
+      s.window = 3;
+      s.seed = 7;
     }
     return s;
   }
@@ -310,8 +325,8 @@ TEST_P(TinyTape, TapeBytesCountsWhatTheTapeAndGradientsHold) {
     for (int l = 0; l < c.num_layers; ++l) {
       const LayerTape<double>& lt = t.layers[l];
       for (const auto* v : {&lt.x, &lt.xn, &lt.q_pre, &lt.k_pre, &lt.q, &lt.k, &lt.v, &lt.scores,
-                            &lt.probs, &lt.att, &lt.h, &lt.hn, &lt.pre, &lt.up, &lt.act,
-                            &t.input.prefix_k[l], &t.input.prefix_v[l]}) {
+                            &lt.probs, &lt.att, &lt.attn_proj, &lt.h, &lt.hn, &lt.pre, &lt.up,
+                            &lt.act, &lt.ffn_out, &t.input.prefix_k[l], &t.input.prefix_v[l]}) {
         held += static_cast<int64_t>(v->size());
       }
     }
@@ -328,7 +343,7 @@ TEST_P(TinyTape, TapeBytesCountsWhatTheTapeAndGradientsHold) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, TinyTape, ::testing::Range(0, 5));
+INSTANTIATE_TEST_SUITE_P(Families, TinyTape, ::testing::Range(0, 7));
 
 }  // namespace
 }  // namespace kvlens::interpret

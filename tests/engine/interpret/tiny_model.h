@@ -22,6 +22,10 @@ struct TinySpec {
   int head_dim = 0;      // 0: dim / heads
   bool qk_norm = false;  // Llama only
   int window = 0;        // sliding window (0: none)
+  bool gemma = false;    // Llama only: GeGLU feed-forward, embeddings times √dim
+  // Gemma 3 (with gemma, qk_norm and a window): norms on each block's outputs, layer 1
+  // over the whole context with RoPE base 1e6 (the windowed layers 1e4), scores times 0.3.
+  bool gemma3 = false;
   uint32_t seed = 1;
 };
 
@@ -41,6 +45,18 @@ inline std::unique_ptr<Model> MakeTinyModel(const TinySpec& s) {
   c.sliding_window = s.window;
   c.rope_style = s.rope_style;
   c.norm_eps = 1e-5;
+  if (s.gemma) {
+    c.gate_activation = GateActivation::kGeluTanh;
+    c.embedding_scale = std::sqrt(static_cast<double>(s.dim));
+  }
+  if (s.gemma3) {
+    c.sandwich_norms = true;
+    c.windowed_layers.assign(s.layers, true);
+    c.windowed_layers[1] = false;
+    c.rope_theta = 1e6;
+    c.rope_theta_windowed = 1e4;
+    c.attention_scale = 0.3;
+  }
   c.tied_embeddings = false;
   c.name = "tiny";
   m->format = "memory";
@@ -84,6 +100,10 @@ inline std::unique_ptr<Model> MakeTinyModel(const TinySpec& s) {
     if (s.qk_norm) {
       lw.q_norm = mat(1, c.head_dim, 0.3f, 1.0f);
       lw.k_norm = mat(1, c.head_dim, 0.3f, 1.0f);
+    }
+    if (s.gemma3) {
+      lw.post_attn_norm = mat(1, D, 0.2f, 1.0f);
+      lw.post_ffn_norm = mat(1, D, 0.2f, 1.0f);
     }
     wt.layers.push_back(lw);
   }

@@ -170,7 +170,7 @@ TEST(RopeScalingGoldenTest, Llama31FrequencyFactorsMatchTheOracle) {
   auto model = LoadModel({path, ""});
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_EQ((*model)->weights.rope_freqs.cols, 32);
-  EXPECT_EQ(RopeOf((*model)->config, (*model)->weights).freq_factors,
+  EXPECT_EQ(RopeOf((*model)->config, (*model)->weights, 0).freq_factors,
             static_cast<const float*>((*model)->weights.rope_freqs.data));
   std::vector<int32_t> tokens;
   for (int i = 0; i < 250; ++i) tokens.push_back((i * 97 + 5) % 384);
@@ -394,6 +394,135 @@ TEST(Phi3GoldenTest, LoaderErrorsNameTheTensorOrField) {
         "supported"},
        {"--hf-config '{\"partial_rotary_factor\": 0.75}'", absl::StatusCode::kUnimplemented,
         "partial_rotary_factor = 0.75", /*hf=*/true}});
+}
+
+// Linear RoPE scaling (positions divided by 4): a Llama GGUF's rope.scaling.type "linear"
+// with rope.scaling.factor, and config.json's rope_scaling {rope_type linear, factor}, each
+// against the oracle over 250 positions.
+TEST(RopeScalingGoldenTest, LinearScalingMatchesTheOracle) {
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path = testing::MakeQuantizedModel("--f32 --rope-scaling-linear 4");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  auto model = LoadModel({path, ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ((*model)->weights.rope_freqs.cols, 32);
+  EXPECT_EQ(RopeOf((*model)->config, (*model)->weights, 0).freq_factors[31], 4.0f);
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 250; ++i) tokens.push_back((i * 89 + 7) % 384);
+  ExpectBothBackendsMatchTheOracle(**model, path, tokens);
+  ExpectHfDirectoryMatchesTheOracle("--hf-type llama --rope-scaling-linear 4", "llama", 256);
+}
+
+// Gemma: a GELU(tanh)-gated feed-forward, embeddings times √256 = 16, heads of 256 (the
+// 4 query heads 1024 wide against a stream of 256), half-split RoPE, tied embeddings and
+// the GGUF's norms holding 1 + weight (llama.cpp's converter); every block type, both
+// backends against the oracle. Then the same values as a Hugging Face directory, whose
+// norms hold the weight alone (GemmaRMSNorm adds the 1).
+TEST(GemmaGoldenTest, GeGluScaledEmbeddingsAndWideHeadsMatchTheOracle) {
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path = testing::MakeQuantizedModel("--gemma");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  auto model = LoadModel({path, ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config;
+  EXPECT_EQ(c.family, "gemma");
+  EXPECT_EQ(c.gate_activation, GateActivation::kGeluTanh);
+  EXPECT_EQ(c.embedding_scale, 16.0);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.rope_style, kernels::RopeStyle::kHalfSplit);
+  EXPECT_TRUE(c.tied_embeddings);
+  const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128, 3, 64};
+  ExpectBothBackendsMatchTheOracle(**model, path, tokens);
+  ExpectHfDirectoryMatchesTheOracle("--gemma", "gemma", 1024);
+}
+
+// A Gemma whose config.json asks for the exact GELU, or that leaves out a norm, and a
+// Gemma 2 (soft-capped attention logits) are refused by name.
+TEST(GemmaGoldenTest, LoaderErrorsNameTheTensorOrField) {
+  ExpectLoadErrors(
+      "--f32 --gemma",
+      {{"--drop blk.1.ffn_norm.weight", absl::StatusCode::kNotFound,
+        "missing tensor blk.1.ffn_norm.weight"},
+       {"--hf-config '{\"hidden_activation\": \"gelu\"}'", absl::StatusCode::kUnimplemented,
+        "hidden_activation \"gelu\" is not supported (gelu_pytorch_tanh)",
+        /*hf=*/true},
+       {"--set-str general.architecture=gemma2", absl::StatusCode::kUnimplemented,
+        "\"gemma2\" is not supported (its attention logit soft-capping"},
+       {"--hf-type gemma2", absl::StatusCode::kUnimplemented,
+        "model_type \"gemma2\" is not supported (its attention logit soft-capping",
+        /*hf=*/true}});
+}
+
+// Gemma 3's text model from a Hugging Face directory (model_type gemma3_text): RMSNorms over
+// each head of q and k, norms on the attention and feed-forward outputs, scores times
+// query_pre_attn_scalar^−1/2 (here 100: 0.1, not 1/√256), layer 0 windowed (3 keys, so it
+// binds) with RoPE base 1e4 and layer 1 over every key with base 1e6 and linear scaling by
+// 8; both backends against the oracle.
+const char kGemma3Args[] =
+    "--gemma3 --hf-config '{\"sliding_window\": 3, \"sliding_window_pattern\": 2, "
+    "\"query_pre_attn_scalar\": 100, \"rope_theta\": 1000000.0, \"rope_local_base_freq\": "
+    "10000.0, \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 8.0}}'";
+
+TEST(Gemma3GoldenTest, SandwichNormsAndLocalGlobalLayersMatchTheOracle) {
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  absl::StatusOr<std::unique_ptr<Model>> model = absl::UnknownError("not loaded");
+  const std::string dir = HfDirectory(kGemma3Args, model);
+  ASSERT_FALSE(dir.empty());
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config;
+  EXPECT_TRUE(c.sandwich_norms && c.qk_norm);
+  EXPECT_EQ(c.windowed_layers, (std::vector<bool>{true, false}));
+  EXPECT_EQ(c.WindowOf(0), 3);
+  EXPECT_EQ(c.WindowOf(1), 0);
+  EXPECT_EQ(c.CommonWindow(), 0);  // layer 1 keeps every block alive
+  EXPECT_DOUBLE_EQ(c.AttentionScale(), 0.1);
+  const Weights& w = (*model)->weights;
+  EXPECT_EQ(RopeOf(c, w, 0).theta, 1e4);
+  EXPECT_EQ(RopeOf(c, w, 0).freq_factors, nullptr);
+  EXPECT_EQ(RopeOf(c, w, 1).theta, 1e6);
+  ASSERT_NE(RopeOf(c, w, 1).freq_factors, nullptr);
+  EXPECT_EQ(RopeOf(c, w, 1).freq_factors[5], 8.0f);
+  ExpectHfDirectoryMatchesTheOracle(kGemma3Args, "gemma3_text", 1024);
+}
+
+// Gemma 3 as llama.cpp writes it (architecture gemma3, every block type, 6 layers, norms
+// holding 1 + weight, attention.sliding_window 3, rope.scaling.type linear by 8) and reads
+// it: layers 0–4 windowed with RoPE base 1e4, layer 5 over every key with rope.freq_base
+// and the scaling; both backends against the oracle's own reading of the file.
+TEST(Gemma3GoldenTest, GgufAsLlamaCppReadsItMatchesTheOracle) {
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path = testing::MakeQuantizedModel(
+      "--gemma3 --layers 6 --set gemma3.attention.sliding_window=3 --rope-scaling-linear 8");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  auto model = LoadModel({path, ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config;
+  EXPECT_EQ(c.family, "gemma3");
+  EXPECT_TRUE(c.sandwich_norms && c.qk_norm);
+  EXPECT_EQ(c.windowed_layers, (std::vector<bool>{true, true, true, true, true, false}));
+  EXPECT_EQ(c.sliding_window, 3);
+  EXPECT_DOUBLE_EQ(c.AttentionScale(), 1.0 / 16);
+  EXPECT_EQ(RopeOf(c, (*model)->weights, 4).theta, 1e4);
+  EXPECT_EQ(RopeOf(c, (*model)->weights, 5).freq_factors[0], 8.0f);
+  const std::vector<int32_t> tokens = {2, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128, 3, 64};
+  ExpectBothBackendsMatchTheOracle(**model, path, tokens);
+}
+
+// A Gemma 3 missing a block-output norm, with a RoPE scaling other than linear, or asking
+// for a final logit soft-cap is refused by name.
+TEST(Gemma3GoldenTest, LoaderErrorsNameTheTensorOrField) {
+  ExpectLoadErrors(
+      "--f32 --gemma3",
+      {{"--drop blk.1.post_ffw_norm.weight", absl::StatusCode::kNotFound,
+        "missing tensor blk.1.post_ffw_norm.weight"},
+       {"--set-str gemma3.rope.scaling.type=yarn", absl::StatusCode::kUnimplemented,
+        "gemma3.rope.scaling.type = \"yarn\" is not supported (none, linear)"},
+       {"--hf-config '{\"final_logit_softcapping\": 30.0}'", absl::StatusCode::kUnimplemented,
+        "final_logit_softcapping = 30.0 is not supported (null)", /*hf=*/true},
+       {"--hf-config '{\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}'",
+        absl::StatusCode::kUnimplemented,
+        "rope_scaling.rope_type \"yarn\" is not supported (llama3, linear)", /*hf=*/true}});
 }
 
 // CpuBackend with int8 activations, every matrix product checked as it runs: the output

@@ -282,6 +282,28 @@ TEST(TokenizerJsonTest, SpmBpeWithMetaspaceThatDoesNotPrepend) {
   EXPECT_EQ((*t)->Encode("hello", false), (Ids{16}));
 }
 
+// Gemma's files: <pad> 0, <eos> 1, <bos> 2, and a normalizer that only turns spaces into
+// ▁ (no dummy prefix): "hello" has no ▁, " hello" is the one piece ▁hello.
+TEST(TokenizerJsonTest, SpmBpeAsGemmaWritesIt) {
+  json j = SpmJson();
+  j["added_tokens"] = json::array({{{"id", 0}, {"content", "<pad>"}, {"special", true}},
+                                   {{"id", 1}, {"content", "<eos>"}, {"special", true}},
+                                   {{"id", 2}, {"content", "<bos>"}, {"special", true}}});
+  json& vocab = j["model"]["vocab"];
+  for (const char* name : {"<unk>", "<s>", "</s>"}) vocab.erase(name);
+  vocab["<pad>"] = 0;
+  vocab["<eos>"] = 1;
+  vocab["<bos>"] = 2;
+  j["model"]["unk_token"] = nullptr;
+  j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}};
+  auto t = FromJson("gemma", j);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->bos_id(), 2);
+  EXPECT_EQ((*t)->eos_id(), 1);
+  EXPECT_EQ((*t)->Encode("hello", true), (Ids{2, 8, 9, 13, 11}));
+  EXPECT_EQ((*t)->Encode(" hello", false), (Ids{16}));
+}
+
 // ---- Errors
 
 TEST(TokenizerJsonTest, MissingFileOrNotJson) {

@@ -226,6 +226,30 @@ TYPED_TEST(OpsTest, SwiGluByFormula) {
   EXPECT_NEAR(out[2], 3 / (1 + std::exp(-1.0)), this->kRel * 4);
 }
 
+// out = GELU(gate)·up (tanh approximation, Gemma's gelu_pytorch_tanh), written into the
+// gate; and x·factor.
+TYPED_TEST(OpsTest, GeGluAndScaleByFormula) {
+  using T = typename TestFixture::T;
+  const std::vector<T> gate = {-2, 0, 1, 3, -30}, up = {1, 2, 3, -1, 4};
+  std::vector<T> out = gate;
+  this->backend_->GeGlu(out.data(), up.data(), 5, out.data());
+  const double c = std::sqrt(2 / std::numbers::pi);
+  for (int i = 0; i < 5; ++i) {
+    const double g = gate[i];
+    EXPECT_NEAR(out[i], 0.5 * g * (1 + std::tanh(c * (g + 0.044715 * g * g * g))) * up[i],
+                this->kRel * 4)
+        << i;
+  }
+  EXPECT_NEAR(out[2], 3 * 0.8411919906082768, this->kRel * 4);  // GELU(1), as above
+  EXPECT_EQ(out[1], 0.0);
+  std::vector<T> x = {1, -2, 0.5, 0};
+  this->backend_->Scale(x.data(), 4, std::sqrt(2048.0));
+  EXPECT_NEAR(x[0], 45.254833995939045, this->kRel * 45);
+  EXPECT_NEAR(x[1], -90.50966799187809, this->kRel * 90);
+  EXPECT_NEAR(x[2], 22.627416997969522, this->kRel * 22);
+  EXPECT_EQ(x[3], 0.0);
+}
+
 // Backend::DrawTokens' greedy pick by hand (temperature 0): the first of tied maxima; NaN
 // never picked and adding nothing; −inf adding nothing; a row of −inf or NaN only gives
 // token 0 and NaN.

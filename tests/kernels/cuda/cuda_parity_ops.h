@@ -364,9 +364,11 @@ inline ParityResult RopeQKCase(CudaBackend& gpu, std::mt19937_64& rng, RopeStyle
   return Judge(name, got, naive, ref);
 }
 
-// kind: 0 Gelu, 1 SwiGlu, 2 Add
+// kind: 0 Gelu, 1 SwiGlu, 2 Add, 3 GeGlu (into its gate), 4 Scale by √2048 (Gemma's
+// embeddings)
 inline ParityResult ElementwiseCase(CudaBackend& gpu, std::mt19937_64& rng, int kind) {
-  const char* names[] = {"Gelu", "SwiGlu", "Add"};
+  const char* names[] = {"Gelu", "SwiGlu", "Add", "GeGlu", "Scale"};
+  const double factor = std::sqrt(2048.0);
   const std::string name = names[kind];
   const int64_t count = 10007;
   const std::vector<double> a = kernels::testing::RandomFloatExact(rng, count, -8, 8);
@@ -376,12 +378,19 @@ inline ParityResult ElementwiseCase(CudaBackend& gpu, std::mt19937_64& rng, int 
   if (kind == 0) reference.Gelu(ref.data(), count);
   if (kind == 1) reference.SwiGlu(a.data(), b.data(), count, ref.data());
   if (kind == 2) reference.Add(ref.data(), b.data(), count);
+  if (kind == 3) reference.GeGlu(a.data(), b.data(), count, ref.data());
+  if (kind == 4) reference.Scale(ref.data(), count, factor);
   for (int64_t i = 0; i < count; ++i) {
     const float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
     if (kind == 0) {
       naive[i] = 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
     } else if (kind == 1) {
       naive[i] = x / (1.0f + std::exp(-x)) * y;
+    } else if (kind == 3) {
+      naive[i] =
+          0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x))) * y;
+    } else if (kind == 4) {
+      naive[i] = x * static_cast<float>(factor);
     } else {
       naive[i] = x + y;
     }
@@ -397,6 +406,8 @@ inline ParityResult ElementwiseCase(CudaBackend& gpu, std::mt19937_64& rng, int 
     result = &*dout;
   }
   if (kind == 2) gpu.Add(da->as<float>(), db->as<float>(), count);
+  if (kind == 3) gpu.GeGlu(da->as<float>(), db->as<float>(), count, da->as<float>());
+  if (kind == 4) gpu.Scale(da->as<float>(), count, factor);
   auto y = FromDevice(gpu, *result, count);
   if (!y.ok()) return Failed(name, y.status());
   return Judge(name, *y, naive, ref);

@@ -2,7 +2,8 @@
 
 gradients(model, tokens, targets, doc_ids=None) -> dict name -> float64 numpy array:
   objective           [1]
-  grad.embeds         [T, d]         input embeddings (GPT-2: token + position sum)
+  grad.embeds         [T, d]         input embeddings (GPT-2: token + position sum; Gemma:
+                                     times sqrt(d), the first layer's input)
   grad.resid.{l}      [T, d]         residual stream *leaving* layer l
   grad.q.{l}          [H, T, hd]     post-RoPE queries
   grad.k.{l}, grad.v.{l}  [KV, T, hd]  per KV head (GQA: summed over the query heads)
@@ -43,7 +44,7 @@ def gradients(m, tokens, targets, doc_ids=None, param_layer=None):
 def _gradients(m, tokens, targets, doc_ids, param_layer, params):
     embed = m.w["embed"] if m.family == "llama" else m.w["wte"]
     ids = torch.as_tensor(list(tokens), dtype=torch.long)
-    x0 = embed[ids].detach().clone().requires_grad_(True)
+    x0 = (embed[ids] * m.cfg.get("embed_scale", 1.0)).detach().clone().requires_grad_(True)
     capture = {}
     logits, _ = forward(m, tokens, doc_ids=doc_ids, inputs_embeds=x0, capture=capture)
     layers = capture["layers"]

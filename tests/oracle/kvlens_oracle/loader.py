@@ -5,6 +5,7 @@ GPT-2 Conv1D weights ([in, out] in the files) are transposed here to [out, in].
 """
 import glob
 import json
+import math
 import os
 import struct
 
@@ -37,6 +38,10 @@ def _llama_cfg(d, n_layers, n_heads, n_kv, vocab, eps, base, rope_style, head_di
                 rope_style=rope_style)
 
 
+def _gemma(cfg):
+    cfg.update(gate="gelu_tanh", embed_scale=math.sqrt(cfg["dim"]))
+
+
 def load_llama2c(path):
     h, t = read_llama2c(path)
     # run.c adds the float literal 1e-5f inside RMSNorm, so eps is float32(1e-5).
@@ -56,10 +61,12 @@ def load_gguf(path):
     Qwen3: no biases, an RMSNorm over each head of q and k, heads of key_length; or a Phi-3:
     q, k and v fused in attn_qkv (rows q | k | v), gate and up in ffn_up (rows gate | up),
     half-split RoPE, and a sliding window (attention.sliding_window), as Hugging Face's
-    Phi-3 applies it."""
+    Phi-3 applies it; or a Gemma: GELU-gated feed-forward, embeddings times sqrt(dim),
+    half-split RoPE, norms whose 1 + weight llama.cpp's converter stores; or a Gemma 3, as
+    llama.cpp reads one. rope.scaling.type "linear" divides every frequency by its factor."""
     g = GGUFFile(path)
     arch = g.metadata.get("general.architecture")
-    if arch not in ("llama", "qwen2", "qwen3", "phi3"):
+    if arch not in ("llama", "qwen2", "qwen3", "phi3", "gemma", "gemma3"):
         raise NotImplementedError(f"GGUF architecture {arch!r} not supported by the oracle")
     m, T = g.metadata, g.tensors
     n_heads = int(m[f"{arch}.attention.head_count"])
@@ -68,10 +75,28 @@ def load_gguf(path):
                      T["token_embd.weight"].shape[0],
                      m.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
                      m.get(f"{arch}.rope.freq_base", 10000.0),
-                     "half" if arch in ("qwen2", "qwen3", "phi3") else "adjacent",
+                     "half" if arch in ("qwen2", "qwen3", "phi3", "gemma", "gemma3") else "adjacent",
                      m.get(f"{arch}.attention.key_length"))
     if int(m.get(f"{arch}.rope.dimension_count", cfg["head_dim"])) != cfg["head_dim"]:
         raise NotImplementedError("partial rotary embeddings are not supported by the oracle")
+    if arch in ("gemma", "gemma3"):
+        _gemma(cfg)
+    scaling = m.get(f"{arch}.rope.scaling.type", "none")
+    if scaling == "linear":  # positions divided by the factor
+        cfg["rope_factors"] = torch.full((cfg["head_dim"] // 2,),
+                                         float(m[f"{arch}.rope.scaling.factor"]), dtype=F64)
+    elif scaling != "none":
+        raise NotImplementedError(f"rope.scaling.type {scaling!r} is not supported by the oracle")
+    if arch == "gemma3" and m.get("gemma3.attention.sliding_window"):
+        # llama.cpp: every sixth layer sees all keys; the others the window, turning with an
+        # unscaled RoPE base of 1e4
+        cfg.update(sliding_window=int(m["gemma3.attention.sliding_window"]),
+                   windowed_layers=[(i + 1) % 6 != 0 for i in range(cfg["n_layers"])],
+                   rope_local_base=1e4)
+    if arch == "gemma3" and cfg["n_layers"] == 62:  # 27B: query_pre_attn_scalar = dim / heads
+        cfg["attn_scale"] = (cfg["dim"] / cfg["n_heads"]) ** -0.5
+    if "rope_freqs.weight" in T and "rope_factors" in cfg:
+        raise NotImplementedError("rope_freqs.weight together with rope.scaling.type")
     if "rope_freqs.weight" in T:  # Llama 3.1's rope scaling: divisors of the frequencies
         cfg["rope_factors"] = _t(T["rope_freqs.weight"]).reshape(-1)
     names = dict(attn_norm="attn_norm", wq="attn_q", wk="attn_k", wv="attn_v", wo="attn_output",
@@ -95,10 +120,14 @@ def load_gguf(path):
         for i, lw in enumerate(layers):
             for k, v in (("bq", "attn_q"), ("bk", "attn_k"), ("bv", "attn_v")):
                 lw[k] = _t(T[f"blk.{i}.{v}.bias"])
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma3"):
         for i, lw in enumerate(layers):
             for k in ("q_norm", "k_norm"):
                 lw[k] = _t(T[f"blk.{i}.attn_{k}.weight"])
+    if arch == "gemma3":  # norms on the attention and feed-forward outputs (1 + weight stored)
+        for i, lw in enumerate(layers):
+            lw["post_attn_norm"] = _t(T[f"blk.{i}.post_attention_norm.weight"])
+            lw["post_ffn_norm"] = _t(T[f"blk.{i}.post_ffw_norm.weight"])
     out = T.get("output.weight", T["token_embd.weight"])
     w = dict(embed=_t(T["token_embd.weight"]), final_norm=_t(T["output_norm.weight"]), out=_t(out))
     model = OracleModel("llama", cfg, w, layers, path)
@@ -124,12 +153,15 @@ def _read_hf_tensors(directory):
 
 def _load_hf_llama(c, T, path):
     p = "model."
-    if c.get("rope_scaling"):
-        raise NotImplementedError("rope_scaling is not supported by the oracle")
+    rs = c.get("rope_scaling")
+    if rs and rs.get("rope_type", rs.get("type")) != "linear":
+        raise NotImplementedError("rope_scaling other than linear is not supported by the oracle")
     cfg = _llama_cfg(c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
                      c.get("num_key_value_heads", c["num_attention_heads"]), c["vocab_size"],
                      c.get("rms_norm_eps", 1e-6), c.get("rope_theta", 10000.0), "half",
                      c.get("head_dim"))
+    if rs:  # linear: positions divided by the factor
+        cfg["rope_factors"] = torch.full((cfg["head_dim"] // 2,), float(rs["factor"]), dtype=F64)
     names = dict(attn_norm="input_layernorm", wq="self_attn.q_proj", wk="self_attn.k_proj",
                  wv="self_attn.v_proj", wo="self_attn.o_proj", ffn_norm="post_attention_layernorm",
                  w1="mlp.gate_proj", w2="mlp.down_proj", w3="mlp.up_proj")
@@ -149,6 +181,14 @@ def _load_hf_llama(c, T, path):
             lw.update(w1=up[:ff], w3=up[ff:])
     if c.get("model_type") in ("mistral", "phi3") and c.get("sliding_window") is not None:
         cfg["sliding_window"] = c["sliding_window"]
+    gemma = c.get("model_type") == "gemma"
+    if gemma:  # GemmaRMSNorm scales by 1 + weight
+        if c.get("hidden_activation") not in (None, "gelu_pytorch_tanh"):
+            raise NotImplementedError("Gemma's hidden_activation: the oracle implements "
+                                      "gelu_pytorch_tanh only")
+        _gemma(cfg)
+        for lw in layers:
+            lw["attn_norm"], lw["ffn_norm"] = 1 + lw["attn_norm"], 1 + lw["ffn_norm"]
     if c.get("model_type") == "qwen3":
         for i, lw in enumerate(layers):
             for k in ("q_norm", "k_norm"):
@@ -156,6 +196,54 @@ def _load_hf_llama(c, T, path):
     embed = T[p + "embed_tokens.weight"]
     out = T.get("lm_head.weight", embed)
     w = dict(embed=_t(embed), final_norm=_t(T[p + "norm.weight"]), out=_t(out))
+    if gemma:
+        w["final_norm"] = 1 + w["final_norm"]
+    return OracleModel("llama", cfg, w, layers, path)
+
+
+def _load_hf_gemma3(c, T, path):
+    """Gemma 3's text model (model_type gemma3_text, or a gemma3's text_config; absent fields
+    take Gemma3TextConfig's defaults): Gemma's GeGLU, sqrt(dim) and 1 + weight norms, plus
+    RMSNorms over each head of q and k, norms on the attention and feed-forward outputs,
+    scores times query_pre_attn_scalar^-1/2, and layers that see sliding_window keys with
+    RoPE base rope_local_base_freq, but every sliding_window_pattern-th (or layer_types'
+    "full_attention" ones) all keys with rope_theta and rope_scaling ("linear": positions
+    divided by factor)."""
+    for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if c.get(cap) is not None:
+            raise NotImplementedError(f"{cap}: the oracle implements Gemma 3 without it")
+    if c.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise NotImplementedError("Gemma 3's hidden_activation must be gelu_pytorch_tanh")
+    g = lambda key, default: c[key] if c.get(key) is not None else default  # noqa: E731
+    n_layers = g("num_hidden_layers", 26)
+    cfg = _llama_cfg(g("hidden_size", 2304), n_layers, g("num_attention_heads", 8),
+                     g("num_key_value_heads", 4), g("vocab_size", 262208),
+                     g("rms_norm_eps", 1e-6), g("rope_theta", 1e6), "half", g("head_dim", 256))
+    _gemma(cfg)
+    pattern = g("sliding_window_pattern", 6)
+    types = g("layer_types", ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                              for i in range(n_layers)])
+    cfg.update(sliding_window=g("sliding_window", 4096),
+               windowed_layers=[t == "sliding_attention" for t in types],
+               rope_local_base=float(g("rope_local_base_freq", 10000.0)),
+               attn_scale=float(g("query_pre_attn_scalar", 256)) ** -0.5)
+    rs = c.get("rope_scaling")
+    if rs is not None:
+        if rs.get("rope_type", rs.get("type")) != "linear":
+            raise NotImplementedError("Gemma 3 rope_scaling: the oracle implements linear only")
+        cfg["rope_factors"] = torch.full((cfg["head_dim"] // 2,), float(rs["factor"]), dtype=F64)
+    p = next(x for x in ("model.", "language_model.model.", "model.language_model.")
+             if x + "embed_tokens.weight" in T)
+    names = dict(attn_norm="input_layernorm", wq="self_attn.q_proj", wk="self_attn.k_proj",
+                 wv="self_attn.v_proj", wo="self_attn.o_proj", q_norm="self_attn.q_norm",
+                 k_norm="self_attn.k_norm", post_attn_norm="post_attention_layernorm",
+                 ffn_norm="pre_feedforward_layernorm", post_ffn_norm="post_feedforward_layernorm",
+                 w1="mlp.gate_proj", w2="mlp.down_proj", w3="mlp.up_proj")
+    norms = ("attn_norm", "q_norm", "k_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm")
+    layers = [{k: _t(T[f"{p}layers.{i}.{v}.weight"]) + (1 if k in norms else 0)
+               for k, v in names.items()} for i in range(n_layers)]
+    embed = _t(T[p + "embed_tokens.weight"])
+    w = dict(embed=embed, final_norm=1 + _t(T[p + "norm.weight"]), out=embed)
     return OracleModel("llama", cfg, w, layers, path)
 
 
@@ -193,7 +281,11 @@ def load_hf(path):
     mt = c.get("model_type")
     if mt == "gpt2":
         return _load_hf_gpt2(c, T, directory)
-    if mt in ("llama", "mistral", "qwen3", "phi3"):
+    if mt == "gemma3":
+        return _load_hf_gemma3(c["text_config"], T, directory)
+    if mt == "gemma3_text":
+        return _load_hf_gemma3(c, T, directory)
+    if mt in ("llama", "mistral", "qwen3", "phi3", "gemma"):
         return _load_hf_llama(c, T, directory)
     raise NotImplementedError(f"model_type {mt!r} not supported by the oracle")
 

@@ -1,4 +1,8 @@
-"""Float64 forward passes written from the equations (Llama and GPT-2).
+"""Float64 forward passes written from the equations (Llama and GPT-2; Gemma is a Llama whose
+config has gate="gelu_tanh" and embed_scale=sqrt(dim), its norms' 1 + weight taken at load;
+Gemma 3 adds per-layer windows (cfg["windowed_layers"]) with their own RoPE base
+(cfg["rope_local_base"], no factors), an attention scale (cfg["attn_scale"]) and norms on
+each block's output (post_attn_norm, post_ffn_norm) before its residual add).
 
 forward(model, tokens, doc_ids=None, positions=None) -> (logits [T, V], attn [L, H, T, T]).
 Everything is differentiable (no in-place ops), so torch.autograd can produce gradients.
@@ -24,9 +28,11 @@ def allowed_mask(T, doc_ids=None, window=None):
     return mask
 
 
-def attention(q, k, v, mask):
-    """q [H, T, hd]; k, v [H, T, hd] (already expanded for GQA). Returns (out, probs, scores)."""
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+def attention(q, k, v, mask, scale=None):
+    """q [H, T, hd]; k, v [H, T, hd] (already expanded for GQA). Returns (out, probs, scores).
+    Scores are q.k times scale (default 1/sqrt(hd))."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-1, -2) * scale
     scores = scores.masked_fill(~mask, float("-inf"))
     if not bool(mask.any(dim=-1).all()):
         raise ValueError("a query row has no visible key")
@@ -105,24 +111,37 @@ def llama_forward(m, x, positions, mask, capture=None):
     H, KV, hd, eps = c["n_heads"], c["n_kv_heads"], c["head_dim"], c["eps"]
     group = H // KV
     probs_all = []
-    for lw in m.layers:
+    for i, lw in enumerate(m.layers):
         n = rms_norm(x, lw["attn_norm"], eps)
-        factors = c.get("rope_factors")
+        factors, base, layer_mask = c.get("rope_factors"), c["rope_base"], mask
+        if c.get("windowed_layers") is not None:  # Gemma 3
+            if c["windowed_layers"][i]:
+                factors, base, layer_mask = None, c["rope_local_base"], mask[0]
+            else:
+                layer_mask = mask[1]
         qp, kp, vp = n @ lw["wq"].T, n @ lw["wk"].T, n @ lw["wv"].T
         if "bq" in lw:  # Qwen2's biases
             qp, kp, vp = qp + lw["bq"], kp + lw["bk"], vp + lw["bv"]
         q, k = _heads(qp, H, hd), _heads(kp, KV, hd)
         if "q_norm" in lw:  # Qwen3: RMSNorm over each head's vector, before RoPE
             q, k = rms_norm(q, lw["q_norm"], eps), rms_norm(k, lw["k_norm"], eps)
-        q = rope(q, positions, c["rope_base"], c["rope_style"], factors)
-        k = rope(k, positions, c["rope_base"], c["rope_style"], factors)
+        q = rope(q, positions, base, c["rope_style"], factors)
+        k = rope(k, positions, base, c["rope_style"], factors)
         v = _heads(vp, KV, hd)
         k, v = _leaf_prefix(capture, k, v)
         kv_of_head = torch.arange(H) // group  # GQA: query head h reads KV head h // group
-        out, probs, scores = attention(q, k[kv_of_head], v[kv_of_head], mask)
-        h = x + _merge(out) @ lw["wo"].T
+        out, probs, scores = attention(q, k[kv_of_head], v[kv_of_head], layer_mask,
+                                       c.get("attn_scale"))
+        o = _merge(out) @ lw["wo"].T
+        if "post_attn_norm" in lw:
+            o = rms_norm(o, lw["post_attn_norm"], eps)
+        h = x + o
         n2 = rms_norm(h, lw["ffn_norm"], eps)
-        x = h + (silu(n2 @ lw["w1"].T) * (n2 @ lw["w3"].T)) @ lw["w2"].T
+        gate = gelu_tanh if c.get("gate") == "gelu_tanh" else silu
+        f = (gate(n2 @ lw["w1"].T) * (n2 @ lw["w3"].T)) @ lw["w2"].T
+        if "post_ffn_norm" in lw:
+            f = rms_norm(f, lw["post_ffn_norm"], eps)
+        x = h + f
         probs_all.append(probs)
         _record(capture, q=q, k=k, v=v, scores=scores, probs=probs, attn_out=out, resid=x)
     x = rms_norm(x, m.w["final_norm"], eps)
@@ -150,7 +169,8 @@ def gpt2_forward(m, x, positions, mask, capture=None):
 
 def forward(m, tokens, doc_ids=None, positions=None, inputs_embeds=None, capture=None):
     """Full causal pass over `tokens` (list of ids). positions default to 0..T-1;
-    `inputs_embeds` [T, d] replaces the token-embedding lookup (for input gradients)."""
+    `inputs_embeds` [T, d] replaces the token-embedding lookup (Gemma's: the lookup times
+    embed_scale) for input gradients."""
     ids = torch.as_tensor(list(tokens), dtype=torch.long)
     T = ids.shape[0]
     if T == 0:
@@ -161,8 +181,10 @@ def forward(m, tokens, doc_ids=None, positions=None, inputs_embeds=None, capture
         raise ValueError("doc_ids must have one entry per token")
     pos = torch.arange(T) if positions is None else torch.as_tensor(list(positions), dtype=torch.long)
     mask = allowed_mask(T, doc_ids, m.cfg.get("sliding_window"))
+    if m.cfg.get("windowed_layers") is not None:  # (windowed layers' mask, the others')
+        mask = (mask, allowed_mask(T, doc_ids))
     embed = m.w["embed"] if m.family == "llama" else m.w["wte"]
-    x = embed[ids] if inputs_embeds is None else inputs_embeds
+    x = embed[ids] * m.cfg.get("embed_scale", 1.0) if inputs_embeds is None else inputs_embeds
     if capture is not None:
         capture["embeds"] = x
     fwd = llama_forward if m.family == "llama" else gpt2_forward
