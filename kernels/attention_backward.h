@@ -5,9 +5,10 @@
 // Per head (the contract in ARCHITECTURE.md, never a Jacobian):
 //   dV = Aᵀ G          [Tk, Dh]   (a KV head sums over the H/Hkv query heads reading it)
 //   dA = G Vᵀ          [Tq, Tk]   (visible entries; masked entries are reported as 0)
-//   dS = A ⊙ (dA − rowsum(A ⊙ dA))
-//   dQ = dS K · scale  [Tq, Dh]
-//   dK = dSᵀ Q · scale [Tk, Dh]
+//   dS = A ⊙ (dA − rowsum(A ⊙ dA))    (the scores the softmax saw: capped ones with softcap)
+//   dR = dS ⊙ (1 − tanh²(R / softcap)) with softcap, R = scale · QKᵀ; else dR = dS
+//   dQ = dR K · scale  [Tq, Dh]
+//   dK = dRᵀ Q · scale [Tk, Dh]
 #ifndef KVLENS_KERNELS_ATTENTION_BACKWARD_H_
 #define KVLENS_KERNELS_ATTENTION_BACKWARD_H_
 
@@ -34,6 +35,7 @@ struct AttentionBackwardArgs {
   bool causal = true;
   int window = 0;
   double scale = 0.0;
+  double softcap = 0.0;
   const int32_t* q_doc_ids = nullptr;  // [Tq] or nullptr
   const int32_t* k_doc_ids = nullptr;  // [Tk] or nullptr
   KvSource<T> kv;
@@ -64,6 +66,7 @@ AttentionArgs<T> ForwardArgsOf(const AttentionBackwardArgs<T>& b) {
   a.causal = b.causal;
   a.window = b.window;
   a.scale = b.scale;
+  a.softcap = b.softcap;
   a.q_doc_ids = b.q_doc_ids;
   a.k_doc_ids = b.k_doc_ids;
   a.kv = b.kv;
@@ -88,6 +91,7 @@ AttentionBackwardArgs<T> BackwardArgsOf(const AttentionArgs<T>& f) {
   b.causal = f.causal;
   b.window = f.window;
   b.scale = f.scale;
+  b.softcap = f.softcap;
   b.q_doc_ids = f.q_doc_ids;
   b.k_doc_ids = f.k_doc_ids;
   b.kv = f.kv;

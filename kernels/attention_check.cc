@@ -41,6 +41,10 @@ absl::Status ValidateAttentionArgs(const AttentionArgs<T>& a) {
     return Bad("scale", absl::StrCat("must be finite and non-zero (usually 1/sqrt(head_dim)), got ",
                                      a.scale));
   }
+  if (!(a.softcap >= 0.0 && a.softcap < 1e30)) {
+    return Bad("softcap",
+               absl::StrCat("must be non-negative and finite (0: none), got ", a.softcap));
+  }
   const int64_t q_width = static_cast<int64_t>(a.num_heads) * a.head_dim;
   const int64_t kv_width = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
   if (a.q == nullptr) return Bad("q", "is null");

@@ -85,8 +85,11 @@ struct AttentionArgs {
   int head_dim = 0;      // Dh
   int query_offset = 0;  // absolute position of query row 0
   bool causal = true;
-  int window = 0;                      // > 0: sliding window (Mistral 7B v0.1: 4096)
-  double scale = 0.0;                  // usually 1/√Dh
+  int window = 0;      // > 0: sliding window (Mistral 7B v0.1: 4096)
+  double scale = 0.0;  // usually 1/√Dh
+  // > 0: each score is softcap · tanh(scale · q·k / softcap) (Gemma 2's attention logit
+  // soft-capping: 50); the scores map holds these capped scores.
+  double softcap = 0.0;
   const int32_t* q_doc_ids = nullptr;  // [Tq] document of each query, or nullptr
   const int32_t* k_doc_ids = nullptr;  // [Tk] document of each key (both or neither)
   KvSource<T> kv;
@@ -181,6 +184,8 @@ class Backend {
   virtual void GeGlu(const T* gate, const T* up, int64_t count, T* out) = 0;
   // x ← factor · x, elementwise (Gemma's embeddings, times √D).
   virtual void Scale(T* x, int64_t count, double factor) = 0;
+  // x ← cap · tanh(x / cap), elementwise (Gemma 2's final logit soft-capping: 30).
+  virtual void SoftCap(T* x, int64_t count, double cap) = 0;
   // y += x, elementwise (residual connections).
   virtual void Add(T* y, const T* x, int64_t count) = 0;
   // Copies N new rows of k and v (each row_elems = Hkv*Dh, src rows src_stride apart)

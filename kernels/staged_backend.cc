@@ -134,6 +134,14 @@ void StagedBackend::GeGlu(const float* gate, const float* up, int64_t count, flo
   Fetch(out, 2, count);
 }
 
+void StagedBackend::SoftCap(float* x, int64_t count, double cap) {
+  if (!status_.ok() || count <= 0 || !Ok(device_.MakeCurrent())) return;
+  float* d = Stage(0, x, count);
+  if (d == nullptr) return;
+  device_.SoftCap(d, count, cap);
+  Fetch(x, 0, count);
+}
+
 void StagedBackend::Scale(float* x, int64_t count, double factor) {
   if (!status_.ok() || count <= 0 || !Ok(device_.MakeCurrent())) return;
   float* d = Stage(0, x, count);

@@ -73,8 +73,12 @@ std::unique_ptr<v1::Interpret::Stub> Connect(const Args& args, grpc::ClientConte
   auto seconds = args.Int("timeout", 1, 86400);
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(seconds.ok() ? *seconds : 120));
-  return v1::Interpret::NewStub(
-      grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials()));
+  // Probe tensors (a layer's weight gradients: H·Dh × D doubles each) pass gRPC's default
+  // 4 MiB limit on what a client receives; the server bounds them (--max-interp-bytes).
+  grpc::ChannelArguments channel_args;
+  channel_args.SetMaxReceiveMessageSize(-1);
+  return v1::Interpret::NewStub(grpc::CreateCustomChannel(
+      args.Str("server"), grpc::InsecureChannelCredentials(), channel_args));
 }
 
 std::vector<double> Decode(const std::string& bytes, v1::DType dtype) {

@@ -66,6 +66,8 @@ absl::StatusOr<std::vector<T>> LensLogits(const Model& model, kernels::Backend<T
     be.LayerNorm(x.data(), tape.n, c.dim, w.final_norm, w.final_norm_bias, c.norm_eps, xn.data());
   }
   be.MatMul(xn.data(), tape.n, w.output, kernels::WeightView{}, logits.data());
+  if (c.final_softcap > 0.0)
+    be.SoftCap(logits.data(), int64_t{tape.n} * c.vocab_size, c.final_softcap);
   return logits;
 }
 

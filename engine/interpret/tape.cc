@@ -200,6 +200,7 @@ absl::Status AttentionLayer(Backend<T>& be, const ModelConfig& c, const Sequence
   a.causal = true;
   a.window = c.WindowOf(layer);
   a.scale = c.AttentionScale();
+  a.softcap = c.attention_softcap;
   if (!in.doc_ids.empty()) {
     a.q_doc_ids = in.doc_ids.data() + in.offset;
     a.k_doc_ids = in.doc_ids.data();
@@ -519,6 +520,7 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
   Norm(be, c, w.final_norm, w.final_norm_bias, x.data(), n, t.xf.data());
   t.logits.resize(n * V);
   be.MatMul(t.xf.data(), n, w.output, kernels::WeightView{}, t.logits.data());
+  if (c.final_softcap > 0.0) be.SoftCap(t.logits.data(), n * V, c.final_softcap);
   // A backend whose ops can fail (a device behind kernels/staged_backend.h) reports it here.
   if (absl::Status s = be.Synchronize(); !s.ok()) return s;
   return t;

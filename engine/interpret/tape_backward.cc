@@ -75,7 +75,17 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
   std::vector<T> dx(n * D, T(0));
   if (!seed.dlogits.empty()) {
     std::vector<T> dxf(n * D, T(0));
-    if (absl::Status s = matmul_dx(seed.dlogits.data(), n, w.output, dxf.data()); !s.ok()) return s;
+    const T* dlogits = seed.dlogits.data();
+    std::vector<T> draw;  // through a final soft-cap: dl · (1 − (logit / cap)²)
+    if (c.final_softcap > 0.0) {
+      draw.resize(seed.dlogits.size());
+      for (size_t e = 0; e < draw.size(); ++e) {
+        const double u = static_cast<double>(t.logits[e]) / c.final_softcap;
+        draw[e] = static_cast<T>(seed.dlogits[e] * (1.0 - u * u));
+      }
+      dlogits = draw.data();
+    }
+    if (absl::Status s = matmul_dx(dlogits, n, w.output, dxf.data()); !s.ok()) return s;
     NormBackward(c, w.final_norm, t.x_final.data(), n, dxf.data(), dx.data());
   }
   g.residual[L] = dx;
@@ -140,6 +150,7 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
     a.causal = true;
     a.window = c.WindowOf(l);
     a.scale = c.AttentionScale();
+    a.softcap = c.attention_softcap;
     if (!t.input.doc_ids.empty()) {
       a.q_doc_ids = t.input.doc_ids.data() + off;
       a.k_doc_ids = t.input.doc_ids.data();

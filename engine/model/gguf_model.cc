@@ -22,28 +22,32 @@ absl::Status ReadInt(const GgufFile& f, const std::string& key, int& out) {
   return absl::OkStatus();
 }
 
-// Gemma 3 as llama.cpp runs it: with attention.sliding_window, every sixth layer sees the
-// whole context and the others the window, turning with an unscaled RoPE base of 10000
-// (rope.freq_base and rope.scaling are the full layers'); scores times 1/√head_dim, but
-// 1/√(D/H) for the 62-layer 27B (Hugging Face: query_pre_attn_scalar 168). A final logit
-// soft-cap is refused.
-absl::Status ReadGemma3Layers(const GgufFile& f, ModelConfig& c) {
-  if (f.Find("gemma3.final_logit_softcapping") != nullptr) {
-    double cap = 0.0;
-    KVLENS_ASSIGN_OR_RETURN(cap, f.GetFloat("gemma3.final_logit_softcapping"));
-    if (cap != 0.0) {
-      return absl::UnimplementedError(
-          absl::StrCat("GGUF gemma3.final_logit_softcapping = ", cap, " is not supported (none)"));
-    }
+// Gemma 2 and 3 as llama.cpp runs them. With attention.sliding_window, Gemma 2 windows
+// its even layers (the odd ones see the whole context), Gemma 3 five layers of six (the
+// sixth sees it all) turning with an unscaled RoPE base of 10000 (rope.freq_base and
+// rope.scaling are the full layers'). Scores times 1/√head_dim, but 1/√(D/H) for the
+// 27Bs (Gemma 2's 46 layers, Gemma 3's 62: Hugging Face's query_pre_attn_scalar 144 and
+// 168). Gemma 2 soft-caps its scores and logits (attn_logit_softcapping,
+// final_logit_softcapping: 50 and 30 when absent, as llama.cpp has them); Gemma 3 its
+// logits only where final_logit_softcapping says so.
+absl::Status ReadGemma23Layers(const GgufFile& f, const std::string& a, ModelConfig& c) {
+  const bool gemma2 = a == "gemma2";
+  c.attention_softcap = gemma2 ? 50.0 : 0.0;
+  c.final_softcap = gemma2 ? 30.0 : 0.0;
+  for (auto [key, out] :
+       {std::pair<std::string, double*>{a + ".attn_logit_softcapping", &c.attention_softcap},
+        {a + ".final_logit_softcapping", &c.final_softcap}}) {
+    if (f.Find(key) != nullptr) KVLENS_ASSIGN_OR_RETURN(*out, f.GetFloat(key));
   }
-  if (f.Find("gemma3.attention.sliding_window") != nullptr) {
-    if (auto s = ReadInt(f, "gemma3.attention.sliding_window", c.sliding_window); !s.ok()) {
+  if (f.Find(a + ".attention.sliding_window") != nullptr) {
+    if (auto s = ReadInt(f, a + ".attention.sliding_window", c.sliding_window); !s.ok()) {
       return s;
     }
-    for (int l = 0; l < c.num_layers; ++l) c.windowed_layers.push_back((l + 1) % 6 != 0);
-    c.rope_theta_windowed = 1e4;
+    const int pattern = gemma2 ? 2 : 6;
+    for (int l = 0; l < c.num_layers; ++l) c.windowed_layers.push_back((l + 1) % pattern != 0);
+    if (!gemma2) c.rope_theta_windowed = 1e4;
   }
-  if (c.num_layers == 62) {
+  if (c.num_layers == (gemma2 ? 46 : 62)) {
     c.attention_scale = 1.0 / std::sqrt(static_cast<double>(c.dim / c.num_heads));
   }
   return absl::OkStatus();
@@ -122,25 +126,24 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
   // rotates half-split pairs; llama.cpp's converter stores its RMSNorm weights plus one,
   // so they scale as a Llama's do. Gemma 3 adds RMSNorms over each head of q and k and on
   // the attention and feed-forward outputs, and layers windowed as llama.cpp has them
-  // (ReadGemma3Layers).
+  // (ReadGemma23Layers). Gemma 2 has the block-output norms but no head norms, windows
+  // every other layer and soft-caps its attention scores and logits.
   const bool qwen2 = a == "qwen2", qwen3 = a == "qwen3", phi3 = a == "phi3";
-  const bool gemma3 = a == "gemma3", gemma = a == "gemma" || gemma3;
+  const bool gemma3 = a == "gemma3", gemma23 = gemma3 || a == "gemma2";
+  const bool gemma = a == "gemma" || gemma23;
   if (a == "llama" || qwen2 || qwen3 || phi3 || gemma) {
     c.arch = Architecture::kLlama;
     c.qkv_bias = qwen2;
     c.qk_norm = qwen3 || gemma3;
-    c.sandwich_norms = gemma3;
+    c.sandwich_norms = gemma23;
     if (gemma) c.gate_activation = GateActivation::kGeluTanh;
   } else if (a == "gpt2") {
     c.arch = Architecture::kGpt2;
-  } else if (a == "gemma2") {
-    return absl::UnimplementedError(
-        "GGUF general.architecture = \"gemma2\" is not supported (its attention logit "
-        "soft-capping is not implemented; gemma and gemma3 are)");
+
   } else {
-    return absl::UnimplementedError(
-        absl::StrCat("GGUF general.architecture = \"", a,
-                     "\" is not supported (llama, qwen2, qwen3, phi3, gemma, gemma3, gpt2)"));
+    return absl::UnimplementedError(absl::StrCat(
+        "GGUF general.architecture = \"", a,
+        "\" is not supported (llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3, gpt2)"));
   }
   c.family = a;
   if (f.tensors().empty()) {
@@ -191,8 +194,8 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
   c.rope_style = qwen2 || qwen3 || phi3 || gemma ? kernels::RopeStyle::kHalfSplit
                                                  : kernels::RopeStyle::kAdjacentPairs;
   if (gemma) c.embedding_scale = std::sqrt(static_cast<double>(c.dim));
-  if (gemma3) {
-    if (absl::Status s = ReadGemma3Layers(f, c); !s.ok()) return s;
+  if (gemma23) {
+    if (absl::Status s = ReadGemma23Layers(f, a, c); !s.ok()) return s;
   }
   if (phi3 && f.Find("phi3.attention.sliding_window") != nullptr) {
     if (auto s = ReadInt(f, "phi3.attention.sliding_window", c.sliding_window); !s.ok()) return s;
@@ -269,7 +272,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(std::unique_ptr<GgufFile> g
         KVLENS_ASSIGN_OR_RETURN(lw.q_norm, t.Get(p + "attn_q_norm.weight", 1, c.head_dim));
         KVLENS_ASSIGN_OR_RETURN(lw.k_norm, t.Get(p + "attn_k_norm.weight", 1, c.head_dim));
       }
-      if (c.sandwich_norms) {  // Gemma 3
+      if (c.sandwich_norms) {  // Gemma 2, 3
         KVLENS_ASSIGN_OR_RETURN(lw.post_attn_norm, t.Get(p + "post_attention_norm.weight", 1, D));
         KVLENS_ASSIGN_OR_RETURN(lw.post_ffn_norm, t.Get(p + "post_ffw_norm.weight", 1, D));
       }

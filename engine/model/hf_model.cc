@@ -337,19 +337,32 @@ absl::Status ReadGemmaActivation(const json& cfg) {
 // attend within sliding_window but every sliding_window_pattern-th (layer_types, where
 // given) over the whole context, rotating with rope_local_base_freq in the window and
 // rope_theta (and rope_scaling) outside it.
-absl::Status ReadGemma3Config(const json& t, ModelConfig& c) {
+// Gemma 2 (model_type "gemma2", Gemma2Config's defaults) is the same without the head norms
+// or a RoPE base of its own for the window, every other layer windowed (the first one
+// too), and its attention scores and logits soft-capped (attn_logit_softcapping 50,
+// final_logit_softcapping 30; null: none).
+absl::Status ReadGemma23Config(const json& t, bool gemma2, ModelConfig& c) {
   if (!t.is_object())
     return absl::InvalidArgumentError("config.json: text_config is not an object");
-  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"}) {
-    if (t.contains(cap) && !t[cap].is_null()) {
-      return absl::UnimplementedError(
-          absl::StrCat("config.json: ", cap, " = ", t[cap].dump(), " is not supported (null)"));
+  for (auto [key, out, fallback] :
+       {std::tuple<const char*, double*, double>{"attn_logit_softcapping", &c.attention_softcap,
+                                                 gemma2 ? 50.0 : 0.0},
+        {"final_logit_softcapping", &c.final_softcap, gemma2 ? 30.0 : 0.0}}) {
+    *out = fallback;
+    if (t.contains(key) && !t[key].is_null()) {
+      if (!t[key].is_number() || !(t[key].get<double>() > 0.0)) {
+        return absl::InvalidArgumentError(absl::StrCat("config.json: ", key, " = ", t[key].dump(),
+                                                       " (a positive number or null)"));
+      }
+      *out = t[key].get<double>();
+    } else if (t.contains(key)) {
+      *out = 0.0;  // null: none
     }
   }
   if (absl::Status s = ReadGemmaActivation(t); !s.ok()) return s;
   c.arch = Architecture::kLlama;
   c.gate_activation = GateActivation::kGeluTanh;
-  c.qk_norm = true;
+  c.qk_norm = !gemma2;
   c.sandwich_norms = true;
   c.rope_style = kernels::RopeStyle::kHalfSplit;
   for (const auto& [key, out, fallback] :
@@ -359,8 +372,8 @@ absl::Status ReadGemma3Config(const json& t, ModelConfig& c) {
         {"num_attention_heads", &c.num_heads, 8},
         {"num_key_value_heads", &c.num_kv_heads, 4},
         {"head_dim", &c.head_dim, 256},
-        {"vocab_size", &c.vocab_size, 262208},
-        {"max_position_embeddings", &c.max_seq_len, 131072},
+        {"vocab_size", &c.vocab_size, gemma2 ? 256000 : 262208},
+        {"max_position_embeddings", &c.max_seq_len, gemma2 ? 8192 : 131072},
         {"sliding_window", &c.sliding_window, 4096}}) {
     if (absl::Status s = ConfigInt(t, {key}, *out, fallback); !s.ok()) return s;
   }
@@ -383,8 +396,10 @@ absl::Status ReadGemma3Config(const json& t, ModelConfig& c) {
       c.windowed_layers.push_back(type == "sliding_attention");
     }
   } else if (c.num_layers > 0) {
-    int pattern = 6;
-    if (absl::Status s = ConfigInt(t, {"sliding_window_pattern"}, pattern, 6); !s.ok()) return s;
+    int pattern = gemma2 ? 2 : 6;
+    if (absl::Status s = ConfigInt(t, {"sliding_window_pattern"}, pattern, pattern); !s.ok()) {
+      return s;
+    }
     if (pattern <= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("config.json: sliding_window_pattern = ", pattern, " must be positive"));
@@ -392,8 +407,8 @@ absl::Status ReadGemma3Config(const json& t, ModelConfig& c) {
     for (int l = 0; l < c.num_layers; ++l) c.windowed_layers.push_back((l + 1) % pattern != 0);
   }
   c.norm_eps = ConfigFloat(t, "rms_norm_eps", 1e-6);
-  c.rope_theta = ConfigFloat(t, "rope_theta", 1e6);
-  c.rope_theta_windowed = ConfigFloat(t, "rope_local_base_freq", 1e4);
+  c.rope_theta = ConfigFloat(t, "rope_theta", gemma2 ? 1e4 : 1e6);
+  c.rope_theta_windowed = gemma2 ? 0.0 : ConfigFloat(t, "rope_local_base_freq", 1e4);
   const double query_scalar = ConfigFloat(t, "query_pre_attn_scalar", 256.0);
   if (!(query_scalar > 0.0)) {
     return absl::InvalidArgumentError(
@@ -421,16 +436,13 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
   if (auto s = ConfigValue<std::string>(cfg, "model_type", type, ""); !s.ok()) return s;
   const char* dim_key = "hidden_size";
   const char* heads_key = "num_attention_heads";
-  if (type == "gemma2") {
-    return absl::UnimplementedError(
-        "config.json: model_type \"gemma2\" is not supported (its attention logit "
-        "soft-capping, attn_logit_softcapping, is not implemented; Gemma and Gemma 3 are)");
-  }
-  if (type == "gemma3_text" || type == "gemma3") {
+  if (type == "gemma2" || type == "gemma3_text" || type == "gemma3") {
     if (type == "gemma3" && !cfg.contains("text_config")) {
       return absl::InvalidArgumentError("config.json: model_type gemma3 without a text_config");
     }
-    if (absl::Status s = ReadGemma3Config(TextConfig(cfg), c); !s.ok()) return s;
+    if (absl::Status s = ReadGemma23Config(TextConfig(cfg), type == "gemma2", c); !s.ok()) {
+      return s;
+    }
   } else if (type == "gpt2") {
     dim_key = "n_embd";
     heads_key = "n_head";
@@ -511,18 +523,18 @@ absl::Status ReadConfig(const json& cfg, ModelConfig& c) {
       return s;
     if (type == "gemma") c.embedding_scale = std::sqrt(static_cast<double>(c.dim));
   } else {
-    return absl::UnimplementedError(
-        absl::StrCat("config.json: model_type \"", type,
-                     "\" is not supported (gemma, gemma3, gemma3_text, gpt2, llama, mistral, "
-                     "phi3, qwen2, qwen3)"));
+    return absl::UnimplementedError(absl::StrCat(
+        "config.json: model_type \"", type,
+        "\" is not supported (gemma, gemma2, gemma3, gemma3_text, gpt2, llama, mistral, "
+        "phi3, qwen2, qwen3)"));
   }
   c.family = type;
   // The head size: head_dim where config.json has it (Qwen3: 128 with hidden_size 1024
   // and 16 heads), else hidden_size / heads.
   const bool own_head_dim =
       c.arch == Architecture::kLlama && cfg.contains("head_dim") && !cfg["head_dim"].is_null();
-  if (type == "gemma3_text" || type == "gemma3") {
-    // ReadGemma3Config read head_dim (Gemma3TextConfig's default: 256)
+  if (type == "gemma2" || type == "gemma3_text" || type == "gemma3") {
+    // ReadGemma23Config read head_dim (the default: 256)
   } else if (own_head_dim) {
     if (auto s = ConfigInt(cfg, {"head_dim"}, c.head_dim); !s.ok()) return s;
   } else {

@@ -89,6 +89,14 @@ absl::Status ModelConfig::Validate() const {
         "model config: rope_theta_windowed = ", rope_theta_windowed, " and attention_scale = ",
         attention_scale, " must be non-negative (0: the default) and finite"));
   }
+  for (auto [field, cap] :
+       {std::pair<absl::string_view, double>{"attention_softcap", attention_softcap},
+        {"final_softcap", final_softcap}}) {
+    if (!(cap >= 0.0 && cap < 1e6)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: ", field, " = ", cap, " must be in [0, 1e6) (0: none)"));
+    }
+  }
   if (sandwich_norms && arch != Architecture::kLlama) {
     return absl::InvalidArgumentError("model config: sandwich_norms needs the llama architecture");
   }

@@ -49,6 +49,10 @@ struct ModelConfig {
   // > 0: attention scores are q·k times this; 0: 1/√head_dim (Gemma 3's
   // query_pre_attn_scalar^−1/2).
   double attention_scale = 0.0;
+  // > 0: attention scores are softcap · tanh(s / softcap) (Gemma 2's attn_logit_softcapping,
+  // 50), and the logits final_softcap · tanh(l / final_softcap) (final_logit_softcapping, 30).
+  double attention_softcap = 0.0;
+  double final_softcap = 0.0;
   // Llama family: an RMSNorm on the attention output and one on the feed-forward output,
   // each before its residual add (LayerWeights::post_attn_norm, post_ffn_norm; Gemma 3).
   bool sandwich_norms = false;

@@ -247,6 +247,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       a.causal = true;
       a.window = c.WindowOf(l);
       a.scale = c.AttentionScale();
+      a.softcap = c.attention_softcap;
       if (!b.doc_ids.empty()) {
         a.q_doc_ids = b.doc_ids.data() + b.num_cached;
         a.k_doc_ids = b.doc_ids.data();
@@ -343,10 +344,12 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   out.pick_top_logprob.clear();
   if (host) {
     backend_.MatMul(xn_.data(), m, w.output, WeightView{}, out.logits.data());
+    if (c.final_softcap > 0.0) backend_.SoftCap(out.logits.data(), m * V, c.final_softcap);
     return backend_.Synchronize();
   }
   if (absl::Status s = logits_.Resize(m * V); !s.ok()) return s;
   backend_.MatMul(xn_.data(), m, w.output, WeightView{}, logits_.data());
+  if (c.final_softcap > 0.0) backend_.SoftCap(logits_.data(), m * V, c.final_softcap);
   // The rows wanted on the host: all of them, or (when some entry wants only the token its
   // draw picks) those of the other entries, one copy per run of consecutive rows.
   std::vector<bool> wanted(static_cast<size_t>(m), true);

@@ -22,6 +22,14 @@
 namespace kvlens::kernels {
 namespace {
 
+// Gemma 2's soft-capping of n scaled scores in place (AttentionArgs::softcap; none at 0),
+// each cap · tanh(s / cap) in fp32, before the masks.
+inline void SoftCap(const AttentionArgs<float>& a, float* s, int64_t n) {
+  if (a.softcap <= 0.0) return;
+  const float cap = static_cast<float>(a.softcap), inv = 1.0f / cap;
+  for (int64_t i = 0; i < n; ++i) s[i] = cap * std::tanh(s[i] * inv);
+}
+
 // Per (query row, head) pair: scores of the causally reachable keys (−∞ for other
 // documents), max subtracted, exponentials summed in fp32, p = e / Σe, then out = Σ p_j v_j
 // with those very p. The order of every rounding on the tiled paths (this defines a pair's
@@ -29,7 +37,7 @@ namespace {
 // within each span of keys, then merges the spans):
 //   - score s_j = scale · dot, the dot formed as kLanes lane chains (lane l: the FMAs over
 //     d = l, l + kLanes, … in order), VSum's tree over the lanes, then the last dh % kLanes
-//     dims one FMA each;
+//     dims one FMA each (then, with a soft-cap, cap · tanh(s_j · (1/cap)));
 //   - the weights' sum in key order; p_j = e_j · (1 / Σ);
 //   - out[d] the chain of FMAs p_j · v_j[d] + out[d] over the keys in order from 0, a key
 //     of weight 0 adding nothing (under a sliding window a tile starts at its earliest
@@ -78,6 +86,7 @@ void AttendAcrossPairs(const AttentionArgs<float>& a, int pairs, const int* rows
   for (int r = 0; r < nk; ++r) krows[r] = static_cast<const KT*>(row_at(a.kv.k, key_begin + r));
   ScoresAcrossPairs(qt.data(), lanes, nv, krows.data(), nk, dh, static_cast<float>(a.scale),
                     sp.data());
+  SoftCap(a, sp.data(), static_cast<int64_t>(nk) * lanes);
   // Masks, then e^(s − max) / Σ lane by lane (a padding lane sees every key).
   thread_local std::vector<float> mx, z;
   mx.assign(static_cast<size_t>(lanes), kNegInf);
@@ -270,6 +279,7 @@ struct NarrowPairs {
           total = VLoad(su);
         }
         VStore(su, VMul(sv, total));
+        SoftCap(a, su, n);
         for (int t = n; t < kLanes; ++t) su[t] = kNegInf;
         if (a.q_doc_ids != nullptr) {
           const int32_t doc = a.q_doc_ids[rows[u]];

@@ -675,6 +675,13 @@ void CpuBackend::GeGlu(const float* gate, const float* up, int64_t count, float*
   });
 }
 
+void CpuBackend::SoftCap(float* x, int64_t count, double cap) {
+  const float c = static_cast<float>(cap), inv = 1.0f / c;
+  ParallelRange(count, 1 << 14, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) x[i] = c * std::tanh(x[i] * inv);
+  });
+}
+
 void CpuBackend::Scale(float* x, int64_t count, double factor) {
   const float f = static_cast<float>(factor);
   ParallelRange(count, 1 << 16, [&](int64_t i0, int64_t i1) {

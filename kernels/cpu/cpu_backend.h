@@ -43,6 +43,7 @@ class CpuBackend final : public Backend<float>, public BackwardOps<float> {
   void SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
   void GeGlu(const float* gate, const float* up, int64_t count, float* out) override;
   void Scale(float* x, int64_t count, double factor) override;
+  void SoftCap(float* x, int64_t count, double cap) override;
   void Add(float* y, const float* x, int64_t count) override;
   void StoreKv(const float* k, const float* v, int n, int64_t src_stride, int64_t row_elems,
                const int64_t* dst_rows, void* k_cache, void* v_cache, int64_t cache_stride,

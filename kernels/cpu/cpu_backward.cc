@@ -7,6 +7,7 @@
 // oracle; these accumulate in float (FMA where the machine has it) and are checked against
 // them within fp32 rounding.
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "kernels/attention_check.h"
@@ -163,7 +164,7 @@ absl::Status CpuBackend::AttentionBackward(const AttentionBackwardArgs<float>& b
   const int64_t work = int64_t{tq} * tk * dh * b.num_heads;
   ForEachTask(*pool_, int64_t{hkv} * chunks, work, [&](int64_t task) {
     const int kvh = static_cast<int>(task / chunks), chunk = static_cast<int>(task % chunks);
-    thread_local std::vector<float> gt, da, pt, ot, w;
+    thread_local std::vector<float> gt, da, pt, ot, w, qt, raw;
     thread_local std::vector<const float*> krows, vrows;
     float* dk = dk_parts.data() + task * kv_elems;
     float* dv = dv_parts.data() + task * kv_elems;
@@ -236,14 +237,30 @@ absl::Status CpuBackend::AttentionBackward(const AttentionBackwardArgs<float>& b
           std::fill(map + key_end, map + tk, 0.0f);
         }
       }
-      // dQ = scale Σ_j dS[j] k_j (a padding lane's is never read).
+      // Through a soft-cap: dR[j] = dS[j] (1 − tanh²(R[j] / cap)), R the uncapped scores
+      // (formed again from the packed q, as the forward formed them).
+      if (b.softcap > 0.0) {
+        qt.assign(static_cast<size_t>(dh * lanes), 0.0f);
+        for (int u = 0; u < pairs; ++u) {
+          for (int d = 0; d < dh; ++d) qt[QtRow(d, dh) * lanes + u] = qs[u][d];
+        }
+        raw.resize(da.size());
+        ScoresAcrossPairs(qt.data(), lanes, nv, krows.data(), key_end, dh, scale, raw.data());
+        const double cap = b.softcap;
+        for (size_t e = 0; e < da.size(); ++e) {
+          if (da[e] == 0.0f) continue;
+          const double t = std::tanh(raw[e] / cap);
+          da[e] = static_cast<float>(da[e] * (1.0 - t * t));
+        }
+      }
+      // dQ = scale Σ_j dR[j] k_j (a padding lane's is never read).
       ot.resize(static_cast<size_t>(dh * lanes));
       ValuesAcrossPairs(da.data(), lanes, nv, krows.data(), key_end, dh, ot.data());
       for (int u = 0; u < pairs; ++u) {
         float* dq = b.dq + rows[u] * qw + static_cast<int64_t>(heads[u]) * dh;
         for (int d = 0; d < dh; ++d) dq[d] = scale * ot[d * lanes + u];
       }
-      // dV[j] += Σ_u p[j][u] g_u; dK[j] += Σ_u scale dS[j][u] q_u.
+      // dV[j] += Σ_u p[j][u] g_u; dK[j] += Σ_u scale dR[j][u] q_u.
       w.resize(static_cast<size_t>(pairs));
       for (int j = 0; j < key_end; ++j) {
         const float* pj = pt.data() + j * lanes;

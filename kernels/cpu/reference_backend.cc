@@ -118,6 +118,10 @@ void ReferenceBackend::Scale(double* x, int64_t count, double factor) {
   for (int64_t i = 0; i < count; ++i) x[i] *= factor;
 }
 
+void ReferenceBackend::SoftCap(double* x, int64_t count, double cap) {
+  for (int64_t i = 0; i < count; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
 void ReferenceBackend::Add(double* y, const double* x, int64_t count) {
   for (int64_t i = 0; i < count; ++i) y[i] += x[i];
 }
@@ -133,7 +137,8 @@ void ReferenceBackend::StoreKv(const double* k, const double* v, int n, int64_t 
 }
 
 // For each head h and query row i:
-//   S[j] = scale · q·k_j if key j is visible, −∞ if masked
+//   S[j] = scale · q·k_j if key j is visible (softcap: softcap · tanh(scale · q·k_j / softcap)),
+//          −∞ if masked
 //   A[j] = exp(S[j] − max S) / Σ_l exp(S[l] − max S)
 //   out  = Σ_j A[j] v_j
 absl::Status ReferenceBackend::Attention(const AttentionArgs<double>& a) {
@@ -168,6 +173,7 @@ absl::Status ReferenceBackend::Attention(const AttentionArgs<double>& a) {
         double dot = 0.0;
         for (int d = 0; d < dh; ++d) dot += q[d] * k[d];
         s[j] = a.scale * dot;
+        if (a.softcap > 0.0) s[j] = a.softcap * std::tanh(s[j] / a.softcap);
         if (s[j] > max_s) max_s = s[j];
       }
       double z = 0.0;

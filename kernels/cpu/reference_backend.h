@@ -24,6 +24,7 @@ class ReferenceBackend final : public Backend<double> {
   void SwiGlu(const double* gate, const double* up, int64_t count, double* out) override;
   void GeGlu(const double* gate, const double* up, int64_t count, double* out) override;
   void Scale(double* x, int64_t count, double factor) override;
+  void SoftCap(double* x, int64_t count, double cap) override;
   void Add(double* y, const double* x, int64_t count) override;
   void StoreKv(const double* k, const double* v, int n, int64_t src_stride, int64_t row_elems,
                const int64_t* dst_rows, void* k_cache, void* v_cache, int64_t cache_stride,

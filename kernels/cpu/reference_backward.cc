@@ -69,10 +69,17 @@ absl::Status AttentionBackward(const AttentionBackwardArgs<T>& b) {
         ds[j] = KeyVisible(a, i, j) ? static_cast<double>(p[j]) * (da[j] - mean) : 0.0;
         if (ds[j] == 0.0) continue;
         const T* k = krow(j, kvh);
+        double dr = ds[j];  // through the cap: dS · (1 − tanh²(R / softcap))
+        if (b.softcap > 0.0) {
+          double dot = 0.0;
+          for (int d = 0; d < dh; ++d) dot += static_cast<double>(q[d]) * k[d];
+          const double t = std::tanh(b.scale * dot / b.softcap);
+          dr *= 1.0 - t * t;
+        }
         double* dkj = dk.data() + j * kvw + static_cast<int64_t>(kvh) * dh;
         for (int d = 0; d < dh; ++d) {
-          dq_acc[d] += b.scale * ds[j] * k[d];
-          dkj[d] += b.scale * ds[j] * q[d];
+          dq_acc[d] += b.scale * dr * k[d];
+          dkj[d] += b.scale * dr * q[d];
         }
       }
       for (int d = 0; d < dh; ++d) dq[d] = static_cast<T>(dq_acc[d]);

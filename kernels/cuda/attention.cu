@@ -482,7 +482,10 @@ __global__ void __launch_bounds__(
       // lane makes one exp2 for its weight and (those of key 0) one for the head's rescale,
       // and the weights and rescales reach every lane through shared memory.
       const float total = SumAcrossLanes(s, lane);
-      const float score = visible(j0 + su) ? total * scale2 : -INFINITY;
+      const float score = !visible(j0 + su) ? -INFINITY
+                          : p.softcap > 0.0f
+                              ? SoftCapped(total * p.scale, p.softcap) * 1.4426950408889634f
+                              : total * scale2;
       float step_max = score;
 #pragma unroll
       for (int o = kKeyLanes; o < 32; o *= 2) {
@@ -644,7 +647,7 @@ __global__ void SplitKvCombineKernel(AttentionParams p, int num_splits, const fl
 
 // ---------------------------------------------------------------------------------------
 // Materialised. Block (i, h), fp32 throughout:
-//   S[h,i,j] = scale · q·k_j (−∞ masked); A = softmax(S) (masked exactly 0); O = A·V,
+//   S[h,i,j] = scale · q·k_j (−∞ masked; SoftCapped); A = softmax(S) (masked 0); O = A·V,
 // with O computed from the very A written out.
 constexpr int kMaterializedThreads = 256;
 
@@ -665,6 +668,7 @@ __global__ void __launch_bounds__(kMaterializedThreads)
       float dot = 0.0f;
       for (int d = 0; d < D; ++d) dot += q[d] * KvToFloat(k[d]);
       s = dot * p.scale;
+      if (p.softcap > 0.0f) s = SoftCapped(s, p.softcap);
     }
     scores[row + j] = s;
     local_max = fmaxf(local_max, s);

@@ -55,6 +55,7 @@ struct AttentionParams {
   bool causal = true;
   int window = 0;  // > 0: a row sees only its last `window` positions (causal only)
   float scale = 0.0f;
+  float softcap = 0.0f;  // > 0: scores softcap · tanh(scale · q·k / softcap) (not in flash)
   // Several sequences in one split-KV launch (CudaBackend::AttentionBatch): per query row,
   // the end of its visible keys (causal) and where its sequence's blocks start in
   // block_table. num_keys is then the largest key end; query_offset and causal are unused.

@@ -37,10 +37,25 @@ __global__ void __launch_bounds__(kRowThreads) BackwardRowsKernel(AttentionBackw
     if (b.dprobs != nullptr) b.dprobs[row + j] = da;
   }
   const float mean = BlockReduce(local, SumOp());  // ends with a barrier
+  // dS; through a soft-cap dR = dS (1 − tanh²(R / cap)), R = scale · q·k_j formed again.
+  float* dr = p.softcap > 0.0f ? b.dscores_raw + row : ds;
+  const float* q = p.q + static_cast<int64_t>(i) * p.q_stride + static_cast<int64_t>(h) * D;
   for (int j = threadIdx.x; j < p.num_keys; j += blockDim.x) {
     ds[j] = Visible(p, i, j) ? a[j] * (ds[j] - mean) : 0.0f;
+    if (p.softcap > 0.0f) {
+      float r = 0.0f;
+      if (ds[j] != 0.0f) {
+        const float* k = static_cast<const float*>(p.k) + PhysicalRow(p, j) * p.kv_row_stride +
+                         static_cast<int64_t>(g) * D;
+        float dot = 0.0f;
+        for (int d = 0; d < D; ++d) dot += q[d] * k[d];
+        const float t = tanhf(dot * p.scale / p.softcap);
+        r = ds[j] * (1.0f - t * t);
+      }
+      dr[j] = r;
+    }
   }
-  __syncthreads();  // every dS_j is final before the threads read them all
+  __syncthreads();  // every dS_j (dR_j) is final before the threads read them all
   const int end = CausalEnd(p, i);
   float* dq = b.dq + (static_cast<int64_t>(i) * p.num_heads + h) * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
@@ -48,7 +63,7 @@ __global__ void __launch_bounds__(kRowThreads) BackwardRowsKernel(AttentionBackw
     for (int j = 0; j < end; ++j) {
       if (!Visible(p, i, j)) continue;
       acc +=
-          ds[j] * static_cast<const float*>(
+          dr[j] * static_cast<const float*>(
                       p.k)[PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(g) * D + d];
     }
     dq[d] = acc * p.scale;
@@ -74,7 +89,7 @@ __global__ void __launch_bounds__(kKeyThreads) BackwardKeysKernel(AttentionBackw
         if (!Visible(p, i, j)) continue;
         const int64_t e = (static_cast<int64_t>(h) * p.num_queries + i) * p.num_keys + j;
         const int64_t qd = static_cast<int64_t>(i) * p.q_stride + static_cast<int64_t>(h) * D + d;
-        acc_k += b.dscores[e] * p.q[qd];
+        acc_k += (p.softcap > 0.0f ? b.dscores_raw[e] : b.dscores[e]) * p.q[qd];
         acc_v += b.probs[e] *
                  b.dout[static_cast<int64_t>(i) * b.dout_stride + static_cast<int64_t>(h) * D + d];
       }
@@ -89,8 +104,9 @@ __global__ void __launch_bounds__(kKeyThreads) BackwardKeysKernel(AttentionBackw
 absl::Status LaunchAttentionBackward(const AttentionBackwardParams& b, cudaStream_t stream) {
   const AttentionParams& p = b.fwd;
   if (p.num_queries <= 0 || p.num_keys <= 0) return absl::OkStatus();
-  if (b.dscores == nullptr) {
-    return absl::InvalidArgumentError("LaunchAttentionBackward: dscores (workspace) is null");
+  if (b.dscores == nullptr || (p.softcap > 0.0f && b.dscores_raw == nullptr)) {
+    return absl::InvalidArgumentError(
+        "LaunchAttentionBackward: dscores (or, soft-capped, dscores_raw) is null");
   }
   if (b.fwd.kv_dtype != KvDtype::kActivation) {
     return absl::InvalidArgumentError("LaunchAttentionBackward: K and V must be fp32");

@@ -30,6 +30,8 @@ struct AttentionBackwardParams {
   float* dv = nullptr;       // [Tk, Hkv, Dh] contiguous
   float* dprobs = nullptr;   // [H, Tq, Tk] or null
   float* dscores = nullptr;  // [H, Tq, Tk], required (workspace when not wanted)
+  // [H, Tq, Tk], required with fwd.softcap > 0 (workspace): dS through the cap, dR.
+  float* dscores_raw = nullptr;
 };
 
 absl::Status LaunchAttentionBackward(const AttentionBackwardParams& p, cudaStream_t stream);

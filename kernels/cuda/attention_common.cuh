@@ -1,5 +1,5 @@
 // Device-side helpers shared by the attention kernels (attention.cu, attention_backward.cu):
-// the paged cache's row lookup and the visibility rule of kernels/attention_check.h.
+// the paged cache's row lookup, the visibility rule of kernels/attention_check.h, the soft-cap.
 #ifndef KVLENS_KERNELS_CUDA_ATTENTION_COMMON_CUH_
 #define KVLENS_KERNELS_CUDA_ATTENTION_COMMON_CUH_
 
@@ -30,6 +30,9 @@ __device__ __forceinline__ bool Visible(const AttentionParams& p, int i, int j) 
   if (p.window > 0 && static_cast<int64_t>(p.query_offset) + i - j >= p.window) return false;
   return p.q_doc == nullptr || p.q_doc[i] == p.k_doc[j];
 }
+
+// A score soft-capped at cap > 0 (Gemma 2): cap · tanh(s / cap).
+__device__ __forceinline__ float SoftCapped(float s, float cap) { return cap * tanhf(s / cap); }
 
 // Keys j >= this are masked by causality for row i.
 __device__ __forceinline__ int CausalEnd(const AttentionParams& p, int i) {

@@ -606,6 +606,11 @@ void CudaBackend::GeGlu(const float* gate, const float* up, int64_t count, float
   Ok(Launch(&LaunchGeGlu, gate, up, count, out));
 }
 
+void CudaBackend::SoftCap(float* x, int64_t count, double cap) {
+  if (!status_.ok()) return;
+  Ok(Launch(&LaunchSoftCap, x, count, cap));
+}
+
 void CudaBackend::Scale(float* x, int64_t count, double factor) {
   if (!status_.ok()) return;
   Ok(Launch(&LaunchScale, x, count, factor));

@@ -182,6 +182,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   void SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
   void GeGlu(const float* gate, const float* up, int64_t count, float* out) override;
   void Scale(float* x, int64_t count, double factor) override;
+  void SoftCap(float* x, int64_t count, double cap) override;
   void Add(float* y, const float* x, int64_t count) override;
   // One launch (rope, then k's and v's cache rows), for even head sizes.
   void RopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,

@@ -42,8 +42,9 @@ absl::Status CheckAttention(const AttentionArgs<float>& a) {
 }
 
 // Whether `a` (without probs or scores) runs on the flash prefill kernel.
+// (Soft-capped scores, Gemma 2's, take the split-KV kernel: the flash kernels do not cap.)
 bool TakesFlash(const AttentionArgs<float>& a) {
-  return a.num_queries >= kFlashMinQueries && FlashPrefillSupports(a.head_dim);
+  return a.num_queries >= kFlashMinQueries && FlashPrefillSupports(a.head_dim) && a.softcap == 0.0;
 }
 
 // The kernels' parameters for `a`, index arrays not yet uploaded (all null).
@@ -67,6 +68,7 @@ AttentionParams HostParams(const AttentionArgs<float>& a) {
   p.causal = a.causal;
   p.window = a.window;
   p.scale = static_cast<float>(a.scale);
+  p.softcap = static_cast<float>(a.softcap);
   return p;
 }
 
@@ -198,7 +200,8 @@ bool Continues(const AttentionArgs<float>& first, int rows, const AttentionArgs<
          a.kv.dtype == first.kv.dtype && a.kv.block_size == first.kv.block_size &&
          a.num_heads == first.num_heads && a.num_kv_heads == first.num_kv_heads &&
          a.head_dim == first.head_dim && a.scale == first.scale && a.window == first.window &&
-         a.q_stride == first.q_stride && a.out_stride == first.out_stride &&
+         a.softcap == first.softcap && a.q_stride == first.q_stride &&
+         a.out_stride == first.out_stride &&
          reinterpret_cast<uintptr_t>(a.q) == at(first.q, first.q_stride, rows) &&
          reinterpret_cast<uintptr_t>(a.out) == at(first.out, first.out_stride, rows);
 }
@@ -373,11 +376,22 @@ absl::Status CudaBackend::AttentionBackwardImpl(const AttentionBackwardArgs<floa
   p.dv = b.dv;
   p.dprobs = b.dprobs;
   p.dscores = b.dscores;
-  if (p.dscores == nullptr) {  // dS is needed for dK: keep it in the workspace
-    const size_t map_bytes = sizeof(float) * static_cast<size_t>(a.num_heads) *
-                             static_cast<size_t>(a.num_queries) * static_cast<size_t>(a.num_keys);
-    if (absl::Status s = ReserveScratch(attention_workspace_, map_bytes); !s.ok()) return s;
-    p.dscores = attention_workspace_.as<float>();
+  // dS is needed for dK (dR, through a soft-cap, too): what the caller does not take is
+  // kept in the workspace.
+  const size_t map_elems = static_cast<size_t>(a.num_heads) * static_cast<size_t>(a.num_queries) *
+                           static_cast<size_t>(a.num_keys);
+  const size_t maps = (p.dscores == nullptr ? 1 : 0) + (a.softcap > 0.0 ? 1 : 0);
+  if (maps > 0) {
+    if (absl::Status s = ReserveScratch(attention_workspace_, maps * map_elems * sizeof(float));
+        !s.ok()) {
+      return s;
+    }
+    float* scratch = attention_workspace_.as<float>();
+    if (p.dscores == nullptr) {
+      p.dscores = scratch;
+      scratch += map_elems;
+    }
+    if (a.softcap > 0.0) p.dscores_raw = scratch;
   }
   if (graph_.recording()) {
     return absl::FailedPreconditionError("AttentionBackward: not part of a recorded forward step");

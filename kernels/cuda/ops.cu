@@ -224,6 +224,15 @@ __global__ void ScaleKernel(float* x, int64_t count, float factor) {
   }
 }
 
+__global__ void SoftCapKernel(float* x, int64_t count, float cap) {
+  WaitForPriorGrids();  // first: see launch.cuh
+  const float inv = 1.0f / cap;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = cap * tanhf(x[i] * inv);
+  }
+}
+
 __global__ void AddKernel(float* y, const float* x, int64_t count) {
   WaitForPriorGrids();  // first: see launch.cuh
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
@@ -412,6 +421,14 @@ absl::Status LaunchGeGlu(const float* gate, const float* up, int64_t count, floa
   LaunchKernel("GeGluKernel", GeGluKernel, GridFor(count), kThreads, 0, stream, gate, up, count,
                out);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("GeGluKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchSoftCap(float* x, int64_t count, double cap, cudaStream_t stream) {
+  if (count <= 0) return absl::OkStatus();
+  LaunchKernel("SoftCapKernel", SoftCapKernel, GridFor(count), kThreads, 0, stream, x, count,
+               static_cast<float>(cap));
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SoftCapKernel");
   return absl::OkStatus();
 }
 

@@ -51,6 +51,8 @@ absl::Status LaunchGeGlu(const float* gate, const float* up, int64_t count, floa
                          cudaStream_t stream);
 // x ← float(factor) · x
 absl::Status LaunchScale(float* x, int64_t count, double factor, cudaStream_t stream);
+// x ← cap · tanh(x / cap), in float
+absl::Status LaunchSoftCap(float* x, int64_t count, double cap, cudaStream_t stream);
 absl::Status LaunchAdd(float* y, const float* x, int64_t count, cudaStream_t stream);
 // y[r, c] += bias[c] for r < n, c < cols
 absl::Status LaunchAddBias(float* y, int n, int64_t cols, const void* bias, DType dtype,

@@ -360,7 +360,8 @@ TEST(CudaEngineLogits, Qwen3HeadNormsAndWideHeadsWithinToleranceOfCpu) {
 
 // Gemma's shape: a GELU(tanh)-gated feed-forward, embeddings times √128, and heads of 256
 // (2 query heads over a stream of 128, one KV head), which the flash kernel does not take:
-// split-KV attention in the prefill too. One prefill and chunks of 7; then Gemma 3's.
+// split-KV attention in the prefill too. One prefill and chunks of 7; then Gemma 3's and
+// Gemma 2's.
 TEST(CudaEngineLogits, GemmaGeGluAndHeadSize256WithinToleranceOfCpu) {
   KVLENS_REQUIRE_CUDA(cuda);
   testing::TinySpec spec;
@@ -386,6 +387,14 @@ TEST(CudaEngineLogits, GemmaGeGluAndHeadSize256WithinToleranceOfCpu) {
   const std::unique_ptr<Model> gemma3 = testing::MakeTinyModel(spec);
   ASSERT_EQ(gemma3->config.WindowOf(1), 0);
   ExpectPrefillAndChunksCloseToCpu(*gemma3, cuda, 100, 6);
+  // Gemma 2: scores soft-capped at 1 (split-KV in the prefill too), logits at 2.
+  spec.gemma3 = false;
+  spec.qk_norm = false;
+  spec.gemma2 = true;
+  spec.head_dim = 64;  // a size the flash kernels take, but not soft-capped
+  const std::unique_ptr<Model> gemma2 = testing::MakeTinyModel(spec);
+  ASSERT_GT(gemma2->config.attention_softcap, 0.0);
+  ExpectPrefillAndChunksCloseToCpu(*gemma2, cuda, 100, 6);
 }
 
 // Mistral 7B v0.1's sliding window (here 50 positions over 300 tokens): one prefill (the

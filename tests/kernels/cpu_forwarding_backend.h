@@ -41,6 +41,7 @@ class CpuForwardingBackend : public kernels::Backend<float> {
     cpu_.GeGlu(g, u, count, out);
   }
   void Scale(float* x, int64_t count, double factor) override { cpu_.Scale(x, count, factor); }
+  void SoftCap(float* x, int64_t count, double cap) override { cpu_.SoftCap(x, count, cap); }
   void Add(float* y, const float* x, int64_t count) override { cpu_.Add(y, x, count); }
   void StoreKv(const float* k, const float* v, int n, int64_t src_stride, int64_t row_elems,
                const int64_t* dst_rows, void* k_cache, void* v_cache, int64_t cache_stride,

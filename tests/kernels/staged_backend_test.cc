@@ -135,6 +135,9 @@ TEST_F(StagedBackendTest, InPlaceOpsEqualTheCpuBackendAndKeepThePadding) {
   cpu_.Scale(a.data(), 100, 3.5);
   staged_.Scale(a2.data(), 100, 3.5);
   EXPECT_EQ(a2, a);
+  cpu_.SoftCap(a.data(), 100, 0.5);
+  staged_.SoftCap(a2.data(), 100, 0.5);
+  EXPECT_EQ(a2, a);
   EXPECT_TRUE(staged_.Synchronize().ok());
 }
 
@@ -281,6 +284,7 @@ class FullDevice final : public Backend<float> {
   void SwiGlu(const float*, const float*, int64_t, float*) override {}
   void GeGlu(const float*, const float*, int64_t, float*) override {}
   void Scale(float*, int64_t, double) override {}
+  void SoftCap(float*, int64_t, double) override {}
   void Add(float*, const float*, int64_t) override {}
   void StoreKv(const float*, const float*, int, int64_t, int64_t, const int64_t*, void*, void*,
                int64_t, KvDtype) override {}

@@ -15,7 +15,9 @@ a Phi-3 (q, k and v fused in attn_qkv, gate and up in ffn_up, half-split RoPE; i
 window by --set phi3.attention.sliding_window=N); --gemma a Gemma (GELU-gated feed-forward,
 embeddings times sqrt(dim), half-split RoPE, heads of 256, tied embeddings; its norms hold
 1 + weight as llama.cpp's converter writes them, its Hugging Face directory the weight
-alone); --rope-freqs adds Llama 3.1's rope scaling
+alone); --gemma2 a Gemma 2 (as --gemma, with norms on each block's outputs, every other
+layer windowed by attention.sliding_window, and scores and logits soft-capped: set
+gemma2.attn_logit_softcapping and final_logit_softcapping with --set-float); --rope-freqs adds Llama 3.1's rope scaling
 (rope_freqs.weight), the factors convert_hf_to_gguf.py derives from rope_scaling
 {factor 8, low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192}.
 --hf DIR also writes the same values (as the GGUF decodes them) as a Hugging Face directory
@@ -23,7 +25,7 @@ alone); --rope-freqs adds Llama 3.1's rope scaling
 Hugging Face's order, or a Llama (--hf-type llama or mistral), whose rows it turns back from
 GGUF's adjacent pairs to Hugging Face's halves; --hf-config JSON merges fields into its
 config.json. --set KEY=N overrides an integer metadata field (for tests of the loader's
-errors); --set-str KEY=TEXT a string one.
+errors); --set-str KEY=TEXT a string one, --set-float KEY=X a float32 one.
 """
 import argparse
 import json
@@ -61,6 +63,9 @@ def main():
                          "gate/up in ffn_up (each in the type of its first part)")
     ap.add_argument("--gemma", action="store_true",
                     help="a Gemma instead: architecture gemma, GeGLU, heads of 256, tied")
+    ap.add_argument("--gemma2", action="store_true",
+                    help="a Gemma 2 instead: as --gemma, with norms on each block's outputs, "
+                         "every other layer windowed, soft-capped scores and logits")
     ap.add_argument("--gemma3", action="store_true",
                     help="a Gemma 3 instead: as --gemma, with q/k head norms and norms on each "
                          "block's outputs (its GGUF, architecture gemma3, kvlens refuses)")
@@ -81,6 +86,8 @@ def main():
                     help="set an integer metadata field (uint32)")
     ap.add_argument("--set-str", action="append", default=[], metavar="KEY=TEXT",
                     help="set a string metadata field")
+    ap.add_argument("--set-float", action="append", default=[], metavar="KEY=X",
+                    help="set a float32 metadata field")
     ap.add_argument("--hf", metavar="DIR", help="also write a Hugging Face directory")
     ap.add_argument("--hf-type", default=None, help="its model_type (default: the GGUF's)")
     ap.add_argument("--hf-config", default="{}", metavar="JSON",
@@ -90,7 +97,7 @@ def main():
                                      256, tokenizer_from=args.tokenizer)
     vocab = vocab or VOCAB
     rng = np.random.default_rng(args.seed)
-    args.gemma = args.gemma or args.gemma3
+    args.gemma = args.gemma or args.gemma2 or args.gemma3
     head_dim = 128 if args.qwen3 else 256 if args.gemma else DIM // HEADS
     kv, q_dim = head_dim * KV_HEADS, head_dim * HEADS
 
@@ -145,12 +152,15 @@ def main():
             metadata[f"gemma.attention.{key}"] = np.uint32(head_dim)
         metadata["gemma.rope.dimension_count"] = np.uint32(head_dim)
         tensors = [t for t in tensors if t[0] != "output.weight"]  # tied
-    if args.gemma3:
-        metadata = {k.replace("gemma.", "gemma3.", 1): v for k, v in metadata.items()}
-        metadata["general.architecture"] = "gemma3"
+    if args.gemma2 or args.gemma3:
+        arch = "gemma2" if args.gemma2 else "gemma3"
+        metadata = {k.replace("gemma.", arch + ".", 1): v for k, v in metadata.items()}
+        metadata["general.architecture"] = arch
+        extra_norms = (("post_attention_norm", DIM), ("post_ffw_norm", DIM))
+        if args.gemma3:
+            extra_norms = (("attn_q_norm", head_dim), ("attn_k_norm", head_dim)) + extra_norms
         for layer in range(args.layers):
-            for name, size in (("attn_q_norm", head_dim), ("attn_k_norm", head_dim),
-                               ("post_attention_norm", DIM), ("post_ffw_norm", DIM)):
+            for name, size in extra_norms:
                 # (within 1 ± 0.5, so that the weight alone, v − 1, is as exact in f32)
                 tensors.append((f"blk.{layer}.{name}.weight", 1 + rng.normal(0, 0.1, size),
                                 "F32"))
@@ -176,6 +186,9 @@ def main():
     for item in args.set_str:
         key, value = item.split("=", 1)
         metadata[key] = value
+    for item in args.set_float:
+        key, value = item.split("=", 1)
+        metadata[key] = float(value)  # written as f32
     values = write_gguf(args.out, metadata, tensors)
     if args.hf:
         arch = metadata["general.architecture"]
@@ -185,14 +198,17 @@ def main():
                 if name.endswith(("attn_q.weight", "attn_k.weight")):
                     heads = HEADS if "attn_q" in name else KV_HEADS
                     values[name] = to_half_split(values[name], heads)
-        if arch in ("gemma", "gemma3"):  # Hugging Face keeps the weight; its norms add the 1
+        if arch in ("gemma", "gemma2", "gemma3"):  # HF keeps the weight; its norms add the 1
             values = {name: v - 1 if name.endswith("norm.weight") else v
                       for name, v in values.items()}
         extra = {"num_hidden_layers": args.layers}
         if args.rope_scaling_linear is not None:
             extra["rope_scaling"] = {"rope_type": "linear", "factor": args.rope_scaling_linear}
-        if arch == "gemma3" and "gemma3.attention.sliding_window" in metadata:
-            extra["sliding_window"] = int(metadata["gemma3.attention.sliding_window"])
+        if f"{arch}.attention.sliding_window" in metadata:
+            extra["sliding_window"] = int(metadata[f"{arch}.attention.sliding_window"])
+        for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if f"{arch}.{cap}" in metadata:
+                extra[cap] = float(np.float32(metadata[f"{arch}.{cap}"]))
         extra.update(json.loads(args.hf_config))
         write_hf(args.hf, args.hf_type or {"gemma3": "gemma3_text"}.get(arch, arch), head_dim,
                  vocab, values, extra)
@@ -216,7 +232,7 @@ def write_hf(directory, model_type, head_dim, vocab, values, extra):
     from kvlens_oracle.checkpoints import write_safetensors
     os.makedirs(directory, exist_ok=True)
     names = dict(HF_NAMES)
-    if model_type == "gemma3_text":  # norms around attention and the feed-forward
+    if model_type in ("gemma2", "gemma3_text"):  # norms around attention and the feed-forward
         names.update({"ffn_norm.weight": "pre_feedforward_layernorm.weight",
                       "post_attention_norm.weight": "post_attention_layernorm.weight",
                       "post_ffw_norm.weight": "post_feedforward_layernorm.weight"})
@@ -237,7 +253,7 @@ def write_hf(directory, model_type, head_dim, vocab, values, extra):
               "num_key_value_heads": KV_HEADS, "head_dim": head_dim, "vocab_size": vocab,
               "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
               "tie_word_embeddings": "output.weight" not in values, "use_sliding_window": False}
-    if model_type in ("gemma", "gemma3_text"):
+    if model_type in ("gemma", "gemma2", "gemma3_text"):
         config["hidden_activation"] = "gelu_pytorch_tanh"
     config.update(extra)
     with open(os.path.join(directory, "config.json"), "w") as f:

@@ -463,5 +463,57 @@ class Gemma3GgufTest(GgufAndHfTest):
         self.assertGreater(float(attn[5, :, 7, :5].abs().min()), 0.0)
 
 
+class Gemma2Test(GgufAndHfTest):
+    """A random Gemma 2 (make_quantized_gguf.py --gemma2: every other layer windowed, here
+    to 3 keys; scores soft-capped at 2 and logits at 3, small enough to bind) as llama.cpp
+    writes it and as a Hugging Face directory: the two readers agree; layer 0's score for
+    query 1 and key 0 is 2 tanh(q.k / 16 / 2), written out here with numpy; the logits are
+    3 tanh(z / 3) of the uncapped ones."""
+
+    ARGS = ("--gemma2 --f32 --set gemma2.attention.sliding_window=3 "
+            "--set-float gemma2.attn_logit_softcapping=2 "
+            "--set-float gemma2.final_logit_softcapping=3")
+
+    def test_gguf_equals_hf_and_the_caps_bind(self):
+        a, b = load_model(self.gguf), load_model(self.hf)
+        for m in (a, b):
+            self.assertEqual((m.cfg["attn_softcap"], m.cfg["final_softcap"]), (2.0, 3.0))
+            self.assertEqual(m.cfg["windowed_layers"], [True, False])
+        ids = [1, 5, 300, 17, 42, 383, 0, 9]
+        capture = {}
+        la, attn = forward(a, ids, capture=capture)
+        lb, _ = forward(b, ids)
+        self.assertLess(float((la - lb).abs().max()), 1e-10)
+        self.assertEqual(float(attn[0, :, 7, :5].abs().max()), 0.0)
+        self.assertGreater(float(attn[1, :, 7, :5].abs().min()), 0.0)
+        scores = torch.cat([r["scores"][torch.isfinite(r["scores"])] for r in capture["layers"]])
+        self.assertLessEqual(float(scores.abs().max()), 2.0)
+        self.assertGreater(float(scores.abs().max()), 1.9)  # the cap binds
+        self.assertLessEqual(float(la.abs().max()), 3.0)
+        self.assertGreater(float(la.abs().max()), 2.5)
+        uncapped = copy.copy(a)
+        uncapped.cfg = dict(a.cfg, final_softcap=None)
+        lu, _ = forward(uncapped, ids)
+        self.assertLess(float((3 * torch.tanh(lu / 3) - la).abs().max()), 1e-12)
+
+    def test_first_layer_score_by_hand(self):
+        m = load_model(self.gguf)
+        ids = [300, 17]
+        capture = {}
+        forward(m, ids, capture=capture)
+        lw = {k: v.numpy() for k, v in m.layers[0].items()}
+        x = m.w["embed"].numpy()[ids] * 16.0
+        xn = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * lw["attn_norm"]
+        ang = 1e4 ** (-2 * np.arange(128) / 256)  # position 1
+        for h in range(4):
+            q = xn[1] @ lw["wq"][h * 256:(h + 1) * 256].T
+            k = xn[0] @ lw["wk"][(h // 2) * 256:(h // 2 + 1) * 256].T
+            a, b = q[:128], q[128:]
+            q = np.concatenate([a * np.cos(ang) - b * np.sin(ang), b * np.cos(ang) + a * np.sin(ang)])
+            want = 2 * np.tanh(q @ k / 16 / 2)
+            got = float(capture["layers"][0]["scores"][h, 1, 0])
+            self.assertLess(abs(got - want), 1e-12)
+
+
 if __name__ == "__main__":
     unittest.main()

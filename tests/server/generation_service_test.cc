@@ -275,6 +275,22 @@ TEST(GenerationServiceTest, ServesAGemma3) {
   EXPECT_EQ(info.head_dim(), 256);
 }
 
+// A Gemma 2 as llama.cpp writes it (layer 0 within 4 keys, layer 1 over all; scores
+// soft-capped at 2, which binds; logits at llama.cpp's 30), served in steps of 4 tokens:
+// the stream equals the oracle's greedy tokens.
+TEST(GenerationServiceTest, ServesAGemma2) {
+  KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
+  v1::ModelInfo info;
+  EngineOptions small = TestServer::DefaultOptions();
+  small.block_size = 4;
+  small.max_batch_tokens = 4;
+  ASSERT_NO_FATAL_FAILURE(ExpectServedGreedyEqualsTheOracle(
+      "--gemma2 --set gemma2.attention.sliding_window=4 --set-float "
+      "gemma2.attn_logit_softcapping=2",
+      info, small));
+  EXPECT_EQ(info.family(), "gemma2");
+}
+
 // The default model with a generation_config.json that sets repetition_penalty 1.3.
 constexpr char kPenaltyConfig[] =
     R"({"bos_token_id": 4095, "eos_token_id": 4095, "repetition_penalty": 1.3})";

@@ -44,15 +44,37 @@ std::string Qwen3Path() {
   return path;
 }
 
+// A random Gemma 2 (make_quantized_gguf.py --gemma2, f32, stories260K's tokenizer): GeGLU,
+// embeddings times 16, norms on each block's outputs, heads of 256, attention scores
+// soft-capped at 2 (which binds) and logits at llama.cpp's 30; no window. As Qwen3Path.
+std::string Gemma2Path() {
+  static const std::string path = [] {
+    if (!OracleAvailable() || access(Stories260KPath().c_str(), R_OK) != 0) return std::string();
+    return MakeQuantizedModel(
+        "--f32 --gemma2 --set-float gemma2.attn_logit_softcapping=2 "
+        "--tokenizer " +
+        Stories260KPath());
+  }();
+  static const struct Remove {
+    ~Remove() {
+      if (!path.empty()) std::remove(path.c_str());
+    }
+  } remove;
+  return path;
+}
+
 // The oracle comparisons run on both model families: stories260K (Llama: RMSNorm, RoPE,
-// SwiGLU, GQA), a Qwen3 (a Llama with head norms and heads wider than dim / heads) and the
-// default model (GPT-2: LayerNorm, learned positions, GELU, biases).
+// SwiGLU, GQA), a Qwen3 (a Llama with head norms and heads wider than dim / heads), a
+// Gemma 2 (soft-capped scores and logits) and the default model (GPT-2: LayerNorm, learned
+// positions, GELU, biases).
 struct OracleModel {
   const char* name;
   std::string (*path)();
 };
-const OracleModel kOracleModels[] = {
-    {"stories260K", Stories260KPath}, {"qwen3", Qwen3Path}, {"kjv_gpt2_4l", DefaultModelPath}};
+const OracleModel kOracleModels[] = {{"stories260K", Stories260KPath},
+                                     {"qwen3", Qwen3Path},
+                                     {"gemma2", Gemma2Path},
+                                     {"kjv_gpt2_4l", DefaultModelPath}};
 
 // Skips without the model or the oracle; else serves the model.
 class InterpretOracle : public ::testing::TestWithParam<OracleModel> {

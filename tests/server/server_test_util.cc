@@ -52,7 +52,9 @@ TestServer::TestServer(const std::string& model_path, EngineOptions options, int
     return;
   }
   server_ = std::move(*server);
-  channel_ = grpc::CreateChannel(address(), grpc::InsecureChannelCredentials());
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);  // probe tensors pass gRPC's default 4 MiB (as the CLI's)
+  channel_ = grpc::CreateCustomChannel(address(), grpc::InsecureChannelCredentials(), args);
   stub_ = v1::Generation::NewStub(channel_);
   health_ = grpc::health::v1::Health::NewStub(channel_);
 }

@@ -16,6 +16,7 @@ namespace {
 struct Problem {
   int tq, tk, h, hkv, dh, offset;
   bool causal;
+  double softcap = 0.0;            // Gemma 2's soft-capped scores (0: none)
   std::vector<double> q, k, v, g;  // q, g [Tq, H, Dh]; k, v [Tk, Hkv, Dh] contiguous
   std::vector<int32_t> q_doc, k_doc;
 };
@@ -34,6 +35,7 @@ AttentionArgs<double> Forward(const Problem& p, const std::vector<double>& q,
   a.query_offset = p.offset;
   a.causal = p.causal;
   a.scale = 1.0 / std::sqrt(static_cast<double>(p.dh));
+  a.softcap = p.softcap;
   if (!p.q_doc.empty()) {
     a.q_doc_ids = p.q_doc.data();
     a.k_doc_ids = p.k_doc.data();
@@ -183,13 +185,17 @@ TEST_P(AttentionBackwardFd, MatchesCentredDifferences) {
   struct Shape {
     int tq, tk, h, hkv, dh, offset;
     bool causal, docs;
+    double softcap = 0.0;
   };
   const Shape shapes[] = {{3, 7, 4, 2, 5, 4, true, true},
                           {5, 5, 2, 2, 3, 0, true, false},
                           {2, 6, 6, 3, 4, 0, false, true},
-                          {1, 9, 4, 1, 8, 8, true, false}};
+                          {1, 9, 4, 1, 8, 8, true, false},
+                          // soft-capped scores (Gemma 2), caps that bind on N(0, 1) inputs
+                          {3, 7, 4, 2, 5, 4, true, true, 0.7},
+                          {4, 9, 4, 1, 8, 5, true, false, 1.5}};
   const Shape& s = shapes[GetParam()];
-  Problem p{s.tq, s.tk, s.h, s.hkv, s.dh, s.offset, s.causal};
+  Problem p{s.tq, s.tk, s.h, s.hkv, s.dh, s.offset, s.causal, s.softcap};
   auto fill = [&](std::vector<double>& x, int64_t count) {
     x.resize(count);
     for (double& e : x) e = nd(rng);
@@ -231,7 +237,7 @@ TEST_P(AttentionBackwardFd, MatchesCentredDifferences) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBackwardFd, ::testing::Range(0, 4));
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBackwardFd, ::testing::Range(0, 6));
 
 TEST(AttentionBackward, PagedKeysGiveTheSameGradients) {
   // The same keys scattered over blocks of 2 through a block table.

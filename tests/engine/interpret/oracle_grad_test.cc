@@ -218,6 +218,36 @@ TEST(OracleGradients, Gemma3SandwichNormsMatchAutograd) {
   std::filesystem::remove_all(dir);
 }
 
+// A Gemma 2 (make_quantized_gguf.py --gemma2, f32): the backward passes through the
+// soft-capped logits (at 3) and scores (at 2) and the norms on each block's outputs, layer
+// 0 windowed to 3 keys.
+TEST(OracleGradients, Gemma2SoftCapsMatchAutograd) {
+  if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  const std::string path = testing::MakeQuantizedModel(
+      "--f32 --gemma2 --set gemma2.attention.sliding_window=3 --set-float "
+      "gemma2.attn_logit_softcapping=2 --set-float gemma2.final_logit_softcapping=3");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  auto m = LoadModel({path, ""});
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ((*m)->config.attention_softcap, 2.0);
+  const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128};
+  const std::vector<TokenTarget> targets = {{11, 42}, {4, 300}, {0, 9}};
+  const testing::OracleResult ref = RunGradOracle(path, tokens, targets, {}, /*param_layer=*/1);
+  std::remove(path.c_str());
+  ASSERT_TRUE(ref.error.empty()) << ref.error;
+  kernels::ReferenceBackend ref_be;
+  kernels::CpuBackend fast(2);
+  const double e64 = WorstError<double>(**m, ref_be, tokens, targets, {}, ref);
+  const double e32 = WorstError<float>(**m, fast, tokens, targets, {}, ref);
+  std::printf("[oracle] gemma2: worst relative error fp64 %.3g, fp32 %.3g\n", e64, e32);
+  auto tape = RunForward(**m, ref_be, SequenceInput<double>{tokens});
+  ASSERT_TRUE(tape.ok()) << tape.status();
+  auto g = ObjectiveGradients(**m, *tape, Objective::LogProb(targets), BackwardOptions{1});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_LE(RelErr(g->params.wq, ref.arrays.at("grad.wq")), 1e-6);
+  EXPECT_LE(RelErr(g->params.wk, ref.arrays.at("grad.wk")), 1e-6);
+}
+
 // A Qwen3 (tests/oracle/make_quantized_gguf.py --qwen3, f32): the backward passes through
 // the RMSNorm over each head of q and k, and its query heads (4 × 128) are wider than the
 // residual stream (256), so W_Q's and W_O's gradients are 512 × 256 and 256 × 512.

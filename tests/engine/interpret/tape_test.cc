@@ -251,6 +251,14 @@ class TinyTape : public ::testing::TestWithParam<int> {
       s.qk_norm = true;
       s.window = 3;
       s.seed = 7;
+    } else if (i == 7) {  // Gemma 2: norms around each block, soft-capped scores and logits
+      s.arch = Architecture::kLlama;
+      s.rope_style = kernels::RopeStyle::kHalfSplit;
+      s.kv_heads = 2;
+      s.gemma = true;
+      s.gemma2 = true;
+      s.window = 3;
+      s.seed = 8;
     }
     return s;
   }
@@ -343,7 +351,7 @@ TEST_P(TinyTape, TapeBytesCountsWhatTheTapeAndGradientsHold) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, TinyTape, ::testing::Range(0, 7));
+INSTANTIATE_TEST_SUITE_P(Families, TinyTape, ::testing::Range(0, 8));
 
 }  // namespace
 }  // namespace kvlens::interpret

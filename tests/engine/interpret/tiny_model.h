@@ -26,6 +26,9 @@ struct TinySpec {
   // Gemma 3 (with gemma, qk_norm and a window): norms on each block's outputs, layer 1
   // over the whole context with RoPE base 1e6 (the windowed layers 1e4), scores times 0.3.
   bool gemma3 = false;
+  // Gemma 2 (with gemma and a window): norms on each block's outputs, layer 1 over the whole
+  // context, scores times 0.3 soft-capped at 1, logits soft-capped at 2.
+  bool gemma2 = false;
   uint32_t seed = 1;
 };
 
@@ -48,6 +51,14 @@ inline std::unique_ptr<Model> MakeTinyModel(const TinySpec& s) {
   if (s.gemma) {
     c.gate_activation = GateActivation::kGeluTanh;
     c.embedding_scale = std::sqrt(static_cast<double>(s.dim));
+  }
+  if (s.gemma2) {
+    c.sandwich_norms = true;
+    c.windowed_layers.assign(s.layers, true);
+    c.windowed_layers[1] = false;
+    c.attention_scale = 0.3;
+    c.attention_softcap = 1.0;
+    c.final_softcap = 2.0;
   }
   if (s.gemma3) {
     c.sandwich_norms = true;
@@ -101,7 +112,7 @@ inline std::unique_ptr<Model> MakeTinyModel(const TinySpec& s) {
       lw.q_norm = mat(1, c.head_dim, 0.3f, 1.0f);
       lw.k_norm = mat(1, c.head_dim, 0.3f, 1.0f);
     }
-    if (s.gemma3) {
+    if (s.gemma2 || s.gemma3) {
       lw.post_attn_norm = mat(1, D, 0.2f, 1.0f);
       lw.post_ffn_norm = mat(1, D, 0.2f, 1.0f);
     }

@@ -436,8 +436,8 @@ TEST(GemmaGoldenTest, GeGluScaledEmbeddingsAndWideHeadsMatchTheOracle) {
   ExpectHfDirectoryMatchesTheOracle("--gemma", "gemma", 1024);
 }
 
-// A Gemma whose config.json asks for the exact GELU, or that leaves out a norm, and a
-// Gemma 2 (soft-capped attention logits) are refused by name.
+// A Gemma whose config.json asks for the exact GELU, or that leaves out a norm, or names
+// an architecture kvlens does not know is refused by name.
 TEST(GemmaGoldenTest, LoaderErrorsNameTheTensorOrField) {
   ExpectLoadErrors(
       "--f32 --gemma",
@@ -446,11 +446,9 @@ TEST(GemmaGoldenTest, LoaderErrorsNameTheTensorOrField) {
        {"--hf-config '{\"hidden_activation\": \"gelu\"}'", absl::StatusCode::kUnimplemented,
         "hidden_activation \"gelu\" is not supported (gelu_pytorch_tanh)",
         /*hf=*/true},
-       {"--set-str general.architecture=gemma2", absl::StatusCode::kUnimplemented,
-        "\"gemma2\" is not supported (its attention logit soft-capping"},
-       {"--hf-type gemma2", absl::StatusCode::kUnimplemented,
-        "model_type \"gemma2\" is not supported (its attention logit soft-capping",
-        /*hf=*/true}});
+       {"--set-str general.architecture=gemma1", absl::StatusCode::kUnimplemented,
+        "general.architecture = \"gemma1\" is not supported (llama, qwen2, qwen3, phi3, gemma, "
+        "gemma2, gemma3, gpt2)"}});
 }
 
 // Gemma 3's text model from a Hugging Face directory (model_type gemma3_text): RMSNorms over
@@ -509,8 +507,8 @@ TEST(Gemma3GoldenTest, GgufAsLlamaCppReadsItMatchesTheOracle) {
   ExpectBothBackendsMatchTheOracle(**model, path, tokens);
 }
 
-// A Gemma 3 missing a block-output norm, with a RoPE scaling other than linear, or asking
-// for a final logit soft-cap is refused by name.
+// A Gemma 3 missing a block-output norm, with a RoPE scaling other than linear, or a
+// negative logit soft-cap is refused by name.
 TEST(Gemma3GoldenTest, LoaderErrorsNameTheTensorOrField) {
   ExpectLoadErrors(
       "--f32 --gemma3",
@@ -518,11 +516,39 @@ TEST(Gemma3GoldenTest, LoaderErrorsNameTheTensorOrField) {
         "missing tensor blk.1.post_ffw_norm.weight"},
        {"--set-str gemma3.rope.scaling.type=yarn", absl::StatusCode::kUnimplemented,
         "gemma3.rope.scaling.type = \"yarn\" is not supported (none, linear)"},
-       {"--hf-config '{\"final_logit_softcapping\": 30.0}'", absl::StatusCode::kUnimplemented,
-        "final_logit_softcapping = 30.0 is not supported (null)", /*hf=*/true},
+       {"--hf-config '{\"final_logit_softcapping\": -1.0}'", absl::StatusCode::kInvalidArgument,
+        "final_logit_softcapping = -1.0 (a positive number or null)", /*hf=*/true},
        {"--hf-config '{\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}'",
         absl::StatusCode::kUnimplemented,
         "rope_scaling.rope_type \"yarn\" is not supported (llama3, linear)", /*hf=*/true}});
+}
+
+// Gemma 2 as llama.cpp writes it (every block type; norms on each block's outputs, layer 0
+// windowed to 3 keys and layer 1 not, one RoPE base) with soft-caps that bind: scores at
+// 2 (split-KV on CUDA, the tiles' scores capped on the CPU), logits at 3; both backends
+// against the oracle, then the same values as a Hugging Face directory (model_type
+// gemma2, attn_logit_softcapping, final_logit_softcapping).
+constexpr char kGemma2Args[] =
+    "--gemma2 --set gemma2.attention.sliding_window=3 --set-float "
+    "gemma2.attn_logit_softcapping=2 --set-float gemma2.final_logit_softcapping=3";
+
+TEST(Gemma2GoldenTest, SoftCappedScoresAndLogitsMatchTheOracle) {
+  ASSERT_TRUE(testing::OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path = testing::MakeQuantizedModel(kGemma2Args);
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  auto model = LoadModel({path, ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config;
+  EXPECT_EQ(c.family, "gemma2");
+  EXPECT_TRUE(c.sandwich_norms);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.windowed_layers, (std::vector<bool>{true, false}));
+  EXPECT_EQ(c.attention_softcap, 2.0);
+  EXPECT_EQ(c.final_softcap, 3.0);
+  EXPECT_EQ(RopeOf(c, (*model)->weights, 0).theta, RopeOf(c, (*model)->weights, 1).theta);
+  const std::vector<int32_t> tokens = {2, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128, 3, 64};
+  ExpectBothBackendsMatchTheOracle(**model, path, tokens);
+  ExpectHfDirectoryMatchesTheOracle(std::string(kGemma2Args) + " --f32", "gemma2", 1024);
 }
 
 // CpuBackend with int8 activations, every matrix product checked as it runs: the output

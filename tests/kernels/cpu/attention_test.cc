@@ -70,6 +70,27 @@ AttnProblem ThreeMemories() {
   return p;
 }
 
+// Gemma 2's soft-capping by hand: q = 1, keys 0 and atanh(1/2), scale 1, cap 1: the capped
+// scores are 0 and 1/2 (the scores map holds them), so with values 1 and 3 the output is
+// (1 + 3√e) / (1 + √e); uncapped, the weights would be 1 : 1.7321 instead of 1 : 1.6487.
+TYPED_TEST(AttentionTest, SoftCappedScoresByHand) {
+  AttnProblem p;
+  p.tq = 1;
+  p.tk = 2;
+  p.dh = 1;
+  p.scale = 1.0;
+  p.softcap = 1.0;
+  p.q = {1};
+  p.k = {0, std::atanh(0.5)};
+  p.v = {1, 3};
+  const AttnResult r = this->RunOk(p);
+  const double e = std::exp(0.5);
+  EXPECT_NEAR(r.out[0], (1 + 3 * e) / (1 + e), this->kTol);
+  EXPECT_NEAR(r.scores[0], 0.0, this->kTol);
+  EXPECT_NEAR(r.scores[1], 0.5, this->kTol);
+  EXPECT_NEAR(r.probs[1], e / (1 + e), this->kTol);
+}
+
 TYPED_TEST(AttentionTest, SeedThreeMemoriesGivesSevenThirdsAndTwo) {
   const AttnProblem p = ThreeMemories();
   const AttnResult r = this->RunOk(p);

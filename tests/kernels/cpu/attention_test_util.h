@@ -20,6 +20,7 @@ struct AttnProblem {
   bool causal = false;
   int window = 0;
   double scale = 1.0;
+  double softcap = 0.0;
   std::vector<double> q, k, v;
   std::vector<int32_t> q_doc, k_doc;  // both empty, or [Tq] and [Tk]
 };
@@ -62,6 +63,7 @@ AttentionArgs<T> ContiguousArgs(const AttnProblem& p, const T* q, const T* k, co
   a.causal = p.causal;
   a.window = p.window;
   a.scale = p.scale;
+  a.softcap = p.softcap;
   if (!p.q_doc.empty()) {
     a.q_doc_ids = p.q_doc.data();
     a.k_doc_ids = p.k_doc.data();

@@ -268,10 +268,12 @@ struct AttnConfig {
   int tq, tk, heads, kv_heads, dh, offset;
   bool causal, docs;
   int window = 0;
+  double softcap = 0.0;
   std::string Name() const {
     return absl::StrCat("tq=", tq, " tk=", tk, " H=", heads, " Hkv=", kv_heads, " Dh=", dh,
                         " off=", offset, causal ? " causal" : "", docs ? " docs" : "",
-                        window > 0 ? absl::StrCat(" window=", window) : "");
+                        window > 0 ? absl::StrCat(" window=", window) : "",
+                        softcap > 0 ? absl::StrCat(" softcap=", softcap) : "");
   }
 };
 
@@ -285,6 +287,7 @@ AttnProblem MakeProblem(const AttnConfig& c, std::mt19937_64& rng) {
   p.offset = c.offset;
   p.causal = c.causal;
   p.window = c.window;
+  p.softcap = c.softcap;
   p.scale = 1.0 / std::sqrt(static_cast<double>(c.dh));
   p.q = testing::RandomFloatExact(rng, static_cast<size_t>(c.tq) * c.heads * c.dh, -2, 2);
   p.k = testing::RandomFloatExact(rng, static_cast<size_t>(c.tk) * c.kv_heads * c.dh, -2, 2);
@@ -382,6 +385,12 @@ TEST(CpuBackendTest, AttentionMatchesReferenceContiguousAndPaged) {
       {20, 20, 4, 2, 16, 0, true, true, 5},
       {24, 24, 4, 4, 48, 0, true, false, 7},
       {3, 600, 16, 8, 72, 597, true, false, 257},
+      // Gemma 2's soft-capped scores (cap 1.5, which binds on these): a chunk across pairs,
+      // a few rows of a group (narrow), a decode over split keys, with documents.
+      {13, 40, 8, 4, 32, 27, true, false, 0, 1.5},
+      {2, 30, 4, 2, 64, 28, true, false, 0, 1.5},
+      {1, 700, 8, 2, 64, 699, true, false, 0, 1.5},
+      {20, 20, 4, 2, 16, 0, true, true, 5, 1.5},
   };
   for (const AttnConfig& c : configs) {
     const AttnProblem p = MakeProblem(c, rng);

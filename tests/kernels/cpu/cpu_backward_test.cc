@@ -66,6 +66,7 @@ TEST(CpuBackwardTest, MatMulBackwardInputMatchesTheReference) {
 // A forward call's arguments over a paged cache: Tq queries at an offset, GQA, documents.
 struct Problem {
   int tq, tk, h, hkv, dh, off, bs = 4;
+  double softcap = 0.0;  // Gemma 2's soft-capped scores
   std::vector<float> q, kc, vc, g;
   std::vector<int32_t> table, docs;
   std::vector<float> out, probs;
@@ -81,6 +82,7 @@ struct Problem {
     f.head_dim = dh;
     f.query_offset = off;
     f.scale = 1.0 / std::sqrt(static_cast<double>(dh));
+    f.softcap = softcap;
     if (!docs.empty()) {
       f.q_doc_ids = docs.data() + off;
       f.k_doc_ids = docs.data();
@@ -124,19 +126,23 @@ TEST(CpuBackwardTest, AttentionBackwardMatchesTheReference) {
   struct Case {
     int tq, tk, h, hkv, dh;
     bool docs;
+    double softcap = 0.0;
   };
   struct Out {
     std::vector<float> dq, dk, dv, da, ds;
   };
-  for (const Case& c : {Case{9, 40, 8, 2, 64, true}, Case{40, 40, 4, 4, 80, false},
-                        Case{1, 77, 6, 3, 64, false}, Case{16, 100, 2, 1, 80, true},
-                        Case{7, 30, 4, 2, 50, true}, Case{60, 70, 12, 1, 64, false}}) {
+  for (const Case& c :
+       {Case{9, 40, 8, 2, 64, true}, Case{40, 40, 4, 4, 80, false}, Case{1, 77, 6, 3, 64, false},
+        Case{16, 100, 2, 1, 80, true}, Case{7, 30, 4, 2, 50, true}, Case{60, 70, 12, 1, 64, false},
+        Case{9, 40, 8, 2, 64, true, 1.0}, Case{1, 77, 6, 3, 64, false, 0.5}}) {
     Problem p = MakeProblem(rng, c.tq, c.tk, c.h, c.hkv, c.dh, c.docs);
+    p.softcap = c.softcap;
     Out first;
     for (const int threads : {1, 3}) {
       SCOPED_TRACE(::testing::Message()
                    << threads << " threads, Tq " << c.tq << ", Tk " << c.tk << ", heads " << c.h
-                   << "/" << c.hkv << ", Dh " << c.dh << (c.docs ? ", documents" : ""));
+                   << "/" << c.hkv << ", Dh " << c.dh << (c.docs ? ", documents" : "")
+                   << (c.softcap > 0 ? ", soft-capped" : ""));
       CpuBackend cpu(threads);
       const AttentionArgs<float> f = p.Forward();
       ASSERT_TRUE(cpu.Attention(f).ok());

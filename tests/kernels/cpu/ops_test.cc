@@ -250,6 +250,20 @@ TYPED_TEST(OpsTest, GeGluAndScaleByFormula) {
   EXPECT_EQ(x[3], 0.0);
 }
 
+// x ← cap·tanh(x/cap) (Gemma 2's logit soft-capping): tanh(1) = 0.7615941559557649, so
+// 30 ↦ 22.847824678672946 at cap 30; ±1000 saturates at ±30; small values pass almost as
+// they are (0.3 ↦ 30·tanh(0.01)).
+TYPED_TEST(OpsTest, SoftCapByHand) {
+  using T = typename TestFixture::T;
+  std::vector<T> x = {30, -1000, 1000, 0.3, 0};
+  this->backend_->SoftCap(x.data(), 5, 30.0);
+  EXPECT_NEAR(x[0], 22.847824678672946, this->kRel * 23);
+  EXPECT_NEAR(x[1], -30.0, this->kRel * 30);
+  EXPECT_NEAR(x[2], 30.0, this->kRel * 30);
+  EXPECT_NEAR(x[3], 0.2999900003999838, this->kRel);
+  EXPECT_EQ(x[4], 0.0);
+}
+
 // Backend::DrawTokens' greedy pick by hand (temperature 0): the first of tied maxima; NaN
 // never picked and adding nothing; −inf adding nothing; a row of −inf or NaN only gives
 // token 0 and NaN.

@@ -74,7 +74,7 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
     for (int dh : {64, 128}) add(RopeCase(gpu, rng, style, dh));
     add(RopeQKCase(gpu, rng, style, style == RopeStyle::kAdjacentPairs ? 64 : 128));
   }
-  for (int kind = 0; kind < 5; ++kind) add(ElementwiseCase(gpu, rng, kind));
+  for (int kind = 0; kind < 6; ++kind) add(ElementwiseCase(gpu, rng, kind));
   add(StoreKvCase(gpu, rng));
   add(RopeQKStoreKvCase(gpu, rng, false));
   add(RopeQKStoreKvCase(gpu, rng, true));

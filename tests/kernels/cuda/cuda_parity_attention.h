@@ -29,6 +29,7 @@ struct AttnShape {
   bool want_maps = false;  // request probs and scores (materialising kernel)
   bool want_probs_only = false;
   bool bf16_cache = false;  // K and V stored in bf16 (the reference reads the rounded values)
+  double softcap = 0.0;     // Gemma 2's soft-capped scores (cap · tanh(s / cap)); 0: none
 };
 
 // Which precision the backend's path for a call rounds Q, K, P and V to: fp16 for the flash
@@ -71,6 +72,10 @@ inline std::vector<double> NaiveAttention(const AttnShape& s, DType path,
                  static_cast<float>(rd(k[(size_t(j) * s.kv_heads + g) * s.dh + d]));
         }
         sc[j] = dot * static_cast<float>(scale);
+        if (s.softcap > 0.0) {
+          const float cap = static_cast<float>(s.softcap);
+          sc[j] = cap * std::tanh(sc[j] / cap);
+        }
         m = std::max(m, sc[j]);
       }
       float l = 0.0f;
@@ -168,6 +173,7 @@ AttentionArgs<T> AttnArgsOf(const AttnShape& s, const AttnInputs& in, const T* q
   a.causal = s.causal;
   a.window = s.window;
   a.scale = in.scale;
+  a.softcap = s.softcap;
   if (!in.docs.empty()) {
     a.q_doc_ids = in.q_docs.data();
     a.k_doc_ids = in.docs.data();
@@ -233,7 +239,8 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
 
   // Compare the heads' columns only; the row padding must stay NaN (never written).
   std::vector<double> got, want, naive_rows;
-  const bool flash = !maps && s.tq >= kFlashMinQueries && FlashPrefillSupports(s.dh);
+  const bool flash =
+      !maps && s.tq >= kFlashMinQueries && FlashPrefillSupports(s.dh) && s.softcap == 0.0;
   const DType path = AttentionPathDType(gpu, a, flash);
   const std::vector<double> naive = NaiveAttention(s, path, q, k, v, docs, scale);
   for (int i = 0; i < s.tq; ++i) {
@@ -625,6 +632,33 @@ inline std::vector<AttnShape> AttentionShapes() {
        .dh = 64,
        .offset = 1999,
        .window = 100});
+  // Gemma 2's soft-capped scores (a cap of 1, which binds on these scores): split-KV decode,
+  // a chunk the flash kernels would take without the cap (split-KV takes it), and maps.
+  add({.label = "decode softcap 1 GQA 8/2",
+       .tq = 1,
+       .tk = 300,
+       .heads = 8,
+       .kv_heads = 2,
+       .dh = 128,
+       .offset = 299,
+       .softcap = 1.0});
+  add({.label = "prefill softcap 1 GQA 4/2",
+       .tq = 40,
+       .tk = 90,
+       .heads = 4,
+       .kv_heads = 2,
+       .dh = 64,
+       .offset = 50,
+       .softcap = 1.0});
+  add({.label = "maps softcap 1 GQA 4/2",
+       .tq = 5,
+       .tk = 20,
+       .heads = 4,
+       .kv_heads = 2,
+       .dh = 64,
+       .offset = 15,
+       .want_maps = true,
+       .softcap = 1.0});
   add({.label = "maps sliding window 9 GQA 4/2",
        .tq = 20,
        .tk = 50,

@@ -55,9 +55,18 @@ inline BackwardGrads NaiveAttentionBackward(const AttnShape& s, const AttnInputs
         r.dprobs[map + j] = da[j];
         r.dscores[map + j] = ds;
         const size_t krow = (size_t(j) * s.kv_heads + kv) * s.dh;
+        float dr = ds;  // through a soft-cap: dS (1 − tanh²(scale q·k / cap))
+        if (s.softcap > 0.0) {
+          float dot = 0.0f;
+          for (int d = 0; d < s.dh; ++d) {
+            dot += static_cast<float>(in.q[qrow + d]) * static_cast<float>(in.k[krow + d]);
+          }
+          const float t = std::tanh(dot * scale / static_cast<float>(s.softcap));
+          dr = ds * (1.0f - t * t);
+        }
         for (int d = 0; d < s.dh; ++d) {
-          dq[d] += ds * static_cast<float>(in.k[krow + d]);
-          dk[krow + d] += scale * ds * static_cast<float>(in.q[qrow + d]);
+          dq[d] += dr * static_cast<float>(in.k[krow + d]);
+          dk[krow + d] += scale * dr * static_cast<float>(in.q[qrow + d]);
           dv[krow + d] += a * static_cast<float>(g[qrow + d]);
         }
       }
@@ -94,6 +103,7 @@ inline std::vector<ParityResult> AttentionBackwardCase(CudaBackend& gpu, std::mt
   fa.query_offset = s.offset;
   fa.causal = s.causal;
   fa.scale = in.scale;
+  fa.softcap = s.softcap;
   if (!in.docs.empty()) {
     fa.q_doc_ids = in.q_docs.data();
     fa.k_doc_ids = in.docs.data();
@@ -146,6 +156,7 @@ inline std::vector<ParityResult> AttentionBackwardCase(CudaBackend& gpu, std::mt
   b.query_offset = s.offset;
   b.causal = s.causal;
   b.scale = in.scale;
+  b.softcap = s.softcap;
   b.q_doc_ids = fa.q_doc_ids;
   b.k_doc_ids = fa.k_doc_ids;
   b.kv = KvSource<float>{dkc->as<float>(), dvc->as<float>(), in.kv_stride, in.table.data(),
@@ -207,6 +218,14 @@ inline std::vector<AttnShape> AttentionBackwardShapes() {
        .kv_heads = 6,
        .dh = 32,
        .offset = 43},
+      {.label = "softcap 1 offset GQA 4/2",  // Gemma 2's: dS through the cap for dQ, dK
+       .tq = 12,
+       .tk = 30,
+       .heads = 4,
+       .kv_heads = 2,
+       .dh = 64,
+       .offset = 18,
+       .softcap = 1.0},
   };
 }
 

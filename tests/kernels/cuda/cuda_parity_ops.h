@@ -365,9 +365,9 @@ inline ParityResult RopeQKCase(CudaBackend& gpu, std::mt19937_64& rng, RopeStyle
 }
 
 // kind: 0 Gelu, 1 SwiGlu, 2 Add, 3 GeGlu (into its gate), 4 Scale by √2048 (Gemma's
-// embeddings)
+// embeddings), 5 SoftCap at 5 (of values within ±8: some saturate)
 inline ParityResult ElementwiseCase(CudaBackend& gpu, std::mt19937_64& rng, int kind) {
-  const char* names[] = {"Gelu", "SwiGlu", "Add", "GeGlu", "Scale"};
+  const char* names[] = {"Gelu", "SwiGlu", "Add", "GeGlu", "Scale", "SoftCap"};
   const double factor = std::sqrt(2048.0);
   const std::string name = names[kind];
   const int64_t count = 10007;
@@ -380,6 +380,7 @@ inline ParityResult ElementwiseCase(CudaBackend& gpu, std::mt19937_64& rng, int 
   if (kind == 2) reference.Add(ref.data(), b.data(), count);
   if (kind == 3) reference.GeGlu(a.data(), b.data(), count, ref.data());
   if (kind == 4) reference.Scale(ref.data(), count, factor);
+  if (kind == 5) reference.SoftCap(ref.data(), count, 5.0);
   for (int64_t i = 0; i < count; ++i) {
     const float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
     if (kind == 0) {
@@ -391,6 +392,8 @@ inline ParityResult ElementwiseCase(CudaBackend& gpu, std::mt19937_64& rng, int 
           0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x))) * y;
     } else if (kind == 4) {
       naive[i] = x * static_cast<float>(factor);
+    } else if (kind == 5) {
+      naive[i] = 5.0f * std::tanh(x / 5.0f);
     } else {
       naive[i] = x + y;
     }
@@ -408,6 +411,7 @@ inline ParityResult ElementwiseCase(CudaBackend& gpu, std::mt19937_64& rng, int 
   if (kind == 2) gpu.Add(da->as<float>(), db->as<float>(), count);
   if (kind == 3) gpu.GeGlu(da->as<float>(), db->as<float>(), count, da->as<float>());
   if (kind == 4) gpu.Scale(da->as<float>(), count, factor);
+  if (kind == 5) gpu.SoftCap(da->as<float>(), count, 5.0);
   auto y = FromDevice(gpu, *result, count);
   if (!y.ok()) return Failed(name, y.status());
   return Judge(name, *y, naive, ref);

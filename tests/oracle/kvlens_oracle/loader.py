@@ -66,7 +66,7 @@ def load_gguf(path):
     llama.cpp reads one. rope.scaling.type "linear" divides every frequency by its factor."""
     g = GGUFFile(path)
     arch = g.metadata.get("general.architecture")
-    if arch not in ("llama", "qwen2", "qwen3", "phi3", "gemma", "gemma3"):
+    if arch not in ("llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3"):
         raise NotImplementedError(f"GGUF architecture {arch!r} not supported by the oracle")
     m, T = g.metadata, g.tensors
     n_heads = int(m[f"{arch}.attention.head_count"])
@@ -75,25 +75,32 @@ def load_gguf(path):
                      T["token_embd.weight"].shape[0],
                      m.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
                      m.get(f"{arch}.rope.freq_base", 10000.0),
-                     "half" if arch in ("qwen2", "qwen3", "phi3", "gemma", "gemma3") else "adjacent",
+                     "half" if arch in ("qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3")
+                     else "adjacent",
                      m.get(f"{arch}.attention.key_length"))
     if int(m.get(f"{arch}.rope.dimension_count", cfg["head_dim"])) != cfg["head_dim"]:
         raise NotImplementedError("partial rotary embeddings are not supported by the oracle")
-    if arch in ("gemma", "gemma3"):
+    if arch in ("gemma", "gemma2", "gemma3"):
         _gemma(cfg)
+    if arch == "gemma2":  # llama.cpp's defaults when the file leaves the caps out
+        cfg["attn_softcap"] = float(m.get("gemma2.attn_logit_softcapping", 50.0))
+        cfg["final_softcap"] = float(m.get("gemma2.final_logit_softcapping", 30.0))
+    elif arch == "gemma3" and m.get("gemma3.final_logit_softcapping"):
+        cfg["final_softcap"] = float(m["gemma3.final_logit_softcapping"])
     scaling = m.get(f"{arch}.rope.scaling.type", "none")
     if scaling == "linear":  # positions divided by the factor
         cfg["rope_factors"] = torch.full((cfg["head_dim"] // 2,),
                                          float(m[f"{arch}.rope.scaling.factor"]), dtype=F64)
     elif scaling != "none":
         raise NotImplementedError(f"rope.scaling.type {scaling!r} is not supported by the oracle")
-    if arch == "gemma3" and m.get("gemma3.attention.sliding_window"):
-        # llama.cpp: every sixth layer sees all keys; the others the window, turning with an
+    if arch in ("gemma2", "gemma3") and m.get(f"{arch}.attention.sliding_window"):
+        # llama.cpp: Gemma 2 windows its even layers; Gemma 3 five of six, turning with an
         # unscaled RoPE base of 1e4
-        cfg.update(sliding_window=int(m["gemma3.attention.sliding_window"]),
-                   windowed_layers=[(i + 1) % 6 != 0 for i in range(cfg["n_layers"])],
-                   rope_local_base=1e4)
-    if arch == "gemma3" and cfg["n_layers"] == 62:  # 27B: query_pre_attn_scalar = dim / heads
+        pattern = 2 if arch == "gemma2" else 6
+        cfg.update(sliding_window=int(m[f"{arch}.attention.sliding_window"]),
+                   windowed_layers=[(i + 1) % pattern != 0 for i in range(cfg["n_layers"])],
+                   rope_local_base=1e4 if arch == "gemma3" else None)
+    if cfg["n_layers"] == {"gemma2": 46, "gemma3": 62}.get(arch):  # 27B: scalar dim / heads
         cfg["attn_scale"] = (cfg["dim"] / cfg["n_heads"]) ** -0.5
     if "rope_freqs.weight" in T and "rope_factors" in cfg:
         raise NotImplementedError("rope_freqs.weight together with rope.scaling.type")
@@ -124,7 +131,7 @@ def load_gguf(path):
         for i, lw in enumerate(layers):
             for k in ("q_norm", "k_norm"):
                 lw[k] = _t(T[f"blk.{i}.attn_{k}.weight"])
-    if arch == "gemma3":  # norms on the attention and feed-forward outputs (1 + weight stored)
+    if arch in ("gemma2", "gemma3"):  # norms on the block outputs (1 + weight stored)
         for i, lw in enumerate(layers):
             lw["post_attn_norm"] = _t(T[f"blk.{i}.post_attention_norm.weight"])
             lw["post_ffn_norm"] = _t(T[f"blk.{i}.post_ffw_norm.weight"])
@@ -201,31 +208,34 @@ def _load_hf_llama(c, T, path):
     return OracleModel("llama", cfg, w, layers, path)
 
 
-def _load_hf_gemma3(c, T, path):
+def _load_hf_gemma3(c, T, path, gemma2=False):
     """Gemma 3's text model (model_type gemma3_text, or a gemma3's text_config; absent fields
     take Gemma3TextConfig's defaults): Gemma's GeGLU, sqrt(dim) and 1 + weight norms, plus
     RMSNorms over each head of q and k, norms on the attention and feed-forward outputs,
     scores times query_pre_attn_scalar^-1/2, and layers that see sliding_window keys with
     RoPE base rope_local_base_freq, but every sliding_window_pattern-th (or layer_types'
     "full_attention" ones) all keys with rope_theta and rope_scaling ("linear": positions
-    divided by factor)."""
-    for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if c.get(cap) is not None:
-            raise NotImplementedError(f"{cap}: the oracle implements Gemma 3 without it")
+    divided by factor). With gemma2: Gemma2Config's defaults, no head norms, one RoPE base,
+    every other layer windowed, scores and logits soft-capped (50 and 30 unless given)."""
     if c.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
         raise NotImplementedError("Gemma 3's hidden_activation must be gelu_pytorch_tanh")
     g = lambda key, default: c[key] if c.get(key) is not None else default  # noqa: E731
     n_layers = g("num_hidden_layers", 26)
     cfg = _llama_cfg(g("hidden_size", 2304), n_layers, g("num_attention_heads", 8),
-                     g("num_key_value_heads", 4), g("vocab_size", 262208),
-                     g("rms_norm_eps", 1e-6), g("rope_theta", 1e6), "half", g("head_dim", 256))
+                     g("num_key_value_heads", 4), g("vocab_size", 256000 if gemma2 else 262208),
+                     g("rms_norm_eps", 1e-6), g("rope_theta", 1e4 if gemma2 else 1e6), "half",
+                     g("head_dim", 256))
     _gemma(cfg)
-    pattern = g("sliding_window_pattern", 6)
+    caps = (50.0, 30.0) if gemma2 else (None, None)
+    for key, name, default in (("attn_logit_softcapping", "attn_softcap", caps[0]),
+                               ("final_logit_softcapping", "final_softcap", caps[1])):
+        cfg[name] = c[key] if key in c else default  # null: none
+    pattern = g("sliding_window_pattern", 2 if gemma2 else 6)
     types = g("layer_types", ["sliding_attention" if (i + 1) % pattern else "full_attention"
                               for i in range(n_layers)])
     cfg.update(sliding_window=g("sliding_window", 4096),
                windowed_layers=[t == "sliding_attention" for t in types],
-               rope_local_base=float(g("rope_local_base_freq", 10000.0)),
+               rope_local_base=None if gemma2 else float(g("rope_local_base_freq", 10000.0)),
                attn_scale=float(g("query_pre_attn_scalar", 256)) ** -0.5)
     rs = c.get("rope_scaling")
     if rs is not None:
@@ -239,6 +249,8 @@ def _load_hf_gemma3(c, T, path):
                  k_norm="self_attn.k_norm", post_attn_norm="post_attention_layernorm",
                  ffn_norm="pre_feedforward_layernorm", post_ffn_norm="post_feedforward_layernorm",
                  w1="mlp.gate_proj", w2="mlp.down_proj", w3="mlp.up_proj")
+    if gemma2:
+        del names["q_norm"], names["k_norm"]
     norms = ("attn_norm", "q_norm", "k_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm")
     layers = [{k: _t(T[f"{p}layers.{i}.{v}.weight"]) + (1 if k in norms else 0)
                for k, v in names.items()} for i in range(n_layers)]
@@ -285,6 +297,8 @@ def load_hf(path):
         return _load_hf_gemma3(c["text_config"], T, directory)
     if mt == "gemma3_text":
         return _load_hf_gemma3(c, T, directory)
+    if mt == "gemma2":
+        return _load_hf_gemma3(c, T, directory, gemma2=True)
     if mt in ("llama", "mistral", "qwen3", "phi3", "gemma"):
         return _load_hf_llama(c, T, directory)
     raise NotImplementedError(f"model_type {mt!r} not supported by the oracle")

@@ -2,7 +2,9 @@
 config has gate="gelu_tanh" and embed_scale=sqrt(dim), its norms' 1 + weight taken at load;
 Gemma 3 adds per-layer windows (cfg["windowed_layers"]) with their own RoPE base
 (cfg["rope_local_base"], no factors), an attention scale (cfg["attn_scale"]) and norms on
-each block's output (post_attn_norm, post_ffn_norm) before its residual add).
+each block's output (post_attn_norm, post_ffn_norm) before its residual add; Gemma 2 has
+those norms and windows too, and soft-caps scores and logits: cfg["attn_softcap"],
+cfg["final_softcap"], each x -> cap * tanh(x / cap)).
 
 forward(model, tokens, doc_ids=None, positions=None) -> (logits [T, V], attn [L, H, T, T]).
 Everything is differentiable (no in-place ops), so torch.autograd can produce gradients.
@@ -28,11 +30,15 @@ def allowed_mask(T, doc_ids=None, window=None):
     return mask
 
 
-def attention(q, k, v, mask, scale=None):
+def soft_cap(x, cap):
+    return x if not cap else cap * torch.tanh(x / cap)
+
+
+def attention(q, k, v, mask, scale=None, softcap=None):
     """q [H, T, hd]; k, v [H, T, hd] (already expanded for GQA). Returns (out, probs, scores).
-    Scores are q.k times scale (default 1/sqrt(hd))."""
+    Scores are q.k times scale (default 1/sqrt(hd)), soft-capped when softcap is given."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = q @ k.transpose(-1, -2) * scale
+    scores = soft_cap(q @ k.transpose(-1, -2) * scale, softcap)
     scores = scores.masked_fill(~mask, float("-inf"))
     if not bool(mask.any(dim=-1).all()):
         raise ValueError("a query row has no visible key")
@@ -115,8 +121,10 @@ def llama_forward(m, x, positions, mask, capture=None):
         n = rms_norm(x, lw["attn_norm"], eps)
         factors, base, layer_mask = c.get("rope_factors"), c["rope_base"], mask
         if c.get("windowed_layers") is not None:  # Gemma 3
-            if c["windowed_layers"][i]:
+            if c["windowed_layers"][i] and c.get("rope_local_base"):
                 factors, base, layer_mask = None, c["rope_local_base"], mask[0]
+            elif c["windowed_layers"][i]:  # Gemma 2: one RoPE for every layer
+                layer_mask = mask[0]
             else:
                 layer_mask = mask[1]
         qp, kp, vp = n @ lw["wq"].T, n @ lw["wk"].T, n @ lw["wv"].T
@@ -131,7 +139,7 @@ def llama_forward(m, x, positions, mask, capture=None):
         k, v = _leaf_prefix(capture, k, v)
         kv_of_head = torch.arange(H) // group  # GQA: query head h reads KV head h // group
         out, probs, scores = attention(q, k[kv_of_head], v[kv_of_head], layer_mask,
-                                       c.get("attn_scale"))
+                                       c.get("attn_scale"), c.get("attn_softcap"))
         o = _merge(out) @ lw["wo"].T
         if "post_attn_norm" in lw:
             o = rms_norm(o, lw["post_attn_norm"], eps)
@@ -145,7 +153,7 @@ def llama_forward(m, x, positions, mask, capture=None):
         probs_all.append(probs)
         _record(capture, q=q, k=k, v=v, scores=scores, probs=probs, attn_out=out, resid=x)
     x = rms_norm(x, m.w["final_norm"], eps)
-    return x @ m.w["out"].T, torch.stack(probs_all)
+    return soft_cap(x @ m.w["out"].T, c.get("final_softcap")), torch.stack(probs_all)
 
 
 def gpt2_forward(m, x, positions, mask, capture=None):
