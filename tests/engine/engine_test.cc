@@ -49,6 +49,14 @@ std::future<Outcome> Start(Engine& engine, GenerationRequest req, absl::Status* 
 }
 
 // Blocks are released on the step thread right after the finish callback: wait for it.
+// The most KV-cache blocks the engine's steps held.
+struct MaxBlocksUsed : EngineObserver {
+  std::atomic<int> max_used{0};
+  void OnStep(const StepStats& s) override { max_used = std::max(max_used.load(), s.blocks_used); }
+  void OnPreemption() override {}
+  void OnPrefixLookup(int, int) override {}
+};
+
 int BlocksUsedWhenIdle(const Engine& engine) {
   for (int i = 0; i < 400 && engine.Stats().blocks_used != 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -368,14 +376,7 @@ TEST_F(EngineTest, ParallelSamplingEqualsEachRequestSampledAlone) {
 // once, and continues as offline generation does.
 TEST_F(EngineTest, SlidingWindowReleasesBlocksAsTheyLeaveIt) {
   model_->config.sliding_window = 16;
-  struct MaxUsed : EngineObserver {
-    std::atomic<int> max_used{0};
-    void OnStep(const StepStats& s) override {
-      max_used = std::max(max_used.load(), s.blocks_used);
-    }
-    void OnPreemption() override {}
-    void OnPrefixLookup(int, int) override {}
-  } observer;
+  MaxBlocksUsed observer;
   EngineOptions o;
   o.block_size = 4;
   o.num_blocks = 10;
@@ -447,14 +448,7 @@ TEST_F(EngineTest, SlidingWindowReleasesBlocksAsTheyLeaveIt) {
 TEST_F(EngineTest, AWindowNotEveryLayerKeepsReleasesNothing) {
   model_->config.sliding_window = 16;
   model_->config.windowed_layers = {true, true, true, true, false};
-  struct MaxUsed : EngineObserver {
-    std::atomic<int> max_used{0};
-    void OnStep(const StepStats& s) override {
-      max_used = std::max(max_used.load(), s.blocks_used);
-    }
-    void OnPreemption() override {}
-    void OnPrefixLookup(int, int) override {}
-  } observer;
+  MaxBlocksUsed observer;
   EngineOptions o;
   o.block_size = 4;
   o.num_blocks = 10;

@@ -5,6 +5,7 @@
 // oracle's A·V also differentiates masked entries, which the probe reports as 0).
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -115,6 +116,43 @@ double WorstError(const Model& m, kernels::Backend<T>& be, const std::vector<int
   return worst;
 }
 
+// The oracle's autograd on the model at `path` (with param_layer >= 0 that layer's
+// attention weights too) against both backends' tapes (WorstError: fp64 ≤ 1e-6, fp32
+// ≤ 1e-4), printed under `label`; the oracle's arrays, or its error.
+testing::OracleResult ExpectBothBackendsMatchAutograd(const Model& m, const std::string& path,
+                                                      const char* label,
+                                                      const std::vector<int32_t>& tokens,
+                                                      const std::vector<TokenTarget>& targets,
+                                                      int param_layer = -1) {
+  testing::OracleResult ref = RunGradOracle(path, tokens, targets, {}, param_layer);
+  EXPECT_TRUE(ref.error.empty()) << ref.error;
+  if (!ref.error.empty()) return ref;
+  kernels::ReferenceBackend ref_be;
+  kernels::CpuBackend fast(2);
+  const double e64 = WorstError<double>(m, ref_be, tokens, targets, {}, ref);
+  const double e32 = WorstError<float>(m, fast, tokens, targets, {}, ref);
+  std::printf("[oracle] %s: worst relative error fp64 %.3g, fp32 %.3g\n", label, e64, e32);
+  return ref;
+}
+
+// Layer `layer`'s weight gradients `names` ("wq", "wk", "wv", "wo") of the fp64 tape
+// against the oracle's (relative error ≤ 1e-6).
+void ExpectParamGradientsMatch(const Model& m, const std::vector<int32_t>& tokens,
+                               const std::vector<TokenTarget>& targets, int layer,
+                               const testing::OracleResult& ref,
+                               std::initializer_list<const char*> names) {
+  kernels::ReferenceBackend ref_be;
+  auto tape = RunForward(m, ref_be, SequenceInput<double>{tokens});
+  ASSERT_TRUE(tape.ok()) << tape.status();
+  auto g = ObjectiveGradients(m, *tape, Objective::LogProb(targets), BackwardOptions{layer});
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::map<std::string, const std::vector<double>*> ours = {
+      {"wq", &g->params.wq}, {"wk", &g->params.wk}, {"wv", &g->params.wv}, {"wo", &g->params.wo}};
+  for (const char* name : names) {
+    EXPECT_LE(RelErr(*ours.at(name), ref.arrays.at(absl::StrCat("grad.", name))), 1e-6) << name;
+  }
+}
+
 TEST(OracleGradients, Stories260KMatchesAutograd) {
   KVLENS_REQUIRE_FILE(kBin);
   if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
@@ -150,14 +188,8 @@ TEST(OracleGradients, QuantizedModelMatchesAutograd) {
   ASSERT_TRUE(m.ok()) << m.status();
   const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128};
   const std::vector<TokenTarget> targets = {{11, 42}, {4, 300}};
-  const testing::OracleResult ref = RunGradOracle(path, tokens, targets, {});
+  ExpectBothBackendsMatchAutograd(**m, path, "quantized model", tokens, targets);
   std::remove(path.c_str());
-  ASSERT_TRUE(ref.error.empty()) << ref.error;
-  kernels::ReferenceBackend ref_be;
-  kernels::CpuBackend fast(2);
-  const double e64 = WorstError<double>(**m, ref_be, tokens, targets, {}, ref);
-  const double e32 = WorstError<float>(**m, fast, tokens, targets, {}, ref);
-  std::printf("[oracle] quantized model: worst relative error fp64 %.3g, fp32 %.3g\n", e64, e32);
 }
 
 // A Gemma (tests/oracle/make_quantized_gguf.py --gemma, f32): the backward passes through
@@ -172,14 +204,8 @@ TEST(OracleGradients, GemmaGeGluMatchesAutograd) {
   ASSERT_EQ((*m)->config.gate_activation, GateActivation::kGeluTanh);
   const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128};
   const std::vector<TokenTarget> targets = {{11, 42}, {4, 300}, {0, 9}};
-  const testing::OracleResult ref = RunGradOracle(path, tokens, targets, {});
+  ExpectBothBackendsMatchAutograd(**m, path, "gemma", tokens, targets);
   std::remove(path.c_str());
-  ASSERT_TRUE(ref.error.empty()) << ref.error;
-  kernels::ReferenceBackend ref_be;
-  kernels::CpuBackend fast(2);
-  const double e64 = WorstError<double>(**m, ref_be, tokens, targets, {}, ref);
-  const double e32 = WorstError<float>(**m, fast, tokens, targets, {}, ref);
-  std::printf("[oracle] gemma: worst relative error fp64 %.3g, fp32 %.3g\n", e64, e32);
 }
 
 // A Gemma 3 text model (make_quantized_gguf.py --gemma3, its Hugging Face directory): the
@@ -202,20 +228,11 @@ TEST(OracleGradients, Gemma3SandwichNormsMatchAutograd) {
   ASSERT_TRUE((*m)->config.sandwich_norms);
   const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128};
   const std::vector<TokenTarget> targets = {{11, 42}, {4, 300}, {0, 9}};
-  const testing::OracleResult ref = RunGradOracle(dir, tokens, targets, {}, /*param_layer=*/0);
-  ASSERT_TRUE(ref.error.empty()) << ref.error;
-  kernels::ReferenceBackend ref_be;
-  kernels::CpuBackend fast(2);
-  const double e64 = WorstError<double>(**m, ref_be, tokens, targets, {}, ref);
-  const double e32 = WorstError<float>(**m, fast, tokens, targets, {}, ref);
-  std::printf("[oracle] gemma3: worst relative error fp64 %.3g, fp32 %.3g\n", e64, e32);
-  auto tape = RunForward(**m, ref_be, SequenceInput<double>{tokens});
-  ASSERT_TRUE(tape.ok()) << tape.status();
-  auto g = ObjectiveGradients(**m, *tape, Objective::LogProb(targets), BackwardOptions{0});
-  ASSERT_TRUE(g.ok()) << g.status();
-  EXPECT_LE(RelErr(g->params.wo, ref.arrays.at("grad.wo")), 1e-6);
-  EXPECT_LE(RelErr(g->params.wq, ref.arrays.at("grad.wq")), 1e-6);
+  const testing::OracleResult ref =
+      ExpectBothBackendsMatchAutograd(**m, dir, "gemma3", tokens, targets, /*param_layer=*/0);
   std::filesystem::remove_all(dir);
+  ASSERT_TRUE(ref.error.empty());
+  ExpectParamGradientsMatch(**m, tokens, targets, 0, ref, {"wo", "wq"});
 }
 
 // A Gemma 2 (make_quantized_gguf.py --gemma2, f32): the backward passes through the
@@ -232,20 +249,11 @@ TEST(OracleGradients, Gemma2SoftCapsMatchAutograd) {
   ASSERT_EQ((*m)->config.attention_softcap, 2.0);
   const std::vector<int32_t> tokens = {1, 5, 300, 17, 42, 383, 0, 9, 9, 77, 256, 128};
   const std::vector<TokenTarget> targets = {{11, 42}, {4, 300}, {0, 9}};
-  const testing::OracleResult ref = RunGradOracle(path, tokens, targets, {}, /*param_layer=*/1);
+  const testing::OracleResult ref =
+      ExpectBothBackendsMatchAutograd(**m, path, "gemma2", tokens, targets, /*param_layer=*/1);
   std::remove(path.c_str());
-  ASSERT_TRUE(ref.error.empty()) << ref.error;
-  kernels::ReferenceBackend ref_be;
-  kernels::CpuBackend fast(2);
-  const double e64 = WorstError<double>(**m, ref_be, tokens, targets, {}, ref);
-  const double e32 = WorstError<float>(**m, fast, tokens, targets, {}, ref);
-  std::printf("[oracle] gemma2: worst relative error fp64 %.3g, fp32 %.3g\n", e64, e32);
-  auto tape = RunForward(**m, ref_be, SequenceInput<double>{tokens});
-  ASSERT_TRUE(tape.ok()) << tape.status();
-  auto g = ObjectiveGradients(**m, *tape, Objective::LogProb(targets), BackwardOptions{1});
-  ASSERT_TRUE(g.ok()) << g.status();
-  EXPECT_LE(RelErr(g->params.wq, ref.arrays.at("grad.wq")), 1e-6);
-  EXPECT_LE(RelErr(g->params.wk, ref.arrays.at("grad.wk")), 1e-6);
+  ASSERT_TRUE(ref.error.empty());
+  ExpectParamGradientsMatch(**m, tokens, targets, 1, ref, {"wq", "wk"});
 }
 
 // A Qwen3 (tests/oracle/make_quantized_gguf.py --qwen3, f32): the backward passes through

@@ -52,21 +52,19 @@ inline std::unique_ptr<Model> MakeTinyModel(const TinySpec& s) {
     c.gate_activation = GateActivation::kGeluTanh;
     c.embedding_scale = std::sqrt(static_cast<double>(s.dim));
   }
-  if (s.gemma2) {
+  if (s.gemma2 || s.gemma3) {
     c.sandwich_norms = true;
     c.windowed_layers.assign(s.layers, true);
     c.windowed_layers[1] = false;
     c.attention_scale = 0.3;
+  }
+  if (s.gemma2) {
     c.attention_softcap = 1.0;
     c.final_softcap = 2.0;
   }
   if (s.gemma3) {
-    c.sandwich_norms = true;
-    c.windowed_layers.assign(s.layers, true);
-    c.windowed_layers[1] = false;
     c.rope_theta = 1e6;
     c.rope_theta_windowed = 1e4;
-    c.attention_scale = 0.3;
   }
   c.tied_embeddings = false;
   c.name = "tiny";
