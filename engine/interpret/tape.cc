@@ -289,8 +289,8 @@ absl::Status AttentionLayer(Backend<T>& be, const ModelConfig& c, const Sequence
     T* o = lt.att.data() + i * D + int64_t{h} * dh;
     std::fill(o, o + dh, T(0));
     for (int j = 0; j < in.offset + i + 1; ++j) {
-      if (!KeyVisible(in, i, j, c.WindowOf(layer)))
-        continue;  // never read a masked key's value row
+      // never read a masked key's value row
+      if (!KeyVisible(in, i, j, c.WindowOf(layer))) continue;
       const T* v = lt.v.data() + j * KVD + int64_t{kvh} * dh;
       for (int d = 0; d < dh; ++d) o[d] += p[j] * v[d];
     }

@@ -1,7 +1,7 @@
 // Backward over a Tape: the reverse of RunForward, layer by layer (see tape.h).
 //
 //   dlogits ─ W_outᵀ ─ final-norm' ─▶ dx_L
-//   for l = L−1 … 0:                       (Gemma 3: each block's output norm' first)
+//   for l = L−1 … 0:                  (Gemma 2, 3: each block's output norm' first)
 //     dx_{l+1} ─┬─ W_out' ─ act' ─ W_in'/W_up' ─ ffn-norm' ─┐
 //               └──────────────────────────────────────── + ─▶ dh
 //     dh ─┬─ W_O' ─▶ dO ─ attention' ─▶ dQ, dK, dV ─ RoPE' ─ head norms' ─ W_Q'/W_K'/W_V' ┐

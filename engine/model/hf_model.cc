@@ -278,7 +278,7 @@ absl::Status LoadLlamaWeights(const TensorSet& ts, const ModelConfig& c, Weights
       KVLENS_ASSIGN_OR_RETURN(lw.w_up, ts.Get(p + "mlp.up_proj.weight", {F, D}));
     }
     KVLENS_ASSIGN_OR_RETURN(lw.wo, ts.Get(p + "self_attn.o_proj.weight", {D, QD}));
-    if (c.sandwich_norms) {  // Gemma 3: post_attention_layernorm is the attention output's
+    if (c.sandwich_norms) {  // Gemma 2, 3: post_attention_layernorm is the attention output's
       KVLENS_ASSIGN_OR_RETURN(lw.post_attn_norm,
                               ts.Get(p + "post_attention_layernorm.weight", {D}));
       KVLENS_ASSIGN_OR_RETURN(lw.ffn_norm, ts.Get(p + "pre_feedforward_layernorm.weight", {D}));
