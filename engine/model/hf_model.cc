@@ -10,6 +10,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/model/safetensors.h"
 #include "engine/status_macros.h"
@@ -299,7 +300,7 @@ absl::Status LoadLlamaWeights(const TensorSet& ts, const ModelConfig& c, Weights
     }
   }
   KVLENS_ASSIGN_OR_RETURN(w.final_norm, ts.Get(m + "norm.weight", {D}));
-  if (c.gate_activation == GateActivation::kGeluTanh) {  // Gemma's norms: 1 + weight
+  if (absl::StartsWith(c.family, "gemma")) {  // Gemma's norms (1, 2, 3): 1 + weight
     for (LayerWeights& lw : w.layers) {
       for (WeightView* v : {&lw.attn_norm, &lw.ffn_norm, &lw.post_attn_norm, &lw.post_ffn_norm,
                             &lw.q_norm, &lw.k_norm}) {

@@ -88,6 +88,18 @@ class EngineTest : public testing::StoriesModelTest {
     EXPECT_TRUE(r.ok());
     return r->tokens;
   }
+  // Offline generation in prompt chunks of 3 and blocks of 4 (under a window every layer
+  // keeps, a ring of blocks: SequenceCache); no tokens when it fails.
+  std::vector<int32_t> OfflineInChunksOf3(const std::vector<int32_t>& prompt, int max_new) {
+    GenerateOptions o;
+    o.max_new_tokens = max_new;
+    o.stop_at_eos = false;
+    o.prefill_chunk = 3;
+    o.block_size = 4;
+    auto r = Generate<float>(*model_, backend_, prompt, o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->tokens : std::vector<int32_t>{};
+  }
   kernels::CpuBackend backend_{2};
 };
 
@@ -400,14 +412,7 @@ TEST_F(EngineTest, SlidingWindowReleasesBlocksAsTheyLeaveIt) {
   EXPECT_EQ(got.tokens, offline);
   // Offline generation in prompt chunks of 3 and blocks of 4 keeps its cache in a ring of
   // ceil((3 + 15) / 4) = 5 blocks (SequenceCache): the same tokens.
-  GenerateOptions ring;
-  ring.max_new_tokens = 60;
-  ring.stop_at_eos = false;
-  ring.prefill_chunk = 3;
-  ring.block_size = 4;
-  auto ringed = Generate<float>(*model_, backend_, r.prompt, ring);
-  ASSERT_TRUE(ringed.ok()) << ringed.status();
-  EXPECT_EQ(ringed->tokens, offline);
+  EXPECT_EQ(OfflineInChunksOf3(r.prompt, 60), offline);
   EXPECT_GT(observer.max_used.load(), 0);
   EXPECT_LE(observer.max_used.load(), 7);
   EXPECT_EQ(BlocksUsedWhenIdle(engine), 0);
@@ -430,10 +435,7 @@ TEST_F(EngineTest, SlidingWindowReleasesBlocksAsTheyLeaveIt) {
   EXPECT_EQ(RunOne(cached, longer).tokens, want);
   // Its prompt chunks of 3 go round the ring of 5 blocks (20 positions) twice and more:
   // the same tokens (a ring of 4 would overwrite keys the chunks' first queries see).
-  ring.max_new_tokens = 12;
-  ringed = Generate<float>(*model_, backend_, longer.prompt, ring);
-  ASSERT_TRUE(ringed.ok()) << ringed.status();
-  EXPECT_EQ(ringed->tokens, want);
+  EXPECT_EQ(OfflineInChunksOf3(longer.prompt, 12), want);
   const Outcome again = RunOne(cached, longer);
   EXPECT_EQ(again.tokens, want);
   EXPECT_EQ(again.finish.usage.cached_tokens, (static_cast<int>(longer.prompt.size()) - 1) / 4 * 4);
@@ -467,14 +469,7 @@ TEST_F(EngineTest, AWindowNotEveryLayerKeepsReleasesNothing) {
   const std::vector<int32_t> offline = Offline(r.prompt, 60);
   EXPECT_EQ(RunOne(engine, r).tokens, offline);
   EXPECT_EQ(observer.max_used.load(), 16);  // the last token's keys are never stored
-  GenerateOptions chunked;
-  chunked.max_new_tokens = 60;
-  chunked.stop_at_eos = false;
-  chunked.prefill_chunk = 3;
-  chunked.block_size = 4;
-  auto g = Generate<float>(*model_, backend_, r.prompt, chunked);
-  ASSERT_TRUE(g.ok()) << g.status();
-  EXPECT_EQ(g->tokens, offline);
+  EXPECT_EQ(OfflineInChunksOf3(r.prompt, 60), offline);
   // The windowed layers alone would have changed them: the same model windowed everywhere.
   model_->config.windowed_layers.clear();
   EXPECT_NE(Offline(r.prompt, 60), offline);

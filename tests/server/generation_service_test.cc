@@ -222,6 +222,15 @@ void ExpectServedGreedyEqualsTheOracle(
   EXPECT_EQ(r.tokens, oracle);
 }
 
+// The server's engine in steps of 4 tokens from blocks of 4 (num_blocks of them).
+EngineOptions FourTokenSteps(int num_blocks = TestServer::DefaultOptions().num_blocks) {
+  EngineOptions o = TestServer::DefaultOptions();
+  o.block_size = 4;
+  o.num_blocks = num_blocks;
+  o.max_batch_tokens = 4;
+  return o;
+}
+
 // A Qwen3 GGUF (heads of 128 over a residual stream of 256, RMSNorm over each head of q and
 // k): GetModelInfo names the file's architecture and the query heads' width, and a greedy
 // stream equals the oracle's greedy continuation (PyTorch float64, full recompute per token).
@@ -245,12 +254,8 @@ TEST(GenerationServiceTest, ServesAQwen3) {
 TEST(GenerationServiceTest, ServesAPhi3WithASlidingWindow) {
   KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
   v1::ModelInfo info;
-  EngineOptions small = TestServer::DefaultOptions();
-  small.block_size = 4;
-  small.num_blocks = 3;
-  small.max_batch_tokens = 4;
   ASSERT_NO_FATAL_FAILURE(ExpectServedGreedyEqualsTheOracle(
-      "--phi3 --set phi3.attention.sliding_window=4", info, small));
+      "--phi3 --set phi3.attention.sliding_window=4", info, FourTokenSteps(3)));
   EXPECT_EQ(info.family(), "phi3");
   EXPECT_EQ(info.sliding_window(), 4);
 }
@@ -263,13 +268,9 @@ TEST(GenerationServiceTest, ServesAPhi3WithASlidingWindow) {
 TEST(GenerationServiceTest, ServesAGemma3) {
   KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
   v1::ModelInfo info;
-  EngineOptions small = TestServer::DefaultOptions();
-  small.block_size = 4;
-  small.num_blocks = 5;
-  small.max_batch_tokens = 4;
   ASSERT_NO_FATAL_FAILURE(ExpectServedGreedyEqualsTheOracle(
       "--gemma3 --layers 6 --set gemma3.attention.sliding_window=4 --rope-scaling-linear 8", info,
-      small));
+      FourTokenSteps(5)));
   EXPECT_EQ(info.family(), "gemma3");
   EXPECT_EQ(info.sliding_window(), 4);
   EXPECT_EQ(info.head_dim(), 256);
@@ -281,13 +282,10 @@ TEST(GenerationServiceTest, ServesAGemma3) {
 TEST(GenerationServiceTest, ServesAGemma2) {
   KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
   v1::ModelInfo info;
-  EngineOptions small = TestServer::DefaultOptions();
-  small.block_size = 4;
-  small.max_batch_tokens = 4;
   ASSERT_NO_FATAL_FAILURE(ExpectServedGreedyEqualsTheOracle(
       "--gemma2 --set gemma2.attention.sliding_window=4 --set-float "
       "gemma2.attn_logit_softcapping=2",
-      info, small));
+      info, FourTokenSteps()));
   EXPECT_EQ(info.family(), "gemma2");
 }
 
