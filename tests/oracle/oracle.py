@@ -6,6 +6,18 @@
   oracle.py --model PATH --generate N --prompt-tokens "1 403 407"
   oracle.py --model PATH --tokens "1 2 3" --out FILE --grad-logprob "2:7 1:5"
   oracle.py --model PATH --tokens "1 2 3" --out FILE --grad-logprob "2:7" --grad-cached-kv 2
+  oracle.py --model PATH --tokens "1 2 3" --out FILE --activations
+  oracle.py --model PATH --tokens "1 2 3" --out FILE --logit-attribution "2:7"   (or "2:7:5")
+
+--activations adds every cached activation (TransformerLens's run_with_cache):
+act.resid_pre/resid_mid/resid_post/attn_out/mlp_out.{l} [T, D], act.z.{l} [T, H, hd],
+act.result.{l} [T, H, D], act.mlp_pre/mlp_post.{l} [T, F], act.q.{l} [T, H, hd],
+act.k/v.{l} [T, KV, hd], act.ln_final [T, D].
+--logit-attribution "row:token[:baseline]" adds the direct logit attribution of
+logit[row, token] (minus logit[row, baseline]) with the norms' scales frozen: dla.logit,
+dla.scale, dla.embed, dla.pos_embed, dla.final_norm_bias [1], dla.attn, dla.mlp,
+dla.attn_bias, dla.mlp_bias [L], dla.heads [L, H], dla.neurons [L, F].
+kvlens_oracle/attribution.py defines every array.
 
 PATH: a llama2.c .bin, a GGUF file (llama), or a Hugging Face directory (gpt2 / llama).
 The output container format is described in README.md and kvlens_oracle/container.py.
@@ -46,6 +58,11 @@ def main(argv=None):
                          "rows of positions < P as leaves (a cached prefix), grad.cached_{k,v}.{l}")
     ap.add_argument("--grad-param-layer", type=int, metavar="L",
                     help="with --grad-logprob: also grad.w{q,k,v,o}, layer L's attention weights")
+    ap.add_argument("--activations", action="store_true",
+                    help="also write every act.* array (kvlens_oracle/attribution.py lists them)")
+    ap.add_argument("--logit-attribution", metavar="ROW:TOKEN[:BASELINE]",
+                    help="also write the dla.* direct logit attribution arrays for logit[ROW, "
+                         "TOKEN] (minus logit[ROW, BASELINE])")
     a = ap.parse_args(argv)
 
     model = load_model(a.model)
@@ -87,6 +104,18 @@ def main(argv=None):
     if a.attention:
         for layer in range(attn.shape[0]):
             arrays[f"attn.{layer}"] = attn[layer].numpy()
+    if a.activations:
+        from kvlens_oracle.attribution import activations
+        arrays.update(activations(model, tokens, doc_ids=docs, positions=pos))
+    if a.logit_attribution:
+        from kvlens_oracle.attribution import logit_attribution
+        parts = a.logit_attribution.split(":")
+        if len(parts) not in (2, 3):
+            ap.error('--logit-attribution takes "row:token" or "row:token:baseline"')
+        row, token = int(parts[0]), int(parts[1])
+        baseline = int(parts[2]) if len(parts) == 3 else None
+        arrays.update(logit_attribution(model, tokens, row, token, baseline,
+                                        doc_ids=docs, positions=pos))
     write_container(a.out, arrays)
     return 0
 

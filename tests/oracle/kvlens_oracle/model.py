@@ -8,7 +8,20 @@ cfg["final_softcap"], each x -> cap * tanh(x / cap)).
 
 forward(model, tokens, doc_ids=None, positions=None) -> (logits [T, V], attn [L, H, T, T]).
 Everything is differentiable (no in-place ops), so torch.autograd can produce gradients.
-Pass `capture={}` to receive per-layer intermediates (q, k, v, scores, probs, attn_out, resid).
+Pass `capture={}` to receive capture["embeds"] (the token embeddings, before GPT-2's
+positions), capture["resid_final"] (the residual entering the final norm, [T, d]),
+capture["ln_final"] (that norm's output, [T, d]) and capture["layers"], one dict a layer:
+  q [H, T, hd] (post-RoPE), k, v [KV, T, hd], scores, probs [H, T, T], attn_out [H, T, hd]
+  (per head, before W_O), resid [T, d] (leaving the layer);
+  resid_pre [T, d] (entering it), resid_mid [T, d] (resid_pre + attn_block);
+  o_proj [T, d]: merged heads @ W_O^T, no bias, before any post-attention norm;
+  attn_block [T, d]: what attention adds to the stream (o_proj + GPT-2's b_o, or Gemma 2/3's
+    post_attn_norm(o_proj));
+  mlp_pre [T, F]: n2 @ W_gate^T (GPT-2: n2 @ W_fc^T + b_fc); mlp_post [T, F]: the FFN
+    hidden, gate(mlp_pre) * (n2 @ W_up^T) (GPT-2: gelu_tanh(mlp_pre));
+  f_proj [T, d]: mlp_post @ W_down^T, no bias, before any post-FFN norm;
+  mlp_block [T, d]: what the FFN adds (f_proj + GPT-2's b_proj, or post_ffn_norm(f_proj)).
+Every record value is a tensor of the graph (grad.py calls retain_grad() on each).
 """
 import math
 
@@ -112,6 +125,11 @@ def _record(capture, **kw):
         capture.setdefault("layers", []).append(kw)
 
 
+def _final(capture, resid_final, ln_final):
+    if capture is not None:
+        capture["resid_final"], capture["ln_final"] = resid_final, ln_final
+
+
 def llama_forward(m, x, positions, mask, capture=None):
     c = m.cfg
     H, KV, hd, eps = c["n_heads"], c["n_kv_heads"], c["head_dim"], c["eps"]
@@ -140,20 +158,27 @@ def llama_forward(m, x, positions, mask, capture=None):
         kv_of_head = torch.arange(H) // group  # GQA: query head h reads KV head h // group
         out, probs, scores = attention(q, k[kv_of_head], v[kv_of_head], layer_mask,
                                        c.get("attn_scale"), c.get("attn_softcap"))
-        o = _merge(out) @ lw["wo"].T
+        o_proj = _merge(out) @ lw["wo"].T
+        o = o_proj
         if "post_attn_norm" in lw:
-            o = rms_norm(o, lw["post_attn_norm"], eps)
+            o = rms_norm(o_proj, lw["post_attn_norm"], eps)
         h = x + o
         n2 = rms_norm(h, lw["ffn_norm"], eps)
         gate = gelu_tanh if c.get("gate") == "gelu_tanh" else silu
-        f = (gate(n2 @ lw["w1"].T) * (n2 @ lw["w3"].T)) @ lw["w2"].T
+        mlp_pre = n2 @ lw["w1"].T
+        mlp_post = gate(mlp_pre) * (n2 @ lw["w3"].T)
+        f_proj = mlp_post @ lw["w2"].T
+        f = f_proj
         if "post_ffn_norm" in lw:
-            f = rms_norm(f, lw["post_ffn_norm"], eps)
-        x = h + f
+            f = rms_norm(f_proj, lw["post_ffn_norm"], eps)
+        resid_pre, x = x, h + f
         probs_all.append(probs)
-        _record(capture, q=q, k=k, v=v, scores=scores, probs=probs, attn_out=out, resid=x)
-    x = rms_norm(x, m.w["final_norm"], eps)
-    return soft_cap(x @ m.w["out"].T, c.get("final_softcap")), torch.stack(probs_all)
+        _record(capture, q=q, k=k, v=v, scores=scores, probs=probs, attn_out=out, resid=x,
+                resid_pre=resid_pre, resid_mid=h, attn_block=o, mlp_block=f, o_proj=o_proj,
+                f_proj=f_proj, mlp_pre=mlp_pre, mlp_post=mlp_post)
+    n = rms_norm(x, m.w["final_norm"], eps)
+    _final(capture, x, n)
+    return soft_cap(n @ m.w["out"].T, c.get("final_softcap")), torch.stack(probs_all)
 
 
 def gpt2_forward(m, x, positions, mask, capture=None):
@@ -166,13 +191,22 @@ def gpt2_forward(m, x, positions, mask, capture=None):
         q, k, v = (_heads(qkv[:, j * d:(j + 1) * d], H, hd) for j in range(3))
         k, v = _leaf_prefix(capture, k, v)
         out, probs, scores = attention(q, k, v, mask)
-        x = x + _merge(out) @ lw["w_o"].T + lw["b_o"]
-        n2 = layer_norm(x, lw["ln2_w"], lw["ln2_b"], eps)
-        x = x + gelu_tanh(n2 @ lw["w_fc"].T + lw["b_fc"]) @ lw["w_proj"].T + lw["b_proj"]
+        o_proj = _merge(out) @ lw["w_o"].T
+        o = o_proj + lw["b_o"]
+        h = x + o
+        n2 = layer_norm(h, lw["ln2_w"], lw["ln2_b"], eps)
+        mlp_pre = n2 @ lw["w_fc"].T + lw["b_fc"]
+        mlp_post = gelu_tanh(mlp_pre)
+        f_proj = mlp_post @ lw["w_proj"].T
+        f = f_proj + lw["b_proj"]
+        resid_pre, x = x, h + f
         probs_all.append(probs)
-        _record(capture, q=q, k=k, v=v, scores=scores, probs=probs, attn_out=out, resid=x)
-    x = layer_norm(x, m.w["lnf_w"], m.w["lnf_b"], eps)
-    return x @ m.w["out"].T, torch.stack(probs_all)
+        _record(capture, q=q, k=k, v=v, scores=scores, probs=probs, attn_out=out, resid=x,
+                resid_pre=resid_pre, resid_mid=h, attn_block=o, mlp_block=f, o_proj=o_proj,
+                f_proj=f_proj, mlp_pre=mlp_pre, mlp_post=mlp_post)
+    n = layer_norm(x, m.w["lnf_w"], m.w["lnf_b"], eps)
+    _final(capture, x, n)
+    return n @ m.w["out"].T, torch.stack(probs_all)
 
 
 def forward(m, tokens, doc_ids=None, positions=None, inputs_embeds=None, capture=None):
