@@ -325,9 +325,9 @@ int64_t TapeBytes(const ModelConfig& c, int n, int num_keys, int elem_bytes, boo
   const int64_t D = c.dim, QD = c.q_dim(), KVD = c.kv_dim(), F = c.hidden_dim, L = c.num_layers;
   const int64_t H = c.num_heads, N = n, tk = num_keys;
   const int64_t maps = H * N * tk;  // one [H, n, Tk] map
-  // LayerTape: x, xn, h, hn; q, att; k, v; scores, probs; pre, act (+ up); q_pre, k_pre;
-  // attn_proj, ffn_out.
-  int64_t layer = 4 * N * D + 2 * N * QD + 2 * tk * KVD + 2 * maps + 2 * N * F;
+  // LayerTape: x, xn, h, hn, attn_delta, ffn_delta; q, att; k, v; scores, probs; pre, act
+  // (+ up); q_pre, k_pre; attn_proj, ffn_out.
+  int64_t layer = 6 * N * D + 2 * N * QD + 2 * tk * KVD + 2 * maps + 2 * N * F;
   if (c.arch == Architecture::kLlama) layer += N * F;
   if (c.qk_norm) layer += N * QD + N * KVD;
   if (c.sandwich_norms) layer += 2 * N * D;  // attn_proj, ffn_out
@@ -483,6 +483,7 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
       lt.attn_proj = proj;
       be.RmsNorm(lt.attn_proj.data(), n, c.dim, lw.post_attn_norm, c.norm_eps, proj.data());
     }
+    lt.attn_delta = proj;
     be.Add(x.data(), proj.data(), n * D);
     lt.h = x;
     // feed-forward block and residual
@@ -509,6 +510,7 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
       lt.ffn_out = proj;
       be.RmsNorm(lt.ffn_out.data(), n, c.dim, lw.post_ffn_norm, c.norm_eps, proj.data());
     }
+    lt.ffn_delta = proj;
     be.Add(x.data(), proj.data(), n * D);
   }
 

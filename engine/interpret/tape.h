@@ -114,22 +114,25 @@ struct SequenceInput {
 
 template <typename T>
 struct LayerTape {
-  std::vector<T> x;          // [n, D]     layer input (residual stream)
-  std::vector<T> xn;         // [n, D]     attention norm
-  std::vector<T> q_pre;      // [n, H·Dh]  W_Q·xn (+ b), before the per-head norm (Qwen3 only)
-  std::vector<T> k_pre;      // [n, Hkv·Dh] the new tokens' W_K·xn, before the norm (Qwen3 only)
-  std::vector<T> q;          // [n, H·Dh]  post-RoPE
-  std::vector<T> k, v;       // [Tk, Hkv·Dh] every key (prefix rows first), post-RoPE
-  std::vector<T> scores;     // [H, n, Tk] masked = −∞
-  std::vector<T> probs;      // [H, n, Tk] masked = 0
-  std::vector<T> att;        // [n, H·Dh]  O, heads concatenated (after edits)
-  std::vector<T> attn_proj;  // [n, D]  O·W_Oᵀ before its norm (sandwich_norms only)
-  std::vector<T> h;          // [n, D]     x + O·W_Oᵀ (+ b_O) (its norm, with sandwich_norms)
-  std::vector<T> hn;         // [n, D]     FFN norm
-  std::vector<T> pre;        // [n, F]     W_in·hn (+ b): SwiGLU gate / GELU input
-  std::vector<T> up;         // [n, F]     W_up·hn (Llama only)
-  std::vector<T> act;        // [n, F]     FFN hidden: silu(pre) ⊙ up, or gelu(pre)
-  std::vector<T> ffn_out;    // [n, D]   W_out·act before its norm (sandwich_norms only)
+  std::vector<T> x;           // [n, D]     layer input (residual stream)
+  std::vector<T> xn;          // [n, D]     attention norm
+  std::vector<T> q_pre;       // [n, H·Dh]  W_Q·xn (+ b), before the per-head norm (Qwen3 only)
+  std::vector<T> k_pre;       // [n, Hkv·Dh] the new tokens' W_K·xn, before the norm (Qwen3 only)
+  std::vector<T> q;           // [n, H·Dh]  post-RoPE
+  std::vector<T> k, v;        // [Tk, Hkv·Dh] every key (prefix rows first), post-RoPE
+  std::vector<T> scores;      // [H, n, Tk] masked = −∞
+  std::vector<T> probs;       // [H, n, Tk] masked = 0
+  std::vector<T> att;         // [n, H·Dh]  O, heads concatenated (after edits)
+  std::vector<T> attn_proj;   // [n, D]  O·W_Oᵀ before its norm (sandwich_norms only)
+  std::vector<T> attn_delta;  // [n, D]     what attention adds to the stream: O·W_Oᵀ (+ b_O),
+                              //            after its norm with sandwich_norms
+  std::vector<T> h;           // [n, D]     x + attn_delta
+  std::vector<T> hn;          // [n, D]     FFN norm
+  std::vector<T> pre;         // [n, F]     W_in·hn (+ b): SwiGLU gate / GELU input
+  std::vector<T> up;          // [n, F]     W_up·hn (Llama only)
+  std::vector<T> act;         // [n, F]     FFN hidden: silu(pre) ⊙ up, or gelu(pre)
+  std::vector<T> ffn_out;     // [n, D]   W_out·act before its norm (sandwich_norms only)
+  std::vector<T> ffn_delta;   // [n, D]   what the FFN adds: W_out·act (+ b), after its norm
 };
 
 template <typename T>

@@ -203,65 +203,10 @@ TEST_F(StoriesTape, RejectsEditedTapesAndBadObjectives) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// Tiny in-memory models of both families.
-struct TinyCase {
-  testing::TinySpec spec;
-  const char* name;
-};
-
+// Tiny in-memory models of every family (testing::TinyFamilySpec).
 class TinyTape : public ::testing::TestWithParam<int> {
  protected:
-  static testing::TinySpec Spec(int i) {
-    testing::TinySpec s;
-    if (i == 1) {  // Llama, half-split RoPE, grouped-query attention
-      s.arch = Architecture::kLlama;
-      s.rope_style = kernels::RopeStyle::kHalfSplit;
-      s.kv_heads = 2;
-      s.seed = 2;
-    } else if (i == 2) {  // Llama, adjacent pairs, one KV head
-      s.arch = Architecture::kLlama;
-      s.rope_style = kernels::RopeStyle::kAdjacentPairs;
-      s.kv_heads = 1;
-      s.seed = 3;
-    } else if (i == 3) {  // Qwen3: norms over each head of q and k, heads of 6 (q: 24 ≠ 16)
-      s.arch = Architecture::kLlama;
-      s.rope_style = kernels::RopeStyle::kHalfSplit;
-      s.kv_heads = 2;
-      s.head_dim = 6;
-      s.qk_norm = true;
-      s.seed = 4;
-    } else if (i == 4) {  // Mistral 7B v0.1: a sliding window, here of 3 positions
-      s.arch = Architecture::kLlama;
-      s.rope_style = kernels::RopeStyle::kHalfSplit;
-      s.kv_heads = 2;
-      s.window = 3;
-      s.seed = 5;
-    } else if (i == 5) {  // Gemma: GeGLU, embeddings times √16 = 4, one KV head
-      s.arch = Architecture::kLlama;
-      s.rope_style = kernels::RopeStyle::kHalfSplit;
-      s.kv_heads = 1;
-      s.gemma = true;
-      s.seed = 6;
-    } else if (i == 6) {  // Gemma 3: norms around each block, head norms, layer 0 windowed
-      s.arch = Architecture::kLlama;
-      s.rope_style = kernels::RopeStyle::kHalfSplit;
-      s.kv_heads = 2;
-      s.gemma = true;
-      s.gemma3 = true;
-      s.qk_norm = true;
-      s.window = 3;
-      s.seed = 7;
-    } else if (i == 7) {  // Gemma 2: norms around each block, soft-capped scores and logits
-      s.arch = Architecture::kLlama;
-      s.rope_style = kernels::RopeStyle::kHalfSplit;
-      s.kv_heads = 2;
-      s.gemma = true;
-      s.gemma2 = true;
-      s.window = 3;
-      s.seed = 8;
-    }
-    return s;
-  }
+  static testing::TinySpec Spec(int i) { return testing::TinyFamilySpec(i); }
 };
 
 TEST_P(TinyTape, ForwardAndGradientsMatch) {
@@ -332,9 +277,27 @@ TEST_P(TinyTape, TapeBytesCountsWhatTheTapeAndGradientsHold) {
     int64_t held = static_cast<int64_t>(t.x_final.size() + t.xf.size() + t.logits.size());
     for (int l = 0; l < c.num_layers; ++l) {
       const LayerTape<double>& lt = t.layers[l];
-      for (const auto* v : {&lt.x, &lt.xn, &lt.q_pre, &lt.k_pre, &lt.q, &lt.k, &lt.v, &lt.scores,
-                            &lt.probs, &lt.att, &lt.attn_proj, &lt.h, &lt.hn, &lt.pre, &lt.up,
-                            &lt.act, &lt.ffn_out, &t.input.prefix_k[l], &t.input.prefix_v[l]}) {
+      for (const auto* v : {&lt.x,
+                            &lt.xn,
+                            &lt.q_pre,
+                            &lt.k_pre,
+                            &lt.q,
+                            &lt.k,
+                            &lt.v,
+                            &lt.scores,
+                            &lt.probs,
+                            &lt.att,
+                            &lt.attn_proj,
+                            &lt.h,
+                            &lt.hn,
+                            &lt.pre,
+                            &lt.up,
+                            &lt.act,
+                            &lt.ffn_out,
+                            &lt.attn_delta,
+                            &lt.ffn_delta,
+                            &t.input.prefix_k[l],
+                            &t.input.prefix_v[l]}) {
         held += static_cast<int64_t>(v->size());
       }
     }
@@ -351,7 +314,7 @@ TEST_P(TinyTape, TapeBytesCountsWhatTheTapeAndGradientsHold) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, TinyTape, ::testing::Range(0, 8));
+INSTANTIATE_TEST_SUITE_P(Families, TinyTape, ::testing::Range(0, testing::kTinyFamilies));
 
 }  // namespace
 }  // namespace kvlens::interpret

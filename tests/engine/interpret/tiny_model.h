@@ -122,6 +122,62 @@ inline std::unique_ptr<Model> MakeTinyModel(const TinySpec& s) {
   return m;
 }
 
+// One tiny model of each family, 0 … kTinyFamilies − 1: 0 GPT-2, then Llamas (1: half-split
+// RoPE and grouped-query attention, 2: adjacent pairs and one KV head, 3: Qwen3's head
+// norms and heads of 6, 4: a window of 3), 5 Gemma, 6 Gemma 3, 7 Gemma 2.
+constexpr int kTinyFamilies = 8;
+inline TinySpec TinyFamilySpec(int i) {
+  TinySpec s;
+  if (i == 1) {  // Llama, half-split RoPE, grouped-query attention
+    s.arch = Architecture::kLlama;
+    s.rope_style = kernels::RopeStyle::kHalfSplit;
+    s.kv_heads = 2;
+    s.seed = 2;
+  } else if (i == 2) {  // Llama, adjacent pairs, one KV head
+    s.arch = Architecture::kLlama;
+    s.rope_style = kernels::RopeStyle::kAdjacentPairs;
+    s.kv_heads = 1;
+    s.seed = 3;
+  } else if (i == 3) {  // Qwen3: norms over each head of q and k, heads of 6 (q: 24 ≠ 16)
+    s.arch = Architecture::kLlama;
+    s.rope_style = kernels::RopeStyle::kHalfSplit;
+    s.kv_heads = 2;
+    s.head_dim = 6;
+    s.qk_norm = true;
+    s.seed = 4;
+  } else if (i == 4) {  // Mistral 7B v0.1: a sliding window, here of 3 positions
+    s.arch = Architecture::kLlama;
+    s.rope_style = kernels::RopeStyle::kHalfSplit;
+    s.kv_heads = 2;
+    s.window = 3;
+    s.seed = 5;
+  } else if (i == 5) {  // Gemma: GeGLU, embeddings times √16 = 4, one KV head
+    s.arch = Architecture::kLlama;
+    s.rope_style = kernels::RopeStyle::kHalfSplit;
+    s.kv_heads = 1;
+    s.gemma = true;
+    s.seed = 6;
+  } else if (i == 6) {  // Gemma 3: norms around each block, head norms, layer 0 windowed
+    s.arch = Architecture::kLlama;
+    s.rope_style = kernels::RopeStyle::kHalfSplit;
+    s.kv_heads = 2;
+    s.gemma = true;
+    s.gemma3 = true;
+    s.qk_norm = true;
+    s.window = 3;
+    s.seed = 7;
+  } else if (i == 7) {  // Gemma 2: norms around each block, soft-capped scores and logits
+    s.arch = Architecture::kLlama;
+    s.rope_style = kernels::RopeStyle::kHalfSplit;
+    s.kv_heads = 2;
+    s.gemma = true;
+    s.gemma2 = true;
+    s.window = 3;
+    s.seed = 8;
+  }
+  return s;
+}
+
 // A mutable pointer to element (r, c) of an f32 weight (tests only).
 inline float* Param(const kernels::WeightView& w, int64_t r, int64_t col) {
   return const_cast<float*>(static_cast<const float*>(w.data)) + r * w.cols + col;

@@ -1,0 +1,163 @@
+#include "engine/interpret/activations.h"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvlens::interpret {
+namespace {
+
+constexpr std::array<std::pair<Hook, const char*>, 13> kHooks = {{
+    {Hook::kResidPre, "resid_pre"},
+    {Hook::kResidMid, "resid_mid"},
+    {Hook::kResidPost, "resid_post"},
+    {Hook::kAttnOut, "attn_out"},
+    {Hook::kMlpOut, "mlp_out"},
+    {Hook::kZ, "z"},
+    {Hook::kResult, "result"},
+    {Hook::kQ, "q"},
+    {Hook::kK, "k"},
+    {Hook::kV, "v"},
+    {Hook::kMlpPre, "mlp_pre"},
+    {Hook::kMlpPost, "mlp_post"},
+    {Hook::kLnFinal, "ln_final"},
+}};
+
+// The tape's [rows, width] tensor behind every hook but result.
+template <typename T>
+const std::vector<T>& Source(const Tape<T>& t, Hook hook, int l) {
+  const LayerTape<T>& lt = t.layers[l];
+  switch (hook) {
+    case Hook::kResidPre:
+      return lt.x;
+    case Hook::kResidMid:
+      return lt.h;
+    case Hook::kResidPost:
+      return l + 1 < static_cast<int>(t.layers.size()) ? t.layers[l + 1].x : t.x_final;
+    case Hook::kAttnOut:
+      return lt.attn_delta;
+    case Hook::kMlpOut:
+      return lt.ffn_delta;
+    case Hook::kZ:
+      return lt.att;
+    case Hook::kQ:
+      return lt.q;
+    case Hook::kK:
+      return lt.k;
+    case Hook::kV:
+      return lt.v;
+    case Hook::kMlpPre:
+      return lt.pre;
+    case Hook::kMlpPost:
+      return lt.act;
+    case Hook::kLnFinal:
+    case Hook::kResult:
+      break;
+  }
+  return t.xf;
+}
+
+// result: each head's rows of O alone (the others zero) through W_O, no bias:
+// [rows, H, D].
+template <typename T>
+std::vector<T> HeadResults(const Model& model, kernels::Backend<T>& be, const Tape<T>& t, int l,
+                           int begin, int rows) {
+  const ModelConfig& c = model.config;
+  const int64_t H = c.num_heads, dh = c.head_dim, QD = c.q_dim(), D = c.dim;
+  std::vector<T> one(rows * QD), proj(rows * D), out(rows * H * D);
+  const T* att = t.layers[l].att.data() + int64_t{begin} * QD;
+  for (int64_t h = 0; h < H; ++h) {
+    std::fill(one.begin(), one.end(), T(0));
+    for (int64_t i = 0; i < rows; ++i) {
+      std::copy_n(att + i * QD + h * dh, dh, one.data() + i * QD + h * dh);
+    }
+    be.MatMul(one.data(), rows, model.weights.layers[l].wo, kernels::WeightView{}, proj.data());
+    for (int64_t i = 0; i < rows; ++i) {
+      std::copy_n(proj.data() + i * D, D, out.data() + (i * H + h) * D);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string_view HookName(Hook hook) {
+  for (const auto& [h, name] : kHooks) {
+    if (h == hook) return name;
+  }
+  return "?";
+}
+
+std::optional<Hook> HookByName(std::string_view name) {
+  for (const auto& [h, n] : kHooks) {
+    if (std::string_view(n) == name) return h;
+  }
+  return std::nullopt;
+}
+
+std::string HookNameList() {
+  std::string s;
+  for (const auto& [h, name] : kHooks) absl::StrAppend(&s, s.empty() ? "" : ", ", name);
+  return s;
+}
+
+bool HookIsPerLayer(Hook hook) { return hook != Hook::kLnFinal; }
+
+bool HookRowsAreKeys(Hook hook) { return hook == Hook::kK || hook == Hook::kV; }
+
+std::vector<int64_t> HookRowShape(const ModelConfig& c, Hook hook) {
+  switch (hook) {
+    case Hook::kZ:
+    case Hook::kQ:
+      return {c.num_heads, c.head_dim};
+    case Hook::kK:
+    case Hook::kV:
+      return {c.num_kv_heads, c.head_dim};
+    case Hook::kResult:
+      return {c.num_heads, c.dim};
+    case Hook::kMlpPre:
+    case Hook::kMlpPost:
+      return {c.hidden_dim};
+    default:
+      return {c.dim};
+  }
+}
+
+int64_t HookRowElements(const ModelConfig& c, Hook hook) {
+  int64_t e = 1;
+  for (int64_t d : HookRowShape(c, hook)) e *= d;
+  return e;
+}
+
+template <typename T>
+absl::StatusOr<std::vector<T>> ReadHook(const Model& model, kernels::Backend<T>& be,
+                                        const Tape<T>& tape, Hook hook, int layer, int row_begin,
+                                        int row_end) {
+  const ModelConfig& c = model.config;
+  if (HookIsPerLayer(hook) && (layer < 0 || layer >= c.num_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(HookName(hook)), ": layer ", layer,
+                                                   " is outside [0, ", c.num_layers, ")"));
+  }
+  const int rows = HookRowsAreKeys(hook) ? tape.num_keys : tape.n;
+  if (row_begin < 0 || row_end > rows || row_begin >= row_end) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(HookName(hook)), ": rows [", row_begin, ", ",
+                                                   row_end, ") are not a range within [0, ", rows,
+                                                   ")"));
+  }
+  if (hook == Hook::kResult) return HeadResults(model, be, tape, layer, row_begin, row_end - row_begin);
+  const int64_t width = HookRowElements(c, hook);
+  const std::vector<T>& src = Source(tape, hook, HookIsPerLayer(hook) ? layer : 0);
+  return std::vector<T>(src.begin() + row_begin * width, src.begin() + row_end * width);
+}
+
+#define KVLENS_INSTANTIATE_ACTIVATIONS(T)                                                       \
+  template absl::StatusOr<std::vector<T>> ReadHook<T>(const Model&, kernels::Backend<T>&,       \
+                                                      const Tape<T>&, Hook, int, int, int);
+
+KVLENS_INSTANTIATE_ACTIVATIONS(float)
+KVLENS_INSTANTIATE_ACTIVATIONS(double)
+#undef KVLENS_INSTANTIATE_ACTIVATIONS
+
+}  // namespace kvlens::interpret

@@ -1,0 +1,74 @@
+// Activations: a tape's intermediates under TransformerLens's hook names (what
+// `run_with_cache` returns), for the Interpret service's Activations RPC. Every hook but
+// `result` is a slice of what RunForward recorded; `result`, the output of each head on
+// its own (z_h · W_O[:, h]ᵀ), is formed here with the backend's matrix product.
+//
+// Hook (per layer l unless noted)  rows      one row           tape field
+//   resid_pre     x_l                    n         [D]               LayerTape::x
+//   resid_mid     x_l + attn_out         n         [D]               LayerTape::h
+//   resid_post    resid_mid + mlp_out    n         [D]               next x / x_final
+//   attn_out      what attention adds    n         [D]               LayerTape::attn_delta
+//   mlp_out       what the FFN adds      n         [D]               LayerTape::ffn_delta
+//   z             O per head, before W_O n         [H, Dh]           LayerTape::att
+//   result        z_h · W_O[:, h]ᵀ        n         [H, D]            (formed here)
+//   q             post-RoPE queries      n         [H, Dh]           LayerTape::q
+//   k, v          post-RoPE keys, values Tk        [Hkv, Dh]         LayerTape::k / v
+//   mlp_pre       gate / GELU input      n         [F]               LayerTape::pre
+//   mlp_post      the FFN's hidden       n         [F]               LayerTape::act
+//   ln_final      final norm's output    n         [D]  (no layer)   Tape::xf
+// attn_out and mlp_out are after Gemma 2/3's block-output norms, b_O and the FFN's bias
+// included; result has neither bias nor norm, so Σ_h result = O·W_Oᵀ (and attn_out with b_O
+// added, for models without the norms). GradientProbe's `attn_out` is this `z`.
+#ifndef KVLENS_ENGINE_INTERPRET_ACTIVATIONS_H_
+#define KVLENS_ENGINE_INTERPRET_ACTIVATIONS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/interpret/tape.h"
+
+namespace kvlens::interpret {
+
+enum class Hook : uint8_t {
+  kResidPre,
+  kResidMid,
+  kResidPost,
+  kAttnOut,
+  kMlpOut,
+  kZ,
+  kResult,
+  kQ,
+  kK,
+  kV,
+  kMlpPre,
+  kMlpPost,
+  kLnFinal,
+};
+
+std::string_view HookName(Hook hook);
+// The hook of `name`, or nullopt.
+std::optional<Hook> HookByName(std::string_view name);
+// "resid_pre, resid_mid, …": every name, for error messages.
+std::string HookNameList();
+// ln_final is the only hook without a layer.
+bool HookIsPerLayer(Hook hook);
+// k and v have a row per key (Tk = offset + n), the others per new token (n).
+bool HookRowsAreKeys(Hook hook);
+// The shape of one row: {D}, {H, Dh}, {H, D}, {Hkv, Dh} or {F}.
+std::vector<int64_t> HookRowShape(const ModelConfig& c, Hook hook);
+int64_t HookRowElements(const ModelConfig& c, Hook hook);
+
+// Rows [row_begin, row_end) of `hook` at `layer` (ignored for ln_final), row-major
+// [rows, HookRowShape…]. INVALID_ARGUMENT when the layer or the rows are out of range.
+template <typename T>
+absl::StatusOr<std::vector<T>> ReadHook(const Model& model, kernels::Backend<T>& backend,
+                                        const Tape<T>& tape, Hook hook, int layer, int row_begin,
+                                        int row_end);
+
+}  // namespace kvlens::interpret
+
+#endif  // KVLENS_ENGINE_INTERPRET_ACTIVATIONS_H_

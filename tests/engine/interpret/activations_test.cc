@@ -1,0 +1,280 @@
+// Activations (TransformerLens's hook names over a tape). On tiny models of every family,
+// each hook against what it must equal by construction, from other tensors than the ones it
+// is read from: the stream's hooks add up (resid_post = resid_pre + attn_out + mlp_out), the
+// per-head results (formed here, never by the forward) sum through b_O or the block-output
+// norm to attn_out, zero-ablating a head moves resid_mid by exactly its result, a one-token
+// row 0 reads its own value (z = v), and ln_final through the unembedding gives the logits.
+// Against the PyTorch float64 oracle (tests/oracle, --activations, run at test time): every
+// hook of every layer for stories260K and a random Gemma 2, on both backends.
+#include "engine/interpret/activations.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/reference_backend.h"
+#include "kernels/weight.h"
+#include "tests/engine/interpret/tiny_model.h"
+#include "tests/oracle/oracle_runner.h"
+#include "tests/test_paths.h"
+
+namespace kvlens::interpret {
+namespace {
+
+const std::vector<int32_t> kTokens = {1, 7, 3, 19, 4, 12, 9, 2};
+
+std::vector<double> Hook64(const Model& m, const Tape<double>& t, Hook hook, int layer) {
+  kernels::ReferenceBackend be;
+  const int rows = HookRowsAreKeys(hook) ? t.num_keys : t.n;
+  auto v = ReadHook(m, be, t, hook, layer, 0, rows);
+  EXPECT_TRUE(v.ok()) << v.status();
+  return v.ok() ? *v : std::vector<double>{};
+}
+
+Tape<double> MustTape(const Model& m, const Edits& edits = {}) {
+  kernels::ReferenceBackend be;
+  auto t = RunForward(m, be, SequenceInput<double>{kTokens}, edits);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return *std::move(t);
+}
+
+std::vector<double> Row(const kernels::WeightView& w, int64_t r) {
+  std::vector<double> out(static_cast<size_t>(w.cols));
+  kernels::DequantizeRow(w, r, out.data());
+  return out;
+}
+
+class TinyActivations : public ::testing::TestWithParam<int> {};
+
+TEST_P(TinyActivations, StreamHooksAddUp) {
+  auto m = testing::MakeTinyModel(testing::TinyFamilySpec(GetParam()));
+  const ModelConfig& c = m->config;
+  const Tape<double> t = MustTape(*m);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const auto pre = Hook64(*m, t, Hook::kResidPre, l), mid = Hook64(*m, t, Hook::kResidMid, l),
+               post = Hook64(*m, t, Hook::kResidPost, l), attn = Hook64(*m, t, Hook::kAttnOut, l),
+               mlp = Hook64(*m, t, Hook::kMlpOut, l);
+    ASSERT_EQ(pre.size(), size_t{kTokens.size()} * c.dim);
+    for (size_t i = 0; i < pre.size(); ++i) {
+      EXPECT_NEAR(mid[i], pre[i] + attn[i], 1e-12) << l;
+      EXPECT_NEAR(post[i], pre[i] + attn[i] + mlp[i], 1e-12) << l;
+    }
+    if (l + 1 < c.num_layers) {
+      EXPECT_EQ(post, Hook64(*m, t, Hook::kResidPre, l + 1));
+    }
+  }
+}
+
+// Σ_h result_h (+ b_O) = attn_out; under the block-output norms attn_out is that sum through
+// RMSNorm(·) ⊙ w_post, computed here by hand.
+TEST_P(TinyActivations, HeadResultsSumToTheAttentionOutput) {
+  auto m = testing::MakeTinyModel(testing::TinyFamilySpec(GetParam()));
+  const ModelConfig& c = m->config;
+  const Tape<double> t = MustTape(*m);
+  const int n = t.n, H = c.num_heads, D = c.dim;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const auto result = Hook64(*m, t, Hook::kResult, l), attn = Hook64(*m, t, Hook::kAttnOut, l);
+    ASSERT_EQ(result.size(), size_t(n) * H * D);
+    const LayerWeights& lw = m->weights.layers[l];
+    const std::vector<double> bo = lw.bo.empty() ? std::vector<double>(D, 0.0) : Row(lw.bo, 0);
+    for (int i = 0; i < n; ++i) {
+      std::vector<double> sum(bo);
+      for (int h = 0; h < H; ++h)
+        for (int j = 0; j < D; ++j) sum[j] += result[(int64_t{i} * H + h) * D + j];
+      if (c.sandwich_norms) {
+        double ss = 0;
+        for (double v : sum) ss += v * v;
+        const double r = 1.0 / std::sqrt(ss / D + c.norm_eps);
+        const std::vector<double> w = Row(lw.post_attn_norm, 0);
+        for (int j = 0; j < D; ++j) sum[j] *= r * w[j];
+      }
+      for (int j = 0; j < D; ++j) EXPECT_NEAR(sum[j], attn[int64_t{i} * D + j], 1e-12) << l;
+    }
+  }
+}
+
+// Zero-ablating head h of layer l (the tape's own edit) moves resid_mid by exactly −result_h
+// (models whose attention output is added to the stream as it is).
+TEST_P(TinyActivations, AblatingAHeadRemovesItsResult) {
+  auto m = testing::MakeTinyModel(testing::TinyFamilySpec(GetParam()));
+  const ModelConfig& c = m->config;
+  if (c.sandwich_norms) GTEST_SKIP() << "the block-output norm is not additive";
+  const Tape<double> clean = MustTape(*m);
+  const int l = c.num_layers - 1, h = 1, H = c.num_heads, D = c.dim;
+  Edits e;
+  e.ablations.push_back({l, h, AblationMode::kZero});
+  const Tape<double> ablated = MustTape(*m, e);
+  const auto result = Hook64(*m, clean, Hook::kResult, l);
+  const auto mid = Hook64(*m, clean, Hook::kResidMid, l),
+             mid_ablated = Hook64(*m, ablated, Hook::kResidMid, l);
+  for (int i = 0; i < clean.n; ++i)
+    for (int j = 0; j < D; ++j)
+      EXPECT_NEAR(mid[int64_t{i} * D + j] - mid_ablated[int64_t{i} * D + j],
+                  result[(int64_t{i} * H + h) * D + j], 1e-12);
+}
+
+// Row 0 sees only key 0 (probability exactly 1): each head's z is its KV head's v.
+TEST_P(TinyActivations, TheFirstRowReadsItsOwnValue) {
+  auto m = testing::MakeTinyModel(testing::TinyFamilySpec(GetParam()));
+  const ModelConfig& c = m->config;
+  const Tape<double> t = MustTape(*m);
+  const int group = c.num_heads / c.num_kv_heads, dh = c.head_dim;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const auto z = Hook64(*m, t, Hook::kZ, l), v = Hook64(*m, t, Hook::kV, l);
+    for (int h = 0; h < c.num_heads; ++h)
+      for (int d = 0; d < dh; ++d) EXPECT_EQ(z[h * dh + d], v[(h / group) * dh + d]) << h;
+  }
+}
+
+// ln_final · W_Uᵀ = the logits (soft-capped after, where the model caps them).
+TEST_P(TinyActivations, FinalNormThroughTheUnembeddingIsTheLogits) {
+  auto m = testing::MakeTinyModel(testing::TinyFamilySpec(GetParam()));
+  const ModelConfig& c = m->config;
+  const Tape<double> t = MustTape(*m);
+  const auto xf = Hook64(*m, t, Hook::kLnFinal, -1);
+  for (int i = 0; i < t.n; ++i) {
+    for (int v = 0; v < c.vocab_size; ++v) {
+      const std::vector<double> u = Row(m->weights.output, v);
+      double s = 0;
+      for (int j = 0; j < c.dim; ++j) s += xf[int64_t{i} * c.dim + j] * u[j];
+      if (c.final_softcap > 0) s = c.final_softcap * std::tanh(s / c.final_softcap);
+      EXPECT_NEAR(s, t.logits[int64_t{i} * c.vocab_size + v], 1e-12);
+    }
+  }
+}
+
+// A range of rows is that slice of the whole; fp32 on the CPU backend agrees with fp64.
+TEST_P(TinyActivations, RowRangesAndTheFp32Backend) {
+  auto m = testing::MakeTinyModel(testing::TinyFamilySpec(GetParam()));
+  const ModelConfig& c = m->config;
+  const Tape<double> t = MustTape(*m);
+  kernels::CpuBackend fast(2);
+  kernels::ReferenceBackend ref;
+  auto t32 = RunForward(*m, fast, SequenceInput<float>{kTokens});
+  ASSERT_TRUE(t32.ok()) << t32.status();
+  for (Hook hook : {Hook::kResidPre, Hook::kResidMid, Hook::kResidPost, Hook::kAttnOut,
+                    Hook::kMlpOut, Hook::kZ, Hook::kResult, Hook::kQ, Hook::kK, Hook::kV,
+                    Hook::kMlpPre, Hook::kMlpPost, Hook::kLnFinal}) {
+    const int layer = HookIsPerLayer(hook) ? 1 : -1;
+    const auto all = Hook64(*m, t, hook, layer);
+    auto part = ReadHook(*m, ref, t, hook, layer, 2, 5);
+    ASSERT_TRUE(part.ok()) << part.status();
+    const int64_t w = HookRowElements(c, hook);
+    EXPECT_EQ(*part, std::vector<double>(all.begin() + 2 * w, all.begin() + 5 * w))
+        << HookName(hook);
+    auto f = ReadHook(*m, fast, *t32, hook, layer, 0, static_cast<int>(kTokens.size()));
+    ASSERT_TRUE(f.ok()) << f.status();
+    ASSERT_EQ(f->size(), all.size());
+    double scale = 0, err = 0;
+    for (size_t i = 0; i < all.size(); ++i) {
+      scale = std::max(scale, std::abs(all[i]));
+      err = std::max(err, std::abs((*f)[i] - all[i]));
+    }
+    EXPECT_LE(err, 1e-5 * std::max(scale, 1.0)) << HookName(hook);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TinyActivations, ::testing::Range(0, testing::kTinyFamilies));
+
+TEST(Activations, NamesAndErrors) {
+  for (const char* name : {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z",
+                           "result", "q", "k", "v", "mlp_pre", "mlp_post", "ln_final"}) {
+    const auto h = HookByName(name);
+    ASSERT_TRUE(h.has_value()) << name;
+    EXPECT_EQ(HookName(*h), name);
+  }
+  EXPECT_FALSE(HookByName("hook_resid_pre").has_value());
+  EXPECT_NE(HookNameList().find("mlp_post"), std::string::npos);
+  auto m = testing::MakeTinyModel(testing::TinyFamilySpec(1));
+  const Tape<double> t = MustTape(*m);
+  kernels::ReferenceBackend be;
+  const int n = static_cast<int>(kTokens.size());
+  for (auto [hook, layer, b, e] : {std::tuple{Hook::kZ, 2, 0, n}, std::tuple{Hook::kZ, -1, 0, n},
+                                   std::tuple{Hook::kQ, 0, 0, n + 1},
+                                   std::tuple{Hook::kResidPre, 0, 3, 3},
+                                   std::tuple{Hook::kLnFinal, -1, -1, 2}}) {
+    const auto r = ReadHook(*m, be, t, hook, layer, b, e);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << HookName(hook);
+    EXPECT_NE(r.status().message().find(std::string(HookName(hook))), std::string::npos)
+        << r.status();
+  }
+}
+
+// Every hook of every layer against the oracle's; fp64 ≤ 1e-9, fp32 ≤ 1e-4 of each
+// tensor's largest magnitude.
+template <typename T>
+double WorstAgainstOracle(const Model& m, kernels::Backend<T>& be,
+                          const std::vector<int32_t>& tokens, const testing::OracleResult& ref) {
+  const ModelConfig& c = m.config;
+  auto t = RunForward(m, be, SequenceInput<T>{tokens});
+  EXPECT_TRUE(t.ok()) << t.status();
+  double worst = 0;
+  for (int hi = 0; hi <= static_cast<int>(Hook::kLnFinal); ++hi) {
+    const Hook hook = static_cast<Hook>(hi);
+    for (int l = HookIsPerLayer(hook) ? 0 : -1; l < (HookIsPerLayer(hook) ? c.num_layers : 0);
+         ++l) {
+      const std::string name = l < 0 ? absl::StrCat("act.", std::string(HookName(hook)))
+                                     : absl::StrCat("act.", std::string(HookName(hook)), ".", l);
+      const auto it = ref.arrays.find(name);
+      EXPECT_NE(it, ref.arrays.end()) << name;
+      if (it == ref.arrays.end()) continue;
+      auto ours = ReadHook(m, be, *t, hook, l, 0, static_cast<int>(tokens.size()));
+      EXPECT_TRUE(ours.ok()) << ours.status();
+      EXPECT_EQ(ours->size(), it->second.data.size()) << name;
+      if (ours->size() != it->second.data.size()) continue;
+      double num = 0, den = 0;
+      for (size_t i = 0; i < ours->size(); ++i) {
+        num = std::max(num, std::abs(static_cast<double>((*ours)[i]) - it->second.data[i]));
+        den = std::max(den, std::abs(it->second.data[i]));
+      }
+      const double e = den > 0 ? num / den : num;
+      EXPECT_LE(e, sizeof(T) == 8 ? 1e-9 : 1e-4) << name;
+      worst = std::max(worst, e);
+    }
+  }
+  return worst;
+}
+
+void ExpectOracleActivations(const std::string& path, const char* label,
+                             const std::vector<int32_t>& tokens) {
+  auto m = LoadModel({path, ""});
+  ASSERT_TRUE(m.ok()) << m.status();
+  const testing::OracleResult ref = testing::RunOracleWith(path, tokens, "--activations");
+  ASSERT_TRUE(ref.error.empty()) << ref.error;
+  kernels::ReferenceBackend ref_be;
+  kernels::CpuBackend fast(2);
+  const double e64 = WorstAgainstOracle<double>(**m, ref_be, tokens, ref);
+  const double e32 = WorstAgainstOracle<float>(**m, fast, tokens, ref);
+  std::printf("[oracle] %s activations: worst relative error fp64 %.3g, fp32 %.3g\n", label, e64,
+              e32);
+}
+
+TEST(ActivationsOracle, Stories260K) {
+  const std::string bin = testing::TestData("stories260K/stories260K.bin");
+  KVLENS_REQUIRE_FILE(bin);
+  if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  ExpectOracleActivations(bin, "stories260K", {1, 403, 407, 261, 378, 11, 300, 42, 7, 99});
+}
+
+TEST(ActivationsOracle, DefaultGpt2Model) {
+  const std::string dir = testing::DefaultModelPath();
+  KVLENS_REQUIRE_FILE(dir + "/config.json");
+  if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  ExpectOracleActivations(dir, "kjv-gpt2-4l", {0, 34, 290, 1021, 17, 88, 5, 400, 61});
+}
+
+// Gemma 2: the block-output norms (attn_out, mlp_out after them; result before), soft caps.
+TEST(ActivationsOracle, Gemma2) {
+  if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  const std::string path = testing::MakeQuantizedModel(
+      "--f32 --gemma2 --set gemma2.attention.sliding_window=3 --set-float "
+      "gemma2.attn_logit_softcapping=2 --set-float gemma2.final_logit_softcapping=3");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  ExpectOracleActivations(path, "gemma2", {2, 5, 300, 17, 42, 383, 9, 77});
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace kvlens::interpret
