@@ -61,6 +61,13 @@ absl::Status RunIntervene(const InterpContext& ctx, const v1::InterveneRequest& 
 absl::Status RunLogitLens(const InterpContext& ctx, const v1::LogitLensRequest& request,
                           v1::LogitLensResponse* response);
 
+absl::Status RunActivations(const InterpContext& ctx, const v1::ActivationsRequest& request,
+                            v1::ActivationsResponse* response);
+
+absl::Status RunLogitAttribution(const InterpContext& ctx,
+                                 const v1::LogitAttributionRequest& request,
+                                 v1::LogitAttributionResponse* response);
+
 }  // namespace kvlens::server
 
 #endif  // KVLENS_SERVER_INTERPRET_RUNNER_H_

@@ -16,6 +16,8 @@ constexpr char kAttention[] = "attention";
 constexpr char kProbe[] = "probe";
 constexpr char kIntervene[] = "intervene";
 constexpr char kLens[] = "lens";
+constexpr char kActivations[] = "activations";
+constexpr char kAttribution[] = "attribution";
 
 absl::Status Draining() { return absl::UnavailableError("the server is shutting down"); }
 
@@ -159,6 +161,28 @@ grpc::ServerUnaryReactor* InterpretService::LogitLens(grpc::CallbackServerContex
       context, "LogitLens", kLens,
       [request, response](const InterpContext& ctx) {
         return RunLogitLens(ctx, *request, response);
+      },
+      response);
+}
+
+grpc::ServerUnaryReactor* InterpretService::Activations(grpc::CallbackServerContext* context,
+                                                        const v1::ActivationsRequest* request,
+                                                        v1::ActivationsResponse* response) {
+  return RunUnary(
+      context, "Activations", kActivations,
+      [request, response](const InterpContext& ctx) {
+        return RunActivations(ctx, *request, response);
+      },
+      response);
+}
+
+grpc::ServerUnaryReactor* InterpretService::LogitAttribution(
+    grpc::CallbackServerContext* context, const v1::LogitAttributionRequest* request,
+    v1::LogitAttributionResponse* response) {
+  return RunUnary(
+      context, "LogitAttribution", kAttribution,
+      [request, response](const InterpContext& ctx) {
+        return RunLogitAttribution(ctx, *request, response);
       },
       response);
 }

@@ -51,6 +51,12 @@ class InterpretService final : public v1::Interpret::CallbackService {
   grpc::ServerUnaryReactor* LogitLens(grpc::CallbackServerContext* context,
                                       const v1::LogitLensRequest* request,
                                       v1::LogitLensResponse* response) override;
+  grpc::ServerUnaryReactor* Activations(grpc::CallbackServerContext* context,
+                                        const v1::ActivationsRequest* request,
+                                        v1::ActivationsResponse* response) override;
+  grpc::ServerUnaryReactor* LogitAttribution(grpc::CallbackServerContext* context,
+                                             const v1::LogitAttributionRequest* request,
+                                             v1::LogitAttributionResponse* response) override;
 
   // Used by the AttentionMaps reactor.
   absl::Status Submit(InterpretWorkers::Task task);

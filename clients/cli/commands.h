@@ -12,6 +12,7 @@ int PerplexityCommand(int argc, char** argv);  // argv[1] == "perplexity"
 int AttentionCommand(int argc, char** argv);  // argv[1] == "attention"
 int ProbeCommand(int argc, char** argv);      // argv[1] == "probe"
 int InterveneCommand(int argc, char** argv);  // argv[1] == "intervene"
+int AttributeCommand(int argc, char** argv);  // argv[1] == "attribute"
 int HealthCommand(int argc, char** argv);     // argv[1] == "health"
 
 }  // namespace kvlens::cli

@@ -1,8 +1,9 @@
-// kvlens-cli attention | probe | intervene --server HOST:PORT: kvlens.v1.Interpret from the
-// terminal. Output is plain text meant for reading (matrices with 3 decimals, one table per
+// kvlens-cli attention | probe | intervene | attribute --server HOST:PORT: kvlens.v1.Interpret from
+// the terminal. Output is plain text meant for reading (matrices with 3 decimals, one table per
 // call); the Python client (clients/python) is the tool for plots and arrays.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -309,6 +310,75 @@ int InterveneCommand(int argc, char** argv) {
     std::printf("token %d at position %d: logit %.6f -> %.6f, log-prob %.6f -> %.6f\n",
                 e.target().token(), e.target().position(), e.clean_logit(), e.edited_logit(),
                 e.clean_logprob(), e.edited_logprob());
+  }
+  return 0;
+}
+
+int AttributeCommand(int argc, char** argv) {
+  std::vector<FlagSpec> specs = CommonSpecs();
+  specs.push_back({"token", "", "token id whose logit is attributed (required)"});
+  specs.push_back({"baseline", "-1", "token id whose logit is subtracted (-1: none)"});
+  specs.push_back({"position", "-1", "position whose next-token logit is read (-1: last)"});
+  specs.push_back({"heads", "", "also split each layer's attention by head", true});
+  specs.push_back({"top-neurons", "0", "per layer, the FFN neurons of largest |share|"});
+  specs.push_back({"top", "10", "print this many heads, largest |share| first"});
+  absl::StatusOr<Args> args;
+  if (int code = Prepare(argc, argv, "attribute",
+                         "Direct logit attribution: the logit of --token (minus --baseline's) "
+                         "split into what the embeddings and each layer's attention, heads, "
+                         "FFN and neurons wrote into the residual stream (final norm's scale "
+                         "frozen).",
+                         specs, args);
+      code >= 0) {
+    return code;
+  }
+  v1::LogitAttributionRequest request;
+  if (absl::Status s = FillInput(*args, request.mutable_input()); !s.ok()) {
+    return Fail("attribute", std::string(s.message()), 2);
+  }
+  if (!args->Has("token")) return Fail("attribute", "--token is required", 2);
+  auto token = args->Int("token", 0, 1 << 30);
+  auto baseline = args->Int("baseline", -1, 1 << 30);
+  auto position = args->Int("position", -1, 1 << 20);
+  auto neurons = args->Int("top-neurons", 0, 1 << 20);
+  auto top = args->Int("top", 0, 1 << 20);
+  for (const absl::Status& s :
+       {token.status(), baseline.status(), position.status(), neurons.status(), top.status()}) {
+    if (!s.ok()) return Fail("attribute", std::string(s.message()), 2);
+  }
+  request.set_token(static_cast<int>(*token));
+  if (*baseline >= 0) request.set_baseline_token(static_cast<int>(*baseline));
+  if (*position >= 0) request.set_position(static_cast<int>(*position));
+  request.set_heads(args->Switch("heads"));
+  request.set_top_neurons(static_cast<int>(*neurons));
+  request.set_precision(PrecisionOf(*args));
+  grpc::ClientContext context;
+  auto stub = Connect(*args, context);
+  v1::LogitAttributionResponse response;
+  const grpc::Status status = stub->LogitAttribution(&context, request, &response);
+  if (!status.ok()) return Fail("attribute", status.error_message(), 1);
+  std::printf("precision %s, position %d: logit %.6f, sum of shares %.6f, final norm scale %.6g\n",
+              PrecisionName(response.precision()), response.position(), response.logit(),
+              response.total(), response.final_norm_scale());
+  auto print = [](const v1::Attribution& a) {
+    std::printf("%16s %5s %6s %12.6f\n", a.component().c_str(),
+                a.layer() < 0 ? "-" : std::to_string(a.layer()).c_str(),
+                a.index() < 0 ? "-" : std::to_string(a.index()).c_str(), a.value());
+  };
+  std::printf("%16s %5s %6s %12s\n", "component", "layer", "index", "share");
+  for (const v1::Attribution& a : response.components()) print(a);
+  if (response.heads_size() > 0) {
+    std::vector<v1::Attribution> heads(response.heads().begin(), response.heads().end());
+    std::erase_if(heads, [](const v1::Attribution& a) { return a.component() != "head"; });
+    std::sort(heads.begin(), heads.end(), [](const v1::Attribution& a, const v1::Attribution& b) {
+      return std::abs(a.value()) > std::abs(b.value());
+    });
+    std::printf("heads, largest |share| first:\n");
+    for (size_t i = 0; i < heads.size() && i < static_cast<size_t>(*top); ++i) print(heads[i]);
+  }
+  if (response.neurons_size() > 0) {
+    std::printf("neurons:\n");
+    for (const v1::Attribution& a : response.neurons()) print(a);
   }
   return 0;
 }

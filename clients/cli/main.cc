@@ -18,6 +18,7 @@ constexpr char kUsage[] =
     "  attention  attention maps and per-head scores from a kvlens-server\n"
     "  probe      gradient probe (log-prob of a token; saliency; --verify) on a server\n"
     "  intervene  ablate heads on a server; clean vs edited log-probs\n"
+    "  attribute  direct logit attribution (embeddings, layers, heads, neurons) on a server\n"
     "  health     exit 0 when a kvlens-server answers grpc.health.v1 with SERVING\n"
     "\n"
     "Run 'kvlens-cli COMMAND --help' for a command's flags.\n";
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   if (command == "attention") return kvlens::cli::AttentionCommand(argc, argv);
   if (command == "probe") return kvlens::cli::ProbeCommand(argc, argv);
   if (command == "intervene") return kvlens::cli::InterveneCommand(argc, argv);
+  if (command == "attribute") return kvlens::cli::AttributeCommand(argc, argv);
   if (command == "health") return kvlens::cli::HealthCommand(argc, argv);
   std::fprintf(stderr, "kvlens-cli: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;

@@ -43,6 +43,12 @@ out["lens_text"] = [r.top[0].token for r in c.logit_lens(text=text).rows]
 out["ablation_change"] = c.intervene(chat=conv, ablations=[(0, 0)],
                                      targets=[(last, 5)]).max_abs_logit_change
 out["generated"] = c.generate(chat=conv, max_new_tokens=4)[0]
+cache = c.run_with_cache(chat=conv, hooks=("z", "ln_final"), layers=[1], fp64=True)
+out["cache_keys"] = sorted(cache)
+out["cache_z_shape"] = list(cache["z.1"].shape)
+out["cache_z_row"] = cache["z.1"][last, 2].tolist()
+d = c.logit_attribution(chat=conv, token=5, heads=True)
+out["dla_logit"], out["dla_total"], out["dla_heads"] = d.logit, d.total, len(d.heads)
 print(json.dumps(out))
 )";
 
@@ -115,6 +121,40 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   const StreamResult g = RunGenerate(server.stub(), generate);
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
   EXPECT_EQ(out["generated"].get<std::vector<int32_t>>(), g.tokens);
+
+  // run_with_cache and logit_attribution decode what the C++ stubs read.
+  const ModelConfig& c = server.model().config;
+  EXPECT_EQ(out["cache_keys"].get<std::vector<std::string>>(),
+            (std::vector<std::string>{"ln_final", "z.1"}));
+  EXPECT_EQ(out["cache_z_shape"].get<std::vector<int>>(),
+            (std::vector<int>{n, c.num_heads, c.head_dim}));
+  v1::ActivationsRequest acts;
+  *acts.mutable_input() = IdsInput(ids);
+  acts.add_hooks("z");
+  acts.add_layers(1);
+  acts.mutable_positions()->set_begin(n - 1);
+  acts.set_precision(v1::PRECISION_FP64);
+  v1::ActivationsResponse a;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(InterpretStub(server)->Activations(&context, acts, &a).ok());
+  }
+  const std::vector<double> z = DecodeTensor(a.tensors(0));
+  EXPECT_EQ(out["cache_z_row"].get<std::vector<double>>(),
+            std::vector<double>(z.begin() + 2 * c.head_dim, z.begin() + 3 * c.head_dim));
+  v1::LogitAttributionRequest dla;
+  *dla.mutable_input() = IdsInput(ids);
+  dla.set_token(5);
+  v1::LogitAttributionResponse d;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(InterpretStub(server)->LogitAttribution(&context, dla, &d).ok());
+  }
+  EXPECT_EQ(out["dla_logit"].get<double>(), d.logit());
+  EXPECT_EQ(out["dla_total"].get<double>(), d.total());
+  EXPECT_EQ(out["dla_heads"].get<int>(), c.num_layers * (c.num_heads + 1));
 }
 
 }  // namespace

@@ -255,3 +255,34 @@ class Client:
                                   positions=list(positions),
                                   top_k=top_k, precision=_precision(fp64))
         return self.interpret.LogitLens(req, timeout=self.timeout)
+
+    def run_with_cache(self, text=None, tokens=None, hooks=("resid_pre",), layers=(),
+                       positions=(0, 0), fp64=False, fp16=False, chat=None, session_id=None,
+                       doc_ids=None) -> dict:
+        """Activations under TransformerLens's hook names: returns {"hook.layer": array}
+        (e.g. "resid_pre.3" [positions, d_model], "z.0" [positions, H, d_head]; "ln_final"
+        has no layer). hooks: resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, result,
+        q, k, v, mlp_pre, mlp_post, ln_final."""
+        req = ip.ActivationsRequest(
+            input=_input(text, tokens, session_id, doc_ids=doc_ids, chat=chat), hooks=list(hooks),
+            layers=list(layers), positions=ip.Range(begin=positions[0], end=positions[1]),
+            precision=_precision(fp64),
+            dtype=ip.DTYPE_FP16 if fp16 else ip.DTYPE_UNSPECIFIED)
+        r = self.interpret.Activations(req, timeout=self.timeout)
+        return {(t.name if t.layer < 0 else f"{t.name}.{t.layer}"): decode(t.data, t.dtype, t.shape)
+                for t in r.tensors}
+
+    def logit_attribution(self, text=None, tokens=None, token=0, baseline_token=None,
+                          position=None, heads=False, top_neurons=0, fp64=False, chat=None,
+                          session_id=None):
+        """Direct logit attribution of logit[token] (− logit[baseline_token]) at `position`
+        (default: the last). Returns the LogitAttributionResponse message: components sum
+        to total (≈ logit); heads and neurons split each layer's attn and mlp."""
+        req = ip.LogitAttributionRequest(input=_input(text, tokens, session_id, chat=chat),
+                                         token=token, heads=heads, top_neurons=top_neurons,
+                                         precision=_precision(fp64))
+        if position is not None:
+            req.position = position
+        if baseline_token is not None:
+            req.baseline_token = baseline_token
+        return self.interpret.LogitAttribution(req, timeout=self.timeout)

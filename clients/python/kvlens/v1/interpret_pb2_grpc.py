@@ -39,6 +39,16 @@ class InterpretStub(object):
                 request_serializer=kvlens_dot_v1_dot_interpret__pb2.LogitLensRequest.SerializeToString,
                 response_deserializer=kvlens_dot_v1_dot_interpret__pb2.LogitLensResponse.FromString,
                 )
+        self.Activations = channel.unary_unary(
+                '/kvlens.v1.Interpret/Activations',
+                request_serializer=kvlens_dot_v1_dot_interpret__pb2.ActivationsRequest.SerializeToString,
+                response_deserializer=kvlens_dot_v1_dot_interpret__pb2.ActivationsResponse.FromString,
+                )
+        self.LogitAttribution = channel.unary_unary(
+                '/kvlens.v1.Interpret/LogitAttribution',
+                request_serializer=kvlens_dot_v1_dot_interpret__pb2.LogitAttributionRequest.SerializeToString,
+                response_deserializer=kvlens_dot_v1_dot_interpret__pb2.LogitAttributionResponse.FromString,
+                )
 
 
 class InterpretServicer(object):
@@ -83,6 +93,21 @@ class InterpretServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Activations(self, request, context):
+        """Intermediate activations under TransformerLens's hook names (run_with_cache).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LogitAttribution(self, request, context):
+        """Direct logit attribution: a logit (difference) split into what the embeddings, every
+        layer's attention (and head) and FFN (and neuron) wrote into the residual stream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InterpretServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +135,16 @@ def add_InterpretServicer_to_server(servicer, server):
                     servicer.LogitLens,
                     request_deserializer=kvlens_dot_v1_dot_interpret__pb2.LogitLensRequest.FromString,
                     response_serializer=kvlens_dot_v1_dot_interpret__pb2.LogitLensResponse.SerializeToString,
+            ),
+            'Activations': grpc.unary_unary_rpc_method_handler(
+                    servicer.Activations,
+                    request_deserializer=kvlens_dot_v1_dot_interpret__pb2.ActivationsRequest.FromString,
+                    response_serializer=kvlens_dot_v1_dot_interpret__pb2.ActivationsResponse.SerializeToString,
+            ),
+            'LogitAttribution': grpc.unary_unary_rpc_method_handler(
+                    servicer.LogitAttribution,
+                    request_deserializer=kvlens_dot_v1_dot_interpret__pb2.LogitAttributionRequest.FromString,
+                    response_serializer=kvlens_dot_v1_dot_interpret__pb2.LogitAttributionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -203,5 +238,39 @@ class Interpret(object):
         return grpc.experimental.unary_unary(request, target, '/kvlens.v1.Interpret/LogitLens',
             kvlens_dot_v1_dot_interpret__pb2.LogitLensRequest.SerializeToString,
             kvlens_dot_v1_dot_interpret__pb2.LogitLensResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Activations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvlens.v1.Interpret/Activations',
+            kvlens_dot_v1_dot_interpret__pb2.ActivationsRequest.SerializeToString,
+            kvlens_dot_v1_dot_interpret__pb2.ActivationsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def LogitAttribution(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvlens.v1.Interpret/LogitAttribution',
+            kvlens_dot_v1_dot_interpret__pb2.LogitAttributionRequest.SerializeToString,
+            kvlens_dot_v1_dot_interpret__pb2.LogitAttributionResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
