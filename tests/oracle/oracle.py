@@ -8,6 +8,7 @@
   oracle.py --model PATH --tokens "1 2 3" --out FILE --grad-logprob "2:7" --grad-cached-kv 2
   oracle.py --model PATH --tokens "1 2 3" --out FILE --activations
   oracle.py --model PATH --tokens "1 2 3" --out FILE --logit-attribution "2:7"   (or "2:7:5")
+  oracle.py --model PATH --tokens "1 2 3" --out FILE --sae SAE_PATH[@HOOK]
 
 --activations adds every cached activation (TransformerLens's run_with_cache):
 act.resid_pre/resid_mid/resid_post/attn_out/mlp_out.{l} [T, D], act.z.{l} [T, H, hd],
@@ -18,6 +19,12 @@ logit[row, token] (minus logit[row, baseline]) with the norms' scales frozen: dl
 dla.scale, dla.embed, dla.pos_embed, dla.final_norm_bias [1], dla.attn, dla.mlp,
 dla.attn_bias, dla.mlp_bias [L], dla.heads [L, H], dla.neurons [L, F].
 kvlens_oracle/attribution.py defines every array.
+--sae SAE_PATH[@HOOK] runs a sparse autoencoder (a SAELens directory, or a Gemma Scope
+.npz; kvlens_oracle/sae.py) on the rows of its hook (TransformerLens names:
+blocks.L.hook_resid_pre / hook_resid_mid / hook_resid_post / hook_attn_out / hook_mlp_out,
+blocks.L.attn.hook_z with the heads side by side) and adds sae.input [T, d_in] (those rows),
+sae.acts [T, d_sae] (the features) and sae.recon [T, d_in] (sae.acts @ W_dec + b_dec).
+@HOOK overrides or supplies the cfg's hook_name; an .npz, which names none, needs it.
 
 PATH: a llama2.c .bin, a GGUF file (llama), or a Hugging Face directory (gpt2 / llama).
 The output container format is described in README.md and kvlens_oracle/container.py.
@@ -63,7 +70,24 @@ def main(argv=None):
     ap.add_argument("--logit-attribution", metavar="ROW:TOKEN[:BASELINE]",
                     help="also write the dla.* direct logit attribution arrays for logit[ROW, "
                          "TOKEN] (minus logit[ROW, BASELINE])")
+    ap.add_argument("--sae", metavar="PATH[@HOOK]",
+                    help="also write sae.input, sae.acts, sae.recon: the SAE at PATH (SAELens "
+                         "dir or Gemma Scope .npz) on its hook's rows (@HOOK: override or "
+                         "supply the hook name; required for .npz)")
     a = ap.parse_args(argv)
+
+    sae = None
+    if a.sae:
+        from kvlens_oracle.sae import load_sae
+        path, at, hook = a.sae.rpartition("@")
+        if not at or os.path.exists(a.sae):
+            path, hook = a.sae, None
+        try:
+            sae = load_sae(path, hook=hook)
+        except (OSError, ValueError) as e:
+            ap.error(f"--sae: {e}")
+        if sae.hook_name is None:
+            ap.error(f"--sae {path}: the file names no hook; give PATH@HOOK")
 
     model = load_model(a.model)
     if a.generate is not None:
@@ -104,9 +128,12 @@ def main(argv=None):
     if a.attention:
         for layer in range(attn.shape[0]):
             arrays[f"attn.{layer}"] = attn[layer].numpy()
-    if a.activations:
+    acts = None
+    if a.activations or sae is not None:
         from kvlens_oracle.attribution import activations
-        arrays.update(activations(model, tokens, doc_ids=docs, positions=pos))
+        acts = activations(model, tokens, doc_ids=docs, positions=pos)
+    if a.activations:
+        arrays.update(acts)
     if a.logit_attribution:
         from kvlens_oracle.attribution import logit_attribution
         parts = a.logit_attribution.split(":")
@@ -116,6 +143,17 @@ def main(argv=None):
         baseline = int(parts[2]) if len(parts) == 3 else None
         arrays.update(logit_attribution(model, tokens, row, token, baseline,
                                         doc_ids=docs, positions=pos))
+    if sae is not None:
+        from kvlens_oracle.sae import decode, encode, hook_input
+        try:
+            x = hook_input(acts, sae.hook_name)
+            if x.shape[1] != sae.d_in:
+                raise ValueError(f"hook {sae.hook_name} rows are {x.shape[1]} wide, the SAE "
+                                 f"reads {sae.d_in}")
+        except ValueError as e:
+            ap.error(f"--sae: {e}")
+        f = encode(sae, x)
+        arrays.update({"sae.input": x, "sae.acts": f.numpy(), "sae.recon": decode(sae, f).numpy()})
     write_container(a.out, arrays)
     return 0
 
