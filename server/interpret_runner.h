@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/engine.h"
+#include "engine/interpret/sae.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
 #include "kernels/staged_backend.h"
@@ -36,11 +37,13 @@ struct InterpBackends {
   }
 };
 
-// What every runner needs: the served model, the engine (for sessions), the limits.
+// What every runner needs: the served model, the engine (for sessions), the limits, the
+// loaded SAEs.
 struct InterpContext {
   Engine& engine;
   const InterpLimits& limits;
   InterpBackends& backends;
+  const std::vector<std::shared_ptr<const interpret::Sae>>* saes = nullptr;
   const Model& model() const { return engine.model(); }
 };
 
@@ -63,6 +66,11 @@ absl::Status RunLogitLens(const InterpContext& ctx, const v1::LogitLensRequest& 
 
 absl::Status RunActivations(const InterpContext& ctx, const v1::ActivationsRequest& request,
                             v1::ActivationsResponse* response);
+
+absl::Status RunListSaes(const InterpContext& ctx, v1::ListSaesResponse* response);
+
+absl::Status RunSaeFeatures(const InterpContext& ctx, const v1::SaeFeaturesRequest& request,
+                            v1::SaeFeaturesResponse* response);
 
 absl::Status RunLogitAttribution(const InterpContext& ctx,
                                  const v1::LogitAttributionRequest& request,

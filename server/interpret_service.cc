@@ -18,6 +18,7 @@ constexpr char kIntervene[] = "intervene";
 constexpr char kLens[] = "lens";
 constexpr char kActivations[] = "activations";
 constexpr char kAttribution[] = "attribution";
+constexpr char kSae[] = "sae";
 
 absl::Status Draining() { return absl::UnavailableError("the server is shutting down"); }
 
@@ -183,6 +184,25 @@ grpc::ServerUnaryReactor* InterpretService::LogitAttribution(
       context, "LogitAttribution", kAttribution,
       [request, response](const InterpContext& ctx) {
         return RunLogitAttribution(ctx, *request, response);
+      },
+      response);
+}
+
+grpc::ServerUnaryReactor* InterpretService::ListSaes(grpc::CallbackServerContext* context,
+                                                     const v1::ListSaesRequest* /*request*/,
+                                                     v1::ListSaesResponse* response) {
+  return RunUnary(
+      context, "ListSaes", kSae,
+      [response](const InterpContext& ctx) { return RunListSaes(ctx, response); }, response);
+}
+
+grpc::ServerUnaryReactor* InterpretService::SaeFeatures(grpc::CallbackServerContext* context,
+                                                        const v1::SaeFeaturesRequest* request,
+                                                        v1::SaeFeaturesResponse* response) {
+  return RunUnary(
+      context, "SaeFeatures", kSae,
+      [request, response](const InterpContext& ctx) {
+        return RunSaeFeatures(ctx, *request, response);
       },
       response);
 }

@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
+#include <vector>
 
 #include "engine/engine.h"
 #include "kvlens/v1/interpret.grpc.pb.h"
@@ -21,6 +23,8 @@ namespace kvlens::server {
 struct InterpretOptions {
   InterpLimits limits;
   InterpretWorkerOptions workers;
+  // --sae: the sparse autoencoders SaeFeatures serves (each checked against the model).
+  std::vector<std::shared_ptr<const interpret::Sae>> saes;
 };
 
 class InterpretService final : public v1::Interpret::CallbackService {
@@ -57,11 +61,17 @@ class InterpretService final : public v1::Interpret::CallbackService {
   grpc::ServerUnaryReactor* LogitAttribution(grpc::CallbackServerContext* context,
                                              const v1::LogitAttributionRequest* request,
                                              v1::LogitAttributionResponse* response) override;
+  grpc::ServerUnaryReactor* ListSaes(grpc::CallbackServerContext* context,
+                                     const v1::ListSaesRequest* request,
+                                     v1::ListSaesResponse* response) override;
+  grpc::ServerUnaryReactor* SaeFeatures(grpc::CallbackServerContext* context,
+                                        const v1::SaeFeaturesRequest* request,
+                                        v1::SaeFeaturesResponse* response) override;
 
   // Used by the AttentionMaps reactor.
   absl::Status Submit(InterpretWorkers::Task task);
   InterpContext ContextFor(InterpBackends& backends) {
-    return InterpContext{engine_, options_.limits, backends};
+    return InterpContext{engine_, options_.limits, backends, &options_.saes};
   }
   void Record(const char* rpc, const char* kind, const grpc::Status& status, double seconds,
               int64_t bytes);

@@ -22,6 +22,7 @@
 #include "common/flag_names.h"
 #include "common/malloc_tuning.h"
 #include "engine/engine.h"
+#include "engine/interpret/sae_file.h"
 #include "engine/kv_cache/kv_cache_sizing.h"
 #include "engine/kv_cache/kv_cache_storage.h"
 #include "engine/model/model.h"
@@ -108,6 +109,12 @@ ABSL_FLAG(int64_t, max_interp_tape_bytes, int64_t{8} << 30,
           "Working memory one interpretability request may take (its activations, attention "
           "maps and their gradients: about 4 x layers x heads x positions^2 elements for a "
           "probe); larger requests are refused before they allocate.");
+ABSL_FLAG(std::vector<std::string>, sae, {},
+          "Sparse autoencoders for Interpret.SaeFeatures, comma-separated, each "
+          "[NAME=]PATH[@HOOK]: a SAELens directory (cfg.json + sae_weights.safetensors) or a "
+          "Gemma Scope params.npz; HOOK, a TransformerLens name such as "
+          "blocks.20.hook_resid_post, is required for .npz and overrides the cfg's hook_name; "
+          "NAME defaults to the hook name.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long running requests may finish before they are "
           "cancelled (e.g. 30s, 500ms).");
@@ -255,6 +262,26 @@ int main(int argc, char** argv) {
   }
 
   kvlens::server::GrpcServerOptions server_options;
+  for (const std::string& spec : absl::GetFlag(FLAGS_sae)) {
+    auto sae = kvlens::interpret::LoadSae(spec);
+    if (!sae.ok()) {
+      return Fail(absl::Status(sae.status().code(),
+                               absl::StrCat("--sae ", spec, ": ", sae.status().message())));
+    }
+    if (absl::Status s = kvlens::interpret::CheckSaeFitsModel(**sae, config); !s.ok()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--sae ", spec, ": ", s.message())));
+    }
+    for (const auto& other : server_options.interpret.saes) {
+      if (other->name == (*sae)->name) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat("--sae ", spec, ": a second SAE named ",
+                                                            other->name, " (give NAME=PATH)")));
+      }
+    }
+    std::fprintf(stderr, "kvlens-server: SAE %s (%s, %d features) on %s\n", (*sae)->name.c_str(),
+                 std::string(kvlens::interpret::SaeArchitectureName((*sae)->architecture)).c_str(),
+                 (*sae)->d_sae, (*sae)->hook_name.c_str());
+    server_options.interpret.saes.push_back(*std::move(sae));
+  }
   server_options.address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_port));
   server_options.backend_name = backend->description;
   kvlens::server::InterpretOptions& interp = server_options.interpret;

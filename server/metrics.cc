@@ -31,8 +31,8 @@ const Histogram::BucketBoundaries& TokenBuckets() {
 // dashboard sees zeros rather than "no data".
 constexpr const char* kRpcs[] = {"Generate",     "Cancel",      "Tokenize",    "Detokenize",
                                  "GetModelInfo", "OpenSession", "CloseSession"};
-constexpr const char* kInterpKinds[] = {"attention", "probe",       "intervene",
-                                        "lens",      "activations", "attribution"};
+constexpr const char* kInterpKinds[] = {"attention",   "probe",       "intervene", "lens",
+                                        "activations", "attribution", "sae"};
 
 }  // namespace
 
@@ -93,7 +93,7 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   blocks_cached_ = &blocks.Add({{"state", "cached"}});
   blocks_free_ = &blocks.Add({{"state", "free"}});
 
-  // Every kind's series exists from the start (at zero), so dashboards see all six.
+  // Every kind's series exists from the start (at zero), so dashboards see all seven.
   auto& interp_requests = prometheus::BuildCounter()
                               .Name("kvlens_interp_requests_total")
                               .Help("Interpretability calls by kind.")

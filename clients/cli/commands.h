@@ -13,6 +13,7 @@ int AttentionCommand(int argc, char** argv);  // argv[1] == "attention"
 int ProbeCommand(int argc, char** argv);      // argv[1] == "probe"
 int InterveneCommand(int argc, char** argv);  // argv[1] == "intervene"
 int AttributeCommand(int argc, char** argv);  // argv[1] == "attribute"
+int SaeCommand(int argc, char** argv);        // argv[1] == "sae"
 int HealthCommand(int argc, char** argv);     // argv[1] == "health"
 
 }  // namespace kvlens::cli

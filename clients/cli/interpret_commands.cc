@@ -1,6 +1,7 @@
-// kvlens-cli attention | probe | intervene | attribute --server HOST:PORT: kvlens.v1.Interpret from
-// the terminal. Output is plain text meant for reading (matrices with 3 decimals, one table per
-// call); the Python client (clients/python) is the tool for plots and arrays.
+// kvlens-cli attention | probe | intervene | attribute | sae --server HOST:PORT:
+// kvlens.v1.Interpret from the terminal. Output is plain text meant for reading (matrices with 3
+// decimals, one table per call); the Python client (clients/python) is the tool for plots and
+// arrays.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -379,6 +380,67 @@ int AttributeCommand(int argc, char** argv) {
   if (response.neurons_size() > 0) {
     std::printf("neurons:\n");
     for (const v1::Attribution& a : response.neurons()) print(a);
+  }
+  return 0;
+}
+
+int SaeCommand(int argc, char** argv) {
+  std::vector<FlagSpec> specs = CommonSpecs();
+  specs.push_back({"list", "", "list the server's SAEs and exit", true});
+  specs.push_back({"sae", "", "the SAE's name (empty: the only one loaded)"});
+  specs.push_back({"top-k", "5", "strongest features printed per position"});
+  specs.push_back({"features", "", "feature ids whose activations are printed at every position"});
+  absl::StatusOr<Args> args;
+  if (int code = Prepare(argc, argv, "sae",
+                         "Sparse-autoencoder features (kvlens-server --sae) of each position of "
+                         "a prompt: active count, reconstruction error, the strongest features.",
+                         specs, args);
+      code >= 0) {
+    return code;
+  }
+  grpc::ClientContext context;
+  auto stub = Connect(*args, context);
+  if (args->Switch("list")) {
+    v1::ListSaesResponse list;
+    const grpc::Status status = stub->ListSaes(&context, v1::ListSaesRequest(), &list);
+    if (!status.ok()) return Fail("sae", status.error_message(), 1);
+    for (const v1::SaeInfo& s : list.saes()) {
+      std::printf("%s: %s, %d -> %d features on %s (%s)\n", s.name().c_str(),
+                  s.architecture().c_str(), s.d_in(), s.d_sae(), s.hook().c_str(),
+                  s.path().c_str());
+    }
+    return 0;
+  }
+  v1::SaeFeaturesRequest request;
+  if (absl::Status s = FillInput(*args, request.mutable_input()); !s.ok()) {
+    return Fail("sae", std::string(s.message()), 2);
+  }
+  auto top_k = args->Int("top-k", 1, 1 << 20);
+  auto features = ParseInts(args->Str("features"), "features");
+  for (const absl::Status& s : {top_k.status(), features.status()}) {
+    if (!s.ok()) return Fail("sae", std::string(s.message()), 2);
+  }
+  request.set_sae(args->Str("sae"));
+  request.set_top_k(static_cast<int>(*top_k));
+  request.mutable_feature_ids()->Add(features->begin(), features->end());
+  request.set_precision(PrecisionOf(*args));
+  v1::SaeFeaturesResponse response;
+  const grpc::Status status = stub->SaeFeatures(&context, request, &response);
+  if (!status.ok()) return Fail("sae", status.error_message(), 1);
+  const v1::SaeInfo& info = response.sae();
+  std::printf("SAE %s (%s, %d features) on %s, precision %s\n", info.name().c_str(),
+              info.architecture().c_str(), info.d_sae(), info.hook().c_str(),
+              PrecisionName(response.precision()));
+  std::printf("%8s %8s %6s %9s  %s\n", "position", "token", "L0", "rel.err",
+              "strongest features (index:activation)");
+  for (const v1::SaeRow& row : response.rows()) {
+    std::printf("%8d %8d %6d %9.4f ", row.position(), response.token_ids(row.position()), row.l0(),
+                row.relative_error());
+    for (const v1::SaeFeature& f : row.top()) std::printf(" %d:%.3f", f.index(), f.activation());
+    for (int i = 0; i < row.features_size(); ++i) {
+      std::printf("  [%d]=%.3f", request.feature_ids(i), row.features(i));
+    }
+    std::printf("\n");
   }
   return 0;
 }

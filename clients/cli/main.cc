@@ -19,6 +19,7 @@ constexpr char kUsage[] =
     "  probe      gradient probe (log-prob of a token; saliency; --verify) on a server\n"
     "  intervene  ablate heads on a server; clean vs edited log-probs\n"
     "  attribute  direct logit attribution (embeddings, layers, heads, neurons) on a server\n"
+    "  sae        sparse-autoencoder features of a prompt on a server (--sae)\n"
     "  health     exit 0 when a kvlens-server answers grpc.health.v1 with SERVING\n"
     "\n"
     "Run 'kvlens-cli COMMAND --help' for a command's flags.\n";
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
   if (command == "probe") return kvlens::cli::ProbeCommand(argc, argv);
   if (command == "intervene") return kvlens::cli::InterveneCommand(argc, argv);
   if (command == "attribute") return kvlens::cli::AttributeCommand(argc, argv);
+  if (command == "sae") return kvlens::cli::SaeCommand(argc, argv);
   if (command == "health") return kvlens::cli::HealthCommand(argc, argv);
   std::fprintf(stderr, "kvlens-cli: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;

@@ -142,18 +142,19 @@ absl::StatusOr<std::vector<T>> ReadHook(const Model& model, kernels::Backend<T>&
   }
   const int rows = HookRowsAreKeys(hook) ? tape.num_keys : tape.n;
   if (row_begin < 0 || row_end > rows || row_begin >= row_end) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(HookName(hook)), ": rows [", row_begin, ", ",
-                                                   row_end, ") are not a range within [0, ", rows,
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(std::string(HookName(hook)), ": rows [",
+                                                   row_begin, ", ", row_end,
+                                                   ") are not a range within [0, ", rows, ")"));
   }
-  if (hook == Hook::kResult) return HeadResults(model, be, tape, layer, row_begin, row_end - row_begin);
+  if (hook == Hook::kResult)
+    return HeadResults(model, be, tape, layer, row_begin, row_end - row_begin);
   const int64_t width = HookRowElements(c, hook);
   const std::vector<T>& src = Source(tape, hook, HookIsPerLayer(hook) ? layer : 0);
   return std::vector<T>(src.begin() + row_begin * width, src.begin() + row_end * width);
 }
 
-#define KVLENS_INSTANTIATE_ACTIVATIONS(T)                                                       \
-  template absl::StatusOr<std::vector<T>> ReadHook<T>(const Model&, kernels::Backend<T>&,       \
+#define KVLENS_INSTANTIATE_ACTIVATIONS(T)                                                 \
+  template absl::StatusOr<std::vector<T>> ReadHook<T>(const Model&, kernels::Backend<T>&, \
                                                       const Tape<T>&, Hook, int, int, int);
 
 KVLENS_INSTANTIATE_ACTIVATIONS(float)

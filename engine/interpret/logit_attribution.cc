@@ -85,8 +85,8 @@ absl::StatusOr<LogitAttribution> AttributeLogit(const Model& model, const Tape<T
         absl::StrCat("baseline_token = ", baseline, " is outside the vocabulary [0, ", V, ")"));
   }
   if (options.top_neurons < 0 || options.top_neurons > c.hidden_dim) {
-    return absl::InvalidArgumentError(absl::StrCat("top_neurons = ", options.top_neurons,
-                                                   " is outside [0, ", c.hidden_dim, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_neurons = ", options.top_neurons, " is outside [0, ", c.hidden_dim, "]"));
   }
   const int64_t at = int64_t{row} * D;
 
@@ -130,11 +130,10 @@ absl::StatusOr<LogitAttribution> AttributeLogit(const Model& model, const Tape<T
     r.attn.push_back(Dot(lt.attn_delta.data() + at, a));
     r.mlp.push_back(Dot(lt.ffn_delta.data() + at, a));
     if (options.heads) {
-      const std::vector<double> g =
-          TransposedTimes(lw.wo, c.sandwich_norms
-                                     ? ThroughPostNorm(a, lw.post_attn_norm,
-                                                       lt.attn_proj.data() + at, c)
-                                     : a);
+      const std::vector<double> g = TransposedTimes(
+          lw.wo, c.sandwich_norms
+                     ? ThroughPostNorm(a, lw.post_attn_norm, lt.attn_proj.data() + at, c)
+                     : a);
       const int64_t dh = c.head_dim, QD = c.q_dim();
       for (int64_t h = 0; h < c.num_heads; ++h) {
         double s = 0.0;
@@ -146,15 +145,13 @@ absl::StatusOr<LogitAttribution> AttributeLogit(const Model& model, const Tape<T
       r.attn_bias.push_back(BiasShare(lw.bo, a));
     }
     if (options.top_neurons > 0) {
-      const std::vector<double> g =
-          TransposedTimes(lw.w_out, c.sandwich_norms ? ThroughPostNorm(a, lw.post_ffn_norm,
-                                                                       lt.ffn_out.data() + at, c)
-                                                     : a);
+      const std::vector<double> g = TransposedTimes(
+          lw.w_out,
+          c.sandwich_norms ? ThroughPostNorm(a, lw.post_ffn_norm, lt.ffn_out.data() + at, c) : a);
       const int64_t F = c.hidden_dim;
       std::vector<NeuronShare> all(F);
       for (int64_t i = 0; i < F; ++i) {
-        all[i] = {l, static_cast<int>(i),
-                  static_cast<double>(lt.act[int64_t{row} * F + i]) * g[i]};
+        all[i] = {l, static_cast<int>(i), static_cast<double>(lt.act[int64_t{row} * F + i]) * g[i]};
       }
       std::partial_sort(all.begin(), all.begin() + options.top_neurons, all.end(),
                         [](const NeuronShare& p, const NeuronShare& q) {
@@ -168,10 +165,9 @@ absl::StatusOr<LogitAttribution> AttributeLogit(const Model& model, const Tape<T
   return r;
 }
 
-#define KVLENS_INSTANTIATE_ATTRIBUTION(T)                                                   \
-  template absl::StatusOr<LogitAttribution> AttributeLogit<T>(const Model&, const Tape<T>&, \
-                                                              int, int, int,                \
-                                                              const AttributionOptions&);
+#define KVLENS_INSTANTIATE_ATTRIBUTION(T)                      \
+  template absl::StatusOr<LogitAttribution> AttributeLogit<T>( \
+      const Model&, const Tape<T>&, int, int, int, const AttributionOptions&);
 
 KVLENS_INSTANTIATE_ATTRIBUTION(float)
 KVLENS_INSTANTIATE_ATTRIBUTION(double)

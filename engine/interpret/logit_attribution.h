@@ -35,15 +35,15 @@ struct NeuronShare {
 };
 
 struct LogitAttribution {
-  double logit = 0.0;  // the model's own (pre-cap) logit or difference at the row
-  double scale = 0.0;  // s, the final norm's frozen 1/RMS or 1/σ
-  double embed = 0.0;  // token embedding (times Gemma's √D)
-  double pos_embed = 0.0;        // GPT-2's learned position embedding; 0 otherwise
-  double final_norm_bias = 0.0;  // LayerNorm's b_final · u; 0 for RMSNorm
-  std::vector<double> attn, mlp;  // [L]
-  std::vector<double> heads;      // [L, H] with options.heads, else empty
-  std::vector<double> attn_bias;  // [L] b_O's share (0 without b_O), with options.heads
-  std::vector<double> mlp_bias;   // [L] b_out's share (0 without), with top_neurons
+  double logit = 0.0;                // the model's own (pre-cap) logit or difference at the row
+  double scale = 0.0;                // s, the final norm's frozen 1/RMS or 1/σ
+  double embed = 0.0;                // token embedding (times Gemma's √D)
+  double pos_embed = 0.0;            // GPT-2's learned position embedding; 0 otherwise
+  double final_norm_bias = 0.0;      // LayerNorm's b_final · u; 0 for RMSNorm
+  std::vector<double> attn, mlp;     // [L]
+  std::vector<double> heads;         // [L, H] with options.heads, else empty
+  std::vector<double> attn_bias;     // [L] b_O's share (0 without b_O), with options.heads
+  std::vector<double> mlp_bias;      // [L] b_out's share (0 without), with top_neurons
   std::vector<NeuronShare> neurons;  // top_neurons per layer, layer-major, largest |value| first
   // embed + pos_embed + Σ attn + Σ mlp + final_norm_bias: equals `logit` up to rounding.
   double Total() const;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "tests/server/interpret_test_util.h"
 #include "tests/test_paths.h"
@@ -138,8 +139,8 @@ TEST(InterpretAttribution, MatchesTheOracle) {
     for (const v1::Attribution& p : a.components()) {
       sum += p.value();
       const std::string name = "dla." + p.component();
-      const double want = p.layer() < 0 ? ref.arrays.at(name).data[0]
-                                        : ref.arrays.at(name).data[p.layer()];
+      const double want =
+          p.layer() < 0 ? ref.arrays.at(name).data[0] : ref.arrays.at(name).data[p.layer()];
       EXPECT_NEAR(p.value(), want, tol * scale) << name << " " << p.layer();
     }
     EXPECT_NEAR(sum, a.total(), 1e-12 * scale);
@@ -196,8 +197,7 @@ TEST(InterpretActivations, BadRequestsNameTheirField) {
                 "unknown hook \"hook_resid_pre\"");
   ExpectRefused(with([](auto& r) { r.add_hooks("resid_pre"); }), invalid, "named twice");
   ExpectRefused(with([&](auto& r) { r.add_layers(L); }), invalid, "layers");
-  ExpectRefused(with([](auto& r) { r.mutable_positions()->set_begin(10); }), invalid,
-                "positions");
+  ExpectRefused(with([](auto& r) { r.mutable_positions()->set_begin(10); }), invalid, "positions");
   ExpectRefused(with([](auto& r) { r.set_dtype(static_cast<v1::DType>(7)); }), invalid, "dtype");
   // 10 positions × 4 layers × [6, 192] doubles of result = 368,640 bytes > 100,000.
   ExpectRefused(with([](auto& r) {
@@ -245,6 +245,47 @@ TEST(InterpretAttribution, BadRequestsNameTheirField) {
   EXPECT_EQ(a.heads_size(), 0);
   EXPECT_EQ(a.neurons_size(), 0);
   EXPECT_NEAR(a.total(), a.logit(), 1e-4 * std::max(1.0, std::abs(a.logit())));
+}
+
+// kvlens-cli attribute prints the RPC's numbers: the logit and the sum of shares, and every
+// component's share (6 decimals).
+TEST(InterpretAttribution, CliPrintsTheRpcsAnswer) {
+  KVLENS_REQUIRE_FILE(DefaultModelPath() + "/config.json");
+  TestServer server = DefaultModelServer();
+  ASSERT_TRUE(server.ok()) << server.error();
+  const std::string command = absl::StrCat(
+      "timeout 60 ", KVLENS_CLI_PATH, " attribute --server ", server.address(),
+      " --ids '4095 34 290 1021 17' --token 290 --baseline 17 --heads --top 3 --top-neurons 1 "
+      "--precision fp64");
+  FILE* p = popen(command.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+  EXPECT_EQ(pclose(p), 0) << out;
+  v1::LogitAttributionRequest r;
+  *r.mutable_input() = IdsInput({4095, 34, 290, 1021, 17});
+  r.set_token(290);
+  r.set_baseline_token(17);
+  r.set_heads(true);
+  r.set_top_neurons(1);
+  r.set_precision(v1::PRECISION_FP64);
+  v1::LogitAttributionResponse a;
+  ASSERT_TRUE(CallAttribution(server, r, &a).ok());
+  EXPECT_NE(
+      out.find(absl::StrFormat("position 4: logit %.6f, sum of shares %.6f", a.logit(), a.total())),
+      std::string::npos)
+      << out;
+  for (const v1::Attribution& c : a.components()) {
+    EXPECT_NE(
+        out.find(absl::StrFormat("%16s %5s %6s %12.6f\n", c.component(),
+                                 c.layer() < 0 ? "-" : absl::StrCat(c.layer()), "-", c.value())),
+        std::string::npos)
+        << c.component() << " " << c.layer() << "\n"
+        << out;
+  }
+  EXPECT_NE(out.find("heads, largest |share| first:"), std::string::npos) << out;
+  EXPECT_NE(out.find("neurons:"), std::string::npos) << out;
 }
 
 TEST(InterpretActivations, CountedUnderTheirMetricKinds) {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "engine/interpret/sae_file.h"
 #include "nlohmann/json.hpp"
 #include "tests/oracle/oracle_runner.h"
 #include "tests/server/interpret_test_util.h"
@@ -49,6 +51,11 @@ out["cache_z_shape"] = list(cache["z.1"].shape)
 out["cache_z_row"] = cache["z.1"][last, 2].tolist()
 d = c.logit_attribution(chat=conv, token=5, heads=True)
 out["dla_logit"], out["dla_total"], out["dla_heads"] = d.logit, d.total, len(d.heads)
+out["saes"] = [s.name for s in c.list_saes()]
+sf = c.sae_features(chat=conv, sae="enc", top_k=3, feature_ids=[1])
+out["sae_l0"] = [r.l0 for r in sf.rows]
+out["sae_top"] = [[f.index for f in r.top] for r in sf.rows]
+out["sae_f1"] = [r.features[0] for r in sf.rows]
 print(json.dumps(out))
 )";
 
@@ -59,7 +66,20 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
       MakeQuantizedModel("--tokenizer " + TestData("stories260K/stories260K.gguf") +
                          " --chat-template '{{ \"<|im_start|>\" + message.role }}'");
   ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
-  TestServer server(path, TestServer::DefaultOptions());
+  // An SAE on the model's residual stream (256 wide), for sae_features.
+  const std::string sae_path = ::testing::TempDir() + "kvlens_python_client_sae.npz";
+  ASSERT_EQ(std::system(absl::StrCat(OraclePython(), " ", KVLENS_SOURCE_DIR,
+                                     "/tests/oracle/make_sae.py --format npz --d-in 256 "
+                                     "--d-sae 32 --out ",
+                                     sae_path)
+                            .c_str()),
+            0);
+  server::InterpretOptions interpret;
+  auto sae = interpret::LoadSae("enc=" + sae_path + "@blocks.1.hook_resid_post");
+  std::remove(sae_path.c_str());
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  interpret.saes.push_back(*sae);
+  TestServer server(path, TestServer::DefaultOptions(), 1, interpret);
   std::remove(path.c_str());
   ASSERT_TRUE(server.ok()) << server.error();
 
@@ -155,6 +175,25 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_EQ(out["dla_logit"].get<double>(), d.logit());
   EXPECT_EQ(out["dla_total"].get<double>(), d.total());
   EXPECT_EQ(out["dla_heads"].get<int>(), c.num_layers * (c.num_heads + 1));
+  EXPECT_EQ(out["saes"].get<std::vector<std::string>>(), std::vector<std::string>{"enc"});
+  v1::SaeFeaturesRequest sr;
+  *sr.mutable_input() = IdsInput(ids);
+  sr.set_top_k(3);
+  sr.add_feature_ids(1);
+  v1::SaeFeaturesResponse sf;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(InterpretStub(server)->SaeFeatures(&context, sr, &sf).ok());
+  }
+  ASSERT_EQ(out["sae_l0"].size(), static_cast<size_t>(sf.rows_size()));
+  for (int i = 0; i < sf.rows_size(); ++i) {
+    EXPECT_EQ(out["sae_l0"][i].get<int>(), sf.rows(i).l0());
+    std::vector<int> top;
+    for (const v1::SaeFeature& f : sf.rows(i).top()) top.push_back(f.index());
+    EXPECT_EQ(out["sae_top"][i].get<std::vector<int>>(), top);
+    EXPECT_EQ(out["sae_f1"][i].get<double>(), sf.rows(i).features(0));
+  }
 }
 
 }  // namespace

@@ -8,12 +8,15 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backend_factory.h"
+#include "tests/oracle/oracle_runner.h"
 #include "tests/server/server_test_util.h"
 #include "tests/test_paths.h"
 
@@ -161,6 +164,31 @@ TEST(ServerProcessTest, KvCacheDtypeBogusIsRejectedNamingTheFlag) {
   EXPECT_EQ(code, 1) << out;
   EXPECT_NE(out.find("--kv-cache-dtype: kv_cache_dtype: unknown type \"fp8\" (expected auto or "
                      "bf16)"),
+            std::string::npos)
+      << out;
+}
+
+// --sae: a missing file, and an SAE whose width is not the hook's, stop the server naming
+// the flag (stories260K's residual stream has 64 values; the SAE reads 32).
+TEST(ServerProcessTest, SaeThatCannotServeIsRejectedNamingTheFlag) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  auto [code, out] = RunServerToExit("--sae /nonexistent/sae");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("--sae /nonexistent/sae: SAE /nonexistent/sae does not exist"),
+            std::string::npos)
+      << out;
+  if (!OracleAvailable()) GTEST_SKIP() << "python3 with numpy not available";
+  const std::string npz = ::testing::TempDir() + "kvlens_process_sae.npz";
+  ASSERT_EQ(std::system(absl::StrCat(OraclePython(), " ", KVLENS_SOURCE_DIR,
+                                     "/tests/oracle/make_sae.py --format npz --d-in 32 --d-sae 8 "
+                                     "--out ",
+                                     npz)
+                            .c_str()),
+            0);
+  std::tie(code, out) = RunServerToExit("--sae " + npz + "@blocks.1.hook_resid_post");
+  std::remove(npz.c_str());
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("d_in = 32, but the model's blocks.1.hook_resid_post rows have 64 values"),
             std::string::npos)
       << out;
 }

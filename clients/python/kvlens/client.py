@@ -286,3 +286,18 @@ class Client:
         if baseline_token is not None:
             req.baseline_token = baseline_token
         return self.interpret.LogitAttribution(req, timeout=self.timeout)
+
+    def list_saes(self):
+        """The sparse autoencoders the server loaded (kvlens-server --sae): SaeInfo messages."""
+        return list(self.interpret.ListSaes(ip.ListSaesRequest(), timeout=self.timeout).saes)
+
+    def sae_features(self, text=None, tokens=None, sae="", positions=(0, 0), top_k=10,
+                     feature_ids=(), fp64=False, chat=None, session_id=None):
+        """An SAE's features per position: the SaeFeaturesResponse message (rows[i].top:
+        strongest features; rows[i].features: the activations of feature_ids; l0,
+        reconstruction_mse, relative_error)."""
+        req = ip.SaeFeaturesRequest(input=_input(text, tokens, session_id, chat=chat), sae=sae,
+                                    positions=ip.Range(begin=positions[0], end=positions[1]),
+                                    top_k=top_k, feature_ids=list(feature_ids),
+                                    precision=_precision(fp64))
+        return self.interpret.SaeFeatures(req, timeout=self.timeout)

@@ -191,10 +191,10 @@ TEST(Activations, NamesAndErrors) {
   const Tape<double> t = MustTape(*m);
   kernels::ReferenceBackend be;
   const int n = static_cast<int>(kTokens.size());
-  for (auto [hook, layer, b, e] : {std::tuple{Hook::kZ, 2, 0, n}, std::tuple{Hook::kZ, -1, 0, n},
-                                   std::tuple{Hook::kQ, 0, 0, n + 1},
-                                   std::tuple{Hook::kResidPre, 0, 3, 3},
-                                   std::tuple{Hook::kLnFinal, -1, -1, 2}}) {
+  for (auto [hook, layer, b, e] :
+       {std::tuple{Hook::kZ, 2, 0, n}, std::tuple{Hook::kZ, -1, 0, n},
+        std::tuple{Hook::kQ, 0, 0, n + 1}, std::tuple{Hook::kResidPre, 0, 3, 3},
+        std::tuple{Hook::kLnFinal, -1, -1, 2}}) {
     const auto r = ReadHook(*m, be, t, hook, layer, b, e);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << HookName(hook);
     EXPECT_NE(r.status().message().find(std::string(HookName(hook))), std::string::npos)

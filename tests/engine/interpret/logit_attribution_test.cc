@@ -147,7 +147,8 @@ double WorstAgainstOracle(const Model& m, kernels::Backend<T>& be,
       {"dla.attn_bias", r->attn_bias},
       {"dla.mlp_bias", r->mlp_bias}};
   std::vector<double> neurons(int64_t{c.num_layers} * c.hidden_dim);
-  for (const NeuronShare& s : r->neurons) neurons[int64_t{s.layer} * c.hidden_dim + s.neuron] = s.value;
+  for (const NeuronShare& s : r->neurons)
+    neurons[int64_t{s.layer} * c.hidden_dim + s.neuron] = s.value;
   ours.emplace_back("dla.neurons", neurons);
   double scale = 0;
   for (const auto& [name, v] : ours) {
@@ -171,12 +172,11 @@ double WorstAgainstOracle(const Model& m, kernels::Backend<T>& be,
 }
 
 void ExpectOracleAttribution(const std::string& path, const char* label,
-                             const std::vector<int32_t>& tokens, int row, int token,
-                             int baseline) {
+                             const std::vector<int32_t>& tokens, int row, int token, int baseline) {
   auto m = LoadModel({path, ""});
   ASSERT_TRUE(m.ok()) << m.status();
-  const std::string spec = baseline < 0 ? absl::StrCat(row, ":", token)
-                                        : absl::StrCat(row, ":", token, ":", baseline);
+  const std::string spec =
+      baseline < 0 ? absl::StrCat(row, ":", token) : absl::StrCat(row, ":", token, ":", baseline);
   const testing::OracleResult ref =
       testing::RunOracleWith(path, tokens, "--logit-attribution " + spec);
   ASSERT_TRUE(ref.error.empty()) << ref.error;
@@ -184,8 +184,8 @@ void ExpectOracleAttribution(const std::string& path, const char* label,
   kernels::CpuBackend fast(2);
   const double e64 = WorstAgainstOracle<double>(**m, ref_be, tokens, row, token, baseline, ref);
   const double e32 = WorstAgainstOracle<float>(**m, fast, tokens, row, token, baseline, ref);
-  std::printf("[oracle] %s attribution: worst error / largest share fp64 %.3g, fp32 %.3g\n",
-              label, e64, e32);
+  std::printf("[oracle] %s attribution: worst error / largest share fp64 %.3g, fp32 %.3g\n", label,
+              e64, e32);
 }
 
 TEST(LogitAttributionOracle, Stories260K) {
@@ -200,8 +200,7 @@ TEST(LogitAttributionOracle, DefaultGpt2Model) {
   const std::string dir = testing::DefaultModelPath();
   KVLENS_REQUIRE_FILE(dir + "/config.json");
   if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
-  ExpectOracleAttribution(dir, "kjv-gpt2-4l", {0, 34, 290, 1021, 17, 88, 5, 400, 61}, 6, 290,
-                          17);
+  ExpectOracleAttribution(dir, "kjv-gpt2-4l", {0, 34, 290, 1021, 17, 88, 5, 400, 61}, 6, 290, 17);
 }
 
 TEST(LogitAttributionOracle, Gemma2) {

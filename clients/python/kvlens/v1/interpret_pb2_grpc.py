@@ -49,6 +49,16 @@ class InterpretStub(object):
                 request_serializer=kvlens_dot_v1_dot_interpret__pb2.LogitAttributionRequest.SerializeToString,
                 response_deserializer=kvlens_dot_v1_dot_interpret__pb2.LogitAttributionResponse.FromString,
                 )
+        self.ListSaes = channel.unary_unary(
+                '/kvlens.v1.Interpret/ListSaes',
+                request_serializer=kvlens_dot_v1_dot_interpret__pb2.ListSaesRequest.SerializeToString,
+                response_deserializer=kvlens_dot_v1_dot_interpret__pb2.ListSaesResponse.FromString,
+                )
+        self.SaeFeatures = channel.unary_unary(
+                '/kvlens.v1.Interpret/SaeFeatures',
+                request_serializer=kvlens_dot_v1_dot_interpret__pb2.SaeFeaturesRequest.SerializeToString,
+                response_deserializer=kvlens_dot_v1_dot_interpret__pb2.SaeFeaturesResponse.FromString,
+                )
 
 
 class InterpretServicer(object):
@@ -108,6 +118,21 @@ class InterpretServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSaes(self, request, context):
+        """The sparse autoencoders the server loaded (--sae).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SaeFeatures(self, request, context):
+        """An SAE's features over a prompt's positions: the strongest per position, chosen
+        features' activations, and how well the SAE reconstructs its hook.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InterpretServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +170,16 @@ def add_InterpretServicer_to_server(servicer, server):
                     servicer.LogitAttribution,
                     request_deserializer=kvlens_dot_v1_dot_interpret__pb2.LogitAttributionRequest.FromString,
                     response_serializer=kvlens_dot_v1_dot_interpret__pb2.LogitAttributionResponse.SerializeToString,
+            ),
+            'ListSaes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSaes,
+                    request_deserializer=kvlens_dot_v1_dot_interpret__pb2.ListSaesRequest.FromString,
+                    response_serializer=kvlens_dot_v1_dot_interpret__pb2.ListSaesResponse.SerializeToString,
+            ),
+            'SaeFeatures': grpc.unary_unary_rpc_method_handler(
+                    servicer.SaeFeatures,
+                    request_deserializer=kvlens_dot_v1_dot_interpret__pb2.SaeFeaturesRequest.FromString,
+                    response_serializer=kvlens_dot_v1_dot_interpret__pb2.SaeFeaturesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -272,5 +307,39 @@ class Interpret(object):
         return grpc.experimental.unary_unary(request, target, '/kvlens.v1.Interpret/LogitAttribution',
             kvlens_dot_v1_dot_interpret__pb2.LogitAttributionRequest.SerializeToString,
             kvlens_dot_v1_dot_interpret__pb2.LogitAttributionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListSaes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvlens.v1.Interpret/ListSaes',
+            kvlens_dot_v1_dot_interpret__pb2.ListSaesRequest.SerializeToString,
+            kvlens_dot_v1_dot_interpret__pb2.ListSaesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def SaeFeatures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvlens.v1.Interpret/SaeFeatures',
+            kvlens_dot_v1_dot_interpret__pb2.SaeFeaturesRequest.SerializeToString,
+            kvlens_dot_v1_dot_interpret__pb2.SaeFeaturesResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
