@@ -14,7 +14,7 @@ kernels::WeightView View(const std::vector<float>& v, int64_t rows, int64_t cols
 }
 
 constexpr std::pair<std::string_view, Hook> kSaeHooks[] = {
-    {"hook_resid_pre", Hook::kResidPre}, {"hook_resid_mid", Hook::kResidMid},
+    {"hook_resid_pre", Hook::kResidPre},   {"hook_resid_mid", Hook::kResidMid},
     {"hook_resid_post", Hook::kResidPost}, {"hook_attn_out", Hook::kAttnOut},
     {"hook_mlp_out", Hook::kMlpOut},       {"attn.hook_z", Hook::kZ},
 };
@@ -40,10 +40,10 @@ kernels::WeightView Sae::BDecView() const { return View(b_dec, 1, d_in); }
 
 absl::Status ParseSaeHook(std::string_view name, Hook* hook, int* layer) {
   const auto bad = [&] {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hook \"", std::string(name),
-        "\" is none an SAE can read: blocks.{layer}.hook_resid_pre, hook_resid_mid, "
-        "hook_resid_post, hook_attn_out, hook_mlp_out or attn.hook_z"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hook \"", std::string(name),
+                     "\" is none an SAE can read: blocks.{layer}.hook_resid_pre, hook_resid_mid, "
+                     "hook_resid_post, hook_attn_out, hook_mlp_out or attn.hook_z"));
   };
   constexpr std::string_view kBlocks = "blocks.";
   if (name.substr(0, kBlocks.size()) != kBlocks) return bad();
@@ -106,8 +106,9 @@ std::vector<T> SaeEncode(const Sae& sae, kernels::Backend<T>& be, const T* x, in
         order.resize(ds);
         std::iota(order.begin(), order.end(), 0);
         const int k = std::min<int64_t>(sae.k, ds);
-        std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                          [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+          return p[a] > p[b] || (p[a] == p[b] && a < b);
+        });
         for (int r = 0; r < k; ++r) out[order[r]] = std::max(p[order[r]], T(0));
         break;
       }

@@ -131,13 +131,14 @@ absl::Status ReadSaeLens(const fs::path& dir, Sae& sae, bool hook_given) {
     }
     if (k == nullptr || !k->is_number_integer() || k->get<int64_t>() < 1 ||
         k->get<int64_t>() > sae.d_sae) {
-      return Bad(cfg_path, absl::StrCat("a topk SAE needs activation_fn_kwargs.k in [1, d_sae = ",
-                                        sae.d_sae, "]"));
+      return Bad(
+          cfg_path,
+          absl::StrCat("a topk SAE needs activation_fn_kwargs.k in [1, d_sae = ", sae.d_sae, "]"));
     }
     sae.k = k->get<int>();
   } else {
-    return Bad(cfg_path, "architecture \"" + arch +
-                             "\" is not one kvlens runs (standard, jumprelu, topk)");
+    return Bad(cfg_path,
+               "architecture \"" + arch + "\" is not one kvlens runs (standard, jumprelu, topk)");
   }
   if (cfg.contains("normalize_activations") && cfg["normalize_activations"].is_string() &&
       cfg["normalize_activations"].get<std::string>() != "none") {
@@ -211,7 +212,8 @@ absl::StatusOr<std::shared_ptr<const Sae>> LoadSae(const std::string& spec) {
   if (path.empty()) return absl::InvalidArgumentError("--sae " + spec + ": no path");
   sae->path = path;
   std::error_code ec;
-  if (!fs::exists(path, ec)) return absl::NotFoundError(absl::StrCat("SAE ", path, " does not exist"));
+  if (!fs::exists(path, ec))
+    return absl::NotFoundError(absl::StrCat("SAE ", path, " does not exist"));
   if (fs::is_directory(path, ec)) {
     if (absl::Status s = ReadSaeLens(path, *sae, hook_given); !s.ok()) return s;
   } else if (absl::EndsWith(path, ".npz")) {
@@ -222,9 +224,10 @@ absl::StatusOr<std::shared_ptr<const Sae>> LoadSae(const std::string& spec) {
     }
     if (absl::Status s = ReadGemmaScope(path, *sae); !s.ok()) return s;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "SAE ", path, " is neither a SAELens directory (cfg.json + sae_weights.safetensors) nor "
-                      "a Gemma Scope .npz"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SAE ", path,
+                     " is neither a SAELens directory (cfg.json + sae_weights.safetensors) nor "
+                     "a Gemma Scope .npz"));
   }
   if (absl::Status s = ParseSaeHook(sae->hook_name, &sae->hook, &sae->layer); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));

@@ -1,11 +1,11 @@
 #include "engine/model/npz.h"
 
 #include <cstring>
-#include "absl/strings/string_view.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "kernels/dtype.h"
 
@@ -100,7 +100,8 @@ absl::StatusOr<NpzArray> ParseNpy(const std::string& path, const std::string& na
        absl::StrSplit(shape.substr(1, shape.size() - 2), ',', absl::SkipWhitespace())) {
     int64_t v = 0;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(d), &v) || v < 0 || v > (int64_t{1} << 40)) {
-      return Bad(path, absl::StrCat(where, "shape ", std::string(shape), " is not a tuple of sizes"));
+      return Bad(path,
+                 absl::StrCat(where, "shape ", std::string(shape), " is not a tuple of sizes"));
     }
     a.shape.push_back(v);
     count *= static_cast<uint64_t>(v);
@@ -187,10 +188,10 @@ absl::StatusOr<std::unique_ptr<NpzFile>> NpzFile::Open(const std::string& path) 
       return Bad(path, "member " + member + " is not a .npy array");
     }
     if (method != 0) {
-      return Bad(path, absl::StrCat("array ", std::string(name), " is compressed (zip method ",
-                                    method,
-                                    ", np.savez_compressed); kvlens maps np.savez's stored "
-                                    "arrays: re-save with np.savez"));
+      return Bad(path,
+                 absl::StrCat("array ", std::string(name), " is compressed (zip method ", method,
+                              ", np.savez_compressed); kvlens maps np.savez's stored "
+                              "arrays: re-save with np.savez"));
     }
     if (r.At<uint32_t>(local) != kLocalSig || !r.ok()) {
       return Bad(path, "array " + std::string(name) + ": bad zip local header");
@@ -208,8 +209,9 @@ absl::StatusOr<std::unique_ptr<NpzFile>> NpzFile::Open(const std::string& path) 
 }
 
 absl::StatusOr<std::vector<float>> NpzFloats(const NpzArray& a) {
-  const uint64_t n =
-      a.descr == "<f4" ? a.nbytes / 4 : a.descr == "<f2" ? a.nbytes / 2 : a.nbytes / 8;
+  const uint64_t n = a.descr == "<f4"   ? a.nbytes / 4
+                     : a.descr == "<f2" ? a.nbytes / 2
+                                        : a.nbytes / 8;
   std::vector<float> out(n);
   if (a.descr == "<f4") {
     std::memcpy(out.data(), a.data, a.nbytes);

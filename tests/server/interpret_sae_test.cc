@@ -4,13 +4,13 @@
 // and reconstruction error against the PyTorch float64 oracle (oracle.py --sae, its own file
 // readers), in fp64 and fp32; every malformed request refused naming its field; no SAE
 // loaded is FAILED_PRECONDITION; calls counted under the metric kind "sae".
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
-
-#include <sys/wait.h>
 
 #include "absl/strings/str_format.h"
 #include "engine/interpret/sae_file.h"
@@ -33,8 +33,9 @@ class InterpretSae : public ::testing::Test {
     dir_ = fs::path(::testing::TempDir()) /
            absl::StrCat("kvlens_server_sae_", reinterpret_cast<uintptr_t>(this));
     fs::create_directories(dir_);
-    lens_ = Make("lens", "--format saelens --architecture standard --d-in 192 --d-sae 96 "
-                         "--hook blocks.2.hook_resid_post --seed 11");
+    lens_ = Make("lens",
+                 "--format saelens --architecture standard --d-in 192 --d-sae 96 "
+                 "--hook blocks.2.hook_resid_post --seed 11");
     npz_ = Make("params.npz", "--format npz --d-in 192 --d-sae 80 --seed 12") +
            "@blocks.1.hook_resid_mid";
   }
@@ -168,14 +169,15 @@ std::pair<int, std::string> RunCommand(const std::string& command) {
 TEST_F(InterpretSae, CliPrintsTheRpcsAnswer) {
   TestServer server(DefaultModelPath(), TestServer::DefaultOptions(), 1, WithSaes());
   ASSERT_TRUE(server.ok()) << server.error();
-  const std::string cli = absl::StrCat("timeout 60 ", KVLENS_CLI_PATH, " sae --server ",
-                                       server.address());
+  const std::string cli =
+      absl::StrCat("timeout 60 ", KVLENS_CLI_PATH, " sae --server ", server.address());
   const auto [list_code, list] = RunCommand(cli + " --list");
   EXPECT_EQ(list_code, 0) << list;
   EXPECT_NE(list.find("scope: jumprelu, 192 -> 80 features on blocks.1.hook_resid_mid"),
             std::string::npos)
       << list;
-  const auto [code, out] = RunCommand(cli + " --sae scope --ids '4095 34 290 1021' --top-k 3 --features '0 5'");
+  const auto [code, out] =
+      RunCommand(cli + " --sae scope --ids '4095 34 290 1021' --top-k 3 --features '0 5'");
   EXPECT_EQ(code, 0) << out;
   v1::SaeFeaturesRequest r;
   *r.mutable_input() = IdsInput({4095, 34, 290, 1021});
@@ -191,8 +193,8 @@ TEST_F(InterpretSae, CliPrintsTheRpcsAnswer) {
     for (const v1::SaeFeature& f : row.top()) {
       absl::StrAppend(&line, absl::StrFormat(" %d:%.3f", f.index(), f.activation()));
     }
-    absl::StrAppend(&line, absl::StrFormat("  [0]=%.3f  [5]=%.3f\n", row.features(0),
-                                           row.features(1)));
+    absl::StrAppend(&line,
+                    absl::StrFormat("  [0]=%.3f  [5]=%.3f\n", row.features(0), row.features(1)));
     EXPECT_NE(out.find(line), std::string::npos) << line << "\nin\n" << out;
   }
   const auto [bad_code, bad] = RunCommand(cli + " --sae nope --ids '1 2' 2>&1");
@@ -226,8 +228,7 @@ TEST_F(InterpretSae, BadRequestsNameTheirField) {
   ExpectRefused(with([](auto& r) { r.set_top_k(-1); }), invalid, "top_k = -1");
   ExpectRefused(with([](auto& r) { r.add_feature_ids(80); }), invalid,
                 "feature_ids: 80 is outside [0, d_sae = 80)");
-  ExpectRefused(with([](auto& r) { r.mutable_positions()->set_begin(11); }), invalid,
-                "positions");
+  ExpectRefused(with([](auto& r) { r.mutable_positions()->set_begin(11); }), invalid, "positions");
   v1::SaeFeaturesResponse a;
   v1::SaeFeaturesRequest ok;
   *ok.mutable_input() = IdsInput(kTokens);

@@ -102,14 +102,13 @@ TEST_F(SaeFileTest, EveryArchitectureAndTypeMatchesTheOracle) {
        {std::pair{"standard", "--architecture standard --hook blocks.2.hook_resid_post"},
         std::pair{"jumprelu_bf16",
                   "--architecture jumprelu --dtype bf16 --hook blocks.1.hook_resid_pre"},
-        std::pair{"topk_f16",
-                  "--architecture topk --k 7 --dtype f16 --hook blocks.3.hook_mlp_out"},
+        std::pair{"topk_f16", "--architecture topk --k 7 --dtype f16 --hook blocks.3.hook_mlp_out"},
         std::pair{"z", "--architecture standard --d-in 192 --hook blocks.0.attn.hook_z"}}) {
     const std::string path =
         Make(name, absl::StrCat("--format saelens --d-in 192 --d-sae 96 --seed 3 ", args));
     const auto [e64, e32] = AgainstOracle(model, path, kTokens);
-    std::printf("[oracle] SAE %s on kjv-gpt2-4l: worst relative error fp64 %.3g, fp32 %.3g\n",
-                name, e64, e32);
+    std::printf("[oracle] SAE %s on kjv-gpt2-4l: worst relative error fp64 %.3g, fp32 %.3g\n", name,
+                e64, e32);
   }
 }
 
@@ -164,12 +163,16 @@ TEST_F(SaeFileTest, BrokenFilesAreRefusedNamingTheField) {
   ExpectRefused(npz, "names no hook");
   ExpectRefused((dir_ / "nothing").string(), "does not exist", absl::StatusCode::kNotFound);
   // Compressed, and missing an array: written by numpy directly.
-  const std::string packed = (dir_ / "packed.npz").string(), partial = (dir_ / "partial.npz").string();
+  const std::string packed = (dir_ / "packed.npz").string(),
+                    partial = (dir_ / "partial.npz").string();
   const std::string cmd = absl::StrCat(
-      testing::OraclePython(), " -c \"import numpy as np; z = np.zeros((8, 6), np.float32); "
-      "v = np.zeros(6, np.float32); np.savez_compressed('", packed,
+      testing::OraclePython(),
+      " -c \"import numpy as np; z = np.zeros((8, 6), np.float32); "
+      "v = np.zeros(6, np.float32); np.savez_compressed('",
+      packed,
       "', W_enc=z, W_dec=z.T.copy(), b_enc=v, b_dec=np.zeros(8, np.float32), threshold=v); "
-      "np.savez('", partial, "', W_enc=z, W_dec=z.T.copy(), b_enc=v, b_dec=np.zeros(8, np.float32))\"");
+      "np.savez('",
+      partial, "', W_enc=z, W_dec=z.T.copy(), b_enc=v, b_dec=np.zeros(8, np.float32))\"");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   ExpectRefused(packed + "@blocks.0.hook_resid_post", "np.savez_compressed");
   ExpectRefused(partial + "@blocks.0.hook_resid_post", "array threshold is missing");

@@ -60,19 +60,19 @@ TEST(Sae, HandWorkedCodesOnBothBackends) {
 TEST(Sae, HookNames) {
   Hook hook;
   int layer = -1;
-  for (auto [name, want, l] :
-       {std::tuple{"blocks.0.hook_resid_pre", Hook::kResidPre, 0},
-        std::tuple{"blocks.12.hook_resid_mid", Hook::kResidMid, 12},
-        std::tuple{"blocks.20.hook_resid_post", Hook::kResidPost, 20},
-        std::tuple{"blocks.3.hook_attn_out", Hook::kAttnOut, 3},
-        std::tuple{"blocks.3.hook_mlp_out", Hook::kMlpOut, 3},
-        std::tuple{"blocks.7.attn.hook_z", Hook::kZ, 7}}) {
+  for (auto [name, want, l] : {std::tuple{"blocks.0.hook_resid_pre", Hook::kResidPre, 0},
+                               std::tuple{"blocks.12.hook_resid_mid", Hook::kResidMid, 12},
+                               std::tuple{"blocks.20.hook_resid_post", Hook::kResidPost, 20},
+                               std::tuple{"blocks.3.hook_attn_out", Hook::kAttnOut, 3},
+                               std::tuple{"blocks.3.hook_mlp_out", Hook::kMlpOut, 3},
+                               std::tuple{"blocks.7.attn.hook_z", Hook::kZ, 7}}) {
     ASSERT_TRUE(ParseSaeHook(name, &hook, &layer).ok()) << name;
     EXPECT_EQ(hook, want) << name;
     EXPECT_EQ(layer, l) << name;
   }
-  for (const char* bad : {"blocks.x.hook_resid_post", "blocks..hook_resid_post", "resid_post",
-                          "blocks.1.hook_q", "blocks.-1.hook_resid_pre", "blocks.1.hook_resid_post "}) {
+  for (const char* bad :
+       {"blocks.x.hook_resid_post", "blocks..hook_resid_post", "resid_post", "blocks.1.hook_q",
+        "blocks.-1.hook_resid_pre", "blocks.1.hook_resid_post "}) {
     const absl::Status s = ParseSaeHook(bad, &hook, &layer);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(s.message().find("blocks.{layer}.hook_resid_pre"), std::string::npos) << s;

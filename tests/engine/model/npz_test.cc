@@ -72,12 +72,12 @@ TEST_F(NpzTest, ArraysOfEveryFloatWidthAndRank) {
 }
 
 TEST_F(NpzTest, VersionTwoHeaders) {
-  const std::string path = Write(
-      "v2.npz",
-      "import zipfile, io\n"
-      "buf = io.BytesIO(); np.lib.format.write_array(buf, np.arange(6, dtype=np.float32), "
-      "version=(2, 0))\n"
-      "z = zipfile.ZipFile(path, 'w'); z.writestr('x.npy', buf.getvalue()); z.close()");
+  const std::string path =
+      Write("v2.npz",
+            "import zipfile, io\n"
+            "buf = io.BytesIO(); np.lib.format.write_array(buf, np.arange(6, dtype=np.float32), "
+            "version=(2, 0))\n"
+            "z = zipfile.ZipFile(path, 'w'); z.writestr('x.npy', buf.getvalue()); z.close()");
   auto f = NpzFile::Open(path);
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ((*NpzFloats(*(*f)->Find("x")))[5], 5.0f);
