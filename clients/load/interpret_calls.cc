@@ -1,7 +1,8 @@
-// AttentionMaps / GradientProbe traffic. Compiled with KVLENS_LOAD_INTERPRET when
-// kvlens_proto carries interpret.proto; without it the factories say "unsupported" and
-// kvlens-load rejects --attention-share / --probe-share. A new interpretability kind is
-// one more Call class here and one more Kind in workload.h.
+// AttentionMaps / GradientProbe / Activations / LogitAttribution traffic. Compiled with
+// KVLENS_LOAD_INTERPRET when kvlens_proto carries interpret.proto; without it the factories
+// say "unsupported" and kvlens-load rejects the --*-share flags. A new unary
+// interpretability kind is one more UnaryCall alias and request builder here and one more
+// Kind in workload.h.
 #include <utility>
 
 #include "clients/load/calls.h"
@@ -69,26 +70,23 @@ class AttentionCall final : public Call, public grpc::ClientReadReactor<v1::Atte
   CallResult result_;
 };
 
-// J = log p(last prompt token | the tokens before it) (text prompts: of token 0 after the
-// first position); gradients w.r.t. the input embeddings and their saliency.
-class ProbeCall final : public Call, public grpc::ClientUnaryReactor {
+// One unary Interpret call: `Rpc` is the stub's async method for Request → Response.
+template <typename Request, typename Response,
+          void (v1::Interpret::Stub::async_interface::*Rpc)(grpc::ClientContext*, const Request*,
+                                                            Response*, grpc::ClientUnaryReactor*)>
+class UnaryCall final : public Call, public grpc::ClientUnaryReactor {
  public:
-  ProbeCall(v1::Interpret::Stub* stub, const RequestSpec& spec, std::chrono::milliseconds timeout)
-      : stub_(stub) {
-    SetInput(spec, request_.mutable_input());
-    v1::TokenTarget* target = request_.mutable_log_prob()->add_targets();
-    const int n = static_cast<int>(spec.token_ids.size());
-    target->set_position(n >= 2 ? n - 2 : 0);
-    target->set_token(n >= 2 ? spec.token_ids[n - 1] : 0);
-    request_.set_embeddings(true);
+  UnaryCall(v1::Interpret::Stub* stub, Request request, Kind kind,
+            std::chrono::milliseconds timeout)
+      : stub_(stub), request_(std::move(request)) {
     context_.set_deadline(std::chrono::system_clock::now() + timeout);
-    result_.kind = Kind::kProbe;
+    result_.kind = kind;
   }
 
   void Start(DoneFn done) override {
     done_ = std::move(done);
     start_ = Clock::now();
-    stub_->async()->GradientProbe(&context_, &request_, &response_, this);
+    (stub_->async()->*Rpc)(&context_, &request_, &response_, this);
     StartCall();
   }
   void Cancel() override { context_.TryCancel(); }
@@ -106,13 +104,51 @@ class ProbeCall final : public Call, public grpc::ClientUnaryReactor {
 
  private:
   v1::Interpret::Stub* stub_;
-  v1::GradientProbeRequest request_;
-  v1::GradientProbeResponse response_;
+  Request request_;
+  Response response_;
   grpc::ClientContext context_;
   DoneFn done_;
   Clock::time_point start_;
   CallResult result_;
 };
+
+using ProbeCall = UnaryCall<v1::GradientProbeRequest, v1::GradientProbeResponse,
+                            &v1::Interpret::Stub::async_interface::GradientProbe>;
+using ActivationsCall = UnaryCall<v1::ActivationsRequest, v1::ActivationsResponse,
+                                  &v1::Interpret::Stub::async_interface::Activations>;
+using AttributionCall = UnaryCall<v1::LogitAttributionRequest, v1::LogitAttributionResponse,
+                                  &v1::Interpret::Stub::async_interface::LogitAttribution>;
+
+// J = log p(last prompt token | the tokens before it) (text prompts: of token 0 after the
+// first position); gradients w.r.t. the input embeddings and their saliency.
+v1::GradientProbeRequest ProbeRequest(const RequestSpec& spec) {
+  v1::GradientProbeRequest r;
+  SetInput(spec, r.mutable_input());
+  v1::TokenTarget* target = r.mutable_log_prob()->add_targets();
+  const int n = static_cast<int>(spec.token_ids.size());
+  target->set_position(n >= 2 ? n - 2 : 0);
+  target->set_token(n >= 2 ? spec.token_ids[n - 1] : 0);
+  r.set_embeddings(true);
+  return r;
+}
+
+// The residual stream entering every layer at every position (run_with_cache's resid_pre).
+v1::ActivationsRequest ActivationsRequest(const RequestSpec& spec) {
+  v1::ActivationsRequest r;
+  SetInput(spec, r.mutable_input());
+  r.add_hooks("resid_pre");
+  return r;
+}
+
+// The last position's logit of the prompt's last token (text prompts: token 0), split by
+// layer and head.
+v1::LogitAttributionRequest AttributionRequest(const RequestSpec& spec) {
+  v1::LogitAttributionRequest r;
+  SetInput(spec, r.mutable_input());
+  r.set_token(spec.token_ids.empty() ? 0 : spec.token_ids.back());
+  r.set_heads(true);
+  return r;
+}
 
 }  // namespace
 
@@ -122,7 +158,16 @@ std::unique_ptr<Call> MakeInterpretCall(const ServerStubs& stubs, const RequestS
                                         std::chrono::milliseconds timeout) {
   auto* stub = static_cast<v1::Interpret::Stub*>(stubs.interpret.get());
   if (spec.kind == Kind::kAttention) return std::make_unique<AttentionCall>(stub, spec, timeout);
-  if (spec.kind == Kind::kProbe) return std::make_unique<ProbeCall>(stub, spec, timeout);
+  switch (spec.kind) {
+    case Kind::kProbe:
+      return std::make_unique<ProbeCall>(stub, ProbeRequest(spec), spec.kind, timeout);
+    case Kind::kActivations:
+      return std::make_unique<ActivationsCall>(stub, ActivationsRequest(spec), spec.kind, timeout);
+    case Kind::kAttribution:
+      return std::make_unique<AttributionCall>(stub, AttributionRequest(spec), spec.kind, timeout);
+    default:
+      break;
+  }
   return nullptr;
 }
 

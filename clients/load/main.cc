@@ -75,6 +75,12 @@ ABSL_FLAG(double, attention_share, 0,
 ABSL_FLAG(double, probe_share, 0,
           "Share of requests in [0, 1] that are GradientProbe calls (log p of the last "
           "prompt token; input-embedding gradients).");
+ABSL_FLAG(double, activations_share, 0,
+          "Share of requests in [0, 1] that are Activations calls (the residual stream "
+          "entering every layer, run_with_cache's resid_pre).");
+ABSL_FLAG(double, attribution_share, 0,
+          "Share of requests in [0, 1] that are LogitAttribution calls (the last prompt "
+          "token's logit, split by layer and head).");
 ABSL_FLAG(uint64_t, seed, 0,
           "Seed of prompts, lengths, arrivals and sampling; the report records it. 0: a "
           "fresh one per run, so a repeated run does not find its prompts in the server's "
@@ -208,13 +214,19 @@ int Main(int argc, char** argv) {
   if (warmup < 0) bad = "--warmup must be >= 0";
   const double attention_share = absl::GetFlag(FLAGS_attention_share);
   const double probe_share = absl::GetFlag(FLAGS_probe_share);
-  if (!(attention_share >= 0 && probe_share >= 0 && attention_share + probe_share <= 1)) {
-    bad = "--attention-share and --probe-share must be >= 0 with a sum <= 1";
-  }
-  if (attention_share + probe_share > 0 && !InterpretSupported()) {
+  const double activations_share = absl::GetFlag(FLAGS_activations_share);
+  const double attribution_share = absl::GetFlag(FLAGS_attribution_share);
+  const double interp_share = attention_share + probe_share + activations_share + attribution_share;
+  if (!(attention_share >= 0 && probe_share >= 0 && activations_share >= 0 &&
+        attribution_share >= 0 && interp_share <= 1)) {
     bad =
-        "this kvlens-load was built without interpret.proto: --attention-share and "
-        "--probe-share are unavailable";
+        "--attention-share, --probe-share, --activations-share and --attribution-share must be "
+        ">= 0 with a sum <= 1";
+  }
+  if (interp_share > 0 && !InterpretSupported()) {
+    bad =
+        "this kvlens-load was built without interpret.proto: --attention-share, "
+        "--probe-share, --activations-share and --attribution-share are unavailable";
   }
   if (absl::GetFlag(FLAGS_shared_prefix_tokens) < 0) bad = "--shared-prefix-tokens must be >= 0";
   if (!bad.empty()) return Fail(absl::InvalidArgumentError(bad), 2);
@@ -236,6 +248,8 @@ int Main(int argc, char** argv) {
   wo.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   wo.attention_share = attention_share;
   wo.probe_share = probe_share;
+  wo.activations_share = activations_share;
+  wo.attribution_share = attribution_share;
   wo.seed = phase.seed;
 
   const std::vector<std::string> addresses = SplitList(absl::GetFlag(FLAGS_server));
@@ -344,6 +358,8 @@ int Main(int argc, char** argv) {
       {"shared_prefix_tokens", wo.shared_prefix_tokens},
       {"attention_share", attention_share},
       {"probe_share", probe_share},
+      {"activations_share", activations_share},
+      {"attribution_share", attribution_share},
       {"seed", phase.seed}};
   Report report = BuildReport(result, std::move(config));
   if (!before.empty() && !after.empty()) {

@@ -35,6 +35,10 @@ const char* KindName(Kind kind) {
       return "attention";
     case Kind::kProbe:
       return "probe";
+    case Kind::kActivations:
+      return "activations";
+    case Kind::kAttribution:
+      return "attribution";
   }
   return "generate";
 }
@@ -46,11 +50,18 @@ Workload::Workload(WorkloadOptions options) : options_(std::move(options)), rng_
 
 RequestSpec Workload::Next() {
   RequestSpec spec;
+  // Cumulative shares: [0, a) attention, [a, a + p) probe, and so on; the rest generate.
   const double u = std::uniform_real_distribution<double>(0, 1)(rng_);
-  if (u < options_.attention_share) {
-    spec.kind = Kind::kAttention;
-  } else if (u < options_.attention_share + options_.probe_share) {
-    spec.kind = Kind::kProbe;
+  double edge = 0;
+  for (const auto& [share, kind] : {std::pair{options_.attention_share, Kind::kAttention},
+                                    {options_.probe_share, Kind::kProbe},
+                                    {options_.activations_share, Kind::kActivations},
+                                    {options_.attribution_share, Kind::kAttribution}}) {
+    edge += share;
+    if (u < edge) {
+      spec.kind = kind;
+      break;
+    }
   }
   spec.max_new_tokens = options_.output_tokens.Draw(rng_);
   if (!options_.prompts.empty()) {

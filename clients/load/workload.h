@@ -22,7 +22,7 @@ struct LengthDist {
   int Draw(std::mt19937_64& rng) const;
 };
 
-enum class Kind { kGenerate, kAttention, kProbe };
+enum class Kind { kGenerate, kAttention, kProbe, kActivations, kAttribution };
 const char* KindName(Kind kind);
 
 struct WorkloadOptions {
@@ -35,6 +35,8 @@ struct WorkloadOptions {
   bool ignore_eos = true;
   double attention_share = 0;  // of all requests, in [0, 1]
   double probe_share = 0;
+  double activations_share = 0;
+  double attribution_share = 0;
   uint64_t seed = 1;
 };
 

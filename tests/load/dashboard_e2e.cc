@@ -273,6 +273,8 @@ TEST(DashboardTest, EveryPanelQueryReturnsDataAfterALoadRun) {
 #ifdef KVLENS_LOAD_INTERPRET
   load_args.push_back("--attention-share=0.05");
   load_args.push_back("--probe-share=0.05");
+  load_args.push_back("--activations-share=0.03");
+  load_args.push_back("--attribution-share=0.03");
 #endif
   Child load(load_args, tmp + "/load.log");
   const int load_exit = load.WaitExit(seconds(120));

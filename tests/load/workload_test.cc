@@ -73,12 +73,18 @@ TEST(WorkloadTest, SharesPickKindsInProportion) {
   o.vocab_size = 10;
   o.attention_share = 0.2;
   o.probe_share = 0.1;
+  o.activations_share = 0.15;
+  o.attribution_share = 0.05;
   Workload w(o);
   std::map<Kind, int> n;
   for (int i = 0; i < 10000; ++i) ++n[w.Next().kind];
   EXPECT_NEAR(n[Kind::kAttention], 2000, 200);
   EXPECT_NEAR(n[Kind::kProbe], 1000, 150);
-  EXPECT_NEAR(n[Kind::kGenerate], 7000, 250);
+  EXPECT_NEAR(n[Kind::kActivations], 1500, 175);
+  EXPECT_NEAR(n[Kind::kAttribution], 500, 110);
+  EXPECT_NEAR(n[Kind::kGenerate], 5000, 250);
+  EXPECT_STREQ(KindName(Kind::kActivations), "activations");
+  EXPECT_STREQ(KindName(Kind::kAttribution), "attribution");
 }
 
 TEST(WorkloadTest, FilePromptsAreUsedInTurn) {
