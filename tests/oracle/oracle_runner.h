@@ -130,6 +130,14 @@ inline std::string MakeQuantizedModel(const std::string& args = "") {
   return tmpl;
 }
 
+// Writes tests/oracle/make_sae.py's SAE (random weights; `args` are its flags: --format
+// saelens|npz, sizes, architecture, …) to `out`; false when the script failed.
+inline bool MakeSae(const std::string& out, const std::string& args) {
+  const std::string cmd = std::string(OraclePython()) + " " + KVLENS_SOURCE_DIR +
+                          "/tests/oracle/make_sae.py --out '" + out + "' " + args;
+  return std::system(cmd.c_str()) == 0;
+}
+
 }  // namespace kvlens::testing
 
 #endif  // KVLENS_TESTS_ORACLE_ORACLE_RUNNER_H_

@@ -253,16 +253,11 @@ TEST(InterpretAttribution, CliPrintsTheRpcsAnswer) {
   KVLENS_REQUIRE_FILE(DefaultModelPath() + "/config.json");
   TestServer server = DefaultModelServer();
   ASSERT_TRUE(server.ok()) << server.error();
-  const std::string command = absl::StrCat(
+  const auto [code, out] = RunCommand(absl::StrCat(
       "timeout 60 ", KVLENS_CLI_PATH, " attribute --server ", server.address(),
       " --ids '4095 34 290 1021 17' --token 290 --baseline 17 --heads --top 3 --top-neurons 1 "
-      "--precision fp64");
-  FILE* p = popen(command.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
-  EXPECT_EQ(pclose(p), 0) << out;
+      "--precision fp64"));
+  EXPECT_EQ(code, 0) << out;
   v1::LogitAttributionRequest r;
   *r.mutable_input() = IdsInput({4095, 34, 290, 1021, 17});
   r.set_token(290);

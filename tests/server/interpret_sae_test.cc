@@ -4,24 +4,20 @@
 // and reconstruction error against the PyTorch float64 oracle (oracle.py --sae, its own file
 // readers), in fp64 and fp32; every malformed request refused naming its field; no SAE
 // loaded is FAILED_PRECONDITION; calls counted under the metric kind "sae".
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <numeric>
 
 #include "absl/strings/str_format.h"
 #include "engine/interpret/sae_file.h"
 #include "gtest/gtest.h"
 #include "tests/server/interpret_test_util.h"
+#include "tests/temp_dir.h"
 #include "tests/test_paths.h"
 
 namespace kvlens::testing {
 namespace {
-
-namespace fs = std::filesystem;
 
 const std::vector<int32_t> kTokens = {4095, 34, 290, 1021, 17, 88, 5, 400, 61, 7};
 
@@ -30,24 +26,15 @@ class InterpretSae : public ::testing::Test {
   void SetUp() override {
     if (!Exists(DefaultModelPath() + "/config.json")) GTEST_SKIP() << "no default model";
     if (!OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
-    dir_ = fs::path(::testing::TempDir()) /
-           absl::StrCat("kvlens_server_sae_", reinterpret_cast<uintptr_t>(this));
-    fs::create_directories(dir_);
     lens_ = Make("lens",
                  "--format saelens --architecture standard --d-in 192 --d-sae 96 "
                  "--hook blocks.2.hook_resid_post --seed 11");
     npz_ = Make("params.npz", "--format npz --d-in 192 --d-sae 80 --seed 12") +
            "@blocks.1.hook_resid_mid";
   }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
   std::string Make(const std::string& name, const std::string& args) {
-    const std::string out = (dir_ / name).string();
-    const std::string cmd = absl::StrCat(OraclePython(), " ", KVLENS_SOURCE_DIR,
-                                         "/tests/oracle/make_sae.py --out '", out, "' ", args);
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    const std::string out = dir_.File(name);
+    EXPECT_TRUE(MakeSae(out, args)) << args;
     return out;
   }
   server::InterpretOptions WithSaes() {
@@ -59,7 +46,7 @@ class InterpretSae : public ::testing::Test {
     }
     return o;
   }
-  fs::path dir_;
+  ScopedTempDir dir_{"kvlens_server_sae"};
   std::string lens_, npz_;
 };
 
@@ -151,17 +138,6 @@ TEST_F(InterpretSae, FeaturesMatchTheOracle) {
       EXPECT_GT(active_rows, 3) << name;
     }
   }
-}
-
-// stdout of `command` (and its exit code).
-std::pair<int, std::string> RunCommand(const std::string& command) {
-  FILE* p = popen(command.c_str(), "r");
-  if (p == nullptr) return {-1, ""};
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 // kvlens-cli sae prints what the RPC returns: the list, and per position L0 and the

@@ -68,12 +68,7 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
   // An SAE on the model's residual stream (256 wide), for sae_features.
   const std::string sae_path = ::testing::TempDir() + "kvlens_python_client_sae.npz";
-  ASSERT_EQ(std::system(absl::StrCat(OraclePython(), " ", KVLENS_SOURCE_DIR,
-                                     "/tests/oracle/make_sae.py --format npz --d-in 256 "
-                                     "--d-sae 32 --out ",
-                                     sae_path)
-                            .c_str()),
-            0);
+  ASSERT_TRUE(MakeSae(sae_path, "--format npz --d-in 256 --d-sae 32"));
   server::InterpretOptions interpret;
   auto sae = interpret::LoadSae("enc=" + sae_path + "@blocks.1.hook_resid_post");
   std::remove(sae_path.c_str());
@@ -87,12 +82,8 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   std::ofstream(script) << kScript;
   const std::string cmd = "PYTHONPATH=" + std::string(KVLENS_SOURCE_DIR) +
                           "/clients/python /usr/bin/python3 " + script + " " + server.address();
-  FILE* pipe = popen(cmd.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) output.append(buf, n);
-  ASSERT_EQ(pclose(pipe), 0) << cmd << "\n" << output;
+  const auto [code, output] = RunCommand(cmd);
+  ASSERT_EQ(code, 0) << cmd << "\n" << output;
   std::remove(script.c_str());
   const nlohmann::json out = nlohmann::json::parse(output);
 

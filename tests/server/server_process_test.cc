@@ -101,16 +101,8 @@ class ServerProcess {
 
 // Runs kvlens-server to its exit (it must fail before serving); stdout and stderr.
 std::pair<int, std::string> RunServerToExit(const std::string& flags) {
-  const std::string command =
-      absl::StrCat("timeout 60 ", KVLENS_SERVER_PATH, " --model ", Stories260KPath(),
-                   " --port 0 --metrics-port -1 ", flags, " 2>&1");
-  FILE* p = popen(command.c_str(), "r");
-  if (p == nullptr) return {-1, ""};
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return RunCommand(absl::StrCat("timeout 60 ", KVLENS_SERVER_PATH, " --model ", Stories260KPath(),
+                                 " --port 0 --metrics-port -1 ", flags, " 2>&1"));
 }
 
 TEST(ServerProcessTest, DeviceCudaWithoutAGpuIsAClearError) {
@@ -179,12 +171,7 @@ TEST(ServerProcessTest, SaeThatCannotServeIsRejectedNamingTheFlag) {
       << out;
   if (!OracleAvailable()) GTEST_SKIP() << "python3 with numpy not available";
   const std::string npz = ::testing::TempDir() + "kvlens_process_sae.npz";
-  ASSERT_EQ(std::system(absl::StrCat(OraclePython(), " ", KVLENS_SOURCE_DIR,
-                                     "/tests/oracle/make_sae.py --format npz --d-in 32 --d-sae 8 "
-                                     "--out ",
-                                     npz)
-                            .c_str()),
-            0);
+  ASSERT_TRUE(MakeSae(npz, "--format npz --d-in 32 --d-sae 8"));
   std::tie(code, out) = RunServerToExit("--sae " + npz + "@blocks.1.hook_resid_post");
   std::remove(npz.c_str());
   EXPECT_EQ(code, 1) << out;
@@ -212,15 +199,10 @@ TEST(ServerProcessTest, ServesThenDrainsOnSigtermAndExitsZero) {
   ASSERT_TRUE(serving) << server.log();
 
   // kvlens-cli generate --server streams the same text as offline generation.
-  const std::string command =
-      absl::StrCat("timeout 60 ", KVLENS_CLI_PATH, " generate --server ", address,
-                   " --prompt 'Once upon a time' --max-new-tokens 40");
-  FILE* cli = popen(command.c_str(), "r");
-  ASSERT_NE(cli, nullptr);
-  std::string cli_out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), cli)) > 0;) cli_out.append(buf, n);
-  EXPECT_EQ(pclose(cli), 0);
+  const auto [cli_code, cli_out] =
+      RunCommand(absl::StrCat("timeout 60 ", KVLENS_CLI_PATH, " generate --server ", address,
+                              " --prompt 'Once upon a time' --max-new-tokens 40"));
+  EXPECT_EQ(cli_code, 0);
   EXPECT_EQ(cli_out.rfind(kReferenceText, 0), 0u) << cli_out;
 
   // A stream in flight when SIGTERM arrives still ends with its final message.

@@ -4,8 +4,10 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -135,6 +137,16 @@ double MetricValue(const std::string& exposition, const std::string& series) {
     }
   }
   return -1;
+}
+
+std::pair<int, std::string> RunCommand(const std::string& command) {
+  FILE* p = popen(command.c_str(), "r");
+  if (p == nullptr) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 }  // namespace kvlens::testing

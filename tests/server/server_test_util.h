@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/engine.h"
@@ -92,6 +93,9 @@ std::string HttpExchange(int port, const std::string& raw);
 std::string ScrapeMetrics(int port);
 // The value of the sample whose name (with labels, as exposed) is `series`; -1 if absent.
 double MetricValue(const std::string& exposition, const std::string& series);
+
+// Runs `command` through the shell: its exit code (-1 when it did not exit) and stdout.
+std::pair<int, std::string> RunCommand(const std::string& command);
 
 }  // namespace kvlens::testing
 

@@ -15,6 +15,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
 #include "tests/oracle/oracle_runner.h"
+#include "tests/temp_dir.h"
 #include "tests/test_paths.h"
 
 namespace kvlens::interpret {
@@ -26,24 +27,14 @@ class SaeFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
-    dir_ = fs::path(::testing::TempDir()) /
-           absl::StrCat("kvlens_sae_", ::testing::UnitTest::GetInstance()->random_seed(), "_",
-                        reinterpret_cast<uintptr_t>(this));
-    fs::create_directories(dir_);
   }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  // Writes an SAE with tests/oracle/make_sae.py (`args` are its flags) to dir_/name.
+  // Writes an SAE with tests/oracle/make_sae.py (`args` are its flags) to dir/name.
   std::string Make(const std::string& name, const std::string& args) {
-    const std::string out = (dir_ / name).string();
-    const std::string cmd = absl::StrCat(testing::OraclePython(), " ", KVLENS_SOURCE_DIR,
-                                         "/tests/oracle/make_sae.py --out '", out, "' ", args);
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    const std::string out = dir_.File(name);
+    EXPECT_TRUE(testing::MakeSae(out, args)) << args;
     return out;
   }
-  fs::path dir_;
+  testing::ScopedTempDir dir_{"kvlens_sae"};
 };
 
 // The oracle's features and reconstruction against ours on `model`, worst relative
@@ -161,10 +152,9 @@ TEST_F(SaeFileTest, BrokenFilesAreRefusedNamingTheField) {
   ExpectRefused(Make("g", base) + "@blocks.1.hook_q", "is none an SAE can read");
   const std::string npz = Make("p.npz", "--format npz --d-in 8 --d-sae 6");
   ExpectRefused(npz, "names no hook");
-  ExpectRefused((dir_ / "nothing").string(), "does not exist", absl::StatusCode::kNotFound);
+  ExpectRefused(dir_.File("nothing"), "does not exist", absl::StatusCode::kNotFound);
   // Compressed, and missing an array: written by numpy directly.
-  const std::string packed = (dir_ / "packed.npz").string(),
-                    partial = (dir_ / "partial.npz").string();
+  const std::string packed = dir_.File("packed.npz"), partial = dir_.File("partial.npz");
   const std::string cmd = absl::StrCat(
       testing::OraclePython(),
       " -c \"import numpy as np; z = np.zeros((8, 6), np.float32); "
@@ -177,13 +167,13 @@ TEST_F(SaeFileTest, BrokenFilesAreRefusedNamingTheField) {
   ExpectRefused(packed + "@blocks.0.hook_resid_post", "np.savez_compressed");
   ExpectRefused(partial + "@blocks.0.hook_resid_post", "array threshold is missing");
   // Not a zip at all.
-  const std::string junk = (dir_ / "junk.npz").string();
+  const std::string junk = dir_.File("junk.npz");
   std::FILE* f = std::fopen(junk.c_str(), "wb");
   ASSERT_NE(f, nullptr);
   std::fputs("this is not an archive, just some bytes long enough to look for a record", f);
   std::fclose(f);
   ExpectRefused(junk + "@blocks.0.hook_resid_post", "no zip end-of-central-directory record");
-  const std::string other = (dir_ / "weights.bin").string();
+  const std::string other = dir_.File("weights.bin");
   fs::copy_file(junk, other);
   ExpectRefused(other + "@blocks.0.hook_resid_post",
                 "is neither a SAELens directory (cfg.json + sae_weights.safetensors) nor a Gemma "

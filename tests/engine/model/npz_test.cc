@@ -5,16 +5,14 @@
 #include "engine/model/npz.h"
 
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/temp_dir.h"
 
 namespace kvlens {
 namespace {
-
-namespace fs = std::filesystem;
 
 class NpzTest : public ::testing::Test {
  protected:
@@ -22,23 +20,16 @@ class NpzTest : public ::testing::Test {
     if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
       GTEST_SKIP() << "python3 with numpy not available";
     }
-    dir_ = fs::path(::testing::TempDir()) /
-           absl::StrCat("kvlens_npz_", reinterpret_cast<uintptr_t>(this));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
   }
   // Runs `code` with numpy as np and `path` bound to dir_/name; returns the path.
   std::string Write(const std::string& name, const std::string& code) {
-    const std::string path = (dir_ / name).string();
-    const std::string script = (dir_ / "write.py").string();
+    const std::string path = dir_.File(name);
+    const std::string script = dir_.File("write.py");
     std::ofstream(script) << "import numpy as np\npath = '" << path << "'\n" << code << "\n";
     EXPECT_EQ(std::system(("/usr/bin/python3 " + script).c_str()), 0) << code;
     return path;
   }
-  fs::path dir_;
+  testing::ScopedTempDir dir_{"kvlens_npz"};
 };
 
 TEST_F(NpzTest, ArraysOfEveryFloatWidthAndRank) {
@@ -119,8 +110,7 @@ TEST_F(NpzTest, RefusedByName) {
                "import zipfile\n"
                "z = zipfile.ZipFile(path, 'w'); z.writestr('notes.txt', 'hello'); z.close()"),
          "member notes.txt is not a .npy array");
-  EXPECT_EQ(NpzFile::Open((dir_ / "none.npz").string()).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(NpzFile::Open(dir_.File("none.npz")).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -1,0 +1,40 @@
+// A fresh directory under the test's temporary folder, removed with everything in it when
+// the object goes out of scope: for tests that write files (SAEs, archives) at test time.
+#ifndef KVLENS_TESTS_TEMP_DIR_H_
+#define KVLENS_TESTS_TEMP_DIR_H_
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <string>
+
+namespace kvlens::testing {
+
+class ScopedTempDir {
+ public:
+  explicit ScopedTempDir(const std::string& prefix) {
+    static std::atomic<int> counter{0};
+    path_ = std::filesystem::path(::testing::TempDir()) /
+            (prefix + "_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::create_directories(path_);
+  }
+  ~ScopedTempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ScopedTempDir(const ScopedTempDir&) = delete;
+  ScopedTempDir& operator=(const ScopedTempDir&) = delete;
+
+  // dir/name, as a string.
+  std::string File(const std::string& name) const { return (path_ / name).string(); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace kvlens::testing
+
+#endif  // KVLENS_TESTS_TEMP_DIR_H_
