@@ -2,22 +2,18 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
-#include <optional>
 #include <set>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/interpret/activations.h"
 #include "engine/interpret/finite_difference.h"
 #include "engine/interpret/head_scores.h"
 #include "engine/interpret/interventions.h"
 #include "engine/interpret/kv_probe.h"
-#include "engine/interpret/logit_attribution.h"
 #include "engine/interpret/objective.h"
-#include "engine/interpret/sae.h"
 #include "engine/interpret/tape.h"
+#include "server/interpret_common.h"
 
 namespace kvlens::server {
 namespace {
@@ -29,15 +25,6 @@ using interpret::Tape;
 constexpr int kDefaultVerifySamples = 8;
 constexpr int kDefaultTopK = 5;
 
-template <typename T>
-kernels::Backend<T>& BackendOf(InterpBackends& b) {
-  if constexpr (std::is_same_v<T, double>) {
-    return b.f64;
-  } else {
-    return b.fp32();
-  }
-}
-
 // The backward's heavy ops for fp32 probes: staged onto the GPU with --interp-device, else
 // the CPU backend's (threaded, in float); fp64 probes: null, the reference loops.
 template <typename T>
@@ -48,32 +35,6 @@ kernels::BackwardOps<T>* BackwardOpsOf(InterpBackends& b) {
     if (b.staged != nullptr) return b.staged.get();
     return &b.f32;
   }
-}
-
-v1::Precision PrecisionOf(bool fp64) { return fp64 ? v1::PRECISION_FP64 : v1::PRECISION_FP32; }
-
-// The sequence of `input`: text, ids, or (when allowed) an open session's tokens.
-absl::StatusOr<SequenceSpec> Resolve(const InterpContext& ctx, const v1::PromptInput& input,
-                                     const std::string& field, bool allow_session) {
-  if (input.prompt_case() != v1::PromptInput::kSessionId || !allow_session) {
-    return ToSequence(input, ctx.model(), ctx.limits, field);
-  }
-  std::vector<int32_t> tokens;
-  if (absl::Status s = ctx.engine.ReadSession(
-          input.session_id(),
-          [&](const Engine::SessionView& v) { tokens.assign(v.tokens.begin(), v.tokens.end()); });
-      !s.ok()) {
-    return s;
-  }
-  return ToSequence(input, ctx.model(), ctx.limits, field, &tokens);
-}
-
-template <typename T>
-SequenceInput<T> InputOf(const SequenceSpec& seq) {
-  SequenceInput<T> in;
-  in.tokens = seq.tokens;
-  in.doc_ids = seq.doc_ids;
-  return in;
 }
 
 // Rows [r0, r1) × keys [k0, k1) of head h of a [H, n, Tk] map, appended to `out`.
@@ -102,23 +63,6 @@ template <typename T>
 absl::Span<const T> MapSlice(const std::vector<T>& map, int h, int n, int tk) {
   return absl::MakeConstSpan(map).subspan(static_cast<size_t>(h) * n * tk,
                                           static_cast<size_t>(n) * tk);
-}
-
-// Bytes of `tapes` forward tapes of n positions over num_keys keys in T, one of them also
-// differentiated when `backward` (with the parameter gradients of one layer when asked).
-template <typename T>
-int64_t WorkBytes(const ModelConfig& c, int n, int num_keys, int tapes, bool backward,
-                  bool param_grads = false) {
-  const int e = static_cast<int>(sizeof(T));
-  int64_t bytes = tapes * interpret::TapeBytes(c, n, num_keys, e, false);
-  if (backward) {
-    bytes += interpret::TapeBytes(c, n, num_keys, e, true) -
-             interpret::TapeBytes(c, n, num_keys, e, false);
-  }
-  if (param_grads) {
-    bytes += int64_t{8} * 2 * (int64_t{c.q_dim()} + c.kv_dim()) * c.dim;  // wq, wk, wv, wo
-  }
-  return bytes;
 }
 
 template <typename T>
@@ -424,172 +368,6 @@ absl::Status LensAt(const InterpContext& ctx, const SequenceSpec& seq,
   return absl::OkStatus();
 }
 
-template <typename T>
-absl::Status ActivationsAt(const InterpContext& ctx, const SequenceSpec& seq,
-                           const std::vector<interpret::Hook>& hooks,
-                           const std::vector<int>& layers, PositionRange rows, v1::DType dtype,
-                           v1::ActivationsResponse* response) {
-  const Model& model = ctx.model();
-  kernels::Backend<T>& be = BackendOf<T>(ctx.backends);
-  const int num = static_cast<int>(seq.tokens.size());
-  if (absl::Status s = CheckTapeBytes(WorkBytes<T>(model.config, num, num, 1, false), num,
-                                      ctx.limits, "Activations");
-      !s.ok()) {
-    return s;
-  }
-  auto tape = interpret::RunForward(model, be, InputOf<T>(seq));
-  if (!tape.ok()) return tape.status();
-  for (interpret::Hook hook : hooks) {
-    const std::vector<int> per_hook =
-        interpret::HookIsPerLayer(hook) ? layers : std::vector<int>{-1};
-    std::vector<int64_t> shape = {rows.size()};
-    for (int64_t d : interpret::HookRowShape(model.config, hook)) shape.push_back(d);
-    for (int l : per_hook) {
-      auto values = interpret::ReadHook(model, be, *tape, hook, l, rows.begin, rows.end);
-      if (!values.ok()) return values.status();
-      AddTensor(std::string(interpret::HookName(hook)), l, -1, shape, absl::MakeConstSpan(*values),
-                dtype, response->mutable_tensors());
-    }
-  }
-  return absl::OkStatus();
-}
-
-void AddShare(const char* component, int layer, int index, double value,
-              google::protobuf::RepeatedPtrField<v1::Attribution>* out) {
-  v1::Attribution* a = out->Add();
-  a->set_component(component);
-  a->set_layer(layer);
-  a->set_index(index);
-  a->set_value(value);
-}
-
-template <typename T>
-absl::Status AttributionAt(const InterpContext& ctx, const v1::LogitAttributionRequest& request,
-                           const SequenceSpec& seq, int position,
-                           v1::LogitAttributionResponse* response) {
-  const Model& model = ctx.model();
-  const ModelConfig& c = model.config;
-  const int num = static_cast<int>(seq.tokens.size());
-  if (absl::Status s =
-          CheckTapeBytes(WorkBytes<T>(c, num, num, 1, false), num, ctx.limits, "LogitAttribution");
-      !s.ok()) {
-    return s;
-  }
-  auto tape = interpret::RunForward(model, BackendOf<T>(ctx.backends), InputOf<T>(seq));
-  if (!tape.ok()) return tape.status();
-  interpret::AttributionOptions options;
-  options.heads = request.heads();
-  options.top_neurons = request.top_neurons();
-  auto r = interpret::AttributeLogit(model, *tape, position, request.token(),
-                                     request.has_baseline_token() ? request.baseline_token() : -1,
-                                     options);
-  if (!r.ok()) return r.status();
-  response->set_logit(r->logit);
-  response->set_total(r->Total());
-  response->set_final_norm_scale(r->scale);
-  auto* parts = response->mutable_components();
-  AddShare("embed", -1, -1, r->embed, parts);
-  if (c.arch == Architecture::kGpt2) AddShare("pos_embed", -1, -1, r->pos_embed, parts);
-  for (int l = 0; l < c.num_layers; ++l) {
-    AddShare("attn", l, -1, r->attn[l], parts);
-    AddShare("mlp", l, -1, r->mlp[l], parts);
-  }
-  if (c.arch == Architecture::kGpt2) AddShare("final_norm_bias", -1, -1, r->final_norm_bias, parts);
-  if (options.heads) {
-    for (int l = 0; l < c.num_layers; ++l) {
-      for (int h = 0; h < c.num_heads; ++h) {
-        AddShare("head", l, h, r->heads[int64_t{l} * c.num_heads + h], response->mutable_heads());
-      }
-      AddShare("attn_bias", l, -1, r->attn_bias[l], response->mutable_heads());
-    }
-  }
-  if (options.top_neurons > 0) {
-    for (const interpret::NeuronShare& s : r->neurons) {
-      AddShare("neuron", s.layer, s.neuron, s.value, response->mutable_neurons());
-    }
-    for (int l = 0; l < c.num_layers; ++l) {
-      AddShare("mlp_bias", l, -1, r->mlp_bias[l], response->mutable_neurons());
-    }
-  }
-  return absl::OkStatus();
-}
-
-void FillSaeInfo(const interpret::Sae& sae, v1::SaeInfo* info) {
-  info->set_name(sae.name);
-  info->set_hook(sae.hook_name);
-  info->set_layer(sae.layer);
-  info->set_architecture(std::string(interpret::SaeArchitectureName(sae.architecture)));
-  info->set_d_in(sae.d_in);
-  info->set_d_sae(sae.d_sae);
-  info->set_k(sae.k);
-  info->set_apply_b_dec_to_input(sae.apply_b_dec_to_input);
-  info->set_path(sae.path);
-}
-
-// The SAE's products run on the host: the fp64 reference backend, or the worker's own
-// CpuBackend for fp32 (also with --interp-device: the SAE's weights live in host memory).
-template <typename T>
-kernels::Backend<T>& SaeBackendOf(InterpBackends& b) {
-  if constexpr (std::is_same_v<T, double>) {
-    return b.f64;
-  } else {
-    return b.f32;
-  }
-}
-
-template <typename T>
-absl::Status SaeFeaturesAt(const InterpContext& ctx, const interpret::Sae& sae,
-                           const SequenceSpec& seq, PositionRange rows, int top_k,
-                           const std::vector<int>& feature_ids, v1::SaeFeaturesResponse* response) {
-  const Model& model = ctx.model();
-  const int num = static_cast<int>(seq.tokens.size());
-  if (absl::Status s =
-          CheckTapeBytes(WorkBytes<T>(model.config, num, num, 1, false) +
-                             int64_t{2} * rows.size() * (sae.d_sae + sae.d_in) * sizeof(T),
-                         num, ctx.limits, "SaeFeatures");
-      !s.ok()) {
-    return s;
-  }
-  auto tape = interpret::RunForward(model, BackendOf<T>(ctx.backends), InputOf<T>(seq));
-  if (!tape.ok()) return tape.status();
-  auto x = interpret::ReadHook(model, BackendOf<T>(ctx.backends), *tape, sae.hook, sae.layer,
-                               rows.begin, rows.end);
-  if (!x.ok()) return x.status();
-  kernels::Backend<T>& be = SaeBackendOf<T>(ctx.backends);
-  const std::vector<T> f = interpret::SaeEncode(sae, be, x->data(), rows.size());
-  const std::vector<T> recon = interpret::SaeDecode(sae, be, f.data(), rows.size());
-  const int64_t ds = sae.d_sae, din = sae.d_in;
-  std::vector<int32_t> order(ds);
-  for (int i = 0; i < rows.size(); ++i) {
-    const T* fi = f.data() + i * ds;
-    v1::SaeRow* row = response->add_rows();
-    row->set_position(rows.begin + i);
-    int l0 = 0;
-    for (int64_t j = 0; j < ds; ++j) l0 += fi[j] != T(0) ? 1 : 0;
-    row->set_l0(l0);
-    std::iota(order.begin(), order.end(), 0);
-    const int k = std::min(top_k, l0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      return fi[a] > fi[b] || (fi[a] == fi[b] && a < b);
-    });
-    for (int r = 0; r < k; ++r) {
-      v1::SaeFeature* feature = row->add_top();
-      feature->set_index(order[r]);
-      feature->set_activation(fi[order[r]]);
-    }
-    for (int id : feature_ids) row->add_features(fi[id]);
-    double err = 0, norm = 0;
-    for (int64_t j = 0; j < din; ++j) {
-      const double xv = (*x)[i * din + j], d = xv - recon[i * din + j];
-      err += d * d;
-      norm += xv * xv;
-    }
-    row->set_reconstruction_mse(err / din);
-    row->set_relative_error(norm > 0 ? std::sqrt(err / norm) : 0.0);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<v1::AttentionMapsResponse>> RunAttentionMaps(
@@ -838,153 +616,6 @@ absl::Status RunLogitLens(const InterpContext& ctx, const v1::LogitLensRequest& 
   response->set_precision(PrecisionOf(fp64));
   return fp64 ? LensAt<double>(ctx, *seq, positions, k, response)
               : LensAt<float>(ctx, *seq, positions, k, response);
-}
-
-absl::Status RunActivations(const InterpContext& ctx, const v1::ActivationsRequest& request,
-                            v1::ActivationsResponse* response) {
-  const ModelConfig& c = ctx.model().config;
-  auto seq = Resolve(ctx, request.input(), "input", true);
-  if (!seq.ok()) return seq.status();
-  const int n = static_cast<int>(seq->tokens.size());
-  if (request.hooks_size() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hooks: name at least one of ", interpret::HookNameList()));
-  }
-  std::vector<interpret::Hook> hooks;
-  for (const std::string& name : request.hooks()) {
-    const std::optional<interpret::Hook> hook = interpret::HookByName(name);
-    if (!hook.has_value()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("hooks: unknown hook \"", name, "\"; known: ", interpret::HookNameList()));
-    }
-    if (std::find(hooks.begin(), hooks.end(), *hook) != hooks.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("hooks: \"", name, "\" is named twice"));
-    }
-    hooks.push_back(*hook);
-  }
-  auto layers = ToIndexList(request.layers(), c.num_layers, "layers");
-  if (!layers.ok()) return layers.status();
-  auto rows = ToRange(request.positions(), n, "positions");
-  if (!rows.ok()) return rows.status();
-  const bool fp64 = WantsFp64(request.precision());
-  v1::DType dtype = request.dtype();
-  if (dtype == v1::DTYPE_UNSPECIFIED) dtype = fp64 ? v1::DTYPE_FP64 : v1::DTYPE_FP32;
-  if (dtype != v1::DTYPE_FP16 && dtype != v1::DTYPE_FP32 && dtype != v1::DTYPE_FP64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dtype = ", request.dtype(), " must be DTYPE_FP16, DTYPE_FP32 or DTYPE_FP64"));
-  }
-  // What the tensors will weigh, before anything runs.
-  int64_t bytes = 0;
-  for (interpret::Hook hook : hooks) {
-    const int64_t count =
-        interpret::HookIsPerLayer(hook) ? static_cast<int64_t>(layers->size()) : 1;
-    bytes += count * rows->size() * interpret::HookRowElements(c, hook) * DTypeBytes(dtype);
-  }
-  if (absl::Status s = CheckBytes(bytes, ctx.limits, "the activations"); !s.ok()) return s;
-  response->set_precision(PrecisionOf(fp64));
-  response->mutable_token_ids()->Assign(seq->tokens.begin(), seq->tokens.end());
-  response->mutable_positions()->set_begin(rows->begin);
-  response->mutable_positions()->set_end(rows->end);
-  return fp64 ? ActivationsAt<double>(ctx, *seq, hooks, *layers, *rows, dtype, response)
-              : ActivationsAt<float>(ctx, *seq, hooks, *layers, *rows, dtype, response);
-}
-
-absl::Status RunLogitAttribution(const InterpContext& ctx,
-                                 const v1::LogitAttributionRequest& request,
-                                 v1::LogitAttributionResponse* response) {
-  const ModelConfig& c = ctx.model().config;
-  auto seq = Resolve(ctx, request.input(), "input", true);
-  if (!seq.ok()) return seq.status();
-  const int n = static_cast<int>(seq->tokens.size());
-  const int position = request.has_position() ? request.position() : n - 1;
-  if (position < 0 || position >= n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("position = ", position, " must be in [0, ", n, ")"));
-  }
-  if (request.token() < 0 || request.token() >= c.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "token = ", request.token(), " is outside the vocabulary [0, ", c.vocab_size, ")"));
-  }
-  if (request.has_baseline_token() &&
-      (request.baseline_token() < 0 || request.baseline_token() >= c.vocab_size)) {
-    return absl::InvalidArgumentError(absl::StrCat("baseline_token = ", request.baseline_token(),
-                                                   " is outside the vocabulary [0, ", c.vocab_size,
-                                                   ")"));
-  }
-  if (request.top_neurons() < 0 || request.top_neurons() > c.hidden_dim) {
-    return absl::InvalidArgumentError(absl::StrCat("top_neurons = ", request.top_neurons(),
-                                                   " must be in [0, ", c.hidden_dim, "]"));
-  }
-  const int64_t shares = 2 * c.num_layers + 3 +
-                         (request.heads() ? int64_t{c.num_layers} * (c.num_heads + 1) : 0) +
-                         int64_t{c.num_layers} * (request.top_neurons() + 1);
-  if (absl::Status s = CheckBytes(shares * 32, ctx.limits, "the attribution"); !s.ok()) return s;
-  const bool fp64 = WantsFp64(request.precision());
-  response->set_precision(PrecisionOf(fp64));
-  response->mutable_token_ids()->Assign(seq->tokens.begin(), seq->tokens.end());
-  response->set_position(position);
-  return fp64 ? AttributionAt<double>(ctx, request, *seq, position, response)
-              : AttributionAt<float>(ctx, request, *seq, position, response);
-}
-
-absl::Status RunListSaes(const InterpContext& ctx, v1::ListSaesResponse* response) {
-  if (ctx.saes != nullptr) {
-    for (const auto& sae : *ctx.saes) FillSaeInfo(*sae, response->add_saes());
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RunSaeFeatures(const InterpContext& ctx, const v1::SaeFeaturesRequest& request,
-                            v1::SaeFeaturesResponse* response) {
-  const interpret::Sae* sae = nullptr;
-  std::string names;
-  const size_t loaded = ctx.saes == nullptr ? 0 : ctx.saes->size();
-  for (size_t i = 0; i < loaded; ++i) {
-    const interpret::Sae& s = *(*ctx.saes)[i];
-    absl::StrAppend(&names, i ? ", " : "", s.name);
-    if (s.name == request.sae() || (request.sae().empty() && loaded == 1)) sae = &s;
-  }
-  if (loaded == 0) {
-    return absl::FailedPreconditionError(
-        "no SAE is loaded: start kvlens-server with --sae [NAME=]PATH[@HOOK]");
-  }
-  if (sae == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sae = \"", request.sae(), "\" names none of the loaded SAEs: ", names));
-  }
-  auto seq = Resolve(ctx, request.input(), "input", true);
-  if (!seq.ok()) return seq.status();
-  const int n = static_cast<int>(seq->tokens.size());
-  auto rows = ToRange(request.positions(), n, "positions");
-  if (!rows.ok()) return rows.status();
-  const int top_k = request.top_k() == 0 ? std::min(10, sae->d_sae) : request.top_k();
-  if (top_k < 1 || top_k > std::min(ctx.limits.max_top_k, sae->d_sae)) {
-    return absl::InvalidArgumentError(absl::StrCat("top_k = ", request.top_k(), " must be in [1, ",
-                                                   std::min(ctx.limits.max_top_k, sae->d_sae),
-                                                   "]"));
-  }
-  if (request.feature_ids_size() > ctx.limits.max_targets) {
-    return absl::InvalidArgumentError(absl::StrCat("feature_ids has ", request.feature_ids_size(),
-                                                   " entries, more than the server allows (",
-                                                   ctx.limits.max_targets, ")"));
-  }
-  std::vector<int> feature_ids;
-  for (int id : request.feature_ids()) {
-    if (id < 0 || id >= sae->d_sae) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("feature_ids: ", id, " is outside [0, d_sae = ", sae->d_sae, ")"));
-    }
-    feature_ids.push_back(id);
-  }
-  const int64_t bytes =
-      int64_t{rows->size()} * (16 * (top_k + static_cast<int64_t>(feature_ids.size())) + 32);
-  if (absl::Status s = CheckBytes(bytes, ctx.limits, "the SAE features"); !s.ok()) return s;
-  const bool fp64 = WantsFp64(request.precision());
-  response->set_precision(PrecisionOf(fp64));
-  FillSaeInfo(*sae, response->mutable_sae());
-  response->mutable_token_ids()->Assign(seq->tokens.begin(), seq->tokens.end());
-  return fp64 ? SaeFeaturesAt<double>(ctx, *sae, *seq, *rows, top_k, feature_ids, response)
-              : SaeFeaturesAt<float>(ctx, *sae, *seq, *rows, top_k, feature_ids, response);
 }
 
 }  // namespace kvlens::server
