@@ -58,6 +58,25 @@ def load_kjv_chapters():
     return [(k, "\n".join(v)) for k, v in chapters.items()]
 
 
+def split_chapters(chapters):
+    """(train_docs, held_docs, held_refs): every HELDOUT_EVERY-th chapter (index % 20 == 19)
+    is held out."""
+    train = [t for i, (_, t) in enumerate(chapters) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1]
+    held = [t for i, (_, t) in enumerate(chapters) if i % HELDOUT_EVERY == HELDOUT_EVERY - 1]
+    refs = [r for i, (r, _) in enumerate(chapters) if i % HELDOUT_EVERY == HELDOUT_EVERY - 1]
+    return train, held, refs
+
+
+def token_stream(tok, docs):
+    """One long tensor of ids: <|endoftext|> before every document and after the last."""
+    ids = []
+    for d in docs:
+        ids.append(tok.eot)
+        ids.extend(tok.encode(d))
+    ids.append(tok.eot)
+    return torch.tensor(ids, dtype=torch.long)
+
+
 # ----------------------------------------------------------------------- tokenizer
 
 
@@ -425,9 +444,7 @@ def main():
         print(f"[{time.time() - t_start:7.1f}s]", *s, flush=True)
 
     chapters = load_kjv_chapters()
-    train_docs = [t for i, (_, t) in enumerate(chapters) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1]
-    held_docs = [t for i, (_, t) in enumerate(chapters) if i % HELDOUT_EVERY == HELDOUT_EVERY - 1]
-    held_refs = [r for i, (r, _) in enumerate(chapters) if i % HELDOUT_EVERY == HELDOUT_EVERY - 1]
+    train_docs, held_docs, held_refs = split_chapters(chapters)
     log(f"{len(chapters)} chapters: {len(train_docs)} train, {len(held_docs)} held out ({held_refs[0]}, {held_refs[1]}, ...)")
 
     vocab, merges = train_bpe(train_docs, a.vocab_size)
@@ -436,15 +453,7 @@ def main():
         json.dump(tokenizer_json(vocab, merges), f, ensure_ascii=False, indent=1)
     log(f"tokenizer: {len(vocab)} tokens, {len(merges)} merges, {EOT}={tok.eot}")
 
-    def stream(docs):
-        ids = []
-        for d in docs:
-            ids.append(tok.eot)
-            ids.extend(tok.encode(d))
-        ids.append(tok.eot)
-        return torch.tensor(ids, dtype=torch.long)
-
-    train_ids, held_ids = stream(train_docs), stream(held_docs)
+    train_ids, held_ids = token_stream(tok, train_docs), token_stream(tok, held_docs)
     assert tok.decode(tok.encode(held_docs[0])) == held_docs[0]
     T = a.n_positions
     nw = (len(held_ids) - 1) // T
