@@ -277,9 +277,10 @@ int main(int argc, char** argv) {
                                                             other->name, " (give NAME=PATH)")));
       }
     }
-    std::fprintf(stderr, "kvlens-server: SAE %s (%s, %d features) on %s\n", (*sae)->name.c_str(),
+    std::fprintf(stderr, "kvlens-server: SAE %s: %s, %d features on %s (%s)\n",
+                 (*sae)->name.c_str(),
                  std::string(kvlens::interpret::SaeArchitectureName((*sae)->architecture)).c_str(),
-                 (*sae)->d_sae, (*sae)->hook_name.c_str());
+                 (*sae)->d_sae, (*sae)->hook_name.c_str(), (*sae)->path.c_str());
     server_options.interpret.saes.push_back(*std::move(sae));
   }
   server_options.address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_port));
