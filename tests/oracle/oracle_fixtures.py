@@ -23,6 +23,11 @@ def repo_root():
     return os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 
+# The prompt the stories260K checks tokenize, and the trained default model's directory.
+STORIES_PROBE = "Once upon a time, there was a little girl named Lily. She loved to play outside"
+KJV_GPT2 = os.path.join(repo_root(), "models", "kjv-gpt2-4l")
+
+
 # ------------------------------------------------------------------ GGUF writer
 def _gguf_str(s):
     b = s.encode()
