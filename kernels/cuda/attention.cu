@@ -1,10 +1,8 @@
-// Attention kernels: flash prefill (fp16 tensor cores via mma.sync, fp32 online softmax),
-// split-KV (fp32, decode and fallback) and the probability-materialising kernel (fp32).
+// Attention kernels: split-KV (fp32, decode and fallback) and the probability-materialising
+// kernel (fp32); the flash prefill kernels are flash_prefill.cu and flash_prefill_bf16.cu.
 // See attention.h for when each runs. Every kernel applies the same visibility rule as
 // attention_check.h and never reads a cache row at or past num_keys (those slots may hold
 // anything, NaN included).
-#include <cuda_fp16.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,182 +10,12 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_status.h"
-#include "kernels/cuda/flash_common.cuh"
 #include "kernels/cuda/kv_load.cuh"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace kvlens::kernels::cuda {
 namespace {
-
-// The cache's four-element loads may be vectorised: the row stride a multiple of 4 and
-// k and v aligned to four elements (16 bytes of fp32, 8 of bf16).
-bool KvVectorized(const AttentionParams& p) {
-  const uintptr_t align = p.kv_dtype == KvDtype::kBF16 ? 8 : 16;
-  return p.kv_row_stride % 4 == 0 && reinterpret_cast<uintptr_t>(p.k) % align == 0 &&
-         reinterpret_cast<uintptr_t>(p.v) % align == 0;
-}
-
-// ---------------------------------------------------------------------------------------
-// Flash prefill: FlashAttention-2's loop on mma.sync tensor cores (mma_sync.cuh). One block
-// = 16·W query rows of one head, W warps of 16 rows. A warp keeps its rows' Q (fp16 A
-// fragments), S, P and O (fp32 accumulators) and the running max m and sum l in
-// registers; only K and V pass through shared memory, rounded to fp16 once per tile:
-//   Ks  [64 keys][D dims]    S = Q·Kᵀ reads its B fragments along a key's dims
-//   Vt  [D dims][64 keys]    O += P·V reads its B fragments along a dim's keys
-// Per 64-key tile, the online softmax of flash_common.cuh (FlashSoftmaxTile), then
-// O += P·V with P rounded to fp16 (l sums the fp32 p_j), and finally O / l. S's accumulator layout
-// is P's A-fragment layout, so P never leaves the registers. Rows of Ks and Vt are 32-bit words
-// (pairs of halves) padded to an odd multiple of 4 words mod 32, so the fragment loads (lane 4g + t
-// reads word t of row g of an 8-row group) fall in 32 different banks. Head sizes: multiples of 16
-// whose rows pad that way (64, 80, 96, 128); past 128 the registers would spill. W warps a block: 4
-// (64 queries, up to 3 blocks per SM) or 8 (128 queries, one block per SM, half the K/V traffic per
-// FLOP); see FlashTileQueries.
-template <int D>
-struct FlashSmem {
-  static_assert(D % 16 == 0 && D <= 128 && (D / 2 + 4) % 8 == 4, "see the padding above");
-  static constexpr int kKsLd = D / 2 + 4;        // words per Ks row
-  static constexpr int kVtLd = kBlockN / 2 + 4;  // words per Vt row
-  static constexpr size_t kBytes = sizeof(uint32_t) * (kBlockN * kKsLd + D * kVtLd);
-};
-
-// K and V rows j0 … j0+63 of KV head kvh into Ks and Vt, zeros from key_end on (as the
-// bf16 kernel's IssueTile: no row of the block sees them, and a NaN there would reach P·V).
-template <int D, int W, bool kVec, typename KT>
-__device__ __forceinline__ void LoadKvTile(const AttentionParams& p, const FlashSeq& seq, int kvh,
-                                           int j0, int key_end, uint32_t* ks, uint32_t* vt) {
-  using L = FlashSmem<D>;
-  constexpr int kPieces = D / 4;  // four-element pieces of a head's row
-  auto row = [&](const KT* base, int j) -> const KT* {
-    if (j >= key_end) return nullptr;
-    const int32_t* table = p.block_table != nullptr ? p.block_table + seq.table_offset : nullptr;
-    return base + PhysicalRowIn(table, p.block_size, j) * p.kv_row_stride +
-           static_cast<int64_t>(kvh) * D;
-  };
-  constexpr int kThreads = W * 32;
-  static_assert(kBlockN * kPieces % kThreads == 0 && kBlockN / 2 * kPieces % kThreads == 0);
-  // Fixed trip counts unrolled by 4: the loads of 4 pieces are issued before the stores
-  // that wait for them (not one round trip to L2 per piece). Full unrolling hoists every
-  // load of the tile and spills at Dh 128.
-  // K: consecutive threads take consecutive pieces of a row (coalesced).
-#pragma unroll 4
-  for (int it = 0; it < kBlockN * kPieces / kThreads; ++it) {
-    const int idx = static_cast<int>(threadIdx.x) + it * kThreads;
-    const int r = idx / kPieces, c = idx % kPieces;
-    const KT* k = row(KeysOf<KT>(p), j0 + r);
-    const float4 x = k != nullptr ? Load4<kVec>(k, 4 * c, D) : Zero4();
-    uint32_t* dst = ks + r * L::kKsLd + 2 * c;
-    dst[0] = PackHalf2(x.x, x.y);
-    dst[1] = PackHalf2(x.z, x.w);
-  }
-  // V transposed: a thread takes keys 2jp and 2jp + 1 at four dims and writes four words
-  // (a key pair each); four consecutive threads read 64 bytes of each row.
-#pragma unroll 4
-  for (int it = 0; it < kBlockN / 2 * kPieces / kThreads; ++it) {
-    const int idx = static_cast<int>(threadIdx.x) + it * kThreads;
-    const int c = idx % 4 + 4 * (idx / (4 * (kBlockN / 2)));
-    const int jp = (idx / 4) % (kBlockN / 2);
-    const KT* v0 = row(ValuesOf<KT>(p), j0 + 2 * jp);
-    const KT* v1 = row(ValuesOf<KT>(p), j0 + 2 * jp + 1);
-    const float4 a = v0 != nullptr ? Load4<kVec>(v0, 4 * c, D) : Zero4();
-    const float4 b = v1 != nullptr ? Load4<kVec>(v1, 4 * c, D) : Zero4();
-    uint32_t* dst = vt + 4 * c * L::kVtLd + jp;
-    dst[0] = PackHalf2(a.x, b.x);
-    dst[L::kVtLd] = PackHalf2(a.y, b.y);
-    dst[2 * L::kVtLd] = PackHalf2(a.z, b.z);
-    dst[3 * L::kVtLd] = PackHalf2(a.w, b.w);
-  }
-}
-
-template <int D, int W, bool kVec, typename KT>
-__global__ void __launch_bounds__(W * 32, W == 4 ? 3 : 1) FlashPrefillKernel(AttentionParams p) {
-  WaitForPriorGrids();  // first: see launch.cuh
-  using L = FlashSmem<D>;
-  extern __shared__ __align__(16) uint32_t flash_smem[];
-  uint32_t* ks = flash_smem;
-  uint32_t* vt = flash_smem + kBlockN * L::kKsLd;
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
-  const FlashSeq seq = FlashSeqOf<kBlockM<W>>(p);
-  const int q0 = seq.q0;
-  const int h = blockIdx.y;
-  const int kvh = h / (p.num_heads / p.num_kv_heads);
-  // The lane's two rows: fragment rows g and g + 8 of its warp's 16.
-  const int row_i[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
-
-  // Q as fp16 A fragments (as the naive fp16 run rounds it).
-  uint32_t qf[D / 16][4];
-  FlashLoadQ<D>(
-      p, seq, h, row_i, [](float a, float b) { return PackHalf2(a, b); }, qf);
-
-  float o[D / 8][4];
-#pragma unroll
-  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const float c = p.scale * 1.4426950408889634f;  // scale·log2(e)
-
-  const FlashKeyRange keys = FlashKeysOf(p, seq);
-  const int key_end = keys.key_end;
-
-  for (int j0 = keys.key_begin; j0 < key_end; j0 += kBlockN) {
-    __syncthreads();  // every warp is done with the previous tile
-    LoadKvTile<D, W, kVec, KT>(p, seq, kvh, j0, key_end, ks, vt);
-    __syncthreads();
-
-    // S = Q·Kᵀ: 8 accumulator tiles of 16 rows × 8 keys.
-    float s[kBlockN / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-      for (int nt = 0; nt < kBlockN / 8; ++nt) {
-        const uint32_t* kr = ks + (8 * nt + g) * L::kKsLd + 8 * kk + t;
-        const uint32_t b[2] = {kr[0], kr[4]};
-        MmaF16(s[nt], qf[kk], b);
-      }
-    }
-
-    FlashSoftmaxTile<D>(p, seq, keys, j0, row_i, c, s, m, l, o);
-
-    // O += P·V: P's A fragment for keys 16kk … 16kk+15 is S tiles 2kk and 2kk + 1.
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t a[4] = {PackHalf2(s[2 * kk][0], s[2 * kk][1]),
-                             PackHalf2(s[2 * kk][2], s[2 * kk][3]),
-                             PackHalf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             PackHalf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt) {
-        const uint32_t* vr = vt + (8 * nt + g) * L::kVtLd + 8 * kk + t;
-        const uint32_t b[2] = {vr[0], vr[4]};
-        MmaF16(o[nt], a, b);
-      }
-    }
-  }
-
-  FlashWriteRows<D>(p, seq, h, row_i, l, o);
-}
-
-template <int D, int W>
-absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
-  constexpr size_t kBytes = FlashSmem<D>::kBytes;
-  static_assert(kBytes <= 48 * 1024, "over the default dynamic shared memory limit");
-  const bool vec = KvVectorized(p);
-  auto* kernel =
-      p.kv_dtype == KvDtype::kBF16
-          ? (vec ? FlashPrefillKernel<D, W, true, uint16_t>
-                 : FlashPrefillKernel<D, W, false, uint16_t>)
-          : (vec ? FlashPrefillKernel<D, W, true, float> : FlashPrefillKernel<D, W, false, float>);
-  const int tiles =
-      p.flash_tiles != nullptr ? p.num_flash_tiles : (p.num_queries + kBlockM<W> - 1) / kBlockM<W>;
-  const dim3 grid(tiles, p.num_heads);
-  LaunchKernel("FlashPrefillKernel", kernel, grid, W * 32, kBytes, stream, p);
-  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("FlashPrefillKernel");
-  return absl::OkStatus();
-}
 
 // ---------------------------------------------------------------------------------------
 // Split-KV (decode, short chunks, head sizes the flash kernel lacks). Block (i, g, split):
@@ -699,20 +527,6 @@ __global__ void __launch_bounds__(kMaterializedThreads)
 }
 
 }  // namespace
-
-bool FlashPrefillSupports(int head_dim) {
-  return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
-}
-
-int FlashTileQueries(int head_dim, int requested) {
-  return requested == 128 && (head_dim == 64 || head_dim == 128) ? 128 : 64;
-}
-
-absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cudaStream_t stream) {
-  return DispatchFlash(p, tile_queries, [&](auto d, auto w) {
-    return LaunchFlash<decltype(d)::value, decltype(w)::value>(p, stream);
-  });
-}
 
 int SplitKvVariant(const AttentionParams& p) {
   const int chunks = p.head_dim <= 128 ? 1 : 2;

@@ -1,11 +1,13 @@
-// Launchers of the attention kernels (attention.cu). All pointers are device pointers;
+// Launchers of the attention kernels (attention.cu, flash_prefill.cu, flash_prefill_bf16.cu).
+// All pointers are device pointers;
 // CudaBackend validates the call on the host first (attention_check.h, including the "row
 // with no visible key" error), uploads the block table and document ids, and picks one:
 //
-//   flash prefill   Dh 64, 80, 96 or 128, Tq >= kFlashMinQueries: 64 queries × 64 keys,
-//                   Q·Kᵀ and P·V on fp16 tensor cores (mma.sync) with fp32 accumulation,
-//                   online softmax in fp32, S, P and O in registers; never the full Tq×Tk
-//                   matrix. Over a bf16 cache (rows in 16-byte pieces) its bf16 twin
+//   flash prefill   Dh 64, 80, 96, 128 or 256, Tq >= kFlashMinQueries: 64 or 128 queries
+//                   × 64 keys, Q·Kᵀ and P·V on fp16 tensor cores (mma.sync) with fp32
+//                   accumulation, online softmax in fp32 (soft cap included), S, P and O
+//                   in registers; never the full Tq×Tk matrix. Over a bf16 cache (rows in
+//                   16-byte pieces, Dh up to 128, no soft cap) its bf16 twin
 //                   instead: K/V tiles copied to shared memory as stored (cp.async, two
 //                   stages) and read by ldmatrix, Q·Kᵀ and P·V on bf16 tensor cores.
 //   split-KV        any Dh <= 256, any Tq (decode, short chunks, other head sizes): fp32,
@@ -55,7 +57,7 @@ struct AttentionParams {
   bool causal = true;
   int window = 0;  // > 0: a row sees only its last `window` positions (causal only)
   float scale = 0.0f;
-  float softcap = 0.0f;  // > 0: scores softcap · tanh(scale · q·k / softcap) (not in flash)
+  float softcap = 0.0f;  // > 0: scores softcap · tanh(scale · q·k / softcap)
   // Several sequences in one split-KV launch (CudaBackend::AttentionBatch): per query row,
   // the end of its visible keys (causal) and where its sequence's blocks start in
   // block_table. num_keys is then the largest key end; query_offset and causal are unused.
@@ -82,13 +84,14 @@ inline constexpr int kSplitKvMaxSplits = 128;  // key splits of one split-KV lau
 
 bool FlashPrefillSupports(int head_dim);
 // The tile size a launch for head_dim takes when `requested` is asked for: 128 for head
-// sizes 64 and 128, else 64.
+// sizes 64 and 128, else 64 (head size 256 keeps Q in shared memory: flash_prefill.cu).
 int FlashTileQueries(int head_dim, int requested);
 // tile_queries: FlashTileQueries(p.head_dim, ·); p.flash_tiles (if set) cut to that size.
 absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cudaStream_t stream);
 // The bf16 twin (flash_prefill_bf16.cu) takes p when the cache is bf16, kv_row_stride a
 // multiple of 8 and k, v 16-byte aligned (its copies move 16 bytes), at the head sizes of
-// FlashPrefillSupports. It rounds Q and P to bf16 (FlashPrefillKernel: fp16).
+// FlashPrefillSupports up to 128, without a soft cap (capped calls take the fp16 kernel,
+// whose capped instantiations are apart). It rounds Q and P to bf16 (FlashPrefillKernel: fp16).
 // warp_queries (16 or 32): the queries a warp takes in a 128-query block (8 warps of 16,
 // or 4 of 32: each K/V fragment read from shared memory then serves twice the products);
 // 64-query blocks always have 4 warps of 16.

@@ -41,10 +41,9 @@ absl::Status CheckAttention(const AttentionArgs<float>& a) {
   return CheckRowsSeeAKey(a);
 }
 
-// Whether `a` (without probs or scores) runs on the flash prefill kernel.
-// (Soft-capped scores, Gemma 2's, take the split-KV kernel: the flash kernels do not cap.)
+// Whether `a` (without probs or scores) runs on a flash prefill kernel.
 bool TakesFlash(const AttentionArgs<float>& a) {
-  return a.num_queries >= kFlashMinQueries && FlashPrefillSupports(a.head_dim) && a.softcap == 0.0;
+  return a.num_queries >= kFlashMinQueries && FlashPrefillSupports(a.head_dim);
 }
 
 // The kernels' parameters for `a`, index arrays not yet uploaded (all null).

@@ -1,11 +1,12 @@
-// What the two flash prefill kernels share (FlashPrefillKernel in attention.cu, on fp16
+// What the two flash prefill kernels share (FlashPrefillKernel in flash_prefill.cu, on fp16
 // tensor cores over any cache; FlashPrefillBf16Kernel in flash_prefill_bf16.cu, on bf16
 // tensor cores over a bf16 cache): the block's tile of queries, and the per-warp steps
 // around the tensor-core products, all in registers in mma.sync's accumulator layout
 // (mma_sync.cuh: lane 4g + t holds rows g and g + 8 of its warp's 16, columns 2t, 2t + 1
 // of each 8-wide tile).
 //
-// Per 64-key tile and row, with c = scale·log2(e) (FlashSoftmaxTile):
+// Per 64-key tile and row, with c = scale·log2(e) (FlashSoftmaxTile; under Gemma 2's soft
+// cap each raw score s_j first becomes cap · tanh(scale · s_j / cap) / scale):
 //   m' = max(m, max_j c·s_j),  α = 2^(m − m'),  p_j = 2^(c·s_j − m'),  l = α·l + Σ_j p_j,
 //   O = α·O   (then the kernel adds P·V, P rounded to its tensor cores' type)
 // and finally O / l (FlashWriteRows). Masking (causal, documents, the end of the keys, a
@@ -97,14 +98,24 @@ __device__ __forceinline__ void FlashLoadQ(const AttentionParams& p, const Flash
 // One tile's online-softmax step on the warp's scores s (the tile's keys j0 … j0 + 63, raw
 // Q·Kᵀ; `keys` the block's FlashKeysOf), for the lane's rows row_i[0], row_i[1]: s becomes
 // the unnormalised weights p_j, and m, l (this lane's share of the row sum; the four lanes
-// of a row are added at the end) and O are rescaled.
-template <int D>
+// of a row are added at the end) and O are rescaled. kCap: apply p.softcap first (a
+// template argument, not a branch on p.softcap: the tanh's registers, though never used
+// without a cap, made ptxas spill the uncapped kernels at head size 128).
+template <int D, bool kCap = false>
 __device__ __forceinline__ void FlashSoftmaxTile(const AttentionParams& p, const FlashSeq& seq,
                                                  const FlashKeyRange& keys, int j0,
                                                  const int (&row_i)[2], float c,
                                                  float (&s)[kBlockN / 8][4], float (&m)[2],
                                                  float (&l)[2], float (&o)[D / 8][4]) {
   const int t = threadIdx.x % 4;
+  if constexpr (kCap) {  // c·s is then log2(e) · cap · tanh(scale · s / cap)
+    const float in = p.scale / p.softcap, out = p.softcap / p.scale;
+#pragma unroll
+    for (int nt = 0; nt < kBlockN / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = out * tanhf(s[nt][e] * in);
+    }
+  }
   const bool mask = p.q_doc != nullptr || j0 < keys.window_clear || j0 + kBlockN > keys.first_end;
   float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -206,9 +217,11 @@ absl::Status DispatchFlash(const AttentionParams& p, int tile_queries, Launch&& 
       using D = std::integral_constant<int, 128>;
       return wide ? launch(D{}, W8{}) : launch(D{}, W4{});
     }
+    case 256:
+      return launch(std::integral_constant<int, 256>{}, W4{});
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("flash prefill supports head_dim 64, 80, 96 and 128, got ", p.head_dim));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flash prefill supports head_dim 64, 80, 96, 128 and 256, got ", p.head_dim));
   }
 }
 

@@ -1,5 +1,5 @@
 // Flash prefill over a bf16 KV cache on bf16 tensor cores (LaunchFlashPrefillBf16,
-// attention.h). The loop and the online softmax are FlashPrefillKernel's (attention.cu,
+// attention.h). The loop and the online softmax are FlashPrefillKernel's (flash_prefill.cu,
 // flash_common.cuh); what differs is how K and V reach the tensor cores. The cache's bf16
 // rows are already mma.sync's operand type, so a tile goes to shared memory as stored,
 // 16 bytes at a time by cp.async (async_copy.cuh), without passing through registers or
@@ -326,9 +326,9 @@ absl::Status LaunchBf16(const AttentionParams& p, cudaStream_t stream) {
 }  // namespace
 
 bool FlashPrefillBf16Supports(const AttentionParams& p) {
-  return p.kv_dtype == KvDtype::kBF16 && FlashPrefillSupports(p.head_dim) &&
-         p.kv_row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(p.k) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
+  return p.kv_dtype == KvDtype::kBF16 && FlashPrefillSupports(p.head_dim) && p.head_dim <= 128 &&
+         p.softcap == 0.0f && p.kv_row_stride % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(p.k) % 16 == 0 && reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
 }
 
 absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, int warp_queries,
@@ -340,16 +340,21 @@ absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, 
   if (!FlashPrefillBf16Supports(p)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the bf16 flash prefill needs a bf16 cache with kv_row_stride a multiple of 8 and "
-        "16-byte aligned K and V, head_dim 64, 80, 96 or 128; got kv_row_stride ",
-        p.kv_row_stride, ", head_dim ", p.head_dim));
+        "16-byte aligned K and V, head_dim 64, 80, 96 or 128 and no soft cap; got "
+        "kv_row_stride ",
+        p.kv_row_stride, ", head_dim ", p.head_dim, ", softcap ", p.softcap));
   }
   return DispatchFlash(p, tile_queries, [&](auto d, auto w) {
     constexpr int D = decltype(d)::value, W = decltype(w)::value;
-    // 128-query blocks: 8 warps of 16 queries or 4 of 32; 64-query blocks: 4 of 16.
-    if constexpr (W == 8) {
-      if (warp_queries == 32) return LaunchBf16<D, 4, 2>(p, stream);
+    if constexpr (D > 128) {  // not reached: FlashPrefillBf16Supports
+      return absl::InvalidArgumentError("the bf16 flash prefill takes head_dim <= 128");
+    } else {
+      // 128-query blocks: 8 warps of 16 queries or 4 of 32; 64-query blocks: 4 of 16.
+      if constexpr (W == 8) {
+        if (warp_queries == 32) return LaunchBf16<D, 4, 2>(p, stream);
+      }
+      return LaunchBf16<D, W, 1>(p, stream);
     }
-    return LaunchBf16<D, W, 1>(p, stream);
   });
 }
 

@@ -1,6 +1,6 @@
-// Device-side loads of the KV cache's elements for the attention kernels (attention.cu):
-// four at a time (a float4, or 8 bytes of bf16 split into four floats) or one by one, as
-// float whatever the cache stores (AttentionParams::kv_dtype: float, or bf16 bits held as
+// Device-side loads of the KV cache's elements for the attention kernels (attention.cu,
+// flash_prefill.cu): four at a time (a float4, or 8 bytes of bf16 split into four floats) or one by
+// one, as float whatever the cache stores (AttentionParams::kv_dtype: float, or bf16 bits held as
 // uint16_t). Widening bf16 is exact: its bits are a float's upper half.
 #ifndef KVLENS_KERNELS_CUDA_KV_LOAD_CUH_
 #define KVLENS_KERNELS_CUDA_KV_LOAD_CUH_
@@ -10,6 +10,14 @@
 #include "kernels/cuda/attention.h"
 
 namespace kvlens::kernels::cuda {
+
+// The cache's four-element loads may be vectorised: the row stride a multiple of 4 and
+// k and v aligned to four elements (16 bytes of fp32, 8 of bf16). Host side.
+inline bool KvVectorized(const AttentionParams& p) {
+  const uintptr_t align = p.kv_dtype == KvDtype::kBF16 ? 8 : 16;
+  return p.kv_row_stride % 4 == 0 && reinterpret_cast<uintptr_t>(p.k) % align == 0 &&
+         reinterpret_cast<uintptr_t>(p.v) % align == 0;
+}
 
 __device__ __forceinline__ float4 Zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
 

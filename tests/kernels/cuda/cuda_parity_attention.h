@@ -33,7 +33,8 @@ struct AttnShape {
 };
 
 // Which precision the backend's path for a call rounds Q, K, P and V to: fp16 for the flash
-// kernel, bf16 for its bf16 twin (a bf16 cache in 16-byte pieces), fp32 otherwise.
+// kernel, bf16 for its bf16 twin (a bf16 cache in 16-byte pieces, Dh <= 128, no cap), fp32
+// otherwise.
 inline DType AttentionPathDType(const CudaBackend& gpu, const AttentionArgs<float>& a, bool flash) {
   if (!flash) return DType::kF32;
   AttentionParams p;
@@ -42,6 +43,7 @@ inline DType AttentionPathDType(const CudaBackend& gpu, const AttentionArgs<floa
   p.kv_row_stride = a.kv.row_stride;
   p.kv_dtype = a.kv.dtype;
   p.head_dim = a.head_dim;
+  p.softcap = static_cast<float>(a.softcap);
   return gpu.flash_bf16() && FlashPrefillBf16Supports(p) ? DType::kBF16 : DType::kF16;
 }
 
@@ -239,8 +241,7 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
 
   // Compare the heads' columns only; the row padding must stay NaN (never written).
   std::vector<double> got, want, naive_rows;
-  const bool flash =
-      !maps && s.tq >= kFlashMinQueries && FlashPrefillSupports(s.dh) && s.softcap == 0.0;
+  const bool flash = !maps && s.tq >= kFlashMinQueries && FlashPrefillSupports(s.dh);
   const DType path = AttentionPathDType(gpu, a, flash);
   const std::vector<double> naive = NaiveAttention(s, path, q, k, v, docs, scale);
   for (int i = 0; i < s.tq; ++i) {
@@ -366,6 +367,7 @@ inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng,
     a.query_offset = s.offset;
     a.window = s.window;
     a.scale = scale;
+    a.softcap = s.softcap;
     if (!docs[e].empty()) {
       a.q_doc_ids = docs[e].data() + s.offset;
       a.k_doc_ids = docs[e].data();
@@ -466,6 +468,25 @@ inline ParityResult AttentionBatchWindowCase(CudaBackend& gpu, std::mt19937_64& 
                             8, 2, 64);
 }
 
+// Gemma 2's attention (head size 256, GQA 8/4, a sliding window, soft-capped scores):
+// prefill chunks on the flash kernel around a decode row on split-KV, each launch capping
+// and windowing every row.
+inline ParityResult AttentionBatchGemmaCase(CudaBackend& gpu, std::mt19937_64& rng) {
+  std::vector<AttnShape> seqs = {{.tq = 40, .tk = 40},
+                                 {.tq = 100, .tk = 260},
+                                 {.tq = 1, .tk = 300},
+                                 {.tq = 70, .tk = 70},
+                                 {.tq = 33, .tk = 180}};
+  for (AttnShape& s : seqs) {
+    s.window = 50;
+    s.softcap = 1.0;
+  }
+  return AttentionBatchCase(gpu, rng,
+                            "AttentionBatch 5 sequences, Gemma 2's attention (Tq 40/100/1/70/33, "
+                            "Tk 40/260/300/70/180, H=8/4 Dh=256, window 50, soft cap 1)",
+                            std::move(seqs), 8, 4, 256);
+}
+
 inline std::vector<AttnShape> AttentionShapes() {
   std::vector<AttnShape> shapes;
   auto add = [&](AttnShape s) { shapes.push_back(std::move(s)); };
@@ -564,12 +585,38 @@ inline std::vector<AttnShape> AttentionShapes() {
        .kv_heads = 3,
        .dh = 96,
        .offset = 87});
-  add({.label = "fallback head size 256 prefill",
+  // Head size 256 (Gemma; Q in shared memory, 64-query blocks): one partial block; two
+  // blocks with an offset and keys ending mid-tile; documents; Gemma 2's soft cap under a
+  // sliding window (the cap binds: 1).
+  add({.label = "prefill head size 256 GQA 2/1",
        .tq = 40,
        .tk = 40,
        .heads = 2,
        .kv_heads = 1,
        .dh = 256});
+  add({.label = "prefill head size 256 offset GQA 8/4",
+       .tq = 100,
+       .tk = 230,
+       .heads = 8,
+       .kv_heads = 4,
+       .dh = 256,
+       .offset = 130});
+  add({.label = "prefill head size 256 docs GQA 4/1",
+       .tq = 64,
+       .tk = 64,
+       .heads = 4,
+       .kv_heads = 1,
+       .dh = 256,
+       .doc_lengths = {20, 44}});
+  add({.label = "prefill head size 256 softcap 1 sliding window 70 GQA 4/2",
+       .tq = 150,
+       .tk = 400,
+       .heads = 4,
+       .kv_heads = 2,
+       .dh = 256,
+       .offset = 250,
+       .window = 70,
+       .softcap = 1.0});
   add({.label = "fallback head size 256 decode",
        .tq = 3,
        .tk = 700,
@@ -633,7 +680,7 @@ inline std::vector<AttnShape> AttentionShapes() {
        .offset = 1999,
        .window = 100});
   // Gemma 2's soft-capped scores (a cap of 1, which binds on these scores): split-KV decode,
-  // a chunk the flash kernels would take without the cap (split-KV takes it), and maps.
+  // a chunk on the flash kernel (over a bf16 cache too, below), and maps.
   add({.label = "decode softcap 1 GQA 8/2",
        .tq = 1,
        .tk = 300,
@@ -701,13 +748,15 @@ inline std::vector<AttnShape> AttentionShapes() {
                 "decode sliding window 100 GQA 8/2"},
                [](AttnShape&) {});
   // The prefill shapes again on a bf16 cache whose rows are 16-byte pieces (8 bf16 of
-  // padding): the bf16 flash kernel's cp.async and ldmatrix path, every head size, with
-  // offsets, documents, GQA, keys ending mid-tile and 64- and 128-query blocks.
+  // padding): the bf16 flash kernel's cp.async and ldmatrix path, every head size up to
+  // 128, with offsets, documents, GQA, keys ending mid-tile and 64- and 128-query blocks;
+  // head size 256 and soft-capped scores take the fp16 kernel over the bf16 cache.
   add_variants(
       {"prefill causal", "prefill offset GQA 8/4", "prefill docs GQA 8/1",
        "prefill non-causal docs", "prefill head size 80 GQA 4/2", "prefill head size 96 offset",
        "chunk with docs and offset", "prefill sliding window 37 offset GQA 8/4",
-       "prefill sliding window 70 long context GQA 8/2"},
+       "prefill sliding window 70 long context GQA 8/2", "prefill softcap 1 GQA 4/2",
+       "prefill head size 256 offset GQA 8/4"},
       [](AttnShape& v) {
         v.label += ", rows in 16-byte pieces";
         v.kv_pad = 8;
