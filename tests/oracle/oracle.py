@@ -9,6 +9,8 @@
   oracle.py --model PATH --tokens "1 2 3" --out FILE --activations
   oracle.py --model PATH --tokens "1 2 3" --out FILE --logit-attribution "2:7"   (or "2:7:5")
   oracle.py --model PATH --tokens "1 2 3" --out FILE --sae SAE_PATH[@HOOK]
+  oracle.py --model PATH --tokens "1 2 3" --out FILE --steer HOOK:FILE[:COEF] [--steer ...]
+  oracle.py --model PATH --generate N --prompt-tokens "1 403" --steer HOOK:FILE[:COEF]
 
 --activations adds every cached activation (TransformerLens's run_with_cache):
 act.resid_pre/resid_mid/resid_post/attn_out/mlp_out.{l} [T, D], act.z.{l} [T, H, hd],
@@ -25,11 +27,17 @@ blocks.L.hook_resid_pre / hook_resid_mid / hook_resid_post / hook_attn_out / hoo
 blocks.L.attn.hook_z with the heads side by side) and adds sae.input [T, d_in] (those rows),
 sae.acts [T, d_sae] (the features) and sae.recon [T, d_in] (sae.acts @ W_dec + b_dec).
 @HOOK overrides or supplies the cfg's hook_name; an .npz, which names none, needs it.
+--steer HOOK:FILE[:COEF] (repeatable) adds COEF (default 1) times the vector in FILE
+(d_model whitespace-separated floats) to every row of the residual stream at HOOK
+(blocks.L.hook_resid_pre / hook_resid_mid / hook_resid_post) during the pass, for the
+logits of --tokens and for each step of --generate; entries at one point add up
+(kvlens_oracle/model.py). Not with --grad-logprob, --activations, --logit-attribution, --sae.
 
 PATH: a llama2.c .bin, a GGUF file (llama), or a Hugging Face directory (gpt2 / llama).
 The output container format is described in README.md and kvlens_oracle/container.py.
 """
 import argparse
+import math
 import os
 import sys
 
@@ -42,6 +50,45 @@ from kvlens_oracle import forward, greedy, load_model, positions_per_document, w
 
 def _ints(text):
     return [int(x) for x in text.replace(",", " ").split()]
+
+
+def _steering(ap, model, specs):
+    """--steer HOOK:FILE[:COEF] values -> forward's steer list [(layer, point, coef * vector)]."""
+    from kvlens_oracle.model import steer_hook
+    steer = []
+    for spec in specs:
+        hook, colon, rest = spec.partition(":")
+        if not colon or not rest:
+            ap.error(f"--steer {spec!r}: expected HOOK:FILE[:COEF]")
+        path, coef = rest, 1.0
+        if not os.path.exists(rest) and ":" in rest:
+            path, _, text = rest.rpartition(":")
+            try:
+                coef = float(text)
+            except ValueError:
+                ap.error(f"--steer {spec!r}: coefficient {text!r} is not a number")
+            if not math.isfinite(coef):
+                ap.error(f"--steer {spec!r}: coefficient {text!r} is not finite")
+        try:
+            layer, point = steer_hook(hook, model.cfg["n_layers"])
+        except ValueError as e:
+            ap.error(f"--steer {spec!r}: {e}")
+        try:
+            with open(path) as f:
+                words = f.read().split()
+        except (OSError, UnicodeDecodeError) as e:
+            ap.error(f"--steer {spec!r}: cannot read vector file {path!r}: {e}")
+        try:
+            vec = [float(w) for w in words]
+        except ValueError as e:
+            ap.error(f"--steer {spec!r}: vector file {path!r}: {e}")
+        if len(vec) != model.cfg["dim"]:
+            ap.error(f"--steer {spec!r}: vector file {path!r} holds {len(vec)} values, the "
+                     f"model's d_model is {model.cfg['dim']}")
+        if not all(math.isfinite(v) for v in vec):
+            ap.error(f"--steer {spec!r}: vector file {path!r} holds a non-finite value")
+        steer.append((layer, point, coef * torch.tensor(vec, dtype=torch.float64)))
+    return steer
 
 
 def main(argv=None):
@@ -74,7 +121,22 @@ def main(argv=None):
                     help="also write sae.input, sae.acts, sae.recon: the SAE at PATH (SAELens "
                          "dir or Gemma Scope .npz) on its hook's rows (@HOOK: override or "
                          "supply the hook name; required for .npz)")
+    ap.add_argument("--steer", action="append", default=[], metavar="HOOK:FILE[:COEF]",
+                    help="add COEF (default 1) times FILE's vector (d_model whitespace-separated "
+                         "floats) to every row of the residual stream at HOOK (blocks.L."
+                         "hook_resid_pre/mid/post) for --tokens' logits and --generate; "
+                         "repeatable")
     a = ap.parse_args(argv)
+
+    if a.steer:
+        clash = [flag for flag, on in (("--grad-logprob", a.grad_logprob),
+                                       ("--grad-cached-kv", a.grad_cached_kv is not None),
+                                       ("--grad-param-layer", a.grad_param_layer is not None),
+                                       ("--activations", a.activations),
+                                       ("--logit-attribution", a.logit_attribution),
+                                       ("--sae", a.sae)) if on]
+        if clash:
+            ap.error(f"--steer does not combine with {', '.join(clash)}")
 
     sae = None
     if a.sae:
@@ -90,10 +152,12 @@ def main(argv=None):
             ap.error(f"--sae {path}: the file names no hook; give PATH@HOOK")
 
     model = load_model(a.model)
+    steer = _steering(ap, model, a.steer) or None
     if a.generate is not None:
         if not a.prompt_tokens:
             ap.error("--generate needs --prompt-tokens")
-        out = greedy(model, _ints(a.prompt_tokens), a.generate, stop_ids=set(_ints(a.stop_ids)))
+        out = greedy(model, _ints(a.prompt_tokens), a.generate, stop_ids=set(_ints(a.stop_ids)),
+                     steer=steer)
         print(" ".join(map(str, out)))
         return 0
 
@@ -111,7 +175,7 @@ def main(argv=None):
         ap.error("--positions-per-doc needs --doc-ids")
     pos = positions_per_document(docs) if a.positions_per_doc else None
     with torch.no_grad():
-        logits, attn = forward(model, tokens, doc_ids=docs, positions=pos)
+        logits, attn = forward(model, tokens, doc_ids=docs, positions=pos, steer=steer)
     arrays = {"logits": logits.numpy()}
     if a.grad_logprob:
         from kvlens_oracle.grad import cached_kv_gradients, gradients

@@ -7,6 +7,14 @@ those norms and windows too, and soft-caps scores and logits: cfg["attn_softcap"
 cfg["final_softcap"], each x -> cap * tanh(x / cap)).
 
 forward(model, tokens, doc_ids=None, positions=None) -> (logits [T, V], attn [L, H, T, T]).
+Activation steering: `steer=[(layer, point, vector [d]), ...]`, point "pre", "mid" or "post"
+(TransformerLens's blocks.{layer}.hook_resid_{point}; steer_hook parses those names), adds
+each vector to every row of the residual stream at that point before anything downstream
+reads it: "pre" entering the block, "mid" after its attention's residual add (Gemma 2/3:
+resid_pre + post_attn_norm(attention)), "post" leaving it (the last block's: the stream
+entering the final norm). Entries at one point add up (summed in the order given, then
+added once); post of layer l and pre of l + 1 are the same point. steer=None or [] changes
+nothing. The captured resid_pre / resid_mid / resid / resid_final are the steered values.
 Everything is differentiable (no in-place ops), so torch.autograd can produce gradients.
 Pass `capture={}` to receive capture["embeds"] (the token embeddings, before GPT-2's
 positions), capture["resid_final"] (the residual entering the final norm, [T, d]),
@@ -24,6 +32,7 @@ capture["ln_final"] (that norm's output, [T, d]) and capture["layers"], one dict
 Every record value is a tensor of the graph (grad.py calls retain_grad() on each).
 """
 import math
+import re
 
 import torch
 
@@ -130,12 +139,57 @@ def _final(capture, resid_final, ln_final):
         capture["resid_final"], capture["ln_final"] = resid_final, ln_final
 
 
-def llama_forward(m, x, positions, mask, capture=None):
+STEER_POINTS = ("pre", "mid", "post")
+_STEER_HOOK = re.compile(r"blocks\.(\d+)\.hook_resid_(pre|mid|post)")
+
+
+def steer_hook(name, n_layers):
+    """TransformerLens's "blocks.L.hook_resid_pre" / "hook_resid_mid" / "hook_resid_post" ->
+    (L, "pre" | "mid" | "post"); ValueError for any other name or L outside [0, n_layers)."""
+    g = _STEER_HOOK.fullmatch(name)
+    if g is None:
+        raise ValueError(f"unknown hook {name!r} (steering takes blocks.L.hook_resid_pre, "
+                         "blocks.L.hook_resid_mid or blocks.L.hook_resid_post)")
+    layer = int(g.group(1))
+    if layer >= n_layers:
+        raise ValueError(f"hook {name!r}: layer {layer} out of range [0, {n_layers})")
+    return layer, g.group(2)
+
+
+def _steer_table(m, steer):
+    """steer entries -> {(layer, point): summed float64 vector [d]}, checked."""
+    table = {}
+    for entry in steer or ():
+        if len(entry) != 3:
+            raise ValueError("a steering entry is (layer, point, vector)")
+        layer, point, vec = entry
+        if point not in STEER_POINTS:
+            raise ValueError(f"steering point {point!r} is not one of {STEER_POINTS}")
+        if not 0 <= int(layer) < m.cfg["n_layers"]:
+            raise ValueError(f"steering layer {layer} out of range [0, {m.cfg['n_layers']})")
+        vec = torch.as_tensor(vec, dtype=F64)
+        if tuple(vec.shape) != (m.cfg["dim"],):
+            raise ValueError(f"steering vector has shape {list(vec.shape)}, the model's "
+                             f"residual stream is [{m.cfg['dim']}]")
+        key = (int(layer), point)
+        table[key] = table[key] + vec if key in table else vec
+    return table
+
+
+def _steer(x, table, layer, point):
+    """x [T, d] plus the steering vector at (layer, point), on every row; x itself if none."""
+    v = table.get((layer, point)) if table else None
+    return x if v is None else x + v
+
+
+def llama_forward(m, x, positions, mask, capture=None, steer=None):
     c = m.cfg
+    table = _steer_table(m, steer)
     H, KV, hd, eps = c["n_heads"], c["n_kv_heads"], c["head_dim"], c["eps"]
     group = H // KV
     probs_all = []
     for i, lw in enumerate(m.layers):
+        x = _steer(x, table, i, "pre")
         n = rms_norm(x, lw["attn_norm"], eps)
         factors, base, layer_mask = c.get("rope_factors"), c["rope_base"], mask
         if c.get("windowed_layers") is not None:  # Gemma 3
@@ -162,7 +216,7 @@ def llama_forward(m, x, positions, mask, capture=None):
         o = o_proj
         if "post_attn_norm" in lw:
             o = rms_norm(o_proj, lw["post_attn_norm"], eps)
-        h = x + o
+        h = _steer(x + o, table, i, "mid")
         n2 = rms_norm(h, lw["ffn_norm"], eps)
         gate = gelu_tanh if c.get("gate") == "gelu_tanh" else silu
         mlp_pre = n2 @ lw["w1"].T
@@ -171,7 +225,7 @@ def llama_forward(m, x, positions, mask, capture=None):
         f = f_proj
         if "post_ffn_norm" in lw:
             f = rms_norm(f_proj, lw["post_ffn_norm"], eps)
-        resid_pre, x = x, h + f
+        resid_pre, x = x, _steer(h + f, table, i, "post")
         probs_all.append(probs)
         _record(capture, q=q, k=k, v=v, scores=scores, probs=probs, attn_out=out, resid=x,
                 resid_pre=resid_pre, resid_mid=h, attn_block=o, mlp_block=f, o_proj=o_proj,
@@ -181,25 +235,27 @@ def llama_forward(m, x, positions, mask, capture=None):
     return soft_cap(n @ m.w["out"].T, c.get("final_softcap")), torch.stack(probs_all)
 
 
-def gpt2_forward(m, x, positions, mask, capture=None):
+def gpt2_forward(m, x, positions, mask, capture=None, steer=None):
     c = m.cfg
     H, hd, d, eps = c["n_heads"], c["head_dim"], c["dim"], c["eps"]
+    table = _steer_table(m, steer)
     x = x + m.w["wpe"][positions]
     probs_all = []
-    for lw in m.layers:
+    for i, lw in enumerate(m.layers):
+        x = _steer(x, table, i, "pre")
         qkv = layer_norm(x, lw["ln1_w"], lw["ln1_b"], eps) @ lw["w_qkv"].T + lw["b_qkv"]
         q, k, v = (_heads(qkv[:, j * d:(j + 1) * d], H, hd) for j in range(3))
         k, v = _leaf_prefix(capture, k, v)
         out, probs, scores = attention(q, k, v, mask)
         o_proj = _merge(out) @ lw["w_o"].T
         o = o_proj + lw["b_o"]
-        h = x + o
+        h = _steer(x + o, table, i, "mid")
         n2 = layer_norm(h, lw["ln2_w"], lw["ln2_b"], eps)
         mlp_pre = n2 @ lw["w_fc"].T + lw["b_fc"]
         mlp_post = gelu_tanh(mlp_pre)
         f_proj = mlp_post @ lw["w_proj"].T
         f = f_proj + lw["b_proj"]
-        resid_pre, x = x, h + f
+        resid_pre, x = x, _steer(h + f, table, i, "post")
         probs_all.append(probs)
         _record(capture, q=q, k=k, v=v, scores=scores, probs=probs, attn_out=out, resid=x,
                 resid_pre=resid_pre, resid_mid=h, attn_block=o, mlp_block=f, o_proj=o_proj,
@@ -209,10 +265,11 @@ def gpt2_forward(m, x, positions, mask, capture=None):
     return n @ m.w["out"].T, torch.stack(probs_all)
 
 
-def forward(m, tokens, doc_ids=None, positions=None, inputs_embeds=None, capture=None):
+def forward(m, tokens, doc_ids=None, positions=None, inputs_embeds=None, capture=None,
+            steer=None):
     """Full causal pass over `tokens` (list of ids). positions default to 0..T-1;
     `inputs_embeds` [T, d] replaces the token-embedding lookup (Gemma's: the lookup times
-    embed_scale) for input gradients."""
+    embed_scale) for input gradients; `steer` as in the module docstring."""
     ids = torch.as_tensor(list(tokens), dtype=torch.long)
     T = ids.shape[0]
     if T == 0:
@@ -230,7 +287,7 @@ def forward(m, tokens, doc_ids=None, positions=None, inputs_embeds=None, capture
     if capture is not None:
         capture["embeds"] = x
     fwd = llama_forward if m.family == "llama" else gpt2_forward
-    return fwd(m, x, pos, mask, capture)
+    return fwd(m, x, pos, mask, capture, steer)
 
 
 def positions_per_document(doc_ids):
@@ -243,12 +300,13 @@ def positions_per_document(doc_ids):
     return pos
 
 
-def greedy(m, prompt, n_new, stop_ids=()):
-    """Greedy continuation by recomputing the full pass each step."""
+def greedy(m, prompt, n_new, stop_ids=(), steer=None):
+    """Greedy continuation by recomputing the full pass each step (under `steer`, as forward's,
+    on every row of every step)."""
     seq = list(prompt)
     with torch.no_grad():
         for _ in range(n_new):
-            logits, _ = forward(m, seq)
+            logits, _ = forward(m, seq, steer=steer)
             nxt = int(torch.argmax(logits[-1]))
             seq.append(nxt)
             if nxt in stop_ids:
