@@ -191,6 +191,28 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
           absl::StrCat("attention_rows head ", h, " is outside [0, ", c.num_heads, ")"));
     }
   }
+  if (!request.steering.empty() && request.session != 0) {
+    return absl::InvalidArgumentError(
+        "steering: not with a session (its earlier tokens were computed unsteered)");
+  }
+  for (size_t k = 0; k < request.steering.size(); ++k) {
+    const ResidualAdd& a = request.steering[k];
+    if (a.layer < 0 || a.layer > c.num_layers || (a.mid && a.layer == c.num_layers)) {
+      return absl::InvalidArgumentError(absl::StrCat("steering[", k, "]: layer ", a.layer,
+                                                     a.mid ? " (mid)" : "", " is outside [0, ",
+                                                     c.num_layers, a.mid ? ")" : "]"));
+    }
+    if (static_cast<int64_t>(a.delta.size()) != c.dim) {
+      return absl::InvalidArgumentError(absl::StrCat("steering[", k, "]: ", a.delta.size(),
+                                                     " values, the model's dim is ", c.dim));
+    }
+    for (float x : a.delta) {
+      if (!std::isfinite(x)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("steering[", k, "]: a value is ", x, ", not finite"));
+      }
+    }
+  }
   const int64_t used = static_cast<int64_t>(history + request.prompt.size());
   if (request.stop.max_new_tokens == 0) {  // as many as the context leaves
     if (used >= c.max_seq_len) {
@@ -410,7 +432,11 @@ void Engine::Impl::Preempt(Sequence& s) {
 
 void Engine::Impl::LookupPrefix(Sequence& s) {
   s.prefix_looked_up = true;
-  if (!options.prefix_caching || s.num_computed > 0 || !s.blocks.empty()) return;
+  // A steered sequence's keys and values are its own (ResidualAdd): it shares no block.
+  if (!options.prefix_caching || !s.request.steering.empty() || s.num_computed > 0 ||
+      !s.blocks.empty()) {
+    return;
+  }
   const int bs = options.block_size;
   // Never the block holding the last token: it must be computed to yield logits.
   const int max_blocks = (static_cast<int>(s.tokens.size()) - 1) / bs;
@@ -433,7 +459,7 @@ void Engine::Impl::LookupPrefix(Sequence& s) {
 }
 
 void Engine::Impl::RegisterFullBlocks(Sequence& s) {
-  if (!options.prefix_caching) return;
+  if (!options.prefix_caching || !s.request.steering.empty()) return;
   const int bs = options.block_size;
   while ((s.num_hashed_blocks + 1) * bs <= s.num_computed) {
     const auto tokens = absl::MakeConstSpan(s.tokens).subspan(s.num_hashed_blocks * bs, bs);
@@ -651,6 +677,7 @@ void Engine::Impl::Step() {
       e.tokens = absl::MakeConstSpan(s->tokens).subspan(s->num_computed, n);
       e.num_cached = s->num_computed;
       e.block_table = s->blocks;
+      e.residual_adds = s->request.steering;
       // A device backend then copies out no logits row: a chunk that samples nothing (a
       // prompt's middle) wants none, and one that samples has its next token drawn where
       // the logits are (penalties from the counts of the tokens so far).

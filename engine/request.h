@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/model/residual_add.h"
 #include "engine/sampler.h"
 
 namespace kvlens {
@@ -82,6 +83,10 @@ struct GenerationRequest {
   int top_logprobs = 0;                 // 0 … 20
   SessionId session = 0;                // 0: none; else an open session this request appends to
   AttentionRowsRequest attention_rows;  // empty: none streamed
+  // Interpretability: vectors added to the residual stream at every position this request
+  // computes (activation steering; engine/model/residual_add.h). Not with a session; a
+  // steered request neither reuses nor fills the prefix cache.
+  std::vector<ResidualAdd> steering;
   RequestCallbacks callbacks;
 
   // The fields that need no engine state (prompt and stop token ids within the

@@ -18,8 +18,9 @@ GenerateStream::GenerateStream(GenerationService& service, Clock::time_point arr
 
 void GenerateStream::Start(const v1::GenerateRequest& request) {
   absl::StatusOr<GenerationRequest> converted =
-      service_.draining() ? absl::UnavailableError("the server is shutting down")
-                          : ToGenerationRequest(request, service_.engine().model());
+      service_.draining()
+          ? absl::UnavailableError("the server is shutting down")
+          : ToGenerationRequest(request, service_.engine().model(), service_.saes());
   if (converted.ok()) {
     with_logprobs_ = request.logprobs() || request.top_logprobs() > 0;
     converted->callbacks.on_token = [this](const TokenEvent& e) { OnEngineToken(e); };

@@ -19,8 +19,12 @@ const absl::Status& Draining() {
 
 }  // namespace
 
-GenerationService::GenerationService(Engine& engine, Metrics& metrics, std::string backend_name)
-    : engine_(engine), metrics_(metrics), backend_name_(std::move(backend_name)) {}
+GenerationService::GenerationService(Engine& engine, Metrics& metrics, std::string backend_name,
+                                     std::vector<std::shared_ptr<const interpret::Sae>> saes)
+    : engine_(engine),
+      metrics_(metrics),
+      backend_name_(std::move(backend_name)),
+      saes_(std::move(saes)) {}
 
 grpc::ServerUnaryReactor* GenerationService::FinishUnary(grpc::CallbackServerContext* context,
                                                          const char* rpc,

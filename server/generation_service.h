@@ -5,11 +5,14 @@
 #define KVLENS_SERVER_GENERATION_SERVICE_H_
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "engine/engine.h"
+#include "engine/interpret/sae.h"
 #include "kvlens/v1/generation.grpc.pb.h"
 #include "server/metrics.h"
 
@@ -17,8 +20,10 @@ namespace kvlens::server {
 
 class GenerationService final : public v1::Generation::CallbackService {
  public:
-  // `engine` and `metrics` outlive the service. `backend_name` is reported by GetModelInfo.
-  GenerationService(Engine& engine, Metrics& metrics, std::string backend_name);
+  // `engine` and `metrics` outlive the service. `backend_name` is reported by GetModelInfo;
+  // `saes` (kvlens-server --sae) are those Generate's steering vectors may name.
+  GenerationService(Engine& engine, Metrics& metrics, std::string backend_name,
+                    std::vector<std::shared_ptr<const interpret::Sae>> saes = {});
 
   // From now on every new call is refused with UNAVAILABLE (streams already running go on).
   void StartDraining() { draining_.store(true); }
@@ -51,6 +56,7 @@ class GenerationService final : public v1::Generation::CallbackService {
 
   Engine& engine() { return engine_; }
   Metrics& metrics() { return metrics_; }
+  const std::vector<std::shared_ptr<const interpret::Sae>>& saes() const { return saes_; }
   bool draining() const { return draining_.load(); }
 
  private:
@@ -61,6 +67,7 @@ class GenerationService final : public v1::Generation::CallbackService {
   Engine& engine_;
   Metrics& metrics_;
   const std::string backend_name_;
+  const std::vector<std::shared_ptr<const interpret::Sae>> saes_;
   std::atomic<bool> draining_{false};
   std::mutex active_mu_;
   absl::flat_hash_set<RequestId> active_;  // guarded by active_mu_

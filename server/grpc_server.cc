@@ -15,7 +15,7 @@ constexpr char kServiceName[] = "kvlens.v1.Generation";
 
 GrpcServer::GrpcServer(Engine& engine, Metrics& metrics, const GrpcServerOptions& options)
     : engine_(engine),
-      service_(engine, metrics, options.backend_name),
+      service_(engine, metrics, options.backend_name, options.interpret.saes),
       interpret_service_(engine, metrics, options.interpret) {}
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions& options,

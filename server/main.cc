@@ -110,7 +110,8 @@ ABSL_FLAG(int64_t, max_interp_tape_bytes, int64_t{8} << 30,
           "maps and their gradients: about 4 x layers x heads x positions^2 elements for a "
           "probe); larger requests are refused before they allocate.");
 ABSL_FLAG(std::vector<std::string>, sae, {},
-          "Sparse autoencoders for Interpret.SaeFeatures, comma-separated, each "
+          "Sparse autoencoders for Interpret.SaeFeatures and Generate's SAE-feature "
+          "steering, comma-separated, each "
           "[NAME=]PATH[@HOOK]: a SAELens directory (cfg.json + sae_weights.safetensors) or a "
           "Gemma Scope params.npz; HOOK, a TransformerLens name such as "
           "blocks.20.hook_resid_post, is required for .npz and overrides the cfg's hook_name; "

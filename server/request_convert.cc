@@ -103,7 +103,7 @@ absl::StatusOr<std::vector<int32_t>> EncodeChat(const Model& model, const v1::Ch
 }
 
 absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest& request,
-                                                      const Model& model) {
+                                                      const Model& model, SaeList saes) {
   const int32_t vocab = model.config.vocab_size;
   const int context = model.config.max_seq_len;
   GenerationRequest out;
@@ -210,6 +210,16 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
       }
       out.attention_rows.heads.push_back(rows.heads(k));
     }
+  }
+  if (!request.steering().empty()) {
+    if (request.session_id() != 0) {
+      return absl::InvalidArgumentError(
+          "steering: not with session_id (the session's earlier tokens were computed unsteered)");
+    }
+    absl::StatusOr<std::vector<ResidualAdd>> adds =
+        ToResidualAdds(request.steering(), model.config, saes);
+    if (!adds.ok()) return adds.status();
+    out.steering = *std::move(adds);
   }
   return out;
 }

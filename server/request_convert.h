@@ -13,6 +13,7 @@
 #include "engine/model/model.h"
 #include "engine/request.h"
 #include "kvlens/v1/generation.pb.h"
+#include "server/steering_convert.h"
 
 namespace kvlens::server {
 
@@ -22,9 +23,9 @@ inline constexpr int kMaxStopStrings = 16;  // the engine's limits
 inline constexpr size_t kMaxStopBytes = 256;
 
 // INVALID_ARGUMENT naming the field for anything out of range. The callbacks are left
-// empty for the caller to fill.
+// empty for the caller to fill. `saes`: the SAEs steering vectors may name.
 absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest& request,
-                                                      const Model& model);
+                                                      const Model& model, SaeList saes = {});
 
 // A text prompt's ids under the message's optional add_bos (absent: the model's own
 // setting, Tokenizer::adds_bos) and parse_special (absent: true). Msg: GenerateRequest,

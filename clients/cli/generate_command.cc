@@ -47,6 +47,12 @@ const std::vector<FlagSpec>& Specs() {
        "CTRL-style repetition penalty (1: off); when not given, the model's "
        "generation_config.json value applies if it has one (as in Hugging Face and vLLM)"},
       {"seed", "0", "random seed for sampling"},
+      {"steer", "",
+       "with --server: activation steering, \"SPEC[;SPEC...]\": HOOK:PATH[:COEF] adds COEF "
+       "times the d_model numbers in file PATH to the residual stream at HOOK "
+       "(blocks.L.hook_resid_pre, hook_resid_mid or hook_resid_post) at every position; "
+       "sae:NAME:FEATURE[:COEF] adds that feature's decoder direction of the server's SAE "
+       "NAME (kvlens-cli sae --list)"},
       {"prefill-chunk", "512", "prompt tokens per prefill step"},
       {"block-size", "16", "KV-cache block size in tokens"},
       {"no-bos", "",
@@ -117,6 +123,9 @@ int GenerateCommand(int argc, char** argv) {
   }
   if (args->Has("server")) return RemoteGenerate(*args);
   if (!args->Has("model")) return fail(absl::InvalidArgumentError("--model is required"), 2);
+  if (args->Has("steer")) {
+    return fail(absl::InvalidArgumentError("--steer needs --server (the server steers)"), 2);
+  }
 
   GenerateOptions options;
   auto max_new = args->Int("max-new-tokens", 0, 1 << 20);

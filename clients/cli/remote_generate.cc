@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "absl/strings/str_format.h"
+#include "clients/cli/steering_flag.h"
 #include "kvlens/v1/generation.grpc.pb.h"
 
 namespace kvlens::cli {
@@ -79,6 +80,9 @@ int RemoteGenerate(const Args& args) {
   sampling->set_seed(static_cast<uint64_t>(*seed));
   request.mutable_stopping()->set_max_new_tokens(static_cast<int32_t>(*max_new));
   request.mutable_stopping()->set_ignore_eos(args.Switch("ignore-eos"));
+  if (args.Has("steer")) {
+    if (absl::Status s = AddSteeringFlag(args.Str("steer"), &request); !s.ok()) return Fail(s, 2);
+  }
 
   auto channel = grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials());
   auto stub = v1::Generation::NewStub(channel);

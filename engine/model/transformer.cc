@@ -24,7 +24,8 @@ Transformer<T>::Transformer(const Model& model, kernels::Backend<T>& backend)
       hidden_(backend.memory()),
       up_(backend.memory()),
       logits_(backend.memory()),
-      probs_(backend.memory()) {
+      probs_(backend.memory()),
+      steer_(backend.memory()) {
   for (int l = 0; l < model.config.num_layers; ++l) {
     ropes_.push_back(RopeOf(model.config, model.weights, l));
   }
@@ -74,6 +75,17 @@ absl::Status Transformer<T>::Validate(absl::Span<const BatchEntry> batch,
                                                        ")"));
       }
     }
+    for (size_t k = 0; k < b.residual_adds.size(); ++k) {
+      const ResidualAdd& a = b.residual_adds[k];
+      const int layers = config_.num_layers;
+      if (a.layer < 0 || a.layer > layers || (a.mid && a.layer == layers) ||
+          static_cast<int64_t>(a.delta.size()) != config_.dim) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "batch entry ", e, ": residual add ", k, " at layer ", a.layer, a.mid ? " (mid)" : "",
+            " with ", a.delta.size(), " values; layers are [0, ", layers, "] ([0, ", layers,
+            ") mid), d_model ", config_.dim));
+      }
+    }
     if (!b.doc_ids.empty() && static_cast<int64_t>(b.doc_ids.size()) != total) {
       return absl::InvalidArgumentError(absl::StrCat(
           "batch entry ", e, ": doc_ids has ", b.doc_ids.size(), " entries, expected ", total));
@@ -118,6 +130,38 @@ void Transformer<T>::FeedForward(const LayerWeights& lw, int n) {
     backend_.Gelu(hidden_.data(), n * F);
   }
   backend_.MatMul(hidden_.data(), n, lw.w_out, lw.b_out, proj_.data());
+}
+
+template <typename T>
+absl::Status Transformer<T>::AddResiduals(absl::Span<const BatchEntry> batch, int layer, bool mid,
+                                          int n, bool* proj_pending) {
+  const int64_t D = config_.dim;
+  bool any = false;
+  for (const BatchEntry& b : batch) {
+    for (const ResidualAdd& a : b.residual_adds) any = any || (a.layer == layer && a.mid == mid);
+  }
+  if (!any) return absl::OkStatus();
+  if (*proj_pending) {
+    backend_.Add(x_.data(), proj_.data(), n * D);
+    *proj_pending = false;
+  }
+  steer_host_.assign(static_cast<size_t>(n * D), T(0));
+  int r0 = 0;
+  for (const BatchEntry& b : batch) {
+    const int tq = static_cast<int>(b.tokens.size());
+    for (const ResidualAdd& a : b.residual_adds) {
+      if (a.layer != layer || a.mid != mid) continue;
+      for (int i = 0; i < tq; ++i) {
+        T* row = steer_host_.data() + (r0 + i) * D;
+        for (int64_t d = 0; d < D; ++d) row[d] += static_cast<T>(a.delta[static_cast<size_t>(d)]);
+      }
+    }
+    r0 += tq;
+  }
+  if (absl::Status s = steer_.Resize(n * D); !s.ok()) return s;
+  if (absl::Status s = steer_.CopyFromHost(steer_host_.data(), n * D); !s.ok()) return s;
+  backend_.Add(x_.data(), steer_.data(), n * D);
+  return absl::OkStatus();
 }
 
 template <typename T>
@@ -191,7 +235,10 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       if (backend != nullptr) (void)backend->EndStep(/*run=*/false);  // a failed step
     }
   } step;
-  if (capture == nullptr) {
+  // Nor with residual adds: their rows are uploaded (CopyFromHost) as the step goes.
+  bool steered = false;
+  for (const BatchEntry& b : batch) steered = steered || !b.residual_adds.empty();
+  if (capture == nullptr && !steered) {
     backend_.BeginStep();
     step.backend = &backend_;
   }
@@ -208,6 +255,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
 
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
+    if (absl::Status s = AddResiduals(batch, l, /*mid=*/false, n, &proj_pending); !s.ok()) return s;
     // (the previous block's residual and) attention norm
     Norm(lw.attn_norm, lw.attn_norm_bias, n, proj_pending);
     // qkv projections for every new token
@@ -293,13 +341,19 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     if (c.sandwich_norms) {
       backend_.RmsNorm(proj_.data(), n, c.dim, lw.post_attn_norm, c.norm_eps, proj_.data());
     }
-    Norm(lw.ffn_norm, lw.ffn_norm_bias, n, /*add_proj=*/true);
+    bool attn_pending = true;  // the attention's residual, in proj_
+    if (absl::Status s = AddResiduals(batch, l, /*mid=*/true, n, &attn_pending); !s.ok()) return s;
+    Norm(lw.ffn_norm, lw.ffn_norm_bias, n, attn_pending);
     // feed-forward block (and its norm); its residual waits for the next norm
     FeedForward(lw, n);
     if (c.sandwich_norms) {
       backend_.RmsNorm(proj_.data(), n, c.dim, lw.post_ffn_norm, c.norm_eps, proj_.data());
     }
     proj_pending = true;
+  }
+  if (absl::Status s = AddResiduals(batch, c.num_layers, /*mid=*/false, n, &proj_pending);
+      !s.ok()) {
+    return s;
   }
   if (proj_pending) backend_.Add(x_.data(), proj_.data(), n * D);
 

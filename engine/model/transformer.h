@@ -19,6 +19,7 @@
 #include "absl/types/span.h"
 #include "engine/kv_cache/kv_cache_storage.h"
 #include "engine/model/model.h"
+#include "engine/model/residual_add.h"
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
 
@@ -39,6 +40,9 @@ struct BatchEntry {
   // rows.
   bool pick_only = false;
   kernels::TokenDraw draw;
+  // Vectors added to every new row's residual stream (activation steering); each delta
+  // has dim values. A step with any is not a recorded step (no CUDA graph).
+  absl::Span<const ResidualAdd> residual_adds;
 };
 
 // What Forward hands back. Logits rows follow the entries in order: all new tokens of an
@@ -87,6 +91,10 @@ class Transformer {
   // add_proj: the residual connection left pending by the previous block.
   void Norm(const WeightView& weight, const WeightView& bias, int n, bool add_proj);
   void FeedForward(const LayerWeights& lw, int n);
+  // Adds the batch's residual adds at (layer, mid) to their entries' rows of x_, after the
+  // pending residual (proj_) when *proj_pending (then cleared). Nothing when none is there.
+  absl::Status AddResiduals(absl::Span<const BatchEntry> batch, int layer, bool mid, int n,
+                            bool* proj_pending);
 
   const Model& model_;
   const ModelConfig& config_;
@@ -103,6 +111,8 @@ class Transformer {
   kernels::Buffer<T> up_;      // [N, F]
   kernels::Buffer<T> logits_;  // [rows, V] (device backends only; else out.logits)
   kernels::Buffer<T> probs_;   // [H, Tq, Tk] one captured layer (device backends only)
+  kernels::Buffer<T> steer_;   // [N, D] the rows' residual adds at one point
+  std::vector<T> steer_host_;  // its host side
   // Index arrays stay on the host (the backend contract).
   std::vector<int32_t> positions_;                // [N]
   std::vector<kernels::RopeSpec> ropes_;          // each layer's (RopeOf)

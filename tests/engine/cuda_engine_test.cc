@@ -8,7 +8,7 @@
 // 1e-3); decode and short chunks are fp32 end to end, so incremental decode on CUDA equals
 // a full recompute on CUDA within 1e-4 of the largest |logit|.
 //
-// One file of about 850 lines: these suites share their model loaders and comparisons, and
+// One file of about 900 lines: these suites share their model loaders and comparisons, and
 // the GPU machine's standalone build names its test sources
 // (kernels/cuda/standalone/sources.cmake, KVLENS_GPU_TEST_SOURCES); each TEST stands alone.
 #include <algorithm>
@@ -180,6 +180,49 @@ TEST(CudaEngineServe, Stories260KThroughTheEngineEqualsCpu) {
   const std::string got = serve(cuda);
   EXPECT_EQ(got, want);
   EXPECT_EQ(got.rfind(kReferenceText, 0), 0u) << got;
+}
+
+// Steered requests (vectors at resid_pre, resid_mid and before the final norm) served with
+// an unsteered one: the device uploads each point's rows and adds them, outside any
+// recorded step; every request's tokens and log-probabilities equal the CPU engine's, and
+// the unsteered request's the ones it gets alone.
+TEST(CudaEngineServe, SteeredRequestsEqualCpu) {
+  KVLENS_REQUIRE_FILE(kStories);
+  KVLENS_REQUIRE_CUDA(cuda);
+  auto model = Load(kStories);
+  ASSERT_NE(model, nullptr);
+  const int D = static_cast<int>(model->config.dim), L = model->config.num_layers;
+  auto request = [&](std::vector<ResidualAdd> steering) {
+    GenerationRequest r;
+    r.prompt = model->tokenizer->Encode("Once upon a time", true);
+    r.stop.max_new_tokens = 24;
+    r.stop.ignore_eos = true;
+    r.steering = std::move(steering);
+    return r;
+  };
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 0.6f);
+  auto vector = [&] {
+    std::vector<float> v(static_cast<size_t>(D));
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  std::vector<GenerationRequest> requests = {request({}), request({{0, false, vector()}}),
+                                             request({{1, true, vector()}, {L, false, vector()}})};
+  kernels::CpuBackend cpu(2);
+  const std::vector<testing::Served> want = testing::ServeTogether(*model, cpu, requests);
+  const std::vector<testing::Served> got = testing::ServeTogether(*model, cuda, requests);
+  const std::vector<testing::Served> alone = testing::ServeTogether(*model, cuda, {request({})});
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    for (size_t t = 0; t < want[i].logprobs.size() && t < got[i].logprobs.size(); ++t) {
+      EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 1e-3) << i << ", token " << t;
+    }
+  }
+  EXPECT_NE(want[1].tokens, want[0].tokens);
+  EXPECT_NE(want[2].tokens, want[0].tokens);
+  EXPECT_EQ(got[0].tokens, alone[0].tokens);
 }
 
 // A sliding window of 16 whose blocks the engine gives back as they leave it (blocks of 4

@@ -1,7 +1,7 @@
 // The Python client (clients/python/kvlens) against a live server: every method it has for
 // a conversation (chat=...) gives what the same conversation written out by hand as text
 // gives, and what the C++ stubs read from the same server (token ids, an attention row, the
-// generated tokens). Runs Debian's /usr/bin/python3 with PYTHONPATH=clients/python.
+// generated tokens, steered too). Runs Debian's /usr/bin/python3 with PYTHONPATH=clients/python.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -45,6 +45,10 @@ out["lens_text"] = [r.top[0].token for r in c.logit_lens(text=text).rows]
 out["ablation_change"] = c.intervene(chat=conv, ablations=[(0, 0)],
                                      targets=[(last, 5)]).max_abs_logit_change
 out["generated"] = c.generate(chat=conv, max_new_tokens=4)[0]
+out["steered"] = c.generate(chat=conv, max_new_tokens=4, steering=[
+    {"hook": "blocks.0.hook_resid_mid", "vector": [0.25 * (i % 7) - 0.75 for i in range(256)],
+     "coefficient": 3},
+    {"sae": "enc", "feature": 2, "coefficient": -20}])[0]
 cache = c.run_with_cache(chat=conv, hooks=("z", "ln_final"), layers=[1], fp64=True)
 out["cache_keys"] = sorted(cache)
 out["cache_z_shape"] = list(cache["z.1"].shape)
@@ -132,6 +136,19 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   const StreamResult g = RunGenerate(server.stub(), generate);
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
   EXPECT_EQ(out["generated"].get<std::vector<int32_t>>(), g.tokens);
+  // Steering: the client's dicts are the C++ stub's SteeringVectors.
+  v1::SteeringVector* v = generate.add_steering();
+  v->set_hook("blocks.0.hook_resid_mid");
+  for (int i = 0; i < 256; ++i) v->add_vector(0.25f * static_cast<float>(i % 7) - 0.75f);
+  v->set_coefficient(3.0f);
+  v1::SteeringVector* feature = generate.add_steering();
+  feature->set_sae("enc");
+  feature->set_feature(2);
+  feature->set_coefficient(-20.0f);
+  const StreamResult steered = RunGenerate(server.stub(), generate);
+  ASSERT_TRUE(steered.status.ok()) << steered.status.error_message();
+  EXPECT_EQ(out["steered"].get<std::vector<int32_t>>(), steered.tokens);
+  EXPECT_NE(steered.tokens, g.tokens);
 
   // run_with_cache and logit_attribution decode what the C++ stubs read.
   const ModelConfig& c = server.model().config;

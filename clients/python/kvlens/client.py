@@ -123,12 +123,16 @@ class Client:
                                            timeout=self.timeout).text for t in tokens]
 
     def generate(self, text=None, tokens=None, max_new_tokens=32, attention_layers=None,
-                 attention_heads=None, chat=None):
+                 attention_heads=None, chat=None, steering=()):
         """Greedy generation. With attention_layers/heads (lists; [] = all) every token
         comes with its attention row: returns (tokens, text, rows) where rows[i] is a
         [layers, heads, keys] array for generated token i. chat: a conversation instead of
         text, [{"role": "system"|"user"|"assistant", "content": ...}, ...], written by the
-        model's chat template (model_info().chat_template), the assistant's turn opened."""
+        model's chat template (model_info().chat_template), the assistant's turn opened.
+        steering: activation steering, dicts added to the residual stream at every
+        position: {"hook": "blocks.L.hook_resid_pre"|"..._mid"|"..._post", "vector":
+        d_model numbers, "coefficient": c} or {"sae": name, "feature": i, "coefficient": c}
+        (a server SAE's decoder direction; list_saes())."""
         req = gen.GenerateRequest()
         if chat is not None:
             _chat(req.chat, chat)
@@ -140,6 +144,12 @@ class Client:
         if attention_layers is not None or attention_heads is not None:
             req.attention_rows.layers.extend(attention_layers or [])
             req.attention_rows.heads.extend(attention_heads or [])
+        for s in steering:
+            v = req.steering.add(hook=s.get("hook", ""), sae=s.get("sae", ""),
+                                 feature=int(s.get("feature", 0)))
+            v.vector.extend(float(x) for x in s.get("vector", ()))
+            if "coefficient" in s:
+                v.coefficient = float(s["coefficient"])
         out_tokens, out_text, rows = [], "", []
         for chunk in self.generation.Generate(req, timeout=self.timeout):
             out_tokens += list(chunk.token_ids)

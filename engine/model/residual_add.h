@@ -1,0 +1,23 @@
+// A vector added to the residual stream during the serving forward pass: activation
+// steering (ActAdd; TransformerLens's hooks that add to blocks.L.hook_resid_*), applied by
+// Transformer::Forward to every new row of the batch entry that carries it.
+#ifndef KVLENS_ENGINE_MODEL_RESIDUAL_ADD_H_
+#define KVLENS_ENGINE_MODEL_RESIDUAL_ADD_H_
+
+#include <vector>
+
+namespace kvlens {
+
+struct ResidualAdd {
+  // 0 … L (layers): the stream entering block `layer` (hook_resid_pre; L: the stream
+  // entering the final norm, the last block's hook_resid_post).
+  int layer = 0;
+  // Instead, between block `layer`'s attention and its feed-forward (hook_resid_mid, after
+  // the attention's residual add; layer < L).
+  bool mid = false;
+  std::vector<float> delta;  // [dim], the coefficient applied
+};
+
+}  // namespace kvlens
+
+#endif  // KVLENS_ENGINE_MODEL_RESIDUAL_ADD_H_
