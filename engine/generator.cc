@@ -72,6 +72,7 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
     entry.tokens = prompt.subspan(num_cached, n);
     entry.num_cached = num_cached;
     entry.block_table = table;
+    entry.residual_adds = options.steering;
     if (num_cached + n < static_cast<int>(prompt.size())) {
       entry.pick_only = true;
     } else {
@@ -124,6 +125,7 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
     entry.tokens = absl::MakeConstSpan(&history.back(), 1);
     entry.num_cached = num_cached;
     entry.block_table = table;
+    entry.residual_adds = options.steering;
     prepare(entry);
     if (absl::Status s = transformer.Forward({&entry, 1}, cache, out); !s.ok()) return s;
     ++num_cached;

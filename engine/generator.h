@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/model/model.h"
+#include "engine/model/residual_add.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "kernels/backend.h"
@@ -26,6 +27,9 @@ struct GenerateOptions {
   SamplingParams sampling;
   bool stop_at_eos = true;
   std::vector<int32_t> stop_token_ids;
+  // Vectors added to the residual stream at every position (activation steering); the
+  // Transformer checks their layers and lengths.
+  std::vector<ResidualAdd> steering;
 };
 
 struct GenerateResult {

@@ -4,26 +4,13 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "engine/interpret/activations.h"
+#include "engine/interpret/steering_hook.h"
 
 namespace kvlens::server {
 namespace {
 
 absl::Status Invalid(int k, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("steering[", k, "]", what));
-}
-
-// The residual add of a resid hook at `layer`: resid_post of L is resid_pre of L + 1.
-ResidualAdd AddAt(interpret::Hook hook, int layer) {
-  ResidualAdd add;
-  add.layer = hook == interpret::Hook::kResidPost ? layer + 1 : layer;
-  add.mid = hook == interpret::Hook::kResidMid;
-  return add;
-}
-
-bool IsResidual(interpret::Hook hook) {
-  return hook == interpret::Hook::kResidPre || hook == interpret::Hook::kResidMid ||
-         hook == interpret::Hook::kResidPost;
 }
 
 }  // namespace
@@ -45,18 +32,10 @@ absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(
     if (s.sae().empty() == s.vector().empty()) {
       return Invalid(k, ": give either vector (d_model values at hook) or sae and feature");
     }
-    interpret::Hook hook = interpret::Hook::kResidPre;
-    int layer = 0;
+    absl::StatusOr<ResidualAdd> at;  // the point of `hook`, when given
     if (!s.hook().empty()) {
-      if (!interpret::ParseSaeHook(s.hook(), &hook, &layer).ok() || !IsResidual(hook)) {
-        return Invalid(k, absl::StrCat(".hook = \"", s.hook(),
-                                       "\" must be blocks.{layer}.hook_resid_pre, hook_resid_mid "
-                                       "or hook_resid_post"));
-      }
-      if (layer >= c.num_layers) {
-        return Invalid(k, absl::StrCat(".hook = \"", s.hook(), "\": layer ", layer,
-                                       " is outside [0, ", c.num_layers, ")"));
-      }
+      at = interpret::SteeringPoint(s.hook(), c.num_layers);
+      if (!at.ok()) return Invalid(k, absl::StrCat(".", at.status().message()));
     }
     if (s.sae().empty()) {
       if (s.hook().empty()) return Invalid(k, ".hook: required with vector");
@@ -64,7 +43,7 @@ absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(
         return Invalid(k, absl::StrCat(".vector has ", s.vector_size(),
                                        " values, the model's d_model is ", c.dim));
       }
-      ResidualAdd add = AddAt(hook, layer);
+      ResidualAdd add = *std::move(at);
       add.delta.resize(static_cast<size_t>(c.dim));
       for (int i = 0; i < s.vector_size(); ++i) {
         if (!std::isfinite(s.vector(i))) {
@@ -84,11 +63,12 @@ absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(
                                      "\" is not an SAE this server loaded (Interpret.ListSaes; "
                                      "kvlens-server --sae)"));
     }
-    if (!IsResidual(sae->hook) || sae->d_in != c.dim) {
+    absl::StatusOr<ResidualAdd> sae_at = interpret::SteeringPoint(sae->hook_name, c.num_layers);
+    if (!sae_at.ok() || sae->d_in != c.dim) {
       return Invalid(k, absl::StrCat(".sae: \"", sae->name, "\" reads ", sae->hook_name,
                                      "; steering takes an SAE on a residual-stream hook"));
     }
-    if (!s.hook().empty() && (hook != sae->hook || layer != sae->layer)) {
+    if (at.ok() && (at->layer != sae_at->layer || at->mid != sae_at->mid)) {
       return Invalid(k, absl::StrCat(".hook = \"", s.hook(), "\" is not the hook of SAE \"",
                                      sae->name, "\" (", sae->hook_name, "); leave it empty"));
     }
@@ -96,7 +76,7 @@ absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(
       return Invalid(k, absl::StrCat(".feature = ", s.feature(), " must be in [0, ", sae->d_sae,
                                      ") (SAE \"", sae->name, "\")"));
     }
-    ResidualAdd add = AddAt(sae->hook, sae->layer);
+    ResidualAdd add = *std::move(sae_at);
     add.delta.resize(static_cast<size_t>(c.dim));
     for (int i = 0; i < sae->d_in; ++i) {  // dec is W_decᵀ: [d_in, d_sae]
       add.delta[static_cast<size_t>(i)] = static_cast<float>(

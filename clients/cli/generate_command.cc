@@ -9,6 +9,7 @@
 #include "clients/cli/commands.h"
 #include "clients/cli/local_backend.h"
 #include "clients/cli/remote_generate.h"
+#include "clients/cli/steering_flag.h"
 #include "engine/generator.h"
 #include "engine/model/model.h"
 #include "kernels/backend_factory.h"
@@ -48,11 +49,11 @@ const std::vector<FlagSpec>& Specs() {
        "generation_config.json value applies if it has one (as in Hugging Face and vLLM)"},
       {"seed", "0", "random seed for sampling"},
       {"steer", "",
-       "with --server: activation steering, \"SPEC[;SPEC...]\": HOOK:PATH[:COEF] adds COEF "
-       "times the d_model numbers in file PATH to the residual stream at HOOK "
-       "(blocks.L.hook_resid_pre, hook_resid_mid or hook_resid_post) at every position; "
-       "sae:NAME:FEATURE[:COEF] adds that feature's decoder direction of the server's SAE "
-       "NAME (kvlens-cli sae --list)"},
+       "activation steering, \"SPEC[;SPEC...]\": HOOK:PATH[:COEF] adds COEF times the "
+       "d_model numbers in file PATH to the residual stream at HOOK (blocks.L.hook_resid_pre, "
+       "hook_resid_mid or hook_resid_post) at every position; with --server also "
+       "sae:NAME:FEATURE[:COEF], that feature's decoder direction of the server's SAE NAME "
+       "(kvlens-cli sae --list)"},
       {"prefill-chunk", "512", "prompt tokens per prefill step"},
       {"block-size", "16", "KV-cache block size in tokens"},
       {"no-bos", "",
@@ -123,9 +124,6 @@ int GenerateCommand(int argc, char** argv) {
   }
   if (args->Has("server")) return RemoteGenerate(*args);
   if (!args->Has("model")) return fail(absl::InvalidArgumentError("--model is required"), 2);
-  if (args->Has("steer")) {
-    return fail(absl::InvalidArgumentError("--steer needs --server (the server steers)"), 2);
-  }
 
   GenerateOptions options;
   auto max_new = args->Int("max-new-tokens", 0, 1 << 20);
@@ -164,6 +162,13 @@ int GenerateCommand(int argc, char** argv) {
   }
   if (!args->Has("repetition-penalty") && (*model)->generation_config.repetition_penalty) {
     options.sampling.repetition_penalty = *(*model)->generation_config.repetition_penalty;
+  }
+  if (args->Has("steer")) {
+    auto specs = ParseSteeringFlag(args->Str("steer"));
+    if (!specs.ok()) return fail(specs.status(), 2);
+    auto adds = ToResidualAdds(*specs, (*model)->config);
+    if (!adds.ok()) return fail(adds.status(), 2);
+    options.steering = *std::move(adds);
   }
   const Tokenizer& tok = *(*model)->tokenizer;
   std::string prompt_text = args->Str("prompt");

@@ -81,7 +81,9 @@ int RemoteGenerate(const Args& args) {
   request.mutable_stopping()->set_max_new_tokens(static_cast<int32_t>(*max_new));
   request.mutable_stopping()->set_ignore_eos(args.Switch("ignore-eos"));
   if (args.Has("steer")) {
-    if (absl::Status s = AddSteeringFlag(args.Str("steer"), &request); !s.ok()) return Fail(s, 2);
+    absl::StatusOr<std::vector<SteeringSpec>> steer = ParseSteeringFlag(args.Str("steer"));
+    if (!steer.ok()) return Fail(steer.status(), 2);
+    AddSteering(*steer, &request);
   }
 
   auto channel = grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials());

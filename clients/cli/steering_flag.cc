@@ -2,57 +2,95 @@
 
 #include <cmath>
 #include <fstream>
-#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "engine/interpret/steering_hook.h"
 
 namespace kvlens::cli {
+namespace {
 
-absl::Status AddSteeringFlag(const std::string& flag, v1::GenerateRequest* request) {
-  for (absl::string_view spec : absl::StrSplit(flag, ';', absl::SkipWhitespace())) {
-    auto bad = [&](const std::string& why) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--steer \"", std::string(spec), "\": ", why,
-                       " (HOOK:PATH[:COEF] or sae:NAME:FEATURE[:COEF])"));
-    };
-    const std::vector<std::string> parts = absl::StrSplit(spec, ':');
+absl::Status Bad(const std::string& spec, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat("--steer \"", spec, "\": ", why,
+                                                 " (HOOK:PATH[:COEF] or sae:NAME:FEATURE[:COEF])"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<SteeringSpec>> ParseSteeringFlag(const std::string& flag) {
+  std::vector<SteeringSpec> out;
+  for (absl::string_view piece : absl::StrSplit(flag, ';', absl::SkipWhitespace())) {
+    SteeringSpec spec;
+    spec.text = std::string(piece);
+    const std::vector<std::string> parts = absl::StrSplit(piece, ':');
     const bool sae = parts[0] == "sae";
     const size_t fixed = sae ? 3 : 2;  // fields before the optional coefficient
-    if (parts.size() != fixed && parts.size() != fixed + 1) return bad("wrong number of fields");
-    v1::SteeringVector* s = request->add_steering();
+    if (parts.size() != fixed && parts.size() != fixed + 1) {
+      return Bad(spec.text, "wrong number of fields");
+    }
     if (parts.size() == fixed + 1) {
       double coefficient = 0;
       if (!absl::SimpleAtod(parts[fixed], &coefficient) || !std::isfinite(coefficient)) {
-        return bad(absl::StrCat("coefficient \"", parts[fixed], "\" is not a finite number"));
+        return Bad(spec.text,
+                   absl::StrCat("coefficient \"", parts[fixed], "\" is not a finite number"));
       }
-      s->set_coefficient(static_cast<float>(coefficient));
+      spec.coefficient = coefficient;
     }
     if (sae) {
-      int feature = 0;
-      if (parts[1].empty()) return bad("no SAE name");
-      if (!absl::SimpleAtoi(parts[2], &feature)) {
-        return bad(absl::StrCat("feature \"", parts[2], "\" is not an integer"));
+      if (parts[1].empty()) return Bad(spec.text, "no SAE name");
+      if (!absl::SimpleAtoi(parts[2], &spec.feature)) {
+        return Bad(spec.text, absl::StrCat("feature \"", parts[2], "\" is not an integer"));
       }
-      s->set_sae(parts[1]);
-      s->set_feature(feature);
+      spec.sae = parts[1];
+      out.push_back(std::move(spec));
       continue;
     }
-    s->set_hook(parts[0]);
+    spec.hook = parts[0];
     std::ifstream in(parts[1]);
-    if (!in) return bad(absl::StrCat("cannot read ", parts[1]));
+    if (!in) return Bad(spec.text, absl::StrCat("cannot read ", parts[1]));
     std::string word;
     while (in >> word) {
       double x = 0;
       if (!absl::SimpleAtod(word, &x)) {
-        return bad(absl::StrCat(parts[1], " holds \"", word, "\", not a number"));
+        return Bad(spec.text, absl::StrCat(parts[1], " holds \"", word, "\", not a number"));
       }
-      s->add_vector(static_cast<float>(x));
+      spec.vector.push_back(static_cast<float>(x));
     }
-    if (s->vector().empty()) return bad(absl::StrCat(parts[1], " holds no numbers"));
+    if (spec.vector.empty()) return Bad(spec.text, absl::StrCat(parts[1], " holds no numbers"));
+    out.push_back(std::move(spec));
   }
-  return absl::OkStatus();
+  return out;
+}
+
+void AddSteering(const std::vector<SteeringSpec>& specs, v1::GenerateRequest* request) {
+  for (const SteeringSpec& spec : specs) {
+    v1::SteeringVector* s = request->add_steering();
+    s->set_hook(spec.hook);
+    for (float x : spec.vector) s->add_vector(x);
+    s->set_sae(spec.sae);
+    s->set_feature(spec.feature);
+    if (spec.coefficient) s->set_coefficient(static_cast<float>(*spec.coefficient));
+  }
+}
+
+absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(const std::vector<SteeringSpec>& specs,
+                                                        const ModelConfig& c) {
+  std::vector<ResidualAdd> out;
+  for (const SteeringSpec& spec : specs) {
+    if (!spec.sae.empty()) return Bad(spec.text, "SAE features need --server (its --sae)");
+    absl::StatusOr<ResidualAdd> add = interpret::SteeringPoint(spec.hook, c.num_layers);
+    if (!add.ok()) return Bad(spec.text, std::string(add.status().message()));
+    if (static_cast<int64_t>(spec.vector.size()) != c.dim) {
+      return Bad(spec.text, absl::StrCat("the file holds ", spec.vector.size(),
+                                         " numbers, the model's d_model is ", c.dim));
+    }
+    // As the server: the coefficient (as a float on the wire) times each value, in double.
+    const double coefficient = static_cast<float>(spec.coefficient.value_or(1.0));
+    for (float x : spec.vector) add->delta.push_back(static_cast<float>(coefficient * x));
+    out.push_back(*std::move(add));
+  }
+  return out;
 }
 
 }  // namespace kvlens::cli

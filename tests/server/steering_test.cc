@@ -179,7 +179,8 @@ TEST_F(SteeringRpc, SaeFeatureSteeringIsItsDecoderRow) {
   EXPECT_EQ(SteeredGreedy(server, prompt, 10, {feature}).tokens, got.tokens);
 
   // kvlens-cli generate --steer prints the steered RPC's text: the SAE feature, and the
-  // same direction from a file at the hook, both with coefficient 12.
+  // same direction from a file at the hook, both with coefficient 12, through the server
+  // and on the local model.
   v1::GenerateRequest text_request = GreedyRequest("And God said", 12);
   *text_request.add_steering() = feature;
   const StreamResult text = RunGenerate(server.stub(), text_request);
@@ -193,6 +194,22 @@ TEST_F(SteeringRpc, SaeFeatureSteeringIsItsDecoderRow) {
     EXPECT_EQ(code, 0) << printed;
     EXPECT_EQ(printed, "And God said" + text.text + "\n") << steer;
   }
+  // On the local model (no server) the file's vector steers the same way; SAE features
+  // need the server's SAEs.
+  const std::string local =
+      absl::StrCat("timeout 60 ", KVLENS_CLI_PATH, " generate --model ", DefaultModelPath(),
+                   " --prompt 'And God said' --max-new-tokens 12");
+  const auto [local_code, local_text] =
+      RunCommand(absl::StrCat(local, " --steer '", hook, ":", row_file, ":12'"));
+  EXPECT_EQ(local_code, 0) << local_text;
+  EXPECT_EQ(local_text, "And God said" + text.text + "\n");
+  const auto [sae_code, sae_text] = RunCommand(local + " --steer 'sae:x:3' 2>&1");
+  EXPECT_EQ(sae_code, 2) << sae_text;
+  EXPECT_NE(sae_text.find("SAE features need --server"), std::string::npos) << sae_text;
+  const auto [len_code, len_text] =
+      RunCommand(absl::StrCat(local, " --steer 'blocks.9.hook_resid_pre:", row_file, "' 2>&1"));
+  EXPECT_EQ(len_code, 2) << len_text;
+  EXPECT_NE(len_text.find("layer 9 is outside [0, 4)"), std::string::npos) << len_text;
   const auto [bad_code, bad] = RunCommand(cli + " --steer 'sae:x:y' 2>&1");
   EXPECT_EQ(bad_code, 2) << bad;
   EXPECT_NE(bad.find("--steer \"sae:x:y\": feature \"y\" is not an integer"), std::string::npos)
