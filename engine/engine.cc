@@ -195,24 +195,7 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
     return absl::InvalidArgumentError(
         "steering: not with a session (its earlier tokens were computed unsteered)");
   }
-  for (size_t k = 0; k < request.steering.size(); ++k) {
-    const ResidualAdd& a = request.steering[k];
-    if (a.layer < 0 || a.layer > c.num_layers || (a.mid && a.layer == c.num_layers)) {
-      return absl::InvalidArgumentError(absl::StrCat("steering[", k, "]: layer ", a.layer,
-                                                     a.mid ? " (mid)" : "", " is outside [0, ",
-                                                     c.num_layers, a.mid ? ")" : "]"));
-    }
-    if (static_cast<int64_t>(a.delta.size()) != c.dim) {
-      return absl::InvalidArgumentError(absl::StrCat("steering[", k, "]: ", a.delta.size(),
-                                                     " values, the model's dim is ", c.dim));
-    }
-    for (float x : a.delta) {
-      if (!std::isfinite(x)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("steering[", k, "]: a value is ", x, ", not finite"));
-      }
-    }
-  }
+  if (absl::Status s = CheckResidualAdds(request.steering, c, "steering"); !s.ok()) return s;
   const int64_t used = static_cast<int64_t>(history + request.prompt.size());
   if (request.stop.max_new_tokens == 0) {  // as many as the context leaves
     if (used >= c.max_seq_len) {

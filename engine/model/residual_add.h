@@ -4,7 +4,12 @@
 #ifndef KVLENS_ENGINE_MODEL_RESIDUAL_ADD_H_
 #define KVLENS_ENGINE_MODEL_RESIDUAL_ADD_H_
 
+#include <string_view>
 #include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "engine/model/model_config.h"
 
 namespace kvlens {
 
@@ -17,6 +22,11 @@ struct ResidualAdd {
   bool mid = false;
   std::vector<float> delta;  // [dim], the coefficient applied
 };
+
+// INVALID_ARGUMENT naming field[k] for an add at a layer outside [0, L] ([0, L) mid), of
+// other than dim values, or with a value that is not finite.
+absl::Status CheckResidualAdds(absl::Span<const ResidualAdd> adds, const ModelConfig& c,
+                               std::string_view field);
 
 }  // namespace kvlens
 

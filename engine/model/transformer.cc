@@ -75,16 +75,10 @@ absl::Status Transformer<T>::Validate(absl::Span<const BatchEntry> batch,
                                                        ")"));
       }
     }
-    for (size_t k = 0; k < b.residual_adds.size(); ++k) {
-      const ResidualAdd& a = b.residual_adds[k];
-      const int layers = config_.num_layers;
-      if (a.layer < 0 || a.layer > layers || (a.mid && a.layer == layers) ||
-          static_cast<int64_t>(a.delta.size()) != config_.dim) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "batch entry ", e, ": residual add ", k, " at layer ", a.layer, a.mid ? " (mid)" : "",
-            " with ", a.delta.size(), " values; layers are [0, ", layers, "] ([0, ", layers,
-            ") mid), d_model ", config_.dim));
-      }
+    if (absl::Status s = CheckResidualAdds(b.residual_adds, config_,
+                                           absl::StrCat("batch entry ", e, ": residual_adds"));
+        !s.ok()) {
+      return s;
     }
     if (!b.doc_ids.empty() && static_cast<int64_t>(b.doc_ids.size()) != total) {
       return absl::InvalidArgumentError(absl::StrCat(
