@@ -75,10 +75,12 @@ absl::Status Transformer<T>::Validate(absl::Span<const BatchEntry> batch,
                                                        ")"));
       }
     }
-    if (absl::Status s = CheckResidualAdds(b.residual_adds, config_,
-                                           absl::StrCat("batch entry ", e, ": residual_adds"));
-        !s.ok()) {
-      return s;
+    if (!b.residual_adds.empty()) {  // (no field name built on every step otherwise)
+      if (absl::Status s = CheckResidualAdds(b.residual_adds, config_,
+                                             absl::StrCat("batch entry ", e, ": residual_adds"));
+          !s.ok()) {
+        return s;
+      }
     }
     if (!b.doc_ids.empty() && static_cast<int64_t>(b.doc_ids.size()) != total) {
       return absl::InvalidArgumentError(absl::StrCat(
