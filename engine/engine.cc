@@ -6,9 +6,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "engine/captured_forward.h"
 #include "engine/kv_cache/block_pool.h"
 #include "engine/kv_cache/kv_cache_storage.h"
 #include "engine/model/transformer.h"
+#include "engine/prompt_logprobs.h"
 #include "engine/stop_matcher.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "kernels/cpu/thread_pool.h"
@@ -50,6 +52,9 @@ struct Sequence {
   std::unique_ptr<IncrementalDecoder> decoder;
   StopMatcher stop_matcher;
   bool prefix_looked_up = false;
+  // With prompt_logprobs: the logits rows of positions 0 … num_prompt_scored − 1 were
+  // scored and their events sent (a preempted sequence recomputes them, sending none).
+  int num_prompt_scored = 0;
   Clock::time_point arrival, scheduled, prompt_done, first_token, last_token;
   bool was_scheduled = false;
 };
@@ -91,9 +96,9 @@ struct Engine::Impl {
   void RegisterFullBlocks(Sequence& s);
   void LookupPrefix(Sequence& s);
   TokenEvent AfterForward(Sequence& s, RowSample sampled);
-  absl::Status ForwardWithCaptures(const std::vector<BatchEntry>& batch,
-                                   const std::vector<bool>& capture,
-                                   std::vector<std::vector<std::vector<float>>>& captured);
+  // The prompt rows of a step's chunk that a prompt_logprobs request scores: positions
+  // [begin, end) of the chunk [num_computed, num_computed + n), end ≤ num_prompt − 1.
+  std::pair<int, int> RowsToScore(const Sequence& s, int n) const;
   void FillAttentionRow(const Sequence& s, int num_new,
                         const std::vector<std::vector<float>>& probs, TokenEvent& ev) const;
   void Finish(std::unique_ptr<Sequence> s, FinishReason reason, absl::Status status = {});
@@ -196,6 +201,10 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
         "steering: not with a session (its earlier tokens were computed unsteered)");
   }
   if (absl::Status s = CheckResidualAdds(request.steering, c, "steering"); !s.ok()) return s;
+  if (request.prompt_logprobs >= 0 && request.session != 0) {
+    return absl::InvalidArgumentError(
+        "prompt_logprobs: not with a session (its history's logits are gone)");
+  }
   const int64_t used = static_cast<int64_t>(history + request.prompt.size());
   if (request.stop.max_new_tokens == 0) {  // as many as the context leaves
     if (used >= c.max_seq_len) {
@@ -421,8 +430,13 @@ void Engine::Impl::LookupPrefix(Sequence& s) {
     return;
   }
   const int bs = options.block_size;
-  // Never the block holding the last token: it must be computed to yield logits.
-  const int max_blocks = (static_cast<int>(s.tokens.size()) - 1) / bs;
+  // Never the block holding the last token: it must be computed to yield logits. A
+  // prompt being scored takes only the blocks whose rows it scored already (after a
+  // preemption): every other row must be computed to yield its logits.
+  int max_blocks = (static_cast<int>(s.tokens.size()) - 1) / bs;
+  if (s.request.prompt_logprobs >= 0 && s.num_prompt_scored < s.num_prompt - 1) {
+    max_blocks = std::min(max_blocks, s.num_prompt_scored / bs);
+  }
   BlockHash h = 0;
   int hit = 0;
   for (int b = 0; b < max_blocks; ++b) {
@@ -517,52 +531,11 @@ TokenEvent Engine::Impl::AfterForward(Sequence& s, RowSample sampled) {
   return ev;
 }
 
-// The Transformer captures attention probabilities of one entry per call, so entries that
-// stream attention rows run one per Forward with a capture, after the others ran batched.
-// Entries are independent sequences (their cache rows are disjoint), so the split changes
-// no result; it costs extra Forward calls only while someone asks for rows. Leaves `out`
-// with one logits row per entry, in batch order.
-absl::Status Engine::Impl::ForwardWithCaptures(
-    const std::vector<BatchEntry>& batch, const std::vector<bool>& capture,
-    std::vector<std::vector<std::vector<float>>>& captured) {
-  if (std::find(capture.begin(), capture.end(), true) == capture.end()) {
-    return transformer.Forward(batch, *cache, out);
-  }
-  // Every entry's logits row comes back here, so none takes the device's pick.
-  std::vector<BatchEntry> rows_batch(batch.begin(), batch.end());
-  for (BatchEntry& e : rows_batch) e.pick_only = false;
-  const size_t V = model.config.vocab_size;
-  std::vector<float> logits(batch.size() * V);
-  std::vector<BatchEntry> rest;
-  std::vector<size_t> rest_index;
-  for (size_t k = 0; k < batch.size(); ++k) {
-    if (!capture[k]) {
-      rest.push_back(rows_batch[k]);
-      rest_index.push_back(k);
-    }
-  }
-  if (!rest.empty()) {
-    if (absl::Status s = transformer.Forward(rest, *cache, out); !s.ok()) return s;
-    for (size_t j = 0; j < rest.size(); ++j) {
-      std::copy_n(out.logits.begin() + out.logits_row[j] * V, V,
-                  logits.begin() + rest_index[j] * V);
-    }
-  }
-  for (size_t k = 0; k < batch.size(); ++k) {
-    if (!capture[k]) continue;
-    AttentionCapture<float> one;  // entry 0 of a one-entry batch
-    if (absl::Status s =
-            transformer.Forward(absl::MakeConstSpan(&rows_batch[k], 1), *cache, out, &one);
-        !s.ok()) {
-      return s;
-    }
-    std::copy_n(out.logits.begin() + out.logits_row[0] * V, V, logits.begin() + k * V);
-    captured[k] = std::move(one.probs);
-  }
-  out.logits = std::move(logits);
-  out.logits_row.resize(batch.size());
-  for (size_t k = 0; k < batch.size(); ++k) out.logits_row[k] = static_cast<int>(k);
-  return absl::OkStatus();
+std::pair<int, int> Engine::Impl::RowsToScore(const Sequence& s, int n) const {
+  if (s.request.prompt_logprobs < 0) return {0, 0};
+  const int begin = std::max(s.num_computed, s.num_prompt_scored);
+  const int end = std::min(s.num_computed + n, s.num_prompt - 1);
+  return {begin, std::max(begin, end)};
 }
 
 // After the step: the query is the last computed token (position num_computed − 1), its
@@ -665,7 +638,11 @@ void Engine::Impl::Step() {
       // prompt's middle) wants none, and one that samples has its next token drawn where
       // the logits are (penalties from the counts of the tokens so far).
       const bool samples = s->num_computed + n == static_cast<int>(s->tokens.size());
-      e.pick_only = true;
+      // A scored prompt chunk wants every row's logits on the host (the last row, when it
+      // samples, is drawn there too).
+      const auto [score_begin, score_end] = RowsToScore(*s, n);
+      e.all_logits = score_begin < score_end;
+      e.pick_only = !e.all_logits;
       if (samples) {
         // With the number the host's Sample would take next; a host path that samples
         // this row after all takes the same one.
@@ -683,7 +660,8 @@ void Engine::Impl::Step() {
                    s.num_computed + plan[k].second == static_cast<int>(s.tokens.size());
     }
     std::vector<std::vector<std::vector<float>>> captured(plan.size());  // [entry][L][H, Tq, Tk]
-    const absl::Status status = ForwardWithCaptures(batch, capture, captured);
+    const absl::Status status =
+        ForwardWithCaptures(transformer, *cache, batch, capture, out, captured);
     // 4. sample every row that completes its sequence's tokens (in parallel: rows are
     // independent), then advance, stream, finish in order
     std::vector<RowSample> sampled(plan.size());
@@ -694,6 +672,11 @@ void Engine::Impl::Step() {
         if (s.num_computed + plan[k].second == static_cast<int>(s.tokens.size())) rows.push_back(k);
       }
       const int V = model.config.vocab_size;
+      // The row a sequence samples from: its entry's last (all_logits: one per new token).
+      auto last_row = [&](size_t k) {
+        return static_cast<size_t>(out.logits_row[k]) +
+               (batch[k].all_logits ? batch[k].tokens.size() - 1 : 0);
+      };
       auto sample = [&](int64_t r) {
         const size_t k = rows[static_cast<size_t>(r)];
         Sequence& s = *plan[k].first;
@@ -712,9 +695,7 @@ void Engine::Impl::Step() {
         // The reserved draw on the host (bias and penalties from the kept counts). Rows of
         // different sequences touch different samplers: safe on any thread.
         sampled[k] = DrawRow(
-            *s.sampler,
-            absl::MakeConstSpan(out.logits.data() + static_cast<size_t>(out.logits_row[k]) * V, V),
-            batch[k].draw);
+            *s.sampler, absl::MakeConstSpan(out.logits.data() + last_row(k) * V, V), batch[k].draw);
       };
       if (sampling_pool != nullptr && rows.size() > 1) {
         sampling_pool->ParallelFor(static_cast<int64_t>(rows.size()), sample);
@@ -730,6 +711,17 @@ void Engine::Impl::Step() {
         done = true;
         reason = FinishReason::kError;
       } else {
+        if (const auto [begin, end] = RowsToScore(s, plan[k].second); begin < end) {
+          const size_t first = static_cast<size_t>(out.logits_row[k] + (begin - s.num_computed));
+          const size_t V = static_cast<size_t>(model.config.vocab_size);
+          const PromptLogprobsEvent ev =
+              ScorePromptRows(absl::MakeConstSpan(out.logits).subspan(first * V, (end - begin) * V),
+                              static_cast<int>(V), begin,
+                              absl::MakeConstSpan(s.tokens).subspan(begin + 1, end - begin),
+                              s.request.prompt_logprobs, sampling_pool.get());
+          s.num_prompt_scored = end;
+          if (s.request.callbacks.on_prompt_logprobs) s.request.callbacks.on_prompt_logprobs(ev);
+        }
         s.num_computed += plan[k].second;
         RegisterFullBlocks(s);
         ReleaseOutOfWindow(s);

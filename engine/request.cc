@@ -36,6 +36,10 @@ absl::Status GenerationRequest::Validate(int32_t vocab_size) const {
     return absl::InvalidArgumentError(
         absl::StrCat("top_logprobs = ", top_logprobs, " must be in [0, 20]"));
   }
+  if (prompt_logprobs < -1 || prompt_logprobs > 20) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt_logprobs = ", prompt_logprobs, " must be in [0, 20] (or -1: none)"));
+  }
   if (stop.max_new_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens = ", stop.max_new_tokens,
                                                    " must be >= 0 (0: up to the context)"));

@@ -63,8 +63,21 @@ struct FinishEvent {
   std::string text;  // any text held back until the end (incomplete UTF-8 as U+FFFD)
 };
 
+// With GenerationRequest::prompt_logprobs: log p(prompt token at p | tokens 0 … p − 1) for
+// the prompt positions p = first_position … first_position + tokens.size() − 1, from the
+// logits row of position p − 1 (so position 0 has none). A request's events cover
+// positions 1 … prompt size − 1 in order, one a step (its prompt chunk), all before its
+// first TokenEvent.
+struct PromptLogprobsEvent {
+  int first_position = 1;
+  std::vector<int32_t> tokens;  // the prompt's tokens at those positions
+  std::vector<float> logprobs;  // log p of each, under the model (no sampling filters)
+  std::vector<std::vector<TokenLogprob>> top;  // per position the N most likely, when asked
+};
+
 // Called on the engine's step thread; must not block (queue the event and return).
 struct RequestCallbacks {
+  std::function<void(const PromptLogprobsEvent&)> on_prompt_logprobs;  // may be empty
   std::function<void(const TokenEvent&)> on_token;
   std::function<void(const FinishEvent&)> on_finish;  // exactly once, last
 };
@@ -87,10 +100,15 @@ struct GenerationRequest {
   // computes (activation steering; engine/model/residual_add.h). Not with a session; a
   // steered request neither reuses nor fills the prefix cache.
   std::vector<ResidualAdd> steering;
+  // −1: none; 0 … 20: score the prompt (PromptLogprobsEvent) with that many most likely
+  // tokens at each position, as vLLM's prompt_logprobs. Not with a session; the request
+  // computes every prompt position (it takes nothing from the prefix cache, and fills it).
+  int prompt_logprobs = -1;
   RequestCallbacks callbacks;
 
   // The fields that need no engine state (prompt and stop token ids within the
-  // vocabulary, sampling, top_logprobs, max_new_tokens, stop strings): INVALID_ARGUMENT
+  // vocabulary, sampling, top_logprobs, prompt_logprobs, max_new_tokens, stop strings):
+  // INVALID_ARGUMENT
   // naming the first bad one, else OK.
   absl::Status Validate(int32_t vocab_size) const;
 };
