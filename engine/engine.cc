@@ -55,6 +55,8 @@ struct Sequence {
   // With prompt_logprobs: the logits rows of positions 0 … num_prompt_scored − 1 were
   // scored and their events sent (a preempted sequence recomputes them, sending none).
   int num_prompt_scored = 0;
+  // With min_new_tokens: the logit bias of the draws before it (the stopping tokens −∞).
+  std::vector<std::pair<int32_t, float>> early_bias;
   Clock::time_point arrival, scheduled, prompt_done, first_token, last_token;
   bool was_scheduled = false;
 };
@@ -214,6 +216,7 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
                                                 c.max_seq_len));
     }
     request.stop.max_new_tokens = static_cast<int>(c.max_seq_len - used);
+    if (absl::Status s = request.Validate(c.vocab_size); !s.ok()) return s;  // min_new_tokens
   }
   const int64_t total = used + request.stop.max_new_tokens;
   if (total > c.max_seq_len) {
@@ -258,6 +261,13 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
   seq->decoder = std::make_unique<IncrementalDecoder>(
       *model_.tokenizer, seq->num_prompt > 0 ? seq->tokens.back() : -1);
   seq->stop_matcher = StopMatcher(request.stop.stop_strings);
+  if (request.stop.min_new_tokens > 0) {
+    std::vector<int32_t> stoppers = request.stop.stop_token_ids;
+    if (!request.stop.ignore_eos) {
+      for (int32_t id : model_.tokenizer->EndOfGenerationIds()) stoppers.push_back(id);
+    }
+    seq->early_bias = BiasBanning(request.sampling.logit_bias, stoppers);
+  }
   seq->request = std::move(request);
   const RequestId id = seq->id;
   impl_->incoming.push_back(std::move(seq));
@@ -648,6 +658,7 @@ void Engine::Impl::Step() {
         // this row after all takes the same one.
         e.draw = s->sampler->ReserveDraw(s->tokens);
         e.draw.top_logprobs = s->request.top_logprobs;
+        if (s->num_generated < s->request.stop.min_new_tokens) e.draw.logit_bias = s->early_bias;
       }
       batch.push_back(e);
     }

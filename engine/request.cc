@@ -44,6 +44,12 @@ absl::Status GenerationRequest::Validate(int32_t vocab_size) const {
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens = ", stop.max_new_tokens,
                                                    " must be >= 0 (0: up to the context)"));
   }
+  if (stop.min_new_tokens < 0 ||
+      (stop.max_new_tokens > 0 && stop.min_new_tokens > stop.max_new_tokens)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_new_tokens = ", stop.min_new_tokens,
+                     " must be in [0, max_new_tokens = ", stop.max_new_tokens, "]"));
+  }
   if (stop.stop_strings.size() > 16) {
     return absl::InvalidArgumentError(
         absl::StrCat("stop_strings has ", stop.stop_strings.size(), " entries, at most 16"));

@@ -20,6 +20,10 @@ using Clock = std::chrono::steady_clock;
 
 struct StopParams {
   int max_new_tokens = 256;  // 0: as many as the context leaves
+  // The tokens that would end the generation (end-of-generation unless ignore_eos, and
+  // stop_token_ids) get logit −∞ until this many were generated (Hugging Face's
+  // min_new_tokens, vLLM's min_tokens); stop strings still apply. <= max_new_tokens.
+  int min_new_tokens = 0;
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop_strings;  // generation ends before the first occurrence
   bool ignore_eos = false;

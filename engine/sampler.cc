@@ -98,6 +98,13 @@ double Sampler::NextUniform() {
   return kernels::UniformFromBits(rng_());
 }
 
+std::vector<std::pair<int32_t, float>> BiasBanning(absl::Span<const std::pair<int32_t, float>> bias,
+                                                   absl::Span<const int32_t> banned) {
+  std::vector<std::pair<int32_t, float>> out(bias.begin(), bias.end());
+  for (int32_t id : banned) out.emplace_back(id, -std::numeric_limits<float>::infinity());
+  return out;
+}
+
 void LogSoftmax(absl::Span<const float> logits, std::vector<double>& out) {
   const double lse = kernels::LogSumExp(logits);
   out.resize(logits.size());

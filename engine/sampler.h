@@ -74,6 +74,11 @@ class Sampler {
   double reserved_u01_ = 0.0;
 };
 
+// `bias` followed by (id, −∞) for each of `banned`: a logit bias under which the draw never
+// picks a banned token (a sampled row keeps at least one other).
+std::vector<std::pair<int32_t, float>> BiasBanning(absl::Span<const std::pair<int32_t, float>> bias,
+                                                   absl::Span<const int32_t> banned);
+
 // log softmax of one row of logits: out[i] = l_i − kernels::LogSumExp(l), in double.
 void LogSoftmax(absl::Span<const float> logits, std::vector<double>& out);
 

@@ -64,6 +64,12 @@ class Tokenizer {
            (id == eos_id() || std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end());
   }
   void AddEndOfGeneration(int32_t id) { end_ids_.push_back(id); }
+  // Every id IsEndOfGeneration accepts.
+  std::vector<int32_t> EndOfGenerationIds() const {
+    std::vector<int32_t> ids = end_ids_;
+    if (eos_id() >= 0) ids.insert(ids.begin(), eos_id());
+    return ids;
+  }
   // The model's Jinja chat template (GGUF tokenizer.chat_template, tokenizer_config.json's
   // chat_template); "" when it has none. chat_template.h reads its family.
   const std::string& chat_template() const { return chat_template_; }
