@@ -1,5 +1,6 @@
 #include "server/generate_stream.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -23,6 +24,11 @@ void GenerateStream::Start(const v1::GenerateRequest& request) {
           : ToGenerationRequest(request, service_.engine().model(), service_.saes());
   if (converted.ok()) {
     with_logprobs_ = request.logprobs() || request.top_logprobs() > 0;
+    if (converted->prompt_logprobs >= 0) {
+      converted->callbacks.on_prompt_logprobs = [this](const PromptLogprobsEvent& e) {
+        OnEnginePromptLogprobs(e);
+      };
+    }
     converted->callbacks.on_token = [this](const TokenEvent& e) { OnEngineToken(e); };
     converted->callbacks.on_finish = [this](const FinishEvent& e) { OnEngineFinish(e); };
     // The engine's reference, and one for this function: the engine may finish the request
@@ -55,6 +61,14 @@ void GenerateStream::Start(const v1::GenerateRequest& request) {
   Finish(status);
 }
 
+void GenerateStream::OnEnginePromptLogprobs(const PromptLogprobsEvent& event) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    prompt_logprobs_.push_back(event);
+  }
+  TryWrite();
+}
+
 void GenerateStream::OnEngineToken(const TokenEvent& event) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -85,21 +99,39 @@ void GenerateStream::TryWrite() {
     } else {
       message_.Clear();
       message_.set_request_id(id_);
-      const bool has_tokens = !tokens_.empty();
-      for (const TokenEvent& e : tokens_) {
-        if (!first_token_seen_) {
-          service_.metrics().RecordTimeToFirstToken(Seconds(e.time - arrival_));
-          first_token_seen_ = true;
-        } else {
-          service_.metrics().RecordInterTokenLatency(Seconds(e.time - last_token_time_));
+      bool has_output = !prompt_logprobs_.empty();
+      for (size_t room = kPromptLogprobsPerMessage; room > 0 && !prompt_logprobs_.empty();) {
+        const PromptLogprobsEvent& e = prompt_logprobs_.front();
+        const size_t take = std::min(room, e.tokens.size() - prompt_done_);
+        ToProto(e, prompt_done_, prompt_done_ + take, &message_);
+        room -= take;
+        prompt_done_ += take;
+        if (prompt_done_ == e.tokens.size()) {
+          prompt_logprobs_.pop_front();
+          prompt_done_ = 0;
         }
-        last_token_time_ = e.time;
-        ToProto(e, with_logprobs_, &message_);
       }
-      tokens_.clear();
-      if (finish_.has_value() && finish_->reason == FinishReason::kError) {
+      // Tokens (and the end) wait for the prompt's log-probabilities to be written.
+      const bool prompt_pending = !prompt_logprobs_.empty();
+      has_output = has_output || (!prompt_pending && !tokens_.empty());
+      if (!prompt_pending) {
+        for (const TokenEvent& e : tokens_) {
+          if (!first_token_seen_) {
+            service_.metrics().RecordTimeToFirstToken(Seconds(e.time - arrival_));
+            first_token_seen_ = true;
+          } else {
+            service_.metrics().RecordInterTokenLatency(Seconds(e.time - last_token_time_));
+          }
+          last_token_time_ = e.time;
+          ToProto(e, with_logprobs_, &message_);
+        }
+        tokens_.clear();
+      }
+      if (prompt_pending) {
+        op = Op::kWrite;
+      } else if (finish_.has_value() && finish_->reason == FinishReason::kError) {
         // Tokens already generated still go out; then the error ends the stream.
-        if (has_tokens) {
+        if (has_output) {
           op = Op::kWrite;
         } else {
           status = finish_->status.ok()
@@ -111,7 +143,7 @@ void GenerateStream::TryWrite() {
         message_.mutable_text()->append(finish_->text);
         ToProto(*finish_, message_.mutable_final());
         op = Op::kWriteAndFinish;
-      } else if (has_tokens || !header_sent_) {
+      } else if (has_output || !header_sent_) {
         op = Op::kWrite;  // the first message goes out at once: it carries the request id
       }
     }

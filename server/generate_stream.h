@@ -25,6 +25,8 @@
 
 namespace kvlens::server {
 
+inline constexpr size_t kPromptLogprobsPerMessage = 128;
+
 class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   GenerateStream(GenerationService& service, Clock::time_point arrival);
@@ -38,6 +40,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
   void OnDone() override;
 
  private:
+  void OnEnginePromptLogprobs(const PromptLogprobsEvent& event);
   void OnEngineToken(const TokenEvent& event);
   void OnEngineFinish(const FinishEvent& event);
   // Starts the next write (or the Finish) if none is in flight. Call without mu_ held.
@@ -51,7 +54,13 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
   std::atomic<int> refs_{1};  // gRPC's; the engine's is added at Submit
 
   std::mutex mu_;
-  std::deque<TokenEvent> tokens_;      // not yet written
+  std::deque<TokenEvent> tokens_;  // not yet written
+  // Prompt log-probabilities not yet written; the front one's first prompt_done_ entries
+  // were. A message carries at most kPromptLogprobsPerMessage of them (about 25 KB with
+  // top-20; a long prompt's in one would pass gRPC's 4 MB message limit), and no token
+  // while some wait.
+  std::deque<PromptLogprobsEvent> prompt_logprobs_;
+  size_t prompt_done_ = 0;
   std::optional<FinishEvent> finish_;  // the engine's last event, once it came
   RequestId id_ = 0;
   bool submitted_ = false;         // id_ is known; writes may start

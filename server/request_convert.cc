@@ -185,6 +185,16 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
     return Bad("top_logprobs", request.top_logprobs(), "in [0, 20]");
   }
   out.top_logprobs = request.top_logprobs();
+  if (request.has_prompt_logprobs()) {
+    if (request.prompt_logprobs() < 0 || request.prompt_logprobs() > kMaxTopLogprobs) {
+      return Bad("prompt_logprobs", request.prompt_logprobs(), "in [0, 20]");
+    }
+    if (request.session_id() != 0) {
+      return absl::InvalidArgumentError(
+          "prompt_logprobs: not with session_id (the session's history has no logits left)");
+    }
+    out.prompt_logprobs = request.prompt_logprobs();
+  }
   if (request.session_id() < 0) return Bad("session_id", request.session_id(), ">= 0");
   out.session = request.session_id();
   if (request.has_attention_rows()) {
@@ -259,6 +269,24 @@ void ToProto(const TokenEvent& event, bool with_logprobs, v1::GenerateResponse* 
     v1::TopLogprob* t = lp->add_top();
     t->set_token(top.token);
     t->set_logprob(top.logprob);
+  }
+}
+
+void ToProto(const PromptLogprobsEvent& event, size_t begin, size_t end,
+             v1::GenerateResponse* out) {
+  if (out->prompt_logprobs().empty()) {
+    out->set_prompt_logprobs_position(event.first_position + static_cast<int>(begin));
+  }
+  for (size_t i = begin; i < end; ++i) {
+    v1::TokenLogprob* lp = out->add_prompt_logprobs();
+    lp->set_token(event.tokens[i]);
+    lp->set_logprob(event.logprobs[i]);
+    if (event.top.empty()) continue;
+    for (const TokenLogprob& top : event.top[i]) {
+      v1::TopLogprob* t = lp->add_top();
+      t->set_token(top.token);
+      t->set_logprob(top.logprob);
+    }
   }
 }
 

@@ -52,6 +52,9 @@ absl::Status ValidateTokenIds(const google::protobuf::RepeatedField<int32_t>& id
 
 v1::FinishReason ToProto(FinishReason reason);
 void ToProto(const TokenEvent& event, bool with_logprobs, v1::GenerateResponse* out);
+// Positions [begin, end) of the event appended to out's prompt_logprobs (which must then
+// continue them: the first sets prompt_logprobs_position).
+void ToProto(const PromptLogprobsEvent& event, size_t begin, size_t end, v1::GenerateResponse* out);
 void ToProto(const FinishEvent& event, v1::GenerateFinal* out);
 
 }  // namespace kvlens::server

@@ -54,6 +54,10 @@ const std::vector<FlagSpec>& Specs() {
        "hook_resid_mid or hook_resid_post) at every position; with --server also "
        "sae:NAME:FEATURE[:COEF], that feature's decoder direction of the server's SAE NAME "
        "(kvlens-cli sae --list)"},
+      {"prompt-logprobs", "",
+       "with --server: also print to stderr each prompt token's log-probability given the "
+       "tokens before it and the N (0 … 20) most likely tokens there, then their sum and "
+       "perplexity (Generate's prompt_logprobs; locally, kvlens-cli perplexity scores a file)"},
       {"prefill-chunk", "512", "prompt tokens per prefill step"},
       {"block-size", "16", "KV-cache block size in tokens"},
       {"no-bos", "",
@@ -123,6 +127,12 @@ int GenerateCommand(int argc, char** argv) {
     return 0;
   }
   if (args->Has("server")) return RemoteGenerate(*args);
+  if (args->Has("prompt-logprobs")) {
+    return fail(absl::InvalidArgumentError(
+                    "--prompt-logprobs needs --server (locally, kvlens-cli perplexity scores a "
+                    "text file)"),
+                2);
+  }
   if (!args->Has("model")) return fail(absl::InvalidArgumentError("--model is required"), 2);
 
   GenerateOptions options;

@@ -2,9 +2,15 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cmath>
 #include <iostream>
 #include <memory>
+#include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "clients/cli/steering_flag.h"
 #include "kvlens/v1/generation.grpc.pb.h"
@@ -34,6 +40,52 @@ const char* FinishName(v1::FinishReason r) {
   }
 }
 
+// Each token's spelling, quoted and escaped, by the server's Detokenize (once a token).
+class Pieces {
+ public:
+  explicit Pieces(v1::Generation::Stub& stub) : stub_(stub) {}
+  const std::string& operator()(int32_t token) {
+    auto [it, fresh] = cache_.try_emplace(token);
+    if (fresh) {
+      v1::DetokenizeRequest request;
+      request.add_token_ids(token);
+      v1::DetokenizeResponse response;
+      grpc::ClientContext context;
+      it->second = stub_.Detokenize(&context, request, &response).ok()
+                       ? absl::StrCat("\"", absl::CEscape(response.text()), "\"")
+                       : absl::StrCat("#", token);
+    }
+    return it->second;
+  }
+
+ private:
+  v1::Generation::Stub& stub_;
+  absl::flat_hash_map<int32_t, std::string> cache_;
+};
+
+// One line a prompt position (position 0, with nothing before it, has none): position,
+// token id, its spelling, log-probability, then the most likely tokens; then the sum and
+// the perplexity exp(−sum / count).
+void PrintPromptLogprobs(v1::Generation::Stub& stub, const std::vector<v1::TokenLogprob>& scored) {
+  Pieces piece(stub);
+  double sum = 0;
+  std::cerr << "position\ttoken\tpiece\tlogprob\ttop (piece logprob)\n";
+  for (size_t i = 0; i < scored.size(); ++i) {
+    const v1::TokenLogprob& lp = scored[i];
+    sum += lp.logprob();
+    std::cerr << absl::StrFormat("%d\t%d\t%s\t%.6f\t", i + 1, lp.token(), piece(lp.token()),
+                                 lp.logprob());
+    for (int k = 0; k < lp.top_size(); ++k) {
+      std::cerr << absl::StrFormat("%s%s %.6f", k > 0 ? "  " : "", piece(lp.top(k).token()),
+                                   lp.top(k).logprob());
+    }
+    std::cerr << "\n";
+  }
+  std::cerr << absl::StrFormat("prompt: %d tokens scored, sum %.6f, perplexity %.4f\n",
+                               scored.size(), sum,
+                               scored.empty() ? 1.0 : std::exp(-sum / scored.size()));
+}
+
 }  // namespace
 
 int RemoteGenerate(const Args& args) {
@@ -44,8 +96,12 @@ int RemoteGenerate(const Args& args) {
   auto min_p = args.Double("min-p", 0, 1);
   auto rep = args.Double("repetition-penalty", 0, 10);
   auto seed = args.Int("seed", 0, INT64_MAX);
-  for (const absl::Status& s : {max_new.status(), temperature.status(), top_k.status(),
-                                top_p.status(), min_p.status(), rep.status(), seed.status()}) {
+  // No default: absent, the prompt is not scored.
+  absl::StatusOr<int64_t> prompt_logprobs = int64_t{-1};
+  if (args.Has("prompt-logprobs")) prompt_logprobs = args.Int("prompt-logprobs", 0, 20);
+  for (const absl::Status& s :
+       {max_new.status(), temperature.status(), top_k.status(), top_p.status(), min_p.status(),
+        rep.status(), seed.status(), prompt_logprobs.status()}) {
     if (!s.ok()) return Fail(s, 2);
   }
 
@@ -86,6 +142,10 @@ int RemoteGenerate(const Args& args) {
     AddSteering(*steer, &request);
   }
 
+  if (*prompt_logprobs >= 0) {
+    request.set_prompt_logprobs(static_cast<int32_t>(*prompt_logprobs));
+  }
+
   auto channel = grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials());
   auto stub = v1::Generation::NewStub(channel);
   grpc::ClientContext context;
@@ -94,8 +154,10 @@ int RemoteGenerate(const Args& args) {
   if (!chat) std::cout << args.Str("prompt") << std::flush;  // as offline: prompt, then completion
   v1::GenerateResponse chunk;
   v1::GenerateFinal final;
+  std::vector<v1::TokenLogprob> scored;
   while (reader->Read(&chunk)) {
     std::cout << chunk.text() << std::flush;
+    scored.insert(scored.end(), chunk.prompt_logprobs().begin(), chunk.prompt_logprobs().end());
     if (chunk.has_final()) final = chunk.final();
   }
   const grpc::Status status = reader->Finish();
@@ -105,6 +167,7 @@ int RemoteGenerate(const Args& args) {
         absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()),
         1);
   }
+  if (*prompt_logprobs >= 0) PrintPromptLogprobs(*stub, scored);
   if (args.Switch("stats")) {
     const v1::Usage& u = final.usage();
     const v1::Timings& t = final.timings();

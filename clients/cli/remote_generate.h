@@ -7,8 +7,8 @@
 
 namespace kvlens::cli {
 
-// Uses the generate flags that make sense remotely (prompt, sampling, stopping, stats);
-// returns the process exit code.
+// Uses the generate flags that make sense remotely (prompt, sampling, stopping, steering,
+// prompt log-probabilities, stats); returns the process exit code.
 int RemoteGenerate(const Args& args);
 
 }  // namespace kvlens::cli

@@ -8,7 +8,7 @@
 // 1e-3); decode and short chunks are fp32 end to end, so incremental decode on CUDA equals
 // a full recompute on CUDA within 1e-4 of the largest |logit|.
 //
-// One file of about 900 lines: these suites share their model loaders and comparisons, and
+// One file of about 950 lines: these suites share their model loaders and comparisons, and
 // the GPU machine's standalone build names its test sources
 // (kernels/cuda/standalone/sources.cmake, KVLENS_GPU_TEST_SOURCES); each TEST stands alone.
 #include <algorithm>
@@ -223,6 +223,64 @@ TEST(CudaEngineServe, SteeredRequestsEqualCpu) {
   EXPECT_NE(want[1].tokens, want[0].tokens);
   EXPECT_NE(want[2].tokens, want[0].tokens);
   EXPECT_EQ(got[0].tokens, alone[0].tokens);
+}
+
+// Scored prompts (prompt_logprobs) beside a plain request, in chunks of 8 tokens: the
+// scored entries' rows come back from the device with the others' device picks in the same
+// step; every prompt position's log-probability and top tokens, and every generated token,
+// equal the CPU engine's. A fourth request holds back EOS for 4 tokens (min_new_tokens: a
+// −∞ logit bias in the device's draw at a temperature) though a +100 bias makes it certain.
+TEST(CudaEngineServe, ScoredPromptsAndHeldBackEosEqualCpu) {
+  KVLENS_REQUIRE_FILE(kStories);
+  KVLENS_REQUIRE_CUDA(cuda);
+  auto model = Load(kStories);
+  ASSERT_NE(model, nullptr);
+  auto request = [&](const std::string& text, int prompt_logprobs) {
+    GenerationRequest r;
+    r.prompt = model->tokenizer->Encode(text, true);
+    r.stop.max_new_tokens = 12;
+    r.stop.ignore_eos = true;
+    r.prompt_logprobs = prompt_logprobs;
+    return r;
+  };
+  std::vector<GenerationRequest> requests = {
+      request("Once upon a time", -1), request(kReferenceText, 3),
+      request("The little dog ran to the park and saw a big red ball.", 0),
+      request("Once upon a time", -1)};
+  const int32_t eos = model->tokenizer->eos_id();
+  requests[3].stop.ignore_eos = false;
+  requests[3].stop.min_new_tokens = 4;
+  requests[3].sampling.logit_bias = {{eos, 100.0f}};
+  requests[3].sampling.temperature = 0.7;
+  requests[3].sampling.seed = 5;
+  EngineOptions options;
+  options.max_batch_tokens = 8;
+  kernels::CpuBackend cpu(2);
+  const std::vector<testing::Served> want = testing::ServeTogether(*model, cpu, requests, options);
+  const std::vector<testing::Served> got = testing::ServeTogether(*model, cuda, requests, options);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "request " << i);
+    EXPECT_EQ(got[i].tokens, want[i].tokens);
+    ASSERT_EQ(got[i].prompt_logprobs.size(), want[i].prompt_logprobs.size());
+    EXPECT_EQ(want[i].prompt_logprobs.size(), i == 0 || i == 3 ? 0 : requests[i].prompt.size() - 1);
+    // Top tokens only where asked (request 1: 3 a position).
+    ASSERT_EQ(got[i].prompt_top.size(), want[i].prompt_top.size());
+    EXPECT_EQ(want[i].prompt_top.size(), i == 1 ? want[i].prompt_logprobs.size() : 0);
+    for (size_t p = 0; p < want[i].prompt_logprobs.size(); ++p) {
+      EXPECT_NEAR(got[i].prompt_logprobs[p], want[i].prompt_logprobs[p], 1e-3) << p;
+    }
+    for (size_t p = 0; p < want[i].prompt_top.size(); ++p) {
+      ASSERT_EQ(got[i].prompt_top[p].size(), 3u) << p;
+      ASSERT_EQ(want[i].prompt_top[p].size(), 3u) << p;
+      for (size_t k = 0; k < 3; ++k) {
+        EXPECT_NEAR(got[i].prompt_top[p][k].logprob, want[i].prompt_top[p][k].logprob, 1e-3);
+      }
+    }
+  }
+  ASSERT_EQ(got[3].tokens.size(), 5u);
+  EXPECT_EQ(got[3].tokens[4], eos);
+  for (int t = 0; t < 4; ++t) EXPECT_NE(got[3].tokens[t], eos) << t;
 }
 
 // A sliding window of 16 whose blocks the engine gives back as they leave it (blocks of 4

@@ -19,6 +19,9 @@ struct Served {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
   std::vector<std::vector<TokenLogprob>> top;  // each token's top log-probabilities
+  // With prompt_logprobs: positions 1 … of the prompt, concatenated over the events.
+  std::vector<float> prompt_logprobs;
+  std::vector<std::vector<TokenLogprob>> prompt_top;
 };
 
 // Submits every request (their callbacks replaced) to a new Engine with `options` and
@@ -36,6 +39,12 @@ inline std::vector<Served> ServeTogether(const Model& model, kernels::Backend<fl
       outs[i].tokens.push_back(e.token);
       outs[i].logprobs.push_back(e.logprob);
       outs[i].top.push_back(e.top_logprobs);
+    };
+    r.callbacks.on_prompt_logprobs = [&outs, i](const PromptLogprobsEvent& e) {
+      Served& o = outs[i];
+      EXPECT_EQ(e.first_position, static_cast<int>(o.prompt_logprobs.size()) + 1);
+      o.prompt_logprobs.insert(o.prompt_logprobs.end(), e.logprobs.begin(), e.logprobs.end());
+      o.prompt_top.insert(o.prompt_top.end(), e.top.begin(), e.top.end());
     };
     r.callbacks.on_finish = [&done, i](const FinishEvent&) { done[i].set_value(); };
     const auto id = engine.Submit(std::move(r));

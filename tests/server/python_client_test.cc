@@ -1,9 +1,11 @@
 // The Python client (clients/python/kvlens) against a live server: every method it has for
 // a conversation (chat=...) gives what the same conversation written out by hand as text
 // gives, and what the C++ stubs read from the same server (token ids, an attention row, the
-// generated tokens, steered too). Runs Debian's /usr/bin/python3 with PYTHONPATH=clients/python.
+// generated tokens, steered too; a prompt's scores). Runs Debian's /usr/bin/python3 with
+// PYTHONPATH=clients/python.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -49,6 +51,10 @@ out["steered"] = c.generate(chat=conv, max_new_tokens=4, steering=[
     {"hook": "blocks.0.hook_resid_mid", "vector": [0.25 * (i % 7) - 0.75 for i in range(256)],
      "coefficient": 3},
     {"sae": "enc", "feature": 2, "coefficient": -20}])[0]
+sc = c.score(chat=conv, top=2)
+out["score_tokens"], out["score_top"] = sc.tokens, [[t for t, _ in row] for row in sc.top]
+out["score_logprobs"] = [None] + sc.logprobs[1:].tolist()
+out["score_total"] = sc.total()
 cache = c.run_with_cache(chat=conv, hooks=("z", "ln_final"), layers=[1], fp64=True)
 out["cache_keys"] = sorted(cache)
 out["cache_z_shape"] = list(cache["z.1"].shape)
@@ -136,6 +142,31 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   const StreamResult g = RunGenerate(server.stub(), generate);
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
   EXPECT_EQ(out["generated"].get<std::vector<int32_t>>(), g.tokens);
+  // score(): the prompt's tokens, with the C++ stub's prompt_logprobs from position 1.
+  {
+    v1::GenerateRequest scored;
+    scored.set_text(kChatText);
+    scored.mutable_stopping()->set_max_new_tokens(1);
+    scored.set_prompt_logprobs(2);
+    const StreamResult sr = RunGenerate(server.stub(), scored);
+    ASSERT_TRUE(sr.status.ok()) << sr.status.error_message();
+    ASSERT_EQ(sr.prompt_logprobs.size(), ids.size() - 1);
+    EXPECT_EQ(out["score_tokens"].get<std::vector<int32_t>>(), ids);
+    const nlohmann::json& lps = out["score_logprobs"];
+    ASSERT_EQ(lps.size(), ids.size());
+    EXPECT_TRUE(lps[0].is_null());
+    double total = 0;
+    for (size_t p = 1; p < ids.size(); ++p) {
+      EXPECT_EQ(lps[p].get<double>(), sr.prompt_logprobs[p - 1].logprob()) << p;
+      total += sr.prompt_logprobs[p - 1].logprob();
+      const std::vector<int32_t> top = out["score_top"][p].get<std::vector<int32_t>>();
+      ASSERT_EQ(top.size(), 2u);
+      EXPECT_EQ(top[0], sr.prompt_logprobs[p - 1].top(0).token()) << p;
+      EXPECT_EQ(top[1], sr.prompt_logprobs[p - 1].top(1).token()) << p;
+    }
+    EXPECT_NEAR(out["score_total"].get<double>(), total, 1e-9 * std::abs(total));
+    EXPECT_TRUE(out["score_top"][0].empty());
+  }
   // Steering: the client's dicts are the C++ stub's SteeringVectors.
   v1::SteeringVector* v = generate.add_steering();
   v->set_hook("blocks.0.hook_resid_mid");

@@ -85,6 +85,15 @@ StreamResult RunGenerate(v1::Generation::Stub& stub, const v1::GenerateRequest& 
     r.tokens.insert(r.tokens.end(), chunk.token_ids().begin(), chunk.token_ids().end());
     r.text += chunk.text();
     r.logprobs.insert(r.logprobs.end(), chunk.logprobs().begin(), chunk.logprobs().end());
+    if (!chunk.prompt_logprobs().empty()) {
+      r.prompt_logprobs_after_tokens =
+          r.prompt_logprobs_after_tokens ||
+          r.tokens.size() > static_cast<size_t>(chunk.token_ids_size());
+      r.prompt_logprobs.insert(r.prompt_logprobs.end(), chunk.prompt_logprobs().begin(),
+                               chunk.prompt_logprobs().end());
+      r.prompt_logprobs_messages.emplace_back(chunk.prompt_logprobs_position(),
+                                              chunk.prompt_logprobs_size());
+    }
     if (chunk.has_final()) {
       r.final = chunk.final();
       r.has_final = true;

@@ -75,6 +75,11 @@ struct StreamResult {
   std::vector<int32_t> tokens;
   std::string text;  // concatenated deltas
   std::vector<v1::TokenLogprob> logprobs;
+  // GenerateResponse.prompt_logprobs, concatenated; per message that carried some, its
+  // prompt_logprobs_position and count; whether any came after a token.
+  std::vector<v1::TokenLogprob> prompt_logprobs;
+  std::vector<std::pair<int, int>> prompt_logprobs_messages;
+  bool prompt_logprobs_after_tokens = false;
   v1::GenerateFinal final;
   bool has_final = false;
 };

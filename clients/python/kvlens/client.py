@@ -52,8 +52,29 @@ def _input(text=None, tokens=None, session_id=None, add_bos=None, doc_ids=None, 
     return p
 
 
+def _steering(v, s: dict):
+    """A steering dict (generate's) into the SteeringVector v."""
+    v.hook = s.get("hook", "")
+    v.sae = s.get("sae", "")
+    v.feature = int(s.get("feature", 0))
+    v.vector.extend(float(x) for x in s.get("vector", ()))
+    if "coefficient" in s:
+        v.coefficient = float(s["coefficient"])
+
+
 def _precision(fp64: bool):
     return ip.PRECISION_FP64 if fp64 else ip.PRECISION_FP32
+
+
+@dataclasses.dataclass
+class PromptScores:
+    tokens: list          # the prompt's token ids
+    logprobs: np.ndarray  # [len(tokens)]: log p(token i | tokens before it); NaN at 0
+    top: list             # per position, [(token, logprob), ...] most likely first; [] at 0
+
+    def total(self) -> float:
+        """log p of the prompt after its first token (lm-eval's loglikelihood)."""
+        return float(np.nansum(self.logprobs))
 
 
 @dataclasses.dataclass
@@ -145,11 +166,7 @@ class Client:
             req.attention_rows.layers.extend(attention_layers or [])
             req.attention_rows.heads.extend(attention_heads or [])
         for s in steering:
-            v = req.steering.add(hook=s.get("hook", ""), sae=s.get("sae", ""),
-                                 feature=int(s.get("feature", 0)))
-            v.vector.extend(float(x) for x in s.get("vector", ()))
-            if "coefficient" in s:
-                v.coefficient = float(s["coefficient"])
+            _steering(req.steering.add(), s)
         out_tokens, out_text, rows = [], "", []
         for chunk in self.generation.Generate(req, timeout=self.timeout):
             out_tokens += list(chunk.token_ids)
@@ -157,6 +174,32 @@ class Client:
             for row in chunk.attention_rows:
                 rows.append(np.asarray(row.probs, dtype=np.float64).reshape(-1, row.num_keys))
         return out_tokens, out_text, rows
+
+    def score(self, text=None, tokens=None, top=0, chat=None, steering=()) -> PromptScores:
+        """Scores a prompt on the serving path (Generate's prompt_logprobs, as vLLM's):
+        each token's log-probability given the tokens before it, and the `top` (0 … 20)
+        most likely tokens at each position. One token is generated and dropped."""
+        req = gen.GenerateRequest()
+        if chat is not None:
+            _chat(req.chat, chat)
+        elif tokens is not None:
+            req.token_ids.ids.extend(tokens)
+        else:
+            req.text = text
+        req.stopping.max_new_tokens = 1
+        req.prompt_logprobs = top
+        for s in steering:
+            _steering(req.steering.add(), s)
+        entries = []
+        for chunk in self.generation.Generate(req, timeout=self.timeout):
+            if chunk.prompt_logprobs and chunk.prompt_logprobs_position != len(entries) + 1:
+                raise RuntimeError("prompt_logprobs out of order")
+            entries += list(chunk.prompt_logprobs)
+        # Position 0 has no entry: its token is the prompt's first, as Generate encoded it.
+        first = list(tokens)[:1] if tokens is not None else self.tokenize(text, chat=chat)[:1]
+        return PromptScores(tokens=first + [e.token for e in entries],
+                            logprobs=np.array([np.nan] + [e.logprob for e in entries]),
+                            top=[[]] + [[(t.token, t.logprob) for t in e.top] for e in entries])
 
     # --- Interpret ---
     def attention_maps(self, text=None, tokens=None, session_id=None, layers=(), heads=(),
