@@ -180,6 +180,15 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
   }
   out.stop.stop_token_ids.assign(stop.stop_token_ids().begin(), stop.stop_token_ids().end());
   out.stop.ignore_eos = stop.ignore_eos();
+  if (stop.min_new_tokens() < 0 ||
+      (out.stop.max_new_tokens > 0 && stop.min_new_tokens() > out.stop.max_new_tokens)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stopping.min_new_tokens = ", stop.min_new_tokens(), " must be in [0, ",
+        out.stop.max_new_tokens > 0 ? absl::StrCat("max_new_tokens = ", out.stop.max_new_tokens)
+                                    : std::string("max_new_tokens"),
+        "]"));
+  }
+  out.stop.min_new_tokens = stop.min_new_tokens();
 
   if (request.top_logprobs() < 0 || request.top_logprobs() > kMaxTopLogprobs) {
     return Bad("top_logprobs", request.top_logprobs(), "in [0, 20]");

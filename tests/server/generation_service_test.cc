@@ -130,6 +130,25 @@ TEST(GenerationServiceTest, StopStringEndsTheStreamBeforeIt) {
   EXPECT_EQ(r.text, ", there was a little girl named ");
 }
 
+// stopping.min_new_tokens: a +100 logit bias makes EOS certain, yet it comes only after
+// the minimum, the tokens before it the unbiased greedy ones.
+TEST(GenerationServiceTest, MinNewTokensHoldsEosBack) {
+  START_SERVER(server);
+  const int32_t eos = server.model().tokenizer->eos_id();
+  v1::GenerateRequest plain = GreedyRequest("Once upon a time", 3);
+  const StreamResult want = RunGenerate(server.stub(), plain);
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  v1::GenerateRequest request = GreedyRequest("Once upon a time", 10);
+  (*request.mutable_sampling()->mutable_logit_bias())[eos] = 100;
+  request.mutable_stopping()->set_min_new_tokens(3);
+  const StreamResult r = RunGenerate(server.stub(), request);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final.finish_reason(), v1::FINISH_REASON_EOS);
+  std::vector<int32_t> expected = want.tokens;
+  expected.push_back(eos);
+  EXPECT_EQ(r.tokens, expected);
+}
+
 TEST(GenerationServiceTest, GetModelInfo) {
   START_SERVER(server);
   grpc::ClientContext context;
@@ -575,6 +594,10 @@ TEST(GenerationServiceTest, EveryBadFieldIsNamed) {
        kInvalid, "sampling.logit_bias[7] = 1000"},
       {"max_new_tokens", [](auto& r) { r.mutable_stopping()->set_max_new_tokens(0); }, kInvalid,
        "stopping.max_new_tokens = 0"},
+      {"min_new_tokens", [](auto& r) { r.mutable_stopping()->set_min_new_tokens(-1); }, kInvalid,
+       "stopping.min_new_tokens = -1 must be in [0, max_new_tokens = 8]"},
+      {"min over max", [](auto& r) { r.mutable_stopping()->set_min_new_tokens(9); }, kInvalid,
+       "stopping.min_new_tokens = 9 must be in [0, max_new_tokens = 8]"},
       {"stop empty", [](auto& r) { r.mutable_stopping()->add_stop(""); }, kInvalid,
        "stopping.stop[0]"},
       {"stop long", [](auto& r) { r.mutable_stopping()->add_stop(std::string(300, 'a')); },
