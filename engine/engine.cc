@@ -434,16 +434,15 @@ void Engine::Impl::Preempt(Sequence& s) {
 
 void Engine::Impl::LookupPrefix(Sequence& s) {
   s.prefix_looked_up = true;
-  // A steered sequence's keys and values are its own (ResidualAdd): it shares no block.
-  if (!options.prefix_caching || !s.request.steering.empty() || s.num_computed > 0 ||
-      !s.blocks.empty()) {
-    return;
-  }
+  if (!options.prefix_caching || s.num_computed > 0 || !s.blocks.empty()) return;
   const int bs = options.block_size;
   // Never the block holding the last token: it must be computed to yield logits. A
   // prompt being scored takes only the blocks whose rows it scored already (after a
   // preemption): every other row must be computed to yield its logits.
   int max_blocks = (static_cast<int>(s.tokens.size()) - 1) / bs;
+  // A steered sequence's keys and values are its own from its first steered position on
+  // (ResidualAdd): it shares only the blocks wholly before it.
+  max_blocks = std::min(max_blocks, FirstSteeredPosition(s.request.steering) / bs);
   if (s.request.prompt_logprobs >= 0 && s.num_prompt_scored < s.num_prompt - 1) {
     max_blocks = std::min(max_blocks, s.num_prompt_scored / bs);
   }
@@ -466,9 +465,10 @@ void Engine::Impl::LookupPrefix(Sequence& s) {
 }
 
 void Engine::Impl::RegisterFullBlocks(Sequence& s) {
-  if (!options.prefix_caching || !s.request.steering.empty()) return;
+  if (!options.prefix_caching) return;
   const int bs = options.block_size;
-  while ((s.num_hashed_blocks + 1) * bs <= s.num_computed) {
+  const int64_t unsteered = FirstSteeredPosition(s.request.steering);  // see LookupPrefix
+  while ((s.num_hashed_blocks + 1) * bs <= std::min<int64_t>(s.num_computed, unsteered)) {
     const auto tokens = absl::MakeConstSpan(s.tokens).subspan(s.num_hashed_blocks * bs, bs);
     s.last_hash = HashBlock(s.last_hash, tokens);
     pool.SetHash(s.blocks[s.num_hashed_blocks], s.last_hash, tokens);

@@ -100,9 +100,11 @@ struct GenerationRequest {
   int top_logprobs = 0;                 // 0 … 20
   SessionId session = 0;                // 0: none; else an open session this request appends to
   AttentionRowsRequest attention_rows;  // empty: none streamed
-  // Interpretability: vectors added to the residual stream at every position this request
-  // computes (activation steering; engine/model/residual_add.h). Not with a session; a
-  // steered request neither reuses nor fills the prefix cache.
+  // Interpretability: vectors added to the residual stream at the positions this request
+  // computes from each one's from_position on (activation steering;
+  // engine/model/residual_add.h). Not with a session; a steered request shares
+  // prefix-cache blocks (reuses and fills them) only wholly before its first steered
+  // position.
   std::vector<ResidualAdd> steering;
   // −1: none; 0 … 20: score the prompt (PromptLogprobsEvent) with that many most likely
   // tokens at each position, as vLLM's prompt_logprobs. Not with a session; the request

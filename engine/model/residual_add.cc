@@ -1,11 +1,19 @@
 #include "engine/model/residual_add.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 
 namespace kvlens {
+
+int FirstSteeredPosition(absl::Span<const ResidualAdd> adds) {
+  int first = std::numeric_limits<int>::max();
+  for (const ResidualAdd& a : adds) first = std::min(first, a.from_position);
+  return first;
+}
 
 absl::Status CheckResidualAdds(absl::Span<const ResidualAdd> adds, const ModelConfig& c,
                                std::string_view field) {
@@ -20,6 +28,10 @@ absl::Status CheckResidualAdds(absl::Span<const ResidualAdd> adds, const ModelCo
     if (static_cast<int64_t>(a.delta.size()) != c.dim) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": ", a.delta.size(), " values, the model's dim is ", c.dim));
+    }
+    if (a.from_position < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": from position ", a.from_position, " is negative"));
     }
     for (float x : a.delta) {
       if (!std::isfinite(x)) {

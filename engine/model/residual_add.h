@@ -1,6 +1,6 @@
 // A vector added to the residual stream during the serving forward pass: activation
 // steering (ActAdd; TransformerLens's hooks that add to blocks.L.hook_resid_*), applied by
-// Transformer::Forward to every new row of the batch entry that carries it.
+// Transformer::Forward to the new rows of the batch entry that carries it from a position on.
 #ifndef KVLENS_ENGINE_MODEL_RESIDUAL_ADD_H_
 #define KVLENS_ENGINE_MODEL_RESIDUAL_ADD_H_
 
@@ -21,10 +21,17 @@ struct ResidualAdd {
   // the attention's residual add; layer < L).
   bool mid = false;
   std::vector<float> delta;  // [dim], the coefficient applied
+  // Added to the rows at positions >= this (0: every row; a prompt's length: the generated
+  // tokens only, as Contrastive Activation Addition steers).
+  int from_position = 0;
 };
 
+// The first position any of `adds` changes (INT_MAX when there are none): the rows before
+// it, their keys and values, are the unsteered model's.
+int FirstSteeredPosition(absl::Span<const ResidualAdd> adds);
+
 // INVALID_ARGUMENT naming field[k] for an add at a layer outside [0, L] ([0, L) mid), of
-// other than dim values, or with a value that is not finite.
+// other than dim values, with a value that is not finite, or from a negative position.
 absl::Status CheckResidualAdds(absl::Span<const ResidualAdd> adds, const ModelConfig& c,
                                std::string_view field);
 

@@ -134,7 +134,10 @@ absl::Status Transformer<T>::AddResiduals(absl::Span<const BatchEntry> batch, in
   const int64_t D = config_.dim;
   bool any = false;
   for (const BatchEntry& b : batch) {
-    for (const ResidualAdd& a : b.residual_adds) any = any || (a.layer == layer && a.mid == mid);
+    const int last = b.num_cached + static_cast<int>(b.tokens.size()) - 1;
+    for (const ResidualAdd& a : b.residual_adds) {
+      any = any || (a.layer == layer && a.mid == mid && a.from_position <= last);
+    }
   }
   if (!any) return absl::OkStatus();
   if (*proj_pending) {
@@ -147,7 +150,7 @@ absl::Status Transformer<T>::AddResiduals(absl::Span<const BatchEntry> batch, in
     const int tq = static_cast<int>(b.tokens.size());
     for (const ResidualAdd& a : b.residual_adds) {
       if (a.layer != layer || a.mid != mid) continue;
-      for (int i = 0; i < tq; ++i) {
+      for (int i = std::max(0, a.from_position - b.num_cached); i < tq; ++i) {
         T* row = steer_host_.data() + (r0 + i) * D;
         for (int64_t d = 0; d < D; ++d) row[d] += static_cast<T>(a.delta[static_cast<size_t>(d)]);
       }

@@ -40,8 +40,9 @@ struct BatchEntry {
   // rows.
   bool pick_only = false;
   kernels::TokenDraw draw;
-  // Vectors added to every new row's residual stream (activation steering); each delta
-  // has dim values. A step with any is not a recorded step (no CUDA graph).
+  // Vectors added to the new rows' residual stream from their from_position on (activation
+  // steering); each delta has dim values. A step with any is not a recorded step (no CUDA
+  // graph).
   absl::Span<const ResidualAdd> residual_adds;
 };
 

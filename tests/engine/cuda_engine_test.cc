@@ -182,10 +182,10 @@ TEST(CudaEngineServe, Stories260KThroughTheEngineEqualsCpu) {
   EXPECT_EQ(got.rfind(kReferenceText, 0), 0u) << got;
 }
 
-// Steered requests (vectors at resid_pre, resid_mid and before the final norm) served with
-// an unsteered one: the device uploads each point's rows and adds them, outside any
-// recorded step; every request's tokens and log-probabilities equal the CPU engine's, and
-// the unsteered request's the ones it gets alone.
+// Steered requests (vectors at resid_pre, resid_mid and, from position 3, before the final
+// norm) served with an unsteered one: the device uploads each point's rows and adds them,
+// outside any recorded step; every request's tokens and log-probabilities equal the CPU
+// engine's, and the unsteered request's the ones it gets alone.
 TEST(CudaEngineServe, SteeredRequestsEqualCpu) {
   KVLENS_REQUIRE_FILE(kStories);
   KVLENS_REQUIRE_CUDA(cuda);
@@ -207,8 +207,9 @@ TEST(CudaEngineServe, SteeredRequestsEqualCpu) {
     for (float& x : v) x = normal(rng);
     return v;
   };
-  std::vector<GenerationRequest> requests = {request({}), request({{0, false, vector()}}),
-                                             request({{1, true, vector()}, {L, false, vector()}})};
+  std::vector<GenerationRequest> requests = {
+      request({}), request({{0, false, vector()}}),
+      request({{1, true, vector()}, {L, false, vector(), 3}})};
   kernels::CpuBackend cpu(2);
   const std::vector<testing::Served> want = testing::ServeTogether(*model, cpu, requests);
   const std::vector<testing::Served> got = testing::ServeTogether(*model, cuda, requests);

@@ -187,6 +187,46 @@ TEST_F(SteeringTest, SteeredRequestsShareNoPrefixAndBatchWithoutChangingOthers) 
   for (size_t k = 0; k < runs.size(); ++k) EXPECT_EQ(runs[k].get().tokens, want[k]) << k;
 }
 
+// ResidualAdd::from_position: the rows before it are the unsteered model's, so the prefix
+// cache serves (and is filled with) the blocks wholly before a request's first steered
+// position. Steering from the prompt's length (the generated tokens only) leaves the first
+// token's prediction as it was; from past every position, the whole run.
+TEST_F(SteeringTest, FromAPositionOnTheRowsBeforeItAndTheirBlocksAreShared) {
+  EngineOptions o;
+  o.block_size = 4;
+  const GenerationRequest plain = Greedy(Prompt(), 8);
+  const int n = static_cast<int>(plain.prompt.size());
+  auto steered_from = [&](int position) {
+    GenerationRequest r = Greedy(Prompt(), 8);
+    r.steering = {RandomAdd(0, false, 8.0, 9)};
+    r.steering[0].from_position = position;
+    return r;
+  };
+  Engine engine(*model_, backend_, o);
+  const Result first = RunOne(engine, plain);
+  const Result generated_only = RunOne(engine, steered_from(n));
+  EXPECT_EQ(generated_only.finish.usage.cached_tokens, (n - 1) / 4 * 4);
+  ASSERT_FALSE(generated_only.top.empty());
+  for (size_t k = 0; k < first.top[0].size(); ++k) {  // read from row n − 1: unsteered
+    EXPECT_EQ(generated_only.top[0][k].token, first.top[0][k].token) << k;
+    EXPECT_NEAR(generated_only.top[0][k].logprob, first.top[0][k].logprob, 1e-5) << k;
+  }
+  EXPECT_NE(generated_only.tokens, first.tokens);
+  const Result from_zero = RunOne(engine, steered_from(0));
+  EXPECT_EQ(from_zero.finish.usage.cached_tokens, 0);
+  const Result past_all = RunOne(engine, steered_from(1000));
+  EXPECT_EQ(past_all.tokens, first.tokens);
+
+  // On a fresh engine a request steered from position 6 registers block 0 (positions 0–3)
+  // and no later one: a plain request then finds 4 cached tokens, and its own tokens.
+  Engine fresh(*model_, backend_, o);
+  const Result from_six = RunOne(fresh, steered_from(6));
+  EXPECT_EQ(from_six.finish.usage.cached_tokens, 0);
+  const Result after = RunOne(fresh, plain);
+  EXPECT_EQ(after.finish.usage.cached_tokens, 4);
+  EXPECT_EQ(after.tokens, first.tokens);
+}
+
 TEST_F(SteeringTest, RejectsBadVectorsNamingTheField) {
   Engine engine(*model_, backend_, EngineOptions{});
   const int L = model_->config.num_layers, D = static_cast<int>(model_->config.dim);
@@ -212,6 +252,7 @@ TEST_F(SteeringTest, RejectsBadVectorsNamingTheField) {
   add(L, true, ok, "steering[0]: layer " + std::to_string(L) + " (mid) is outside");
   add(0, false, std::vector<float>(D - 1, 0.0f), "the model's dim is");
   add(0, false, nan, "not finite");
+  cases.push_back(Case{ResidualAdd{0, false, ok, -1}, "steering[0]: from position -1 is negative"});
   for (const Case& c : cases) {
     const absl::Status s = submit(c.add);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;

@@ -27,8 +27,8 @@ blocks.L.hook_resid_pre / hook_resid_mid / hook_resid_post / hook_attn_out / hoo
 blocks.L.attn.hook_z with the heads side by side) and adds sae.input [T, d_in] (those rows),
 sae.acts [T, d_sae] (the features) and sae.recon [T, d_in] (sae.acts @ W_dec + b_dec).
 @HOOK overrides or supplies the cfg's hook_name; an .npz, which names none, needs it.
---steer HOOK:FILE[:COEF] (repeatable) adds COEF (default 1) times the vector in FILE
-(d_model whitespace-separated floats) to every row of the residual stream at HOOK
+--steer HOOK:FILE[:COEF[:START]] (repeatable) adds COEF (default 1) times the vector in FILE
+(d_model whitespace-separated floats) to every row (from row START on) of the residual stream at HOOK
 (blocks.L.hook_resid_pre / hook_resid_mid / hook_resid_post) during the pass, for the
 logits of --tokens and for each step of --generate; entries at one point add up
 (kvlens_oracle/model.py). Not with --grad-logprob, --activations, --logit-attribution, --sae.
@@ -53,16 +53,26 @@ def _ints(text):
 
 
 def _steering(ap, model, specs):
-    """--steer HOOK:FILE[:COEF] values -> forward's steer list [(layer, point, coef * vector)]."""
+    """--steer HOOK:FILE[:COEF[:START]] values -> forward's steer list
+    [(layer, point, coef * vector, start)]."""
     from kvlens_oracle.model import steer_hook
     steer = []
     for spec in specs:
         hook, colon, rest = spec.partition(":")
         if not colon or not rest:
-            ap.error(f"--steer {spec!r}: expected HOOK:FILE[:COEF]")
-        path, coef = rest, 1.0
+            ap.error(f"--steer {spec!r}: expected HOOK:FILE[:COEF[:START]]")
+        path, coef, start = rest, 1.0, 0
         if not os.path.exists(rest) and ":" in rest:
             path, _, text = rest.rpartition(":")
+            if not os.path.exists(path) and ":" in path:  # FILE:COEF:START
+                path, _, coef_text = path.rpartition(":")
+                try:
+                    start = int(text)
+                except ValueError:
+                    ap.error(f"--steer {spec!r}: start {text!r} is not an integer")
+                if start < 0:
+                    ap.error(f"--steer {spec!r}: start {start} is negative")
+                text = coef_text
             try:
                 coef = float(text)
             except ValueError:
@@ -87,7 +97,7 @@ def _steering(ap, model, specs):
                      f"model's d_model is {model.cfg['dim']}")
         if not all(math.isfinite(v) for v in vec):
             ap.error(f"--steer {spec!r}: vector file {path!r} holds a non-finite value")
-        steer.append((layer, point, coef * torch.tensor(vec, dtype=torch.float64)))
+        steer.append((layer, point, coef * torch.tensor(vec, dtype=torch.float64), start))
     return steer
 
 
@@ -121,7 +131,7 @@ def main(argv=None):
                     help="also write sae.input, sae.acts, sae.recon: the SAE at PATH (SAELens "
                          "dir or Gemma Scope .npz) on its hook's rows (@HOOK: override or "
                          "supply the hook name; required for .npz)")
-    ap.add_argument("--steer", action="append", default=[], metavar="HOOK:FILE[:COEF]",
+    ap.add_argument("--steer", action="append", default=[], metavar="HOOK:FILE[:COEF[:START]]",
                     help="add COEF (default 1) times FILE's vector (d_model whitespace-separated "
                          "floats) to every row of the residual stream at HOOK (blocks.L."
                          "hook_resid_pre/mid/post) for --tokens' logits and --generate; "

@@ -159,6 +159,27 @@ class SteeringTest(unittest.TestCase):
                     off, _ = logits_of(m, [a], [(0, "pre", E[b] - E[a])])
                     self.assertGreater(np.abs(off - want).max(), 1e-3 * np.abs(want).max())
 
+    def test_start_row_steers_only_the_rows_from_it(self):
+        # The last row alone steered at resid_pre 0 by (E[b] - E[a]) times the scale, its token
+        # a: the earlier rows are the unsteered pass's (bit for bit), the last row's logits
+        # those of the sequence ending in b instead (its keys and values reach no other row).
+        # A start past the last row changes nothing.
+        for name, m in self.each():
+            with self.subTest(model=name):
+                E = m.w["embed" if name != "gpt2" else "wte"].numpy()
+                ids = list(TOKENS[name])
+                a, b = ids[-1], TOKENS[name][4] if TOKENS[name][4] != ids[-1] else TOKENS[name][2]
+                v = (E[b] - E[a]) * EMBED_SCALE[name]
+                T = len(ids)
+                plain, _ = logits_of(m, ids)
+                got, _ = logits_of(m, ids, [(0, "pre", v, T - 1)])
+                np.testing.assert_array_equal(got[:T - 1], plain[:T - 1])
+                want, _ = logits_of(m, ids[:-1] + [b])
+                self.assertClose(got[T - 1], want[T - 1], 1e-12)
+                self.assertGreater(np.abs(plain[T - 1] - want[T - 1]).max(), 1e-3)
+                past, _ = logits_of(m, ids, [(0, "pre", v, T)])
+                np.testing.assert_array_equal(past, plain)
+
     def final_logits(self, name, m, x):
         """Logits from the stream entering the final norm, by hand."""
         W = {k: t.numpy() for k, t in m.w.items()}
@@ -276,7 +297,8 @@ class SteeringTest(unittest.TestCase):
         for steer, why in (([(3, "pre", np.zeros(d))], "out of range"),
                            ([(0, "out", np.zeros(d))], "not one of"),
                            ([(0, "pre", np.zeros(d + 1))], r"shape \[257\]"),
-                           ([(0, "pre")], r"\(layer, point, vector\)")):
+                           ([(0, "pre")], r"\(layer, point, vector\[, start\]\)"),
+                           ([(0, "pre", np.zeros(d), -1)], "negative")):
             with self.assertRaisesRegex(ValueError, why):
                 forward(m, [1, 2], steer=steer)
         for hook, why in (("blocks.3.hook_resid_pre", r"layer 3 out of range \[0, 3\)"),

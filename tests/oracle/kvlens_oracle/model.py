@@ -7,9 +7,10 @@ those norms and windows too, and soft-caps scores and logits: cfg["attn_softcap"
 cfg["final_softcap"], each x -> cap * tanh(x / cap)).
 
 forward(model, tokens, doc_ids=None, positions=None) -> (logits [T, V], attn [L, H, T, T]).
-Activation steering: `steer=[(layer, point, vector [d]), ...]`, point "pre", "mid" or "post"
-(TransformerLens's blocks.{layer}.hook_resid_{point}; steer_hook parses those names), adds
-each vector to every row of the residual stream at that point before anything downstream
+Activation steering: `steer=[(layer, point, vector [d][, start]), ...]`, point "pre", "mid"
+or "post" (TransformerLens's blocks.{layer}.hook_resid_{point}; steer_hook parses those
+names), adds each vector to every row (or, given start, to rows start, start + 1, …: token
+indices, which are positions for one sequence) of the residual stream at that point before anything downstream
 reads it: "pre" entering the block, "mid" after its attention's residual add (Gemma 2/3:
 resid_pre + post_attn_norm(attention)), "post" leaving it (the last block's: the stream
 entering the final norm). Entries at one point add up (summed in the order given, then
@@ -157,12 +158,15 @@ def steer_hook(name, n_layers):
 
 
 def _steer_table(m, steer):
-    """steer entries -> {(layer, point): summed float64 vector [d]}, checked."""
+    """steer entries -> {(layer, point): [(start, float64 vector [d]), ...]}, checked."""
     table = {}
     for entry in steer or ():
-        if len(entry) != 3:
-            raise ValueError("a steering entry is (layer, point, vector)")
-        layer, point, vec = entry
+        if len(entry) not in (3, 4):
+            raise ValueError("a steering entry is (layer, point, vector[, start])")
+        layer, point, vec = entry[:3]
+        start = int(entry[3]) if len(entry) == 4 else 0
+        if start < 0:
+            raise ValueError(f"steering start {start} is negative")
         if point not in STEER_POINTS:
             raise ValueError(f"steering point {point!r} is not one of {STEER_POINTS}")
         if not 0 <= int(layer) < m.cfg["n_layers"]:
@@ -171,15 +175,28 @@ def _steer_table(m, steer):
         if tuple(vec.shape) != (m.cfg["dim"],):
             raise ValueError(f"steering vector has shape {list(vec.shape)}, the model's "
                              f"residual stream is [{m.cfg['dim']}]")
-        key = (int(layer), point)
-        table[key] = table[key] + vec if key in table else vec
+        table.setdefault((int(layer), point), []).append((start, vec))
     return table
 
 
 def _steer(x, table, layer, point):
-    """x [T, d] plus the steering vector at (layer, point), on every row; x itself if none."""
-    v = table.get((layer, point)) if table else None
-    return x if v is None else x + v
+    """x [T, d] plus the steering vectors at (layer, point), each on its rows from its start
+    on (those from 0 summed in order first, then added once); x itself if none."""
+    entries = table.get((layer, point)) if table else None
+    if not entries:
+        return x
+    whole = [v for start, v in entries if start == 0]
+    if whole:
+        total = whole[0]
+        for v in whole[1:]:
+            total = total + v
+        x = x + total
+    for start, v in entries:
+        if start > 0:
+            rows = torch.zeros(x.shape[0], 1, dtype=F64)
+            rows[start:] = 1
+            x = x + rows * v
+    return x
 
 
 def llama_forward(m, x, positions, mask, capture=None, steer=None):
