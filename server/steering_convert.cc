@@ -29,6 +29,9 @@ absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(
     if (!std::isfinite(coefficient)) {
       return Invalid(k, absl::StrCat(".coefficient = ", coefficient, " must be finite"));
     }
+    if (s.start_position() < 0) {
+      return Invalid(k, absl::StrCat(".start_position = ", s.start_position(), " must be >= 0"));
+    }
     if (s.sae().empty() == s.vector().empty()) {
       return Invalid(k, ": give either vector (d_model values at hook) or sae and feature");
     }
@@ -51,6 +54,7 @@ absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(
         }
         add.delta[static_cast<size_t>(i)] = static_cast<float>(coefficient * s.vector(i));
       }
+      add.from_position = s.start_position();
       out.push_back(std::move(add));
       continue;
     }
@@ -82,6 +86,7 @@ absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(
       add.delta[static_cast<size_t>(i)] = static_cast<float>(
           coefficient * sae->dec[static_cast<size_t>(i) * sae->d_sae + s.feature()]);
     }
+    add.from_position = s.start_position();
     out.push_back(std::move(add));
   }
   return out;

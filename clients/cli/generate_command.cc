@@ -51,9 +51,10 @@ const std::vector<FlagSpec>& Specs() {
       {"steer", "",
        "activation steering, \"SPEC[;SPEC...]\": HOOK:PATH[:COEF] adds COEF times the "
        "d_model numbers in file PATH to the residual stream at HOOK (blocks.L.hook_resid_pre, "
-       "hook_resid_mid or hook_resid_post) at every position; with --server also "
-       "sae:NAME:FEATURE[:COEF], that feature's decoder direction of the server's SAE NAME "
-       "(kvlens-cli sae --list)"},
+       "hook_resid_mid or hook_resid_post) at every position (with @START appended: from "
+       "position START on; the prompt's token count steers the generated tokens only); with "
+       "--server also sae:NAME:FEATURE[:COEF][@START], that feature's decoder direction of "
+       "the server's SAE NAME (kvlens-cli sae --list)"},
       {"prompt-logprobs", "",
        "with --server: also print to stderr each prompt token's log-probability given the "
        "tokens before it and the N (0 … 20) most likely tokens there, then their sum and "

@@ -13,7 +13,8 @@ namespace {
 
 absl::Status Bad(const std::string& spec, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat("--steer \"", spec, "\": ", why,
-                                                 " (HOOK:PATH[:COEF] or sae:NAME:FEATURE[:COEF])"));
+                                                 " (HOOK:PATH[:COEF][@START] or "
+                                                 "sae:NAME:FEATURE[:COEF][@START])"));
 }
 
 }  // namespace
@@ -23,6 +24,18 @@ absl::StatusOr<std::vector<SteeringSpec>> ParseSteeringFlag(const std::string& f
   for (absl::string_view piece : absl::StrSplit(flag, ';', absl::SkipWhitespace())) {
     SteeringSpec spec;
     spec.text = std::string(piece);
+    // @START: a trailing integer (an '@' elsewhere may belong to a file name).
+    if (const size_t at = piece.rfind('@'); at != absl::string_view::npos) {
+      const absl::string_view start = piece.substr(at + 1);
+      int value = 0;
+      if (absl::SimpleAtoi(start, &value)) {
+        if (value < 0) {
+          return Bad(spec.text, absl::StrCat("start \"", start, "\" is not a position >= 0"));
+        }
+        spec.start = value;
+        piece = piece.substr(0, at);
+      }
+    }
     const std::vector<std::string> parts = absl::StrSplit(piece, ':');
     const bool sae = parts[0] == "sae";
     const size_t fixed = sae ? 3 : 2;  // fields before the optional coefficient
@@ -71,6 +84,7 @@ void AddSteering(const std::vector<SteeringSpec>& specs, v1::GenerateRequest* re
     s->set_sae(spec.sae);
     s->set_feature(spec.feature);
     if (spec.coefficient) s->set_coefficient(static_cast<float>(*spec.coefficient));
+    s->set_start_position(spec.start);
   }
 }
 
@@ -88,6 +102,7 @@ absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(const std::vector<Steeri
     // As the server: the coefficient (as a float on the wire) times each value, in double.
     const double coefficient = static_cast<float>(spec.coefficient.value_or(1.0));
     for (float x : spec.vector) add->delta.push_back(static_cast<float>(coefficient * x));
+    add->from_position = spec.start;
     out.push_back(*std::move(add));
   }
   return out;

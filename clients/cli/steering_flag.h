@@ -27,6 +27,7 @@ struct SteeringSpec {
   std::string sae;  // sae:NAME:FEATURE
   int feature = 0;
   std::optional<double> coefficient;
+  int start = 0;  // @START: the first position steered
 };
 
 // INVALID_ARGUMENT naming --steer and the spec for a malformed one or an unreadable file.

@@ -50,7 +50,7 @@ out["generated"] = c.generate(chat=conv, max_new_tokens=4)[0]
 out["steered"] = c.generate(chat=conv, max_new_tokens=4, steering=[
     {"hook": "blocks.0.hook_resid_mid", "vector": [0.25 * (i % 7) - 0.75 for i in range(256)],
      "coefficient": 3},
-    {"sae": "enc", "feature": 2, "coefficient": -20}])[0]
+    {"sae": "enc", "feature": 2, "coefficient": -20, "start_position": 5}])[0]
 sc = c.score(chat=conv, top=2)
 out["score_tokens"], out["score_top"] = sc.tokens, [[t for t, _ in row] for row in sc.top]
 out["score_logprobs"] = [None] + sc.logprobs[1:].tolist()
@@ -176,6 +176,7 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   feature->set_sae("enc");
   feature->set_feature(2);
   feature->set_coefficient(-20.0f);
+  feature->set_start_position(5);
   const StreamResult steered = RunGenerate(server.stub(), generate);
   ASSERT_TRUE(steered.status.ok()) << steered.status.error_message();
   EXPECT_EQ(out["steered"].get<std::vector<int32_t>>(), steered.tokens);

@@ -147,6 +147,49 @@ TEST_F(SteeringRpc, GreedyTokensAndLogprobsMatchTheOracleAtEveryResidualHook) {
   }
 }
 
+// start_position: one vector from inside the prompt (position 3) and one on the generated
+// tokens only (from the prompt's length), against the oracle adding each to its rows from
+// that start on; kvlens-cli's @START sends the same request.
+TEST_F(SteeringRpc, StartPositionsMatchTheOracle) {
+  struct Case {
+    std::string model;
+    std::vector<int32_t> prompt;
+    double norm;
+  };
+  std::vector<Case> cases;
+  if (Exists(DefaultModelPath() + "/config.json")) {
+    cases.push_back({DefaultModelPath(), {4095, 34, 290, 1021, 17, 88}, 40.0});
+  }
+  if (Exists(Stories260KPath())) cases.push_back({Stories260KPath(), {1, 403, 407, 261}, 6.0});
+  if (cases.empty()) GTEST_SKIP() << "no test model";
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.model);
+    TestServer server(c.model, TestServer::DefaultOptions());
+    ASSERT_TRUE(server.ok()) << server.error();
+    const int D = static_cast<int>(server.model().config.dim);
+    const int L = server.model().config.num_layers;
+    const int n = static_cast<int>(c.prompt.size());
+    const std::vector<float> a = RandomVector(D, c.norm, 4), e = RandomVector(D, c.norm, 5);
+    const std::string fa = WriteVector(dir_, "a", a), fe = WriteVector(dir_, "e", e);
+    const std::string pre = "blocks.0.hook_resid_pre",
+                      post = absl::StrCat("blocks.", L - 1, ".hook_resid_post");
+    v1::SteeringVector in_prompt = Vector(pre, a, 1.0), generated = Vector(post, e, -1.0);
+    in_prompt.set_start_position(3);
+    generated.set_start_position(n);
+    const StreamResult plain = SteeredGreedy(server, c.prompt, 10, {});
+    const StreamResult got = SteeredGreedy(server, c.prompt, 10, {in_prompt, generated});
+    EXPECT_NE(got.tokens, plain.tokens);
+    ExpectOracleChain(
+        c.model, c.prompt, got,
+        absl::StrCat("--steer ", pre, ":", fa, ":1:3 --steer ", post, ":", fe, ":-1:", n));
+    // The generated tokens only: the first token is read from the unsteered row n − 1.
+    const StreamResult late = SteeredGreedy(server, c.prompt, 10, {generated});
+    ASSERT_FALSE(late.tokens.empty());
+    EXPECT_EQ(late.tokens[0], plain.tokens[0]);
+    ExpectOracleChain(c.model, c.prompt, late, absl::StrCat("--steer ", post, ":", fe, ":-1:", n));
+  }
+}
+
 // The shipped SAE's feature 347 (" saith") by name, against its W_dec row as read by the
 // oracle's SAE reader and given as a plain vector at the SAE's hook.
 TEST_F(SteeringRpc, SaeFeatureSteeringIsItsDecoderRow) {
@@ -203,6 +246,23 @@ TEST_F(SteeringRpc, SaeFeatureSteeringIsItsDecoderRow) {
       RunCommand(absl::StrCat(local, " --steer '", hook, ":", row_file, ":12'"));
   EXPECT_EQ(local_code, 0) << local_text;
   EXPECT_EQ(local_text, "And God said" + text.text + "\n");
+  // @START: from position 6 on (the third generated token's row), through the server (the
+  // SAE feature) and locally (the file): another text than steering every position.
+  v1::GenerateRequest late_request = text_request;
+  late_request.mutable_steering(0)->set_start_position(6);
+  const StreamResult late = RunGenerate(server.stub(), late_request);
+  ASSERT_TRUE(late.status.ok()) << late.status.error_message();
+  EXPECT_NE(late.text, text.text);
+  for (const std::string& command :
+       {absl::StrCat(cli, " --steer 'sae:", name, ":347:12@6'"),
+        absl::StrCat(local, " --steer '", hook, ":", row_file, ":12@6'")}) {
+    const auto [code, printed] = RunCommand(command);
+    EXPECT_EQ(code, 0) << printed;
+    EXPECT_EQ(printed, "And God said" + late.text + "\n") << command;
+  }
+  const auto [at_code, at_text] = RunCommand(cli + " --steer 'sae:x:3@-1' 2>&1");
+  EXPECT_EQ(at_code, 2) << at_text;
+  EXPECT_NE(at_text.find("start \"-1\" is not a position >= 0"), std::string::npos) << at_text;
   const auto [sae_code, sae_text] = RunCommand(local + " --steer 'sae:x:3' 2>&1");
   EXPECT_EQ(sae_code, 2) << sae_text;
   EXPECT_NE(sae_text.find("SAE features need --server"), std::string::npos) << sae_text;
@@ -242,6 +302,8 @@ TEST_F(SteeringRpc, RejectsMalformedSteeringNamingTheField) {
   both.set_sae(name);
   v1::SteeringVector inf_coefficient = Vector("blocks.0.hook_resid_pre", ok, 1.0);
   inf_coefficient.set_coefficient(INFINITY);
+  v1::SteeringVector negative_start = Vector("blocks.0.hook_resid_pre", ok, 1.0);
+  negative_start.set_start_position(-2);
   struct Case {
     std::vector<v1::SteeringVector> steering;
     std::string message;
@@ -256,6 +318,7 @@ TEST_F(SteeringRpc, RejectsMalformedSteeringNamingTheField) {
       {{Vector("blocks.0.hook_resid_pre", ok, 1), Vector("blocks.0.hook_resid_pre", nan, 1)},
        "steering[1].vector[5] = nan must be finite"},
       {{inf_coefficient}, "steering[0].coefficient = inf must be finite"},
+      {{negative_start}, "steering[0].start_position = -2 must be >= 0"},
       {{both}, "steering[0]: give either vector"},
       {{v1::SteeringVector()}, "steering[0]: give either vector"},
       {{by_sae("nope", 1)}, "steering[0].sae = \"nope\" is not an SAE this server loaded"},

@@ -60,6 +60,7 @@ def _steering(v, s: dict):
     v.vector.extend(float(x) for x in s.get("vector", ()))
     if "coefficient" in s:
         v.coefficient = float(s["coefficient"])
+    v.start_position = int(s.get("start_position", 0))
 
 
 def _precision(fp64: bool):
@@ -153,7 +154,9 @@ class Client:
         steering: activation steering, dicts added to the residual stream at every
         position: {"hook": "blocks.L.hook_resid_pre"|"..._mid"|"..._post", "vector":
         d_model numbers, "coefficient": c} or {"sae": name, "feature": i, "coefficient": c}
-        (a server SAE's decoder direction; list_saes())."""
+        (a server SAE's decoder direction; list_saes()), each optionally with
+        "start_position": p (added from position p on; the prompt's length: the generated
+        tokens only)."""
         req = gen.GenerateRequest()
         if chat is not None:
             _chat(req.chat, chat)
