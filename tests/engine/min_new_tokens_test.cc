@@ -11,35 +11,15 @@
 #include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/engine/run_request.h"
 #include "tests/engine/stories_model_test.h"
 
 namespace kvlens {
 namespace {
 
-struct Result {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  std::vector<std::vector<TokenLogprob>> top;
-  FinishEvent finish;
-};
-
-Result RunOne(Engine& engine, GenerationRequest req) {
-  auto run = std::make_shared<Result>();
-  auto promise = std::make_shared<std::promise<Result>>();
-  std::future<Result> f = promise->get_future();
-  req.callbacks.on_token = [run](const TokenEvent& e) {
-    run->tokens.push_back(e.token);
-    run->logprobs.push_back(e.logprob);
-    run->top.push_back(e.top_logprobs);
-  };
-  req.callbacks.on_finish = [run, promise](const FinishEvent& e) {
-    run->finish = e;
-    promise->set_value(*run);
-  };
-  const absl::Status s = engine.Submit(std::move(req)).status();
-  EXPECT_TRUE(s.ok()) << s;
-  return s.ok() ? f.get() : Result{};
-}
+using testing::RunOne;
+using testing::Start;
+using Result = testing::Streamed;
 
 class MinNewTokensTest : public testing::StoriesModelTest {
  protected:

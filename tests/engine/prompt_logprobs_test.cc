@@ -17,45 +17,15 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
+#include "tests/engine/run_request.h"
 #include "tests/engine/stories_model_test.h"
 
 namespace kvlens {
 namespace {
 
-struct Result {
-  std::vector<PromptLogprobsEvent> scored;
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  bool scored_after_token = false;
-  FinishEvent finish;
-};
-
-std::future<Result> Start(Engine& engine, GenerationRequest req, absl::Status* status) {
-  auto run = std::make_shared<Result>();
-  auto promise = std::make_shared<std::promise<Result>>();
-  std::future<Result> f = promise->get_future();
-  req.callbacks.on_prompt_logprobs = [run](const PromptLogprobsEvent& e) {
-    run->scored.push_back(e);
-    run->scored_after_token = run->scored_after_token || !run->tokens.empty();
-  };
-  req.callbacks.on_token = [run](const TokenEvent& e) {
-    run->tokens.push_back(e.token);
-    run->logprobs.push_back(e.logprob);
-  };
-  req.callbacks.on_finish = [run, promise](const FinishEvent& e) {
-    run->finish = e;
-    promise->set_value(*run);
-  };
-  *status = engine.Submit(std::move(req)).status();
-  return f;
-}
-
-Result RunOne(Engine& engine, GenerationRequest req) {
-  absl::Status s;
-  auto f = Start(engine, std::move(req), &s);
-  EXPECT_TRUE(s.ok()) << s;
-  return s.ok() ? f.get() : Result{};
-}
+using testing::RunOne;
+using testing::Start;
+using Result = testing::Streamed;
 
 class CountingObserver : public EngineObserver {
  public:

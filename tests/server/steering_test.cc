@@ -92,6 +92,22 @@ void ExpectOracleChain(const std::string& model, const std::vector<int32_t>& pro
   }
 }
 
+// The models steered against the oracle, each with a prompt and a vector norm that
+// changes its continuation: the default model (GPT-2) and stories260K (Llama), when present.
+struct OracleCase {
+  std::string model;
+  std::vector<int32_t> prompt;
+  double norm;
+};
+std::vector<OracleCase> OracleCases() {
+  std::vector<OracleCase> cases;
+  if (Exists(DefaultModelPath() + "/config.json")) {
+    cases.push_back({DefaultModelPath(), {4095, 34, 290, 1021, 17, 88}, 40.0});
+  }
+  if (Exists(Stories260KPath())) cases.push_back({Stories260KPath(), {1, 403, 407, 261}, 6.0});
+  return cases;
+}
+
 class SteeringRpc : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -112,18 +128,9 @@ v1::SteeringVector Vector(const std::string& hook, const std::vector<float>& v,
 // Three hooks at once on each model (the oracle adds each at its own point), and the last
 // block's resid_post alone; a norm that changes the continuation.
 TEST_F(SteeringRpc, GreedyTokensAndLogprobsMatchTheOracleAtEveryResidualHook) {
-  struct Case {
-    std::string model;
-    std::vector<int32_t> prompt;
-    double norm;
-  };
-  std::vector<Case> cases;
-  if (Exists(DefaultModelPath() + "/config.json")) {
-    cases.push_back({DefaultModelPath(), {4095, 34, 290, 1021, 17, 88}, 40.0});
-  }
-  if (Exists(Stories260KPath())) cases.push_back({Stories260KPath(), {1, 403, 407, 261}, 6.0});
+  const std::vector<OracleCase> cases = OracleCases();
   if (cases.empty()) GTEST_SKIP() << "no test model";
-  for (const Case& c : cases) {
+  for (const OracleCase& c : cases) {
     SCOPED_TRACE(c.model);
     TestServer server(c.model, TestServer::DefaultOptions());
     ASSERT_TRUE(server.ok()) << server.error();
@@ -149,20 +156,11 @@ TEST_F(SteeringRpc, GreedyTokensAndLogprobsMatchTheOracleAtEveryResidualHook) {
 
 // start_position: one vector from inside the prompt (position 3) and one on the generated
 // tokens only (from the prompt's length), against the oracle adding each to its rows from
-// that start on; kvlens-cli's @START sends the same request.
+// that start on (kvlens-cli's @START: SaeFeatureSteeringIsItsDecoderRow).
 TEST_F(SteeringRpc, StartPositionsMatchTheOracle) {
-  struct Case {
-    std::string model;
-    std::vector<int32_t> prompt;
-    double norm;
-  };
-  std::vector<Case> cases;
-  if (Exists(DefaultModelPath() + "/config.json")) {
-    cases.push_back({DefaultModelPath(), {4095, 34, 290, 1021, 17, 88}, 40.0});
-  }
-  if (Exists(Stories260KPath())) cases.push_back({Stories260KPath(), {1, 403, 407, 261}, 6.0});
+  const std::vector<OracleCase> cases = OracleCases();
   if (cases.empty()) GTEST_SKIP() << "no test model";
-  for (const Case& c : cases) {
+  for (const OracleCase& c : cases) {
     SCOPED_TRACE(c.model);
     TestServer server(c.model, TestServer::DefaultOptions());
     ASSERT_TRUE(server.ok()) << server.error();

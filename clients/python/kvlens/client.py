@@ -52,6 +52,21 @@ def _input(text=None, tokens=None, session_id=None, add_bos=None, doc_ids=None, 
     return p
 
 
+def _generate_request(text, tokens, chat, max_new_tokens, steering):
+    """A GenerateRequest for one of text, tokens or chat, with its steering dicts."""
+    req = gen.GenerateRequest()
+    if chat is not None:
+        _chat(req.chat, chat)
+    elif tokens is not None:
+        req.token_ids.ids.extend(tokens)
+    else:
+        req.text = text
+    req.stopping.max_new_tokens = max_new_tokens
+    for s in steering:
+        _steering(req.steering.add(), s)
+    return req
+
+
 def _steering(v, s: dict):
     """A steering dict (generate's) into the SteeringVector v."""
     v.hook = s.get("hook", "")
@@ -157,19 +172,10 @@ class Client:
         (a server SAE's decoder direction; list_saes()), each optionally with
         "start_position": p (added from position p on; the prompt's length: the generated
         tokens only)."""
-        req = gen.GenerateRequest()
-        if chat is not None:
-            _chat(req.chat, chat)
-        elif tokens is not None:
-            req.token_ids.ids.extend(tokens)
-        else:
-            req.text = text
-        req.stopping.max_new_tokens = max_new_tokens
+        req = _generate_request(text, tokens, chat, max_new_tokens, steering)
         if attention_layers is not None or attention_heads is not None:
             req.attention_rows.layers.extend(attention_layers or [])
             req.attention_rows.heads.extend(attention_heads or [])
-        for s in steering:
-            _steering(req.steering.add(), s)
         out_tokens, out_text, rows = [], "", []
         for chunk in self.generation.Generate(req, timeout=self.timeout):
             out_tokens += list(chunk.token_ids)
@@ -182,17 +188,8 @@ class Client:
         """Scores a prompt on the serving path (Generate's prompt_logprobs, as vLLM's):
         each token's log-probability given the tokens before it, and the `top` (0 … 20)
         most likely tokens at each position. One token is generated and dropped."""
-        req = gen.GenerateRequest()
-        if chat is not None:
-            _chat(req.chat, chat)
-        elif tokens is not None:
-            req.token_ids.ids.extend(tokens)
-        else:
-            req.text = text
-        req.stopping.max_new_tokens = 1
+        req = _generate_request(text, tokens, chat, 1, steering)
         req.prompt_logprobs = top
-        for s in steering:
-            _steering(req.steering.add(), s)
         entries = []
         for chunk in self.generation.Generate(req, timeout=self.timeout):
             if chunk.prompt_logprobs and chunk.prompt_logprobs_position != len(entries) + 1:
