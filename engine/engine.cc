@@ -436,13 +436,13 @@ void Engine::Impl::LookupPrefix(Sequence& s) {
   s.prefix_looked_up = true;
   if (!options.prefix_caching || s.num_computed > 0 || !s.blocks.empty()) return;
   const int bs = options.block_size;
-  // Never the block holding the last token: it must be computed to yield logits. A
-  // prompt being scored takes only the blocks whose rows it scored already (after a
-  // preemption): every other row must be computed to yield its logits.
+  // Never the block holding the last token: it must be computed to yield logits.
   int max_blocks = (static_cast<int>(s.tokens.size()) - 1) / bs;
   // A steered sequence's keys and values are its own from its first steered position on
   // (ResidualAdd): it shares only the blocks wholly before it.
   max_blocks = std::min(max_blocks, FirstSteeredPosition(s.request.steering) / bs);
+  // A prompt being scored takes only the blocks whose rows it scored already (after a
+  // preemption): every other row must be computed to yield its logits.
   if (s.request.prompt_logprobs >= 0 && s.num_prompt_scored < s.num_prompt - 1) {
     max_blocks = std::min(max_blocks, s.num_prompt_scored / bs);
   }

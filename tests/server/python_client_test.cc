@@ -51,6 +51,9 @@ out["steered"] = c.generate(chat=conv, max_new_tokens=4, steering=[
     {"hook": "blocks.0.hook_resid_mid", "vector": [0.25 * (i % 7) - 0.75 for i in range(256)],
      "coefficient": 3},
     {"sae": "enc", "feature": 2, "coefficient": -20, "start_position": 5}])[0]
+out["sampled"] = c.generate(chat=conv, max_new_tokens=6, sampling={
+    "temperature": 0.9, "top_p": 0.95, "seed": 7, "logit_bias": {5: 2.5}}, stop=["zz"],
+    min_new_tokens=2)[0]
 sc = c.score(chat=conv, top=2)
 out["score_tokens"], out["score_top"] = sc.tokens, [[t for t, _ in row] for row in sc.top]
 out["score_logprobs"] = [None] + sc.logprobs[1:].tolist()
@@ -142,6 +145,23 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   const StreamResult g = RunGenerate(server.stub(), generate);
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
   EXPECT_EQ(out["generated"].get<std::vector<int32_t>>(), g.tokens);
+  // Sampling, stop strings and min_new_tokens: the client's fields are the C++ stub's.
+  {
+    v1::GenerateRequest sampled = generate;
+    sampled.mutable_stopping()->set_max_new_tokens(6);
+    sampled.mutable_stopping()->add_stop("zz");
+    sampled.mutable_stopping()->set_min_new_tokens(2);
+    v1::SamplingParams* p = sampled.mutable_sampling();
+    p->set_temperature(0.9);
+    p->set_top_p(0.95);
+    p->set_seed(7);
+    (*p->mutable_logit_bias())[5] = 2.5f;
+    const StreamResult drawn = RunGenerate(server.stub(), sampled);
+    ASSERT_TRUE(drawn.status.ok()) << drawn.status.error_message();
+    EXPECT_EQ(out["sampled"].get<std::vector<int32_t>>(), drawn.tokens);
+    sampled.mutable_sampling()->set_seed(8);  // the seed is what picks these tokens
+    EXPECT_NE(RunGenerate(server.stub(), sampled).tokens, drawn.tokens);
+  }
   // score(): the prompt's tokens, with the C++ stub's prompt_logprobs from position 1.
   {
     v1::GenerateRequest scored;

@@ -160,8 +160,13 @@ class Client:
                                            timeout=self.timeout).text for t in tokens]
 
     def generate(self, text=None, tokens=None, max_new_tokens=32, attention_layers=None,
-                 attention_heads=None, chat=None, steering=()):
-        """Greedy generation. With attention_layers/heads (lists; [] = all) every token
+                 attention_heads=None, chat=None, steering=(), sampling=None, stop=(),
+                 min_new_tokens=0):
+        """Generation, greedy unless `sampling` (a dict of SamplingParams fields:
+        temperature, top_k, top_p, min_p, seed, repetition_penalty, frequency_penalty,
+        presence_penalty, logit_bias {token: bias}) says otherwise; `stop` strings end the
+        output before them; min_new_tokens holds EOS back until that many tokens.
+        With attention_layers/heads (lists; [] = all) every token
         comes with its attention row: returns (tokens, text, rows) where rows[i] is a
         [layers, heads, keys] array for generated token i. chat: a conversation instead of
         text, [{"role": "system"|"user"|"assistant", "content": ...}, ...], written by the
@@ -173,6 +178,14 @@ class Client:
         "start_position": p (added from position p on; the prompt's length: the generated
         tokens only)."""
         req = _generate_request(text, tokens, chat, max_new_tokens, steering)
+        for field, value in (sampling or {}).items():
+            if field == "logit_bias":
+                for token, bias in value.items():
+                    req.sampling.logit_bias[int(token)] = float(bias)
+            else:
+                setattr(req.sampling, field, value)  # an unknown field raises AttributeError
+        req.stopping.stop.extend(stop)
+        req.stopping.min_new_tokens = min_new_tokens
         if attention_layers is not None or attention_heads is not None:
             req.attention_rows.layers.extend(attention_layers or [])
             req.attention_rows.heads.extend(attention_heads or [])
