@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/kv_cache/sequence_cache.h"
 #include "engine/model/transformer.h"
+#include "engine/prompt_logprobs.h"
 
 namespace kvlens {
 
@@ -34,6 +35,10 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
                                               " tokens, the context length is ", c.max_seq_len));
   }
   if (absl::Status s = options.sampling.Validate(c.vocab_size); !s.ok()) return s;
+  if (options.prompt_logprobs < -1 || options.prompt_logprobs > 20) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs = ", options.prompt_logprobs,
+                                                   " must be in [0, 20] (or -1: none)"));
+  }
 
   const int64_t total = std::min<int64_t>(
       c.max_seq_len, static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
@@ -78,7 +83,21 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
     } else {
       prepare(entry);
     }
+    // Rows num_cached … end − 1 score the prompt tokens after them (all rows but the last
+    // prompt position's); the last chunk's sample is then drawn on the host, from its
+    // last row.
+    const int end = std::min<int>(num_cached + n, static_cast<int>(prompt.size()) - 1);
+    const bool scores = options.prompt_logprobs >= 0 && num_cached < end;
+    entry.all_logits = scores;
     if (absl::Status s = transformer.Forward({&entry, 1}, cache, out); !s.ok()) return s;
+    if (scores) {
+      const std::vector<float> rows(out.logits.begin(),
+                                    out.logits.begin() + int64_t{end - num_cached} * c.vocab_size);
+      const PromptLogprobsEvent ev = ScorePromptRows(
+          rows, c.vocab_size, num_cached, prompt.subspan(num_cached + 1, end - num_cached),
+          options.prompt_logprobs, nullptr);
+      if (options.on_prompt_logprobs) options.on_prompt_logprobs(ev);
+    }
     num_cached += n;
   }
   auto t_first = Clock::now();

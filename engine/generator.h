@@ -30,6 +30,11 @@ struct GenerateOptions {
   // Vectors added to the residual stream at every position (activation steering); the
   // Transformer checks their layers and lengths.
   std::vector<ResidualAdd> steering;
+  // −1: none; 0 … 20: score the prompt as the engine does (GenerationRequest::
+  // prompt_logprobs): each prefill chunk takes every row's logits and hands
+  // on_prompt_logprobs its positions' log-probabilities, in order, before the first token.
+  int prompt_logprobs = -1;
+  std::function<void(const PromptLogprobsEvent&)> on_prompt_logprobs;
 };
 
 struct GenerateResult {

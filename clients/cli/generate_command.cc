@@ -8,6 +8,7 @@
 #include "clients/cli/args.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/local_backend.h"
+#include "clients/cli/prompt_logprobs_print.h"
 #include "clients/cli/remote_generate.h"
 #include "clients/cli/steering_flag.h"
 #include "engine/generator.h"
@@ -56,9 +57,9 @@ const std::vector<FlagSpec>& Specs() {
        "--server also sae:NAME:FEATURE[:COEF][@START], that feature's decoder direction of "
        "the server's SAE NAME (kvlens-cli sae --list)"},
       {"prompt-logprobs", "",
-       "with --server: also print to stderr each prompt token's log-probability given the "
-       "tokens before it and the N (0 … 20) most likely tokens there, then their sum and "
-       "perplexity (Generate's prompt_logprobs; locally, kvlens-cli perplexity scores a file)"},
+       "also print to stderr each prompt token's log-probability given the tokens before it "
+       "and the N (0 … 20) most likely tokens there, then their sum and perplexity (with "
+       "--server: Generate's prompt_logprobs)"},
       {"prefill-chunk", "512", "prompt tokens per prefill step"},
       {"block-size", "16", "KV-cache block size in tokens"},
       {"no-bos", "",
@@ -128,12 +129,6 @@ int GenerateCommand(int argc, char** argv) {
     return 0;
   }
   if (args->Has("server")) return RemoteGenerate(*args);
-  if (args->Has("prompt-logprobs")) {
-    return fail(absl::InvalidArgumentError(
-                    "--prompt-logprobs needs --server (locally, kvlens-cli perplexity scores a "
-                    "text file)"),
-                2);
-  }
   if (!args->Has("model")) return fail(absl::InvalidArgumentError("--model is required"), 2);
 
   GenerateOptions options;
@@ -214,13 +209,35 @@ int GenerateCommand(int argc, char** argv) {
     return fail(absl::InvalidArgumentError("the prompt is empty and the model has no BOS token"),
                 2);
   }
+  std::vector<ScoredToken> scored;
+  if (args->Has("prompt-logprobs")) {
+    auto top = args->Int("prompt-logprobs", 0, 20);
+    if (!top.ok()) return fail(top.status(), 2);
+    options.prompt_logprobs = static_cast<int>(*top);
+    options.on_prompt_logprobs = [&scored](const PromptLogprobsEvent& e) {
+      for (size_t i = 0; i < e.tokens.size(); ++i) {
+        ScoredToken& t = scored.emplace_back();
+        t.token = e.tokens[i];
+        t.logprob = e.logprobs[i];
+        if (!e.top.empty()) {
+          for (const TokenLogprob& x : e.top[i]) t.top.emplace_back(x.token, x.logprob);
+        }
+      }
+    };
+  }
   const bool stats = args->Switch("stats");
+  int code = 0;
   if (local.fp64) {
     kernels::ReferenceBackend backend;
-    return Run<double>(**model, backend, backend.name(), prompt, shown, options, stats);
+    code = Run<double>(**model, backend, backend.name(), prompt, shown, options, stats);
+  } else {
+    code = Run<float>(**model, *local.fp32.backend, local.fp32.description, prompt, shown, options,
+                      stats);
   }
-  return Run<float>(**model, *local.fp32.backend, local.fp32.description, prompt, shown, options,
-                    stats);
+  if (code == 0 && options.prompt_logprobs >= 0) {
+    PrintPromptLogprobs(std::cerr, scored, [&](int32_t token) { return tok.Decode({token}); });
+  }
+  return code;
 }
 
 }  // namespace kvlens::cli

@@ -2,16 +2,14 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <cmath>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "clients/cli/prompt_logprobs_print.h"
 #include "clients/cli/steering_flag.h"
 #include "kvlens/v1/generation.grpc.pb.h"
 
@@ -40,50 +38,14 @@ const char* FinishName(v1::FinishReason r) {
   }
 }
 
-// Each token's spelling, quoted and escaped, by the server's Detokenize (once a token).
-class Pieces {
- public:
-  explicit Pieces(v1::Generation::Stub& stub) : stub_(stub) {}
-  const std::string& operator()(int32_t token) {
-    auto [it, fresh] = cache_.try_emplace(token);
-    if (fresh) {
-      v1::DetokenizeRequest request;
-      request.add_token_ids(token);
-      v1::DetokenizeResponse response;
-      grpc::ClientContext context;
-      it->second = stub_.Detokenize(&context, request, &response).ok()
-                       ? absl::StrCat("\"", absl::CEscape(response.text()), "\"")
-                       : absl::StrCat("#", token);
-    }
-    return it->second;
-  }
-
- private:
-  v1::Generation::Stub& stub_;
-  absl::flat_hash_map<int32_t, std::string> cache_;
-};
-
-// One line a prompt position (position 0, with nothing before it, has none): position,
-// token id, its spelling, log-probability, then the most likely tokens; then the sum and
-// the perplexity exp(−sum / count).
-void PrintPromptLogprobs(v1::Generation::Stub& stub, const std::vector<v1::TokenLogprob>& scored) {
-  Pieces piece(stub);
-  double sum = 0;
-  std::cerr << "position\ttoken\tpiece\tlogprob\ttop (piece logprob)\n";
-  for (size_t i = 0; i < scored.size(); ++i) {
-    const v1::TokenLogprob& lp = scored[i];
-    sum += lp.logprob();
-    std::cerr << absl::StrFormat("%d\t%d\t%s\t%.6f\t", i + 1, lp.token(), piece(lp.token()),
-                                 lp.logprob());
-    for (int k = 0; k < lp.top_size(); ++k) {
-      std::cerr << absl::StrFormat("%s%s %.6f", k > 0 ? "  " : "", piece(lp.top(k).token()),
-                                   lp.top(k).logprob());
-    }
-    std::cerr << "\n";
-  }
-  std::cerr << absl::StrFormat("prompt: %d tokens scored, sum %.6f, perplexity %.4f\n",
-                               scored.size(), sum,
-                               scored.empty() ? 1.0 : std::exp(-sum / scored.size()));
+// The server's spelling of a token (Detokenize), or "#id" when it cannot say.
+std::string ServerPiece(v1::Generation::Stub& stub, int32_t token) {
+  v1::DetokenizeRequest request;
+  request.add_token_ids(token);
+  v1::DetokenizeResponse response;
+  grpc::ClientContext context;
+  return stub.Detokenize(&context, request, &response).ok() ? response.text()
+                                                            : absl::StrCat("#", token);
 }
 
 }  // namespace
@@ -154,10 +116,15 @@ int RemoteGenerate(const Args& args) {
   if (!chat) std::cout << args.Str("prompt") << std::flush;  // as offline: prompt, then completion
   v1::GenerateResponse chunk;
   v1::GenerateFinal final;
-  std::vector<v1::TokenLogprob> scored;
+  std::vector<ScoredToken> scored;
   while (reader->Read(&chunk)) {
     std::cout << chunk.text() << std::flush;
-    scored.insert(scored.end(), chunk.prompt_logprobs().begin(), chunk.prompt_logprobs().end());
+    for (const v1::TokenLogprob& lp : chunk.prompt_logprobs()) {
+      ScoredToken& t = scored.emplace_back();
+      t.token = lp.token();
+      t.logprob = lp.logprob();
+      for (const v1::TopLogprob& top : lp.top()) t.top.emplace_back(top.token(), top.logprob());
+    }
     if (chunk.has_final()) final = chunk.final();
   }
   const grpc::Status status = reader->Finish();
@@ -167,7 +134,10 @@ int RemoteGenerate(const Args& args) {
         absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()),
         1);
   }
-  if (*prompt_logprobs >= 0) PrintPromptLogprobs(*stub, scored);
+  if (*prompt_logprobs >= 0) {
+    PrintPromptLogprobs(std::cerr, scored,
+                        [&](int32_t token) { return ServerPiece(*stub, token); });
+  }
   if (args.Switch("stats")) {
     const v1::Usage& u = final.usage();
     const v1::Timings& t = final.timings();

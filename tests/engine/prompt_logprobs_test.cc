@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/generator.h"
 #include "engine/model/transformer.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -207,6 +208,27 @@ TEST_F(PromptLogprobsTest, PreemptedInThePromptSendsEachPositionOnce) {
   ExpectReference(r1, 1);
   ExpectReference(r2, 1);
   EXPECT_EQ(r1.tokens, r2.tokens);
+}
+
+// The offline generator (kvlens-cli generate --model … --prompt-logprobs) scores the same
+// way: chunks of 5, fp32, as the reference; and its tokens are the engine's.
+TEST_F(PromptLogprobsTest, TheOfflineGeneratorScoresAsTheReference) {
+  GenerateOptions options;
+  options.max_new_tokens = 4;
+  options.stop_at_eos = false;
+  options.prefill_chunk = 5;
+  options.prompt_logprobs = 4;
+  Result r;
+  options.on_prompt_logprobs = [&r](const PromptLogprobsEvent& e) { r.scored.push_back(e); };
+  auto got = Generate<float>(*model_, backend_, prompt_, options);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_GT(r.scored.size(), 5u);
+  ExpectReference(r, 4);
+  Engine engine(*model_, backend_, EngineOptions{});
+  EXPECT_EQ(got->tokens, RunOne(engine, Request(-1)).tokens);
+  options.prompt_logprobs = 21;
+  EXPECT_EQ(Generate<float>(*model_, backend_, prompt_, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(PromptLogprobsTest, RefusedOutOfRangeOrWithASessionAndNoneForOneToken) {

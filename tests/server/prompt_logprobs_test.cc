@@ -6,6 +6,7 @@
 // the field. kvlens-cli generate --prompt-logprobs prints them.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -139,7 +140,8 @@ TEST(PromptLogprobsRpcErrors, RefusedNamingTheFieldAndAbsentByDefault) {
 }
 
 // kvlens-cli generate --prompt-logprobs prints the RPC's entries (stderr), one line a
-// position, then their sum and perplexity; it is refused without --server.
+// position, then their sum and perplexity, through the server and on the local model
+// (the offline generator's scoring, chunks of 3 tokens).
 TEST(PromptLogprobsCli, PrintsTheRpcsEntriesAndTheirSum) {
   TestServer server;
   ASSERT_TRUE(server.ok()) << server.error();
@@ -148,30 +150,42 @@ TEST(PromptLogprobsCli, PrintsTheRpcsEntriesAndTheirSum) {
   const StreamResult want = RunGenerate(server.stub(), r);
   ASSERT_TRUE(want.status.ok()) << want.status.error_message();
   ASSERT_GE(want.prompt_logprobs.size(), 3u);
-  const auto [code, printed] = RunCommand(absl::StrCat(
-      "timeout 60 ", KVLENS_CLI_PATH, " generate --server ", server.address(),
-      " --prompt 'Once upon a time' --max-new-tokens 2 --prompt-logprobs 2 2>&1 >/dev/null"));
-  ASSERT_EQ(code, 0) << printed;
-  const std::vector<std::string> lines = absl::StrSplit(printed, '\n', absl::SkipEmpty());
-  ASSERT_EQ(lines.size(), want.prompt_logprobs.size() + 2) << printed;
-  double sum = 0;
-  for (size_t i = 0; i < want.prompt_logprobs.size(); ++i) {
-    const std::vector<std::string> f = absl::StrSplit(lines[i + 1], '\t');
-    ASSERT_EQ(f.size(), 5u) << lines[i + 1];
-    EXPECT_EQ(f[0], std::to_string(i + 1));
-    EXPECT_EQ(f[1], std::to_string(want.prompt_logprobs[i].token()));
-    EXPECT_NEAR(std::stod(f[3]), want.prompt_logprobs[i].logprob(), 1e-6) << lines[i + 1];
-    sum += want.prompt_logprobs[i].logprob();
+  const std::string flags =
+      " --prompt 'Once upon a time' --max-new-tokens 2 --prompt-logprobs 2 2>&1 >/dev/null";
+  for (const std::string& where :
+       {absl::StrCat("--server ", server.address()),
+        absl::StrCat("--model ", Stories260KPath(), " --prefill-chunk 3")}) {
+    SCOPED_TRACE(where);
+    const auto [code, printed] =
+        RunCommand(absl::StrCat("timeout 60 ", KVLENS_CLI_PATH, " generate ", where, flags));
+    ASSERT_EQ(code, 0) << printed;
+    const std::vector<std::string> lines = absl::StrSplit(printed, '\n', absl::SkipEmpty());
+    ASSERT_EQ(lines.size(), want.prompt_logprobs.size() + 2) << printed;
+    double sum = 0;
+    for (size_t i = 0; i < want.prompt_logprobs.size(); ++i) {
+      const v1::TokenLogprob& lp = want.prompt_logprobs[i];
+      const std::vector<std::string> f = absl::StrSplit(lines[i + 1], '\t');
+      ASSERT_EQ(f.size(), 5u) << lines[i + 1];
+      EXPECT_EQ(f[0], std::to_string(i + 1));
+      EXPECT_EQ(f[1], std::to_string(lp.token()));
+      EXPECT_NEAR(std::stod(f[3]), lp.logprob(), 2e-6) << lines[i + 1];
+      // The top entries: two spellings and log-probabilities, the first the RPC's.
+      const std::vector<std::string> top = absl::StrSplit(f[4], "  ");
+      ASSERT_EQ(top.size(), 2u) << f[4];
+      EXPECT_NEAR(std::stod(top[0].substr(top[0].rfind(' ') + 1)), lp.top(0).logprob(), 2e-6);
+      sum += lp.logprob();
+    }
+    // "prompt: N tokens scored, sum S, perplexity P"
+    double got_sum = 0, got_ppl = 0;
+    int count = 0;
+    ASSERT_EQ(std::sscanf(lines.back().c_str(), "prompt: %d tokens scored, sum %lf, perplexity %lf",
+                          &count, &got_sum, &got_ppl),
+              3)
+        << lines.back();
+    EXPECT_EQ(count, static_cast<int>(want.prompt_logprobs.size()));
+    EXPECT_NEAR(got_sum, sum, 1e-5);
+    EXPECT_NEAR(got_ppl, std::exp(-sum / count), 1e-4 * got_ppl);
   }
-  EXPECT_NE(lines.back().find(absl::StrFormat("sum %.6f, perplexity %.4f", sum,
-                                              std::exp(-sum / want.prompt_logprobs.size()))),
-            std::string::npos)
-      << lines.back();
-  const auto [local_code, local] =
-      RunCommand(absl::StrCat("timeout 60 ", KVLENS_CLI_PATH, " generate --model ",
-                              Stories260KPath(), " --prompt 'Once' --prompt-logprobs 1 2>&1"));
-  EXPECT_EQ(local_code, 2);
-  EXPECT_NE(local.find("--prompt-logprobs needs --server"), std::string::npos) << local;
 }
 
 }  // namespace
