@@ -69,6 +69,9 @@ ABSL_FLAG(std::string, output_tokens, "64",
 ABSL_FLAG(bool, ignore_eos, true,
           "Generate the full --output-tokens even past EOS (fixed output lengths).");
 ABSL_FLAG(double, temperature, 0, "Sampling temperature (0: greedy).");
+ABSL_FLAG(int32_t, prompt_logprobs, -1,
+          "Generate requests also score their prompt (prompt_logprobs) with this many top "
+          "tokens a position, 0 … 20 (an evaluation workload: with --output-tokens 1); -1: off.");
 ABSL_FLAG(double, attention_share, 0,
           "Share of requests in [0, 1] that are AttentionMaps calls (every layer and head "
           "of the prompt).");
@@ -229,6 +232,9 @@ int Main(int argc, char** argv) {
         "--probe-share, --activations-share and --attribution-share are unavailable";
   }
   if (absl::GetFlag(FLAGS_shared_prefix_tokens) < 0) bad = "--shared-prefix-tokens must be >= 0";
+  if (const int p = absl::GetFlag(FLAGS_prompt_logprobs); p < -1 || p > 20) {
+    bad = "--prompt-logprobs must be in [0, 20], or -1 (off)";
+  }
   if (!bad.empty()) return Fail(absl::InvalidArgumentError(bad), 2);
 
   WorkloadOptions wo;
@@ -246,6 +252,7 @@ int Main(int argc, char** argv) {
   wo.shared_prefix_tokens = absl::GetFlag(FLAGS_shared_prefix_tokens);
   wo.temperature = absl::GetFlag(FLAGS_temperature);
   wo.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  wo.prompt_logprobs = absl::GetFlag(FLAGS_prompt_logprobs);
   wo.attention_share = attention_share;
   wo.probe_share = probe_share;
   wo.activations_share = activations_share;

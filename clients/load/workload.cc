@@ -89,6 +89,7 @@ v1::GenerateRequest Workload::ToGenerateRequest(const RequestSpec& spec,
   request.mutable_sampling()->set_seed(request_seed);
   request.mutable_stopping()->set_max_new_tokens(spec.max_new_tokens);
   request.mutable_stopping()->set_ignore_eos(options_.ignore_eos);
+  if (options_.prompt_logprobs >= 0) request.set_prompt_logprobs(options_.prompt_logprobs);
   return request;
 }
 

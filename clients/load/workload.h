@@ -33,6 +33,7 @@ struct WorkloadOptions {
   int vocab_size = 0;                // from GetModelInfo: synthetic ids are in [0, vocab_size)
   double temperature = 0;
   bool ignore_eos = true;
+  int prompt_logprobs = -1;    // >= 0: generate requests score their prompt (prompt_logprobs)
   double attention_share = 0;  // of all requests, in [0, 1]
   double probe_share = 0;
   double activations_share = 0;

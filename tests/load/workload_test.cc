@@ -64,6 +64,10 @@ TEST(WorkloadTest, SyntheticPromptsShareThePrefixAndStayInVocabulary) {
   EXPECT_EQ(r.stopping().max_new_tokens(), 16);
   EXPECT_TRUE(r.stopping().ignore_eos());
   EXPECT_EQ(r.sampling().seed(), 9u);
+  EXPECT_FALSE(r.has_prompt_logprobs());
+  WorkloadOptions scoring = o;
+  scoring.prompt_logprobs = 0;
+  EXPECT_EQ(Workload(scoring).ToGenerateRequest(a, 9).prompt_logprobs(), 0);
 }
 
 TEST(WorkloadTest, SharesPickKindsInProportion) {
