@@ -15,13 +15,13 @@ absl::Status ForwardWithCaptures(Transformer<float>& transformer, KvCacheStorage
   std::vector<BatchEntry> rows_batch(batch.begin(), batch.end());
   for (BatchEntry& e : rows_batch) e.pick_only = false;
   const size_t V = static_cast<size_t>(transformer.config().vocab_size);
+  auto rows_of = [&](size_t k) { return batch[k].all_logits ? batch[k].tokens.size() : 1; };
   std::vector<int> first_row(batch.size());
   size_t num_rows = 0;
   for (size_t k = 0; k < batch.size(); ++k) {
     first_row[k] = static_cast<int>(num_rows);
-    num_rows += batch[k].all_logits ? batch[k].tokens.size() : 1;
+    num_rows += rows_of(k);
   }
-  auto rows_of = [&](size_t k) { return batch[k].all_logits ? batch[k].tokens.size() : 1; };
   std::vector<float> logits(num_rows * V);
   std::vector<BatchEntry> rest;
   std::vector<size_t> rest_index;

@@ -216,7 +216,7 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
                                                 c.max_seq_len));
     }
     request.stop.max_new_tokens = static_cast<int>(c.max_seq_len - used);
-    if (absl::Status s = request.Validate(c.vocab_size); !s.ok()) return s;  // min_new_tokens
+    if (absl::Status s = request.stop.Validate(); !s.ok()) return s;  // min_new_tokens
   }
   const int64_t total = used + request.stop.max_new_tokens;
   if (total > c.max_seq_len) {

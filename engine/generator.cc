@@ -35,10 +35,7 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
                                               " tokens, the context length is ", c.max_seq_len));
   }
   if (absl::Status s = options.sampling.Validate(c.vocab_size); !s.ok()) return s;
-  if (options.prompt_logprobs < -1 || options.prompt_logprobs > 20) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs = ", options.prompt_logprobs,
-                                                   " must be in [0, 20] (or -1: none)"));
-  }
+  if (absl::Status s = CheckPromptLogprobs(options.prompt_logprobs); !s.ok()) return s;
 
   const int64_t total = std::min<int64_t>(
       c.max_seq_len, static_cast<int64_t>(prompt.size()) + options.max_new_tokens);

@@ -2,10 +2,19 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cpu/row_reduce.h"
 #include "kernels/token_draw.h"
 
 namespace kvlens {
+
+absl::Status CheckPromptLogprobs(int top) {
+  if (top < -1 || top > kernels::kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs = ", top, " must be in [0, ",
+                                                   kernels::kMaxTopLogprobs, "] (or -1: none)"));
+  }
+  return absl::OkStatus();
+}
 
 PromptLogprobsEvent ScorePromptRows(absl::Span<const float> logits, int vocab, int first_row,
                                     absl::Span<const int32_t> next, int top,

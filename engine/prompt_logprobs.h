@@ -5,11 +5,15 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "engine/request.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace kvlens {
+
+// INVALID_ARGUMENT unless `top` is −1 (no scoring) or in [0, 20].
+absl::Status CheckPromptLogprobs(int top);
 
 // logits: [n, vocab], the rows of positions p = first_row … first_row + n − 1; next: the
 // n tokens at positions first_row + 1 …. Each position p + 1 gets log p(next[p − first_row])

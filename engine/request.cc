@@ -1,6 +1,7 @@
 #include "engine/request.h"
 
 #include "absl/strings/str_cat.h"
+#include "engine/prompt_logprobs.h"
 
 namespace kvlens {
 
@@ -22,6 +23,30 @@ const char* FinishReasonName(FinishReason r) {
   return "unknown";
 }
 
+absl::Status StopParams::Validate() const {
+  if (max_new_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens = ", max_new_tokens, " must be >= 0 (0: up to the context)"));
+  }
+  if (min_new_tokens < 0 || (max_new_tokens > 0 && min_new_tokens > max_new_tokens)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_new_tokens = ", min_new_tokens,
+                     " must be in [0, max_new_tokens = ", max_new_tokens, "]"));
+  }
+  if (stop_strings.size() > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stop_strings has ", stop_strings.size(), " entries, at most 16"));
+  }
+  for (size_t i = 0; i < stop_strings.size(); ++i) {
+    const size_t n = stop_strings[i].size();
+    if (n == 0 || n > 256) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop_strings[", i, "] has ", n, " bytes, must be 1 … 256"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GenerationRequest::Validate(int32_t vocab_size) const {
   if (prompt.empty()) return absl::InvalidArgumentError("prompt: no tokens");
   for (size_t i = 0; i < prompt.size(); ++i) {
@@ -36,31 +61,8 @@ absl::Status GenerationRequest::Validate(int32_t vocab_size) const {
     return absl::InvalidArgumentError(
         absl::StrCat("top_logprobs = ", top_logprobs, " must be in [0, 20]"));
   }
-  if (prompt_logprobs < -1 || prompt_logprobs > 20) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt_logprobs = ", prompt_logprobs, " must be in [0, 20] (or -1: none)"));
-  }
-  if (stop.max_new_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens = ", stop.max_new_tokens,
-                                                   " must be >= 0 (0: up to the context)"));
-  }
-  if (stop.min_new_tokens < 0 ||
-      (stop.max_new_tokens > 0 && stop.min_new_tokens > stop.max_new_tokens)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("min_new_tokens = ", stop.min_new_tokens,
-                     " must be in [0, max_new_tokens = ", stop.max_new_tokens, "]"));
-  }
-  if (stop.stop_strings.size() > 16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("stop_strings has ", stop.stop_strings.size(), " entries, at most 16"));
-  }
-  for (size_t i = 0; i < stop.stop_strings.size(); ++i) {
-    const size_t n = stop.stop_strings[i].size();
-    if (n == 0 || n > 256) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("stop_strings[", i, "] has ", n, " bytes, must be 1 … 256"));
-    }
-  }
+  if (absl::Status s = CheckPromptLogprobs(prompt_logprobs); !s.ok()) return s;
+  if (absl::Status s = stop.Validate(); !s.ok()) return s;
   for (int32_t t : stop.stop_token_ids) {
     if (t < 0 || t >= vocab_size) {
       return absl::InvalidArgumentError(

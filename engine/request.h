@@ -27,6 +27,11 @@ struct StopParams {
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop_strings;  // generation ends before the first occurrence
   bool ignore_eos = false;
+
+  // The counts and the stop strings (not the token ids, which need the vocabulary):
+  // INVALID_ARGUMENT naming the first bad one. Cheap: Engine::Submit checks again once it
+  // has turned max_new_tokens 0 into the room the context leaves.
+  absl::Status Validate() const;
 };
 
 enum class FinishReason { kLength, kEos, kStop, kCancelled, kContext, kError };
@@ -113,8 +118,7 @@ struct GenerationRequest {
   RequestCallbacks callbacks;
 
   // The fields that need no engine state (prompt and stop token ids within the
-  // vocabulary, sampling, top_logprobs, prompt_logprobs, max_new_tokens, stop strings):
-  // INVALID_ARGUMENT
+  // vocabulary, sampling, top_logprobs, prompt_logprobs, stop.Validate()): INVALID_ARGUMENT
   // naming the first bad one, else OK.
   absl::Status Validate(int32_t vocab_size) const;
 };
