@@ -11,9 +11,12 @@ absl::Status ForwardWithCaptures(Transformer<float>& transformer, KvCacheStorage
   if (std::find(capture.begin(), capture.end(), true) == capture.end()) {
     return transformer.Forward(batch, cache, out);
   }
-  // Every entry's logits rows come back here, so none takes the device's pick.
+  // Every entry's logits rows come back here, so none takes the device's picks.
   std::vector<BatchEntry> rows_batch(batch.begin(), batch.end());
-  for (BatchEntry& e : rows_batch) e.pick_only = false;
+  for (BatchEntry& e : rows_batch) {
+    e.pick_only = false;
+    e.score_next = {};
+  }
   const size_t V = static_cast<size_t>(transformer.config().vocab_size);
   auto rows_of = [&](size_t k) { return batch[k].all_logits ? batch[k].tokens.size() : 1; };
   std::vector<int> first_row(batch.size());

@@ -648,11 +648,16 @@ void Engine::Impl::Step() {
       // prompt's middle) wants none, and one that samples has its next token drawn where
       // the logits are (penalties from the counts of the tokens so far).
       const bool samples = s->num_computed + n == static_cast<int>(s->tokens.size());
-      // A scored prompt chunk wants every row's logits on the host (the last row, when it
-      // samples, is drawn there too).
+      // A scored prompt chunk wants every row: a device reads each row's log-probability
+      // of the token after it (score_next) where the logits are, a host scores the rows.
       const auto [score_begin, score_end] = RowsToScore(*s, n);
       e.all_logits = score_begin < score_end;
       e.pick_only = !e.all_logits;
+      if (e.all_logits) {
+        e.score_next =
+            absl::MakeConstSpan(s->tokens).subspan(s->num_computed + 1, n - (samples ? 1 : 0));
+        e.score_top = s->request.prompt_logprobs;
+      }
       if (samples) {
         // With the number the host's Sample would take next; a host path that samples
         // this row after all takes the same one.
@@ -691,9 +696,9 @@ void Engine::Impl::Step() {
       auto sample = [&](int64_t r) {
         const size_t k = rows[static_cast<size_t>(r)];
         Sequence& s = *plan[k].first;
-        if (batch[k].pick_only && !out.pick_token.empty()) {
+        if (batch[k].Picks() && !out.pick_token.empty()) {
           // The device's pick: what DrawRow gives on the host.
-          const size_t row = static_cast<size_t>(out.logits_row[k]);
+          const size_t row = last_row(k);
           sampled[k].token = out.pick_token[row];
           sampled[k].logprob = out.pick_logprob[row];
           for (int t = 0; t < std::min(s.request.top_logprobs, V); ++t) {
@@ -723,13 +728,11 @@ void Engine::Impl::Step() {
         reason = FinishReason::kError;
       } else {
         if (const auto [begin, end] = RowsToScore(s, plan[k].second); begin < end) {
-          const size_t first = static_cast<size_t>(out.logits_row[k] + (begin - s.num_computed));
-          const size_t V = static_cast<size_t>(model.config.vocab_size);
-          const PromptLogprobsEvent ev =
-              ScorePromptRows(absl::MakeConstSpan(out.logits).subspan(first * V, (end - begin) * V),
-                              static_cast<int>(V), begin,
-                              absl::MakeConstSpan(s.tokens).subspan(begin + 1, end - begin),
-                              s.request.prompt_logprobs, sampling_pool.get());
+          const PromptLogprobsEvent ev = ScoreForwardRows(
+              out, static_cast<size_t>(out.logits_row[k] + (begin - s.num_computed)),
+              model.config.vocab_size, begin,
+              absl::MakeConstSpan(s.tokens).subspan(begin + 1, end - begin),
+              s.request.prompt_logprobs, sampling_pool.get());
           s.num_prompt_scored = end;
           if (s.request.callbacks.on_prompt_logprobs) s.request.callbacks.on_prompt_logprobs(ev);
         }

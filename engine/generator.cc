@@ -81,18 +81,19 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
       prepare(entry);
     }
     // Rows num_cached … end − 1 score the prompt tokens after them (all rows but the last
-    // prompt position's); the last chunk's sample is then drawn on the host, from its
-    // last row.
+    // prompt position's; a device backend reads their log-probabilities where the logits
+    // are); the last chunk's sample is then drawn from its last row.
     const int end = std::min<int>(num_cached + n, static_cast<int>(prompt.size()) - 1);
     const bool scores = options.prompt_logprobs >= 0 && num_cached < end;
     entry.all_logits = scores;
+    if (scores) {
+      entry.score_next = prompt.subspan(num_cached + 1, end - num_cached);
+      entry.score_top = options.prompt_logprobs;
+    }
     if (absl::Status s = transformer.Forward({&entry, 1}, cache, out); !s.ok()) return s;
     if (scores) {
-      const std::vector<float> rows(out.logits.begin(),
-                                    out.logits.begin() + int64_t{end - num_cached} * c.vocab_size);
-      const PromptLogprobsEvent ev = ScorePromptRows(
-          rows, c.vocab_size, num_cached, prompt.subspan(num_cached + 1, end - num_cached),
-          options.prompt_logprobs, nullptr);
+      const PromptLogprobsEvent ev = ScoreForwardRows(
+          out, 0, c.vocab_size, num_cached, entry.score_next, options.prompt_logprobs, nullptr);
       if (options.on_prompt_logprobs) options.on_prompt_logprobs(ev);
     }
     num_cached += n;

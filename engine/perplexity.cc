@@ -100,11 +100,16 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
       entry.num_cached = done;
       entry.block_table = table;
       entry.all_logits = true;
+      // (a device backend reads each row's log-probability of the next token where the
+      // logits are: out.pick_logprob, in double rounded to float, instead of the rows)
+      entry.score_next = absl::MakeConstSpan(window).subspan(done + 1, len);
       if (absl::Status s = transformer.Forward({&entry, 1}, (*cache)->storage, out); !s.ok())
         return s;
       for (int r = std::max(0, first - done); r < len; ++r) {
-        window_sum += NegLogProb(out.logits.data() + static_cast<int64_t>(r) * c.vocab_size,
-                                 c.vocab_size, window[done + r + 1]);
+        window_sum += !out.pick_logprob.empty()
+                          ? -static_cast<double>(out.pick_logprob[static_cast<size_t>(r)])
+                          : NegLogProb(out.logits.data() + static_cast<int64_t>(r) * c.vocab_size,
+                                       c.vocab_size, window[done + r + 1]);
       }
       done += len;
     }

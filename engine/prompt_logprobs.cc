@@ -1,6 +1,8 @@
 #include "engine/prompt_logprobs.h"
 
 #include <algorithm>
+#include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/row_reduce.h"
@@ -45,5 +47,44 @@ PromptLogprobsEvent ScorePromptRows(absl::Span<const float> logits, int vocab, i
   }
   return ev;
 }
+
+template <typename T>
+PromptLogprobsEvent ScoreForwardRows(const ForwardOutput<T>& out, size_t first, int vocab,
+                                     int first_position, absl::Span<const int32_t> next, int top,
+                                     kernels::ThreadPool* pool) {
+  const size_t n = next.size();
+  const size_t V = static_cast<size_t>(vocab);
+  if (out.pick_token.empty()) {
+    const auto rows = absl::MakeConstSpan(out.logits).subspan(first * V, n * V);
+    if constexpr (std::is_same_v<T, float>) {
+      return ScorePromptRows(rows, vocab, first_position, next, top, pool);
+    } else {
+      const std::vector<float> rows_f(rows.begin(), rows.end());
+      return ScorePromptRows(rows_f, vocab, first_position, next, top, pool);
+    }
+  }
+  const int k = std::clamp(top, 0, std::min(vocab, kernels::kMaxTopLogprobs));
+  PromptLogprobsEvent ev;
+  ev.first_position = first_position + 1;
+  ev.tokens.assign(next.begin(), next.end());
+  ev.logprobs.assign(out.pick_logprob.begin() + static_cast<ptrdiff_t>(first),
+                     out.pick_logprob.begin() + static_cast<ptrdiff_t>(first + n));
+  if (k > 0) ev.top.resize(n);
+  for (size_t r = 0; r < n && k > 0; ++r) {
+    const size_t at = (first + r) * kernels::kMaxTopLogprobs;
+    for (int i = 0; i < k; ++i) {
+      ev.top[r].push_back({out.pick_top_token[at + static_cast<size_t>(i)],
+                           out.pick_top_logprob[at + static_cast<size_t>(i)]});
+    }
+  }
+  return ev;
+}
+
+template PromptLogprobsEvent ScoreForwardRows<float>(const ForwardOutput<float>&, size_t, int, int,
+                                                     absl::Span<const int32_t>, int,
+                                                     kernels::ThreadPool*);
+template PromptLogprobsEvent ScoreForwardRows<double>(const ForwardOutput<double>&, size_t, int,
+                                                      int, absl::Span<const int32_t>, int,
+                                                      kernels::ThreadPool*);
 
 }  // namespace kvlens

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "engine/model/transformer.h"
 #include "engine/request.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -22,6 +23,15 @@ absl::Status CheckPromptLogprobs(int top);
 PromptLogprobsEvent ScorePromptRows(absl::Span<const float> logits, int vocab, int first_row,
                                     absl::Span<const int32_t> next, int top,
                                     kernels::ThreadPool* pool);
+
+// The event of a scored chunk from Forward's output: rows first … first + next.size() − 1
+// of `out` score positions first_position + 1 … (their tokens `next`). A device's picks
+// (out.pick_token non-empty: the entry's score_next was `next`, its score_top `top`) are
+// read as they are; else ScorePromptRows over the logits rows (as float).
+template <typename T>
+PromptLogprobsEvent ScoreForwardRows(const ForwardOutput<T>& out, size_t first, int vocab,
+                                     int first_position, absl::Span<const int32_t> next, int top,
+                                     kernels::ThreadPool* pool);
 
 }  // namespace kvlens
 

@@ -292,7 +292,7 @@ class Backend {
  protected:
   // INVALID_ARGUMENT if a row asks for top log-probabilities (0 … kMaxTopLogprobs) that
   // there are no arrays for, or names a token outside [0, vocab) in its logit bias or its
-  // penalties' token counts (or counts one fewer than once).
+  // penalties' token counts (or counts one fewer than once), or forces one outside it.
   static absl::Status CheckDraws(int rows, int vocab, const TokenDraw* draws,
                                  const int32_t* top_token, const float* top_logprob) {
     for (int r = 0; r < rows; ++r) {
@@ -305,6 +305,11 @@ class Backend {
       if (k > 0 && (top_token == nullptr || top_logprob == nullptr)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "DrawTokens: draws[", r, "].top_logprobs = ", k, " but no top_token/top_logprob"));
+      }
+      if (const int32_t t = draws[r].forced_token; t < -1 || t >= vocab) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("DrawTokens: draws[", r, "].forced_token = ", t,
+                         " is outside the vocabulary [0, ", vocab, ") (or -1: draw)"));
       }
       for (const auto& [id, value] : draws[r].logit_bias) {
         if (id < 0 || id >= vocab) {

@@ -217,7 +217,9 @@ void DrawRows(const float* logits, int rows, int vocab, const TokenDraw* draws, 
     }
     const absl::Span<const float> row(logits + static_cast<size_t>(r) * vocab,
                                       static_cast<size_t>(vocab));
-    if (draws[r].logit_bias.empty() && !draws[r].HasPenalties()) {
+    if (draws[r].forced_token >= 0) {
+      token[r] = draws[r].forced_token;
+    } else if (draws[r].logit_bias.empty() && !draws[r].HasPenalties()) {
       token[r] = DrawToken(row, draws[r]);
     } else {
       thread_local std::vector<float> adjusted;

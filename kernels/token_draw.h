@@ -24,6 +24,10 @@ struct TokenDraw {
   double min_p = 0.0;        // 0: off
   double u01 = 0.0;          // the draw's uniform number in [0, 1): 53 random bits · 2^−53
   int top_logprobs = 0;      // also the row's this many most likely tokens (0 … 20)
+  // >= 0: no draw; the row's token is this one (a prompt being scored: the token that
+  // follows the row), reported with its log-probability and top_logprobs as a drawn one
+  // would be; the bias, penalties and filters are then unused. In [0, vocab), or −1.
+  int32_t forced_token = -1;
   // Added to the logits, entry by entry in order, before the draw (not before the reported
   // log-probabilities): by DrawRows and Backend::DrawTokens; DrawToken's caller applies
   // it (ApplyLogitBias). Ids in [0, vocab).
@@ -75,7 +79,8 @@ int32_t DrawToken(absl::Span<const float> logits, const TokenDraw& draw);
 void TopLogprobs(absl::Span<const float> logits, double lse, int k, int32_t* ids, float* logprobs);
 
 // Each of `rows` rows of logits [rows, vocab]: token[r] = DrawToken(row r with
-// draws[r].logit_bias and then its penalties applied, draws[r]) and
+// draws[r].logit_bias and then its penalties applied, draws[r]) (draws[r].forced_token
+// where that is >= 0) and
 // logprob[r] = l[token[r]] − LogSumExp(row r) (kernels/cpu/row_reduce.h), the model's
 // log-probability of the token, as the engine reports it; and where draws[r].top_logprobs
 // is k > 0, TopLogprobs(row r, min(k, vocab)) into top_token and top_logprob, each

@@ -82,6 +82,26 @@ absl::Status Transformer<T>::Validate(absl::Span<const BatchEntry> batch,
         return s;
       }
     }
+    if (!b.score_next.empty()) {
+      const size_t n = b.tokens.size();
+      if (!b.all_logits || (b.score_next.size() != n && b.score_next.size() + 1 != n)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "batch entry ", e, ": score_next has ", b.score_next.size(),
+            " tokens; an all_logits entry of ", n, " tokens takes ", n, " or ", n - 1));
+      }
+      for (size_t i = 0; i < b.score_next.size(); ++i) {
+        if (b.score_next[i] < 0 || b.score_next[i] >= config_.vocab_size) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("batch entry ", e, ": score_next[", i, "] = ", b.score_next[i],
+                           " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+        }
+      }
+      if (b.score_top < 0 || b.score_top > kernels::kMaxTopLogprobs) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("batch entry ", e, ": score_top = ", b.score_top, " must be in [0, ",
+                         kernels::kMaxTopLogprobs, "]"));
+      }
+    }
     if (!b.doc_ids.empty() && static_cast<int64_t>(b.doc_ids.size()) != total) {
       return absl::InvalidArgumentError(absl::StrCat(
           "batch entry ", e, ": doc_ids has ", b.doc_ids.size(), " entries, expected ", total));
@@ -403,18 +423,26 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   if (absl::Status s = logits_.Resize(m * V); !s.ok()) return s;
   backend_.MatMul(xn_.data(), m, w.output, WeightView{}, logits_.data());
   if (c.final_softcap > 0.0) backend_.SoftCap(logits_.data(), m * V, c.final_softcap);
-  // The rows wanted on the host: all of them, or (when some entry wants only the token its
-  // draw picks) those of the other entries, one copy per run of consecutive rows.
+  // The rows wanted on the host: all of them, or (when some entry wants only the tokens
+  // its draws pick, or a scored prompt's log-probabilities) those of the other entries,
+  // one copy per run of consecutive rows.
   std::vector<bool> wanted(static_cast<size_t>(m), true);
   std::vector<kernels::TokenDraw> draws(static_cast<size_t>(m));  // greedy unless asked
   bool any_pick = false;
   for (int e = 0; e < num_real; ++e) {
     const BatchEntry& b = batch[static_cast<size_t>(e)];
-    if (b.pick_only && !b.all_logits) {
-      any_pick = true;
-      const size_t row = static_cast<size_t>(out.logits_row[static_cast<size_t>(e)]);
-      wanted[row] = false;
-      draws[row] = b.draw;
+    if (!b.Picks()) continue;
+    any_pick = true;
+    const size_t row = static_cast<size_t>(out.logits_row[static_cast<size_t>(e)]);
+    const size_t rows_of = b.all_logits ? b.tokens.size() : 1;
+    for (size_t i = 0; i < rows_of; ++i) {
+      wanted[row + i] = false;
+      if (b.all_logits && i < b.score_next.size()) {
+        draws[row + i].forced_token = b.score_next[i];
+        draws[row + i].top_logprobs = b.score_top;
+      } else {
+        draws[row + i] = b.draw;
+      }
     }
   }
   if (any_pick) {

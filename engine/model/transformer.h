@@ -40,6 +40,17 @@ struct BatchEntry {
   // rows.
   bool pick_only = false;
   kernels::TokenDraw draw;
+  // With all_logits, a prompt being scored: the token after each new position (row i's
+  // is score_next[i]; tokens.size() of them, or one fewer when the last row samples). A
+  // device backend then hands back no row of this entry, only picks: row i < size the
+  // forced score_next[i] with its log-probability and score_top (0 … 20) most likely
+  // tokens, and a last row past them drawn by `draw`. Host backends give the rows.
+  absl::Span<const int32_t> score_next;
+  int score_top = 0;
+
+  // Whether a device backend hands back this entry's picks (ForwardOutput::pick_token)
+  // rather than its logits rows.
+  bool Picks() const { return all_logits ? !score_next.empty() : pick_only; }
   // Vectors added to the new rows' residual stream from their from_position on (activation
   // steering); each delta has dim values. A step with any is not a recorded step (no CUDA
   // graph).
@@ -52,10 +63,10 @@ template <typename T>
 struct ForwardOutput {
   std::vector<T> logits;        // [rows, V]
   std::vector<int> logits_row;  // per entry: first row of its logits
-  // Per logits row, when some entry is pick_only on a device backend (else empty): the
-  // token its entry's draw picks and its log-probability (Backend::DrawTokens; rows of
-  // other entries: the greedy pick). The logits of the pick_only entries' rows are then
-  // not copied out (unspecified values).
+  // Per logits row, when some entry Picks() on a device backend (else empty): the token
+  // its entry's draw picks (or a scored row's score_next token) and its log-probability
+  // (Backend::DrawTokens; rows of other entries: the greedy pick). The logits of the
+  // picking entries' rows are then not copied out (unspecified values).
   std::vector<int32_t> pick_token;
   std::vector<float> pick_logprob;
   // [rows, kernels::kMaxTopLogprobs], when some picking entry's draw asks for top

@@ -645,6 +645,8 @@ absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
   for (int r = 0; r < rows; ++r) {
     DeviceDraw& d = draw_host_[static_cast<size_t>(r)];
     d = ToDeviceDraw(draws[r]);
+    any_top = any_top || draws[r].top_logprobs > 0;
+    if (draws[r].forced_token >= 0) continue;  // (no bias, no penalties)
     d.bias_offset = static_cast<int32_t>(bias_host_.size());
     d.bias_count = static_cast<int32_t>(draws[r].logit_bias.size());
     for (const auto& [id, value] : draws[r].logit_bias) bias_host_.push_back({id, value});
@@ -653,7 +655,6 @@ absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
       d.penalty_count = static_cast<int32_t>(draws[r].token_counts.size());
       for (const auto& [id, count] : draws[r].token_counts) penalty_host_.push_back({id, count});
     }
-    any_top = any_top || draws[r].top_logprobs > 0;
   }
   // One upload (two could wrap or grow the ring between them and lose the first).
   const void* d[3] = {nullptr, nullptr, nullptr};

@@ -40,7 +40,8 @@ DeviceDraw ToDeviceDraw(const TokenDraw& draw) {
   d.top_p = draw.top_p;
   d.u01 = draw.u01;
   d.top_logprobs = draw.top_logprobs;
-  if (draw.HasPenalties()) {  // (else penalty_count stays 0: none applies)
+  d.forced_token = draw.forced_token;
+  if (draw.forced_token < 0 && draw.HasPenalties()) {  // (else penalty_count stays 0: none applies)
     d.repetition_penalty = draw.repetition_penalty;
     d.frequency_penalty = draw.frequency_penalty;
     d.presence_penalty = draw.presence_penalty;
@@ -383,9 +384,10 @@ __global__ void __launch_bounds__(kDrawThreads)
   // block's global writes are visible to its threads after a barrier as well), with their
   // own max. The bias entries are added in turn by one thread, as ApplyLogitBias; the
   // penalized tokens are distinct, so each thread takes its own.
+  const bool forced = d.forced_token >= 0;  // (the same for the whole block)
   const float* xd = x;
   float md = m;
-  if (d.bias_count > 0 || d.penalty_count > 0) {
+  if (!forced && (d.bias_count > 0 || d.penalty_count > 0)) {
     float* xa = cache_weights ? draw_weights : adjusted + static_cast<int64_t>(blockIdx.x) * vocab;
     for (int j = threadIdx.x; j < vocab; j += blockDim.x) xa[j] = x[j];
     __syncthreads();
@@ -406,7 +408,9 @@ __global__ void __launch_bounds__(kDrawThreads)
     md = BlockReduce(md, MaxOp());
   }
   uint64_t picked = 0;  // the chosen key (its low 32 bits the token)
-  if (d.inv_temperature == 0.0f) {
+  if (forced) {
+    picked = static_cast<uint64_t>(d.forced_token);
+  } else if (d.inv_temperature == 0.0f) {
     // ArgMax: the first l == max (0 if none, a row of NaN).
     u64 first = static_cast<u64>(vocab);
     for (int j = threadIdx.x; j < vocab; j += blockDim.x) {

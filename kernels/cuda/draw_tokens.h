@@ -28,6 +28,7 @@ struct DeviceDraw {
   double presence_penalty = 0.0;
   int32_t penalty_offset = 0;  // the row's token counts: entries [offset, offset + count)
   int32_t penalty_count = 0;   // of LaunchDrawTokens' `penalties` (0: no penalty applies)
+  int32_t forced_token = -1;   // TokenDraw's: >= 0, no draw (nor bias, penalties, filters)
 };
 
 // One logit-bias entry: logits[id] += value.
@@ -55,7 +56,8 @@ inline constexpr int kDrawMaxVocab = 1 << 21;
 inline constexpr int kDrawCachedVocab = 40960;
 
 // For each of `rows` rows of logits [rows, vocab] (device arrays): token[r] the token
-// draws[r] picks (DrawToken, the greedy pick at inv_temperature 0), logprob[r] =
+// draws[r] picks (DrawToken, the greedy pick at inv_temperature 0; its forced_token where
+// that is >= 0, in [0, vocab)), logprob[r] =
 // l[token] − LogSumExp(row) (row_reduce.h's), and the row's draws[r].top_logprobs most
 // likely tokens (logit desc, id asc: TopLogprobs' order) with theirs in top_token and
 // top_logprob [rows, kMaxTopLogprobs] (null when no row asks). A row with a logit bias

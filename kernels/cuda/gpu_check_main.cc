@@ -1,5 +1,5 @@
 // kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU. One
-// file of about 850 lines: one program whose benchmarks share its table, sizes, timing
+// file of about 870 lines: one program whose benchmarks share its table, sizes, timing
 // and allocation helpers, and whose sources a GPU machine's standalone build lists by
 // name (kernels/cuda/standalone/CMakeLists.txt), each benchmark a function of its own.
 //   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
@@ -707,7 +707,9 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         // the host (one thread; the engine spreads a step's rows over up to 8): plain, with
         // repetition, frequency and presence penalties over 1000 counted tokens a row, and
         // those on Llama 3's 128256-token vocabulary (past the shared-memory rows: adjusted
-        // rows in global scratch; Gaussian logits, sigma 3). The tokens must agree.
+        // rows in global scratch; Gaussian logits, sigma 3); then a scored prompt's rows
+        // (prompt_logprobs: each row's next token forced, with its top 5). The tokens must
+        // agree.
         std::vector<std::pair<int32_t, int32_t>> counts;
         for (int32_t i = 0; i < 1000; ++i) counts.push_back({(i * 7919) % V, 1 + i % 5});
         std::vector<float> big_host(static_cast<size_t>(batch) * z.big_vocab);
@@ -721,7 +723,9 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
                 cudaMemcpy(big, big_host.data(), big_host.size() * 4, cudaMemcpyHostToDevice))) {
           std::exit(3);
         }
-        for (int kind = 0; kind < 3; ++kind) {
+        std::vector<int32_t> top_token(static_cast<size_t>(batch) * kMaxTopLogprobs);
+        std::vector<float> top_logprob(top_token.size());
+        for (int kind = 0; kind < 4; ++kind) {
           const int vocab = kind == 2 ? z.big_vocab : V;
           const float* rows_dev = kind == 2 ? big : logits;
           std::vector<TokenDraw> draws(static_cast<size_t>(batch));
@@ -729,7 +733,10 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
             draws[s].temperature = 0.8;
             draws[s].top_p = 0.95;
             draws[s].u01 = (s + 0.5) / batch;
-            if (kind > 0) {
+            if (kind == 3) {
+              draws[s].forced_token = (s * 7919) % V;
+              draws[s].top_logprobs = 5;
+            } else if (kind > 0) {
               draws[s].repetition_penalty = 1.1;
               draws[s].frequency_penalty = 0.2;
               draws[s].presence_penalty = 0.1;
@@ -743,34 +750,44 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
           });
           const double draw_sec = TimeIt(b, 20, [&] {
             Must(b.DrawTokens(rows_dev, batch, vocab, draws.data(), picks.data(),
-                              pick_logprobs.data(), nullptr, nullptr),
+                              pick_logprobs.data(), top_token.data(), top_logprob.data()),
                  "draw");
           });
           std::vector<int32_t> host_picks(static_cast<size_t>(batch));
           std::vector<float> host_logprobs(static_cast<size_t>(batch));
+          std::vector<int32_t> host_top(top_token.size());
+          std::vector<float> host_top_lp(top_token.size());
           constexpr int kHostReps = 3;
           const auto host_start = std::chrono::steady_clock::now();
           for (int i = 0; i < kHostReps; ++i) {
             DrawRows(rows_host.data(), batch, vocab, draws.data(), host_picks.data(),
-                     host_logprobs.data(), nullptr, nullptr);
+                     host_logprobs.data(), host_top.data(), host_top_lp.data());
           }
           const double host_draw_sec =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - host_start).count() /
               kHostReps;
           int differ = 0;
           for (int s = 0; s < batch; ++s) differ += picks[s] != host_picks[s] ? 1 : 0;
-          const char* what[3] = {"token draws on the device (T 0.8, top-p 0.95)",
+          for (int s = 0; kind == 3 && s < batch; ++s) {  // (and their top tokens)
+            for (int t = 0; t < 5; ++t) {
+              const size_t at = static_cast<size_t>(s) * kMaxTopLogprobs + t;
+              differ += top_token[at] != host_top[at] ? 1 : 0;
+            }
+          }
+          const char* what[4] = {"token draws on the device (T 0.8, top-p 0.95)",
                                  "token draws on the device, with penalties",
-                                 "token draws on the device, penalties, large vocabulary"};
-          rows.Add({what[kind],
-                    absl::StrFormat("batch %d x %d, one block a row%s; %d of %d tokens differ "
-                                    "from the host's",
-                                    batch, vocab, kind > 0 ? ", 1000 tokens counted" : "", differ,
-                                    batch),
-                    absl::StrFormat("%.0f us", draw_sec * 1e6),
-                    absl::StrFormat("%.0f us copy + %.0f us host draws (1 thread)",
-                                    rows_copy_sec * 1e6, host_draw_sec * 1e6),
-                    absl::StrFormat("%.1fx", (rows_copy_sec + host_draw_sec) / draw_sec), "-"});
+                                 "token draws on the device, penalties, large vocabulary",
+                                 "prompt scoring on the device (forced tokens, top 5)"};
+          const char* detail[4] = {"", ", 1000 tokens counted", ", 1000 tokens counted", ""};
+          rows.Add(
+              {what[kind],
+               absl::StrFormat("batch %d x %d, one block a row%s; %d of %d tokens differ "
+                               "from the host's",
+                               batch, vocab, detail[kind], differ, kind == 3 ? 6 * batch : batch),
+               absl::StrFormat("%.0f us", draw_sec * 1e6),
+               absl::StrFormat("%.0f us copy + %.0f us host draws (1 thread)", rows_copy_sec * 1e6,
+                               host_draw_sec * 1e6),
+               absl::StrFormat("%.1fx", (rows_copy_sec + host_draw_sec) / draw_sec), "-"});
           if (differ > 0) std::printf("warning: %d device draws differ from the host's\n", differ);
         }
         GC_CUDA(cudaFree(big));

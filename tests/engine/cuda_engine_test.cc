@@ -227,8 +227,9 @@ TEST(CudaEngineServe, SteeredRequestsEqualCpu) {
 }
 
 // Scored prompts (prompt_logprobs) beside a plain request, in chunks of 8 tokens: the
-// scored entries' rows come back from the device with the others' device picks in the same
-// step; every prompt position's log-probability and top tokens, and every generated token,
+// scored entries' rows are read on the device (DrawTokens with each row's next prompt token
+// forced) with the others' device picks in the same step, no row copied out; every prompt
+// position's log-probability and top tokens, and every generated token,
 // equal the CPU engine's. A fourth request holds back EOS for 4 tokens (min_new_tokens: a
 // −∞ logit bias in the device's draw at a temperature) though a +100 bias makes it certain.
 TEST(CudaEngineServe, ScoredPromptsAndHeldBackEosEqualCpu) {

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
+#include "tests/kernels/fake_device_backend.h"
 #include "tests/oracle/oracle_runner.h"
 #include "tests/test_paths.h"
 
@@ -152,6 +153,35 @@ TEST(PerplexityTest, ChunksAndWindowsDoNotChangeAWindowsResult) {
   auto c = EvaluatePerplexity<double>(**model, ref, third, whole);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_NEAR(c->window_nll[0], a->window_nll[2], 1e-12);
+}
+
+// On a device backend (memory the host cannot read) each row's log-probability of the next
+// token is read where the logits are (Backend::DrawTokens, a forced token a row) instead
+// of copying the rows out: the fp64 reference's window values within 1e-5 relative (the
+// fp32 forward), chunks of 7 in windows of 25, second-half scoring; one forced row per
+// row computed.
+TEST(PerplexityTest, OnADeviceTheRowsAreScoredWhereTheLogitsAre) {
+  KVLENS_REQUIRE_FILE(StoriesGguf());
+  auto model = LoadModel({StoriesGguf(), ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 101; ++i) tokens.push_back((i * 37 + 11) % (*model)->config.vocab_size);
+  PerplexityOptions o;
+  o.context = 25;
+  o.chunk = 7;
+  o.scoring = PerplexityScoring::kSecondHalf;
+  kernels::ReferenceBackend ref;
+  testing::FakeDeviceBackend device(1);
+  auto want = EvaluatePerplexity<double>(**model, ref, tokens, o);
+  auto got = EvaluatePerplexity<float>(**model, device, tokens, o);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->windows, want->windows);
+  ASSERT_GT(got->windows, 2);
+  for (int w = 0; w < got->windows; ++w) {
+    EXPECT_NEAR(got->window_nll[w], want->window_nll[w], 1e-5 * want->window_nll[w]) << w;
+  }
+  EXPECT_EQ(device.forced_rows.load(), got->windows * 24);  // every input row of a window
 }
 
 TEST(PerplexityTest, BadArgumentsNameTheField) {

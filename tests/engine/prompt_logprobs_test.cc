@@ -20,6 +20,7 @@
 #include "kernels/cpu/reference_backend.h"
 #include "tests/engine/run_request.h"
 #include "tests/engine/stories_model_test.h"
+#include "tests/kernels/fake_device_backend.h"
 
 namespace kvlens {
 namespace {
@@ -229,6 +230,54 @@ TEST_F(PromptLogprobsTest, TheOfflineGeneratorScoresAsTheReference) {
   options.prompt_logprobs = 21;
   EXPECT_EQ(Generate<float>(*model_, backend_, prompt_, options).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// On a device backend (memory the host cannot read) the scored rows stay where the logits
+// are: each row's log-probability of the next prompt token and its top tokens come back
+// from Backend::DrawTokens (a forced token a row), not the rows; the chunk that samples
+// draws its last row there too. The engine in chunks of 7 beside another request's decode
+// rows, and the offline generator in chunks of 5: as
+// the reference, the same tokens as the unscored request, every position a forced row.
+TEST_F(PromptLogprobsTest, OnADeviceTheRowsAreScoredWhereTheLogitsAre) {
+  const int scored_rows = static_cast<int>(prompt_.size()) - 1;
+  Result plain;
+  {
+    Engine engine(*model_, backend_, EngineOptions{});
+    plain = RunOne(engine, Request(-1, 6));
+  }
+  {
+    ::kvlens::testing::FakeDeviceBackend device(2);
+    EngineOptions o;
+    o.max_batch_tokens = 8;  // (chunks 5, then 7 beside a decode row: the last has 7 rows)
+    Engine engine(*model_, device, o);
+    GenerationRequest other;
+    other.prompt = {1, 403, 407};
+    other.stop.max_new_tokens = 30;
+    other.stop.ignore_eos = true;
+    absl::Status s1, s2;
+    auto f_other = Start(engine, std::move(other), &s1);
+    auto f = Start(engine, Request(5, 6), &s2);
+    ASSERT_TRUE(s1.ok() && s2.ok()) << s1 << s2;
+    const Result r = f.get();
+    f_other.get();
+    EXPECT_GT(r.scored.size(), 2u);
+    ExpectReference(r, 5);
+    EXPECT_EQ(r.tokens, plain.tokens);
+    EXPECT_EQ(device.forced_rows.load(), scored_rows);
+  }
+  ::kvlens::testing::FakeDeviceBackend device(1);
+  GenerateOptions options;
+  options.max_new_tokens = 6;
+  options.stop_at_eos = false;
+  options.prefill_chunk = 5;
+  options.prompt_logprobs = 2;
+  Result r;
+  options.on_prompt_logprobs = [&r](const PromptLogprobsEvent& e) { r.scored.push_back(e); };
+  auto got = Generate<float>(*model_, device, prompt_, options);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectReference(r, 2);
+  EXPECT_EQ(got->tokens, plain.tokens);
+  EXPECT_EQ(device.forced_rows.load(), scored_rows);
 }
 
 TEST_F(PromptLogprobsTest, RefusedOutOfRangeOrWithASessionAndNoneForOneToken) {

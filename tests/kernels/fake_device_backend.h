@@ -109,8 +109,8 @@ class FakeDeviceBackend final : public CpuForwardingBackend, public kernels::Bac
     ++attention_calls;
     return cpu_.Attention(a);
   }
-  // Backend's default (the rows copied out, drawn on the host), counting the rows and
-  // those drawn at a temperature.
+  // Backend's default (the rows copied out, drawn on the host), counting the rows, those
+  // drawn at a temperature and those of each other kind.
   absl::Status DrawTokens(const float* logits, int rows, int vocab, const kernels::TokenDraw* draws,
                           int32_t* token, float* logprob, int32_t* top_token,
                           float* top_logprob) override {
@@ -120,6 +120,7 @@ class FakeDeviceBackend final : public CpuForwardingBackend, public kernels::Bac
       top_rows += draws[r].top_logprobs > 0 ? 1 : 0;
       biased_rows += draws[r].logit_bias.empty() ? 0 : 1;
       penalized_rows += draws[r].HasPenalties() ? 1 : 0;
+      forced_rows += draws[r].forced_token >= 0 ? 1 : 0;
     }
     return kernels::Backend<float>::DrawTokens(logits, rows, vocab, draws, token, logprob,
                                                top_token, top_logprob);
@@ -129,6 +130,7 @@ class FakeDeviceBackend final : public CpuForwardingBackend, public kernels::Bac
   std::atomic<int> top_rows{0};
   std::atomic<int> biased_rows{0};
   std::atomic<int> penalized_rows{0};
+  std::atomic<int> forced_rows{0};  // a scored prompt's rows (TokenDraw::forced_token)
   std::atomic<int> attention_calls{0};
   // The CPU backend's backward ops, as every other op here.
   absl::Status MatMulBackwardInput(const float* dy, int n, const kernels::WeightView& w,

@@ -151,6 +151,39 @@ TEST(TokenDrawTest, DrawRowsAppliesTheLogitBiasToTheDrawOnly) {
   EXPECT_EQ(DrawToken(kQuarters, draws[0]), 3);
 }
 
+// A forced token (a prompt being scored) is the row's token whatever the draw would pick,
+// reported with its log-probability and the row's top tokens; the bias and penalties that
+// would have moved a draw are unused: e^l = 1, 2, 3, 4, token 0 at log(1/10), top 2: ids 3
+// and 2 at log(4/10) and log(3/10).
+TEST(TokenDrawTest, DrawRowsReportsAForcedTokenAsIs) {
+  const std::vector<std::pair<int32_t, float>> raise = {{1, 50.0f}};
+  const std::pair<int32_t, int32_t> counted[] = {{0, 3}};
+  TokenDraw draws[2];
+  draws[0].forced_token = 0;
+  draws[0].temperature = 1.0;
+  draws[0].u01 = 0.99;  // would draw token 3
+  draws[0].logit_bias = raise;
+  draws[0].presence_penalty = 5.0;
+  draws[0].token_counts = counted;
+  draws[0].top_logprobs = 2;
+  draws[1].forced_token = 3;  // the greedy pick anyway
+  int32_t token[2] = {-1, -1};
+  float logprob[2];
+  int32_t top[2 * kMaxTopLogprobs];
+  float top_lp[2 * kMaxTopLogprobs];
+  std::vector<float> rows = kQuarters;
+  rows.insert(rows.end(), kQuarters.begin(), kQuarters.end());
+  DrawRows(rows.data(), 2, 4, draws, token, logprob, top, top_lp);
+  EXPECT_EQ(token[0], 0);
+  EXPECT_NEAR(logprob[0], std::log(0.1), 1e-6);
+  EXPECT_EQ(top[0], 3);
+  EXPECT_NEAR(top_lp[0], std::log(0.4), 1e-6);
+  EXPECT_EQ(top[1], 2);
+  EXPECT_NEAR(top_lp[1], std::log(0.3), 1e-6);
+  EXPECT_EQ(token[1], 3);
+  EXPECT_NEAR(logprob[1], std::log(0.4), 1e-6);
+}
+
 // PenalizedLogit by hand: 3 seen twice under repetition 2, frequency 0.5, presence 0.25:
 // 3 / 2 − (0.5 · 2 + 0.25) = 0.25; −1 seen once: −1 · 2 − 0.75 = −2.75; a negative
 // frequency raises.

@@ -264,6 +264,30 @@ TEST_F(TransformerTest, RejectsBadBatches) {
   s = tr.Forward({&e, 1}, cache, out);
   EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
   EXPECT_NE(s.message().find("context length 512"), std::string::npos) << s;
+
+  // score_next: only with all_logits, one token a row (or one fewer), each in the
+  // vocabulary; score_top within the API's limit.
+  const std::vector<int32_t> tokens = {1, 2, 3};
+  const std::vector<int32_t> next_ok = {2, 3}, next_long = {2, 3, 4, 5}, next_bad = {2, 512};
+  e = BatchEntry{tokens, 0, table, /*all_logits=*/false};
+  e.score_next = next_ok;
+  s = tr.Forward({&e, 1}, cache, out);
+  EXPECT_NE(s.message().find("score_next has 2 tokens"), std::string::npos) << s;
+  e.all_logits = true;
+  e.score_next = next_long;
+  s = tr.Forward({&e, 1}, cache, out);
+  EXPECT_NE(s.message().find("takes 3 or 2"), std::string::npos) << s;
+  e.score_next = next_bad;
+  s = tr.Forward({&e, 1}, cache, out);
+  EXPECT_NE(s.message().find("score_next[1] = 512"), std::string::npos) << s;
+  e.score_next = next_ok;
+  e.score_top = 21;
+  s = tr.Forward({&e, 1}, cache, out);
+  EXPECT_NE(s.message().find("score_top = 21"), std::string::npos) << s;
+  e.score_top = 20;
+  EXPECT_TRUE(tr.Forward({&e, 1}, cache, out).ok());  // (a host backend: the rows)
+  EXPECT_EQ(out.logits.size(), 3u * model_->config.vocab_size);
+  EXPECT_TRUE(out.pick_token.empty());
 }
 
 }  // namespace

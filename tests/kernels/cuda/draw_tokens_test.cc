@@ -75,7 +75,8 @@ TEST_F(CudaBackendTest, GreedyDrawsEqualTheHostsPick) {
 // top-p, min-p and all three, some with top-20 or top-5 log-probabilities, logit biases
 // (one raising a token, a ban list with a repeated id), and penalties (repetition,
 // frequency and presence, over the row's ten most likely tokens and others, counted 1 …
-// 10 times; one greedy with a bias too), at uniform numbers from 0 to just under 1. The
+// 10 times; one greedy with a bias too), and forced tokens (a prompt's scored rows; a bias
+// and penalties present and unused), at uniform numbers from 0 to just under 1. The
 // tokens must be equal: the weights are the host's bit for bit, and the masses differ by
 // at most vocab · 2^−43, which no draw here lands that close to a boundary.
 TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
@@ -133,6 +134,13 @@ TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
   variants.push_back(with(0.9, 0, 0.95, 0.0));
   variants.back().repetition_penalty = 1.3, variants.back().frequency_penalty = -0.4;
   variants.back().presence_penalty = 0.7, variants.back().top_logprobs = 5;
+  // Forced tokens (a prompt being scored): with top-5 log-probabilities and a bias and
+  // penalties that must not apply, at token 7, and greedy-like at token 0.
+  variants.push_back(with(0.9, 0, 0.95, 0.0));
+  variants.back().forced_token = 7, variants.back().top_logprobs = 5;
+  variants.back().logit_bias = raise, variants.back().repetition_penalty = 1.3;
+  variants.push_back(with(0.0, 0, 1.0, 0.0));
+  variants.back().forced_token = 0;
   const double u01s[] = {0.0, 0.25, 0.5, 0.75, 0.999999};
   for (const RowKind& kind : kinds) {
     SCOPED_TRACE(::testing::Message() << "vocab " << kind.vocab << ", sigma " << kind.sigma
@@ -198,6 +206,9 @@ TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
       if (kind.vocab >= 1000) {
         EXPECT_NE(penalized_pick, order[0]);
       }
+      // The forced rows report their tokens.
+      EXPECT_EQ(token[static_cast<size_t>(rows) - 1], 0);
+      EXPECT_EQ(token[static_cast<size_t>(rows) - 1 - std::size(u01s)], 7);
     }
   }
   // Rows without mass: −inf only (the last kept candidate: the last id, or the top_k-th),
@@ -227,6 +238,14 @@ TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
       backend_->DrawTokens(d->as<float>(), 1, 5, &past, token, logprob, nullptr, nullptr);
   EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(outside.message().find("token_counts has token 5"), std::string::npos) << outside;
+  // A forced token past the vocabulary: refused, naming the field.
+  kernels::TokenDraw forced_past;
+  forced_past.forced_token = 5;
+  const absl::Status forced_outside =
+      backend_->DrawTokens(d->as<float>(), 1, 5, &forced_past, token, logprob, nullptr, nullptr);
+  EXPECT_EQ(forced_outside.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(forced_outside.message().find("draws[0].forced_token = 5"), std::string::npos)
+      << forced_outside;
   EXPECT_EQ(token[0], 2);
   EXPECT_EQ(token[1], 1);
 }
