@@ -36,6 +36,11 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
   }
   if (absl::Status s = options.sampling.Validate(c.vocab_size); !s.ok()) return s;
   if (absl::Status s = CheckPromptLogprobs(options.prompt_logprobs); !s.ok()) return s;
+  if (options.min_new_tokens < 0 || options.min_new_tokens > options.max_new_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_new_tokens = ", options.min_new_tokens,
+                     " must be in [0, max_new_tokens = ", options.max_new_tokens, "]"));
+  }
 
   const int64_t total = std::min<int64_t>(
       c.max_seq_len, static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
@@ -57,8 +62,20 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
   // penalties included, with the uniform number Sample would take (Sampler::ReserveDraw);
   // a host backend returns the row and DrawRow draws the same there.
   kernels::TokenDraw draw;  // the step's (its counts valid until the next ReserveDraw)
+  // Before min_new_tokens, the stopping tokens are banned from the draw.
+  std::vector<std::pair<int32_t, float>> early_bias;
+  if (options.min_new_tokens > 0) {
+    std::vector<int32_t> stoppers = options.stop_token_ids;
+    if (options.stop_at_eos && model.tokenizer) {
+      for (int32_t id : model.tokenizer->EndOfGenerationIds()) stoppers.push_back(id);
+    }
+    early_bias = BiasBanning(options.sampling.logit_bias, stoppers);
+  }
   auto prepare = [&](BatchEntry& entry) {
     draw = sampler.ReserveDraw(history);
+    if (static_cast<int>(result.tokens.size()) < options.min_new_tokens) {
+      draw.logit_bias = early_bias;
+    }
     entry.pick_only = true;
     entry.draw = draw;
   };

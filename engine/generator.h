@@ -27,6 +27,11 @@ struct GenerateOptions {
   SamplingParams sampling;
   bool stop_at_eos = true;
   std::vector<int32_t> stop_token_ids;
+  // Until this many tokens, the end-of-generation tokens (with stop_at_eos) and
+  // stop_token_ids are never drawn (GenerationRequest's StopParams::min_new_tokens: a −∞
+  // logit bias in the draw; the reported log-probabilities stay the model's).
+  // [0, max_new_tokens].
+  int min_new_tokens = 0;
   // Vectors added to the residual stream at every position (activation steering); the
   // Transformer checks their layers and lengths.
   std::vector<ResidualAdd> steering;

@@ -5,14 +5,17 @@
 // known in advance.
 #include <future>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
+#include "engine/generator.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/engine/run_request.h"
 #include "tests/engine/stories_model_test.h"
+#include "tests/kernels/fake_device_backend.h"
 
 namespace kvlens {
 namespace {
@@ -110,6 +113,56 @@ TEST_F(MinNewTokensTest, RefusedBelowZeroOrAboveTheMaximum) {
   const absl::Status s = engine.Submit(std::move(to_context)).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find(absl::StrCat("max_new_tokens = ", room, "]")), std::string::npos) << s;
+}
+
+// The offline generator (kvlens-cli generate --model … --min-new-tokens) holds EOS back the
+// same way, on a host backend and on a device's draws: with EOS certain, a minimum of 5
+// gives the engine's five unbiased greedy tokens, then EOS; without it, EOS at once; a
+// stop token banned for one token gives way to the next most likely; bounds named.
+TEST_F(MinNewTokensTest, TheOfflineGeneratorHoldsEosBackAsTheEngine) {
+  Engine engine(*model_, backend_, EngineOptions{});
+  const int32_t eos = model_->tokenizer->eos_id();
+  GenerationRequest free_run = Request(0, false);
+  free_run.stop.ignore_eos = true;
+  const Result plain = RunOne(engine, std::move(free_run));
+  ASSERT_EQ(plain.tokens.size(), 12u);
+  const std::vector<int32_t> prompt = Request(0, false).prompt;
+  GenerateOptions o;
+  o.max_new_tokens = 12;
+  o.sampling.logit_bias = {{eos, 100.0f}};
+  ::kvlens::testing::FakeDeviceBackend device(1);
+  for (kernels::Backend<float>* backend : {static_cast<kernels::Backend<float>*>(&backend_),
+                                           static_cast<kernels::Backend<float>*>(&device)}) {
+    SCOPED_TRACE(std::string(backend->name()));
+    o.min_new_tokens = 0;
+    auto at_once = Generate<float>(*model_, *backend, prompt, o);
+    ASSERT_TRUE(at_once.ok()) << at_once.status();
+    EXPECT_EQ(at_once->tokens, std::vector<int32_t>{eos});
+    o.min_new_tokens = 5;
+    auto late = Generate<float>(*model_, *backend, prompt, o);
+    ASSERT_TRUE(late.ok()) << late.status();
+    std::vector<int32_t> want(plain.tokens.begin(), plain.tokens.begin() + 5);
+    want.push_back(eos);
+    EXPECT_EQ(late->tokens, want);
+    EXPECT_EQ(late->finish_reason, FinishReason::kEos);
+  }
+  EXPECT_GT(device.biased_rows.load(), 0);  // the device drew with the ban
+  GenerateOptions stop;
+  stop.max_new_tokens = 3;
+  stop.min_new_tokens = 1;
+  stop.stop_token_ids = {plain.tokens[0]};
+  GenerationRequest ranked = Request(0, false);
+  const Result top = RunOne(engine, std::move(ranked));
+  auto banned = Generate<float>(*model_, backend_, prompt, stop);
+  ASSERT_TRUE(banned.ok()) << banned.status();
+  ASSERT_FALSE(banned->tokens.empty());
+  EXPECT_EQ(banned->tokens[0], top.top[0][1].token);
+  for (int bad : {-1, 13}) {
+    o.min_new_tokens = bad;
+    const absl::Status s = Generate<float>(*model_, backend_, prompt, o).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("min_new_tokens = " + std::to_string(bad)), std::string::npos) << s;
+  }
 }
 
 }  // namespace
