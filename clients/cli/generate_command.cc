@@ -8,6 +8,7 @@
 #include "clients/cli/args.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/local_backend.h"
+#include "clients/cli/logit_bias_flag.h"
 #include "clients/cli/prompt_logprobs_print.h"
 #include "clients/cli/remote_generate.h"
 #include "clients/cli/steering_flag.h"
@@ -41,6 +42,9 @@ const std::vector<FlagSpec>& Specs() {
        "model's own (chatml, llama3, mistral-v7, gemma, phi3, ...; kvlens-server's "
        "--chat-template lists them all)"},
       {"max-new-tokens", "64", "tokens to generate at most"},
+      {"min-new-tokens", "0",
+       "generate at least this many tokens: until then EOS (unless --ignore-eos) is never "
+       "drawn (HF's min_new_tokens, vLLM's min_tokens)"},
       {"temperature", "0", "sampling temperature; 0 is greedy"},
       {"top-k", "0", "keep the k most likely tokens (0: off)"},
       {"top-p", "1", "nucleus sampling mass (1: off)"},
@@ -49,6 +53,9 @@ const std::vector<FlagSpec>& Specs() {
        "CTRL-style repetition penalty (1: off); when not given, the model's "
        "generation_config.json value applies if it has one (as in Hugging Face and vLLM)"},
       {"seed", "0", "random seed for sampling"},
+      {"logit-bias", "",
+       "\"ID:BIAS[,ID:BIAS...]\": add BIAS (-100 ... 100) to token ID's logit before each "
+       "draw (-100 bans it, 100 forces it; reported log-probabilities stay the model's)"},
       {"steer", "",
        "activation steering, \"SPEC[;SPEC...]\": HOOK:PATH[:COEF] adds COEF times the "
        "d_model numbers in file PATH to the residual stream at HOOK (blocks.L.hook_resid_pre, "
@@ -133,6 +140,7 @@ int GenerateCommand(int argc, char** argv) {
 
   GenerateOptions options;
   auto max_new = args->Int("max-new-tokens", 0, 1 << 20);
+  auto min_new = args->Int("min-new-tokens", 0, 1 << 20);
   auto temperature = args->Double("temperature", 0, 100);
   auto top_k = args->Int("top-k", 0, 1 << 30);
   auto top_p = args->Double("top-p", 0, 1);
@@ -142,14 +150,20 @@ int GenerateCommand(int argc, char** argv) {
   auto chunk = args->Int("prefill-chunk", 1, 1 << 20);
   auto block = args->Int("block-size", 1, 1024);
   for (const absl::Status& s :
-       {max_new.status(), temperature.status(), top_k.status(), top_p.status(), min_p.status(),
-        rep.status(), seed.status(), chunk.status(), block.status()}) {
+       {max_new.status(), min_new.status(), temperature.status(), top_k.status(), top_p.status(),
+        min_p.status(), rep.status(), seed.status(), chunk.status(), block.status()}) {
     if (!s.ok()) return fail(s, 2);
+  }
+  if (*min_new > *max_new) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--min-new-tokens = ", *min_new, " must be <= --max-new-tokens = ", *max_new)),
+                2);
   }
   LocalBackend local;
   absl::Status error;
   if (const int code = MakeLocalBackend(*args, &local, &error); code != 0) return fail(error, code);
   options.max_new_tokens = static_cast<int>(*max_new);
+  options.min_new_tokens = static_cast<int>(*min_new);
   options.sampling.temperature = *temperature;
   options.sampling.top_k = static_cast<int>(*top_k);
   options.sampling.top_p = *top_p;
@@ -168,6 +182,11 @@ int GenerateCommand(int argc, char** argv) {
   }
   if (!args->Has("repetition-penalty") && (*model)->generation_config.repetition_penalty) {
     options.sampling.repetition_penalty = *(*model)->generation_config.repetition_penalty;
+  }
+  if (args->Has("logit-bias")) {
+    auto bias = ParseLogitBiasFlag(args->Str("logit-bias"));
+    if (!bias.ok()) return fail(bias.status(), 2);
+    options.sampling.logit_bias = *std::move(bias);
   }
   if (args->Has("steer")) {
     auto specs = ParseSteeringFlag(args->Str("steer"));

@@ -5,10 +5,12 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "clients/cli/logit_bias_flag.h"
 #include "clients/cli/prompt_logprobs_print.h"
 #include "clients/cli/steering_flag.h"
 #include "kvlens/v1/generation.grpc.pb.h"
@@ -52,6 +54,7 @@ std::string ServerPiece(v1::Generation::Stub& stub, int32_t token) {
 
 int RemoteGenerate(const Args& args) {
   auto max_new = args.Int("max-new-tokens", 1, 1 << 20);
+  auto min_new = args.Int("min-new-tokens", 0, 1 << 20);
   auto temperature = args.Double("temperature", 0, 100);
   auto top_k = args.Int("top-k", 0, 1 << 30);
   auto top_p = args.Double("top-p", 0, 1);
@@ -62,9 +65,14 @@ int RemoteGenerate(const Args& args) {
   absl::StatusOr<int64_t> prompt_logprobs = int64_t{-1};
   if (args.Has("prompt-logprobs")) prompt_logprobs = args.Int("prompt-logprobs", 0, 20);
   for (const absl::Status& s :
-       {max_new.status(), temperature.status(), top_k.status(), top_p.status(), min_p.status(),
-        rep.status(), seed.status(), prompt_logprobs.status()}) {
+       {max_new.status(), min_new.status(), temperature.status(), top_k.status(), top_p.status(),
+        min_p.status(), rep.status(), seed.status(), prompt_logprobs.status()}) {
     if (!s.ok()) return Fail(s, 2);
+  }
+  if (*min_new > *max_new) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--min-new-tokens = ", *min_new, " must be <= --max-new-tokens = ", *max_new)),
+                2);
   }
 
   v1::GenerateRequest request;
@@ -96,8 +104,15 @@ int RemoteGenerate(const Args& args) {
   // Not given: the server applies the model's generation_config.json default.
   if (args.Has("repetition-penalty")) sampling->set_repetition_penalty(*rep);
   sampling->set_seed(static_cast<uint64_t>(*seed));
+  if (args.Has("logit-bias")) {
+    absl::StatusOr<std::vector<std::pair<int32_t, float>>> bias =
+        ParseLogitBiasFlag(args.Str("logit-bias"));
+    if (!bias.ok()) return Fail(bias.status(), 2);
+    for (const auto& [id, value] : *bias) (*sampling->mutable_logit_bias())[id] = value;
+  }
   request.mutable_stopping()->set_max_new_tokens(static_cast<int32_t>(*max_new));
   request.mutable_stopping()->set_ignore_eos(args.Switch("ignore-eos"));
+  request.mutable_stopping()->set_min_new_tokens(static_cast<int32_t>(*min_new));
   if (args.Has("steer")) {
     absl::StatusOr<std::vector<SteeringSpec>> steer = ParseSteeringFlag(args.Str("steer"));
     if (!steer.ok()) return Fail(steer.status(), 2);

@@ -1,0 +1,64 @@
+// kvlens-cli generate's sampling and stopping flags, through the server (Generate's
+// sampling.logit_bias and stopping.min_new_tokens) and on the local model (the offline
+// generator): --logit-bias EOS:100 makes EOS the certain next token, so where the output
+// ends is known in advance; --min-new-tokens 5 holds it back until five tokens, which are
+// the unbiased greedy ones (the text of --max-new-tokens 5 without either flag).
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/server/server_test_util.h"
+#include "tests/test_paths.h"
+
+namespace kvlens::testing {
+namespace {
+
+TEST(GenerateCliFlags, LogitBiasAndMinNewTokensOnTheServerAndLocally) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  const int32_t eos = server.model().tokenizer->eos_id();
+  ASSERT_GE(eos, 0);
+  const std::string certain_eos = absl::StrCat(" --logit-bias ", eos, ":100");
+  for (const std::string& where :
+       {absl::StrCat("--server ", server.address()), absl::StrCat("--model ", Stories260KPath())}) {
+    SCOPED_TRACE(where);
+    auto run = [&](const std::string& flags) {
+      return RunCommand(absl::StrCat("timeout 60 ", KVLENS_CLI_PATH, " generate ", where,
+                                     " --prompt 'Once upon a time' ", flags));
+    };
+    const auto [plain_code, plain] = run("--max-new-tokens 5");
+    ASSERT_EQ(plain_code, 0) << plain;
+    ASSERT_GT(plain.size(), std::string("Once upon a time\n").size());
+    // Held back for five tokens, then EOS (which prints nothing): the plain text.
+    const auto [late_code, late] =
+        run("--max-new-tokens 12 --min-new-tokens 5 --stats 2>&1" + certain_eos);
+    ASSERT_EQ(late_code, 0) << late;
+    EXPECT_EQ(late.rfind(plain, 0), 0u) << late;
+    EXPECT_NE(late.find("generated 6 tokens"), std::string::npos) << late;
+    EXPECT_NE(late.find("finish: eos"), std::string::npos) << late;
+    // Without the minimum: EOS at once.
+    const auto [now_code, now] = run("--max-new-tokens 12 --stats 2>&1" + certain_eos);
+    ASSERT_EQ(now_code, 0) << now;
+    EXPECT_EQ(now.rfind("Once upon a time\n", 0), 0u) << now;
+    EXPECT_NE(now.find("generated 1 tokens"), std::string::npos) << now;
+    // Malformed or contradictory flags: refused by name, before anything runs.
+    const auto [bad_code, bad] = run("--logit-bias 7 2>&1");
+    EXPECT_EQ(bad_code, 2) << bad;
+    EXPECT_NE(bad.find("--logit-bias: \"7\" is not ID:BIAS"), std::string::npos) << bad;
+    const auto [twice_code, twice] = run("--logit-bias 7:1,7:2 2>&1");
+    EXPECT_EQ(twice_code, 2) << twice;
+    EXPECT_NE(twice.find("token 7 is given twice"), std::string::npos) << twice;
+    const auto [min_code, min] = run("--max-new-tokens 5 --min-new-tokens 6 2>&1");
+    EXPECT_EQ(min_code, 2) << min;
+    EXPECT_NE(min.find("--min-new-tokens = 6 must be <= --max-new-tokens = 5"), std::string::npos)
+        << min;
+    // Past the vocabulary: the engine's (server's) range check, naming the token.
+    const auto [range_code, range] = run("--logit-bias 600:1 2>&1");
+    EXPECT_EQ(range_code, 1) << range;
+    EXPECT_NE(range.find("600"), std::string::npos) << range;
+  }
+}
+
+}  // namespace
+}  // namespace kvlens::testing
