@@ -2,6 +2,8 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,6 +16,7 @@
 #include "clients/cli/steering_flag.h"
 #include "engine/generator.h"
 #include "engine/model/model.h"
+#include "engine/stop_matcher.h"
 #include "kernels/backend_factory.h"
 #include "kernels/cpu/reference_backend.h"
 
@@ -42,6 +45,9 @@ const std::vector<FlagSpec>& Specs() {
        "model's own (chatml, llama3, mistral-v7, gemma, phi3, ...; kvlens-server's "
        "--chat-template lists them all)"},
       {"max-new-tokens", "64", "tokens to generate at most"},
+      {"stop", "",
+       "end the output before the first occurrence of this text (not printed; with --stats "
+       "the finish is \"stop\"): Generate's stopping.stop"},
       {"min-new-tokens", "0",
        "generate at least this many tokens: until then EOS (unless --ignore-eos) is never "
        "drawn (HF's min_new_tokens, vLLM's min_tokens)"},
@@ -91,20 +97,27 @@ const std::vector<FlagSpec>& Specs() {
 template <typename T>
 int Run(const Model& model, kernels::Backend<T>& backend, std::string_view backend_description,
         const std::vector<int32_t>& prompt, const std::string& prompt_text,
-        const GenerateOptions& options, bool stats) {
+        const GenerateOptions& options, const std::vector<std::string>& stops, bool stats) {
   IncrementalDecoder decoder(*model.tokenizer);
   for (int32_t id : prompt) decoder.Push(id);  // the prompt is printed as given
   std::cout << prompt_text << std::flush;
+  // Text that may begin a stop string is held back until it cannot (StopMatcher, as the
+  // engine streams it); a completed one ends the generation.
+  StopMatcher stop_matcher(stops);
+  bool stopped = false;
   auto result = Generate<T>(model, backend, prompt, options, [&](int32_t token) {
-    std::cout << decoder.Push(token) << std::flush;
-    return true;
+    const StopMatcher::Result text = stop_matcher.Push(decoder.Push(token));
+    std::cout << text.emit << std::flush;
+    stopped = text.matched;
+    return !stopped;
   });
   if (!result.ok()) {
     std::cout << std::endl;
     std::cerr << "kvlens-cli generate: " << result.status().message() << "\n";
     return 1;
   }
-  std::cout << decoder.Flush() << "\n";
+  if (stopped) result->finish_reason = FinishReason::kStop;
+  std::cout << (stopped ? "" : stop_matcher.Flush(decoder.Flush())) << "\n";
   if (stats) {
     const int n = static_cast<int>(result->tokens.size());
     const double decode_tps = n > 1 ? (n - 1) / result->decode_seconds : 0.0;
@@ -245,13 +258,15 @@ int GenerateCommand(int argc, char** argv) {
     };
   }
   const bool stats = args->Switch("stats");
+  std::vector<std::string> stops;
+  if (args->Has("stop")) stops.push_back(args->Str("stop"));
   int code = 0;
   if (local.fp64) {
     kernels::ReferenceBackend backend;
-    code = Run<double>(**model, backend, backend.name(), prompt, shown, options, stats);
+    code = Run<double>(**model, backend, backend.name(), prompt, shown, options, stops, stats);
   } else {
     code = Run<float>(**model, *local.fp32.backend, local.fp32.description, prompt, shown, options,
-                      stats);
+                      stops, stats);
   }
   if (code == 0 && options.prompt_logprobs >= 0) {
     PrintPromptLogprobs(std::cerr, scored, [&](int32_t token) { return tok.Decode({token}); });

@@ -1,8 +1,9 @@
 // kvlens-cli generate's sampling and stopping flags, through the server (Generate's
-// sampling.logit_bias and stopping.min_new_tokens) and on the local model (the offline
-// generator): --logit-bias EOS:100 makes EOS the certain next token, so where the output
-// ends is known in advance; --min-new-tokens 5 holds it back until five tokens, which are
-// the unbiased greedy ones (the text of --max-new-tokens 5 without either flag).
+// sampling.logit_bias, stopping.min_new_tokens and stopping.stop) and on the local model
+// (the offline generator): --logit-bias EOS:100 makes EOS the certain next token, so where
+// the output ends is known in advance; --min-new-tokens 5 holds it back until five
+// tokens, which are the unbiased greedy ones (the text of --max-new-tokens 5 without
+// either flag); --stop ends the text before a stop string.
 #include <string>
 #include <utility>
 
@@ -42,6 +43,13 @@ TEST(GenerateCliFlags, LogitBiasAndMinNewTokensOnTheServerAndLocally) {
     ASSERT_EQ(now_code, 0) << now;
     EXPECT_EQ(now.rfind("Once upon a time\n", 0), 0u) << now;
     EXPECT_NE(now.find("generated 1 tokens"), std::string::npos) << now;
+    // --stop: the output ends before the stop string (llama2.c's reference text up to its
+    // first "Lily"), the finish is "stop".
+    const auto [stop_code, stopped] = run("--max-new-tokens 40 --stop Lily --stats 2>&1");
+    ASSERT_EQ(stop_code, 0) << stopped;
+    const std::string reference = kReferenceText;
+    EXPECT_EQ(stopped.rfind(reference.substr(0, reference.find("Lily")) + "\n", 0), 0u) << stopped;
+    EXPECT_NE(stopped.find("finish: stop"), std::string::npos) << stopped;
     // Malformed or contradictory flags: refused by name, before anything runs.
     const auto [bad_code, bad] = run("--logit-bias 7 2>&1");
     EXPECT_EQ(bad_code, 2) << bad;
