@@ -68,6 +68,32 @@ class PromptLogprobsTest : public testing::StoriesModelTest {
     return r;
   }
 
+  // A request decoding 30 tokens, to share steps with a scored prompt.
+  static GenerationRequest Decoding() {
+    GenerationRequest other;
+    other.prompt = {1, 403, 407};
+    other.stop.max_new_tokens = 30;
+    other.stop.ignore_eos = true;
+    return other;
+  }
+
+  // The offline generator's run over the prompt, scored with `top` in chunks of `chunk`:
+  // its events, its tokens in *tokens.
+  Result GenerateScored(kernels::Backend<float>& backend, int chunk, int top, int max_new,
+                        std::vector<int32_t>* tokens) const {
+    GenerateOptions options;
+    options.max_new_tokens = max_new;
+    options.stop_at_eos = false;
+    options.prefill_chunk = chunk;
+    options.prompt_logprobs = top;
+    Result r;
+    options.on_prompt_logprobs = [&r](const PromptLogprobsEvent& e) { r.scored.push_back(e); };
+    auto got = Generate<float>(*model_, backend, prompt_, options);
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (got.ok()) *tokens = got->tokens;
+    return r;
+  }
+
   // The events cover positions 1 … n − 1 once each, in order, before any token; each
   // token is the prompt's, its log-probability the reference's log-softmax within 5e-5
   // (an fp32 forward), and its top `top` the reference's most likely tokens (ties: lower
@@ -126,12 +152,8 @@ TEST_F(PromptLogprobsTest, EveryPositionInChunksBatchedWithOthersIsTheReferences
   EXPECT_TRUE(plain.scored.empty());
   for (int top : {0, 5}) {
     SCOPED_TRACE(::testing::Message() << "top " << top);
-    GenerationRequest other;  // decoding while the scored prompt is prefilled
-    other.prompt = {1, 403, 407};
-    other.stop.max_new_tokens = 30;
-    other.stop.ignore_eos = true;
-    absl::Status s1, s2;
-    auto f_other = Start(engine, std::move(other), &s1);
+    absl::Status s1, s2;  // (one decoding while the scored prompt is prefilled)
+    auto f_other = Start(engine, Decoding(), &s1);
     auto f = Start(engine, Request(top, 6), &s2);
     ASSERT_TRUE(s1.ok() && s2.ok()) << s1 << s2;
     const Result r = f.get();
@@ -214,19 +236,13 @@ TEST_F(PromptLogprobsTest, PreemptedInThePromptSendsEachPositionOnce) {
 // The offline generator (kvlens-cli generate --model … --prompt-logprobs) scores the same
 // way: chunks of 5, fp32, as the reference; and its tokens are the engine's.
 TEST_F(PromptLogprobsTest, TheOfflineGeneratorScoresAsTheReference) {
-  GenerateOptions options;
-  options.max_new_tokens = 4;
-  options.stop_at_eos = false;
-  options.prefill_chunk = 5;
-  options.prompt_logprobs = 4;
-  Result r;
-  options.on_prompt_logprobs = [&r](const PromptLogprobsEvent& e) { r.scored.push_back(e); };
-  auto got = Generate<float>(*model_, backend_, prompt_, options);
-  ASSERT_TRUE(got.ok()) << got.status();
+  std::vector<int32_t> tokens;
+  const Result r = GenerateScored(backend_, 5, 4, 4, &tokens);
   EXPECT_GT(r.scored.size(), 5u);
   ExpectReference(r, 4);
   Engine engine(*model_, backend_, EngineOptions{});
-  EXPECT_EQ(got->tokens, RunOne(engine, Request(-1)).tokens);
+  EXPECT_EQ(tokens, RunOne(engine, Request(-1)).tokens);
+  GenerateOptions options;
   options.prompt_logprobs = 21;
   EXPECT_EQ(Generate<float>(*model_, backend_, prompt_, options).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -236,8 +252,8 @@ TEST_F(PromptLogprobsTest, TheOfflineGeneratorScoresAsTheReference) {
 // are: each row's log-probability of the next prompt token and its top tokens come back
 // from Backend::DrawTokens (a forced token a row), not the rows; the chunk that samples
 // draws its last row there too. The engine in chunks of 7 beside another request's decode
-// rows, and the offline generator in chunks of 5: as
-// the reference, the same tokens as the unscored request, every position a forced row.
+// rows (the last chunk 7 rows), and the offline generator in chunks of 5: as the
+// reference, the same tokens as the unscored request, every position a forced row.
 TEST_F(PromptLogprobsTest, OnADeviceTheRowsAreScoredWhereTheLogitsAre) {
   const int scored_rows = static_cast<int>(prompt_.size()) - 1;
   Result plain;
@@ -248,14 +264,10 @@ TEST_F(PromptLogprobsTest, OnADeviceTheRowsAreScoredWhereTheLogitsAre) {
   {
     ::kvlens::testing::FakeDeviceBackend device(2);
     EngineOptions o;
-    o.max_batch_tokens = 8;  // (chunks 5, then 7 beside a decode row: the last has 7 rows)
+    o.max_batch_tokens = 8;  // (the first chunk 5 beside the other's prompt of 3)
     Engine engine(*model_, device, o);
-    GenerationRequest other;
-    other.prompt = {1, 403, 407};
-    other.stop.max_new_tokens = 30;
-    other.stop.ignore_eos = true;
     absl::Status s1, s2;
-    auto f_other = Start(engine, std::move(other), &s1);
+    auto f_other = Start(engine, Decoding(), &s1);
     auto f = Start(engine, Request(5, 6), &s2);
     ASSERT_TRUE(s1.ok() && s2.ok()) << s1 << s2;
     const Result r = f.get();
@@ -266,17 +278,9 @@ TEST_F(PromptLogprobsTest, OnADeviceTheRowsAreScoredWhereTheLogitsAre) {
     EXPECT_EQ(device.forced_rows.load(), scored_rows);
   }
   ::kvlens::testing::FakeDeviceBackend device(1);
-  GenerateOptions options;
-  options.max_new_tokens = 6;
-  options.stop_at_eos = false;
-  options.prefill_chunk = 5;
-  options.prompt_logprobs = 2;
-  Result r;
-  options.on_prompt_logprobs = [&r](const PromptLogprobsEvent& e) { r.scored.push_back(e); };
-  auto got = Generate<float>(*model_, device, prompt_, options);
-  ASSERT_TRUE(got.ok()) << got.status();
-  ExpectReference(r, 2);
-  EXPECT_EQ(got->tokens, plain.tokens);
+  std::vector<int32_t> tokens;
+  ExpectReference(GenerateScored(device, 5, 2, 6, &tokens), 2);
+  EXPECT_EQ(tokens, plain.tokens);
   EXPECT_EQ(device.forced_rows.load(), scored_rows);
 }
 
