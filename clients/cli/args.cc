@@ -48,6 +48,7 @@ absl::StatusOr<Args> Args::Parse(int argc, char** argv, int first,
         value = argv[++i];
       }
       args.values_[a] = value;
+      args.all_[a].push_back(value);
     }
     args.given_[a] = true;
   }

@@ -31,6 +31,11 @@ class Args {
   bool help() const { return help_; }
   bool Has(const std::string& name) const { return given_.count(name) > 0; }
   std::string Str(const std::string& name) const { return values_.at(name); }
+  // Every value given for `name`, in order (a flag given more than once; Str has the last).
+  std::vector<std::string> All(const std::string& name) const {
+    auto it = all_.find(name);
+    return it == all_.end() ? std::vector<std::string>{} : it->second;
+  }
   absl::StatusOr<int64_t> Int(const std::string& name, int64_t min, int64_t max) const;
   absl::StatusOr<double> Double(const std::string& name, double min, double max) const;
   bool Switch(const std::string& name) const { return values_.at(name) == "true"; }
@@ -38,6 +43,7 @@ class Args {
  private:
   std::map<std::string, std::string> values_;
   std::map<std::string, bool> given_;
+  std::map<std::string, std::vector<std::string>> all_;
   bool help_ = false;
 };
 

@@ -47,7 +47,7 @@ const std::vector<FlagSpec>& Specs() {
       {"max-new-tokens", "64", "tokens to generate at most"},
       {"stop", "",
        "end the output before the first occurrence of this text (not printed; with --stats "
-       "the finish is \"stop\"): Generate's stopping.stop"},
+       "the finish is \"stop\"): Generate's stopping.stop; may be given more than once"},
       {"min-new-tokens", "0",
        "generate at least this many tokens: until then EOS (unless --ignore-eos) is never "
        "drawn (HF's min_new_tokens, vLLM's min_tokens)"},
@@ -258,8 +258,7 @@ int GenerateCommand(int argc, char** argv) {
     };
   }
   const bool stats = args->Switch("stats");
-  std::vector<std::string> stops;
-  if (args->Has("stop")) stops.push_back(args->Str("stop"));
+  const std::vector<std::string> stops = args->All("stop");
   int code = 0;
   if (local.fp64) {
     kernels::ReferenceBackend backend;

@@ -113,7 +113,7 @@ int RemoteGenerate(const Args& args) {
   request.mutable_stopping()->set_max_new_tokens(static_cast<int32_t>(*max_new));
   request.mutable_stopping()->set_ignore_eos(args.Switch("ignore-eos"));
   request.mutable_stopping()->set_min_new_tokens(static_cast<int32_t>(*min_new));
-  if (args.Has("stop")) request.mutable_stopping()->add_stop(args.Str("stop"));
+  for (const std::string& stop : args.All("stop")) request.mutable_stopping()->add_stop(stop);
   if (args.Has("steer")) {
     absl::StatusOr<std::vector<SteeringSpec>> steer = ParseSteeringFlag(args.Str("steer"));
     if (!steer.ok()) return Fail(steer.status(), 2);

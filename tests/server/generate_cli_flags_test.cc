@@ -50,6 +50,10 @@ TEST(GenerateCliFlags, LogitBiasAndMinNewTokensOnTheServerAndLocally) {
     const std::string reference = kReferenceText;
     EXPECT_EQ(stopped.rfind(reference.substr(0, reference.find("Lily")) + "\n", 0), 0u) << stopped;
     EXPECT_NE(stopped.find("finish: stop"), std::string::npos) << stopped;
+    // Given twice, each string applies (the last, zzz, never occurs).
+    const auto [two_code, two] = run("--max-new-tokens 40 --stop Lily --stop zzz 2>&1");
+    ASSERT_EQ(two_code, 0) << two;
+    EXPECT_EQ(two.rfind(reference.substr(0, reference.find("Lily")) + "\n", 0), 0u) << two;
     // Malformed or contradictory flags: refused by name, before anything runs.
     const auto [bad_code, bad] = run("--logit-bias 7 2>&1");
     EXPECT_EQ(bad_code, 2) << bad;
