@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/kv_cache/sequence_cache.h"
@@ -36,6 +37,11 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
   }
   if (absl::Status s = options.sampling.Validate(c.vocab_size); !s.ok()) return s;
   if (absl::Status s = CheckPromptLogprobs(options.prompt_logprobs); !s.ok()) return s;
+  if (options.top_logprobs < 0 || options.top_logprobs > kernels::kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("top_logprobs = ", options.top_logprobs,
+                                                   " must be in [0, ", kernels::kMaxTopLogprobs,
+                                                   "]"));
+  }
   if (options.min_new_tokens < 0 || options.min_new_tokens > options.max_new_tokens) {
     return absl::InvalidArgumentError(
         absl::StrCat("min_new_tokens = ", options.min_new_tokens,
@@ -73,6 +79,7 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
   }
   auto prepare = [&](BatchEntry& entry) {
     draw = sampler.ReserveDraw(history);
+    draw.top_logprobs = options.top_logprobs;
     if (static_cast<int>(result.tokens.size()) < options.min_new_tokens) {
       draw.logit_bias = early_bias;
     }
@@ -123,15 +130,24 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
       result.finish_reason = FinishReason::kLength;
       break;
     }
-    int32_t next = 0;
+    RowSample picked;
     if (!out.pick_token.empty()) {
-      next = out.pick_token.back();
+      const size_t row = out.pick_token.size() - 1;
+      picked.token = out.pick_token[row];
+      picked.logprob = out.pick_logprob[row];
+      for (int t = 0; t < std::min(options.top_logprobs, c.vocab_size); ++t) {
+        const size_t at = row * kernels::kMaxTopLogprobs + static_cast<size_t>(t);
+        picked.top_logprobs.push_back({out.pick_top_token[at], out.pick_top_logprob[at]});
+      }
       sampler.ClearReserved();  // its number was the device's draw
     } else {
       std::copy(out.logits.end() - c.vocab_size, out.logits.end(), logits.begin());  // (as float)
-      next = DrawRow(sampler, logits, draw).token;
+      picked = DrawRow(sampler, logits, draw);
     }
+    const int32_t next = picked.token;
     result.tokens.push_back(next);
+    result.logprobs.push_back(picked.logprob);
+    if (options.top_logprobs > 0) result.top_logprobs.push_back(std::move(picked.top_logprobs));
     history.push_back(next);
     if (on_token && !on_token(next)) {
       result.finish_reason = FinishReason::kCancelled;

@@ -40,10 +40,17 @@ struct GenerateOptions {
   // on_prompt_logprobs its positions' log-probabilities, in order, before the first token.
   int prompt_logprobs = -1;
   std::function<void(const PromptLogprobsEvent&)> on_prompt_logprobs;
+  // 0 … 20: with each generated token's log-probability (always kept), its this many most
+  // likely tokens (GenerationRequest::top_logprobs).
+  int top_logprobs = 0;
 };
 
 struct GenerateResult {
   std::vector<int32_t> tokens;  // generated tokens (not the prompt)
+  // Per generated token: log p(token) under the model (before the draw's bias, penalties
+  // and filters, as the engine reports it), and with top_logprobs its most likely tokens.
+  std::vector<float> logprobs;
+  std::vector<std::vector<TokenLogprob>> top_logprobs;
   FinishReason finish_reason = FinishReason::kLength;
   double prefill_seconds = 0.0;
   double decode_seconds = 0.0;  // all decode steps after the first generated token

@@ -11,7 +11,7 @@
 #include "clients/cli/commands.h"
 #include "clients/cli/local_backend.h"
 #include "clients/cli/logit_bias_flag.h"
-#include "clients/cli/prompt_logprobs_print.h"
+#include "clients/cli/logprobs_table.h"
 #include "clients/cli/remote_generate.h"
 #include "clients/cli/steering_flag.h"
 #include "engine/generator.h"
@@ -69,6 +69,10 @@ const std::vector<FlagSpec>& Specs() {
        "position START on; the prompt's token count steers the generated tokens only); with "
        "--server also sae:NAME:FEATURE[:COEF][@START], that feature's decoder direction of "
        "the server's SAE NAME (kvlens-cli sae --list)"},
+      {"logprobs", "",
+       "also print to stderr each generated token's log-probability and the N (0 … 20) most "
+       "likely tokens there, then their sum and perplexity (with --server: Generate's "
+       "logprobs and top_logprobs)"},
       {"prompt-logprobs", "",
        "also print to stderr each prompt token's log-probability given the tokens before it "
        "and the N (0 … 20) most likely tokens there, then their sum and perplexity (with "
@@ -97,7 +101,8 @@ const std::vector<FlagSpec>& Specs() {
 template <typename T>
 int Run(const Model& model, kernels::Backend<T>& backend, std::string_view backend_description,
         const std::vector<int32_t>& prompt, const std::string& prompt_text,
-        const GenerateOptions& options, const std::vector<std::string>& stops, bool stats) {
+        const GenerateOptions& options, const std::vector<std::string>& stops, bool stats,
+        std::vector<ScoredToken>* generated) {
   IncrementalDecoder decoder(*model.tokenizer);
   for (int32_t id : prompt) decoder.Push(id);  // the prompt is printed as given
   std::cout << prompt_text << std::flush;
@@ -117,7 +122,16 @@ int Run(const Model& model, kernels::Backend<T>& backend, std::string_view backe
     return 1;
   }
   if (stopped) result->finish_reason = FinishReason::kStop;
-  std::cout << (stopped ? "" : stop_matcher.Flush(decoder.Flush())) << "\n";
+  std::cout << (stopped ? "" : stop_matcher.Flush(decoder.Flush()))
+            << std::endl;  // (tables follow on stderr)
+  for (size_t i = 0; generated != nullptr && i < result->tokens.size(); ++i) {
+    ScoredToken& t = generated->emplace_back();
+    t.token = result->tokens[i];
+    t.logprob = result->logprobs[i];
+    if (i < result->top_logprobs.size()) {
+      for (const TokenLogprob& x : result->top_logprobs[i]) t.top.emplace_back(x.token, x.logprob);
+    }
+  }
   if (stats) {
     const int n = static_cast<int>(result->tokens.size());
     const double decode_tps = n > 1 ? (n - 1) / result->decode_seconds : 0.0;
@@ -259,16 +273,27 @@ int GenerateCommand(int argc, char** argv) {
   }
   const bool stats = args->Switch("stats");
   const std::vector<std::string> stops = args->All("stop");
+  std::vector<ScoredToken> generated;
+  std::vector<ScoredToken>* want_generated = nullptr;
+  if (args->Has("logprobs")) {
+    auto top = args->Int("logprobs", 0, 20);
+    if (!top.ok()) return fail(top.status(), 2);
+    options.top_logprobs = static_cast<int>(*top);
+    want_generated = &generated;
+  }
   int code = 0;
   if (local.fp64) {
     kernels::ReferenceBackend backend;
-    code = Run<double>(**model, backend, backend.name(), prompt, shown, options, stops, stats);
+    code = Run<double>(**model, backend, backend.name(), prompt, shown, options, stops, stats,
+                       want_generated);
   } else {
     code = Run<float>(**model, *local.fp32.backend, local.fp32.description, prompt, shown, options,
-                      stops, stats);
+                      stops, stats, want_generated);
   }
-  if (code == 0 && options.prompt_logprobs >= 0) {
-    PrintPromptLogprobs(std::cerr, scored, [&](int32_t token) { return tok.Decode({token}); });
+  auto piece = [&](int32_t token) { return tok.Decode({token}); };
+  if (code == 0 && options.prompt_logprobs >= 0) PrintPromptLogprobs(std::cerr, scored, piece);
+  if (code == 0 && want_generated != nullptr) {
+    PrintLogprobsTable(std::cerr, generated, static_cast<int>(prompt.size()), "generated", piece);
   }
   return code;
 }

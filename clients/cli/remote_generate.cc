@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "clients/cli/logit_bias_flag.h"
-#include "clients/cli/prompt_logprobs_print.h"
+#include "clients/cli/logprobs_table.h"
 #include "clients/cli/steering_flag.h"
 #include "kvlens/v1/generation.grpc.pb.h"
 
@@ -50,6 +50,17 @@ std::string ServerPiece(v1::Generation::Stub& stub, int32_t token) {
                                                             : absl::StrCat("#", token);
 }
 
+// The wire's entries as the table printer takes them.
+void AppendScored(const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& entries,
+                  std::vector<ScoredToken>* out) {
+  for (const v1::TokenLogprob& lp : entries) {
+    ScoredToken& t = out->emplace_back();
+    t.token = lp.token();
+    t.logprob = lp.logprob();
+    for (const v1::TopLogprob& top : lp.top()) t.top.emplace_back(top.token(), top.logprob());
+  }
+}
+
 }  // namespace
 
 int RemoteGenerate(const Args& args) {
@@ -64,9 +75,11 @@ int RemoteGenerate(const Args& args) {
   // No default: absent, the prompt is not scored.
   absl::StatusOr<int64_t> prompt_logprobs = int64_t{-1};
   if (args.Has("prompt-logprobs")) prompt_logprobs = args.Int("prompt-logprobs", 0, 20);
+  absl::StatusOr<int64_t> logprobs = int64_t{-1};
+  if (args.Has("logprobs")) logprobs = args.Int("logprobs", 0, 20);
   for (const absl::Status& s :
        {max_new.status(), min_new.status(), temperature.status(), top_k.status(), top_p.status(),
-        min_p.status(), rep.status(), seed.status(), prompt_logprobs.status()}) {
+        min_p.status(), rep.status(), seed.status(), prompt_logprobs.status(), logprobs.status()}) {
     if (!s.ok()) return Fail(s, 2);
   }
   if (*min_new > *max_new) {
@@ -123,6 +136,10 @@ int RemoteGenerate(const Args& args) {
   if (*prompt_logprobs >= 0) {
     request.set_prompt_logprobs(static_cast<int32_t>(*prompt_logprobs));
   }
+  if (*logprobs >= 0) {
+    request.set_logprobs(true);
+    request.set_top_logprobs(static_cast<int32_t>(*logprobs));
+  }
 
   auto channel = grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials());
   auto stub = v1::Generation::NewStub(channel);
@@ -132,27 +149,24 @@ int RemoteGenerate(const Args& args) {
   if (!chat) std::cout << args.Str("prompt") << std::flush;  // as offline: prompt, then completion
   v1::GenerateResponse chunk;
   v1::GenerateFinal final;
-  std::vector<ScoredToken> scored;
+  std::vector<ScoredToken> scored, generated;
   while (reader->Read(&chunk)) {
     std::cout << chunk.text() << std::flush;
-    for (const v1::TokenLogprob& lp : chunk.prompt_logprobs()) {
-      ScoredToken& t = scored.emplace_back();
-      t.token = lp.token();
-      t.logprob = lp.logprob();
-      for (const v1::TopLogprob& top : lp.top()) t.top.emplace_back(top.token(), top.logprob());
-    }
+    AppendScored(chunk.logprobs(), &generated);
+    AppendScored(chunk.prompt_logprobs(), &scored);
     if (chunk.has_final()) final = chunk.final();
   }
   const grpc::Status status = reader->Finish();
-  std::cout << "\n";
+  std::cout << std::endl;  // (tables follow on stderr)
   if (!status.ok()) {
     return Fail(
         absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()),
         1);
   }
-  if (*prompt_logprobs >= 0) {
-    PrintPromptLogprobs(std::cerr, scored,
-                        [&](int32_t token) { return ServerPiece(*stub, token); });
+  auto piece = [&](int32_t token) { return ServerPiece(*stub, token); };
+  if (*prompt_logprobs >= 0) PrintPromptLogprobs(std::cerr, scored, piece);
+  if (*logprobs >= 0) {
+    PrintLogprobsTable(std::cerr, generated, final.usage().prompt_tokens(), "generated", piece);
   }
   if (args.Switch("stats")) {
     const v1::Usage& u = final.usage();

@@ -4,10 +4,13 @@
 // the output ends is known in advance; --min-new-tokens 5 holds it back until five
 // tokens, which are the unbiased greedy ones (the text of --max-new-tokens 5 without
 // either flag); --stop ends the text before a stop string.
+#include <cstdio>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "tests/server/server_test_util.h"
 #include "tests/test_paths.h"
@@ -69,6 +72,53 @@ TEST(GenerateCliFlags, LogitBiasAndMinNewTokensOnTheServerAndLocally) {
     const auto [range_code, range] = run("--logit-bias 600:1 2>&1");
     EXPECT_EQ(range_code, 1) << range;
     EXPECT_NE(range.find("600"), std::string::npos) << range;
+  }
+}
+
+// --logprobs N prints each generated token's log-probability and its top N (stderr), the
+// RPC's entries through the server and on the local model (the offline generator's,
+// GenerateResult::logprobs), positions counted from the prompt's length; then the sum.
+TEST(GenerateCliFlags, LogprobsPrintTheRpcsEntries) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  v1::GenerateRequest r = GreedyRequest("Once upon a time", 6);
+  r.set_logprobs(true);
+  r.set_top_logprobs(2);
+  const StreamResult want = RunGenerate(server.stub(), r);
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  ASSERT_EQ(want.logprobs.size(), 6u);
+  const int prompt_tokens = want.final.usage().prompt_tokens();
+  for (const std::string& where :
+       {absl::StrCat("--server ", server.address()), absl::StrCat("--model ", Stories260KPath())}) {
+    SCOPED_TRACE(where);
+    const auto [code, printed] = RunCommand(absl::StrCat(
+        "timeout 60 ", KVLENS_CLI_PATH, " generate ", where,
+        " --prompt 'Once upon a time' --max-new-tokens 6 --logprobs 2 2>&1 >/dev/null"));
+    ASSERT_EQ(code, 0) << printed;
+    const std::vector<std::string> lines = absl::StrSplit(printed, '\n', absl::SkipEmpty());
+    ASSERT_EQ(lines.size(), want.logprobs.size() + 2) << printed;
+    double sum = 0;
+    for (size_t i = 0; i < want.logprobs.size(); ++i) {
+      const v1::TokenLogprob& lp = want.logprobs[i];
+      const std::vector<std::string> f = absl::StrSplit(lines[i + 1], '\t');
+      ASSERT_EQ(f.size(), 5u) << lines[i + 1];
+      EXPECT_EQ(f[0], std::to_string(prompt_tokens + static_cast<int>(i)));
+      EXPECT_EQ(f[1], std::to_string(lp.token()));
+      EXPECT_NEAR(std::stod(f[3]), lp.logprob(), 2e-5) << lines[i + 1];
+      const std::vector<std::string> top = absl::StrSplit(f[4], "  ");
+      ASSERT_EQ(top.size(), 2u) << f[4];
+      EXPECT_NEAR(std::stod(top[1].substr(top[1].rfind(' ') + 1)), lp.top(1).logprob(), 2e-5);
+      sum += lp.logprob();
+    }
+    double got_sum = 0, ppl = 0;
+    int count = 0;
+    ASSERT_EQ(
+        std::sscanf(lines.back().c_str(), "generated: %d tokens scored, sum %lf, perplexity %lf",
+                    &count, &got_sum, &ppl),
+        3)
+        << lines.back();
+    EXPECT_EQ(count, 6);
+    EXPECT_NEAR(got_sum, sum, 1e-4);
   }
 }
 
