@@ -257,6 +257,15 @@ class Backend {
     MatMul(x, n, w_up, WeightView{}, up_scratch);
     SwiGlu(out, up_scratch, int64_t{n} * w_gate.rows, out);
   }
+  // out[N, F] = gelu_tanh(x · W_gateᵀ) ⊙ (x · W_upᵀ): GeGLU's gated half (Gemma), as
+  // MatMulSwiGlu with GeGlu's activation; the same contract.
+  virtual void MatMulGeGlu(const T* x, int n, const WeightView& w_gate, const WeightView& w_up,
+                           T* up_scratch, T* out) {
+    const MatMulOutput<T> gate_up[] = {{w_gate, WeightView{}, out},
+                                       {w_up, WeightView{}, up_scratch}};
+    MatMulMany(x, n, gate_up);
+    GeGlu(out, up_scratch, int64_t{n} * w_gate.rows, out);
+  }
 
   // The token draws[r] picks from row r of logits [rows, vocab] (this backend's memory),
   // into host arrays: token[r] = DrawToken(row r, draws[r]) (the greedy pick where

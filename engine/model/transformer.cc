@@ -133,10 +133,7 @@ void Transformer<T>::FeedForward(const LayerWeights& lw, int n) {
   if (config_.arch == Architecture::kLlama &&
       config_.gate_activation == GateActivation::kGeluTanh) {
     // GeGLU (Gemma): w_out · (gelu(w_in x) ⊙ w_up x)
-    const kernels::MatMulOutput<T> gate_up[] = {{lw.w_in, WeightView{}, hidden_.data()},
-                                                {lw.w_up, WeightView{}, up_.data()}};
-    backend_.MatMulMany(xn_.data(), n, gate_up);
-    backend_.GeGlu(hidden_.data(), up_.data(), n * F, hidden_.data());
+    backend_.MatMulGeGlu(xn_.data(), n, lw.w_in, lw.w_up, up_.data(), hidden_.data());
   } else if (config_.arch == Architecture::kLlama) {
     // SwiGLU: w_out · (silu(w_in x) ⊙ w_up x)
     backend_.MatMulSwiGlu(xn_.data(), n, lw.w_in, lw.w_up, up_.data(), hidden_.data());

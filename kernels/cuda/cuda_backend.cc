@@ -510,6 +510,17 @@ void CudaBackend::MatMulMany(const float* x, int n, absl::Span<const MatMulOutpu
 
 void CudaBackend::MatMulSwiGlu(const float* x, int n, const WeightView& w_gate,
                                const WeightView& w_up, float* up_scratch, float* out) {
+  MatMulGated(x, n, w_gate, w_up, GateActivation::kSilu, up_scratch, out);
+}
+
+void CudaBackend::MatMulGeGlu(const float* x, int n, const WeightView& w_gate,
+                              const WeightView& w_up, float* up_scratch, float* out) {
+  MatMulGated(x, n, w_gate, w_up, GateActivation::kGeluTanh, up_scratch, out);
+}
+
+void CudaBackend::MatMulGated(const float* x, int n, const WeightView& w_gate,
+                              const WeightView& w_up, GateActivation gate, float* up_scratch,
+                              float* out) {
   if (!status_.ok() || n <= 0) return;
   absl::StatusOr<const DeviceWeight*> g = Upload(w_gate);
   if (!Ok(g.status())) return;
@@ -517,21 +528,29 @@ void CudaBackend::MatMulSwiGlu(const float* x, int n, const WeightView& w_gate,
   if (!Ok(u.status())) return;
   const DeviceWeight &G = **g, &U = **u;
   if (U.dtype != G.dtype || U.rows != G.rows || U.cols != G.cols) {
-    Backend<float>::MatMulSwiGlu(x, n, w_gate, w_up, up_scratch, out);
+    if (gate == GateActivation::kSilu) {
+      Backend<float>::MatMulSwiGlu(x, n, w_gate, w_up, up_scratch, out);
+    } else {
+      Backend<float>::MatMulGeGlu(x, n, w_gate, w_up, up_scratch, out);
+    }
     return;
   }
   if (MatVecTakes(n, G.dtype)) {
-    Ok(Launch(&LaunchMatVecSwiGlu, x, n, G.cols, static_cast<const void*>(G.buffer.get()),
-              static_cast<const void*>(U.buffer.get()), G.dtype, G.rows, out));
+    Ok(Launch(&LaunchMatVecGated, x, n, G.cols, static_cast<const void*>(G.buffer.get()),
+              static_cast<const void*>(U.buffer.get()), G.dtype, G.rows, gate, out));
     return;
   }
-  // Two GEMMs on one rounding of x, then SwiGlu.
+  // Two GEMMs on one rounding of x, then the gate.
   absl::StatusOr<const void*> operand = GemmOperand(x, static_cast<int64_t>(n) * G.cols, G.dtype);
   if (!Ok(operand.status()) || !Ok(Gemm(*operand, n, G, nullptr, out)) ||
       !Ok(Gemm(*operand, n, U, nullptr, up_scratch))) {
     return;
   }
-  SwiGlu(out, up_scratch, int64_t{n} * G.rows, out);
+  if (gate == GateActivation::kSilu) {
+    SwiGlu(out, up_scratch, int64_t{n} * G.rows, out);
+  } else {
+    GeGlu(out, up_scratch, int64_t{n} * G.rows, out);
+  }
 }
 
 absl::StatusOr<RopeSpec> CudaBackend::DeviceRope(const RopeSpec& rope, int head_dim) {

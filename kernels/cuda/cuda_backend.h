@@ -52,6 +52,7 @@
 #include "kernels/cuda/cuda_memory.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/draw_tokens.h"
+#include "kernels/cuda/matvec.h"
 #include "kernels/cuda/step_graph.h"
 
 struct cublasContext;
@@ -175,9 +176,11 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   void AddLayerNorm(float* x, const float* residual, int n, int dim, const WeightView& weight,
                     const WeightView& bias, double eps, float* y) override;
   // Up to kMatVecMaxRows rows on f16/bf16 weights: one matvec launch computing both
-  // products and the gate (LaunchMatVecSwiGlu); else two MatMuls and SwiGlu.
+  // products and the gate (LaunchMatVecGated); else two GEMMs and SwiGlu (GeGlu).
   void MatMulSwiGlu(const float* x, int n, const WeightView& w_gate, const WeightView& w_up,
                     float* up_scratch, float* out) override;
+  void MatMulGeGlu(const float* x, int n, const WeightView& w_gate, const WeightView& w_up,
+                   float* up_scratch, float* out) override;
   void Gelu(float* x, int64_t count) override;
   void SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
   void GeGlu(const float* gate, const float* up, int64_t count, float* out) override;
@@ -261,6 +264,9 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
                     float* y);
   absl::Status MatMulImpl(const float* x, int n, const WeightView& w, const WeightView& bias,
                           float* y);
+  // MatMulSwiGlu (kSilu) and MatMulGeGlu (kGeluTanh).
+  void MatMulGated(const float* x, int n, const WeightView& w_gate, const WeightView& w_up,
+                   GateActivation gate, float* up_scratch, float* out);
   absl::Status AttentionImpl(const AttentionArgs<float>& a);  // checks + AttentionChecked
   // A call whose checks passed: uploads its index arrays and launches the right kernel.
   absl::Status AttentionChecked(const AttentionArgs<float>& a);

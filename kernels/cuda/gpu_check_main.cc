@@ -1,5 +1,5 @@
 // kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU. One
-// file of about 870 lines: one program whose benchmarks share its table, sizes, timing
+// file of about 890 lines: one program whose benchmarks share its table, sizes, timing
 // and allocation helpers, and whose sources a GPU machine's standalone build lists by
 // name (kernels/cuda/standalone/CMakeLists.txt), each benchmark a function of its own.
 //   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
@@ -499,17 +499,26 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
 
 // One bf16 weight of the model's FFN shape [ffn, d], read per product: n up to
 // kMatVecMaxRows takes the matvec kernel, larger n cuBLAS. Weight bytes per second against the
-// copy: the ceiling of a decode step's products (batch-1 decode is ~all weight reads).
+// copy: the ceiling of a decode step's products (batch-1 decode is ~all weight reads). Then
+// the gated products (a second weight as W_up): SwiGLU's, and GeGLU's (Gemma) through the
+// same launch.
 void MatMulBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
   const int64_t out = z.ffn, in = z.d;
   void* data = nullptr;
   if (!GC_CUDA(cudaMalloc(&data, size_t(out * in) * 2))) std::exit(3);
   Fill(data, DType::kBF16, out * in, 17, 0.02f, b.stream());
-  const unsigned char key = 0;  // host key of the adopted device weight, never read
-  if (!Check(b.AdoptWeight(&key, data, DType::kBF16, out, in), "adopt")) std::exit(3);
-  const WeightView w{&key, DType::kBF16, out, in};
+  void* up_data = nullptr;
+  if (!GC_CUDA(cudaMalloc(&up_data, size_t(out * in) * 2))) std::exit(3);
+  Fill(up_data, DType::kBF16, out * in, 19, 0.02f, b.stream());
+  const unsigned char key[2] = {};  // host keys of the adopted device weights, never read
+  if (!Check(b.AdoptWeight(&key[0], data, DType::kBF16, out, in), "adopt") ||
+      !Check(b.AdoptWeight(&key[1], up_data, DType::kBF16, out, in), "adopt")) {
+    std::exit(3);
+  }
+  const WeightView w{&key[0], DType::kBF16, out, in}, w_up{&key[1], DType::kBF16, out, in};
   const int max_n = 16;
-  float *x = Alloc(size_t(max_n) * in), *y = Alloc(size_t(max_n) * out);
+  float *x = Alloc(size_t(max_n) * in), *y = Alloc(size_t(max_n) * out),
+        *up = Alloc(size_t(max_n) * out);
   Fill(x, DType::kF32, max_n * in, 18, 1.0f, b.stream());
   for (int n : {1, kMatVecMaxRows, max_n}) {
     const double sec = TimeIt(b, 20, [&] { b.MatMul(x, n, w, WeightView{}, y); });
@@ -520,8 +529,24 @@ void MatMulBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
               Fmt(bw / 1e9, "GB/s weights"), Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(bw / copy_bw),
               "-"});
   }
-  b.ForgetWeights();  // frees the adopted weight
-  for (float* p : {x, y}) cudaFree(p);
+  for (const bool geglu : {false, true}) {
+    for (int n : {1, kMatVecMaxRows}) {
+      const double sec = TimeIt(b, 20, [&] {
+        if (geglu) {
+          b.MatMulGeGlu(x, n, w, w_up, up, y);
+        } else {
+          b.MatMulSwiGlu(x, n, w, w_up, up, y);
+        }
+      });
+      const double bw = double(out * in) * 4 / sec;
+      rows.Add({geglu ? "matmul GeGLU (bf16 gate + up)" : "matmul SwiGLU (bf16 gate + up)",
+                absl::StrCat("n=", n, " 2 x [", out, " x ", in, "], gated matvec kernel"),
+                Fmt(bw / 1e9, "GB/s weights"), Fmt(copy_bw / 1e9, "GB/s d2d copy"),
+                Pct(bw / copy_bw), "-"});
+    }
+  }
+  b.ForgetWeights();  // frees the adopted weights
+  for (float* p : {x, y, up}) cudaFree(p);
 }
 
 // A Llama-shaped model (Sizes: Llama-7B unless --smoke) with random bf16 weights.

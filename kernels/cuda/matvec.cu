@@ -1,7 +1,8 @@
 // Small-batch products on f16/bf16 weights (see matvec.h). A launch covers up to
 // kMatVecMaxSegments products of the same x (segments: a layer's q, k and v). The work is
 // cut into units of R weight rows (kUnitRows: 2 for one row of x, 4 for more): W rows o …
-// o + R − 1 (plain), or W_gate and W_up rows of outputs o … o + R/2 − 1 (gated: SwiGLU),
+// o + R − 1 (plain), or W_gate and W_up rows of outputs o … o + R/2 − 1 (gated: SwiGLU
+// or GeGLU),
 // so each x value read from L1 serves R rows. The grid is
 // persistent: exactly as many blocks as fit on the GPU at once, block b taking units b,
 // b + grid, … So every block reads the same number of weight bytes, give or take one
@@ -32,6 +33,7 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;  // GELU's tanh form, as GeGluKernel
 
 // One 16-bit weight to float.
 template <bool kBf16>
@@ -43,8 +45,8 @@ __device__ __forceinline__ float HalfBitsToFloat(unsigned short bits) {
   }
 }
 
-// One product of a launch. kGated: w is W_gate and w_up W_up, y = silu(x·W_gateᵀ) ⊙
-// x·W_upᵀ (no bias); else w_up is unused and y = x·Wᵀ + bias.
+// One product of a launch. kGated: w is W_gate and w_up W_up, y = act(x·W_gateᵀ) ⊙
+// x·W_upᵀ (no bias; act is Segments::gate); else w_up is unused and y = x·Wᵀ + bias.
 struct Segment {
   const unsigned short* w;
   const unsigned short* w_up;
@@ -59,7 +61,8 @@ struct Segments {
   const float* x;
   int64_t in;
   int count;
-  int64_t units;  // Σ of the segments' units
+  int64_t units;        // Σ of the segments' units
+  GateActivation gate;  // kGated launches: the gate's activation
   Segment seg[kMatVecMaxSegments];
 };
 
@@ -170,8 +173,12 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segment
 #pragma unroll
         for (int k = 0; k < kOuts; ++k) {
           if (k >= outs) break;        // unrolled, so sum stays in registers
-          const float g = sum[2 * k];  // as SwiGluKernel
-          y[k] = g / (1.0f + expf(-g)) * sum[2 * k + 1];
+          const float g = sum[2 * k];  // as SwiGluKernel and GeGluKernel
+          const float a =
+              segs.gate == GateActivation::kGeluTanh
+                  ? 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g)))
+                  : g / (1.0f + expf(-g));
+          y[k] = a * sum[2 * k + 1];
         }
       } else {
 #pragma unroll
@@ -284,7 +291,7 @@ absl::Status LaunchMatVec(const float* x, int n, int64_t in,
     return absl::InvalidArgumentError(absl::StrCat("LaunchMatVec: 1 to ", kMatVecMaxSegments,
                                                    " products, got ", products.size()));
   }
-  Segments segs{x, in, static_cast<int>(products.size()), 0, {}};
+  Segments segs{x, in, static_cast<int>(products.size()), 0, GateActivation::kSilu, {}};
   for (int i = 0; i < segs.count; ++i) {
     const MatVecProduct& p = products[i];
     segs.seg[i] = {Bits(p.w), nullptr, p.bias, p.bias_dtype, p.y, p.out, 0};
@@ -292,11 +299,11 @@ absl::Status LaunchMatVec(const float* x, int n, int64_t in,
   return LaunchSegments(n, dtype, false, segs, stream);
 }
 
-absl::Status LaunchMatVecSwiGlu(const float* x, int n, int64_t in, const void* w_gate,
-                                const void* w_up, DType dtype, int64_t out, float* y,
-                                cudaStream_t stream) {
-  if (w_up == nullptr) return absl::InvalidArgumentError("LaunchMatVecSwiGlu: w_up is null");
-  Segments segs{x, in, 1, 0, {}};
+absl::Status LaunchMatVecGated(const float* x, int n, int64_t in, const void* w_gate,
+                               const void* w_up, DType dtype, int64_t out, GateActivation gate,
+                               float* y, cudaStream_t stream) {
+  if (w_up == nullptr) return absl::InvalidArgumentError("LaunchMatVecGated: w_up is null");
+  Segments segs{x, in, 1, 0, gate, {}};
   segs.seg[0] = {Bits(w_gate), Bits(w_up), nullptr, DType::kF32, y, out, 0};
   return LaunchSegments(n, dtype, true, segs, stream);
 }

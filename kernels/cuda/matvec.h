@@ -46,11 +46,16 @@ absl::Status LaunchMatVec(const float* x, int n, int64_t in,
                           absl::Span<const MatVecProduct> products, DType dtype,
                           cudaStream_t stream);
 
-// y[r, o] = silu(g) · u with g = Σ_i x[r, i] · W_gate[o, i], u = Σ_i x[r, i] · W_up[o, i]:
-// SwiGLU's gated product in one pass, both weights [out, in] in `dtype` (kF16 or kBF16).
-absl::Status LaunchMatVecSwiGlu(const float* x, int n, int64_t in, const void* w_gate,
-                                const void* w_up, DType dtype, int64_t out, float* y,
-                                cudaStream_t stream);
+// The activation of a gated product's gate: SwiGLU's silu(g) = g / (1 + e^−g), or GeGLU's
+// gelu_tanh(g) = g/2 · (1 + tanh(√(2/π) · (g + 0.044715 g³))) (as SwiGluKernel, GeGluKernel).
+enum class GateActivation : uint8_t { kSilu, kGeluTanh };
+
+// y[r, o] = act(g) · u with g = Σ_i x[r, i] · W_gate[o, i], u = Σ_i x[r, i] · W_up[o, i]:
+// SwiGLU's or GeGLU's gated product in one pass, both weights [out, in] in `dtype` (kF16 or
+// kBF16).
+absl::Status LaunchMatVecGated(const float* x, int n, int64_t in, const void* w_gate,
+                               const void* w_up, DType dtype, int64_t out, GateActivation gate,
+                               float* y, cudaStream_t stream);
 
 }  // namespace kvlens::kernels::cuda
 

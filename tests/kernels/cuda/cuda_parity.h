@@ -41,23 +41,29 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
     add(MatMulBackwardInputCase(gpu, rng, t, 17, 160, 256));
     add(MatMulManyCase(gpu, rng, t, 1, 256, false));
     add(MatMulManyCase(gpu, rng, t, 3, t == DType::kQ8_0 ? 96 : 100, false));
-    add(MatMulSwiGluCase(gpu, rng, t, 1, 256, 40));
-    add(MatMulSwiGluCase(gpu, rng, t, 3, t == DType::kQ8_0 ? 96 : 100, 33));
+    add(MatMulGatedCase(gpu, rng, t, 1, 256, 40));
+    add(MatMulGatedCase(gpu, rng, t, 3, t == DType::kQ8_0 ? 96 : 100, 33));
   }
   // ggml's other block types, dequantised to f16 at upload (rows of whole blocks).
   for (DType t : {DType::kQ4_0, DType::kQ4_K, DType::kQ6_K, DType::kIQ4_XS}) {
     add(MatMulCase(gpu, rng, t, 1, 256, 96, false));
     add(MatMulCase(gpu, rng, t, 17, 512, 160, true));
     add(MatMulBackwardInputCase(gpu, rng, t, 17, 256, 160));
-    add(MatMulSwiGluCase(gpu, rng, t, 1, 256, 40));
+    add(MatMulGatedCase(gpu, rng, t, 1, 256, 40));
   }
   // Four rows of x: the matvec's 4-row units (a last unit of 2 rows, and of 1 gated output
   // of 2); two rows with the q/k/v segments.
   add(MatMulCase(gpu, rng, DType::kF16, 4, 256, 38, true));
   add(MatMulCase(gpu, rng, DType::kBF16, 4, 100, 39, false));  // one element at a time
-  add(MatMulSwiGluCase(gpu, rng, DType::kBF16, 4, 256, 41));
+  add(MatMulGatedCase(gpu, rng, DType::kBF16, 4, 256, 41));
   add(MatMulManyCase(gpu, rng, DType::kBF16, 2, 256, false));
-  add(MatMulSwiGluCase(gpu, rng, DType::kBF16, 6, 128, 24));  // two GEMMs and SwiGlu
+  add(MatMulGatedCase(gpu, rng, DType::kBF16, 6, 128, 24));  // two GEMMs and SwiGlu
+  // GeGLU (Gemma) through the same kernels: the matvec at 1 and 3 rows (one element at a
+  // time), two GEMMs and GeGlu on f16 weights, and on f32 weights.
+  add(MatMulGatedCase(gpu, rng, DType::kBF16, 1, 256, 40, true));
+  add(MatMulGatedCase(gpu, rng, DType::kF16, 3, 100, 33, true));
+  add(MatMulGatedCase(gpu, rng, DType::kF16, 6, 128, 24, true));
+  add(MatMulGatedCase(gpu, rng, DType::kF32, 2, 64, 20, true));
   add(MatMulManyCase(gpu, rng, DType::kBF16, 2, 128, true));  // one MatMul each
   add(MatMulManyCase(gpu, rng, DType::kF16, 6, 128, false));  // three GEMMs, one operand
   add(AddNormCase(gpu, rng, false, 4096, DType::kBF16));

@@ -258,30 +258,44 @@ inline ParityResult MatMulManyCase(CudaBackend& gpu, std::mt19937_64& rng, DType
   return Judge(name, *got, naive, ref);
 }
 
-// MatMulSwiGlu: silu(x·W_gateᵀ) ⊙ x·W_upᵀ against the reference's default (two products
-// and SwiGlu in double). Naive: NaiveMatMul of each, gated in float.
-inline ParityResult MatMulSwiGluCase(CudaBackend& gpu, std::mt19937_64& rng, DType dtype, int n,
-                                     int in, int out) {
-  const std::string name = absl::StrCat("MatMulSwiGlu ", std::string(DTypeName(dtype)), " n=", n,
-                                        " in=", in, " out=", out);
+// MatMulSwiGlu: silu(x·W_gateᵀ) ⊙ x·W_upᵀ (MatMulGeGlu with geglu: gelu_tanh for silu)
+// against the reference's default (two products and the gate in double). Naive:
+// NaiveMatMul of each, gated in float.
+inline ParityResult MatMulGatedCase(CudaBackend& gpu, std::mt19937_64& rng, DType dtype, int n,
+                                    int in, int out, bool geglu = false) {
+  const std::string name =
+      absl::StrCat(geglu ? "MatMulGeGlu " : "MatMulSwiGlu ", std::string(DTypeName(dtype)),
+                   " n=", n, " in=", in, " out=", out);
   const std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * in);
   const OwnedWeight wg(kernels::testing::RandomVector(rng, size_t(out) * in), out, in, dtype);
   const OwnedWeight wu(kernels::testing::RandomVector(rng, size_t(out) * in), out, in, dtype);
   std::vector<double> ref(size_t(n) * out), scratch(ref.size());
-  ReferenceBackend().MatMulSwiGlu(x.data(), n, wg.view(), wu.view(), scratch.data(), ref.data());
+  if (geglu) {
+    ReferenceBackend().MatMulGeGlu(x.data(), n, wg.view(), wu.view(), scratch.data(), ref.data());
+  } else {
+    ReferenceBackend().MatMulSwiGlu(x.data(), n, wg.view(), wu.view(), scratch.data(), ref.data());
+  }
   const std::vector<double> gate = NaiveMatMul(x, n, in, wg, nullptr),
                             up = NaiveMatMul(x, n, in, wu, nullptr);
   std::vector<double> naive(ref.size());
   for (size_t e = 0; e < naive.size(); ++e) {
     const float g = static_cast<float>(gate[e]);
-    naive[e] = g / (1.0f + std::exp(-g)) * static_cast<float>(up[e]);
+    const float a =
+        geglu ? 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)))
+              : g / (1.0f + std::exp(-g));
+    naive[e] = a * static_cast<float>(up[e]);
   }
   auto dx = ToDevice(x);
   auto dscratch = ToDevice(std::vector<double>(ref.size(), kNaN));
   auto dy = ToDevice(std::vector<double>(ref.size(), kNaN));
   if (!dx.ok() || !dscratch.ok() || !dy.ok()) return Failed(name, absl::InternalError("upload"));
-  gpu.MatMulSwiGlu(dx->as<float>(), n, wg.view(), wu.view(), dscratch->as<float>(),
-                   dy->as<float>());
+  if (geglu) {
+    gpu.MatMulGeGlu(dx->as<float>(), n, wg.view(), wu.view(), dscratch->as<float>(),
+                    dy->as<float>());
+  } else {
+    gpu.MatMulSwiGlu(dx->as<float>(), n, wg.view(), wu.view(), dscratch->as<float>(),
+                     dy->as<float>());
+  }
   auto y = FromDevice(gpu, *dy, ref.size());
   if (!y.ok()) return Failed(name, y.status());
   return Judge(name, *y, naive, ref);
