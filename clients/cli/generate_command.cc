@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "clients/cli/args.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/local_backend.h"
@@ -61,7 +62,8 @@ const std::vector<FlagSpec>& Specs() {
       {"seed", "0", "random seed for sampling"},
       {"logit-bias", "",
        "\"ID:BIAS[,ID:BIAS...]\": add BIAS (-100 ... 100) to token ID's logit before each "
-       "draw (-100 bans it, 100 forces it; reported log-probabilities stay the model's)"},
+       "draw (-100 bans it, 100 forces it; reported log-probabilities stay the model's); may "
+       "be given more than once"},
       {"steer", "",
        "activation steering, \"SPEC[;SPEC...]\": HOOK:PATH[:COEF] adds COEF times the "
        "d_model numbers in file PATH to the residual stream at HOOK (blocks.L.hook_resid_pre, "
@@ -105,22 +107,30 @@ int Run(const Model& model, kernels::Backend<T>& backend, std::string_view backe
         std::vector<ScoredToken>* generated) {
   IncrementalDecoder decoder(*model.tokenizer);
   for (int32_t id : prompt) decoder.Push(id);  // the prompt is printed as given
-  std::cout << prompt_text << std::flush;
+  // The prompt is printed with the first token (or at the end), so a request the generator
+  // refuses prints only its error.
+  bool shown = false;
+  auto show_prompt = [&] {
+    if (!shown) std::cout << prompt_text << std::flush;
+    shown = true;
+  };
   // Text that may begin a stop string is held back until it cannot (StopMatcher, as the
   // engine streams it); a completed one ends the generation.
   StopMatcher stop_matcher(stops);
   bool stopped = false;
   auto result = Generate<T>(model, backend, prompt, options, [&](int32_t token) {
     const StopMatcher::Result text = stop_matcher.Push(decoder.Push(token));
+    show_prompt();
     std::cout << text.emit << std::flush;
     stopped = text.matched;
     return !stopped;
   });
   if (!result.ok()) {
-    std::cout << std::endl;
+    if (shown) std::cout << std::endl;
     std::cerr << "kvlens-cli generate: " << result.status().message() << "\n";
     return 1;
   }
+  show_prompt();
   if (stopped) result->finish_reason = FinishReason::kStop;
   std::cout << (stopped ? "" : stop_matcher.Flush(decoder.Flush()))
             << std::endl;  // (tables follow on stderr)
@@ -211,7 +221,7 @@ int GenerateCommand(int argc, char** argv) {
     options.sampling.repetition_penalty = *(*model)->generation_config.repetition_penalty;
   }
   if (args->Has("logit-bias")) {
-    auto bias = ParseLogitBiasFlag(args->Str("logit-bias"));
+    auto bias = ParseLogitBiasFlag(absl::StrJoin(args->All("logit-bias"), ","));
     if (!bias.ok()) return fail(bias.status(), 2);
     options.sampling.logit_bias = *std::move(bias);
   }

@@ -1,4 +1,5 @@
-// kvlens-cli generate --logit-bias: "ID:BIAS[,ID:BIAS…]", each entry a token id and the
+// kvlens-cli generate --logit-bias: "ID:BIAS[,ID:BIAS…]" (the flag given more than once:
+// its values joined by commas), each entry a token id and the
 // number added to its logit before the draw (OpenAI's and vLLM's logit_bias; llama.cpp's
 // --logit-bias), e.g. "2:-100" never draws token 2, "2:100" always does. The range checks
 // (ids in the vocabulary, biases in [-100, 100]) are the engine's or the server's.

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "clients/cli/logit_bias_flag.h"
 #include "clients/cli/logprobs_table.h"
 #include "clients/cli/steering_flag.h"
@@ -119,7 +120,7 @@ int RemoteGenerate(const Args& args) {
   sampling->set_seed(static_cast<uint64_t>(*seed));
   if (args.Has("logit-bias")) {
     absl::StatusOr<std::vector<std::pair<int32_t, float>>> bias =
-        ParseLogitBiasFlag(args.Str("logit-bias"));
+        ParseLogitBiasFlag(absl::StrJoin(args.All("logit-bias"), ","));
     if (!bias.ok()) return Fail(bias.status(), 2);
     for (const auto& [id, value] : *bias) (*sampling->mutable_logit_bias())[id] = value;
   }
@@ -146,18 +147,26 @@ int RemoteGenerate(const Args& args) {
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
       stub->Generate(&context, request);
-  if (!chat) std::cout << args.Str("prompt") << std::flush;  // as offline: prompt, then completion
+  // As offline: the prompt (with the first message, so a refused request prints only its
+  // error), then the completion.
+  bool shown = false;
+  auto show_prompt = [&] {
+    if (!shown && !chat) std::cout << args.Str("prompt") << std::flush;
+    shown = true;
+  };
   v1::GenerateResponse chunk;
   v1::GenerateFinal final;
   std::vector<ScoredToken> scored, generated;
   while (reader->Read(&chunk)) {
+    show_prompt();
     std::cout << chunk.text() << std::flush;
     AppendScored(chunk.logprobs(), &generated);
     AppendScored(chunk.prompt_logprobs(), &scored);
     if (chunk.has_final()) final = chunk.final();
   }
   const grpc::Status status = reader->Finish();
-  std::cout << std::endl;  // (tables follow on stderr)
+  if (status.ok()) show_prompt();
+  if (shown) std::cout << std::endl;  // (tables follow on stderr)
   if (!status.ok()) {
     return Fail(
         absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()),

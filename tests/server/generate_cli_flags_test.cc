@@ -46,6 +46,11 @@ TEST(GenerateCliFlags, LogitBiasAndMinNewTokensOnTheServerAndLocally) {
     ASSERT_EQ(now_code, 0) << now;
     EXPECT_EQ(now.rfind("Once upon a time\n", 0), 0u) << now;
     EXPECT_NE(now.find("generated 1 tokens"), std::string::npos) << now;
+    // --logit-bias given twice: both apply (EOS's first, which alone ends the output).
+    const auto [both_code, both] =
+        run("--max-new-tokens 12 --stats" + certain_eos + " --logit-bias 7:0 2>&1");
+    ASSERT_EQ(both_code, 0) << both;
+    EXPECT_NE(both.find("generated 1 tokens"), std::string::npos) << both;
     // --stop: the output ends before the stop string (llama2.c's reference text up to its
     // first "Lily"), the finish is "stop".
     const auto [stop_code, stopped] = run("--max-new-tokens 40 --stop Lily --stats 2>&1");
@@ -64,14 +69,21 @@ TEST(GenerateCliFlags, LogitBiasAndMinNewTokensOnTheServerAndLocally) {
     const auto [twice_code, twice] = run("--logit-bias 7:1,7:2 2>&1");
     EXPECT_EQ(twice_code, 2) << twice;
     EXPECT_NE(twice.find("token 7 is given twice"), std::string::npos) << twice;
+    const auto [split_code, split] = run("--logit-bias 7:1 --logit-bias 7:2 2>&1");
+    EXPECT_EQ(split_code, 2) << split;
+    EXPECT_NE(split.find("token 7 is given twice"), std::string::npos) << split;
     const auto [min_code, min] = run("--max-new-tokens 5 --min-new-tokens 6 2>&1");
     EXPECT_EQ(min_code, 2) << min;
     EXPECT_NE(min.find("--min-new-tokens = 6 must be <= --max-new-tokens = 5"), std::string::npos)
         << min;
-    // Past the vocabulary: the engine's (server's) range check, naming the token.
+    // Past the vocabulary: the engine's (server's) range check, naming the token; nothing
+    // on stdout (the prompt is printed with the first token).
     const auto [range_code, range] = run("--logit-bias 600:1 2>&1");
     EXPECT_EQ(range_code, 1) << range;
     EXPECT_NE(range.find("600"), std::string::npos) << range;
+    const auto [quiet_code, quiet] = run("--logit-bias 600:1 2>/dev/null");
+    EXPECT_EQ(quiet_code, 1) << quiet;
+    EXPECT_EQ(quiet, "");
   }
 }
 
