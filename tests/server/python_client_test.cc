@@ -54,6 +54,11 @@ out["steered"] = c.generate(chat=conv, max_new_tokens=4, steering=[
 out["sampled"] = c.generate(chat=conv, max_new_tokens=6, sampling={
     "temperature": 0.9, "top_p": 0.95, "seed": 7, "logit_bias": {5: 2.5}}, stop=["zz"],
     min_new_tokens=2)[0]
+gs = c.generate_scored(chat=conv, max_new_tokens=4, top=2,
+                      sampling={"temperature": 0.9, "seed": 3})
+out["gs_tokens"], out["gs_text"], out["gs_finish"] = gs.tokens, gs.text, gs.finish_reason
+out["gs_logprobs"], out["gs_total"] = gs.logprobs.tolist(), gs.total()
+out["gs_top"] = [[t for t, _ in row] for row in gs.top]
 sc = c.score(chat=conv, top=2)
 out["score_tokens"], out["score_top"] = sc.tokens, [[t for t, _ in row] for row in sc.top]
 out["score_logprobs"] = [None] + sc.logprobs[1:].tolist()
@@ -161,6 +166,34 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
     EXPECT_EQ(out["sampled"].get<std::vector<int32_t>>(), drawn.tokens);
     sampled.mutable_sampling()->set_seed(8);  // the seed is what picks these tokens
     EXPECT_NE(RunGenerate(server.stub(), sampled).tokens, drawn.tokens);
+  }
+  // generate_scored(): the tokens, text and per-token logprobs (and top 2) of the C++ stub's
+  // Generate with logprobs, and the finish reason's name.
+  {
+    v1::GenerateRequest drawn = generate;
+    drawn.set_logprobs(true);
+    drawn.set_top_logprobs(2);
+    drawn.mutable_sampling()->set_temperature(0.9);
+    drawn.mutable_sampling()->set_seed(3);
+    const StreamResult sr = RunGenerate(server.stub(), drawn);
+    ASSERT_TRUE(sr.status.ok()) << sr.status.error_message();
+    ASSERT_EQ(sr.logprobs.size(), 4u);
+    EXPECT_EQ(out["gs_tokens"].get<std::vector<int32_t>>(), sr.tokens);
+    EXPECT_EQ(out["gs_text"].get<std::string>(), sr.text);
+    EXPECT_EQ(out["gs_finish"].get<std::string>(), "length");
+    const std::vector<double> lps = out["gs_logprobs"].get<std::vector<double>>();
+    ASSERT_EQ(lps.size(), 4u);
+    double total = 0;
+    for (size_t i = 0; i < lps.size(); ++i) {
+      EXPECT_EQ(lps[i], sr.logprobs[i].logprob()) << i;
+      EXPECT_LT(lps[i], 0.0) << i;
+      total += sr.logprobs[i].logprob();
+      const std::vector<int32_t> top = out["gs_top"][i].get<std::vector<int32_t>>();
+      ASSERT_EQ(top.size(), 2u);
+      EXPECT_EQ(top[0], sr.logprobs[i].top(0).token()) << i;
+      EXPECT_EQ(top[1], sr.logprobs[i].top(1).token()) << i;
+    }
+    EXPECT_NEAR(out["gs_total"].get<double>(), total, 1e-9 * std::abs(total));
   }
   // score(): the prompt's tokens, with the C++ stub's prompt_logprobs from position 1.
   {

@@ -67,6 +67,19 @@ def _generate_request(text, tokens, chat, max_new_tokens, steering):
     return req
 
 
+def _sampling_and_stopping(req, sampling, stop, min_new_tokens):
+    """SamplingParams fields from a dict (logit_bias {token: bias}), stop strings and
+    min_new_tokens onto a GenerateRequest."""
+    for field, value in (sampling or {}).items():
+        if field == "logit_bias":
+            for token, bias in value.items():
+                req.sampling.logit_bias[int(token)] = float(bias)
+        else:
+            setattr(req.sampling, field, value)  # an unknown field raises AttributeError
+    req.stopping.stop.extend(stop)
+    req.stopping.min_new_tokens = min_new_tokens
+
+
 def _steering(v, s: dict):
     """A steering dict (generate's) into the SteeringVector v."""
     v.hook = s.get("hook", "")
@@ -91,6 +104,19 @@ class PromptScores:
     def total(self) -> float:
         """log p of the prompt after its first token (lm-eval's loglikelihood)."""
         return float(np.nansum(self.logprobs))
+
+
+@dataclasses.dataclass
+class Generation:
+    tokens: list          # the generated token ids
+    text: str             # their text
+    logprobs: np.ndarray  # [len(tokens)]: log p(token i | prompt and tokens before it)
+    top: list             # per token, [(token, logprob), ...] most likely first
+    finish_reason: str    # "length", "eos", "stop", "cancelled" or "context"
+
+    def total(self) -> float:
+        """log p of the generated tokens given the prompt."""
+        return float(np.sum(self.logprobs))
 
 
 @dataclasses.dataclass
@@ -178,14 +204,7 @@ class Client:
         "start_position": p (added from position p on; the prompt's length: the generated
         tokens only)."""
         req = _generate_request(text, tokens, chat, max_new_tokens, steering)
-        for field, value in (sampling or {}).items():
-            if field == "logit_bias":
-                for token, bias in value.items():
-                    req.sampling.logit_bias[int(token)] = float(bias)
-            else:
-                setattr(req.sampling, field, value)  # an unknown field raises AttributeError
-        req.stopping.stop.extend(stop)
-        req.stopping.min_new_tokens = min_new_tokens
+        _sampling_and_stopping(req, sampling, stop, min_new_tokens)
         if attention_layers is not None or attention_heads is not None:
             req.attention_rows.layers.extend(attention_layers or [])
             req.attention_rows.heads.extend(attention_heads or [])
@@ -196,6 +215,31 @@ class Client:
             for row in chunk.attention_rows:
                 rows.append(np.asarray(row.probs, dtype=np.float64).reshape(-1, row.num_keys))
         return out_tokens, out_text, rows
+
+    def generate_scored(self, text=None, tokens=None, max_new_tokens=32, top=0, chat=None,
+                        steering=(), sampling=None, stop=(), min_new_tokens=0) -> Generation:
+        """generate() with each generated token's log-probability under the model (before
+        the draw's penalties, bias and filters, as vLLM's logprobs) and its `top` (0 … 20)
+        most likely tokens, and the finish reason ("length", "eos", "stop", "cancelled",
+        "context"). The other arguments are generate()'s."""
+        req = _generate_request(text, tokens, chat, max_new_tokens, steering)
+        _sampling_and_stopping(req, sampling, stop, min_new_tokens)
+        req.logprobs = True
+        req.top_logprobs = top
+        out = Generation(tokens=[], text="", logprobs=np.zeros(0), top=[], finish_reason="")
+        entries = []
+        for chunk in self.generation.Generate(req, timeout=self.timeout):
+            if len(chunk.logprobs) != len(chunk.token_ids):
+                raise RuntimeError("logprobs not parallel to token_ids")
+            out.tokens += list(chunk.token_ids)
+            out.text += chunk.text
+            entries += list(chunk.logprobs)
+            if chunk.HasField("final"):
+                out.finish_reason = gen.FinishReason.Name(chunk.final.finish_reason)[
+                    len("FINISH_REASON_"):].lower()
+        out.logprobs = np.array([e.logprob for e in entries], dtype=np.float64)
+        out.top = [[(t.token, t.logprob) for t in e.top] for e in entries]
+        return out
 
     def score(self, text=None, tokens=None, top=0, chat=None, steering=()) -> PromptScores:
         """Scores a prompt on the serving path (Generate's prompt_logprobs, as vLLM's):
