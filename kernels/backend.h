@@ -257,6 +257,12 @@ class Backend {
     MatMul(x, n, w_up, WeightView{}, up_scratch);
     SwiGlu(out, up_scratch, int64_t{n} * w_gate.rows, out);
   }
+  // y[N, out] = gelu_tanh(x · wᵀ + bias): GPT-2's first feed-forward product and its
+  // activation (Gelu's tanh form).
+  virtual void MatMulGelu(const T* x, int n, const WeightView& w, const WeightView& bias, T* y) {
+    MatMul(x, n, w, bias, y);
+    Gelu(y, int64_t{n} * w.rows);
+  }
   // out[N, F] = gelu_tanh(x · W_gateᵀ) ⊙ (x · W_upᵀ): GeGLU's gated half (Gemma), as
   // MatMulSwiGlu with GeGlu's activation; the same contract.
   virtual void MatMulGeGlu(const T* x, int n, const WeightView& w_gate, const WeightView& w_up,

@@ -129,7 +129,6 @@ void Transformer<T>::Norm(const WeightView& weight, const WeightView& bias, int 
 
 template <typename T>
 void Transformer<T>::FeedForward(const LayerWeights& lw, int n) {
-  const int64_t F = config_.hidden_dim;
   if (config_.arch == Architecture::kLlama &&
       config_.gate_activation == GateActivation::kGeluTanh) {
     // GeGLU (Gemma): w_out · (gelu(w_in x) ⊙ w_up x)
@@ -139,8 +138,7 @@ void Transformer<T>::FeedForward(const LayerWeights& lw, int n) {
     backend_.MatMulSwiGlu(xn_.data(), n, lw.w_in, lw.w_up, up_.data(), hidden_.data());
   } else {
     // GPT-2: c_proj · gelu(c_fc x + b) + b
-    backend_.MatMul(xn_.data(), n, lw.w_in, lw.b_in, hidden_.data());
-    backend_.Gelu(hidden_.data(), n * F);
+    backend_.MatMulGelu(xn_.data(), n, lw.w_in, lw.b_in, hidden_.data());
   }
   backend_.MatMul(hidden_.data(), n, lw.w_out, lw.b_out, proj_.data());
 }

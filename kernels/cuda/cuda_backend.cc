@@ -350,7 +350,7 @@ absl::StatusOr<const void*> CudaBackend::GemmOperand(const float* x, int64_t cou
 // yᵀ = W · xᵀ with W (column-major [in, out], ld in) transposed and xᵀ (column-major
 // [in, n], ld in) as is.
 absl::Status CudaBackend::MatMulImpl(const float* x, int n, const WeightView& w,
-                                     const WeightView& bias, float* y) {
+                                     const WeightView& bias, float* y, bool gelu) {
   if (n <= 0) return absl::OkStatus();
   absl::StatusOr<const DeviceWeight*> dw = Upload(w);
   if (!dw.ok()) return dw.status();
@@ -362,14 +362,19 @@ absl::Status CudaBackend::MatMulImpl(const float* x, int n, const WeightView& w,
     B = *db;
   }
   if (MatVecTakes(n, W.dtype)) {
-    const MatVecProduct product{W.buffer.get(), W.rows, B != nullptr ? B->buffer.get() : nullptr,
-                                B != nullptr ? B->dtype : DType::kF32, y};
+    const MatVecProduct product{W.buffer.get(),
+                                W.rows,
+                                B != nullptr ? B->buffer.get() : nullptr,
+                                B != nullptr ? B->dtype : DType::kF32,
+                                y,
+                                gelu};
     return Launch(&LaunchMatVec, x, n, W.cols, absl::Span<const MatVecProduct>(&product, 1),
                   W.dtype);
   }
   absl::StatusOr<const void*> b = GemmOperand(x, static_cast<int64_t>(n) * W.cols, W.dtype);
   if (!b.ok()) return b.status();
-  return Gemm(*b, n, W, B, y);
+  if (absl::Status s = Gemm(*b, n, W, B, y); !s.ok() || !gelu) return s;
+  return Launch(&LaunchGelu, y, static_cast<int64_t>(n) * W.rows);
 }
 
 absl::Status CudaBackend::Gemm(const void* operand, int n, const DeviceWeight& W,
@@ -414,6 +419,12 @@ void CudaBackend::MatMul(const float* x, int n, const WeightView& w, const Weigh
                          float* y) {
   if (!status_.ok()) return;
   Ok(MatMulImpl(x, n, w, bias, y));
+}
+
+void CudaBackend::MatMulGelu(const float* x, int n, const WeightView& w, const WeightView& bias,
+                             float* y) {
+  if (!status_.ok()) return;
+  Ok(MatMulImpl(x, n, w, bias, y, /*gelu=*/true));
 }
 
 void CudaBackend::Embedding(const WeightView& table, const int32_t* ids, int n, float* out) {

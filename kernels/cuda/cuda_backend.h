@@ -181,6 +181,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
                     float* up_scratch, float* out) override;
   void MatMulGeGlu(const float* x, int n, const WeightView& w_gate, const WeightView& w_up,
                    float* up_scratch, float* out) override;
+  // The matvec's epilogue applies the GELU (n ≤ kMatVecMaxRows on f16/bf16 weights); else
+  // MatMul's GEMM, then Gelu.
+  void MatMulGelu(const float* x, int n, const WeightView& w, const WeightView& bias,
+                  float* y) override;
   void Gelu(float* x, int64_t count) override;
   void SwiGlu(const float* gate, const float* up, int64_t count, float* out) override;
   void GeGlu(const float* gate, const float* up, int64_t count, float* out) override;
@@ -262,8 +266,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // y[n, W.rows] = operand · Wᵀ (+ B) by cuBLAS; operand: GemmOperand of x for W's dtype.
   absl::Status Gemm(const void* operand, int n, const DeviceWeight& W, const DeviceWeight* B,
                     float* y);
+  // y = x · wᵀ + bias, then gelu_tanh with `gelu` (in the matvec's epilogue, else a Gelu
+  // launch after the GEMM).
   absl::Status MatMulImpl(const float* x, int n, const WeightView& w, const WeightView& bias,
-                          float* y);
+                          float* y, bool gelu = false);
   // MatMulSwiGlu (kSilu) and MatMulGeGlu (kGeluTanh).
   void MatMulGated(const float* x, int n, const WeightView& w_gate, const WeightView& w_up,
                    GateActivation gate, float* up_scratch, float* out);

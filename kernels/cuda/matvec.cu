@@ -33,7 +33,12 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr float kSqrt2OverPi = 0.7978845608028654f;  // GELU's tanh form, as GeGluKernel
+
+// GELU's tanh form, as GeluKernel and GeGluKernel.
+__device__ __forceinline__ float GeluTanh(float g) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
+}
 
 // One 16-bit weight to float.
 template <bool kBf16>
@@ -46,7 +51,8 @@ __device__ __forceinline__ float HalfBitsToFloat(unsigned short bits) {
 }
 
 // One product of a launch. kGated: w is W_gate and w_up W_up, y = act(x·W_gateᵀ) ⊙
-// x·W_upᵀ (no bias; act is Segments::gate); else w_up is unused and y = x·Wᵀ + bias.
+// x·W_upᵀ (no bias; act is Segments::gate); else w_up is unused and y = x·Wᵀ + bias, or
+// gelu_tanh of that with `gelu`.
 struct Segment {
   const unsigned short* w;
   const unsigned short* w_up;
@@ -55,6 +61,7 @@ struct Segment {
   float* y;
   int64_t out;
   int64_t first_unit;  // the segment's units are [first_unit, next's first_unit)
+  bool gelu;
 };
 
 struct Segments {
@@ -175,9 +182,7 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segment
           if (k >= outs) break;        // unrolled, so sum stays in registers
           const float g = sum[2 * k];  // as SwiGluKernel and GeGluKernel
           const float a =
-              segs.gate == GateActivation::kGeluTanh
-                  ? 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g)))
-                  : g / (1.0f + expf(-g));
+              segs.gate == GateActivation::kGeluTanh ? GeluTanh(g) : g / (1.0f + expf(-g));
           y[k] = a * sum[2 * k + 1];
         }
       } else {
@@ -197,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segment
                 b = static_cast<const float*>(sg.bias)[o + t];
             }
           }
-          y[t] = sum[t] + b;
+          y[t] = sg.gelu ? GeluTanh(sum[t] + b) : sum[t] + b;
         }
       }
     }
@@ -294,7 +299,7 @@ absl::Status LaunchMatVec(const float* x, int n, int64_t in,
   Segments segs{x, in, static_cast<int>(products.size()), 0, GateActivation::kSilu, {}};
   for (int i = 0; i < segs.count; ++i) {
     const MatVecProduct& p = products[i];
-    segs.seg[i] = {Bits(p.w), nullptr, p.bias, p.bias_dtype, p.y, p.out, 0};
+    segs.seg[i] = {Bits(p.w), nullptr, p.bias, p.bias_dtype, p.y, p.out, 0, p.gelu};
   }
   return LaunchSegments(n, dtype, false, segs, stream);
 }
@@ -304,7 +309,7 @@ absl::Status LaunchMatVecGated(const float* x, int n, int64_t in, const void* w_
                                float* y, cudaStream_t stream) {
   if (w_up == nullptr) return absl::InvalidArgumentError("LaunchMatVecGated: w_up is null");
   Segments segs{x, in, 1, 0, gate, {}};
-  segs.seg[0] = {Bits(w_gate), Bits(w_up), nullptr, DType::kF32, y, out, 0};
+  segs.seg[0] = {Bits(w_gate), Bits(w_up), nullptr, DType::kF32, y, out, 0, false};
   return LaunchSegments(n, dtype, true, segs, stream);
 }
 

@@ -36,6 +36,7 @@ struct MatVecProduct {
   const void* bias;
   DType bias_dtype;
   float* y;
+  bool gelu = false;  // y = gelu_tanh(x·Wᵀ + bias) (GeluKernel's form)
 };
 
 // y[r, o] = Σ_i x[r, i] · W[o, i] + bias[o] for r < n (1 … kMatVecMaxRows), for each of

@@ -64,6 +64,12 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
   add(MatMulGatedCase(gpu, rng, DType::kF16, 3, 100, 33, true));
   add(MatMulGatedCase(gpu, rng, DType::kF16, 6, 128, 24, true));
   add(MatMulGatedCase(gpu, rng, DType::kF32, 2, 64, 20, true));
+  // GPT-2's c_fc with its bias and GELU: in the matvec's epilogue (1 and 4 rows; 100 inputs:
+  // one element at a time), after a GEMM, and on f32 weights.
+  add(MatMulCase(gpu, rng, DType::kF16, 1, 256, 41, true, true));
+  add(MatMulCase(gpu, rng, DType::kBF16, 4, 100, 39, true, true));
+  add(MatMulCase(gpu, rng, DType::kBF16, 9, 128, 40, true, true));
+  add(MatMulCase(gpu, rng, DType::kF32, 3, 64, 24, true, true));
   add(MatMulManyCase(gpu, rng, DType::kBF16, 2, 128, true));  // one MatMul each
   add(MatMulManyCase(gpu, rng, DType::kF16, 6, 128, false));  // three GEMMs, one operand
   add(AddNormCase(gpu, rng, false, 4096, DType::kBF16));

@@ -39,21 +39,36 @@ inline std::vector<double> NaiveMatMul(const std::vector<double>& x, int n, int 
   return y;
 }
 
+// MatMul (MatMulGelu with gelu: GPT-2's c_fc and its activation, the naive run's GELU in
+// float) against the reference in double.
 inline ParityResult MatMulCase(CudaBackend& gpu, std::mt19937_64& rng, DType dtype, int n, int in,
-                               int out, bool with_bias) {
-  const std::string name = absl::StrCat("MatMul ", std::string(DTypeName(dtype)), " n=", n,
-                                        " in=", in, " out=", out, with_bias ? " +bias" : "");
+                               int out, bool with_bias, bool gelu = false) {
+  const std::string name =
+      absl::StrCat(gelu ? "MatMulGelu " : "MatMul ", std::string(DTypeName(dtype)), " n=", n,
+                   " in=", in, " out=", out, with_bias ? " +bias" : "");
   const std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * in);
   const OwnedWeight w(kernels::testing::RandomVector(rng, size_t(out) * in), out, in, dtype);
   const OwnedWeight b(kernels::testing::RandomVector(rng, out), 1, out, DType::kF32);
   const WeightView bias = with_bias ? b.view() : WeightView{};
   std::vector<double> ref(size_t(n) * out);
-  ReferenceBackend().MatMul(x.data(), n, w.view(), bias, ref.data());
-  const std::vector<double> naive = NaiveMatMul(x, n, in, w, with_bias ? &b : nullptr);
+  std::vector<double> naive = NaiveMatMul(x, n, in, w, with_bias ? &b : nullptr);
+  if (gelu) {
+    ReferenceBackend().MatMulGelu(x.data(), n, w.view(), bias, ref.data());
+    for (double& v : naive) {
+      const float g = static_cast<float>(v);
+      v = 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    }
+  } else {
+    ReferenceBackend().MatMul(x.data(), n, w.view(), bias, ref.data());
+  }
   auto dx = ToDevice(x);
   auto dy = ToDevice(std::vector<double>(ref.size(), kNaN));
   if (!dx.ok() || !dy.ok()) return Failed(name, !dx.ok() ? dx.status() : dy.status());
-  gpu.MatMul(dx->as<float>(), n, w.view(), bias, dy->as<float>());
+  if (gelu) {
+    gpu.MatMulGelu(dx->as<float>(), n, w.view(), bias, dy->as<float>());
+  } else {
+    gpu.MatMul(dx->as<float>(), n, w.view(), bias, dy->as<float>());
+  }
   auto y = FromDevice(gpu, *dy, ref.size());
   if (!y.ok()) return Failed(name, y.status());
   return Judge(name, *y, naive, ref);
