@@ -51,8 +51,8 @@ __device__ __forceinline__ float HalfBitsToFloat(unsigned short bits) {
 }
 
 // One product of a launch. kGated: w is W_gate and w_up W_up, y = act(x·W_gateᵀ) ⊙
-// x·W_upᵀ (no bias; act is Segments::gate); else w_up is unused and y = x·Wᵀ + bias, or
-// gelu_tanh of that with `gelu`.
+// x·W_upᵀ (no bias; act is gelu_tanh with `gelu`, else silu); else w_up is unused and
+// y = x·Wᵀ + bias, or gelu_tanh of that with `gelu`.
 struct Segment {
   const unsigned short* w;
   const unsigned short* w_up;
@@ -61,15 +61,14 @@ struct Segment {
   float* y;
   int64_t out;
   int64_t first_unit;  // the segment's units are [first_unit, next's first_unit)
-  bool gelu;
+  bool gelu;           // the activation is GELU's tanh form (above)
 };
 
 struct Segments {
   const float* x;
   int64_t in;
   int count;
-  int64_t units;        // Σ of the segments' units
-  GateActivation gate;  // kGated launches: the gate's activation
+  int64_t units;  // Σ of the segments' units
   Segment seg[kMatVecMaxSegments];
 };
 
@@ -181,8 +180,7 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segment
         for (int k = 0; k < kOuts; ++k) {
           if (k >= outs) break;        // unrolled, so sum stays in registers
           const float g = sum[2 * k];  // as SwiGluKernel and GeGluKernel
-          const float a =
-              segs.gate == GateActivation::kGeluTanh ? GeluTanh(g) : g / (1.0f + expf(-g));
+          const float a = sg.gelu ? GeluTanh(g) : g / (1.0f + expf(-g));
           y[k] = a * sum[2 * k + 1];
         }
       } else {
@@ -296,7 +294,7 @@ absl::Status LaunchMatVec(const float* x, int n, int64_t in,
     return absl::InvalidArgumentError(absl::StrCat("LaunchMatVec: 1 to ", kMatVecMaxSegments,
                                                    " products, got ", products.size()));
   }
-  Segments segs{x, in, static_cast<int>(products.size()), 0, GateActivation::kSilu, {}};
+  Segments segs{x, in, static_cast<int>(products.size()), 0, {}};
   for (int i = 0; i < segs.count; ++i) {
     const MatVecProduct& p = products[i];
     segs.seg[i] = {Bits(p.w), nullptr, p.bias, p.bias_dtype, p.y, p.out, 0, p.gelu};
@@ -308,8 +306,9 @@ absl::Status LaunchMatVecGated(const float* x, int n, int64_t in, const void* w_
                                const void* w_up, DType dtype, int64_t out, GateActivation gate,
                                float* y, cudaStream_t stream) {
   if (w_up == nullptr) return absl::InvalidArgumentError("LaunchMatVecGated: w_up is null");
-  Segments segs{x, in, 1, 0, gate, {}};
-  segs.seg[0] = {Bits(w_gate), Bits(w_up), nullptr, DType::kF32, y, out, 0, false};
+  Segments segs{x, in, 1, 0, {}};
+  segs.seg[0] = {
+      Bits(w_gate), Bits(w_up), nullptr, DType::kF32, y, out, 0, gate == GateActivation::kGeluTanh};
   return LaunchSegments(n, dtype, true, segs, stream);
 }
 

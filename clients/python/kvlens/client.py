@@ -226,20 +226,19 @@ class Client:
         _sampling_and_stopping(req, sampling, stop, min_new_tokens)
         req.logprobs = True
         req.top_logprobs = top
-        out = Generation(tokens=[], text="", logprobs=np.zeros(0), top=[], finish_reason="")
-        entries = []
+        tokens, text, entries, finish = [], "", [], ""
         for chunk in self.generation.Generate(req, timeout=self.timeout):
             if len(chunk.logprobs) != len(chunk.token_ids):
                 raise RuntimeError("logprobs not parallel to token_ids")
-            out.tokens += list(chunk.token_ids)
-            out.text += chunk.text
+            tokens += list(chunk.token_ids)
+            text += chunk.text
             entries += list(chunk.logprobs)
             if chunk.HasField("final"):
-                out.finish_reason = gen.FinishReason.Name(chunk.final.finish_reason)[
-                    len("FINISH_REASON_"):].lower()
-        out.logprobs = np.array([e.logprob for e in entries], dtype=np.float64)
-        out.top = [[(t.token, t.logprob) for t in e.top] for e in entries]
-        return out
+                finish = gen.FinishReason.Name(chunk.final.finish_reason)
+        return Generation(tokens=tokens, text=text,
+                          logprobs=np.array([e.logprob for e in entries], dtype=np.float64),
+                          top=[[(t.token, t.logprob) for t in e.top] for e in entries],
+                          finish_reason=finish[len("FINISH_REASON_"):].lower())
 
     def score(self, text=None, tokens=None, top=0, chat=None, steering=()) -> PromptScores:
         """Scores a prompt on the serving path (Generate's prompt_logprobs, as vLLM's):

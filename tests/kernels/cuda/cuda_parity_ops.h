@@ -16,6 +16,12 @@ namespace kvlens::kernels::cuda::parity {
 // ---------------------------------------------------------------------------------------
 // Elementwise and row ops.
 
+// GELU's tanh form in float, as the GPU's kernels compute it (GeluKernel, GeGluKernel, the
+// matvec's epilogues).
+inline float NaiveGeluTanh(float g) {
+  return 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+
 // The naive low-precision MatMul: y[r, o] = Σ_i x[r, i] · W[o, i] (+ bias[o]), inputs
 // rounded as the GPU rounds them, products summed in float. Up to kMatVecMaxRows rows,
 // f16/bf16 weights meet x in fp32 (the matvec kernel); past it x is rounded to the
@@ -56,7 +62,7 @@ inline ParityResult MatMulCase(CudaBackend& gpu, std::mt19937_64& rng, DType dty
     ReferenceBackend().MatMulGelu(x.data(), n, w.view(), bias, ref.data());
     for (double& v : naive) {
       const float g = static_cast<float>(v);
-      v = 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+      v = NaiveGeluTanh(g);
     }
   } else {
     ReferenceBackend().MatMul(x.data(), n, w.view(), bias, ref.data());
@@ -295,9 +301,7 @@ inline ParityResult MatMulGatedCase(CudaBackend& gpu, std::mt19937_64& rng, DTyp
   std::vector<double> naive(ref.size());
   for (size_t e = 0; e < naive.size(); ++e) {
     const float g = static_cast<float>(gate[e]);
-    const float a =
-        geglu ? 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)))
-              : g / (1.0f + std::exp(-g));
+    const float a = geglu ? NaiveGeluTanh(g) : g / (1.0f + std::exp(-g));
     naive[e] = a * static_cast<float>(up[e]);
   }
   auto dx = ToDevice(x);
@@ -413,12 +417,11 @@ inline ParityResult ElementwiseCase(CudaBackend& gpu, std::mt19937_64& rng, int 
   for (int64_t i = 0; i < count; ++i) {
     const float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
     if (kind == 0) {
-      naive[i] = 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+      naive[i] = NaiveGeluTanh(x);
     } else if (kind == 1) {
       naive[i] = x / (1.0f + std::exp(-x)) * y;
     } else if (kind == 3) {
-      naive[i] =
-          0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x))) * y;
+      naive[i] = NaiveGeluTanh(x) * y;
     } else if (kind == 4) {
       naive[i] = x * static_cast<float>(factor);
     } else if (kind == 5) {
