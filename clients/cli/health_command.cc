@@ -8,6 +8,7 @@
 
 #include "clients/cli/args.h"
 #include "clients/cli/commands.h"
+#include "clients/cli/rpc_error.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace kvlens::cli {
@@ -50,7 +51,7 @@ int HealthCommand(int argc, char** argv) {
       status.ok() && response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
   if (!args->Switch("quiet")) {
     if (!status.ok()) {
-      std::cerr << args->Str("server") << ": " << status.error_message() << "\n";
+      std::cerr << args->Str("server") << ": " << RpcErrorText(status) << "\n";
     } else {
       std::cout << args->Str("server") << ": "
                 << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())

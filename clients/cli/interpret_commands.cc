@@ -17,6 +17,8 @@
 #include "absl/strings/str_split.h"
 #include "clients/cli/args.h"
 #include "clients/cli/commands.h"
+#include "clients/cli/rpc_error.h"
+#include "clients/cli/utf8_fields.h"
 #include "kernels/dtype.h"
 #include "kvlens/v1/interpret.grpc.pb.h"
 
@@ -158,6 +160,9 @@ int AttentionCommand(int argc, char** argv) {
   request.set_induction_start(static_cast<int>(*start));
   grpc::ClientContext context;
   auto stub = Connect(*args, context);
+  if (absl::Status s = CheckUtf8Fields(request); !s.ok()) {
+    return Fail("attention", std::string(s.message()), 2);
+  }
   auto reader = stub->AttentionMaps(&context, request);
   v1::AttentionMapsResponse m;
   while (reader->Read(&m)) {
@@ -194,7 +199,7 @@ int AttentionCommand(int argc, char** argv) {
     }
   }
   const grpc::Status status = reader->Finish();
-  if (!status.ok()) return Fail("attention", status.error_message(), 1);
+  if (!status.ok()) return Fail("attention", RpcErrorText(status), 1);
   return 0;
 }
 
@@ -240,8 +245,11 @@ int ProbeCommand(int argc, char** argv) {
   grpc::ClientContext context;
   auto stub = Connect(*args, context);
   v1::GradientProbeResponse response;
+  if (absl::Status s = CheckUtf8Fields(request); !s.ok()) {
+    return Fail("probe", std::string(s.message()), 2);
+  }
   const grpc::Status status = stub->GradientProbe(&context, request, &response);
-  if (!status.ok()) return Fail("probe", status.error_message(), 1);
+  if (!status.ok()) return Fail("probe", RpcErrorText(status), 1);
   std::printf("precision %s, J = log p(%d | position %d) = %.6f\n",
               PrecisionName(response.precision()), t->token(), pos, response.objective());
   for (const v1::Tensor& tensor : response.tensors()) {
@@ -302,8 +310,11 @@ int InterveneCommand(int argc, char** argv) {
   grpc::ClientContext context;
   auto stub = Connect(*args, context);
   v1::InterveneResponse response;
+  if (absl::Status s = CheckUtf8Fields(request); !s.ok()) {
+    return Fail("intervene", std::string(s.message()), 2);
+  }
   const grpc::Status status = stub->Intervene(&context, request, &response);
-  if (!status.ok()) return Fail("intervene", status.error_message(), 1);
+  if (!status.ok()) return Fail("intervene", RpcErrorText(status), 1);
   std::printf("precision %s, %d ablation(s); max |logit change| %.6f\n",
               PrecisionName(response.precision()), request.ablations_size(),
               response.max_abs_logit_change());
@@ -356,8 +367,11 @@ int AttributeCommand(int argc, char** argv) {
   grpc::ClientContext context;
   auto stub = Connect(*args, context);
   v1::LogitAttributionResponse response;
+  if (absl::Status s = CheckUtf8Fields(request); !s.ok()) {
+    return Fail("attribute", std::string(s.message()), 2);
+  }
   const grpc::Status status = stub->LogitAttribution(&context, request, &response);
-  if (!status.ok()) return Fail("attribute", status.error_message(), 1);
+  if (!status.ok()) return Fail("attribute", RpcErrorText(status), 1);
   std::printf("precision %s, position %d: logit %.6f, sum of shares %.6f, final norm scale %.6g\n",
               PrecisionName(response.precision()), response.position(), response.logit(),
               response.total(), response.final_norm_scale());
@@ -403,7 +417,7 @@ int SaeCommand(int argc, char** argv) {
   if (args->Switch("list")) {
     v1::ListSaesResponse list;
     const grpc::Status status = stub->ListSaes(&context, v1::ListSaesRequest(), &list);
-    if (!status.ok()) return Fail("sae", status.error_message(), 1);
+    if (!status.ok()) return Fail("sae", RpcErrorText(status), 1);
     for (const v1::SaeInfo& s : list.saes()) {
       std::printf("%s: %s, %d -> %d features on %s (%s)\n", s.name().c_str(),
                   s.architecture().c_str(), s.d_in(), s.d_sae(), s.hook().c_str(),
@@ -425,8 +439,11 @@ int SaeCommand(int argc, char** argv) {
   request.mutable_feature_ids()->Add(features->begin(), features->end());
   request.set_precision(PrecisionOf(*args));
   v1::SaeFeaturesResponse response;
+  if (absl::Status s = CheckUtf8Fields(request); !s.ok()) {
+    return Fail("sae", std::string(s.message()), 2);
+  }
   const grpc::Status status = stub->SaeFeatures(&context, request, &response);
-  if (!status.ok()) return Fail("sae", status.error_message(), 1);
+  if (!status.ok()) return Fail("sae", RpcErrorText(status), 1);
   const v1::SaeInfo& info = response.sae();
   std::printf("SAE %s (%s, %d features) on %s, precision %s\n", info.name().c_str(),
               info.architecture().c_str(), info.d_sae(), info.hook().c_str(),

@@ -13,7 +13,9 @@
 #include "absl/strings/str_join.h"
 #include "clients/cli/logit_bias_flag.h"
 #include "clients/cli/logprobs_table.h"
+#include "clients/cli/rpc_error.h"
 #include "clients/cli/steering_flag.h"
+#include "clients/cli/utf8_fields.h"
 #include "kvlens/v1/generation.grpc.pb.h"
 
 namespace kvlens::cli {
@@ -142,6 +144,8 @@ int RemoteGenerate(const Args& args) {
     request.set_top_logprobs(static_cast<int32_t>(*logprobs));
   }
 
+  if (absl::Status s = CheckUtf8Fields(request); !s.ok()) return Fail(s, 2);
+
   auto channel = grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials());
   auto stub = v1::Generation::NewStub(channel);
   grpc::ClientContext context;
@@ -168,9 +172,8 @@ int RemoteGenerate(const Args& args) {
   if (status.ok()) show_prompt();
   if (shown) std::cout << std::endl;  // (tables follow on stderr)
   if (!status.ok()) {
-    return Fail(
-        absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()),
-        1);
+    std::cerr << "kvlens-cli generate: " << RpcErrorText(status) << "\n";
+    return 1;
   }
   auto piece = [&](int32_t token) { return ServerPiece(*stub, token); };
   if (*prompt_logprobs >= 0) PrintPromptLogprobs(std::cerr, scored, piece);

@@ -134,5 +134,40 @@ TEST(GenerateCliFlags, LogprobsPrintTheRpcsEntries) {
   }
 }
 
+// Text that is not UTF-8 (printf's octal escapes: a lone 0xff, a truncated 3-byte
+// sequence) is refused before it is sent, naming the request field, with exit code 2 and
+// nothing on stdout; left to protobuf, the server's parse fails and gRPC answers
+// UNIMPLEMENTED with an empty message. The server still answers the same flags in UTF-8.
+TEST(GenerateCliFlags, TextThatIsNotUtf8IsRefusedNamingTheField) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  const std::string cli = absl::StrCat("timeout 60 ", KVLENS_CLI_PATH, " ");
+  const std::string at = absl::StrCat(" --server ", server.address());
+  struct Case {
+    std::string args;
+    std::string message;
+  };
+  const Case cases[] = {
+      {"generate --prompt \"$(printf 'ab\\377')\"",
+       "kvlens-cli generate: text is not valid UTF-8: byte 0xff at offset 2"},
+      {"generate --prompt Once --stop x --stop \"$(printf 'y\\342\\234')\"",
+       "kvlens-cli generate: stopping.stop[1] is not valid UTF-8: byte 0xe2 at offset 1"},
+      {"attention --text \"$(printf '\\377')\"",
+       "kvlens-cli attention: input.text is not valid UTF-8: byte 0xff at offset 0"},
+  };
+  for (const Case& c : cases) {
+    const auto [code, out] = RunCommand(cli + c.args + at + " 2>/dev/null");
+    EXPECT_EQ(code, 2) << c.args;
+    EXPECT_EQ(out, "") << c.args;
+    const auto [err_code, err] = RunCommand(cli + c.args + at + " 2>&1");
+    EXPECT_NE(err.find(c.message), std::string::npos) << err;
+  }
+  const auto [ok_code, ok] =
+      RunCommand(cli + "generate --prompt \"$(printf 'Once \\342\\234\\223')\"" + at +
+                 " --max-new-tokens 2 2>&1");
+  EXPECT_EQ(ok_code, 0) << ok;
+  EXPECT_EQ(ok.rfind("Once \xe2\x9c\x93", 0), 0u) << ok;
+}
+
 }  // namespace
 }  // namespace kvlens::testing
