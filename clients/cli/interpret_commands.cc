@@ -18,6 +18,7 @@
 #include "clients/cli/args.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/rpc_error.h"
+#include "clients/cli/server_tokens.h"
 #include "clients/cli/utf8_fields.h"
 #include "kernels/dtype.h"
 #include "kvlens/v1/interpret.grpc.pb.h"
@@ -38,6 +39,12 @@ std::vector<FlagSpec> CommonSpecs() {
 int Fail(const char* command, const std::string& message, int code) {
   std::cerr << "kvlens-cli " << command << ": " << message << "\n";
   return code;
+}
+
+// A flag's error (exit code 2), or a failed Tokenize call's (1).
+int Fail(const char* command, const absl::Status& s) {
+  return Fail(command, std::string(s.message()),
+              s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
 }
 
 // "1 2 3" or "1,2,3" → ints.
@@ -116,6 +123,24 @@ int Prepare(int argc, char** argv, const char* command, const std::string& summa
     return 0;
   }
   if (!args->Has("server")) return Fail(command, "--server HOST:PORT is required", 2);
+  return -1;
+}
+
+// A TokenTarget from --target-position (-1: the prompt's last) and --target-token or
+// --target-text; returns an exit code ≥ 0 to stop, or −1 to go on.
+int FillTarget(const Args& args, const v1::PromptInput& input, const char* command,
+               v1::TokenTarget* target) {
+  absl::StatusOr<int64_t> position = args.Int("target-position", -1, 1 << 20);
+  if (!position.ok()) return Fail(command, std::string(position.status().message()), 2);
+  absl::StatusOr<int32_t> token = TokenFlag(args, "target-token", "target-text", /*required=*/true);
+  if (!token.ok()) return Fail(command, token.status());
+  if (*position < 0) {
+    absl::StatusOr<int> last = LastPosition(args, input);
+    if (!last.ok()) return Fail(command, last.status());
+    position = *last;
+  }
+  target->set_position(static_cast<int>(*position));
+  target->set_token(*token);
   return -1;
 }
 
@@ -206,7 +231,8 @@ int AttentionCommand(int argc, char** argv) {
 int ProbeCommand(int argc, char** argv) {
   std::vector<FlagSpec> specs = CommonSpecs();
   specs.push_back({"target-position", "-1", "position whose next-token log-prob is J (-1: last)"});
-  specs.push_back({"target-token", "", "the token id of J = log p(token | position) (required)"});
+  specs.push_back({"target-token", "", "the token id of J = log p(token | position)"});
+  specs.push_back({"target-text", "", "or the token as text (one token, e.g. \" Paris\")"});
   specs.push_back({"verify", "0", "check K random entries per tensor by finite differences"});
   absl::StatusOr<Args> args;
   if (int code = Prepare(argc, argv, "probe",
@@ -220,22 +246,10 @@ int ProbeCommand(int argc, char** argv) {
   if (absl::Status s = FillInput(*args, request.mutable_input()); !s.ok()) {
     return Fail("probe", std::string(s.message()), 2);
   }
-  auto position = args->Int("target-position", -1, 1 << 20);
-  auto token = args->Int("target-token", 0, 1 << 30);
-  auto verify = args->Int("verify", 0, 1 << 10);
-  for (const absl::Status& s : {position.status(), token.status(), verify.status()}) {
-    if (!s.ok()) return Fail("probe", std::string(s.message()), 2);
-  }
-  int pos = static_cast<int>(*position);
-  if (pos < 0) {
-    if (!request.input().has_token_ids()) {
-      return Fail("probe", "--target-position -1 needs --ids (or give the position)", 2);
-    }
-    pos = request.input().token_ids().ids_size() - 1;
-  }
   v1::TokenTarget* t = request.mutable_log_prob()->add_targets();
-  t->set_position(pos);
-  t->set_token(static_cast<int>(*token));
+  if (int code = FillTarget(*args, request.input(), "probe", t); code >= 0) return code;
+  auto verify = args->Int("verify", 0, 1 << 10);
+  if (!verify.ok()) return Fail("probe", std::string(verify.status().message()), 2);
   request.set_precision(PrecisionOf(*args));
   request.set_embeddings(true);
   if (*verify > 0) {
@@ -251,7 +265,7 @@ int ProbeCommand(int argc, char** argv) {
   const grpc::Status status = stub->GradientProbe(&context, request, &response);
   if (!status.ok()) return Fail("probe", RpcErrorText(status), 1);
   std::printf("precision %s, J = log p(%d | position %d) = %.6f\n",
-              PrecisionName(response.precision()), t->token(), pos, response.objective());
+              PrecisionName(response.precision()), t->token(), t->position(), response.objective());
   for (const v1::Tensor& tensor : response.tensors()) {
     if (tensor.name() != "saliency") continue;
     const std::vector<double> s = Decode(tensor.data(), tensor.dtype());
@@ -272,8 +286,10 @@ int InterveneCommand(int argc, char** argv) {
   std::vector<FlagSpec> specs = CommonSpecs();
   specs.push_back({"ablate", "", "heads to ablate, \"LAYER:HEAD ...\" (required)"});
   specs.push_back({"mean", "", "mean-ablate (default: zero)", true});
-  specs.push_back({"target-position", "", "position whose next-token log-prob is reported"});
-  specs.push_back({"target-token", "", "token id reported (required)"});
+  specs.push_back(
+      {"target-position", "-1", "position whose next-token log-prob is reported (-1: last)"});
+  specs.push_back({"target-token", "", "token id reported"});
+  specs.push_back({"target-text", "", "or the token as text (one token, e.g. \" Paris\")"});
   absl::StatusOr<Args> args;
   if (int code = Prepare(argc, argv, "intervene",
                          "Ablates heads and prints the clean and edited logit and log-prob of "
@@ -298,14 +314,10 @@ int InterveneCommand(int argc, char** argv) {
     a->set_head(head);
     a->set_mode(args->Switch("mean") ? v1::HeadAblation::MODE_MEAN : v1::HeadAblation::MODE_ZERO);
   }
-  auto position = args->Int("target-position", 0, 1 << 20);
-  auto token = args->Int("target-token", 0, 1 << 30);
-  for (const absl::Status& s : {position.status(), token.status()}) {
-    if (!s.ok()) return Fail("intervene", std::string(s.message()), 2);
+  if (int code = FillTarget(*args, request.input(), "intervene", request.add_targets());
+      code >= 0) {
+    return code;
   }
-  v1::TokenTarget* t = request.add_targets();
-  t->set_position(static_cast<int>(*position));
-  t->set_token(static_cast<int>(*token));
   request.set_precision(PrecisionOf(*args));
   grpc::ClientContext context;
   auto stub = Connect(*args, context);
@@ -328,8 +340,10 @@ int InterveneCommand(int argc, char** argv) {
 
 int AttributeCommand(int argc, char** argv) {
   std::vector<FlagSpec> specs = CommonSpecs();
-  specs.push_back({"token", "", "token id whose logit is attributed (required)"});
+  specs.push_back({"token", "", "token id whose logit is attributed"});
+  specs.push_back({"token-text", "", "or that token as text (one token, e.g. \" Paris\")"});
   specs.push_back({"baseline", "-1", "token id whose logit is subtracted (-1: none)"});
+  specs.push_back({"baseline-text", "", "or that token as text"});
   specs.push_back({"position", "-1", "position whose next-token logit is read (-1: last)"});
   specs.push_back({"heads", "", "also split each layer's attention by head", true});
   specs.push_back({"top-neurons", "0", "per layer, the FFN neurons of largest |share|"});
@@ -348,15 +362,14 @@ int AttributeCommand(int argc, char** argv) {
   if (absl::Status s = FillInput(*args, request.mutable_input()); !s.ok()) {
     return Fail("attribute", std::string(s.message()), 2);
   }
-  if (!args->Has("token")) return Fail("attribute", "--token is required", 2);
-  auto token = args->Int("token", 0, 1 << 30);
-  auto baseline = args->Int("baseline", -1, 1 << 30);
+  auto token = TokenFlag(*args, "token", "token-text", /*required=*/true);
+  auto baseline = TokenFlag(*args, "baseline", "baseline-text", /*required=*/false);
   auto position = args->Int("position", -1, 1 << 20);
   auto neurons = args->Int("top-neurons", 0, 1 << 20);
   auto top = args->Int("top", 0, 1 << 20);
   for (const absl::Status& s :
        {token.status(), baseline.status(), position.status(), neurons.status(), top.status()}) {
-    if (!s.ok()) return Fail("attribute", std::string(s.message()), 2);
+    if (!s.ok()) return Fail("attribute", s);
   }
   request.set_token(static_cast<int>(*token));
   if (*baseline >= 0) request.set_baseline_token(static_cast<int>(*baseline));

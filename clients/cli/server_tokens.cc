@@ -1,0 +1,89 @@
+#include "clients/cli/server_tokens.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "clients/cli/rpc_error.h"
+#include "clients/cli/utf8_fields.h"
+#include "kvlens/v1/generation.grpc.pb.h"
+
+namespace kvlens::cli {
+namespace {
+
+absl::StatusOr<std::vector<int32_t>> Tokenize(const Args& args, const v1::TokenizeRequest& request,
+                                              const std::string& why) {
+  if (absl::Status s = CheckUtf8Fields(request); !s.ok()) return s;
+  grpc::ClientContext context;
+  auto seconds = args.Int("timeout", 1, 86400);
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(seconds.ok() ? *seconds : 120));
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials()));
+  v1::TokenizeResponse response;
+  const grpc::Status status = stub->Tokenize(&context, request, &response);
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        absl::StrCat("Tokenize (", why, "): ", RpcErrorText(status)));
+  }
+  return std::vector<int32_t>(response.token_ids().begin(), response.token_ids().end());
+}
+
+}  // namespace
+
+absl::StatusOr<int> LastPosition(const Args& args, const v1::PromptInput& input) {
+  int count = 0;
+  if (input.has_token_ids()) {
+    count = input.token_ids().ids_size();
+  } else {
+    v1::TokenizeRequest request;
+    if (input.has_chat()) {
+      *request.mutable_chat() = input.chat();
+    } else {
+      request.set_text(input.text());
+    }
+    if (input.has_add_bos()) request.set_add_bos(input.add_bos());
+    if (input.has_parse_special()) request.set_parse_special(input.parse_special());
+    absl::StatusOr<std::vector<int32_t>> ids = Tokenize(args, request, "the prompt's length");
+    if (!ids.ok()) return ids.status();
+    count = static_cast<int>(ids->size());
+  }
+  if (count == 0) return absl::InvalidArgumentError("the prompt has no tokens");
+  return count - 1;
+}
+
+absl::StatusOr<int32_t> TokenFlag(const Args& args, const std::string& id_flag,
+                                  const std::string& text_flag, bool required) {
+  const bool by_id = args.Has(id_flag);
+  const bool by_text = args.Has(text_flag);
+  if (by_id && by_text) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("give --", id_flag, " or --", text_flag, ", not both"));
+  }
+  if (!by_id && !by_text) {
+    if (!required) return -1;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", id_flag, " (a token id) or --", text_flag, " (its text) is required"));
+  }
+  if (by_id) {
+    absl::StatusOr<int64_t> id = args.Int(id_flag, required ? 0 : -1, 1 << 30);
+    if (!id.ok()) return id.status();
+    return static_cast<int32_t>(*id);
+  }
+  v1::TokenizeRequest request;
+  request.set_text(args.Str(text_flag));
+  request.set_add_bos(false);
+  absl::StatusOr<std::vector<int32_t>> ids = Tokenize(args, request, "--" + text_flag);
+  if (!ids.ok()) return ids.status();
+  if (ids->size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", text_flag, " = \"", args.Str(text_flag), "\" is ", ids->size(), " tokens (",
+        absl::StrJoin(*ids, " "), "), not one; give one token's text or --", id_flag));
+  }
+  return ids->front();
+}
+
+}  // namespace kvlens::cli

@@ -1,0 +1,31 @@
+// The server's own tokenizer (Generation.Tokenize), for what the Interpret commands must
+// know before they send a request: the last position of a --text prompt (their
+// position flags' default, -1), and a token given as text rather than as an id
+// (--target-text " Paris", as TransformerLens's to_single_token).
+#ifndef KVLENS_CLIENTS_CLI_SERVER_TOKENS_H_
+#define KVLENS_CLIENTS_CLI_SERVER_TOKENS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "clients/cli/args.h"
+#include "kvlens/v1/interpret.pb.h"
+
+namespace kvlens::cli {
+
+// The prompt's last position: its ids' count − 1, or, for text, the count of the tokens
+// the server makes of it with the same add_bos and parse_special. INVALID_ARGUMENT for an
+// empty prompt; the RPC's status (prefixed) when Tokenize fails.
+absl::StatusOr<int> LastPosition(const Args& args, const v1::PromptInput& input);
+
+// The token id of flag `id_flag` (an integer in [0, 2^30]; −1 too when not `required`)
+// or of `text_flag`, whose text the server must encode as exactly one token (no BOS).
+// Neither given: −1 when not `required`. INVALID_ARGUMENT naming the flags when both are
+// given, neither of required ones, or text that is not one token (its ids listed).
+absl::StatusOr<int32_t> TokenFlag(const Args& args, const std::string& id_flag,
+                                  const std::string& text_flag, bool required);
+
+}  // namespace kvlens::cli
+
+#endif  // KVLENS_CLIENTS_CLI_SERVER_TOKENS_H_

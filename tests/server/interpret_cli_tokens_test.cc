@@ -1,0 +1,108 @@
+// kvlens-cli's Interpret commands given text where they need tokens (clients/cli/
+// server_tokens.h): the last position of a --text prompt (the position flags' default)
+// and --target-text / --token-text / --baseline-text. Each run prints what the same
+// command prints given the ids, encoded here by the model's tokenizer; text that is not
+// one token, or both or neither of a token's flags, is refused by name (exit code 2).
+// The default model's GPT-2 vocabulary has " created" and " said" as single tokens.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+#include "tests/server/server_test_util.h"
+#include "tests/test_paths.h"
+
+namespace kvlens::testing {
+namespace {
+
+class InterpretCliTokens : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KVLENS_REQUIRE_FILE(DefaultModelPath() + "/config.json");
+    ASSERT_TRUE(server_.ok()) << server_.error();
+  }
+
+  std::pair<int, std::string> Cli(const std::string& command, const std::string& flags) {
+    return RunCommand(absl::StrCat("timeout 60 ", KVLENS_CLI_PATH, " ", command, " --server ",
+                                   server_.address(), " ", flags, " 2>&1"));
+  }
+  std::vector<int32_t> Encode(const std::string& text, bool add_bos) {
+    return server_.model().tokenizer->Encode(text, add_bos);
+  }
+  // The prompt as the server encodes --text (the model's BOS setting).
+  std::string PromptIds() {
+    return absl::StrJoin(Encode(kPrompt, server_.model().tokenizer->adds_bos()), " ");
+  }
+  int LastPosition() {
+    return static_cast<int>(Encode(kPrompt, server_.model().tokenizer->adds_bos()).size()) - 1;
+  }
+  int32_t OneToken(const std::string& text) {
+    const std::vector<int32_t> ids = Encode(text, false);
+    EXPECT_EQ(ids.size(), 1u) << text;
+    return ids.empty() ? -1 : ids.front();
+  }
+
+  static constexpr char kPrompt[] = "In the beginning God";
+  TestServer server_{DefaultModelPath(), TestServer::DefaultOptions()};
+};
+
+TEST_F(InterpretCliTokens, ProbeTakesTheLastPositionAndATextTarget) {
+  const auto [code, out] =
+      Cli("probe", absl::StrCat("--text '", kPrompt, "' --target-text ' created'"));
+  ASSERT_EQ(code, 0) << out;
+  const auto [ids_code, ids_out] =
+      Cli("probe", absl::StrCat("--ids '", PromptIds(), "' --target-position ", LastPosition(),
+                                " --target-token ", OneToken(" created")));
+  ASSERT_EQ(ids_code, 0) << ids_out;
+  EXPECT_EQ(out, ids_out);
+  EXPECT_NE(out.find(absl::StrCat("| position ", LastPosition(), ") =")), std::string::npos) << out;
+}
+
+TEST_F(InterpretCliTokens, InterveneAndAttributeTakeTextTokens) {
+  const auto [code, out] = Cli(
+      "intervene", absl::StrCat("--text '", kPrompt, "' --ablate '0:0' --target-text ' created'"));
+  ASSERT_EQ(code, 0) << out;
+  const auto [ids_code, ids_out] =
+      Cli("intervene", absl::StrCat("--ids '", PromptIds(), "' --ablate '0:0' --target-position ",
+                                    LastPosition(), " --target-token ", OneToken(" created")));
+  ASSERT_EQ(ids_code, 0) << ids_out;
+  EXPECT_EQ(out, ids_out);
+  const auto [a_code, a_out] =
+      Cli("attribute",
+          absl::StrCat("--text '", kPrompt, "' --token-text ' created' --baseline-text ' said'"));
+  ASSERT_EQ(a_code, 0) << a_out;
+  const auto [b_code, b_out] =
+      Cli("attribute", absl::StrCat("--text '", kPrompt, "' --token ", OneToken(" created"),
+                                    " --baseline ", OneToken(" said")));
+  ASSERT_EQ(b_code, 0) << b_out;
+  EXPECT_EQ(a_out, b_out);
+}
+
+TEST_F(InterpretCliTokens, TokenFlagsAreRefusedByName) {
+  const std::vector<int32_t> two = Encode(" created said", false);
+  ASSERT_EQ(two.size(), 2u);
+  const std::string text = absl::StrCat("--text '", kPrompt, "' ");
+  const struct {
+    std::string command, flags, message;
+  } cases[] = {
+      {"probe", text + "--target-text ' created said'",
+       absl::StrCat("--target-text = \" created said\" is 2 tokens (", two[0], " ", two[1],
+                    "), not one")},
+      {"probe", text + "--target-text ' created' --target-token 5",
+       "give --target-token or --target-text, not both"},
+      {"intervene", text + "--ablate 0:0",
+       "--target-token (a token id) or --target-text (its text) is required"},
+      {"attribute", text + "--baseline-text ' said'",
+       "--token (a token id) or --token-text (its text) is required"},
+      {"probe", "--ids '' --target-token 5", "the prompt has no tokens"},
+  };
+  for (const auto& c : cases) {
+    const auto [code, out] = Cli(c.command, c.flags);
+    EXPECT_EQ(code, 2) << c.flags << "\n" << out;
+    EXPECT_NE(out.find(c.message), std::string::npos) << out;
+  }
+}
+
+}  // namespace
+}  // namespace kvlens::testing
