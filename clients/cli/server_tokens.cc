@@ -12,10 +12,10 @@
 #include "kvlens/v1/generation.grpc.pb.h"
 
 namespace kvlens::cli {
-namespace {
 
-absl::StatusOr<std::vector<int32_t>> Tokenize(const Args& args, const v1::TokenizeRequest& request,
-                                              const std::string& why) {
+absl::StatusOr<std::vector<int32_t>> ServerTokenize(const Args& args,
+                                                    const v1::TokenizeRequest& request,
+                                                    const std::string& why) {
   if (absl::Status s = CheckUtf8Fields(request); !s.ok()) return s;
   grpc::ClientContext context;
   auto seconds = args.Int("timeout", 1, 86400);
@@ -32,8 +32,6 @@ absl::StatusOr<std::vector<int32_t>> Tokenize(const Args& args, const v1::Tokeni
   return std::vector<int32_t>(response.token_ids().begin(), response.token_ids().end());
 }
 
-}  // namespace
-
 absl::StatusOr<int> LastPosition(const Args& args, const v1::PromptInput& input) {
   int count = 0;
   if (input.has_token_ids()) {
@@ -47,7 +45,7 @@ absl::StatusOr<int> LastPosition(const Args& args, const v1::PromptInput& input)
     }
     if (input.has_add_bos()) request.set_add_bos(input.add_bos());
     if (input.has_parse_special()) request.set_parse_special(input.parse_special());
-    absl::StatusOr<std::vector<int32_t>> ids = Tokenize(args, request, "the prompt's length");
+    absl::StatusOr<std::vector<int32_t>> ids = ServerTokenize(args, request, "the prompt's length");
     if (!ids.ok()) return ids.status();
     count = static_cast<int>(ids->size());
   }
@@ -76,7 +74,7 @@ absl::StatusOr<int32_t> TokenFlag(const Args& args, const std::string& id_flag,
   v1::TokenizeRequest request;
   request.set_text(args.Str(text_flag));
   request.set_add_bos(false);
-  absl::StatusOr<std::vector<int32_t>> ids = Tokenize(args, request, "--" + text_flag);
+  absl::StatusOr<std::vector<int32_t>> ids = ServerTokenize(args, request, "--" + text_flag);
   if (!ids.ok()) return ids.status();
   if (ids->size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(

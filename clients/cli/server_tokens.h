@@ -1,18 +1,26 @@
-// The server's own tokenizer (Generation.Tokenize), for what the Interpret commands must
-// know before they send a request: the last position of a --text prompt (their
-// position flags' default, -1), and a token given as text rather than as an id
+// The server's own tokenizer (Generation.Tokenize): `kvlens-cli tokenize --server`, and
+// what the Interpret commands must know before they send a request: the last position of a --text
+// prompt (their position flags' default, -1), and a token given as text rather than as an id
 // (--target-text " Paris", as TransformerLens's to_single_token).
 #ifndef KVLENS_CLIENTS_CLI_SERVER_TOKENS_H_
 #define KVLENS_CLIENTS_CLI_SERVER_TOKENS_H_
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "clients/cli/args.h"
+#include "kvlens/v1/generation.pb.h"
 #include "kvlens/v1/interpret.pb.h"
 
 namespace kvlens::cli {
+
+// The ids the server's tokenizer makes of `request` (`args` has --server and --timeout);
+// `why` prefixes a failed call's message. INVALID_ARGUMENT naming a field that is not UTF-8.
+absl::StatusOr<std::vector<int32_t>> ServerTokenize(const Args& args,
+                                                    const v1::TokenizeRequest& request,
+                                                    const std::string& why);
 
 // The prompt's last position: its ids' count − 1, or, for text, the count of the tokens
 // the server makes of it with the same add_bos and parse_special. INVALID_ARGUMENT for an

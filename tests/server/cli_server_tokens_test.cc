@@ -1,7 +1,8 @@
-// kvlens-cli's Interpret commands given text where they need tokens (clients/cli/
-// server_tokens.h): the last position of a --text prompt (the position flags' default)
-// and --target-text / --token-text / --baseline-text. Each run prints what the same
-// command prints given the ids, encoded here by the model's tokenizer; text that is not
+// kvlens-cli asking the server's tokenizer (clients/cli/server_tokens.h): tokenize
+// --server prints the ids tokenize --model prints for the same model; the Interpret
+// commands given text where they need tokens: the last position of a --text prompt (the
+// position flags' default) and --target-text / --token-text / --baseline-text. Each run prints what
+// the same command prints given the ids, encoded here by the model's tokenizer; text that is not
 // one token, or both or neither of a token's flags, is refused by name (exit code 2).
 // The default model's GPT-2 vocabulary has " created" and " said" as single tokens.
 #include <string>
@@ -16,7 +17,7 @@
 namespace kvlens::testing {
 namespace {
 
-class InterpretCliTokens : public ::testing::Test {
+class CliServerTokens : public ::testing::Test {
  protected:
   void SetUp() override {
     KVLENS_REQUIRE_FILE(DefaultModelPath() + "/config.json");
@@ -47,7 +48,30 @@ class InterpretCliTokens : public ::testing::Test {
   TestServer server_{DefaultModelPath(), TestServer::DefaultOptions()};
 };
 
-TEST_F(InterpretCliTokens, ProbeTakesTheLastPositionAndATextTarget) {
+TEST_F(CliServerTokens, TokenizeOnTheServerIsTheLocalModels) {
+  for (const std::string& flags :
+       {std::string("--text 'In the beginning God<|endoftext|>'"),
+        std::string("--text 'In the beginning God<|endoftext|>' --bos --no-parse-special"),
+        std::string("--text ''")}) {
+    const auto [code, out] = Cli("tokenize", flags);
+    ASSERT_EQ(code, 0) << flags << "\n" << out;
+    const auto [local_code, local] = RunCommand(absl::StrCat(
+        KVLENS_CLI_PATH, " tokenize --model ", DefaultModelPath(), " ", flags, " 2>&1"));
+    ASSERT_EQ(local_code, 0) << local;
+    EXPECT_EQ(out, local) << flags;
+  }
+  // <|endoftext|> is the vocabulary's special token, parsed as such by default.
+  const std::string eos = absl::StrCat(server_.model().tokenizer->eos_id());
+  const auto [code, out] = Cli("tokenize", "--text 'God<|endoftext|>'");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_EQ(out, absl::StrCat(OneToken("God"), " ", eos, "\n"));
+  const auto [both_code, both] =
+      Cli("tokenize", absl::StrCat("--model ", DefaultModelPath(), " --text x"));
+  EXPECT_EQ(both_code, 2) << both;
+  EXPECT_NE(both.find("give --server or --model, not both"), std::string::npos) << both;
+}
+
+TEST_F(CliServerTokens, ProbeTakesTheLastPositionAndATextTarget) {
   const auto [code, out] =
       Cli("probe", absl::StrCat("--text '", kPrompt, "' --target-text ' created'"));
   ASSERT_EQ(code, 0) << out;
@@ -59,7 +83,7 @@ TEST_F(InterpretCliTokens, ProbeTakesTheLastPositionAndATextTarget) {
   EXPECT_NE(out.find(absl::StrCat("| position ", LastPosition(), ") =")), std::string::npos) << out;
 }
 
-TEST_F(InterpretCliTokens, InterveneAndAttributeTakeTextTokens) {
+TEST_F(CliServerTokens, InterveneAndAttributeTakeTextTokens) {
   const auto [code, out] = Cli(
       "intervene", absl::StrCat("--text '", kPrompt, "' --ablate '0:0' --target-text ' created'"));
   ASSERT_EQ(code, 0) << out;
@@ -79,7 +103,7 @@ TEST_F(InterpretCliTokens, InterveneAndAttributeTakeTextTokens) {
   EXPECT_EQ(a_out, b_out);
 }
 
-TEST_F(InterpretCliTokens, TokenFlagsAreRefusedByName) {
+TEST_F(CliServerTokens, TokenFlagsAreRefusedByName) {
   const std::vector<int32_t> two = Encode(" created said", false);
   ASSERT_EQ(two.size(), 2u);
   const std::string text = absl::StrCat("--text '", kPrompt, "' ");
