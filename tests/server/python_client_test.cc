@@ -9,9 +9,11 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/interpret/sae_file.h"
 #include "nlohmann/json.hpp"
 #include "tests/oracle/oracle_runner.h"
@@ -74,6 +76,12 @@ sf = c.sae_features(chat=conv, sae="enc", top_k=3, feature_ids=[1])
 out["sae_l0"] = [r.l0 for r in sf.rows]
 out["sae_top"] = [[f.index for f in r.top] for r in sf.rows]
 out["sae_f1"] = [r.features[0] for r in sf.rows]
+out["single"] = c.to_single_token("Lily")
+try:
+    c.to_single_token("once upon")
+    out["not_single"] = ""
+except ValueError as e:
+    out["not_single"] = str(e)
 print(json.dumps(out))
 )";
 
@@ -105,6 +113,26 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   std::remove(script.c_str());
   const nlohmann::json out = nlohmann::json::parse(output);
 
+  // to_single_token(): the one id the C++ stub's Tokenize (no BOS) gets; more is an error.
+  for (const auto& [text, key] :
+       {std::pair<std::string, std::string>{"Lily", "single"}, {"once upon", "not_single"}}) {
+    v1::TokenizeRequest request;
+    request.set_text(text);
+    request.set_add_bos(false);
+    v1::TokenizeResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(server.stub().Tokenize(&context, request, &response).ok());
+    if (key == "single") {
+      ASSERT_EQ(response.token_ids_size(), 1);
+      EXPECT_EQ(out[key].get<int32_t>(), response.token_ids(0));
+    } else {
+      ASSERT_GT(response.token_ids_size(), 1);
+      EXPECT_EQ(out[key].get<std::string>(),
+                absl::StrCat("'once upon' is ", response.token_ids_size(), " tokens [",
+                             absl::StrJoin(response.token_ids(), ", "), "], not one"));
+    }
+  }
   // Token ids: chat = written-out text = what the C++ stub gets for the text.
   v1::TokenizeRequest by_text;
   by_text.set_text(kChatText);

@@ -181,6 +181,15 @@ class Client:
         r = self.generation.Tokenize(request, timeout=self.timeout)
         return list(r.token_ids)
 
+    def to_single_token(self, text: str) -> int:
+        """The id of the one token the server's tokenizer makes of `text` (no BOS), as
+        TransformerLens's to_single_token; ValueError naming the ids when it makes more or
+        fewer."""
+        ids = self.tokenize(text, add_bos=False)
+        if len(ids) != 1:
+            raise ValueError(f"{text!r} is {len(ids)} tokens {ids}, not one")
+        return ids[0]
+
     def pieces(self, tokens: Iterable[int]) -> list:
         return [self.generation.Detokenize(gen.DetokenizeRequest(token_ids=[t]),
                                            timeout=self.timeout).text for t in tokens]
