@@ -59,6 +59,12 @@ const std::vector<FlagSpec>& Specs() {
       {"repetition-penalty", "1",
        "CTRL-style repetition penalty (1: off); when not given, the model's "
        "generation_config.json value applies if it has one (as in Hugging Face and vLLM)"},
+      {"frequency-penalty", "0",
+       "subtract VALUE (-2 ... 2) times the count of a token in the prompt and the output so "
+       "far from its logit (OpenAI's and vLLM's frequency_penalty)"},
+      {"presence-penalty", "0",
+       "subtract VALUE (-2 ... 2) from the logit of every token in the prompt and the output "
+       "so far (OpenAI's and vLLM's presence_penalty)"},
       {"seed", "0", "random seed for sampling"},
       {"logit-bias", "",
        "\"ID:BIAS[,ID:BIAS...]\": add BIAS (-100 ... 100) to token ID's logit before each "
@@ -183,12 +189,15 @@ int GenerateCommand(int argc, char** argv) {
   auto top_p = args->Double("top-p", 0, 1);
   auto min_p = args->Double("min-p", 0, 1);
   auto rep = args->Double("repetition-penalty", 0, 10);
+  auto frequency = args->Double("frequency-penalty", -2, 2);
+  auto presence = args->Double("presence-penalty", -2, 2);
   auto seed = args->Int("seed", 0, INT64_MAX);
   auto chunk = args->Int("prefill-chunk", 1, 1 << 20);
   auto block = args->Int("block-size", 1, 1024);
   for (const absl::Status& s :
        {max_new.status(), min_new.status(), temperature.status(), top_k.status(), top_p.status(),
-        min_p.status(), rep.status(), seed.status(), chunk.status(), block.status()}) {
+        min_p.status(), rep.status(), frequency.status(), presence.status(), seed.status(),
+        chunk.status(), block.status()}) {
     if (!s.ok()) return fail(s, 2);
   }
   if (*min_new > *max_new) {
@@ -206,6 +215,8 @@ int GenerateCommand(int argc, char** argv) {
   options.sampling.top_p = *top_p;
   options.sampling.min_p = *min_p;
   options.sampling.repetition_penalty = *rep;
+  options.sampling.frequency_penalty = *frequency;
+  options.sampling.presence_penalty = *presence;
   options.sampling.seed = static_cast<uint64_t>(*seed);
   options.prefill_chunk = static_cast<int>(*chunk);
   options.block_size = static_cast<int>(*block);

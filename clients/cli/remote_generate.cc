@@ -74,6 +74,8 @@ int RemoteGenerate(const Args& args) {
   auto top_p = args.Double("top-p", 0, 1);
   auto min_p = args.Double("min-p", 0, 1);
   auto rep = args.Double("repetition-penalty", 0, 10);
+  auto frequency = args.Double("frequency-penalty", -2, 2);
+  auto presence = args.Double("presence-penalty", -2, 2);
   auto seed = args.Int("seed", 0, INT64_MAX);
   // No default: absent, the prompt is not scored.
   absl::StatusOr<int64_t> prompt_logprobs = int64_t{-1};
@@ -82,7 +84,8 @@ int RemoteGenerate(const Args& args) {
   if (args.Has("logprobs")) logprobs = args.Int("logprobs", 0, 20);
   for (const absl::Status& s :
        {max_new.status(), min_new.status(), temperature.status(), top_k.status(), top_p.status(),
-        min_p.status(), rep.status(), seed.status(), prompt_logprobs.status(), logprobs.status()}) {
+        min_p.status(), rep.status(), frequency.status(), presence.status(), seed.status(),
+        prompt_logprobs.status(), logprobs.status()}) {
     if (!s.ok()) return Fail(s, 2);
   }
   if (*min_new > *max_new) {
@@ -119,6 +122,8 @@ int RemoteGenerate(const Args& args) {
   sampling->set_min_p(*min_p);
   // Not given: the server applies the model's generation_config.json default.
   if (args.Has("repetition-penalty")) sampling->set_repetition_penalty(*rep);
+  sampling->set_frequency_penalty(*frequency);
+  sampling->set_presence_penalty(*presence);
   sampling->set_seed(static_cast<uint64_t>(*seed));
   if (args.Has("logit-bias")) {
     absl::StatusOr<std::vector<std::pair<int32_t, float>>> bias =

@@ -134,6 +134,37 @@ TEST(GenerateCliFlags, LogprobsPrintTheRpcsEntries) {
   }
 }
 
+// --frequency-penalty and --presence-penalty are Generate's sampling fields: through the
+// server the CLI prints the text the C++ stub gets with those fields set, the local model
+// prints the same, and the greedy text changes (the reference text repeats its tokens).
+TEST(GenerateCliFlags, FrequencyAndPresencePenaltiesOnTheServerAndLocally) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  v1::GenerateRequest request;
+  request.set_text("Once upon a time");
+  request.mutable_stopping()->set_max_new_tokens(40);
+  request.mutable_sampling()->set_frequency_penalty(0.5);
+  request.mutable_sampling()->set_presence_penalty(1.5);
+  const StreamResult penalized = RunGenerate(server.stub(), request);
+  ASSERT_TRUE(penalized.status.ok()) << penalized.status.error_message();
+  const std::string want = "Once upon a time" + penalized.text + "\n";
+  EXPECT_NE(want, std::string(kReferenceText).substr(0, want.size() - 1) + "\n");
+  for (const std::string& where :
+       {absl::StrCat("--server ", server.address()), absl::StrCat("--model ", Stories260KPath())}) {
+    const auto [code, out] = RunCommand(
+        absl::StrCat("timeout 60 ", KVLENS_CLI_PATH, " generate ", where,
+                     " --prompt 'Once upon a time' --max-new-tokens 40 --frequency-penalty 0.5 "
+                     "--presence-penalty 1.5"));
+    ASSERT_EQ(code, 0) << where << "\n" << out;
+    EXPECT_EQ(out, want) << where;
+    const auto [bad_code, bad] = RunCommand(absl::StrCat(
+        KVLENS_CLI_PATH, " generate ", where, " --prompt x --presence-penalty 2.5 2>&1"));
+    EXPECT_EQ(bad_code, 2) << bad;
+    EXPECT_NE(bad.find("--presence-penalty = '2.5' must be a number in [-2, 2]"), std::string::npos)
+        << bad;
+  }
+}
+
 // Text that is not UTF-8 (printf's octal escapes: a lone 0xff, a truncated 3-byte
 // sequence) is refused before it is sent, naming the request field, with exit code 2 and
 // nothing on stdout; left to protobuf, the server's parse fails and gRPC answers
