@@ -1,11 +1,55 @@
 #include "clients/cli/args.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace kvlens::cli {
+namespace {
+
+// Levenshtein distance (flag names are short).
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// "unknown flag --NAME" and the likeliest meant flag (within a third of the name's length
+// in edits, at least 2), or else the command's flags.
+std::string UnknownFlag(const std::string& name, const std::vector<FlagSpec>& specs) {
+  const FlagSpec* nearest = nullptr;
+  size_t best = std::max<size_t>(2, name.size() / 3) + 1;
+  for (const FlagSpec& s : specs) {
+    const size_t d = EditDistance(name, s.name);
+    if (d < best) {
+      best = d;
+      nearest = &s;
+    }
+  }
+  if (nearest != nullptr) {
+    return absl::StrCat("unknown flag --", name, "; did you mean --", nearest->name, "?");
+  }
+  std::vector<std::string> names;
+  for (const FlagSpec& s : specs) names.push_back("--" + s.name);
+  return absl::StrCat("unknown flag --", name, "; this command takes ", absl::StrJoin(names, " "),
+                      " (see --help)");
+}
+
+}  // namespace
 
 absl::StatusOr<Args> Args::Parse(int argc, char** argv, int first,
                                  const std::vector<FlagSpec>& specs) {
@@ -32,10 +76,9 @@ absl::StatusOr<Args> Args::Parse(int argc, char** argv, int first,
       a = a.substr(0, eq);
       has_value = true;
     }
+    std::replace(a.begin(), a.end(), '_', '-');  // --max_new_tokens as --max-new-tokens
     auto it = by_name.find(a);
-    if (it == by_name.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", a, " (see --help)"));
-    }
+    if (it == by_name.end()) return absl::InvalidArgumentError(UnknownFlag(a, specs));
     if (it->second->is_switch) {
       if (has_value && value != "true" && value != "false") {
         return absl::InvalidArgumentError(absl::StrCat("--", a, " takes true or false"));

@@ -22,7 +22,8 @@ struct FlagSpec {
 
 class Args {
  public:
-  // Parses argv[first …] against `specs`. "--help" sets help().
+  // Parses argv[first …] against `specs`. "--help" sets help(). A flag's '_' reads as
+  // '-' (--max_new_tokens); an unknown flag's error names the nearest one, or lists them.
   static absl::StatusOr<Args> Parse(int argc, char** argv, int first,
                                     const std::vector<FlagSpec>& specs);
   static std::string Usage(const std::string& command, const std::string& summary,
