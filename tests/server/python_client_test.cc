@@ -317,5 +317,109 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   }
 }
 
+// Sessions and the cached-KV probe from Python: generate(session_id=...) twice on a
+// session opened by `with client.session()`, then cached_kv_probe on it; the C++ stubs
+// doing the same on a second session get the same tokens, J, P and every gradient entry.
+// Leaving the `with` closes the session: a Generate on it fails as on a closed one.
+constexpr char kSessionScript[] = R"(
+import json, sys
+from kvlens import Client
+c = Client(sys.argv[1])
+out = {}
+with c.session() as sid:
+    out["first"] = c.generate(text="Once upon a time", max_new_tokens=4, session_id=sid)[0]
+    out["second"] = c.generate_scored(tokens=[29, 30], max_new_tokens=3, session_id=sid).tokens
+    kv = c.cached_kv_probe(sid, [31, 32], target=33)
+    out["objective"], out["cached"], out["precision"] = kv.objective, kv.num_cached, kv.precision
+    out["k"] = {str(l): a.ravel().tolist() for l, a in kv.tensors["grad.cached_k"].items()}
+    out["v"] = {str(l): a.ravel().tolist() for l, a in kv.tensors["grad.cached_v"].items()}
+    out["k0_shape"] = list(kv.get("grad.cached_k", 0).shape)
+    out["sid"] = sid
+try:
+    c.generate(tokens=[5], max_new_tokens=1, session_id=out["sid"])
+    out["closed"] = "OK"
+except Exception as e:
+    out["closed"] = e.code().name
+print(json.dumps(out))
+)";
+
+TEST(PythonClient, SessionsAndTheCachedKvProbeEqualTheCppStubs) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  const std::string script = ::testing::TempDir() + "kvlens_python_session_test.py";
+  std::ofstream(script) << kSessionScript;
+  const std::string cmd = "PYTHONPATH=" + std::string(KVLENS_SOURCE_DIR) +
+                          "/clients/python /usr/bin/python3 " + script + " " + server.address();
+  const auto [code, output] = RunCommand(cmd);
+  std::remove(script.c_str());
+  ASSERT_EQ(code, 0) << cmd << "\n" << output;
+  const nlohmann::json out = nlohmann::json::parse(output);
+
+  v1::OpenSessionResponse session;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(server.stub().OpenSession(&context, {}, &session).ok());
+  }
+  EXPECT_NE(session.session_id(), out["sid"].get<int64_t>());
+  v1::GenerateRequest first = GreedyRequest("Once upon a time", 4);
+  first.set_session_id(session.session_id());
+  const StreamResult a = RunGenerate(server.stub(), first);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  EXPECT_EQ(out["first"].get<std::vector<int32_t>>(), a.tokens);
+  v1::GenerateRequest second;
+  second.mutable_token_ids()->add_ids(29);
+  second.mutable_token_ids()->add_ids(30);
+  second.mutable_stopping()->set_max_new_tokens(3);
+  second.set_session_id(session.session_id());
+  const StreamResult b = RunGenerate(server.stub(), second);
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  EXPECT_EQ(out["second"].get<std::vector<int32_t>>(), b.tokens);
+
+  v1::CachedKvProbeRequest probe;
+  probe.set_session_id(session.session_id());
+  probe.add_new_tokens(31);
+  probe.add_new_tokens(32);
+  probe.set_target(33);
+  v1::CachedKvProbeResponse r;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status s = InterpretStub(server)->CachedKvProbe(&context, probe, &r);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_EQ(out["objective"].get<double>(), r.objective());
+  EXPECT_LT(r.objective(), 0.0);  // a log-probability
+  EXPECT_EQ(out["cached"].get<int>(), r.num_cached());
+  EXPECT_EQ(out["precision"].get<std::string>(), "PRECISION_FP32");
+  const ModelConfig& c = server.model().config;
+  EXPECT_EQ(out["k0_shape"].get<std::vector<int>>(),
+            (std::vector<int>{r.num_cached(), static_cast<int>(c.num_kv_heads * c.head_dim)}));
+  int tensors = 0;
+  for (const v1::Tensor& t : r.tensors()) {
+    const std::string key = t.name() == "grad.cached_k" ? "k" : "v";
+    EXPECT_EQ(out[key][absl::StrCat(t.layer())].get<std::vector<double>>(), DecodeTensor(t))
+        << t.name() << " " << t.layer();
+    ++tensors;
+  }
+  EXPECT_EQ(tensors, 2 * c.num_layers);
+  EXPECT_EQ(out["k"].size() + out["v"].size(), static_cast<size_t>(tensors));
+
+  v1::CloseSessionRequest close;
+  close.set_session_id(session.session_id());
+  v1::CloseSessionResponse closed;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(server.stub().CloseSession(&context, close, &closed).ok());
+  }
+  v1::GenerateRequest after = GreedyRequest("x", 1);
+  after.set_session_id(session.session_id());
+  const StreamResult gone = RunGenerate(server.stub(), after);
+  ASSERT_FALSE(gone.status.ok());
+  EXPECT_EQ(out["closed"].get<std::string>(),
+            absl::StatusCodeToString(static_cast<absl::StatusCode>(gone.status.error_code())));
+}
+
 }  // namespace
 }  // namespace kvlens::testing

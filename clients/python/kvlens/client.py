@@ -2,6 +2,7 @@
 attention maps [layer][head][query][key], gradients as each Tensor's shape."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Iterable, Optional, Sequence
 
@@ -52,9 +53,12 @@ def _input(text=None, tokens=None, session_id=None, add_bos=None, doc_ids=None, 
     return p
 
 
-def _generate_request(text, tokens, chat, max_new_tokens, steering):
-    """A GenerateRequest for one of text, tokens or chat, with its steering dicts."""
+def _generate_request(text, tokens, chat, max_new_tokens, steering, session_id=None):
+    """A GenerateRequest for one of text, tokens or chat, with its steering dicts; with
+    session_id, appended to that session's conversation."""
     req = gen.GenerateRequest()
+    if session_id is not None:
+        req.session_id = session_id
     if chat is not None:
         _chat(req.chat, chat)
     elif tokens is not None:
@@ -154,6 +158,17 @@ class GradientProbe:
         return self.tensors[name][(layer, head)]
 
 
+@dataclasses.dataclass
+class CachedKvProbe:
+    precision: str
+    objective: float  # J = log p(target | the last new token)
+    num_cached: int   # P, the session's cached positions
+    tensors: dict     # "grad.cached_k" / "grad.cached_v" → {layer: [P, n_kv_heads·d_head]}
+
+    def get(self, name: str, layer: int) -> np.ndarray:
+        return self.tensors[name][layer]
+
+
 class Client:
     def __init__(self, address: str, timeout: float = 300.0):
         self.channel = grpc.insecure_channel(address, options=[
@@ -196,7 +211,7 @@ class Client:
 
     def generate(self, text=None, tokens=None, max_new_tokens=32, attention_layers=None,
                  attention_heads=None, chat=None, steering=(), sampling=None, stop=(),
-                 min_new_tokens=0):
+                 min_new_tokens=0, session_id=None):
         """Generation, greedy unless `sampling` (a dict of SamplingParams fields:
         temperature, top_k, top_p, min_p, seed, repetition_penalty, frequency_penalty,
         presence_penalty, logit_bias {token: bias}) says otherwise; `stop` strings end the
@@ -211,8 +226,9 @@ class Client:
         d_model numbers, "coefficient": c} or {"sae": name, "feature": i, "coefficient": c}
         (a server SAE's decoder direction; list_saes()), each optionally with
         "start_position": p (added from position p on; the prompt's length: the generated
-        tokens only)."""
-        req = _generate_request(text, tokens, chat, max_new_tokens, steering)
+        tokens only). session_id (open_session()): the prompt continues that session's
+        conversation, of which only the new tokens are computed."""
+        req = _generate_request(text, tokens, chat, max_new_tokens, steering, session_id)
         _sampling_and_stopping(req, sampling, stop, min_new_tokens)
         if attention_layers is not None or attention_heads is not None:
             req.attention_rows.layers.extend(attention_layers or [])
@@ -226,12 +242,13 @@ class Client:
         return out_tokens, out_text, rows
 
     def generate_scored(self, text=None, tokens=None, max_new_tokens=32, top=0, chat=None,
-                        steering=(), sampling=None, stop=(), min_new_tokens=0) -> Generation:
+                        steering=(), sampling=None, stop=(), min_new_tokens=0,
+                        session_id=None) -> Generation:
         """generate() with each generated token's log-probability under the model (before
         the draw's penalties, bias and filters, as vLLM's logprobs) and its `top` (0 … 20)
         most likely tokens, and the finish reason ("length", "eos", "stop", "cancelled",
         "context"). The other arguments are generate()'s."""
-        req = _generate_request(text, tokens, chat, max_new_tokens, steering)
+        req = _generate_request(text, tokens, chat, max_new_tokens, steering, session_id)
         _sampling_and_stopping(req, sampling, stop, min_new_tokens)
         req.logprobs = True
         req.top_logprobs = top
@@ -248,6 +265,25 @@ class Client:
                           logprobs=np.array([e.logprob for e in entries], dtype=np.float64),
                           top=[[(t.token, t.logprob) for t in e.top] for e in entries],
                           finish_reason=finish[len("FINISH_REASON_"):].lower())
+
+    # --- Sessions: a conversation whose KV cache the server keeps between calls ---
+    def open_session(self) -> int:
+        return self.generation.OpenSession(gen.OpenSessionRequest(),
+                                           timeout=self.timeout).session_id
+
+    def close_session(self, session_id: int) -> None:
+        self.generation.CloseSession(gen.CloseSessionRequest(session_id=session_id),
+                                     timeout=self.timeout)
+
+    @contextlib.contextmanager
+    def session(self):
+        """with client.session() as sid: ... — the session is closed (its blocks freed)
+        on leaving, error or not."""
+        session_id = self.open_session()
+        try:
+            yield session_id
+        finally:
+            self.close_session(session_id)
 
     def score(self, text=None, tokens=None, top=0, chat=None, steering=()) -> PromptScores:
         """Scores a prompt on the serving path (Generate's prompt_logprobs, as vLLM's):
@@ -346,6 +382,21 @@ class Client:
                                  num_forwards=r.verify.num_forwards)
         return GradientProbe(precision=ip.Precision.Name(r.precision), objective=r.objective,
                              tokens=list(r.token_ids), tensors=tensors, verify=verify_report)
+
+    def cached_kv_probe(self, session_id: int, new_tokens: Iterable[int], target: int,
+                        fp64: bool = False) -> CachedKvProbe:
+        """Gradients with respect to an idle session's cached keys and values, read from the
+        server's live cache: J = log p(target | the last of new_tokens), the new tokens
+        placed after the P cached ones (and not added to the session)."""
+        req = ip.CachedKvProbeRequest(session_id=session_id,
+                                      new_tokens=[int(t) for t in new_tokens],
+                                      target=int(target), precision=_precision(fp64))
+        r = self.interpret.CachedKvProbe(req, timeout=self.timeout)
+        tensors = {}
+        for t in r.tensors:
+            tensors.setdefault(t.name, {})[t.layer] = decode(t.data, t.dtype, t.shape)
+        return CachedKvProbe(precision=ip.Precision.Name(r.precision), objective=r.objective,
+                             num_cached=r.num_cached, tensors=tensors)
 
     def intervene(self, text=None, tokens=None, ablations=(), mean=False, targets=(),
                   row_overrides=(), patches=(), patch_source=None, fp64=False, chat=None):
