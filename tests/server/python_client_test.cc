@@ -5,10 +5,12 @@
 // PYTHONPATH=clients/python.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -419,6 +421,65 @@ TEST(PythonClient, SessionsAndTheCachedKvProbeEqualTheCppStubs) {
   ASSERT_FALSE(gone.status.ok());
   EXPECT_EQ(out["closed"].get<std::string>(),
             absl::StatusCodeToString(static_cast<absl::StatusCode>(gone.status.error_code())));
+}
+
+// generate_stream(): the chunks as they arrive, which together are the C++ stub's greedy
+// tokens and text, the finish reason on the last; closed after its first token, the
+// stream is cancelled: the server counts a CANCELLED Generate (a short stream may finish
+// first, so up to 10 tries) and frees every block.
+constexpr char kStreamScript[] = R"(
+import json, sys, time, urllib.request
+from kvlens import Client
+c = Client(sys.argv[1])
+series = 'kvlens_requests_total{code="CANCELLED",rpc="Generate"} '
+def cancelled():
+    body = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[2]).read().decode()
+    return sum(float(l.split()[-1]) for l in body.splitlines() if l.startswith(series))
+chunks = list(c.generate_stream(text="Once upon a time", max_new_tokens=8))
+out = {"tokens": [t for ch in chunks for t in ch.tokens], "text": "".join(ch.text for ch in chunks),
+       "finish": [ch.finish_reason for ch in chunks], "tries": 0}
+while out["tries"] < 10 and cancelled() < 1:
+    out["tries"] += 1
+    s = c.generate_stream(text="Once upon a time", max_new_tokens=110, ignore_eos=True)
+    out["first"] = next(s).tokens
+    s.close()
+    deadline = time.time() + 5
+    while time.time() < deadline and cancelled() < 1:
+        time.sleep(0.01)
+out["cancelled"] = cancelled()
+print(json.dumps(out))
+)";
+
+TEST(PythonClient, StreamsChunksAndCancelsWhenClosed) {
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  const std::string script = ::testing::TempDir() + "kvlens_python_stream_test.py";
+  std::ofstream(script) << kStreamScript;
+  const std::string cmd =
+      absl::StrCat("PYTHONPATH=", KVLENS_SOURCE_DIR, "/clients/python /usr/bin/python3 ", script,
+                   " ", server.address(), " ", server.metrics_port());
+  const auto [code, output] = RunCommand(cmd);
+  std::remove(script.c_str());
+  ASSERT_EQ(code, 0) << cmd << "\n" << output;
+  const nlohmann::json out = nlohmann::json::parse(output);
+  const StreamResult want = RunGenerate(server.stub(), GreedyRequest("Once upon a time", 8));
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  ASSERT_EQ(want.tokens.size(), 8u);
+  EXPECT_EQ(out["tokens"].get<std::vector<int32_t>>(), want.tokens);
+  EXPECT_EQ(out["text"].get<std::string>(), want.text);
+  const nlohmann::json& finish = out["finish"];
+  ASSERT_GE(finish.size(), 2u);
+  for (size_t i = 0; i + 1 < finish.size(); ++i) EXPECT_TRUE(finish[i].is_null()) << i;
+  EXPECT_EQ(finish.back().get<std::string>(), "length");
+  EXPECT_EQ(out["first"].get<std::vector<int32_t>>().size(), 1u);
+  EXPECT_GE(out["cancelled"].get<double>(), 1.0) << "after " << out["tries"] << " tries";
+  bool freed = false;
+  for (int i = 0; i < 500 && !freed; ++i) {
+    const EngineStats stats = server.engine().Stats();
+    freed = stats.running == 0 && stats.blocks_used == 0;
+    if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(freed) << "blocks in use: " << server.engine().Stats().blocks_used;
 }
 
 }  // namespace

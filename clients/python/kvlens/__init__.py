@@ -7,4 +7,4 @@ plotting helpers (kvlens.plot) for attention heatmaps, saliency bars and head-sc
     maps.probs.shape   # (layers, heads, queries, keys)
 """
 from kvlens.client import (AttentionMaps, CachedKvProbe, Client, Generation,  # noqa: F401
-                           GradientProbe, PromptScores)
+                           GradientProbe, PromptScores, StreamChunk)

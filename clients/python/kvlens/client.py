@@ -124,6 +124,13 @@ class Generation:
 
 
 @dataclasses.dataclass
+class StreamChunk:
+    tokens: list                         # the token ids produced since the previous chunk
+    text: str                            # their text (never splits a UTF-8 character)
+    finish_reason: Optional[str] = None  # on the last chunk: "length", "eos", "stop", ...
+
+
+@dataclasses.dataclass
 class AttentionMaps:
     tokens: list
     layers: list
@@ -240,6 +247,29 @@ class Client:
             for row in chunk.attention_rows:
                 rows.append(np.asarray(row.probs, dtype=np.float64).reshape(-1, row.num_keys))
         return out_tokens, out_text, rows
+
+    def generate_stream(self, text=None, tokens=None, max_new_tokens=32, chat=None,
+                        steering=(), sampling=None, stop=(), min_new_tokens=0,
+                        session_id=None, ignore_eos=False):
+        """generate() as the server streams it: yields a StreamChunk as each arrives, the
+        last with its finish_reason. Closing the generator early (close(), or `break` and
+        dropping it) cancels the request, whose KV blocks the server frees at once.
+        ignore_eos: keep going past EOS. The other arguments are generate()'s."""
+        req = _generate_request(text, tokens, chat, max_new_tokens, steering, session_id)
+        _sampling_and_stopping(req, sampling, stop, min_new_tokens)
+        req.stopping.ignore_eos = ignore_eos
+        call = self.generation.Generate(req, timeout=self.timeout)
+        try:
+            for chunk in call:
+                finish = None
+                if chunk.HasField("final"):
+                    finish = gen.FinishReason.Name(chunk.final.finish_reason)
+                    finish = finish[len("FINISH_REASON_"):].lower()
+                if chunk.token_ids or chunk.text or finish is not None:
+                    yield StreamChunk(tokens=list(chunk.token_ids), text=chunk.text,
+                                      finish_reason=finish)
+        finally:
+            call.cancel()  # a no-op once the stream has ended
 
     def generate_scored(self, text=None, tokens=None, max_new_tokens=32, top=0, chat=None,
                         steering=(), sampling=None, stop=(), min_new_tokens=0,
