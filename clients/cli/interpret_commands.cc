@@ -126,6 +126,13 @@ int Prepare(int argc, char** argv, const char* command, const std::string& summa
   return -1;
 }
 
+// Exit code 2 with the field's name when a string field of `request` is not UTF-8 (which
+// gRPC would refuse without a word), else −1.
+int RefuseNonUtf8(const char* command, const google::protobuf::Message& request) {
+  const absl::Status s = CheckUtf8Fields(request);
+  return s.ok() ? -1 : Fail(command, std::string(s.message()), 2);
+}
+
 // A TokenTarget from --target-position (-1: the prompt's last) and --target-token or
 // --target-text; returns an exit code ≥ 0 to stop, or −1 to go on.
 int FillTarget(const Args& args, const v1::PromptInput& input, const char* command,
@@ -185,9 +192,7 @@ int AttentionCommand(int argc, char** argv) {
   request.set_induction_start(static_cast<int>(*start));
   grpc::ClientContext context;
   auto stub = Connect(*args, context);
-  if (absl::Status s = CheckUtf8Fields(request); !s.ok()) {
-    return Fail("attention", std::string(s.message()), 2);
-  }
+  if (int code = RefuseNonUtf8("attention", request); code >= 0) return code;
   auto reader = stub->AttentionMaps(&context, request);
   v1::AttentionMapsResponse m;
   while (reader->Read(&m)) {
@@ -259,9 +264,7 @@ int ProbeCommand(int argc, char** argv) {
   grpc::ClientContext context;
   auto stub = Connect(*args, context);
   v1::GradientProbeResponse response;
-  if (absl::Status s = CheckUtf8Fields(request); !s.ok()) {
-    return Fail("probe", std::string(s.message()), 2);
-  }
+  if (int code = RefuseNonUtf8("probe", request); code >= 0) return code;
   const grpc::Status status = stub->GradientProbe(&context, request, &response);
   if (!status.ok()) return Fail("probe", RpcErrorText(status), 1);
   std::printf("precision %s, J = log p(%d | position %d) = %.6f\n",
@@ -322,9 +325,7 @@ int InterveneCommand(int argc, char** argv) {
   grpc::ClientContext context;
   auto stub = Connect(*args, context);
   v1::InterveneResponse response;
-  if (absl::Status s = CheckUtf8Fields(request); !s.ok()) {
-    return Fail("intervene", std::string(s.message()), 2);
-  }
+  if (int code = RefuseNonUtf8("intervene", request); code >= 0) return code;
   const grpc::Status status = stub->Intervene(&context, request, &response);
   if (!status.ok()) return Fail("intervene", RpcErrorText(status), 1);
   std::printf("precision %s, %d ablation(s); max |logit change| %.6f\n",
@@ -380,9 +381,7 @@ int AttributeCommand(int argc, char** argv) {
   grpc::ClientContext context;
   auto stub = Connect(*args, context);
   v1::LogitAttributionResponse response;
-  if (absl::Status s = CheckUtf8Fields(request); !s.ok()) {
-    return Fail("attribute", std::string(s.message()), 2);
-  }
+  if (int code = RefuseNonUtf8("attribute", request); code >= 0) return code;
   const grpc::Status status = stub->LogitAttribution(&context, request, &response);
   if (!status.ok()) return Fail("attribute", RpcErrorText(status), 1);
   std::printf("precision %s, position %d: logit %.6f, sum of shares %.6f, final norm scale %.6g\n",
@@ -452,9 +451,7 @@ int SaeCommand(int argc, char** argv) {
   request.mutable_feature_ids()->Add(features->begin(), features->end());
   request.set_precision(PrecisionOf(*args));
   v1::SaeFeaturesResponse response;
-  if (absl::Status s = CheckUtf8Fields(request); !s.ok()) {
-    return Fail("sae", std::string(s.message()), 2);
-  }
+  if (int code = RefuseNonUtf8("sae", request); code >= 0) return code;
   const grpc::Status status = stub->SaeFeatures(&context, request, &response);
   if (!status.ok()) return Fail("sae", RpcErrorText(status), 1);
   const v1::SaeInfo& info = response.sae();
