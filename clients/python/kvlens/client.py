@@ -71,9 +71,9 @@ def _generate_request(text, tokens, chat, max_new_tokens, steering, session_id=N
     return req
 
 
-def _sampling_and_stopping(req, sampling, stop, min_new_tokens):
-    """SamplingParams fields from a dict (logit_bias {token: bias}), stop strings and
-    min_new_tokens onto a GenerateRequest."""
+def _sampling_and_stopping(req, sampling, stop, min_new_tokens, ignore_eos):
+    """SamplingParams fields from a dict (logit_bias {token: bias}), stop strings,
+    min_new_tokens and ignore_eos onto a GenerateRequest."""
     for field, value in (sampling or {}).items():
         if field == "logit_bias":
             for token, bias in value.items():
@@ -82,6 +82,7 @@ def _sampling_and_stopping(req, sampling, stop, min_new_tokens):
             setattr(req.sampling, field, value)  # an unknown field raises AttributeError
     req.stopping.stop.extend(stop)
     req.stopping.min_new_tokens = min_new_tokens
+    req.stopping.ignore_eos = ignore_eos
 
 
 def _steering(v, s: dict):
@@ -218,11 +219,12 @@ class Client:
 
     def generate(self, text=None, tokens=None, max_new_tokens=32, attention_layers=None,
                  attention_heads=None, chat=None, steering=(), sampling=None, stop=(),
-                 min_new_tokens=0, session_id=None):
+                 min_new_tokens=0, session_id=None, ignore_eos=False):
         """Generation, greedy unless `sampling` (a dict of SamplingParams fields:
         temperature, top_k, top_p, min_p, seed, repetition_penalty, frequency_penalty,
         presence_penalty, logit_bias {token: bias}) says otherwise; `stop` strings end the
-        output before them; min_new_tokens holds EOS back until that many tokens.
+        output before them; min_new_tokens holds EOS back until that many tokens;
+        ignore_eos keeps going past EOS.
         With attention_layers/heads (lists; [] = all) every token
         comes with its attention row: returns (tokens, text, rows) where rows[i] is a
         [layers, heads, keys] array for generated token i. chat: a conversation instead of
@@ -236,7 +238,7 @@ class Client:
         tokens only). session_id (open_session()): the prompt continues that session's
         conversation, of which only the new tokens are computed."""
         req = _generate_request(text, tokens, chat, max_new_tokens, steering, session_id)
-        _sampling_and_stopping(req, sampling, stop, min_new_tokens)
+        _sampling_and_stopping(req, sampling, stop, min_new_tokens, ignore_eos)
         if attention_layers is not None or attention_heads is not None:
             req.attention_rows.layers.extend(attention_layers or [])
             req.attention_rows.heads.extend(attention_heads or [])
@@ -254,10 +256,9 @@ class Client:
         """generate() as the server streams it: yields a StreamChunk as each arrives, the
         last with its finish_reason. Closing the generator early (close(), or `break` and
         dropping it) cancels the request, whose KV blocks the server frees at once.
-        ignore_eos: keep going past EOS. The other arguments are generate()'s."""
+        The arguments are generate()'s."""
         req = _generate_request(text, tokens, chat, max_new_tokens, steering, session_id)
-        _sampling_and_stopping(req, sampling, stop, min_new_tokens)
-        req.stopping.ignore_eos = ignore_eos
+        _sampling_and_stopping(req, sampling, stop, min_new_tokens, ignore_eos)
         call = self.generation.Generate(req, timeout=self.timeout)
         try:
             for chunk in call:
@@ -273,13 +274,13 @@ class Client:
 
     def generate_scored(self, text=None, tokens=None, max_new_tokens=32, top=0, chat=None,
                         steering=(), sampling=None, stop=(), min_new_tokens=0,
-                        session_id=None) -> Generation:
+                        session_id=None, ignore_eos=False) -> Generation:
         """generate() with each generated token's log-probability under the model (before
         the draw's penalties, bias and filters, as vLLM's logprobs) and its `top` (0 … 20)
         most likely tokens, and the finish reason ("length", "eos", "stop", "cancelled",
         "context"). The other arguments are generate()'s."""
         req = _generate_request(text, tokens, chat, max_new_tokens, steering, session_id)
-        _sampling_and_stopping(req, sampling, stop, min_new_tokens)
+        _sampling_and_stopping(req, sampling, stop, min_new_tokens, ignore_eos)
         req.logprobs = True
         req.top_logprobs = top
         tokens, text, entries, finish = [], "", [], ""
