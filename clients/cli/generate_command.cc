@@ -41,6 +41,12 @@ const std::vector<FlagSpec>& Specs() {
        "reply is printed",
        true},
       {"system", "", "with --chat: a system message before the user's"},
+      {"interactive", "",
+       "with --server: a conversation in the model's chat template, read from stdin a line a "
+       "turn (\"/reset\" forgets the turns, \"/exit\" or end of input ends); each reply is "
+       "streamed and kept as the assistant's turn, and each turn sends the whole "
+       "conversation, whose earlier turns the server's prefix cache holds",
+       true},
       {"chat-template", "",
        "with --chat, local models: the format to write the conversation in instead of the "
        "model's own (chatml, llama3, mistral-v7, gemma, phi3, ...; kvlens-server's "
@@ -180,6 +186,9 @@ int GenerateCommand(int argc, char** argv) {
   }
   if (args->Has("server")) return RemoteGenerate(*args);
   if (!args->Has("model")) return fail(absl::InvalidArgumentError("--model is required"), 2);
+  if (args->Switch("interactive")) {
+    return fail(absl::InvalidArgumentError("--interactive needs --server"), 2);
+  }
 
   GenerateOptions options;
   auto max_new = args->Int("max-new-tokens", 0, 1 << 20);

@@ -1,6 +1,7 @@
 #include "clients/cli/remote_generate.h"
 
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <iostream>
 #include <memory>
@@ -64,9 +65,9 @@ void AppendScored(const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& en
   }
 }
 
-}  // namespace
-
-int RemoteGenerate(const Args& args) {
+// The request the flags describe, without its prompt; or exit code 2 with the error
+// printed.
+absl::StatusOr<v1::GenerateRequest> RequestFromFlags(const Args& args) {
   auto max_new = args.Int("max-new-tokens", 1, 1 << 20);
   auto min_new = args.Int("min-new-tokens", 0, 1 << 20);
   auto temperature = args.Double("temperature", 0, 100);
@@ -86,33 +87,17 @@ int RemoteGenerate(const Args& args) {
        {max_new.status(), min_new.status(), temperature.status(), top_k.status(), top_p.status(),
         min_p.status(), rep.status(), frequency.status(), presence.status(), seed.status(),
         prompt_logprobs.status(), logprobs.status()}) {
-    if (!s.ok()) return Fail(s, 2);
+    if (!s.ok()) return s;
   }
   if (*min_new > *max_new) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--min-new-tokens = ", *min_new, " must be <= --max-new-tokens = ", *max_new)),
-                2);
+    return absl::InvalidArgumentError(
+        absl::StrCat("--min-new-tokens = ", *min_new, " must be <= --max-new-tokens = ", *max_new));
   }
-
-  v1::GenerateRequest request;
-  const bool chat = args.Switch("chat") || args.Has("system");
   if (args.Has("chat-template")) {
-    return Fail(absl::InvalidArgumentError(
-                    "--chat-template applies to local models; start kvlens-server with it"),
-                2);
+    return absl::InvalidArgumentError(
+        "--chat-template applies to local models; start kvlens-server with it");
   }
-  if (chat) {  // the server writes the conversation in the model's chat template
-    if (args.Has("system")) {
-      v1::ChatMessage* m = request.mutable_chat()->add_messages();
-      m->set_role("system");
-      m->set_content(args.Str("system"));
-    }
-    v1::ChatMessage* m = request.mutable_chat()->add_messages();
-    m->set_role("user");
-    m->set_content(args.Str("prompt"));
-  } else {
-    request.set_text(args.Str("prompt"));
-  }
+  v1::GenerateRequest request;
   if (args.Switch("no-bos")) request.set_add_bos(false);  // else the model's own default
   request.set_parse_special(!args.Switch("no-parse-special"));
   v1::SamplingParams* sampling = request.mutable_sampling();
@@ -128,7 +113,7 @@ int RemoteGenerate(const Args& args) {
   if (args.Has("logit-bias")) {
     absl::StatusOr<std::vector<std::pair<int32_t, float>>> bias =
         ParseLogitBiasFlag(absl::StrJoin(args.All("logit-bias"), ","));
-    if (!bias.ok()) return Fail(bias.status(), 2);
+    if (!bias.ok()) return bias.status();
     for (const auto& [id, value] : *bias) (*sampling->mutable_logit_bias())[id] = value;
   }
   request.mutable_stopping()->set_max_new_tokens(static_cast<int32_t>(*max_new));
@@ -137,10 +122,9 @@ int RemoteGenerate(const Args& args) {
   for (const std::string& stop : args.All("stop")) request.mutable_stopping()->add_stop(stop);
   if (args.Has("steer")) {
     absl::StatusOr<std::vector<SteeringSpec>> steer = ParseSteeringFlag(args.Str("steer"));
-    if (!steer.ok()) return Fail(steer.status(), 2);
+    if (!steer.ok()) return steer.status();
     AddSteering(*steer, &request);
   }
-
   if (*prompt_logprobs >= 0) {
     request.set_prompt_logprobs(static_cast<int32_t>(*prompt_logprobs));
   }
@@ -148,19 +132,21 @@ int RemoteGenerate(const Args& args) {
     request.set_logprobs(true);
     request.set_top_logprobs(static_cast<int32_t>(*logprobs));
   }
+  return request;
+}
 
+// Streams one request's reply to stdout (after `shown_prompt`, printed with the first
+// message, so a refused request prints only its error), then the tables and stats the
+// flags ask for on stderr. Returns the exit code; `reply` gets the streamed text.
+int RunRequest(const Args& args, v1::Generation::Stub& stub, const v1::GenerateRequest& request,
+               const std::string& shown_prompt, std::string* reply) {
   if (absl::Status s = CheckUtf8Fields(request); !s.ok()) return Fail(s, 2);
-
-  auto channel = grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials());
-  auto stub = v1::Generation::NewStub(channel);
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
-      stub->Generate(&context, request);
-  // As offline: the prompt (with the first message, so a refused request prints only its
-  // error), then the completion.
+      stub.Generate(&context, request);
   bool shown = false;
   auto show_prompt = [&] {
-    if (!shown && !chat) std::cout << args.Str("prompt") << std::flush;
+    if (!shown) std::cout << shown_prompt << std::flush;
     shown = true;
   };
   v1::GenerateResponse chunk;
@@ -169,6 +155,7 @@ int RemoteGenerate(const Args& args) {
   while (reader->Read(&chunk)) {
     show_prompt();
     std::cout << chunk.text() << std::flush;
+    reply->append(chunk.text());
     AppendScored(chunk.logprobs(), &generated);
     AppendScored(chunk.prompt_logprobs(), &scored);
     if (chunk.has_final()) final = chunk.final();
@@ -180,9 +167,9 @@ int RemoteGenerate(const Args& args) {
     std::cerr << "kvlens-cli generate: " << RpcErrorText(status) << "\n";
     return 1;
   }
-  auto piece = [&](int32_t token) { return ServerPiece(*stub, token); };
-  if (*prompt_logprobs >= 0) PrintPromptLogprobs(std::cerr, scored, piece);
-  if (*logprobs >= 0) {
+  auto piece = [&](int32_t token) { return ServerPiece(stub, token); };
+  if (request.has_prompt_logprobs()) PrintPromptLogprobs(std::cerr, scored, piece);
+  if (request.logprobs()) {
     PrintLogprobsTable(std::cerr, generated, final.usage().prompt_tokens(), "generated", piece);
   }
   if (args.Switch("stats")) {
@@ -199,6 +186,72 @@ int RemoteGenerate(const Args& args) {
         FinishName(final.finish_reason()));
   }
   return 0;
+}
+
+// --interactive: a conversation read from stdin a line a turn, each sent whole (the
+// server's prefix cache keeps the earlier turns' blocks), each reply streamed and kept
+// as the assistant's turn. "/reset" forgets the turns (not --system), "/exit" or end of
+// input ends; a refused turn is dropped and the conversation goes on (the exit code is
+// then the last refusal's).
+int Converse(const Args& args, v1::Generation::Stub& stub, const v1::GenerateRequest& base) {
+  std::vector<std::pair<std::string, std::string>> turns;  // (role, content)
+  if (args.Has("system")) turns.emplace_back("system", args.Str("system"));
+  const size_t kept = turns.size();
+  const bool terminal = isatty(STDIN_FILENO) != 0;
+  int code = 0;
+  std::string line;
+  while (true) {
+    if (terminal) std::cerr << "> " << std::flush;
+    if (!std::getline(std::cin, line) || line == "/exit") break;
+    if (line == "/reset") {
+      turns.resize(kept);
+      continue;
+    }
+    if (line.empty()) continue;
+    v1::GenerateRequest request = base;
+    for (const auto& [role, content] : turns) {
+      v1::ChatMessage* m = request.mutable_chat()->add_messages();
+      m->set_role(role);
+      m->set_content(content);
+    }
+    v1::ChatMessage* m = request.mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content(line);
+    std::string reply;
+    if (const int turn = RunRequest(args, stub, request, "", &reply); turn != 0) {
+      code = turn;
+      continue;
+    }
+    turns.emplace_back("user", line);
+    turns.emplace_back("assistant", reply);
+  }
+  return code;
+}
+
+}  // namespace
+
+int RemoteGenerate(const Args& args) {
+  absl::StatusOr<v1::GenerateRequest> request = RequestFromFlags(args);
+  if (!request.ok()) return Fail(request.status(), 2);
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials()));
+  if (args.Switch("interactive")) return Converse(args, *stub, *request);
+  // As offline: the prompt, then the completion; with --chat the reply alone.
+  const bool chat = args.Switch("chat") || args.Has("system");
+  if (chat) {  // the server writes the conversation in the model's chat template
+    if (args.Has("system")) {
+      v1::ChatMessage* m = request->mutable_chat()->add_messages();
+      m->set_role("system");
+      m->set_content(args.Str("system"));
+    }
+    v1::ChatMessage* m = request->mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content(args.Str("prompt"));
+  } else {
+    request->set_text(args.Str("prompt"));
+  }
+  std::string reply;
+  return RunRequest(args, *stub, *request, chat ? "" : args.Str("prompt"), &reply);
 }
 
 }  // namespace kvlens::cli

@@ -8,7 +8,8 @@
 namespace kvlens::cli {
 
 // Uses the generate flags that make sense remotely (prompt, sampling, stopping, steering,
-// prompt log-probabilities, stats); returns the process exit code.
+// prompt log-probabilities, stats; --interactive: a conversation read from stdin);
+// returns the process exit code.
 int RemoteGenerate(const Args& args);
 
 }  // namespace kvlens::cli

@@ -1,0 +1,82 @@
+// kvlens-cli generate --server --interactive: a conversation read from stdin. Each turn's
+// reply is the C++ stub's Generate of the whole conversation so far (the earlier replies
+// as the assistant's turns) in the model's chat template; the second turn finds the
+// first's blocks in the prefix cache; "/reset" forgets the turns (the third reply, to the
+// first question again, is the first reply); a refused turn (text that is not UTF-8) is
+// dropped and the conversation goes on. The model is stories260K with a ChatML
+// template written into its GGUF (as the Python client's chat test).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "tests/oracle/oracle_runner.h"
+#include "tests/server/server_test_util.h"
+#include "tests/test_paths.h"
+
+namespace kvlens::testing {
+namespace {
+
+// The reply the server gives to `messages` ((role, content) pairs), 6 greedy tokens.
+std::string Reply(TestServer& server, const std::vector<std::pair<std::string, std::string>>& m) {
+  v1::GenerateRequest request;
+  for (const auto& [role, content] : m) {
+    v1::ChatMessage* message = request.mutable_chat()->add_messages();
+    message->set_role(role);
+    message->set_content(content);
+  }
+  request.mutable_stopping()->set_max_new_tokens(6);
+  const StreamResult r = RunGenerate(server.stub(), request);
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  return r.text;
+}
+
+TEST(GenerateCliInteractive, EachTurnIsTheWholeConversationsReply) {
+  KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));
+  ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path =
+      MakeQuantizedModel("--tokenizer " + TestData("stories260K/stories260K.gguf") +
+                         " --chat-template '{{ \"<|im_start|>\" + message.role }}'");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  TestServer server(path, TestServer::DefaultOptions());
+  std::remove(path.c_str());
+  ASSERT_TRUE(server.ok()) << server.error();
+
+  const std::string stats = ::testing::TempDir() + "kvlens_interactive_stats.txt";
+  const auto [code, out] = RunCommand(absl::StrCat(
+      "printf 'Tell me a story\\n\\377\\nWhat did Lily do?\\n/reset\\n\\nTell me a story\\n' | "
+      "timeout 60 ",
+      KVLENS_CLI_PATH, " generate --server ", server.address(),
+      " --interactive --system 'Be kind.' --max-new-tokens 6 --stats 2>", stats));
+  EXPECT_EQ(code, 2) << out;  // the refused turn's
+  const auto [cat_code, stderr_text] = RunCommand("cat " + stats);
+  std::remove(stats.c_str());
+
+  const std::string first = Reply(server, {{"system", "Be kind."}, {"user", "Tell me a story"}});
+  const std::string second = Reply(server, {{"system", "Be kind."},
+                                            {"user", "Tell me a story"},
+                                            {"assistant", first},
+                                            {"user", "What did Lily do?"}});
+  ASSERT_FALSE(first.empty());
+  EXPECT_EQ(out, absl::StrCat(first, "\n", second, "\n", first, "\n"));
+  // One stats line a turn, the refused one's error in its place: the second turn's prompt
+  // starts with the first's, cached.
+  const std::vector<std::string> lines = absl::StrSplit(stderr_text, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 4u) << stderr_text;
+  EXPECT_NE(lines[0].find("(0 cached)"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("chat.messages[3].content is not valid UTF-8: byte 0xff"),
+            std::string::npos)
+      << lines[1];
+  EXPECT_EQ(lines[2].find("(0 cached)"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[2].find(" cached)"), std::string::npos) << lines[2];
+
+  const auto [local_code, local] = RunCommand(absl::StrCat(
+      KVLENS_CLI_PATH, " generate --model ", Stories260KPath(), " --interactive < /dev/null 2>&1"));
+  EXPECT_EQ(local_code, 2) << local;
+  EXPECT_NE(local.find("--interactive needs --server"), std::string::npos) << local;
+}
+
+}  // namespace
+}  // namespace kvlens::testing
