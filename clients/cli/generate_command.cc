@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "clients/cli/args.h"
 #include "clients/cli/commands.h"
+#include "clients/cli/conversation.h"
 #include "clients/cli/local_backend.h"
 #include "clients/cli/logit_bias_flag.h"
 #include "clients/cli/logprobs_table.h"
@@ -42,10 +43,10 @@ const std::vector<FlagSpec>& Specs() {
        true},
       {"system", "", "with --chat: a system message before the user's"},
       {"interactive", "",
-       "with --server: a conversation in the model's chat template, read from stdin a line a "
-       "turn (\"/reset\" forgets the turns, \"/exit\" or end of input ends); each reply is "
-       "streamed and kept as the assistant's turn, and each turn sends the whole "
-       "conversation, whose earlier turns the server's prefix cache holds",
+       "a conversation in the model's chat template, read from stdin a line a turn "
+       "(\"/reset\" forgets the turns, \"/exit\" or end of input ends); each reply is "
+       "streamed and kept as the assistant's turn; each turn runs the whole conversation "
+       "(with --server the prefix cache holds the earlier turns; locally it is recomputed)",
        true},
       {"chat-template", "",
        "with --chat, local models: the format to write the conversation in instead of the "
@@ -116,7 +117,7 @@ template <typename T>
 int Run(const Model& model, kernels::Backend<T>& backend, std::string_view backend_description,
         const std::vector<int32_t>& prompt, const std::string& prompt_text,
         const GenerateOptions& options, const std::vector<std::string>& stops, bool stats,
-        std::vector<ScoredToken>* generated) {
+        std::vector<ScoredToken>* generated, std::string* reply = nullptr) {
   IncrementalDecoder decoder(*model.tokenizer);
   for (int32_t id : prompt) decoder.Push(id);  // the prompt is printed as given
   // The prompt is printed with the first token (or at the end), so a request the generator
@@ -134,6 +135,7 @@ int Run(const Model& model, kernels::Backend<T>& backend, std::string_view backe
     const StopMatcher::Result text = stop_matcher.Push(decoder.Push(token));
     show_prompt();
     std::cout << text.emit << std::flush;
+    if (reply != nullptr) reply->append(text.emit);
     stopped = text.matched;
     return !stopped;
   });
@@ -144,8 +146,9 @@ int Run(const Model& model, kernels::Backend<T>& backend, std::string_view backe
   }
   show_prompt();
   if (stopped) result->finish_reason = FinishReason::kStop;
-  std::cout << (stopped ? "" : stop_matcher.Flush(decoder.Flush()))
-            << std::endl;  // (tables follow on stderr)
+  const std::string tail = stopped ? "" : stop_matcher.Flush(decoder.Flush());
+  if (reply != nullptr) reply->append(tail);
+  std::cout << tail << std::endl;  // (tables follow on stderr)
   for (size_t i = 0; generated != nullptr && i < result->tokens.size(); ++i) {
     ScoredToken& t = generated->emplace_back();
     t.token = result->tokens[i];
@@ -186,9 +189,6 @@ int GenerateCommand(int argc, char** argv) {
   }
   if (args->Has("server")) return RemoteGenerate(*args);
   if (!args->Has("model")) return fail(absl::InvalidArgumentError("--model is required"), 2);
-  if (args->Switch("interactive")) {
-    return fail(absl::InvalidArgumentError("--interactive needs --server"), 2);
-  }
 
   GenerateOptions options;
   auto max_new = args->Int("max-new-tokens", 0, 1 << 20);
@@ -256,7 +256,8 @@ int GenerateCommand(int argc, char** argv) {
   std::string prompt_text = args->Str("prompt");
   std::string shown = prompt_text;  // what is printed before the completion
   bool parse_special = !args->Switch("no-parse-special");
-  if (args->Switch("chat") || args->Has("system")) {
+  const bool interactive = args->Switch("interactive");
+  if (args->Switch("chat") || args->Has("system") || interactive) {
     if (args->Has("chat-template")) {
       auto f = ChatFormatByName(args->Str("chat-template"));
       if (!f.ok()) return fail(f.status(), 2);
@@ -268,6 +269,28 @@ int GenerateCommand(int argc, char** argv) {
                       "name one with --chat-template"),
                   2);
     }
+  }
+  if (interactive) {
+    // Each turn runs the whole conversation from an empty cache (kvlens-server's prefix
+    // cache spares that); the exit code is the last refused turn's, else 0.
+    const bool bos = !args->Switch("no-bos") && tok.adds_bos();
+    const std::vector<std::string> stops = args->All("stop");
+    return Converse(*args, [&](const Turns& turns, std::string* reply) {
+      std::vector<ChatMessage> messages;
+      for (const auto& [role, content] : turns) messages.push_back({role, content});
+      auto text = ApplyChatTemplate(*(*model)->chat_format, messages, true);
+      if (!text.ok()) return fail(text.status(), 2);
+      const std::vector<int32_t> prompt = tok.EncodeWithSpecialTokens(*text, bos);
+      if (local.fp64) {
+        kernels::ReferenceBackend backend;
+        return Run<double>(**model, backend, backend.name(), prompt, "", options, stops,
+                           args->Switch("stats"), nullptr, reply);
+      }
+      return Run<float>(**model, *local.fp32.backend, local.fp32.description, prompt, "", options,
+                        stops, args->Switch("stats"), nullptr, reply);
+    });
+  }
+  if (args->Switch("chat") || args->Has("system")) {
     std::vector<ChatMessage> messages;
     if (args->Has("system")) messages.push_back({"system", args->Str("system")});
     messages.push_back({"user", prompt_text});

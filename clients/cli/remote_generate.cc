@@ -1,7 +1,6 @@
 #include "clients/cli/remote_generate.h"
 
 #include <grpcpp/grpcpp.h>
-#include <unistd.h>
 
 #include <iostream>
 #include <memory>
@@ -12,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "clients/cli/conversation.h"
 #include "clients/cli/logit_bias_flag.h"
 #include "clients/cli/logprobs_table.h"
 #include "clients/cli/rpc_error.h"
@@ -188,46 +188,6 @@ int RunRequest(const Args& args, v1::Generation::Stub& stub, const v1::GenerateR
   return 0;
 }
 
-// --interactive: a conversation read from stdin a line a turn, each sent whole (the
-// server's prefix cache keeps the earlier turns' blocks), each reply streamed and kept
-// as the assistant's turn. "/reset" forgets the turns (not --system), "/exit" or end of
-// input ends; a refused turn is dropped and the conversation goes on (the exit code is
-// then the last refusal's).
-int Converse(const Args& args, v1::Generation::Stub& stub, const v1::GenerateRequest& base) {
-  std::vector<std::pair<std::string, std::string>> turns;  // (role, content)
-  if (args.Has("system")) turns.emplace_back("system", args.Str("system"));
-  const size_t kept = turns.size();
-  const bool terminal = isatty(STDIN_FILENO) != 0;
-  int code = 0;
-  std::string line;
-  while (true) {
-    if (terminal) std::cerr << "> " << std::flush;
-    if (!std::getline(std::cin, line) || line == "/exit") break;
-    if (line == "/reset") {
-      turns.resize(kept);
-      continue;
-    }
-    if (line.empty()) continue;
-    v1::GenerateRequest request = base;
-    for (const auto& [role, content] : turns) {
-      v1::ChatMessage* m = request.mutable_chat()->add_messages();
-      m->set_role(role);
-      m->set_content(content);
-    }
-    v1::ChatMessage* m = request.mutable_chat()->add_messages();
-    m->set_role("user");
-    m->set_content(line);
-    std::string reply;
-    if (const int turn = RunRequest(args, stub, request, "", &reply); turn != 0) {
-      code = turn;
-      continue;
-    }
-    turns.emplace_back("user", line);
-    turns.emplace_back("assistant", reply);
-  }
-  return code;
-}
-
 }  // namespace
 
 int RemoteGenerate(const Args& args) {
@@ -235,7 +195,17 @@ int RemoteGenerate(const Args& args) {
   if (!request.ok()) return Fail(request.status(), 2);
   auto stub = v1::Generation::NewStub(
       grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials()));
-  if (args.Switch("interactive")) return Converse(args, *stub, *request);
+  if (args.Switch("interactive")) {
+    return Converse(args, [&](const Turns& turns, std::string* reply) {
+      v1::GenerateRequest turn = *request;
+      for (const auto& [role, content] : turns) {
+        v1::ChatMessage* m = turn.mutable_chat()->add_messages();
+        m->set_role(role);
+        m->set_content(content);
+      }
+      return RunRequest(args, *stub, turn, "", reply);
+    });
+  }
   // As offline: the prompt, then the completion; with --chat the reply alone.
   const bool chat = args.Switch("chat") || args.Has("system");
   if (chat) {  // the server writes the conversation in the model's chat template

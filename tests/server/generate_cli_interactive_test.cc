@@ -3,7 +3,8 @@
 // as the assistant's turns) in the model's chat template; the second turn finds the
 // first's blocks in the prefix cache; "/reset" forgets the turns (the third reply, to the
 // first question again, is the first reply); a refused turn (text that is not UTF-8) is
-// dropped and the conversation goes on. The model is stories260K with a ChatML
+// dropped and the conversation goes on; a local model file holds the same conversation.
+// The model is stories260K with a ChatML
 // template written into its GGUF (as the Python client's chat test).
 #include <cstdio>
 #include <string>
@@ -41,15 +42,15 @@ TEST(GenerateCliInteractive, EachTurnIsTheWholeConversationsReply) {
                          " --chat-template '{{ \"<|im_start|>\" + message.role }}'");
   ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
   TestServer server(path, TestServer::DefaultOptions());
-  std::remove(path.c_str());
   ASSERT_TRUE(server.ok()) << server.error();
 
+  const std::string input =
+      "printf 'Tell me a story\\n\\377\\nWhat did Lily do?\\n/reset\\n\\nTell me a story\\n' | ";
+  const std::string flags = " --interactive --system 'Be kind.' --max-new-tokens 6 ";
   const std::string stats = ::testing::TempDir() + "kvlens_interactive_stats.txt";
-  const auto [code, out] = RunCommand(absl::StrCat(
-      "printf 'Tell me a story\\n\\377\\nWhat did Lily do?\\n/reset\\n\\nTell me a story\\n' | "
-      "timeout 60 ",
-      KVLENS_CLI_PATH, " generate --server ", server.address(),
-      " --interactive --system 'Be kind.' --max-new-tokens 6 --stats 2>", stats));
+  const auto [code, out] =
+      RunCommand(absl::StrCat(input, "timeout 60 ", KVLENS_CLI_PATH, " generate --server ",
+                              server.address(), flags, "--stats 2>", stats));
   EXPECT_EQ(code, 2) << out;  // the refused turn's
   const auto [cat_code, stderr_text] = RunCommand("cat " + stats);
   std::remove(stats.c_str());
@@ -72,10 +73,19 @@ TEST(GenerateCliInteractive, EachTurnIsTheWholeConversationsReply) {
   EXPECT_EQ(lines[2].find("(0 cached)"), std::string::npos) << lines[2];
   EXPECT_NE(lines[2].find(" cached)"), std::string::npos) << lines[2];
 
+  // The same conversation on the local model file (which takes any bytes: the line that
+  // is not UTF-8 left out): the same replies, each turn computed from an empty cache.
   const auto [local_code, local] = RunCommand(absl::StrCat(
-      KVLENS_CLI_PATH, " generate --model ", Stories260KPath(), " --interactive < /dev/null 2>&1"));
-  EXPECT_EQ(local_code, 2) << local;
-  EXPECT_NE(local.find("--interactive needs --server"), std::string::npos) << local;
+      "printf 'Tell me a story\\nWhat did Lily do?\\n/reset\\nTell me a story\\n' | timeout 60 ",
+      KVLENS_CLI_PATH, " generate --model ", path, flags));
+  std::remove(path.c_str());
+  EXPECT_EQ(local_code, 0) << local;
+  EXPECT_EQ(local, out);
+  // Without a chat template the conversation cannot be written.
+  const auto [plain_code, plain] = RunCommand(absl::StrCat(
+      "echo hi | ", KVLENS_CLI_PATH, " generate --model ", Stories260KPath(), flags, "2>&1"));
+  EXPECT_EQ(plain_code, 2) << plain;
+  EXPECT_NE(plain.find("chat template is missing"), std::string::npos) << plain;
 }
 
 }  // namespace
