@@ -65,8 +65,7 @@ void AppendScored(const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& en
   }
 }
 
-// The request the flags describe, without its prompt; or exit code 2 with the error
-// printed.
+// The request the flags describe, without its prompt; INVALID_ARGUMENT naming a bad flag.
 absl::StatusOr<v1::GenerateRequest> RequestFromFlags(const Args& args) {
   auto max_new = args.Int("max-new-tokens", 1, 1 << 20);
   auto min_new = args.Int("min-new-tokens", 0, 1 << 20);
