@@ -14,6 +14,7 @@ int ProbeCommand(int argc, char** argv);      // argv[1] == "probe"
 int InterveneCommand(int argc, char** argv);  // argv[1] == "intervene"
 int AttributeCommand(int argc, char** argv);  // argv[1] == "attribute"
 int SaeCommand(int argc, char** argv);        // argv[1] == "sae"
+int LensCommand(int argc, char** argv);       // argv[1] == "lens"
 int HealthCommand(int argc, char** argv);     // argv[1] == "health"
 
 }  // namespace kvlens::cli

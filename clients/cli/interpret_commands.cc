@@ -9,11 +9,13 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "clients/cli/args.h"
 #include "clients/cli/commands.h"
@@ -111,6 +113,24 @@ std::vector<double> Decode(const std::string& bytes, v1::DType dtype) {
     }
   }
   return out;
+}
+
+// A token's text in double quotes, control characters and quotes escaped (\n, \x01).
+std::string Quoted(const std::string& piece) {
+  std::string out = "\"";
+  for (const char c : piece) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\x%02x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
 }
 
 // Parses common flags; returns an exit code ≥ 0 to stop, or −1 to go on.
@@ -406,6 +426,64 @@ int AttributeCommand(int argc, char** argv) {
   if (response.neurons_size() > 0) {
     std::printf("neurons:\n");
     for (const v1::Attribution& a : response.neurons()) print(a);
+  }
+  return 0;
+}
+
+int LensCommand(int argc, char** argv) {
+  std::vector<FlagSpec> specs = CommonSpecs();
+  specs.push_back({"positions", "", "positions whose next token is read, \"2 5\" (default: last)"});
+  specs.push_back({"top-k", "5", "tokens printed per layer, most likely first"});
+  absl::StatusOr<Args> args;
+  if (int code = Prepare(argc, argv, "lens",
+                         "Logit lens: at each layer's residual stream (0: the embeddings; L: "
+                         "the model's own output), the next tokens the final norm and "
+                         "unembedding read from it, with their log-probabilities.",
+                         specs, args);
+      code >= 0) {
+    return code;
+  }
+  v1::LogitLensRequest request;
+  if (absl::Status s = FillInput(*args, request.mutable_input()); !s.ok()) {
+    return Fail("lens", std::string(s.message()), 2);
+  }
+  auto positions = ParseInts(args->Str("positions"), "positions");
+  auto top_k = args->Int("top-k", 1, 100);
+  for (const absl::Status& s : {positions.status(), top_k.status()}) {
+    if (!s.ok()) return Fail("lens", std::string(s.message()), 2);
+  }
+  request.mutable_positions()->Add(positions->begin(), positions->end());
+  request.set_top_k(static_cast<int>(*top_k));
+  request.set_precision(PrecisionOf(*args));
+  if (int code = RefuseNonUtf8("lens", request); code >= 0) return code;
+  grpc::ClientContext context;
+  auto stub = Connect(*args, context);
+  v1::LogitLensResponse response;
+  const grpc::Status status = stub->LogitLens(&context, request, &response);
+  if (!status.ok()) return Fail("lens", RpcErrorText(status), 1);
+  std::printf("precision %s\n", PrecisionName(response.precision()));
+  std::vector<int> order;  // the rows are layer-major: one table a position
+  for (const v1::LensRow& row : response.rows()) {
+    if (std::find(order.begin(), order.end(), row.position()) == order.end()) {
+      order.push_back(row.position());
+    }
+  }
+  std::vector<int32_t> ids;
+  for (const v1::LensRow& row : response.rows()) {
+    for (const v1::LensToken& t : row.top()) ids.push_back(t.token());
+  }
+  absl::StatusOr<std::map<int32_t, std::string>> texts = ServerTokenTexts(*args, ids);
+  if (!texts.ok()) return Fail("lens", std::string(texts.status().message()), 1);
+  for (int position : order) {
+    std::printf("position %d:\n%6s  %s\n", position, "layer", "top tokens (log-prob)");
+    for (const v1::LensRow& row : response.rows()) {
+      if (row.position() != position) continue;
+      std::printf("%6d ", row.layer());
+      for (const v1::LensToken& t : row.top()) {
+        std::printf(" %s %.3f", Quoted(texts->at(t.token())).c_str(), t.logprob());
+      }
+      std::printf("\n");
+    }
   }
   return 0;
 }

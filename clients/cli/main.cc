@@ -13,13 +13,14 @@ constexpr char kUsage[] =
     "commands:\n"
     "  generate   generate text from a prompt with a local model (GGUF or llama2.c .bin),\n"
     "             or with a kvlens-server (--server HOST:PORT)\n"
-    "  tokenize   print the token ids of a text, separated by spaces\n"
+    "  tokenize   print the token ids of a text (a local model's or a server's tokenizer)\n"
     "  perplexity a local model's perplexity on a text file\n"
     "  attention  attention maps and per-head scores from a kvlens-server\n"
     "  probe      gradient probe (log-prob of a token; saliency; --verify) on a server\n"
     "  intervene  ablate heads on a server; clean vs edited log-probs\n"
     "  attribute  direct logit attribution (embeddings, layers, heads, neurons) on a server\n"
     "  sae        sparse-autoencoder features of a prompt on a server (--sae)\n"
+    "  lens       logit lens: each layer's likeliest next tokens on a server\n"
     "  health     exit 0 when a kvlens-server answers grpc.health.v1 with SERVING\n"
     "\n"
     "Run 'kvlens-cli COMMAND --help' for a command's flags.\n";
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
   if (command == "intervene") return kvlens::cli::InterveneCommand(argc, argv);
   if (command == "attribute") return kvlens::cli::AttributeCommand(argc, argv);
   if (command == "sae") return kvlens::cli::SaeCommand(argc, argv);
+  if (command == "lens") return kvlens::cli::LensCommand(argc, argv);
   if (command == "health") return kvlens::cli::HealthCommand(argc, argv);
   std::fprintf(stderr, "kvlens-cli: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;

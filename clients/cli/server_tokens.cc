@@ -12,15 +12,23 @@
 #include "kvlens/v1/generation.grpc.pb.h"
 
 namespace kvlens::cli {
+namespace {
+
+// --timeout seconds from now (120 when the flag is malformed: it was checked before).
+void SetDeadline(const Args& args, grpc::ClientContext& context) {
+  auto seconds = args.Int("timeout", 1, 86400);
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(seconds.ok() ? *seconds : 120));
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<int32_t>> ServerTokenize(const Args& args,
                                                     const v1::TokenizeRequest& request,
                                                     const std::string& why) {
   if (absl::Status s = CheckUtf8Fields(request); !s.ok()) return s;
   grpc::ClientContext context;
-  auto seconds = args.Int("timeout", 1, 86400);
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(seconds.ok() ? *seconds : 120));
+  SetDeadline(args, context);
   auto stub = v1::Generation::NewStub(
       grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials()));
   v1::TokenizeResponse response;
@@ -30,6 +38,28 @@ absl::StatusOr<std::vector<int32_t>> ServerTokenize(const Args& args,
                         absl::StrCat("Tokenize (", why, "): ", RpcErrorText(status)));
   }
   return std::vector<int32_t>(response.token_ids().begin(), response.token_ids().end());
+}
+
+absl::StatusOr<std::map<int32_t, std::string>> ServerTokenTexts(const Args& args,
+                                                                const std::vector<int32_t>& ids) {
+  std::map<int32_t, std::string> texts;
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials()));
+  for (const int32_t id : ids) {
+    if (texts.count(id) > 0) continue;
+    v1::DetokenizeRequest request;
+    request.add_token_ids(id);
+    v1::DetokenizeResponse response;
+    grpc::ClientContext context;
+    SetDeadline(args, context);
+    const grpc::Status status = stub->Detokenize(&context, request, &response);
+    if (!status.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          absl::StrCat("Detokenize: ", RpcErrorText(status)));
+    }
+    texts[id] = response.text();
+  }
+  return texts;
 }
 
 absl::StatusOr<int> LastPosition(const Args& args, const v1::PromptInput& input) {

@@ -1,11 +1,13 @@
-// The server's own tokenizer (Generation.Tokenize): `kvlens-cli tokenize --server`, and
-// what the Interpret commands must know before they send a request: the last position of a --text
+// The server's own tokenizer (Generation.Tokenize, Detokenize): `kvlens-cli tokenize
+// --server`, the text of tokens an Interpret command prints, and what those commands must
+// know before they send a request: the last position of a --text
 // prompt (their position flags' default, -1), and a token given as text rather than as an id
 // (--target-text " Paris", as TransformerLens's to_single_token).
 #ifndef KVLENS_CLIENTS_CLI_SERVER_TOKENS_H_
 #define KVLENS_CLIENTS_CLI_SERVER_TOKENS_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,11 @@ namespace kvlens::cli {
 absl::StatusOr<std::vector<int32_t>> ServerTokenize(const Args& args,
                                                     const v1::TokenizeRequest& request,
                                                     const std::string& why);
+
+// The text of each token of `ids` alone, as the server detokenizes it (" the" for GPT-2's
+// "Ġthe"), keyed by id: one Detokenize call a distinct id. A failed call's status.
+absl::StatusOr<std::map<int32_t, std::string>> ServerTokenTexts(const Args& args,
+                                                                const std::vector<int32_t>& ids);
 
 // The prompt's last position: its ids' count − 1, or, for text, the count of the tokens
 // the server makes of it with the same add_bos and parse_special. INVALID_ARGUMENT for an

@@ -9,8 +9,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/tokenizer/unicode.h"
 #include "gtest/gtest.h"
+#include "tests/server/interpret_test_util.h"
 #include "tests/server/server_test_util.h"
 #include "tests/test_paths.h"
 
@@ -126,6 +129,63 @@ TEST_F(CliServerTokens, TokenFlagsAreRefusedByName) {
     EXPECT_EQ(code, 2) << c.flags << "\n" << out;
     EXPECT_NE(out.find(c.message), std::string::npos) << out;
   }
+}
+
+// kvlens-cli lens prints the LogitLens RPC's rows, one table a position, each token as the
+// text the model's tokenizer makes of it alone (a lone byte of a longer character as
+// U+FFFD, as Detokenize sends it), quoted (", \ and control characters escaped: the
+// newline after "said" as \n), with its log-probability (3 decimals).
+TEST_F(CliServerTokens, LensPrintsTheRpcsRowsAsText) {
+  const std::string text = "And God said\nAnd";  // (a shell's $(…) keeps an inner newline)
+  const auto [code, out] =
+      Cli("lens", "--text \"$(printf 'And God said\\nAnd')\" --positions '1 4' --top-k 3");
+  ASSERT_EQ(code, 0) << out;
+  v1::LogitLensRequest request;
+  request.mutable_input()->set_text(text);
+  request.add_positions(1);
+  request.add_positions(4);
+  request.set_top_k(3);
+  v1::LogitLensResponse response;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status s = InterpretStub(server_)->LogitLens(&context, request, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  auto quote = [](const std::string& piece) {
+    std::string q = "\"";
+    for (const char c : piece) {
+      if (c == '"' || c == '\\') {
+        q += absl::StrCat("\\", std::string(1, c));
+      } else if (c == '\n') {
+        q += "\\n";
+      } else if (static_cast<unsigned char>(c) < 0x20) {
+        q += absl::StrFormat("\\x%02x", c);
+      } else {
+        q += c;
+      }
+    }
+    return q + "\"";
+  };
+  std::string want = "precision fp32\n";
+  for (const int position : {1, 4}) {
+    absl::StrAppend(&want, "position ", position, ":\n", " layer  top tokens (log-prob)\n");
+    for (const v1::LensRow& row : response.rows()) {
+      if (row.position() != position) continue;
+      absl::StrAppendFormat(&want, "%6d ", row.layer());
+      for (const v1::LensToken& t : row.top()) {
+        absl::StrAppendFormat(
+            &want, " %s %.3f",
+            quote(unicode::SanitizeUtf8(server_.model().tokenizer->Decode({t.token()}))),
+            t.logprob());
+      }
+      want += "\n";
+    }
+  }
+  EXPECT_EQ(out, want);
+  // Layer 0 (the embeddings through the tied unembedding) ranks the newline itself first,
+  // printed escaped.
+  EXPECT_NE(out.find("     0  \"\\n\" "), std::string::npos) << out;
 }
 
 }  // namespace
