@@ -289,12 +289,15 @@ int ProbeCommand(int argc, char** argv) {
   if (!status.ok()) return Fail("probe", RpcErrorText(status), 1);
   std::printf("precision %s, J = log p(%d | position %d) = %.6f\n",
               PrecisionName(response.precision()), t->token(), t->position(), response.objective());
+  const std::vector<int32_t> ids(response.token_ids().begin(), response.token_ids().end());
+  absl::StatusOr<std::map<int32_t, std::string>> texts = ServerTokenTexts(*args, ids);
+  if (!texts.ok()) return Fail("probe", std::string(texts.status().message()), 1);
   for (const v1::Tensor& tensor : response.tensors()) {
     if (tensor.name() != "saliency") continue;
     const std::vector<double> s = Decode(tensor.data(), tensor.dtype());
-    std::printf("%8s %8s %12s\n", "position", "token", "input x grad");
-    for (size_t i = 0; i < s.size(); ++i) {
-      std::printf("%8zu %8d %12.6f\n", i, response.token_ids(static_cast<int>(i)), s[i]);
+    std::printf("%8s %8s %12s  %s\n", "position", "token", "input x grad", "text");
+    for (size_t i = 0; i < s.size() && i < ids.size(); ++i) {
+      std::printf("%8zu %8d %12.6f  %s\n", i, ids[i], s[i], Quoted(texts->at(ids[i])).c_str());
     }
   }
   if (response.has_verify()) {

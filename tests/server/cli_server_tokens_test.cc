@@ -84,6 +84,11 @@ TEST_F(CliServerTokens, ProbeTakesTheLastPositionAndATextTarget) {
   ASSERT_EQ(ids_code, 0) << ids_out;
   EXPECT_EQ(out, ids_out);
   EXPECT_NE(out.find(absl::StrCat("| position ", LastPosition(), ") =")), std::string::npos) << out;
+  // The saliency table names each token by its text: the last is " God".
+  const std::vector<int32_t> ids = Encode(kPrompt, server_.model().tokenizer->adds_bos());
+  EXPECT_NE(out.find(absl::StrFormat("%8d %8d ", LastPosition(), ids.back())), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("  \" God\"\n"), std::string::npos) << out;
 }
 
 TEST_F(CliServerTokens, InterveneAndAttributeTakeTextTokens) {
