@@ -18,16 +18,11 @@ using google::protobuf::Message;
 using google::protobuf::Reflection;
 
 absl::Status CheckString(const std::string& path, std::string_view s) {
-  for (size_t pos = 0; pos < s.size();) {
-    const unicode::Decoded d = unicode::DecodeUtf8(s, pos);
-    if (!d.valid) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s is not valid UTF-8: byte 0x%02x at offset %d (gRPC carries text as UTF-8)", path,
-          static_cast<unsigned char>(s[pos]), pos));
-    }
-    pos += static_cast<size_t>(d.len);
-  }
-  return absl::OkStatus();
+  const size_t bad = unicode::FindInvalidUtf8(s);
+  if (bad == std::string_view::npos) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s is not valid UTF-8: byte 0x%02x at offset %d (gRPC carries text as UTF-8)", path,
+      static_cast<unsigned char>(s[bad]), bad));
 }
 
 absl::Status Check(const Message& m, const std::string& prefix) {

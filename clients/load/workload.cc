@@ -4,7 +4,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "engine/tokenizer/unicode.h"
 
 namespace kvlens::load {
 
@@ -97,9 +99,18 @@ absl::StatusOr<std::vector<std::string>> ReadPromptsFile(const std::string& path
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("--prompts-file '", path, "' cannot be read"));
   std::vector<std::string> prompts;
+  int number = 0;
   for (std::string line; std::getline(in, line);) {
+    ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
+    // Generate's text must be UTF-8: else every request fails in gRPC, UNIMPLEMENTED and
+    // without a message.
+    if (const size_t bad = unicode::FindInvalidUtf8(line); bad != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--prompts-file '%s' line %d is not valid UTF-8: byte 0x%02x at offset %d", path, number,
+          static_cast<unsigned char>(line[bad]), bad));
+    }
     prompts.push_back(absl::StrReplaceAll(line, {{"\\n", "\n"}}));
   }
   if (prompts.empty()) {

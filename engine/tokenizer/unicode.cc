@@ -102,6 +102,15 @@ size_t IncompleteUtf8Suffix(std::string_view s) {
   return 0;
 }
 
+size_t FindInvalidUtf8(std::string_view s) {
+  for (size_t pos = 0; pos < s.size();) {
+    const Decoded d = DecodeUtf8(s, pos);
+    if (!d.valid) return pos;
+    pos += d.len;
+  }
+  return std::string_view::npos;
+}
+
 std::string SanitizeUtf8(std::string_view s) {
   std::string out;
   out.reserve(s.size());

@@ -36,6 +36,10 @@ size_t IncompleteUtf8Suffix(std::string_view s);
 // Replaces every invalid sequence (see DecodeUtf8) with one U+FFFD.
 std::string SanitizeUtf8(std::string_view s);
 
+// The offset of the first byte of `s` that does not begin a valid sequence (see
+// DecodeUtf8), or std::string_view::npos when all of `s` is UTF-8.
+size_t FindInvalidUtf8(std::string_view s);
+
 bool IsLetter(char32_t cp);      // general category L*
 bool IsNumber(char32_t cp);      // general category N*
 bool IsWhitespace(char32_t cp);  // the White_Space property

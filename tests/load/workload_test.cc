@@ -109,6 +109,15 @@ TEST(WorkloadTest, FilePromptsAreUsedInTurn) {
   EXPECT_EQ(w.Next().text, (*prompts)[1]);
   EXPECT_EQ(w.Next().text, "In the beginning");
   EXPECT_EQ(w.ToGenerateRequest(w.Next(), 1).text(), (*prompts)[1]);
+  // A line that is not UTF-8 (a lone 0xff) is refused by its number and offset.
+  {
+    std::ofstream f(path);
+    f << "In the beginning\n\nAnd God \xff said\n";
+  }
+  const absl::Status bad = ReadPromptsFile(path).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.message(),
+            "--prompts-file '" + path + "' line 3 is not valid UTF-8: byte 0xff at offset 8");
   std::remove(path.c_str());
   EXPECT_FALSE(ReadPromptsFile(path).ok());
 }

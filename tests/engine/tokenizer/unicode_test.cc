@@ -65,6 +65,20 @@ TEST(UnicodeTest, IncompleteSuffixAndSanitize) {
             "a\uFFFDb\uFFFDc\u00E9");
 }
 
+// RFC 3629's ill-formed sequences, each found at its first byte; every well-formed
+// length (1 to 4 bytes, U+10FFFF the last) passes.
+TEST(UnicodeTest, FindInvalidUtf8FindsTheFirstIllFormedByte) {
+  EXPECT_EQ(FindInvalidUtf8(""), std::string_view::npos);
+  EXPECT_EQ(FindInvalidUtf8("a \xC3\xA9 \xE2\x9C\x93 \xF0\x9F\x98\x80 \xF4\x8F\xBF\xBF"),
+            std::string_view::npos);
+  EXPECT_EQ(FindInvalidUtf8("ab\x80"), 2u);              // a lone continuation byte
+  EXPECT_EQ(FindInvalidUtf8("ab\xE2\x9C"), 2u);          // a truncated sequence
+  EXPECT_EQ(FindInvalidUtf8("\xC0\xAF"), 0u);            // an overlong '/'
+  EXPECT_EQ(FindInvalidUtf8("x\xED\xA0\x80"), 1u);       // U+D800, a surrogate
+  EXPECT_EQ(FindInvalidUtf8("\xF4\x90\x80\x80"), 0u);    // U+110000
+  EXPECT_EQ(FindInvalidUtf8("ok\xC3\xA9\xFF\x80"), 4u);  // the first of two
+}
+
 TEST(UnicodeTest, CharacterClasses) {
   for (char32_t cp :
        {U'a', U'Z', char32_t{0xE9}, char32_t{0x4E2D}, char32_t{0x0416}, char32_t{0x1780}}) {
