@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "tests/test_paths.h"
 
 namespace kvlens::testing {
 
@@ -128,6 +129,14 @@ inline std::string MakeQuantizedModel(const std::string& args = "") {
     return "";
   }
   return tmpl;
+}
+
+// A random model with stories260K's tokenizer whose GGUF holds a Jinja chat template of
+// ChatML's family (so kvlens writes conversations as ChatML), for the chat tests; the
+// file's path (the caller removes it), or "" when the script fails.
+inline std::string MakeChatMlModel() {
+  return MakeQuantizedModel("--tokenizer " + TestData("stories260K/stories260K.gguf") +
+                            " --chat-template '{{ \"<|im_start|>\" + message.role }}'");
 }
 
 // Writes tests/oracle/make_sae.py's SAE (random weights; `args` are its flags: --format

@@ -37,9 +37,7 @@ std::string Reply(TestServer& server, const std::vector<std::pair<std::string, s
 TEST(GenerateCliInteractive, EachTurnIsTheWholeConversationsReply) {
   KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));
   ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
-  const std::string path =
-      MakeQuantizedModel("--tokenizer " + TestData("stories260K/stories260K.gguf") +
-                         " --chat-template '{{ \"<|im_start|>\" + message.role }}'");
+  const std::string path = MakeChatMlModel();
   ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
   TestServer server(path, TestServer::DefaultOptions());
   ASSERT_TRUE(server.ok()) << server.error();

@@ -404,9 +404,7 @@ TEST(GenerationServiceTest, AbsentAddBosFollowsTheModel) {
 TEST(GenerationServiceTest, ChatPromptsFollowTheModelsTemplate) {
   KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
   ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
-  const std::string path =
-      MakeQuantizedModel("--tokenizer " + TestData("stories260K/stories260K.gguf") +
-                         " --chat-template '{{ \"<|im_start|>\" + message.role }}'");
+  const std::string path = MakeChatMlModel();
   ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
   TestServer server(path, TestServer::DefaultOptions());
   std::remove(path.c_str());

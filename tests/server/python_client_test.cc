@@ -90,9 +90,7 @@ print(json.dumps(out))
 TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));  // its tokenizer
   ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
-  const std::string path =
-      MakeQuantizedModel("--tokenizer " + TestData("stories260K/stories260K.gguf") +
-                         " --chat-template '{{ \"<|im_start|>\" + message.role }}'");
+  const std::string path = MakeChatMlModel();
   ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
   // An SAE on the model's residual stream (256 wide), for sae_features.
   const std::string sae_path = ::testing::TempDir() + "kvlens_python_client_sae.npz";
