@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -115,22 +116,9 @@ std::vector<double> Decode(const std::string& bytes, v1::DType dtype) {
   return out;
 }
 
-// A token's text in double quotes, control characters and quotes escaped (\n, \x01).
+// A token's text in double quotes, C-escaped (\n, \", \x01), UTF-8 left as it is.
 std::string Quoted(const std::string& piece) {
-  std::string out = "\"";
-  for (const char c : piece) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\x%02x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
+  return absl::StrCat("\"", absl::Utf8SafeCHexEscape(piece), "\"");
 }
 
 // Parses common flags; returns an exit code ≥ 0 to stop, or −1 to go on.

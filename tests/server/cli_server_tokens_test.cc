@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -138,8 +139,8 @@ TEST_F(CliServerTokens, TokenFlagsAreRefusedByName) {
 
 // kvlens-cli lens prints the LogitLens RPC's rows, one table a position, each token as the
 // text the model's tokenizer makes of it alone (a lone byte of a longer character as
-// U+FFFD, as Detokenize sends it), quoted (", \ and control characters escaped: the
-// newline after "said" as \n), with its log-probability (3 decimals).
+// U+FFFD, as Detokenize sends it), quoted and C-escaped (the newline after "said" as
+// \n), with its log-probability (3 decimals).
 TEST_F(CliServerTokens, LensPrintsTheRpcsRowsAsText) {
   const std::string text = "And God said\nAnd";  // (a shell's $(…) keeps an inner newline)
   const auto [code, out] =
@@ -157,21 +158,7 @@ TEST_F(CliServerTokens, LensPrintsTheRpcsRowsAsText) {
     const grpc::Status s = InterpretStub(server_)->LogitLens(&context, request, &response);
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
-  auto quote = [](const std::string& piece) {
-    std::string q = "\"";
-    for (const char c : piece) {
-      if (c == '"' || c == '\\') {
-        q += absl::StrCat("\\", std::string(1, c));
-      } else if (c == '\n') {
-        q += "\\n";
-      } else if (static_cast<unsigned char>(c) < 0x20) {
-        q += absl::StrFormat("\\x%02x", c);
-      } else {
-        q += c;
-      }
-    }
-    return q + "\"";
-  };
+  const Tokenizer& tokenizer = *server_.model().tokenizer;
   std::string want = "precision fp32\n";
   for (const int position : {1, 4}) {
     absl::StrAppend(&want, "position ", position, ":\n", " layer  top tokens (log-prob)\n");
@@ -179,10 +166,8 @@ TEST_F(CliServerTokens, LensPrintsTheRpcsRowsAsText) {
       if (row.position() != position) continue;
       absl::StrAppendFormat(&want, "%6d ", row.layer());
       for (const v1::LensToken& t : row.top()) {
-        absl::StrAppendFormat(
-            &want, " %s %.3f",
-            quote(unicode::SanitizeUtf8(server_.model().tokenizer->Decode({t.token()}))),
-            t.logprob());
+        const std::string piece = unicode::SanitizeUtf8(tokenizer.Decode({t.token()}));
+        absl::StrAppendFormat(&want, " \"%s\" %.3f", absl::Utf8SafeCHexEscape(piece), t.logprob());
       }
       want += "\n";
     }

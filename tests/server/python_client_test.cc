@@ -26,6 +26,22 @@
 namespace kvlens::testing {
 namespace {
 
+// Runs `script` (written to a temporary file `name`) with Debian's python3 and the client
+// on PYTHONPATH, with `args`: exit code 0 and its stdout parsed as JSON, or a failure
+// with the command and its output.
+::testing::AssertionResult RunScript(const std::string& name, const char* script,
+                                     const std::string& args, nlohmann::json* out) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << script;
+  const std::string cmd = absl::StrCat("PYTHONPATH=", KVLENS_SOURCE_DIR,
+                                       "/clients/python /usr/bin/python3 ", path, " ", args);
+  const auto [code, output] = RunCommand(cmd);
+  std::remove(path.c_str());
+  if (code != 0) return ::testing::AssertionFailure() << cmd << "\n" << output;
+  *out = nlohmann::json::parse(output);
+  return ::testing::AssertionSuccess();
+}
+
 constexpr char kChatText[] =
     "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nOnce upon a "
     "time<|im_end|>\n<|im_start|>assistant\n";
@@ -104,14 +120,8 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   std::remove(path.c_str());
   ASSERT_TRUE(server.ok()) << server.error();
 
-  const std::string script = ::testing::TempDir() + "kvlens_python_client_test.py";
-  std::ofstream(script) << kScript;
-  const std::string cmd = "PYTHONPATH=" + std::string(KVLENS_SOURCE_DIR) +
-                          "/clients/python /usr/bin/python3 " + script + " " + server.address();
-  const auto [code, output] = RunCommand(cmd);
-  ASSERT_EQ(code, 0) << cmd << "\n" << output;
-  std::remove(script.c_str());
-  const nlohmann::json out = nlohmann::json::parse(output);
+  nlohmann::json out;
+  ASSERT_TRUE(RunScript("kvlens_python_client_test.py", kScript, server.address(), &out));
 
   // to_single_token(): the one id the C++ stub's Tokenize (no BOS) gets; more is an error.
   for (const auto& [text, key] :
@@ -346,14 +356,8 @@ print(json.dumps(out))
 TEST(PythonClient, SessionsAndTheCachedKvProbeEqualTheCppStubs) {
   TestServer server;
   ASSERT_TRUE(server.ok()) << server.error();
-  const std::string script = ::testing::TempDir() + "kvlens_python_session_test.py";
-  std::ofstream(script) << kSessionScript;
-  const std::string cmd = "PYTHONPATH=" + std::string(KVLENS_SOURCE_DIR) +
-                          "/clients/python /usr/bin/python3 " + script + " " + server.address();
-  const auto [code, output] = RunCommand(cmd);
-  std::remove(script.c_str());
-  ASSERT_EQ(code, 0) << cmd << "\n" << output;
-  const nlohmann::json out = nlohmann::json::parse(output);
+  nlohmann::json out;
+  ASSERT_TRUE(RunScript("kvlens_python_session_test.py", kSessionScript, server.address(), &out));
 
   v1::OpenSessionResponse session;
   {
@@ -456,15 +460,9 @@ print(json.dumps(out))
 TEST(PythonClient, StreamsChunksAndCancelsWhenClosed) {
   TestServer server;
   ASSERT_TRUE(server.ok()) << server.error();
-  const std::string script = ::testing::TempDir() + "kvlens_python_stream_test.py";
-  std::ofstream(script) << kStreamScript;
-  const std::string cmd =
-      absl::StrCat("PYTHONPATH=", KVLENS_SOURCE_DIR, "/clients/python /usr/bin/python3 ", script,
-                   " ", server.address(), " ", server.metrics_port());
-  const auto [code, output] = RunCommand(cmd);
-  std::remove(script.c_str());
-  ASSERT_EQ(code, 0) << cmd << "\n" << output;
-  const nlohmann::json out = nlohmann::json::parse(output);
+  nlohmann::json out;
+  ASSERT_TRUE(RunScript("kvlens_python_stream_test.py", kStreamScript,
+                        absl::StrCat(server.address(), " ", server.metrics_port()), &out));
   const StreamResult want = RunGenerate(server.stub(), GreedyRequest("Once upon a time", 8));
   ASSERT_TRUE(want.status.ok()) << want.status.error_message();
   ASSERT_EQ(want.tokens.size(), 8u);
