@@ -195,6 +195,19 @@ int RemoteGenerate(const Args& args) {
   auto stub = v1::Generation::NewStub(
       grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials()));
   if (args.Switch("interactive")) {
+    // Refused at once, not at every turn, when the server cannot write a conversation.
+    v1::ModelInfo info;
+    grpc::ClientContext context;
+    if (const grpc::Status s = stub->GetModelInfo(&context, {}, &info); !s.ok()) {
+      std::cerr << "kvlens-cli generate: " << RpcErrorText(s) << "\n";
+      return 1;
+    }
+    if (info.chat_template().empty()) {
+      return Fail(absl::FailedPreconditionError(
+                      "--interactive: the server's model has no chat template "
+                      "(GetModelInfo.chat_template); start kvlens-server with --chat-template"),
+                  2);
+    }
     return Converse(args, [&](const Turns& turns, std::string* reply) {
       v1::GenerateRequest turn = *request;
       for (const auto& [role, content] : turns) {

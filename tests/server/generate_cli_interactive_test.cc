@@ -79,11 +79,21 @@ TEST(GenerateCliInteractive, EachTurnIsTheWholeConversationsReply) {
   std::remove(path.c_str());
   EXPECT_EQ(local_code, 0) << local;
   EXPECT_EQ(local, out);
-  // Without a chat template the conversation cannot be written.
+  // Without a chat template the conversation cannot be written: refused before the first
+  // turn, locally and by a server.
   const auto [plain_code, plain] = RunCommand(absl::StrCat(
       "echo hi | ", KVLENS_CLI_PATH, " generate --model ", Stories260KPath(), flags, "2>&1"));
   EXPECT_EQ(plain_code, 2) << plain;
   EXPECT_NE(plain.find("chat template is missing"), std::string::npos) << plain;
+  TestServer no_template;
+  ASSERT_TRUE(no_template.ok()) << no_template.error();
+  const auto [remote_code, remote] =
+      RunCommand(absl::StrCat("printf 'hi\\nhello\\n' | ", KVLENS_CLI_PATH, " generate --server ",
+                              no_template.address(), flags, "2>&1"));
+  EXPECT_EQ(remote_code, 2) << remote;
+  EXPECT_EQ(remote,
+            "kvlens-cli generate: --interactive: the server's model has no chat template "
+            "(GetModelInfo.chat_template); start kvlens-server with --chat-template\n");
 }
 
 }  // namespace
