@@ -1,7 +1,7 @@
 // The server's own tokenizer (Generation.Tokenize, Detokenize): `kvlens-cli tokenize
-// --server`, the text of tokens an Interpret command prints, and what those commands must
-// know before they send a request: the last position of a --text
-// prompt (their position flags' default, -1), and a token given as text rather than as an id
+// --server`, the text of the tokens an Interpret command prints, and what those commands
+// must know before they send a request: the last position of a --text prompt (their
+// position flags' default, -1), and a token given as text rather than as an id
 // (--target-text " Paris", as TransformerLens's to_single_token).
 #ifndef KVLENS_CLIENTS_CLI_SERVER_TOKENS_H_
 #define KVLENS_CLIENTS_CLI_SERVER_TOKENS_H_

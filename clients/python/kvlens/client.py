@@ -85,6 +85,11 @@ def _sampling_and_stopping(req, sampling, stop, min_new_tokens, ignore_eos):
     req.stopping.ignore_eos = ignore_eos
 
 
+def _finish_name(final) -> str:
+    """A GenerateFinal's finish reason as a word: "length", "eos", "stop", ..."""
+    return gen.FinishReason.Name(final.finish_reason)[len("FINISH_REASON_"):].lower()
+
+
 def _steering(v, s: dict):
     """A steering dict (generate's) into the SteeringVector v."""
     v.hook = s.get("hook", "")
@@ -262,10 +267,7 @@ class Client:
         call = self.generation.Generate(req, timeout=self.timeout)
         try:
             for chunk in call:
-                finish = None
-                if chunk.HasField("final"):
-                    finish = gen.FinishReason.Name(chunk.final.finish_reason)
-                    finish = finish[len("FINISH_REASON_"):].lower()
+                finish = _finish_name(chunk.final) if chunk.HasField("final") else None
                 if chunk.token_ids or chunk.text or finish is not None:
                     yield StreamChunk(tokens=list(chunk.token_ids), text=chunk.text,
                                       finish_reason=finish)
@@ -291,11 +293,11 @@ class Client:
             text += chunk.text
             entries += list(chunk.logprobs)
             if chunk.HasField("final"):
-                finish = gen.FinishReason.Name(chunk.final.finish_reason)
+                finish = _finish_name(chunk.final)
         return Generation(tokens=tokens, text=text,
                           logprobs=np.array([e.logprob for e in entries], dtype=np.float64),
                           top=[[(t.token, t.logprob) for t in e.top] for e in entries],
-                          finish_reason=finish[len("FINISH_REASON_"):].lower())
+                          finish_reason=finish)
 
     # --- Sessions: a conversation whose KV cache the server keeps between calls ---
     def open_session(self) -> int:
