@@ -207,6 +207,20 @@ int AttentionCommand(int argc, char** argv) {
     if (m.has_info()) {
       std::printf("precision %s, %d tokens, %lld bytes\n", PrecisionName(m.info().precision()),
                   m.info().token_ids_size(), static_cast<long long>(m.info().total_bytes()));
+      // Which token each query and key index is, "[position] text", when the matrices print.
+      const std::vector<int32_t> ids(m.info().token_ids().begin(), m.info().token_ids().end());
+      if (static_cast<int64_t>(ids.size()) <= *max_print) {
+        absl::StatusOr<std::map<int32_t, std::string>> texts = ServerTokenTexts(*args, ids);
+        if (!texts.ok()) {
+          context.TryCancel();
+          return Fail("attention", std::string(texts.status().message()), 1);
+        }
+        std::printf("tokens:");
+        for (size_t i = 0; i < ids.size(); ++i) {
+          std::printf(" [%zu] %s", i, Quoted(texts->at(ids[i])).c_str());
+        }
+        std::printf("\n");
+      }
     }
     if (m.has_chunk() && !m.chunk().probs().empty()) {
       const v1::AttentionChunk& c = m.chunk();

@@ -178,5 +178,35 @@ TEST_F(CliServerTokens, LensPrintsTheRpcsRowsAsText) {
   EXPECT_NE(out.find("     0  \"\\n\" "), std::string::npos) << out;
 }
 
+// kvlens-cli attention prints the RPC's probabilities (3 decimals) under a legend of the
+// tokens, "[position] text", each the text the model's tokenizer makes of it alone.
+TEST_F(CliServerTokens, AttentionPrintsTheRpcsMapsUnderTheTokens) {
+  const auto [code, out] =
+      Cli("attention", absl::StrCat("--text '", kPrompt, "' --layers 1 --heads 2"));
+  ASSERT_EQ(code, 0) << out;
+  v1::AttentionMapsRequest request;
+  request.mutable_input()->set_text(kPrompt);
+  request.add_layers(1);
+  request.add_heads(2);
+  const AttentionResult maps = RunAttentionMaps(*InterpretStub(server_), request);
+  ASSERT_TRUE(maps.status.ok()) << maps.status.error_message();
+  const std::vector<int32_t> ids(maps.info.token_ids().begin(), maps.info.token_ids().end());
+  EXPECT_EQ(ids, Encode(kPrompt, server_.model().tokenizer->adds_bos()));
+  std::string legend = "tokens:";
+  for (size_t i = 0; i < ids.size(); ++i) {
+    absl::StrAppend(&legend, " [", i, "] \"", server_.model().tokenizer->Decode({ids[i]}), "\"");
+  }
+  EXPECT_NE(out.find(legend + "\n"), std::string::npos) << legend << "\nin\n" << out;
+  EXPECT_NE(out.find("[4] \" God\""), std::string::npos) << out;
+  const size_t n = ids.size();
+  std::string matrix =
+      absl::StrCat("layer 1 head 2, queries 0..", n - 1, ", keys 0..", n - 1, ":\n");
+  for (size_t q = 0; q < n; ++q) {
+    for (size_t k = 0; k < n; ++k) absl::StrAppendFormat(&matrix, " %5.3f", maps.probs[q * n + k]);
+    matrix += "\n";
+  }
+  EXPECT_NE(out.find(matrix), std::string::npos) << matrix << "\nin\n" << out;
+}
+
 }  // namespace
 }  // namespace kvlens::testing
