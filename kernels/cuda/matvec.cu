@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matvec.h"
@@ -33,12 +34,6 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-
-// GELU's tanh form, as GeluKernel and GeGluKernel.
-__device__ __forceinline__ float GeluTanh(float g) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  return 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
-}
 
 // One 16-bit weight to float.
 template <bool kBf16>
@@ -180,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segment
         for (int k = 0; k < kOuts; ++k) {
           if (k >= outs) break;        // unrolled, so sum stays in registers
           const float g = sum[2 * k];  // as SwiGluKernel and GeGluKernel
-          const float a = sg.gelu ? GeluTanh(g) : g / (1.0f + expf(-g));
+          const float a = sg.gelu ? GeluTanh(g) : Silu(g);
           y[k] = a * sum[2 * k + 1];
         }
       } else {

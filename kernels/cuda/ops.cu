@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
@@ -188,12 +189,10 @@ __global__ void RopeKernel(float* x, int64_t row_stride, int num_heads, float* x
 }
 
 __global__ void GeluKernel(float* x, int64_t count) {
-  WaitForPriorGrids();                  // first: see launch.cuh
-  const float k = 0.7978845608028654f;  // √(2/π)
+  WaitForPriorGrids();  // first: see launch.cuh
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = x[i];
-    x[i] = 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+    x[i] = GeluTanh(x[i]);
   }
 }
 
@@ -201,18 +200,15 @@ __global__ void SwiGluKernel(const float* gate, const float* up, int64_t count, 
   WaitForPriorGrids();  // first: see launch.cuh
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + expf(-g)) * up[i];
+    out[i] = Silu(gate[i]) * up[i];
   }
 }
 
 __global__ void GeGluKernel(const float* gate, const float* up, int64_t count, float* out) {
-  WaitForPriorGrids();                  // first: see launch.cuh
-  const float k = 0.7978845608028654f;  // √(2/π), as GeluKernel
+  WaitForPriorGrids();  // first: see launch.cuh
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = gate[i];
-    out[i] = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * up[i];
+    out[i] = GeluTanh(gate[i]) * up[i];
   }
 }
 
