@@ -8,7 +8,7 @@
 
 #include "clients/cli/args.h"
 #include "clients/cli/commands.h"
-#include "clients/cli/rpc_error.h"
+#include "clients/cli/rpc_call.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace kvlens::cli {

@@ -20,7 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "clients/cli/args.h"
 #include "clients/cli/commands.h"
-#include "clients/cli/rpc_error.h"
+#include "clients/cli/rpc_call.h"
 #include "clients/cli/server_tokens.h"
 #include "clients/cli/utf8_fields.h"
 #include "kernels/dtype.h"
@@ -84,9 +84,7 @@ v1::Precision PrecisionOf(const Args& args) {
 const char* PrecisionName(v1::Precision p) { return p == v1::PRECISION_FP64 ? "fp64" : "fp32"; }
 
 std::unique_ptr<v1::Interpret::Stub> Connect(const Args& args, grpc::ClientContext& context) {
-  auto seconds = args.Int("timeout", 1, 86400);
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(seconds.ok() ? *seconds : 120));
+  SetDeadline(args, context);
   // Probe tensors (a layer's weight gradients: H·Dh × D doubles each) pass gRPC's default
   // 4 MiB limit on what a client receives; the server bounds them (--max-interp-bytes).
   grpc::ChannelArguments channel_args;

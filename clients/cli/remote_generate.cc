@@ -14,7 +14,8 @@
 #include "clients/cli/conversation.h"
 #include "clients/cli/logit_bias_flag.h"
 #include "clients/cli/logprobs_table.h"
-#include "clients/cli/rpc_error.h"
+#include "clients/cli/rpc_call.h"
+#include "clients/cli/server_tokens.h"
 #include "clients/cli/steering_flag.h"
 #include "clients/cli/utf8_fields.h"
 #include "kvlens/v1/generation.grpc.pb.h"
@@ -46,12 +47,18 @@ const char* FinishName(v1::FinishReason r) {
 
 // The server's spelling of a token (Detokenize), or "#id" when it cannot say.
 std::string ServerPiece(v1::Generation::Stub& stub, int32_t token) {
-  v1::DetokenizeRequest request;
-  request.add_token_ids(token);
-  v1::DetokenizeResponse response;
   grpc::ClientContext context;
-  return stub.Detokenize(&context, request, &response).ok() ? response.text()
-                                                            : absl::StrCat("#", token);
+  absl::StatusOr<std::string> text = ServerTokenText(stub, context, token);
+  return text.ok() ? *std::move(text) : absl::StrCat("#", token);
+}
+
+// The conversation as Generate's chat prompt.
+void AddChat(const Turns& turns, v1::GenerateRequest* request) {
+  for (const auto& [role, content] : turns) {
+    v1::ChatMessage* m = request->mutable_chat()->add_messages();
+    m->set_role(role);
+    m->set_content(content);
+  }
 }
 
 // The wire's entries as the table printer takes them.
@@ -210,25 +217,17 @@ int RemoteGenerate(const Args& args) {
     }
     return Converse(args, [&](const Turns& turns, std::string* reply) {
       v1::GenerateRequest turn = *request;
-      for (const auto& [role, content] : turns) {
-        v1::ChatMessage* m = turn.mutable_chat()->add_messages();
-        m->set_role(role);
-        m->set_content(content);
-      }
+      AddChat(turns, &turn);
       return RunRequest(args, *stub, turn, "", reply);
     });
   }
   // As offline: the prompt, then the completion; with --chat the reply alone.
   const bool chat = args.Switch("chat") || args.Has("system");
   if (chat) {  // the server writes the conversation in the model's chat template
-    if (args.Has("system")) {
-      v1::ChatMessage* m = request->mutable_chat()->add_messages();
-      m->set_role("system");
-      m->set_content(args.Str("system"));
-    }
-    v1::ChatMessage* m = request->mutable_chat()->add_messages();
-    m->set_role("user");
-    m->set_content(args.Str("prompt"));
+    Turns turns;
+    if (args.Has("system")) turns.emplace_back("system", args.Str("system"));
+    turns.emplace_back("user", args.Str("prompt"));
+    AddChat(turns, &*request);
   } else {
     request->set_text(args.Str("prompt"));
   }

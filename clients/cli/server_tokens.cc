@@ -2,26 +2,15 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <chrono>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "clients/cli/rpc_error.h"
+#include "clients/cli/rpc_call.h"
 #include "clients/cli/utf8_fields.h"
 #include "kvlens/v1/generation.grpc.pb.h"
 
 namespace kvlens::cli {
-namespace {
-
-// --timeout seconds from now (120 when the flag is malformed: it was checked before).
-void SetDeadline(const Args& args, grpc::ClientContext& context) {
-  auto seconds = args.Int("timeout", 1, 86400);
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(seconds.ok() ? *seconds : 120));
-}
-
-}  // namespace
 
 absl::StatusOr<std::vector<int32_t>> ServerTokenize(const Args& args,
                                                     const v1::TokenizeRequest& request,
@@ -47,19 +36,26 @@ absl::StatusOr<std::map<int32_t, std::string>> ServerTokenTexts(const Args& args
       grpc::CreateChannel(args.Str("server"), grpc::InsecureChannelCredentials()));
   for (const int32_t id : ids) {
     if (texts.count(id) > 0) continue;
-    v1::DetokenizeRequest request;
-    request.add_token_ids(id);
-    v1::DetokenizeResponse response;
     grpc::ClientContext context;
     SetDeadline(args, context);
-    const grpc::Status status = stub->Detokenize(&context, request, &response);
-    if (!status.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                          absl::StrCat("Detokenize: ", RpcErrorText(status)));
-    }
-    texts[id] = response.text();
+    absl::StatusOr<std::string> text = ServerTokenText(*stub, context, id);
+    if (!text.ok()) return text.status();
+    texts[id] = *std::move(text);
   }
   return texts;
+}
+
+absl::StatusOr<std::string> ServerTokenText(v1::Generation::Stub& stub,
+                                            grpc::ClientContext& context, int32_t id) {
+  v1::DetokenizeRequest request;
+  request.add_token_ids(id);
+  v1::DetokenizeResponse response;
+  const grpc::Status status = stub.Detokenize(&context, request, &response);
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        absl::StrCat("Detokenize: ", RpcErrorText(status)));
+  }
+  return response.text();
 }
 
 absl::StatusOr<int> LastPosition(const Args& args, const v1::PromptInput& input) {

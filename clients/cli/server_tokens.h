@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "clients/cli/args.h"
-#include "kvlens/v1/generation.pb.h"
+#include "kvlens/v1/generation.grpc.pb.h"
 #include "kvlens/v1/interpret.pb.h"
 
 namespace kvlens::cli {
@@ -28,6 +28,10 @@ absl::StatusOr<std::vector<int32_t>> ServerTokenize(const Args& args,
 // "Ġthe"), keyed by id: one Detokenize call a distinct id. A failed call's status.
 absl::StatusOr<std::map<int32_t, std::string>> ServerTokenTexts(const Args& args,
                                                                 const std::vector<int32_t>& ids);
+
+// One token's text, as above, over `stub` with `context` (its deadline, if any).
+absl::StatusOr<std::string> ServerTokenText(v1::Generation::Stub& stub,
+                                            grpc::ClientContext& context, int32_t id);
 
 // The prompt's last position: its ids' count − 1, or, for text, the count of the tokens
 // the server makes of it with the same add_bos and parse_special. INVALID_ARGUMENT for an
