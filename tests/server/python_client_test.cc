@@ -468,8 +468,10 @@ TEST(PythonClient, StreamsChunksAndCancelsWhenClosed) {
   ASSERT_EQ(want.tokens.size(), 8u);
   EXPECT_EQ(out["tokens"].get<std::vector<int32_t>>(), want.tokens);
   EXPECT_EQ(out["text"].get<std::string>(), want.text);
+  // A reader the server outpaces gets its tokens, and even the finish, coalesced: one chunk
+  // or several, the finish reason on the last alone.
   const nlohmann::json& finish = out["finish"];
-  ASSERT_GE(finish.size(), 2u);
+  ASSERT_GE(finish.size(), 1u);
   for (size_t i = 0; i + 1 < finish.size(); ++i) EXPECT_TRUE(finish[i].is_null()) << i;
   EXPECT_EQ(finish.back().get<std::string>(), "length");
   EXPECT_GE(out["first"].get<std::vector<int32_t>>().size(), 1u);  // a chunk may hold several
