@@ -98,8 +98,13 @@ absl::StatusOr<SequenceSpec> ToSequence(const v1::PromptInput& input, const Mode
   return seq;
 }
 
-absl::StatusOr<std::vector<int>> ToIndexList(const google::protobuf::RepeatedField<int32_t>& ids,
-                                             int count, const std::string& field) {
+namespace {
+
+// `ids` (empty: 0 … count−1) each through `resolve(value, name)` into [0, count), none twice.
+template <typename Resolve>
+absl::StatusOr<std::vector<int>> UniqueList(const google::protobuf::RepeatedField<int32_t>& ids,
+                                            int count, const std::string& field,
+                                            Resolve&& resolve) {
   std::vector<int> out;
   if (ids.empty()) {
     for (int i = 0; i < count; ++i) out.push_back(i);
@@ -108,24 +113,54 @@ absl::StatusOr<std::vector<int>> ToIndexList(const google::protobuf::RepeatedFie
   std::vector<bool> seen(count, false);
   for (int k = 0; k < ids.size(); ++k) {
     const std::string name = absl::StrCat(field, "[", k, "]");
-    if (absl::Status s = CheckIndex(name, ids[k], count); !s.ok()) return s;
-    if (seen[ids[k]]) {
-      return absl::InvalidArgumentError(absl::StrCat(name, " = ", ids[k], " is repeated"));
+    absl::StatusOr<int> id = resolve(ids[k], name);
+    if (!id.ok()) return id.status();
+    if (seen[*id]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " = ", ids[k], *id != ids[k] ? absl::StrCat(" (", *id, ")") : "", " is repeated"));
     }
-    seen[ids[k]] = true;
-    out.push_back(ids[k]);
+    seen[*id] = true;
+    out.push_back(*id);
   }
   return out;
 }
 
-absl::StatusOr<PositionRange> ToRange(const v1::Range& range, int n, const std::string& field) {
-  PositionRange r{range.begin(), range.end() == 0 ? n : range.end()};
-  if (r.begin < 0 || r.begin >= n || r.end <= r.begin || r.end > n) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " = [", range.begin(), ", ", range.end(),
-                                                   ") must be a non-empty range within [0, ", n,
-                                                   ") (end 0: to the end)"));
+}  // namespace
+
+absl::StatusOr<std::vector<int>> ToIndexList(const google::protobuf::RepeatedField<int32_t>& ids,
+                                             int count, const std::string& field) {
+  return UniqueList(ids, count, field,
+                    [count](int32_t id, const std::string& name) -> absl::StatusOr<int> {
+                      if (absl::Status s = CheckIndex(name, id, count); !s.ok()) return s;
+                      return id;
+                    });
+}
+
+absl::StatusOr<int> ToPosition(int64_t value, int n, const std::string& field) {
+  if (value < -n || value >= n) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " = ", value, " must be in [-", n, ", ",
+                                                   n, ") (negative: from the end, -1 the last)"));
   }
-  return r;
+  return static_cast<int>(value < 0 ? value + n : value);
+}
+
+absl::StatusOr<std::vector<int>> ToPositionList(
+    const google::protobuf::RepeatedField<int32_t>& positions, int n, const std::string& field) {
+  return UniqueList(positions, n, field,
+                    [n](int32_t p, const std::string& name) { return ToPosition(p, n, name); });
+}
+
+absl::StatusOr<PositionRange> ToRange(const v1::Range& range, int n, const std::string& field) {
+  // Each bound from the end when negative; end 0 is n.
+  const int64_t begin = range.begin() < 0 ? int64_t{range.begin()} + n : range.begin();
+  const int64_t end =
+      range.end() < 0 ? int64_t{range.end()} + n : (range.end() == 0 ? n : range.end());
+  if (begin < 0 || begin >= n || end <= begin || end > n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " = [", range.begin(), ", ", range.end(), ") must be a non-empty range within [0, ",
+        n, ") (negative bounds: from the end; end 0: to the end)"));
+  }
+  return PositionRange{static_cast<int>(begin), static_cast<int>(end)};
 }
 
 absl::Status CheckLayerHeads(int64_t layers, int64_t heads, const InterpLimits& limits) {
@@ -165,13 +200,12 @@ absl::StatusOr<std::vector<interpret::TokenTarget>> ToTargets(
   std::vector<interpret::TokenTarget> out;
   for (int k = 0; k < targets.size(); ++k) {
     const std::string name = absl::StrCat(field, "[", k, "]");
-    if (absl::Status s = CheckIndex(name + ".position", targets[k].position(), n); !s.ok()) {
-      return s;
-    }
+    absl::StatusOr<int> position = ToPosition(targets[k].position(), n, name + ".position");
+    if (!position.ok()) return position.status();
     if (absl::Status s = CheckToken(name + ".token", targets[k].token(), c.vocab_size); !s.ok()) {
       return s;
     }
-    out.push_back({targets[k].position(), targets[k].token()});
+    out.push_back({*position, targets[k].token()});
   }
   return out;
 }
@@ -190,14 +224,15 @@ absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest&
     }
     case v1::GradientProbeRequest::kLogitDiff: {
       const v1::LogitDiffObjective& d = request.logit_diff();
-      if (absl::Status s = CheckIndex("logit_diff.position", d.position(), n); !s.ok()) return s;
+      absl::StatusOr<int> position = ToPosition(d.position(), n, "logit_diff.position");
+      if (!position.ok()) return position.status();
       if (absl::Status s = CheckToken("logit_diff.token_a", d.token_a(), c.vocab_size); !s.ok()) {
         return s;
       }
       if (absl::Status s = CheckToken("logit_diff.token_b", d.token_b(), c.vocab_size); !s.ok()) {
         return s;
       }
-      o = interpret::Objective::LogitDiff(d.position(), d.token_a(), d.token_b());
+      o = interpret::Objective::LogitDiff(*position, d.token_a(), d.token_b());
       break;
     }
     case v1::GradientProbeRequest::kAttnOutProbe: {
@@ -250,7 +285,8 @@ absl::StatusOr<interpret::Edits> ToEdits(const v1::InterveneRequest& request, co
     const std::string name = absl::StrCat("row_overrides[", k, "]");
     if (absl::Status s = CheckIndex(name + ".layer", r.layer(), c.num_layers); !s.ok()) return s;
     if (absl::Status s = CheckIndex(name + ".head", r.head(), c.num_heads); !s.ok()) return s;
-    if (absl::Status s = CheckIndex(name + ".position", r.position(), n); !s.ok()) return s;
+    absl::StatusOr<int> position = ToPosition(r.position(), n, name + ".position");
+    if (!position.ok()) return position.status();
     if (r.probs_size() > 0 && r.probs_size() != n) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, ".probs has ", r.probs_size(), " values; give one per key (", n, ")"));
@@ -266,7 +302,7 @@ absl::StatusOr<interpret::Edits> ToEdits(const v1::InterveneRequest& request, co
       }
     }
     edits.row_overrides.push_back(
-        {r.layer(), r.head(), r.position(), std::vector<double>(r.probs().begin(), r.probs().end()),
+        {r.layer(), r.head(), *position, std::vector<double>(r.probs().begin(), r.probs().end()),
          std::vector<int>(r.masked_keys().begin(), r.masked_keys().end())});
   }
   return edits;

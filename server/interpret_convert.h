@@ -45,7 +45,16 @@ absl::StatusOr<SequenceSpec> ToSequence(const v1::PromptInput& input, const Mode
 absl::StatusOr<std::vector<int>> ToIndexList(const google::protobuf::RepeatedField<int32_t>& ids,
                                              int count, const std::string& field);
 
-// [begin, end) within [0, n); end 0 means n. Non-empty.
+// A position of an n-token sequence as a request writes it: 0 … n−1, or counted from the
+// end as Python (and TransformerLens) index, −1 … −n (−1 the last). Returns it in 0 … n−1;
+// anything else is INVALID_ARGUMENT naming `field` and [−n, n).
+absl::StatusOr<int> ToPosition(int64_t value, int n, const std::string& field);
+// ToIndexList of positions: each through ToPosition (empty: 0 … n−1), no position twice.
+absl::StatusOr<std::vector<int>> ToPositionList(
+    const google::protobuf::RepeatedField<int32_t>& positions, int n, const std::string& field);
+
+// [begin, end) within [0, n): each bound may count from the end (ToPosition; end −1 stops
+// before the last), and end 0 means n. Non-empty.
 struct PositionRange {
   int begin = 0;
   int end = 0;

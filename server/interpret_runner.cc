@@ -300,17 +300,12 @@ absl::Status InterveneAt(const InterpContext& ctx, const v1::InterveneRequest& r
         return absl::InvalidArgumentError(
             absl::StrCat(name, ".layer = ", p.layer(), " must be in [0, ", c.num_layers, "]"));
       }
-      if (p.position() < 0 || p.position() >= n) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, ".position = ", p.position(), " must be in [0, ", n, ")"));
-      }
-      if (p.source_position() < 0 || p.source_position() >= source_tape->n) {
-        return absl::InvalidArgumentError(absl::StrCat(name,
-                                                       ".source_position = ", p.source_position(),
-                                                       " must be in [0, ", source_tape->n, ")"));
-      }
-      auto patch =
-          interpret::PatchFrom(*source_tape, c, p.layer(), p.source_position(), p.position());
+      absl::StatusOr<int> position = ToPosition(p.position(), n, name + ".position");
+      if (!position.ok()) return position.status();
+      absl::StatusOr<int> source_position =
+          ToPosition(p.source_position(), source_tape->n, name + ".source_position");
+      if (!source_position.ok()) return source_position.status();
+      auto patch = interpret::PatchFrom(*source_tape, c, p.layer(), *source_position, *position);
       if (!patch.ok()) return patch.status();
       edits.patches.push_back(*std::move(patch));
     }
@@ -602,7 +597,7 @@ absl::Status RunLogitLens(const InterpContext& ctx, const v1::LogitLensRequest& 
                                                      " entries, more than the server allows (",
                                                      ctx.limits.max_targets, ")"));
     }
-    auto p = ToIndexList(request.positions(), n, "positions");
+    auto p = ToPositionList(request.positions(), n, "positions");
     if (!p.ok()) return p.status();
     positions = *std::move(p);
   }

@@ -161,11 +161,10 @@ absl::Status RunLogitAttribution(const InterpContext& ctx,
   auto seq = Resolve(ctx, request.input(), "input", true);
   if (!seq.ok()) return seq.status();
   const int n = static_cast<int>(seq->tokens.size());
-  const int position = request.has_position() ? request.position() : n - 1;
-  if (position < 0 || position >= n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("position = ", position, " must be in [0, ", n, ")"));
-  }
+  absl::StatusOr<int> resolved =
+      ToPosition(request.has_position() ? request.position() : -1, n, "position");
+  if (!resolved.ok()) return resolved.status();
+  const int position = *resolved;
   if (request.token() < 0 || request.token() >= c.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "token = ", request.token(), " is outside the vocabulary [0, ", c.vocab_size, ")"));

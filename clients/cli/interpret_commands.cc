@@ -139,19 +139,17 @@ int RefuseNonUtf8(const char* command, const google::protobuf::Message& request)
   return s.ok() ? -1 : Fail(command, std::string(s.message()), 2);
 }
 
+// Positions as the flags take them: from 0, or from the end (-1: the last), which the server
+// resolves.
+constexpr int64_t kMaxPosition = 1 << 20;
+
 // A TokenTarget from --target-position (-1: the prompt's last) and --target-token or
 // --target-text; returns an exit code ≥ 0 to stop, or −1 to go on.
-int FillTarget(const Args& args, const v1::PromptInput& input, const char* command,
-               v1::TokenTarget* target) {
-  absl::StatusOr<int64_t> position = args.Int("target-position", -1, 1 << 20);
+int FillTarget(const Args& args, const char* command, v1::TokenTarget* target) {
+  absl::StatusOr<int64_t> position = args.Int("target-position", -kMaxPosition, kMaxPosition);
   if (!position.ok()) return Fail(command, std::string(position.status().message()), 2);
   absl::StatusOr<int32_t> token = TokenFlag(args, "target-token", "target-text", /*required=*/true);
   if (!token.ok()) return Fail(command, token.status());
-  if (*position < 0) {
-    absl::StatusOr<int> last = LastPosition(args, input);
-    if (!last.ok()) return Fail(command, last.status());
-    position = *last;
-  }
   target->set_position(static_cast<int>(*position));
   target->set_token(*token);
   return -1;
@@ -255,7 +253,9 @@ int AttentionCommand(int argc, char** argv) {
 
 int ProbeCommand(int argc, char** argv) {
   std::vector<FlagSpec> specs = CommonSpecs();
-  specs.push_back({"target-position", "-1", "position whose next-token log-prob is J (-1: last)"});
+  specs.push_back(
+      {"target-position", "-1",
+       "position whose next-token log-prob is J (negative: from the end, -1 the last)"});
   specs.push_back({"target-token", "", "the token id of J = log p(token | position)"});
   specs.push_back({"target-text", "", "or the token as text (one token, e.g. \" Paris\")"});
   specs.push_back({"verify", "0", "check K random entries per tensor by finite differences"});
@@ -272,7 +272,7 @@ int ProbeCommand(int argc, char** argv) {
     return Fail("probe", std::string(s.message()), 2);
   }
   v1::TokenTarget* t = request.mutable_log_prob()->add_targets();
-  if (int code = FillTarget(*args, request.input(), "probe", t); code >= 0) return code;
+  if (int code = FillTarget(*args, "probe", t); code >= 0) return code;
   auto verify = args->Int("verify", 0, 1 << 10);
   if (!verify.ok()) return Fail("probe", std::string(verify.status().message()), 2);
   request.set_precision(PrecisionOf(*args));
@@ -287,9 +287,11 @@ int ProbeCommand(int argc, char** argv) {
   if (int code = RefuseNonUtf8("probe", request); code >= 0) return code;
   const grpc::Status status = stub->GradientProbe(&context, request, &response);
   if (!status.ok()) return Fail("probe", RpcErrorText(status), 1);
-  std::printf("precision %s, J = log p(%d | position %d) = %.6f\n",
-              PrecisionName(response.precision()), t->token(), t->position(), response.objective());
   const std::vector<int32_t> ids(response.token_ids().begin(), response.token_ids().end());
+  const int position =
+      t->position() < 0 ? static_cast<int>(ids.size()) + t->position() : t->position();
+  std::printf("precision %s, J = log p(%d | position %d) = %.6f\n",
+              PrecisionName(response.precision()), t->token(), position, response.objective());
   absl::StatusOr<std::map<int32_t, std::string>> texts = ServerTokenTexts(*args, ids);
   if (!texts.ok()) return Fail("probe", std::string(texts.status().message()), 1);
   for (const v1::Tensor& tensor : response.tensors()) {
@@ -312,8 +314,8 @@ int InterveneCommand(int argc, char** argv) {
   std::vector<FlagSpec> specs = CommonSpecs();
   specs.push_back({"ablate", "", "heads to ablate, \"LAYER:HEAD ...\" (required)"});
   specs.push_back({"mean", "", "mean-ablate (default: zero)", true});
-  specs.push_back(
-      {"target-position", "-1", "position whose next-token log-prob is reported (-1: last)"});
+  specs.push_back({"target-position", "-1",
+                   "position whose next-token log-prob is reported (negative: from the end)"});
   specs.push_back({"target-token", "", "token id reported"});
   specs.push_back({"target-text", "", "or the token as text (one token, e.g. \" Paris\")"});
   absl::StatusOr<Args> args;
@@ -340,10 +342,7 @@ int InterveneCommand(int argc, char** argv) {
     a->set_head(head);
     a->set_mode(args->Switch("mean") ? v1::HeadAblation::MODE_MEAN : v1::HeadAblation::MODE_ZERO);
   }
-  if (int code = FillTarget(*args, request.input(), "intervene", request.add_targets());
-      code >= 0) {
-    return code;
-  }
+  if (int code = FillTarget(*args, "intervene", request.add_targets()); code >= 0) return code;
   request.set_precision(PrecisionOf(*args));
   grpc::ClientContext context;
   auto stub = Connect(*args, context);
@@ -368,7 +367,9 @@ int AttributeCommand(int argc, char** argv) {
   specs.push_back({"token-text", "", "or that token as text (one token, e.g. \" Paris\")"});
   specs.push_back({"baseline", "-1", "token id whose logit is subtracted (-1: none)"});
   specs.push_back({"baseline-text", "", "or that token as text"});
-  specs.push_back({"position", "-1", "position whose next-token logit is read (-1: last)"});
+  specs.push_back(
+      {"position", "-1",
+       "position whose next-token logit is read (negative: from the end, -1 the last)"});
   specs.push_back({"heads", "", "also split each layer's attention by head", true});
   specs.push_back({"top-neurons", "0", "per layer, the FFN neurons of largest |share|"});
   specs.push_back({"top", "10", "print this many heads, largest |share| first"});
@@ -388,7 +389,7 @@ int AttributeCommand(int argc, char** argv) {
   }
   auto token = TokenFlag(*args, "token", "token-text", /*required=*/true);
   auto baseline = TokenFlag(*args, "baseline", "baseline-text", /*required=*/false);
-  auto position = args->Int("position", -1, 1 << 20);
+  auto position = args->Int("position", -kMaxPosition, kMaxPosition);
   auto neurons = args->Int("top-neurons", 0, 1 << 20);
   auto top = args->Int("top", 0, 1 << 20);
   for (const absl::Status& s :
@@ -397,7 +398,7 @@ int AttributeCommand(int argc, char** argv) {
   }
   request.set_token(static_cast<int>(*token));
   if (*baseline >= 0) request.set_baseline_token(static_cast<int>(*baseline));
-  if (*position >= 0) request.set_position(static_cast<int>(*position));
+  request.set_position(static_cast<int>(*position));
   request.set_heads(args->Switch("heads"));
   request.set_top_neurons(static_cast<int>(*neurons));
   request.set_precision(PrecisionOf(*args));
@@ -435,7 +436,9 @@ int AttributeCommand(int argc, char** argv) {
 
 int LensCommand(int argc, char** argv) {
   std::vector<FlagSpec> specs = CommonSpecs();
-  specs.push_back({"positions", "", "positions whose next token is read, \"2 5\" (default: last)"});
+  specs.push_back(
+      {"positions", "",
+       "positions whose next token is read, \"2 -1\" (negative: from the end; default: the last)"});
   specs.push_back({"top-k", "5", "tokens printed per layer, most likely first"});
   absl::StatusOr<Args> args;
   if (int code = Prepare(argc, argv, "lens",

@@ -58,27 +58,6 @@ absl::StatusOr<std::string> ServerTokenText(v1::Generation::Stub& stub,
   return response.text();
 }
 
-absl::StatusOr<int> LastPosition(const Args& args, const v1::PromptInput& input) {
-  int count = 0;
-  if (input.has_token_ids()) {
-    count = input.token_ids().ids_size();
-  } else {
-    v1::TokenizeRequest request;
-    if (input.has_chat()) {
-      *request.mutable_chat() = input.chat();
-    } else {
-      request.set_text(input.text());
-    }
-    if (input.has_add_bos()) request.set_add_bos(input.add_bos());
-    if (input.has_parse_special()) request.set_parse_special(input.parse_special());
-    absl::StatusOr<std::vector<int32_t>> ids = ServerTokenize(args, request, "the prompt's length");
-    if (!ids.ok()) return ids.status();
-    count = static_cast<int>(ids->size());
-  }
-  if (count == 0) return absl::InvalidArgumentError("the prompt has no tokens");
-  return count - 1;
-}
-
 absl::StatusOr<int32_t> TokenFlag(const Args& args, const std::string& id_flag,
                                   const std::string& text_flag, bool required) {
   const bool by_id = args.Has(id_flag);

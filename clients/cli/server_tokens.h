@@ -1,8 +1,7 @@
 // The server's own tokenizer (Generation.Tokenize, Detokenize): `kvlens-cli tokenize
-// --server`, the text of the tokens an Interpret command prints, and what those commands
-// must know before they send a request: the last position of a --text prompt (their
-// position flags' default, -1), and a token given as text rather than as an id
-// (--target-text " Paris", as TransformerLens's to_single_token).
+// --server`, the text of the tokens an Interpret command prints, and a token given as text
+// rather than as an id (--target-text " Paris", as TransformerLens's to_single_token), which
+// those commands must know before they send a request.
 #ifndef KVLENS_CLIENTS_CLI_SERVER_TOKENS_H_
 #define KVLENS_CLIENTS_CLI_SERVER_TOKENS_H_
 
@@ -14,7 +13,6 @@
 #include "absl/status/statusor.h"
 #include "clients/cli/args.h"
 #include "kvlens/v1/generation.grpc.pb.h"
-#include "kvlens/v1/interpret.pb.h"
 
 namespace kvlens::cli {
 
@@ -32,11 +30,6 @@ absl::StatusOr<std::map<int32_t, std::string>> ServerTokenTexts(const Args& args
 // One token's text, as above, over `stub` with `context` (its deadline, if any).
 absl::StatusOr<std::string> ServerTokenText(v1::Generation::Stub& stub,
                                             grpc::ClientContext& context, int32_t id);
-
-// The prompt's last position: its ids' count − 1, or, for text, the count of the tokens
-// the server makes of it with the same add_bos and parse_special. INVALID_ARGUMENT for an
-// empty prompt; the RPC's status (prefixed) when Tokenize fails.
-absl::StatusOr<int> LastPosition(const Args& args, const v1::PromptInput& input);
 
 // The token id of flag `id_flag` (an integer in [0, 2^30]; −1 too when not `required`)
 // or of `text_flag`, whose text the server must encode as exactly one token (no BOS).

@@ -1,7 +1,8 @@
 // kvlens-cli asking the server's tokenizer (clients/cli/server_tokens.h): tokenize
 // --server prints the ids tokenize --model prints for the same model; the Interpret
-// commands given text where they need tokens: the last position of a --text prompt (the
-// position flags' default) and --target-text / --token-text / --baseline-text. Each run prints what
+// commands given text where they need tokens: a --text prompt with the position flags'
+// default (-1, the last position, which the server resolves) and --target-text /
+// --token-text / --baseline-text. Each run prints what
 // the same command prints given the ids, encoded here by the model's tokenizer; text that is not
 // one token, or both or neither of a token's flags, is refused by name (exit code 2).
 // The default model's GPT-2 vocabulary has " created" and " said" as single tokens.
@@ -128,13 +129,17 @@ TEST_F(CliServerTokens, TokenFlagsAreRefusedByName) {
        "--target-token (a token id) or --target-text (its text) is required"},
       {"attribute", text + "--baseline-text ' said'",
        "--token (a token id) or --token-text (its text) is required"},
-      {"probe", "--ids '' --target-token 5", "the prompt has no tokens"},
   };
   for (const auto& c : cases) {
     const auto [code, out] = Cli(c.command, c.flags);
     EXPECT_EQ(code, 2) << c.flags << "\n" << out;
     EXPECT_NE(out.find(c.message), std::string::npos) << out;
   }
+  // An empty prompt reaches the server (the position is -1 whatever its length), which
+  // refuses it by name.
+  const auto [code, out] = Cli("probe", "--ids '' --target-token 5");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("kvlens-cli probe: input: no tokens"), std::string::npos) << out;
 }
 
 // kvlens-cli lens prints the LogitLens RPC's rows, one table a position, each token as the

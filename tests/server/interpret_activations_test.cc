@@ -229,7 +229,8 @@ TEST(InterpretAttribution, BadRequestsNameTheirField) {
   };
   const auto invalid = grpc::StatusCode::INVALID_ARGUMENT;
   ExpectRefused(with([](auto& r) { r.set_position(10); }), invalid, "position = 10");
-  ExpectRefused(with([](auto& r) { r.set_position(-1); }), invalid, "position = -1");
+  ExpectRefused(with([](auto& r) { r.set_position(-11); }), invalid,
+                "position = -11 must be in [-10, 10)");
   ExpectRefused(with([&](auto& r) { r.set_token(c.vocab_size); }), invalid, "token = ");
   ExpectRefused(with([](auto& r) { r.set_baseline_token(-2); }), invalid, "baseline_token");
   ExpectRefused(with([&](auto& r) { r.set_top_neurons(c.hidden_dim + 1); }), invalid,

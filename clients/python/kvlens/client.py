@@ -1,5 +1,10 @@
 """Client for kvlens-server. Arrays come back as numpy arrays in the wire layout:
-attention maps [layer][head][query][key], gradients as each Tensor's shape."""
+attention maps [layer][head][query][key], gradients as each Tensor's shape.
+
+Positions count from 0 or, as Python indexes, from the end: a target at position -1 reads
+the prompt's last token, and a range (begin, end) may take negative bounds, (-3, 0) being
+the last three positions (end 0: to the end). The server resolves them and answers with
+the absolute positions."""
 from __future__ import annotations
 
 import contextlib
@@ -384,7 +389,8 @@ class Client:
                        attn_out_probe=None, want=("embeddings",), layers=(), heads=(),
                        param_layer=None, fp64=False, verify=0, doc_ids=None,
                        chat=None) -> GradientProbe:
-        """targets: [(position, token)] for J = Σ log p; or logit_diff=(position, a, b); or
+        """targets: [(position, token)] for J = Σ log p (position -1: the last); or
+        logit_diff=(position, a, b); or
         attn_out_probe=(layer, head, G [positions, head_dim]). want: any of scores, probs,
         q, k, v, attn_out, residual, embeddings, attention_times_gradient."""
         req = ip.GradientProbeRequest(input=_input(text, tokens, doc_ids=doc_ids, chat=chat),
