@@ -503,7 +503,8 @@ int SaeCommand(int argc, char** argv) {
   absl::StatusOr<Args> args;
   if (int code = Prepare(argc, argv, "sae",
                          "Sparse-autoencoder features (kvlens-server --sae) of each position of "
-                         "a prompt: active count, reconstruction error, the strongest features.",
+                         "a prompt (its token's id and text): active count, reconstruction "
+                         "error, the strongest features.",
                          specs, args);
       code >= 0) {
     return code;
@@ -542,11 +543,20 @@ int SaeCommand(int argc, char** argv) {
   std::printf("SAE %s (%s, %d features) on %s, precision %s\n", info.name().c_str(),
               info.architecture().c_str(), info.d_sae(), info.hook().c_str(),
               PrecisionName(response.precision()));
-  std::printf("%8s %8s %6s %9s  %s\n", "position", "token", "L0", "rel.err",
+  // Each row's token as its text too, in a column as wide as the widest.
+  const std::vector<int32_t> ids(response.token_ids().begin(), response.token_ids().end());
+  absl::StatusOr<std::map<int32_t, std::string>> texts = ServerTokenTexts(*args, ids);
+  if (!texts.ok()) return Fail("sae", std::string(texts.status().message()), 1);
+  int width = 4;
+  for (const v1::SaeRow& row : response.rows()) {
+    width = std::max(width, static_cast<int>(Quoted(texts->at(ids[row.position()])).size()));
+  }
+  std::printf("%8s %8s %-*s %6s %9s  %s\n", "position", "token", width, "text", "L0", "rel.err",
               "strongest features (index:activation)");
   for (const v1::SaeRow& row : response.rows()) {
-    std::printf("%8d %8d %6d %9.4f ", row.position(), response.token_ids(row.position()), row.l0(),
-                row.relative_error());
+    const int32_t id = ids[row.position()];
+    std::printf("%8d %8d %-*s %6d %9.4f ", row.position(), id, width, Quoted(texts->at(id)).c_str(),
+                row.l0(), row.relative_error());
     for (const v1::SaeFeature& f : row.top()) std::printf(" %d:%.3f", f.index(), f.activation());
     for (int i = 0; i < row.features_size(); ++i) {
       std::printf("  [%d]=%.3f", request.feature_ids(i), row.features(i));

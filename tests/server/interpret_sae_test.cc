@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <numeric>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 #include "engine/interpret/sae_file.h"
 #include "gtest/gtest.h"
@@ -140,8 +141,10 @@ TEST_F(InterpretSae, FeaturesMatchTheOracle) {
   }
 }
 
-// kvlens-cli sae prints what the RPC returns: the list, and per position L0 and the
-// strongest features as index:activation (3 decimals) with the chosen ones.
+// kvlens-cli sae prints what the RPC returns: the list, and per position its token's id and
+// text (as the model's tokenizer decodes it alone, quoted and C-escaped, in a column as
+// wide as the widest), L0 and the strongest features as index:activation (3 decimals)
+// with the chosen ones.
 TEST_F(InterpretSae, CliPrintsTheRpcsAnswer) {
   TestServer server(DefaultModelPath(), TestServer::DefaultOptions(), 1, WithSaes());
   ASSERT_TRUE(server.ok()) << server.error();
@@ -163,9 +166,20 @@ TEST_F(InterpretSae, CliPrintsTheRpcsAnswer) {
   r.add_feature_ids(5);
   v1::SaeFeaturesResponse a;
   ASSERT_TRUE(CallSae(server, r, &a).ok());
+  std::vector<std::string> texts;
+  size_t width = 4;
+  for (int32_t id : a.token_ids()) {
+    texts.push_back(
+        absl::StrCat("\"", absl::Utf8SafeCHexEscape(server.model().tokenizer->Decode({id})), "\""));
+    width = std::max(width, texts.back().size());
+  }
+  EXPECT_NE(out.find(absl::StrFormat("%8s %8s %-*s %6s", "position", "token", width, "text", "L0")),
+            std::string::npos)
+      << out;
   for (const v1::SaeRow& row : a.rows()) {
-    std::string line = absl::StrFormat("%8d %8d %6d %9.4f ", row.position(),
-                                       a.token_ids(row.position()), row.l0(), row.relative_error());
+    std::string line =
+        absl::StrFormat("%8d %8d %-*s %6d %9.4f ", row.position(), a.token_ids(row.position()),
+                        width, texts[row.position()], row.l0(), row.relative_error());
     for (const v1::SaeFeature& f : row.top()) {
       absl::StrAppend(&line, absl::StrFormat(" %d:%.3f", f.index(), f.activation()));
     }
