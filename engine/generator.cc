@@ -10,12 +10,40 @@
 #include "engine/prompt_logprobs.h"
 
 namespace kvlens {
+namespace {
+
+// The keys and values of positions 0 … rows − 1 of `from` into the same positions of `to`
+// (the same layout), a block of a layer at a time.
+template <typename T>
+absl::Status CopyBlocks(SequenceCache<T>& from, SequenceCache<T>& to, int rows, int num_layers) {
+  KvCacheStorage<T>& src = from.storage;
+  KvCacheStorage<T>& dst = to.storage;
+  const int64_t block_bytes =
+      int64_t{src.block_size()} * src.kv_dim() * kernels::KvElementBytes<T>(src.dtype());
+  const int blocks = (rows + src.block_size() - 1) / src.block_size();
+  for (int layer = 0; layer < num_layers; ++layer) {
+    for (int b = 0; b < blocks; ++b) {
+      for (auto [d, s] :
+           {std::pair{dst.k(layer), src.k(layer)}, std::pair{dst.v(layer), src.v(layer)}}) {
+        if (absl::Status st = dst.memory().Copy(
+                static_cast<unsigned char*>(d) + to.table()[b] * block_bytes,
+                static_cast<const unsigned char*>(s) + from.table()[b] * block_bytes, block_bytes);
+            !st.ok()) {
+          return st;
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 template <typename T>
 absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>& backend,
                                         absl::Span<const int32_t> prompt,
                                         const GenerateOptions& options,
-                                        const TokenCallback& on_token) {
+                                        const TokenCallback& on_token, GenerateCache<T>* reuse) {
   using Clock = std::chrono::steady_clock;
   const ModelConfig& c = model.config;
   if (prompt.empty()) return absl::InvalidArgumentError("prompt: no tokens");
@@ -50,12 +78,56 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
 
   const int64_t total = std::min<int64_t>(
       c.max_seq_len, static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
-  // (a ring of a window and a chunk under a sliding window: SequenceCache)
-  auto cache_or = SequenceCache<T>::Create(backend.memory(), c, total, options.block_size,
-                                           options.kv_cache_dtype, options.prefill_chunk);
-  if (!cache_or.ok()) return cache_or.status();
-  KvCacheStorage<T>& cache = (*cache_or)->storage;
-  const std::vector<BlockId>& table = (*cache_or)->table();
+  int num_cached = 0;
+  std::unique_ptr<SequenceCache<T>> own;
+  SequenceCache<T>* sequence = nullptr;
+  if (reuse == nullptr) {
+    // (a ring of a window and a chunk under a sliding window: SequenceCache)
+    auto cache_or = SequenceCache<T>::Create(backend.memory(), c, total, options.block_size,
+                                             options.kv_cache_dtype, options.prefill_chunk);
+    if (!cache_or.ok()) return cache_or.status();
+    own = *std::move(cache_or);
+    sequence = own.get();
+  } else {
+    // The rows serve when they were computed with this steering (prompt_logprobs scores
+    // every row) into a cache of this backend's and this layout; the storage when it also
+    // has room. Grown, it takes the rows along.
+    const bool same_layout = reuse->sequence != nullptr && reuse->memory == &backend.memory() &&
+                             reuse->block_size == options.block_size &&
+                             reuse->kv_cache_dtype == options.kv_cache_dtype;
+    if (same_layout && reuse->steering == options.steering && options.prompt_logprobs < 0) {
+      const size_t most = std::min(reuse->tokens.size(), prompt.size() - 1);
+      while (num_cached < static_cast<int>(most) &&
+             reuse->tokens[num_cached] == prompt[num_cached]) {
+        ++num_cached;
+      }
+    }
+    if (!same_layout || reuse->capacity < total) {  // the same room, or twice too little
+      const int64_t capacity = std::min<int64_t>(
+          c.max_seq_len,
+          std::max(total, reuse->capacity < total ? 2 * reuse->capacity : reuse->capacity));
+      auto grown = SequenceCache<T>::Create(backend.memory(), c, capacity, options.block_size,
+                                            options.kv_cache_dtype, /*max_chunk=*/0);
+      absl::Status s = grown.status();
+      if (s.ok() && num_cached > 0) {
+        s = CopyBlocks(*reuse->sequence, **grown, num_cached, c.num_layers);
+      }
+      if (!s.ok()) {
+        *reuse = GenerateCache<T>();
+        return s;
+      }
+      reuse->sequence = *std::move(grown);
+      reuse->capacity = capacity;
+      reuse->memory = &backend.memory();
+      reuse->block_size = options.block_size;
+      reuse->kv_cache_dtype = options.kv_cache_dtype;
+    }
+    reuse->steering = options.steering;
+    reuse->tokens.clear();  // until this call's rows are all written
+    sequence = reuse->sequence.get();
+  }
+  KvCacheStorage<T>& cache = sequence->storage;
+  const std::vector<BlockId>& table = sequence->table();
 
   Transformer<T> transformer(model, backend);
   Sampler sampler(options.sampling);
@@ -90,7 +162,7 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
   // prefill in chunks; only the last chunk's last row needs logits (the middle chunks'
   // are not even copied out of a device)
   const auto t0 = Clock::now();
-  int num_cached = 0;
+  result.cached_prompt_tokens = num_cached;
   while (num_cached < static_cast<int>(prompt.size())) {
     const int n =
         std::min<int>(options.prefill_chunk, static_cast<int>(prompt.size()) - num_cached);
@@ -181,16 +253,19 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
     ++num_cached;
   }
   result.decode_seconds = std::chrono::duration<double>(Clock::now() - t_first).count();
+  if (reuse != nullptr) reuse->tokens.assign(history.begin(), history.begin() + num_cached);
   return result;
 }
 
 template absl::StatusOr<GenerateResult> Generate<float>(const Model&, kernels::Backend<float>&,
                                                         absl::Span<const int32_t>,
                                                         const GenerateOptions&,
-                                                        const TokenCallback&);
+                                                        const TokenCallback&,
+                                                        GenerateCache<float>*);
 template absl::StatusOr<GenerateResult> Generate<double>(const Model&, kernels::Backend<double>&,
                                                          absl::Span<const int32_t>,
                                                          const GenerateOptions&,
-                                                         const TokenCallback&);
+                                                         const TokenCallback&,
+                                                         GenerateCache<double>*);
 
 }  // namespace kvlens

@@ -6,11 +6,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/kv_cache/sequence_cache.h"
 #include "engine/model/model.h"
 #include "engine/model/residual_add.h"
 #include "engine/request.h"
@@ -52,6 +54,7 @@ struct GenerateResult {
   std::vector<float> logprobs;
   std::vector<std::vector<TokenLogprob>> top_logprobs;
   FinishReason finish_reason = FinishReason::kLength;
+  int cached_prompt_tokens = 0;  // the prompt's first tokens taken from a GenerateCache
   double prefill_seconds = 0.0;
   double decode_seconds = 0.0;  // all decode steps after the first generated token
 };
@@ -59,11 +62,37 @@ struct GenerateResult {
 // Called with each generated token; return false to stop (finish reason kCancelled).
 using TokenCallback = std::function<bool(int32_t token)>;
 
+// A sequence's KV cache kept from one Generate call to the next, as a conversation goes
+// turn by turn (kvlens-cli generate --interactive on a local model): a call given one
+// prefills only its prompt after the longest prefix the cache holds (its last token is
+// always computed, for the first draw), as kvlens-server's prefix cache spares a
+// conversation's earlier turns, and leaves it holding its own prompt and generated tokens.
+// On the CPU the rows it keeps are the bits a fresh run computes (its products and
+// attention give a row the same bits whatever the chunk); on a GPU, within the rounding
+// of its kernels' other tilings, as the server's prefix cache. Its rows are taken only with the
+// same steering and without prompt_logprobs (which scores every row); its storage serves a call
+// with the same backend memory, block size and cache type whose sequence fits, and is
+// otherwise allocated anew with the same room, or twice the room when that was too little
+// (up to the context length), so a growing conversation reallocates rarely. It keeps every
+// position (no sliding-window ring).
+template <typename T>
+struct GenerateCache {
+  std::unique_ptr<SequenceCache<T>> sequence;
+  std::vector<int32_t> tokens;  // the positions whose keys and values it holds, in order
+  int64_t capacity = 0;         // positions it has room for
+  // What the rows were computed with.
+  const kernels::Memory* memory = nullptr;
+  int block_size = 0;
+  kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kActivation;
+  std::vector<ResidualAdd> steering;
+};
+
 template <typename T>
 absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>& backend,
                                         absl::Span<const int32_t> prompt,
                                         const GenerateOptions& options,
-                                        const TokenCallback& on_token = nullptr);
+                                        const TokenCallback& on_token = nullptr,
+                                        GenerateCache<T>* reuse = nullptr);
 
 }  // namespace kvlens
 

@@ -117,7 +117,8 @@ template <typename T>
 int Run(const Model& model, kernels::Backend<T>& backend, std::string_view backend_description,
         const std::vector<int32_t>& prompt, const std::string& prompt_text,
         const GenerateOptions& options, const std::vector<std::string>& stops, bool stats,
-        std::vector<ScoredToken>* generated, std::string* reply = nullptr) {
+        std::vector<ScoredToken>* generated, std::string* reply = nullptr,
+        GenerateCache<T>* reuse = nullptr) {
   IncrementalDecoder decoder(*model.tokenizer);
   for (int32_t id : prompt) decoder.Push(id);  // the prompt is printed as given
   // The prompt is printed with the first token (or at the end), so a request the generator
@@ -131,14 +132,17 @@ int Run(const Model& model, kernels::Backend<T>& backend, std::string_view backe
   // engine streams it); a completed one ends the generation.
   StopMatcher stop_matcher(stops);
   bool stopped = false;
-  auto result = Generate<T>(model, backend, prompt, options, [&](int32_t token) {
-    const StopMatcher::Result text = stop_matcher.Push(decoder.Push(token));
-    show_prompt();
-    std::cout << text.emit << std::flush;
-    if (reply != nullptr) reply->append(text.emit);
-    stopped = text.matched;
-    return !stopped;
-  });
+  auto result = Generate<T>(
+      model, backend, prompt, options,
+      [&](int32_t token) {
+        const StopMatcher::Result text = stop_matcher.Push(decoder.Push(token));
+        show_prompt();
+        std::cout << text.emit << std::flush;
+        if (reply != nullptr) reply->append(text.emit);
+        stopped = text.matched;
+        return !stopped;
+      },
+      reuse);
   if (!result.ok()) {
     if (shown) std::cout << std::endl;
     std::cerr << "kvlens-cli generate: " << result.status().message() << "\n";
@@ -160,11 +164,12 @@ int Run(const Model& model, kernels::Backend<T>& backend, std::string_view backe
   if (stats) {
     const int n = static_cast<int>(result->tokens.size());
     const double decode_tps = n > 1 ? (n - 1) / result->decode_seconds : 0.0;
+    const int cached = result->cached_prompt_tokens;  // (the rate is of the tokens computed)
     std::cerr << absl::StrFormat(
-        "backend %s | prompt %d tokens in %.3f s (%.1f tok/s) | generated %d tokens, decode "
-        "%.1f tok/s | finish: %s\n",
-        backend_description, prompt.size(), result->prefill_seconds,
-        prompt.size() / std::max(result->prefill_seconds, 1e-9), n, decode_tps,
+        "backend %s | prompt %d tokens (%d cached) in %.3f s (%.1f tok/s) | generated %d "
+        "tokens, decode %.1f tok/s | finish: %s\n",
+        backend_description, prompt.size(), cached, result->prefill_seconds,
+        (prompt.size() - cached) / std::max(result->prefill_seconds, 1e-9), n, decode_tps,
         FinishReasonName(result->finish_reason));
   }
   return 0;
@@ -271,10 +276,14 @@ int GenerateCommand(int argc, char** argv) {
     }
   }
   if (interactive) {
-    // Each turn runs the whole conversation from an empty cache (kvlens-server's prefix
-    // cache spares that); the exit code is the last refused turn's, else 0.
+    // Each turn hands the whole conversation to the generator, whose cache (GenerateCache)
+    // still holds the earlier turns' tokens, as kvlens-server's prefix cache does: only the
+    // new ones are computed. The exit code is the last refused turn's, else 0.
     const bool bos = !args->Switch("no-bos") && tok.adds_bos();
     const std::vector<std::string> stops = args->All("stop");
+    kernels::ReferenceBackend reference;  // (fp64: one for the conversation, as its cache)
+    GenerateCache<double> reference_cache;
+    GenerateCache<float> cache;
     return Converse(*args, [&](const Turns& turns, std::string* reply) {
       std::vector<ChatMessage> messages;
       for (const auto& [role, content] : turns) messages.push_back({role, content});
@@ -282,12 +291,11 @@ int GenerateCommand(int argc, char** argv) {
       if (!text.ok()) return fail(text.status(), 2);
       const std::vector<int32_t> prompt = tok.EncodeWithSpecialTokens(*text, bos);
       if (local.fp64) {
-        kernels::ReferenceBackend backend;
-        return Run<double>(**model, backend, backend.name(), prompt, "", options, stops,
-                           args->Switch("stats"), nullptr, reply);
+        return Run<double>(**model, reference, reference.name(), prompt, "", options, stops,
+                           args->Switch("stats"), nullptr, reply, &reference_cache);
       }
       return Run<float>(**model, *local.fp32.backend, local.fp32.description, prompt, "", options,
-                        stops, args->Switch("stats"), nullptr, reply);
+                        stops, args->Switch("stats"), nullptr, reply, &cache);
     });
   }
   if (args->Switch("chat") || args->Has("system")) {

@@ -24,6 +24,8 @@ struct ResidualAdd {
   // Added to the rows at positions >= this (0: every row; a prompt's length: the generated
   // tokens only, as Contrastive Activation Addition steers).
   int from_position = 0;
+
+  bool operator==(const ResidualAdd&) const = default;  // (the same rows' keys and values)
 };
 
 // The first position any of `adds` changes (INT_MAX when there are none): the rows before

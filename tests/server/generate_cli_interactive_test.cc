@@ -3,7 +3,8 @@
 // as the assistant's turns) in the model's chat template; the second turn finds the
 // first's blocks in the prefix cache; "/reset" forgets the turns (the third reply, to the
 // first question again, is the first reply); a refused turn (text that is not UTF-8) is
-// dropped and the conversation goes on; a local model file holds the same conversation.
+// dropped and the conversation goes on; a local model file holds the same conversation,
+// its second turn also computing only what the first did not.
 // The model is stories260K with a ChatML
 // template written into its GGUF (as the Python client's chat test).
 #include <cstdio>
@@ -72,13 +73,21 @@ TEST(GenerateCliInteractive, EachTurnIsTheWholeConversationsReply) {
   EXPECT_NE(lines[2].find(" cached)"), std::string::npos) << lines[2];
 
   // The same conversation on the local model file (which takes any bytes: the line that
-  // is not UTF-8 left out): the same replies, each turn computed from an empty cache.
+  // is not UTF-8 left out): the same replies, the second turn's prompt starting with what
+  // the generator's kept cache holds of the first (GenerateCache).
   const auto [local_code, local] = RunCommand(absl::StrCat(
       "printf 'Tell me a story\\nWhat did Lily do?\\n/reset\\nTell me a story\\n' | timeout 60 ",
-      KVLENS_CLI_PATH, " generate --model ", path, flags));
+      KVLENS_CLI_PATH, " generate --model ", path, flags, "--stats 2>", stats));
+  const auto [local_cat_code, local_stats] = RunCommand("cat " + stats);
+  std::remove(stats.c_str());
   std::remove(path.c_str());
   EXPECT_EQ(local_code, 0) << local;
   EXPECT_EQ(local, out);
+  const std::vector<std::string> local_lines = absl::StrSplit(local_stats, '\n', absl::SkipEmpty());
+  ASSERT_EQ(local_lines.size(), 3u) << local_stats;
+  EXPECT_NE(local_lines[0].find("(0 cached)"), std::string::npos) << local_lines[0];
+  EXPECT_EQ(local_lines[1].find("(0 cached)"), std::string::npos) << local_lines[1];
+  EXPECT_NE(local_lines[1].find(" cached)"), std::string::npos) << local_lines[1];
   // Without a chat template the conversation cannot be written: refused before the first
   // turn, locally and by a server.
   const auto [plain_code, plain] = RunCommand(absl::StrCat(
