@@ -1,5 +1,6 @@
 // A fresh directory under the test's temporary folder, removed with everything in it when
-// the object goes out of scope: for tests that write files (SAEs, archives) at test time.
+// the object goes out of scope: for tests that write files (SAEs, archives) at test time;
+// and ProcessTempDir, one for the process.
 #ifndef KVLENS_TESTS_TEMP_DIR_H_
 #define KVLENS_TESTS_TEMP_DIR_H_
 
@@ -34,6 +35,14 @@ class ScopedTempDir {
  private:
   std::filesystem::path path_;
 };
+
+// One directory for the whole test process (its pid in the name), removed at exit: for
+// helpers that write files by fixed names, so that test processes run side by side
+// (ctest -j) never write the same file and nothing is left in the temporary folder.
+inline const ScopedTempDir& ProcessTempDir() {
+  static const ScopedTempDir dir("kvlens_test");
+  return dir;
+}
 
 }  // namespace kvlens::testing
 

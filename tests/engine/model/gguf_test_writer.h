@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/temp_dir.h"
 
 namespace kvlens::testing {
 
@@ -135,9 +136,10 @@ inline ::testing::AssertionResult HasSubstr(std::string_view text, std::string_v
          << "\"" << text << "\" does not contain \"" << needle << "\"";
 }
 
-// Writes `bytes` to a fresh file under the test temp dir and returns its path.
+// Writes `bytes` to the file kvlens_`name` in the process's temporary directory (removed
+// at exit) and returns its path.
 inline std::string WriteTempFile(const std::string& name, const std::string& bytes) {
-  const std::string path = ::testing::TempDir() + "/kvlens_" + name;
+  const std::string path = ProcessTempDir().File("kvlens_" + name);
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size());
   return path;
 }

@@ -24,6 +24,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/engine/model/gguf_test_writer.h"
 #include "tests/engine/model/safetensors_test_writer.h"
+#include "tests/temp_dir.h"
 
 namespace kvlens {
 namespace {
@@ -58,7 +59,7 @@ Tensor Random(std::vector<int64_t> shape, uint32_t seed, const std::string& dtyp
 }
 
 std::string FreshDir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/kvlens_hf_" + name;
+  const std::string dir = testing::ProcessTempDir().File("kvlens_hf_" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
