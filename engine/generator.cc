@@ -92,9 +92,10 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
     // The rows serve when they were computed with this steering (prompt_logprobs scores
     // every row) into a cache of this backend's and this layout; the storage when it also
     // has room. Grown, it takes the rows along.
-    const bool same_layout = reuse->sequence != nullptr && reuse->memory == &backend.memory() &&
-                             reuse->block_size == options.block_size &&
-                             reuse->kv_cache_dtype == options.kv_cache_dtype;
+    const KvCacheStorage<T>* kept = reuse->sequence ? &reuse->sequence->storage : nullptr;
+    const bool same_layout = kept != nullptr && &kept->memory() == &backend.memory() &&
+                             kept->block_size() == options.block_size &&
+                             kept->dtype() == options.kv_cache_dtype;
     if (same_layout && reuse->steering == options.steering && options.prompt_logprobs < 0) {
       const size_t most = std::min(reuse->tokens.size(), prompt.size() - 1);
       while (num_cached < static_cast<int>(most) &&
@@ -102,10 +103,10 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
         ++num_cached;
       }
     }
-    if (!same_layout || reuse->capacity < total) {  // the same room, or twice too little
-      const int64_t capacity = std::min<int64_t>(
-          c.max_seq_len,
-          std::max(total, reuse->capacity < total ? 2 * reuse->capacity : reuse->capacity));
+    const int64_t room = reuse->capacity();
+    if (!same_layout || room < total) {  // the same room, or twice too little
+      const int64_t capacity =
+          std::min<int64_t>(c.max_seq_len, std::max(total, room < total ? 2 * room : room));
       auto grown = SequenceCache<T>::Create(backend.memory(), c, capacity, options.block_size,
                                             options.kv_cache_dtype, /*max_chunk=*/0);
       absl::Status s = grown.status();
@@ -117,10 +118,6 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
         return s;
       }
       reuse->sequence = *std::move(grown);
-      reuse->capacity = capacity;
-      reuse->memory = &backend.memory();
-      reuse->block_size = options.block_size;
-      reuse->kv_cache_dtype = options.kv_cache_dtype;
     }
     reuse->steering = options.steering;
     reuse->tokens.clear();  // until this call's rows are all written

@@ -66,25 +66,28 @@ using TokenCallback = std::function<bool(int32_t token)>;
 // turn by turn (kvlens-cli generate --interactive on a local model): a call given one
 // prefills only its prompt after the longest prefix the cache holds (its last token is
 // always computed, for the first draw), as kvlens-server's prefix cache spares a
-// conversation's earlier turns, and leaves it holding its own prompt and generated tokens.
-// On the CPU the rows it keeps are the bits a fresh run computes (its products and
-// attention give a row the same bits whatever the chunk); on a GPU, within the rounding
-// of its kernels' other tilings, as the server's prefix cache. Its rows are taken only with the
-// same steering and without prompt_logprobs (which scores every row); its storage serves a call
-// with the same backend memory, block size and cache type whose sequence fits, and is
-// otherwise allocated anew with the same room, or twice the room when that was too little
-// (up to the context length), so a growing conversation reallocates rarely. It keeps every
-// position (no sliding-window ring).
+// conversation's earlier turns, and leaves it holding its own prompt and the tokens it ran.
+// On the CPU the kept rows are the bits a fresh run computes (its products and attention
+// give a row the same bits whatever the chunk); on a GPU, within the rounding of its
+// kernels' other tilings, as with the server's prefix cache.
+//
+// The rows are taken only with the same steering and without prompt_logprobs (which
+// scores every row). The storage serves a call on the same backend memory, block size and
+// cache type whose sequence fits; otherwise it is allocated anew with the same room, or
+// with twice the room when that was too little (up to the context length; the rows copied
+// along), so a growing conversation reallocates rarely. It keeps every position (no
+// sliding-window ring).
 template <typename T>
 struct GenerateCache {
   std::unique_ptr<SequenceCache<T>> sequence;
-  std::vector<int32_t> tokens;  // the positions whose keys and values it holds, in order
-  int64_t capacity = 0;         // positions it has room for
-  // What the rows were computed with.
-  const kernels::Memory* memory = nullptr;
-  int block_size = 0;
-  kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kActivation;
-  std::vector<ResidualAdd> steering;
+  std::vector<int32_t> tokens;        // the positions whose keys and values it holds, in order
+  std::vector<ResidualAdd> steering;  // what they were computed with
+
+  int64_t capacity() const {  // positions it has room for
+    return sequence
+               ? static_cast<int64_t>(sequence->table().size()) * sequence->storage.block_size()
+               : 0;
+  }
 };
 
 template <typename T>

@@ -112,7 +112,7 @@ TEST_F(GenerateCacheTest, DeviceMemoryKeepsItsRowsAndAnotherMemoryStartsAnew) {
   kernels::CpuBackend cpu(1);
   ASSERT_NE(&cpu.memory(), &device.memory());
   Turn(cpu, cache, second, 0);
-  EXPECT_EQ(cache.memory, &cpu.memory());
+  EXPECT_EQ(&cache.sequence->storage.memory(), &cpu.memory());
 }
 
 TEST_F(GenerateCacheTest, OtherSettingsStartItAnew) {
@@ -150,13 +150,14 @@ TEST_F(GenerateCacheTest, OtherSettingsStartItAnew) {
   EXPECT_EQ(fresh_scores.size(), static_cast<size_t>(n - 1));
   EXPECT_EQ(kept_scores, fresh_scores);
 
-  // Past its room (the prompt and 8 new tokens, kept through the changes above): twice
-  // it, the rows taken along.
-  EXPECT_EQ(cache.capacity, n + 8);
+  // Past its room (the prompt and 8 new tokens in blocks of 16, kept through the changes
+  // above): twice it, the rows taken along.
+  const int64_t room = (n + 8 + 15) / 16 * 16;
+  EXPECT_EQ(cache.capacity(), room);
   GenerateOptions longer = steered;
-  longer.max_new_tokens = 20;
+  longer.max_new_tokens = static_cast<int>(room) + 1 - n;
   Turn(cpu, cache, prompt, n - 1, &longer);
-  EXPECT_EQ(cache.capacity, 2 * (n + 8));
+  EXPECT_EQ(cache.capacity(), 2 * room);
 }
 
 TEST_F(GenerateCacheTest, FullPrecisionAndSlidingWindowKeepTheBits) {
