@@ -29,8 +29,9 @@ struct CallResult {
   std::vector<double> itl_seconds;  // per generated token after the first (see GenerateCall)
   int prompt_tokens = 0;            // from the final message's usage
   int cached_tokens = 0;
-  int output_tokens = 0;       // token ids received
-  int64_t response_bytes = 0;  // serialized size of every response message
+  int output_tokens = 0;            // token ids received
+  int64_t response_bytes = 0;       // serialized size of every response message
+  std::vector<int32_t> output_ids;  // the ids themselves, when the call was asked to keep them
 };
 
 class Call {
@@ -46,8 +47,10 @@ class Call {
 // Chunks may carry several tokens (those produced while the previous chunk was in flight);
 // a gap of g before a chunk of k tokens counts as k inter-token samples of g / k, so the
 // mean inter-token latency is decode time ÷ tokens after the first, as the server's.
+// With keep_ids the result carries the generated token ids (a conversation's next turn
+// needs them).
 std::unique_ptr<Call> MakeGenerateCall(v1::Generation::Stub* stub, v1::GenerateRequest request,
-                                       std::chrono::milliseconds timeout);
+                                       std::chrono::milliseconds timeout, bool keep_ids = false);
 
 // A stub set for one server address. Interpret is absent where kvlens_proto was built
 // without interpret.proto (see CMakeLists.txt).

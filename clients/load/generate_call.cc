@@ -10,8 +10,8 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 class GenerateCall final : public Call, public grpc::ClientReadReactor<v1::GenerateResponse> {
  public:
   GenerateCall(v1::Generation::Stub* stub, v1::GenerateRequest request,
-               std::chrono::milliseconds timeout)
-      : stub_(stub), request_(std::move(request)) {
+               std::chrono::milliseconds timeout, bool keep_ids)
+      : stub_(stub), request_(std::move(request)), keep_ids_(keep_ids) {
     context_.set_deadline(std::chrono::system_clock::now() + timeout);
   }
 
@@ -39,6 +39,10 @@ class GenerateCall final : public Call, public grpc::ClientReadReactor<v1::Gener
         for (int i = 0; i < k; ++i) result_.itl_seconds.push_back(gap);
       }
       result_.output_tokens += k;
+      if (keep_ids_) {
+        result_.output_ids.insert(result_.output_ids.end(), response_.token_ids().begin(),
+                                  response_.token_ids().end());
+      }
       last_ = now;
     }
     if (response_.has_final()) {
@@ -58,6 +62,7 @@ class GenerateCall final : public Call, public grpc::ClientReadReactor<v1::Gener
  private:
   v1::Generation::Stub* stub_;
   v1::GenerateRequest request_;
+  bool keep_ids_;
   grpc::ClientContext context_;
   v1::GenerateResponse response_;
   DoneFn done_;
@@ -68,8 +73,8 @@ class GenerateCall final : public Call, public grpc::ClientReadReactor<v1::Gener
 }  // namespace
 
 std::unique_ptr<Call> MakeGenerateCall(v1::Generation::Stub* stub, v1::GenerateRequest request,
-                                       std::chrono::milliseconds timeout) {
-  return std::make_unique<GenerateCall>(stub, std::move(request), timeout);
+                                       std::chrono::milliseconds timeout, bool keep_ids) {
+  return std::make_unique<GenerateCall>(stub, std::move(request), timeout, keep_ids);
 }
 
 }  // namespace kvlens::load

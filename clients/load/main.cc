@@ -61,6 +61,14 @@ ABSL_FLAG(std::string, prompt_tokens, "64",
           "Synthetic prompt length: N tokens, or MIN:MAX (uniform). Random token ids.");
 ABSL_FLAG(int32_t, shared_prefix_tokens, 0,
           "Leading tokens every synthetic prompt shares (exercises the prefix cache).");
+ABSL_FLAG(int32_t, turns, 1,
+          "Turns of a conversation (synthetic prompts): each turn after the first is sent when "
+          "the previous one ends, its prompt the previous prompt, the token ids it generated "
+          "and --turn-tokens new ones, as a chat client resends a conversation (the server's "
+          "prefix cache holds the earlier turns). A conversation that could pass the context "
+          "ends early; new ones start as slots free up.");
+ABSL_FLAG(std::string, turn_tokens, "16",
+          "New user tokens each turn after the first adds: N, or MIN:MAX (uniform).");
 ABSL_FLAG(std::string, prompts_file, "",
           "Text prompts, one per line (\\n inside a line for a newline), used in turn "
           "instead of synthetic ones.");
@@ -232,6 +240,10 @@ int Main(int argc, char** argv) {
         "--probe-share, --activations-share and --attribution-share are unavailable";
   }
   if (absl::GetFlag(FLAGS_shared_prefix_tokens) < 0) bad = "--shared-prefix-tokens must be >= 0";
+  if (absl::GetFlag(FLAGS_turns) < 1) bad = "--turns must be >= 1";
+  if (absl::GetFlag(FLAGS_turns) > 1 && !absl::GetFlag(FLAGS_prompts_file).empty()) {
+    bad = "--turns > 1 needs synthetic prompts (not --prompts-file)";
+  }
   if (const int p = absl::GetFlag(FLAGS_prompt_logprobs); p < -1 || p > 20) {
     bad = "--prompt-logprobs must be in [0, 20], or -1 (off)";
   }
@@ -240,10 +252,14 @@ int Main(int argc, char** argv) {
   WorkloadOptions wo;
   auto prompt_len = LengthDist::Parse(absl::GetFlag(FLAGS_prompt_tokens), "prompt-tokens");
   auto output_len = LengthDist::Parse(absl::GetFlag(FLAGS_output_tokens), "output-tokens");
+  auto turn_len = LengthDist::Parse(absl::GetFlag(FLAGS_turn_tokens), "turn-tokens");
   if (!prompt_len.ok()) return Fail(prompt_len.status(), 2);
   if (!output_len.ok()) return Fail(output_len.status(), 2);
+  if (!turn_len.ok()) return Fail(turn_len.status(), 2);
   wo.prompt_tokens = *prompt_len;
   wo.output_tokens = *output_len;
+  wo.turns = absl::GetFlag(FLAGS_turns);
+  wo.turn_tokens = *turn_len;
   if (!absl::GetFlag(FLAGS_prompts_file).empty()) {
     auto prompts = ReadPromptsFile(absl::GetFlag(FLAGS_prompts_file));
     if (!prompts.ok()) return Fail(prompts.status(), 2);
@@ -292,6 +308,7 @@ int Main(int argc, char** argv) {
     }
   }
   wo.vocab_size = info.vocab_size();
+  wo.context_length = info.context_length();
   if (wo.prompts.empty() && wo.prompt_tokens.max + wo.output_tokens.max > info.context_length()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
                     "--prompt-tokens max ", wo.prompt_tokens.max, " + --output-tokens max ",
@@ -363,6 +380,8 @@ int Main(int argc, char** argv) {
       {"prompt_tokens", wo.prompts.empty() ? absl::GetFlag(FLAGS_prompt_tokens) : "file"},
       {"output_tokens", absl::GetFlag(FLAGS_output_tokens)},
       {"shared_prefix_tokens", wo.shared_prefix_tokens},
+      {"turns", wo.turns},
+      {"turn_tokens", absl::GetFlag(FLAGS_turn_tokens)},
       {"attention_share", attention_share},
       {"probe_share", probe_share},
       {"activations_share", activations_share},

@@ -5,7 +5,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <utility>
 
 #include "clients/load/stats.h"
 
@@ -18,10 +20,19 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // threads; everything here is under mu_.
 class Flight {
  public:
-  void Add(std::unique_ptr<Call> call) {
+  // A conversation's turn that has ended: its request, whether it succeeded, its output.
+  struct EndedTurn {
+    RequestSpec spec;
+    bool ok;
+    std::vector<int32_t> output_ids;
+  };
+
+  // `turn`: the call is a conversation's turn with turns to come (Workload::WantsOutput).
+  void Add(std::unique_ptr<Call> call, std::optional<RequestSpec> turn) {
     std::lock_guard<std::mutex> lock(mu_);
     Call* raw = call.get();
     in_flight_[raw] = std::move(call);
+    if (turn) turns_[raw] = *std::move(turn);
     ++started_;
   }
 
@@ -30,6 +41,11 @@ class Flight {
     auto it = in_flight_.find(call);
     finished_calls_.push_back(std::move(it->second));
     in_flight_.erase(it);
+    if (auto turn = turns_.find(call); turn != turns_.end()) {
+      ended_turns_.push_back({std::move(turn->second), result.code == grpc::StatusCode::OK,
+                              std::move(result.output_ids)});
+      turns_.erase(turn);
+    }
     if (result.code != grpc::StatusCode::OK) ++errors_;
     output_tokens_ += result.output_tokens;
     last_done_ = Clock::now();
@@ -78,6 +94,10 @@ class Flight {
     p.in_flight = static_cast<int>(in_flight_.size());
     return p;
   }
+  std::vector<EndedTurn> TakeEndedTurns() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(ended_turns_, {});
+  }
   std::vector<CallResult> TakeResults(Clock::time_point& last_done) {
     std::lock_guard<std::mutex> lock(mu_);
     last_done = last_done_;
@@ -88,6 +108,8 @@ class Flight {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<Call*, std::unique_ptr<Call>> in_flight_;
+  std::map<Call*, RequestSpec> turns_;  // in flight, of conversations with turns to come
+  std::vector<EndedTurn> ended_turns_;
   std::vector<std::unique_ptr<Call>> finished_calls_;
   std::vector<CallResult> results_;
   int64_t started_ = 0;
@@ -136,16 +158,21 @@ PhaseResult Runner::Run(const PhaseOptions& options,
       }
     }
     flight.Reap();
-    const RequestSpec spec = workload_->Next();
+    for (Flight::EndedTurn& t : flight.TakeEndedTurns()) {
+      workload_->Finished(t.spec, t.ok, t.output_ids);
+    }
+    RequestSpec spec = workload_->Next();
     const ServerStubs& stubs = (*servers_)[next_server++ % servers_->size()];
+    const bool turns_to_come = workload_->WantsOutput(spec);
     std::unique_ptr<Call> call =
         spec.kind == Kind::kGenerate
             ? MakeGenerateCall(stubs.generation.get(),
                                workload_->ToGenerateRequest(spec, request_seed++),
-                               options.request_timeout)
+                               options.request_timeout, turns_to_come)
             : MakeInterpretCall(stubs, spec, options.request_timeout);
     Call* raw = call.get();
-    flight.Add(std::move(call));
+    flight.Add(std::move(call),
+               turns_to_come ? std::optional<RequestSpec>(std::move(spec)) : std::nullopt);
     ++result.started;
     raw->Start([&flight](Call* c, CallResult r) { flight.Done(c, std::move(r)); });
   }

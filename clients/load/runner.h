@@ -3,7 +3,9 @@
 // second whatever the server's pace (at most max_in_flight at once; arrivals beyond it
 // are counted as dropped). Every phase ends by itself: after `requests` starts or
 // `duration`, whichever comes first; in-flight requests then get `drain` to finish and
-// are cancelled after it (each also carries its own deadline).
+// are cancelled after it (each also carries its own deadline). A conversation's turn
+// (Workload, turns > 1) goes back to the workload when it ends, so its next turn can be
+// drawn: in the closed loop each freed slot takes a ready turn before a new prompt.
 #ifndef KVLENS_CLIENTS_LOAD_RUNNER_H_
 #define KVLENS_CLIENTS_LOAD_RUNNER_H_
 

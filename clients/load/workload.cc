@@ -46,8 +46,28 @@ const char* KindName(Kind kind) {
 }
 
 Workload::Workload(WorkloadOptions options) : options_(std::move(options)), rng_(options_.seed) {
+  shared_prefix_ = RandomIds(options_.shared_prefix_tokens);
+}
+
+std::vector<int32_t> Workload::RandomIds(int count) {
   std::uniform_int_distribution<int32_t> id(0, std::max(options_.vocab_size - 1, 0));
-  for (int i = 0; i < options_.shared_prefix_tokens; ++i) shared_prefix_.push_back(id(rng_));
+  std::vector<int32_t> ids;
+  for (int i = 0; i < count; ++i) ids.push_back(id(rng_));
+  return ids;
+}
+
+bool Workload::WantsOutput(const RequestSpec& spec) const {
+  return spec.conversation >= 0 && spec.turn + 1 < options_.turns;
+}
+
+void Workload::Finished(const RequestSpec& spec, bool ok, const std::vector<int32_t>& output_ids) {
+  if (!ok || !WantsOutput(spec)) return;
+  ReadyTurn next{spec.conversation, spec.turn + 1, spec.token_ids};
+  next.history.insert(next.history.end(), output_ids.begin(), output_ids.end());
+  const int64_t longest = static_cast<int64_t>(next.history.size()) + options_.turn_tokens.max +
+                          options_.output_tokens.max;
+  if (options_.context_length > 0 && longest > options_.context_length) return;
+  ready_.push_back(std::move(next));
 }
 
 RequestSpec Workload::Next() {
@@ -66,6 +86,16 @@ RequestSpec Workload::Next() {
     }
   }
   spec.max_new_tokens = options_.output_tokens.Draw(rng_);
+  if (spec.kind == Kind::kGenerate && !ready_.empty()) {  // (only with turns > 1)
+    ReadyTurn next = std::move(ready_.front());
+    ready_.pop_front();
+    spec.conversation = next.conversation;
+    spec.turn = next.turn;
+    spec.token_ids = std::move(next.history);
+    for (int32_t id : RandomIds(options_.turn_tokens.Draw(rng_))) spec.token_ids.push_back(id);
+    return spec;
+  }
+  if (spec.kind == Kind::kGenerate && options_.turns > 1) spec.conversation = next_conversation_++;
   if (!options_.prompts.empty()) {
     spec.text = options_.prompts[next_prompt_++ % options_.prompts.size()];
     return spec;

@@ -91,6 +91,77 @@ TEST(WorkloadTest, SharesPickKindsInProportion) {
   EXPECT_STREQ(KindName(Kind::kAttribution), "attribution");
 }
 
+// turns > 1: a conversation's next turn is drawn once its turn has ended, its prompt the
+// turn's prompt, its output and turn_tokens new ids; a new conversation starts while none
+// is ready; the last turn, a failed turn and a turn that could pass the context end it;
+// interpretability requests are never turns.
+TEST(WorkloadTest, ConversationsResendTheirHistory) {
+  WorkloadOptions o;
+  o.prompt_tokens = {10, 10};
+  o.output_tokens = {4, 4};
+  o.turn_tokens = {3, 3};
+  o.turns = 3;
+  o.vocab_size = 100;
+  Workload w(o);
+  const RequestSpec a0 = w.Next();
+  const RequestSpec b0 = w.Next();  // nothing ready: a second conversation
+  EXPECT_EQ(a0.conversation, 0);
+  EXPECT_EQ(b0.conversation, 1);
+  EXPECT_EQ(a0.turn, 0);
+  EXPECT_TRUE(w.WantsOutput(a0));
+
+  const std::vector<int32_t> out = {101, 102, 103, 104};  // (ids past the random ones')
+  w.Finished(a0, true, out);
+  EXPECT_EQ(w.ready_turns(), 1);
+  const RequestSpec a1 = w.Next();
+  EXPECT_EQ(a1.conversation, 0);
+  EXPECT_EQ(a1.turn, 1);
+  ASSERT_EQ(a1.token_ids.size(), 10u + 4 + 3);
+  EXPECT_TRUE(std::equal(a0.token_ids.begin(), a0.token_ids.end(), a1.token_ids.begin()));
+  EXPECT_TRUE(std::equal(out.begin(), out.end(), a1.token_ids.begin() + 10));
+  for (size_t i = 14; i < a1.token_ids.size(); ++i) EXPECT_LT(a1.token_ids[i], 100);
+
+  w.Finished(a1, true, out);
+  const RequestSpec a2 = w.Next();
+  EXPECT_EQ(a2.turn, 2);
+  EXPECT_EQ(a2.token_ids.size(), 17u + 4 + 3);
+  EXPECT_FALSE(w.WantsOutput(a2));  // the last turn
+  w.Finished(a2, true, out);
+  EXPECT_EQ(w.ready_turns(), 0);
+
+  w.Finished(b0, false, {});  // a failed turn ends its conversation
+  EXPECT_EQ(w.ready_turns(), 0);
+  EXPECT_EQ(w.Next().conversation, 2);
+
+  // A context of 30 (a turn's prompt + 4 new tokens): after turn 0 the history is 14
+  // tokens and turn 1 needs at most 14 + 3 + 4 = 21; after it 21 and 28; after turn 2,
+  // 28 + 3 + 4 = 35 would not fit.
+  o.turns = 4;
+  o.context_length = 30;
+  Workload bounded(o);
+  RequestSpec t = bounded.Next();
+  for (int turn = 1; turn <= 2; ++turn) {
+    bounded.Finished(t, true, out);
+    ASSERT_EQ(bounded.ready_turns(), 1) << turn;
+    t = bounded.Next();
+    EXPECT_EQ(t.turn, turn);
+  }
+  bounded.Finished(t, true, out);
+  EXPECT_EQ(bounded.ready_turns(), 0);
+
+  // Interpretability calls take no turn; one conversation-less workload has none.
+  o.attention_share = 1;
+  Workload maps(o);
+  EXPECT_EQ(maps.Next().conversation, -1);
+  WorkloadOptions single = o;
+  single.turns = 1;
+  single.attention_share = 0;
+  Workload plain(single);
+  const RequestSpec p = plain.Next();
+  EXPECT_EQ(p.conversation, -1);
+  EXPECT_FALSE(plain.WantsOutput(p));
+}
+
 TEST(WorkloadTest, FilePromptsAreUsedInTurn) {
   const std::string path = ::testing::TempDir() + "/kvlens_load_prompts.txt";
   {
