@@ -75,9 +75,9 @@ inline void DotTile(const float* x, int64_t x_stride, const Row* w, int64_t k0, 
     // A k-quant super-block a step (k0 and k are multiples of 256), then its sub-blocks of
     // 32 as below: the same FMAs in the same order.
     for (; k + 256 <= len; k += 256) {
-      Vec scales[WR];
+      alignas(64) float scales[WR][kLanes];  // (LoadSub broadcasts them from memory)
 #pragma GCC unroll 16
-      for (int c = 0; c < WR; ++c) scales[c] = w[c].Scales(k0 + k);
+      for (int c = 0; c < WR; ++c) VStore(scales[c], w[c].Scales(k0 + k));
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
         Vec lo[WR], hi[WR];

@@ -147,13 +147,18 @@ struct BlockRow {
   // 32-element blocks (q4_0): elements k … k + 31 (k a multiple of 32), the scale read once.
   void LoadBlock(int64_t k, Vec& lo, Vec& hi) const;
   // The k-quants, a super-block at a time (k a multiple of 256): Scales(k) gives its 16
-  // scale floats, made once; LoadSub(k, j, scales, …) its elements 32·j … 32·j + 31.
+  // scale floats, made once; LoadSub(k, j, scales, …) its elements 32·j … 32·j + 31, with
+  // those floats stored in memory (`scales`, 16 of them), whence each is broadcast by a
+  // load rather than a lane permute (permutes and the byte widening share the shuffle
+  // unit, the products' bottleneck).
   Vec Scales(int64_t k) const;
-  void LoadSub(int64_t k, int j, Vec scales, Vec& lo, Vec& hi) const;
+  void LoadSub(int64_t k, int j, const float* scales, Vec& lo, Vec& hi) const;
   Vec Load(int64_t k) const {  // (the products step whole blocks and never call it)
     Vec lo, hi;
     if constexpr (DTypeBlockSize(kType) == 256) {
-      LoadSub(k / 256 * 256, static_cast<int>(k % 256 / 32), Scales(k / 256 * 256), lo, hi);
+      alignas(64) float scales[kLanes];
+      VStore(scales, Scales(k / 256 * 256));
+      LoadSub(k / 256 * 256, static_cast<int>(k % 256 / 32), scales, lo, hi);
     } else {
       LoadBlock(k / 32 * 32, lo, hi);
     }
@@ -227,8 +232,8 @@ inline Vec BlockRow<DType::kQ2_K>::Scales(int64_t) const {
   return VZero();
 }
 template <>
-[[gnu::always_inline]] inline void BlockRow<DType::kQ2_K>::LoadSub(int64_t k, int j, Vec, Vec& lo,
-                                                                   Vec& hi) const {
+[[gnu::always_inline]] inline void BlockRow<DType::kQ2_K>::LoadSub(int64_t k, int j, const float*,
+                                                                   Vec& lo, Vec& hi) const {
   const uint8_t* b = p + k / 256 * 84;
   const int n = j / 4, s2 = 2 * (j % 4);
   const float d = HalfToFloat(b + 80), dmin = HalfToFloat(b + 82);
@@ -246,8 +251,8 @@ inline Vec BlockRow<DType::kQ3_K>::Scales(int64_t) const {
   return VZero();
 }
 template <>
-[[gnu::always_inline]] inline void BlockRow<DType::kQ3_K>::LoadSub(int64_t k, int j, Vec, Vec& lo,
-                                                                   Vec& hi) const {
+[[gnu::always_inline]] inline void BlockRow<DType::kQ3_K>::LoadSub(int64_t k, int j, const float*,
+                                                                   Vec& lo, Vec& hi) const {
   const uint8_t* b = p + k / 256 * 110;
   const uint8_t* packed = b + 96;
   const int n = j / 4, s = j % 4;
@@ -291,9 +296,8 @@ inline Vec ScalesK4(const uint8_t* b) {
 }
 template <DType kType>
 [[gnu::always_inline]] inline void LoadSubK4(const uint8_t* qs, const uint8_t* qh, int j,
-                                             Vec scales, Vec& lo, Vec& hi) {
-  const Vec d1 = _mm512_maskz_permutexvar_ps(kAll, _mm512_set1_epi32(j), scales);
-  const Vec m1 = _mm512_maskz_permutexvar_ps(kAll, _mm512_set1_epi32(8 + j), scales);
+                                             const float* scales, Vec& lo, Vec& hi) {
+  const Vec d1 = _mm512_set1_ps(scales[j]), m1 = _mm512_set1_ps(scales[8 + j]);
   __m512i q[2];
   for (int h = 0; h < 2; ++h) {
     const __m512i bytes = WidenBytes(qs + 32 * (j / 2) + 16 * h);
@@ -311,8 +315,9 @@ inline Vec BlockRow<DType::kQ4_K>::Scales(int64_t k) const {
   return ScalesK4(p + k / 256 * 144);
 }
 template <>
-[[gnu::always_inline]] inline void BlockRow<DType::kQ4_K>::LoadSub(int64_t k, int j, Vec scales,
-                                                                   Vec& lo, Vec& hi) const {
+[[gnu::always_inline]] inline void BlockRow<DType::kQ4_K>::LoadSub(int64_t k, int j,
+                                                                   const float* scales, Vec& lo,
+                                                                   Vec& hi) const {
   LoadSubK4<DType::kQ4_K>(p + k / 256 * 144 + 16, nullptr, j, scales, lo, hi);
 }
 template <>
@@ -320,8 +325,9 @@ inline Vec BlockRow<DType::kQ5_K>::Scales(int64_t k) const {
   return ScalesK4(p + k / 256 * 176);
 }
 template <>
-[[gnu::always_inline]] inline void BlockRow<DType::kQ5_K>::LoadSub(int64_t k, int j, Vec scales,
-                                                                   Vec& lo, Vec& hi) const {
+[[gnu::always_inline]] inline void BlockRow<DType::kQ5_K>::LoadSub(int64_t k, int j,
+                                                                   const float* scales, Vec& lo,
+                                                                   Vec& hi) const {
   const uint8_t* b = p + k / 256 * 176;
   LoadSubK4<DType::kQ5_K>(b + 48, b + 16, j, scales, lo, hi);
 }
@@ -334,8 +340,9 @@ inline Vec BlockRow<DType::kQ6_K>::Scales(int64_t k) const {
   return _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b + 208)), ToFloat(sc));
 }
 template <>
-[[gnu::always_inline]] inline void BlockRow<DType::kQ6_K>::LoadSub(int64_t k, int j, Vec scales,
-                                                                   Vec& lo, Vec& hi) const {
+[[gnu::always_inline]] inline void BlockRow<DType::kQ6_K>::LoadSub(int64_t k, int j,
+                                                                   const float* scales, Vec& lo,
+                                                                   Vec& hi) const {
   const uint8_t* b = p + k / 256 * 210;
   const int n = j / 4, c = j % 4;
   Vec* out[2] = {&lo, &hi};
@@ -345,7 +352,7 @@ template <>
     const __m512i high2 =
         I32And(I32Shr(WidenBytes(b + 128 + 32 * n + 16 * h), 2 * c), _mm512_set1_epi32(3));
     const __m512i q = I32Sub(I32Or(low4, I32Shl(high2, 4)), _mm512_set1_epi32(32));
-    const Vec s = _mm512_maskz_permutexvar_ps(kAll, _mm512_set1_epi32(2 * j + h), scales);
+    const Vec s = _mm512_set1_ps(scales[2 * j + h]);
     *out[h] = _mm512_mul_ps(s, ToFloat(q));
   }
 }
@@ -392,10 +399,10 @@ inline Vec BlockRow<DType::kIQ4_XS>::Scales(int64_t k) const {
                      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7));
 }
 template <>
-[[gnu::always_inline]] inline void BlockRow<DType::kIQ4_XS>::LoadSub(int64_t k, int j, Vec scales,
-                                                                     Vec& lo, Vec& hi) const {
-  LoadIQ4(p + k / 256 * 136 + 8 + 16 * j,
-          _mm512_maskz_permutexvar_ps(kAll, _mm512_set1_epi32(j), scales), lo, hi);
+[[gnu::always_inline]] inline void BlockRow<DType::kIQ4_XS>::LoadSub(int64_t k, int j,
+                                                                     const float* scales, Vec& lo,
+                                                                     Vec& hi) const {
+  LoadIQ4(p + k / 256 * 136 + 8 + 16 * j, _mm512_set1_ps(scales[j]), lo, hi);
 }
 #endif
 
@@ -440,7 +447,8 @@ void StoreBlocks(const BlockRow<kType>& row, int64_t n, float* out) {
   for (int64_t k = 0; k < n; k += 32) {
     Vec lo, hi;
     if constexpr (DTypeBlockSize(kType) == 256) {  // a super-block, its scales made once
-      const Vec scales = row.Scales(k);
+      alignas(64) float scales[kLanes];
+      VStore(scales, row.Scales(k));
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
         row.LoadSub(k, j, scales, lo, hi);
