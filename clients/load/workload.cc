@@ -103,8 +103,9 @@ RequestSpec Workload::Next() {
   const int length = options_.prompt_tokens.Draw(rng_);
   spec.token_ids.assign(shared_prefix_.begin(),
                         shared_prefix_.begin() + std::min<int>(length, shared_prefix_.size()));
-  std::uniform_int_distribution<int32_t> id(0, std::max(options_.vocab_size - 1, 0));
-  while (static_cast<int>(spec.token_ids.size()) < length) spec.token_ids.push_back(id(rng_));
+  for (int32_t id : RandomIds(length - static_cast<int>(spec.token_ids.size()))) {
+    spec.token_ids.push_back(id);
+  }
   return spec;
 }
 
