@@ -18,14 +18,6 @@ absl::Status CheckToken(const std::string& field, int64_t id, int32_t vocab_size
   return absl::OkStatus();
 }
 
-absl::Status CheckIndex(const std::string& field, int64_t value, int64_t count) {
-  if (value < 0 || value >= count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " = ", value, " must be in [0, ", count, ")"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckCount(const std::string& field, int64_t count, const InterpLimits& limits) {
   if (count > limits.max_targets) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -98,58 +90,6 @@ absl::StatusOr<SequenceSpec> ToSequence(const v1::PromptInput& input, const Mode
   return seq;
 }
 
-namespace {
-
-// `ids` (empty: 0 … count−1) each through `resolve(value, name)` into [0, count), none twice.
-template <typename Resolve>
-absl::StatusOr<std::vector<int>> UniqueList(const google::protobuf::RepeatedField<int32_t>& ids,
-                                            int count, const std::string& field,
-                                            Resolve&& resolve) {
-  std::vector<int> out;
-  if (ids.empty()) {
-    for (int i = 0; i < count; ++i) out.push_back(i);
-    return out;
-  }
-  std::vector<bool> seen(count, false);
-  for (int k = 0; k < ids.size(); ++k) {
-    const std::string name = absl::StrCat(field, "[", k, "]");
-    absl::StatusOr<int> id = resolve(ids[k], name);
-    if (!id.ok()) return id.status();
-    if (seen[*id]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, " = ", ids[k], *id != ids[k] ? absl::StrCat(" (", *id, ")") : "", " is repeated"));
-    }
-    seen[*id] = true;
-    out.push_back(*id);
-  }
-  return out;
-}
-
-}  // namespace
-
-absl::StatusOr<std::vector<int>> ToIndexList(const google::protobuf::RepeatedField<int32_t>& ids,
-                                             int count, const std::string& field) {
-  return UniqueList(ids, count, field,
-                    [count](int32_t id, const std::string& name) -> absl::StatusOr<int> {
-                      if (absl::Status s = CheckIndex(name, id, count); !s.ok()) return s;
-                      return id;
-                    });
-}
-
-absl::StatusOr<int> ToPosition(int64_t value, int n, const std::string& field) {
-  if (value < -n || value >= n) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " = ", value, " must be in [-", n, ", ",
-                                                   n, ") (negative: from the end, -1 the last)"));
-  }
-  return static_cast<int>(value < 0 ? value + n : value);
-}
-
-absl::StatusOr<std::vector<int>> ToPositionList(
-    const google::protobuf::RepeatedField<int32_t>& positions, int n, const std::string& field) {
-  return UniqueList(positions, n, field,
-                    [n](int32_t p, const std::string& name) { return ToPosition(p, n, name); });
-}
-
 absl::StatusOr<PositionRange> ToRange(const v1::Range& range, int n, const std::string& field) {
   // Each bound from the end when negative; end 0 is n.
   const int64_t begin = range.begin() < 0 ? int64_t{range.begin()} + n : range.begin();
@@ -200,7 +140,7 @@ absl::StatusOr<std::vector<interpret::TokenTarget>> ToTargets(
   std::vector<interpret::TokenTarget> out;
   for (int k = 0; k < targets.size(); ++k) {
     const std::string name = absl::StrCat(field, "[", k, "]");
-    absl::StatusOr<int> position = ToPosition(targets[k].position(), n, name + ".position");
+    absl::StatusOr<int> position = ToIndex(targets[k].position(), n, name + ".position");
     if (!position.ok()) return position.status();
     if (absl::Status s = CheckToken(name + ".token", targets[k].token(), c.vocab_size); !s.ok()) {
       return s;
@@ -224,7 +164,7 @@ absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest&
     }
     case v1::GradientProbeRequest::kLogitDiff: {
       const v1::LogitDiffObjective& d = request.logit_diff();
-      absl::StatusOr<int> position = ToPosition(d.position(), n, "logit_diff.position");
+      absl::StatusOr<int> position = ToIndex(d.position(), n, "logit_diff.position");
       if (!position.ok()) return position.status();
       if (absl::Status s = CheckToken("logit_diff.token_a", d.token_a(), c.vocab_size); !s.ok()) {
         return s;
@@ -237,19 +177,17 @@ absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest&
     }
     case v1::GradientProbeRequest::kAttnOutProbe: {
       const v1::AttnOutProbeObjective& p = request.attn_out_probe();
-      if (absl::Status s = CheckIndex("attn_out_probe.layer", p.layer(), c.num_layers); !s.ok()) {
-        return s;
-      }
-      if (absl::Status s = CheckIndex("attn_out_probe.head", p.head(), c.num_heads); !s.ok()) {
-        return s;
-      }
+      absl::StatusOr<int> layer = ToIndex(p.layer(), c.num_layers, "attn_out_probe.layer");
+      if (!layer.ok()) return layer.status();
+      absl::StatusOr<int> head = ToIndex(p.head(), c.num_heads, "attn_out_probe.head");
+      if (!head.ok()) return head.status();
       const int64_t want = int64_t{n} * c.head_dim;
       if (p.g_size() != want) {
         return absl::InvalidArgumentError(absl::StrCat("attn_out_probe.g has ", p.g_size(),
                                                        " values; G is [positions = ", n,
                                                        ", head_dim = ", c.head_dim, "] = ", want));
       }
-      o = interpret::Objective::AttnOutProbe(p.layer(), p.head(),
+      o = interpret::Objective::AttnOutProbe(*layer, *head,
                                              std::vector<double>(p.g().begin(), p.g().end()));
       break;
     }
@@ -273,9 +211,11 @@ absl::StatusOr<interpret::Edits> ToEdits(const v1::InterveneRequest& request, co
   for (int k = 0; k < request.ablations_size(); ++k) {
     const v1::HeadAblation& a = request.ablations(k);
     const std::string name = absl::StrCat("ablations[", k, "]");
-    if (absl::Status s = CheckIndex(name + ".layer", a.layer(), c.num_layers); !s.ok()) return s;
-    if (absl::Status s = CheckIndex(name + ".head", a.head(), c.num_heads); !s.ok()) return s;
-    edits.ablations.push_back({a.layer(), a.head(),
+    absl::StatusOr<int> layer = ToIndex(a.layer(), c.num_layers, name + ".layer");
+    if (!layer.ok()) return layer.status();
+    absl::StatusOr<int> head = ToIndex(a.head(), c.num_heads, name + ".head");
+    if (!head.ok()) return head.status();
+    edits.ablations.push_back({*layer, *head,
                                a.mode() == v1::HeadAblation::MODE_MEAN
                                    ? interpret::AblationMode::kMean
                                    : interpret::AblationMode::kZero});
@@ -283,9 +223,11 @@ absl::StatusOr<interpret::Edits> ToEdits(const v1::InterveneRequest& request, co
   for (int k = 0; k < request.row_overrides_size(); ++k) {
     const v1::RowOverride& r = request.row_overrides(k);
     const std::string name = absl::StrCat("row_overrides[", k, "]");
-    if (absl::Status s = CheckIndex(name + ".layer", r.layer(), c.num_layers); !s.ok()) return s;
-    if (absl::Status s = CheckIndex(name + ".head", r.head(), c.num_heads); !s.ok()) return s;
-    absl::StatusOr<int> position = ToPosition(r.position(), n, name + ".position");
+    absl::StatusOr<int> layer = ToIndex(r.layer(), c.num_layers, name + ".layer");
+    if (!layer.ok()) return layer.status();
+    absl::StatusOr<int> head = ToIndex(r.head(), c.num_heads, name + ".head");
+    if (!head.ok()) return head.status();
+    absl::StatusOr<int> position = ToIndex(r.position(), n, name + ".position");
     if (!position.ok()) return position.status();
     if (r.probs_size() > 0 && r.probs_size() != n) {
       return absl::InvalidArgumentError(
@@ -294,16 +236,16 @@ absl::StatusOr<interpret::Edits> ToEdits(const v1::InterveneRequest& request, co
     if (r.probs_size() == 0 && r.masked_keys_size() == 0) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": set probs or masked_keys"));
     }
+    std::vector<int> masked_keys;
     for (int j = 0; j < r.masked_keys_size(); ++j) {
-      if (absl::Status s =
-              CheckIndex(absl::StrCat(name, ".masked_keys[", j, "]"), r.masked_keys(j), n);
-          !s.ok()) {
-        return s;
-      }
+      absl::StatusOr<int> key =
+          ToIndex(r.masked_keys(j), n, absl::StrCat(name, ".masked_keys[", j, "]"));
+      if (!key.ok()) return key.status();
+      masked_keys.push_back(*key);
     }
-    edits.row_overrides.push_back(
-        {r.layer(), r.head(), *position, std::vector<double>(r.probs().begin(), r.probs().end()),
-         std::vector<int>(r.masked_keys().begin(), r.masked_keys().end())});
+    edits.row_overrides.push_back({*layer, *head, *position,
+                                   std::vector<double>(r.probs().begin(), r.probs().end()),
+                                   std::move(masked_keys)});
   }
   return edits;
 }

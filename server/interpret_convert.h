@@ -14,6 +14,7 @@
 #include "engine/interpret/tape.h"
 #include "engine/model/model.h"
 #include "kvlens/v1/interpret.pb.h"
+#include "server/index_convert.h"
 
 namespace kvlens::server {
 
@@ -41,19 +42,7 @@ absl::StatusOr<SequenceSpec> ToSequence(const v1::PromptInput& input, const Mode
                                         const InterpLimits& limits, const std::string& field,
                                         const std::vector<int32_t>* session_tokens = nullptr);
 
-// `ids` (empty: 0 … count−1), each in [0, count), no duplicates, in the given order.
-absl::StatusOr<std::vector<int>> ToIndexList(const google::protobuf::RepeatedField<int32_t>& ids,
-                                             int count, const std::string& field);
-
-// A position of an n-token sequence as a request writes it: 0 … n−1, or counted from the
-// end as Python (and TransformerLens) index, −1 … −n (−1 the last). Returns it in 0 … n−1;
-// anything else is INVALID_ARGUMENT naming `field` and [−n, n).
-absl::StatusOr<int> ToPosition(int64_t value, int n, const std::string& field);
-// ToIndexList of positions: each through ToPosition (empty: 0 … n−1), no position twice.
-absl::StatusOr<std::vector<int>> ToPositionList(
-    const google::protobuf::RepeatedField<int32_t>& positions, int n, const std::string& field);
-
-// [begin, end) within [0, n): each bound may count from the end (ToPosition; end −1 stops
+// [begin, end) within [0, n): each bound may count from the end (ToIndex; end −1 stops
 // before the last), and end 0 means n. Non-empty.
 struct PositionRange {
   int begin = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -221,18 +222,18 @@ template <typename T>
 absl::Status ProbeAt(const InterpContext& ctx, const v1::GradientProbeRequest& request,
                      const SequenceSpec& seq, const interpret::Objective& objective,
                      const std::vector<int>& layers, const std::vector<int>& heads,
-                     v1::GradientProbeResponse* response) {
+                     std::optional<int> param_layer, v1::GradientProbeResponse* response) {
   const Model& model = ctx.model();
   const SequenceInput<T> in = InputOf<T>(seq);
   const int num = static_cast<int>(seq.tokens.size());
   // With verify, the finite differences' fp64 tapes come one at a time beside this one.
-  const int64_t work = WorkBytes<T>(model.config, num, num, 1, true, request.has_param_layer()) +
+  const int64_t work = WorkBytes<T>(model.config, num, num, 1, true, param_layer.has_value()) +
                        (request.verify() ? WorkBytes<double>(model.config, num, num, 1, false) : 0);
   if (absl::Status s = CheckTapeBytes(work, num, ctx.limits, "GradientProbe"); !s.ok()) return s;
   auto tape = interpret::RunForward(model, BackendOf<T>(ctx.backends), in);
   if (!tape.ok()) return tape.status();
   interpret::BackwardOptions options;
-  if (request.has_param_layer()) options.param_layer = request.param_layer();
+  if (param_layer.has_value()) options.param_layer = *param_layer;
   auto g = interpret::ObjectiveGradients(model, *tape, objective, options,
                                          BackwardOpsOf<T>(ctx.backends));
   if (!g.ok()) return g.status();
@@ -296,16 +297,21 @@ absl::Status InterveneAt(const InterpContext& ctx, const v1::InterveneRequest& r
     for (int k = 0; k < request.patches_size(); ++k) {
       const v1::ResidualPatch& p = request.patches(k);
       const std::string name = absl::StrCat("patches[", k, "]");
-      if (p.layer() < 0 || p.layer() > c.num_layers) {
+      // 0 … L (L: the model's output); negative counts from L as every layer does (−1: the
+      // stream entering the last layer).
+      const int64_t layer = p.layer() < 0 ? int64_t{p.layer()} + c.num_layers : p.layer();
+      if (layer < 0 || layer > c.num_layers) {
         return absl::InvalidArgumentError(
-            absl::StrCat(name, ".layer = ", p.layer(), " must be in [0, ", c.num_layers, "]"));
+            absl::StrCat(name, ".layer = ", p.layer(), " must be in [-", c.num_layers, ", ",
+                         c.num_layers, "] (negative: from the end, -1 the last)"));
       }
-      absl::StatusOr<int> position = ToPosition(p.position(), n, name + ".position");
+      absl::StatusOr<int> position = ToIndex(p.position(), n, name + ".position");
       if (!position.ok()) return position.status();
       absl::StatusOr<int> source_position =
-          ToPosition(p.source_position(), source_tape->n, name + ".source_position");
+          ToIndex(p.source_position(), source_tape->n, name + ".source_position");
       if (!source_position.ok()) return source_position.status();
-      auto patch = interpret::PatchFrom(*source_tape, c, p.layer(), *source_position, *position);
+      auto patch = interpret::PatchFrom(*source_tape, c, static_cast<int>(layer), *source_position,
+                                        *position);
       if (!patch.ok()) return patch.status();
       edits.patches.push_back(*std::move(patch));
     }
@@ -436,10 +442,11 @@ absl::Status RunGradientProbe(const InterpContext& ctx, const v1::GradientProbeR
   if (absl::Status s = CheckLayerHeads(layers->size(), heads->size(), ctx.limits); !s.ok()) {
     return s;
   }
-  if (request.has_param_layer() &&
-      (request.param_layer() < 0 || request.param_layer() >= c.num_layers)) {
-    return absl::InvalidArgumentError(absl::StrCat("param_layer = ", request.param_layer(),
-                                                   " must be in [0, ", c.num_layers, ")"));
+  std::optional<int> param_layer;
+  if (request.has_param_layer()) {
+    absl::StatusOr<int> l = ToIndex(request.param_layer(), c.num_layers, "param_layer");
+    if (!l.ok()) return l.status();
+    param_layer = *l;
   }
   if (request.verify_samples() < 0 || request.verify_samples() > ctx.limits.max_verify_samples) {
     return absl::InvalidArgumentError(absl::StrCat("verify_samples = ", request.verify_samples(),
@@ -449,8 +456,10 @@ absl::Status RunGradientProbe(const InterpContext& ctx, const v1::GradientProbeR
   const bool fp64 = WantsFp64(request.precision());
   response->set_precision(PrecisionOf(fp64));
   response->mutable_token_ids()->Add(seq->tokens.begin(), seq->tokens.end());
-  return fp64 ? ProbeAt<double>(ctx, request, *seq, *objective, *layers, *heads, response)
-              : ProbeAt<float>(ctx, request, *seq, *objective, *layers, *heads, response);
+  return fp64 ? ProbeAt<double>(ctx, request, *seq, *objective, *layers, *heads, param_layer,
+                                response)
+              : ProbeAt<float>(ctx, request, *seq, *objective, *layers, *heads, param_layer,
+                               response);
 }
 
 absl::Status RunCachedKvProbe(const InterpContext& ctx, const v1::CachedKvProbeRequest& request,
@@ -597,7 +606,7 @@ absl::Status RunLogitLens(const InterpContext& ctx, const v1::LogitLensRequest& 
                                                      " entries, more than the server allows (",
                                                      ctx.limits.max_targets, ")"));
     }
-    auto p = ToPositionList(request.positions(), n, "positions");
+    auto p = ToIndexList(request.positions(), n, "positions");
     if (!p.ok()) return p.status();
     positions = *std::move(p);
   }

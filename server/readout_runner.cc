@@ -162,7 +162,7 @@ absl::Status RunLogitAttribution(const InterpContext& ctx,
   if (!seq.ok()) return seq.status();
   const int n = static_cast<int>(seq->tokens.size());
   absl::StatusOr<int> resolved =
-      ToPosition(request.has_position() ? request.position() : -1, n, "position");
+      ToIndex(request.has_position() ? request.position() : -1, n, "position");
   if (!resolved.ok()) return resolved.status();
   const int position = *resolved;
   if (request.token() < 0 || request.token() >= c.vocab_size) {

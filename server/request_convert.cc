@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/chat_template.h"
+#include "server/index_convert.h"
 
 namespace kvlens::server {
 namespace {
@@ -209,26 +210,12 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
   if (request.has_attention_rows()) {
     // Empty lists mean every layer / head; the engine checks the ranges again.
     const v1::AttentionRowsRequest& rows = request.attention_rows();
-    for (int l = 0; l < model.config.num_layers; ++l) {
-      if (rows.layers().empty()) out.attention_rows.layers.push_back(l);
-    }
-    for (int k = 0; k < rows.layers_size(); ++k) {
-      if (rows.layers(k) < 0 || rows.layers(k) >= model.config.num_layers) {
-        return Bad(absl::StrCat("attention_rows.layers[", k, "]"), rows.layers(k),
-                   absl::StrCat("in [0, ", model.config.num_layers, ")").c_str());
-      }
-      out.attention_rows.layers.push_back(rows.layers(k));
-    }
-    for (int h = 0; h < model.config.num_heads; ++h) {
-      if (rows.heads().empty()) out.attention_rows.heads.push_back(h);
-    }
-    for (int k = 0; k < rows.heads_size(); ++k) {
-      if (rows.heads(k) < 0 || rows.heads(k) >= model.config.num_heads) {
-        return Bad(absl::StrCat("attention_rows.heads[", k, "]"), rows.heads(k),
-                   absl::StrCat("in [0, ", model.config.num_heads, ")").c_str());
-      }
-      out.attention_rows.heads.push_back(rows.heads(k));
-    }
+    auto layers = ToIndexList(rows.layers(), model.config.num_layers, "attention_rows.layers");
+    if (!layers.ok()) return layers.status();
+    auto heads = ToIndexList(rows.heads(), model.config.num_heads, "attention_rows.heads");
+    if (!heads.ok()) return heads.status();
+    out.attention_rows.layers = *std::move(layers);
+    out.attention_rows.heads = *std::move(heads);
   }
   if (!request.steering().empty()) {
     if (request.session_id() != 0) {

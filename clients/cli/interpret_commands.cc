@@ -159,8 +159,8 @@ int FillTarget(const Args& args, const char* command, v1::TokenTarget* target) {
 
 int AttentionCommand(int argc, char** argv) {
   std::vector<FlagSpec> specs = CommonSpecs();
-  specs.push_back({"layers", "", "layers, e.g. \"0 2\" (default: all)"});
-  specs.push_back({"heads", "", "query heads (default: all)"});
+  specs.push_back({"layers", "", "layers, e.g. \"0 -1\" (negative: from the end; default: all)"});
+  specs.push_back({"heads", "", "query heads (negative: from the end; default: all)"});
   specs.push_back({"fp16", "", "fp16 on the wire", true});
   specs.push_back({"summaries", "", "per-head entropy, previous-token, sink, induction", true});
   specs.push_back({"induction-period", "0", "repeat period P for the induction score"});
@@ -199,8 +199,10 @@ int AttentionCommand(int argc, char** argv) {
   if (int code = RefuseNonUtf8("attention", request); code >= 0) return code;
   auto reader = stub->AttentionMaps(&context, request);
   v1::AttentionMapsResponse m;
+  std::vector<int> heads_shown;  // as the server resolved them (a head may count from the end)
   while (reader->Read(&m)) {
     if (m.has_info()) {
+      heads_shown.assign(m.info().heads().begin(), m.info().heads().end());
       std::printf("precision %s, %d tokens, %lld bytes\n", PrecisionName(m.info().precision()),
                   m.info().token_ids_size(), static_cast<long long>(m.info().total_bytes()));
       // Which token each query and key index is, "[position] text", when the matrices print.
@@ -223,7 +225,7 @@ int AttentionCommand(int argc, char** argv) {
       const std::vector<double> p = Decode(c.probs(), c.dtype());
       const bool print = c.num_keys() <= *max_print;
       for (int h = 0; h < c.num_heads(); ++h) {
-        const int head = request.heads_size() > 0 ? request.heads(h) : h;
+        const int head = h < static_cast<int>(heads_shown.size()) ? heads_shown[h] : h;
         std::printf("layer %d head %d, queries %d..%d, keys %d..%d%s\n", c.layer(), head,
                     c.query_begin(), c.query_begin() + c.num_queries() - 1, c.key_begin(),
                     c.key_begin() + c.num_keys() - 1, print ? ":" : " (use --max-print)");
@@ -312,7 +314,8 @@ int ProbeCommand(int argc, char** argv) {
 
 int InterveneCommand(int argc, char** argv) {
   std::vector<FlagSpec> specs = CommonSpecs();
-  specs.push_back({"ablate", "", "heads to ablate, \"LAYER:HEAD ...\" (required)"});
+  specs.push_back(
+      {"ablate", "", "heads to ablate, \"LAYER:HEAD ...\" (negative: from the end; required)"});
   specs.push_back({"mean", "", "mean-ablate (default: zero)", true});
   specs.push_back({"target-position", "-1",
                    "position whose next-token log-prob is reported (negative: from the end)"});

@@ -60,6 +60,8 @@ last = len(m.tokens) - 1
 out["maps_tokens"] = m.tokens
 out["maps_shape"] = list(m.probs.shape)
 out["maps_row"] = m.probs[0, 1, last, :].tolist()
+me = c.attention_maps(chat=conv, layers=[-1], heads=[-1, 0])  # from the end, resolved
+out["maps_end"] = [me.layers, me.heads, list(me.probs.shape)]
 out["objective_chat"] = c.gradient_probe(chat=conv, targets=[(last, 5)]).objective
 out["objective_text"] = c.gradient_probe(text=text, targets=[(last, 5)]).objective
 out["lens_chat"] = [r.top[0].token for r in c.logit_lens(chat=conv).rows]
@@ -161,6 +163,11 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   // An attention row, decoded from the chunks by the client, equals the C++ stub's.
   const int n = static_cast<int>(ids.size());
   EXPECT_EQ(out["maps_shape"].get<std::vector<int>>(), (std::vector<int>{1, 2, n, n}));
+  // Layers and heads from the end come back resolved, as the model counts them.
+  const ModelConfig& config = server.model().config;
+  EXPECT_EQ(out["maps_end"].dump(),
+            absl::StrCat("[[", config.num_layers - 1, "],[", config.num_heads - 1, ",0],[1,2,", n,
+                         ",", n, "]]"));
   v1::AttentionMapsRequest maps;
   *maps.mutable_input() = IdsInput(ids);
   maps.add_layers(1);

@@ -1,10 +1,12 @@
 """Client for kvlens-server. Arrays come back as numpy arrays in the wire layout:
 attention maps [layer][head][query][key], gradients as each Tensor's shape.
 
-Positions count from 0 or, as Python indexes, from the end: a target at position -1 reads
-the prompt's last token, and a range (begin, end) may take negative bounds, (-3, 0) being
-the last three positions (end 0: to the end). The server resolves them and answers with
-the absolute positions."""
+Positions, layers and heads count from 0 or, as Python indexes, from the end: a target at
+position -1 reads the prompt's last token, layers=[-1] asks for the last layer, and a range
+(begin, end) may take negative bounds, (-3, 0) being the last three positions (end 0: to the
+end). The server resolves them and answers with the absolute indices, so results are keyed
+by absolute layer and head (where a result's layer or head is -1, it is not per layer or
+head, e.g. "grad.embeddings")."""
 from __future__ import annotations
 
 import contextlib
