@@ -89,15 +89,20 @@ absl::StatusOr<GenerateResult> Generate(const Model& model, kernels::Backend<T>&
     own = *std::move(cache_or);
     sequence = own.get();
   } else {
-    // The rows serve when they were computed with this steering (prompt_logprobs scores
-    // every row) into a cache of this backend's and this layout; the storage when it also
-    // has room. Grown, it takes the rows along.
+    // The rows serve when they were computed with this steering, or under other steering
+    // those before either's first steered position (prompt_logprobs scores every row), into
+    // a cache of this backend's and this layout; the storage when it also has room. Grown,
+    // it takes the rows along.
     const KvCacheStorage<T>* kept = reuse->sequence ? &reuse->sequence->storage : nullptr;
     const bool same_layout = kept != nullptr && &kept->memory() == &backend.memory() &&
                              kept->block_size() == options.block_size &&
                              kept->dtype() == options.kv_cache_dtype;
-    if (same_layout && reuse->steering == options.steering && options.prompt_logprobs < 0) {
-      const size_t most = std::min(reuse->tokens.size(), prompt.size() - 1);
+    if (same_layout && options.prompt_logprobs < 0) {
+      size_t most = std::min(reuse->tokens.size(), prompt.size() - 1);
+      if (reuse->steering != options.steering) {
+        most = std::min<size_t>(most, std::min(FirstSteeredPosition(reuse->steering),
+                                               FirstSteeredPosition(options.steering)));
+      }
       while (num_cached < static_cast<int>(most) &&
              reuse->tokens[num_cached] == prompt[num_cached]) {
         ++num_cached;

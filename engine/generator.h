@@ -71,11 +71,12 @@ using TokenCallback = std::function<bool(int32_t token)>;
 // give a row the same bits whatever the chunk); on a GPU, within the rounding of its
 // kernels' other tilings, as with the server's prefix cache.
 //
-// The rows are taken only with the same steering and without prompt_logprobs (which
-// scores every row). The storage serves a call on the same backend memory, block size and
-// cache type whose sequence fits; otherwise it is allocated anew with the same room, or
-// with twice the room when that was too little (up to the context length; the rows copied
-// along), so a growing conversation reallocates rarely. It keeps every position (no
+// The rows are taken with the same steering, or under other steering up to the first
+// position either steers (the rows before it are the unsteered model's in both), and never
+// with prompt_logprobs (which scores every row). The storage serves a call on the same backend
+// memory, block size and cache type whose sequence fits; otherwise it is allocated anew with the
+// same room, or with twice the room when that was too little (up to the context length; the rows
+// copied along), so a growing conversation reallocates rarely. It keeps every position (no
 // sliding-window ring).
 template <typename T>
 struct GenerateCache {

@@ -2,8 +2,9 @@
 // gives a fresh Generate's tokens and log-probabilities bit for bit, having computed only
 // the prompt after the longest prefix the cache held: the previous call's prompt and every
 // generated token but the last (which was drawn, never run), counted here from those
-// token lists; always the prompt's last token. Another block size, steering or prompt
-// scoring computes the whole prompt (0 cached); a sequence past the cache's room doubles
+// token lists; always the prompt's last token. Another block size or prompt scoring
+// computes the whole prompt (0 cached), other steering from the first position either
+// steers; a sequence past the cache's room doubles
 // it and keeps the rows (every turn of a conversation grows it). A sliding window keeps
 // the bits too (the kept cache holds every position, the fresh run a ring), and so does
 // fp64. On a device's memory the grown cache's rows are copied by its Memory; another
@@ -127,12 +128,18 @@ TEST_F(GenerateCacheTest, OtherSettingsStartItAnew) {
   Turn(cpu, cache, prompt, 0, &other);
   Turn(cpu, cache, prompt, n - 1, &other);  // (now the cache's)
 
+  // Steered from position 3: rows 0 … 2 are the unsteered ones held; then all but the last.
   GenerateOptions steered = other;
   steered.steering.push_back({1, false, std::vector<float>(model_->config.dim, 0.5f), 3});
-  Turn(cpu, cache, prompt, 0, &steered);
+  ASSERT_GT(n, 5);
+  Turn(cpu, cache, prompt, 3, &steered);
   Turn(cpu, cache, prompt, n - 1, &steered);
-  steered.steering[0].from_position = 4;  // other rows steered
-  Turn(cpu, cache, prompt, 0, &steered);
+  steered.steering[0].from_position = 4;  // row 3 now unsteered: from 3 again
+  Turn(cpu, cache, prompt, 3, &steered);
+  steered.steering[0].from_position = 2;  // and now row 2 steered
+  Turn(cpu, cache, prompt, 2, &steered);
+  steered.steering[0].delta[0] = -1.0f;  // another vector from the same position
+  Turn(cpu, cache, prompt, 2, &steered);
 
   // prompt_logprobs scores every row: computed whole, and its events a fresh run's.
   GenerateOptions scored = steered;
