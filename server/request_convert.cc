@@ -223,7 +223,7 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
           "steering: not with session_id (the session's earlier tokens were computed unsteered)");
     }
     absl::StatusOr<std::vector<ResidualAdd>> adds =
-        ToResidualAdds(request.steering(), model.config, saes);
+        ToResidualAdds(request.steering(), model.config, saes, static_cast<int>(out.prompt.size()));
     if (!adds.ok()) return adds.status();
     out.steering = *std::move(adds);
   }

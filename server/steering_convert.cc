@@ -17,7 +17,7 @@ absl::Status Invalid(int k, const std::string& what) {
 
 absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(
     const google::protobuf::RepeatedPtrField<v1::SteeringVector>& steering, const ModelConfig& c,
-    SaeList saes) {
+    SaeList saes, int prompt_length) {
   if (steering.size() > kMaxSteeringVectors) {
     return absl::InvalidArgumentError(
         absl::StrCat("steering: ", steering.size(), " vectors, at most ", kMaxSteeringVectors));
@@ -29,9 +29,8 @@ absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(
     if (!std::isfinite(coefficient)) {
       return Invalid(k, absl::StrCat(".coefficient = ", coefficient, " must be finite"));
     }
-    if (s.start_position() < 0) {
-      return Invalid(k, absl::StrCat(".start_position = ", s.start_position(), " must be >= 0"));
-    }
+    const absl::StatusOr<int> start = ResolveFromPosition(s.start_position(), prompt_length);
+    if (!start.ok()) return Invalid(k, absl::StrCat(".start_position", start.status().message()));
     if (s.sae().empty() == s.vector().empty()) {
       return Invalid(k, ": give either vector (d_model values at hook) or sae and feature");
     }
@@ -54,7 +53,7 @@ absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(
         }
         add.delta[static_cast<size_t>(i)] = static_cast<float>(coefficient * s.vector(i));
       }
-      add.from_position = s.start_position();
+      add.from_position = *start;
       out.push_back(std::move(add));
       continue;
     }
@@ -86,7 +85,7 @@ absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(
       add.delta[static_cast<size_t>(i)] = static_cast<float>(
           coefficient * sae->dec[static_cast<size_t>(i) * sae->d_sae + s.feature()]);
     }
-    add.from_position = s.start_position();
+    add.from_position = *start;
     out.push_back(std::move(add));
   }
   return out;

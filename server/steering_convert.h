@@ -25,10 +25,12 @@ using SaeList = absl::Span<const std::shared_ptr<const interpret::Sae>>;
 // that is not blocks.L.hook_resid_pre/mid/post, or a layer the model lacks; a vector of
 // other than d_model values, or a value or coefficient that is not finite; an unknown SAE,
 // a feature outside [0, d_sae), an SAE on another hook kind, or a hook other than the
-// SAE's; both or neither of vector and sae.
+// SAE's; both or neither of vector and sae; a start_position before the prompt's first
+// token. A negative start_position counts from the end of the request's prompt of
+// `prompt_length` tokens (ResolveFromPosition); the adds carry it absolute.
 absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(
     const google::protobuf::RepeatedPtrField<v1::SteeringVector>& steering, const ModelConfig& c,
-    SaeList saes);
+    SaeList saes, int prompt_length);
 
 }  // namespace kvlens::server
 

@@ -81,7 +81,8 @@ const std::vector<FlagSpec>& Specs() {
        "activation steering, \"SPEC[;SPEC...]\": HOOK:PATH[:COEF] adds COEF times the "
        "d_model numbers in file PATH to the residual stream at HOOK (blocks.L.hook_resid_pre, "
        "hook_resid_mid or hook_resid_post) at every position (with @START appended: from "
-       "position START on; the prompt's token count steers the generated tokens only); with "
+       "position START on; the prompt's token count steers the generated tokens only, -1 "
+       "from the prompt's last position, whose row reads the first generated token); with "
        "--server also sae:NAME:FEATURE[:COEF][@START], that feature's decoder direction of "
        "the server's SAE NAME (kvlens-cli sae --list)"},
       {"logprobs", "",
@@ -250,13 +251,18 @@ int GenerateCommand(int argc, char** argv) {
     if (!bias.ok()) return fail(bias.status(), 2);
     options.sampling.logit_bias = *std::move(bias);
   }
+  // Steering's starts may count from the prompt's end: resolved against each prompt.
+  std::vector<SteeringSpec> steering;
   if (args->Has("steer")) {
     auto specs = ParseSteeringFlag(args->Str("steer"));
     if (!specs.ok()) return fail(specs.status(), 2);
-    auto adds = ToResidualAdds(*specs, (*model)->config);
-    if (!adds.ok()) return fail(adds.status(), 2);
-    options.steering = *std::move(adds);
+    steering = *std::move(specs);
   }
+  auto steer = [&](const std::vector<int32_t>& prompt) {
+    auto adds = ToResidualAdds(steering, (*model)->config, static_cast<int>(prompt.size()));
+    if (adds.ok()) options.steering = *std::move(adds);
+    return adds.status();
+  };
   const Tokenizer& tok = *(*model)->tokenizer;
   std::string prompt_text = args->Str("prompt");
   std::string shown = prompt_text;  // what is printed before the completion
@@ -290,6 +296,9 @@ int GenerateCommand(int argc, char** argv) {
       auto text = ApplyChatTemplate(*(*model)->chat_format, messages, true);
       if (!text.ok()) return fail(text.status(), 2);
       const std::vector<int32_t> prompt = tok.EncodeWithSpecialTokens(*text, bos);
+      // (A start from the end moves with each turn's prompt: the generator's cache then
+      // computes again from the earlier of the two starts.)
+      if (absl::Status s = steer(prompt); !s.ok()) return fail(s, 2);
       if (local.fp64) {
         return Run<double>(**model, reference, reference.name(), prompt, "", options, stops,
                            args->Switch("stats"), nullptr, reply, &reference_cache);
@@ -316,6 +325,7 @@ int GenerateCommand(int argc, char** argv) {
     return fail(absl::InvalidArgumentError("the prompt is empty and the model has no BOS token"),
                 2);
   }
+  if (absl::Status s = steer(prompt); !s.ok()) return fail(s, 2);
   std::vector<ScoredToken> scored;
   if (args->Has("prompt-logprobs")) {
     auto top = args->Int("prompt-logprobs", 0, 20);

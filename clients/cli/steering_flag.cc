@@ -24,14 +24,12 @@ absl::StatusOr<std::vector<SteeringSpec>> ParseSteeringFlag(const std::string& f
   for (absl::string_view piece : absl::StrSplit(flag, ';', absl::SkipWhitespace())) {
     SteeringSpec spec;
     spec.text = std::string(piece);
-    // @START: a trailing integer (an '@' elsewhere may belong to a file name).
+    // @START: a trailing integer (an '@' elsewhere may belong to a file name); negative
+    // counts from the end of the prompt, resolved where the prompt is known.
     if (const size_t at = piece.rfind('@'); at != absl::string_view::npos) {
       const absl::string_view start = piece.substr(at + 1);
       int value = 0;
       if (absl::SimpleAtoi(start, &value)) {
-        if (value < 0) {
-          return Bad(spec.text, absl::StrCat("start \"", start, "\" is not a position >= 0"));
-        }
         spec.start = value;
         piece = piece.substr(0, at);
       }
@@ -89,7 +87,7 @@ void AddSteering(const std::vector<SteeringSpec>& specs, v1::GenerateRequest* re
 }
 
 absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(const std::vector<SteeringSpec>& specs,
-                                                        const ModelConfig& c) {
+                                                        const ModelConfig& c, int prompt_length) {
   std::vector<ResidualAdd> out;
   for (const SteeringSpec& spec : specs) {
     if (!spec.sae.empty()) return Bad(spec.text, "SAE features need --server (its --sae)");
@@ -102,7 +100,9 @@ absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(const std::vector<Steeri
     // As the server: the coefficient (as a float on the wire) times each value, in double.
     const double coefficient = static_cast<float>(spec.coefficient.value_or(1.0));
     for (float x : spec.vector) add->delta.push_back(static_cast<float>(coefficient * x));
-    add->from_position = spec.start;
+    const absl::StatusOr<int> start = ResolveFromPosition(spec.start, prompt_length);
+    if (!start.ok()) return Bad(spec.text, absl::StrCat("start", start.status().message()));
+    add->from_position = *start;
     out.push_back(*std::move(add));
   }
   return out;

@@ -3,9 +3,11 @@
 //                              added at HOOK (blocks.L.hook_resid_pre / _mid / _post)
 //   sae:NAME:FEATURE[:COEF]    the decoder direction of feature FEATURE of the server's
 //                              SAE NAME (kvlens-cli sae --list), at that SAE's hook
-// COEF (default 1) multiplies the vector. With --server the specs become the Generate
-// request's SteeringVectors (the server checks them); on a local model, HOOK:PATH specs
-// become the generator's ResidualAdds (checked against the model here).
+// COEF (default 1) multiplies the vector; @START (default 0) is the first position it is
+// added at, negative from the end of the prompt (-1 its last: every generated token).
+// With --server the specs become the Generate request's SteeringVectors (the server
+// checks them); on a local model, HOOK:PATH specs become the generator's ResidualAdds
+// (checked against the model here).
 #ifndef KVLENS_CLIENTS_CLI_STEERING_FLAG_H_
 #define KVLENS_CLIENTS_CLI_STEERING_FLAG_H_
 
@@ -27,7 +29,7 @@ struct SteeringSpec {
   std::string sae;  // sae:NAME:FEATURE
   int feature = 0;
   std::optional<double> coefficient;
-  int start = 0;  // @START: the first position steered
+  int start = 0;  // @START: the first position steered (negative: from the prompt's end)
 };
 
 // INVALID_ARGUMENT naming --steer and the spec for a malformed one or an unreadable file.
@@ -37,10 +39,10 @@ absl::StatusOr<std::vector<SteeringSpec>> ParseSteeringFlag(const std::string& f
 void AddSteering(const std::vector<SteeringSpec>& specs, v1::GenerateRequest* request);
 
 // The specs as residual adds for a local model: INVALID_ARGUMENT naming the spec for an
-// SAE feature (those need --server), a hook the model lacks or a vector of other than
-// d_model numbers.
+// SAE feature (those need --server), a hook the model lacks, a vector of other than
+// d_model numbers or a start before the first of the prompt's `prompt_length` tokens.
 absl::StatusOr<std::vector<ResidualAdd>> ToResidualAdds(const std::vector<SteeringSpec>& specs,
-                                                        const ModelConfig& c);
+                                                        const ModelConfig& c, int prompt_length);
 
 }  // namespace kvlens::cli
 

@@ -15,6 +15,15 @@ int FirstSteeredPosition(absl::Span<const ResidualAdd> adds) {
   return first;
 }
 
+absl::StatusOr<int> ResolveFromPosition(int start, int prompt_length) {
+  if (start < -prompt_length) {
+    return absl::InvalidArgumentError(absl::StrCat(" = ", start, " must be >= -", prompt_length,
+                                                   " (negative: from the end of the ",
+                                                   prompt_length, "-token prompt, -1 its last)"));
+  }
+  return start < 0 ? start + prompt_length : start;
+}
+
 absl::Status CheckResidualAdds(absl::Span<const ResidualAdd> adds, const ModelConfig& c,
                                std::string_view field) {
   for (size_t k = 0; k < adds.size(); ++k) {

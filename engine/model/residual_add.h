@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/model/model_config.h"
 
@@ -31,6 +32,13 @@ struct ResidualAdd {
 // The first position any of `adds` changes (INT_MAX when there are none): the rows before
 // it, their keys and values, are the unsteered model's.
 int FirstSteeredPosition(absl::Span<const ResidualAdd> adds);
+
+// A steering start as requests write it, made absolute for a prompt of `prompt_length`
+// tokens: a position >= 0 as it is; a negative one counted from the prompt's end (−1 its
+// last position, whose row reads the first generated token; −prompt_length its first).
+// INVALID_ARGUMENT for a start before the first, its message starting " = START" for the
+// caller to prefix with the field's name.
+absl::StatusOr<int> ResolveFromPosition(int start, int prompt_length);
 
 // INVALID_ARGUMENT naming field[k] for an add at a layer outside [0, L] ([0, L) mid), of
 // other than dim values, with a value that is not finite, or from a negative position.

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "server/request_convert.h"
 #include "tests/oracle/oracle_runner.h"
 #include "tests/server/server_test_util.h"
 #include "tests/test_paths.h"
@@ -21,9 +22,12 @@
 namespace kvlens::testing {
 namespace {
 
-// The reply the server gives to `messages` ((role, content) pairs), 6 greedy tokens.
-std::string Reply(TestServer& server, const std::vector<std::pair<std::string, std::string>>& m) {
+// The reply the server gives to `messages` ((role, content) pairs), 6 greedy tokens, with
+// `steering` if any.
+std::string Reply(TestServer& server, const std::vector<std::pair<std::string, std::string>>& m,
+                  const std::vector<v1::SteeringVector>& steering = {}) {
   v1::GenerateRequest request;
+  for (const v1::SteeringVector& s : steering) *request.add_steering() = s;
   for (const auto& [role, content] : m) {
     v1::ChatMessage* message = request.mutable_chat()->add_messages();
     message->set_role(role);
@@ -103,6 +107,67 @@ TEST(GenerateCliInteractive, EachTurnIsTheWholeConversationsReply) {
   EXPECT_EQ(remote,
             "kvlens-cli generate: --interactive: the server's model has no chat template "
             "(GetModelInfo.chat_template); start kvlens-server with --chat-template\n");
+}
+
+// --steer with a start from the prompt's end (@-1: every generated token) on a local
+// conversation: each turn's reply is the server's to the same conversation with the same
+// start_position -1, which the server resolves against that turn's prompt. The start moves
+// with each turn, so the second turn takes from the kept cache only the rows before the
+// first turn's steered ones: its prompt's first P1 − 1 tokens.
+TEST(GenerateCliInteractive, SteeringFromThePromptsEndMovesWithEachTurn) {
+  KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));
+  ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+  const std::string path = MakeChatMlModel();
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  TestServer server(path, TestServer::DefaultOptions());
+  ASSERT_TRUE(server.ok()) << server.error();
+  const int D = static_cast<int>(server.model().config.dim);
+  v1::SteeringVector steer;
+  steer.set_hook("blocks.0.hook_resid_post");
+  std::string numbers;
+  for (int i = 0; i < D; ++i) {
+    steer.add_vector(0.5f * static_cast<float>(i % 5) - 1.0f);
+    absl::StrAppend(&numbers, steer.vector(i), " ");
+  }
+  steer.set_coefficient(4.0f);
+  steer.set_start_position(-1);
+  const std::string file = ::testing::TempDir() + "kvlens_interactive_steer.txt";
+  const std::string stats = ::testing::TempDir() + "kvlens_interactive_steer_stats.txt";
+  ASSERT_EQ(RunCommand(absl::StrCat("printf '%s' '", numbers, "' > ", file)).first, 0);
+  const auto [code, out] = RunCommand(absl::StrCat(
+      "printf 'Tell me a story\nWhat did Lily do?\n' | timeout 60 ", KVLENS_CLI_PATH,
+      " generate --model ", path, " --interactive --max-new-tokens 6 --stats --steer '",
+      steer.hook(), ":", file, ":4@-1' 2>", stats));
+  const auto [cat_code, stats_text] = RunCommand("cat " + stats);
+  // A start before the prompt is refused naming the spec and the prompt's length.
+  const auto [bad_code, bad] = RunCommand(absl::StrCat(KVLENS_CLI_PATH, " generate --model ", path,
+                                                       " --prompt hi --max-new-tokens 2 --steer '",
+                                                       steer.hook(), ":", file, ":4@-99' 2>&1"));
+  std::remove(file.c_str());
+  std::remove(stats.c_str());
+  std::remove(path.c_str());
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_EQ(bad_code, 2) << bad;
+  EXPECT_NE(bad.find("@-99\": start = -99 must be >= -"), std::string::npos) << bad;
+
+  const std::string first = Reply(server, {{"user", "Tell me a story"}}, {steer});
+  const std::string second = Reply(
+      server, {{"user", "Tell me a story"}, {"assistant", first}, {"user", "What did Lily do?"}},
+      {steer});
+  ASSERT_FALSE(first.empty());
+  EXPECT_NE(first, Reply(server, {{"user", "Tell me a story"}}));  // the steering steers
+  EXPECT_EQ(out, absl::StrCat(first, "\n", second, "\n"));
+  v1::ChatPrompt chat;
+  v1::ChatMessage* m = chat.add_messages();
+  m->set_role("user");
+  m->set_content("Tell me a story");
+  const auto p1 = server::EncodeChat(server.model(), chat, std::nullopt, "chat");
+  ASSERT_TRUE(p1.ok()) << p1.status();
+  const std::vector<std::string> lines = absl::StrSplit(stats_text, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << stats_text;
+  EXPECT_NE(lines[0].find("(0 cached)"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find(absl::StrCat("(", p1->size() - 1, " cached)")), std::string::npos)
+      << lines[1];
 }
 
 }  // namespace

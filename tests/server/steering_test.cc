@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/interpret/sae_file.h"
 #include "gtest/gtest.h"
+#include "server/request_convert.h"
 #include "tests/oracle/oracle_runner.h"
 #include "tests/server/server_test_util.h"
 #include "tests/temp_dir.h"
@@ -185,6 +186,14 @@ TEST_F(SteeringRpc, StartPositionsMatchTheOracle) {
     ASSERT_FALSE(late.tokens.empty());
     EXPECT_EQ(late.tokens[0], plain.tokens[0]);
     ExpectOracleChain(c.model, c.prompt, late, absl::StrCat("--steer ", post, ":", fe, ":-1:", n));
+    // From the end of the prompt: -1 is row n − 1 (the oracle's start n − 1), -n row 0.
+    v1::SteeringVector last_row = generated, first_row = in_prompt;
+    last_row.set_start_position(-1);
+    first_row.set_start_position(-n);
+    const StreamResult from_last = SteeredGreedy(server, c.prompt, 10, {last_row, first_row});
+    ExpectOracleChain(
+        c.model, c.prompt, from_last,
+        absl::StrCat("--steer ", pre, ":", fa, ":1:0 --steer ", post, ":", fe, ":-1:", n - 1));
   }
 }
 
@@ -258,9 +267,21 @@ TEST_F(SteeringRpc, SaeFeatureSteeringIsItsDecoderRow) {
     EXPECT_EQ(code, 0) << printed;
     EXPECT_EQ(printed, "And God said" + late.text + "\n") << command;
   }
-  const auto [at_code, at_text] = RunCommand(cli + " --steer 'sae:x:3@-1' 2>&1");
-  EXPECT_EQ(at_code, 2) << at_text;
-  EXPECT_NE(at_text.find("start \"-1\" is not a position >= 0"), std::string::npos) << at_text;
+  // @-1: from the prompt's last position (the first generated token steered too), resolved
+  // by the server and locally against the prompt: the RPC's text with the absolute start.
+  v1::GenerateRequest last_request = text_request;
+  last_request.mutable_steering(0)->set_start_position(
+      static_cast<int>(server::EncodeText(*server.model().tokenizer, text_request).size()) - 1);
+  const StreamResult last = RunGenerate(server.stub(), last_request);
+  ASSERT_TRUE(last.status.ok()) << last.status.error_message();
+  EXPECT_NE(last.text, late.text);
+  for (const std::string& command :
+       {absl::StrCat(cli, " --steer 'sae:", name, ":347:12@-1'"),
+        absl::StrCat(local, " --steer '", hook, ":", row_file, ":12@-1'")}) {
+    const auto [code, printed] = RunCommand(command);
+    EXPECT_EQ(code, 0) << printed;
+    EXPECT_EQ(printed, "And God said" + last.text + "\n") << command;
+  }
   const auto [sae_code, sae_text] = RunCommand(local + " --steer 'sae:x:3' 2>&1");
   EXPECT_EQ(sae_code, 2) << sae_text;
   EXPECT_NE(sae_text.find("SAE features need --server"), std::string::npos) << sae_text;
@@ -301,7 +322,7 @@ TEST_F(SteeringRpc, RejectsMalformedSteeringNamingTheField) {
   v1::SteeringVector inf_coefficient = Vector("blocks.0.hook_resid_pre", ok, 1.0);
   inf_coefficient.set_coefficient(INFINITY);
   v1::SteeringVector negative_start = Vector("blocks.0.hook_resid_pre", ok, 1.0);
-  negative_start.set_start_position(-2);
+  negative_start.set_start_position(-3);  // the prompt has 2 tokens
   struct Case {
     std::vector<v1::SteeringVector> steering;
     std::string message;
@@ -316,7 +337,9 @@ TEST_F(SteeringRpc, RejectsMalformedSteeringNamingTheField) {
       {{Vector("blocks.0.hook_resid_pre", ok, 1), Vector("blocks.0.hook_resid_pre", nan, 1)},
        "steering[1].vector[5] = nan must be finite"},
       {{inf_coefficient}, "steering[0].coefficient = inf must be finite"},
-      {{negative_start}, "steering[0].start_position = -2 must be >= 0"},
+      {{negative_start},
+       "steering[0].start_position = -3 must be >= -2 (negative: from the end of the 2-token "
+       "prompt, -1 its last)"},
       {{both}, "steering[0]: give either vector"},
       {{v1::SteeringVector()}, "steering[0]: give either vector"},
       {{by_sae("nope", 1)}, "steering[0].sae = \"nope\" is not an SAE this server loaded"},

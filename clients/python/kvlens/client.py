@@ -247,7 +247,7 @@ class Client:
         d_model numbers, "coefficient": c} or {"sae": name, "feature": i, "coefficient": c}
         (a server SAE's decoder direction; list_saes()), each optionally with
         "start_position": p (added from position p on; the prompt's length: the generated
-        tokens only). session_id (open_session()): the prompt continues that session's
+        tokens only; negative: from the prompt's end, -1 its last, so every generated token). session_id (open_session()): the prompt continues that session's
         conversation, of which only the new tokens are computed."""
         req = _generate_request(text, tokens, chat, max_new_tokens, steering, session_id)
         _sampling_and_stopping(req, sampling, stop, min_new_tokens, ignore_eos)
