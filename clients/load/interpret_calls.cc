@@ -119,14 +119,15 @@ using ActivationsCall = UnaryCall<v1::ActivationsRequest, v1::ActivationsRespons
 using AttributionCall = UnaryCall<v1::LogitAttributionRequest, v1::LogitAttributionResponse,
                                   &v1::Interpret::Stub::async_interface::LogitAttribution>;
 
-// J = log p(last prompt token | the tokens before it) (text prompts: of token 0 after the
-// first position); gradients w.r.t. the input embeddings and their saliency.
+// J = log p(last prompt token | the tokens before it) (text prompts, whose ids only the
+// server knows: of token 0 after the whole prompt, position −1), so the backward runs
+// through every position; gradients w.r.t. the input embeddings and their saliency.
 v1::GradientProbeRequest ProbeRequest(const RequestSpec& spec) {
   v1::GradientProbeRequest r;
   SetInput(spec, r.mutable_input());
   v1::TokenTarget* target = r.mutable_log_prob()->add_targets();
   const int n = static_cast<int>(spec.token_ids.size());
-  target->set_position(n >= 2 ? n - 2 : 0);
+  target->set_position(n >= 2 ? n - 2 : -1);
   target->set_token(n >= 2 ? spec.token_ids[n - 1] : 0);
   r.set_embeddings(true);
   return r;
