@@ -31,8 +31,8 @@ absl::Status ActivationsAt(const InterpContext& ctx, const SequenceSpec& seq,
   for (interpret::Hook hook : hooks) {
     const std::vector<int> per_hook =
         interpret::HookIsPerLayer(hook) ? layers : std::vector<int>{-1};
-    std::vector<int64_t> shape = {rows.size()};
-    for (int64_t d : interpret::HookRowShape(model.config, hook)) shape.push_back(d);
+    const std::vector<int64_t> shape =
+        interpret::HookShape(model.config, hook, rows.size(), tape->num_keys);
     for (int l : per_hook) {
       auto values = interpret::ReadHook(model, be, *tape, hook, l, rows.begin, rows.end);
       if (!values.ok()) return values.status();
@@ -143,7 +143,7 @@ absl::Status RunActivations(const InterpContext& ctx, const v1::ActivationsReque
   for (interpret::Hook hook : hooks) {
     const int64_t count =
         interpret::HookIsPerLayer(hook) ? static_cast<int64_t>(layers->size()) : 1;
-    bytes += count * rows->size() * interpret::HookRowElements(c, hook) * DTypeBytes(dtype);
+    bytes += count * rows->size() * interpret::HookRowElements(c, hook, n) * DTypeBytes(dtype);
   }
   if (absl::Status s = CheckBytes(bytes, ctx.limits, "the activations"); !s.ok()) return s;
   response->set_precision(PrecisionOf(fp64));

@@ -9,7 +9,7 @@
 namespace kvlens::interpret {
 namespace {
 
-constexpr std::array<std::pair<Hook, const char*>, 13> kHooks = {{
+constexpr std::array<std::pair<Hook, const char*>, 15> kHooks = {{
     {Hook::kResidPre, "resid_pre"},
     {Hook::kResidMid, "resid_mid"},
     {Hook::kResidPost, "resid_post"},
@@ -23,6 +23,8 @@ constexpr std::array<std::pair<Hook, const char*>, 13> kHooks = {{
     {Hook::kMlpPre, "mlp_pre"},
     {Hook::kMlpPost, "mlp_post"},
     {Hook::kLnFinal, "ln_final"},
+    {Hook::kAttnScores, "attn_scores"},
+    {Hook::kPattern, "pattern"},
 }};
 
 // The tape's [rows, width] tensor behind every hook but result.
@@ -52,12 +54,19 @@ const std::vector<T>& Source(const Tape<T>& t, Hook hook, int l) {
       return lt.pre;
     case Hook::kMlpPost:
       return lt.act;
+    case Hook::kAttnScores:
+      return lt.scores;
+    case Hook::kPattern:
+      return lt.probs;
     case Hook::kLnFinal:
     case Hook::kResult:
       break;
   }
   return t.xf;
 }
+
+// attn_scores and pattern: the tape's [H, n, Tk] maps, kept head first.
+bool HeadFirst(Hook hook) { return hook == Hook::kAttnScores || hook == Hook::kPattern; }
 
 // result: each head's rows of O alone (the others zero) through W_O, no bias:
 // [rows, H, D].
@@ -107,8 +116,11 @@ bool HookIsPerLayer(Hook hook) { return hook != Hook::kLnFinal; }
 
 bool HookRowsAreKeys(Hook hook) { return hook == Hook::kK || hook == Hook::kV; }
 
-std::vector<int64_t> HookRowShape(const ModelConfig& c, Hook hook) {
+std::vector<int64_t> HookRowShape(const ModelConfig& c, Hook hook, int64_t num_keys) {
   switch (hook) {
+    case Hook::kAttnScores:
+    case Hook::kPattern:
+      return {c.num_heads, num_keys};
     case Hook::kZ:
     case Hook::kQ:
       return {c.num_heads, c.head_dim};
@@ -125,10 +137,17 @@ std::vector<int64_t> HookRowShape(const ModelConfig& c, Hook hook) {
   }
 }
 
-int64_t HookRowElements(const ModelConfig& c, Hook hook) {
+int64_t HookRowElements(const ModelConfig& c, Hook hook, int64_t num_keys) {
   int64_t e = 1;
-  for (int64_t d : HookRowShape(c, hook)) e *= d;
+  for (int64_t d : HookRowShape(c, hook, num_keys)) e *= d;
   return e;
+}
+
+std::vector<int64_t> HookShape(const ModelConfig& c, Hook hook, int64_t rows, int64_t num_keys) {
+  if (HeadFirst(hook)) return {c.num_heads, rows, num_keys};
+  std::vector<int64_t> shape = {rows};
+  for (int64_t d : HookRowShape(c, hook, num_keys)) shape.push_back(d);
+  return shape;
 }
 
 template <typename T>
@@ -148,8 +167,18 @@ absl::StatusOr<std::vector<T>> ReadHook(const Model& model, kernels::Backend<T>&
   }
   if (hook == Hook::kResult)
     return HeadResults(model, be, tape, layer, row_begin, row_end - row_begin);
-  const int64_t width = HookRowElements(c, hook);
   const std::vector<T>& src = Source(tape, hook, HookIsPerLayer(hook) ? layer : 0);
+  if (HeadFirst(hook)) {  // [H, n, Tk] → [H, rows, Tk]
+    const int64_t tk = tape.num_keys, n = tape.n;
+    std::vector<T> out;
+    out.reserve(static_cast<size_t>(c.num_heads * (row_end - row_begin) * tk));
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      out.insert(out.end(), src.begin() + (h * n + row_begin) * tk,
+                 src.begin() + (h * n + row_end) * tk);
+    }
+    return out;
+  }
+  const int64_t width = HookRowElements(c, hook, tape.num_keys);
   return std::vector<T>(src.begin() + row_begin * width, src.begin() + row_end * width);
 }
 

@@ -15,7 +15,11 @@
 //   k, v          post-RoPE keys, values Tk        [Hkv, Dh]         LayerTape::k / v
 //   mlp_pre       gate / GELU input      n         [F]               LayerTape::pre
 //   mlp_post      the FFN's hidden       n         [F]               LayerTape::act
+//   attn_scores   pre-softmax scores     n         [H, Tk]  *        LayerTape::scores
+//   pattern       attention probs        n         [H, Tk]  *        LayerTape::probs
 //   ln_final      final norm's output    n         [D]  (no layer)   Tape::xf
+// * head first, as TransformerLens's hook_attn_scores / hook_pattern and AttentionMaps:
+//   the tensor of rows [b, e) is [H, e − b, Tk], masked keys −∞ (scores) and 0 (pattern).
 // attn_out and mlp_out are after Gemma 2/3's block-output norms, b_O and the FFN's bias
 // included; result has neither bias nor norm, so Σ_h result = O·W_Oᵀ (and attn_out with b_O
 // added, for models without the norms). GradientProbe's `attn_out` is this `z`.
@@ -47,6 +51,8 @@ enum class Hook : uint8_t {
   kMlpPre,
   kMlpPost,
   kLnFinal,
+  kAttnScores,
+  kPattern,
 };
 
 std::string_view HookName(Hook hook);
@@ -58,12 +64,16 @@ std::string HookNameList();
 bool HookIsPerLayer(Hook hook);
 // k and v have a row per key (Tk = offset + n), the others per new token (n).
 bool HookRowsAreKeys(Hook hook);
-// The shape of one row: {D}, {H, Dh}, {H, D}, {Hkv, Dh} or {F}.
-std::vector<int64_t> HookRowShape(const ModelConfig& c, Hook hook);
-int64_t HookRowElements(const ModelConfig& c, Hook hook);
+// The shape of one row over `num_keys` keys: {D}, {H, Dh}, {H, D}, {Hkv, Dh}, {F} or
+// {H, num_keys} (attn_scores, pattern; the other hooks' rows have no keys).
+std::vector<int64_t> HookRowShape(const ModelConfig& c, Hook hook, int64_t num_keys);
+int64_t HookRowElements(const ModelConfig& c, Hook hook, int64_t num_keys);
+// The shape of the tensor of `rows` rows: {rows, HookRowShape…}, or head first for
+// attn_scores and pattern, {H, rows, num_keys}.
+std::vector<int64_t> HookShape(const ModelConfig& c, Hook hook, int64_t rows, int64_t num_keys);
 
-// Rows [row_begin, row_end) of `hook` at `layer` (ignored for ln_final), row-major
-// [rows, HookRowShape…]. INVALID_ARGUMENT when the layer or the rows are out of range.
+// Rows [row_begin, row_end) of `hook` at `layer` (ignored for ln_final), row-major in
+// HookShape's order. INVALID_ARGUMENT when the layer or the rows are out of range.
 template <typename T>
 absl::StatusOr<std::vector<T>> ReadHook(const Model& model, kernels::Backend<T>& backend,
                                         const Tape<T>& tape, Hook hook, int layer, int row_begin,

@@ -70,7 +70,7 @@ absl::Status CheckSaeFitsModel(const Sae& sae, const ModelConfig& c) {
                                                    " reads layer ", sae.layer, "; the model has ",
                                                    c.num_layers, " layers"));
   }
-  const int64_t width = HookRowElements(c, sae.hook);
+  const int64_t width = HookRowElements(c, sae.hook, /*num_keys=*/0);  // (residual hooks)
   if (sae.d_in != width) {
     return absl::InvalidArgumentError(absl::StrCat("SAE ", sae.name, ": d_in = ", sae.d_in,
                                                    ", but the model's ", sae.hook_name,

@@ -15,7 +15,8 @@
 --activations adds every cached activation (TransformerLens's run_with_cache):
 act.resid_pre/resid_mid/resid_post/attn_out/mlp_out.{l} [T, D], act.z.{l} [T, H, hd],
 act.result.{l} [T, H, D], act.mlp_pre/mlp_post.{l} [T, F], act.q.{l} [T, H, hd],
-act.k/v.{l} [T, KV, hd], act.ln_final [T, D].
+act.k/v.{l} [T, KV, hd], act.attn_scores/pattern.{l} [H, T, T] (masked: -inf / 0),
+act.ln_final [T, D].
 --logit-attribution "row:token[:baseline]" adds the direct logit attribution of
 logit[row, token] (minus logit[row, baseline]) with the norms' scales frozen: dla.logit,
 dla.scale, dla.embed, dla.pos_embed, dla.final_norm_bias [1], dla.attn, dla.mlp,

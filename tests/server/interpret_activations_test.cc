@@ -42,6 +42,30 @@ std::vector<double> OracleRows(const OracleArray& a, int begin, int end) {
   return std::vector<double>(a.data.begin() + begin * width, a.data.begin() + end * width);
 }
 
+// Query rows [begin, end) of an oracle map [H, T, T], head first: [H, end − begin, T].
+std::vector<double> OracleMapRows(const OracleArray& a, int begin, int end) {
+  const int64_t t = a.dims[1], keys = a.dims[2];
+  std::vector<double> out;
+  for (int64_t h = 0; h < a.dims[0]; ++h) {
+    out.insert(out.end(), a.data.begin() + (h * t + begin) * keys,
+               a.data.begin() + (h * t + end) * keys);
+  }
+  return out;
+}
+
+// The relative error of `got` against `want` where both are finite; the masked entries
+// (−∞ scores) must be −∞ in both.
+double MaskedRelErr(const std::vector<double>& got, std::vector<double> want) {
+  std::vector<double> finite = got;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    if (std::isinf(want[i]) || std::isinf(got[i])) {
+      if (got[i] != want[i]) return INFINITY;
+      finite[i] = want[i] = 0;
+    }
+  }
+  return RelErr(finite, want);
+}
+
 TEST(InterpretActivations, MatchTheOracle) {
   KVLENS_REQUIRE_FILE(DefaultModelPath() + "/config.json");
   if (!OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
@@ -53,7 +77,7 @@ TEST(InterpretActivations, MatchTheOracle) {
   v1::ActivationsRequest r;
   *r.mutable_input() = IdsInput(kTokens);
   for (const char* h : {"resid_pre", "resid_post", "attn_out", "mlp_out", "z", "result", "k",
-                        "mlp_post", "ln_final"}) {
+                        "mlp_post", "attn_scores", "pattern", "ln_final"}) {
     r.add_hooks(h);
   }
   r.add_layers(3);
@@ -69,17 +93,20 @@ TEST(InterpretActivations, MatchTheOracle) {
     EXPECT_EQ(std::vector<int32_t>(a.token_ids().begin(), a.token_ids().end()), kTokens);
     EXPECT_EQ(a.positions().begin(), 2);
     EXPECT_EQ(a.positions().end(), 7);
-    ASSERT_EQ(a.tensors_size(), 8 * 2 + 1);  // ln_final once
+    ASSERT_EQ(a.tensors_size(), 10 * 2 + 1);  // ln_final once
     double worst = 0;
     for (const v1::Tensor& t : a.tensors()) {
       EXPECT_EQ(t.dtype(), precision == v1::PRECISION_FP64 ? v1::DTYPE_FP64 : v1::DTYPE_FP32);
       const std::string name = t.layer() < 0 ? absl::StrCat("act.", t.name())
                                              : absl::StrCat("act.", t.name(), ".", t.layer());
       const OracleArray& want = ref.arrays.at(name);
+      // The maps are head first ([H, rows, T], as TransformerLens's); the rest rows first.
+      const bool map = t.name() == "attn_scores" || t.name() == "pattern";
       std::vector<int64_t> shape = want.dims;
-      shape[0] = 5;
+      shape[map ? 1 : 0] = 5;
       EXPECT_EQ(std::vector<int64_t>(t.shape().begin(), t.shape().end()), shape) << name;
-      const double e = RelErr(DecodeTensor(t), OracleRows(want, 2, 7));
+      const double e = map ? MaskedRelErr(DecodeTensor(t), OracleMapRows(want, 2, 7))
+                           : RelErr(DecodeTensor(t), OracleRows(want, 2, 7));
       EXPECT_LE(e, precision == v1::PRECISION_FP64 ? 1e-9 : 1e-4) << name;
       worst = std::max(worst, e);
     }

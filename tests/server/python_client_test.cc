@@ -85,10 +85,12 @@ sc = c.score(chat=conv, top=2)
 out["score_tokens"], out["score_top"] = sc.tokens, [[t for t, _ in row] for row in sc.top]
 out["score_logprobs"] = [None] + sc.logprobs[1:].tolist()
 out["score_total"] = sc.total()
-cache = c.run_with_cache(chat=conv, hooks=("z", "ln_final"), layers=[1], fp64=True)
+cache = c.run_with_cache(chat=conv, hooks=("z", "pattern", "ln_final"), layers=[1], fp64=True)
 out["cache_keys"] = sorted(cache)
 out["cache_z_shape"] = list(cache["z.1"].shape)
 out["cache_z_row"] = cache["z.1"][last, 2].tolist()
+out["cache_pattern_shape"] = list(cache["pattern.1"].shape)
+out["cache_pattern_row"] = cache["pattern.1"][2, last].tolist()  # head 2, the last query
 d = c.logit_attribution(chat=conv, token=5, heads=True)
 out["dla_logit"], out["dla_total"], out["dla_heads"] = d.logit, d.total, len(d.heads)
 out["saes"] = [s.name for s in c.list_saes()]
@@ -283,9 +285,17 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   // run_with_cache and logit_attribution decode what the C++ stubs read.
   const ModelConfig& c = server.model().config;
   EXPECT_EQ(out["cache_keys"].get<std::vector<std::string>>(),
-            (std::vector<std::string>{"ln_final", "z.1"}));
+            (std::vector<std::string>{"ln_final", "pattern.1", "z.1"}));
   EXPECT_EQ(out["cache_z_shape"].get<std::vector<int>>(),
             (std::vector<int>{n, c.num_heads, c.head_dim}));
+  // The pattern head first, as TransformerLens's: its fp64 row is AttentionMaps' fp32 one.
+  EXPECT_EQ(out["cache_pattern_shape"].get<std::vector<int>>(),
+            (std::vector<int>{c.num_heads, n, n}));
+  const std::vector<double> pattern_row = out["cache_pattern_row"].get<std::vector<double>>();
+  ASSERT_EQ(pattern_row.size(), static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) {
+    EXPECT_NEAR(pattern_row[k], want.probs[static_cast<size_t>(n - 1) * n + k], 1e-5) << k;
+  }
   v1::ActivationsRequest acts;
   *acts.mutable_input() = IdsInput(ids);
   acts.add_hooks("z");

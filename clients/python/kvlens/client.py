@@ -470,9 +470,10 @@ class Client:
                        positions=(0, 0), fp64=False, fp16=False, chat=None, session_id=None,
                        doc_ids=None) -> dict:
         """Activations under TransformerLens's hook names: returns {"hook.layer": array}
-        (e.g. "resid_pre.3" [positions, d_model], "z.0" [positions, H, d_head]; "ln_final"
-        has no layer). hooks: resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, result,
-        q, k, v, mlp_pre, mlp_post, ln_final."""
+        (e.g. "resid_pre.3" [positions, d_model], "z.0" [positions, H, d_head], "pattern.1"
+        [H, positions, keys] head first as TransformerLens's; "ln_final" has no layer).
+        hooks: resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, result, q, k, v,
+        mlp_pre, mlp_post, attn_scores, pattern, ln_final."""
         req = ip.ActivationsRequest(
             input=_input(text, tokens, session_id, doc_ids=doc_ids, chat=chat), hooks=list(hooks),
             layers=list(layers), positions=ip.Range(begin=positions[0], end=positions[1]),

@@ -3,11 +3,13 @@
 // is read from: the stream's hooks add up (resid_post = resid_pre + attn_out + mlp_out), the
 // per-head results (formed here, never by the forward) sum through b_O or the block-output
 // norm to attn_out, zero-ablating a head moves resid_mid by exactly its result, a one-token
-// row 0 reads its own value (z = v), and ln_final through the unembedding gives the logits.
+// row 0 reads its own value (z = v), ln_final through the unembedding gives the logits, and
+// each pattern row is the softmax of its attn_scores row (−∞ where masked, computed here).
 // Against the PyTorch float64 oracle (tests/oracle, --activations, run at test time): every
 // hook of every layer for stories260K and a random Gemma 2, on both backends.
 #include "engine/interpret/activations.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -128,6 +130,38 @@ TEST_P(TinyActivations, TheFirstRowReadsItsOwnValue) {
   }
 }
 
+// pattern = softmax(attn_scores) row by row, head first [H, n, Tk]: a masked key is −∞
+// there and 0 here; row 0 puts all of it on key 0.
+TEST_P(TinyActivations, PatternIsTheSoftmaxOfTheScores) {
+  auto m = testing::MakeTinyModel(testing::TinyFamilySpec(GetParam()));
+  const ModelConfig& c = m->config;
+  const Tape<double> t = MustTape(*m);
+  const int n = t.n, tk = t.num_keys, H = c.num_heads;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const auto scores = Hook64(*m, t, Hook::kAttnScores, l), p = Hook64(*m, t, Hook::kPattern, l);
+    ASSERT_EQ(scores.size(), size_t(H) * n * tk);
+    ASSERT_EQ(p.size(), scores.size());
+    for (int h = 0; h < H; ++h) {
+      for (int i = 0; i < n; ++i) {
+        const double* s = scores.data() + (int64_t{h} * n + i) * tk;
+        const double* row = p.data() + (int64_t{h} * n + i) * tk;
+        double top = -INFINITY, sum = 0;
+        for (int k = 0; k < tk; ++k) top = std::max(top, s[k]);
+        for (int k = 0; k < tk; ++k) sum += std::exp(s[k] - top);
+        for (int k = 0; k < tk; ++k) {
+          if (k > i) {
+            EXPECT_EQ(s[k], -INFINITY) << l << " " << h << " " << i << " " << k;
+          }
+          EXPECT_NEAR(row[k], std::exp(s[k] - top) / sum, 1e-12) << l << " " << h << " " << i;
+        }
+        if (i == 0) {
+          EXPECT_EQ(row[0], 1.0);
+        }
+      }
+    }
+  }
+}
+
 // ln_final · W_Uᵀ = the logits (soft-capped after, where the model caps them).
 TEST_P(TinyActivations, FinalNormThroughTheUnembeddingIsTheLogits) {
   auto m = testing::MakeTinyModel(testing::TinyFamilySpec(GetParam()));
@@ -154,21 +188,32 @@ TEST_P(TinyActivations, RowRangesAndTheFp32Backend) {
   kernels::ReferenceBackend ref;
   auto t32 = RunForward(*m, fast, SequenceInput<float>{kTokens});
   ASSERT_TRUE(t32.ok()) << t32.status();
-  for (Hook hook : {Hook::kResidPre, Hook::kResidMid, Hook::kResidPost, Hook::kAttnOut,
-                    Hook::kMlpOut, Hook::kZ, Hook::kResult, Hook::kQ, Hook::kK, Hook::kV,
-                    Hook::kMlpPre, Hook::kMlpPost, Hook::kLnFinal}) {
+  for (Hook hook :
+       {Hook::kResidPre, Hook::kResidMid, Hook::kResidPost, Hook::kAttnOut, Hook::kMlpOut, Hook::kZ,
+        Hook::kResult, Hook::kQ, Hook::kK, Hook::kV, Hook::kMlpPre, Hook::kMlpPost, Hook::kLnFinal,
+        Hook::kAttnScores, Hook::kPattern}) {
     const int layer = HookIsPerLayer(hook) ? 1 : -1;
     const auto all = Hook64(*m, t, hook, layer);
     auto part = ReadHook(*m, ref, t, hook, layer, 2, 5);
     ASSERT_TRUE(part.ok()) << part.status();
-    const int64_t w = HookRowElements(c, hook);
-    EXPECT_EQ(*part, std::vector<double>(all.begin() + 2 * w, all.begin() + 5 * w))
-        << HookName(hook);
+    const int64_t w = HookRowElements(c, hook, t.num_keys);
+    std::vector<double> want;  // rows 2 … 4 of each head's map, or of the rows
+    const bool maps = hook == Hook::kAttnScores || hook == Hook::kPattern;
+    for (int64_t h = 0; h < (maps ? c.num_heads : 1); ++h) {
+      const int64_t head = maps ? h * t.n * t.num_keys : 0, row = maps ? t.num_keys : w;
+      want.insert(want.end(), all.begin() + head + 2 * row, all.begin() + head + 5 * row);
+    }
+    EXPECT_EQ(*part, want) << HookName(hook);
+    std::vector<int64_t> shape = {3};
+    for (int64_t d : HookRowShape(c, hook, t.num_keys)) shape.push_back(d);
+    if (maps) shape = {c.num_heads, 3, t.num_keys};
+    EXPECT_EQ(HookShape(c, hook, 3, t.num_keys), shape) << HookName(hook);
     auto f = ReadHook(*m, fast, *t32, hook, layer, 0, static_cast<int>(kTokens.size()));
     ASSERT_TRUE(f.ok()) << f.status();
     ASSERT_EQ(f->size(), all.size());
     double scale = 0, err = 0;
     for (size_t i = 0; i < all.size(); ++i) {
+      if ((*f)[i] == all[i]) continue;  // (a masked score: −∞ in both)
       scale = std::max(scale, std::abs(all[i]));
       err = std::max(err, std::abs((*f)[i] - all[i]));
     }
@@ -179,8 +224,9 @@ TEST_P(TinyActivations, RowRangesAndTheFp32Backend) {
 INSTANTIATE_TEST_SUITE_P(Families, TinyActivations, ::testing::Range(0, testing::kTinyFamilies));
 
 TEST(Activations, NamesAndErrors) {
-  for (const char* name : {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z",
-                           "result", "q", "k", "v", "mlp_pre", "mlp_post", "ln_final"}) {
+  for (const char* name :
+       {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "result", "q", "k", "v",
+        "mlp_pre", "mlp_post", "ln_final", "attn_scores", "pattern"}) {
     const auto h = HookByName(name);
     ASSERT_TRUE(h.has_value()) << name;
     EXPECT_EQ(HookName(*h), name);
@@ -211,7 +257,7 @@ double WorstAgainstOracle(const Model& m, kernels::Backend<T>& be,
   auto t = RunForward(m, be, SequenceInput<T>{tokens});
   EXPECT_TRUE(t.ok()) << t.status();
   double worst = 0;
-  for (int hi = 0; hi <= static_cast<int>(Hook::kLnFinal); ++hi) {
+  for (int hi = 0; hi <= static_cast<int>(Hook::kPattern); ++hi) {
     const Hook hook = static_cast<Hook>(hi);
     for (int l = HookIsPerLayer(hook) ? 0 : -1; l < (HookIsPerLayer(hook) ? c.num_layers : 0);
          ++l) {
@@ -226,8 +272,10 @@ double WorstAgainstOracle(const Model& m, kernels::Backend<T>& be,
       if (ours->size() != it->second.data.size()) continue;
       double num = 0, den = 0;
       for (size_t i = 0; i < ours->size(); ++i) {
-        num = std::max(num, std::abs(static_cast<double>((*ours)[i]) - it->second.data[i]));
-        den = std::max(den, std::abs(it->second.data[i]));
+        const double got = static_cast<double>((*ours)[i]), want = it->second.data[i];
+        if (std::isinf(want) && got == want) continue;  // a masked score, −∞ in both
+        num = std::max(num, std::abs(got - want));      // (∞ when only one is masked)
+        den = std::max(den, std::abs(want));
       }
       const double e = den > 0 ? num / den : num;
       EXPECT_LE(e, sizeof(T) == 8 ? 1e-9 : 1e-4) << name;

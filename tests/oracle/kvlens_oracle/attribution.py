@@ -86,6 +86,8 @@ def activations(m, tokens, doc_ids=None, positions=None):
             f"act.q.{l}": heads(rec["q"]),
             f"act.k.{l}": heads(rec["k"]),
             f"act.v.{l}": heads(rec["v"]),
+            f"act.attn_scores.{l}": rec["scores"],  # [H, T, T], head first as TL's
+            f"act.pattern.{l}": rec["probs"],
         })
     out["act.ln_final"] = cap["ln_final"]
     return {k: v.contiguous().numpy() for k, v in out.items()}
