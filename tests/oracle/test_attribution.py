@@ -84,9 +84,22 @@ class AttributionTest(unittest.TestCase):
                 want[f"act.{name}.{l}"] = (T, D)
             want.update({f"act.z.{l}": (T, H, hd), f"act.result.{l}": (T, H, D),
                          f"act.mlp_pre.{l}": (T, F), f"act.mlp_post.{l}": (T, F),
-                         f"act.q.{l}": (T, H, hd), f"act.k.{l}": (T, KV, hd), f"act.v.{l}": (T, KV, hd)})
+                         f"act.q.{l}": (T, H, hd), f"act.k.{l}": (T, KV, hd), f"act.v.{l}": (T, KV, hd),
+                         f"act.attn_scores.{l}": (H, T, T), f"act.pattern.{l}": (H, T, T)})
         self.assertEqual({k: v.shape for k, v in act.items()}, want)
         self.assertTrue(all(v.dtype == np.float64 for v in act.values()))
+
+        # (a') the maps, head first: causal (-inf above the diagonal), and the pattern is the
+        # softmax of the scores, computed here in numpy; z = pattern @ v per head.
+        for l in range(L):
+            s, p = act[f"act.attn_scores.{l}"], act[f"act.pattern.{l}"]
+            upper = np.triu(np.ones((T, T), dtype=bool), 1)
+            self.assertTrue(np.all(np.isneginf(s[:, upper])))
+            e = np.exp(s - s.max(axis=-1, keepdims=True))
+            np.testing.assert_allclose(p, e / e.sum(axis=-1, keepdims=True), rtol=0, atol=1e-14)
+            v = act[f"act.v.{l}"][:, np.arange(H) // (H // KV)]  # [T, H, hd]
+            z = np.einsum("htk,khd->thd", p, v)
+            np.testing.assert_allclose(act[f"act.z.{l}"], z, rtol=0, atol=1e-12)
 
         # (b) the stream: pre + attn = mid, mid + mlp = post = next layer's pre; heads sum to
         # what attention adds; ln_final times W_U is the logits.
