@@ -75,14 +75,18 @@ inline void DotTile(const float* x, int64_t x_stride, const Row* w, int64_t k0, 
     // A k-quant super-block a step (k0 and k are multiples of 256), then its sub-blocks of
     // 32 as below: the same FMAs in the same order.
     for (; k + 256 <= len; k += 256) {
-      alignas(64) float scales[WR][kLanes];  // (LoadSub broadcasts them from memory)
+      SuperBlockScratch scratch[WR];
 #pragma GCC unroll 16
-      for (int c = 0; c < WR; ++c) VStore(scales[c], w[c].Scales(k0 + k));
+      for (int c = 0; c < WR; ++c) w[c].Prepare(k0 + k, scratch[c]);
+      // The scratch as memory the compiler cannot see into: LoadSub's broadcasts of its
+      // scales stay loads (GCC would otherwise take the just-stored floats from their
+      // register by lane permutes, which queue with the byte widening on the shuffle unit).
+      asm("" : "+m"(scratch));
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
         Vec lo[WR], hi[WR];
 #pragma GCC unroll 16
-        for (int c = 0; c < WR; ++c) w[c].LoadSub(k0 + k, j, scales[c], lo[c], hi[c]);
+        for (int c = 0; c < WR; ++c) w[c].LoadSub(k0 + k, j, scratch[c], lo[c], hi[c]);
 #pragma GCC unroll 16
         for (int r = 0; r < NR; ++r) {
           const float* xr = x + r * x_stride + k + 32 * j;

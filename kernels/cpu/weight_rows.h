@@ -135,6 +135,15 @@ inline float HalfToFloat(const uint8_t* p) {
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
 }
+// What a k-quant row makes once per super-block for its LoadSubs: the 16 scale floats
+// (stored, whence each is broadcast by a load rather than a lane permute: permutes and the
+// byte widening share the shuffle unit, the products' bottleneck), and for q6_K with
+// AVX-512BW its 256 quants as int8 (q − 32), assembled 64 at a time from the split low
+// and high bits with byte-wide ops, so each LoadSub only sign-extends 16 of them.
+struct SuperBlockScratch {
+  alignas(64) float scales[kLanes];
+  alignas(64) int8_t q[256];
+};
 template <DType kType>
 struct BlockRow {
   const uint8_t* p;
@@ -146,19 +155,18 @@ struct BlockRow {
   }
   // 32-element blocks (q4_0): elements k … k + 31 (k a multiple of 32), the scale read once.
   void LoadBlock(int64_t k, Vec& lo, Vec& hi) const;
-  // The k-quants, a super-block at a time (k a multiple of 256): Scales(k) gives its 16
-  // scale floats, made once; LoadSub(k, j, scales, …) its elements 32·j … 32·j + 31, with
-  // those floats stored in memory (`scales`, 16 of them), whence each is broadcast by a
-  // load rather than a lane permute (permutes and the byte widening share the shuffle
-  // unit, the products' bottleneck).
+  // The k-quants, a super-block at a time (k a multiple of 256): Prepare(k, s) makes its
+  // SuperBlockScratch once (Scales(k): the 16 scale floats); LoadSub(k, j, s, …) its
+  // elements 32·j … 32·j + 31.
   Vec Scales(int64_t k) const;
-  void LoadSub(int64_t k, int j, const float* scales, Vec& lo, Vec& hi) const;
+  void Prepare(int64_t k, SuperBlockScratch& s) const { VStore(s.scales, Scales(k)); }
+  void LoadSub(int64_t k, int j, const SuperBlockScratch& s, Vec& lo, Vec& hi) const;
   Vec Load(int64_t k) const {  // (the products step whole blocks and never call it)
     Vec lo, hi;
     if constexpr (DTypeBlockSize(kType) == 256) {
-      alignas(64) float scales[kLanes];
-      VStore(scales, Scales(k / 256 * 256));
-      LoadSub(k / 256 * 256, static_cast<int>(k % 256 / 32), scales, lo, hi);
+      SuperBlockScratch s;
+      Prepare(k / 256 * 256, s);
+      LoadSub(k / 256 * 256, static_cast<int>(k % 256 / 32), s, lo, hi);
     } else {
       LoadBlock(k / 32 * 32, lo, hi);
     }
@@ -232,7 +240,8 @@ inline Vec BlockRow<DType::kQ2_K>::Scales(int64_t) const {
   return VZero();
 }
 template <>
-[[gnu::always_inline]] inline void BlockRow<DType::kQ2_K>::LoadSub(int64_t k, int j, const float*,
+[[gnu::always_inline]] inline void BlockRow<DType::kQ2_K>::LoadSub(int64_t k, int j,
+                                                                   const SuperBlockScratch&,
                                                                    Vec& lo, Vec& hi) const {
   const uint8_t* b = p + k / 256 * 84;
   const int n = j / 4, s2 = 2 * (j % 4);
@@ -251,7 +260,8 @@ inline Vec BlockRow<DType::kQ3_K>::Scales(int64_t) const {
   return VZero();
 }
 template <>
-[[gnu::always_inline]] inline void BlockRow<DType::kQ3_K>::LoadSub(int64_t k, int j, const float*,
+[[gnu::always_inline]] inline void BlockRow<DType::kQ3_K>::LoadSub(int64_t k, int j,
+                                                                   const SuperBlockScratch&,
                                                                    Vec& lo, Vec& hi) const {
   const uint8_t* b = p + k / 256 * 110;
   const uint8_t* packed = b + 96;
@@ -316,9 +326,9 @@ inline Vec BlockRow<DType::kQ4_K>::Scales(int64_t k) const {
 }
 template <>
 [[gnu::always_inline]] inline void BlockRow<DType::kQ4_K>::LoadSub(int64_t k, int j,
-                                                                   const float* scales, Vec& lo,
-                                                                   Vec& hi) const {
-  LoadSubK4<DType::kQ4_K>(p + k / 256 * 144 + 16, nullptr, j, scales, lo, hi);
+                                                                   const SuperBlockScratch& s,
+                                                                   Vec& lo, Vec& hi) const {
+  LoadSubK4<DType::kQ4_K>(p + k / 256 * 144 + 16, nullptr, j, s.scales, lo, hi);
 }
 template <>
 inline Vec BlockRow<DType::kQ5_K>::Scales(int64_t k) const {
@@ -326,10 +336,10 @@ inline Vec BlockRow<DType::kQ5_K>::Scales(int64_t k) const {
 }
 template <>
 [[gnu::always_inline]] inline void BlockRow<DType::kQ5_K>::LoadSub(int64_t k, int j,
-                                                                   const float* scales, Vec& lo,
-                                                                   Vec& hi) const {
+                                                                   const SuperBlockScratch& s,
+                                                                   Vec& lo, Vec& hi) const {
   const uint8_t* b = p + k / 256 * 176;
-  LoadSubK4<DType::kQ5_K>(b + 48, b + 16, j, scales, lo, hi);
+  LoadSubK4<DType::kQ5_K>(b + 48, b + 16, j, s.scales, lo, hi);
 }
 // q6_K a super-block at a time: scales = d · sc[0 … 15], one per 16 elements.
 template <>
@@ -339,10 +349,53 @@ inline Vec BlockRow<DType::kQ6_K>::Scales(int64_t k) const {
       _mm512_maskz_cvtepi8_epi32(kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
   return _mm512_mul_ps(_mm512_set1_ps(HalfToFloat(b + 208)), ToFloat(sc));
 }
+#if defined(__AVX512BW__)
+// With byte-wide ops, the quants of 64 elements at once: sub-blocks j = 4·n + c (c < 4)
+// take the low nibbles (c < 2) or the high ones (c ≥ 2) of ql[64·n + 32·(c % 2) + l] and
+// bits 2·c of qh[32·n + l] as their top two. Both halves of a 64-byte register hold c and
+// c + 1's, so qh is read twice over and shifted by a count per 16-bit lane, its bits
+// brought to 4 and 5 (the neighbouring byte's bits land outside 0x30, masked away).
+// Not inlined: inlined into the product's loop, one thread decoding the 0.36B Q4_K_M file
+// took 7% longer (its registers then spill around the loop's).
+template <>
+[[gnu::noinline]] inline void BlockRow<DType::kQ6_K>::Prepare(int64_t k,
+                                                              SuperBlockScratch& s) const {
+  VStore(s.scales, Scales(k));
+  const uint8_t* b = p + k / 256 * 210;
+  const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+  const __m512i thirty_two = _mm512_set1_epi8(32);
+  // c = 0, 1: qh << 4, << 2; c = 2, 3: qh >> 0, >> 2 (per 16-bit lane, 16 lanes a half)
+  const __m512i up =
+      _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16(4), _mm512_set1_epi16(2));
+  const __m512i down = _mm512_maskz_mov_epi16(0xFFFF0000u, _mm512_set1_epi16(2));
+  for (int n = 0; n < 2; ++n) {
+    const __m512i ql = _mm512_loadu_si512(b + 64 * n);
+    const __m512i qh = _mm512_maskz_broadcast_i64x4(  // (the masked form: see kAll)
+        0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * n)));
+    const __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, nibble),
+                                        _mm512_and_si512(_mm512_sllv_epi16(qh, up), top));
+    const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), nibble),
+                                        _mm512_and_si512(_mm512_srlv_epi16(qh, down), top));
+    _mm512_store_si512(s.q + 128 * n, _mm512_sub_epi8(q01, thirty_two));
+    _mm512_store_si512(s.q + 128 * n + 64, _mm512_sub_epi8(q23, thirty_two));
+  }
+}
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ6_K>::LoadSub(int64_t, int j,
+                                                                   const SuperBlockScratch& s,
+                                                                   Vec& lo, Vec& hi) const {
+  Vec* out[2] = {&lo, &hi};
+  for (int h = 0; h < 2; ++h) {
+    const __m512i q = _mm512_maskz_cvtepi8_epi32(
+        kAll, _mm_load_si128(reinterpret_cast<const __m128i*>(s.q + 32 * j + 16 * h)));
+    *out[h] = _mm512_mul_ps(_mm512_set1_ps(s.scales[2 * j + h]), ToFloat(q));
+  }
+}
+#else
 template <>
 [[gnu::always_inline]] inline void BlockRow<DType::kQ6_K>::LoadSub(int64_t k, int j,
-                                                                   const float* scales, Vec& lo,
-                                                                   Vec& hi) const {
+                                                                   const SuperBlockScratch& s,
+                                                                   Vec& lo, Vec& hi) const {
   const uint8_t* b = p + k / 256 * 210;
   const int n = j / 4, c = j % 4;
   Vec* out[2] = {&lo, &hi};
@@ -352,10 +405,11 @@ template <>
     const __m512i high2 =
         I32And(I32Shr(WidenBytes(b + 128 + 32 * n + 16 * h), 2 * c), _mm512_set1_epi32(3));
     const __m512i q = I32Sub(I32Or(low4, I32Shl(high2, 4)), _mm512_set1_epi32(32));
-    const Vec s = _mm512_set1_ps(scales[2 * j + h]);
-    *out[h] = _mm512_mul_ps(s, ToFloat(q));
+    const Vec sc = _mm512_set1_ps(s.scales[2 * j + h]);
+    *out[h] = _mm512_mul_ps(sc, ToFloat(q));
   }
 }
+#endif
 // iq4_nl and iq4_xs: each nibble, widened, selects its table value as a float (a permute of
 // kIQ4Values in a register), times the block's or the sub-block's scale: exact, as the
 // decoders' products.
@@ -400,9 +454,9 @@ inline Vec BlockRow<DType::kIQ4_XS>::Scales(int64_t k) const {
 }
 template <>
 [[gnu::always_inline]] inline void BlockRow<DType::kIQ4_XS>::LoadSub(int64_t k, int j,
-                                                                     const float* scales, Vec& lo,
-                                                                     Vec& hi) const {
-  LoadIQ4(p + k / 256 * 136 + 8 + 16 * j, _mm512_set1_ps(scales[j]), lo, hi);
+                                                                     const SuperBlockScratch& s,
+                                                                     Vec& lo, Vec& hi) const {
+  LoadIQ4(p + k / 256 * 136 + 8 + 16 * j, _mm512_set1_ps(s.scales[j]), lo, hi);
 }
 #endif
 
@@ -446,12 +500,12 @@ template <DType kType>
 void StoreBlocks(const BlockRow<kType>& row, int64_t n, float* out) {
   for (int64_t k = 0; k < n; k += 32) {
     Vec lo, hi;
-    if constexpr (DTypeBlockSize(kType) == 256) {  // a super-block, its scales made once
-      alignas(64) float scales[kLanes];
-      VStore(scales, row.Scales(k));
+    if constexpr (DTypeBlockSize(kType) == 256) {  // a super-block, its scratch made once
+      SuperBlockScratch s;
+      row.Prepare(k, s);
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        row.LoadSub(k, j, scales, lo, hi);
+        row.LoadSub(k, j, s, lo, hi);
         VStore(out + k + 32 * j, lo);
         VStore(out + k + 32 * j + kLanes, hi);
       }
