@@ -137,9 +137,10 @@ inline float HalfToFloat(const uint8_t* p) {
 }
 // What a k-quant row makes once per super-block for its LoadSubs: the 16 scale floats
 // (stored, whence each is broadcast by a load rather than a lane permute: permutes and the
-// byte widening share the shuffle unit, the products' bottleneck), and for q6_K with
-// AVX-512BW its 256 quants as int8 (q − 32), assembled 64 at a time from the split low
-// and high bits with byte-wide ops, so each LoadSub only sign-extends 16 of them.
+// byte widening share the shuffle unit, the products' bottleneck), and for q5_K and q6_K
+// with AVX-512BW their 256 quants as bytes (q5_K's 0 … 31, q6_K's q − 32), assembled 64 at
+// a time from the split low and high bits with byte-wide ops, so each LoadSub only widens
+// 16 of them.
 struct SuperBlockScratch {
   alignas(64) float scales[kLanes];
   alignas(64) int8_t q[256];
@@ -334,6 +335,57 @@ template <>
 inline Vec BlockRow<DType::kQ5_K>::Scales(int64_t k) const {
   return ScalesK4(p + k / 256 * 176);
 }
+#if defined(__AVX512BW__)
+// As q6_K's below, its 256 quants (0 … 31) made once with byte-wide ops: sub-block j takes
+// nibble j % 2 of qs[32·(j / 2) + l] and bit j of qh[l] as its fifth. Each 64 bytes of qs
+// (t = 0, 1) hold sub-blocks 4t … 4t + 3: the low nibbles j = 4t, 4t + 2, the high ones
+// 4t + 1, 4t + 3, stored as they come (sub-block j at kQ5At[j]); qh, read twice over,
+// brings bit j to bit 4 by a shift per 16-bit lane (left for j ≤ 4, right above; the
+// neighbouring byte's bits land outside 0x10).
+inline constexpr int kQ5At[8] = {0, 64, 32, 96, 128, 192, 160, 224};
+template <>
+[[gnu::noinline]] inline void BlockRow<DType::kQ5_K>::Prepare(int64_t k,
+                                                              SuperBlockScratch& s) const {
+  VStore(s.scales, Scales(k));
+  const uint8_t* b = p + k / 256 * 176;
+  const __m512i nibble = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
+  const __m512i qh = _mm512_maskz_broadcast_i64x4(  // (the masked form: see kAll)
+      0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)));
+  const __mmask32 upper = 0xFFFF0000u;
+  // Bit j → 4: t = 0: j = 0, 2 (low nibbles) << 4, << 2; j = 1, 3 << 3, << 1.
+  //            t = 1: j = 4, 6 >> 0, >> 2;          j = 5, 7 >> 1, >> 3.
+  const __m512i shift[2][2] = {
+      {_mm512_mask_blend_epi16(upper, _mm512_set1_epi16(4), _mm512_set1_epi16(2)),
+       _mm512_mask_blend_epi16(upper, _mm512_set1_epi16(3), _mm512_set1_epi16(1))},
+      {_mm512_maskz_mov_epi16(upper, _mm512_set1_epi16(2)),
+       _mm512_mask_blend_epi16(upper, _mm512_set1_epi16(1), _mm512_set1_epi16(3))}};
+  for (int t = 0; t < 2; ++t) {
+    const __m512i qs = _mm512_loadu_si512(b + 48 + 64 * t);
+    const __m512i low = _mm512_and_si512(qs, nibble);
+    const __m512i high = _mm512_and_si512(_mm512_srli_epi16(qs, 4), nibble);
+    const __m512i bit_low =
+        t == 0 ? _mm512_sllv_epi16(qh, shift[t][0]) : _mm512_srlv_epi16(qh, shift[t][0]);
+    const __m512i bit_high =
+        t == 0 ? _mm512_sllv_epi16(qh, shift[t][1]) : _mm512_srlv_epi16(qh, shift[t][1]);
+    _mm512_store_si512(s.q + 128 * t, _mm512_or_si512(low, _mm512_and_si512(bit_low, fifth)));
+    _mm512_store_si512(s.q + 128 * t + 64,
+                       _mm512_or_si512(high, _mm512_and_si512(bit_high, fifth)));
+  }
+}
+template <>
+[[gnu::always_inline]] inline void BlockRow<DType::kQ5_K>::LoadSub(int64_t, int j,
+                                                                   const SuperBlockScratch& s,
+                                                                   Vec& lo, Vec& hi) const {
+  const Vec d1 = _mm512_set1_ps(s.scales[j]), m1 = _mm512_set1_ps(s.scales[8 + j]);
+  const int8_t* q = s.q + kQ5At[j];
+  lo = _mm512_fmsub_ps(ToFloat(_mm512_maskz_cvtepu8_epi32(
+                           kAll, _mm_load_si128(reinterpret_cast<const __m128i*>(q)))),
+                       d1, m1);
+  hi = _mm512_fmsub_ps(ToFloat(_mm512_maskz_cvtepu8_epi32(
+                           kAll, _mm_load_si128(reinterpret_cast<const __m128i*>(q + 16)))),
+                       d1, m1);
+}
+#else
 template <>
 [[gnu::always_inline]] inline void BlockRow<DType::kQ5_K>::LoadSub(int64_t k, int j,
                                                                    const SuperBlockScratch& s,
@@ -341,6 +393,7 @@ template <>
   const uint8_t* b = p + k / 256 * 176;
   LoadSubK4<DType::kQ5_K>(b + 48, b + 16, j, s.scales, lo, hi);
 }
+#endif
 // q6_K a super-block at a time: scales = d · sc[0 … 15], one per 16 elements.
 template <>
 inline Vec BlockRow<DType::kQ6_K>::Scales(int64_t k) const {
