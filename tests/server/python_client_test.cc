@@ -91,6 +91,9 @@ out["cache_z_shape"] = list(cache["z.1"].shape)
 out["cache_z_row"] = cache["z.1"][last, 2].tolist()
 out["cache_pattern_shape"] = list(cache["pattern.1"].shape)
 out["cache_pattern_row"] = cache["pattern.1"][2, last].tolist()  # head 2, the last query
+out["cache_tuple_same"] = bool((cache["pattern", 1] == cache["pattern.1"]).all())
+end = c.run_with_cache(chat=conv, hooks=("resid_post",), layers=[-1])  # the last layer
+out["cache_end"] = [sorted(end), bool((end["resid_post", -1] == end[sorted(end)[0]]).all())]
 d = c.logit_attribution(chat=conv, token=5, heads=True)
 out["dla_logit"], out["dla_total"], out["dla_heads"] = d.logit, d.total, len(d.heads)
 out["saes"] = [s.name for s in c.list_saes()]
@@ -288,6 +291,10 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
             (std::vector<std::string>{"ln_final", "pattern.1", "z.1"}));
   EXPECT_EQ(out["cache_z_shape"].get<std::vector<int>>(),
             (std::vector<int>{n, c.num_heads, c.head_dim}));
+  // TransformerLens's cache["pattern", 1], and a layer from the end, asked for and read.
+  EXPECT_TRUE(out["cache_tuple_same"].get<bool>());
+  EXPECT_EQ(out["cache_end"].dump(),
+            absl::StrCat("[[\"resid_post.", c.num_layers - 1, "\"],true]"));
   // The pattern head first, as TransformerLens's: its fp64 row is AttentionMaps' fp32 one.
   EXPECT_EQ(out["cache_pattern_shape"].get<std::vector<int>>(),
             (std::vector<int>{c.num_heads, n, n}));

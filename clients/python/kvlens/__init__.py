@@ -6,5 +6,5 @@ plotting helpers (kvlens.plot) for attention heatmaps, saliency bars and head-sc
     maps = c.attention_maps(text="In the beginning", layers=[0], heads=[0, 1])
     maps.probs.shape   # (layers, heads, queries, keys)
 """
-from kvlens.client import (AttentionMaps, CachedKvProbe, Client, Generation,  # noqa: F401
-                           GradientProbe, PromptScores, StreamChunk)
+from kvlens.client import (ActivationCache, AttentionMaps, CachedKvProbe, Client,  # noqa: F401
+                           Generation, GradientProbe, PromptScores, StreamChunk)

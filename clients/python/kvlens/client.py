@@ -189,6 +189,24 @@ class CachedKvProbe:
         return self.tensors[name][layer]
 
 
+class ActivationCache(dict):
+    """run_with_cache's arrays, {"hook.layer": array} ("ln_final" has no layer), also read
+    as TransformerLens's ActivationCache is: cache["pattern", 1], and with the layer counted
+    from the end, cache["resid_post", -1] (num_layers: the model's)."""
+
+    def __init__(self, arrays: dict, num_layers: int):
+        super().__init__(arrays)
+        self.num_layers = num_layers
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):
+            name, layer = key
+            if layer < 0:
+                layer += self.num_layers
+            key = f"{name}.{layer}"
+        return super().__getitem__(key)
+
+
 class Client:
     def __init__(self, address: str, timeout: float = 300.0):
         self.channel = grpc.insecure_channel(address, options=[
@@ -197,6 +215,7 @@ class Client:
         self.generation = gen_grpc.GenerationStub(self.channel)
         self.interpret = ip_grpc.InterpretStub(self.channel)
         self.timeout = timeout
+        self._num_layers = None  # the model's, asked for once (run_with_cache)
 
     # --- Generation ---
     def model_info(self):
@@ -468,8 +487,9 @@ class Client:
 
     def run_with_cache(self, text=None, tokens=None, hooks=("resid_pre",), layers=(),
                        positions=(0, 0), fp64=False, fp16=False, chat=None, session_id=None,
-                       doc_ids=None) -> dict:
+                       doc_ids=None) -> ActivationCache:
         """Activations under TransformerLens's hook names: returns {"hook.layer": array}
+        (an ActivationCache: also cache["hook", layer], the layer from the end when negative)
         (e.g. "resid_pre.3" [positions, d_model], "z.0" [positions, H, d_head], "pattern.1"
         [H, positions, keys] head first as TransformerLens's; "ln_final" has no layer).
         hooks: resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, result, q, k, v,
@@ -480,8 +500,11 @@ class Client:
             precision=_precision(fp64),
             dtype=ip.DTYPE_FP16 if fp16 else ip.DTYPE_UNSPECIFIED)
         r = self.interpret.Activations(req, timeout=self.timeout)
-        return {(t.name if t.layer < 0 else f"{t.name}.{t.layer}"): decode(t.data, t.dtype, t.shape)
-                for t in r.tensors}
+        if self._num_layers is None:
+            self._num_layers = self.model_info().num_layers
+        return ActivationCache(
+            {(t.name if t.layer < 0 else f"{t.name}.{t.layer}"): decode(t.data, t.dtype, t.shape)
+             for t in r.tensors}, self._num_layers)
 
     def logit_attribution(self, text=None, tokens=None, token=0, baseline_token=None,
                           position=None, heads=False, top_neurons=0, fp64=False, chat=None,
