@@ -336,6 +336,16 @@ inline Vec BlockRow<DType::kQ5_K>::Scales(int64_t k) const {
   return ScalesK4(p + k / 256 * 176);
 }
 #if defined(__AVX512BW__)
+// The byte-wide assembly's pieces: 32 bytes at p in both halves of a register (the masked
+// form: see kAll), and a 16-bit lane count per half (lower `lo`, upper `hi`).
+inline __m512i Bytes32Twice(const uint8_t* p) {
+  return _mm512_maskz_broadcast_i64x4(0xFF,
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512i HalfCounts(int lo, int hi) {
+  return _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16(static_cast<int16_t>(lo)),
+                                 _mm512_set1_epi16(static_cast<int16_t>(hi)));
+}
 // As q6_K's below, its 256 quants (0 … 31) made once with byte-wide ops: sub-block j takes
 // nibble j % 2 of qs[32·(j / 2) + l] and bit j of qh[l] as its fifth. Each 64 bytes of qs
 // (t = 0, 1) hold sub-blocks 4t … 4t + 3: the low nibbles j = 4t, 4t + 2, the high ones
@@ -349,16 +359,11 @@ template <>
   VStore(s.scales, Scales(k));
   const uint8_t* b = p + k / 256 * 176;
   const __m512i nibble = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
-  const __m512i qh = _mm512_maskz_broadcast_i64x4(  // (the masked form: see kAll)
-      0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)));
-  const __mmask32 upper = 0xFFFF0000u;
+  const __m512i qh = Bytes32Twice(b + 16);
   // Bit j → 4: t = 0: j = 0, 2 (low nibbles) << 4, << 2; j = 1, 3 << 3, << 1.
   //            t = 1: j = 4, 6 >> 0, >> 2;          j = 5, 7 >> 1, >> 3.
-  const __m512i shift[2][2] = {
-      {_mm512_mask_blend_epi16(upper, _mm512_set1_epi16(4), _mm512_set1_epi16(2)),
-       _mm512_mask_blend_epi16(upper, _mm512_set1_epi16(3), _mm512_set1_epi16(1))},
-      {_mm512_maskz_mov_epi16(upper, _mm512_set1_epi16(2)),
-       _mm512_mask_blend_epi16(upper, _mm512_set1_epi16(1), _mm512_set1_epi16(3))}};
+  const __m512i shift[2][2] = {{HalfCounts(4, 2), HalfCounts(3, 1)},
+                               {HalfCounts(0, 2), HalfCounts(1, 3)}};
   for (int t = 0; t < 2; ++t) {
     const __m512i qs = _mm512_loadu_si512(b + 48 + 64 * t);
     const __m512i low = _mm512_and_si512(qs, nibble);
@@ -418,13 +423,10 @@ template <>
   const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
   const __m512i thirty_two = _mm512_set1_epi8(32);
   // c = 0, 1: qh << 4, << 2; c = 2, 3: qh >> 0, >> 2 (per 16-bit lane, 16 lanes a half)
-  const __m512i up =
-      _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16(4), _mm512_set1_epi16(2));
-  const __m512i down = _mm512_maskz_mov_epi16(0xFFFF0000u, _mm512_set1_epi16(2));
+  const __m512i up = HalfCounts(4, 2), down = HalfCounts(0, 2);
   for (int n = 0; n < 2; ++n) {
     const __m512i ql = _mm512_loadu_si512(b + 64 * n);
-    const __m512i qh = _mm512_maskz_broadcast_i64x4(  // (the masked form: see kAll)
-        0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * n)));
+    const __m512i qh = Bytes32Twice(b + 128 + 32 * n);
     const __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, nibble),
                                         _mm512_and_si512(_mm512_sllv_epi16(qh, up), top));
     const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), nibble),

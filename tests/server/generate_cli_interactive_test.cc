@@ -8,6 +8,7 @@
 // The model is stories260K with a ChatML
 // template written into its GGUF (as the Python client's chat test).
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,13 +40,27 @@ std::string Reply(TestServer& server, const std::vector<std::pair<std::string, s
   return r.text;
 }
 
-TEST(GenerateCliInteractive, EachTurnIsTheWholeConversationsReply) {
-  KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));
-  ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
-  const std::string path = MakeChatMlModel();
-  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
-  TestServer server(path, TestServer::DefaultOptions());
-  ASSERT_TRUE(server.ok()) << server.error();
+// A server on the chat model, whose file the tests also load locally.
+class GenerateCliInteractive : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));
+    ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
+    path_ = MakeChatMlModel();
+    ASSERT_FALSE(path_.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+    server_ = std::make_unique<TestServer>(path_, TestServer::DefaultOptions());
+    ASSERT_TRUE(server_->ok()) << server_->error();
+  }
+  void TearDown() override {
+    if (!path_.empty()) std::remove(path_.c_str());
+  }
+  std::string path_;
+  std::unique_ptr<TestServer> server_;
+};
+
+TEST_F(GenerateCliInteractive, EachTurnIsTheWholeConversationsReply) {
+  TestServer& server = *server_;
+  const std::string& path = path_;
 
   const std::string input =
       "printf 'Tell me a story\\n\\377\\nWhat did Lily do?\\n/reset\\n\\nTell me a story\\n' | ";
@@ -84,7 +99,6 @@ TEST(GenerateCliInteractive, EachTurnIsTheWholeConversationsReply) {
       KVLENS_CLI_PATH, " generate --model ", path, flags, "--stats 2>", stats));
   const auto [local_cat_code, local_stats] = RunCommand("cat " + stats);
   std::remove(stats.c_str());
-  std::remove(path.c_str());
   EXPECT_EQ(local_code, 0) << local;
   EXPECT_EQ(local, out);
   const std::vector<std::string> local_lines = absl::StrSplit(local_stats, '\n', absl::SkipEmpty());
@@ -114,13 +128,9 @@ TEST(GenerateCliInteractive, EachTurnIsTheWholeConversationsReply) {
 // start_position -1, which the server resolves against that turn's prompt. The start moves
 // with each turn, so the second turn takes from the kept cache only the rows before the
 // first turn's steered ones: its prompt's first P1 − 1 tokens.
-TEST(GenerateCliInteractive, SteeringFromThePromptsEndMovesWithEachTurn) {
-  KVLENS_REQUIRE_FILE(TestData("stories260K/stories260K.gguf"));
-  ASSERT_TRUE(OracleAvailable()) << "PyTorch missing: run scripts/install-deps.sh";
-  const std::string path = MakeChatMlModel();
-  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
-  TestServer server(path, TestServer::DefaultOptions());
-  ASSERT_TRUE(server.ok()) << server.error();
+TEST_F(GenerateCliInteractive, SteeringFromThePromptsEndMovesWithEachTurn) {
+  TestServer& server = *server_;
+  const std::string& path = path_;
   const int D = static_cast<int>(server.model().config.dim);
   v1::SteeringVector steer;
   steer.set_hook("blocks.0.hook_resid_post");
@@ -145,7 +155,6 @@ TEST(GenerateCliInteractive, SteeringFromThePromptsEndMovesWithEachTurn) {
                                                        steer.hook(), ":", file, ":4@-99' 2>&1"));
   std::remove(file.c_str());
   std::remove(stats.c_str());
-  std::remove(path.c_str());
   EXPECT_EQ(code, 0) << out;
   EXPECT_EQ(bad_code, 2) << bad;
   EXPECT_NE(bad.find("@-99\": start = -99 must be >= -"), std::string::npos) << bad;

@@ -198,11 +198,6 @@ TEST(InterpretAttribution, MatchesTheOracle) {
   }
 }
 
-void ExpectRefused(const grpc::Status& s, grpc::StatusCode code, const std::string& needle) {
-  EXPECT_EQ(s.error_code(), code) << s.error_message();
-  EXPECT_NE(s.error_message().find(needle), std::string::npos) << s.error_message();
-}
-
 TEST(InterpretActivations, BadRequestsNameTheirField) {
   KVLENS_REQUIRE_FILE(DefaultModelPath() + "/config.json");
   server::InterpretOptions small;

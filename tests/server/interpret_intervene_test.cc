@@ -2,7 +2,6 @@
 // overrides, residual patching), LogitLens, and the cached-KV probe of an open session,
 // each through the RPC and checked against its definition (engine/interpret run directly
 // in fp64 on the same model).
-#include <random>
 
 #include "engine/interpret/interventions.h"
 #include "engine/interpret/objective.h"
@@ -14,13 +13,6 @@
 
 namespace kvlens::testing {
 namespace {
-
-std::vector<int32_t> Tokens(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t = {1};
-  while (static_cast<int>(t.size()) < n) t.push_back(static_cast<int32_t>(3 + rng() % 509));
-  return t;
-}
 
 v1::InterveneResponse CallIntervene(v1::Interpret::Stub& stub, const v1::InterveneRequest& r) {
   v1::InterveneResponse response;
@@ -43,7 +35,7 @@ TEST(InterpretIntervene, PatchingACleanRunIntoItselfChangesNothing) {
   ASSERT_TRUE(server.ok()) << server.error();
   auto stub = InterpretStub(server);
   const ModelConfig& c = server.model().config;
-  const std::vector<int32_t> tokens = Tokens(10, 2);
+  const std::vector<int32_t> tokens = RandomPromptTokens(10, 2);
   v1::InterveneRequest r;
   *r.mutable_input() = IdsInput(tokens);
   *r.mutable_patch_source() = IdsInput(tokens);
@@ -64,7 +56,7 @@ TEST(InterpretIntervene, PatchingACleanRunIntoItselfChangesNothing) {
   EXPECT_EQ(response.effects(0).clean_logprob(), response.effects(0).edited_logprob());
 
   // Patching from a different prompt does change the output.
-  *r.mutable_patch_source() = IdsInput(Tokens(10, 3));
+  *r.mutable_patch_source() = IdsInput(RandomPromptTokens(10, 3));
   r.clear_patches();
   v1::ResidualPatch* patch = r.add_patches();
   patch->set_layer(2);
@@ -79,7 +71,7 @@ TEST(InterpretIntervene, AblationsAndRowOverridesAsDefined) {
   ASSERT_TRUE(server.ok()) << server.error();
   auto stub = InterpretStub(server);
   const Model& model = server.model();
-  const std::vector<int32_t> tokens = Tokens(12, 8);
+  const std::vector<int32_t> tokens = RandomPromptTokens(12, 8);
   v1::InterveneRequest r;
   *r.mutable_input() = IdsInput(tokens);
   r.set_precision(v1::PRECISION_FP64);
@@ -145,7 +137,7 @@ TEST(InterpretLens, LastLayerIsTheModelsOwnOutput) {
   ASSERT_TRUE(server.ok()) << server.error();
   auto stub = InterpretStub(server);
   const ModelConfig& c = server.model().config;
-  const std::vector<int32_t> tokens = Tokens(9, 4);
+  const std::vector<int32_t> tokens = RandomPromptTokens(9, 4);
   v1::LogitLensRequest lens;
   *lens.mutable_input() = IdsInput(tokens);
   lens.set_precision(v1::PRECISION_FP64);

@@ -6,8 +6,6 @@
 // which indices it resolved to. A patch's layer runs 0 … L (L the model's output) and
 // counts from L too, so −1 is the stream entering the last layer. Out of range is refused
 // naming the field and [−n, n); an index given once from each end as repeated.
-#include <random>
-#include <thread>
 
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
@@ -18,26 +16,6 @@ namespace kvlens::testing {
 namespace {
 
 constexpr int kN = 10;  // prompt tokens
-
-std::vector<int32_t> Tokens(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t = {1};
-  while (static_cast<int>(t.size()) < n) t.push_back(static_cast<int32_t>(3 + rng() % 509));
-  return t;
-}
-
-template <typename Request, typename Response, typename Method>
-grpc::Status Call(TestServer& server, Method method, const Request& request, Response* response) {
-  auto stub = InterpretStub(server);
-  grpc::ClientContext context;
-  SetDeadline(context);
-  return ((*stub).*method)(&context, request, response);
-}
-
-void ExpectRefused(const grpc::Status& s, const std::string& needle) {
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
-  EXPECT_NE(s.error_message().find(needle), std::string::npos) << s.error_message();
-}
 
 class InterpretLayers : public ::testing::Test {
  protected:
@@ -50,7 +28,7 @@ class InterpretLayers : public ::testing::Test {
     ASSERT_GE(H_, 3);
   }
   TestServer server_;
-  const std::vector<int32_t> tokens_ = Tokens(kN, 11);
+  const std::vector<int32_t> tokens_ = RandomPromptTokens(kN, 11);
   int L_ = 0, H_ = 0;
 };
 
@@ -83,12 +61,12 @@ TEST_F(InterpretLayers, AttentionMapsResolveLayersAndHeads) {
   EXPECT_NE(maps({L_ - 2, 0}, {H_ - 1, 1}).probs, absolute.probs);
 
   const AttentionResult out_of_range = maps({-L_ - 1}, {});
-  ExpectRefused(out_of_range.status,
+  ExpectInvalid(out_of_range.status,
                 absl::StrCat("layers[0] = ", -L_ - 1, " must be in [-", L_, ", ", L_, ")"));
   const AttentionResult twice = maps({0, L_ - 1, -1}, {});
-  ExpectRefused(twice.status, absl::StrCat("layers[2] = -1 (", L_ - 1, ") is repeated"));
+  ExpectInvalid(twice.status, absl::StrCat("layers[2] = -1 (", L_ - 1, ") is repeated"));
   const AttentionResult head_out = maps({}, {H_});
-  ExpectRefused(head_out.status, absl::StrCat("heads[0] = ", H_, " must be in [-", H_, ", "));
+  ExpectInvalid(head_out.status, absl::StrCat("heads[0] = ", H_, " must be in [-", H_, ", "));
 }
 
 TEST_F(InterpretLayers, GradientProbeResolvesLayersHeadsObjectiveAndParamLayer) {
@@ -123,16 +101,16 @@ TEST_F(InterpretLayers, GradientProbeResolvesLayersHeadsObjectiveAndParamLayer) 
 
   v1::GradientProbeResponse ignored;
   const auto method = &v1::Interpret::Stub::GradientProbe;
-  ExpectRefused(Call(server_, method, probe(-L_ - 1, 0, {}, {}, 0), &ignored),
+  ExpectInvalid(CallInterpret(server_, method, probe(-L_ - 1, 0, {}, {}, 0), &ignored),
                 absl::StrCat("attn_out_probe.layer = ", -L_ - 1, " must be in [-", L_));
-  ExpectRefused(Call(server_, method, probe(0, -H_ - 1, {}, {}, 0), &ignored),
+  ExpectInvalid(CallInterpret(server_, method, probe(0, -H_ - 1, {}, {}, 0), &ignored),
                 absl::StrCat("attn_out_probe.head = ", -H_ - 1, " must be in [-", H_));
-  ExpectRefused(Call(server_, method, probe(0, 0, {}, {}, L_), &ignored),
+  ExpectInvalid(CallInterpret(server_, method, probe(0, 0, {}, {}, L_), &ignored),
                 absl::StrCat("param_layer = ", L_, " must be in [-", L_, ", ", L_, ")"));
 }
 
 TEST_F(InterpretLayers, InterventionsAndActivationsResolveLayers) {
-  const std::vector<int32_t> source = Tokens(kN, 3);
+  const std::vector<int32_t> source = RandomPromptTokens(kN, 3);
   auto intervene = [&](int ablated_layer, int ablated_head, int row_layer, int row_head,
                        int masked_key, int patch_layer) {
     v1::InterveneRequest r;
@@ -157,27 +135,29 @@ TEST_F(InterpretLayers, InterventionsAndActivationsResolveLayers) {
   };
   const auto method = &v1::Interpret::Stub::Intervene;
   v1::InterveneResponse absolute, from_end, output_patch;
-  ASSERT_TRUE(
-      Call(server_, method, intervene(L_ - 1, H_ - 1, L_ - 2, 0, kN - 1, L_ - 1), &absolute).ok());
-  ASSERT_TRUE(Call(server_, method, intervene(-1, -1, -2, -H_, -1, -1), &from_end).ok());
+  ASSERT_TRUE(CallInterpret(server_, method, intervene(L_ - 1, H_ - 1, L_ - 2, 0, kN - 1, L_ - 1),
+                            &absolute)
+                  .ok());
+  ASSERT_TRUE(CallInterpret(server_, method, intervene(-1, -1, -2, -H_, -1, -1), &from_end).ok());
   EXPECT_GT(absolute.max_abs_logit_change(), 0.0);
   EXPECT_EQ(from_end.SerializeAsString(), absolute.SerializeAsString());
   // L itself (the model's output) is still a patch layer, and not the same as −1.
-  ASSERT_TRUE(Call(server_, method, intervene(-1, -1, -2, -H_, -1, L_), &output_patch).ok());
+  ASSERT_TRUE(
+      CallInterpret(server_, method, intervene(-1, -1, -2, -H_, -1, L_), &output_patch).ok());
   EXPECT_NE(output_patch.SerializeAsString(), absolute.SerializeAsString());
 
   v1::InterveneResponse ignored;
-  ExpectRefused(Call(server_, method, intervene(-L_ - 1, 0, 0, 0, 0, 0), &ignored),
+  ExpectInvalid(CallInterpret(server_, method, intervene(-L_ - 1, 0, 0, 0, 0, 0), &ignored),
                 absl::StrCat("ablations[0].layer = ", -L_ - 1));
-  ExpectRefused(Call(server_, method, intervene(0, H_, 0, 0, 0, 0), &ignored),
+  ExpectInvalid(CallInterpret(server_, method, intervene(0, H_, 0, 0, 0, 0), &ignored),
                 absl::StrCat("ablations[0].head = ", H_));
-  ExpectRefused(Call(server_, method, intervene(0, 0, L_, 0, 0, 0), &ignored),
+  ExpectInvalid(CallInterpret(server_, method, intervene(0, 0, L_, 0, 0, 0), &ignored),
                 absl::StrCat("row_overrides[0].layer = ", L_));
-  ExpectRefused(Call(server_, method, intervene(0, 0, 0, 0, -kN - 1, 0), &ignored),
+  ExpectInvalid(CallInterpret(server_, method, intervene(0, 0, 0, 0, -kN - 1, 0), &ignored),
                 absl::StrCat("row_overrides[0].masked_keys[0] = ", -kN - 1));
-  ExpectRefused(Call(server_, method, intervene(0, 0, 0, 0, 0, -L_ - 1), &ignored),
+  ExpectInvalid(CallInterpret(server_, method, intervene(0, 0, 0, 0, 0, -L_ - 1), &ignored),
                 absl::StrCat("patches[0].layer = ", -L_ - 1, " must be in [-", L_, ", ", L_, "]"));
-  ExpectRefused(Call(server_, method, intervene(0, 0, 0, 0, 0, L_ + 1), &ignored),
+  ExpectInvalid(CallInterpret(server_, method, intervene(0, 0, 0, 0, 0, L_ + 1), &ignored),
                 absl::StrCat("patches[0].layer = ", L_ + 1, " must be in [-", L_, ", ", L_, "]"));
 
   auto activations = [&](std::vector<int> layers, v1::ActivationsResponse* response) {
@@ -187,7 +167,7 @@ TEST_F(InterpretLayers, InterventionsAndActivationsResolveLayers) {
     r.add_hooks("z");
     r.add_hooks("ln_final");
     r.mutable_layers()->Add(layers.begin(), layers.end());
-    return Call(server_, &v1::Interpret::Stub::Activations, r, response);
+    return CallInterpret(server_, &v1::Interpret::Stub::Activations, r, response);
   };
   v1::ActivationsResponse a_absolute, a_from_end;
   const grpc::Status a_status = activations({L_ - 1, 1}, &a_absolute);
@@ -196,7 +176,7 @@ TEST_F(InterpretLayers, InterventionsAndActivationsResolveLayers) {
   ASSERT_GT(a_absolute.tensors_size(), 0);
   EXPECT_EQ(a_from_end.SerializeAsString(), a_absolute.SerializeAsString());
   EXPECT_EQ(a_from_end.tensors(0).layer(), L_ - 1);
-  ExpectRefused(activations({1, -1, 1 - L_}, &a_from_end), "layers[2] = ");
+  ExpectInvalid(activations({1, -1, 1 - L_}, &a_from_end), "layers[2] = ");
 }
 
 TEST_F(InterpretLayers, GenerateAttentionRowsResolveLayersAndHeads) {
@@ -225,9 +205,9 @@ TEST_F(InterpretLayers, GenerateAttentionRowsResolveLayersAndHeads) {
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_NE(rows({L_ - 2, 0}, {H_ - 1}, &s), absolute);
   rows({-L_ - 1}, {}, &s);
-  ExpectRefused(s, absl::StrCat("attention_rows.layers[0] = ", -L_ - 1, " must be in [-", L_));
+  ExpectInvalid(s, absl::StrCat("attention_rows.layers[0] = ", -L_ - 1, " must be in [-", L_));
   rows({}, {0, -H_}, &s);
-  ExpectRefused(s, "attention_rows.heads[1] = ");
+  ExpectInvalid(s, "attention_rows.heads[1] = ");
 }
 
 // kvlens-cli passes layers from the end through: `attention --layers` and `intervene

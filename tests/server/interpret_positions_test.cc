@@ -6,7 +6,6 @@
 // carries them. A position before the first (−n − 1) is refused naming its field and
 // [−n, n); a position given twice, once from each end, is refused as repeated.
 #include <array>
-#include <random>
 
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
@@ -18,27 +17,6 @@ namespace {
 
 constexpr int kN = 10;  // prompt tokens
 
-std::vector<int32_t> Tokens(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t = {1};
-  while (static_cast<int>(t.size()) < n) t.push_back(static_cast<int32_t>(3 + rng() % 509));
-  return t;
-}
-
-// One unary Interpret call; the status, the response filled when it is OK.
-template <typename Request, typename Response, typename Method>
-grpc::Status Call(TestServer& server, Method method, const Request& request, Response* response) {
-  auto stub = InterpretStub(server);
-  grpc::ClientContext context;
-  SetDeadline(context);
-  return ((*stub).*method)(&context, request, response);
-}
-
-void ExpectRefused(const grpc::Status& s, const std::string& needle) {
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
-  EXPECT_NE(s.error_message().find(needle), std::string::npos) << s.error_message();
-}
-
 class InterpretPositions : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -46,7 +24,7 @@ class InterpretPositions : public ::testing::Test {
     ASSERT_TRUE(server_.ok()) << server_.error();
   }
   TestServer server_;
-  const std::vector<int32_t> tokens_ = Tokens(kN, 5);
+  const std::vector<int32_t> tokens_ = RandomPromptTokens(kN, 5);
 };
 
 TEST_F(InterpretPositions, ProbeTargetsAndLogitDiffCountFromTheEnd) {
@@ -83,15 +61,16 @@ TEST_F(InterpretPositions, ProbeTargetsAndLogitDiffCountFromTheEnd) {
   EXPECT_EQ(CallGradientProbe(server_, diff).objective(), j);
 
   v1::GradientProbeResponse ignored;
-  ExpectRefused(Call(server_, &v1::Interpret::Stub::GradientProbe, probe(-1, -kN - 1), &ignored),
-                "log_prob.targets[1].position = -11 must be in [-10, 10)");
+  ExpectInvalid(
+      CallInterpret(server_, &v1::Interpret::Stub::GradientProbe, probe(-1, -kN - 1), &ignored),
+      "log_prob.targets[1].position = -11 must be in [-10, 10)");
   diff.mutable_logit_diff()->set_position(-kN - 1);
-  ExpectRefused(Call(server_, &v1::Interpret::Stub::GradientProbe, diff, &ignored),
+  ExpectInvalid(CallInterpret(server_, &v1::Interpret::Stub::GradientProbe, diff, &ignored),
                 "logit_diff.position = -11 must be in [-10, 10)");
 }
 
 TEST_F(InterpretPositions, InterventionsCountFromTheEndOfTheirOwnPrompt) {
-  const std::vector<int32_t> source = Tokens(7, 9);  // shorter than the prompt
+  const std::vector<int32_t> source = RandomPromptTokens(7, 9);  // shorter than the prompt
   auto intervene = [&](int target, int row, int patched, int source_position) {
     v1::InterveneRequest r;
     *r.mutable_input() = IdsInput(tokens_);
@@ -112,8 +91,8 @@ TEST_F(InterpretPositions, InterventionsCountFromTheEndOfTheirOwnPrompt) {
   };
   v1::InterveneResponse absolute, from_end;
   const auto method = &v1::Interpret::Stub::Intervene;
-  ASSERT_TRUE(Call(server_, method, intervene(kN - 1, kN - 3, kN - 2, 5), &absolute).ok());
-  ASSERT_TRUE(Call(server_, method, intervene(-1, -3, -2, -2), &from_end).ok());
+  ASSERT_TRUE(CallInterpret(server_, method, intervene(kN - 1, kN - 3, kN - 2, 5), &absolute).ok());
+  ASSERT_TRUE(CallInterpret(server_, method, intervene(-1, -3, -2, -2), &from_end).ok());
   ASSERT_EQ(from_end.effects_size(), 1);
   EXPECT_EQ(from_end.effects(0).target().position(), kN - 1);  // resolved
   EXPECT_EQ(from_end.effects(0).clean_logit(), absolute.effects(0).clean_logit());
@@ -124,13 +103,13 @@ TEST_F(InterpretPositions, InterventionsCountFromTheEndOfTheirOwnPrompt) {
   // The source position counts from the end of the source prompt (7 tokens), not the
   // prompt's (10).
   v1::InterveneResponse refused;
-  ExpectRefused(Call(server_, method, intervene(-1, -3, -2, -8), &refused),
+  ExpectInvalid(CallInterpret(server_, method, intervene(-1, -3, -2, -8), &refused),
                 "patches[0].source_position = -8 must be in [-7, 7)");
-  ExpectRefused(Call(server_, method, intervene(-1, -3, -11, 0), &refused),
+  ExpectInvalid(CallInterpret(server_, method, intervene(-1, -3, -11, 0), &refused),
                 "patches[0].position = -11 must be in [-10, 10)");
-  ExpectRefused(Call(server_, method, intervene(-1, -11, -2, 0), &refused),
+  ExpectInvalid(CallInterpret(server_, method, intervene(-1, -11, -2, 0), &refused),
                 "row_overrides[0].position = -11");
-  ExpectRefused(Call(server_, method, intervene(-11, -3, -2, 0), &refused),
+  ExpectInvalid(CallInterpret(server_, method, intervene(-11, -3, -2, 0), &refused),
                 "targets[0].position = -11");
 }
 
@@ -141,17 +120,19 @@ TEST_F(InterpretPositions, LensAndAttributionCountFromTheEnd) {
   lens.add_positions(2);
   v1::LogitLensResponse absolute, from_end;
   const auto lens_method = &v1::Interpret::Stub::LogitLens;
-  ASSERT_TRUE(Call(server_, lens_method, lens, &absolute).ok());
+  ASSERT_TRUE(CallInterpret(server_, lens_method, lens, &absolute).ok());
   lens.set_positions(0, -1);
   lens.set_positions(1, 2 - kN);
-  ASSERT_TRUE(Call(server_, lens_method, lens, &from_end).ok());
+  ASSERT_TRUE(CallInterpret(server_, lens_method, lens, &from_end).ok());
   ASSERT_GT(absolute.rows_size(), 0);
   EXPECT_EQ(from_end.SerializeAsString(), absolute.SerializeAsString());  // positions resolved
   lens.set_positions(1, kN - 1);
-  ExpectRefused(Call(server_, lens_method, lens, &from_end), "positions[1] = 9 is repeated");
+  ExpectInvalid(CallInterpret(server_, lens_method, lens, &from_end),
+                "positions[1] = 9 is repeated");
   lens.set_positions(0, kN - 1);
   lens.set_positions(1, -1);
-  ExpectRefused(Call(server_, lens_method, lens, &from_end), "positions[1] = -1 (9) is repeated");
+  ExpectInvalid(CallInterpret(server_, lens_method, lens, &from_end),
+                "positions[1] = -1 (9) is repeated");
 
   v1::LogitAttributionRequest attribute;
   *attribute.mutable_input() = IdsInput(tokens_);
@@ -160,13 +141,13 @@ TEST_F(InterpretPositions, LensAndAttributionCountFromTheEnd) {
   attribute.set_position(kN - 3);
   v1::LogitAttributionResponse a_absolute, a_from_end;
   const auto attribute_method = &v1::Interpret::Stub::LogitAttribution;
-  ASSERT_TRUE(Call(server_, attribute_method, attribute, &a_absolute).ok());
+  ASSERT_TRUE(CallInterpret(server_, attribute_method, attribute, &a_absolute).ok());
   attribute.set_position(-3);
-  ASSERT_TRUE(Call(server_, attribute_method, attribute, &a_from_end).ok());
+  ASSERT_TRUE(CallInterpret(server_, attribute_method, attribute, &a_from_end).ok());
   EXPECT_EQ(a_from_end.position(), kN - 3);
   EXPECT_EQ(a_from_end.SerializeAsString(), a_absolute.SerializeAsString());
   attribute.set_position(-kN - 1);
-  ExpectRefused(Call(server_, attribute_method, attribute, &a_from_end),
+  ExpectInvalid(CallInterpret(server_, attribute_method, attribute, &a_from_end),
                 "position = -11 must be in [-10, 10)");
 }
 
@@ -178,7 +159,7 @@ TEST_F(InterpretPositions, RangeBoundsCountFromTheEnd) {
     r.add_layers(1);
     r.mutable_positions()->set_begin(begin);
     r.mutable_positions()->set_end(end);
-    return Call(server_, &v1::Interpret::Stub::Activations, r, response);
+    return CallInterpret(server_, &v1::Interpret::Stub::Activations, r, response);
   };
   // The last three rows: [-3, 0) is [7, 10); all but the last: [0, -1) is [0, 9).
   for (auto [begin, end, abs_begin, abs_end] :
@@ -191,9 +172,9 @@ TEST_F(InterpretPositions, RangeBoundsCountFromTheEnd) {
     EXPECT_EQ(from_end.SerializeAsString(), absolute.SerializeAsString()) << begin << " " << end;
   }
   v1::ActivationsResponse ignored;
-  ExpectRefused(rows(-11, 0, &ignored), "positions = [-11, 0) must be a non-empty range");
-  ExpectRefused(rows(-1, -1, &ignored), "positions = [-1, -1) must be a non-empty range");
-  ExpectRefused(rows(0, -10, &ignored), "positions = [0, -10) must be a non-empty range");
+  ExpectInvalid(rows(-11, 0, &ignored), "positions = [-11, 0) must be a non-empty range");
+  ExpectInvalid(rows(-1, -1, &ignored), "positions = [-1, -1) must be a non-empty range");
+  ExpectInvalid(rows(0, -10, &ignored), "positions = [0, -10) must be a non-empty range");
 }
 
 // kvlens-cli's position flags pass a position from the end to the server as it is: each

@@ -194,11 +194,6 @@ TEST_F(InterpretSae, CliPrintsTheRpcsAnswer) {
       << bad;
 }
 
-void ExpectRefused(const grpc::Status& s, grpc::StatusCode code, const std::string& needle) {
-  EXPECT_EQ(s.error_code(), code) << s.error_message();
-  EXPECT_NE(s.error_message().find(needle), std::string::npos) << s.error_message();
-}
-
 TEST_F(InterpretSae, BadRequestsNameTheirField) {
   TestServer server(DefaultModelPath(), TestServer::DefaultOptions(), 1, WithSaes());
   ASSERT_TRUE(server.ok()) << server.error();

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -163,6 +164,34 @@ inline GeneratedSession OpenSessionAndGenerate(TestServer& server, const std::st
   });
   if (!read.ok()) s.error = std::string(read.message());
   return s;
+}
+
+// n token ids for stories260K (vocabulary 512): BOS (1), then ids drawn from [3, 512).
+inline std::vector<int32_t> RandomPromptTokens(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t = {1};
+  while (static_cast<int>(t.size()) < n) t.push_back(static_cast<int32_t>(3 + rng() % 509));
+  return t;
+}
+
+// One unary Interpret call (e.g. &v1::Interpret::Stub::Intervene): its status, `response`
+// filled when OK.
+template <typename Request, typename Response, typename Method>
+grpc::Status CallInterpret(TestServer& server, Method method, const Request& request,
+                           Response* response) {
+  auto stub = InterpretStub(server);
+  grpc::ClientContext context;
+  SetDeadline(context);
+  return ((*stub).*method)(&context, request, response);
+}
+
+// A refusal with `code` whose message contains `needle`.
+inline void ExpectRefused(const grpc::Status& s, grpc::StatusCode code, const std::string& needle) {
+  EXPECT_EQ(s.error_code(), code) << s.error_message();
+  EXPECT_NE(s.error_message().find(needle), std::string::npos) << s.error_message();
+}
+inline void ExpectInvalid(const grpc::Status& s, const std::string& needle) {
+  ExpectRefused(s, grpc::StatusCode::INVALID_ARGUMENT, needle);
 }
 
 inline v1::PromptInput IdsInput(const std::vector<int32_t>& ids,
