@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,9 +16,8 @@ namespace {
 
 template <typename T>
 absl::Status ActivationsAt(const InterpContext& ctx, const SequenceSpec& seq,
-                           const std::vector<interpret::Hook>& hooks,
-                           const std::vector<int>& layers, PositionRange rows, v1::DType dtype,
-                           v1::ActivationsResponse* response) {
+                           const std::vector<std::pair<interpret::Hook, int>>& reads,
+                           PositionRange rows, v1::DType dtype, v1::ActivationsResponse* response) {
   const Model& model = ctx.model();
   kernels::Backend<T>& be = BackendOf<T>(ctx.backends);
   const int num = static_cast<int>(seq.tokens.size());
@@ -28,17 +28,12 @@ absl::Status ActivationsAt(const InterpContext& ctx, const SequenceSpec& seq,
   }
   auto tape = interpret::RunForward(model, be, InputOf<T>(seq));
   if (!tape.ok()) return tape.status();
-  for (interpret::Hook hook : hooks) {
-    const std::vector<int> per_hook =
-        interpret::HookIsPerLayer(hook) ? layers : std::vector<int>{-1};
-    const std::vector<int64_t> shape =
-        interpret::HookShape(model.config, hook, rows.size(), tape->num_keys);
-    for (int l : per_hook) {
-      auto values = interpret::ReadHook(model, be, *tape, hook, l, rows.begin, rows.end);
-      if (!values.ok()) return values.status();
-      AddTensor(std::string(interpret::HookName(hook)), l, -1, shape, absl::MakeConstSpan(*values),
-                dtype, response->mutable_tensors());
-    }
+  for (const auto& [hook, l] : reads) {
+    auto values = interpret::ReadHook(model, be, *tape, hook, l, rows.begin, rows.end);
+    if (!values.ok()) return values.status();
+    AddTensor(std::string(interpret::HookName(hook)), l, -1,
+              interpret::HookShape(model.config, hook, rows.size(), tape->num_keys),
+              absl::MakeConstSpan(*values), dtype, response->mutable_tensors());
   }
   return absl::OkStatus();
 }
@@ -115,20 +110,36 @@ absl::Status RunActivations(const InterpContext& ctx, const v1::ActivationsReque
     return absl::InvalidArgumentError(
         absl::StrCat("hooks: name at least one of ", interpret::HookNameList()));
   }
-  std::vector<interpret::Hook> hooks;
-  for (const std::string& name : request.hooks()) {
-    const std::optional<interpret::Hook> hook = interpret::HookByName(name);
-    if (!hook.has_value()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("hooks: unknown hook \"", name, "\"; known: ", interpret::HookNameList()));
-    }
-    if (std::find(hooks.begin(), hooks.end(), *hook) != hooks.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("hooks: \"", name, "\" is named twice"));
-    }
-    hooks.push_back(*hook);
-  }
   auto layers = ToIndexList(request.layers(), c.num_layers, "layers");
   if (!layers.ok()) return layers.status();
+  // (hook, layer) in the order asked: a short name at every layer asked for, a full name
+  // at its own; ln_final at -1.
+  std::vector<std::pair<interpret::Hook, int>> reads;
+  for (const std::string& name : request.hooks()) {
+    const std::optional<interpret::NamedHook> named = interpret::ParseHookName(name);
+    if (!named.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hooks: unknown hook \"", name, "\"; known: ", interpret::HookNameList(),
+                       ", or TransformerLens's full names (blocks.{layer}.attn.hook_pattern, …)"));
+    }
+    if (absl::Status s = interpret::CheckModelHasHook(c, named->hook); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("hooks: ", s.message()));
+    }
+    if (named->layer.has_value() && *named->layer >= c.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("hooks: \"", name, "\": layer ", *named->layer,
+                                                     " is outside [0, ", c.num_layers, ")"));
+    }
+    const std::vector<int> at = !interpret::HookIsPerLayer(named->hook) ? std::vector<int>{-1}
+                                : named->layer.has_value() ? std::vector<int>{*named->layer}
+                                                           : *layers;
+    for (int l : at) {
+      if (std::find(reads.begin(), reads.end(), std::pair{named->hook, l}) != reads.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("hooks: \"", name, "\" asks again for ",
+                                                       interpret::HookFullName(named->hook, l)));
+      }
+      reads.emplace_back(named->hook, l);
+    }
+  }
   auto rows = ToRange(request.positions(), n, "positions");
   if (!rows.ok()) return rows.status();
   const bool fp64 = WantsFp64(request.precision());
@@ -140,18 +151,16 @@ absl::Status RunActivations(const InterpContext& ctx, const v1::ActivationsReque
   }
   // What the tensors will weigh, before anything runs.
   int64_t bytes = 0;
-  for (interpret::Hook hook : hooks) {
-    const int64_t count =
-        interpret::HookIsPerLayer(hook) ? static_cast<int64_t>(layers->size()) : 1;
-    bytes += count * rows->size() * interpret::HookRowElements(c, hook, n) * DTypeBytes(dtype);
+  for (const auto& [hook, l] : reads) {
+    bytes += rows->size() * interpret::HookRowElements(c, hook, n) * DTypeBytes(dtype);
   }
   if (absl::Status s = CheckBytes(bytes, ctx.limits, "the activations"); !s.ok()) return s;
   response->set_precision(PrecisionOf(fp64));
   response->mutable_token_ids()->Assign(seq->tokens.begin(), seq->tokens.end());
   response->mutable_positions()->set_begin(rows->begin);
   response->mutable_positions()->set_end(rows->end);
-  return fp64 ? ActivationsAt<double>(ctx, *seq, hooks, *layers, *rows, dtype, response)
-              : ActivationsAt<float>(ctx, *seq, hooks, *layers, *rows, dtype, response);
+  return fp64 ? ActivationsAt<double>(ctx, *seq, reads, *rows, dtype, response)
+              : ActivationsAt<float>(ctx, *seq, reads, *rows, dtype, response);
 }
 
 absl::Status RunLogitAttribution(const InterpContext& ctx,

@@ -2,29 +2,39 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/reference_backward.h"
 
 namespace kvlens::interpret {
 namespace {
 
-constexpr std::array<std::pair<Hook, const char*>, 15> kHooks = {{
-    {Hook::kResidPre, "resid_pre"},
-    {Hook::kResidMid, "resid_mid"},
-    {Hook::kResidPost, "resid_post"},
-    {Hook::kAttnOut, "attn_out"},
-    {Hook::kMlpOut, "mlp_out"},
-    {Hook::kZ, "z"},
-    {Hook::kResult, "result"},
-    {Hook::kQ, "q"},
-    {Hook::kK, "k"},
-    {Hook::kV, "v"},
-    {Hook::kMlpPre, "mlp_pre"},
-    {Hook::kMlpPost, "mlp_post"},
-    {Hook::kLnFinal, "ln_final"},
-    {Hook::kAttnScores, "attn_scores"},
-    {Hook::kPattern, "pattern"},
+struct HookNames {
+  Hook hook;
+  const char* name;  // kvlens's short name
+  const char* full;  // TransformerLens's, after "blocks.{layer}."
+};
+
+constexpr std::array<HookNames, 17> kHooks = {{
+    {Hook::kResidPre, "resid_pre", "hook_resid_pre"},
+    {Hook::kResidMid, "resid_mid", "hook_resid_mid"},
+    {Hook::kResidPost, "resid_post", "hook_resid_post"},
+    {Hook::kAttnOut, "attn_out", "hook_attn_out"},
+    {Hook::kMlpOut, "mlp_out", "hook_mlp_out"},
+    {Hook::kZ, "z", "attn.hook_z"},
+    {Hook::kResult, "result", "attn.hook_result"},
+    {Hook::kQ, "q", "attn.hook_q"},
+    {Hook::kK, "k", "attn.hook_k"},
+    {Hook::kV, "v", "attn.hook_v"},
+    {Hook::kMlpPre, "mlp_pre", "mlp.hook_pre"},
+    {Hook::kMlpPost, "mlp_post", "mlp.hook_post"},
+    {Hook::kLnFinal, "ln_final", "ln_final.hook_normalized"},  // (no blocks.{layer}.)
+    {Hook::kAttnScores, "attn_scores", "attn.hook_attn_scores"},
+    {Hook::kPattern, "pattern", "attn.hook_pattern"},
+    {Hook::kRotQ, "rot_q", "attn.hook_rot_q"},
+    {Hook::kRotK, "rot_k", "attn.hook_rot_k"},
 }};
 
 // The tape's [rows, width] tensor behind every hook but result.
@@ -45,8 +55,10 @@ const std::vector<T>& Source(const Tape<T>& t, Hook hook, int l) {
     case Hook::kZ:
       return lt.att;
     case Hook::kQ:
+    case Hook::kRotQ:
       return lt.q;
     case Hook::kK:
+    case Hook::kRotK:
       return lt.k;
     case Hook::kV:
       return lt.v;
@@ -93,28 +105,68 @@ std::vector<T> HeadResults(const Model& model, kernels::Backend<T>& be, const Ta
 }  // namespace
 
 std::string_view HookName(Hook hook) {
-  for (const auto& [h, name] : kHooks) {
-    if (h == hook) return name;
+  for (const HookNames& h : kHooks) {
+    if (h.hook == hook) return h.name;
   }
   return "?";
 }
 
 std::optional<Hook> HookByName(std::string_view name) {
-  for (const auto& [h, n] : kHooks) {
-    if (std::string_view(n) == name) return h;
+  for (const HookNames& h : kHooks) {
+    if (std::string_view(h.name) == name) return h.hook;
   }
   return std::nullopt;
 }
 
 std::string HookNameList() {
   std::string s;
-  for (const auto& [h, name] : kHooks) absl::StrAppend(&s, s.empty() ? "" : ", ", name);
+  for (const HookNames& h : kHooks) absl::StrAppend(&s, s.empty() ? "" : ", ", h.name);
   return s;
+}
+
+std::string HookFullName(Hook hook, int layer) {
+  for (const HookNames& h : kHooks) {
+    if (h.hook != hook) continue;
+    return HookIsPerLayer(hook) ? absl::StrCat("blocks.", layer, ".", h.full) : h.full;
+  }
+  return "?";
+}
+
+std::optional<NamedHook> ParseHookName(std::string_view name) {
+  if (const std::optional<Hook> h = HookByName(name)) return NamedHook{*h, std::nullopt};
+  for (const HookNames& h : kHooks) {
+    if (!HookIsPerLayer(h.hook) && name == h.full) return NamedHook{h.hook, std::nullopt};
+  }
+  constexpr std::string_view kBlocks = "blocks.";
+  if (name.substr(0, kBlocks.size()) != kBlocks) return std::nullopt;
+  std::string_view rest = name.substr(kBlocks.size());
+  const size_t dot = rest.find('.');
+  if (dot == std::string_view::npos || dot == 0) return std::nullopt;
+  int layer = 0;
+  const auto [end, ec] = std::from_chars(rest.data(), rest.data() + dot, layer);
+  if (ec != std::errc() || end != rest.data() + dot || layer < 0) return std::nullopt;
+  rest = rest.substr(dot + 1);
+  for (const HookNames& h : kHooks) {
+    if (HookIsPerLayer(h.hook) && rest == h.full) return NamedHook{h.hook, layer};
+  }
+  return std::nullopt;
 }
 
 bool HookIsPerLayer(Hook hook) { return hook != Hook::kLnFinal; }
 
-bool HookRowsAreKeys(Hook hook) { return hook == Hook::kK || hook == Hook::kV; }
+absl::Status CheckModelHasHook(const ModelConfig& c, Hook hook) {
+  if ((hook == Hook::kRotQ || hook == Hook::kRotK) && c.arch != Architecture::kLlama) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(HookName(hook)), ": the model (",
+                     std::string(ArchitectureName(c.arch)), ") has no rotary embedding; its ",
+                     hook == Hook::kRotQ ? "q" : "k", " is what the attention scores use"));
+  }
+  return absl::OkStatus();
+}
+
+bool HookRowsAreKeys(Hook hook) {
+  return hook == Hook::kK || hook == Hook::kRotK || hook == Hook::kV;
+}
 
 std::vector<int64_t> HookRowShape(const ModelConfig& c, Hook hook, int64_t num_keys) {
   switch (hook) {
@@ -123,8 +175,10 @@ std::vector<int64_t> HookRowShape(const ModelConfig& c, Hook hook, int64_t num_k
       return {c.num_heads, num_keys};
     case Hook::kZ:
     case Hook::kQ:
+    case Hook::kRotQ:
       return {c.num_heads, c.head_dim};
     case Hook::kK:
+    case Hook::kRotK:
     case Hook::kV:
       return {c.num_kv_heads, c.head_dim};
     case Hook::kResult:
@@ -155,6 +209,7 @@ absl::StatusOr<std::vector<T>> ReadHook(const Model& model, kernels::Backend<T>&
                                         const Tape<T>& tape, Hook hook, int layer, int row_begin,
                                         int row_end) {
   const ModelConfig& c = model.config;
+  if (absl::Status s = CheckModelHasHook(c, hook); !s.ok()) return s;
   if (HookIsPerLayer(hook) && (layer < 0 || layer >= c.num_layers)) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(HookName(hook)), ": layer ", layer,
                                                    " is outside [0, ", c.num_layers, ")"));
@@ -179,7 +234,19 @@ absl::StatusOr<std::vector<T>> ReadHook(const Model& model, kernels::Backend<T>&
     return out;
   }
   const int64_t width = HookRowElements(c, hook, tape.num_keys);
-  return std::vector<T>(src.begin() + row_begin * width, src.begin() + row_end * width);
+  std::vector<T> out(src.begin() + row_begin * width, src.begin() + row_end * width);
+  if ((hook == Hook::kQ || hook == Hook::kK) && c.arch == Architecture::kLlama) {
+    // The rows before RoPE: turned back by −angle (Rope's transpose is its inverse).
+    // Query row i sits at positions[i]; key row j at position j.
+    std::vector<int32_t> at(row_end - row_begin);
+    for (int i = row_begin; i < row_end; ++i) {
+      at[i - row_begin] = hook == Hook::kQ ? tape.positions[i] : i;
+    }
+    const int heads = hook == Hook::kQ ? c.num_heads : c.num_kv_heads;
+    kernels::RopeBackward(out.data(), row_end - row_begin, width, heads, c.head_dim, at.data(),
+                          RopeOf(c, model.weights, layer));
+  }
+  return out;
 }
 
 #define KVLENS_INSTANTIATE_ACTIVATIONS(T)                                                 \

@@ -11,13 +11,21 @@
 //   mlp_out       what the FFN adds      n         [D]               LayerTape::ffn_delta
 //   z             O per head, before W_O n         [H, Dh]           LayerTape::att
 //   result        z_h · W_O[:, h]ᵀ        n         [H, D]            (formed here)
-//   q             post-RoPE queries      n         [H, Dh]           LayerTape::q
-//   k, v          post-RoPE keys, values Tk        [Hkv, Dh]         LayerTape::k / v
+//   q             queries before RoPE    n         [H, Dh]           LayerTape::q, turned back
+//   k             keys before RoPE       Tk        [Hkv, Dh]         LayerTape::k, turned back
+//   v             values                 Tk        [Hkv, Dh]         LayerTape::v
+//   rot_q, rot_k  after RoPE (rotary     n, Tk     [H | Hkv, Dh]     LayerTape::q / k
+//                 models only)
 //   mlp_pre       gate / GELU input      n         [F]               LayerTape::pre
 //   mlp_post      the FFN's hidden       n         [F]               LayerTape::act
 //   attn_scores   pre-softmax scores     n         [H, Tk]  *        LayerTape::scores
 //   pattern       attention probs        n         [H, Tk]  *        LayerTape::probs
 //   ln_final      final norm's output    n         [D]  (no layer)   Tape::xf
+// q and k are TransformerLens's hook_q / hook_k: after the projection, its bias and
+// Qwen3/Gemma 3's per-head norms, before the rotation (the tape keeps the rotated rows, what
+// the scores use; RoPE is a rotation, so turning them back by −angle gives the unrotated
+// rows). rot_q and rot_k are hook_rot_q / hook_rot_k, which TransformerLens, like kvlens,
+// has only for rotary models; GPT-2's q and k are what its scores use.
 // * head first, as TransformerLens's hook_attn_scores / hook_pattern and AttentionMaps:
 //   the tensor of rows [b, e) is [H, e − b, Tk], masked keys −∞ (scores) and 0 (pattern).
 // attn_out and mlp_out are after Gemma 2/3's block-output norms, b_O and the FFN's bias
@@ -53,6 +61,8 @@ enum class Hook : uint8_t {
   kLnFinal,
   kAttnScores,
   kPattern,
+  kRotQ,
+  kRotK,
 };
 
 std::string_view HookName(Hook hook);
@@ -60,9 +70,23 @@ std::string_view HookName(Hook hook);
 std::optional<Hook> HookByName(std::string_view name);
 // "resid_pre, resid_mid, …": every name, for error messages.
 std::string HookNameList();
+// TransformerLens's full name of `hook` at `layer`: blocks.{layer}.hook_resid_pre,
+// blocks.{layer}.attn.hook_pattern, blocks.{layer}.mlp.hook_pre, ln_final.hook_normalized
+// (no layer), …
+std::string HookFullName(Hook hook, int layer);
+// A hook named either way: "pattern" (layer nullopt: every layer asked for) or
+// "blocks.1.attn.hook_pattern" (layer 1); nullopt when `name` is neither.
+struct NamedHook {
+  Hook hook;
+  std::optional<int> layer;
+};
+std::optional<NamedHook> ParseHookName(std::string_view name);
 // ln_final is the only hook without a layer.
 bool HookIsPerLayer(Hook hook);
-// k and v have a row per key (Tk = offset + n), the others per new token (n).
+// OK when the model has `hook`; INVALID_ARGUMENT for rot_q and rot_k on a model without
+// rotary embeddings (GPT-2).
+absl::Status CheckModelHasHook(const ModelConfig& c, Hook hook);
+// k, rot_k and v have a row per key (Tk = offset + n), the others per new token (n).
 bool HookRowsAreKeys(Hook hook);
 // The shape of one row over `num_keys` keys: {D}, {H, Dh}, {H, D}, {Hkv, Dh}, {F} or
 // {H, num_keys} (attn_scores, pattern; the other hooks' rows have no keys).
@@ -73,7 +97,8 @@ int64_t HookRowElements(const ModelConfig& c, Hook hook, int64_t num_keys);
 std::vector<int64_t> HookShape(const ModelConfig& c, Hook hook, int64_t rows, int64_t num_keys);
 
 // Rows [row_begin, row_end) of `hook` at `layer` (ignored for ln_final), row-major in
-// HookShape's order. INVALID_ARGUMENT when the layer or the rows are out of range.
+// HookShape's order. INVALID_ARGUMENT when the layer or the rows are out of range, or the
+// model lacks the hook (CheckModelHasHook).
 template <typename T>
 absl::StatusOr<std::vector<T>> ReadHook(const Model& model, kernels::Backend<T>& backend,
                                         const Tape<T>& tape, Hook hook, int layer, int row_begin,

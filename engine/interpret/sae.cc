@@ -1,7 +1,7 @@
 #include "engine/interpret/sae.h"
 
 #include <algorithm>
-#include <charconv>
+#include <iterator>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -13,11 +13,9 @@ kernels::WeightView View(const std::vector<float>& v, int64_t rows, int64_t cols
   return kernels::WeightView{v.data(), kernels::DType::kF32, rows, cols};
 }
 
-constexpr std::pair<std::string_view, Hook> kSaeHooks[] = {
-    {"hook_resid_pre", Hook::kResidPre},   {"hook_resid_mid", Hook::kResidMid},
-    {"hook_resid_post", Hook::kResidPost}, {"hook_attn_out", Hook::kAttnOut},
-    {"hook_mlp_out", Hook::kMlpOut},       {"attn.hook_z", Hook::kZ},
-};
+// The hooks an SAE may read: [D] rows of the stream, or z's [H·Dh].
+constexpr Hook kSaeHooks[] = {Hook::kResidPre, Hook::kResidMid, Hook::kResidPost,
+                              Hook::kAttnOut,  Hook::kMlpOut,   Hook::kZ};
 
 }  // namespace
 
@@ -39,29 +37,18 @@ kernels::WeightView Sae::DecView() const { return View(dec, d_in, d_sae); }
 kernels::WeightView Sae::BDecView() const { return View(b_dec, 1, d_in); }
 
 absl::Status ParseSaeHook(std::string_view name, Hook* hook, int* layer) {
-  const auto bad = [&] {
+  // Only the full name: it carries the layer.
+  const std::optional<NamedHook> h = ParseHookName(name);
+  if (!h.has_value() || !h->layer.has_value() ||
+      std::find(std::begin(kSaeHooks), std::end(kSaeHooks), h->hook) == std::end(kSaeHooks)) {
     return absl::InvalidArgumentError(
         absl::StrCat("hook \"", std::string(name),
                      "\" is none an SAE can read: blocks.{layer}.hook_resid_pre, hook_resid_mid, "
                      "hook_resid_post, hook_attn_out, hook_mlp_out or attn.hook_z"));
-  };
-  constexpr std::string_view kBlocks = "blocks.";
-  if (name.substr(0, kBlocks.size()) != kBlocks) return bad();
-  std::string_view rest = name.substr(kBlocks.size());
-  const size_t dot = rest.find('.');
-  if (dot == std::string_view::npos || dot == 0) return bad();
-  int l = 0;
-  const auto [end, ec] = std::from_chars(rest.data(), rest.data() + dot, l);
-  if (ec != std::errc() || end != rest.data() + dot || l < 0) return bad();
-  rest = rest.substr(dot + 1);
-  for (const auto& [suffix, h] : kSaeHooks) {
-    if (rest == suffix) {
-      *hook = h;
-      *layer = l;
-      return absl::OkStatus();
-    }
   }
-  return bad();
+  *hook = h->hook;
+  *layer = *h->layer;
+  return absl::OkStatus();
 }
 
 absl::Status CheckSaeFitsModel(const Sae& sae, const ModelConfig& c) {

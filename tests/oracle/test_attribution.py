@@ -86,6 +86,8 @@ class AttributionTest(unittest.TestCase):
                          f"act.mlp_pre.{l}": (T, F), f"act.mlp_post.{l}": (T, F),
                          f"act.q.{l}": (T, H, hd), f"act.k.{l}": (T, KV, hd), f"act.v.{l}": (T, KV, hd),
                          f"act.attn_scores.{l}": (H, T, T), f"act.pattern.{l}": (H, T, T)})
+            if m.family == "llama":  # rotary: q and k after RoPE too
+                want.update({f"act.rot_q.{l}": (T, H, hd), f"act.rot_k.{l}": (T, KV, hd)})
         self.assertEqual({k: v.shape for k, v in act.items()}, want)
         self.assertTrue(all(v.dtype == np.float64 for v in act.values()))
 
@@ -100,6 +102,16 @@ class AttributionTest(unittest.TestCase):
             v = act[f"act.v.{l}"][:, np.arange(H) // (H // KV)]  # [T, H, hd]
             z = np.einsum("htk,khd->thd", p, v)
             np.testing.assert_allclose(act[f"act.z.{l}"], z, rtol=0, atol=1e-12)
+            # the visible scores are the scaled (and capped) products of the rotated q and k
+            rot = "rot_" if m.family == "llama" else ""
+            q, k = act[f"act.{rot}q.{l}"], act[f"act.{rot}k.{l}"][:, np.arange(H) // (H // KV)]
+            want_s = np.einsum("thd,khd->htk", q, k) * (m.cfg.get("attn_scale") or hd ** -0.5)
+            cap = m.cfg.get("attn_softcap")
+            if cap:
+                want_s = cap * np.tanh(want_s / cap)
+            seen = np.isfinite(s)
+            np.testing.assert_allclose(s[seen], want_s[seen], rtol=0,
+                                       atol=1e-12 * np.abs(want_s).max())
 
         # (b) the stream: pre + attn = mid, mid + mlp = post = next layer's pre; heads sum to
         # what attention adds; ln_final times W_U is the logits.

@@ -76,8 +76,10 @@ TEST(InterpretActivations, MatchTheOracle) {
   const ModelConfig& c = server.model().config;
   v1::ActivationsRequest r;
   *r.mutable_input() = IdsInput(kTokens);
-  for (const char* h : {"resid_pre", "resid_post", "attn_out", "mlp_out", "z", "result", "k",
-                        "mlp_post", "attn_scores", "pattern", "ln_final"}) {
+  // Short names at every layer asked for; TransformerLens's full names at their own.
+  for (const char* h :
+       {"resid_pre", "resid_post", "attn_out", "mlp_out", "z", "result", "blocks.2.attn.hook_k",
+        "mlp_post", "attn_scores", "blocks.0.attn.hook_pattern", "ln_final.hook_normalized"}) {
     r.add_hooks(h);
   }
   r.add_layers(3);
@@ -93,7 +95,7 @@ TEST(InterpretActivations, MatchTheOracle) {
     EXPECT_EQ(std::vector<int32_t>(a.token_ids().begin(), a.token_ids().end()), kTokens);
     EXPECT_EQ(a.positions().begin(), 2);
     EXPECT_EQ(a.positions().end(), 7);
-    ASSERT_EQ(a.tensors_size(), 10 * 2 + 1);  // ln_final once
+    ASSERT_EQ(a.tensors_size(), 8 * 2 + 3);  // k, pattern and ln_final once
     double worst = 0;
     for (const v1::Tensor& t : a.tensors()) {
       EXPECT_EQ(t.dtype(), precision == v1::PRECISION_FP64 ? v1::DTYPE_FP64 : v1::DTYPE_FP32);
@@ -112,6 +114,11 @@ TEST(InterpretActivations, MatchTheOracle) {
     }
     EXPECT_EQ(a.tensors(0).name(), "resid_pre");
     EXPECT_EQ(a.tensors(0).layer(), 3);  // in the order asked
+    EXPECT_EQ(a.tensors(12).name(), "k");
+    EXPECT_EQ(a.tensors(12).layer(), 2);
+    EXPECT_EQ(a.tensors(17).name(), "pattern");
+    EXPECT_EQ(a.tensors(17).layer(), 0);
+    EXPECT_EQ(a.tensors(a.tensors_size() - 1).name(), "ln_final");
     EXPECT_EQ(a.tensors(a.tensors_size() - 1).layer(), -1);
     std::printf("[interp] kjv-gpt2-4l Activations %s: worst relative error vs oracle %.3g\n",
                 precision == v1::PRECISION_FP64 ? "fp64" : "fp32", worst);
@@ -217,7 +224,18 @@ TEST(InterpretActivations, BadRequestsNameTheirField) {
   ExpectRefused(with([](auto& r) { r.clear_hooks(); }), invalid, "hooks");
   ExpectRefused(with([](auto& r) { r.add_hooks("hook_resid_pre"); }), invalid,
                 "unknown hook \"hook_resid_pre\"");
-  ExpectRefused(with([](auto& r) { r.add_hooks("resid_pre"); }), invalid, "named twice");
+  ExpectRefused(with([](auto& r) { r.add_hooks("resid_pre"); }), invalid,
+                "hooks: \"resid_pre\" asks again for blocks.0.hook_resid_pre");
+  ExpectRefused(with([](auto& r) { r.add_hooks("blocks.3.hook_resid_pre"); }), invalid,
+                "asks again for blocks.3.hook_resid_pre");
+  ExpectRefused(
+      with([&](auto& r) { r.add_hooks(absl::StrCat("blocks.", L, ".attn.hook_z")); }), invalid,
+      absl::StrCat("hooks: \"blocks.", L, ".attn.hook_z\": layer ", L, " is outside [0, ", L, ")"));
+  // GPT-2 has learned positions: TransformerLens has no hook_rot_q for it either.
+  ExpectRefused(with([](auto& r) { r.add_hooks("rot_q"); }), invalid,
+                "hooks: rot_q: the model (gpt2) has no rotary embedding");
+  ExpectRefused(with([](auto& r) { r.add_hooks("blocks.0.attn.hook_rot_k"); }), invalid,
+                "hooks: rot_k: the model (gpt2)");
   ExpectRefused(with([&](auto& r) { r.add_layers(L); }), invalid, "layers");
   ExpectRefused(with([](auto& r) { r.mutable_positions()->set_begin(10); }), invalid, "positions");
   ExpectRefused(with([](auto& r) { r.set_dtype(static_cast<v1::DType>(7)); }), invalid, "dtype");

@@ -93,6 +93,12 @@ out["cache_pattern_shape"] = list(cache["pattern.1"].shape)
 out["cache_pattern_row"] = cache["pattern.1"][2, last].tolist()  # head 2, the last query
 out["cache_tuple_same"] = bool((cache["pattern", 1] == cache["pattern.1"]).all())
 end = c.run_with_cache(chat=conv, hooks=("resid_post",), layers=[-1])  # the last layer
+full = c.run_with_cache(chat=conv, hooks=("blocks.1.attn.hook_pattern", "ln_final.hook_normalized"),
+                        fp64=True)  # TransformerLens's full names, each at its own layer
+out["cache_full"] = [sorted(full),
+                     bool((full["blocks.1.attn.hook_pattern"] == cache["pattern.1"]).all()),
+                     bool((full["ln_final.hook_normalized"] == cache["ln_final"]).all()),
+                     "blocks.1.attn.hook_pattern" in full, "blocks.2.attn.hook_pattern" in full]
 out["cache_end"] = [sorted(end), bool((end["resid_post", -1] == end[sorted(end)[0]]).all())]
 d = c.logit_attribution(chat=conv, token=5, heads=True)
 out["dla_logit"], out["dla_total"], out["dla_heads"] = d.logit, d.total, len(d.heads)
@@ -295,6 +301,7 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_TRUE(out["cache_tuple_same"].get<bool>());
   EXPECT_EQ(out["cache_end"].dump(),
             absl::StrCat("[[\"resid_post.", c.num_layers - 1, "\"],true]"));
+  EXPECT_EQ(out["cache_full"].dump(), "[[\"ln_final\",\"pattern.1\"],true,true,true,false]");
   // The pattern head first, as TransformerLens's: its fp64 row is AttentionMaps' fp32 one.
   EXPECT_EQ(out["cache_pattern_shape"].get<std::vector<int>>(),
             (std::vector<int>{c.num_heads, n, n}));

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from typing import Iterable, Optional, Sequence
 
 import grpc
@@ -189,22 +190,46 @@ class CachedKvProbe:
         return self.tensors[name][layer]
 
 
+# TransformerLens's full hook names, after "blocks.{layer}.", and the short ones.
+_FULL_HOOK_NAMES = {
+    "hook_resid_pre": "resid_pre", "hook_resid_mid": "resid_mid",
+    "hook_resid_post": "resid_post", "hook_attn_out": "attn_out", "hook_mlp_out": "mlp_out",
+    "attn.hook_z": "z", "attn.hook_result": "result", "attn.hook_q": "q", "attn.hook_k": "k",
+    "attn.hook_v": "v", "attn.hook_rot_q": "rot_q", "attn.hook_rot_k": "rot_k",
+    "attn.hook_attn_scores": "attn_scores", "attn.hook_pattern": "pattern",
+    "mlp.hook_pre": "mlp_pre", "mlp.hook_post": "mlp_post",
+}
+_FULL_NAME = re.compile(r"blocks\.(\d+)\.(.+)")
+
+
 class ActivationCache(dict):
     """run_with_cache's arrays, {"hook.layer": array} ("ln_final" has no layer), also read
-    as TransformerLens's ActivationCache is: cache["pattern", 1], and with the layer counted
-    from the end, cache["resid_post", -1] (num_layers: the model's)."""
+    as TransformerLens's ActivationCache is: cache["pattern", 1], with the layer counted
+    from the end, cache["resid_post", -1] (num_layers: the model's), and under the full
+    names, cache["blocks.1.attn.hook_pattern"], cache["ln_final.hook_normalized"]."""
 
     def __init__(self, arrays: dict, num_layers: int):
         super().__init__(arrays)
         self.num_layers = num_layers
 
-    def __getitem__(self, key):
+    def _key(self, key):
         if isinstance(key, tuple):
             name, layer = key
             if layer < 0:
                 layer += self.num_layers
-            key = f"{name}.{layer}"
-        return super().__getitem__(key)
+            return f"{name}.{layer}"
+        if key == "ln_final.hook_normalized":
+            return "ln_final"
+        full = _FULL_NAME.fullmatch(key) if isinstance(key, str) else None
+        if full and full.group(2) in _FULL_HOOK_NAMES:
+            return f"{_FULL_HOOK_NAMES[full.group(2)]}.{full.group(1)}"
+        return key
+
+    def __getitem__(self, key):
+        return super().__getitem__(self._key(key))
+
+    def __contains__(self, key):
+        return super().__contains__(self._key(key))
 
 
 class Client:
@@ -489,11 +514,14 @@ class Client:
                        positions=(0, 0), fp64=False, fp16=False, chat=None, session_id=None,
                        doc_ids=None) -> ActivationCache:
         """Activations under TransformerLens's hook names: returns {"hook.layer": array}
-        (an ActivationCache: also cache["hook", layer], the layer from the end when negative)
-        (e.g. "resid_pre.3" [positions, d_model], "z.0" [positions, H, d_head], "pattern.1"
-        [H, positions, keys] head first as TransformerLens's; "ln_final" has no layer).
-        hooks: resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, result, q, k, v,
-        mlp_pre, mlp_post, attn_scores, pattern, ln_final."""
+        (an ActivationCache: also cache["hook", layer], the layer from the end when negative,
+        and cache["blocks.1.attn.hook_pattern"]) (e.g. "resid_pre.3" [positions, d_model],
+        "z.0" [positions, H, d_head], "pattern.1" [H, positions, keys] head first as
+        TransformerLens's; "ln_final" has no layer).
+        hooks: resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, result, q, k (before
+        RoPE, as TransformerLens's), v, rot_q, rot_k (after it; rotary models only), mlp_pre,
+        mlp_post, attn_scores, pattern, ln_final, each at every layer in `layers`; or full
+        names, each at its own layer: "blocks.1.attn.hook_pattern", "ln_final.hook_normalized"."""
         req = ip.ActivationsRequest(
             input=_input(text, tokens, session_id, doc_ids=doc_ids, chat=chat), hooks=list(hooks),
             layers=list(layers), positions=ip.Range(begin=positions[0], end=positions[1]),

@@ -4,14 +4,19 @@
 // per-head results (formed here, never by the forward) sum through b_O or the block-output
 // norm to attn_out, zero-ablating a head moves resid_mid by exactly its result, a one-token
 // row 0 reads its own value (z = v), ln_final through the unembedding gives the logits, and
-// each pattern row is the softmax of its attn_scores row (−∞ where masked, computed here).
+// each pattern row is the softmax of its attn_scores row (−∞ where masked, computed here),
+// each score the scaled product of the rotated q and k rows, and the unrotated ones of a
+// first layer repeat with their token.
 // Against the PyTorch float64 oracle (tests/oracle, --activations, run at test time): every
 // hook of every layer for stories260K and a random Gemma 2, on both backends.
 #include "engine/interpret/activations.h"
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -46,6 +51,12 @@ std::vector<double> Row(const kernels::WeightView& w, int64_t r) {
   std::vector<double> out(static_cast<size_t>(w.cols));
   kernels::DequantizeRow(w, r, out.data());
   return out;
+}
+
+std::vector<Hook> AllHooks() {
+  std::vector<Hook> all;
+  for (int h = 0; h <= static_cast<int>(Hook::kRotK); ++h) all.push_back(static_cast<Hook>(h));
+  return all;
 }
 
 class TinyActivations : public ::testing::TestWithParam<int> {};
@@ -130,6 +141,72 @@ TEST_P(TinyActivations, TheFirstRowReadsItsOwnValue) {
   }
 }
 
+// attn_scores[h, i, j] = scale · rot_q[i, h] · rot_k[j, h's KV head] (soft-capped where the
+// model caps them) wherever key j is visible; GPT-2's q and k are the rotated ones.
+TEST_P(TinyActivations, ScoresAreTheRotatedQueriesDotTheRotatedKeys) {
+  auto m = testing::MakeTinyModel(testing::TinyFamilySpec(GetParam()));
+  const ModelConfig& c = m->config;
+  const Tape<double> t = MustTape(*m);
+  const bool rotary = CheckModelHasHook(c, Hook::kRotQ).ok();
+  EXPECT_EQ(rotary, c.arch == Architecture::kLlama);
+  const int n = t.n, tk = t.num_keys, H = c.num_heads, dh = c.head_dim;
+  const int group = H / c.num_kv_heads;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const auto q = Hook64(*m, t, rotary ? Hook::kRotQ : Hook::kQ, l),
+               k = Hook64(*m, t, rotary ? Hook::kRotK : Hook::kK, l),
+               scores = Hook64(*m, t, Hook::kAttnScores, l);
+    int seen = 0;
+    for (int h = 0; h < H; ++h) {
+      for (int i = 0; i < n; ++i) {
+        for (int j = 0; j < tk; ++j) {
+          const double got = scores[(int64_t{h} * n + i) * tk + j];
+          if (std::isinf(got)) continue;
+          double dot = 0;
+          for (int d = 0; d < dh; ++d) {
+            dot += q[(int64_t{i} * H + h) * dh + d] *
+                   k[(int64_t{j} * c.num_kv_heads + h / group) * dh + d];
+          }
+          double want = dot * c.AttentionScale();
+          if (c.attention_softcap > 0) {
+            want = c.attention_softcap * std::tanh(want / c.attention_softcap);
+          }
+          EXPECT_NEAR(got, want, 1e-12) << l << " " << h << " " << i << " " << j;
+          ++seen;
+        }
+      }
+    }
+    EXPECT_GE(seen, H * n) << l;  // at least each row's own key
+  }
+}
+
+// Before the rotation a Llama's first-layer q and k rows depend on the token alone (no
+// position enters its stream): a repeated token repeats them exactly. After it they differ,
+// and at position 0 (no turn) the two agree.
+TEST_P(TinyActivations, UnrotatedQueriesAndKeysDependOnTheTokenAlone) {
+  auto m = testing::MakeTinyModel(testing::TinyFamilySpec(GetParam()));
+  const ModelConfig& c = m->config;
+  if (c.arch != Architecture::kLlama) GTEST_SKIP() << "no rotary embedding";
+  kernels::ReferenceBackend be;
+  auto t = RunForward(*m, be, SequenceInput<double>{{5, 9, 5, 9, 5}});
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (auto [hook, rot, heads] : {std::tuple{Hook::kQ, Hook::kRotQ, c.num_heads},
+                                  std::tuple{Hook::kK, Hook::kRotK, c.num_kv_heads}}) {
+    const auto plain = Hook64(*m, *t, hook, 0), turned = Hook64(*m, *t, rot, 0);
+    const int64_t w = int64_t{heads} * c.head_dim;
+    const auto row = [w](const std::vector<double>& v, int i) {
+      return std::vector<double>(v.begin() + i * w, v.begin() + (i + 1) * w);
+    };
+    EXPECT_EQ(row(plain, 0), row(turned, 0)) << HookName(hook);
+    for (int i : {2, 4}) {
+      const auto a = row(plain, 0), b = row(plain, i);
+      for (int64_t d = 0; d < w; ++d) EXPECT_NEAR(a[d], b[d], 1e-12) << HookName(hook) << i;
+      EXPECT_NE(row(turned, 0), row(turned, i)) << HookName(rot) << i;
+    }
+    const auto a = row(plain, 1), b = row(plain, 3);
+    for (int64_t d = 0; d < w; ++d) EXPECT_NEAR(a[d], b[d], 1e-12) << HookName(hook);
+  }
+}
+
 // pattern = softmax(attn_scores) row by row, head first [H, n, Tk]: a masked key is −∞
 // there and 0 here; row 0 puts all of it on key 0.
 TEST_P(TinyActivations, PatternIsTheSoftmaxOfTheScores) {
@@ -188,10 +265,8 @@ TEST_P(TinyActivations, RowRangesAndTheFp32Backend) {
   kernels::ReferenceBackend ref;
   auto t32 = RunForward(*m, fast, SequenceInput<float>{kTokens});
   ASSERT_TRUE(t32.ok()) << t32.status();
-  for (Hook hook :
-       {Hook::kResidPre, Hook::kResidMid, Hook::kResidPost, Hook::kAttnOut, Hook::kMlpOut, Hook::kZ,
-        Hook::kResult, Hook::kQ, Hook::kK, Hook::kV, Hook::kMlpPre, Hook::kMlpPost, Hook::kLnFinal,
-        Hook::kAttnScores, Hook::kPattern}) {
+  for (Hook hook : AllHooks()) {
+    if (!CheckModelHasHook(c, hook).ok()) continue;
     const int layer = HookIsPerLayer(hook) ? 1 : -1;
     const auto all = Hook64(*m, t, hook, layer);
     auto part = ReadHook(*m, ref, t, hook, layer, 2, 5);
@@ -226,13 +301,59 @@ INSTANTIATE_TEST_SUITE_P(Families, TinyActivations, ::testing::Range(0, testing:
 TEST(Activations, NamesAndErrors) {
   for (const char* name :
        {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "result", "q", "k", "v",
-        "mlp_pre", "mlp_post", "ln_final", "attn_scores", "pattern"}) {
+        "mlp_pre", "mlp_post", "ln_final", "attn_scores", "pattern", "rot_q", "rot_k"}) {
     const auto h = HookByName(name);
     ASSERT_TRUE(h.has_value()) << name;
     EXPECT_EQ(HookName(*h), name);
+    const auto named = ParseHookName(name);
+    ASSERT_TRUE(named.has_value()) << name;
+    EXPECT_EQ(named->hook, *h);
+    EXPECT_FALSE(named->layer.has_value()) << name;
   }
+  EXPECT_EQ(static_cast<int>(AllHooks().size()), 17);
   EXPECT_FALSE(HookByName("hook_resid_pre").has_value());
-  EXPECT_NE(HookNameList().find("mlp_post"), std::string::npos);
+  EXPECT_NE(HookNameList().find("rot_k"), std::string::npos);
+  // TransformerLens's full names, as its utils.get_act_name writes them.
+  for (auto [full, hook, layer] :
+       {std::tuple{"blocks.0.hook_resid_pre", Hook::kResidPre, 0},
+        std::tuple{"blocks.11.hook_resid_post", Hook::kResidPost, 11},
+        std::tuple{"blocks.3.attn.hook_pattern", Hook::kPattern, 3},
+        std::tuple{"blocks.2.attn.hook_attn_scores", Hook::kAttnScores, 2},
+        std::tuple{"blocks.1.attn.hook_rot_q", Hook::kRotQ, 1},
+        std::tuple{"blocks.1.attn.hook_k", Hook::kK, 1},
+        std::tuple{"blocks.4.mlp.hook_pre", Hook::kMlpPre, 4},
+        std::tuple{"blocks.4.mlp.hook_post", Hook::kMlpPost, 4},
+        std::tuple{"blocks.5.attn.hook_result", Hook::kResult, 5}}) {
+    const auto named = ParseHookName(full);
+    ASSERT_TRUE(named.has_value()) << full;
+    EXPECT_EQ(named->hook, hook) << full;
+    EXPECT_EQ(named->layer, std::optional<int>(layer)) << full;
+    EXPECT_EQ(HookFullName(hook, layer), full);
+  }
+  const auto final_norm = ParseHookName("ln_final.hook_normalized");
+  ASSERT_TRUE(final_norm.has_value());
+  EXPECT_EQ(final_norm->hook, Hook::kLnFinal);
+  EXPECT_FALSE(final_norm->layer.has_value());
+  EXPECT_EQ(HookFullName(Hook::kLnFinal, 3), "ln_final.hook_normalized");
+  for (const char* bad : {"blocks.1.hook_q", "blocks.-1.hook_resid_pre", "blocks.x.attn.hook_z",
+                          "blocks..hook_resid_pre", "blocks.1.ln_final.hook_normalized",
+                          "blocks.1.attn.hook_pattern ", "hook_pattern", "blocks.1"}) {
+    EXPECT_FALSE(ParseHookName(bad).has_value()) << bad;
+  }
+  // GPT-2 has no rotary embedding: rot_q and rot_k are refused, naming themselves.
+  auto gpt2 = testing::MakeTinyModel(testing::TinyFamilySpec(0));
+  ASSERT_EQ(gpt2->config.arch, Architecture::kGpt2);
+  const Tape<double> gt = MustTape(*gpt2);
+  kernels::ReferenceBackend ref;
+  for (Hook hook : {Hook::kRotQ, Hook::kRotK}) {
+    const auto r = ReadHook(*gpt2, ref, gt, hook, 0, 0, 2);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(absl::StrCat(std::string(HookName(hook)),
+                                                     ": the model (gpt2) has no "
+                                                     "rotary embedding")),
+              std::string::npos)
+        << r.status();
+  }
   auto m = testing::MakeTinyModel(testing::TinyFamilySpec(1));
   const Tape<double> t = MustTape(*m);
   kernels::ReferenceBackend be;
@@ -257,8 +378,11 @@ double WorstAgainstOracle(const Model& m, kernels::Backend<T>& be,
   auto t = RunForward(m, be, SequenceInput<T>{tokens});
   EXPECT_TRUE(t.ok()) << t.status();
   double worst = 0;
-  for (int hi = 0; hi <= static_cast<int>(Hook::kPattern); ++hi) {
-    const Hook hook = static_cast<Hook>(hi);
+  for (Hook hook : AllHooks()) {
+    if (!CheckModelHasHook(c, hook).ok()) {  // (GPT-2's rot_q, rot_k: the oracle has none)
+      EXPECT_EQ(ref.arrays.count(absl::StrCat("act.", std::string(HookName(hook)), ".0")), 0u);
+      continue;
+    }
     for (int l = HookIsPerLayer(hook) ? 0 : -1; l < (HookIsPerLayer(hook) ? c.num_layers : 0);
          ++l) {
       const std::string name = l < 0 ? absl::StrCat("act.", std::string(HookName(hook)))

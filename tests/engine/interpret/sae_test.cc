@@ -72,7 +72,8 @@ TEST(Sae, HookNames) {
   }
   for (const char* bad :
        {"blocks.x.hook_resid_post", "blocks..hook_resid_post", "resid_post", "blocks.1.hook_q",
-        "blocks.-1.hook_resid_pre", "blocks.1.hook_resid_post "}) {
+        "blocks.-1.hook_resid_pre", "blocks.1.hook_resid_post ", "blocks.1.attn.hook_q",
+        "ln_final.hook_normalized"}) {
     const absl::Status s = ParseSaeHook(bad, &hook, &layer);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(s.message().find("blocks.{layer}.hook_resid_pre"), std::string::npos) << s;

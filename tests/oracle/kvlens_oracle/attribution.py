@@ -16,8 +16,10 @@ activations(model, tokens, doc_ids=None, positions=None) -> dict name -> numpy a
   act.mlp_pre.{l}     [T, F]       gate pre-activation n2 @ W_gate^T (GPT-2: n2 @ W_fc^T + b_fc)
   act.mlp_post.{l}    [T, F]       FFN hidden gate(mlp_pre) * (n2 @ W_up^T) (GPT-2:
                                    gelu_tanh(mlp_pre)), the input of W_down
-  act.q.{l}           [T, H, hd]   queries after RoPE (and after Qwen3/Gemma 3's head norms)
-  act.k.{l}, act.v.{l}  [T, KV, hd]  keys after RoPE, values (GPT-2: KV = H)
+  act.q.{l}           [T, H, hd]   queries before RoPE (after Qwen3/Gemma 3's head norms), as
+                                   TransformerLens's hook_q
+  act.k.{l}, act.v.{l}  [T, KV, hd]  keys before RoPE, values (GPT-2: KV = H)
+  act.rot_q.{l}, act.rot_k.{l}     q and k after RoPE (rotary models only: hook_rot_q / _k)
   act.ln_final        [T, D]       the final norm's output (logits = ln_final @ W_U^T, before
                                    any final soft-cap)
 
@@ -83,12 +85,14 @@ def activations(m, tokens, doc_ids=None, positions=None):
             f"act.result.{l}": _head_results(m, lw, rec["attn_out"]),
             f"act.mlp_pre.{l}": rec["mlp_pre"],
             f"act.mlp_post.{l}": rec["mlp_post"],
-            f"act.q.{l}": heads(rec["q"]),
-            f"act.k.{l}": heads(rec["k"]),
+            f"act.q.{l}": heads(rec.get("q_unrotated", rec["q"])),
+            f"act.k.{l}": heads(rec.get("k_unrotated", rec["k"])),
             f"act.v.{l}": heads(rec["v"]),
             f"act.attn_scores.{l}": rec["scores"],  # [H, T, T], head first as TL's
             f"act.pattern.{l}": rec["probs"],
         })
+        if "q_unrotated" in rec:  # rotary models: what the scores use
+            out[f"act.rot_q.{l}"], out[f"act.rot_k.{l}"] = heads(rec["q"]), heads(rec["k"])
     out["act.ln_final"] = cap["ln_final"]
     return {k: v.contiguous().numpy() for k, v in out.items()}
 

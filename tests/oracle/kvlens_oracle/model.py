@@ -22,6 +22,7 @@ positions), capture["resid_final"] (the residual entering the final norm, [T, d]
 capture["ln_final"] (that norm's output, [T, d]) and capture["layers"], one dict a layer:
   q [H, T, hd] (post-RoPE), k, v [KV, T, hd], scores, probs [H, T, T], attn_out [H, T, hd]
   (per head, before W_O), resid [T, d] (leaving the layer);
+  q_unrotated, k_unrotated: q and k before RoPE (Llama family only);
   resid_pre [T, d] (entering it), resid_mid [T, d] (resid_pre + attn_block);
   o_proj [T, d]: merged heads @ W_O^T, no bias, before any post-attention norm;
   attn_block [T, d]: what attention adds to the stream (o_proj + GPT-2's b_o, or Gemma 2/3's
@@ -222,6 +223,7 @@ def llama_forward(m, x, positions, mask, capture=None, steer=None):
         q, k = _heads(qp, H, hd), _heads(kp, KV, hd)
         if "q_norm" in lw:  # Qwen3: RMSNorm over each head's vector, before RoPE
             q, k = rms_norm(q, lw["q_norm"], eps), rms_norm(k, lw["k_norm"], eps)
+        q_unrotated, k_unrotated = q, k  # TransformerLens's hook_q / hook_k
         q = rope(q, positions, base, c["rope_style"], factors)
         k = rope(k, positions, base, c["rope_style"], factors)
         v = _heads(vp, KV, hd)
@@ -246,7 +248,8 @@ def llama_forward(m, x, positions, mask, capture=None, steer=None):
         probs_all.append(probs)
         _record(capture, q=q, k=k, v=v, scores=scores, probs=probs, attn_out=out, resid=x,
                 resid_pre=resid_pre, resid_mid=h, attn_block=o, mlp_block=f, o_proj=o_proj,
-                f_proj=f_proj, mlp_pre=mlp_pre, mlp_post=mlp_post)
+                f_proj=f_proj, mlp_pre=mlp_pre, mlp_post=mlp_post, q_unrotated=q_unrotated,
+                k_unrotated=k_unrotated)
     n = rms_norm(x, m.w["final_norm"], eps)
     _final(capture, x, n)
     return soft_cap(n @ m.w["out"].T, c.get("final_softcap")), torch.stack(probs_all)
