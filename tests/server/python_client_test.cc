@@ -99,6 +99,16 @@ out["cache_full"] = [sorted(full),
                      bool((full["blocks.1.attn.hook_pattern"] == cache["pattern.1"]).all()),
                      bool((full["ln_final.hook_normalized"] == cache["ln_final"]).all()),
                      "blocks.1.attn.hook_pattern" in full, "blocks.2.attn.hook_pattern" in full]
+names = c.hook_names()  # TransformerLens's model.hook_dict order; no rot_q on GPT-2
+out["hook_names"] = [len(names), names[0], names[-1], sum("rot_" in n for n in names)]
+maps = c.run_with_cache(chat=conv, names_filter=lambda n: n.endswith(".hook_pattern"), fp64=True)
+out["filtered"] = [sorted(maps), bool((maps["pattern", 1] == cache["pattern.1"]).all())]
+out["filtered_one"] = sorted(c.run_with_cache(chat=conv, names_filter="blocks.0.hook_mlp_out"))
+try:
+    c.run_with_cache(chat=conv, names_filter=lambda n: False)
+    out["filter_none"] = ""
+except ValueError as e:
+    out["filter_none"] = str(e)
 out["cache_end"] = [sorted(end), bool((end["resid_post", -1] == end[sorted(end)[0]]).all())]
 d = c.logit_attribution(chat=conv, token=5, heads=True)
 out["dla_logit"], out["dla_total"], out["dla_heads"] = d.logit, d.total, len(d.heads)
@@ -302,6 +312,19 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_EQ(out["cache_end"].dump(),
             absl::StrCat("[[\"resid_post.", c.num_layers - 1, "\"],true]"));
   EXPECT_EQ(out["cache_full"].dump(), "[[\"ln_final\",\"pattern.1\"],true,true,true,false]");
+  // 16 hooks a layer (GPT-2: 14, without rot_q and rot_k), then ln_final.
+  const bool rotary = c.arch == Architecture::kLlama;
+  EXPECT_EQ(out["hook_names"].dump(),
+            absl::StrCat("[", (rotary ? 16 : 14) * c.num_layers + 1,
+                         ",\"blocks.0.hook_resid_pre\",\"ln_final.hook_normalized\",",
+                         rotary ? 2 * c.num_layers : 0, "]"));
+  std::string pattern_keys;
+  for (int l = 0; l < c.num_layers; ++l) {
+    absl::StrAppend(&pattern_keys, l ? "," : "", "\"pattern.", l, "\"");
+  }
+  EXPECT_EQ(out["filtered"].dump(), absl::StrCat("[[", pattern_keys, "],true]"));
+  EXPECT_EQ(out["filtered_one"].dump(), "[\"mlp_out.0\"]");
+  EXPECT_EQ(out["filter_none"].get<std::string>(), "run_with_cache: names_filter chooses no hook");
   // The pattern head first, as TransformerLens's: its fp64 row is AttentionMaps' fp32 one.
   EXPECT_EQ(out["cache_pattern_shape"].get<std::vector<int>>(),
             (std::vector<int>{c.num_heads, n, n}));

@@ -240,11 +240,26 @@ class Client:
         self.generation = gen_grpc.GenerationStub(self.channel)
         self.interpret = ip_grpc.InterpretStub(self.channel)
         self.timeout = timeout
-        self._num_layers = None  # the model's, asked for once (run_with_cache)
+        self._info = None  # the model's ModelInfo, asked for once (run_with_cache)
 
     # --- Generation ---
     def model_info(self):
         return self.generation.GetModelInfo(gen.GetModelInfoRequest(), timeout=self.timeout)
+
+    def _cached_info(self):
+        if self._info is None:
+            self._info = self.model_info()
+        return self._info
+
+    def hook_names(self) -> list:
+        """Every hook of the model under TransformerLens's full name, layer by layer, as
+        its model.hook_dict lists them: blocks.0.hook_resid_pre, …, blocks.0.attn.hook_pattern,
+        …, ln_final.hook_normalized (hook_rot_q / hook_rot_k for rotary models only)."""
+        info = self._cached_info()
+        rotary = info.architecture == "llama"
+        return [f"blocks.{l}.{full}" for l in range(info.num_layers)
+                for full, short in _FULL_HOOK_NAMES.items()
+                if rotary or not short.startswith("rot_")] + ["ln_final.hook_normalized"]
 
     def tokenize(self, text: Optional[str] = None, add_bos: Optional[bool] = None,
                  chat=None) -> list:
@@ -510,9 +525,9 @@ class Client:
                                   top_k=top_k, precision=_precision(fp64))
         return self.interpret.LogitLens(req, timeout=self.timeout)
 
-    def run_with_cache(self, text=None, tokens=None, hooks=("resid_pre",), layers=(),
+    def run_with_cache(self, text=None, tokens=None, hooks=None, layers=(),
                        positions=(0, 0), fp64=False, fp16=False, chat=None, session_id=None,
-                       doc_ids=None) -> ActivationCache:
+                       doc_ids=None, names_filter=None) -> ActivationCache:
         """Activations under TransformerLens's hook names: returns {"hook.layer": array}
         (an ActivationCache: also cache["hook", layer], the layer from the end when negative,
         and cache["blocks.1.attn.hook_pattern"]) (e.g. "resid_pre.3" [positions, d_model],
@@ -521,18 +536,33 @@ class Client:
         hooks: resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, result, q, k (before
         RoPE, as TransformerLens's), v, rot_q, rot_k (after it; rotary models only), mlp_pre,
         mlp_post, attn_scores, pattern, ln_final, each at every layer in `layers`; or full
-        names, each at its own layer: "blocks.1.attn.hook_pattern", "ln_final.hook_normalized"."""
+        names, each at its own layer: "blocks.1.attn.hook_pattern", "ln_final.hook_normalized".
+        Default: resid_pre.
+        names_filter, instead of hooks and layers, as TransformerLens's: a full name, a list
+        of them, or a function of one (lambda name: name.endswith("hook_pattern")) choosing
+        among hook_names()."""
+        if names_filter is not None:
+            if hooks is not None or layers:
+                raise ValueError("run_with_cache: give names_filter or hooks/layers, not both")
+            if isinstance(names_filter, str):
+                hooks = [names_filter]
+            elif callable(names_filter):
+                hooks = [n for n in self.hook_names() if names_filter(n)]
+            else:
+                hooks = list(names_filter)
+            if not hooks:
+                raise ValueError("run_with_cache: names_filter chooses no hook")
+        elif hooks is None:
+            hooks = ("resid_pre",)
         req = ip.ActivationsRequest(
             input=_input(text, tokens, session_id, doc_ids=doc_ids, chat=chat), hooks=list(hooks),
             layers=list(layers), positions=ip.Range(begin=positions[0], end=positions[1]),
             precision=_precision(fp64),
             dtype=ip.DTYPE_FP16 if fp16 else ip.DTYPE_UNSPECIFIED)
         r = self.interpret.Activations(req, timeout=self.timeout)
-        if self._num_layers is None:
-            self._num_layers = self.model_info().num_layers
         return ActivationCache(
             {(t.name if t.layer < 0 else f"{t.name}.{t.layer}"): decode(t.data, t.dtype, t.shape)
-             for t in r.tensors}, self._num_layers)
+             for t in r.tensors}, self._cached_info().num_layers)
 
     def logit_attribution(self, text=None, tokens=None, token=0, baseline_token=None,
                           position=None, heads=False, top_neurons=0, fp64=False, chat=None,
