@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,10 +15,10 @@ namespace {
 struct HookNames {
   Hook hook;
   const char* name;  // kvlens's short name
-  const char* full;  // TransformerLens's, after "blocks.{layer}."
+  const char* full;  // TransformerLens's, after "blocks.{layer}." for a hook per layer
 };
 
-constexpr std::array<HookNames, 17> kHooks = {{
+constexpr std::array<HookNames, 23> kHooks = {{
     {Hook::kResidPre, "resid_pre", "hook_resid_pre"},
     {Hook::kResidMid, "resid_mid", "hook_resid_mid"},
     {Hook::kResidPost, "resid_post", "hook_resid_post"},
@@ -30,12 +31,54 @@ constexpr std::array<HookNames, 17> kHooks = {{
     {Hook::kV, "v", "attn.hook_v"},
     {Hook::kMlpPre, "mlp_pre", "mlp.hook_pre"},
     {Hook::kMlpPost, "mlp_post", "mlp.hook_post"},
-    {Hook::kLnFinal, "ln_final", "ln_final.hook_normalized"},  // (no blocks.{layer}.)
+    {Hook::kLnFinal, "ln_final", nullptr},
     {Hook::kAttnScores, "attn_scores", "attn.hook_attn_scores"},
     {Hook::kPattern, "pattern", "attn.hook_pattern"},
     {Hook::kRotQ, "rot_q", "attn.hook_rot_q"},
     {Hook::kRotK, "rot_k", "attn.hook_rot_k"},
+    {Hook::kLn1Scale, "ln1_scale", "ln1.hook_scale"},
+    {Hook::kLn1Normalized, "ln1_normalized", "ln1.hook_normalized"},
+    {Hook::kLn2Scale, "ln2_scale", "ln2.hook_scale"},
+    {Hook::kLn2Normalized, "ln2_normalized", "ln2.hook_normalized"},
+    {Hook::kLnFinalScale, "ln_final_scale", "ln_final.hook_scale"},
+    {Hook::kLnFinalNormalized, "ln_final_normalized", "ln_final.hook_normalized"},
 }};
+
+bool IsScale(Hook hook) {
+  return hook == Hook::kLn1Scale || hook == Hook::kLn2Scale || hook == Hook::kLnFinalScale;
+}
+bool IsNormalized(Hook hook) {
+  return hook == Hook::kLn1Normalized || hook == Hook::kLn2Normalized ||
+         hook == Hook::kLnFinalNormalized;
+}
+
+// x̃ = x − mean(x) (LayerNorm) or x (RMSNorm) of each of `rows` rows [D]: the divisor
+// √(mean(x̃²) + ε) ([rows, 1]) or x̃ over it ([rows, D]).
+template <typename T>
+std::vector<T> NormParts(const ModelConfig& c, const T* x, int64_t rows, bool scale_only) {
+  const int64_t D = c.dim;
+  std::vector<T> out(scale_only ? rows : rows * D);
+  std::vector<double> centred(D);
+  for (int64_t i = 0; i < rows; ++i) {
+    double mean = 0;
+    if (c.arch == Architecture::kGpt2) {
+      for (int64_t j = 0; j < D; ++j) mean += x[i * D + j];
+      mean /= D;
+    }
+    double ss = 0;
+    for (int64_t j = 0; j < D; ++j) {
+      centred[j] = x[i * D + j] - mean;
+      ss += centred[j] * centred[j];
+    }
+    const double scale = std::sqrt(ss / D + c.norm_eps);
+    if (scale_only) {
+      out[i] = static_cast<T>(scale);
+    } else {
+      for (int64_t j = 0; j < D; ++j) out[i * D + j] = static_cast<T>(centred[j] / scale);
+    }
+  }
+  return out;
+}
 
 // The tape's [rows, width] tensor behind every hook but result.
 template <typename T>
@@ -70,6 +113,15 @@ const std::vector<T>& Source(const Tape<T>& t, Hook hook, int l) {
       return lt.scores;
     case Hook::kPattern:
       return lt.probs;
+    case Hook::kLn1Scale:
+    case Hook::kLn1Normalized:
+      return lt.x;
+    case Hook::kLn2Scale:
+    case Hook::kLn2Normalized:
+      return lt.h;
+    case Hook::kLnFinalScale:
+    case Hook::kLnFinalNormalized:
+      return t.x_final;
     case Hook::kLnFinal:
     case Hook::kResult:
       break;
@@ -127,6 +179,7 @@ std::string HookNameList() {
 std::string HookFullName(Hook hook, int layer) {
   for (const HookNames& h : kHooks) {
     if (h.hook != hook) continue;
+    if (h.full == nullptr) return h.name;
     return HookIsPerLayer(hook) ? absl::StrCat("blocks.", layer, ".", h.full) : h.full;
   }
   return "?";
@@ -135,7 +188,9 @@ std::string HookFullName(Hook hook, int layer) {
 std::optional<NamedHook> ParseHookName(std::string_view name) {
   if (const std::optional<Hook> h = HookByName(name)) return NamedHook{*h, std::nullopt};
   for (const HookNames& h : kHooks) {
-    if (!HookIsPerLayer(h.hook) && name == h.full) return NamedHook{h.hook, std::nullopt};
+    if (!HookIsPerLayer(h.hook) && h.full != nullptr && name == h.full) {
+      return NamedHook{h.hook, std::nullopt};
+    }
   }
   constexpr std::string_view kBlocks = "blocks.";
   if (name.substr(0, kBlocks.size()) != kBlocks) return std::nullopt;
@@ -152,7 +207,9 @@ std::optional<NamedHook> ParseHookName(std::string_view name) {
   return std::nullopt;
 }
 
-bool HookIsPerLayer(Hook hook) { return hook != Hook::kLnFinal; }
+bool HookIsPerLayer(Hook hook) {
+  return hook != Hook::kLnFinal && hook != Hook::kLnFinalScale && hook != Hook::kLnFinalNormalized;
+}
 
 absl::Status CheckModelHasHook(const ModelConfig& c, Hook hook) {
   if ((hook == Hook::kRotQ || hook == Hook::kRotK) && c.arch != Architecture::kLlama) {
@@ -186,6 +243,10 @@ std::vector<int64_t> HookRowShape(const ModelConfig& c, Hook hook, int64_t num_k
     case Hook::kMlpPre:
     case Hook::kMlpPost:
       return {c.hidden_dim};
+    case Hook::kLn1Scale:
+    case Hook::kLn2Scale:
+    case Hook::kLnFinalScale:
+      return {1};
     default:
       return {c.dim};
   }
@@ -232,6 +293,10 @@ absl::StatusOr<std::vector<T>> ReadHook(const Model& model, kernels::Backend<T>&
                  src.begin() + (h * n + row_end) * tk);
     }
     return out;
+  }
+  if (IsScale(hook) || IsNormalized(hook)) {
+    return NormParts(c, src.data() + int64_t{row_begin} * c.dim, row_end - row_begin,
+                     IsScale(hook));
   }
   const int64_t width = HookRowElements(c, hook, tape.num_keys);
   std::vector<T> out(src.begin() + row_begin * width, src.begin() + row_end * width);

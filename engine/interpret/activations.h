@@ -21,6 +21,17 @@
 //   attn_scores   pre-softmax scores     n         [H, Tk]  *        LayerTape::scores
 //   pattern       attention probs        n         [H, Tk]  *        LayerTape::probs
 //   ln_final      final norm's output    n         [D]  (no layer)   Tape::xf
+//   ln1_scale     the attention norm's   n         [1]               from LayerTape::x
+//                 divisor √(mean(x̃²) + ε)
+//   ln1_normalized  x̃ / scale, before    n         [D]               from LayerTape::x
+//                 the norm's weight
+//   ln2_scale, ln2_normalized: the FFN norm's, of resid_mid (LayerTape::h)
+//   ln_final_scale, ln_final_normalized: the final norm's (no layer), of Tape::x_final
+//   (x̃ = x − mean(x) under LayerNorm, x under RMSNorm.) These are TransformerLens's
+//   blocks.{l}.ln1.hook_scale / hook_normalized, …, ln_final.hook_normalized as its default
+//   (LayerNorm-folded) models have them, and as its RMSNorm has them unfolded: the
+//   normalized vector before the weight. ln_final is the norm's output, weight in: what
+//   the unembedding reads.
 // q and k are TransformerLens's hook_q / hook_k: after the projection, its bias and
 // Qwen3/Gemma 3's per-head norms, before the rotation (the tape keeps the rotated rows, what
 // the scores use; RoPE is a rotation, so turning them back by −angle gives the unrotated
@@ -63,6 +74,12 @@ enum class Hook : uint8_t {
   kPattern,
   kRotQ,
   kRotK,
+  kLn1Scale,
+  kLn1Normalized,
+  kLn2Scale,
+  kLn2Normalized,
+  kLnFinalScale,
+  kLnFinalNormalized,
 };
 
 std::string_view HookName(Hook hook);
@@ -72,7 +89,7 @@ std::optional<Hook> HookByName(std::string_view name);
 std::string HookNameList();
 // TransformerLens's full name of `hook` at `layer`: blocks.{layer}.hook_resid_pre,
 // blocks.{layer}.attn.hook_pattern, blocks.{layer}.mlp.hook_pre, ln_final.hook_normalized
-// (no layer), …
+// (no layer), …; ln_final, which has none, keeps its short name.
 std::string HookFullName(Hook hook, int layer);
 // A hook named either way: "pattern" (layer nullopt: every layer asked for) or
 // "blocks.1.attn.hook_pattern" (layer 1); nullopt when `name` is neither.
@@ -81,15 +98,16 @@ struct NamedHook {
   std::optional<int> layer;
 };
 std::optional<NamedHook> ParseHookName(std::string_view name);
-// ln_final is the only hook without a layer.
+// ln_final and its scale and normalized rows are the hooks without a layer.
 bool HookIsPerLayer(Hook hook);
 // OK when the model has `hook`; INVALID_ARGUMENT for rot_q and rot_k on a model without
 // rotary embeddings (GPT-2).
 absl::Status CheckModelHasHook(const ModelConfig& c, Hook hook);
 // k, rot_k and v have a row per key (Tk = offset + n), the others per new token (n).
 bool HookRowsAreKeys(Hook hook);
-// The shape of one row over `num_keys` keys: {D}, {H, Dh}, {H, D}, {Hkv, Dh}, {F} or
-// {H, num_keys} (attn_scores, pattern; the other hooks' rows have no keys).
+// The shape of one row over `num_keys` keys: {D}, {H, Dh}, {H, D}, {Hkv, Dh}, {F}, {1} (the
+// norms' scales) or {H, num_keys} (attn_scores, pattern; the other hooks' rows have no
+// keys).
 std::vector<int64_t> HookRowShape(const ModelConfig& c, Hook hook, int64_t num_keys);
 int64_t HookRowElements(const ModelConfig& c, Hook hook, int64_t num_keys);
 // The shape of the tensor of `rows` rows: {rows, HookRowShape…}, or head first for

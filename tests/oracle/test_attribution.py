@@ -78,8 +78,11 @@ class AttributionTest(unittest.TestCase):
         L, D, H, KV, hd, F = self.dims(m)
         T = len(ids)
         act = activations(m, ids)
-        want = {"act.ln_final": (T, D)}
+        want = {"act.ln_final": (T, D), "act.ln_final_scale": (T, 1),
+                "act.ln_final_normalized": (T, D)}
         for l in range(L):
+            want.update({f"act.ln1_scale.{l}": (T, 1), f"act.ln1_normalized.{l}": (T, D),
+                         f"act.ln2_scale.{l}": (T, 1), f"act.ln2_normalized.{l}": (T, D)})
             for name in ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out"):
                 want[f"act.{name}.{l}"] = (T, D)
             want.update({f"act.z.{l}": (T, H, hd), f"act.result.{l}": (T, H, D),
@@ -135,6 +138,18 @@ class AttributionTest(unittest.TestCase):
             elif "post_attn_norm" in lw:
                 o = o / np.sqrt((o * o).mean(-1, keepdims=True) + m.cfg["eps"]) * lw["post_attn_norm"]
             self.assertLess(np.abs(o - a("attn_out")).max(), 1e-12 * np.abs(o).max())
+        # the final norm's normalized rows through its weight (and GPT-2's bias) are its
+        # output, and times its scale they give back the stream (centred, for LayerNorm).
+        w = m.w["final_norm" if m.family == "llama" else "lnf_w"].numpy()
+        out = act["act.ln_final_normalized"] * w
+        if m.family == "gpt2":
+            out = out + m.w["lnf_b"].numpy()
+        np.testing.assert_allclose(out, act["act.ln_final"], rtol=0, atol=1e-12 * np.abs(out).max())
+        last = act[f"act.resid_post.{L - 1}"]
+        if m.family == "gpt2":
+            last = last - last.mean(-1, keepdims=True)
+        np.testing.assert_allclose(act["act.ln_final_normalized"] * act["act.ln_final_scale"], last,
+                                   rtol=0, atol=1e-12 * np.abs(last).max())
         z = act["act.ln_final"] @ m.w["out"].numpy().T
         cap = m.cfg.get("final_softcap")
         if cap:

@@ -118,7 +118,7 @@ TEST(InterpretActivations, MatchTheOracle) {
     EXPECT_EQ(a.tensors(12).layer(), 2);
     EXPECT_EQ(a.tensors(17).name(), "pattern");
     EXPECT_EQ(a.tensors(17).layer(), 0);
-    EXPECT_EQ(a.tensors(a.tensors_size() - 1).name(), "ln_final");
+    EXPECT_EQ(a.tensors(a.tensors_size() - 1).name(), "ln_final_normalized");
     EXPECT_EQ(a.tensors(a.tensors_size() - 1).layer(), -1);
     std::printf("[interp] kjv-gpt2-4l Activations %s: worst relative error vs oracle %.3g\n",
                 precision == v1::PRECISION_FP64 ? "fp64" : "fp32", worst);

@@ -48,6 +48,7 @@ constexpr char kChatText[] =
 
 constexpr char kScript[] = R"(
 import json, sys
+import numpy as np
 from kvlens import Client
 c = Client(sys.argv[1])
 conv = [{"role": "system", "content": "Be kind."},
@@ -93,11 +94,16 @@ out["cache_pattern_shape"] = list(cache["pattern.1"].shape)
 out["cache_pattern_row"] = cache["pattern.1"][2, last].tolist()  # head 2, the last query
 out["cache_tuple_same"] = bool((cache["pattern", 1] == cache["pattern.1"]).all())
 end = c.run_with_cache(chat=conv, hooks=("resid_post",), layers=[-1])  # the last layer
-full = c.run_with_cache(chat=conv, hooks=("blocks.1.attn.hook_pattern", "ln_final.hook_normalized"),
-                        fp64=True)  # TransformerLens's full names, each at its own layer
+full = c.run_with_cache(chat=conv, hooks=("blocks.1.attn.hook_pattern", "ln_final.hook_normalized",
+                                          "ln_final.hook_scale", "resid_post"),
+                        layers=[-1], fp64=True)  # TransformerLens's full names at their layers
+stream = full["resid_post", -1]  # what the final norm reads
+if c.model_info().architecture == "gpt2":
+    stream = stream - stream.mean(-1, keepdims=True)
 out["cache_full"] = [sorted(full),
                      bool((full["blocks.1.attn.hook_pattern"] == cache["pattern.1"]).all()),
-                     bool((full["ln_final.hook_normalized"] == cache["ln_final"]).all()),
+                     float(np.abs(full["ln_final.hook_normalized"] * full["ln_final.hook_scale"]
+                                  - stream).max() / np.abs(stream).max()),
                      "blocks.1.attn.hook_pattern" in full, "blocks.2.attn.hook_pattern" in full]
 names = c.hook_names()  # TransformerLens's model.hook_dict order; no rot_q on GPT-2
 out["hook_names"] = [len(names), names[0], names[-1], sum("rot_" in n for n in names)]
@@ -311,11 +317,20 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_TRUE(out["cache_tuple_same"].get<bool>());
   EXPECT_EQ(out["cache_end"].dump(),
             absl::StrCat("[[\"resid_post.", c.num_layers - 1, "\"],true]"));
-  EXPECT_EQ(out["cache_full"].dump(), "[[\"ln_final\",\"pattern.1\"],true,true,true,false]");
-  // 16 hooks a layer (GPT-2: 14, without rot_q and rot_k), then ln_final.
+  // normalized · scale gives back the stream the final norm read (centred under LayerNorm).
+  const nlohmann::json& full = out["cache_full"];
+  EXPECT_EQ(full[0].dump(),
+            absl::StrCat("[\"ln_final_normalized\",\"ln_final_scale\",\"pattern.1\","
+                         "\"resid_post.",
+                         c.num_layers - 1, "\"]"));
+  EXPECT_TRUE(full[1].get<bool>());
+  EXPECT_LE(full[2].get<double>(), 1e-12);
+  EXPECT_TRUE(full[3].get<bool>());
+  EXPECT_FALSE(full[4].get<bool>());
+  // 20 hooks a layer (GPT-2: 18, without rot_q and rot_k), then the final norm's two.
   const bool rotary = c.arch == Architecture::kLlama;
   EXPECT_EQ(out["hook_names"].dump(),
-            absl::StrCat("[", (rotary ? 16 : 14) * c.num_layers + 1,
+            absl::StrCat("[", (rotary ? 20 : 18) * c.num_layers + 2,
                          ",\"blocks.0.hook_resid_pre\",\"ln_final.hook_normalized\",",
                          rotary ? 2 * c.num_layers : 0, "]"));
   std::string pattern_keys;

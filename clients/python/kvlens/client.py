@@ -198,7 +198,12 @@ _FULL_HOOK_NAMES = {
     "attn.hook_v": "v", "attn.hook_rot_q": "rot_q", "attn.hook_rot_k": "rot_k",
     "attn.hook_attn_scores": "attn_scores", "attn.hook_pattern": "pattern",
     "mlp.hook_pre": "mlp_pre", "mlp.hook_post": "mlp_post",
+    "ln1.hook_scale": "ln1_scale", "ln1.hook_normalized": "ln1_normalized",
+    "ln2.hook_scale": "ln2_scale", "ln2.hook_normalized": "ln2_normalized",
 }
+# ... and those without a layer.
+_FULL_FINAL_NAMES = {"ln_final.hook_scale": "ln_final_scale",
+                     "ln_final.hook_normalized": "ln_final_normalized"}
 _FULL_NAME = re.compile(r"blocks\.(\d+)\.(.+)")
 
 
@@ -218,8 +223,8 @@ class ActivationCache(dict):
             if layer < 0:
                 layer += self.num_layers
             return f"{name}.{layer}"
-        if key == "ln_final.hook_normalized":
-            return "ln_final"
+        if key in _FULL_FINAL_NAMES:
+            return _FULL_FINAL_NAMES[key]
         full = _FULL_NAME.fullmatch(key) if isinstance(key, str) else None
         if full and full.group(2) in _FULL_HOOK_NAMES:
             return f"{_FULL_HOOK_NAMES[full.group(2)]}.{full.group(1)}"
@@ -252,14 +257,16 @@ class Client:
         return self._info
 
     def hook_names(self) -> list:
-        """Every hook of the model under TransformerLens's full name, layer by layer, as
-        its model.hook_dict lists them: blocks.0.hook_resid_pre, …, blocks.0.attn.hook_pattern,
-        …, ln_final.hook_normalized (hook_rot_q / hook_rot_k for rotary models only)."""
+        """Every hook of the model under TransformerLens's full name, layer by layer:
+        blocks.0.hook_resid_pre, …, blocks.0.attn.hook_pattern, …, blocks.0.ln2.hook_normalized,
+        blocks.1…, then ln_final.hook_scale and ln_final.hook_normalized (hook_rot_q /
+        hook_rot_k for rotary models only). The short name ln_final (the final norm's output,
+        weight in) has no full one."""
         info = self._cached_info()
         rotary = info.architecture == "llama"
         return [f"blocks.{l}.{full}" for l in range(info.num_layers)
                 for full, short in _FULL_HOOK_NAMES.items()
-                if rotary or not short.startswith("rot_")] + ["ln_final.hook_normalized"]
+                if rotary or not short.startswith("rot_")] + list(_FULL_FINAL_NAMES)
 
     def tokenize(self, text: Optional[str] = None, add_bos: Optional[bool] = None,
                  chat=None) -> list:
@@ -535,8 +542,11 @@ class Client:
         TransformerLens's; "ln_final" has no layer).
         hooks: resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, result, q, k (before
         RoPE, as TransformerLens's), v, rot_q, rot_k (after it; rotary models only), mlp_pre,
-        mlp_post, attn_scores, pattern, ln_final, each at every layer in `layers`; or full
-        names, each at its own layer: "blocks.1.attn.hook_pattern", "ln_final.hook_normalized".
+        mlp_post, attn_scores, pattern, ln1_scale, ln1_normalized, ln2_scale, ln2_normalized
+        (each norm's divisor [positions, 1] and its input over it, before the weight),
+        each at every layer in `layers`; ln_final (the final norm's output), ln_final_scale,
+        ln_final_normalized; or full names, each at its own layer:
+        "blocks.1.attn.hook_pattern", "blocks.0.ln1.hook_scale", "ln_final.hook_normalized".
         Default: resid_pre.
         names_filter, instead of hooks and layers, as TransformerLens's: a full name, a list
         of them, or a function of one (lambda name: name.endswith("hook_pattern")) choosing

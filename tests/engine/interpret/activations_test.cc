@@ -55,7 +55,9 @@ std::vector<double> Row(const kernels::WeightView& w, int64_t r) {
 
 std::vector<Hook> AllHooks() {
   std::vector<Hook> all;
-  for (int h = 0; h <= static_cast<int>(Hook::kRotK); ++h) all.push_back(static_cast<Hook>(h));
+  for (int h = 0; h <= static_cast<int>(Hook::kLnFinalNormalized); ++h) {
+    all.push_back(static_cast<Hook>(h));
+  }
   return all;
 }
 
@@ -207,6 +209,53 @@ TEST_P(TinyActivations, UnrotatedQueriesAndKeysDependOnTheTokenAlone) {
   }
 }
 
+// Each norm's normalized rows, through its weight (and GPT-2's bias), are what the forward's
+// norm wrote (the tape's xn, hn, xf); times the scale they give back the stream it read
+// (centred, for LayerNorm).
+TEST_P(TinyActivations, NormalizedRowsThroughTheWeightAreTheNormsOutput) {
+  auto m = testing::MakeTinyModel(testing::TinyFamilySpec(GetParam()));
+  const ModelConfig& c = m->config;
+  const Tape<double> t = MustTape(*m);
+  const int n = t.n, D = c.dim;
+  struct Norm {
+    Hook scale, normalized, input;
+    int layer;
+    const std::vector<double>* out;
+    kernels::WeightView w, b;
+  };
+  std::vector<Norm> norms;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = m->weights.layers[l];
+    norms.push_back({Hook::kLn1Scale, Hook::kLn1Normalized, Hook::kResidPre, l, &t.layers[l].xn,
+                     lw.attn_norm, lw.attn_norm_bias});
+    norms.push_back({Hook::kLn2Scale, Hook::kLn2Normalized, Hook::kResidMid, l, &t.layers[l].hn,
+                     lw.ffn_norm, lw.ffn_norm_bias});
+  }
+  norms.push_back({Hook::kLnFinalScale, Hook::kLnFinalNormalized, Hook::kResidPost,
+                   c.num_layers - 1, &t.xf, m->weights.final_norm, m->weights.final_norm_bias});
+  for (const Norm& nm : norms) {
+    const int layer = HookIsPerLayer(nm.normalized) ? nm.layer : -1;
+    const auto scale = Hook64(*m, t, nm.scale, layer),
+               normalized = Hook64(*m, t, nm.normalized, layer),
+               x = Hook64(*m, t, nm.input, nm.layer);
+    ASSERT_EQ(scale.size(), size_t(n));
+    ASSERT_EQ(normalized.size(), size_t(n) * D);
+    const std::vector<double> w = Row(nm.w, 0);
+    const std::vector<double> b = nm.b.empty() ? std::vector<double>(D, 0.0) : Row(nm.b, 0);
+    for (int i = 0; i < n; ++i) {
+      double mean = 0;
+      if (c.arch == Architecture::kGpt2) {
+        for (int j = 0; j < D; ++j) mean += x[int64_t{i} * D + j] / D;
+      }
+      for (int j = 0; j < D; ++j) {
+        const int64_t at = int64_t{i} * D + j;
+        EXPECT_NEAR(normalized[at] * w[j] + b[j], (*nm.out)[at], 1e-12) << HookName(nm.normalized);
+        EXPECT_NEAR(normalized[at] * scale[i], x[at] - mean, 1e-12) << HookName(nm.scale);
+      }
+    }
+  }
+}
+
 // pattern = softmax(attn_scores) row by row, head first [H, n, Tk]: a masked key is −∞
 // there and 0 here; row 0 puts all of it on key 0.
 TEST_P(TinyActivations, PatternIsTheSoftmaxOfTheScores) {
@@ -299,9 +348,29 @@ TEST_P(TinyActivations, RowRangesAndTheFp32Backend) {
 INSTANTIATE_TEST_SUITE_P(Families, TinyActivations, ::testing::Range(0, testing::kTinyFamilies));
 
 TEST(Activations, NamesAndErrors) {
-  for (const char* name :
-       {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "result", "q", "k", "v",
-        "mlp_pre", "mlp_post", "ln_final", "attn_scores", "pattern", "rot_q", "rot_k"}) {
+  for (const char* name : {"resid_pre",
+                           "resid_mid",
+                           "resid_post",
+                           "attn_out",
+                           "mlp_out",
+                           "z",
+                           "result",
+                           "q",
+                           "k",
+                           "v",
+                           "mlp_pre",
+                           "mlp_post",
+                           "ln_final",
+                           "attn_scores",
+                           "pattern",
+                           "rot_q",
+                           "rot_k",
+                           "ln1_scale",
+                           "ln1_normalized",
+                           "ln2_scale",
+                           "ln2_normalized",
+                           "ln_final_scale",
+                           "ln_final_normalized"}) {
     const auto h = HookByName(name);
     ASSERT_TRUE(h.has_value()) << name;
     EXPECT_EQ(HookName(*h), name);
@@ -310,7 +379,7 @@ TEST(Activations, NamesAndErrors) {
     EXPECT_EQ(named->hook, *h);
     EXPECT_FALSE(named->layer.has_value()) << name;
   }
-  EXPECT_EQ(static_cast<int>(AllHooks().size()), 17);
+  EXPECT_EQ(static_cast<int>(AllHooks().size()), 23);
   EXPECT_FALSE(HookByName("hook_resid_pre").has_value());
   EXPECT_NE(HookNameList().find("rot_k"), std::string::npos);
   // TransformerLens's full names, as its utils.get_act_name writes them.
@@ -323,21 +392,29 @@ TEST(Activations, NamesAndErrors) {
         std::tuple{"blocks.1.attn.hook_k", Hook::kK, 1},
         std::tuple{"blocks.4.mlp.hook_pre", Hook::kMlpPre, 4},
         std::tuple{"blocks.4.mlp.hook_post", Hook::kMlpPost, 4},
-        std::tuple{"blocks.5.attn.hook_result", Hook::kResult, 5}}) {
+        std::tuple{"blocks.5.attn.hook_result", Hook::kResult, 5},
+        std::tuple{"blocks.2.ln1.hook_scale", Hook::kLn1Scale, 2},
+        std::tuple{"blocks.0.ln2.hook_normalized", Hook::kLn2Normalized, 0}}) {
     const auto named = ParseHookName(full);
     ASSERT_TRUE(named.has_value()) << full;
     EXPECT_EQ(named->hook, hook) << full;
     EXPECT_EQ(named->layer, std::optional<int>(layer)) << full;
     EXPECT_EQ(HookFullName(hook, layer), full);
   }
-  const auto final_norm = ParseHookName("ln_final.hook_normalized");
-  ASSERT_TRUE(final_norm.has_value());
-  EXPECT_EQ(final_norm->hook, Hook::kLnFinal);
-  EXPECT_FALSE(final_norm->layer.has_value());
-  EXPECT_EQ(HookFullName(Hook::kLnFinal, 3), "ln_final.hook_normalized");
+  for (auto [full, hook] : {std::pair{"ln_final.hook_normalized", Hook::kLnFinalNormalized},
+                            std::pair{"ln_final.hook_scale", Hook::kLnFinalScale}}) {
+    const auto final_norm = ParseHookName(full);
+    ASSERT_TRUE(final_norm.has_value()) << full;
+    EXPECT_EQ(final_norm->hook, hook);
+    EXPECT_FALSE(final_norm->layer.has_value());
+    EXPECT_EQ(HookFullName(hook, 3), full);
+  }
+  // The final norm's output, weight in, is no hook of TransformerLens's: its short name.
+  EXPECT_EQ(HookFullName(Hook::kLnFinal, 3), "ln_final");
   for (const char* bad : {"blocks.1.hook_q", "blocks.-1.hook_resid_pre", "blocks.x.attn.hook_z",
                           "blocks..hook_resid_pre", "blocks.1.ln_final.hook_normalized",
-                          "blocks.1.attn.hook_pattern ", "hook_pattern", "blocks.1"}) {
+                          "blocks.1.attn.hook_pattern ", "hook_pattern", "blocks.1",
+                          "blocks.1.ln_final.hook_scale", "ln1.hook_scale"}) {
     EXPECT_FALSE(ParseHookName(bad).has_value()) << bad;
   }
   // GPT-2 has no rotary embedding: rot_q and rot_k are refused, naming themselves.

@@ -20,6 +20,12 @@ activations(model, tokens, doc_ids=None, positions=None) -> dict name -> numpy a
                                    TransformerLens's hook_q
   act.k.{l}, act.v.{l}  [T, KV, hd]  keys before RoPE, values (GPT-2: KV = H)
   act.rot_q.{l}, act.rot_k.{l}     q and k after RoPE (rotary models only: hook_rot_q / _k)
+  act.ln1_scale.{l}, act.ln2_scale.{l}   [T, 1]  the attention / FFN norm's divisor
+                      sqrt(mean(x~^2) + eps), x~ = x - mean(x) (GPT-2) or x, of resid_pre /
+                      resid_mid (TransformerLens's blocks.{l}.ln1.hook_scale, ln2)
+  act.ln1_normalized.{l}, act.ln2_normalized.{l}  [T, D]  x~ / scale: the norm with unit
+                      weight and no bias (hook_normalized)
+  act.ln_final_scale [T, 1], act.ln_final_normalized [T, D]  the same of the final norm
   act.ln_final        [T, D]       the final norm's output (logits = ln_final @ W_U^T, before
                                    any final soft-cap)
 
@@ -49,7 +55,7 @@ sum_h heads[l] + attn_bias[l] = attn[l]; sum_i neurons[l] + mlp_bias[l] = mlp[l]
 """
 import torch
 
-from .model import forward
+from .model import forward, layer_norm, rms_norm
 
 
 def _run(m, tokens, doc_ids, positions):
@@ -68,6 +74,17 @@ def _head_results(m, lw, z):
     H, hd = z.shape[0], z.shape[2]
     wo = _w_o(m, lw).reshape(-1, H, hd)  # [D, H*hd] -> [D, H, hd]
     return torch.einsum("hte,dhe->thd", z, wo)
+
+
+def _norm_parts(m, x):
+    """TransformerLens's hook_scale [T, 1] and hook_normalized [T, D] of a norm reading x: the
+    divisor, and the norm's output with unit weight (no bias)."""
+    eps, ones = m.cfg["eps"], torch.ones(x.shape[-1], dtype=x.dtype)
+    if m.family == "gpt2":
+        centred = x - x.mean(-1, keepdim=True)
+        return (torch.sqrt((centred ** 2).mean(-1, keepdim=True) + eps),
+                layer_norm(x, ones, torch.zeros_like(ones), eps))
+    return torch.sqrt((x * x).mean(-1, keepdim=True) + eps), rms_norm(x, ones, eps)
 
 
 def activations(m, tokens, doc_ids=None, positions=None):
@@ -93,7 +110,10 @@ def activations(m, tokens, doc_ids=None, positions=None):
         })
         if "q_unrotated" in rec:  # rotary models: what the scores use
             out[f"act.rot_q.{l}"], out[f"act.rot_k.{l}"] = heads(rec["q"]), heads(rec["k"])
+        for ln, x in (("ln1", rec["resid_pre"]), ("ln2", rec["resid_mid"])):
+            out[f"act.{ln}_scale.{l}"], out[f"act.{ln}_normalized.{l}"] = _norm_parts(m, x)
     out["act.ln_final"] = cap["ln_final"]
+    out["act.ln_final_scale"], out["act.ln_final_normalized"] = _norm_parts(m, cap["resid_final"])
     return {k: v.contiguous().numpy() for k, v in out.items()}
 
 
