@@ -18,7 +18,7 @@ struct HookNames {
   const char* full;  // TransformerLens's, after "blocks.{layer}." for a hook per layer
 };
 
-constexpr std::array<HookNames, 23> kHooks = {{
+constexpr std::array<HookNames, 25> kHooks = {{
     {Hook::kResidPre, "resid_pre", "hook_resid_pre"},
     {Hook::kResidMid, "resid_mid", "hook_resid_mid"},
     {Hook::kResidPost, "resid_post", "hook_resid_post"},
@@ -42,6 +42,8 @@ constexpr std::array<HookNames, 23> kHooks = {{
     {Hook::kLn2Normalized, "ln2_normalized", "ln2.hook_normalized"},
     {Hook::kLnFinalScale, "ln_final_scale", "ln_final.hook_scale"},
     {Hook::kLnFinalNormalized, "ln_final_normalized", "ln_final.hook_normalized"},
+    {Hook::kEmbed, "embed", "hook_embed"},
+    {Hook::kPosEmbed, "pos_embed", "hook_pos_embed"},
 }};
 
 bool IsScale(Hook hook) {
@@ -124,6 +126,8 @@ const std::vector<T>& Source(const Tape<T>& t, Hook hook, int l) {
       return t.x_final;
     case Hook::kLnFinal:
     case Hook::kResult:
+    case Hook::kEmbed:
+    case Hook::kPosEmbed:
       break;
   }
   return t.xf;
@@ -208,7 +212,8 @@ std::optional<NamedHook> ParseHookName(std::string_view name) {
 }
 
 bool HookIsPerLayer(Hook hook) {
-  return hook != Hook::kLnFinal && hook != Hook::kLnFinalScale && hook != Hook::kLnFinalNormalized;
+  return hook != Hook::kLnFinal && hook != Hook::kLnFinalScale &&
+         hook != Hook::kLnFinalNormalized && hook != Hook::kEmbed && hook != Hook::kPosEmbed;
 }
 
 absl::Status CheckModelHasHook(const ModelConfig& c, Hook hook) {
@@ -217,6 +222,12 @@ absl::Status CheckModelHasHook(const ModelConfig& c, Hook hook) {
         absl::StrCat(std::string(HookName(hook)), ": the model (",
                      std::string(ArchitectureName(c.arch)), ") has no rotary embedding; its ",
                      hook == Hook::kRotQ ? "q" : "k", " is what the attention scores use"));
+  }
+  if (hook == Hook::kPosEmbed && c.arch != Architecture::kGpt2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pos_embed: the model (", std::string(ArchitectureName(c.arch)),
+                     ") has no learned position embeddings; its positions turn q and k "
+                     "(rot_q, rot_k)"));
   }
   return absl::OkStatus();
 }
@@ -283,6 +294,19 @@ absl::StatusOr<std::vector<T>> ReadHook(const Model& model, kernels::Backend<T>&
   }
   if (hook == Hook::kResult)
     return HeadResults(model, be, tape, layer, row_begin, row_end - row_begin);
+  if (hook == Hook::kEmbed || hook == Hook::kPosEmbed) {  // as RunForward looks them up
+    const int count = row_end - row_begin;
+    std::vector<T> out(int64_t{count} * c.dim);
+    if (hook == Hook::kEmbed) {
+      be.Embedding(model.weights.token_embedding, tape.input.tokens.data() + row_begin, count,
+                   out.data());
+      if (c.embedding_scale != 1.0) be.Scale(out.data(), out.size(), c.embedding_scale);
+    } else {
+      be.Embedding(model.weights.position_embedding, tape.positions.data() + row_begin, count,
+                   out.data());
+    }
+    return out;
+  }
   const std::vector<T>& src = Source(tape, hook, HookIsPerLayer(hook) ? layer : 0);
   if (HeadFirst(hook)) {  // [H, n, Tk] → [H, rows, Tk]
     const int64_t tk = tape.num_keys, n = tape.n;

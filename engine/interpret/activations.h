@@ -27,6 +27,10 @@
 //                 the norm's weight
 //   ln2_scale, ln2_normalized: the FFN norm's, of resid_mid (LayerTape::h)
 //   ln_final_scale, ln_final_normalized: the final norm's (no layer), of Tape::x_final
+//   embed         token embeddings       n         [D]  (no layer)   (formed here)
+//                 (Gemma's times √D)
+//   pos_embed     position embeddings    n         [D]  (no layer)   (formed here)
+//                 (GPT-2 only)
 //   (x̃ = x − mean(x) under LayerNorm, x under RMSNorm.) These are TransformerLens's
 //   blocks.{l}.ln1.hook_scale / hook_normalized, …, ln_final.hook_normalized as its default
 //   (LayerNorm-folded) models have them, and as its RMSNorm has them unfolded: the
@@ -80,6 +84,8 @@ enum class Hook : uint8_t {
   kLn2Normalized,
   kLnFinalScale,
   kLnFinalNormalized,
+  kEmbed,
+  kPosEmbed,
 };
 
 std::string_view HookName(Hook hook);
@@ -98,10 +104,11 @@ struct NamedHook {
   std::optional<int> layer;
 };
 std::optional<NamedHook> ParseHookName(std::string_view name);
-// ln_final and its scale and normalized rows are the hooks without a layer.
+// The embeddings and ln_final and its scale and normalized rows are the hooks without a
+// layer.
 bool HookIsPerLayer(Hook hook);
 // OK when the model has `hook`; INVALID_ARGUMENT for rot_q and rot_k on a model without
-// rotary embeddings (GPT-2).
+// rotary embeddings (GPT-2), and for pos_embed on one without learned positions.
 absl::Status CheckModelHasHook(const ModelConfig& c, Hook hook);
 // k, rot_k and v have a row per key (Tk = offset + n), the others per new token (n).
 bool HookRowsAreKeys(Hook hook);

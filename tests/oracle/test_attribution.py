@@ -79,7 +79,9 @@ class AttributionTest(unittest.TestCase):
         T = len(ids)
         act = activations(m, ids)
         want = {"act.ln_final": (T, D), "act.ln_final_scale": (T, 1),
-                "act.ln_final_normalized": (T, D)}
+                "act.ln_final_normalized": (T, D), "act.embed": (T, D)}
+        if m.family == "gpt2":
+            want["act.pos_embed"] = (T, D)
         for l in range(L):
             want.update({f"act.ln1_scale.{l}": (T, 1), f"act.ln1_normalized.{l}": (T, D),
                          f"act.ln2_scale.{l}": (T, 1), f"act.ln2_normalized.{l}": (T, D)})
@@ -124,6 +126,8 @@ class AttributionTest(unittest.TestCase):
         if m.family == "gpt2":
             emb = emb + m.w["wpe"].numpy()[:T]
         np.testing.assert_array_equal(act["act.resid_pre.0"], emb)
+        np.testing.assert_array_equal(
+            act["act.embed"] + (act["act.pos_embed"] if m.family == "gpt2" else 0), emb)
         for l in range(L):
             a = lambda n: act[f"act.{n}.{l}"]  # noqa: E731
             tol = 1e-12 * np.abs(a("resid_post")).max()

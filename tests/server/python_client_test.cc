@@ -110,6 +110,23 @@ out["hook_names"] = [len(names), names[0], names[-1], sum("rot_" in n for n in n
 maps = c.run_with_cache(chat=conv, names_filter=lambda n: n.endswith(".hook_pattern"), fp64=True)
 out["filtered"] = [sorted(maps), bool((maps["pattern", 1] == cache["pattern.1"]).all())]
 out["filtered_one"] = sorted(c.run_with_cache(chat=conv, names_filter="blocks.0.hook_mlp_out"))
+# TransformerLens's stacks, from separately read hooks: the parts add up to the stream,
+# and through the frozen final norm to its normalized input.
+whole = c.run_with_cache(chat=conv, hooks=("embed", "resid_pre", "resid_post", "attn_out",
+                                           "mlp_out", "result", "ln_final_scale",
+                                           "ln_final_normalized", "ln1_scale", "ln1_normalized"),
+                         fp64=True)
+acc, acc_labels = whole.accumulated_resid(return_labels=True)
+dec, dec_labels = whole.decompose_resid(return_labels=True)
+heads, head_labels = whole.stack_head_results(layer=1, return_labels=True)
+final = whole["resid_post", -1]
+rel = lambda a, b: float(np.abs(a - b).max() / np.abs(b).max())  # noqa: E731
+out["stacks"] = {
+    "acc_labels": acc_labels, "dec_labels": dec_labels, "head_labels": head_labels[:2],
+    "acc_last": rel(acc[-1], final), "dec_sum": rel(dec.sum(0), final),
+    "ln_final": rel(whole.apply_ln_to_stack(dec).sum(0), whole["ln_final_normalized"]),
+    "ln1": rel(whole.accumulated_resid(layer=1, apply_ln=True)[1], whole["ln1_normalized", 1]),
+    "heads": rel(heads.sum(0), whole["attn_out", 0]), "heads_shape": list(heads.shape)}
 try:
     c.run_with_cache(chat=conv, names_filter=lambda n: False)
     out["filter_none"] = ""
@@ -327,12 +344,28 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_LE(full[2].get<double>(), 1e-12);
   EXPECT_TRUE(full[3].get<bool>());
   EXPECT_FALSE(full[4].get<bool>());
-  // 20 hooks a layer (GPT-2: 18, without rot_q and rot_k), then the final norm's two.
+  // The embeddings (GPT-2: and positions), 20 hooks a layer (GPT-2: 18, without rot_q and
+  // rot_k), then the final norm's two.
   const bool rotary = c.arch == Architecture::kLlama;
   EXPECT_EQ(out["hook_names"].dump(),
-            absl::StrCat("[", (rotary ? 20 : 18) * c.num_layers + 2,
-                         ",\"blocks.0.hook_resid_pre\",\"ln_final.hook_normalized\",",
+            absl::StrCat("[", (rotary ? 20 : 18) * c.num_layers + (rotary ? 3 : 4),
+                         ",\"hook_embed\",\"ln_final.hook_normalized\",",
                          rotary ? 2 * c.num_layers : 0, "]"));
+  // TransformerLens's stacks: labels as its, and the parts add up (this model has no
+  // biases and no block-output norms, so its heads' results sum to attn_out).
+  ASSERT_EQ(c.num_layers, 2);
+  const nlohmann::json& st = out["stacks"];
+  EXPECT_EQ(st["acc_labels"].dump(), "[\"0_pre\",\"1_pre\",\"final_post\"]");
+  EXPECT_EQ(st["dec_labels"].dump(),
+            "[\"embed\",\"0_attn_out\",\"0_mlp_out\",\"1_attn_out\",\"1_mlp_out\"]");
+  EXPECT_EQ(st["head_labels"].dump(), "[\"L0H0\",\"L0H1\"]");
+  EXPECT_EQ(st["acc_last"].get<double>(), 0.0);
+  for (const char* k : {"dec_sum", "ln_final", "ln1", "heads"}) {
+    EXPECT_LE(st[k].get<double>(), 1e-12) << k;
+  }
+  EXPECT_EQ(
+      st["heads_shape"].dump(),
+      absl::StrCat("[", c.num_heads, ",", out["cache_z_shape"][0].get<int>(), ",", c.dim, "]"));
   std::string pattern_keys;
   for (int l = 0; l < c.num_layers; ++l) {
     absl::StrAppend(&pattern_keys, l ? "," : "", "\"pattern.", l, "\"");
@@ -558,6 +591,45 @@ TEST(PythonClient, StreamsChunksAndCancelsWhenClosed) {
   EXPECT_EQ(out["eos_ignored"].get<std::vector<int32_t>>(), std::vector<int32_t>(5, eos));
   EXPECT_EQ(out["eos_kept"].get<std::vector<int32_t>>(), std::vector<int32_t>{eos});
   EXPECT_EQ(out["eos_finish"].get<std::string>(), "eos");
+}
+
+// TransformerLens's stacks on the default model (GPT-2: learned positions, LayerNorm,
+// biases): the decomposition holds pos_embed and the biased block outputs, and the frozen
+// LayerNorm centres before it divides.
+constexpr char kGpt2StacksScript[] = R"(
+import json, sys
+import numpy as np
+from kvlens import Client
+c = Client(sys.argv[1])
+cache = c.run_with_cache(text="And God said, Let there be light", fp64=True,
+                         hooks=("embed", "pos_embed", "attn_out", "mlp_out", "resid_pre",
+                                "resid_mid", "resid_post", "ln_final_scale", "ln_final_normalized",
+                                "ln2_scale", "ln2_normalized"))
+rel = lambda a, b: float(np.abs(a - b).max() / np.abs(b).max())  # noqa: E731
+dec, labels = cache.decompose_resid(return_labels=True)
+acc, acc_labels = cache.accumulated_resid(layer=2, mlp_input=True, apply_ln=True,
+                                          return_labels=True)
+names = c.hook_names()
+print(json.dumps({
+    "labels": labels[:4], "acc_labels": acc_labels,
+    "sum": rel(dec.sum(0), cache["resid_post", -1]),
+    "ln_final": rel(cache.apply_ln_to_stack(dec).sum(0), cache["ln_final_normalized"]),
+    "ln2": rel(acc[-1], cache["ln2_normalized", 2]),
+    "names": names[:3], "rot": sum("rot_" in n for n in names)}))
+)";
+
+TEST(PythonClient, TransformerLensStacksOnGpt2) {
+  KVLENS_REQUIRE_FILE(DefaultModelPath() + "/config.json");
+  TestServer server(DefaultModelPath(), TestServer::DefaultOptions());
+  ASSERT_TRUE(server.ok()) << server.error();
+  nlohmann::json out;
+  ASSERT_TRUE(
+      RunScript("kvlens_python_gpt2_stacks_test.py", kGpt2StacksScript, server.address(), &out));
+  EXPECT_EQ(out["labels"].dump(), "[\"embed\",\"pos_embed\",\"0_attn_out\",\"0_mlp_out\"]");
+  EXPECT_EQ(out["acc_labels"].dump(), "[\"0_pre\",\"1_pre\",\"2_pre\",\"2_mid\"]");
+  for (const char* k : {"sum", "ln_final", "ln2"}) EXPECT_LE(out[k].get<double>(), 1e-12) << k;
+  EXPECT_EQ(out["names"].dump(), "[\"hook_embed\",\"hook_pos_embed\",\"blocks.0.hook_resid_pre\"]");
+  EXPECT_EQ(out["rot"].get<int>(), 0);
 }
 
 }  // namespace

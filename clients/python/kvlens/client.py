@@ -201,7 +201,8 @@ _FULL_HOOK_NAMES = {
     "ln1.hook_scale": "ln1_scale", "ln1.hook_normalized": "ln1_normalized",
     "ln2.hook_scale": "ln2_scale", "ln2.hook_normalized": "ln2_normalized",
 }
-# ... and those without a layer.
+# ... and those without a layer, before the blocks and after them.
+_FULL_EMBED_NAMES = {"hook_embed": "embed", "hook_pos_embed": "pos_embed"}
 _FULL_FINAL_NAMES = {"ln_final.hook_scale": "ln_final_scale",
                      "ln_final.hook_normalized": "ln_final_normalized"}
 _FULL_NAME = re.compile(r"blocks\.(\d+)\.(.+)")
@@ -211,11 +212,94 @@ class ActivationCache(dict):
     """run_with_cache's arrays, {"hook.layer": array} ("ln_final" has no layer), also read
     as TransformerLens's ActivationCache is: cache["pattern", 1], with the layer counted
     from the end, cache["resid_post", -1] (num_layers: the model's), and under the full
-    names, cache["blocks.1.attn.hook_pattern"], cache["ln_final.hook_normalized"]."""
+    names, cache["blocks.1.attn.hook_pattern"], cache["ln_final.hook_normalized"].
+    Arrays have no batch dimension: [positions, …]. Its stacks (accumulated_resid,
+    decompose_resid, stack_head_results, apply_ln_to_stack) are TransformerLens's, read
+    from the hooks they need (a missing one is a KeyError naming it); as there, their
+    layer=None or -1 means every layer (and the final stream)."""
 
-    def __init__(self, arrays: dict, num_layers: int):
+    def __init__(self, arrays: dict, num_layers: int, layer_norm: bool = False):
         super().__init__(arrays)
         self.num_layers = num_layers
+        self.layer_norm = layer_norm  # LayerNorm (centres) rather than RMSNorm
+
+    def _upto(self, layer):
+        return self.num_layers if layer is None or layer == -1 else layer
+
+    def accumulated_resid(self, layer=None, incl_mid=False, apply_ln=False, mlp_input=False,
+                          return_labels=False):
+        """The stream entering each layer before `layer` (and `layer`'s, with its resid_mid
+        when mlp_input), plus resid_mid between them when incl_mid; at layer = num_layers
+        (default) the stream leaving the last: [components, positions, d_model], labels
+        "0_pre", "0_mid", …, "final_post"."""
+        layer = self._upto(layer)
+        parts, labels = [], []
+        for l in range(layer + 1):
+            if l == self.num_layers:
+                parts.append(self["resid_post", l - 1])
+                labels.append("final_post")
+                continue
+            parts.append(self["resid_pre", l])
+            labels.append(f"{l}_pre")
+            if (incl_mid and l < layer) or (mlp_input and l == layer):
+                parts.append(self["resid_mid", l])
+                labels.append(f"{l}_mid")
+        stack = np.stack(parts)
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, mlp_input)
+        return (stack, labels) if return_labels else stack
+
+    def decompose_resid(self, layer=None, mlp_input=False, mode="all", apply_ln=False,
+                        incl_embeds=True, return_labels=False):
+        """What each part wrote into the stream entering `layer` (default: leaving the last):
+        embed (and pos_embed, when cached), then each earlier layer's attn_out and mlp_out
+        (mode "attn" or "mlp": only those), and `layer`'s attn_out when mlp_input; they sum
+        to that stream. [components, positions, d_model], labels "embed", "0_attn_out", …"""
+        layer = self._upto(layer)
+        parts, labels = [], []
+        if incl_embeds:
+            for name in ("embed", "pos_embed"):
+                if name in self:
+                    parts.append(self[name])
+                    labels.append(name)
+        for l in range(layer):
+            for kind in ("attn", "mlp"):
+                if mode in ("all", kind):
+                    parts.append(self[f"{kind}_out", l])
+                    labels.append(f"{l}_{kind}_out")
+        if mlp_input and mode != "mlp":
+            parts.append(self["attn_out", layer])
+            labels.append(f"{layer}_attn_out")
+        stack = np.stack(parts)
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, mlp_input)
+        return (stack, labels) if return_labels else stack
+
+    def stack_head_results(self, layer=None, apply_ln=False, return_labels=False):
+        """Each head's result of every layer before `layer` (default: all):
+        [layers · heads, positions, d_model], labels "L0H0", "L0H1", …"""
+        layer = self._upto(layer)
+        parts, labels = [], []
+        for l in range(layer):
+            r = self["result", l]  # [positions, heads, d_model]
+            parts.extend(r.transpose(1, 0, 2))
+            labels.extend(f"L{l}H{h}" for h in range(r.shape[1]))
+        stack = np.stack(parts)
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer)
+        return (stack, labels) if return_labels else stack
+
+    def apply_ln_to_stack(self, stack, layer=None, mlp_input=False):
+        """Components [..., positions, d_model] through the norm that reads the stream at
+        `layer` (default: the final norm; mlp_input: the layer's FFN norm, ln2), with that
+        run's scale frozen: centred (LayerNorm), over ln*_scale, no weight — so the
+        components of a decomposition add up to the norm's normalized input."""
+        layer = self._upto(layer)
+        if self.layer_norm:
+            stack = stack - stack.mean(-1, keepdims=True)
+        if layer == self.num_layers:
+            return stack / self["ln_final_scale"]
+        return stack / self[f"ln{2 if mlp_input else 1}_scale", layer]
 
     def _key(self, key):
         if isinstance(key, tuple):
@@ -225,6 +309,8 @@ class ActivationCache(dict):
             return f"{name}.{layer}"
         if key in _FULL_FINAL_NAMES:
             return _FULL_FINAL_NAMES[key]
+        if key in _FULL_EMBED_NAMES:
+            return _FULL_EMBED_NAMES[key]
         full = _FULL_NAME.fullmatch(key) if isinstance(key, str) else None
         if full and full.group(2) in _FULL_HOOK_NAMES:
             return f"{_FULL_HOOK_NAMES[full.group(2)]}.{full.group(1)}"
@@ -257,16 +343,18 @@ class Client:
         return self._info
 
     def hook_names(self) -> list:
-        """Every hook of the model under TransformerLens's full name, layer by layer:
-        blocks.0.hook_resid_pre, …, blocks.0.attn.hook_pattern, …, blocks.0.ln2.hook_normalized,
-        blocks.1…, then ln_final.hook_scale and ln_final.hook_normalized (hook_rot_q /
-        hook_rot_k for rotary models only). The short name ln_final (the final norm's output,
-        weight in) has no full one."""
+        """Every hook of the model under TransformerLens's full name: hook_embed (and
+        GPT-2's hook_pos_embed), then layer by layer blocks.0.hook_resid_pre, …,
+        blocks.0.attn.hook_pattern, …, blocks.0.ln2.hook_normalized, blocks.1…, then
+        ln_final.hook_scale and ln_final.hook_normalized (hook_rot_q / hook_rot_k for rotary
+        models only). The short name ln_final (the final norm's output, weight in) has no
+        full one."""
         info = self._cached_info()
         rotary = info.architecture == "llama"
-        return [f"blocks.{l}.{full}" for l in range(info.num_layers)
-                for full, short in _FULL_HOOK_NAMES.items()
-                if rotary or not short.startswith("rot_")] + list(_FULL_FINAL_NAMES)
+        return (["hook_embed"] + ([] if rotary else ["hook_pos_embed"]) +
+                [f"blocks.{l}.{full}" for l in range(info.num_layers)
+                 for full, short in _FULL_HOOK_NAMES.items()
+                 if rotary or not short.startswith("rot_")] + list(_FULL_FINAL_NAMES))
 
     def tokenize(self, text: Optional[str] = None, add_bos: Optional[bool] = None,
                  chat=None) -> list:
@@ -545,7 +633,7 @@ class Client:
         mlp_post, attn_scores, pattern, ln1_scale, ln1_normalized, ln2_scale, ln2_normalized
         (each norm's divisor [positions, 1] and its input over it, before the weight),
         each at every layer in `layers`; ln_final (the final norm's output), ln_final_scale,
-        ln_final_normalized; or full names, each at its own layer:
+        ln_final_normalized, embed, pos_embed (GPT-2); or full names, each at its own layer:
         "blocks.1.attn.hook_pattern", "blocks.0.ln1.hook_scale", "ln_final.hook_normalized".
         Default: resid_pre.
         names_filter, instead of hooks and layers, as TransformerLens's: a full name, a list
@@ -570,9 +658,10 @@ class Client:
             precision=_precision(fp64),
             dtype=ip.DTYPE_FP16 if fp16 else ip.DTYPE_UNSPECIFIED)
         r = self.interpret.Activations(req, timeout=self.timeout)
+        info = self._cached_info()
         return ActivationCache(
             {(t.name if t.layer < 0 else f"{t.name}.{t.layer}"): decode(t.data, t.dtype, t.shape)
-             for t in r.tensors}, self._cached_info().num_layers)
+             for t in r.tensors}, info.num_layers, layer_norm=info.architecture == "gpt2")
 
     def logit_attribution(self, text=None, tokens=None, token=0, baseline_token=None,
                           position=None, heads=False, top_neurons=0, fp64=False, chat=None,

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -55,7 +56,7 @@ std::vector<double> Row(const kernels::WeightView& w, int64_t r) {
 
 std::vector<Hook> AllHooks() {
   std::vector<Hook> all;
-  for (int h = 0; h <= static_cast<int>(Hook::kLnFinalNormalized); ++h) {
+  for (int h = 0; h <= static_cast<int>(Hook::kPosEmbed); ++h) {
     all.push_back(static_cast<Hook>(h));
   }
   return all;
@@ -256,6 +257,27 @@ TEST_P(TinyActivations, NormalizedRowsThroughTheWeightAreTheNormsOutput) {
   }
 }
 
+// The embeddings read from the tables (Gemma's times √D) are the first layer's stream:
+// resid_pre.0 = embed (+ GPT-2's pos_embed).
+TEST_P(TinyActivations, EmbeddingsAreTheFirstStream) {
+  auto m = testing::MakeTinyModel(testing::TinyFamilySpec(GetParam()));
+  const ModelConfig& c = m->config;
+  const Tape<double> t = MustTape(*m);
+  const bool gpt2 = c.arch == Architecture::kGpt2;
+  const auto embed = Hook64(*m, t, Hook::kEmbed, -1), x = Hook64(*m, t, Hook::kResidPre, 0);
+  const auto pos = gpt2 ? Hook64(*m, t, Hook::kPosEmbed, -1) : std::vector<double>(x.size());
+  ASSERT_EQ(embed.size(), x.size());
+  ASSERT_EQ(pos.size(), x.size());
+  for (int i = 0; i < t.n; ++i) {
+    const std::vector<double> row = Row(m->weights.token_embedding, kTokens[i]);
+    for (int j = 0; j < c.dim; ++j) {
+      const int64_t at = int64_t{i} * c.dim + j;
+      EXPECT_NEAR(embed[at], row[j] * c.embedding_scale, 1e-12) << i;
+      EXPECT_NEAR(embed[at] + pos[at], x[at], 1e-12) << i;
+    }
+  }
+}
+
 // pattern = softmax(attn_scores) row by row, head first [H, n, Tk]: a masked key is −∞
 // there and 0 here; row 0 puts all of it on key 0.
 TEST_P(TinyActivations, PatternIsTheSoftmaxOfTheScores) {
@@ -348,29 +370,32 @@ TEST_P(TinyActivations, RowRangesAndTheFp32Backend) {
 INSTANTIATE_TEST_SUITE_P(Families, TinyActivations, ::testing::Range(0, testing::kTinyFamilies));
 
 TEST(Activations, NamesAndErrors) {
-  for (const char* name : {"resid_pre",
-                           "resid_mid",
-                           "resid_post",
-                           "attn_out",
-                           "mlp_out",
-                           "z",
-                           "result",
-                           "q",
-                           "k",
-                           "v",
-                           "mlp_pre",
-                           "mlp_post",
-                           "ln_final",
-                           "attn_scores",
-                           "pattern",
-                           "rot_q",
-                           "rot_k",
-                           "ln1_scale",
-                           "ln1_normalized",
-                           "ln2_scale",
-                           "ln2_normalized",
-                           "ln_final_scale",
-                           "ln_final_normalized"}) {
+  constexpr const char* kNames[] = {"resid_pre",
+                                    "resid_mid",
+                                    "resid_post",
+                                    "attn_out",
+                                    "mlp_out",
+                                    "z",
+                                    "result",
+                                    "q",
+                                    "k",
+                                    "v",
+                                    "mlp_pre",
+                                    "mlp_post",
+                                    "ln_final",
+                                    "attn_scores",
+                                    "pattern",
+                                    "rot_q",
+                                    "rot_k",
+                                    "ln1_scale",
+                                    "ln1_normalized",
+                                    "ln2_scale",
+                                    "ln2_normalized",
+                                    "ln_final_scale",
+                                    "ln_final_normalized",
+                                    "embed",
+                                    "pos_embed"};
+  for (const char* name : kNames) {
     const auto h = HookByName(name);
     ASSERT_TRUE(h.has_value()) << name;
     EXPECT_EQ(HookName(*h), name);
@@ -379,7 +404,7 @@ TEST(Activations, NamesAndErrors) {
     EXPECT_EQ(named->hook, *h);
     EXPECT_FALSE(named->layer.has_value()) << name;
   }
-  EXPECT_EQ(static_cast<int>(AllHooks().size()), 23);
+  EXPECT_EQ(AllHooks().size(), std::size(kNames));
   EXPECT_FALSE(HookByName("hook_resid_pre").has_value());
   EXPECT_NE(HookNameList().find("rot_k"), std::string::npos);
   // TransformerLens's full names, as its utils.get_act_name writes them.
@@ -401,8 +426,10 @@ TEST(Activations, NamesAndErrors) {
     EXPECT_EQ(named->layer, std::optional<int>(layer)) << full;
     EXPECT_EQ(HookFullName(hook, layer), full);
   }
-  for (auto [full, hook] : {std::pair{"ln_final.hook_normalized", Hook::kLnFinalNormalized},
-                            std::pair{"ln_final.hook_scale", Hook::kLnFinalScale}}) {
+  for (auto [full, hook] :
+       {std::pair{"ln_final.hook_normalized", Hook::kLnFinalNormalized},
+        std::pair{"ln_final.hook_scale", Hook::kLnFinalScale},
+        std::pair{"hook_embed", Hook::kEmbed}, std::pair{"hook_pos_embed", Hook::kPosEmbed}}) {
     const auto final_norm = ParseHookName(full);
     ASSERT_TRUE(final_norm.has_value()) << full;
     EXPECT_EQ(final_norm->hook, hook);
@@ -411,10 +438,11 @@ TEST(Activations, NamesAndErrors) {
   }
   // The final norm's output, weight in, is no hook of TransformerLens's: its short name.
   EXPECT_EQ(HookFullName(Hook::kLnFinal, 3), "ln_final");
-  for (const char* bad : {"blocks.1.hook_q", "blocks.-1.hook_resid_pre", "blocks.x.attn.hook_z",
-                          "blocks..hook_resid_pre", "blocks.1.ln_final.hook_normalized",
-                          "blocks.1.attn.hook_pattern ", "hook_pattern", "blocks.1",
-                          "blocks.1.ln_final.hook_scale", "ln1.hook_scale"}) {
+  for (const char* bad :
+       {"blocks.1.hook_q", "blocks.-1.hook_resid_pre", "blocks.x.attn.hook_z",
+        "blocks..hook_resid_pre", "blocks.1.ln_final.hook_normalized",
+        "blocks.1.attn.hook_pattern ", "hook_pattern", "blocks.1", "blocks.1.ln_final.hook_scale",
+        "ln1.hook_scale", "blocks.0.hook_embed"}) {
     EXPECT_FALSE(ParseHookName(bad).has_value()) << bad;
   }
   // GPT-2 has no rotary embedding: rot_q and rot_k are refused, naming themselves.
@@ -435,6 +463,12 @@ TEST(Activations, NamesAndErrors) {
   const Tape<double> t = MustTape(*m);
   kernels::ReferenceBackend be;
   const int n = static_cast<int>(kTokens.size());
+  // A rotary model has no learned positions: pos_embed is refused, naming itself.
+  const auto pos = ReadHook(*m, be, t, Hook::kPosEmbed, -1, 0, 2);
+  EXPECT_EQ(pos.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(pos.status().message().find("pos_embed: the model (llama) has no learned position"),
+            std::string::npos)
+      << pos.status();
   for (auto [hook, layer, b, e] :
        {std::tuple{Hook::kZ, 2, 0, n}, std::tuple{Hook::kZ, -1, 0, n},
         std::tuple{Hook::kQ, 0, 0, n + 1}, std::tuple{Hook::kResidPre, 0, 3, 3},

@@ -26,6 +26,8 @@ activations(model, tokens, doc_ids=None, positions=None) -> dict name -> numpy a
   act.ln1_normalized.{l}, act.ln2_normalized.{l}  [T, D]  x~ / scale: the norm with unit
                       weight and no bias (hook_normalized)
   act.ln_final_scale [T, 1], act.ln_final_normalized [T, D]  the same of the final norm
+  act.embed           [T, D]       the token embeddings (Gemma's times sqrt(D))
+  act.pos_embed       [T, D]       GPT-2's position embeddings (resid_pre.0 = embed + pos_embed)
   act.ln_final        [T, D]       the final norm's output (logits = ln_final @ W_U^T, before
                                    any final soft-cap)
 
@@ -113,6 +115,10 @@ def activations(m, tokens, doc_ids=None, positions=None):
         for ln, x in (("ln1", rec["resid_pre"]), ("ln2", rec["resid_mid"])):
             out[f"act.{ln}_scale.{l}"], out[f"act.{ln}_normalized.{l}"] = _norm_parts(m, x)
     out["act.ln_final"] = cap["ln_final"]
+    out["act.embed"] = cap["embeds"]
+    if m.family == "gpt2":
+        at = torch.arange(len(tokens)) if positions is None else torch.as_tensor(list(positions))
+        out["act.pos_embed"] = m.w["wpe"][at]
     out["act.ln_final_scale"], out["act.ln_final_normalized"] = _norm_parts(m, cap["resid_final"])
     return {k: v.contiguous().numpy() for k, v in out.items()}
 
