@@ -18,7 +18,7 @@ struct HookNames {
   const char* full;  // TransformerLens's, after "blocks.{layer}." for a hook per layer
 };
 
-constexpr std::array<HookNames, 25> kHooks = {{
+constexpr std::array<HookNames, 26> kHooks = {{
     {Hook::kResidPre, "resid_pre", "hook_resid_pre"},
     {Hook::kResidMid, "resid_mid", "hook_resid_mid"},
     {Hook::kResidPost, "resid_post", "hook_resid_post"},
@@ -44,6 +44,7 @@ constexpr std::array<HookNames, 25> kHooks = {{
     {Hook::kLnFinalNormalized, "ln_final_normalized", "ln_final.hook_normalized"},
     {Hook::kEmbed, "embed", "hook_embed"},
     {Hook::kPosEmbed, "pos_embed", "hook_pos_embed"},
+    {Hook::kMlpPreLinear, "mlp_pre_linear", "mlp.hook_pre_linear"},
 }};
 
 bool IsScale(Hook hook) {
@@ -111,6 +112,8 @@ const std::vector<T>& Source(const Tape<T>& t, Hook hook, int l) {
       return lt.pre;
     case Hook::kMlpPost:
       return lt.act;
+    case Hook::kMlpPreLinear:
+      return lt.up;
     case Hook::kAttnScores:
       return lt.scores;
     case Hook::kPattern:
@@ -223,6 +226,11 @@ absl::Status CheckModelHasHook(const ModelConfig& c, Hook hook) {
                      std::string(ArchitectureName(c.arch)), ") has no rotary embedding; its ",
                      hook == Hook::kRotQ ? "q" : "k", " is what the attention scores use"));
   }
+  if (hook == Hook::kMlpPreLinear && c.arch != Architecture::kLlama) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mlp_pre_linear: the model (", std::string(ArchitectureName(c.arch)),
+                     ") has no gated feed-forward; its mlp_post is GELU(mlp_pre)"));
+  }
   if (hook == Hook::kPosEmbed && c.arch != Architecture::kGpt2) {
     return absl::InvalidArgumentError(
         absl::StrCat("pos_embed: the model (", std::string(ArchitectureName(c.arch)),
@@ -253,6 +261,7 @@ std::vector<int64_t> HookRowShape(const ModelConfig& c, Hook hook, int64_t num_k
       return {c.num_heads, c.dim};
     case Hook::kMlpPre:
     case Hook::kMlpPost:
+    case Hook::kMlpPreLinear:
       return {c.hidden_dim};
     case Hook::kLn1Scale:
     case Hook::kLn2Scale:

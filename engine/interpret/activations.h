@@ -18,6 +18,8 @@
 //                 models only)
 //   mlp_pre       gate / GELU input      n         [F]               LayerTape::pre
 //   mlp_post      the FFN's hidden       n         [F]               LayerTape::act
+//   mlp_pre_linear  the gated FFN's up   n         [F]               LayerTape::up
+//                 projection (Llama family only): mlp_post = act(mlp_pre) ⊙ it
 //   attn_scores   pre-softmax scores     n         [H, Tk]  *        LayerTape::scores
 //   pattern       attention probs        n         [H, Tk]  *        LayerTape::probs
 //   ln_final      final norm's output    n         [D]  (no layer)   Tape::xf
@@ -86,6 +88,7 @@ enum class Hook : uint8_t {
   kLnFinalNormalized,
   kEmbed,
   kPosEmbed,
+  kMlpPreLinear,
 };
 
 std::string_view HookName(Hook hook);
@@ -108,7 +111,8 @@ std::optional<NamedHook> ParseHookName(std::string_view name);
 // layer.
 bool HookIsPerLayer(Hook hook);
 // OK when the model has `hook`; INVALID_ARGUMENT for rot_q and rot_k on a model without
-// rotary embeddings (GPT-2), and for pos_embed on one without learned positions.
+// rotary embeddings (GPT-2), for pos_embed on one without learned positions, and for
+// mlp_pre_linear on one without a gated FFN (GPT-2).
 absl::Status CheckModelHasHook(const ModelConfig& c, Hook hook);
 // k, rot_k and v have a row per key (Tk = offset + n), the others per new token (n).
 bool HookRowsAreKeys(Hook hook);

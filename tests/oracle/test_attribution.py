@@ -91,8 +91,9 @@ class AttributionTest(unittest.TestCase):
                          f"act.mlp_pre.{l}": (T, F), f"act.mlp_post.{l}": (T, F),
                          f"act.q.{l}": (T, H, hd), f"act.k.{l}": (T, KV, hd), f"act.v.{l}": (T, KV, hd),
                          f"act.attn_scores.{l}": (H, T, T), f"act.pattern.{l}": (H, T, T)})
-            if m.family == "llama":  # rotary: q and k after RoPE too
-                want.update({f"act.rot_q.{l}": (T, H, hd), f"act.rot_k.{l}": (T, KV, hd)})
+            if m.family == "llama":  # rotary: q and k after RoPE too; a gated FFN
+                want.update({f"act.rot_q.{l}": (T, H, hd), f"act.rot_k.{l}": (T, KV, hd),
+                             f"act.mlp_pre_linear.{l}": (T, F)})
         self.assertEqual({k: v.shape for k, v in act.items()}, want)
         self.assertTrue(all(v.dtype == np.float64 for v in act.values()))
 

@@ -344,11 +344,11 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_LE(full[2].get<double>(), 1e-12);
   EXPECT_TRUE(full[3].get<bool>());
   EXPECT_FALSE(full[4].get<bool>());
-  // The embeddings (GPT-2: and positions), 20 hooks a layer (GPT-2: 18, without rot_q and
-  // rot_k), then the final norm's two.
+  // The embeddings (GPT-2: and positions), 21 hooks a layer (GPT-2: 18, without rot_q,
+  // rot_k and mlp_pre_linear), then the final norm's two.
   const bool rotary = c.arch == Architecture::kLlama;
   EXPECT_EQ(out["hook_names"].dump(),
-            absl::StrCat("[", (rotary ? 20 : 18) * c.num_layers + (rotary ? 3 : 4),
+            absl::StrCat("[", (rotary ? 21 : 18) * c.num_layers + (rotary ? 3 : 4),
                          ",\"hook_embed\",\"ln_final.hook_normalized\",",
                          rotary ? 2 * c.num_layers : 0, "]"));
   // TransformerLens's stacks: labels as its, and the parts add up (this model has no

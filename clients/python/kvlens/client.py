@@ -197,7 +197,8 @@ _FULL_HOOK_NAMES = {
     "attn.hook_z": "z", "attn.hook_result": "result", "attn.hook_q": "q", "attn.hook_k": "k",
     "attn.hook_v": "v", "attn.hook_rot_q": "rot_q", "attn.hook_rot_k": "rot_k",
     "attn.hook_attn_scores": "attn_scores", "attn.hook_pattern": "pattern",
-    "mlp.hook_pre": "mlp_pre", "mlp.hook_post": "mlp_post",
+    "mlp.hook_pre": "mlp_pre", "mlp.hook_pre_linear": "mlp_pre_linear",
+    "mlp.hook_post": "mlp_post",
     "ln1.hook_scale": "ln1_scale", "ln1.hook_normalized": "ln1_normalized",
     "ln2.hook_scale": "ln2_scale", "ln2.hook_normalized": "ln2_normalized",
 }
@@ -347,14 +348,15 @@ class Client:
         GPT-2's hook_pos_embed), then layer by layer blocks.0.hook_resid_pre, …,
         blocks.0.attn.hook_pattern, …, blocks.0.ln2.hook_normalized, blocks.1…, then
         ln_final.hook_scale and ln_final.hook_normalized (hook_rot_q / hook_rot_k for rotary
-        models only). The short name ln_final (the final norm's output, weight in) has no
+        models only, as mlp.hook_pre_linear for gated FFNs). The short name ln_final (the final norm's output, weight in) has no
         full one."""
         info = self._cached_info()
         rotary = info.architecture == "llama"
+        gpt2_lacks = ("rot_q", "rot_k", "mlp_pre_linear")  # (no rotation, no gate)
         return (["hook_embed"] + ([] if rotary else ["hook_pos_embed"]) +
                 [f"blocks.{l}.{full}" for l in range(info.num_layers)
                  for full, short in _FULL_HOOK_NAMES.items()
-                 if rotary or not short.startswith("rot_")] + list(_FULL_FINAL_NAMES))
+                 if rotary or short not in gpt2_lacks] + list(_FULL_FINAL_NAMES))
 
     def tokenize(self, text: Optional[str] = None, add_bos: Optional[bool] = None,
                  chat=None) -> list:
@@ -630,7 +632,8 @@ class Client:
         TransformerLens's; "ln_final" has no layer).
         hooks: resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, result, q, k (before
         RoPE, as TransformerLens's), v, rot_q, rot_k (after it; rotary models only), mlp_pre,
-        mlp_post, attn_scores, pattern, ln1_scale, ln1_normalized, ln2_scale, ln2_normalized
+        mlp_post, mlp_pre_linear (a gated FFN's up projection), attn_scores, pattern,
+        ln1_scale, ln1_normalized, ln2_scale, ln2_normalized
         (each norm's divisor [positions, 1] and its input over it, before the weight),
         each at every layer in `layers`; ln_final (the final norm's output), ln_final_scale,
         ln_final_normalized, embed, pos_embed (GPT-2); or full names, each at its own layer:

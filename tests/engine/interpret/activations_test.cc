@@ -56,7 +56,7 @@ std::vector<double> Row(const kernels::WeightView& w, int64_t r) {
 
 std::vector<Hook> AllHooks() {
   std::vector<Hook> all;
-  for (int h = 0; h <= static_cast<int>(Hook::kPosEmbed); ++h) {
+  for (int h = 0; h <= static_cast<int>(Hook::kMlpPreLinear); ++h) {
     all.push_back(static_cast<Hook>(h));
   }
   return all;
@@ -278,6 +278,35 @@ TEST_P(TinyActivations, EmbeddingsAreTheFirstStream) {
   }
 }
 
+// A gated FFN's hidden is its activation of mlp_pre times mlp_pre_linear (SiLU, or Gemma's
+// GELU with the tanh approximation), computed here; GPT-2 has no such hook.
+TEST_P(TinyActivations, GatedHiddenIsTheGateTimesTheUpProjection) {
+  auto m = testing::MakeTinyModel(testing::TinyFamilySpec(GetParam()));
+  const ModelConfig& c = m->config;
+  const Tape<double> t = MustTape(*m);
+  if (c.arch != Architecture::kLlama) {
+    kernels::ReferenceBackend be;
+    const auto r = ReadHook(*m, be, t, Hook::kMlpPreLinear, 0, 0, 1);
+    EXPECT_NE(r.status().message().find("mlp_pre_linear: the model (gpt2) has no gated"),
+              std::string::npos)
+        << r.status();
+    return;
+  }
+  for (int l = 0; l < c.num_layers; ++l) {
+    const auto pre = Hook64(*m, t, Hook::kMlpPre, l), up = Hook64(*m, t, Hook::kMlpPreLinear, l),
+               post = Hook64(*m, t, Hook::kMlpPost, l);
+    ASSERT_EQ(up.size(), size_t(t.n) * c.hidden_dim);
+    for (size_t i = 0; i < up.size(); ++i) {
+      const double g = pre[i];
+      const double act =
+          c.gate_activation == GateActivation::kSilu
+              ? g / (1 + std::exp(-g))
+              : 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)));
+      EXPECT_NEAR(post[i], act * up[i], 1e-12) << l << " " << i;
+    }
+  }
+}
+
 // pattern = softmax(attn_scores) row by row, head first [H, n, Tk]: a masked key is −∞
 // there and 0 here; row 0 puts all of it on key 0.
 TEST_P(TinyActivations, PatternIsTheSoftmaxOfTheScores) {
@@ -394,7 +423,8 @@ TEST(Activations, NamesAndErrors) {
                                     "ln_final_scale",
                                     "ln_final_normalized",
                                     "embed",
-                                    "pos_embed"};
+                                    "pos_embed",
+                                    "mlp_pre_linear"};
   for (const char* name : kNames) {
     const auto h = HookByName(name);
     ASSERT_TRUE(h.has_value()) << name;
@@ -417,6 +447,7 @@ TEST(Activations, NamesAndErrors) {
         std::tuple{"blocks.1.attn.hook_k", Hook::kK, 1},
         std::tuple{"blocks.4.mlp.hook_pre", Hook::kMlpPre, 4},
         std::tuple{"blocks.4.mlp.hook_post", Hook::kMlpPost, 4},
+        std::tuple{"blocks.4.mlp.hook_pre_linear", Hook::kMlpPreLinear, 4},
         std::tuple{"blocks.5.attn.hook_result", Hook::kResult, 5},
         std::tuple{"blocks.2.ln1.hook_scale", Hook::kLn1Scale, 2},
         std::tuple{"blocks.0.ln2.hook_normalized", Hook::kLn2Normalized, 0}}) {

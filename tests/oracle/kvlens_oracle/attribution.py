@@ -20,6 +20,7 @@ activations(model, tokens, doc_ids=None, positions=None) -> dict name -> numpy a
                                    TransformerLens's hook_q
   act.k.{l}, act.v.{l}  [T, KV, hd]  keys before RoPE, values (GPT-2: KV = H)
   act.rot_q.{l}, act.rot_k.{l}     q and k after RoPE (rotary models only: hook_rot_q / _k)
+  act.mlp_pre_linear.{l}  [T, F]   the gated FFN's up projection (Llama family only)
   act.ln1_scale.{l}, act.ln2_scale.{l}   [T, 1]  the attention / FFN norm's divisor
                       sqrt(mean(x~^2) + eps), x~ = x - mean(x) (GPT-2) or x, of resid_pre /
                       resid_mid (TransformerLens's blocks.{l}.ln1.hook_scale, ln2)
@@ -112,6 +113,8 @@ def activations(m, tokens, doc_ids=None, positions=None):
         })
         if "q_unrotated" in rec:  # rotary models: what the scores use
             out[f"act.rot_q.{l}"], out[f"act.rot_k.{l}"] = heads(rec["q"]), heads(rec["k"])
+        if "mlp_pre_linear" in rec:  # gated FFNs
+            out[f"act.mlp_pre_linear.{l}"] = rec["mlp_pre_linear"]
         for ln, x in (("ln1", rec["resid_pre"]), ("ln2", rec["resid_mid"])):
             out[f"act.{ln}_scale.{l}"], out[f"act.{ln}_normalized.{l}"] = _norm_parts(m, x)
     out["act.ln_final"] = cap["ln_final"]

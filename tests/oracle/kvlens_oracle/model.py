@@ -23,6 +23,7 @@ capture["ln_final"] (that norm's output, [T, d]) and capture["layers"], one dict
   q [H, T, hd] (post-RoPE), k, v [KV, T, hd], scores, probs [H, T, T], attn_out [H, T, hd]
   (per head, before W_O), resid [T, d] (leaving the layer);
   q_unrotated, k_unrotated: q and k before RoPE (Llama family only);
+  mlp_pre_linear [T, F]: the gated FFN's up projection n2 @ W_up^T (Llama family only);
   resid_pre [T, d] (entering it), resid_mid [T, d] (resid_pre + attn_block);
   o_proj [T, d]: merged heads @ W_O^T, no bias, before any post-attention norm;
   attn_block [T, d]: what attention adds to the stream (o_proj + GPT-2's b_o, or Gemma 2/3's
@@ -239,7 +240,8 @@ def llama_forward(m, x, positions, mask, capture=None, steer=None):
         n2 = rms_norm(h, lw["ffn_norm"], eps)
         gate = gelu_tanh if c.get("gate") == "gelu_tanh" else silu
         mlp_pre = n2 @ lw["w1"].T
-        mlp_post = gate(mlp_pre) * (n2 @ lw["w3"].T)
+        mlp_pre_linear = n2 @ lw["w3"].T
+        mlp_post = gate(mlp_pre) * mlp_pre_linear
         f_proj = mlp_post @ lw["w2"].T
         f = f_proj
         if "post_ffn_norm" in lw:
@@ -249,7 +251,7 @@ def llama_forward(m, x, positions, mask, capture=None, steer=None):
         _record(capture, q=q, k=k, v=v, scores=scores, probs=probs, attn_out=out, resid=x,
                 resid_pre=resid_pre, resid_mid=h, attn_block=o, mlp_block=f, o_proj=o_proj,
                 f_proj=f_proj, mlp_pre=mlp_pre, mlp_post=mlp_post, q_unrotated=q_unrotated,
-                k_unrotated=k_unrotated)
+                k_unrotated=k_unrotated, mlp_pre_linear=mlp_pre_linear)
     n = rms_norm(x, m.w["final_norm"], eps)
     _final(capture, x, n)
     return soft_cap(n @ m.w["out"].T, c.get("final_softcap")), torch.stack(probs_all)
