@@ -65,6 +65,16 @@ me = c.attention_maps(chat=conv, layers=[-1], heads=[-1, 0])  # from the end, re
 out["maps_end"] = [me.layers, me.heads, list(me.probs.shape)]
 out["objective_chat"] = c.gradient_probe(chat=conv, targets=[(last, 5)]).objective
 out["objective_text"] = c.gradient_probe(text=text, targets=[(last, 5)]).objective
+# Layers and heads counted from the end, as the request's: the last layer's last query head
+# and (grad.k) its KV head; grad.embeddings, per neither, read without them.
+gp = c.gradient_probe(chat=conv, targets=[(last, 5)], want=("q", "k", "embeddings"),
+                      layers=[-1], heads=[-1], fp64=True)
+out["gp_keys"] = sorted(f"{n}:{l}:{h}" for n, d in gp.tensors.items() for l, h in d)
+out["gp_same"] = [bool((gp.get("grad.q", -1, -1) == gp.tensors["grad.q"][k]).all())
+                  for k in gp.tensors["grad.q"]] + [
+                 bool((gp.get("grad.k", -1, -1) == gp.tensors["grad.k"][k]).all())
+                 for k in gp.tensors["grad.k"]] + [
+                 gp.get("grad.embeddings").shape == gp.tensors["grad.embeddings"][(-1, -1)].shape]
 out["lens_chat"] = [r.top[0].token for r in c.logit_lens(chat=conv).rows]
 out["lens_text"] = [r.top[0].token for r in c.logit_lens(text=text).rows]
 out["ablation_change"] = c.intervene(chat=conv, ablations=[(0, 0)],
@@ -334,6 +344,14 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_TRUE(out["cache_tuple_same"].get<bool>());
   EXPECT_EQ(out["cache_end"].dump(),
             absl::StrCat("[[\"resid_post.", c.num_layers - 1, "\"],true]"));
+  // The last layer's last head: grad.q at query head H − 1, grad.k at its KV head Hkv − 1
+  // (the last head's group), read back with get(name, -1, -1).
+  const int L1 = c.num_layers - 1;
+  EXPECT_EQ(out["gp_keys"].get<std::vector<std::string>>(),
+            (std::vector<std::string>{
+                "grad.embeddings:-1:-1", absl::StrCat("grad.k:", L1, ":", c.num_kv_heads - 1),
+                absl::StrCat("grad.q:", L1, ":", c.num_heads - 1), "saliency:-1:-1"}));
+  EXPECT_EQ(out["gp_same"].dump(), "[true,true,true]");
   // normalized · scale gives back the stream the final norm read (centred under LayerNorm).
   const nlohmann::json& full = out["cache_full"];
   EXPECT_EQ(full[0].dump(),
@@ -446,6 +464,8 @@ with c.session() as sid:
     out["k"] = {str(l): a.ravel().tolist() for l, a in kv.tensors["grad.cached_k"].items()}
     out["v"] = {str(l): a.ravel().tolist() for l, a in kv.tensors["grad.cached_v"].items()}
     out["k0_shape"] = list(kv.get("grad.cached_k", 0).shape)
+    out["k_last"] = bool((kv.get("grad.cached_k", -1)
+                          == kv.tensors["grad.cached_k"][max(kv.tensors["grad.cached_k"])]).all())
     out["sid"] = sid
 try:
     c.generate(tokens=[5], max_new_tokens=1, session_id=out["sid"])
@@ -501,6 +521,7 @@ TEST(PythonClient, SessionsAndTheCachedKvProbeEqualTheCppStubs) {
   const ModelConfig& c = server.model().config;
   EXPECT_EQ(out["k0_shape"].get<std::vector<int>>(),
             (std::vector<int>{r.num_cached(), static_cast<int>(c.num_kv_heads * c.head_dim)}));
+  EXPECT_TRUE(out["k_last"].get<bool>());  // get(…, -1): the last layer's
   int tensors = 0;
   for (const v1::Tensor& t : r.tensors()) {
     const std::string key = t.name() == "grad.cached_k" ? "k" : "v";

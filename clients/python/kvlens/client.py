@@ -167,16 +167,33 @@ class AttentionMaps:
         return grid
 
 
+def _from_end(index: Optional[int], count: int) -> int:
+    """An index as Python counts it (negative: from the end of `count`); None → -1, the
+    wire's "not per layer / head"."""
+    if index is None:
+        return -1
+    return index + count if index < 0 else index
+
+
 @dataclasses.dataclass
 class GradientProbe:
     precision: str
     objective: float
     tokens: list
-    tensors: dict    # name → {(layer, head): array}
+    tensors: dict    # name → {(layer, head): array}; -1 where not per layer / head
     verify: Optional[dict]
+    num_layers: int = 0    # the model's, for layers counted from the end
+    num_heads: int = 0
+    num_kv_heads: int = 0
 
-    def get(self, name: str, layer: int = -1, head: int = -1) -> np.ndarray:
-        return self.tensors[name][(layer, head)]
+    def get(self, name: str, layer: Optional[int] = None,
+            head: Optional[int] = None) -> np.ndarray:
+        """name's array at (layer, head), each counted from the end when negative (the
+        head a KV head for grad.k and grad.v; layer -1 the last layer, as the requests'
+        layers — grad.residual's stream leaving it is layer num_layers); leave out what the
+        tensor is not per (grad.embeddings: get("grad.embeddings"))."""
+        heads = self.num_kv_heads if name in ("grad.k", "grad.v") else self.num_heads
+        return self.tensors[name][(_from_end(layer, self.num_layers), _from_end(head, heads))]
 
 
 @dataclasses.dataclass
@@ -185,9 +202,11 @@ class CachedKvProbe:
     objective: float  # J = log p(target | the last new token)
     num_cached: int   # P, the session's cached positions
     tensors: dict     # "grad.cached_k" / "grad.cached_v" → {layer: [P, n_kv_heads·d_head]}
+    num_layers: int = 0  # the model's, for layers counted from the end
 
     def get(self, name: str, layer: int) -> np.ndarray:
-        return self.tensors[name][layer]
+        """name's array at `layer` (negative: from the end)."""
+        return self.tensors[name][_from_end(layer, self.num_layers)]
 
 
 # TransformerLens's full hook names, after "blocks.{layer}.", and the short ones.
@@ -577,8 +596,11 @@ class Client:
         if r.HasField("verify"):
             verify_report = dict(max_abs_err=r.verify.max_abs_err, max_rel_err=r.verify.max_rel_err,
                                  num_forwards=r.verify.num_forwards)
+        info = self._cached_info()
         return GradientProbe(precision=ip.Precision.Name(r.precision), objective=r.objective,
-                             tokens=list(r.token_ids), tensors=tensors, verify=verify_report)
+                             tokens=list(r.token_ids), tensors=tensors, verify=verify_report,
+                             num_layers=info.num_layers, num_heads=info.num_heads,
+                             num_kv_heads=info.num_kv_heads)
 
     def cached_kv_probe(self, session_id: int, new_tokens: Iterable[int], target: int,
                         fp64: bool = False) -> CachedKvProbe:
@@ -593,7 +615,8 @@ class Client:
         for t in r.tensors:
             tensors.setdefault(t.name, {})[t.layer] = decode(t.data, t.dtype, t.shape)
         return CachedKvProbe(precision=ip.Precision.Name(r.precision), objective=r.objective,
-                             num_cached=r.num_cached, tensors=tensors)
+                             num_cached=r.num_cached, tensors=tensors,
+                             num_layers=self._cached_info().num_layers)
 
     def intervene(self, text=None, tokens=None, ablations=(), mean=False, targets=(),
                   row_overrides=(), patches=(), patch_source=None, fp64=False, chat=None):
