@@ -151,6 +151,9 @@ out["sae_l0"] = [r.l0 for r in sf.rows]
 out["sae_top"] = [[f.index for f in r.top] for r in sf.rows]
 out["sae_f1"] = [r.features[0] for r in sf.rows]
 out["single"] = c.to_single_token("Lily")
+ids = c.to_tokens("Once upon a time", prepend_bos=False)
+out["tl_tokens"] = [ids, c.to_tokens("Once upon a time"), c.to_string(ids),
+                    c.to_str_tokens("Once upon a time", prepend_bos=False), c.to_str_tokens(ids)]
 try:
     c.to_single_token("once upon")
     out["not_single"] = ""
@@ -198,6 +201,19 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
                 absl::StrCat("'once upon' is ", response.token_ids_size(), " tokens [",
                              absl::StrJoin(response.token_ids(), ", "), "], not one"));
     }
+  }
+  // TransformerLens's to_tokens / to_string / to_str_tokens: the model's own tokenizer.
+  {
+    const Tokenizer& tok = *server.model().tokenizer;
+    const std::vector<int32_t> ids = tok.Encode("Once upon a time", false);
+    std::vector<std::string> pieces;
+    for (int32_t id : ids) pieces.push_back(tok.Decode({id}));
+    const nlohmann::json& tl = out["tl_tokens"];
+    EXPECT_EQ(tl[0].get<std::vector<int32_t>>(), ids);
+    EXPECT_EQ(tl[1].get<std::vector<int32_t>>(), tok.Encode("Once upon a time", tok.adds_bos()));
+    EXPECT_EQ(tl[2].get<std::string>(), "Once upon a time");
+    EXPECT_EQ(tl[3].get<std::vector<std::string>>(), pieces);
+    EXPECT_EQ(tl[4].get<std::vector<std::string>>(), pieces);
   }
   // Token ids: chat = written-out text = what the C++ stub gets for the text.
   v1::TokenizeRequest by_text;

@@ -404,6 +404,24 @@ class Client:
         return [self.generation.Detokenize(gen.DetokenizeRequest(token_ids=[t]),
                                            timeout=self.timeout).text for t in tokens]
 
+    # TransformerLens's names for the same (one sequence, no batch dimension).
+    def to_tokens(self, text: str, prepend_bos: Optional[bool] = None) -> list:
+        """TransformerLens's to_tokens: the ids of `text` (prepend_bos None: the model's
+        own setting)."""
+        return self.tokenize(text, add_bos=prepend_bos)
+
+    def to_string(self, tokens: Iterable[int]) -> str:
+        """TransformerLens's to_string: the text of `tokens`, decoded together."""
+        return self.generation.Detokenize(gen.DetokenizeRequest(token_ids=[int(t) for t in tokens]),
+                                          timeout=self.timeout).text
+
+    def to_str_tokens(self, text_or_tokens, prepend_bos: Optional[bool] = None) -> list:
+        """TransformerLens's to_str_tokens: each token's own text, of a string (tokenized
+        first) or of ids."""
+        tokens = (self.to_tokens(text_or_tokens, prepend_bos)
+                  if isinstance(text_or_tokens, str) else text_or_tokens)
+        return self.pieces(tokens)
+
     def generate(self, text=None, tokens=None, max_new_tokens=32, attention_layers=None,
                  attention_heads=None, chat=None, steering=(), sampling=None, stop=(),
                  min_new_tokens=0, session_id=None, ignore_eos=False):
