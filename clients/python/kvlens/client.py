@@ -246,6 +246,12 @@ class ActivationCache(dict):
     def _upto(self, layer):
         return self.num_layers if layer is None or layer == -1 else layer
 
+    def _stacked(self, parts, labels, layer, mlp_input, apply_ln, return_labels):
+        stack = np.stack(parts)
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, mlp_input)
+        return (stack, labels) if return_labels else stack
+
     def accumulated_resid(self, layer=None, incl_mid=False, apply_ln=False, mlp_input=False,
                           return_labels=False):
         """The stream entering each layer before `layer` (and `layer`'s, with its resid_mid
@@ -264,10 +270,7 @@ class ActivationCache(dict):
             if (incl_mid and l < layer) or (mlp_input and l == layer):
                 parts.append(self["resid_mid", l])
                 labels.append(f"{l}_mid")
-        stack = np.stack(parts)
-        if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer, mlp_input)
-        return (stack, labels) if return_labels else stack
+        return self._stacked(parts, labels, layer, mlp_input, apply_ln, return_labels)
 
     def decompose_resid(self, layer=None, mlp_input=False, mode="all", apply_ln=False,
                         incl_embeds=True, return_labels=False):
@@ -290,10 +293,7 @@ class ActivationCache(dict):
         if mlp_input and mode != "mlp":
             parts.append(self["attn_out", layer])
             labels.append(f"{layer}_attn_out")
-        stack = np.stack(parts)
-        if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer, mlp_input)
-        return (stack, labels) if return_labels else stack
+        return self._stacked(parts, labels, layer, mlp_input, apply_ln, return_labels)
 
     def stack_head_results(self, layer=None, apply_ln=False, return_labels=False):
         """Each head's result of every layer before `layer` (default: all):
@@ -304,10 +304,7 @@ class ActivationCache(dict):
             r = self["result", l]  # [positions, heads, d_model]
             parts.extend(r.transpose(1, 0, 2))
             labels.extend(f"L{l}H{h}" for h in range(r.shape[1]))
-        stack = np.stack(parts)
-        if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer)
-        return (stack, labels) if return_labels else stack
+        return self._stacked(parts, labels, layer, False, apply_ln, return_labels)
 
     def apply_ln_to_stack(self, stack, layer=None, mlp_input=False):
         """Components [..., positions, d_model] through the norm that reads the stream at
