@@ -113,7 +113,7 @@ absl::Status RunActivations(const InterpContext& ctx, const v1::ActivationsReque
   auto layers = ToIndexList(request.layers(), c.num_layers, "layers");
   if (!layers.ok()) return layers.status();
   // (hook, layer) in the order asked: a short name at every layer asked for, a full name
-  // at its own; ln_final at -1.
+  // at its own; those without a layer (ln_final, embed, …) at -1.
   std::vector<std::pair<interpret::Hook, int>> reads;
   for (const std::string& name : request.hooks()) {
     const std::optional<interpret::NamedHook> named = interpret::ParseHookName(name);

@@ -49,7 +49,7 @@ constexpr char kChatText[] =
 constexpr char kScript[] = R"(
 import json, sys
 import numpy as np
-from kvlens import Client
+from kvlens import Client, get_act_name
 c = Client(sys.argv[1])
 conv = [{"role": "system", "content": "Be kind."},
         {"role": "user", "content": "Once upon a time"}]
@@ -137,6 +137,10 @@ out["stacks"] = {
     "ln_final": rel(whole.apply_ln_to_stack(dec).sum(0), whole["ln_final_normalized"]),
     "ln1": rel(whole.accumulated_resid(layer=1, apply_ln=True)[1], whole["ln1_normalized", 1]),
     "heads": rel(heads.sum(0), whole["attn_out", 0]), "heads_shape": list(heads.shape)}
+# TransformerLens's cache keys through its aliases (utils.get_act_name).
+out["aliases"] = [bool((whole["scale", -1, "ln1"] == whole["ln1_scale", 1]).all()),
+                  bool((cache["attn", 1] == cache["pattern.1"]).all()),
+                  get_act_name("normalized", None, "ln_final"), get_act_name("pre_linear", 0)]
 try:
     c.run_with_cache(chat=conv, names_filter=lambda n: False)
     out["filter_none"] = ""
@@ -397,6 +401,8 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   for (const char* k : {"dec_sum", "ln_final", "ln1", "heads"}) {
     EXPECT_LE(st[k].get<double>(), 1e-12) << k;
   }
+  EXPECT_EQ(out["aliases"].dump(),
+            "[true,true,\"ln_final.hook_normalized\",\"blocks.0.mlp.hook_pre_linear\"]");
   EXPECT_EQ(
       st["heads_shape"].dump(),
       absl::StrCat("[", c.num_heads, ",", out["cache_z_shape"][0].get<int>(), ",", c.dim, "]"));

@@ -227,12 +227,39 @@ _FULL_FINAL_NAMES = {"ln_final.hook_scale": "ln_final_scale",
                      "ln_final.hook_normalized": "ln_final_normalized"}
 _FULL_NAME = re.compile(r"blocks\.(\d+)\.(.+)")
 
+_ACT_ALIASES = {"a": "pattern", "attn": "pattern", "attn_logits": "attn_scores", "key": "k",
+                "query": "q", "value": "v", "mlp_pre": "pre", "mlp_mid": "mid",
+                "mlp_post": "post"}
+_ATTN_HOOKS = ("k", "v", "q", "z", "rot_k", "rot_q", "result", "pattern", "attn_scores")
+_MLP_HOOKS = ("pre", "post", "mid", "pre_linear")
+
+
+def get_act_name(name: str, layer: Optional[int] = None,
+                 layer_type: Optional[str] = None) -> str:
+    """TransformerLens's utils.get_act_name: the full hook name of a short one, as its
+    ActivationCache reads cache[name, layer, layer_type]: ("pattern", 1) →
+    "blocks.1.attn.hook_pattern", ("scale", 2, "ln1") → "blocks.2.ln1.hook_scale",
+    ("normalized", None, "ln_final") → "ln_final.hook_normalized"; a name with a dot or
+    starting hook_ is full already."""
+    if "." in name or name.startswith("hook_"):
+        return name
+    name = _ACT_ALIASES.get(name, name)
+    layer_type = {"a": "attn", "m": "mlp", "b": "", "block": "", "blocks": ""}.get(
+        layer_type, layer_type)
+    if name in _ATTN_HOOKS:
+        layer_type = "attn"
+    elif name in _MLP_HOOKS:
+        layer_type = "mlp"
+    prefix = "" if layer is None else f"blocks.{layer}."
+    return f"{prefix}{layer_type + '.' if layer_type else ''}hook_{name}"
+
 
 class ActivationCache(dict):
     """run_with_cache's arrays, {"hook.layer": array} ("ln_final" has no layer), also read
     as TransformerLens's ActivationCache is: cache["pattern", 1], with the layer counted
     from the end, cache["resid_post", -1] (num_layers: the model's), and under the full
-    names, cache["blocks.1.attn.hook_pattern"], cache["ln_final.hook_normalized"].
+    names, cache["blocks.1.attn.hook_pattern"], cache["ln_final.hook_normalized"], and
+    through TL's aliases (get_act_name): cache["attn", 1], cache["scale", 2, "ln1"].
     Arrays have no batch dimension: [positions, …]. Its stacks (accumulated_resid,
     decompose_resid, stack_head_results, apply_ln_to_stack) are TransformerLens's, read
     from the hooks they need (a missing one is a KeyError naming it); as there, their
@@ -319,11 +346,14 @@ class ActivationCache(dict):
         return stack / self[f"ln{2 if mlp_input else 1}_scale", layer]
 
     def _key(self, key):
-        if isinstance(key, tuple):
-            name, layer = key
-            if layer < 0:
+        if isinstance(key, tuple):  # (name, layer[, layer_type]), as TransformerLens's
+            name, layer, *rest = key
+            if layer is not None and layer < 0:
                 layer += self.num_layers
-            return f"{name}.{layer}"
+            full = self._key(get_act_name(name, layer, *rest))
+            if super().__contains__(full):
+                return full
+            return name if layer is None else f"{name}.{layer}"  # kvlens's ("ln1_scale", 2)
         if key in _FULL_FINAL_NAMES:
             return _FULL_FINAL_NAMES[key]
         if key in _FULL_EMBED_NAMES:
