@@ -255,18 +255,22 @@ TEST_F(SteeringRpc, SaeFeatureSteeringIsItsDecoderRow) {
   EXPECT_EQ(local_text, "And God said" + text.text + "\n");
   // @START: from position 6 on (the third generated token's row), through the server (the
   // SAE feature) and locally (the file): another text than steering every position.
+  // Both terminals steering from `at` print "And God said" and `want`.
+  const auto expect_both_print = [&](const std::string& at, const std::string& want) {
+    for (const std::string& command :
+         {absl::StrCat(cli, " --steer 'sae:", name, ":347:12", at, "'"),
+          absl::StrCat(local, " --steer '", hook, ":", row_file, ":12", at, "'")}) {
+      const auto [code, printed] = RunCommand(command);
+      EXPECT_EQ(code, 0) << printed;
+      EXPECT_EQ(printed, "And God said" + want + "\n") << command;
+    }
+  };
   v1::GenerateRequest late_request = text_request;
   late_request.mutable_steering(0)->set_start_position(6);
   const StreamResult late = RunGenerate(server.stub(), late_request);
   ASSERT_TRUE(late.status.ok()) << late.status.error_message();
   EXPECT_NE(late.text, text.text);
-  for (const std::string& command :
-       {absl::StrCat(cli, " --steer 'sae:", name, ":347:12@6'"),
-        absl::StrCat(local, " --steer '", hook, ":", row_file, ":12@6'")}) {
-    const auto [code, printed] = RunCommand(command);
-    EXPECT_EQ(code, 0) << printed;
-    EXPECT_EQ(printed, "And God said" + late.text + "\n") << command;
-  }
+  expect_both_print("@6", late.text);
   // @-1: from the prompt's last position (the first generated token steered too), resolved
   // by the server and locally against the prompt: the RPC's text with the absolute start.
   v1::GenerateRequest last_request = text_request;
@@ -275,13 +279,7 @@ TEST_F(SteeringRpc, SaeFeatureSteeringIsItsDecoderRow) {
   const StreamResult last = RunGenerate(server.stub(), last_request);
   ASSERT_TRUE(last.status.ok()) << last.status.error_message();
   EXPECT_NE(last.text, late.text);
-  for (const std::string& command :
-       {absl::StrCat(cli, " --steer 'sae:", name, ":347:12@-1'"),
-        absl::StrCat(local, " --steer '", hook, ":", row_file, ":12@-1'")}) {
-    const auto [code, printed] = RunCommand(command);
-    EXPECT_EQ(code, 0) << printed;
-    EXPECT_EQ(printed, "And God said" + last.text + "\n") << command;
-  }
+  expect_both_print("@-1", last.text);
   const auto [sae_code, sae_text] = RunCommand(local + " --steer 'sae:x:3' 2>&1");
   EXPECT_EQ(sae_code, 2) << sae_text;
   EXPECT_NE(sae_text.find("SAE features need --server"), std::string::npos) << sae_text;
