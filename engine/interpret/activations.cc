@@ -18,7 +18,7 @@ struct HookNames {
   const char* full;  // TransformerLens's, after "blocks.{layer}." for a hook per layer
 };
 
-constexpr std::array<HookNames, 26> kHooks = {{
+constexpr std::array<HookNames, 30> kHooks = {{
     {Hook::kResidPre, "resid_pre", "hook_resid_pre"},
     {Hook::kResidMid, "resid_mid", "hook_resid_mid"},
     {Hook::kResidPost, "resid_post", "hook_resid_post"},
@@ -45,14 +45,24 @@ constexpr std::array<HookNames, 26> kHooks = {{
     {Hook::kEmbed, "embed", "hook_embed"},
     {Hook::kPosEmbed, "pos_embed", "hook_pos_embed"},
     {Hook::kMlpPreLinear, "mlp_pre_linear", "mlp.hook_pre_linear"},
+    {Hook::kLn1PostScale, "ln1_post_scale", "ln1_post.hook_scale"},
+    {Hook::kLn1PostNormalized, "ln1_post_normalized", "ln1_post.hook_normalized"},
+    {Hook::kLn2PostScale, "ln2_post_scale", "ln2_post.hook_scale"},
+    {Hook::kLn2PostNormalized, "ln2_post_normalized", "ln2_post.hook_normalized"},
 }};
 
 bool IsScale(Hook hook) {
-  return hook == Hook::kLn1Scale || hook == Hook::kLn2Scale || hook == Hook::kLnFinalScale;
+  return hook == Hook::kLn1Scale || hook == Hook::kLn2Scale || hook == Hook::kLnFinalScale ||
+         hook == Hook::kLn1PostScale || hook == Hook::kLn2PostScale;
 }
 bool IsNormalized(Hook hook) {
   return hook == Hook::kLn1Normalized || hook == Hook::kLn2Normalized ||
-         hook == Hook::kLnFinalNormalized;
+         hook == Hook::kLnFinalNormalized || hook == Hook::kLn1PostNormalized ||
+         hook == Hook::kLn2PostNormalized;
+}
+bool IsBlockOutputNorm(Hook hook) {
+  return hook == Hook::kLn1PostScale || hook == Hook::kLn1PostNormalized ||
+         hook == Hook::kLn2PostScale || hook == Hook::kLn2PostNormalized;
 }
 
 // x̃ = x − mean(x) (LayerNorm) or x (RMSNorm) of each of `rows` rows [D]: the divisor
@@ -127,6 +137,12 @@ const std::vector<T>& Source(const Tape<T>& t, Hook hook, int l) {
     case Hook::kLnFinalScale:
     case Hook::kLnFinalNormalized:
       return t.x_final;
+    case Hook::kLn1PostScale:
+    case Hook::kLn1PostNormalized:
+      return lt.attn_proj;
+    case Hook::kLn2PostScale:
+    case Hook::kLn2PostNormalized:
+      return lt.ffn_out;
     case Hook::kLnFinal:
     case Hook::kResult:
     case Hook::kEmbed:
@@ -237,6 +253,14 @@ absl::Status CheckModelHasHook(const ModelConfig& c, Hook hook) {
                      ") has no learned position embeddings; its positions turn q and k "
                      "(rot_q, rot_k)"));
   }
+  if (IsBlockOutputNorm(hook) && !c.sandwich_norms) {
+    const bool attention = hook == Hook::kLn1PostScale || hook == Hook::kLn1PostNormalized;
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(HookName(hook)), ": the model (",
+                     c.family.empty() ? std::string(ArchitectureName(c.arch)) : c.family,
+                     ") has no norm on the ", attention ? "attention" : "feed-forward",
+                     " output (Gemma 2 and 3 have one)"));
+  }
   return absl::OkStatus();
 }
 
@@ -266,6 +290,8 @@ std::vector<int64_t> HookRowShape(const ModelConfig& c, Hook hook, int64_t num_k
     case Hook::kLn1Scale:
     case Hook::kLn2Scale:
     case Hook::kLnFinalScale:
+    case Hook::kLn1PostScale:
+    case Hook::kLn2PostScale:
       return {1};
     default:
       return {c.dim};

@@ -28,14 +28,19 @@
 //   ln1_normalized  x̃ / scale, before    n         [D]               from LayerTape::x
 //                 the norm's weight
 //   ln2_scale, ln2_normalized: the FFN norm's, of resid_mid (LayerTape::h)
+//   ln1_post_scale, ln1_post_normalized: the norm on the attention output (Gemma 2/3's
+//                 block-output norms only), of O·W_Oᵀ (LayerTape::attn_proj)
+//   ln2_post_scale, ln2_post_normalized: the norm on the FFN output, of W_out·act
+//                 (LayerTape::ffn_out)
 //   ln_final_scale, ln_final_normalized: the final norm's (no layer), of Tape::x_final
 //   embed         token embeddings       n         [D]  (no layer)   (formed here)
 //                 (Gemma's times √D)
 //   pos_embed     position embeddings    n         [D]  (no layer)   (formed here)
 //                 (GPT-2 only)
 //   (x̃ = x − mean(x) under LayerNorm, x under RMSNorm.) These are TransformerLens's
-//   blocks.{l}.ln1.hook_scale / hook_normalized, …, ln_final.hook_normalized as its default
-//   (LayerNorm-folded) models have them, and as its RMSNorm has them unfolded: the
+//   blocks.{l}.ln1.hook_scale / hook_normalized, …, blocks.{l}.ln1_post.hook_scale (its
+//   Gemma 2 block's ln1_post, whose output is hook_attn_out), ln_final.hook_normalized as its
+//   default (LayerNorm-folded) models have them, and as its RMSNorm has them unfolded: the
 //   normalized vector before the weight. ln_final is the norm's output, weight in: what
 //   the unembedding reads.
 // q and k are TransformerLens's hook_q / hook_k: after the projection, its bias and
@@ -89,6 +94,10 @@ enum class Hook : uint8_t {
   kEmbed,
   kPosEmbed,
   kMlpPreLinear,
+  kLn1PostScale,
+  kLn1PostNormalized,
+  kLn2PostScale,
+  kLn2PostNormalized,
 };
 
 std::string_view HookName(Hook hook);
@@ -112,7 +121,8 @@ std::optional<NamedHook> ParseHookName(std::string_view name);
 bool HookIsPerLayer(Hook hook);
 // OK when the model has `hook`; INVALID_ARGUMENT for rot_q and rot_k on a model without
 // rotary embeddings (GPT-2), for pos_embed on one without learned positions, and for
-// mlp_pre_linear on one without a gated FFN (GPT-2).
+// mlp_pre_linear on one without a gated FFN (GPT-2), and for the ln1_post / ln2_post hooks
+// on one without block-output norms (all but Gemma 2 and 3).
 absl::Status CheckModelHasHook(const ModelConfig& c, Hook hook);
 // k, rot_k and v have a row per key (Tk = offset + n), the others per new token (n).
 bool HookRowsAreKeys(Hook hook);

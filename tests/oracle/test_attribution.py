@@ -91,6 +91,9 @@ class AttributionTest(unittest.TestCase):
                          f"act.mlp_pre.{l}": (T, F), f"act.mlp_post.{l}": (T, F),
                          f"act.q.{l}": (T, H, hd), f"act.k.{l}": (T, KV, hd), f"act.v.{l}": (T, KV, hd),
                          f"act.attn_scores.{l}": (H, T, T), f"act.pattern.{l}": (H, T, T)})
+            if "post_attn_norm" in m.layers[l]:  # Gemma 2/3: norms on the blocks' outputs
+                want.update({f"act.{ln}_{part}.{l}": (T, 1) if part == "scale" else (T, D)
+                             for ln in ("ln1_post", "ln2_post") for part in ("scale", "normalized")})
             if m.family == "llama":  # rotary: q and k after RoPE too; a gated FFN
                 want.update({f"act.rot_q.{l}": (T, H, hd), f"act.rot_k.{l}": (T, KV, hd),
                              f"act.mlp_pre_linear.{l}": (T, F)})
@@ -141,6 +144,17 @@ class AttributionTest(unittest.TestCase):
             if m.family == "gpt2":
                 o = o + lw["b_o"]
             elif "post_attn_norm" in lw:
+                # ln1_post reads the heads' sum; its normalized rows through its weight are
+                # attn_out (ln2_post's: mlp_post through W_down, then mlp_out)
+                f = a("mlp_post") @ lw["w2"].T
+                for ln, x, w, block in (("ln1_post", o, lw["post_attn_norm"], "attn_out"),
+                                        ("ln2_post", f, lw["post_ffn_norm"], "mlp_out")):
+                    scale = np.sqrt((x * x).mean(-1, keepdims=True) + m.cfg["eps"])
+                    np.testing.assert_allclose(a(f"{ln}_scale"), scale, rtol=1e-13, atol=0)
+                    np.testing.assert_allclose(a(f"{ln}_normalized") * scale, x, rtol=0,
+                                               atol=1e-12 * np.abs(x).max())
+                    np.testing.assert_allclose(a(f"{ln}_normalized") * w, a(block), rtol=0,
+                                               atol=1e-12 * np.abs(a(block)).max())
                 o = o / np.sqrt((o * o).mean(-1, keepdims=True) + m.cfg["eps"]) * lw["post_attn_norm"]
             self.assertLess(np.abs(o - a("attn_out")).max(), 1e-12 * np.abs(o).max())
         # the final norm's normalized rows through its weight (and GPT-2's bias) are its

@@ -236,6 +236,9 @@ TEST(InterpretActivations, BadRequestsNameTheirField) {
                 "hooks: rot_q: the model (gpt2) has no rotary embedding");
   ExpectRefused(with([](auto& r) { r.add_hooks("blocks.0.attn.hook_rot_k"); }), invalid,
                 "hooks: rot_k: the model (gpt2)");
+  // Only Gemma 2 and 3 norm their blocks' outputs (TransformerLens's ln1_post, ln2_post).
+  ExpectRefused(with([](auto& r) { r.add_hooks("blocks.1.ln2_post.hook_scale"); }), invalid,
+                "hooks: ln2_post_scale: the model (gpt2) has no norm on the feed-forward output");
   ExpectRefused(with([&](auto& r) { r.add_layers(L); }), invalid, "layers");
   ExpectRefused(with([](auto& r) { r.mutable_positions()->set_begin(10); }), invalid, "positions");
   ExpectRefused(with([](auto& r) { r.set_dtype(static_cast<v1::DType>(7)); }), invalid, "dtype");

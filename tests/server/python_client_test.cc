@@ -675,5 +675,49 @@ TEST(PythonClient, TransformerLensStacksOnGpt2) {
   EXPECT_EQ(out["rot"].get<int>(), 0);
 }
 
+// Gemma 2's block-output norms from Python under TransformerLens's names (ln1_post,
+// ln2_post): names_filter finds them among hook_names(), and each normalized row times its
+// scale gives back the norm's input, formed here: the heads' results summed (ln1_post),
+// and the scale is that input's root mean square with the model's ε (argv[2]).
+constexpr char kGemma2PostNormScript[] = R"(
+import json, sys
+import numpy as np
+from kvlens import Client
+c = Client(sys.argv[1])
+names = c.hook_names()
+post = c.run_with_cache(tokens=[1, 5, 300, 17, 42, 9], fp64=True,
+                        names_filter=lambda n: "_post.hook" in n)
+heads = c.run_with_cache(tokens=[1, 5, 300, 17, 42, 9], fp64=True, hooks=["result"], layers=[1])
+rel = lambda a, b: float(np.abs(a - b).max() / np.abs(b).max())  # noqa: E731
+o = heads["blocks.1.attn.hook_result"].sum(1)
+print(json.dumps({
+    "count": len(names), "post": sorted(post),
+    "ln1_post": rel(post["blocks.1.ln1_post.hook_normalized"] * post["scale", 1, "ln1_post"], o),
+    "scale": rel(post["ln1_post_scale", 1][:, 0], np.sqrt((o * o).mean(-1) + float(sys.argv[2])))}))
+)";
+
+TEST(PythonClient, Gemma2BlockOutputNorms) {
+  if (!OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  const std::string path = MakeQuantizedModel("--f32 --gemma2 --layers 2");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  TestServer server(path, TestServer::DefaultOptions());
+  std::remove(path.c_str());
+  ASSERT_TRUE(server.ok()) << server.error();
+  const ModelConfig& c = server.model().config;
+  ASSERT_EQ(c.num_layers, 2);
+  nlohmann::json out;
+  ASSERT_TRUE(RunScript("kvlens_python_gemma2_post_norms_test.py", kGemma2PostNormScript,
+                        absl::StrCat(server.address(), " ", c.norm_eps), &out));
+  // 21 hooks a layer as any Llama's, 4 more for the two norms, the embeddings and the final
+  // norm's two.
+  EXPECT_EQ(out["count"].get<int>(), 25 * 2 + 3);
+  EXPECT_EQ(out["post"].dump(),
+            "[\"ln1_post_normalized.0\",\"ln1_post_normalized.1\",\"ln1_post_scale.0\","
+            "\"ln1_post_scale.1\",\"ln2_post_normalized.0\",\"ln2_post_normalized.1\","
+            "\"ln2_post_scale.0\",\"ln2_post_scale.1\"]");
+  EXPECT_LE(out["ln1_post"].get<double>(), 1e-12);
+  EXPECT_LE(out["scale"].get<double>(), 1e-12);
+}
+
 }  // namespace
 }  // namespace kvlens::testing

@@ -220,7 +220,11 @@ _FULL_HOOK_NAMES = {
     "mlp.hook_post": "mlp_post",
     "ln1.hook_scale": "ln1_scale", "ln1.hook_normalized": "ln1_normalized",
     "ln2.hook_scale": "ln2_scale", "ln2.hook_normalized": "ln2_normalized",
+    "ln1_post.hook_scale": "ln1_post_scale", "ln1_post.hook_normalized": "ln1_post_normalized",
+    "ln2_post.hook_scale": "ln2_post_scale", "ln2_post.hook_normalized": "ln2_post_normalized",
 }
+# The families that norm each block's output (TransformerLens's ln1_post, ln2_post).
+_BLOCK_OUTPUT_NORM_FAMILIES = ("gemma2", "gemma3", "gemma3_text")
 # ... and those without a layer, before the blocks and after them.
 _FULL_EMBED_NAMES = {"hook_embed": "embed", "hook_pos_embed": "pos_embed"}
 _FULL_FINAL_NAMES = {"ln_final.hook_scale": "ln_final_scale",
@@ -394,15 +398,18 @@ class Client:
         GPT-2's hook_pos_embed), then layer by layer blocks.0.hook_resid_pre, …,
         blocks.0.attn.hook_pattern, …, blocks.0.ln2.hook_normalized, blocks.1…, then
         ln_final.hook_scale and ln_final.hook_normalized (hook_rot_q / hook_rot_k for rotary
-        models only, as mlp.hook_pre_linear for gated FFNs). The short name ln_final (the final norm's output, weight in) has no
-        full one."""
+        models only, as mlp.hook_pre_linear for gated FFNs, and ln1_post / ln2_post for Gemma
+        2 and 3). The short name ln_final (the final norm's output, weight in) has no full
+        one."""
         info = self._cached_info()
         rotary = info.architecture == "llama"
-        gpt2_lacks = ("rot_q", "rot_k", "mlp_pre_linear")  # (no rotation, no gate)
+        lacks = set() if rotary else {"rot_q", "rot_k", "mlp_pre_linear"}  # (no rotation, gate)
+        if info.family not in _BLOCK_OUTPUT_NORM_FAMILIES:
+            lacks |= {s for s in _FULL_HOOK_NAMES.values() if "_post_" in s}
         return (["hook_embed"] + ([] if rotary else ["hook_pos_embed"]) +
                 [f"blocks.{l}.{full}" for l in range(info.num_layers)
-                 for full, short in _FULL_HOOK_NAMES.items()
-                 if rotary or short not in gpt2_lacks] + list(_FULL_FINAL_NAMES))
+                 for full, short in _FULL_HOOK_NAMES.items() if short not in lacks] +
+                list(_FULL_FINAL_NAMES))
 
     def tokenize(self, text: Optional[str] = None, add_bos: Optional[bool] = None,
                  chat=None) -> list:
@@ -701,8 +708,9 @@ class Client:
         hooks: resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, result, q, k (before
         RoPE, as TransformerLens's), v, rot_q, rot_k (after it; rotary models only), mlp_pre,
         mlp_post, mlp_pre_linear (a gated FFN's up projection), attn_scores, pattern,
-        ln1_scale, ln1_normalized, ln2_scale, ln2_normalized
-        (each norm's divisor [positions, 1] and its input over it, before the weight),
+        ln1_scale, ln1_normalized, ln2_scale, ln2_normalized, and Gemma 2/3's ln1_post_…,
+        ln2_post_… (each norm's divisor [positions, 1] and its input over it, before the
+        weight),
         each at every layer in `layers`; ln_final (the final norm's output), ln_final_scale,
         ln_final_normalized, embed, pos_embed (GPT-2); or full names, each at its own layer:
         "blocks.1.attn.hook_pattern", "blocks.0.ln1.hook_scale", "ln_final.hook_normalized".

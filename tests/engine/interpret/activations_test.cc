@@ -56,7 +56,7 @@ std::vector<double> Row(const kernels::WeightView& w, int64_t r) {
 
 std::vector<Hook> AllHooks() {
   std::vector<Hook> all;
-  for (int h = 0; h <= static_cast<int>(Hook::kMlpPreLinear); ++h) {
+  for (int h = 0; h <= static_cast<int>(Hook::kLn2PostNormalized); ++h) {
     all.push_back(static_cast<Hook>(h));
   }
   return all;
@@ -257,6 +257,65 @@ TEST_P(TinyActivations, NormalizedRowsThroughTheWeightAreTheNormsOutput) {
   }
 }
 
+// Gemma 2/3's block-output norms (TransformerLens's ln1_post, ln2_post), from inputs formed
+// here: the heads' results summed (O·W_Oᵀ) and mlp_post through W_out. Each scale is
+// √(mean(in²) + ε) of that input, normalized · scale gives it back, and normalized through
+// the norm's weight is attn_out / mlp_out. Models without the norms refuse the hooks.
+TEST_P(TinyActivations, BlockOutputNormsReadTheBlocksOutputs) {
+  auto m = testing::MakeTinyModel(testing::TinyFamilySpec(GetParam()));
+  const ModelConfig& c = m->config;
+  const Tape<double> t = MustTape(*m);
+  kernels::ReferenceBackend be;
+  if (!c.sandwich_norms) {
+    for (Hook hook : {Hook::kLn1PostScale, Hook::kLn1PostNormalized, Hook::kLn2PostScale,
+                      Hook::kLn2PostNormalized}) {
+      const auto r = ReadHook(*m, be, t, hook, 0, 0, t.n);
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << HookName(hook);
+      EXPECT_NE(r.status().message().find(absl::StrCat(std::string(HookName(hook)), ": the model")),
+                std::string::npos)
+          << r.status();
+    }
+    return;
+  }
+  const int n = t.n, H = c.num_heads, D = c.dim, F = c.hidden_dim;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = m->weights.layers[l];
+    const auto result = Hook64(*m, t, Hook::kResult, l), post = Hook64(*m, t, Hook::kMlpPost, l);
+    std::vector<double> attn_in(int64_t{n} * D, 0.0), ffn_in(int64_t{n} * D, 0.0);
+    for (int i = 0; i < n; ++i) {
+      for (int h = 0; h < H; ++h)
+        for (int j = 0; j < D; ++j)
+          attn_in[int64_t{i} * D + j] += result[(int64_t{i} * H + h) * D + j];
+      for (int j = 0; j < D; ++j) {
+        const std::vector<double> down = Row(lw.w_out, j);
+        for (int f = 0; f < F; ++f)
+          ffn_in[int64_t{i} * D + j] += post[int64_t{i} * F + f] * down[f];
+      }
+    }
+    for (auto [scale_hook, normalized_hook, out_hook, in, weight] :
+         {std::tuple{Hook::kLn1PostScale, Hook::kLn1PostNormalized, Hook::kAttnOut, &attn_in,
+                     lw.post_attn_norm},
+          std::tuple{Hook::kLn2PostScale, Hook::kLn2PostNormalized, Hook::kMlpOut, &ffn_in,
+                     lw.post_ffn_norm}}) {
+      const auto scale = Hook64(*m, t, scale_hook, l),
+                 normalized = Hook64(*m, t, normalized_hook, l), out = Hook64(*m, t, out_hook, l);
+      ASSERT_EQ(scale.size(), size_t(n));
+      ASSERT_EQ(normalized.size(), size_t(n) * D);
+      const std::vector<double> w = Row(weight, 0);
+      for (int i = 0; i < n; ++i) {
+        double ss = 0;
+        for (int j = 0; j < D; ++j) ss += (*in)[int64_t{i} * D + j] * (*in)[int64_t{i} * D + j];
+        EXPECT_NEAR(scale[i], std::sqrt(ss / D + c.norm_eps), 1e-12) << HookName(scale_hook);
+        for (int j = 0; j < D; ++j) {
+          const int64_t at = int64_t{i} * D + j;
+          EXPECT_NEAR(normalized[at] * scale[i], (*in)[at], 1e-12) << HookName(normalized_hook);
+          EXPECT_NEAR(normalized[at] * w[j], out[at], 1e-12) << HookName(normalized_hook);
+        }
+      }
+    }
+  }
+}
+
 // The embeddings read from the tables (Gemma's times √D) are the first layer's stream:
 // resid_pre.0 = embed (+ GPT-2's pos_embed).
 TEST_P(TinyActivations, EmbeddingsAreTheFirstStream) {
@@ -424,7 +483,11 @@ TEST(Activations, NamesAndErrors) {
                                     "ln_final_normalized",
                                     "embed",
                                     "pos_embed",
-                                    "mlp_pre_linear"};
+                                    "mlp_pre_linear",
+                                    "ln1_post_scale",
+                                    "ln1_post_normalized",
+                                    "ln2_post_scale",
+                                    "ln2_post_normalized"};
   for (const char* name : kNames) {
     const auto h = HookByName(name);
     ASSERT_TRUE(h.has_value()) << name;
@@ -450,7 +513,9 @@ TEST(Activations, NamesAndErrors) {
         std::tuple{"blocks.4.mlp.hook_pre_linear", Hook::kMlpPreLinear, 4},
         std::tuple{"blocks.5.attn.hook_result", Hook::kResult, 5},
         std::tuple{"blocks.2.ln1.hook_scale", Hook::kLn1Scale, 2},
-        std::tuple{"blocks.0.ln2.hook_normalized", Hook::kLn2Normalized, 0}}) {
+        std::tuple{"blocks.0.ln2.hook_normalized", Hook::kLn2Normalized, 0},
+        std::tuple{"blocks.3.ln1_post.hook_scale", Hook::kLn1PostScale, 3},
+        std::tuple{"blocks.0.ln2_post.hook_normalized", Hook::kLn2PostNormalized, 0}}) {
     const auto named = ParseHookName(full);
     ASSERT_TRUE(named.has_value()) << full;
     EXPECT_EQ(named->hook, hook) << full;

@@ -27,6 +27,9 @@ activations(model, tokens, doc_ids=None, positions=None) -> dict name -> numpy a
   act.ln1_normalized.{l}, act.ln2_normalized.{l}  [T, D]  x~ / scale: the norm with unit
                       weight and no bias (hook_normalized)
   act.ln_final_scale [T, 1], act.ln_final_normalized [T, D]  the same of the final norm
+  act.ln1_post_scale.{l}, act.ln1_post_normalized.{l}, act.ln2_post_…  the same of Gemma 2/3's
+                      norms on the attention output (heads @ W_O^T) and on the FFN output
+                      (mlp_post @ W_down^T) (TransformerLens's blocks.{l}.ln1_post, ln2_post)
   act.embed           [T, D]       the token embeddings (Gemma's times sqrt(D))
   act.pos_embed       [T, D]       GPT-2's position embeddings (resid_pre.0 = embed + pos_embed)
   act.ln_final        [T, D]       the final norm's output (logits = ln_final @ W_U^T, before
@@ -115,7 +118,10 @@ def activations(m, tokens, doc_ids=None, positions=None):
             out[f"act.rot_q.{l}"], out[f"act.rot_k.{l}"] = heads(rec["q"]), heads(rec["k"])
         if "mlp_pre_linear" in rec:  # gated FFNs
             out[f"act.mlp_pre_linear.{l}"] = rec["mlp_pre_linear"]
-        for ln, x in (("ln1", rec["resid_pre"]), ("ln2", rec["resid_mid"])):
+        norms = [("ln1", rec["resid_pre"]), ("ln2", rec["resid_mid"])]
+        if "post_attn_norm" in lw:  # Gemma 2/3's norms on the blocks' outputs
+            norms += [("ln1_post", rec["o_proj"]), ("ln2_post", rec["f_proj"])]
+        for ln, x in norms:
             out[f"act.{ln}_scale.{l}"], out[f"act.{ln}_normalized.{l}"] = _norm_parts(m, x)
     out["act.ln_final"] = cap["ln_final"]
     out["act.embed"] = cap["embeds"]
