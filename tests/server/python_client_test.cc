@@ -140,7 +140,9 @@ out["stacks"] = {
 # TransformerLens's cache keys through its aliases (utils.get_act_name).
 out["aliases"] = [bool((whole["scale", -1, "ln1"] == whole["ln1_scale", 1]).all()),
                   bool((cache["attn", 1] == cache["pattern.1"]).all()),
-                  get_act_name("normalized", None, "ln_final"), get_act_name("pre_linear", 0)]
+                  get_act_name("normalized", None, "ln_final"), get_act_name("pre_linear", 0),
+                  bool((cache.get("blocks.1.attn.hook_pattern") == cache["pattern.1"]).all()),
+                  cache.get(("z", 9), "absent")]
 try:
     c.run_with_cache(chat=conv, names_filter=lambda n: False)
     out["filter_none"] = ""
@@ -402,7 +404,8 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
     EXPECT_LE(st[k].get<double>(), 1e-12) << k;
   }
   EXPECT_EQ(out["aliases"].dump(),
-            "[true,true,\"ln_final.hook_normalized\",\"blocks.0.mlp.hook_pre_linear\"]");
+            "[true,true,\"ln_final.hook_normalized\",\"blocks.0.mlp.hook_pre_linear\",true,"
+            "\"absent\"]");
   EXPECT_EQ(
       st["heads_shape"].dump(),
       absl::StrCat("[", c.num_heads, ",", out["cache_z_shape"][0].get<int>(), ",", c.dim, "]"));

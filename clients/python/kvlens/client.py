@@ -263,7 +263,8 @@ class ActivationCache(dict):
     as TransformerLens's ActivationCache is: cache["pattern", 1], with the layer counted
     from the end, cache["resid_post", -1] (num_layers: the model's), and under the full
     names, cache["blocks.1.attn.hook_pattern"], cache["ln_final.hook_normalized"], and
-    through TL's aliases (get_act_name): cache["attn", 1], cache["scale", 2, "ln1"].
+    through TL's aliases (get_act_name): cache["attn", 1], cache["scale", 2, "ln1"] (and so
+    do `in` and get()).
     Arrays have no batch dimension: [positions, …]. Its stacks (accumulated_resid,
     decompose_resid, stack_head_results, apply_ln_to_stack) are TransformerLens's, read
     from the hooks they need (a missing one is a KeyError naming it); as there, their
@@ -372,6 +373,10 @@ class ActivationCache(dict):
 
     def __contains__(self, key):
         return super().__contains__(self._key(key))
+
+    def get(self, key, default=None):
+        key = self._key(key)
+        return super().get(key, default)
 
 
 class Client:
