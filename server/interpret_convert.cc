@@ -205,8 +205,10 @@ absl::StatusOr<interpret::Edits> ToEdits(const v1::InterveneRequest& request, co
   if (absl::Status s = CheckCount("ablations", request.ablations_size(), limits); !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckCount("row_overrides", request.row_overrides_size(), limits); !s.ok()) {
-    return s;
+  for (const auto& [field, count] : {std::pair{"row_overrides", request.row_overrides_size()},
+                                     std::pair{"patches", request.patches_size()},
+                                     std::pair{"head_patches", request.head_patches_size()}}) {
+    if (absl::Status s = CheckCount(field, count, limits); !s.ok()) return s;
   }
   for (int k = 0; k < request.ablations_size(); ++k) {
     const v1::HeadAblation& a = request.ablations(k);

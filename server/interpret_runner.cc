@@ -283,7 +283,7 @@ absl::Status InterveneAt(const InterpContext& ctx, const v1::InterveneRequest& r
       !s.ok()) {
     return s;
   }
-  if (request.patches_size() > 0) {
+  if (request.patches_size() > 0 || request.head_patches_size() > 0) {
     auto source = Resolve(ctx, request.patch_source(), "patch_source", true);
     if (!source.ok()) return source.status();
     const int sn = static_cast<int>(source->tokens.size());
@@ -314,6 +314,23 @@ absl::Status InterveneAt(const InterpContext& ctx, const v1::InterveneRequest& r
                                         *position);
       if (!patch.ok()) return patch.status();
       edits.patches.push_back(*std::move(patch));
+    }
+    for (int k = 0; k < request.head_patches_size(); ++k) {
+      const v1::HeadPatch& p = request.head_patches(k);
+      const std::string name = absl::StrCat("head_patches[", k, "]");
+      absl::StatusOr<int> layer = ToIndex(p.layer(), c.num_layers, name + ".layer");
+      if (!layer.ok()) return layer.status();
+      absl::StatusOr<int> head = ToIndex(p.head(), c.num_heads, name + ".head");
+      if (!head.ok()) return head.status();
+      absl::StatusOr<int> position = ToIndex(p.position(), n, name + ".position");
+      if (!position.ok()) return position.status();
+      absl::StatusOr<int> source_position =
+          ToIndex(p.source_position(), source_tape->n, name + ".source_position");
+      if (!source_position.ok()) return source_position.status();
+      auto patch =
+          interpret::HeadPatchFrom(*source_tape, c, *layer, *head, *source_position, *position);
+      if (!patch.ok()) return patch.status();
+      edits.head_patches.push_back(*std::move(patch));
     }
   }
   auto r = interpret::Intervene(model, be, InputOf<T>(seq), edits, targets);
@@ -578,14 +595,9 @@ absl::Status RunIntervene(const InterpContext& ctx, const v1::InterveneRequest& 
   if (!edits.ok()) return edits.status();
   auto targets = ToTargets(request.targets(), c, n, ctx.limits, "targets");
   if (!targets.ok()) return targets.status();
-  if (request.patches_size() > ctx.limits.max_targets) {
-    return absl::InvalidArgumentError(absl::StrCat("patches has ", request.patches_size(),
-                                                   " entries, more than the server allows (",
-                                                   ctx.limits.max_targets, ")"));
-  }
-  if (request.patches_size() > 0 &&
+  if ((request.patches_size() > 0 || request.head_patches_size() > 0) &&
       request.patch_source().prompt_case() == v1::PromptInput::PROMPT_NOT_SET) {
-    return absl::InvalidArgumentError("patch_source: required with patches");
+    return absl::InvalidArgumentError("patch_source: required with patches or head_patches");
   }
   const bool fp64 = WantsFp64(request.precision());
   response->set_precision(PrecisionOf(fp64));

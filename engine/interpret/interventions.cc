@@ -50,6 +50,25 @@ absl::StatusOr<ResidualPatch> PatchFrom(const Tape<T>& source, const ModelConfig
 }
 
 template <typename T>
+absl::StatusOr<HeadPatch> HeadPatchFrom(const Tape<T>& source, const ModelConfig& c, int layer,
+                                        int head, int source_row, int target_row) {
+  if (layer < 0 || layer >= c.num_layers || head < 0 || head >= c.num_heads || source_row < 0 ||
+      source_row >= source.n) {
+    return absl::InvalidArgumentError(absl::StrCat("head patch source (layer ", layer, ", head ",
+                                                   head, ", row ", source_row,
+                                                   ") is out of range"));
+  }
+  const T* o = source.layers[layer].att.data() + int64_t{source_row} * c.q_dim() +
+               int64_t{head} * c.head_dim;
+  HeadPatch p;
+  p.layer = layer;
+  p.head = head;
+  p.row = target_row;
+  p.value.assign(o, o + c.head_dim);
+  return p;
+}
+
+template <typename T>
 absl::StatusOr<std::vector<T>> LensLogits(const Model& model, kernels::Backend<T>& be,
                                           const Tape<T>& tape, int layer) {
   const ModelConfig& c = model.config;
@@ -105,6 +124,8 @@ absl::StatusOr<std::vector<std::vector<std::vector<LensEntry>>>> LogitLens(const
                                                            absl::Span<const TokenTarget>);        \
   template absl::StatusOr<ResidualPatch> PatchFrom<T>(const Tape<T>&, const ModelConfig&, int,    \
                                                       int, int);                                  \
+  template absl::StatusOr<HeadPatch> HeadPatchFrom<T>(const Tape<T>&, const ModelConfig&, int,    \
+                                                      int, int, int);                             \
   template absl::StatusOr<std::vector<T>> LensLogits<T>(const Model&, kernels::Backend<T>&,       \
                                                         const Tape<T>&, int);                     \
   template absl::StatusOr<std::vector<std::vector<std::vector<LensEntry>>>> LogitLens<T>(         \

@@ -3,7 +3,7 @@
 //   - attention-row overrides between softmax and A·V: a given row, or keys masked and the
 //     rest renormalised;
 //   - activation patching: the residual stream entering layer l at one row replaced by
-//     another run's (PatchFrom).
+//     another run's (PatchFrom), or one head's output there (HeadPatchFrom).
 // Intervene runs the clean and the edited forward and returns both logits and the
 // log-probabilities of chosen tokens side by side.
 //
@@ -39,6 +39,12 @@ absl::StatusOr<InterventionResult> Intervene(const Model& model, kernels::Backen
 template <typename T>
 absl::StatusOr<ResidualPatch> PatchFrom(const Tape<T>& source, const ModelConfig& c, int layer,
                                         int source_row, int target_row);
+
+// A patch that puts `source`'s output of head `head` in layer `layer` (O, before W_O; the
+// hook z) at `source_row` into row `target_row` of the run it is applied to.
+template <typename T>
+absl::StatusOr<HeadPatch> HeadPatchFrom(const Tape<T>& source, const ModelConfig& c, int layer,
+                                        int head, int source_row, int target_row);
 
 struct LensEntry {
   int32_t token = 0;

@@ -104,6 +104,16 @@ absl::Status ValidateEdits(const ModelConfig& c, int n, int tk, const Edits& e) 
         return Bad(absl::StrCat("row override masks key ", j, " outside [0, ", tk, ")"));
     }
   }
+  for (const HeadPatch& p : e.head_patches) {
+    if (p.layer < 0 || p.layer >= L || p.head < 0 || p.head >= H || p.row < 0 || p.row >= n) {
+      return Bad(absl::StrCat("head patch (layer ", p.layer, ", head ", p.head, ", row ", p.row,
+                              ") is out of range"));
+    }
+    if (static_cast<int>(p.value.size()) != c.head_dim) {
+      return Bad(
+          absl::StrCat("head patch value has ", p.value.size(), " entries, expected ", c.head_dim));
+    }
+  }
   for (const ResidualPatch& p : e.patches) {
     if (p.layer < 0 || p.layer > L || p.row < 0 || p.row >= n) {
       return Bad(
@@ -147,7 +157,7 @@ void Norm(Backend<T>& be, const ModelConfig& c, const kernels::WeightView& w,
   }
 }
 
-// The head ablations and attention-output perturbations of `layer`, on O.
+// The head ablations, head patches and attention-output perturbations of `layer`, on O.
 template <typename T>
 void EditAttentionOutput(const ModelConfig& c, int n, int tk, int layer, const Edits& e,
                          LayerTape<T>& lt) {
@@ -165,6 +175,12 @@ void EditAttentionOutput(const ModelConfig& c, int n, int tk, int layer, const E
     for (int i = 0; i < n; ++i) {
       for (int d = 0; d < dh; ++d)
         lt.att[i * D + int64_t{a.head} * dh + d] = static_cast<T>(mean[d]);
+    }
+  }
+  for (const HeadPatch& p : e.head_patches) {
+    if (p.layer != layer) continue;
+    for (int d = 0; d < dh; ++d) {
+      lt.att[p.row * D + int64_t{p.head} * dh + d] = static_cast<T>(p.value[d]);
     }
   }
   Perturb(c, n, tk, e, TensorKind::kAttnOut, layer, lt.att);

@@ -16,7 +16,7 @@
 // The forward uses the Backend's ops for matrix products, norms, RoPE and activations (so
 // it reproduces Transformer<T>::Forward) and its own attention loop, which records scores
 // and probabilities and accepts Edits: perturbations of any intermediate (finite
-// differences), head ablations, attention-row overrides and residual patches
+// differences), head ablations, attention-row overrides, residual and head-output patches
 // (interventions). Backward uses kernels/cpu/reference_backward.h, or a BackwardOps
 // (kernels/backward_ops.h) for its two heavy ops.
 #ifndef KVLENS_ENGINE_INTERPRET_TAPE_H_
@@ -90,13 +90,23 @@ struct ResidualPatch {
   int row = 0;
   std::vector<double> value;
 };
+// One head's output O[row, head] (kAttnOut, before W_O) of layer `layer` := value [Dh],
+// after that layer's ablations (TransformerLens's patching of attn.hook_z by position).
+struct HeadPatch {
+  int layer = 0;
+  int head = 0;
+  int row = 0;
+  std::vector<double> value;
+};
 struct Edits {
   std::vector<Perturbation> perturbations;
   std::vector<HeadAblation> ablations;
   std::vector<RowOverride> row_overrides;
   std::vector<ResidualPatch> patches;
+  std::vector<HeadPatch> head_patches;
   bool empty() const {
-    return perturbations.empty() && ablations.empty() && row_overrides.empty() && patches.empty();
+    return perturbations.empty() && ablations.empty() && row_overrides.empty() && patches.empty() &&
+           head_patches.empty();
   }
 };
 

@@ -1,7 +1,9 @@
 // kvlens.v1.Interpret end to end on stories260K: Intervene (ablations, attention-row
-// overrides, residual patching), LogitLens, and the cached-KV probe of an open session,
-// each through the RPC and checked against its definition (engine/interpret run directly
+// overrides, residual and head-output patching), LogitLens, and the cached-KV probe of an open
+// session, each through the RPC and checked against its definition (engine/interpret run directly
 // in fp64 on the same model).
+
+#include <tuple>
 
 #include "engine/interpret/interventions.h"
 #include "engine/interpret/objective.h"
@@ -48,6 +50,18 @@ TEST(InterpretIntervene, PatchingACleanRunIntoItselfChangesNothing) {
       patch->set_source_position(p);
     }
   }
+  // and every head's output, layers and heads counted from the end, at three positions
+  for (int l = 1; l <= c.num_layers; ++l) {
+    for (int h = 1; h <= c.num_heads; ++h) {
+      for (int p : {0, 4, 9}) {
+        v1::HeadPatch* patch = r.add_head_patches();
+        patch->set_layer(-l);
+        patch->set_head(-h);
+        patch->set_position(p);
+        patch->set_source_position(p);
+      }
+    }
+  }
   AddTarget(r, 9, 42);
   const v1::InterveneResponse response = CallIntervene(*stub, r);
   EXPECT_EQ(response.precision(), v1::PRECISION_FP64);
@@ -58,11 +72,97 @@ TEST(InterpretIntervene, PatchingACleanRunIntoItselfChangesNothing) {
   // Patching from a different prompt does change the output.
   *r.mutable_patch_source() = IdsInput(RandomPromptTokens(10, 3));
   r.clear_patches();
+  r.clear_head_patches();
   v1::ResidualPatch* patch = r.add_patches();
   patch->set_layer(2);
   patch->set_position(9);
   patch->set_source_position(9);
   EXPECT_GT(CallIntervene(*stub, r).max_abs_logit_change(), 1e-3);
+}
+
+// A head's output patched from another prompt (TransformerLens's attn.hook_z patching): the
+// RPC's effect is engine/interpret's with the same patch taken from the source's fp64 tape;
+// layer and head count from the end; a bad patch names its field.
+TEST(InterpretIntervene, HeadPatchesAsTheEngineDefinesThem) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  const Model& model = server.model();
+  const ModelConfig& c = model.config;
+  const std::vector<int32_t> tokens = RandomPromptTokens(10, 2), source = RandomPromptTokens(12, 5);
+  v1::InterveneRequest r;
+  *r.mutable_input() = IdsInput(tokens);
+  *r.mutable_patch_source() = IdsInput(source);
+  r.set_precision(v1::PRECISION_FP64);
+  v1::HeadPatch* p = r.add_head_patches();
+  p->set_layer(-1);  // the last layer, head 3
+  p->set_head(3);
+  p->set_position(6);
+  p->set_source_position(-1);  // the source's last position, 11
+  p = r.add_head_patches();
+  p->set_layer(1);
+  p->set_head(-1);  // the last head
+  p->set_position(8);
+  p->set_source_position(2);
+  AddTarget(r, 9, 42);
+  AddTarget(r, 5, 300);
+  const v1::InterveneResponse response = CallIntervene(*stub, r);
+
+  kernels::ReferenceBackend be;
+  auto src = interpret::RunForward(model, be, interpret::SequenceInput<double>{source});
+  ASSERT_TRUE(src.ok()) << src.status();
+  interpret::Edits edits;
+  for (auto [layer, head, from, to] :
+       {std::tuple{c.num_layers - 1, 3, 11, 6}, std::tuple{1, c.num_heads - 1, 2, 8}}) {
+    auto patch = interpret::HeadPatchFrom(*src, c, layer, head, from, to);
+    ASSERT_TRUE(patch.ok()) << patch.status();
+    edits.head_patches.push_back(*std::move(patch));
+  }
+  const std::vector<interpret::TokenTarget> targets = {{9, 42}, {5, 300}};
+  auto want =
+      interpret::Intervene(model, be, interpret::SequenceInput<double>{tokens}, edits, targets);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(response.effects_size(), 2);
+  EXPECT_DOUBLE_EQ(response.effects(0).edited_logprob(), want->edited_logprobs[0]);
+  EXPECT_NE(response.effects(0).edited_logprob(), response.effects(0).clean_logprob());
+  // Position 5 comes before both patched positions: untouched.
+  EXPECT_EQ(response.effects(1).edited_logprob(), response.effects(1).clean_logprob());
+
+  auto refused = [&](v1::InterveneRequest bad, const std::string& want_message) {
+    v1::InterveneResponse ignored;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status s = stub->Intervene(&context, bad, &ignored);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << want_message;
+    EXPECT_NE(s.error_message().find(want_message), std::string::npos) << s.error_message();
+  };
+  v1::InterveneRequest bad = r;
+  bad.mutable_head_patches(1)->set_head(99);
+  refused(bad, "head_patches[1].head = 99");
+  bad = r;
+  bad.mutable_head_patches(0)->set_source_position(12);
+  refused(bad, "head_patches[0].source_position = 12");
+  bad = r;
+  bad.clear_patch_source();
+  refused(bad, "patch_source: required with patches or head_patches");
+  // More patches than the server allows (InterpLimits::max_targets) are refused before any
+  // forward runs.
+  server::InterpretOptions few;
+  few.limits.max_targets = 2;
+  TestServer small(Stories260KPath(), TestServer::DefaultOptions(), 1, few);
+  ASSERT_TRUE(small.ok()) << small.error();
+  bad = r;
+  bad.clear_targets();
+  *bad.add_head_patches() = r.head_patches(0);
+  v1::InterveneResponse ignored;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  const grpc::Status s = InterpretStub(small)->Intervene(&context, bad, &ignored);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("head_patches has 3 entries, more than the server allows (2)"),
+            std::string::npos)
+      << s.error_message();
 }
 
 TEST(InterpretIntervene, AblationsAndRowOverridesAsDefined) {

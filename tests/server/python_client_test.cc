@@ -79,6 +79,12 @@ out["lens_chat"] = [r.top[0].token for r in c.logit_lens(chat=conv).rows]
 out["lens_text"] = [r.top[0].token for r in c.logit_lens(text=text).rows]
 out["ablation_change"] = c.intervene(chat=conv, ablations=[(0, 0)],
                                      targets=[(last, 5)]).max_abs_logit_change
+other = c.intervene(text=text, head_patches=[(0, 1, -1, 0)], patch_source="Lily",
+                    targets=[(0, 5)])
+out["head_patch_change"] = [
+    c.intervene(text=text, head_patches=[(-1, -1, -1, -1), (0, 1, 2, 2)],
+                patch_source=text).max_abs_logit_change,
+    other.max_abs_logit_change, other.effects[0].clean_logprob == other.effects[0].edited_logprob]
 out["generated"] = c.generate(chat=conv, max_new_tokens=4)[0]
 out["steered"] = c.generate(chat=conv, max_new_tokens=4, steering=[
     {"hook": "blocks.0.hook_resid_mid", "vector": [0.25 * (i % 7) - 0.75 for i in range(256)],
@@ -265,6 +271,11 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_EQ(out["lens_chat"], out["lens_text"]);
   EXPECT_FALSE(out["lens_chat"].empty());
   EXPECT_GT(out["ablation_change"].get<double>(), 0.0);
+  // A head's output patched from the same text changes nothing; from another prompt, only
+  // rows from the patched one on (row 0's log-prob stays its clean value).
+  EXPECT_EQ(out["head_patch_change"][0].get<double>(), 0.0);
+  EXPECT_GT(out["head_patch_change"][1].get<double>(), 0.0);
+  EXPECT_TRUE(out["head_patch_change"][2].get<bool>());
   v1::GenerateRequest generate;
   generate.set_text(kChatText);
   generate.mutable_stopping()->set_max_new_tokens(4);

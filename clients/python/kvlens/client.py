@@ -676,9 +676,13 @@ class Client:
                              num_layers=self._cached_info().num_layers)
 
     def intervene(self, text=None, tokens=None, ablations=(), mean=False, targets=(),
-                  row_overrides=(), patches=(), patch_source=None, fp64=False, chat=None):
-        """ablations: [(layer, head)]; patches: [(layer, position, source_position)] from
-        patch_source (text or token list). Returns the InterveneResponse message."""
+                  row_overrides=(), patches=(), patch_source=None, fp64=False, chat=None,
+                  head_patches=()):
+        """ablations: [(layer, head)]; patches: [(layer, position, source_position)], the
+        residual stream entering layer; head_patches: [(layer, head, position,
+        source_position)], one head's output z (TransformerLens's attn.hook_z patched by
+        position and head); both from patch_source (text or token list). Returns the
+        InterveneResponse message."""
         req = ip.InterveneRequest(input=_input(text, tokens, chat=chat),
                                   precision=_precision(fp64))
         for layer, head in ablations:
@@ -688,6 +692,8 @@ class Client:
             req.row_overrides.add(**o)
         for layer, pos, src in patches:
             req.patches.add(layer=layer, position=pos, source_position=src)
+        for layer, head, pos, src in head_patches:
+            req.head_patches.add(layer=layer, head=head, position=pos, source_position=src)
         if patch_source is not None:
             req.patch_source.CopyFrom(_input(tokens=patch_source) if not isinstance(patch_source, str)
                                       else _input(text=patch_source))

@@ -1,17 +1,22 @@
 // Interventions behave as defined on stories260K: ablating a head changes nothing upstream
-// of it, patching a clean run into itself or overriding a row with its own probabilities
-// changes nothing at all (bit for bit), patching a row leaves earlier rows alone, masking
+// of it, patching a clean run into itself (the stream or a head's output) or overriding a
+// row with its own probabilities changes nothing at all (bit for bit), patching a row
+// leaves earlier rows alone, a head's patch moves the stream through W_O and equals the
+// row override that yields its value, masking
 // keys renormalises the rest; the logit lens's last layer is the model's logits; and the
 // head scores follow their definitions on hand-built attention maps.
 #include "engine/interpret/interventions.h"
 
 #include <cmath>
 #include <random>
+#include <tuple>
+#include <vector>
 
 #include "engine/interpret/head_scores.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
+#include "kernels/weight.h"
 #include "tests/engine/stories_model_test.h"
 #include "tests/test_paths.h"
 
@@ -115,6 +120,100 @@ TEST_F(InterventionsTest, PatchingFromAnotherPromptChangesOnlyLaterRows) {
     EXPECT_EQ(patched.layers[layer].x[row * model_->config.dim + d],
               src->layers[layer].x[row * model_->config.dim + d]);
   }
+}
+
+// Head patching (TransformerLens's attn.hook_z patched by position): a clean run into
+// itself changes nothing, bit for bit; from another prompt, the patched head's row carries
+// the source's output, the stream after the layer moves by exactly (z_src − z)·W_O[:, h]ᵀ
+// (computed here from the weights) at that row, and earlier rows do not move.
+TEST_F(InterventionsTest, PatchingAHeadMovesTheStreamByItsOutputThroughWO) {
+  const ModelConfig& c = model_->config;
+  const Tape<double> clean = Run();
+  Edits self;
+  for (int l = 0; l < c.num_layers; ++l) {
+    for (int row : {0, 13}) {
+      auto p = HeadPatchFrom(clean, c, l, (l * 3) % c.num_heads, row, row);
+      ASSERT_TRUE(p.ok()) << p.status();
+      self.head_patches.push_back(*p);
+    }
+  }
+  EXPECT_EQ(Run(self).logits, clean.logits);
+
+  SequenceInput<double> other{Tokens(14, 10, c.vocab_size)};
+  auto src = RunForward(*model_, be_, other);
+  ASSERT_TRUE(src.ok());
+  const int layer = 3, head = 5, row = 8, from = 11, V = c.vocab_size, D = c.dim, dh = c.head_dim,
+            QD = c.q_dim();
+  auto p = HeadPatchFrom(*src, c, layer, head, from, row);
+  ASSERT_TRUE(p.ok()) << p.status();
+  Edits e;
+  e.head_patches.push_back(*p);
+  const Tape<double> patched = Run(e);
+  for (int i = 0; i < row * V; ++i) ASSERT_EQ(patched.logits[i], clean.logits[i]) << i / V;
+  EXPECT_NE(patched.logits[row * V], clean.logits[row * V]);
+  const LayerTape<double>&cl = clean.layers[layer], &pl = patched.layers[layer];
+  EXPECT_EQ(pl.x, cl.x);
+  for (int i = 0; i < clean.n; ++i) {
+    for (int h = 0; h < c.num_heads; ++h) {
+      for (int d = 0; d < dh; ++d) {
+        const int64_t at = int64_t{i} * QD + h * dh + d;
+        const double want =
+            i == row && h == head ? src->layers[layer].att[from * QD + h * dh + d] : cl.att[at];
+        ASSERT_EQ(pl.att[at], want) << i << " " << h << " " << d;
+      }
+    }
+  }
+  std::vector<double> wo(static_cast<size_t>(QD));
+  for (int j = 0; j < D; ++j) {
+    kernels::DequantizeRow(model_->weights.layers[layer].wo, j, wo.data());
+    double moved = 0;
+    for (int d = 0; d < dh; ++d) {
+      moved +=
+          (pl.att[row * QD + head * dh + d] - cl.att[row * QD + head * dh + d]) * wo[head * dh + d];
+    }
+    EXPECT_NEAR(pl.h[row * D + j] - cl.h[row * D + j], moved, 1e-12) << j;
+    EXPECT_EQ(pl.h[(row - 1) * D + j], cl.h[(row - 1) * D + j]) << j;
+  }
+  // Out of range, or a value of the wrong width, is refused naming the patch.
+  for (auto [l, h, r, width] :
+       {std::tuple{c.num_layers, 0, 0, dh}, std::tuple{0, c.num_heads, 0, dh},
+        std::tuple{0, 0, 14, dh}, std::tuple{0, 0, 0, dh + 1}}) {
+    Edits bad;
+    bad.head_patches.push_back({l, h, r, std::vector<double>(width, 0.0)});
+    const auto t = RunForward(*model_, be_, input_, bad);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(t.status().message().find("head patch"), std::string::npos) << t.status();
+  }
+  EXPECT_FALSE(HeadPatchFrom(*src, c, 0, 0, 14, 0).ok());
+}
+
+// Patching a head's row with Σ_j r_j v_j (the values of its KV head, computed here) for a
+// hand-made attention row r is overriding that row with r: the two edits reach the same
+// logits by different paths.
+TEST_F(InterventionsTest, PatchingAHeadWithAWeightingOfItsValuesIsARowOverride) {
+  const ModelConfig& c = model_->config;
+  const Tape<double> clean = Run();
+  const int layer = 2, head = 6, row = 9, tk = clean.num_keys, dh = c.head_dim;
+  const int kvh = head / (c.num_heads / c.num_kv_heads);
+  std::vector<double> r(tk, 0.0);
+  for (int j = 0; j <= row; ++j) r[j] = (j + 1.0) / ((row + 1) * (row + 2) / 2.0);
+  HeadPatch p{layer, head, row, std::vector<double>(dh, 0.0)};
+  for (int j = 0; j <= row; ++j) {
+    for (int d = 0; d < dh; ++d) {
+      p.value[d] += r[j] * clean.layers[layer].v[int64_t{j} * c.kv_dim() + kvh * dh + d];
+    }
+  }
+  Edits patch, over;
+  patch.head_patches.push_back(p);
+  over.row_overrides.push_back({layer, head, row, r, {}});
+  const Tape<double> a = Run(patch), b = Run(over);
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < a.logits.size(); ++i) {
+    worst = std::max(worst, std::abs(a.logits[i] - b.logits[i]));
+    scale = std::max(scale, std::abs(b.logits[i] - clean.logits[i]));
+  }
+  EXPECT_GT(scale, 1e-3);  // the edit matters
+  EXPECT_LE(worst, 1e-12);
 }
 
 TEST_F(InterventionsTest, OverridingARowWithItsOwnProbabilitiesChangesNothing) {
