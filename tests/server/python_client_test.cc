@@ -689,6 +689,15 @@ TEST(PythonClient, TransformerLensStacksOnGpt2) {
   EXPECT_EQ(out["rot"].get<int>(), 0);
 }
 
+// The committed Python stubs (clients/python/kvlens/v1) are what protoc makes of today's
+// protos: an edited proto without a regenerate.py run fails here, naming the file.
+TEST(PythonClient, StubsMatchTheProtos) {
+  const auto [code, output] = RunCommand(absl::StrCat(
+      "/usr/bin/python3 ", KVLENS_SOURCE_DIR, "/clients/python/kvlens/regenerate.py --check 2>&1"));
+  EXPECT_EQ(code, 0) << output;
+  EXPECT_NE(output.find("stubs match the protos"), std::string::npos) << output;
+}
+
 // Gemma 2's block-output norms from Python under TransformerLens's names (ln1_post,
 // ln2_post): names_filter finds them among hook_names(), and each normalized row times its
 // scale gives back the norm's input, formed here: the heads' results summed (ln1_post),

@@ -1,10 +1,16 @@
 """Regenerates kvlens/v1/*_pb2*.py from proto/kvlens/v1 with protoc and Debian's
 grpc_python_plugin (package protobuf-compiler-grpc). grpc_tools is not used: Debian 12's
-python3-grpc-tools (1.14) is far older than its python3-grpcio (1.51)."""
+python3-grpc-tools (1.14) is far older than its python3-grpcio (1.51).
+
+--check: regenerates into a temporary folder instead and exits 1, naming the files, when
+the committed stubs differ from what the protos give (a proto edited without running this).
+"""
+import filecmp
 import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent        # clients/python/kvlens
 PROTO_ROOT = HERE.parents[2] / "proto"                 # the repository's proto/
@@ -22,6 +28,26 @@ def regenerate(out_dir: pathlib.Path = HERE.parent) -> None:
                    check=True)
 
 
+def stale() -> list:
+    """The committed stubs (kvlens/v1/…) that differ from freshly generated ones, or are
+    missing."""
+    with tempfile.TemporaryDirectory() as tmp:
+        regenerate(pathlib.Path(tmp))
+        fresh = sorted(pathlib.Path(tmp).rglob("*.py"))
+        if not fresh:
+            raise RuntimeError("protoc wrote no stubs")
+        return [str(f.relative_to(tmp)) for f in fresh
+                if not (HERE.parent / f.relative_to(tmp)).exists()
+                or not filecmp.cmp(f, HERE.parent / f.relative_to(tmp), shallow=False)]
+
+
 if __name__ == "__main__":
-    regenerate()
-    print("regenerated", file=sys.stderr)
+    if sys.argv[1:] == ["--check"]:
+        differ = stale()
+        if differ:
+            print("stale, run clients/python/kvlens/regenerate.py: " + ", ".join(differ))
+            sys.exit(1)
+        print("stubs match the protos")
+    else:
+        regenerate()
+        print("regenerated", file=sys.stderr)
