@@ -199,6 +199,18 @@ absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest&
   return o;
 }
 
+absl::StatusOr<PatchSiteSpec> ToPatchSite(const std::string& hook, const std::string& field) {
+  using interpret::PatchSite;
+  if (hook.empty() || hook == "resid_pre") return PatchSiteSpec{PatchSite::kResidPre, false};
+  if (hook == "resid_post") return PatchSiteSpec{PatchSite::kResidPre, true};
+  for (PatchSite site : {PatchSite::kResidMid, PatchSite::kAttnOut, PatchSite::kMlpOut}) {
+    if (hook == interpret::PatchSiteName(site)) return PatchSiteSpec{site, false};
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " = \"", hook,
+      "\": not a patching site (resid_pre, resid_mid, resid_post, attn_out, mlp_out)"));
+}
+
 absl::StatusOr<interpret::Edits> ToEdits(const v1::InterveneRequest& request, const ModelConfig& c,
                                          int n, const InterpLimits& limits) {
   interpret::Edits edits;

@@ -66,8 +66,17 @@ absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest&
                                                  const ModelConfig& config, int n,
                                                  const InterpLimits& limits);
 
+// A ResidualPatch's hook: "" or "resid_pre", "resid_mid", "attn_out", "mlp_out", or
+// "resid_post" (leaving the layer: resid_pre of the next, `next_layer` set).
+// INVALID_ARGUMENT naming `field` and the names otherwise.
+struct PatchSiteSpec {
+  interpret::PatchSite site = interpret::PatchSite::kResidPre;
+  bool next_layer = false;
+};
+absl::StatusOr<PatchSiteSpec> ToPatchSite(const std::string& hook, const std::string& field);
+
 // Ablations and attention-row overrides of an Intervene request (patches need the source
-// run and are built by the caller).
+// run and are built by the caller), after checking the counts of every kind of edit.
 absl::StatusOr<interpret::Edits> ToEdits(const v1::InterveneRequest& request,
                                          const ModelConfig& config, int n,
                                          const InterpLimits& limits);

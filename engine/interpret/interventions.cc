@@ -35,13 +35,31 @@ absl::StatusOr<InterventionResult> Intervene(const Model& model, kernels::Backen
 
 template <typename T>
 absl::StatusOr<ResidualPatch> PatchFrom(const Tape<T>& source, const ModelConfig& c, int layer,
-                                        int source_row, int target_row) {
-  if (layer < 0 || layer > c.num_layers || source_row < 0 || source_row >= source.n) {
+                                        int source_row, int target_row, PatchSite site) {
+  const int last = site == PatchSite::kResidPre ? c.num_layers : c.num_layers - 1;
+  if (layer < 0 || layer > last || source_row < 0 || source_row >= source.n) {
     return absl::InvalidArgumentError(
-        absl::StrCat("patch source (layer ", layer, ", row ", source_row, ") is out of range"));
+        absl::StrCat("patch source of ", std::string(PatchSiteName(site)), " (layer ", layer,
+                     ", row ", source_row, ") is out of range"));
   }
-  const std::vector<T>& x = layer == c.num_layers ? source.x_final : source.layers[layer].x;
+  const std::vector<T>* from = nullptr;
+  switch (site) {
+    case PatchSite::kResidPre:
+      from = layer == c.num_layers ? &source.x_final : &source.layers[layer].x;
+      break;
+    case PatchSite::kResidMid:
+      from = &source.layers[layer].h;
+      break;
+    case PatchSite::kAttnOut:
+      from = &source.layers[layer].attn_delta;
+      break;
+    case PatchSite::kMlpOut:
+      from = &source.layers[layer].ffn_delta;
+      break;
+  }
+  const std::vector<T>& x = *from;
   ResidualPatch p;
+  p.site = site;
   p.layer = layer;
   p.row = target_row;
   p.value.assign(x.begin() + int64_t{source_row} * c.dim,
@@ -123,7 +141,7 @@ absl::StatusOr<std::vector<std::vector<std::vector<LensEntry>>>> LogitLens(const
                                                            const SequenceInput<T>&, const Edits&, \
                                                            absl::Span<const TokenTarget>);        \
   template absl::StatusOr<ResidualPatch> PatchFrom<T>(const Tape<T>&, const ModelConfig&, int,    \
-                                                      int, int);                                  \
+                                                      int, int, PatchSite);                       \
   template absl::StatusOr<HeadPatch> HeadPatchFrom<T>(const Tape<T>&, const ModelConfig&, int,    \
                                                       int, int, int);                             \
   template absl::StatusOr<std::vector<T>> LensLogits<T>(const Model&, kernels::Backend<T>&,       \

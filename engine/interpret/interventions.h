@@ -3,7 +3,8 @@
 //   - attention-row overrides between softmax and A·V: a given row, or keys masked and the
 //     rest renormalised;
 //   - activation patching: the residual stream entering layer l at one row replaced by
-//     another run's (PatchFrom), or one head's output there (HeadPatchFrom).
+//     another run's, or the stream after its attention, or what its attention or FFN adds
+//     (PatchFrom), or one head's output there (HeadPatchFrom).
 // Intervene runs the clean and the edited forward and returns both logits and the
 // log-probabilities of chosen tokens side by side.
 //
@@ -34,11 +35,13 @@ absl::StatusOr<InterventionResult> Intervene(const Model& model, kernels::Backen
                                              const SequenceInput<T>& input, const Edits& edits,
                                              absl::Span<const TokenTarget> targets);
 
-// A patch that puts `source`'s residual stream entering `layer` (0 … L) at `source_row`
-// into row `target_row` of the run it is applied to.
+// A patch that puts `source`'s `site` of `layer` at `source_row` (by default the residual
+// stream entering `layer`, 0 … L; resid_mid, attn_out and mlp_out: 0 … L − 1) into row
+// `target_row` of the run it is applied to.
 template <typename T>
 absl::StatusOr<ResidualPatch> PatchFrom(const Tape<T>& source, const ModelConfig& c, int layer,
-                                        int source_row, int target_row);
+                                        int source_row, int target_row,
+                                        PatchSite site = PatchSite::kResidPre);
 
 // A patch that puts `source`'s output of head `head` in layer `layer` (O, before W_O; the
 // hook z) at `source_row` into row `target_row` of the run it is applied to.

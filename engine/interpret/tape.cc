@@ -115,9 +115,10 @@ absl::Status ValidateEdits(const ModelConfig& c, int n, int tk, const Edits& e) 
     }
   }
   for (const ResidualPatch& p : e.patches) {
-    if (p.layer < 0 || p.layer > L || p.row < 0 || p.row >= n) {
-      return Bad(
-          absl::StrCat("residual patch (layer ", p.layer, ", row ", p.row, ") is out of range"));
+    const int last = p.site == PatchSite::kResidPre ? L : L - 1;
+    if (p.layer < 0 || p.layer > last || p.row < 0 || p.row >= n) {
+      return Bad(absl::StrCat("residual patch of ", std::string(PatchSiteName(p.site)), " (layer ",
+                              p.layer, ", row ", p.row, ") is out of range"));
     }
     if (static_cast<int>(p.value.size()) != c.dim) {
       return Bad(
@@ -140,9 +141,10 @@ void Perturb(const ModelConfig& c, int n, int tk, const Edits& e, TensorKind kin
 }
 
 template <typename T>
-void ApplyPatches(const ModelConfig& c, const Edits& e, int layer, std::vector<T>& x) {
+void ApplyPatches(const ModelConfig& c, const Edits& e, PatchSite site, int layer,
+                  std::vector<T>& x) {
   for (const ResidualPatch& p : e.patches) {
-    if (p.layer != layer) continue;
+    if (p.layer != layer || p.site != site) continue;
     for (int d = 0; d < c.dim; ++d) x[int64_t{p.row} * c.dim + d] = static_cast<T>(p.value[d]);
   }
 }
@@ -337,6 +339,20 @@ std::string_view TensorKindName(TensorKind kind) {
   return "?";
 }
 
+std::string_view PatchSiteName(PatchSite site) {
+  switch (site) {
+    case PatchSite::kResidPre:
+      return "resid_pre";
+    case PatchSite::kResidMid:
+      return "resid_mid";
+    case PatchSite::kAttnOut:
+      return "attn_out";
+    case PatchSite::kMlpOut:
+      return "mlp_out";
+  }
+  return "?";
+}
+
 int64_t TapeBytes(const ModelConfig& c, int n, int num_keys, int elem_bytes, bool backward) {
   const int64_t D = c.dim, QD = c.q_dim(), KVD = c.kv_dim(), F = c.hidden_dim, L = c.num_layers;
   const int64_t H = c.num_heads, N = n, tk = num_keys;
@@ -457,7 +473,7 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
     LayerTape<T>& lt = t.layers[l];
-    ApplyPatches(c, edits, l, x);
+    ApplyPatches(c, edits, PatchSite::kResidPre, l, x);
     Perturb(c, n, tk, edits, TensorKind::kResidual, l, x);
     lt.x = x;
     // attention norm and q/k/v projections of the new tokens
@@ -499,8 +515,10 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
       lt.attn_proj = proj;
       be.RmsNorm(lt.attn_proj.data(), n, c.dim, lw.post_attn_norm, c.norm_eps, proj.data());
     }
+    ApplyPatches(c, edits, PatchSite::kAttnOut, l, proj);
     lt.attn_delta = proj;
     be.Add(x.data(), proj.data(), n * D);
+    ApplyPatches(c, edits, PatchSite::kResidMid, l, x);
     lt.h = x;
     // feed-forward block and residual
     lt.hn.resize(n * D);
@@ -526,12 +544,13 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
       lt.ffn_out = proj;
       be.RmsNorm(lt.ffn_out.data(), n, c.dim, lw.post_ffn_norm, c.norm_eps, proj.data());
     }
+    ApplyPatches(c, edits, PatchSite::kMlpOut, l, proj);
     lt.ffn_delta = proj;
     be.Add(x.data(), proj.data(), n * D);
   }
 
   // final norm and classifier, for every row
-  ApplyPatches(c, edits, c.num_layers, x);
+  ApplyPatches(c, edits, PatchSite::kResidPre, c.num_layers, x);
   Perturb(c, n, tk, edits, TensorKind::kResidual, c.num_layers, x);
   t.x_final = x;
   t.xf.resize(n * D);

@@ -84,11 +84,18 @@ struct RowOverride {
   std::vector<double> probs;
   std::vector<int> masked_keys;
 };
-// Residual stream of layer `layer` (0 … L, as kResidual) at query row `row` := value [D].
+// Where a ResidualPatch writes, under TransformerLens's hook names: the stream entering
+// layer `layer` (resid_pre, 0 … L, as kResidual), the stream after its attention
+// (resid_mid), or what its attention / FFN adds to the stream (attn_out, mlp_out: after
+// b_O and Gemma 2/3's block-output norms, before the add).
+enum class PatchSite : uint8_t { kResidPre, kResidMid, kAttnOut, kMlpOut };
+std::string_view PatchSiteName(PatchSite site);
+// The `site` of layer `layer` at query row `row` := value [D].
 struct ResidualPatch {
   int layer = 0;
   int row = 0;
   std::vector<double> value;
+  PatchSite site = PatchSite::kResidPre;
 };
 // One head's output O[row, head] (kAttnOut, before W_O) of layer `layer` := value [Dh],
 // after that layer's ablations (TransformerLens's patching of attn.hook_z by position).

@@ -165,6 +165,78 @@ TEST(InterpretIntervene, HeadPatchesAsTheEngineDefinesThem) {
       << s.error_message();
 }
 
+// Patches at TransformerLens's other sites (hook "resid_mid", "attn_out", "mlp_out",
+// "resid_post"): the RPC's effect is the engine's with the same sites taken from the
+// source's fp64 tape; resid_post of layer l is resid_pre of l + 1 (of -1: the output);
+// an unknown site, or a layer past the last, is refused naming the field.
+TEST(InterpretIntervene, PatchesAtEverySite) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  const Model& model = server.model();
+  const ModelConfig& c = model.config;
+  const int L = c.num_layers;
+  const std::vector<int32_t> tokens = RandomPromptTokens(10, 2), source = RandomPromptTokens(12, 5);
+  auto request = [&](std::initializer_list<std::tuple<const char*, int, int, int>> patches) {
+    v1::InterveneRequest r;
+    *r.mutable_input() = IdsInput(tokens);
+    *r.mutable_patch_source() = IdsInput(source);
+    r.set_precision(v1::PRECISION_FP64);
+    for (auto [hook, layer, position, from] : patches) {
+      v1::ResidualPatch* p = r.add_patches();
+      p->set_hook(hook);
+      p->set_layer(layer);
+      p->set_position(position);
+      p->set_source_position(from);
+    }
+    AddTarget(r, 9, 42);
+    AddTarget(r, 3, 300);
+    return r;
+  };
+  const v1::InterveneResponse got = CallIntervene(
+      *stub, request({{"attn_out", -1, 7, 4}, {"mlp_out", 1, 5, 11}, {"resid_mid", 2, 6, 6}}));
+  kernels::ReferenceBackend be;
+  auto src = interpret::RunForward(model, be, interpret::SequenceInput<double>{source});
+  ASSERT_TRUE(src.ok()) << src.status();
+  interpret::Edits edits;
+  for (auto [site, layer, from, to] : {std::tuple{interpret::PatchSite::kAttnOut, L - 1, 4, 7},
+                                       std::tuple{interpret::PatchSite::kMlpOut, 1, 11, 5},
+                                       std::tuple{interpret::PatchSite::kResidMid, 2, 6, 6}}) {
+    auto patch = interpret::PatchFrom(*src, c, layer, from, to, site);
+    ASSERT_TRUE(patch.ok()) << patch.status();
+    edits.patches.push_back(*std::move(patch));
+  }
+  const std::vector<interpret::TokenTarget> targets = {{9, 42}, {3, 300}};
+  auto want =
+      interpret::Intervene(model, be, interpret::SequenceInput<double>{tokens}, edits, targets);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(got.effects_size(), 2);
+  EXPECT_DOUBLE_EQ(got.effects(0).edited_logprob(), want->edited_logprobs[0]);
+  EXPECT_NE(got.effects(0).edited_logprob(), got.effects(0).clean_logprob());
+  EXPECT_EQ(got.effects(1).edited_logprob(), got.effects(1).clean_logprob());  // row 3 < 5
+  // resid_post of layer 1 is resid_pre of 2; of -1, the stream the final norm reads.
+  for (auto [post, pre] : {std::pair{1, 2}, std::pair{-1, L}}) {
+    const v1::InterveneResponse a = CallIntervene(*stub, request({{"resid_post", post, 9, 2}}));
+    const v1::InterveneResponse b = CallIntervene(*stub, request({{"", pre, 9, 2}}));
+    ASSERT_EQ(a.effects_size(), 2);
+    EXPECT_EQ(a.effects(0).edited_logprob(), b.effects(0).edited_logprob()) << post;
+    EXPECT_NE(a.effects(0).edited_logprob(), a.effects(0).clean_logprob()) << post;
+  }
+  auto refused = [&](const v1::InterveneRequest& bad, const std::string& want_message) {
+    v1::InterveneResponse ignored;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status s = stub->Intervene(&context, bad, &ignored);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << want_message;
+    EXPECT_NE(s.error_message().find(want_message), std::string::npos) << s.error_message();
+  };
+  refused(request({{"hook_attn_out", 0, 1, 1}}),
+          "patches[0].hook = \"hook_attn_out\": not a patching site");
+  refused(request({{"mlp_out", L, 1, 1}}), absl::StrCat("patches[0].layer = ", L));
+  refused(request({{"resid_pre", L + 1, 1, 1}}), absl::StrCat("patches[0].layer = ", L + 1));
+}
+
 TEST(InterpretIntervene, AblationsAndRowOverridesAsDefined) {
   KVLENS_REQUIRE_FILE(Stories260KPath());
   TestServer server;

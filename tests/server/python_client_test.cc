@@ -83,6 +83,7 @@ other = c.intervene(text=text, head_patches=[(0, 1, -1, 0)], patch_source="Lily"
                     targets=[(0, 5)])
 out["head_patch_change"] = [
     c.intervene(text=text, head_patches=[(-1, -1, -1, -1), (0, 1, 2, 2)],
+                patches=[(0, 3, 3, "attn_out"), (-1, -1, -1, "resid_post"), (1, 2, 2)],
                 patch_source=text).max_abs_logit_change,
     other.max_abs_logit_change, other.effects[0].clean_logprob == other.effects[0].edited_logprob]
 out["generated"] = c.generate(chat=conv, max_new_tokens=4)[0]
@@ -271,7 +272,8 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_EQ(out["lens_chat"], out["lens_text"]);
   EXPECT_FALSE(out["lens_chat"].empty());
   EXPECT_GT(out["ablation_change"].get<double>(), 0.0);
-  // A head's output patched from the same text changes nothing; from another prompt, only
+  // A head's output (and the stream's sites) patched from the same text changes nothing;
+  // from another prompt, only
   // rows from the patched one on (row 0's log-prob stays its clean value).
   EXPECT_EQ(out["head_patch_change"][0].get<double>(), 0.0);
   EXPECT_GT(out["head_patch_change"][1].get<double>(), 0.0);

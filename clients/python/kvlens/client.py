@@ -679,10 +679,11 @@ class Client:
                   row_overrides=(), patches=(), patch_source=None, fp64=False, chat=None,
                   head_patches=()):
         """ablations: [(layer, head)]; patches: [(layer, position, source_position)], the
-        residual stream entering layer; head_patches: [(layer, head, position,
-        source_position)], one head's output z (TransformerLens's attn.hook_z patched by
-        position and head); both from patch_source (text or token list). Returns the
-        InterveneResponse message."""
+        residual stream entering layer, or [(layer, position, source_position, hook)] at
+        another of TransformerLens's sites: "resid_mid", "resid_post", "attn_out",
+        "mlp_out"; head_patches: [(layer, head, position, source_position)], one head's
+        output z (TransformerLens's attn.hook_z patched by position and head); both from
+        patch_source (text or token list). Returns the InterveneResponse message."""
         req = ip.InterveneRequest(input=_input(text, tokens, chat=chat),
                                   precision=_precision(fp64))
         for layer, head in ablations:
@@ -690,8 +691,9 @@ class Client:
                               mode=ip.HeadAblation.MODE_MEAN if mean else ip.HeadAblation.MODE_ZERO)
         for o in row_overrides:
             req.row_overrides.add(**o)
-        for layer, pos, src in patches:
-            req.patches.add(layer=layer, position=pos, source_position=src)
+        for layer, pos, src, *hook in patches:
+            req.patches.add(layer=layer, position=pos, source_position=src,
+                            hook=hook[0] if hook else "")
         for layer, head, pos, src in head_patches:
             req.head_patches.add(layer=layer, head=head, position=pos, source_position=src)
         if patch_source is not None:

@@ -92,14 +92,77 @@ TEST_F(InterventionsTest, MeanAblationUsesTheHeadsMeanOutput) {
 TEST_F(InterventionsTest, PatchingACleanRunIntoItselfChangesNothing) {
   const Tape<double> clean = Run();
   Edits e;
-  for (int l = 0; l <= model_->config.num_layers; ++l) {
-    for (int row : {0, 6, 13}) {
-      auto p = PatchFrom(clean, model_->config, l, row, row);
-      ASSERT_TRUE(p.ok());
-      e.patches.push_back(*p);
+  for (PatchSite site :
+       {PatchSite::kResidPre, PatchSite::kResidMid, PatchSite::kAttnOut, PatchSite::kMlpOut}) {
+    const int last =
+        site == PatchSite::kResidPre ? model_->config.num_layers : model_->config.num_layers - 1;
+    for (int l = 0; l <= last; ++l) {
+      for (int row : {0, 6, 13}) {
+        auto p = PatchFrom(clean, model_->config, l, row, row, site);
+        ASSERT_TRUE(p.ok()) << p.status();
+        e.patches.push_back(*p);
+      }
     }
   }
   EXPECT_EQ(Run(e).logits, clean.logits);
+}
+
+// Patching what a block adds (attn_out, mlp_out) or the stream between the blocks
+// (resid_mid) from another prompt: the patched row carries the source's tensor and the
+// stream adds it to its own; and the sites agree with one another where they must, bit for
+// bit on the rows up to the patched one: resid_pre + attn_out of a row is its resid_mid,
+// and resid_mid + mlp_out of layer l is resid_pre of layer l + 1.
+TEST_F(InterventionsTest, PatchingBlockOutputsAndTheMiddleStream) {
+  const ModelConfig& c = model_->config;
+  SequenceInput<double> other{Tokens(14, 10, c.vocab_size)};
+  auto src = RunForward(*model_, be_, other);
+  ASSERT_TRUE(src.ok());
+  const Tape<double> clean = Run();
+  const int layer = 2, row = 7, D = c.dim, V = c.vocab_size;
+  auto patched = [&](std::initializer_list<std::pair<PatchSite, int>> sites) {
+    Edits e;
+    for (auto [site, l] : sites) {
+      auto p = PatchFrom(*src, c, l, row, row, site);
+      EXPECT_TRUE(p.ok()) << p.status();
+      if (p.ok()) e.patches.push_back(*p);
+    }
+    return Run(e);
+  };
+  const Tape<double> attn = patched({{PatchSite::kAttnOut, layer}}),
+                     mlp = patched({{PatchSite::kMlpOut, layer}}),
+                     mid = patched({{PatchSite::kResidMid, layer}});
+  const LayerTape<double>& s = src->layers[layer];
+  for (int d = 0; d < D; ++d) {
+    const int64_t at = int64_t{row} * D + d;
+    EXPECT_EQ(attn.layers[layer].attn_delta[at], s.attn_delta[at]);
+    EXPECT_EQ(attn.layers[layer].h[at], clean.layers[layer].x[at] + s.attn_delta[at]);
+    EXPECT_EQ(mlp.layers[layer].ffn_delta[at], s.ffn_delta[at]);
+    EXPECT_EQ(mlp.layers[layer + 1].x[at], clean.layers[layer].h[at] + s.ffn_delta[at]);
+    EXPECT_EQ(mid.layers[layer].h[at], s.h[at]);
+  }
+  EXPECT_EQ(mid.layers[layer].attn_delta, clean.layers[layer].attn_delta);
+  for (const Tape<double>* t : {&attn, &mlp, &mid}) {
+    for (int i = 0; i < row * V; ++i) ASSERT_EQ(t->logits[i], clean.logits[i]) << i / V;
+    EXPECT_NE(t->logits[row * V], clean.logits[row * V]);
+  }
+  auto same_rows = [&](const Tape<double>& a, const Tape<double>& b) {
+    for (int i = 0; i < (row + 1) * V; ++i) {
+      if (a.logits[i] != b.logits[i]) return ::testing::AssertionFailure() << "logit " << i;
+    }
+    return ::testing::AssertionSuccess();
+  };
+  EXPECT_TRUE(
+      same_rows(patched({{PatchSite::kResidPre, layer}, {PatchSite::kAttnOut, layer}}), mid));
+  EXPECT_TRUE(same_rows(patched({{PatchSite::kResidMid, layer}, {PatchSite::kMlpOut, layer}}),
+                        patched({{PatchSite::kResidPre, layer + 1}})));
+  // resid_mid, attn_out and mlp_out have no layer L; the error names the site.
+  EXPECT_FALSE(PatchFrom(*src, c, c.num_layers, row, row, PatchSite::kMlpOut).ok());
+  Edits bad;
+  bad.patches.push_back({c.num_layers, row, std::vector<double>(D, 0.0), PatchSite::kResidMid});
+  const auto t = RunForward(*model_, be_, input_, bad);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("residual patch of resid_mid (layer"), std::string::npos)
+      << t.status();
 }
 
 TEST_F(InterventionsTest, PatchingFromAnotherPromptChangesOnlyLaterRows) {
