@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/dtype.h"
@@ -199,16 +200,16 @@ absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest&
   return o;
 }
 
-absl::StatusOr<PatchSiteSpec> ToPatchSite(const std::string& hook, const std::string& field) {
-  using interpret::PatchSite;
-  if (hook.empty() || hook == "resid_pre") return PatchSiteSpec{PatchSite::kResidPre, false};
-  if (hook == "resid_post") return PatchSiteSpec{PatchSite::kResidPre, true};
-  for (PatchSite site : {PatchSite::kResidMid, PatchSite::kAttnOut, PatchSite::kMlpOut}) {
-    if (hook == interpret::PatchSiteName(site)) return PatchSiteSpec{site, false};
-  }
+absl::StatusOr<interpret::PatchTarget> ToPatchTarget(const std::string& hook,
+                                                     const std::string& field, bool heads_allowed) {
+  const std::optional<interpret::PatchTarget> t = interpret::PatchTargetByName(hook);
+  if (t.has_value() && (heads_allowed || !t->heads)) return *t;
   return absl::InvalidArgumentError(absl::StrCat(
-      field, " = \"", hook,
-      "\": not a patching site (resid_pre, resid_mid, resid_post, attn_out, mlp_out)"));
+      field, " = \"", hook, "\": not a patching site (",
+      heads_allowed ? std::string(interpret::PatchTargetNames())
+                    : "resid_pre, resid_mid, resid_post, attn_out, mlp_out; a head's z is a "
+                      "head_patches entry",
+      ")"));
 }
 
 absl::StatusOr<interpret::Edits> ToEdits(const v1::InterveneRequest& request, const ModelConfig& c,

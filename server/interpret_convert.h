@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/interpret/objective.h"
+#include "engine/interpret/patch_sweep.h"
 #include "engine/interpret/tape.h"
 #include "engine/model/model.h"
 #include "kvlens/v1/interpret.pb.h"
@@ -66,14 +67,12 @@ absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest&
                                                  const ModelConfig& config, int n,
                                                  const InterpLimits& limits);
 
-// A ResidualPatch's hook: "" or "resid_pre", "resid_mid", "attn_out", "mlp_out", or
-// "resid_post" (leaving the layer: resid_pre of the next, `next_layer` set).
-// INVALID_ARGUMENT naming `field` and the names otherwise.
-struct PatchSiteSpec {
-  interpret::PatchSite site = interpret::PatchSite::kResidPre;
-  bool next_layer = false;
-};
-absl::StatusOr<PatchSiteSpec> ToPatchSite(const std::string& hook, const std::string& field);
+// A patching site by name (interpret::PatchTargetByName): "" or "resid_pre", "resid_mid",
+// "attn_out", "mlp_out", "resid_post" (leaving the layer: resid_pre of the next), and with
+// `heads_allowed` "z" (each head's output). INVALID_ARGUMENT naming `field` and the names
+// otherwise.
+absl::StatusOr<interpret::PatchTarget> ToPatchTarget(const std::string& hook,
+                                                     const std::string& field, bool heads_allowed);
 
 // Ablations and attention-row overrides of an Intervene request (patches need the source
 // run and are built by the caller), after checking the counts of every kind of edit.

@@ -297,7 +297,7 @@ absl::Status InterveneAt(const InterpContext& ctx, const v1::InterveneRequest& r
     for (int k = 0; k < request.patches_size(); ++k) {
       const v1::ResidualPatch& p = request.patches(k);
       const std::string name = absl::StrCat("patches[", k, "]");
-      auto site = ToPatchSite(p.hook(), name + ".hook");
+      auto site = ToPatchTarget(p.hook(), name + ".hook", false);
       if (!site.ok()) return site.status();
       int64_t layer = p.layer() < 0 ? int64_t{p.layer()} + c.num_layers : p.layer();
       if (site->site == interpret::PatchSite::kResidPre && !site->next_layer) {

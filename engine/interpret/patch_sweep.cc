@@ -1,0 +1,93 @@
+#include "engine/interpret/patch_sweep.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/interpret/interventions.h"
+
+namespace kvlens::interpret {
+
+std::optional<PatchTarget> PatchTargetByName(std::string_view hook) {
+  if (hook.empty() || hook == "resid_pre") return PatchTarget{};
+  if (hook == "resid_post") return PatchTarget{PatchSite::kResidPre, true, false};
+  if (hook == "z") return PatchTarget{PatchSite::kResidPre, false, true};
+  for (PatchSite site : {PatchSite::kResidMid, PatchSite::kAttnOut, PatchSite::kMlpOut}) {
+    if (hook == PatchSiteName(site)) return PatchTarget{site, false, false};
+  }
+  return std::nullopt;
+}
+
+std::string_view PatchTargetNames() {
+  return "resid_pre, resid_mid, resid_post, attn_out, mlp_out, z";
+}
+
+template <typename T>
+absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend<T>& be,
+                                            const SequenceInput<T>& input,
+                                            const SequenceInput<T>& source, PatchTarget target,
+                                            const std::vector<int>& layers, int row_begin,
+                                            int row_end, const Objective& objective) {
+  const ModelConfig& c = model.config;
+  const int n = static_cast<int>(input.tokens.size());
+  if (source.tokens.size() != input.tokens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("patch sweep: the source has ",
+                                                   source.tokens.size(), " tokens and the input ",
+                                                   n, "; each row is patched from the same row"));
+  }
+  if (row_begin < 0 || row_end > n || row_begin >= row_end) {
+    return absl::InvalidArgumentError(absl::StrCat("patch sweep: rows [", row_begin, ", ", row_end,
+                                                   ") are not a range within [0, ", n, ")"));
+  }
+  for (int l : layers) {
+    if (l < 0 || l >= c.num_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("patch sweep: layer ", l, " is outside [0, ", c.num_layers, ")"));
+    }
+  }
+  if (objective.kind == Objective::Kind::kAttnOutProbe) {
+    return absl::InvalidArgumentError(
+        "patch sweep: the objective must read the logits (log_prob or logit_diff)");
+  }
+  if (absl::Status s = ValidateObjective(objective, c, n); !s.ok()) return s;
+
+  auto clean = RunForward(model, be, input);
+  if (!clean.ok()) return clean.status();
+  auto src = RunForward(model, be, source);
+  if (!src.ok()) return src.status();
+  PatchSweepResult r;
+  r.clean = EvaluateObjective(objective, c, *clean);
+  r.source = EvaluateObjective(objective, c, *src);
+  r.heads = target.heads ? c.num_heads : 1;
+  r.metric.reserve(layers.size() * r.heads * (row_end - row_begin));
+  for (int l : layers) {
+    for (int h = 0; h < r.heads; ++h) {
+      for (int row = row_begin; row < row_end; ++row) {
+        Edits e;
+        if (target.heads) {
+          auto p = HeadPatchFrom(*src, c, l, h, row, row);
+          if (!p.ok()) return p.status();
+          e.head_patches.push_back(*std::move(p));
+        } else {
+          auto p = PatchFrom(*src, c, l + (target.next_layer ? 1 : 0), row, row, target.site);
+          if (!p.ok()) return p.status();
+          e.patches.push_back(*std::move(p));
+        }
+        auto t = RunForward(model, be, input, e);
+        if (!t.ok()) return t.status();
+        r.metric.push_back(EvaluateObjective(objective, c, *t));
+      }
+    }
+  }
+  return r;
+}
+
+#define KVLENS_INSTANTIATE_PATCH_SWEEP(T)                                                   \
+  template absl::StatusOr<PatchSweepResult> PatchSweep<T>(                                  \
+      const Model&, kernels::Backend<T>&, const SequenceInput<T>&, const SequenceInput<T>&, \
+      PatchTarget, const std::vector<int>&, int, int, const Objective&);
+
+KVLENS_INSTANTIATE_PATCH_SWEEP(float)
+KVLENS_INSTANTIATE_PATCH_SWEEP(double)
+#undef KVLENS_INSTANTIATE_PATCH_SWEEP
+
+}  // namespace kvlens::interpret

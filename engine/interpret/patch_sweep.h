@@ -1,0 +1,58 @@
+// Activation patching swept over layers and positions, as TransformerLens's `patching`
+// module does it (get_act_patch_resid_pre, …_resid_mid, …_attn_out, …_mlp_out,
+// …_attn_head_out_by_pos): for every cell (layer, [head,] row) one run of the input with
+// that one activation replaced by the source run's at the same row, scored by an objective.
+// The input's clean run and the source's run are computed once; each cell is one edited
+// forward (the edits of interventions.h: PatchFrom / HeadPatchFrom).
+//
+// Sites by TransformerLens's hook name: resid_pre (the stream entering the layer),
+// resid_mid, resid_post (= resid_pre of the next layer, or the stream the final norm
+// reads), attn_out, mlp_out, and z (each head's output, one cell per head).
+#ifndef KVLENS_ENGINE_INTERPRET_PATCH_SWEEP_H_
+#define KVLENS_ENGINE_INTERPRET_PATCH_SWEEP_H_
+
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/interpret/objective.h"
+#include "engine/interpret/tape.h"
+
+namespace kvlens::interpret {
+
+// A patching site named as TransformerLens names it.
+struct PatchTarget {
+  PatchSite site = PatchSite::kResidPre;
+  bool next_layer = false;  // resid_post: resid_pre of layer + 1
+  bool heads = false;       // z: one head's output (HeadPatch), `site` unused
+};
+// "" and "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z"; nullopt
+// otherwise.
+std::optional<PatchTarget> PatchTargetByName(std::string_view hook);
+// "resid_pre, resid_mid, resid_post, attn_out, mlp_out, z", for error messages.
+std::string_view PatchTargetNames();
+
+struct PatchSweepResult {
+  double clean = 0.0;   // the objective on the input's own run
+  double source = 0.0;  // on the source's own run (same rows and tokens)
+  int heads = 1;        // cells per (layer, row): the model's heads for z, else 1
+  // [layers.size()][heads][row_end − row_begin]: the objective with that one activation
+  // patched.
+  std::vector<double> metric;
+};
+
+// The sweep over `layers` (each in [0, L)) and rows [row_begin, row_end) of `input`, each
+// patched from the same row of `source` (of the same length). INVALID_ARGUMENT when the
+// lengths differ, a layer or the rows are out of range, or the objective does not fit
+// (ValidateObjective; kAttnOutProbe is refused: it reads O, which a z patch replaces).
+template <typename T>
+absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend<T>& backend,
+                                            const SequenceInput<T>& input,
+                                            const SequenceInput<T>& source, PatchTarget target,
+                                            const std::vector<int>& layers, int row_begin,
+                                            int row_end, const Objective& objective);
+
+}  // namespace kvlens::interpret
+
+#endif  // KVLENS_ENGINE_INTERPRET_PATCH_SWEEP_H_
