@@ -151,29 +151,43 @@ absl::StatusOr<std::vector<interpret::TokenTarget>> ToTargets(
   return out;
 }
 
+absl::StatusOr<interpret::Objective> ToLogProbObjective(const v1::LogProbObjective& lp,
+                                                        const ModelConfig& c, int n,
+                                                        const InterpLimits& limits) {
+  auto targets = ToTargets(lp.targets(), c, n, limits, "log_prob.targets");
+  if (!targets.ok()) return targets.status();
+  if (targets->empty()) return absl::InvalidArgumentError("log_prob.targets: none given");
+  return interpret::Objective::LogProb(*std::move(targets));
+}
+
+absl::StatusOr<interpret::Objective> ToLogitDiffObjective(const v1::LogitDiffObjective& d,
+                                                          const ModelConfig& c, int n) {
+  absl::StatusOr<int> position = ToIndex(d.position(), n, "logit_diff.position");
+  if (!position.ok()) return position.status();
+  if (absl::Status s = CheckToken("logit_diff.token_a", d.token_a(), c.vocab_size); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckToken("logit_diff.token_b", d.token_b(), c.vocab_size); !s.ok()) {
+    return s;
+  }
+  return interpret::Objective::LogitDiff(*position, d.token_a(), d.token_b());
+}
+
 absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest& request,
                                                  const ModelConfig& c, int n,
                                                  const InterpLimits& limits) {
   interpret::Objective o;
   switch (request.objective_case()) {
     case v1::GradientProbeRequest::kLogProb: {
-      auto targets = ToTargets(request.log_prob().targets(), c, n, limits, "log_prob.targets");
-      if (!targets.ok()) return targets.status();
-      if (targets->empty()) return absl::InvalidArgumentError("log_prob.targets: none given");
-      o = interpret::Objective::LogProb(*std::move(targets));
+      auto lp = ToLogProbObjective(request.log_prob(), c, n, limits);
+      if (!lp.ok()) return lp.status();
+      o = *std::move(lp);
       break;
     }
     case v1::GradientProbeRequest::kLogitDiff: {
-      const v1::LogitDiffObjective& d = request.logit_diff();
-      absl::StatusOr<int> position = ToIndex(d.position(), n, "logit_diff.position");
-      if (!position.ok()) return position.status();
-      if (absl::Status s = CheckToken("logit_diff.token_a", d.token_a(), c.vocab_size); !s.ok()) {
-        return s;
-      }
-      if (absl::Status s = CheckToken("logit_diff.token_b", d.token_b(), c.vocab_size); !s.ok()) {
-        return s;
-      }
-      o = interpret::Objective::LogitDiff(*position, d.token_a(), d.token_b());
+      auto diff = ToLogitDiffObjective(request.logit_diff(), c, n);
+      if (!diff.ok()) return diff.status();
+      o = *std::move(diff);
       break;
     }
     case v1::GradientProbeRequest::kAttnOutProbe: {

@@ -26,6 +26,7 @@ struct InterpLimits {
   int64_t max_bytes = 64 << 20;    // --max-interp-bytes: bytes of one response (all chunks)
   int64_t max_tape_bytes = int64_t{8} << 30;  // --max-interp-tape-bytes: working memory
   int max_targets = 256;                      // targets, edits, lens positions per request
+  int max_sweep_runs = 4096;                  // --max-interp-sweep-runs: PatchSweep's cells
   int max_verify_samples = 64;                // K of `verify`
   int max_top_k = 100;                        // LogitLens top_k
   int64_t chunk_bytes = 1 << 20;              // AttentionMaps chunks stay near this size
@@ -63,6 +64,14 @@ absl::Status CheckTapeBytes(int64_t bytes, int positions, const InterpLimits& li
                             const std::string& what);
 
 // The objective of a GradientProbe request (positions are rows: prompts start at 0).
+// The objectives that read the logits, as GradientProbe and PatchSweep take them: fields
+// named log_prob.targets[k], logit_diff.position, … in errors.
+absl::StatusOr<interpret::Objective> ToLogProbObjective(const v1::LogProbObjective& lp,
+                                                        const ModelConfig& config, int n,
+                                                        const InterpLimits& limits);
+absl::StatusOr<interpret::Objective> ToLogitDiffObjective(const v1::LogitDiffObjective& diff,
+                                                          const ModelConfig& config, int n);
+
 absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest& request,
                                                  const ModelConfig& config, int n,
                                                  const InterpLimits& limits);

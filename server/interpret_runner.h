@@ -64,6 +64,10 @@ absl::Status RunIntervene(const InterpContext& ctx, const v1::InterveneRequest& 
 absl::Status RunLogitLens(const InterpContext& ctx, const v1::LogitLensRequest& request,
                           v1::LogitLensResponse* response);
 
+// patch_sweep_runner.cc: cells past --max-interp-sweep-runs are refused before any forward.
+absl::Status RunPatchSweep(const InterpContext& ctx, const v1::PatchSweepRequest& request,
+                           v1::PatchSweepResponse* response);
+
 absl::Status RunActivations(const InterpContext& ctx, const v1::ActivationsRequest& request,
                             v1::ActivationsResponse* response);
 

@@ -155,6 +155,18 @@ grpc::ServerUnaryReactor* InterpretService::Intervene(grpc::CallbackServerContex
       response);
 }
 
+// An intervention, counted under Intervene's kind.
+grpc::ServerUnaryReactor* InterpretService::PatchSweep(grpc::CallbackServerContext* context,
+                                                       const v1::PatchSweepRequest* request,
+                                                       v1::PatchSweepResponse* response) {
+  return RunUnary(
+      context, "PatchSweep", kIntervene,
+      [request, response](const InterpContext& ctx) {
+        return RunPatchSweep(ctx, *request, response);
+      },
+      response);
+}
+
 grpc::ServerUnaryReactor* InterpretService::LogitLens(grpc::CallbackServerContext* context,
                                                       const v1::LogitLensRequest* request,
                                                       v1::LogitLensResponse* response) {

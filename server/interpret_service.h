@@ -52,6 +52,9 @@ class InterpretService final : public v1::Interpret::CallbackService {
   grpc::ServerUnaryReactor* Intervene(grpc::CallbackServerContext* context,
                                       const v1::InterveneRequest* request,
                                       v1::InterveneResponse* response) override;
+  grpc::ServerUnaryReactor* PatchSweep(grpc::CallbackServerContext* context,
+                                       const v1::PatchSweepRequest* request,
+                                       v1::PatchSweepResponse* response) override;
   grpc::ServerUnaryReactor* LogitLens(grpc::CallbackServerContext* context,
                                       const v1::LogitLensRequest* request,
                                       v1::LogitLensResponse* response) override;

@@ -109,6 +109,9 @@ ABSL_FLAG(int64_t, max_interp_tape_bytes, int64_t{8} << 30,
           "Working memory one interpretability request may take (its activations, attention "
           "maps and their gradients: about 4 x layers x heads x positions^2 elements for a "
           "probe); larger requests are refused before they allocate.");
+ABSL_FLAG(int32_t, max_interp_sweep_runs, 4096,
+          "Cells of one Interpret.PatchSweep (layers x positions, x heads for z): each is one "
+          "forward pass over the prompt.");
 ABSL_FLAG(std::vector<std::string>, sae, {},
           "Sparse autoencoders for Interpret.SaeFeatures and Generate's SAE-feature "
           "steering, comma-separated, each "
@@ -296,6 +299,7 @@ int main(int argc, char** argv) {
   interp.limits.max_layer_heads = absl::GetFlag(FLAGS_max_interp_layer_heads);
   interp.limits.max_bytes = absl::GetFlag(FLAGS_max_interp_bytes);
   interp.limits.max_tape_bytes = absl::GetFlag(FLAGS_max_interp_tape_bytes);
+  interp.limits.max_sweep_runs = std::max(1, absl::GetFlag(FLAGS_max_interp_sweep_runs));
   // An attention map stream's chunks are ~1 MiB; other responses are single messages.
   server_options.max_message_bytes = static_cast<int>(std::clamp<int64_t>(
       interp.limits.max_bytes + (1 << 20), server_options.max_message_bytes, int64_t{1} << 30));

@@ -79,6 +79,16 @@ out["lens_chat"] = [r.top[0].token for r in c.logit_lens(chat=conv).rows]
 out["lens_text"] = [r.top[0].token for r in c.logit_lens(text=text).rows]
 out["ablation_change"] = c.intervene(chat=conv, ablations=[(0, 0)],
                                      targets=[(last, 5)]).max_abs_logit_change
+# Patching sweeps: the last layer's resid_post at the objective's position is the source's
+# final stream there, so that cell recovers the source's score exactly, and the rest none.
+a, b = [1, 403, 407, 261, 378, 11], [1, 403, 407, 300, 378, 11]
+sw = c.patch_sweep(tokens=a, patch_source=b, hook="resid_post", layers=[-1],
+                   logit_diff=(-1, 42, 300), fp64=True)
+zs = c.patch_sweep(tokens=a, patch_source=b, hook="z", layers=[0, 1], positions=(2, 5),
+                   targets=[(5, 7)])
+out["sweep"] = [(sw.recovered() + 0.0).tolist(),  # (+ 0.0: no -0.0)
+                list(sw.metric.shape), list(zs.metric.shape),
+                zs.layers, list(zs.positions)]
 other = c.intervene(text=text, head_patches=[(0, 1, -1, 0)], patch_source="Lily",
                     targets=[(0, 5)])
 out["head_patch_change"] = [
@@ -273,11 +283,15 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_FALSE(out["lens_chat"].empty());
   EXPECT_GT(out["ablation_change"].get<double>(), 0.0);
   // A head's output (and the stream's sites) patched from the same text changes nothing;
-  // from another prompt, only
-  // rows from the patched one on (row 0's log-prob stays its clean value).
+  // from another prompt, only rows from the patched one on (row 0's log-prob stays its clean
+  // value).
   EXPECT_EQ(out["head_patch_change"][0].get<double>(), 0.0);
   EXPECT_GT(out["head_patch_change"][1].get<double>(), 0.0);
   EXPECT_TRUE(out["head_patch_change"][2].get<bool>());
+  // The last layer's resid_post sweep recovers the source's score at the objective's
+  // position alone; the z sweep's grid is [layers, heads, positions].
+  EXPECT_EQ(out["sweep"].dump(), absl::StrCat("[[[0.0,0.0,0.0,0.0,0.0,1.0]],[1,6],[2,",
+                                              server.model().config.num_heads, ",3],[0,1],[2,5]]"));
   v1::GenerateRequest generate;
   generate.set_text(kChatText);
   generate.mutable_stopping()->set_max_new_tokens(4);

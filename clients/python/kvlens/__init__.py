@@ -7,4 +7,5 @@ plotting helpers (kvlens.plot) for attention heatmaps, saliency bars and head-sc
     maps.probs.shape   # (layers, heads, queries, keys)
 """
 from kvlens.client import (ActivationCache, AttentionMaps, CachedKvProbe, Client,  # noqa: F401
-                           Generation, GradientProbe, PromptScores, StreamChunk, get_act_name)
+                           Generation, GradientProbe, PatchSweep, PromptScores, StreamChunk,
+                           get_act_name)

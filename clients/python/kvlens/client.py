@@ -167,6 +167,26 @@ class AttentionMaps:
         return grid
 
 
+@dataclasses.dataclass
+class PatchSweep:
+    """Interpret.PatchSweep's answer. metric: [layers, positions] ([layers, heads,
+    positions] for z), the objective with that one activation patched from the source;
+    clean and source: the objective on each prompt's own run."""
+    precision: str
+    hook: str
+    layers: list
+    positions: tuple  # [begin, end)
+    clean: float
+    source: float
+    metric: np.ndarray
+
+    def recovered(self) -> np.ndarray:
+        """(metric − clean) / (source − clean): 0 where the patch changes nothing, 1 where it
+        moves the objective all the way to the source's (TransformerLens's normalised patching
+        metric, with this run as the corrupted one when the source is the clean prompt)."""
+        return (self.metric - self.clean) / (self.source - self.clean)
+
+
 def _from_end(index: Optional[int], count: int) -> int:
     """An index as Python counts it (negative: from the end of `count`); None → -1, the
     wire's "not per layer / head"."""
@@ -702,6 +722,35 @@ class Client:
         for pos, tok in targets:
             req.targets.add(position=pos, token=tok)
         return self.interpret.Intervene(req, timeout=self.timeout)
+
+    def patch_sweep(self, text=None, tokens=None, patch_source=None, hook="resid_pre",
+                    layers=(), positions=(0, 0), targets=(), logit_diff=None, fp64=False,
+                    chat=None) -> PatchSweep:
+        """Activation patching over layers × positions, as TransformerLens's patching module
+        (get_act_patch_resid_pre, …): each cell runs this prompt with `hook` (resid_pre,
+        resid_mid, resid_post, attn_out, mlp_out, or z per head) of one layer at one position
+        taken from patch_source (text or token list, the same length) at that position, and
+        scores it: targets [(position, token)] for Σ log p, or logit_diff=(position, a, b).
+        layers: empty for all (negative from the end); positions: [begin, end), (0, 0) all."""
+        if patch_source is None:
+            raise ValueError("patch_sweep: patch_source is required")
+        req = ip.PatchSweepRequest(
+            input=_input(text, tokens, chat=chat), hook=hook, layers=list(layers),
+            positions=ip.Range(begin=positions[0], end=positions[1]), precision=_precision(fp64))
+        req.patch_source.CopyFrom(_input(text=patch_source) if isinstance(patch_source, str)
+                                  else _input(tokens=patch_source))
+        if logit_diff is not None:
+            req.logit_diff.position, req.logit_diff.token_a, req.logit_diff.token_b = logit_diff
+        else:
+            for pos, tok in targets:
+                req.log_prob.targets.add(position=pos, token=tok)
+        r = self.interpret.PatchSweep(req, timeout=self.timeout)
+        shape = [len(r.layers), r.num_heads, r.positions.end - r.positions.begin]
+        metric = np.asarray(r.metric, dtype=np.float64).reshape(shape)
+        return PatchSweep(precision=ip.Precision.Name(r.precision), hook=hook or "resid_pre",
+                          layers=list(r.layers), positions=(r.positions.begin, r.positions.end),
+                          clean=r.clean, source=r.source,
+                          metric=metric if hook == "z" else metric[:, 0, :])
 
     def logit_lens(self, text=None, tokens=None, positions=(), top_k=5, fp64=False, chat=None,
                    session_id=None):

@@ -34,6 +34,11 @@ class InterpretStub(object):
                 request_serializer=kvlens_dot_v1_dot_interpret__pb2.InterveneRequest.SerializeToString,
                 response_deserializer=kvlens_dot_v1_dot_interpret__pb2.InterveneResponse.FromString,
                 )
+        self.PatchSweep = channel.unary_unary(
+                '/kvlens.v1.Interpret/PatchSweep',
+                request_serializer=kvlens_dot_v1_dot_interpret__pb2.PatchSweepRequest.SerializeToString,
+                response_deserializer=kvlens_dot_v1_dot_interpret__pb2.PatchSweepResponse.FromString,
+                )
         self.LogitLens = channel.unary_unary(
                 '/kvlens.v1.Interpret/LogitLens',
                 request_serializer=kvlens_dot_v1_dot_interpret__pb2.LogitLensRequest.SerializeToString,
@@ -91,6 +96,15 @@ class InterpretServicer(object):
 
     def Intervene(self, request, context):
         """Head ablations, attention-row overrides and residual patching; clean vs edited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PatchSweep(self, request, context):
+        """Activation patching swept over layers × positions (× heads for z), as
+        TransformerLens's patching module: one run of the input per cell, with that one
+        activation replaced by the patch source's at the same position, scored by an objective.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -155,6 +169,11 @@ def add_InterpretServicer_to_server(servicer, server):
                     servicer.Intervene,
                     request_deserializer=kvlens_dot_v1_dot_interpret__pb2.InterveneRequest.FromString,
                     response_serializer=kvlens_dot_v1_dot_interpret__pb2.InterveneResponse.SerializeToString,
+            ),
+            'PatchSweep': grpc.unary_unary_rpc_method_handler(
+                    servicer.PatchSweep,
+                    request_deserializer=kvlens_dot_v1_dot_interpret__pb2.PatchSweepRequest.FromString,
+                    response_serializer=kvlens_dot_v1_dot_interpret__pb2.PatchSweepResponse.SerializeToString,
             ),
             'LogitLens': grpc.unary_unary_rpc_method_handler(
                     servicer.LogitLens,
@@ -256,6 +275,23 @@ class Interpret(object):
         return grpc.experimental.unary_unary(request, target, '/kvlens.v1.Interpret/Intervene',
             kvlens_dot_v1_dot_interpret__pb2.InterveneRequest.SerializeToString,
             kvlens_dot_v1_dot_interpret__pb2.InterveneResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def PatchSweep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvlens.v1.Interpret/PatchSweep',
+            kvlens_dot_v1_dot_interpret__pb2.PatchSweepRequest.SerializeToString,
+            kvlens_dot_v1_dot_interpret__pb2.PatchSweepResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

@@ -1,0 +1,146 @@
+// kvlens.v1.Interpret PatchSweep end to end on stories260K: the grid is engine/interpret's
+// PatchSweep (fp64, same prompts), each resid_pre cell is what Intervene answers for that
+// one ResidualPatch (another RPC, another path), layers and positions come back resolved,
+// and every malformed request is refused naming its field or flag.
+#include <tuple>
+#include <vector>
+
+#include "engine/interpret/patch_sweep.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/reference_backend.h"
+#include "tests/server/interpret_test_util.h"
+#include "tests/test_paths.h"
+
+namespace kvlens::testing {
+namespace {
+
+grpc::Status CallSweep(TestServer& server, const v1::PatchSweepRequest& r,
+                       v1::PatchSweepResponse* response) {
+  auto stub = InterpretStub(server);
+  grpc::ClientContext context;
+  SetDeadline(context);
+  return stub->PatchSweep(&context, r, response);
+}
+
+v1::PatchSweepRequest SweepRequest(const std::vector<int32_t>& input,
+                                   const std::vector<int32_t>& source, const char* hook) {
+  v1::PatchSweepRequest r;
+  *r.mutable_input() = IdsInput(input);
+  *r.mutable_patch_source() = IdsInput(source);
+  r.set_hook(hook);
+  r.set_precision(v1::PRECISION_FP64);
+  return r;
+}
+
+TEST(InterpretPatchSweep, TheGridIsTheEnginesAndEachCellIsAnIntervention) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  const Model& model = server.model();
+  const ModelConfig& c = model.config;
+  const std::vector<int32_t> input = RandomPromptTokens(9, 2), source = RandomPromptTokens(9, 7);
+
+  // z, two layers (one from the end), positions [2, 8): against the engine directly.
+  v1::PatchSweepRequest r = SweepRequest(input, source, "z");
+  r.add_layers(-1);
+  r.add_layers(1);
+  r.mutable_positions()->set_begin(2);
+  r.mutable_positions()->set_end(-1);
+  r.mutable_logit_diff()->set_position(-2);
+  r.mutable_logit_diff()->set_token_a(300);
+  r.mutable_logit_diff()->set_token_b(42);
+  v1::PatchSweepResponse z;
+  const grpc::Status s = CallSweep(server, r, &z);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(z.precision(), v1::PRECISION_FP64);
+  EXPECT_EQ(std::vector<int>(z.layers().begin(), z.layers().end()),
+            (std::vector<int>{c.num_layers - 1, 1}));
+  EXPECT_EQ(z.positions().begin(), 2);
+  EXPECT_EQ(z.positions().end(), 8);
+  EXPECT_EQ(z.num_heads(), c.num_heads);
+  EXPECT_EQ(std::vector<int32_t>(z.source_token_ids().begin(), z.source_token_ids().end()), source);
+  kernels::ReferenceBackend be;
+  auto want = interpret::PatchSweep(model, be, interpret::SequenceInput<double>{input},
+                                    interpret::SequenceInput<double>{source},
+                                    *interpret::PatchTargetByName("z"), {c.num_layers - 1, 1}, 2, 8,
+                                    interpret::Objective::LogitDiff(7, 300, 42));
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(z.clean(), want->clean);
+  EXPECT_EQ(z.source(), want->source);
+  EXPECT_EQ(std::vector<double>(z.metric().begin(), z.metric().end()), want->metric);
+
+  // resid_pre over every layer and position, log p(token 5 | last): each cell is Intervene's
+  // edited log-prob under that one residual patch.
+  v1::PatchSweepRequest pre = SweepRequest(input, source, "");
+  v1::TokenTarget* t = pre.mutable_log_prob()->add_targets();
+  t->set_position(-1);
+  t->set_token(5);
+  v1::PatchSweepResponse grid;
+  ASSERT_TRUE(CallSweep(server, pre, &grid).ok());
+  ASSERT_EQ(grid.metric_size(), c.num_layers * 9);
+  auto stub = InterpretStub(server);
+  bool moved = false;
+  for (int l = 0; l < c.num_layers; ++l) {
+    for (int p = 0; p < 9; ++p) {
+      v1::InterveneRequest one;
+      *one.mutable_input() = IdsInput(input);
+      *one.mutable_patch_source() = IdsInput(source);
+      one.set_precision(v1::PRECISION_FP64);
+      v1::ResidualPatch* patch = one.add_patches();
+      patch->set_layer(l);
+      patch->set_position(p);
+      patch->set_source_position(p);
+      *one.add_targets() = *t;
+      v1::InterveneResponse effect;
+      grpc::ClientContext context;
+      SetDeadline(context);
+      ASSERT_TRUE(stub->Intervene(&context, one, &effect).ok());
+      EXPECT_EQ(grid.metric(l * 9 + p), effect.effects(0).edited_logprob()) << l << " " << p;
+      EXPECT_EQ(grid.clean(), effect.effects(0).clean_logprob());
+      moved |= grid.metric(l * 9 + p) != grid.clean();
+    }
+  }
+  EXPECT_TRUE(moved);
+}
+
+TEST(InterpretPatchSweep, BadRequestsNameTheirField) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  server::InterpretOptions few;
+  few.limits.max_sweep_runs = 20;
+  TestServer server(Stories260KPath(), TestServer::DefaultOptions(), 1, few);
+  ASSERT_TRUE(server.ok()) << server.error();
+  const std::vector<int32_t> input = RandomPromptTokens(6, 2), source = RandomPromptTokens(6, 3);
+  auto with = [&](auto edit) {
+    v1::PatchSweepRequest r = SweepRequest(input, source, "attn_out");
+    r.add_layers(0);
+    r.mutable_logit_diff()->set_position(5);
+    r.mutable_logit_diff()->set_token_a(1);
+    r.mutable_logit_diff()->set_token_b(2);
+    edit(r);
+    v1::PatchSweepResponse ignored;
+    return CallSweep(server, r, &ignored);
+  };
+  ASSERT_TRUE(with([](auto&) {}).ok());
+  const auto invalid = grpc::StatusCode::INVALID_ARGUMENT;
+  ExpectRefused(with([](auto& r) { r.clear_patch_source(); }), invalid, "patch_source: required");
+  ExpectRefused(with([](auto& r) {
+                  *r.mutable_patch_source() = IdsInput({1, 5, 9});
+                }),
+                invalid, "patch_source has 3 tokens and input 6");
+  ExpectRefused(with([](auto& r) { r.set_hook("hook_z"); }), invalid,
+                "hook = \"hook_z\": not a patching site (resid_pre, resid_mid, resid_post, "
+                "attn_out, mlp_out, z)");
+  ExpectRefused(with([](auto& r) { r.add_layers(9); }), invalid, "layers");
+  ExpectRefused(with([](auto& r) { r.mutable_positions()->set_begin(7); }), invalid, "positions");
+  ExpectRefused(with([](auto& r) { r.clear_logit_diff(); }), invalid,
+                "objective: set one of log_prob, logit_diff");
+  ExpectRefused(with([](auto& r) { r.mutable_logit_diff()->set_token_a(1 << 20); }), invalid,
+                "logit_diff.token_a");
+  // z over one layer: 8 heads × 6 positions = 48 cells > 20.
+  ExpectRefused(with([](auto& r) { r.set_hook("z"); }), invalid,
+                "the sweep has 48 cells (layers × heads × positions), more than "
+                "--max-interp-sweep-runs = 20");
+}
+
+}  // namespace
+}  // namespace kvlens::testing
