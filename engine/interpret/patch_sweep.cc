@@ -63,16 +63,18 @@ absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend
     for (int h = 0; h < r.heads; ++h) {
       for (int row = row_begin; row < row_end; ++row) {
         Edits e;
+        int first = l;  // the layer the patch acts in: everything before is the clean run's
         if (target.heads) {
           auto p = HeadPatchFrom(*src, c, l, h, row, row);
           if (!p.ok()) return p.status();
           e.head_patches.push_back(*std::move(p));
         } else {
-          auto p = PatchFrom(*src, c, l + (target.next_layer ? 1 : 0), row, row, target.site);
+          first = l + (target.next_layer ? 1 : 0);
+          auto p = PatchFrom(*src, c, first, row, row, target.site);
           if (!p.ok()) return p.status();
           e.patches.push_back(*std::move(p));
         }
-        auto t = RunForward(model, be, input, e);
+        auto t = RunForwardFrom(model, be, *clean, first, e);
         if (!t.ok()) return t.status();
         r.metric.push_back(EvaluateObjective(objective, c, *t));
       }

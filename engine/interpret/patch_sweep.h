@@ -3,7 +3,8 @@
 // …_attn_head_out_by_pos): for every cell (layer, [head,] row) one run of the input with
 // that one activation replaced by the source run's at the same row, scored by an objective.
 // The input's clean run and the source's run are computed once; each cell is one edited
-// forward (the edits of interventions.h: PatchFrom / HeadPatchFrom).
+// forward (the edits of interventions.h: PatchFrom / HeadPatchFrom) from the patched layer
+// on (RunForwardFrom: the layers before it are the clean run's).
 //
 // Sites by TransformerLens's hook name: resid_pre (the stream entering the layer),
 // resid_mid, resid_post (= resid_pre of the next layer, or the stream the final norm

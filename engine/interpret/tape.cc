@@ -441,9 +441,23 @@ T GradientValue(const Gradients<T>& g, int n, int tk, const ModelConfig& c, cons
   return T(0);
 }
 
+namespace {
+
+// The lowest layer an edit acts in (its loop iteration; L for the final stream's).
+int FirstEditedLayer(const ModelConfig& c, const Edits& e) {
+  int first = c.num_layers;
+  for (const Perturbation& p : e.perturbations) first = std::min(first, p.at.layer);
+  for (const HeadAblation& a : e.ablations) first = std::min(first, a.layer);
+  for (const RowOverride& r : e.row_overrides) first = std::min(first, r.layer);
+  for (const ResidualPatch& p : e.patches) first = std::min(first, p.layer);
+  for (const HeadPatch& p : e.head_patches) first = std::min(first, p.layer);
+  return first;
+}
+
+// RunForward, or with `resume` RunForwardFrom: layers before `first` copied from it.
 template <typename T>
-absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
-                                   const SequenceInput<T>& input, const Edits& edits) {
+absl::StatusOr<Tape<T>> Forward(const Model& model, Backend<T>& be, const SequenceInput<T>& input,
+                                const Edits& edits, const Tape<T>* resume, int first) {
   const ModelConfig& c = model.config;
   const Weights& w = model.weights;
   if (absl::Status s = ValidateInput(c, input); !s.ok()) return s;
@@ -461,16 +475,21 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
   for (int i = 0; i < n; ++i) t.positions[i] = input.offset + i;
   t.layers.resize(c.num_layers);
 
-  // token (and, for GPT-2, position) embeddings; Gemma's times √D
   std::vector<T> x(n * D), proj(n * D);
-  be.Embedding(w.token_embedding, input.tokens.data(), n, x.data());
-  if (c.embedding_scale != 1.0) be.Scale(x.data(), n * D, c.embedding_scale);
-  if (c.arch == Architecture::kGpt2) {
-    be.Embedding(w.position_embedding, t.positions.data(), n, proj.data());
-    be.Add(x.data(), proj.data(), n * D);
+  if (resume != nullptr) {  // the layers no edit reaches, as the clean run computed them
+    for (int l = 0; l < first; ++l) t.layers[l] = resume->layers[l];
+    x = first < c.num_layers ? resume->layers[first].x : resume->x_final;
+  } else {
+    // token (and, for GPT-2, position) embeddings; Gemma's times √D
+    be.Embedding(w.token_embedding, input.tokens.data(), n, x.data());
+    if (c.embedding_scale != 1.0) be.Scale(x.data(), n * D, c.embedding_scale);
+    if (c.arch == Architecture::kGpt2) {
+      be.Embedding(w.position_embedding, t.positions.data(), n, proj.data());
+      be.Add(x.data(), proj.data(), n * D);
+    }
   }
 
-  for (int l = 0; l < c.num_layers; ++l) {
+  for (int l = first; l < c.num_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
     LayerTape<T>& lt = t.layers[l];
     ApplyPatches(c, edits, PatchSite::kResidPre, l, x);
@@ -563,10 +582,40 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
   return t;
 }
 
-#define KVLENS_INSTANTIATE_TAPE(T)                                                       \
-  template absl::StatusOr<Tape<T>> RunForward<T>(const Model&, Backend<T>&,              \
-                                                 const SequenceInput<T>&, const Edits&); \
-  template T TapeValue<T>(const Tape<T>&, const ModelConfig&, const Coord&);             \
+}  // namespace
+
+template <typename T>
+absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
+                                   const SequenceInput<T>& input, const Edits& edits) {
+  return Forward(model, be, input, edits, static_cast<const Tape<T>*>(nullptr), 0);
+}
+
+template <typename T>
+absl::StatusOr<Tape<T>> RunForwardFrom(const Model& model, Backend<T>& be, const Tape<T>& clean,
+                                       int first_layer, const Edits& edits) {
+  const ModelConfig& c = model.config;
+  if (clean.edited || static_cast<int>(clean.layers.size()) != c.num_layers) {
+    return absl::InvalidArgumentError(
+        "resumed forward: the tape to resume is edited or not this "
+        "model's");
+  }
+  if (first_layer < 0 || first_layer > c.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("resumed forward: layer ", first_layer,
+                                                   " is outside [0, ", c.num_layers, "]"));
+  }
+  if (const int at = FirstEditedLayer(c, edits); at < first_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("resumed forward: an edit at layer ", at,
+                                                   " comes before layer ", first_layer));
+  }
+  return Forward(model, be, clean.input, edits, &clean, first_layer);
+}
+
+#define KVLENS_INSTANTIATE_TAPE(T)                                                              \
+  template absl::StatusOr<Tape<T>> RunForward<T>(const Model&, Backend<T>&,                     \
+                                                 const SequenceInput<T>&, const Edits&);        \
+  template absl::StatusOr<Tape<T>> RunForwardFrom<T>(const Model&, Backend<T>&, const Tape<T>&, \
+                                                     int, const Edits&);                        \
+  template T TapeValue<T>(const Tape<T>&, const ModelConfig&, const Coord&);                    \
   template T GradientValue<T>(const Gradients<T>&, int, int, const ModelConfig&, const Coord&);
 
 KVLENS_INSTANTIATE_TAPE(float)

@@ -180,6 +180,15 @@ template <typename T>
 absl::StatusOr<Tape<T>> RunForward(const Model& model, kernels::Backend<T>& backend,
                                    const SequenceInput<T>& input, const Edits& edits = {});
 
+// RunForward(clean.input, edits) from layer `first_layer` (0 … L) on: the layers before it
+// are copied from `clean`, an unedited tape of the same model, and the stream entering it
+// taken from there, so edits at `first_layer` and after cost only the layers they reach
+// (a patching sweep's cells). The same tape as RunForward's, bit for bit. INVALID_ARGUMENT
+// when `clean` is edited, or an edit acts before `first_layer`.
+template <typename T>
+absl::StatusOr<Tape<T>> RunForwardFrom(const Model& model, kernels::Backend<T>& backend,
+                                       const Tape<T>& clean, int first_layer, const Edits& edits);
+
 // Upstream gradients Backward starts from (at least one non-empty).
 template <typename T>
 struct Seed {

@@ -314,6 +314,64 @@ TEST_P(TinyTape, TapeBytesCountsWhatTheTapeAndGradientsHold) {
   }
 }
 
+// RunForwardFrom (a patching sweep's cells) gives RunForward's tape bit for bit: from every
+// layer, with edits at that layer (a residual patch, a head ablation and patch, a row
+// override) or none, on both backends; and refuses an edit before its first layer or an
+// edited tape to resume.
+template <typename T>
+void ExpectResumedEqualsFull(const Model& m, kernels::Backend<T>& be) {
+  const ModelConfig& c = m.config;
+  const int n = 7;
+  SequenceInput<T> in{Tokens(n, 31, c.vocab_size)};
+  auto clean = RunForward(m, be, in);
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  for (int first = 0; first <= c.num_layers; ++first) {
+    for (bool edited : {false, true}) {
+      Edits e;
+      if (edited) {
+        e.patches.push_back({first, 3, std::vector<double>(c.dim, 0.25)});
+        if (first < c.num_layers) {
+          e.ablations.push_back({first, c.num_heads - 1, AblationMode::kMean});
+          e.head_patches.push_back({first, 0, 5, std::vector<double>(c.head_dim, -0.5)});
+          e.row_overrides.push_back({first, 0, 4, {}, {1, 2}});
+          e.patches.push_back({first, 6, std::vector<double>(c.dim, 0.125), PatchSite::kMlpOut});
+        }
+      }
+      auto full = RunForward(m, be, in, e);
+      auto resumed = RunForwardFrom(m, be, *clean, first, e);
+      ASSERT_TRUE(full.ok() && resumed.ok()) << full.status() << resumed.status();
+      EXPECT_EQ(resumed->logits, full->logits) << first << " " << edited;
+      EXPECT_EQ(resumed->x_final, full->x_final) << first;
+      EXPECT_EQ(resumed->edited, full->edited);
+      for (int l = 0; l < c.num_layers; ++l) {
+        const LayerTape<T>&a = resumed->layers[l], &b = full->layers[l];
+        EXPECT_TRUE(a.x == b.x && a.h == b.h && a.att == b.att && a.probs == b.probs &&
+                    a.k == b.k && a.ffn_delta == b.ffn_delta)
+            << "layer " << l << " from " << first;
+      }
+    }
+  }
+  Edits early;
+  early.ablations.push_back({0, 0, AblationMode::kZero});
+  const auto before = RunForwardFrom(m, be, *clean, 1, early);
+  EXPECT_EQ(before.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(before.status().message().find("an edit at layer 0 comes before layer 1"),
+            std::string::npos)
+      << before.status();
+  auto edited = RunForward(m, be, in, early);
+  ASSERT_TRUE(edited.ok());
+  EXPECT_FALSE(RunForwardFrom(m, be, *edited, 1, Edits{}).ok());
+  EXPECT_FALSE(RunForwardFrom(m, be, *clean, c.num_layers + 1, Edits{}).ok());
+}
+
+TEST_P(TinyTape, ResumedForwardIsTheFullForward) {
+  auto m = testing::MakeTinyModel(Spec(GetParam()));
+  kernels::ReferenceBackend ref;
+  ExpectResumedEqualsFull<double>(*m, ref);
+  kernels::CpuBackend fast(2);
+  ExpectResumedEqualsFull<float>(*m, fast);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, TinyTape, ::testing::Range(0, testing::kTinyFamilies));
 
 }  // namespace

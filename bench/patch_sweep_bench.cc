@@ -1,0 +1,132 @@
+// Activation-patching sweeps on the CPU (engine/interpret/patch_sweep.h): the time of a
+// sweep over every layer × 16 positions at each site, per cell, against one tape forward
+// over the same tokens, and against what the same cells cost as full forwards (RunForward
+// with that one patch, as before cells resumed at their layer) and through Intervene (a
+// clean, a source and an edited forward per cell: 3 forwards). On a Llama-shaped model
+// with random f32 weights (D 512, 8 layers, 8 heads of 64, FFN 1376, vocab 4096), 64
+// tokens. A resumed cell runs L − l of the L layers, so a sweep over all layers should
+// take about (L + 1) / 2L of the full-forward cells. Prints a table, then one JSON line.
+//
+//   kvlens_bench_patch_sweep [threads=1]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "bench/bench_help.h"
+#include "common/malloc_tuning.h"
+#include "engine/interpret/interventions.h"
+#include "engine/interpret/patch_sweep.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/engine/interpret/tiny_model.h"
+
+namespace {
+
+template <typename Fn>
+double Seconds(Fn&& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Must(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "kvlens_bench_patch_sweep: %s failed\n", what);
+    std::exit(1);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  namespace ki = kvlens::interpret;
+  if (kvlens::bench::PrintedHelp(
+          argc, argv,
+          "usage: kvlens_bench_patch_sweep [threads=1]\n"
+          "Times activation-patching sweeps (every layer x 16 positions, each site) per cell\n"
+          "against one tape forward and against full-forward cells, on a random\n"
+          "Llama-shaped model (D 512, 8 layers, 8 heads of 64) at 64 tokens, on a CpuBackend\n"
+          "with `threads` threads. Prints a table, then one JSON line.\n")) {
+    return 0;
+  }
+  const int threads = argc > 1 ? std::max(1, std::atoi(argv[1])) : 1;
+  kvlens::RetainFreedMemory();
+  kvlens::testing::TinySpec spec;
+  spec.arch = kvlens::Architecture::kLlama;
+  spec.dim = 512;
+  spec.heads = 8;
+  spec.kv_heads = 8;
+  spec.hidden = 1376;
+  spec.layers = 8;
+  spec.vocab = 4096;
+  spec.max_seq = 1024;
+  const std::unique_ptr<kvlens::Model> model = kvlens::testing::MakeTinyModel(spec);
+  const kvlens::ModelConfig& c = model->config;
+  kvlens::kernels::CpuBackend be(threads);
+  const int n = 64, rows = 16, L = c.num_layers;
+  std::mt19937 rng(1);
+  std::vector<int32_t> a(n), b(n);
+  for (int i = 0; i < n; ++i) {
+    a[i] = static_cast<int32_t>(rng() % spec.vocab);
+    b[i] = static_cast<int32_t>(rng() % spec.vocab);
+  }
+  const ki::SequenceInput<float> input{a}, source{b};
+  std::vector<int> layers(L);
+  for (int l = 0; l < L; ++l) layers[l] = l;
+  const ki::Objective o = ki::Objective::LogitDiff(n - 1, 5, 9);
+
+  double tape = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    tape =
+        std::min(tape, Seconds([&] { Must(ki::RunForward(*model, be, input).ok(), "forward"); }));
+  }
+  // The same cells as full forwards (resid_pre, every layer × the last 16 rows).
+  auto src = ki::RunForward(*model, be, source);
+  Must(src.ok(), "source forward");
+  const double full = Seconds([&] {
+    for (int l = 0; l < L; ++l) {
+      for (int row = n - rows; row < n; ++row) {
+        ki::Edits e;
+        auto p = ki::PatchFrom(*src, c, l, row, row);
+        Must(p.ok(), "patch");
+        e.patches.push_back(*p);
+        Must(ki::RunForward(*model, be, input, e).ok(), "patched forward");
+      }
+    }
+  });
+  const double full_cell = full / (L * rows);
+
+  std::printf("patch sweep: D %d, %d layers, %d heads of %d, %d tokens, %d thread(s)\n", c.dim, L,
+              c.num_heads, c.head_dim, n, threads);
+  std::printf("tape forward %.1f ms; a full-forward cell %.1f ms; via Intervene ~%.1f ms\n",
+              tape * 1e3, full_cell * 1e3, 3 * tape * 1e3);
+  std::printf("%10s %8s %10s %12s %14s %16s\n", "site", "cells", "sweep s", "ms / cell",
+              "cell / fwd", "cell / full cell");
+  std::string json = absl::StrFormat(
+      "{\"bench\":\"patch_sweep\",\"dim\":%d,\"layers\":%d,\"tokens\":%d,\"threads\":%d,"
+      "\"tape_forward_ms\":%.2f,\"full_cell_ms\":%.2f,\"sites\":[",
+      c.dim, L, n, threads, tape * 1e3, full_cell * 1e3);
+  bool first = true;
+  for (const char* site : {"resid_pre", "resid_mid", "attn_out", "mlp_out", "resid_post", "z"}) {
+    const ki::PatchTarget target = *ki::PatchTargetByName(site);
+    const int cells = L * rows * (target.heads ? c.num_heads : 1);
+    const double s = Seconds([&] {
+      Must(ki::PatchSweep(*model, be, input, source, target, layers, n - rows, n, o).ok(), site);
+    });
+    // (the sweep also runs the clean and the source forward once)
+    const double per = (s - 2 * tape) / cells;
+    std::printf("%10s %8d %10.2f %12.2f %14.2f %16.2f\n", site, cells, s, per * 1e3, per / tape,
+                per / full_cell);
+    json += absl::StrFormat(
+        "%s{\"site\":\"%s\",\"cells\":%d,\"sweep_s\":%.3f,\"cell_ms\":%.2f,"
+        "\"cell_over_full_cell\":%.3f}",
+        first ? "" : ",", site, cells, s, per * 1e3, per / full_cell);
+    first = false;
+  }
+  std::printf("%s]}\n", json.c_str());
+  return 0;
+}
