@@ -19,6 +19,7 @@ constexpr char kUsage[] =
     "  probe      gradient probe (log-prob of a token; saliency; --verify) on a server\n"
     "  intervene  ablate heads on a server; clean vs edited log-probs\n"
     "  attribute  direct logit attribution (embeddings, layers, heads, neurons) on a server\n"
+    "  patch      activation patching swept over layers x positions on a server\n"
     "  sae        sparse-autoencoder features of a prompt on a server (--sae)\n"
     "  lens       logit lens: each layer's likeliest next tokens on a server\n"
     "  health     exit 0 when a kvlens-server answers grpc.health.v1 with SERVING\n"
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
   if (command == "probe") return kvlens::cli::ProbeCommand(argc, argv);
   if (command == "intervene") return kvlens::cli::InterveneCommand(argc, argv);
   if (command == "attribute") return kvlens::cli::AttributeCommand(argc, argv);
+  if (command == "patch") return kvlens::cli::PatchCommand(argc, argv);
   if (command == "sae") return kvlens::cli::SaeCommand(argc, argv);
   if (command == "lens") return kvlens::cli::LensCommand(argc, argv);
   if (command == "health") return kvlens::cli::HealthCommand(argc, argv);

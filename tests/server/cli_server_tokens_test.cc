@@ -113,6 +113,48 @@ TEST_F(CliServerTokens, InterveneAndAttributeTakeTextTokens) {
   EXPECT_EQ(a_out, b_out);
 }
 
+// kvlens-cli patch: the last layer's resid_post at the scored position is the source's
+// final stream, so that cell recovers all (1.000) and the others nothing; text and ids
+// print the same; z prints a row per head; prompts of different lengths are refused.
+TEST_F(CliServerTokens, PatchPrintsTheRecoveredGrid) {
+  const int n = LastPosition() + 1, L = server_.model().config.num_layers;
+  ASSERT_EQ(Encode("In the beginning man", server_.model().tokenizer->adds_bos()).size(),
+            static_cast<size_t>(n));
+  const std::string scored = " --token-text ' created' --baseline-text ' said' --precision fp64";
+  const auto [code, out] = Cli("patch", absl::StrCat("--text '", kPrompt,
+                                                     "' --source-text 'In the beginning man' "
+                                                     "--hook resid_post --layers -1",
+                                                     scored));
+  ASSERT_EQ(code, 0) << out;
+  std::string row = absl::StrFormat("%10s", absl::StrCat("layer ", L - 1));
+  for (int p = 0; p < n; ++p) absl::StrAppend(&row, p + 1 < n ? "    0.000" : "    1.000");
+  EXPECT_NE(out.find(row + "\n"), std::string::npos) << row << "\n" << out;
+  EXPECT_NE(out.find("hook resid_post; logit difference: clean "), std::string::npos) << out;
+  const auto [ids_code, ids_out] = Cli(
+      "patch",
+      absl::StrCat(
+          "--ids '", PromptIds(), "' --source-ids '",
+          absl::StrJoin(Encode("In the beginning man", server_.model().tokenizer->adds_bos()), " "),
+          "' --hook resid_post --layers -1", scored));
+  ASSERT_EQ(ids_code, 0) << ids_out;
+  EXPECT_EQ(out, ids_out);
+  const auto [z_code, z_out] = Cli("patch", absl::StrCat("--text '", kPrompt,
+                                                         "' --source-text 'In the beginning man' "
+                                                         "--hook z --layers 0",
+                                                         scored));
+  ASSERT_EQ(z_code, 0) << z_out;
+  const int H = server_.model().config.num_heads;
+  EXPECT_NE(z_out.find(absl::StrFormat("%10s", absl::StrCat("L0H", H - 1))), std::string::npos)
+      << z_out;
+  EXPECT_EQ(z_out.find(absl::StrFormat("%10s", absl::StrCat("L0H", H))), std::string::npos);
+  const auto [bad_code, bad_out] =
+      Cli("patch", absl::StrCat("--text '", kPrompt, "' --source-text 'In the beginning'", scored));
+  EXPECT_EQ(bad_code, 1) << bad_out;
+  EXPECT_NE(bad_out.find(absl::StrCat("patch_source has ", n - 1, " tokens and input ", n)),
+            std::string::npos)
+      << bad_out;
+}
+
 TEST_F(CliServerTokens, TokenFlagsAreRefusedByName) {
   const std::vector<int32_t> two = Encode(" created said", false);
   ASSERT_EQ(two.size(), 2u);
