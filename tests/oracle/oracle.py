@@ -11,6 +11,8 @@
   oracle.py --model PATH --tokens "1 2 3" --out FILE --sae SAE_PATH[@HOOK]
   oracle.py --model PATH --tokens "1 2 3" --out FILE --steer HOOK:FILE[:COEF] [--steer ...]
   oracle.py --model PATH --generate N --prompt-tokens "1 403" --steer HOOK:FILE[:COEF]
+  oracle.py --model PATH --tokens "1 2 3" --out FILE --patch-sweep HOOK:ROW:A:B \
+            --source-tokens "1 5 3"
 
 --activations adds every cached activation (TransformerLens's run_with_cache):
 act.resid_pre/resid_mid/resid_post/attn_out/mlp_out.{l} [T, D], act.z.{l} [T, H, hd],
@@ -33,6 +35,11 @@ sae.acts [T, d_sae] (the features) and sae.recon [T, d_in] (sae.acts @ W_dec + b
 (blocks.L.hook_resid_pre / hook_resid_mid / hook_resid_post) during the pass, for the
 logits of --tokens and for each step of --generate; entries at one point add up
 (kvlens_oracle/model.py). Not with --grad-logprob, --activations, --logit-attribution, --sae.
+
+--patch-sweep HOOK:ROW:A:B with --source-tokens (as many as --tokens) adds an activation
+patching sweep (kvlens_oracle/patching.py): sweep.metric [L, H or 1, T], each layer's (and
+head's, for z) row of HOOK (resid_pre, resid_mid, resid_post, attn_out, mlp_out, z) taken
+from the source's run, scored by logits[ROW, A] - logits[ROW, B]; sweep.clean, sweep.source.
 
 PATH: a llama2.c .bin, a GGUF file (llama), or a Hugging Face directory (gpt2 / llama).
 The output container format is described in README.md and kvlens_oracle/container.py.
@@ -132,6 +139,10 @@ def main(argv=None):
                     help="also write sae.input, sae.acts, sae.recon: the SAE at PATH (SAELens "
                          "dir or Gemma Scope .npz) on its hook's rows (@HOOK: override or "
                          "supply the hook name; required for .npz)")
+    ap.add_argument("--patch-sweep", metavar="HOOK:ROW:A:B",
+                    help="also write sweep.metric/clean/source: activation patching from "
+                         "--source-tokens at HOOK, scored by logits[ROW, A] - logits[ROW, B]")
+    ap.add_argument("--source-tokens", help="the patch source of --patch-sweep")
     ap.add_argument("--steer", action="append", default=[], metavar="HOOK:FILE[:COEF[:START]]",
                     help="add COEF (default 1) times FILE's vector (d_model whitespace-separated "
                          "floats) to every row of the residual stream at HOOK (blocks.L."
@@ -145,7 +156,8 @@ def main(argv=None):
                                        ("--grad-param-layer", a.grad_param_layer is not None),
                                        ("--activations", a.activations),
                                        ("--logit-attribution", a.logit_attribution),
-                                       ("--sae", a.sae)) if on]
+                                       ("--sae", a.sae),
+                                       ("--patch-sweep", a.patch_sweep)) if on]
         if clash:
             ap.error(f"--steer does not combine with {', '.join(clash)}")
 
@@ -229,6 +241,16 @@ def main(argv=None):
             ap.error(f"--sae: {e}")
         f = encode(sae, x)
         arrays.update({"sae.input": x, "sae.acts": f.numpy(), "sae.recon": decode(sae, f).numpy()})
+    if a.patch_sweep:
+        from kvlens_oracle.patching import patch_sweep
+        parts = a.patch_sweep.split(":")
+        if len(parts) != 4 or not a.source_tokens:
+            ap.error('--patch-sweep takes "HOOK:ROW:A:B" and needs --source-tokens')
+        try:
+            arrays.update(patch_sweep(model, tokens, _ints(a.source_tokens), parts[0],
+                                      int(parts[1]), int(parts[2]), int(parts[3])))
+        except ValueError as e:
+            ap.error(f"--patch-sweep: {e}")
     write_container(a.out, arrays)
     return 0
 

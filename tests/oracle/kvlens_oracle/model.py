@@ -16,6 +16,12 @@ resid_pre + post_attn_norm(attention)), "post" leaving it (the last block's: the
 entering the final norm). Entries at one point add up (summed in the order given, then
 added once); post of layer l and pre of l + 1 are the same point. steer=None or [] changes
 nothing. The captured resid_pre / resid_mid / resid / resid_final are the steered values.
+Activation patching: `patch={(layer, point): [(row, vector), ...]}` replaces one row of a
+tensor as the forward forms it, before anything downstream reads it: point "pre" the
+stream entering the block (layer n_layers: the stream entering the final norm), "attn" /
+"mlp" what the attention / FFN adds (after b_O or the block-output norm), "mid" the
+stream after the attention's add; point "z" takes (row, head, vector [hd]), that head's
+output before W_O (TransformerLens's hook_z). patching.py sweeps it.
 Everything is differentiable (no in-place ops), so torch.autograd can produce gradients.
 Pass `capture={}` to receive capture["embeds"] (the token embeddings, before GPT-2's
 positions), capture["resid_final"] (the residual entering the final norm, [T, d]),
@@ -201,14 +207,30 @@ def _steer(x, table, layer, point):
     return x
 
 
-def llama_forward(m, x, positions, mask, capture=None, steer=None):
+def _patched(t, patch, layer, point):
+    """t with the rows `patch` gives for (layer, point) replaced (a copy; t if none)."""
+    entries = patch.get((layer, point)) if patch else None
+    if not entries:
+        return t
+    t = t.clone()
+    for entry in entries:
+        if point == "z":  # t: [H, T, hd]
+            row, head, vec = entry
+            t[head, row] = torch.as_tensor(vec, dtype=F64)
+        else:
+            row, vec = entry
+            t[row] = torch.as_tensor(vec, dtype=F64)
+    return t
+
+
+def llama_forward(m, x, positions, mask, capture=None, steer=None, patch=None):
     c = m.cfg
     table = _steer_table(m, steer)
     H, KV, hd, eps = c["n_heads"], c["n_kv_heads"], c["head_dim"], c["eps"]
     group = H // KV
     probs_all = []
     for i, lw in enumerate(m.layers):
-        x = _steer(x, table, i, "pre")
+        x = _patched(_steer(x, table, i, "pre"), patch, i, "pre")
         n = rms_norm(x, lw["attn_norm"], eps)
         factors, base, layer_mask = c.get("rope_factors"), c["rope_base"], mask
         if c.get("windowed_layers") is not None:  # Gemma 3
@@ -232,11 +254,13 @@ def llama_forward(m, x, positions, mask, capture=None, steer=None):
         kv_of_head = torch.arange(H) // group  # GQA: query head h reads KV head h // group
         out, probs, scores = attention(q, k[kv_of_head], v[kv_of_head], layer_mask,
                                        c.get("attn_scale"), c.get("attn_softcap"))
+        out = _patched(out, patch, i, "z")
         o_proj = _merge(out) @ lw["wo"].T
         o = o_proj
         if "post_attn_norm" in lw:
             o = rms_norm(o_proj, lw["post_attn_norm"], eps)
-        h = _steer(x + o, table, i, "mid")
+        o = _patched(o, patch, i, "attn")
+        h = _patched(_steer(x + o, table, i, "mid"), patch, i, "mid")
         n2 = rms_norm(h, lw["ffn_norm"], eps)
         gate = gelu_tanh if c.get("gate") == "gelu_tanh" else silu
         mlp_pre = n2 @ lw["w1"].T
@@ -246,49 +270,53 @@ def llama_forward(m, x, positions, mask, capture=None, steer=None):
         f = f_proj
         if "post_ffn_norm" in lw:
             f = rms_norm(f_proj, lw["post_ffn_norm"], eps)
+        f = _patched(f, patch, i, "mlp")
         resid_pre, x = x, _steer(h + f, table, i, "post")
         probs_all.append(probs)
         _record(capture, q=q, k=k, v=v, scores=scores, probs=probs, attn_out=out, resid=x,
                 resid_pre=resid_pre, resid_mid=h, attn_block=o, mlp_block=f, o_proj=o_proj,
                 f_proj=f_proj, mlp_pre=mlp_pre, mlp_post=mlp_post, q_unrotated=q_unrotated,
                 k_unrotated=k_unrotated, mlp_pre_linear=mlp_pre_linear)
+    x = _patched(x, patch, len(m.layers), "pre")
     n = rms_norm(x, m.w["final_norm"], eps)
     _final(capture, x, n)
     return soft_cap(n @ m.w["out"].T, c.get("final_softcap")), torch.stack(probs_all)
 
 
-def gpt2_forward(m, x, positions, mask, capture=None, steer=None):
+def gpt2_forward(m, x, positions, mask, capture=None, steer=None, patch=None):
     c = m.cfg
     H, hd, d, eps = c["n_heads"], c["head_dim"], c["dim"], c["eps"]
     table = _steer_table(m, steer)
     x = x + m.w["wpe"][positions]
     probs_all = []
     for i, lw in enumerate(m.layers):
-        x = _steer(x, table, i, "pre")
+        x = _patched(_steer(x, table, i, "pre"), patch, i, "pre")
         qkv = layer_norm(x, lw["ln1_w"], lw["ln1_b"], eps) @ lw["w_qkv"].T + lw["b_qkv"]
         q, k, v = (_heads(qkv[:, j * d:(j + 1) * d], H, hd) for j in range(3))
         k, v = _leaf_prefix(capture, k, v)
         out, probs, scores = attention(q, k, v, mask)
+        out = _patched(out, patch, i, "z")
         o_proj = _merge(out) @ lw["w_o"].T
-        o = o_proj + lw["b_o"]
-        h = _steer(x + o, table, i, "mid")
+        o = _patched(o_proj + lw["b_o"], patch, i, "attn")
+        h = _patched(_steer(x + o, table, i, "mid"), patch, i, "mid")
         n2 = layer_norm(h, lw["ln2_w"], lw["ln2_b"], eps)
         mlp_pre = n2 @ lw["w_fc"].T + lw["b_fc"]
         mlp_post = gelu_tanh(mlp_pre)
         f_proj = mlp_post @ lw["w_proj"].T
-        f = f_proj + lw["b_proj"]
+        f = _patched(f_proj + lw["b_proj"], patch, i, "mlp")
         resid_pre, x = x, _steer(h + f, table, i, "post")
         probs_all.append(probs)
         _record(capture, q=q, k=k, v=v, scores=scores, probs=probs, attn_out=out, resid=x,
                 resid_pre=resid_pre, resid_mid=h, attn_block=o, mlp_block=f, o_proj=o_proj,
                 f_proj=f_proj, mlp_pre=mlp_pre, mlp_post=mlp_post)
+    x = _patched(x, patch, len(m.layers), "pre")
     n = layer_norm(x, m.w["lnf_w"], m.w["lnf_b"], eps)
     _final(capture, x, n)
     return n @ m.w["out"].T, torch.stack(probs_all)
 
 
 def forward(m, tokens, doc_ids=None, positions=None, inputs_embeds=None, capture=None,
-            steer=None):
+            steer=None, patch=None):
     """Full causal pass over `tokens` (list of ids). positions default to 0..T-1;
     `inputs_embeds` [T, d] replaces the token-embedding lookup (Gemma's: the lookup times
     embed_scale) for input gradients; `steer` as in the module docstring."""
@@ -309,7 +337,7 @@ def forward(m, tokens, doc_ids=None, positions=None, inputs_embeds=None, capture
     if capture is not None:
         capture["embeds"] = x
     fwd = llama_forward if m.family == "llama" else gpt2_forward
-    return fwd(m, x, pos, mask, capture, steer)
+    return fwd(m, x, pos, mask, capture, steer, patch)
 
 
 def positions_per_document(doc_ids):

@@ -1,0 +1,51 @@
+"""Activation patching sweeps in float64, as TransformerLens's patching module computes them
+(get_act_patch_resid_pre, …_resid_mid, …_attn_out, …_mlp_out, …_attn_head_out_by_pos):
+for every layer, (head,) and row, a full forward of `tokens` with that one activation
+replaced by the source run's at the same row (model.forward's `patch`), scored by the logit
+difference logits[row, a] - logits[row, b] (after any final soft-cap).
+
+patch_sweep(model, tokens, source, hook, row, a, b) -> dict:
+  sweep.clean [1], sweep.source [1]  the score of each prompt's own run
+  sweep.metric [L, H or 1, T]        hook "resid_pre", "resid_mid", "resid_post", "attn_out",
+                                     "mlp_out" (one value per layer and row) or "z" (per head)
+"""
+import numpy as np
+import torch
+
+from .model import forward
+
+# hook -> (the forward's patch point, the capture that holds the source's value, layer shift)
+_SITES = {"resid_pre": ("pre", "resid_pre", 0), "resid_mid": ("mid", "resid_mid", 0),
+          "resid_post": ("pre", "resid", 1), "attn_out": ("attn", "attn_block", 0),
+          "mlp_out": ("mlp", "mlp_block", 0), "z": ("z", "attn_out", 0)}
+
+
+def patch_sweep(m, tokens, source, hook, row, a, b):
+    if hook not in _SITES:
+        raise ValueError(f"unknown hook {hook!r}; one of {', '.join(_SITES)}")
+    if len(source) != len(tokens):
+        raise ValueError("the source must have as many tokens as the input")
+    point, record, shift = _SITES[hook]
+    L, H, T = m.cfg["n_layers"], m.cfg["n_heads"], len(tokens)
+
+    def score(**kw):
+        logits, _ = forward(m, tokens, **kw)
+        return float(logits[row, a] - logits[row, b])
+
+    with torch.no_grad():
+        cap = {}
+        src_logits, _ = forward(m, source, capture=cap)
+        heads = H if hook == "z" else 1
+        metric = np.zeros((L, heads, T))
+        for l in range(L):
+            value = cap["layers"][l][record]
+            for h in range(heads):
+                for i in range(T):
+                    if hook == "z":
+                        patch = {(l, "z"): [(i, h, value[h, i])]}
+                    else:
+                        patch = {(l + shift, point): [(i, value[i])]}
+                    metric[l, h, i] = score(patch=patch)
+        return {"sweep.clean": np.array([score()]),
+                "sweep.source": np.array([float(src_logits[row, a] - src_logits[row, b])]),
+                "sweep.metric": metric}

@@ -1,0 +1,150 @@
+"""Activation patching in the oracle (forward's patch=, kvlens_oracle/patching.py, oracle.py
+--patch-sweep) against what each cell must be, on a random Llama (3 layers), Gemma 2 (norms
+on the block outputs, capped logits) and GPT-2 (biases, learned positions):
+(a) patching a run with its own activations changes no cell (sweep of the prompt into
+    itself: every cell is the clean score, exactly);
+(b) layer 0's resid_pre at row i is that row's embedding: the cell is the run with token i
+    swapped for the source's;
+(c) the last layer's resid_post at the scored row is the stream the final norm reads: the
+    cell is the source's score, and at other rows the clean one;
+(d) cells past the scored row are the clean score (causal attention), at every site;
+(e) a z patch of a head with the value it had, plus an attn_out patch equal to what a
+    mid-layer adds, change nothing, while (f) patching z moves attn_out by
+    (z_src - z) @ W_O[:, head] for models without a block-output norm (numpy from weights);
+(g) oracle.py --patch-sweep writes the same arrays, and refuses what it cannot do.
+
+Run: /usr/bin/python3 -m unittest discover -s tests/oracle -p 'test_*.py'
+"""
+import contextlib
+import io
+import os
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from kvlens_oracle import forward, load_model, read_container  # noqa: E402
+from kvlens_oracle.patching import patch_sweep  # noqa: E402
+import oracle_fixtures as fx  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = {
+    "llama": "--f32 --layers 3",
+    "gemma2": "--gemma2 --f32 --set-float gemma2.final_logit_softcapping=3",
+    "gpt2": None,
+}
+TOKENS = {"llama": [1, 5, 300, 17, 42, 383], "gemma2": [1, 5, 300, 17, 42, 383],
+          "gpt2": [3, 14, 15, 9, 26, 5]}
+SOURCE = {"llama": [1, 9, 77, 17, 250, 4], "gemma2": [1, 9, 77, 17, 250, 4],
+          "gpt2": [3, 7, 22, 9, 30, 2]}
+HOOKS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z")
+
+
+class PatchingTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.paths, cls.models = {}, {}
+        script = os.path.join(HERE, "make_quantized_gguf.py")
+        for name, args in MODELS.items():
+            if args is None:
+                path = os.path.join(cls.tmp.name, name)
+                fx.tiny_gpt2(path, seed=4, n_layer=3)
+            else:
+                path = os.path.join(cls.tmp.name, f"{name}.gguf")
+                if os.system(f"{sys.executable} {script} --out {path} {args}") != 0:
+                    raise RuntimeError("make_quantized_gguf.py failed")
+            cls.paths[name], cls.models[name] = path, load_model(path)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def score(self, m, tokens, row, a, b, **kw):
+        with torch.no_grad():
+            logits, _ = forward(m, tokens, **kw)
+        return float(logits[row, a] - logits[row, b])
+
+    def test_cells_are_the_runs_they_must_be(self):
+        row, a, b = 3, 5, 9
+        for name, m in self.models.items():
+            ids, src = TOKENS[name], SOURCE[name]
+            L, T = m.cfg["n_layers"], len(ids)
+            clean = self.score(m, ids, row, a, b)
+            source = self.score(m, src, row, a, b)
+            self.assertNotEqual(clean, source)
+            for hook in HOOKS:
+                with self.subTest(model=name, hook=hook):
+                    own = patch_sweep(m, ids, ids, hook, row, a, b)  # (a)
+                    self.assertTrue(np.all(own["sweep.metric"] == clean))
+                    r = patch_sweep(m, ids, src, hook, row, a, b)
+                    metric = r["sweep.metric"]
+                    self.assertEqual(metric.shape, (L, m.cfg["n_heads"] if hook == "z" else 1, T))
+                    self.assertEqual(r["sweep.clean"][0], clean)
+                    self.assertEqual(r["sweep.source"][0], source)
+                    self.assertTrue(np.all(metric[:, :, row + 1:] == clean))  # (d)
+                    self.assertTrue(np.any(metric[:, :, :row + 1] != clean))
+                    if hook == "resid_pre":  # (b)
+                        for i in range(T):
+                            swapped = list(ids)
+                            swapped[i] = src[i]
+                            self.assertEqual(metric[0, 0, i], self.score(m, swapped, row, a, b))
+                    if hook == "resid_post":  # (c)
+                        want = [source if i == row else clean for i in range(T)]
+                        np.testing.assert_array_equal(metric[L - 1, 0], want)
+
+    def test_z_moves_attn_out_through_w_o(self):
+        m = self.models["gpt2"]  # no block-output norm: attn_out = merged z @ W_O^T + b_O
+        ids, src = TOKENS["gpt2"], SOURCE["gpt2"]
+        layer, head, i = 1, 1, 4
+        clean_cap, src_cap, cap = {}, {}, {}
+        with torch.no_grad():
+            forward(m, ids, capture=clean_cap)
+            forward(m, src, capture=src_cap)
+            z_src = src_cap["layers"][layer]["attn_out"][head, i]
+            forward(m, ids, capture=cap, patch={(layer, "z"): [(i, head, z_src)]})
+        hd = m.cfg["head_dim"]
+        w_o = m.layers[layer]["w_o"].numpy()[:, head * hd:(head + 1) * hd]
+        z = clean_cap["layers"][layer]["attn_out"][head, i].numpy()
+        moved = (cap["layers"][layer]["attn_block"] - clean_cap["layers"][layer]["attn_block"])
+        np.testing.assert_allclose(moved[i].numpy(), w_o @ (z_src.numpy() - z), rtol=0,
+                                   atol=1e-12)
+        self.assertTrue(np.all(moved[:i].numpy() == 0))
+        # (e) its own values, at two sites at once, change nothing
+        with torch.no_grad():
+            same = forward(m, ids, patch={
+                (layer, "z"): [(i, head, clean_cap["layers"][layer]["attn_out"][head, i])],
+                (0, "attn"): [(2, clean_cap["layers"][0]["attn_block"][2])]})[0]
+            want = forward(m, ids)[0]
+        self.assertTrue(torch.equal(same, want))
+
+    def test_cli(self):
+        import oracle
+        m, path = self.models["llama"], self.paths["llama"]
+        ids, src = TOKENS["llama"], SOURCE["llama"]
+        out = os.path.join(self.tmp.name, "sweep.kvo")
+        argv = ["--model", path, "--tokens", " ".join(map(str, ids)), "--out", out,
+                "--patch-sweep", "mlp_out:3:5:9", "--source-tokens", " ".join(map(str, src))]
+        self.assertEqual(oracle.main(argv), 0)
+        got = read_container(out)
+        want = patch_sweep(m, ids, src, "mlp_out", 3, 5, 9)
+        for k, v in want.items():
+            np.testing.assert_array_equal(got[k].reshape(v.shape), v)
+        s = " ".join(map(str, src))
+        for sweep, source, message in (("hook_z:3:5:9", s, "unknown hook"),
+                                       ("z:3:5", s, "HOOK:ROW:A:B"),
+                                       ("z:3:5:9", "1 2", "as many tokens")):
+            args = ["--model", path, "--tokens", " ".join(map(str, ids)), "--out", out,
+                    "--patch-sweep", sweep, "--source-tokens", source]
+            err = io.StringIO()
+            with self.assertRaises(SystemExit), contextlib.redirect_stderr(err):
+                oracle.main(args)
+            self.assertIn(message, err.getvalue())
+
+
+if __name__ == "__main__":
+    unittest.main()
