@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
   bool first = true;
   for (const char* site : {"resid_pre", "resid_mid", "attn_out", "mlp_out", "resid_post", "z"}) {
     const ki::PatchTarget target = *ki::PatchTargetByName(site);
-    const int cells = L * rows * (target.heads ? c.num_heads : 1);
+    const int cells = L * rows * (target.per_head() ? c.num_heads : 1);
     const double s = Seconds([&] {
       Must(ki::PatchSweep(*model, be, input, source, target, layers, n - rows, n, o).ok(), site);
     });

@@ -217,12 +217,12 @@ absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest&
 absl::StatusOr<interpret::PatchTarget> ToPatchTarget(const std::string& hook,
                                                      const std::string& field, bool heads_allowed) {
   const std::optional<interpret::PatchTarget> t = interpret::PatchTargetByName(hook);
-  if (t.has_value() && (heads_allowed || !t->heads)) return *t;
+  if (t.has_value() && (heads_allowed || !t->per_head())) return *t;
   return absl::InvalidArgumentError(absl::StrCat(
       field, " = \"", hook, "\": not a patching site (",
       heads_allowed ? std::string(interpret::PatchTargetNames())
                     : "resid_pre, resid_mid, resid_post, attn_out, mlp_out; a head's z is a "
-                      "head_patches entry",
+                      "head_patches entry, its pattern a row_overrides one",
       ")"));
 }
 

@@ -78,7 +78,7 @@ absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest&
 
 // A patching site by name (interpret::PatchTargetByName): "" or "resid_pre", "resid_mid",
 // "attn_out", "mlp_out", "resid_post" (leaving the layer: resid_pre of the next), and with
-// `heads_allowed` "z" (each head's output). INVALID_ARGUMENT naming `field` and the names
+// `heads_allowed` "z" and "pattern" (per head). INVALID_ARGUMENT naming `field` and the names
 // otherwise.
 absl::StatusOr<interpret::PatchTarget> ToPatchTarget(const std::string& hook,
                                                      const std::string& field, bool heads_allowed);

@@ -71,12 +71,12 @@ absl::Status RunPatchSweep(const InterpContext& ctx, const v1::PatchSweepRequest
   }
   if (!objective.ok()) return objective.status();
   const int64_t runs =
-      static_cast<int64_t>(layers->size()) * (target->heads ? c.num_heads : 1) * rows->size();
+      static_cast<int64_t>(layers->size()) * (target->per_head() ? c.num_heads : 1) * rows->size();
   if (runs > ctx.limits.max_sweep_runs) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the sweep has ", runs, " cells (layers × ", target->heads ? "heads × " : "",
-                     "positions), more than --max-interp-sweep-runs = ", ctx.limits.max_sweep_runs,
-                     "; ask for fewer layers or positions"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the sweep has ", runs, " cells (layers × ", target->per_head() ? "heads × " : "",
+        "positions), more than --max-interp-sweep-runs = ", ctx.limits.max_sweep_runs,
+        "; ask for fewer layers or positions"));
   }
   const bool fp64 = WantsFp64(request.precision());
   response->set_precision(PrecisionOf(fp64));

@@ -369,7 +369,8 @@ int PatchCommand(int argc, char** argv) {
   specs.push_back({"source-text", "", "the prompt patched from (as many tokens as the prompt)"});
   specs.push_back({"source-ids", "", "or its token ids, space-separated"});
   specs.push_back({"hook", "resid_pre",
-                   "resid_pre, resid_mid, resid_post, attn_out, mlp_out, or z (each head)"});
+                   "resid_pre, resid_mid, resid_post, attn_out, mlp_out, or per head z "
+                   "(its output) or pattern (its attention row)"});
   specs.push_back({"layers", "", "layers, e.g. \"0 -1\" (negative: from the end; default: all)"});
   specs.push_back({"token", "", "token id whose log-prob (or logit, with --baseline) is scored"});
   specs.push_back({"token-text", "", "or that token as text (one token, e.g. \" Paris\")"});
@@ -378,12 +379,13 @@ int PatchCommand(int argc, char** argv) {
   specs.push_back(
       {"position", "-1", "position whose next token is scored (negative: from the end)"});
   absl::StatusOr<Args> args;
-  if (int code = Prepare(argc, argv, "patch",
-                         "Activation patching swept over layers x positions (x heads for z): "
-                         "per cell, the prompt's run with that one activation taken from the "
-                         "source's at the same position, scored; prints each cell's recovered "
-                         "share (patched - clean) / (source - clean).",
-                         specs, args);
+  if (int code =
+          Prepare(argc, argv, "patch",
+                  "Activation patching swept over layers x positions (x heads for z, pattern): "
+                  "per cell, the prompt's run with that one activation taken from the "
+                  "source's at the same position, scored; prints each cell's recovered "
+                  "share (patched - clean) / (source - clean).",
+                  specs, args);
       code >= 0) {
     return code;
   }
@@ -431,6 +433,7 @@ int PatchCommand(int argc, char** argv) {
   absl::StatusOr<std::map<int32_t, std::string>> texts = ServerTokenTexts(*args, ids);
   if (!texts.ok()) return Fail("patch", std::string(texts.status().message()), 1);
   const int begin = response.positions().begin(), end = response.positions().end();
+  const bool per_head = request.hook() == "z" || request.hook() == "pattern";
   std::printf("precision %s, hook %s; %s: clean %.6f, source %.6f\n",
               PrecisionName(response.precision()), request.hook().c_str(),
               *baseline >= 0 ? "logit difference" : "log-prob", response.clean(),
@@ -438,7 +441,7 @@ int PatchCommand(int argc, char** argv) {
   std::printf(
       "recovered (patched - clean) / (source - clean), a row per %s, a column per "
       "position:\n",
-      response.num_heads() > 1 ? "layer and head" : "layer");
+      per_head ? "layer and head" : "layer");
   std::printf("%10s", "");
   for (int p = begin; p < end; ++p) std::printf(" %8d", p);
   std::printf("\n%10s", "");
@@ -456,9 +459,8 @@ int PatchCommand(int argc, char** argv) {
   const int width = end - begin;
   for (int li = 0; li < response.layers_size(); ++li) {
     for (int h = 0; h < response.num_heads(); ++h) {
-      const std::string label = response.num_heads() > 1
-                                    ? absl::StrCat("L", response.layers(li), "H", h)
-                                    : absl::StrCat("layer ", response.layers(li));
+      const std::string label = per_head ? absl::StrCat("L", response.layers(li), "H", h)
+                                         : absl::StrCat("layer ", response.layers(li));
       std::printf("%10s", label.c_str());
       for (int p = 0; p < width; ++p) {
         const double m = response.metric((li * response.num_heads() + h) * width + p);

@@ -8,17 +8,19 @@
 namespace kvlens::interpret {
 
 std::optional<PatchTarget> PatchTargetByName(std::string_view hook) {
+  using Kind = PatchTarget::Kind;
   if (hook.empty() || hook == "resid_pre") return PatchTarget{};
-  if (hook == "resid_post") return PatchTarget{PatchSite::kResidPre, true, false};
-  if (hook == "z") return PatchTarget{PatchSite::kResidPre, false, true};
+  if (hook == "resid_post") return PatchTarget{Kind::kStream, PatchSite::kResidPre, true};
+  if (hook == "z") return PatchTarget{Kind::kHeadOutput};
+  if (hook == "pattern") return PatchTarget{Kind::kHeadPattern};
   for (PatchSite site : {PatchSite::kResidMid, PatchSite::kAttnOut, PatchSite::kMlpOut}) {
-    if (hook == PatchSiteName(site)) return PatchTarget{site, false, false};
+    if (hook == PatchSiteName(site)) return PatchTarget{Kind::kStream, site, false};
   }
   return std::nullopt;
 }
 
 std::string_view PatchTargetNames() {
-  return "resid_pre, resid_mid, resid_post, attn_out, mlp_out, z";
+  return "resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, pattern";
 }
 
 template <typename T>
@@ -57,17 +59,21 @@ absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend
   PatchSweepResult r;
   r.clean = EvaluateObjective(objective, c, *clean);
   r.source = EvaluateObjective(objective, c, *src);
-  r.heads = target.heads ? c.num_heads : 1;
+  r.heads = target.per_head() ? c.num_heads : 1;
   r.metric.reserve(layers.size() * r.heads * (row_end - row_begin));
   for (int l : layers) {
     for (int h = 0; h < r.heads; ++h) {
       for (int row = row_begin; row < row_end; ++row) {
         Edits e;
         int first = l;  // the layer the patch acts in: everything before is the clean run's
-        if (target.heads) {
+        if (target.kind == PatchTarget::Kind::kHeadOutput) {
           auto p = HeadPatchFrom(*src, c, l, h, row, row);
           if (!p.ok()) return p.status();
           e.head_patches.push_back(*std::move(p));
+        } else if (target.kind == PatchTarget::Kind::kHeadPattern) {
+          const int64_t tk = src->num_keys;
+          const T* probs = src->layers[l].probs.data() + (int64_t{h} * src->n + row) * tk;
+          e.row_overrides.push_back({l, h, row, std::vector<double>(probs, probs + tk), {}});
         } else {
           first = l + (target.next_layer ? 1 : 0);
           auto p = PatchFrom(*src, c, first, row, row, target.site);

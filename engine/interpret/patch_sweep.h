@@ -8,7 +8,9 @@
 //
 // Sites by TransformerLens's hook name: resid_pre (the stream entering the layer),
 // resid_mid, resid_post (= resid_pre of the next layer, or the stream the final norm
-// reads), attn_out, mlp_out, and z (each head's output, one cell per head).
+// reads), attn_out, mlp_out; and per head, one cell each: z (the head's output, a
+// HeadPatch) and pattern (its attention row, a RowOverride with the source's probabilities:
+// get_act_patch_attn_head_pattern_by_pos).
 #ifndef KVLENS_ENGINE_INTERPRET_PATCH_SWEEP_H_
 #define KVLENS_ENGINE_INTERPRET_PATCH_SWEEP_H_
 
@@ -24,14 +26,20 @@ namespace kvlens::interpret {
 
 // A patching site named as TransformerLens names it.
 struct PatchTarget {
+  enum class Kind : uint8_t {
+    kStream,       // a row of the stream or of a block's output: `site`, `next_layer`
+    kHeadOutput,   // z: one head's output (HeadPatch)
+    kHeadPattern,  // pattern: one head's attention row (RowOverride)
+  };
+  Kind kind = Kind::kStream;
   PatchSite site = PatchSite::kResidPre;
   bool next_layer = false;  // resid_post: resid_pre of layer + 1
-  bool heads = false;       // z: one head's output (HeadPatch), `site` unused
+  bool per_head() const { return kind != Kind::kStream; }
 };
-// "" and "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z"; nullopt
-// otherwise.
+// "" and "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "pattern";
+// nullopt otherwise.
 std::optional<PatchTarget> PatchTargetByName(std::string_view hook);
-// "resid_pre, resid_mid, resid_post, attn_out, mlp_out, z", for error messages.
+// "resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, pattern", for error messages.
 std::string_view PatchTargetNames();
 
 struct PatchSweepResult {
@@ -46,7 +54,9 @@ struct PatchSweepResult {
 // The sweep over `layers` (each in [0, L)) and rows [row_begin, row_end) of `input`, each
 // patched from the same row of `source` (of the same length). INVALID_ARGUMENT when the
 // lengths differ, a layer or the rows are out of range, or the objective does not fit
-// (ValidateObjective; kAttnOutProbe is refused: it reads O, which a z patch replaces).
+// (ValidateObjective; kAttnOutProbe is refused: it reads O, which a z patch replaces); a
+// pattern cell whose source row puts weight where the input's mask has none (other
+// document ids) fails as that RowOverride does.
 template <typename T>
 absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend<T>& backend,
                                             const SequenceInput<T>& input,

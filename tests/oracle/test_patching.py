@@ -41,7 +41,7 @@ TOKENS = {"llama": [1, 5, 300, 17, 42, 383], "gemma2": [1, 5, 300, 17, 42, 383],
           "gpt2": [3, 14, 15, 9, 26, 5]}
 SOURCE = {"llama": [1, 9, 77, 17, 250, 4], "gemma2": [1, 9, 77, 17, 250, 4],
           "gpt2": [3, 7, 22, 9, 30, 2]}
-HOOKS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z")
+HOOKS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "pattern")
 
 
 class PatchingTest(unittest.TestCase):
@@ -83,7 +83,8 @@ class PatchingTest(unittest.TestCase):
                     self.assertTrue(np.all(own["sweep.metric"] == clean))
                     r = patch_sweep(m, ids, src, hook, row, a, b)
                     metric = r["sweep.metric"]
-                    self.assertEqual(metric.shape, (L, m.cfg["n_heads"] if hook == "z" else 1, T))
+                    heads = m.cfg["n_heads"] if hook in ("z", "pattern") else 1
+                    self.assertEqual(metric.shape, (L, heads, T))
                     self.assertEqual(r["sweep.clean"][0], clean)
                     self.assertEqual(r["sweep.source"][0], source)
                     self.assertTrue(np.all(metric[:, :, row + 1:] == clean))  # (d)

@@ -129,7 +129,7 @@ TEST(InterpretPatchSweep, BadRequestsNameTheirField) {
                 invalid, "patch_source has 3 tokens and input 6");
   ExpectRefused(with([](auto& r) { r.set_hook("hook_z"); }), invalid,
                 "hook = \"hook_z\": not a patching site (resid_pre, resid_mid, resid_post, "
-                "attn_out, mlp_out, z)");
+                "attn_out, mlp_out, z, pattern)");
   ExpectRefused(with([](auto& r) { r.add_layers(9); }), invalid, "layers");
   ExpectRefused(with([](auto& r) { r.mutable_positions()->set_begin(7); }), invalid, "positions");
   ExpectRefused(with([](auto& r) { r.clear_logit_diff(); }), invalid,

@@ -86,8 +86,10 @@ sw = c.patch_sweep(tokens=a, patch_source=b, hook="resid_post", layers=[-1],
                    logit_diff=(-1, 42, 300), fp64=True)
 zs = c.patch_sweep(tokens=a, patch_source=b, hook="z", layers=[0, 1], positions=(2, 5),
                    targets=[(5, 7)])
+ps = c.patch_sweep(tokens=a, patch_source=b, hook="pattern", layers=[1], positions=(4, 6),
+                   targets=[(5, 7)])
 out["sweep"] = [(sw.recovered() + 0.0).tolist(),  # (+ 0.0: no -0.0)
-                list(sw.metric.shape), list(zs.metric.shape),
+                list(sw.metric.shape), list(zs.metric.shape) + list(ps.metric.shape),
                 zs.layers, list(zs.positions)]
 other = c.intervene(text=text, head_patches=[(0, 1, -1, 0)], patch_source="Lily",
                     targets=[(0, 5)])
@@ -290,8 +292,9 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_TRUE(out["head_patch_change"][2].get<bool>());
   // The last layer's resid_post sweep recovers the source's score at the objective's
   // position alone; the z sweep's grid is [layers, heads, positions].
-  EXPECT_EQ(out["sweep"].dump(), absl::StrCat("[[[0.0,0.0,0.0,0.0,0.0,1.0]],[1,6],[2,",
-                                              server.model().config.num_heads, ",3],[0,1],[2,5]]"));
+  const int H = server.model().config.num_heads;
+  EXPECT_EQ(out["sweep"].dump(), absl::StrCat("[[[0.0,0.0,0.0,0.0,0.0,1.0]],[1,6],[2,", H, ",3,1,",
+                                              H, ",2],[0,1],[2,5]]"));
   v1::GenerateRequest generate;
   generate.set_text(kChatText);
   generate.mutable_stopping()->set_max_new_tokens(4);

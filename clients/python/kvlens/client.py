@@ -170,7 +170,7 @@ class AttentionMaps:
 @dataclasses.dataclass
 class PatchSweep:
     """Interpret.PatchSweep's answer. metric: [layers, positions] ([layers, heads,
-    positions] for z), the objective with that one activation patched from the source;
+    positions] for z and pattern), the objective with that one activation patched from the source;
     clean and source: the objective on each prompt's own run."""
     precision: str
     hook: str
@@ -728,7 +728,8 @@ class Client:
                     chat=None) -> PatchSweep:
         """Activation patching over layers × positions, as TransformerLens's patching module
         (get_act_patch_resid_pre, …): each cell runs this prompt with `hook` (resid_pre,
-        resid_mid, resid_post, attn_out, mlp_out, or z per head) of one layer at one position
+        resid_mid, resid_post, attn_out, mlp_out, or per head z or pattern) of one layer at one
+        position
         taken from patch_source (text or token list, the same length) at that position, and
         scores it: targets [(position, token)] for Σ log p, or logit_diff=(position, a, b).
         layers: empty for all (negative from the end); positions: [begin, end), (0, 0) all."""
@@ -750,7 +751,7 @@ class Client:
         return PatchSweep(precision=ip.Precision.Name(r.precision), hook=hook or "resid_pre",
                           layers=list(r.layers), positions=(r.positions.begin, r.positions.end),
                           clean=r.clean, source=r.source,
-                          metric=metric if hook == "z" else metric[:, 0, :])
+                          metric=metric if hook in ("z", "pattern") else metric[:, 0, :])
 
     def logit_lens(self, text=None, tokens=None, positions=(), top_k=5, fp64=False, chat=None,
                    session_id=None):

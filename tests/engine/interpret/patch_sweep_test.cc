@@ -52,13 +52,14 @@ TEST_F(PatchSweepTest, CellsAreTheRunsTheyMustBe) {
   const SequenceInput<double> input{Tokens(n, 4, V)}, source{Tokens(n, 5, V)};
   // logit difference at row 6 between the next tokens of the two prompts
   const Objective o = Objective::LogitDiff(row, source.tokens[row + 1], input.tokens[row + 1]);
-  for (const char* name : {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z"}) {
+  for (const char* name :
+       {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "pattern"}) {
     SCOPED_TRACE(name);
     const PatchTarget target = *PatchTargetByName(name);
     const std::vector<int> layers = {c.num_layers - 1, 0, 2};
     auto r = PatchSweep(*model_, be_, input, source, target, layers, 0, n, o);
     ASSERT_TRUE(r.ok()) << r.status();
-    const int heads = target.heads ? c.num_heads : 1;
+    const int heads = target.per_head() ? c.num_heads : 1;
     ASSERT_EQ(r->heads, heads);
     ASSERT_EQ(r->metric.size(), layers.size() * heads * n);
     auto cell = [&](size_t li, int h, int i) { return r->metric[(li * heads + h) * n + i]; };
@@ -197,9 +198,10 @@ TEST(PatchSweepOracle, Stories260KEverySite) {
   KVLENS_REQUIRE_FILE(bin);
   if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
   // (ids 3 … 258 are its byte tokens, untrained: their logits barely differ)
-  ExpectOracleSweeps(bin, "stories260K", {1, 403, 407, 261, 378, 300, 290, 420},
-                     {1, 333, 407, 299, 378, 270, 290, 460},
-                     {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z"});
+  ExpectOracleSweeps(
+      bin, "stories260K", {1, 403, 407, 261, 378, 300, 290, 420},
+      {1, 333, 407, 299, 378, 270, 290, 460},
+      {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "pattern"});
 }
 
 TEST(PatchSweepOracle, DefaultGpt2Model) {
@@ -207,7 +209,7 @@ TEST(PatchSweepOracle, DefaultGpt2Model) {
   KVLENS_REQUIRE_FILE(dir + "/config.json");
   if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
   ExpectOracleSweeps(dir, "kjv-gpt2-4l", {0, 34, 290, 1021, 17, 88, 5},
-                     {0, 34, 77, 1021, 40, 88, 9}, {"attn_out", "z"});
+                     {0, 34, 77, 1021, 40, 88, 9}, {"attn_out", "z", "pattern"});
 }
 
 // Gemma 2: block-output norms (attn_out / mlp_out after them), capped logits.
@@ -217,7 +219,7 @@ TEST(PatchSweepOracle, Gemma2) {
       testing::MakeQuantizedModel("--f32 --gemma2 --set-float gemma2.final_logit_softcapping=3");
   ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
   ExpectOracleSweeps(path, "gemma2", {2, 5, 300, 17, 42, 383}, {2, 9, 77, 17, 250, 4},
-                     {"attn_out", "mlp_out", "resid_mid"});
+                     {"attn_out", "mlp_out", "resid_mid", "pattern"});
   std::remove(path.c_str());
 }
 

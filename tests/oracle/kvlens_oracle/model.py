@@ -21,7 +21,9 @@ tensor as the forward forms it, before anything downstream reads it: point "pre"
 stream entering the block (layer n_layers: the stream entering the final norm), "attn" /
 "mlp" what the attention / FFN adds (after b_O or the block-output norm), "mid" the
 stream after the attention's add; point "z" takes (row, head, vector [hd]), that head's
-output before W_O (TransformerLens's hook_z). patching.py sweeps it.
+output before W_O (TransformerLens's hook_z), and "pattern" (row, head, probabilities [T]),
+that head's attention row before it weighs the values (hook_pattern). patching.py sweeps
+it.
 Everything is differentiable (no in-place ops), so torch.autograd can produce gradients.
 Pass `capture={}` to receive capture["embeds"] (the token embeddings, before GPT-2's
 positions), capture["resid_final"] (the residual entering the final norm, [T, d]),
@@ -214,7 +216,7 @@ def _patched(t, patch, layer, point):
         return t
     t = t.clone()
     for entry in entries:
-        if point == "z":  # t: [H, T, hd]
+        if point in ("z", "pattern"):  # t: [H, T, hd] or [H, T, T]
             row, head, vec = entry
             t[head, row] = torch.as_tensor(vec, dtype=F64)
         else:
@@ -254,6 +256,9 @@ def llama_forward(m, x, positions, mask, capture=None, steer=None, patch=None):
         kv_of_head = torch.arange(H) // group  # GQA: query head h reads KV head h // group
         out, probs, scores = attention(q, k[kv_of_head], v[kv_of_head], layer_mask,
                                        c.get("attn_scale"), c.get("attn_softcap"))
+        if patch and (i, "pattern") in patch:
+            probs = _patched(probs, patch, i, "pattern")
+            out = probs @ v[kv_of_head]
         out = _patched(out, patch, i, "z")
         o_proj = _merge(out) @ lw["wo"].T
         o = o_proj
@@ -295,6 +300,9 @@ def gpt2_forward(m, x, positions, mask, capture=None, steer=None, patch=None):
         q, k, v = (_heads(qkv[:, j * d:(j + 1) * d], H, hd) for j in range(3))
         k, v = _leaf_prefix(capture, k, v)
         out, probs, scores = attention(q, k, v, mask)
+        if patch and (i, "pattern") in patch:
+            probs = _patched(probs, patch, i, "pattern")
+            out = probs @ v
         out = _patched(out, patch, i, "z")
         o_proj = _merge(out) @ lw["w_o"].T
         o = _patched(o_proj + lw["b_o"], patch, i, "attn")

@@ -1,5 +1,6 @@
 """Activation patching sweeps in float64, as TransformerLens's patching module computes them
-(get_act_patch_resid_pre, …_resid_mid, …_attn_out, …_mlp_out, …_attn_head_out_by_pos):
+(get_act_patch_resid_pre, …_resid_mid, …_attn_out, …_mlp_out, …_attn_head_out_by_pos,
+…_attn_head_pattern_by_pos):
 for every layer, (head,) and row, a full forward of `tokens` with that one activation
 replaced by the source run's at the same row (model.forward's `patch`), scored by the logit
 difference logits[row, a] - logits[row, b] (after any final soft-cap).
@@ -7,7 +8,8 @@ difference logits[row, a] - logits[row, b] (after any final soft-cap).
 patch_sweep(model, tokens, source, hook, row, a, b) -> dict:
   sweep.clean [1], sweep.source [1]  the score of each prompt's own run
   sweep.metric [L, H or 1, T]        hook "resid_pre", "resid_mid", "resid_post", "attn_out",
-                                     "mlp_out" (one value per layer and row) or "z" (per head)
+                                     "mlp_out" (one value per layer and row), or per head "z"
+                                     (its output) or "pattern" (its attention row)
 """
 import numpy as np
 import torch
@@ -17,7 +19,8 @@ from .model import forward
 # hook -> (the forward's patch point, the capture that holds the source's value, layer shift)
 _SITES = {"resid_pre": ("pre", "resid_pre", 0), "resid_mid": ("mid", "resid_mid", 0),
           "resid_post": ("pre", "resid", 1), "attn_out": ("attn", "attn_block", 0),
-          "mlp_out": ("mlp", "mlp_block", 0), "z": ("z", "attn_out", 0)}
+          "mlp_out": ("mlp", "mlp_block", 0), "z": ("z", "attn_out", 0),
+          "pattern": ("pattern", "probs", 0)}
 
 
 def patch_sweep(m, tokens, source, hook, row, a, b):
@@ -35,14 +38,15 @@ def patch_sweep(m, tokens, source, hook, row, a, b):
     with torch.no_grad():
         cap = {}
         src_logits, _ = forward(m, source, capture=cap)
-        heads = H if hook == "z" else 1
+        per_head = hook in ("z", "pattern")
+        heads = H if per_head else 1
         metric = np.zeros((L, heads, T))
         for l in range(L):
             value = cap["layers"][l][record]
             for h in range(heads):
                 for i in range(T):
-                    if hook == "z":
-                        patch = {(l, "z"): [(i, h, value[h, i])]}
+                    if per_head:
+                        patch = {(l, point): [(i, h, value[h, i])]}
                     else:
                         patch = {(l + shift, point): [(i, value[i])]}
                     metric[l, h, i] = score(patch=patch)

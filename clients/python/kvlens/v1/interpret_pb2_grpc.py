@@ -102,7 +102,7 @@ class InterpretServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def PatchSweep(self, request, context):
-        """Activation patching swept over layers × positions (× heads for z), as
+        """Activation patching swept over layers × positions (× heads for z, pattern), as
         TransformerLens's patching module: one run of the input per cell, with that one
         activation replaced by the patch source's at the same position, scored by an objective.
         """
