@@ -297,10 +297,10 @@ absl::Status InterveneAt(const InterpContext& ctx, const v1::InterveneRequest& r
     for (int k = 0; k < request.patches_size(); ++k) {
       const v1::ResidualPatch& p = request.patches(k);
       const std::string name = absl::StrCat("patches[", k, "]");
-      auto site = ToPatchTarget(p.hook(), name + ".hook", false);
-      if (!site.ok()) return site.status();
+      auto target = ToPatchTarget(p.hook(), name + ".hook", false);
+      if (!target.ok()) return target.status();
       int64_t layer = p.layer() < 0 ? int64_t{p.layer()} + c.num_layers : p.layer();
-      if (site->site == interpret::PatchSite::kResidPre && !site->next_layer) {
+      if (target->site == interpret::PatchSite::kResidPre && !target->next_layer) {
         // 0 … L (L: the model's output); negative counts from L as every layer does (−1:
         // the stream entering the last layer).
         if (layer < 0 || layer > c.num_layers) {
@@ -311,7 +311,7 @@ absl::Status InterveneAt(const InterpContext& ctx, const v1::InterveneRequest& r
       } else {
         absl::StatusOr<int> l = ToIndex(p.layer(), c.num_layers, name + ".layer");
         if (!l.ok()) return l.status();
-        layer = *l + (site->next_layer ? 1 : 0);  // resid_post of l is resid_pre of l + 1
+        layer = *l + (target->next_layer ? 1 : 0);  // resid_post of l is resid_pre of l + 1
       }
       absl::StatusOr<int> position = ToIndex(p.position(), n, name + ".position");
       if (!position.ok()) return position.status();
@@ -319,7 +319,7 @@ absl::Status InterveneAt(const InterpContext& ctx, const v1::InterveneRequest& r
           ToIndex(p.source_position(), source_tape->n, name + ".source_position");
       if (!source_position.ok()) return source_position.status();
       auto patch = interpret::PatchFrom(*source_tape, c, static_cast<int>(layer), *source_position,
-                                        *position, site->site);
+                                        *position, target->site);
       if (!patch.ok()) return patch.status();
       edits.patches.push_back(*std::move(patch));
     }

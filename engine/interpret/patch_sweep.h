@@ -45,7 +45,7 @@ std::string_view PatchTargetNames();
 struct PatchSweepResult {
   double clean = 0.0;   // the objective on the input's own run
   double source = 0.0;  // on the source's own run (same rows and tokens)
-  int heads = 1;        // cells per (layer, row): the model's heads for z, else 1
+  int heads = 1;        // cells per (layer, row): the model's heads for z and pattern, else 1
   // [layers.size()][heads][row_end − row_begin]: the objective with that one activation
   // patched.
   std::vector<double> metric;

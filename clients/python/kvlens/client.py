@@ -170,8 +170,8 @@ class AttentionMaps:
 @dataclasses.dataclass
 class PatchSweep:
     """Interpret.PatchSweep's answer. metric: [layers, positions] ([layers, heads,
-    positions] for z and pattern), the objective with that one activation patched from the source;
-    clean and source: the objective on each prompt's own run."""
+    positions] for z and pattern), the objective with that one activation patched from the
+    source; clean and source: the objective on each prompt's own run."""
     precision: str
     hook: str
     layers: list
