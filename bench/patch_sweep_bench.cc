@@ -18,11 +18,11 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/bench_help.h"
+#include "bench/interpret_bench_model.h"
 #include "common/malloc_tuning.h"
 #include "engine/interpret/interventions.h"
 #include "engine/interpret/patch_sweep.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "tests/engine/interpret/tiny_model.h"
 
 namespace {
 
@@ -55,15 +55,7 @@ int main(int argc, char** argv) {
   }
   const int threads = argc > 1 ? std::max(1, std::atoi(argv[1])) : 1;
   kvlens::RetainFreedMemory();
-  kvlens::testing::TinySpec spec;
-  spec.arch = kvlens::Architecture::kLlama;
-  spec.dim = 512;
-  spec.heads = 8;
-  spec.kv_heads = 8;
-  spec.hidden = 1376;
-  spec.layers = 8;
-  spec.vocab = 4096;
-  spec.max_seq = 1024;
+  const kvlens::testing::TinySpec spec = kvlens::bench::InterpretBenchSpec();
   const std::unique_ptr<kvlens::Model> model = kvlens::testing::MakeTinyModel(spec);
   const kvlens::ModelConfig& c = model->config;
   kvlens::kernels::CpuBackend be(threads);

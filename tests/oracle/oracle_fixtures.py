@@ -233,3 +233,23 @@ def numpy_gpt2(sd, cfg, tokens):
         x = x + g @ P("mlp.c_proj.weight") + P("mlp.c_proj.bias")
         maps.append(np.stack(probs))
     return ln(x, sd["ln_f.weight"], sd["ln_f.bias"]) @ sd["wte.weight"].T, np.stack(maps)
+
+
+def build_models(directory, specs):
+    """specs: name -> make_quantized_gguf.py arguments, or None for tiny_gpt2(seed=4,
+    n_layer=3). Writes each model under `directory` and loads it: (paths, models), dicts by
+    name."""
+    import sys
+    from kvlens_oracle import load_model
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "make_quantized_gguf.py")
+    paths, models = {}, {}
+    for name, args in specs.items():
+        if args is None:
+            path = os.path.join(directory, name)
+            tiny_gpt2(path, seed=4, n_layer=3)
+        else:
+            path = os.path.join(directory, f"{name}.gguf")
+            if os.system(f"{sys.executable} {script} --out {path} {args}") != 0:
+                raise RuntimeError("make_quantized_gguf.py failed")
+        paths[name], models[name] = path, load_model(path)
+    return paths, models

@@ -27,11 +27,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from kvlens_oracle import forward, load_model, read_container  # noqa: E402
+from kvlens_oracle import forward, read_container  # noqa: E402
 from kvlens_oracle.patching import patch_sweep  # noqa: E402
 import oracle_fixtures as fx  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = {
     "llama": "--f32 --layers 3",
     "gemma2": "--gemma2 --f32 --set-float gemma2.final_logit_softcapping=3",
@@ -48,17 +47,7 @@ class PatchingTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
-        cls.paths, cls.models = {}, {}
-        script = os.path.join(HERE, "make_quantized_gguf.py")
-        for name, args in MODELS.items():
-            if args is None:
-                path = os.path.join(cls.tmp.name, name)
-                fx.tiny_gpt2(path, seed=4, n_layer=3)
-            else:
-                path = os.path.join(cls.tmp.name, f"{name}.gguf")
-                if os.system(f"{sys.executable} {script} --out {path} {args}") != 0:
-                    raise RuntimeError("make_quantized_gguf.py failed")
-            cls.paths[name], cls.models[name] = path, load_model(path)
+        cls.paths, cls.models = fx.build_models(cls.tmp.name, MODELS)
 
     @classmethod
     def tearDownClass(cls):

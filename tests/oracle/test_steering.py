@@ -16,12 +16,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from kvlens_oracle import forward, greedy, load_model, read_container  # noqa: E402
+from kvlens_oracle import forward, greedy, read_container  # noqa: E402
 from kvlens_oracle.loader import OracleModel  # noqa: E402
 from kvlens_oracle.model import steer_hook  # noqa: E402
 import oracle_fixtures as fx  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 # name -> make_quantized_gguf.py arguments (None: the tiny GPT-2 of oracle_fixtures)
 MODELS = {
     "llama": "--f32 --layers 3",
@@ -78,17 +77,7 @@ class SteeringTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
-        cls.paths, cls.models = {}, {}
-        script = os.path.join(HERE, "make_quantized_gguf.py")
-        for name, args in MODELS.items():
-            if args is None:
-                path = os.path.join(cls.tmp.name, name)
-                fx.tiny_gpt2(path, seed=4, n_layer=3)
-            else:
-                path = os.path.join(cls.tmp.name, f"{name}.gguf")
-                if os.system(f"{sys.executable} {script} --out {path} {args}") != 0:
-                    raise RuntimeError("make_quantized_gguf.py failed")
-            cls.paths[name], cls.models[name] = path, load_model(path)
+        cls.paths, cls.models = fx.build_models(cls.tmp.name, MODELS)
 
     @classmethod
     def tearDownClass(cls):

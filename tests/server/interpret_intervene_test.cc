@@ -25,6 +25,14 @@ v1::InterveneResponse CallIntervene(v1::Interpret::Stub& stub, const v1::Interve
   return response;
 }
 
+// A call that may fail: its status.
+grpc::Status TryIntervene(v1::Interpret::Stub& stub, const v1::InterveneRequest& r) {
+  v1::InterveneResponse ignored;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  return stub.Intervene(&context, r, &ignored);
+}
+
 void AddTarget(v1::InterveneRequest& r, int position, int token) {
   v1::TokenTarget* t = r.add_targets();
   t->set_position(position);
@@ -129,23 +137,15 @@ TEST(InterpretIntervene, HeadPatchesAsTheEngineDefinesThem) {
   // Position 5 comes before both patched positions: untouched.
   EXPECT_EQ(response.effects(1).edited_logprob(), response.effects(1).clean_logprob());
 
-  auto refused = [&](v1::InterveneRequest bad, const std::string& want_message) {
-    v1::InterveneResponse ignored;
-    grpc::ClientContext context;
-    SetDeadline(context);
-    const grpc::Status s = stub->Intervene(&context, bad, &ignored);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << want_message;
-    EXPECT_NE(s.error_message().find(want_message), std::string::npos) << s.error_message();
-  };
   v1::InterveneRequest bad = r;
   bad.mutable_head_patches(1)->set_head(99);
-  refused(bad, "head_patches[1].head = 99");
+  ExpectInvalid(TryIntervene(*stub, bad), "head_patches[1].head = 99");
   bad = r;
   bad.mutable_head_patches(0)->set_source_position(12);
-  refused(bad, "head_patches[0].source_position = 12");
+  ExpectInvalid(TryIntervene(*stub, bad), "head_patches[0].source_position = 12");
   bad = r;
   bad.clear_patch_source();
-  refused(bad, "patch_source: required with patches or head_patches");
+  ExpectInvalid(TryIntervene(*stub, bad), "patch_source: required with patches or head_patches");
   // More patches than the server allows (InterpLimits::max_targets) are refused before any
   // forward runs.
   server::InterpretOptions few;
@@ -155,14 +155,8 @@ TEST(InterpretIntervene, HeadPatchesAsTheEngineDefinesThem) {
   bad = r;
   bad.clear_targets();
   *bad.add_head_patches() = r.head_patches(0);
-  v1::InterveneResponse ignored;
-  grpc::ClientContext context;
-  SetDeadline(context);
-  const grpc::Status s = InterpretStub(small)->Intervene(&context, bad, &ignored);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("head_patches has 3 entries, more than the server allows (2)"),
-            std::string::npos)
-      << s.error_message();
+  ExpectInvalid(TryIntervene(*InterpretStub(small), bad),
+                "head_patches has 3 entries, more than the server allows (2)");
 }
 
 // Patches at TransformerLens's other sites (hook "resid_mid", "attn_out", "mlp_out",
@@ -223,18 +217,12 @@ TEST(InterpretIntervene, PatchesAtEverySite) {
     EXPECT_EQ(a.effects(0).edited_logprob(), b.effects(0).edited_logprob()) << post;
     EXPECT_NE(a.effects(0).edited_logprob(), a.effects(0).clean_logprob()) << post;
   }
-  auto refused = [&](const v1::InterveneRequest& bad, const std::string& want_message) {
-    v1::InterveneResponse ignored;
-    grpc::ClientContext context;
-    SetDeadline(context);
-    const grpc::Status s = stub->Intervene(&context, bad, &ignored);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << want_message;
-    EXPECT_NE(s.error_message().find(want_message), std::string::npos) << s.error_message();
-  };
-  refused(request({{"hook_attn_out", 0, 1, 1}}),
-          "patches[0].hook = \"hook_attn_out\": not a patching site");
-  refused(request({{"mlp_out", L, 1, 1}}), absl::StrCat("patches[0].layer = ", L));
-  refused(request({{"resid_pre", L + 1, 1, 1}}), absl::StrCat("patches[0].layer = ", L + 1));
+  ExpectInvalid(TryIntervene(*stub, request({{"hook_attn_out", 0, 1, 1}})),
+                "patches[0].hook = \"hook_attn_out\": not a patching site");
+  ExpectInvalid(TryIntervene(*stub, request({{"mlp_out", L, 1, 1}})),
+                absl::StrCat("patches[0].layer = ", L));
+  ExpectInvalid(TryIntervene(*stub, request({{"resid_pre", L + 1, 1, 1}})),
+                absl::StrCat("patches[0].layer = ", L + 1));
 }
 
 TEST(InterpretIntervene, AblationsAndRowOverridesAsDefined) {
@@ -294,13 +282,7 @@ TEST(InterpretIntervene, AblationsAndRowOverridesAsDefined) {
   // Errors name the field.
   v1::InterveneRequest bad = r;
   bad.mutable_ablations(0)->set_head(99);
-  v1::InterveneResponse ignored;
-  grpc::ClientContext context;
-  SetDeadline(context);
-  const grpc::Status s = stub->Intervene(&context, bad, &ignored);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("ablations[0].head = 99"), std::string::npos)
-      << s.error_message();
+  ExpectInvalid(TryIntervene(*stub, bad), "ablations[0].head = 99");
 }
 
 TEST(InterpretLens, LastLayerIsTheModelsOwnOutput) {

@@ -17,25 +17,19 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
 #include "kernels/weight.h"
+#include "tests/engine/random_tokens.h"
 #include "tests/engine/stories_model_test.h"
 #include "tests/test_paths.h"
 
 namespace kvlens::interpret {
 namespace {
 
-std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t = {1};
-  while (static_cast<int>(t.size()) < n) t.push_back(static_cast<int32_t>(3 + rng() % (vocab - 3)));
-  return t;
-}
-
 class InterventionsTest : public testing::StoriesModelTest {
  protected:
   void SetUp() override {
     StoriesModelTest::SetUp();
     if (NoModel()) return;
-    input_.tokens = Tokens(14, 9, model_->config.vocab_size);
+    input_.tokens = testing::RandomTokens(14, 9, model_->config.vocab_size);
   }
   Tape<double> Run(const Edits& e = {}) {
     auto t = RunForward(*model_, be_, input_, e);
@@ -114,7 +108,7 @@ TEST_F(InterventionsTest, PatchingACleanRunIntoItselfChangesNothing) {
 // and resid_mid + mlp_out of layer l is resid_pre of layer l + 1.
 TEST_F(InterventionsTest, PatchingBlockOutputsAndTheMiddleStream) {
   const ModelConfig& c = model_->config;
-  SequenceInput<double> other{Tokens(14, 10, c.vocab_size)};
+  SequenceInput<double> other{testing::RandomTokens(14, 10, c.vocab_size)};
   auto src = RunForward(*model_, be_, other);
   ASSERT_TRUE(src.ok());
   const Tape<double> clean = Run();
@@ -166,7 +160,7 @@ TEST_F(InterventionsTest, PatchingBlockOutputsAndTheMiddleStream) {
 }
 
 TEST_F(InterventionsTest, PatchingFromAnotherPromptChangesOnlyLaterRows) {
-  SequenceInput<double> other{Tokens(14, 10, model_->config.vocab_size)};
+  SequenceInput<double> other{testing::RandomTokens(14, 10, model_->config.vocab_size)};
   auto src = RunForward(*model_, be_, other);
   ASSERT_TRUE(src.ok());
   const Tape<double> clean = Run();
@@ -202,7 +196,7 @@ TEST_F(InterventionsTest, PatchingAHeadMovesTheStreamByItsOutputThroughWO) {
   }
   EXPECT_EQ(Run(self).logits, clean.logits);
 
-  SequenceInput<double> other{Tokens(14, 10, c.vocab_size)};
+  SequenceInput<double> other{testing::RandomTokens(14, 10, c.vocab_size)};
   auto src = RunForward(*model_, be_, other);
   ASSERT_TRUE(src.ok());
   const int layer = 3, head = 5, row = 8, from = 11, V = c.vocab_size, D = c.dim, dh = c.head_dim,

@@ -12,18 +12,12 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
+#include "tests/engine/random_tokens.h"
 #include "tests/engine/stories_model_test.h"
 #include "tests/test_paths.h"
 
 namespace kvlens::interpret {
 namespace {
-
-std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t = {1};
-  while (static_cast<int>(t.size()) < n) t.push_back(static_cast<int32_t>(3 + rng() % (vocab - 3)));
-  return t;
-}
 
 template <typename T>
 double MaxDiff(const std::vector<T>& a, const std::vector<T>& b, double* scale = nullptr) {
@@ -42,7 +36,7 @@ class KvProbeTest : public testing::StoriesModelTest {
   void SetUp() override {
     StoriesModelTest::SetUp();
     if (NoModel()) return;
-    tokens_ = Tokens(kP + kN, 3, model_->config.vocab_size);
+    tokens_ = testing::RandomTokens(kP + kN, 3, model_->config.vocab_size);
   }
 
   // Prefills tokens 0 … P−1 into a fresh cache (blocks of 4, scattered, NaN elsewhere).

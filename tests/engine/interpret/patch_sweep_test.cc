@@ -26,19 +26,13 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
 #include "tests/engine/interpret/tiny_model.h"
+#include "tests/engine/random_tokens.h"
 #include "tests/engine/stories_model_test.h"
 #include "tests/oracle/oracle_runner.h"
 #include "tests/test_paths.h"
 
 namespace kvlens::interpret {
 namespace {
-
-std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t = {1};
-  while (static_cast<int>(t.size()) < n) t.push_back(static_cast<int32_t>(3 + rng() % (vocab - 3)));
-  return t;
-}
 
 class PatchSweepTest : public testing::StoriesModelTest {
  protected:
@@ -49,7 +43,8 @@ TEST_F(PatchSweepTest, CellsAreTheRunsTheyMustBe) {
   if (NoModel()) return;
   const ModelConfig& c = model_->config;
   const int n = 10, row = 6, V = c.vocab_size;
-  const SequenceInput<double> input{Tokens(n, 4, V)}, source{Tokens(n, 5, V)};
+  const SequenceInput<double> input{testing::RandomTokens(n, 4, V)},
+      source{testing::RandomTokens(n, 5, V)};
   // logit difference at row 6 between the next tokens of the two prompts
   const Objective o = Objective::LogitDiff(row, source.tokens[row + 1], input.tokens[row + 1]);
   for (const char* name :
@@ -103,8 +98,8 @@ TEST(PatchSweep, FirstStreamCellsAreTokenSwapsInEveryFamily) {
     const ModelConfig& c = m->config;
     kernels::CpuBackend be(1);
     const int n = 7;
-    const SequenceInput<float> input{Tokens(n, 11, c.vocab_size)},
-        source{Tokens(n, 12, c.vocab_size)};
+    const SequenceInput<float> input{testing::RandomTokens(n, 11, c.vocab_size)},
+        source{testing::RandomTokens(n, 12, c.vocab_size)};
     const Objective o = Objective::LogProb({{n - 1, 5}, {3, 2}});
     auto r = PatchSweep(*m, be, input, source, PatchTarget{}, {0}, 1, n, o);
     ASSERT_TRUE(r.ok()) << r.status();
@@ -122,8 +117,9 @@ TEST(PatchSweep, FirstStreamCellsAreTokenSwapsInEveryFamily) {
 TEST_F(PatchSweepTest, BadSweepsNameTheProblem) {
   if (NoModel()) return;
   const ModelConfig& c = model_->config;
-  const SequenceInput<double> input{Tokens(8, 4, c.vocab_size)}, source{Tokens(8, 5, c.vocab_size)},
-      short_source{Tokens(7, 5, c.vocab_size)};
+  const SequenceInput<double> input{testing::RandomTokens(8, 4, c.vocab_size)},
+      source{testing::RandomTokens(8, 5, c.vocab_size)},
+      short_source{testing::RandomTokens(7, 5, c.vocab_size)};
   const Objective o = Objective::LogitDiff(7, 5, 6);
   auto refused = [&](const absl::StatusOr<PatchSweepResult>& r, const std::string& want) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << want;

@@ -15,6 +15,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
 #include "tests/engine/interpret/tiny_model.h"
+#include "tests/engine/random_tokens.h"
 #include "tests/engine/stories_model_test.h"
 #include "tests/test_paths.h"
 
@@ -22,13 +23,6 @@ namespace kvlens::interpret {
 namespace {
 
 using testing::TestData;
-
-std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t = {1};
-  while (static_cast<int>(t.size()) < n) t.push_back(static_cast<int32_t>(3 + rng() % (vocab - 3)));
-  return t;
-}
 
 template <typename A, typename B>
 double RelErr(const std::vector<A>& a, const std::vector<B>& b) {
@@ -97,7 +91,7 @@ class StoriesTape : public testing::StoriesModelTest {
 TEST_F(StoriesTape, LogitsEqualTransformerForward) {
   kernels::ReferenceBackend ref;
   kernels::CpuBackend fast(2);
-  const auto t = Tokens(23, 1, model_->config.vocab_size);
+  const auto t = testing::RandomTokens(23, 1, model_->config.vocab_size);
   SequenceInput<double> in{t};
   const Tape<double> tape = MustTape(*model_, in);
   EXPECT_LE(RelErr(tape.logits, TransformerLogits<double>(*model_, ref, t)), 1e-14);
@@ -114,12 +108,12 @@ TEST_F(StoriesTape, LogitsEqualTransformerForward) {
 }
 
 TEST_F(StoriesTape, LogProbGradientsMatchFiniteDifferences) {
-  SequenceInput<double> in{Tokens(12, 2, model_->config.vocab_size)};
+  SequenceInput<double> in{testing::RandomTokens(12, 2, model_->config.vocab_size)};
   ExpectFdAgrees(*model_, in, Objective::LogProb({{11, 37}, {6, 100}}), 1e-6, "stories logprob");
 }
 
 TEST_F(StoriesTape, LogitDiffWithDocumentIdsMatchesFiniteDifferences) {
-  SequenceInput<double> in{Tokens(10, 3, model_->config.vocab_size)};
+  SequenceInput<double> in{testing::RandomTokens(10, 3, model_->config.vocab_size)};
   in.doc_ids = {0, 0, 0, 0, 1, 1, 1, 1, 1, 1};
   // Only rows 4…9 (document 1) influence row 9: the other samples are exact zeros. The
   // gradients here are small (many entries ~1e-7) while the differences' float64 noise is
@@ -135,13 +129,13 @@ TEST_F(StoriesTape, AttnOutProbeMatchesFiniteDifferences) {
   std::normal_distribution<double> nd;
   std::vector<double> g(n * c.head_dim);
   for (double& x : g) x = nd(rng);
-  SequenceInput<double> in{Tokens(n, 5, c.vocab_size)};
+  SequenceInput<double> in{testing::RandomTokens(n, 5, c.vocab_size)};
   ExpectFdAgrees(*model_, in, Objective::AttnOutProbe(3, 5, g), 1e-6, "stories probe G⊙O");
 }
 
 TEST_F(StoriesTape, Fp32GradientsTrackFp64) {
   kernels::CpuBackend fast(2);
-  const auto t = Tokens(20, 6, model_->config.vocab_size);
+  const auto t = testing::RandomTokens(20, 6, model_->config.vocab_size);
   const Objective o = Objective::LogProb({{19, 42}});
   const Tape<double> td = MustTape(*model_, SequenceInput<double>{t});
   auto tf = RunForward(*model_, fast, SequenceInput<float>{t});
@@ -173,7 +167,7 @@ TEST_F(StoriesTape, Fp32GradientsTrackFp64) {
 }
 
 TEST_F(StoriesTape, LaterPositionsGetNoGradient) {
-  const auto t = Tokens(10, 7, model_->config.vocab_size);
+  const auto t = testing::RandomTokens(10, 7, model_->config.vocab_size);
   const Tape<double> tape = MustTape(*model_, SequenceInput<double>{t});
   auto g = ObjectiveGradients(*model_, tape, Objective::LogProb({{5, 9}}));
   ASSERT_TRUE(g.ok());
@@ -186,7 +180,7 @@ TEST_F(StoriesTape, LaterPositionsGetNoGradient) {
 
 TEST_F(StoriesTape, RejectsEditedTapesAndBadObjectives) {
   kernels::ReferenceBackend be;
-  const auto t = Tokens(6, 8, model_->config.vocab_size);
+  const auto t = testing::RandomTokens(6, 8, model_->config.vocab_size);
   Edits e;
   e.ablations.push_back({0, 0, AblationMode::kZero});
   auto tape = RunForward(*model_, be, SequenceInput<double>{t}, e);
@@ -212,7 +206,7 @@ class TinyTape : public ::testing::TestWithParam<int> {
 TEST_P(TinyTape, ForwardAndGradientsMatch) {
   auto m = testing::MakeTinyModel(Spec(GetParam()));
   kernels::ReferenceBackend ref;
-  const auto t = Tokens(9, 10 + GetParam(), m->config.vocab_size);
+  const auto t = testing::RandomTokens(9, 10 + GetParam(), m->config.vocab_size);
   SequenceInput<double> in{t};
   EXPECT_LE(RelErr(MustTape(*m, in).logits, TransformerLogits<double>(*m, ref, t)), 1e-14);
   const std::string name = "tiny model " + std::to_string(GetParam());
@@ -223,7 +217,7 @@ TEST_P(TinyTape, ForwardAndGradientsMatch) {
 
 TEST_P(TinyTape, ParameterGradientsMatchDifferencesInTheWeights) {
   auto m = testing::MakeTinyModel(Spec(GetParam()));
-  const auto t = Tokens(7, 20 + GetParam(), m->config.vocab_size);
+  const auto t = testing::RandomTokens(7, 20 + GetParam(), m->config.vocab_size);
   const Objective o = Objective::LogProb({{6, 5}, {3, 2}});
   const SequenceInput<double> in{t};
   const int layer = 1;
@@ -263,7 +257,7 @@ TEST_P(TinyTape, TapeBytesCountsWhatTheTapeAndGradientsHold) {
   auto m = testing::MakeTinyModel(Spec(GetParam()));
   const ModelConfig& c = m->config;
   for (const int offset : {0, 3}) {
-    SequenceInput<double> in{Tokens(6, 30 + GetParam(), c.vocab_size)};
+    SequenceInput<double> in{testing::RandomTokens(6, 30 + GetParam(), c.vocab_size)};
     in.offset = offset;
     std::mt19937 rng(7);
     std::normal_distribution<double> nd(0.0, 1.0);
@@ -322,7 +316,7 @@ template <typename T>
 void ExpectResumedEqualsFull(const Model& m, kernels::Backend<T>& be) {
   const ModelConfig& c = m.config;
   const int n = 7;
-  SequenceInput<T> in{Tokens(n, 31, c.vocab_size)};
+  SequenceInput<T> in{testing::RandomTokens(n, 31, c.vocab_size)};
   auto clean = RunForward(m, be, in);
   ASSERT_TRUE(clean.ok()) << clean.status();
   for (int first = 0; first <= c.num_layers; ++first) {

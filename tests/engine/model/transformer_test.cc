@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
+#include "tests/engine/random_tokens.h"
 #include "tests/engine/stories_model_test.h"
 #include "tests/test_paths.h"
 
@@ -37,13 +38,6 @@ double RelErr(const std::vector<A>& a, const std::vector<B>& b) {
 }
 
 // A deterministic token sequence from the vocabulary (BOS first).
-std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t = {1};
-  while (static_cast<int>(t.size()) < n) t.push_back(static_cast<int32_t>(3 + rng() % (vocab - 3)));
-  return t;
-}
-
 // A block table of `blocks` distinct ids drawn at random from a pool twice that size, so
 // a sequence's blocks are scattered and half the pool is never written (NaN stays).
 std::vector<int32_t> ScatteredTable(int blocks, uint32_t seed) {
@@ -102,7 +96,7 @@ class TransformerTest : public testing::StoriesModelTest {
 
 TEST_F(TransformerTest, IncrementalEqualsFullRecomputationDouble) {
   kernels::ReferenceBackend be;
-  const auto t = Tokens(41, 1, model_->config.vocab_size);
+  const auto t = testing::RandomTokens(41, 1, model_->config.vocab_size);
   const auto full = FullLogits<double>(*model_, be, t);
   for (int bs : {1, 7, 16}) {
     const auto inc = IncrementalLogits<double>(*model_, be, t, {5, 9, 3}, bs);
@@ -112,7 +106,7 @@ TEST_F(TransformerTest, IncrementalEqualsFullRecomputationDouble) {
 
 TEST_F(TransformerTest, IncrementalEqualsFullRecomputationFp32) {
   kernels::CpuBackend be(2);
-  const auto t = Tokens(57, 2, model_->config.vocab_size);
+  const auto t = testing::RandomTokens(57, 2, model_->config.vocab_size);
   const auto full = FullLogits<float>(*model_, be, t);
   for (int bs : {1, 7, 16}) {
     const auto inc = IncrementalLogits<float>(*model_, be, t, {16, 4, 17}, bs);
@@ -126,7 +120,7 @@ TEST_F(TransformerTest, IncrementalEqualsFullRecomputationOnABf16Cache) {
   constexpr auto kBf16 = kernels::KvDtype::kBF16;
   kernels::ReferenceBackend ref;
   kernels::CpuBackend fast(2);
-  const auto t = Tokens(45, 3, model_->config.vocab_size);
+  const auto t = testing::RandomTokens(45, 3, model_->config.vocab_size);
   const auto full_ref = FullLogits<double>(*model_, ref, t, 16, kBf16);
   const auto full = FullLogits<float>(*model_, fast, t, 16, kBf16);
   for (int bs : {1, 16}) {
@@ -147,7 +141,7 @@ TEST_F(TransformerTest, Bf16CacheMovesLogitsByItsRoundingOnly) {
   constexpr auto kBf16 = kernels::KvDtype::kBF16;
   kernels::ReferenceBackend ref;
   kernels::CpuBackend fast(2);
-  const auto t = Tokens(64, 6, model_->config.vocab_size);
+  const auto t = testing::RandomTokens(64, 6, model_->config.vocab_size);
   const auto ref_exact = FullLogits<double>(*model_, ref, t);
   const auto ref_bf16 = FullLogits<double>(*model_, ref, t, 16, kBf16);
   const auto fast_bf16 = FullLogits<float>(*model_, fast, t, 16, kBf16);
@@ -163,7 +157,7 @@ TEST_F(TransformerTest, Bf16CacheMovesLogitsByItsRoundingOnly) {
 TEST_F(TransformerTest, FutureTokensNeverChangeEarlierLogits) {
   kernels::ReferenceBackend ref;
   kernels::CpuBackend fast(2);
-  auto a = Tokens(30, 3, model_->config.vocab_size);
+  auto a = testing::RandomTokens(30, 3, model_->config.vocab_size);
   auto b = a;
   for (int i = 20; i < 30; ++i) b[i] = (b[i] + 17) % model_->config.vocab_size;
   const int V = model_->config.vocab_size;
@@ -180,7 +174,7 @@ TEST_F(TransformerTest, FutureTokensNeverChangeEarlierLogits) {
 TEST_F(TransformerTest, BatchingChangesNothing) {
   kernels::CpuBackend be(2);
   const int V = model_->config.vocab_size;
-  const auto t1 = Tokens(19, 4, V), t2 = Tokens(33, 5, V);
+  const auto t1 = testing::RandomTokens(19, 4, V), t2 = testing::RandomTokens(33, 5, V);
   const auto alone1 = FullLogits<float>(*model_, be, t1),
              alone2 = FullLogits<float>(*model_, be, t2);
   // both sequences in one forward, each with its own blocks of one pool
@@ -203,7 +197,9 @@ TEST_F(TransformerTest, BatchingChangesNothing) {
 TEST_F(TransformerTest, MixedLogitRowsChangeNothing) {
   kernels::CpuBackend be(2);
   const int V = model_->config.vocab_size;
-  const std::vector<std::vector<int32_t>> t = {Tokens(19, 4, V), Tokens(5, 5, V), Tokens(11, 6, V)};
+  const std::vector<std::vector<int32_t>> t = {testing::RandomTokens(19, 4, V),
+                                               testing::RandomTokens(5, 5, V),
+                                               testing::RandomTokens(11, 6, V)};
   const bool all[3] = {false, true, false};
   const int bs = 8;
   KvCacheStorage<float> cache(model_->config.num_layers, 16, bs, model_->config.kv_dim(), true);
@@ -227,7 +223,7 @@ TEST_F(TransformerTest, MixedLogitRowsChangeNothing) {
 TEST_F(TransformerTest, Fp32TracksDoubleReference) {
   kernels::ReferenceBackend ref;
   kernels::CpuBackend fast(2);
-  const auto t = Tokens(64, 6, model_->config.vocab_size);
+  const auto t = testing::RandomTokens(64, 6, model_->config.vocab_size);
   EXPECT_LE(RelErr(FullLogits<float>(*model_, fast, t), FullLogits<double>(*model_, ref, t)), 1e-5);
 }
 
@@ -238,7 +234,7 @@ TEST_F(TransformerTest, GgufAndLlama2cAreTheSameModel) {
   EXPECT_EQ((*g)->config.num_kv_heads, 4);
   EXPECT_EQ((*g)->config.hidden_dim, 172);
   kernels::ReferenceBackend ref;
-  const auto t = Tokens(25, 8, model_->config.vocab_size);
+  const auto t = testing::RandomTokens(25, 8, model_->config.vocab_size);
   EXPECT_LE(RelErr(FullLogits<double>(**g, ref, t), FullLogits<double>(*model_, ref, t)), 1e-12);
 }
 
