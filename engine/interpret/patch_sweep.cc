@@ -80,7 +80,8 @@ absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend
           if (!p.ok()) return p.status();
           e.patches.push_back(*std::move(p));
         }
-        auto t = RunForwardFrom(model, be, *clean, first, e);
+        // (only the logits are read: the clean layers are not copied)
+        auto t = RunForwardFrom(model, be, *clean, first, e, /*copy_skipped=*/false);
         if (!t.ok()) return t.status();
         r.metric.push_back(EvaluateObjective(objective, c, *t));
       }

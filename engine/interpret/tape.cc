@@ -454,10 +454,12 @@ int FirstEditedLayer(const ModelConfig& c, const Edits& e) {
   return first;
 }
 
-// RunForward, or with `resume` RunForwardFrom: layers before `first` copied from it.
+// RunForward, or with `resume` RunForwardFrom: layers before `first` copied from it (or left
+// empty when not `copy_skipped`).
 template <typename T>
 absl::StatusOr<Tape<T>> Forward(const Model& model, Backend<T>& be, const SequenceInput<T>& input,
-                                const Edits& edits, const Tape<T>* resume, int first) {
+                                const Edits& edits, const Tape<T>* resume, int first,
+                                bool copy_skipped) {
   const ModelConfig& c = model.config;
   const Weights& w = model.weights;
   if (absl::Status s = ValidateInput(c, input); !s.ok()) return s;
@@ -477,7 +479,7 @@ absl::StatusOr<Tape<T>> Forward(const Model& model, Backend<T>& be, const Sequen
 
   std::vector<T> x(n * D), proj(n * D);
   if (resume != nullptr) {  // the layers no edit reaches, as the clean run computed them
-    for (int l = 0; l < first; ++l) t.layers[l] = resume->layers[l];
+    for (int l = 0; l < first && copy_skipped; ++l) t.layers[l] = resume->layers[l];
     x = first < c.num_layers ? resume->layers[first].x : resume->x_final;
   } else {
     // token (and, for GPT-2, position) embeddings; Gemma's times √D
@@ -587,12 +589,12 @@ absl::StatusOr<Tape<T>> Forward(const Model& model, Backend<T>& be, const Sequen
 template <typename T>
 absl::StatusOr<Tape<T>> RunForward(const Model& model, Backend<T>& be,
                                    const SequenceInput<T>& input, const Edits& edits) {
-  return Forward(model, be, input, edits, static_cast<const Tape<T>*>(nullptr), 0);
+  return Forward(model, be, input, edits, static_cast<const Tape<T>*>(nullptr), 0, true);
 }
 
 template <typename T>
 absl::StatusOr<Tape<T>> RunForwardFrom(const Model& model, Backend<T>& be, const Tape<T>& clean,
-                                       int first_layer, const Edits& edits) {
+                                       int first_layer, const Edits& edits, bool copy_skipped) {
   const ModelConfig& c = model.config;
   if (clean.edited || static_cast<int>(clean.layers.size()) != c.num_layers) {
     return absl::InvalidArgumentError(
@@ -607,14 +609,14 @@ absl::StatusOr<Tape<T>> RunForwardFrom(const Model& model, Backend<T>& be, const
     return absl::InvalidArgumentError(absl::StrCat("resumed forward: an edit at layer ", at,
                                                    " comes before layer ", first_layer));
   }
-  return Forward(model, be, clean.input, edits, &clean, first_layer);
+  return Forward(model, be, clean.input, edits, &clean, first_layer, copy_skipped);
 }
 
 #define KVLENS_INSTANTIATE_TAPE(T)                                                              \
   template absl::StatusOr<Tape<T>> RunForward<T>(const Model&, Backend<T>&,                     \
                                                  const SequenceInput<T>&, const Edits&);        \
   template absl::StatusOr<Tape<T>> RunForwardFrom<T>(const Model&, Backend<T>&, const Tape<T>&, \
-                                                     int, const Edits&);                        \
+                                                     int, const Edits&, bool);                  \
   template T TapeValue<T>(const Tape<T>&, const ModelConfig&, const Coord&);                    \
   template T GradientValue<T>(const Gradients<T>&, int, int, const ModelConfig&, const Coord&);
 

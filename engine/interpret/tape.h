@@ -183,11 +183,14 @@ absl::StatusOr<Tape<T>> RunForward(const Model& model, kernels::Backend<T>& back
 // RunForward(clean.input, edits) from layer `first_layer` (0 … L) on: the layers before it
 // are copied from `clean`, an unedited tape of the same model, and the stream entering it
 // taken from there, so edits at `first_layer` and after cost only the layers they reach
-// (a patching sweep's cells). The same tape as RunForward's, bit for bit. INVALID_ARGUMENT
-// when `clean` is edited, or an edit acts before `first_layer`.
+// (a patching sweep's cells). The same tape as RunForward's, bit for bit; with
+// `copy_skipped` false, the layers before `first_layer` are left empty instead, for a caller
+// that reads only the logits and the later layers (the copy costs a memory pass of each).
+// INVALID_ARGUMENT when `clean` is edited, or an edit acts before `first_layer`.
 template <typename T>
 absl::StatusOr<Tape<T>> RunForwardFrom(const Model& model, kernels::Backend<T>& backend,
-                                       const Tape<T>& clean, int first_layer, const Edits& edits);
+                                       const Tape<T>& clean, int first_layer, const Edits& edits,
+                                       bool copy_skipped = true);
 
 // Upstream gradients Backward starts from (at least one non-empty).
 template <typename T>

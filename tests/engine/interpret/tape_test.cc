@@ -343,6 +343,16 @@ void ExpectResumedEqualsFull(const Model& m, kernels::Backend<T>& be) {
                     a.k == b.k && a.ffn_delta == b.ffn_delta)
             << "layer " << l << " from " << first;
       }
+      // Without the copy: the same logits and later layers, the skipped ones empty.
+      auto lean = RunForwardFrom(m, be, *clean, first, e, /*copy_skipped=*/false);
+      ASSERT_TRUE(lean.ok()) << lean.status();
+      EXPECT_EQ(lean->logits, full->logits) << first;
+      for (int l = 0; l < c.num_layers; ++l) {
+        EXPECT_EQ(lean->layers[l].x.empty(), l < first) << l;
+        if (l >= first) {
+          EXPECT_EQ(lean->layers[l].h, full->layers[l].h) << l;
+        }
+      }
     }
   }
   Edits early;
