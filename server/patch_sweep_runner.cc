@@ -70,8 +70,7 @@ absl::Status RunPatchSweep(const InterpContext& ctx, const v1::PatchSweepRequest
       return absl::InvalidArgumentError("objective: set one of log_prob, logit_diff");
   }
   if (!objective.ok()) return objective.status();
-  const int64_t runs =
-      static_cast<int64_t>(layers->size()) * (target->per_head() ? c.num_heads : 1) * rows->size();
+  const int64_t runs = static_cast<int64_t>(layers->size()) * target->Heads(c) * rows->size();
   if (runs > ctx.limits.max_sweep_runs) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the sweep has ", runs, " cells (layers × ", target->per_head() ? "heads × " : "",

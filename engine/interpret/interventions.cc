@@ -69,20 +69,34 @@ absl::StatusOr<ResidualPatch> PatchFrom(const Tape<T>& source, const ModelConfig
 
 template <typename T>
 absl::StatusOr<HeadPatch> HeadPatchFrom(const Tape<T>& source, const ModelConfig& c, int layer,
-                                        int head, int source_row, int target_row) {
-  if (layer < 0 || layer >= c.num_layers || head < 0 || head >= c.num_heads || source_row < 0 ||
-      source_row >= source.n) {
-    return absl::InvalidArgumentError(absl::StrCat("head patch source (layer ", layer, ", head ",
-                                                   head, ", row ", source_row,
-                                                   ") is out of range"));
+                                        int head, int source_row, int target_row, TensorKind kind) {
+  const bool kv = kind == TensorKind::kK || kind == TensorKind::kV;
+  if (!kv && kind != TensorKind::kQ && kind != TensorKind::kAttnOut) {
+    return absl::InvalidArgumentError(absl::StrCat("head patch source of ",
+                                                   std::string(TensorKindName(kind)),
+                                                   ": only q, k, v and attn_out are a head's"));
   }
-  const T* o = source.layers[layer].att.data() + int64_t{source_row} * c.q_dim() +
-               int64_t{head} * c.head_dim;
+  const int heads = kv ? c.num_kv_heads : c.num_heads;
+  if (layer < 0 || layer >= c.num_layers || head < 0 || head >= heads || source_row < 0 ||
+      source_row >= source.n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head patch source of ", std::string(TensorKindName(kind)), " (layer ", layer,
+                     ", head ", head, ", row ", source_row, ") is out of range"));
+  }
+  const LayerTape<T>& lt = source.layers[layer];
+  const std::vector<T>& data = kind == TensorKind::kQ   ? lt.q
+                               : kind == TensorKind::kK ? lt.k
+                               : kind == TensorKind::kV ? lt.v
+                                                        : lt.att;
+  // k and v hold the cached prefix's keys first
+  const int64_t row = int64_t{source_row} + (kv ? source.input.offset : 0);
+  const T* o = data.data() + row * (kv ? c.kv_dim() : c.q_dim()) + int64_t{head} * c.head_dim;
   HeadPatch p;
   p.layer = layer;
   p.head = head;
   p.row = target_row;
   p.value.assign(o, o + c.head_dim);
+  p.kind = kind;
   return p;
 }
 
@@ -143,7 +157,7 @@ absl::StatusOr<std::vector<std::vector<std::vector<LensEntry>>>> LogitLens(const
   template absl::StatusOr<ResidualPatch> PatchFrom<T>(const Tape<T>&, const ModelConfig&, int,    \
                                                       int, int, PatchSite);                       \
   template absl::StatusOr<HeadPatch> HeadPatchFrom<T>(const Tape<T>&, const ModelConfig&, int,    \
-                                                      int, int, int);                             \
+                                                      int, int, int, TensorKind);                 \
   template absl::StatusOr<std::vector<T>> LensLogits<T>(const Model&, kernels::Backend<T>&,       \
                                                         const Tape<T>&, int);                     \
   template absl::StatusOr<std::vector<std::vector<std::vector<LensEntry>>>> LogitLens<T>(         \

@@ -4,7 +4,7 @@
 //     rest renormalised;
 //   - activation patching: the residual stream entering layer l at one row replaced by
 //     another run's, or the stream after its attention, or what its attention or FFN adds
-//     (PatchFrom), or one head's output there (HeadPatchFrom).
+//     (PatchFrom), or one head's output, query, key or value there (HeadPatchFrom).
 // Intervene runs the clean and the edited forward and returns both logits and the
 // log-probabilities of chosen tokens side by side.
 //
@@ -43,11 +43,13 @@ absl::StatusOr<ResidualPatch> PatchFrom(const Tape<T>& source, const ModelConfig
                                         int source_row, int target_row,
                                         PatchSite site = PatchSite::kResidPre);
 
-// A patch that puts `source`'s output of head `head` in layer `layer` (O, before W_O; the
-// hook z) at `source_row` into row `target_row` of the run it is applied to.
+// A patch that puts `source`'s vector `kind` of head `head` in layer `layer` at
+// `source_row` into row `target_row` of the run it is applied to: by default its output (O,
+// before W_O; the hook z), or its q, or (a KV head's) k or v (see HeadPatch).
 template <typename T>
 absl::StatusOr<HeadPatch> HeadPatchFrom(const Tape<T>& source, const ModelConfig& c, int layer,
-                                        int head, int source_row, int target_row);
+                                        int head, int source_row, int target_row,
+                                        TensorKind kind = TensorKind::kAttnOut);
 
 struct LensEntry {
   int32_t token = 0;

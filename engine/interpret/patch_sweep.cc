@@ -11,7 +11,10 @@ std::optional<PatchTarget> PatchTargetByName(std::string_view hook) {
   using Kind = PatchTarget::Kind;
   if (hook.empty() || hook == "resid_pre") return PatchTarget{};
   if (hook == "resid_post") return PatchTarget{Kind::kStream, PatchSite::kResidPre, true};
-  if (hook == "z") return PatchTarget{Kind::kHeadOutput};
+  for (TensorKind t : {TensorKind::kQ, TensorKind::kK, TensorKind::kV}) {
+    if (hook == TensorKindName(t)) return PatchTarget{Kind::kHeadVector, {}, false, t};
+  }
+  if (hook == "z") return PatchTarget{Kind::kHeadVector};
   if (hook == "pattern") return PatchTarget{Kind::kHeadPattern};
   for (PatchSite site : {PatchSite::kResidMid, PatchSite::kAttnOut, PatchSite::kMlpOut}) {
     if (hook == PatchSiteName(site)) return PatchTarget{Kind::kStream, site, false};
@@ -20,7 +23,14 @@ std::optional<PatchTarget> PatchTargetByName(std::string_view hook) {
 }
 
 std::string_view PatchTargetNames() {
-  return "resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, pattern";
+  return "resid_pre, resid_mid, resid_post, attn_out, mlp_out, q, k, v, z, pattern";
+}
+
+int PatchTarget::Heads(const ModelConfig& c) const {
+  if (!per_head()) return 1;
+  const bool kv =
+      kind == Kind::kHeadVector && (tensor == TensorKind::kK || tensor == TensorKind::kV);
+  return kv ? c.num_kv_heads : c.num_heads;
 }
 
 template <typename T>
@@ -59,15 +69,15 @@ absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend
   PatchSweepResult r;
   r.clean = EvaluateObjective(objective, c, *clean);
   r.source = EvaluateObjective(objective, c, *src);
-  r.heads = target.per_head() ? c.num_heads : 1;
+  r.heads = target.Heads(c);
   r.metric.reserve(layers.size() * r.heads * (row_end - row_begin));
   for (int l : layers) {
     for (int h = 0; h < r.heads; ++h) {
       for (int row = row_begin; row < row_end; ++row) {
         Edits e;
         int first = l;  // the layer the patch acts in: everything before is the clean run's
-        if (target.kind == PatchTarget::Kind::kHeadOutput) {
-          auto p = HeadPatchFrom(*src, c, l, h, row, row);
+        if (target.kind == PatchTarget::Kind::kHeadVector) {
+          auto p = HeadPatchFrom(*src, c, l, h, row, row, target.tensor);
           if (!p.ok()) return p.status();
           e.head_patches.push_back(*std::move(p));
         } else if (target.kind == PatchTarget::Kind::kHeadPattern) {

@@ -1,6 +1,7 @@
 // Activation patching swept over layers and positions, as TransformerLens's `patching`
 // module does it (get_act_patch_resid_pre, …_resid_mid, …_attn_out, …_mlp_out,
-// …_attn_head_out_by_pos): for every cell (layer, [head,] row) one run of the input with
+// …_attn_head_out_by_pos, …_attn_head_q_by_pos, …_k_by_pos, …_v_by_pos,
+// …_attn_head_pattern_by_pos): for every cell (layer, [head,] row) one run of the input with
 // that one activation replaced by the source run's at the same row, scored by an objective.
 // The input's clean run and the source's run are computed once; each cell is one edited
 // forward (the edits of interventions.h: PatchFrom / HeadPatchFrom) from the patched layer
@@ -8,9 +9,10 @@
 //
 // Sites by TransformerLens's hook name: resid_pre (the stream entering the layer),
 // resid_mid, resid_post (= resid_pre of the next layer, or the stream the final norm
-// reads), attn_out, mlp_out; and per head, one cell each: z (the head's output, a
-// HeadPatch) and pattern (its attention row, a RowOverride with the source's probabilities:
-// get_act_patch_attn_head_pattern_by_pos).
+// reads), attn_out, mlp_out; and per head, one cell each: q, k, v and z (the head's query,
+// key, value or output, a HeadPatch: k and v once per KV head, as TransformerLens hooks
+// them in grouped-query attention) and pattern (its attention row, a RowOverride with the
+// source's probabilities).
 #ifndef KVLENS_ENGINE_INTERPRET_PATCH_SWEEP_H_
 #define KVLENS_ENGINE_INTERPRET_PATCH_SWEEP_H_
 
@@ -28,24 +30,28 @@ namespace kvlens::interpret {
 struct PatchTarget {
   enum class Kind : uint8_t {
     kStream,       // a row of the stream or of a block's output: `site`, `next_layer`
-    kHeadOutput,   // z: one head's output (HeadPatch)
+    kHeadVector,   // q, k, v or z: one head's `tensor` (HeadPatch)
     kHeadPattern,  // pattern: one head's attention row (RowOverride)
   };
   Kind kind = Kind::kStream;
   PatchSite site = PatchSite::kResidPre;
-  bool next_layer = false;  // resid_post: resid_pre of layer + 1
+  bool next_layer = false;                   // resid_post: resid_pre of layer + 1
+  TensorKind tensor = TensorKind::kAttnOut;  // kHeadVector: kQ, kK, kV or kAttnOut (z)
   bool per_head() const { return kind != Kind::kStream; }
+  // Cells per (layer, row): the KV heads for k and v, the heads for q, z and pattern, else 1.
+  int Heads(const ModelConfig& c) const;
 };
-// "" and "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "pattern";
-// nullopt otherwise.
+// "" and "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "v", "z",
+// "pattern"; nullopt otherwise.
 std::optional<PatchTarget> PatchTargetByName(std::string_view hook);
-// "resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, pattern", for error messages.
+// "resid_pre, resid_mid, resid_post, attn_out, mlp_out, q, k, v, z, pattern", for error
+// messages.
 std::string_view PatchTargetNames();
 
 struct PatchSweepResult {
   double clean = 0.0;   // the objective on the input's own run
   double source = 0.0;  // on the source's own run (same rows and tokens)
-  int heads = 1;        // cells per (layer, row): the model's heads for z and pattern, else 1
+  int heads = 1;        // cells per (layer, row): PatchTarget::Heads
   // [layers.size()][heads][row_end − row_begin]: the objective with that one activation
   // patched.
   std::vector<double> metric;

@@ -105,9 +105,15 @@ absl::Status ValidateEdits(const ModelConfig& c, int n, int tk, const Edits& e) 
     }
   }
   for (const HeadPatch& p : e.head_patches) {
-    if (p.layer < 0 || p.layer >= L || p.head < 0 || p.head >= H || p.row < 0 || p.row >= n) {
-      return Bad(absl::StrCat("head patch (layer ", p.layer, ", head ", p.head, ", row ", p.row,
-                              ") is out of range"));
+    const bool kv = p.kind == TensorKind::kK || p.kind == TensorKind::kV;
+    if (!kv && p.kind != TensorKind::kQ && p.kind != TensorKind::kAttnOut) {
+      return Bad(absl::StrCat("head patch of ", std::string(TensorKindName(p.kind)),
+                              ": only q, k, v and attn_out are a head's vectors"));
+    }
+    const int heads = kv ? c.num_kv_heads : H;
+    if (p.layer < 0 || p.layer >= L || p.head < 0 || p.head >= heads || p.row < 0 || p.row >= n) {
+      return Bad(absl::StrCat("head patch of ", std::string(TensorKindName(p.kind)), " (layer ",
+                              p.layer, ", head ", p.head, ", row ", p.row, ") is out of range"));
     }
     if (static_cast<int>(p.value.size()) != c.head_dim) {
       return Bad(
@@ -149,6 +155,20 @@ void ApplyPatches(const ModelConfig& c, const Edits& e, PatchSite site, int laye
   }
 }
 
+// The head patches of `kind` at `layer`, on `data` ([rows, heads·Dh]; a patch's row i is
+// data row first_row + i: the cached prefix's keys come first).
+template <typename T>
+void ApplyHeadPatches(const ModelConfig& c, const Edits& e, TensorKind kind, int layer,
+                      int first_row, std::vector<T>& data) {
+  const bool kv = kind == TensorKind::kK || kind == TensorKind::kV;
+  const int64_t width = kv ? c.kv_dim() : c.q_dim();
+  for (const HeadPatch& p : e.head_patches) {
+    if (p.layer != layer || p.kind != kind) continue;
+    T* dst = data.data() + (int64_t{first_row} + p.row) * width + int64_t{p.head} * c.head_dim;
+    for (int d = 0; d < c.head_dim; ++d) dst[d] = static_cast<T>(p.value[d]);
+  }
+}
+
 template <typename T>
 void Norm(Backend<T>& be, const ModelConfig& c, const kernels::WeightView& w,
           const kernels::WeightView& b, const T* x, int n, T* y) {
@@ -159,7 +179,7 @@ void Norm(Backend<T>& be, const ModelConfig& c, const kernels::WeightView& w,
   }
 }
 
-// The head ablations, head patches and attention-output perturbations of `layer`, on O.
+// The head ablations, z patches and attention-output perturbations of `layer`, on O.
 template <typename T>
 void EditAttentionOutput(const ModelConfig& c, int n, int tk, int layer, const Edits& e,
                          LayerTape<T>& lt) {
@@ -179,12 +199,7 @@ void EditAttentionOutput(const ModelConfig& c, int n, int tk, int layer, const E
         lt.att[i * D + int64_t{a.head} * dh + d] = static_cast<T>(mean[d]);
     }
   }
-  for (const HeadPatch& p : e.head_patches) {
-    if (p.layer != layer) continue;
-    for (int d = 0; d < dh; ++d) {
-      lt.att[p.row * D + int64_t{p.head} * dh + d] = static_cast<T>(p.value[d]);
-    }
-  }
+  ApplyHeadPatches(c, e, TensorKind::kAttnOut, layer, 0, lt.att);
   Perturb(c, n, tk, e, TensorKind::kAttnOut, layer, lt.att);
 }
 
@@ -517,6 +532,7 @@ absl::StatusOr<Tape<T>> Forward(const Model& model, Backend<T>& be, const Sequen
       be.Rope(lt.q.data(), n, QD, c.num_heads, c.head_dim, t.positions.data(), rope);
       be.Rope(k_new.data(), n, KVD, c.num_kv_heads, c.head_dim, t.positions.data(), rope);
     }
+    ApplyHeadPatches(c, edits, TensorKind::kQ, l, 0, lt.q);
     Perturb(c, n, tk, edits, TensorKind::kQ, l, lt.q);
     // every key: the cached prefix (leaves), then the new tokens
     lt.k.resize(tk * KVD);
@@ -527,6 +543,8 @@ absl::StatusOr<Tape<T>> Forward(const Model& model, Backend<T>& be, const Sequen
     }
     std::copy(k_new.begin(), k_new.end(), lt.k.begin() + off_rows);
     std::copy(v_new.begin(), v_new.end(), lt.v.begin() + off_rows);
+    ApplyHeadPatches(c, edits, TensorKind::kK, l, input.offset, lt.k);
+    ApplyHeadPatches(c, edits, TensorKind::kV, l, input.offset, lt.v);
     Perturb(c, n, tk, edits, TensorKind::kK, l, lt.k);
     Perturb(c, n, tk, edits, TensorKind::kV, l, lt.v);
     if (absl::Status s = AttentionLayer(be, c, input, l, edits, lt); !s.ok()) return s;

@@ -16,9 +16,9 @@
 // The forward uses the Backend's ops for matrix products, norms, RoPE and activations (so
 // it reproduces Transformer<T>::Forward) and its own attention loop, which records scores
 // and probabilities and accepts Edits: perturbations of any intermediate (finite
-// differences), head ablations, attention-row overrides, residual and head-output patches
-// (interventions). Backward uses kernels/cpu/reference_backward.h, or a BackwardOps
-// (kernels/backward_ops.h) for its two heavy ops.
+// differences), head ablations, attention-row overrides, residual patches and patches of
+// one head's q, k, v or output (interventions). Backward uses kernels/cpu/reference_backward.h, or
+// a BackwardOps (kernels/backward_ops.h) for its two heavy ops.
 #ifndef KVLENS_ENGINE_INTERPRET_TAPE_H_
 #define KVLENS_ENGINE_INTERPRET_TAPE_H_
 
@@ -97,13 +97,21 @@ struct ResidualPatch {
   std::vector<double> value;
   PatchSite site = PatchSite::kResidPre;
 };
-// One head's output O[row, head] (kAttnOut, before W_O) of layer `layer` := value [Dh],
-// after that layer's ablations (TransformerLens's patching of attn.hook_z by position).
+// One head's vector at query row `row` of layer `layer` := value [Dh], TransformerLens's
+// patching of attn.hook_z / hook_q / hook_k / hook_v by position and head. `kind`:
+//   kAttnOut: the head's output O[row, head] (z, before W_O), after the layer's ablations;
+//   kQ: its query (post-RoPE);
+//   kK, kV: KV head `head`'s key / value of the new token at `row` (key offset + row), which
+//     every later query of the group reads; post-RoPE for k.
+// A patch with another run's value at the same position is the same patch before or after
+// RoPE (rotation by position is one bijection), so q and k match TransformerLens's hook_q /
+// hook_k, which are taken before it. Patches apply before perturbations of the same tensor.
 struct HeadPatch {
   int layer = 0;
   int head = 0;
   int row = 0;
   std::vector<double> value;
+  TensorKind kind = TensorKind::kAttnOut;
 };
 struct Edits {
   std::vector<Perturbation> perturbations;

@@ -37,10 +37,10 @@ logits of --tokens and for each step of --generate; entries at one point add up
 (kvlens_oracle/model.py). Not with --grad-logprob, --activations, --logit-attribution, --sae.
 
 --patch-sweep HOOK:ROW:A:B with --source-tokens (as many as --tokens) adds an activation
-patching sweep (kvlens_oracle/patching.py): sweep.metric [L, H or 1, T], each layer's (and
-head's, for z and pattern) row of HOOK (resid_pre, resid_mid, resid_post, attn_out, mlp_out,
-z, pattern) taken
-from the source's run, scored by logits[ROW, A] - logits[ROW, B]; sweep.clean, sweep.source.
+patching sweep (kvlens_oracle/patching.py): sweep.metric [L, heads or 1, T], each layer's
+(and head's, for q, z and pattern; KV head's, for k and v) row of HOOK (resid_pre, resid_mid,
+resid_post, attn_out, mlp_out, q, k, v, z, pattern) taken from the source's run, scored by
+logits[ROW, A] - logits[ROW, B]; sweep.clean, sweep.source.
 
 PATH: a llama2.c .bin, a GGUF file (llama), or a Hugging Face directory (gpt2 / llama).
 The output container format is described in README.md and kvlens_oracle/container.py.

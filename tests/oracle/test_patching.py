@@ -11,7 +11,9 @@ on the block outputs, capped logits) and GPT-2 (biases, learned positions):
 (e) a z patch of a head with the value it had, plus an attn_out patch equal to what a
     mid-layer adds, change nothing, while (f) patching z moves attn_out by
     (z_src - z) @ W_O[:, head] for models without a block-output norm (numpy from weights);
-(g) oracle.py --patch-sweep writes the same arrays, and refuses what it cannot do.
+(g) oracle.py --patch-sweep writes the same arrays, and refuses what it cannot do;
+(h) a q patch (before RoPE) equals a z patch by the output numpy computes from the source's
+    rotated query and the clean keys and values.
 
 Run: /usr/bin/python3 -m unittest discover -s tests/oracle -p 'test_*.py'
 """
@@ -40,7 +42,8 @@ TOKENS = {"llama": [1, 5, 300, 17, 42, 383], "gemma2": [1, 5, 300, 17, 42, 383],
           "gpt2": [3, 14, 15, 9, 26, 5]}
 SOURCE = {"llama": [1, 9, 77, 17, 250, 4], "gemma2": [1, 9, 77, 17, 250, 4],
           "gpt2": [3, 7, 22, 9, 30, 2]}
-HOOKS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "pattern")
+HOOKS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "v", "z",
+         "pattern")
 
 
 class PatchingTest(unittest.TestCase):
@@ -72,7 +75,9 @@ class PatchingTest(unittest.TestCase):
                     self.assertTrue(np.all(own["sweep.metric"] == clean))
                     r = patch_sweep(m, ids, src, hook, row, a, b)
                     metric = r["sweep.metric"]
-                    heads = m.cfg["n_heads"] if hook in ("z", "pattern") else 1
+                    heads = {"z": m.cfg["n_heads"], "pattern": m.cfg["n_heads"],
+                             "q": m.cfg["n_heads"], "k": m.cfg.get("n_kv_heads", m.cfg["n_heads"]),
+                             "v": m.cfg.get("n_kv_heads", m.cfg["n_heads"])}.get(hook, 1)
                     self.assertEqual(metric.shape, (L, heads, T))
                     self.assertEqual(r["sweep.clean"][0], clean)
                     self.assertEqual(r["sweep.source"][0], source)
@@ -111,6 +116,31 @@ class PatchingTest(unittest.TestCase):
                 (0, "attn"): [(2, clean_cap["layers"][0]["attn_block"][2])]})[0]
             want = forward(m, ids)[0]
         self.assertTrue(torch.equal(same, want))
+
+    def test_q_patch_is_the_z_of_the_source_query(self):
+        # (h) a query patched before RoPE (TransformerLens's hook_q) is the source's rotated
+        # query at that row: the head's output becomes softmax(q_src k^T / sqrt(hd)) v over
+        # the clean keys and values of its KV head (GQA: 4 heads on 2), in numpy
+        m = self.models["llama"]
+        ids, src = TOKENS["llama"], SOURCE["llama"]
+        layer, i = m.cfg["n_layers"] - 1, 4
+        hd, group = m.cfg["head_dim"], m.cfg["n_heads"] // m.cfg["n_kv_heads"]
+        clean_cap, src_cap = {}, {}
+        with torch.no_grad():
+            forward(m, ids, capture=clean_cap)
+            forward(m, src, capture=src_cap)
+            for head in range(m.cfg["n_heads"]):
+                q_src = src_cap["layers"][layer]["q"][head, i].numpy()
+                k = clean_cap["layers"][layer]["k"][head // group, :i + 1].numpy()
+                v = clean_cap["layers"][layer]["v"][head // group, :i + 1].numpy()
+                s = k @ q_src / np.sqrt(hd)
+                p = np.exp(s - s.max())
+                z = (p / p.sum()) @ v
+                via_q = forward(m, ids, patch={(layer, "q"): [
+                    (i, head, src_cap["layers"][layer]["q_unrotated"][head, i])]})[0]
+                via_z = forward(m, ids, patch={(layer, "z"): [(i, head, z)]})[0]
+                np.testing.assert_allclose(via_q.numpy(), via_z.numpy(), rtol=0, atol=1e-12)
+                self.assertFalse(torch.equal(via_q, forward(m, ids)[0]))
 
     def test_cli(self):
         import oracle

@@ -129,7 +129,7 @@ TEST(InterpretPatchSweep, BadRequestsNameTheirField) {
                 invalid, "patch_source has 3 tokens and input 6");
   ExpectRefused(with([](auto& r) { r.set_hook("hook_z"); }), invalid,
                 "hook = \"hook_z\": not a patching site (resid_pre, resid_mid, resid_post, "
-                "attn_out, mlp_out, z, pattern)");
+                "attn_out, mlp_out, q, k, v, z, pattern)");
   ExpectRefused(with([](auto& r) { r.add_layers(9); }), invalid, "layers");
   ExpectRefused(with([](auto& r) { r.mutable_positions()->set_begin(7); }), invalid, "positions");
   ExpectRefused(with([](auto& r) { r.clear_logit_diff(); }), invalid,
@@ -140,6 +140,18 @@ TEST(InterpretPatchSweep, BadRequestsNameTheirField) {
   ExpectRefused(with([](auto& r) { r.set_hook("z"); }), invalid,
                 "the sweep has 48 cells (layers × heads × positions), more than "
                 "--max-interp-sweep-runs = 20");
+  // v: stories260K's 4 KV heads × 6 positions = 24 cells > 20; 3 positions fit.
+  ExpectRefused(with([](auto& r) { r.set_hook("v"); }), invalid, "the sweep has 24 cells");
+  v1::PatchSweepResponse v;
+  v1::PatchSweepRequest r = SweepRequest(input, source, "v");
+  r.add_layers(0);
+  r.mutable_positions()->set_begin(3);
+  r.mutable_logit_diff()->set_position(5);
+  r.mutable_logit_diff()->set_token_a(1);
+  r.mutable_logit_diff()->set_token_b(2);
+  ASSERT_TRUE(CallSweep(server, r, &v).ok());
+  EXPECT_EQ(v.num_heads(), 4);
+  EXPECT_EQ(v.metric_size(), 4 * 3);
 }
 
 }  // namespace

@@ -2,13 +2,16 @@
 // of it, patching a clean run into itself (the stream or a head's output) or overriding a
 // row with its own probabilities changes nothing at all (bit for bit), patching a row
 // leaves earlier rows alone, a head's patch moves the stream through W_O and equals the
-// row override that yields its value, masking
+// row override that yields its value, a q, k or v patch equals the perturbations that
+// reach its value and follows a cached prefix, masking
 // keys renormalises the rest; the logit lens's last layer is the model's logits; and the
 // head scores follow their definitions on hand-built attention maps.
 #include "engine/interpret/interventions.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -242,6 +245,102 @@ TEST_F(InterventionsTest, PatchingAHeadMovesTheStreamByItsOutputThroughWO) {
     EXPECT_NE(t.status().message().find("head patch"), std::string::npos) << t.status();
   }
   EXPECT_FALSE(HeadPatchFrom(*src, c, 0, 0, 14, 0).ok());
+}
+
+// A q, k or v patch writes where the tape's perturbations of that tensor (Coord, a separate
+// mechanism) do: it equals the perturbations by source − clean of its Dh entries, up to the
+// sum's rounding, and leaves the earlier rows' logits exact. k and v of stories260K's KV
+// head 3 (8 heads on 4).
+TEST_F(InterventionsTest, PatchingAQueryKeyOrValueIsThePerturbationThatReachesIt) {
+  const ModelConfig& c = model_->config;
+  const Tape<double> clean = Run();
+  auto src =
+      RunForward(*model_, be_, SequenceInput<double>{testing::RandomTokens(14, 10, c.vocab_size)});
+  ASSERT_TRUE(src.ok());
+  const int layer = 2, head = 3, row = 9, from = 7, V = c.vocab_size;
+  for (TensorKind kind : {TensorKind::kQ, TensorKind::kK, TensorKind::kV}) {
+    SCOPED_TRACE(TensorKindName(kind));
+    auto p = HeadPatchFrom(*src, c, layer, head, from, row, kind);
+    ASSERT_TRUE(p.ok()) << p.status();
+    Edits patch, perturb;
+    patch.head_patches.push_back(*p);
+    for (int d = 0; d < c.head_dim; ++d) {
+      const Coord at{kind, layer, head, row, d};
+      EXPECT_EQ(p->value[d], TapeValue(*src, c, Coord{kind, layer, head, from, d})) << d;
+      perturb.perturbations.push_back({at, p->value[d] - TapeValue(clean, c, at)});
+    }
+    const Tape<double> a = Run(patch), b = Run(perturb);
+    for (int i = 0; i < row * V; ++i) ASSERT_EQ(a.logits[i], clean.logits[i]) << i / V;
+    double worst = 0, moved = 0;
+    for (size_t i = 0; i < a.logits.size(); ++i) {
+      worst = std::max(worst, std::abs(a.logits[i] - b.logits[i]));
+      moved = std::max(moved, std::abs(a.logits[i] - clean.logits[i]));
+    }
+    EXPECT_GT(moved, 1e-3);  // the patch matters
+    EXPECT_LE(worst, 1e-12);
+  }
+  // A KV head past num_kv_heads, or a tensor that is not a head's vector, is refused.
+  Edits bad;
+  bad.head_patches.push_back(
+      {0, c.num_kv_heads, 0, std::vector<double>(c.head_dim, 0.0), TensorKind::kV});
+  auto t = RunForward(*model_, be_, input_, bad);
+  EXPECT_NE(t.status().message().find("head patch of v (layer 0, head 4, row 0) is out of range"),
+            std::string::npos)
+      << t.status();
+  bad.head_patches[0] = {0, 0, 0, std::vector<double>(c.head_dim, 0.0), TensorKind::kScores};
+  t = RunForward(*model_, be_, input_, bad);
+  EXPECT_NE(t.status().message().find("only q, k, v and attn_out"), std::string::npos)
+      << t.status();
+  EXPECT_FALSE(HeadPatchFrom(*src, c, 0, c.num_kv_heads, 0, 0, TensorKind::kK).ok());
+  EXPECT_TRUE(HeadPatchFrom(*src, c, 0, c.num_kv_heads, 0, 0, TensorKind::kQ).ok());
+}
+
+// With the first 6 tokens as a cached prefix (its keys and values leaves, as a session's
+// cache gives them), patching the k or v of new row r — read from a source run that also
+// has a prefix — is patching row 6 + r of the whole sequence.
+TEST_F(InterventionsTest, KeyAndValuePatchesOfNewTokensFollowTheCachedPrefix) {
+  const ModelConfig& c = model_->config;
+  const int offset = 6, layer = 1, kv_head = 2, row = 4, from = 5, V = c.vocab_size;
+  const int64_t prefix = int64_t{offset} * c.kv_dim();
+  auto with_prefix = [&](const SequenceInput<double>& whole) {
+    const Tape<double> t = *RunForward(*model_, be_, whole);
+    SequenceInput<double> in;
+    in.tokens.assign(whole.tokens.begin() + offset, whole.tokens.end());
+    in.offset = offset;
+    for (const LayerTape<double>& lt : t.layers) {
+      in.prefix_k.emplace_back(lt.k.begin(), lt.k.begin() + prefix);
+      in.prefix_v.emplace_back(lt.v.begin(), lt.v.begin() + prefix);
+    }
+    return in;
+  };
+  const Tape<double> clean = Run();
+  const SequenceInput<double> other{testing::RandomTokens(14, 10, c.vocab_size)};
+  const SequenceInput<double> part = with_prefix(input_), other_part = with_prefix(other);
+  auto src = RunForward(*model_, be_, other), src_part = RunForward(*model_, be_, other_part);
+  ASSERT_TRUE(src.ok() && src_part.ok());
+  for (TensorKind kind : {TensorKind::kK, TensorKind::kV}) {
+    SCOPED_TRACE(TensorKindName(kind));
+    auto whole_patch = HeadPatchFrom(*src, c, layer, kv_head, offset + from, offset + row, kind);
+    auto part_patch = HeadPatchFrom(*src_part, c, layer, kv_head, from, row, kind);
+    ASSERT_TRUE(whole_patch.ok() && part_patch.ok());
+    for (int d = 0; d < c.head_dim; ++d) {
+      EXPECT_NEAR(part_patch->value[d], whole_patch->value[d], 1e-12) << d;
+    }
+    Edits e_whole, e_part;
+    e_whole.head_patches.push_back(*whole_patch);
+    e_part.head_patches.push_back(*part_patch);
+    const Tape<double> whole = Run(e_whole);
+    auto t = RunForward(*model_, be_, part, e_part);
+    ASSERT_TRUE(t.ok()) << t.status();
+    double worst = 0, moved = 0;
+    for (int64_t i = 0; i < int64_t{t->n} * V; ++i) {
+      worst = std::max(worst, std::abs(t->logits[i] - whole.logits[offset * V + i]));
+      moved =
+          std::max(moved, std::abs(whole.logits[offset * V + i] - clean.logits[offset * V + i]));
+    }
+    EXPECT_GT(moved, 1e-3);
+    EXPECT_LE(worst, 1e-11);
+  }
 }
 
 // Patching a head's row with Σ_j r_j v_j (the values of its KV head, computed here) for a

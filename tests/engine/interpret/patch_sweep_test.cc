@@ -6,11 +6,14 @@
 //   - resid_post of the last layer at the objective's row is the stream the final norm
 //     reads, so that cell scores exactly the source's run; at any other row, the clean one;
 //   - a cell past the objective's row (every site, every head) is the clean score, since
-//     attention is causal;
+//     attention is causal; so is, in the last layer, a q, z or pattern cell at another row
+//     (a query row's head reaches only that row's output);
+//   - k and v have a cell per KV head (stories260K: 8 heads on 4);
 //   - the grid is laid out [layer][head][row].
 // And against the PyTorch float64 oracle's own patching (tests/oracle/kvlens_oracle/
 // patching.py), every cell of every layer, on stories260K, the default GPT-2 and a random
-// Gemma 2, both backends.
+// Gemma 2, both backends. The oracle patches q and k before RoPE, as TransformerLens hooks
+// them; kvlens after it.
 #include "engine/interpret/patch_sweep.h"
 
 #include <algorithm>
@@ -47,14 +50,18 @@ TEST_F(PatchSweepTest, CellsAreTheRunsTheyMustBe) {
       source{testing::RandomTokens(n, 5, V)};
   // logit difference at row 6 between the next tokens of the two prompts
   const Objective o = Objective::LogitDiff(row, source.tokens[row + 1], input.tokens[row + 1]);
-  for (const char* name :
-       {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "pattern"}) {
+  ASSERT_LT(c.num_kv_heads, c.num_heads);  // grouped-query attention
+  for (const char* name : {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k",
+                           "v", "z", "pattern"}) {
     SCOPED_TRACE(name);
+    const std::string_view hook = name;
     const PatchTarget target = *PatchTargetByName(name);
     const std::vector<int> layers = {c.num_layers - 1, 0, 2};
     auto r = PatchSweep(*model_, be_, input, source, target, layers, 0, n, o);
     ASSERT_TRUE(r.ok()) << r.status();
-    const int heads = target.per_head() ? c.num_heads : 1;
+    const int heads = hook == "k" || hook == "v"                        ? c.num_kv_heads
+                      : hook == "q" || hook == "z" || hook == "pattern" ? c.num_heads
+                                                                        : 1;
     ASSERT_EQ(r->heads, heads);
     ASSERT_EQ(r->metric.size(), layers.size() * heads * n);
     auto cell = [&](size_t li, int h, int i) { return r->metric[(li * heads + h) * n + i]; };
@@ -73,10 +80,20 @@ TEST_F(PatchSweepTest, CellsAreTheRunsTheyMustBe) {
       }
     }
     EXPECT_TRUE(moved);
-    if (std::string_view(name) == "resid_post") {  // layers[0] is the last layer
+    if (hook == "q" || hook == "z" || hook == "pattern") {
+      // in the last layer (layers[0]) a query row's head reaches only that row's logits
+      for (int h = 0; h < heads; ++h) {
+        for (int i = 0; i < n; ++i) {
+          if (i != row) {
+            EXPECT_EQ(cell(0, h, i), clean_j) << h << " " << i;
+          }
+        }
+      }
+    }
+    if (hook == "resid_post") {  // layers[0] is the last layer
       for (int i = 0; i < n; ++i) EXPECT_EQ(cell(0, 0, i), i == row ? src_j : clean_j) << i;
     }
-    if (std::string_view(name) == "resid_pre") {  // layers[1] is layer 0: a token swap
+    if (hook == "resid_pre") {  // layers[1] is layer 0: a token swap
       for (int i = 0; i <= row; ++i) {
         SequenceInput<double> swapped = input;
         swapped.tokens[i] = source.tokens[i];
@@ -140,8 +157,8 @@ TEST_F(PatchSweepTest, BadSweepsNameTheProblem) {
 
 // Against the PyTorch float64 oracle's own patching (tests/oracle/kvlens_oracle/
 // patching.py: its forward with the row replaced, a full forward per cell): every layer and
-// row (and head, for z), fp64 ≤ 1e-9 and fp32 ≤ 1e-4 of the largest |score|, the score the
-// logit difference between the two prompts' next tokens.
+// row (and head, for q, k, v, z and pattern), fp64 ≤ 1e-9 and fp32 ≤ 1e-4 of the largest |score|,
+// the score the logit difference between the two prompts' next tokens.
 void ExpectOracleSweeps(const std::string& path, const char* label,
                         const std::vector<int32_t>& tokens, const std::vector<int32_t>& source,
                         std::initializer_list<const char*> hooks) {
@@ -194,10 +211,10 @@ TEST(PatchSweepOracle, Stories260KEverySite) {
   KVLENS_REQUIRE_FILE(bin);
   if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
   // (ids 3 … 258 are its byte tokens, untrained: their logits barely differ)
-  ExpectOracleSweeps(
-      bin, "stories260K", {1, 403, 407, 261, 378, 300, 290, 420},
-      {1, 333, 407, 299, 378, 270, 290, 460},
-      {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "pattern"});
+  ExpectOracleSweeps(bin, "stories260K", {1, 403, 407, 261, 378, 300, 290, 420},
+                     {1, 333, 407, 299, 378, 270, 290, 460},
+                     {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "v",
+                      "z", "pattern"});
 }
 
 TEST(PatchSweepOracle, DefaultGpt2Model) {
@@ -205,7 +222,7 @@ TEST(PatchSweepOracle, DefaultGpt2Model) {
   KVLENS_REQUIRE_FILE(dir + "/config.json");
   if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
   ExpectOracleSweeps(dir, "kjv-gpt2-4l", {0, 34, 290, 1021, 17, 88, 5},
-                     {0, 34, 77, 1021, 40, 88, 9}, {"attn_out", "z", "pattern"});
+                     {0, 34, 77, 1021, 40, 88, 9}, {"attn_out", "v", "z", "pattern"});
 }
 
 // Gemma 2: block-output norms (attn_out / mlp_out after them), capped logits.
@@ -215,7 +232,7 @@ TEST(PatchSweepOracle, Gemma2) {
       testing::MakeQuantizedModel("--f32 --gemma2 --set-float gemma2.final_logit_softcapping=3");
   ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
   ExpectOracleSweeps(path, "gemma2", {2, 5, 300, 17, 42, 383}, {2, 9, 77, 17, 250, 4},
-                     {"attn_out", "mlp_out", "resid_mid", "pattern"});
+                     {"attn_out", "mlp_out", "resid_mid", "k", "pattern"});
   std::remove(path.c_str());
 }
 

@@ -21,9 +21,10 @@ tensor as the forward forms it, before anything downstream reads it: point "pre"
 stream entering the block (layer n_layers: the stream entering the final norm), "attn" /
 "mlp" what the attention / FFN adds (after b_O or the block-output norm), "mid" the
 stream after the attention's add; point "z" takes (row, head, vector [hd]), that head's
-output before W_O (TransformerLens's hook_z), and "pattern" (row, head, probabilities [T]),
-that head's attention row before it weighs the values (hook_pattern). patching.py sweeps
-it.
+output before W_O (TransformerLens's hook_z), "q", "k" and "v" the same for its query, or
+a KV head's key or value, as TransformerLens hooks them: after Qwen3's head norms, before
+RoPE (hook_q, hook_k, hook_v), and "pattern" (row, head, probabilities [T]), that head's
+attention row before it weighs the values (hook_pattern). patching.py sweeps it.
 Everything is differentiable (no in-place ops), so torch.autograd can produce gradients.
 Pass `capture={}` to receive capture["embeds"] (the token embeddings, before GPT-2's
 positions), capture["resid_final"] (the residual entering the final norm, [T, d]),
@@ -216,7 +217,7 @@ def _patched(t, patch, layer, point):
         return t
     t = t.clone()
     for entry in entries:
-        if point in ("z", "pattern"):  # t: [H, T, hd] or [H, T, T]
+        if point in ("z", "pattern", "q", "k", "v"):  # t: [heads, T, hd] or [H, T, T]
             row, head, vec = entry
             t[head, row] = torch.as_tensor(vec, dtype=F64)
         else:
@@ -248,10 +249,11 @@ def llama_forward(m, x, positions, mask, capture=None, steer=None, patch=None):
         q, k = _heads(qp, H, hd), _heads(kp, KV, hd)
         if "q_norm" in lw:  # Qwen3: RMSNorm over each head's vector, before RoPE
             q, k = rms_norm(q, lw["q_norm"], eps), rms_norm(k, lw["k_norm"], eps)
+        q, k = _patched(q, patch, i, "q"), _patched(k, patch, i, "k")
         q_unrotated, k_unrotated = q, k  # TransformerLens's hook_q / hook_k
         q = rope(q, positions, base, c["rope_style"], factors)
         k = rope(k, positions, base, c["rope_style"], factors)
-        v = _heads(vp, KV, hd)
+        v = _patched(_heads(vp, KV, hd), patch, i, "v")
         k, v = _leaf_prefix(capture, k, v)
         kv_of_head = torch.arange(H) // group  # GQA: query head h reads KV head h // group
         out, probs, scores = attention(q, k[kv_of_head], v[kv_of_head], layer_mask,
@@ -297,7 +299,8 @@ def gpt2_forward(m, x, positions, mask, capture=None, steer=None, patch=None):
     for i, lw in enumerate(m.layers):
         x = _patched(_steer(x, table, i, "pre"), patch, i, "pre")
         qkv = layer_norm(x, lw["ln1_w"], lw["ln1_b"], eps) @ lw["w_qkv"].T + lw["b_qkv"]
-        q, k, v = (_heads(qkv[:, j * d:(j + 1) * d], H, hd) for j in range(3))
+        q, k, v = (_patched(_heads(qkv[:, j * d:(j + 1) * d], H, hd), patch, i, point)
+                   for j, point in enumerate("qkv"))
         k, v = _leaf_prefix(capture, k, v)
         out, probs, scores = attention(q, k, v, mask)
         if patch and (i, "pattern") in patch:

@@ -1,15 +1,16 @@
 """Activation patching sweeps in float64, as TransformerLens's patching module computes them
 (get_act_patch_resid_pre, …_resid_mid, …_attn_out, …_mlp_out, …_attn_head_out_by_pos,
-…_attn_head_pattern_by_pos):
+…_attn_head_q_by_pos, …_k_by_pos, …_v_by_pos, …_attn_head_pattern_by_pos):
 for every layer, (head,) and row, a full forward of `tokens` with that one activation
 replaced by the source run's at the same row (model.forward's `patch`), scored by the logit
 difference logits[row, a] - logits[row, b] (after any final soft-cap).
 
 patch_sweep(model, tokens, source, hook, row, a, b) -> dict:
   sweep.clean [1], sweep.source [1]  the score of each prompt's own run
-  sweep.metric [L, H or 1, T]        hook "resid_pre", "resid_mid", "resid_post", "attn_out",
-                                     "mlp_out" (one value per layer and row), or per head "z"
-                                     (its output) or "pattern" (its attention row)
+  sweep.metric [L, heads, T]         hook "resid_pre", "resid_mid", "resid_post", "attn_out",
+                                     "mlp_out" (heads 1), or per head "q", "z" (its query,
+                                     output) or "pattern" (its attention row), or per KV head
+                                     "k", "v" (before RoPE, as TransformerLens hooks them)
 """
 import numpy as np
 import torch
@@ -20,7 +21,9 @@ from .model import forward
 _SITES = {"resid_pre": ("pre", "resid_pre", 0), "resid_mid": ("mid", "resid_mid", 0),
           "resid_post": ("pre", "resid", 1), "attn_out": ("attn", "attn_block", 0),
           "mlp_out": ("mlp", "mlp_block", 0), "z": ("z", "attn_out", 0),
-          "pattern": ("pattern", "probs", 0)}
+          "pattern": ("pattern", "probs", 0), "q": ("q", "q_unrotated", 0),
+          "k": ("k", "k_unrotated", 0), "v": ("v", "v", 0)}
+_PER_HEAD = ("q", "k", "v", "z", "pattern")
 
 
 def patch_sweep(m, tokens, source, hook, row, a, b):
@@ -38,11 +41,13 @@ def patch_sweep(m, tokens, source, hook, row, a, b):
     with torch.no_grad():
         cap = {}
         src_logits, _ = forward(m, source, capture=cap)
-        per_head = hook in ("z", "pattern")
-        heads = H if per_head else 1
+        per_head = hook in _PER_HEAD
+        heads = m.cfg.get("n_kv_heads", H) if hook in ("k", "v") else H if per_head else 1
         metric = np.zeros((L, heads, T))
         for l in range(L):
-            value = cap["layers"][l][record]
+            layer = cap["layers"][l]
+            # (GPT-2 has no RoPE: its q and k are the unrotated ones)
+            value = layer[record] if record in layer else layer[record.replace("_unrotated", "")]
             for h in range(heads):
                 for i in range(T):
                     if per_head:
