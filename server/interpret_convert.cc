@@ -220,9 +220,10 @@ absl::StatusOr<interpret::PatchTarget> ToPatchTarget(const std::string& hook,
   if (t.has_value() && (heads_allowed || !t->per_head())) return *t;
   return absl::InvalidArgumentError(absl::StrCat(
       field, " = \"", hook, "\": not a patching site (",
-      heads_allowed ? std::string(interpret::PatchTargetNames())
-                    : "resid_pre, resid_mid, resid_post, attn_out, mlp_out; a head's z is a "
-                      "head_patches entry, its pattern a row_overrides one",
+      heads_allowed
+          ? std::string(interpret::PatchTargetNames())
+          : "resid_pre, resid_mid, resid_post, attn_out, mlp_out; a head's q, k, v or z is a "
+            "head_patches entry, its pattern a row_overrides one",
       ")"));
 }
 

@@ -326,17 +326,25 @@ absl::Status InterveneAt(const InterpContext& ctx, const v1::InterveneRequest& r
     for (int k = 0; k < request.head_patches_size(); ++k) {
       const v1::HeadPatch& p = request.head_patches(k);
       const std::string name = absl::StrCat("head_patches[", k, "]");
+      auto target = ToPatchTarget(p.hook().empty() ? "z" : p.hook(), name + ".hook", true);
+      if (!target.ok()) return target.status();
+      if (target->kind != interpret::PatchTarget::Kind::kHeadVector) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ".hook = \"", p.hook(),
+                         "\": not a head's vector (q, k, v, z; a pattern is a row_overrides "
+                         "entry, a stream site a patches one)"));
+      }
       absl::StatusOr<int> layer = ToIndex(p.layer(), c.num_layers, name + ".layer");
       if (!layer.ok()) return layer.status();
-      absl::StatusOr<int> head = ToIndex(p.head(), c.num_heads, name + ".head");
+      absl::StatusOr<int> head = ToIndex(p.head(), target->Heads(c), name + ".head");
       if (!head.ok()) return head.status();
       absl::StatusOr<int> position = ToIndex(p.position(), n, name + ".position");
       if (!position.ok()) return position.status();
       absl::StatusOr<int> source_position =
           ToIndex(p.source_position(), source_tape->n, name + ".source_position");
       if (!source_position.ok()) return source_position.status();
-      auto patch =
-          interpret::HeadPatchFrom(*source_tape, c, *layer, *head, *source_position, *position);
+      auto patch = interpret::HeadPatchFrom(*source_tape, c, *layer, *head, *source_position,
+                                            *position, target->tensor);
       if (!patch.ok()) return patch.status();
       edits.head_patches.push_back(*std::move(patch));
     }

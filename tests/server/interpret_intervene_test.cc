@@ -58,15 +58,20 @@ TEST(InterpretIntervene, PatchingACleanRunIntoItselfChangesNothing) {
       patch->set_source_position(p);
     }
   }
-  // and every head's output, layers and heads counted from the end, at three positions
-  for (int l = 1; l <= c.num_layers; ++l) {
-    for (int h = 1; h <= c.num_heads; ++h) {
-      for (int p : {0, 4, 9}) {
-        v1::HeadPatch* patch = r.add_head_patches();
-        patch->set_layer(-l);
-        patch->set_head(-h);
-        patch->set_position(p);
-        patch->set_source_position(p);
+  // and every head's output and query, every KV head's key and value, layers and heads
+  // counted from the end, at two positions (240 patches, within --max-interp-targets 256)
+  for (const char* hook : {"", "q", "k", "v"}) {
+    const bool kv = hook[0] == 'k' || hook[0] == 'v';
+    for (int l = 1; l <= c.num_layers; ++l) {
+      for (int h = 1; h <= (kv ? c.num_kv_heads : c.num_heads); ++h) {
+        for (int p : {4, 9}) {
+          v1::HeadPatch* patch = r.add_head_patches();
+          patch->set_hook(hook);
+          patch->set_layer(-l);
+          patch->set_head(-h);
+          patch->set_position(p);
+          patch->set_source_position(p);
+        }
       }
     }
   }
@@ -88,7 +93,8 @@ TEST(InterpretIntervene, PatchingACleanRunIntoItselfChangesNothing) {
   EXPECT_GT(CallIntervene(*stub, r).max_abs_logit_change(), 1e-3);
 }
 
-// A head's output patched from another prompt (TransformerLens's attn.hook_z patching): the
+// A head's output, query or key patched from another prompt (TransformerLens's
+// attn.hook_z / hook_q / hook_k patching; a key per KV head): the
 // RPC's effect is engine/interpret's with the same patch taken from the source's fp64 tape;
 // layer and head count from the end; a bad patch names its field.
 TEST(InterpretIntervene, HeadPatchesAsTheEngineDefinesThem) {
@@ -113,6 +119,18 @@ TEST(InterpretIntervene, HeadPatchesAsTheEngineDefinesThem) {
   p->set_head(-1);  // the last head
   p->set_position(8);
   p->set_source_position(2);
+  p = r.add_head_patches();
+  p->set_hook("k");
+  p->set_layer(2);
+  p->set_head(-1);  // the last KV head, 3
+  p->set_position(7);
+  p->set_source_position(4);
+  p = r.add_head_patches();
+  p->set_hook("q");
+  p->set_layer(0);
+  p->set_head(6);
+  p->set_position(9);
+  p->set_source_position(9);
   AddTarget(r, 9, 42);
   AddTarget(r, 5, 300);
   const v1::InterveneResponse response = CallIntervene(*stub, r);
@@ -121,9 +139,13 @@ TEST(InterpretIntervene, HeadPatchesAsTheEngineDefinesThem) {
   auto src = interpret::RunForward(model, be, interpret::SequenceInput<double>{source});
   ASSERT_TRUE(src.ok()) << src.status();
   interpret::Edits edits;
-  for (auto [layer, head, from, to] :
-       {std::tuple{c.num_layers - 1, 3, 11, 6}, std::tuple{1, c.num_heads - 1, 2, 8}}) {
-    auto patch = interpret::HeadPatchFrom(*src, c, layer, head, from, to);
+  ASSERT_EQ(c.num_kv_heads, 4);
+  for (auto [layer, head, from, to, kind] :
+       {std::tuple{c.num_layers - 1, 3, 11, 6, interpret::TensorKind::kAttnOut},
+        std::tuple{1, c.num_heads - 1, 2, 8, interpret::TensorKind::kAttnOut},
+        std::tuple{2, 3, 4, 7, interpret::TensorKind::kK},
+        std::tuple{0, 6, 9, 9, interpret::TensorKind::kQ}}) {
+    auto patch = interpret::HeadPatchFrom(*src, c, layer, head, from, to, kind);
     ASSERT_TRUE(patch.ok()) << patch.status();
     edits.head_patches.push_back(*std::move(patch));
   }
@@ -144,6 +166,15 @@ TEST(InterpretIntervene, HeadPatchesAsTheEngineDefinesThem) {
   bad.mutable_head_patches(0)->set_source_position(12);
   ExpectInvalid(TryIntervene(*stub, bad), "head_patches[0].source_position = 12");
   bad = r;
+  bad.mutable_head_patches(2)->set_head(4);  // k: a KV head
+  ExpectInvalid(TryIntervene(*stub, bad), "head_patches[2].head = 4 must be in [-4, 4)");
+  bad = r;
+  bad.mutable_head_patches(3)->set_hook("pattern");
+  ExpectInvalid(TryIntervene(*stub, bad),
+                "head_patches[3].hook = \"pattern\": not a head's vector (q, k, v, z;");
+  bad.mutable_head_patches(3)->set_hook("hook_q");
+  ExpectInvalid(TryIntervene(*stub, bad), "head_patches[3].hook = \"hook_q\": not a patching site");
+  bad = r;
   bad.clear_patch_source();
   ExpectInvalid(TryIntervene(*stub, bad), "patch_source: required with patches or head_patches");
   // More patches than the server allows (InterpLimits::max_targets) are refused before any
@@ -156,7 +187,7 @@ TEST(InterpretIntervene, HeadPatchesAsTheEngineDefinesThem) {
   bad.clear_targets();
   *bad.add_head_patches() = r.head_patches(0);
   ExpectInvalid(TryIntervene(*InterpretStub(small), bad),
-                "head_patches has 3 entries, more than the server allows (2)");
+                "head_patches has 5 entries, more than the server allows (2)");
 }
 
 // Patches at TransformerLens's other sites (hook "resid_mid", "attn_out", "mlp_out",
