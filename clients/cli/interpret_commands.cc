@@ -11,6 +11,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "clients/cli/rpc_call.h"
 #include "clients/cli/server_tokens.h"
 #include "clients/cli/utf8_fields.h"
+#include "engine/interpret/patch_sweep.h"
 #include "kernels/dtype.h"
 #include "kvlens/v1/interpret.grpc.pb.h"
 
@@ -369,8 +371,8 @@ int PatchCommand(int argc, char** argv) {
   specs.push_back({"source-text", "", "the prompt patched from (as many tokens as the prompt)"});
   specs.push_back({"source-ids", "", "or its token ids, space-separated"});
   specs.push_back({"hook", "resid_pre",
-                   "resid_pre, resid_mid, resid_post, attn_out, mlp_out, or per head z "
-                   "(its output) or pattern (its attention row)"});
+                   "resid_pre, resid_mid, resid_post, attn_out, mlp_out, or per head q, z "
+                   "(its query, output) or pattern (its attention row), or per KV head k, v"});
   specs.push_back({"layers", "", "layers, e.g. \"0 -1\" (negative: from the end; default: all)"});
   specs.push_back({"token", "", "token id whose log-prob (or logit, with --baseline) is scored"});
   specs.push_back({"token-text", "", "or that token as text (one token, e.g. \" Paris\")"});
@@ -381,7 +383,8 @@ int PatchCommand(int argc, char** argv) {
   absl::StatusOr<Args> args;
   if (int code =
           Prepare(argc, argv, "patch",
-                  "Activation patching swept over layers x positions (x heads for z, pattern): "
+                  "Activation patching swept over layers x positions (x heads for q, k, v, z, "
+                  "pattern): "
                   "per cell, the prompt's run with that one activation taken from the "
                   "source's at the same position, scored; prints each cell's recovered "
                   "share (patched - clean) / (source - clean).",
@@ -433,7 +436,9 @@ int PatchCommand(int argc, char** argv) {
   absl::StatusOr<std::map<int32_t, std::string>> texts = ServerTokenTexts(*args, ids);
   if (!texts.ok()) return Fail("patch", std::string(texts.status().message()), 1);
   const int begin = response.positions().begin(), end = response.positions().end();
-  const bool per_head = request.hook() == "z" || request.hook() == "pattern";
+  const std::optional<interpret::PatchTarget> target = interpret::PatchTargetByName(request.hook());
+  const bool per_head = target.has_value() && target->per_head();
+  const bool per_kv_head = target.has_value() && target->per_kv_head();
   std::printf("precision %s, hook %s; %s: clean %.6f, source %.6f\n",
               PrecisionName(response.precision()), request.hook().c_str(),
               *baseline >= 0 ? "logit difference" : "log-prob", response.clean(),
@@ -441,7 +446,9 @@ int PatchCommand(int argc, char** argv) {
   std::printf(
       "recovered (patched - clean) / (source - clean), a row per %s, a column per "
       "position:\n",
-      per_head ? "layer and head" : "layer");
+      per_kv_head ? "layer and KV head"
+      : per_head  ? "layer and head"
+                  : "layer");
   std::printf("%10s", "");
   for (int p = begin; p < end; ++p) std::printf(" %8d", p);
   std::printf("\n%10s", "");
@@ -459,8 +466,9 @@ int PatchCommand(int argc, char** argv) {
   const int width = end - begin;
   for (int li = 0; li < response.layers_size(); ++li) {
     for (int h = 0; h < response.num_heads(); ++h) {
-      const std::string label = per_head ? absl::StrCat("L", response.layers(li), "H", h)
-                                         : absl::StrCat("layer ", response.layers(li));
+      const std::string label =
+          per_head ? absl::StrCat("L", response.layers(li), per_kv_head ? "KV" : "H", h)
+                   : absl::StrCat("layer ", response.layers(li));
       std::printf("%10s", label.c_str());
       for (int p = 0; p < width; ++p) {
         const double m = response.metric((li * response.num_heads() + h) * width + p);

@@ -28,9 +28,7 @@ std::string_view PatchTargetNames() {
 
 int PatchTarget::Heads(const ModelConfig& c) const {
   if (!per_head()) return 1;
-  const bool kv =
-      kind == Kind::kHeadVector && (tensor == TensorKind::kK || tensor == TensorKind::kV);
-  return kv ? c.num_kv_heads : c.num_heads;
+  return per_kv_head() ? c.num_kv_heads : c.num_heads;
 }
 
 template <typename T>

@@ -115,7 +115,8 @@ TEST_F(CliServerTokens, InterveneAndAttributeTakeTextTokens) {
 
 // kvlens-cli patch: the last layer's resid_post at the scored position is the source's
 // final stream, so that cell recovers all (1.000) and the others nothing; text and ids
-// print the same; z prints a row per head; prompts of different lengths are refused.
+// print the same; z prints a row per head, k one per KV head; prompts of different lengths are
+// refused.
 TEST_F(CliServerTokens, PatchPrintsTheRecoveredGrid) {
   const int n = LastPosition() + 1, L = server_.model().config.num_layers;
   ASSERT_EQ(Encode("In the beginning man", server_.model().tokenizer->adds_bos()).size(),
@@ -147,6 +148,15 @@ TEST_F(CliServerTokens, PatchPrintsTheRecoveredGrid) {
   EXPECT_NE(z_out.find(absl::StrFormat("%10s", absl::StrCat("L0H", H - 1))), std::string::npos)
       << z_out;
   EXPECT_EQ(z_out.find(absl::StrFormat("%10s", absl::StrCat("L0H", H))), std::string::npos);
+  const auto [k_code, k_out] = Cli("patch", absl::StrCat("--text '", kPrompt,
+                                                         "' --source-text 'In the beginning man' "
+                                                         "--hook k --layers 0",
+                                                         scored));
+  ASSERT_EQ(k_code, 0) << k_out;
+  const int KV = server_.model().config.num_kv_heads;
+  EXPECT_NE(k_out.find("a row per layer and KV head"), std::string::npos) << k_out;
+  EXPECT_NE(k_out.find(absl::StrFormat("%10s", absl::StrCat("L0KV", KV - 1))), std::string::npos)
+      << k_out;
   const auto [bad_code, bad_out] =
       Cli("patch", absl::StrCat("--text '", kPrompt, "' --source-text 'In the beginning'", scored));
   EXPECT_EQ(bad_code, 1) << bad_out;

@@ -88,13 +88,16 @@ zs = c.patch_sweep(tokens=a, patch_source=b, hook="z", layers=[0, 1], positions=
                    targets=[(5, 7)])
 ps = c.patch_sweep(tokens=a, patch_source=b, hook="pattern", layers=[1], positions=(4, 6),
                    targets=[(5, 7)])
+vs = c.patch_sweep(tokens=a, patch_source=b, hook="v", layers=[0], positions=(2, 4),
+                   targets=[(5, 7)])
 out["sweep"] = [(sw.recovered() + 0.0).tolist(),  # (+ 0.0: no -0.0)
                 list(sw.metric.shape), list(zs.metric.shape) + list(ps.metric.shape),
-                zs.layers, list(zs.positions)]
+                zs.layers, list(zs.positions), list(vs.metric.shape)]
 other = c.intervene(text=text, head_patches=[(0, 1, -1, 0)], patch_source="Lily",
                     targets=[(0, 5)])
 out["head_patch_change"] = [
-    c.intervene(text=text, head_patches=[(-1, -1, -1, -1), (0, 1, 2, 2)],
+    c.intervene(text=text, head_patches=[(-1, -1, -1, -1), (0, 1, 2, 2), (1, -1, 2, 2, "k"),
+                                         (0, 0, 1, 1, "v"), (-1, 2, -1, -1, "q")],
                 patches=[(0, 3, 3, "attn_out"), (-1, -1, -1, "resid_post"), (1, 2, 2)],
                 patch_source=text).max_abs_logit_change,
     other.max_abs_logit_change, other.effects[0].clean_logprob == other.effects[0].edited_logprob]
@@ -291,10 +294,11 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_GT(out["head_patch_change"][1].get<double>(), 0.0);
   EXPECT_TRUE(out["head_patch_change"][2].get<bool>());
   // The last layer's resid_post sweep recovers the source's score at the objective's
-  // position alone; the z sweep's grid is [layers, heads, positions].
-  const int H = server.model().config.num_heads;
+  // position alone; the z sweep's grid is [layers, heads, positions], v's [layers, KV heads,
+  // positions].
+  const int H = server.model().config.num_heads, KV = server.model().config.num_kv_heads;
   EXPECT_EQ(out["sweep"].dump(), absl::StrCat("[[[0.0,0.0,0.0,0.0,0.0,1.0]],[1,6],[2,", H, ",3,1,",
-                                              H, ",2],[0,1],[2,5]]"));
+                                              H, ",2],[0,1],[2,5],[1,", KV, ",2]]"));
   v1::GenerateRequest generate;
   generate.set_text(kChatText);
   generate.mutable_stopping()->set_max_new_tokens(4);

@@ -169,11 +169,16 @@ class AttentionMaps:
         return grid
 
 
+# The sweep hooks with a cell per head (per KV head for k and v).
+_HEAD_HOOKS = ("q", "k", "v", "z", "pattern")
+
+
 @dataclasses.dataclass
 class PatchSweep:
     """Interpret.PatchSweep's answer. metric: [layers, positions] ([layers, heads,
-    positions] for z and pattern), the objective with that one activation patched from the
-    source; clean and source: the objective on each prompt's own run."""
+    positions] for q, z and pattern; [layers, KV heads, positions] for k and v), the
+    objective with that one activation patched from the source; clean and source: the
+    objective on each prompt's own run."""
     precision: str
     hook: str
     layers: list
@@ -534,8 +539,10 @@ class Client:
         residual stream entering layer, or [(layer, position, source_position, hook)] at
         another of TransformerLens's sites: "resid_mid", "resid_post", "attn_out",
         "mlp_out"; head_patches: [(layer, head, position, source_position)], one head's
-        output z (TransformerLens's attn.hook_z patched by position and head); both from
-        patch_source (text or token list). Returns the InterveneResponse message."""
+        output z (TransformerLens's attn.hook_z patched by position and head), or
+        [(layer, head, position, source_position, hook)] for its "q", or a KV head's "k" or
+        "v"; both from patch_source (text or token list). Returns the InterveneResponse
+        message."""
         req = ip.InterveneRequest(input=_input(text, tokens, chat=chat),
                                   precision=_precision(fp64))
         for layer, head in ablations:
@@ -546,8 +553,9 @@ class Client:
         for layer, pos, src, *hook in patches:
             req.patches.add(layer=layer, position=pos, source_position=src,
                             hook=hook[0] if hook else "")
-        for layer, head, pos, src in head_patches:
-            req.head_patches.add(layer=layer, head=head, position=pos, source_position=src)
+        for layer, head, pos, src, *hook in head_patches:
+            req.head_patches.add(layer=layer, head=head, position=pos, source_position=src,
+                                 hook=hook[0] if hook else "")
         if patch_source is not None:
             req.patch_source.CopyFrom(_input(tokens=patch_source) if not isinstance(patch_source, str)
                                       else _input(text=patch_source))
@@ -560,9 +568,8 @@ class Client:
                     chat=None) -> PatchSweep:
         """Activation patching over layers × positions, as TransformerLens's patching module
         (get_act_patch_resid_pre, …): each cell runs this prompt with `hook` (resid_pre,
-        resid_mid, resid_post, attn_out, mlp_out, or per head z or pattern) of one layer at one
-        position
-        taken from patch_source (text or token list, the same length) at that position, and
+        resid_mid, resid_post, attn_out, mlp_out, or per head q, z or pattern, per KV head k
+        or v) of one layer at one position taken from patch_source (text or token list, the same length) at that position, and
         scores it: targets [(position, token)] for Σ log p, or logit_diff=(position, a, b).
         layers: empty for all (negative from the end); positions: [begin, end), (0, 0) all."""
         if patch_source is None:
@@ -583,7 +590,7 @@ class Client:
         return PatchSweep(precision=ip.Precision.Name(r.precision), hook=hook or "resid_pre",
                           layers=list(r.layers), positions=(r.positions.begin, r.positions.end),
                           clean=r.clean, source=r.source,
-                          metric=metric if hook in ("z", "pattern") else metric[:, 0, :])
+                          metric=metric if hook in _HEAD_HOOKS else metric[:, 0, :])
 
     def logit_lens(self, text=None, tokens=None, positions=(), top_k=5, fp64=False, chat=None,
                    session_id=None):
