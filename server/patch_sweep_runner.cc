@@ -14,7 +14,8 @@ template <typename T>
 absl::Status SweepAt(const InterpContext& ctx, const SequenceSpec& input,
                      const SequenceSpec& source, interpret::PatchTarget target,
                      const std::vector<int>& layers, PositionRange rows,
-                     const interpret::Objective& objective, v1::PatchSweepResponse* response) {
+                     const interpret::Objective& objective, bool all_positions,
+                     v1::PatchSweepResponse* response) {
   const Model& model = ctx.model();
   const int n = static_cast<int>(input.tokens.size());
   // The clean and the source tapes, and one patched tape at a time.
@@ -23,9 +24,9 @@ absl::Status SweepAt(const InterpContext& ctx, const SequenceSpec& input,
       !s.ok()) {
     return s;
   }
-  auto r =
-      interpret::PatchSweep(model, BackendOf<T>(ctx.backends), InputOf<T>(input),
-                            InputOf<T>(source), target, layers, rows.begin, rows.end, objective);
+  auto r = interpret::PatchSweep(model, BackendOf<T>(ctx.backends), InputOf<T>(input),
+                                 InputOf<T>(source), target, layers, rows.begin, rows.end,
+                                 objective, all_positions);
   if (!r.ok()) return r.status();
   response->set_clean(r->clean);
   response->set_source(r->source);
@@ -70,12 +71,14 @@ absl::Status RunPatchSweep(const InterpContext& ctx, const v1::PatchSweepRequest
       return absl::InvalidArgumentError("objective: set one of log_prob, logit_diff");
   }
   if (!objective.ok()) return objective.status();
-  const int64_t runs = static_cast<int64_t>(layers->size()) * target->Heads(c) * rows->size();
+  const bool all = request.all_positions();
+  const int64_t runs =
+      static_cast<int64_t>(layers->size()) * target->Heads(c) * (all ? 1 : rows->size());
   if (runs > ctx.limits.max_sweep_runs) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the sweep has ", runs, " cells (layers × ", target->per_head() ? "heads × " : "",
-        "positions), more than --max-interp-sweep-runs = ", ctx.limits.max_sweep_runs,
-        "; ask for fewer layers or positions"));
+        "the sweep has ", runs, " cells (layers", target->per_head() ? " × heads" : "",
+        all ? "" : " × positions", "), more than --max-interp-sweep-runs = ",
+        ctx.limits.max_sweep_runs, "; ask for fewer layers", all ? "" : " or positions"));
   }
   const bool fp64 = WantsFp64(request.precision());
   response->set_precision(PrecisionOf(fp64));
@@ -84,8 +87,10 @@ absl::Status RunPatchSweep(const InterpContext& ctx, const v1::PatchSweepRequest
   response->mutable_positions()->set_end(rows->end);
   response->mutable_token_ids()->Assign(input->tokens.begin(), input->tokens.end());
   response->mutable_source_token_ids()->Assign(source->tokens.begin(), source->tokens.end());
-  return fp64 ? SweepAt<double>(ctx, *input, *source, *target, *layers, *rows, *objective, response)
-              : SweepAt<float>(ctx, *input, *source, *target, *layers, *rows, *objective, response);
+  return fp64 ? SweepAt<double>(ctx, *input, *source, *target, *layers, *rows, *objective, all,
+                                response)
+              : SweepAt<float>(ctx, *input, *source, *target, *layers, *rows, *objective, all,
+                               response);
 }
 
 }  // namespace kvlens::server

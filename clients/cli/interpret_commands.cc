@@ -380,6 +380,8 @@ int PatchCommand(int argc, char** argv) {
   specs.push_back({"baseline-text", "", "or that token as text"});
   specs.push_back(
       {"position", "-1", "position whose next token is scored (negative: from the end)"});
+  specs.push_back(
+      {"all-positions", "", "one cell per layer (and head): every position patched at once", true});
   absl::StatusOr<Args> args;
   if (int code =
           Prepare(argc, argv, "patch",
@@ -415,6 +417,7 @@ int PatchCommand(int argc, char** argv) {
     if (!s.ok()) return Fail("patch", s);
   }
   request.set_hook(args->Str("hook"));
+  request.set_all_positions(args->Switch("all-positions"));
   request.mutable_layers()->Add(layers->begin(), layers->end());
   if (*baseline >= 0) {
     request.mutable_logit_diff()->set_position(static_cast<int>(*position));
@@ -443,27 +446,32 @@ int PatchCommand(int argc, char** argv) {
               PrecisionName(response.precision()), request.hook().c_str(),
               *baseline >= 0 ? "logit difference" : "log-prob", response.clean(),
               response.source());
+  const bool all = request.all_positions();
   std::printf(
-      "recovered (patched - clean) / (source - clean), a row per %s, a column per "
-      "position:\n",
+      "recovered (patched - clean) / (source - clean), a row per %s, %s:\n",
       per_kv_head ? "layer and KV head"
       : per_head  ? "layer and head"
-                  : "layer");
-  std::printf("%10s", "");
-  for (int p = begin; p < end; ++p) std::printf(" %8d", p);
-  std::printf("\n%10s", "");
-  for (int p = begin; p < end; ++p) {
-    std::string piece = Quoted(texts->at(ids[p]));
-    if (piece.size() > 8) {  // cut at a character's first byte, never inside one
-      size_t cut = 8;
-      while (cut > 0 && (static_cast<unsigned char>(piece[cut]) & 0xC0) == 0x80) --cut;
-      piece.resize(cut);
+                  : "layer",
+      all ? absl::StrCat("one column: positions ", begin, " to ", end - 1, " patched at once")
+                .c_str()
+          : "a column per position");
+  if (!all) {
+    std::printf("%10s", "");
+    for (int p = begin; p < end; ++p) std::printf(" %8d", p);
+    std::printf("\n%10s", "");
+    for (int p = begin; p < end; ++p) {
+      std::string piece = Quoted(texts->at(ids[p]));
+      if (piece.size() > 8) {  // cut at a character's first byte, never inside one
+        size_t cut = 8;
+        while (cut > 0 && (static_cast<unsigned char>(piece[cut]) & 0xC0) == 0x80) --cut;
+        piece.resize(cut);
+      }
+      std::printf(" %8s", piece.c_str());
     }
-    std::printf(" %8s", piece.c_str());
+    std::printf("\n");
   }
-  std::printf("\n");
   const double span = response.source() - response.clean();
-  const int width = end - begin;
+  const int width = all ? 1 : end - begin;
   for (int li = 0; li < response.layers_size(); ++li) {
     for (int h = 0; h < response.num_heads(); ++h) {
       const std::string label =

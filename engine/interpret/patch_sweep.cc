@@ -36,7 +36,8 @@ absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend
                                             const SequenceInput<T>& input,
                                             const SequenceInput<T>& source, PatchTarget target,
                                             const std::vector<int>& layers, int row_begin,
-                                            int row_end, const Objective& objective) {
+                                            int row_end, const Objective& objective,
+                                            bool all_positions) {
   const ModelConfig& c = model.config;
   const int n = static_cast<int>(input.tokens.size());
   if (source.tokens.size() != input.tokens.size()) {
@@ -68,28 +69,38 @@ absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend
   r.clean = EvaluateObjective(objective, c, *clean);
   r.source = EvaluateObjective(objective, c, *src);
   r.heads = target.Heads(c);
-  r.metric.reserve(layers.size() * r.heads * (row_end - row_begin));
+  // The layer a patch of layer l acts in (resid_post: the next): everything before it is
+  // the clean run's.
+  auto first_layer = [&](int l) { return l + (target.next_layer ? 1 : 0); };
+  // One row's patch of head h in layer l into `e`.
+  auto add_patch = [&](Edits& e, int l, int h, int row) -> absl::Status {
+    if (target.kind == PatchTarget::Kind::kHeadVector) {
+      auto p = HeadPatchFrom(*src, c, l, h, row, row, target.tensor);
+      if (!p.ok()) return p.status();
+      e.head_patches.push_back(*std::move(p));
+    } else if (target.kind == PatchTarget::Kind::kHeadPattern) {
+      const int64_t tk = src->num_keys;
+      const T* probs = src->layers[l].probs.data() + (int64_t{h} * src->n + row) * tk;
+      e.row_overrides.push_back({l, h, row, std::vector<double>(probs, probs + tk), {}});
+    } else {
+      auto p = PatchFrom(*src, c, first_layer(l), row, row, target.site);
+      if (!p.ok()) return p.status();
+      e.patches.push_back(*std::move(p));
+    }
+    return absl::OkStatus();
+  };
+  const int cells_per_head = all_positions ? 1 : row_end - row_begin;
+  r.metric.reserve(layers.size() * r.heads * cells_per_head);
   for (int l : layers) {
     for (int h = 0; h < r.heads; ++h) {
-      for (int row = row_begin; row < row_end; ++row) {
+      for (int cell = 0; cell < cells_per_head; ++cell) {
         Edits e;
-        int first = l;  // the layer the patch acts in: everything before is the clean run's
-        if (target.kind == PatchTarget::Kind::kHeadVector) {
-          auto p = HeadPatchFrom(*src, c, l, h, row, row, target.tensor);
-          if (!p.ok()) return p.status();
-          e.head_patches.push_back(*std::move(p));
-        } else if (target.kind == PatchTarget::Kind::kHeadPattern) {
-          const int64_t tk = src->num_keys;
-          const T* probs = src->layers[l].probs.data() + (int64_t{h} * src->n + row) * tk;
-          e.row_overrides.push_back({l, h, row, std::vector<double>(probs, probs + tk), {}});
-        } else {
-          first = l + (target.next_layer ? 1 : 0);
-          auto p = PatchFrom(*src, c, first, row, row, target.site);
-          if (!p.ok()) return p.status();
-          e.patches.push_back(*std::move(p));
+        const int lo = row_begin + cell, hi = all_positions ? row_end : lo + 1;
+        for (int row = lo; row < hi; ++row) {
+          if (absl::Status s = add_patch(e, l, h, row); !s.ok()) return s;
         }
         // (only the logits are read: the clean layers are not copied)
-        auto t = RunForwardFrom(model, be, *clean, first, e, /*copy_skipped=*/false);
+        auto t = RunForwardFrom(model, be, *clean, first_layer(l), e, /*copy_skipped=*/false);
         if (!t.ok()) return t.status();
         r.metric.push_back(EvaluateObjective(objective, c, *t));
       }
@@ -101,7 +112,7 @@ absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend
 #define KVLENS_INSTANTIATE_PATCH_SWEEP(T)                                                   \
   template absl::StatusOr<PatchSweepResult> PatchSweep<T>(                                  \
       const Model&, kernels::Backend<T>&, const SequenceInput<T>&, const SequenceInput<T>&, \
-      PatchTarget, const std::vector<int>&, int, int, const Objective&);
+      PatchTarget, const std::vector<int>&, int, int, const Objective&, bool);
 
 KVLENS_INSTANTIATE_PATCH_SWEEP(float)
 KVLENS_INSTANTIATE_PATCH_SWEEP(double)

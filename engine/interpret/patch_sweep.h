@@ -55,13 +55,16 @@ struct PatchSweepResult {
   double clean = 0.0;   // the objective on the input's own run
   double source = 0.0;  // on the source's own run (same rows and tokens)
   int heads = 1;        // cells per (layer, row): PatchTarget::Heads
-  // [layers.size()][heads][row_end − row_begin]: the objective with that one activation
-  // patched.
+  // [layers.size()][heads][row_end − row_begin] (all_positions: [layers.size()][heads][1]):
+  // the objective with that one activation (that head's at every row) patched.
   std::vector<double> metric;
 };
 
 // The sweep over `layers` (each in [0, L)) and rows [row_begin, row_end) of `input`, each
-// patched from the same row of `source` (of the same length). INVALID_ARGUMENT when the
+// patched from the same row of `source` (of the same length). With `all_positions`, one
+// cell per layer (and head) patches every row of the range at once (TransformerLens's
+// get_act_patch_attn_head_out_all_pos, …_q_all_pos, …_pattern_all_pos; for a stream site
+// over every row, the source's own run from that layer on). INVALID_ARGUMENT when the
 // lengths differ, a layer or the rows are out of range, or the objective does not fit
 // (ValidateObjective; kAttnOutProbe is refused: it reads O, which a z patch replaces); a
 // pattern cell whose source row puts weight where the input's mask has none (other
@@ -71,7 +74,8 @@ absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend
                                             const SequenceInput<T>& input,
                                             const SequenceInput<T>& source, PatchTarget target,
                                             const std::vector<int>& layers, int row_begin,
-                                            int row_end, const Objective& objective);
+                                            int row_end, const Objective& objective,
+                                            bool all_positions = false);
 
 }  // namespace kvlens::interpret
 

@@ -12,7 +12,7 @@
   oracle.py --model PATH --tokens "1 2 3" --out FILE --steer HOOK:FILE[:COEF] [--steer ...]
   oracle.py --model PATH --generate N --prompt-tokens "1 403" --steer HOOK:FILE[:COEF]
   oracle.py --model PATH --tokens "1 2 3" --out FILE --patch-sweep HOOK:ROW:A:B \
-            --source-tokens "1 5 3"
+            --source-tokens "1 5 3" [--patch-all-positions]
 
 --activations adds every cached activation (TransformerLens's run_with_cache):
 act.resid_pre/resid_mid/resid_post/attn_out/mlp_out.{l} [T, D], act.z.{l} [T, H, hd],
@@ -40,7 +40,8 @@ logits of --tokens and for each step of --generate; entries at one point add up
 patching sweep (kvlens_oracle/patching.py): sweep.metric [L, heads or 1, T], each layer's
 (and head's, for q, z and pattern; KV head's, for k and v) row of HOOK (resid_pre, resid_mid,
 resid_post, attn_out, mlp_out, q, k, v, z, pattern) taken from the source's run, scored by
-logits[ROW, A] - logits[ROW, B]; sweep.clean, sweep.source.
+logits[ROW, A] - logits[ROW, B]; sweep.clean, sweep.source. --patch-all-positions: one cell
+per layer (and head) with every row of HOOK patched at once, sweep.metric [L, heads or 1, 1].
 
 PATH: a llama2.c .bin, a GGUF file (llama), or a Hugging Face directory (gpt2 / llama).
 The output container format is described in README.md and kvlens_oracle/container.py.
@@ -144,6 +145,8 @@ def main(argv=None):
                     help="also write sweep.metric/clean/source: activation patching from "
                          "--source-tokens at HOOK, scored by logits[ROW, A] - logits[ROW, B]")
     ap.add_argument("--source-tokens", help="the patch source of --patch-sweep")
+    ap.add_argument("--patch-all-positions", action="store_true",
+                    help="--patch-sweep: one cell per layer (and head), every row patched")
     ap.add_argument("--steer", action="append", default=[], metavar="HOOK:FILE[:COEF[:START]]",
                     help="add COEF (default 1) times FILE's vector (d_model whitespace-separated "
                          "floats) to every row of the residual stream at HOOK (blocks.L."
@@ -249,7 +252,8 @@ def main(argv=None):
             ap.error('--patch-sweep takes "HOOK:ROW:A:B" and needs --source-tokens')
         try:
             arrays.update(patch_sweep(model, tokens, _ints(a.source_tokens), parts[0],
-                                      int(parts[1]), int(parts[2]), int(parts[3])))
+                                      int(parts[1]), int(parts[2]), int(parts[3]),
+                                      all_positions=a.patch_all_positions))
         except ValueError as e:
             ap.error(f"--patch-sweep: {e}")
     write_container(a.out, arrays)

@@ -13,7 +13,9 @@ on the block outputs, capped logits) and GPT-2 (biases, learned positions):
     (z_src - z) @ W_O[:, head] for models without a block-output norm (numpy from weights);
 (g) oracle.py --patch-sweep writes the same arrays, and refuses what it cannot do;
 (h) a q patch (before RoPE) equals a z patch by the output numpy computes from the source's
-    rotated query and the clean keys and values.
+    rotated query and the clean keys and values;
+(i) all_positions: every row of a stream site from the source scores the source's run, and
+    in the last layer every row of a head's q or z scores as its row at the scored row.
 
 Run: /usr/bin/python3 -m unittest discover -s tests/oracle -p 'test_*.py'
 """
@@ -142,6 +144,27 @@ class PatchingTest(unittest.TestCase):
                 np.testing.assert_allclose(via_q.numpy(), via_z.numpy(), rtol=0, atol=1e-12)
                 self.assertFalse(torch.equal(via_q, forward(m, ids)[0]))
 
+    def test_all_positions(self):
+        # (i) every row of the stream entering (or leaving, or in the middle of) a layer from
+        # the source is the source's run from there on: each cell is the source's score; in
+        # the last layer, every row of a head's q or z is just its row at the scored row
+        row, a, b = 3, 5, 9
+        for name, m in self.models.items():
+            ids, src = TOKENS[name], SOURCE[name]
+            L = m.cfg["n_layers"]
+            source = self.score(m, src, row, a, b)
+            for hook in ("resid_pre", "resid_mid", "resid_post"):
+                with self.subTest(model=name, hook=hook):
+                    r = patch_sweep(m, ids, src, hook, row, a, b, all_positions=True)
+                    self.assertEqual(r["sweep.metric"].shape, (L, 1, 1))
+                    np.testing.assert_array_equal(r["sweep.metric"], source)
+            for hook in ("q", "z"):
+                with self.subTest(model=name, hook=hook):
+                    every = patch_sweep(m, ids, src, hook, row, a, b, all_positions=True)
+                    one = patch_sweep(m, ids, src, hook, row, a, b)["sweep.metric"]
+                    np.testing.assert_array_equal(every["sweep.metric"][L - 1, :, 0],
+                                                  one[L - 1, :, row])
+
     def test_cli(self):
         import oracle
         m, path = self.models["llama"], self.paths["llama"]
@@ -154,6 +177,12 @@ class PatchingTest(unittest.TestCase):
         want = patch_sweep(m, ids, src, "mlp_out", 3, 5, 9)
         for k, v in want.items():
             np.testing.assert_array_equal(got[k].reshape(v.shape), v)
+        self.assertEqual(oracle.main(argv[:-4] + ["--patch-sweep", "v:3:5:9", "--source-tokens",
+                                                  " ".join(map(str, src)),
+                                                  "--patch-all-positions"]), 0)
+        want = patch_sweep(m, ids, src, "v", 3, 5, 9, all_positions=True)["sweep.metric"]
+        np.testing.assert_array_equal(read_container(out)["sweep.metric"].reshape(want.shape),
+                                      want)
         s = " ".join(map(str, src))
         for sweep, source, message in (("hook_z:3:5:9", s, "unknown hook"),
                                        ("z:3:5", s, "HOOK:ROW:A:B"),

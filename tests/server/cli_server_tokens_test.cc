@@ -115,7 +115,8 @@ TEST_F(CliServerTokens, InterveneAndAttributeTakeTextTokens) {
 
 // kvlens-cli patch: the last layer's resid_post at the scored position is the source's
 // final stream, so that cell recovers all (1.000) and the others nothing; text and ids
-// print the same; z prints a row per head, k one per KV head; prompts of different lengths are
+// print the same; z prints a row per head, k one per KV head; every position at once
+// recovers all; prompts of different lengths are
 // refused.
 TEST_F(CliServerTokens, PatchPrintsTheRecoveredGrid) {
   const int n = LastPosition() + 1, L = server_.model().config.num_layers;
@@ -157,6 +158,20 @@ TEST_F(CliServerTokens, PatchPrintsTheRecoveredGrid) {
   EXPECT_NE(k_out.find("a row per layer and KV head"), std::string::npos) << k_out;
   EXPECT_NE(k_out.find(absl::StrFormat("%10s", absl::StrCat("L0KV", KV - 1))), std::string::npos)
       << k_out;
+  // every position of the stream entering a layer from the source is the source's run
+  const auto [all_code, all_out] = Cli("patch", absl::StrCat("--text '", kPrompt,
+                                                             "' --source-text 'In the beginning "
+                                                             "man' --layers '0 -1' --all-positions",
+                                                             scored));
+  ASSERT_EQ(all_code, 0) << all_out;
+  EXPECT_NE(all_out.find(absl::StrCat("one column: positions 0 to ", n - 1, " patched at once")),
+            std::string::npos)
+      << all_out;
+  for (int l : {0, L - 1}) {
+    EXPECT_NE(all_out.find(absl::StrFormat("%10s", absl::StrCat("layer ", l)) + "    1.000\n"),
+              std::string::npos)
+        << all_out;
+  }
   const auto [bad_code, bad_out] =
       Cli("patch", absl::StrCat("--text '", kPrompt, "' --source-text 'In the beginning'", scored));
   EXPECT_EQ(bad_code, 1) << bad_out;

@@ -1,7 +1,7 @@
 // kvlens.v1.Interpret PatchSweep end to end on stories260K: the grid is engine/interpret's
-// PatchSweep (fp64, same prompts), each resid_pre cell is what Intervene answers for that
-// one ResidualPatch (another RPC, another path), layers and positions come back resolved,
-// and every malformed request is refused naming its field or flag.
+// PatchSweep (fp64, same prompts; also with all_positions), each resid_pre cell is what Intervene
+// answers for that one ResidualPatch (another RPC, another path), layers and positions come back
+// resolved, and every malformed request is refused naming its field or flag.
 #include <tuple>
 #include <vector>
 
@@ -68,6 +68,17 @@ TEST(InterpretPatchSweep, TheGridIsTheEnginesAndEachCellIsAnIntervention) {
   EXPECT_EQ(z.clean(), want->clean);
   EXPECT_EQ(z.source(), want->source);
   EXPECT_EQ(std::vector<double>(z.metric().begin(), z.metric().end()), want->metric);
+  // all_positions: a cell per layer and head, positions [2, 8) patched at once
+  r.set_all_positions(true);
+  v1::PatchSweepResponse z_all;
+  ASSERT_TRUE(CallSweep(server, r, &z_all).ok());
+  want = interpret::PatchSweep(model, be, interpret::SequenceInput<double>{input},
+                               interpret::SequenceInput<double>{source},
+                               *interpret::PatchTargetByName("z"), {c.num_layers - 1, 1}, 2, 8,
+                               interpret::Objective::LogitDiff(7, 300, 42), true);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(z_all.metric_size(), 2 * c.num_heads);
+  EXPECT_EQ(std::vector<double>(z_all.metric().begin(), z_all.metric().end()), want->metric);
 
   // resid_pre over every layer and position, log p(token 5 | last): each cell is Intervene's
   // edited log-prob under that one residual patch.
@@ -140,6 +151,19 @@ TEST(InterpretPatchSweep, BadRequestsNameTheirField) {
   ExpectRefused(with([](auto& r) { r.set_hook("z"); }), invalid,
                 "the sweep has 48 cells (layers × heads × positions), more than "
                 "--max-interp-sweep-runs = 20");
+  // all positions at once: 8 heads × 1 layer fit; over every layer, 5 × 8 = 40 do not.
+  ASSERT_TRUE(with([](auto& r) {
+                r.set_hook("z");
+                r.set_all_positions(true);
+              }).ok());
+  ExpectRefused(with([](auto& r) {
+                  r.set_hook("z");
+                  r.set_all_positions(true);
+                  r.clear_layers();
+                }),
+                invalid,
+                "the sweep has 40 cells (layers × heads), more than --max-interp-sweep-runs = 20; "
+                "ask for fewer layers");
   // v: stories260K's 4 KV heads × 6 positions = 24 cells > 20; 3 positions fit.
   ExpectRefused(with([](auto& r) { r.set_hook("v"); }), invalid, "the sweep has 24 cells");
   v1::PatchSweepResponse v;

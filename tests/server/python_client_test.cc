@@ -90,9 +90,15 @@ ps = c.patch_sweep(tokens=a, patch_source=b, hook="pattern", layers=[1], positio
                    targets=[(5, 7)])
 vs = c.patch_sweep(tokens=a, patch_source=b, hook="v", layers=[0], positions=(2, 4),
                    targets=[(5, 7)])
+# every position of a layer's resid_pre from the source is the source's run: all recovered
+alls = c.patch_sweep(tokens=a, patch_source=b, layers=[0, -1], logit_diff=(-1, 42, 300),
+                     fp64=True, all_positions=True)
+allz = c.patch_sweep(tokens=a, patch_source=b, hook="z", layers=[1], positions=(2, 5),
+                     targets=[(5, 7)], all_positions=True)
 out["sweep"] = [(sw.recovered() + 0.0).tolist(),  # (+ 0.0: no -0.0)
                 list(sw.metric.shape), list(zs.metric.shape) + list(ps.metric.shape),
-                zs.layers, list(zs.positions), list(vs.metric.shape)]
+                zs.layers, list(zs.positions), list(vs.metric.shape),
+                alls.recovered().tolist(), list(allz.metric.shape)]
 other = c.intervene(text=text, head_patches=[(0, 1, -1, 0)], patch_source="Lily",
                     targets=[(0, 5)])
 out["head_patch_change"] = [
@@ -295,10 +301,11 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_TRUE(out["head_patch_change"][2].get<bool>());
   // The last layer's resid_post sweep recovers the source's score at the objective's
   // position alone; the z sweep's grid is [layers, heads, positions], v's [layers, KV heads,
-  // positions].
+  // positions]; all positions of a resid_pre recover all, and all_positions drops the axis.
   const int H = server.model().config.num_heads, KV = server.model().config.num_kv_heads;
-  EXPECT_EQ(out["sweep"].dump(), absl::StrCat("[[[0.0,0.0,0.0,0.0,0.0,1.0]],[1,6],[2,", H, ",3,1,",
-                                              H, ",2],[0,1],[2,5],[1,", KV, ",2]]"));
+  EXPECT_EQ(out["sweep"].dump(),
+            absl::StrCat("[[[0.0,0.0,0.0,0.0,0.0,1.0]],[1,6],[2,", H, ",3,1,", H,
+                         ",2],[0,1],[2,5],[1,", KV, ",2],[1.0,1.0],[1,", H, "]]"));
   v1::GenerateRequest generate;
   generate.set_text(kChatText);
   generate.mutable_stopping()->set_max_new_tokens(4);

@@ -176,9 +176,9 @@ _HEAD_HOOKS = ("q", "k", "v", "z", "pattern")
 @dataclasses.dataclass
 class PatchSweep:
     """Interpret.PatchSweep's answer. metric: [layers, positions] ([layers, heads,
-    positions] for q, z and pattern; [layers, KV heads, positions] for k and v), the
-    objective with that one activation patched from the source; clean and source: the
-    objective on each prompt's own run."""
+    positions] for q, z and pattern; [layers, KV heads, positions] for k and v; without the
+    positions axis for all_positions), the objective with that one activation patched from
+    the source; clean and source: the objective on each prompt's own run."""
     precision: str
     hook: str
     layers: list
@@ -565,18 +565,21 @@ class Client:
 
     def patch_sweep(self, text=None, tokens=None, patch_source=None, hook="resid_pre",
                     layers=(), positions=(0, 0), targets=(), logit_diff=None, fp64=False,
-                    chat=None) -> PatchSweep:
+                    chat=None, all_positions=False) -> PatchSweep:
         """Activation patching over layers × positions, as TransformerLens's patching module
         (get_act_patch_resid_pre, …): each cell runs this prompt with `hook` (resid_pre,
         resid_mid, resid_post, attn_out, mlp_out, or per head q, z or pattern, per KV head k
         or v) of one layer at one position taken from patch_source (text or token list, the same length) at that position, and
         scores it: targets [(position, token)] for Σ log p, or logit_diff=(position, a, b).
-        layers: empty for all (negative from the end); positions: [begin, end), (0, 0) all."""
+        layers: empty for all (negative from the end); positions: [begin, end), (0, 0) all;
+        all_positions: one cell per layer (and head) patching every position at once
+        (TransformerLens's …_all_pos), metric [layers(, heads)]."""
         if patch_source is None:
             raise ValueError("patch_sweep: patch_source is required")
         req = ip.PatchSweepRequest(
             input=_input(text, tokens, chat=chat), hook=hook, layers=list(layers),
-            positions=ip.Range(begin=positions[0], end=positions[1]), precision=_precision(fp64))
+            positions=ip.Range(begin=positions[0], end=positions[1]), precision=_precision(fp64),
+            all_positions=all_positions)
         req.patch_source.CopyFrom(_input(text=patch_source) if isinstance(patch_source, str)
                                   else _input(tokens=patch_source))
         if logit_diff is not None:
@@ -585,12 +588,15 @@ class Client:
             for pos, tok in targets:
                 req.log_prob.targets.add(position=pos, token=tok)
         r = self.interpret.PatchSweep(req, timeout=self.timeout)
-        shape = [len(r.layers), r.num_heads, r.positions.end - r.positions.begin]
+        shape = [len(r.layers), r.num_heads, 1 if all_positions else
+                 r.positions.end - r.positions.begin]
         metric = np.asarray(r.metric, dtype=np.float64).reshape(shape)
+        if all_positions:
+            metric = metric[:, :, 0]
         return PatchSweep(precision=ip.Precision.Name(r.precision), hook=hook or "resid_pre",
                           layers=list(r.layers), positions=(r.positions.begin, r.positions.end),
                           clean=r.clean, source=r.source,
-                          metric=metric if hook in _HEAD_HOOKS else metric[:, 0, :])
+                          metric=metric if hook in _HEAD_HOOKS else metric[:, 0])
 
     def logit_lens(self, text=None, tokens=None, positions=(), top_k=5, fp64=False, chat=None,
                    session_id=None):

@@ -9,11 +9,14 @@
 //     attention is causal; so is, in the last layer, a q, z or pattern cell at another row
 //     (a query row's head reaches only that row's output);
 //   - k and v have a cell per KV head (stories260K: 8 heads on 4);
+//   - all_positions: every row of a stream site from the source is the source's run; rows
+//     [2, n) of layer 0's resid_pre are those tokens swapped; every row of a last-layer q
+//     or z scores as its row at the objective's row;
 //   - the grid is laid out [layer][head][row].
 // And against the PyTorch float64 oracle's own patching (tests/oracle/kvlens_oracle/
 // patching.py), every cell of every layer, on stories260K, the default GPT-2 and a random
-// Gemma 2, both backends. The oracle patches q and k before RoPE, as TransformerLens hooks
-// them; kvlens after it.
+// Gemma 2, both backends (stories260K also with all_positions). The oracle patches q and k before
+// RoPE, as TransformerLens hooks them; kvlens after it.
 #include "engine/interpret/patch_sweep.h"
 
 #include <algorithm>
@@ -106,6 +109,47 @@ TEST_F(PatchSweepTest, CellsAreTheRunsTheyMustBe) {
   }
 }
 
+// all_positions (TransformerLens's …_all_pos): every row of a stream site from the source
+// is the source's own run from that layer on, so each cell is the source's score, exactly;
+// over rows [2, n) of layer 0's resid_pre, the input with those tokens swapped; in the last
+// layer, every row of a head's q or z scores as its row at the objective's row.
+TEST_F(PatchSweepTest, AllPositionsCellsAreTheRunsTheyMustBe) {
+  if (NoModel()) return;
+  const ModelConfig& c = model_->config;
+  const int n = 9, row = 5, L = c.num_layers, V = c.vocab_size;
+  const SequenceInput<double> input{testing::RandomTokens(n, 6, V)},
+      source{testing::RandomTokens(n, 7, V)};
+  const Objective o = Objective::LogitDiff(row, source.tokens[row + 1], input.tokens[row + 1]);
+  std::vector<int> every(L);
+  for (int l = 0; l < L; ++l) every[l] = l;
+  auto src = RunForward(*model_, be_, source);
+  ASSERT_TRUE(src.ok());
+  const double src_j = EvaluateObjective(o, c, *src);
+  for (const char* name : {"resid_pre", "resid_mid", "resid_post"}) {
+    SCOPED_TRACE(name);
+    auto r = PatchSweep(*model_, be_, input, source, *PatchTargetByName(name), every, 0, n, o,
+                        /*all_positions=*/true);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->metric, std::vector<double>(L, src_j));
+  }
+  auto swapped = PatchSweep(*model_, be_, input, source, PatchTarget{}, {0}, 2, n, o, true);
+  ASSERT_TRUE(swapped.ok());
+  SequenceInput<double> tail = input;
+  for (int i = 2; i < n; ++i) tail.tokens[i] = source.tokens[i];
+  auto t = RunForward(*model_, be_, tail);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(swapped->metric, std::vector<double>{EvaluateObjective(o, c, *t)});
+  for (const char* name : {"q", "z"}) {
+    SCOPED_TRACE(name);
+    const PatchTarget target = *PatchTargetByName(name);
+    auto all = PatchSweep(*model_, be_, input, source, target, {L - 1}, 0, n, o, true);
+    auto one = PatchSweep(*model_, be_, input, source, target, {L - 1}, row, row + 1, o);
+    ASSERT_TRUE(all.ok() && one.ok());
+    ASSERT_EQ(all->metric.size(), static_cast<size_t>(c.num_heads));
+    EXPECT_EQ(all->metric, one->metric);
+  }
+}
+
 // Layer 0's resid_pre is the embedding (token, GPT-2's position, Gemma's √D): on every tiny
 // family, each cell is the input with that token swapped; log-prob objective, fp32 backend.
 TEST(PatchSweep, FirstStreamCellsAreTokenSwapsInEveryFamily) {
@@ -161,7 +205,7 @@ TEST_F(PatchSweepTest, BadSweepsNameTheProblem) {
 // the score the logit difference between the two prompts' next tokens.
 void ExpectOracleSweeps(const std::string& path, const char* label,
                         const std::vector<int32_t>& tokens, const std::vector<int32_t>& source,
-                        std::initializer_list<const char*> hooks) {
+                        std::initializer_list<const char*> hooks, bool all_positions = false) {
   auto m = LoadModel({path, ""});
   ASSERT_TRUE(m.ok()) << m.status();
   const ModelConfig& c = (*m)->config;
@@ -176,18 +220,18 @@ void ExpectOracleSweeps(const std::string& path, const char* label,
   kernels::CpuBackend fast(2);
   for (const char* hook : hooks) {
     SCOPED_TRACE(hook);
-    const testing::OracleResult want =
-        testing::RunOracleWith(path, tokens,
-                               absl::StrCat("--patch-sweep ", hook, ":", row, ":", a, ":", b,
-                                            " --source-tokens '", src, "'"));
+    const testing::OracleResult want = testing::RunOracleWith(
+        path, tokens,
+        absl::StrCat("--patch-sweep ", hook, ":", row, ":", a, ":", b, " --source-tokens '", src,
+                     "'", all_positions ? " --patch-all-positions" : ""));
     ASSERT_TRUE(want.error.empty()) << want.error;
     const std::vector<double>& grid = want.arrays.at("sweep.metric").data;
     const Objective o = Objective::LogitDiff(row, a, b);
     const PatchTarget target = *PatchTargetByName(hook);
     auto r64 = PatchSweep(**m, ref, SequenceInput<double>{tokens}, SequenceInput<double>{source},
-                          target, layers, 0, n, o);
+                          target, layers, 0, n, o, all_positions);
     auto r32 = PatchSweep(**m, fast, SequenceInput<float>{tokens}, SequenceInput<float>{source},
-                          target, layers, 0, n, o);
+                          target, layers, 0, n, o, all_positions);
     ASSERT_TRUE(r64.ok() && r32.ok()) << r64.status() << r32.status();
     ASSERT_EQ(r64->metric.size(), grid.size());
     double scale = 0, e64 = 0, e32 = 0;
@@ -201,8 +245,8 @@ void ExpectOracleSweeps(const std::string& path, const char* label,
     EXPECT_LE(e64, 1e-9);
     EXPECT_LE(e32, 1e-4) << "scale " << scale;
     std::printf(
-        "[oracle] %s patch sweep %s (%zu cells): worst relative error fp64 %.3g, fp32 %.3g\n",
-        label, hook, grid.size(), e64, e32);
+        "[oracle] %s patch sweep %s%s (%zu cells): worst relative error fp64 %.3g, fp32 %.3g\n",
+        label, hook, all_positions ? " (all positions)" : "", grid.size(), e64, e32);
   }
 }
 
@@ -215,6 +259,9 @@ TEST(PatchSweepOracle, Stories260KEverySite) {
                      {1, 333, 407, 299, 378, 270, 290, 460},
                      {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "v",
                       "z", "pattern"});
+  ExpectOracleSweeps(bin, "stories260K", {1, 403, 407, 261, 378, 300, 290, 420},
+                     {1, 333, 407, 299, 378, 270, 290, 460}, {"attn_out", "k", "z", "pattern"},
+                     /*all_positions=*/true);
 }
 
 TEST(PatchSweepOracle, DefaultGpt2Model) {

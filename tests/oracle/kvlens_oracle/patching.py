@@ -5,12 +5,14 @@ for every layer, (head,) and row, a full forward of `tokens` with that one activ
 replaced by the source run's at the same row (model.forward's `patch`), scored by the logit
 difference logits[row, a] - logits[row, b] (after any final soft-cap).
 
-patch_sweep(model, tokens, source, hook, row, a, b) -> dict:
+patch_sweep(model, tokens, source, hook, row, a, b, all_positions=False) -> dict:
   sweep.clean [1], sweep.source [1]  the score of each prompt's own run
   sweep.metric [L, heads, T]         hook "resid_pre", "resid_mid", "resid_post", "attn_out",
                                      "mlp_out" (heads 1), or per head "q", "z" (its query,
                                      output) or "pattern" (its attention row), or per KV head
-                                     "k", "v" (before RoPE, as TransformerLens hooks them)
+                                     "k", "v" (before RoPE, as TransformerLens hooks them);
+                                     all_positions: [L, heads, 1], every row patched at once
+                                     (TransformerLens's …_all_pos)
 """
 import numpy as np
 import torch
@@ -26,7 +28,7 @@ _SITES = {"resid_pre": ("pre", "resid_pre", 0), "resid_mid": ("mid", "resid_mid"
 _PER_HEAD = ("q", "k", "v", "z", "pattern")
 
 
-def patch_sweep(m, tokens, source, hook, row, a, b):
+def patch_sweep(m, tokens, source, hook, row, a, b, all_positions=False):
     if hook not in _SITES:
         raise ValueError(f"unknown hook {hook!r}; one of {', '.join(_SITES)}")
     if len(source) != len(tokens):
@@ -43,18 +45,19 @@ def patch_sweep(m, tokens, source, hook, row, a, b):
         src_logits, _ = forward(m, source, capture=cap)
         per_head = hook in _PER_HEAD
         heads = m.cfg.get("n_kv_heads", H) if hook in ("k", "v") else H if per_head else 1
-        metric = np.zeros((L, heads, T))
+        cells = [range(T)] if all_positions else [[i] for i in range(T)]
+        metric = np.zeros((L, heads, len(cells)))
         for l in range(L):
             layer = cap["layers"][l]
             # (GPT-2 has no RoPE: its q and k are the unrotated ones)
             value = layer[record] if record in layer else layer[record.replace("_unrotated", "")]
             for h in range(heads):
-                for i in range(T):
+                for j, rows in enumerate(cells):
                     if per_head:
-                        patch = {(l, point): [(i, h, value[h, i])]}
+                        patch = {(l, point): [(i, h, value[h, i]) for i in rows]}
                     else:
-                        patch = {(l + shift, point): [(i, value[i])]}
-                    metric[l, h, i] = score(patch=patch)
+                        patch = {(l + shift, point): [(i, value[i]) for i in rows]}
+                    metric[l, h, j] = score(patch=patch)
         return {"sweep.clean": np.array([score()]),
                 "sweep.source": np.array([float(src_logits[row, a] - src_logits[row, b])]),
                 "sweep.metric": metric}
