@@ -1,8 +1,9 @@
-// AttentionMaps / GradientProbe / Activations / LogitAttribution traffic. Compiled with
-// KVLENS_LOAD_INTERPRET when kvlens_proto carries interpret.proto; without it the factories
+// AttentionMaps / GradientProbe / Activations / LogitAttribution / PatchSweep traffic. Compiled
+// with KVLENS_LOAD_INTERPRET when kvlens_proto carries interpret.proto; without it the factories
 // say "unsupported" and kvlens-load rejects the --*-share flags. A new unary
 // interpretability kind is one more UnaryCall alias and request builder here and one more
 // Kind in workload.h.
+#include <algorithm>
 #include <utility>
 
 #include "clients/load/calls.h"
@@ -118,6 +119,8 @@ using ActivationsCall = UnaryCall<v1::ActivationsRequest, v1::ActivationsRespons
                                   &v1::Interpret::Stub::async_interface::Activations>;
 using AttributionCall = UnaryCall<v1::LogitAttributionRequest, v1::LogitAttributionResponse,
                                   &v1::Interpret::Stub::async_interface::LogitAttribution>;
+using PatchCall = UnaryCall<v1::PatchSweepRequest, v1::PatchSweepResponse,
+                            &v1::Interpret::Stub::async_interface::PatchSweep>;
 
 // J = log p(last prompt token | the tokens before it) (text prompts, whose ids only the
 // server knows: of token 0 after the whole prompt, position −1), so the backward runs
@@ -151,6 +154,23 @@ v1::LogitAttributionRequest AttributionRequest(const RequestSpec& spec) {
   return r;
 }
 
+// The head-level heatmap circuit work starts from: every head's output z in the last layer
+// patched at every position at once (all_positions: a forward of the last layer per head),
+// scored by the probe's log p. The source is the prompt's ids reversed (same length); a
+// text prompt, whose ids only the server knows, is patched from itself (the same cost).
+v1::PatchSweepRequest PatchRequest(const RequestSpec& spec) {
+  v1::PatchSweepRequest r;
+  SetInput(spec, r.mutable_input());
+  RequestSpec source = spec;
+  std::reverse(source.token_ids.begin(), source.token_ids.end());
+  SetInput(source, r.mutable_patch_source());
+  r.set_hook("z");
+  r.add_layers(-1);
+  r.set_all_positions(true);
+  *r.mutable_log_prob()->add_targets() = ProbeRequest(spec).log_prob().targets(0);
+  return r;
+}
+
 }  // namespace
 
 bool InterpretSupported() { return true; }
@@ -166,6 +186,8 @@ std::unique_ptr<Call> MakeInterpretCall(const ServerStubs& stubs, const RequestS
       return std::make_unique<ActivationsCall>(stub, ActivationsRequest(spec), spec.kind, timeout);
     case Kind::kAttribution:
       return std::make_unique<AttributionCall>(stub, AttributionRequest(spec), spec.kind, timeout);
+    case Kind::kPatch:
+      return std::make_unique<PatchCall>(stub, PatchRequest(spec), spec.kind, timeout);
     default:
       break;
   }

@@ -92,6 +92,10 @@ ABSL_FLAG(double, activations_share, 0,
 ABSL_FLAG(double, attribution_share, 0,
           "Share of requests in [0, 1] that are LogitAttribution calls (the last prompt "
           "token's logit, split by layer and head).");
+ABSL_FLAG(double, patch_share, 0,
+          "Share of requests in [0, 1] that are PatchSweep calls (every head's z in the last "
+          "layer patched at all positions from the prompt reversed, scored by log p of the "
+          "last prompt token).");
 ABSL_FLAG(uint64_t, seed, 0,
           "Seed of prompts, lengths, arrivals and sampling; the report records it. 0: a "
           "fresh one per run, so a repeated run does not find its prompts in the server's "
@@ -227,17 +231,20 @@ int Main(int argc, char** argv) {
   const double probe_share = absl::GetFlag(FLAGS_probe_share);
   const double activations_share = absl::GetFlag(FLAGS_activations_share);
   const double attribution_share = absl::GetFlag(FLAGS_attribution_share);
-  const double interp_share = attention_share + probe_share + activations_share + attribution_share;
+  const double patch_share = absl::GetFlag(FLAGS_patch_share);
+  const double interp_share =
+      attention_share + probe_share + activations_share + attribution_share + patch_share;
   if (!(attention_share >= 0 && probe_share >= 0 && activations_share >= 0 &&
-        attribution_share >= 0 && interp_share <= 1)) {
+        attribution_share >= 0 && patch_share >= 0 && interp_share <= 1)) {
     bad =
-        "--attention-share, --probe-share, --activations-share and --attribution-share must be "
-        ">= 0 with a sum <= 1";
+        "--attention-share, --probe-share, --activations-share, --attribution-share and "
+        "--patch-share must be >= 0 with a sum <= 1";
   }
   if (interp_share > 0 && !InterpretSupported()) {
     bad =
         "this kvlens-load was built without interpret.proto: --attention-share, "
-        "--probe-share, --activations-share and --attribution-share are unavailable";
+        "--probe-share, --activations-share, --attribution-share and --patch-share are "
+        "unavailable";
   }
   if (absl::GetFlag(FLAGS_shared_prefix_tokens) < 0) bad = "--shared-prefix-tokens must be >= 0";
   if (absl::GetFlag(FLAGS_turns) < 1) bad = "--turns must be >= 1";
@@ -273,6 +280,7 @@ int Main(int argc, char** argv) {
   wo.probe_share = probe_share;
   wo.activations_share = activations_share;
   wo.attribution_share = attribution_share;
+  wo.patch_share = patch_share;
   wo.seed = phase.seed;
 
   const std::vector<std::string> addresses = SplitList(absl::GetFlag(FLAGS_server));
@@ -386,6 +394,7 @@ int Main(int argc, char** argv) {
       {"probe_share", probe_share},
       {"activations_share", activations_share},
       {"attribution_share", attribution_share},
+      {"patch_share", patch_share},
       {"seed", phase.seed}};
   Report report = BuildReport(result, std::move(config));
   if (!before.empty() && !after.empty()) {

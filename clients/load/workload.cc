@@ -41,6 +41,8 @@ const char* KindName(Kind kind) {
       return "activations";
     case Kind::kAttribution:
       return "attribution";
+    case Kind::kPatch:
+      return "patch";
   }
   return "generate";
 }
@@ -78,7 +80,8 @@ RequestSpec Workload::Next() {
   for (const auto& [share, kind] : {std::pair{options_.attention_share, Kind::kAttention},
                                     {options_.probe_share, Kind::kProbe},
                                     {options_.activations_share, Kind::kActivations},
-                                    {options_.attribution_share, Kind::kAttribution}}) {
+                                    {options_.attribution_share, Kind::kAttribution},
+                                    {options_.patch_share, Kind::kPatch}}) {
     edge += share;
     if (u < edge) {
       spec.kind = kind;

@@ -26,7 +26,7 @@ struct LengthDist {
   int Draw(std::mt19937_64& rng) const;
 };
 
-enum class Kind { kGenerate, kAttention, kProbe, kActivations, kAttribution };
+enum class Kind { kGenerate, kAttention, kProbe, kActivations, kAttribution, kPatch };
 const char* KindName(Kind kind);
 
 struct WorkloadOptions {
@@ -42,6 +42,7 @@ struct WorkloadOptions {
   double probe_share = 0;
   double activations_share = 0;
   double attribution_share = 0;
+  double patch_share = 0;
   // Turns of a conversation (synthetic prompts only): each after the first appends the
   // previous turn's output and turn_tokens new ids to its prompt. A conversation whose
   // next turn could pass context_length (prompt + turn_tokens max + output_tokens max)

@@ -275,6 +275,7 @@ TEST(DashboardTest, EveryPanelQueryReturnsDataAfterALoadRun) {
   load_args.push_back("--probe-share=0.05");
   load_args.push_back("--activations-share=0.03");
   load_args.push_back("--attribution-share=0.03");
+  load_args.push_back("--patch-share=0.02");
 #endif
   Child load(load_args, tmp + "/load.log");
   const int load_exit = load.WaitExit(seconds(120));

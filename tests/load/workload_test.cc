@@ -79,6 +79,7 @@ TEST(WorkloadTest, SharesPickKindsInProportion) {
   o.probe_share = 0.1;
   o.activations_share = 0.15;
   o.attribution_share = 0.05;
+  o.patch_share = 0.1;
   Workload w(o);
   std::map<Kind, int> n;
   for (int i = 0; i < 10000; ++i) ++n[w.Next().kind];
@@ -86,9 +87,11 @@ TEST(WorkloadTest, SharesPickKindsInProportion) {
   EXPECT_NEAR(n[Kind::kProbe], 1000, 150);
   EXPECT_NEAR(n[Kind::kActivations], 1500, 175);
   EXPECT_NEAR(n[Kind::kAttribution], 500, 110);
-  EXPECT_NEAR(n[Kind::kGenerate], 5000, 250);
+  EXPECT_NEAR(n[Kind::kPatch], 1000, 150);
+  EXPECT_NEAR(n[Kind::kGenerate], 4000, 250);
   EXPECT_STREQ(KindName(Kind::kActivations), "activations");
   EXPECT_STREQ(KindName(Kind::kAttribution), "attribution");
+  EXPECT_STREQ(KindName(Kind::kPatch), "patch");
 }
 
 // turns > 1: a conversation's next turn is drawn once its turn has ended, its prompt the
