@@ -70,8 +70,8 @@ absl::StatusOr<ResidualPatch> PatchFrom(const Tape<T>& source, const ModelConfig
 template <typename T>
 absl::StatusOr<HeadPatch> HeadPatchFrom(const Tape<T>& source, const ModelConfig& c, int layer,
                                         int head, int source_row, int target_row, TensorKind kind) {
-  const bool kv = kind == TensorKind::kK || kind == TensorKind::kV;
-  if (!kv && kind != TensorKind::kQ && kind != TensorKind::kAttnOut) {
+  const bool kv = IsPerKvHead(kind);
+  if (!IsHeadVector(kind)) {
     return absl::InvalidArgumentError(absl::StrCat("head patch source of ",
                                                    std::string(TensorKindName(kind)),
                                                    ": only q, k, v and attn_out are a head's"));

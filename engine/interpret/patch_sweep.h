@@ -39,7 +39,7 @@ struct PatchTarget {
   TensorKind tensor = TensorKind::kAttnOut;  // kHeadVector: kQ, kK, kV or kAttnOut (z)
   bool per_head() const { return kind != Kind::kStream; }
   bool per_kv_head() const {  // k and v
-    return kind == Kind::kHeadVector && (tensor == TensorKind::kK || tensor == TensorKind::kV);
+    return kind == Kind::kHeadVector && IsPerKvHead(tensor);
   }
   // Cells per (layer, row): the KV heads for k and v, the heads for q, z and pattern, else 1.
   int Heads(const ModelConfig& c) const;

@@ -105,12 +105,11 @@ absl::Status ValidateEdits(const ModelConfig& c, int n, int tk, const Edits& e) 
     }
   }
   for (const HeadPatch& p : e.head_patches) {
-    const bool kv = p.kind == TensorKind::kK || p.kind == TensorKind::kV;
-    if (!kv && p.kind != TensorKind::kQ && p.kind != TensorKind::kAttnOut) {
+    if (!IsHeadVector(p.kind)) {
       return Bad(absl::StrCat("head patch of ", std::string(TensorKindName(p.kind)),
                               ": only q, k, v and attn_out are a head's vectors"));
     }
-    const int heads = kv ? c.num_kv_heads : H;
+    const int heads = IsPerKvHead(p.kind) ? c.num_kv_heads : H;
     if (p.layer < 0 || p.layer >= L || p.head < 0 || p.head >= heads || p.row < 0 || p.row >= n) {
       return Bad(absl::StrCat("head patch of ", std::string(TensorKindName(p.kind)), " (layer ",
                               p.layer, ", head ", p.head, ", row ", p.row, ") is out of range"));
@@ -160,8 +159,7 @@ void ApplyPatches(const ModelConfig& c, const Edits& e, PatchSite site, int laye
 template <typename T>
 void ApplyHeadPatches(const ModelConfig& c, const Edits& e, TensorKind kind, int layer,
                       int first_row, std::vector<T>& data) {
-  const bool kv = kind == TensorKind::kK || kind == TensorKind::kV;
-  const int64_t width = kv ? c.kv_dim() : c.q_dim();
+  const int64_t width = IsPerKvHead(kind) ? c.kv_dim() : c.q_dim();
   for (const HeadPatch& p : e.head_patches) {
     if (p.layer != layer || p.kind != kind) continue;
     T* dst = data.data() + (int64_t{first_row} + p.row) * width + int64_t{p.head} * c.head_dim;
@@ -353,6 +351,13 @@ std::string_view TensorKindName(TensorKind kind) {
   }
   return "?";
 }
+
+bool IsHeadVector(TensorKind kind) {
+  return kind == TensorKind::kQ || kind == TensorKind::kK || kind == TensorKind::kV ||
+         kind == TensorKind::kAttnOut;
+}
+
+bool IsPerKvHead(TensorKind kind) { return kind == TensorKind::kK || kind == TensorKind::kV; }
 
 std::string_view PatchSiteName(PatchSite site) {
   switch (site) {

@@ -17,8 +17,9 @@
 // it reproduces Transformer<T>::Forward) and its own attention loop, which records scores
 // and probabilities and accepts Edits: perturbations of any intermediate (finite
 // differences), head ablations, attention-row overrides, residual patches and patches of
-// one head's q, k, v or output (interventions). Backward uses kernels/cpu/reference_backward.h, or
-// a BackwardOps (kernels/backward_ops.h) for its two heavy ops.
+// one head's q, k, v or output (interventions). Backward uses
+// kernels/cpu/reference_backward.h, or a BackwardOps (kernels/backward_ops.h) for its two
+// heavy ops.
 #ifndef KVLENS_ENGINE_INTERPRET_TAPE_H_
 #define KVLENS_ENGINE_INTERPRET_TAPE_H_
 
@@ -45,6 +46,10 @@ enum class TensorKind : uint8_t {
               // GPT-2 position; Gemma's times √D), l = L the stream entering the final norm
 };
 std::string_view TensorKindName(TensorKind kind);
+// A head's own vector, which a HeadPatch may set: q, k, v, attn_out. Of those, k and v are
+// one per KV head.
+bool IsHeadVector(TensorKind kind);
+bool IsPerKvHead(TensorKind kind);
 
 // One entry of a tensor above:
 //   kScores/kProbs: (layer, head, row = query row, col = key)
