@@ -1,5 +1,6 @@
 // Activation-patching sweeps on the CPU (engine/interpret/patch_sweep.h): the time of a
-// sweep over every layer × 16 positions at each site, per cell, against one tape forward
+// sweep over every layer × 16 positions at each site (and, for z_all_pos, every layer ×
+// head with the 16 positions patched at once), per cell, against one tape forward
 // over the same tokens, and against what the same cells cost as full forwards (RunForward
 // with that one patch, as before cells resumed at their layer) and through Intervene (a
 // clean, a source and an edited forward per cell: 3 forwards). On a Llama-shaped model
@@ -103,11 +104,15 @@ int main(int argc, char** argv) {
       "\"tape_forward_ms\":%.2f,\"full_cell_ms\":%.2f,\"sites\":[",
       c.dim, L, n, threads, tape * 1e3, full_cell * 1e3);
   bool first = true;
-  for (const char* site : {"resid_pre", "resid_mid", "attn_out", "mlp_out", "resid_post", "z"}) {
-    const ki::PatchTarget target = *ki::PatchTargetByName(site);
-    const int cells = L * rows * (target.per_head() ? c.num_heads : 1);
+  for (const char* site : {"resid_pre", "resid_mid", "attn_out", "mlp_out", "resid_post", "q", "k",
+                           "v", "z", "pattern", "z_all_pos"}) {
+    // z_all_pos: a cell per layer and head, its 16 rows patched at once
+    const bool all = std::string(site) == "z_all_pos";
+    const ki::PatchTarget target = *ki::PatchTargetByName(all ? "z" : site);
+    const int cells = L * target.Heads(c) * (all ? 1 : rows);
     const double s = Seconds([&] {
-      Must(ki::PatchSweep(*model, be, input, source, target, layers, n - rows, n, o).ok(), site);
+      Must(ki::PatchSweep(*model, be, input, source, target, layers, n - rows, n, o, all).ok(),
+           site);
     });
     // (the sweep also runs the clean and the source forward once)
     const double per = (s - 2 * tape) / cells;
