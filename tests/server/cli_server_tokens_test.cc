@@ -123,10 +123,12 @@ TEST_F(CliServerTokens, PatchPrintsTheRecoveredGrid) {
   ASSERT_EQ(Encode("In the beginning man", server_.model().tokenizer->adds_bos()).size(),
             static_cast<size_t>(n));
   const std::string scored = " --token-text ' created' --baseline-text ' said' --precision fp64";
-  const auto [code, out] = Cli("patch", absl::StrCat("--text '", kPrompt,
-                                                     "' --source-text 'In the beginning man' "
-                                                     "--hook resid_post --layers -1",
-                                                     scored));
+  // the prompt patched from "In the beginning man" (as many tokens), scored
+  auto patch = [&](const std::string& flags) {
+    return Cli("patch", absl::StrCat("--text '", kPrompt, "' --source-text 'In the beginning man' ",
+                                     flags, scored));
+  };
+  const auto [code, out] = patch("--hook resid_post --layers -1");
   ASSERT_EQ(code, 0) << out;
   std::string row = absl::StrFormat("%10s", absl::StrCat("layer ", L - 1));
   for (int p = 0; p < n; ++p) absl::StrAppend(&row, p + 1 < n ? "    0.000" : "    1.000");
@@ -140,29 +142,20 @@ TEST_F(CliServerTokens, PatchPrintsTheRecoveredGrid) {
           "' --hook resid_post --layers -1", scored));
   ASSERT_EQ(ids_code, 0) << ids_out;
   EXPECT_EQ(out, ids_out);
-  const auto [z_code, z_out] = Cli("patch", absl::StrCat("--text '", kPrompt,
-                                                         "' --source-text 'In the beginning man' "
-                                                         "--hook z --layers 0",
-                                                         scored));
+  const auto [z_code, z_out] = patch("--hook z --layers 0");
   ASSERT_EQ(z_code, 0) << z_out;
   const int H = server_.model().config.num_heads;
   EXPECT_NE(z_out.find(absl::StrFormat("%10s", absl::StrCat("L0H", H - 1))), std::string::npos)
       << z_out;
   EXPECT_EQ(z_out.find(absl::StrFormat("%10s", absl::StrCat("L0H", H))), std::string::npos);
-  const auto [k_code, k_out] = Cli("patch", absl::StrCat("--text '", kPrompt,
-                                                         "' --source-text 'In the beginning man' "
-                                                         "--hook k --layers 0",
-                                                         scored));
+  const auto [k_code, k_out] = patch("--hook k --layers 0");
   ASSERT_EQ(k_code, 0) << k_out;
   const int KV = server_.model().config.num_kv_heads;
   EXPECT_NE(k_out.find("a row per layer and KV head"), std::string::npos) << k_out;
   EXPECT_NE(k_out.find(absl::StrFormat("%10s", absl::StrCat("L0KV", KV - 1))), std::string::npos)
       << k_out;
   // every position of the stream entering a layer from the source is the source's run
-  const auto [all_code, all_out] = Cli("patch", absl::StrCat("--text '", kPrompt,
-                                                             "' --source-text 'In the beginning "
-                                                             "man' --layers '0 -1' --all-positions",
-                                                             scored));
+  const auto [all_code, all_out] = patch("--layers '0 -1' --all-positions");
   ASSERT_EQ(all_code, 0) << all_out;
   EXPECT_NE(all_out.find(absl::StrCat("one column: positions 0 to ", n - 1, " patched at once")),
             std::string::npos)

@@ -6,9 +6,6 @@
 // and the next turn finds floor((P + 7) / 16) blocks. Turn 0: 40 tokens, none cached;
 // turn 1: 58, with 47 computed before: 2 blocks (32); turn 2: 76, with 65: 4 blocks (64).
 // Two conversations: 2 × (32 + 64) = 192 of 2 × (40 + 58 + 76) = 348 prompt tokens.
-#include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -24,18 +21,12 @@ TEST(LoadConversations, EachTurnFindsThePreviousTurnsBlocksCached) {
   KVLENS_REQUIRE_FILE(Stories260KPath());
   TestServer server;
   ASSERT_TRUE(server.ok()) << server.error();
-  const std::string json = ::testing::TempDir() + "kvlens_load_conversations.json";
-  const std::string flags =
-      " --mode closed --concurrency 1 --requests 6 --turns 3 --prompt-tokens 40 "
-      "--output-tokens 8 --turn-tokens 10 --seed 5 --metrics none --progress=false";
-  const auto [code, out] =
-      RunCommand(absl::StrCat("timeout 120 ", KVLENS_LOAD_PATH, " --server ", server.address(),
-                              flags, " --json-out ", json, " 2>&1"));
-  ASSERT_EQ(code, 0) << out;
-  std::stringstream text;
-  text << std::ifstream(json).rdbuf();
-  std::remove(json.c_str());
-  const nlohmann::json report = nlohmann::json::parse(text.str());
+  const LoadRun run =
+      RunLoad(server.address(),
+              "--mode closed --concurrency 1 --requests 6 --turns 3 --prompt-tokens 40 "
+              "--output-tokens 8 --turn-tokens 10 --seed 5 --metrics none --progress=false");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const nlohmann::json report = nlohmann::json::parse(run.report);
   EXPECT_EQ(report["requests"]["ok"], 6) << report.dump(2);
   EXPECT_EQ(report["tokens"]["prompt"], 2 * (40 + 58 + 76)) << report.dump(2);
   EXPECT_EQ(report["tokens"]["cached"], 2 * (32 + 64)) << report.dump(2);

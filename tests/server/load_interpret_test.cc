@@ -2,9 +2,6 @@
 // --patch-share 1 every request is a PatchSweep (each head's z in the last layer, all
 // positions, from the prompt's ids reversed), and each must come back whole: per request a
 // response holding one cell per head, which the report counts under "patch".
-#include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -20,18 +17,12 @@ TEST(LoadInterpret, PatchSweepsComeBackWhole) {
   KVLENS_REQUIRE_FILE(Stories260KPath());
   TestServer server;
   ASSERT_TRUE(server.ok()) << server.error();
-  const std::string json = ::testing::TempDir() + "kvlens_load_patch.json";
-  const std::string flags =
-      " --mode closed --concurrency 2 --requests 6 --prompt-tokens 12:20 --patch-share 1 "
-      "--seed 3 --metrics none --progress=false";
-  const auto [code, out] =
-      RunCommand(absl::StrCat("timeout 120 ", KVLENS_LOAD_PATH, " --server ", server.address(),
-                              flags, " --json-out ", json, " 2>&1"));
-  ASSERT_EQ(code, 0) << out;
-  std::stringstream text;
-  text << std::ifstream(json).rdbuf();
-  std::remove(json.c_str());
-  const nlohmann::json report = nlohmann::json::parse(text.str());
+  const LoadRun run =
+      RunLoad(server.address(),
+              "--mode closed --concurrency 2 --requests 6 --prompt-tokens 12:20 --patch-share 1 "
+              "--seed 3 --metrics none --progress=false");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const nlohmann::json report = nlohmann::json::parse(run.report);
   const nlohmann::json& patch = report["interpret"]["patch"];
   EXPECT_EQ(patch["ok"], 6) << report.dump(2);
   EXPECT_EQ(patch["errors"], 0) << report.dump(2);

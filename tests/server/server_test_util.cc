@@ -7,11 +7,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
 #include "tests/test_paths.h"
 
 namespace kvlens::testing {
@@ -156,6 +160,21 @@ std::pair<int, std::string> RunCommand(const std::string& command) {
   for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+LoadRun RunLoad(const std::string& address, const std::string& flags) {
+  static std::atomic<int> runs{0};
+  const std::string json =
+      absl::StrCat(::testing::TempDir(), "kvlens_load_", getpid(), "_", runs++, ".json");
+  LoadRun r;
+  std::tie(r.code, r.output) =
+      RunCommand(absl::StrCat("timeout 120 ", KVLENS_LOAD_PATH, " --server ", address, " ", flags,
+                              " --json-out ", json, " 2>&1"));
+  std::stringstream text;
+  text << std::ifstream(json).rdbuf();
+  r.report = text.str();
+  std::remove(json.c_str());
+  return r;
 }
 
 }  // namespace kvlens::testing

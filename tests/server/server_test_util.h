@@ -102,6 +102,15 @@ double MetricValue(const std::string& exposition, const std::string& series);
 // Runs `command` through the shell: its exit code (-1 when it did not exit) and stdout.
 std::pair<int, std::string> RunCommand(const std::string& command);
 
+// kvlens-load (KVLENS_LOAD_PATH) against `address` with `flags`, its --json-out report read
+// back (empty when none was written) and removed.
+struct LoadRun {
+  int code = -1;
+  std::string output;  // stdout and stderr
+  std::string report;  // the JSON report
+};
+LoadRun RunLoad(const std::string& address, const std::string& flags);
+
 }  // namespace kvlens::testing
 
 #endif  // KVLENS_TESTS_SERVER_SERVER_TEST_UTIL_H_
