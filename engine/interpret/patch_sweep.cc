@@ -31,19 +31,13 @@ int PatchTarget::Heads(const ModelConfig& c) const {
   return per_kv_head() ? c.num_kv_heads : c.num_heads;
 }
 
-template <typename T>
-absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend<T>& be,
-                                            const SequenceInput<T>& input,
-                                            const SequenceInput<T>& source, PatchTarget target,
-                                            const std::vector<int>& layers, int row_begin,
-                                            int row_end, const Objective& objective,
-                                            bool all_positions) {
-  const ModelConfig& c = model.config;
-  const int n = static_cast<int>(input.tokens.size());
-  if (source.tokens.size() != input.tokens.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("patch sweep: the source has ",
-                                                   source.tokens.size(), " tokens and the input ",
-                                                   n, "; each row is patched from the same row"));
+absl::Status ValidatePatchSweep(const ModelConfig& c, int n, int source_n,
+                                const std::vector<int>& layers, int row_begin, int row_end,
+                                const Objective& objective) {
+  if (source_n != n) {
+    return absl::InvalidArgumentError(absl::StrCat("patch sweep: the source has ", source_n,
+                                                   " tokens and the input ", n,
+                                                   "; each row is patched from the same row"));
   }
   if (row_begin < 0 || row_end > n || row_begin >= row_end) {
     return absl::InvalidArgumentError(absl::StrCat("patch sweep: rows [", row_begin, ", ", row_end,
@@ -59,7 +53,23 @@ absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend
     return absl::InvalidArgumentError(
         "patch sweep: the objective must read the logits (log_prob or logit_diff)");
   }
-  if (absl::Status s = ValidateObjective(objective, c, n); !s.ok()) return s;
+  return ValidateObjective(objective, c, n);
+}
+
+template <typename T>
+absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend<T>& be,
+                                            const SequenceInput<T>& input,
+                                            const SequenceInput<T>& source, PatchTarget target,
+                                            const std::vector<int>& layers, int row_begin,
+                                            int row_end, const Objective& objective,
+                                            bool all_positions) {
+  const ModelConfig& c = model.config;
+  if (absl::Status s = ValidatePatchSweep(c, static_cast<int>(input.tokens.size()),
+                                          static_cast<int>(source.tokens.size()), layers, row_begin,
+                                          row_end, objective);
+      !s.ok()) {
+    return s;
+  }
 
   auto clean = RunForward(model, be, input);
   if (!clean.ok()) return clean.status();

@@ -232,6 +232,9 @@ template <typename T>
 struct Gradients {
   std::vector<std::vector<T>> scores, probs, q, k, v, attn_out;  // [L][…]
   std::vector<std::vector<T>> residual;                          // [L + 1][n, D]
+  // [L][n, D]: the stream after layer l's attention (h, resid_mid), which is also the
+  // gradient w.r.t. what the attention adds to it (attn_out)
+  std::vector<std::vector<T>> resid_mid;
   ParamGradients params;
   // residual[0]: the gradient w.r.t. the input embeddings.
   const std::vector<T>& embeddings() const { return residual[0]; }

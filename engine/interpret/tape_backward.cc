@@ -68,7 +68,7 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
   }
 
   Gradients<T> g;
-  for (auto* v : {&g.scores, &g.probs, &g.q, &g.k, &g.v, &g.attn_out}) v->resize(L);
+  for (auto* v : {&g.scores, &g.probs, &g.q, &g.k, &g.v, &g.attn_out, &g.resid_mid}) v->resize(L);
   g.residual.resize(L + 1);
 
   // classifier and final norm
@@ -117,6 +117,7 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
     if (absl::Status s = matmul_dx(dpre.data(), n, lw.w_in, dhn.data()); !s.ok()) return s;
     NormBackward(c, lw.ffn_norm, lt.h.data(), n, dhn.data(), tmp.data());
     for (int64_t e = 0; e < n * D; ++e) dh[e] = dx[e] + tmp[e];
+    g.resid_mid[l] = dh;
 
     // output projection (and its norm; plus a probe's seed on O)
     const T* dattn_proj = dh.data();

@@ -12,7 +12,7 @@
   oracle.py --model PATH --tokens "1 2 3" --out FILE --steer HOOK:FILE[:COEF] [--steer ...]
   oracle.py --model PATH --generate N --prompt-tokens "1 403" --steer HOOK:FILE[:COEF]
   oracle.py --model PATH --tokens "1 2 3" --out FILE --patch-sweep HOOK:ROW:A:B \
-            --source-tokens "1 5 3" [--patch-all-positions]
+            --source-tokens "1 5 3" [--patch-all-positions] [--patch-attribution]
 
 --activations adds every cached activation (TransformerLens's run_with_cache):
 act.resid_pre/resid_mid/resid_post/attn_out/mlp_out.{l} [T, D], act.z.{l} [T, H, hd],
@@ -42,6 +42,8 @@ patching sweep (kvlens_oracle/patching.py): sweep.metric [L, heads or 1, T], eac
 resid_post, attn_out, mlp_out, q, k, v, z, pattern) taken from the source's run, scored by
 logits[ROW, A] - logits[ROW, B]; sweep.clean, sweep.source. --patch-all-positions: one cell
 per layer (and head) with every row of HOOK patched at once, sweep.metric [L, heads or 1, 1].
+--patch-attribution: each cell by attribution patching instead (clean + (source - clean) .
+gradient, torch.autograd), the same arrays.
 
 PATH: a llama2.c .bin, a GGUF file (llama), or a Hugging Face directory (gpt2 / llama).
 The output container format is described in README.md and kvlens_oracle/container.py.
@@ -147,6 +149,8 @@ def main(argv=None):
     ap.add_argument("--source-tokens", help="the patch source of --patch-sweep")
     ap.add_argument("--patch-all-positions", action="store_true",
                     help="--patch-sweep: one cell per layer (and head), every row patched")
+    ap.add_argument("--patch-attribution", action="store_true",
+                    help="--patch-sweep: first-order estimates (attribution patching)")
     ap.add_argument("--steer", action="append", default=[], metavar="HOOK:FILE[:COEF[:START]]",
                     help="add COEF (default 1) times FILE's vector (d_model whitespace-separated "
                          "floats) to every row of the residual stream at HOOK (blocks.L."
@@ -246,14 +250,15 @@ def main(argv=None):
         f = encode(sae, x)
         arrays.update({"sae.input": x, "sae.acts": f.numpy(), "sae.recon": decode(sae, f).numpy()})
     if a.patch_sweep:
-        from kvlens_oracle.patching import patch_sweep
+        from kvlens_oracle.patching import attribution_patch_sweep, patch_sweep
+        sweep = attribution_patch_sweep if a.patch_attribution else patch_sweep
         parts = a.patch_sweep.split(":")
         if len(parts) != 4 or not a.source_tokens:
             ap.error('--patch-sweep takes "HOOK:ROW:A:B" and needs --source-tokens')
         try:
-            arrays.update(patch_sweep(model, tokens, _ints(a.source_tokens), parts[0],
-                                      int(parts[1]), int(parts[2]), int(parts[3]),
-                                      all_positions=a.patch_all_positions))
+            arrays.update(sweep(model, tokens, _ints(a.source_tokens), parts[0], int(parts[1]),
+                                int(parts[2]), int(parts[3]),
+                                all_positions=a.patch_all_positions))
         except ValueError as e:
             ap.error(f"--patch-sweep: {e}")
     write_container(a.out, arrays)

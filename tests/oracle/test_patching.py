@@ -15,7 +15,9 @@ on the block outputs, capped logits) and GPT-2 (biases, learned positions):
 (h) a q patch (before RoPE) equals a z patch by the output numpy computes from the source's
     rotated query and the clean keys and values;
 (i) all_positions: every row of a stream site from the source scores the source's run, and
-    in the last layer every row of a head's q or z scores as its row at the scored row.
+    in the last layer every row of a head's q or z scores as its row at the scored row;
+(j) attribution patching: each cell's change is the directional derivative of the exact
+    patch toward the source (central finite differences of patched forwards).
 
 Run: /usr/bin/python3 -m unittest discover -s tests/oracle -p 'test_*.py'
 """
@@ -32,7 +34,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from kvlens_oracle import forward, read_container  # noqa: E402
-from kvlens_oracle.patching import patch_sweep  # noqa: E402
+from kvlens_oracle.patching import (  # noqa: E402
+    _check, _recorded, attribution_patch_sweep, patch_sweep)
 import oracle_fixtures as fx  # noqa: E402
 
 MODELS = {
@@ -164,6 +167,48 @@ class PatchingTest(unittest.TestCase):
                     one = patch_sweep(m, ids, src, hook, row, a, b)["sweep.metric"]
                     np.testing.assert_array_equal(every["sweep.metric"][L - 1, :, 0],
                                                   one[L - 1, :, row])
+
+    def test_attribution_is_the_derivative_of_the_exact_patch(self):
+        # (j) attribution patching's cell minus the clean score is the directional derivative
+        # of the exact patch: central differences of forwards with the value
+        # clean + eps * (source - clean) patched in (eps 1e-4: error ~1e-8 of the score's
+        # scale), at the last scored row and another, per head for q / k / v / z / pattern;
+        # and with every row at once, the sum of the rows' derivatives
+        row, a, b, eps = 3, 5, 9, 1e-4
+        for name, m in self.models.items():
+            ids, src = TOKENS[name], SOURCE[name]
+            cap, src_cap = {}, {}
+            with torch.no_grad():
+                forward(m, ids, capture=cap)
+                forward(m, src, capture=src_cap)
+            for hook in HOOKS:
+                with self.subTest(model=name, hook=hook):
+                    atp = attribution_patch_sweep(m, ids, src, hook, row, a, b)
+                    every = attribution_patch_sweep(m, ids, src, hook, row, a, b,
+                                                    all_positions=True)["sweep.metric"]
+                    clean = atp["sweep.clean"][0]
+                    point, record, shift, per_head, heads = _check(m, ids, src, hook)
+                    layer, head = 1, heads - 1
+                    value = _recorded(cap, layer, record)
+                    delta = _recorded(src_cap, layer, record) - value
+                    total = 0.0
+                    for i in range(len(ids)):
+                        def at(e, i=i):
+                            if per_head:
+                                v = value[head, i] + e * delta[head, i]
+                                return self.score(m, ids, row, a, b,
+                                                  patch={(layer, point): [(i, head, v)]})
+                            v = value[i] + e * delta[i]
+                            return self.score(m, ids, row, a, b,
+                                              patch={(layer + shift, point): [(i, v)]})
+                        derivative = (at(eps) - at(-eps)) / (2 * eps)
+                        scale = max(1.0, abs(derivative))
+                        h = head if per_head else 0
+                        self.assertAlmostEqual(atp["sweep.metric"][layer, h, i] - clean,
+                                               derivative, delta=1e-6 * scale)
+                        total += derivative
+                    self.assertAlmostEqual(every[layer, head if per_head else 0, 0] - clean,
+                                           total, delta=1e-6 * max(1.0, abs(total)))
 
     def test_cli(self):
         import oracle

@@ -31,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
+#include "tests/engine/interpret/sweep_oracle.h"
 #include "tests/engine/interpret/tiny_model.h"
 #include "tests/engine/random_tokens.h"
 #include "tests/engine/stories_model_test.h"
@@ -199,56 +200,7 @@ TEST_F(PatchSweepTest, BadSweepsNameTheProblem) {
   EXPECT_FALSE(PatchTargetByName("blocks.0.hook_resid_pre").has_value());
 }
 
-// Against the PyTorch float64 oracle's own patching (tests/oracle/kvlens_oracle/
-// patching.py: its forward with the row replaced, a full forward per cell): every layer and
-// row (and head, for q, k, v, z and pattern), fp64 ≤ 1e-9 and fp32 ≤ 1e-4 of the largest |score|,
-// the score the logit difference between the two prompts' next tokens.
-void ExpectOracleSweeps(const std::string& path, const char* label,
-                        const std::vector<int32_t>& tokens, const std::vector<int32_t>& source,
-                        std::initializer_list<const char*> hooks, bool all_positions = false) {
-  auto m = LoadModel({path, ""});
-  ASSERT_TRUE(m.ok()) << m.status();
-  const ModelConfig& c = (*m)->config;
-  // the logit difference at the last row but one between the prompts' next tokens
-  const int n = static_cast<int>(tokens.size()), row = n - 2;
-  const int32_t a = source[row + 1], b = tokens[row + 1];
-  std::vector<int> layers(c.num_layers);
-  for (int l = 0; l < c.num_layers; ++l) layers[l] = l;
-  std::string src;
-  for (int32_t t : source) absl::StrAppend(&src, src.empty() ? "" : " ", t);
-  kernels::ReferenceBackend ref;
-  kernels::CpuBackend fast(2);
-  for (const char* hook : hooks) {
-    SCOPED_TRACE(hook);
-    const testing::OracleResult want = testing::RunOracleWith(
-        path, tokens,
-        absl::StrCat("--patch-sweep ", hook, ":", row, ":", a, ":", b, " --source-tokens '", src,
-                     "'", all_positions ? " --patch-all-positions" : ""));
-    ASSERT_TRUE(want.error.empty()) << want.error;
-    const std::vector<double>& grid = want.arrays.at("sweep.metric").data;
-    const Objective o = Objective::LogitDiff(row, a, b);
-    const PatchTarget target = *PatchTargetByName(hook);
-    auto r64 = PatchSweep(**m, ref, SequenceInput<double>{tokens}, SequenceInput<double>{source},
-                          target, layers, 0, n, o, all_positions);
-    auto r32 = PatchSweep(**m, fast, SequenceInput<float>{tokens}, SequenceInput<float>{source},
-                          target, layers, 0, n, o, all_positions);
-    ASSERT_TRUE(r64.ok() && r32.ok()) << r64.status() << r32.status();
-    ASSERT_EQ(r64->metric.size(), grid.size());
-    double scale = 0, e64 = 0, e32 = 0;
-    for (double v : grid) scale = std::max(scale, std::abs(v));
-    for (size_t i = 0; i < grid.size(); ++i) {
-      e64 = std::max(e64, std::abs(r64->metric[i] - grid[i]) / scale);
-      e32 = std::max(e32, std::abs(r32->metric[i] - grid[i]) / scale);
-    }
-    EXPECT_NEAR(r64->clean, want.arrays.at("sweep.clean").data[0], 1e-9 * scale);
-    EXPECT_NEAR(r64->source, want.arrays.at("sweep.source").data[0], 1e-9 * scale);
-    EXPECT_LE(e64, 1e-9);
-    EXPECT_LE(e32, 1e-4) << "scale " << scale;
-    std::printf(
-        "[oracle] %s patch sweep %s%s (%zu cells): worst relative error fp64 %.3g, fp32 %.3g\n",
-        label, hook, all_positions ? " (all positions)" : "", grid.size(), e64, e32);
-  }
-}
+using sweep_oracle::ExpectOracleSweeps;
 
 TEST(PatchSweepOracle, Stories260KEverySite) {
   const std::string bin = testing::TestData("stories260K/stories260K.bin");
@@ -261,7 +213,7 @@ TEST(PatchSweepOracle, Stories260KEverySite) {
                       "z", "pattern"});
   ExpectOracleSweeps(bin, "stories260K", {1, 403, 407, 261, 378, 300, 290, 420},
                      {1, 333, 407, 299, 378, 270, 290, 460}, {"attn_out", "k", "z", "pattern"},
-                     /*all_positions=*/true);
+                     {.all_positions = true});
 }
 
 TEST(PatchSweepOracle, DefaultGpt2Model) {

@@ -300,7 +300,7 @@ TEST_P(TinyTape, TapeBytesCountsWhatTheTapeAndGradientsHold) {
     auto g = ObjectiveGradients(*m, t, Objective::LogProb({{5, 3}}));
     ASSERT_TRUE(g.ok()) << g.status();
     for (const auto* per_layer :
-         {&g->scores, &g->probs, &g->q, &g->k, &g->v, &g->attn_out, &g->residual}) {
+         {&g->scores, &g->probs, &g->q, &g->k, &g->v, &g->attn_out, &g->residual, &g->resid_mid}) {
       for (const auto& v : *per_layer) held += static_cast<int64_t>(v.size());
     }
     EXPECT_EQ(TapeBytes(c, 6, tk, 8, true), held * 8) << "offset " << offset;

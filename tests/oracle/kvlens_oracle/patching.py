@@ -6,6 +6,7 @@ replaced by the source run's at the same row (model.forward's `patch`), scored b
 difference logits[row, a] - logits[row, b] (after any final soft-cap).
 
 patch_sweep(model, tokens, source, hook, row, a, b, all_positions=False) -> dict:
+attribution_patch_sweep(...) -> the same dict, each cell estimated to first order (AtP)
   sweep.clean [1], sweep.source [1]  the score of each prompt's own run
   sweep.metric [L, heads, T]         hook "resid_pre", "resid_mid", "resid_post", "attn_out",
                                      "mlp_out" (heads 1), or per head "q", "z" (its query,
@@ -28,13 +29,28 @@ _SITES = {"resid_pre": ("pre", "resid_pre", 0), "resid_mid": ("mid", "resid_mid"
 _PER_HEAD = ("q", "k", "v", "z", "pattern")
 
 
-def patch_sweep(m, tokens, source, hook, row, a, b, all_positions=False):
+def _check(m, tokens, source, hook):
+    """(point, record, shift, per_head, heads) of `hook`; ValueError when it cannot run."""
     if hook not in _SITES:
         raise ValueError(f"unknown hook {hook!r}; one of {', '.join(_SITES)}")
     if len(source) != len(tokens):
         raise ValueError("the source must have as many tokens as the input")
     point, record, shift = _SITES[hook]
-    L, H, T = m.cfg["n_layers"], m.cfg["n_heads"], len(tokens)
+    H = m.cfg["n_heads"]
+    per_head = hook in _PER_HEAD
+    heads = m.cfg.get("n_kv_heads", H) if hook in ("k", "v") else H if per_head else 1
+    return point, record, shift, per_head, heads
+
+
+def _recorded(cap, l, record):
+    layer = cap["layers"][l]
+    # (GPT-2 has no RoPE: its q and k are the unrotated ones)
+    return layer[record] if record in layer else layer[record.replace("_unrotated", "")]
+
+
+def patch_sweep(m, tokens, source, hook, row, a, b, all_positions=False):
+    point, record, shift, per_head, heads = _check(m, tokens, source, hook)
+    L, T = m.cfg["n_layers"], len(tokens)
 
     def score(**kw):
         logits, _ = forward(m, tokens, **kw)
@@ -43,14 +59,10 @@ def patch_sweep(m, tokens, source, hook, row, a, b, all_positions=False):
     with torch.no_grad():
         cap = {}
         src_logits, _ = forward(m, source, capture=cap)
-        per_head = hook in _PER_HEAD
-        heads = m.cfg.get("n_kv_heads", H) if hook in ("k", "v") else H if per_head else 1
         cells = [range(T)] if all_positions else [[i] for i in range(T)]
         metric = np.zeros((L, heads, len(cells)))
         for l in range(L):
-            layer = cap["layers"][l]
-            # (GPT-2 has no RoPE: its q and k are the unrotated ones)
-            value = layer[record] if record in layer else layer[record.replace("_unrotated", "")]
+            value = _recorded(cap, l, record)
             for h in range(heads):
                 for j, rows in enumerate(cells):
                     if per_head:
@@ -61,3 +73,36 @@ def patch_sweep(m, tokens, source, hook, row, a, b, all_positions=False):
         return {"sweep.clean": np.array([score()]),
                 "sweep.source": np.array([float(src_logits[row, a] - src_logits[row, b])]),
                 "sweep.metric": metric}
+
+
+def attribution_patch_sweep(m, tokens, source, hook, row, a, b, all_positions=False):
+    """The same grid by attribution patching: each cell clean + sum over the patched values
+    of (source - clean) * d score / d value, the gradient by torch.autograd through the
+    forward with the layer's whole tensor at `hook` made a leaf (patched with its own clean
+    values), one backward per layer."""
+    point, record, shift, per_head, heads = _check(m, tokens, source, hook)
+    L, T = m.cfg["n_layers"], len(tokens)
+    cap, src_cap = {}, {}
+    with torch.no_grad():
+        logits, _ = forward(m, tokens, capture=cap)
+        src_logits, _ = forward(m, source, capture=src_cap)
+    clean = float(logits[row, a] - logits[row, b])
+    cells = [range(T)] if all_positions else [[i] for i in range(T)]
+    metric = np.zeros((L, heads, len(cells)))
+    for l in range(L):
+        value = _recorded(cap, l, record)
+        leaf = value.detach().clone().requires_grad_(True)
+        if per_head:
+            patch = {(l, point): [(i, h, leaf[h, i]) for h in range(heads) for i in range(T)]}
+        else:
+            patch = {(l + shift, point): [(i, leaf[i]) for i in range(T)]}
+        out, _ = forward(m, tokens, patch=patch)
+        (out[row, a] - out[row, b]).backward()
+        # per (head,) row: the sum over the vector of (source - clean) * gradient
+        moved = ((_recorded(src_cap, l, record) - value) * leaf.grad).sum(-1).numpy()
+        moved = moved.reshape(heads, T)
+        for j, rows in enumerate(cells):
+            metric[l, :, j] = clean + moved[:, list(rows)].sum(-1)
+    return {"sweep.clean": np.array([clean]),
+            "sweep.source": np.array([float(src_logits[row, a] - src_logits[row, b])]),
+            "sweep.metric": metric}

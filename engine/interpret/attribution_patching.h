@@ -1,0 +1,32 @@
+// Attribution patching (AtP: Nanda 2023, Kramár et al. 2024; TransformerLens users build it
+// from hooks and a backward pass): the activation-patching grid of patch_sweep.h estimated
+// to first order from the clean run's gradient, each cell
+//   clean + Σ (source activation − clean activation) · ∂objective/∂activation
+// over the values the exact cell would patch (a stream row, one head's q, k, v or z, one
+// attention row; with all_positions every row of the range). The clean run's one backward
+// pass replaces a forward per cell, so a sweep of every head at every position costs about
+// three forwards whatever its size. Where the objective is far from linear in the patched
+// activation (a large patch through a norm or a softmax, attention patterns especially) the
+// estimate and PatchSweep's exact cell part; comparing the two on a few cells is how AtP
+// is used.
+#ifndef KVLENS_ENGINE_INTERPRET_ATTRIBUTION_PATCHING_H_
+#define KVLENS_ENGINE_INTERPRET_ATTRIBUTION_PATCHING_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/interpret/patch_sweep.h"
+
+namespace kvlens::interpret {
+
+// PatchSweep's arguments and result layout; the same INVALID_ARGUMENT cases
+// (ValidatePatchSweep). The gradient is computed on the host (Backward's reference loops).
+template <typename T>
+absl::StatusOr<PatchSweepResult> AttributionPatchSweep(
+    const Model& model, kernels::Backend<T>& backend, const SequenceInput<T>& input,
+    const SequenceInput<T>& source, PatchTarget target, const std::vector<int>& layers,
+    int row_begin, int row_end, const Objective& objective, bool all_positions = false);
+
+}  // namespace kvlens::interpret
+
+#endif  // KVLENS_ENGINE_INTERPRET_ATTRIBUTION_PATCHING_H_
