@@ -24,6 +24,18 @@ kernels::Backend<T>& BackendOf(InterpBackends& b) {
   }
 }
 
+// The backward's heavy ops for fp32 requests: staged onto the GPU with --interp-device, else
+// the CPU backend's (threaded, in float); fp64 requests: null, the reference loops.
+template <typename T>
+kernels::BackwardOps<T>* BackwardOpsOf(InterpBackends& b) {
+  if constexpr (std::is_same_v<T, double>) {
+    return nullptr;
+  } else {
+    if (b.staged != nullptr) return b.staged.get();
+    return &b.f32;
+  }
+}
+
 inline v1::Precision PrecisionOf(bool fp64) {
   return fp64 ? v1::PRECISION_FP64 : v1::PRECISION_FP32;
 }

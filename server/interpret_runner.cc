@@ -26,18 +26,6 @@ using interpret::Tape;
 constexpr int kDefaultVerifySamples = 8;
 constexpr int kDefaultTopK = 5;
 
-// The backward's heavy ops for fp32 probes: staged onto the GPU with --interp-device, else
-// the CPU backend's (threaded, in float); fp64 probes: null, the reference loops.
-template <typename T>
-kernels::BackwardOps<T>* BackwardOpsOf(InterpBackends& b) {
-  if constexpr (std::is_same_v<T, double>) {
-    return nullptr;
-  } else {
-    if (b.staged != nullptr) return b.staged.get();
-    return &b.f32;
-  }
-}
-
 // Rows [r0, r1) × keys [k0, k1) of head h of a [H, n, Tk] map, appended to `out`.
 template <typename T>
 void AppendSlab(const std::vector<T>& map, int h, int n, int tk, int r0, int r1, int k0, int k1,

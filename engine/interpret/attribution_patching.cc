@@ -59,7 +59,8 @@ template <typename T>
 absl::StatusOr<PatchSweepResult> AttributionPatchSweep(
     const Model& model, kernels::Backend<T>& be, const SequenceInput<T>& input,
     const SequenceInput<T>& source, PatchTarget target, const std::vector<int>& layers,
-    int row_begin, int row_end, const Objective& objective, bool all_positions) {
+    int row_begin, int row_end, const Objective& objective, bool all_positions,
+    kernels::BackwardOps<T>* ops) {
   const ModelConfig& c = model.config;
   if (absl::Status s = ValidatePatchSweep(c, static_cast<int>(input.tokens.size()),
                                           static_cast<int>(source.tokens.size()), layers, row_begin,
@@ -71,7 +72,7 @@ absl::StatusOr<PatchSweepResult> AttributionPatchSweep(
   if (!clean.ok()) return clean.status();
   auto src = RunForward(model, be, source);
   if (!src.ok()) return src.status();
-  auto g = ObjectiveGradients(model, *clean, objective);
+  auto g = ObjectiveGradients(model, *clean, objective, {}, ops);
   if (!g.ok()) return g.status();
   PatchSweepResult r;
   r.clean = EvaluateObjective(objective, c, *clean);
@@ -103,7 +104,8 @@ absl::StatusOr<PatchSweepResult> AttributionPatchSweep(
 #define KVLENS_INSTANTIATE_ATTRIBUTION_PATCHING(T)                                          \
   template absl::StatusOr<PatchSweepResult> AttributionPatchSweep<T>(                       \
       const Model&, kernels::Backend<T>&, const SequenceInput<T>&, const SequenceInput<T>&, \
-      PatchTarget, const std::vector<int>&, int, int, const Objective&, bool);
+      PatchTarget, const std::vector<int>&, int, int, const Objective&, bool,               \
+      kernels::BackwardOps<T>*);
 
 KVLENS_INSTANTIATE_ATTRIBUTION_PATCHING(float)
 KVLENS_INSTANTIATE_ATTRIBUTION_PATCHING(double)

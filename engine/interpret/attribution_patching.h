@@ -20,12 +20,14 @@
 namespace kvlens::interpret {
 
 // PatchSweep's arguments and result layout; the same INVALID_ARGUMENT cases
-// (ValidatePatchSweep). The gradient is computed on the host (Backward's reference loops).
+// (ValidatePatchSweep). `ops`: where the backward's heavy ops run (Backward's; null: the
+// reference loops on the host).
 template <typename T>
 absl::StatusOr<PatchSweepResult> AttributionPatchSweep(
     const Model& model, kernels::Backend<T>& backend, const SequenceInput<T>& input,
     const SequenceInput<T>& source, PatchTarget target, const std::vector<int>& layers,
-    int row_begin, int row_end, const Objective& objective, bool all_positions = false);
+    int row_begin, int row_end, const Objective& objective, bool all_positions = false,
+    kernels::BackwardOps<T>* ops = nullptr);
 
 }  // namespace kvlens::interpret
 

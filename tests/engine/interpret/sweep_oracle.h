@@ -37,8 +37,14 @@ inline void ExpectOracleSweeps(const std::string& path, const char* label,
                                const std::vector<int32_t>& source,
                                std::initializer_list<const char*> hooks, SweepKind kind = {}) {
   const bool all_positions = kind.all_positions;
-  const auto sweep = [&](auto&&... args) {
-    return kind.attribution ? AttributionPatchSweep(args...) : PatchSweep(args...);
+  // (fp32 attribution: the backward's heavy ops on the CPU backend, as the server runs them)
+  const auto sweep = [&](const Model& model, auto& be, const auto& in, const auto& src,
+                         PatchTarget target, const std::vector<int>& layers, int begin, int end,
+                         const Objective& o, auto* ops) {
+    return kind.attribution
+               ? AttributionPatchSweep(model, be, in, src, target, layers, begin, end, o,
+                                       kind.all_positions, ops)
+               : PatchSweep(model, be, in, src, target, layers, begin, end, o, kind.all_positions);
   };
   auto m = LoadModel({path, ""});
   ASSERT_TRUE(m.ok()) << m.status();
@@ -64,9 +70,9 @@ inline void ExpectOracleSweeps(const std::string& path, const char* label,
     const Objective o = Objective::LogitDiff(row, a, b);
     const PatchTarget target = *PatchTargetByName(hook);
     auto r64 = sweep(**m, ref, SequenceInput<double>{tokens}, SequenceInput<double>{source}, target,
-                     layers, 0, n, o, all_positions);
+                     layers, 0, n, o, static_cast<kernels::BackwardOps<double>*>(nullptr));
     auto r32 = sweep(**m, fast, SequenceInput<float>{tokens}, SequenceInput<float>{source}, target,
-                     layers, 0, n, o, all_positions);
+                     layers, 0, n, o, &fast);
     ASSERT_TRUE(r64.ok() && r32.ok()) << r64.status() << r32.status();
     ASSERT_EQ(r64->metric.size(), grid.size());
     double scale = 0, e64 = 0, e32 = 0;
