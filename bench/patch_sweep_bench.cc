@@ -6,7 +6,9 @@
 // clean, a source and an edited forward per cell: 3 forwards). On a Llama-shaped model
 // with random f32 weights (D 512, 8 layers, 8 heads of 64, FFN 1376, vocab 4096), 64
 // tokens. A resumed cell runs L − l of the L layers, so a sweep over all layers should
-// take about (L + 1) / 2L of the full-forward cells. Prints a table, then one JSON line.
+// take about (L + 1) / 2L of the full-forward cells. Last, the z grid by attribution
+// patching (AttributionPatchSweep: two forwards and a backward for every cell). Prints a table,
+// then one JSON line.
 //
 //   kvlens_bench_patch_sweep [threads=1]
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include "bench/bench_help.h"
 #include "bench/interpret_bench_model.h"
 #include "common/malloc_tuning.h"
+#include "engine/interpret/attribution_patching.h"
 #include "engine/interpret/interventions.h"
 #include "engine/interpret/patch_sweep.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -124,6 +127,21 @@ int main(int argc, char** argv) {
         first ? "" : ",", site, cells, s, per * 1e3, per / full_cell);
     first = false;
   }
-  std::printf("%s]}\n", json.c_str());
+  // Attribution patching: the same z grid estimated from one backward pass, whole-sweep
+  // time against the tape forward (the exact sweep's is cells × a cell).
+  const ki::PatchTarget z = *ki::PatchTargetByName("z");
+  const int z_cells = L * z.Heads(c) * rows;
+  const double atp = Seconds([&] {
+    Must(ki::AttributionPatchSweep(*model, be, input, source, z, layers, n - rows, n, o, false, &be)
+             .ok(),
+         "attribution");
+  });
+  std::printf("attribution patching, z (%d cells): %.3f s, %.2f tape forwards\n", z_cells, atp,
+              atp / tape);
+  json += absl::StrFormat(
+      "],\"attribution_z\":{\"cells\":%d,\"sweep_s\":%.3f,"
+      "\"over_tape_forward\":%.2f}",
+      z_cells, atp, atp / tape);
+  std::printf("%s}\n", json.c_str());
   return 0;
 }

@@ -64,7 +64,8 @@ absl::Status RunIntervene(const InterpContext& ctx, const v1::InterveneRequest& 
 absl::Status RunLogitLens(const InterpContext& ctx, const v1::LogitLensRequest& request,
                           v1::LogitLensResponse* response);
 
-// patch_sweep_runner.cc: cells past --max-interp-sweep-runs are refused before any forward.
+// patch_sweep_runner.cc: an exact sweep's cells past --max-interp-sweep-runs are refused
+// before any forward; `attribution` estimates them all from one backward instead.
 absl::Status RunPatchSweep(const InterpContext& ctx, const v1::PatchSweepRequest& request,
                            v1::PatchSweepResponse* response);
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/interpret/attribution_patching.h"
 #include "engine/interpret/patch_sweep.h"
 #include "server/interpret_common.h"
 
@@ -14,19 +15,25 @@ template <typename T>
 absl::Status SweepAt(const InterpContext& ctx, const SequenceSpec& input,
                      const SequenceSpec& source, interpret::PatchTarget target,
                      const std::vector<int>& layers, PositionRange rows,
-                     const interpret::Objective& objective, bool all_positions,
+                     const interpret::Objective& objective, bool all_positions, bool attribution,
                      v1::PatchSweepResponse* response) {
   const Model& model = ctx.model();
   const int n = static_cast<int>(input.tokens.size());
-  // The clean and the source tapes, and one patched tape at a time.
+  // The clean and the source tapes, and one patched tape at a time; or with attribution,
+  // the two tapes and the clean one's gradients.
   if (absl::Status s =
-          CheckTapeBytes(WorkBytes<T>(model.config, n, n, 3, false), n, ctx.limits, "PatchSweep");
+          CheckTapeBytes(WorkBytes<T>(model.config, n, n, attribution ? 2 : 3, attribution), n,
+                         ctx.limits, "PatchSweep");
       !s.ok()) {
     return s;
   }
-  auto r = interpret::PatchSweep(model, BackendOf<T>(ctx.backends), InputOf<T>(input),
-                                 InputOf<T>(source), target, layers, rows.begin, rows.end,
-                                 objective, all_positions);
+  kernels::Backend<T>& be = BackendOf<T>(ctx.backends);
+  auto r = attribution
+               ? interpret::AttributionPatchSweep(model, be, InputOf<T>(input), InputOf<T>(source),
+                                                  target, layers, rows.begin, rows.end, objective,
+                                                  all_positions, BackwardOpsOf<T>(ctx.backends))
+               : interpret::PatchSweep(model, be, InputOf<T>(input), InputOf<T>(source), target,
+                                       layers, rows.begin, rows.end, objective, all_positions);
   if (!r.ok()) return r.status();
   response->set_clean(r->clean);
   response->set_source(r->source);
@@ -74,7 +81,7 @@ absl::Status RunPatchSweep(const InterpContext& ctx, const v1::PatchSweepRequest
   const bool all = request.all_positions();
   const int64_t runs =
       static_cast<int64_t>(layers->size()) * target->Heads(c) * (all ? 1 : rows->size());
-  if (runs > ctx.limits.max_sweep_runs) {
+  if (runs > ctx.limits.max_sweep_runs && !request.attribution()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the sweep has ", runs, " cells (layers", target->per_head() ? " × heads" : "",
         all ? "" : " × positions", "), more than --max-interp-sweep-runs = ",
@@ -87,9 +94,10 @@ absl::Status RunPatchSweep(const InterpContext& ctx, const v1::PatchSweepRequest
   response->mutable_positions()->set_end(rows->end);
   response->mutable_token_ids()->Assign(input->tokens.begin(), input->tokens.end());
   response->mutable_source_token_ids()->Assign(source->tokens.begin(), source->tokens.end());
-  return fp64 ? SweepAt<double>(ctx, *input, *source, *target, *layers, *rows, *objective, all,
+  const bool atp = request.attribution();
+  return fp64 ? SweepAt<double>(ctx, *input, *source, *target, *layers, *rows, *objective, all, atp,
                                 response)
-              : SweepAt<float>(ctx, *input, *source, *target, *layers, *rows, *objective, all,
+              : SweepAt<float>(ctx, *input, *source, *target, *layers, *rows, *objective, all, atp,
                                response);
 }
 

@@ -382,6 +382,10 @@ int PatchCommand(int argc, char** argv) {
       {"position", "-1", "position whose next token is scored (negative: from the end)"});
   specs.push_back(
       {"all-positions", "", "one cell per layer (and head): every position patched at once", true});
+  specs.push_back({"attribution", "",
+                   "estimate every cell by attribution patching (one backward pass) instead of "
+                   "running it",
+                   true});
   absl::StatusOr<Args> args;
   if (int code =
           Prepare(argc, argv, "patch",
@@ -418,6 +422,7 @@ int PatchCommand(int argc, char** argv) {
   }
   request.set_hook(args->Str("hook"));
   request.set_all_positions(args->Switch("all-positions"));
+  request.set_attribution(args->Switch("attribution"));
   request.mutable_layers()->Add(layers->begin(), layers->end());
   if (*baseline >= 0) {
     request.mutable_logit_diff()->set_position(static_cast<int>(*position));
@@ -442,10 +447,10 @@ int PatchCommand(int argc, char** argv) {
   const std::optional<interpret::PatchTarget> target = interpret::PatchTargetByName(request.hook());
   const bool per_head = target.has_value() && target->per_head();
   const bool per_kv_head = target.has_value() && target->per_kv_head();
-  std::printf("precision %s, hook %s; %s: clean %.6f, source %.6f\n",
-              PrecisionName(response.precision()), request.hook().c_str(),
-              *baseline >= 0 ? "logit difference" : "log-prob", response.clean(),
-              response.source());
+  std::printf(
+      "precision %s, hook %s%s; %s: clean %.6f, source %.6f\n", PrecisionName(response.precision()),
+      request.hook().c_str(), request.attribution() ? " (attribution patching estimates)" : "",
+      *baseline >= 0 ? "logit difference" : "log-prob", response.clean(), response.source());
   const bool all = request.all_positions();
   std::printf(
       "recovered (patched - clean) / (source - clean), a row per %s, %s:\n",

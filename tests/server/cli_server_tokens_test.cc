@@ -155,6 +155,13 @@ TEST_F(CliServerTokens, PatchPrintsTheRecoveredGrid) {
   EXPECT_NE(k_out.find(absl::StrFormat("%10s", absl::StrCat("L0KV", KV - 1))), std::string::npos)
       << k_out;
   // every position of the stream entering a layer from the source is the source's run
+  const auto [atp_code, atp_out] = patch("--hook z --layers 0 --attribution");
+  ASSERT_EQ(atp_code, 0) << atp_out;
+  EXPECT_NE(atp_out.find("hook z (attribution patching estimates); logit difference"),
+            std::string::npos)
+      << atp_out;
+  EXPECT_NE(atp_out.find(absl::StrFormat("%10s", absl::StrCat("L0H", H - 1))), std::string::npos)
+      << atp_out;
   const auto [all_code, all_out] = patch("--layers '0 -1' --all-positions");
   ASSERT_EQ(all_code, 0) << all_out;
   EXPECT_NE(all_out.find(absl::StrCat("one column: positions 0 to ", n - 1, " patched at once")),

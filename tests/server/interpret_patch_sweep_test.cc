@@ -1,10 +1,12 @@
 // kvlens.v1.Interpret PatchSweep end to end on stories260K: the grid is engine/interpret's
-// PatchSweep (fp64, same prompts; also with all_positions), each resid_pre cell is what Intervene
-// answers for that one ResidualPatch (another RPC, another path), layers and positions come back
-// resolved, and every malformed request is refused naming its field or flag.
+// PatchSweep (fp64, same prompts; also with all_positions), or AttributionPatchSweep with
+// attribution, each resid_pre cell is what Intervene answers for that one ResidualPatch
+// (another RPC, another path), layers and positions come back resolved, and every malformed
+// request is refused naming its field or flag.
 #include <tuple>
 #include <vector>
 
+#include "engine/interpret/attribution_patching.h"
 #include "engine/interpret/patch_sweep.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/reference_backend.h"
@@ -79,6 +81,19 @@ TEST(InterpretPatchSweep, TheGridIsTheEnginesAndEachCellIsAnIntervention) {
   ASSERT_TRUE(want.ok()) << want.status();
   ASSERT_EQ(z_all.metric_size(), 2 * c.num_heads);
   EXPECT_EQ(std::vector<double>(z_all.metric().begin(), z_all.metric().end()), want->metric);
+  // attribution: engine/interpret's AttributionPatchSweep, the same layout
+  r.set_all_positions(false);
+  r.set_attribution(true);
+  v1::PatchSweepResponse z_atp;
+  ASSERT_TRUE(CallSweep(server, r, &z_atp).ok());
+  want = interpret::AttributionPatchSweep(model, be, interpret::SequenceInput<double>{input},
+                                          interpret::SequenceInput<double>{source},
+                                          *interpret::PatchTargetByName("z"), {c.num_layers - 1, 1},
+                                          2, 8, interpret::Objective::LogitDiff(7, 300, 42));
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(z_atp.clean(), z.clean());
+  EXPECT_EQ(std::vector<double>(z_atp.metric().begin(), z_atp.metric().end()), want->metric);
+  EXPECT_NE(want->metric, std::vector<double>(z.metric().begin(), z.metric().end()));
 
   // resid_pre over every layer and position, log p(token 5 | last): each cell is Intervene's
   // edited log-prob under that one residual patch.
@@ -164,6 +179,12 @@ TEST(InterpretPatchSweep, BadRequestsNameTheirField) {
                 invalid,
                 "the sweep has 40 cells (layers × heads), more than --max-interp-sweep-runs = 20; "
                 "ask for fewer layers");
+  // attribution: no forward per cell, so no cell limit (every layer × 8 heads × 6 = 240)
+  ASSERT_TRUE(with([](auto& r) {
+                r.set_hook("z");
+                r.set_attribution(true);
+                r.clear_layers();
+              }).ok());
   // v: stories260K's 4 KV heads × 6 positions = 24 cells > 20; 3 positions fit.
   ExpectRefused(with([](auto& r) { r.set_hook("v"); }), invalid, "the sweep has 24 cells");
   v1::PatchSweepResponse v;

@@ -95,10 +95,15 @@ alls = c.patch_sweep(tokens=a, patch_source=b, layers=[0, -1], logit_diff=(-1, 4
                      fp64=True, all_positions=True)
 allz = c.patch_sweep(tokens=a, patch_source=b, hook="z", layers=[1], positions=(2, 5),
                      targets=[(5, 7)], all_positions=True)
+# attribution patching: past the scored position no gradient flows, so those cells are clean
+atp = c.patch_sweep(tokens=a, patch_source=b, hook="v", layers=[0], logit_diff=(3, 42, 300),
+                    fp64=True, attribution=True)
 out["sweep"] = [(sw.recovered() + 0.0).tolist(),  # (+ 0.0: no -0.0)
                 list(sw.metric.shape), list(zs.metric.shape) + list(ps.metric.shape),
                 zs.layers, list(zs.positions), list(vs.metric.shape),
-                alls.recovered().tolist(), list(allz.metric.shape)]
+                alls.recovered().tolist(), list(allz.metric.shape),
+                list(atp.metric.shape), bool((atp.metric[:, :, 4:] == atp.clean).all()),
+                bool((atp.metric[:, :, :4] != atp.clean).any())]
 other = c.intervene(text=text, head_patches=[(0, 1, -1, 0)], patch_source="Lily",
                     targets=[(0, 5)])
 out["head_patch_change"] = [
@@ -303,9 +308,9 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   // position alone; the z sweep's grid is [layers, heads, positions], v's [layers, KV heads,
   // positions]; all positions of a resid_pre recover all, and all_positions drops the axis.
   const int H = server.model().config.num_heads, KV = server.model().config.num_kv_heads;
-  EXPECT_EQ(out["sweep"].dump(),
-            absl::StrCat("[[[0.0,0.0,0.0,0.0,0.0,1.0]],[1,6],[2,", H, ",3,1,", H,
-                         ",2],[0,1],[2,5],[1,", KV, ",2],[1.0,1.0],[1,", H, "]]"));
+  EXPECT_EQ(out["sweep"].dump(), absl::StrCat("[[[0.0,0.0,0.0,0.0,0.0,1.0]],[1,6],[2,", H, ",3,1,",
+                                              H, ",2],[0,1],[2,5],[1,", KV, ",2],[1.0,1.0],[1,", H,
+                                              "],[1,", KV, ",6],true,true]"));
   v1::GenerateRequest generate;
   generate.set_text(kChatText);
   generate.mutable_stopping()->set_max_new_tokens(4);

@@ -565,7 +565,7 @@ class Client:
 
     def patch_sweep(self, text=None, tokens=None, patch_source=None, hook="resid_pre",
                     layers=(), positions=(0, 0), targets=(), logit_diff=None, fp64=False,
-                    chat=None, all_positions=False) -> PatchSweep:
+                    chat=None, all_positions=False, attribution=False) -> PatchSweep:
         """Activation patching over layers × positions, as TransformerLens's patching module
         (get_act_patch_resid_pre, …): each cell runs this prompt with `hook` (resid_pre,
         resid_mid, resid_post, attn_out, mlp_out, or per head q, z or pattern, per KV head k
@@ -573,13 +573,15 @@ class Client:
         scores it: targets [(position, token)] for Σ log p, or logit_diff=(position, a, b).
         layers: empty for all (negative from the end); positions: [begin, end), (0, 0) all;
         all_positions: one cell per layer (and head) patching every position at once
-        (TransformerLens's …_all_pos), metric [layers(, heads)]."""
+        (TransformerLens's …_all_pos), metric [layers(, heads)]; attribution: every cell
+        estimated by attribution patching (clean + (source - clean) · gradient) from one
+        backward pass instead of a forward per cell."""
         if patch_source is None:
             raise ValueError("patch_sweep: patch_source is required")
         req = ip.PatchSweepRequest(
             input=_input(text, tokens, chat=chat), hook=hook, layers=list(layers),
             positions=ip.Range(begin=positions[0], end=positions[1]), precision=_precision(fp64),
-            all_positions=all_positions)
+            all_positions=all_positions, attribution=attribution)
         req.patch_source.CopyFrom(_input(text=patch_source) if isinstance(patch_source, str)
                                   else _input(tokens=patch_source))
         if logit_diff is not None:
