@@ -1,6 +1,7 @@
 #include "engine/interpret/attribution_patching.h"
 
 #include <cstdint>
+#include <utility>
 
 namespace kvlens::interpret {
 namespace {
@@ -62,22 +63,14 @@ absl::StatusOr<PatchSweepResult> AttributionPatchSweep(
     int row_begin, int row_end, const Objective& objective, bool all_positions,
     kernels::BackwardOps<T>* ops) {
   const ModelConfig& c = model.config;
-  if (absl::Status s = ValidatePatchSweep(c, static_cast<int>(input.tokens.size()),
-                                          static_cast<int>(source.tokens.size()), layers, row_begin,
-                                          row_end, objective);
-      !s.ok()) {
-    return s;
-  }
-  auto clean = RunForward(model, be, input);
-  if (!clean.ok()) return clean.status();
-  auto src = RunForward(model, be, source);
-  if (!src.ok()) return src.status();
+  auto start =
+      StartPatchSweep(model, be, input, source, target, layers, row_begin, row_end, objective);
+  if (!start.ok()) return start.status();
+  const Tape<T>* clean = &start->clean;
+  const Tape<T>* src = &start->source;
   auto g = ObjectiveGradients(model, *clean, objective, {}, ops);
   if (!g.ok()) return g.status();
-  PatchSweepResult r;
-  r.clean = EvaluateObjective(objective, c, *clean);
-  r.source = EvaluateObjective(objective, c, *src);
-  r.heads = target.Heads(c);
+  PatchSweepResult& r = start->result;
   const int cells_per_head = all_positions ? 1 : row_end - row_begin;
   r.metric.reserve(layers.size() * r.heads * cells_per_head);
   for (int l : layers) {
@@ -98,7 +91,7 @@ absl::StatusOr<PatchSweepResult> AttributionPatchSweep(
       }
     }
   }
-  return r;
+  return std::move(r);
 }
 
 #define KVLENS_INSTANTIATE_ATTRIBUTION_PATCHING(T)                                          \

@@ -20,7 +20,7 @@
 namespace kvlens::interpret {
 
 // PatchSweep's arguments and result layout; the same INVALID_ARGUMENT cases
-// (ValidatePatchSweep). `ops`: where the backward's heavy ops run (Backward's; null: the
+// (StartPatchSweep). `ops`: where the backward's heavy ops run (Backward's; null: the
 // reference loops on the host).
 template <typename T>
 absl::StatusOr<PatchSweepResult> AttributionPatchSweep(

@@ -31,6 +31,8 @@ int PatchTarget::Heads(const ModelConfig& c) const {
   return per_kv_head() ? c.num_kv_heads : c.num_heads;
 }
 
+namespace {
+
 absl::Status ValidatePatchSweep(const ModelConfig& c, int n, int source_n,
                                 const std::vector<int>& layers, int row_begin, int row_end,
                                 const Objective& objective) {
@@ -56,6 +58,32 @@ absl::Status ValidatePatchSweep(const ModelConfig& c, int n, int source_n,
   return ValidateObjective(objective, c, n);
 }
 
+}  // namespace
+
+template <typename T>
+absl::StatusOr<SweepStart<T>> StartPatchSweep(const Model& model, kernels::Backend<T>& be,
+                                              const SequenceInput<T>& input,
+                                              const SequenceInput<T>& source, PatchTarget target,
+                                              const std::vector<int>& layers, int row_begin,
+                                              int row_end, const Objective& objective) {
+  const ModelConfig& c = model.config;
+  if (absl::Status s = ValidatePatchSweep(c, static_cast<int>(input.tokens.size()),
+                                          static_cast<int>(source.tokens.size()), layers, row_begin,
+                                          row_end, objective);
+      !s.ok()) {
+    return s;
+  }
+  auto clean = RunForward(model, be, input);
+  if (!clean.ok()) return clean.status();
+  auto src = RunForward(model, be, source);
+  if (!src.ok()) return src.status();
+  SweepStart<T> start{*std::move(clean), *std::move(src), {}};
+  start.result.clean = EvaluateObjective(objective, c, start.clean);
+  start.result.source = EvaluateObjective(objective, c, start.source);
+  start.result.heads = target.Heads(c);
+  return start;
+}
+
 template <typename T>
 absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend<T>& be,
                                             const SequenceInput<T>& input,
@@ -64,21 +92,12 @@ absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend
                                             int row_end, const Objective& objective,
                                             bool all_positions) {
   const ModelConfig& c = model.config;
-  if (absl::Status s = ValidatePatchSweep(c, static_cast<int>(input.tokens.size()),
-                                          static_cast<int>(source.tokens.size()), layers, row_begin,
-                                          row_end, objective);
-      !s.ok()) {
-    return s;
-  }
-
-  auto clean = RunForward(model, be, input);
-  if (!clean.ok()) return clean.status();
-  auto src = RunForward(model, be, source);
-  if (!src.ok()) return src.status();
-  PatchSweepResult r;
-  r.clean = EvaluateObjective(objective, c, *clean);
-  r.source = EvaluateObjective(objective, c, *src);
-  r.heads = target.Heads(c);
+  auto start =
+      StartPatchSweep(model, be, input, source, target, layers, row_begin, row_end, objective);
+  if (!start.ok()) return start.status();
+  const Tape<T>* clean = &start->clean;
+  const Tape<T>* src = &start->source;
+  PatchSweepResult& r = start->result;
   // The layer a patch of layer l acts in (resid_post: the next): everything before it is
   // the clean run's.
   auto first_layer = [&](int l) { return l + (target.next_layer ? 1 : 0); };
@@ -116,10 +135,13 @@ absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend
       }
     }
   }
-  return r;
+  return std::move(r);
 }
 
 #define KVLENS_INSTANTIATE_PATCH_SWEEP(T)                                                   \
+  template absl::StatusOr<SweepStart<T>> StartPatchSweep<T>(                                \
+      const Model&, kernels::Backend<T>&, const SequenceInput<T>&, const SequenceInput<T>&, \
+      PatchTarget, const std::vector<int>&, int, int, const Objective&);                    \
   template absl::StatusOr<PatchSweepResult> PatchSweep<T>(                                  \
       const Model&, kernels::Backend<T>&, const SequenceInput<T>&, const SequenceInput<T>&, \
       PatchTarget, const std::vector<int>&, int, int, const Objective&, bool);

@@ -69,11 +69,19 @@ struct PatchSweepResult {
 // (ValidateObjective; kAttnOutProbe is refused: it reads O, which a z patch replaces); a
 // pattern cell whose source row puts weight where the input's mask has none (other
 // document ids) fails as that RowOverride does.
-// The checks above, shared with attribution_patching.h: `n` input and `source_n` source
-// rows.
-absl::Status ValidatePatchSweep(const ModelConfig& c, int n, int source_n,
-                                const std::vector<int>& layers, int row_begin, int row_end,
-                                const Objective& objective);
+// What both sweeps (this and attribution_patching.h) start from: the checks above, then
+// the input's and the source's runs, and a result with clean, source and heads set.
+template <typename T>
+struct SweepStart {
+  Tape<T> clean, source;
+  PatchSweepResult result;
+};
+template <typename T>
+absl::StatusOr<SweepStart<T>> StartPatchSweep(const Model& model, kernels::Backend<T>& backend,
+                                              const SequenceInput<T>& input,
+                                              const SequenceInput<T>& source, PatchTarget target,
+                                              const std::vector<int>& layers, int row_begin,
+                                              int row_end, const Objective& objective);
 
 template <typename T>
 absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend<T>& backend,

@@ -200,39 +200,18 @@ TEST_F(PatchSweepTest, BadSweepsNameTheProblem) {
   EXPECT_FALSE(PatchTargetByName("blocks.0.hook_resid_pre").has_value());
 }
 
-using sweep_oracle::ExpectOracleSweeps;
-
 TEST(PatchSweepOracle, Stories260KEverySite) {
-  const std::string bin = testing::TestData("stories260K/stories260K.bin");
-  KVLENS_REQUIRE_FILE(bin);
-  if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
-  // (ids 3 … 258 are its byte tokens, untrained: their logits barely differ)
-  ExpectOracleSweeps(bin, "stories260K", {1, 403, 407, 261, 378, 300, 290, 420},
-                     {1, 333, 407, 299, 378, 270, 290, 460},
-                     {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "v",
-                      "z", "pattern"});
-  ExpectOracleSweeps(bin, "stories260K", {1, 403, 407, 261, 378, 300, 290, 420},
-                     {1, 333, 407, 299, 378, 270, 290, 460}, {"attn_out", "k", "z", "pattern"},
-                     {.all_positions = true});
+  sweep_oracle::ExpectStoriesSweeps({"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out",
+                                     "q", "k", "v", "z", "pattern"});
+  sweep_oracle::ExpectStoriesSweeps({"attn_out", "k", "z", "pattern"}, {.all_positions = true});
 }
 
 TEST(PatchSweepOracle, DefaultGpt2Model) {
-  const std::string dir = testing::DefaultModelPath();
-  KVLENS_REQUIRE_FILE(dir + "/config.json");
-  if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
-  ExpectOracleSweeps(dir, "kjv-gpt2-4l", {0, 34, 290, 1021, 17, 88, 5},
-                     {0, 34, 77, 1021, 40, 88, 9}, {"attn_out", "v", "z", "pattern"});
+  sweep_oracle::ExpectDefaultGpt2Sweeps({"attn_out", "v", "z", "pattern"});
 }
 
-// Gemma 2: block-output norms (attn_out / mlp_out after them), capped logits.
 TEST(PatchSweepOracle, Gemma2) {
-  if (!testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
-  const std::string path =
-      testing::MakeQuantizedModel("--f32 --gemma2 --set-float gemma2.final_logit_softcapping=3");
-  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
-  ExpectOracleSweeps(path, "gemma2", {2, 5, 300, 17, 42, 383}, {2, 9, 77, 17, 250, 4},
-                     {"attn_out", "mlp_out", "resid_mid", "k", "pattern"});
-  std::remove(path.c_str());
+  sweep_oracle::ExpectGemma2Sweeps({"attn_out", "mlp_out", "resid_mid", "k", "pattern"});
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
 #include "tests/oracle/oracle_runner.h"
+#include "tests/test_paths.h"
 
 namespace kvlens::interpret::sweep_oracle {
 
@@ -90,6 +91,34 @@ inline void ExpectOracleSweeps(const std::string& path, const char* label,
         kind.attribution ? "attribution patching" : "patch", hook,
         all_positions ? " (all positions)" : "", grid.size(), e64, e32);
   }
+}
+
+// The models and prompt pairs both sweeps' oracle tests use, skipped when the model or
+// PyTorch is missing. stories260K (word tokens: its byte tokens 3 … 258 are untrained, their
+// logits barely differ):
+inline void ExpectStoriesSweeps(std::initializer_list<const char*> hooks, SweepKind kind = {}) {
+  const std::string bin = kvlens::testing::TestData("stories260K/stories260K.bin");
+  KVLENS_REQUIRE_FILE(bin);
+  if (!kvlens::testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  ExpectOracleSweeps(bin, "stories260K", {1, 403, 407, 261, 378, 300, 290, 420},
+                     {1, 333, 407, 299, 378, 270, 290, 460}, hooks, kind);
+}
+// the default model (GPT-2: biases, learned positions):
+inline void ExpectDefaultGpt2Sweeps(std::initializer_list<const char*> hooks, SweepKind kind = {}) {
+  const std::string dir = kvlens::testing::DefaultModelPath();
+  KVLENS_REQUIRE_FILE(dir + "/config.json");
+  if (!kvlens::testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  ExpectOracleSweeps(dir, "kjv-gpt2-4l", {0, 34, 290, 1021, 17, 88, 5},
+                     {0, 34, 77, 1021, 40, 88, 9}, hooks, kind);
+}
+// a random Gemma 2 (block-output norms: attn_out / mlp_out after them; capped logits):
+inline void ExpectGemma2Sweeps(std::initializer_list<const char*> hooks, SweepKind kind = {}) {
+  if (!kvlens::testing::OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  const std::string path = kvlens::testing::MakeQuantizedModel(
+      "--f32 --gemma2 --set-float gemma2.final_logit_softcapping=3");
+  ASSERT_FALSE(path.empty()) << "tests/oracle/make_quantized_gguf.py failed";
+  ExpectOracleSweeps(path, "gemma2", {2, 5, 300, 17, 42, 383}, {2, 9, 77, 17, 250, 4}, hooks, kind);
+  std::remove(path.c_str());
 }
 
 }  // namespace kvlens::interpret::sweep_oracle
