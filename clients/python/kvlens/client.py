@@ -569,9 +569,9 @@ class Client:
         """Activation patching over layers × positions, as TransformerLens's patching module
         (get_act_patch_resid_pre, …): each cell runs this prompt with `hook` (resid_pre,
         resid_mid, resid_post, attn_out, mlp_out, or per head q, z or pattern, per KV head k
-        or v) of one layer at one position taken from patch_source (text or token list, the same length) at that position, and
-        scores it: targets [(position, token)] for Σ log p, or logit_diff=(position, a, b).
-        layers: empty for all (negative from the end); positions: [begin, end), (0, 0) all;
+        or v) of one layer at one position taken from patch_source (text or token list, the
+        same length) at that position, and scores it: targets [(position, token)] for
+        Σ log p, or logit_diff=(position, a, b). layers: empty for all (negative from the end); positions: [begin, end), (0, 0) all;
         all_positions: one cell per layer (and head) patching every position at once
         (TransformerLens's …_all_pos), metric [layers(, heads)]; attribution: every cell
         estimated by attribution patching (clean + (source - clean) · gradient) from one
