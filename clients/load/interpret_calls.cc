@@ -122,16 +122,20 @@ using AttributionCall = UnaryCall<v1::LogitAttributionRequest, v1::LogitAttribut
 using PatchCall = UnaryCall<v1::PatchSweepRequest, v1::PatchSweepResponse,
                             &v1::Interpret::Stub::async_interface::PatchSweep>;
 
-// J = log p(last prompt token | the tokens before it) (text prompts, whose ids only the
-// server knows: of token 0 after the whole prompt, position −1), so the backward runs
-// through every position; gradients w.r.t. the input embeddings and their saliency.
-v1::GradientProbeRequest ProbeRequest(const RequestSpec& spec) {
-  v1::GradientProbeRequest r;
-  SetInput(spec, r.mutable_input());
-  v1::TokenTarget* target = r.mutable_log_prob()->add_targets();
+// The last prompt token after the tokens before it (text prompts, whose ids only the
+// server knows: token 0 after the whole prompt, position −1).
+void SetLastTokenTarget(const RequestSpec& spec, v1::TokenTarget* target) {
   const int n = static_cast<int>(spec.token_ids.size());
   target->set_position(n >= 2 ? n - 2 : -1);
   target->set_token(n >= 2 ? spec.token_ids[n - 1] : 0);
+}
+
+// J = log p(the last prompt token), so the backward runs through every position;
+// gradients w.r.t. the input embeddings and their saliency.
+v1::GradientProbeRequest ProbeRequest(const RequestSpec& spec) {
+  v1::GradientProbeRequest r;
+  SetInput(spec, r.mutable_input());
+  SetLastTokenTarget(spec, r.mutable_log_prob()->add_targets());
   r.set_embeddings(true);
   return r;
 }
@@ -167,7 +171,7 @@ v1::PatchSweepRequest PatchRequest(const RequestSpec& spec) {
   r.set_hook("z");
   r.add_layers(-1);
   r.set_all_positions(true);
-  *r.mutable_log_prob()->add_targets() = ProbeRequest(spec).log_prob().targets(0);
+  SetLastTokenTarget(spec, r.mutable_log_prob()->add_targets());
   return r;
 }
 

@@ -24,20 +24,13 @@ CellSpan<T> SpanOf(const ModelConfig& c, const PatchTarget& target, const Tape<T
     return {&t.layers[l].probs, &g.probs[l], (int64_t{h} * t.n + row) * t.num_keys, t.num_keys};
   }
   if (target.kind == PatchTarget::Kind::kHeadVector) {
-    const LayerTape<T>& lt = t.layers[l];
-    const int64_t q_at = (int64_t{row} * c.num_heads + h) * dh;
-    // keys and values: the cached prefix's rows first
-    const int64_t kv_at = ((int64_t{t.input.offset} + row) * c.num_kv_heads + h) * dh;
-    switch (target.tensor) {
-      case TensorKind::kQ:
-        return {&lt.q, &g.q[l], q_at, dh};
-      case TensorKind::kK:
-        return {&lt.k, &g.k[l], kv_at, dh};
-      case TensorKind::kV:
-        return {&lt.v, &g.v[l], kv_at, dh};
-      default:
-        return {&lt.att, &g.attn_out[l], q_at, dh};
-    }
+    const TensorKind kind = target.tensor;
+    const std::vector<T>& grad = kind == TensorKind::kQ   ? g.q[l]
+                                 : kind == TensorKind::kK ? g.k[l]
+                                 : kind == TensorKind::kV ? g.v[l]
+                                                          : g.attn_out[l];
+    return {&HeadTensor(t.layers[l], kind), &grad, HeadVectorAt(c, kind, t.input.offset, row, h),
+            dh};
   }
   const int64_t at = int64_t{row} * D;
   switch (target.site) {

@@ -70,27 +70,20 @@ absl::StatusOr<ResidualPatch> PatchFrom(const Tape<T>& source, const ModelConfig
 template <typename T>
 absl::StatusOr<HeadPatch> HeadPatchFrom(const Tape<T>& source, const ModelConfig& c, int layer,
                                         int head, int source_row, int target_row, TensorKind kind) {
-  const bool kv = IsPerKvHead(kind);
   if (!IsHeadVector(kind)) {
     return absl::InvalidArgumentError(absl::StrCat("head patch source of ",
                                                    std::string(TensorKindName(kind)),
                                                    ": only q, k, v and attn_out are a head's"));
   }
-  const int heads = kv ? c.num_kv_heads : c.num_heads;
+  const int heads = IsPerKvHead(kind) ? c.num_kv_heads : c.num_heads;
   if (layer < 0 || layer >= c.num_layers || head < 0 || head >= heads || source_row < 0 ||
       source_row >= source.n) {
     return absl::InvalidArgumentError(
         absl::StrCat("head patch source of ", std::string(TensorKindName(kind)), " (layer ", layer,
                      ", head ", head, ", row ", source_row, ") is out of range"));
   }
-  const LayerTape<T>& lt = source.layers[layer];
-  const std::vector<T>& data = kind == TensorKind::kQ   ? lt.q
-                               : kind == TensorKind::kK ? lt.k
-                               : kind == TensorKind::kV ? lt.v
-                                                        : lt.att;
-  // k and v hold the cached prefix's keys first
-  const int64_t row = int64_t{source_row} + (kv ? source.input.offset : 0);
-  const T* o = data.data() + row * (kv ? c.kv_dim() : c.q_dim()) + int64_t{head} * c.head_dim;
+  const T* o = HeadTensor(source.layers[layer], kind).data() +
+               HeadVectorAt(c, kind, source.input.offset, source_row, head);
   HeadPatch p;
   p.layer = layer;
   p.head = head;

@@ -154,15 +154,14 @@ void ApplyPatches(const ModelConfig& c, const Edits& e, PatchSite site, int laye
   }
 }
 
-// The head patches of `kind` at `layer`, on `data` ([rows, heads·Dh]; a patch's row i is
-// data row first_row + i: the cached prefix's keys come first).
+// The head patches of `kind` at `layer`, on `data`, that layer's tensor of the kind (k and
+// v after `offset` cached keys).
 template <typename T>
-void ApplyHeadPatches(const ModelConfig& c, const Edits& e, TensorKind kind, int layer,
-                      int first_row, std::vector<T>& data) {
-  const int64_t width = IsPerKvHead(kind) ? c.kv_dim() : c.q_dim();
+void ApplyHeadPatches(const ModelConfig& c, const Edits& e, TensorKind kind, int layer, int offset,
+                      std::vector<T>& data) {
   for (const HeadPatch& p : e.head_patches) {
     if (p.layer != layer || p.kind != kind) continue;
-    T* dst = data.data() + (int64_t{first_row} + p.row) * width + int64_t{p.head} * c.head_dim;
+    T* dst = data.data() + HeadVectorAt(c, kind, offset, p.row, p.head);
     for (int d = 0; d < c.head_dim; ++d) dst[d] = static_cast<T>(p.value[d]);
   }
 }
@@ -358,6 +357,11 @@ bool IsHeadVector(TensorKind kind) {
 }
 
 bool IsPerKvHead(TensorKind kind) { return kind == TensorKind::kK || kind == TensorKind::kV; }
+
+int64_t HeadVectorAt(const ModelConfig& c, TensorKind kind, int offset, int row, int head) {
+  if (!IsPerKvHead(kind)) return (int64_t{row} * c.num_heads + head) * c.head_dim;
+  return ((int64_t{offset} + row) * c.num_kv_heads + head) * c.head_dim;
+}
 
 std::string_view PatchSiteName(PatchSite site) {
   switch (site) {

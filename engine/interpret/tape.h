@@ -50,6 +50,10 @@ std::string_view TensorKindName(TensorKind kind);
 // one per KV head.
 bool IsHeadVector(TensorKind kind);
 bool IsPerKvHead(TensorKind kind);
+// Where head `head`'s vector of such a kind at new-token row `row` starts in its layer's
+// tensor, on a tape and in the gradients alike: [n, H·Dh] for q and attn_out, [Tk, Hkv·Dh]
+// for k and v, whose `offset` cached keys come first.
+int64_t HeadVectorAt(const ModelConfig& c, TensorKind kind, int offset, int row, int head);
 
 // One entry of a tensor above:
 //   kScores/kProbs: (layer, head, row = query row, col = key)
@@ -164,6 +168,21 @@ struct LayerTape {
   std::vector<T> ffn_out;     // [n, D]   W_out·act before its norm (sandwich_norms only)
   std::vector<T> ffn_delta;   // [n, D]   what the FFN adds: W_out·act (+ b), after its norm
 };
+
+// A layer's tensor of a head-vector kind (IsHeadVector): q, k, v or att.
+template <typename T>
+const std::vector<T>& HeadTensor(const LayerTape<T>& lt, TensorKind kind) {
+  switch (kind) {
+    case TensorKind::kQ:
+      return lt.q;
+    case TensorKind::kK:
+      return lt.k;
+    case TensorKind::kV:
+      return lt.v;
+    default:
+      return lt.att;
+  }
+}
 
 template <typename T>
 struct Tape {
