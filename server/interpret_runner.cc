@@ -193,16 +193,16 @@ void AddGradientTensors(const v1::GradientProbeRequest& request, const ModelConf
 }
 
 // The tensor kinds `verify` samples: those returned (the residual when none is).
-std::vector<interpret::TensorKind> VerifyKinds(const v1::GradientProbeRequest& r) {
+std::vector<interpret::FdTensor> VerifyKinds(const v1::GradientProbeRequest& r) {
   using K = interpret::TensorKind;
-  std::vector<K> kinds;
-  if (r.scores()) kinds.push_back(K::kScores);
-  if (r.probs() || r.attention_times_gradient()) kinds.push_back(K::kProbs);
-  if (r.q()) kinds.push_back(K::kQ);
-  if (r.k()) kinds.push_back(K::kK);
-  if (r.v()) kinds.push_back(K::kV);
-  if (r.attn_out()) kinds.push_back(K::kAttnOut);
-  if (r.residual() || r.embeddings() || kinds.empty()) kinds.push_back(K::kResidual);
+  std::vector<interpret::FdTensor> kinds;
+  if (r.scores()) kinds.push_back({K::kScores});
+  if (r.probs() || r.attention_times_gradient()) kinds.push_back({K::kProbs});
+  if (r.q()) kinds.push_back({K::kQ});
+  if (r.k()) kinds.push_back({K::kK});
+  if (r.v()) kinds.push_back({K::kV});
+  if (r.attn_out()) kinds.push_back({K::kAttnOut});
+  if (r.residual() || r.embeddings() || kinds.empty()) kinds.push_back({K::kResidual});
   return kinds;
 }
 
@@ -238,7 +238,7 @@ absl::Status ProbeAt(const InterpContext& ctx, const v1::GradientProbeRequest& r
     fd.samples_per_tensor =
         request.verify_samples() > 0 ? request.verify_samples() : kDefaultVerifySamples;
     fd.seed = request.verify_seed() != 0 ? request.verify_seed() : 1;
-    fd.kinds = VerifyKinds(request);
+    fd.tensors = VerifyKinds(request);
     auto report =
         interpret::CheckByFiniteDifferences(model, interpret::ToDouble(in), objective, *g, fd);
     if (!report.ok()) return report.status();

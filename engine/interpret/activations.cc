@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/reference_backward.h"
 
 namespace kvlens::interpret {
 namespace {
@@ -359,16 +358,9 @@ absl::StatusOr<std::vector<T>> ReadHook(const Model& model, kernels::Backend<T>&
   }
   const int64_t width = HookRowElements(c, hook, tape.num_keys);
   std::vector<T> out(src.begin() + row_begin * width, src.begin() + row_end * width);
-  if ((hook == Hook::kQ || hook == Hook::kK) && c.arch == Architecture::kLlama) {
-    // The rows before RoPE: turned back by −angle (Rope's transpose is its inverse).
-    // Query row i sits at positions[i]; key row j at position j.
-    std::vector<int32_t> at(row_end - row_begin);
-    for (int i = row_begin; i < row_end; ++i) {
-      at[i - row_begin] = hook == Hook::kQ ? tape.positions[i] : i;
-    }
-    const int heads = hook == Hook::kQ ? c.num_heads : c.num_kv_heads;
-    kernels::RopeBackward(out.data(), row_end - row_begin, width, heads, c.head_dim, at.data(),
-                          RopeOf(c, model.weights, layer));
+  if (hook == Hook::kQ || hook == Hook::kK) {  // the rows before RoPE
+    TurnBackRope(model, tape, hook == Hook::kQ ? TensorKind::kQ : TensorKind::kK, layer, row_begin,
+                 row_end - row_begin, out.data());
   }
   return out;
 }

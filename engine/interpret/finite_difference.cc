@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <utility>
 
 #include "kernels/cpu/reference_backend.h"
 
@@ -48,6 +49,28 @@ Coord RandomCoord(const ModelConfig& c, const SequenceInput<double>& in, TensorK
       break;
   }
   return at;
+}
+
+// The direction of the tape's q or k (kQ / kK) that entry `at` before RoPE is: R·e, e its
+// unit vector, R the rotation at its position (a query row's offset + row, a key's index),
+// as (entry, weight) pairs. A rotated pair gives two, a dimension RoPE leaves alone one.
+std::vector<std::pair<Coord, double>> RotatedUnit(const Model& model,
+                                                  const SequenceInput<double>& in,
+                                                  kernels::ReferenceBackend& be, const Coord& at) {
+  const ModelConfig& c = model.config;
+  if (c.arch != Architecture::kLlama) return {{at, 1.0}};
+  std::vector<double> u(c.head_dim, 0.0);
+  u[at.col] = 1.0;
+  const int32_t position = at.kind == TensorKind::kQ ? in.offset + at.row : at.row;
+  be.Rope(u.data(), 1, c.head_dim, 1, c.head_dim, &position, RopeOf(c, model.weights, at.layer));
+  std::vector<std::pair<Coord, double>> dir;
+  for (int d = 0; d < c.head_dim; ++d) {
+    if (u[d] == 0.0) continue;
+    Coord e = at;
+    e.col = d;
+    dir.emplace_back(e, u[d]);
+  }
+  return dir;
 }
 
 template <typename G>
@@ -111,17 +134,22 @@ absl::StatusOr<FdReport> CheckByFiniteDifferences(const Model& model,
   }
   std::mt19937_64 rng(options.seed);
   FdReport report;
-  for (TensorKind kind : options.kinds) {
+  for (const FdTensor& tensor : options.tensors) {
+    const TensorKind kind = tensor.kind;
     FdTensorReport tr;
     tr.kind = kind;
+    tr.before_rope = tensor.before_rope;
     const double floor = 1e-3 * TensorScale(grads, kind);
     for (int s = 0; s < options.samples_per_tensor; ++s) {
       FdSample sample;
       sample.at = RandomCoord(c, input, kind, rng);
-      // J at x + m·h for the stencil's offsets m
+      const std::vector<std::pair<Coord, double>> dir =
+          tensor.before_rope ? RotatedUnit(model, input, be, sample.at)
+                             : std::vector<std::pair<Coord, double>>{{sample.at, 1.0}};
+      // J at x + m·h·u for the stencil's offsets m
       auto j_at = [&](double m) -> absl::StatusOr<double> {
         Edits e;
-        e.perturbations.push_back({sample.at, m * options.step});
+        for (const auto& [at, u] : dir) e.perturbations.push_back({at, m * options.step * u});
         auto tape = RunForward(model, be, input, e);
         if (!tape.ok()) return tape.status();
         ++report.num_forwards;
@@ -141,7 +169,9 @@ absl::StatusOr<FdReport> CheckByFiniteDifferences(const Model& model,
         sample.fd = (*p1 - *m1) / (2 * options.step);
       }
       const double noise = 1000 * std::numeric_limits<double>::epsilon() * j_max / options.step;
-      sample.gradient = static_cast<double>(GradientValue(grads, n, tk, c, sample.at));
+      for (const auto& [at, u] : dir) {
+        sample.gradient += u * static_cast<double>(GradientValue(grads, n, tk, c, at));
+      }
       const double abs_err = std::abs(sample.gradient - sample.fd);
       const double den = std::max({std::abs(sample.gradient), std::abs(sample.fd), floor, noise});
       const double rel_err = den > 0 ? abs_err / den : 0.0;

@@ -27,31 +27,42 @@
 
 namespace kvlens::interpret {
 
+// A tensor the check samples. before_rope (kQ and kK only): q or k before RoPE, as
+// TurnBackRope gives them (TransformerLens's hook_q / hook_k). Its entry e is a direction
+// of the tape's q or k, u = R·e (R the position's rotation: one entry, or two of a rotated
+// pair), so the sample perturbs the tape along u and compares with the gradient's component
+// g · u, which is the pre-RoPE gradient's entry (Rᵀ·g)[e]. On a model without RoPE, u = e.
+struct FdTensor {
+  TensorKind kind = TensorKind::kResidual;
+  bool before_rope = false;
+};
+
 struct FdOptions {
   int samples_per_tensor = 8;  // K
   uint64_t seed = 1;
   int order = 4;       // 2 or 4
   double step = 1e-3;  // h
-  std::vector<TensorKind> kinds = {TensorKind::kScores,  TensorKind::kProbs, TensorKind::kQ,
-                                   TensorKind::kK,       TensorKind::kV,     TensorKind::kAttnOut,
-                                   TensorKind::kResidual};
+  std::vector<FdTensor> tensors = {
+      {TensorKind::kScores}, {TensorKind::kProbs},   {TensorKind::kQ},       {TensorKind::kK},
+      {TensorKind::kV},      {TensorKind::kAttnOut}, {TensorKind::kResidual}};
 };
 
 struct FdSample {
-  Coord at;
+  Coord at;               // the entry (before RoPE with FdTensor::before_rope)
   double gradient = 0.0;  // the probe's value
   double fd = 0.0;        // the centred difference
 };
 
 struct FdTensorReport {
   TensorKind kind = TensorKind::kResidual;
+  bool before_rope = false;
   std::vector<FdSample> samples;
   double max_abs_err = 0.0;
   double max_rel_err = 0.0;
 };
 
 struct FdReport {
-  std::vector<FdTensorReport> tensors;  // one per requested kind
+  std::vector<FdTensorReport> tensors;  // one per requested tensor
   double max_abs_err = 0.0;             // over every sample
   double max_rel_err = 0.0;
   int num_forwards = 0;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/reference_backward.h"
 
 namespace kvlens::interpret {
 namespace {
@@ -639,13 +640,28 @@ absl::StatusOr<Tape<T>> RunForwardFrom(const Model& model, Backend<T>& be, const
   return Forward(model, be, clean.input, edits, &clean, first_layer, copy_skipped);
 }
 
+template <typename T>
+void TurnBackRope(const Model& model, const Tape<T>& tape, TensorKind kind, int layer,
+                  int row_begin, int count, T* rows) {
+  const ModelConfig& c = model.config;
+  if (c.arch != Architecture::kLlama) return;
+  std::vector<int32_t> at(count);
+  for (int i = 0; i < count; ++i) {
+    at[i] = kind == TensorKind::kQ ? tape.positions[row_begin + i] : row_begin + i;
+  }
+  const int heads = kind == TensorKind::kQ ? c.num_heads : c.num_kv_heads;
+  kernels::RopeBackward(rows, count, int64_t{heads} * c.head_dim, heads, c.head_dim, at.data(),
+                        RopeOf(c, model.weights, layer));
+}
+
 #define KVLENS_INSTANTIATE_TAPE(T)                                                              \
   template absl::StatusOr<Tape<T>> RunForward<T>(const Model&, Backend<T>&,                     \
                                                  const SequenceInput<T>&, const Edits&);        \
   template absl::StatusOr<Tape<T>> RunForwardFrom<T>(const Model&, Backend<T>&, const Tape<T>&, \
                                                      int, const Edits&, bool);                  \
   template T TapeValue<T>(const Tape<T>&, const ModelConfig&, const Coord&);                    \
-  template T GradientValue<T>(const Gradients<T>&, int, int, const ModelConfig&, const Coord&);
+  template T GradientValue<T>(const Gradients<T>&, int, int, const ModelConfig&, const Coord&); \
+  template void TurnBackRope<T>(const Model&, const Tape<T>&, TensorKind, int, int, int, T*);
 
 KVLENS_INSTANTIATE_TAPE(float)
 KVLENS_INSTANTIATE_TAPE(double)

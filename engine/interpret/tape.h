@@ -266,6 +266,16 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& tape, c
                                       const BackwardOptions& options = {},
                                       kernels::BackwardOps<T>* ops = nullptr);
 
+// In place on `rows` [count, heads·Dh], rows row_begin … of layer `layer`'s kQ (query rows,
+// at tape.positions) or kK (keys, at their index: a cached prefix first): each pair turned
+// back by −angle, RoPE's transpose and inverse. It takes the tape's q and k to
+// TransformerLens's hook_q / hook_k (before RoPE, after Qwen3/Gemma 3's head norms), and
+// their gradients likewise, since a rotation's transpose carries a gradient back through
+// it. Models without RoPE (GPT-2): left alone.
+template <typename T>
+void TurnBackRope(const Model& model, const Tape<T>& tape, TensorKind kind, int layer,
+                  int row_begin, int count, T* rows);
+
 // The value of a tensor entry on the tape / in the gradients (for checks and tests).
 template <typename T>
 T TapeValue(const Tape<T>& tape, const ModelConfig& c, const Coord& at);

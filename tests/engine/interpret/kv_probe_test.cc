@@ -113,7 +113,7 @@ TEST_F(KvProbeTest, MatchesFiniteDifferencesInTheCachedTensors) {
   auto probe = CachedKvProbe(*model_, be, *cache, Request());
   ASSERT_TRUE(probe.ok());
   FdOptions opt;
-  opt.kinds = {TensorKind::kK, TensorKind::kV};
+  opt.tensors = {{TensorKind::kK}, {TensorKind::kV}};
   opt.samples_per_tensor = 12;
   const Objective o = Objective::LogProb({{kN - 1, kTarget}});
   auto r = CheckByFiniteDifferences(*model_, probe->input, o, probe->grads, opt);

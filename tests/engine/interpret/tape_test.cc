@@ -1,8 +1,9 @@
 // Whole-model gradients of the Tape: the forward reproduces Transformer::Forward, every
 // returned tensor matches centred finite differences in float64 (stories260K, a Llama
 // checkpoint with grouped-query attention and adjacent-pair RoPE; tiny in-memory GPT-2 and
-// half-split-RoPE Llama models), parameter gradients match differences in the weights,
-// and the fp32 probe tracks the fp64 one.
+// half-split-RoPE Llama models), also before RoPE (TransformerLens's hook_q / hook_k),
+// parameter gradients match differences in the weights, and the fp32 probe tracks the fp64
+// one.
 #include "engine/interpret/tape.h"
 
 #include <cmath>
@@ -213,6 +214,66 @@ TEST_P(TinyTape, ForwardAndGradientsMatch) {
   ExpectFdAgrees(*m, in, Objective::LogProb({{8, 3}, {4, 7}}), 1e-6, name + " logprob", 8);
   in.doc_ids = {0, 0, 0, 1, 1, 1, 1, 2, 2};
   ExpectFdAgrees(*m, in, Objective::LogitDiff(8, 1, 2), 1e-6, name + " logit diff + docs", 8, 0.1);
+}
+
+// TurnBackRope takes the tape's post-RoPE q and k gradients to TransformerLens's hook_q /
+// hook_k ones: each entry equals the centred difference of J along that entry's direction
+// before RoPE (R·e, which the check builds with the forward's own Rope), under a 3-token
+// cached prefix so that query and key positions differ from their rows. On a rotary family
+// the post-RoPE gradient at the same entry misses the difference somewhere, so the
+// comparison can tell the two apart.
+TEST_P(TinyTape, GradientsBeforeRopeMatchFiniteDifferences) {
+  auto m = testing::MakeTinyModel(Spec(GetParam()));
+  const ModelConfig& c = m->config;
+  const auto t = testing::RandomTokens(9, 40 + GetParam(), c.vocab_size);
+  const int offset = 3;
+  const Tape<double> prefix =
+      MustTape(*m, SequenceInput<double>{std::vector<int32_t>(t.begin(), t.begin() + offset)});
+  SequenceInput<double> in{std::vector<int32_t>(t.begin() + offset, t.end())};
+  in.offset = offset;
+  for (const LayerTape<double>& lt : prefix.layers) {
+    in.prefix_k.push_back(lt.k);
+    in.prefix_v.push_back(lt.v);
+  }
+  const Tape<double> tape = MustTape(*m, in);
+  const Objective o = Objective::LogProb({{5, 3}, {2, 11}});
+  auto g = ObjectiveGradients(*m, tape, o);
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::vector<std::vector<double>> pre_q = g->q, pre_k = g->k;
+  for (int l = 0; l < c.num_layers; ++l) {
+    TurnBackRope(*m, tape, TensorKind::kQ, l, 0, tape.n, pre_q[l].data());
+    TurnBackRope(*m, tape, TensorKind::kK, l, 0, tape.num_keys, pre_k[l].data());
+  }
+  FdOptions opt;
+  opt.samples_per_tensor = 16;
+  opt.tensors = {{TensorKind::kQ, true}, {TensorKind::kK, true}};
+  auto r = CheckByFiniteDifferences(*m, in, o, *g, opt);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const bool rotary = c.arch == Architecture::kLlama;
+  int post_misses = 0, nonzero = 0;
+  for (const FdTensorReport& tr : r->tensors) {
+    EXPECT_TRUE(tr.before_rope);
+    const auto& pre = tr.kind == TensorKind::kQ ? pre_q : pre_k;
+    double scale = 0;
+    for (const auto& layer : pre) {
+      for (double v : layer) scale = std::max(scale, std::abs(v));
+    }
+    for (const FdSample& s : tr.samples) {
+      const int64_t at = HeadVectorAt(c, tr.kind, 0, s.at.row, s.at.head) + s.at.col;
+      const double want = pre[s.at.layer][at],
+                   post = (tr.kind == TensorKind::kQ ? g->q : g->k)[s.at.layer][at];
+      EXPECT_NEAR(want, s.fd, 1e-6 * scale) << TensorKindName(tr.kind) << " layer " << s.at.layer
+                                            << " row " << s.at.row << " col " << s.at.col;
+      nonzero += std::abs(s.fd) > 1e-6 * scale ? 1 : 0;
+      post_misses += std::abs(post - s.fd) > 1e-3 * scale ? 1 : 0;
+    }
+  }
+  EXPECT_GE(nonzero, 8);
+  if (rotary) {
+    EXPECT_GE(post_misses, 1);
+  } else {
+    EXPECT_EQ(pre_q, g->q);  // GPT-2: nothing to turn
+  }
 }
 
 TEST_P(TinyTape, ParameterGradientsMatchDifferencesInTheWeights) {
