@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/interpret/activations.h"
 #include "engine/interpret/finite_difference.h"
 #include "engine/interpret/head_scores.h"
 #include "engine/interpret/interventions.h"
@@ -125,10 +126,11 @@ absl::Status AttentionMapsAt(const InterpContext& ctx, const v1::AttentionMapsRe
 
 // The asked-for gradient tensors of one probe.
 template <typename T>
-void AddGradientTensors(const v1::GradientProbeRequest& request, const ModelConfig& c,
+void AddGradientTensors(const v1::GradientProbeRequest& request, const Model& model,
                         const Tape<T>& tape, const Gradients<T>& g, const std::vector<int>& layers,
                         const std::vector<int>& heads, v1::DType dtype,
                         v1::GradientProbeResponse* response) {
+  const ModelConfig& c = model.config;
   auto* out = response->mutable_tensors();
   const int n = tape.n, tk = tape.num_keys, H = c.num_heads, hd = c.head_dim;
   const int group = c.num_heads / c.num_kv_heads;
@@ -138,6 +140,16 @@ void AddGradientTensors(const v1::GradientProbeRequest& request, const ModelConf
     const std::vector<double> atg = request.attention_times_gradient()
                                         ? interpret::AttentionTimesGradient(tape, g, l)
                                         : std::vector<double>();
+    // q and k before RoPE (hook_q / hook_k): the tape's gradients turned back
+    std::vector<T> pre_q, pre_k;
+    if (request.q()) {
+      pre_q = g.q[l];
+      interpret::TurnBackRope(model, tape, interpret::TensorKind::kQ, l, 0, n, pre_q.data());
+    }
+    if (request.k()) {
+      pre_k = g.k[l];
+      interpret::TurnBackRope(model, tape, interpret::TensorKind::kK, l, 0, tk, pre_k.data());
+    }
     for (int h : heads) {
       if (request.scores()) {
         AddTensor("grad.scores", l, h, {n, tk}, MapSlice(g.scores[l], h, n, tk), dtype, out);
@@ -146,8 +158,12 @@ void AddGradientTensors(const v1::GradientProbeRequest& request, const ModelConf
         AddTensor("grad.probs", l, h, {n, tk}, MapSlice(g.probs[l], h, n, tk), dtype, out);
       }
       if (request.q()) {
-        const std::vector<T> x = HeadSlice(g.q[l], n, H, hd, h);
+        const std::vector<T> x = HeadSlice(pre_q, n, H, hd, h);
         AddTensor("grad.q", l, h, {n, hd}, absl::MakeConstSpan(x), dtype, out);
+      }
+      if (request.rot_q()) {
+        const std::vector<T> x = HeadSlice(g.q[l], n, H, hd, h);
+        AddTensor("grad.rot_q", l, h, {n, hd}, absl::MakeConstSpan(x), dtype, out);
       }
       if (request.attn_out()) {
         const std::vector<T> x = HeadSlice(g.attn_out[l], n, H, hd, h);
@@ -159,8 +175,12 @@ void AddGradientTensors(const v1::GradientProbeRequest& request, const ModelConf
     }
     for (int kvh : kv_heads) {
       if (request.k()) {
-        const std::vector<T> x = HeadSlice(g.k[l], tk, c.num_kv_heads, hd, kvh);
+        const std::vector<T> x = HeadSlice(pre_k, tk, c.num_kv_heads, hd, kvh);
         AddTensor("grad.k", l, kvh, {tk, hd}, absl::MakeConstSpan(x), dtype, out);
+      }
+      if (request.rot_k()) {
+        const std::vector<T> x = HeadSlice(g.k[l], tk, c.num_kv_heads, hd, kvh);
+        AddTensor("grad.rot_k", l, kvh, {tk, hd}, absl::MakeConstSpan(x), dtype, out);
       }
       if (request.v()) {
         const std::vector<T> x = HeadSlice(g.v[l], tk, c.num_kv_heads, hd, kvh);
@@ -198,8 +218,10 @@ std::vector<interpret::FdTensor> VerifyKinds(const v1::GradientProbeRequest& r) 
   std::vector<interpret::FdTensor> kinds;
   if (r.scores()) kinds.push_back({K::kScores});
   if (r.probs() || r.attention_times_gradient()) kinds.push_back({K::kProbs});
-  if (r.q()) kinds.push_back({K::kQ});
-  if (r.k()) kinds.push_back({K::kK});
+  if (r.q()) kinds.push_back({K::kQ, /*before_rope=*/true});
+  if (r.k()) kinds.push_back({K::kK, /*before_rope=*/true});
+  if (r.rot_q()) kinds.push_back({K::kQ});
+  if (r.rot_k()) kinds.push_back({K::kK});
   if (r.v()) kinds.push_back({K::kV});
   if (r.attn_out()) kinds.push_back({K::kAttnOut});
   if (r.residual() || r.embeddings() || kinds.empty()) kinds.push_back({K::kResidual});
@@ -227,7 +249,7 @@ absl::Status ProbeAt(const InterpContext& ctx, const v1::GradientProbeRequest& r
   if (!g.ok()) return g.status();
   response->set_objective(interpret::EvaluateObjective(objective, model.config, *tape));
   const v1::DType dtype = std::is_same_v<T, double> ? v1::DTYPE_FP64 : v1::DTYPE_FP32;
-  AddGradientTensors(request, model.config, *tape, *g, layers, heads, dtype, response);
+  AddGradientTensors(request, model, *tape, *g, layers, heads, dtype, response);
   if (absl::Status s = CheckBytes(static_cast<int64_t>(response->ByteSizeLong()), ctx.limits,
                                   "the gradient probe");
       !s.ok()) {
@@ -248,7 +270,11 @@ absl::Status ProbeAt(const InterpContext& ctx, const v1::GradientProbeRequest& r
     v->set_num_forwards(report->num_forwards);
     for (const interpret::FdTensorReport& t : report->tensors) {
       v1::VerifyTensorReport* tr = v->add_tensors();
-      tr->set_name(std::string(interpret::TensorKindName(t.kind)));
+      const bool rotated =
+          (t.kind == interpret::TensorKind::kQ || t.kind == interpret::TensorKind::kK) &&
+          !t.before_rope;
+      tr->set_name(
+          absl::StrCat(rotated ? "rot_" : "", std::string(interpret::TensorKindName(t.kind))));
       tr->set_samples(static_cast<int>(t.samples.size()));
       tr->set_max_abs_err(t.max_abs_err);
       tr->set_max_rel_err(t.max_rel_err);
@@ -468,6 +494,10 @@ absl::Status RunGradientProbe(const InterpContext& ctx, const v1::GradientProbeR
     absl::StatusOr<int> l = ToIndex(request.param_layer(), c.num_layers, "param_layer");
     if (!l.ok()) return l.status();
     param_layer = *l;
+  }
+  for (auto [asked, hook] : {std::pair{request.rot_q(), interpret::Hook::kRotQ},
+                             std::pair{request.rot_k(), interpret::Hook::kRotK}}) {
+    if (absl::Status s = interpret::CheckModelHasHook(c, hook); asked && !s.ok()) return s;
   }
   if (request.verify_samples() < 0 || request.verify_samples() > ctx.limits.max_verify_samples) {
     return absl::InvalidArgumentError(absl::StrCat("verify_samples = ", request.verify_samples(),

@@ -199,6 +199,39 @@ class Stories260KTest(unittest.TestCase):
             worst = max(worst, abs((jp - jm) / (2 * h) - g[f"grad.{name}"][r, c]))
         self.assertLess(worst, 1e-7)
 
+    def test_query_and_key_gradients_before_and_after_rope(self):
+        # grad.q / grad.k (before RoPE, TransformerLens's hook_q / hook_k) are the centred
+        # differences of J in a patched q or k row; grad.rot_q / grad.rot_k differ from them
+        # (a rotation apart: the same norm per head and row).
+        from kvlens_oracle.grad import gradients
+        ids = self.ids[:8]
+        target = [(len(ids) - 1, ids[-1]), (4, ids[5])]
+        g = gradients(self.model, ids, target)
+        capture = {}
+        with torch.no_grad():
+            forward(self.model, ids, capture=capture)
+
+        def j(patch):
+            with torch.no_grad():
+                logp = torch.log_softmax(forward(self.model, ids, patch=patch)[0], -1)
+                return float(sum(logp[r, t] for r, t in target))
+        h, worst = 1e-6, 0.0
+        for point, layer, head, row, col in [("q", 0, 1, 3, 0), ("q", 2, 4, 6, 5), ("k", 1, 0, 2, 1),
+                                             ("k", 3, 3, 5, 7)]:
+            base = capture["layers"][layer][f"{point}_unrotated"][head, row].clone()
+            fd = []
+            for sign in (1, -1):
+                vec = base.clone()
+                vec[col] += sign * h
+                fd.append(j({(layer, point): [(row, head, vec)]}))
+            worst = max(worst, abs((fd[0] - fd[1]) / (2 * h) - g[f"grad.{point}.{layer}"][head, row, col]))
+        self.assertLess(worst, 1e-7)
+        for point in ("q", "k"):
+            pre, post = g[f"grad.{point}.1"], g[f"grad.rot_{point}.1"]
+            self.assertGreater(np.abs(pre - post).max(), 1e-3 * np.abs(post).max())
+            np.testing.assert_allclose(np.linalg.norm(pre, axis=-1), np.linalg.norm(post, axis=-1),
+                                       rtol=1e-12, atol=1e-15)
+
     def test_cached_kv_leaves(self):
         from kvlens_oracle.grad import cached_kv_gradients, gradients
         ids, P = self.ids[:10], 6
@@ -209,7 +242,8 @@ class Stories260KTest(unittest.TestCase):
         L = len(self.model.layers)
         for name in ("k", "v"):
             for layer in range(L):
-                g = full[f"grad.{name}.{layer}"]  # [KV, T, hd] -> prefix rows [P, KV*hd]
+                # [KV, T, hd] -> prefix rows [P, KV*hd]; the cache holds K after RoPE
+                g = full[f"grad.rot_k.{layer}" if name == "k" else f"grad.{name}.{layer}"]
                 prefix = np.transpose(g, (1, 0, 2)).reshape(len(ids), -1)[:P]
                 diff = np.abs(leaf[f"grad.cached_{name}.{layer}"] - prefix).max()
                 if layer == L - 1:  # nothing downstream of the last layer's K/V but attention

@@ -246,6 +246,10 @@ TEST_P(InterpretOracle, GradientsMatchOracle) {
             &v1::GradientProbeRequest::set_attention_times_gradient}) {
         (request.*set)(true);
       }
+      // q and k before RoPE (hook_q / hook_k), and after it (rot_q / rot_k) on a rotary model
+      const bool rotary = ref.arrays.count("grad.rot_q.0") > 0;
+      request.set_rot_q(rotary);
+      request.set_rot_k(rotary);
       request.set_param_layer(kParamLayer);
       v1::GradientProbeResponse response;
       grpc::ClientContext context;
@@ -276,6 +280,10 @@ TEST_P(InterpretOracle, GradientsMatchOracle) {
           const std::string at = absl::StrCat(s, " head ", h);
           check("q" + at, FindTensor(ts, "grad.q", l, h),
                 OracleHead(ref.arrays.at("grad.q" + s), h));
+          if (rotary) {
+            check("rot_q" + at, FindTensor(ts, "grad.rot_q", l, h),
+                  OracleHead(ref.arrays.at("grad.rot_q" + s), h));
+          }
           check("attn_out" + at, FindTensor(ts, "grad.attn_out", l, h),
                 OracleHead(ref.arrays.at("grad.attn_out" + s), h));
           check("scores" + at, FindTensor(ts, "grad.scores", l, h),
@@ -292,6 +300,10 @@ TEST_P(InterpretOracle, GradientsMatchOracle) {
           const std::string at = absl::StrCat(s, " kv head ", h);
           check("k" + at, FindTensor(ts, "grad.k", l, h),
                 OracleHead(ref.arrays.at("grad.k" + s), h));
+          if (rotary) {
+            check("rot_k" + at, FindTensor(ts, "grad.rot_k", l, h),
+                  OracleHead(ref.arrays.at("grad.rot_k" + s), h));
+          }
           check("v" + at, FindTensor(ts, "grad.v", l, h),
                 OracleHead(ref.arrays.at("grad.v" + s), h));
         }
@@ -315,6 +327,16 @@ TEST_P(InterpretOracle, GradientsMatchOracle) {
       EXPECT_EQ(saliency->shape(0), n);
       std::printf("[interp] %s GradientProbe%s %s: worst relative error vs oracle %.3g\n",
                   GetParam().name, docs.empty() ? "" : " (doc ids)", fp64 ? "fp64" : "fp32", worst);
+      if (!rotary) {  // GPT-2's q and k are what its scores use: there is no rot_q / rot_k
+        v1::GradientProbeResponse ignored;
+        request.set_rot_q(true);
+        ExpectInvalid(CallInterpret(server, &v1::Interpret::Stub::GradientProbe, request, &ignored),
+                      "rot_q: the model (gpt2) has no rotary embedding");
+        request.set_rot_q(false);
+        request.set_rot_k(true);
+        ExpectInvalid(CallInterpret(server, &v1::Interpret::Stub::GradientProbe, request, &ignored),
+                      "rot_k: the model (gpt2) has no rotary embedding");
+      }
     }
   }
 }
@@ -344,6 +366,8 @@ TEST(InterpretProbe, VerifyReportsSmallFiniteDifferenceErrors) {
     r.set_precision(v1::PRECISION_FP64);
     r.set_q(true);
     r.set_k(true);
+    r.set_rot_q(true);
+    r.set_rot_k(true);
     r.set_probs(true);
     r.set_residual(true);
     r.set_verify(true);
@@ -354,7 +378,9 @@ TEST(InterpretProbe, VerifyReportsSmallFiniteDifferenceErrors) {
     const grpc::Status status = stub->GradientProbe(&context, r, &response);
     ASSERT_TRUE(status.ok()) << status.error_message();
     ASSERT_TRUE(response.has_verify());
-    EXPECT_EQ(response.verify().tensors_size(), 4);  // probs, q, k, residual
+    std::vector<std::string> names;
+    for (const v1::VerifyTensorReport& tr : response.verify().tensors()) names.push_back(tr.name());
+    EXPECT_EQ(names, (std::vector<std::string>{"probs", "q", "k", "rot_q", "rot_k", "residual"}));
     EXPECT_GT(response.verify().num_forwards(), 0);
     // FD noise is ~1e-12 absolute; relative errors grow only where gradients are ~1e-7.
     EXPECT_LE(response.verify().max_abs_err(), 1e-9);

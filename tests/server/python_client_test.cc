@@ -66,15 +66,20 @@ out["maps_end"] = [me.layers, me.heads, list(me.probs.shape)]
 out["objective_chat"] = c.gradient_probe(chat=conv, targets=[(last, 5)]).objective
 out["objective_text"] = c.gradient_probe(text=text, targets=[(last, 5)]).objective
 # Layers and heads counted from the end, as the request's: the last layer's last query head
-# and (grad.k) its KV head; grad.embeddings, per neither, read without them.
-gp = c.gradient_probe(chat=conv, targets=[(last, 5)], want=("q", "k", "embeddings"),
+# and (grad.k, grad.rot_k) its KV head; grad.embeddings, per neither, read without them.
+gp = c.gradient_probe(chat=conv, targets=[(last, 5)], want=("q", "k", "rot_k", "embeddings"),
                       layers=[-1], heads=[-1], fp64=True)
 out["gp_keys"] = sorted(f"{n}:{l}:{h}" for n, d in gp.tensors.items() for l, h in d)
 out["gp_same"] = [bool((gp.get("grad.q", -1, -1) == gp.tensors["grad.q"][k]).all())
                   for k in gp.tensors["grad.q"]] + [
-                 bool((gp.get("grad.k", -1, -1) == gp.tensors["grad.k"][k]).all())
-                 for k in gp.tensors["grad.k"]] + [
+                 bool((gp.get(n, -1, -1) == gp.tensors[n][k]).all())
+                 for n in ("grad.k", "grad.rot_k") for k in gp.tensors[n]] + [
                  gp.get("grad.embeddings").shape == gp.tensors["grad.embeddings"][(-1, -1)].shape]
+# k before RoPE and after it: a rotation apart, so each key's gradient keeps its length
+pre_k, rot_k = gp.get("grad.k", -1, -1), gp.get("grad.rot_k", -1, -1)
+out["gp_rotation"] = [bool(np.allclose(np.linalg.norm(pre_k, axis=-1),
+                                       np.linalg.norm(rot_k, axis=-1), rtol=1e-12, atol=1e-300)),
+                      float(np.abs(pre_k - rot_k).max() / np.abs(rot_k).max())]
 out["lens_chat"] = [r.top[0].token for r in c.logit_lens(chat=conv).rows]
 out["lens_text"] = [r.top[0].token for r in c.logit_lens(text=text).rows]
 out["ablation_change"] = c.intervene(chat=conv, ablations=[(0, 0)],
@@ -412,14 +417,17 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_TRUE(out["cache_tuple_same"].get<bool>());
   EXPECT_EQ(out["cache_end"].dump(),
             absl::StrCat("[[\"resid_post.", c.num_layers - 1, "\"],true]"));
-  // The last layer's last head: grad.q at query head H − 1, grad.k at its KV head Hkv − 1
-  // (the last head's group), read back with get(name, -1, -1).
+  // The last layer's last head: grad.q at query head H − 1, grad.k and grad.rot_k at its KV
+  // head Hkv − 1 (the last head's group), read back with get(name, -1, -1).
   const int L1 = c.num_layers - 1;
   EXPECT_EQ(out["gp_keys"].get<std::vector<std::string>>(),
             (std::vector<std::string>{
                 "grad.embeddings:-1:-1", absl::StrCat("grad.k:", L1, ":", c.num_kv_heads - 1),
-                absl::StrCat("grad.q:", L1, ":", c.num_heads - 1), "saliency:-1:-1"}));
-  EXPECT_EQ(out["gp_same"].dump(), "[true,true,true]");
+                absl::StrCat("grad.q:", L1, ":", c.num_heads - 1),
+                absl::StrCat("grad.rot_k:", L1, ":", c.num_kv_heads - 1), "saliency:-1:-1"}));
+  EXPECT_EQ(out["gp_same"].dump(), "[true,true,true,true]");
+  EXPECT_TRUE(out["gp_rotation"][0].get<bool>());
+  EXPECT_GT(out["gp_rotation"][1].get<double>(), 1e-3);  // and they do differ
   // normalized · scale gives back the stream the final norm read (centred under LayerNorm).
   const nlohmann::json& full = out["cache_full"];
   EXPECT_EQ(full[0].dump(),

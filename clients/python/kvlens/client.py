@@ -216,10 +216,10 @@ class GradientProbe:
     def get(self, name: str, layer: Optional[int] = None,
             head: Optional[int] = None) -> np.ndarray:
         """name's array at (layer, head), each counted from the end when negative (the
-        head a KV head for grad.k and grad.v; layer -1 the last layer, as the requests'
-        layers — grad.residual's stream leaving it is layer num_layers); leave out what the
-        tensor is not per (grad.embeddings: get("grad.embeddings"))."""
-        heads = self.num_kv_heads if name in ("grad.k", "grad.v") else self.num_heads
+        head a KV head for grad.k, grad.rot_k and grad.v; layer -1 the last layer, as the
+        requests' layers — grad.residual's stream leaving it is layer num_layers); leave out
+        what the tensor is not per (grad.embeddings: get("grad.embeddings"))."""
+        heads = self.num_kv_heads if name in ("grad.k", "grad.rot_k", "grad.v") else self.num_heads
         return self.tensors[name][(_from_end(layer, self.num_layers), _from_end(head, heads))]
 
 
@@ -483,7 +483,9 @@ class Client:
         """targets: [(position, token)] for J = Σ log p (position -1: the last); or
         logit_diff=(position, a, b); or
         attn_out_probe=(layer, head, G [positions, head_dim]). want: any of scores, probs,
-        q, k, v, attn_out, residual, embeddings, attention_times_gradient."""
+        q, k (before RoPE, as TransformerLens's hook_q / hook_k and run_with_cache's q, k),
+        rot_q, rot_k (after it; rotary models only), v, attn_out, residual, embeddings,
+        attention_times_gradient."""
         req = ip.GradientProbeRequest(input=_input(text, tokens, doc_ids=doc_ids, chat=chat),
                                       precision=_precision(fp64), layers=list(layers),
                                       heads=list(heads))

@@ -104,8 +104,18 @@ double WorstError(const Model& m, kernels::Backend<T>& be, const std::vector<int
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string s = absl::StrCat(".", l);
     note("resid" + s, RelErr(as_double(g->residual[l + 1]), ref.arrays.at("grad.resid" + s)));
-    note("q" + s, RelErr(HeadsFirst(g->q[l], n, H, hd), ref.arrays.at("grad.q" + s)));
-    note("k" + s, RelErr(HeadsFirst(g->k[l], n, KV, hd), ref.arrays.at("grad.k" + s)));
+    // The tape's q and k are after RoPE (the oracle's rot_q / rot_k on a rotary model);
+    // TurnBackRope gives the oracle's q and k, TransformerLens's hook_q / hook_k.
+    const bool rotary = ref.arrays.count("grad.rot_q" + s) > 0;
+    note("rot_q" + s, RelErr(HeadsFirst(g->q[l], n, H, hd),
+                             ref.arrays.at((rotary ? "grad.rot_q" : "grad.q") + s)));
+    note("rot_k" + s, RelErr(HeadsFirst(g->k[l], n, KV, hd),
+                             ref.arrays.at((rotary ? "grad.rot_k" : "grad.k") + s)));
+    std::vector<T> pre_q = g->q[l], pre_k = g->k[l];
+    TurnBackRope(m, *tape, TensorKind::kQ, l, 0, n, pre_q.data());
+    TurnBackRope(m, *tape, TensorKind::kK, l, 0, n, pre_k.data());
+    note("q" + s, RelErr(HeadsFirst(pre_q, n, H, hd), ref.arrays.at("grad.q" + s)));
+    note("k" + s, RelErr(HeadsFirst(pre_k, n, KV, hd), ref.arrays.at("grad.k" + s)));
     note("v" + s, RelErr(HeadsFirst(g->v[l], n, KV, hd), ref.arrays.at("grad.v" + s)));
     note("attn_out" + s,
          RelErr(HeadsFirst(g->attn_out[l], n, H, hd), ref.arrays.at("grad.attn_out" + s)));

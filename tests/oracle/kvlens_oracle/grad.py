@@ -5,8 +5,12 @@ gradients(model, tokens, targets, doc_ids=None) -> dict name -> float64 numpy ar
   grad.embeds         [T, d]         input embeddings (GPT-2: token + position sum; Gemma:
                                      times sqrt(d), the first layer's input)
   grad.resid.{l}      [T, d]         residual stream *leaving* layer l
-  grad.q.{l}          [H, T, hd]     post-RoPE queries
-  grad.k.{l}, grad.v.{l}  [KV, T, hd]  per KV head (GQA: summed over the query heads)
+  grad.q.{l}          [H, T, hd]     queries before RoPE (after Qwen3/Gemma 3's head norms),
+                                     TransformerLens's hook_q
+  grad.k.{l}, grad.v.{l}  [KV, T, hd]  keys before RoPE (hook_k), values; per KV head (GQA:
+                                     summed over the query heads)
+  grad.rot_q.{l}, grad.rot_k.{l}     q and k after RoPE, what the scores use (rotary models
+                                     only: hook_rot_q / hook_rot_k)
   grad.scores.{l}, grad.probs.{l}  [H, T, T]  (masked entries 0)
   grad.attn_out.{l}   [H, T, hd]     attention output per head, before W_O
   grad.w{q,k,v,o}      [out, in]      with param_layer = l: that layer's attention weights
@@ -17,7 +21,8 @@ cached_kv_gradients(model, tokens, target, cached) -> the same J for one (row, t
 the K/V rows of positions < cached as leaves (a cached prefix; no path back through the
 layers that made them):
   objective           [1]
-  grad.cached_k.{l}, grad.cached_v.{l}  [cached, KV*hd]  (post-RoPE K; heads side by side)
+  grad.cached_k.{l}, grad.cached_v.{l}  [cached, KV*hd]  (K after RoPE, as the cache holds it;
+                                                   heads side by side)
 """
 import torch
 
@@ -56,8 +61,13 @@ def _gradients(m, tokens, targets, doc_ids, param_layer, params):
     j.backward()
     out = {"objective": j.detach().reshape(1).numpy(), "grad.embeds": x0.grad.numpy()}
     for l, rec in enumerate(layers):
-        for name, key in (("resid", "resid"), ("q", "q"), ("k", "k"), ("v", "v"),
-                          ("scores", "scores"), ("probs", "probs"), ("attn_out", "attn_out")):
+        names = [("resid", "resid"), ("v", "v"), ("scores", "scores"), ("probs", "probs"),
+                 ("attn_out", "attn_out")]
+        if "q_unrotated" in rec:
+            names += [("q", "q_unrotated"), ("k", "k_unrotated"), ("rot_q", "q"), ("rot_k", "k")]
+        else:
+            names += [("q", "q"), ("k", "k")]
+        for name, key in names:
             g = rec[key].grad
             out[f"grad.{name}.{l}"] = (torch.zeros_like(rec[key]) if g is None else g).numpy()
     if params:
