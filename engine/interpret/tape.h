@@ -238,6 +238,9 @@ struct BackwardOptions {
   // Key/value rows of positions < kv_leaf_end are leaves: their gradients are reported
   // but do not flow back into the projections (the cached-KV view of a full tape).
   int kv_leaf_end = 0;
+  // Keep the feed-forward's gradients (Gradients::mlp_pre, mlp_post, mlp_pre_linear):
+  // 2 or 3 · L · n · F more values, which TapeBytes does not count.
+  bool ffn = false;
 };
 
 // dJ/dθ for one layer's attention parameters, dense, [out, in] like the weights.
@@ -254,6 +257,10 @@ struct Gradients {
   // [L][n, D]: the stream after layer l's attention (h, resid_mid), which is also the
   // gradient w.r.t. what the attention adds to it (attn_out)
   std::vector<std::vector<T>> resid_mid;
+  // [L][n, F] with BackwardOptions::ffn, else empty: the FFN's hidden (act, mlp_post), its
+  // gate / GELU input (pre, mlp_pre) and a gated FFN's up projection (up, mlp_pre_linear;
+  // empty for GPT-2)
+  std::vector<std::vector<T>> mlp_pre, mlp_post, mlp_pre_linear;
   ParamGradients params;
   // residual[0]: the gradient w.r.t. the input embeddings.
   const std::vector<T>& embeddings() const { return residual[0]; }

@@ -70,6 +70,9 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
   Gradients<T> g;
   for (auto* v : {&g.scores, &g.probs, &g.q, &g.k, &g.v, &g.attn_out, &g.resid_mid}) v->resize(L);
   g.residual.resize(L + 1);
+  if (opt.ffn) {
+    for (auto* v : {&g.mlp_pre, &g.mlp_post, &g.mlp_pre_linear}) v->resize(L);
+  }
 
   // classifier and final norm
   std::vector<T> dx(n * D, T(0));
@@ -115,6 +118,11 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
       kernels::GeluBackward(lt.pre.data(), dact.data(), n * F, dpre.data());
     }
     if (absl::Status s = matmul_dx(dpre.data(), n, lw.w_in, dhn.data()); !s.ok()) return s;
+    if (opt.ffn) {
+      g.mlp_post[l] = dact;
+      g.mlp_pre[l] = dpre;
+      if (c.arch == Architecture::kLlama) g.mlp_pre_linear[l] = dup;
+    }
     NormBackward(c, lw.ffn_norm, lt.h.data(), n, dhn.data(), tmp.data());
     for (int64_t e = 0; e < n * D; ++e) dh[e] = dx[e] + tmp[e];
     g.resid_mid[l] = dh;

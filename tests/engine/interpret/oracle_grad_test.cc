@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/interpret/hook_gradients.h"
 #include "engine/interpret/objective.h"
 #include "engine/interpret/tape.h"
 #include "gtest/gtest.h"
@@ -80,7 +81,9 @@ double WorstError(const Model& m, kernels::Backend<T>& be, const std::vector<int
   in.doc_ids = docs;
   auto tape = RunForward(m, be, in);
   EXPECT_TRUE(tape.ok()) << tape.status();
-  auto g = ObjectiveGradients(m, *tape, Objective::LogProb(targets));
+  BackwardOptions with_ffn;
+  with_ffn.ffn = true;
+  auto g = ObjectiveGradients(m, *tape, Objective::LogProb(targets), with_ffn);
   EXPECT_TRUE(g.ok()) << g.status();
   const int n = tape->n, H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim;
   EXPECT_NEAR(EvaluateObjective(Objective::LogProb(targets), c, *tape),
@@ -122,7 +125,21 @@ double WorstError(const Model& m, kernels::Backend<T>& be, const std::vector<int
     note("scores" + s,
          RelErr(as_double(g->scores[l]), ref.arrays.at("grad.scores" + s), visible_in(l)));
     note("probs" + s, RelErr(as_double(g->probs[l]), ref.arrays.at("grad.probs" + s), &visible));
+    // Every hook's gradient as ReadHookGradient lays it out (TransformerLens's) against
+    // autograd at the oracle's tensor of that hook (its pattern's masked entries aside).
+    for (Hook hook : HooksWithGradient()) {
+      if (!HookIsPerLayer(hook) || !CheckModelHasHook(c, hook).ok()) continue;
+      const std::string name(HookName(hook));
+      auto x = ReadHookGradient(m, *tape, *g, hook, l);
+      EXPECT_TRUE(x.ok()) << x.status();
+      if (!x.ok()) continue;
+      note("hook " + name + s, RelErr(as_double(*x), ref.arrays.at("grad.hook." + name + s),
+                                      hook == Hook::kPattern ? visible_in(l) : nullptr));
+    }
   }
+  auto embed = ReadHookGradient(m, *tape, *g, Hook::kEmbed, -1);
+  EXPECT_TRUE(embed.ok()) << embed.status();
+  if (embed.ok()) note("hook embed", RelErr(as_double(*embed), ref.arrays.at("grad.embeds")));
   return worst;
 }
 

@@ -15,6 +15,12 @@ gradients(model, tokens, targets, doc_ids=None) -> dict name -> float64 numpy ar
   grad.attn_out.{l}   [H, T, hd]     attention output per head, before W_O
   grad.w{q,k,v,o}      [out, in]      with param_layer = l: that layer's attention weights
                                      (GPT-2: the Q, K, V row blocks of the fused c_attn)
+  grad.hook.{name}.{l}               the gradient at TransformerLens's hook `name` of layer l,
+                                     laid out as attribution.py's act.{name}.{l}: resid_pre,
+                                     resid_mid, resid_post, attn_out, mlp_out, z, q, k (before
+                                     RoPE), v, rot_q, rot_k (rotary only), attn_scores,
+                                     pattern (masked entries: dO . v, not 0), mlp_pre,
+                                     mlp_post, mlp_pre_linear (gated FFN only)
 Every intermediate comes from model.forward's capture, with retain_grad().
 
 cached_kv_gradients(model, tokens, target, cached) -> the same J for one (row, token), with
@@ -70,6 +76,8 @@ def _gradients(m, tokens, targets, doc_ids, param_layer, params):
         for name, key in names:
             g = rec[key].grad
             out[f"grad.{name}.{l}"] = (torch.zeros_like(rec[key]) if g is None else g).numpy()
+    for l, rec in enumerate(layers):
+        out.update(_hook_gradients(rec, l))
     if params:
         if m.family == "llama":
             grads = [w.grad for w in params]
@@ -79,6 +87,35 @@ def _gradients(m, tokens, targets, doc_ids, param_layer, params):
             grads = [qkv[:d], qkv[d:2 * d], qkv[2 * d:], wo]
         for name, g in zip(("wq", "wk", "wv", "wo"), grads):
             out[f"grad.{name}"] = g.detach().clone().numpy()
+    return out
+
+
+# hook name -> (capture key, whether the capture is head first [heads, T, hd] and the hook
+# position first [T, heads, hd])
+_HOOK_CAPTURES = {
+    "resid_pre": ("resid_pre", False), "resid_mid": ("resid_mid", False),
+    "resid_post": ("resid", False), "attn_out": ("attn_block", False),
+    "mlp_out": ("mlp_block", False), "z": ("attn_out", True), "v": ("v", True),
+    "attn_scores": ("scores", False), "pattern": ("probs", False),
+    "mlp_pre": ("mlp_pre", False), "mlp_post": ("mlp_post", False),
+    "mlp_pre_linear": ("mlp_pre_linear", False),
+}
+
+
+def _hook_gradients(rec, layer):
+    hooks = dict(_HOOK_CAPTURES)
+    if "q_unrotated" in rec:
+        hooks.update(q=("q_unrotated", True), k=("k_unrotated", True), rot_q=("q", True),
+                     rot_k=("k", True))
+    else:
+        hooks.update(q=("q", True), k=("k", True))
+    out = {}
+    for name, (key, head_first) in hooks.items():
+        if key not in rec:
+            continue
+        t = rec[key]
+        g = torch.zeros_like(t) if t.grad is None else t.grad
+        out[f"grad.hook.{name}.{layer}"] = (g.transpose(0, 1) if head_first else g).numpy()
     return out
 
 

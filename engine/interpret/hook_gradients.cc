@@ -1,0 +1,112 @@
+#include "engine/interpret/hook_gradients.h"
+
+#include <array>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvlens::interpret {
+namespace {
+
+// The hooks with a gradient, in run_with_cache's order.
+constexpr std::array kWithGradient = {
+    Hook::kEmbed,   Hook::kPosEmbed, Hook::kResidPre, Hook::kAttnScores, Hook::kPattern,
+    Hook::kQ,       Hook::kK,        Hook::kV,        Hook::kRotQ,       Hook::kRotK,
+    Hook::kZ,       Hook::kAttnOut,  Hook::kResidMid, Hook::kMlpPre,     Hook::kMlpPreLinear,
+    Hook::kMlpPost, Hook::kMlpOut,   Hook::kResidPost};
+
+}  // namespace
+
+absl::Span<const Hook> HooksWithGradient() { return kWithGradient; }
+
+bool HookHasGradient(Hook hook) {
+  for (Hook h : kWithGradient) {
+    if (h == hook) return true;
+  }
+  return false;
+}
+
+bool HookGradientNeedsFfn(Hook hook) {
+  return hook == Hook::kMlpPre || hook == Hook::kMlpPost || hook == Hook::kMlpPreLinear;
+}
+
+std::string HookGradientNameList() {
+  std::string s;
+  for (Hook h : kWithGradient) absl::StrAppend(&s, s.empty() ? "" : ", ", std::string(HookName(h)));
+  return s;
+}
+
+template <typename T>
+absl::StatusOr<std::vector<T>> ReadHookGradient(const Model& model, const Tape<T>& tape,
+                                                const Gradients<T>& g, Hook hook, int layer) {
+  const ModelConfig& c = model.config;
+  if (!HookHasGradient(hook)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(HookName(hook)),
+                     ": no gradient is kept there (the norms' scales and normalized rows, "
+                     "ln_final and result are not formed by the backward); hooks with one: ",
+                     HookGradientNameList()));
+  }
+  if (absl::Status s = CheckModelHasHook(c, hook); !s.ok()) return s;
+  if (HookIsPerLayer(hook) && (layer < 0 || layer >= c.num_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(HookName(hook)), ": layer ", layer,
+                                                   " is outside [0, ", c.num_layers, ")"));
+  }
+  if (HookGradientNeedsFfn(hook) && g.mlp_post.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(HookName(hook)), ": the gradients were taken without BackwardOptions::ffn"));
+  }
+  switch (hook) {
+    case Hook::kEmbed:
+    case Hook::kPosEmbed:
+      return g.residual[0];
+    case Hook::kResidPre:
+      return g.residual[layer];
+    case Hook::kResidMid:
+    case Hook::kAttnOut:
+      return g.resid_mid[layer];
+    case Hook::kResidPost:
+    case Hook::kMlpOut:
+      return g.residual[layer + 1];
+    case Hook::kZ:
+      return g.attn_out[layer];
+    case Hook::kQ: {
+      std::vector<T> out = g.q[layer];
+      TurnBackRope(model, tape, TensorKind::kQ, layer, 0, tape.n, out.data());
+      return out;
+    }
+    case Hook::kK: {
+      std::vector<T> out = g.k[layer];
+      TurnBackRope(model, tape, TensorKind::kK, layer, 0, tape.num_keys, out.data());
+      return out;
+    }
+    case Hook::kRotQ:
+      return g.q[layer];
+    case Hook::kRotK:
+      return g.k[layer];
+    case Hook::kV:
+      return g.v[layer];
+    case Hook::kAttnScores:
+      return g.scores[layer];
+    case Hook::kPattern:
+      return g.probs[layer];
+    case Hook::kMlpPre:
+      return g.mlp_pre[layer];
+    case Hook::kMlpPost:
+      return g.mlp_post[layer];
+    case Hook::kMlpPreLinear:
+      return g.mlp_pre_linear[layer];
+    default:
+      return absl::InternalError("unreachable: a hook without a gradient");
+  }
+}
+
+#define KVLENS_INSTANTIATE_HOOK_GRADIENTS(T)                                                \
+  template absl::StatusOr<std::vector<T>> ReadHookGradient<T>(const Model&, const Tape<T>&, \
+                                                              const Gradients<T>&, Hook, int);
+
+KVLENS_INSTANTIATE_HOOK_GRADIENTS(float)
+KVLENS_INSTANTIATE_HOOK_GRADIENTS(double)
+#undef KVLENS_INSTANTIATE_HOOK_GRADIENTS
+
+}  // namespace kvlens::interpret

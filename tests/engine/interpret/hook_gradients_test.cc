@@ -1,0 +1,78 @@
+// ReadHookGradient's layout and refusals on the tiny models of every family (the values
+// against autograd: OracleGradients in oracle_grad_test.cc). Every hook with a gradient
+// comes back in HookShape's size; the FFN's need BackwardOptions::ffn; hooks the backward
+// never forms, layers out of range and hooks the model lacks are refused, naming the hook.
+#include "engine/interpret/hook_gradients.h"
+
+#include <string>
+
+#include "engine/interpret/objective.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/reference_backend.h"
+#include "tests/engine/interpret/tiny_model.h"
+#include "tests/engine/random_tokens.h"
+
+namespace kvlens::interpret {
+namespace {
+
+void ExpectRefused(const absl::StatusOr<std::vector<double>>& r, const std::string& needle) {
+  ASSERT_FALSE(r.ok()) << needle;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status();
+}
+
+class TinyHookGradients : public ::testing::TestWithParam<int> {};
+
+TEST_P(TinyHookGradients, EveryHookComesBackInItsShapeOrIsRefused) {
+  auto m = testing::MakeTinyModel(testing::TinyFamilySpec(GetParam()));
+  const ModelConfig& c = m->config;
+  kernels::ReferenceBackend be;
+  const int n = 7;
+  auto tape = RunForward(*m, be, SequenceInput<double>{testing::RandomTokens(n, 3, c.vocab_size)});
+  ASSERT_TRUE(tape.ok()) << tape.status();
+  const Objective o = Objective::LogProb({{n - 1, 2}});
+  BackwardOptions with_ffn;
+  with_ffn.ffn = true;
+  auto g = ObjectiveGradients(*m, *tape, o, with_ffn);
+  auto lean = ObjectiveGradients(*m, *tape, o);
+  ASSERT_TRUE(g.ok() && lean.ok()) << g.status() << lean.status();
+  EXPECT_TRUE(lean->mlp_post.empty());
+  const bool rotary = c.arch == Architecture::kLlama;
+  int read = 0;
+  for (Hook hook : HooksWithGradient()) {
+    const std::string name(HookName(hook));
+    const int layer = HookIsPerLayer(hook) ? c.num_layers - 1 : -1;
+    auto x = ReadHookGradient(*m, *tape, *g, hook, layer);
+    if (!CheckModelHasHook(c, hook).ok()) {
+      ExpectRefused(x, name + ": the model (");
+      continue;
+    }
+    ASSERT_TRUE(x.ok()) << name << ": " << x.status();
+    int64_t size = 1;
+    for (int64_t d : HookShape(c, hook, n, n)) size *= d;
+    EXPECT_EQ(static_cast<int64_t>(x->size()), size) << name;
+    ++read;
+    if (HookGradientNeedsFfn(hook)) {
+      ExpectRefused(ReadHookGradient(*m, *tape, *lean, hook, layer),
+                    name + ": the gradients were taken without BackwardOptions::ffn");
+    }
+    if (HookIsPerLayer(hook)) {
+      ExpectRefused(ReadHookGradient(*m, *tape, *g, hook, c.num_layers),
+                    name + ": layer " + std::to_string(c.num_layers) + " is outside [0, ");
+    }
+  }
+  // embed; 11 stream and attention hooks (resid_pre, attn_scores, pattern, q, k, v, z,
+  // attn_out, resid_mid, mlp_out, resid_post); mlp_pre, mlp_post; then GPT-2's pos_embed, or
+  // a rotary gated model's rot_q, rot_k and mlp_pre_linear
+  EXPECT_EQ(read, rotary ? 17 : 15);
+  for (Hook hook : {Hook::kResult, Hook::kLn1Scale, Hook::kLnFinal, Hook::kLn2Normalized}) {
+    EXPECT_FALSE(HookHasGradient(hook));
+    ExpectRefused(ReadHookGradient(*m, *tape, *g, hook, 0),
+                  std::string(HookName(hook)) + ": no gradient is kept there");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TinyHookGradients, ::testing::Range(0, testing::kTinyFamilies));
+
+}  // namespace
+}  // namespace kvlens::interpret
