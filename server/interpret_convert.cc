@@ -214,6 +214,38 @@ absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest&
   return o;
 }
 
+absl::StatusOr<std::vector<std::pair<interpret::Hook, int>>> ToHookReads(
+    const google::protobuf::RepeatedPtrField<std::string>& hooks, const ModelConfig& c,
+    const std::vector<int>& layers) {
+  std::vector<std::pair<interpret::Hook, int>> reads;
+  for (const std::string& name : hooks) {
+    const std::optional<interpret::NamedHook> named = interpret::ParseHookName(name);
+    if (!named.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hooks: unknown hook \"", name, "\"; known: ", interpret::HookNameList(),
+                       ", or TransformerLens's full names (blocks.{layer}.attn.hook_pattern, …)"));
+    }
+    if (absl::Status s = interpret::CheckModelHasHook(c, named->hook); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("hooks: ", s.message()));
+    }
+    if (named->layer.has_value() && *named->layer >= c.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("hooks: \"", name, "\": layer ", *named->layer,
+                                                     " is outside [0, ", c.num_layers, ")"));
+    }
+    const std::vector<int> at = !interpret::HookIsPerLayer(named->hook) ? std::vector<int>{-1}
+                                : named->layer.has_value() ? std::vector<int>{*named->layer}
+                                                           : layers;
+    for (int l : at) {
+      if (std::find(reads.begin(), reads.end(), std::pair{named->hook, l}) != reads.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("hooks: \"", name, "\" asks again for ",
+                                                       interpret::HookFullName(named->hook, l)));
+      }
+      reads.emplace_back(named->hook, l);
+    }
+  }
+  return reads;
+}
+
 absl::StatusOr<interpret::PatchTarget> ToPatchTarget(const std::string& hook,
                                                      const std::string& field, bool heads_allowed) {
   const std::optional<interpret::PatchTarget> t = interpret::PatchTargetByName(hook);

@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/interpret/activations.h"
 #include "engine/interpret/objective.h"
 #include "engine/interpret/patch_sweep.h"
 #include "engine/interpret/tape.h"
@@ -82,6 +84,14 @@ absl::StatusOr<interpret::Objective> ToObjective(const v1::GradientProbeRequest&
 // otherwise.
 absl::StatusOr<interpret::PatchTarget> ToPatchTarget(const std::string& hook,
                                                      const std::string& field, bool heads_allowed);
+
+// The (hook, layer) reads of a `hooks` list, in the order asked: a short name ("pattern")
+// at every layer of `layers`, a full one ("blocks.1.attn.hook_pattern") at its own, those
+// without a layer (ln_final, embed, …) at -1. INVALID_ARGUMENT naming `hooks`: an unknown
+// name, a hook the model lacks, a layer out of range, a (hook, layer) asked twice.
+absl::StatusOr<std::vector<std::pair<interpret::Hook, int>>> ToHookReads(
+    const google::protobuf::RepeatedPtrField<std::string>& hooks, const ModelConfig& config,
+    const std::vector<int>& layers);
 
 // Ablations and attention-row overrides of an Intervene request (patches need the source
 // run and are built by the caller), after checking the counts of every kind of edit.

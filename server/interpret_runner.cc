@@ -11,6 +11,7 @@
 #include "engine/interpret/activations.h"
 #include "engine/interpret/finite_difference.h"
 #include "engine/interpret/head_scores.h"
+#include "engine/interpret/hook_gradients.h"
 #include "engine/interpret/interventions.h"
 #include "engine/interpret/kv_probe.h"
 #include "engine/interpret/objective.h"
@@ -232,24 +233,41 @@ template <typename T>
 absl::Status ProbeAt(const InterpContext& ctx, const v1::GradientProbeRequest& request,
                      const SequenceSpec& seq, const interpret::Objective& objective,
                      const std::vector<int>& layers, const std::vector<int>& heads,
-                     std::optional<int> param_layer, v1::GradientProbeResponse* response) {
+                     std::optional<int> param_layer,
+                     const std::vector<std::pair<interpret::Hook, int>>& hook_reads,
+                     v1::GradientProbeResponse* response) {
   const Model& model = ctx.model();
+  const ModelConfig& c = model.config;
   const SequenceInput<T> in = InputOf<T>(seq);
   const int num = static_cast<int>(seq.tokens.size());
-  // With verify, the finite differences' fp64 tapes come one at a time beside this one.
-  const int64_t work = WorkBytes<T>(model.config, num, num, 1, true, param_layer.has_value()) +
-                       (request.verify() ? WorkBytes<double>(model.config, num, num, 1, false) : 0);
+  // With verify, the finite differences' fp64 tapes come one at a time beside this one; the
+  // FFN's gradients (3 · L · n · F) are kept when a hook asks for one.
+  const bool ffn = std::any_of(hook_reads.begin(), hook_reads.end(), [](const auto& r) {
+    return interpret::HookGradientNeedsFfn(r.first);
+  });
+  const int64_t work =
+      WorkBytes<T>(c, num, num, 1, true, param_layer.has_value()) +
+      (request.verify() ? WorkBytes<double>(c, num, num, 1, false) : 0) +
+      (ffn ? int64_t{3} * c.num_layers * num * c.hidden_dim * int64_t{sizeof(T)} : 0);
   if (absl::Status s = CheckTapeBytes(work, num, ctx.limits, "GradientProbe"); !s.ok()) return s;
   auto tape = interpret::RunForward(model, BackendOf<T>(ctx.backends), in);
   if (!tape.ok()) return tape.status();
   interpret::BackwardOptions options;
   if (param_layer.has_value()) options.param_layer = *param_layer;
+  options.ffn = ffn;
   auto g = interpret::ObjectiveGradients(model, *tape, objective, options,
                                          BackwardOpsOf<T>(ctx.backends));
   if (!g.ok()) return g.status();
   response->set_objective(interpret::EvaluateObjective(objective, model.config, *tape));
   const v1::DType dtype = std::is_same_v<T, double> ? v1::DTYPE_FP64 : v1::DTYPE_FP32;
   AddGradientTensors(request, model, *tape, *g, layers, heads, dtype, response);
+  for (const auto& [hook, l] : hook_reads) {
+    auto values = interpret::ReadHookGradient(model, *tape, *g, hook, l);
+    if (!values.ok()) return values.status();
+    AddTensor(std::string(interpret::HookName(hook)), l, -1,
+              interpret::HookShape(model.config, hook, num, num), absl::MakeConstSpan(*values),
+              dtype, response->mutable_hook_gradients());
+  }
   if (absl::Status s = CheckBytes(static_cast<int64_t>(response->ByteSizeLong()), ctx.limits,
                                   "the gradient probe");
       !s.ok()) {
@@ -504,13 +522,20 @@ absl::Status RunGradientProbe(const InterpContext& ctx, const v1::GradientProbeR
                                                    " must be in [0, ",
                                                    ctx.limits.max_verify_samples, "]"));
   }
+  auto hook_reads = ToHookReads(request.hooks(), c, *layers);
+  if (!hook_reads.ok()) return hook_reads.status();
+  for (const auto& [hook, l] : *hook_reads) {
+    if (absl::Status s = interpret::CheckHookHasGradient(hook); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("hooks: ", s.message()));
+    }
+  }
   const bool fp64 = WantsFp64(request.precision());
   response->set_precision(PrecisionOf(fp64));
   response->mutable_token_ids()->Add(seq->tokens.begin(), seq->tokens.end());
   return fp64 ? ProbeAt<double>(ctx, request, *seq, *objective, *layers, *heads, param_layer,
-                                response)
+                                *hook_reads, response)
               : ProbeAt<float>(ctx, request, *seq, *objective, *layers, *heads, param_layer,
-                               response);
+                               *hook_reads, response);
 }
 
 absl::Status RunCachedKvProbe(const InterpContext& ctx, const v1::CachedKvProbeRequest& request,

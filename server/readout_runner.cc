@@ -112,34 +112,8 @@ absl::Status RunActivations(const InterpContext& ctx, const v1::ActivationsReque
   }
   auto layers = ToIndexList(request.layers(), c.num_layers, "layers");
   if (!layers.ok()) return layers.status();
-  // (hook, layer) in the order asked: a short name at every layer asked for, a full name
-  // at its own; those without a layer (ln_final, embed, …) at -1.
-  std::vector<std::pair<interpret::Hook, int>> reads;
-  for (const std::string& name : request.hooks()) {
-    const std::optional<interpret::NamedHook> named = interpret::ParseHookName(name);
-    if (!named.has_value()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("hooks: unknown hook \"", name, "\"; known: ", interpret::HookNameList(),
-                       ", or TransformerLens's full names (blocks.{layer}.attn.hook_pattern, …)"));
-    }
-    if (absl::Status s = interpret::CheckModelHasHook(c, named->hook); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("hooks: ", s.message()));
-    }
-    if (named->layer.has_value() && *named->layer >= c.num_layers) {
-      return absl::InvalidArgumentError(absl::StrCat("hooks: \"", name, "\": layer ", *named->layer,
-                                                     " is outside [0, ", c.num_layers, ")"));
-    }
-    const std::vector<int> at = !interpret::HookIsPerLayer(named->hook) ? std::vector<int>{-1}
-                                : named->layer.has_value() ? std::vector<int>{*named->layer}
-                                                           : *layers;
-    for (int l : at) {
-      if (std::find(reads.begin(), reads.end(), std::pair{named->hook, l}) != reads.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("hooks: \"", name, "\" asks again for ",
-                                                       interpret::HookFullName(named->hook, l)));
-      }
-      reads.emplace_back(named->hook, l);
-    }
-  }
+  auto reads = ToHookReads(request.hooks(), c, *layers);
+  if (!reads.ok()) return reads.status();
   auto rows = ToRange(request.positions(), n, "positions");
   if (!rows.ok()) return rows.status();
   const bool fp64 = WantsFp64(request.precision());
@@ -151,7 +125,7 @@ absl::Status RunActivations(const InterpContext& ctx, const v1::ActivationsReque
   }
   // What the tensors will weigh, before anything runs.
   int64_t bytes = 0;
-  for (const auto& [hook, l] : reads) {
+  for (const auto& [hook, l] : *reads) {
     bytes += rows->size() * interpret::HookRowElements(c, hook, n) * DTypeBytes(dtype);
   }
   if (absl::Status s = CheckBytes(bytes, ctx.limits, "the activations"); !s.ok()) return s;
@@ -159,8 +133,8 @@ absl::Status RunActivations(const InterpContext& ctx, const v1::ActivationsReque
   response->mutable_token_ids()->Assign(seq->tokens.begin(), seq->tokens.end());
   response->mutable_positions()->set_begin(rows->begin);
   response->mutable_positions()->set_end(rows->end);
-  return fp64 ? ActivationsAt<double>(ctx, *seq, reads, *rows, dtype, response)
-              : ActivationsAt<float>(ctx, *seq, reads, *rows, dtype, response);
+  return fp64 ? ActivationsAt<double>(ctx, *seq, *reads, *rows, dtype, response)
+              : ActivationsAt<float>(ctx, *seq, *reads, *rows, dtype, response);
 }
 
 absl::Status RunLogitAttribution(const InterpContext& ctx,

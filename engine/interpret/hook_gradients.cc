@@ -30,23 +30,24 @@ bool HookGradientNeedsFfn(Hook hook) {
   return hook == Hook::kMlpPre || hook == Hook::kMlpPost || hook == Hook::kMlpPreLinear;
 }
 
-std::string HookGradientNameList() {
-  std::string s;
-  for (Hook h : kWithGradient) absl::StrAppend(&s, s.empty() ? "" : ", ", std::string(HookName(h)));
-  return s;
+absl::Status CheckHookHasGradient(Hook hook) {
+  if (HookHasGradient(hook)) return absl::OkStatus();
+  std::string names;
+  for (Hook h : kWithGradient) {
+    absl::StrAppend(&names, names.empty() ? "" : ", ", std::string(HookName(h)));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(HookName(hook)),
+                   ": no gradient is kept there (the backward forms none for the norms' scales "
+                   "and normalized rows, ln_final or result); hooks with one: ",
+                   names));
 }
 
 template <typename T>
 absl::StatusOr<std::vector<T>> ReadHookGradient(const Model& model, const Tape<T>& tape,
                                                 const Gradients<T>& g, Hook hook, int layer) {
   const ModelConfig& c = model.config;
-  if (!HookHasGradient(hook)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(std::string(HookName(hook)),
-                     ": no gradient is kept there (the norms' scales and normalized rows, "
-                     "ln_final and result are not formed by the backward); hooks with one: ",
-                     HookGradientNameList()));
-  }
+  if (absl::Status s = CheckHookHasGradient(hook); !s.ok()) return s;
   if (absl::Status s = CheckModelHasHook(c, hook); !s.ok()) return s;
   if (HookIsPerLayer(hook) && (layer < 0 || layer >= c.num_layers)) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(HookName(hook)), ": layer ", layer,

@@ -37,8 +37,8 @@ absl::Span<const Hook> HooksWithGradient();
 bool HookHasGradient(Hook hook);
 // The mlp_pre, mlp_post and mlp_pre_linear hooks: those that need BackwardOptions::ffn.
 bool HookGradientNeedsFfn(Hook hook);
-// "resid_pre, resid_mid, …": the hooks with a gradient, for error messages.
-std::string HookGradientNameList();
+// OK when HookHasGradient(hook); else INVALID_ARGUMENT naming it and the hooks that have one.
+absl::Status CheckHookHasGradient(Hook hook);
 
 // The gradient at `hook` of layer `layer` (ignored for embed and pos_embed), every row,
 // in HookShape's order. INVALID_ARGUMENT when the hook has no gradient (naming it and

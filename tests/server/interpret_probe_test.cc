@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <random>
 
+#include "engine/interpret/hook_gradients.h"
 #include "engine/interpret/tape.h"
 #include "gtest/gtest.h"
 #include "tests/server/interpret_test_util.h"
@@ -250,6 +251,12 @@ TEST_P(InterpretOracle, GradientsMatchOracle) {
       const bool rotary = ref.arrays.count("grad.rot_q.0") > 0;
       request.set_rot_q(rotary);
       request.set_rot_k(rotary);
+      // and the gradient at every hook that has one, at every layer
+      for (interpret::Hook hook : interpret::HooksWithGradient()) {
+        if (interpret::CheckModelHasHook(c, hook).ok()) {
+          request.add_hooks(std::string(interpret::HookName(hook)));
+        }
+      }
       request.set_param_layer(kParamLayer);
       v1::GradientProbeResponse response;
       grpc::ClientContext context;
@@ -322,13 +329,40 @@ TEST_P(InterpretOracle, GradientsMatchOracle) {
         EXPECT_LE(e, tol) << w;
         worst = std::max(worst, e);
       }
+      // Each hook's gradient against autograd at the oracle's tensor of that hook
+      // (the pattern's masked entries aside: the oracle's are dO · v there, ours 0).
+      int hooks_read = 0;
+      for (const v1::Tensor& t : response.hook_gradients()) {
+        const bool per_layer = t.layer() >= 0;
+        const std::string key = per_layer ? absl::StrCat("grad.hook.", t.name(), ".", t.layer())
+                                          : std::string("grad.embeds");
+        std::vector<bool> keep;
+        if (t.name() == "pattern") {
+          for (int h = 0; h < c.num_heads; ++h)
+            keep.insert(keep.end(), visible.begin(), visible.end());
+        }
+        check("hook " + key, &t, ref.arrays.at(key).data, keep.empty() ? nullptr : &keep);
+        ++hooks_read;
+      }
+      EXPECT_EQ(hooks_read, (request.hooks_size() - (rotary ? 1 : 2)) * c.num_layers +
+                                (rotary ? 1 : 2));  // embed (and GPT-2's pos_embed) once
       const v1::Tensor* saliency = FindTensor(ts, "saliency", -1, -1);
       ASSERT_NE(saliency, nullptr);
       EXPECT_EQ(saliency->shape(0), n);
       std::printf("[interp] %s GradientProbe%s %s: worst relative error vs oracle %.3g\n",
                   GetParam().name, docs.empty() ? "" : " (doc ids)", fp64 ? "fp64" : "fp32", worst);
+      v1::GradientProbeResponse ignored;
+      for (const char* hook : {"ln1_scale", "blocks.0.attn.hook_result", "ln_final"}) {
+        v1::GradientProbeRequest bad = request;
+        bad.add_hooks(hook);
+        ExpectInvalid(CallInterpret(server, &v1::Interpret::Stub::GradientProbe, bad, &ignored),
+                      "no gradient is kept there");
+      }
+      v1::GradientProbeRequest twice = request;
+      twice.add_hooks("blocks.1.hook_resid_pre");
+      ExpectInvalid(CallInterpret(server, &v1::Interpret::Stub::GradientProbe, twice, &ignored),
+                    "hooks: \"blocks.1.hook_resid_pre\" asks again for blocks.1.hook_resid_pre");
       if (!rotary) {  // GPT-2's q and k are what its scores use: there is no rot_q / rot_k
-        v1::GradientProbeResponse ignored;
         request.set_rot_q(true);
         ExpectInvalid(CallInterpret(server, &v1::Interpret::Stub::GradientProbe, request, &ignored),
                       "rot_q: the model (gpt2) has no rotary embedding");

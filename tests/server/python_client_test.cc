@@ -75,6 +75,14 @@ out["gp_same"] = [bool((gp.get("grad.q", -1, -1) == gp.tensors["grad.q"][k]).all
                  bool((gp.get(n, -1, -1) == gp.tensors[n][k]).all())
                  for n in ("grad.k", "grad.rot_k") for k in gp.tensors[n]] + [
                  gp.get("grad.embeddings").shape == gp.tensors["grad.embeddings"][(-1, -1)].shape]
+# TransformerLens's gradient cache beside run_with_cache: the same keys and shapes, so that
+# activation x gradient is elementwise (neuron attribution at mlp_post)
+gh = c.gradient_probe(chat=conv, targets=[(last, 5)], hooks=("mlp_post", "blocks.0.attn.hook_z"),
+                      layers=[-1], fp64=True)
+ac = c.run_with_cache(chat=conv, hooks=("mlp_post", "blocks.0.attn.hook_z"), layers=[-1], fp64=True)
+out["grad_cache"] = [sorted(gh.grad_cache.keys()), sorted(ac.keys()),
+                     list(gh.grad_cache["mlp_post", -1].shape), list(ac["mlp_post", -1].shape),
+                     list(gh.grad_cache["z", 0].shape), list(ac["z", 0].shape), gp.grad_cache is None]
 # k before RoPE and after it: a rotation apart, so each key's gradient keeps its length
 pre_k, rot_k = gp.get("grad.k", -1, -1), gp.get("grad.rot_k", -1, -1)
 out["gp_rotation"] = [bool(np.allclose(np.linalg.norm(pre_k, axis=-1),
@@ -426,6 +434,14 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
                 absl::StrCat("grad.q:", L1, ":", c.num_heads - 1),
                 absl::StrCat("grad.rot_k:", L1, ":", c.num_kv_heads - 1), "saliency:-1:-1"}));
   EXPECT_EQ(out["gp_same"].dump(), "[true,true,true,true]");
+  // hooks= gives a gradient cache keyed and shaped as run_with_cache's; none without it.
+  const nlohmann::json& gc = out["grad_cache"];
+  EXPECT_EQ(gc[0], gc[1]);
+  EXPECT_EQ(gc[0].dump(), absl::StrCat("[\"mlp_post.", L1, "\",\"z.0\"]"));
+  EXPECT_EQ(gc[2], gc[3]);
+  EXPECT_EQ(gc[2][1].get<int>(), c.hidden_dim);
+  EXPECT_EQ(gc[4], gc[5]);
+  EXPECT_TRUE(gc[6].get<bool>());
   EXPECT_TRUE(out["gp_rotation"][0].get<bool>());
   EXPECT_GT(out["gp_rotation"][1].get<double>(), 1e-3);  // and they do differ
   // normalized · scale gives back the stream the final norm read (centred under LayerNorm).

@@ -40,6 +40,14 @@ def _chat(target, chat):
         target.messages.add(role=m["role"], content=m["content"])
 
 
+def _activation_cache(tensors, info) -> ActivationCache:
+    """Per-hook tensors of a response (Activations' tensors, GradientProbe's hook_gradients)
+    as an ActivationCache keyed "hook.layer" ("embed" without a layer)."""
+    return ActivationCache(
+        {(t.name if t.layer < 0 else f"{t.name}.{t.layer}"): decode(t.data, t.dtype, t.shape)
+         for t in tensors}, info.num_layers, layer_norm=info.architecture == "gpt2")
+
+
 def _input(text=None, tokens=None, session_id=None, add_bos=None, doc_ids=None, chat=None):
     """add_bos None: the model's own setting (the server's default). chat: a conversation,
     written by the model's chat template as Client.generate(chat=...) writes it."""
@@ -212,6 +220,9 @@ class GradientProbe:
     num_layers: int = 0    # the model's, for layers counted from the end
     num_heads: int = 0
     num_kv_heads: int = 0
+    # with hooks=: the gradients at those hooks, keyed and laid out as run_with_cache's
+    # activations (grad_cache["mlp_post", -1] * cache["mlp_post", -1]: neuron attribution)
+    grad_cache: Optional["ActivationCache"] = None
 
     def get(self, name: str, layer: Optional[int] = None,
             head: Optional[int] = None) -> np.ndarray:
@@ -479,16 +490,19 @@ class Client:
     def gradient_probe(self, text=None, tokens=None, targets=(), logit_diff=None,
                        attn_out_probe=None, want=("embeddings",), layers=(), heads=(),
                        param_layer=None, fp64=False, verify=0, doc_ids=None,
-                       chat=None) -> GradientProbe:
+                       chat=None, hooks=()) -> GradientProbe:
         """targets: [(position, token)] for J = Σ log p (position -1: the last); or
         logit_diff=(position, a, b); or
         attn_out_probe=(layer, head, G [positions, head_dim]). want: any of scores, probs,
         q, k (before RoPE, as TransformerLens's hook_q / hook_k and run_with_cache's q, k),
         rot_q, rot_k (after it; rotary models only), v, attn_out, residual, embeddings,
-        attention_times_gradient."""
+        attention_times_gradient. hooks: run_with_cache's names (short ones at every layer of
+        `layers`, or full ones) whose gradients come back as .grad_cache, TransformerLens's
+        gradient cache: every hook but the norms' ones, ln_final and result; mlp_pre,
+        mlp_post and mlp_pre_linear cost 3·L·positions·d_mlp more server memory."""
         req = ip.GradientProbeRequest(input=_input(text, tokens, doc_ids=doc_ids, chat=chat),
                                       precision=_precision(fp64), layers=list(layers),
-                                      heads=list(heads))
+                                      heads=list(heads), hooks=list(hooks))
         if logit_diff is not None:
             req.logit_diff.position, req.logit_diff.token_a, req.logit_diff.token_b = logit_diff
         elif attn_out_probe is not None:
@@ -513,10 +527,11 @@ class Client:
             verify_report = dict(max_abs_err=r.verify.max_abs_err, max_rel_err=r.verify.max_rel_err,
                                  num_forwards=r.verify.num_forwards)
         info = self._cached_info()
+        grad_cache = _activation_cache(r.hook_gradients, info) if hooks else None
         return GradientProbe(precision=ip.Precision.Name(r.precision), objective=r.objective,
                              tokens=list(r.token_ids), tensors=tensors, verify=verify_report,
                              num_layers=info.num_layers, num_heads=info.num_heads,
-                             num_kv_heads=info.num_kv_heads)
+                             num_kv_heads=info.num_kv_heads, grad_cache=grad_cache)
 
     def cached_kv_probe(self, session_id: int, new_tokens: Iterable[int], target: int,
                         fp64: bool = False) -> CachedKvProbe:
@@ -649,10 +664,7 @@ class Client:
             precision=_precision(fp64),
             dtype=ip.DTYPE_FP16 if fp16 else ip.DTYPE_UNSPECIFIED)
         r = self.interpret.Activations(req, timeout=self.timeout)
-        info = self._cached_info()
-        return ActivationCache(
-            {(t.name if t.layer < 0 else f"{t.name}.{t.layer}"): decode(t.data, t.dtype, t.shape)
-             for t in r.tensors}, info.num_layers, layer_norm=info.architecture == "gpt2")
+        return _activation_cache(r.tensors, self._cached_info())
 
     def logit_attribution(self, text=None, tokens=None, token=0, baseline_token=None,
                           position=None, heads=False, top_neurons=0, fp64=False, chat=None,
