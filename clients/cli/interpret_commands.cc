@@ -255,6 +255,44 @@ int AttentionCommand(int argc, char** argv) {
   return 0;
 }
 
+namespace {
+
+// The k (layer, position, neuron) entries of largest |mlp_post × dJ/dmlp_post|, from the
+// Activations' and the probe's mlp_post tensors of each layer ([positions, d_mlp] each).
+void PrintTopNeurons(const v1::ActivationsResponse& acts, const v1::GradientProbeResponse& grads,
+                     int64_t k) {
+  struct Entry {
+    int layer, position, neuron;
+    double act, grad;
+  };
+  std::vector<Entry> entries;
+  for (const v1::Tensor& g : grads.hook_gradients()) {
+    for (const v1::Tensor& a : acts.tensors()) {
+      if (a.layer() != g.layer() || a.shape_size() != 2) continue;
+      const std::vector<double> av = Decode(a.data(), a.dtype()), gv = Decode(g.data(), g.dtype());
+      const int64_t width = a.shape(1);
+      for (size_t e = 0; e < av.size() && e < gv.size(); ++e) {
+        entries.push_back(
+            {g.layer(), static_cast<int>(e / width), static_cast<int>(e % width), av[e], gv[e]});
+      }
+    }
+  }
+  const size_t shown = std::min(entries.size(), static_cast<size_t>(k));
+  std::partial_sort(entries.begin(), entries.begin() + shown, entries.end(),
+                    [](const Entry& x, const Entry& y) {
+                      return std::abs(x.act * x.grad) > std::abs(y.act * y.grad);
+                    });
+  std::printf("%5s %8s %7s %12s %12s %12s\n", "layer", "position", "neuron", "act", "grad",
+              "act x grad");
+  for (size_t i = 0; i < shown; ++i) {
+    const Entry& e = entries[i];
+    std::printf("%5d %8d %7d %12.6f %12.6f %12.6f\n", e.layer, e.position, e.neuron, e.act, e.grad,
+                e.act * e.grad);
+  }
+}
+
+}  // namespace
+
 int ProbeCommand(int argc, char** argv) {
   std::vector<FlagSpec> specs = CommonSpecs();
   specs.push_back(
@@ -263,10 +301,14 @@ int ProbeCommand(int argc, char** argv) {
   specs.push_back({"target-token", "", "the token id of J = log p(token | position)"});
   specs.push_back({"target-text", "", "or the token as text (one token, e.g. \" Paris\")"});
   specs.push_back({"verify", "0", "check K random entries per tensor by finite differences"});
+  specs.push_back({"neurons", "0",
+                   "also the K (layer, position, neuron) entries of largest |mlp_post x "
+                   "dJ/dmlp_post|: each FFN neuron's first-order share of J"});
   absl::StatusOr<Args> args;
   if (int code = Prepare(argc, argv, "probe",
                          "Gradient probe: J = log p(target | position); prints J, input x "
-                         "gradient saliency per token and, with --verify, the FD errors.",
+                         "gradient saliency per token, with --neurons the FFN neurons of "
+                         "largest activation x gradient, and with --verify the FD errors.",
                          specs, args);
       code >= 0) {
     return code;
@@ -279,18 +321,33 @@ int ProbeCommand(int argc, char** argv) {
   if (int code = FillTarget(*args, "probe", t); code >= 0) return code;
   auto verify = args->Int("verify", 0, 1 << 10);
   if (!verify.ok()) return Fail("probe", std::string(verify.status().message()), 2);
+  auto neurons = args->Int("neurons", 0, 1 << 20);
+  if (!neurons.ok()) return Fail("probe", std::string(neurons.status().message()), 2);
   request.set_precision(PrecisionOf(*args));
   request.set_embeddings(true);
   if (*verify > 0) {
     request.set_verify(true);
     request.set_verify_samples(static_cast<int>(*verify));
   }
+  if (*neurons > 0) request.add_hooks("mlp_post");
   grpc::ClientContext context;
   auto stub = Connect(*args, context);
   v1::GradientProbeResponse response;
   if (int code = RefuseNonUtf8("probe", request); code >= 0) return code;
   const grpc::Status status = stub->GradientProbe(&context, request, &response);
   if (!status.ok()) return Fail("probe", RpcErrorText(status), 1);
+  // The activations the gradients multiply: mlp_post of every layer, same prompt and precision.
+  v1::ActivationsResponse acts;
+  if (*neurons > 0) {
+    v1::ActivationsRequest a;
+    *a.mutable_input() = request.input();
+    a.set_precision(request.precision());
+    a.add_hooks("mlp_post");
+    grpc::ClientContext a_context;
+    SetDeadline(*args, a_context);
+    const grpc::Status a_status = stub->Activations(&a_context, a, &acts);
+    if (!a_status.ok()) return Fail("probe", RpcErrorText(a_status), 1);
+  }
   const std::vector<int32_t> ids(response.token_ids().begin(), response.token_ids().end());
   const int position =
       t->position() < 0 ? static_cast<int>(ids.size()) + t->position() : t->position();
@@ -306,6 +363,7 @@ int ProbeCommand(int argc, char** argv) {
       std::printf("%8zu %8d %12.6f  %s\n", i, ids[i], s[i], Quoted(texts->at(ids[i])).c_str());
     }
   }
+  if (*neurons > 0) PrintTopNeurons(acts, response, *neurons);
   if (response.has_verify()) {
     std::printf("verify: max abs error %.3g, max rel error %.3g (%d fp64 forwards)\n",
                 response.verify().max_abs_err(), response.verify().max_rel_err(),

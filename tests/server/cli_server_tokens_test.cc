@@ -6,7 +6,10 @@
 // the same command prints given the ids, encoded here by the model's tokenizer; text that is not
 // one token, or both or neither of a token's flags, is refused by name (exit code 2).
 // The default model's GPT-2 vocabulary has " created" and " said" as single tokens.
+#include <algorithm>
+#include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -91,6 +94,55 @@ TEST_F(CliServerTokens, ProbeTakesTheLastPositionAndATextTarget) {
   EXPECT_NE(out.find(absl::StrFormat("%8d %8d ", LastPosition(), ids.back())), std::string::npos)
       << out;
   EXPECT_NE(out.find("  \" God\"\n"), std::string::npos) << out;
+}
+
+// probe --neurons K: the K (layer, position, neuron) entries of largest |mlp_post × its
+// gradient|, each line as the Activations and GradientProbe RPCs give the two factors
+// (fp64) for the same prompt and target.
+TEST_F(CliServerTokens, ProbeNeuronsAreTheLargestActivationTimesGradient) {
+  const std::vector<int32_t> ids = Encode(kPrompt, server_.model().tokenizer->adds_bos());
+  const int32_t target = OneToken(" created");
+  const auto [code, out] = Cli("probe", absl::StrCat("--ids '", PromptIds(), "' --target-token ",
+                                                     target, " --precision fp64 --neurons 3"));
+  ASSERT_EQ(code, 0) << out;
+  v1::GradientProbeRequest g;
+  *g.mutable_input() = IdsInput(ids);
+  v1::TokenTarget* t = g.mutable_log_prob()->add_targets();
+  t->set_position(LastPosition());
+  t->set_token(target);
+  g.set_precision(v1::PRECISION_FP64);
+  g.add_hooks("mlp_post");
+  const v1::GradientProbeResponse grads = CallGradientProbe(server_, g);
+  v1::ActivationsRequest a;
+  *a.mutable_input() = IdsInput(ids);
+  a.set_precision(v1::PRECISION_FP64);
+  a.add_hooks("mlp_post");
+  v1::ActivationsResponse acts;
+  ASSERT_TRUE(CallInterpret(server_, &v1::Interpret::Stub::Activations, a, &acts).ok());
+  const ModelConfig& c = server_.model().config;
+  ASSERT_EQ(grads.hook_gradients_size(), c.num_layers);
+  ASSERT_EQ(acts.tensors_size(), c.num_layers);
+  std::vector<std::pair<double, std::string>> lines;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::vector<double> av = DecodeTensor(acts.tensors(l)),
+                              gv = DecodeTensor(grads.hook_gradients(l));
+    ASSERT_EQ(av.size(), ids.size() * c.hidden_dim);
+    ASSERT_EQ(gv.size(), av.size());
+    for (size_t e = 0; e < av.size(); ++e) {
+      lines.emplace_back(
+          std::abs(av[e] * gv[e]),
+          absl::StrFormat("%5d %8d %7d %12.6f %12.6f %12.6f\n", l,
+                          static_cast<int>(e / c.hidden_dim), static_cast<int>(e % c.hidden_dim),
+                          av[e], gv[e], av[e] * gv[e]));
+    }
+  }
+  std::sort(lines.begin(), lines.end(),
+            [](const auto& x, const auto& y) { return x.first > y.first; });
+  const size_t table = out.find("act x grad\n");
+  ASSERT_NE(table, std::string::npos) << out;
+  EXPECT_EQ(out.substr(table + 11, lines[0].second.size() * 3),
+            lines[0].second + lines[1].second + lines[2].second)
+      << out;
 }
 
 TEST_F(CliServerTokens, InterveneAndAttributeTakeTextTokens) {
