@@ -91,6 +91,13 @@ absl::Status ValidateEdits(const ModelConfig& c, int n, int tk, const Edits& e) 
       return Bad(absl::StrCat("ablation of layer ", a.layer, " head ", a.head, " is out of range"));
     }
   }
+  for (const NeuronAblation& a : e.neuron_ablations) {
+    if (a.layer < 0 || a.layer >= L || a.neuron < 0 || a.neuron >= c.hidden_dim || a.row < -1 ||
+        a.row >= n) {
+      return Bad(absl::StrCat("neuron ablation (layer ", a.layer, ", neuron ", a.neuron, ", row ",
+                              a.row, ") is out of range"));
+    }
+  }
   for (const RowOverride& r : e.row_overrides) {
     if (r.layer < 0 || r.layer >= L || r.head < 0 || r.head >= H || r.row < 0 || r.row >= n) {
       return Bad(absl::StrCat("row override (layer ", r.layer, ", head ", r.head, ", row ", r.row,
@@ -199,6 +206,23 @@ void EditAttentionOutput(const ModelConfig& c, int n, int tk, int layer, const E
   }
   ApplyHeadPatches(c, e, TensorKind::kAttnOut, layer, 0, lt.att);
   Perturb(c, n, tk, e, TensorKind::kAttnOut, layer, lt.att);
+}
+
+// The neuron ablations of `layer`, on the FFN's hidden activations act [n, F].
+template <typename T>
+void AblateNeurons(const ModelConfig& c, int n, int layer, const Edits& e, std::vector<T>& act) {
+  const int64_t F = c.hidden_dim;
+  for (const NeuronAblation& a : e.neuron_ablations) {
+    if (a.layer != layer) continue;
+    double mean = 0.0;
+    if (a.mode == AblationMode::kMean) {
+      for (int i = 0; i < n; ++i) mean += act[i * F + a.neuron];
+      mean /= n;
+    }
+    for (int i = a.row < 0 ? 0 : a.row; i < (a.row < 0 ? n : a.row + 1); ++i) {
+      act[i * F + a.neuron] = static_cast<T>(mean);
+    }
+  }
 }
 
 // S, A and O of one layer, every head, with the attention edits applied. The backend's
@@ -476,6 +500,7 @@ int FirstEditedLayer(const ModelConfig& c, const Edits& e) {
   for (const RowOverride& r : e.row_overrides) first = std::min(first, r.layer);
   for (const ResidualPatch& p : e.patches) first = std::min(first, p.layer);
   for (const HeadPatch& p : e.head_patches) first = std::min(first, p.layer);
+  for (const NeuronAblation& a : e.neuron_ablations) first = std::min(first, a.layer);
   return first;
 }
 
@@ -588,6 +613,7 @@ absl::StatusOr<Tape<T>> Forward(const Model& model, Backend<T>& be, const Sequen
       lt.act = lt.pre;
       be.Gelu(lt.act.data(), n * F);
     }
+    AblateNeurons(c, n, l, edits, lt.act);
     be.MatMul(lt.act.data(), n, lw.w_out, lw.b_out, proj.data());
     if (c.sandwich_norms) {
       lt.ffn_out = proj;

@@ -83,6 +83,15 @@ struct HeadAblation {
   int head = 0;
   AblationMode mode = AblationMode::kZero;
 };
+// One FFN neuron's hidden activation (TransformerLens's mlp.hook_post[:, row, neuron]) at
+// query row `row`, or every row with row = −1, set to 0 or to its mean over this sequence's
+// rows, before W_out reads it.
+struct NeuronAblation {
+  int layer = 0;
+  int neuron = 0;
+  int row = -1;
+  AblationMode mode = AblationMode::kZero;
+};
 // Between softmax and A·V for (layer, head, query row): either replace the row by `probs`
 // ([Tk]; masked keys must be 0) or, with `probs` empty, set `masked_keys` to 0 and
 // renormalise the rest (the same as masking their scores with −∞).
@@ -128,9 +137,10 @@ struct Edits {
   std::vector<RowOverride> row_overrides;
   std::vector<ResidualPatch> patches;
   std::vector<HeadPatch> head_patches;
+  std::vector<NeuronAblation> neuron_ablations;
   bool empty() const {
     return perturbations.empty() && ablations.empty() && row_overrides.empty() && patches.empty() &&
-           head_patches.empty();
+           head_patches.empty() && neuron_ablations.empty();
   }
 };
 

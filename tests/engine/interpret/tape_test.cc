@@ -8,7 +8,9 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "engine/interpret/finite_difference.h"
 #include "engine/interpret/objective.h"
 #include "engine/model/transformer.h"
@@ -276,6 +278,56 @@ TEST_P(TinyTape, GradientsBeforeRopeMatchFiniteDifferences) {
   }
 }
 
+// Ablating FFN neuron i of layer l is patching what the FFN adds (mlp_out) at each row by
+// itself minus act[row, i] · W_out[:, i] (zero), or minus (act[row, i] − mean_i) · W_out[:, i]
+// (mean), computed here from the clean tape and the weights: two edits on different paths
+// give the same logits. (Not for Gemma 2/3, whose norm on the FFN output is not linear.)
+TEST_P(TinyTape, NeuronAblationIsAPatchOfWhatTheFfnAdds) {
+  auto m = testing::MakeTinyModel(Spec(GetParam()));
+  const ModelConfig& c = m->config;
+  if (c.sandwich_norms) GTEST_SKIP() << "the FFN output's norm is not linear";
+  const int n = 6, layer = 1, F = c.hidden_dim, D = c.dim;
+  const SequenceInput<double> in{testing::RandomTokens(n, 50 + GetParam(), c.vocab_size)};
+  const Tape<double> clean = MustTape(*m, in);
+  const LayerTape<double>& lt = clean.layers[layer];
+  for (const auto& [neuron, row, mode] :
+       {std::tuple{3, -1, AblationMode::kZero}, std::tuple{F - 1, 4, AblationMode::kMean},
+        std::tuple{0, -1, AblationMode::kMean}}) {
+    double mean = 0;
+    for (int i = 0; i < n; ++i) mean += lt.act[int64_t{i} * F + neuron] / n;
+    Edits ablate, patch;
+    ablate.neuron_ablations.push_back({layer, neuron, row, mode});
+    for (int i = 0; i < n; ++i) {
+      if (row >= 0 && i != row) continue;
+      const double shift =
+          lt.act[int64_t{i} * F + neuron] - (mode == AblationMode::kMean ? mean : 0.0);
+      std::vector<double> value(lt.ffn_delta.begin() + int64_t{i} * D,
+                                lt.ffn_delta.begin() + int64_t{i + 1} * D);
+      for (int d = 0; d < D; ++d) {
+        value[d] -= shift * *testing::Param(m->weights.layers[layer].w_out, d, neuron);
+      }
+      patch.patches.push_back({layer, i, value, PatchSite::kMlpOut});
+    }
+    kernels::ReferenceBackend be;
+    auto a = RunForward(*m, be, in, ablate);
+    auto p = RunForward(*m, be, in, patch);
+    ASSERT_TRUE(a.ok() && p.ok()) << a.status() << p.status();
+    EXPECT_TRUE(a->edited);
+    EXPECT_LE(RelErr(a->logits, p->logits), 1e-12) << "neuron " << neuron << " row " << row;
+    EXPECT_GT(RelErr(a->logits, clean.logits), 1e-6) << "the ablation changes the logits";
+    EXPECT_EQ(a->layers[layer - 1].h, clean.layers[layer - 1].h);  // and nothing upstream
+  }
+  Edits bad;
+  bad.neuron_ablations.push_back({layer, F, -1, AblationMode::kZero});
+  kernels::ReferenceBackend be;
+  const auto refused = RunForward(*m, be, in, bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find(
+                absl::StrCat("neuron ablation (layer 1, neuron ", F, ", row -1) is out of range")),
+            std::string::npos)
+      << refused.status();
+}
+
 TEST_P(TinyTape, ParameterGradientsMatchDifferencesInTheWeights) {
   auto m = testing::MakeTinyModel(Spec(GetParam()));
   const auto t = testing::RandomTokens(7, 20 + GetParam(), m->config.vocab_size);
@@ -390,6 +442,7 @@ void ExpectResumedEqualsFull(const Model& m, kernels::Backend<T>& be) {
           e.head_patches.push_back({first, 0, 5, std::vector<double>(c.head_dim, -0.5)});
           e.row_overrides.push_back({first, 0, 4, {}, {1, 2}});
           e.patches.push_back({first, 6, std::vector<double>(c.dim, 0.125), PatchSite::kMlpOut});
+          e.neuron_ablations.push_back({first, 2, -1, AblationMode::kMean});
         }
       }
       auto full = RunForward(m, be, in, e);
