@@ -265,9 +265,11 @@ absl::StatusOr<interpret::Edits> ToEdits(const v1::InterveneRequest& request, co
   if (absl::Status s = CheckCount("ablations", request.ablations_size(), limits); !s.ok()) {
     return s;
   }
-  for (const auto& [field, count] : {std::pair{"row_overrides", request.row_overrides_size()},
-                                     std::pair{"patches", request.patches_size()},
-                                     std::pair{"head_patches", request.head_patches_size()}}) {
+  for (const auto& [field, count] :
+       {std::pair{"row_overrides", request.row_overrides_size()},
+        std::pair{"patches", request.patches_size()},
+        std::pair{"head_patches", request.head_patches_size()},
+        std::pair{"neuron_ablations", request.neuron_ablations_size()}}) {
     if (absl::Status s = CheckCount(field, count, limits); !s.ok()) return s;
   }
   for (int k = 0; k < request.ablations_size(); ++k) {
@@ -281,6 +283,26 @@ absl::StatusOr<interpret::Edits> ToEdits(const v1::InterveneRequest& request, co
                                a.mode() == v1::HeadAblation::MODE_MEAN
                                    ? interpret::AblationMode::kMean
                                    : interpret::AblationMode::kZero});
+  }
+  for (int k = 0; k < request.neuron_ablations_size(); ++k) {
+    const v1::NeuronAblation& a = request.neuron_ablations(k);
+    const std::string name = absl::StrCat("neuron_ablations[", k, "]");
+    absl::StatusOr<int> layer = ToIndex(a.layer(), c.num_layers, name + ".layer");
+    if (!layer.ok()) return layer.status();
+    if (a.neuron() < 0 || a.neuron() >= c.hidden_dim) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ".neuron = ", a.neuron(), " must be in [0, ", c.hidden_dim, ")"));
+    }
+    int position = -1;
+    if (a.has_position()) {
+      absl::StatusOr<int> p = ToIndex(a.position(), n, name + ".position");
+      if (!p.ok()) return p.status();
+      position = *p;
+    }
+    edits.neuron_ablations.push_back({*layer, a.neuron(), position,
+                                      a.mode() == v1::HeadAblation::MODE_MEAN
+                                          ? interpret::AblationMode::kMean
+                                          : interpret::AblationMode::kZero});
   }
   for (int k = 0; k < request.row_overrides_size(); ++k) {
     const v1::RowOverride& r = request.row_overrides(k);

@@ -374,8 +374,10 @@ int ProbeCommand(int argc, char** argv) {
 
 int InterveneCommand(int argc, char** argv) {
   std::vector<FlagSpec> specs = CommonSpecs();
-  specs.push_back(
-      {"ablate", "", "heads to ablate, \"LAYER:HEAD ...\" (negative: from the end; required)"});
+  specs.push_back({"ablate", "", "heads to ablate, \"LAYER:HEAD ...\" (negative: from the end)"});
+  specs.push_back({"ablate-neurons", "",
+                   "FFN neurons to ablate (mlp.hook_post), \"LAYER:NEURON[:POSITION] ...\" "
+                   "(every position without one; negative layer, position: from the end)"});
   specs.push_back({"mean", "", "mean-ablate (default: zero)", true});
   specs.push_back({"target-position", "-1",
                    "position whose next-token log-prob is reported (negative: from the end)"});
@@ -383,8 +385,8 @@ int InterveneCommand(int argc, char** argv) {
   specs.push_back({"target-text", "", "or the token as text (one token, e.g. \" Paris\")"});
   absl::StatusOr<Args> args;
   if (int code = Prepare(argc, argv, "intervene",
-                         "Ablates heads and prints the clean and edited logit and log-prob of "
-                         "the target token.",
+                         "Ablates heads and FFN neurons and prints the clean and edited logit "
+                         "and log-prob of the target token.",
                          specs, args);
       code >= 0) {
     return code;
@@ -405,6 +407,24 @@ int InterveneCommand(int argc, char** argv) {
     a->set_head(head);
     a->set_mode(args->Switch("mean") ? v1::HeadAblation::MODE_MEAN : v1::HeadAblation::MODE_ZERO);
   }
+  for (absl::string_view ln : absl::StrSplit(args->Str("ablate-neurons"), ' ', absl::SkipEmpty())) {
+    std::vector<std::string> parts = absl::StrSplit(ln, ':');
+    int layer = 0, neuron = 0, position = 0;
+    if ((parts.size() != 2 && parts.size() != 3) || !absl::SimpleAtoi(parts[0], &layer) ||
+        !absl::SimpleAtoi(parts[1], &neuron) ||
+        (parts.size() == 3 && !absl::SimpleAtoi(parts[2], &position))) {
+      return Fail("intervene",
+                  "--ablate-neurons: '" + std::string(ln) + "' is not LAYER:NEURON[:POSITION]", 2);
+    }
+    v1::NeuronAblation* a = request.add_neuron_ablations();
+    a->set_layer(layer);
+    a->set_neuron(neuron);
+    if (parts.size() == 3) a->set_position(position);
+    a->set_mode(args->Switch("mean") ? v1::HeadAblation::MODE_MEAN : v1::HeadAblation::MODE_ZERO);
+  }
+  if (request.ablations_size() == 0 && request.neuron_ablations_size() == 0) {
+    return Fail("intervene", "give --ablate (heads) or --ablate-neurons (FFN neurons)", 2);
+  }
   if (int code = FillTarget(*args, "intervene", request.add_targets()); code >= 0) return code;
   request.set_precision(PrecisionOf(*args));
   grpc::ClientContext context;
@@ -413,9 +433,9 @@ int InterveneCommand(int argc, char** argv) {
   if (int code = RefuseNonUtf8("intervene", request); code >= 0) return code;
   const grpc::Status status = stub->Intervene(&context, request, &response);
   if (!status.ok()) return Fail("intervene", RpcErrorText(status), 1);
-  std::printf("precision %s, %d ablation(s); max |logit change| %.6f\n",
+  std::printf("precision %s, %d head and %d neuron ablation(s); max |logit change| %.6f\n",
               PrecisionName(response.precision()), request.ablations_size(),
-              response.max_abs_logit_change());
+              request.neuron_ablations_size(), response.max_abs_logit_change());
   for (const v1::TargetEffect& e : response.effects()) {
     std::printf("token %d at position %d: logit %.6f -> %.6f, log-prob %.6f -> %.6f\n",
                 e.target().token(), e.target().position(), e.clean_logit(), e.edited_logit(),

@@ -143,6 +143,11 @@ def main(argv=None):
                     help="also write sae.input, sae.acts, sae.recon: the SAE at PATH (SAELens "
                          "dir or Gemma Scope .npz) on its hook's rows (@HOOK: override or "
                          "supply the hook name; required for .npz)")
+    ap.add_argument("--ablate-neuron", action="append", default=[], metavar="LAYER:NEURON[:ROW]",
+                    help="zero (with --ablate-mean: mean-ablate) that FFN neuron's mlp_post at "
+                         "ROW (default: every row) in --out's logits; repeatable")
+    ap.add_argument("--ablate-mean", action="store_true",
+                    help="--ablate-neuron sets the neuron to its mean over the rows")
     ap.add_argument("--patch-sweep", metavar="HOOK:ROW:A:B",
                     help="also write sweep.metric/clean/source: activation patching from "
                          "--source-tokens at HOOK, scored by logits[ROW, A] - logits[ROW, B]")
@@ -168,6 +173,16 @@ def main(argv=None):
                                        ("--patch-sweep", a.patch_sweep)) if on]
         if clash:
             ap.error(f"--steer does not combine with {', '.join(clash)}")
+
+    if a.ablate_neuron:
+        clash = [flag for flag, on in (("--generate", a.generate is not None),
+                                       ("--grad-logprob", a.grad_logprob),
+                                       ("--activations", a.activations),
+                                       ("--logit-attribution", a.logit_attribution),
+                                       ("--sae", a.sae),
+                                       ("--patch-sweep", a.patch_sweep)) if on]
+        if clash:
+            ap.error(f"--ablate-neuron applies to --out's logits only, not {', '.join(clash)}")
 
     sae = None
     if a.sae:
@@ -205,8 +220,16 @@ def main(argv=None):
     if a.positions_per_doc and docs is None:
         ap.error("--positions-per-doc needs --doc-ids")
     pos = positions_per_document(docs) if a.positions_per_doc else None
+    ablate = []
+    for spec in a.ablate_neuron:
+        parts = spec.split(":")
+        if len(parts) not in (2, 3):
+            ap.error(f"--ablate-neuron {spec!r}: expected LAYER:NEURON[:ROW]")
+        ablate.append((int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) == 3 else None,
+                       a.ablate_mean))
     with torch.no_grad():
-        logits, attn = forward(model, tokens, doc_ids=docs, positions=pos, steer=steer)
+        logits, attn = forward(model, tokens, doc_ids=docs, positions=pos, steer=steer,
+                               ablate_neurons=ablate or None)
     arrays = {"logits": logits.numpy()}
     if a.grad_logprob:
         from kvlens_oracle.grad import cached_kv_gradients, gradients

@@ -232,6 +232,26 @@ class Stories260KTest(unittest.TestCase):
             np.testing.assert_allclose(np.linalg.norm(pre, axis=-1), np.linalg.norm(post, axis=-1),
                                        rtol=1e-12, atol=1e-15)
 
+    def test_neuron_ablation_is_a_patch_of_what_the_ffn_adds(self):
+        # Zeroing neuron i of layer l (or setting it to its mean) is patching what the FFN adds
+        # at each row by itself minus (act[row, i] - value) * W_down[:, i].
+        ids, layer, neuron = self.ids[:9], 2, 17
+        capture = {}
+        with torch.no_grad():
+            clean, _ = forward(self.model, ids, capture=capture)
+            rec = capture["layers"][layer]
+            act, f = rec["mlp_post"], rec["mlp_block"]
+            w_down = self.model.layers[layer]["w2"][:, neuron]
+            for mean, row in ((False, None), (True, 4)):
+                value = act[:, neuron].mean() if mean else 0.0
+                rows = range(len(ids)) if row is None else [row]
+                patch = {(layer, "mlp"): [(r, f[r] - (act[r, neuron] - value) * w_down)
+                                          for r in rows]}
+                ablated, _ = forward(self.model, ids, ablate_neurons=[(layer, neuron, row, mean)])
+                patched, _ = forward(self.model, ids, patch=patch)
+                self.assertLess(float((ablated - patched).abs().max()), 1e-12)
+                self.assertGreater(float((ablated - clean).abs().max()), 1e-6)
+
     def test_cached_kv_leaves(self):
         from kvlens_oracle.grad import cached_kv_gradients, gradients
         ids, P = self.ids[:10], 6

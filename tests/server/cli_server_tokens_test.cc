@@ -154,6 +154,24 @@ TEST_F(CliServerTokens, InterveneAndAttributeTakeTextTokens) {
                                     LastPosition(), " --target-token ", OneToken(" created")));
   ASSERT_EQ(ids_code, 0) << ids_out;
   EXPECT_EQ(out, ids_out);
+  // FFN neurons too: text and ids alike, counted in the summary line; a malformed entry is
+  // refused by its flag's name.
+  const auto [n_code, n_out] = Cli("intervene", absl::StrCat("--text '", kPrompt,
+                                                             "' --ablate-neurons '0:3 -1:7:-1' "
+                                                             "--target-text ' created'"));
+  ASSERT_EQ(n_code, 0) << n_out;
+  const auto [n_ids_code, n_ids_out] =
+      Cli("intervene", absl::StrCat("--ids '", PromptIds(), "' --ablate-neurons '0:3 -1:7:-1' ",
+                                    "--target-position ", LastPosition(), " --target-token ",
+                                    OneToken(" created")));
+  ASSERT_EQ(n_ids_code, 0) << n_ids_out;
+  EXPECT_EQ(n_out, n_ids_out);
+  EXPECT_NE(n_out.find("0 head and 2 neuron ablation(s)"), std::string::npos) << n_out;
+  const auto [bad_code, bad_out] = Cli(
+      "intervene", absl::StrCat("--text '", kPrompt, "' --ablate-neurons '0' --target-token 5"));
+  EXPECT_EQ(bad_code, 2) << bad_out;
+  EXPECT_NE(bad_out.find("--ablate-neurons: '0' is not LAYER:NEURON[:POSITION]"), std::string::npos)
+      << bad_out;
   const auto [a_code, a_out] =
       Cli("attribute",
           absl::StrCat("--text '", kPrompt, "' --token-text ' created' --baseline-text ' said'"));

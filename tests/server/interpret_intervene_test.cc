@@ -1,8 +1,11 @@
-// kvlens.v1.Interpret end to end on stories260K: Intervene (ablations, attention-row
-// overrides, residual and head-output patching), LogitLens, and the cached-KV probe of an open
+// kvlens.v1.Interpret end to end on stories260K: Intervene (ablations of heads and of FFN
+// neurons, the latter against the PyTorch oracle, attention-row overrides, residual and
+// head-output patching), LogitLens, and the cached-KV probe of an open
 // session, each through the RPC and checked against its definition (engine/interpret run directly
 // in fp64 on the same model).
 
+#include <algorithm>
+#include <cmath>
 #include <tuple>
 
 #include "engine/interpret/interventions.h"
@@ -10,6 +13,7 @@
 #include "engine/interpret/tape.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/reference_backend.h"
+#include "tests/oracle/oracle_runner.h"
 #include "tests/server/interpret_test_util.h"
 #include "tests/test_paths.h"
 
@@ -314,6 +318,68 @@ TEST(InterpretIntervene, AblationsAndRowOverridesAsDefined) {
   v1::InterveneRequest bad = r;
   bad.mutable_ablations(0)->set_head(99);
   ExpectInvalid(TryIntervene(*stub, bad), "ablations[0].head = 99");
+}
+
+// Neuron ablations against the oracle's own (--ablate-neuron: mlp_post of that neuron set
+// to 0 or its mean in a PyTorch forward), by the edited log-probs of the targets; layers and
+// positions count from the end; bad neurons and positions are refused by field.
+TEST(InterpretIntervene, NeuronAblationsMatchTheOracle) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  if (!OracleAvailable()) GTEST_SKIP() << "python3 with torch not available";
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  const ModelConfig& c = server.model().config;
+  const std::vector<int32_t> tokens = RandomPromptTokens(12, 21);
+  const int L = c.num_layers, F = c.hidden_dim;
+  for (const bool mean : {false, true}) {
+    v1::InterveneRequest r;
+    *r.mutable_input() = IdsInput(tokens);
+    r.set_precision(v1::PRECISION_FP64);
+    const auto mode = mean ? v1::HeadAblation::MODE_MEAN : v1::HeadAblation::MODE_ZERO;
+    v1::NeuronAblation* a = r.add_neuron_ablations();
+    a->set_layer(1);
+    a->set_neuron(5);
+    a->set_mode(mode);
+    a = r.add_neuron_ablations();
+    a->set_layer(-1);
+    a->set_neuron(F - 1);
+    a->set_position(-6);
+    a->set_mode(mode);
+    AddTarget(r, 11, 42);
+    AddTarget(r, 6, 300);
+    const v1::InterveneResponse response = CallIntervene(*stub, r);
+    const OracleResult ref =
+        RunOracleWith(Stories260KPath(), tokens,
+                      absl::StrCat("--ablate-neuron 1:5 --ablate-neuron ", L - 1, ":", F - 1, ":6",
+                                   mean ? " --ablate-mean" : ""));
+    ASSERT_TRUE(ref.error.empty()) << ref.error;
+    const OracleArray& logits = ref.arrays.at("logits");
+    ASSERT_EQ(response.effects_size(), 2);
+    for (int k = 0; k < 2; ++k) {
+      const v1::TargetEffect& e = response.effects(k);
+      const int row = e.target().position(), V = c.vocab_size;
+      double m = -1e300, z = 0;
+      for (int v = 0; v < V; ++v) m = std::max(m, logits.data[int64_t{row} * V + v]);
+      for (int v = 0; v < V; ++v) z += std::exp(logits.data[int64_t{row} * V + v] - m);
+      const double want = logits.data[int64_t{row} * V + e.target().token()] - m - std::log(z);
+      EXPECT_NEAR(e.edited_logprob(), want, 1e-10) << (mean ? "mean" : "zero") << " row " << row;
+      EXPECT_NE(e.edited_logprob(), e.clean_logprob());
+    }
+  }
+  v1::InterveneRequest bad;
+  *bad.mutable_input() = IdsInput(tokens);
+  AddTarget(bad, 11, 42);
+  v1::NeuronAblation* a = bad.add_neuron_ablations();
+  a->set_neuron(F);
+  ExpectInvalid(TryIntervene(*stub, bad),
+                absl::StrCat("neuron_ablations[0].neuron = ", F, " must be in [0, ", F, ")"));
+  a->set_neuron(0);
+  a->set_position(12);
+  ExpectInvalid(TryIntervene(*stub, bad), "neuron_ablations[0].position = 12");
+  a->clear_position();
+  a->set_layer(L);
+  ExpectInvalid(TryIntervene(*stub, bad), absl::StrCat("neuron_ablations[0].layer = ", L));
 }
 
 TEST(InterpretLens, LastLayerIsTheModelsOwnOutput) {

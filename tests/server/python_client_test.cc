@@ -92,6 +92,13 @@ out["lens_chat"] = [r.top[0].token for r in c.logit_lens(chat=conv).rows]
 out["lens_text"] = [r.top[0].token for r in c.logit_lens(text=text).rows]
 out["ablation_change"] = c.intervene(chat=conv, ablations=[(0, 0)],
                                      targets=[(last, 5)]).max_abs_logit_change
+# A neuron ablated at position 4 leaves the rows before it alone (causal) and moves the last;
+# mean-ablated at every position, it moves the logits too.
+ne = c.intervene(chat=conv, neuron_ablations=[(0, 3, 4)], targets=[(3, 5), (last, 5)], fp64=True)
+out["neuron_ablation"] = [ne.effects[0].edited_logprob == ne.effects[0].clean_logprob,
+                          ne.effects[1].edited_logprob != ne.effects[1].clean_logprob,
+                          c.intervene(chat=conv, neuron_ablations=[(-1, 3)], mean=True,
+                                      targets=[(last, 5)]).max_abs_logit_change > 0]
 # Patching sweeps: the last layer's resid_post at the objective's position is the source's
 # final stream there, so that cell recovers the source's score exactly, and the rest none.
 a, b = [1, 403, 407, 261, 378, 11], [1, 403, 407, 300, 378, 11]
@@ -311,6 +318,7 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_EQ(out["lens_chat"], out["lens_text"]);
   EXPECT_FALSE(out["lens_chat"].empty());
   EXPECT_GT(out["ablation_change"].get<double>(), 0.0);
+  EXPECT_EQ(out["neuron_ablation"].dump(), "[true,true,true]");
   // A head's output (and the stream's sites) patched from the same text changes nothing;
   // from another prompt, only rows from the patched one on (row 0's log-prob stays its clean
   // value).

@@ -551,8 +551,11 @@ class Client:
 
     def intervene(self, text=None, tokens=None, ablations=(), mean=False, targets=(),
                   row_overrides=(), patches=(), patch_source=None, fp64=False, chat=None,
-                  head_patches=()):
-        """ablations: [(layer, head)]; patches: [(layer, position, source_position)], the
+                  head_patches=(), neuron_ablations=()):
+        """ablations: [(layer, head)]; neuron_ablations: [(layer, neuron)] at every position,
+        or [(layer, neuron, position)] at one (TransformerLens's mlp.hook_post[:, pos, i]),
+        zeroed or, with mean=True, set to the neuron's mean over the positions as the heads
+        are; patches: [(layer, position, source_position)], the
         residual stream entering layer, or [(layer, position, source_position, hook)] at
         another of TransformerLens's sites: "resid_mid", "resid_post", "attn_out",
         "mlp_out"; head_patches: [(layer, head, position, source_position)], one head's
@@ -565,6 +568,12 @@ class Client:
         for layer, head in ablations:
             req.ablations.add(layer=layer, head=head,
                               mode=ip.HeadAblation.MODE_MEAN if mean else ip.HeadAblation.MODE_ZERO)
+        for layer, neuron, *position in neuron_ablations:
+            a = req.neuron_ablations.add(
+                layer=layer, neuron=neuron,
+                mode=ip.HeadAblation.MODE_MEAN if mean else ip.HeadAblation.MODE_ZERO)
+            if position:
+                a.position = position[0]
         for o in row_overrides:
             req.row_overrides.add(**o)
         for layer, pos, src, *hook in patches:

@@ -141,6 +141,20 @@ def _leaf_prefix(capture, k, v):
     return torch.cat((kl, k[:, P:]), dim=1), torch.cat((vl, v[:, P:]), dim=1)
 
 
+def _ablated(mlp_post, ablate_neurons, layer):
+    """mlp_post [T, F] with forward's ablate_neurons of `layer` applied (a copy; itself if
+    none)."""
+    entries = [e for e in (ablate_neurons or ()) if e[0] == layer]
+    if not entries:
+        return mlp_post
+    out = mlp_post.clone()
+    for _, neuron, row, mean in entries:
+        value = mlp_post[:, neuron].mean() if mean else 0.0
+        rows = slice(None) if row is None else row
+        out[rows, neuron] = value
+    return out
+
+
 def _record(capture, **kw):
     if capture is not None:
         capture.setdefault("layers", []).append(kw)
@@ -226,7 +240,8 @@ def _patched(t, patch, layer, point):
     return t
 
 
-def llama_forward(m, x, positions, mask, capture=None, steer=None, patch=None):
+def llama_forward(m, x, positions, mask, capture=None, steer=None, patch=None,
+                  ablate_neurons=None):
     c = m.cfg
     table = _steer_table(m, steer)
     H, KV, hd, eps = c["n_heads"], c["n_kv_heads"], c["head_dim"], c["eps"]
@@ -272,7 +287,7 @@ def llama_forward(m, x, positions, mask, capture=None, steer=None, patch=None):
         gate = gelu_tanh if c.get("gate") == "gelu_tanh" else silu
         mlp_pre = n2 @ lw["w1"].T
         mlp_pre_linear = n2 @ lw["w3"].T
-        mlp_post = gate(mlp_pre) * mlp_pre_linear
+        mlp_post = _ablated(gate(mlp_pre) * mlp_pre_linear, ablate_neurons, i)
         f_proj = mlp_post @ lw["w2"].T
         f = f_proj
         if "post_ffn_norm" in lw:
@@ -290,7 +305,8 @@ def llama_forward(m, x, positions, mask, capture=None, steer=None, patch=None):
     return soft_cap(n @ m.w["out"].T, c.get("final_softcap")), torch.stack(probs_all)
 
 
-def gpt2_forward(m, x, positions, mask, capture=None, steer=None, patch=None):
+def gpt2_forward(m, x, positions, mask, capture=None, steer=None, patch=None,
+                 ablate_neurons=None):
     c = m.cfg
     H, hd, d, eps = c["n_heads"], c["head_dim"], c["dim"], c["eps"]
     table = _steer_table(m, steer)
@@ -312,7 +328,7 @@ def gpt2_forward(m, x, positions, mask, capture=None, steer=None, patch=None):
         h = _patched(_steer(x + o, table, i, "mid"), patch, i, "mid")
         n2 = layer_norm(h, lw["ln2_w"], lw["ln2_b"], eps)
         mlp_pre = n2 @ lw["w_fc"].T + lw["b_fc"]
-        mlp_post = gelu_tanh(mlp_pre)
+        mlp_post = _ablated(gelu_tanh(mlp_pre), ablate_neurons, i)
         f_proj = mlp_post @ lw["w_proj"].T
         f = _patched(f_proj + lw["b_proj"], patch, i, "mlp")
         resid_pre, x = x, _steer(h + f, table, i, "post")
@@ -327,10 +343,13 @@ def gpt2_forward(m, x, positions, mask, capture=None, steer=None, patch=None):
 
 
 def forward(m, tokens, doc_ids=None, positions=None, inputs_embeds=None, capture=None,
-            steer=None, patch=None):
+            steer=None, patch=None, ablate_neurons=None):
     """Full causal pass over `tokens` (list of ids). positions default to 0..T-1;
     `inputs_embeds` [T, d] replaces the token-embedding lookup (Gemma's: the lookup times
-    embed_scale) for input gradients; `steer` as in the module docstring."""
+    embed_scale) for input gradients; `steer` as in the module docstring;
+    `ablate_neurons` [(layer, neuron, row or None, mean)] sets the FFN hidden activation
+    (TransformerLens's mlp.hook_post) of that neuron at `row` (None: every row) to 0, or with
+    mean=True to its mean over the rows, before the down projection reads it."""
     ids = torch.as_tensor(list(tokens), dtype=torch.long)
     T = ids.shape[0]
     if T == 0:
@@ -348,7 +367,7 @@ def forward(m, tokens, doc_ids=None, positions=None, inputs_embeds=None, capture
     if capture is not None:
         capture["embeds"] = x
     fwd = llama_forward if m.family == "llama" else gpt2_forward
-    return fwd(m, x, pos, mask, capture, steer, patch)
+    return fwd(m, x, pos, mask, capture, steer, patch, ablate_neurons)
 
 
 def positions_per_document(doc_ids):
