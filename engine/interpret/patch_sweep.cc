@@ -138,6 +138,27 @@ absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend
   return std::move(r);
 }
 
+absl::StatusOr<PatchSweepResult> MeanOfSweeps(const std::vector<PatchSweepResult>& sweeps) {
+  if (sweeps.empty()) return absl::InvalidArgumentError("mean of sweeps: none given");
+  PatchSweepResult mean = sweeps.front();
+  for (size_t k = 1; k < sweeps.size(); ++k) {
+    const PatchSweepResult& s = sweeps[k];
+    if (s.heads != mean.heads || s.metric.size() != mean.metric.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mean of sweeps: sweep ", k, " has ", s.metric.size(), " cells of ", s.heads,
+                       " head(s), the first ", mean.metric.size(), " of ", mean.heads));
+    }
+    mean.clean += s.clean;
+    mean.source += s.source;
+    for (size_t e = 0; e < s.metric.size(); ++e) mean.metric[e] += s.metric[e];
+  }
+  const double count = static_cast<double>(sweeps.size());
+  mean.clean /= count;
+  mean.source /= count;
+  for (double& m : mean.metric) m /= count;
+  return mean;
+}
+
 #define KVLENS_INSTANTIATE_PATCH_SWEEP(T)                                                   \
   template absl::StatusOr<SweepStart<T>> StartPatchSweep<T>(                                \
       const Model&, kernels::Backend<T>&, const SequenceInput<T>&, const SequenceInput<T>&, \

@@ -91,6 +91,10 @@ absl::StatusOr<PatchSweepResult> PatchSweep(const Model& model, kernels::Backend
                                             int row_end, const Objective& objective,
                                             bool all_positions = false);
 
+// The mean of sweeps of the same layout (one per prompt pair of a dataset): clean, source
+// and every cell averaged. INVALID_ARGUMENT when there are none or their layouts differ.
+absl::StatusOr<PatchSweepResult> MeanOfSweeps(const std::vector<PatchSweepResult>& sweeps);
+
 }  // namespace kvlens::interpret
 
 #endif  // KVLENS_ENGINE_INTERPRET_PATCH_SWEEP_H_

@@ -1,8 +1,8 @@
 // kvlens.v1.Interpret PatchSweep end to end on stories260K: the grid is engine/interpret's
 // PatchSweep (fp64, same prompts; also with all_positions), or AttributionPatchSweep with
-// attribution, each resid_pre cell is what Intervene answers for that one ResidualPatch
-// (another RPC, another path), layers and positions come back resolved, and every malformed
-// request is refused naming its field or flag.
+// attribution, with more_pairs the mean of each pair's own sweep, each resid_pre cell is what
+// Intervene answers for that one ResidualPatch (another RPC, another path), layers and positions
+// come back resolved, and every malformed request is refused naming its field or flag.
 #include <tuple>
 #include <vector>
 
@@ -95,6 +95,40 @@ TEST(InterpretPatchSweep, TheGridIsTheEnginesAndEachCellIsAnIntervention) {
   EXPECT_EQ(std::vector<double>(z_atp.metric().begin(), z_atp.metric().end()), want->metric);
   EXPECT_NE(want->metric, std::vector<double>(z.metric().begin(), z.metric().end()));
 
+  // more_pairs: a second prompt pair with its own objective; every cell, clean and source
+  // are the mean of the two pairs' own sweeps (each asked for alone), exact or estimated.
+  const std::vector<int32_t> input2 = RandomPromptTokens(9, 11),
+                             source2 = RandomPromptTokens(9, 12);
+  for (const bool atp : {false, true}) {
+    v1::PatchSweepRequest one = r, two = SweepRequest(input2, source2, "z"), both = r;
+    one.set_attribution(atp);
+    *two.mutable_layers() = r.layers();
+    *two.mutable_positions() = r.positions();
+    two.mutable_logit_diff()->set_position(-1);
+    two.mutable_logit_diff()->set_token_a(77);
+    two.mutable_logit_diff()->set_token_b(300);
+    two.set_attribution(atp);
+    both.set_attribution(atp);
+    v1::PatchSweepPair* pair = both.add_more_pairs();
+    *pair->mutable_input() = two.input();
+    *pair->mutable_patch_source() = two.patch_source();
+    *pair->mutable_logit_diff() = two.logit_diff();
+    v1::PatchSweepResponse a, b, mean;
+    ASSERT_TRUE(CallSweep(server, one, &a).ok());
+    ASSERT_TRUE(CallSweep(server, two, &b).ok());
+    const grpc::Status ms = CallSweep(server, both, &mean);
+    ASSERT_TRUE(ms.ok()) << ms.error_message();
+    EXPECT_EQ(a.num_pairs(), 1);
+    EXPECT_EQ(mean.num_pairs(), 2);
+    EXPECT_DOUBLE_EQ(mean.clean(), (a.clean() + b.clean()) / 2);
+    EXPECT_DOUBLE_EQ(mean.source(), (a.source() + b.source()) / 2);
+    ASSERT_EQ(mean.metric_size(), a.metric_size());
+    for (int e = 0; e < a.metric_size(); ++e) {
+      EXPECT_DOUBLE_EQ(mean.metric(e), (a.metric(e) + b.metric(e)) / 2) << e << " " << atp;
+    }
+    EXPECT_EQ(std::vector<int32_t>(mean.token_ids().begin(), mean.token_ids().end()), input);
+  }
+
   // resid_pre over every layer and position, log p(token 5 | last): each cell is Intervene's
   // edited log-prob under that one residual patch.
   v1::PatchSweepRequest pre = SweepRequest(input, source, "");
@@ -185,6 +219,39 @@ TEST(InterpretPatchSweep, BadRequestsNameTheirField) {
                 r.set_attribution(true);
                 r.clear_layers();
               }).ok());
+  // more_pairs: each pair checked as the first is, its fields named by index; the cells
+  // count once per pair (attn_out over one layer: 6 positions × 4 pairs = 24 > 20).
+  auto pair = [&](auto edit) {
+    return [&, edit](v1::PatchSweepRequest& r) {
+      v1::PatchSweepPair* p = r.add_more_pairs();
+      *p->mutable_input() = IdsInput(source);
+      *p->mutable_patch_source() = IdsInput(input);
+      *p->mutable_logit_diff() = r.logit_diff();
+      edit(*p);
+    };
+  };
+  ASSERT_TRUE(with(pair([](auto&) {})).ok());
+  ExpectRefused(with(pair([](auto& p) {
+                  *p.mutable_input() = IdsInput({1, 5, 9});
+                })),
+                invalid, "more_pairs[0].patch_source has 6 tokens and more_pairs[0].input 3");
+  ExpectRefused(with(pair([](auto& p) {
+                  *p.mutable_input() = IdsInput({1, 5, 9});
+                  *p.mutable_patch_source() = IdsInput({1, 5, 9});
+                })),
+                invalid, "more_pairs[0].input has 3 tokens and the first pair's input 6");
+  ExpectRefused(with(pair([](auto& p) { p.clear_patch_source(); })), invalid,
+                "more_pairs[0].patch_source: required");
+  ExpectRefused(with(pair([](auto& p) { p.clear_logit_diff(); })), invalid,
+                "more_pairs[0].objective: set one of log_prob, logit_diff");
+  ExpectRefused(with(pair([](auto& p) { p.mutable_logit_diff()->set_token_b(1 << 20); })), invalid,
+                "more_pairs[0].logit_diff.token_b");
+  ExpectRefused(with([&](auto& r) {
+                  for (int k = 0; k < 3; ++k) pair([](auto&) {})(r);
+                }),
+                invalid,
+                "the sweep has 24 cells (layers × positions × pairs), more than "
+                "--max-interp-sweep-runs = 20; ask for fewer layers or positions or pairs");
   // v: stories260K's 4 KV heads × 6 positions = 24 cells > 20; 3 positions fit.
   ExpectRefused(with([](auto& r) { r.set_hook("v"); }), invalid, "the sweep has 24 cells");
   v1::PatchSweepResponse v;

@@ -118,6 +118,12 @@ allz = c.patch_sweep(tokens=a, patch_source=b, hook="z", layers=[1], positions=(
 # attribution patching: past the scored position no gradient flows, so those cells are clean
 atp = c.patch_sweep(tokens=a, patch_source=b, hook="v", layers=[0], logit_diff=(3, 42, 300),
                     fp64=True, attribution=True)
+# a second pair with its own logit difference: the means recover the same way, all at the
+# last position (each pair's patched run there is its source's)
+pairs = c.patch_sweep(tokens=a, patch_source=b, hook="resid_post", layers=[-1],
+                      logit_diff=(-1, 42, 300), fp64=True,
+                      more_pairs=[dict(tokens=a, patch_source=b, logit_diff=(-1, 7, 300))])
+out["pairs"] = [(np.round(pairs.recovered(), 12) + 0.0).tolist(), pairs.num_pairs, sw.num_pairs]
 out["sweep"] = [(sw.recovered() + 0.0).tolist(),  # (+ 0.0: no -0.0)
                 list(sw.metric.shape), list(zs.metric.shape) + list(ps.metric.shape),
                 zs.layers, list(zs.positions), list(vs.metric.shape),
@@ -329,6 +335,7 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   // position alone; the z sweep's grid is [layers, heads, positions], v's [layers, KV heads,
   // positions]; all positions of a resid_pre recover all, and all_positions drops the axis.
   const int H = server.model().config.num_heads, KV = server.model().config.num_kv_heads;
+  EXPECT_EQ(out["pairs"].dump(), "[[[0.0,0.0,0.0,0.0,0.0,1.0]],2,1]");
   EXPECT_EQ(out["sweep"].dump(), absl::StrCat("[[[0.0,0.0,0.0,0.0,0.0,1.0]],[1,6],[2,", H, ",3,1,",
                                               H, ",2],[0,1],[2,5],[1,", KV, ",2],[1.0,1.0],[1,", H,
                                               "],[1,", KV, ",6],true,true]"));

@@ -48,6 +48,18 @@ def _activation_cache(tensors, info) -> ActivationCache:
          for t in tensors}, info.num_layers, layer_norm=info.architecture == "gpt2")
 
 
+def _fill_pair(msg, patch_source, targets, logit_diff):
+    """A PatchSweepRequest's (or PatchSweepPair's) patch_source (text or token list) and
+    objective: logit_diff=(position, a, b), else targets [(position, token)]."""
+    msg.patch_source.CopyFrom(_input(text=patch_source) if isinstance(patch_source, str)
+                              else _input(tokens=patch_source))
+    if logit_diff is not None:
+        msg.logit_diff.position, msg.logit_diff.token_a, msg.logit_diff.token_b = logit_diff
+    else:
+        for pos, tok in targets:
+            msg.log_prob.targets.add(position=pos, token=tok)
+
+
 def _input(text=None, tokens=None, session_id=None, add_bos=None, doc_ids=None, chat=None):
     """add_bos None: the model's own setting (the server's default). chat: a conversation,
     written by the model's chat template as Client.generate(chat=...) writes it."""
@@ -194,6 +206,7 @@ class PatchSweep:
     clean: float
     source: float
     metric: np.ndarray
+    num_pairs: int = 1  # with more_pairs: clean, source and metric are means over the pairs
 
     def recovered(self) -> np.ndarray:
         """(metric − clean) / (source − clean): 0 where the patch changes nothing, 1 where it
@@ -591,7 +604,8 @@ class Client:
 
     def patch_sweep(self, text=None, tokens=None, patch_source=None, hook="resid_pre",
                     layers=(), positions=(0, 0), targets=(), logit_diff=None, fp64=False,
-                    chat=None, all_positions=False, attribution=False) -> PatchSweep:
+                    chat=None, all_positions=False, attribution=False,
+                    more_pairs=()) -> PatchSweep:
         """Activation patching over layers × positions, as TransformerLens's patching module
         (get_act_patch_resid_pre, …): each cell runs this prompt with `hook` (resid_pre,
         resid_mid, resid_post, attn_out, mlp_out, or per head q, z or pattern, per KV head k
@@ -601,20 +615,24 @@ class Client:
         all_positions: one cell per layer (and head) patching every position at once
         (TransformerLens's …_all_pos), metric [layers(, heads)]; attribution: every cell
         estimated by attribution patching (clean + (source - clean) · gradient) from one
-        backward pass instead of a forward per cell."""
+        backward pass instead of a forward per cell. more_pairs: more prompt pairs of a
+        dataset, each a dict(text= or tokens=, patch_source=, targets= or logit_diff=) of the
+        same length, its own names scored; metric, clean and source are then the means over
+        all pairs (a batch with a mean metric)."""
         if patch_source is None:
             raise ValueError("patch_sweep: patch_source is required")
         req = ip.PatchSweepRequest(
             input=_input(text, tokens, chat=chat), hook=hook, layers=list(layers),
             positions=ip.Range(begin=positions[0], end=positions[1]), precision=_precision(fp64),
             all_positions=all_positions, attribution=attribution)
-        req.patch_source.CopyFrom(_input(text=patch_source) if isinstance(patch_source, str)
-                                  else _input(tokens=patch_source))
-        if logit_diff is not None:
-            req.logit_diff.position, req.logit_diff.token_a, req.logit_diff.token_b = logit_diff
-        else:
-            for pos, tok in targets:
-                req.log_prob.targets.add(position=pos, token=tok)
+        _fill_pair(req, patch_source, targets, logit_diff)
+        for k, p in enumerate(more_pairs):
+            unknown = set(p) - {"text", "tokens", "patch_source", "targets", "logit_diff"}
+            if unknown or "patch_source" not in p:
+                raise ValueError(f"patch_sweep: more_pairs[{k}] takes text= or tokens=, "
+                                 f"patch_source= and targets= or logit_diff= (got {sorted(p)})")
+            pair = req.more_pairs.add(input=_input(p.get("text"), p.get("tokens")))
+            _fill_pair(pair, p["patch_source"], p.get("targets", ()), p.get("logit_diff"))
         r = self.interpret.PatchSweep(req, timeout=self.timeout)
         shape = [len(r.layers), r.num_heads, 1 if all_positions else
                  r.positions.end - r.positions.begin]
@@ -624,7 +642,8 @@ class Client:
         return PatchSweep(precision=ip.Precision.Name(r.precision), hook=hook or "resid_pre",
                           layers=list(r.layers), positions=(r.positions.begin, r.positions.end),
                           clean=r.clean, source=r.source,
-                          metric=metric if hook in _HEAD_HOOKS else metric[:, 0])
+                          metric=metric if hook in _HEAD_HOOKS else metric[:, 0],
+                          num_pairs=r.num_pairs)
 
     def logit_lens(self, text=None, tokens=None, positions=(), top_k=5, fp64=False, chat=None,
                    session_id=None):
