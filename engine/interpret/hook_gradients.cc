@@ -1,18 +1,21 @@
 #include "engine/interpret/hook_gradients.h"
 
+#include <algorithm>
 #include <array>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/reference_backward.h"
 
 namespace kvlens::interpret {
 namespace {
 
 // The hooks with a gradient, in run_with_cache's order.
 constexpr std::array kWithGradient = {
-    Hook::kEmbed,   Hook::kPosEmbed, Hook::kResidPre, Hook::kAttnScores, Hook::kPattern,
-    Hook::kQ,       Hook::kK,        Hook::kV,        Hook::kRotQ,       Hook::kRotK,
-    Hook::kZ,       Hook::kAttnOut,  Hook::kResidMid, Hook::kMlpPre,     Hook::kMlpPreLinear,
+    Hook::kEmbed,   Hook::kPosEmbed, Hook::kResidPre, Hook::kAttnScores,
+    Hook::kPattern, Hook::kQ,        Hook::kK,        Hook::kV,
+    Hook::kRotQ,    Hook::kRotK,     Hook::kZ,        Hook::kResult,
+    Hook::kAttnOut, Hook::kResidMid, Hook::kMlpPre,   Hook::kMlpPreLinear,
     Hook::kMlpPost, Hook::kMlpOut,   Hook::kResidPost};
 
 }  // namespace
@@ -39,7 +42,7 @@ absl::Status CheckHookHasGradient(Hook hook) {
   return absl::InvalidArgumentError(
       absl::StrCat(std::string(HookName(hook)),
                    ": no gradient is kept there (the backward forms none for the norms' scales "
-                   "and normalized rows, ln_final or result); hooks with one: ",
+                   "and normalized rows or ln_final); hooks with one: ",
                    names));
 }
 
@@ -71,6 +74,24 @@ absl::StatusOr<std::vector<T>> ReadHookGradient(const Model& model, const Tape<T
       return g.residual[layer + 1];
     case Hook::kZ:
       return g.attn_out[layer];
+    case Hook::kResult: {
+      // Σ_h result_h = O·W_Oᵀ, so each head's result has that sum's gradient: attn_out's,
+      // or with Gemma 2/3's norm on the attention output, its gradient through that norm.
+      const int64_t n = tape.n, D = c.dim;
+      std::vector<T> dproj = g.resid_mid[layer];
+      if (c.sandwich_norms) {
+        kernels::RmsNormBackward(tape.layers[layer].attn_proj.data(), tape.n, c.dim,
+                                 model.weights.layers[layer].post_attn_norm, c.norm_eps,
+                                 g.resid_mid[layer].data(), dproj.data());
+      }
+      std::vector<T> out(n * c.num_heads * D);
+      for (int64_t i = 0; i < n; ++i) {
+        for (int h = 0; h < c.num_heads; ++h) {
+          std::copy_n(dproj.begin() + i * D, D, out.begin() + (i * c.num_heads + h) * D);
+        }
+      }
+      return out;
+    }
     case Hook::kQ: {
       std::vector<T> out = g.q[layer];
       TurnBackRope(model, tape, TensorKind::kQ, layer, 0, tape.n, out.data());

@@ -8,6 +8,8 @@
 //   resid_mid, attn_out  resid_mid[l] (h = x + attn_out: one gradient)       n
 //   resid_post, mlp_out  residual[l + 1] (x_{l+1} = h + mlp_out)             n
 //   z                  attn_out[l]                                           n
+//   result             [n, H, D]: every head the gradient of Σ_h result_h = O·W_Oᵀ,
+//                      resid_mid[l] (Gemma 2/3: through the attention output's norm)
 //   q, k               q[l], k[l] turned back by TurnBackRope (before RoPE)  n, Tk
 //   rot_q, rot_k, v    q[l], k[l], v[l]                                      n, Tk
 //   attn_scores        scores[l] (masked keys: 0, as −∞ passes nothing back) [H, n, Tk]
@@ -17,7 +19,7 @@
 //                      from a Backward run with BackwardOptions::ffn         n
 //   embed (no layer)   residual[0]: the input embedding (Gemma's times √D)   n
 //   pos_embed (GPT-2)  residual[0] too: it enters as embed + pos_embed       n
-// The norms' hooks (scale, normalized, ln_final) and result have no gradient kept.
+// The norms' hooks (scale, normalized) and ln_final have no gradient kept.
 #ifndef KVLENS_ENGINE_INTERPRET_HOOK_GRADIENTS_H_
 #define KVLENS_ENGINE_INTERPRET_HOOK_GRADIENTS_H_
 

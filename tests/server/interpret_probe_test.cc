@@ -352,7 +352,7 @@ TEST_P(InterpretOracle, GradientsMatchOracle) {
       std::printf("[interp] %s GradientProbe%s %s: worst relative error vs oracle %.3g\n",
                   GetParam().name, docs.empty() ? "" : " (doc ids)", fp64 ? "fp64" : "fp32", worst);
       v1::GradientProbeResponse ignored;
-      for (const char* hook : {"ln1_scale", "blocks.0.attn.hook_result", "ln_final"}) {
+      for (const char* hook : {"ln1_scale", "blocks.0.ln2.hook_normalized", "ln_final"}) {
         v1::GradientProbeRequest bad = request;
         bad.add_hooks(hook);
         ExpectInvalid(CallInterpret(server, &v1::Interpret::Stub::GradientProbe, bad, &ignored),

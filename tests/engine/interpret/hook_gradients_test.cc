@@ -1,7 +1,7 @@
 // ReadHookGradient's layout and refusals on the tiny models of every family (the values
 // against autograd: OracleGradients in oracle_grad_test.cc). Every hook with a gradient
-// comes back in HookShape's size; the FFN's need BackwardOptions::ffn; hooks the backward
-// never forms, layers out of range and hooks the model lacks are refused, naming the hook.
+// comes back in HookShape's size; the FFN's need BackwardOptions::ffn; the norms' hooks,
+// layers out of range and hooks the model lacks are refused, naming the hook.
 #include "engine/interpret/hook_gradients.h"
 
 #include <string>
@@ -61,11 +61,11 @@ TEST_P(TinyHookGradients, EveryHookComesBackInItsShapeOrIsRefused) {
                     name + ": layer " + std::to_string(c.num_layers) + " is outside [0, ");
     }
   }
-  // embed; 11 stream and attention hooks (resid_pre, attn_scores, pattern, q, k, v, z,
-  // attn_out, resid_mid, mlp_out, resid_post); mlp_pre, mlp_post; then GPT-2's pos_embed, or
-  // a rotary gated model's rot_q, rot_k and mlp_pre_linear
-  EXPECT_EQ(read, rotary ? 17 : 15);
-  for (Hook hook : {Hook::kResult, Hook::kLn1Scale, Hook::kLnFinal, Hook::kLn2Normalized}) {
+  // embed; 12 stream and attention hooks (resid_pre, attn_scores, pattern, q, k, v, z,
+  // result, attn_out, resid_mid, mlp_out, resid_post); mlp_pre, mlp_post; then GPT-2's
+  // pos_embed, or a rotary gated model's rot_q, rot_k and mlp_pre_linear
+  EXPECT_EQ(read, rotary ? 18 : 16);
+  for (Hook hook : {Hook::kLn1Scale, Hook::kLnFinal, Hook::kLn2Normalized, Hook::kLnFinalScale}) {
     EXPECT_FALSE(HookHasGradient(hook));
     ExpectRefused(ReadHookGradient(*m, *tape, *g, hook, 0),
                   std::string(HookName(hook)) + ": no gradient is kept there");

@@ -17,7 +17,8 @@ gradients(model, tokens, targets, doc_ids=None) -> dict name -> float64 numpy ar
                                      (GPT-2: the Q, K, V row blocks of the fused c_attn)
   grad.hook.{name}.{l}               the gradient at TransformerLens's hook `name` of layer l,
                                      laid out as attribution.py's act.{name}.{l}: resid_pre,
-                                     resid_mid, resid_post, attn_out, mlp_out, z, q, k (before
+                                     resid_mid, resid_post, attn_out, mlp_out, z, result (each
+                                     head o_proj's gradient), q, k (before
                                      RoPE), v, rot_q, rot_k (rotary only), attn_scores,
                                      pattern (masked entries: dO . v, not 0), mlp_pre,
                                      mlp_post, mlp_pre_linear (gated FFN only)
@@ -110,6 +111,12 @@ def _hook_gradients(rec, layer):
     else:
         hooks.update(q=("q", True), k=("k", True))
     out = {}
+    if "o_proj" in rec and rec["o_proj"].grad is not None:
+        # result [T, H, D]: the heads' outputs through W_O sum to o_proj, so each head's
+        # gradient is o_proj's
+        g = rec["o_proj"].grad
+        heads = rec["attn_out"].shape[0]
+        out[f"grad.hook.result.{layer}"] = g[:, None, :].expand(-1, heads, -1).numpy()
     for name, (key, head_first) in hooks.items():
         if key not in rec:
             continue
