@@ -19,6 +19,7 @@ constexpr char kLens[] = "lens";
 constexpr char kActivations[] = "activations";
 constexpr char kAttribution[] = "attribution";
 constexpr char kSae[] = "sae";
+constexpr char kPatch[] = "patch";
 
 absl::Status Draining() { return absl::UnavailableError("the server is shutting down"); }
 
@@ -160,7 +161,7 @@ grpc::ServerUnaryReactor* InterpretService::PatchSweep(grpc::CallbackServerConte
                                                        const v1::PatchSweepRequest* request,
                                                        v1::PatchSweepResponse* response) {
   return RunUnary(
-      context, "PatchSweep", kIntervene,
+      context, "PatchSweep", kPatch,
       [request, response](const InterpContext& ctx) {
         return RunPatchSweep(ctx, *request, response);
       },

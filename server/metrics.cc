@@ -32,7 +32,7 @@ const Histogram::BucketBoundaries& TokenBuckets() {
 constexpr const char* kRpcs[] = {"Generate",     "Cancel",      "Tokenize",    "Detokenize",
                                  "GetModelInfo", "OpenSession", "CloseSession"};
 constexpr const char* kInterpKinds[] = {"attention",   "probe",       "intervene", "lens",
-                                        "activations", "attribution", "sae"};
+                                        "activations", "attribution", "sae",       "patch"};
 
 }  // namespace
 

@@ -163,6 +163,26 @@ TEST(InterpretPatchSweep, TheGridIsTheEnginesAndEachCellIsAnIntervention) {
   EXPECT_TRUE(moved);
 }
 
+// Sweeps are counted under their own metric kind, patch, apart from Intervene's.
+TEST(InterpretPatchSweep, CountedUnderThePatchMetricKind) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  const std::vector<int32_t> input = RandomPromptTokens(5, 2), source = RandomPromptTokens(5, 3);
+  v1::PatchSweepRequest r = SweepRequest(input, source, "attn_out");
+  r.add_layers(0);
+  v1::TokenTarget* t = r.mutable_log_prob()->add_targets();
+  t->set_position(-1);
+  t->set_token(5);
+  v1::PatchSweepResponse response;
+  ASSERT_TRUE(CallSweep(server, r, &response).ok());
+  ASSERT_TRUE(CallSweep(server, r, &response).ok());
+  const std::string m = ScrapeMetrics(server.metrics_port());
+  EXPECT_EQ(MetricValue(m, R"(kvlens_interp_requests_total{kind="patch"})"), 2);
+  EXPECT_EQ(MetricValue(m, R"(kvlens_interp_requests_total{kind="intervene"})"), 0);
+  EXPECT_GT(MetricValue(m, R"(kvlens_interp_response_bytes_total{kind="patch"})"), 2 * 5 * 8);
+}
+
 TEST(InterpretPatchSweep, BadRequestsNameTheirField) {
   KVLENS_REQUIRE_FILE(Stories260KPath());
   server::InterpretOptions few;
