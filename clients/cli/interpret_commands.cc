@@ -1,4 +1,5 @@
-// kvlens-cli attention | probe | intervene | attribute | sae --server HOST:PORT:
+// kvlens-cli attention | probe | intervene | attribute | lens | sae --server HOST:PORT
+// (patch: patch_command.cc):
 // kvlens.v1.Interpret from the terminal. Output is plain text meant for reading (matrices with 3
 // decimals, one table per call); the Python client (clients/python) is the tool for plots and
 // arrays.
@@ -7,157 +8,21 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <iostream>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "clients/cli/args.h"
 #include "clients/cli/commands.h"
+#include "clients/cli/interpret_flags.h"
 #include "clients/cli/rpc_call.h"
 #include "clients/cli/server_tokens.h"
-#include "clients/cli/utf8_fields.h"
-#include "engine/interpret/patch_sweep.h"
-#include "kernels/dtype.h"
 #include "kvlens/v1/interpret.grpc.pb.h"
 
 namespace kvlens::cli {
-namespace {
-
-std::vector<FlagSpec> CommonSpecs() {
-  return {
-      {"server", "", "kvlens-server address HOST:PORT (required)"},
-      {"text", "", "prompt text (tokenized by the server, BOS added)"},
-      {"ids", "", "prompt token ids, space-separated (instead of --text)"},
-      {"precision", "fp32", "fp32 or fp64"},
-      {"timeout", "120", "seconds before the call is abandoned"},
-  };
-}
-
-int Fail(const char* command, const std::string& message, int code) {
-  std::cerr << "kvlens-cli " << command << ": " << message << "\n";
-  return code;
-}
-
-// A flag's error (exit code 2), or a failed Tokenize call's (1).
-int Fail(const char* command, const absl::Status& s) {
-  return Fail(command, std::string(s.message()),
-              s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
-}
-
-// "1 2 3" or "1,2,3" → ints.
-absl::StatusOr<std::vector<int>> ParseInts(const std::string& s, const char* flag) {
-  std::vector<int> out;
-  for (absl::string_view part : absl::StrSplit(s, absl::ByAnyChar(" ,"), absl::SkipEmpty())) {
-    int v = 0;
-    if (!absl::SimpleAtoi(part, &v)) {
-      return absl::InvalidArgumentError(std::string("--") + flag + ": '" + std::string(part) +
-                                        "' is not an integer");
-    }
-    out.push_back(v);
-  }
-  return out;
-}
-
-absl::Status FillInput(const Args& args, v1::PromptInput* in) {
-  if (args.Has("ids")) {
-    auto ids = ParseInts(args.Str("ids"), "ids");
-    if (!ids.ok()) return ids.status();
-    in->mutable_token_ids()->mutable_ids()->Add(ids->begin(), ids->end());
-  } else if (args.Has("text")) {
-    in->set_text(args.Str("text"));
-  } else {
-    return absl::InvalidArgumentError("give --text or --ids");
-  }
-  return absl::OkStatus();
-}
-
-v1::Precision PrecisionOf(const Args& args) {
-  return args.Str("precision") == "fp64" ? v1::PRECISION_FP64 : v1::PRECISION_FP32;
-}
-
-const char* PrecisionName(v1::Precision p) { return p == v1::PRECISION_FP64 ? "fp64" : "fp32"; }
-
-std::unique_ptr<v1::Interpret::Stub> Connect(const Args& args, grpc::ClientContext& context) {
-  SetDeadline(args, context);
-  // Probe tensors (a layer's weight gradients: H·Dh × D doubles each) pass gRPC's default
-  // 4 MiB limit on what a client receives; the server bounds them (--max-interp-bytes).
-  grpc::ChannelArguments channel_args;
-  channel_args.SetMaxReceiveMessageSize(-1);
-  return v1::Interpret::NewStub(grpc::CreateCustomChannel(
-      args.Str("server"), grpc::InsecureChannelCredentials(), channel_args));
-}
-
-std::vector<double> Decode(const std::string& bytes, v1::DType dtype) {
-  std::vector<double> out;
-  const int size = dtype == v1::DTYPE_FP16 ? 2 : dtype == v1::DTYPE_FP64 ? 8 : 4;
-  for (size_t i = 0; i + size <= bytes.size(); i += size) {
-    if (size == 2) {
-      uint16_t h;
-      std::memcpy(&h, bytes.data() + i, 2);
-      out.push_back(kernels::F16ToF32(h));
-    } else if (size == 8) {
-      double d;
-      std::memcpy(&d, bytes.data() + i, 8);
-      out.push_back(d);
-    } else {
-      float f;
-      std::memcpy(&f, bytes.data() + i, 4);
-      out.push_back(f);
-    }
-  }
-  return out;
-}
-
-// A token's text in double quotes, C-escaped (\n, \", \x01), UTF-8 left as it is.
-std::string Quoted(const std::string& piece) {
-  return absl::StrCat("\"", absl::Utf8SafeCHexEscape(piece), "\"");
-}
-
-// Parses common flags; returns an exit code ≥ 0 to stop, or −1 to go on.
-int Prepare(int argc, char** argv, const char* command, const std::string& summary,
-            std::vector<FlagSpec> specs, absl::StatusOr<Args>& args) {
-  args = Args::Parse(argc, argv, 2, specs);
-  if (!args.ok()) return Fail(command, std::string(args.status().message()), 2);
-  if (args->help()) {
-    std::cout << Args::Usage(command, summary, specs);
-    return 0;
-  }
-  if (!args->Has("server")) return Fail(command, "--server HOST:PORT is required", 2);
-  return -1;
-}
-
-// Exit code 2 with the field's name when a string field of `request` is not UTF-8 (which
-// gRPC would refuse without a word), else −1.
-int RefuseNonUtf8(const char* command, const google::protobuf::Message& request) {
-  const absl::Status s = CheckUtf8Fields(request);
-  return s.ok() ? -1 : Fail(command, std::string(s.message()), 2);
-}
-
-// Positions as the flags take them: from 0, or from the end (-1: the last), which the server
-// resolves.
-constexpr int64_t kMaxPosition = 1 << 20;
-
-// A TokenTarget from --target-position (-1: the prompt's last) and --target-token or
-// --target-text; returns an exit code ≥ 0 to stop, or −1 to go on.
-int FillTarget(const Args& args, const char* command, v1::TokenTarget* target) {
-  absl::StatusOr<int64_t> position = args.Int("target-position", -kMaxPosition, kMaxPosition);
-  if (!position.ok()) return Fail(command, std::string(position.status().message()), 2);
-  absl::StatusOr<int32_t> token = TokenFlag(args, "target-token", "target-text", /*required=*/true);
-  if (!token.ok()) return Fail(command, token.status());
-  target->set_position(static_cast<int>(*position));
-  target->set_token(*token);
-  return -1;
-}
-
-}  // namespace
 
 int AttentionCommand(int argc, char** argv) {
   std::vector<FlagSpec> specs = CommonSpecs();
@@ -440,133 +305,6 @@ int InterveneCommand(int argc, char** argv) {
     std::printf("token %d at position %d: logit %.6f -> %.6f, log-prob %.6f -> %.6f\n",
                 e.target().token(), e.target().position(), e.clean_logit(), e.edited_logit(),
                 e.clean_logprob(), e.edited_logprob());
-  }
-  return 0;
-}
-
-int PatchCommand(int argc, char** argv) {
-  std::vector<FlagSpec> specs = CommonSpecs();
-  specs.push_back({"source-text", "", "the prompt patched from (as many tokens as the prompt)"});
-  specs.push_back({"source-ids", "", "or its token ids, space-separated"});
-  specs.push_back({"hook", "resid_pre",
-                   "resid_pre, resid_mid, resid_post, attn_out, mlp_out, or per head q, z "
-                   "(its query, output) or pattern (its attention row), or per KV head k, v"});
-  specs.push_back({"layers", "", "layers, e.g. \"0 -1\" (negative: from the end; default: all)"});
-  specs.push_back({"token", "", "token id whose log-prob (or logit, with --baseline) is scored"});
-  specs.push_back({"token-text", "", "or that token as text (one token, e.g. \" Paris\")"});
-  specs.push_back({"baseline", "-1", "token id whose logit is subtracted (-1: score log p)"});
-  specs.push_back({"baseline-text", "", "or that token as text"});
-  specs.push_back(
-      {"position", "-1", "position whose next token is scored (negative: from the end)"});
-  specs.push_back(
-      {"all-positions", "", "one cell per layer (and head): every position patched at once", true});
-  specs.push_back({"attribution", "",
-                   "estimate every cell by attribution patching (one backward pass) instead of "
-                   "running it",
-                   true});
-  absl::StatusOr<Args> args;
-  if (int code =
-          Prepare(argc, argv, "patch",
-                  "Activation patching swept over layers x positions (x heads for q, k, v, z, "
-                  "pattern): "
-                  "per cell, the prompt's run with that one activation taken from the "
-                  "source's at the same position, scored; prints each cell's recovered "
-                  "share (patched - clean) / (source - clean).",
-                  specs, args);
-      code >= 0) {
-    return code;
-  }
-  v1::PatchSweepRequest request;
-  if (absl::Status s = FillInput(*args, request.mutable_input()); !s.ok()) {
-    return Fail("patch", std::string(s.message()), 2);
-  }
-  v1::PromptInput* source = request.mutable_patch_source();
-  if (args->Has("source-ids")) {
-    auto ids = ParseInts(args->Str("source-ids"), "source-ids");
-    if (!ids.ok()) return Fail("patch", std::string(ids.status().message()), 2);
-    source->mutable_token_ids()->mutable_ids()->Add(ids->begin(), ids->end());
-  } else if (args->Has("source-text")) {
-    source->set_text(args->Str("source-text"));
-  } else {
-    return Fail("patch", "give --source-text or --source-ids", 2);
-  }
-  auto layers = ParseInts(args->Str("layers"), "layers");
-  auto token = TokenFlag(*args, "token", "token-text", /*required=*/true);
-  auto baseline = TokenFlag(*args, "baseline", "baseline-text", /*required=*/false);
-  auto position = args->Int("position", -kMaxPosition, kMaxPosition);
-  for (const absl::Status& s :
-       {layers.status(), token.status(), baseline.status(), position.status()}) {
-    if (!s.ok()) return Fail("patch", s);
-  }
-  request.set_hook(args->Str("hook"));
-  request.set_all_positions(args->Switch("all-positions"));
-  request.set_attribution(args->Switch("attribution"));
-  request.mutable_layers()->Add(layers->begin(), layers->end());
-  if (*baseline >= 0) {
-    request.mutable_logit_diff()->set_position(static_cast<int>(*position));
-    request.mutable_logit_diff()->set_token_a(*token);
-    request.mutable_logit_diff()->set_token_b(*baseline);
-  } else {
-    v1::TokenTarget* t = request.mutable_log_prob()->add_targets();
-    t->set_position(static_cast<int>(*position));
-    t->set_token(*token);
-  }
-  request.set_precision(PrecisionOf(*args));
-  grpc::ClientContext context;
-  auto stub = Connect(*args, context);
-  v1::PatchSweepResponse response;
-  if (int code = RefuseNonUtf8("patch", request); code >= 0) return code;
-  const grpc::Status status = stub->PatchSweep(&context, request, &response);
-  if (!status.ok()) return Fail("patch", RpcErrorText(status), 1);
-  const std::vector<int32_t> ids(response.token_ids().begin(), response.token_ids().end());
-  absl::StatusOr<std::map<int32_t, std::string>> texts = ServerTokenTexts(*args, ids);
-  if (!texts.ok()) return Fail("patch", std::string(texts.status().message()), 1);
-  const int begin = response.positions().begin(), end = response.positions().end();
-  const std::optional<interpret::PatchTarget> target = interpret::PatchTargetByName(request.hook());
-  const bool per_head = target.has_value() && target->per_head();
-  const bool per_kv_head = target.has_value() && target->per_kv_head();
-  std::printf(
-      "precision %s, hook %s%s; %s: clean %.6f, source %.6f\n", PrecisionName(response.precision()),
-      request.hook().c_str(), request.attribution() ? " (attribution patching estimates)" : "",
-      *baseline >= 0 ? "logit difference" : "log-prob", response.clean(), response.source());
-  const bool all = request.all_positions();
-  std::printf(
-      "recovered (patched - clean) / (source - clean), a row per %s, %s:\n",
-      per_kv_head ? "layer and KV head"
-      : per_head  ? "layer and head"
-                  : "layer",
-      all ? absl::StrCat("one column: positions ", begin, " to ", end - 1, " patched at once")
-                .c_str()
-          : "a column per position");
-  if (!all) {
-    std::printf("%10s", "");
-    for (int p = begin; p < end; ++p) std::printf(" %8d", p);
-    std::printf("\n%10s", "");
-    for (int p = begin; p < end; ++p) {
-      std::string piece = Quoted(texts->at(ids[p]));
-      if (piece.size() > 8) {  // cut at a character's first byte, never inside one
-        size_t cut = 8;
-        while (cut > 0 && (static_cast<unsigned char>(piece[cut]) & 0xC0) == 0x80) --cut;
-        piece.resize(cut);
-      }
-      std::printf(" %8s", piece.c_str());
-    }
-    std::printf("\n");
-  }
-  const double span = response.source() - response.clean();
-  const int width = all ? 1 : end - begin;
-  for (int li = 0; li < response.layers_size(); ++li) {
-    for (int h = 0; h < response.num_heads(); ++h) {
-      const std::string label =
-          per_head ? absl::StrCat("L", response.layers(li), per_kv_head ? "KV" : "H", h)
-                   : absl::StrCat("layer ", response.layers(li));
-      std::printf("%10s", label.c_str());
-      for (int p = 0; p < width; ++p) {
-        const double m = response.metric((li * response.num_heads() + h) * width + p);
-        std::printf(" %8.3f", span != 0 ? (m - response.clean()) / span + 0.0 : 0.0);
-      }
-      std::printf("\n");
-    }
   }
   return 0;
 }
