@@ -8,7 +8,7 @@ namespace kvlens::cli {
 int GenerateCommand(int argc, char** argv);    // argv[1] == "generate"
 int TokenizeCommand(int argc, char** argv);    // argv[1] == "tokenize"
 int PerplexityCommand(int argc, char** argv);  // argv[1] == "perplexity"
-// kvlens.v1.Interpret against a kvlens-server (interpret_commands.cc).
+// kvlens.v1.Interpret against a kvlens-server (interpret_commands.cc, patch_command.cc).
 int AttentionCommand(int argc, char** argv);  // argv[1] == "attention"
 int ProbeCommand(int argc, char** argv);      // argv[1] == "probe"
 int InterveneCommand(int argc, char** argv);  // argv[1] == "intervene"

@@ -1,12 +1,14 @@
 // kvlens-cli patch --server HOST:PORT: Interpret.PatchSweep from the terminal, printed as the
 // recovered share of each cell (one row per layer, or per layer and head).
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "clients/cli/args.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/interpret_flags.h"
@@ -16,6 +18,48 @@
 #include "kvlens/v1/interpret.grpc.pb.h"
 
 namespace kvlens::cli {
+namespace {
+
+// --pairs FILE into request.more_pairs: each line's prompt and source as text, its token (and
+// baseline, as the first pair has one or not) turned into ids by the server, scored at
+// `position`. INVALID_ARGUMENT naming the file and line.
+absl::Status AddPairs(const Args& args, bool baseline, int position,
+                      v1::PatchSweepRequest& request) {
+  const std::string path = args.Str("pairs");
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError("--pairs: cannot read " + path);
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.empty() || line[0] == '#') continue;
+    const std::vector<std::string> f = absl::StrSplit(line, '\t');
+    const std::string where = absl::StrCat("--pairs ", path, " line ", number);
+    if (f.size() != (baseline ? 4u : 3u)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": ", f.size(), " tab-separated fields; expected TEXT, SOURCE_TEXT, TOKEN_TEXT",
+          baseline ? " and BASELINE_TEXT (the first pair has a baseline)"
+                   : " (no baseline: the first pair has none)"));
+    }
+    v1::PatchSweepPair* p = request.add_more_pairs();
+    p->mutable_input()->set_text(f[0]);
+    p->mutable_patch_source()->set_text(f[1]);
+    auto token = ServerOneToken(args, f[2], where + " token", "give one token's text");
+    if (!token.ok()) return token.status();
+    if (baseline) {
+      auto base = ServerOneToken(args, f[3], where + " baseline", "give one token's text");
+      if (!base.ok()) return base.status();
+      p->mutable_logit_diff()->set_position(position);
+      p->mutable_logit_diff()->set_token_a(*token);
+      p->mutable_logit_diff()->set_token_b(*base);
+    } else {
+      v1::TokenTarget* t = p->mutable_log_prob()->add_targets();
+      t->set_position(position);
+      t->set_token(*token);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 int PatchCommand(int argc, char** argv) {
   std::vector<FlagSpec> specs = CommonSpecs();
@@ -37,6 +81,10 @@ int PatchCommand(int argc, char** argv) {
                    "estimate every cell by attribution patching (one backward pass) instead of "
                    "running it",
                    true});
+  specs.push_back({"pairs", "",
+                   "a file of more prompt pairs, one a line: TEXT<tab>SOURCE_TEXT<tab>TOKEN_TEXT"
+                   "[<tab>BASELINE_TEXT] (a baseline on every line or on none, as --baseline; "
+                   "# comments); the grid is then the mean over all pairs"});
   absl::StatusOr<Args> args;
   if (int code =
           Prepare(argc, argv, "patch",
@@ -84,6 +132,12 @@ int PatchCommand(int argc, char** argv) {
     t->set_position(static_cast<int>(*position));
     t->set_token(*token);
   }
+  if (args->Has("pairs")) {
+    if (absl::Status s = AddPairs(*args, *baseline >= 0, static_cast<int>(*position), request);
+        !s.ok()) {
+      return Fail("patch", s);
+    }
+  }
   request.set_precision(PrecisionOf(*args));
   grpc::ClientContext context;
   auto stub = Connect(*args, context);
@@ -98,10 +152,14 @@ int PatchCommand(int argc, char** argv) {
   const std::optional<interpret::PatchTarget> target = interpret::PatchTargetByName(request.hook());
   const bool per_head = target.has_value() && target->per_head();
   const bool per_kv_head = target.has_value() && target->per_kv_head();
-  std::printf(
-      "precision %s, hook %s%s; %s: clean %.6f, source %.6f\n", PrecisionName(response.precision()),
-      request.hook().c_str(), request.attribution() ? " (attribution patching estimates)" : "",
-      *baseline >= 0 ? "logit difference" : "log-prob", response.clean(), response.source());
+  std::printf("precision %s, hook %s%s; %s%s: clean %.6f, source %.6f\n",
+              PrecisionName(response.precision()), request.hook().c_str(),
+              request.attribution() ? " (attribution patching estimates)" : "",
+              *baseline >= 0 ? "logit difference" : "log-prob",
+              response.num_pairs() > 1
+                  ? absl::StrCat(", mean over ", response.num_pairs(), " pairs").c_str()
+                  : "",
+              response.clean(), response.source());
   const bool all = request.all_positions();
   std::printf(
       "recovered (patched - clean) / (source - clean), a row per %s, %s:\n",

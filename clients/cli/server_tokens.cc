@@ -76,15 +76,21 @@ absl::StatusOr<int32_t> TokenFlag(const Args& args, const std::string& id_flag,
     if (!id.ok()) return id.status();
     return static_cast<int32_t>(*id);
   }
+  return ServerOneToken(args, args.Str(text_flag), "--" + text_flag,
+                        "give one token's text or --" + id_flag);
+}
+
+absl::StatusOr<int32_t> ServerOneToken(const Args& args, const std::string& text,
+                                       const std::string& what, const std::string& hint) {
   v1::TokenizeRequest request;
-  request.set_text(args.Str(text_flag));
+  request.set_text(text);
   request.set_add_bos(false);
-  absl::StatusOr<std::vector<int32_t>> ids = ServerTokenize(args, request, "--" + text_flag);
+  absl::StatusOr<std::vector<int32_t>> ids = ServerTokenize(args, request, what);
   if (!ids.ok()) return ids.status();
   if (ids->size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", text_flag, " = \"", args.Str(text_flag), "\" is ", ids->size(), " tokens (",
-        absl::StrJoin(*ids, " "), "), not one; give one token's text or --", id_flag));
+    return absl::InvalidArgumentError(absl::StrCat(what, " = \"", text, "\" is ", ids->size(),
+                                                   " tokens (", absl::StrJoin(*ids, " "),
+                                                   "), not one; ", hint));
   }
   return ids->front();
 }

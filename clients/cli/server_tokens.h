@@ -38,6 +38,11 @@ absl::StatusOr<std::string> ServerTokenText(v1::Generation::Stub& stub,
 absl::StatusOr<int32_t> TokenFlag(const Args& args, const std::string& id_flag,
                                   const std::string& text_flag, bool required);
 
+// The one token the server's tokenizer makes of `text` (no BOS); INVALID_ARGUMENT naming
+// `what` and ending with `hint` when it is not one token (its ids listed).
+absl::StatusOr<int32_t> ServerOneToken(const Args& args, const std::string& text,
+                                       const std::string& what, const std::string& hint);
+
 }  // namespace kvlens::cli
 
 #endif  // KVLENS_CLIENTS_CLI_SERVER_TOKENS_H_

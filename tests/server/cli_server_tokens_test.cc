@@ -8,6 +8,8 @@
 // The default model's GPT-2 vocabulary has " created" and " said" as single tokens.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -242,6 +244,33 @@ TEST_F(CliServerTokens, PatchPrintsTheRecoveredGrid) {
               std::string::npos)
         << all_out;
   }
+  // --pairs: a second pair (the prompts swapped, other names scored) averaged in; the last
+  // layer's stream still recovers all at the scored position and nothing before it.
+  const std::string pairs = ::testing::TempDir() + "kvlens_cli_pairs.tsv";
+  {
+    std::ofstream f(pairs);
+    f << "# text\tsource\ttoken\tbaseline\n\nIn the beginning man\t" << kPrompt
+      << "\t the\t said\n";
+  }
+  const auto [pairs_code, pairs_out] = patch("--hook resid_post --layers -1 --pairs " + pairs);
+  ASSERT_EQ(pairs_code, 0) << pairs_out;
+  EXPECT_NE(pairs_out.find("logit difference, mean over 2 pairs: clean "), std::string::npos)
+      << pairs_out;
+  EXPECT_NE(pairs_out.find(row + "\n"), std::string::npos) << row << "\n" << pairs_out;
+  EXPECT_NE(pairs_out, out);
+  {
+    std::ofstream f(pairs);
+    f << "In the beginning man\t" << kPrompt << "\t the\n";
+  }
+  const auto [short_code, short_out] = patch("--hook resid_post --layers -1 --pairs " + pairs);
+  EXPECT_EQ(short_code, 2) << short_out;
+  EXPECT_NE(
+      short_out.find(absl::StrCat("--pairs ", pairs,
+                                  " line 1: 3 tab-separated fields; "
+                                  "expected TEXT, SOURCE_TEXT, TOKEN_TEXT and BASELINE_TEXT")),
+      std::string::npos)
+      << short_out;
+  std::remove(pairs.c_str());
   const auto [bad_code, bad_out] =
       Cli("patch", absl::StrCat("--text '", kPrompt, "' --source-text 'In the beginning'", scored));
   EXPECT_EQ(bad_code, 1) << bad_out;
