@@ -13,6 +13,7 @@
   oracle.py --model PATH --generate N --prompt-tokens "1 403" --steer HOOK:FILE[:COEF]
   oracle.py --model PATH --tokens "1 2 3" --out FILE --patch-sweep HOOK:ROW:A:B \
             --source-tokens "1 5 3" [--patch-all-positions] [--patch-attribution]
+  oracle.py --model PATH --tokens "1 2 3" --out FILE --ablate-neuron L:N[:ROW] [--ablate-mean]
 
 --activations adds every cached activation (TransformerLens's run_with_cache):
 act.resid_pre/resid_mid/resid_post/attn_out/mlp_out.{l} [T, D], act.z.{l} [T, H, hd],
