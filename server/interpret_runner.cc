@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -127,10 +128,10 @@ absl::Status AttentionMapsAt(const InterpContext& ctx, const v1::AttentionMapsRe
 
 // The asked-for gradient tensors of one probe.
 template <typename T>
-void AddGradientTensors(const v1::GradientProbeRequest& request, const Model& model,
-                        const Tape<T>& tape, const Gradients<T>& g, const std::vector<int>& layers,
-                        const std::vector<int>& heads, v1::DType dtype,
-                        v1::GradientProbeResponse* response) {
+absl::Status AddGradientTensors(const v1::GradientProbeRequest& request, const Model& model,
+                                const Tape<T>& tape, const Gradients<T>& g,
+                                const std::vector<int>& layers, const std::vector<int>& heads,
+                                v1::DType dtype, v1::GradientProbeResponse* response) {
   const ModelConfig& c = model.config;
   auto* out = response->mutable_tensors();
   const int n = tape.n, tk = tape.num_keys, H = c.num_heads, hd = c.head_dim;
@@ -141,15 +142,14 @@ void AddGradientTensors(const v1::GradientProbeRequest& request, const Model& mo
     const std::vector<double> atg = request.attention_times_gradient()
                                         ? interpret::AttentionTimesGradient(tape, g, l)
                                         : std::vector<double>();
-    // q and k before RoPE (hook_q / hook_k): the tape's gradients turned back
+    // q and k before RoPE: the gradients at hook_q / hook_k
     std::vector<T> pre_q, pre_k;
-    if (request.q()) {
-      pre_q = g.q[l];
-      interpret::TurnBackRope(model, tape, interpret::TensorKind::kQ, l, 0, n, pre_q.data());
-    }
-    if (request.k()) {
-      pre_k = g.k[l];
-      interpret::TurnBackRope(model, tape, interpret::TensorKind::kK, l, 0, tk, pre_k.data());
+    for (auto [asked, hook, pre] : {std::tuple{request.q(), interpret::Hook::kQ, &pre_q},
+                                    std::tuple{request.k(), interpret::Hook::kK, &pre_k}}) {
+      if (!asked) continue;
+      auto x = interpret::ReadHookGradient(model, tape, g, hook, l);
+      if (!x.ok()) return x.status();
+      *pre = *std::move(x);
     }
     for (int h : heads) {
       if (request.scores()) {
@@ -211,6 +211,7 @@ void AddGradientTensors(const v1::GradientProbeRequest& request, const Model& mo
     AddTensor("grad.wv", p.layer, -1, {KVD, D}, absl::MakeConstSpan(p.wv), v1::DTYPE_FP64, out);
     AddTensor("grad.wo", p.layer, -1, {D, QD}, absl::MakeConstSpan(p.wo), v1::DTYPE_FP64, out);
   }
+  return absl::OkStatus();
 }
 
 // The tensor kinds `verify` samples: those returned (the residual when none is).
@@ -260,7 +261,11 @@ absl::Status ProbeAt(const InterpContext& ctx, const v1::GradientProbeRequest& r
   if (!g.ok()) return g.status();
   response->set_objective(interpret::EvaluateObjective(objective, model.config, *tape));
   const v1::DType dtype = std::is_same_v<T, double> ? v1::DTYPE_FP64 : v1::DTYPE_FP32;
-  AddGradientTensors(request, model, *tape, *g, layers, heads, dtype, response);
+  if (absl::Status s =
+          AddGradientTensors(request, model, *tape, *g, layers, heads, dtype, response);
+      !s.ok()) {
+    return s;
+  }
   for (const auto& [hook, l] : hook_reads) {
     auto values = interpret::ReadHookGradient(model, *tape, *g, hook, l);
     if (!values.ok()) return values.status();

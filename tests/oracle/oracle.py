@@ -164,26 +164,19 @@ def main(argv=None):
                          "repeatable")
     a = ap.parse_args(argv)
 
-    if a.steer:
-        clash = [flag for flag, on in (("--grad-logprob", a.grad_logprob),
-                                       ("--grad-cached-kv", a.grad_cached_kv is not None),
-                                       ("--grad-param-layer", a.grad_param_layer is not None),
-                                       ("--activations", a.activations),
-                                       ("--logit-attribution", a.logit_attribution),
-                                       ("--sae", a.sae),
-                                       ("--patch-sweep", a.patch_sweep)) if on]
-        if clash:
-            ap.error(f"--steer does not combine with {', '.join(clash)}")
-
-    if a.ablate_neuron:
-        clash = [flag for flag, on in (("--generate", a.generate is not None),
-                                       ("--grad-logprob", a.grad_logprob),
-                                       ("--activations", a.activations),
-                                       ("--logit-attribution", a.logit_attribution),
-                                       ("--sae", a.sae),
-                                       ("--patch-sweep", a.patch_sweep)) if on]
-        if clash:
-            ap.error(f"--ablate-neuron applies to --out's logits only, not {', '.join(clash)}")
+    # The modes that run their own passes, which --steer and --ablate-neuron do not edit.
+    own_passes = [flag for flag, on in (("--grad-logprob", a.grad_logprob),
+                                        ("--grad-cached-kv", a.grad_cached_kv is not None),
+                                        ("--grad-param-layer", a.grad_param_layer is not None),
+                                        ("--activations", a.activations),
+                                        ("--logit-attribution", a.logit_attribution),
+                                        ("--sae", a.sae),
+                                        ("--patch-sweep", a.patch_sweep)) if on]
+    if a.steer and own_passes:
+        ap.error(f"--steer does not combine with {', '.join(own_passes)}")
+    if a.ablate_neuron and (own_passes or a.generate is not None):
+        clash = own_passes + (["--generate"] if a.generate is not None else [])
+        ap.error(f"--ablate-neuron applies to --out's logits only, not {', '.join(clash)}")
 
     sae = None
     if a.sae:
