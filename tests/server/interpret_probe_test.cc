@@ -541,6 +541,43 @@ TEST(InterpretLimits, WorkingMemoryNamesTheFlag) {
   EXPECT_TRUE(RunAttentionMaps(*stub, r).status.ok());
 }
 
+// The FFN's gradients (hooks mlp_pre, mlp_post, mlp_pre_linear) are kept only when asked,
+// and then counted: with the limit at exactly a 12-position probe's tape and gradients, the
+// resid_post gradient fits and mlp_post's is refused, its need 3 · L · n · F floats more.
+TEST(InterpretLimits, FeedForwardGradientsCountWhenAsked) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  server::InterpretOptions options;
+  TestServer probe_size(TestServer::DefaultOptions(), 1, options);
+  ASSERT_TRUE(probe_size.ok()) << probe_size.error();
+  const ModelConfig& c = probe_size.model().config;
+  const int n = 12;
+  options.limits.max_tape_bytes = interpret::TapeBytes(c, n, n, 4, true);
+  TestServer server(TestServer::DefaultOptions(), 1, options);
+  ASSERT_TRUE(server.ok()) << server.error();
+  auto stub = InterpretStub(server);
+  auto probe = [&](const char* hook, v1::GradientProbeResponse* out) {
+    v1::GradientProbeRequest p;
+    *p.mutable_input() = IdsInput(RandomTokens(n, 1));
+    p.mutable_log_prob()->add_targets()->set_position(n - 1);
+    p.add_hooks(hook);
+    grpc::ClientContext context;
+    SetDeadline(context);
+    return stub->GradientProbe(&context, p, out);
+  };
+  v1::GradientProbeResponse ok, refused;
+  const grpc::Status fits = probe("resid_post", &ok);
+  EXPECT_TRUE(fits.ok()) << fits.error_message();
+  EXPECT_EQ(ok.hook_gradients_size(), c.num_layers);
+  const grpc::Status over = probe("mlp_post", &refused);
+  EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << over.error_message();
+  const int64_t need =
+      options.limits.max_tape_bytes + int64_t{3} * c.num_layers * n * c.hidden_dim * 4;
+  EXPECT_NE(over.error_message().find(
+                absl::StrCat("GradientProbe over ", n, " positions needs ", need, " bytes")),
+            std::string::npos)
+      << over.error_message();
+}
+
 TEST(InterpretMetrics, RecordedByKind) {
   KVLENS_REQUIRE_FILE(Stories260KPath());
   TestServer server;
