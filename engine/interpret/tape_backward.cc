@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/interpret/tape.h"
@@ -118,10 +120,11 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
       kernels::GeluBackward(lt.pre.data(), dact.data(), n * F, dpre.data());
     }
     if (absl::Status s = matmul_dx(dpre.data(), n, lw.w_in, dhn.data()); !s.ok()) return s;
-    if (opt.ffn) {
-      g.mlp_post[l] = dact;
-      g.mlp_pre[l] = dpre;
-      if (c.arch == Architecture::kLlama) g.mlp_pre_linear[l] = dup;
+    if (opt.ffn) {  // handed over; the next layer's start from fresh buffers
+      g.mlp_post[l] = std::exchange(dact, std::vector<T>(n * F));
+      g.mlp_pre[l] = std::exchange(dpre, std::vector<T>(n * F));
+      if (c.arch == Architecture::kLlama)
+        g.mlp_pre_linear[l] = std::exchange(dup, std::vector<T>(n * F));
     }
     NormBackward(c, lw.ffn_norm, lt.h.data(), n, dhn.data(), tmp.data());
     for (int64_t e = 0; e < n * D; ++e) dh[e] = dx[e] + tmp[e];
