@@ -111,8 +111,8 @@ int main(int argc, char** argv) {
     const double probe_ref = probe_with(nullptr, false);
     const double probe = probe_with(&be, false);
     const double probe_ffn = probe_with(&be, true);
-    // mlp_pre, mlp_post, mlp_pre_linear: 3 · L · n · F floats over the probe's tape and gradients
-    const double ffn_share = 3.0 * c.num_layers * n * c.hidden_dim * 4 /
+    // mlp_pre, mlp_post, mlp_pre_linear over the probe's tape and gradients
+    const double ffn_share = static_cast<double>(kvlens::interpret::FfnGradientBytes(c, n, 4)) /
                              static_cast<double>(kvlens::interpret::TapeBytes(c, n, n, 4, true));
     std::printf("%8d %12.1f %16.1f %22.1f %20.1f %10.1f %16.1f %11.1f%%\n", n, fwd * 1e3,
                 tape * 1e3, probe_ref * 1e3, probe * 1e3, probe / fwd, probe_ffn * 1e3,

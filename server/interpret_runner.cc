@@ -242,14 +242,13 @@ absl::Status ProbeAt(const InterpContext& ctx, const v1::GradientProbeRequest& r
   const SequenceInput<T> in = InputOf<T>(seq);
   const int num = static_cast<int>(seq.tokens.size());
   // With verify, the finite differences' fp64 tapes come one at a time beside this one; the
-  // FFN's gradients (3 · L · n · F) are kept when a hook asks for one.
+  // FFN's gradients are kept when a hook asks for one.
   const bool ffn = std::any_of(hook_reads.begin(), hook_reads.end(), [](const auto& r) {
     return interpret::HookGradientNeedsFfn(r.first);
   });
-  const int64_t work =
-      WorkBytes<T>(c, num, num, 1, true, param_layer.has_value()) +
-      (request.verify() ? WorkBytes<double>(c, num, num, 1, false) : 0) +
-      (ffn ? int64_t{3} * c.num_layers * num * c.hidden_dim * int64_t{sizeof(T)} : 0);
+  const int64_t work = WorkBytes<T>(c, num, num, 1, true, param_layer.has_value()) +
+                       (request.verify() ? WorkBytes<double>(c, num, num, 1, false) : 0) +
+                       (ffn ? interpret::FfnGradientBytes(c, num, static_cast<int>(sizeof(T))) : 0);
   if (absl::Status s = CheckTapeBytes(work, num, ctx.limits, "GradientProbe"); !s.ok()) return s;
   auto tape = interpret::RunForward(model, BackendOf<T>(ctx.backends), in);
   if (!tape.ok()) return tape.status();

@@ -111,8 +111,8 @@ ABSL_FLAG(int64_t, max_interp_tape_bytes, int64_t{8} << 30,
           "probe); larger requests are refused before they allocate.");
 ABSL_FLAG(int32_t, max_interp_sweep_runs, 4096,
           "Cells of one exact Interpret.PatchSweep (layers x positions, x heads for q, k, v, z "
-          "and pattern): each is one forward pass over the prompt (attribution sweeps, one "
-          "backward for every cell, are not limited by it).");
+          "and pattern, x prompt pairs with more_pairs): each is one forward pass over a "
+          "prompt (attribution sweeps, one backward for every cell, are not limited by it).");
 ABSL_FLAG(std::vector<std::string>, sae, {},
           "Sparse autoencoders for Interpret.SaeFeatures and Generate's SAE-feature "
           "steering, comma-separated, each "

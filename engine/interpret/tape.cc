@@ -402,6 +402,10 @@ std::string_view PatchSiteName(PatchSite site) {
   return "?";
 }
 
+int64_t FfnGradientBytes(const ModelConfig& c, int n, int elem_bytes) {
+  return int64_t{3} * c.num_layers * n * c.hidden_dim * elem_bytes;
+}
+
 int64_t TapeBytes(const ModelConfig& c, int n, int num_keys, int elem_bytes, bool backward) {
   const int64_t D = c.dim, QD = c.q_dim(), KVD = c.kv_dim(), F = c.hidden_dim, L = c.num_layers;
   const int64_t H = c.num_heads, N = n, tk = num_keys;

@@ -214,6 +214,10 @@ struct Tape {
 // probability maps and their gradients. The server refuses requests past
 // --max-interp-tape-bytes with it, before allocating.
 int64_t TapeBytes(const ModelConfig& c, int n, int num_keys, int elem_bytes, bool backward);
+// Bytes the FFN's gradients add with BackwardOptions::ffn, which TapeBytes leaves out:
+// mlp_pre, mlp_post and mlp_pre_linear, 3 · L · n · F elements (GPT-2 keeps two of them, so
+// this bounds its share from above).
+int64_t FfnGradientBytes(const ModelConfig& c, int n, int elem_bytes);
 
 // Runs the forward. Errors (INVALID_ARGUMENT / OUT_OF_RANGE naming the field): empty or
 // out-of-vocabulary tokens, positions past the context, doc_ids or prefix of the wrong
@@ -249,7 +253,7 @@ struct BackwardOptions {
   // but do not flow back into the projections (the cached-KV view of a full tape).
   int kv_leaf_end = 0;
   // Keep the feed-forward's gradients (Gradients::mlp_pre, mlp_post, mlp_pre_linear):
-  // 2 or 3 · L · n · F more values, which TapeBytes does not count.
+  // FfnGradientBytes more, which TapeBytes does not count.
   bool ffn = false;
 };
 
