@@ -1,6 +1,6 @@
 // Interpret.PatchSweep: activation patching over layers × positions (engine/interpret/
 // patch_sweep.h) from the request's prompt pairs, site, layers, positions and objectives;
-// with more than one pair, the mean of their sweeps.
+// with more than one pair, the mean of their sweeps (and with per_pair, each pair's own).
 #include <string>
 #include <vector>
 
@@ -60,7 +60,7 @@ absl::StatusOr<SweepPair> ToSweepPair(const InterpContext& ctx, const Msg& msg,
 template <typename T>
 absl::Status SweepAt(const InterpContext& ctx, const std::vector<SweepPair>& pairs,
                      interpret::PatchTarget target, const std::vector<int>& layers,
-                     PositionRange rows, bool all_positions, bool attribution,
+                     PositionRange rows, bool all_positions, bool attribution, bool per_pair,
                      v1::PatchSweepResponse* response) {
   const Model& model = ctx.model();
   const int n = static_cast<int>(pairs.front().input.tokens.size());
@@ -91,6 +91,14 @@ absl::Status SweepAt(const InterpContext& ctx, const std::vector<SweepPair>& pai
   response->set_source(mean->source);
   response->set_num_heads(mean->heads);
   response->mutable_metric()->Assign(mean->metric.begin(), mean->metric.end());
+  if (per_pair) {
+    for (const interpret::PatchSweepResult& s : sweeps) {
+      v1::PatchSweepPairResult* out = response->add_pairs();
+      out->set_clean(s.clean);
+      out->set_source(s.source);
+      out->mutable_metric()->Assign(s.metric.begin(), s.metric.end());
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -131,6 +139,15 @@ absl::Status RunPatchSweep(const InterpContext& ctx, const v1::PatchSweepRequest
         "), more than --max-interp-sweep-runs = ", ctx.limits.max_sweep_runs,
         "; ask for fewer layers", all ? "" : " or positions", pairs.size() > 1 ? " or pairs" : ""));
   }
+  // The grids come back as doubles: the mean's, and with per_pair each pair's as well.
+  const int64_t grids = 1 + (request.per_pair() ? static_cast<int64_t>(pairs.size()) : 0);
+  if (const int64_t bytes = cells * grids * 8; bytes > ctx.limits.max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "PatchSweep would return ", bytes, " bytes of metric (", cells, " cells × ", grids,
+        request.per_pair() ? " grids: the mean and each pair's" : " grid",
+        "), more than --max-interp-bytes = ", ctx.limits.max_bytes, "; ask for fewer layers",
+        all ? "" : " or positions", request.per_pair() ? ", or without per_pair" : ""));
+  }
   const bool fp64 = WantsFp64(request.precision());
   response->set_precision(PrecisionOf(fp64));
   response->mutable_layers()->Assign(layers->begin(), layers->end());
@@ -140,9 +157,9 @@ absl::Status RunPatchSweep(const InterpContext& ctx, const v1::PatchSweepRequest
   response->mutable_token_ids()->Assign(p0.input.tokens.begin(), p0.input.tokens.end());
   response->mutable_source_token_ids()->Assign(p0.source.tokens.begin(), p0.source.tokens.end());
   response->set_num_pairs(static_cast<int>(pairs.size()));
-  const bool atp = request.attribution();
-  return fp64 ? SweepAt<double>(ctx, pairs, *target, *layers, *rows, all, atp, response)
-              : SweepAt<float>(ctx, pairs, *target, *layers, *rows, all, atp, response);
+  const bool atp = request.attribution(), per = request.per_pair();
+  return fp64 ? SweepAt<double>(ctx, pairs, *target, *layers, *rows, all, atp, per, response)
+              : SweepAt<float>(ctx, pairs, *target, *layers, *rows, all, atp, per, response);
 }
 
 }  // namespace kvlens::server

@@ -1,6 +1,7 @@
 // kvlens.v1.Interpret PatchSweep end to end on stories260K: the grid is engine/interpret's
 // PatchSweep (fp64, same prompts; also with all_positions), or AttributionPatchSweep with
-// attribution, with more_pairs the mean of each pair's own sweep, each resid_pre cell is what
+// attribution, with more_pairs the mean of each pair's own sweep (and with per_pair each of
+// those sweeps beside it), each resid_pre cell is what
 // Intervene answers for that one ResidualPatch (another RPC, another path), layers and positions
 // come back resolved, and every malformed request is refused naming its field or flag.
 #include <tuple>
@@ -127,6 +128,23 @@ TEST(InterpretPatchSweep, TheGridIsTheEnginesAndEachCellIsAnIntervention) {
       EXPECT_DOUBLE_EQ(mean.metric(e), (a.metric(e) + b.metric(e)) / 2) << e << " " << atp;
     }
     EXPECT_EQ(std::vector<int32_t>(mean.token_ids().begin(), mean.token_ids().end()), input);
+    EXPECT_EQ(mean.pairs_size(), 0);
+    // per_pair: each pair's own sweep beside the mean, in the request's order
+    both.set_per_pair(true);
+    v1::PatchSweepResponse per;
+    ASSERT_TRUE(CallSweep(server, both, &per).ok());
+    EXPECT_EQ(std::vector<double>(per.metric().begin(), per.metric().end()),
+              std::vector<double>(mean.metric().begin(), mean.metric().end()));
+    ASSERT_EQ(per.pairs_size(), 2);
+    for (int k = 0; k < 2; ++k) {
+      const v1::PatchSweepResponse& alone = k == 0 ? a : b;
+      const v1::PatchSweepPairResult& own = per.pairs(k);
+      EXPECT_EQ(own.clean(), alone.clean()) << k;
+      EXPECT_EQ(own.source(), alone.source()) << k;
+      EXPECT_EQ(std::vector<double>(own.metric().begin(), own.metric().end()),
+                std::vector<double>(alone.metric().begin(), alone.metric().end()))
+          << k << " " << atp;
+    }
   }
 
   // resid_pre over every layer and position, log p(token 5 | last): each cell is Intervene's
@@ -187,6 +205,7 @@ TEST(InterpretPatchSweep, BadRequestsNameTheirField) {
   KVLENS_REQUIRE_FILE(Stories260KPath());
   server::InterpretOptions few;
   few.limits.max_sweep_runs = 20;
+  few.limits.max_bytes = 4000;
   TestServer server(Stories260KPath(), TestServer::DefaultOptions(), 1, few);
   ASSERT_TRUE(server.ok()) << server.error();
   const std::vector<int32_t> input = RandomPromptTokens(6, 2), source = RandomPromptTokens(6, 3);
@@ -239,6 +258,22 @@ TEST(InterpretPatchSweep, BadRequestsNameTheirField) {
                 r.set_attribution(true);
                 r.clear_layers();
               }).ok());
+  // per_pair: each pair's grid counts against --max-interp-bytes (the mean's and two pairs'
+  // 240 cells, 8 bytes each: 5760 > 4000; the mean alone fits, above), refused before it runs
+  ExpectRefused(with([&](auto& r) {
+                  r.set_hook("z");
+                  r.set_attribution(true);
+                  r.clear_layers();
+                  r.set_per_pair(true);
+                  v1::PatchSweepPair* p = r.add_more_pairs();
+                  *p->mutable_input() = IdsInput(source);
+                  *p->mutable_patch_source() = IdsInput(input);
+                  *p->mutable_logit_diff() = r.logit_diff();
+                }),
+                grpc::StatusCode::RESOURCE_EXHAUSTED,
+                "PatchSweep would return 5760 bytes of metric (240 cells × 3 grids: the mean and "
+                "each pair's), more than --max-interp-bytes = 4000; ask for fewer layers or "
+                "positions, or without per_pair");
   // more_pairs: each pair checked as the first is, its fields named by index; the cells
   // count once per pair (attn_out over one layer: 6 positions × 4 pairs = 24 > 20).
   auto pair = [&](auto edit) {

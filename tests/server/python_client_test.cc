@@ -106,9 +106,17 @@ atp = c.patch_sweep(tokens=a, patch_source=b, hook="v", layers=[0], logit_diff=(
 # a second pair with its own logit difference: the means recover the same way, all at the
 # last position (each pair's patched run there is its source's)
 pairs = c.patch_sweep(tokens=a, patch_source=b, hook="resid_post", layers=[-1],
-                      logit_diff=(-1, 42, 300), fp64=True,
+                      logit_diff=(-1, 42, 300), fp64=True, per_pair=True,
                       more_pairs=[dict(tokens=a, patch_source=b, logit_diff=(-1, 7, 300))])
-out["pairs"] = [(np.round(pairs.recovered(), 12) + 0.0).tolist(), pairs.num_pairs, sw.num_pairs]
+try:
+    sw.pair_recovered()
+    no_pairs = "answered"
+except ValueError as e:
+    no_pairs = str(e)
+out["pairs"] = [(np.round(pairs.recovered(), 12) + 0.0).tolist(), pairs.num_pairs, sw.num_pairs,
+                (np.round(pairs.pair_recovered(), 12) + 0.0).tolist(),
+                bool(np.allclose(pairs.pair_metric.mean(axis=0), pairs.metric)),
+                bool(np.isclose(pairs.pair_clean.mean(), pairs.clean)), no_pairs]
 out["sweep"] = [(sw.recovered() + 0.0).tolist(),  # (+ 0.0: no -0.0)
                 list(sw.metric.shape), list(zs.metric.shape) + list(ps.metric.shape),
                 zs.layers, list(zs.positions), list(vs.metric.shape),
@@ -320,7 +328,10 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   // position alone; the z sweep's grid is [layers, heads, positions], v's [layers, KV heads,
   // positions]; all positions of a resid_pre recover all, and all_positions drops the axis.
   const int H = server.model().config.num_heads, KV = server.model().config.num_kv_heads;
-  EXPECT_EQ(out["pairs"].dump(), "[[[0.0,0.0,0.0,0.0,0.0,1.0]],2,1]");
+  // per_pair: each pair's own grid recovers the same way, and their mean is the mean's
+  EXPECT_EQ(out["pairs"].dump(),
+            "[[[0.0,0.0,0.0,0.0,0.0,1.0]],2,1,[[[0.0,0.0,0.0,0.0,0.0,1.0]],[[0.0,0.0,0.0,0.0,0.0,"
+            "1.0]]],true,true,\"pair_recovered: ask patch_sweep with per_pair=True\"]");
   EXPECT_EQ(out["sweep"].dump(), absl::StrCat("[[[0.0,0.0,0.0,0.0,0.0,1.0]],[1,6],[2,", H, ",3,1,",
                                               H, ",2],[0,1],[2,5],[1,", KV, ",2],[1.0,1.0],[1,", H,
                                               "],[1,", KV, ",6],true,true]"));

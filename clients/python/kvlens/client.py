@@ -207,12 +207,26 @@ class PatchSweep:
     source: float
     metric: np.ndarray
     num_pairs: int = 1  # with more_pairs: clean, source and metric are means over the pairs
+    # with per_pair: each pair's own, [num_pairs], [num_pairs] and [num_pairs, *metric.shape]
+    pair_clean: Optional[np.ndarray] = None
+    pair_source: Optional[np.ndarray] = None
+    pair_metric: Optional[np.ndarray] = None
 
     def recovered(self) -> np.ndarray:
         """(metric − clean) / (source − clean): 0 where the patch changes nothing, 1 where it
         moves the objective all the way to the source's (TransformerLens's normalised patching
         metric, with this run as the corrupted one when the source is the clean prompt)."""
         return (self.metric - self.clean) / (self.source - self.clean)
+
+    def pair_recovered(self) -> np.ndarray:
+        """recovered() of each pair, [num_pairs, *metric.shape] (needs per_pair=True); their
+        mean weighs every pair alike, where recovered() of the means weighs pairs by how far
+        their source moves the objective."""
+        if self.pair_metric is None:
+            raise ValueError("pair_recovered: ask patch_sweep with per_pair=True")
+        shape = (-1,) + (1,) * (self.pair_metric.ndim - 1)
+        return ((self.pair_metric - self.pair_clean.reshape(shape)) /
+                (self.pair_source - self.pair_clean).reshape(shape))
 
 
 def _from_end(index: Optional[int], count: int) -> int:
@@ -605,7 +619,7 @@ class Client:
     def patch_sweep(self, text=None, tokens=None, patch_source=None, hook="resid_pre",
                     layers=(), positions=(0, 0), targets=(), logit_diff=None, fp64=False,
                     chat=None, all_positions=False, attribution=False,
-                    more_pairs=()) -> PatchSweep:
+                    more_pairs=(), per_pair=False) -> PatchSweep:
         """Activation patching over layers × positions, as TransformerLens's patching module
         (get_act_patch_resid_pre, …): each cell runs this prompt with `hook` (resid_pre,
         resid_mid, resid_post, attn_out, mlp_out, or per head q, z or pattern, per KV head k
@@ -618,13 +632,14 @@ class Client:
         backward pass instead of a forward per cell. more_pairs: more prompt pairs of a
         dataset, each a dict(text= or tokens=, patch_source=, targets= or logit_diff=) of the
         same length, its own names scored; metric, clean and source are then the means over
-        all pairs (a batch with a mean metric)."""
+        all pairs (a batch with a mean metric); per_pair: each pair's own as well
+        (pair_clean, pair_source, pair_metric; pair_recovered())."""
         if patch_source is None:
             raise ValueError("patch_sweep: patch_source is required")
         req = ip.PatchSweepRequest(
             input=_input(text, tokens, chat=chat), hook=hook, layers=list(layers),
             positions=ip.Range(begin=positions[0], end=positions[1]), precision=_precision(fp64),
-            all_positions=all_positions, attribution=attribution)
+            all_positions=all_positions, attribution=attribution, per_pair=per_pair)
         _fill_pair(req, patch_source, targets, logit_diff)
         for k, p in enumerate(more_pairs):
             unknown = set(p) - {"text", "tokens", "patch_source", "targets", "logit_diff"}
@@ -636,14 +651,20 @@ class Client:
         r = self.interpret.PatchSweep(req, timeout=self.timeout)
         shape = [len(r.layers), r.num_heads, 1 if all_positions else
                  r.positions.end - r.positions.begin]
-        metric = np.asarray(r.metric, dtype=np.float64).reshape(shape)
-        if all_positions:
-            metric = metric[:, :, 0]
+
+        def grid(values):
+            m = np.asarray(values, dtype=np.float64).reshape(shape)
+            if all_positions:
+                m = m[:, :, 0]
+            return m if hook in _HEAD_HOOKS else m[:, 0]
+
+        per = dict(pair_clean=np.array([p.clean for p in r.pairs]),
+                   pair_source=np.array([p.source for p in r.pairs]),
+                   pair_metric=np.stack([grid(p.metric) for p in r.pairs])) if r.pairs else {}
         return PatchSweep(precision=ip.Precision.Name(r.precision), hook=hook or "resid_pre",
                           layers=list(r.layers), positions=(r.positions.begin, r.positions.end),
-                          clean=r.clean, source=r.source,
-                          metric=metric if hook in _HEAD_HOOKS else metric[:, 0],
-                          num_pairs=r.num_pairs)
+                          clean=r.clean, source=r.source, metric=grid(r.metric),
+                          num_pairs=r.num_pairs, **per)
 
     def logit_lens(self, text=None, tokens=None, positions=(), top_k=5, fp64=False, chat=None,
                    session_id=None):
