@@ -85,6 +85,11 @@ int PatchCommand(int argc, char** argv) {
                    "a file of more prompt pairs, one a line: TEXT<tab>SOURCE_TEXT<tab>TOKEN_TEXT"
                    "[<tab>BASELINE_TEXT] (a baseline on every line or on none, as --baseline; "
                    "# comments); the grid is then the mean over all pairs"});
+  specs.push_back({"per-pair", "",
+                   "with --pairs: print each pair's clean and source, and per cell the mean of "
+                   "the pairs' own recovered shares (each pair weighed alike) instead of the "
+                   "share of the means",
+                   true});
   absl::StatusOr<Args> args;
   if (int code =
           Prepare(argc, argv, "patch",
@@ -138,6 +143,7 @@ int PatchCommand(int argc, char** argv) {
       return Fail("patch", s);
     }
   }
+  request.set_per_pair(args->Switch("per-pair"));
   request.set_precision(PrecisionOf(*args));
   grpc::ClientContext context;
   auto stub = Connect(*args, context);
@@ -160,9 +166,14 @@ int PatchCommand(int argc, char** argv) {
                   ? absl::StrCat(", mean over ", response.num_pairs(), " pairs").c_str()
                   : "",
               response.clean(), response.source());
+  for (int k = 0; k < response.pairs_size(); ++k) {
+    std::printf("  pair %d: clean %.6f, source %.6f\n", k, response.pairs(k).clean(),
+                response.pairs(k).source());
+  }
   const bool all = request.all_positions();
   std::printf(
-      "recovered (patched - clean) / (source - clean), a row per %s, %s:\n",
+      "%srecovered (patched - clean) / (source - clean), a row per %s, %s:\n",
+      response.pairs_size() > 0 ? "each pair's own " : "",
       per_kv_head ? "layer and KV head"
       : per_head  ? "layer and head"
                   : "layer",
@@ -184,7 +195,20 @@ int PatchCommand(int argc, char** argv) {
     }
     std::printf("\n");
   }
-  const double span = response.source() - response.clean();
+  // (m - clean) / (source - clean) of cell e: of the means, or the mean of each pair's own
+  auto share = [](double m, double clean, double src) {
+    return src != clean ? (m - clean) / (src - clean) + 0.0 : 0.0;
+  };
+  auto recovered = [&](int e) {
+    if (response.pairs_size() == 0) {
+      return share(response.metric(e), response.clean(), response.source());
+    }
+    double sum = 0.0;
+    for (const v1::PatchSweepPairResult& p : response.pairs()) {
+      sum += share(p.metric(e), p.clean(), p.source());
+    }
+    return sum / response.pairs_size() + 0.0;
+  };
   const int width = all ? 1 : end - begin;
   for (int li = 0; li < response.layers_size(); ++li) {
     for (int h = 0; h < response.num_heads(); ++h) {
@@ -193,8 +217,7 @@ int PatchCommand(int argc, char** argv) {
                    : absl::StrCat("layer ", response.layers(li));
       std::printf("%10s", label.c_str());
       for (int p = 0; p < width; ++p) {
-        const double m = response.metric((li * response.num_heads() + h) * width + p);
-        std::printf(" %8.3f", span != 0 ? (m - response.clean()) / span + 0.0 : 0.0);
+        std::printf(" %8.3f", recovered((li * response.num_heads() + h) * width + p));
       }
       std::printf("\n");
     }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <utility>
@@ -26,6 +27,23 @@
 
 namespace kvlens::testing {
 namespace {
+
+// The numbers on the line of `out` that starts with `label` (right-aligned in 10 columns, as
+// kvlens-cli patch prints a grid's rows); empty when there is none.
+std::vector<double> GridRow(const std::string& out, const std::string& label) {
+  const std::string start = absl::StrFormat("%10s", label);
+  size_t at = out.find("\n" + start);
+  if (at == std::string::npos) return {};
+  at += 1 + start.size();
+  std::vector<double> row;
+  const char* p = out.c_str() + at;
+  char* end = nullptr;
+  for (double v = std::strtod(p, &end); end != p; v = std::strtod(p, &end)) {
+    row.push_back(v);
+    p = end;
+  }
+  return row;
+}
 
 class CliServerTokens : public ::testing::Test {
  protected:
@@ -258,6 +276,39 @@ TEST_F(CliServerTokens, PatchPrintsTheRecoveredGrid) {
       << pairs_out;
   EXPECT_NE(pairs_out.find(row + "\n"), std::string::npos) << row << "\n" << pairs_out;
   EXPECT_NE(pairs_out, out);
+  // --per-pair: each pair's clean and source (the first pair's are the lone run's), and the
+  // mean of each pair's own shares, which recover the same way here
+  const auto [per_code, per_out] =
+      patch("--hook resid_post --layers -1 --per-pair --pairs " + pairs);
+  ASSERT_EQ(per_code, 0) << per_out;
+  const size_t clean_at = out.find("clean ");
+  ASSERT_NE(clean_at, std::string::npos) << out;
+  const std::string lone = out.substr(clean_at, out.find('\n', clean_at) - clean_at + 1);
+  EXPECT_NE(per_out.find("\n  pair 0: " + lone), std::string::npos) << lone << per_out;
+  EXPECT_NE(per_out.find("\n  pair 1: clean "), std::string::npos) << per_out;
+  EXPECT_EQ(per_out.find("  pair 2:"), std::string::npos) << per_out;
+  EXPECT_NE(per_out.find("each pair's own recovered (patched - clean)"), std::string::npos)
+      << per_out;
+  EXPECT_NE(per_out.find(row + "\n"), std::string::npos) << row << "\n" << per_out;
+  // where the pairs' shares differ (a head of layer 0), each cell is the mean of the shares
+  // each pair's own lone run prints (to their 3 decimals)
+  const std::string head = absl::StrCat("L0H", H - 1);
+  const auto [zper_code, zper_out] = patch("--hook z --layers 0 --per-pair --pairs " + pairs);
+  ASSERT_EQ(zper_code, 0) << zper_out;
+  const auto [swapped_code, swapped_out] =
+      Cli("patch", absl::StrCat("--text 'In the beginning man' --source-text '", kPrompt,
+                                "' --hook z --layers 0 --token-text ' the' --baseline-text ' said'"
+                                " --precision fp64"));
+  ASSERT_EQ(swapped_code, 0) << swapped_out;
+  const std::vector<double> mean = GridRow(zper_out, head), first = GridRow(z_out, head),
+                            second = GridRow(swapped_out, head);
+  ASSERT_EQ(mean.size(), static_cast<size_t>(n)) << zper_out;
+  ASSERT_EQ(first.size(), mean.size()) << z_out;
+  ASSERT_EQ(second.size(), mean.size()) << swapped_out;
+  EXPECT_NE(first, second);
+  for (size_t p = 0; p < mean.size(); ++p) {
+    EXPECT_NEAR(mean[p], (first[p] + second[p]) / 2, 0.0011) << p;
+  }
   {
     std::ofstream f(pairs);
     f << "In the beginning man\t" << kPrompt << "\t the\n";
