@@ -6,10 +6,10 @@
 // forward over the same tokens, on a Llama-shaped model with random f32 weights (D 512, 8 layers,
 // 8 heads of 64, FFN 1376, vocab 4096) at 256 and 1024 tokens. The attention share grows
 // with the tokens (the products' share with the model), so the longer row shows what the
-// tape's attention costs. The last columns are the probe that also keeps the FFN's
-// gradients (BackwardOptions::ffn, what a gradient cache at mlp_pre / mlp_post needs): its
-// time, and its working memory over the plain probe's (TapeBytes). Prints a table, then one
-// JSON line for scripts.
+// tape's attention costs. The last columns are the probe that also keeps every layer's FFN
+// gradients (BackwardOptions::ffn_layers, what a gradient cache at mlp_pre / mlp_post needs):
+// its time, and its working memory over the plain probe's (TapeBytes), then that of one
+// layer's (a hook of one layer asked for). Prints a table, then one JSON line for scripts.
 //
 //   kvlens_bench_interpret [threads=1]
 #include <algorithm>
@@ -73,9 +73,9 @@ int main(int argc, char** argv) {
 
   std::printf("interpret tape: D %d, %d layers, %d heads of %d, %d thread(s)\n", c.dim,
               c.num_layers, c.num_heads, c.head_dim, threads);
-  std::printf("%8s %12s %16s %22s %20s %10s %16s %12s\n", "tokens", "forward ms", "tape forward ms",
-              "probe, reference ms", "probe, cpu ops ms", "probe/fwd", "+ffn grads ms",
-              "+ffn memory");
+  std::printf("%8s %12s %16s %22s %20s %10s %16s %12s %14s\n", "tokens", "forward ms",
+              "tape forward ms", "probe, reference ms", "probe, cpu ops ms", "probe/fwd",
+              "+ffn grads ms", "+ffn memory", "+1 layer's ffn");
   std::string json = absl::StrFormat(
       "{\"bench\":\"interpret\",\"dim\":%d,\"layers\":%d,\"heads\":%d,\"threads\":%d,\"results\":[",
       c.dim, c.num_layers, c.num_heads, threads);
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     const kvlens::interpret::Objective o = kvlens::interpret::Objective::LogProb({{n - 1, 42}});
     auto probe_with = [&](kvlens::kernels::BackwardOps<float>* ops, bool ffn) {
       kvlens::interpret::BackwardOptions options;
-      options.ffn = ffn;
+      for (int l = 0; ffn && l < c.num_layers; ++l) options.ffn_layers.push_back(l);
       return BestSeconds(reps, [&] {
         auto t = kvlens::interpret::RunForward(*model, be, in);
         Must(t.ok(), "tape forward");
@@ -111,18 +111,23 @@ int main(int argc, char** argv) {
     const double probe_ref = probe_with(nullptr, false);
     const double probe = probe_with(&be, false);
     const double probe_ffn = probe_with(&be, true);
-    // mlp_pre, mlp_post, mlp_pre_linear over the probe's tape and gradients
-    const double ffn_share = static_cast<double>(kvlens::interpret::FfnGradientBytes(c, n, 4)) /
-                             static_cast<double>(kvlens::interpret::TapeBytes(c, n, n, 4, true));
-    std::printf("%8d %12.1f %16.1f %22.1f %20.1f %10.1f %16.1f %11.1f%%\n", n, fwd * 1e3,
+    // mlp_pre, mlp_post, mlp_pre_linear of every layer, and of one (a hook of one layer
+    // asked for), over the probe's tape and gradients
+    const double probe_bytes = static_cast<double>(kvlens::interpret::TapeBytes(c, n, n, 4, true));
+    const double ffn_share =
+        static_cast<double>(kvlens::interpret::FfnGradientBytes(c, n, 4, c.num_layers)) /
+        probe_bytes;
+    const double one_share =
+        static_cast<double>(kvlens::interpret::FfnGradientBytes(c, n, 4, 1)) / probe_bytes;
+    std::printf("%8d %12.1f %16.1f %22.1f %20.1f %10.1f %16.1f %11.1f%% %13.1f%%\n", n, fwd * 1e3,
                 tape * 1e3, probe_ref * 1e3, probe * 1e3, probe / fwd, probe_ffn * 1e3,
-                ffn_share * 100);
+                ffn_share * 100, one_share * 100);
     json += absl::StrFormat(
         "%s{\"tokens\":%d,\"forward_ms\":%.2f,\"tape_forward_ms\":%.2f,"
         "\"probe_reference_ms\":%.2f,\"probe_ms\":%.2f,\"probe_ffn_ms\":%.2f,"
-        "\"ffn_memory_share\":%.4f}",
+        "\"ffn_memory_share\":%.4f,\"ffn_one_layer_memory_share\":%.4f}",
         first ? "" : ",", n, fwd * 1e3, tape * 1e3, probe_ref * 1e3, probe * 1e3, probe_ffn * 1e3,
-        ffn_share);
+        ffn_share, one_share);
     first = false;
   }
   std::printf("%s]}\n", json.c_str());

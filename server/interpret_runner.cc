@@ -242,19 +242,23 @@ absl::Status ProbeAt(const InterpContext& ctx, const v1::GradientProbeRequest& r
   const SequenceInput<T> in = InputOf<T>(seq);
   const int num = static_cast<int>(seq.tokens.size());
   // With verify, the finite differences' fp64 tapes come one at a time beside this one; the
-  // FFN's gradients are kept when a hook asks for one.
-  const bool ffn = std::any_of(hook_reads.begin(), hook_reads.end(), [](const auto& r) {
-    return interpret::HookGradientNeedsFfn(r.first);
-  });
+  // FFN's gradients are kept for the layers whose mlp_ hooks are asked for.
+  interpret::BackwardOptions options;
+  if (param_layer.has_value()) options.param_layer = *param_layer;
+  for (const auto& [hook, l] : hook_reads) {
+    if (interpret::HookGradientNeedsFfn(hook) &&
+        std::find(options.ffn_layers.begin(), options.ffn_layers.end(), l) ==
+            options.ffn_layers.end()) {
+      options.ffn_layers.push_back(l);
+    }
+  }
   const int64_t work = WorkBytes<T>(c, num, num, 1, true, param_layer.has_value()) +
                        (request.verify() ? WorkBytes<double>(c, num, num, 1, false) : 0) +
-                       (ffn ? interpret::FfnGradientBytes(c, num, static_cast<int>(sizeof(T))) : 0);
+                       interpret::FfnGradientBytes(c, num, static_cast<int>(sizeof(T)),
+                                                   static_cast<int>(options.ffn_layers.size()));
   if (absl::Status s = CheckTapeBytes(work, num, ctx.limits, "GradientProbe"); !s.ok()) return s;
   auto tape = interpret::RunForward(model, BackendOf<T>(ctx.backends), in);
   if (!tape.ok()) return tape.status();
-  interpret::BackwardOptions options;
-  if (param_layer.has_value()) options.param_layer = *param_layer;
-  options.ffn = ffn;
   auto g = interpret::ObjectiveGradients(model, *tape, objective, options,
                                          BackwardOpsOf<T>(ctx.backends));
   if (!g.ok()) return g.status();

@@ -56,9 +56,11 @@ absl::StatusOr<std::vector<T>> ReadHookGradient(const Model& model, const Tape<T
     return absl::InvalidArgumentError(absl::StrCat(std::string(HookName(hook)), ": layer ", layer,
                                                    " is outside [0, ", c.num_layers, ")"));
   }
-  if (HookGradientNeedsFfn(hook) && g.mlp_post.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        std::string(HookName(hook)), ": the gradients were taken without BackwardOptions::ffn"));
+  if (HookGradientNeedsFfn(hook) &&
+      (g.mlp_post.size() <= static_cast<size_t>(layer) || g.mlp_post[layer].empty())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(HookName(hook)), ": layer ", layer,
+                     "'s FFN gradients were not kept (BackwardOptions::ffn_layers)"));
   }
   switch (hook) {
     case Hook::kEmbed:

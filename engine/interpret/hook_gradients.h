@@ -16,7 +16,7 @@
 //   pattern            probs[l]; masked keys 0 (TransformerLens's would be dO·v there:
 //                      a masked probability is 0 whatever its gradient)       [H, n, Tk]
 //   mlp_pre, mlp_post, mlp_pre_linear  mlp_pre[l], mlp_post[l], mlp_pre_linear[l]: only
-//                      from a Backward run with BackwardOptions::ffn         n
+//                      for the layers of BackwardOptions::ffn_layers         n
 //   embed (no layer)   residual[0]: the input embedding (Gemma's times √D)   n
 //   pos_embed (GPT-2)  residual[0] too: it enters as embed + pos_embed       n
 // The norms' hooks (scale, normalized) and ln_final have no gradient kept.
@@ -33,11 +33,11 @@
 
 namespace kvlens::interpret {
 
-// The hooks whose gradient Backward keeps (the mlp_ ones with BackwardOptions::ffn), in
+// The hooks whose gradient Backward keeps (the mlp_ ones for BackwardOptions::ffn_layers), in
 // run_with_cache's order; HookHasGradient: whether `hook` is one.
 absl::Span<const Hook> HooksWithGradient();
 bool HookHasGradient(Hook hook);
-// The mlp_pre, mlp_post and mlp_pre_linear hooks: those that need BackwardOptions::ffn.
+// The mlp_pre, mlp_post and mlp_pre_linear hooks: those that need BackwardOptions::ffn_layers.
 bool HookGradientNeedsFfn(Hook hook);
 // OK when HookHasGradient(hook); else INVALID_ARGUMENT naming it and the hooks that have one.
 absl::Status CheckHookHasGradient(Hook hook);
@@ -45,7 +45,7 @@ absl::Status CheckHookHasGradient(Hook hook);
 // The gradient at `hook` of layer `layer` (ignored for embed and pos_embed), every row,
 // in HookShape's order. INVALID_ARGUMENT when the hook has no gradient (naming it and
 // those that have), the model lacks it (CheckModelHasHook), the layer is out of range, or
-// `g` has no FFN gradients for an mlp_ hook.
+// `g` kept no FFN gradients of that layer for an mlp_ hook.
 template <typename T>
 absl::StatusOr<std::vector<T>> ReadHookGradient(const Model& model, const Tape<T>& tape,
                                                 const Gradients<T>& g, Hook hook, int layer);

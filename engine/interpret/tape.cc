@@ -402,8 +402,8 @@ std::string_view PatchSiteName(PatchSite site) {
   return "?";
 }
 
-int64_t FfnGradientBytes(const ModelConfig& c, int n, int elem_bytes) {
-  return int64_t{3} * c.num_layers * n * c.hidden_dim * elem_bytes;
+int64_t FfnGradientBytes(const ModelConfig& c, int n, int elem_bytes, int layers) {
+  return int64_t{3} * layers * n * c.hidden_dim * elem_bytes;
 }
 
 int64_t TapeBytes(const ModelConfig& c, int n, int num_keys, int elem_bytes, bool backward) {

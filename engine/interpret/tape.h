@@ -214,10 +214,10 @@ struct Tape {
 // probability maps and their gradients. The server refuses requests past
 // --max-interp-tape-bytes with it, before allocating.
 int64_t TapeBytes(const ModelConfig& c, int n, int num_keys, int elem_bytes, bool backward);
-// Bytes the FFN's gradients add with BackwardOptions::ffn, which TapeBytes leaves out:
-// mlp_pre, mlp_post and mlp_pre_linear, 3 · L · n · F elements (GPT-2 keeps two of them, so
-// this bounds its share from above).
-int64_t FfnGradientBytes(const ModelConfig& c, int n, int elem_bytes);
+// Bytes the FFN's gradients of `layers` layers add (BackwardOptions::ffn_layers), which
+// TapeBytes leaves out: mlp_pre, mlp_post and mlp_pre_linear, 3 · layers · n · F elements
+// (GPT-2 keeps two of them, so this bounds its share from above).
+int64_t FfnGradientBytes(const ModelConfig& c, int n, int elem_bytes, int layers);
 
 // Runs the forward. Errors (INVALID_ARGUMENT / OUT_OF_RANGE naming the field): empty or
 // out-of-vocabulary tokens, positions past the context, doc_ids or prefix of the wrong
@@ -252,9 +252,10 @@ struct BackwardOptions {
   // Key/value rows of positions < kv_leaf_end are leaves: their gradients are reported
   // but do not flow back into the projections (the cached-KV view of a full tape).
   int kv_leaf_end = 0;
-  // Keep the feed-forward's gradients (Gradients::mlp_pre, mlp_post, mlp_pre_linear):
-  // FfnGradientBytes more, which TapeBytes does not count.
-  bool ffn = false;
+  // Keep the feed-forward's gradients (Gradients::mlp_pre, mlp_post, mlp_pre_linear) of
+  // these layers (each in [0, L), at most once; empty: none): FfnGradientBytes more, which
+  // TapeBytes does not count.
+  std::vector<int> ffn_layers;
 };
 
 // dJ/dθ for one layer's attention parameters, dense, [out, in] like the weights.
@@ -271,9 +272,9 @@ struct Gradients {
   // [L][n, D]: the stream after layer l's attention (h, resid_mid), which is also the
   // gradient w.r.t. what the attention adds to it (attn_out)
   std::vector<std::vector<T>> resid_mid;
-  // [L][n, F] with BackwardOptions::ffn, else empty: the FFN's hidden (act, mlp_post), its
-  // gate / GELU input (pre, mlp_pre) and a gated FFN's up projection (up, mlp_pre_linear;
-  // empty for GPT-2)
+  // [L][n, F] for BackwardOptions::ffn_layers, empty for the other layers (and [] without
+  // any): the FFN's hidden (act, mlp_post), its gate / GELU input (pre, mlp_pre) and a gated
+  // FFN's up projection (up, mlp_pre_linear; empty for GPT-2)
   std::vector<std::vector<T>> mlp_pre, mlp_post, mlp_pre_linear;
   ParamGradients params;
   // residual[0]: the gradient w.r.t. the input embeddings.

@@ -69,10 +69,21 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
         absl::StrCat("param_layer ", opt.param_layer, " outside [-1, ", L, ")"));
   }
 
+  std::vector<bool> keep_ffn(L, false);
+  for (size_t k = 0; k < opt.ffn_layers.size(); ++k) {
+    const int l = opt.ffn_layers[k];
+    if (l < 0 || l >= L || keep_ffn[l]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ffn_layers[", k, "] = ", l,
+                       l < 0 || l >= L ? absl::StrCat(" outside [0, ", L, ")") : " twice"));
+    }
+    keep_ffn[l] = true;
+  }
+
   Gradients<T> g;
   for (auto* v : {&g.scores, &g.probs, &g.q, &g.k, &g.v, &g.attn_out, &g.resid_mid}) v->resize(L);
   g.residual.resize(L + 1);
-  if (opt.ffn) {
+  if (!opt.ffn_layers.empty()) {
     for (auto* v : {&g.mlp_pre, &g.mlp_post, &g.mlp_pre_linear}) v->resize(L);
   }
 
@@ -120,7 +131,7 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
       kernels::GeluBackward(lt.pre.data(), dact.data(), n * F, dpre.data());
     }
     if (absl::Status s = matmul_dx(dpre.data(), n, lw.w_in, dhn.data()); !s.ok()) return s;
-    if (opt.ffn) {  // handed over; the next layer's start from fresh buffers
+    if (keep_ffn[l]) {  // handed over; the next layer's start from fresh buffers
       g.mlp_post[l] = std::exchange(dact, std::vector<T>(n * F));
       g.mlp_pre[l] = std::exchange(dpre, std::vector<T>(n * F));
       if (c.arch == Architecture::kLlama)

@@ -576,6 +576,34 @@ TEST(InterpretLimits, FeedForwardGradientsCountWhenAsked) {
                 absl::StrCat("GradientProbe over ", n, " positions needs ", need, " bytes")),
             std::string::npos)
       << over.error_message();
+  // one layer's mlp_post keeps only that layer's FFN gradients: a limit with room for one
+  // layer's takes it and refuses two layers'
+  options.limits.max_tape_bytes += int64_t{3} * n * c.hidden_dim * 4;
+  TestServer roomier(TestServer::DefaultOptions(), 1, options);
+  ASSERT_TRUE(roomier.ok()) << roomier.error();
+  stub = InterpretStub(roomier);
+  v1::GradientProbeResponse one;
+  const grpc::Status one_layer = probe("blocks.1.mlp.hook_post", &one);
+  ASSERT_TRUE(one_layer.ok()) << one_layer.error_message();
+  ASSERT_EQ(one.hook_gradients_size(), 1);
+  EXPECT_EQ(one.hook_gradients(0).layer(), 1);
+  v1::GradientProbeRequest two;
+  *two.mutable_input() = IdsInput(RandomTokens(n, 1));
+  two.mutable_log_prob()->add_targets()->set_position(n - 1);
+  two.add_hooks("blocks.0.mlp.hook_post");
+  two.add_hooks("blocks.1.mlp.hook_pre");
+  grpc::ClientContext context;
+  SetDeadline(context);
+  const grpc::Status both = stub->GradientProbe(&context, two, &refused);
+  EXPECT_EQ(both.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << both.error_message();
+  // and the same layer's two hooks share its one set
+  v1::GradientProbeRequest same = two;
+  same.set_hooks(0, "blocks.1.mlp.hook_post");
+  grpc::ClientContext same_context;
+  SetDeadline(same_context);
+  const grpc::Status shared = stub->GradientProbe(&same_context, same, &one);
+  EXPECT_TRUE(shared.ok()) << shared.error_message();
+  EXPECT_EQ(one.hook_gradients_size(), 2);
 }
 
 TEST(InterpretMetrics, RecordedByKind) {

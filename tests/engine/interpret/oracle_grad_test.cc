@@ -82,7 +82,7 @@ double WorstError(const Model& m, kernels::Backend<T>& be, const std::vector<int
   auto tape = RunForward(m, be, in);
   EXPECT_TRUE(tape.ok()) << tape.status();
   BackwardOptions with_ffn;
-  with_ffn.ffn = true;
+  for (int l = 0; l < m.config.num_layers; ++l) with_ffn.ffn_layers.push_back(l);
   auto g = ObjectiveGradients(m, *tape, Objective::LogProb(targets), with_ffn);
   EXPECT_TRUE(g.ok()) << g.status();
   const int n = tape->n, H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim;
