@@ -22,12 +22,21 @@ namespace kvlens::interpret {
 // PatchSweep's arguments and result layout; the same INVALID_ARGUMENT cases
 // (StartPatchSweep). `ops`: where the backward's heavy ops run (Backward's; null: the
 // reference loops on the host).
+//
+// `qk_fix` (q and k sweeps only; INVALID_ARGUMENT otherwise): AtP*'s QK fix (Kramár et al.
+// 2024, §3.1). A query or key reaches the objective through a softmax, where the first
+// order misses most when the patch moves the pattern far (saturated rows especially), so
+// each cell's pattern is recomputed exactly instead — every row the patch reaches (a q
+// cell's own row; a k cell's rows that see the key, in every query head of its group)
+// through the forward's scores and softmax with the source's vector — and only the rest
+// to first order: clean + Σ (A′ − A) · ∂objective/∂A. That costs a row's scores per row
+// reached, no forward.
 template <typename T>
 absl::StatusOr<PatchSweepResult> AttributionPatchSweep(
     const Model& model, kernels::Backend<T>& backend, const SequenceInput<T>& input,
     const SequenceInput<T>& source, PatchTarget target, const std::vector<int>& layers,
     int row_begin, int row_end, const Objective& objective, bool all_positions = false,
-    kernels::BackwardOps<T>* ops = nullptr);
+    kernels::BackwardOps<T>* ops = nullptr, bool qk_fix = false);
 
 }  // namespace kvlens::interpret
 

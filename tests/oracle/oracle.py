@@ -12,7 +12,7 @@
   oracle.py --model PATH --tokens "1 2 3" --out FILE --steer HOOK:FILE[:COEF] [--steer ...]
   oracle.py --model PATH --generate N --prompt-tokens "1 403" --steer HOOK:FILE[:COEF]
   oracle.py --model PATH --tokens "1 2 3" --out FILE --patch-sweep HOOK:ROW:A:B \
-            --source-tokens "1 5 3" [--patch-all-positions] [--patch-attribution]
+            --source-tokens "1 5 3" [--patch-all-positions] [--patch-attribution | --patch-qk-fix]
   oracle.py --model PATH --tokens "1 2 3" --out FILE --ablate-neuron L:N[:ROW] [--ablate-mean]
 
 --activations adds every cached activation (TransformerLens's run_with_cache):
@@ -44,7 +44,8 @@ resid_post, attn_out, mlp_out, q, k, v, z, pattern) taken from the source's run,
 logits[ROW, A] - logits[ROW, B]; sweep.clean, sweep.source. --patch-all-positions: one cell
 per layer (and head) with every row of HOOK patched at once, sweep.metric [L, heads or 1, 1].
 --patch-attribution: each cell by attribution patching instead (clean + (source - clean) .
-gradient, torch.autograd), the same arrays.
+gradient, torch.autograd), the same arrays. --patch-qk-fix (hook q or k): AtP*'s QK fix,
+clean + (patched pattern - clean pattern) . the pattern's gradient at the cell's layer.
 
 PATH: a llama2.c .bin, a GGUF file (llama), or a Hugging Face directory (gpt2 / llama).
 The output container format is described in README.md and kvlens_oracle/container.py.
@@ -157,6 +158,9 @@ def main(argv=None):
                     help="--patch-sweep: one cell per layer (and head), every row patched")
     ap.add_argument("--patch-attribution", action="store_true",
                     help="--patch-sweep: first-order estimates (attribution patching)")
+    ap.add_argument("--patch-qk-fix", action="store_true",
+                    help="--patch-sweep of q or k: AtP*'s QK fix (the pattern exact, the rest "
+                         "to first order)")
     ap.add_argument("--steer", action="append", default=[], metavar="HOOK:FILE[:COEF[:START]]",
                     help="add COEF (default 1) times FILE's vector (d_model whitespace-separated "
                          "floats) to every row of the residual stream at HOOK (blocks.L."
@@ -267,8 +271,10 @@ def main(argv=None):
         f = encode(sae, x)
         arrays.update({"sae.input": x, "sae.acts": f.numpy(), "sae.recon": decode(sae, f).numpy()})
     if a.patch_sweep:
-        from kvlens_oracle.patching import attribution_patch_sweep, patch_sweep
-        sweep = attribution_patch_sweep if a.patch_attribution else patch_sweep
+        from kvlens_oracle.patching import (attribution_patch_sweep, patch_sweep,
+                                            qk_fixed_patch_sweep)
+        sweep = (qk_fixed_patch_sweep if a.patch_qk_fix else
+                 attribution_patch_sweep if a.patch_attribution else patch_sweep)
         parts = a.patch_sweep.split(":")
         if len(parts) != 4 or not a.source_tokens:
             ap.error('--patch-sweep takes "HOOK:ROW:A:B" and needs --source-tokens')

@@ -120,6 +120,15 @@ TEST(AttributionPatchingOracle, Stories260KEverySite) {
   sweep_oracle::ExpectStoriesSweeps({"v", "pattern"}, {.all_positions = true, .attribution = true});
 }
 
+TEST(AttributionPatchingOracle, QkFixOnStories260KGpt2AndGemma2) {
+  // (GQA on stories260K; Gemma 2's capped scores, windows on alternate layers)
+  sweep_oracle::ExpectStoriesSweeps({"q", "k"}, {.attribution = true, .qk_fix = true});
+  sweep_oracle::ExpectStoriesSweeps({"k"},
+                                    {.all_positions = true, .attribution = true, .qk_fix = true});
+  sweep_oracle::ExpectDefaultGpt2Sweeps({"q", "k"}, {.attribution = true, .qk_fix = true});
+  sweep_oracle::ExpectGemma2Sweeps({"q", "k"}, {.attribution = true, .qk_fix = true});
+}
+
 TEST(AttributionPatchingOracle, DefaultGpt2) {
   sweep_oracle::ExpectDefaultGpt2Sweeps({"attn_out", "z", "pattern"}, {.attribution = true});
 }

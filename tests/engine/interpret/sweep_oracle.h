@@ -26,11 +26,13 @@ namespace kvlens::interpret::sweep_oracle {
 struct SweepKind {
   bool all_positions = false;
   bool attribution = false;  // AttributionPatchSweep against the oracle's autograd estimate
+  bool qk_fix = false;       // with attribution (q, k): AtP*'s QK fix, against the oracle's
 };
 
 // Against the PyTorch float64 oracle's own patching (tests/oracle/kvlens_oracle/
 // patching.py: its forward with the row replaced, a full forward per cell; or with
-// `attribution`, its first-order estimates from torch.autograd): every layer and row (and
+// `attribution`, its first-order estimates from torch.autograd; with `qk_fix` as well, its
+// patched forwards' patterns times the pattern's autograd gradient): every layer and row (and
 // head, for q, k, v, z and pattern), fp64 ≤ 1e-9 and fp32 ≤ 1e-4 of the largest |score|,
 // the score the logit difference between the two prompts' next tokens.
 inline void ExpectOracleSweeps(const std::string& path, const char* label,
@@ -44,7 +46,7 @@ inline void ExpectOracleSweeps(const std::string& path, const char* label,
                          const Objective& o, auto* ops) {
     return kind.attribution
                ? AttributionPatchSweep(model, be, in, src, target, layers, begin, end, o,
-                                       kind.all_positions, ops)
+                                       kind.all_positions, ops, kind.qk_fix)
                : PatchSweep(model, be, in, src, target, layers, begin, end, o, kind.all_positions);
   };
   auto m = LoadModel({path, ""});
@@ -65,7 +67,9 @@ inline void ExpectOracleSweeps(const std::string& path, const char* label,
         path, tokens,
         absl::StrCat("--patch-sweep ", hook, ":", row, ":", a, ":", b, " --source-tokens '", src,
                      "'", all_positions ? " --patch-all-positions" : "",
-                     kind.attribution ? " --patch-attribution" : ""));
+                     kind.qk_fix        ? " --patch-qk-fix"
+                     : kind.attribution ? " --patch-attribution"
+                                        : ""));
     ASSERT_TRUE(want.error.empty()) << want.error;
     const std::vector<double>& grid = want.arrays.at("sweep.metric").data;
     const Objective o = Objective::LogitDiff(row, a, b);
@@ -88,8 +92,10 @@ inline void ExpectOracleSweeps(const std::string& path, const char* label,
     EXPECT_LE(e32, 1e-4) << "scale " << scale;
     std::printf(
         "[oracle] %s %s sweep %s%s (%zu cells): worst relative error fp64 %.3g, fp32 %.3g\n", label,
-        kind.attribution ? "attribution patching" : "patch", hook,
-        all_positions ? " (all positions)" : "", grid.size(), e64, e32);
+        kind.qk_fix        ? "QK-fixed attribution patching"
+        : kind.attribution ? "attribution patching"
+                           : "patch",
+        hook, all_positions ? " (all positions)" : "", grid.size(), e64, e32);
   }
 }
 

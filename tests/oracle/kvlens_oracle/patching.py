@@ -7,6 +7,8 @@ difference logits[row, a] - logits[row, b] (after any final soft-cap).
 
 patch_sweep(model, tokens, source, hook, row, a, b, all_positions=False) -> dict:
 attribution_patch_sweep(...) -> the same dict, each cell estimated to first order (AtP)
+qk_fixed_patch_sweep(...) -> the same dict for hook q or k, AtP*'s QK fix: each cell's pattern
+  at its layer exact (from the patched forward), the rest to first order
   sweep.clean [1], sweep.source [1]  the score of each prompt's own run
   sweep.metric [L, heads, T]         hook "resid_pre", "resid_mid", "resid_post", "attn_out",
                                      "mlp_out" (heads 1), or per head "q", "z" (its query,
@@ -103,6 +105,39 @@ def attribution_patch_sweep(m, tokens, source, hook, row, a, b, all_positions=Fa
         moved = moved.reshape(heads, T)
         for j, rows in enumerate(cells):
             metric[l, :, j] = clean + moved[:, list(rows)].sum(-1)
+    return {"sweep.clean": np.array([clean]),
+            "sweep.source": np.array([float(src_logits[row, a] - src_logits[row, b])]),
+            "sweep.metric": metric}
+
+
+def qk_fixed_patch_sweep(m, tokens, source, hook, row, a, b, all_positions=False):
+    """AtP*'s QK fix (Kramar et al. 2024) for a q or k sweep: each cell clean + the sum over
+    its layer's pattern of (A' - A) * d score / d A, A' the pattern of the forward with the
+    cell's query or key patched from the source (as patch_sweep runs it), the gradient by
+    torch.autograd through the forward with that layer's pattern made a leaf."""
+    if hook not in ("q", "k"):
+        raise ValueError("the QK fix is for hook q or k")
+    point, record, shift, per_head, heads = _check(m, tokens, source, hook)
+    L, T, H = m.cfg["n_layers"], len(tokens), m.cfg["n_heads"]
+    cap, src_cap = {}, {}
+    with torch.no_grad():
+        logits, probs = forward(m, tokens, capture=cap)
+        src_logits, _ = forward(m, source, capture=src_cap)
+    clean = float(logits[row, a] - logits[row, b])
+    cells = [range(T)] if all_positions else [[i] for i in range(T)]
+    metric = np.zeros((L, heads, len(cells)))
+    for l in range(L):
+        leaf = probs[l].detach().clone().requires_grad_(True)
+        out, _ = forward(m, tokens, patch={(l, "pattern"): [(i, h, leaf[h, i])
+                                                            for h in range(H) for i in range(T)]})
+        (out[row, a] - out[row, b]).backward()
+        value = _recorded(src_cap, l, record)
+        with torch.no_grad():
+            for h in range(heads):
+                for j, rows in enumerate(cells):
+                    _, patched = forward(m, tokens,
+                                         patch={(l, point): [(i, h, value[h, i]) for i in rows]})
+                    metric[l, h, j] = clean + float(((patched[l] - probs[l]) * leaf.grad).sum())
     return {"sweep.clean": np.array([clean]),
             "sweep.source": np.array([float(src_logits[row, a] - src_logits[row, b])]),
             "sweep.metric": metric}
