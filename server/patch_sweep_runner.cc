@@ -60,8 +60,8 @@ absl::StatusOr<SweepPair> ToSweepPair(const InterpContext& ctx, const Msg& msg,
 template <typename T>
 absl::Status SweepAt(const InterpContext& ctx, const std::vector<SweepPair>& pairs,
                      interpret::PatchTarget target, const std::vector<int>& layers,
-                     PositionRange rows, bool all_positions, bool attribution, bool per_pair,
-                     v1::PatchSweepResponse* response) {
+                     PositionRange rows, bool all_positions, bool attribution, bool qk_fix,
+                     bool per_pair, v1::PatchSweepResponse* response) {
   const Model& model = ctx.model();
   const int n = static_cast<int>(pairs.front().input.tokens.size());
   // The clean and the source tapes, and one patched tape at a time; or with attribution,
@@ -77,9 +77,9 @@ absl::Status SweepAt(const InterpContext& ctx, const std::vector<SweepPair>& pai
   for (const SweepPair& p : pairs) {
     auto r =
         attribution
-            ? interpret::AttributionPatchSweep(model, be, InputOf<T>(p.input), InputOf<T>(p.source),
-                                               target, layers, rows.begin, rows.end, p.objective,
-                                               all_positions, BackwardOpsOf<T>(ctx.backends))
+            ? interpret::AttributionPatchSweep(
+                  model, be, InputOf<T>(p.input), InputOf<T>(p.source), target, layers, rows.begin,
+                  rows.end, p.objective, all_positions, BackwardOpsOf<T>(ctx.backends), qk_fix)
             : interpret::PatchSweep(model, be, InputOf<T>(p.input), InputOf<T>(p.source), target,
                                     layers, rows.begin, rows.end, p.objective, all_positions);
     if (!r.ok()) return r.status();
@@ -124,6 +124,14 @@ absl::Status RunPatchSweep(const InterpContext& ctx, const v1::PatchSweepRequest
   }
   auto target = ToPatchTarget(request.hook(), "hook", true);
   if (!target.ok()) return target.status();
+  if (request.qk_fix() &&
+      !(request.attribution() && target->kind == interpret::PatchTarget::Kind::kHeadVector &&
+        (target->tensor == interpret::TensorKind::kQ ||
+         target->tensor == interpret::TensorKind::kK))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("qk_fix: only with attribution and hook q or k (hook = \"", request.hook(),
+                     "\"", request.attribution() ? "" : ", attribution unset", ")"));
+  }
   auto layers = ToIndexList(request.layers(), c.num_layers, "layers");
   if (!layers.ok()) return layers.status();
   auto rows = ToRange(request.positions(), n, "positions");
@@ -157,9 +165,9 @@ absl::Status RunPatchSweep(const InterpContext& ctx, const v1::PatchSweepRequest
   response->mutable_token_ids()->Assign(p0.input.tokens.begin(), p0.input.tokens.end());
   response->mutable_source_token_ids()->Assign(p0.source.tokens.begin(), p0.source.tokens.end());
   response->set_num_pairs(static_cast<int>(pairs.size()));
-  const bool atp = request.attribution(), per = request.per_pair();
-  return fp64 ? SweepAt<double>(ctx, pairs, *target, *layers, *rows, all, atp, per, response)
-              : SweepAt<float>(ctx, pairs, *target, *layers, *rows, all, atp, per, response);
+  const bool atp = request.attribution(), qk = request.qk_fix(), per = request.per_pair();
+  return fp64 ? SweepAt<double>(ctx, pairs, *target, *layers, *rows, all, atp, qk, per, response)
+              : SweepAt<float>(ctx, pairs, *target, *layers, *rows, all, atp, qk, per, response);
 }
 
 }  // namespace kvlens::server

@@ -81,6 +81,10 @@ int PatchCommand(int argc, char** argv) {
                    "estimate every cell by attribution patching (one backward pass) instead of "
                    "running it",
                    true});
+  specs.push_back({"qk-fix", "",
+                   "with --attribution and --hook q or k: AtP*'s QK fix (each cell's attention "
+                   "pattern recomputed exactly, only its effect to first order)",
+                   true});
   specs.push_back({"pairs", "",
                    "a file of more prompt pairs, one a line: TEXT<tab>SOURCE_TEXT<tab>TOKEN_TEXT"
                    "[<tab>BASELINE_TEXT] (a baseline on every line or on none, as --baseline; "
@@ -127,6 +131,7 @@ int PatchCommand(int argc, char** argv) {
   request.set_hook(args->Str("hook"));
   request.set_all_positions(args->Switch("all-positions"));
   request.set_attribution(args->Switch("attribution"));
+  request.set_qk_fix(args->Switch("qk-fix"));
   request.mutable_layers()->Add(layers->begin(), layers->end());
   if (*baseline >= 0) {
     request.mutable_logit_diff()->set_position(static_cast<int>(*position));
@@ -160,7 +165,9 @@ int PatchCommand(int argc, char** argv) {
   const bool per_kv_head = target.has_value() && target->per_kv_head();
   std::printf("precision %s, hook %s%s; %s%s: clean %.6f, source %.6f\n",
               PrecisionName(response.precision()), request.hook().c_str(),
-              request.attribution() ? " (attribution patching estimates)" : "",
+              request.qk_fix()        ? " (QK-fixed attribution patching estimates)"
+              : request.attribution() ? " (attribution patching estimates)"
+                                      : "",
               *baseline >= 0 ? "logit difference" : "log-prob",
               response.num_pairs() > 1
                   ? absl::StrCat(", mean over ", response.num_pairs(), " pairs").c_str()

@@ -252,6 +252,11 @@ TEST_F(CliServerTokens, PatchPrintsTheRecoveredGrid) {
       << atp_out;
   EXPECT_NE(atp_out.find(absl::StrFormat("%10s", absl::StrCat("L0H", H - 1))), std::string::npos)
       << atp_out;
+  const auto [qk_code, qk_out] = patch("--hook k --layers 0 --attribution --qk-fix");
+  ASSERT_EQ(qk_code, 0) << qk_out;
+  EXPECT_NE(qk_out.find("hook k (QK-fixed attribution patching estimates); logit difference"),
+            std::string::npos)
+      << qk_out;
   const auto [all_code, all_out] = patch("--layers '0 -1' --all-positions");
   ASSERT_EQ(all_code, 0) << all_out;
   EXPECT_NE(all_out.find(absl::StrCat("one column: positions 0 to ", n - 1, " patched at once")),

@@ -1,9 +1,9 @@
 // kvlens.v1.Interpret PatchSweep end to end on stories260K: the grid is engine/interpret's
 // PatchSweep (fp64, same prompts; also with all_positions), or AttributionPatchSweep with
-// attribution, with more_pairs the mean of each pair's own sweep (and with per_pair each of
-// those sweeps beside it), each resid_pre cell is what
-// Intervene answers for that one ResidualPatch (another RPC, another path), layers and positions
-// come back resolved, and every malformed request is refused naming its field or flag.
+// attribution (with qk_fix its QK-fixed cells), with more_pairs the mean of each pair's own sweep
+// (and with per_pair each of those sweeps beside it), each resid_pre cell is what Intervene answers
+// for that one ResidualPatch (another RPC, another path), layers and positions come back resolved,
+// and every malformed request is refused naming its field or flag.
 #include <tuple>
 #include <vector>
 
@@ -95,6 +95,20 @@ TEST(InterpretPatchSweep, TheGridIsTheEnginesAndEachCellIsAnIntervention) {
   EXPECT_EQ(z_atp.clean(), z.clean());
   EXPECT_EQ(std::vector<double>(z_atp.metric().begin(), z_atp.metric().end()), want->metric);
   EXPECT_NE(want->metric, std::vector<double>(z.metric().begin(), z.metric().end()));
+  // qk_fix (q): AttributionPatchSweep's QK-fixed cells
+  v1::PatchSweepRequest q = r;
+  q.set_hook("q");
+  q.set_qk_fix(true);
+  v1::PatchSweepResponse q_fixed;
+  const grpc::Status qs = CallSweep(server, q, &q_fixed);
+  ASSERT_TRUE(qs.ok()) << qs.error_message();
+  want = interpret::AttributionPatchSweep(
+      model, be, interpret::SequenceInput<double>{input}, interpret::SequenceInput<double>{source},
+      *interpret::PatchTargetByName("q"), {c.num_layers - 1, 1}, 2, 8,
+      interpret::Objective::LogitDiff(7, 300, 42), false,
+      static_cast<kernels::BackwardOps<double>*>(nullptr), /*qk_fix=*/true);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(std::vector<double>(q_fixed.metric().begin(), q_fixed.metric().end()), want->metric);
 
   // more_pairs: a second prompt pair with its own objective; every cell, clean and source
   // are the mean of the two pairs' own sweeps (each asked for alone), exact or estimated.
@@ -252,6 +266,24 @@ TEST(InterpretPatchSweep, BadRequestsNameTheirField) {
                 invalid,
                 "the sweep has 40 cells (layers × heads), more than --max-interp-sweep-runs = 20; "
                 "ask for fewer layers");
+  // qk_fix: with attribution, on q or k only
+  ASSERT_TRUE(with([](auto& r) {
+                r.set_hook("k");
+                r.set_attribution(true);
+                r.set_qk_fix(true);
+              }).ok());
+  ExpectRefused(with([](auto& r) {
+                  r.set_hook("z");
+                  r.set_attribution(true);
+                  r.set_qk_fix(true);
+                }),
+                invalid, "qk_fix: only with attribution and hook q or k (hook = \"z\")");
+  ExpectRefused(with([](auto& r) {
+                  r.set_hook("q");
+                  r.set_qk_fix(true);
+                }),
+                invalid,
+                "qk_fix: only with attribution and hook q or k (hook = \"q\", attribution unset)");
   // attribution: no forward per cell, so no cell limit (every layer × 8 heads × 6 = 240)
   ASSERT_TRUE(with([](auto& r) {
                 r.set_hook("z");

@@ -103,6 +103,13 @@ allz = c.patch_sweep(tokens=a, patch_source=b, hook="z", layers=[1], positions=(
 # attribution patching: past the scored position no gradient flows, so those cells are clean
 atp = c.patch_sweep(tokens=a, patch_source=b, hook="v", layers=[0], logit_diff=(3, 42, 300),
                     fp64=True, attribution=True)
+# the QK fix on the last layer's queries: a query's pattern reaches only its own row's
+# logits, so the cells before the scored row stay clean; the scored row's differ from AtP's
+qk = [c.patch_sweep(tokens=a, patch_source=b, hook="q", layers=[-1], logit_diff=(-1, 42, 300),
+                    fp64=True, attribution=True, qk_fix=fix) for fix in (False, True)]
+out["qk_fix"] = [bool((qk[1].metric[0, :, :-1] == qk[1].clean).all()),
+                 bool((qk[1].metric[0, :, -1] != qk[0].metric[0, :, -1]).all()),
+                 list(qk[1].metric.shape)]
 # a second pair with its own logit difference: the means recover the same way, all at the
 # last position (each pair's patched run there is its source's)
 pairs = c.patch_sweep(tokens=a, patch_source=b, hook="resid_post", layers=[-1],
@@ -328,6 +335,7 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   // position alone; the z sweep's grid is [layers, heads, positions], v's [layers, KV heads,
   // positions]; all positions of a resid_pre recover all, and all_positions drops the axis.
   const int H = server.model().config.num_heads, KV = server.model().config.num_kv_heads;
+  EXPECT_EQ(out["qk_fix"].dump(), absl::StrCat("[true,true,[1,", H, ",6]]"));
   // per_pair: each pair's own grid recovers the same way, and their mean is the mean's
   EXPECT_EQ(out["pairs"].dump(),
             "[[[0.0,0.0,0.0,0.0,0.0,1.0]],2,1,[[[0.0,0.0,0.0,0.0,0.0,1.0]],[[0.0,0.0,0.0,0.0,0.0,"

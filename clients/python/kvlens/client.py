@@ -619,7 +619,7 @@ class Client:
     def patch_sweep(self, text=None, tokens=None, patch_source=None, hook="resid_pre",
                     layers=(), positions=(0, 0), targets=(), logit_diff=None, fp64=False,
                     chat=None, all_positions=False, attribution=False,
-                    more_pairs=(), per_pair=False) -> PatchSweep:
+                    more_pairs=(), per_pair=False, qk_fix=False) -> PatchSweep:
         """Activation patching over layers × positions, as TransformerLens's patching module
         (get_act_patch_resid_pre, …): each cell runs this prompt with `hook` (resid_pre,
         resid_mid, resid_post, attn_out, mlp_out, or per head q, z or pattern, per KV head k
@@ -629,7 +629,9 @@ class Client:
         all_positions: one cell per layer (and head) patching every position at once
         (TransformerLens's …_all_pos), metric [layers(, heads)]; attribution: every cell
         estimated by attribution patching (clean + (source - clean) · gradient) from one
-        backward pass instead of a forward per cell. more_pairs: more prompt pairs of a
+        backward pass instead of a forward per cell; qk_fix (with attribution, hook q or k):
+        AtP*'s QK fix, each cell's attention pattern recomputed exactly and only its effect
+        taken to first order. more_pairs: more prompt pairs of a
         dataset, each a dict(text= or tokens=, patch_source=, targets= or logit_diff=) of the
         same length, its own names scored; metric, clean and source are then the means over
         all pairs (a batch with a mean metric); per_pair: each pair's own as well
@@ -639,7 +641,8 @@ class Client:
         req = ip.PatchSweepRequest(
             input=_input(text, tokens, chat=chat), hook=hook, layers=list(layers),
             positions=ip.Range(begin=positions[0], end=positions[1]), precision=_precision(fp64),
-            all_positions=all_positions, attribution=attribution, per_pair=per_pair)
+            all_positions=all_positions, attribution=attribution, per_pair=per_pair,
+            qk_fix=qk_fix)
         _fill_pair(req, patch_source, targets, logit_diff)
         for k, p in enumerate(more_pairs):
             unknown = set(p) - {"text", "tokens", "patch_source", "targets", "logit_diff"}
