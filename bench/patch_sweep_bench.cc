@@ -7,8 +7,9 @@
 // with random f32 weights (D 512, 8 layers, 8 heads of 64, FFN 1376, vocab 4096), 64
 // tokens. A resumed cell runs L − l of the L layers, so a sweep over all layers should
 // take about (L + 1) / 2L of the full-forward cells. Last, the z grid by attribution
-// patching (AttributionPatchSweep: two forwards and a backward for every cell). Prints a table,
-// then one JSON line.
+// patching (AttributionPatchSweep: two forwards and a backward for every cell), and its q and
+// k grids over every position with and without AtP*'s QK fix. Prints a table, then one JSON
+// line.
 //
 //   kvlens_bench_patch_sweep [threads=1]
 #include <algorithm>
@@ -140,8 +141,30 @@ int main(int argc, char** argv) {
               atp / tape);
   json += absl::StrFormat(
       "],\"attribution_z\":{\"cells\":%d,\"sweep_s\":%.3f,"
-      "\"over_tape_forward\":%.2f}",
+      "\"over_tape_forward\":%.2f},\"attribution_qk\":[",
       z_cells, atp, atp / tape);
+  // q and k over every position, first order and with AtP*'s QK fix (each cell's pattern
+  // rows recomputed)
+  for (const char* site : {"q", "k"}) {
+    const ki::PatchTarget target = *ki::PatchTargetByName(site);
+    const int cells = L * target.Heads(c) * n;
+    double secs[2];
+    for (const bool fix : {false, true}) {
+      secs[fix] = Seconds([&] {
+        Must(ki::AttributionPatchSweep(*model, be, input, source, target, layers, 0, n, o, false,
+                                       &be, fix)
+                 .ok(),
+             site);
+      });
+    }
+    std::printf(
+        "attribution patching, %s at every position (%d cells): %.3f s; with the QK fix %.3f s "
+        "(%.2f tape forwards)\n",
+        site, cells, secs[0], secs[1], secs[1] / tape);
+    json += absl::StrFormat("%s{\"site\":\"%s\",\"cells\":%d,\"sweep_s\":%.3f,\"qk_fix_s\":%.3f}",
+                            std::string(site) == "q" ? "" : ",", site, cells, secs[0], secs[1]);
+  }
+  json += "]";
   std::printf("%s}\n", json.c_str());
   return 0;
 }

@@ -50,73 +50,122 @@ CellSpan<T> SpanOf(const ModelConfig& c, const PatchTarget& target, const Tape<T
   return {s < c.num_layers ? &t.layers[s].x : &t.x_final, &g.residual[s], at, D};
 }
 
+// Per (query head, row) of one layer, over the keys the row sees: the largest clean score m,
+// z = Σ exp(s − m) and num = Σ exp(s − m) · ∂objective/∂A, so that num / z = Σ A · ∂J/∂A.
+// A k cell changes a few scores of a row; these turn its new Σ A′ · ∂J/∂A into O(1) work
+// a changed score instead of the row's softmax again.
+struct RowSums {
+  std::vector<double> max, z, num;  // [H, n]
+};
+
+template <typename T>
+RowSums RowSumsOf(const ModelConfig& c, const Tape<T>& clean, const Gradients<T>& g, int l) {
+  const int n = clean.n, tk = clean.num_keys, H = c.num_heads;
+  const std::vector<T>& scores = clean.layers[l].scores;
+  RowSums r;
+  for (auto* v : {&r.max, &r.z, &r.num}) v->assign(static_cast<size_t>(H) * n, 0.0);
+  for (int64_t hi = 0; hi < int64_t{H} * n; ++hi) {
+    const T* s = scores.data() + hi * tk;
+    const T* grad = g.probs[l].data() + hi * tk;
+    double m = -std::numeric_limits<double>::infinity();
+    for (int j = 0; j < tk; ++j) m = std::max(m, static_cast<double>(s[j]));  // masked: −∞
+    double z = 0.0, num = 0.0;
+    for (int j = 0; j < tk; ++j) {
+      if (std::isinf(static_cast<double>(s[j]))) continue;
+      const double e = std::exp(static_cast<double>(s[j]) - m);
+      z += e;
+      num += e * static_cast<double>(grad[j]);
+    }
+    r.max[hi] = m;
+    r.z[hi] = z;
+    r.num[hi] = num;
+  }
+  return r;
+}
+
 // AtP*'s QK fix for a q or k cell of layer l (query head `head` for q, KV head for k) over
 // rows [lo, hi): every attention row the patch reaches recomputed exactly, by the forward's
 // scores (scale, soft cap) and softmax over the keys it sees, with the source's q (or k) in
 // place of the clean run's, and only what follows the pattern taken to first order:
-// Σ (A′ − A) · ∂objective/∂A over those rows.
+// Σ (A′ − A) · ∂objective/∂A over those rows. `sums`: layer l's RowSums (k cells).
 template <typename T>
 double QkFixedDelta(const ModelConfig& c, const Tape<T>& clean, const Tape<T>& src,
-                    const Gradients<T>& g, TensorKind kind, int l, int head, int lo, int hi) {
+                    const Gradients<T>& g, const RowSums* sums, TensorKind kind, int l, int head,
+                    int lo, int hi) {
   const LayerTape<T>& lt = clean.layers[l];
-  const int n = clean.n, tk = clean.num_keys, dh = c.head_dim;
+  const int n = clean.n, tk = clean.num_keys, dh = c.head_dim, offset = clean.input.offset;
   const int group = c.num_heads / c.num_kv_heads, window = c.WindowOf(l);
   const double scale = c.AttentionScale(), cap = c.attention_softcap;
-  const std::vector<T>& q = HeadTensor(lt, TensorKind::kQ);
   auto score = [&](const T* qv, const T* kv) {
     double dot = 0.0;
     for (int e = 0; e < dh; ++e) dot += static_cast<double>(qv[e]) * static_cast<double>(kv[e]);
     dot *= scale;
     return cap > 0.0 ? cap * std::tanh(dot / cap) : dot;
   };
-  auto key_of = [&](const Tape<T>& t, int j, int kv_head) {
-    return HeadTensor(t.layers[l], TensorKind::kK).data() +
-           HeadVectorAt(c, TensorKind::kK, 0, j, kv_head);
+  auto vector_of = [&](const Tape<T>& t, TensorKind k, int row, int h) {
+    return HeadTensor(t.layers[l], k).data() + HeadVectorAt(c, k, t.input.offset, row, h);
   };
-  // key j's score in query head h's row i, with the source's q or k where the cell patches
-  auto patched = [&](int h, int i, int j) {
-    if (kind == TensorKind::kQ) {
-      return score(HeadTensor(src.layers[l], TensorKind::kQ).data() +
-                       HeadVectorAt(c, TensorKind::kQ, src.input.offset, i, h),
-                   key_of(clean, j, h / group));
-    }
-    const int row = j - clean.input.offset;
-    if (row < lo || row >= hi) return static_cast<double>(lt.scores[(int64_t{h} * n + i) * tk + j]);
-    return score(q.data() + HeadVectorAt(c, TensorKind::kQ, clean.input.offset, i, h),
-                 key_of(src, src.input.offset + row, h / group));
-  };
-  std::vector<double> s(static_cast<size_t>(tk));
   double delta = 0.0;
-  // one query row recomputed
-  auto row_delta = [&](int h, int i) {
-    double max_s = -std::numeric_limits<double>::infinity();
-    for (int j = 0; j < tk; ++j) {
-      s[j] = KeyVisible(clean.input, i, j, window) ? patched(h, i, j)
-                                                   : -std::numeric_limits<double>::infinity();
-      max_s = std::max(max_s, s[j]);
-    }
-    double z = 0.0;
-    for (int j = 0; j < tk; ++j) {
-      s[j] = std::isinf(s[j]) ? 0.0 : std::exp(s[j] - max_s);
-      z += s[j];
-    }
-    const int64_t at = (int64_t{h} * n + i) * tk;
-    for (int j = 0; j < tk; ++j) {
-      delta += (s[j] / z - static_cast<double>(lt.probs[at + j])) *
-               static_cast<double>(g.probs[l][at + j]);
-    }
-  };
   if (kind == TensorKind::kQ) {
-    for (int i = lo; i < hi; ++i) row_delta(head, i);  // a query reaches its own row
+    // a query reaches its own row: the row's softmax again with the source's query
+    std::vector<double> p(static_cast<size_t>(tk));
+    const T* keys = HeadTensor(lt, TensorKind::kK).data();
+    for (int i = lo; i < hi; ++i) {
+      const T* q = vector_of(src, TensorKind::kQ, i, head);
+      double max_s = -std::numeric_limits<double>::infinity();
+      for (int j = 0; j < tk; ++j) {
+        p[j] = KeyVisible(clean.input, i, j, window)
+                   ? score(q, keys + HeadVectorAt(c, TensorKind::kK, 0, j, head / group))
+                   : -std::numeric_limits<double>::infinity();
+        max_s = std::max(max_s, p[j]);
+      }
+      double z = 0.0;
+      for (int j = 0; j < tk; ++j) {
+        p[j] = std::isinf(p[j]) ? 0.0 : std::exp(p[j] - max_s);
+        z += p[j];
+      }
+      const int64_t at = (int64_t{head} * n + i) * tk;
+      for (int j = 0; j < tk; ++j) {
+        delta += (p[j] / z - static_cast<double>(lt.probs[at + j])) *
+                 static_cast<double>(g.probs[l][at + j]);
+      }
+    }
     return delta;
   }
-  for (int h = head * group; h < (head + 1) * group; ++h) {  // a key: every row that sees it
+  // A key: every row that sees it, in each query head of its group. Only the patched keys'
+  // scores change, so with the row's clean sums (m, z, num) the new softmax's
+  // Σ A′ · ∂J/∂A is (num − Σ_J e_j G_j + Σ_J e′_j G_j) / (z − Σ_J e_j + Σ_J e′_j), e the
+  // clean and e′ the new exp(score − m), rescaled to the new largest score.
+  std::vector<std::pair<double, double>> added;  // (new score, ∂J/∂A) of the patched keys
+  for (int h = head * group; h < (head + 1) * group; ++h) {
     for (int i = 0; i < n; ++i) {
+      const int64_t hi_row = int64_t{h} * n + i, at = hi_row * tk;
+      const double m = sums->max[hi_row];
+      double gone_z = 0.0, gone_num = 0.0, m_new = m;
       bool reached = false;
-      for (int row = lo; row < hi && !reached; ++row) {
-        reached = KeyVisible(clean.input, i, clean.input.offset + row, window);
+      added.clear();
+      for (int row = lo; row < hi; ++row) {
+        const int j = offset + row;
+        if (!KeyVisible(clean.input, i, j, window)) continue;
+        reached = true;
+        const double e = std::exp(static_cast<double>(lt.scores[at + j]) - m);
+        const double grad = static_cast<double>(g.probs[l][at + j]);
+        gone_z += e;
+        gone_num += e * grad;
+        const double s_new = score(vector_of(clean, TensorKind::kQ, i, h),
+                                   vector_of(src, TensorKind::kK, row, head));
+        m_new = std::max(m_new, s_new);
+        added.push_back({s_new, grad});
       }
-      if (reached) row_delta(h, i);
+      if (!reached) continue;
+      const double shrink = std::exp(m - m_new);
+      double z = (sums->z[hi_row] - gone_z) * shrink, num = (sums->num[hi_row] - gone_num) * shrink;
+      for (const auto& [s_new, grad] : added) {
+        const double e = std::exp(s_new - m_new);
+        z += e;
+        num += e * grad;
+      }
+      delta += num / z - sums->num[hi_row] / sums->z[hi_row];
     }
   }
   return delta;
@@ -147,14 +196,16 @@ absl::StatusOr<PatchSweepResult> AttributionPatchSweep(
   PatchSweepResult& r = start->result;
   const int cells_per_head = all_positions ? 1 : row_end - row_begin;
   r.metric.reserve(layers.size() * r.heads * cells_per_head);
+  const bool sums_needed = qk_fix && target.tensor == TensorKind::kK;
   for (int l : layers) {
+    const RowSums sums = sums_needed ? RowSumsOf(c, *clean, *g, l) : RowSums{};
     for (int h = 0; h < r.heads; ++h) {
       for (int cell = 0; cell < cells_per_head; ++cell) {
         double estimate = r.clean;
         const int lo = row_begin + cell, hi = all_positions ? row_end : lo + 1;
         if (qk_fix) {
           r.metric.push_back(estimate +
-                             QkFixedDelta(c, *clean, *src, *g, target.tensor, l, h, lo, hi));
+                             QkFixedDelta(c, *clean, *src, *g, &sums, target.tensor, l, h, lo, hi));
           continue;
         }
         for (int row = lo; row < hi; ++row) {
