@@ -17,7 +17,10 @@ on the block outputs, capped logits) and GPT-2 (biases, learned positions):
 (i) all_positions: every row of a stream site from the source scores the source's run, and
     in the last layer every row of a head's q or z scores as its row at the scored row;
 (j) attribution patching: each cell's change is the directional derivative of the exact
-    patch toward the source (central finite differences of patched forwards).
+    patch toward the source (central finite differences of patched forwards);
+(k) the QK fix (q, k): a prompt patched from itself is clean in every cell; in the last
+    layer a query's cells away from the scored row are clean and at it differ from first
+    order's; other hooks are refused.
 
 Run: /usr/bin/python3 -m unittest discover -s tests/oracle -p 'test_*.py'
 """
@@ -35,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from kvlens_oracle import forward, read_container  # noqa: E402
 from kvlens_oracle.patching import (  # noqa: E402
-    _check, _recorded, attribution_patch_sweep, patch_sweep)
+    _check, _recorded, attribution_patch_sweep, patch_sweep, qk_fixed_patch_sweep)
 import oracle_fixtures as fx  # noqa: E402
 
 MODELS = {
@@ -209,6 +212,30 @@ class PatchingTest(unittest.TestCase):
                         total += derivative
                     self.assertAlmostEqual(every[layer, head if per_head else 0, 0] - clean,
                                            total, delta=1e-6 * max(1.0, abs(total)))
+
+    def test_qk_fix(self):
+        # (k) the QK fix: from the input itself every cell is clean (the patched pattern is
+        # the clean one); the last layer's pattern reaches only its own row's logits, so
+        # there the q cells of other rows are clean, and the scored row's differ from first
+        # order's (the softmax bends); other hooks are refused
+        row, a, b = 3, 5, 9
+        for name, m in self.models.items():
+            ids, src = TOKENS[name], SOURCE[name]
+            last = m.cfg["n_layers"] - 1
+            for hook in ("q", "k"):
+                with self.subTest(model=name, hook=hook):
+                    same = qk_fixed_patch_sweep(m, ids, ids, hook, row, a, b)
+                    np.testing.assert_allclose(same["sweep.metric"], same["sweep.clean"][0],
+                                               rtol=0, atol=1e-12)
+            with self.subTest(model=name, hook="q, last layer"):
+                fixed = qk_fixed_patch_sweep(m, ids, src, "q", row, a, b)["sweep.metric"]
+                first = attribution_patch_sweep(m, ids, src, "q", row, a, b)["sweep.metric"]
+                clean = qk_fixed_patch_sweep(m, ids, ids, "q", row, a, b)["sweep.clean"][0]
+                others = [i for i in range(len(ids)) if i != row]
+                np.testing.assert_allclose(fixed[last][:, others], clean, rtol=0, atol=1e-12)
+                self.assertTrue((np.abs(fixed[last][:, row] - first[last][:, row]) > 1e-9).all())
+        with self.assertRaisesRegex(ValueError, "hook q or k"):
+            qk_fixed_patch_sweep(self.models["gpt2"], TOKENS["gpt2"], SOURCE["gpt2"], "v", 3, 5, 9)
 
     def test_cli(self):
         import oracle
