@@ -124,10 +124,7 @@ absl::Status RunPatchSweep(const InterpContext& ctx, const v1::PatchSweepRequest
   }
   auto target = ToPatchTarget(request.hook(), "hook", true);
   if (!target.ok()) return target.status();
-  if (request.qk_fix() &&
-      !(request.attribution() && target->kind == interpret::PatchTarget::Kind::kHeadVector &&
-        (target->tensor == interpret::TensorKind::kQ ||
-         target->tensor == interpret::TensorKind::kK))) {
+  if (request.qk_fix() && !(request.attribution() && target->query_or_key())) {
     return absl::InvalidArgumentError(
         absl::StrCat("qk_fix: only with attribution and hook q or k (hook = \"", request.hook(),
                      "\"", request.attribution() ? "" : ", attribution unset", ")"));

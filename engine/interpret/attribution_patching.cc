@@ -139,8 +139,8 @@ double QkFixedDelta(const ModelConfig& c, const Tape<T>& clean, const Tape<T>& s
   std::vector<std::pair<double, double>> added;  // (new score, ∂J/∂A) of the patched keys
   for (int h = head * group; h < (head + 1) * group; ++h) {
     for (int i = 0; i < n; ++i) {
-      const int64_t hi_row = int64_t{h} * n + i, at = hi_row * tk;
-      const double m = sums->max[hi_row];
+      const int64_t hrow = int64_t{h} * n + i, at = hrow * tk;
+      const double m = sums->max[hrow];
       double gone_z = 0.0, gone_num = 0.0, m_new = m;
       bool reached = false;
       added.clear();
@@ -159,13 +159,13 @@ double QkFixedDelta(const ModelConfig& c, const Tape<T>& clean, const Tape<T>& s
       }
       if (!reached) continue;
       const double shrink = std::exp(m - m_new);
-      double z = (sums->z[hi_row] - gone_z) * shrink, num = (sums->num[hi_row] - gone_num) * shrink;
+      double z = (sums->z[hrow] - gone_z) * shrink, num = (sums->num[hrow] - gone_num) * shrink;
       for (const auto& [s_new, grad] : added) {
         const double e = std::exp(s_new - m_new);
         z += e;
         num += e * grad;
       }
-      delta += num / z - sums->num[hi_row] / sums->z[hi_row];
+      delta += num / z - sums->num[hrow] / sums->z[hrow];
     }
   }
   return delta;
@@ -180,9 +180,7 @@ absl::StatusOr<PatchSweepResult> AttributionPatchSweep(
     int row_begin, int row_end, const Objective& objective, bool all_positions,
     kernels::BackwardOps<T>* ops, bool qk_fix) {
   const ModelConfig& c = model.config;
-  const bool q_or_k = target.kind == PatchTarget::Kind::kHeadVector &&
-                      (target.tensor == TensorKind::kQ || target.tensor == TensorKind::kK);
-  if (qk_fix && !q_or_k) {
+  if (qk_fix && !target.query_or_key()) {
     return absl::InvalidArgumentError(
         "qk_fix: only for a q or k sweep (the other sites do not reach a softmax's input)");
   }

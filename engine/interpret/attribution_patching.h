@@ -29,8 +29,9 @@ namespace kvlens::interpret {
 // each cell's pattern is recomputed exactly instead — every row the patch reaches (a q
 // cell's own row; a k cell's rows that see the key, in every query head of its group)
 // through the forward's scores and softmax with the source's vector — and only the rest
-// to first order: clean + Σ (A′ − A) · ∂objective/∂A. That costs a row's scores per row
-// reached, no forward.
+// to first order: clean + Σ (A′ − A) · ∂objective/∂A. No forward: a q cell costs its row's
+// scores again, a k cell O(Dh) a row that sees the key (its softmax updated from the row's
+// clean sums, formed once a layer).
 template <typename T>
 absl::StatusOr<PatchSweepResult> AttributionPatchSweep(
     const Model& model, kernels::Backend<T>& backend, const SequenceInput<T>& input,

@@ -41,6 +41,9 @@ struct PatchTarget {
   bool per_kv_head() const {  // k and v
     return kind == Kind::kHeadVector && IsPerKvHead(tensor);
   }
+  bool query_or_key() const {  // q and k: what reaches the objective through a softmax
+    return kind == Kind::kHeadVector && (tensor == TensorKind::kQ || tensor == TensorKind::kK);
+  }
   // Cells per (layer, row): the KV heads for k and v, the heads for q, z and pattern, else 1.
   int Heads(const ModelConfig& c) const;
 };
