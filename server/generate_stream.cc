@@ -24,6 +24,7 @@ void GenerateStream::Start(const v1::GenerateRequest& request) {
           : ToGenerationRequest(request, service_.engine().model(), service_.saes());
   if (converted.ok()) {
     with_logprobs_ = request.logprobs() || request.top_logprobs() > 0;
+    attention_rows_ = converted->attention_rows;
     if (converted->prompt_logprobs >= 0) {
       converted->callbacks.on_prompt_logprobs = [this](const PromptLogprobsEvent& e) {
         OnEnginePromptLogprobs(e);
@@ -123,7 +124,7 @@ void GenerateStream::TryWrite() {
             service_.metrics().RecordInterTokenLatency(Seconds(e.time - last_token_time_));
           }
           last_token_time_ = e.time;
-          ToProto(e, with_logprobs_, &message_);
+          ToProto(e, with_logprobs_, attention_rows_, &message_);
         }
         tokens_.clear();
       }

@@ -68,6 +68,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
   bool finish_called_ = false;     // Finish / StartWriteAndFinish was called
   bool client_cancelled_ = false;  // OnCancel or a failed write
   bool with_logprobs_ = false;
+  AttentionRowsRequest attention_rows_;  // resolved: echoed with every row
   bool header_sent_ = false;
   bool first_token_seen_ = false;
   Clock::time_point last_token_time_;

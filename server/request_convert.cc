@@ -248,7 +248,8 @@ v1::FinishReason ToProto(FinishReason reason) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
-void ToProto(const TokenEvent& event, bool with_logprobs, v1::GenerateResponse* out) {
+void ToProto(const TokenEvent& event, bool with_logprobs, const AttentionRowsRequest& rows,
+             v1::GenerateResponse* out) {
   out->add_token_ids(event.token);
   out->mutable_text()->append(event.text);
   if (!event.attention.empty()) {
@@ -256,6 +257,8 @@ void ToProto(const TokenEvent& event, bool with_logprobs, v1::GenerateResponse* 
     row->set_query_position(event.attention_keys - 1);
     row->set_num_keys(event.attention_keys);
     row->mutable_probs()->Add(event.attention.begin(), event.attention.end());
+    row->mutable_layers()->Add(rows.layers.begin(), rows.layers.end());
+    row->mutable_heads()->Add(rows.heads.begin(), rows.heads.end());
   }
   if (!with_logprobs) return;
   v1::TokenLogprob* lp = out->add_logprobs();

@@ -51,7 +51,10 @@ absl::Status ValidateTokenIds(const google::protobuf::RepeatedField<int32_t>& id
                               const char* field, int32_t vocab_size);
 
 v1::FinishReason ToProto(FinishReason reason);
-void ToProto(const TokenEvent& event, bool with_logprobs, v1::GenerateResponse* out);
+// A token; with its attention row (when the event has one), `rows` its resolved layers and
+// heads.
+void ToProto(const TokenEvent& event, bool with_logprobs, const AttentionRowsRequest& rows,
+             v1::GenerateResponse* out);
 // Positions [begin, end) of the event appended to out's prompt_logprobs (which must then
 // continue them: the first sets prompt_logprobs_position).
 void ToProto(const PromptLogprobsEvent& event, size_t begin, size_t end, v1::GenerateResponse* out);

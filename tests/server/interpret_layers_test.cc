@@ -201,6 +201,13 @@ TEST_F(InterpretLayers, GenerateAttentionRowsResolveLayersAndHeads) {
   const std::vector<std::string> absolute = rows({L_ - 1, 0}, {H_ - 1}, &s);
   ASSERT_TRUE(s.ok()) << s.error_message();
   ASSERT_EQ(absolute.size(), 6u);
+  // each row echoes the layers and heads resolved, its probabilities' first two axes
+  v1::AttentionRow first;
+  ASSERT_TRUE(first.ParseFromString(absolute.front()));
+  EXPECT_EQ(std::vector<int>(first.layers().begin(), first.layers().end()),
+            (std::vector<int>{L_ - 1, 0}));
+  EXPECT_EQ(std::vector<int>(first.heads().begin(), first.heads().end()), std::vector<int>{H_ - 1});
+  EXPECT_EQ(first.probs_size(), 2 * first.num_keys());
   EXPECT_EQ(rows({-1, -L_}, {-1}, &s), absolute);
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_NE(rows({L_ - 2, 0}, {H_ - 1}, &s), absolute);

@@ -81,6 +81,9 @@ TEST(InterpretStream, GenerateRowsEqualAttentionMaps) {
       ASSERT_EQ(row.query_position(), q);
       ASSERT_EQ(row.num_keys(), q + 1);
       ASSERT_EQ(static_cast<size_t>(row.probs_size()), nl * nh * (q + 1));
+      // every layer and head spelled out when the request named none
+      EXPECT_EQ(std::vector<int>(row.layers().begin(), row.layers().end()), layers);
+      EXPECT_EQ(std::vector<int>(row.heads().begin(), row.heads().end()), heads);
       for (size_t li = 0; li < nl; ++li) {
         for (size_t hi = 0; hi < nh; ++hi) {
           double sum = 0;

@@ -139,6 +139,13 @@ out["head_patch_change"] = [
                 patch_source=text).max_abs_logit_change,
     other.max_abs_logit_change, other.effects[0].clean_logprob == other.effects[0].edited_logprob]
 out["generated"] = c.generate(chat=conv, max_new_tokens=4)[0]
+# attention rows: [layers, heads, keys] per token, as asked (all of them for [])
+_, _, picked = c.generate(chat=conv, max_new_tokens=2, attention_layers=[-1, 0],
+                          attention_heads=[1])
+_, _, every = c.generate(chat=conv, max_new_tokens=2, attention_layers=[], attention_heads=[])
+out["rows"] = [[list(r.shape) for r in picked], [list(r.shape) for r in every],
+               bool(np.allclose(picked[1].sum(-1), 1.0)),
+               bool(np.array_equal(picked[1][1, 0], every[1][0, 1]))]
 out["steered"] = c.generate(chat=conv, max_new_tokens=4, steering=[
     {"hook": "blocks.0.hook_resid_mid", "vector": [0.25 * (i % 7) - 0.75 for i in range(256)],
      "coefficient": 3},
@@ -349,6 +356,15 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   const StreamResult g = RunGenerate(server.stub(), generate);
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
   EXPECT_EQ(out["generated"].get<std::vector<int32_t>>(), g.tokens);
+  // the rows' shapes from the echoed layers and heads; a row sums to 1; layer 0's head 1
+  // asked alone is that entry of every layer's and head's row
+  const int L = server.model().config.num_layers;
+  ASSERT_EQ(out["rows"][0].size(), 2u);
+  const int keys0 = out["rows"][0][0][2].get<int>();  // the prompt's length
+  EXPECT_GT(keys0, 1);
+  EXPECT_EQ(out["rows"].dump(),
+            absl::StrCat("[[[2,1,", keys0, "],[2,1,", keys0 + 1, "]],[[", L, ",", H, ",", keys0,
+                         "],[", L, ",", H, ",", keys0 + 1, "]],true,true]"));
   // Sampling, stop strings and min_new_tokens: the client's fields are the C++ stub's.
   {
     v1::GenerateRequest sampled = generate;

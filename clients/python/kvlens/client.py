@@ -366,7 +366,8 @@ class Client:
         ignore_eos keeps going past EOS.
         With attention_layers/heads (lists; [] = all) every token
         comes with its attention row: returns (tokens, text, rows) where rows[i] is a
-        [layers, heads, keys] array for generated token i. chat: a conversation instead of
+        [layers, heads, keys] array for generated token i (the layers and heads in the order
+        asked; all of them, in order, for []). chat: a conversation instead of
         text, [{"role": "system"|"user"|"assistant", "content": ...}, ...], written by the
         model's chat template (model_info().chat_template), the assistant's turn opened.
         steering: activation steering, dicts added to the residual stream at every
@@ -386,7 +387,8 @@ class Client:
             out_tokens += list(chunk.token_ids)
             out_text += chunk.text
             for row in chunk.attention_rows:
-                rows.append(np.asarray(row.probs, dtype=np.float64).reshape(-1, row.num_keys))
+                rows.append(np.asarray(row.probs, dtype=np.float64).reshape(
+                    len(row.layers), len(row.heads), row.num_keys))
         return out_tokens, out_text, rows
 
     def generate_stream(self, text=None, tokens=None, max_new_tokens=32, chat=None,
