@@ -12,11 +12,11 @@ namespace {
 
 // The hooks with a gradient, in run_with_cache's order.
 constexpr std::array kWithGradient = {
-    Hook::kEmbed,   Hook::kPosEmbed, Hook::kResidPre, Hook::kAttnScores,
-    Hook::kPattern, Hook::kQ,        Hook::kK,        Hook::kV,
-    Hook::kRotQ,    Hook::kRotK,     Hook::kZ,        Hook::kResult,
-    Hook::kAttnOut, Hook::kResidMid, Hook::kMlpPre,   Hook::kMlpPreLinear,
-    Hook::kMlpPost, Hook::kMlpOut,   Hook::kResidPost};
+    Hook::kEmbed,   Hook::kPosEmbed, Hook::kResidPre,  Hook::kAttnScores,
+    Hook::kPattern, Hook::kQ,        Hook::kK,         Hook::kV,
+    Hook::kRotQ,    Hook::kRotK,     Hook::kZ,         Hook::kResult,
+    Hook::kAttnOut, Hook::kResidMid, Hook::kMlpPre,    Hook::kMlpPreLinear,
+    Hook::kMlpPost, Hook::kMlpOut,   Hook::kResidPost, Hook::kLnFinal};
 
 }  // namespace
 
@@ -42,7 +42,7 @@ absl::Status CheckHookHasGradient(Hook hook) {
   return absl::InvalidArgumentError(
       absl::StrCat(std::string(HookName(hook)),
                    ": no gradient is kept there (the backward forms none for the norms' scales "
-                   "and normalized rows or ln_final); hooks with one: ",
+                   "and normalized rows); hooks with one: ",
                    names));
 }
 
@@ -74,6 +74,8 @@ absl::StatusOr<std::vector<T>> ReadHookGradient(const Model& model, const Tape<T
     case Hook::kResidPost:
     case Hook::kMlpOut:
       return g.residual[layer + 1];
+    case Hook::kLnFinal:
+      return g.ln_final;
     case Hook::kZ:
       return g.attn_out[layer];
     case Hook::kResult: {

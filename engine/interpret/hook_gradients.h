@@ -19,7 +19,9 @@
 //                      for the layers of BackwardOptions::ffn_layers         n
 //   embed (no layer)   residual[0]: the input embedding (Gemma's times √D)   n
 //   pos_embed (GPT-2)  residual[0] too: it enters as embed + pos_embed       n
-// The norms' hooks (scale, normalized) and ln_final have no gradient kept.
+//   ln_final (no layer)  ln_final: the final norm's output, what the unembedding reads
+//                      (zero for a probe seeded at O only)                   n
+// The norms' hooks (scale, normalized) have no gradient kept.
 #ifndef KVLENS_ENGINE_INTERPRET_HOOK_GRADIENTS_H_
 #define KVLENS_ENGINE_INTERPRET_HOOK_GRADIENTS_H_
 

@@ -418,8 +418,9 @@ int64_t TapeBytes(const ModelConfig& c, int n, int num_keys, int elem_bytes, boo
   if (c.sandwich_norms) layer += 2 * N * D;  // attn_proj, ffn_out
   // Tape: its layers, the prefix keys and values it copies, x_final, xf, logits.
   int64_t elems = L * layer + 2 * L * (tk - N) * KVD + 2 * N * D + N * c.vocab_size;
-  // Gradients: scores, probs, q, k, v, attn_out, resid_mid per layer; L + 1 residuals.
-  if (backward) elems += L * (2 * maps + 2 * N * QD + 2 * tk * KVD + N * D) + (L + 1) * N * D;
+  // Gradients: scores, probs, q, k, v, attn_out, resid_mid per layer; L + 1 residuals and
+  // ln_final.
+  if (backward) elems += L * (2 * maps + 2 * N * QD + 2 * tk * KVD + N * D) + (L + 2) * N * D;
   return elems * elem_bytes;
 }
 

@@ -276,6 +276,9 @@ struct Gradients {
   // any): the FFN's hidden (act, mlp_post), its gate / GELU input (pre, mlp_pre) and a gated
   // FFN's up projection (up, mlp_pre_linear; empty for GPT-2)
   std::vector<std::vector<T>> mlp_pre, mlp_post, mlp_pre_linear;
+  // [n, D]: the final norm's output (what the unembedding reads; after any final soft-cap's
+  // derivative), TransformerLens's ln_final.hook_normalized
+  std::vector<T> ln_final;
   ParamGradients params;
   // residual[0]: the gradient w.r.t. the input embeddings.
   const std::vector<T>& embeddings() const { return residual[0]; }

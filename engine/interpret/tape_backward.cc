@@ -103,6 +103,9 @@ absl::StatusOr<Gradients<T>> Backward(const Model& model, const Tape<T>& t, cons
     }
     if (absl::Status s = matmul_dx(dlogits, n, w.output, dxf.data()); !s.ok()) return s;
     NormBackward(c, w.final_norm, t.x_final.data(), n, dxf.data(), dx.data());
+    g.ln_final = std::move(dxf);
+  } else {
+    g.ln_final.assign(n * D, T(0));  // a probe's seed on O: nothing flows through the logits
   }
   g.residual[L] = dx;
 

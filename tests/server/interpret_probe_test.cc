@@ -335,7 +335,8 @@ TEST_P(InterpretOracle, GradientsMatchOracle) {
       for (const v1::Tensor& t : response.hook_gradients()) {
         const bool per_layer = t.layer() >= 0;
         const std::string key = per_layer ? absl::StrCat("grad.hook.", t.name(), ".", t.layer())
-                                          : std::string("grad.embeds");
+                                : t.name() == "ln_final" ? std::string("grad.hook.ln_final")
+                                                         : std::string("grad.embeds");
         std::vector<bool> keep;
         if (t.name() == "pattern") {
           for (int h = 0; h < c.num_heads; ++h)
@@ -344,15 +345,17 @@ TEST_P(InterpretOracle, GradientsMatchOracle) {
         check("hook " + key, &t, ref.arrays.at(key).data, keep.empty() ? nullptr : &keep);
         ++hooks_read;
       }
-      EXPECT_EQ(hooks_read, (request.hooks_size() - (rotary ? 1 : 2)) * c.num_layers +
-                                (rotary ? 1 : 2));  // embed (and GPT-2's pos_embed) once
+      // embed, ln_final (and GPT-2's pos_embed) once
+      const int once = rotary ? 2 : 3;
+      EXPECT_EQ(hooks_read, (request.hooks_size() - once) * c.num_layers + once);
       const v1::Tensor* saliency = FindTensor(ts, "saliency", -1, -1);
       ASSERT_NE(saliency, nullptr);
       EXPECT_EQ(saliency->shape(0), n);
       std::printf("[interp] %s GradientProbe%s %s: worst relative error vs oracle %.3g\n",
                   GetParam().name, docs.empty() ? "" : " (doc ids)", fp64 ? "fp64" : "fp32", worst);
       v1::GradientProbeResponse ignored;
-      for (const char* hook : {"ln1_scale", "blocks.0.ln2.hook_normalized", "ln_final"}) {
+      for (const char* hook :
+           {"ln1_scale", "blocks.0.ln2.hook_normalized", "ln_final.hook_normalized"}) {
         v1::GradientProbeRequest bad = request;
         bad.add_hooks(hook);
         ExpectInvalid(CallInterpret(server, &v1::Interpret::Stub::GradientProbe, bad, &ignored),

@@ -527,8 +527,9 @@ class Client:
         rot_q, rot_k (after it; rotary models only), v, attn_out, residual, embeddings,
         attention_times_gradient. hooks: run_with_cache's names (short ones at every layer of
         `layers`, or full ones) whose gradients come back as .grad_cache, TransformerLens's
-        gradient cache: every hook but the norms' ones and ln_final; mlp_pre,
-        mlp_post and mlp_pre_linear cost 3·L·positions·d_mlp more server memory."""
+        gradient cache: every hook but the norms' scale and normalized ones (ln_final, the
+        final norm's output, has one); mlp_pre, mlp_post and mlp_pre_linear cost
+        3·positions·d_mlp more server memory a layer asked for."""
         req = ip.GradientProbeRequest(input=_input(text, tokens, doc_ids=doc_ids, chat=chat),
                                       precision=_precision(fp64), layers=list(layers),
                                       heads=list(heads), hooks=list(hooks))

@@ -84,10 +84,11 @@ TEST_P(TinyHookGradients, EveryHookComesBackInItsShapeOrIsRefused) {
     }
   }
   // embed; 12 stream and attention hooks (resid_pre, attn_scores, pattern, q, k, v, z,
-  // result, attn_out, resid_mid, mlp_out, resid_post); mlp_pre, mlp_post; then GPT-2's
-  // pos_embed, or a rotary gated model's rot_q, rot_k and mlp_pre_linear
-  EXPECT_EQ(read, rotary ? 18 : 16);
-  for (Hook hook : {Hook::kLn1Scale, Hook::kLnFinal, Hook::kLn2Normalized, Hook::kLnFinalScale}) {
+  // result, attn_out, resid_mid, mlp_out, resid_post); mlp_pre, mlp_post; ln_final; then
+  // GPT-2's pos_embed, or a rotary gated model's rot_q, rot_k and mlp_pre_linear
+  EXPECT_EQ(read, rotary ? 19 : 17);
+  for (Hook hook : {Hook::kLn1Scale, Hook::kLn1Normalized, Hook::kLn2Normalized,
+                    Hook::kLnFinalScale, Hook::kLnFinalNormalized}) {
     EXPECT_FALSE(HookHasGradient(hook));
     ExpectRefused(ReadHookGradient(*m, *tape, *g, hook, 0),
                   std::string(HookName(hook)) + ": no gradient is kept there");

@@ -140,6 +140,11 @@ double WorstError(const Model& m, kernels::Backend<T>& be, const std::vector<int
   auto embed = ReadHookGradient(m, *tape, *g, Hook::kEmbed, -1);
   EXPECT_TRUE(embed.ok()) << embed.status();
   if (embed.ok()) note("hook embed", RelErr(as_double(*embed), ref.arrays.at("grad.embeds")));
+  auto ln_final = ReadHookGradient(m, *tape, *g, Hook::kLnFinal, -1);
+  EXPECT_TRUE(ln_final.ok()) << ln_final.status();
+  if (ln_final.ok()) {
+    note("hook ln_final", RelErr(as_double(*ln_final), ref.arrays.at("grad.hook.ln_final")));
+  }
   return worst;
 }
 

@@ -416,6 +416,7 @@ TEST_P(TinyTape, TapeBytesCountsWhatTheTapeAndGradientsHold) {
          {&g->scores, &g->probs, &g->q, &g->k, &g->v, &g->attn_out, &g->residual, &g->resid_mid}) {
       for (const auto& v : *per_layer) held += static_cast<int64_t>(v.size());
     }
+    held += static_cast<int64_t>(g->ln_final.size());
     EXPECT_EQ(TapeBytes(c, 6, tk, 8, true), held * 8) << "offset " << offset;
     EXPECT_EQ(TapeBytes(c, 6, tk, 4, true), held * 4);
   }

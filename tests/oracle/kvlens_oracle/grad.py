@@ -21,7 +21,8 @@ gradients(model, tokens, targets, doc_ids=None) -> dict name -> float64 numpy ar
                                      head o_proj's gradient), q, k (before
                                      RoPE), v, rot_q, rot_k (rotary only), attn_scores,
                                      pattern (masked entries: dO . v, not 0), mlp_pre,
-                                     mlp_post, mlp_pre_linear (gated FFN only)
+                                     mlp_post, mlp_pre_linear (gated FFN only); and
+  grad.hook.ln_final  [T, D]         (no layer) the final norm's output, the unembedding's input
 Every intermediate comes from model.forward's capture, with retain_grad().
 
 cached_kv_gradients(model, tokens, target, cached) -> the same J for one (row, token), with
@@ -63,10 +64,12 @@ def _gradients(m, tokens, targets, doc_ids, param_layer, params):
     for rec in layers:
         for t in rec.values():
             t.retain_grad()
+    capture["ln_final"].retain_grad()
     logp = torch.log_softmax(logits, dim=-1)
     j = sum(logp[r, t] for r, t in targets)
     j.backward()
-    out = {"objective": j.detach().reshape(1).numpy(), "grad.embeds": x0.grad.numpy()}
+    out = {"objective": j.detach().reshape(1).numpy(), "grad.embeds": x0.grad.numpy(),
+           "grad.hook.ln_final": capture["ln_final"].grad.numpy()}
     for l, rec in enumerate(layers):
         names = [("resid", "resid"), ("v", "v"), ("scores", "scores"), ("probs", "probs"),
                  ("attn_out", "attn_out")]
