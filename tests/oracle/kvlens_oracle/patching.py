@@ -61,7 +61,7 @@ def patch_sweep(m, tokens, source, hook, row, a, b, all_positions=False):
     with torch.no_grad():
         cap = {}
         src_logits, _ = forward(m, source, capture=cap)
-        cells = [range(T)] if all_positions else [[i] for i in range(T)]
+        cells = _cells(T, all_positions)
         metric = np.zeros((L, heads, len(cells)))
         for l in range(L):
             value = _recorded(cap, l, record)
@@ -77,6 +77,26 @@ def patch_sweep(m, tokens, source, hook, row, a, b, all_positions=False):
                 "sweep.metric": metric}
 
 
+def _cells(T, all_positions):
+    """The rows of each cell: one each, or with all_positions every row in one."""
+    return [range(T)] if all_positions else [[i] for i in range(T)]
+
+
+def _estimate_start(m, tokens, source, row, a, b, heads, all_positions):
+    """What both estimates start from: the two runs' captures, the input's probabilities
+    [L, H, T, T] and score, and the result dict with clean, source and a zero metric."""
+    cap, src_cap = {}, {}
+    with torch.no_grad():
+        logits, probs = forward(m, tokens, capture=cap)
+        src_logits, _ = forward(m, source, capture=src_cap)
+    clean = float(logits[row, a] - logits[row, b])
+    result = {"sweep.clean": np.array([clean]),
+              "sweep.source": np.array([float(src_logits[row, a] - src_logits[row, b])]),
+              "sweep.metric": np.zeros((m.cfg["n_layers"], heads,
+                                        len(_cells(len(tokens), all_positions))))}
+    return cap, src_cap, probs, clean, result
+
+
 def attribution_patch_sweep(m, tokens, source, hook, row, a, b, all_positions=False):
     """The same grid by attribution patching: each cell clean + sum over the patched values
     of (source - clean) * d score / d value, the gradient by torch.autograd through the
@@ -84,13 +104,9 @@ def attribution_patch_sweep(m, tokens, source, hook, row, a, b, all_positions=Fa
     values), one backward per layer."""
     point, record, shift, per_head, heads = _check(m, tokens, source, hook)
     L, T = m.cfg["n_layers"], len(tokens)
-    cap, src_cap = {}, {}
-    with torch.no_grad():
-        logits, _ = forward(m, tokens, capture=cap)
-        src_logits, _ = forward(m, source, capture=src_cap)
-    clean = float(logits[row, a] - logits[row, b])
-    cells = [range(T)] if all_positions else [[i] for i in range(T)]
-    metric = np.zeros((L, heads, len(cells)))
+    cap, src_cap, _, clean, result = _estimate_start(m, tokens, source, row, a, b, heads,
+                                                     all_positions)
+    cells, metric = _cells(T, all_positions), result["sweep.metric"]
     for l in range(L):
         value = _recorded(cap, l, record)
         leaf = value.detach().clone().requires_grad_(True)
@@ -105,9 +121,7 @@ def attribution_patch_sweep(m, tokens, source, hook, row, a, b, all_positions=Fa
         moved = moved.reshape(heads, T)
         for j, rows in enumerate(cells):
             metric[l, :, j] = clean + moved[:, list(rows)].sum(-1)
-    return {"sweep.clean": np.array([clean]),
-            "sweep.source": np.array([float(src_logits[row, a] - src_logits[row, b])]),
-            "sweep.metric": metric}
+    return result
 
 
 def qk_fixed_patch_sweep(m, tokens, source, hook, row, a, b, all_positions=False):
@@ -119,13 +133,9 @@ def qk_fixed_patch_sweep(m, tokens, source, hook, row, a, b, all_positions=False
         raise ValueError("the QK fix is for hook q or k")
     point, record, shift, per_head, heads = _check(m, tokens, source, hook)
     L, T, H = m.cfg["n_layers"], len(tokens), m.cfg["n_heads"]
-    cap, src_cap = {}, {}
-    with torch.no_grad():
-        logits, probs = forward(m, tokens, capture=cap)
-        src_logits, _ = forward(m, source, capture=src_cap)
-    clean = float(logits[row, a] - logits[row, b])
-    cells = [range(T)] if all_positions else [[i] for i in range(T)]
-    metric = np.zeros((L, heads, len(cells)))
+    _, src_cap, probs, clean, result = _estimate_start(m, tokens, source, row, a, b, heads,
+                                                       all_positions)
+    cells, metric = _cells(T, all_positions), result["sweep.metric"]
     for l in range(L):
         leaf = probs[l].detach().clone().requires_grad_(True)
         out, _ = forward(m, tokens, patch={(l, "pattern"): [(i, h, leaf[h, i])
@@ -138,6 +148,4 @@ def qk_fixed_patch_sweep(m, tokens, source, hook, row, a, b, all_positions=False
                     _, patched = forward(m, tokens,
                                          patch={(l, point): [(i, h, value[h, i]) for i in rows]})
                     metric[l, h, j] = clean + float(((patched[l] - probs[l]) * leaf.grad).sum())
-    return {"sweep.clean": np.array([clean]),
-            "sweep.source": np.array([float(src_logits[row, a] - src_logits[row, b])]),
-            "sweep.metric": metric}
+    return result
