@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -104,13 +105,20 @@ TEST(PythonClient, Gemma2BlockOutputNorms) {
 // examples/neurons.py on the default model: the three neurons of largest estimated effect
 // on log p(" earth"), each ablated exactly by Intervene; a first-order estimate of so small
 // a change has the exact change's sign (measured: 40 of 40, correlation 0.997).
+// clients/python/examples/`script` with `flags`, against a server on the default model: its
+// exit code and output.
+std::pair<int, std::string> RunExample(const TestServer& server, const char* script,
+                                       const char* flags) {
+  return RunCommand(absl::StrCat("/usr/bin/python3 ", KVLENS_SOURCE_DIR,
+                                 "/clients/python/examples/", script, " --server ",
+                                 server.address(), " ", flags, " 2>&1"));
+}
+
 TEST(PythonExamples, NeuronAttributionAgreesWithAblation) {
   KVLENS_REQUIRE_FILE(DefaultModelPath() + "/config.json");
   TestServer server(DefaultModelPath(), TestServer::DefaultOptions());
   ASSERT_TRUE(server.ok()) << server.error();
-  const auto [code, out] = RunCommand(absl::StrCat("/usr/bin/python3 ", KVLENS_SOURCE_DIR,
-                                                   "/clients/python/examples/neurons.py --server ",
-                                                   server.address(), " --top 3 2>&1"));
+  const auto [code, out] = RunExample(server, "neurons.py", "--top 3");
   ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("layer  neuron   estimate      exact\n"), std::string::npos) << out;
   EXPECT_NE(out.find("; sign agreement 3/3\n"), std::string::npos) << out;
@@ -123,9 +131,7 @@ TEST(PythonExamples, QkFixComesCloserToExactPatching) {
   KVLENS_REQUIRE_FILE(DefaultModelPath() + "/config.json");
   TestServer server(DefaultModelPath(), TestServer::DefaultOptions());
   ASSERT_TRUE(server.ok()) << server.error();
-  const auto [code, out] = RunCommand(absl::StrCat("/usr/bin/python3 ", KVLENS_SOURCE_DIR,
-                                                   "/clients/python/examples/qk_fix.py --server ",
-                                                   server.address(), " 2>&1"));
+  const auto [code, out] = RunExample(server, "qk_fix.py", "");
   ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("hook  cells  moved  corr AtP  corr QK-fix  error AtP  error QK-fix\n"),
             std::string::npos)
