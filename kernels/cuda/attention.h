@@ -93,12 +93,14 @@ absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cuda
 // FlashPrefillSupports up to 128, without a soft cap (capped calls take the fp16 kernel,
 // whose capped instantiations are apart). It rounds Q and P to bf16 (FlashPrefillKernel: fp16).
 // warp_queries (16 or 32): the queries a warp takes in a 128-query block (8 warps of 16,
-// or 4 of 32: each K/V fragment read from shared memory then serves twice the products);
+// or 4 of 32: each K/V fragment read from shared memory then serves twice the products,
+// but O and S then need more than 255 registers a thread and spill: on an H200 on
+// 2026-12-04, 4 warps of 32 ran at 0.70× the 8 warps of 16, which are the default);
 // 64-query blocks always have 4 warps of 16.
 bool FlashPrefillBf16Supports(const AttentionParams& p);
 absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, int warp_queries,
                                     cudaStream_t stream);
-inline constexpr int kFlashDefaultWarpQueries = 32;
+inline constexpr int kFlashDefaultWarpQueries = 16;
 
 // Which split-KV kernel LaunchSplitKv runs for p (0…kSplitKvVariants − 1: vector loads,
 // head size past 128, the head tile that covers the GQA group, a bf16 cache), and how
@@ -109,7 +111,8 @@ int SplitKvVariant(const AttentionParams& p);
 absl::StatusOr<int> SplitKvBlocksPerSm(int variant);
 // How many key splits to use: enough blocks for one full wave (num_sms × blocks_per_sm;
 // a partial second wave would run its blocks with the SMs half idle), at least 64 keys a
-// split. A Llama-7B decode step at batch 1 and 512 keys (32 KV heads) gets 8 splits.
+// split, and as many as the kernel's spans of whole steps fill (none left empty). A
+// Llama-7B decode step at batch 1 and 512 keys (32 KV heads) gets 8 splits.
 int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm);
 // The split-KV kernel reads q as float4 and K and V four elements at a time (a float4, or
 // 8 bytes of bf16): head_dim, q_stride and kv_row_stride multiples of 4, q 16-byte

@@ -34,21 +34,28 @@ TEST(CudaBackendCreateTest, FailsCleanlyWithoutADevice) {
   EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition) << b.status();
 }
 
-// Key splits for one full wave of split-KV blocks, at least 64 keys a split (no device
-// needed: the H200's 132 SMs and 3 resident blocks are passed in).
+// Key splits for one full wave of split-KV blocks, at least 64 keys a split, none left
+// without keys (no device needed: the H200's 132 SMs and 3 or 4 resident blocks are passed
+// in).
 TEST(CudaSplitKv, SplitsFillOneWaveWithAtLeast64KeysEach) {
-  auto splits = [](int queries, int kv_heads, int keys) {
+  auto splits = [](int queries, int kv_heads, int keys, int blocks_per_sm = 3) {
     AttentionParams p;
     p.num_queries = queries;
+    p.num_heads = 4 * kv_heads;
     p.num_kv_heads = kv_heads;
+    p.head_dim = 128;
     p.num_keys = keys;
-    return ChooseNumSplits(p, /*num_sms=*/132, /*blocks_per_sm=*/3);
+    return ChooseNumSplits(p, /*num_sms=*/132, blocks_per_sm);
   };
   EXPECT_EQ(splits(1, 32, 512), 8);      // 396 / 32 = 12 wanted; 512 / 64 = 8 allowed
   EXPECT_EQ(splits(1, 8, 8192), 49);     // 49 · 8 = 392 blocks <= 396 slots
   EXPECT_EQ(splits(64, 32, 4096), 1);    // 2048 blocks: more than a wave already
   EXPECT_EQ(splits(1, 1, 100), 1);       // fewer than 128 keys: one split
   EXPECT_EQ(splits(1, 1, 100000), 128);  // the cap
+  // 528 / 8 = 66 wanted; 8192 / 66 rounded up to whole 4-key steps is 128 keys a split,
+  // which 64 splits fill: two more would have none.
+  EXPECT_EQ(splits(1, 8, 8192, 4), 64);
+  EXPECT_EQ(splits(1, 8, 32768, 4), 66);  // 32768 / 66 → 497 → 500 keys; the 66th has 268
 }
 
 TEST_F(CudaBackendTest, RejectsAMissingDevice) {
@@ -114,14 +121,14 @@ TEST_F(CudaBackendTest, FlashWith64QueryTilesWithinTolerance) {
   }
 }
 
-// The parity table's 128-query blocks of the bf16 flash kernel are 4 warps of 32 queries
-// (kFlashDefaultWarpQueries); this runs its flash shapes on a bf16 cache, and a batch of
-// prefill chunks, with 8 warps of 16 (Q's fragments in registers), within the same
-// tolerance.
-TEST_F(CudaBackendTest, Bf16FlashWithWarpsOf16QueriesWithinTolerance) {
-  static_assert(kFlashDefaultWarpQueries == 32, "then this test should run warps of 32");
+// The parity table's 128-query blocks of the bf16 flash kernel are 8 warps of 16 queries
+// (kFlashDefaultWarpQueries, Q's fragments in registers); this runs its flash shapes on a
+// bf16 cache, and a batch of prefill chunks, with 4 warps of 32 (Q in shared memory, each
+// K/V fragment serving two stripes), within the same tolerance.
+TEST_F(CudaBackendTest, Bf16FlashWithWarpsOf32QueriesWithinTolerance) {
+  static_assert(kFlashDefaultWarpQueries == 16, "then this test should run warps of 16");
   EXPECT_EQ(backend_->SetFlashWarpQueries(64).code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(backend_->SetFlashWarpQueries(16).ok());
+  ASSERT_TRUE(backend_->SetFlashWarpQueries(32).ok());
   std::mt19937_64 rng(6);
   std::vector<parity::ParityResult> results;
   int shapes = 0;
@@ -138,7 +145,7 @@ TEST_F(CudaBackendTest, Bf16FlashWithWarpsOf16QueriesWithinTolerance) {
   results.push_back(parity::AttentionBatchFlashCase(*backend_, rng, &uploads, true));
   ASSERT_TRUE(backend_->SetFlashWarpQueries(kFlashDefaultWarpQueries).ok());
   for (const parity::ParityResult& r : results) {
-    std::cerr << "[ parity   ] warps of 16: " << r.name << ": error " << r.err << ", tolerance "
+    std::cerr << "[ parity   ] warps of 32: " << r.name << ": error " << r.err << ", tolerance "
               << r.tol << "\n";
     EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
   }
