@@ -129,8 +129,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // For kvlens_gpu_check's comparison and the tests.
   void SetFlashBf16(bool on) { flash_bf16_ = on; }
   bool flash_bf16() const { return flash_bf16_; }
-  // Queries a warp of the bf16 flash kernel takes in a 128-query block: 32 (4 warps; the
-  // default) or 16 (8 warps). attention.h, LaunchFlashPrefillBf16. For kvlens_gpu_check's
+  // Queries a warp of the bf16 flash kernel takes in a 128-query block: 16 (8 warps; the
+  // default) or 32 (4 warps). attention.h, LaunchFlashPrefillBf16. For kvlens_gpu_check's
   // comparison and the tests.
   absl::Status SetFlashWarpQueries(int queries);
   // Key splits of every split-KV launch: 0 (the default) lets ChooseNumSplits decide, else

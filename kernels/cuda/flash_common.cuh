@@ -95,31 +95,31 @@ __device__ __forceinline__ void FlashLoadQ(const AttentionParams& p, const Flash
   }
 }
 
-// One tile's online-softmax step on the warp's scores s (the tile's keys j0 … j0 + 63, raw
+// One tile's online-softmax step on the warp's scores s (the tile's keys j0 … j0 + N − 1, raw
 // Q·Kᵀ; `keys` the block's FlashKeysOf), for the lane's rows row_i[0], row_i[1]: s becomes
 // the unnormalised weights p_j, and m, l (this lane's share of the row sum; the four lanes
 // of a row are added at the end) and O are rescaled. kCap: apply p.softcap first (a
 // template argument, not a branch on p.softcap: the tanh's registers, though never used
 // without a cap, made ptxas spill the uncapped kernels at head size 128).
-template <int D, bool kCap = false>
+template <int D, bool kCap = false, int N = kBlockN>
 __device__ __forceinline__ void FlashSoftmaxTile(const AttentionParams& p, const FlashSeq& seq,
                                                  const FlashKeyRange& keys, int j0,
                                                  const int (&row_i)[2], float c,
-                                                 float (&s)[kBlockN / 8][4], float (&m)[2],
-                                                 float (&l)[2], float (&o)[D / 8][4]) {
+                                                 float (&s)[N / 8][4], float (&m)[2], float (&l)[2],
+                                                 float (&o)[D / 8][4]) {
   const int t = threadIdx.x % 4;
   if constexpr (kCap) {  // c·s is then log2(e) · cap · tanh(scale · s / cap)
     const float in = p.scale / p.softcap, out = p.softcap / p.scale;
 #pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt) {
+    for (int nt = 0; nt < N / 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = out * tanhf(s[nt][e] * in);
     }
   }
-  const bool mask = p.q_doc != nullptr || j0 < keys.window_clear || j0 + kBlockN > keys.first_end;
+  const bool mask = p.q_doc != nullptr || j0 < keys.window_clear || j0 + N > keys.first_end;
   float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-  for (int nt = 0; nt < kBlockN / 8; ++nt) {
+  for (int nt = 0; nt < N / 8; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float x = s[nt][e] * c;
@@ -152,7 +152,7 @@ __device__ __forceinline__ void FlashSoftmaxTile(const AttentionParams& p, const
     l[r] *= alpha[r];
   }
 #pragma unroll
-  for (int nt = 0; nt < kBlockN / 8; ++nt) {
+  for (int nt = 0; nt < N / 8; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       s[nt][e] = exp2f(s[nt][e] - m_use[e / 2]);

@@ -6,14 +6,16 @@
 // being converted, and the fragments come out of shared memory by ldmatrix (four 8×8
 // matrices an instruction) rather than one 32-bit load per register:
 //
-//   stage s (two):  Ks[s] [64 keys][D + 8]   Vs[s] [64 keys][D + 8]   (bf16, row-major)
+//   stage s (two):  Ks[s] [N keys][D + 8]   Vs[s] [N keys][D + 8]   (bf16, row-major)
+//
+// with N = 64 keys a tile, or 32 for warps of two stripes (Bf16Tiles::kN).
 //
 // S = Q·Kᵀ takes its B fragments from Ks by ldmatrix (a key's dims are a stored row), and
 // O += P·V from Vs by ldmatrix.trans (a dim's keys are a stored column), so V needs no
 // transposed copy. Rows are padded by 16 bytes: the eight 16-byte rows an ldmatrix phase
 // reads then start in eight different bank groups (272 bytes apart at Dh 128).
 //
-// The pipeline, per 64-key tile j (each thread's copies are committed in groups K0, V0,
+// The pipeline, per N-key tile j (each thread's copies are committed in groups K0, V0,
 // K1, V1, …; a group may be empty past the last tile):
 //   wait until K(j) has landed (V(j) may be in flight); barrier
 //   issue K(j+1), V(j+1) into the other stage (its tiles were last read before this
@@ -30,7 +32,10 @@
 // R = 2 (4 warps of 32, FlashAttention-2's layout at head size 128) every K and V fragment
 // an ldmatrix brings serves both stripes, so shared memory delivers half the bytes per
 // product, the bound of a one-stripe warp; O and S then take twice the registers, so Q is
-// kept in shared memory as bf16 (one more tile, written once) and read by ldmatrix. In the
+// kept in shared memory as bf16 (one more tile, written once) and read by ldmatrix, and a
+// tile is 32 keys (with 64, ptxas spilled at 255 registers). Measured on an H200
+// (2026-12-04, causal, H 32, Dh 128, 4k-16k tokens): one stripe, 8 warps, 182-236 TFLOP/s
+// (the default); two stripes 153-205 (121-166 with 64-key tiles, spilling). In the
 // products each fragment is requested one step before its mma.sync uses it, so a load's
 // latency passes under the previous products rather than stalling the warp.
 #include <cuda_bf16.h>
@@ -52,10 +57,16 @@ namespace {
 template <int D, int W, int R>
 struct Bf16Tiles {
   static_assert(D % 16 == 0 && D <= 128 && (R == 1 || R == 2));
-  static constexpr int kLd = D + 8;             // bf16 elements a shared-memory row
-  static constexpr int kElems = kBlockN * kLd;  // one K or V tile
-  static constexpr int kPieces = D / 8;         // 16-byte pieces of a head's row
-  static constexpr int kRows = 16 * W * R;      // queries a block
+  // Keys a tile: 64, or 32 for two stripes, whose O and S would otherwise take more than
+  // 255 registers a thread (on an H200, 2026-12-04, 64-key tiles of two stripes spilled
+  // and ran at 0.70× one stripe's speed). A divisor of kBlockN, so FlashKeysOf's first tile
+  // (a multiple of kBlockN) starts one of these tiles too.
+  static constexpr int kN = R == 2 ? 32 : kBlockN;
+  static_assert(kBlockN % kN == 0);
+  static constexpr int kLd = D + 8;         // bf16 elements a shared-memory row
+  static constexpr int kElems = kN * kLd;   // one K or V tile
+  static constexpr int kPieces = D / 8;     // 16-byte pieces of a head's row
+  static constexpr int kRows = 16 * W * R;  // queries a block
   static constexpr size_t kKvBytes = 2 * 2 * kElems * sizeof(uint16_t);  // K, V × 2 stages
   static constexpr size_t kQBytes = R == 1 ? 0 : kRows * kLd * sizeof(uint16_t);
   static constexpr size_t kBytes = kKvBytes + kQBytes;
@@ -65,16 +76,16 @@ struct Bf16Tiles {
 // zeros from key_end on (FlashKeysOf: no row of the block sees them; whatever the cache
 // holds there, a NaN say, would otherwise reach P·V as 0·NaN). Consecutive threads take
 // consecutive pieces of a row.
-template <int D, int W>
+template <int D, int W, int R>
 __device__ __forceinline__ void IssueTile(const AttentionParams& p, const FlashSeq& seq, int kvh,
                                           int j0, int key_end, const uint16_t* cache,
                                           uint16_t* tile) {
-  using L = Bf16Tiles<D, W, 1>;
+  using L = Bf16Tiles<D, W, R>;
   constexpr int kThreads = W * 32;
-  static_assert(kBlockN * L::kPieces % kThreads == 0);
+  static_assert(L::kN * L::kPieces % kThreads == 0);
   const int32_t* table = p.block_table != nullptr ? p.block_table + seq.table_offset : nullptr;
 #pragma unroll
-  for (int it = 0; it < kBlockN * L::kPieces / kThreads; ++it) {
+  for (int it = 0; it < L::kN * L::kPieces / kThreads; ++it) {
     const int idx = static_cast<int>(threadIdx.x) + it * kThreads;
     const int r = idx / L::kPieces, c = idx % L::kPieces;
     const int j = j0 + r;
@@ -113,10 +124,17 @@ __device__ __forceinline__ void StageQ(const AttentionParams& p, const FlashSeq&
   }
 }
 
+// Blocks an SM: two of two stripes; 64-query blocks three, but two at head size 128, where
+// three (170 registers) spilled: on an H200 (2026-12-04) two ran 10-16% faster there. One
+// of 8 warps (226 registers at head size 128).
 template <int D, int W, int R>
-__global__ void __launch_bounds__(W * 32, R == 2   ? 2
-                                          : W == 4 ? 3
-                                                   : 1) FlashPrefillBf16Kernel(AttentionParams p) {
+constexpr int kBf16MinBlocks = R == 2   ? 2
+                               : W == 4 ? (D == 128 ? 2 : 3)
+                                        : 1;
+
+template <int D, int W, int R>
+__global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
+    FlashPrefillBf16Kernel(AttentionParams p) {
   WaitForPriorGrids();  // first: see launch.cuh
   using L = Bf16Tiles<D, W, R>;
   extern __shared__ __align__(16) uint16_t flash_bf16_smem[];
@@ -142,9 +160,9 @@ __global__ void __launch_bounds__(W * 32, R == 2   ? 2
   const int key_end = keys.key_end;
 
   // The first tile's copies first: they run while Q is read.
-  IssueTile<D, W>(p, seq, kvh, keys.key_begin, key_end, kcache, ks(0));
+  IssueTile<D, W, R>(p, seq, kvh, keys.key_begin, key_end, kcache, ks(0));
   CpAsyncCommit();
-  IssueTile<D, W>(p, seq, kvh, keys.key_begin, key_end, vcache, vs(0));
+  IssueTile<D, W, R>(p, seq, kvh, keys.key_begin, key_end, vcache, vs(0));
   CpAsyncCommit();
 
   // ldmatrix row addresses, relative to a tile: lane L gives row L % 8 of matrix L / 8.
@@ -192,13 +210,13 @@ __global__ void __launch_bounds__(W * 32, R == 2   ? 2
   const float c = p.scale * 1.4426950408889634f;  // scale·log2(e)
 
   int stage = 0;
-  for (int j0 = keys.key_begin; j0 < key_end; j0 += kBlockN, stage ^= 1) {
+  for (int j0 = keys.key_begin; j0 < key_end; j0 += L::kN, stage ^= 1) {
     CpAsyncWait<1>();  // K(j) is here (V(j) may not be)
     __syncthreads();
-    if (j0 + kBlockN < key_end) {
-      IssueTile<D, W>(p, seq, kvh, j0 + kBlockN, key_end, kcache, ks(stage ^ 1));
+    if (j0 + L::kN < key_end) {
+      IssueTile<D, W, R>(p, seq, kvh, j0 + L::kN, key_end, kcache, ks(stage ^ 1));
       CpAsyncCommit();
-      IssueTile<D, W>(p, seq, kvh, j0 + kBlockN, key_end, vcache, vs(stage ^ 1));
+      IssueTile<D, W, R>(p, seq, kvh, j0 + L::kN, key_end, vcache, vs(stage ^ 1));
     } else {
       CpAsyncCommit();  // empty groups keep the count: the wait below is for V(j)
     }
@@ -207,24 +225,24 @@ __global__ void __launch_bounds__(W * 32, R == 2   ? 2
     // S = Q·Kᵀ: per stripe 8 accumulator tiles of 16 rows × 8 keys, two a ldmatrix. Steps
     // (kk, np) in order, each one's fragments requested before the previous one's products.
     const uint16_t* kt = ks(stage);
-    float s[R][kBlockN / 8][4];
+    float s[R][L::kN / 8][4];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
-      for (int nt = 0; nt < kBlockN / 8; ++nt)
+      for (int nt = 0; nt < L::kN / 8; ++nt)
         s[r][nt][0] = s[r][nt][1] = s[r][nt][2] = s[r][nt][3] = 0.0f;
     }
-    constexpr int kSSteps = (D / 16) * (kBlockN / 16);
+    constexpr int kSSteps = (D / 16) * (L::kN / 16);
     uint32_t a[R][4], b[4];
 #pragma unroll
     for (int r = 0; r < R; ++r) load_a(a[r], r, 0);
     LdMatrixX4<false>(b, kt + k_lane);
 #pragma unroll
     for (int step = 0; step < kSSteps; ++step) {
-      const int kk = step / (kBlockN / 16), np = step % (kBlockN / 16);
+      const int kk = step / (L::kN / 16), np = step % (L::kN / 16);
       uint32_t an[R][4] = {}, bn[4];
       if (step + 1 < kSSteps) {
-        const int kk1 = (step + 1) / (kBlockN / 16), np1 = (step + 1) % (kBlockN / 16);
+        const int kk1 = (step + 1) / (L::kN / 16), np1 = (step + 1) % (L::kN / 16);
         LdMatrixX4<false>(bn, kt + 16 * np1 * L::kLd + 16 * kk1 + k_lane);
         if (kk1 != kk) {
 #pragma unroll
@@ -240,7 +258,7 @@ __global__ void __launch_bounds__(W * 32, R == 2   ? 2
       if (step + 1 < kSSteps) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) b[e] = bn[e];
-        if ((step + 1) / (kBlockN / 16) != kk) {
+        if ((step + 1) / (L::kN / 16) != kk) {
 #pragma unroll
           for (int r = 0; r < R; ++r) {
 #pragma unroll
@@ -252,12 +270,12 @@ __global__ void __launch_bounds__(W * 32, R == 2   ? 2
 
     // P as bf16 A fragments at once (keys 16kk … 16kk+15 are S tiles 2kk and 2kk + 1): half
     // the registers of S through the products below.
-    uint32_t pa[R][kBlockN / 16][4];
+    uint32_t pa[R][L::kN / 16][4];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      FlashSoftmaxTile<D>(p, seq, keys, j0, row_i[r], c, s[r], m[r], l[r], o[r]);
+      FlashSoftmaxTile<D, false, L::kN>(p, seq, keys, j0, row_i[r], c, s[r], m[r], l[r], o[r]);
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      for (int kk = 0; kk < L::kN / 16; ++kk) {
         pa[r][kk][0] = PackBf162(s[r][2 * kk][0], s[r][2 * kk][1]);
         pa[r][kk][1] = PackBf162(s[r][2 * kk][2], s[r][2 * kk][3]);
         pa[r][kk][2] = PackBf162(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
@@ -271,7 +289,7 @@ __global__ void __launch_bounds__(W * 32, R == 2   ? 2
     // O += P·V, steps (kk, dp) in order, each V fragment requested before the previous
     // step's products.
     const uint16_t* vt = vs(stage);
-    constexpr int kVSteps = (kBlockN / 16) * (D / 16);
+    constexpr int kVSteps = (L::kN / 16) * (D / 16);
     LdMatrixX4<true>(b, vt + v_lane);
 #pragma unroll
     for (int step = 0; step < kVSteps; ++step) {

@@ -337,8 +337,8 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
   }
   // 64- and 128-query blocks on an fp32 cache, then on a bf16 cache: the fp16 kernel
   // (converting each element, as on fp32), then the bf16 kernel (cp.async, ldmatrix; the
-  // default there) with 128-query blocks of 4 warps of 32 queries (the default) and of 8
-  // warps of 16, and with 64-query blocks (4 warps of 16).
+  // default there) with 128-query blocks of 4 warps of 32 queries and of 8 warps of 16 (the
+  // default), and with 64-query blocks (4 warps of 16).
   for (int config = 0; config < 6; ++config) {
     const int tile = config == 0 || config == 5 ? 64 : 128;
     const bool bf16 = config >= 2;
