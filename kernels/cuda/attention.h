@@ -7,8 +7,8 @@
 //                   × 64 keys, Q·Kᵀ and P·V on fp16 tensor cores (mma.sync) with fp32
 //                   accumulation, online softmax in fp32 (soft cap included), S, P and O
 //                   in registers; never the full Tq×Tk matrix. Over a bf16 cache (rows in
-//                   16-byte pieces, Dh up to 128, no soft cap) its bf16 twin
-//                   instead: K/V tiles copied to shared memory as stored (cp.async, two
+//                   16-byte pieces) its bf16 twin instead (every head size, the soft
+//                   cap too): K/V tiles copied to shared memory as stored (cp.async, two
 //                   stages) and read by ldmatrix, Q·Kᵀ and P·V on bf16 tensor cores.
 //   split-KV        any Dh <= 256, any Tq (decode, short chunks, other head sizes): fp32,
 //                   one block per (query, KV head, key split); its four warps take turns
@@ -90,12 +90,13 @@ int FlashTileQueries(int head_dim, int requested);
 absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cudaStream_t stream);
 // The bf16 twin (flash_prefill_bf16.cu) takes p when the cache is bf16, kv_row_stride a
 // multiple of 8 and k, v 16-byte aligned (its copies move 16 bytes), at the head sizes of
-// FlashPrefillSupports up to 128, without a soft cap (capped calls take the fp16 kernel,
-// whose capped instantiations are apart). It rounds Q and P to bf16 (FlashPrefillKernel: fp16).
+// FlashPrefillSupports (Gemma 2's soft cap in instantiations of its own, as the fp16
+// kernel's). It rounds Q and P to bf16 (FlashPrefillKernel: fp16).
 // warp_queries (16 or 32): the queries a warp takes in a 128-query block (8 warps of 16,
-// or 4 of 32: each K/V fragment read from shared memory then serves twice the products,
-// but O and S then need more than 255 registers a thread and spill: on an H200 on
-// 2026-12-04, 4 warps of 32 ran at 0.70× the 8 warps of 16, which are the default);
+// or 4 of 32, uncapped only: each K/V fragment read from shared memory then serves twice
+// the products; with 64-key tiles their O and S needed more than 255 registers a thread
+// and spilled: on an H200 on 2026-12-04, 4 warps of 32 ran at 0.70× the 8 warps of 16,
+// which are the default, and at 0.85× with the 32-key tiles they now take);
 // 64-query blocks always have 4 warps of 16.
 bool FlashPrefillBf16Supports(const AttentionParams& p);
 absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, int warp_queries,

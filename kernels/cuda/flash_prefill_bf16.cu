@@ -56,19 +56,23 @@ namespace {
 
 template <int D, int W, int R>
 struct Bf16Tiles {
-  static_assert(D % 16 == 0 && D <= 128 && (R == 1 || R == 2));
-  // Keys a tile: 64, or 32 for two stripes, whose O and S would otherwise take more than
-  // 255 registers a thread (on an H200, 2026-12-04, 64-key tiles of two stripes spilled
-  // and ran at 0.70× one stripe's speed). A divisor of kBlockN, so FlashKeysOf's first tile
-  // (a multiple of kBlockN) starts one of these tiles too.
-  static constexpr int kN = R == 2 ? 32 : kBlockN;
+  static_assert(D % 16 == 0 && D <= 256 && (R == 1 || R == 2) && (D <= 128 || R == 1));
+  // Q's fragments wait in shared memory (read by ldmatrix each step) for two stripes and
+  // past head size 128, where O alone is 2·D/8·4 or D/2 registers a lane; else in registers.
+  static constexpr bool kQInSmem = R == 2 || D > 128;
+  // Keys a tile: 64, or 32 where O takes 128 registers a lane (two stripes, head size 256),
+  // whose O and S would otherwise take more than 255 registers a thread (on an H200,
+  // 2026-12-04, 64-key tiles of two stripes spilled and ran at 0.70× one stripe's speed).
+  // A divisor of kBlockN, so FlashKeysOf's first tile (a multiple of kBlockN) starts one of
+  // these tiles too.
+  static constexpr int kN = R == 2 || D > 128 ? 32 : kBlockN;
   static_assert(kBlockN % kN == 0);
   static constexpr int kLd = D + 8;         // bf16 elements a shared-memory row
   static constexpr int kElems = kN * kLd;   // one K or V tile
   static constexpr int kPieces = D / 8;     // 16-byte pieces of a head's row
   static constexpr int kRows = 16 * W * R;  // queries a block
   static constexpr size_t kKvBytes = 2 * 2 * kElems * sizeof(uint16_t);  // K, V × 2 stages
-  static constexpr size_t kQBytes = R == 1 ? 0 : kRows * kLd * sizeof(uint16_t);
+  static constexpr size_t kQBytes = kQInSmem ? kRows * kLd * sizeof(uint16_t) : 0;
   static constexpr size_t kBytes = kKvBytes + kQBytes;
 };
 
@@ -100,7 +104,7 @@ __device__ __forceinline__ void IssueTile(const AttentionParams& p, const FlashS
 }
 
 // Q's rows of the block as bf16 (rounded as FlashLoadQ rounds them; rows past the
-// sequence's end zero) into qs [kRows][kLd], for R = 2.
+// sequence's end zero) into qs [kRows][kLd], where Bf16Tiles::kQInSmem.
 template <int D, int W, int R>
 __device__ __forceinline__ void StageQ(const AttentionParams& p, const FlashSeq& seq, int h,
                                        uint16_t* qs) {
@@ -125,14 +129,16 @@ __device__ __forceinline__ void StageQ(const AttentionParams& p, const FlashSeq&
 }
 
 // Blocks an SM: two of two stripes; 64-query blocks three, but two at head size 128, where
-// three (170 registers) spilled: on an H200 (2026-12-04) two ran 10-16% faster there. One
-// of 8 warps (226 registers at head size 128).
+// three (170 registers) spilled: on an H200 (2026-12-04) two ran 10-16% faster there, and
+// two at head size 256 (101 KiB of shared memory each). One of 8 warps (226 registers at
+// head size 128).
 template <int D, int W, int R>
 constexpr int kBf16MinBlocks = R == 2   ? 2
-                               : W == 4 ? (D == 128 ? 2 : 3)
+                               : W == 4 ? (D >= 128 ? 2 : 3)
                                         : 1;
 
-template <int D, int W, int R>
+// kCap: Gemma 2's soft cap on the scores (FlashSoftmaxTile), instantiated apart.
+template <int D, int W, int R, bool kCap>
 __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
     FlashPrefillBf16Kernel(AttentionParams p) {
   WaitForPriorGrids();  // first: see launch.cuh
@@ -140,7 +146,7 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
   extern __shared__ __align__(16) uint16_t flash_bf16_smem[];
   auto ks = [&](int stage) { return flash_bf16_smem + (2 * stage) * L::kElems; };
   auto vs = [&](int stage) { return flash_bf16_smem + (2 * stage + 1) * L::kElems; };
-  uint16_t* qs = flash_bf16_smem + 4 * L::kElems;  // R = 2 only
+  uint16_t* qs = flash_bf16_smem + 4 * L::kElems;  // kQInSmem only
   const uint16_t* kcache = static_cast<const uint16_t*>(p.k);
   const uint16_t* vcache = static_cast<const uint16_t*>(p.v);
 
@@ -177,10 +183,11 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
   const int v_lane = (8 * (mat % 2) + mrow) * L::kLd + 8 * (mat / 2);
   const uint16_t* q_warp = qs + 16 * R * warp * L::kLd + v_lane;  // Q's layout is V's
 
-  // Q as bf16 A fragments (as the naive bf16 run rounds it): in registers for one stripe,
-  // in shared memory for two (read before the loop's first barrier, not written again).
-  uint32_t qf[R == 1 ? D / 16 : 1][4];
-  if constexpr (R == 1) {
+  // Q as bf16 A fragments (as the naive bf16 run rounds it): in registers for one stripe up
+  // to head size 128, else in shared memory (read after the loop's first barrier, not
+  // written again).
+  uint32_t qf[L::kQInSmem ? 1 : D / 16][4];
+  if constexpr (!L::kQInSmem) {
     FlashLoadQ<D>(
         p, seq, h, row_i[0], [](float a, float b) { return PackBf162(a, b); }, qf);
   } else {
@@ -188,7 +195,7 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
   }
   // The A fragment of stripe r for dims 16kk … 16kk + 15.
   auto load_a = [&](uint32_t(&a)[4], int r, int kk) {
-    if constexpr (R == 1) {
+    if constexpr (!L::kQInSmem) {
       a[0] = qf[kk][0];
       a[1] = qf[kk][1];
       a[2] = qf[kk][2];
@@ -273,7 +280,7 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
     uint32_t pa[R][L::kN / 16][4];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      FlashSoftmaxTile<D, false, L::kN>(p, seq, keys, j0, row_i[r], c, s[r], m[r], l[r], o[r]);
+      FlashSoftmaxTile<D, kCap, L::kN>(p, seq, keys, j0, row_i[r], c, s[r], m[r], l[r], o[r]);
 #pragma unroll
       for (int kk = 0; kk < L::kN / 16; ++kk) {
         pa[r][kk][0] = PackBf162(s[r][2 * kk][0], s[r][2 * kk][1]);
@@ -320,16 +327,18 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
 template <int D, int W, int R>
 absl::Status LaunchBf16(const AttentionParams& p, cudaStream_t stream) {
   using L = Bf16Tiles<D, W, R>;
-  auto* kernel = FlashPrefillBf16Kernel<D, W, R>;
+  // Two stripes are never capped: LaunchFlashPrefillBf16 gives a capped call one stripe.
+  auto* kernel = R == 1 && p.softcap > 0.0f ? FlashPrefillBf16Kernel<D, W, R, R == 1>
+                                            : FlashPrefillBf16Kernel<D, W, R, false>;
   // Past 48 KiB of dynamic shared memory a kernel must opt in (every launch: the attribute
-  // belongs to the device's context, and setting it is not a stream operation). Two-stripe
-  // blocks (up to 102 KiB) also ask for the largest shared-memory carveout, so that two
-  // fit on an SM beside each other.
+  // belongs to the device's context, and setting it is not a stream operation). Blocks past
+  // 64 KiB (two stripes or head size 256: up to 102 KiB) also ask for the largest
+  // shared-memory carveout, so that two fit on an SM beside each other.
   if constexpr (L::kBytes > 48 * 1024) {
     KVLENS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes)));
   }
-  if constexpr (R == 2) {
+  if constexpr (L::kBytes > 64 * 1024) {
     KVLENS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   }
@@ -344,9 +353,9 @@ absl::Status LaunchBf16(const AttentionParams& p, cudaStream_t stream) {
 }  // namespace
 
 bool FlashPrefillBf16Supports(const AttentionParams& p) {
-  return p.kv_dtype == KvDtype::kBF16 && FlashPrefillSupports(p.head_dim) && p.head_dim <= 128 &&
-         p.softcap == 0.0f && p.kv_row_stride % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(p.k) % 16 == 0 && reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
+  return p.kv_dtype == KvDtype::kBF16 && FlashPrefillSupports(p.head_dim) &&
+         p.kv_row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(p.k) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
 }
 
 absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, int warp_queries,
@@ -358,21 +367,17 @@ absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, 
   if (!FlashPrefillBf16Supports(p)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the bf16 flash prefill needs a bf16 cache with kv_row_stride a multiple of 8 and "
-        "16-byte aligned K and V, head_dim 64, 80, 96 or 128 and no soft cap; got "
-        "kv_row_stride ",
-        p.kv_row_stride, ", head_dim ", p.head_dim, ", softcap ", p.softcap));
+        "16-byte aligned K and V and head_dim 64, 80, 96, 128 or 256; got kv_row_stride ",
+        p.kv_row_stride, ", head_dim ", p.head_dim));
   }
   return DispatchFlash(p, tile_queries, [&](auto d, auto w) {
     constexpr int D = decltype(d)::value, W = decltype(w)::value;
-    if constexpr (D > 128) {  // not reached: FlashPrefillBf16Supports
-      return absl::InvalidArgumentError("the bf16 flash prefill takes head_dim <= 128");
-    } else {
-      // 128-query blocks: 8 warps of 16 queries or 4 of 32; 64-query blocks: 4 of 16.
-      if constexpr (W == 8) {
-        if (warp_queries == 32) return LaunchBf16<D, 4, 2>(p, stream);
-      }
-      return LaunchBf16<D, W, 1>(p, stream);
+    // 128-query blocks: 8 warps of 16 queries or 4 of 32 (uncapped); 64-query blocks (the
+    // only ones at head size 256): 4 of 16.
+    if constexpr (W == 8) {
+      if (warp_queries == 32 && p.softcap == 0.0f) return LaunchBf16<D, 4, 2>(p, stream);
     }
+    return LaunchBf16<D, W, 1>(p, stream);
   });
 }
 

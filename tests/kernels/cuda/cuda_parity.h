@@ -101,6 +101,7 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
   add(AttentionBatchFlashCase(gpu, rng, nullptr, /*bf16_cache=*/true));
   add(AttentionBatchWindowCase(gpu, rng));
   add(AttentionBatchGemmaCase(gpu, rng));
+  add(AttentionBatchGemmaCase(gpu, rng, /*bf16_cache=*/true));
   for (const AttnShape& s : AttentionBackwardShapes()) {
     for (ParityResult& p : AttentionBackwardCase(gpu, rng, s)) r.push_back(std::move(p));
   }

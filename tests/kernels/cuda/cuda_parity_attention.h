@@ -33,8 +33,7 @@ struct AttnShape {
 };
 
 // Which precision the backend's path for a call rounds Q, K, P and V to: fp16 for the flash
-// kernel, bf16 for its bf16 twin (a bf16 cache in 16-byte pieces, Dh <= 128, no cap), fp32
-// otherwise.
+// kernel, bf16 for its bf16 twin (a bf16 cache in 16-byte pieces), fp32 otherwise.
 inline DType AttentionPathDType(const CudaBackend& gpu, const AttentionArgs<float>& a, bool flash) {
   if (!flash) return DType::kF32;
   AttentionParams p;
@@ -470,8 +469,10 @@ inline ParityResult AttentionBatchWindowCase(CudaBackend& gpu, std::mt19937_64& 
 
 // Gemma 2's attention (head size 256, GQA 8/4, a sliding window, soft-capped scores):
 // prefill chunks on the flash kernel around a decode row on split-KV, each launch capping
-// and windowing every row.
-inline ParityResult AttentionBatchGemmaCase(CudaBackend& gpu, std::mt19937_64& rng) {
+// and windowing every row; with bf16_cache, over a bf16 cache in 16-byte pieces (the bf16
+// flash kernel's 32-key tiles, Q in shared memory).
+inline ParityResult AttentionBatchGemmaCase(CudaBackend& gpu, std::mt19937_64& rng,
+                                            bool bf16_cache = false) {
   std::vector<AttnShape> seqs = {{.tq = 40, .tk = 40},
                                  {.tq = 100, .tk = 260},
                                  {.tq = 1, .tk = 300},
@@ -483,8 +484,9 @@ inline ParityResult AttentionBatchGemmaCase(CudaBackend& gpu, std::mt19937_64& r
   }
   return AttentionBatchCase(gpu, rng,
                             "AttentionBatch 5 sequences, Gemma 2's attention (Tq 40/100/1/70/33, "
-                            "Tk 40/260/300/70/180, H=8/4 Dh=256, window 50, soft cap 1)",
-                            std::move(seqs), 8, 4, 256);
+                            "Tk 40/260/300/70/180, H=8/4 Dh=256, window 50, soft cap 1)" +
+                                std::string(bf16_cache ? " bf16 cache" : ""),
+                            std::move(seqs), 8, 4, 256, nullptr, bf16_cache);
 }
 
 inline std::vector<AttnShape> AttentionShapes() {
@@ -748,15 +750,18 @@ inline std::vector<AttnShape> AttentionShapes() {
                 "decode sliding window 100 GQA 8/2"},
                [](AttnShape&) {});
   // The prefill shapes again on a bf16 cache whose rows are 16-byte pieces (8 bf16 of
-  // padding): the bf16 flash kernel's cp.async and ldmatrix path, every head size up to
-  // 128, with offsets, documents, GQA, keys ending mid-tile and 64- and 128-query blocks;
-  // head size 256 and soft-capped scores take the fp16 kernel over the bf16 cache.
+  // padding): the bf16 flash kernel's cp.async and ldmatrix path, every head size, with
+  // offsets, documents, GQA, keys ending mid-tile, 64- and 128-query blocks and the soft
+  // cap; at head size 256 (32-key tiles, Q in shared memory) one partial block, offsets,
+  // documents, and the cap in a sliding window.
   add_variants(
       {"prefill causal", "prefill offset GQA 8/4", "prefill docs GQA 8/1",
        "prefill non-causal docs", "prefill head size 80 GQA 4/2", "prefill head size 96 offset",
        "chunk with docs and offset", "prefill sliding window 37 offset GQA 8/4",
        "prefill sliding window 70 long context GQA 8/2", "prefill softcap 1 GQA 4/2",
-       "prefill head size 256 offset GQA 8/4"},
+       "prefill head size 256 offset GQA 8/4", "prefill head size 256 GQA 2/1",
+       "prefill head size 256 docs GQA 4/1",
+       "prefill head size 256 softcap 1 sliding window 70 GQA 4/2"},
       [](AttnShape& v) {
         v.label += ", rows in 16-byte pieces";
         v.kv_pad = 8;
