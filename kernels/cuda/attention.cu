@@ -60,9 +60,11 @@ constexpr int kSplitMinKeys = 4 * kSplitWarps * kStepKeys;  // 64
 // half the bytes, would otherwise halve the bytes in flight and leave the time per key
 // unchanged: with 8 keys a step a lane has as many bytes in flight as on fp32 (8 keys × 2
 // rows × 8 bytes), held as raw bf16 (2 registers a row piece, not 4), and half the steps.
+constexpr int SplitStepKeys(bool bf16_cache, int tile_heads) {
+  return bf16_cache && 2 * kStepKeys * tile_heads <= 32 ? 2 * kStepKeys : kStepKeys;
+}
 template <typename KT, int kTileHeads>
-constexpr int kSplitStepKeys = sizeof(KT) == 2 && 2 * kStepKeys* kTileHeads <= 32 ? 2 * kStepKeys
-                                                                                  : kStepKeys;
+constexpr int kSplitStepKeys = SplitStepKeys(sizeof(KT) == 2, kTileHeads);
 
 // C float4 chunks per lane: head sizes up to 128·C. kTile query heads share each K/V row;
 // q and acc take 2·4·C floats per head, a step's K and V rows 2·4·C per key.
@@ -578,8 +580,7 @@ int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm) {
   // those spans fill, so that no block is launched without keys (66 splits of 8192 keys
   // are spans of 128, which 64 fill) and the combine reads no empty partials.
   const int variant = SplitKvVariant(p);
-  const int step =
-      (variant & 16) != 0 && (1 << ((variant >> 2) & 3)) <= 4 ? 2 * kStepKeys : kStepKeys;
+  const int step = SplitStepKeys((variant & 16) != 0, 1 << ((variant >> 2) & 3));
   const int64_t span = ((row_keys + splits - 1) / splits + step - 1) / step * step;
   return static_cast<int>(std::max<int64_t>(1, (row_keys + span - 1) / span));
 }
