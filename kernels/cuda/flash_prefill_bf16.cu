@@ -8,7 +8,8 @@
 //
 //   stage s (two):  Ks[s] [N keys][D + 8]   Vs[s] [N keys][D + 8]   (bf16, row-major)
 //
-// with N = 64 keys a tile, or 32 for warps of two stripes (Bf16Tiles::kN).
+// with N = 64 keys a tile, or 32 for warps of two stripes and past head size 128
+// (Bf16Tiles::kN).
 //
 // S = Q·Kᵀ takes its B fragments from Ks by ldmatrix (a key's dims are a stored row), and
 // O += P·V from Vs by ldmatrix.trans (a dim's keys are a stored column), so V needs no
@@ -28,7 +29,9 @@
 // are fp32. Masking, the tiles' rows and the output follow flash_common.cuh.
 //
 // A warp takes R = 1 or 2 stripes of 16 queries (W warps, 16·W·R queries a block). With
-// R = 1 its Q fragments stay in registers (8 warps of 16 for a 128-query block). With
+// R = 1 its Q fragments stay in registers (8 warps of 16 for a 128-query block) up to head
+// size 128; at 256 (64-query blocks of 4 warps, Gemma) O alone takes 128 registers a lane,
+// so Q waits in shared memory as for two stripes, and tiles are 32 keys. With
 // R = 2 (4 warps of 32, FlashAttention-2's layout at head size 128) every K and V fragment
 // an ldmatrix brings serves both stripes, so shared memory delivers half the bytes per
 // product, the bound of a one-stripe warp; O and S then take twice the registers, so Q is
