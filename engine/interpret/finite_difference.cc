@@ -51,28 +51,6 @@ Coord RandomCoord(const ModelConfig& c, const SequenceInput<double>& in, TensorK
   return at;
 }
 
-// The direction of the tape's q or k (kQ / kK) that entry `at` before RoPE is: R·e, e its
-// unit vector, R the rotation at its position (a query row's offset + row, a key's index),
-// as (entry, weight) pairs. A rotated pair gives two, a dimension RoPE leaves alone one.
-std::vector<std::pair<Coord, double>> RotatedUnit(const Model& model,
-                                                  const SequenceInput<double>& in,
-                                                  kernels::ReferenceBackend& be, const Coord& at) {
-  const ModelConfig& c = model.config;
-  if (c.arch != Architecture::kLlama) return {{at, 1.0}};
-  std::vector<double> u(c.head_dim, 0.0);
-  u[at.col] = 1.0;
-  const int32_t position = at.kind == TensorKind::kQ ? in.offset + at.row : at.row;
-  be.Rope(u.data(), 1, c.head_dim, 1, c.head_dim, &position, RopeOf(c, model.weights, at.layer));
-  std::vector<std::pair<Coord, double>> dir;
-  for (int d = 0; d < c.head_dim; ++d) {
-    if (u[d] == 0.0) continue;
-    Coord e = at;
-    e.col = d;
-    dir.emplace_back(e, u[d]);
-  }
-  return dir;
-}
-
 template <typename G>
 double TensorScale(const Gradients<G>& g, TensorKind kind) {
   const std::vector<std::vector<G>>* t = nullptr;
@@ -107,6 +85,53 @@ double TensorScale(const Gradients<G>& g, TensorKind kind) {
 }
 
 }  // namespace
+
+std::vector<std::pair<Coord, double>> RopeDirection(const Model& model,
+                                                    const SequenceInput<double>& in,
+                                                    kernels::Backend<double>& be, const Coord& at) {
+  const ModelConfig& c = model.config;
+  if (c.arch != Architecture::kLlama) return {{at, 1.0}};
+  std::vector<double> u(c.head_dim, 0.0);
+  u[at.col] = 1.0;
+  const int32_t position = at.kind == TensorKind::kQ ? in.offset + at.row : at.row;
+  be.Rope(u.data(), 1, c.head_dim, 1, c.head_dim, &position, RopeOf(c, model.weights, at.layer));
+  std::vector<std::pair<Coord, double>> dir;
+  for (int d = 0; d < c.head_dim; ++d) {
+    if (u[d] == 0.0) continue;
+    Coord e = at;
+    e.col = d;
+    dir.emplace_back(e, u[d]);
+  }
+  return dir;
+}
+
+absl::StatusOr<Stencil> CentredDifference(
+    const FdOptions& options, const std::function<absl::StatusOr<double>(double)>& j_at) {
+  if (options.order != 2 && options.order != 4) {
+    return absl::InvalidArgumentError("finite differences: order must be 2 or 4");
+  }
+  auto p1 = j_at(1), m1 = j_at(-1);
+  if (!p1.ok()) return p1.status();
+  if (!m1.ok()) return m1.status();
+  Stencil st;
+  st.j_max = std::max(std::abs(*p1), std::abs(*m1));
+  if (options.order == 4) {
+    auto p2 = j_at(2), m2 = j_at(-2);
+    if (!p2.ok()) return p2.status();
+    if (!m2.ok()) return m2.status();
+    st.fd = (-*p2 + 8 * *p1 - 8 * *m1 + *m2) / (12 * options.step);
+    st.j_max = std::max({st.j_max, std::abs(*p2), std::abs(*m2)});
+  } else {
+    st.fd = (*p1 - *m1) / (2 * options.step);
+  }
+  return st;
+}
+
+double FdRelativeError(double gradient, const Stencil& st, double floor, const FdOptions& options) {
+  const double noise = 1000 * std::numeric_limits<double>::epsilon() * st.j_max / options.step;
+  const double den = std::max({std::abs(gradient), std::abs(st.fd), floor, noise});
+  return den > 0 ? std::abs(gradient - st.fd) / den : 0.0;
+}
 
 template <typename T>
 SequenceInput<double> ToDouble(const SequenceInput<T>& in) {
@@ -144,7 +169,7 @@ absl::StatusOr<FdReport> CheckByFiniteDifferences(const Model& model,
       FdSample sample;
       sample.at = RandomCoord(c, input, kind, rng);
       const std::vector<std::pair<Coord, double>> dir =
-          tensor.before_rope ? RotatedUnit(model, input, be, sample.at)
+          tensor.before_rope ? RopeDirection(model, input, be, sample.at)
                              : std::vector<std::pair<Coord, double>>{{sample.at, 1.0}};
       // J at x + m·h·u for the stencil's offsets m
       auto j_at = [&](double m) -> absl::StatusOr<double> {
@@ -155,26 +180,14 @@ absl::StatusOr<FdReport> CheckByFiniteDifferences(const Model& model,
         ++report.num_forwards;
         return EvaluateObjective(objective, c, *tape);
       };
-      auto p1 = j_at(1), m1 = j_at(-1);
-      if (!p1.ok()) return p1.status();
-      if (!m1.ok()) return m1.status();
-      double j_max = std::max(std::abs(*p1), std::abs(*m1));
-      if (options.order == 4) {
-        auto p2 = j_at(2), m2 = j_at(-2);
-        if (!p2.ok()) return p2.status();
-        if (!m2.ok()) return m2.status();
-        sample.fd = (-*p2 + 8 * *p1 - 8 * *m1 + *m2) / (12 * options.step);
-        j_max = std::max({j_max, std::abs(*p2), std::abs(*m2)});
-      } else {
-        sample.fd = (*p1 - *m1) / (2 * options.step);
-      }
-      const double noise = 1000 * std::numeric_limits<double>::epsilon() * j_max / options.step;
+      auto st = CentredDifference(options, j_at);
+      if (!st.ok()) return st.status();
+      sample.fd = st->fd;
       for (const auto& [at, u] : dir) {
         sample.gradient += u * static_cast<double>(GradientValue(grads, n, tk, c, at));
       }
       const double abs_err = std::abs(sample.gradient - sample.fd);
-      const double den = std::max({std::abs(sample.gradient), std::abs(sample.fd), floor, noise});
-      const double rel_err = den > 0 ? abs_err / den : 0.0;
+      const double rel_err = FdRelativeError(sample.gradient, *st, floor, options);
       tr.max_abs_err = std::max(tr.max_abs_err, abs_err);
       tr.max_rel_err = std::max(tr.max_rel_err, rel_err);
       tr.samples.push_back(sample);

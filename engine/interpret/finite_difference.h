@@ -19,6 +19,8 @@
 #define KVLENS_ENGINE_INTERPRET_FINITE_DIFFERENCE_H_
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -77,6 +79,23 @@ absl::StatusOr<FdReport> CheckByFiniteDifferences(const Model& model,
                                                   const Objective& objective,
                                                   const Gradients<G>& grads,
                                                   const FdOptions& options = {});
+
+// The pieces of one sample, shared with the hooks' check (hook_finite_difference.h):
+// the centred difference of J at the stencil's offsets m (J(x + m·h·u) = j_at(m)), with
+// the largest |J| it saw; rel_err for a gradient g against it (the floors above, `floor`
+// the tensor's); and the direction u of the tape's q or k (kQ / kK at `at`) that entry
+// `at` before RoPE is, R·e as (entry, weight) pairs (two for a rotated pair, one for a
+// dimension RoPE leaves alone, or on a model without RoPE).
+struct Stencil {
+  double fd = 0.0;
+  double j_max = 0.0;
+};
+absl::StatusOr<Stencil> CentredDifference(
+    const FdOptions& options, const std::function<absl::StatusOr<double>(double)>& j_at);
+double FdRelativeError(double gradient, const Stencil& st, double floor, const FdOptions& options);
+std::vector<std::pair<Coord, double>> RopeDirection(const Model& model,
+                                                    const SequenceInput<double>& in,
+                                                    kernels::Backend<double>& be, const Coord& at);
 
 // The same input at float64 (prefix K/V converted), for checking a float32 probe.
 template <typename T>
