@@ -233,6 +233,14 @@ int ProbeCommand(int argc, char** argv) {
     std::printf("verify: max abs error %.3g, max rel error %.3g (%d fp64 forwards)\n",
                 response.verify().max_abs_err(), response.verify().max_rel_err(),
                 response.verify().num_forwards());
+    for (const v1::VerifyTensorReport& tr : response.verify().tensors()) {
+      if (tr.samples() == 0) {
+        std::printf("  %s: not checked (no edit moves one entry alone)\n", tr.name().c_str());
+      } else {
+        std::printf("  %s: %d samples, max abs error %.3g, max rel error %.3g\n", tr.name().c_str(),
+                    tr.samples(), tr.max_abs_err(), tr.max_rel_err());
+      }
+    }
   }
   return 0;
 }

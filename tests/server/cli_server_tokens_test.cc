@@ -116,6 +116,23 @@ TEST_F(CliServerTokens, ProbeTakesTheLastPositionAndATextTarget) {
   EXPECT_NE(out.find("  \" God\"\n"), std::string::npos) << out;
 }
 
+// probe --verify K: the totals, then a line per tensor kind and per hook asked (--neurons
+// asks for mlp_post at every layer, which no edit moves one entry of alone).
+TEST_F(CliServerTokens, ProbeVerifyPrintsEachTensorAndHook) {
+  const auto [code, out] =
+      Cli("probe", absl::StrCat("--ids '", PromptIds(), "' --target-token ", OneToken(" created"),
+                                " --precision fp64 --neurons 1 --verify 2"));
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("verify: max abs error "), std::string::npos) << out;
+  EXPECT_NE(out.find("\n  residual: 2 samples, max abs error "), std::string::npos) << out;
+  for (int l = 0; l < server_.model().config.num_layers; ++l) {
+    EXPECT_NE(out.find(absl::StrCat("\n  blocks.", l,
+                                    ".mlp.hook_post: not checked (no edit moves one entry alone)")),
+              std::string::npos)
+        << out;
+  }
+}
+
 // probe --neurons K: the K (layer, position, neuron) entries of largest |mlp_post × its
 // gradient|, each line as the Activations and GradientProbe RPCs give the two factors
 // (fp64) for the same prompt and target.

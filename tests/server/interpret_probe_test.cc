@@ -437,6 +437,46 @@ TEST(InterpretProbe, VerifyReportsSmallFiniteDifferenceErrors) {
   }
 }
 
+// verify with hooks: each (hook, layer) asked gets a report of its own, by its full name,
+// after the tensor kinds' (the residual when none is asked); the hooks an edit moves are
+// sampled and agree with finite differences, mlp.hook_post (no edit moves one entry of the
+// FFN's hidden row alone) reports 0 samples.
+TEST(InterpretProbe, VerifyChecksEachAskedHookAtItsLayer) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  TestServer server;
+  ASSERT_TRUE(server.ok()) << server.error();
+  v1::GradientProbeRequest r;
+  *r.mutable_input() = IdsInput(RandomTokens(10, 31));
+  v1::TokenTarget* t = r.mutable_log_prob()->add_targets();
+  t->set_position(9);
+  t->set_token(57);
+  r.set_precision(v1::PRECISION_FP64);
+  const std::vector<std::string> hooks = {"blocks.1.hook_resid_mid", "blocks.0.attn.hook_pattern",
+                                          "blocks.2.hook_mlp_out", "blocks.0.attn.hook_q",
+                                          "blocks.2.mlp.hook_post"};
+  for (const std::string& h : hooks) r.add_hooks(h);
+  r.set_verify(true);
+  r.set_verify_samples(3);
+  v1::GradientProbeResponse response;
+  const grpc::Status status =
+      CallInterpret(server, &v1::Interpret::Stub::GradientProbe, r, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(response.verify().tensors_size(), 1 + static_cast<int>(hooks.size()));
+  EXPECT_EQ(response.verify().tensors(0).name(), "residual");
+  for (size_t k = 0; k < hooks.size(); ++k) {
+    const v1::VerifyTensorReport& tr = response.verify().tensors(static_cast<int>(k) + 1);
+    EXPECT_EQ(tr.name(), hooks[k]);
+    EXPECT_EQ(tr.samples(), hooks[k] == "blocks.2.mlp.hook_post" ? 0 : 3) << hooks[k];
+    EXPECT_LE(tr.max_abs_err(), 1e-9) << hooks[k];
+    EXPECT_LE(tr.max_rel_err(), 1e-4) << hooks[k];
+    std::printf("[interp] verify %s: %d samples, max abs %.3g, max rel %.3g\n", tr.name().c_str(),
+                tr.samples(), tr.max_abs_err(), tr.max_rel_err());
+  }
+  // 3 samples × 4 forwards: the residual and four hooks, and two unedited forwards for the
+  // patched resid_mid and mlp_out.
+  EXPECT_EQ(response.verify().num_forwards(), 5 * 3 * 4 + 2);
+}
+
 TEST(InterpretLimits, ErrorsNameTheLimitOrField) {
   KVLENS_REQUIRE_FILE(Stories260KPath());
   server::InterpretOptions options;

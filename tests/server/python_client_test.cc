@@ -63,11 +63,14 @@ out["gp_same"] = [bool((gp.get("grad.q", -1, -1) == gp.tensors["grad.q"][k]).all
 # TransformerLens's gradient cache beside run_with_cache: the same keys and shapes, so that
 # activation x gradient is elementwise (neuron attribution at mlp_post)
 gh = c.gradient_probe(chat=conv, targets=[(last, 5)], hooks=("mlp_post", "blocks.0.attn.hook_z"),
-                      layers=[-1], fp64=True)
+                      layers=[-1], fp64=True, verify=2)
 ac = c.run_with_cache(chat=conv, hooks=("mlp_post", "blocks.0.attn.hook_z"), layers=[-1], fp64=True)
 out["grad_cache"] = [sorted(gh.grad_cache.keys()), sorted(ac.keys()),
                      list(gh.grad_cache["mlp_post", -1].shape), list(ac["mlp_post", -1].shape),
                      list(gh.grad_cache["z", 0].shape), list(ac["z", 0].shape), gp.grad_cache is None]
+# verify with hooks: a report per tensor kind and per hook (0 samples where no edit moves one)
+out["gh_verify"] = [[name, t["samples"], t["max_rel_err"] <= 1e-4]
+                    for name, t in gh.verify["tensors"].items()]
 # k before RoPE and after it: a rotation apart, so each key's gradient keeps its length
 pre_k, rot_k = gp.get("grad.k", -1, -1), gp.get("grad.rot_k", -1, -1)
 out["gp_rotation"] = [bool(np.allclose(np.linalg.norm(pre_k, axis=-1),
@@ -477,6 +480,9 @@ TEST(PythonClient, ChatInputsEqualTheWrittenOutTextAndTheCppStubs) {
   EXPECT_EQ(gc[2][1].get<int>(), c.hidden_dim);
   EXPECT_EQ(gc[4], gc[5]);
   EXPECT_TRUE(gc[6].get<bool>());
+  EXPECT_EQ(out["gh_verify"].dump(),
+            absl::StrCat("[[\"residual\",2,true],[\"blocks.", L1,
+                         ".mlp.hook_post\",0,true],[\"blocks.0.attn.hook_z\",2,true]]"));
   EXPECT_TRUE(out["gp_rotation"][0].get<bool>());
   EXPECT_GT(out["gp_rotation"][1].get<double>(), 1e-3);  // and they do differ
   // normalized · scale gives back the stream the final norm read (centred under LayerNorm).

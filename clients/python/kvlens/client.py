@@ -529,7 +529,10 @@ class Client:
         `layers`, or full ones) whose gradients come back as .grad_cache, TransformerLens's
         gradient cache: every hook but the norms' scale and normalized ones (ln_final, the
         final norm's output, has one); mlp_pre, mlp_post and mlp_pre_linear cost
-        3·positions·d_mlp more server memory a layer asked for."""
+        3·positions·d_mlp more server memory a layer asked for. verify=K: K entries of each
+        tensor kind and of each hook checked by fp64 finite differences; .verify holds the
+        largest errors and .verify["tensors"][name] each one's (hooks by their full names; 0
+        samples for result, the FFN's hidden hooks and ln_final, which no edit moves alone)."""
         req = ip.GradientProbeRequest(input=_input(text, tokens, doc_ids=doc_ids, chat=chat),
                                       precision=_precision(fp64), layers=list(layers),
                                       heads=list(heads), hooks=list(hooks))
@@ -555,7 +558,10 @@ class Client:
         verify_report = None
         if r.HasField("verify"):
             verify_report = dict(max_abs_err=r.verify.max_abs_err, max_rel_err=r.verify.max_rel_err,
-                                 num_forwards=r.verify.num_forwards)
+                                 num_forwards=r.verify.num_forwards,
+                                 tensors={t.name: dict(samples=t.samples, max_abs_err=t.max_abs_err,
+                                                       max_rel_err=t.max_rel_err)
+                                          for t in r.verify.tensors})
         info = self._cached_info()
         grad_cache = _activation_cache(r.hook_gradients, info) if hooks else None
         return GradientProbe(precision=ip.Precision.Name(r.precision), objective=r.objective,
