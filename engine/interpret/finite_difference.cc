@@ -127,6 +127,16 @@ absl::StatusOr<Stencil> CentredDifference(
   return st;
 }
 
+absl::StatusOr<double> ObjectiveUnder(const Model& model, kernels::Backend<double>& be,
+                                      const SequenceInput<double>& input,
+                                      const Objective& objective, const Edits& edits,
+                                      int* num_forwards) {
+  auto tape = RunForward(model, be, input, edits);
+  if (!tape.ok()) return tape.status();
+  ++*num_forwards;
+  return EvaluateObjective(objective, model.config, *tape);
+}
+
 double FdRelativeError(double gradient, const Stencil& st, double floor, const FdOptions& options) {
   const double noise = 1000 * std::numeric_limits<double>::epsilon() * st.j_max / options.step;
   const double den = std::max({std::abs(gradient), std::abs(st.fd), floor, noise});
@@ -175,10 +185,7 @@ absl::StatusOr<FdReport> CheckByFiniteDifferences(const Model& model,
       auto j_at = [&](double m) -> absl::StatusOr<double> {
         Edits e;
         for (const auto& [at, u] : dir) e.perturbations.push_back({at, m * options.step * u});
-        auto tape = RunForward(model, be, input, e);
-        if (!tape.ok()) return tape.status();
-        ++report.num_forwards;
-        return EvaluateObjective(objective, c, *tape);
+        return ObjectiveUnder(model, be, input, objective, e, &report.num_forwards);
       };
       auto st = CentredDifference(options, j_at);
       if (!st.ok()) return st.status();

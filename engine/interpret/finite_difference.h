@@ -92,6 +92,11 @@ struct Stencil {
 };
 absl::StatusOr<Stencil> CentredDifference(
     const FdOptions& options, const std::function<absl::StatusOr<double>(double)>& j_at);
+// J of the float64 forward of `input` under `edits`, counting the forward in *num_forwards.
+absl::StatusOr<double> ObjectiveUnder(const Model& model, kernels::Backend<double>& be,
+                                      const SequenceInput<double>& input,
+                                      const Objective& objective, const Edits& edits,
+                                      int* num_forwards);
 double FdRelativeError(double gradient, const Stencil& st, double floor, const FdOptions& options);
 std::vector<std::pair<Coord, double>> RopeDirection(const Model& model,
                                                     const SequenceInput<double>& in,

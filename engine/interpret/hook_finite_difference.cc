@@ -165,10 +165,7 @@ absl::StatusOr<FdHookReport> CheckHookGradientByFiniteDifferences(
       } else {
         for (const auto& [to, u] : dir) e.perturbations.push_back({to, m * options.step * u});
       }
-      auto tape = RunForward(model, be, input, e);
-      if (!tape.ok()) return tape.status();
-      ++report.num_forwards;
-      return EvaluateObjective(objective, c, *tape);
+      return ObjectiveUnder(model, be, input, objective, e, &report.num_forwards);
     };
     auto st = CentredDifference(options, j_at);
     if (!st.ok()) return st.status();
