@@ -19,18 +19,13 @@ constexpr Hook kFdHooks[] = {Hook::kResidPre, Hook::kResidMid, Hook::kResidPost,
                              Hook::kV,        Hook::kRotQ,     Hook::kRotK,      Hook::kAttnScores,
                              Hook::kPattern,  Hook::kEmbed,    Hook::kPosEmbed};
 
-// The site a ResidualPatch moves for resid_mid, attn_out and mlp_out; nullopt for the others.
+// The site a ResidualPatch moves for resid_mid, attn_out and mlp_out (the hooks the sites
+// are named after, as PatchTargetByName reads them); nullopt for the others.
 std::optional<PatchSite> PatchSiteOf(Hook hook) {
-  switch (hook) {
-    case Hook::kResidMid:
-      return PatchSite::kResidMid;
-    case Hook::kAttnOut:
-      return PatchSite::kAttnOut;
-    case Hook::kMlpOut:
-      return PatchSite::kMlpOut;
-    default:
-      return std::nullopt;
+  for (PatchSite site : {PatchSite::kResidMid, PatchSite::kAttnOut, PatchSite::kMlpOut}) {
+    if (HookName(hook) == PatchSiteName(site)) return site;
   }
+  return std::nullopt;
 }
 
 // The tape's entry that entry `e` (flat, HookShape's order) of `hook` at `layer` is, for
