@@ -243,6 +243,35 @@ class Backend {
     Add(x, residual, int64_t{n} * dim);
     RmsNorm(x, n, dim, weight, eps, y);
   }
+  // y += x · wᵀ (+ bias): a product whose result is a residual, added into the residual
+  // stream y [N, w.rows] (a Llama layer's attention output and feed-forward projection).
+  // scratch [N, w.rows] may be overwritten.
+  virtual void MatMulAddTo(const T* x, int n, const WeightView& w, const WeightView& bias,
+                           T* scratch, T* y) {
+    MatMul(x, n, w, bias, scratch);
+    Add(y, scratch, int64_t{n} * w.rows);
+  }
+  // MatMulMany of xn = RmsNorm(x) [N, dim]: a pre-norm layer's q, k and v projections. xn
+  // is scratch: a backend that fuses the norm into the products may leave it unwritten.
+  virtual void RmsNormMatMulMany(const T* x, int n, int dim, const WeightView& norm, double eps,
+                                 T* xn, absl::Span<const MatMulOutput<T>> outputs) {
+    RmsNorm(x, n, dim, norm, eps, xn);
+    MatMulMany(xn, n, outputs);
+  }
+  // MatMulSwiGlu (MatMulGeGlu) of xn = RmsNorm(x), xn scratch as above: a pre-norm
+  // layer's gated feed-forward half.
+  virtual void RmsNormMatMulSwiGlu(const T* x, int n, int dim, const WeightView& norm, double eps,
+                                   T* xn, const WeightView& w_gate, const WeightView& w_up,
+                                   T* up_scratch, T* out) {
+    RmsNorm(x, n, dim, norm, eps, xn);
+    MatMulSwiGlu(xn, n, w_gate, w_up, up_scratch, out);
+  }
+  virtual void RmsNormMatMulGeGlu(const T* x, int n, int dim, const WeightView& norm, double eps,
+                                  T* xn, const WeightView& w_gate, const WeightView& w_up,
+                                  T* up_scratch, T* out) {
+    RmsNorm(x, n, dim, norm, eps, xn);
+    MatMulGeGlu(xn, n, w_gate, w_up, up_scratch, out);
+  }
   // x += residual, then y = LayerNorm(x).
   virtual void AddLayerNorm(T* x, const T* residual, int n, int dim, const WeightView& weight,
                             const WeightView& bias, double eps, T* y) {

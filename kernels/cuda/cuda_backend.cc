@@ -350,7 +350,7 @@ absl::StatusOr<const void*> CudaBackend::GemmOperand(const float* x, int64_t cou
 // yᵀ = W · xᵀ with W (column-major [in, out], ld in) transposed and xᵀ (column-major
 // [in, n], ld in) as is.
 absl::Status CudaBackend::MatMulImpl(const float* x, int n, const WeightView& w,
-                                     const WeightView& bias, float* y, bool gelu) {
+                                     const WeightView& bias, float* y, bool gelu, bool accumulate) {
   if (n <= 0) return absl::OkStatus();
   absl::StatusOr<const DeviceWeight*> dw = Upload(w);
   if (!dw.ok()) return dw.status();
@@ -367,22 +367,23 @@ absl::Status CudaBackend::MatMulImpl(const float* x, int n, const WeightView& w,
                                 B != nullptr ? B->buffer.get() : nullptr,
                                 B != nullptr ? B->dtype : DType::kF32,
                                 y,
-                                gelu};
-    return Launch(&LaunchMatVec, x, n, W.cols, absl::Span<const MatVecProduct>(&product, 1),
-                  W.dtype);
+                                gelu,
+                                accumulate};
+    return Launch(&LaunchMatVec, x, n, W.cols, MatVecNorm{},
+                  absl::Span<const MatVecProduct>(&product, 1), W.dtype);
   }
   absl::StatusOr<const void*> b = GemmOperand(x, static_cast<int64_t>(n) * W.cols, W.dtype);
   if (!b.ok()) return b.status();
-  if (absl::Status s = Gemm(*b, n, W, B, y); !s.ok() || !gelu) return s;
+  if (absl::Status s = Gemm(*b, n, W, B, y, accumulate); !s.ok() || !gelu) return s;
   return Launch(&LaunchGelu, y, static_cast<int64_t>(n) * W.rows);
 }
 
 absl::Status CudaBackend::Gemm(const void* operand, int n, const DeviceWeight& W,
-                               const DeviceWeight* B, float* y) {
+                               const DeviceWeight* B, float* y, bool accumulate) {
   const int m = static_cast<int>(W.rows), k = static_cast<int>(W.cols);
   if (absl::Status s = Launch(&CublasGemm, cublas_, CUBLAS_OP_T, m, n, k,
                               static_cast<const void*>(W.buffer.get()), CudaType(W.dtype), k,
-                              operand, k, 0.0f, y, m);
+                              operand, k, accumulate ? 1.0f : 0.0f, y, m);
       !s.ok()) {
     return s;
   }
@@ -425,6 +426,12 @@ void CudaBackend::MatMulGelu(const float* x, int n, const WeightView& w, const W
                              float* y) {
   if (!status_.ok()) return;
   Ok(MatMulImpl(x, n, w, bias, y, /*gelu=*/true));
+}
+
+void CudaBackend::MatMulAddTo(const float* x, int n, const WeightView& w, const WeightView& bias,
+                              float* /*scratch*/, float* y) {
+  if (!status_.ok()) return;
+  Ok(MatMulImpl(x, n, w, bias, y, /*gelu=*/false, /*accumulate=*/true));
 }
 
 void CudaBackend::Embedding(const WeightView& table, const int32_t* ids, int n, float* out) {
@@ -476,7 +483,33 @@ void CudaBackend::AddLayerNorm(float* x, const float* residual, int n, int dim,
             b, (*dw)->dtype, static_cast<float>(eps), y));
 }
 
+absl::StatusOr<MatVecNorm> CudaBackend::MatVecNormFor(const PreNorm* norm, int n, int64_t in,
+                                                      bool matvec, const float** x) {
+  if (norm == nullptr) return MatVecNorm{};
+  absl::StatusOr<const DeviceWeight*> dw = Upload(norm->weight);
+  if (!dw.ok()) return dw.status();
+  if (matvec && norm->dim == in && MatVecNormFits(n, in)) {
+    return MatVecNorm{(*dw)->buffer.get(), (*dw)->dtype, static_cast<float>(norm->eps)};
+  }
+  RmsNorm(*x, n, norm->dim, norm->weight, norm->eps, norm->xn);
+  *x = norm->xn;
+  return MatVecNorm{};
+}
+
 void CudaBackend::MatMulMany(const float* x, int n, absl::Span<const MatMulOutput<float>> outputs) {
+  MatMulManyImpl(x, n, outputs, nullptr);
+}
+
+void CudaBackend::RmsNormMatMulMany(const float* x, int n, int dim, const WeightView& norm,
+                                    double eps, float* xn,
+                                    absl::Span<const MatMulOutput<float>> outputs) {
+  const PreNorm pre{dim, norm, eps, xn};
+  MatMulManyImpl(x, n, outputs, &pre);
+}
+
+void CudaBackend::MatMulManyImpl(const float* x, int n,
+                                 absl::Span<const MatMulOutput<float>> outputs,
+                                 const PreNorm* norm) {
   if (!status_.ok() || n <= 0 || outputs.empty()) return;
   std::vector<const DeviceWeight*> ws, bs;
   bool shared = true;  // one dtype and input width: one matvec launch, or one GEMM operand
@@ -495,19 +528,23 @@ void CudaBackend::MatMulMany(const float* x, int n, absl::Span<const MatMulOutpu
     bs.push_back(b);
   }
   const DType dtype = ws.front()->dtype;
+  const bool matvec =
+      shared && MatVecTakes(n, dtype) && outputs.size() <= size_t{kMatVecMaxSegments};
+  absl::StatusOr<MatVecNorm> fused = MatVecNormFor(norm, n, ws.front()->cols, matvec, &x);
+  if (!Ok(fused.status())) return;
   if (!shared) {
     Backend<float>::MatMulMany(x, n, outputs);
     return;
   }
-  if (MatVecTakes(n, dtype) && outputs.size() <= size_t{kMatVecMaxSegments}) {
+  if (matvec) {
     std::vector<MatVecProduct> products;
     for (size_t i = 0; i < outputs.size(); ++i) {
       products.push_back({ws[i]->buffer.get(), ws[i]->rows,
                           bs[i] != nullptr ? bs[i]->buffer.get() : nullptr,
                           bs[i] != nullptr ? bs[i]->dtype : DType::kF32, outputs[i].y});
     }
-    Ok(Launch(&LaunchMatVec, x, n, ws.front()->cols, absl::Span<const MatVecProduct>(products),
-              dtype));
+    Ok(Launch(&LaunchMatVec, x, n, ws.front()->cols, *fused,
+              absl::Span<const MatVecProduct>(products), dtype));
     return;
   }
   // GEMMs: x rounded to the weights' dtype once for all of them.
@@ -529,16 +566,34 @@ void CudaBackend::MatMulGeGlu(const float* x, int n, const WeightView& w_gate,
   MatMulGated(x, n, w_gate, w_up, GateActivation::kGeluTanh, up_scratch, out);
 }
 
+void CudaBackend::RmsNormMatMulSwiGlu(const float* x, int n, int dim, const WeightView& norm,
+                                      double eps, float* xn, const WeightView& w_gate,
+                                      const WeightView& w_up, float* up_scratch, float* out) {
+  const PreNorm pre{dim, norm, eps, xn};
+  MatMulGated(x, n, w_gate, w_up, GateActivation::kSilu, up_scratch, out, &pre);
+}
+
+void CudaBackend::RmsNormMatMulGeGlu(const float* x, int n, int dim, const WeightView& norm,
+                                     double eps, float* xn, const WeightView& w_gate,
+                                     const WeightView& w_up, float* up_scratch, float* out) {
+  const PreNorm pre{dim, norm, eps, xn};
+  MatMulGated(x, n, w_gate, w_up, GateActivation::kGeluTanh, up_scratch, out, &pre);
+}
+
 void CudaBackend::MatMulGated(const float* x, int n, const WeightView& w_gate,
                               const WeightView& w_up, GateActivation gate, float* up_scratch,
-                              float* out) {
+                              float* out, const PreNorm* norm) {
   if (!status_.ok() || n <= 0) return;
   absl::StatusOr<const DeviceWeight*> g = Upload(w_gate);
   if (!Ok(g.status())) return;
   absl::StatusOr<const DeviceWeight*> u = Upload(w_up);
   if (!Ok(u.status())) return;
   const DeviceWeight &G = **g, &U = **u;
-  if (U.dtype != G.dtype || U.rows != G.rows || U.cols != G.cols) {
+  const bool alike = U.dtype == G.dtype && U.rows == G.rows && U.cols == G.cols;
+  const bool matvec = alike && MatVecTakes(n, G.dtype);
+  absl::StatusOr<MatVecNorm> fused = MatVecNormFor(norm, n, G.cols, matvec, &x);
+  if (!Ok(fused.status())) return;
+  if (!alike) {
     if (gate == GateActivation::kSilu) {
       Backend<float>::MatMulSwiGlu(x, n, w_gate, w_up, up_scratch, out);
     } else {
@@ -546,8 +601,8 @@ void CudaBackend::MatMulGated(const float* x, int n, const WeightView& w_gate,
     }
     return;
   }
-  if (MatVecTakes(n, G.dtype)) {
-    Ok(Launch(&LaunchMatVecGated, x, n, G.cols, static_cast<const void*>(G.buffer.get()),
+  if (matvec) {
+    Ok(Launch(&LaunchMatVecGated, x, n, G.cols, *fused, static_cast<const void*>(G.buffer.get()),
               static_cast<const void*>(U.buffer.get()), G.dtype, G.rows, gate, out));
     return;
   }

@@ -167,6 +167,21 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // Up to kMatVecMaxRows rows, f16/bf16 weights of one dtype and width, at most
   // kMatVecMaxSegments products: one matvec launch (LaunchMatVec); else MatMul each.
   void MatMulMany(const float* x, int n, absl::Span<const MatMulOutput<float>> outputs) override;
+  // The q/k/v matvec (as MatMulMany) normalizes x itself where the rows fit
+  // (MatVecNormFits): no RmsNorm launch, xn unwritten. Else RmsNorm, then MatMulMany.
+  void RmsNormMatMulMany(const float* x, int n, int dim, const WeightView& norm, double eps,
+                         float* xn, absl::Span<const MatMulOutput<float>> outputs) override;
+  // The gated matvec normalizes x itself likewise (else RmsNorm, then MatMulSwiGlu/GeGlu).
+  void RmsNormMatMulSwiGlu(const float* x, int n, int dim, const WeightView& norm, double eps,
+                           float* xn, const WeightView& w_gate, const WeightView& w_up,
+                           float* up_scratch, float* out) override;
+  void RmsNormMatMulGeGlu(const float* x, int n, int dim, const WeightView& norm, double eps,
+                          float* xn, const WeightView& w_gate, const WeightView& w_up,
+                          float* up_scratch, float* out) override;
+  // The matvec adds its outputs into y (n ≤ kMatVecMaxRows on f16/bf16 weights); else the
+  // GEMM accumulates into y (β = 1), then the bias. scratch unused.
+  void MatMulAddTo(const float* x, int n, const WeightView& w, const WeightView& bias,
+                   float* scratch, float* y) override;
   // One RoPE launch for both (positions uploaded once).
   void RopeQK(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride, int k_heads,
               int n, int head_dim, const int32_t* positions, const RopeSpec& rope) override;
@@ -263,16 +278,34 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // The GEMM operand for x [count] against a `dtype` weight: x itself for f32, else x
   // rounded to f16/bf16 in gemm_input_ (valid until the next call).
   absl::StatusOr<const void*> GemmOperand(const float* x, int64_t count, DType dtype);
-  // y[n, W.rows] = operand · Wᵀ (+ B) by cuBLAS; operand: GemmOperand of x for W's dtype.
+  // y[n, W.rows] = operand · Wᵀ (+ B) by cuBLAS, added to y with `accumulate`; operand:
+  // GemmOperand of x for W's dtype.
   absl::Status Gemm(const void* operand, int n, const DeviceWeight& W, const DeviceWeight* B,
-                    float* y);
+                    float* y, bool accumulate = false);
   // y = x · wᵀ + bias, then gelu_tanh with `gelu` (in the matvec's epilogue, else a Gelu
-  // launch after the GEMM).
+  // launch after the GEMM); added into y with `accumulate` (not with gelu).
   absl::Status MatMulImpl(const float* x, int n, const WeightView& w, const WeightView& bias,
-                          float* y, bool gelu = false);
-  // MatMulSwiGlu (kSilu) and MatMulGeGlu (kGeluTanh).
+                          float* y, bool gelu = false, bool accumulate = false);
+  // An RMSNorm of a product's x (RmsNormMatMul*): into the matvec where `fits`, else
+  // launched into xn first.
+  struct PreNorm {
+    int dim;
+    const WeightView& weight;
+    double eps;
+    float* xn;
+  };
+  // The MatVecNorm for `norm` when a matvec launch (`matvec`) of n rows of width `in`
+  // takes it (its weight uploaded). Else the norm runs first, on *x into norm->xn, which
+  // becomes the products' *x, and the products get MatVecNorm{} (none), as for no norm.
+  absl::StatusOr<MatVecNorm> MatVecNormFor(const PreNorm* norm, int n, int64_t in, bool matvec,
+                                           const float** x);
+  // MatMulMany, RmsNormMatMulMany (with a norm).
+  void MatMulManyImpl(const float* x, int n, absl::Span<const MatMulOutput<float>> outputs,
+                      const PreNorm* norm);
+  // MatMulSwiGlu (kSilu) and MatMulGeGlu (kGeluTanh), RmsNormMatMul*Glu with a norm.
   void MatMulGated(const float* x, int n, const WeightView& w_gate, const WeightView& w_up,
-                   GateActivation gate, float* up_scratch, float* out);
+                   GateActivation gate, float* up_scratch, float* out,
+                   const PreNorm* norm = nullptr);
   absl::Status AttentionImpl(const AttentionArgs<float>& a);  // checks + AttentionChecked
   // A call whose checks passed: uploads its index arrays and launches the right kernel.
   absl::Status AttentionChecked(const AttentionArgs<float>& a);

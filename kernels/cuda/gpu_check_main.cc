@@ -507,7 +507,8 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
 // kMatVecMaxRows takes the matvec kernel, larger n cuBLAS. Weight bytes per second against the
 // copy: the ceiling of a decode step's products (batch-1 decode is ~all weight reads). Then
 // the gated products (a second weight as W_up): SwiGLU's, and GeGLU's (Gemma) through the
-// same launch.
+// same launch, and SwiGLU's with its RMSNorm fused in (RmsNormMatMulSwiGlu: each block
+// normalizes x into shared memory first; 1 and 2 rows, the most a row of 4096 allows).
 void MatMulBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
   const int64_t out = z.ffn, in = z.d;
   void* data = nullptr;
@@ -516,15 +517,20 @@ void MatMulBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
   void* up_data = nullptr;
   if (!GC_CUDA(cudaMalloc(&up_data, size_t(out * in) * 2))) std::exit(3);
   Fill(up_data, DType::kBF16, out * in, 19, 0.02f, b.stream());
-  const unsigned char key[2] = {};  // host keys of the adopted device weights, never read
+  void* norm_data = nullptr;
+  if (!GC_CUDA(cudaMalloc(&norm_data, size_t(in) * 2))) std::exit(3);
+  Fill(norm_data, DType::kBF16, in, 20, 1.0f, b.stream());
+  const unsigned char key[3] = {};  // host keys of the adopted device weights, never read
   if (!Check(b.AdoptWeight(&key[0], data, DType::kBF16, out, in), "adopt") ||
-      !Check(b.AdoptWeight(&key[1], up_data, DType::kBF16, out, in), "adopt")) {
+      !Check(b.AdoptWeight(&key[1], up_data, DType::kBF16, out, in), "adopt") ||
+      !Check(b.AdoptWeight(&key[2], norm_data, DType::kBF16, 1, in), "adopt")) {
     std::exit(3);
   }
-  const WeightView w{&key[0], DType::kBF16, out, in}, w_up{&key[1], DType::kBF16, out, in};
+  const WeightView w{&key[0], DType::kBF16, out, in}, w_up{&key[1], DType::kBF16, out, in},
+      norm{&key[2], DType::kBF16, 1, in};
   const int max_n = 16;
   float *x = Alloc(size_t(max_n) * in), *y = Alloc(size_t(max_n) * out),
-        *up = Alloc(size_t(max_n) * out);
+        *up = Alloc(size_t(max_n) * out), *xn = Alloc(size_t(max_n) * in);
   Fill(x, DType::kF32, max_n * in, 18, 1.0f, b.stream());
   for (int n : {1, kMatVecMaxRows, max_n}) {
     const double sec = TimeIt(b, 20, [&] { b.MatMul(x, n, w, WeightView{}, y); });
@@ -551,8 +557,20 @@ void MatMulBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
                 Pct(bw / copy_bw), "-"});
     }
   }
+  for (int n : {1, 2}) {
+    const double sec = TimeIt(b, 20, [&] {
+      b.RmsNormMatMulSwiGlu(x, n, static_cast<int>(in), norm, 1e-5, xn, w, w_up, up, y);
+    });
+    const double bw = double(out * in) * 4 / sec;
+    rows.Add({"matmul SwiGLU, RMSNorm fused (bf16)",
+              absl::StrCat("n=", n, " 2 x [", out, " x ", in, "], ",
+                           MatVecNormFits(n, in) ? "x normalized in the matvec"
+                                                 : "RmsNorm launch, then the matvec"),
+              Fmt(bw / 1e9, "GB/s weights"), Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(bw / copy_bw),
+              "-"});
+  }
   b.ForgetWeights();  // frees the adopted weights
-  for (float* p : {x, y, up}) cudaFree(p);
+  for (float* p : {x, y, up, xn}) cudaFree(p);
 }
 
 // A Llama-shaped model (Sizes: Llama-7B unless --smoke) with random bf16 weights.
@@ -610,13 +628,16 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
 
   // Per batch: fp32 cache without and with graphs, the bf16 cache with graphs, then both
   // caches with graphs and programmatic dependent launches (launch.h), then the fp32 cache
-  // with graphs, PDL and split-KV's fused combine (SetSplitKvFusedCombine).
+  // with graphs, PDL and split-KV's fused combine (SetSplitKvFusedCombine), then the fp32
+  // cache with graphs and each RMSNorm and residual add a launch of its own (as the engine
+  // ran them before 2026-12-04's fusion into the matvec).
   for (int batch : z.batches)
-    for (int run = 0; run < 6; ++run) {
+    for (int run = 0; run < 7; ++run) {
       const bool graphs = run > 0;
       const bool bf16_cache = run == 2 || run == 4;
-      const bool pdl = run >= 3;
+      const bool pdl = run >= 3 && run <= 5;
       const bool fused_combine = run == 5;
+      const bool fused_norms = run != 6;
       b.SetSplitKvFusedCombine(fused_combine);
       const KvDtype cache_dtype = bf16_cache ? KvDtype::kBF16 : KvDtype::kActivation;
       const std::vector<float*>& kcs = bf16_cache ? kc16 : kc;
@@ -640,25 +661,31 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
           positions[s] = pos;
           dst[s] = int64_t{tables[s][pos / bs]} * bs + pos % bs;
         }
-        // The ops the engine's Transformer::Forward makes: q, k and v in one MatMulMany, one
-        // RopeQKStoreKv, each residual add fused into the next norm, SwiGLU's two products in one
-        // MatMulSwiGlu; the layers as one step (a CUDA graph when graphs are on), then the
-        // logits and their greedy pick (DrawTokens), copied back as the engine's greedy
+        // The ops the engine's Transformer::Forward makes: the attention norm and q, k and v
+        // in one RmsNormMatMulMany, one RopeQKStoreKv, each residual added by the product
+        // that makes it (MatMulAddTo), the feed-forward norm and SwiGLU's two products in one
+        // RmsNormMatMulSwiGlu; the layers as one step (a CUDA graph when graphs are on), then
+        // the logits and their greedy pick (DrawTokens), copied back as the engine's greedy
         // decode does (so every step ends synchronised; the host sampling path's whole-row
-        // copy and the device's seeded draws are timed below).
+        // copy and the device's seeded draws are timed below). Without fused_norms: the
+        // engine's ops before, a norm launch (with the residual's add) before each product.
         const auto host_start = std::chrono::steady_clock::now();
         b.BeginStep();
         b.Embedding(embedding, ids.data(), batch, x);
         for (int l = 0; l < L; ++l) {
           const Layer& w = layers[l];
-          if (l == 0) {
-            b.RmsNorm(x, batch, D, w.attn_norm, 1e-5, xn);
-          } else {
-            b.AddRmsNorm(x, proj, batch, D, w.attn_norm, 1e-5, xn);
-          }
           const MatMulOutput<float> qkv[] = {
               {w.wq, WeightView{}, q}, {w.wk, WeightView{}, k}, {w.wv, WeightView{}, v}};
-          b.MatMulMany(xn, batch, qkv);
+          if (fused_norms) {
+            b.RmsNormMatMulMany(x, batch, D, w.attn_norm, 1e-5, xn, qkv);
+          } else {
+            if (l == 0) {
+              b.RmsNorm(x, batch, D, w.attn_norm, 1e-5, xn);
+            } else {
+              b.AddRmsNorm(x, proj, batch, D, w.attn_norm, 1e-5, xn);
+            }
+            b.MatMulMany(xn, batch, qkv);
+          }
           b.RopeQKStoreKv(q, D, H, k, v, D, H, batch, Dh, positions.data(),
                           RopeSpec{10000.0, RopeStyle::kHalfSplit}, dst.data(), kcs[l], vcs[l], D,
                           cache_dtype);
@@ -679,12 +706,18 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
           }
           int failed = 0;
           Must(b.AttentionBatch(calls, &failed), "attention");  // as the engine: one launch
-          b.MatMul(att, batch, w.wo, WeightView{}, proj);
-          b.AddRmsNorm(x, proj, batch, D, w.ffn_norm, 1e-5, xn);
-          b.MatMulSwiGlu(xn, batch, w.w1, w.w3, h3, h1);
-          b.MatMul(h1, batch, w.w2, WeightView{}, proj);
+          if (fused_norms) {
+            b.MatMulAddTo(att, batch, w.wo, WeightView{}, proj, x);
+            b.RmsNormMatMulSwiGlu(x, batch, D, w.ffn_norm, 1e-5, xn, w.w1, w.w3, h3, h1);
+            b.MatMulAddTo(h1, batch, w.w2, WeightView{}, proj, x);
+          } else {
+            b.MatMul(att, batch, w.wo, WeightView{}, proj);
+            b.AddRmsNorm(x, proj, batch, D, w.ffn_norm, 1e-5, xn);
+            b.MatMulSwiGlu(xn, batch, w.w1, w.w3, h3, h1);
+            b.MatMul(h1, batch, w.w2, WeightView{}, proj);
+          }
         }
-        b.Add(x, proj, int64_t{batch} * D);
+        if (!fused_norms) b.Add(x, proj, int64_t{batch} * D);
         // Host time making the layers' calls (with graphs: recording them, the GPU idle).
         host_sec +=
             std::chrono::duration<double>(std::chrono::steady_clock::now() - host_start).count();
@@ -716,7 +749,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
                batch, ctx,
                graphs ? absl::StrFormat("graphs (%d of %d steps replayed)", replayed, steps + 1)
                       : std::string("no graphs"),
-               std::string(pdl ? ", PDL" : "") + (fused_combine ? ", fused split-KV combine" : ""),
+               std::string(pdl ? ", PDL" : "") + (fused_combine ? ", fused split-KV combine" : "") +
+                   (fused_norms ? "" : ", norms and residual adds unfused"),
                host_sec * 1e6 / (steps + 1), copies_per_step),
            Fmt(tok_s, "tok/s"), Fmt(roofline, "tok/s roofline"), Pct(tok_s / roofline),
            batch == 1 ? ">= 70%" : "-"});

@@ -16,10 +16,22 @@
 // pairs, through L1), sum over the warp by shuffles and over the 8 warps through shared
 // memory (double-buffered, so one barrier a unit). Unaligned rows (in % 8 ≠ 0, or a
 // pointer off 16 bytes) take the same path one element at a time.
+//
+// With an RMSNorm fused in (MatVecNorm; kNorm), each block first normalizes x's rows into
+// shared memory (x · 1/rms · weight, as RmsNormRegisterKernel computes them: Σ x² by warp
+// shuffles, one barrier, the rows written, one more barrier), and its units read x from
+// there. The products' loop is the same code either way (only x's address differs), so
+// the registers, the loads in flight and the occupancy are those measured unfused. Rows
+// are held whole, so the fusion takes n · in ≤ kMatVecNormMaxFloats (batch-1 rows up to
+// 12288 wide; matvec.h). Before it each q/k/v and gate/up product followed an RMSNorm
+// launch of its own (on an H200: 9% of a Llama-7B batch-1 step under ncu, 7 µs a launch
+// cold). (Folding the norm into the loop instead, the weight multiplied as x is read and
+// x's squares summed by the first unit, spilled at one row's 40 registers.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -57,6 +69,7 @@ struct Segment {
   int64_t out;
   int64_t first_unit;  // the segment's units are [first_unit, next's first_unit)
   bool gelu;           // the activation is GELU's tanh form (above)
+  bool accumulate;     // y += the output (plain products only)
 };
 
 struct Segments {
@@ -64,8 +77,21 @@ struct Segments {
   int64_t in;
   int count;
   int64_t units;  // Σ of the segments' units
+  MatVecNorm norm;
   Segment seg[kMatVecMaxSegments];
 };
+
+// The norm's weight i.
+__device__ __forceinline__ float LoadNormWeight(const void* w, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF16:
+      return __half2float(static_cast<const __half*>(w)[i]);
+    case DType::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(w)[i]);
+    default:
+      return static_cast<const float*>(w)[i];
+  }
+}
 
 // Weight rows a unit reads for N rows of x: 2, or 4 from N = 2 on. Each x value a thread
 // loads (through L1) serves R weight rows, so L1 carries 2N / R times the weight bytes in
@@ -76,7 +102,7 @@ template <int N>
 constexpr int kUnitRows = N >= 2 ? 4 : 2;
 int UnitRows(int n) { return n >= 2 ? kUnitRows<2> : kUnitRows<1>; }
 
-template <bool kBf16, int N, bool kVec, bool kGated>
+template <bool kBf16, int N, bool kVec, bool kGated, bool kNorm>
 __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segments segs) {
   WaitForPriorGrids();                       // first: see launch.cuh
   constexpr int R = kUnitRows<N>;            // weight rows a unit reads
@@ -85,6 +111,33 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segment
   const float* __restrict__ x = segs.x;
   const int64_t in = segs.in;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if constexpr (kNorm) {
+    extern __shared__ __align__(16) float normed[];  // [N, in]
+    float inv_rms[N];
+#pragma unroll
+    for (int r = 0; r < N; ++r) {
+      float sq = 0.0f;
+      for (int64_t i = threadIdx.x; i < in; i += kThreads) sq += x[r * in + i] * x[r * in + i];
+      sq = WarpReduce(sq, SumOp());
+      if (lane == 0) part[0][warp][r] = sq;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < N; ++r) {
+      float sq = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sq += part[0][w][r];
+      inv_rms[r] = rsqrtf(sq / static_cast<float>(in) + segs.norm.eps);
+    }
+    for (int64_t i = threadIdx.x; i < in; i += kThreads) {
+      const float g = LoadNormWeight(segs.norm.weight, segs.norm.dtype, i);
+#pragma unroll
+      for (int r = 0; r < N; ++r) normed[r * in + i] = x[r * in + i] * inv_rms[r] * g;
+    }
+    // Also orders the reads of part[0] above before the first unit writes it.
+    __syncthreads();
+    x = normed;
+  }
   int buf = 0;
   for (int64_t unit = blockIdx.x; unit < segs.units; unit += gridDim.x, buf ^= 1) {
     int si = 0;
@@ -195,53 +248,66 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segment
                 b = static_cast<const float*>(sg.bias)[o + t];
             }
           }
-          y[t] = sg.gelu ? GeluTanh(sum[t] + b) : sum[t] + b;
+          const float v = sg.gelu ? GeluTanh(sum[t] + b) : sum[t] + b;
+          y[t] = sg.accumulate ? y[t] + v : v;
         }
       }
     }
   }
 }
 
-// Blocks of `kernel` that fit on one SM, asked once per instantiation.
-template <bool kBf16, int N, bool kVec, bool kGated>
-int BlocksPerSm() {
-  static const int blocks = [] {
-    int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &b, reinterpret_cast<const void*>(MatVecKernel<kBf16, N, kVec, kGated>), kThreads, 0) !=
-        cudaSuccess) {
-      b = 1;
-    }
-    return std::max(b, 1);
-  }();
-  return blocks;
+// Blocks of the kernel that fit on one SM with `smem` bytes of dynamic shared memory (the
+// normalized rows; 0 unfused). Asked once per instantiation and size: the last answer is
+// kept (a model's products share one width, so that is one question a product kind).
+template <bool kBf16, int N, bool kVec, bool kGated, bool kNorm>
+int BlocksPerSm(int smem) {
+  static std::atomic<int64_t> last{-1};  // smem << 8 | blocks
+  const int64_t known = last.load(std::memory_order_relaxed);
+  if (known >= 0 && known >> 8 == smem) return static_cast<int>(known & 0xff);
+  int b = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &b, reinterpret_cast<const void*>(MatVecKernel<kBf16, N, kVec, kGated, kNorm>), kThreads,
+          smem) != cudaSuccess) {
+    b = 1;
+  }
+  b = std::clamp(b, 1, 255);
+  last.store(int64_t{smem} << 8 | b, std::memory_order_relaxed);
+  return b;
 }
 
-template <bool kBf16, int N, bool kGated>
-void Launch(bool vec, const Segments& segs, cudaStream_t stream) {
+template <bool kBf16, int N, bool kVec, bool kGated, bool kNorm>
+void Launch(const Segments& segs, cudaStream_t stream) {
   int device = 0, sms = 1;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     sms = 1;
   }
-  const int per_sm =
-      vec ? BlocksPerSm<kBf16, N, true, kGated>() : BlocksPerSm<kBf16, N, false, kGated>();
+  const int smem = kNorm ? static_cast<int>(N * segs.in * sizeof(float)) : 0;
+  const int per_sm = BlocksPerSm<kBf16, N, kVec, kGated, kNorm>(smem);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(segs.units, int64_t{sms} * per_sm));
-  auto* kernel = vec ? MatVecKernel<kBf16, N, true, kGated> : MatVecKernel<kBf16, N, false, kGated>;
-  LaunchKernel("MatVecKernel", kernel, blocks, kThreads, 0, stream, segs);
+  LaunchKernel("MatVecKernel", MatVecKernel<kBf16, N, kVec, kGated, kNorm>, blocks, kThreads, smem,
+               stream, segs);
+}
+
+template <bool kBf16, int N, bool kGated>
+void LaunchVariant(bool vec, bool norm, const Segments& segs, cudaStream_t stream) {
+  if (vec && norm) return Launch<kBf16, N, true, kGated, true>(segs, stream);
+  if (vec) return Launch<kBf16, N, true, kGated, false>(segs, stream);
+  if (norm) return Launch<kBf16, N, false, kGated, true>(segs, stream);
+  return Launch<kBf16, N, false, kGated, false>(segs, stream);
 }
 
 template <bool kBf16, bool kGated>
-void LaunchRows(int n, bool vec, const Segments& segs, cudaStream_t stream) {
+void LaunchRows(int n, bool vec, bool norm, const Segments& segs, cudaStream_t stream) {
   switch (n) {
     case 1:
-      return Launch<kBf16, 1, kGated>(vec, segs, stream);
+      return LaunchVariant<kBf16, 1, kGated>(vec, norm, segs, stream);
     case 2:
-      return Launch<kBf16, 2, kGated>(vec, segs, stream);
+      return LaunchVariant<kBf16, 2, kGated>(vec, norm, segs, stream);
     case 3:
-      return Launch<kBf16, 3, kGated>(vec, segs, stream);
+      return LaunchVariant<kBf16, 3, kGated>(vec, norm, segs, stream);
     default:
-      return Launch<kBf16, 4, kGated>(vec, segs, stream);
+      return LaunchVariant<kBf16, 4, kGated>(vec, norm, segs, stream);
   }
 }
 
@@ -254,6 +320,16 @@ absl::Status LaunchSegments(int n, DType dtype, bool gated, Segments segs, cudaS
   }
   if (dtype != DType::kF16 && dtype != DType::kBF16) {
     return absl::InvalidArgumentError("LaunchMatVec: weights must be f16 or bf16");
+  }
+  const bool norm = segs.norm.weight != nullptr;
+  if (norm && segs.norm.dtype != DType::kF32 && segs.norm.dtype != DType::kF16 &&
+      segs.norm.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("LaunchMatVec: the norm's weight must be f32, f16 or bf16");
+  }
+  if (norm && !MatVecNormFits(n, segs.in)) {
+    return absl::InvalidArgumentError(absl::StrCat("LaunchMatVec: a fused norm holds n · in ≤ ",
+                                                   kMatVecNormMaxFloats, " values, got ", n, " · ",
+                                                   segs.in));
   }
   if (segs.in <= 0) return absl::OkStatus();
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
@@ -270,10 +346,10 @@ absl::Status LaunchSegments(int n, DType dtype, bool gated, Segments segs, cudaS
   if (units == 0) return absl::OkStatus();
   segs.units = units;
   const bool bf16 = dtype == DType::kBF16;
-  if (bf16 && gated) LaunchRows<true, true>(n, vec, segs, stream);
-  if (bf16 && !gated) LaunchRows<true, false>(n, vec, segs, stream);
-  if (!bf16 && gated) LaunchRows<false, true>(n, vec, segs, stream);
-  if (!bf16 && !gated) LaunchRows<false, false>(n, vec, segs, stream);
+  if (bf16 && gated) LaunchRows<true, true>(n, vec, norm, segs, stream);
+  if (bf16 && !gated) LaunchRows<true, false>(n, vec, norm, segs, stream);
+  if (!bf16 && gated) LaunchRows<false, true>(n, vec, norm, segs, stream);
+  if (!bf16 && !gated) LaunchRows<false, false>(n, vec, norm, segs, stream);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("MatVecKernel");
   return absl::OkStatus();
 }
@@ -282,28 +358,29 @@ const unsigned short* Bits(const void* w) { return static_cast<const unsigned sh
 
 }  // namespace
 
-absl::Status LaunchMatVec(const float* x, int n, int64_t in,
+absl::Status LaunchMatVec(const float* x, int n, int64_t in, const MatVecNorm& norm,
                           absl::Span<const MatVecProduct> products, DType dtype,
                           cudaStream_t stream) {
   if (products.empty() || products.size() > static_cast<size_t>(kMatVecMaxSegments)) {
     return absl::InvalidArgumentError(absl::StrCat("LaunchMatVec: 1 to ", kMatVecMaxSegments,
                                                    " products, got ", products.size()));
   }
-  Segments segs{x, in, static_cast<int>(products.size()), 0, {}};
+  Segments segs{x, in, static_cast<int>(products.size()), 0, norm, {}};
   for (int i = 0; i < segs.count; ++i) {
     const MatVecProduct& p = products[i];
-    segs.seg[i] = {Bits(p.w), nullptr, p.bias, p.bias_dtype, p.y, p.out, 0, p.gelu};
+    segs.seg[i] = {Bits(p.w), nullptr, p.bias, p.bias_dtype, p.y, p.out, 0, p.gelu, p.accumulate};
   }
   return LaunchSegments(n, dtype, false, segs, stream);
 }
 
-absl::Status LaunchMatVecGated(const float* x, int n, int64_t in, const void* w_gate,
-                               const void* w_up, DType dtype, int64_t out, GateActivation gate,
-                               float* y, cudaStream_t stream) {
+absl::Status LaunchMatVecGated(const float* x, int n, int64_t in, const MatVecNorm& norm,
+                               const void* w_gate, const void* w_up, DType dtype, int64_t out,
+                               GateActivation gate, float* y, cudaStream_t stream) {
   if (w_up == nullptr) return absl::InvalidArgumentError("LaunchMatVecGated: w_up is null");
-  Segments segs{x, in, 1, 0, {}};
+  Segments segs{x, in, 1, 0, norm, {}};
   segs.seg[0] = {
-      Bits(w_gate), Bits(w_up), nullptr, DType::kF32, y, out, 0, gate == GateActivation::kGeluTanh};
+      Bits(w_gate), Bits(w_up), nullptr, DType::kF32, y, out, 0, gate == GateActivation::kGeluTanh,
+      false};
   return LaunchSegments(n, dtype, true, segs, stream);
 }
 

@@ -36,14 +36,29 @@ struct MatVecProduct {
   const void* bias;
   DType bias_dtype;
   float* y;
-  bool gelu = false;  // y = gelu_tanh(x·Wᵀ + bias) (GeluKernel's form)
+  bool gelu = false;        // y = gelu_tanh(x·Wᵀ + bias) (GeluKernel's form)
+  bool accumulate = false;  // y += x·Wᵀ + bias (a residual: y is the residual stream)
 };
 
+// An RMSNorm of x's rows fused into the products that read it: each row is taken as
+// x / √(mean(x²) + eps) · weight, as LaunchRmsNorm computes it, into each block's shared
+// memory (the normalized rows never reach device memory). weight null: x as it is.
+struct MatVecNorm {
+  const void* weight = nullptr;  // [in] in `dtype` (kF32, kF16 or kBF16)
+  DType dtype = DType::kF32;
+  float eps = 0.0f;
+};
+
+// The values n rows of a fused norm may hold (n · in): 48 KiB of shared memory a block, the
+// most a launch gets without opting in; one row of up to 12288, two of 6144, four of 3072.
+inline constexpr int64_t kMatVecNormMaxFloats = 12 * 1024;
+inline bool MatVecNormFits(int n, int64_t in) { return int64_t{n} * in <= kMatVecNormMaxFloats; }
+
 // y[r, o] = Σ_i x[r, i] · W[o, i] + bias[o] for r < n (1 … kMatVecMaxRows), for each of
-// 1 … kMatVecMaxSegments products of the same x, in one launch. Every W is [out, in] in
-// `dtype` (kF16 or kBF16); x [n, in] and each y [n, out] are row-major fp32 device
-// arrays. fp32 products and sums.
-absl::Status LaunchMatVec(const float* x, int n, int64_t in,
+// 1 … kMatVecMaxSegments products of the same x, in one launch, x normalized by `norm`
+// where its weight is set. Every W is [out, in] in `dtype` (kF16 or kBF16); x [n, in]
+// and each y [n, out] are row-major fp32 device arrays. fp32 products and sums.
+absl::Status LaunchMatVec(const float* x, int n, int64_t in, const MatVecNorm& norm,
                           absl::Span<const MatVecProduct> products, DType dtype,
                           cudaStream_t stream);
 
@@ -53,10 +68,10 @@ enum class GateActivation : uint8_t { kSilu, kGeluTanh };
 
 // y[r, o] = act(g) · u with g = Σ_i x[r, i] · W_gate[o, i], u = Σ_i x[r, i] · W_up[o, i]:
 // SwiGLU's or GeGLU's gated product in one pass, both weights [out, in] in `dtype` (kF16 or
-// kBF16).
-absl::Status LaunchMatVecGated(const float* x, int n, int64_t in, const void* w_gate,
-                               const void* w_up, DType dtype, int64_t out, GateActivation gate,
-                               float* y, cudaStream_t stream);
+// kBF16), x normalized by `norm` where its weight is set (as LaunchMatVec).
+absl::Status LaunchMatVecGated(const float* x, int n, int64_t in, const MatVecNorm& norm,
+                               const void* w_gate, const void* w_up, DType dtype, int64_t out,
+                               GateActivation gate, float* y, cudaStream_t stream);
 
 }  // namespace kvlens::kernels::cuda
 

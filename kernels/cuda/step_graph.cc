@@ -46,6 +46,14 @@ void AppendWords(Signature& s, const MatVecProduct& p) {
   AppendWords(s, p.bias);
   AppendWords(s, p.bias_dtype);
   AppendWords(s, p.y);
+  AppendWords(s, p.gelu);
+  AppendWords(s, p.accumulate);
+}
+
+void AppendWords(Signature& s, const MatVecNorm& n) {
+  AppendWords(s, n.weight);
+  AppendWords(s, n.dtype);
+  AppendWords(s, n.eps);
 }
 
 namespace {

@@ -82,6 +82,27 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
   // four values); longer rows take the looped kernel.
   add(NormCase(gpu, rng, false, 1001, DType::kBF16, false));
   add(AddNormCase(gpu, rng, false, 5003, DType::kF16));
+  // The pre-norm products (the engine's Llama layers): the matvec normalizing x itself
+  // (a row of 4096 on bf16 norms, two rows on f32 norms, three of 100: one element at a
+  // time, the gated kernels on f16 and bf16, four rows of 3072: the most it holds), and
+  // the norm launched first: four rows of 4000 (more than the matvec holds), f32 weights
+  // (cuBLAS), six and nine rows (GEMMs).
+  add(NormedMatMulCase(gpu, rng, 0, DType::kBF16, DType::kBF16, 1, 4096, true));
+  add(NormedMatMulCase(gpu, rng, 0, DType::kF16, DType::kF32, 2, 256, true));
+  add(NormedMatMulCase(gpu, rng, 0, DType::kBF16, DType::kF16, 3, 100, true));
+  add(NormedMatMulCase(gpu, rng, 1, DType::kBF16, DType::kBF16, 1, 256, true));
+  add(NormedMatMulCase(gpu, rng, 2, DType::kF16, DType::kF32, 3, 100, true));
+  add(NormedMatMulCase(gpu, rng, 1, DType::kBF16, DType::kF32, 4, 3072, true));
+  add(NormedMatMulCase(gpu, rng, 0, DType::kBF16, DType::kBF16, 4, 4000, false));
+  add(NormedMatMulCase(gpu, rng, 0, DType::kF32, DType::kF32, 1, 256, false));
+  add(NormedMatMulCase(gpu, rng, 2, DType::kBF16, DType::kBF16, 6, 128, false));
+  add(NormedMatMulCase(gpu, rng, 1, DType::kF16, DType::kF16, 9, 256, false));
+  // The residual products, y += x · Wᵀ: the matvec's epilogue (one and four rows; 100
+  // inputs: one element at a time), cuBLAS accumulating into y (β = 1), then the bias.
+  add(MatMulAddToCase(gpu, rng, DType::kBF16, 1, 256, 96, false));
+  add(MatMulAddToCase(gpu, rng, DType::kF16, 4, 100, 37, true));
+  add(MatMulAddToCase(gpu, rng, DType::kBF16, 9, 128, 40, true));
+  add(MatMulAddToCase(gpu, rng, DType::kF32, 2, 64, 24, true));
   for (RopeStyle style : {RopeStyle::kAdjacentPairs, RopeStyle::kHalfSplit}) {
     for (int dh : {64, 128}) add(RopeCase(gpu, rng, style, dh));
     add(RopeQKCase(gpu, rng, style, style == RopeStyle::kAdjacentPairs ? 64 : 128));

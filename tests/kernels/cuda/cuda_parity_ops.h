@@ -320,6 +320,123 @@ inline ParityResult MatMulGatedCase(CudaBackend& gpu, std::mt19937_64& rng, DTyp
   return Judge(name, *y, naive, ref);
 }
 
+// The pre-norm products (kind 0 RmsNormMatMulMany with MatMulManyCase's three outputs,
+// 1 RmsNormMatMulSwiGlu, 2 RmsNormMatMulGeGlu with 40 outputs) against the reference's
+// defaults: the norm, then the products, in double. Naive: NaiveNorm in float, then
+// NaiveMatMul of its rows (gated in float). xn starts NaN-filled: with `fused` (the matvec
+// normalizes x itself) it must come back untouched, as no norm launch wrote it; else it
+// must hold the norm, judged with the products.
+inline ParityResult NormedMatMulCase(CudaBackend& gpu, std::mt19937_64& rng, int kind, DType dtype,
+                                     DType norm_dtype, int n, int in, bool fused) {
+  static constexpr const char* kOps[] = {"RmsNormMatMulMany", "RmsNormMatMulSwiGlu",
+                                         "RmsNormMatMulGeGlu"};
+  const std::string name = absl::StrCat(kOps[kind], " ", std::string(DTypeName(dtype)), " norm ",
+                                        std::string(DTypeName(norm_dtype)), " n=", n, " in=", in,
+                                        fused ? " (fused)" : " (norm launched)");
+  const double eps = 1e-5;
+  const std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * in, -3, 3);
+  const OwnedWeight g(kernels::testing::RandomVector(rng, in, 0.5, 1.5), 1, in, norm_dtype);
+  const std::vector<int> outs = kind == 0 ? std::vector<int>{48, 16, 16} : std::vector<int>{40, 40};
+  std::vector<OwnedWeight> ws;
+  for (int o : outs) {
+    ws.emplace_back(kernels::testing::RandomVector(rng, size_t(o) * in), o, in, dtype);
+  }
+  const OwnedWeight b(kernels::testing::RandomVector(rng, outs[1]), 1, outs[1], DType::kF32);
+  // The reference: its RmsNorm, then its products of the normalized rows.
+  std::vector<double> xn_ref(x.size()), ref;
+  ReferenceBackend().RmsNorm(x.data(), n, in, g.view(), eps, xn_ref.data());
+  const std::vector<double> xn_naive = NaiveNorm(x, n, in, false, g, nullptr, eps);
+  std::vector<double> naive;
+  if (kind == 0) {
+    for (int i = 0; i < 3; ++i) {
+      std::vector<double> r(size_t(n) * outs[i]);
+      ReferenceBackend().MatMul(xn_ref.data(), n, ws[i].view(), i == 1 ? b.view() : WeightView{},
+                                r.data());
+      ref.insert(ref.end(), r.begin(), r.end());
+      const std::vector<double> nv = NaiveMatMul(xn_naive, n, in, ws[i], i == 1 ? &b : nullptr);
+      naive.insert(naive.end(), nv.begin(), nv.end());
+    }
+  } else {
+    ref.resize(size_t(n) * outs[0]);
+    std::vector<double> scratch(ref.size());
+    if (kind == 2) {
+      ReferenceBackend().MatMulGeGlu(xn_ref.data(), n, ws[0].view(), ws[1].view(), scratch.data(),
+                                     ref.data());
+    } else {
+      ReferenceBackend().MatMulSwiGlu(xn_ref.data(), n, ws[0].view(), ws[1].view(), scratch.data(),
+                                      ref.data());
+    }
+    const std::vector<double> gate = NaiveMatMul(xn_naive, n, in, ws[0], nullptr),
+                              up = NaiveMatMul(xn_naive, n, in, ws[1], nullptr);
+    for (size_t e = 0; e < gate.size(); ++e) {
+      const float gv = static_cast<float>(gate[e]);
+      const float a = kind == 2 ? NaiveGeluTanh(gv) : gv / (1.0f + std::exp(-gv));
+      naive.push_back(a * static_cast<float>(up[e]));
+    }
+  }
+  auto dx = ToDevice(x);
+  auto dxn = ToDevice(std::vector<double>(x.size(), kNaN));
+  auto dscratch = ToDevice(std::vector<double>(ref.size(), kNaN));
+  auto dy = ToDevice(std::vector<double>(ref.size(), kNaN));
+  if (!dx.ok() || !dxn.ok() || !dscratch.ok() || !dy.ok()) {
+    return Failed(name, absl::InternalError("upload"));
+  }
+  float* y = dy->as<float>();
+  if (kind == 0) {
+    const MatMulOutput<float> outputs[] = {{ws[0].view(), WeightView{}, y},
+                                           {ws[1].view(), b.view(), y + size_t(n) * outs[0]},
+                                           {ws[2].view(), WeightView{}, y + size_t(n) * 64}};
+    gpu.RmsNormMatMulMany(dx->as<float>(), n, in, g.view(), eps, dxn->as<float>(), outputs);
+  } else if (kind == 1) {
+    gpu.RmsNormMatMulSwiGlu(dx->as<float>(), n, in, g.view(), eps, dxn->as<float>(), ws[0].view(),
+                            ws[1].view(), dscratch->as<float>(), y);
+  } else {
+    gpu.RmsNormMatMulGeGlu(dx->as<float>(), n, in, g.view(), eps, dxn->as<float>(), ws[0].view(),
+                           ws[1].view(), dscratch->as<float>(), y);
+  }
+  auto got = FromDevice(gpu, *dy, ref.size());
+  auto got_xn = FromDevice(gpu, *dxn, x.size());
+  if (!got.ok() || !got_xn.ok()) return Failed(name, !got.ok() ? got.status() : got_xn.status());
+  if (fused) {
+    for (double v : *got_xn) {
+      if (!std::isnan(v)) return Failed(name, absl::InternalError("xn written: no fused norm"));
+    }
+    return Judge(name, *got, naive, ref);
+  }
+  std::vector<double> all = *got_xn;
+  all.insert(all.end(), got->begin(), got->end());
+  naive.insert(naive.begin(), xn_naive.begin(), xn_naive.end());
+  ref.insert(ref.begin(), xn_ref.begin(), xn_ref.end());
+  return Judge(name, all, naive, ref);
+}
+
+// MatMulAddTo: y += x · Wᵀ (+ bias), y starting from random values, against the reference's
+// default (MatMul, then Add, in double). Naive: NaiveMatMul, added to y in float.
+inline ParityResult MatMulAddToCase(CudaBackend& gpu, std::mt19937_64& rng, DType dtype, int n,
+                                    int in, int out, bool with_bias) {
+  const std::string name = absl::StrCat("MatMulAddTo ", std::string(DTypeName(dtype)), " n=", n,
+                                        " in=", in, " out=", out, with_bias ? " +bias" : "");
+  const std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * in);
+  const std::vector<double> y0 = kernels::testing::RandomFloatExact(rng, size_t(n) * out, -4, 4);
+  const OwnedWeight w(kernels::testing::RandomVector(rng, size_t(out) * in), out, in, dtype);
+  const OwnedWeight b(kernels::testing::RandomVector(rng, out), 1, out, DType::kF32);
+  const WeightView bias = with_bias ? b.view() : WeightView{};
+  std::vector<double> ref = y0, scratch(y0.size());
+  ReferenceBackend().MatMulAddTo(x.data(), n, w.view(), bias, scratch.data(), ref.data());
+  std::vector<double> naive = NaiveMatMul(x, n, in, w, with_bias ? &b : nullptr);
+  for (size_t e = 0; e < naive.size(); ++e) {
+    naive[e] = static_cast<float>(y0[e]) + static_cast<float>(naive[e]);
+  }
+  auto dx = ToDevice(x);
+  auto dy = ToDevice(y0);
+  auto dscratch = ToDevice(std::vector<double>(y0.size(), kNaN));
+  if (!dx.ok() || !dy.ok() || !dscratch.ok()) return Failed(name, absl::InternalError("upload"));
+  gpu.MatMulAddTo(dx->as<float>(), n, w.view(), bias, dscratch->as<float>(), dy->as<float>());
+  auto got = FromDevice(gpu, *dy, y0.size());
+  if (!got.ok()) return Failed(name, got.status());
+  return Judge(name, *got, naive, ref);
+}
+
 // RoPE in place on x [n, heads, Dh] (rows stride apart) as the GPU computes it: angles in
 // double, rotation in float.
 inline void NaiveRope(std::vector<double>& x, int n, int64_t stride, int heads, int head_dim,
