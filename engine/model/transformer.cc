@@ -128,12 +128,29 @@ void Transformer<T>::Norm(const WeightView& weight, const WeightView& bias, int 
 }
 
 template <typename T>
-void Transformer<T>::FeedForward(const LayerWeights& lw, int n) {
-  if (config_.arch == Architecture::kLlama &&
-      config_.gate_activation == GateActivation::kGeluTanh) {
+bool Transformer<T>::FusedResiduals() const {
+  return config_.arch == Architecture::kLlama && !config_.sandwich_norms;
+}
+
+template <typename T>
+bool Transformer<T>::FeedForward(const LayerWeights& lw, int n, bool add_proj) {
+  const ModelConfig& c = config_;
+  if (FusedResiduals() && !add_proj) {
+    if (c.gate_activation == GateActivation::kGeluTanh) {
+      backend_.RmsNormMatMulGeGlu(x_.data(), n, static_cast<int>(c.dim), lw.ffn_norm, c.norm_eps,
+                                  xn_.data(), lw.w_in, lw.w_up, up_.data(), hidden_.data());
+    } else {
+      backend_.RmsNormMatMulSwiGlu(x_.data(), n, static_cast<int>(c.dim), lw.ffn_norm, c.norm_eps,
+                                   xn_.data(), lw.w_in, lw.w_up, up_.data(), hidden_.data());
+    }
+    backend_.MatMulAddTo(hidden_.data(), n, lw.w_out, lw.b_out, proj_.data(), x_.data());
+    return false;
+  }
+  Norm(lw.ffn_norm, lw.ffn_norm_bias, n, add_proj);
+  if (c.arch == Architecture::kLlama && c.gate_activation == GateActivation::kGeluTanh) {
     // GeGLU (Gemma): w_out · (gelu(w_in x) ⊙ w_up x)
     backend_.MatMulGeGlu(xn_.data(), n, lw.w_in, lw.w_up, up_.data(), hidden_.data());
-  } else if (config_.arch == Architecture::kLlama) {
+  } else if (c.arch == Architecture::kLlama) {
     // SwiGLU: w_out · (silu(w_in x) ⊙ w_up x)
     backend_.MatMulSwiGlu(xn_.data(), n, lw.w_in, lw.w_up, up_.data(), hidden_.data());
   } else {
@@ -141,6 +158,10 @@ void Transformer<T>::FeedForward(const LayerWeights& lw, int n) {
     backend_.MatMulGelu(xn_.data(), n, lw.w_in, lw.b_in, hidden_.data());
   }
   backend_.MatMul(hidden_.data(), n, lw.w_out, lw.b_out, proj_.data());
+  if (c.sandwich_norms) {  // Gemma 2 and 3: the block's output norm
+    backend_.RmsNorm(proj_.data(), n, c.dim, lw.post_ffn_norm, c.norm_eps, proj_.data());
+  }
+  return true;
 }
 
 template <typename T>
@@ -258,7 +279,8 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   }
 
   // token (and, for GPT-2, position) embeddings. A residual still to be added to x_ waits
-  // in proj_ (proj_pending) and is added by the next norm, fused where the backend can.
+  // in proj_ (proj_pending) and is added by the next norm, fused where the backend can
+  // (FusedResiduals' layers add theirs as their products make them).
   backend_.Embedding(w.token_embedding, tokens.data(), n, x_.data());
   if (c.embedding_scale != 1.0) backend_.Scale(x_.data(), n * D, c.embedding_scale);
   bool proj_pending = false;
@@ -270,12 +292,17 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
     if (absl::Status s = AddResiduals(batch, l, /*mid=*/false, n, &proj_pending); !s.ok()) return s;
-    // (the previous block's residual and) attention norm
-    Norm(lw.attn_norm, lw.attn_norm_bias, n, proj_pending);
-    // qkv projections for every new token
+    // (the previous block's residual and) attention norm, and the qkv projections for
+    // every new token
     const kernels::MatMulOutput<T> qkv[] = {
         {lw.wq, lw.bq, q_.data()}, {lw.wk, lw.bk, k_.data()}, {lw.wv, lw.bv, v_.data()}};
-    backend_.MatMulMany(xn_.data(), n, qkv);
+    if (FusedResiduals() && !proj_pending) {
+      backend_.RmsNormMatMulMany(x_.data(), n, static_cast<int>(D), lw.attn_norm, c.norm_eps,
+                                 xn_.data(), qkv);
+    } else {
+      Norm(lw.attn_norm, lw.attn_norm_bias, n, proj_pending);
+      backend_.MatMulMany(xn_.data(), n, qkv);
+    }
     if (c.qk_norm) {  // Qwen3: RMSNorm over each head of q and k, in place
       backend_.RmsNorm(q_.data(), n * c.num_heads, c.head_dim, lw.q_norm, c.norm_eps, q_.data());
       backend_.RmsNorm(k_.data(), n * c.num_kv_heads, c.head_dim, lw.k_norm, c.norm_eps, k_.data());
@@ -350,20 +377,20 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
                                                    ", layer ", l, ": ", s.message()));
       }
     }
-    // output projection (Gemma 3: and its norm), its residual and the feed-forward norm
-    backend_.MatMul(att_.data(), n, lw.wo, lw.bo, proj_.data());
+    // output projection (Gemma 2 and 3: and its norm): its residual added into x_ now, or
+    // left in proj_ for the next norm (attn_pending)
+    bool attn_pending = !FusedResiduals();
+    if (FusedResiduals()) {
+      backend_.MatMulAddTo(att_.data(), n, lw.wo, lw.bo, proj_.data(), x_.data());
+    } else {
+      backend_.MatMul(att_.data(), n, lw.wo, lw.bo, proj_.data());
+    }
     if (c.sandwich_norms) {
       backend_.RmsNorm(proj_.data(), n, c.dim, lw.post_attn_norm, c.norm_eps, proj_.data());
     }
-    bool attn_pending = true;  // the attention's residual, in proj_
     if (absl::Status s = AddResiduals(batch, l, /*mid=*/true, n, &attn_pending); !s.ok()) return s;
-    Norm(lw.ffn_norm, lw.ffn_norm_bias, n, attn_pending);
-    // feed-forward block (and its norm); its residual waits for the next norm
-    FeedForward(lw, n);
-    if (c.sandwich_norms) {
-      backend_.RmsNorm(proj_.data(), n, c.dim, lw.post_ffn_norm, c.norm_eps, proj_.data());
-    }
-    proj_pending = true;
+    // the feed-forward norm and block; its residual likewise
+    proj_pending = FeedForward(lw, n, attn_pending);
   }
   if (absl::Status s = AddResiduals(batch, c.num_layers, /*mid=*/false, n, &proj_pending);
       !s.ok()) {

@@ -102,7 +102,13 @@ class Transformer {
   // xn_ = norm(x_) (RmsNorm for Llama, LayerNorm for GPT-2), after x_ += proj_ when
   // add_proj: the residual connection left pending by the previous block.
   void Norm(const WeightView& weight, const WeightView& bias, int n, bool add_proj);
-  void FeedForward(const LayerWeights& lw, int n);
+  // Whether the layers hand their RMSNorms to the products that read them (RmsNormMatMul*)
+  // and add each residual as its product makes it (MatMulAddTo), which a backend may fuse:
+  // Llama-family layers without sandwich norms.
+  bool FusedResiduals() const;
+  // The feed-forward norm (after x_ += proj_ when add_proj) and block. Its residual is
+  // added into x_ (FusedResiduals: returns false) or left in proj_ (returns true).
+  bool FeedForward(const LayerWeights& lw, int n, bool add_proj);
   // Adds the batch's residual adds at (layer, mid) to their entries' rows of x_, after the
   // pending residual (proj_) when *proj_pending (then cleared). Nothing when none is there.
   absl::Status AddResiduals(absl::Span<const BatchEntry> batch, int layer, bool mid, int n,

@@ -31,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend_factory.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/dtype.h"
 #include "kernels/staged_backend.h"
 #include "tests/engine/serve_together.h"
 #ifdef KVLENS_HAVE_CUDA
@@ -498,6 +499,66 @@ TEST(CudaEngineLogits, GemmaGeGluAndHeadSize256WithinToleranceOfCpu) {
   const std::unique_ptr<Model> gemma2 = testing::MakeTinyModel(spec);
   ASSERT_GT(gemma2->config.attention_softcap, 0.0);
   ExpectPrefillAndChunksCloseToCpu(*gemma2, cuda, 100, 6);
+}
+
+// Every weight of `model` (f32: MakeTinyModel's) rounded to bf16, stored as bf16.
+void ToBf16Weights(Model& model) {
+  auto convert = [&](kernels::WeightView& w) {
+    if (w.empty()) return;
+    ASSERT_EQ(w.dtype, kernels::DType::kF32);
+    const auto* src = static_cast<const float*>(w.data);
+    auto bits = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(w.rows * w.cols));
+    for (size_t i = 0; i < bits->size(); ++i) (*bits)[i] = kernels::F32ToBF16(src[i]);
+    model.weights.storage.push_back(bits);
+    w = kernels::WeightView{bits->data(), kernels::DType::kBF16, w.rows, w.cols};
+  };
+  Weights& wt = model.weights;
+  for (kernels::WeightView* w : {&wt.token_embedding, &wt.final_norm, &wt.output}) convert(*w);
+  for (LayerWeights& lw : wt.layers) {
+    for (kernels::WeightView* w : {&lw.attn_norm, &lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.ffn_norm,
+                                   &lw.w_in, &lw.w_up, &lw.w_out, &lw.q_norm, &lw.k_norm}) {
+      convert(*w);
+    }
+  }
+}
+
+// A Llama and a Gemma (GeGLU) on bf16 weights, decoded one and three tokens a step: the
+// matvec then normalizes x itself (RmsNormMatMulMany, RmsNormMatMulSwiGlu/GeGlu) and adds
+// each residual into x (MatMulAddTo), where the CpuBackend runs the norm, the products and
+// the add one by one (the Backend defaults). The logits against the CpuBackend's on the same
+// weights.
+TEST(CudaEngineLogits, Bf16DecodeWithFusedNormsAndResidualsWithinToleranceOfCpu) {
+  KVLENS_REQUIRE_CUDA(cuda);
+  // Both models live to the end: the backend keys its weights' device copies by host
+  // address, which a freed model's successor could reuse.
+  std::vector<std::unique_ptr<Model>> models;
+  for (bool gemma : {false, true}) {
+    testing::TinySpec spec;
+    spec.arch = Architecture::kLlama;
+    spec.rope_style = kernels::RopeStyle::kHalfSplit;
+    spec.dim = 256;
+    spec.heads = 4;
+    spec.kv_heads = 2;
+    spec.hidden = 384;
+    spec.gemma = gemma;
+    spec.vocab = 50;
+    spec.max_seq = 64;
+    spec.seed = gemma ? 14 : 13;
+    models.push_back(testing::MakeTinyModel(spec));
+    ToBf16Weights(*models.back());
+  }
+  for (const std::unique_ptr<Model>& model : models) {
+    SCOPED_TRACE(model->config.gate_activation == GateActivation::kGeluTanh ? "gemma" : "llama");
+    std::mt19937 rng(8);
+    std::vector<int32_t> tokens(40);
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
+    kernels::CpuBackend cpu(2);
+    for (int chunk : {1, 3}) {
+      SCOPED_TRACE(chunk);
+      ExpectClose(AllLogits(*model, cuda, tokens, chunk), AllLogits(*model, cpu, tokens, chunk),
+                  1e-4, 1e-5);
+    }
+  }
 }
 
 // Mistral 7B v0.1's sliding window (here 50 positions over 300 tokens): one prefill (the
