@@ -747,7 +747,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
                "batch %d, context %d, %s%s, host %.0f us/step, %.0f index "
                "copies/step",
                batch, ctx,
-               graphs ? absl::StrFormat("graphs (%d of %d steps replayed)", replayed, steps + 1)
+               graphs ? absl::StrFormat("graphs (%d of %d steps replayed, %d launcher calls)",
+                                        replayed, steps + 1, b.graph_stats().last_step_calls)
                       : std::string("no graphs"),
                std::string(pdl ? ", PDL" : "") + (fused_combine ? ", fused split-KV combine" : "") +
                    (fused_norms ? "" : ", norms and residual adds unfused"),

@@ -169,6 +169,7 @@ absl::Status StepGraph::End(cudaStream_t stream, std::mutex* capture_mutex) {
   if (!recording_) return absl::OkStatus();
   recording_ = false;
   ++stats_.steps;
+  stats_.last_step_calls = static_cast<int64_t>(launches_.size());
   const uint64_t hash = Hash(signature_);
   auto it = entries_.find(hash);
   absl::Status status;

@@ -91,6 +91,9 @@ class StepGraph {
     int64_t replays = 0;   // steps run by a graph (the capturing one included)
     int64_t capture_failures = 0;
     int64_t graphs = 0;  // instantiated graphs held now
+    // Launcher calls (a kernel, a cuBLAS product or a copy each; split-KV attention's is
+    // its two kernels) of the last step recorded.
+    int64_t last_step_calls = 0;
   };
 
   // Keeps at most max_graphs instantiated graphs (least recently used go first) and

@@ -650,6 +650,7 @@ TEST_F(CudaBackendTest, GraphReplaysReadEachStepsIndexArrays) {
   EXPECT_EQ(s1.eager - s0.eager, 1);        // first sighting
   EXPECT_EQ(s1.captures - s0.captures, 1);  // second: captured, then launched
   EXPECT_EQ(s1.replays - s0.replays, 4);    // the second to the fifth
+  EXPECT_EQ(s1.last_step_calls, 3);         // the ids' upload, Embedding, Add
   // Other launches (two rows) are another step: run one by one, then captured.
   step({4, 0});
   step({1, 3});
