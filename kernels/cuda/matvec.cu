@@ -23,7 +23,7 @@
 // there. The products' loop is the same code either way (only x's address differs), so
 // the registers, the loads in flight and the occupancy are those measured unfused. Rows
 // are held whole, so the fusion takes n · in ≤ kMatVecNormMaxFloats (batch-1 rows up to
-// 12288 wide; matvec.h). Before it each q/k/v and gate/up product followed an RMSNorm
+// 8192 wide; matvec.h). Before it each q/k/v and gate/up product followed an RMSNorm
 // launch of its own (on an H200: 9% of a Llama-7B batch-1 step under ncu, 7 µs a launch
 // cold). (Folding the norm into the loop instead, the weight multiplied as x is read and
 // x's squares summed by the first unit, spilled at one row's 40 registers.)
@@ -283,6 +283,14 @@ void Launch(const Segments& segs, cudaStream_t stream) {
     sms = 1;
   }
   const int smem = kNorm ? static_cast<int>(N * segs.in * sizeof(float)) : 0;
+  if constexpr (kNorm) {
+    // x comes from shared memory and nothing is reused through L1: ask for the largest
+    // carveout (a hint, kept by the device's context: set at every launch, as the flash
+    // kernels do), so the blocks that fit unfused still fit.
+    (void)cudaFuncSetAttribute(MatVecKernel<kBf16, N, kVec, kGated, kNorm>,
+                               cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
+  }
   const int per_sm = BlocksPerSm<kBf16, N, kVec, kGated, kNorm>(smem);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(segs.units, int64_t{sms} * per_sm));
   LaunchKernel("MatVecKernel", MatVecKernel<kBf16, N, kVec, kGated, kNorm>, blocks, kThreads, smem,

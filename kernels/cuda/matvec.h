@@ -50,9 +50,15 @@ struct MatVecNorm {
 };
 
 // The values n rows of a fused norm may hold (n · in): 48 KiB of shared memory a block, the
-// most a launch gets without opting in; one row of up to 12288, two of 6144, four of 3072.
+// most a launch gets without opting in; two rows of up to 6144, four of 3072. One row
+// stops at 8192 (kMatVecNormMaxRowFloats), where the 6 blocks an SM the unfused kernel
+// runs at n = 1 still fit (6 · 32 KiB of the H200's 227 KiB): past it the fusion would cost
+// occupancy.
 inline constexpr int64_t kMatVecNormMaxFloats = 12 * 1024;
-inline bool MatVecNormFits(int n, int64_t in) { return int64_t{n} * in <= kMatVecNormMaxFloats; }
+inline constexpr int64_t kMatVecNormMaxRowFloats = 8 * 1024;
+inline bool MatVecNormFits(int n, int64_t in) {
+  return int64_t{n} * in <= kMatVecNormMaxFloats && (n > 1 || in <= kMatVecNormMaxRowFloats);
+}
 
 // y[r, o] = Σ_i x[r, i] · W[o, i] + bias[o] for r < n (1 … kMatVecMaxRows), for each of
 // 1 … kMatVecMaxSegments products of the same x, in one launch, x normalized by `norm`
