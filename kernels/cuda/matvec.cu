@@ -22,11 +22,12 @@
 // shuffles, one barrier, the rows written, one more barrier), and its units read x from
 // there. The products' loop is the same code either way (only x's address differs), so
 // the registers, the loads in flight and the occupancy are those measured unfused. Rows
-// are held whole, so the fusion takes n · in ≤ kMatVecNormMaxFloats (batch-1 rows up to
-// 8192 wide; matvec.h). Before it each q/k/v and gate/up product followed an RMSNorm
-// launch of its own (on an H200: 9% of a Llama-7B batch-1 step under ncu, 7 µs a launch
-// cold). (Folding the norm into the loop instead, the weight multiplied as x is read and
-// x's squares summed by the first unit, spilled at one row's 40 registers.)
+// are held whole, so the fusion takes rows that fit without costing occupancy
+// (MatVecNormFits: one row of up to 8192, four of 6144). Before it each q/k/v and gate/up
+// product followed an RMSNorm launch of its own (on an H200: 9% of a Llama-7B batch-1 step
+// under ncu, 7 µs a launch cold). (Folding the norm into the loop instead, the weight
+// multiplied as x is read and x's squares summed by the first unit, spilled at one row's
+// 40 registers.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -284,9 +285,13 @@ void Launch(const Segments& segs, cudaStream_t stream) {
   }
   const int smem = kNorm ? static_cast<int>(N * segs.in * sizeof(float)) : 0;
   if constexpr (kNorm) {
-    // x comes from shared memory and nothing is reused through L1: ask for the largest
-    // carveout (a hint, kept by the device's context: set at every launch, as the flash
-    // kernels do), so the blocks that fit unfused still fit.
+    // The rows' bytes, opted in (the default 48 KiB covers static and dynamic shared
+    // memory together); and, as x comes from shared memory and nothing is reused through
+    // L1, the largest carveout, so the blocks that fit unfused still fit. Both belong to the
+    // device's context, so they are set at every launch, as the flash kernels do; a refusal
+    // fails the launch, which the caller reports.
+    (void)cudaFuncSetAttribute(MatVecKernel<kBf16, N, kVec, kGated, kNorm>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     (void)cudaFuncSetAttribute(MatVecKernel<kBf16, N, kVec, kGated, kNorm>,
                                cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared);
@@ -335,9 +340,9 @@ absl::Status LaunchSegments(int n, DType dtype, bool gated, Segments segs, cudaS
     return absl::InvalidArgumentError("LaunchMatVec: the norm's weight must be f32, f16 or bf16");
   }
   if (norm && !MatVecNormFits(n, segs.in)) {
-    return absl::InvalidArgumentError(absl::StrCat("LaunchMatVec: a fused norm holds n · in ≤ ",
-                                                   kMatVecNormMaxFloats, " values, got ", n, " · ",
-                                                   segs.in));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LaunchMatVec: a fused norm holds one row of up to ", kMatVecNormMaxRowFloats,
+        " values or n · in up to ", kMatVecNormMaxFloats, ", got ", n, " · ", segs.in));
   }
   if (segs.in <= 0) return absl::OkStatus();
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };

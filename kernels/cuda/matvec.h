@@ -49,15 +49,14 @@ struct MatVecNorm {
   float eps = 0.0f;
 };
 
-// The values n rows of a fused norm may hold (n · in): 48 KiB of shared memory a block, the
-// most a launch gets without opting in; two rows of up to 6144, four of 3072. One row
-// stops at 8192 (kMatVecNormMaxRowFloats), where the 6 blocks an SM the unfused kernel
-// runs at n = 1 still fit (6 · 32 KiB of the H200's 227 KiB): past it the fusion would cost
-// occupancy.
-inline constexpr int64_t kMatVecNormMaxFloats = 12 * 1024;
+// Whether n rows of width `in` fit a fused norm's shared memory without costing occupancy.
+// One row: up to 8192 (32 KiB a block, and the 6 blocks an SM the kernel runs at n = 1 still
+// fit in the H200's 227 KiB); more rows, whose kernels run 2 blocks an SM: n · in up to
+// 24576 (96 KiB a block, opted in past 48 KiB): four rows of 6144, two of 12288.
 inline constexpr int64_t kMatVecNormMaxRowFloats = 8 * 1024;
+inline constexpr int64_t kMatVecNormMaxFloats = 24 * 1024;
 inline bool MatVecNormFits(int n, int64_t in) {
-  return int64_t{n} * in <= kMatVecNormMaxFloats && (n > 1 || in <= kMatVecNormMaxRowFloats);
+  return n == 1 ? in <= kMatVecNormMaxRowFloats : int64_t{n} * in <= kMatVecNormMaxFloats;
 }
 
 // y[r, o] = Σ_i x[r, i] · W[o, i] + bias[o] for r < n (1 … kMatVecMaxRows), for each of
