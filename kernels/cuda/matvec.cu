@@ -39,6 +39,7 @@
 #include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/load_as_float.cuh"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/reduce.cuh"
 
@@ -82,18 +83,6 @@ struct Segments {
   Segment seg[kMatVecMaxSegments];
 };
 
-// The norm's weight i.
-__device__ __forceinline__ float LoadNormWeight(const void* w, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::kF16:
-      return __half2float(static_cast<const __half*>(w)[i]);
-    case DType::kBF16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(w)[i]);
-    default:
-      return static_cast<const float*>(w)[i];
-  }
-}
-
 // Weight rows a unit reads for N rows of x: 2, or 4 from N = 2 on. Each x value a thread
 // loads (through L1) serves R weight rows, so L1 carries 2N / R times the weight bytes in
 // fp32 x: at N = 4 with 2 rows, four times the weights' bytes, and the kernel read weights
@@ -131,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segment
       inv_rms[r] = rsqrtf(sq / static_cast<float>(in) + segs.norm.eps);
     }
     for (int64_t i = threadIdx.x; i < in; i += kThreads) {
-      const float g = LoadNormWeight(segs.norm.weight, segs.norm.dtype, i);
+      const float g = LoadAsFloat(segs.norm.weight, segs.norm.dtype, i);
 #pragma unroll
       for (int r = 0; r < N; ++r) normed[r * in + i] = x[r * in + i] * inv_rms[r] * g;
     }

@@ -10,6 +10,7 @@
 #include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/load_as_float.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
 
@@ -23,17 +24,6 @@ constexpr int kThreads = 256;
 unsigned GridFor(int64_t count) {
   const int64_t blocks = (count + kThreads - 1) / kThreads;
   return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, int64_t{1} << 16));
-}
-
-__device__ __forceinline__ float LoadAsFloat(const void* p, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::kF16:
-      return __half2float(static_cast<const __half*>(p)[i]);
-    case DType::kBF16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    default:
-      return static_cast<const float*>(p)[i];
-  }
 }
 
 __global__ void EmbeddingKernel(const void* table, DType dtype, int64_t dim, const int32_t* ids,

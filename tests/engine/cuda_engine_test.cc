@@ -401,7 +401,7 @@ TEST(CudaEngineLogits, DefaultModelWithinToleranceOfCpu) {
 
 // A 2-layer Llama-shaped model with head size 64 (4 heads of 64, 2 KV heads), a vocabulary
 // of 50, random weights.
-std::unique_ptr<Model> HeadSize64Model(kernels::RopeStyle rope_style, int max_seq, int seed) {
+testing::TinySpec HeadSize64Spec(kernels::RopeStyle rope_style, int max_seq, int seed) {
   testing::TinySpec spec;
   spec.arch = Architecture::kLlama;
   spec.rope_style = rope_style;
@@ -413,7 +413,10 @@ std::unique_ptr<Model> HeadSize64Model(kernels::RopeStyle rope_style, int max_se
   spec.vocab = 50;
   spec.max_seq = max_seq;
   spec.seed = seed;
-  return testing::MakeTinyModel(spec);
+  return spec;
+}
+std::unique_ptr<Model> HeadSize64Model(kernels::RopeStyle rope_style, int max_seq, int seed) {
+  return testing::MakeTinyModel(HeadSize64Spec(rope_style, max_seq, seed));
 }
 
 // `n` random tokens (ids below 50, from seed) in one prefill and in chunks of 7 (decode-like
@@ -522,28 +525,20 @@ void ToBf16Weights(Model& model) {
   }
 }
 
-// A Llama and a Gemma (GeGLU) on bf16 weights, decoded one and three tokens a step: the
-// matvec then normalizes x itself (RmsNormMatMulMany, RmsNormMatMulSwiGlu/GeGlu) and adds
-// each residual into x (MatMulAddTo), where the CpuBackend runs the norm, the products and
-// the add one by one (the Backend defaults). The logits against the CpuBackend's on the same
-// weights.
+// HeadSize64Spec's Llama, and a Gemma (GeGLU) of that shape, on bf16 weights, decoded one
+// and three tokens a step: the matvec then normalizes x itself (RmsNormMatMulMany,
+// RmsNormMatMulSwiGlu/GeGlu) and adds each residual into x (MatMulAddTo), where the
+// CpuBackend runs the norm, the products and the add one by one (the Backend defaults).
+// The logits against the CpuBackend's on the same weights.
 TEST(CudaEngineLogits, Bf16DecodeWithFusedNormsAndResidualsWithinToleranceOfCpu) {
   KVLENS_REQUIRE_CUDA(cuda);
   // Both models live to the end: the backend keys its weights' device copies by host
   // address, which a freed model's successor could reuse.
   std::vector<std::unique_ptr<Model>> models;
   for (bool gemma : {false, true}) {
-    testing::TinySpec spec;
-    spec.arch = Architecture::kLlama;
-    spec.rope_style = kernels::RopeStyle::kHalfSplit;
-    spec.dim = 256;
-    spec.heads = 4;
-    spec.kv_heads = 2;
-    spec.hidden = 384;
+    testing::TinySpec spec =
+        HeadSize64Spec(kernels::RopeStyle::kHalfSplit, /*max_seq=*/64, /*seed=*/gemma ? 14 : 13);
     spec.gemma = gemma;
-    spec.vocab = 50;
-    spec.max_seq = 64;
-    spec.seed = gemma ? 14 : 13;
     models.push_back(testing::MakeTinyModel(spec));
     ToBf16Weights(*models.back());
   }
