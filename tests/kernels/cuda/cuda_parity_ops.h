@@ -242,6 +242,56 @@ inline ParityResult AddNormCase(CudaBackend& gpu, std::mt19937_64& rng, bool lay
   return Judge(name, got, naive, ref);
 }
 
+// The products of MatMulManyCase and NormedMatMulCase, output by output (ws[1] with the
+// bias b): the reference's MatMul of each in double, and NaiveMatMul of each.
+inline std::vector<double> ReferenceMany(const std::vector<double>& x, int n,
+                                         const std::vector<OwnedWeight>& ws, const OwnedWeight& b) {
+  std::vector<double> ref;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    std::vector<double> r(size_t(n) * ws[i].view().rows);
+    ReferenceBackend().MatMul(x.data(), n, ws[i].view(), i == 1 ? b.view() : WeightView{},
+                              r.data());
+    ref.insert(ref.end(), r.begin(), r.end());
+  }
+  return ref;
+}
+inline std::vector<double> NaiveMany(const std::vector<double>& x, int n, int in,
+                                     const std::vector<OwnedWeight>& ws, const OwnedWeight& b) {
+  std::vector<double> naive;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const std::vector<double> nv = NaiveMatMul(x, n, in, ws[i], i == 1 ? &b : nullptr);
+    naive.insert(naive.end(), nv.begin(), nv.end());
+  }
+  return naive;
+}
+
+// The gated products of MatMulGatedCase and NormedMatMulCase, silu (gelu_tanh with geglu)
+// of x·W_gateᵀ times x·W_upᵀ: the reference's MatMulSwiGlu (MatMulGeGlu) in double, and
+// NaiveMatMul of each, gated in float.
+inline std::vector<double> ReferenceGated(const std::vector<double>& x, int n,
+                                          const OwnedWeight& wg, const OwnedWeight& wu,
+                                          bool geglu) {
+  std::vector<double> ref(size_t(n) * wg.view().rows), scratch(ref.size());
+  if (geglu) {
+    ReferenceBackend().MatMulGeGlu(x.data(), n, wg.view(), wu.view(), scratch.data(), ref.data());
+  } else {
+    ReferenceBackend().MatMulSwiGlu(x.data(), n, wg.view(), wu.view(), scratch.data(), ref.data());
+  }
+  return ref;
+}
+inline std::vector<double> NaiveGated(const std::vector<double>& x, int n, int in,
+                                      const OwnedWeight& wg, const OwnedWeight& wu, bool geglu) {
+  const std::vector<double> gate = NaiveMatMul(x, n, in, wg, nullptr),
+                            up = NaiveMatMul(x, n, in, wu, nullptr);
+  std::vector<double> naive(gate.size());
+  for (size_t e = 0; e < naive.size(); ++e) {
+    const float g = static_cast<float>(gate[e]);
+    const float a = geglu ? NaiveGeluTanh(g) : g / (1.0f + std::exp(-g));
+    naive[e] = a * static_cast<float>(up[e]);
+  }
+  return naive;
+}
+
 // MatMulMany: three products of one x (q, k, v shaped: outs 48, 16, 16; the second with a
 // bias), judged together against the reference's MatMul of each. mixed: the third weight
 // in f32, so no single matvec launch can take them (each product its own MatMul).
@@ -257,15 +307,7 @@ inline ParityResult MatMulManyCase(CudaBackend& gpu, std::mt19937_64& rng, DType
                     mixed && i == 2 ? DType::kF32 : dtype);
   }
   const OwnedWeight b(kernels::testing::RandomVector(rng, outs[1]), 1, outs[1], DType::kF32);
-  std::vector<double> ref, naive;
-  for (int i = 0; i < 3; ++i) {
-    const WeightView bias = i == 1 ? b.view() : WeightView{};
-    std::vector<double> r(size_t(n) * outs[i]);
-    ReferenceBackend().MatMul(x.data(), n, ws[i].view(), bias, r.data());
-    ref.insert(ref.end(), r.begin(), r.end());
-    const std::vector<double> nv = NaiveMatMul(x, n, in, ws[i], i == 1 ? &b : nullptr);
-    naive.insert(naive.end(), nv.begin(), nv.end());
-  }
+  const std::vector<double> ref = ReferenceMany(x, n, ws, b), naive = NaiveMany(x, n, in, ws, b);
   auto dx = ToDevice(x);
   auto dy = ToDevice(std::vector<double>(ref.size(), kNaN));
   if (!dx.ok() || !dy.ok()) return Failed(name, !dx.ok() ? dx.status() : dy.status());
@@ -290,20 +332,8 @@ inline ParityResult MatMulGatedCase(CudaBackend& gpu, std::mt19937_64& rng, DTyp
   const std::vector<double> x = kernels::testing::RandomFloatExact(rng, size_t(n) * in);
   const OwnedWeight wg(kernels::testing::RandomVector(rng, size_t(out) * in), out, in, dtype);
   const OwnedWeight wu(kernels::testing::RandomVector(rng, size_t(out) * in), out, in, dtype);
-  std::vector<double> ref(size_t(n) * out), scratch(ref.size());
-  if (geglu) {
-    ReferenceBackend().MatMulGeGlu(x.data(), n, wg.view(), wu.view(), scratch.data(), ref.data());
-  } else {
-    ReferenceBackend().MatMulSwiGlu(x.data(), n, wg.view(), wu.view(), scratch.data(), ref.data());
-  }
-  const std::vector<double> gate = NaiveMatMul(x, n, in, wg, nullptr),
-                            up = NaiveMatMul(x, n, in, wu, nullptr);
-  std::vector<double> naive(ref.size());
-  for (size_t e = 0; e < naive.size(); ++e) {
-    const float g = static_cast<float>(gate[e]);
-    const float a = geglu ? NaiveGeluTanh(g) : g / (1.0f + std::exp(-g));
-    naive[e] = a * static_cast<float>(up[e]);
-  }
+  const std::vector<double> ref = ReferenceGated(x, n, wg, wu, geglu),
+                            naive = NaiveGated(x, n, in, wg, wu, geglu);
   auto dx = ToDevice(x);
   auto dscratch = ToDevice(std::vector<double>(ref.size(), kNaN));
   auto dy = ToDevice(std::vector<double>(ref.size(), kNaN));
@@ -343,36 +373,15 @@ inline ParityResult NormedMatMulCase(CudaBackend& gpu, std::mt19937_64& rng, int
   }
   const OwnedWeight b(kernels::testing::RandomVector(rng, outs[1]), 1, outs[1], DType::kF32);
   // The reference: its RmsNorm, then its products of the normalized rows.
-  std::vector<double> xn_ref(x.size()), ref;
+  std::vector<double> xn_ref(x.size()), ref, naive;
   ReferenceBackend().RmsNorm(x.data(), n, in, g.view(), eps, xn_ref.data());
   const std::vector<double> xn_naive = NaiveNorm(x, n, in, false, g, nullptr, eps);
-  std::vector<double> naive;
   if (kind == 0) {
-    for (int i = 0; i < 3; ++i) {
-      std::vector<double> r(size_t(n) * outs[i]);
-      ReferenceBackend().MatMul(xn_ref.data(), n, ws[i].view(), i == 1 ? b.view() : WeightView{},
-                                r.data());
-      ref.insert(ref.end(), r.begin(), r.end());
-      const std::vector<double> nv = NaiveMatMul(xn_naive, n, in, ws[i], i == 1 ? &b : nullptr);
-      naive.insert(naive.end(), nv.begin(), nv.end());
-    }
+    ref = ReferenceMany(xn_ref, n, ws, b);
+    naive = NaiveMany(xn_naive, n, in, ws, b);
   } else {
-    ref.resize(size_t(n) * outs[0]);
-    std::vector<double> scratch(ref.size());
-    if (kind == 2) {
-      ReferenceBackend().MatMulGeGlu(xn_ref.data(), n, ws[0].view(), ws[1].view(), scratch.data(),
-                                     ref.data());
-    } else {
-      ReferenceBackend().MatMulSwiGlu(xn_ref.data(), n, ws[0].view(), ws[1].view(), scratch.data(),
-                                      ref.data());
-    }
-    const std::vector<double> gate = NaiveMatMul(xn_naive, n, in, ws[0], nullptr),
-                              up = NaiveMatMul(xn_naive, n, in, ws[1], nullptr);
-    for (size_t e = 0; e < gate.size(); ++e) {
-      const float gv = static_cast<float>(gate[e]);
-      const float a = kind == 2 ? NaiveGeluTanh(gv) : gv / (1.0f + std::exp(-gv));
-      naive.push_back(a * static_cast<float>(up[e]));
-    }
+    ref = ReferenceGated(xn_ref, n, ws[0], ws[1], kind == 2);
+    naive = NaiveGated(xn_naive, n, in, ws[0], ws[1], kind == 2);
   }
   auto dx = ToDevice(x);
   auto dxn = ToDevice(std::vector<double>(x.size(), kNaN));
