@@ -13,6 +13,7 @@
 #include "kernels/cuda/load_as_float.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/rope_store.cuh"
 
 namespace kvlens::kernels::cuda {
 namespace {
@@ -113,9 +114,7 @@ __global__ void LayerNormKernel(float* x, const float* residual, int dim, const 
 }
 
 // One thread per (row, head, pair), over x's heads and then x2's (RopeQK: q and k in one
-// launch; x2 null for one tensor). The angle is position · theta^(−2p/Dh) in double (at
-// position 1e5 a float angle would be off by ~1e-2 rad), divided by freq_factors[p] when
-// set (RopeSpec).
+// launch; x2 null for one tensor); the angle and the rotation are rope_store.cuh's.
 // With k_cache set (RopeQKStoreKv; head_dim even), the threads of x2's heads (k) also
 // store the rotated pair into k_cache and v's same pair into v_cache, at cache row
 // dst_rows[r] (none for a negative row): the cache rows in the same launch.
@@ -127,15 +126,6 @@ struct KvStore {
   int64_t cache_stride;
   bool bf16;
 };
-
-// cache[i] = x, rounded to nearest-even bf16 in a bf16 cache.
-__device__ __forceinline__ void StoreCacheElement(void* cache, int64_t i, float x, bool bf16) {
-  if (bf16) {
-    static_cast<uint16_t*>(cache)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
-  } else {
-    static_cast<float*>(cache)[i] = x;
-  }
-}
 
 __global__ void RopeKernel(float* x, int64_t row_stride, int num_heads, float* x2,
                            int64_t row_stride2, int num_heads2, int n, int head_dim,
@@ -151,19 +141,14 @@ __global__ void RopeKernel(float* x, int64_t row_stride, int num_heads, float* x
     const int64_t rh = t / half;
     const int h = static_cast<int>(rh % heads);
     const int64_t r = rh / heads;
-    double freq = pow(theta, -2.0 * p / head_dim);
-    if (freq_factors != nullptr) freq /= static_cast<double>(freq_factors[p]);
-    const double angle = positions[r] * freq;
-    double s, c;
-    sincos(angle, &s, &c);
-    const float cf = static_cast<float>(c), sf = static_cast<float>(s);
+    const float2 cs = RopeCosSin(positions[r], p, head_dim, theta, freq_factors);
     float* head = h < num_heads
                       ? x + r * row_stride + static_cast<int64_t>(h) * head_dim
                       : x2 + r * row_stride2 + static_cast<int64_t>(h - num_heads) * head_dim;
     const int ia = adjacent ? 2 * p : p;
     const int ib = adjacent ? 2 * p + 1 : p + half;
-    const float a = head[ia], b = head[ib];
-    const float ra = a * cf - b * sf, rb = a * sf + b * cf;
+    const float2 rotated = RotatePair(head[ia], head[ib], cs);
+    const float ra = rotated.x, rb = rotated.y;
     head[ia] = ra;
     head[ib] = rb;
     if (store.k_cache != nullptr && h >= num_heads && store.dst_rows[r] >= 0) {

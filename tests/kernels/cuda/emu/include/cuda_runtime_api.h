@@ -22,6 +22,11 @@ struct alignas(16) float4 {
   float x, y, z, w;
 };
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+// 8-byte aligned, as in CUDA (the fused rope's cos and sin).
+struct alignas(8) float2 {
+  float x, y;
+};
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 // 8-byte aligned, as in CUDA (a bf16 KV cache's four-element loads).
 struct alignas(8) uint2 {
   unsigned int x, y;
