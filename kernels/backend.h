@@ -128,6 +128,22 @@ struct MatMulOutput {
   T* y = nullptr;
 };
 
+// A Llama layer's new keys and values on their way into the paged cache
+// (RmsNormQkvRopeStoreKv): token i's q and k turned at positions[i] by `rope`, its k and v
+// stored at cache row dst_rows[i] (StoreKv's contract: negative stores nothing).
+struct QkvRopeStore {
+  int q_heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  const int32_t* positions = nullptr;  // [N], host
+  const RopeSpec* rope = nullptr;
+  const int64_t* dst_rows = nullptr;  // [N], host
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  int64_t cache_stride = 0;
+  KvDtype cache_dtype = KvDtype::kActivation;
+};
+
 template <typename T>
 class Backend {
  public:
@@ -257,6 +273,19 @@ class Backend {
                                  T* xn, absl::Span<const MatMulOutput<T>> outputs) {
     RmsNorm(x, n, dim, norm, eps, xn);
     MatMulMany(xn, n, outputs);
+  }
+  // RmsNormMatMulMany of a layer's q, k and v (qkv[0 … 2]: [N, q_heads·Dh] and twice
+  // [N, kv_heads·Dh]), then RopeQKStoreKv of them: a pre-norm layer's attention inputs, up
+  // to the cache.
+  virtual void RmsNormQkvRopeStoreKv(const T* x, int n, int dim, const WeightView& norm, double eps,
+                                     T* xn, absl::Span<const MatMulOutput<T>> qkv,
+                                     const QkvRopeStore& kv) {
+    RmsNormMatMulMany(x, n, dim, norm, eps, xn, qkv);
+    const int64_t q_stride = int64_t{kv.q_heads} * kv.head_dim;
+    const int64_t kv_stride = int64_t{kv.kv_heads} * kv.head_dim;
+    RopeQKStoreKv(qkv[0].y, q_stride, kv.q_heads, qkv[1].y, qkv[2].y, kv_stride, kv.kv_heads, n,
+                  kv.head_dim, kv.positions, *kv.rope, kv.dst_rows, kv.k_cache, kv.v_cache,
+                  kv.cache_stride, kv.cache_dtype);
   }
   // MatMulSwiGlu (MatMulGeGlu) of xn = RmsNorm(x), xn scratch as above: a pre-norm
   // layer's gated feed-forward half.

@@ -507,10 +507,26 @@ void CudaBackend::RmsNormMatMulMany(const float* x, int n, int dim, const Weight
   MatMulManyImpl(x, n, outputs, &pre);
 }
 
+void CudaBackend::RmsNormQkvRopeStoreKv(const float* x, int n, int dim, const WeightView& norm,
+                                        double eps, float* xn,
+                                        absl::Span<const MatMulOutput<float>> qkv,
+                                        const QkvRopeStore& kv) {
+  const PreNorm pre{dim, norm, eps, xn};
+  MatMulManyImpl(x, n, qkv, &pre, &kv);
+}
+
 void CudaBackend::MatMulManyImpl(const float* x, int n,
-                                 absl::Span<const MatMulOutput<float>> outputs,
-                                 const PreNorm* norm) {
+                                 absl::Span<const MatMulOutput<float>> outputs, const PreNorm* norm,
+                                 const QkvRopeStore* kv) {
   if (!status_.ok() || n <= 0 || outputs.empty()) return;
+  // With kv: the products, then their rope and cache rows (below, or in the matvec).
+  auto rope_store = [&] {
+    if (kv == nullptr) return;
+    RopeQKStoreKv(outputs[0].y, int64_t{kv->q_heads} * kv->head_dim, kv->q_heads, outputs[1].y,
+                  outputs[2].y, int64_t{kv->kv_heads} * kv->head_dim, kv->kv_heads, n, kv->head_dim,
+                  kv->positions, *kv->rope, kv->dst_rows, kv->k_cache, kv->v_cache,
+                  kv->cache_stride, kv->cache_dtype);
+  };
   std::vector<const DeviceWeight*> ws, bs;
   bool shared = true;  // one dtype and input width: one matvec launch, or one GEMM operand
   for (const MatMulOutput<float>& o : outputs) {
@@ -534,6 +550,7 @@ void CudaBackend::MatMulManyImpl(const float* x, int n,
   if (!Ok(fused.status())) return;
   if (!shared) {
     Backend<float>::MatMulMany(x, n, outputs);
+    rope_store();
     return;
   }
   if (matvec) {
@@ -543,8 +560,35 @@ void CudaBackend::MatMulManyImpl(const float* x, int n,
                           bs[i] != nullptr ? bs[i]->buffer.get() : nullptr,
                           bs[i] != nullptr ? bs[i]->dtype : DType::kF32, outputs[i].y});
     }
-    Ok(Launch(&LaunchMatVec, x, n, ws.front()->cols, *fused,
-              absl::Span<const MatVecProduct>(products), dtype));
+    const int64_t kv_rows = kv != nullptr ? int64_t{kv->kv_heads} * kv->head_dim : 0;
+    const bool fuse_rope = kv != nullptr && outputs.size() == 3 && MatVecRopeTakes(kv->head_dim) &&
+                           ws.front()->cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                           ws[0]->rows == int64_t{kv->q_heads} * kv->head_dim &&
+                           ws[1]->rows == kv_rows && ws[2]->rows == kv_rows;
+    if (!fuse_rope) {
+      Ok(Launch(&LaunchMatVec, x, n, ws.front()->cols, *fused,
+                absl::Span<const MatVecProduct>(products), dtype));
+      rope_store();
+      return;
+    }
+    absl::StatusOr<RopeSpec> d_rope = DeviceRope(*kv->rope, kv->head_dim);
+    if (!Ok(d_rope.status())) return;
+    const void* d[2] = {nullptr, nullptr};  // one upload, as RopeQKStoreKv's
+    if (!Ok(UploadPacked(
+            rope_store_pack_,
+            {{kv->positions, sizeof(int32_t) * n}, {kv->dst_rows, sizeof(int64_t) * n}}, d))) {
+      return;
+    }
+    const MatVecRopeStore rs{static_cast<const int32_t*>(d[0]),
+                             *d_rope,
+                             kv->head_dim,
+                             static_cast<const int64_t*>(d[1]),
+                             kv->k_cache,
+                             kv->v_cache,
+                             kv->cache_stride,
+                             kv->cache_dtype == KvDtype::kBF16};
+    Ok(Launch(&LaunchMatVecRopeStore, x, n, ws.front()->cols, *fused,
+              absl::Span<const MatVecProduct>(products), rs, dtype));
     return;
   }
   // GEMMs: x rounded to the weights' dtype once for all of them.
@@ -554,6 +598,7 @@ void CudaBackend::MatMulManyImpl(const float* x, int n,
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!Ok(Gemm(*operand, n, *ws[i], bs[i], outputs[i].y))) return;
   }
+  rope_store();
 }
 
 void CudaBackend::MatMulSwiGlu(const float* x, int n, const WeightView& w_gate,

@@ -171,6 +171,12 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // (MatVecNormFits): no RmsNorm launch, xn unwritten. Else RmsNorm, then MatMulMany.
   void RmsNormMatMulMany(const float* x, int n, int dim, const WeightView& norm, double eps,
                          float* xn, absl::Span<const MatMulOutput<float>> outputs) override;
+  // That matvec, its epilogue also turning q and k and storing k and v into the cache
+  // (LaunchMatVecRopeStore: heads of a multiple of 4, in % 8 == 0); else
+  // RmsNormMatMulMany, then RopeQKStoreKv.
+  void RmsNormQkvRopeStoreKv(const float* x, int n, int dim, const WeightView& norm, double eps,
+                             float* xn, absl::Span<const MatMulOutput<float>> qkv,
+                             const QkvRopeStore& kv) override;
   // The gated matvec normalizes x itself likewise (else RmsNorm, then MatMulSwiGlu/GeGlu).
   void RmsNormMatMulSwiGlu(const float* x, int n, int dim, const WeightView& norm, double eps,
                            float* xn, const WeightView& w_gate, const WeightView& w_up,
@@ -299,9 +305,9 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // becomes the products' *x, and the products get MatVecNorm{} (none), as for no norm.
   absl::StatusOr<MatVecNorm> MatVecNormFor(const PreNorm* norm, int n, int64_t in, bool matvec,
                                            const float** x);
-  // MatMulMany, RmsNormMatMulMany (with a norm).
+  // MatMulMany, RmsNormMatMulMany (with a norm), RmsNormQkvRopeStoreKv (with kv too).
   void MatMulManyImpl(const float* x, int n, absl::Span<const MatMulOutput<float>> outputs,
-                      const PreNorm* norm);
+                      const PreNorm* norm, const QkvRopeStore* kv = nullptr);
   // MatMulSwiGlu (kSilu) and MatMulGeGlu (kGeluTanh), RmsNormMatMul*Glu with a norm.
   void MatMulGated(const float* x, int n, const WeightView& w_gate, const WeightView& w_up,
                    GateActivation gate, float* up_scratch, float* out,
@@ -347,9 +353,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   int split_kv_splits_ = 0;                            // SetSplitKvSplits; 0: ChooseNumSplits
   bool split_kv_fused_combine_ = false;                // SetSplitKvFusedCombine
   int split_kv_blocks_per_sm_[kSplitKvVariants] = {};  // by SplitKvVariant, 0: not asked yet
-  std::vector<int32_t> index_pack_;             // host staging of one Attention call's index arrays
-  std::vector<unsigned char> rope_store_pack_;  // RopeQKStoreKv's positions and cache rows
-  std::vector<unsigned char> draw_pack_;        // DrawTokens' draws, biases and counts
+  std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
+  // RopeQKStoreKv's and RmsNormQkvRopeStoreKv's positions and cache rows
+  std::vector<unsigned char> rope_store_pack_;
+  std::vector<unsigned char> draw_pack_;  // DrawTokens' draws, biases and counts
 
   DeviceBuffer gemm_input_;                  // x rounded to f16/bf16 for the tensor cores
   DeviceBuffer attention_workspace_;         // split-KV partials, or S/A when not requested

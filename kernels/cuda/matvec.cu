@@ -28,6 +28,14 @@
 // under ncu, 7 µs a launch cold). (Folding the norm into the loop instead, the weight
 // multiplied as x is read and x's squares summed by the first unit, spilled at one row's
 // 40 registers.)
+//
+// With the rope and the cache store fused in (LaunchMatVecRopeStore; kRope, vectorized
+// loop only), the units of q and k are whole rotation pairs (for half-split heads, rows
+// p, p + 1, p + Dh/2, p + Dh/2 + 1 at n ≥ 2), each block first fills a table of its rows'
+// cos and sin in shared memory (behind the normalized rows, and after them: filled before,
+// the n = 1 kernel spilled 16 bytes), and warp 0's epilogue adds the bias,
+// turns the pairs and writes k's and v's cache rows. That replaces a Llama layer's
+// RopeQKStoreKv launch; the products' loop is again the unfused code.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -42,6 +50,7 @@
 #include "kernels/cuda/load_as_float.cuh"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/rope_store.cuh"
 
 namespace kvlens::kernels::cuda {
 namespace {
@@ -81,6 +90,7 @@ struct Segments {
   int64_t units;  // Σ of the segments' units
   MatVecNorm norm;
   Segment seg[kMatVecMaxSegments];
+  MatVecRopeStore rope_store;  // kRope: segments 0, 1, 2 are q, k and v
 };
 
 // Weight rows a unit reads for N rows of x: 2, or 4 from N = 2 on. Each x value a thread
@@ -92,17 +102,24 @@ template <int N>
 constexpr int kUnitRows = N >= 2 ? 4 : 2;
 int UnitRows(int n) { return n >= 2 ? kUnitRows<2> : kUnitRows<1>; }
 
-template <bool kBf16, int N, bool kVec, bool kGated, bool kNorm>
+// Dynamic shared memory: the normalized rows [N, in] (kNorm), then the rotations' cos and
+// sin [N, Dh/2] (kRope).
+template <bool kBf16, int N, bool kVec, bool kGated, bool kNorm, bool kRope = false>
 __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segments segs) {
+  static_assert(!(kRope && kGated), "rope takes plain products (q, k, v)");
   WaitForPriorGrids();                       // first: see launch.cuh
   constexpr int R = kUnitRows<N>;            // weight rows a unit reads
   constexpr int kOuts = kGated ? R / 2 : R;  // outputs a unit writes
   __shared__ float part[2][kWarps][R * N];
+  extern __shared__ __align__(16) float dynamic_smem[];
   const float* __restrict__ x = segs.x;
   const int64_t in = segs.in;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // kRope: row r's cos and sin for pair p at [r · Dh/2 + p], read by the epilogue after
+  // the first unit's barrier.
+  float2* rope_cs = reinterpret_cast<float2*>(dynamic_smem + (kNorm ? N * in : 0));
   if constexpr (kNorm) {
-    extern __shared__ __align__(16) float normed[];  // [N, in]
+    float* normed = dynamic_smem;
     float inv_rms[N];
 #pragma unroll
     for (int r = 0; r < N; ++r) {
@@ -128,6 +145,14 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segment
     __syncthreads();
     x = normed;
   }
+  if constexpr (kRope) {
+    const MatVecRopeStore& rs = segs.rope_store;
+    const int half = rs.head_dim / 2;
+    for (int i = threadIdx.x; i < N * half; i += kThreads) {
+      rope_cs[i] = RopeCosSin(rs.positions[i / half], i % half, rs.head_dim, rs.rope.theta,
+                              rs.rope.freq_factors);
+    }
+  }
   int buf = 0;
   for (int64_t unit = blockIdx.x; unit < segs.units; unit += gridDim.x, buf ^= 1) {
     int si = 0;
@@ -137,9 +162,22 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segment
     // row reads the last one again; its sums are never written). Gated: the gate and up
     // rows of each output, interleaved.
     const int64_t o = kOuts * (unit - sg.first_unit);
+    // kRope, q's and k's half-split heads: output t of the unit is row
+    // head + p0 + t / 2 + (t % 2) · Dh/2 (pair p0 + t / 2, its first or second row), where
+    // its pairs p0 … of the head starting at row `head` are the segment's pairs o/2 ….
+    // Else (and for adjacent pairs, whose pairs are rows o + t already) row o + t.
+    const bool split = kRope && si < 2 && segs.rope_store.rope.style == RopeStyle::kHalfSplit;
+    const int half = kRope ? segs.rope_store.head_dim / 2 : 0;
+    const int64_t head = kRope ? o / 2 / half * (2 * half) : 0;
+    const int p0 = kRope ? static_cast<int>(o / 2 % half) : 0;
+    auto row = [&](int t) -> int64_t { return split ? head + p0 + t / 2 + (t % 2) * half : o + t; };
     int outs;
     const unsigned short* __restrict__ wrow[R];
-    if constexpr (R == 2) {  // one row of x: the code the H200 measured at 80%, as it was
+    if constexpr (kRope) {  // whole units (Dh % 4 == 0)
+      outs = R;
+#pragma unroll
+      for (int t = 0; t < R; ++t) wrow[t] = sg.w + row(t) * in;
+    } else if constexpr (R == 2) {  // one row of x: the code the H200 measured at 80%
       outs = kGated || o + 1 >= sg.out ? 1 : 2;
       wrow[0] = sg.w + o * in;
       wrow[1] = kGated ? sg.w_up + o * in : sg.w + (o + outs - 1) * in;
@@ -213,7 +251,35 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segment
         for (int w = 0; w < kWarps; ++w) sum[t] += part[buf][w][t * N + lane];
       }
       float* y = sg.y + static_cast<int64_t>(lane) * sg.out + o;
-      if constexpr (kGated) {
+      if constexpr (kRope) {
+        // Bias, then q's and k's pairs turned (rope_cs), then k's and v's cache rows.
+        const MatVecRopeStore& rs = segs.rope_store;
+        float val[R];
+#pragma unroll
+        for (int t = 0; t < R; ++t) {
+          val[t] =
+              sum[t] + (sg.bias != nullptr ? LoadAsFloat(sg.bias, sg.bias_dtype, row(t)) : 0.0f);
+        }
+        if (si < 2) {
+#pragma unroll
+          for (int k = 0; k < R / 2; ++k) {
+            const float2 turned =
+                RotatePair(val[2 * k], val[2 * k + 1], rope_cs[lane * half + p0 + k]);
+            val[2 * k] = turned.x;
+            val[2 * k + 1] = turned.y;
+          }
+        }
+        float* y_row = sg.y + static_cast<int64_t>(lane) * sg.out;
+        const int64_t dst = rs.dst_rows[lane];
+        void* cache = si == 1 ? rs.k_cache : rs.v_cache;
+#pragma unroll
+        for (int t = 0; t < R; ++t) {
+          y_row[row(t)] = val[t];
+          if (si > 0 && dst >= 0) {
+            StoreCacheElement(cache, dst * rs.cache_stride + row(t), val[t], rs.bf16_cache);
+          }
+        }
+      } else if constexpr (kGated) {
 #pragma unroll
         for (int k = 0; k < kOuts; ++k) {
           if (k >= outs) break;        // unrolled, so sum stays in registers
@@ -225,19 +291,7 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segment
 #pragma unroll
         for (int t = 0; t < R; ++t) {
           if (t >= outs) break;  // unrolled, so sum stays in registers
-          float b = 0.0f;
-          if (sg.bias != nullptr) {
-            switch (sg.bias_dtype) {
-              case DType::kF16:
-                b = __half2float(static_cast<const __half*>(sg.bias)[o + t]);
-                break;
-              case DType::kBF16:
-                b = __bfloat162float(static_cast<const __nv_bfloat16*>(sg.bias)[o + t]);
-                break;
-              default:
-                b = static_cast<const float*>(sg.bias)[o + t];
-            }
-          }
+          const float b = sg.bias != nullptr ? LoadAsFloat(sg.bias, sg.bias_dtype, o + t) : 0.0f;
           const float v = sg.gelu ? GeluTanh(sum[t] + b) : sum[t] + b;
           y[t] = sg.accumulate ? y[t] + v : v;
         }
@@ -249,15 +303,15 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segment
 // Blocks of the kernel that fit on one SM with `smem` bytes of dynamic shared memory (the
 // normalized rows; 0 unfused). Asked once per instantiation and size: the last answer is
 // kept (a model's products share one width, so that is one question a product kind).
-template <bool kBf16, int N, bool kVec, bool kGated, bool kNorm>
+template <bool kBf16, int N, bool kVec, bool kGated, bool kNorm, bool kRope>
 int BlocksPerSm(int smem) {
   static std::atomic<int64_t> last{-1};  // smem << 8 | blocks
   const int64_t known = last.load(std::memory_order_relaxed);
   if (known >= 0 && known >> 8 == smem) return static_cast<int>(known & 0xff);
   int b = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &b, reinterpret_cast<const void*>(MatVecKernel<kBf16, N, kVec, kGated, kNorm>), kThreads,
-          smem) != cudaSuccess) {
+          &b, reinterpret_cast<const void*>(MatVecKernel<kBf16, N, kVec, kGated, kNorm, kRope>),
+          kThreads, smem) != cudaSuccess) {
     b = 1;
   }
   b = std::clamp(b, 1, 255);
@@ -265,34 +319,38 @@ int BlocksPerSm(int smem) {
   return b;
 }
 
-template <bool kBf16, int N, bool kVec, bool kGated, bool kNorm>
+template <bool kBf16, int N, bool kVec, bool kGated, bool kNorm, bool kRope = false>
 void Launch(const Segments& segs, cudaStream_t stream) {
+  constexpr auto kernel = MatVecKernel<kBf16, N, kVec, kGated, kNorm, kRope>;
   int device = 0, sms = 1;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     sms = 1;
   }
-  const int smem = kNorm ? static_cast<int>(N * segs.in * sizeof(float)) : 0;
-  if constexpr (kNorm) {
+  const int smem =
+      static_cast<int>((kNorm ? N * segs.in * sizeof(float) : 0) +
+                       (kRope ? N * (segs.rope_store.head_dim / 2) * sizeof(float2) : 0));
+  if constexpr (kNorm || kRope) {
     // The rows' bytes, opted in (the default 48 KiB covers static and dynamic shared
     // memory together); and, as x comes from shared memory and nothing is reused through
     // L1, the largest carveout, so the blocks that fit unfused still fit. Both belong to the
     // device's context, so they are set at every launch, as the flash kernels do; a refusal
     // fails the launch, which the caller reports.
-    (void)cudaFuncSetAttribute(MatVecKernel<kBf16, N, kVec, kGated, kNorm>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    (void)cudaFuncSetAttribute(MatVecKernel<kBf16, N, kVec, kGated, kNorm>,
-                               cudaFuncAttributePreferredSharedMemoryCarveout,
+    (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    (void)cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared);
   }
-  const int per_sm = BlocksPerSm<kBf16, N, kVec, kGated, kNorm>(smem);
+  const int per_sm = BlocksPerSm<kBf16, N, kVec, kGated, kNorm, kRope>(smem);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(segs.units, int64_t{sms} * per_sm));
-  LaunchKernel("MatVecKernel", MatVecKernel<kBf16, N, kVec, kGated, kNorm>, blocks, kThreads, smem,
-               stream, segs);
+  LaunchKernel("MatVecKernel", kernel, blocks, kThreads, smem, stream, segs);
 }
 
 template <bool kBf16, int N, bool kGated>
-void LaunchVariant(bool vec, bool norm, const Segments& segs, cudaStream_t stream) {
+void LaunchVariant(bool vec, bool norm, bool rope, const Segments& segs, cudaStream_t stream) {
+  if constexpr (!kGated) {  // rope: vectorized only (LaunchMatVecRopeStore checks)
+    if (rope && norm) return Launch<kBf16, N, true, false, true, true>(segs, stream);
+    if (rope) return Launch<kBf16, N, true, false, false, true>(segs, stream);
+  }
   if (vec && norm) return Launch<kBf16, N, true, kGated, true>(segs, stream);
   if (vec) return Launch<kBf16, N, true, kGated, false>(segs, stream);
   if (norm) return Launch<kBf16, N, false, kGated, true>(segs, stream);
@@ -300,21 +358,23 @@ void LaunchVariant(bool vec, bool norm, const Segments& segs, cudaStream_t strea
 }
 
 template <bool kBf16, bool kGated>
-void LaunchRows(int n, bool vec, bool norm, const Segments& segs, cudaStream_t stream) {
+void LaunchRows(int n, bool vec, bool norm, bool rope, const Segments& segs, cudaStream_t stream) {
   switch (n) {
     case 1:
-      return LaunchVariant<kBf16, 1, kGated>(vec, norm, segs, stream);
+      return LaunchVariant<kBf16, 1, kGated>(vec, norm, rope, segs, stream);
     case 2:
-      return LaunchVariant<kBf16, 2, kGated>(vec, norm, segs, stream);
+      return LaunchVariant<kBf16, 2, kGated>(vec, norm, rope, segs, stream);
     case 3:
-      return LaunchVariant<kBf16, 3, kGated>(vec, norm, segs, stream);
+      return LaunchVariant<kBf16, 3, kGated>(vec, norm, rope, segs, stream);
     default:
-      return LaunchVariant<kBf16, 4, kGated>(vec, norm, segs, stream);
+      return LaunchVariant<kBf16, 4, kGated>(vec, norm, rope, segs, stream);
   }
 }
 
-// segs.seg[i].first_unit and segs.units are filled in here.
-absl::Status LaunchSegments(int n, DType dtype, bool gated, Segments segs, cudaStream_t stream) {
+// segs.seg[i].first_unit and segs.units are filled in here. rope: segs.rope_store applies
+// (LaunchMatVecRopeStore has checked it).
+absl::Status LaunchSegments(int n, DType dtype, bool gated, Segments segs, cudaStream_t stream,
+                            bool rope = false) {
   static_assert(kMatVecMaxRows == 4, "LaunchRows instantiates 1 … 4 rows");
   if (n < 1 || n > kMatVecMaxRows) {
     return absl::InvalidArgumentError(
@@ -345,13 +405,17 @@ absl::Status LaunchSegments(int n, DType dtype, bool gated, Segments segs, cudaS
     sg.first_unit = units;
     units += (std::max<int64_t>(sg.out, 0) + unit_outs - 1) / unit_outs;
   }
+  if (rope && !vec) {
+    return absl::InvalidArgumentError(
+        "LaunchMatVecRopeStore: in must be a multiple of 8 and x and the weights 16-byte aligned");
+  }
   if (units == 0) return absl::OkStatus();
   segs.units = units;
   const bool bf16 = dtype == DType::kBF16;
-  if (bf16 && gated) LaunchRows<true, true>(n, vec, norm, segs, stream);
-  if (bf16 && !gated) LaunchRows<true, false>(n, vec, norm, segs, stream);
-  if (!bf16 && gated) LaunchRows<false, true>(n, vec, norm, segs, stream);
-  if (!bf16 && !gated) LaunchRows<false, false>(n, vec, norm, segs, stream);
+  if (bf16 && gated) LaunchRows<true, true>(n, vec, norm, false, segs, stream);
+  if (bf16 && !gated) LaunchRows<true, false>(n, vec, norm, rope, segs, stream);
+  if (!bf16 && gated) LaunchRows<false, true>(n, vec, norm, false, segs, stream);
+  if (!bf16 && !gated) LaunchRows<false, false>(n, vec, norm, rope, segs, stream);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("MatVecKernel");
   return absl::OkStatus();
 }
@@ -367,7 +431,7 @@ absl::Status LaunchMatVec(const float* x, int n, int64_t in, const MatVecNorm& n
     return absl::InvalidArgumentError(absl::StrCat("LaunchMatVec: 1 to ", kMatVecMaxSegments,
                                                    " products, got ", products.size()));
   }
-  Segments segs{x, in, static_cast<int>(products.size()), 0, norm, {}};
+  Segments segs{x, in, static_cast<int>(products.size()), 0, norm, {}, {}};
   for (int i = 0; i < segs.count; ++i) {
     const MatVecProduct& p = products[i];
     segs.seg[i] = {Bits(p.w), nullptr, p.bias, p.bias_dtype, p.y, p.out, 0, p.gelu, p.accumulate};
@@ -375,11 +439,42 @@ absl::Status LaunchMatVec(const float* x, int n, int64_t in, const MatVecNorm& n
   return LaunchSegments(n, dtype, false, segs, stream);
 }
 
+absl::Status LaunchMatVecRopeStore(const float* x, int n, int64_t in, const MatVecNorm& norm,
+                                   absl::Span<const MatVecProduct> qkv,
+                                   const MatVecRopeStore& rope_store, DType dtype,
+                                   cudaStream_t stream) {
+  const int dh = rope_store.head_dim;
+  if (qkv.size() != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LaunchMatVecRopeStore: 3 products (q, k, v), got ", qkv.size()));
+  }
+  if (!MatVecRopeTakes(dh)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LaunchMatVecRopeStore: head_dim must be a positive multiple of 4, got ", dh));
+  }
+  if (qkv[0].out % dh != 0 || qkv[1].out % dh != 0 || qkv[1].out != qkv[2].out) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LaunchMatVecRopeStore: q's rows (", qkv[0].out, ") and k's and v's (", qkv[1].out, ", ",
+        qkv[2].out, ") must be whole heads of ", dh, ", k's equal to v's"));
+  }
+  for (const MatVecProduct& p : qkv) {
+    if (p.gelu || p.accumulate) {
+      return absl::InvalidArgumentError("LaunchMatVecRopeStore: q, k and v are plain products");
+    }
+  }
+  Segments segs{x, in, 3, 0, norm, {}, rope_store};
+  for (int i = 0; i < 3; ++i) {
+    const MatVecProduct& p = qkv[i];
+    segs.seg[i] = {Bits(p.w), nullptr, p.bias, p.bias_dtype, p.y, p.out, 0, false, false};
+  }
+  return LaunchSegments(n, dtype, false, segs, stream, /*rope=*/true);
+}
+
 absl::Status LaunchMatVecGated(const float* x, int n, int64_t in, const MatVecNorm& norm,
                                const void* w_gate, const void* w_up, DType dtype, int64_t out,
                                GateActivation gate, float* y, cudaStream_t stream) {
   if (w_up == nullptr) return absl::InvalidArgumentError("LaunchMatVecGated: w_up is null");
-  Segments segs{x, in, 1, 0, norm, {}};
+  Segments segs{x, in, 1, 0, norm, {}, {}};
   segs.seg[0] = {
       Bits(w_gate), Bits(w_up), nullptr, DType::kF32, y, out, 0, gate == GateActivation::kGeluTanh,
       false};

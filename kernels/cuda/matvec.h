@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "kernels/backend.h"
 #include "kernels/dtype.h"
 
 namespace kvlens::kernels::cuda {
@@ -59,6 +60,27 @@ inline bool MatVecNormFits(int n, int64_t in) {
   return n == 1 ? in <= kMatVecNormMaxRowFloats : int64_t{n} * in <= kMatVecNormMaxFloats;
 }
 
+// RoPE and the KV-cache store fused into the epilogue of a launch of a layer's q, k and v
+// products (in that order): q's and k's outputs turned at their row's position as
+// RopeQK turns them, k's and v's stored into the cache rows as StoreKv stores them
+// (LaunchRopeQKStoreKv's results, bit for bit: the same angle, rotation and rounding).
+// Each unit reads both rows of its rotation pairs: rows 2p and 2p + 1 of a head
+// (kAdjacentPairs), or p and p + Dh/2 (kHalfSplit), so a unit's pairs stay in one head
+// when Dh % 4 == 0 (MatVecRopeTakes).
+struct MatVecRopeStore {
+  const int32_t* positions = nullptr;  // device [n]
+  RopeSpec rope;                       // freq_factors: device [Dh/2] or null
+  int head_dim = 0;
+  const int64_t* dst_rows = nullptr;  // device [n]; a negative row stores nothing
+  void* k_cache = nullptr;            // float, or bf16 bits when bf16_cache
+  void* v_cache = nullptr;
+  int64_t cache_stride = 0;  // elements between cache rows
+  bool bf16_cache = false;
+};
+
+// Whether LaunchMatVecRopeStore takes heads of head_dim: whole units of rotation pairs.
+inline bool MatVecRopeTakes(int head_dim) { return head_dim > 0 && head_dim % 4 == 0; }
+
 // y[r, o] = Σ_i x[r, i] · W[o, i] + bias[o] for r < n (1 … kMatVecMaxRows), for each of
 // 1 … kMatVecMaxSegments products of the same x, in one launch, x normalized by `norm`
 // where its weight is set. Every W is [out, in] in `dtype` (kF16 or kBF16); x [n, in]
@@ -66,6 +88,15 @@ inline bool MatVecNormFits(int n, int64_t in) {
 absl::Status LaunchMatVec(const float* x, int n, int64_t in, const MatVecNorm& norm,
                           absl::Span<const MatVecProduct> products, DType dtype,
                           cudaStream_t stream);
+
+// LaunchMatVec of q, k and v (qkv: exactly 3 plain products; q's rows a multiple of
+// head_dim, k's and v's equal and a multiple of it), their outputs then turned and stored
+// as MatVecRopeStore says. Takes in % 8 == 0 and 16-byte aligned x and weights only (the
+// vectorized loop): the caller launches the plain ops otherwise.
+absl::Status LaunchMatVecRopeStore(const float* x, int n, int64_t in, const MatVecNorm& norm,
+                                   absl::Span<const MatVecProduct> qkv,
+                                   const MatVecRopeStore& rope_store, DType dtype,
+                                   cudaStream_t stream);
 
 // The activation of a gated product's gate: SwiGLU's silu(g) = g / (1 + e^−g), or GeGLU's
 // gelu_tanh(g) = g/2 · (1 + tanh(√(2/π) · (g + 0.044715 g³))) (as SwiGluKernel, GeGluKernel).

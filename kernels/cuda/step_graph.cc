@@ -50,6 +50,17 @@ void AppendWords(Signature& s, const MatVecProduct& p) {
   AppendWords(s, p.accumulate);
 }
 
+void AppendWords(Signature& s, const MatVecRopeStore& r) {
+  AppendWords(s, r.positions);
+  AppendWords(s, r.rope);
+  AppendWords(s, r.head_dim);
+  AppendWords(s, r.dst_rows);
+  AppendWords(s, r.k_cache);
+  AppendWords(s, r.v_cache);
+  AppendWords(s, r.cache_stride);
+  AppendWords(s, r.bf16_cache);
+}
+
 void AppendWords(Signature& s, const MatVecNorm& n) {
   AppendWords(s, n.weight);
   AppendWords(s, n.dtype);

@@ -60,6 +60,7 @@ void AppendWords(Signature& s, const T& v) {
 void AppendWords(Signature& s, const AttentionParams& p);
 void AppendWords(Signature& s, const MatVecProduct& p);
 void AppendWords(Signature& s, const MatVecNorm& n);
+void AppendWords(Signature& s, const MatVecRopeStore& r);
 void AppendWords(Signature& s, const RopeSpec& r);
 template <typename T>
 void AppendWords(Signature& s, absl::Span<const T> v) {

@@ -17,6 +17,7 @@
 #include "tests/kernels/cuda/cuda_parity_attention.h"
 #include "tests/kernels/cuda/cuda_parity_backward.h"
 #include "tests/kernels/cuda/cuda_parity_ops.h"
+#include "tests/kernels/cuda/cuda_parity_qkv.h"
 #include "tests/kernels/cuda/cuda_parity_util.h"
 
 namespace kvlens::kernels::cuda::parity {
@@ -114,6 +115,25 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
   add(RopeQKStoreKvCase(gpu, rng, true));
   add(StoreKvBf16Case(gpu, rng));
   add(RopeQKStoreKvBf16Case(gpu, rng));
+  // A Llama layer's norm, q/k/v products, rope and cache rows in one call: one matvec
+  // launch (one to four rows, both rope styles, biases, Llama 3.1's factors, both cache
+  // types, four rows of 2048: 34 KiB of shared memory); unaligned rows (in 100)
+  // and heads of 6 take the matvec, then RopeQKStoreKv; past four rows the norm, GEMMs,
+  // then RopeQKStoreKv; f32 weights cuBLAS.
+  using RS = RopeStyle;
+  add(QkvRopeStoreCase(gpu, rng, {DType::kBF16, 1, 256, 4, 2, 64, RS::kHalfSplit, true}));
+  add(QkvRopeStoreCase(gpu, rng,
+                       {DType::kF16, 3, 128, 2, 1, 128, RS::kAdjacentPairs, false, true}));
+  add(QkvRopeStoreCase(gpu, rng,
+                       {DType::kBF16, 4, 2048, 4, 2, 128, RS::kHalfSplit, false, true, true}));
+  add(QkvRopeStoreCase(gpu, rng,
+                       {DType::kF16, 2, 256, 3, 3, 32, RS::kHalfSplit, true, false, true}));
+  add(QkvRopeStoreCase(gpu, rng, {DType::kBF16, 2, 100, 2, 2, 32, RS::kHalfSplit, true}));
+  add(QkvRopeStoreCase(gpu, rng, {DType::kBF16, 1, 64, 4, 2, 6, RS::kHalfSplit}));
+  add(QkvRopeStoreCase(
+      gpu, rng, {DType::kBF16, 6, 128, 2, 1, 64, RS::kHalfSplit, true, false, false, false}));
+  add(QkvRopeStoreCase(
+      gpu, rng, {DType::kF32, 2, 64, 2, 1, 16, RS::kAdjacentPairs, false, false, false, false}));
   for (const AttnShape& s : AttentionShapes()) {
     for (ParityResult& p : AttentionCase(gpu, rng, s)) r.push_back(std::move(p));
   }
