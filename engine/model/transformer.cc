@@ -296,7 +296,24 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     // every new token
     const kernels::MatMulOutput<T> qkv[] = {
         {lw.wq, lw.bq, q_.data()}, {lw.wk, lw.bk, k_.data()}, {lw.wv, lw.bv, v_.data()}};
-    if (FusedResiduals() && !proj_pending) {
+    const bool rope = c.arch == Architecture::kLlama;
+    const bool pre_norm = FusedResiduals() && !proj_pending;  // the norm in the products' call
+    const bool fused_kv = rope && pre_norm && !c.qk_norm;     // rope and store in it too
+    if (fused_kv) {  // norm, products, rope and cache rows in one call (one GPU launch)
+      kernels::QkvRopeStore kv;
+      kv.q_heads = c.num_heads;
+      kv.kv_heads = c.num_kv_heads;
+      kv.head_dim = c.head_dim;
+      kv.positions = positions_.data();
+      kv.rope = &ropes_[l];
+      kv.dst_rows = rows_.data();
+      kv.k_cache = cache.k(l);
+      kv.v_cache = cache.v(l);
+      kv.cache_stride = KVD;
+      kv.cache_dtype = cache.dtype();
+      backend_.RmsNormQkvRopeStoreKv(x_.data(), n, static_cast<int>(D), lw.attn_norm, c.norm_eps,
+                                     xn_.data(), qkv, kv);
+    } else if (pre_norm) {
       backend_.RmsNormMatMulMany(x_.data(), n, static_cast<int>(D), lw.attn_norm, c.norm_eps,
                                  xn_.data(), qkv);
     } else {
@@ -308,11 +325,11 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       backend_.RmsNorm(k_.data(), n * c.num_kv_heads, c.head_dim, lw.k_norm, c.norm_eps, k_.data());
     }
     // (rotary positions on q and k, and) new keys and values into the paged cache
-    if (c.arch == Architecture::kLlama) {
+    if (rope && !fused_kv) {
       backend_.RopeQKStoreKv(q_.data(), QD, c.num_heads, k_.data(), v_.data(), KVD, c.num_kv_heads,
                              n, c.head_dim, positions_.data(), ropes_[l], rows_.data(), cache.k(l),
                              cache.v(l), KVD, cache.dtype());
-    } else {
+    } else if (!rope) {
       backend_.StoreKv(k_.data(), v_.data(), n, KVD, KVD, rows_.data(), cache.k(l), cache.v(l), KVD,
                        cache.dtype());
     }

@@ -661,14 +661,15 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
           positions[s] = pos;
           dst[s] = int64_t{tables[s][pos / bs]} * bs + pos % bs;
         }
-        // The ops the engine's Transformer::Forward makes: the attention norm and q, k and v
-        // in one RmsNormMatMulMany, one RopeQKStoreKv, each residual added by the product
-        // that makes it (MatMulAddTo), the feed-forward norm and SwiGLU's two products in one
-        // RmsNormMatMulSwiGlu; the layers as one step (a CUDA graph when graphs are on), then
+        // The ops the engine's Transformer::Forward makes: the attention norm, q, k and v,
+        // their rope and the cache rows in one RmsNormQkvRopeStoreKv, each residual added by the
+        // product that makes it (MatMulAddTo), the feed-forward norm and SwiGLU's two products in
+        // one RmsNormMatMulSwiGlu; the layers as one step (a CUDA graph when graphs are on), then
         // the logits and their greedy pick (DrawTokens), copied back as the engine's greedy
         // decode does (so every step ends synchronised; the host sampling path's whole-row
         // copy and the device's seeded draws are timed below). Without fused_norms: the
-        // engine's ops before, a norm launch (with the residual's add) before each product.
+        // engine's ops before, a norm launch (with the residual's add) before each product
+        // and RopeQKStoreKv after the products.
         const auto host_start = std::chrono::steady_clock::now();
         b.BeginStep();
         b.Embedding(embedding, ids.data(), batch, x);
@@ -676,8 +677,19 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
           const Layer& w = layers[l];
           const MatMulOutput<float> qkv[] = {
               {w.wq, WeightView{}, q}, {w.wk, WeightView{}, k}, {w.wv, WeightView{}, v}};
+          const RopeSpec rope{10000.0, RopeStyle::kHalfSplit};
           if (fused_norms) {
-            b.RmsNormMatMulMany(x, batch, D, w.attn_norm, 1e-5, xn, qkv);
+            QkvRopeStore new_kv;
+            new_kv.q_heads = new_kv.kv_heads = H;
+            new_kv.head_dim = Dh;
+            new_kv.positions = positions.data();
+            new_kv.rope = &rope;
+            new_kv.dst_rows = dst.data();
+            new_kv.k_cache = kcs[l];
+            new_kv.v_cache = vcs[l];
+            new_kv.cache_stride = D;
+            new_kv.cache_dtype = cache_dtype;
+            b.RmsNormQkvRopeStoreKv(x, batch, D, w.attn_norm, 1e-5, xn, qkv, new_kv);
           } else {
             if (l == 0) {
               b.RmsNorm(x, batch, D, w.attn_norm, 1e-5, xn);
@@ -685,10 +697,9 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
               b.AddRmsNorm(x, proj, batch, D, w.attn_norm, 1e-5, xn);
             }
             b.MatMulMany(xn, batch, qkv);
+            b.RopeQKStoreKv(q, D, H, k, v, D, H, batch, Dh, positions.data(), rope, dst.data(),
+                            kcs[l], vcs[l], D, cache_dtype);
           }
-          b.RopeQKStoreKv(q, D, H, k, v, D, H, batch, Dh, positions.data(),
-                          RopeSpec{10000.0, RopeStyle::kHalfSplit}, dst.data(), kcs[l], vcs[l], D,
-                          cache_dtype);
           calls.clear();
           for (int s = 0; s < batch; ++s) {
             AttentionArgs<float>& a = calls.emplace_back();
@@ -751,7 +762,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
                                         replayed, steps + 1, b.graph_stats().last_step_calls)
                       : std::string("no graphs"),
                std::string(pdl ? ", PDL" : "") + (fused_combine ? ", fused split-KV combine" : "") +
-                   (fused_norms ? "" : ", norms and residual adds unfused"),
+                   (fused_norms ? "" : ", norms, residual adds and rope unfused"),
                host_sec * 1e6 / (steps + 1), copies_per_step),
            Fmt(tok_s, "tok/s"), Fmt(roofline, "tok/s roofline"), Pct(tok_s / roofline),
            batch == 1 ? ">= 70%" : "-"});

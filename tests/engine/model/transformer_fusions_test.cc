@@ -1,9 +1,11 @@
 // Which of the Backend's fusions Transformer::Forward asks for, by family: a backend that
 // counts the fused calls (and runs the defaults, so the logits are the plain ops') sees a
 // Llama-family layer without sandwich norms hand both RMSNorms to the products that read
-// them and add both residuals as its products make them (what the CUDA matvec fuses), and
-// GPT-2's and Gemma 2/3's layers keep the residual pending for the next norm. The counts
-// are the layer structure's: per forward, one of each call a layer (two MatMulAddTo).
+// them, its q and k's rope and the new cache rows to the q/k/v call, and add both residuals
+// as its products make them (what the CUDA matvec fuses); Qwen3's head norms come between
+// the products and the rope, so its rope stays a call of its own. GPT-2's and Gemma 2/3's
+// layers keep the residual pending for the next norm. The counts are the layer
+// structure's: per forward, one of each call a layer (two MatMulAddTo).
 #include <map>
 #include <string>
 #include <string_view>
@@ -27,6 +29,23 @@ class CountingBackend : public testing::CpuForwardingBackend {
                    const kernels::WeightView& bias, float* scratch, float* y) override {
     ++calls["MatMulAddTo"];
     Backend<float>::MatMulAddTo(x, n, w, bias, scratch, y);
+  }
+  // (its default calls RmsNormMatMulMany, counted too, and then RopeQKStoreKv)
+  void RmsNormQkvRopeStoreKv(const float* x, int n, int dim, const kernels::WeightView& norm,
+                             double eps, float* xn,
+                             absl::Span<const kernels::MatMulOutput<float>> qkv,
+                             const kernels::QkvRopeStore& kv) override {
+    ++calls["RmsNormQkvRopeStoreKv"];
+    Backend<float>::RmsNormQkvRopeStoreKv(x, n, dim, norm, eps, xn, qkv, kv);
+  }
+  void RopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,
+                     int64_t kv_stride, int kv_heads, int n, int head_dim, const int32_t* positions,
+                     const kernels::RopeSpec& rope, const int64_t* dst_rows, void* k_cache,
+                     void* v_cache, int64_t cache_stride, kernels::KvDtype cache_dtype) override {
+    ++calls["RopeQKStoreKv"];
+    Backend<float>::RopeQKStoreKv(q, q_stride, q_heads, k, v, kv_stride, kv_heads, n, head_dim,
+                                  positions, rope, dst_rows, k_cache, v_cache, cache_stride,
+                                  cache_dtype);
   }
   void RmsNormMatMulMany(const float* x, int n, int dim, const kernels::WeightView& norm,
                          double eps, float* xn,
@@ -94,11 +113,21 @@ TEST(TransformerFusions, PreNormLayersHandTheirNormsToTheProductsAndAddResiduals
       // adding the position embeddings
       EXPECT_EQ(calls, (std::map<std::string, int>{{"AddLayerNorm", 2 * L}}));
     } else if (spec.gemma2 || spec.gemma3) {
-      // the block outputs' norms come before the add: every norm but the first adds
-      EXPECT_EQ(calls, (std::map<std::string, int>{{"AddRmsNorm", 2 * L - 1}}));
+      // the block outputs' norms come before the add: every norm but the first adds; the
+      // rope after the head norms
+      EXPECT_EQ(calls,
+                (std::map<std::string, int>{{"AddRmsNorm", 2 * L - 1}, {"RopeQKStoreKv", L}}));
+    } else if (spec.qk_norm) {
+      EXPECT_EQ(calls, (std::map<std::string, int>{{"RmsNormMatMulMany", L},
+                                                   {"RopeQKStoreKv", L},
+                                                   {"RmsNormMatMulSwiGlu", L},
+                                                   {"MatMulAddTo", 2 * L}}));
     } else {
+      // RmsNormQkvRopeStoreKv's default runs RmsNormMatMulMany and RopeQKStoreKv
       EXPECT_EQ(calls, (std::map<std::string, int>{
+                           {"RmsNormQkvRopeStoreKv", L},
                            {"RmsNormMatMulMany", L},
+                           {"RopeQKStoreKv", L},
                            {spec.gemma ? "RmsNormMatMulGeGlu" : "RmsNormMatMulSwiGlu", L},
                            {"MatMulAddTo", 2 * L}}));
     }
