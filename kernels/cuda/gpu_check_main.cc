@@ -1,5 +1,5 @@
 // kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU. One
-// file of about 940 lines: one program whose benchmarks share its table, sizes, timing
+// file of about 990 lines: one program whose benchmarks share its table, sizes, timing
 // and allocation helpers, and whose sources a GPU machine's standalone build lists by
 // name (kernels/cuda/standalone/CMakeLists.txt), each benchmark a function of its own.
 //   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
@@ -509,6 +509,8 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
 // the gated products (a second weight as W_up): SwiGLU's, and GeGLU's (Gemma) through the
 // same launch, and SwiGLU's with its RMSNorm fused in (RmsNormMatMulSwiGlu: each block
 // normalizes x into shared memory first; 1 and 2 rows, the most a row of 4096 allows).
+// Last a layer's q, k and v ([d, d] each, heads of dh) in one launch, plain (MatMulMany)
+// and with its norm, rope and cache rows (RmsNormQkvRopeStoreKv): what the epilogue costs.
 void MatMulBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
   const int64_t out = z.ffn, in = z.d;
   void* data = nullptr;
@@ -569,8 +571,52 @@ void MatMulBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
               Fmt(bw / 1e9, "GB/s weights"), Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(bw / copy_bw),
               "-"});
   }
+  const int64_t d = in;
+  const unsigned char qkv_key[3] = {};
+  for (int i = 0; i < 3; ++i) {  // (each adopted allocation is freed by ForgetWeights)
+    void* part = nullptr;
+    if (!GC_CUDA(cudaMalloc(&part, size_t(d * in) * 2))) std::exit(3);
+    Fill(part, DType::kBF16, d * in, 21 + i, 0.02f, b.stream());
+    if (!Check(b.AdoptWeight(&qkv_key[i], part, DType::kBF16, d, in), "adopt")) std::exit(3);
+  }
+  float *q = Alloc(size_t(kMatVecMaxRows) * d), *k = Alloc(size_t(kMatVecMaxRows) * d),
+        *v = Alloc(size_t(kMatVecMaxRows) * d), *kc = Alloc(size_t(kMatVecMaxRows) * d),
+        *vc = Alloc(size_t(kMatVecMaxRows) * d);
+  const MatMulOutput<float> qkv[] = {{WeightView{&qkv_key[0], DType::kBF16, d, in}, {}, q},
+                                     {WeightView{&qkv_key[1], DType::kBF16, d, in}, {}, k},
+                                     {WeightView{&qkv_key[2], DType::kBF16, d, in}, {}, v}};
+  const RopeSpec rope{10000.0, RopeStyle::kHalfSplit};
+  const std::vector<int32_t> positions = {511, 300, 77, 4000};
+  const std::vector<int64_t> dst_rows = {0, 1, 2, 3};
+  QkvRopeStore new_kv;
+  new_kv.q_heads = new_kv.kv_heads = static_cast<int>(d / z.dh);
+  new_kv.head_dim = z.dh;
+  new_kv.positions = positions.data();
+  new_kv.rope = &rope;
+  new_kv.dst_rows = dst_rows.data();
+  new_kv.k_cache = kc;
+  new_kv.v_cache = vc;
+  new_kv.cache_stride = d;
+  for (const bool fused : {false, true}) {
+    for (int n : {1, kMatVecMaxRows}) {
+      const double sec = TimeIt(b, 20, [&] {
+        if (fused) {
+          b.RmsNormQkvRopeStoreKv(x, n, static_cast<int>(in), norm, 1e-5, xn, qkv, new_kv);
+        } else {
+          b.MatMulMany(x, n, qkv);
+        }
+      });
+      const double bw = double(3 * d * in) * 2 / sec;
+      rows.Add({fused ? "matmul q/k/v, RMSNorm, rope and cache rows fused (bf16)"
+                      : "matmul q/k/v (bf16)",
+                absl::StrCat("n=", n, " 3 x [", d, " x ", in, "], Dh ", z.dh, ", ",
+                             fused ? "RmsNormQkvRopeStoreKv" : "MatMulMany"),
+                Fmt(bw / 1e9, "GB/s weights"), Fmt(copy_bw / 1e9, "GB/s d2d copy"),
+                Pct(bw / copy_bw), "-"});
+    }
+  }
   b.ForgetWeights();  // frees the adopted weights
-  for (float* p : {x, y, up, xn}) cudaFree(p);
+  for (float* p : {x, y, up, xn, q, k, v, kc, vc}) cudaFree(p);
 }
 
 // A Llama-shaped model (Sizes: Llama-7B unless --smoke) with random bf16 weights.
