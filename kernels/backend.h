@@ -281,11 +281,7 @@ class Backend {
                                      T* xn, absl::Span<const MatMulOutput<T>> qkv,
                                      const QkvRopeStore& kv) {
     RmsNormMatMulMany(x, n, dim, norm, eps, xn, qkv);
-    const int64_t q_stride = int64_t{kv.q_heads} * kv.head_dim;
-    const int64_t kv_stride = int64_t{kv.kv_heads} * kv.head_dim;
-    RopeQKStoreKv(qkv[0].y, q_stride, kv.q_heads, qkv[1].y, qkv[2].y, kv_stride, kv.kv_heads, n,
-                  kv.head_dim, kv.positions, *kv.rope, kv.dst_rows, kv.k_cache, kv.v_cache,
-                  kv.cache_stride, kv.cache_dtype);
+    RopeQKStoreKvOf(qkv, n, kv);
   }
   // MatMulSwiGlu (MatMulGeGlu) of xn = RmsNorm(x), xn scratch as above: a pre-norm
   // layer's gated feed-forward half.
@@ -411,6 +407,13 @@ class Backend {
       return s;
     }
     return static_cast<const T*>(copy.data());
+  }
+  // RopeQKStoreKv of q, k and v (qkv[0 … 2].y, rows as RmsNormQkvRopeStoreKv's) as kv
+  // says: the second half of that call, for the backends that run it unfused.
+  void RopeQKStoreKvOf(absl::Span<const MatMulOutput<T>> qkv, int n, const QkvRopeStore& kv) {
+    RopeQKStoreKv(qkv[0].y, int64_t{kv.q_heads} * kv.head_dim, kv.q_heads, qkv[1].y, qkv[2].y,
+                  int64_t{kv.kv_heads} * kv.head_dim, kv.kv_heads, n, kv.head_dim, kv.positions,
+                  *kv.rope, kv.dst_rows, kv.k_cache, kv.v_cache, kv.cache_stride, kv.cache_dtype);
   }
 };
 

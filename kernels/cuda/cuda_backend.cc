@@ -521,11 +521,7 @@ void CudaBackend::MatMulManyImpl(const float* x, int n,
   if (!status_.ok() || n <= 0 || outputs.empty()) return;
   // With kv: the products, then their rope and cache rows (below, or in the matvec).
   auto rope_store = [&] {
-    if (kv == nullptr) return;
-    RopeQKStoreKv(outputs[0].y, int64_t{kv->q_heads} * kv->head_dim, kv->q_heads, outputs[1].y,
-                  outputs[2].y, int64_t{kv->kv_heads} * kv->head_dim, kv->kv_heads, n, kv->head_dim,
-                  kv->positions, *kv->rope, kv->dst_rows, kv->k_cache, kv->v_cache,
-                  kv->cache_stride, kv->cache_dtype);
+    if (kv != nullptr) RopeQKStoreKvOf(outputs, n, *kv);
   };
   std::vector<const DeviceWeight*> ws, bs;
   bool shared = true;  // one dtype and input width: one matvec launch, or one GEMM operand
