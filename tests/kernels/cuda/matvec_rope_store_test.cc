@@ -1,13 +1,17 @@
 // The q/k/v matvec with the rope and the cache store in its epilogue (LaunchMatVecRopeStore,
 // CudaBackend::RmsNormQkvRopeStoreKv): one launch where the separate calls make three, and
 // the same numbers as those calls (its parity against the double reference is the parity
-// table's RmsNormQkvRopeStoreKv rows).
+// table's RmsNormQkvRopeStoreKv rows). The device suite is CudaBackend*, labelled `gpu`
+// (kernels/cuda/gpu_test_labels.cmake.in).
+#include "gtest/gtest.h"
+
+#ifdef KVLENS_HAVE_CUDA
+
 #include <cfloat>
 #include <cmath>
 #include <random>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "kernels/cuda/matvec.h"
 #include "tests/kernels/cuda/cuda_backend_fixture.h"
 #include "tests/kernels/cuda/cuda_parity_util.h"
@@ -35,13 +39,13 @@ double MaxDiff(const QkvResult& a, const QkvResult& b, double* scale) {
   return parity::MaxErr(all_a, all_b);
 }
 
-class MatVecRopeStoreTest : public CudaBackendTest {
+class CudaBackendRopeStoreTest : public CudaBackendTest {
  protected:
   // A layer of heads 4/2 of Dh 64 on bf16 weights over in = 512, biases on q, k and v.
   static constexpr int kIn = 512, kQHeads = 4, kKvHeads = 2, kDh = 64, kCacheRows = 12;
   static constexpr int64_t kQd = kQHeads * kDh, kKvd = kKvHeads * kDh;
 
-  MatVecRopeStoreTest()
+  CudaBackendRopeStoreTest()
       : rng_(31),
         norm_(kernels::testing::RandomVector(rng_, kIn, 0.5, 1.5), 1, kIn, DType::kBF16),
         wq_(kernels::testing::RandomVector(rng_, kQd * kIn), kQd, kIn, DType::kBF16),
@@ -118,7 +122,7 @@ class MatVecRopeStoreTest : public CudaBackendTest {
   kernels::testing::OwnedWeight norm_, wq_, wk_, wv_, bq_, bk_, bv_;
 };
 
-TEST_F(MatVecRopeStoreTest, OneLaunchGivesTheSeparateCallsNumbers) {
+TEST_F(CudaBackendRopeStoreTest, OneLaunchGivesTheSeparateCallsNumbers) {
   std::vector<float> factors(kDh / 2);
   for (int p = 0; p < kDh / 2; ++p) factors[p] = 1.0f + 0.25f * static_cast<float>(p % 5);
   for (int n = 1; n <= kMatVecMaxRows; ++n) {
@@ -182,3 +186,11 @@ TEST(MatVecRopeStore, RejectsWhatItCannotFuseNamingTheField) {
 
 }  // namespace
 }  // namespace kvlens::kernels::cuda
+
+#else  // !KVLENS_HAVE_CUDA
+
+TEST(CudaBackendRopeStoreTest, SkippedInThisBuild) {
+  GTEST_SKIP() << "built without the CUDA backend (KVLENS_CUDA=OFF or no nvcc)";
+}
+
+#endif  // KVLENS_HAVE_CUDA
