@@ -283,6 +283,13 @@ class Backend {
     RmsNormMatMulMany(x, n, dim, norm, eps, xn, qkv);
     RopeQKStoreKvOf(qkv, n, kv);
   }
+  // The same without the norm (x already normalized: Gemma 2's norm adds the pending
+  // residual first).
+  virtual void MatMulQkvRopeStoreKv(const T* x, int n, absl::Span<const MatMulOutput<T>> qkv,
+                                    const QkvRopeStore& kv) {
+    MatMulMany(x, n, qkv);
+    RopeQKStoreKvOf(qkv, n, kv);
+  }
   // MatMulSwiGlu (MatMulGeGlu) of xn = RmsNorm(x), xn scratch as above: a pre-norm
   // layer's gated feed-forward half.
   virtual void RmsNormMatMulSwiGlu(const T* x, int n, int dim, const WeightView& norm, double eps,

@@ -298,19 +298,19 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
         {lw.wq, lw.bq, q_.data()}, {lw.wk, lw.bk, k_.data()}, {lw.wv, lw.bv, v_.data()}};
     const bool rope = c.arch == Architecture::kLlama;
     const bool pre_norm = FusedResiduals() && !proj_pending;  // the norm in the products' call
-    const bool fused_kv = rope && pre_norm && !c.qk_norm;     // rope and store in it too
-    if (fused_kv) {  // norm, products, rope and cache rows in one call (one GPU launch)
-      kernels::QkvRopeStore kv;
-      kv.q_heads = c.num_heads;
-      kv.kv_heads = c.num_kv_heads;
-      kv.head_dim = c.head_dim;
-      kv.positions = positions_.data();
-      kv.rope = &ropes_[l];
-      kv.dst_rows = rows_.data();
-      kv.k_cache = cache.k(l);
-      kv.v_cache = cache.v(l);
-      kv.cache_stride = KVD;
-      kv.cache_dtype = cache.dtype();
+    const bool fused_kv = rope && !c.qk_norm;  // rope and cache rows in it too (one GPU launch)
+    kernels::QkvRopeStore kv;
+    kv.q_heads = c.num_heads;
+    kv.kv_heads = c.num_kv_heads;
+    kv.head_dim = c.head_dim;
+    kv.positions = positions_.data();
+    kv.rope = &ropes_[l];
+    kv.dst_rows = rows_.data();
+    kv.k_cache = cache.k(l);
+    kv.v_cache = cache.v(l);
+    kv.cache_stride = KVD;
+    kv.cache_dtype = cache.dtype();
+    if (pre_norm && fused_kv) {
       backend_.RmsNormQkvRopeStoreKv(x_.data(), n, static_cast<int>(D), lw.attn_norm, c.norm_eps,
                                      xn_.data(), qkv, kv);
     } else if (pre_norm) {
@@ -318,7 +318,11 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
                                  xn_.data(), qkv);
     } else {
       Norm(lw.attn_norm, lw.attn_norm_bias, n, proj_pending);
-      backend_.MatMulMany(xn_.data(), n, qkv);
+      if (fused_kv) {
+        backend_.MatMulQkvRopeStoreKv(xn_.data(), n, qkv, kv);  // Gemma 2
+      } else {
+        backend_.MatMulMany(xn_.data(), n, qkv);
+      }
     }
     if (c.qk_norm) {  // Qwen3: RMSNorm over each head of q and k, in place
       backend_.RmsNorm(q_.data(), n * c.num_heads, c.head_dim, lw.q_norm, c.norm_eps, q_.data());

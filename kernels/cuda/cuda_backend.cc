@@ -515,6 +515,12 @@ void CudaBackend::RmsNormQkvRopeStoreKv(const float* x, int n, int dim, const We
   MatMulManyImpl(x, n, qkv, &pre, &kv);
 }
 
+void CudaBackend::MatMulQkvRopeStoreKv(const float* x, int n,
+                                       absl::Span<const MatMulOutput<float>> qkv,
+                                       const QkvRopeStore& kv) {
+  MatMulManyImpl(x, n, qkv, nullptr, &kv);
+}
+
 void CudaBackend::MatMulManyImpl(const float* x, int n,
                                  absl::Span<const MatMulOutput<float>> outputs, const PreNorm* norm,
                                  const QkvRopeStore* kv) {

@@ -173,10 +173,12 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
                          float* xn, absl::Span<const MatMulOutput<float>> outputs) override;
   // That matvec, its epilogue also turning q and k and storing k and v into the cache
   // (LaunchMatVecRopeStore: heads of a multiple of 4, in % 8 == 0); else
-  // RmsNormMatMulMany, then RopeQKStoreKv.
+  // RmsNormMatMulMany, then RopeQKStoreKv. MatMulQkvRopeStoreKv likewise without the norm.
   void RmsNormQkvRopeStoreKv(const float* x, int n, int dim, const WeightView& norm, double eps,
                              float* xn, absl::Span<const MatMulOutput<float>> qkv,
                              const QkvRopeStore& kv) override;
+  void MatMulQkvRopeStoreKv(const float* x, int n, absl::Span<const MatMulOutput<float>> qkv,
+                            const QkvRopeStore& kv) override;
   // The gated matvec normalizes x itself likewise (else RmsNorm, then MatMulSwiGlu/GeGlu).
   void RmsNormMatMulSwiGlu(const float* x, int n, int dim, const WeightView& norm, double eps,
                            float* xn, const WeightView& w_gate, const WeightView& w_up,
@@ -305,7 +307,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // becomes the products' *x, and the products get MatVecNorm{} (none), as for no norm.
   absl::StatusOr<MatVecNorm> MatVecNormFor(const PreNorm* norm, int n, int64_t in, bool matvec,
                                            const float** x);
-  // MatMulMany, RmsNormMatMulMany (with a norm), RmsNormQkvRopeStoreKv (with kv too).
+  // MatMulMany, RmsNormMatMulMany (with a norm), RmsNormQkvRopeStoreKv (with kv too),
+  // MatMulQkvRopeStoreKv (kv alone).
   void MatMulManyImpl(const float* x, int n, absl::Span<const MatMulOutput<float>> outputs,
                       const PreNorm* norm, const QkvRopeStore* kv = nullptr);
   // MatMulSwiGlu (kSilu) and MatMulGeGlu (kGeluTanh), RmsNormMatMul*Glu with a norm.

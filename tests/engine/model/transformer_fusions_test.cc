@@ -4,7 +4,8 @@
 // them, its q and k's rope and the new cache rows to the q/k/v call, and add both residuals
 // as its products make them (what the CUDA matvec fuses); Qwen3's head norms come between
 // the products and the rope, so its rope stays a call of its own. GPT-2's and Gemma 2/3's
-// layers keep the residual pending for the next norm. The counts are the layer
+// layers keep the residual pending for the next norm (Gemma 2's q/k/v call still takes
+// the rope and cache rows). The counts are the layer
 // structure's: per forward, one of each call a layer (two MatMulAddTo).
 #include <map>
 #include <string>
@@ -37,6 +38,12 @@ class CountingBackend : public testing::CpuForwardingBackend {
                              const kernels::QkvRopeStore& kv) override {
     ++calls["RmsNormQkvRopeStoreKv"];
     Backend<float>::RmsNormQkvRopeStoreKv(x, n, dim, norm, eps, xn, qkv, kv);
+  }
+  void MatMulQkvRopeStoreKv(const float* x, int n,
+                            absl::Span<const kernels::MatMulOutput<float>> qkv,
+                            const kernels::QkvRopeStore& kv) override {
+    ++calls["MatMulQkvRopeStoreKv"];
+    Backend<float>::MatMulQkvRopeStoreKv(x, n, qkv, kv);
   }
   void RopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,
                      int64_t kv_stride, int kv_heads, int n, int head_dim, const int32_t* positions,
@@ -112,11 +119,17 @@ TEST(TransformerFusions, PreNormLayersHandTheirNormsToTheProductsAndAddResiduals
       // LayerNorm: each residual waits in proj for the next norm, layer 0's attention norm
       // adding the position embeddings
       EXPECT_EQ(calls, (std::map<std::string, int>{{"AddLayerNorm", 2 * L}}));
-    } else if (spec.gemma2 || spec.gemma3) {
+    } else if (spec.gemma3) {
       // the block outputs' norms come before the add: every norm but the first adds; the
       // rope after the head norms
       EXPECT_EQ(calls,
                 (std::map<std::string, int>{{"AddRmsNorm", 2 * L - 1}, {"RopeQKStoreKv", L}}));
+    } else if (spec.gemma2) {
+      // as Gemma 3, but no head norms: the rope and cache rows go with the products (whose
+      // default runs RopeQKStoreKv)
+      EXPECT_EQ(calls,
+                (std::map<std::string, int>{
+                    {"AddRmsNorm", 2 * L - 1}, {"MatMulQkvRopeStoreKv", L}, {"RopeQKStoreKv", L}}));
     } else if (spec.qk_norm) {
       EXPECT_EQ(calls, (std::map<std::string, int>{{"RmsNormMatMulMany", L},
                                                    {"RopeQKStoreKv", L},

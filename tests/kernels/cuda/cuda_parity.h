@@ -134,6 +134,11 @@ inline std::vector<ParityResult> RunParitySuite(CudaBackend& gpu, uint64_t seed 
       gpu, rng, {DType::kBF16, 6, 128, 2, 1, 64, RS::kHalfSplit, true, false, false, false}));
   add(QkvRopeStoreCase(
       gpu, rng, {DType::kF32, 2, 64, 2, 1, 16, RS::kAdjacentPairs, false, false, false, false}));
+  // Gemma 2's (its norm launched first, adding the pending residual): without the norm,
+  // heads of 256.
+  add(QkvRopeStoreCase(gpu, rng,
+                       {DType::kBF16, 2, 512, 2, 1, 256, RS::kHalfSplit, false, true, false, true,
+                        /*with_norm=*/false}));
   for (const AttnShape& s : AttentionShapes()) {
     for (ParityResult& p : AttentionCase(gpu, rng, s)) r.push_back(std::move(p));
   }

@@ -24,21 +24,25 @@ struct QkvShape {
   bool bf16_cache = false;  // else an fp32 cache
   bool scaled = false;      // Llama 3.1's frequency factors (RopeQKStoreKvCase's)
   bool fused_norm = true;   // the matvec normalizes x: xn must stay NaN
+  bool with_norm = true;    // false: MatMulQkvRopeStoreKv of x itself (Gemma 2)
 };
 
-// RmsNormQkvRopeStoreKv against the reference's default in double (its RmsNorm, MatMul of
-// each, RopeQKStoreKv). Naive: NaiveNorm, NaiveMatMul of each (+ bias), NaiveRope. q, k
-// and v come back NaN-filled outputs; the cache is NaN-filled at shuffled rows with a
-// padding row (−1) from two rows on, positions up to 100000. Judged on q, k, v and, in an
-// fp32 cache, both caches' rows (NaN elsewhere); a bf16 cache must hold exactly the bf16
+// RmsNormQkvRopeStoreKv (MatMulQkvRopeStoreKv without the norm) against the reference's
+// default in double (its RmsNorm, MatMul of each, RopeQKStoreKv). Naive: NaiveNorm, NaiveMatMul of
+// each (+ bias), NaiveRope. q, k and v come back NaN-filled outputs; the cache is NaN-filled at
+// shuffled rows with a padding row (−1) from two rows on, positions up to 100000. Judged on q, k, v
+// and, in an fp32 cache, both caches' rows (NaN elsewhere); a bf16 cache must hold exactly the bf16
 // rounding of the k and v the call returned (RopeQKStoreKvBf16Case's rule), NaN elsewhere.
 inline ParityResult QkvRopeStoreCase(CudaBackend& gpu, std::mt19937_64& rng, const QkvShape& s) {
   const std::string name = absl::StrCat(
-      "RmsNormQkvRopeStoreKv ", std::string(DTypeName(s.dtype)), " n=", s.n, " in=", s.in,
-      " heads ", s.q_heads, "/", s.kv_heads, " Dh=", s.head_dim,
+      s.with_norm ? "RmsNormQkvRopeStoreKv " : "MatMulQkvRopeStoreKv ",
+      std::string(DTypeName(s.dtype)), " n=", s.n, " in=", s.in, " heads ", s.q_heads, "/",
+      s.kv_heads, " Dh=", s.head_dim,
       s.style == RopeStyle::kAdjacentPairs ? " adjacent" : " half-split", s.bias ? " +bias" : "",
       s.scaled ? " Llama 3.1 factors" : "", s.bf16_cache ? " bf16 cache" : " f32 cache",
-      s.fused_norm ? " (norm fused)" : " (norm launched)");
+      !s.with_norm   ? ""
+      : s.fused_norm ? " (norm fused)"
+                     : " (norm launched)");
   const int n = s.n, in = s.in, dh = s.head_dim, cache_rows = 16;
   const int64_t qd = int64_t{s.q_heads} * dh, kvd = int64_t{s.kv_heads} * dh;
   const int64_t cache_stride = kvd + 8;
@@ -86,12 +90,17 @@ inline ParityResult QkvRopeStoreCase(CudaBackend& gpu, std::mt19937_64& rng, con
     QkvRopeStore ref_kv = kv;
     ref_kv.k_cache = kc_ref.data();
     ref_kv.v_cache = vc_ref.data();
-    ReferenceBackend().RmsNormQkvRopeStoreKv(x.data(), n, in, g.view(), eps, xn_ref.data(),
-                                             outputs_of(q_ref.data(), k_ref.data(), v_ref.data()),
-                                             ref_kv);
+    const auto outputs = outputs_of(q_ref.data(), k_ref.data(), v_ref.data());
+    if (s.with_norm) {
+      ReferenceBackend().RmsNormQkvRopeStoreKv(x.data(), n, in, g.view(), eps, xn_ref.data(),
+                                               outputs, ref_kv);
+    } else {
+      ReferenceBackend().MatMulQkvRopeStoreKv(x.data(), n, outputs, ref_kv);
+    }
   }
   // The naive run.
-  const std::vector<double> xn_naive = NaiveNorm(x, n, in, false, g, nullptr, eps);
+  const std::vector<double> xn_naive =
+      s.with_norm ? NaiveNorm(x, n, in, false, g, nullptr, eps) : x;
   std::vector<double> q_naive = NaiveMatMul(xn_naive, n, in, ws[0], s.bias ? &bs[0] : nullptr);
   std::vector<double> k_naive = NaiveMatMul(xn_naive, n, in, ws[1], s.bias ? &bs[1] : nullptr);
   const std::vector<double> v_naive =
@@ -121,8 +130,12 @@ inline ParityResult QkvRopeStoreCase(CudaBackend& gpu, std::mt19937_64& rng, con
   kv.k_cache = dkc->get();
   kv.v_cache = dvc->get();
   kv.cache_dtype = s.bf16_cache ? KvDtype::kBF16 : KvDtype::kActivation;
-  gpu.RmsNormQkvRopeStoreKv(dx->as<float>(), n, in, g.view(), eps, dxn->as<float>(),
-                            outputs_of(dq->as<float>(), dk->as<float>(), dv->as<float>()), kv);
+  const auto outputs = outputs_of(dq->as<float>(), dk->as<float>(), dv->as<float>());
+  if (s.with_norm) {
+    gpu.RmsNormQkvRopeStoreKv(dx->as<float>(), n, in, g.view(), eps, dxn->as<float>(), outputs, kv);
+  } else {
+    gpu.MatMulQkvRopeStoreKv(dx->as<float>(), n, outputs, kv);
+  }
   auto got_xn = FromDevice(gpu, *dxn, x.size());
   auto got_q = FromDevice(gpu, *dq, q_ref.size());
   auto got_k = FromDevice(gpu, *dk, k_ref.size());
@@ -147,7 +160,9 @@ inline ParityResult QkvRopeStoreCase(CudaBackend& gpu, std::mt19937_64& rng, con
   judged(*got_q, q_naive, q_ref);
   judged(*got_k, k_naive, k_ref);
   judged(*got_v, v_naive, v_ref);
-  if (s.fused_norm) {
+  if (!s.with_norm) {
+    // no norm: xn is not an argument
+  } else if (s.fused_norm) {
     for (double e : *got_xn) {
       if (!std::isnan(e)) return Failed(name, absl::InternalError("xn written: no fused norm"));
     }
