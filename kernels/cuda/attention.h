@@ -98,10 +98,16 @@ absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cuda
 // and spilled: on an H200 on 2026-12-04, 4 warps of 32 ran at 0.70× the 8 warps of 16,
 // which are the default, and at 0.85× with the 32-key tiles they now take);
 // 64-query blocks always have 4 warps of 16.
+// stages (2 or kFlashMaxStages): the K/V tiles a 128-query block keeps in shared memory. Two
+// (the default) take two barriers a tile, the second before P·V waits for V(j); three
+// take one, since tile j + 2 is copied while tile j is used. 64-query blocks and head
+// size 256 (Gemma's 101 KiB blocks, two an SM) always take two.
 bool FlashPrefillBf16Supports(const AttentionParams& p);
 absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, int warp_queries,
-                                    cudaStream_t stream);
+                                    int stages, cudaStream_t stream);
 inline constexpr int kFlashDefaultWarpQueries = 16;
+inline constexpr int kFlashDefaultStages = 2;
+inline constexpr int kFlashMaxStages = 3;
 
 // Which split-KV kernel LaunchSplitKv runs for p (0…kSplitKvVariants − 1: vector loads,
 // head size past 128, the head tile that covers the GQA group, a bf16 cache), and how

@@ -133,6 +133,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // default) or 32 (4 warps). attention.h, LaunchFlashPrefillBf16. For kvlens_gpu_check's
   // comparison and the tests.
   absl::Status SetFlashWarpQueries(int queries);
+  // K/V stages of the bf16 flash kernel's 128-query blocks: 2 (the default; two barriers
+  // a tile) or kFlashMaxStages (one). attention.h, LaunchFlashPrefillBf16. For
+  // kvlens_gpu_check's comparison and the tests.
+  absl::Status SetFlashStages(int stages);
   // Key splits of every split-KV launch: 0 (the default) lets ChooseNumSplits decide, else
   // 1 … kSplitKvMaxSplits. For kvlens_gpu_check's sweep of the decode kernel.
   absl::Status SetSplitKvSplits(int splits);
@@ -353,6 +357,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   int flash_tile_queries_ = kFlashDefaultTileQueries;
   bool flash_bf16_ = true;                             // SetFlashBf16
   int flash_warp_queries_ = kFlashDefaultWarpQueries;  // SetFlashWarpQueries
+  int flash_stages_ = kFlashDefaultStages;             // SetFlashStages
   int split_kv_splits_ = 0;                            // SetSplitKvSplits; 0: ChooseNumSplits
   bool split_kv_fused_combine_ = false;                // SetSplitKvFusedCombine
   int split_kv_blocks_per_sm_[kSplitKvVariants] = {};  // by SplitKvVariant, 0: not asked yet

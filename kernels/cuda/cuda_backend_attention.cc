@@ -287,7 +287,7 @@ absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<floa
 
 absl::Status CudaBackend::Flash(const AttentionParams& p, int tile_queries) {
   if (flash_bf16_ && FlashPrefillBf16Supports(p)) {
-    return Launch(&LaunchFlashPrefillBf16, p, tile_queries, flash_warp_queries_);
+    return Launch(&LaunchFlashPrefillBf16, p, tile_queries, flash_warp_queries_, flash_stages_);
   }
   return Launch(&LaunchFlashPrefill, p, tile_queries);
 }
@@ -307,6 +307,15 @@ absl::Status CudaBackend::SetFlashWarpQueries(int queries) {
         absl::StrCat("flash warp queries must be 16 or 32, got ", queries));
   }
   flash_warp_queries_ = queries;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SetFlashStages(int stages) {
+  if (stages != 2 && stages != kFlashMaxStages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flash stages must be 2 or ", kFlashMaxStages, ", got ", stages));
+  }
+  flash_stages_ = stages;
   return absl::OkStatus();
 }
 

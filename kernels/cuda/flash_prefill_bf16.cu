@@ -6,7 +6,7 @@
 // being converted, and the fragments come out of shared memory by ldmatrix (four 8×8
 // matrices an instruction) rather than one 32-bit load per register:
 //
-//   stage s (two):  Ks[s] [N keys][D + 8]   Vs[s] [N keys][D + 8]   (bf16, row-major)
+//   stage s (two or three):  Ks[s] [N keys][D + 8]   Vs[s] [N keys][D + 8]   (bf16, row-major)
 //
 // with N = 64 keys a tile, or 32 for warps of two stripes and past head size 128
 // (Bf16Tiles::kN).
@@ -24,7 +24,16 @@
 //   S = Q·K(j)ᵀ; online softmax (flash_common.cuh)
 //   wait until V(j) has landed; barrier
 //   O += P·V(j)
-// so tile j + 1's copies run under tile j's products. Q (fp32 activations) and P are
+// so tile j + 1's copies run under tile j's products. With three stages (a 128-query
+// block's option, attention.h; K and V of a tile are one group):
+//   wait until tile j has landed (tile j+1 may be in flight); barrier
+//   issue tile j+2 into the stage tile j−1 used (read before this barrier)
+//   S = Q·K(j)ᵀ; online softmax; O += P·V(j)
+// one barrier a tile rather than two, so a warp that is through its softmax starts its
+// P·V products without waiting for the block's slowest warp (with one 8-warp block an SM,
+// a barrier also idles the SM's tensor cores until the last warp arrives): 34 KiB more
+// shared memory at head size 128 (102 KiB), still one block an SM (two of 4 warps of 32:
+// 85 KiB each). Q (fp32 activations) and P are
 // rounded to bf16, the cache's K and V are used as stored; accumulation and the softmax
 // are fp32. Masking, the tiles' rows and the output follow flash_common.cuh.
 //
@@ -57,9 +66,10 @@
 namespace kvlens::kernels::cuda {
 namespace {
 
-template <int D, int W, int R>
+template <int D, int W, int R, int S>
 struct Bf16Tiles {
   static_assert(D % 16 == 0 && D <= 256 && (R == 1 || R == 2) && (D <= 128 || R == 1));
+  static_assert(S == 2 || (S == 3 && D <= 128));  // see kFlashMaxStages below
   // Q's fragments wait in shared memory (read by ldmatrix each step) for two stripes and
   // past head size 128, where O alone is 2·D/8·4 or D/2 registers a lane; else in registers.
   static constexpr bool kQInSmem = R == 2 || D > 128;
@@ -74,7 +84,7 @@ struct Bf16Tiles {
   static constexpr int kElems = kN * kLd;   // one K or V tile
   static constexpr int kPieces = D / 8;     // 16-byte pieces of a head's row
   static constexpr int kRows = 16 * W * R;  // queries a block
-  static constexpr size_t kKvBytes = 2 * 2 * kElems * sizeof(uint16_t);  // K, V × 2 stages
+  static constexpr size_t kKvBytes = S * 2 * kElems * sizeof(uint16_t);  // K, V × S stages
   static constexpr size_t kQBytes = kQInSmem ? kRows * kLd * sizeof(uint16_t) : 0;
   static constexpr size_t kBytes = kKvBytes + kQBytes;
 };
@@ -83,11 +93,11 @@ struct Bf16Tiles {
 // zeros from key_end on (FlashKeysOf: no row of the block sees them; whatever the cache
 // holds there, a NaN say, would otherwise reach P·V as 0·NaN). Consecutive threads take
 // consecutive pieces of a row.
-template <int D, int W, int R>
+template <int D, int W, int R, int S>
 __device__ __forceinline__ void IssueTile(const AttentionParams& p, const FlashSeq& seq, int kvh,
                                           int j0, int key_end, const uint16_t* cache,
                                           uint16_t* tile) {
-  using L = Bf16Tiles<D, W, R>;
+  using L = Bf16Tiles<D, W, R, S>;
   constexpr int kThreads = W * 32;
   static_assert(L::kN * L::kPieces % kThreads == 0);
   const int32_t* table = p.block_table != nullptr ? p.block_table + seq.table_offset : nullptr;
@@ -108,10 +118,10 @@ __device__ __forceinline__ void IssueTile(const AttentionParams& p, const FlashS
 
 // Q's rows of the block as bf16 (rounded as FlashLoadQ rounds them; rows past the
 // sequence's end zero) into qs [kRows][kLd], where Bf16Tiles::kQInSmem.
-template <int D, int W, int R>
+template <int D, int W, int R, int S>
 __device__ __forceinline__ void StageQ(const AttentionParams& p, const FlashSeq& seq, int h,
                                        uint16_t* qs) {
-  using L = Bf16Tiles<D, W, R>;
+  using L = Bf16Tiles<D, W, R, S>;
   for (int idx = threadIdx.x; idx < L::kRows * L::kPieces; idx += W * 32) {
     const int r = idx / L::kPieces, c = idx % L::kPieces;
     const int i = seq.q0 + r;
@@ -141,15 +151,15 @@ constexpr int kBf16MinBlocks = R == 2   ? 2
                                         : 1;
 
 // kCap: Gemma 2's soft cap on the scores (FlashSoftmaxTile), instantiated apart.
-template <int D, int W, int R, bool kCap>
+template <int D, int W, int R, int S, bool kCap>
 __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
     FlashPrefillBf16Kernel(AttentionParams p) {
   WaitForPriorGrids();  // first: see launch.cuh
-  using L = Bf16Tiles<D, W, R>;
+  using L = Bf16Tiles<D, W, R, S>;
   extern __shared__ __align__(16) uint16_t flash_bf16_smem[];
   auto ks = [&](int stage) { return flash_bf16_smem + (2 * stage) * L::kElems; };
   auto vs = [&](int stage) { return flash_bf16_smem + (2 * stage + 1) * L::kElems; };
-  uint16_t* qs = flash_bf16_smem + 4 * L::kElems;  // kQInSmem only
+  uint16_t* qs = flash_bf16_smem + 2 * S * L::kElems;  // kQInSmem only
   const uint16_t* kcache = static_cast<const uint16_t*>(p.k);
   const uint16_t* vcache = static_cast<const uint16_t*>(p.v);
 
@@ -168,11 +178,19 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
   const FlashKeyRange keys = FlashKeysOf(p, seq);
   const int key_end = keys.key_end;
 
-  // The first tile's copies first: they run while Q is read.
-  IssueTile<D, W, R>(p, seq, kvh, keys.key_begin, key_end, kcache, ks(0));
+  // The first tile's copies first (with three stages the second's too, K and V one group
+  // a tile): they run while Q is read.
+  IssueTile<D, W, R, S>(p, seq, kvh, keys.key_begin, key_end, kcache, ks(0));
+  if constexpr (S == 2) CpAsyncCommit();
+  IssueTile<D, W, R, S>(p, seq, kvh, keys.key_begin, key_end, vcache, vs(0));
   CpAsyncCommit();
-  IssueTile<D, W, R>(p, seq, kvh, keys.key_begin, key_end, vcache, vs(0));
-  CpAsyncCommit();
+  if constexpr (S == 3) {
+    if (keys.key_begin + L::kN < key_end) {
+      IssueTile<D, W, R, S>(p, seq, kvh, keys.key_begin + L::kN, key_end, kcache, ks(1));
+      IssueTile<D, W, R, S>(p, seq, kvh, keys.key_begin + L::kN, key_end, vcache, vs(1));
+    }
+    CpAsyncCommit();  // empty past the keys: the loop's wait counts groups
+  }
 
   // ldmatrix row addresses, relative to a tile: lane L gives row L % 8 of matrix L / 8.
   //   K (plain): matrices (keys +0, dims +0), (keys +0, dims +8), (keys +8, dims +0),
@@ -194,7 +212,7 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
     FlashLoadQ<D>(
         p, seq, h, row_i[0], [](float a, float b) { return PackBf162(a, b); }, qf);
   } else {
-    StageQ<D, W, R>(p, seq, h, qs);
+    StageQ<D, W, R, S>(p, seq, h, qs);
   }
   // The A fragment of stripe r for dims 16kk … 16kk + 15.
   auto load_a = [&](uint32_t(&a)[4], int r, int kk) {
@@ -220,15 +238,27 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
   const float c = p.scale * 1.4426950408889634f;  // scale·log2(e)
 
   int stage = 0;
-  for (int j0 = keys.key_begin; j0 < key_end; j0 += L::kN, stage ^= 1) {
-    CpAsyncWait<1>();  // K(j) is here (V(j) may not be)
+  for (int j0 = keys.key_begin; j0 < key_end; j0 += L::kN, stage = stage + 1 == S ? 0 : stage + 1) {
+    // Two stages: K(j) is here (V(j) may not be). Three: K(j) and V(j) are (tile j + 1 may
+    // not be).
+    CpAsyncWait<1>();
     __syncthreads();
-    if (j0 + L::kN < key_end) {
-      IssueTile<D, W, R>(p, seq, kvh, j0 + L::kN, key_end, kcache, ks(stage ^ 1));
-      CpAsyncCommit();
-      IssueTile<D, W, R>(p, seq, kvh, j0 + L::kN, key_end, vcache, vs(stage ^ 1));
+    if constexpr (S == 2) {
+      if (j0 + L::kN < key_end) {
+        IssueTile<D, W, R, S>(p, seq, kvh, j0 + L::kN, key_end, kcache, ks(stage ^ 1));
+        CpAsyncCommit();
+        IssueTile<D, W, R, S>(p, seq, kvh, j0 + L::kN, key_end, vcache, vs(stage ^ 1));
+      } else {
+        CpAsyncCommit();  // empty groups keep the count: the wait below is for V(j)
+      }
     } else {
-      CpAsyncCommit();  // empty groups keep the count: the wait below is for V(j)
+      // Tile j + 2 into the stage tile j − 1 used: every thread has passed the barrier
+      // above, so has finished with it.
+      const int next = stage == 0 ? S - 1 : stage - 1;
+      if (j0 + 2 * L::kN < key_end) {
+        IssueTile<D, W, R, S>(p, seq, kvh, j0 + 2 * L::kN, key_end, kcache, ks(next));
+        IssueTile<D, W, R, S>(p, seq, kvh, j0 + 2 * L::kN, key_end, vcache, vs(next));
+      }
     }
     CpAsyncCommit();
 
@@ -293,8 +323,10 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
       }
     }
 
-    CpAsyncWait<2>();  // V(j) is here (K(j+1), V(j+1) may not be)
-    __syncthreads();
+    if constexpr (S == 2) {
+      CpAsyncWait<2>();  // V(j) is here (K(j+1), V(j+1) may not be)
+      __syncthreads();
+    }
 
     // O += P·V, steps (kk, dp) in order, each V fragment requested before the previous
     // step's products.
@@ -327,15 +359,15 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
   for (int r = 0; r < R; ++r) FlashWriteRows<D>(p, seq, h, row_i[r], l[r], o[r]);
 }
 
-template <int D, int W, int R>
+template <int D, int W, int R, int S>
 absl::Status LaunchBf16(const AttentionParams& p, cudaStream_t stream) {
-  using L = Bf16Tiles<D, W, R>;
+  using L = Bf16Tiles<D, W, R, S>;
   // Two stripes are never capped: LaunchFlashPrefillBf16 gives a capped call one stripe.
-  auto* kernel = R == 1 && p.softcap > 0.0f ? FlashPrefillBf16Kernel<D, W, R, R == 1>
-                                            : FlashPrefillBf16Kernel<D, W, R, false>;
+  auto* kernel = R == 1 && p.softcap > 0.0f ? FlashPrefillBf16Kernel<D, W, R, S, R == 1>
+                                            : FlashPrefillBf16Kernel<D, W, R, S, false>;
   // Past 48 KiB of dynamic shared memory a kernel must opt in (every launch: the attribute
   // belongs to the device's context, and setting it is not a stream operation). Blocks past
-  // 64 KiB (two stripes or head size 256: up to 102 KiB) also ask for the largest
+  // 64 KiB (two stripes, three stages or head size 256: up to 102 KiB) also ask for the largest
   // shared-memory carveout, so that two fit on an SM beside each other.
   if constexpr (L::kBytes > 48 * 1024) {
     KVLENS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
@@ -362,10 +394,14 @@ bool FlashPrefillBf16Supports(const AttentionParams& p) {
 }
 
 absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, int warp_queries,
-                                    cudaStream_t stream) {
+                                    int stages, cudaStream_t stream) {
   if (warp_queries != 16 && warp_queries != 32) {
     return absl::InvalidArgumentError(
         absl::StrCat("flash warp queries must be 16 or 32, got ", warp_queries));
+  }
+  if (stages != 2 && stages != kFlashMaxStages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flash stages must be 2 or ", kFlashMaxStages, ", got ", stages));
   }
   if (!FlashPrefillBf16Supports(p)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -375,12 +411,16 @@ absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, 
   }
   return DispatchFlash(p, tile_queries, [&](auto d, auto w) {
     constexpr int D = decltype(d)::value, W = decltype(w)::value;
-    // 128-query blocks: 8 warps of 16 queries or 4 of 32 (uncapped); 64-query blocks (the
-    // only ones at head size 256): 4 of 16.
+    // 128-query blocks: 8 warps of 16 queries or 4 of 32 (uncapped), two stages or three;
+    // 64-query blocks (the only ones at head size 256): 4 of 16, two stages.
     if constexpr (W == 8) {
-      if (warp_queries == 32 && p.softcap == 0.0f) return LaunchBf16<D, 4, 2>(p, stream);
+      if (stages == 3) {
+        if (warp_queries == 32 && p.softcap == 0.0f) return LaunchBf16<D, 4, 2, 3>(p, stream);
+        return LaunchBf16<D, W, 1, 3>(p, stream);
+      }
+      if (warp_queries == 32 && p.softcap == 0.0f) return LaunchBf16<D, 4, 2, 2>(p, stream);
     }
-    return LaunchBf16<D, W, 1>(p, stream);
+    return LaunchBf16<D, W, 1, 2>(p, stream);
   });
 }
 

@@ -1,5 +1,5 @@
 // kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU. One
-// file of about 990 lines: one program whose benchmarks share its table, sizes, timing
+// file of about 1000 lines: one program whose benchmarks share its table, sizes, timing
 // and allocation helpers, and whose sources a GPU machine's standalone build lists by
 // name (kernels/cuda/standalone/CMakeLists.txt), each benchmark a function of its own.
 //   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
@@ -338,16 +338,25 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
   // 64- and 128-query blocks on an fp32 cache, then on a bf16 cache: the fp16 kernel
   // (converting each element, as on fp32), then the bf16 kernel (cp.async, ldmatrix; the
   // default there) with 128-query blocks of 4 warps of 32 queries and of 8 warps of 16 (the
-  // default), and with 64-query blocks (4 warps of 16).
-  for (int config = 0; config < 6; ++config) {
-    const int tile = config == 0 || config == 5 ? 64 : 128;
-    const bool bf16 = config >= 2;
-    const bool bf16_kernel = config >= 3;
-    const int warp_queries = config == 3 ? 32 : 16;
+  // default), each with two K/V stages (the default) and three, and with 64-query blocks
+  // (4 warps of 16).
+  struct FlashConfig {
+    int tile;
+    bool bf16_cache, bf16_kernel;
+    int warp_queries, stages;
+  };
+  const FlashConfig configs[] = {{64, false, false, 16, 2}, {128, false, false, 16, 2},
+                                 {128, true, false, 16, 2}, {128, true, true, 32, 2},
+                                 {128, true, true, 16, 2},  {128, true, true, 32, 3},
+                                 {128, true, true, 16, 3},  {64, true, true, 16, 2}};
+  for (const FlashConfig& config : configs) {
+    const int tile = config.tile, warp_queries = config.warp_queries;
+    const bool bf16 = config.bf16_cache, bf16_kernel = config.bf16_kernel;
     const KvDtype cache_dtype = bf16 ? KvDtype::kBF16 : KvDtype::kActivation;
     Must(b.SetFlashTileQueries(tile), "flash tile size");
     b.SetFlashBf16(bf16_kernel);
     Must(b.SetFlashWarpQueries(warp_queries), "flash warp queries");
+    Must(b.SetFlashStages(config.stages), "flash stages");
     for (int t : z.prefill_tokens) {
       const PrefillCall call(b, t, heads, dh, cache_dtype);
       const double sec = TimeIt(b, 3, [&] { Must(b.Attention(call.args), "prefill attention"); });
@@ -358,8 +367,12 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
             absl::StrCat(
                 "T=", t, " H=", heads, " Dh=", dh, ", ", tile, "-query blocks",
                 bf16_kernel ? absl::StrCat(" of ", tile / warp_queries, " warps") : std::string(),
+                config.stages != kFlashDefaultStages
+                    ? absl::StrCat(", ", config.stages, " K/V stages")
+                    : std::string(),
                 tile == kFlashDefaultTileQueries &&
-                        (!bf16_kernel || warp_queries == kFlashDefaultWarpQueries)
+                        (!bf16_kernel || (warp_queries == kFlashDefaultWarpQueries &&
+                                          config.stages == kFlashDefaultStages))
                     ? " (default)"
                     : ""),
             Fmt(tflops, "TFLOP/s"),
@@ -376,6 +389,7 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
   Must(b.SetFlashTileQueries(kFlashDefaultTileQueries), "flash tile size");
   b.SetFlashBf16(true);
   Must(b.SetFlashWarpQueries(kFlashDefaultWarpQueries), "flash warp queries");
+  Must(b.SetFlashStages(kFlashDefaultStages), "flash stages");
 
   // The longest prompt again in sliding windows of a quarter and an eighth of it (Mistral
   // 7B v0.1's 4096 at 16k), default kernel on a bf16 cache: the blocks skip the tiles

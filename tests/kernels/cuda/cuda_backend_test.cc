@@ -122,13 +122,15 @@ TEST_F(CudaBackendTest, FlashWith64QueryTilesWithinTolerance) {
 }
 
 // The parity table's 128-query blocks of the bf16 flash kernel are 8 warps of 16 queries
-// (kFlashDefaultWarpQueries, Q's fragments in registers); this runs its flash shapes on a
-// bf16 cache, and a batch of prefill chunks, with 4 warps of 32 (Q in shared memory, each
-// K/V fragment serving two stripes), within the same tolerance.
-TEST_F(CudaBackendTest, Bf16FlashWithWarpsOf32QueriesWithinTolerance) {
-  static_assert(kFlashDefaultWarpQueries == 16, "then this test should run warps of 16");
-  EXPECT_EQ(backend_->SetFlashWarpQueries(64).code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(backend_->SetFlashWarpQueries(32).ok());
+// (kFlashDefaultWarpQueries, Q's fragments in registers) with two K/V stages
+// (kFlashDefaultStages). This runs its flash shapes on a bf16 cache with 128-query blocks,
+// and a batch of prefill chunks, with the kernel set to warp_queries and stages, within the
+// same tolerance; `layout` names the setting in the log.
+void RunBf16FlashLayout(CudaBackend& backend, int warp_queries, int stages, const char* layout) {
+  static_assert(kFlashDefaultWarpQueries == 16 && kFlashDefaultStages == 2,
+                "then the tests below should run the other layouts");
+  ASSERT_TRUE(backend.SetFlashWarpQueries(warp_queries).ok());
+  ASSERT_TRUE(backend.SetFlashStages(stages).ok());
   std::mt19937_64 rng(6);
   std::vector<parity::ParityResult> results;
   int shapes = 0;
@@ -136,19 +138,40 @@ TEST_F(CudaBackendTest, Bf16FlashWithWarpsOf32QueriesWithinTolerance) {
     if (s.want_maps || s.want_probs_only || s.tq < kFlashMinQueries || !s.bf16_cache) continue;
     if (FlashTileQueries(s.dh, kFlashDefaultTileQueries) != 128) continue;
     ++shapes;
-    for (parity::ParityResult& r : parity::AttentionCase(*backend_, rng, s)) {
+    for (parity::ParityResult& r : parity::AttentionCase(backend, rng, s)) {
       results.push_back(std::move(r));
     }
   }
   EXPECT_GE(shapes, 4);
   int uploads = -1;
-  results.push_back(parity::AttentionBatchFlashCase(*backend_, rng, &uploads, true));
-  ASSERT_TRUE(backend_->SetFlashWarpQueries(kFlashDefaultWarpQueries).ok());
+  results.push_back(parity::AttentionBatchFlashCase(backend, rng, &uploads, true));
+  ASSERT_TRUE(backend.SetFlashWarpQueries(kFlashDefaultWarpQueries).ok());
+  ASSERT_TRUE(backend.SetFlashStages(kFlashDefaultStages).ok());
   for (const parity::ParityResult& r : results) {
-    std::cerr << "[ parity   ] warps of 32: " << r.name << ": error " << r.err << ", tolerance "
-              << r.tol << "\n";
-    EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
+    std::cerr << "[ parity   ] " << layout << ": " << r.name << ": error " << r.err
+              << ", tolerance " << r.tol << "\n";
+    EXPECT_TRUE(r.pass()) << layout << ": " << r.name << ": " << r.status << ", error " << r.err
+                          << " > " << r.tol;
   }
+}
+
+// 4 warps of 32 queries: each K/V fragment serves two 16-row stripes, Q waits in shared
+// memory.
+TEST_F(CudaBackendTest, Bf16FlashWithWarpsOf32QueriesWithinTolerance) {
+  EXPECT_EQ(backend_->SetFlashWarpQueries(64).code(), absl::StatusCode::kInvalidArgument);
+  RunBf16FlashLayout(*backend_, 32, 2, "warps of 32");
+}
+
+// Three K/V stages and one barrier a tile, for both warp layouts: the shapes include keys
+// past three tiles (the stages' reuse), keys ending mid-tile, offsets, windows and documents.
+TEST_F(CudaBackendTest, Bf16FlashWithThreeStagesWithinTolerance) {
+  for (int stages : {1, 4}) {
+    const absl::Status s = backend_->SetFlashStages(stages);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << stages;
+    EXPECT_NE(std::string(s.message()).find("flash stages must be 2 or 3"), std::string::npos) << s;
+  }
+  RunBf16FlashLayout(*backend_, 16, 3, "three stages, warps of 16");
+  RunBf16FlashLayout(*backend_, 32, 3, "three stages, warps of 32");
 }
 
 // The split-KV launch merging its own splits (SetSplitKvFusedCombine: the last block of a
@@ -244,16 +267,24 @@ TEST_F(CudaBackendTest, Bf16CacheTakesTheBf16FlashKernelUnlessTurnedOff) {
 // rather than multiply a NaN value row by a zero weight. Keys 74 … 127 of a 64-query call
 // at offset 10 (the block's keys end mid-tile) NaN-filled against finite: the same
 // outputs, all finite, for the fp16 kernel over fp32 and bf16 caches and for the bf16
-// kernel with warps of 32 and of 16 queries.
+// kernel with warps of 32 and of 16 queries, with two and three K/V stages (three issue
+// the second tile, the one past the keys' end, before the loop).
 TEST_F(CudaBackendTest, FlashIgnoresWhatTheCacheHoldsPastTheBlocksKeys) {
+  struct Layout {
+    int warp_queries, stages;  // warp_queries 0: the fp16 kernel
+  };
   for (bool bf16_cache : {false, true}) {
-    for (int warp_queries : {0, 32, 16}) {  // 0: the fp16 kernel
+    for (const Layout layout :
+         {Layout{0, 2}, Layout{32, 2}, Layout{16, 2}, Layout{32, 3}, Layout{16, 3}}) {
+      const int warp_queries = layout.warp_queries;
       const bool bf16_kernel = warp_queries != 0;
       if (!bf16_cache && !bf16_kernel) continue;
-      SCOPED_TRACE(::testing::Message() << "bf16 cache " << bf16_cache << ", bf16 kernel "
-                                        << bf16_kernel << ", warps of " << warp_queries);
+      SCOPED_TRACE(::testing::Message()
+                   << "bf16 cache " << bf16_cache << ", bf16 kernel " << bf16_kernel
+                   << ", warps of " << warp_queries << ", stages " << layout.stages);
       if (bf16_kernel) {
         ASSERT_TRUE(backend_->SetFlashWarpQueries(warp_queries).ok());
+        ASSERT_TRUE(backend_->SetFlashStages(layout.stages).ok());
       }
       const parity::AttnShape s{.label = "keys past the block's",
                                 .tq = 64,
@@ -300,6 +331,7 @@ TEST_F(CudaBackendTest, FlashIgnoresWhatTheCacheHoldsPastTheBlocksKeys) {
   }
   backend_->SetFlashBf16(true);
   ASSERT_TRUE(backend_->SetFlashWarpQueries(kFlashDefaultWarpQueries).ok());
+  ASSERT_TRUE(backend_->SetFlashStages(kFlashDefaultStages).ok());
 }
 
 // SetSplitKvSplits (kvlens_gpu_check's sweep): any fixed number of key splits, more than
