@@ -9,7 +9,8 @@
 //                   in registers; never the full Tq×Tk matrix. Over a bf16 cache (rows in
 //                   16-byte pieces) its bf16 twin instead (every head size, the soft
 //                   cap too): K/V tiles copied to shared memory as stored (cp.async, two
-//                   stages) and read by ldmatrix, Q·Kᵀ and P·V on bf16 tensor cores.
+//                   stages, or three as an option) and read by ldmatrix, Q·Kᵀ and P·V on
+//                   bf16 tensor cores; optionally 192-query blocks at Dh 64 and 128.
 //   split-KV        any Dh <= 256, any Tq (decode, short chunks, other head sizes): fp32,
 //                   one block per (query, KV head, key split); its four warps take turns
 //                   over the keys and each K/V row is read once for all the GQA group's
@@ -102,7 +103,15 @@ absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cuda
 // (the default) take two barriers a tile, the second before P·V waits for V(j); three
 // take one, since tile j + 2 is copied while tile j is used. 64-query blocks and head
 // size 256 (Gemma's 101 KiB blocks, two an SM) always take two.
+// tile_queries may also be kFlashBf16WideTileQueries at head sizes 64 and 128
+// (FlashBf16TileQueries): 12 warps of 16 queries (whatever warp_queries says), Q in shared
+// memory, one block an SM: 3 warps a scheduler rather than 2, and each K/V tile serves
+// 1.5 times the queries of a 128-query block.
 bool FlashPrefillBf16Supports(const AttentionParams& p);
+inline constexpr int kFlashBf16WideTileQueries = 192;
+// FlashTileQueries for the bf16 kernel: also kFlashBf16WideTileQueries where asked for and
+// the head size has them (else 128-query tiles where it has those).
+int FlashBf16TileQueries(int head_dim, int requested);
 absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, int warp_queries,
                                     int stages, cudaStream_t stream);
 inline constexpr int kFlashDefaultWarpQueries = 16;

@@ -121,8 +121,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
     int64_t reused = 0;
   };
   IndexUploadStats index_upload_stats() const { return index_stats_; }
-  // Queries per flash prefill block: 64 or 128 (the default), where the head size allows
-  // (attention.h, FlashTileQueries). For kvlens_gpu_check's comparison and the tests.
+  // Queries per flash prefill block: 64, 128 (the default) or, on the bf16 kernel only,
+  // 192 (12 warps), where the head size allows (attention.h, FlashTileQueries and
+  // FlashBf16TileQueries; elsewhere 192 asks for 128). For kvlens_gpu_check's comparison
+  // and the tests.
   absl::Status SetFlashTileQueries(int queries);
   // Whether prefill over a bf16 cache takes the bf16 flash kernel where it applies
   // (FlashPrefillBf16Supports; on by default) or the fp16 one that converts each element.
@@ -330,7 +332,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   absl::Status LaunchSplitKvBatched(absl::Span<const AttentionArgs<float>> calls);
   absl::Status LaunchFlashBatched(absl::Span<const AttentionArgs<float>> calls);
   // The flash launch of p: the bf16 kernel where it applies (and flash_bf16_), else fp16.
-  absl::Status Flash(const AttentionParams& p, int tile_queries);
+  // Whether p's flash launch takes the bf16 kernel, the queries of its tiles, and the launch.
+  bool TakesFlashBf16(const AttentionParams& p) const;
+  int FlashTile(const AttentionParams& p) const;
+  absl::Status Flash(const AttentionParams& p);
   // The kernels' parameters for a checked forward call, index arrays uploaded.
   absl::StatusOr<AttentionParams> DeviceParams(const AttentionArgs<float>& a);
 

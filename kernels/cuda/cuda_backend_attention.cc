@@ -155,7 +155,7 @@ absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {
     return Launch(&LaunchMaterialized, p, scores, probs);
   }
   if (TakesFlash(a)) {
-    return Flash(p, FlashTileQueries(a.head_dim, flash_tile_queries_));
+    return Flash(p);
   }
   if (a.head_dim > kSplitKvMaxHeadDim) {
     return absl::InvalidArgumentError(absl::StrCat("AttentionArgs.head_dim ", a.head_dim,
@@ -256,7 +256,8 @@ absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<floa
   std::vector<int32_t>& packed = index_pack_;
   packed.clear();
   std::vector<std::array<int32_t, kFlashTileInts>> tiles;
-  const int tile = FlashTileQueries(calls.front().head_dim, flash_tile_queries_);
+  AttentionParams p = HostParams(calls.front());
+  const int tile = FlashTile(p);
   int row0 = 0;
   for (const AttentionArgs<float>& a : calls) {
     const int offset = static_cast<int>(packed.size());
@@ -278,18 +279,27 @@ absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<floa
   absl::StatusOr<const void*> d = UploadIndices(packed.data(), sizeof(int32_t) * packed.size());
   if (!d.ok()) return d.status();
   const int32_t* base = static_cast<const int32_t*>(*d);
-  AttentionParams p = HostParams(calls.front());
   p.block_table = base;
   p.flash_tiles = base + tables;
   p.num_flash_tiles = static_cast<int>(tiles.size());
-  return Flash(p, tile);
+  return Flash(p);
 }
 
-absl::Status CudaBackend::Flash(const AttentionParams& p, int tile_queries) {
-  if (flash_bf16_ && FlashPrefillBf16Supports(p)) {
-    return Launch(&LaunchFlashPrefillBf16, p, tile_queries, flash_warp_queries_, flash_stages_);
+bool CudaBackend::TakesFlashBf16(const AttentionParams& p) const {
+  return flash_bf16_ && FlashPrefillBf16Supports(p);
+}
+
+int CudaBackend::FlashTile(const AttentionParams& p) const {
+  // The fp16 kernel has no 192-query tiles: 128 where asked for them.
+  return TakesFlashBf16(p) ? FlashBf16TileQueries(p.head_dim, flash_tile_queries_)
+                           : FlashTileQueries(p.head_dim, std::min(flash_tile_queries_, 128));
+}
+
+absl::Status CudaBackend::Flash(const AttentionParams& p) {
+  if (TakesFlashBf16(p)) {
+    return Launch(&LaunchFlashPrefillBf16, p, FlashTile(p), flash_warp_queries_, flash_stages_);
   }
-  return Launch(&LaunchFlashPrefill, p, tile_queries);
+  return Launch(&LaunchFlashPrefill, p, FlashTile(p));
 }
 
 absl::Status CudaBackend::SetSplitKvSplits(int splits) {
@@ -320,9 +330,9 @@ absl::Status CudaBackend::SetFlashStages(int stages) {
 }
 
 absl::Status CudaBackend::SetFlashTileQueries(int queries) {
-  if (queries != 64 && queries != 128) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("flash tile queries must be 64 or 128, got ", queries));
+  if (queries != 64 && queries != 128 && queries != kFlashBf16WideTileQueries) {
+    return absl::InvalidArgumentError(absl::StrCat("flash tile queries must be 64, 128 or ",
+                                                   kFlashBf16WideTileQueries, ", got ", queries));
   }
   flash_tile_queries_ = queries;
   return absl::OkStatus();

@@ -50,10 +50,19 @@
 // (the default); two stripes 153-205 (121-166 with 64-key tiles, spilling). In the
 // products each fragment is requested one step before its mma.sync uses it, so a load's
 // latency passes under the previous products rather than stalling the warp.
+//
+// A 192-query block (kFlashBf16WideTileQueries, head sizes 64 and 128) is 12 warps of one
+// stripe: 384 threads may hold 170 registers each, so Q waits in shared memory (as for
+// two stripes) and each warp keeps O, S and P (167-168 registers at head size 128, no
+// spills; the capped twin with two stages spills 40 bytes). One block an SM then runs 3
+// warps a scheduler rather than 2, more to issue from while others wait at a barrier or on
+// the softmax, and each K/V tile copied serves 192 queries rather than 128. Shared memory:
+// Q 51 KiB, K/V 68 or 102 KiB (two or three stages) at head size 128.
 #include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/attention.h"
@@ -69,10 +78,12 @@ namespace {
 template <int D, int W, int R, int S>
 struct Bf16Tiles {
   static_assert(D % 16 == 0 && D <= 256 && (R == 1 || R == 2) && (D <= 128 || R == 1));
+  static_assert(W == 4 || W == 8 || (W == 12 && R == 1 && D <= 128));
   static_assert(S == 2 || (S == 3 && D <= 128));  // see kFlashMaxStages below
   // Q's fragments wait in shared memory (read by ldmatrix each step) for two stripes and
-  // past head size 128, where O alone is 2·D/8·4 or D/2 registers a lane; else in registers.
-  static constexpr bool kQInSmem = R == 2 || D > 128;
+  // past head size 128, where O alone is 2·D/8·4 or D/2 registers a lane, and for 12
+  // warps, whose 384 threads may hold 170 registers each; else in registers.
+  static constexpr bool kQInSmem = R == 2 || D > 128 || W == 12;
   // Keys a tile: 64, or 32 where O takes 128 registers a lane (two stripes, head size 256),
   // whose O and S would otherwise take more than 255 registers a thread (on an H200,
   // 2026-12-04, 64-key tiles of two stripes spilled and ran at 0.70× one stripe's speed).
@@ -98,12 +109,12 @@ __device__ __forceinline__ void IssueTile(const AttentionParams& p, const FlashS
                                           int j0, int key_end, const uint16_t* cache,
                                           uint16_t* tile) {
   using L = Bf16Tiles<D, W, R, S>;
-  constexpr int kThreads = W * 32;
-  static_assert(L::kN * L::kPieces % kThreads == 0);
+  constexpr int kThreads = W * 32, kPieces = L::kN * L::kPieces;
   const int32_t* table = p.block_table != nullptr ? p.block_table + seq.table_offset : nullptr;
 #pragma unroll
-  for (int it = 0; it < L::kN * L::kPieces / kThreads; ++it) {
+  for (int it = 0; it < (kPieces + kThreads - 1) / kThreads; ++it) {
     const int idx = static_cast<int>(threadIdx.x) + it * kThreads;
+    if (kPieces % kThreads != 0 && idx >= kPieces) break;  // 12 warps: 2⅔ pieces a thread
     const int r = idx / L::kPieces, c = idx % L::kPieces;
     const int j = j0 + r;
     const bool in = j < key_end;
@@ -144,7 +155,7 @@ __device__ __forceinline__ void StageQ(const AttentionParams& p, const FlashSeq&
 // Blocks an SM: two of two stripes; 64-query blocks three, but two at head size 128, where
 // three (170 registers) spilled: on an H200 (2026-12-04) two ran 10-16% faster there, and
 // two at head size 256 (101 KiB of shared memory each). One of 8 warps (226 registers at
-// head size 128).
+// head size 128), or of 12 (at most 170 registers a thread: 167-168 at head size 128).
 template <int D, int W, int R>
 constexpr int kBf16MinBlocks = R == 2   ? 2
                                : W == 4 ? (D >= 128 ? 2 : 3)
@@ -393,6 +404,13 @@ bool FlashPrefillBf16Supports(const AttentionParams& p) {
          reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
 }
 
+int FlashBf16TileQueries(int head_dim, int requested) {
+  if (requested == kFlashBf16WideTileQueries) {
+    return head_dim == 64 || head_dim == 128 ? requested : FlashTileQueries(head_dim, 128);
+  }
+  return FlashTileQueries(head_dim, requested);
+}
+
 absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, int warp_queries,
                                     int stages, cudaStream_t stream) {
   if (warp_queries != 16 && warp_queries != 32) {
@@ -408,6 +426,22 @@ absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, 
         "the bf16 flash prefill needs a bf16 cache with kv_row_stride a multiple of 8 and "
         "16-byte aligned K and V and head_dim 64, 80, 96, 128 or 256; got kv_row_stride ",
         p.kv_row_stride, ", head_dim ", p.head_dim));
+  }
+  if (tile_queries == kFlashBf16WideTileQueries) {  // 12 warps of 16 queries
+    auto launch = [&](auto d) {
+      constexpr int D = decltype(d)::value;
+      return stages == 3 ? LaunchBf16<D, 12, 1, 3>(p, stream) : LaunchBf16<D, 12, 1, 2>(p, stream);
+    };
+    switch (p.head_dim) {
+      case 64:
+        return launch(std::integral_constant<int, 64>{});
+      case 128:
+        return launch(std::integral_constant<int, 128>{});
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("the bf16 flash prefill has ", tile_queries,
+                         "-query tiles for head_dim 64 and 128 only, got ", p.head_dim));
+    }
   }
   return DispatchFlash(p, tile_queries, [&](auto d, auto w) {
     constexpr int D = decltype(d)::value, W = decltype(w)::value;

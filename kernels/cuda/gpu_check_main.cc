@@ -338,8 +338,8 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
   // 64- and 128-query blocks on an fp32 cache, then on a bf16 cache: the fp16 kernel
   // (converting each element, as on fp32), then the bf16 kernel (cp.async, ldmatrix; the
   // default there) with 128-query blocks of 4 warps of 32 queries and of 8 warps of 16 (the
-  // default), each with two K/V stages (the default) and three, and with 64-query blocks
-  // (4 warps of 16).
+  // default), each with two K/V stages (the default) and three, with 192-query blocks (12
+  // warps of 16) of two and three stages, and with 64-query blocks (4 warps of 16).
   struct FlashConfig {
     int tile;
     bool bf16_cache, bf16_kernel;
@@ -348,7 +348,8 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
   const FlashConfig configs[] = {{64, false, false, 16, 2}, {128, false, false, 16, 2},
                                  {128, true, false, 16, 2}, {128, true, true, 32, 2},
                                  {128, true, true, 16, 2},  {128, true, true, 32, 3},
-                                 {128, true, true, 16, 3},  {64, true, true, 16, 2}};
+                                 {128, true, true, 16, 3},  {192, true, true, 16, 2},
+                                 {192, true, true, 16, 3},  {64, true, true, 16, 2}};
   for (const FlashConfig& config : configs) {
     const int tile = config.tile, warp_queries = config.warp_queries;
     const bool bf16 = config.bf16_cache, bf16_kernel = config.bf16_kernel;

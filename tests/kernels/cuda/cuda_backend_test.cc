@@ -123,12 +123,16 @@ TEST_F(CudaBackendTest, FlashWith64QueryTilesWithinTolerance) {
 
 // The parity table's 128-query blocks of the bf16 flash kernel are 8 warps of 16 queries
 // (kFlashDefaultWarpQueries, Q's fragments in registers) with two K/V stages
-// (kFlashDefaultStages). This runs its flash shapes on a bf16 cache with 128-query blocks,
-// and a batch of prefill chunks, with the kernel set to warp_queries and stages, within the
-// same tolerance; `layout` names the setting in the log.
-void RunBf16FlashLayout(CudaBackend& backend, int warp_queries, int stages, const char* layout) {
-  static_assert(kFlashDefaultWarpQueries == 16 && kFlashDefaultStages == 2,
-                "then the tests below should run the other layouts");
+// (kFlashDefaultStages). This runs its flash shapes on a bf16 cache with blocks of `tile`
+// queries (128, or 192 where the head size has them), and a batch of prefill chunks, with
+// the kernel set to warp_queries and stages, within the same tolerance; `layout` names the
+// setting in the log.
+void RunBf16FlashLayout(CudaBackend& backend, int tile, int warp_queries, int stages,
+                        const char* layout) {
+  static_assert(
+      kFlashDefaultTileQueries == 128 && kFlashDefaultWarpQueries == 16 && kFlashDefaultStages == 2,
+      "then the tests below should run the other layouts");
+  ASSERT_TRUE(backend.SetFlashTileQueries(tile).ok());
   ASSERT_TRUE(backend.SetFlashWarpQueries(warp_queries).ok());
   ASSERT_TRUE(backend.SetFlashStages(stages).ok());
   std::mt19937_64 rng(6);
@@ -136,7 +140,7 @@ void RunBf16FlashLayout(CudaBackend& backend, int warp_queries, int stages, cons
   int shapes = 0;
   for (const parity::AttnShape& s : parity::AttentionShapes()) {
     if (s.want_maps || s.want_probs_only || s.tq < kFlashMinQueries || !s.bf16_cache) continue;
-    if (FlashTileQueries(s.dh, kFlashDefaultTileQueries) != 128) continue;
+    if (FlashBf16TileQueries(s.dh, tile) != tile) continue;
     ++shapes;
     for (parity::ParityResult& r : parity::AttentionCase(backend, rng, s)) {
       results.push_back(std::move(r));
@@ -145,6 +149,7 @@ void RunBf16FlashLayout(CudaBackend& backend, int warp_queries, int stages, cons
   EXPECT_GE(shapes, 4);
   int uploads = -1;
   results.push_back(parity::AttentionBatchFlashCase(backend, rng, &uploads, true));
+  ASSERT_TRUE(backend.SetFlashTileQueries(kFlashDefaultTileQueries).ok());
   ASSERT_TRUE(backend.SetFlashWarpQueries(kFlashDefaultWarpQueries).ok());
   ASSERT_TRUE(backend.SetFlashStages(kFlashDefaultStages).ok());
   for (const parity::ParityResult& r : results) {
@@ -159,7 +164,7 @@ void RunBf16FlashLayout(CudaBackend& backend, int warp_queries, int stages, cons
 // memory.
 TEST_F(CudaBackendTest, Bf16FlashWithWarpsOf32QueriesWithinTolerance) {
   EXPECT_EQ(backend_->SetFlashWarpQueries(64).code(), absl::StatusCode::kInvalidArgument);
-  RunBf16FlashLayout(*backend_, 32, 2, "warps of 32");
+  RunBf16FlashLayout(*backend_, 128, 32, 2, "warps of 32");
 }
 
 // Three K/V stages and one barrier a tile, for both warp layouts: the shapes include keys
@@ -170,8 +175,37 @@ TEST_F(CudaBackendTest, Bf16FlashWithThreeStagesWithinTolerance) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << stages;
     EXPECT_NE(std::string(s.message()).find("flash stages must be 2 or 3"), std::string::npos) << s;
   }
-  RunBf16FlashLayout(*backend_, 16, 3, "three stages, warps of 16");
-  RunBf16FlashLayout(*backend_, 32, 3, "three stages, warps of 32");
+  RunBf16FlashLayout(*backend_, 128, 16, 3, "three stages, warps of 16");
+  RunBf16FlashLayout(*backend_, 128, 32, 3, "three stages, warps of 32");
+}
+
+// 192-query blocks (12 warps of 16, Q in shared memory) at head sizes 64 and 128, with two
+// and three stages: the shapes include a 200-query prompt (a full block and one of 8 rows).
+// Elsewhere, and on the fp16 kernel, 192 asks for 128-query blocks (64 where those are
+// missing).
+TEST_F(CudaBackendTest, Bf16FlashWith192QueryBlocksWithinTolerance) {
+  EXPECT_EQ(FlashBf16TileQueries(128, 192), 192);
+  EXPECT_EQ(FlashBf16TileQueries(64, 192), 192);
+  EXPECT_EQ(FlashBf16TileQueries(96, 192), 64);
+  EXPECT_EQ(FlashBf16TileQueries(256, 192), 64);
+  EXPECT_EQ(FlashBf16TileQueries(128, 128), 128);
+  RunBf16FlashLayout(*backend_, 192, 16, 2, "192-query blocks");
+  RunBf16FlashLayout(*backend_, 192, 16, 3, "192-query blocks, three stages");
+  // The fp16 kernel (fp32 caches) with 192 asked for: it runs, within tolerance.
+  ASSERT_TRUE(backend_->SetFlashTileQueries(192).ok());
+  std::mt19937_64 rng(7);
+  int shapes = 0;
+  for (const parity::AttnShape& s : parity::AttentionShapes()) {
+    if (s.want_maps || s.want_probs_only || s.tq < kFlashMinQueries || s.bf16_cache) continue;
+    if (!FlashPrefillSupports(s.dh)) continue;
+    ++shapes;
+    for (const parity::ParityResult& r : parity::AttentionCase(*backend_, rng, s)) {
+      EXPECT_TRUE(r.pass()) << "fp16 kernel, 192 asked for: " << r.name << ": " << r.status
+                            << ", error " << r.err << " > " << r.tol;
+    }
+  }
+  EXPECT_GE(shapes, 4);
+  ASSERT_TRUE(backend_->SetFlashTileQueries(kFlashDefaultTileQueries).ok());
 }
 
 // The split-KV launch merging its own splits (SetSplitKvFusedCombine: the last block of a
@@ -268,23 +302,26 @@ TEST_F(CudaBackendTest, Bf16CacheTakesTheBf16FlashKernelUnlessTurnedOff) {
 // at offset 10 (the block's keys end mid-tile) NaN-filled against finite: the same
 // outputs, all finite, for the fp16 kernel over fp32 and bf16 caches and for the bf16
 // kernel with warps of 32 and of 16 queries, with two and three K/V stages (three issue
-// the second tile, the one past the keys' end, before the loop).
+// the second tile, the one past the keys' end, before the loop), and in 192-query blocks.
 TEST_F(CudaBackendTest, FlashIgnoresWhatTheCacheHoldsPastTheBlocksKeys) {
   struct Layout {
-    int warp_queries, stages;  // warp_queries 0: the fp16 kernel
+    int warp_queries, stages, tile;  // warp_queries 0: the fp16 kernel
   };
   for (bool bf16_cache : {false, true}) {
     for (const Layout layout :
-         {Layout{0, 2}, Layout{32, 2}, Layout{16, 2}, Layout{32, 3}, Layout{16, 3}}) {
+         {Layout{0, 2, 128}, Layout{32, 2, 128}, Layout{16, 2, 128}, Layout{32, 3, 128},
+          Layout{16, 3, 128}, Layout{16, 2, 192}, Layout{16, 3, 192}}) {
       const int warp_queries = layout.warp_queries;
       const bool bf16_kernel = warp_queries != 0;
       if (!bf16_cache && !bf16_kernel) continue;
       SCOPED_TRACE(::testing::Message()
                    << "bf16 cache " << bf16_cache << ", bf16 kernel " << bf16_kernel
-                   << ", warps of " << warp_queries << ", stages " << layout.stages);
+                   << ", warps of " << warp_queries << ", stages " << layout.stages << ", tile "
+                   << layout.tile);
       if (bf16_kernel) {
         ASSERT_TRUE(backend_->SetFlashWarpQueries(warp_queries).ok());
         ASSERT_TRUE(backend_->SetFlashStages(layout.stages).ok());
+        ASSERT_TRUE(backend_->SetFlashTileQueries(layout.tile).ok());
       }
       const parity::AttnShape s{.label = "keys past the block's",
                                 .tq = 64,
@@ -332,6 +369,7 @@ TEST_F(CudaBackendTest, FlashIgnoresWhatTheCacheHoldsPastTheBlocksKeys) {
   backend_->SetFlashBf16(true);
   ASSERT_TRUE(backend_->SetFlashWarpQueries(kFlashDefaultWarpQueries).ok());
   ASSERT_TRUE(backend_->SetFlashStages(kFlashDefaultStages).ok());
+  ASSERT_TRUE(backend_->SetFlashTileQueries(kFlashDefaultTileQueries).ok());
 }
 
 // SetSplitKvSplits (kvlens_gpu_check's sweep): any fixed number of key splits, more than
