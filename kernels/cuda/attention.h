@@ -107,16 +107,30 @@ absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cuda
 // (FlashBf16TileQueries): 12 warps of 16 queries (whatever warp_queries says), Q in shared
 // memory, one block an SM: 3 warps a scheduler rather than 2, and each K/V tile serves
 // 1.5 times the queries of a 128-query block.
+// key_tile (64 or 32): the keys a tile of 8 warps of 16 queries. At 32, Q waits in shared
+// memory, so a thread needs no more than 128 registers and two blocks run an SM: 4 warps a
+// scheduler, from two blocks whose barriers do not stall each other. Other blocks keep
+// their own tile (64, or 32 for two stripes and head size 256).
 bool FlashPrefillBf16Supports(const AttentionParams& p);
 inline constexpr int kFlashBf16WideTileQueries = 192;
 // FlashTileQueries for the bf16 kernel: also kFlashBf16WideTileQueries where asked for and
 // the head size has them (else 128-query tiles where it has those).
 int FlashBf16TileQueries(int head_dim, int requested);
-absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, int warp_queries,
-                                    int stages, cudaStream_t stream);
 inline constexpr int kFlashDefaultWarpQueries = 16;
 inline constexpr int kFlashDefaultStages = 2;
 inline constexpr int kFlashMaxStages = 3;
+inline constexpr int kFlashDefaultKeyTile = 64;
+inline constexpr int kFlashNarrowKeyTile = 32;
+// The bf16 kernel's layout of a call (CudaBackend's SetFlash… calls; the defaults are the
+// ones measured fastest on an H200).
+struct FlashBf16Layout {
+  int tile_queries = kFlashDefaultTileQueries;  // FlashBf16TileQueries(head_dim, ·)
+  int warp_queries = kFlashDefaultWarpQueries;
+  int stages = kFlashDefaultStages;
+  int key_tile = kFlashDefaultKeyTile;
+};
+absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, const FlashBf16Layout& layout,
+                                    cudaStream_t stream);
 
 // Which split-KV kernel LaunchSplitKv runs for p (0…kSplitKvVariants − 1: vector loads,
 // head size past 128, the head tile that covers the GQA group, a bf16 cache), and how

@@ -139,6 +139,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // a tile) or kFlashMaxStages (one). attention.h, LaunchFlashPrefillBf16. For
   // kvlens_gpu_check's comparison and the tests.
   absl::Status SetFlashStages(int stages);
+  // Keys a tile of the bf16 flash kernel's 8 warps of 16 queries: 64 (the default; Q in
+  // registers, one block an SM) or kFlashNarrowKeyTile (Q in shared memory, two blocks an
+  // SM). attention.h. For kvlens_gpu_check's comparison and the tests.
+  absl::Status SetFlashKeyTile(int keys);
   // Key splits of every split-KV launch: 0 (the default) lets ChooseNumSplits decide, else
   // 1 … kSplitKvMaxSplits. For kvlens_gpu_check's sweep of the decode kernel.
   absl::Status SetSplitKvSplits(int splits);
@@ -360,9 +364,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   std::vector<StagedIndices> index_recent_;  // newest last, at most kIndexReuse
   IndexUploadStats index_stats_;
   int flash_tile_queries_ = kFlashDefaultTileQueries;
-  bool flash_bf16_ = true;                             // SetFlashBf16
-  int flash_warp_queries_ = kFlashDefaultWarpQueries;  // SetFlashWarpQueries
-  int flash_stages_ = kFlashDefaultStages;             // SetFlashStages
+  bool flash_bf16_ = true;  // SetFlashBf16
+  // SetFlashWarpQueries, SetFlashStages, SetFlashKeyTile (its tile_queries unused: that
+  // is flash_tile_queries_, for both flash kernels).
+  FlashBf16Layout flash_layout_;
   int split_kv_splits_ = 0;                            // SetSplitKvSplits; 0: ChooseNumSplits
   bool split_kv_fused_combine_ = false;                // SetSplitKvFusedCombine
   int split_kv_blocks_per_sm_[kSplitKvVariants] = {};  // by SplitKvVariant, 0: not asked yet

@@ -297,7 +297,9 @@ int CudaBackend::FlashTile(const AttentionParams& p) const {
 
 absl::Status CudaBackend::Flash(const AttentionParams& p) {
   if (TakesFlashBf16(p)) {
-    return Launch(&LaunchFlashPrefillBf16, p, FlashTile(p), flash_warp_queries_, flash_stages_);
+    FlashBf16Layout layout = flash_layout_;
+    layout.tile_queries = FlashTile(p);
+    return Launch(&LaunchFlashPrefillBf16, p, layout);
   }
   return Launch(&LaunchFlashPrefill, p, FlashTile(p));
 }
@@ -316,7 +318,7 @@ absl::Status CudaBackend::SetFlashWarpQueries(int queries) {
     return absl::InvalidArgumentError(
         absl::StrCat("flash warp queries must be 16 or 32, got ", queries));
   }
-  flash_warp_queries_ = queries;
+  flash_layout_.warp_queries = queries;
   return absl::OkStatus();
 }
 
@@ -325,7 +327,16 @@ absl::Status CudaBackend::SetFlashStages(int stages) {
     return absl::InvalidArgumentError(
         absl::StrCat("flash stages must be 2 or ", kFlashMaxStages, ", got ", stages));
   }
-  flash_stages_ = stages;
+  flash_layout_.stages = stages;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SetFlashKeyTile(int keys) {
+  if (keys != kFlashDefaultKeyTile && keys != kFlashNarrowKeyTile) {
+    return absl::InvalidArgumentError(absl::StrCat("flash key tile must be ", kFlashDefaultKeyTile,
+                                                   " or ", kFlashNarrowKeyTile, ", got ", keys));
+  }
+  flash_layout_.key_tile = keys;
   return absl::OkStatus();
 }
 

@@ -58,6 +58,12 @@
 // warps a scheduler rather than 2, more to issue from while others wait at a barrier or on
 // the softmax, and each K/V tile copied serves 192 queries rather than 128. Shared memory:
 // Q 51 KiB, K/V 68 or 102 KiB (two or three stages) at head size 128.
+//
+// 8 warps of one stripe may also take 32-key tiles (SetFlashKeyTile): Q then waits in
+// shared memory too, and a thread fits in 128 registers (ptxas: 128 at head size 128, no
+// spills; the capped twins spill 8 and 16 bytes), so two blocks run an SM: 4 warps a
+// scheduler, from two blocks whose barriers do not stall each other, as
+// FlashAttention-2's two blocks of 4 warps, each K/V tile still serving 128 queries.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -75,21 +81,28 @@
 namespace kvlens::kernels::cuda {
 namespace {
 
-template <int D, int W, int R, int S>
+// Keys a tile (N below): 64, or 32 where O takes 128 registers a lane (two stripes, head
+// size 256), whose O and S would otherwise take more than 255 registers a thread (on an
+// H200, 2026-12-04, 64-key tiles of two stripes spilled and ran at 0.70× one stripe's
+// speed). 8 warps of one stripe may also take 32 (SetFlashKeyTile, kFlashNarrowKeyTile):
+// see kQInSmem.
+template <int D, int R>
+constexpr int kBf16KeyTile = R == 2 || D > 128 ? 32 : kBlockN;
+
+template <int D, int W, int R, int S, int N>
 struct Bf16Tiles {
   static_assert(D % 16 == 0 && D <= 256 && (R == 1 || R == 2) && (D <= 128 || R == 1));
   static_assert(W == 4 || W == 8 || (W == 12 && R == 1 && D <= 128));
   static_assert(S == 2 || (S == 3 && D <= 128));  // see kFlashMaxStages below
+  static_assert(N == kBf16KeyTile<D, R> || (N == 32 && W == 8 && R == 1));
   // Q's fragments wait in shared memory (read by ldmatrix each step) for two stripes and
-  // past head size 128, where O alone is 2·D/8·4 or D/2 registers a lane, and for 12
-  // warps, whose 384 threads may hold 170 registers each; else in registers.
-  static constexpr bool kQInSmem = R == 2 || D > 128 || W == 12;
-  // Keys a tile: 64, or 32 where O takes 128 registers a lane (two stripes, head size 256),
-  // whose O and S would otherwise take more than 255 registers a thread (on an H200,
-  // 2026-12-04, 64-key tiles of two stripes spilled and ran at 0.70× one stripe's speed).
+  // past head size 128, where O alone is 2·D/8·4 or D/2 registers a lane; for 12 warps,
+  // whose 384 threads may hold 170 registers each; and for 8 warps of one stripe at 32
+  // keys a tile, to fit 128 registers a thread (two blocks an SM). Else in registers.
+  static constexpr bool kQInSmem = R == 2 || D > 128 || W == 12 || (W == 8 && N == 32);
   // A divisor of kBlockN, so FlashKeysOf's first tile (a multiple of kBlockN) starts one of
   // these tiles too.
-  static constexpr int kN = R == 2 || D > 128 ? 32 : kBlockN;
+  static constexpr int kN = N;
   static_assert(kBlockN % kN == 0);
   static constexpr int kLd = D + 8;         // bf16 elements a shared-memory row
   static constexpr int kElems = kN * kLd;   // one K or V tile
@@ -104,11 +117,11 @@ struct Bf16Tiles {
 // zeros from key_end on (FlashKeysOf: no row of the block sees them; whatever the cache
 // holds there, a NaN say, would otherwise reach P·V as 0·NaN). Consecutive threads take
 // consecutive pieces of a row.
-template <int D, int W, int R, int S>
+template <int D, int W, int R, int S, int N>
 __device__ __forceinline__ void IssueTile(const AttentionParams& p, const FlashSeq& seq, int kvh,
                                           int j0, int key_end, const uint16_t* cache,
                                           uint16_t* tile) {
-  using L = Bf16Tiles<D, W, R, S>;
+  using L = Bf16Tiles<D, W, R, S, N>;
   constexpr int kThreads = W * 32, kPieces = L::kN * L::kPieces;
   const int32_t* table = p.block_table != nullptr ? p.block_table + seq.table_offset : nullptr;
 #pragma unroll
@@ -129,10 +142,10 @@ __device__ __forceinline__ void IssueTile(const AttentionParams& p, const FlashS
 
 // Q's rows of the block as bf16 (rounded as FlashLoadQ rounds them; rows past the
 // sequence's end zero) into qs [kRows][kLd], where Bf16Tiles::kQInSmem.
-template <int D, int W, int R, int S>
+template <int D, int W, int R, int S, int N>
 __device__ __forceinline__ void StageQ(const AttentionParams& p, const FlashSeq& seq, int h,
                                        uint16_t* qs) {
-  using L = Bf16Tiles<D, W, R, S>;
+  using L = Bf16Tiles<D, W, R, S, N>;
   for (int idx = threadIdx.x; idx < L::kRows * L::kPieces; idx += W * 32) {
     const int r = idx / L::kPieces, c = idx % L::kPieces;
     const int i = seq.q0 + r;
@@ -156,17 +169,18 @@ __device__ __forceinline__ void StageQ(const AttentionParams& p, const FlashSeq&
 // three (170 registers) spilled: on an H200 (2026-12-04) two ran 10-16% faster there, and
 // two at head size 256 (101 KiB of shared memory each). One of 8 warps (226 registers at
 // head size 128), or of 12 (at most 170 registers a thread: 167-168 at head size 128).
-template <int D, int W, int R>
+template <int D, int W, int R, int N>
 constexpr int kBf16MinBlocks = R == 2   ? 2
                                : W == 4 ? (D >= 128 ? 2 : 3)
+                               : W == 8 ? (N == 32 ? 2 : 1)
                                         : 1;
 
 // kCap: Gemma 2's soft cap on the scores (FlashSoftmaxTile), instantiated apart.
-template <int D, int W, int R, int S, bool kCap>
-__global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
+template <int D, int W, int R, int S, int N, bool kCap>
+__global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R, N>)
     FlashPrefillBf16Kernel(AttentionParams p) {
   WaitForPriorGrids();  // first: see launch.cuh
-  using L = Bf16Tiles<D, W, R, S>;
+  using L = Bf16Tiles<D, W, R, S, N>;
   extern __shared__ __align__(16) uint16_t flash_bf16_smem[];
   auto ks = [&](int stage) { return flash_bf16_smem + (2 * stage) * L::kElems; };
   auto vs = [&](int stage) { return flash_bf16_smem + (2 * stage + 1) * L::kElems; };
@@ -191,14 +205,14 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
 
   // The first tile's copies first (with three stages the second's too, K and V one group
   // a tile): they run while Q is read.
-  IssueTile<D, W, R, S>(p, seq, kvh, keys.key_begin, key_end, kcache, ks(0));
+  IssueTile<D, W, R, S, N>(p, seq, kvh, keys.key_begin, key_end, kcache, ks(0));
   if constexpr (S == 2) CpAsyncCommit();
-  IssueTile<D, W, R, S>(p, seq, kvh, keys.key_begin, key_end, vcache, vs(0));
+  IssueTile<D, W, R, S, N>(p, seq, kvh, keys.key_begin, key_end, vcache, vs(0));
   CpAsyncCommit();
   if constexpr (S == 3) {
     if (keys.key_begin + L::kN < key_end) {
-      IssueTile<D, W, R, S>(p, seq, kvh, keys.key_begin + L::kN, key_end, kcache, ks(1));
-      IssueTile<D, W, R, S>(p, seq, kvh, keys.key_begin + L::kN, key_end, vcache, vs(1));
+      IssueTile<D, W, R, S, N>(p, seq, kvh, keys.key_begin + L::kN, key_end, kcache, ks(1));
+      IssueTile<D, W, R, S, N>(p, seq, kvh, keys.key_begin + L::kN, key_end, vcache, vs(1));
     }
     CpAsyncCommit();  // empty past the keys: the loop's wait counts groups
   }
@@ -223,7 +237,7 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
     FlashLoadQ<D>(
         p, seq, h, row_i[0], [](float a, float b) { return PackBf162(a, b); }, qf);
   } else {
-    StageQ<D, W, R, S>(p, seq, h, qs);
+    StageQ<D, W, R, S, N>(p, seq, h, qs);
   }
   // The A fragment of stripe r for dims 16kk … 16kk + 15.
   auto load_a = [&](uint32_t(&a)[4], int r, int kk) {
@@ -256,9 +270,9 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
     __syncthreads();
     if constexpr (S == 2) {
       if (j0 + L::kN < key_end) {
-        IssueTile<D, W, R, S>(p, seq, kvh, j0 + L::kN, key_end, kcache, ks(stage ^ 1));
+        IssueTile<D, W, R, S, N>(p, seq, kvh, j0 + L::kN, key_end, kcache, ks(stage ^ 1));
         CpAsyncCommit();
-        IssueTile<D, W, R, S>(p, seq, kvh, j0 + L::kN, key_end, vcache, vs(stage ^ 1));
+        IssueTile<D, W, R, S, N>(p, seq, kvh, j0 + L::kN, key_end, vcache, vs(stage ^ 1));
       } else {
         CpAsyncCommit();  // empty groups keep the count: the wait below is for V(j)
       }
@@ -267,8 +281,8 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
       // above, so has finished with it.
       const int next = stage == 0 ? S - 1 : stage - 1;
       if (j0 + 2 * L::kN < key_end) {
-        IssueTile<D, W, R, S>(p, seq, kvh, j0 + 2 * L::kN, key_end, kcache, ks(next));
-        IssueTile<D, W, R, S>(p, seq, kvh, j0 + 2 * L::kN, key_end, vcache, vs(next));
+        IssueTile<D, W, R, S, N>(p, seq, kvh, j0 + 2 * L::kN, key_end, kcache, ks(next));
+        IssueTile<D, W, R, S, N>(p, seq, kvh, j0 + 2 * L::kN, key_end, vcache, vs(next));
       }
     }
     CpAsyncCommit();
@@ -370,12 +384,12 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R>)
   for (int r = 0; r < R; ++r) FlashWriteRows<D>(p, seq, h, row_i[r], l[r], o[r]);
 }
 
-template <int D, int W, int R, int S>
+template <int D, int W, int R, int S, int N = kBf16KeyTile<D, R>>
 absl::Status LaunchBf16(const AttentionParams& p, cudaStream_t stream) {
-  using L = Bf16Tiles<D, W, R, S>;
+  using L = Bf16Tiles<D, W, R, S, N>;
   // Two stripes are never capped: LaunchFlashPrefillBf16 gives a capped call one stripe.
-  auto* kernel = R == 1 && p.softcap > 0.0f ? FlashPrefillBf16Kernel<D, W, R, S, R == 1>
-                                            : FlashPrefillBf16Kernel<D, W, R, S, false>;
+  auto* kernel = R == 1 && p.softcap > 0.0f ? FlashPrefillBf16Kernel<D, W, R, S, N, R == 1>
+                                            : FlashPrefillBf16Kernel<D, W, R, S, N, false>;
   // Past 48 KiB of dynamic shared memory a kernel must opt in (every launch: the attribute
   // belongs to the device's context, and setting it is not a stream operation). Blocks past
   // 64 KiB (two stripes, three stages or head size 256: up to 102 KiB) also ask for the largest
@@ -411,8 +425,11 @@ int FlashBf16TileQueries(int head_dim, int requested) {
   return FlashTileQueries(head_dim, requested);
 }
 
-absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, int warp_queries,
-                                    int stages, cudaStream_t stream) {
+absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, const FlashBf16Layout& layout,
+                                    cudaStream_t stream) {
+  const int tile_queries = layout.tile_queries, warp_queries = layout.warp_queries;
+  const int stages = layout.stages;
+  const bool narrow = layout.key_tile == kFlashNarrowKeyTile;
   if (warp_queries != 16 && warp_queries != 32) {
     return absl::InvalidArgumentError(
         absl::StrCat("flash warp queries must be 16 or 32, got ", warp_queries));
@@ -420,6 +437,11 @@ absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, 
   if (stages != 2 && stages != kFlashMaxStages) {
     return absl::InvalidArgumentError(
         absl::StrCat("flash stages must be 2 or ", kFlashMaxStages, ", got ", stages));
+  }
+  if (layout.key_tile != kFlashDefaultKeyTile && !narrow) {
+    return absl::InvalidArgumentError(absl::StrCat("flash key tile must be ", kFlashDefaultKeyTile,
+                                                   " or ", kFlashNarrowKeyTile, ", got ",
+                                                   layout.key_tile));
   }
   if (!FlashPrefillBf16Supports(p)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -445,14 +467,18 @@ absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, int tile_queries, 
   }
   return DispatchFlash(p, tile_queries, [&](auto d, auto w) {
     constexpr int D = decltype(d)::value, W = decltype(w)::value;
-    // 128-query blocks: 8 warps of 16 queries or 4 of 32 (uncapped), two stages or three;
-    // 64-query blocks (the only ones at head size 256): 4 of 16, two stages.
+    // 128-query blocks: 8 warps of 16 queries (64 or 32 keys a tile) or 4 of 32 (uncapped),
+    // two stages or three; 64-query blocks (the only ones at head size 256): 4 of 16, two
+    // stages.
     if constexpr (W == 8) {
+      constexpr int kNarrow = kFlashNarrowKeyTile;
       if (stages == 3) {
         if (warp_queries == 32 && p.softcap == 0.0f) return LaunchBf16<D, 4, 2, 3>(p, stream);
-        return LaunchBf16<D, W, 1, 3>(p, stream);
+        return narrow ? LaunchBf16<D, W, 1, 3, kNarrow>(p, stream)
+                      : LaunchBf16<D, W, 1, 3>(p, stream);
       }
       if (warp_queries == 32 && p.softcap == 0.0f) return LaunchBf16<D, 4, 2, 2>(p, stream);
+      if (narrow) return LaunchBf16<D, W, 1, 2, kNarrow>(p, stream);
     }
     return LaunchBf16<D, W, 1, 2>(p, stream);
   });

@@ -338,18 +338,19 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
   // 64- and 128-query blocks on an fp32 cache, then on a bf16 cache: the fp16 kernel
   // (converting each element, as on fp32), then the bf16 kernel (cp.async, ldmatrix; the
   // default there) with 128-query blocks of 4 warps of 32 queries and of 8 warps of 16 (the
-  // default), each with two K/V stages (the default) and three, with 192-query blocks (12
-  // warps of 16) of two and three stages, and with 64-query blocks (4 warps of 16).
+  // default), each with two K/V stages (the default) and three, the 8 warps also at 32
+  // keys a tile (two blocks an SM), with 192-query blocks (12 warps of 16) of two and three
+  // stages, and with 64-query blocks (4 warps of 16).
   struct FlashConfig {
     int tile;
     bool bf16_cache, bf16_kernel;
-    int warp_queries, stages;
+    int warp_queries, stages, key_tile = kFlashDefaultKeyTile;
   };
-  const FlashConfig configs[] = {{64, false, false, 16, 2}, {128, false, false, 16, 2},
-                                 {128, true, false, 16, 2}, {128, true, true, 32, 2},
-                                 {128, true, true, 16, 2},  {128, true, true, 32, 3},
-                                 {128, true, true, 16, 3},  {192, true, true, 16, 2},
-                                 {192, true, true, 16, 3},  {64, true, true, 16, 2}};
+  const FlashConfig configs[] = {
+      {64, false, false, 16, 2}, {128, false, false, 16, 2},   {128, true, false, 16, 2},
+      {128, true, true, 32, 2},  {128, true, true, 16, 2},     {128, true, true, 32, 3},
+      {128, true, true, 16, 3},  {128, true, true, 16, 2, 32}, {128, true, true, 16, 3, 32},
+      {192, true, true, 16, 2},  {192, true, true, 16, 3},     {64, true, true, 16, 2}};
   for (const FlashConfig& config : configs) {
     const int tile = config.tile, warp_queries = config.warp_queries;
     const bool bf16 = config.bf16_cache, bf16_kernel = config.bf16_kernel;
@@ -358,6 +359,7 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
     b.SetFlashBf16(bf16_kernel);
     Must(b.SetFlashWarpQueries(warp_queries), "flash warp queries");
     Must(b.SetFlashStages(config.stages), "flash stages");
+    Must(b.SetFlashKeyTile(config.key_tile), "flash key tile");
     for (int t : z.prefill_tokens) {
       const PrefillCall call(b, t, heads, dh, cache_dtype);
       const double sec = TimeIt(b, 3, [&] { Must(b.Attention(call.args), "prefill attention"); });
@@ -371,9 +373,13 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
                 config.stages != kFlashDefaultStages
                     ? absl::StrCat(", ", config.stages, " K/V stages")
                     : std::string(),
+                config.key_tile != kFlashDefaultKeyTile
+                    ? absl::StrCat(", ", config.key_tile, "-key tiles")
+                    : std::string(),
                 tile == kFlashDefaultTileQueries &&
                         (!bf16_kernel || (warp_queries == kFlashDefaultWarpQueries &&
-                                          config.stages == kFlashDefaultStages))
+                                          config.stages == kFlashDefaultStages &&
+                                          config.key_tile == kFlashDefaultKeyTile))
                     ? " (default)"
                     : ""),
             Fmt(tflops, "TFLOP/s"),
@@ -391,6 +397,7 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
   b.SetFlashBf16(true);
   Must(b.SetFlashWarpQueries(kFlashDefaultWarpQueries), "flash warp queries");
   Must(b.SetFlashStages(kFlashDefaultStages), "flash stages");
+  Must(b.SetFlashKeyTile(kFlashDefaultKeyTile), "flash key tile");
 
   // The longest prompt again in sliding windows of a quarter and an eighth of it (Mistral
   // 7B v0.1's 4096 at 16k), default kernel on a bf16 cache: the blocks skip the tiles

@@ -61,6 +61,13 @@ void AppendWords(Signature& s, const MatVecRopeStore& r) {
   AppendWords(s, r.bf16_cache);
 }
 
+void AppendWords(Signature& s, const FlashBf16Layout& l) {
+  AppendWords(s, l.tile_queries);
+  AppendWords(s, l.warp_queries);
+  AppendWords(s, l.stages);
+  AppendWords(s, l.key_tile);
+}
+
 void AppendWords(Signature& s, const MatVecNorm& n) {
   AppendWords(s, n.weight);
   AppendWords(s, n.dtype);

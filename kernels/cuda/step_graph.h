@@ -58,6 +58,7 @@ void AppendWords(Signature& s, const T& v) {
   }
 }
 void AppendWords(Signature& s, const AttentionParams& p);
+void AppendWords(Signature& s, const FlashBf16Layout& l);
 void AppendWords(Signature& s, const MatVecProduct& p);
 void AppendWords(Signature& s, const MatVecNorm& n);
 void AppendWords(Signature& s, const MatVecRopeStore& r);

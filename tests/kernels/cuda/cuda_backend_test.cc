@@ -128,13 +128,14 @@ TEST_F(CudaBackendTest, FlashWith64QueryTilesWithinTolerance) {
 // the kernel set to warp_queries and stages, within the same tolerance; `layout` names the
 // setting in the log.
 void RunBf16FlashLayout(CudaBackend& backend, int tile, int warp_queries, int stages,
-                        const char* layout) {
-  static_assert(
-      kFlashDefaultTileQueries == 128 && kFlashDefaultWarpQueries == 16 && kFlashDefaultStages == 2,
-      "then the tests below should run the other layouts");
+                        const char* layout, int key_tile = kFlashDefaultKeyTile) {
+  static_assert(kFlashDefaultTileQueries == 128 && kFlashDefaultWarpQueries == 16 &&
+                    kFlashDefaultStages == 2 && kFlashDefaultKeyTile == 64,
+                "then the tests below should run the other layouts");
   ASSERT_TRUE(backend.SetFlashTileQueries(tile).ok());
   ASSERT_TRUE(backend.SetFlashWarpQueries(warp_queries).ok());
   ASSERT_TRUE(backend.SetFlashStages(stages).ok());
+  ASSERT_TRUE(backend.SetFlashKeyTile(key_tile).ok());
   std::mt19937_64 rng(6);
   std::vector<parity::ParityResult> results;
   int shapes = 0;
@@ -152,6 +153,7 @@ void RunBf16FlashLayout(CudaBackend& backend, int tile, int warp_queries, int st
   ASSERT_TRUE(backend.SetFlashTileQueries(kFlashDefaultTileQueries).ok());
   ASSERT_TRUE(backend.SetFlashWarpQueries(kFlashDefaultWarpQueries).ok());
   ASSERT_TRUE(backend.SetFlashStages(kFlashDefaultStages).ok());
+  ASSERT_TRUE(backend.SetFlashKeyTile(kFlashDefaultKeyTile).ok());
   for (const parity::ParityResult& r : results) {
     std::cerr << "[ parity   ] " << layout << ": " << r.name << ": error " << r.err
               << ", tolerance " << r.tol << "\n";
@@ -177,6 +179,20 @@ TEST_F(CudaBackendTest, Bf16FlashWithThreeStagesWithinTolerance) {
   }
   RunBf16FlashLayout(*backend_, 128, 16, 3, "three stages, warps of 16");
   RunBf16FlashLayout(*backend_, 128, 32, 3, "three stages, warps of 32");
+}
+
+// 8 warps of 16 queries at 32 keys a tile (Q in shared memory, two blocks an SM), with two
+// and three stages. The key tile is the 8-warp blocks' alone: 4 warps of 32 keep theirs.
+TEST_F(CudaBackendTest, Bf16FlashWith32KeyTilesWithinTolerance) {
+  for (int keys : {16, 48, 128}) {
+    const absl::Status s = backend_->SetFlashKeyTile(keys);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << keys;
+    EXPECT_NE(std::string(s.message()).find("flash key tile must be 64 or 32"), std::string::npos)
+        << s;
+  }
+  RunBf16FlashLayout(*backend_, 128, 16, 2, "32-key tiles", 32);
+  RunBf16FlashLayout(*backend_, 128, 16, 3, "32-key tiles, three stages", 32);
+  RunBf16FlashLayout(*backend_, 128, 32, 2, "32-key tiles asked for, warps of 32", 32);
 }
 
 // 192-query blocks (12 warps of 16, Q in shared memory) at head sizes 64 and 128, with two
@@ -302,26 +318,29 @@ TEST_F(CudaBackendTest, Bf16CacheTakesTheBf16FlashKernelUnlessTurnedOff) {
 // at offset 10 (the block's keys end mid-tile) NaN-filled against finite: the same
 // outputs, all finite, for the fp16 kernel over fp32 and bf16 caches and for the bf16
 // kernel with warps of 32 and of 16 queries, with two and three K/V stages (three issue
-// the second tile, the one past the keys' end, before the loop), and in 192-query blocks.
+// the second tile, the one past the keys' end, before the loop), in 192-query blocks, and
+// at 32 keys a tile.
 TEST_F(CudaBackendTest, FlashIgnoresWhatTheCacheHoldsPastTheBlocksKeys) {
   struct Layout {
-    int warp_queries, stages, tile;  // warp_queries 0: the fp16 kernel
+    int warp_queries, stages, tile, key_tile = kFlashDefaultKeyTile;  // warp_queries 0: fp16
   };
   for (bool bf16_cache : {false, true}) {
     for (const Layout layout :
          {Layout{0, 2, 128}, Layout{32, 2, 128}, Layout{16, 2, 128}, Layout{32, 3, 128},
-          Layout{16, 3, 128}, Layout{16, 2, 192}, Layout{16, 3, 192}}) {
+          Layout{16, 3, 128}, Layout{16, 2, 192}, Layout{16, 3, 192}, Layout{16, 2, 128, 32},
+          Layout{16, 3, 128, 32}}) {
       const int warp_queries = layout.warp_queries;
       const bool bf16_kernel = warp_queries != 0;
       if (!bf16_cache && !bf16_kernel) continue;
       SCOPED_TRACE(::testing::Message()
                    << "bf16 cache " << bf16_cache << ", bf16 kernel " << bf16_kernel
                    << ", warps of " << warp_queries << ", stages " << layout.stages << ", tile "
-                   << layout.tile);
+                   << layout.tile << ", keys a tile " << layout.key_tile);
       if (bf16_kernel) {
         ASSERT_TRUE(backend_->SetFlashWarpQueries(warp_queries).ok());
         ASSERT_TRUE(backend_->SetFlashStages(layout.stages).ok());
         ASSERT_TRUE(backend_->SetFlashTileQueries(layout.tile).ok());
+        ASSERT_TRUE(backend_->SetFlashKeyTile(layout.key_tile).ok());
       }
       const parity::AttnShape s{.label = "keys past the block's",
                                 .tq = 64,
@@ -370,6 +389,7 @@ TEST_F(CudaBackendTest, FlashIgnoresWhatTheCacheHoldsPastTheBlocksKeys) {
   ASSERT_TRUE(backend_->SetFlashWarpQueries(kFlashDefaultWarpQueries).ok());
   ASSERT_TRUE(backend_->SetFlashStages(kFlashDefaultStages).ok());
   ASSERT_TRUE(backend_->SetFlashTileQueries(kFlashDefaultTileQueries).ok());
+  ASSERT_TRUE(backend_->SetFlashKeyTile(kFlashDefaultKeyTile).ok());
 }
 
 // SetSplitKvSplits (kvlens_gpu_check's sweep): any fixed number of key splits, more than
