@@ -129,6 +129,9 @@ struct FlashBf16Layout {
   int stages = kFlashDefaultStages;
   int key_tile = kFlashDefaultKeyTile;
 };
+// INVALID_ARGUMENT naming the field of `layout` (other than tile_queries) that the kernel
+// does not have.
+absl::Status CheckFlashBf16Layout(const FlashBf16Layout& layout);
 absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, const FlashBf16Layout& layout,
                                     cudaStream_t stream);
 

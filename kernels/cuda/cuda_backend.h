@@ -338,6 +338,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // The flash launch of p: the bf16 kernel where it applies (and flash_bf16_), else fp16.
   // Whether p's flash launch takes the bf16 kernel, the queries of its tiles, and the launch.
   bool TakesFlashBf16(const AttentionParams& p) const;
+  // flash_layout_ with one field set, if CheckFlashBf16Layout takes it.
+  absl::Status SetFlashLayoutField(int FlashBf16Layout::*field, int value);
   int FlashTile(const AttentionParams& p) const;
   absl::Status Flash(const AttentionParams& p);
   // The kernels' parameters for a checked forward call, index arrays uploaded.

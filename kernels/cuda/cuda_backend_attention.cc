@@ -313,31 +313,24 @@ absl::Status CudaBackend::SetSplitKvSplits(int splits) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::SetFlashWarpQueries(int queries) {
-  if (queries != 16 && queries != 32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("flash warp queries must be 16 or 32, got ", queries));
-  }
-  flash_layout_.warp_queries = queries;
+absl::Status CudaBackend::SetFlashLayoutField(int FlashBf16Layout::*field, int value) {
+  FlashBf16Layout layout = flash_layout_;
+  layout.*field = value;
+  if (absl::Status s = CheckFlashBf16Layout(layout); !s.ok()) return s;
+  flash_layout_ = layout;
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SetFlashWarpQueries(int queries) {
+  return SetFlashLayoutField(&FlashBf16Layout::warp_queries, queries);
 }
 
 absl::Status CudaBackend::SetFlashStages(int stages) {
-  if (stages != 2 && stages != kFlashMaxStages) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("flash stages must be 2 or ", kFlashMaxStages, ", got ", stages));
-  }
-  flash_layout_.stages = stages;
-  return absl::OkStatus();
+  return SetFlashLayoutField(&FlashBf16Layout::stages, stages);
 }
 
 absl::Status CudaBackend::SetFlashKeyTile(int keys) {
-  if (keys != kFlashDefaultKeyTile && keys != kFlashNarrowKeyTile) {
-    return absl::InvalidArgumentError(absl::StrCat("flash key tile must be ", kFlashDefaultKeyTile,
-                                                   " or ", kFlashNarrowKeyTile, ", got ", keys));
-  }
-  flash_layout_.key_tile = keys;
-  return absl::OkStatus();
+  return SetFlashLayoutField(&FlashBf16Layout::key_tile, keys);
 }
 
 absl::Status CudaBackend::SetFlashTileQueries(int queries) {

@@ -8,8 +8,8 @@
 //
 //   stage s (two or three):  Ks[s] [N keys][D + 8]   Vs[s] [N keys][D + 8]   (bf16, row-major)
 //
-// with N = 64 keys a tile, or 32 for warps of two stripes and past head size 128
-// (Bf16Tiles::kN).
+// with N = 64 keys a tile, or 32 for warps of two stripes, past head size 128 and, as an
+// option, for 8 warps of one stripe (Bf16Tiles::kN).
 //
 // S = Q·Kᵀ takes its B fragments from Ks by ldmatrix (a key's dims are a stored row), and
 // O += P·V from Vs by ldmatrix.trans (a dim's keys are a stored column), so V needs no
@@ -168,7 +168,8 @@ __device__ __forceinline__ void StageQ(const AttentionParams& p, const FlashSeq&
 // Blocks an SM: two of two stripes; 64-query blocks three, but two at head size 128, where
 // three (170 registers) spilled: on an H200 (2026-12-04) two ran 10-16% faster there, and
 // two at head size 256 (101 KiB of shared memory each). One of 8 warps (226 registers at
-// head size 128), or of 12 (at most 170 registers a thread: 167-168 at head size 128).
+// head size 128), or of 12 (at most 170 registers a thread: 167-168 at head size 128); two
+// of 8 at 32 keys a tile (128 registers).
 template <int D, int W, int R, int N>
 constexpr int kBf16MinBlocks = R == 2   ? 2
                                : W == 4 ? (D >= 128 ? 2 : 3)
@@ -392,8 +393,9 @@ absl::Status LaunchBf16(const AttentionParams& p, cudaStream_t stream) {
                                             : FlashPrefillBf16Kernel<D, W, R, S, N, false>;
   // Past 48 KiB of dynamic shared memory a kernel must opt in (every launch: the attribute
   // belongs to the device's context, and setting it is not a stream operation). Blocks past
-  // 64 KiB (two stripes, three stages or head size 256: up to 102 KiB) also ask for the largest
-  // shared-memory carveout, so that two fit on an SM beside each other.
+  // 64 KiB (two stripes, three stages, 12 warps or head size 256: up to 153 KiB) also ask
+  // for the largest shared-memory carveout, so that two fit on an SM beside each other where
+  // they are two.
   if constexpr (L::kBytes > 48 * 1024) {
     KVLENS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes)));
@@ -418,6 +420,23 @@ bool FlashPrefillBf16Supports(const AttentionParams& p) {
          reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
 }
 
+absl::Status CheckFlashBf16Layout(const FlashBf16Layout& layout) {
+  if (layout.warp_queries != 16 && layout.warp_queries != 32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flash warp queries must be 16 or 32, got ", layout.warp_queries));
+  }
+  if (layout.stages != 2 && layout.stages != kFlashMaxStages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flash stages must be 2 or ", kFlashMaxStages, ", got ", layout.stages));
+  }
+  if (layout.key_tile != kFlashDefaultKeyTile && layout.key_tile != kFlashNarrowKeyTile) {
+    return absl::InvalidArgumentError(absl::StrCat("flash key tile must be ", kFlashDefaultKeyTile,
+                                                   " or ", kFlashNarrowKeyTile, ", got ",
+                                                   layout.key_tile));
+  }
+  return absl::OkStatus();
+}
+
 int FlashBf16TileQueries(int head_dim, int requested) {
   if (requested == kFlashBf16WideTileQueries) {
     return head_dim == 64 || head_dim == 128 ? requested : FlashTileQueries(head_dim, 128);
@@ -430,19 +449,7 @@ absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, const FlashBf16Lay
   const int tile_queries = layout.tile_queries, warp_queries = layout.warp_queries;
   const int stages = layout.stages;
   const bool narrow = layout.key_tile == kFlashNarrowKeyTile;
-  if (warp_queries != 16 && warp_queries != 32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("flash warp queries must be 16 or 32, got ", warp_queries));
-  }
-  if (stages != 2 && stages != kFlashMaxStages) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("flash stages must be 2 or ", kFlashMaxStages, ", got ", stages));
-  }
-  if (layout.key_tile != kFlashDefaultKeyTile && !narrow) {
-    return absl::InvalidArgumentError(absl::StrCat("flash key tile must be ", kFlashDefaultKeyTile,
-                                                   " or ", kFlashNarrowKeyTile, ", got ",
-                                                   layout.key_tile));
-  }
+  if (absl::Status s = CheckFlashBf16Layout(layout); !s.ok()) return s;
   if (!FlashPrefillBf16Supports(p)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the bf16 flash prefill needs a bf16 cache with kv_row_stride a multiple of 8 and "
