@@ -17,6 +17,23 @@ __device__ __forceinline__ int64_t PhysicalRowIn(const int32_t* table, int block
              : j;
 }
 
+// log2 of a power-of-two block size, else −1 (for the PhysicalRowIn below).
+__device__ __forceinline__ int BlockShift(int block_size) {
+  return (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
+}
+
+// PhysicalRowIn with block_shift = BlockShift(block_size): for a power of two (the
+// engine's 16, say) a shift and a mask rather than an integer division and remainder by a
+// run-time value, some 20 instructions each.
+__device__ __forceinline__ int64_t PhysicalRowIn(const int32_t* table, int block_size,
+                                                 int block_shift, int j) {
+  if (table == nullptr) return j;
+  if (block_shift >= 0) {
+    return static_cast<int64_t>(table[j >> block_shift]) * block_size + (j & (block_size - 1));
+  }
+  return static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
+}
+
 // Physical cache row of logical key j.
 __device__ __forceinline__ int64_t PhysicalRow(const AttentionParams& p, int j) {
   return PhysicalRowIn(p.block_table, p.block_size, j);

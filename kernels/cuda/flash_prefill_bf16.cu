@@ -53,11 +53,11 @@
 //
 // A 192-query block (kFlashBf16WideTileQueries, head sizes 64 and 128) is 12 warps of one
 // stripe: 384 threads may hold 170 registers each, so Q waits in shared memory (as for
-// two stripes) and each warp keeps O, S and P (167-168 registers at head size 128, no
-// spills; the capped twin with two stages spills 40 bytes). One block an SM then runs 3
-// warps a scheduler rather than 2, more to issue from while others wait at a barrier or on
-// the softmax, and each K/V tile copied serves 192 queries rather than 128. Shared memory:
-// Q 51 KiB, K/V 68 or 102 KiB (two or three stages) at head size 128.
+// two stripes) and each warp keeps O, S and P (168 registers at head size 128; three
+// stages spill nothing uncapped, 12 bytes capped; two stages 24 and 8 bytes). One block
+// an SM then runs 3 warps a scheduler rather than 2, more to issue from while others wait
+// at a barrier or on the softmax, and each K/V tile copied serves 192 queries rather than
+// 128. Shared memory: Q 51 KiB, K/V 68 or 102 KiB (two or three stages) at head size 128.
 //
 // 8 warps of one stripe may also take 32-key tiles (SetFlashKeyTile): Q then waits in
 // shared memory too, and a thread fits in 128 registers (ptxas: 128 at head size 128, no
@@ -113,29 +113,59 @@ struct Bf16Tiles {
   static constexpr size_t kBytes = kKvBytes + kQBytes;
 };
 
-// Issues the copies of rows j0 … j0 + 63 of KV head kvh of `cache` (K or V) into `tile`,
-// zeros from key_end on (FlashKeysOf: no row of the block sees them; whatever the cache
-// holds there, a NaN say, would otherwise reach P·V as 0·NaN). Consecutive threads take
-// consecutive pieces of a row.
+// A thread's pieces of a K or V tile: consecutive threads take consecutive 16-byte pieces
+// of a row, kIt a thread (the last partly, for 12 warps: 2⅔ pieces a thread).
 template <int D, int W, int R, int S, int N>
-__device__ __forceinline__ void IssueTile(const AttentionParams& p, const FlashSeq& seq, int kvh,
-                                          int j0, int key_end, const uint16_t* cache,
-                                          uint16_t* tile) {
+struct TilePieces {
   using L = Bf16Tiles<D, W, R, S, N>;
-  constexpr int kThreads = W * 32, kPieces = L::kN * L::kPieces;
+  static constexpr int kThreads = W * 32, kTotal = L::kN * L::kPieces;
+  static constexpr int kIt = (kTotal + kThreads - 1) / kThreads;
+  // Piece `it` of this thread: false past the tile's pieces; else its row and 16-byte
+  // column.
+  __device__ __forceinline__ static bool At(int it, int& r, int& c) {
+    const int idx = static_cast<int>(threadIdx.x) + it * kThreads;
+    r = idx / L::kPieces;
+    c = idx % L::kPieces;
+    return kTotal % kThreads == 0 || idx < kTotal;
+  }
+};
+
+// The cache rows of the thread's pieces of tile rows j0 … j0 + kN − 1, or −1 from key_end
+// on (FlashKeysOf: no row of the block sees those keys). One block-table lookup a row
+// serves the K tile and the V tile; block_shift: BlockShift(p.block_size). (A physical
+// row fits in int32: the cache has fewer rows than that.)
+template <int D, int W, int R, int S, int N>
+__device__ __forceinline__ void TileRows(const AttentionParams& p, const FlashSeq& seq,
+                                         int block_shift, int j0, int key_end,
+                                         int32_t (&rows)[TilePieces<D, W, R, S, N>::kIt]) {
+  using P = TilePieces<D, W, R, S, N>;
   const int32_t* table = p.block_table != nullptr ? p.block_table + seq.table_offset : nullptr;
 #pragma unroll
-  for (int it = 0; it < (kPieces + kThreads - 1) / kThreads; ++it) {
-    const int idx = static_cast<int>(threadIdx.x) + it * kThreads;
-    if (kPieces % kThreads != 0 && idx >= kPieces) break;  // 12 warps: 2⅔ pieces a thread
-    const int r = idx / L::kPieces, c = idx % L::kPieces;
-    const int j = j0 + r;
-    const bool in = j < key_end;
-    const uint16_t* src = cache;  // not read when !in
-    if (in) {
-      src += PhysicalRowIn(table, p.block_size, j) * p.kv_row_stride +
-             static_cast<int64_t>(kvh) * D + 8 * c;
+  for (int it = 0; it < P::kIt; ++it) {
+    int r, c;
+    rows[it] = -1;
+    if (P::At(it, r, c) && j0 + r < key_end) {
+      rows[it] = static_cast<int32_t>(PhysicalRowIn(table, p.block_size, block_shift, j0 + r));
     }
+  }
+}
+
+// Issues the copies of the thread's pieces of one K or V tile of KV head kvh from `cache`
+// into `tile` (rows from TileRows): zeros where the row is −1, since whatever the cache
+// holds there, a NaN say, would otherwise reach P·V as 0·NaN.
+template <int D, int W, int R, int S, int N>
+__device__ __forceinline__ void IssueTile(const AttentionParams& p, int kvh,
+                                          const int32_t (&rows)[TilePieces<D, W, R, S, N>::kIt],
+                                          const uint16_t* cache, uint16_t* tile) {
+  using P = TilePieces<D, W, R, S, N>;
+  using L = Bf16Tiles<D, W, R, S, N>;
+#pragma unroll
+  for (int it = 0; it < P::kIt; ++it) {
+    int r, c;
+    if (!P::At(it, r, c)) break;
+    const bool in = rows[it] >= 0;
+    const uint16_t* src = cache;  // not read when !in
+    if (in) src += rows[it] * p.kv_row_stride + static_cast<int64_t>(kvh) * D + 8 * c;
     CpAsync16(tile + r * L::kLd + 8 * c, src, in ? 16 : 0);
   }
 }
@@ -206,14 +236,18 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R, N>)
 
   // The first tile's copies first (with three stages the second's too, K and V one group
   // a tile): they run while Q is read.
-  IssueTile<D, W, R, S, N>(p, seq, kvh, keys.key_begin, key_end, kcache, ks(0));
+  const int block_shift = BlockShift(p.block_size);
+  int32_t rows[TilePieces<D, W, R, S, N>::kIt];
+  TileRows<D, W, R, S, N>(p, seq, block_shift, keys.key_begin, key_end, rows);
+  IssueTile<D, W, R, S, N>(p, kvh, rows, kcache, ks(0));
   if constexpr (S == 2) CpAsyncCommit();
-  IssueTile<D, W, R, S, N>(p, seq, kvh, keys.key_begin, key_end, vcache, vs(0));
+  IssueTile<D, W, R, S, N>(p, kvh, rows, vcache, vs(0));
   CpAsyncCommit();
   if constexpr (S == 3) {
     if (keys.key_begin + L::kN < key_end) {
-      IssueTile<D, W, R, S, N>(p, seq, kvh, keys.key_begin + L::kN, key_end, kcache, ks(1));
-      IssueTile<D, W, R, S, N>(p, seq, kvh, keys.key_begin + L::kN, key_end, vcache, vs(1));
+      TileRows<D, W, R, S, N>(p, seq, block_shift, keys.key_begin + L::kN, key_end, rows);
+      IssueTile<D, W, R, S, N>(p, kvh, rows, kcache, ks(1));
+      IssueTile<D, W, R, S, N>(p, kvh, rows, vcache, vs(1));
     }
     CpAsyncCommit();  // empty past the keys: the loop's wait counts groups
   }
@@ -271,9 +305,10 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R, N>)
     __syncthreads();
     if constexpr (S == 2) {
       if (j0 + L::kN < key_end) {
-        IssueTile<D, W, R, S, N>(p, seq, kvh, j0 + L::kN, key_end, kcache, ks(stage ^ 1));
+        TileRows<D, W, R, S, N>(p, seq, block_shift, j0 + L::kN, key_end, rows);
+        IssueTile<D, W, R, S, N>(p, kvh, rows, kcache, ks(stage ^ 1));
         CpAsyncCommit();
-        IssueTile<D, W, R, S, N>(p, seq, kvh, j0 + L::kN, key_end, vcache, vs(stage ^ 1));
+        IssueTile<D, W, R, S, N>(p, kvh, rows, vcache, vs(stage ^ 1));
       } else {
         CpAsyncCommit();  // empty groups keep the count: the wait below is for V(j)
       }
@@ -282,8 +317,9 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R, N>)
       // above, so has finished with it.
       const int next = stage == 0 ? S - 1 : stage - 1;
       if (j0 + 2 * L::kN < key_end) {
-        IssueTile<D, W, R, S, N>(p, seq, kvh, j0 + 2 * L::kN, key_end, kcache, ks(next));
-        IssueTile<D, W, R, S, N>(p, seq, kvh, j0 + 2 * L::kN, key_end, vcache, vs(next));
+        TileRows<D, W, R, S, N>(p, seq, block_shift, j0 + 2 * L::kN, key_end, rows);
+        IssueTile<D, W, R, S, N>(p, kvh, rows, kcache, ks(next));
+        IssueTile<D, W, R, S, N>(p, kvh, rows, vcache, vs(next));
       }
     }
     CpAsyncCommit();

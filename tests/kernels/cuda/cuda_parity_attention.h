@@ -766,6 +766,13 @@ inline std::vector<AttnShape> AttentionShapes() {
         v.label += ", rows in 16-byte pieces";
         v.kv_pad = 8;
       });
+  // Cache blocks of 12 rows, not a power of two: the bf16 flash kernel's block-table
+  // lookups divide rather than shift (BlockShift).
+  add_variants({"prefill offset GQA 8/4"}, [](AttnShape& v) {
+    v.label += ", rows in 16-byte pieces, blocks of 12";
+    v.kv_pad = 8;
+    v.block_size = 12;
+  });
   // Keys ending mid-tile without a causal mask (no multiple of 64 keys: the last tile's
   // copies zero-fill), GQA 4/2: the odd-stride shape with its rows in 16-byte pieces.
   add_variants({"prefill non-causal odd stride GQA 4/2"}, [](AttnShape& v) {
