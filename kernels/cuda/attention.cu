@@ -272,18 +272,20 @@ __global__ void __launch_bounds__(
     // A step's keys start at a multiple of kStep (span is one), so they share a cache
     // block when the block size is one too: then one table lookup serves the step.
     const bool step_in_one_block = p.block_size % kStep == 0;
+    const int block_shift = BlockShift(p.block_size);  // the lookups below shift where it can
     for (int j0 = j_begin + warp * kStep; j0 < j_end; j0 += kSplitWarps * kStep) {
       // The step's K and V rows, as stored (KvPiece); those of keys past j_end or in other
       // documents are zero and never read (a masked key's row may hold anything).
       typename KvPiece<KT>::Raw kr[kStep][C], vr[kStep][C];
-      const int64_t first_row = step_in_one_block ? PhysicalRowIn(table, p.block_size, j0) : 0;
+      const int64_t first_row =
+          step_in_one_block ? PhysicalRowIn(table, p.block_size, block_shift, j0) : 0;
 #pragma unroll
       for (int u = 0; u < kStep; ++u) {
         const int j = j0 + u;
         const bool vis = visible(j);
         // (Past j_end the table may end: no lookup for an invisible key.)
         const int64_t row = step_in_one_block ? first_row + u
-                            : vis             ? PhysicalRowIn(table, p.block_size, j)
+                            : vis             ? PhysicalRowIn(table, p.block_size, block_shift, j)
                                               : 0;
         const int64_t off = vis ? row * p.kv_row_stride + static_cast<int64_t>(g) * D : 0;
 #pragma unroll

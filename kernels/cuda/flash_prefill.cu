@@ -65,7 +65,8 @@ __device__ __forceinline__ void LoadKvTile(const AttentionParams& p, const Flash
   auto row = [&](const KT* base, int j) -> const KT* {
     if (j >= key_end) return nullptr;
     const int32_t* table = p.block_table != nullptr ? p.block_table + seq.table_offset : nullptr;
-    return base + PhysicalRowIn(table, p.block_size, j) * p.kv_row_stride +
+    return base +
+           PhysicalRowIn(table, p.block_size, BlockShift(p.block_size), j) * p.kv_row_stride +
            static_cast<int64_t>(kvh) * D;
   };
   constexpr int kThreads = W * 32;

@@ -541,6 +541,16 @@ inline std::vector<AttnShape> AttentionShapes() {
        .kv_heads = 1,
        .dh = 128,
        .offset = 2999});
+  // Cache blocks of 12 rows, not a power of two: the split-KV kernel's block-table lookups
+  // divide rather than shift (BlockShift); its 4-key steps stay within a block.
+  add({.label = "decode GQA 8/2 blocks of 12",
+       .tq = 1,
+       .tk = 500,
+       .heads = 8,
+       .kv_heads = 2,
+       .dh = 128,
+       .offset = 499,
+       .block_size = 12});
   add({.label = "decode GQA 8/4",
        .tq = 1,
        .tk = 37,
@@ -747,7 +757,7 @@ inline std::vector<AttnShape> AttentionShapes() {
   // Decode on a bf16 cache with 8 keys a split-KV step (head tiles of 1, 2 and 4): block
   // sizes of 4 (a step spans two blocks), 8 and 16, several splits, odd head counts.
   add_variants({"decode GQA 8/4", "decode MHA 4/4", "decode GQA 6/2", "short chunk",
-                "decode sliding window 100 GQA 8/2"},
+                "decode sliding window 100 GQA 8/2", "decode GQA 8/2 blocks of 12"},
                [](AttnShape&) {});
   // The prefill shapes again on a bf16 cache whose rows are 16-byte pieces (8 bf16 of
   // padding): the bf16 flash kernel's cp.async and ldmatrix path, every head size, with
