@@ -9,22 +9,15 @@
 
 namespace kvlens::kernels::cuda {
 
-// Physical cache row of logical key j of a sequence whose blocks are `table` (null:
-// contiguous rows).
-__device__ __forceinline__ int64_t PhysicalRowIn(const int32_t* table, int block_size, int j) {
-  return table != nullptr
-             ? static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size
-             : j;
-}
-
-// log2 of a power-of-two block size, else −1 (for the PhysicalRowIn below).
+// log2 of a power-of-two block size, else −1 (for PhysicalRowIn).
 __device__ __forceinline__ int BlockShift(int block_size) {
   return (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
 }
 
-// PhysicalRowIn with block_shift = BlockShift(block_size): for a power of two (the
-// engine's 16, say) a shift and a mask rather than an integer division and remainder by a
-// run-time value, some 20 instructions each.
+// Physical cache row of logical key j of a sequence whose blocks are `table` (null:
+// contiguous rows). block_shift: BlockShift(block_size), where the caller has it, so that
+// a power of two (the engine's 16, say) takes a shift and a mask rather than an integer
+// division and remainder by a run-time value, some 20 instructions each; −1 divides.
 __device__ __forceinline__ int64_t PhysicalRowIn(const int32_t* table, int block_size,
                                                  int block_shift, int j) {
   if (table == nullptr) return j;
@@ -36,7 +29,7 @@ __device__ __forceinline__ int64_t PhysicalRowIn(const int32_t* table, int block
 
 // Physical cache row of logical key j.
 __device__ __forceinline__ int64_t PhysicalRow(const AttentionParams& p, int j) {
-  return PhysicalRowIn(p.block_table, p.block_size, j);
+  return PhysicalRowIn(p.block_table, p.block_size, -1, j);
 }
 
 // Key j (< num_keys) is visible to query row i.

@@ -335,11 +335,11 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // with per-row key ends, or flash with per-block tiles of the sequences.
   absl::Status LaunchSplitKvBatched(absl::Span<const AttentionArgs<float>> calls);
   absl::Status LaunchFlashBatched(absl::Span<const AttentionArgs<float>> calls);
-  // The flash launch of p: the bf16 kernel where it applies (and flash_bf16_), else fp16.
-  // Whether p's flash launch takes the bf16 kernel, the queries of its tiles, and the launch.
-  bool TakesFlashBf16(const AttentionParams& p) const;
   // flash_layout_ with one field set, if CheckFlashBf16Layout takes it.
   absl::Status SetFlashLayoutField(int FlashBf16Layout::*field, int value);
+  // Whether p's flash launch takes the bf16 kernel (it applies, and flash_bf16_), the
+  // queries of its tiles, and the launch: the bf16 kernel, else the fp16 one.
+  bool TakesFlashBf16(const AttentionParams& p) const;
   int FlashTile(const AttentionParams& p) const;
   absl::Status Flash(const AttentionParams& p);
   // The kernels' parameters for a checked forward call, index arrays uploaded.
