@@ -124,7 +124,7 @@ inline constexpr int kFlashNarrowKeyTile = 32;
 // The bf16 kernel's layout of a call (CudaBackend's SetFlash… calls; the defaults are the
 // ones measured fastest on an H200).
 struct FlashBf16Layout {
-  int tile_queries = kFlashDefaultTileQueries;  // FlashBf16TileQueries(head_dim, ·)
+  int tile_queries = kFlashDefaultTileQueries;  // at launch FlashBf16TileQueries(head_dim, ·)
   int warp_queries = kFlashDefaultWarpQueries;
   int stages = kFlashDefaultStages;
   int key_tile = kFlashDefaultKeyTile;

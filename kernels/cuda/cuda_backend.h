@@ -365,10 +365,9 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   };
   std::vector<StagedIndices> index_recent_;  // newest last, at most kIndexReuse
   IndexUploadStats index_stats_;
-  int flash_tile_queries_ = kFlashDefaultTileQueries;
   bool flash_bf16_ = true;  // SetFlashBf16
-  // SetFlashWarpQueries, SetFlashStages, SetFlashKeyTile (its tile_queries unused: that
-  // is flash_tile_queries_, for both flash kernels).
+  // SetFlashTileQueries (the tiles asked for, for both flash kernels: FlashTile gives a
+  // call's), SetFlashWarpQueries, SetFlashStages, SetFlashKeyTile.
   FlashBf16Layout flash_layout_;
   int split_kv_splits_ = 0;                            // SetSplitKvSplits; 0: ChooseNumSplits
   bool split_kv_fused_combine_ = false;                // SetSplitKvFusedCombine

@@ -291,8 +291,9 @@ bool CudaBackend::TakesFlashBf16(const AttentionParams& p) const {
 
 int CudaBackend::FlashTile(const AttentionParams& p) const {
   // The fp16 kernel has no 192-query tiles: 128 where asked for them.
-  return TakesFlashBf16(p) ? FlashBf16TileQueries(p.head_dim, flash_tile_queries_)
-                           : FlashTileQueries(p.head_dim, std::min(flash_tile_queries_, 128));
+  const int asked = flash_layout_.tile_queries;
+  return TakesFlashBf16(p) ? FlashBf16TileQueries(p.head_dim, asked)
+                           : FlashTileQueries(p.head_dim, std::min(asked, 128));
 }
 
 absl::Status CudaBackend::Flash(const AttentionParams& p) {
@@ -338,7 +339,7 @@ absl::Status CudaBackend::SetFlashTileQueries(int queries) {
     return absl::InvalidArgumentError(absl::StrCat("flash tile queries must be 64, 128 or ",
                                                    kFlashBf16WideTileQueries, ", got ", queries));
   }
-  flash_tile_queries_ = queries;
+  flash_layout_.tile_queries = queries;
   return absl::OkStatus();
 }
 

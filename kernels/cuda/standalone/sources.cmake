@@ -19,6 +19,7 @@ set(KVLENS_CUDA_SOURCES cuda_backend.cc cuda_backend_attention.cc cuda_backend_p
 # on the emulator) and, when the bundle brings GoogleTest, into the standalone
 # kvlens_gpu_tests. Header-only helpers aside, they need kvlens_kernels and kvlens_engine.
 set(KVLENS_GPU_TEST_SOURCES tests/kernels/cuda/cuda_backend_test.cc
+    tests/kernels/cuda/flash_prefill_test.cc
     tests/kernels/cuda/matvec_rope_store_test.cc
     tests/kernels/cuda/draw_tokens_test.cc
     tests/engine/cuda_engine_test.cc)
