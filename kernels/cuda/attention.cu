@@ -29,13 +29,13 @@ namespace {
 // split (m = −∞) weight 0.
 //
 // Each K/V row is read once per head tile, by one warp, for every query head of the tile:
-// the four warps take turns over steps of kStep consecutive keys (one block-table lookup a
-// step), and a warp keeps its own (m, l, acc) per head. Lane owns dims 128c + 4·lane … +3
-// (one float4, or 8 bytes of bf16, per chunk where the pointers and strides allow, see
-// SplitKvVectorized), so a step has 2 · kStep rows in flight per warp (kStep: 4, or 8 on a
-// bf16 cache, kSplitStepKeys). The step's kStep × heads dot products are summed over the
-// lanes together (SumAcrossLanes: N − 1 shuffles for N sums), which leaves each lane one
-// (key, head) score; the online softmax update runs on those in parallel (the max and sum
+// the block's kWarps warps (kSplitKvWarps, or kSplitKvWideWarps: attention.h) take turns over steps
+// of kStep consecutive keys (one block-table lookup a step), and a warp keeps its own (m, l, acc)
+// per head. Lane owns dims 128c + 4·lane … +3 (one float4, or 8 bytes of bf16, per chunk where the
+// pointers and strides allow, see SplitKvVectorized), so a step has 2 · kStep rows in flight per
+// warp (kStep: 4, or 8 on a bf16 cache, kSplitStepKeys). The step's kStep × heads dot products are
+// summed over the lanes together (SumAcrossLanes: N − 1 shuffles for N sums), which leaves each
+// lane one (key, head) score; the online softmax update runs on those in parallel (the max and sum
 // over a head's keys by shuffles, one exp2 a lane), and the weights and rescales reach
 // every lane's acc through shared memory. The head tile is the GQA group rounded up to a
 // power of two (at most 8 / C): a tile wider than the group would spend the same
@@ -50,9 +50,7 @@ namespace {
 // directly with one split, else per split (m, l, acc[Dh]) in
 //   workspace [Tq, H, splits, Dh + 2]     (m in base 2)
 // merged by SplitKvCombineKernel.
-constexpr int kSplitWarps = 4;
 constexpr int kStepKeys = 4;  // keys a warp takes a step (fp32); a split's span is a multiple
-constexpr int kSplitMinKeys = 4 * kSplitWarps * kStepKeys;  // 64
 
 // Keys a warp takes a step: 4 on an fp32 cache; 8 on a bf16 cache where the step's dot
 // products still fit SumAcrossLanes (8 · head tile <= 32). A warp waits for each step's
@@ -68,7 +66,7 @@ constexpr int kSplitStepKeys = SplitStepKeys(sizeof(KT) == 2, kTileHeads);
 
 // C float4 chunks per lane: head sizes up to 128·C. kTile query heads share each K/V row;
 // q and acc take 2·4·C floats per head, a step's K and V rows 2·4·C per key.
-template <int C, int kTileHeads, int kStep = kStepKeys>
+template <int C, int kTileHeads, int kStep = kStepKeys, int kWarps = kSplitKvWarps>
 struct SplitKvShape {
   static constexpr int kHeadTile = kTileHeads;
   static constexpr int kStepK = kStep;
@@ -76,9 +74,15 @@ struct SplitKvShape {
   static constexpr int kMaxDim = 128 * C;
   static_assert(kTileHeads * C <= 8, "q and acc past 64 floats a lane would spill");
   static_assert(kSums >= 4 && kSums <= 32, "SumAcrossLanes takes 4 to 32 values");
-  // Blocks an SM should hold: up to 4 heads fit in 128 registers (4 blocks of 4 warps).
-  static constexpr int kMinBlocks = kTileHeads * C <= 4 ? 4 : 1;
+  // The block's warps' partial sums (part_acc) fit in static shared memory: a wide block
+  // only takes head tiles of at most 4 heads of 128 dims.
+  static_assert(kWarps == kSplitKvWarps || kTileHeads * C <= 4, "wide blocks: 32 KB of sums");
+  // Blocks an SM should hold: up to 4 heads fit in 128 registers (16 warps an SM).
+  static constexpr int kMinBlocks = kTileHeads * C <= 4 ? 16 / kWarps : 1;
 };
+
+// Whether the kernel has wide blocks for this head tile (SplitKvShape).
+constexpr bool SplitKvHasWide(int chunks, int tile_heads) { return tile_heads * chunks <= 4; }
 
 __device__ __forceinline__ float Dot4(float4 a, float4 b) {
   return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
@@ -165,18 +169,55 @@ __device__ __forceinline__ float SumAcrossLanes(float (&v)[N], int lane) {
   return v[0];
 }
 
+// The merge weights of one head's splits, by one warp: weight[s] = 2^(m_s − M), 0 for a
+// split that saw no key (M the largest m_s); returns Σ_s weight[s] · l_s to every lane.
+// w: the head's partials, [splits, D + 2]. A lane requests all of its splits' m and l at
+// once, past L1 (the splits were written by other blocks, on other SMs).
+__device__ __forceinline__ float SplitWeights(const float* w, int num_splits, int D,
+                                              float* weight) {
+  constexpr int kPerLane = kSplitKvMaxSplits / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  float m[kPerLane], l[kPerLane];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int s = lane + 32 * k;
+    m[k] = s < num_splits ? __ldcg(w + s * (D + 2)) : -INFINITY;
+    l[k] = s < num_splits ? __ldcg(w + s * (D + 2) + 1) : 0.0f;
+  }
+  float m_max = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) m_max = fmaxf(m_max, m[k]);
+  m_max = WarpReduce(m_max, MaxOp());
+  float l_sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const float e = m[k] == -INFINITY ? 0.0f : exp2f(m[k] - m_max);
+    if (lane + 32 * k < num_splits) weight[lane + 32 * k] = e;
+    l_sum += e * l[k];
+  }
+  return WarpReduce(l_sum, SumOp());
+}
+
 // The combine folded into the split-KV launch (LaunchSplitKv with `arrivals`): each block
 // of (row i, KV head g) counts itself in arrivals[i · kv_heads + g] once its partial
 // results are written, and the block that arrives last (all the others' partials are then
 // in memory: each made its writes visible before counting) merges the group's heads as
 // SplitKvCombineKernel does, and sets the count back to 0 for the next launch (a replayed
 // graph's too). Saves the combine's launch, and its wait for the slowest split of all rows:
-// a row's merge starts as soon as its own splits are done.
+// a row's merge starts as soon as its own splits are done. The merging block takes up to
+// kHeads heads at once: its warps find their weights (SplitWeights, a warp a head), then
+// each thread sums (head, dim) pairs, requesting 8 splits' values at a time. (Until
+// 2026-12-05 it merged head after head, a warp's loop finding the weights and each
+// thread's loop over the splits waiting on one load at a time: on the H200, 35.5 us
+// against 25.4 with the combine launch, at 8k keys and 64 splits.)
+template <int kWarps>
 __device__ void CombineIfLast(const AttentionParams& p, int i, int g, int num_splits,
                               const float* workspace, int* arrivals) {
+  constexpr int kHeads = 8;  // heads merged at once
+  constexpr int kBatch = 8;  // splits whose values a thread requests together
   __shared__ int last;
-  __shared__ float weight[kSplitKvMaxSplits];  // 2^(m_s − M), 0 for a split that saw no key
-  __shared__ float total;                      // Σ_s 2^(m_s − M) l_s
+  __shared__ float weight[kHeads][kSplitKvMaxSplits];  // SplitWeights
+  __shared__ float total[kHeads];
   __threadfence();  // this block's partials, visible to whichever block merges them
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(&arrivals[i * p.num_kv_heads + g], 1) == num_splits - 1;
@@ -184,48 +225,50 @@ __device__ void CombineIfLast(const AttentionParams& p, int i, int g, int num_sp
   if (!last) return;
   __threadfence();
   const int group = p.num_heads / p.num_kv_heads, D = p.head_dim;
-  for (int t = 0; t < group; ++t) {
-    const int h = g * group + t;
-    // The other blocks' partials are read past L1 (__ldcg): written by other SMs.
-    const float* w = workspace + (static_cast<int64_t>(i) * p.num_heads + h) * num_splits * (D + 2);
-    if (threadIdx.x < 32) {
-      float m_max = -INFINITY;
-      for (int s = threadIdx.x; s < num_splits; s += 32)
-        m_max = fmaxf(m_max, __ldcg(w + s * (D + 2)));
-      m_max = WarpReduce(m_max, MaxOp());
-      float l_sum = 0.0f;
-      for (int s = threadIdx.x; s < num_splits; s += 32) {
-        const float m = __ldcg(w + s * (D + 2));
-        const float e = m == -INFINITY ? 0.0f : exp2f(m - m_max);
-        weight[s] = e;
-        l_sum += e * __ldcg(w + s * (D + 2) + 1);
-      }
-      l_sum = WarpReduce(l_sum, SumOp());
-      if (threadIdx.x == 0) total = l_sum;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const auto partials = [&](int h) {
+    return workspace + (static_cast<int64_t>(i) * p.num_heads + h) * num_splits * (D + 2);
+  };
+  for (int t0 = 0; t0 < group; t0 += kHeads) {
+    const int heads = min(kHeads, group - t0);
+    for (int t = warp; t < heads; t += kWarps) {
+      const float l_sum = SplitWeights(partials(g * group + t0 + t), num_splits, D, weight[t]);
+      if (threadIdx.x % 32 == 0) total[t] = l_sum;
     }
     __syncthreads();
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    for (int idx = threadIdx.x; idx < heads * D; idx += blockDim.x) {
+      const int t = idx / D, d = idx % D, h = g * group + t0 + t;
+      const float* v = partials(h) + 2 + d;
       float acc = 0.0f;
-      for (int s = 0; s < num_splits; ++s) acc += weight[s] * __ldcg(w + s * (D + 2) + 2 + d);
-      p.out[static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D + d] = acc / total;
+      for (int s0 = 0; s0 < num_splits; s0 += kBatch) {
+        float x[kBatch];
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k)
+          x[k] = s0 + k < num_splits ? __ldcg(v + (s0 + k) * (D + 2)) : 0.0f;
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k)
+          if (s0 + k < num_splits) acc += weight[t][s0 + k] * x[k];
+      }
+      p.out[static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D + d] =
+          acc / total[t];
     }
-    __syncthreads();  // weight and total are the next head's
+    __syncthreads();  // weight and total are the next heads'
   }
   if (threadIdx.x == 0) arrivals[i * p.num_kv_heads + g] = 0;
 }
 
-template <int C, int kTileHeads, bool kVec, typename KT>
+template <int C, int kTileHeads, bool kVec, typename KT, int kWarps>
 __global__ void __launch_bounds__(
-    kSplitWarps * 32, SplitKvShape<C, kTileHeads, kSplitStepKeys<KT, kTileHeads>>::kMinBlocks)
+    kWarps * 32, SplitKvShape<C, kTileHeads, kSplitStepKeys<KT, kTileHeads>, kWarps>::kMinBlocks)
     SplitKvKernel(AttentionParams p, int num_splits, float* workspace, int* arrivals) {
   WaitForPriorGrids();  // first: see launch.cuh
-  using S = SplitKvShape<C, kTileHeads, kSplitStepKeys<KT, kTileHeads>>;
+  using S = SplitKvShape<C, kTileHeads, kSplitStepKeys<KT, kTileHeads>, kWarps>;
   constexpr int kTile = S::kHeadTile, kSums = S::kSums, kStep = S::kStepK;
   const float scale2 = p.scale * 1.4426950408889634f;  // scores in base 2
-  __shared__ float step_p[kSplitWarps][kSums];         // a step's weights 2^(s − m')
-  __shared__ float step_alpha[kSplitWarps][kTile];     // and each head's rescale 2^(m − m')
-  __shared__ float part_ml[kSplitWarps][kTile][2];
-  __shared__ float part_acc[kSplitWarps][kTile][S::kMaxDim];
+  __shared__ float step_p[kWarps][kSums];              // a step's weights 2^(s − m')
+  __shared__ float step_alpha[kWarps][kTile];          // and each head's rescale 2^(m − m')
+  __shared__ float part_ml[kWarps][kTile][2];
+  __shared__ float part_acc[kWarps][kTile][S::kMaxDim];
 
   const int i = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -273,7 +316,7 @@ __global__ void __launch_bounds__(
     // block when the block size is one too: then one table lookup serves the step.
     const bool step_in_one_block = p.block_size % kStep == 0;
     const int block_shift = BlockShift(p.block_size);  // the lookups below shift where it can
-    for (int j0 = j_begin + warp * kStep; j0 < j_end; j0 += kSplitWarps * kStep) {
+    for (int j0 = j_begin + warp * kStep; j0 < j_end; j0 += kWarps * kStep) {
       // The step's K and V rows, as stored (KvPiece); those of keys past j_end or in other
       // documents are zero and never read (a masked key's row may hold anything).
       typename KvPiece<KT>::Raw kr[kStep][C], vr[kStep][C];
@@ -374,9 +417,9 @@ __global__ void __launch_bounds__(
     for (int idx = threadIdx.x; idx < tile * D; idx += blockDim.x) {
       const int t = idx / D, d = idx % D, h = g * group + h0 + t;
       float m_max = -INFINITY;
-      for (int w = 0; w < kSplitWarps; ++w) m_max = fmaxf(m_max, part_ml[w][t][0]);
+      for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, part_ml[w][t][0]);
       float l_sum = 0.0f, a = 0.0f;
-      for (int w = 0; w < kSplitWarps; ++w) {
+      for (int w = 0; w < kWarps; ++w) {
         if (part_ml[w][t][0] == -INFINITY) continue;  // this warp saw no key
         const float e = exp2f(part_ml[w][t][0] - m_max);
         l_sum += e * part_ml[w][t][1];
@@ -398,39 +441,47 @@ __global__ void __launch_bounds__(
     __syncthreads();  // the next head tile reuses part_ml and part_acc
   }
   if (num_splits > 1 && arrivals != nullptr)
-    CombineIfLast(p, i, g, num_splits, workspace, arrivals);
+    CombineIfLast<kWarps>(p, i, g, num_splits, workspace, arrivals);
 }
 
 // The instantiation for SplitKvVariant (attention.h): bit 0 vector loads, bit 1 head sizes
-// past 128, bits 2-3 log2 of the head tile, bit 4 a bf16 cache.
+// past 128, bits 2-3 log2 of the head tile, bit 4 a bf16 cache, bit 5 wide blocks.
 using SplitKvKernelPtr = void (*)(AttentionParams, int, float*, int*);
 template <int C, int kTileHeads, typename KT>
-SplitKvKernelPtr SplitKvKernelOf(bool vec) {
+SplitKvKernelPtr SplitKvKernelOf(bool vec, bool wide) {
   if constexpr (kTileHeads * C > 8) {
     return nullptr;  // SplitKvVariant never asks for it
+  } else if constexpr (!SplitKvHasWide(C, kTileHeads)) {
+    return wide  ? nullptr
+           : vec ? SplitKvKernel<C, kTileHeads, true, KT, kSplitKvWarps>
+                 : SplitKvKernel<C, kTileHeads, false, KT, kSplitKvWarps>;
+  } else if (wide) {
+    return vec ? SplitKvKernel<C, kTileHeads, true, KT, kSplitKvWideWarps>
+               : SplitKvKernel<C, kTileHeads, false, KT, kSplitKvWideWarps>;
   } else {
-    return vec ? SplitKvKernel<C, kTileHeads, true, KT> : SplitKvKernel<C, kTileHeads, false, KT>;
+    return vec ? SplitKvKernel<C, kTileHeads, true, KT, kSplitKvWarps>
+               : SplitKvKernel<C, kTileHeads, false, KT, kSplitKvWarps>;
   }
 }
 template <int C, typename KT>
-SplitKvKernelPtr SplitKvKernelOf(int tile_log2, bool vec) {
+SplitKvKernelPtr SplitKvKernelOf(int tile_log2, bool vec, bool wide) {
   switch (tile_log2) {
     case 0:
-      return SplitKvKernelOf<C, 1, KT>(vec);
+      return SplitKvKernelOf<C, 1, KT>(vec, wide);
     case 1:
-      return SplitKvKernelOf<C, 2, KT>(vec);
+      return SplitKvKernelOf<C, 2, KT>(vec, wide);
     case 2:
-      return SplitKvKernelOf<C, 4, KT>(vec);
+      return SplitKvKernelOf<C, 4, KT>(vec, wide);
     default:
-      return SplitKvKernelOf<C, 8, KT>(vec);
+      return SplitKvKernelOf<C, 8, KT>(vec, wide);
   }
 }
 template <typename KT>
 SplitKvKernelPtr SplitKvKernelOf(int variant) {
-  const bool vec = (variant & 1) != 0;
+  const bool vec = (variant & 1) != 0, wide = (variant & 32) != 0;
   const int tile_log2 = (variant >> 2) & 3;
-  return (variant & 2) != 0 ? SplitKvKernelOf<2, KT>(tile_log2, vec)
-                            : SplitKvKernelOf<1, KT>(tile_log2, vec);
+  return (variant & 2) != 0 ? SplitKvKernelOf<2, KT>(tile_log2, vec, wide)
+                            : SplitKvKernelOf<1, KT>(tile_log2, vec, wide);
 }
 SplitKvKernelPtr SplitKvKernelOf(int variant) {
   return (variant & 16) != 0 ? SplitKvKernelOf<uint16_t>(variant) : SplitKvKernelOf<float>(variant);
@@ -469,17 +520,7 @@ __global__ void __launch_bounds__(kCombineMaxThreads)
     v[k] = s < num_splits && d < D ? w[s * (D + 2) + 2 + d] : 0.0f;
   }
   if (threadIdx.x < 32) {
-    float m_max = -INFINITY;
-    for (int s = threadIdx.x; s < num_splits; s += 32) m_max = fmaxf(m_max, w[s * (D + 2)]);
-    m_max = WarpReduce(m_max, MaxOp());
-    float l_sum = 0.0f;
-    for (int s = threadIdx.x; s < num_splits; s += 32) {
-      const float m = w[s * (D + 2)];
-      const float e = m == -INFINITY ? 0.0f : exp2f(m - m_max);
-      weight[s] = e;
-      l_sum += e * w[s * (D + 2) + 1];
-    }
-    l_sum = WarpReduce(l_sum, SumOp());
+    const float l_sum = SplitWeights(w, num_splits, D, weight);
     if (threadIdx.x == 0) total = l_sum;
   }
   __syncthreads();
@@ -552,36 +593,52 @@ __global__ void __launch_bounds__(kMaterializedThreads)
 
 }  // namespace
 
-int SplitKvVariant(const AttentionParams& p) {
+int SplitKvVariant(const AttentionParams& p, int warps) {
   const int chunks = p.head_dim <= 128 ? 1 : 2;
   const int group = std::max(p.num_heads / std::max(p.num_kv_heads, 1), 1);
   int tile_log2 = 0;
   while ((1 << tile_log2) < group && (2 << tile_log2) * chunks <= 8) ++tile_log2;
-  return (p.kv_dtype == KvDtype::kBF16 ? 16 : 0) + tile_log2 * 4 + (chunks == 2 ? 2 : 0) +
-         (SplitKvVectorized(p) ? 1 : 0);
+  const bool wide = warps == kSplitKvWideWarps && SplitKvHasWide(chunks, 1 << tile_log2);
+  return (wide ? 32 : 0) + (p.kv_dtype == KvDtype::kBF16 ? 16 : 0) + tile_log2 * 4 +
+         (chunks == 2 ? 2 : 0) + (SplitKvVectorized(p) ? 1 : 0);
+}
+
+absl::Status CheckSplitKvWarps(int warps) {
+  if (warps != kSplitKvWarps && warps != kSplitKvWideWarps) {
+    return absl::InvalidArgumentError(absl::StrCat("split-KV warps must be ", kSplitKvWarps, " or ",
+                                                   kSplitKvWideWarps, ", got ", warps));
+  }
+  return absl::OkStatus();
+}
+
+int SplitKvVariantWarps(int variant) {
+  return (variant & 32) != 0 ? kSplitKvWideWarps : kSplitKvWarps;
 }
 
 absl::StatusOr<int> SplitKvBlocksPerSm(int variant) {
   int blocks = 0;
   KVLENS_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &blocks, reinterpret_cast<const void*>(SplitKvKernelOf(variant)), kSplitWarps * 32, 0));
+      &blocks, reinterpret_cast<const void*>(SplitKvKernelOf(variant)),
+      SplitKvVariantWarps(variant) * 32, 0));
   return std::max(blocks, 1);
 }
 
-int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm) {
+int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm, int warps) {
   const int64_t blocks = static_cast<int64_t>(p.num_queries) * p.num_kv_heads;
   // One full wave: as many blocks as fit at once, no partial second wave.
   const int64_t slots = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
   const int64_t want = std::max<int64_t>(1, slots / blocks);
-  // At least kSplitMinKeys keys a split: 4 steps of each of the block's warps on an fp32
-  // cache, 2 on a bf16 one (8-key steps). A row reads at most a sliding window's keys.
+  // At least 4 steps of 4 keys for each of the block's warps a split (64 keys with 4 warps)
+  // on an fp32 cache, 2 steps on a bf16 one (8-key steps). A row reads at most a sliding
+  // window's keys.
+  const int variant = SplitKvVariant(p, warps);
+  const int64_t min_keys = 4 * SplitKvVariantWarps(variant) * kStepKeys;
   const int64_t row_keys = p.window > 0 ? std::min(p.num_keys, p.window) : p.num_keys;
-  const int64_t by_keys = std::max<int64_t>(1, row_keys / kSplitMinKeys);
+  const int64_t by_keys = std::max<int64_t>(1, row_keys / min_keys);
   const int64_t splits = std::clamp<int64_t>(std::min(want, by_keys), 1, kSplitKvMaxSplits);
   // The kernel gives each split a span of whole steps (SplitKvKernel): count the splits
   // those spans fill, so that no block is launched without keys (66 splits of 8192 keys
   // are spans of 128, which 64 fill) and the combine reads no empty partials.
-  const int variant = SplitKvVariant(p);
   const int step = SplitStepKeys((variant & 16) != 0, 1 << ((variant >> 2) & 3));
   const int64_t span = ((row_keys + splits - 1) / splits + step - 1) / step * step;
   return static_cast<int>(std::max<int64_t>(1, (row_keys + span - 1) / span));
@@ -601,8 +658,9 @@ int64_t SplitKvWorkspaceFloats(const AttentionParams& p, int num_splits) {
   return static_cast<int64_t>(p.num_queries) * p.num_heads * num_splits * (p.head_dim + 2);
 }
 
-absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* workspace,
+absl::Status LaunchSplitKv(const AttentionParams& p, int warps, int num_splits, float* workspace,
                            int* arrivals, cudaStream_t stream) {
+  if (absl::Status s = CheckSplitKvWarps(warps); !s.ok()) return s;
   if (p.head_dim > kSplitKvMaxHeadDim) {
     return absl::InvalidArgumentError(absl::StrCat(
         "split-KV attention supports head_dim <= ", kSplitKvMaxHeadDim, ", got ", p.head_dim));
@@ -613,8 +671,9 @@ absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* work
   }
   num_splits = std::max(num_splits, 1);
   const dim3 grid(p.num_queries, p.num_kv_heads, num_splits);
-  const dim3 block(kSplitWarps * 32);
-  auto* kernel = SplitKvKernelOf(SplitKvVariant(p));
+  const int variant = SplitKvVariant(p, warps);
+  const dim3 block(SplitKvVariantWarps(variant) * 32);
+  auto* kernel = SplitKvKernelOf(variant);
   LaunchKernel("SplitKvKernel", kernel, grid, block, 0, stream, p, num_splits, workspace,
                num_splits > 1 ? arrivals : nullptr);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvKernel");

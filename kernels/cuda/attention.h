@@ -135,18 +135,30 @@ absl::Status CheckFlashBf16Layout(const FlashBf16Layout& layout);
 absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, const FlashBf16Layout& layout,
                                     cudaStream_t stream);
 
-// Which split-KV kernel LaunchSplitKv runs for p (0…kSplitKvVariants − 1: vector loads,
-// head size past 128, the head tile that covers the GQA group, a bf16 cache), and how
-// many of its blocks fit on
+// Warps of a split-KV block: kSplitKvWarps (the default; up to four blocks an SM) or
+// kSplitKvWideWarps (one block an SM: as many warps in flight, a quarter of the splits,
+// and so a quarter of the partial results to write and merge; only where a head tile of
+// at most 4 heads of 128 dims leaves the block's 16 warps' partial sums room in shared
+// memory, else kSplitKvWarps). The warps merge their results in shared memory.
+inline constexpr int kSplitKvWarps = 4;
+inline constexpr int kSplitKvWideWarps = 16;
+// INVALID_ARGUMENT naming the two unless warps is one of them.
+absl::Status CheckSplitKvWarps(int warps);
+// Which split-KV kernel LaunchSplitKv runs for p with `warps` asked for
+// (0…kSplitKvVariants − 1: vector loads, head size past 128, the head tile that covers
+// the GQA group, a bf16 cache, wide blocks), its warps, and how many of its blocks fit on
 // one SM at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor; at least 1).
-inline constexpr int kSplitKvVariants = 32;
-int SplitKvVariant(const AttentionParams& p);
+inline constexpr int kSplitKvVariants = 64;
+int SplitKvVariant(const AttentionParams& p, int warps = kSplitKvWarps);
+int SplitKvVariantWarps(int variant);
 absl::StatusOr<int> SplitKvBlocksPerSm(int variant);
 // How many key splits to use: enough blocks for one full wave (num_sms × blocks_per_sm;
-// a partial second wave would run its blocks with the SMs half idle), at least 64 keys a
-// split, and as many as the kernel's spans of whole steps fill (none left empty). A
-// Llama-7B decode step at batch 1 and 512 keys (32 KV heads) gets 8 splits.
-int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm);
+// a partial second wave would run its blocks with the SMs half idle), at least 4 steps of
+// each warp a split (64 keys with 4 warps, 256 with 16), and as many as the kernel's spans
+// of whole steps fill (none left empty). A Llama-7B decode step at batch 1 and 512 keys
+// (32 KV heads) gets 8 splits.
+int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm,
+                    int warps = kSplitKvWarps);
 // The split-KV kernel reads q as float4 and K and V four elements at a time (a float4, or
 // 8 bytes of bf16): head_dim, q_stride and kv_row_stride multiples of 4, q 16-byte
 // aligned and k, v aligned to four elements (else it reads them one by one).
@@ -159,8 +171,8 @@ int64_t SplitKvArrivalCounts(const AttentionParams& p);
 // Also runs batched params (row_key_end set; no documents). With num_splits > 1 the splits'
 // partial results are merged by SplitKvCombineKernel, a second launch, or, given
 // `arrivals` (SplitKvArrivalCounts ints, all 0; left 0), by the last block of each row and
-// KV head to finish, in the same launch.
-absl::Status LaunchSplitKv(const AttentionParams& p, int num_splits, float* workspace,
+// KV head to finish, in the same launch. warps: as SplitKvVariant's.
+absl::Status LaunchSplitKv(const AttentionParams& p, int warps, int num_splits, float* workspace,
                            int* arrivals, cudaStream_t stream);
 
 // scores and probs: [H, Tq, Tk] device buffers (scratch when the caller wants neither).

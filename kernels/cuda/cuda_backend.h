@@ -151,6 +151,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // default until a GPU has timed it (kvlens_gpu_check's decode rows).
   void SetSplitKvFusedCombine(bool on) { split_kv_fused_combine_ = on; }
   bool split_kv_fused_combine() const { return split_kv_fused_combine_; }
+  // Warps of a split-KV block asked for: kSplitKvWarps (the default) or kSplitKvWideWarps
+  // (one block an SM, a quarter of the splits; where the head tile allows: attention.h).
+  // Off the default until a GPU has timed it (kvlens_gpu_check's decode rows).
+  absl::Status SetSplitKvWarps(int warps);
 
   // The forward step's launches, recorded and run as a CUDA graph when an identical step
   // ran before (see the top of the file). On by default.
@@ -371,6 +375,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   FlashBf16Layout flash_layout_;
   int split_kv_splits_ = 0;                            // SetSplitKvSplits; 0: ChooseNumSplits
   bool split_kv_fused_combine_ = false;                // SetSplitKvFusedCombine
+  int split_kv_warps_ = kSplitKvWarps;                 // SetSplitKvWarps
   int split_kv_blocks_per_sm_[kSplitKvVariants] = {};  // by SplitKvVariant, 0: not asked yet
   std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
   // RopeQKStoreKv's and RmsNormQkvRopeStoreKv's positions and cache rows

@@ -107,15 +107,16 @@ absl::Status CudaBackend::AttentionImpl(const AttentionArgs<float>& a) {
 }
 
 absl::Status CudaBackend::SplitKv(const AttentionParams& p) {
-  const int variant = SplitKvVariant(p);
+  const int variant = SplitKvVariant(p, split_kv_warps_);
   if (split_kv_blocks_per_sm_[variant] == 0) {
     absl::StatusOr<int> per_sm = SplitKvBlocksPerSm(variant);
     if (!per_sm.ok()) return per_sm.status();
     split_kv_blocks_per_sm_[variant] = *per_sm;
   }
-  const int splits = split_kv_splits_ > 0
-                         ? split_kv_splits_
-                         : ChooseNumSplits(p, num_sms_, split_kv_blocks_per_sm_[variant]);
+  const int splits =
+      split_kv_splits_ > 0
+          ? split_kv_splits_
+          : ChooseNumSplits(p, num_sms_, split_kv_blocks_per_sm_[variant], split_kv_warps_);
   if (const int64_t ws = SplitKvWorkspaceFloats(p, splits); ws > 0) {
     if (absl::Status s = ReserveScratch(attention_workspace_, sizeof(float) * ws); !s.ok()) {
       return s;
@@ -134,7 +135,8 @@ absl::Status CudaBackend::SplitKv(const AttentionParams& p) {
     }
     arrivals = split_kv_arrivals_.as<int>();
   }
-  return Launch(&LaunchSplitKv, p, splits, attention_workspace_.as<float>(), arrivals);
+  return Launch(&LaunchSplitKv, p, split_kv_warps_, splits, attention_workspace_.as<float>(),
+                arrivals);
 }
 
 absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {
@@ -311,6 +313,12 @@ absl::Status CudaBackend::SetSplitKvSplits(int splits) {
         absl::StrCat("split-KV splits must be in [0, ", kSplitKvMaxSplits, "], got ", splits));
   }
   split_kv_splits_ = splits;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SetSplitKvWarps(int warps) {
+  if (absl::Status s = CheckSplitKvWarps(warps); !s.ok()) return s;
+  split_kv_warps_ = warps;
   return absl::OkStatus();
 }
 

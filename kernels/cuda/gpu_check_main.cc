@@ -521,6 +521,31 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
       rows.Add({bf16 ? "decode attention, fixed splits (bf16 cache)"
                      : "decode attention, fixed splits (fp32 cache)",
                 absl::StrFormat("Tk=%d, splits: GB/s = %s", tk, sweep), "-", "-", "-", "-"});
+      // Blocks of 16 warps (one an SM, a quarter of the splits): with the combine launch,
+      // merging their own splits, and at fixed split counts.
+      Must(b.SetSplitKvWarps(kSplitKvWideWarps), "split-KV warps");
+      const double wide_sec = ReplaySeconds(b, call);
+      b.SetSplitKvFusedCombine(true);
+      const double wide_fused_sec = ReplaySeconds(b, call);
+      b.SetSplitKvFusedCombine(false);
+      std::string wide_sweep;
+      for (int splits : {8, 16, 32}) {
+        Must(b.SetSplitKvSplits(splits), "split-KV splits");
+        absl::StrAppend(&wide_sweep, wide_sweep.empty() ? "" : ", ", splits, ": ",
+                        absl::StrFormat("%.0f", 2.0 * cache_bytes / ReplaySeconds(b, call) / 1e9));
+      }
+      Must(b.SetSplitKvSplits(0), "split-KV splits");
+      Must(b.SetSplitKvWarps(kSplitKvWarps), "split-KV warps");
+      const double wide_bw = 2.0 * cache_bytes / std::min(wide_sec, wide_fused_sec);
+      rows.Add({bf16 ? "decode attention, 16-warp blocks (bf16 cache)"
+                     : "decode attention, 16-warp blocks (fp32 cache)",
+                absl::StrFormat("Tk=%d, graph replay %.1f us (%.0f GB/s); fused combine %.1f us "
+                                "(%.0f GB/s); fixed splits: GB/s = %s",
+                                tk, wide_sec * 1e6, 2.0 * cache_bytes / wide_sec / 1e9,
+                                wide_fused_sec * 1e6, 2.0 * cache_bytes / wide_fused_sec / 1e9,
+                                wide_sweep),
+                Fmt(wide_bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"),
+                Pct(wide_bw / copy_bw), ">= 70%"});
       for (float* p : {kc, vc, q, o}) cudaFree(p);
     }
 }

@@ -39,14 +39,15 @@ TEST(CudaBackendCreateTest, FailsCleanlyWithoutADevice) {
 // without keys (no device needed: the H200's 132 SMs and 3 or 4 resident blocks are passed
 // in).
 TEST(CudaSplitKv, SplitsFillOneWaveWithAtLeast64KeysEach) {
-  auto splits = [](int queries, int kv_heads, int keys, int blocks_per_sm = 3) {
+  auto splits = [](int queries, int kv_heads, int keys, int blocks_per_sm = 3,
+                   int warps = kSplitKvWarps, int head_dim = 128) {
     AttentionParams p;
     p.num_queries = queries;
     p.num_heads = 4 * kv_heads;
     p.num_kv_heads = kv_heads;
-    p.head_dim = 128;
+    p.head_dim = head_dim;
     p.num_keys = keys;
-    return ChooseNumSplits(p, /*num_sms=*/132, blocks_per_sm);
+    return ChooseNumSplits(p, /*num_sms=*/132, blocks_per_sm, warps);
   };
   EXPECT_EQ(splits(1, 32, 512), 8);      // 396 / 32 = 12 wanted; 512 / 64 = 8 allowed
   EXPECT_EQ(splits(1, 8, 8192), 49);     // 49 · 8 = 392 blocks <= 396 slots
@@ -57,6 +58,31 @@ TEST(CudaSplitKv, SplitsFillOneWaveWithAtLeast64KeysEach) {
   // which 64 splits fill: two more would have none.
   EXPECT_EQ(splits(1, 8, 8192, 4), 64);
   EXPECT_EQ(splits(1, 8, 32768, 4), 66);  // 32768 / 66 → 497 → 500 keys; the 66th has 268
+  // Blocks of 16 warps, one an SM: 132 / 8 = 16 wanted, at least 16 · 16 = 256 keys each.
+  EXPECT_EQ(splits(1, 8, 8192, 1, kSplitKvWideWarps), 16);
+  EXPECT_EQ(splits(1, 8, 2000, 1, kSplitKvWideWarps), 7);  // 2000 / 256 = 7 allowed
+  // Head size 256 with a tile of 4 heads has no wide blocks: 4 warps, 64 keys a split.
+  EXPECT_EQ(splits(1, 8, 2000, 1, kSplitKvWideWarps, 256), 16);
+}
+
+// Which kernels have blocks of 16 warps: head tiles of at most 4 heads of 128 dims.
+TEST(CudaSplitKv, WideBlocksOnlyWhereTheHeadTileFits) {
+  auto warps = [](int group, int head_dim) {
+    AttentionParams p;
+    p.num_kv_heads = 2;
+    p.num_heads = 2 * group;
+    p.head_dim = head_dim;
+    return SplitKvVariantWarps(SplitKvVariant(p, kSplitKvWideWarps));
+  };
+  EXPECT_EQ(warps(4, 128), 16);
+  EXPECT_EQ(warps(3, 128), 16);  // a tile of 4
+  EXPECT_EQ(warps(8, 128), 4);   // a tile of 8
+  EXPECT_EQ(warps(2, 256), 16);  // 2 heads of 256 dims
+  EXPECT_EQ(warps(4, 256), 4);
+  AttentionParams p;
+  p.num_heads = p.num_kv_heads = 1;
+  p.head_dim = 64;
+  EXPECT_EQ(SplitKvVariantWarps(SplitKvVariant(p)), kSplitKvWarps);  // the default
 }
 
 TEST_F(CudaBackendTest, RejectsAMissingDevice) {
@@ -87,41 +113,87 @@ TEST_F(CudaBackendTest, PrefillChunksOfARunShareOneFlashLaunch) {
   EXPECT_EQ(uploads, 4);  // [Tq 40, 100, 33] | documents alone | decode alone | [64, 70]
 }
 
-// The split-KV launch merging its own splits (SetSplitKvFusedCombine: the last block of a
-// row and KV head to finish merges them) gives the parity table's decode and short-chunk
-// answers, over both caches, with the automatic split count and with 5 and 128 splits;
-// each case runs twice, so a launch that left its arrival counts off 0 would fail the
-// second (no block would see itself last, and the output would keep its NaN fill).
-TEST_F(CudaBackendTest, FusedSplitCombineWithinToleranceAndLeavesItsCountsAtZero) {
-  backend_->SetSplitKvFusedCombine(true);
-  std::mt19937_64 rng(8);
+// The parity table's decode and short-chunk cases (those split-KV takes), the batched
+// decode case and a decode step of a 16-head group over both caches, with the automatic split count
+// and with 5 and 128 splits, each run twice. Returns the results; *shapes counts the table's shapes
+// taken.
+std::vector<parity::ParityResult> SplitKvCasesTwice(CudaBackend& backend, std::mt19937_64& rng,
+                                                    int* shapes) {
   std::vector<parity::ParityResult> results;
-  int shapes = 0;
+  *shapes = 0;
   for (int splits : {0, 5, 128}) {
-    ASSERT_TRUE(backend_->SetSplitKvSplits(splits).ok());
+    EXPECT_TRUE(backend.SetSplitKvSplits(splits).ok());
     for (const parity::AttnShape& s : parity::AttentionShapes()) {
       if (s.want_maps || s.want_probs_only) continue;
       if (s.tq >= kFlashMinQueries && FlashPrefillSupports(s.dh)) continue;  // flash
-      shapes += splits == 0 ? 1 : 0;
+      *shapes += splits == 0 ? 1 : 0;
       for (int twice = 0; twice < 2; ++twice) {
-        for (parity::ParityResult& r : parity::AttentionCase(*backend_, rng, s)) {
+        for (parity::ParityResult& r : parity::AttentionCase(backend, rng, s)) {
           r.name += absl::StrCat(", ", splits, " splits");
           results.push_back(std::move(r));
         }
       }
     }
     for (bool bf16 : {false, true}) {
+      // A group of 16 heads: the fused merge takes 8 heads at a time (CombineIfLast).
+      const parity::AttnShape wide_group{.label = "decode GQA 16/1",
+                                         .tq = 1,
+                                         .tk = 700,
+                                         .heads = 16,
+                                         .kv_heads = 1,
+                                         .dh = 64,
+                                         .offset = 699,
+                                         .block_size = 16,
+                                         .bf16_cache = bf16};
       for (int twice = 0; twice < 2; ++twice) {
-        results.push_back(parity::AttentionBatchSplitKvCase(*backend_, rng, bf16));
+        results.push_back(parity::AttentionBatchSplitKvCase(backend, rng, bf16));
+        for (parity::ParityResult& r : parity::AttentionCase(backend, rng, wide_group)) {
+          r.name += absl::StrCat(", ", splits, " splits");
+          results.push_back(std::move(r));
+        }
       }
     }
   }
-  ASSERT_TRUE(backend_->SetSplitKvSplits(0).ok());
+  EXPECT_TRUE(backend.SetSplitKvSplits(0).ok());
+  return results;
+}
+
+// The split-KV launch merging its own splits (SetSplitKvFusedCombine: the last block of a
+// row and KV head to finish merges them) gives the parity table's answers (SplitKvCasesTwice);
+// each case runs twice, so a launch that left its arrival counts off 0 would fail the
+// second (no block would see itself last, and the output would keep its NaN fill).
+TEST_F(CudaBackendTest, FusedSplitCombineWithinToleranceAndLeavesItsCountsAtZero) {
+  backend_->SetSplitKvFusedCombine(true);
+  std::mt19937_64 rng(8);
+  int shapes = 0;
+  const std::vector<parity::ParityResult> results = SplitKvCasesTwice(*backend_, rng, &shapes);
   backend_->SetSplitKvFusedCombine(false);
   EXPECT_GE(shapes, 8);
   for (const parity::ParityResult& r : results) {
     EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
   }
+}
+
+// Blocks of 16 warps (SetSplitKvWarps; where the head tile allows, 4 elsewhere) give the
+// parity table's answers (SplitKvCasesTwice) with the combine launch and merging their
+// own splits; any other warp count is an error naming the two.
+TEST_F(CudaBackendTest, WideSplitBlocksWithinTolerance) {
+  const absl::Status eight = backend_->SetSplitKvWarps(8);
+  EXPECT_EQ(eight.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(eight.message().find("4 or 16, got 8"), std::string_view::npos) << eight;
+  ASSERT_TRUE(backend_->SetSplitKvWarps(kSplitKvWideWarps).ok());
+  std::mt19937_64 rng(12);
+  for (bool fused : {false, true}) {
+    backend_->SetSplitKvFusedCombine(fused);
+    int shapes = 0;
+    for (const parity::ParityResult& r : SplitKvCasesTwice(*backend_, rng, &shapes)) {
+      EXPECT_TRUE(r.pass()) << r.name << (fused ? ", fused" : "") << ": " << r.status << ", error "
+                            << r.err << " > " << r.tol;
+    }
+    EXPECT_GE(shapes, 8);
+  }
+  backend_->SetSplitKvFusedCombine(false);
+  ASSERT_TRUE(backend_->SetSplitKvWarps(kSplitKvWarps).ok());
 }
 
 // SetSplitKvSplits (kvlens_gpu_check's sweep): any fixed number of key splits, more than
