@@ -314,14 +314,26 @@ __global__ void __launch_bounds__(
     };
     // A step's keys start at a multiple of kStep (span is one), so they share a cache
     // block when the block size is one too: then one table lookup serves the step.
+    // That lookup is made a step ahead (next_row): its load is in flight while the warp
+    // computes the step before, so a step's K/V loads wait on no table read of their own.
     const bool step_in_one_block = p.block_size % kStep == 0;
     const int block_shift = BlockShift(p.block_size);  // the lookups below shift where it can
+    // (The row's block a step ahead, a 32-bit entry: a 64-bit row made three kernels spill.)
+    const auto step_block = [&](int j0) {
+      return step_in_one_block && table != nullptr && j0 < j_end
+                 ? table[BlockIndexOf(p.block_size, block_shift, j0)]
+                 : 0;
+    };
+    int32_t next_block = step_block(j_begin + warp * kStep);
     for (int j0 = j_begin + warp * kStep; j0 < j_end; j0 += kWarps * kStep) {
       // The step's K and V rows, as stored (KvPiece); those of keys past j_end or in other
       // documents are zero and never read (a masked key's row may hold anything).
       typename KvPiece<KT>::Raw kr[kStep][C], vr[kStep][C];
-      const int64_t first_row =
-          step_in_one_block ? PhysicalRowIn(table, p.block_size, block_shift, j0) : 0;
+      const int64_t first_row = !step_in_one_block ? 0
+                                : table == nullptr
+                                    ? j0
+                                    : RowInBlock(next_block, p.block_size, block_shift, j0);
+      next_block = step_block(j0 + kWarps * kStep);
 #pragma unroll
       for (int u = 0; u < kStep; ++u) {
         const int j = j0 + u;

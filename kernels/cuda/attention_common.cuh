@@ -18,13 +18,20 @@ __device__ __forceinline__ int BlockShift(int block_size) {
 // contiguous rows). block_shift: BlockShift(block_size), where the caller has it, so that
 // a power of two (the engine's 16, say) takes a shift and a mask rather than an integer
 // division and remainder by a run-time value, some 20 instructions each; −1 divides.
+// In two parts for a caller that looks the block up early: the index of key j's entry in
+// the table, and key j's row given that entry (`block`).
+__device__ __forceinline__ int BlockIndexOf(int block_size, int block_shift, int j) {
+  return block_shift >= 0 ? j >> block_shift : j / block_size;
+}
+__device__ __forceinline__ int64_t RowInBlock(int32_t block, int block_size, int block_shift,
+                                              int j) {
+  return static_cast<int64_t>(block) * block_size +
+         (block_shift >= 0 ? j & (block_size - 1) : j % block_size);
+}
 __device__ __forceinline__ int64_t PhysicalRowIn(const int32_t* table, int block_size,
                                                  int block_shift, int j) {
   if (table == nullptr) return j;
-  if (block_shift >= 0) {
-    return static_cast<int64_t>(table[j >> block_shift]) * block_size + (j & (block_size - 1));
-  }
-  return static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
+  return RowInBlock(table[BlockIndexOf(block_size, block_shift, j)], block_size, block_shift, j);
 }
 
 // Physical cache row of logical key j.
