@@ -169,6 +169,29 @@ __device__ __forceinline__ float SumAcrossLanes(float (&v)[N], int lane) {
   return v[0];
 }
 
+// N floats of shared memory, aligned to 4 · min(N, 4) bytes, in as few loads as that allows
+// (a step's weights: 4 loads of 16 bytes rather than 16 of 4).
+template <int N>
+__device__ __forceinline__ void ReadShared(const float* src, float (&dst)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < N / 4; ++k) {
+      const float4 v = reinterpret_cast<const float4*>(src)[k];
+      dst[4 * k] = v.x;
+      dst[4 * k + 1] = v.y;
+      dst[4 * k + 2] = v.z;
+      dst[4 * k + 3] = v.w;
+    }
+  } else if constexpr (N == 2) {
+    const float2 v = *reinterpret_cast<const float2*>(src);
+    dst[0] = v.x;
+    dst[1] = v.y;
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) dst[k] = src[k];
+  }
+}
+
 // The merge weights of one head's splits, by one warp: weight[s] = 2^(m_s − M), 0 for a
 // split that saw no key (M the largest m_s); returns Σ_s weight[s] · l_s to every lane.
 // w: the head's partials, [splits, D + 2]. A lane requests all of its splits' m and l at
@@ -265,8 +288,10 @@ __global__ void __launch_bounds__(
   using S = SplitKvShape<C, kTileHeads, kSplitStepKeys<KT, kTileHeads>, kWarps>;
   constexpr int kTile = S::kHeadTile, kSums = S::kSums, kStep = S::kStepK;
   const float scale2 = p.scale * 1.4426950408889634f;  // scores in base 2
-  __shared__ float step_p[kWarps][kSums];              // a step's weights 2^(s − m')
-  __shared__ float step_alpha[kWarps][kTile];          // and each head's rescale 2^(m − m')
+  // A step's weights 2^(s − m') and each head's rescale 2^(m − m'), read back as vectors
+  // (ReadShared).
+  __shared__ __align__(16) float step_p[kWarps][kSums];
+  __shared__ __align__(16) float step_alpha[kWarps][kTile];
   __shared__ float part_ml[kWarps][kTile][2];
   __shared__ float part_acc[kWarps][kTile][S::kMaxDim];
 
@@ -392,17 +417,23 @@ __global__ void __launch_bounds__(
         if (su == 0) step_alpha[warp][st] = alpha;
       }
       __syncwarp();
+      float alpha_t[kTile];
+      ReadShared(&step_alpha[warp][0], alpha_t);
 #pragma unroll
       for (int t = 0; t < kTile; ++t) {
-        const float a = step_alpha[warp][t];
 #pragma unroll
-        for (int c = 0; c < C; ++c) Scale4(a, acc[t][c]);
+        for (int c = 0; c < C; ++c) Scale4(alpha_t[t], acc[t][c]);
+      }
 #pragma unroll
-        for (int u = 0; u < kStep; ++u) {
-          // 0 for masked keys, whose vr is 0 too (never read): no 0 · NaN.
-          const float pu = step_p[warp][u * kTile + t];
+      for (int u = 0; u < kStep; ++u) {
+        // 0 for masked keys, whose vr is 0 too (never read): no 0 · NaN.
+        float p_u[kTile];
+        ReadShared(&step_p[warp][u * kTile], p_u);
 #pragma unroll
-          for (int c = 0; c < C; ++c) Axpy4(pu, KvPiece<KT>::Widen(vr[u][c]), acc[t][c]);
+        for (int c = 0; c < C; ++c) {
+          const float4 v = KvPiece<KT>::Widen(vr[u][c]);
+#pragma unroll
+          for (int t = 0; t < kTile; ++t) Axpy4(p_u[t], v, acc[t][c]);
         }
       }
       __syncwarp();  // step_p and step_alpha are read before the next step overwrites them
