@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(
     };
     // A step's keys start at a multiple of kStep (span is one), so they share a cache
     // block when the block size is one too: then one table lookup serves the step.
-    // That lookup is made a step ahead (next_row): its load is in flight while the warp
+    // That lookup is made a step ahead (next_block): its load is in flight while the warp
     // computes the step before, so a step's K/V loads wait on no table read of their own.
     const bool step_in_one_block = p.block_size % kStep == 0;
     const int block_shift = BlockShift(p.block_size);  // the lookups below shift where it can
@@ -490,20 +490,21 @@ __global__ void __launch_bounds__(
 // The instantiation for SplitKvVariant (attention.h): bit 0 vector loads, bit 1 head sizes
 // past 128, bits 2-3 log2 of the head tile, bit 4 a bf16 cache, bit 5 wide blocks.
 using SplitKvKernelPtr = void (*)(AttentionParams, int, float*, int*);
+template <int C, int kTileHeads, typename KT, int kWarps>
+SplitKvKernelPtr SplitKvKernelWith(bool vec) {
+  return vec ? SplitKvKernel<C, kTileHeads, true, KT, kWarps>
+             : SplitKvKernel<C, kTileHeads, false, KT, kWarps>;
+}
 template <int C, int kTileHeads, typename KT>
 SplitKvKernelPtr SplitKvKernelOf(bool vec, bool wide) {
   if constexpr (kTileHeads * C > 8) {
     return nullptr;  // SplitKvVariant never asks for it
-  } else if constexpr (!SplitKvHasWide(C, kTileHeads)) {
-    return wide  ? nullptr
-           : vec ? SplitKvKernel<C, kTileHeads, true, KT, kSplitKvWarps>
-                 : SplitKvKernel<C, kTileHeads, false, KT, kSplitKvWarps>;
-  } else if (wide) {
-    return vec ? SplitKvKernel<C, kTileHeads, true, KT, kSplitKvWideWarps>
-               : SplitKvKernel<C, kTileHeads, false, KT, kSplitKvWideWarps>;
+  } else if constexpr (SplitKvHasWide(C, kTileHeads)) {
+    return wide ? SplitKvKernelWith<C, kTileHeads, KT, kSplitKvWideWarps>(vec)
+                : SplitKvKernelWith<C, kTileHeads, KT, kSplitKvWarps>(vec);
   } else {
-    return vec ? SplitKvKernel<C, kTileHeads, true, KT, kSplitKvWarps>
-               : SplitKvKernel<C, kTileHeads, false, KT, kSplitKvWarps>;
+    return wide ? nullptr  // nor for this
+                : SplitKvKernelWith<C, kTileHeads, KT, kSplitKvWarps>(vec);
   }
 }
 template <int C, typename KT>

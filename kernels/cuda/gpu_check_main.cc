@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -485,14 +486,19 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
       const double sec = ReplaySeconds(b, call);
       const double bw = 2.0 * cache_bytes / sec;
       // The same call with each fixed number of key splits: which split count the kernel
-      // wants here, against ChooseNumSplits' choice above.
-      std::string sweep;
-      for (int splits : {8, 16, 32, 64, 96, 128}) {
-        Must(b.SetSplitKvSplits(splits), "split-KV splits");
-        absl::StrAppend(&sweep, sweep.empty() ? "" : ", ", splits, ": ",
-                        absl::StrFormat("%.0f", 2.0 * cache_bytes / ReplaySeconds(b, call) / 1e9));
-      }
-      Must(b.SetSplitKvSplits(0), "split-KV splits");
+      // wants here, against ChooseNumSplits' choice above. "8: GB/s, 16: GB/s, …".
+      const auto sweep_of = [&](std::initializer_list<int> counts) {
+        std::string sweep;
+        for (int splits : counts) {
+          Must(b.SetSplitKvSplits(splits), "split-KV splits");
+          absl::StrAppend(
+              &sweep, sweep.empty() ? "" : ", ", splits, ": ",
+              absl::StrFormat("%.0f", 2.0 * cache_bytes / ReplaySeconds(b, call) / 1e9));
+        }
+        Must(b.SetSplitKvSplits(0), "split-KV splits");
+        return sweep;
+      };
+      const std::string sweep = sweep_of({8, 16, 32, 64, 96, 128});
       // With programmatic dependent launch: each kernel (the combine after the splits, the
       // next call's splits after the combine) is scheduled while its predecessor drains.
       b.SetProgrammaticLaunches(true);
@@ -528,13 +534,7 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
       b.SetSplitKvFusedCombine(true);
       const double wide_fused_sec = ReplaySeconds(b, call);
       b.SetSplitKvFusedCombine(false);
-      std::string wide_sweep;
-      for (int splits : {8, 16, 32}) {
-        Must(b.SetSplitKvSplits(splits), "split-KV splits");
-        absl::StrAppend(&wide_sweep, wide_sweep.empty() ? "" : ", ", splits, ": ",
-                        absl::StrFormat("%.0f", 2.0 * cache_bytes / ReplaySeconds(b, call) / 1e9));
-      }
-      Must(b.SetSplitKvSplits(0), "split-KV splits");
+      const std::string wide_sweep = sweep_of({8, 16, 32});
       Must(b.SetSplitKvWarps(kSplitKvWarps), "split-KV warps");
       const double wide_bw = 2.0 * cache_bytes / std::min(wide_sec, wide_fused_sec);
       rows.Add({bf16 ? "decode attention, 16-warp blocks (bf16 cache)"
