@@ -900,6 +900,30 @@ TEST(CudaEngineGraphs, FusedSplitCombineLeavesTheLogitsUnchanged) {
   ExpectClose(fused_pdl, separate, 1e-6, 0);
 }
 
+// 16-warp split-KV blocks (SetSplitKvWarps) in recorded, replayed decode steps, with the
+// combine launch and merging their own splits: the 4-warp blocks' logits within 1e-5 of
+// the largest (past 16 keys a split the keys fall to the warps in another order, and the
+// sums round apart; these prompts' splits have fewer).
+TEST(CudaEngineGraphs, WideSplitBlocksLeaveTheLogitsWithinRounding) {
+  KVLENS_REQUIRE_FILE(testing::DefaultModelPath());
+  KVLENS_REQUIRE_CUDA(cuda);
+  auto* backend = dynamic_cast<kernels::cuda::CudaBackend*>(&cuda);
+  ASSERT_NE(backend, nullptr);
+  auto model = Load(testing::DefaultModelPath());
+  ASSERT_NE(model, nullptr);
+  ASSERT_TRUE(backend->SetSplitKvSplits(3).ok());  // splits on any device's SM count
+  const std::vector<float> narrow = DecodeThreeThenFour(*model, cuda, [] {});
+  ASSERT_TRUE(backend->SetSplitKvWarps(kernels::cuda::kSplitKvWideWarps).ok());
+  const std::vector<float> wide = DecodeThreeThenFour(*model, cuda, [] {});
+  backend->SetSplitKvFusedCombine(true);
+  const std::vector<float> wide_fused = DecodeThreeThenFour(*model, cuda, [] {});
+  backend->SetSplitKvFusedCombine(false);
+  ASSERT_TRUE(backend->SetSplitKvWarps(kernels::cuda::kSplitKvWarps).ok());
+  ASSERT_TRUE(backend->SetSplitKvSplits(0).ok());
+  ExpectClose(wide, narrow, 1e-5, 0);
+  ExpectClose(wide_fused, narrow, 1e-5, 0);
+}
+
 // Continuous batching on the GPU: five requests submitted together, with different
 // prompts and lengths, so the decode batch shrinks from five to one as they finish (steps
 // padded to 8, 4, 2 and 1 rows with graphs) and prompts are prefilled beside decodes.
