@@ -12,10 +12,11 @@
 //                   stages, or three as an option) and read by ldmatrix, Q·Kᵀ and P·V on
 //                   bf16 tensor cores; optionally 192-query blocks at Dh 64 and 128.
 //   split-KV        any Dh <= 256, any Tq (decode, short chunks, other head sizes): fp32,
-//                   one block per (query, KV head, key split); its four warps take turns
-//                   over the keys and each K/V row is read once for all the GQA group's
-//                   heads (8 at a time, 4 past Dh 128); partial (m, l, acc) per split
-//                   merged by a second kernel.
+//                   one block per (query, KV head, key split); its four warps (16 as an
+//                   option) take turns over the keys and each K/V row is read once for
+//                   all the GQA group's heads (8 at a time, 4 past Dh 128); partial
+//                   (m, l, acc) per split merged by a second kernel (or, as an option,
+//                   by the split's last block to finish).
 //   materialised    when probabilities or scores are requested: fp32, writes S and A
 //                   [H, Tq, Tk] and computes O = A·V from exactly the A it returns.
 //
@@ -129,8 +130,8 @@ struct FlashBf16Layout {
   int stages = kFlashDefaultStages;
   int key_tile = kFlashDefaultKeyTile;
 };
-// INVALID_ARGUMENT naming the field of `layout` (other than tile_queries) that the kernel
-// does not have.
+// INVALID_ARGUMENT naming the field of `layout` that the kernel does not have (tile_queries
+// as asked for: 64, 128 or kFlashBf16WideTileQueries, whatever the head size).
 absl::Status CheckFlashBf16Layout(const FlashBf16Layout& layout);
 absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, const FlashBf16Layout& layout,
                                     cudaStream_t stream);

@@ -143,6 +143,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // registers, one block an SM) or kFlashNarrowKeyTile (Q in shared memory, two blocks an
   // SM). attention.h. For kvlens_gpu_check's comparison and the tests.
   absl::Status SetFlashKeyTile(int keys);
+  // All four at once (FlashBf16Layout{} restores the defaults); nothing changes on error.
+  absl::Status SetFlashLayout(const FlashBf16Layout& layout);
   // Key splits of every split-KV launch: 0 (the default) lets ChooseNumSplits decide, else
   // 1 … kSplitKvMaxSplits. For kvlens_gpu_check's sweep of the decode kernel.
   absl::Status SetSplitKvSplits(int splits);
@@ -339,7 +341,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // with per-row key ends, or flash with per-block tiles of the sequences.
   absl::Status LaunchSplitKvBatched(absl::Span<const AttentionArgs<float>> calls);
   absl::Status LaunchFlashBatched(absl::Span<const AttentionArgs<float>> calls);
-  // flash_layout_ with one field set, if CheckFlashBf16Layout takes it.
+  // flash_layout_ with one field set, if SetFlashLayout takes it.
   absl::Status SetFlashLayoutField(int FlashBf16Layout::*field, int value);
   // Whether p's flash launch takes the bf16 kernel (it applies, and flash_bf16_), the
   // queries of its tiles, and the launch: the bf16 kernel, else the fp16 one.

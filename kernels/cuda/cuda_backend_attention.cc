@@ -322,12 +322,16 @@ absl::Status CudaBackend::SetSplitKvWarps(int warps) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::SetFlashLayoutField(int FlashBf16Layout::*field, int value) {
-  FlashBf16Layout layout = flash_layout_;
-  layout.*field = value;
+absl::Status CudaBackend::SetFlashLayout(const FlashBf16Layout& layout) {
   if (absl::Status s = CheckFlashBf16Layout(layout); !s.ok()) return s;
   flash_layout_ = layout;
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SetFlashLayoutField(int FlashBf16Layout::*field, int value) {
+  FlashBf16Layout layout = flash_layout_;
+  layout.*field = value;
+  return SetFlashLayout(layout);
 }
 
 absl::Status CudaBackend::SetFlashWarpQueries(int queries) {
@@ -343,12 +347,7 @@ absl::Status CudaBackend::SetFlashKeyTile(int keys) {
 }
 
 absl::Status CudaBackend::SetFlashTileQueries(int queries) {
-  if (queries != 64 && queries != 128 && queries != kFlashBf16WideTileQueries) {
-    return absl::InvalidArgumentError(absl::StrCat("flash tile queries must be 64, 128 or ",
-                                                   kFlashBf16WideTileQueries, ", got ", queries));
-  }
-  flash_layout_.tile_queries = queries;
-  return absl::OkStatus();
+  return SetFlashLayoutField(&FlashBf16Layout::tile_queries, queries);
 }
 
 absl::Status CudaBackend::AttentionBatch(absl::Span<const AttentionArgs<float>> calls,

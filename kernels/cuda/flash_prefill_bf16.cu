@@ -457,6 +457,12 @@ bool FlashPrefillBf16Supports(const AttentionParams& p) {
 }
 
 absl::Status CheckFlashBf16Layout(const FlashBf16Layout& layout) {
+  if (layout.tile_queries != 64 && layout.tile_queries != 128 &&
+      layout.tile_queries != kFlashBf16WideTileQueries) {
+    return absl::InvalidArgumentError(absl::StrCat("flash tile queries must be 64, 128 or ",
+                                                   kFlashBf16WideTileQueries, ", got ",
+                                                   layout.tile_queries));
+  }
   if (layout.warp_queries != 16 && layout.warp_queries != 32) {
     return absl::InvalidArgumentError(
         absl::StrCat("flash warp queries must be 16 or 32, got ", layout.warp_queries));

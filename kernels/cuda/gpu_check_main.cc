@@ -343,24 +343,21 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
   // keys a tile (two blocks an SM), with 192-query blocks (12 warps of 16) of two and three
   // stages, and with 64-query blocks (4 warps of 16).
   struct FlashConfig {
-    int tile;
     bool bf16_cache, bf16_kernel;
-    int warp_queries, stages, key_tile = kFlashDefaultKeyTile;
+    FlashBf16Layout layout;  // {tile queries, warp queries, stages, key tile}
   };
   const FlashConfig configs[] = {
-      {64, false, false, 16, 2}, {128, false, false, 16, 2},   {128, true, false, 16, 2},
-      {128, true, true, 32, 2},  {128, true, true, 16, 2},     {128, true, true, 32, 3},
-      {128, true, true, 16, 3},  {128, true, true, 16, 2, 32}, {128, true, true, 16, 3, 32},
-      {192, true, true, 16, 2},  {192, true, true, 16, 3},     {64, true, true, 16, 2}};
+      {false, false, {64}},       {false, false, {128}},          {true, false, {128}},
+      {true, true, {128, 32, 2}}, {true, true, {128, 16, 2}},     {true, true, {128, 32, 3}},
+      {true, true, {128, 16, 3}}, {true, true, {128, 16, 2, 32}}, {true, true, {128, 16, 3, 32}},
+      {true, true, {192, 16, 2}}, {true, true, {192, 16, 3}},     {true, true, {64, 16, 2}}};
   for (const FlashConfig& config : configs) {
-    const int tile = config.tile, warp_queries = config.warp_queries;
+    const FlashBf16Layout& layout = config.layout;
+    const int tile = layout.tile_queries, warp_queries = layout.warp_queries;
     const bool bf16 = config.bf16_cache, bf16_kernel = config.bf16_kernel;
     const KvDtype cache_dtype = bf16 ? KvDtype::kBF16 : KvDtype::kActivation;
-    Must(b.SetFlashTileQueries(tile), "flash tile size");
     b.SetFlashBf16(bf16_kernel);
-    Must(b.SetFlashWarpQueries(warp_queries), "flash warp queries");
-    Must(b.SetFlashStages(config.stages), "flash stages");
-    Must(b.SetFlashKeyTile(config.key_tile), "flash key tile");
+    Must(b.SetFlashLayout(layout), "flash layout");
     for (int t : z.prefill_tokens) {
       const PrefillCall call(b, t, heads, dh, cache_dtype);
       const double sec = TimeIt(b, 3, [&] { Must(b.Attention(call.args), "prefill attention"); });
@@ -371,16 +368,16 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
             absl::StrCat(
                 "T=", t, " H=", heads, " Dh=", dh, ", ", tile, "-query blocks",
                 bf16_kernel ? absl::StrCat(" of ", tile / warp_queries, " warps") : std::string(),
-                config.stages != kFlashDefaultStages
-                    ? absl::StrCat(", ", config.stages, " K/V stages")
+                layout.stages != kFlashDefaultStages
+                    ? absl::StrCat(", ", layout.stages, " K/V stages")
                     : std::string(),
-                config.key_tile != kFlashDefaultKeyTile
-                    ? absl::StrCat(", ", config.key_tile, "-key tiles")
+                layout.key_tile != kFlashDefaultKeyTile
+                    ? absl::StrCat(", ", layout.key_tile, "-key tiles")
                     : std::string(),
                 tile == kFlashDefaultTileQueries &&
                         (!bf16_kernel || (warp_queries == kFlashDefaultWarpQueries &&
-                                          config.stages == kFlashDefaultStages &&
-                                          config.key_tile == kFlashDefaultKeyTile))
+                                          layout.stages == kFlashDefaultStages &&
+                                          layout.key_tile == kFlashDefaultKeyTile))
                     ? " (default)"
                     : ""),
             Fmt(tflops, "TFLOP/s"),
@@ -394,11 +391,8 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
       rows.Add(r);
     }
   }
-  Must(b.SetFlashTileQueries(kFlashDefaultTileQueries), "flash tile size");
   b.SetFlashBf16(true);
-  Must(b.SetFlashWarpQueries(kFlashDefaultWarpQueries), "flash warp queries");
-  Must(b.SetFlashStages(kFlashDefaultStages), "flash stages");
-  Must(b.SetFlashKeyTile(kFlashDefaultKeyTile), "flash key tile");
+  Must(b.SetFlashLayout(FlashBf16Layout{}), "flash layout");
 
   // The longest prompt again in sliding windows of a quarter and an eighth of it (Mistral
   // 7B v0.1's 4096 at 16k), default kernel on a bf16 cache: the blocks skip the tiles

@@ -69,10 +69,7 @@ void RunBf16FlashLayout(CudaBackend& backend, int tile, int warp_queries, int st
   static_assert(kFlashDefaultTileQueries == 128 && kFlashDefaultWarpQueries == 16 &&
                     kFlashDefaultStages == 2 && kFlashDefaultKeyTile == 64,
                 "then the tests below should run the other layouts");
-  ASSERT_TRUE(backend.SetFlashTileQueries(tile).ok());
-  ASSERT_TRUE(backend.SetFlashWarpQueries(warp_queries).ok());
-  ASSERT_TRUE(backend.SetFlashStages(stages).ok());
-  ASSERT_TRUE(backend.SetFlashKeyTile(key_tile).ok());
+  ASSERT_TRUE(backend.SetFlashLayout({tile, warp_queries, stages, key_tile}).ok());
   std::mt19937_64 rng(6);
   std::vector<parity::ParityResult> results;
   int shapes = 0;
@@ -87,10 +84,7 @@ void RunBf16FlashLayout(CudaBackend& backend, int tile, int warp_queries, int st
   EXPECT_GE(shapes, 4);
   int uploads = -1;
   results.push_back(parity::AttentionBatchFlashCase(backend, rng, &uploads, true));
-  ASSERT_TRUE(backend.SetFlashTileQueries(kFlashDefaultTileQueries).ok());
-  ASSERT_TRUE(backend.SetFlashWarpQueries(kFlashDefaultWarpQueries).ok());
-  ASSERT_TRUE(backend.SetFlashStages(kFlashDefaultStages).ok());
-  ASSERT_TRUE(backend.SetFlashKeyTile(kFlashDefaultKeyTile).ok());
+  ASSERT_TRUE(backend.SetFlashLayout(FlashBf16Layout{}).ok());
   for (const parity::ParityResult& r : results) {
     std::cerr << "[ parity   ] " << layout << ": " << r.name << ": error " << r.err
               << ", tolerance " << r.tol << "\n";
@@ -237,10 +231,9 @@ TEST_F(CudaBackendTest, FlashIgnoresWhatTheCacheHoldsPastTheBlocksKeys) {
                    << ", warps of " << warp_queries << ", stages " << layout.stages << ", tile "
                    << layout.tile << ", keys a tile " << layout.key_tile);
       if (bf16_kernel) {
-        ASSERT_TRUE(backend_->SetFlashWarpQueries(warp_queries).ok());
-        ASSERT_TRUE(backend_->SetFlashStages(layout.stages).ok());
-        ASSERT_TRUE(backend_->SetFlashTileQueries(layout.tile).ok());
-        ASSERT_TRUE(backend_->SetFlashKeyTile(layout.key_tile).ok());
+        ASSERT_TRUE(
+            backend_->SetFlashLayout({layout.tile, warp_queries, layout.stages, layout.key_tile})
+                .ok());
       }
       const parity::AttnShape s{.label = "keys past the block's",
                                 .tq = 64,
@@ -286,10 +279,7 @@ TEST_F(CudaBackendTest, FlashIgnoresWhatTheCacheHoldsPastTheBlocksKeys) {
     }
   }
   backend_->SetFlashBf16(true);
-  ASSERT_TRUE(backend_->SetFlashWarpQueries(kFlashDefaultWarpQueries).ok());
-  ASSERT_TRUE(backend_->SetFlashStages(kFlashDefaultStages).ok());
-  ASSERT_TRUE(backend_->SetFlashTileQueries(kFlashDefaultTileQueries).ok());
-  ASSERT_TRUE(backend_->SetFlashKeyTile(kFlashDefaultKeyTile).ok());
+  ASSERT_TRUE(backend_->SetFlashLayout(FlashBf16Layout{}).ok());
 }
 
 }  // namespace
