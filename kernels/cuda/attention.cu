@@ -13,20 +13,14 @@
 #include "kernels/cuda/kv_load.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/split_kv_common.cuh"
 
 namespace kvlens::kernels::cuda {
 namespace {
 
 // ---------------------------------------------------------------------------------------
 // Split-KV (decode, short chunks, head sizes the flash kernel lacks). Block (i, g, split):
-// query row i, KV head g, keys [b + split·span, b + (split+1)·span) ∩ [0, key end), where
-// b is 0, or under a sliding window the step holding the row's first key in it, and span
-// is the row's own keys from b over the splits (rounded up to whole steps of kStep keys): the
-// work follows each row's own keys, however unequal the rows' key ends, or however far
-// the launch's key count (the longest row's, or a recorded step's padded one) exceeds
-// them. With few keys a split the rounding can leave the last splits empty (a key end
-// of 40 over 8 splits of 8-key steps fills 5); SplitKvCombineKernel gives an empty
-// split (m = −∞) weight 0.
+// query row i, KV head g, the split's keys (SplitKeysOf, split_kv_common.cuh).
 //
 // Each K/V row is read once per head tile, by one warp, for every query head of the tile:
 // the block's kWarps warps (kSplitKvWarps, or kSplitKvWideWarps: attention.h) take turns over steps
@@ -192,94 +186,6 @@ __device__ __forceinline__ void ReadShared(const float* src, float (&dst)[N]) {
   }
 }
 
-// The merge weights of one head's splits, by one warp: weight[s] = 2^(m_s − M), 0 for a
-// split that saw no key (M the largest m_s); returns Σ_s weight[s] · l_s to every lane.
-// w: the head's partials, [splits, D + 2]. A lane requests all of its splits' m and l at
-// once, past L1 (the splits were written by other blocks, on other SMs).
-__device__ __forceinline__ float SplitWeights(const float* w, int num_splits, int D,
-                                              float* weight) {
-  constexpr int kPerLane = kSplitKvMaxSplits / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  float m[kPerLane], l[kPerLane];
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    const int s = lane + 32 * k;
-    m[k] = s < num_splits ? __ldcg(w + s * (D + 2)) : -INFINITY;
-    l[k] = s < num_splits ? __ldcg(w + s * (D + 2) + 1) : 0.0f;
-  }
-  float m_max = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) m_max = fmaxf(m_max, m[k]);
-  m_max = WarpReduce(m_max, MaxOp());
-  float l_sum = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    const float e = m[k] == -INFINITY ? 0.0f : exp2f(m[k] - m_max);
-    if (lane + 32 * k < num_splits) weight[lane + 32 * k] = e;
-    l_sum += e * l[k];
-  }
-  return WarpReduce(l_sum, SumOp());
-}
-
-// The combine folded into the split-KV launch (LaunchSplitKv with `arrivals`): each block
-// of (row i, KV head g) counts itself in arrivals[i · kv_heads + g] once its partial
-// results are written, and the block that arrives last (all the others' partials are then
-// in memory: each made its writes visible before counting) merges the group's heads as
-// SplitKvCombineKernel does, and sets the count back to 0 for the next launch (a replayed
-// graph's too). Saves the combine's launch, and its wait for the slowest split of all rows:
-// a row's merge starts as soon as its own splits are done. The merging block takes up to
-// kHeads heads at once: its warps find their weights (SplitWeights, a warp a head), then
-// each thread sums (head, dim) pairs, requesting 8 splits' values at a time. (Until
-// 2026-12-05 it merged head after head, a warp's loop finding the weights and each
-// thread's loop over the splits waiting on one load at a time: on the H200, 35.5 us
-// against 25.4 with the combine launch, at 8k keys and 64 splits.)
-template <int kWarps>
-__device__ void CombineIfLast(const AttentionParams& p, int i, int g, int num_splits,
-                              const float* workspace, int* arrivals) {
-  constexpr int kHeads = 8;  // heads merged at once
-  constexpr int kBatch = 8;  // splits whose values a thread requests together
-  __shared__ int last;
-  __shared__ float weight[kHeads][kSplitKvMaxSplits];  // SplitWeights
-  __shared__ float total[kHeads];
-  __threadfence();  // this block's partials, visible to whichever block merges them
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&arrivals[i * p.num_kv_heads + g], 1) == num_splits - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int group = p.num_heads / p.num_kv_heads, D = p.head_dim;
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const auto partials = [&](int h) {
-    return workspace + (static_cast<int64_t>(i) * p.num_heads + h) * num_splits * (D + 2);
-  };
-  for (int t0 = 0; t0 < group; t0 += kHeads) {
-    const int heads = min(kHeads, group - t0);
-    for (int t = warp; t < heads; t += kWarps) {
-      const float l_sum = SplitWeights(partials(g * group + t0 + t), num_splits, D, weight[t]);
-      if (threadIdx.x % 32 == 0) total[t] = l_sum;
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < heads * D; idx += blockDim.x) {
-      const int t = idx / D, d = idx % D, h = g * group + t0 + t;
-      const float* v = partials(h) + 2 + d;
-      float acc = 0.0f;
-      for (int s0 = 0; s0 < num_splits; s0 += kBatch) {
-        float x[kBatch];
-#pragma unroll
-        for (int k = 0; k < kBatch; ++k)
-          x[k] = s0 + k < num_splits ? __ldcg(v + (s0 + k) * (D + 2)) : 0.0f;
-#pragma unroll
-        for (int k = 0; k < kBatch; ++k)
-          if (s0 + k < num_splits) acc += weight[t][s0 + k] * x[k];
-      }
-      p.out[static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D + d] =
-          acc / total[t];
-    }
-    __syncthreads();  // weight and total are the next heads'
-  }
-  if (threadIdx.x == 0) arrivals[i * p.num_kv_heads + g] = 0;
-}
-
 template <int C, int kTileHeads, bool kVec, typename KT, int kWarps>
 __global__ void __launch_bounds__(
     kWarps * 32, SplitKvShape<C, kTileHeads, kSplitStepKeys<KT, kTileHeads>, kWarps>::kMinBlocks)
@@ -299,16 +205,8 @@ __global__ void __launch_bounds__(
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = p.num_heads / p.num_kv_heads;
   const int D = p.head_dim;
-  const int key_end = p.row_key_end != nullptr ? p.row_key_end[i] : CausalEnd(p, i);
-  // A sliding window (causal, so the row is position key_end − 1) hides keys below
-  // key_begin: the splits share the keys from there (from the step holding it: steps start
-  // at multiples of kStep), not from 0, where most splits of a long context would be idle.
-  const int key_begin = p.window > 0 ? max(0, key_end - p.window) : 0;
-  const int steps_begin = key_begin / kStep * kStep;
-  const int span =
-      ((key_end - steps_begin + num_splits - 1) / num_splits + kStep - 1) / kStep * kStep;
-  const int j_begin = steps_begin + split * span;
-  const int j_end = min(key_end, j_begin + span);
+  const SplitKeys keys = SplitKeysOf(p, i, split, num_splits, kStep);
+  const int key_begin = keys.key_begin, j_begin = keys.j_begin, j_end = keys.j_end;
   const int q_doc = p.q_doc != nullptr ? p.q_doc[i] : 0;
   // Batched: this row's sequence's blocks.
   const int32_t* table =
@@ -476,31 +374,7 @@ __global__ void __launch_bounds__(
       }
     }
     __syncthreads();
-    const int tile = min(kTile, group - h0);
-    for (int idx = threadIdx.x; idx < tile * D; idx += blockDim.x) {
-      const int t = idx / D, d = idx % D, h = g * group + h0 + t;
-      float m_max = -INFINITY;
-      for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, part_ml[w][t][0]);
-      float l_sum = 0.0f, a = 0.0f;
-      for (int w = 0; w < kWarps; ++w) {
-        if (part_ml[w][t][0] == -INFINITY) continue;  // this warp saw no key
-        const float e = exp2f(part_ml[w][t][0] - m_max);
-        l_sum += e * part_ml[w][t][1];
-        a += e * part_acc[w][t][d];
-      }
-      if (num_splits == 1) {
-        // l_sum > 0: the row sees a key (checked on the host).
-        p.out[static_cast<int64_t>(i) * p.out_stride + static_cast<int64_t>(h) * D + d] = a / l_sum;
-      } else {
-        float* w = workspace +
-                   ((static_cast<int64_t>(i) * p.num_heads + h) * num_splits + split) * (D + 2);
-        if (d == 0) {
-          w[0] = m_max;
-          w[1] = l_sum;
-        }
-        w[2 + d] = a;
-      }
-    }
+    MergeWarps(p, part_ml, part_acc, i, g, h0, split, num_splits, workspace);
     __syncthreads();  // the next head tile reuses part_ml and part_acc
   }
   if (num_splits > 1 && arrivals != nullptr)
@@ -687,25 +561,29 @@ absl::StatusOr<int> SplitKvBlocksPerSm(int variant) {
   return std::max(blocks, 1);
 }
 
-int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm, int warps) {
+int SplitsForOneWave(const AttentionParams& p, int64_t slots, int64_t min_keys, int step) {
   const int64_t blocks = static_cast<int64_t>(p.num_queries) * p.num_kv_heads;
   // One full wave: as many blocks as fit at once, no partial second wave.
-  const int64_t slots = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
-  const int64_t want = std::max<int64_t>(1, slots / blocks);
-  // At least 4 steps of 4 keys for each of the block's warps a split (64 keys with 4 warps)
-  // on an fp32 cache, 2 steps on a bf16 one (8-key steps). A row reads at most a sliding
-  // window's keys.
-  const int variant = SplitKvVariant(p, warps);
-  const int64_t min_keys = 4 * SplitKvVariantWarps(variant) * kStepKeys;
+  const int64_t want = std::max<int64_t>(1, std::max<int64_t>(slots, 1) / blocks);
+  // A row reads at most a sliding window's keys.
   const int64_t row_keys = p.window > 0 ? std::min(p.num_keys, p.window) : p.num_keys;
   const int64_t by_keys = std::max<int64_t>(1, row_keys / min_keys);
   const int64_t splits = std::clamp<int64_t>(std::min(want, by_keys), 1, kSplitKvMaxSplits);
-  // The kernel gives each split a span of whole steps (SplitKvKernel): count the splits
+  // The kernels give each split a span of whole steps (SplitKeysOf): count the splits
   // those spans fill, so that no block is launched without keys (66 splits of 8192 keys
   // are spans of 128, which 64 fill) and the combine reads no empty partials.
-  const int step = SplitStepKeys((variant & 16) != 0, 1 << ((variant >> 2) & 3));
   const int64_t span = ((row_keys + splits - 1) / splits + step - 1) / step * step;
   return static_cast<int>(std::max<int64_t>(1, (row_keys + span - 1) / span));
+}
+
+int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm, int warps) {
+  // At least 4 steps of 4 keys for each of the block's warps a split (64 keys with 4 warps)
+  // on an fp32 cache, 2 steps on a bf16 one (8-key steps).
+  const int variant = SplitKvVariant(p, warps);
+  const int64_t min_keys = 4 * SplitKvVariantWarps(variant) * kStepKeys;
+  const int step = SplitStepKeys((variant & 16) != 0, 1 << ((variant >> 2) & 3));
+  return SplitsForOneWave(p, static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1), min_keys,
+                          step);
 }
 
 bool SplitKvVectorized(const AttentionParams& p) {
@@ -741,13 +619,18 @@ absl::Status LaunchSplitKv(const AttentionParams& p, int warps, int num_splits, 
   LaunchKernel("SplitKvKernel", kernel, grid, block, 0, stream, p, num_splits, workspace,
                num_splits > 1 ? arrivals : nullptr);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvKernel");
-  if (num_splits > 1 && arrivals == nullptr) {
-    const dim3 combine_grid(p.num_queries, p.num_heads);
-    const int threads = SplitKvCombineThreads(p.head_dim);
-    LaunchKernel("SplitKvCombineKernel", SplitKvCombineKernel, combine_grid, threads, 0, stream, p,
-                 num_splits, workspace);
-    KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvCombineKernel");
-  }
+  if (num_splits > 1 && arrivals == nullptr)
+    return LaunchSplitKvCombine(p, num_splits, workspace, stream);
+  return absl::OkStatus();
+}
+
+absl::Status LaunchSplitKvCombine(const AttentionParams& p, int num_splits, const float* workspace,
+                                  cudaStream_t stream) {
+  const dim3 combine_grid(p.num_queries, p.num_heads);
+  const int threads = SplitKvCombineThreads(p.head_dim);
+  LaunchKernel("SplitKvCombineKernel", SplitKvCombineKernel, combine_grid, threads, 0, stream, p,
+               num_splits, workspace);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvCombineKernel");
   return absl::OkStatus();
 }
 

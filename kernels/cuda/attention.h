@@ -175,6 +175,13 @@ int64_t SplitKvArrivalCounts(const AttentionParams& p);
 // KV head to finish, in the same launch. warps: as SplitKvVariant's.
 absl::Status LaunchSplitKv(const AttentionParams& p, int warps, int num_splits, float* workspace,
                            int* arrivals, cudaStream_t stream);
+// LaunchSplitKv's second launch: the splits' partial results in
+// `workspace` merged into p.out.
+absl::Status LaunchSplitKvCombine(const AttentionParams& p, int num_splits, const float* workspace,
+                                  cudaStream_t stream);
+// ChooseNumSplits for a split-KV kernel whose splits take at least min_keys keys each, in
+// whole steps of `step` keys, with `slots` of its blocks on the device at once.
+int SplitsForOneWave(const AttentionParams& p, int64_t slots, int64_t min_keys, int step);
 
 // scores and probs: [H, Tq, Tk] device buffers (scratch when the caller wants neither).
 absl::Status LaunchMaterialized(const AttentionParams& p, float* scores, float* probs,
