@@ -1,4 +1,5 @@
-// Launchers of the attention kernels (attention.cu, flash_prefill.cu, flash_prefill_bf16.cu).
+// Launchers of the attention kernels (attention.cu, split_kv_mma.cu, flash_prefill.cu,
+// flash_prefill_bf16.cu).
 // All pointers are device pointers;
 // CudaBackend validates the call on the host first (attention_check.h, including the "row
 // with no visible key" error), uploads the block table and document ids, and picks one:
@@ -16,7 +17,8 @@
 //                   option) take turns over the keys and each K/V row is read once for
 //                   all the GQA group's heads (8 at a time, 4 past Dh 128); partial
 //                   (m, l, acc) per split merged by a second kernel (or, as an option,
-//                   by the split's last block to finish).
+//                   by the split's last block to finish). As an option over a bf16
+//                   cache at Dh 64 and 128, its twin on tensor cores (split_kv_mma.cu).
 //   materialised    when probabilities or scores are requested: fp32, writes S and A
 //                   [H, Tq, Tk] and computes O = A·V from exactly the A it returns.
 //
@@ -175,13 +177,37 @@ int64_t SplitKvArrivalCounts(const AttentionParams& p);
 // KV head to finish, in the same launch. warps: as SplitKvVariant's.
 absl::Status LaunchSplitKv(const AttentionParams& p, int warps, int num_splits, float* workspace,
                            int* arrivals, cudaStream_t stream);
-// LaunchSplitKv's second launch: the splits' partial results in
+// LaunchSplitKv's second launch (and LaunchSplitKvMma's): the splits' partial results in
 // `workspace` merged into p.out.
 absl::Status LaunchSplitKvCombine(const AttentionParams& p, int num_splits, const float* workspace,
                                   cudaStream_t stream);
 // ChooseNumSplits for a split-KV kernel whose splits take at least min_keys keys each, in
 // whole steps of `step` keys, with `slots` of its blocks on the device at once.
 int SplitsForOneWave(const AttentionParams& p, int64_t slots, int64_t min_keys, int step);
+
+// Split-KV on tensor cores (split_kv_mma.cu; CudaBackend::SetSplitKvTensorCores, off by
+// default): the same blocks, splits and partial results as SplitKvKernel, for a bf16
+// cache at head sizes 64 and 128, where SplitKvKernel is bound by its instruction issue
+// (8 keys × 128 dims × the GQA group's heads of fp32 FMAs a step, plus the lanes' sums).
+// A warp takes 16 keys a step: Q·Kᵀ for up to 16 heads of the group as the M of mma.sync
+// m16n8k16 (bf16 in, fp32 sums: 16 products a step at Dh 128), the online softmax on the
+// product's fragments, and P·V as 16 more, with P rounded to bf16 (as the bf16 flash
+// kernel; Q too). Each lane loads 16 bytes of a row at a time, K and V straight into
+// their fragments (V's pairs of keys formed by byte permutes), 256 bytes a step in flight.
+// Needs a bf16 cache with kv_row_stride a multiple of 8, k and v 16-byte aligned, q
+// 16-byte aligned with q_stride a multiple of 4; documents, windows, the soft cap and
+// batched rows as SplitKvKernel.
+inline constexpr int kSplitKvMmaWarps = 4;
+inline constexpr int kSplitKvMmaStepKeys = 16;
+bool SplitKvMmaSupports(const AttentionParams& p);
+// Blocks of p's tensor-core kernel that fit on one SM at once (at least 1).
+absl::StatusOr<int> SplitKvMmaBlocksPerSm(const AttentionParams& p);
+// Splits for one full wave, at least 2 steps of each warp a split (128 keys).
+int ChooseNumSplitsMma(const AttentionParams& p, int num_sms, int blocks_per_sm);
+// As LaunchSplitKv (the workspace, arrivals and combine alike) for p where
+// SplitKvMmaSupports(p).
+absl::Status LaunchSplitKvMma(const AttentionParams& p, int num_splits, float* workspace,
+                              int* arrivals, cudaStream_t stream);
 
 // scores and probs: [H, Tq, Tk] device buffers (scratch when the caller wants neither).
 absl::Status LaunchMaterialized(const AttentionParams& p, float* scores, float* probs,

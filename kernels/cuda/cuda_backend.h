@@ -157,6 +157,12 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // (one block an SM, a quarter of the splits; where the head tile allows: attention.h).
   // Off the default until a GPU has timed it (kvlens_gpu_check's decode rows).
   absl::Status SetSplitKvWarps(int warps);
+  // Whether split-KV launches over a bf16 cache run on tensor cores where they can
+  // (SplitKvMmaSupports: head sizes 64 and 128; attention.h), Q and P rounded to bf16 as
+  // the bf16 flash kernel rounds them; the warps option does not apply there. Off by
+  // default until a GPU has timed it (kvlens_gpu_check's decode rows).
+  void SetSplitKvTensorCores(bool on) { split_kv_tensor_cores_ = on; }
+  bool split_kv_tensor_cores() const { return split_kv_tensor_cores_; }
 
   // The forward step's launches, recorded and run as a CUDA graph when an identical step
   // ran before (see the top of the file). On by default.
@@ -379,6 +385,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   bool split_kv_fused_combine_ = false;                // SetSplitKvFusedCombine
   int split_kv_warps_ = kSplitKvWarps;                 // SetSplitKvWarps
   int split_kv_blocks_per_sm_[kSplitKvVariants] = {};  // by SplitKvVariant, 0: not asked yet
+  bool split_kv_tensor_cores_ = false;                 // SetSplitKvTensorCores
+  int split_kv_mma_blocks_per_sm_[2] = {};             // by head size 64, 128; 0: not asked yet
   std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
   // RopeQKStoreKv's and RmsNormQkvRopeStoreKv's positions and cache rows
   std::vector<unsigned char> rope_store_pack_;

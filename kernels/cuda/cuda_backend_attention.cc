@@ -107,16 +107,20 @@ absl::Status CudaBackend::AttentionImpl(const AttentionArgs<float>& a) {
 }
 
 absl::Status CudaBackend::SplitKv(const AttentionParams& p) {
-  const int variant = SplitKvVariant(p, split_kv_warps_);
-  if (split_kv_blocks_per_sm_[variant] == 0) {
-    absl::StatusOr<int> per_sm = SplitKvBlocksPerSm(variant);
-    if (!per_sm.ok()) return per_sm.status();
-    split_kv_blocks_per_sm_[variant] = *per_sm;
+  // The kernel (tensor cores, or SplitKvKernel's variant), its blocks an SM (asked once)
+  // and its split count.
+  const bool mma = split_kv_tensor_cores_ && SplitKvMmaSupports(p);
+  int& per_sm = mma ? split_kv_mma_blocks_per_sm_[p.head_dim == 64 ? 0 : 1]
+                    : split_kv_blocks_per_sm_[SplitKvVariant(p, split_kv_warps_)];
+  if (per_sm == 0) {
+    absl::StatusOr<int> asked =
+        mma ? SplitKvMmaBlocksPerSm(p) : SplitKvBlocksPerSm(SplitKvVariant(p, split_kv_warps_));
+    if (!asked.ok()) return asked.status();
+    per_sm = *asked;
   }
-  const int splits =
-      split_kv_splits_ > 0
-          ? split_kv_splits_
-          : ChooseNumSplits(p, num_sms_, split_kv_blocks_per_sm_[variant], split_kv_warps_);
+  const int splits = split_kv_splits_ > 0 ? split_kv_splits_
+                     : mma                ? ChooseNumSplitsMma(p, num_sms_, per_sm)
+                                          : ChooseNumSplits(p, num_sms_, per_sm, split_kv_warps_);
   if (const int64_t ws = SplitKvWorkspaceFloats(p, splits); ws > 0) {
     if (absl::Status s = ReserveScratch(attention_workspace_, sizeof(float) * ws); !s.ok()) {
       return s;
@@ -135,6 +139,7 @@ absl::Status CudaBackend::SplitKv(const AttentionParams& p) {
     }
     arrivals = split_kv_arrivals_.as<int>();
   }
+  if (mma) return Launch(&LaunchSplitKvMma, p, splits, attention_workspace_.as<float>(), arrivals);
   return Launch(&LaunchSplitKv, p, split_kv_warps_, splits, attention_workspace_.as<float>(),
                 arrivals);
 }

@@ -196,6 +196,77 @@ TEST_F(CudaBackendTest, WideSplitBlocksWithinTolerance) {
   ASSERT_TRUE(backend_->SetSplitKvWarps(kSplitKvWarps).ok());
 }
 
+// Split-KV on tensor cores (SetSplitKvTensorCores) gives the reference's answers within
+// twice the naive bf16 run's error (Q, K, P and V rounded to bf16): the parity table's
+// decode and short-chunk shapes at head sizes 64 and 128 on a bf16 cache in 16-byte pieces
+// (GQA groups 1 to 8, blocks of 4, 8, 12 and 16 rows, 1 to 5 query rows, a sliding window,
+// the soft cap), a group of 16 heads (both halves of the product's rows) and one of 32 (two
+// head tiles), and the batched decode case (documents, rows of unequal key counts), at the
+// automatic, 5 and 128 splits, with the combine launch and merged by the last block. Every
+// one of those shapes runs on tensor cores; the rest of the table's split-KV shapes do not.
+TEST_F(CudaBackendTest, TensorCoreSplitKvWithinTolerance) {
+  std::vector<parity::AttnShape> shapes;
+  for (parity::AttnShape s : parity::AttentionShapes()) {
+    if (s.want_maps || s.want_probs_only || s.bf16_cache || s.tq >= kFlashMinQueries) continue;
+    if (s.dh != 64 && s.dh != 128) continue;
+    s.bf16_cache = true;
+    s.kv_pad = 8;
+    s.label += ", rows in 16-byte pieces";
+    shapes.push_back(s);
+  }
+  ASSERT_GE(shapes.size(), 8u);
+  for (const int heads : {16, 32}) {
+    shapes.push_back({.label = absl::StrCat("decode GQA ", heads, "/1, rows in 16-byte pieces"),
+                      .tq = 1,
+                      .tk = 700,
+                      .heads = heads,
+                      .kv_heads = 1,
+                      .dh = heads == 16 ? 64 : 128,
+                      .offset = 699,
+                      .block_size = 16,
+                      .kv_pad = 8,
+                      .bf16_cache = true});
+  }
+  backend_->SetSplitKvTensorCores(true);
+  std::mt19937_64 rng(14);
+  int cases = 0, on_tensor_cores = 0;
+  for (bool fused : {false, true}) {
+    backend_->SetSplitKvFusedCombine(fused);
+    for (int splits : {0, 5, 128}) {
+      ASSERT_TRUE(backend_->SetSplitKvSplits(splits).ok());
+      const std::string how = absl::StrCat(", ", splits, " splits", fused ? ", fused" : "");
+      for (const parity::AttnShape& s : shapes) {
+        for (const parity::ParityResult& r : parity::AttentionCase(*backend_, rng, s)) {
+          ++cases;
+          on_tensor_cores += r.name.find("split-KV tensor cores") != std::string::npos;
+          EXPECT_TRUE(r.pass()) << r.name << how << ": " << r.status << ", error " << r.err << " > "
+                                << r.tol;
+        }
+      }
+      const parity::ParityResult batch =
+          parity::AttentionBatchSplitKvCase(*backend_, rng, /*bf16_cache=*/true);
+      EXPECT_TRUE(batch.pass()) << batch.name << how << ": " << batch.status << ", error "
+                                << batch.err << " > " << batch.tol;
+    }
+  }
+  EXPECT_EQ(on_tensor_cores, cases);
+  // The fp32 cache and head size 256 keep SplitKvKernel (the label of their fp32 path).
+  for (const parity::AttnShape& s : parity::AttentionShapes()) {
+    if (s.label != "decode long GQA 8/1" && s.label != "decode head size 256 GQA 8/1") continue;
+    parity::AttnShape v = s;
+    v.bf16_cache = s.dh == 256;
+    v.kv_pad = 8;
+    for (const parity::ParityResult& r : parity::AttentionCase(*backend_, rng, v)) {
+      EXPECT_NE(r.name.find(" split-KV"), std::string::npos) << r.name;
+      EXPECT_EQ(r.name.find("tensor cores"), std::string::npos) << r.name;
+      EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
+    }
+  }
+  backend_->SetSplitKvFusedCombine(false);
+  backend_->SetSplitKvTensorCores(false);
+  ASSERT_TRUE(backend_->SetSplitKvSplits(0).ok());
+}
+
 // SetSplitKvSplits (kvlens_gpu_check's sweep): any fixed number of key splits, more than
 // some rows have keys for included, gives the reference's outputs within the parity
 // tolerance, on fp32 and bf16 caches; out of range is an error naming the limit.

@@ -33,16 +33,23 @@ struct AttnShape {
 };
 
 // Which precision the backend's path for a call rounds Q, K, P and V to: fp16 for the flash
-// kernel, bf16 for its bf16 twin (a bf16 cache in 16-byte pieces), fp32 otherwise.
+// kernel, bf16 for its bf16 twin (a bf16 cache in 16-byte pieces) and for split-KV on
+// tensor cores (SetSplitKvTensorCores, where it applies), fp32 otherwise (maps included).
 inline DType AttentionPathDType(const CudaBackend& gpu, const AttentionArgs<float>& a, bool flash) {
-  if (!flash) return DType::kF32;
   AttentionParams p;
+  p.q = a.q;
+  p.q_stride = a.q_stride;
   p.k = a.kv.k;
   p.v = a.kv.v;
   p.kv_row_stride = a.kv.row_stride;
   p.kv_dtype = a.kv.dtype;
   p.head_dim = a.head_dim;
   p.softcap = static_cast<float>(a.softcap);
+  if (!flash) {
+    const bool maps = a.probs != nullptr || a.scores != nullptr;
+    return !maps && gpu.split_kv_tensor_cores() && SplitKvMmaSupports(p) ? DType::kBF16
+                                                                         : DType::kF32;
+  }
   return gpu.flash_bf16() && FlashPrefillBf16Supports(p) ? DType::kBF16 : DType::kF16;
 }
 
@@ -250,10 +257,11 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
       naive_rows.push_back(c < q_width ? naive[i * q_width + c] : kNaN);
     }
   }
-  const char* kernel = path == DType::kBF16 ? " flash bf16"
-                       : flash              ? " flash"
-                       : maps               ? " materialised"
-                                            : " split-KV";
+  const char* kernel = maps                            ? " materialised"
+                       : flash && path == DType::kBF16 ? " flash bf16"
+                       : flash                         ? " flash"
+                       : path == DType::kBF16          ? " split-KV tensor cores"
+                                                       : " split-KV";
   std::vector<ParityResult> results = {Judge(name + kernel, got, naive_rows, want)};
   if (maps) {
     auto probs = FromDevice(gpu, *dprobs, map_size);
