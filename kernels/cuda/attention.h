@@ -200,8 +200,11 @@ int SplitsForOneWave(const AttentionParams& p, int64_t slots, int64_t min_keys, 
 inline constexpr int kSplitKvMmaWarps = 4;
 inline constexpr int kSplitKvMmaStepKeys = 16;
 bool SplitKvMmaSupports(const AttentionParams& p);
-// Blocks of p's tensor-core kernel that fit on one SM at once (at least 1).
-absl::StatusOr<int> SplitKvMmaBlocksPerSm(const AttentionParams& p);
+// Which of its kernels p takes (0…kSplitKvMmaVariants − 1: head size 128, heads a tile 16
+// for GQA groups past 8), and how many of its blocks fit on one SM at once (at least 1).
+inline constexpr int kSplitKvMmaVariants = 4;
+int SplitKvMmaVariant(const AttentionParams& p);
+absl::StatusOr<int> SplitKvMmaBlocksPerSm(int variant);
 // Splits for one full wave, at least 2 steps of each warp a split (128 keys).
 int ChooseNumSplitsMma(const AttentionParams& p, int num_sms, int blocks_per_sm);
 // As LaunchSplitKv (the workspace, arrivals and combine alike) for p where

@@ -386,7 +386,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   int split_kv_warps_ = kSplitKvWarps;                 // SetSplitKvWarps
   int split_kv_blocks_per_sm_[kSplitKvVariants] = {};  // by SplitKvVariant, 0: not asked yet
   bool split_kv_tensor_cores_ = false;                 // SetSplitKvTensorCores
-  int split_kv_mma_blocks_per_sm_[2] = {};             // by head size 64, 128; 0: not asked yet
+  int split_kv_mma_blocks_per_sm_[kSplitKvMmaVariants] = {};  // by SplitKvMmaVariant, 0: not yet
   std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
   // RopeQKStoreKv's and RmsNormQkvRopeStoreKv's positions and cache rows
   std::vector<unsigned char> rope_store_pack_;

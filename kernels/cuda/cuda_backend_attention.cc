@@ -110,11 +110,10 @@ absl::Status CudaBackend::SplitKv(const AttentionParams& p) {
   // The kernel (tensor cores, or SplitKvKernel's variant), its blocks an SM (asked once)
   // and its split count.
   const bool mma = split_kv_tensor_cores_ && SplitKvMmaSupports(p);
-  int& per_sm = mma ? split_kv_mma_blocks_per_sm_[p.head_dim == 64 ? 0 : 1]
-                    : split_kv_blocks_per_sm_[SplitKvVariant(p, split_kv_warps_)];
+  const int variant = mma ? SplitKvMmaVariant(p) : SplitKvVariant(p, split_kv_warps_);
+  int& per_sm = mma ? split_kv_mma_blocks_per_sm_[variant] : split_kv_blocks_per_sm_[variant];
   if (per_sm == 0) {
-    absl::StatusOr<int> asked =
-        mma ? SplitKvMmaBlocksPerSm(p) : SplitKvBlocksPerSm(SplitKvVariant(p, split_kv_warps_));
+    absl::StatusOr<int> asked = mma ? SplitKvMmaBlocksPerSm(variant) : SplitKvBlocksPerSm(variant);
     if (!asked.ok()) return asked.status();
     per_sm = *asked;
   }

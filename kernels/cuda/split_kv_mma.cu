@@ -252,12 +252,17 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
 }
 
 using SplitKvMmaKernelPtr = void (*)(AttentionParams, int, float*, int*);
-SplitKvMmaKernelPtr SplitKvMmaKernelOf(const AttentionParams& p) {
-  const bool two_halves = p.num_heads / p.num_kv_heads > 8;
-  if (p.head_dim == 64) {
-    return two_halves ? SplitKvMmaKernel<64, 16> : SplitKvMmaKernel<64, 8>;
+SplitKvMmaKernelPtr SplitKvMmaKernelOf(int variant) {
+  switch (variant) {
+    case 0:
+      return SplitKvMmaKernel<64, 8>;
+    case 1:
+      return SplitKvMmaKernel<64, 16>;
+    case 2:
+      return SplitKvMmaKernel<128, 8>;
+    default:
+      return SplitKvMmaKernel<128, 16>;
   }
-  return two_halves ? SplitKvMmaKernel<128, 16> : SplitKvMmaKernel<128, 8>;
 }
 
 }  // namespace
@@ -269,10 +274,15 @@ bool SplitKvMmaSupports(const AttentionParams& p) {
          p.q_stride % 4 == 0;
 }
 
-absl::StatusOr<int> SplitKvMmaBlocksPerSm(const AttentionParams& p) {
+int SplitKvMmaVariant(const AttentionParams& p) {
+  const int group = p.num_heads / std::max(p.num_kv_heads, 1);
+  return (p.head_dim == 128 ? 2 : 0) + (group > 8 ? 1 : 0);
+}
+
+absl::StatusOr<int> SplitKvMmaBlocksPerSm(int variant) {
   int blocks = 0;
   KVLENS_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &blocks, reinterpret_cast<const void*>(SplitKvMmaKernelOf(p)), kWarps * 32, 0));
+      &blocks, reinterpret_cast<const void*>(SplitKvMmaKernelOf(variant)), kWarps * 32, 0));
   return std::max(blocks, 1);
 }
 
@@ -295,8 +305,9 @@ absl::Status LaunchSplitKvMma(const AttentionParams& p, int num_splits, float* w
   }
   num_splits = std::max(num_splits, 1);
   const dim3 grid(p.num_queries, p.num_kv_heads, num_splits);
-  LaunchKernel("SplitKvMmaKernel", SplitKvMmaKernelOf(p), grid, dim3(kWarps * 32), 0, stream, p,
-               num_splits, workspace, num_splits > 1 ? arrivals : nullptr);
+  LaunchKernel("SplitKvMmaKernel", SplitKvMmaKernelOf(SplitKvMmaVariant(p)), grid,
+               dim3(kWarps * 32), 0, stream, p, num_splits, workspace,
+               num_splits > 1 ? arrivals : nullptr);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvMmaKernel");
   if (num_splits > 1 && arrivals == nullptr)
     return LaunchSplitKvCombine(p, num_splits, workspace, stream);

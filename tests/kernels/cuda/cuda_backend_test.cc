@@ -85,6 +85,53 @@ TEST(CudaSplitKv, WideBlocksOnlyWhereTheHeadTileFits) {
   EXPECT_EQ(SplitKvVariantWarps(SplitKvVariant(p)), kSplitKvWarps);  // the default
 }
 
+// Which calls split-KV on tensor cores takes (a bf16 cache in 16-byte pieces at head sizes
+// 64 and 128, q in float4s), which of its kernels, and its splits: one wave of 2 blocks an
+// SM (132 SMs), at least 128 keys each, as many as whole 16-key spans fill (no device).
+TEST(CudaSplitKv, TensorCoresTakeBf16CachesOfSixteenBytePiecesAtHeadSizes64And128) {
+  alignas(16) static float q[4];
+  alignas(16) static uint16_t cache[16];
+  AttentionParams p;
+  p.q = q;
+  p.q_stride = 8 * 128;
+  p.k = cache;
+  p.v = cache;
+  p.kv_row_stride = 2 * 128;
+  p.kv_dtype = KvDtype::kBF16;
+  p.num_queries = 1;
+  p.num_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim = 128;
+  p.num_keys = 8192;
+  EXPECT_TRUE(SplitKvMmaSupports(p));
+  EXPECT_EQ(SplitKvMmaVariant(p), 2);  // Dh 128, 8 heads a tile
+  // 264 slots / 8 KV heads = 33 wanted; 8192 / 33 → 249 → 256 keys a split, which 32 fill.
+  EXPECT_EQ(ChooseNumSplitsMma(p, 132, 2), 32);
+  p.num_keys = 300;
+  EXPECT_EQ(ChooseNumSplitsMma(p, 132, 2), 2);  // 300 / 128 = 2 allowed
+  p.num_keys = 100;
+  EXPECT_EQ(ChooseNumSplitsMma(p, 132, 2), 1);
+  p.num_heads = 72;  // a group of 9: 16 heads a tile
+  EXPECT_EQ(SplitKvMmaVariant(p), 3);
+  p.head_dim = 64;
+  EXPECT_EQ(SplitKvMmaVariant(p), 1);
+  p.num_heads = 8;
+  EXPECT_EQ(SplitKvMmaVariant(p), 0);
+  EXPECT_TRUE(SplitKvMmaSupports(p));
+  auto without = [&](auto change) {
+    AttentionParams v = p;
+    change(v);
+    return !SplitKvMmaSupports(v);
+  };
+  EXPECT_TRUE(without([](AttentionParams& v) { v.kv_dtype = KvDtype::kActivation; }));
+  EXPECT_TRUE(without([](AttentionParams& v) { v.head_dim = 96; }));
+  EXPECT_TRUE(without([](AttentionParams& v) { v.head_dim = 256; }));
+  EXPECT_TRUE(without([](AttentionParams& v) { v.kv_row_stride = 2 * 64 + 4; }));
+  EXPECT_TRUE(without([](AttentionParams& v) { v.v = cache + 4; }));
+  EXPECT_TRUE(without([](AttentionParams& v) { v.q = q + 2; }));
+  EXPECT_TRUE(without([](AttentionParams& v) { v.q_stride = 8 * 64 + 2; }));
+}
+
 TEST_F(CudaBackendTest, RejectsAMissingDevice) {
   absl::StatusOr<std::unique_ptr<CudaBackend>> b = CudaBackend::Create(1 << 20);
   ASSERT_FALSE(b.ok());
