@@ -17,8 +17,8 @@
 //                   option) take turns over the keys and each K/V row is read once for
 //                   all the GQA group's heads (8 at a time, 4 past Dh 128); partial
 //                   (m, l, acc) per split merged by a second kernel (or, as an option,
-//                   by the split's last block to finish). As an option over a bf16
-//                   cache at Dh 64 and 128, its twin on tensor cores (split_kv_mma.cu).
+//                   by the split's last block to finish). As an option at Dh 64 and
+//                   128, its twin on tensor cores (split_kv_mma.cu).
 //   materialised    when probabilities or scores are requested: fp32, writes S and A
 //                   [H, Tq, Tk] and computes O = A·V from exactly the A it returns.
 //
@@ -186,26 +186,31 @@ absl::Status LaunchSplitKvCombine(const AttentionParams& p, int num_splits, cons
 int SplitsForOneWave(const AttentionParams& p, int64_t slots, int64_t min_keys, int step);
 
 // Split-KV on tensor cores (split_kv_mma.cu; CudaBackend::SetSplitKvTensorCores, off by
-// default): the same blocks, splits and partial results as SplitKvKernel, for a bf16
-// cache at head sizes 64 and 128, where SplitKvKernel is bound by its instruction issue
-// (8 keys × 128 dims × the GQA group's heads of fp32 FMAs a step, plus the lanes' sums).
-// A warp takes 16 keys a step: Q·Kᵀ for up to 16 heads of the group as the M of mma.sync
-// m16n8k16 (bf16 in, fp32 sums: 16 products a step at Dh 128), the online softmax on the
-// product's fragments, and P·V as 16 more, with P rounded to bf16 (as the bf16 flash
-// kernel; Q too). Each lane loads 16 bytes of a row at a time, K and V straight into
-// their fragments (V's pairs of keys formed by byte permutes), 256 bytes a step in flight.
-// Needs a bf16 cache with kv_row_stride a multiple of 8, k and v 16-byte aligned, q
-// 16-byte aligned with q_stride a multiple of 4; documents, windows, the soft cap and
-// batched rows as SplitKvKernel.
+// default): the same blocks, splits and partial results as SplitKvKernel, at head sizes 64
+// and 128, where SplitKvKernel is bound by its instruction issue (keys × dims × the GQA
+// group's heads of fp32 FMAs a step, plus the lanes' sums). Each warp puts Q·Kᵀ for up to
+// 16 heads of the group (the M of mma.sync m16n8k16, fp32 sums) and P·V on tensor cores:
+// on a bf16 cache 16 keys a step in bf16 (32 products at Dh 128), on an fp32 cache 8 keys a
+// step rounded to fp16 (24 products: P·V's second 8 keys absent), as the flash kernels
+// round them (Q and P too). Each lane loads 8 elements of a row at a time, K and V straight
+// into their fragments (V's pairs of keys formed by permutes or conversions), 256 bytes a
+// step in flight. Needs kv_row_stride a multiple of 8 (bf16) or 4 (fp32), k, v and q
+// 16-byte aligned, q_stride a multiple of 4; documents, windows, the soft cap and batched
+// rows as SplitKvKernel.
 inline constexpr int kSplitKvMmaWarps = 4;
-inline constexpr int kSplitKvMmaStepKeys = 16;
+inline constexpr int kSplitKvMmaBf16StepKeys = 16, kSplitKvMmaF32StepKeys = 8;
+constexpr int SplitKvMmaStepKeys(KvDtype cache) {
+  return cache == KvDtype::kBF16 ? kSplitKvMmaBf16StepKeys : kSplitKvMmaF32StepKeys;
+}
 bool SplitKvMmaSupports(const AttentionParams& p);
-// Which of its kernels p takes (0…kSplitKvMmaVariants − 1: head size 128, heads a tile 16
-// for GQA groups past 8), and how many of its blocks fit on one SM at once (at least 1).
-inline constexpr int kSplitKvMmaVariants = 4;
+// Which of its kernels p takes (0…kSplitKvMmaVariants − 1: bits for a bf16 cache, head size
+// 128, and 16 heads a tile for GQA groups past 8), and how many of its blocks fit on one SM
+// at once (at least 1).
+inline constexpr int kSplitKvMmaVariants = 8;
 int SplitKvMmaVariant(const AttentionParams& p);
 absl::StatusOr<int> SplitKvMmaBlocksPerSm(int variant);
-// Splits for one full wave, at least 2 steps of each warp a split (128 keys).
+// Splits for one full wave, at least 2 steps of each warp a split (128 keys on bf16, 64 on
+// fp32).
 int ChooseNumSplitsMma(const AttentionParams& p, int num_sms, int blocks_per_sm);
 // As LaunchSplitKv (the workspace, arrivals and combine alike) for p where
 // SplitKvMmaSupports(p).

@@ -540,26 +540,26 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
                                 wide_sweep),
                 Fmt(wide_bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"),
                 Pct(wide_bw / copy_bw), ">= 70%"});
-      if (bf16) {
-        // Split-KV on tensor cores (16-key steps, mma.sync): with the combine launch, merging
-        // its own splits, and at fixed split counts.
-        b.SetSplitKvTensorCores(true);
-        const double mma_sec = ReplaySeconds(b, call);
-        b.SetSplitKvFusedCombine(true);
-        const double mma_fused_sec = ReplaySeconds(b, call);
-        b.SetSplitKvFusedCombine(false);
-        const std::string mma_sweep = sweep_of({16, 32, 64});
-        b.SetSplitKvTensorCores(false);
-        const double mma_bw = 2.0 * cache_bytes / std::min(mma_sec, mma_fused_sec);
-        rows.Add({"decode attention, tensor cores (bf16 cache)",
-                  absl::StrFormat("Tk=%d, graph replay %.1f us (%.0f GB/s); fused combine %.1f "
-                                  "us (%.0f GB/s); fixed splits: GB/s = %s",
-                                  tk, mma_sec * 1e6, 2.0 * cache_bytes / mma_sec / 1e9,
-                                  mma_fused_sec * 1e6, 2.0 * cache_bytes / mma_fused_sec / 1e9,
-                                  mma_sweep),
-                  Fmt(mma_bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"),
-                  Pct(mma_bw / copy_bw), ">= 70%"});
-      }
+      // Split-KV on tensor cores (bf16 products on a bf16 cache in 16-key steps, fp16 on
+      // fp32 in 8-key steps): with the combine launch, merging its own splits, and at fixed
+      // split counts.
+      b.SetSplitKvTensorCores(true);
+      const double mma_sec = ReplaySeconds(b, call);
+      b.SetSplitKvFusedCombine(true);
+      const double mma_fused_sec = ReplaySeconds(b, call);
+      b.SetSplitKvFusedCombine(false);
+      const std::string mma_sweep = sweep_of({16, 32, 64});
+      b.SetSplitKvTensorCores(false);
+      const double mma_bw = 2.0 * cache_bytes / std::min(mma_sec, mma_fused_sec);
+      rows.Add(
+          {bf16 ? "decode attention, tensor cores (bf16 cache)"
+                : "decode attention, tensor cores (fp32 cache, fp16 products)",
+           absl::StrFormat("Tk=%d, graph replay %.1f us (%.0f GB/s); fused combine %.1f us "
+                           "(%.0f GB/s); fixed splits: GB/s = %s",
+                           tk, mma_sec * 1e6, 2.0 * cache_bytes / mma_sec / 1e9,
+                           mma_fused_sec * 1e6, 2.0 * cache_bytes / mma_fused_sec / 1e9, mma_sweep),
+           Fmt(mma_bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(mma_bw / copy_bw),
+           ">= 70%"});
       for (float* p : {kc, vc, q, o}) cudaFree(p);
     }
 }
@@ -737,16 +737,16 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
   // caches with graphs and programmatic dependent launches (launch.h), then the fp32 cache
   // with graphs, PDL and split-KV's fused combine (SetSplitKvFusedCombine), then the fp32
   // cache with graphs and each RMSNorm and residual add a launch of its own (as the engine
-  // ran them before 2026-12-04's fusion into the matvec), then the bf16 cache with graphs
-  // and split-KV on tensor cores (SetSplitKvTensorCores).
+  // ran them before 2026-12-04's fusion into the matvec), then the bf16 and the fp32 cache
+  // with graphs and split-KV on tensor cores (SetSplitKvTensorCores).
   for (int batch : z.batches)
-    for (int run = 0; run < 8; ++run) {
+    for (int run = 0; run < 9; ++run) {
       const bool graphs = run > 0;
       const bool bf16_cache = run == 2 || run == 4 || run == 7;
       const bool pdl = run >= 3 && run <= 5;
       const bool fused_combine = run == 5;
       const bool fused_norms = run != 6;
-      const bool tensor_cores = run == 7;
+      const bool tensor_cores = run >= 7;
       b.SetSplitKvFusedCombine(fused_combine);
       b.SetSplitKvTensorCores(tensor_cores);
       const KvDtype cache_dtype = bf16_cache ? KvDtype::kBF16 : KvDtype::kActivation;

@@ -1,25 +1,26 @@
-// Split-KV attention on tensor cores over a bf16 cache (attention.h, "Split-KV on tensor
-// cores"). Block (i, g, split) as SplitKvKernel's (attention.cu): query row i, KV head g,
-// the split's keys (SplitKeysOf), its kSplitKvMmaWarps warps taking turns over steps of 16
-// keys, each keeping its own (m, l, O) for a tile of the group's heads, the warps merged in
-// shared memory (MergeWarps), the splits by SplitKvCombineKernel or the last block
-// (CombineIfLast).
+// Split-KV attention on tensor cores (attention.h, "Split-KV on tensor cores"). Block
+// (i, g, split) as SplitKvKernel's (attention.cu): query row i, KV head g, the split's keys
+// (SplitKeysOf), its kSplitKvMmaWarps warps taking turns over steps of 16 keys on a bf16
+// cache, 8 on fp32, each keeping its own (m, l, O) for a tile of the group's heads, the
+// warps merged in shared memory (MergeWarps), the splits by SplitKvCombineKernel or the last
+// block (CombineIfLast). The products take bf16 on a bf16 cache, fp16 on fp32 (Piece8).
 //
 // Fragments (mma_sync.cuh; r = lane / 4, t = lane % 4). The tile's heads h0 + r and
 // h0 + r + 8 are the product's rows (kRows = 8: the second half is absent). A dot product
 // may take its dims in any order so long as Q and K agree, and P·V its keys in any order
-// so long as P and V agree; the loads pick orders that let each lane read 16 bytes of a
-// row at a time:
+// so long as P and V agree; the loads pick orders that let each lane read 8 elements of a
+// row at a time (a Piece8: 16 bytes of bf16, 32 of fp32):
 //   Q·Kᵀ, chunk c = 2k + e (16 dims): lane (r, t) holds dims 32k + 8t + 4e + {0, 1} as the
 //     chunk's 2t, 2t+1 and + {2, 3} as 2t+8, 2t+9, for Q (A: heads r, r+8) and for K (B:
-//     key r of the step's first 8, key r + 8 of the second): one 16-byte load of K's row
-//     feeds two chunks.
+//     key r of the step's first 8, key r + 8 of the second): one piece of K's row feeds
+//     two chunks.
 //   S (C): s[kt][0..1] = S[head r][key 8kt + 2t + {0, 1}], s[kt][2..3] the same of head r+8,
-//     which as bf16 pairs are P·V's A operand as they stand (keys 2t, 2t+1, 2t+8, 2t+9).
+//     which packed in pairs are P·V's A operand as they stand (keys 2t, 2t+1, 2t+8, 2t+9;
+//     the last two 0 with 8-key steps).
 //   P·V, dim tile n = 8·half + c: column r is dim 64·half + 8r + c, so lane (r, t) reads dims
-//     64·half + 8r … +7 of the rows of keys 2t, 2t+1, 2t+8 and 2t+9 (16 bytes each) and
-//     pairs element c of two keys' pieces for B. Its O (C) holds head r (and r+8), columns
-//     2t and 2t+1: dims 64·half + 16t + c and 64·half + 16t + 8 + c.
+//     64·half + 8r … +7 of the rows of keys 2t, 2t+1 (and 2t+8, 2t+9) and pairs element c of
+//     two keys' pieces for B. Its O (C) holds head r (and r+8), columns 2t and 2t+1: dims
+//     64·half + 16t + c and 64·half + 16t + 8 + c.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,25 +38,74 @@ namespace kvlens::kernels::cuda {
 namespace {
 
 constexpr int kWarps = kSplitKvMmaWarps;
-constexpr int kStep = kSplitKvMmaStepKeys;
 
-// Element c (0…7) of row pieces a and b (8 bf16 each), paired: a's in the low half.
-__device__ __forceinline__ uint32_t PairOf(const uint4& a, const uint4& b, int c) {
-  const uint32_t wa = c < 2 ? a.x : c < 4 ? a.y : c < 6 ? a.z : a.w;
-  const uint32_t wb = c < 2 ? b.x : c < 4 ? b.y : c < 6 ? b.z : b.w;
-  return c % 2 == 0 ? (wa & 0xffffu) | (wb << 16) : (wa >> 16) | (wb & 0xffff0000u);
-}
+// Eight consecutive elements of a cache row as a lane loads them (KT: uint16_t for bf16,
+// 16 bytes; float, 32 bytes, rounded to fp16 for the products), and the products' element
+// type: Pair(e) packs elements 2e and 2e + 1, Across(a, b, c) element c of a and of b, two
+// 16-bit values in one register, the first in the low half.
+template <typename KT>
+struct Piece8;
 
-// kDh: 64 or 128; kRows: heads a tile (8, or 16 for groups past 8). Bounded to 2 blocks an
-// SM at Dh 128 (O alone is 64 floats a lane), 3 at 64.
-template <int kDh, int kRows>
+template <>
+struct Piece8<uint16_t> {
+  uint4 raw;
+  __device__ __forceinline__ static Piece8 Load(const uint16_t* at) {
+    return {*reinterpret_cast<const uint4*>(at)};
+  }
+  __device__ __forceinline__ static Piece8 Zero() { return {make_uint4(0u, 0u, 0u, 0u)}; }
+  __device__ __forceinline__ uint32_t Word(int w) const {
+    return w == 0 ? raw.x : w == 1 ? raw.y : w == 2 ? raw.z : raw.w;
+  }
+  __device__ __forceinline__ uint32_t Pair(int e) const { return Word(e); }
+  __device__ __forceinline__ static uint32_t Across(const Piece8& a, const Piece8& b, int c) {
+    const uint32_t wa = a.Word(c / 2), wb = b.Word(c / 2);
+    return c % 2 == 0 ? (wa & 0xffffu) | (wb << 16) : (wa >> 16) | (wb & 0xffff0000u);
+  }
+  __device__ __forceinline__ static uint32_t Pack(float lo, float hi) { return PackBf162(lo, hi); }
+  __device__ __forceinline__ static void Mma(float (&d)[4], const uint32_t (&a)[4],
+                                             const uint32_t (&b)[2]) {
+    MmaBf16(d, a, b);
+  }
+};
+
+template <>
+struct Piece8<float> {
+  float4 lo, hi;
+  __device__ __forceinline__ static Piece8 Load(const float* at) {
+    return {reinterpret_cast<const float4*>(at)[0], reinterpret_cast<const float4*>(at)[1]};
+  }
+  __device__ __forceinline__ static Piece8 Zero() {
+    return {make_float4(0.0f, 0.0f, 0.0f, 0.0f), make_float4(0.0f, 0.0f, 0.0f, 0.0f)};
+  }
+  __device__ __forceinline__ float At(int c) const {
+    const float4& v = c < 4 ? lo : hi;
+    const int k = c % 4;
+    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+  }
+  __device__ __forceinline__ uint32_t Pair(int e) const { return Pack(At(2 * e), At(2 * e + 1)); }
+  __device__ __forceinline__ static uint32_t Across(const Piece8& a, const Piece8& b, int c) {
+    return Pack(a.At(c), b.At(c));
+  }
+  __device__ __forceinline__ static uint32_t Pack(float lo, float hi) { return PackHalf2(lo, hi); }
+  __device__ __forceinline__ static void Mma(float (&d)[4], const uint32_t (&a)[4],
+                                             const uint32_t (&b)[2]) {
+    MmaF16(d, a, b);
+  }
+};
+
+// KT: the cache's element; kDh: 64 or 128; kRows: heads a tile (8, or 16 for groups past
+// 8). Bounded to 2 blocks an SM at Dh 128 (O alone is 64 floats a lane), 3 at 64.
+template <typename KT, int kDh, int kRows>
 __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
     SplitKvMmaKernel(AttentionParams p, int num_splits, float* workspace, int* arrivals) {
-  WaitForPriorGrids();                // first: see launch.cuh
-  constexpr int kKLoads = kDh / 32;   // 16-byte pieces of a K row a lane loads
-  constexpr int kHalves = kDh / 64;   // … and of a V row
-  constexpr int kChunks = kDh / 16;   // k16 chunks of Q·Kᵀ
-  constexpr int kDimTiles = kDh / 8;  // n8 tiles of P·V
+  WaitForPriorGrids();  // first: see launch.cuh
+  using Piece = Piece8<KT>;
+  constexpr int kStep = sizeof(KT) == 2 ? kSplitKvMmaBf16StepKeys : kSplitKvMmaF32StepKeys;
+  constexpr int kKeyTiles = kStep / 8;  // n8 tiles of Q·Kᵀ a step: 2 (bf16) or 1 (fp32)
+  constexpr int kKLoads = kDh / 32;     // 8-element pieces of a K row a lane loads
+  constexpr int kHalves = kDh / 64;     // … and of a V row
+  constexpr int kChunks = kDh / 16;     // k16 chunks of Q·Kᵀ
+  constexpr int kDimTiles = kDh / 8;    // n8 tiles of P·V
   constexpr bool kTwoHalves = kRows == 16;
   __shared__ float part_ml[kWarps][kRows][2];
   __shared__ float part_acc[kWarps][kRows][kDh];
@@ -63,16 +113,16 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
   const int i = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, t = lane % 4;
   const int group = p.num_heads / p.num_kv_heads;
-  const float scale2 = p.scale * 1.4426950408889634f;  // scores in base 2
-  const SplitKeys keys = SplitKeysOf(p, i, split, num_splits, kStep);
+  const float scale2 = p.scale * 1.4426950408889634f;                  // scores in base 2
+  const SplitKeys keys = SplitKeysOf(p, i, split, num_splits, kStep);  // as ChooseNumSplitsMma
   const int key_begin = keys.key_begin, j_begin = keys.j_begin, j_end = keys.j_end;
   const int q_doc = p.q_doc != nullptr ? p.q_doc[i] : 0;
   const int32_t* table =
       p.row_table_offset != nullptr ? p.block_table + p.row_table_offset[i] : p.block_table;
   const float* q_group =
       p.q + static_cast<int64_t>(i) * p.q_stride + static_cast<int64_t>(g) * group * kDh;
-  const uint16_t* k_cache = KeysOf<uint16_t>(p) + static_cast<int64_t>(g) * kDh;
-  const uint16_t* v_cache = ValuesOf<uint16_t>(p) + static_cast<int64_t>(g) * kDh;
+  const KT* k_cache = KeysOf<KT>(p) + static_cast<int64_t>(g) * kDh;
+  const KT* v_cache = ValuesOf<KT>(p) + static_cast<int64_t>(g) * kDh;
   const auto visible = [&](int j) {
     return j < j_end && j >= key_begin && (p.q_doc == nullptr || p.k_doc[j] == q_doc);
   };
@@ -83,12 +133,14 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
                ? table[BlockIndexOf(p.block_size, block_shift, j0)]
                : 0;
   };
-  // The keys of a step whose rows a lane loads: K's r and r + 8, V's 2t, 2t+1, 2t+8, 2t+9.
+  // The keys of a step whose rows a lane loads: K's r (and r + 8), V's 2t, 2t+1 (and 2t+8,
+  // 2t+9): the second of each with 16-key steps.
   const int k_key[2] = {r, r + 8};
   const int v_key[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+  constexpr int kVKeys = 2 * kKeyTiles;
 
   for (int h0 = 0; h0 < group; h0 += kRows) {
-    // Q as bf16 A fragments (rows past the group: 0).
+    // Q as A fragments of the products' type (rows past the group: 0).
     uint32_t qa[kChunks][4];
 #pragma unroll
     for (int k = 0; k < kKLoads; ++k) {
@@ -101,8 +153,8 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
           const float4 x = (half == 0 || kTwoHalves) && h < group
                                ? *reinterpret_cast<const float4*>(q_group + h * kDh + d)
                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          qa[c][half] = PackBf162(x.x, x.y);
-          qa[c][2 + half] = PackBf162(x.z, x.w);
+          qa[c][half] = Piece::Pack(x.x, x.y);
+          qa[c][2 + half] = Piece::Pack(x.z, x.w);
         }
       }
     }
@@ -129,38 +181,37 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
         return step_in_one_block ? first_row + u
                                  : PhysicalRowIn(table, p.block_size, block_shift, j0 + u);
       };
-      uint4 kr[2][kKLoads], vr[4][kHalves];
+      Piece kr[kKeyTiles][kKLoads], vr[kVKeys][kHalves];
 #pragma unroll
-      for (int x = 0; x < 2; ++x) {
+      for (int x = 0; x < kKeyTiles; ++x) {
         const int64_t row = row_of(k_key[x]);
 #pragma unroll
         for (int k = 0; k < kKLoads; ++k) {
-          kr[x][k] = row >= 0 ? *reinterpret_cast<const uint4*>(k_cache + row * p.kv_row_stride +
-                                                                32 * k + 8 * t)
-                              : make_uint4(0u, 0u, 0u, 0u);
+          kr[x][k] = row >= 0 ? Piece::Load(k_cache + row * p.kv_row_stride + 32 * k + 8 * t)
+                              : Piece::Zero();
         }
       }
 #pragma unroll
-      for (int y = 0; y < 4; ++y) {
+      for (int y = 0; y < kVKeys; ++y) {
         const int64_t row = row_of(v_key[y]);
 #pragma unroll
         for (int half = 0; half < kHalves; ++half) {
-          vr[y][half] = row >= 0 ? *reinterpret_cast<const uint4*>(v_cache + row * p.kv_row_stride +
-                                                                   64 * half + 8 * r)
-                                 : make_uint4(0u, 0u, 0u, 0u);
+          vr[y][half] = row >= 0 ? Piece::Load(v_cache + row * p.kv_row_stride + 64 * half + 8 * r)
+                                 : Piece::Zero();
         }
       }
 
-      // S = Q·Kᵀ for the step's two groups of 8 keys.
-      float s[2][4];
+      // S = Q·Kᵀ for the step's groups of 8 keys.
+      float s[kKeyTiles][4];
 #pragma unroll
-      for (int kt = 0; kt < 2; ++kt) {
+      for (int kt = 0; kt < kKeyTiles; ++kt) {
         s[kt][0] = s[kt][1] = s[kt][2] = s[kt][3] = 0.0f;
 #pragma unroll
         for (int k = 0; k < kKLoads; ++k) {
-          const uint32_t b0[2] = {kr[kt][k].x, kr[kt][k].y}, b1[2] = {kr[kt][k].z, kr[kt][k].w};
-          MmaBf16(s[kt], qa[2 * k], b0);
-          MmaBf16(s[kt], qa[2 * k + 1], b1);
+          const uint32_t b0[2] = {kr[kt][k].Pair(0), kr[kt][k].Pair(1)},
+                         b1[2] = {kr[kt][k].Pair(2), kr[kt][k].Pair(3)};
+          Piece::Mma(s[kt], qa[2 * k], b0);
+          Piece::Mma(s[kt], qa[2 * k + 1], b1);
         }
       }
       // The online softmax of heads r and r + 8 over this lane's keys 8kt + 2t + e, the
@@ -170,7 +221,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
       for (int half = 0; half < (kTwoHalves ? 2 : 1); ++half) {
         float step_max = -INFINITY;
 #pragma unroll
-        for (int kt = 0; kt < 2; ++kt) {
+        for (int kt = 0; kt < kKeyTiles; ++kt) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = s[kt][2 * half + e];
@@ -188,7 +239,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
         alpha[half] = m_new == -INFINITY ? 1.0f : exp2f(m[half] - m_new);
         float w_sum = 0.0f;
 #pragma unroll
-        for (int kt = 0; kt < 2; ++kt) {
+        for (int kt = 0; kt < kKeyTiles; ++kt) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = s[kt][2 * half + e];
@@ -209,16 +260,20 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
           o[n][3] *= alpha[1];
         }
       }
-      // O += P·V, P as bf16 (hidden keys' weights 0, their V rows 0: no 0 · NaN).
-      const uint32_t pa[4] = {PackBf162(s[0][0], s[0][1]), PackBf162(s[0][2], s[0][3]),
-                              PackBf162(s[1][0], s[1][1]), PackBf162(s[1][2], s[1][3])};
+      // O += P·V, P rounded as Q (hidden keys' weights 0, their V rows 0: no 0 · NaN). With
+      // 8-key steps the product's keys 8 … 15 are absent: their P and V are 0.
+      const uint32_t pa[4] = {
+          Piece::Pack(s[0][0], s[0][1]), Piece::Pack(s[0][2], s[0][3]),
+          kKeyTiles == 2 ? Piece::Pack(s[kKeyTiles - 1][0], s[kKeyTiles - 1][1]) : 0u,
+          kKeyTiles == 2 ? Piece::Pack(s[kKeyTiles - 1][2], s[kKeyTiles - 1][3]) : 0u};
 #pragma unroll
       for (int half = 0; half < kHalves; ++half) {
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
-          const uint32_t b[2] = {PairOf(vr[0][half], vr[1][half], c),
-                                 PairOf(vr[2][half], vr[3][half], c)};
-          MmaBf16(o[8 * half + c], pa, b);
+          const uint32_t b[2] = {
+              Piece::Across(vr[0][half], vr[1][half], c),
+              kKeyTiles == 2 ? Piece::Across(vr[kVKeys - 2][half], vr[kVKeys - 1][half], c) : 0u};
+          Piece::Mma(o[8 * half + c], pa, b);
         }
       }
     }
@@ -252,31 +307,37 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
 }
 
 using SplitKvMmaKernelPtr = void (*)(AttentionParams, int, float*, int*);
+template <typename KT>
 SplitKvMmaKernelPtr SplitKvMmaKernelOf(int variant) {
-  switch (variant) {
+  switch (variant & 3) {
     case 0:
-      return SplitKvMmaKernel<64, 8>;
+      return SplitKvMmaKernel<KT, 64, 8>;
     case 1:
-      return SplitKvMmaKernel<64, 16>;
+      return SplitKvMmaKernel<KT, 64, 16>;
     case 2:
-      return SplitKvMmaKernel<128, 8>;
+      return SplitKvMmaKernel<KT, 128, 8>;
     default:
-      return SplitKvMmaKernel<128, 16>;
+      return SplitKvMmaKernel<KT, 128, 16>;
   }
+}
+SplitKvMmaKernelPtr SplitKvMmaKernelOf(int variant) {
+  return (variant & 4) != 0 ? SplitKvMmaKernelOf<uint16_t>(variant)
+                            : SplitKvMmaKernelOf<float>(variant);
 }
 
 }  // namespace
 
 bool SplitKvMmaSupports(const AttentionParams& p) {
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  return p.kv_dtype == KvDtype::kBF16 && (p.head_dim == 64 || p.head_dim == 128) &&
-         p.kv_row_stride % 8 == 0 && aligned(p.k) && aligned(p.v) && aligned(p.q) &&
-         p.q_stride % 4 == 0;
+  // A lane's pieces of 8 elements: 16 bytes of bf16, two float4s of fp32.
+  const int64_t piece_stride = p.kv_dtype == KvDtype::kBF16 ? 8 : 4;
+  return (p.head_dim == 64 || p.head_dim == 128) && p.kv_row_stride % piece_stride == 0 &&
+         aligned(p.k) && aligned(p.v) && aligned(p.q) && p.q_stride % 4 == 0;
 }
 
 int SplitKvMmaVariant(const AttentionParams& p) {
   const int group = p.num_heads / std::max(p.num_kv_heads, 1);
-  return (p.head_dim == 128 ? 2 : 0) + (group > 8 ? 1 : 0);
+  return (p.kv_dtype == KvDtype::kBF16 ? 4 : 0) + (p.head_dim == 128 ? 2 : 0) + (group > 8 ? 1 : 0);
 }
 
 absl::StatusOr<int> SplitKvMmaBlocksPerSm(int variant) {
@@ -287,16 +348,17 @@ absl::StatusOr<int> SplitKvMmaBlocksPerSm(int variant) {
 }
 
 int ChooseNumSplitsMma(const AttentionParams& p, int num_sms, int blocks_per_sm) {
+  const int step = SplitKvMmaStepKeys(p.kv_dtype);
   return SplitsForOneWave(p, static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1),
-                          2 * kWarps * kStep, kStep);
+                          2 * kWarps * step, step);
 }
 
 absl::Status LaunchSplitKvMma(const AttentionParams& p, int num_splits, float* workspace,
                               int* arrivals, cudaStream_t stream) {
   if (!SplitKvMmaSupports(p)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tensor-core split-KV attention needs a bf16 cache at head_dim 64 or 128 with 16-byte "
-        "aligned rows, got head_dim ",
+        "tensor-core split-KV attention needs head_dim 64 or 128 and 16-byte aligned cache "
+        "rows, got head_dim ",
         p.head_dim));
   }
   if (num_splits > kSplitKvMaxSplits) {

@@ -722,28 +722,29 @@ TEST(CudaEngineLogits, Bf16CacheWithinToleranceOfCpu) {
                            BatchedStepLogits(*bible, cpu, kBf16), BatchedStepLogits(*bible, cpu));
 }
 
-// Split-KV on tensor cores (SetSplitKvTensorCores) in the engine, on a bf16 cache: the
-// head-size-64 model's chunks of 7 tokens, within the bf16 flash prefill's tolerance above
-// (Q and P rounded to bf16 alike) of the CpuBackend on a bf16 cache; and not the fp32
-// kernel's logits, so the option took effect. (The default model's head size, 32, keeps
-// the fp32 kernel.)
-TEST(CudaEngineLogits, TensorCoreSplitKvOnABf16CacheWithinToleranceOfCpu) {
+// Split-KV on tensor cores (SetSplitKvTensorCores) in the engine: the head-size-64 model's
+// chunks of 7 tokens on a bf16 cache (bf16 products) and on an fp32 one (fp16 products),
+// each within the flash prefill's tolerance above (Q, K, P and V rounded alike) of the
+// CpuBackend on the same cache; and not the fp32 kernel's logits, so the option took
+// effect. (The default model's head size, 32, keeps the fp32 kernel.)
+TEST(CudaEngineLogits, TensorCoreSplitKvWithinToleranceOfCpu) {
   KVLENS_REQUIRE_CUDA(cuda);
   auto* backend = dynamic_cast<kernels::cuda::CudaBackend*>(&cuda);
   ASSERT_NE(backend, nullptr);
-  constexpr auto kBf16 = kernels::KvDtype::kBF16;
   const std::unique_ptr<Model> model =
       HeadSize64Model(kernels::RopeStyle::kHalfSplit, /*max_seq=*/320, /*seed=*/4);
   std::mt19937 rng(6);
   std::vector<int32_t> tokens(300);
   for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
   kernels::CpuBackend cpu(2);
-  const std::vector<float> fp32_kernel = AllLogits(*model, cuda, tokens, 7, kBf16);
-  backend->SetSplitKvTensorCores(true);
-  const std::vector<float> tensor_cores = AllLogits(*model, cuda, tokens, 7, kBf16);
-  backend->SetSplitKvTensorCores(false);
-  ExpectClose(tensor_cores, AllLogits(*model, cpu, tokens, 7, kBf16), 1e-2, 1e-3);
-  EXPECT_NE(tensor_cores, fp32_kernel);
+  for (const kernels::KvDtype cache : {kernels::KvDtype::kBF16, kernels::KvDtype::kActivation}) {
+    const std::vector<float> fp32_kernel = AllLogits(*model, cuda, tokens, 7, cache);
+    backend->SetSplitKvTensorCores(true);
+    const std::vector<float> tensor_cores = AllLogits(*model, cuda, tokens, 7, cache);
+    backend->SetSplitKvTensorCores(false);
+    ExpectClose(tensor_cores, AllLogits(*model, cpu, tokens, 7, cache), 1e-2, 1e-3);
+    EXPECT_NE(tensor_cores, fp32_kernel);
+  }
 }
 
 TEST(CudaEngineDecode, IncrementalEqualsFullRecomputeOverANanCache) {

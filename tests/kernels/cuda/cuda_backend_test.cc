@@ -85,10 +85,11 @@ TEST(CudaSplitKv, WideBlocksOnlyWhereTheHeadTileFits) {
   EXPECT_EQ(SplitKvVariantWarps(SplitKvVariant(p)), kSplitKvWarps);  // the default
 }
 
-// Which calls split-KV on tensor cores takes (a bf16 cache in 16-byte pieces at head sizes
-// 64 and 128, q in float4s), which of its kernels, and its splits: one wave of 2 blocks an
-// SM (132 SMs), at least 128 keys each, as many as whole 16-key spans fill (no device).
-TEST(CudaSplitKv, TensorCoresTakeBf16CachesOfSixteenBytePiecesAtHeadSizes64And128) {
+// Which calls split-KV on tensor cores takes (cache rows in pieces of 8 elements at head
+// sizes 64 and 128, q in float4s), which of its kernels, and its splits: one wave of 2
+// blocks an SM (132 SMs), at least 2 steps a warp each, as many as whole steps fill (no
+// device).
+TEST(CudaSplitKv, TensorCoresTakeRowsInPiecesOfEightAtHeadSizes64And128) {
   alignas(16) static float q[4];
   alignas(16) static uint16_t cache[16];
   AttentionParams p;
@@ -104,7 +105,7 @@ TEST(CudaSplitKv, TensorCoresTakeBf16CachesOfSixteenBytePiecesAtHeadSizes64And12
   p.head_dim = 128;
   p.num_keys = 8192;
   EXPECT_TRUE(SplitKvMmaSupports(p));
-  EXPECT_EQ(SplitKvMmaVariant(p), 2);  // Dh 128, 8 heads a tile
+  EXPECT_EQ(SplitKvMmaVariant(p), 4 + 2);  // bf16, Dh 128, 8 heads a tile
   // 264 slots / 8 KV heads = 33 wanted; 8192 / 33 → 249 → 256 keys a split, which 32 fill.
   EXPECT_EQ(ChooseNumSplitsMma(p, 132, 2), 32);
   p.num_keys = 300;
@@ -112,24 +113,36 @@ TEST(CudaSplitKv, TensorCoresTakeBf16CachesOfSixteenBytePiecesAtHeadSizes64And12
   p.num_keys = 100;
   EXPECT_EQ(ChooseNumSplitsMma(p, 132, 2), 1);
   p.num_heads = 72;  // a group of 9: 16 heads a tile
-  EXPECT_EQ(SplitKvMmaVariant(p), 3);
+  EXPECT_EQ(SplitKvMmaVariant(p), 4 + 2 + 1);
   p.head_dim = 64;
-  EXPECT_EQ(SplitKvMmaVariant(p), 1);
+  EXPECT_EQ(SplitKvMmaVariant(p), 4 + 1);
   p.num_heads = 8;
-  EXPECT_EQ(SplitKvMmaVariant(p), 0);
+  EXPECT_EQ(SplitKvMmaVariant(p), 4);
   EXPECT_TRUE(SplitKvMmaSupports(p));
   auto without = [&](auto change) {
     AttentionParams v = p;
     change(v);
     return !SplitKvMmaSupports(v);
   };
-  EXPECT_TRUE(without([](AttentionParams& v) { v.kv_dtype = KvDtype::kActivation; }));
   EXPECT_TRUE(without([](AttentionParams& v) { v.head_dim = 96; }));
   EXPECT_TRUE(without([](AttentionParams& v) { v.head_dim = 256; }));
   EXPECT_TRUE(without([](AttentionParams& v) { v.kv_row_stride = 2 * 64 + 4; }));
   EXPECT_TRUE(without([](AttentionParams& v) { v.v = cache + 4; }));
   EXPECT_TRUE(without([](AttentionParams& v) { v.q = q + 2; }));
   EXPECT_TRUE(without([](AttentionParams& v) { v.q_stride = 8 * 64 + 2; }));
+  // An fp32 cache: rows in float4s, 8-key steps, at least 64 keys a split.
+  p.kv_dtype = KvDtype::kActivation;
+  p.kv_row_stride = 2 * 64 + 4;
+  EXPECT_TRUE(SplitKvMmaSupports(p));
+  EXPECT_EQ(SplitKvMmaVariant(p), 0);
+  EXPECT_TRUE(without([](AttentionParams& v) { v.kv_row_stride = 2 * 64 + 2; }));
+  p.num_heads = 32;
+  p.head_dim = 128;
+  EXPECT_EQ(SplitKvMmaVariant(p), 2);
+  p.num_keys = 8192;
+  EXPECT_EQ(ChooseNumSplitsMma(p, 132, 2), 32);  // 8192 / 33 → 249 → 256, as on bf16
+  p.num_keys = 300;
+  EXPECT_EQ(ChooseNumSplitsMma(p, 132, 2), 4);  // 300 / 64 = 4 allowed: spans of 75 → 80
 }
 
 TEST_F(CudaBackendTest, RejectsAMissingDevice) {
@@ -244,35 +257,39 @@ TEST_F(CudaBackendTest, WideSplitBlocksWithinTolerance) {
 }
 
 // Split-KV on tensor cores (SetSplitKvTensorCores) gives the reference's answers within
-// twice the naive bf16 run's error (Q, K, P and V rounded to bf16): the parity table's
-// decode and short-chunk shapes at head sizes 64 and 128 on a bf16 cache in 16-byte pieces
-// (GQA groups 1 to 8, blocks of 4, 8, 12 and 16 rows, 1 to 5 query rows, a sliding window,
-// the soft cap), a group of 16 heads (both halves of the product's rows) and one of 32 (two
-// head tiles), and the batched decode case (documents, rows of unequal key counts), at the
-// automatic, 5 and 128 splits, with the combine launch and merged by the last block. Every
-// one of those shapes runs on tensor cores; the rest of the table's split-KV shapes do not.
+// twice the naive run's error at its precision (Q, K, P and V rounded to bf16 on a bf16
+// cache, to fp16 on fp32): the parity table's decode and short-chunk shapes at head sizes 64
+// and 128 on both caches, rows in pieces of 8 elements (GQA groups 1 to 8, blocks of 4, 8,
+// 12 and 16 rows, 1 to 5 query rows, a sliding window, the soft cap), a group of 16 heads
+// (both halves of the product's rows) and one of 32 (two head tiles), and the batched
+// decode case (documents, rows of unequal key counts), at the automatic, 5 and 128 splits,
+// with the combine launch and merged by the last block. Every one of those shapes runs on
+// tensor cores; other head sizes and rows not in such pieces keep SplitKvKernel.
 TEST_F(CudaBackendTest, TensorCoreSplitKvWithinTolerance) {
+  const auto in_pieces = [](parity::AttnShape s, bool bf16) {
+    s.bf16_cache = bf16;
+    s.kv_pad = bf16 ? 8 : 4;
+    s.label += bf16 ? ", rows in 16-byte pieces" : ", rows in float4s";
+    return s;
+  };
   std::vector<parity::AttnShape> shapes;
-  for (parity::AttnShape s : parity::AttentionShapes()) {
+  for (const parity::AttnShape& s : parity::AttentionShapes()) {
     if (s.want_maps || s.want_probs_only || s.bf16_cache || s.tq >= kFlashMinQueries) continue;
     if (s.dh != 64 && s.dh != 128) continue;
-    s.bf16_cache = true;
-    s.kv_pad = 8;
-    s.label += ", rows in 16-byte pieces";
-    shapes.push_back(s);
+    for (bool bf16 : {false, true}) shapes.push_back(in_pieces(s, bf16));
   }
-  ASSERT_GE(shapes.size(), 8u);
+  ASSERT_GE(shapes.size(), 16u);
   for (const int heads : {16, 32}) {
-    shapes.push_back({.label = absl::StrCat("decode GQA ", heads, "/1, rows in 16-byte pieces"),
-                      .tq = 1,
-                      .tk = 700,
-                      .heads = heads,
-                      .kv_heads = 1,
-                      .dh = heads == 16 ? 64 : 128,
-                      .offset = 699,
-                      .block_size = 16,
-                      .kv_pad = 8,
-                      .bf16_cache = true});
+    for (bool bf16 : {false, true}) {
+      shapes.push_back(in_pieces({.label = absl::StrCat("decode GQA ", heads, "/1"),
+                                  .tq = 1,
+                                  .tk = 700,
+                                  .heads = heads,
+                                  .kv_heads = 1,
+                                  .dh = heads == 16 ? 64 : 128,
+                                  .offset = 699},
+                                 bf16));
+    }
   }
   backend_->SetSplitKvTensorCores(true);
   std::mt19937_64 rng(14);
@@ -290,23 +307,28 @@ TEST_F(CudaBackendTest, TensorCoreSplitKvWithinTolerance) {
                                 << r.tol;
         }
       }
-      const parity::ParityResult batch =
-          parity::AttentionBatchSplitKvCase(*backend_, rng, /*bf16_cache=*/true);
-      EXPECT_TRUE(batch.pass()) << batch.name << how << ": " << batch.status << ", error "
-                                << batch.err << " > " << batch.tol;
+      for (bool bf16 : {false, true}) {
+        const parity::ParityResult batch = parity::AttentionBatchSplitKvCase(*backend_, rng, bf16);
+        EXPECT_TRUE(batch.pass()) << batch.name << how << ": " << batch.status << ", error "
+                                  << batch.err << " > " << batch.tol;
+      }
     }
   }
   EXPECT_EQ(on_tensor_cores, cases);
-  // The fp32 cache and head size 256 keep SplitKvKernel (the label of their fp32 path).
+  // Head size 256, and rows not in pieces of 8 (a stride of 131 floats, of 132 bf16), keep
+  // SplitKvKernel (the label of its fp32 path).
   for (const parity::AttnShape& s : parity::AttentionShapes()) {
     if (s.label != "decode long GQA 8/1" && s.label != "decode head size 256 GQA 8/1") continue;
-    parity::AttnShape v = s;
-    v.bf16_cache = s.dh == 256;
-    v.kv_pad = 8;
-    for (const parity::ParityResult& r : parity::AttentionCase(*backend_, rng, v)) {
-      EXPECT_NE(r.name.find(" split-KV"), std::string::npos) << r.name;
-      EXPECT_EQ(r.name.find("tensor cores"), std::string::npos) << r.name;
-      EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
+    for (bool bf16 : {false, true}) {
+      parity::AttnShape v = s;
+      v.bf16_cache = bf16;
+      v.kv_pad = s.dh == 256 ? (bf16 ? 8 : 4) : (bf16 ? 4 : 3);
+      for (const parity::ParityResult& r : parity::AttentionCase(*backend_, rng, v)) {
+        EXPECT_NE(r.name.find(" split-KV"), std::string::npos) << r.name;
+        EXPECT_EQ(r.name.find("tensor cores"), std::string::npos) << r.name;
+        EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > "
+                              << r.tol;
+      }
     }
   }
   backend_->SetSplitKvFusedCombine(false);

@@ -33,8 +33,9 @@ struct AttnShape {
 };
 
 // Which precision the backend's path for a call rounds Q, K, P and V to: fp16 for the flash
-// kernel, bf16 for its bf16 twin (a bf16 cache in 16-byte pieces) and for split-KV on
-// tensor cores (SetSplitKvTensorCores, where it applies), fp32 otherwise (maps included).
+// kernel, bf16 for its bf16 twin (a bf16 cache in 16-byte pieces), bf16 or fp16 (the
+// cache's) for split-KV on tensor cores (SetSplitKvTensorCores, where it applies), fp32
+// otherwise (maps included).
 inline DType AttentionPathDType(const CudaBackend& gpu, const AttentionArgs<float>& a, bool flash) {
   AttentionParams p;
   p.q = a.q;
@@ -47,8 +48,8 @@ inline DType AttentionPathDType(const CudaBackend& gpu, const AttentionArgs<floa
   p.softcap = static_cast<float>(a.softcap);
   if (!flash) {
     const bool maps = a.probs != nullptr || a.scores != nullptr;
-    return !maps && gpu.split_kv_tensor_cores() && SplitKvMmaSupports(p) ? DType::kBF16
-                                                                         : DType::kF32;
+    if (maps || !gpu.split_kv_tensor_cores() || !SplitKvMmaSupports(p)) return DType::kF32;
+    return p.kv_dtype == KvDtype::kBF16 ? DType::kBF16 : DType::kF16;
   }
   return gpu.flash_bf16() && FlashPrefillBf16Supports(p) ? DType::kBF16 : DType::kF16;
 }
@@ -260,7 +261,7 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
   const char* kernel = maps                            ? " materialised"
                        : flash && path == DType::kBF16 ? " flash bf16"
                        : flash                         ? " flash"
-                       : path == DType::kBF16          ? " split-KV tensor cores"
+                       : path != DType::kF32           ? " split-KV tensor cores"
                                                        : " split-KV";
   std::vector<ParityResult> results = {Judge(name + kernel, got, naive_rows, want)};
   if (maps) {
