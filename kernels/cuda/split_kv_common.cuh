@@ -40,10 +40,11 @@ __device__ __forceinline__ SplitKeys SplitKeysOf(const AttentionParams& p, int i
 }
 
 // The end of a block's head tile: its warps' partial results for heads h0 … h0 + tile − 1
-// of KV head g (part_ml[w][t] = {m, l}, part_acc[w][t][d], in shared memory and complete)
-// merged, O = Σ_w 2^{m_w − M} acc_w / Σ_w 2^{m_w − M} l_w, and written: to p.out with one
-// split, else as the split's partials in the workspace. The block's threads share the
-// (head, dim) pairs.
+// of KV head g (part_ml[w][t] = {m, l}, part_acc[w][t][d], in shared memory; a barrier
+// first, so every warp's are there) merged, O = Σ_w 2^{m_w − M} acc_w / Σ_w 2^{m_w − M} l_w,
+// and written: to p.out with one split, else as the split's partials in the workspace. The
+// block's threads share the (head, dim) pairs; a barrier last, so the next head tile may
+// reuse the arrays.
 template <int kWarps, int kTile, int kMaxDim>
 __device__ __forceinline__ void MergeWarps(const AttentionParams& p,
                                            const float (&part_ml)[kWarps][kTile][2],
@@ -52,6 +53,7 @@ __device__ __forceinline__ void MergeWarps(const AttentionParams& p,
                                            float* workspace) {
   const int group = p.num_heads / p.num_kv_heads, D = p.head_dim;
   const int tile = min(kTile, group - h0);
+  __syncthreads();
   for (int idx = threadIdx.x; idx < tile * D; idx += blockDim.x) {
     const int t = idx / D, d = idx % D, h = g * group + h0 + t;
     float m_max = -INFINITY;
@@ -76,6 +78,7 @@ __device__ __forceinline__ void MergeWarps(const AttentionParams& p,
       w[2 + d] = a;
     }
   }
+  __syncthreads();
 }
 
 // The merge weights of one head's splits, by one warp: weight[s] = 2^(m_s − M), 0 for a

@@ -298,9 +298,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
         }
       }
     }
-    __syncthreads();
     MergeWarps(p, part_ml, part_acc, i, g, h0, split, num_splits, workspace);
-    __syncthreads();  // the next head tile reuses part_ml and part_acc
   }
   if (num_splits > 1 && arrivals != nullptr)
     CombineIfLast<kWarps>(p, i, g, num_splits, workspace, arrivals);

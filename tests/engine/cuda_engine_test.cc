@@ -419,13 +419,19 @@ std::unique_ptr<Model> HeadSize64Model(kernels::RopeStyle rope_style, int max_se
   return testing::MakeTinyModel(HeadSize64Spec(rope_style, max_seq, seed));
 }
 
-// `n` random tokens (ids below 50, from seed) in one prefill and in chunks of 7 (decode-like
-// calls over a growing cache), each step's logits against the CpuBackend's.
-void ExpectPrefillAndChunksCloseToCpu(const Model& model, kernels::Backend<float>& cuda, int n,
-                                      uint32_t seed) {
+// `n` random token ids below 50, from seed (the tiny models' vocabularies have more).
+std::vector<int32_t> RandomTokens(int n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> tokens(n);
   for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
+  return tokens;
+}
+
+// `n` random tokens in one prefill and in chunks of 7 (decode-like calls over a growing
+// cache), each step's logits against the CpuBackend's.
+void ExpectPrefillAndChunksCloseToCpu(const Model& model, kernels::Backend<float>& cuda, int n,
+                                      uint32_t seed) {
+  const std::vector<int32_t> tokens = RandomTokens(n, seed);
   kernels::CpuBackend cpu(2);
   ExpectClose(AllLogits(model, cuda, tokens, n), AllLogits(model, cpu, tokens, n), 1e-2, 1e-3);
   ExpectClose(AllLogits(model, cuda, tokens, 7), AllLogits(model, cpu, tokens, 7), 1e-4, 1e-5);
@@ -544,9 +550,7 @@ TEST(CudaEngineLogits, Bf16DecodeWithFusedNormsAndResidualsWithinToleranceOfCpu)
   }
   for (const std::unique_ptr<Model>& model : models) {
     SCOPED_TRACE(model->config.gate_activation == GateActivation::kGeluTanh ? "gemma" : "llama");
-    std::mt19937 rng(8);
-    std::vector<int32_t> tokens(40);
-    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
+    const std::vector<int32_t> tokens = RandomTokens(40, 8);
     kernels::CpuBackend cpu(2);
     for (int chunk : {1, 3}) {
       SCOPED_TRACE(chunk);
@@ -706,9 +710,7 @@ TEST(CudaEngineLogits, Bf16CacheWithinToleranceOfCpu) {
   constexpr auto kBf16 = kernels::KvDtype::kBF16;
   const std::unique_ptr<Model> model =
       HeadSize64Model(kernels::RopeStyle::kHalfSplit, /*max_seq=*/320, /*seed=*/4);
-  std::mt19937 rng(6);
-  std::vector<int32_t> tokens(300);
-  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
+  const std::vector<int32_t> tokens = RandomTokens(300, 6);
   kernels::CpuBackend cpu(2);
   ExpectClose(AllLogits(*model, cuda, tokens, 300, kBf16),
               AllLogits(*model, cpu, tokens, 300, kBf16), 1e-2, 1e-3);
@@ -733,9 +735,7 @@ TEST(CudaEngineLogits, TensorCoreSplitKvWithinToleranceOfCpu) {
   ASSERT_NE(backend, nullptr);
   const std::unique_ptr<Model> model =
       HeadSize64Model(kernels::RopeStyle::kHalfSplit, /*max_seq=*/320, /*seed=*/4);
-  std::mt19937 rng(6);
-  std::vector<int32_t> tokens(300);
-  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 50);
+  const std::vector<int32_t> tokens = RandomTokens(300, 6);
   kernels::CpuBackend cpu(2);
   for (const kernels::KvDtype cache : {kernels::KvDtype::kBF16, kernels::KvDtype::kActivation}) {
     const std::vector<float> fp32_kernel = AllLogits(*model, cuda, tokens, 7, cache);
