@@ -724,6 +724,20 @@ TEST(CudaEngineLogits, Bf16CacheWithinToleranceOfCpu) {
                            BatchedStepLogits(*bible, cpu, kBf16), BatchedStepLogits(*bible, cpu));
 }
 
+TEST(CudaEngineDecode, IncrementalEqualsFullRecomputeOverANanCache) {
+  KVLENS_REQUIRE_FILE(testing::DefaultModelPath());
+  KVLENS_REQUIRE_CUDA(cuda);
+  auto model = Load(testing::DefaultModelPath());
+  ASSERT_NE(model, nullptr);
+  std::vector<int32_t> tokens =
+      model->tokenizer->Encode("And God said, Let there be light: and there was light.", false);
+  tokens.resize(std::min<size_t>(tokens.size(), 24));  // < 32: fp32 attention throughout
+  // one prefill vs one token per step; unused (even) blocks hold NaN and must stay unread
+  ExpectClose(AllLogits(*model, cuda, tokens, 1),
+              AllLogits(*model, cuda, tokens, static_cast<int>(tokens.size())), 1e-4, 1e-5);
+}
+
+#ifdef KVLENS_HAVE_CUDA
 // Split-KV on tensor cores (SetSplitKvTensorCores) in the engine: the head-size-64 model's
 // chunks of 7 tokens on a bf16 cache (bf16 products) and on an fp32 one (fp16 products),
 // each within the flash prefill's tolerance above (Q, K, P and V rounded alike) of the
@@ -747,20 +761,6 @@ TEST(CudaEngineLogits, TensorCoreSplitKvWithinToleranceOfCpu) {
   }
 }
 
-TEST(CudaEngineDecode, IncrementalEqualsFullRecomputeOverANanCache) {
-  KVLENS_REQUIRE_FILE(testing::DefaultModelPath());
-  KVLENS_REQUIRE_CUDA(cuda);
-  auto model = Load(testing::DefaultModelPath());
-  ASSERT_NE(model, nullptr);
-  std::vector<int32_t> tokens =
-      model->tokenizer->Encode("And God said, Let there be light: and there was light.", false);
-  tokens.resize(std::min<size_t>(tokens.size(), 24));  // < 32: fp32 attention throughout
-  // one prefill vs one token per step; unused (even) blocks hold NaN and must stay unread
-  ExpectClose(AllLogits(*model, cuda, tokens, 1),
-              AllLogits(*model, cuda, tokens, static_cast<int>(tokens.size())), 1e-4, 1e-5);
-}
-
-#ifdef KVLENS_HAVE_CUDA
 // Genesis 1:1-2 in the default model's tokens (more than 40).
 std::vector<int32_t> GenesisTokens(const Model& model) {
   return model.tokenizer->Encode(
