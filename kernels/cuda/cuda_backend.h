@@ -157,10 +157,11 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // (one block an SM, a quarter of the splits; where the head tile allows: attention.h).
   // Off the default until a GPU has timed it (kvlens_gpu_check's decode rows).
   absl::Status SetSplitKvWarps(int warps);
-  // Whether split-KV launches over a bf16 cache run on tensor cores where they can
-  // (SplitKvMmaSupports: head sizes 64 and 128; attention.h), Q and P rounded to bf16 as
-  // the bf16 flash kernel rounds them; the warps option does not apply there. Off by
-  // default until a GPU has timed it (kvlens_gpu_check's decode rows).
+  // Whether split-KV launches run on tensor cores where they can (SplitKvMmaSupports: head
+  // sizes 64 and 128, cache rows in pieces of 8 elements; attention.h): Q, K, P and V
+  // rounded to bf16 on a bf16 cache, to fp16 on fp32, as the flash kernels round them on
+  // those caches; the warps option does not apply there. Off by default until a GPU has
+  // timed it (kvlens_gpu_check's decode rows).
   void SetSplitKvTensorCores(bool on) { split_kv_tensor_cores_ = on; }
   bool split_kv_tensor_cores() const { return split_kv_tensor_cores_; }
 
