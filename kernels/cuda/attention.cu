@@ -20,7 +20,7 @@ namespace {
 
 // ---------------------------------------------------------------------------------------
 // Split-KV (decode, short chunks, head sizes the flash kernel lacks). Block (i, g, split):
-// query row i, KV head g, the split's keys (SplitKeysOf, split_kv_common.cuh).
+// query row i, KV head g, the split's keys (SplitSteps, split_kv_common.cuh).
 //
 // Each K/V row is read once per head tile, by one warp, for every query head of the tile:
 // the block's kWarps warps (kSplitKvWarps, or kSplitKvWideWarps: attention.h) take turns over steps
@@ -205,12 +205,8 @@ __global__ void __launch_bounds__(
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = p.num_heads / p.num_kv_heads;
   const int D = p.head_dim;
-  const SplitKeys keys = SplitKeysOf(p, i, split, num_splits, kStep);
-  const int key_begin = keys.key_begin, j_begin = keys.j_begin, j_end = keys.j_end;
-  const int q_doc = p.q_doc != nullptr ? p.q_doc[i] : 0;
-  // Batched: this row's sequence's blocks.
-  const int32_t* table =
-      p.row_table_offset != nullptr ? p.block_table + p.row_table_offset[i] : p.block_table;
+  const SplitSteps<kStep> steps(p, i, split, num_splits);
+  const int j_begin = steps.j_begin, j_end = steps.j_end;
   const float* q_group =
       p.q + static_cast<int64_t>(i) * p.q_stride + static_cast<int64_t>(g) * group * D;
 
@@ -232,31 +228,15 @@ __global__ void __launch_bounds__(
       }
     }
 
-    const auto visible = [&](int j) {
-      return j < j_end && j >= key_begin && (p.q_doc == nullptr || p.k_doc[j] == q_doc);
-    };
-    // A step's keys start at a multiple of kStep (span is one), so they share a cache
-    // block when the block size is one too: then one table lookup serves the step.
-    // That lookup is made a step ahead (next_block): its load is in flight while the warp
-    // computes the step before, so a step's K/V loads wait on no table read of their own.
-    const bool step_in_one_block = p.block_size % kStep == 0;
-    const int block_shift = BlockShift(p.block_size);  // the lookups below shift where it can
-    // (The row's block a step ahead, a 32-bit entry: a 64-bit row made three kernels spill.)
-    const auto step_block = [&](int j0) {
-      return step_in_one_block && table != nullptr && j0 < j_end
-                 ? table[BlockIndexOf(p.block_size, block_shift, j0)]
-                 : 0;
-    };
-    int32_t next_block = step_block(j_begin + warp * kStep);
+    // A step's table entry is looked up a step ahead (next_block): its load is in flight
+    // while the warp computes the step before.
+    int32_t next_block = steps.Block(j_begin + warp * kStep);
     for (int j0 = j_begin + warp * kStep; j0 < j_end; j0 += kWarps * kStep) {
       // The step's K and V rows, as stored (KvPiece); those of keys past j_end or in other
       // documents are zero and never read (a masked key's row may hold anything).
       typename KvPiece<KT>::Raw kr[kStep][C], vr[kStep][C];
-      const int64_t first_row = !step_in_one_block ? 0
-                                : table == nullptr
-                                    ? j0
-                                    : RowInBlock(next_block, p.block_size, block_shift, j0);
-      next_block = step_block(j0 + kWarps * kStep);
+      const int64_t first_row = steps.FirstRow(next_block, j0);
+      next_block = steps.Block(j0 + kWarps * kStep);
       // Loads the step's rows: key j0 + u visible by is_visible(u), at cache row row_of(u).
       const auto load_step = [&](auto is_visible, auto row_of) {
 #pragma unroll
@@ -278,18 +258,12 @@ __global__ void __launch_bounds__(
       // their keys in one block: their loads then take no per-key tests (on a bf16 cache,
       // tile 4, the eight keys' loads are 128 PTX instructions this way, 470 the other:
       // ncu found the kernel issue-bound).
-      const bool whole_step =
-          step_in_one_block && p.q_doc == nullptr && j0 >= key_begin && j0 + kStep <= j_end;
+      const bool whole_step = steps.Whole(j0);
       if (whole_step) {
         load_step([](int) { return true; }, [&](int u) { return first_row + u; });
       } else {
-        // (Past j_end the table may end: no lookup for an invisible key.)
-        load_step([&](int u) { return visible(j0 + u); },
-                  [&](int u) {
-                    return step_in_one_block
-                               ? first_row + u
-                               : PhysicalRowIn(table, p.block_size, block_shift, j0 + u);
-                  });
+        load_step([&](int u) { return steps.Visible(j0 + u); },
+                  [&](int u) { return steps.RowOf(first_row, j0, u); });
       }
       float s[kSums];  // s[u · kTile + t]: key u, head h0 + t
 #pragma unroll
@@ -307,7 +281,7 @@ __global__ void __launch_bounds__(
       // lane makes one exp2 for its weight and (those of key 0) one for the head's rescale,
       // and the weights and rescales reach every lane through shared memory.
       const float total = SumAcrossLanes(s, lane);
-      const float score = !(whole_step || visible(j0 + su)) ? -INFINITY
+      const float score = !(whole_step || steps.Visible(j0 + su)) ? -INFINITY
                           : p.softcap > 0.0f
                               ? SoftCapped(total * p.scale, p.softcap) * 1.4426950408889634f
                               : total * scale2;
@@ -567,7 +541,7 @@ int SplitsForOneWave(const AttentionParams& p, int64_t slots, int64_t min_keys, 
   const int64_t row_keys = p.window > 0 ? std::min(p.num_keys, p.window) : p.num_keys;
   const int64_t by_keys = std::max<int64_t>(1, row_keys / min_keys);
   const int64_t splits = std::clamp<int64_t>(std::min(want, by_keys), 1, kSplitKvMaxSplits);
-  // The kernels give each split a span of whole steps (SplitKeysOf): count the splits
+  // The kernels give each split a span of whole steps (SplitSteps): count the splits
   // those spans fill, so that no block is launched without keys (66 splits of 8192 keys
   // are spans of 128, which 64 fill) and the combine reads no empty partials.
   const int64_t span = ((row_keys + splits - 1) / splits + step - 1) / step * step;

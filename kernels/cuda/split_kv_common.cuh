@@ -15,29 +15,68 @@
 
 namespace kvlens::kernels::cuda {
 
-// Split `split`'s keys of row i: [j_begin, j_end), in steps of `step` keys from j_begin;
-// keys below key_begin (a sliding window's) are hidden. The splits share the row's keys
-// from b, 0 or under a sliding window the step holding the row's first key in it, in
-// spans of whole steps: the work follows each row's own keys, however unequal the rows'
-// key ends, or however far the launch's key count (the longest row's, or a recorded
-// step's padded one) exceeds them. With few keys a split the rounding can leave the last
-// splits empty (a key end of 40 over 8 splits of 8-key steps fills 5); the merges give an
-// empty split (m = −∞) weight 0.
-struct SplitKeys {
-  int key_begin, j_begin, j_end;
+// Block `split`'s share of row i, walked in steps of kStep keys: its keys [j_begin, j_end),
+// keys below key_begin (a sliding window's) and in other documents hidden. The splits share
+// the row's keys from b, 0 or under a sliding window the step holding the row's first key
+// in it (not 0, where most splits of a long context would be idle), in spans of whole
+// steps: the work follows each row's own keys, however unequal the rows' key ends, or
+// however far the launch's key count (the longest row's, or a recorded step's padded one)
+// exceeds them. With few keys a split the rounding can leave the last splits empty (a key
+// end of 40 over 8 splits of 8-key steps fills 5); the merges give an empty split (m = −∞)
+// weight 0. A step's keys start at a multiple of kStep, so they share a cache block when
+// the block size is one too (in_one_block): then one table lookup serves the step, which
+// the kernels make a step ahead (Block), so that a step's loads wait on no table read.
+template <int kStep>
+struct SplitSteps {
+  const int32_t* table;  // the row's sequence's blocks (batched: its own), or null
+  const int32_t* k_doc;  // p.k_doc where the call has documents, else null
+  int key_begin, j_begin, j_end, q_doc, block_size, block_shift;
+  bool in_one_block;
+
+  __device__ __forceinline__ SplitSteps(const AttentionParams& p, int i, int split, int num_splits)
+      : table(p.row_table_offset != nullptr ? p.block_table + p.row_table_offset[i]
+                                            : p.block_table),
+        k_doc(p.q_doc != nullptr ? p.k_doc : nullptr),
+        q_doc(p.q_doc != nullptr ? p.q_doc[i] : 0),
+        block_size(p.block_size),
+        block_shift(BlockShift(p.block_size)),
+        in_one_block(p.block_size % kStep == 0) {
+    const int key_end = p.row_key_end != nullptr ? p.row_key_end[i] : CausalEnd(p, i);
+    key_begin = p.window > 0 ? max(0, key_end - p.window) : 0;  // causal: the row is key_end − 1
+    const int steps_begin = key_begin / kStep * kStep;
+    const int span =
+        ((key_end - steps_begin + num_splits - 1) / num_splits + kStep - 1) / kStep * kStep;
+    j_begin = steps_begin + split * span;
+    j_end = min(key_end, j_begin + span);
+  }
+  // The row sees key j (of this split).
+  __device__ __forceinline__ bool Visible(int j) const {
+    return j < j_end && j >= key_begin && (k_doc == nullptr || k_doc[j] == q_doc);
+  }
+  // The table entry of the step at j0 where the step is in one block of a paged cache and
+  // in the split, else 0 (a 32-bit entry a step ahead: a 64-bit row made three kernels spill).
+  __device__ __forceinline__ int32_t Block(int j0) const {
+    return in_one_block && table != nullptr && j0 < j_end
+               ? table[BlockIndexOf(block_size, block_shift, j0)]
+               : 0;
+  }
+  // The cache row of the step at j0's first key, given Block(j0) (0 where steps span blocks).
+  __device__ __forceinline__ int64_t FirstRow(int32_t block, int j0) const {
+    return !in_one_block      ? 0
+           : table == nullptr ? j0
+                              : RowInBlock(block, block_size, block_shift, j0);
+  }
+  // Every key of the step at j0 is visible and in one block: its rows are FirstRow + u, and
+  // its loads need no per-key tests (most steps: all but a split's last, or a window's edge).
+  __device__ __forceinline__ bool Whole(int j0) const {
+    return in_one_block && k_doc == nullptr && j0 >= key_begin && j0 + kStep <= j_end;
+  }
+  // The cache row of key j0 + u of a step whose FirstRow is first_row (a visible key: past
+  // j_end the table may end).
+  __device__ __forceinline__ int64_t RowOf(int64_t first_row, int j0, int u) const {
+    return in_one_block ? first_row + u : PhysicalRowIn(table, block_size, block_shift, j0 + u);
+  }
 };
-__device__ __forceinline__ SplitKeys SplitKeysOf(const AttentionParams& p, int i, int split,
-                                                 int num_splits, int step) {
-  const int key_end = p.row_key_end != nullptr ? p.row_key_end[i] : CausalEnd(p, i);
-  // A sliding window (causal, so the row is position key_end − 1) hides keys below
-  // key_begin: the splits share the keys from there (from the step holding it), not from
-  // 0, where most splits of a long context would be idle.
-  const int key_begin = p.window > 0 ? max(0, key_end - p.window) : 0;
-  const int steps_begin = key_begin / step * step;
-  const int span = ((key_end - steps_begin + num_splits - 1) / num_splits + step - 1) / step * step;
-  const int j_begin = steps_begin + split * span;
-  return {key_begin, j_begin, min(key_end, j_begin + span)};
-}
 
 // The end of a block's head tile: its warps' partial results for heads h0 … h0 + tile − 1
 // of KV head g (part_ml[w][t] = {m, l}, part_acc[w][t][d], in shared memory; a barrier

@@ -1,6 +1,6 @@
 // Split-KV attention on tensor cores (attention.h, "Split-KV on tensor cores"). Block
 // (i, g, split) as SplitKvKernel's (attention.cu): query row i, KV head g, the split's keys
-// (SplitKeysOf), its kSplitKvMmaWarps warps taking turns over steps of 16 keys on a bf16
+// (SplitSteps), its kSplitKvMmaWarps warps taking turns over steps of 16 keys on a bf16
 // cache, 8 on fp32, each keeping its own (m, l, O) for a tile of the group's heads, the
 // warps merged in shared memory (MergeWarps), the splits by SplitKvCombineKernel or the last
 // block (CombineIfLast). The products take bf16 on a bf16 cache, fp16 on fp32 (Piece8).
@@ -113,26 +113,13 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
   const int i = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, t = lane % 4;
   const int group = p.num_heads / p.num_kv_heads;
-  const float scale2 = p.scale * 1.4426950408889634f;                  // scores in base 2
-  const SplitKeys keys = SplitKeysOf(p, i, split, num_splits, kStep);  // as ChooseNumSplitsMma
-  const int key_begin = keys.key_begin, j_begin = keys.j_begin, j_end = keys.j_end;
-  const int q_doc = p.q_doc != nullptr ? p.q_doc[i] : 0;
-  const int32_t* table =
-      p.row_table_offset != nullptr ? p.block_table + p.row_table_offset[i] : p.block_table;
+  const float scale2 = p.scale * 1.4426950408889634f;      // scores in base 2
+  const SplitSteps<kStep> steps(p, i, split, num_splits);  // as ChooseNumSplitsMma
+  const int j_begin = steps.j_begin, j_end = steps.j_end;
   const float* q_group =
       p.q + static_cast<int64_t>(i) * p.q_stride + static_cast<int64_t>(g) * group * kDh;
   const KT* k_cache = KeysOf<KT>(p) + static_cast<int64_t>(g) * kDh;
   const KT* v_cache = ValuesOf<KT>(p) + static_cast<int64_t>(g) * kDh;
-  const auto visible = [&](int j) {
-    return j < j_end && j >= key_begin && (p.q_doc == nullptr || p.k_doc[j] == q_doc);
-  };
-  const bool step_in_one_block = p.block_size % kStep == 0;
-  const int block_shift = BlockShift(p.block_size);
-  const auto step_block = [&](int j0) {
-    return step_in_one_block && table != nullptr && j0 < j_end
-               ? table[BlockIndexOf(p.block_size, block_shift, j0)]
-               : 0;
-  };
   // The keys of a step whose rows a lane loads: K's r (and r + 8), V's 2t, 2t+1 (and 2t+8,
   // 2t+9): the second of each with 16-key steps.
   const int k_key[2] = {r, r + 8};
@@ -163,23 +150,16 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
     for (int n = 0; n < kDimTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads r, r + 8; l: this lane's
 
-    int32_t next_block = step_block(j_begin + warp * kStep);
+    int32_t next_block = steps.Block(j_begin + warp * kStep);  // a step ahead
     for (int j0 = j_begin + warp * kStep; j0 < j_end; j0 += kWarps * kStep) {
-      const int64_t first_row = !step_in_one_block ? 0
-                                : table == nullptr
-                                    ? j0
-                                    : RowInBlock(next_block, p.block_size, block_shift, j0);
-      next_block = step_block(j0 + kWarps * kStep);
-      // As SplitKvKernel's whole steps: every key visible, in one block, no per-key tests.
-      const bool whole_step =
-          step_in_one_block && p.q_doc == nullptr && j0 >= key_begin && j0 + kStep <= j_end;
+      const int64_t first_row = steps.FirstRow(next_block, j0);
+      next_block = steps.Block(j0 + kWarps * kStep);
+      const bool whole_step = steps.Whole(j0);
       // The row of step key u, or −1 where it is hidden (its row is not read: it may be
       // past the sequence, NaN included).
       const auto row_of = [&](int u) -> int64_t {
         if (whole_step) return first_row + u;
-        if (!visible(j0 + u)) return -1;
-        return step_in_one_block ? first_row + u
-                                 : PhysicalRowIn(table, p.block_size, block_shift, j0 + u);
+        return steps.Visible(j0 + u) ? steps.RowOf(first_row, j0, u) : -1;
       };
       Piece kr[kKeyTiles][kKLoads], vr[kVKeys][kHalves];
 #pragma unroll
@@ -225,7 +205,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = s[kt][2 * half + e];
-            const bool vis = whole_step || visible(j0 + 8 * kt + 2 * t + e);
+            const bool vis = whole_step || steps.Visible(j0 + 8 * kt + 2 * t + e);
             x = !vis               ? -INFINITY
                 : p.softcap > 0.0f ? SoftCapped(x * p.scale, p.softcap) * 1.4426950408889634f
                                    : x * scale2;
