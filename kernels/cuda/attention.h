@@ -188,12 +188,14 @@ int SplitsForOneWave(const AttentionParams& p, int64_t slots, int64_t min_keys, 
 // Split-KV on tensor cores (split_kv_mma.cu; CudaBackend::SetSplitKvTensorCores, off by
 // default): the same blocks, splits and partial results as SplitKvKernel, at head sizes 64
 // and 128, where SplitKvKernel is bound by its instruction issue (keys × dims × the GQA
-// group's heads of fp32 FMAs a step, plus the lanes' sums). Each warp puts Q·Kᵀ for up to
-// 16 heads of the group (the M of mma.sync m16n8k16, fp32 sums) and P·V on tensor cores:
-// on a bf16 cache 16 keys a step in bf16 (32 products at Dh 128), on an fp32 cache 8 keys a
-// step rounded to fp16 (24 products: P·V's second 8 keys absent), as the flash kernels
-// round them (Q and P too). Each lane loads 8 elements of a row at a time, K and V straight
-// into their fragments (V's pairs of keys formed by permutes or conversions), 256 bytes a
+// group's heads of fp32 FMAs a step, plus the lanes' sums). Each warp puts Sᵀ = K·Qᵀ and
+// Oᵀ = Vᵀ·Pᵀ on tensor cores, the step's keys or the head's dims as the rows of mma.sync
+// m16n8k16 and 8 (or 16) heads of the group as its columns, fp32 sums: on a bf16 cache 16
+// keys a step in bf16 (16 products at Dh 128, a group of up to 8), on an fp32 cache 8 keys
+// a step rounded to fp16 (the products' other 8 keys absent), as the flash kernels round
+// them (Q and P too); P goes from one product to the next by movmatrix transposes. Each
+// lane loads 8 elements of a row at a time, K and V straight into their fragments (V's
+// pairs of keys formed by permutes or conversions), 256 bytes a
 // step in flight. Needs kv_row_stride a multiple of 8 (bf16) or 4 (fp32), k, v and q
 // 16-byte aligned, q_stride a multiple of 4; documents, windows, the soft cap and batched
 // rows as SplitKvKernel.

@@ -55,6 +55,21 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4],
 #endif
 }
 
+// The transpose of an 8×8 matrix of 16-bit elements across the warp (movmatrix, sm_75 and
+// later): lane (g, t) passes M[g][2t, 2t+1] (low half first) and receives M[2t][g],
+// M[2t+1][g]. So half of a product's C tile, packed in pairs, becomes a B register of a
+// product whose k runs over that tile's rows (split_kv_mma.cu: scores with keys as rows,
+// then the keys as P·V's k).
+__device__ __forceinline__ uint32_t MovMatrixTrans(uint32_t a) {
+#ifdef KVLENS_CUDA_EMULATOR
+  return ::kvlens_emu::MovMatrixTrans(a);
+#else
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+  return d;
+#endif
+}
+
 // Two floats rounded to bf16 (nearest even) in one register, lo in the low half.
 __device__ __forceinline__ uint32_t PackBf162(float lo, float hi) {
 #ifdef KVLENS_CUDA_EMULATOR

@@ -5,22 +5,31 @@
 // warps merged in shared memory (MergeWarps), the splits by SplitKvCombineKernel or the last
 // block (CombineIfLast). The products take bf16 on a bf16 cache, fp16 on fp32 (Piece8).
 //
-// Fragments (mma_sync.cuh; r = lane / 4, t = lane % 4). The tile's heads h0 + r and
-// h0 + r + 8 are the product's rows (kRows = 8: the second half is absent). A dot product
-// may take its dims in any order so long as Q and K agree, and P·V its keys in any order
-// so long as P and V agree; the loads pick orders that let each lane read 8 elements of a
-// row at a time (a Piece8: 16 bytes of bf16, 32 of fp32):
-//   Q·Kᵀ, chunk c = 2k + e (16 dims): lane (r, t) holds dims 32k + 8t + 4e + {0, 1} as the
-//     chunk's 2t, 2t+1 and + {2, 3} as 2t+8, 2t+9, for Q (A: heads r, r+8) and for K (B:
-//     key r of the step's first 8, key r + 8 of the second): one piece of K's row feeds
-//     two chunks.
-//   S (C): s[kt][0..1] = S[head r][key 8kt + 2t + {0, 1}], s[kt][2..3] the same of head r+8,
-//     which packed in pairs are P·V's A operand as they stand (keys 2t, 2t+1, 2t+8, 2t+9;
-//     the last two 0 with 8-key steps).
-//   P·V, dim tile n = 8·half + c: column r is dim 64·half + 8r + c, so lane (r, t) reads dims
-//     64·half + 8r … +7 of the rows of keys 2t, 2t+1 (and 2t+8, 2t+9) and pairs element c of
-//     two keys' pieces for B. Its O (C) holds head r (and r+8), columns 2t and 2t+1: dims
-//     64·half + 16t + c and 64·half + 16t + 8 + c.
+// The step's keys are the products' rows and the group's heads their columns: Sᵀ = K·Qᵀ
+// (m16n8k16: 16 keys × 8 heads, k the dims), then Oᵀ = Vᵀ·Pᵀ (16 dims × 8 heads, k the
+// keys). A GQA group of up to 8 heads (Llama 3's 4, Mistral's 4, Llama 2's 1) fills a
+// product's 8 columns; as the product's rows (until 2026-12-05) it left 8 of 16 rows zero,
+// which took products and registers all the same: now 16 products a bf16 step at Dh 128
+// (32 before), and O 32 floats a lane rather than 64 (ptxas: 154–160 registers against
+// 204–214, three blocks an SM rather than two). Groups past 8 take two head tiles, which
+// share each K and V fragment. Between the products, Sᵀ's accumulator (lane (r, t): keys r
+// and r + 8 of heads 2t, 2t+1) becomes Pᵀ's B fragment (keys 2t, 2t+1 and 2t+8, 2t+9 of
+// head r) by two 8×8 transposes across the warp (movmatrix, mma_sync.cuh).
+//
+// Fragments (mma_sync.cuh; r = lane / 4, t = lane % 4). A dot product may take its dims in
+// any order so long as Q and K agree, and P·V its keys in any order so long as P and V
+// agree; the loads pick orders that let each lane read 8 elements of a row at a time (a
+// Piece8: 16 bytes of bf16, 32 of fp32):
+//   Sᵀ = K·Qᵀ, chunk c = 2k + e (16 dims): lane (r, t) holds dims 32k + 8t + 4e + {0, 1} as
+//     the chunk's 2t, 2t+1 and + {2, 3} as 2t+8, 2t+9, for K (A: keys r and r + 8 of the
+//     step, the second absent with 8-key steps) and for Q (B: head r of the tile): one
+//     piece of K's row feeds two chunks.
+//   Sᵀ (C): s[0..1] = S[heads 2t, 2t+1][key r], s[2..3] the same of key r + 8.
+//   Oᵀ = Vᵀ·Pᵀ, dim tile n (of Dh / 16): its row r is the lane's slot n, its row r + 8 slot
+//     n + Dh/16, where slot u is dim 64·(u / 8) + 8r + u % 8: lane (r, t) reads dims
+//     64x + 8r … +7 of the rows of keys 2t, 2t+1 (and 2t+8, 2t+9) and pairs element u % 8 of
+//     two keys' pieces for A. Its Oᵀ (C) holds heads 2t, 2t+1 at the dims of slots n and
+//     n + Dh/16.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -93,20 +102,21 @@ struct Piece8<float> {
   }
 };
 
-// KT: the cache's element; kDh: 64 or 128; kRows: heads a tile (8, or 16 for groups past
-// 8). Bounded to 2 blocks an SM at Dh 128 (O alone is 64 floats a lane), 3 at 64.
-template <typename KT, int kDh, int kRows>
-__global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
+// KT: the cache's element; kDh: 64 or 128; kHeadTiles: n8 tiles of the group's heads a
+// pass (1, or 2 for groups past 8). Bounded to 3 blocks an SM, 2 for two head tiles at
+// Dh 128 (whose O is 64 floats a lane: at 3, ptxas spilled 56 and 96 bytes).
+template <typename KT, int kDh, int kHeadTiles>
+__global__ void __launch_bounds__(kWarps * 32, kDh == 128 && kHeadTiles == 2 ? 2 : 3)
     SplitKvMmaKernel(AttentionParams p, int num_splits, float* workspace, int* arrivals) {
   WaitForPriorGrids();  // first: see launch.cuh
   using Piece = Piece8<KT>;
   constexpr int kStep = sizeof(KT) == 2 ? kSplitKvMmaBf16StepKeys : kSplitKvMmaF32StepKeys;
-  constexpr int kKeyTiles = kStep / 8;  // n8 tiles of Q·Kᵀ a step: 2 (bf16) or 1 (fp32)
-  constexpr int kKLoads = kDh / 32;     // 8-element pieces of a K row a lane loads
-  constexpr int kHalves = kDh / 64;     // … and of a V row
-  constexpr int kChunks = kDh / 16;     // k16 chunks of Q·Kᵀ
-  constexpr int kDimTiles = kDh / 8;    // n8 tiles of P·V
-  constexpr bool kTwoHalves = kRows == 16;
+  constexpr int kKeyHalves = kStep / 8;  // the step's key rows g (and g + 8) a lane loads
+  constexpr int kKLoads = kDh / 32;      // 8-element pieces of a K row a lane loads
+  constexpr int kVLoads = kDh / 64;      // … and of a V row
+  constexpr int kChunks = kDh / 16;      // k16 chunks of S = K·Qᵀ
+  constexpr int kDimTiles = kDh / 16;    // m16 tiles of Oᵀ = Vᵀ·Pᵀ
+  constexpr int kRows = 8 * kHeadTiles;  // heads a pass
   __shared__ float part_ml[kWarps][kRows][2];
   __shared__ float part_acc[kWarps][kRows][kDh];
 
@@ -124,31 +134,43 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
   // 2t+9): the second of each with 16-key steps.
   const int k_key[2] = {r, r + 8};
   const int v_key[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
-  constexpr int kVKeys = 2 * kKeyTiles;
+  // Oᵀ's row r of dim tile n is dim DimOf(n), its row r + 8 dim DimOf(n + kDimTiles): slot
+  // s of the lane's V pieces is element s % 8 of piece s / 8, dims 64·(s / 8) + 8r + s % 8.
+  const auto dim_of = [&](int s) { return 64 * (s / 8) + 8 * r + s % 8; };
 
   for (int h0 = 0; h0 < group; h0 += kRows) {
-    // Q as A fragments of the products' type (rows past the group: 0).
-    uint32_t qa[kChunks][4];
+    // Qᵀ as B fragments of the products' type (heads past the group: 0).
+    uint32_t qb[kHeadTiles][kChunks][2];
 #pragma unroll
-    for (int k = 0; k < kKLoads; ++k) {
+    for (int ht = 0; ht < kHeadTiles; ++ht) {
+      const int h = h0 + 8 * ht + r;
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int c = 2 * k + e, d = 32 * k + 8 * t + 4 * e;
+      for (int k = 0; k < kKLoads; ++k) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int h = h0 + r + 8 * half;
-          const float4 x = (half == 0 || kTwoHalves) && h < group
-                               ? *reinterpret_cast<const float4*>(q_group + h * kDh + d)
-                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          qa[c][half] = Piece::Pack(x.x, x.y);
-          qa[c][2 + half] = Piece::Pack(x.z, x.w);
+        for (int e = 0; e < 2; ++e) {
+          const float4 x =
+              h < group
+                  ? *reinterpret_cast<const float4*>(q_group + h * kDh + 32 * k + 8 * t + 4 * e)
+                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          qb[ht][2 * k + e][0] = Piece::Pack(x.x, x.y);
+          qb[ht][2 * k + e][1] = Piece::Pack(x.z, x.w);
         }
       }
     }
-    float o[kDimTiles][4];
+    float o[kDimTiles][kHeadTiles][4];
 #pragma unroll
-    for (int n = 0; n < kDimTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads r, r + 8; l: this lane's
+    for (int n = 0; n < kDimTiles; ++n) {
+#pragma unroll
+      for (int ht = 0; ht < kHeadTiles; ++ht)
+        o[n][ht][0] = o[n][ht][1] = o[n][ht][2] = o[n][ht][3] = 0.0f;
+    }
+    // Heads 8ht + 2t + e; l: this lane's keys' share.
+    float m[kHeadTiles][2], l[kHeadTiles][2];
+#pragma unroll
+    for (int ht = 0; ht < kHeadTiles; ++ht) {
+      m[ht][0] = m[ht][1] = -INFINITY;
+      l[ht][0] = l[ht][1] = 0.0f;
+    }
 
     int32_t next_block = steps.Block(j_begin + warp * kStep);  // a step ahead
     for (int j0 = j_begin + warp * kStep; j0 < j_end; j0 += kWarps * kStep) {
@@ -161,9 +183,9 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
         if (whole_step) return first_row + u;
         return steps.Visible(j0 + u) ? steps.RowOf(first_row, j0, u) : -1;
       };
-      Piece kr[kKeyTiles][kKLoads], vr[kVKeys][kHalves];
+      Piece kr[kKeyHalves][kKLoads], vr[2 * kKeyHalves][kVLoads];
 #pragma unroll
-      for (int x = 0; x < kKeyTiles; ++x) {
+      for (int x = 0; x < kKeyHalves; ++x) {
         const int64_t row = row_of(k_key[x]);
 #pragma unroll
         for (int k = 0; k < kKLoads; ++k) {
@@ -172,109 +194,129 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 64 ? 3 : 2)
         }
       }
 #pragma unroll
-      for (int y = 0; y < kVKeys; ++y) {
+      for (int y = 0; y < 2 * kKeyHalves; ++y) {
         const int64_t row = row_of(v_key[y]);
 #pragma unroll
-        for (int half = 0; half < kHalves; ++half) {
-          vr[y][half] = row >= 0 ? Piece::Load(v_cache + row * p.kv_row_stride + 64 * half + 8 * r)
-                                 : Piece::Zero();
+        for (int x = 0; x < kVLoads; ++x) {
+          vr[y][x] = row >= 0 ? Piece::Load(v_cache + row * p.kv_row_stride + 64 * x + 8 * r)
+                              : Piece::Zero();
         }
       }
 
-      // S = Q·Kᵀ for the step's groups of 8 keys.
-      float s[kKeyTiles][4];
+      // Sᵀ = K·Qᵀ: keys as rows (r, r + 8), heads as columns (2t, 2t + 1). Chunk c = 2k + e
+      // of a key's row is dims 32k + 8t + 4e + {0, 1} (the chunk's 2t, 2t+1) and + {2, 3}
+      // (2t+8, 2t+9), as Q's.
+      float s[kHeadTiles][4];
 #pragma unroll
-      for (int kt = 0; kt < kKeyTiles; ++kt) {
-        s[kt][0] = s[kt][1] = s[kt][2] = s[kt][3] = 0.0f;
+      for (int ht = 0; ht < kHeadTiles; ++ht) s[ht][0] = s[ht][1] = s[ht][2] = s[ht][3] = 0.0f;
 #pragma unroll
-        for (int k = 0; k < kKLoads; ++k) {
-          const uint32_t b0[2] = {kr[kt][k].Pair(0), kr[kt][k].Pair(1)},
-                         b1[2] = {kr[kt][k].Pair(2), kr[kt][k].Pair(3)};
-          Piece::Mma(s[kt], qa[2 * k], b0);
-          Piece::Mma(s[kt], qa[2 * k + 1], b1);
+      for (int k = 0; k < kKLoads; ++k) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const uint32_t a[4] = {kr[0][k].Pair(2 * e),
+                                 kKeyHalves == 2 ? kr[kKeyHalves - 1][k].Pair(2 * e) : 0u,
+                                 kr[0][k].Pair(2 * e + 1),
+                                 kKeyHalves == 2 ? kr[kKeyHalves - 1][k].Pair(2 * e + 1) : 0u};
+#pragma unroll
+          for (int ht = 0; ht < kHeadTiles; ++ht) Piece::Mma(s[ht], a, qb[ht][2 * k + e]);
         }
       }
-      // The online softmax of heads r and r + 8 over this lane's keys 8kt + 2t + e, the
-      // row's maximum across its 4 lanes (t).
-      float alpha[2] = {1.0f, 1.0f};
+      // The online softmax of heads 2t + e over keys r and r + 8, each head's maximum
+      // across the 8 lanes (r) that hold it.
+      const bool vis[2] = {whole_step || steps.Visible(j0 + r),
+                           kKeyHalves == 2 && (whole_step || steps.Visible(j0 + r + 8))};
+      float alpha[kHeadTiles][2];
+      bool settled = true;
 #pragma unroll
-      for (int half = 0; half < (kTwoHalves ? 2 : 1); ++half) {
-        float step_max = -INFINITY;
+      for (int ht = 0; ht < kHeadTiles; ++ht) {
 #pragma unroll
-        for (int kt = 0; kt < kKeyTiles; ++kt) {
+        for (int e = 0; e < 2; ++e) {
+          float step_max = -INFINITY;
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[kt][2 * half + e];
-            const bool vis = whole_step || steps.Visible(j0 + 8 * kt + 2 * t + e);
-            x = !vis               ? -INFINITY
-                : p.softcap > 0.0f ? SoftCapped(x * p.scale, p.softcap) * 1.4426950408889634f
-                                   : x * scale2;
-            step_max = fmaxf(step_max, x);
+          for (int x = 0; x < 2; ++x) {
+            float& v = s[ht][2 * x + e];
+            v = !vis[x]            ? -INFINITY
+                : p.softcap > 0.0f ? SoftCapped(v * p.scale, p.softcap) * 1.4426950408889634f
+                                   : v * scale2;
+            step_max = fmaxf(step_max, v);
           }
-        }
-        step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 1));
-        step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 2));
-        const float m_new = fmaxf(m[half], step_max);
-        // Nothing visible yet (m_new = −∞): weights 0, and O (0) keeps its scale.
-        alpha[half] = m_new == -INFINITY ? 1.0f : exp2f(m[half] - m_new);
-        float w_sum = 0.0f;
+          step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 4));
+          step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 8));
+          step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 16));
+          const float m_new = fmaxf(m[ht][e], step_max);
+          // Nothing visible yet (m_new = −∞): weights 0, and O (0) keeps its scale.
+          alpha[ht][e] = m_new == -INFINITY ? 1.0f : exp2f(m[ht][e] - m_new);
+          settled = settled && alpha[ht][e] == 1.0f;
+          float w_sum = 0.0f;
 #pragma unroll
-        for (int kt = 0; kt < kKeyTiles; ++kt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[kt][2 * half + e];
-            x = x == -INFINITY ? 0.0f : exp2f(x - m_new);
-            w_sum += x;
+          for (int x = 0; x < 2; ++x) {
+            float& v = s[ht][2 * x + e];
+            v = v == -INFINITY ? 0.0f : exp2f(v - m_new);
+            w_sum += v;
           }
+          l[ht][e] = l[ht][e] * alpha[ht][e] + w_sum;
+          m[ht][e] = m_new;
         }
-        l[half] = l[half] * alpha[half] + w_sum;
-        m[half] = m_new;
       }
       // Once the maxima settle most steps rescale nothing (alpha exactly 1).
-      if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
+      if (!__all_sync(0xffffffffu, settled)) {
 #pragma unroll
         for (int n = 0; n < kDimTiles; ++n) {
-          o[n][0] *= alpha[0];
-          o[n][1] *= alpha[0];
-          o[n][2] *= alpha[1];
-          o[n][3] *= alpha[1];
+#pragma unroll
+          for (int ht = 0; ht < kHeadTiles; ++ht) {
+            o[n][ht][0] *= alpha[ht][0];
+            o[n][ht][1] *= alpha[ht][1];
+            o[n][ht][2] *= alpha[ht][0];
+            o[n][ht][3] *= alpha[ht][1];
+          }
         }
       }
-      // O += P·V, P rounded as Q (hidden keys' weights 0, their V rows 0: no 0 · NaN). With
-      // 8-key steps the product's keys 8 … 15 are absent: their P and V are 0.
-      const uint32_t pa[4] = {
-          Piece::Pack(s[0][0], s[0][1]), Piece::Pack(s[0][2], s[0][3]),
-          kKeyTiles == 2 ? Piece::Pack(s[kKeyTiles - 1][0], s[kKeyTiles - 1][1]) : 0u,
-          kKeyTiles == 2 ? Piece::Pack(s[kKeyTiles - 1][2], s[kKeyTiles - 1][3]) : 0u};
+      // Oᵀ += Vᵀ·Pᵀ: Pᵀ's B fragment (keys 2t, 2t+1 and 2t+8, 2t+9 of head r) is the
+      // transpose of Sᵀ's 8×8 halves (keys r and r + 8 of heads 2t, 2t+1), P rounded as Q
+      // (hidden keys' weights 0, their V rows 0: no 0 · NaN). With 8-key steps keys 8 … 15
+      // are absent: their P and V are 0.
+      uint32_t pb[kHeadTiles][2];
 #pragma unroll
-      for (int half = 0; half < kHalves; ++half) {
+      for (int ht = 0; ht < kHeadTiles; ++ht) {
+        pb[ht][0] = MovMatrixTrans(Piece::Pack(s[ht][0], s[ht][1]));
+        pb[ht][1] = kKeyHalves == 2 ? MovMatrixTrans(Piece::Pack(s[ht][2], s[ht][3])) : 0u;
+      }
 #pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          const uint32_t b[2] = {
-              Piece::Across(vr[0][half], vr[1][half], c),
-              kKeyTiles == 2 ? Piece::Across(vr[kVKeys - 2][half], vr[kVKeys - 1][half], c) : 0u};
-          Piece::Mma(o[8 * half + c], pa, b);
-        }
+      for (int n = 0; n < kDimTiles; ++n) {
+        const int lo = n, hi = n + kDimTiles;  // the slots of Vᵀ's rows r and r + 8
+        const uint32_t a[4] = {
+            Piece::Across(vr[0][lo / 8], vr[1][lo / 8], lo % 8),
+            Piece::Across(vr[0][hi / 8], vr[1][hi / 8], hi % 8),
+            kKeyHalves == 2 ? Piece::Across(vr[2 * kKeyHalves - 2][lo / 8],
+                                            vr[2 * kKeyHalves - 1][lo / 8], lo % 8)
+                            : 0u,
+            kKeyHalves == 2 ? Piece::Across(vr[2 * kKeyHalves - 2][hi / 8],
+                                            vr[2 * kKeyHalves - 1][hi / 8], hi % 8)
+                            : 0u};
+#pragma unroll
+        for (int ht = 0; ht < kHeadTiles; ++ht) Piece::Mma(o[n][ht], a, pb[ht]);
       }
     }
 
-    // The warp's (m, l, O) to shared memory (l summed over the row's 4 lanes), then merged.
+    // The warp's (m, l, O) to shared memory (l summed over the 8 lanes of a head), then
+    // merged.
 #pragma unroll
-    for (int half = 0; half < (kTwoHalves ? 2 : 1); ++half) {
-      float l_row = l[half];
-      l_row += __shfl_xor_sync(0xffffffffu, l_row, 1);
-      l_row += __shfl_xor_sync(0xffffffffu, l_row, 2);
-      if (t == 0) {
-        part_ml[warp][r + 8 * half][0] = m[half];
-        part_ml[warp][r + 8 * half][1] = l_row;
-      }
+    for (int ht = 0; ht < kHeadTiles; ++ht) {
 #pragma unroll
-      for (int hf = 0; hf < kHalves; ++hf) {
+      for (int e = 0; e < 2; ++e) {
+        const int head = 8 * ht + 2 * t + e;
+        float l_head = l[ht][e];
+        l_head += __shfl_xor_sync(0xffffffffu, l_head, 4);
+        l_head += __shfl_xor_sync(0xffffffffu, l_head, 8);
+        l_head += __shfl_xor_sync(0xffffffffu, l_head, 16);
+        if (r == 0) {
+          part_ml[warp][head][0] = m[ht][e];
+          part_ml[warp][head][1] = l_head;
+        }
 #pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          float* row = part_acc[warp][r + 8 * half] + 64 * hf + 16 * t + c;
-          row[0] = o[8 * hf + c][2 * half];
-          row[8] = o[8 * hf + c][2 * half + 1];
+        for (int n = 0; n < kDimTiles; ++n) {
+          part_acc[warp][head][dim_of(n)] = o[n][ht][e];
+          part_acc[warp][head][dim_of(n + kDimTiles)] = o[n][ht][2 + e];
         }
       }
     }
@@ -289,13 +331,13 @@ template <typename KT>
 SplitKvMmaKernelPtr SplitKvMmaKernelOf(int variant) {
   switch (variant & 3) {
     case 0:
-      return SplitKvMmaKernel<KT, 64, 8>;
+      return SplitKvMmaKernel<KT, 64, 1>;
     case 1:
-      return SplitKvMmaKernel<KT, 64, 16>;
+      return SplitKvMmaKernel<KT, 64, 2>;
     case 2:
-      return SplitKvMmaKernel<KT, 128, 8>;
+      return SplitKvMmaKernel<KT, 128, 1>;
     default:
-      return SplitKvMmaKernel<KT, 128, 16>;
+      return SplitKvMmaKernel<KT, 128, 2>;
   }
 }
 SplitKvMmaKernelPtr SplitKvMmaKernelOf(int variant) {

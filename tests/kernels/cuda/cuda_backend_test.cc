@@ -87,7 +87,7 @@ TEST(CudaSplitKv, WideBlocksOnlyWhereTheHeadTileFits) {
 
 // Which calls split-KV on tensor cores takes (cache rows in pieces of 8 elements at head
 // sizes 64 and 128, q in float4s), which of its kernels, and its splits: one wave of 2
-// blocks an SM (132 SMs), at least 2 steps a warp each, as many as whole steps fill (no
+// or 3 blocks an SM (132 SMs), at least 2 steps a warp each, as many as whole steps fill (no
 // device).
 TEST(CudaSplitKv, TensorCoresTakeRowsInPiecesOfEightAtHeadSizes64And128) {
   alignas(16) static float q[4];
@@ -108,6 +108,9 @@ TEST(CudaSplitKv, TensorCoresTakeRowsInPiecesOfEightAtHeadSizes64And128) {
   EXPECT_EQ(SplitKvMmaVariant(p), 4 + 2);  // bf16, Dh 128, 8 heads a tile
   // 264 slots / 8 KV heads = 33 wanted; 8192 / 33 → 249 → 256 keys a split, which 32 fill.
   EXPECT_EQ(ChooseNumSplitsMma(p, 132, 2), 32);
+  // 3 blocks an SM (this kernel's bound): 396 / 8 = 49 wanted; 8192 / 49 → 168 → 176 keys a
+  // split, which 47 fill.
+  EXPECT_EQ(ChooseNumSplitsMma(p, 132, 3), 47);
   p.num_keys = 300;
   EXPECT_EQ(ChooseNumSplitsMma(p, 132, 2), 2);  // 300 / 128 = 2 allowed
   p.num_keys = 100;

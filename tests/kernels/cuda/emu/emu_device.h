@@ -204,6 +204,13 @@ inline void MmaM16N8K16BF16(float (&d)[4], const uint32_t (&a)[4], const uint32_
   });
 }
 
+// PTX `movmatrix.sync.aligned.m8n8.trans.b16` (kernels/cuda/mma_sync.cuh), a warp
+// collective (full warps only): with g = lane / 4 and t = lane % 4, lane (g, t) passes
+// M[g][2t, 2t+1] of an 8×8 matrix of 16-bit elements and receives M[2t][g], M[2t+1][g]
+// (low half first), row g of Mᵀ as the same lane would hold row g of M. Element g of rows
+// 2t and 2t+1 comes from lanes 8t + g/2 and 8t + 4 + g/2, half g % 2 of their words.
+uint32_t MovMatrixTrans(uint32_t a);
+
 // PTX `ldmatrix.sync.aligned.m8n8.x4{,.trans}.shared.b16`, a warp collective (full warps
 // only): lane L gives the address of row L % 8 of matrix L / 8 (eight 16-bit elements, 16
 // bytes, 16-byte aligned, in shared memory), and with g = lane / 4, t = lane % 4 receives

@@ -426,6 +426,19 @@ void LdMatrixX4(uint32_t (&r)[4], const void* row_address, bool trans) {
   }
 }
 
+uint32_t MovMatrixTrans(uint32_t a) {
+  if (WarpLanes() != 32) {
+    DeviceFault("movmatrix", "a warp collective of all 32 lanes, run in a warp of " +
+                                 std::to_string(WarpLanes()) + " threads");
+  }
+  const int g = LaneId() / 4, t = LaneId() % 4;
+  const uint64_t row_lo = WarpExchange(a, 8 * t + g / 2),
+                 row_hi = WarpExchange(a, 8 * t + 4 + g / 2);
+  const int shift = 16 * (g % 2);
+  return static_cast<uint32_t>(((row_lo >> shift) & 0xffffu) |
+                               (((row_hi >> shift) & 0xffffu) << 16));
+}
+
 void CpAsync16(void* dst_shared, const void* src_global, int src_bytes) {
   if (src_bytes < 0 || src_bytes > 16) {
     DeviceFault("cp.async", "source size " + std::to_string(src_bytes) + " is not 0 to 16");

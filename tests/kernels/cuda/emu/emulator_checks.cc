@@ -4,7 +4,8 @@
 // (possibly partial) warp's values; mma.sync tiles (mma_sync.cuh, fp16 and bf16) loaded
 // by the PTX ISA's fragment formulas multiply like a naive loop; ldmatrix .x4
 // (async_copy.cuh), plain and .trans, from static and dynamic shared memory, gives every
-// lane the words of the ISA's formulas; cp.async lands a group only at the wait that
+// lane the words of the ISA's formulas, and movmatrix .trans (mma_sync.cuh) its row of the
+// transpose; cp.async lands a group only at the wait that
 // completes it (its destination reads as NaN from the issue to then), zero-fills past its
 // source size and drops what a thread leaves queued; a divergent __syncthreads, an oversized block,
 // dynamic shared memory over the limit, a host pointer passed as a kernel argument and a
@@ -149,6 +150,15 @@ void LdMatrixKernel(bool dynamic, uint32_t* out) {
   LdMatrixX4<false>(r, row);
   for (int c = 0; c < 8; ++c) row[c] = 0;
   for (int i = 0; i < 4; ++i) out[128 + lane * 4 + i] = r[i];
+}
+
+// Element (row, col) of the 8×8 matrix MovMatrixKernel transposes.
+uint32_t MovElement(int row, int col) { return static_cast<uint32_t>(100 + 8 * row + col); }
+
+// Lane (g, t) passes M[g][2t, 2t+1] to movmatrix and writes what it gets to out[lane].
+void MovMatrixKernel(uint32_t* out) {
+  const int lane = static_cast<int>(threadIdx.x), g = lane / 4, t = lane % 4;
+  out[lane] = MovMatrixTrans(MovElement(g, 2 * t) | MovElement(g, 2 * t + 1) << 16);
 }
 
 // Lane 5's row address is 8 bytes past a 16-byte boundary.
@@ -426,6 +436,23 @@ TEST(CudaEmulator, LdMatrixGivesEachLaneTheIsaFragments) {
       }
     }
   }
+  cudaFree(d);
+}
+
+TEST(CudaEmulator, MovMatrixGivesEachLaneItsRowOfTheTranspose) {
+  uint32_t* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 32 * sizeof(uint32_t)), cudaSuccess);
+  ::kvlens_emu::Launch(MovMatrixKernel, "MovMatrixKernel", 1, 32)(d);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<uint32_t> h = HostCopy(d, 32);
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    // Mᵀ[g][2t, 2t+1] = M[2t][g], M[2t+1][g] (low half first).
+    EXPECT_EQ(h[lane], MovElement(2 * t, g) | MovElement(2 * t + 1, g) << 16) << "lane " << lane;
+  }
+  // A warp of 16 lanes is not a full warp's collective.
+  EXPECT_DEATH(::kvlens_emu::Launch(MovMatrixKernel, "MovMatrixKernel", 1, 16)(d),
+               "movmatrix: a warp collective of all 32 lanes, run in a warp of 16 threads");
   cudaFree(d);
 }
 
