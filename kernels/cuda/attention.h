@@ -186,8 +186,8 @@ absl::Status LaunchSplitKvCombine(const AttentionParams& p, int num_splits, cons
 int SplitsForOneWave(const AttentionParams& p, int64_t slots, int64_t min_keys, int step);
 
 // Split-KV on tensor cores (split_kv_mma.cu; CudaBackend::SetSplitKvTensorCores, off by
-// default): the same blocks, splits and partial results as SplitKvKernel, at head sizes 64
-// and 128, where SplitKvKernel is bound by its instruction issue (keys × dims × the GQA
+// default): the same blocks, splits and partial results as SplitKvKernel, at head sizes 64,
+// 128 and 256, where SplitKvKernel is bound by its instruction issue (keys × dims × the GQA
 // group's heads of fp32 FMAs a step, plus the lanes' sums). Each warp puts Sᵀ = K·Qᵀ and
 // Oᵀ = Vᵀ·Pᵀ on tensor cores, the step's keys or the head's dims as the rows of mma.sync
 // m16n8k16 and 8 (or 16) heads of the group as its columns, fp32 sums: on a bf16 cache 16
@@ -205,10 +205,12 @@ constexpr int SplitKvMmaStepKeys(KvDtype cache) {
   return cache == KvDtype::kBF16 ? kSplitKvMmaBf16StepKeys : kSplitKvMmaF32StepKeys;
 }
 bool SplitKvMmaSupports(const AttentionParams& p);
-// Which of its kernels p takes (0…kSplitKvMmaVariants − 1: bits for a bf16 cache, head size
-// 128, and 16 heads a tile for GQA groups past 8), and how many of its blocks fit on one SM
-// at once (at least 1).
-inline constexpr int kSplitKvMmaVariants = 8;
+// Which of its kernels p takes (0…kSplitKvMmaVariants − 1: kSplitKvMmaKernelsPerCache for
+// an fp32 cache, then as many for bf16, each: head size 64 with 8 heads a tile, with 16 (GQA
+// groups past 8), 128 with 8, with 16, 256 with 8), and how many of its blocks fit on one
+// SM at once (at least 1).
+inline constexpr int kSplitKvMmaKernelsPerCache = 5;
+inline constexpr int kSplitKvMmaVariants = 2 * kSplitKvMmaKernelsPerCache;
 int SplitKvMmaVariant(const AttentionParams& p);
 absl::StatusOr<int> SplitKvMmaBlocksPerSm(int variant);
 // Splits for one full wave, at least 2 steps of each warp a split (128 keys on bf16, 64 on

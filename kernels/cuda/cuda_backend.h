@@ -158,7 +158,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // Off the default until a GPU has timed it (kvlens_gpu_check's decode rows).
   absl::Status SetSplitKvWarps(int warps);
   // Whether split-KV launches run on tensor cores where they can (SplitKvMmaSupports: head
-  // sizes 64 and 128, cache rows in pieces of 8 elements; attention.h): Q, K, P and V
+  // sizes 64, 128 and 256, cache rows in pieces of 8 elements; attention.h): Q, K, P and V
   // rounded to bf16 on a bf16 cache, to fp16 on fp32, as the flash kernels round them on
   // those caches; the warps option does not apply there. Off by default until a GPU has
   // timed it (kvlens_gpu_check's decode rows).

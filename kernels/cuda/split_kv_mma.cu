@@ -102,11 +102,14 @@ struct Piece8<float> {
   }
 };
 
-// KT: the cache's element; kDh: 64 or 128; kHeadTiles: n8 tiles of the group's heads a
-// pass (1, or 2 for groups past 8). Bounded to 3 blocks an SM, 2 for two head tiles at
-// Dh 128 (whose O is 64 floats a lane: at 3, ptxas spilled 56 and 96 bytes).
+// KT: the cache's element; kDh: 64, 128 or 256; kHeadTiles: n8 tiles of the group's heads
+// a pass (1, or 2 for groups past 8 at Dh 64 and 128; at 256 two tiles' partials would take
+// 64 KiB of shared memory, so larger groups loop over tiles of 8). Bounded to 3 blocks an
+// SM; 2 where O is 64 floats a lane, for two head tiles at Dh 128 (at 3, ptxas spilled 56
+// and 96 bytes) and at Dh 256.
 template <typename KT, int kDh, int kHeadTiles>
-__global__ void __launch_bounds__(kWarps * 32, kDh == 128 && kHeadTiles == 2 ? 2 : 3)
+__global__ void __launch_bounds__(kWarps * 32,
+                                  kDh == 256 || (kDh == 128 && kHeadTiles == 2) ? 2 : 3)
     SplitKvMmaKernel(AttentionParams p, int num_splits, float* workspace, int* arrivals) {
   WaitForPriorGrids();  // first: see launch.cuh
   using Piece = Piece8<KT>;
@@ -329,20 +332,22 @@ __global__ void __launch_bounds__(kWarps * 32, kDh == 128 && kHeadTiles == 2 ? 2
 using SplitKvMmaKernelPtr = void (*)(AttentionParams, int, float*, int*);
 template <typename KT>
 SplitKvMmaKernelPtr SplitKvMmaKernelOf(int variant) {
-  switch (variant & 3) {
+  switch (variant % kSplitKvMmaKernelsPerCache) {
     case 0:
       return SplitKvMmaKernel<KT, 64, 1>;
     case 1:
       return SplitKvMmaKernel<KT, 64, 2>;
     case 2:
       return SplitKvMmaKernel<KT, 128, 1>;
-    default:
+    case 3:
       return SplitKvMmaKernel<KT, 128, 2>;
+    default:
+      return SplitKvMmaKernel<KT, 256, 1>;
   }
 }
 SplitKvMmaKernelPtr SplitKvMmaKernelOf(int variant) {
-  return (variant & 4) != 0 ? SplitKvMmaKernelOf<uint16_t>(variant)
-                            : SplitKvMmaKernelOf<float>(variant);
+  return variant >= kSplitKvMmaKernelsPerCache ? SplitKvMmaKernelOf<uint16_t>(variant)
+                                               : SplitKvMmaKernelOf<float>(variant);
 }
 
 }  // namespace
@@ -351,13 +356,17 @@ bool SplitKvMmaSupports(const AttentionParams& p) {
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   // A lane's pieces of 8 elements: 16 bytes of bf16, two float4s of fp32.
   const int64_t piece_stride = p.kv_dtype == KvDtype::kBF16 ? 8 : 4;
-  return (p.head_dim == 64 || p.head_dim == 128) && p.kv_row_stride % piece_stride == 0 &&
-         aligned(p.k) && aligned(p.v) && aligned(p.q) && p.q_stride % 4 == 0;
+  return (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) &&
+         p.kv_row_stride % piece_stride == 0 && aligned(p.k) && aligned(p.v) && aligned(p.q) &&
+         p.q_stride % 4 == 0;
 }
 
 int SplitKvMmaVariant(const AttentionParams& p) {
   const int group = p.num_heads / std::max(p.num_kv_heads, 1);
-  return (p.kv_dtype == KvDtype::kBF16 ? 4 : 0) + (p.head_dim == 128 ? 2 : 0) + (group > 8 ? 1 : 0);
+  const int by_size = p.head_dim == 64    ? (group > 8 ? 1 : 0)
+                      : p.head_dim == 128 ? (group > 8 ? 3 : 2)
+                                          : 4;  // 256: head tiles of 8
+  return (p.kv_dtype == KvDtype::kBF16 ? kSplitKvMmaKernelsPerCache : 0) + by_size;
 }
 
 absl::StatusOr<int> SplitKvMmaBlocksPerSm(int variant) {
@@ -377,7 +386,7 @@ absl::Status LaunchSplitKvMma(const AttentionParams& p, int num_splits, float* w
                               int* arrivals, cudaStream_t stream) {
   if (!SplitKvMmaSupports(p)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tensor-core split-KV attention needs head_dim 64 or 128 and 16-byte aligned cache "
+        "tensor-core split-KV attention needs head_dim 64, 128 or 256 and 16-byte aligned cache "
         "rows, got head_dim ",
         p.head_dim));
   }

@@ -86,10 +86,10 @@ TEST(CudaSplitKv, WideBlocksOnlyWhereTheHeadTileFits) {
 }
 
 // Which calls split-KV on tensor cores takes (cache rows in pieces of 8 elements at head
-// sizes 64 and 128, q in float4s), which of its kernels, and its splits: one wave of 2
+// sizes 64, 128 and 256, q in float4s), which of its kernels, and its splits: one wave of 2
 // or 3 blocks an SM (132 SMs), at least 2 steps a warp each, as many as whole steps fill (no
 // device).
-TEST(CudaSplitKv, TensorCoresTakeRowsInPiecesOfEightAtHeadSizes64And128) {
+TEST(CudaSplitKv, TensorCoresTakeRowsInPiecesOfEightAtHeadSizes64To256) {
   alignas(16) static float q[4];
   alignas(16) static uint16_t cache[16];
   AttentionParams p;
@@ -105,7 +105,7 @@ TEST(CudaSplitKv, TensorCoresTakeRowsInPiecesOfEightAtHeadSizes64And128) {
   p.head_dim = 128;
   p.num_keys = 8192;
   EXPECT_TRUE(SplitKvMmaSupports(p));
-  EXPECT_EQ(SplitKvMmaVariant(p), 4 + 2);  // bf16, Dh 128, 8 heads a tile
+  EXPECT_EQ(SplitKvMmaVariant(p), 5 + 2);  // bf16 (the second 5), Dh 128, 8 heads a tile
   // 264 slots / 8 KV heads = 33 wanted; 8192 / 33 → 249 → 256 keys a split, which 32 fill.
   EXPECT_EQ(ChooseNumSplitsMma(p, 132, 2), 32);
   // 3 blocks an SM (this kernel's bound): 396 / 8 = 49 wanted; 8192 / 49 → 168 → 176 keys a
@@ -116,11 +116,14 @@ TEST(CudaSplitKv, TensorCoresTakeRowsInPiecesOfEightAtHeadSizes64And128) {
   p.num_keys = 100;
   EXPECT_EQ(ChooseNumSplitsMma(p, 132, 2), 1);
   p.num_heads = 72;  // a group of 9: 16 heads a tile
-  EXPECT_EQ(SplitKvMmaVariant(p), 4 + 2 + 1);
+  EXPECT_EQ(SplitKvMmaVariant(p), 5 + 3);
+  p.head_dim = 256;  // tiles of 8 heads, whatever the group
+  EXPECT_TRUE(SplitKvMmaSupports(p));
+  EXPECT_EQ(SplitKvMmaVariant(p), 5 + 4);
   p.head_dim = 64;
-  EXPECT_EQ(SplitKvMmaVariant(p), 4 + 1);
+  EXPECT_EQ(SplitKvMmaVariant(p), 5 + 1);
   p.num_heads = 8;
-  EXPECT_EQ(SplitKvMmaVariant(p), 4);
+  EXPECT_EQ(SplitKvMmaVariant(p), 5);
   EXPECT_TRUE(SplitKvMmaSupports(p));
   auto without = [&](auto change) {
     AttentionParams v = p;
@@ -128,7 +131,7 @@ TEST(CudaSplitKv, TensorCoresTakeRowsInPiecesOfEightAtHeadSizes64And128) {
     return !SplitKvMmaSupports(v);
   };
   EXPECT_TRUE(without([](AttentionParams& v) { v.head_dim = 96; }));
-  EXPECT_TRUE(without([](AttentionParams& v) { v.head_dim = 256; }));
+  EXPECT_TRUE(without([](AttentionParams& v) { v.head_dim = 32; }));
   EXPECT_TRUE(without([](AttentionParams& v) { v.kv_row_stride = 2 * 64 + 4; }));
   EXPECT_TRUE(without([](AttentionParams& v) { v.v = cache + 4; }));
   EXPECT_TRUE(without([](AttentionParams& v) { v.q = q + 2; }));
@@ -142,6 +145,9 @@ TEST(CudaSplitKv, TensorCoresTakeRowsInPiecesOfEightAtHeadSizes64And128) {
   p.num_heads = 32;
   p.head_dim = 128;
   EXPECT_EQ(SplitKvMmaVariant(p), 2);
+  p.head_dim = 256;
+  EXPECT_EQ(SplitKvMmaVariant(p), 4);
+  p.head_dim = 128;
   p.num_keys = 8192;
   EXPECT_EQ(ChooseNumSplitsMma(p, 132, 2), 32);  // 8192 / 33 → 249 → 256, as on bf16
   p.num_keys = 300;
@@ -261,13 +267,14 @@ TEST_F(CudaBackendTest, WideSplitBlocksWithinTolerance) {
 
 // Split-KV on tensor cores (SetSplitKvTensorCores) gives the reference's answers within
 // twice the naive run's error at its precision (Q, K, P and V rounded to bf16 on a bf16
-// cache, to fp16 on fp32): the parity table's decode and short-chunk shapes at head sizes 64
-// and 128 on both caches, rows in pieces of 8 elements (GQA groups 1 to 8, blocks of 4, 8,
-// 12 and 16 rows, 1 to 5 query rows, a sliding window, the soft cap), a group of 16 heads
-// (both halves of the product's rows) and one of 32 (two head tiles), and the batched
-// decode case (documents, rows of unequal key counts), at the automatic, 5 and 128 splits,
-// with the combine launch and merged by the last block. Every one of those shapes runs on
-// tensor cores; other head sizes and rows not in such pieces keep SplitKvKernel.
+// cache, to fp16 on fp32): the parity table's decode and short-chunk shapes at head sizes
+// 64, 128 and 256 on both caches, rows in pieces of 8 elements (GQA groups 1 to 8, blocks
+// of 4, 8, 12 and 16 rows, 1 to 5 query rows, a sliding window, the soft cap), groups of 16
+// heads (two head tiles at Dh 64, two passes of one at Dh 256) and 32 (two passes of two
+// tiles at Dh 128), Gemma 2's decode (Dh 256, GQA 2/1, a window, the soft cap), and the
+// batched decode case (documents, rows of unequal key counts), at the automatic, 5 and 128
+// splits, with the combine launch and merged by the last block. Every one of those shapes
+// runs on tensor cores; other head sizes and rows not in such pieces keep SplitKvKernel.
 TEST_F(CudaBackendTest, TensorCoreSplitKvWithinTolerance) {
   const auto in_pieces = [](parity::AttnShape s, bool bf16) {
     s.bf16_cache = bf16;
@@ -278,21 +285,33 @@ TEST_F(CudaBackendTest, TensorCoreSplitKvWithinTolerance) {
   std::vector<parity::AttnShape> shapes;
   for (const parity::AttnShape& s : parity::AttentionShapes()) {
     if (s.want_maps || s.want_probs_only || s.bf16_cache || s.tq >= kFlashMinQueries) continue;
-    if (s.dh != 64 && s.dh != 128) continue;
+    if (s.dh != 64 && s.dh != 128 && s.dh != 256) continue;
     for (bool bf16 : {false, true}) shapes.push_back(in_pieces(s, bf16));
   }
   ASSERT_GE(shapes.size(), 16u);
-  for (const int heads : {16, 32}) {
+  for (const auto& [heads, dh] : {std::pair{16, 64}, {32, 128}, {16, 256}}) {
     for (bool bf16 : {false, true}) {
-      shapes.push_back(in_pieces({.label = absl::StrCat("decode GQA ", heads, "/1"),
+      shapes.push_back(in_pieces({.label = absl::StrCat("decode GQA ", heads, "/1 Dh ", dh),
                                   .tq = 1,
                                   .tk = 700,
                                   .heads = heads,
                                   .kv_heads = 1,
-                                  .dh = heads == 16 ? 64 : 128,
+                                  .dh = dh,
                                   .offset = 699},
                                  bf16));
     }
+  }
+  for (bool bf16 : {false, true}) {
+    shapes.push_back(in_pieces({.label = "decode Gemma 2 window 300 soft cap 1 GQA 4/2",
+                                .tq = 1,
+                                .tk = 900,
+                                .heads = 4,
+                                .kv_heads = 2,
+                                .dh = 256,
+                                .offset = 899,
+                                .window = 300,
+                                .softcap = 1.0},
+                               bf16));
   }
   backend_->SetSplitKvTensorCores(true);
   std::mt19937_64 rng(14);
@@ -318,14 +337,14 @@ TEST_F(CudaBackendTest, TensorCoreSplitKvWithinTolerance) {
     }
   }
   EXPECT_EQ(on_tensor_cores, cases);
-  // Head size 256, and rows not in pieces of 8 (a stride of 131 floats, of 132 bf16), keep
-  // SplitKvKernel (the label of its fp32 path).
+  // Rows not in pieces of 8 (a stride of 131 floats, of 132 bf16) keep SplitKvKernel (the
+  // label of its fp32 path).
   for (const parity::AttnShape& s : parity::AttentionShapes()) {
-    if (s.label != "decode long GQA 8/1" && s.label != "decode head size 256 GQA 8/1") continue;
+    if (s.label != "decode long GQA 8/1") continue;
     for (bool bf16 : {false, true}) {
       parity::AttnShape v = s;
       v.bf16_cache = bf16;
-      v.kv_pad = s.dh == 256 ? (bf16 ? 8 : 4) : (bf16 ? 4 : 3);
+      v.kv_pad = bf16 ? 4 : 3;
       for (const parity::ParityResult& r : parity::AttentionCase(*backend_, rng, v)) {
         EXPECT_NE(r.name.find(" split-KV"), std::string::npos) << r.name;
         EXPECT_EQ(r.name.find("tensor cores"), std::string::npos) << r.name;
