@@ -1,5 +1,5 @@
 // kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU. One
-// file of about 1000 lines: one program whose benchmarks share its table, sizes, timing
+// file of about 1100 lines: one program whose benchmarks share its table, sizes, timing
 // and allocation helpers, and whose sources a GPU machine's standalone build lists by
 // name (kernels/cuda/standalone/CMakeLists.txt), each benchmark a function of its own.
 //   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
@@ -7,10 +7,10 @@
 //      --sdpa FILE: lines "BACKEND TOKENS TFLOPS" for flash, cudnn, efficient and default,
 //      PyTorch's own choice, and "kernel TOKENS NAME", the kernel that choice ran; the
 //      target's reference is the flash backend), decode attention bandwidth (fp32 and bf16 KV
-//      caches) vs a measured device-to-device copy, end-to-end decode tokens/s of a
-//      Llama-7B-shaped model with random bf16 weights at batch 1, 16, 64 vs the
-//      weight-bandwidth roofline (fp32 cache without and with CUDA graphs, bf16 cache with;
-//      both with programmatic dependent launches too).
+//      caches; Llama's head size 128 and Gemma's 256) vs a measured device-to-device copy,
+//      end-to-end decode tokens/s of a Llama-7B-shaped model with random bf16 weights at batch 1,
+//      16, 64 vs the weight-bandwidth roofline (fp32 cache without and with CUDA graphs, bf16 cache
+//      with; both with programmatic dependent launches too).
 // Prints one table at the end, each row also to stderr as it is measured ("[row] …"), so a
 // hang or a failed benchmark keeps the rows before it; exits 1 when a parity case fails, 2 when no
 // device is usable, 3 when a benchmark's CUDA call fails.
@@ -441,36 +441,55 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
   b.SetFlashBf16(true);
 }
 
+// One decode row over a paged cache of tk keys in blocks of bs rows, shuffled.
+struct DecodeCall {
+  DecodeCall(CudaBackend& b, int tk, int heads, int kv_heads, int dh, int bs, KvDtype cache_dtype) {
+    const int blocks = (tk + bs - 1) / bs;
+    const size_t cache = size_t(blocks) * bs * kv_heads * dh;
+    cache_bytes = double(cache) * KvElementBytes<float>(cache_dtype);
+    kc = AllocCache(cache, cache_dtype);
+    vc = AllocCache(cache, cache_dtype);
+    q = Alloc(size_t(heads) * dh);
+    o = Alloc(size_t(heads) * dh);
+    Fill(q, DType::kF32, int64_t{heads} * dh, 7, 1.0f, b.stream());
+    for (float* p : {kc, vc}) Fill(p, CacheDType(cache_dtype), int64_t(cache), 7, 1.0f, b.stream());
+    table.resize(blocks);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(1));
+    args.q = q;
+    args.q_stride = int64_t{heads} * dh;
+    args.num_queries = 1;
+    args.num_keys = tk;
+    args.query_offset = tk - 1;
+    args.num_heads = heads;
+    args.num_kv_heads = kv_heads;
+    args.head_dim = dh;
+    args.scale = 1.0 / std::sqrt(double(dh));
+    args.kv = KvSource<float>{kc, vc, int64_t{kv_heads} * dh, table.data(), bs, cache_dtype};
+    args.out = o;
+    args.out_stride = args.q_stride;
+  }
+  ~DecodeCall() {
+    for (float* p : {kc, vc, q, o}) cudaFree(p);
+  }
+  DecodeCall(const DecodeCall&) = delete;
+  DecodeCall& operator=(const DecodeCall&) = delete;
+
+  float *kc, *vc, *q, *o;
+  std::vector<int32_t> table;
+  double cache_bytes;  // K's, V's as many
+  AttentionArgs<float> args;
+};
+
 void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
   const int heads = z.decode_heads, kv_heads = z.decode_kv_heads, dh = z.decode_dh,
             bs = z.decode_block;
   for (int tk : z.decode_keys)
     for (KvDtype cache_dtype : {KvDtype::kActivation, KvDtype::kBF16}) {
       const bool bf16 = cache_dtype == KvDtype::kBF16;
-      const int blocks = (tk + bs - 1) / bs;
-      const size_t cache = size_t(blocks) * bs * kv_heads * dh;
-      const double cache_bytes = double(cache) * KvElementBytes<float>(cache_dtype);
-      float *kc = AllocCache(cache, cache_dtype), *vc = AllocCache(cache, cache_dtype),
-            *q = Alloc(size_t(heads) * dh), *o = Alloc(size_t(heads) * dh);
-      Fill(q, DType::kF32, int64_t{heads} * dh, 7, 1.0f, b.stream());
-      for (float* p : {kc, vc})
-        Fill(p, CacheDType(cache_dtype), int64_t(cache), 7, 1.0f, b.stream());
-      std::vector<int32_t> table(blocks);
-      std::iota(table.begin(), table.end(), 0);
-      std::shuffle(table.begin(), table.end(), std::mt19937(1));
-      AttentionArgs<float> a;
-      a.q = q;
-      a.q_stride = heads * dh;
-      a.num_queries = 1;
-      a.num_keys = tk;
-      a.query_offset = tk - 1;
-      a.num_heads = heads;
-      a.num_kv_heads = kv_heads;
-      a.head_dim = dh;
-      a.scale = 1.0 / std::sqrt(double(dh));
-      a.kv = KvSource<float>{kc, vc, int64_t{kv_heads} * dh, table.data(), bs, cache_dtype};
-      a.out = o;
-      a.out_stride = a.q_stride;
+      DecodeCall decode(b, tk, heads, kv_heads, dh, bs, cache_dtype);
+      const AttentionArgs<float>& a = decode.args;
+      const double cache_bytes = decode.cache_bytes;
       // One call at a time, each with its host-side checks and launches …
       const double call_sec = TimeIt(b, 20, [&] { Must(b.Attention(a), "decode attention"); });
       // … and the GPU's time alone: 20 calls captured in a CUDA graph, replayed. A model's
@@ -560,8 +579,29 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
                            mma_fused_sec * 1e6, 2.0 * cache_bytes / mma_fused_sec / 1e9, mma_sweep),
            Fmt(mma_bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(mma_bw / copy_bw),
            ">= 70%"});
-      for (float* p : {kc, vc, q, o}) cudaFree(p);
     }
+  // Gemma 2 9B's decode (head size 256, 16 heads over 8 KV heads at full size) at the first
+  // key count: SplitKvKernel (the default) against tensor cores, on both caches.
+  for (KvDtype cache_dtype : {KvDtype::kActivation, KvDtype::kBF16}) {
+    const bool bf16 = cache_dtype == KvDtype::kBF16;
+    const int tk = z.decode_keys.front(), gemma_heads = std::max(1, heads / 2);
+    DecodeCall gemma(b, tk, gemma_heads, kv_heads, 256, bs, cache_dtype);
+    const auto call = [&] { Must(b.Attention(gemma.args), "head size 256 decode attention"); };
+    const double sec = ReplaySeconds(b, call);
+    b.SetSplitKvTensorCores(true);
+    const double mma_sec = ReplaySeconds(b, call);
+    b.SetSplitKvTensorCores(false);
+    const double bw = 2.0 * gemma.cache_bytes / std::min(sec, mma_sec);
+    rows.Add({bf16 ? "decode attention, head size 256 (bf16 cache)"
+                   : "decode attention, head size 256 (fp32 cache)",
+              absl::StrFormat("Tk=%d H=%d/%d Dh=256 bs=%d, graph replay: CUDA cores %.1f us (%.0f "
+                              "GB/s, the default), tensor cores %.1f us (%.0f GB/s)",
+                              tk, gemma_heads, kv_heads, bs, sec * 1e6,
+                              2.0 * gemma.cache_bytes / sec / 1e9, mma_sec * 1e6,
+                              2.0 * gemma.cache_bytes / mma_sec / 1e9),
+              Fmt(bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(bw / copy_bw),
+              ">= 70%"});
+  }
 }
 
 // One bf16 weight of the model's FFN shape [ffn, d], read per product: n up to
