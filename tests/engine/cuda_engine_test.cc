@@ -475,8 +475,7 @@ TEST(CudaEngineLogits, Qwen3HeadNormsAndWideHeadsWithinToleranceOfCpu) {
 // (2 query heads over a stream of 128, one KV head), which the flash kernel does not take:
 // split-KV attention in the prefill too. One prefill and chunks of 7; then Gemma 3's and
 // Gemma 2's.
-TEST(CudaEngineLogits, GemmaGeGluAndHeadSize256WithinToleranceOfCpu) {
-  KVLENS_REQUIRE_CUDA(cuda);
+testing::TinySpec GemmaHeadSize256Spec() {
   testing::TinySpec spec;
   spec.arch = Architecture::kLlama;
   spec.rope_style = kernels::RopeStyle::kHalfSplit;
@@ -489,6 +488,12 @@ TEST(CudaEngineLogits, GemmaGeGluAndHeadSize256WithinToleranceOfCpu) {
   spec.vocab = 50;
   spec.max_seq = 128;
   spec.seed = 12;
+  return spec;
+}
+
+TEST(CudaEngineLogits, GemmaGeGluAndHeadSize256WithinToleranceOfCpu) {
+  KVLENS_REQUIRE_CUDA(cuda);
+  testing::TinySpec spec = GemmaHeadSize256Spec();
   const std::unique_ptr<Model> model = testing::MakeTinyModel(spec);
   ASSERT_EQ(model->config.q_dim(), 512);
   ExpectPrefillAndChunksCloseToCpu(*model, cuda, 100, 6);
@@ -739,25 +744,35 @@ TEST(CudaEngineDecode, IncrementalEqualsFullRecomputeOverANanCache) {
 
 #ifdef KVLENS_HAVE_CUDA
 // Split-KV on tensor cores (SetSplitKvTensorCores) in the engine: the head-size-64 model's
-// chunks of 7 tokens on a bf16 cache (bf16 products) and on an fp32 one (fp16 products),
-// each within the flash prefill's tolerance above (Q, K, P and V rounded alike) of the
+// chunks of 7 tokens, and Gemma 2's at head size 256 (soft-capped scores, a sliding window
+// on layer 0), on a bf16 cache (bf16 products) and on an fp32 one (fp16 products), each
+// within the flash prefill's tolerance above (Q, K, P and V rounded alike) of the
 // CpuBackend on the same cache; and not the fp32 kernel's logits, so the option took
 // effect. (The default model's head size, 32, keeps the fp32 kernel.)
 TEST(CudaEngineLogits, TensorCoreSplitKvWithinToleranceOfCpu) {
   KVLENS_REQUIRE_CUDA(cuda);
   auto* backend = dynamic_cast<kernels::cuda::CudaBackend*>(&cuda);
   ASSERT_NE(backend, nullptr);
-  const std::unique_ptr<Model> model =
-      HeadSize64Model(kernels::RopeStyle::kHalfSplit, /*max_seq=*/320, /*seed=*/4);
-  const std::vector<int32_t> tokens = RandomTokens(300, 6);
+  testing::TinySpec gemma2 = GemmaHeadSize256Spec();
+  gemma2.gemma2 = true;
+  gemma2.window = 20;
+  gemma2.max_seq = 320;
+  std::vector<std::unique_ptr<Model>> models;
+  models.push_back(HeadSize64Model(kernels::RopeStyle::kHalfSplit, /*max_seq=*/320, /*seed=*/4));
+  models.push_back(testing::MakeTinyModel(gemma2));
+  ASSERT_GT(models[1]->config.attention_softcap, 0.0);
+  ASSERT_EQ(models[1]->config.head_dim, 256);
   kernels::CpuBackend cpu(2);
-  for (const kernels::KvDtype cache : {kernels::KvDtype::kBF16, kernels::KvDtype::kActivation}) {
-    const std::vector<float> fp32_kernel = AllLogits(*model, cuda, tokens, 7, cache);
-    backend->SetSplitKvTensorCores(true);
-    const std::vector<float> tensor_cores = AllLogits(*model, cuda, tokens, 7, cache);
-    backend->SetSplitKvTensorCores(false);
-    ExpectClose(tensor_cores, AllLogits(*model, cpu, tokens, 7, cache), 1e-2, 1e-3);
-    EXPECT_NE(tensor_cores, fp32_kernel);
+  for (const std::unique_ptr<Model>& model : models) {
+    const std::vector<int32_t> tokens = RandomTokens(300, 6);
+    for (const kernels::KvDtype cache : {kernels::KvDtype::kBF16, kernels::KvDtype::kActivation}) {
+      const std::vector<float> fp32_kernel = AllLogits(*model, cuda, tokens, 7, cache);
+      backend->SetSplitKvTensorCores(true);
+      const std::vector<float> tensor_cores = AllLogits(*model, cuda, tokens, 7, cache);
+      backend->SetSplitKvTensorCores(false);
+      ExpectClose(tensor_cores, AllLogits(*model, cpu, tokens, 7, cache), 1e-2, 1e-3);
+      EXPECT_NE(tensor_cores, fp32_kernel);
+    }
   }
 }
 
