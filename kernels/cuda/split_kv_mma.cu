@@ -7,14 +7,16 @@
 //
 // The step's keys are the products' rows and the group's heads their columns: Sᵀ = K·Qᵀ
 // (m16n8k16: 16 keys × 8 heads, k the dims), then Oᵀ = Vᵀ·Pᵀ (16 dims × 8 heads, k the
-// keys). A GQA group of up to 8 heads (Llama 3's 4, Mistral's 4, Llama 2's 1) fills a
-// product's 8 columns; as the product's rows (until 2026-12-05) it left 8 of 16 rows zero,
-// which took products and registers all the same: now 16 products a bf16 step at Dh 128
-// (32 before), and O 32 floats a lane rather than 64 (ptxas: 154–160 registers against
-// 204–214, three blocks an SM rather than two). Groups past 8 take two head tiles, which
-// share each K and V fragment. Between the products, Sᵀ's accumulator (lane (r, t): keys r
-// and r + 8 of heads 2t, 2t+1) becomes Pᵀ's B fragment (keys 2t, 2t+1 and 2t+8, 2t+9 of
-// head r) by two 8×8 transposes across the warp (movmatrix, mma_sync.cuh).
+// keys). A GQA group of up to 8 heads (Llama 3's 4, Mistral's 4, Llama 2's 1) fits in a
+// product's 8 columns; as the product's rows (until the second session of 2026-12-05) it
+// left at least 8 of 16 rows zero, which took products and registers all the same: now 16
+// products a bf16 step at Dh 128 (32 before), and O 32 floats a lane rather than 64
+// (ptxas: 154–160 registers against 204–214, three blocks an SM rather than two), which
+// also leaves room for head size 256 (Gemma). Groups past 8 take two head tiles, which
+// share each K and V fragment (at Dh 256 they loop over tiles of 8). Between the
+// products, Sᵀ's accumulator (lane (r, t): keys r and r + 8 of heads 2t, 2t+1) becomes
+// Pᵀ's B fragment (keys 2t, 2t+1 and 2t+8, 2t+9 of head r) by two 8×8 transposes across
+// the warp (movmatrix, mma_sync.cuh).
 //
 // Fragments (mma_sync.cuh; r = lane / 4, t = lane % 4). A dot product may take its dims in
 // any order so long as Q and K agree, and P·V its keys in any order so long as P and V
@@ -114,7 +116,7 @@ __global__ void __launch_bounds__(kWarps * 32,
   WaitForPriorGrids();  // first: see launch.cuh
   using Piece = Piece8<KT>;
   constexpr int kStep = sizeof(KT) == 2 ? kSplitKvMmaBf16StepKeys : kSplitKvMmaF32StepKeys;
-  constexpr int kKeyHalves = kStep / 8;  // the step's key rows g (and g + 8) a lane loads
+  constexpr int kKeyHalves = kStep / 8;  // the step's keys r (and r + 8) a lane loads for K
   constexpr int kKLoads = kDh / 32;      // 8-element pieces of a K row a lane loads
   constexpr int kVLoads = kDh / 64;      // … and of a V row
   constexpr int kChunks = kDh / 16;      // k16 chunks of S = K·Qᵀ
@@ -137,7 +139,7 @@ __global__ void __launch_bounds__(kWarps * 32,
   // 2t+9): the second of each with 16-key steps.
   const int k_key[2] = {r, r + 8};
   const int v_key[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
-  // Oᵀ's row r of dim tile n is dim DimOf(n), its row r + 8 dim DimOf(n + kDimTiles): slot
+  // Oᵀ's row r of dim tile n is dim dim_of(n), its row r + 8 dim dim_of(n + kDimTiles): slot
   // s of the lane's V pieces is element s % 8 of piece s / 8, dims 64·(s / 8) + 8r + s % 8.
   const auto dim_of = [&](int s) { return 64 * (s / 8) + 8 * r + s % 8; };
 
