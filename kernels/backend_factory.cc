@@ -45,6 +45,10 @@ absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_t
                                              [[maybe_unused]] Backend<float>* share_weights_with) {
   CreatedBackend out;
   if (device.kind == DeviceSpec::Kind::kCpu) {
+    if (device.attention_tensor_cores) {
+      return absl::InvalidArgumentError(
+          "tensor-core attention is a CUDA option: the CPU backend's attention is fp32");
+    }
     auto cpu = std::make_unique<CpuBackend>(cpu_threads);
     cpu->SetInt8Activations(device.int8_activations);
     out.description =
@@ -63,11 +67,14 @@ absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_t
   auto cuda = cuda::CudaBackend::Create(device.index);
   if (!cuda.ok()) return cuda.status();
   (*cuda)->SetCudaGraphs(device.cuda_graphs);
+  (*cuda)->SetSplitKvTensorCores(device.attention_tensor_cores);
   if (auto* peer = dynamic_cast<cuda::CudaBackend*>(share_weights_with);
       peer != nullptr && peer->device() == device.index) {
     if (absl::Status s = (*cuda)->ShareWeightsWith(*peer); !s.ok()) return s;
   }
-  out.description = absl::StrCat(device.ToString(), " (", (*cuda)->device_name(), ")");
+  out.description =
+      absl::StrCat(device.ToString(), " (", (*cuda)->device_name(),
+                   device.attention_tensor_cores ? ", decode attention on tensor cores" : "", ")");
   out.backend = *std::move(cuda);
   return out;
 #else

@@ -19,6 +19,11 @@ struct DeviceSpec {
   int index = 0;  // the GPU (kCuda)
   // kCuda: run the engine's forward steps as CUDA graphs (CudaBackend::SetCudaGraphs).
   bool cuda_graphs = true;
+  // kCuda: decode attention (split-KV) on tensor cores where it applies, head sizes 64, 128
+  // and 256 (CudaBackend::SetSplitKvTensorCores): Q, K, P and V rounded to bf16 on a bf16
+  // cache, to fp16 on fp32, as prefill on those caches rounds them. Off by default until a
+  // GPU has timed it.
+  bool attention_tensor_cores = false;
   // kCpu: products with block-quantised weights take 8-bit activations, as llama.cpp's do
   // (CpuBackend::SetInt8Activations): faster, no longer exact. Off by default.
   bool int8_activations = false;
@@ -40,7 +45,8 @@ struct CreatedBackend {
 // The backend for `device`. cpu_threads: CpuBackend threads (0: all cores). Errors (the
 // caller names its flag):
 // FAILED_PRECONDITION when the build has no CUDA support or there is no usable GPU;
-// INVALID_ARGUMENT for a GPU index that does not exist, or int8_activations on CUDA.
+// INVALID_ARGUMENT for a GPU index that does not exist, int8_activations on CUDA or
+// attention_tensor_cores on the CPU.
 // share_weights_with: another backend made here; when both are CUDA backends of the same
 // GPU, the new one shares its uploaded weights (one copy on the device) instead of
 // uploading its own. Ignored otherwise.

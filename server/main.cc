@@ -82,6 +82,11 @@ ABSL_FLAG(bool, cuda_graphs, true,
           "--device cuda: run each forward step's launches as a CUDA graph, captured the "
           "second time an identical step runs (decode steps of an unchanged batch) and "
           "replayed after that; false launches every kernel one by one.");
+ABSL_FLAG(bool, attention_tensor_cores, false,
+          "--device cuda: decode attention (split-KV) on tensor cores at head sizes 64, 128 "
+          "and 256: Q, K, P and V rounded to bf16 on a bf16 KV cache, to fp16 on an fp32 one, "
+          "as prefill rounds them, with fp32 sums. Off by default until timed on a GPU. "
+          "Interpretability requests keep fp32 attention.");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores; --device cpu only).");
 ABSL_FLAG(bool, int8_activations, false,
           "--device cpu: generation's products with block-quantised weights (q8_0, q4_K, ...) "
@@ -172,6 +177,7 @@ int main(int argc, char** argv) {
   if (!device.ok())
     return Fail(absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message())));
   device->cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  device->attention_tensor_cores = absl::GetFlag(FLAGS_attention_tensor_cores);
   device->int8_activations = absl::GetFlag(FLAGS_int8_activations);
   auto backend = kvlens::kernels::CreateBackend(*device, absl::GetFlag(FLAGS_threads));
   if (!backend.ok()) {

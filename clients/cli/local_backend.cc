@@ -18,6 +18,11 @@ std::vector<FlagSpec> LocalBackendFlags() {
        "products with block-quantised weights (q8_0, q4_K, ...) round their activations to "
        "8 bits, as llama.cpp does: faster, no longer exact (--device cpu, --precision fp32)",
        true},
+      {"attention-tensor-cores", "",
+       "decode attention on tensor cores at head sizes 64, 128 and 256: Q, K, P and V "
+       "rounded to bf16 on a bf16 KV cache, to fp16 on fp32, as prefill rounds them; off "
+       "until timed on a GPU (--device cuda)",
+       true},
       {"kv-cache-dtype", "auto",
        "KV-cache element type: auto (the activations': fp32, fp64 with --precision fp64) or "
        "bf16 (keys and values rounded to bf16 as they are stored)"},
@@ -58,6 +63,13 @@ int MakeLocalBackend(const Args& args, LocalBackend* out, absl::Status* error) {
     *error = absl::InvalidArgumentError(
         "--int8-activations applies to --device cpu with --precision fp32 (fp64 is the exact "
         "reference; CUDA multiplies f16 copies of quantised weights)");
+    return 2;
+  }
+  device->attention_tensor_cores = args.Switch("attention-tensor-cores");
+  if (device->attention_tensor_cores && device->kind != kernels::DeviceSpec::Kind::kCuda) {
+    *error = absl::InvalidArgumentError(
+        "--attention-tensor-cores applies to --device cuda (the CPU backends' attention is "
+        "fp32 or fp64)");
     return 2;
   }
   out->kv_cache_dtype = *kv_dtype;

@@ -13,7 +13,8 @@
 
 namespace kvlens::cli {
 
-// --device, --precision, --threads, --int8-activations, --kv-cache-dtype.
+// --device, --precision, --threads, --int8-activations, --attention-tensor-cores,
+// --kv-cache-dtype.
 std::vector<FlagSpec> LocalBackendFlags();
 
 struct LocalBackend {

@@ -65,6 +65,18 @@ TEST(BackendFactoryTest, Int8ActivationsAreACpuOption) {
       << c.status();
 }
 
+// --attention-tensor-cores is a CUDA option: the CPU backend refuses it by name.
+TEST(BackendFactoryTest, TensorCoreAttentionIsACudaOption) {
+  DeviceSpec cpu{DeviceSpec::Kind::kCpu, 0};
+  cpu.attention_tensor_cores = true;
+  auto b = CreateBackend(cpu, 1);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << b.status();
+  EXPECT_NE(b.status().message().find("tensor-core attention is a CUDA option"),
+            std::string_view::npos)
+      << b.status();
+}
+
 TEST(BackendFactoryTest, CudaWithoutAGpuIsFailedPrecondition) {
   auto b = CreateBackend({DeviceSpec::Kind::kCuda, 0}, 1);
   if (b.ok()) GTEST_SKIP() << "a CUDA device is present: " << b->description;
@@ -86,6 +98,21 @@ TEST(CudaBackendFactory, CudaGraphsFollowTheDeviceSpec) {
     auto* cuda = dynamic_cast<cuda::CudaBackend*>(b->backend.get());
     ASSERT_NE(cuda, nullptr);
     EXPECT_EQ(cuda->cuda_graphs(), graphs);
+  }
+}
+
+// --attention-tensor-cores reaches the backend and its description.
+TEST(CudaBackendFactory, TensorCoreAttentionFollowsTheDeviceSpec) {
+  for (bool on : {false, true}) {
+    DeviceSpec spec{DeviceSpec::Kind::kCuda, 0};
+    spec.attention_tensor_cores = on;
+    auto b = CreateBackend(spec, 1);
+    if (!b.ok()) GTEST_SKIP() << "no CUDA backend: " << b.status();
+    auto* cuda = dynamic_cast<cuda::CudaBackend*>(b->backend.get());
+    ASSERT_NE(cuda, nullptr);
+    EXPECT_EQ(cuda->split_kv_tensor_cores(), on);
+    EXPECT_EQ(b->description.find("decode attention on tensor cores") != std::string::npos, on)
+        << b->description;
   }
 }
 #endif

@@ -135,6 +135,15 @@ TEST(ServerProcessTest, Int8ActivationsOnCudaAreRefusedByName) {
       << out;
 }
 
+// --attention-tensor-cores is a CUDA option: with --device cpu the server stops before it
+// loads anything.
+TEST(ServerProcessTest, TensorCoreAttentionOnCpuIsRefusedByName) {
+  const auto [code, out] = RunServerToExit("--device cpu --attention-tensor-cores");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_EQ(out.rfind("kvlens-server: --device cpu: tensor-core attention is a CUDA option", 0), 0u)
+      << out;
+}
+
 TEST(ServerProcessTest, InterpDeviceBogusIsRejectedNamingTheFlag) {
   const auto [code, out] = RunServerToExit("--interp-device gpu");
   EXPECT_EQ(code, 1) << out;

@@ -160,6 +160,18 @@ TEST(GenerateCliTest, Int8ActivationsLeaveFloatWeightsAloneAndNameTheirLimits) {
   }
 }
 
+// --attention-tensor-cores is a CUDA option: the CPU paths refuse it by name.
+TEST(GenerateCliTest, TensorCoreAttentionOnCpuIsRefusedByName) {
+  for (const char* precision : {"fp32", "fp64"}) {
+    const RunResult r =
+        RunCli(std::string("generate --model /nonexistent.gguf --prompt x --precision ") +
+               precision + " --attention-tensor-cores 2>&1");
+    EXPECT_EQ(r.exit_code, 2) << precision << ": " << r.out;
+    EXPECT_NE(r.out.find("--attention-tensor-cores applies to --device cuda"), std::string::npos)
+        << r.out;
+  }
+}
+
 // --kv-cache-dtype bf16: the fp32 path and the double reference, both on a bf16 cache,
 // generate the same greedy text; an unknown type is named.
 TEST(GenerateCliTest, Bf16KvCacheFp32AndFp64Agree) {
