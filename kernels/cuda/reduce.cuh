@@ -14,10 +14,12 @@ struct MaxOp {
   static constexpr float kIdentity = -__builtin_huge_valf();
 };
 
-// Every lane of the warp gets the result.
-template <typename Op>
+// Every lane of the warp gets the result. kFromLane (a power of two) > 1 reduces only over
+// the lanes equal to this one modulo kFromLane (the 32 / kFromLane lanes that hold one
+// column of an mma.sync fragment at 4: split_kv_mma.cu).
+template <int kFromLane = 1, typename Op>
 __device__ __forceinline__ float WarpReduce(float v, Op op) {
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o >= kFromLane; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 

@@ -43,6 +43,7 @@
 #include "kernels/cuda/kv_load.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma_sync.cuh"
+#include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/split_kv_common.cuh"
 
 namespace kvlens::kernels::cuda {
@@ -245,9 +246,7 @@ __global__ void __launch_bounds__(kWarps * 32,
                                    : v * scale2;
             step_max = fmaxf(step_max, v);
           }
-          step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 4));
-          step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 8));
-          step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 16));
+          step_max = WarpReduce<4>(step_max, MaxOp());  // over the 8 lanes of the head
           const float m_new = fmaxf(m[ht][e], step_max);
           // Nothing visible yet (m_new = −∞): weights 0, and O (0) keeps its scale.
           alpha[ht][e] = m_new == -INFINITY ? 1.0f : exp2f(m[ht][e] - m_new);
@@ -310,10 +309,7 @@ __global__ void __launch_bounds__(kWarps * 32,
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int head = 8 * ht + 2 * t + e;
-        float l_head = l[ht][e];
-        l_head += __shfl_xor_sync(0xffffffffu, l_head, 4);
-        l_head += __shfl_xor_sync(0xffffffffu, l_head, 8);
-        l_head += __shfl_xor_sync(0xffffffffu, l_head, 16);
+        const float l_head = WarpReduce<4>(l[ht][e], SumOp());
         if (r == 0) {
           part_ml[warp][head][0] = m[ht][e];
           part_ml[warp][head][1] = l_head;
