@@ -163,20 +163,11 @@ __global__ void __launch_bounds__(kWarps * 32,
         }
       }
     }
-    float o[kDimTiles][kHeadTiles][4];
-#pragma unroll
-    for (int n = 0; n < kDimTiles; ++n) {
-#pragma unroll
-      for (int ht = 0; ht < kHeadTiles; ++ht)
-        o[n][ht][0] = o[n][ht][1] = o[n][ht][2] = o[n][ht][3] = 0.0f;
-    }
+    float o[kDimTiles][kHeadTiles][4] = {};
     // Heads 8ht + 2t + e; l: this lane's keys' share.
-    float m[kHeadTiles][2], l[kHeadTiles][2];
+    float m[kHeadTiles][2], l[kHeadTiles][2] = {};
 #pragma unroll
-    for (int ht = 0; ht < kHeadTiles; ++ht) {
-      m[ht][0] = m[ht][1] = -INFINITY;
-      l[ht][0] = l[ht][1] = 0.0f;
-    }
+    for (int ht = 0; ht < kHeadTiles; ++ht) m[ht][0] = m[ht][1] = -INFINITY;
 
     int32_t next_block = steps.Block(j_begin + warp * kStep);  // a step ahead
     for (int j0 = j_begin + warp * kStep; j0 < j_end; j0 += kWarps * kStep) {
@@ -212,9 +203,7 @@ __global__ void __launch_bounds__(kWarps * 32,
       // Sᵀ = K·Qᵀ: keys as rows (r, r + 8), heads as columns (2t, 2t + 1). Chunk c = 2k + e
       // of a key's row is dims 32k + 8t + 4e + {0, 1} (the chunk's 2t, 2t+1) and + {2, 3}
       // (2t+8, 2t+9), as Q's.
-      float s[kHeadTiles][4];
-#pragma unroll
-      for (int ht = 0; ht < kHeadTiles; ++ht) s[ht][0] = s[ht][1] = s[ht][2] = s[ht][3] = 0.0f;
+      float s[kHeadTiles][4] = {};
 #pragma unroll
       for (int k = 0; k < kKLoads; ++k) {
 #pragma unroll
