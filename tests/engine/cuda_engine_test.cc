@@ -762,9 +762,9 @@ TEST(CudaEngineLogits, TensorCoreSplitKvWithinToleranceOfCpu) {
   models.push_back(testing::MakeTinyModel(gemma2));
   ASSERT_GT(models[1]->config.attention_softcap, 0.0);
   ASSERT_EQ(models[1]->config.head_dim, 256);
+  const std::vector<int32_t> tokens = RandomTokens(300, 6);
   kernels::CpuBackend cpu(2);
   for (const std::unique_ptr<Model>& model : models) {
-    const std::vector<int32_t> tokens = RandomTokens(300, 6);
     for (const kernels::KvDtype cache : {kernels::KvDtype::kBF16, kernels::KvDtype::kActivation}) {
       const std::vector<float> fp32_kernel = AllLogits(*model, cuda, tokens, 7, cache);
       backend->SetSplitKvTensorCores(true);
