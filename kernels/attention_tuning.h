@@ -1,0 +1,71 @@
+// Tuning the CUDA backend's attention kernels on the GPU at hand (CUDA-free types: the
+// shape asked for and the report; the tuner is kernels/cuda/attention_tuner.h, reached
+// through kernels/backend_factory.h's TuneAttention).
+//
+// The kernels' defaults (kernels/cuda/attention.h, cuda_backend.h) were chosen on one GPU,
+// and some options have never been timed on any. Tuning times each candidate layout of
+// prefill attention and each decode attention kernel at the model's shapes, checks each
+// candidate's output against the default's on the same inputs, and keeps the fastest that
+// agrees, as cuDNN's benchmark mode or Triton's autotuner pick a kernel on the device that
+// runs it.
+#ifndef KVLENS_KERNELS_ATTENTION_TUNING_H_
+#define KVLENS_KERNELS_ATTENTION_TUNING_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "kernels/kv_dtype.h"
+
+namespace kvlens::kernels {
+
+// The attention calls timed: one prompt of prefill_tokens (causal, over a paged cache of
+// blocks of block_size rows) and decode_batch sequences of decode_keys keys each.
+struct AttentionTuneShape {
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  KvDtype cache_dtype = KvDtype::kActivation;
+  int block_size = 16;
+  double softcap = 0.0;
+  int prefill_tokens = 2048;  // 0: prefill is not tuned
+  int decode_keys = 4096;     // 0: decode is not tuned
+  int decode_batch = 1;
+
+  static constexpr int kMaxHeadDim = 512;
+  static constexpr int kMaxTokens = 1 << 17;
+  static constexpr int kMaxDecodeBatch = 256;
+  // INVALID_ARGUMENT naming the field and its limit.
+  absl::Status Validate() const;
+};
+
+// One timed candidate: a kernel layout and how it did.
+struct TunedCandidate {
+  std::string name;        // e.g. "flash: 128-query blocks of 8 warps (default)"
+  double seconds = 0.0;    // a call
+  double max_error = 0.0;  // max |output − the default's output| over the call's outputs
+  double tolerance = 0.0;  // the error allowed (relative to the default's largest output)
+  std::string failure;     // why the candidate could not run here (then not timed)
+  bool chosen = false;
+
+  // Ran and agreed with the default (a NaN error does not).
+  bool accepted() const { return failure.empty() && max_error <= tolerance; }
+};
+
+// The index of the fastest accepted candidate, -1 when none is. The tuner lists the
+// default first, which agrees with itself.
+int FastestAccepted(absl::Span<const TunedCandidate> candidates);
+
+struct AttentionTuneReport {
+  std::vector<TunedCandidate> prefill;  // empty when prefill was not tuned
+  std::vector<TunedCandidate> decode;   // empty when decode was not tuned
+  std::string shape;                    // what was timed, in words
+
+  // One line a candidate: "prefill  <name>  <µs>  error <e> of <tol>  [chosen]".
+  std::string ToString() const;
+};
+
+}  // namespace kvlens::kernels
+
+#endif  // KVLENS_KERNELS_ATTENTION_TUNING_H_
