@@ -145,6 +145,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   absl::Status SetFlashKeyTile(int keys);
   // All four at once (FlashBf16Layout{} restores the defaults); nothing changes on error.
   absl::Status SetFlashLayout(const FlashBf16Layout& layout);
+  const FlashBf16Layout& flash_layout() const { return flash_layout_; }
   // Key splits of every split-KV launch: 0 (the default) lets ChooseNumSplits decide, else
   // 1 … kSplitKvMaxSplits. For kvlens_gpu_check's sweep of the decode kernel.
   absl::Status SetSplitKvSplits(int splits);
@@ -157,6 +158,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // (one block an SM, a quarter of the splits; where the head tile allows: attention.h).
   // Off the default until a GPU has timed it (kvlens_gpu_check's decode rows).
   absl::Status SetSplitKvWarps(int warps);
+  int split_kv_warps() const { return split_kv_warps_; }
   // Whether split-KV launches run on tensor cores where they can (SplitKvMmaSupports: head
   // sizes 64, 128 and 256, cache rows in pieces of 8 elements; attention.h): Q, K, P and V
   // rounded to bf16 on a bf16 cache, to fp16 on fp32, as the flash kernels round them on

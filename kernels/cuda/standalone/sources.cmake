@@ -4,6 +4,7 @@
 # a source the standalone build lacks is then a link error in CI, not on a GPU machine.
 set(KVLENS_GPU_CHECK_HOST_SOURCES
     kernels/attention_check.cc
+    kernels/attention_tuning.cc
     kernels/dtype.cc
     kernels/kv_dtype.cc
     kernels/memory.cc
@@ -13,12 +14,13 @@ set(KVLENS_GPU_CHECK_HOST_SOURCES
     kernels/cpu/reference_backward.cc
     kernels/cpu/row_reduce.cc)
 # kvlens_cuda's sources (kernels/cuda).
-set(KVLENS_CUDA_SOURCES cuda_backend.cc cuda_backend_attention.cc cuda_backend_products.cc cuda_memory.cc step_graph.cc launch.cc ops.cu matvec.cu attention.cu
+set(KVLENS_CUDA_SOURCES attention_tuner.cc cuda_backend.cc cuda_backend_attention.cc cuda_backend_products.cc cuda_memory.cc step_graph.cc launch.cc ops.cu matvec.cu attention.cu
     flash_prefill.cu flash_prefill_bf16.cu split_kv_mma.cu attention_backward.cu draw_tokens.cu)
 # The GoogleTest GPU suites (CudaBackend*, CudaEngine*): built into cuda_emu_tests (CI,
 # on the emulator) and, when the bundle brings GoogleTest, into the standalone
 # kvlens_gpu_tests. Header-only helpers aside, they need kvlens_kernels and kvlens_engine.
-set(KVLENS_GPU_TEST_SOURCES tests/kernels/cuda/cuda_backend_test.cc
+set(KVLENS_GPU_TEST_SOURCES tests/kernels/cuda/attention_tuner_test.cc
+    tests/kernels/cuda/cuda_backend_test.cc
     tests/kernels/cuda/flash_prefill_test.cc
     tests/kernels/cuda/matvec_rope_store_test.cc
     tests/kernels/cuda/draw_tokens_test.cc

@@ -1,0 +1,358 @@
+#include "kernels/cuda/attention_tuner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/ops.h"
+
+namespace kvlens::kernels::cuda {
+namespace {
+
+#define KVLENS_TUNE_CUDA(expr) \
+  ::kvlens::kernels::cuda::CudaStatus((expr), #expr, __FILE__, __LINE__)
+
+// What a candidate sets: the flash layout and the split-KV options.
+struct Settings {
+  FlashBf16Layout layout;
+  int warps = kSplitKvWarps;
+  bool fused_combine = false;
+  bool tensor_cores = false;
+};
+
+Settings CurrentSettings(const CudaBackend& b) {
+  return {b.flash_layout(), b.split_kv_warps(), b.split_kv_fused_combine(),
+          b.split_kv_tensor_cores()};
+}
+
+absl::Status Apply(CudaBackend& b, const Settings& s) {
+  if (absl::Status st = b.SetFlashLayout(s.layout); !st.ok()) return st;
+  if (absl::Status st = b.SetSplitKvWarps(s.warps); !st.ok()) return st;
+  b.SetSplitKvFusedCombine(s.fused_combine);
+  b.SetSplitKvTensorCores(s.tensor_cores);
+  return absl::OkStatus();
+}
+
+struct Candidate {
+  std::string name;
+  Settings settings;
+};
+
+bool SameLayout(const FlashBf16Layout& x, const FlashBf16Layout& y) {
+  return x.tile_queries == y.tile_queries && x.warp_queries == y.warp_queries &&
+         x.stages == y.stages && x.key_tile == y.key_tile;
+}
+
+std::string DescribeLayout(const FlashBf16Layout& l, bool bf16_kernel) {
+  if (!bf16_kernel) return absl::StrCat("flash (fp16 kernel), ", l.tile_queries, "-query blocks");
+  const int warps = l.tile_queries == kFlashBf16WideTileQueries ? l.tile_queries / 16
+                    : l.tile_queries == 64                      ? 4
+                                                                : l.tile_queries / l.warp_queries;
+  return absl::StrCat("flash, ", l.tile_queries, "-query blocks of ", warps, " warps, ", l.stages,
+                      " K/V stages, ", l.key_tile, "-key tiles");
+}
+
+// The layouts kvlens_gpu_check times, the default first; on the fp16 kernel only the block
+// size applies.
+std::vector<Candidate> PrefillCandidates(const Settings& base, bool bf16_kernel) {
+  const FlashBf16Layout d;
+  std::vector<FlashBf16Layout> layouts = {d};
+  if (bf16_kernel) {
+    for (const FlashBf16Layout& l :
+         {FlashBf16Layout{128, 16, 3, 64}, FlashBf16Layout{128, 16, 2, 32},
+          FlashBf16Layout{128, 16, 3, 32}, FlashBf16Layout{128, 32, 2, 64},
+          FlashBf16Layout{192, 16, 2, 64}, FlashBf16Layout{192, 16, 3, 64},
+          FlashBf16Layout{64, 16, 2, 64}}) {
+      layouts.push_back(l);
+    }
+  } else {
+    layouts.push_back(FlashBf16Layout{d.tile_queries == 64 ? 128 : 64});
+  }
+  std::vector<Candidate> out;
+  for (const FlashBf16Layout& l : layouts) {
+    const bool dup = std::any_of(out.begin(), out.end(), [&](const Candidate& c) {
+      return SameLayout(c.settings.layout, l);
+    });
+    if (dup) continue;
+    Settings s = base;
+    s.layout = l;
+    out.push_back(
+        {absl::StrCat(DescribeLayout(l, bf16_kernel), out.empty() ? " (default)" : ""), s});
+  }
+  return out;
+}
+
+// The split-KV kernels, the default first: those that differ from it for p.
+std::vector<Candidate> DecodeCandidates(const Settings& base, const AttentionParams& p) {
+  auto with = [&](int warps, bool fused, bool tc) {
+    Settings s = base;
+    s.warps = warps;
+    s.fused_combine = fused;
+    s.tensor_cores = tc;
+    return s;
+  };
+  std::vector<Candidate> out = {
+      {"split-KV, 4 warps a block (default)", with(kSplitKvWarps, false, false)},
+      {"split-KV, 4 warps a block, fused combine", with(kSplitKvWarps, true, false)}};
+  if (SplitKvVariant(p, kSplitKvWideWarps) != SplitKvVariant(p, kSplitKvWarps)) {
+    out.push_back({"split-KV, 16 warps a block", with(kSplitKvWideWarps, false, false)});
+  }
+  if (SplitKvMmaSupports(p)) {
+    out.push_back({"split-KV on tensor cores", with(kSplitKvWarps, false, true)});
+    out.push_back({"split-KV on tensor cores, fused combine", with(kSplitKvWarps, true, true)});
+  }
+  return out;
+}
+
+// Seconds a call of `call` over `calls` calls, timed with events on the backend's stream.
+absl::StatusOr<double> EventSeconds(CudaBackend& b, int calls,
+                                    const std::function<absl::Status()>& call) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  absl::Status s = KVLENS_TUNE_CUDA(cudaEventCreate(&start));
+  if (s.ok()) s = KVLENS_TUNE_CUDA(cudaEventCreate(&stop));
+  if (s.ok()) s = KVLENS_TUNE_CUDA(cudaEventRecord(start, b.stream()));
+  for (int i = 0; i < calls && s.ok(); ++i) s = call();
+  if (s.ok()) s = KVLENS_TUNE_CUDA(cudaEventRecord(stop, b.stream()));
+  if (s.ok()) s = KVLENS_TUNE_CUDA(cudaEventSynchronize(stop));
+  float ms = 0.0f;
+  if (s.ok()) s = KVLENS_TUNE_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  if (start != nullptr) cudaEventDestroy(start);
+  if (stop != nullptr) cudaEventDestroy(stop);
+  if (!s.ok()) return s;
+  return ms / 1e3 / calls;
+}
+
+// Seconds a call on the GPU alone: kCalls calls captured in a graph, replayed (a decode
+// call's host part would otherwise time the host). The call ran before, outside a capture,
+// so its workspaces are sized.
+absl::StatusOr<double> ReplayedSeconds(CudaBackend& b, const std::function<absl::Status()>& call) {
+  constexpr int kCalls = 16, kReplays = 4;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  absl::Status s =
+      KVLENS_TUNE_CUDA(cudaStreamBeginCapture(b.stream(), cudaStreamCaptureModeThreadLocal));
+  if (!s.ok()) return s;
+  for (int i = 0; i < kCalls && s.ok(); ++i) s = call();
+  const absl::Status ended = KVLENS_TUNE_CUDA(cudaStreamEndCapture(b.stream(), &graph));
+  if (s.ok()) s = ended;
+  if (s.ok()) s = KVLENS_TUNE_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  absl::StatusOr<double> sec = 0.0;
+  if (s.ok()) {
+    sec = EventSeconds(b, kReplays,
+                       [&] { return KVLENS_TUNE_CUDA(cudaGraphLaunch(exec, b.stream())); });
+  }
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (!s.ok()) return s;
+  if (!sec.ok()) return sec.status();
+  return *sec / kCalls;
+}
+
+// The random inputs: a paged cache of `rows` rows (blocks in shuffled order) and the query
+// and output rows of the larger of the two calls.
+struct Inputs {
+  DeviceBuffer q, k, v, out;
+  std::vector<int32_t> table;
+  int64_t out_floats = 0;
+};
+
+absl::Status MakeInputs(CudaBackend& b, const AttentionTuneShape& z, Inputs* in) {
+  const int rows = std::max(z.prefill_tokens, z.decode_keys);
+  const int blocks = (rows + z.block_size - 1) / z.block_size;
+  const int64_t cache = int64_t{blocks} * z.block_size * z.num_kv_heads * z.head_dim;
+  const int64_t q_rows = std::max(z.prefill_tokens, z.decode_batch);
+  in->out_floats = q_rows * z.num_heads * z.head_dim;
+  const DType cache_type = z.cache_dtype == KvDtype::kBF16 ? DType::kBF16 : DType::kF32;
+  const size_t cache_bytes = static_cast<size_t>(cache * KvElementBytes<float>(z.cache_dtype));
+  for (DeviceBuffer* buf : {&in->k, &in->v}) {
+    if (absl::Status s = buf->Reserve(cache_bytes); !s.ok()) return s;
+  }
+  for (DeviceBuffer* buf : {&in->q, &in->out}) {
+    if (absl::Status s = buf->Reserve(sizeof(float) * in->out_floats); !s.ok()) return s;
+  }
+  // Queries of 8× the keys' scale: scores of a few units, so that the softmax is peaked
+  // and a kernel that mixes up keys moves the outputs well past the rounding.
+  if (absl::Status s =
+          LaunchFillRandom(in->q.get(), DType::kF32, in->out_floats, 1, 8.0f, b.stream());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = LaunchFillRandom(in->k.get(), cache_type, cache, 2, 1.0f, b.stream());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = LaunchFillRandom(in->v.get(), cache_type, cache, 3, 1.0f, b.stream());
+      !s.ok()) {
+    return s;
+  }
+  in->table.resize(blocks);
+  std::iota(in->table.begin(), in->table.end(), 0);
+  std::shuffle(in->table.begin(), in->table.end(), std::mt19937(4));
+  return b.Synchronize();
+}
+
+AttentionArgs<float> BaseArgs(const AttentionTuneShape& z, const Inputs& in) {
+  AttentionArgs<float> a;
+  a.q = in.q.as<float>();
+  a.q_stride = int64_t{z.num_heads} * z.head_dim;
+  a.num_heads = z.num_heads;
+  a.num_kv_heads = z.num_kv_heads;
+  a.head_dim = z.head_dim;
+  a.causal = true;
+  a.scale = 1.0 / std::sqrt(static_cast<double>(z.head_dim));
+  a.softcap = z.softcap;
+  a.kv = KvSource<float>{in.k.as<float>(), in.v.as<float>(), int64_t{z.num_kv_heads} * z.head_dim,
+                         in.table.data(),  z.block_size,     z.cache_dtype};
+  a.out = in.out.as<float>();
+  a.out_stride = a.q_stride;
+  return a;
+}
+
+// Runs each candidate once (its output against the first that ran: the default, unless the
+// backend refused it), then times it; fills
+// `report` in the candidates' order and returns the index chosen.
+absl::StatusOr<int> TimeCandidates(CudaBackend& b, const std::vector<Candidate>& candidates,
+                                   const std::function<absl::Status()>& call, int64_t out_floats,
+                                   const Inputs& in, bool replay,
+                                   std::vector<TunedCandidate>* report) {
+  std::vector<float> reference, out(static_cast<size_t>(out_floats));
+  double tolerance = 0.0;
+  for (const Candidate& c : candidates) {
+    TunedCandidate t;
+    t.name = c.name;
+    if (absl::Status s = Apply(b, c.settings); !s.ok()) return s;
+    // NaN in the output first: a kernel that leaves rows unwritten cannot agree.
+    absl::Status s = KVLENS_TUNE_CUDA(
+        cudaMemsetAsync(in.out.get(), 0xFF, sizeof(float) * out_floats, b.stream()));
+    if (s.ok()) s = call();
+    if (s.code() == absl::StatusCode::kInvalidArgument) {
+      t.failure = std::string(s.message());
+      report->push_back(t);
+      continue;
+    }
+    if (s.ok()) {
+      s = KVLENS_TUNE_CUDA(cudaMemcpyAsync(out.data(), in.out.get(), sizeof(float) * out_floats,
+                                           cudaMemcpyDeviceToHost, b.stream()));
+    }
+    if (s.ok()) s = b.Synchronize();
+    if (!s.ok()) return s;
+    if (reference.empty()) {
+      reference = out;
+      double largest = 0.0;
+      for (float r : reference) largest = std::max(largest, std::fabs(static_cast<double>(r)));
+      tolerance = kTuneRelativeTolerance * largest;
+    }
+    double err = 0.0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const double d = std::fabs(static_cast<double>(out[i]) - reference[i]);
+      if (std::isnan(d)) {
+        err = d;
+        break;
+      }
+      err = std::max(err, d);
+    }
+    t.max_error = err;
+    t.tolerance = tolerance;
+    absl::StatusOr<double> sec = replay ? ReplayedSeconds(b, call) : EventSeconds(b, 3, call);
+    if (!sec.ok()) return sec.status();
+    t.seconds = *sec;
+    report->push_back(t);
+  }
+  const int best = FastestAccepted(*report);
+  if (best >= 0) (*report)[best].chosen = true;
+  return best;
+}
+
+absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShape& z,
+                                         Settings* chosen) {
+  Inputs in;
+  if (absl::Status s = MakeInputs(b, z, &in); !s.ok()) return s;
+  AttentionTuneReport report;
+  const char* cache = z.cache_dtype == KvDtype::kBF16 ? "bf16" : "fp32";
+  report.shape =
+      absl::StrCat("prefill ", z.prefill_tokens, " tokens, decode ", z.decode_batch, " x ",
+                   z.decode_keys, " keys; heads ", z.num_heads, "/", z.num_kv_heads, ", head size ",
+                   z.head_dim, ", ", cache, " cache in blocks of ", z.block_size,
+                   z.softcap > 0.0 ? absl::StrCat(", soft cap ", z.softcap) : "");
+  const AttentionArgs<float> base = BaseArgs(z, in);
+  // Every candidate is the defaults but for what it tries, whatever the backend was set to.
+  const Settings defaults;
+
+  AttentionArgs<float> prefill = base;
+  prefill.num_queries = prefill.num_keys = z.prefill_tokens;
+  AttentionParams p;  // what the kernels' Supports functions look at
+  p.q = base.q;
+  p.q_stride = base.q_stride;
+  p.k = base.kv.k;
+  p.v = base.kv.v;
+  p.kv_row_stride = base.kv.row_stride;
+  p.kv_dtype = base.kv.dtype;
+  p.num_queries = z.prefill_tokens;
+  p.num_keys = std::max(z.prefill_tokens, z.decode_keys);
+  p.num_heads = z.num_heads;
+  p.num_kv_heads = z.num_kv_heads;
+  p.head_dim = z.head_dim;
+  p.softcap = static_cast<float>(z.softcap);
+  if (z.prefill_tokens >= kFlashMinQueries && FlashPrefillSupports(z.head_dim)) {
+    const bool bf16_kernel = b.flash_bf16() && FlashPrefillBf16Supports(p);
+    const std::vector<Candidate> candidates = PrefillCandidates(defaults, bf16_kernel);
+    absl::StatusOr<int> best = TimeCandidates(
+        b, candidates, [&] { return b.Attention(prefill); },
+        int64_t{z.prefill_tokens} * z.num_heads * z.head_dim, in, /*replay=*/false,
+        &report.prefill);
+    if (!best.ok()) return best.status();
+    if (*best >= 0) chosen->layout = candidates[*best].settings.layout;
+  }
+
+  if (z.decode_keys > 0) {
+    std::vector<AttentionArgs<float>> calls(static_cast<size_t>(z.decode_batch), base);
+    for (int r = 0; r < z.decode_batch; ++r) {
+      AttentionArgs<float>& a = calls[r];
+      a.q = base.q + r * base.q_stride;
+      a.out = base.out + r * base.out_stride;
+      a.num_queries = 1;
+      a.num_keys = z.decode_keys;
+      a.query_offset = z.decode_keys - 1;
+    }
+    p.num_queries = 1;
+    const std::vector<Candidate> candidates = DecodeCandidates(defaults, p);
+    auto call = [&]() -> absl::Status {
+      int failed = 0;
+      return b.AttentionBatch(calls, &failed);
+    };
+    absl::StatusOr<int> best =
+        TimeCandidates(b, candidates, call, int64_t{z.decode_batch} * z.num_heads * z.head_dim, in,
+                       /*replay=*/true, &report.decode);
+    if (!best.ok()) return best.status();
+    if (*best >= 0) {
+      const Settings& s = candidates[*best].settings;
+      chosen->warps = s.warps;
+      chosen->fused_combine = s.fused_combine;
+      chosen->tensor_cores = s.tensor_cores;
+    }
+  }
+  return report;
+}
+
+}  // namespace
+
+absl::StatusOr<AttentionTuneReport> TuneAttention(CudaBackend& b, const AttentionTuneShape& shape) {
+  if (absl::Status s = shape.Validate(); !s.ok()) return s;
+  if (absl::Status s = b.status(); !s.ok()) return s;
+  const Settings before = CurrentSettings(b);
+  Settings chosen = before;  // what a phase does not tune stays as it was
+  absl::StatusOr<AttentionTuneReport> report = Tune(b, shape, &chosen);
+  if (absl::Status s = Apply(b, report.ok() ? chosen : before); !s.ok()) return s;
+  return report;
+}
+
+}  // namespace kvlens::kernels::cuda

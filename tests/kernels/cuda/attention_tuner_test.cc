@@ -1,0 +1,149 @@
+// The attention tuner (kernels/cuda/attention_tuner.h) on a CudaBackend: every candidate
+// runs, agrees with the default (each kernel computes the same attention) and is timed;
+// the fastest is kept and the backend left with it; a bad shape leaves the backend as it
+// was. Suites named CudaBackend* (ctest label `gpu`); without a device they skip with the
+// reason. On the CUDA emulator the times are the emulator's, so the choice is arbitrary
+// there, but it must still be the fastest of the report and set on the backend.
+#include "gtest/gtest.h"
+
+#ifdef KVLENS_HAVE_CUDA
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_tuner.h"
+#include "tests/kernels/cuda/cuda_backend_fixture.h"
+
+namespace kvlens::kernels::cuda {
+namespace {
+
+AttentionTuneShape SmallShape(KvDtype cache) {
+  AttentionTuneShape z;
+  z.num_heads = 4;
+  z.num_kv_heads = 2;
+  z.head_dim = 64;
+  z.cache_dtype = cache;
+  z.block_size = 16;
+  z.prefill_tokens = 40;  // one partial block of every layout
+  z.decode_keys = 75;     // a partial cache block
+  z.decode_batch = 2;
+  return z;
+}
+
+// The chosen candidate is the fastest that agreed, and exactly one is chosen.
+void ExpectOneFastestChosen(const std::vector<TunedCandidate>& list) {
+  int chosen = -1;
+  for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+    const TunedCandidate& c = list[i];
+    SCOPED_TRACE(c.name);
+    EXPECT_TRUE(c.failure.empty()) << c.failure;
+    EXPECT_GT(c.tolerance, 0.0);
+    EXPECT_LE(c.max_error, c.tolerance);
+    EXPECT_GT(c.seconds, 0.0);
+    if (c.chosen) {
+      EXPECT_EQ(chosen, -1) << "two chosen";
+      chosen = i;
+    }
+  }
+  ASSERT_GE(chosen, 0);
+  for (const TunedCandidate& c : list) EXPECT_GE(c.seconds, list[chosen].seconds) << c.name;
+}
+
+const TunedCandidate& Chosen(const std::vector<TunedCandidate>& list) {
+  for (const TunedCandidate& c : list) {
+    if (c.chosen) return c;
+  }
+  return list.front();
+}
+
+bool Has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// bf16 cache: the bf16 flash kernel's eight layouts (the default first) and the decode
+// kernels, all agreeing; the backend keeps what the report says was chosen.
+TEST_F(CudaBackendTest, TunerKeepsTheFastestKernelsThatAgree) {
+  CudaBackend& b = *backend_;
+  b.SetSplitKvTensorCores(true);  // the tuner measures from the defaults, whatever was set
+  absl::StatusOr<AttentionTuneReport> r = TuneAttention(b, SmallShape(KvDtype::kBF16));
+  ASSERT_TRUE(r.ok()) << r.status();
+  SCOPED_TRACE(r->ToString());
+  ASSERT_EQ(r->prefill.size(), 8u);
+  EXPECT_EQ(r->prefill.front().name,
+            "flash, 128-query blocks of 8 warps, 2 K/V stages, 64-key tiles (default)");
+  ExpectOneFastestChosen(r->prefill);
+  // Split-KV at 4 warps, fused or not; 16 warps (a head tile of 2 heads of 64); tensor
+  // cores, fused or not.
+  ASSERT_EQ(r->decode.size(), 5u);
+  EXPECT_EQ(r->decode.front().name, "split-KV, 4 warps a block (default)");
+  ExpectOneFastestChosen(r->decode);
+  EXPECT_EQ(r->decode.front().max_error, 0.0);
+
+  const FlashBf16Layout& l = b.flash_layout();
+  const int warps = l.tile_queries == 192  ? 12
+                    : l.tile_queries == 64 ? 4
+                                           : l.tile_queries / l.warp_queries;
+  EXPECT_TRUE(Has(Chosen(r->prefill).name,
+                  absl::StrCat(l.tile_queries, "-query blocks of ", warps, " warps, ", l.stages,
+                               " K/V stages, ", l.key_tile, "-key tiles")));
+  const std::string& decode = Chosen(r->decode).name;
+  EXPECT_EQ(b.split_kv_tensor_cores(), Has(decode, "tensor cores"));
+  EXPECT_EQ(b.split_kv_fused_combine(), Has(decode, "fused combine"));
+  EXPECT_EQ(b.split_kv_warps(), Has(decode, "16 warps") ? kSplitKvWideWarps : kSplitKvWarps);
+  EXPECT_TRUE(b.status().ok()) << b.status();
+}
+
+// fp32 cache: the fp16 flash kernel, whose block size alone is a layout; a soft cap (Gemma
+// 2's) in every candidate.
+TEST_F(CudaBackendTest, TunerOnAnFp32CacheTimesTheFp16KernelsBlockSizes) {
+  AttentionTuneShape z = SmallShape(KvDtype::kActivation);
+  z.softcap = 50.0;
+  absl::StatusOr<AttentionTuneReport> r = TuneAttention(*backend_, z);
+  ASSERT_TRUE(r.ok()) << r.status();
+  SCOPED_TRACE(r->ToString());
+  ASSERT_EQ(r->prefill.size(), 2u);
+  EXPECT_EQ(r->prefill[0].name, "flash (fp16 kernel), 128-query blocks (default)");
+  EXPECT_EQ(r->prefill[1].name, "flash (fp16 kernel), 64-query blocks");
+  ExpectOneFastestChosen(r->prefill);
+  ExpectOneFastestChosen(r->decode);
+  EXPECT_TRUE(Has(r->shape, "fp32 cache in blocks of 16, soft cap 50")) << r->shape;
+}
+
+// A bad shape changes nothing, and neither does a shape with nothing to tune: a prefill too
+// short for the flash kernels and decode_keys 0.
+TEST_F(CudaBackendTest, TunerLeavesTheBackendAsItWasOnABadShape) {
+  CudaBackend& b = *backend_;
+  ASSERT_TRUE(b.SetFlashLayout({128, 16, 3, 32}).ok());
+  b.SetSplitKvFusedCombine(true);
+  AttentionTuneShape z = SmallShape(KvDtype::kBF16);
+  z.num_kv_heads = 3;
+  absl::StatusOr<AttentionTuneReport> r = TuneAttention(b, z);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "attention tuning: num_kv_heads 3 must be >= 1 and divide num_heads 4");
+  EXPECT_EQ(b.flash_layout().stages, 3);
+  EXPECT_EQ(b.flash_layout().key_tile, 32);
+  EXPECT_TRUE(b.split_kv_fused_combine());
+
+  z = SmallShape(KvDtype::kBF16);
+  z.prefill_tokens = kFlashMinQueries - 1;
+  z.decode_keys = 0;
+  r = TuneAttention(b, z);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->prefill.empty());
+  EXPECT_TRUE(r->decode.empty());
+  // Nothing was timed, so nothing changed.
+  EXPECT_EQ(b.flash_layout().stages, 3);
+  EXPECT_TRUE(b.split_kv_fused_combine());
+}
+
+}  // namespace
+}  // namespace kvlens::kernels::cuda
+
+#else
+
+TEST(CudaBackendTunerTest, SkippedInThisBuild) { GTEST_SKIP() << "built without CUDA"; }
+
+#endif  // KVLENS_HAVE_CUDA
