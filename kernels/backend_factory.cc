@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_backend.h"
 #ifdef KVLENS_HAVE_CUDA
+#include "kernels/cuda/attention_tuner.h"
 #include "kernels/cuda/cuda_backend.h"
 #endif
 
@@ -81,6 +82,18 @@ absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_t
   return absl::FailedPreconditionError(
       "this build has no CUDA support (configure with -DKVLENS_CUDA=ON)");
 #endif
+}
+
+absl::StatusOr<AttentionTuneReport> TuneAttention([[maybe_unused]] Backend<float>& backend,
+                                                  const AttentionTuneShape& shape) {
+  if (absl::Status s = shape.Validate(); !s.ok()) return s;
+#ifdef KVLENS_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<cuda::CudaBackend*>(&backend); cuda != nullptr) {
+    return cuda::TuneAttention(*cuda, shape);
+  }
+#endif
+  return absl::FailedPreconditionError(
+      "attention tuning is a CUDA option: the CPU backend has one attention kernel");
 }
 
 }  // namespace kvlens::kernels

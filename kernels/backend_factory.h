@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "kernels/attention_tuning.h"
 #include "kernels/backend.h"
 
 namespace kvlens::kernels {
@@ -52,6 +53,13 @@ struct CreatedBackend {
 // uploading its own. Ignored otherwise.
 absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_threads,
                                              Backend<float>* share_weights_with = nullptr);
+
+// Tunes a CUDA backend's attention kernels on its own GPU for calls of `shape`
+// (kernels/attention_tuning.h; kernels/cuda/attention_tuner.h), leaving it with the fastest
+// that agree with the defaults. FAILED_PRECONDITION for a CPU backend (one attention kernel)
+// and in builds without CUDA; INVALID_ARGUMENT for the shape, naming the field.
+absl::StatusOr<AttentionTuneReport> TuneAttention(Backend<float>& backend,
+                                                  const AttentionTuneShape& shape);
 
 }  // namespace kvlens::kernels
 

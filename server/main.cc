@@ -87,6 +87,13 @@ ABSL_FLAG(bool, attention_tensor_cores, false,
           "and 256: Q, K, P and V rounded to bf16 on a bf16 KV cache, to fp16 on an fp32 one, "
           "as prefill rounds them, with fp32 sums. Off by default until timed on a GPU. "
           "Interpretability requests keep fp32 attention.");
+ABSL_FLAG(bool, attention_tune, false,
+          "--device cuda: before serving, time prefill attention's layouts (one prompt of up "
+          "to 2048 tokens) and decode attention's kernels (split-KV with 4 or 16 warps a "
+          "block, its combine fused or not, on CUDA cores or tensor cores; one sequence of "
+          "up to 4096 keys) on this GPU at the model's shapes, check each one's output "
+          "against the default's (within 2% of its largest value), and keep the fastest; "
+          "prints what it timed. Chooses --attention-tensor-cores itself.");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores; --device cpu only).");
 ABSL_FLAG(bool, int8_activations, false,
           "--device cpu: generation's products with block-quantised weights (q8_0, q4_K, ...) "
@@ -179,6 +186,17 @@ int main(int argc, char** argv) {
   device->cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   device->attention_tensor_cores = absl::GetFlag(FLAGS_attention_tensor_cores);
   device->int8_activations = absl::GetFlag(FLAGS_int8_activations);
+  const bool tune = absl::GetFlag(FLAGS_attention_tune);
+  if (tune && device->kind != kvlens::kernels::DeviceSpec::Kind::kCuda) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--attention-tune is a --device cuda option (--device ", device_flag,
+                     ": the CPU backend has one attention kernel)")));
+  }
+  if (tune && device->attention_tensor_cores) {
+    return Fail(absl::InvalidArgumentError(
+        "--attention-tune chooses decode attention's kernel itself: give it or "
+        "--attention-tensor-cores, not both"));
+  }
   auto backend = kvlens::kernels::CreateBackend(*device, absl::GetFlag(FLAGS_threads));
   if (!backend.ok()) {
     return Fail(absl::Status(backend.status().code(), absl::StrCat("--device ", device_flag, ": ",
@@ -207,6 +225,26 @@ int main(int argc, char** argv) {
   options.block_size = absl::GetFlag(FLAGS_block_size);
   if (options.block_size < 1 || options.block_size > 1024) {
     return Fail(absl::InvalidArgumentError("--block-size must be in [1, 1024]"));
+  }
+  if (tune) {
+    // Before the cache is sized: the tuner's inputs are freed by then, and the workspaces
+    // its calls grew count as memory in use.
+    kvlens::kernels::AttentionTuneShape shape;
+    shape.num_heads = config.num_heads;
+    shape.num_kv_heads = config.num_kv_heads;
+    shape.head_dim = config.head_dim;
+    shape.cache_dtype = options.kv_cache_dtype;
+    shape.block_size = options.block_size;
+    shape.softcap = config.attention_softcap;
+    shape.prefill_tokens =
+        std::min({2048, config.max_seq_len, absl::GetFlag(FLAGS_max_batch_tokens)});
+    shape.decode_keys = std::min(4096, config.max_seq_len);
+    auto report = kvlens::kernels::TuneAttention(*backend->backend, shape);
+    if (!report.ok()) {
+      return Fail(absl::Status(report.status().code(),
+                               absl::StrCat("--attention-tune: ", report.status().message())));
+    }
+    std::fprintf(stderr, "kvlens-server: %s", report->ToString().c_str());
   }
   if (const double u = absl::GetFlag(FLAGS_gpu_memory_utilization); !(u >= 0.0 && u <= 1.0)) {
     return Fail(absl::InvalidArgumentError(

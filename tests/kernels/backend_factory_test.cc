@@ -77,6 +77,26 @@ TEST(BackendFactoryTest, TensorCoreAttentionIsACudaOption) {
       << b.status();
 }
 
+// --attention-tune: the CPU backend has one attention kernel, nothing to choose; a bad
+// shape is named before that.
+TEST(BackendFactoryTest, AttentionTuningIsACudaOption) {
+  auto b = CreateBackend({DeviceSpec::Kind::kCpu, 0}, 1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  AttentionTuneShape shape;
+  shape.num_heads = 4;
+  shape.num_kv_heads = 2;
+  shape.head_dim = 64;
+  auto r = TuneAttention(*b->backend, shape);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_EQ(r.status().message(),
+            "attention tuning is a CUDA option: the CPU backend has one attention kernel");
+  shape.head_dim = 0;
+  r = TuneAttention(*b->backend, shape);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_EQ(r.status().message(), "attention tuning: head_dim 0 must be in [1, 512]");
+}
+
 TEST(BackendFactoryTest, CudaWithoutAGpuIsFailedPrecondition) {
   auto b = CreateBackend({DeviceSpec::Kind::kCuda, 0}, 1);
   if (b.ok()) GTEST_SKIP() << "a CUDA device is present: " << b->description;

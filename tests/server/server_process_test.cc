@@ -144,6 +144,25 @@ TEST(ServerProcessTest, TensorCoreAttentionOnCpuIsRefusedByName) {
       << out;
 }
 
+// --attention-tune likewise; and with --attention-tensor-cores it would overrule the flag,
+// so the two together are refused.
+TEST(ServerProcessTest, AttentionTuningOnCpuIsRefusedByName) {
+  auto [code, out] = RunServerToExit("--device cpu --attention-tune");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_EQ(out.rfind("kvlens-server: --attention-tune is a --device cuda option (--device cpu: "
+                      "the CPU backend has one attention kernel)",
+                      0),
+            0u)
+      << out;
+  std::tie(code, out) = RunServerToExit("--device cuda --attention-tune --attention-tensor-cores");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_EQ(out.rfind("kvlens-server: --attention-tune chooses decode attention's kernel itself: "
+                      "give it or --attention-tensor-cores, not both",
+                      0),
+            0u)
+      << out;
+}
+
 TEST(ServerProcessTest, InterpDeviceBogusIsRejectedNamingTheFlag) {
   const auto [code, out] = RunServerToExit("--interp-device gpu");
   EXPECT_EQ(code, 1) << out;
