@@ -1,5 +1,5 @@
 // kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU. One
-// file of about 1100 lines: one program whose benchmarks share its table, sizes, timing
+// file of about 1150 lines: one program whose benchmarks share its table, sizes, timing
 // and allocation helpers, and whose sources a GPU machine's standalone build lists by
 // name (kernels/cuda/standalone/CMakeLists.txt), each benchmark a function of its own.
 //   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
@@ -8,6 +8,7 @@
 //      PyTorch's own choice, and "kernel TOKENS NAME", the kernel that choice ran; the
 //      target's reference is the flash backend), decode attention bandwidth (fp32 and bf16 KV
 //      caches; Llama's head size 128 and Gemma's 256) vs a measured device-to-device copy,
+//      the attention tuner's candidates and choice (--attention-tune) at the decode heads,
 //      end-to-end decode tokens/s of a Llama-7B-shaped model with random bf16 weights at batch 1,
 //      16, 64 vs the weight-bandwidth roofline (fp32 cache without and with CUDA graphs, bf16 cache
 //      with; both with programmatic dependent launches too).
@@ -16,7 +17,7 @@
 // device is usable, 3 when a benchmark's CUDA call fails.
 //
 //   kvlens_gpu_check [--parity-only] [--sdpa FILE] [--quick | --smoke]
-//                    [--only prefill|decode|matmul|e2e ...]
+//                    [--only prefill|decode|tune|matmul|e2e ...]
 //
 // --only NAME: that benchmark alone (repeatable) and no parity table: for a profiler
 // (ncu -k regex:SplitKv … kvlens_gpu_check --quick --only decode).
@@ -45,6 +46,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/cuda/attention_tuner.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/ops.h"
@@ -1037,6 +1039,43 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
   for (float* p : {x, xn, q, k, v, att, proj, h1, h3, logits}) cudaFree(p);
 }
 
+// The attention tuner (the server's --attention-tune) at the decode benchmark's heads on a
+// bf16 and an fp32 cache: each candidate's time against the default's, its agreement, and
+// which it keeps. The backend's defaults are restored after.
+void TuneBench(CudaBackend& b, const Sizes& z, Table& rows) {
+  for (KvDtype cache : {KvDtype::kBF16, KvDtype::kActivation}) {
+    AttentionTuneShape shape;
+    shape.num_heads = z.decode_heads;
+    shape.num_kv_heads = z.decode_kv_heads;
+    shape.head_dim = z.decode_dh;
+    shape.cache_dtype = cache;
+    shape.block_size = z.decode_block;
+    shape.prefill_tokens = z.prefill_tokens.front();
+    shape.decode_keys = z.decode_keys.front();
+    absl::StatusOr<AttentionTuneReport> r = TuneAttention(b, shape);
+    Must(r.status(), "attention tuning");
+    const char* what =
+        cache == KvDtype::kBF16 ? "attention tuning (bf16 cache)" : "attention tuning (fp32 cache)";
+    const std::string heads =
+        absl::StrCat(" H=", shape.num_heads, "/", shape.num_kv_heads, " Dh=", shape.head_dim, ": ");
+    for (const auto& [phase, list] :
+         {std::pair{absl::StrCat("prefill T=", shape.prefill_tokens), &r->prefill},
+          std::pair{absl::StrCat("decode Tk=", shape.decode_keys), &r->decode}}) {
+      for (const TunedCandidate& c : *list) {
+        rows.Add({what, absl::StrCat(phase, heads, c.name),
+                  c.failure.empty() ? Fmt(c.seconds * 1e6, "us") : c.failure,
+                  absl::StrFormat("err %.2g of %.2g", c.max_error, c.tolerance),
+                  absl::StrFormat("%.2fx the default's time", c.seconds / list->front().seconds),
+                  c.chosen ? "chosen" : (c.accepted() ? "-" : "rejected")});
+      }
+    }
+    Must(b.SetFlashLayout(FlashBf16Layout{}), "flash layout");
+    Must(b.SetSplitKvWarps(kSplitKvWarps), "split-KV warps");
+    b.SetSplitKvFusedCombine(false);
+    b.SetSplitKvTensorCores(false);
+  }
+}
+
 int Main(int argc, char** argv) {
   bool parity_only = false;
   std::set<std::string> only;
@@ -1050,14 +1089,15 @@ int Main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--smoke") == 0) {
       sizes = SmokeSizes();
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc &&
-               std::set<std::string>{"prefill", "decode", "matmul", "e2e"}.count(argv[i + 1])) {
+               std::set<std::string>{"prefill", "decode", "tune", "matmul", "e2e"}.count(
+                   argv[i + 1])) {
       only.insert(argv[++i]);
     } else if (std::strcmp(argv[i], "--sdpa") == 0 && i + 1 < argc) {
       sdpa = ReadSdpa(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: %s [--parity-only] [--quick | --smoke] [--sdpa FILE] "
-                   "[--only prefill|decode|matmul|e2e ...]\n",
+                   "[--only prefill|decode|tune|matmul|e2e ...]\n",
                    argv[0]);
       return 64;
     }
@@ -1091,6 +1131,7 @@ int Main(int argc, char** argv) {
               Fmt(copy_bw / 1e9, "GB/s"), "-", "-", "-"});
     if (run("prefill")) PrefillBench(b, sdpa, sizes, rows);
     if (run("decode")) DecodeAttentionBench(b, copy_bw, sizes, rows);
+    if (run("tune")) TuneBench(b, sizes, rows);
     if (run("matmul")) MatMulBench(b, copy_bw, sizes, rows);
     if (run("e2e")) EndToEndBench(b, copy_bw, sizes, rows);
   }
