@@ -137,6 +137,13 @@ struct FlashBf16Layout {
 absl::Status CheckFlashBf16Layout(const FlashBf16Layout& layout);
 absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, const FlashBf16Layout& layout,
                                     cudaStream_t stream);
+// The layout LaunchFlashPrefillBf16 runs for p's head size and soft cap when asked for
+// `asked` (valid, its tile_queries as FlashBf16TileQueries gives): two asked layouts that
+// resolve alike run the same kernel. Its block's queries; 32 queries a warp only for two
+// stripes (128-query blocks, uncapped), else 16; the stages asked for on 128- and 192-query
+// blocks, else 2; and the keys a tile the kernel takes (32 for two stripes and head size
+// 256, the asked 32 on 8 warps of 16, else 64).
+FlashBf16Layout ResolvedFlashBf16Layout(const AttentionParams& p, const FlashBf16Layout& asked);
 
 // Warps of a split-KV block: kSplitKvWarps (the default; up to four blocks an SM) or
 // kSplitKvWideWarps (one block an SM: as many warps in flight, a quarter of the splits,

@@ -52,41 +52,47 @@ bool SameLayout(const FlashBf16Layout& x, const FlashBf16Layout& y) {
          x.stages == y.stages && x.key_tile == y.key_tile;
 }
 
-std::string DescribeLayout(const FlashBf16Layout& l, bool bf16_kernel) {
-  if (!bf16_kernel) return absl::StrCat("flash (fp16 kernel), ", l.tile_queries, "-query blocks");
-  const int warps = l.tile_queries == kFlashBf16WideTileQueries ? l.tile_queries / 16
-                    : l.tile_queries == 64                      ? 4
-                                                                : l.tile_queries / l.warp_queries;
-  return absl::StrCat("flash, ", l.tile_queries, "-query blocks of ", warps, " warps, ", l.stages,
-                      " K/V stages, ", l.key_tile, "-key tiles");
+// `asked` as the kernel runs it for p: ResolvedFlashBf16Layout, or on the fp16 kernel its
+// block size alone.
+FlashBf16Layout Resolved(const AttentionParams& p, const FlashBf16Layout& asked, bool bf16_kernel) {
+  if (bf16_kernel) return ResolvedFlashBf16Layout(p, asked);
+  FlashBf16Layout r;
+  r.tile_queries = FlashTileQueries(p.head_dim, std::min(asked.tile_queries, 128));
+  return r;
 }
 
-// The layouts kvlens_gpu_check times, the default first; on the fp16 kernel only the block
-// size applies.
-std::vector<Candidate> PrefillCandidates(const Settings& base, bool bf16_kernel) {
-  const FlashBf16Layout d;
-  std::vector<FlashBf16Layout> layouts = {d};
-  if (bf16_kernel) {
-    for (const FlashBf16Layout& l :
-         {FlashBf16Layout{128, 16, 3, 64}, FlashBf16Layout{128, 16, 2, 32},
-          FlashBf16Layout{128, 16, 3, 32}, FlashBf16Layout{128, 32, 2, 64},
-          FlashBf16Layout{192, 16, 2, 64}, FlashBf16Layout{192, 16, 3, 64},
-          FlashBf16Layout{64, 16, 2, 64}}) {
-      layouts.push_back(l);
-    }
-  } else {
-    layouts.push_back(FlashBf16Layout{d.tile_queries == 64 ? 128 : 64});
-  }
+std::string DescribeLayout(const FlashBf16Layout& r, bool bf16_kernel) {
+  if (!bf16_kernel) return absl::StrCat("flash (fp16 kernel), ", r.tile_queries, "-query blocks");
+  return absl::StrCat("flash, ", r.tile_queries, "-query blocks of ",
+                      r.tile_queries / r.warp_queries, " warps, ", r.stages, " K/V stages, ",
+                      r.key_tile, "-key tiles");
+}
+
+// The layouts kvlens_gpu_check times, the default first, each once as it runs for p (at
+// head size 256 or under a soft cap several resolve alike; on the fp16 kernel only the
+// block size applies).
+std::vector<Candidate> PrefillCandidates(const Settings& base, const AttentionParams& p,
+                                         bool bf16_kernel) {
+  const FlashBf16Layout asked[] = {FlashBf16Layout{},
+                                   FlashBf16Layout{128, 16, 3, 64},
+                                   FlashBf16Layout{128, 16, 2, 32},
+                                   FlashBf16Layout{128, 16, 3, 32},
+                                   FlashBf16Layout{128, 32, 2, 64},
+                                   FlashBf16Layout{192, 16, 2, 64},
+                                   FlashBf16Layout{192, 16, 3, 64},
+                                   FlashBf16Layout{64, 16, 2, 64}};
   std::vector<Candidate> out;
-  for (const FlashBf16Layout& l : layouts) {
-    const bool dup = std::any_of(out.begin(), out.end(), [&](const Candidate& c) {
-      return SameLayout(c.settings.layout, l);
-    });
-    if (dup) continue;
+  std::vector<FlashBf16Layout> seen;
+  for (const FlashBf16Layout& l : asked) {
+    const FlashBf16Layout r = Resolved(p, l, bf16_kernel);
+    if (std::any_of(seen.begin(), seen.end(), [&](const auto& x) { return SameLayout(x, r); })) {
+      continue;
+    }
+    seen.push_back(r);
     Settings s = base;
     s.layout = l;
     out.push_back(
-        {absl::StrCat(DescribeLayout(l, bf16_kernel), out.empty() ? " (default)" : ""), s});
+        {absl::StrCat(DescribeLayout(r, bf16_kernel), out.empty() ? " (default)" : ""), s});
   }
   return out;
 }
@@ -304,7 +310,7 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
   p.softcap = static_cast<float>(z.softcap);
   if (z.prefill_tokens >= kFlashMinQueries && FlashPrefillSupports(z.head_dim)) {
     const bool bf16_kernel = b.flash_bf16() && FlashPrefillBf16Supports(p);
-    const std::vector<Candidate> candidates = PrefillCandidates(defaults, bf16_kernel);
+    const std::vector<Candidate> candidates = PrefillCandidates(defaults, p, bf16_kernel);
     absl::StatusOr<int> best = TimeCandidates(
         b, candidates, [&] { return b.Attention(prefill); },
         int64_t{z.prefill_tokens} * z.num_heads * z.head_dim, in, /*replay=*/false,

@@ -486,11 +486,23 @@ int FlashBf16TileQueries(int head_dim, int requested) {
   return FlashTileQueries(head_dim, requested);
 }
 
+FlashBf16Layout ResolvedFlashBf16Layout(const AttentionParams& p, const FlashBf16Layout& asked) {
+  FlashBf16Layout r;
+  r.tile_queries = FlashBf16TileQueries(p.head_dim, asked.tile_queries);
+  // 128-query blocks: 8 warps of 16 queries, or 4 of 32 (two stripes, uncapped only).
+  const bool eight = r.tile_queries == 128;
+  const bool two_stripes = eight && asked.warp_queries == 32 && p.softcap == 0.0f;
+  r.warp_queries = two_stripes ? 32 : 16;
+  r.stages = eight || r.tile_queries == kFlashBf16WideTileQueries ? asked.stages : 2;
+  // kBf16KeyTile's own tile, or the narrow one where 8 warps of one stripe ask for it.
+  const int own = two_stripes || p.head_dim > 128 ? kFlashNarrowKeyTile : kFlashDefaultKeyTile;
+  r.key_tile =
+      eight && !two_stripes && asked.key_tile == kFlashNarrowKeyTile ? kFlashNarrowKeyTile : own;
+  return r;
+}
+
 absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, const FlashBf16Layout& layout,
                                     cudaStream_t stream) {
-  const int tile_queries = layout.tile_queries, warp_queries = layout.warp_queries;
-  const int stages = layout.stages;
-  const bool narrow = layout.key_tile == kFlashNarrowKeyTile;
   if (absl::Status s = CheckFlashBf16Layout(layout); !s.ok()) return s;
   if (!FlashPrefillBf16Supports(p)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -498,7 +510,10 @@ absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, const FlashBf16Lay
         "16-byte aligned K and V and head_dim 64, 80, 96, 128 or 256; got kv_row_stride ",
         p.kv_row_stride, ", head_dim ", p.head_dim));
   }
-  if (tile_queries == kFlashBf16WideTileQueries) {  // 12 warps of 16 queries
+  // What runs is the resolved layout's instantiation (the one the tuner names).
+  const FlashBf16Layout r = ResolvedFlashBf16Layout(p, layout);
+  const int stages = r.stages;
+  if (layout.tile_queries == kFlashBf16WideTileQueries) {  // 12 warps of 16 queries
     auto launch = [&](auto d) {
       constexpr int D = decltype(d)::value;
       return stages == 3 ? LaunchBf16<D, 12, 1, 3>(p, stream) : LaunchBf16<D, 12, 1, 2>(p, stream);
@@ -510,23 +525,25 @@ absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, const FlashBf16Lay
         return launch(std::integral_constant<int, 128>{});
       default:
         return absl::InvalidArgumentError(
-            absl::StrCat("the bf16 flash prefill has ", tile_queries,
+            absl::StrCat("the bf16 flash prefill has ", layout.tile_queries,
                          "-query tiles for head_dim 64 and 128 only, got ", p.head_dim));
     }
   }
-  return DispatchFlash(p, tile_queries, [&](auto d, auto w) {
+  return DispatchFlash(p, layout.tile_queries, [&](auto d, auto w) {
     constexpr int D = decltype(d)::value, W = decltype(w)::value;
     // 128-query blocks: 8 warps of 16 queries (64 or 32 keys a tile) or 4 of 32 (uncapped),
     // two stages or three; 64-query blocks (the only ones at head size 256): 4 of 16, two
     // stages.
     if constexpr (W == 8) {
       constexpr int kNarrow = kFlashNarrowKeyTile;
+      const bool narrow = r.key_tile == kNarrow;
+      if (r.warp_queries == 32) {
+        return stages == 3 ? LaunchBf16<D, 4, 2, 3>(p, stream) : LaunchBf16<D, 4, 2, 2>(p, stream);
+      }
       if (stages == 3) {
-        if (warp_queries == 32 && p.softcap == 0.0f) return LaunchBf16<D, 4, 2, 3>(p, stream);
         return narrow ? LaunchBf16<D, W, 1, 3, kNarrow>(p, stream)
                       : LaunchBf16<D, W, 1, 3>(p, stream);
       }
-      if (warp_queries == 32 && p.softcap == 0.0f) return LaunchBf16<D, 4, 2, 2>(p, stream);
       if (narrow) return LaunchBf16<D, W, 1, 2, kNarrow>(p, stream);
     }
     return LaunchBf16<D, W, 1, 2>(p, stream);

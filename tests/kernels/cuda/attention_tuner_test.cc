@@ -80,13 +80,12 @@ TEST_F(CudaBackendTest, TunerKeepsTheFastestKernelsThatAgree) {
   ExpectOneFastestChosen(r->decode);
   EXPECT_EQ(r->decode.front().max_error, 0.0);
 
-  const FlashBf16Layout& l = b.flash_layout();
-  const int warps = l.tile_queries == 192  ? 12
-                    : l.tile_queries == 64 ? 4
-                                           : l.tile_queries / l.warp_queries;
+  AttentionParams p;
+  p.head_dim = 64;
+  const FlashBf16Layout l = ResolvedFlashBf16Layout(p, b.flash_layout());
   EXPECT_TRUE(Has(Chosen(r->prefill).name,
-                  absl::StrCat(l.tile_queries, "-query blocks of ", warps, " warps, ", l.stages,
-                               " K/V stages, ", l.key_tile, "-key tiles")));
+                  absl::StrCat(l.tile_queries, "-query blocks of ", l.tile_queries / l.warp_queries,
+                               " warps, ", l.stages, " K/V stages, ", l.key_tile, "-key tiles")));
   const std::string& decode = Chosen(r->decode).name;
   EXPECT_EQ(b.split_kv_tensor_cores(), Has(decode, "tensor cores"));
   EXPECT_EQ(b.split_kv_fused_combine(), Has(decode, "fused combine"));
@@ -108,6 +107,22 @@ TEST_F(CudaBackendTest, TunerOnAnFp32CacheTimesTheFp16KernelsBlockSizes) {
   ExpectOneFastestChosen(r->prefill);
   ExpectOneFastestChosen(r->decode);
   EXPECT_TRUE(Has(r->shape, "fp32 cache in blocks of 16, soft cap 50")) << r->shape;
+}
+
+// Gemma 2's head size 256 under its soft cap: every layout asked for runs as 64-query blocks
+// of 4 warps, two stages, 32-key tiles, so prefill has one candidate, named as it runs.
+TEST_F(CudaBackendTest, TunerTimesEachPrefillKernelOnce) {
+  AttentionTuneShape z = SmallShape(KvDtype::kBF16);
+  z.head_dim = 256;
+  z.softcap = 50.0;
+  absl::StatusOr<AttentionTuneReport> r = TuneAttention(*backend_, z);
+  ASSERT_TRUE(r.ok()) << r.status();
+  SCOPED_TRACE(r->ToString());
+  ASSERT_EQ(r->prefill.size(), 1u);
+  EXPECT_EQ(r->prefill[0].name,
+            "flash, 64-query blocks of 4 warps, 2 K/V stages, 32-key tiles (default)");
+  ExpectOneFastestChosen(r->prefill);
+  ExpectOneFastestChosen(r->decode);
 }
 
 // A bad shape changes nothing, and neither does a shape with nothing to tune: a prefill too
