@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/stream_timing.h"
 
 namespace kvlens::kernels::cuda {
 namespace {
@@ -117,50 +118,6 @@ std::vector<Candidate> DecodeCandidates(const Settings& base, const AttentionPar
     out.push_back({"split-KV on tensor cores, fused combine", with(kSplitKvWarps, true, true)});
   }
   return out;
-}
-
-// Seconds a call of `call` over `calls` calls, timed with events on the backend's stream.
-absl::StatusOr<double> EventSeconds(CudaBackend& b, int calls,
-                                    const std::function<absl::Status()>& call) {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  absl::Status s = KVLENS_TUNE_CUDA(cudaEventCreate(&start));
-  if (s.ok()) s = KVLENS_TUNE_CUDA(cudaEventCreate(&stop));
-  if (s.ok()) s = KVLENS_TUNE_CUDA(cudaEventRecord(start, b.stream()));
-  for (int i = 0; i < calls && s.ok(); ++i) s = call();
-  if (s.ok()) s = KVLENS_TUNE_CUDA(cudaEventRecord(stop, b.stream()));
-  if (s.ok()) s = KVLENS_TUNE_CUDA(cudaEventSynchronize(stop));
-  float ms = 0.0f;
-  if (s.ok()) s = KVLENS_TUNE_CUDA(cudaEventElapsedTime(&ms, start, stop));
-  if (start != nullptr) cudaEventDestroy(start);
-  if (stop != nullptr) cudaEventDestroy(stop);
-  if (!s.ok()) return s;
-  return ms / 1e3 / calls;
-}
-
-// Seconds a call on the GPU alone: kCalls calls captured in a graph, replayed (a decode
-// call's host part would otherwise time the host). The call ran before, outside a capture,
-// so its workspaces are sized.
-absl::StatusOr<double> ReplayedSeconds(CudaBackend& b, const std::function<absl::Status()>& call) {
-  constexpr int kCalls = 16, kReplays = 4;
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  absl::Status s =
-      KVLENS_TUNE_CUDA(cudaStreamBeginCapture(b.stream(), cudaStreamCaptureModeThreadLocal));
-  if (!s.ok()) return s;
-  for (int i = 0; i < kCalls && s.ok(); ++i) s = call();
-  const absl::Status ended = KVLENS_TUNE_CUDA(cudaStreamEndCapture(b.stream(), &graph));
-  if (s.ok()) s = ended;
-  if (s.ok()) s = KVLENS_TUNE_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  absl::StatusOr<double> sec = 0.0;
-  if (s.ok()) {
-    sec = EventSeconds(b, kReplays,
-                       [&] { return KVLENS_TUNE_CUDA(cudaGraphLaunch(exec, b.stream())); });
-  }
-  if (exec != nullptr) cudaGraphExecDestroy(exec);
-  if (graph != nullptr) cudaGraphDestroy(graph);
-  if (!s.ok()) return s;
-  if (!sec.ok()) return sec.status();
-  return *sec / kCalls;
 }
 
 // The random inputs: a paged cache of `rows` rows (blocks in shuffled order) and the query
@@ -268,7 +225,9 @@ absl::StatusOr<int> TimeCandidates(CudaBackend& b, const std::vector<Candidate>&
     }
     t.max_error = err;
     t.tolerance = tolerance;
-    absl::StatusOr<double> sec = replay ? ReplayedSeconds(b, call) : EventSeconds(b, 3, call);
+    // Decode as graph replays: a decode call's host part would otherwise time the host.
+    absl::StatusOr<double> sec =
+        replay ? ReplayedSeconds(b.stream(), 16, 4, call) : EventSeconds(b.stream(), 3, call);
     if (!sec.ok()) return sec.status();
     t.seconds = *sec;
     report->push_back(t);

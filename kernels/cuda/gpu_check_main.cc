@@ -1,5 +1,5 @@
 // kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU. One
-// file of about 1150 lines: one program whose benchmarks share its table, sizes, timing
+// file of about 1130 lines: one program whose benchmarks share its table, sizes, timing
 // and allocation helpers, and whose sources a GPU machine's standalone build lists by
 // name (kernels/cuda/standalone/CMakeLists.txt), each benchmark a function of its own.
 //   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
@@ -50,6 +50,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/stream_timing.h"
 #include "tests/kernels/cuda/cuda_parity.h"
 
 namespace kvlens::kernels::cuda {
@@ -180,43 +181,27 @@ template <typename Fn>
 double TimeIt(CudaBackend& b, int iters, Fn&& fn) {
   fn();
   if (!Check(b.Synchronize(), "warm-up")) std::exit(3);
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start, b.stream());
-  for (int i = 0; i < iters; ++i) fn();
-  cudaEventRecord(stop, b.stream());
-  cudaEventSynchronize(stop);
-  float ms = 0.0f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (!Check(b.Synchronize(), "benchmark")) std::exit(3);
-  return ms / 1e3 / iters;
+  const absl::StatusOr<double> sec = EventSeconds(b.stream(), iters, [&] {
+    fn();
+    return absl::OkStatus();
+  });
+  if (!Check(sec.status(), "timing") || !Check(b.Synchronize(), "benchmark")) std::exit(3);
+  return *sec;
 }
 
-// Seconds per call of fn on the GPU alone: 20 calls captured in a CUDA graph, replayed.
-// One call runs first, outside the capture: it sizes the backend's workspaces (memory
-// cannot be allocated while a stream is captured).
+// Seconds per call of fn on the GPU alone: 20 calls captured in a CUDA graph, replayed 5
+// times (after an unmeasured launch). One call runs first, outside the capture: it sizes
+// the backend's workspaces.
 template <typename Fn>
 double ReplaySeconds(CudaBackend& b, Fn&& fn) {
-  constexpr int kCalls = 20;
   fn();
   if (!Check(b.Synchronize(), "warm-up")) std::exit(3);
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  if (!GC_CUDA(cudaStreamBeginCapture(b.stream(), cudaStreamCaptureModeThreadLocal))) {
-    std::exit(3);
-  }
-  for (int c = 0; c < kCalls; ++c) fn();
-  if (!GC_CUDA(cudaStreamEndCapture(b.stream(), &graph)) ||
-      !GC_CUDA(cudaGraphInstantiate(&exec, graph, 0))) {
-    std::exit(3);
-  }
-  const double sec = TimeIt(b, 5, [&] { GC_CUDA(cudaGraphLaunch(exec, b.stream())); }) / kCalls;
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return sec;
+  const absl::StatusOr<double> sec = ReplayedSeconds(b.stream(), 20, 5, [&] {
+    fn();
+    return absl::OkStatus();
+  });
+  if (!Check(sec.status(), "graph replay") || !Check(b.Synchronize(), "benchmark")) std::exit(3);
+  return *sec;
 }
 
 // Device-to-device copy bandwidth (bytes read + written per second).

@@ -14,7 +14,7 @@ set(KVLENS_GPU_CHECK_HOST_SOURCES
     kernels/cpu/reference_backward.cc
     kernels/cpu/row_reduce.cc)
 # kvlens_cuda's sources (kernels/cuda).
-set(KVLENS_CUDA_SOURCES attention_tuner.cc cuda_backend.cc cuda_backend_attention.cc cuda_backend_products.cc cuda_memory.cc step_graph.cc launch.cc ops.cu matvec.cu attention.cu
+set(KVLENS_CUDA_SOURCES attention_tuner.cc cuda_backend.cc cuda_backend_attention.cc cuda_backend_products.cc cuda_memory.cc step_graph.cc launch.cc stream_timing.cc ops.cu matvec.cu attention.cu
     flash_prefill.cu flash_prefill_bf16.cu split_kv_mma.cu attention_backward.cu draw_tokens.cu)
 # The GoogleTest GPU suites (CudaBackend*, CudaEngine*): built into cuda_emu_tests (CI,
 # on the emulator) and, when the bundle brings GoogleTest, into the standalone
