@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "common/flag_names.h"
 #include "common/malloc_tuning.h"
+#include "engine/attention_tune_shape.h"
 #include "engine/engine.h"
 #include "engine/interpret/sae_file.h"
 #include "engine/kv_cache/kv_cache_sizing.h"
@@ -229,16 +230,8 @@ int main(int argc, char** argv) {
   if (tune) {
     // Before the cache is sized: the tuner's inputs are freed by then, and the workspaces
     // its calls grew count as memory in use.
-    kvlens::kernels::AttentionTuneShape shape;
-    shape.num_heads = config.num_heads;
-    shape.num_kv_heads = config.num_kv_heads;
-    shape.head_dim = config.head_dim;
-    shape.cache_dtype = options.kv_cache_dtype;
-    shape.block_size = options.block_size;
-    shape.softcap = config.attention_softcap;
-    shape.prefill_tokens =
-        std::min({2048, config.max_seq_len, absl::GetFlag(FLAGS_max_batch_tokens)});
-    shape.decode_keys = std::min(4096, config.max_seq_len);
+    const kvlens::kernels::AttentionTuneShape shape = kvlens::AttentionTuneShapeFor(
+        config, options.kv_cache_dtype, options.block_size, absl::GetFlag(FLAGS_max_batch_tokens));
     auto report = kvlens::kernels::TuneAttention(*backend->backend, shape);
     if (!report.ok()) {
       return Fail(absl::Status(report.status().code(),

@@ -258,6 +258,11 @@ int GenerateCommand(int argc, char** argv) {
     if (!specs.ok()) return fail(specs.status(), 2);
     steering = *std::move(specs);
   }
+  if (absl::Status s =
+          TuneLocalBackend(local, (*model)->config, options.block_size, options.prefill_chunk);
+      !s.ok()) {
+    return fail(s, 1);
+  }
   auto steer = [&](const std::vector<int32_t>& prompt) {
     auto adds = ToResidualAdds(steering, (*model)->config, static_cast<int>(prompt.size()));
     if (adds.ok()) options.steering = *std::move(adds);

@@ -1,8 +1,10 @@
 #include "clients/cli/local_backend.h"
 
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/attention_tune_shape.h"
 
 namespace kvlens::cli {
 
@@ -22,6 +24,12 @@ std::vector<FlagSpec> LocalBackendFlags() {
        "decode attention on tensor cores at head sizes 64, 128 and 256: Q, K, P and V "
        "rounded to bf16 on a bf16 KV cache, to fp16 on fp32, as prefill rounds them; off "
        "until timed on a GPU (--device cuda)",
+       true},
+      {"attention-tune", "",
+       "before running, time prefill attention's layouts and decode attention's kernels on "
+       "this GPU at the model's shapes, check each against the default's output and keep "
+       "the fastest (kvlens-server --attention-tune; --device cuda, not with "
+       "--attention-tensor-cores)",
        true},
       {"kv-cache-dtype", "auto",
        "KV-cache element type: auto (the activations': fp32, fp64 with --precision fp64) or "
@@ -72,6 +80,19 @@ int MakeLocalBackend(const Args& args, LocalBackend* out, absl::Status* error) {
         "fp32 or fp64)");
     return 2;
   }
+  out->tune = args.Switch("attention-tune");
+  if (out->tune && device->kind != kernels::DeviceSpec::Kind::kCuda) {
+    *error = absl::InvalidArgumentError(
+        "--attention-tune applies to --device cuda (the CPU backends have one attention "
+        "kernel)");
+    return 2;
+  }
+  if (out->tune && device->attention_tensor_cores) {
+    *error = absl::InvalidArgumentError(
+        "--attention-tune chooses decode attention's kernel itself: give it or "
+        "--attention-tensor-cores, not both");
+    return 2;
+  }
   out->kv_cache_dtype = *kv_dtype;
   out->fp64 = precision == "fp64";
   if (out->fp64) return 0;
@@ -83,6 +104,20 @@ int MakeLocalBackend(const Args& args, LocalBackend* out, absl::Status* error) {
   }
   out->fp32 = *std::move(backend);
   return 0;
+}
+
+absl::Status TuneLocalBackend(LocalBackend& local, const ModelConfig& config, int block_size,
+                              int max_prefill_tokens) {
+  if (!local.tune || local.fp32.backend == nullptr) return absl::OkStatus();
+  auto report = kernels::TuneAttention(
+      *local.fp32.backend,
+      AttentionTuneShapeFor(config, local.kv_cache_dtype, block_size, max_prefill_tokens));
+  if (!report.ok()) {
+    return absl::Status(report.status().code(),
+                        absl::StrCat("--attention-tune: ", report.status().message()));
+  }
+  std::fputs(report->ToString().c_str(), stderr);
+  return absl::OkStatus();
 }
 
 }  // namespace kvlens::cli

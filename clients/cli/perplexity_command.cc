@@ -117,6 +117,10 @@ int PerplexityCommand(int argc, char** argv) {
   options.chunk = static_cast<int>(*chunk);
   options.block_size = static_cast<int>(*block);
   options.kv_cache_dtype = local.kv_cache_dtype;
+  if (absl::Status s = TuneLocalBackend(local, (*model)->config, options.block_size, options.chunk);
+      !s.ok()) {
+    return fail(s, 1);
+  }
   if (scoring == "second-half") {
     options.scoring = PerplexityScoring::kSecondHalf;
     options.bos_token = bos ? tok.bos_id() : -1;

@@ -172,6 +172,27 @@ TEST(GenerateCliTest, TensorCoreAttentionOnCpuIsRefusedByName) {
   }
 }
 
+// --attention-tune likewise, and beside --attention-tensor-cores (which it would
+// overrule) it is refused before any device starts.
+TEST(GenerateCliTest, AttentionTuningOnCpuIsRefusedByName) {
+  for (const char* command : {"generate --prompt x", "perplexity --file /dev/null"}) {
+    for (const char* precision : {"fp32", "fp64"}) {
+      const RunResult r = RunCli(std::string(command) + " --model /nonexistent.gguf --precision " +
+                                 precision + " --attention-tune 2>&1");
+      EXPECT_EQ(r.exit_code, 2) << command << " " << precision << ": " << r.out;
+      EXPECT_NE(r.out.find("--attention-tune applies to --device cuda"), std::string::npos)
+          << r.out;
+    }
+  }
+  const RunResult both = RunCli(
+      "generate --model /nonexistent.gguf --prompt x --device cuda --attention-tune "
+      "--attention-tensor-cores 2>&1");
+  EXPECT_EQ(both.exit_code, 2) << both.out;
+  EXPECT_NE(both.out.find("--attention-tune chooses decode attention's kernel itself"),
+            std::string::npos)
+      << both.out;
+}
+
 // --kv-cache-dtype bf16: the fp32 path and the double reference, both on a bf16 cache,
 // generate the same greedy text; an unknown type is named.
 TEST(GenerateCliTest, Bf16KvCacheFp32AndFp64Agree) {
