@@ -254,19 +254,7 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
 
   AttentionArgs<float> prefill = base;
   prefill.num_queries = prefill.num_keys = z.prefill_tokens;
-  AttentionParams p;  // what the kernels' Supports functions look at
-  p.q = base.q;
-  p.q_stride = base.q_stride;
-  p.k = base.kv.k;
-  p.v = base.kv.v;
-  p.kv_row_stride = base.kv.row_stride;
-  p.kv_dtype = base.kv.dtype;
-  p.num_queries = z.prefill_tokens;
-  p.num_keys = std::max(z.prefill_tokens, z.decode_keys);
-  p.num_heads = z.num_heads;
-  p.num_kv_heads = z.num_kv_heads;
-  p.head_dim = z.head_dim;
-  p.softcap = static_cast<float>(z.softcap);
+  const AttentionParams p = HostAttentionParams(prefill);  // for the Supports functions
   if (z.prefill_tokens >= kFlashMinQueries && FlashPrefillSupports(z.head_dim)) {
     const bool bf16_kernel = b.flash_bf16() && FlashPrefillBf16Supports(p);
     const std::vector<Candidate> candidates = PrefillCandidates(defaults, p, bf16_kernel);
@@ -288,8 +276,8 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
       a.num_keys = z.decode_keys;
       a.query_offset = z.decode_keys - 1;
     }
-    p.num_queries = 1;
-    const std::vector<Candidate> candidates = DecodeCandidates(defaults, p);
+    const std::vector<Candidate> candidates =
+        DecodeCandidates(defaults, HostAttentionParams(calls.front()));
     auto call = [&]() -> absl::Status {
       int failed = 0;
       return b.AttentionBatch(calls, &failed);

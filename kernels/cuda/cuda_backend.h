@@ -76,6 +76,10 @@ struct WeightCache {
   int64_t bytes = 0;                                      // guarded by mu
 };
 
+// The kernels' parameters for attention call `a`, its index arrays (block table,
+// documents) not uploaded: null.
+AttentionParams HostAttentionParams(const AttentionArgs<float>& a);
+
 class CudaBackend final : public Backend<float>, public BackwardOps<float> {
  public:
   // FAILED_PRECONDITION when there is no usable device `device` (no driver, no GPU).

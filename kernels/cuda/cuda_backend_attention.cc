@@ -46,8 +46,9 @@ bool TakesFlash(const AttentionArgs<float>& a) {
   return a.num_queries >= kFlashMinQueries && FlashPrefillSupports(a.head_dim);
 }
 
-// The kernels' parameters for `a`, index arrays not yet uploaded (all null).
-AttentionParams HostParams(const AttentionArgs<float>& a) {
+}  // namespace
+
+AttentionParams HostAttentionParams(const AttentionArgs<float>& a) {
   AttentionParams p;
   p.q = a.q;
   p.q_stride = a.q_stride;
@@ -71,10 +72,8 @@ AttentionParams HostParams(const AttentionArgs<float>& a) {
   return p;
 }
 
-}  // namespace
-
 absl::StatusOr<AttentionParams> CudaBackend::DeviceParams(const AttentionArgs<float>& a) {
-  AttentionParams p = HostParams(a);
+  AttentionParams p = HostAttentionParams(a);
   // One upload for all index arrays of the call: [block table | q docs | k docs].
   const int num_blocks =
       a.kv.block_table != nullptr ? (a.num_keys + a.kv.block_size - 1) / a.kv.block_size : 0;
@@ -247,7 +246,7 @@ absl::Status CudaBackend::LaunchSplitKvBatched(absl::Span<const AttentionArgs<fl
   absl::StatusOr<const void*> d = UploadIndices(packed.data(), sizeof(int32_t) * packed.size());
   if (!d.ok()) return d.status();
   const int32_t* base = static_cast<const int32_t*>(*d);
-  AttentionParams p = HostParams(calls.front());
+  AttentionParams p = HostAttentionParams(calls.front());
   p.block_table = base;
   p.num_queries = rows;
   p.num_keys = max_keys;  // sizes the splits; each row divides its own keys among them
@@ -262,7 +261,7 @@ absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<floa
   std::vector<int32_t>& packed = index_pack_;
   packed.clear();
   std::vector<std::array<int32_t, kFlashTileInts>> tiles;
-  AttentionParams p = HostParams(calls.front());
+  AttentionParams p = HostAttentionParams(calls.front());
   const int tile = FlashTile(p);
   int row0 = 0;
   for (const AttentionArgs<float>& a : calls) {
