@@ -120,8 +120,8 @@ std::vector<Candidate> DecodeCandidates(const Settings& base, const AttentionPar
   return out;
 }
 
-// The random inputs: a paged cache of `rows` rows (blocks in shuffled order) and the query
-// and output rows of the larger of the two calls.
+// The random inputs: a paged cache of the longer call's keys (blocks in shuffled order, as
+// a pool hands them out) and the query and output rows of the larger call.
 struct Inputs {
   DeviceBuffer q, k, v, out;
   std::vector<int32_t> table;
@@ -181,8 +181,8 @@ AttentionArgs<float> BaseArgs(const AttentionTuneShape& z, const Inputs& in) {
 }
 
 // Runs each candidate once (its output against the first that ran: the default, unless the
-// backend refused it), then times it; fills
-// `report` in the candidates' order and returns the index chosen.
+// backend refused it), then times it; fills `report` in the candidates' order and returns
+// the index chosen (-1: none agreed).
 absl::StatusOr<int> TimeCandidates(CudaBackend& b, const std::vector<Candidate>& candidates,
                                    const std::function<absl::Status()>& call, int64_t out_floats,
                                    const Inputs& in, bool replay,
