@@ -125,6 +125,29 @@ TEST_F(CudaBackendTest, TunerTimesEachPrefillKernelOnce) {
   ExpectOneFastestChosen(r->decode);
 }
 
+// A head size no decode kernel takes (past kSplitKvMaxHeadDim, and past the flash
+// kernels'): each candidate is reported with the backend's refusal, none is kept, and
+// nothing changes.
+TEST_F(CudaBackendTest, TunerReportsCandidatesTheBackendRefuses) {
+  CudaBackend& b = *backend_;
+  b.SetSplitKvFusedCombine(true);
+  AttentionTuneShape z = SmallShape(KvDtype::kActivation);
+  z.head_dim = 2 * kSplitKvMaxHeadDim;
+  absl::StatusOr<AttentionTuneReport> r = TuneAttention(b, z);
+  ASSERT_TRUE(r.ok()) << r.status();
+  SCOPED_TRACE(r->ToString());
+  EXPECT_TRUE(r->prefill.empty());
+  ASSERT_FALSE(r->decode.empty());
+  for (const TunedCandidate& c : r->decode) {
+    EXPECT_TRUE(Has(c.failure, "is not supported by the CUDA backend"))
+        << c.name << ": " << c.failure;
+    EXPECT_FALSE(c.chosen);
+  }
+  EXPECT_TRUE(Has(r->ToString(), "not run: AttentionArgs.head_dim"));
+  EXPECT_TRUE(b.split_kv_fused_combine());
+  EXPECT_TRUE(b.status().ok()) << b.status();
+}
+
 // A bad shape changes nothing, and neither does a shape with nothing to tune: a prefill too
 // short for the flash kernels and decode_keys 0.
 TEST_F(CudaBackendTest, TunerLeavesTheBackendAsItWasOnABadShape) {
