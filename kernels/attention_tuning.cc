@@ -65,4 +65,16 @@ std::string AttentionTuneReport::ToString() const {
   return out;
 }
 
+std::string AttentionTuneReport::Choice() const {
+  std::string out;
+  auto add = [&](const char* what, const std::vector<TunedCandidate>& list) {
+    for (const TunedCandidate& c : list) {
+      if (c.chosen) absl::StrAppend(&out, out.empty() ? "" : "; ", what, " ", c.name);
+    }
+  };
+  add("prefill", prefill);
+  add("decode", decode);
+  return out;
+}
+
 }  // namespace kvlens::kernels

@@ -64,6 +64,9 @@ struct AttentionTuneReport {
 
   // One line a candidate: "prefill  <name>  <µs>  error <e> of <tol>  [chosen]".
   std::string ToString() const;
+  // What was kept, for a backend's description: "prefill <name>; decode <name>" (a phase
+  // not tuned, or where none agreed, left out; "" when neither).
+  std::string Choice() const;
 };
 
 }  // namespace kvlens::kernels

@@ -238,6 +238,10 @@ int main(int argc, char** argv) {
                                absl::StrCat("--attention-tune: ", report.status().message())));
     }
     std::fprintf(stderr, "kvlens-server: %s", report->ToString().c_str());
+    // GetModelInfo's backend then says which kernels serve.
+    if (const std::string choice = report->Choice(); !choice.empty()) {
+      absl::StrAppend(&backend->description, ", attention tuned: ", choice);
+    }
   }
   if (const double u = absl::GetFlag(FLAGS_gpu_memory_utilization); !(u >= 0.0 && u <= 1.0)) {
     return Fail(absl::InvalidArgumentError(

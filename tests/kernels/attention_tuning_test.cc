@@ -93,6 +93,12 @@ TEST(AttentionTuningTest, ReportMarksTheChoiceAndTheRejects) {
   EXPECT_NE(text.find("10.0 us  error 0.5 of 0.1  rejected\n"), std::string::npos) << text;
   EXPECT_NE(text.find("kernel c"), std::string::npos) << text;
   EXPECT_NE(text.find("not run: not here\n"), std::string::npos) << text;
+  // What was kept: prefill's choice; decode had none.
+  EXPECT_EQ(r.Choice(), "prefill layout a");
+  r.decode.push_back(Timed("kernel d", 5, 0));
+  r.decode.back().chosen = true;
+  EXPECT_EQ(r.Choice(), "prefill layout a; decode kernel d");
+  EXPECT_EQ(AttentionTuneReport{}.Choice(), "");
 }
 
 }  // namespace
