@@ -23,6 +23,12 @@ enum class KvDtype : uint8_t {
   kBF16,        // bf16 bits (uint16_t), read back as T exactly
 };
 
+// The element a float backend's cache of type d stores (kF32 or kBF16): for code that fills
+// or reads such a cache as raw elements (LaunchFillRandom in benchmarks and the tuner).
+constexpr DType KvStoredDType(KvDtype d) {
+  return d == KvDtype::kBF16 ? DType::kBF16 : DType::kF32;
+}
+
 // "auto" or "bf16", as --kv-cache-dtype spells them.
 std::string_view KvDtypeName(KvDtype d);
 // Parses --kv-cache-dtype: "auto" or "bf16" (also "bfloat16").

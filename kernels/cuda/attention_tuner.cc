@@ -19,9 +19,6 @@
 namespace kvlens::kernels::cuda {
 namespace {
 
-#define KVLENS_TUNE_CUDA(expr) \
-  ::kvlens::kernels::cuda::CudaStatus((expr), #expr, __FILE__, __LINE__)
-
 // What a candidate sets: the flash layout and the split-KV options.
 struct Settings {
   FlashBf16Layout layout;
@@ -134,7 +131,7 @@ absl::Status MakeInputs(CudaBackend& b, const AttentionTuneShape& z, Inputs* in)
   const int64_t cache = int64_t{blocks} * z.block_size * z.num_kv_heads * z.head_dim;
   const int64_t q_rows = std::max(z.prefill_tokens, z.decode_batch);
   in->out_floats = q_rows * z.num_heads * z.head_dim;
-  const DType cache_type = z.cache_dtype == KvDtype::kBF16 ? DType::kBF16 : DType::kF32;
+  const DType cache_type = KvStoredDType(z.cache_dtype);
   const size_t cache_bytes = static_cast<size_t>(cache * KvElementBytes<float>(z.cache_dtype));
   for (DeviceBuffer* buf : {&in->k, &in->v}) {
     if (absl::Status s = buf->Reserve(cache_bytes); !s.ok()) return s;
@@ -194,7 +191,7 @@ absl::StatusOr<int> TimeCandidates(CudaBackend& b, const std::vector<Candidate>&
     t.name = c.name;
     if (absl::Status s = Apply(b, c.settings); !s.ok()) return s;
     // NaN in the output first: a kernel that leaves rows unwritten cannot agree.
-    absl::Status s = KVLENS_TUNE_CUDA(
+    absl::Status s = KVLENS_CUDA_STATUS(
         cudaMemsetAsync(in.out.get(), 0xFF, sizeof(float) * out_floats, b.stream()));
     if (s.ok()) s = call();
     if (s.code() == absl::StatusCode::kInvalidArgument) {
@@ -203,8 +200,8 @@ absl::StatusOr<int> TimeCandidates(CudaBackend& b, const std::vector<Candidate>&
       continue;
     }
     if (s.ok()) {
-      s = KVLENS_TUNE_CUDA(cudaMemcpyAsync(out.data(), in.out.get(), sizeof(float) * out_floats,
-                                           cudaMemcpyDeviceToHost, b.stream()));
+      s = KVLENS_CUDA_STATUS(cudaMemcpyAsync(out.data(), in.out.get(), sizeof(float) * out_floats,
+                                             cudaMemcpyDeviceToHost, b.stream()));
     }
     if (s.ok()) s = b.Synchronize();
     if (!s.ok()) return s;

@@ -39,6 +39,10 @@ inline absl::Status CublasStatus(cublasStatus_t s, const char* what, const char*
 
 }  // namespace kvlens::kernels::cuda
 
+// KVLENS_CUDA_STATUS(cudaMalloc(&p, n)): the call's absl::Status, naming it.
+#define KVLENS_CUDA_STATUS(expr) \
+  ::kvlens::kernels::cuda::CudaStatus((expr), #expr, __FILE__, __LINE__)
+
 // KVLENS_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, n)); returns the Status from the caller.
 #define KVLENS_CUDA_RETURN_IF_ERROR(expr)                                           \
   do {                                                                              \

@@ -159,7 +159,7 @@ Sizes SmokeSizes() {
   return s;
 }
 
-#define GC_CUDA(expr) Check(CudaStatus((expr), #expr, __FILE__, __LINE__), "CUDA")
+#define GC_CUDA(expr) Check(KVLENS_CUDA_STATUS(expr), "CUDA")
 
 // Device allocation that aborts the benchmark cleanly on failure.
 float* Alloc(size_t floats) {
@@ -169,12 +169,11 @@ float* Alloc(size_t floats) {
 }
 
 // A KV cache array of `elems` elements of type d: fp32, or bf16 in half the bytes. The
-// stored type LaunchFillRandom writes into it is CacheDType(d).
+// stored type LaunchFillRandom writes into it is KvStoredDType(d).
 float* AllocCache(size_t elems, KvDtype d) {
   const size_t bytes = elems * size_t(KvElementBytes<float>(d));
   return Alloc((bytes + sizeof(float) - 1) / sizeof(float));
 }
-DType CacheDType(KvDtype d) { return d == KvDtype::kBF16 ? DType::kBF16 : DType::kF32; }
 
 // Seconds per call of fn (after one warm-up), timed with events on the backend's stream.
 template <typename Fn>
@@ -277,7 +276,7 @@ struct PrefillCall {
     v = AllocCache(n, cache_dtype);
     o = Alloc(n);
     for (float* p : {q, k, v}) {
-      Fill(p, p == q ? DType::kF32 : CacheDType(cache_dtype), int64_t(n),
+      Fill(p, p == q ? DType::kF32 : KvStoredDType(cache_dtype), int64_t(n),
            reinterpret_cast<uintptr_t>(p), 1.0f, b.stream());
     }
     args.q = q;
@@ -439,7 +438,8 @@ struct DecodeCall {
     q = Alloc(size_t(heads) * dh);
     o = Alloc(size_t(heads) * dh);
     Fill(q, DType::kF32, int64_t{heads} * dh, 7, 1.0f, b.stream());
-    for (float* p : {kc, vc}) Fill(p, CacheDType(cache_dtype), int64_t(cache), 7, 1.0f, b.stream());
+    for (float* p : {kc, vc})
+      Fill(p, KvStoredDType(cache_dtype), int64_t(cache), 7, 1.0f, b.stream());
     table.resize(blocks);
     std::iota(table.begin(), table.end(), 0);
     std::shuffle(table.begin(), table.end(), std::mt19937(1));
