@@ -5,7 +5,8 @@
 namespace kvlens {
 
 kernels::AttentionTuneShape AttentionTuneShapeFor(const ModelConfig& config, kernels::KvDtype cache,
-                                                  int block_size, int max_prefill_tokens) {
+                                                  int block_size, int max_prefill_tokens,
+                                                  int max_decode_batch) {
   kernels::AttentionTuneShape shape;
   shape.num_heads = config.num_heads;
   shape.num_kv_heads = config.num_kv_heads;
@@ -16,6 +17,10 @@ kernels::AttentionTuneShape AttentionTuneShapeFor(const ModelConfig& config, ker
   shape.prefill_tokens =
       std::max(0, std::min({kTunePrefillTokens, config.max_seq_len, max_prefill_tokens}));
   shape.decode_keys = std::max(0, std::min(kTuneDecodeKeys, config.max_seq_len));
+  const int loaded = std::min(
+      {max_decode_batch, max_prefill_tokens, kernels::AttentionTuneShape::kMaxDecodeBatch});
+  shape.decode_batches = {1};
+  if (loaded > 1) shape.decode_batches.push_back(loaded);
   return shape;
 }
 

@@ -21,7 +21,10 @@
 namespace kvlens::kernels {
 
 // The attention calls timed: one prompt of prefill_tokens (causal, over a paged cache of
-// blocks of block_size rows) and decode_batch sequences of decode_keys keys each.
+// blocks of block_size rows), and for each of decode_batches a decode call of that many
+// sequences of decode_keys keys each (a server's decode runs from one sequence, where
+// latency counts, to --max-running of them under load, where the blocks are many and the
+// key splits few: a kernel may win at one and lose at the other).
 struct AttentionTuneShape {
   int num_heads = 0;
   int num_kv_heads = 0;
@@ -31,30 +34,39 @@ struct AttentionTuneShape {
   double softcap = 0.0;
   int prefill_tokens = 2048;  // 0: prefill is not tuned
   int decode_keys = 4096;     // 0: decode is not tuned
-  int decode_batch = 1;
+  std::vector<int> decode_batches = {1};
 
   static constexpr int kMaxHeadDim = 512;
   static constexpr int kMaxTokens = 1 << 17;
   static constexpr int kMaxDecodeBatch = 256;
+  static constexpr int kMaxDecodeBatches = 4;
   // INVALID_ARGUMENT naming the field and its limit.
   absl::Status Validate() const;
 };
 
 // One timed candidate: a kernel layout and how it did.
 struct TunedCandidate {
-  std::string name;        // e.g. "flash: 128-query blocks of 8 warps (default)"
-  double seconds = 0.0;    // a call
-  double max_error = 0.0;  // max |output − the default's output| over the call's outputs
-  double tolerance = 0.0;  // the error allowed (relative to the default's largest output)
-  std::string failure;     // why the candidate could not run here (then not timed)
+  std::string name;  // e.g. "flash: 128-query blocks of 8 warps (default)"
+  // A call's time, for each call of the phase (prefill: one; decode: one per decode batch).
+  std::vector<double> seconds;
+  // Of the call where the candidate came closest to its tolerance: max |output − the
+  // default's output| and the error allowed (relative to the default's largest output).
+  double max_error = 0.0;
+  double tolerance = 0.0;
+  std::string failure;  // why the candidate could not run here (then not timed)
   bool chosen = false;
 
   // Ran and agreed with the default (a NaN error does not).
   bool accepted() const { return failure.empty() && max_error <= tolerance; }
 };
 
-// The index of the fastest accepted candidate, -1 when none is. The tuner lists the
-// default first, which agrees with itself.
+// Each candidate's time relative to the first that ran (the default, which the tuner lists
+// first, unless the backend refused it): the mean over the phase's calls of its seconds
+// over that one's, so that each decode batch counts alike however long its calls take;
+// 0 for a candidate that did not run (or timed other calls than the reference).
+std::vector<double> RelativeTimes(absl::Span<const TunedCandidate> candidates);
+// The index of the accepted candidate of least relative time (with one call a phase: the
+// fastest), -1 when none is. The default agrees with itself.
 int FastestAccepted(absl::Span<const TunedCandidate> candidates);
 
 struct AttentionTuneReport {
@@ -62,7 +74,8 @@ struct AttentionTuneReport {
   std::vector<TunedCandidate> decode;   // empty when decode was not tuned
   std::string shape;                    // what was timed, in words
 
-  // One line a candidate: "prefill  <name>  <µs>  error <e> of <tol>  [chosen]".
+  // One line a candidate: "prefill  <name>  <µs a call>  <× the default's>  error <e> of
+  // <tol>  [chosen]" (decode: µs at each batch, "/"-separated).
   std::string ToString() const;
   // What was kept, for a backend's description: "prefill <name>; decode <name>" (a phase
   // not tuned, or where none agreed, left out; "" when neither).

@@ -91,10 +91,12 @@ ABSL_FLAG(bool, attention_tensor_cores, false,
 ABSL_FLAG(bool, attention_tune, false,
           "--device cuda: before serving, time prefill attention's layouts (one prompt of up "
           "to 2048 tokens) and decode attention's kernels (split-KV with 4 or 16 warps a "
-          "block, its combine fused or not, on CUDA cores or tensor cores; one sequence of "
-          "up to 4096 keys) on this GPU at the model's shapes, check each one's output "
-          "against the default's (within 2% of its largest value), and keep the fastest; "
-          "prints what it timed. Chooses --attention-tensor-cores itself.");
+          "block, its combine fused or not, on CUDA cores or tensor cores; up to 4096 keys, "
+          "for one sequence and for min(--max-running, --max-batch-tokens, 256) of them) "
+          "on this GPU at the model's shapes, check each one's output against the "
+          "default's (within 2% of its largest value), and keep the fastest (each decode "
+          "batch counting alike); prints what it timed. Chooses --attention-tensor-cores "
+          "itself.");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores; --device cpu only).");
 ABSL_FLAG(bool, int8_activations, false,
           "--device cpu: generation's products with block-quantised weights (q8_0, q4_K, ...) "
@@ -231,7 +233,8 @@ int main(int argc, char** argv) {
     // Before the cache is sized: the tuner's inputs are freed by then, and the workspaces
     // its calls grew count as memory in use.
     const kvlens::kernels::AttentionTuneShape shape = kvlens::AttentionTuneShapeFor(
-        config, options.kv_cache_dtype, options.block_size, absl::GetFlag(FLAGS_max_batch_tokens));
+        config, options.kv_cache_dtype, options.block_size, absl::GetFlag(FLAGS_max_batch_tokens),
+        absl::GetFlag(FLAGS_max_running));
     auto report = kvlens::kernels::TuneAttention(*backend->backend, shape);
     if (!report.ok()) {
       return Fail(absl::Status(report.status().code(),

@@ -111,7 +111,8 @@ absl::Status TuneLocalBackend(LocalBackend& local, const ModelConfig& config, in
   if (!local.tune || local.fp32.backend == nullptr) return absl::OkStatus();
   auto report = kernels::TuneAttention(
       *local.fp32.backend,
-      AttentionTuneShapeFor(config, local.kv_cache_dtype, block_size, max_prefill_tokens));
+      AttentionTuneShapeFor(config, local.kv_cache_dtype, block_size, max_prefill_tokens,
+                            /*max_decode_batch=*/1));  // the CLI decodes one sequence
   if (!report.ok()) {
     return absl::Status(report.status().code(),
                         absl::StrCat("--attention-tune: ", report.status().message()));

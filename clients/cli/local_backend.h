@@ -31,7 +31,8 @@ struct LocalBackend {
 int MakeLocalBackend(const Args& args, LocalBackend* out, absl::Status* error);
 
 // With --attention-tune, tunes the fp32 backend's attention kernels for `config`'s shapes
-// (engine/attention_tune_shape.h; prompts of up to max_prefill_tokens a step) and prints
+// (engine/attention_tune_shape.h; prompts of up to max_prefill_tokens a step, decode of
+// one sequence) and prints
 // the report to stderr; otherwise nothing. The tuner's error, naming the flag.
 absl::Status TuneLocalBackend(LocalBackend& local, const ModelConfig& config, int block_size,
                               int max_prefill_tokens);

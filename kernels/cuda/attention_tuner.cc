@@ -4,12 +4,14 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
@@ -129,7 +131,8 @@ absl::Status MakeInputs(CudaBackend& b, const AttentionTuneShape& z, Inputs* in)
   const int rows = std::max(z.prefill_tokens, z.decode_keys);
   const int blocks = (rows + z.block_size - 1) / z.block_size;
   const int64_t cache = int64_t{blocks} * z.block_size * z.num_kv_heads * z.head_dim;
-  const int64_t q_rows = std::max(z.prefill_tokens, z.decode_batch);
+  const int64_t q_rows = std::max(
+      z.prefill_tokens, *std::max_element(z.decode_batches.begin(), z.decode_batches.end()));
   in->out_floats = q_rows * z.num_heads * z.head_dim;
   const DType cache_type = KvStoredDType(z.cache_dtype);
   const size_t cache_bytes = static_cast<size_t>(cache * KvElementBytes<float>(z.cache_dtype));
@@ -177,56 +180,71 @@ AttentionArgs<float> BaseArgs(const AttentionTuneShape& z, const Inputs& in) {
   return a;
 }
 
-// Runs each candidate once (its output against the first that ran: the default, unless the
-// backend refused it), then times it; fills `report` in the candidates' order and returns
-// the index chosen (-1: none agreed).
+// One call a candidate is timed on, and the floats of output it writes (from in.out).
+struct TimedCall {
+  std::function<absl::Status()> run;
+  int64_t out_floats = 0;
+};
+
+// Runs each candidate once on each call (its output against the first candidate's that ran
+// it: the default, unless the backend refused it), then times it; fills `report` in the
+// candidates' order and returns the index chosen (-1: none agreed).
 absl::StatusOr<int> TimeCandidates(CudaBackend& b, const std::vector<Candidate>& candidates,
-                                   const std::function<absl::Status()>& call, int64_t out_floats,
-                                   const Inputs& in, bool replay,
-                                   std::vector<TunedCandidate>* report) {
-  std::vector<float> reference, out(static_cast<size_t>(out_floats));
-  double tolerance = 0.0;
+                                   const std::vector<TimedCall>& calls, const Inputs& in,
+                                   bool replay, std::vector<TunedCandidate>* report) {
+  std::vector<std::vector<float>> reference(calls.size());
+  std::vector<double> tolerance(calls.size(), 0.0);
   for (const Candidate& c : candidates) {
     TunedCandidate t;
     t.name = c.name;
     if (absl::Status s = Apply(b, c.settings); !s.ok()) return s;
-    // NaN in the output first: a kernel that leaves rows unwritten cannot agree.
-    absl::Status s = KVLENS_CUDA_STATUS(
-        cudaMemsetAsync(in.out.get(), 0xFF, sizeof(float) * out_floats, b.stream()));
-    if (s.ok()) s = call();
-    if (s.code() == absl::StatusCode::kInvalidArgument) {
-      t.failure = std::string(s.message());
-      report->push_back(t);
-      continue;
-    }
-    if (s.ok()) {
-      s = KVLENS_CUDA_STATUS(cudaMemcpyAsync(out.data(), in.out.get(), sizeof(float) * out_floats,
-                                             cudaMemcpyDeviceToHost, b.stream()));
-    }
-    if (s.ok()) s = b.Synchronize();
-    if (!s.ok()) return s;
-    if (reference.empty()) {
-      reference = out;
-      double largest = 0.0;
-      for (float r : reference) largest = std::max(largest, std::fabs(static_cast<double>(r)));
-      tolerance = kTuneRelativeTolerance * largest;
-    }
-    double err = 0.0;
-    for (size_t i = 0; i < out.size(); ++i) {
-      const double d = std::fabs(static_cast<double>(out[i]) - reference[i]);
-      if (std::isnan(d)) {
-        err = d;
+    double worst = -1.0;  // the largest error / tolerance over the calls
+    for (size_t j = 0; j < calls.size(); ++j) {
+      std::vector<float> out(static_cast<size_t>(calls[j].out_floats));
+      // NaN in the output first: a kernel that leaves rows unwritten cannot agree.
+      absl::Status s = KVLENS_CUDA_STATUS(
+          cudaMemsetAsync(in.out.get(), 0xFF, sizeof(float) * out.size(), b.stream()));
+      if (s.ok()) s = calls[j].run();
+      if (s.code() == absl::StatusCode::kInvalidArgument) {
+        t.failure = std::string(s.message());
+        t.seconds.clear();
         break;
       }
-      err = std::max(err, d);
+      if (s.ok()) {
+        s = KVLENS_CUDA_STATUS(cudaMemcpyAsync(out.data(), in.out.get(), sizeof(float) * out.size(),
+                                               cudaMemcpyDeviceToHost, b.stream()));
+      }
+      if (s.ok()) s = b.Synchronize();
+      if (!s.ok()) return s;
+      if (reference[j].empty()) {
+        double largest = 0.0;
+        for (float r : out) largest = std::max(largest, std::fabs(static_cast<double>(r)));
+        tolerance[j] = kTuneRelativeTolerance * largest;
+        reference[j] = out;
+      }
+      double err = 0.0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        const double d = std::fabs(static_cast<double>(out[i]) - reference[j][i]);
+        if (std::isnan(d)) {
+          err = d;
+          break;
+        }
+        err = std::max(err, d);
+      }
+      // A NaN error is the worst there is (and is kept: nothing exceeds infinity).
+      const double ratio = std::isnan(err) ? std::numeric_limits<double>::infinity()
+                                           : err / std::max(tolerance[j], 1e-300);
+      if (ratio > worst) {
+        worst = ratio;
+        t.max_error = err;
+        t.tolerance = tolerance[j];
+      }
+      // Decode as graph replays: a decode call's host part would otherwise time the host.
+      absl::StatusOr<double> sec = replay ? ReplayedSeconds(b.stream(), 16, 4, calls[j].run)
+                                          : EventSeconds(b.stream(), 3, calls[j].run);
+      if (!sec.ok()) return sec.status();
+      t.seconds.push_back(*sec);
     }
-    t.max_error = err;
-    t.tolerance = tolerance;
-    // Decode as graph replays: a decode call's host part would otherwise time the host.
-    absl::StatusOr<double> sec =
-        replay ? ReplayedSeconds(b.stream(), 16, 4, call) : EventSeconds(b.stream(), 3, call);
-    if (!sec.ok()) return sec.status();
-    t.seconds = *sec;
     report->push_back(t);
   }
   const int best = FastestAccepted(*report);
@@ -240,11 +258,11 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
   if (absl::Status s = MakeInputs(b, z, &in); !s.ok()) return s;
   AttentionTuneReport report;
   const char* cache = z.cache_dtype == KvDtype::kBF16 ? "bf16" : "fp32";
-  report.shape =
-      absl::StrCat("prefill ", z.prefill_tokens, " tokens, decode ", z.decode_batch, " x ",
-                   z.decode_keys, " keys; heads ", z.num_heads, "/", z.num_kv_heads, ", head size ",
-                   z.head_dim, ", ", cache, " cache in blocks of ", z.block_size,
-                   z.softcap > 0.0 ? absl::StrCat(", soft cap ", z.softcap) : "");
+  report.shape = absl::StrCat("prefill ", z.prefill_tokens, " tokens, decode ",
+                              absl::StrJoin(z.decode_batches, " / "), " x ", z.decode_keys,
+                              " keys; heads ", z.num_heads, "/", z.num_kv_heads, ", head size ",
+                              z.head_dim, ", ", cache, " cache in blocks of ", z.block_size,
+                              z.softcap > 0.0 ? absl::StrCat(", soft cap ", z.softcap) : "");
   const AttentionArgs<float> base = BaseArgs(z, in);
   // Every candidate is the defaults but for what it tries, whatever the backend was set to.
   const Settings defaults;
@@ -255,33 +273,40 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
   if (z.prefill_tokens >= kFlashMinQueries && FlashPrefillSupports(z.head_dim)) {
     const bool bf16_kernel = b.flash_bf16() && FlashPrefillBf16Supports(p);
     const std::vector<Candidate> candidates = PrefillCandidates(defaults, p, bf16_kernel);
-    absl::StatusOr<int> best = TimeCandidates(
-        b, candidates, [&] { return b.Attention(prefill); },
-        int64_t{z.prefill_tokens} * z.num_heads * z.head_dim, in, /*replay=*/false,
-        &report.prefill);
+    const std::vector<TimedCall> calls = {{[&] { return b.Attention(prefill); },
+                                           int64_t{z.prefill_tokens} * z.num_heads * z.head_dim}};
+    absl::StatusOr<int> best =
+        TimeCandidates(b, candidates, calls, in, /*replay=*/false, &report.prefill);
     if (!best.ok()) return best.status();
     if (*best >= 0) chosen->layout = candidates[*best].settings.layout;
   }
 
   if (z.decode_keys > 0) {
-    std::vector<AttentionArgs<float>> calls(static_cast<size_t>(z.decode_batch), base);
-    for (int r = 0; r < z.decode_batch; ++r) {
-      AttentionArgs<float>& a = calls[r];
-      a.q = base.q + r * base.q_stride;
-      a.out = base.out + r * base.out_stride;
-      a.num_queries = 1;
-      a.num_keys = z.decode_keys;
-      a.query_offset = z.decode_keys - 1;
+    // Per batch, its sequences' calls: every row over the same z.decode_keys keys.
+    std::vector<std::vector<AttentionArgs<float>>> batches;
+    for (int batch : z.decode_batches) {
+      std::vector<AttentionArgs<float>>& rows = batches.emplace_back(batch, base);
+      for (int r = 0; r < batch; ++r) {
+        AttentionArgs<float>& a = rows[r];
+        a.q = base.q + r * base.q_stride;
+        a.out = base.out + r * base.out_stride;
+        a.num_queries = 1;
+        a.num_keys = z.decode_keys;
+        a.query_offset = z.decode_keys - 1;
+      }
     }
     const std::vector<Candidate> candidates =
-        DecodeCandidates(defaults, HostAttentionParams(calls.front()));
-    auto call = [&]() -> absl::Status {
-      int failed = 0;
-      return b.AttentionBatch(calls, &failed);
-    };
+        DecodeCandidates(defaults, HostAttentionParams(batches.front().front()));
+    std::vector<TimedCall> calls;
+    for (const std::vector<AttentionArgs<float>>& rows : batches) {
+      calls.push_back({[&b, &rows]() -> absl::Status {
+                         int failed = 0;
+                         return b.AttentionBatch(rows, &failed);
+                       },
+                       int64_t{static_cast<int>(rows.size())} * z.num_heads* z.head_dim});
+    }
     absl::StatusOr<int> best =
-        TimeCandidates(b, candidates, call, int64_t{z.decode_batch} * z.num_heads * z.head_dim, in,
-                       /*replay=*/true, &report.decode);
+        TimeCandidates(b, candidates, calls, in, /*replay=*/true, &report.decode);
     if (!best.ok()) return best.status();
     if (*best >= 0) {
       const Settings& s = candidates[*best].settings;

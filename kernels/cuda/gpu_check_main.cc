@@ -1,5 +1,5 @@
 // kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU. One
-// file of about 1130 lines: one program whose benchmarks share its table, sizes, timing
+// file of about 1140 lines: one program whose benchmarks share its table, sizes, timing
 // and allocation helpers, and whose sources a GPU machine's standalone build lists by
 // name (kernels/cuda/standalone/CMakeLists.txt), each benchmark a function of its own.
 //   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
@@ -46,6 +46,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "kernels/cuda/attention_tuner.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/matvec.h"
@@ -1025,8 +1026,10 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
 }
 
 // The attention tuner (the server's --attention-tune) at the decode benchmark's heads on a
-// bf16 and an fp32 cache: each candidate's time against the default's, its agreement, and
-// which it keeps. The backend's defaults are restored after.
+// bf16 and an fp32 cache, decoding one sequence and the end-to-end benchmark's largest
+// batch (the server's default --max-running is 64): each candidate's time at each against
+// the default's, its agreement, and which it keeps. The backend's defaults are restored
+// after.
 void TuneBench(CudaBackend& b, const Sizes& z, Table& rows) {
   for (KvDtype cache : {KvDtype::kBF16, KvDtype::kActivation}) {
     AttentionTuneShape shape;
@@ -1037,6 +1040,7 @@ void TuneBench(CudaBackend& b, const Sizes& z, Table& rows) {
     shape.block_size = z.decode_block;
     shape.prefill_tokens = z.prefill_tokens.front();
     shape.decode_keys = z.decode_keys.front();
+    if (z.batches.back() > 1) shape.decode_batches = {1, z.batches.back()};
     absl::StatusOr<AttentionTuneReport> r = TuneAttention(b, shape);
     Must(r.status(), "attention tuning");
     const char* what =
@@ -1045,12 +1049,19 @@ void TuneBench(CudaBackend& b, const Sizes& z, Table& rows) {
         absl::StrCat(" H=", shape.num_heads, "/", shape.num_kv_heads, " Dh=", shape.head_dim, ": ");
     for (const auto& [phase, list] :
          {std::pair{absl::StrCat("prefill T=", shape.prefill_tokens), &r->prefill},
-          std::pair{absl::StrCat("decode Tk=", shape.decode_keys), &r->decode}}) {
-      for (const TunedCandidate& c : *list) {
+          std::pair{absl::StrCat("decode Tk=", shape.decode_keys, " batch ",
+                                 absl::StrJoin(shape.decode_batches, " / ")),
+                    &r->decode}}) {
+      const std::vector<double> relative = RelativeTimes(*list);
+      for (size_t i = 0; i < list->size(); ++i) {
+        const TunedCandidate& c = (*list)[i];
+        const std::string us = absl::StrJoin(c.seconds, " / ", [](std::string* o, double sec) {
+          absl::StrAppendFormat(o, "%.1f", sec * 1e6);
+        });
         rows.Add({what, absl::StrCat(phase, heads, c.name),
-                  c.failure.empty() ? Fmt(c.seconds * 1e6, "us") : c.failure,
+                  c.failure.empty() ? absl::StrCat(us, " us") : c.failure,
                   absl::StrFormat("err %.2g of %.2g", c.max_error, c.tolerance),
-                  absl::StrFormat("%.2fx the default's time", c.seconds / list->front().seconds),
+                  absl::StrFormat("%.2fx the default's time", relative[i]),
                   c.chosen ? "chosen" : (c.accepted() ? "-" : "rejected")});
       }
     }

@@ -15,7 +15,7 @@ namespace {
 TunedCandidate Timed(const char* name, double us, double error, double tolerance = 0.1) {
   TunedCandidate c;
   c.name = name;
-  c.seconds = us * 1e-6;
+  c.seconds = {us * 1e-6};
   c.max_error = error;
   c.tolerance = tolerance;
   return c;
@@ -33,11 +33,52 @@ TEST(AttentionTuningTest, KeepsTheFastestCandidateThatAgrees) {
   EXPECT_EQ(FastestAccepted(c), 2);
   // A candidate that could not run is never kept, however short its (unset) time.
   c[2].failure = "refused";
-  c[2].seconds = 0;
+  c[2].seconds = {};
   EXPECT_EQ(FastestAccepted(c), 0);
   EXPECT_EQ(FastestAccepted({}), -1);
   std::vector<TunedCandidate> none = {Timed("wrong", 10, 1.0)};
   EXPECT_EQ(FastestAccepted(none), -1);
+}
+
+TunedCandidate TimedTwice(const char* name, double us1, double us2) {
+  TunedCandidate c = Timed(name, us1, 0);
+  c.seconds.push_back(us2 * 1e-6);
+  return c;
+}
+
+// Decode timed at one sequence and at a loaded batch: each batch counts alike, as the mean
+// of the candidate's times over the default's. A kernel 20% faster for one sequence but
+// twice as slow at the batch (0.8 and 2.0: 1.4) loses to one 10% slower for one sequence
+// and 30% faster at the batch (1.1 and 0.7: 0.9), though the latter's total time, 121 µs,
+// is longer than the former's 88 — what a sum of seconds would choose.
+TEST(AttentionTuningTest, EachDecodeBatchCountsAlike) {
+  const std::vector<TunedCandidate> c = {TimedTwice("default", 10, 100),
+                                         TimedTwice("good at one", 8, 200),
+                                         TimedTwice("good at the batch", 11, 70)};
+  const std::vector<double> relative = RelativeTimes(c);
+  ASSERT_EQ(relative.size(), 3u);
+  EXPECT_DOUBLE_EQ(relative[0], 1.0);
+  EXPECT_DOUBLE_EQ(relative[1], (0.8 + 2.0) / 2);
+  EXPECT_DOUBLE_EQ(relative[2], (1.1 + 0.7) / 2);
+  EXPECT_EQ(FastestAccepted(c), 2);
+}
+
+// Times are relative to the first candidate that ran: when the backend refused the
+// default, to the next; a candidate that did not run gets 0 and is never kept.
+TEST(AttentionTuningTest, RelativeToTheFirstCandidateThatRan) {
+  std::vector<TunedCandidate> c = {Timed("default", 0, 0), TimedTwice("first to run", 20, 40),
+                                   TimedTwice("next", 10, 80)};
+  c[0].failure = "refused";
+  c[0].seconds = {};
+  const std::vector<double> relative = RelativeTimes(c);
+  EXPECT_EQ(relative[0], 0.0);
+  EXPECT_DOUBLE_EQ(relative[1], 1.0);
+  EXPECT_DOUBLE_EQ(relative[2], (0.5 + 2.0) / 2);
+  EXPECT_EQ(FastestAccepted(c), 1);
+  // One that timed fewer calls than the reference is not compared.
+  c[2].seconds.pop_back();
+  EXPECT_EQ(RelativeTimes(c)[2], 0.0);
+  EXPECT_EQ(FastestAccepted(c), 1);
 }
 
 AttentionTuneShape Llama() {
@@ -65,7 +106,18 @@ TEST(AttentionTuningTest, ShapeErrorsNameTheFieldAndTheLimit) {
        "prefill_tokens -1 must be in [0, 131072]"},
       {[](AttentionTuneShape& z) { z.decode_keys = 131073; },
        "decode_keys 131073 must be in [0, 131072]"},
-      {[](AttentionTuneShape& z) { z.decode_batch = 257; }, "decode_batch 257 must be in [1, 256]"},
+      {[](AttentionTuneShape& z) {
+         z.decode_batches = {1, 257};
+       },
+       "decode_batches[1] 257 must be in [1, 256]"},
+      {[](AttentionTuneShape& z) { z.decode_batches = {0}; },
+       "decode_batches[0] 0 must be in [1, 256]"},
+      {[](AttentionTuneShape& z) { z.decode_batches = {}; },
+       "decode_batches size 0 must be in [1, 4]"},
+      {[](AttentionTuneShape& z) {
+         z.decode_batches = {1, 2, 4, 8, 16};
+       },
+       "decode_batches size 5 must be in [1, 4]"},
       {[](AttentionTuneShape& z) { z.softcap = -1; }, "softcap -1 must be >= 0"},
   };
   for (const Case& c : cases) {
@@ -89,15 +141,18 @@ TEST(AttentionTuningTest, ReportMarksTheChoiceAndTheRejects) {
   const std::string text = r.ToString();
   EXPECT_EQ(text.rfind("attention tuning: a shape\n", 0), 0u) << text;
   EXPECT_NE(text.find("layout a"), std::string::npos) << text;
-  EXPECT_NE(text.find("12.5 us  error 0 of 0.1  chosen\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("10.0 us  error 0.5 of 0.1  rejected\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("12.5 us  1.00x  error 0 of 0.1  chosen\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("10.0 us  0.80x  error 0.5 of 0.1  rejected\n"), std::string::npos) << text;
   EXPECT_NE(text.find("kernel c"), std::string::npos) << text;
   EXPECT_NE(text.find("not run: not here\n"), std::string::npos) << text;
   // What was kept: prefill's choice; decode had none.
   EXPECT_EQ(r.Choice(), "prefill layout a");
-  r.decode.push_back(Timed("kernel d", 5, 0));
+  r.decode.push_back(TimedTwice("kernel d", 5, 40));
   r.decode.back().chosen = true;
   EXPECT_EQ(r.Choice(), "prefill layout a; decode kernel d");
+  // A decode candidate's time at each batch, relative to the first that ran (itself).
+  EXPECT_NE(r.ToString().find("5.0 / 40.0 us  1.00x  error 0 of 0.1  chosen\n"), std::string::npos)
+      << r.ToString();
   EXPECT_EQ(AttentionTuneReport{}.Choice(), "");
 }
 

@@ -27,12 +27,14 @@ AttentionTuneShape SmallShape(KvDtype cache) {
   z.block_size = 16;
   z.prefill_tokens = 40;  // one partial block of every layout
   z.decode_keys = 75;     // a partial cache block
-  z.decode_batch = 2;
+  z.decode_batches = {1, 3};
   return z;
 }
 
-// The chosen candidate is the fastest that agreed, and exactly one is chosen.
-void ExpectOneFastestChosen(const std::vector<TunedCandidate>& list) {
+// Every candidate ran each of the phase's `calls` and agreed; the chosen one is the
+// fastest relative to the default, and exactly one is chosen.
+void ExpectOneFastestChosen(const std::vector<TunedCandidate>& list, size_t calls) {
+  const std::vector<double> relative = RelativeTimes(list);
   int chosen = -1;
   for (int i = 0; i < static_cast<int>(list.size()); ++i) {
     const TunedCandidate& c = list[i];
@@ -40,14 +42,17 @@ void ExpectOneFastestChosen(const std::vector<TunedCandidate>& list) {
     EXPECT_TRUE(c.failure.empty()) << c.failure;
     EXPECT_GT(c.tolerance, 0.0);
     EXPECT_LE(c.max_error, c.tolerance);
-    EXPECT_GT(c.seconds, 0.0);
+    ASSERT_EQ(c.seconds.size(), calls);
+    for (double sec : c.seconds) EXPECT_GT(sec, 0.0);
+    EXPECT_GT(relative[i], 0.0);
     if (c.chosen) {
       EXPECT_EQ(chosen, -1) << "two chosen";
       chosen = i;
     }
   }
   ASSERT_GE(chosen, 0);
-  for (const TunedCandidate& c : list) EXPECT_GE(c.seconds, list[chosen].seconds) << c.name;
+  EXPECT_DOUBLE_EQ(relative.front(), 1.0);
+  for (size_t i = 0; i < list.size(); ++i) EXPECT_GE(relative[i], relative[chosen]) << list[i].name;
 }
 
 const TunedCandidate& Chosen(const std::vector<TunedCandidate>& list) {
@@ -72,12 +77,12 @@ TEST_F(CudaBackendTest, TunerKeepsTheFastestKernelsThatAgree) {
   ASSERT_EQ(r->prefill.size(), 8u);
   EXPECT_EQ(r->prefill.front().name,
             "flash, 128-query blocks of 8 warps, 2 K/V stages, 64-key tiles (default)");
-  ExpectOneFastestChosen(r->prefill);
+  ExpectOneFastestChosen(r->prefill, 1);
   // Split-KV at 4 warps, fused or not; 16 warps (a head tile of 2 heads of 64); tensor
   // cores, fused or not.
   ASSERT_EQ(r->decode.size(), 5u);
   EXPECT_EQ(r->decode.front().name, "split-KV, 4 warps a block (default)");
-  ExpectOneFastestChosen(r->decode);
+  ExpectOneFastestChosen(r->decode, 2);
   EXPECT_EQ(r->decode.front().max_error, 0.0);
 
   AttentionParams p;
@@ -104,9 +109,10 @@ TEST_F(CudaBackendTest, TunerOnAnFp32CacheTimesTheFp16KernelsBlockSizes) {
   ASSERT_EQ(r->prefill.size(), 2u);
   EXPECT_EQ(r->prefill[0].name, "flash (fp16 kernel), 128-query blocks (default)");
   EXPECT_EQ(r->prefill[1].name, "flash (fp16 kernel), 64-query blocks");
-  ExpectOneFastestChosen(r->prefill);
-  ExpectOneFastestChosen(r->decode);
+  ExpectOneFastestChosen(r->prefill, 1);
+  ExpectOneFastestChosen(r->decode, 2);
   EXPECT_TRUE(Has(r->shape, "fp32 cache in blocks of 16, soft cap 50")) << r->shape;
+  EXPECT_TRUE(Has(r->shape, "prefill 40 tokens, decode 1 / 3 x 75 keys;")) << r->shape;
 }
 
 // Gemma 2's head size 256 under its soft cap: every layout asked for runs as 64-query blocks
@@ -121,8 +127,8 @@ TEST_F(CudaBackendTest, TunerTimesEachPrefillKernelOnce) {
   ASSERT_EQ(r->prefill.size(), 1u);
   EXPECT_EQ(r->prefill[0].name,
             "flash, 64-query blocks of 4 warps, 2 K/V stages, 32-key tiles (default)");
-  ExpectOneFastestChosen(r->prefill);
-  ExpectOneFastestChosen(r->decode);
+  ExpectOneFastestChosen(r->prefill, 1);
+  ExpectOneFastestChosen(r->decode, 2);
 }
 
 // A head size no decode kernel takes (past kSplitKvMaxHeadDim, and past the flash
