@@ -21,21 +21,23 @@
 namespace kvlens::kernels::cuda {
 namespace {
 
-// What a candidate sets: the flash layout and the split-KV options.
+// What a candidate sets: the flash layout and block order, and the split-KV options.
 struct Settings {
   FlashBf16Layout layout;
+  int head_group = 1;
   int warps = kSplitKvWarps;
   bool fused_combine = false;
   bool tensor_cores = false;
 };
 
 Settings CurrentSettings(const CudaBackend& b) {
-  return {b.flash_layout(), b.split_kv_warps(), b.split_kv_fused_combine(),
+  return {b.flash_layout(), b.flash_head_group(), b.split_kv_warps(), b.split_kv_fused_combine(),
           b.split_kv_tensor_cores()};
 }
 
 absl::Status Apply(CudaBackend& b, const Settings& s) {
   if (absl::Status st = b.SetFlashLayout(s.layout); !st.ok()) return st;
+  if (absl::Status st = b.SetFlashHeadGroup(s.head_group); !st.ok()) return st;
   if (absl::Status st = b.SetSplitKvWarps(s.warps); !st.ok()) return st;
   b.SetSplitKvFusedCombine(s.fused_combine);
   b.SetSplitKvTensorCores(s.tensor_cores);
@@ -93,6 +95,28 @@ std::vector<Candidate> PrefillCandidates(const Settings& base, const AttentionPa
     s.layout = l;
     out.push_back(
         {absl::StrCat(DescribeLayout(r, bf16_kernel), out.empty() ? " (default)" : ""), s});
+  }
+  return out;
+}
+
+// The prefill layout `best` with its blocks in other orders (FlashGrid): the longest
+// blocks first across the group of heads sized to the L2 cache (kept as asked, so it is
+// sized again for each call's keys), across 4 heads, and across all of them, each once as
+// it resolves for p's kv_keys (none that resolves to head by head, `best`'s own order).
+std::vector<Candidate> HeadGroupCandidates(const Candidate& best, const AttentionParams& p,
+                                           int64_t kv_keys, int64_t l2_bytes) {
+  std::vector<Candidate> out;
+  std::vector<int> seen = {1};
+  for (int asked : {kFlashAutoHeadGroup, 4, p.num_heads}) {
+    const int group = FlashHeadGroup(p, asked, kv_keys, l2_bytes);
+    if (std::find(seen.begin(), seen.end(), group) != seen.end()) continue;
+    seen.push_back(group);
+    Candidate c = best;
+    c.settings.head_group = asked;
+    const std::string name = best.name.substr(0, best.name.rfind(" (default)"));
+    c.name = absl::StrCat(name, "; longest first across ", group, " heads",
+                          asked == kFlashAutoHeadGroup ? " (sized to L2)" : "");
+    out.push_back(std::move(c));
   }
   return out;
 }
@@ -186,14 +210,22 @@ struct TimedCall {
   int64_t out_floats = 0;
 };
 
-// Runs each candidate once on each call (its output against the first candidate's that ran
-// it: the default, unless the backend refused it), then times it; fills `report` in the
-// candidates' order and returns the index chosen (-1: none agreed).
-absl::StatusOr<int> TimeCandidates(CudaBackend& b, const std::vector<Candidate>& candidates,
-                                   const std::vector<TimedCall>& calls, const Inputs& in,
-                                   bool replay, std::vector<TunedCandidate>* report) {
-  std::vector<std::vector<float>> reference(calls.size());
-  std::vector<double> tolerance(calls.size(), 0.0);
+// The output of each call from the first candidate that ran it (the default, unless the
+// backend refused it), and the error allowed against it.
+struct References {
+  std::vector<std::vector<float>> out;
+  std::vector<double> tolerance;
+};
+
+// Runs each candidate once on each call (its output against the reference), then times it;
+// appends it to `report` in the candidates' order.
+absl::Status TimeCandidates(CudaBackend& b, const std::vector<Candidate>& candidates,
+                            const std::vector<TimedCall>& calls, const Inputs& in, bool replay,
+                            References* refs, std::vector<TunedCandidate>* report) {
+  std::vector<std::vector<float>>& reference = refs->out;
+  std::vector<double>& tolerance = refs->tolerance;
+  reference.resize(calls.size());
+  tolerance.resize(calls.size(), 0.0);
   for (const Candidate& c : candidates) {
     TunedCandidate t;
     t.name = c.name;
@@ -247,8 +279,13 @@ absl::StatusOr<int> TimeCandidates(CudaBackend& b, const std::vector<Candidate>&
     }
     report->push_back(t);
   }
-  const int best = FastestAccepted(*report);
-  if (best >= 0) (*report)[best].chosen = true;
+  return absl::OkStatus();
+}
+
+// Marks the candidate kept (FastestAccepted) in `report` and returns its index, -1 if none.
+int Choose(std::vector<TunedCandidate>& report) {
+  const int best = FastestAccepted(report);
+  if (best >= 0) report[best].chosen = true;
   return best;
 }
 
@@ -272,13 +309,31 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
   const AttentionParams p = HostAttentionParams(prefill);  // for the Supports functions
   if (z.prefill_tokens >= kFlashMinQueries && FlashPrefillSupports(z.head_dim)) {
     const bool bf16_kernel = b.flash_bf16() && FlashPrefillBf16Supports(p);
-    const std::vector<Candidate> candidates = PrefillCandidates(defaults, p, bf16_kernel);
+    std::vector<Candidate> candidates = PrefillCandidates(defaults, p, bf16_kernel);
     const std::vector<TimedCall> calls = {{[&] { return b.Attention(prefill); },
                                            int64_t{z.prefill_tokens} * z.num_heads * z.head_dim}};
-    absl::StatusOr<int> best =
-        TimeCandidates(b, candidates, calls, in, /*replay=*/false, &report.prefill);
-    if (!best.ok()) return best.status();
-    if (*best >= 0) chosen->layout = candidates[*best].settings.layout;
+    References refs;
+    if (absl::Status s =
+            TimeCandidates(b, candidates, calls, in, /*replay=*/false, &refs, &report.prefill);
+        !s.ok()) {
+      return s;
+    }
+    // Then the fastest layout in the other block orders (one layout's orders, not every
+    // layout's: the order moves when blocks start, not what a block does).
+    if (const int layout = FastestAccepted(report.prefill); layout >= 0) {
+      const std::vector<Candidate> orders =
+          HeadGroupCandidates(candidates[layout], p, z.prefill_tokens, b.l2_bytes());
+      if (absl::Status s =
+              TimeCandidates(b, orders, calls, in, /*replay=*/false, &refs, &report.prefill);
+          !s.ok()) {
+        return s;
+      }
+      candidates.insert(candidates.end(), orders.begin(), orders.end());
+    }
+    if (const int best = Choose(report.prefill); best >= 0) {
+      chosen->layout = candidates[best].settings.layout;
+      chosen->head_group = candidates[best].settings.head_group;
+    }
   }
 
   if (z.decode_keys > 0) {
@@ -305,11 +360,14 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
                        },
                        int64_t{static_cast<int>(rows.size())} * z.num_heads* z.head_dim});
     }
-    absl::StatusOr<int> best =
-        TimeCandidates(b, candidates, calls, in, /*replay=*/true, &report.decode);
-    if (!best.ok()) return best.status();
-    if (*best >= 0) {
-      const Settings& s = candidates[*best].settings;
+    References refs;
+    if (absl::Status s =
+            TimeCandidates(b, candidates, calls, in, /*replay=*/true, &refs, &report.decode);
+        !s.ok()) {
+      return s;
+    }
+    if (const int best = Choose(report.decode); best >= 0) {
+      const Settings& s = candidates[best].settings;
       chosen->warps = s.warps;
       chosen->fused_combine = s.fused_combine;
       chosen->tensor_cores = s.tensor_cores;

@@ -79,6 +79,7 @@ CudaBackend::CudaBackend(int device, int num_sms, cudaStream_t stream, cublasCon
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
     device_name_ = prop.name;
+    l2_bytes_ = prop.l2CacheSize;
   } else {
     cudaGetLastError();  // only the name is missing; clear the error
   }

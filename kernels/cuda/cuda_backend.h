@@ -150,6 +150,15 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // All four at once (FlashBf16Layout{} restores the defaults); nothing changes on error.
   absl::Status SetFlashLayout(const FlashBf16Layout& layout);
   const FlashBf16Layout& flash_layout() const { return flash_layout_; }
+  // The order both flash kernels start their blocks in (attention.h, FlashGrid): 1 (the
+  // default, as timed so far) head by head; G > 1: the longest blocks of G heads first;
+  // kFlashAutoHeadGroup: G sized to the device's L2 cache (FlashHeadGroup). Untimed on a GPU
+  // (modelled: see FlashGrid); --attention-tune and kvlens_gpu_check time it. The
+  // outputs are the same bits whatever the order.
+  absl::Status SetFlashHeadGroup(int heads);
+  int flash_head_group() const { return flash_head_group_; }
+  // The device's L2 cache (cudaDeviceProp::l2CacheSize), which kFlashAutoHeadGroup fills.
+  int64_t l2_bytes() const { return l2_bytes_; }
   // Key splits of every split-KV launch: 0 (the default) lets ChooseNumSplits decide, else
   // 1 … kSplitKvMaxSplits. For kvlens_gpu_check's sweep of the decode kernel.
   absl::Status SetSplitKvSplits(int splits);
@@ -360,12 +369,15 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // queries of its tiles, and the launch: the bf16 kernel, else the fp16 one.
   bool TakesFlashBf16(const AttentionParams& p) const;
   int FlashTile(const AttentionParams& p) const;
-  absl::Status Flash(const AttentionParams& p);
+  // kv_keys: the keys of a head's sequences, which the head group sized to the L2 cache
+  // counts (FlashHeadGroup).
+  absl::Status Flash(AttentionParams p, int64_t kv_keys);
   // The kernels' parameters for a checked forward call, index arrays uploaded.
   absl::StatusOr<AttentionParams> DeviceParams(const AttentionArgs<float>& a);
 
   int device_ = 0;
   int num_sms_ = 0;
+  int64_t l2_bytes_ = 0;  // the device's L2 cache (FlashHeadGroup)
   std::string name_;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
@@ -388,6 +400,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // SetFlashTileQueries (the tiles asked for, for both flash kernels: FlashTile gives a
   // call's), SetFlashWarpQueries, SetFlashStages, SetFlashKeyTile.
   FlashBf16Layout flash_layout_;
+  int flash_head_group_ = 1;                           // SetFlashHeadGroup
   int split_kv_splits_ = 0;                            // SetSplitKvSplits; 0: ChooseNumSplits
   bool split_kv_fused_combine_ = false;                // SetSplitKvFusedCombine
   int split_kv_warps_ = kSplitKvWarps;                 // SetSplitKvWarps

@@ -160,7 +160,7 @@ absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {
     return Launch(&LaunchMaterialized, p, scores, probs);
   }
   if (TakesFlash(a)) {
-    return Flash(p);
+    return Flash(p, a.num_keys);
   }
   if (a.head_dim > kSplitKvMaxHeadDim) {
     return absl::InvalidArgumentError(absl::StrCat("AttentionArgs.head_dim ", a.head_dim,
@@ -264,7 +264,9 @@ absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<floa
   AttentionParams p = HostAttentionParams(calls.front());
   const int tile = FlashTile(p);
   int row0 = 0;
+  int64_t kv_keys = 0;  // a head's keys over all the sequences
   for (const AttentionArgs<float>& a : calls) {
+    kv_keys += a.num_keys;
     const int offset = static_cast<int>(packed.size());
     const int blocks = (a.num_keys + a.kv.block_size - 1) / a.kv.block_size;
     packed.insert(packed.end(), a.kv.block_table, a.kv.block_table + blocks);
@@ -287,7 +289,7 @@ absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<floa
   p.block_table = base;
   p.flash_tiles = base + tables;
   p.num_flash_tiles = static_cast<int>(tiles.size());
-  return Flash(p);
+  return Flash(p, kv_keys);
 }
 
 bool CudaBackend::TakesFlashBf16(const AttentionParams& p) const {
@@ -301,7 +303,8 @@ int CudaBackend::FlashTile(const AttentionParams& p) const {
                            : FlashTileQueries(p.head_dim, std::min(asked, 128));
 }
 
-absl::Status CudaBackend::Flash(const AttentionParams& p) {
+absl::Status CudaBackend::Flash(AttentionParams p, int64_t kv_keys) {
+  p.flash_head_group = FlashHeadGroup(p, flash_head_group_, kv_keys, l2_bytes_);
   if (TakesFlashBf16(p)) {
     FlashBf16Layout layout = flash_layout_;
     layout.tile_queries = FlashTile(p);
@@ -322,6 +325,12 @@ absl::Status CudaBackend::SetSplitKvSplits(int splits) {
 absl::Status CudaBackend::SetSplitKvWarps(int warps) {
   if (absl::Status s = CheckSplitKvWarps(warps); !s.ok()) return s;
   split_kv_warps_ = warps;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SetFlashHeadGroup(int heads) {
+  if (absl::Status s = CheckFlashHeadGroup(heads); !s.ok()) return s;
+  flash_head_group_ = heads;
   return absl::OkStatus();
 }
 

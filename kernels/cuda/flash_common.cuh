@@ -38,14 +38,27 @@ struct FlashSeq {
   int row0, table_offset, q0, rows, num_queries, num_keys, query_offset;
 };
 
+// The block's tile and head as FlashGrid lays them out: tile blockIdx.y (0: a head's
+// longest causal rows), head blockIdx.z · gridDim.x + blockIdx.x, which may be past the last
+// head (FlashBlockRuns). Read from the block's indices where used, not kept in FlashSeq:
+// ptxas then holds no register for the head across the tile loop (with it there, the
+// 12-warp kernels, capped at 168 registers, spilled 40 bytes rather than 24).
+__device__ __forceinline__ int FlashHead() {
+  return static_cast<int>(blockIdx.z * gridDim.x + blockIdx.x);
+}
+__device__ __forceinline__ bool FlashBlockRuns(const AttentionParams& p) {
+  return FlashHead() < p.num_heads;
+}
+
 // BM: the block's queries (kBlockM<W> for warps of 16 queries).
 template <int BM>
 __device__ __forceinline__ FlashSeq FlashSeqOf(const AttentionParams& p) {
+  const int tile = static_cast<int>(blockIdx.y);
   if (p.flash_tiles == nullptr) {
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * BM;  // longest causal rows first
+    const int q0 = (static_cast<int>(gridDim.y) - 1 - tile) * BM;  // longest causal rows first
     return {0, 0, q0, min(BM, p.num_queries - q0), p.num_queries, p.num_keys, p.query_offset};
   }
-  const int32_t* t = p.flash_tiles + kFlashTileInts * blockIdx.x;
+  const int32_t* t = p.flash_tiles + kFlashTileInts * tile;
   return {t[0], t[4], 0, t[1], t[1], t[3], t[2]};
 }
 

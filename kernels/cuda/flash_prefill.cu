@@ -27,6 +27,7 @@
 // take 102 KiB: two blocks an SM, opted in past the 48 KiB default.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -133,7 +134,8 @@ constexpr int kFlashMinBlocks = kQInSmem<D> ? 2 : (W == 4 ? 3 : 1);
 template <int D, int W, bool kVec, typename KT, bool kCap>
 __global__ void __launch_bounds__(W * 32, kFlashMinBlocks<D, W>)
     FlashPrefillKernel(AttentionParams p) {
-  WaitForPriorGrids();  // first: see launch.cuh
+  WaitForPriorGrids();             // first: see launch.cuh
+  if (!FlashBlockRuns(p)) return;  // past the last head (FlashGrid's last group)
   using L = FlashSmem<D, W>;
   extern __shared__ __align__(16) uint32_t flash_smem[];
   uint32_t* ks = flash_smem;
@@ -144,7 +146,7 @@ __global__ void __launch_bounds__(W * 32, kFlashMinBlocks<D, W>)
   const int g = lane / 4, t = lane % 4;
   const FlashSeq seq = FlashSeqOf<kBlockM<W>>(p);
   const int q0 = seq.q0;
-  const int h = blockIdx.y;
+  const int h = FlashHead();
   const int kvh = h / (p.num_heads / p.num_kv_heads);
   // The lane's two rows: fragment rows g and g + 8 of its warp's 16.
   const int row_i[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
@@ -240,7 +242,8 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
   }
   const int tiles =
       p.flash_tiles != nullptr ? p.num_flash_tiles : (p.num_queries + kBlockM<W> - 1) / kBlockM<W>;
-  const dim3 grid(tiles, p.num_heads);
+  const FlashGridShape g = FlashGrid(tiles, p.num_heads, p.flash_head_group);
+  const dim3 grid(g.x, g.y, g.z);
   LaunchKernel("FlashPrefillKernel", kernel, grid, W * 32, kBytes, stream, p);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("FlashPrefillKernel");
   return absl::OkStatus();
@@ -254,6 +257,28 @@ bool FlashPrefillSupports(int head_dim) {
 
 int FlashTileQueries(int head_dim, int requested) {
   return requested == 128 && (head_dim == 64 || head_dim == 128) ? 128 : 64;
+}
+
+int FlashHeadGroup(const AttentionParams& p, int asked, int64_t kv_keys, int64_t l2_bytes) {
+  const int heads = std::max(p.num_heads, 1);
+  if (asked != kFlashAutoHeadGroup) return std::clamp(asked, 1, heads);
+  const int64_t element = p.kv_dtype == KvDtype::kBF16 ? 2 : 4;
+  const int64_t kv_head_bytes = std::max<int64_t>(1, 2 * kv_keys * p.head_dim * element);
+  int64_t kv_heads = 1;  // the largest power of two that fits, at least one
+  while (2 * kv_heads * kv_head_bytes <= l2_bytes && 2 * kv_heads <= p.num_kv_heads) kv_heads *= 2;
+  const int64_t group = kv_heads * (heads / std::max(p.num_kv_heads, 1));
+  return static_cast<int>(std::clamp<int64_t>(group, 1, heads));
+}
+
+absl::Status CheckFlashHeadGroup(int heads) {
+  if (heads < 0 || heads > kFlashMaxHeadGroup) {
+    return absl::InvalidArgumentError(absl::StrCat("flash head group must be in [0, ",
+                                                   kFlashMaxHeadGroup,
+                                                   "] (0: sized to the L2 "
+                                                   "cache), got ",
+                                                   heads));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LaunchFlashPrefill(const AttentionParams& p, int tile_queries, cudaStream_t stream) {

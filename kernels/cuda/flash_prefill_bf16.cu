@@ -210,7 +210,8 @@ constexpr int kBf16MinBlocks = R == 2   ? 2
 template <int D, int W, int R, int S, int N, bool kCap>
 __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R, N>)
     FlashPrefillBf16Kernel(AttentionParams p) {
-  WaitForPriorGrids();  // first: see launch.cuh
+  WaitForPriorGrids();             // first: see launch.cuh
+  if (!FlashBlockRuns(p)) return;  // past the last head (FlashGrid's last group)
   using L = Bf16Tiles<D, W, R, S, N>;
   extern __shared__ __align__(16) uint16_t flash_bf16_smem[];
   auto ks = [&](int stage) { return flash_bf16_smem + (2 * stage) * L::kElems; };
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R, N>)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4;
   const FlashSeq seq = FlashSeqOf<L::kRows>(p);
-  const int h = blockIdx.y;
+  const int h = FlashHead();
   const int kvh = h / (p.num_heads / p.num_kv_heads);
   // The lane's rows: fragment rows g and g + 8 of each of the warp's stripes.
   int row_i[R][2];
@@ -442,7 +443,8 @@ absl::Status LaunchBf16(const AttentionParams& p, cudaStream_t stream) {
   }
   const int tiles =
       p.flash_tiles != nullptr ? p.num_flash_tiles : (p.num_queries + L::kRows - 1) / L::kRows;
-  const dim3 grid(tiles, p.num_heads);
+  const FlashGridShape g = FlashGrid(tiles, p.num_heads, p.flash_head_group);
+  const dim3 grid(g.x, g.y, g.z);
   LaunchKernel("FlashPrefillBf16Kernel", kernel, grid, W * 32, L::kBytes, stream, p);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("FlashPrefillBf16Kernel");
   return absl::OkStatus();

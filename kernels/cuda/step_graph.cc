@@ -38,6 +38,7 @@ void AppendWords(Signature& s, const AttentionParams& p) {
   AppendWords(s, p.row_table_offset);
   AppendWords(s, p.flash_tiles);
   AppendWords(s, p.num_flash_tiles);
+  AppendWords(s, p.flash_head_group);
 }
 
 void AppendWords(Signature& s, const MatVecProduct& p) {

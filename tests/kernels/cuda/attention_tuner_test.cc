@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_tuner.h"
 #include "tests/kernels/cuda/cuda_backend_fixture.h"
@@ -74,9 +75,14 @@ TEST_F(CudaBackendTest, TunerKeepsTheFastestKernelsThatAgree) {
   absl::StatusOr<AttentionTuneReport> r = TuneAttention(b, SmallShape(KvDtype::kBF16));
   ASSERT_TRUE(r.ok()) << r.status();
   SCOPED_TRACE(r->ToString());
-  ASSERT_EQ(r->prefill.size(), 8u);
+  // Eight layouts, then the fastest in one other block order: 4 heads are all the heads,
+  // and the 2 KV heads' 40 keys fit the emulator's 1 MiB L2, so every order asked for is
+  // that one.
+  ASSERT_EQ(r->prefill.size(), 9u);
   EXPECT_EQ(r->prefill.front().name,
             "flash, 128-query blocks of 8 warps, 2 K/V stages, 64-key tiles (default)");
+  EXPECT_TRUE(Has(r->prefill.back().name, "; longest first across 4 heads (sized to L2)"))
+      << r->prefill.back().name;
   ExpectOneFastestChosen(r->prefill, 1);
   // Split-KV at 4 warps, fused or not; 16 warps (a head tile of 2 heads of 64); tensor
   // cores, fused or not.
@@ -91,6 +97,12 @@ TEST_F(CudaBackendTest, TunerKeepsTheFastestKernelsThatAgree) {
   EXPECT_TRUE(Has(Chosen(r->prefill).name,
                   absl::StrCat(l.tile_queries, "-query blocks of ", l.tile_queries / l.warp_queries,
                                " warps, ", l.stages, " K/V stages, ", l.key_tile, "-key tiles")));
+  // The order candidate is the fastest layout's, and the backend keeps the order chosen.
+  std::string layout = r->prefill[FastestAccepted(absl::MakeConstSpan(r->prefill).first(8))].name;
+  layout = layout.substr(0, layout.rfind(" (default)"));
+  EXPECT_EQ(r->prefill.back().name.rfind(layout + "; longest first", 0), 0u) << layout;
+  EXPECT_EQ(b.flash_head_group(),
+            Has(Chosen(r->prefill).name, "longest first") ? kFlashAutoHeadGroup : 1);
   const std::string& decode = Chosen(r->decode).name;
   EXPECT_EQ(b.split_kv_tensor_cores(), Has(decode, "tensor cores"));
   EXPECT_EQ(b.split_kv_fused_combine(), Has(decode, "fused combine"));
@@ -106,9 +118,11 @@ TEST_F(CudaBackendTest, TunerOnAnFp32CacheTimesTheFp16KernelsBlockSizes) {
   absl::StatusOr<AttentionTuneReport> r = TuneAttention(*backend_, z);
   ASSERT_TRUE(r.ok()) << r.status();
   SCOPED_TRACE(r->ToString());
-  ASSERT_EQ(r->prefill.size(), 2u);
+  ASSERT_EQ(r->prefill.size(), 3u);
   EXPECT_EQ(r->prefill[0].name, "flash (fp16 kernel), 128-query blocks (default)");
   EXPECT_EQ(r->prefill[1].name, "flash (fp16 kernel), 64-query blocks");
+  EXPECT_TRUE(Has(r->prefill[2].name, "; longest first across 4 heads (sized to L2)"))
+      << r->prefill[2].name;
   ExpectOneFastestChosen(r->prefill, 1);
   ExpectOneFastestChosen(r->decode, 2);
   EXPECT_TRUE(Has(r->shape, "fp32 cache in blocks of 16, soft cap 50")) << r->shape;
@@ -116,7 +130,8 @@ TEST_F(CudaBackendTest, TunerOnAnFp32CacheTimesTheFp16KernelsBlockSizes) {
 }
 
 // Gemma 2's head size 256 under its soft cap: every layout asked for runs as 64-query blocks
-// of 4 warps, two stages, 32-key tiles, so prefill has one candidate, named as it runs.
+// of 4 warps, two stages, 32-key tiles, so prefill has one layout, named as it runs, and
+// that layout in one other order.
 TEST_F(CudaBackendTest, TunerTimesEachPrefillKernelOnce) {
   AttentionTuneShape z = SmallShape(KvDtype::kBF16);
   z.head_dim = 256;
@@ -124,9 +139,12 @@ TEST_F(CudaBackendTest, TunerTimesEachPrefillKernelOnce) {
   absl::StatusOr<AttentionTuneReport> r = TuneAttention(*backend_, z);
   ASSERT_TRUE(r.ok()) << r.status();
   SCOPED_TRACE(r->ToString());
-  ASSERT_EQ(r->prefill.size(), 1u);
+  ASSERT_EQ(r->prefill.size(), 2u);
   EXPECT_EQ(r->prefill[0].name,
             "flash, 64-query blocks of 4 warps, 2 K/V stages, 32-key tiles (default)");
+  EXPECT_EQ(r->prefill[1].name,
+            "flash, 64-query blocks of 4 warps, 2 K/V stages, 32-key tiles; longest first across "
+            "4 heads (sized to L2)");
   ExpectOneFastestChosen(r->prefill, 1);
   ExpectOneFastestChosen(r->decode, 2);
 }
@@ -159,6 +177,7 @@ TEST_F(CudaBackendTest, TunerReportsCandidatesTheBackendRefuses) {
 TEST_F(CudaBackendTest, TunerLeavesTheBackendAsItWasOnABadShape) {
   CudaBackend& b = *backend_;
   ASSERT_TRUE(b.SetFlashLayout({128, 16, 3, 32}).ok());
+  ASSERT_TRUE(b.SetFlashHeadGroup(2).ok());
   b.SetSplitKvFusedCombine(true);
   AttentionTuneShape z = SmallShape(KvDtype::kBF16);
   z.num_kv_heads = 3;
@@ -169,6 +188,7 @@ TEST_F(CudaBackendTest, TunerLeavesTheBackendAsItWasOnABadShape) {
             "attention tuning: num_kv_heads 3 must be >= 1 and divide num_heads 4");
   EXPECT_EQ(b.flash_layout().stages, 3);
   EXPECT_EQ(b.flash_layout().key_tile, 32);
+  EXPECT_EQ(b.flash_head_group(), 2);
   EXPECT_TRUE(b.split_kv_fused_combine());
 
   z = SmallShape(KvDtype::kBF16);
@@ -180,6 +200,7 @@ TEST_F(CudaBackendTest, TunerLeavesTheBackendAsItWasOnABadShape) {
   EXPECT_TRUE(r->decode.empty());
   // Nothing was timed, so nothing changed.
   EXPECT_EQ(b.flash_layout().stages, 3);
+  EXPECT_EQ(b.flash_head_group(), 2);
   EXPECT_TRUE(b.split_kv_fused_combine());
 }
 
