@@ -33,7 +33,9 @@ void AppendWords(Signature& s, const AttentionParams& p) {
   AppendWords(s, p.head_dim);
   AppendWords(s, p.query_offset);
   AppendWords(s, p.causal);
+  AppendWords(s, p.window);
   AppendWords(s, p.scale);
+  AppendWords(s, p.softcap);
   AppendWords(s, p.row_key_end);
   AppendWords(s, p.row_table_offset);
   AppendWords(s, p.flash_tiles);
