@@ -1,5 +1,5 @@
 // kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU. One
-// file of about 1170 lines: one program whose benchmarks share its table, sizes, timing
+// file of about 1165 lines: one program whose benchmarks share its table, sizes, timing
 // and allocation helpers, and whose sources a GPU machine's standalone build lists by
 // name (kernels/cuda/standalone/CMakeLists.txt), each benchmark a function of its own.
 //   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
@@ -323,6 +323,16 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
                 Fmt(tflops, "TFLOP/s"), "-", "-", "-"});
     }
   }
+  // A row of a T-token prompt's TFLOP/s against SDPA's flash backend at T (the target).
+  auto add_prefill_row = [&](std::string what, std::string shape, double tflops, int t) {
+    Row r{std::move(what),     std::move(shape), Fmt(tflops, "TFLOP/s"), "-", "-",
+          ">= 0.8x SDPA flash"};
+    if (const auto [ref, label] = SdpaTarget(sdpa, t); label != nullptr) {
+      r.reference = Fmt(ref, label);
+      r.ratio = absl::StrFormat("%.2fx", tflops / ref);
+    }
+    rows.Add(r);
+  };
   // 64- and 128-query blocks on an fp32 cache, then on a bf16 cache: the fp16 kernel
   // (converting each element, as on fp32), then the bf16 kernel (cp.async, ldmatrix; the
   // default there) with 128-query blocks of 4 warps of 32 queries and of 8 warps of 16 (the
@@ -349,33 +359,26 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
       const PrefillCall call(b, t, heads, dh, cache_dtype);
       const double sec = TimeIt(b, 3, [&] { Must(b.Attention(call.args), "prefill attention"); });
       const double tflops = 4.0 * heads * dh * (double(t) * t / 2) / sec / 1e12;  // causal half
-      Row r{bf16_kernel ? "prefill attention (causal, fp32 q, bf16 cache, bf16 TC, cp.async)"
-            : bf16      ? "prefill attention (causal, fp32 q, bf16 cache, fp16 TC)"
-                        : "prefill attention (causal, fp32 in, fp16 TC)",
-            absl::StrCat(
-                "T=", t, " H=", heads, " Dh=", dh, ", ", tile, "-query blocks",
-                bf16_kernel ? absl::StrCat(" of ", tile / warp_queries, " warps") : std::string(),
-                layout.stages != kFlashDefaultStages
-                    ? absl::StrCat(", ", layout.stages, " K/V stages")
-                    : std::string(),
-                layout.key_tile != kFlashDefaultKeyTile
-                    ? absl::StrCat(", ", layout.key_tile, "-key tiles")
-                    : std::string(),
-                tile == kFlashDefaultTileQueries &&
-                        (!bf16_kernel || (warp_queries == kFlashDefaultWarpQueries &&
-                                          layout.stages == kFlashDefaultStages &&
-                                          layout.key_tile == kFlashDefaultKeyTile))
-                    ? " (default)"
-                    : ""),
-            Fmt(tflops, "TFLOP/s"),
-            "-",
-            "-",
-            ">= 0.8x SDPA flash"};
-      if (const auto [ref, label] = SdpaTarget(sdpa, t); label != nullptr) {
-        r.reference = Fmt(ref, label);
-        r.ratio = absl::StrFormat("%.2fx", tflops / ref);
-      }
-      rows.Add(r);
+      add_prefill_row(
+          bf16_kernel ? "prefill attention (causal, fp32 q, bf16 cache, bf16 TC, cp.async)"
+          : bf16      ? "prefill attention (causal, fp32 q, bf16 cache, fp16 TC)"
+                      : "prefill attention (causal, fp32 in, fp16 TC)",
+          absl::StrCat(
+              "T=", t, " H=", heads, " Dh=", dh, ", ", tile, "-query blocks",
+              bf16_kernel ? absl::StrCat(" of ", tile / warp_queries, " warps") : std::string(),
+              layout.stages != kFlashDefaultStages
+                  ? absl::StrCat(", ", layout.stages, " K/V stages")
+                  : std::string(),
+              layout.key_tile != kFlashDefaultKeyTile
+                  ? absl::StrCat(", ", layout.key_tile, "-key tiles")
+                  : std::string(),
+              tile == kFlashDefaultTileQueries &&
+                      (!bf16_kernel || (warp_queries == kFlashDefaultWarpQueries &&
+                                        layout.stages == kFlashDefaultStages &&
+                                        layout.key_tile == kFlashDefaultKeyTile))
+                  ? " (default)"
+                  : ""),
+          tflops, t);
     }
   }
   b.SetFlashBf16(true);
@@ -393,18 +396,11 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
       const int group = FlashHeadGroup(HostAttentionParams(call.args), asked, t, b.l2_bytes());
       const double sec = TimeIt(b, 3, [&] { Must(b.Attention(call.args), "prefill attention"); });
       const double tflops = 4.0 * heads * dh * (double(t) * t / 2) / sec / 1e12;
-      Row r{"prefill attention, block order (bf16 cache, default layout)",
-            absl::StrCat("T=", t, " H=", heads, " Dh=", dh, ", longest first across ", group,
-                         " heads", asked == kFlashAutoHeadGroup ? " (sized to L2)" : ""),
-            Fmt(tflops, "TFLOP/s"),
-            "-",
-            "-",
-            ">= 0.8x SDPA flash"};
-      if (const auto [ref, label] = SdpaTarget(sdpa, t); label != nullptr) {
-        r.reference = Fmt(ref, label);
-        r.ratio = absl::StrFormat("%.2fx", tflops / ref);
-      }
-      rows.Add(r);
+      add_prefill_row(
+          "prefill attention, block order (bf16 cache, default layout)",
+          absl::StrCat("T=", t, " H=", heads, " Dh=", dh, ", longest first across ", group,
+                       " heads", asked == kFlashAutoHeadGroup ? " (sized to L2)" : ""),
+          tflops, t);
     }
   }
   Must(b.SetFlashHeadGroup(1), "flash head group");
