@@ -1,5 +1,5 @@
 // kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU. One
-// file of about 1165 lines: one program whose benchmarks share its table, sizes, timing
+// file of about 1225 lines: one program whose benchmarks share its table, sizes, timing
 // and allocation helpers, and whose sources a GPU machine's standalone build lists by
 // name (kernels/cuda/standalone/CMakeLists.txt), each benchmark a function of its own.
 //   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
@@ -493,6 +493,8 @@ struct DecodeCall {
   AttentionArgs<float> args;
 };
 
+void UnequalDecodeBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows);
+
 void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
   const int heads = z.decode_heads, kv_heads = z.decode_kv_heads, dh = z.decode_dh,
             bs = z.decode_block;
@@ -613,6 +615,62 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
                               2.0 * gemma.cache_bytes / mma_sec / 1e9),
               Fmt(bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"), Pct(bw / copy_bw),
               ">= 70%"});
+  }
+  UnequalDecodeBench(b, copy_bw, z, rows);
+}
+
+// A decode step of the end-to-end benchmark's largest batch (64) in one launch
+// (AttentionBatch), its sequences' keys unequal: one of the first key count and the rest of
+// 1/32 of it (a long conversation among short ones), against the same keys in all split
+// evenly. Each row divides its keys among the launch's splits, and the splits are chosen
+// for one wave of the batch's blocks (at 64 rows of 8 KV heads: one split), so the long
+// row's blocks may run alone at the end: the ratio of the two times shows what that costs
+// (1.0x: nothing) and whether per-row split counts (a work list, as FlashInfer plans
+// its decode) would pay.
+void UnequalDecodeBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
+  const int batch = z.batches.back(), longest = z.decode_keys.front();
+  const int shortest = std::max(16, longest / 32);
+  const int total = longest + (batch - 1) * shortest;
+  const int even = total / batch;
+  for (KvDtype cache_dtype : {KvDtype::kActivation, KvDtype::kBF16}) {
+    DecodeCall decode(b, longest, z.decode_heads, z.decode_kv_heads, z.decode_dh, z.decode_block,
+                      cache_dtype);
+    const int64_t row_floats = int64_t{z.decode_heads} * z.decode_dh;
+    float* q = Alloc(size_t(batch * row_floats));
+    float* o = Alloc(size_t(batch * row_floats));
+    Fill(q, DType::kF32, batch * row_floats, 9, 1.0f, b.stream());
+    // Every row reads a prefix of the one cache (the table's first blocks).
+    auto calls_of = [&](bool unequal) {
+      std::vector<AttentionArgs<float>> calls(batch, decode.args);
+      for (int r = 0; r < batch; ++r) {
+        calls[r].q = q + r * row_floats;
+        calls[r].out = o + r * row_floats;
+        calls[r].num_keys = unequal ? (r == 0 ? longest : shortest) : even;
+        calls[r].query_offset = calls[r].num_keys - 1;
+      }
+      return calls;
+    };
+    const std::vector<AttentionArgs<float>> unequal = calls_of(true), evenly = calls_of(false);
+    auto seconds = [&](const std::vector<AttentionArgs<float>>& calls) {
+      return ReplaySeconds(b, [&] {
+        int failed = 0;
+        Must(b.AttentionBatch(calls, &failed), "batched decode attention");
+      });
+    };
+    const double unequal_sec = seconds(unequal), even_sec = seconds(evenly);
+    // K and V of the keys the rows read (the even split reads batch · even <= total).
+    const double row_bytes =  // a key's K and V
+        2.0 * z.decode_kv_heads * z.decode_dh * KvElementBytes<float>(cache_dtype);
+    const double bw = row_bytes * total / unequal_sec;
+    rows.Add({cache_dtype == KvDtype::kBF16 ? "decode attention, unequal batch (bf16 cache)"
+                                            : "decode attention, unequal batch (fp32 cache)",
+              absl::StrFormat("batch %d: 1 x %d + %d x %d keys, graph replay %.1f us; the same "
+                              "keys evenly (%d x %d) %.1f us (%.0f GB/s)",
+                              batch, longest, batch - 1, shortest, unequal_sec * 1e6, batch, even,
+                              even_sec * 1e6, row_bytes * batch * even / even_sec / 1e9),
+              Fmt(bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"),
+              absl::StrFormat("%.2fx the even batch's time", unequal_sec / even_sec), "~1.0x"});
+    for (float* ptr : {q, o}) cudaFree(ptr);
   }
 }
 
