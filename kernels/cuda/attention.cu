@@ -558,6 +558,21 @@ int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm, in
                           step);
 }
 
+int SplitKvImbalance(const int32_t* key_ends, int rows) {
+  int64_t total = 0;
+  int longest = 0;
+  for (int r = 0; r < rows; ++r) {
+    total += std::max(key_ends[r], 0);
+    longest = std::max(longest, key_ends[r]);
+  }
+  if (total <= 0) return 1;
+  // ceil(longest / mean) = ceil(longest · rows / total).
+  const int64_t ratio = (int64_t{longest} * rows + total - 1) / total;
+  int imbalance = 1;
+  while (imbalance < ratio && imbalance < kSplitKvMaxSplits) imbalance *= 2;
+  return imbalance;
+}
+
 bool SplitKvVectorized(const AttentionParams& p) {
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   return p.head_dim % 4 == 0 && p.q_stride % 4 == 0 && aligned(p.q) && KvVectorized(p);

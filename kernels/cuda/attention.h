@@ -205,6 +205,16 @@ absl::StatusOr<int> SplitKvBlocksPerSm(int variant);
 // (32 KV heads) gets 8 splits.
 int ChooseNumSplits(const AttentionParams& p, int num_sms, int blocks_per_sm,
                     int warps = kSplitKvWarps);
+// A batched split-KV launch's imbalance: the longest row's keys over the rows' mean, rounded
+// up to a power of two (at most kSplitKvMaxSplits; 1 for equal rows, or none). Each row
+// divides its keys among the launch's splits, which ChooseNumSplits sizes for one wave of
+// rows × KV heads blocks: at 64 decode rows of 8 KV heads one split, so one long row among
+// short ones runs its blocks alone at the end of the step. Choosing the splits as if each
+// SM held this many times the blocks (CudaBackend::SetSplitKvBalanced) cuts the long row's
+// blocks to about the mean's keys; a power of two, so that the choice, and a recorded
+// step's launch, change rarely while the rows grow.
+int SplitKvImbalance(const int32_t* key_ends, int rows);
+
 // The split-KV kernel reads q as float4 and K and V four elements at a time (a float4, or
 // 8 bytes of bf16): head_dim, q_stride and kv_row_stride multiples of 4, q 16-byte
 // aligned and k, v aligned to four elements (else it reads them one by one).

@@ -179,6 +179,13 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // timed it (kvlens_gpu_check's decode rows).
   void SetSplitKvTensorCores(bool on) { split_kv_tensor_cores_ = on; }
   bool split_kv_tensor_cores() const { return split_kv_tensor_cores_; }
+  // Whether a batched split-KV launch of unequal rows takes more splits: as many as one
+  // wave would take with SplitKvImbalance times the blocks on each SM (attention.h), so
+  // that a long row's blocks do not run alone at the end. Off by default until a GPU has
+  // timed it (kvlens_gpu_check's row "decode attention, unequal batch"); the choice for
+  // equal rows is the same either way.
+  void SetSplitKvBalanced(bool on) { split_kv_balanced_ = on; }
+  bool split_kv_balanced() const { return split_kv_balanced_; }
 
   // The forward step's launches, recorded and run as a CUDA graph when an identical step
   // ran before (see the top of the file). On by default.
@@ -357,7 +364,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // A call whose checks passed: uploads its index arrays and launches the right kernel.
   absl::Status AttentionChecked(const AttentionArgs<float>& a);
   // The split-KV kernels for p, with their workspace.
-  absl::Status SplitKv(const AttentionParams& p);
+  // imbalance: a batched launch's SplitKvImbalance where split_kv_balanced_, else 1.
+  absl::Status SplitKv(const AttentionParams& p, int imbalance = 1);
   absl::Status AttentionBackwardImpl(const AttentionBackwardArgs<float>& b);
   // One launch for calls (checked, of one BatchKind, q/out rows consecutive): split-KV
   // with per-row key ends, or flash with per-block tiles of the sequences.
@@ -406,6 +414,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   int split_kv_warps_ = kSplitKvWarps;                 // SetSplitKvWarps
   int split_kv_blocks_per_sm_[kSplitKvVariants] = {};  // by SplitKvVariant, 0: not asked yet
   bool split_kv_tensor_cores_ = false;                 // SetSplitKvTensorCores
+  bool split_kv_balanced_ = false;                     // SetSplitKvBalanced
   int split_kv_mma_blocks_per_sm_[kSplitKvMmaVariants] = {};  // by SplitKvMmaVariant, 0: not yet
   std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
   // RopeQKStoreKv's and RmsNormQkvRopeStoreKv's positions and cache rows

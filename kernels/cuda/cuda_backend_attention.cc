@@ -105,7 +105,7 @@ absl::Status CudaBackend::AttentionImpl(const AttentionArgs<float>& a) {
   return AttentionChecked(a);
 }
 
-absl::Status CudaBackend::SplitKv(const AttentionParams& p) {
+absl::Status CudaBackend::SplitKv(const AttentionParams& p, int imbalance) {
   // The kernel (tensor cores, or SplitKvKernel's variant), its blocks an SM (asked once)
   // and its split count.
   const bool mma = split_kv_tensor_cores_ && SplitKvMmaSupports(p);
@@ -116,9 +116,11 @@ absl::Status CudaBackend::SplitKv(const AttentionParams& p) {
     if (!asked.ok()) return asked.status();
     per_sm = *asked;
   }
+  // An unequal batch's splits as for `imbalance` times the blocks an SM (SplitKvImbalance).
+  const int slots = per_sm * imbalance;
   const int splits = split_kv_splits_ > 0 ? split_kv_splits_
-                     : mma                ? ChooseNumSplitsMma(p, num_sms_, per_sm)
-                                          : ChooseNumSplits(p, num_sms_, per_sm, split_kv_warps_);
+                     : mma                ? ChooseNumSplitsMma(p, num_sms_, slots)
+                                          : ChooseNumSplits(p, num_sms_, slots, split_kv_warps_);
   if (const int64_t ws = SplitKvWorkspaceFloats(p, splits); ws > 0) {
     if (absl::Status s = ReserveScratch(attention_workspace_, sizeof(float) * ws); !s.ok()) {
       return s;
@@ -253,7 +255,7 @@ absl::Status CudaBackend::LaunchSplitKvBatched(absl::Span<const AttentionArgs<fl
   p.query_offset = 0;
   p.row_key_end = base + tables;
   p.row_table_offset = base + tables + rows;
-  return SplitKv(p);
+  return SplitKv(p, split_kv_balanced_ ? SplitKvImbalance(key_end.data(), rows) : 1);
 }
 
 absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<float>> calls) {

@@ -1,5 +1,5 @@
 // kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU. One
-// file of about 1225 lines: one program whose benchmarks share its table, sizes, timing
+// file of about 1230 lines: one program whose benchmarks share its table, sizes, timing
 // and allocation helpers, and whose sources a GPU machine's standalone build lists by
 // name (kernels/cuda/standalone/CMakeLists.txt), each benchmark a function of its own.
 //   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
@@ -625,8 +625,9 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
 // evenly. Each row divides its keys among the launch's splits, and the splits are chosen
 // for one wave of the batch's blocks (at 64 rows of 8 KV heads: one split), so the long
 // row's blocks may run alone at the end: the ratio of the two times shows what that costs
-// (1.0x: nothing) and whether per-row split counts (a work list, as FlashInfer plans
-// its decode) would pay.
+// (1.0x: nothing), and the same batch with the splits of its imbalance
+// (SetSplitKvBalanced) what more splits for every row win back; per-row split counts (a
+// work list, as FlashInfer plans its decode) would be the next step.
 void UnequalDecodeBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
   const int batch = z.batches.back(), longest = z.decode_keys.front();
   const int shortest = std::max(16, longest / 32);
@@ -658,15 +659,20 @@ void UnequalDecodeBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& r
       });
     };
     const double unequal_sec = seconds(unequal), even_sec = seconds(evenly);
+    b.SetSplitKvBalanced(true);  // the splits of the batch's imbalance (attention.h)
+    const double balanced_sec = seconds(unequal);
+    b.SetSplitKvBalanced(false);
     // K and V of the keys the rows read (the even split reads batch · even <= total).
     const double row_bytes =  // a key's K and V
         2.0 * z.decode_kv_heads * z.decode_dh * KvElementBytes<float>(cache_dtype);
     const double bw = row_bytes * total / unequal_sec;
     rows.Add({cache_dtype == KvDtype::kBF16 ? "decode attention, unequal batch (bf16 cache)"
                                             : "decode attention, unequal batch (fp32 cache)",
-              absl::StrFormat("batch %d: 1 x %d + %d x %d keys, graph replay %.1f us; the same "
-                              "keys evenly (%d x %d) %.1f us (%.0f GB/s)",
-                              batch, longest, batch - 1, shortest, unequal_sec * 1e6, batch, even,
+              absl::StrFormat("batch %d: 1 x %d + %d x %d keys, graph replay %.1f us (balanced "
+                              "splits, SetSplitKvBalanced: %.1f us, %.2fx the even time); the "
+                              "same keys evenly (%d x %d) %.1f us (%.0f GB/s)",
+                              batch, longest, batch - 1, shortest, unequal_sec * 1e6,
+                              balanced_sec * 1e6, balanced_sec / even_sec, batch, even,
                               even_sec * 1e6, row_bytes * batch * even / even_sec / 1e9),
               Fmt(bw / 1e9, "GB/s"), Fmt(copy_bw / 1e9, "GB/s d2d copy"),
               absl::StrFormat("%.2fx the even batch's time", unequal_sec / even_sec), "~1.0x"});
