@@ -22,9 +22,11 @@ namespace kvlens::kernels {
 
 // The attention calls timed: one prompt of prefill_tokens (causal, over a paged cache of
 // blocks of block_size rows), and for each of decode_batches a decode call of that many
-// sequences of decode_keys keys each (a server's decode runs from one sequence, where
-// latency counts, to --max-running of them under load, where the blocks are many and the
-// key splits few: a kernel may win at one and lose at the other).
+// sequences: one of decode_keys keys, or rows whose keys are spread evenly up to
+// decode_keys (keys · (r + 1) / batch), as a loaded server's sequences are at all stages (a
+// server's decode runs from one sequence, where latency counts, to --max-running of them
+// under load, where the blocks are many and the key splits few: a kernel may win at one
+// and lose at the other).
 struct AttentionTuneShape {
   int num_heads = 0;
   int num_kv_heads = 0;

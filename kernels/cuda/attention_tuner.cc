@@ -28,11 +28,12 @@ struct Settings {
   int warps = kSplitKvWarps;
   bool fused_combine = false;
   bool tensor_cores = false;
+  bool balanced = false;
 };
 
 Settings CurrentSettings(const CudaBackend& b) {
-  return {b.flash_layout(), b.flash_head_group(), b.split_kv_warps(), b.split_kv_fused_combine(),
-          b.split_kv_tensor_cores()};
+  return {b.flash_layout(),           b.flash_head_group(),      b.split_kv_warps(),
+          b.split_kv_fused_combine(), b.split_kv_tensor_cores(), b.split_kv_balanced()};
 }
 
 absl::Status Apply(CudaBackend& b, const Settings& s) {
@@ -41,6 +42,7 @@ absl::Status Apply(CudaBackend& b, const Settings& s) {
   if (absl::Status st = b.SetSplitKvWarps(s.warps); !st.ok()) return st;
   b.SetSplitKvFusedCombine(s.fused_combine);
   b.SetSplitKvTensorCores(s.tensor_cores);
+  b.SetSplitKvBalanced(s.balanced);
   return absl::OkStatus();
 }
 
@@ -204,6 +206,12 @@ AttentionArgs<float> BaseArgs(const AttentionTuneShape& z, const Inputs& in) {
   return a;
 }
 
+// Row r's keys in a decode batch of `batch` rows: all of them alone; in a batch, spread
+// evenly up to them (keys · (r + 1) / batch, at least 1), a mean of about half the longest.
+int DecodeRowKeys(int keys, int r, int batch) {
+  return batch == 1 ? keys : std::max(1, static_cast<int>(int64_t{keys} * (r + 1) / batch));
+}
+
 // One call a candidate is timed on, and the floats of output it writes (from in.out).
 struct TimedCall {
   std::function<absl::Status()> run;
@@ -295,11 +303,11 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
   if (absl::Status s = MakeInputs(b, z, &in); !s.ok()) return s;
   AttentionTuneReport report;
   const char* cache = z.cache_dtype == KvDtype::kBF16 ? "bf16" : "fp32";
-  report.shape = absl::StrCat("prefill ", z.prefill_tokens, " tokens, decode ",
-                              absl::StrJoin(z.decode_batches, " / "), " x ", z.decode_keys,
-                              " keys; heads ", z.num_heads, "/", z.num_kv_heads, ", head size ",
-                              z.head_dim, ", ", cache, " cache in blocks of ", z.block_size,
-                              z.softcap > 0.0 ? absl::StrCat(", soft cap ", z.softcap) : "");
+  report.shape = absl::StrCat(
+      "prefill ", z.prefill_tokens, " tokens, decode ", absl::StrJoin(z.decode_batches, " / "),
+      " sequences of up to ", z.decode_keys, " keys; heads ", z.num_heads, "/", z.num_kv_heads,
+      ", head size ", z.head_dim, ", ", cache, " cache in blocks of ", z.block_size,
+      z.softcap > 0.0 ? absl::StrCat(", soft cap ", z.softcap) : "");
   const AttentionArgs<float> base = BaseArgs(z, in);
   // Every candidate is the defaults but for what it tries, whatever the backend was set to.
   const Settings defaults;
@@ -337,7 +345,9 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
   }
 
   if (z.decode_keys > 0) {
-    // Per batch, its sequences' calls: every row over the same z.decode_keys keys.
+    // Per batch, its sequences' calls: one sequence over z.decode_keys keys; a batch's rows
+    // over keys spread evenly up to z.decode_keys (a server's sequences are at all stages),
+    // each a prefix of the one cache.
     std::vector<std::vector<AttentionArgs<float>>> batches;
     for (int batch : z.decode_batches) {
       std::vector<AttentionArgs<float>>& rows = batches.emplace_back(batch, base);
@@ -346,11 +356,11 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
         a.q = base.q + r * base.q_stride;
         a.out = base.out + r * base.out_stride;
         a.num_queries = 1;
-        a.num_keys = z.decode_keys;
-        a.query_offset = z.decode_keys - 1;
+        a.num_keys = DecodeRowKeys(z.decode_keys, r, batch);
+        a.query_offset = a.num_keys - 1;
       }
     }
-    const std::vector<Candidate> candidates =
+    std::vector<Candidate> candidates =
         DecodeCandidates(defaults, HostAttentionParams(batches.front().front()));
     std::vector<TimedCall> calls;
     for (const std::vector<AttentionArgs<float>>& rows : batches) {
@@ -366,11 +376,28 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
         !s.ok()) {
       return s;
     }
+    // Then the fastest kernel splitting the unequal batch by its imbalance (SplitKvImbalance;
+    // one sequence's launch is the same either way, so only where a batch has more rows).
+    const bool unequal = std::any_of(z.decode_batches.begin(), z.decode_batches.end(),
+                                     [](int batch) { return batch > 1; });
+    if (const int kernel = FastestAccepted(report.decode); kernel >= 0 && unequal) {
+      Candidate c = candidates[kernel];
+      c.name = absl::StrCat(c.name.substr(0, c.name.rfind(" (default)")),
+                            "; splits by the batch's imbalance");
+      c.settings.balanced = true;
+      if (absl::Status s =
+              TimeCandidates(b, {c}, calls, in, /*replay=*/true, &refs, &report.decode);
+          !s.ok()) {
+        return s;
+      }
+      candidates.push_back(c);
+    }
     if (const int best = Choose(report.decode); best >= 0) {
       const Settings& s = candidates[best].settings;
       chosen->warps = s.warps;
       chosen->fused_combine = s.fused_combine;
       chosen->tensor_cores = s.tensor_cores;
+      chosen->balanced = s.balanced;
     }
   }
   return report;

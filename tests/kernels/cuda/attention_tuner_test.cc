@@ -85,8 +85,11 @@ TEST_F(CudaBackendTest, TunerKeepsTheFastestKernelsThatAgree) {
       << r->prefill.back().name;
   ExpectOneFastestChosen(r->prefill, 1);
   // Split-KV at 4 warps, fused or not; 16 warps (a head tile of 2 heads of 64); tensor
-  // cores, fused or not.
-  ASSERT_EQ(r->decode.size(), 5u);
+  // cores, fused or not; then the fastest of them splitting the batch of 3 unequal rows
+  // (25, 50 and 75 keys) by its imbalance.
+  ASSERT_EQ(r->decode.size(), 6u);
+  EXPECT_TRUE(Has(r->decode.back().name, "; splits by the batch's imbalance"))
+      << r->decode.back().name;
   EXPECT_EQ(r->decode.front().name, "split-KV, 4 warps a block (default)");
   ExpectOneFastestChosen(r->decode, 2);
   EXPECT_EQ(r->decode.front().max_error, 0.0);
@@ -107,6 +110,7 @@ TEST_F(CudaBackendTest, TunerKeepsTheFastestKernelsThatAgree) {
   EXPECT_EQ(b.split_kv_tensor_cores(), Has(decode, "tensor cores"));
   EXPECT_EQ(b.split_kv_fused_combine(), Has(decode, "fused combine"));
   EXPECT_EQ(b.split_kv_warps(), Has(decode, "16 warps") ? kSplitKvWideWarps : kSplitKvWarps);
+  EXPECT_EQ(b.split_kv_balanced(), Has(decode, "imbalance"));
   EXPECT_TRUE(b.status().ok()) << b.status();
 }
 
@@ -126,7 +130,8 @@ TEST_F(CudaBackendTest, TunerOnAnFp32CacheTimesTheFp16KernelsBlockSizes) {
   ExpectOneFastestChosen(r->prefill, 1);
   ExpectOneFastestChosen(r->decode, 2);
   EXPECT_TRUE(Has(r->shape, "fp32 cache in blocks of 16, soft cap 50")) << r->shape;
-  EXPECT_TRUE(Has(r->shape, "prefill 40 tokens, decode 1 / 3 x 75 keys;")) << r->shape;
+  EXPECT_TRUE(Has(r->shape, "prefill 40 tokens, decode 1 / 3 sequences of up to 75 keys;"))
+      << r->shape;
 }
 
 // Gemma 2's head size 256 under its soft cap: every layout asked for runs as 64-query blocks
