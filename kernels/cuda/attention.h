@@ -110,6 +110,7 @@ bool FlashPrefillSupports(int head_dim);
 struct FlashGridShape {
   int x, y, z;
 };
+inline constexpr int kFlashMaxTiles = 65535;  // a grid's y extent
 inline FlashGridShape FlashGrid(int tiles, int heads, int group) {
   const int g = group < 1 ? 1 : group > heads ? heads : group;
   return {g, tiles, (heads + g - 1) / g};

@@ -101,6 +101,11 @@ std::vector<Candidate> PrefillCandidates(const Settings& base, const AttentionPa
   return out;
 }
 
+// A candidate's name without the default's mark, for a variant of it.
+std::string VariantOf(const std::string& name, const std::string& what) {
+  return absl::StrCat(name.substr(0, name.rfind(" (default)")), what);
+}
+
 // The prefill layout `best` with its blocks in other orders (FlashGrid): the longest
 // blocks first across the group of heads sized to the L2 cache (kept as asked, so it is
 // sized again for each call's keys), across 4 heads, and across all of them, each once as
@@ -115,9 +120,9 @@ std::vector<Candidate> HeadGroupCandidates(const Candidate& best, const Attentio
     seen.push_back(group);
     Candidate c = best;
     c.settings.head_group = asked;
-    const std::string name = best.name.substr(0, best.name.rfind(" (default)"));
-    c.name = absl::StrCat(name, "; longest first across ", group, " heads",
-                          asked == kFlashAutoHeadGroup ? " (sized to L2)" : "");
+    c.name =
+        VariantOf(best.name, absl::StrCat("; longest first across ", group, " heads",
+                                          asked == kFlashAutoHeadGroup ? " (sized to L2)" : ""));
     out.push_back(std::move(c));
   }
   return out;
@@ -382,8 +387,7 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
                                      [](int batch) { return batch > 1; });
     if (const int kernel = FastestAccepted(report.decode); kernel >= 0 && unequal) {
       Candidate c = candidates[kernel];
-      c.name = absl::StrCat(c.name.substr(0, c.name.rfind(" (default)")),
-                            "; splits by the batch's imbalance");
+      c.name = VariantOf(c.name, "; splits by the batch's imbalance");
       c.settings.balanced = true;
       if (absl::Status s =
               TimeCandidates(b, {c}, calls, in, /*replay=*/true, &refs, &report.decode);

@@ -243,6 +243,10 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
   const int tiles =
       p.flash_tiles != nullptr ? p.num_flash_tiles : (p.num_queries + kBlockM<W> - 1) / kBlockM<W>;
   const FlashGridShape g = FlashGrid(tiles, p.num_heads, p.flash_head_group);
+  if (g.y > kFlashMaxTiles) {
+    return absl::InvalidArgumentError(absl::StrCat("flash attention takes at most ", kFlashMaxTiles,
+                                                   " query tiles a launch, got ", g.y));
+  }
   const dim3 grid(g.x, g.y, g.z);
   LaunchKernel("FlashPrefillKernel", kernel, grid, W * 32, kBytes, stream, p);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("FlashPrefillKernel");
