@@ -48,6 +48,12 @@ absl::Status AttentionTuneShape::Validate() const {
   return absl::OkStatus();
 }
 
+std::string TunedCandidate::Microseconds() const {
+  return absl::StrJoin(seconds, " / ", [](std::string* o, double sec) {
+    absl::StrAppendFormat(o, "%.1f", sec * 1e6);
+  });
+}
+
 std::vector<double> RelativeTimes(absl::Span<const TunedCandidate> candidates) {
   std::vector<double> out(candidates.size(), 0.0);
   const auto ran = [](const TunedCandidate& c) { return c.failure.empty() && !c.seconds.empty(); };
@@ -83,11 +89,8 @@ std::string AttentionTuneReport::ToString() const {
         absl::StrAppendFormat(&out, "  %-7s %-58s not run: %s\n", what, c.name, c.failure);
         continue;
       }
-      const std::string us = absl::StrJoin(c.seconds, " / ", [](std::string* o, double sec) {
-        absl::StrAppendFormat(o, "%.1f", sec * 1e6);
-      });
       absl::StrAppendFormat(&out, "  %-7s %-58s %10s us  %.2fx  error %.2g of %.2g%s\n", what,
-                            c.name, us, relative[i], c.max_error, c.tolerance,
+                            c.name, c.Microseconds(), relative[i], c.max_error, c.tolerance,
                             c.chosen ? "  chosen" : (c.accepted() ? "" : "  rejected"));
     }
   };

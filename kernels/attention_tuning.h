@@ -60,6 +60,8 @@ struct TunedCandidate {
 
   // Ran and agreed with the default (a NaN error does not).
   bool accepted() const { return failure.empty() && max_error <= tolerance; }
+  // Each call's time in µs, "/"-separated ("12.5 / 40.0").
+  std::string Microseconds() const;
 };
 
 // Each candidate's time relative to the first that ran (the default, which the tuner lists

@@ -186,6 +186,9 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // equal rows is the same either way.
   void SetSplitKvBalanced(bool on) { split_kv_balanced_ = on; }
   bool split_kv_balanced() const { return split_kv_balanced_; }
+  // Sets each option TuneAttention may choose back to its default: the flash layout and
+  // head group, and split-KV's warps, fused combine, tensor cores and balanced splits.
+  void RestoreDefaultAttentionKernels();
 
   // The forward step's launches, recorded and run as a CUDA graph when an identical step
   // ran before (see the top of the file). On by default.

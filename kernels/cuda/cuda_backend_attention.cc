@@ -330,6 +330,15 @@ absl::Status CudaBackend::SetSplitKvWarps(int warps) {
   return absl::OkStatus();
 }
 
+void CudaBackend::RestoreDefaultAttentionKernels() {
+  flash_layout_ = FlashBf16Layout{};
+  flash_head_group_ = 1;
+  split_kv_warps_ = kSplitKvWarps;
+  split_kv_fused_combine_ = false;
+  split_kv_tensor_cores_ = false;
+  split_kv_balanced_ = false;
+}
+
 absl::Status CudaBackend::SetFlashHeadGroup(int heads) {
   if (absl::Status s = CheckFlashHeadGroup(heads); !s.ok()) return s;
   flash_head_group_ = heads;

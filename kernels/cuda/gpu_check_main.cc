@@ -1143,21 +1143,14 @@ void TuneBench(CudaBackend& b, const Sizes& z, Table& rows) {
       const std::vector<double> relative = RelativeTimes(*list);
       for (size_t i = 0; i < list->size(); ++i) {
         const TunedCandidate& c = (*list)[i];
-        const std::string us = absl::StrJoin(c.seconds, " / ", [](std::string* o, double sec) {
-          absl::StrAppendFormat(o, "%.1f", sec * 1e6);
-        });
         rows.Add({what, absl::StrCat(phase, heads, c.name),
-                  c.failure.empty() ? absl::StrCat(us, " us") : c.failure,
+                  c.failure.empty() ? absl::StrCat(c.Microseconds(), " us") : c.failure,
                   absl::StrFormat("err %.2g of %.2g", c.max_error, c.tolerance),
                   absl::StrFormat("%.2fx the default's time", relative[i]),
                   c.chosen ? "chosen" : (c.accepted() ? "-" : "rejected")});
       }
     }
-    Must(b.SetFlashLayout(FlashBf16Layout{}), "flash layout");
-    Must(b.SetFlashHeadGroup(1), "flash head group");
-    Must(b.SetSplitKvWarps(kSplitKvWarps), "split-KV warps");
-    b.SetSplitKvFusedCombine(false);
-    b.SetSplitKvTensorCores(false);
+    b.RestoreDefaultAttentionKernels();
   }
 }
 
