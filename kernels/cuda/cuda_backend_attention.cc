@@ -215,10 +215,9 @@ bool Continues(const AttentionArgs<float>& first, int rows, const AttentionArgs<
 }  // namespace
 
 absl::Status CudaBackend::LaunchSplitKvBatched(absl::Span<const AttentionArgs<float>> calls) {
-  // One upload: [every call's blocks | key end of each row | table offset of each row].
+  // One upload: [every call's blocks | key end of each row | table offset of each row],
+  // written in place (index_pack_ keeps its capacity: no allocation a recorded step).
   std::vector<int32_t>& packed = index_pack_;
-  packed.clear();
-  std::vector<int32_t> key_end, table_offset;
   int max_keys = 0;
   const int block_size = calls.front().kv.block_size;
   // While a step is recorded every table is padded to a power of two of blocks, and the
@@ -230,21 +229,29 @@ absl::Status CudaBackend::LaunchSplitKvBatched(absl::Span<const AttentionArgs<fl
     padded_blocks = 1;
     while (padded_blocks * block_size < max_keys) padded_blocks *= 2;
   }
+  auto blocks_of = [&](const AttentionArgs<float>& a) {
+    return (a.num_keys + block_size - 1) / block_size;
+  };
+  int tables = 0, rows = 0;
   for (const AttentionArgs<float>& a : calls) {
-    const int offset = static_cast<int>(packed.size());
-    const int blocks = (a.num_keys + block_size - 1) / block_size;
-    packed.insert(packed.end(), a.kv.block_table, a.kv.block_table + blocks);
-    if (padded_blocks > blocks) packed.resize(packed.size() + (padded_blocks - blocks), 0);
-    for (int i = 0; i < a.num_queries; ++i) {
-      key_end.push_back(CausalKeyEnd(a, i));
-      table_offset.push_back(offset);
+    tables += std::max(blocks_of(a), padded_blocks);
+    rows += a.num_queries;
+  }
+  packed.assign(static_cast<size_t>(tables) + 2 * static_cast<size_t>(rows), 0);
+  int32_t* key_end = packed.data() + tables;
+  int32_t* table_offset = key_end + rows;
+  int offset = 0, row = 0;
+  for (const AttentionArgs<float>& a : calls) {
+    const int blocks = blocks_of(a);
+    std::copy(a.kv.block_table, a.kv.block_table + blocks, packed.begin() + offset);
+    for (int i = 0; i < a.num_queries; ++i, ++row) {
+      key_end[row] = CausalKeyEnd(a, i);
+      table_offset[row] = offset;
     }
+    offset += std::max(blocks, padded_blocks);
     max_keys = std::max(max_keys, a.num_keys);
   }
   if (padded_blocks > 0) max_keys = padded_blocks * block_size;
-  const int tables = static_cast<int>(packed.size()), rows = static_cast<int>(key_end.size());
-  packed.insert(packed.end(), key_end.begin(), key_end.end());
-  packed.insert(packed.end(), table_offset.begin(), table_offset.end());
   absl::StatusOr<const void*> d = UploadIndices(packed.data(), sizeof(int32_t) * packed.size());
   if (!d.ok()) return d.status();
   const int32_t* base = static_cast<const int32_t*>(*d);
@@ -255,7 +262,7 @@ absl::Status CudaBackend::LaunchSplitKvBatched(absl::Span<const AttentionArgs<fl
   p.query_offset = 0;
   p.row_key_end = base + tables;
   p.row_table_offset = base + tables + rows;
-  return SplitKv(p, split_kv_balanced_ ? SplitKvImbalance(key_end.data(), rows) : 1);
+  return SplitKv(p, split_kv_balanced_ ? SplitKvImbalance(key_end, rows) : 1);
 }
 
 absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<float>> calls) {

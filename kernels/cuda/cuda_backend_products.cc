@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_status.h"
@@ -184,7 +185,9 @@ void CudaBackend::MatMulManyImpl(const float* x, int n,
   auto rope_store = [&] {
     if (kv != nullptr) RopeQKStoreKvOf(outputs, n, *kv);
   };
-  std::vector<const DeviceWeight*> ws, bs;
+  // Inline for up to kMatVecMaxSegments outputs (a layer's q, k and v): no heap allocation
+  // in a call a recorded step makes 32 times.
+  absl::InlinedVector<const DeviceWeight*, kMatVecMaxSegments> ws, bs;
   bool shared = true;  // one dtype and input width: one matvec launch, or one GEMM operand
   for (const MatMulOutput<float>& o : outputs) {
     absl::StatusOr<const DeviceWeight*> w = Upload(o.w);
@@ -211,7 +214,7 @@ void CudaBackend::MatMulManyImpl(const float* x, int n,
     return;
   }
   if (matvec) {
-    std::vector<MatVecProduct> products;
+    absl::InlinedVector<MatVecProduct, kMatVecMaxSegments> products;
     for (size_t i = 0; i < outputs.size(); ++i) {
       products.push_back({ws[i]->buffer.get(), ws[i]->rows,
                           bs[i] != nullptr ? bs[i]->buffer.get() : nullptr,

@@ -79,17 +79,60 @@ void AppendWords(Signature& s, const MatVecNorm& n) {
 
 namespace {
 
+// FNV-1a-like over the words in four interleaved lanes: one lane's chain of dependent
+// multiplies took 6.2 us for a 7B-shaped decode step's 3763 words on this project's 2-core
+// machine (g++ -O3), four lanes 2.0 (comparing the words with a stored step's: 0.6).
 uint64_t Hash(const Signature& s) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
-  for (uint64_t w : s) {
+  constexpr uint64_t kBasis = 1469598103934665603ull, kPrime = 1099511628211ull;
+  auto mix = [](uint64_t& h, uint64_t w) {
     h ^= w;
-    h *= 1099511628211ull;
+    h *= kPrime;
     h ^= h >> 29;
+  };
+  uint64_t lane[4] = {kBasis, kBasis + 1, kBasis + 2, kBasis + 3};
+  const size_t n = s.size();
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (int k = 0; k < 4; ++k) mix(lane[k], s[i + k]);
   }
+  for (; i < n; ++i) mix(lane[0], s[i]);
+  uint64_t h = n;
+  for (uint64_t l : lane) mix(h, l);
   return h;
 }
 
 }  // namespace
+
+void* StepArena::Allocate(size_t bytes, size_t align) {
+  for (;; ++chunk_, used_ = 0) {
+    if (chunk_ == chunks_.size()) {
+      // 64 KiB: a 7B-shaped decode step's closures take 27 KiB (164 calls; 32 KiB with
+      // its norms, residual adds and rope unfused).
+      Chunk c;
+      c.bytes = std::max<size_t>(size_t{64} << 10, bytes + align);
+      c.data = std::make_unique<std::byte[]>(c.bytes);
+      chunks_.push_back(std::move(c));
+    }
+    Chunk& c = chunks_[chunk_];
+    const uintptr_t base = reinterpret_cast<uintptr_t>(c.data.get());
+    const size_t offset = ((base + used_ + align - 1) & ~(uintptr_t{align} - 1)) - base;
+    if (offset + bytes <= c.bytes) {
+      used_ = offset + bytes;
+      return c.data.get() + offset;
+    }
+  }
+}
+
+void StepArena::Reset() {
+  chunk_ = 0;
+  used_ = 0;
+}
+
+size_t StepArena::capacity() const {
+  size_t n = 0;
+  for (const Chunk& c : chunks_) n += c.bytes;
+  return n;
+}
 
 StepGraph::StepGraph(int max_graphs, int max_signatures)
     : max_graphs_(std::max(max_graphs, 1)), max_signatures_(std::max(max_signatures, 1)) {}
@@ -105,6 +148,7 @@ void StepGraph::Drop() {
   recording_ = false;
   signature_.clear();
   launches_.clear();
+  arena_.Reset();
 }
 
 void StepGraph::Clear() {
@@ -125,12 +169,13 @@ int64_t StepGraph::NumGraphs() const {
 StepGraph::Stats StepGraph::stats() const {
   Stats s = stats_;
   s.graphs = NumGraphs();
+  s.arena_bytes = static_cast<int64_t>(arena_.capacity());
   return s;
 }
 
 absl::Status StepGraph::RunEagerly(cudaStream_t stream) {
   ++stats_.eager;
-  for (auto& launch : launches_) {
+  for (const Launch& launch : launches_) {
     if (absl::Status s = launch(stream); !s.ok()) return s;
   }
   return absl::OkStatus();
@@ -142,7 +187,7 @@ bool StepGraph::Capture(cudaStream_t stream, Entry& entry) {
     return false;
   }
   bool ok = true;
-  for (auto& launch : launches_) {
+  for (const Launch& launch : launches_) {
     if (!launch(stream).ok()) {
       ok = false;
       break;
@@ -191,8 +236,16 @@ absl::Status StepGraph::End(cudaStream_t stream, std::mutex* capture_mutex) {
   recording_ = false;
   ++stats_.steps;
   stats_.last_step_calls = static_cast<int64_t>(launches_.size());
-  const uint64_t hash = Hash(signature_);
-  auto it = entries_.find(hash);
+  stats_.last_step_words = static_cast<int64_t>(signature_.size());
+  // A decode step is most often the one before it again: compare with that step's signature
+  // (a memcmp) before hashing this one. Each entry is held under its own signature's hash.
+  auto it = entries_.find(last_hash_);
+  uint64_t hash = last_hash_;
+  if (it == entries_.end() || it->second.signature != signature_) {
+    hash = Hash(signature_);
+    it = entries_.find(hash);
+  }
+  last_hash_ = hash;
   absl::Status status;
   if (it == entries_.end() || it->second.signature != signature_) {
     // First sighting (or a hash collision, which replaces the older step): run it.
@@ -224,6 +277,7 @@ absl::Status StepGraph::End(cudaStream_t stream, std::mutex* capture_mutex) {
   }
   signature_.clear();
   launches_.clear();
+  arena_.Reset();
   Evict();
   return status;
 }

@@ -23,10 +23,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <functional>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
@@ -69,19 +71,48 @@ void AppendWords(Signature& s, absl::Span<const T> v) {
   for (const T& x : v) AppendWords(s, x);
 }
 
-// How a launch argument is kept in a recorded closure: spans as a vector (the caller's
-// array may be gone by End), everything else by value.
+// Memory for a step's recorded launches: chunks kept from step to step, so that recording
+// a step allocates nothing once its first recordings have grown them (each closure in a
+// std::function of its own, and each kept span in a vector, was a heap allocation and a
+// free: a third of a recorded call's host time).
+class StepArena {
+ public:
+  // `bytes` at an address that is a multiple of `align` (a power of two), valid until Reset.
+  void* Allocate(size_t bytes, size_t align);
+  // Everything allocated is free again; the chunks stay.
+  void Reset();
+  size_t capacity() const;  // bytes of all chunks
+
+ private:
+  struct Chunk {
+    std::unique_ptr<std::byte[]> data;
+    size_t bytes = 0;
+  };
+  std::vector<Chunk> chunks_;
+  size_t chunk_ = 0;  // the chunk allocating now
+  size_t used_ = 0;   // its bytes in use
+};
+
+// How a launch argument is kept in a recorded closure: a span's elements copied into the
+// step's arena (the caller's array may be gone by End), everything else by value.
 template <typename T>
 struct Kept {
   using type = T;
-  static const T& Keep(const T& v) { return v; }
+  static const T& Keep(StepArena&, const T& v) { return v; }
   static const T& Pass(const T& v) { return v; }
 };
 template <typename U>
 struct Kept<absl::Span<const U>> {
-  using type = std::vector<U>;
-  static std::vector<U> Keep(absl::Span<const U> v) { return {v.begin(), v.end()}; }
-  static absl::Span<const U> Pass(const std::vector<U>& v) { return v; }
+  static_assert(std::is_trivially_copyable_v<U> && std::is_trivially_destructible_v<U>,
+                "a recorded span's elements are copied as bytes and never destroyed");
+  using type = absl::Span<const U>;
+  static absl::Span<const U> Keep(StepArena& arena, absl::Span<const U> v) {
+    if (v.empty()) return {};
+    void* at = arena.Allocate(sizeof(U) * v.size(), alignof(U));
+    std::memcpy(at, v.data(), sizeof(U) * v.size());
+    return {static_cast<const U*>(at), v.size()};
+  }
+  static absl::Span<const U> Pass(absl::Span<const U> v) { return v; }
 };
 
 class StepGraph {
@@ -96,6 +127,8 @@ class StepGraph {
     // Launcher calls (a kernel, a cuBLAS product or a copy each; split-KV attention's is
     // its two kernels) of the last step recorded.
     int64_t last_step_calls = 0;
+    int64_t last_step_words = 0;  // its signature's 64-bit words
+    int64_t arena_bytes = 0;      // the recordings' arena (the largest step's closures)
   };
 
   // Keeps at most max_graphs instantiated graphs (least recently used go first) and
@@ -124,10 +157,12 @@ class StepGraph {
     if (!recording_) return fn(args..., stream);
     AppendWords(signature_, reinterpret_cast<uintptr_t>(fn));
     (AppendWords(signature_, args), ...);
-    launches_.push_back([fn, kept = std::tuple<typename Kept<Args>::type...>(
-                                 Kept<Args>::Keep(args)...)](cudaStream_t s) {
-      return std::apply([&](const auto&... a) { return fn(Kept<Args>::Pass(a)..., s); }, kept);
-    });
+    using Closure = Recorded<Fn, Args...>;
+    static_assert(std::is_trivially_destructible_v<Closure>,
+                  "a recorded launch's arguments stay in the arena and are never destroyed");
+    void* at = arena_.Allocate(sizeof(Closure), alignof(Closure));
+    launches_.push_back(
+        {&Invoke<Fn, Args...>, new (at) Closure(fn, Kept<Args>::Keep(arena_, args)...)});
     return absl::OkStatus();
   }
 
@@ -138,6 +173,21 @@ class StepGraph {
     bool capturable = true;
     int64_t last_use = 0;
   };
+  // A recorded launch's closure, in arena_: the launcher and its kept arguments.
+  template <typename Fn, typename... Args>
+  using Recorded = std::tuple<Fn*, typename Kept<Args>::type...>;
+  // A recorded launch: its closure and the function that calls the launcher with them.
+  struct Launch {
+    absl::Status (*invoke)(const void* closure, cudaStream_t stream);
+    const void* closure;
+    absl::Status operator()(cudaStream_t stream) const { return invoke(closure, stream); }
+  };
+  template <typename Fn, typename... Args>
+  static absl::Status Invoke(const void* closure, cudaStream_t stream) {
+    const auto& c = *static_cast<const Recorded<Fn, Args...>*>(closure);
+    return std::apply([&](Fn* fn, const auto&... a) { return fn(Kept<Args>::Pass(a)..., stream); },
+                      c);
+  }
   absl::Status RunEagerly(cudaStream_t stream);
   // Captures launches_ into entry.exec; false (and the stream out of capture mode, the
   // error cleared) when the runtime refused.
@@ -147,8 +197,10 @@ class StepGraph {
 
   bool recording_ = false;
   Signature signature_;
-  std::vector<std::function<absl::Status(cudaStream_t)>> launches_;
+  StepArena arena_;
+  std::vector<Launch> launches_;
   std::unordered_map<uint64_t, Entry> entries_;  // by hash of the signature
+  uint64_t last_hash_ = 0;                       // the last step's
   int max_graphs_;
   int max_signatures_;
   Stats stats_;
