@@ -1,5 +1,5 @@
 // kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU. One
-// file of about 1230 lines: one program whose benchmarks share its table, sizes, timing
+// file of about 1250 lines: one program whose benchmarks share its table, sizes, timing
 // and allocation helpers, and whose sources a GPU machine's standalone build lists by
 // name (kernels/cuda/standalone/CMakeLists.txt), each benchmark a function of its own.
 //   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
@@ -882,7 +882,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
       std::vector<int64_t> dst(batch);
       std::vector<AttentionArgs<float>> calls;
       double host_sec = 0;
-      auto step = [&] {
+      // record_only: the layers' calls recorded and dropped (EndStep(false)), nothing run.
+      auto step = [&](bool record_only = false) {
         for (int s = 0; s < batch; ++s) {
           positions[s] = pos;
           dst[s] = int64_t{tables[s][pos / bs]} * bs + pos % bs;
@@ -958,6 +959,10 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         // Host time making the layers' calls (with graphs: recording them, the GPU idle).
         host_sec +=
             std::chrono::duration<double>(std::chrono::steady_clock::now() - host_start).count();
+        if (record_only) {
+          Must(b.EndStep(/*run=*/false), "dropping a recorded step");
+          return;
+        }
         Must(b.EndStep(/*run=*/true), "step");
         b.RmsNorm(x, batch, D, final_norm, 1e-5, xn);
         b.MatMul(xn, batch, output, WeightView{}, logits);
@@ -967,6 +972,25 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         ++pos;
       };
       step();  // a first step (with graphs: seen once, so the next one is captured)
+      if (run == 1) {
+        // The host's share of a graph-replayed step, alone: what the layers' calls cost to
+        // record (a replayed step records them all before its one launch, the GPU idle).
+        const StepGraph::Stats recorded = b.graph_stats();
+        const int records = 200;
+        const auto record_start = std::chrono::steady_clock::now();
+        for (int i = 0; i < records; ++i) step(/*record_only=*/true);
+        const double us =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - record_start).count() *
+            1e6 / records;
+        rows.Add({"recording a decode step (host, graphs)",
+                  absl::StrFormat("%s, batch %d: %d launcher calls, %d signature words, %d KiB "
+                                  "of recorded closures",
+                                  z.model, batch, recorded.last_step_calls,
+                                  recorded.last_step_words, recorded.arena_bytes >> 10),
+                  absl::StrFormat("%.1f us/step (%.0f ns a call)", us,
+                                  1e3 * us / std::max<int64_t>(recorded.last_step_calls, 1)),
+                  "-", "-", "-"});
+      }
       const int64_t copies_before = b.index_upload_stats().copies;
       const StepGraph::Stats graphs_before = b.graph_stats();
       host_sec = 0;
