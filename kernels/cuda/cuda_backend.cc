@@ -131,6 +131,7 @@ void CudaBackend::BeginStep() {
   retired_pinned_.clear();
   index_offset_ = 0;
   index_recent_.clear();
+  recorded_stages_.clear();
   graph_.Begin();
 }
 
@@ -140,6 +141,22 @@ absl::Status CudaBackend::EndStep(bool run) {
     graph_.Drop();
     return status_;
   }
+  // The step's staged index arrays, each ring's bytes in one copy before every kernel (in a
+  // recorded step the ring starts at 0 and never wraps, so no upload overwrites another).
+  if (index_offset_ > 0) {
+    recorded_stages_.push_back(
+        {index_device_.get(), index_host_.get(), static_cast<size_t>(index_offset_)});
+  }
+  for (const RecordedStage& r : recorded_stages_) {
+    if (!Ok(graph_.RunFirst(stream_, &CopyToDevice, r.device, static_cast<const void*>(r.host),
+                            r.bytes))) {
+      graph_.Drop();
+      return status_;
+    }
+    ++index_stats_.copies;
+    index_stats_.bytes_copied += static_cast<int64_t>(r.bytes);
+  }
+  recorded_stages_.clear();
   Ok(graph_.End(stream_, &memory_.stream_mutex()));
   return status_;
 }
@@ -250,7 +267,12 @@ absl::StatusOr<const void*> CudaBackend::UploadIndices(const void* host, size_t 
   }
   if (graph_.recording() && index_offset_ + need > index_host_.bytes()) {
     // A recorded step's staged bytes wait for copies that have not been made yet: neither
-    // wrap nor free. Continue in a larger ring; the old one lives until the next step.
+    // wrap nor free. Continue in a larger ring; the old one lives until the next step, and
+    // its bytes so far are copied at the step's start too (EndStep).
+    if (index_offset_ > 0) {
+      recorded_stages_.push_back(
+          {index_device_.get(), index_host_.get(), static_cast<size_t>(index_offset_)});
+    }
     const size_t grown = RoundUp(2 * std::max(index_host_.bytes(), need), kIndexAlign);
     retired_pinned_.push_back(std::move(index_host_));
     retired_.push_back(std::move(index_device_));
@@ -278,15 +300,22 @@ absl::StatusOr<const void*> CudaBackend::UploadIndices(const void* host, size_t 
   unsigned char* staged = index_host_.get() + index_offset_;
   unsigned char* device = index_device_.as<unsigned char>() + index_offset_;
   std::memcpy(staged, host, bytes);
-  if (absl::Status s = Launch(&CopyToDevice, static_cast<void*>(device),
-                              static_cast<const void*>(staged), bytes);
-      !s.ok()) {
-    return s;
+  if (graph_.recording()) {
+    // Staged only: EndStep copies the step's whole staged range once, before its first
+    // kernel (one copy node in the step's graph, not one an array). Its place and size
+    // are the step's.
+    graph_.Sign(index_offset_, bytes);
+  } else {
+    if (absl::Status s = Launch(&CopyToDevice, static_cast<void*>(device),
+                                static_cast<const void*>(staged), bytes);
+        !s.ok()) {
+      return s;
+    }
+    ++index_stats_.copies;
+    index_stats_.bytes_copied += static_cast<int64_t>(bytes);
   }
   if (index_recent_.size() == kIndexReuse) index_recent_.erase(index_recent_.begin());
   index_recent_.push_back({index_offset_, bytes, host});
-  ++index_stats_.copies;
-  index_stats_.bytes_copied += static_cast<int64_t>(bytes);
   index_offset_ += need;
   return device;
 }

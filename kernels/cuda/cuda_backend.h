@@ -406,6 +406,14 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
     const void* source;  // the host array it was copied from
   };
   std::vector<StagedIndices> index_recent_;  // newest last, at most kIndexReuse
+  // While a step is recorded: the rings it filled and left (a ring that grew), each
+  // copied whole with the current one at EndStep.
+  struct RecordedStage {
+    void* device;
+    const unsigned char* host;
+    size_t bytes;
+  };
+  std::vector<RecordedStage> recorded_stages_;
   IndexUploadStats index_stats_;
   bool flash_bf16_ = true;  // SetFlashBf16
   // SetFlashTileQueries (the tiles asked for, for both flash kernels: FlashTile gives a

@@ -148,6 +148,7 @@ void StepGraph::Drop() {
   recording_ = false;
   signature_.clear();
   launches_.clear();
+  first_ = 0;
   arena_.Reset();
 }
 
@@ -277,6 +278,7 @@ absl::Status StepGraph::End(cudaStream_t stream, std::mutex* capture_mutex) {
   }
   signature_.clear();
   launches_.clear();
+  first_ = 0;
   arena_.Reset();
   Evict();
   return status;

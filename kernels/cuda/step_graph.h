@@ -23,6 +23,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -165,6 +166,23 @@ class StepGraph {
         {&Invoke<Fn, Args...>, new (at) Closure(fn, Kept<Args>::Keep(arena_, args)...)});
     return absl::OkStatus();
   }
+  // As Run, but while recording the launch goes before every launch recorded so far other
+  // than earlier RunFirst ones (which stay in their order): a step's prologue, such as
+  // the one copy of its staged index arrays that its kernels read.
+  template <typename Fn, typename... Args>
+  absl::Status RunFirst(cudaStream_t stream, Fn* fn, const Args&... args) {
+    const bool recording = recording_;
+    if (absl::Status s = Run(stream, fn, args...); !s.ok() || !recording) return s;
+    std::rotate(launches_.begin() + first_, launches_.end() - 1, launches_.end());
+    ++first_;
+    return absl::OkStatus();
+  }
+  // Adds words to the signature of the step being recorded (nothing otherwise): what a
+  // step's launches depend on that their own arguments do not show.
+  template <typename... Args>
+  void Sign(const Args&... args) {
+    if (recording_) (AppendWords(signature_, args), ...);
+  }
 
  private:
   struct Entry {
@@ -199,6 +217,7 @@ class StepGraph {
   Signature signature_;
   StepArena arena_;
   std::vector<Launch> launches_;
+  size_t first_ = 0;                             // RunFirst's launches at the front of launches_
   std::unordered_map<uint64_t, Entry> entries_;  // by hash of the signature
   uint64_t last_hash_ = 0;                       // the last step's
   int max_graphs_;

@@ -681,6 +681,52 @@ TEST_F(CudaBackendTest, AnOpsIndexArraysShareOneUpload) {
 // CUDA graphs (step_graph.h): a recorded step runs launch by launch the first time its
 // launches are seen, is captured the second time and replayed after that, each replay
 // reading that step's own index arrays (staged in the ring at the same offsets).
+// A recorded step's index arrays are staged and copied to the device once, before its first
+// kernel (CudaBackend::EndStep): one copy a step however many arrays, two when the staging
+// ring had to grow part way (the full ring's bytes, then the new one's), and every replay
+// reads that step's arrays.
+TEST_F(CudaBackendTest, RecordedStepCopiesItsIndexArraysOnceBeforeItsKernels) {
+  const std::vector<float> table = {10, 20, 30, 40, 50};  // 5 rows of dim 1
+  const WeightView w{table.data(), DType::kF32, 5, 1};
+  const int big = 150000;  // ids: 600 KB an array, two of them past the 1 MiB ring
+  auto out_a = parity::ToDevice(std::vector<double>(big, parity::kNaN));
+  auto out_b = parity::ToDevice(std::vector<double>(big, parity::kNaN));
+  ASSERT_TRUE(out_a.ok() && out_b.ok());
+  auto step = [&](int n, int shift) {
+    std::vector<int32_t> a(n), b(n);
+    for (int i = 0; i < n; ++i) {
+      a[i] = (i + shift) % 5;
+      b[i] = (3 * i + shift + 1) % 5;
+    }
+    const int64_t copies = backend_->index_upload_stats().copies;
+    backend_->BeginStep();
+    backend_->Embedding(w, a.data(), n, out_a->as<float>());
+    backend_->Embedding(w, b.data(), n, out_b->as<float>());
+    EXPECT_TRUE(backend_->EndStep(/*run=*/true).ok()) << backend_->status();
+    const int64_t made = backend_->index_upload_stats().copies - copies;
+    for (const auto& [ids, out] : {std::pair{&a, &*out_a}, std::pair{&b, &*out_b}}) {
+      absl::StatusOr<std::vector<double>> got = parity::FromDevice(*backend_, *out, n);
+      EXPECT_TRUE(got.ok()) << got.status();
+      if (!got.ok()) return made;
+      for (int i = 0; i < n; ++i) {
+        if ((*got)[i] != table[(*ids)[i]]) {
+          ADD_FAILURE() << "row " << i << " of " << n << ", shift " << shift << ": " << (*got)[i]
+                        << ", not " << table[(*ids)[i]];
+          break;
+        }
+      }
+    }
+    return made;
+  };
+  const StepGraph::Stats s0 = backend_->graph_stats();
+  for (int shift = 0; shift < 4; ++shift) EXPECT_EQ(step(6, shift), 1) << shift;
+  const StepGraph::Stats s1 = backend_->graph_stats();
+  EXPECT_EQ(s1.replays - s0.replays, 3);
+  EXPECT_EQ(s1.last_step_calls, 3);  // the one copy and the two embeddings
+  EXPECT_EQ(step(big, 0), 2);        // the ring grew while the step was recorded
+  EXPECT_TRUE(backend_->status().ok()) << backend_->status();
+}
+
 TEST_F(CudaBackendTest, GraphReplaysReadEachStepsIndexArrays) {
   const std::vector<float> table = {10, 20, 30, 40, 50};  // 5 rows of dim 1
   const WeightView w{table.data(), DType::kF32, 5, 1};
@@ -706,7 +752,7 @@ TEST_F(CudaBackendTest, GraphReplaysReadEachStepsIndexArrays) {
   EXPECT_EQ(s1.eager - s0.eager, 1);        // first sighting
   EXPECT_EQ(s1.captures - s0.captures, 1);  // second: captured, then launched
   EXPECT_EQ(s1.replays - s0.replays, 4);    // the second to the fifth
-  EXPECT_EQ(s1.last_step_calls, 3);         // the ids' upload, Embedding, Add
+  EXPECT_EQ(s1.last_step_calls, 3);         // the ids' copy, Embedding, Add
   // Other launches (two rows) are another step: run one by one, then captured.
   step({4, 0});
   step({1, 3});

@@ -159,6 +159,32 @@ TEST(StepGraphRecordingTest, LaunchesRunWithTheArgumentsTheyWereGiven) {
   EXPECT_EQ(graph.stats().arena_bytes, arena);
 }
 
+TEST(StepGraphRecordingTest, RunFirstGoesBeforeTheStepsOtherLaunchesInItsOwnOrder) {
+  StepGraph graph;
+  std::vector<MatVecProduct> none;
+  auto run = [&](int tag, bool first) {
+    const absl::Span<const MatVecProduct> span(none);
+    return first ? graph.RunFirst(cudaStream_t{}, &RecordProducts, span, tag)
+                 : graph.Run(cudaStream_t{}, &RecordProducts, span, tag);
+  };
+  g_ran.clear();
+  graph.Begin();
+  for (const auto& [tag, first] : {std::pair{1, false}, std::pair{2, false}, std::pair{3, true},
+                                   std::pair{4, false}, std::pair{5, true}}) {
+    ASSERT_TRUE(run(tag, first).ok());
+  }
+  ASSERT_TRUE(graph.End(cudaStream_t{}).ok());
+  EXPECT_EQ(g_ran, (std::vector<std::vector<float>>{{3}, {5}, {1}, {2}, {4}}));
+  // The next step starts with no prologue; outside a step RunFirst runs at once.
+  g_ran.clear();
+  graph.Begin();
+  ASSERT_TRUE(run(6, false).ok());
+  ASSERT_TRUE(run(7, true).ok());
+  ASSERT_TRUE(graph.End(cudaStream_t{}).ok());
+  ASSERT_TRUE(run(8, true).ok());
+  EXPECT_EQ(g_ran, (std::vector<std::vector<float>>{{7}, {6}, {8}}));
+}
+
 }  // namespace
 }  // namespace kvlens::kernels::cuda
 
