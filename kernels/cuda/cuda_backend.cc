@@ -143,10 +143,7 @@ absl::Status CudaBackend::EndStep(bool run) {
   }
   // The step's staged index arrays, each ring's bytes in one copy before every kernel (in a
   // recorded step the ring starts at 0 and never wraps, so no upload overwrites another).
-  if (index_offset_ > 0) {
-    recorded_stages_.push_back(
-        {index_device_.get(), index_host_.get(), static_cast<size_t>(index_offset_)});
-  }
+  KeepRecordedStage();
   for (const RecordedStage& r : recorded_stages_) {
     if (!Ok(graph_.RunFirst(stream_, &CopyToDevice, r.device, static_cast<const void*>(r.host),
                             r.bytes))) {
@@ -159,6 +156,13 @@ absl::Status CudaBackend::EndStep(bool run) {
   recorded_stages_.clear();
   Ok(graph_.End(stream_, &memory_.stream_mutex()));
   return status_;
+}
+
+void CudaBackend::KeepRecordedStage() {
+  if (index_offset_ > 0) {
+    recorded_stages_.push_back(
+        {index_device_.get(), index_host_.get(), static_cast<size_t>(index_offset_)});
+  }
 }
 
 absl::Status CudaBackend::ReserveScratch(DeviceBuffer& buffer, size_t bytes) {
@@ -269,10 +273,7 @@ absl::StatusOr<const void*> CudaBackend::UploadIndices(const void* host, size_t 
     // A recorded step's staged bytes wait for copies that have not been made yet: neither
     // wrap nor free. Continue in a larger ring; the old one lives until the next step, and
     // its bytes so far are copied at the step's start too (EndStep).
-    if (index_offset_ > 0) {
-      recorded_stages_.push_back(
-          {index_device_.get(), index_host_.get(), static_cast<size_t>(index_offset_)});
-    }
+    KeepRecordedStage();
     const size_t grown = RoundUp(2 * std::max(index_host_.bytes(), need), kIndexAlign);
     retired_pinned_.push_back(std::move(index_host_));
     retired_.push_back(std::move(index_device_));

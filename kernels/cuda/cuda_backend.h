@@ -414,6 +414,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
     size_t bytes;
   };
   std::vector<RecordedStage> recorded_stages_;
+  // The current ring's staged bytes so far, [0, index_offset_), into recorded_stages_.
+  void KeepRecordedStage();
   IndexUploadStats index_stats_;
   bool flash_bf16_ = true;  // SetFlashBf16
   // SetFlashTileQueries (the tiles asked for, for both flash kernels: FlashTile gives a
