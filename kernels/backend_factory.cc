@@ -72,6 +72,10 @@ absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_t
   if (auto* peer = dynamic_cast<cuda::CudaBackend*>(share_weights_with);
       peer != nullptr && peer->device() == device.index) {
     if (absl::Status s = (*cuda)->ShareWeightsWith(*peer); !s.ok()) return s;
+    // And its attention kernels: --attention-tune's choice for serving, on the same GPU.
+    if (absl::Status s = (*cuda)->SetAttentionKernels(peer->attention_kernels()); !s.ok()) {
+      return s;
+    }
   }
   out.description =
       absl::StrCat(device.ToString(), " (", (*cuda)->device_name(),

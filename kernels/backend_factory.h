@@ -50,7 +50,8 @@ struct CreatedBackend {
 // attention_tensor_cores on the CPU.
 // share_weights_with: another backend made here; when both are CUDA backends of the same
 // GPU, the new one shares its uploaded weights (one copy on the device) instead of
-// uploading its own. Ignored otherwise.
+// uploading its own, and takes its attention kernels (CudaBackend::SetAttentionKernels:
+// what --attention-tune chose). Ignored otherwise.
 absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_threads,
                                              Backend<float>* share_weights_with = nullptr);
 

@@ -21,34 +21,10 @@
 namespace kvlens::kernels::cuda {
 namespace {
 
-// What a candidate sets: the flash layout and block order, and the split-KV options.
-struct Settings {
-  FlashBf16Layout layout;
-  int head_group = 1;
-  int warps = kSplitKvWarps;
-  bool fused_combine = false;
-  bool tensor_cores = false;
-  bool balanced = false;
-};
-
-Settings CurrentSettings(const CudaBackend& b) {
-  return {b.flash_layout(),           b.flash_head_group(),      b.split_kv_warps(),
-          b.split_kv_fused_combine(), b.split_kv_tensor_cores(), b.split_kv_balanced()};
-}
-
-absl::Status Apply(CudaBackend& b, const Settings& s) {
-  if (absl::Status st = b.SetFlashLayout(s.layout); !st.ok()) return st;
-  if (absl::Status st = b.SetFlashHeadGroup(s.head_group); !st.ok()) return st;
-  if (absl::Status st = b.SetSplitKvWarps(s.warps); !st.ok()) return st;
-  b.SetSplitKvFusedCombine(s.fused_combine);
-  b.SetSplitKvTensorCores(s.tensor_cores);
-  b.SetSplitKvBalanced(s.balanced);
-  return absl::OkStatus();
-}
-
+// A candidate: what it sets (the flash layout and block order, the split-KV options).
 struct Candidate {
   std::string name;
-  Settings settings;
+  AttentionKernels settings;
 };
 
 bool SameLayout(const FlashBf16Layout& x, const FlashBf16Layout& y) {
@@ -75,7 +51,7 @@ std::string DescribeLayout(const FlashBf16Layout& r, bool bf16_kernel) {
 // The layouts kvlens_gpu_check times, the default first, each once as it runs for p (at
 // head size 256 or under a soft cap several resolve alike; on the fp16 kernel only the
 // block size applies).
-std::vector<Candidate> PrefillCandidates(const Settings& base, const AttentionParams& p,
+std::vector<Candidate> PrefillCandidates(const AttentionKernels& base, const AttentionParams& p,
                                          bool bf16_kernel) {
   const FlashBf16Layout asked[] = {FlashBf16Layout{},
                                    FlashBf16Layout{128, 16, 3, 64},
@@ -93,8 +69,8 @@ std::vector<Candidate> PrefillCandidates(const Settings& base, const AttentionPa
       continue;
     }
     seen.push_back(r);
-    Settings s = base;
-    s.layout = l;
+    AttentionKernels s = base;
+    s.flash_layout = l;
     out.push_back(
         {absl::StrCat(DescribeLayout(r, bf16_kernel), out.empty() ? " (default)" : ""), s});
   }
@@ -119,7 +95,7 @@ std::vector<Candidate> HeadGroupCandidates(const Candidate& best, const Attentio
     if (std::find(seen.begin(), seen.end(), group) != seen.end()) continue;
     seen.push_back(group);
     Candidate c = best;
-    c.settings.head_group = asked;
+    c.settings.flash_head_group = asked;
     c.name =
         VariantOf(best.name, absl::StrCat("; longest first across ", group, " heads",
                                           asked == kFlashAutoHeadGroup ? " (sized to L2)" : ""));
@@ -129,12 +105,12 @@ std::vector<Candidate> HeadGroupCandidates(const Candidate& best, const Attentio
 }
 
 // The split-KV kernels, the default first: those that differ from it for p.
-std::vector<Candidate> DecodeCandidates(const Settings& base, const AttentionParams& p) {
+std::vector<Candidate> DecodeCandidates(const AttentionKernels& base, const AttentionParams& p) {
   auto with = [&](int warps, bool fused, bool tc) {
-    Settings s = base;
-    s.warps = warps;
-    s.fused_combine = fused;
-    s.tensor_cores = tc;
+    AttentionKernels s = base;
+    s.split_kv_warps = warps;
+    s.split_kv_fused_combine = fused;
+    s.split_kv_tensor_cores = tc;
     return s;
   };
   std::vector<Candidate> out = {
@@ -242,7 +218,7 @@ absl::Status TimeCandidates(CudaBackend& b, const std::vector<Candidate>& candid
   for (const Candidate& c : candidates) {
     TunedCandidate t;
     t.name = c.name;
-    if (absl::Status s = Apply(b, c.settings); !s.ok()) return s;
+    if (absl::Status s = b.SetAttentionKernels(c.settings); !s.ok()) return s;
     double worst = -1.0;  // the largest error / tolerance over the calls
     for (size_t j = 0; j < calls.size(); ++j) {
       std::vector<float> out(static_cast<size_t>(calls[j].out_floats));
@@ -303,7 +279,7 @@ int Choose(std::vector<TunedCandidate>& report) {
 }
 
 absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShape& z,
-                                         Settings* chosen) {
+                                         AttentionKernels* chosen) {
   Inputs in;
   if (absl::Status s = MakeInputs(b, z, &in); !s.ok()) return s;
   AttentionTuneReport report;
@@ -315,7 +291,7 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
       z.softcap > 0.0 ? absl::StrCat(", soft cap ", z.softcap) : "");
   const AttentionArgs<float> base = BaseArgs(z, in);
   // Every candidate is the defaults but for what it tries, whatever the backend was set to.
-  const Settings defaults;
+  const AttentionKernels defaults;
 
   AttentionArgs<float> prefill = base;
   prefill.num_queries = prefill.num_keys = z.prefill_tokens;
@@ -344,8 +320,8 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
       candidates.insert(candidates.end(), orders.begin(), orders.end());
     }
     if (const int best = Choose(report.prefill); best >= 0) {
-      chosen->layout = candidates[best].settings.layout;
-      chosen->head_group = candidates[best].settings.head_group;
+      chosen->flash_layout = candidates[best].settings.flash_layout;
+      chosen->flash_head_group = candidates[best].settings.flash_head_group;
     }
   }
 
@@ -388,7 +364,7 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
     if (const int kernel = FastestAccepted(report.decode); kernel >= 0 && unequal) {
       Candidate c = candidates[kernel];
       c.name = VariantOf(c.name, "; splits by the batch's imbalance");
-      c.settings.balanced = true;
+      c.settings.split_kv_balanced = true;
       if (absl::Status s =
               TimeCandidates(b, {c}, calls, in, /*replay=*/true, &refs, &report.decode);
           !s.ok()) {
@@ -397,11 +373,11 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
       candidates.push_back(c);
     }
     if (const int best = Choose(report.decode); best >= 0) {
-      const Settings& s = candidates[best].settings;
-      chosen->warps = s.warps;
-      chosen->fused_combine = s.fused_combine;
-      chosen->tensor_cores = s.tensor_cores;
-      chosen->balanced = s.balanced;
+      const AttentionKernels& s = candidates[best].settings;
+      chosen->split_kv_warps = s.split_kv_warps;
+      chosen->split_kv_fused_combine = s.split_kv_fused_combine;
+      chosen->split_kv_tensor_cores = s.split_kv_tensor_cores;
+      chosen->split_kv_balanced = s.split_kv_balanced;
     }
   }
   return report;
@@ -412,10 +388,10 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
 absl::StatusOr<AttentionTuneReport> TuneAttention(CudaBackend& b, const AttentionTuneShape& shape) {
   if (absl::Status s = shape.Validate(); !s.ok()) return s;
   if (absl::Status s = b.status(); !s.ok()) return s;
-  const Settings before = CurrentSettings(b);
-  Settings chosen = before;  // what a phase does not tune stays as it was
+  const AttentionKernels before = b.attention_kernels();
+  AttentionKernels chosen = before;  // what a phase does not tune stays as it was
   absl::StatusOr<AttentionTuneReport> report = Tune(b, shape, &chosen);
-  if (absl::Status s = Apply(b, report.ok() ? chosen : before); !s.ok()) return s;
+  if (absl::Status s = b.SetAttentionKernels(report.ok() ? chosen : before); !s.ok()) return s;
   return report;
 }
 

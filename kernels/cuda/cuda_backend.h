@@ -80,6 +80,18 @@ struct WeightCache {
 // documents) not uploaded: null.
 AttentionParams HostAttentionParams(const AttentionArgs<float>& a);
 
+// The attention kernels' options that TuneAttention chooses among (each also has a setter
+// of its own on CudaBackend): the flash kernels' layout and block order, and split-KV's
+// warps, fused combine, tensor cores and balanced splits. As constructed: the defaults.
+struct AttentionKernels {
+  FlashBf16Layout flash_layout;
+  int flash_head_group = 1;
+  int split_kv_warps = kSplitKvWarps;
+  bool split_kv_fused_combine = false;
+  bool split_kv_tensor_cores = false;
+  bool split_kv_balanced = false;
+};
+
 class CudaBackend final : public Backend<float>, public BackwardOps<float> {
  public:
   // FAILED_PRECONDITION when there is no usable device `device` (no driver, no GPU).
@@ -186,9 +198,12 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // equal rows is the same either way.
   void SetSplitKvBalanced(bool on) { split_kv_balanced_ = on; }
   bool split_kv_balanced() const { return split_kv_balanced_; }
-  // Sets each option TuneAttention may choose back to its default: the flash layout and
-  // head group, and split-KV's warps, fused combine, tensor cores and balanced splits.
-  void RestoreDefaultAttentionKernels();
+  // Those options all at once: AttentionKernels{} restores the defaults; nothing changes
+  // on error (INVALID_ARGUMENT naming the option). A backend made to share another's
+  // weights takes its kernels too (CreateBackend), so the interpretability workers run
+  // what --attention-tune chose for serving.
+  absl::Status SetAttentionKernels(const AttentionKernels& k);
+  AttentionKernels attention_kernels() const;
 
   // The forward step's launches, recorded and run as a CUDA graph when an identical step
   // ran before (see the top of the file). On by default.

@@ -337,13 +337,22 @@ absl::Status CudaBackend::SetSplitKvWarps(int warps) {
   return absl::OkStatus();
 }
 
-void CudaBackend::RestoreDefaultAttentionKernels() {
-  flash_layout_ = FlashBf16Layout{};
-  flash_head_group_ = 1;
-  split_kv_warps_ = kSplitKvWarps;
-  split_kv_fused_combine_ = false;
-  split_kv_tensor_cores_ = false;
-  split_kv_balanced_ = false;
+absl::Status CudaBackend::SetAttentionKernels(const AttentionKernels& k) {
+  if (absl::Status s = CheckFlashBf16Layout(k.flash_layout); !s.ok()) return s;
+  if (absl::Status s = CheckFlashHeadGroup(k.flash_head_group); !s.ok()) return s;
+  if (absl::Status s = CheckSplitKvWarps(k.split_kv_warps); !s.ok()) return s;
+  flash_layout_ = k.flash_layout;
+  flash_head_group_ = k.flash_head_group;
+  split_kv_warps_ = k.split_kv_warps;
+  split_kv_fused_combine_ = k.split_kv_fused_combine;
+  split_kv_tensor_cores_ = k.split_kv_tensor_cores;
+  split_kv_balanced_ = k.split_kv_balanced;
+  return absl::OkStatus();
+}
+
+AttentionKernels CudaBackend::attention_kernels() const {
+  return {flash_layout_,           flash_head_group_,      split_kv_warps_,
+          split_kv_fused_combine_, split_kv_tensor_cores_, split_kv_balanced_};
 }
 
 absl::Status CudaBackend::SetFlashHeadGroup(int heads) {

@@ -1174,7 +1174,7 @@ void TuneBench(CudaBackend& b, const Sizes& z, Table& rows) {
                   c.chosen ? "chosen" : (c.accepted() ? "-" : "rejected")});
       }
     }
-    b.RestoreDefaultAttentionKernels();
+    Must(b.SetAttentionKernels(AttentionKernels{}), "restoring the default attention kernels");
   }
 }
 

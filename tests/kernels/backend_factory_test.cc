@@ -135,6 +135,35 @@ TEST(CudaBackendFactory, TensorCoreAttentionFollowsTheDeviceSpec) {
         << b->description;
   }
 }
+
+// A backend made to share another's weights (the interpretability workers') runs the
+// other's attention kernels (the serving backend's, as --attention-tune left them).
+TEST(CudaBackendFactory, AWeightSharingBackendTakesItsPeersAttentionKernels) {
+  const DeviceSpec spec{DeviceSpec::Kind::kCuda, 0};
+  auto serving = CreateBackend(spec, 1);
+  if (!serving.ok()) GTEST_SKIP() << "no CUDA backend: " << serving.status();
+  auto* peer = dynamic_cast<cuda::CudaBackend*>(serving->backend.get());
+  ASSERT_NE(peer, nullptr);
+  cuda::AttentionKernels tuned;
+  tuned.flash_layout.stages = cuda::kFlashMaxStages;
+  tuned.flash_head_group = 4;
+  tuned.split_kv_warps = cuda::kSplitKvWideWarps;
+  tuned.split_kv_fused_combine = tuned.split_kv_tensor_cores = tuned.split_kv_balanced = true;
+  ASSERT_TRUE(peer->SetAttentionKernels(tuned).ok());
+  auto worker = CreateBackend(spec, 1, peer);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(worker->backend.get());
+  ASSERT_NE(cuda, nullptr);
+  const cuda::AttentionKernels got = cuda->attention_kernels();
+  EXPECT_EQ(got.flash_layout.stages, cuda::kFlashMaxStages);
+  EXPECT_EQ(got.flash_head_group, 4);
+  EXPECT_EQ(got.split_kv_warps, cuda::kSplitKvWideWarps);
+  EXPECT_TRUE(got.split_kv_fused_combine && got.split_kv_tensor_cores && got.split_kv_balanced);
+  // Not sharing: the defaults.
+  auto alone = CreateBackend(spec, 1);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(dynamic_cast<cuda::CudaBackend*>(alone->backend.get())->flash_head_group(), 1);
+}
 #endif
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -496,6 +497,58 @@ TEST_F(CudaBackendTest, AttentionBatchWithABadCallRunsNothingAndNamesIt) {
 
 // Two backends of one device sharing weights: the second finds the first's upload (no new
 // device memory) and computes the same product on its own stream.
+// SetAttentionKernels sets every option TuneAttention chooses, reads back through each
+// option's own getter, and on a bad value changes none of them.
+TEST_F(CudaBackendTest, AttentionKernelsAreSetAllTogetherOrNotAtAll) {
+  AttentionKernels k;
+  k.flash_layout.tile_queries = 64;
+  k.flash_layout.stages = kFlashMaxStages;
+  k.flash_head_group = kFlashAutoHeadGroup;
+  k.split_kv_warps = kSplitKvWideWarps;
+  k.split_kv_fused_combine = k.split_kv_tensor_cores = k.split_kv_balanced = true;
+  ASSERT_TRUE(backend_->SetAttentionKernels(k).ok());
+  auto expect_set = [&](const std::string& when) {
+    EXPECT_EQ(backend_->flash_layout().tile_queries, 64) << when;
+    EXPECT_EQ(backend_->flash_layout().stages, kFlashMaxStages) << when;
+    EXPECT_EQ(backend_->flash_head_group(), kFlashAutoHeadGroup) << when;
+    EXPECT_EQ(backend_->split_kv_warps(), kSplitKvWideWarps) << when;
+    EXPECT_TRUE(backend_->split_kv_fused_combine() && backend_->split_kv_tensor_cores() &&
+                backend_->split_kv_balanced())
+        << when;
+    const AttentionKernels got = backend_->attention_kernels();
+    EXPECT_EQ(got.flash_layout.tile_queries, 64) << when;
+    EXPECT_EQ(got.flash_head_group, kFlashAutoHeadGroup) << when;
+    EXPECT_EQ(got.split_kv_warps, kSplitKvWideWarps) << when;
+    EXPECT_TRUE(got.split_kv_fused_combine && got.split_kv_tensor_cores && got.split_kv_balanced)
+        << when;
+  };
+  expect_set("set");
+  // Each bad option refused by name, after the good ones before it: nothing changes.
+  AttentionKernels bad = AttentionKernels{};
+  bad.split_kv_warps = 5;
+  absl::Status s = backend_->SetAttentionKernels(bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("split-KV warps"), std::string_view::npos) << s;
+  expect_set("after bad warps");
+  bad = AttentionKernels{};
+  bad.flash_head_group = kFlashMaxHeadGroup + 1;
+  s = backend_->SetAttentionKernels(bad);
+  EXPECT_NE(s.message().find("flash head group"), std::string_view::npos) << s;
+  expect_set("after a bad head group");
+  bad = AttentionKernels{};
+  bad.flash_layout.stages = kFlashMaxStages + 1;
+  EXPECT_FALSE(backend_->SetAttentionKernels(bad).ok());
+  expect_set("after bad stages");
+  // The defaults back.
+  ASSERT_TRUE(backend_->SetAttentionKernels(AttentionKernels{}).ok());
+  EXPECT_EQ(backend_->flash_layout().tile_queries, FlashBf16Layout{}.tile_queries);
+  EXPECT_EQ(backend_->flash_head_group(), 1);
+  EXPECT_EQ(backend_->split_kv_warps(), kSplitKvWarps);
+  EXPECT_FALSE(backend_->split_kv_fused_combine() || backend_->split_kv_tensor_cores() ||
+               backend_->split_kv_balanced());
+  EXPECT_TRUE(backend_->status().ok());
+}
+
 TEST_F(CudaBackendTest, SharedWeightsAreUploadedOnce) {
   absl::StatusOr<std::unique_ptr<CudaBackend>> other = CudaBackend::Create(0);
   ASSERT_TRUE(other.ok()) << other.status();
