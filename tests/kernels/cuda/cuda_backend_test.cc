@@ -2,7 +2,10 @@
 // error contract of Attention, and creation without a device (the flash kernels' layouts
 // and edges: flash_prefill_test.cc). Suites are named
 // CudaBackend* so that ctest labels them `gpu` (kernels/cuda/CMakeLists.txt); without a
-// device they skip with the reason.
+// device they skip with the reason. About 900 lines: the backend-level checks of one
+// fixture (the parity table, the error contract, weight sharing, index uploads and graph
+// replay, the kernel options), each a few dozen lines; the kernels' own suites have files
+// of their own.
 #include "gtest/gtest.h"
 
 #ifdef KVLENS_HAVE_CUDA
