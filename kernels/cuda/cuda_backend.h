@@ -161,14 +161,14 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   absl::Status SetFlashKeyTile(int keys);
   // All four at once (FlashBf16Layout{} restores the defaults); nothing changes on error.
   absl::Status SetFlashLayout(const FlashBf16Layout& layout);
-  const FlashBf16Layout& flash_layout() const { return flash_layout_; }
+  const FlashBf16Layout& flash_layout() const { return kernels_.flash_layout; }
   // The order both flash kernels start their blocks in (attention.h, FlashGrid): 1 (the
   // default, as timed so far) head by head; G > 1: the longest blocks of G heads first;
   // kFlashAutoHeadGroup: G sized to the device's L2 cache (FlashHeadGroup). Untimed on a GPU
   // (modelled: see FlashGrid); --attention-tune and kvlens_gpu_check time it. The
   // outputs are the same bits whatever the order.
   absl::Status SetFlashHeadGroup(int heads);
-  int flash_head_group() const { return flash_head_group_; }
+  int flash_head_group() const { return kernels_.flash_head_group; }
   // The device's L2 cache (cudaDeviceProp::l2CacheSize), which kFlashAutoHeadGroup fills.
   int64_t l2_bytes() const { return l2_bytes_; }
   // Key splits of every split-KV launch: 0 (the default) lets ChooseNumSplits decide, else
@@ -177,33 +177,33 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // Whether the split-KV launch merges its splits itself (the last block of each row and
   // KV head to finish; LaunchSplitKv's `arrivals`) instead of a second launch. Off by
   // default until a GPU has timed it (kvlens_gpu_check's decode rows).
-  void SetSplitKvFusedCombine(bool on) { split_kv_fused_combine_ = on; }
-  bool split_kv_fused_combine() const { return split_kv_fused_combine_; }
+  void SetSplitKvFusedCombine(bool on) { kernels_.split_kv_fused_combine = on; }
+  bool split_kv_fused_combine() const { return kernels_.split_kv_fused_combine; }
   // Warps of a split-KV block asked for: kSplitKvWarps (the default) or kSplitKvWideWarps
   // (one block an SM, a quarter of the splits; where the head tile allows: attention.h).
   // Off the default until a GPU has timed it (kvlens_gpu_check's decode rows).
   absl::Status SetSplitKvWarps(int warps);
-  int split_kv_warps() const { return split_kv_warps_; }
+  int split_kv_warps() const { return kernels_.split_kv_warps; }
   // Whether split-KV launches run on tensor cores where they can (SplitKvMmaSupports: head
   // sizes 64, 128 and 256, cache rows in pieces of 8 elements; attention.h): Q, K, P and V
   // rounded to bf16 on a bf16 cache, to fp16 on fp32, as the flash kernels round them on
   // those caches; the warps option does not apply there. Off by default until a GPU has
   // timed it (kvlens_gpu_check's decode rows).
-  void SetSplitKvTensorCores(bool on) { split_kv_tensor_cores_ = on; }
-  bool split_kv_tensor_cores() const { return split_kv_tensor_cores_; }
+  void SetSplitKvTensorCores(bool on) { kernels_.split_kv_tensor_cores = on; }
+  bool split_kv_tensor_cores() const { return kernels_.split_kv_tensor_cores; }
   // Whether a batched split-KV launch of unequal rows takes more splits: as many as one
   // wave would take with SplitKvImbalance times the blocks on each SM (attention.h), so
   // that a long row's blocks do not run alone at the end. Off by default until a GPU has
   // timed it (kvlens_gpu_check's row "decode attention, unequal batch"); the choice for
   // equal rows is the same either way.
-  void SetSplitKvBalanced(bool on) { split_kv_balanced_ = on; }
-  bool split_kv_balanced() const { return split_kv_balanced_; }
+  void SetSplitKvBalanced(bool on) { kernels_.split_kv_balanced = on; }
+  bool split_kv_balanced() const { return kernels_.split_kv_balanced; }
   // Those options all at once: AttentionKernels{} restores the defaults; nothing changes
   // on error (INVALID_ARGUMENT naming the option). A backend made to share another's
   // weights takes its kernels too (CreateBackend), so the interpretability workers run
   // what --attention-tune chose for serving.
   absl::Status SetAttentionKernels(const AttentionKernels& k);
-  AttentionKernels attention_kernels() const;
+  const AttentionKernels& attention_kernels() const { return kernels_; }
 
   // The forward step's launches, recorded and run as a CUDA graph when an identical step
   // ran before (see the top of the file). On by default.
@@ -382,14 +382,14 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // A call whose checks passed: uploads its index arrays and launches the right kernel.
   absl::Status AttentionChecked(const AttentionArgs<float>& a);
   // The split-KV kernels for p, with their workspace.
-  // imbalance: a batched launch's SplitKvImbalance where split_kv_balanced_, else 1.
+  // imbalance: a batched launch's SplitKvImbalance where kernels_.split_kv_balanced, else 1.
   absl::Status SplitKv(const AttentionParams& p, int imbalance = 1);
   absl::Status AttentionBackwardImpl(const AttentionBackwardArgs<float>& b);
   // One launch for calls (checked, of one BatchKind, q/out rows consecutive): split-KV
   // with per-row key ends, or flash with per-block tiles of the sequences.
   absl::Status LaunchSplitKvBatched(absl::Span<const AttentionArgs<float>> calls);
   absl::Status LaunchFlashBatched(absl::Span<const AttentionArgs<float>> calls);
-  // flash_layout_ with one field set, if SetFlashLayout takes it.
+  // kernels_.flash_layout with one field set, if SetFlashLayout takes it.
   absl::Status SetFlashLayoutField(int FlashBf16Layout::*field, int value);
   // Whether p's flash launch takes the bf16 kernel (it applies, and flash_bf16_), the
   // queries of its tiles, and the launch: the bf16 kernel, else the fp16 one.
@@ -433,16 +433,12 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   void KeepRecordedStage();
   IndexUploadStats index_stats_;
   bool flash_bf16_ = true;  // SetFlashBf16
-  // SetFlashTileQueries (the tiles asked for, for both flash kernels: FlashTile gives a
-  // call's), SetFlashWarpQueries, SetFlashStages, SetFlashKeyTile.
-  FlashBf16Layout flash_layout_;
-  int flash_head_group_ = 1;                           // SetFlashHeadGroup
+  // SetAttentionKernels, and each option's setter (the flash layout's: SetFlashTileQueries,
+  // the tiles asked for, for both flash kernels: FlashTile gives a call's;
+  // SetFlashWarpQueries, SetFlashStages, SetFlashKeyTile).
+  AttentionKernels kernels_;
   int split_kv_splits_ = 0;                            // SetSplitKvSplits; 0: ChooseNumSplits
-  bool split_kv_fused_combine_ = false;                // SetSplitKvFusedCombine
-  int split_kv_warps_ = kSplitKvWarps;                 // SetSplitKvWarps
   int split_kv_blocks_per_sm_[kSplitKvVariants] = {};  // by SplitKvVariant, 0: not asked yet
-  bool split_kv_tensor_cores_ = false;                 // SetSplitKvTensorCores
-  bool split_kv_balanced_ = false;                     // SetSplitKvBalanced
   int split_kv_mma_blocks_per_sm_[kSplitKvMmaVariants] = {};  // by SplitKvMmaVariant, 0: not yet
   std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
   // RopeQKStoreKv's and RmsNormQkvRopeStoreKv's positions and cache rows

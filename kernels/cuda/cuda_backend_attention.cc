@@ -108,8 +108,8 @@ absl::Status CudaBackend::AttentionImpl(const AttentionArgs<float>& a) {
 absl::Status CudaBackend::SplitKv(const AttentionParams& p, int imbalance) {
   // The kernel (tensor cores, or SplitKvKernel's variant), its blocks an SM (asked once)
   // and its split count.
-  const bool mma = split_kv_tensor_cores_ && SplitKvMmaSupports(p);
-  const int variant = mma ? SplitKvMmaVariant(p) : SplitKvVariant(p, split_kv_warps_);
+  const bool mma = kernels_.split_kv_tensor_cores && SplitKvMmaSupports(p);
+  const int variant = mma ? SplitKvMmaVariant(p) : SplitKvVariant(p, kernels_.split_kv_warps);
   int& per_sm = mma ? split_kv_mma_blocks_per_sm_[variant] : split_kv_blocks_per_sm_[variant];
   if (per_sm == 0) {
     absl::StatusOr<int> asked = mma ? SplitKvMmaBlocksPerSm(variant) : SplitKvBlocksPerSm(variant);
@@ -120,14 +120,14 @@ absl::Status CudaBackend::SplitKv(const AttentionParams& p, int imbalance) {
   const int slots = per_sm * imbalance;
   const int splits = split_kv_splits_ > 0 ? split_kv_splits_
                      : mma                ? ChooseNumSplitsMma(p, num_sms_, slots)
-                                          : ChooseNumSplits(p, num_sms_, slots, split_kv_warps_);
+                           : ChooseNumSplits(p, num_sms_, slots, kernels_.split_kv_warps);
   if (const int64_t ws = SplitKvWorkspaceFloats(p, splits); ws > 0) {
     if (absl::Status s = ReserveScratch(attention_workspace_, sizeof(float) * ws); !s.ok()) {
       return s;
     }
   }
   int* arrivals = nullptr;
-  if (split_kv_fused_combine_ && splits > 1) {
+  if (kernels_.split_kv_fused_combine && splits > 1) {
     // At least 64K counts (256 KB), so that a growing batch rarely regrows them.
     const size_t bytes = sizeof(int) * std::max<int64_t>(SplitKvArrivalCounts(p), int64_t{1} << 16);
     if (bytes > split_kv_arrivals_.bytes()) {
@@ -140,8 +140,8 @@ absl::Status CudaBackend::SplitKv(const AttentionParams& p, int imbalance) {
     arrivals = split_kv_arrivals_.as<int>();
   }
   if (mma) return Launch(&LaunchSplitKvMma, p, splits, attention_workspace_.as<float>(), arrivals);
-  return Launch(&LaunchSplitKv, p, split_kv_warps_, splits, attention_workspace_.as<float>(),
-                arrivals);
+  return Launch(&LaunchSplitKv, p, kernels_.split_kv_warps, splits,
+                attention_workspace_.as<float>(), arrivals);
 }
 
 absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {
@@ -262,7 +262,7 @@ absl::Status CudaBackend::LaunchSplitKvBatched(absl::Span<const AttentionArgs<fl
   p.query_offset = 0;
   p.row_key_end = base + tables;
   p.row_table_offset = base + tables + rows;
-  return SplitKv(p, split_kv_balanced_ ? SplitKvImbalance(key_end, rows) : 1);
+  return SplitKv(p, kernels_.split_kv_balanced ? SplitKvImbalance(key_end, rows) : 1);
 }
 
 absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<float>> calls) {
@@ -307,15 +307,15 @@ bool CudaBackend::TakesFlashBf16(const AttentionParams& p) const {
 
 int CudaBackend::FlashTile(const AttentionParams& p) const {
   // The fp16 kernel has no 192-query tiles: 128 where asked for them.
-  const int asked = flash_layout_.tile_queries;
+  const int asked = kernels_.flash_layout.tile_queries;
   return TakesFlashBf16(p) ? FlashBf16TileQueries(p.head_dim, asked)
                            : FlashTileQueries(p.head_dim, std::min(asked, 128));
 }
 
 absl::Status CudaBackend::Flash(AttentionParams p, int64_t kv_keys) {
-  p.flash_head_group = FlashHeadGroup(p, flash_head_group_, kv_keys, l2_bytes_);
+  p.flash_head_group = FlashHeadGroup(p, kernels_.flash_head_group, kv_keys, l2_bytes_);
   if (TakesFlashBf16(p)) {
-    FlashBf16Layout layout = flash_layout_;
+    FlashBf16Layout layout = kernels_.flash_layout;
     layout.tile_queries = FlashTile(p);
     return Launch(&LaunchFlashPrefillBf16, p, layout);
   }
@@ -333,7 +333,7 @@ absl::Status CudaBackend::SetSplitKvSplits(int splits) {
 
 absl::Status CudaBackend::SetSplitKvWarps(int warps) {
   if (absl::Status s = CheckSplitKvWarps(warps); !s.ok()) return s;
-  split_kv_warps_ = warps;
+  kernels_.split_kv_warps = warps;
   return absl::OkStatus();
 }
 
@@ -341,34 +341,24 @@ absl::Status CudaBackend::SetAttentionKernels(const AttentionKernels& k) {
   if (absl::Status s = CheckFlashBf16Layout(k.flash_layout); !s.ok()) return s;
   if (absl::Status s = CheckFlashHeadGroup(k.flash_head_group); !s.ok()) return s;
   if (absl::Status s = CheckSplitKvWarps(k.split_kv_warps); !s.ok()) return s;
-  flash_layout_ = k.flash_layout;
-  flash_head_group_ = k.flash_head_group;
-  split_kv_warps_ = k.split_kv_warps;
-  split_kv_fused_combine_ = k.split_kv_fused_combine;
-  split_kv_tensor_cores_ = k.split_kv_tensor_cores;
-  split_kv_balanced_ = k.split_kv_balanced;
+  kernels_ = k;
   return absl::OkStatus();
-}
-
-AttentionKernels CudaBackend::attention_kernels() const {
-  return {flash_layout_,           flash_head_group_,      split_kv_warps_,
-          split_kv_fused_combine_, split_kv_tensor_cores_, split_kv_balanced_};
 }
 
 absl::Status CudaBackend::SetFlashHeadGroup(int heads) {
   if (absl::Status s = CheckFlashHeadGroup(heads); !s.ok()) return s;
-  flash_head_group_ = heads;
+  kernels_.flash_head_group = heads;
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::SetFlashLayout(const FlashBf16Layout& layout) {
   if (absl::Status s = CheckFlashBf16Layout(layout); !s.ok()) return s;
-  flash_layout_ = layout;
+  kernels_.flash_layout = layout;
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::SetFlashLayoutField(int FlashBf16Layout::*field, int value) {
-  FlashBf16Layout layout = flash_layout_;
+  FlashBf16Layout layout = kernels_.flash_layout;
   layout.*field = value;
   return SetFlashLayout(layout);
 }

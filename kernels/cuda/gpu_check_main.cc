@@ -1010,7 +1010,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
           {absl::StrCat("end-to-end decode (", z.model, ", bf16 weights",
                         bf16_cache ? ", bf16 KV cache)" : ")"),
            absl::StrFormat(
-               "batch %d, context %d, %s%s, host %.0f us/step, %.0f index "
+               "batch %d, context %d, %s%s, host %.0f us/step (%.1f%% of the step), %.0f index "
                "copies/step, %.0f%% of %.0f tok/s counting the cache's reads",
                batch, ctx,
                graphs ? absl::StrFormat("graphs (%d of %d steps replayed, %d launcher calls)",
@@ -1019,8 +1019,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
                std::string(pdl ? ", PDL" : "") + (fused_combine ? ", fused split-KV combine" : "") +
                    (fused_norms ? "" : ", norms, residual adds and rope unfused") +
                    (tensor_cores ? ", split-KV on tensor cores" : ""),
-               host_sec * 1e6 / (steps + 1), copies_per_step, 100.0 * tok_s / full_roofline,
-               full_roofline),
+               host_sec * 1e6 / (steps + 1), 100.0 * host_sec / (steps + 1) / sec, copies_per_step,
+               100.0 * tok_s / full_roofline, full_roofline),
            Fmt(tok_s, "tok/s"), Fmt(roofline, "tok/s roofline"), Pct(tok_s / roofline),
            batch == 1 ? ">= 70%" : "-"});
       if (run == 5) {
