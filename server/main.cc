@@ -88,16 +88,16 @@ ABSL_FLAG(bool, attention_tensor_cores, false,
           "and 256: Q, K, P and V rounded to bf16 on a bf16 KV cache, to fp16 on an fp32 one, "
           "as prefill rounds them, with fp32 sums. Off by default until timed on a GPU. "
           "Interpretability requests keep fp32 attention.");
-ABSL_FLAG(bool, attention_tune, false,
-          "--device cuda: before serving, time prefill attention's layouts and block orders "
-          "(one prompt of up to 2048 tokens) and decode attention's kernels (split-KV with 4 or 16 "
-          "warps a "
-          "block, its combine fused or not, on CUDA cores or tensor cores; up to 4096 keys, "
-          "for one sequence and for min(--max-running, --max-batch-tokens, 256) of them) "
-          "on this GPU at the model's shapes, check each one's output against the "
-          "default's (within 2% of its largest value), and keep the fastest (each decode "
-          "batch counting alike); prints what it timed. Chooses --attention-tensor-cores "
-          "itself.");
+ABSL_FLAG(
+    bool, attention_tune, false,
+    "--device cuda: before serving, time prefill attention's layouts and block orders "
+    "(one prompt of up to 2048 tokens) and decode attention's kernels (split-KV with 4 or 16 "
+    "warps a block, its combine fused or not, on CUDA cores or tensor cores; up to 4096 keys, "
+    "for one sequence and for min(--max-running, --max-batch-tokens, 256) of them) "
+    "on this GPU at the model's shapes, check each one's output against the "
+    "default's (within 2% of its largest value), and keep the fastest (each decode "
+    "batch counting alike); prints what it timed. Chooses --attention-tensor-cores "
+    "itself.");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores; --device cpu only).");
 ABSL_FLAG(bool, int8_activations, false,
           "--device cpu: generation's products with block-quantised weights (q8_0, q4_K, ...) "

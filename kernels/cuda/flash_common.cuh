@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/attention.h"
 
@@ -48,6 +49,20 @@ __device__ __forceinline__ int FlashHead() {
 }
 __device__ __forceinline__ bool FlashBlockRuns(const AttentionParams& p) {
   return FlashHead() < p.num_heads;
+}
+
+// A flash launch's grid for blocks of `block_rows` queries: its tiles (the batched list's,
+// else the prompt's in blocks) laid out by FlashGrid, or INVALID_ARGUMENT past a grid's y
+// extent. Both flash kernels launch on it.
+inline absl::StatusOr<dim3> FlashLaunchGrid(const AttentionParams& p, int block_rows) {
+  const int tiles =
+      p.flash_tiles != nullptr ? p.num_flash_tiles : (p.num_queries + block_rows - 1) / block_rows;
+  const FlashGridShape g = FlashGrid(tiles, p.num_heads, p.flash_head_group);
+  if (g.y > kFlashMaxTiles) {
+    return absl::InvalidArgumentError(absl::StrCat("flash attention takes at most ", kFlashMaxTiles,
+                                                   " query tiles a launch, got ", g.y));
+  }
+  return dim3(g.x, g.y, g.z);
 }
 
 // BM: the block's queries (kBlockM<W> for warps of 16 queries).

@@ -240,15 +240,9 @@ absl::Status LaunchFlash(const AttentionParams& p, cudaStream_t stream) {
     KVLENS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes)));
   }
-  const int tiles =
-      p.flash_tiles != nullptr ? p.num_flash_tiles : (p.num_queries + kBlockM<W> - 1) / kBlockM<W>;
-  const FlashGridShape g = FlashGrid(tiles, p.num_heads, p.flash_head_group);
-  if (g.y > kFlashMaxTiles) {
-    return absl::InvalidArgumentError(absl::StrCat("flash attention takes at most ", kFlashMaxTiles,
-                                                   " query tiles a launch, got ", g.y));
-  }
-  const dim3 grid(g.x, g.y, g.z);
-  LaunchKernel("FlashPrefillKernel", kernel, grid, W * 32, kBytes, stream, p);
+  const absl::StatusOr<dim3> grid = FlashLaunchGrid(p, kBlockM<W>);
+  if (!grid.ok()) return grid.status();
+  LaunchKernel("FlashPrefillKernel", kernel, *grid, W * 32, kBytes, stream, p);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("FlashPrefillKernel");
   return absl::OkStatus();
 }
@@ -278,9 +272,7 @@ absl::Status CheckFlashHeadGroup(int heads) {
   if (heads < 0 || heads > kFlashMaxHeadGroup) {
     return absl::InvalidArgumentError(absl::StrCat("flash head group must be in [0, ",
                                                    kFlashMaxHeadGroup,
-                                                   "] (0: sized to the L2 "
-                                                   "cache), got ",
-                                                   heads));
+                                                   "] (0: sized to the L2 cache), got ", heads));
   }
   return absl::OkStatus();
 }

@@ -441,15 +441,9 @@ absl::Status LaunchBf16(const AttentionParams& p, cudaStream_t stream) {
     KVLENS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   }
-  const int tiles =
-      p.flash_tiles != nullptr ? p.num_flash_tiles : (p.num_queries + L::kRows - 1) / L::kRows;
-  const FlashGridShape g = FlashGrid(tiles, p.num_heads, p.flash_head_group);
-  if (g.y > kFlashMaxTiles) {
-    return absl::InvalidArgumentError(absl::StrCat("flash attention takes at most ", kFlashMaxTiles,
-                                                   " query tiles a launch, got ", g.y));
-  }
-  const dim3 grid(g.x, g.y, g.z);
-  LaunchKernel("FlashPrefillBf16Kernel", kernel, grid, W * 32, L::kBytes, stream, p);
+  const absl::StatusOr<dim3> grid = FlashLaunchGrid(p, L::kRows);
+  if (!grid.ok()) return grid.status();
+  LaunchKernel("FlashPrefillBf16Kernel", kernel, *grid, W * 32, L::kBytes, stream, p);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("FlashPrefillBf16Kernel");
   return absl::OkStatus();
 }
