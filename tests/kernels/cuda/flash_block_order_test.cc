@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "tests/kernels/cuda/cuda_backend_fixture.h"
@@ -231,6 +233,43 @@ TEST_F(CudaBackendTest, BatchedFlashInHeadGroupsWithinTolerance) {
     }
   }
   ASSERT_TRUE(backend_->SetFlashHeadGroup(1).ok());
+}
+
+// A grid's y extent holds at most kFlashMaxTiles tiles (65535): a launch of more (a
+// prompt of 65536 128-query tiles, 8388608 rows, or a batched list of 65536 tiles) is
+// refused before anything runs, on both kernels and whatever the head group, with the
+// limit and the count in the message. Nothing here is read: the pointers are never used.
+TEST_F(CudaBackendTest, FlashLaunchesPastTheGridsTileLimitAreRefused) {
+  const int32_t unread_tiles[kFlashTileInts] = {};
+  for (bool batched : {false, true}) {
+    for (int group : {1, 8}) {
+      AttentionParams p;
+      p.num_heads = 8;
+      p.num_kv_heads = 8;
+      p.head_dim = 128;
+      p.kv_row_stride = 8 * 128;
+      p.q_stride = p.out_stride = 8 * 128;
+      p.scale = 0.125f;
+      p.flash_head_group = group;
+      if (batched) {
+        p.flash_tiles = unread_tiles;
+        p.num_flash_tiles = kFlashMaxTiles + 1;
+      } else {
+        p.num_queries = p.num_keys = (kFlashMaxTiles + 1) * 128;
+      }
+      const std::string want = absl::StrCat("at most ", kFlashMaxTiles,
+                                            " query tiles a launch, got ", kFlashMaxTiles + 1);
+      SCOPED_TRACE(::testing::Message() << "batched " << batched << ", group " << group);
+      p.kv_dtype = KvDtype::kActivation;
+      const absl::Status fp16 = LaunchFlashPrefill(p, 128, nullptr);
+      EXPECT_EQ(fp16.code(), absl::StatusCode::kInvalidArgument) << fp16;
+      EXPECT_NE(fp16.message().find(want), absl::string_view::npos) << fp16;
+      p.kv_dtype = KvDtype::kBF16;
+      const absl::Status bf16 = LaunchFlashPrefillBf16(p, FlashBf16Layout{}, nullptr);
+      EXPECT_EQ(bf16.code(), absl::StatusCode::kInvalidArgument) << bf16;
+      EXPECT_NE(bf16.message().find(want), absl::string_view::npos) << bf16;
+    }
+  }
 }
 
 }  // namespace
