@@ -36,6 +36,11 @@
 // the n = 1 kernel spilled 16 bytes), and warp 0's epilogue adds the bias,
 // turns the pairs and writes k's and v's cache rows. That replaces a Llama layer's
 // RopeQKStoreKv launch; the products' loop is again the unfused code.
+//
+// Launched programmatically (launch.h), each block first asks the L2 cache for the start
+// of its first unit's weight rows (UnitWeightRows, kPrefetchValues), then waits for the
+// previous grid: blocks scheduled while that grid drains have DRAM bring their weights in
+// meanwhile. Weights are written by no kernel, so no value read changes (launch.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -91,6 +96,9 @@ struct Segments {
   MatVecNorm norm;
   Segment seg[kMatVecMaxSegments];
   MatVecRopeStore rope_store;  // kRope: segments 0, 1, 2 are q, k and v
+  // Launched programmatically (ProgrammaticLaunches): each block prefetches the start of
+  // its first unit's weight rows into L2 before it waits for the previous grid.
+  bool prefetch;
 };
 
 // Weight rows a unit reads for N rows of x: 2, or 4 from N = 2 on. Each x value a thread
@@ -102,13 +110,67 @@ template <int N>
 constexpr int kUnitRows = N >= 2 ? 4 : 2;
 int UnitRows(int n) { return n >= 2 ? kUnitRows<2> : kUnitRows<1>; }
 
+// The R weight rows unit `unit` reads, as the products' loop in MatVecKernel places them
+// (its segment, its first output o, then the rows: see there). For the prefetch before
+// the wait only: the loop keeps its own copy of these lines, since the n = 1 kernels run
+// at their 40-register cap and calling this from the loop moved 4 to 28 bytes of spills
+// into the rope kernels (ptxas -v); kept alike by
+// CudaBackendTest.PrefetchedProductsGiveTheSameBits, whose emulator faults a prefetch
+// outside the weights.
+template <int R, bool kGated, bool kRope>
+__device__ __forceinline__ void UnitWeightRows(const Segments& segs, int64_t unit,
+                                               const unsigned short* (&wrow)[R]) {
+  constexpr int kOuts = kGated ? R / 2 : R;
+  int si = 0;
+  while (si + 1 < segs.count && unit >= segs.seg[si + 1].first_unit) ++si;
+  const Segment& sg = segs.seg[si];
+  const int64_t in = segs.in, o = kOuts * (unit - sg.first_unit);
+  if constexpr (kRope) {
+    const bool split = si < 2 && segs.rope_store.rope.style == RopeStyle::kHalfSplit;
+    const int half = segs.rope_store.head_dim / 2;
+    const int64_t head = o / 2 / half * (2 * half);
+    const int p0 = static_cast<int>(o / 2 % half);
+#pragma unroll
+    for (int t = 0; t < R; ++t) {
+      wrow[t] = sg.w + (split ? head + p0 + t / 2 + (t % 2) * half : o + t) * in;
+    }
+  } else {
+    const int outs = static_cast<int>(min(static_cast<int64_t>(kOuts), sg.out - o));
+#pragma unroll
+    for (int t = 0; t < R; ++t) {
+      if constexpr (kGated) {
+        wrow[t] = (t % 2 == 0 ? sg.w : sg.w_up) + (o + min(t / 2, outs - 1)) * in;
+      } else {
+        wrow[t] = sg.w + (o + min(t, outs - 1)) * in;
+      }
+    }
+  }
+}
+
+// Weight values of each row a block prefetches before its wait (Segments::prefetch): the
+// first two steps of the vectorized loop, 8 KiB of a 16-bit row. At one row of x an
+// H200's 132 SMs of 8 blocks ask for 17 MB (the L2 holds 50), some three times what the
+// memory pipeline holds in flight at its bandwidth and latency.
+constexpr int64_t kPrefetchValues = 2 * 8 * kThreads;
+
 // Dynamic shared memory: the normalized rows [N, in] (kNorm), then the rotations' cos and
 // sin [N, Dh/2] (kRope).
 template <bool kBf16, int N, bool kVec, bool kGated, bool kNorm, bool kRope = false>
 __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segments segs) {
   static_assert(!(kRope && kGated), "rope takes plain products (q, k, v)");
-  WaitForPriorGrids();                       // first: see launch.cuh
-  constexpr int R = kUnitRows<N>;            // weight rows a unit reads
+  constexpr int R = kUnitRows<N>;  // weight rows a unit reads
+  if (segs.prefetch && blockIdx.x < segs.units) {
+    // Before the wait (launch.cuh): weights only, which no kernel writes.
+    const unsigned short* first[R];
+    UnitWeightRows<R, kGated, kRope>(segs, blockIdx.x, first);
+    const int64_t bytes = 2 * min(segs.in, kPrefetchValues);
+#pragma unroll
+    for (int t = 0; t < R; ++t) {
+      const char* row = reinterpret_cast<const char*>(first[t]);
+      for (int64_t b = 128 * threadIdx.x; b < bytes; b += 128 * kThreads) PrefetchL2(row + b);
+    }
+  }
+  WaitForPriorGrids();                       // else first: see launch.cuh
   constexpr int kOuts = kGated ? R / 2 : R;  // outputs a unit writes
   __shared__ float part[2][kWarps][R * N];
   extern __shared__ __align__(16) float dynamic_smem[];
@@ -158,14 +220,7 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segment
     int si = 0;
     while (si + 1 < segs.count && unit >= segs.seg[si + 1].first_unit) ++si;
     const Segment& sg = segs.seg[si];
-    // Outputs o … o + kOuts − 1, of which `outs` exist. Plain: weight rows o + t (a missing
-    // row reads the last one again; its sums are never written). Gated: the gate and up
-    // rows of each output, interleaved.
     const int64_t o = kOuts * (unit - sg.first_unit);
-    // kRope, q's and k's half-split heads: output t of the unit is row
-    // head + p0 + t / 2 + (t % 2) · Dh/2 (pair p0 + t / 2, its first or second row), where
-    // its pairs p0 … of the head starting at row `head` are the segment's pairs o/2 ….
-    // Else (and for adjacent pairs, whose pairs are rows o + t already) row o + t.
     const bool split = kRope && si < 2 && segs.rope_store.rope.style == RopeStyle::kHalfSplit;
     const int half = kRope ? segs.rope_store.head_dim / 2 : 0;
     const int64_t head = kRope ? o / 2 / half * (2 * half) : 0;
@@ -320,7 +375,7 @@ int BlocksPerSm(int smem) {
 }
 
 template <bool kBf16, int N, bool kVec, bool kGated, bool kNorm, bool kRope = false>
-void Launch(const Segments& segs, cudaStream_t stream) {
+void Launch(Segments segs, cudaStream_t stream) {
   constexpr auto kernel = MatVecKernel<kBf16, N, kVec, kGated, kNorm, kRope>;
   int device = 0, sms = 1;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -342,6 +397,9 @@ void Launch(const Segments& segs, cudaStream_t stream) {
   }
   const int per_sm = BlocksPerSm<kBf16, N, kVec, kGated, kNorm, kRope>(smem);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(segs.units, int64_t{sms} * per_sm));
+  // Programmatically launched, the blocks may start while the previous grid drains: they
+  // prefetch their first weights then (a graph keeps the mode it was captured in).
+  segs.prefetch = ProgrammaticLaunches();
   LaunchKernel("MatVecKernel", kernel, blocks, kThreads, smem, stream, segs);
 }
 
@@ -431,7 +489,7 @@ absl::Status LaunchMatVec(const float* x, int n, int64_t in, const MatVecNorm& n
     return absl::InvalidArgumentError(absl::StrCat("LaunchMatVec: 1 to ", kMatVecMaxSegments,
                                                    " products, got ", products.size()));
   }
-  Segments segs{x, in, static_cast<int>(products.size()), 0, norm, {}, {}};
+  Segments segs{x, in, static_cast<int>(products.size()), 0, norm, {}, {}, false};
   for (int i = 0; i < segs.count; ++i) {
     const MatVecProduct& p = products[i];
     segs.seg[i] = {Bits(p.w), nullptr, p.bias, p.bias_dtype, p.y, p.out, 0, p.gelu, p.accumulate};
@@ -462,7 +520,7 @@ absl::Status LaunchMatVecRopeStore(const float* x, int n, int64_t in, const MatV
       return absl::InvalidArgumentError("LaunchMatVecRopeStore: q, k and v are plain products");
     }
   }
-  Segments segs{x, in, 3, 0, norm, {}, rope_store};
+  Segments segs{x, in, 3, 0, norm, {}, rope_store, false};
   for (int i = 0; i < 3; ++i) {
     const MatVecProduct& p = qkv[i];
     segs.seg[i] = {Bits(p.w), nullptr, p.bias, p.bias_dtype, p.y, p.out, 0, false, false};
@@ -474,7 +532,7 @@ absl::Status LaunchMatVecGated(const float* x, int n, int64_t in, const MatVecNo
                                const void* w_gate, const void* w_up, DType dtype, int64_t out,
                                GateActivation gate, float* y, cudaStream_t stream) {
   if (w_up == nullptr) return absl::InvalidArgumentError("LaunchMatVecGated: w_up is null");
-  Segments segs{x, in, 1, 0, norm, {}, {}};
+  Segments segs{x, in, 1, 0, norm, {}, {}, false};
   segs.seg[0] = {
       Bits(w_gate), Bits(w_up), nullptr, DType::kF32, y, out, 0, gate == GateActivation::kGeluTanh,
       false};

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/matvec.h"
 #include "tests/kernels/cuda/cuda_backend_fixture.h"
 #include "tests/kernels/cuda/cuda_parity_util.h"
@@ -138,6 +139,14 @@ TEST_F(CudaBackendRopeStoreTest, OneLaunchGivesTheSeparateCallsNumbers) {
         const QkvResult separate = Run(n, rope, cache, false, &separate_calls);
         rng_x_.seed(47 + n);
         const QkvResult fused = Run(n, rope, cache, true, &fused_calls);
+        // Launched programmatically, its blocks prefetch their first weight rows before
+        // the wait (matvec_prefetch_test.cc): the same bits.
+        SetProgrammaticLaunches(true);
+        rng_x_.seed(47 + n);
+        const QkvResult prefetched = Run(n, rope, cache, true, &fused_calls);
+        SetProgrammaticLaunches(false);
+        double unused = 0.0;
+        EXPECT_EQ(MaxDiff(prefetched, fused, &unused), 0.0);
         // the matvec, then the index upload and RopeKernel; the upload and the matvec
         EXPECT_EQ(separate_calls, 3);
         EXPECT_EQ(fused_calls, 2);

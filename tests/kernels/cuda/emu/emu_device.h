@@ -129,6 +129,10 @@ Launcher<P...> Launch(void (*func)(P...), const char* name, dim3 grid, dim3 bloc
 // griddepcontrol.wait: kernels run one after another here, so there is nothing to wait
 // for; it records that the thread waited (see LaunchConfig::requires_grid_wait).
 void GridDependencyWait();
+// prefetch.global.L2 (kernels/cuda/launch.cuh): nothing to bring in here; a GPU drops a
+// prefetch of an address outside device memory silently, but here it is a fault, so that a
+// kernel prefetching the wrong bytes fails its tests.
+void PrefetchL2(const void* global);
 
 // The bits of `from` read as a To (the __*_as_* intrinsics).
 template <typename To, typename From>

@@ -467,6 +467,12 @@ void CpAsyncCommit() { ++t_fiber->cp_async_groups; }
 
 void GridDependencyWait() { t_fiber->waited_for_grids = true; }
 
+void PrefetchL2(const void* global) {
+  if (!IsDeviceRange(global, 1)) {
+    DeviceFault("prefetch.global.L2", "address " + Hex(global) + " is not device memory");
+  }
+}
+
 void CpAsyncWait(int pending) {
   if (pending < 0) DeviceFault("cp.async.wait_group", std::to_string(pending) + " groups");
   Fiber& f = *t_fiber;
