@@ -190,9 +190,14 @@ template <int C, int kTileHeads, bool kVec, typename KT, int kWarps>
 __global__ void __launch_bounds__(
     kWarps * 32, SplitKvShape<C, kTileHeads, kSplitStepKeys<KT, kTileHeads>, kWarps>::kMinBlocks)
     SplitKvKernel(AttentionParams p, int num_splits, float* workspace, int* arrivals) {
-  WaitForPriorGrids();  // first: see launch.cuh
   using S = SplitKvShape<C, kTileHeads, kSplitStepKeys<KT, kTileHeads>, kWarps>;
   constexpr int kTile = S::kHeadTile, kSums = S::kSums, kStep = S::kStepK;
+  if (p.prefetch) {
+    const SplitSteps<kStep> first(p, blockIdx.x, blockIdx.z, num_splits);
+    PrefetchFirstStep<KT>(p, first, blockIdx.y, first.j_begin + threadIdx.x / 32 * kStep,
+                          threadIdx.x % 32);
+  }
+  WaitForPriorGrids();                                 // else first: see launch.cuh
   const float scale2 = p.scale * 1.4426950408889634f;  // scores in base 2
   // A step's weights 2^(s − m') and each head's rescale 2^(m − m'), read back as vectors
   // (ReadShared).
@@ -603,7 +608,9 @@ absl::Status LaunchSplitKv(const AttentionParams& p, int warps, int num_splits, 
   const int variant = SplitKvVariant(p, warps);
   const dim3 block(SplitKvVariantWarps(variant) * 32);
   auto* kernel = SplitKvKernelOf(variant);
-  LaunchKernel("SplitKvKernel", kernel, grid, block, 0, stream, p, num_splits, workspace,
+  AttentionParams launched = p;
+  launched.prefetch = ProgrammaticLaunches();  // its first step's K and V, before the wait
+  LaunchKernel("SplitKvKernel", kernel, grid, block, 0, stream, launched, num_splits, workspace,
                num_splits > 1 ? arrivals : nullptr);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvKernel");
   if (num_splits > 1 && arrivals == nullptr)

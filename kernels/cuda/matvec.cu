@@ -115,7 +115,7 @@ int UnitRows(int n) { return n >= 2 ? kUnitRows<2> : kUnitRows<1>; }
 // the wait only: the loop keeps its own copy of these lines, since the n = 1 kernels run
 // at their 40-register cap and calling this from the loop moved 4 to 28 bytes of spills
 // into the rope kernels (ptxas -v); kept alike by
-// CudaBackendTest.PrefetchedProductsGiveTheSameBits, whose emulator faults a prefetch
+// CudaBackendPrefetchTest.PrefetchedProductsGiveTheSameBits, whose emulator faults a prefetch
 // outside the weights.
 template <int R, bool kGated, bool kRope>
 __device__ __forceinline__ void UnitWeightRows(const Segments& segs, int64_t unit,

@@ -11,6 +11,8 @@
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/kv_load.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace kvlens::kernels::cuda {
@@ -77,6 +79,32 @@ struct SplitSteps {
     return in_one_block ? first_row + u : PhysicalRowIn(table, block_size, block_shift, j0 + u);
   }
 };
+
+// Before WaitForPriorGrids, where the launch is programmatic (AttentionParams::prefetch,
+// launch.cuh): asks the L2 cache for the K and V rows of KV head g of the warp's first step
+// (keys j0 … of a split's SplitSteps), so that while the grid before drains, DRAM brings
+// in what the warp loads first. Reads the row's index arrays (its key end, block-table
+// offset and its step's table entry), which copies write and no kernel, so the copy before
+// the launch has completed (launch.cuh); the rows themselves may be the ones the kernel
+// before is storing (a decode step's new key), which a prefetch into L2, where every SM's
+// stores meet, cannot make stale. Steps across blocks (a block size not a multiple of
+// kStep) are not prefetched.
+template <typename KT, int kStep>
+__device__ __forceinline__ void PrefetchFirstStep(const AttentionParams& p,
+                                                  const SplitSteps<kStep>& steps, int g, int j0,
+                                                  int lane) {
+  if (!steps.in_one_block || j0 >= steps.j_end) return;
+  const int keys = min(kStep, steps.j_end - j0);
+  const int64_t first_row = steps.FirstRow(steps.Block(j0), j0);
+  constexpr int kLineElems = 128 / static_cast<int>(sizeof(KT));
+  const int lines = (p.head_dim + kLineElems - 1) / kLineElems;  // of a head's row
+  for (int l = lane; l < 2 * keys * lines; l += 32) {
+    const int u = l / (2 * lines), part = l % (2 * lines);
+    const KT* cache = part < lines ? KeysOf<KT>(p) : ValuesOf<KT>(p);
+    PrefetchL2(cache + (first_row + u) * p.kv_row_stride + static_cast<int64_t>(g) * p.head_dim +
+               (part % lines) * kLineElems);
+  }
+}
 
 // The end of a block's head tile: its warps' partial results for heads h0 … h0 + tile − 1
 // of KV head g (part_ml[w][t] = {m, l}, part_acc[w][t][d], in shared memory; a barrier

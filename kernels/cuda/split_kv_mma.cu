@@ -114,9 +114,14 @@ template <typename KT, int kDh, int kHeadTiles>
 __global__ void __launch_bounds__(kWarps * 32,
                                   kDh == 256 || (kDh == 128 && kHeadTiles == 2) ? 2 : 3)
     SplitKvMmaKernel(AttentionParams p, int num_splits, float* workspace, int* arrivals) {
-  WaitForPriorGrids();  // first: see launch.cuh
   using Piece = Piece8<KT>;
   constexpr int kStep = sizeof(KT) == 2 ? kSplitKvMmaBf16StepKeys : kSplitKvMmaF32StepKeys;
+  if (p.prefetch) {
+    const SplitSteps<kStep> first(p, blockIdx.x, blockIdx.z, num_splits);
+    PrefetchFirstStep<KT>(p, first, blockIdx.y, first.j_begin + threadIdx.x / 32 * kStep,
+                          threadIdx.x % 32);
+  }
+  WaitForPriorGrids();                   // else first: see launch.cuh
   constexpr int kKeyHalves = kStep / 8;  // the step's keys r (and r + 8) a lane loads for K
   constexpr int kKLoads = kDh / 32;      // 8-element pieces of a K row a lane loads
   constexpr int kVLoads = kDh / 64;      // … and of a V row
@@ -383,8 +388,10 @@ absl::Status LaunchSplitKvMma(const AttentionParams& p, int num_splits, float* w
   }
   num_splits = std::max(num_splits, 1);
   const dim3 grid(p.num_queries, p.num_kv_heads, num_splits);
+  AttentionParams launched = p;
+  launched.prefetch = ProgrammaticLaunches();  // its first step's K and V, before the wait
   LaunchKernel("SplitKvMmaKernel", SplitKvMmaKernelOf(SplitKvMmaVariant(p)), grid,
-               dim3(kWarps * 32), 0, stream, p, num_splits, workspace,
+               dim3(kWarps * 32), 0, stream, launched, num_splits, workspace,
                num_splits > 1 ? arrivals : nullptr);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvMmaKernel");
   if (num_splits > 1 && arrivals == nullptr)

@@ -41,6 +41,7 @@ void AppendWords(Signature& s, const AttentionParams& p) {
   AppendWords(s, p.flash_tiles);
   AppendWords(s, p.num_flash_tiles);
   AppendWords(s, p.flash_head_group);
+  AppendWords(s, p.prefetch);
 }
 
 void AppendWords(Signature& s, const MatVecProduct& p) {

@@ -26,6 +26,6 @@ set(KVLENS_GPU_TEST_SOURCES tests/kernels/cuda/attention_tuner_test.cc
     tests/kernels/cuda/step_graph_test.cc
     tests/kernels/cuda/split_kv_balance_test.cc
     tests/kernels/cuda/matvec_rope_store_test.cc
-    tests/kernels/cuda/matvec_prefetch_test.cc
+    tests/kernels/cuda/launch_prefetch_test.cc
     tests/kernels/cuda/draw_tokens_test.cc
     tests/engine/cuda_engine_test.cc)

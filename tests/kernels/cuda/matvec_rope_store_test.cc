@@ -140,7 +140,7 @@ TEST_F(CudaBackendRopeStoreTest, OneLaunchGivesTheSeparateCallsNumbers) {
         rng_x_.seed(47 + n);
         const QkvResult fused = Run(n, rope, cache, true, &fused_calls);
         // Launched programmatically, its blocks prefetch their first weight rows before
-        // the wait (matvec_prefetch_test.cc): the same bits.
+        // the wait (launch_prefetch_test.cc): the same bits.
         SetProgrammaticLaunches(true);
         rng_x_.seed(47 + n);
         const QkvResult prefetched = Run(n, rope, cache, true, &fused_calls);

@@ -32,7 +32,7 @@ Signature Of(const AttentionParams& p) {
 
 // The struct as the list below knows it (on LP64): a field added grows it, and then belongs
 // in AppendWords (step_graph.cc) and in this list.
-static_assert(sizeof(AttentionParams) == 168,
+static_assert(sizeof(AttentionParams) == 176,
               "AttentionParams changed: sign its new field in step_graph.cc and edit it below");
 
 TEST(StepGraphSignatureTest, EveryAttentionFieldChangesIt) {
@@ -72,6 +72,7 @@ TEST(StepGraphSignatureTest, EveryAttentionFieldChangesIt) {
       {"flash_tiles", [](AttentionParams& p) { p.flash_tiles = ints; }},
       {"num_flash_tiles", [](AttentionParams& p) { p.num_flash_tiles = 7; }},
       {"flash_head_group", [](AttentionParams& p) { p.flash_head_group = 4; }},
+      {"prefetch", [](AttentionParams& p) { p.prefetch = true; }},
   };
   for (const Edit& e : edits) {
     AttentionParams p = base;

@@ -1,10 +1,11 @@
-// The matvec's weight prefetch (kernels/cuda/matvec.cu): launched programmatically, each
-// block asks the L2 cache for the start of its first unit's weight rows before it waits
-// for the previous grid. It must change no bit of any product, and must ask for the rows
-// the block then reads: the CUDA emulator faults a prefetch outside device memory, and the
-// weights here are allocated to the byte, so a row past the last one, or a row's start
-// read past its end, fails the test there. The device suite is CudaBackend*, labelled
-// `gpu` (kernels/cuda/gpu_test_labels.cmake.in).
+// The prefetches a programmatically launched kernel makes before it waits for the previous
+// grid (launch.cuh, PrefetchL2): the matvec's first weight rows of each block (matvec.cu)
+// and split-KV's first K and V rows of each warp (split_kv_common.cuh, PrefetchFirstStep).
+// They must change no result, and must ask for memory the kernel then reads: the CUDA
+// emulator faults a prefetch outside device memory. The matvec's weights here are
+// allocated to the byte, so a row past a product's last one, or a row's start read past
+// its end, fails the test there. The device suite is CudaBackend*, labelled `gpu`
+// (kernels/cuda/gpu_test_labels.cmake.in).
 #include "gtest/gtest.h"
 
 #ifdef KVLENS_HAVE_CUDA
@@ -21,6 +22,7 @@
 #include "kernels/cuda/matvec.h"
 #include "kernels/dtype.h"
 #include "tests/kernels/cuda/cuda_backend_fixture.h"
+#include "tests/kernels/cuda/cuda_parity.h"
 #include "tests/kernels/cuda/cuda_parity_util.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -51,9 +53,11 @@ ExactWeight MakeWeight(std::mt19937_64& rng, int64_t rows, int64_t in) {
   return w;
 }
 
-class CudaBackendMatVecPrefetchTest : public CudaBackendTest {
+class CudaBackendPrefetchTest : public CudaBackendTest {
  protected:
-  void TearDown() override { SetProgrammaticLaunches(false); }
+  void TearDown() override {
+    if (backend_ != nullptr) backend_->SetProgrammaticLaunches(false);
+  }
 };
 
 // Plain products (two of one x, 5 and 7 rows: units left partial) and gated ones (5
@@ -61,7 +65,7 @@ class CudaBackendMatVecPrefetchTest : public CudaBackendTest {
 // over the 4096 values a row that a block prefetches (517: the unvectorized loop). The same
 // bits with the prefetch as without, and both within float rounding of a double product
 // of the same bf16 weights (so that neither run is left unwritten).
-TEST_F(CudaBackendMatVecPrefetchTest, PrefetchedProductsGiveTheSameBits) {
+TEST_F(CudaBackendPrefetchTest, PrefetchedProductsGiveTheSameBits) {
   std::mt19937_64 rng(53);
   for (int64_t in : {517, 520, 4104}) {
     const ExactWeight a = MakeWeight(rng, 5, in), b = MakeWeight(rng, 7, in);
@@ -80,7 +84,7 @@ TEST_F(CudaBackendMatVecPrefetchTest, PrefetchedProductsGiveTheSameBits) {
           // y for a product of `rows` outputs, then y of the other (plain only).
           std::vector<std::vector<double>> runs;
           for (bool prefetch : {false, true}) {
-            SetProgrammaticLaunches(prefetch);
+            backend_->SetProgrammaticLaunches(prefetch);
             auto ya = parity::ToDevice(std::vector<double>(size_t(n) * 5, parity::kNaN));
             auto yb = parity::ToDevice(std::vector<double>(size_t(n) * 7, parity::kNaN));
             ASSERT_TRUE(ya.ok() && yb.ok());
@@ -141,12 +145,51 @@ TEST_F(CudaBackendMatVecPrefetchTest, PrefetchedProductsGiveTheSameBits) {
   }
 }
 
+// Split-KV launched programmatically, on CUDA cores and tensor cores, over fp32 and bf16
+// caches (paged, NaN-filled unused rows, shuffled block tables): batched decode rows of
+// unequal lengths (one call with documents), a long decode call at head size 128, blocks
+// of 12 rows (steps across blocks: not prefetched), and rows in a sliding window, within
+// the parity tolerance of the double reference, with no prefetch outside device memory.
+TEST_F(CudaBackendPrefetchTest, PrefetchingSplitKvWithinTolerance) {
+  CudaBackend& b = *backend_;
+  b.SetProgrammaticLaunches(true);
+  std::mt19937_64 rng(59);
+  std::vector<parity::ParityResult> results;
+  for (bool tensor_cores : {false, true}) {
+    b.SetSplitKvTensorCores(tensor_cores);
+    for (bool bf16_cache : {false, true}) {
+      results.push_back(parity::AttentionBatchSplitKvCase(b, rng, bf16_cache));
+      for (int block_size : {16, 12}) {
+        const parity::AttnShape s{.label = "prefetched split-KV",
+                                  .tq = 2,
+                                  .tk = 700,
+                                  .heads = 8,
+                                  .kv_heads = 2,
+                                  .dh = 128,
+                                  .offset = 698,
+                                  .block_size = block_size,
+                                  .kv_pad = 0,
+                                  .bf16_cache = bf16_cache};
+        for (parity::ParityResult& r : parity::AttentionCase(b, rng, s)) {
+          results.push_back(std::move(r));
+        }
+      }
+    }
+    results.push_back(parity::AttentionBatchWindowCase(b, rng));
+  }
+  b.SetSplitKvTensorCores(false);
+  for (const parity::ParityResult& r : results) {
+    EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
+  }
+  EXPECT_GE(results.size(), 10u);
+}
+
 }  // namespace
 }  // namespace kvlens::kernels::cuda
 
 #else  // !KVLENS_HAVE_CUDA
 
-TEST(CudaBackendMatVecPrefetchTest, SkippedInThisBuild) {
+TEST(CudaBackendPrefetchTest, SkippedInThisBuild) {
   GTEST_SKIP() << "built without the CUDA backend (KVLENS_CUDA=OFF or no nvcc)";
 }
 
