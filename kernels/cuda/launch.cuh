@@ -2,10 +2,13 @@
 // dependent launch, sm_90; the switch is in launch.h). The contract, for every kernel
 // launched by LaunchKernel: its first statement is WaitForPriorGrids(), so nothing it does
 // to global memory happens before the previous grid has completed and its writes are
-// visible; the one exception is PrefetchL2 of memory no kernel writes (the matvec's
-// weights). What overlaps is the launch itself, and those prefetches: the next grid's
-// blocks are scheduled while this one runs, rather than after it drains. The CUDA
-// emulator fails a LaunchKernel launch in which a thread exits without the wait.
+// visible. Two exceptions, both harmless whatever the previous grid does: PrefetchL2 (of
+// any memory), and reads of index arrays that copies write and never a kernel (block
+// tables, key ends: CudaBackend::UploadIndices), since a copy is never launched
+// programmatically, so the one before this launch has completed (split-KV reads them to
+// find what to prefetch). What overlaps is the launch itself, and those prefetches: the
+// next grid's blocks are scheduled while this one runs, rather than after it drains. The
+// CUDA emulator fails a LaunchKernel launch in which a thread exits without the wait.
 #ifndef KVLENS_KERNELS_CUDA_LAUNCH_CUH_
 #define KVLENS_KERNELS_CUDA_LAUNCH_CUH_
 
@@ -31,11 +34,12 @@ __device__ __forceinline__ void WaitForPriorGrids() {
 }
 
 // prefetch.global.L2: asks for the 128-byte line holding `global` to be brought into the
-// L2 cache, and returns at once. The one thing a kernel may do to global memory before its
-// WaitForPriorGrids(), and only for memory no kernel of the step writes (weights): it
-// changes no value read, since L2 is where every SM's view of memory meets, and it lets a
-// programmatically launched kernel's blocks, scheduled while the previous grid drains, have
-// DRAM bring in their first bytes meanwhile. The CUDA emulator faults a prefetch outside
+// L2 cache, and returns at once. A kernel may prefetch before its WaitForPriorGrids(),
+// even memory the previous grid is writing: it changes no value read, since L2 is where
+// every SM's view of memory meets (a line prefetched before a store is updated by it), and
+// it lets a programmatically launched kernel's blocks, scheduled while the previous grid
+// drains, have DRAM bring in their first bytes meanwhile (the matvec's weights, split-KV's
+// first K and V rows). The CUDA emulator faults a prefetch outside
 // device memory (a GPU drops it silently), so that a wrong address shows in the tests.
 __device__ __forceinline__ void PrefetchL2(const void* global) {
 #if defined(KVLENS_CUDA_EMULATOR)
