@@ -50,6 +50,10 @@ absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_t
       return absl::InvalidArgumentError(
           "tensor-core attention is a CUDA option: the CPU backend's attention is fp32");
     }
+    if (device.programmatic_launches) {
+      return absl::InvalidArgumentError(
+          "programmatic launches are a CUDA option: the CPU backend launches no kernels");
+    }
     auto cpu = std::make_unique<CpuBackend>(cpu_threads);
     cpu->SetInt8Activations(device.int8_activations);
     out.description =
@@ -69,6 +73,8 @@ absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_t
   if (!cuda.ok()) return cuda.status();
   (*cuda)->SetCudaGraphs(device.cuda_graphs);
   (*cuda)->SetSplitKvTensorCores(device.attention_tensor_cores);
+  // Process-wide: turned on, never off here (another backend of the process may be using it).
+  if (device.programmatic_launches) (*cuda)->SetProgrammaticLaunches(true);
   if (auto* peer = dynamic_cast<cuda::CudaBackend*>(share_weights_with);
       peer != nullptr && peer->device() == device.index) {
     if (absl::Status s = (*cuda)->ShareWeightsWith(*peer); !s.ok()) return s;
@@ -79,7 +85,8 @@ absl::StatusOr<CreatedBackend> CreateBackend(const DeviceSpec& device, int cpu_t
   }
   out.description =
       absl::StrCat(device.ToString(), " (", (*cuda)->device_name(),
-                   device.attention_tensor_cores ? ", decode attention on tensor cores" : "", ")");
+                   device.attention_tensor_cores ? ", decode attention on tensor cores" : "",
+                   device.programmatic_launches ? ", programmatic launches" : "", ")");
   out.backend = *std::move(cuda);
   return out;
 #else

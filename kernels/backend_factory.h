@@ -25,6 +25,11 @@ struct DeviceSpec {
   // cache, to fp16 on fp32, as prefill on those caches rounds them. Off by default until a
   // GPU has timed it.
   bool attention_tensor_cores = false;
+  // kCuda: launch kernels as programmatic dependent launches (sm_90; kernels/cuda/launch.h):
+  // each may be scheduled while the one before drains, the matvec prefetching its first
+  // weights and split-KV its first K and V rows meanwhile. Process-wide once on: every
+  // CUDA backend of the process launches so. Off by default until a GPU has timed it.
+  bool programmatic_launches = false;
   // kCpu: products with block-quantised weights take 8-bit activations, as llama.cpp's do
   // (CpuBackend::SetInt8Activations): faster, no longer exact. Off by default.
   bool int8_activations = false;
@@ -46,8 +51,8 @@ struct CreatedBackend {
 // The backend for `device`. cpu_threads: CpuBackend threads (0: all cores). Errors (the
 // caller names its flag):
 // FAILED_PRECONDITION when the build has no CUDA support or there is no usable GPU;
-// INVALID_ARGUMENT for a GPU index that does not exist, int8_activations on CUDA or
-// attention_tensor_cores on the CPU.
+// INVALID_ARGUMENT for a GPU index that does not exist, int8_activations on CUDA, or
+// attention_tensor_cores or programmatic_launches on the CPU.
 // share_weights_with: another backend made here; when both are CUDA backends of the same
 // GPU, the new one shares its uploaded weights (one copy on the device) instead of
 // uploading its own, and takes its attention kernels (CudaBackend::SetAttentionKernels:

@@ -88,6 +88,11 @@ ABSL_FLAG(bool, attention_tensor_cores, false,
           "and 256: Q, K, P and V rounded to bf16 on a bf16 KV cache, to fp16 on an fp32 one, "
           "as prefill rounds them, with fp32 sums. Off by default until timed on a GPU. "
           "Interpretability requests keep fp32 attention.");
+ABSL_FLAG(bool, programmatic_launches, false,
+          "--device cuda: launch kernels as programmatic dependent launches (Hopper, sm_90): "
+          "each may be scheduled while the one before drains, the small-batch products "
+          "prefetching their first weights into L2 and decode attention its first keys and "
+          "values meanwhile. The same results. Off by default until timed on a GPU.");
 ABSL_FLAG(
     bool, attention_tune, false,
     "--device cuda: before serving, time prefill attention's layouts and block orders "
@@ -189,6 +194,7 @@ int main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message())));
   device->cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   device->attention_tensor_cores = absl::GetFlag(FLAGS_attention_tensor_cores);
+  device->programmatic_launches = absl::GetFlag(FLAGS_programmatic_launches);
   device->int8_activations = absl::GetFlag(FLAGS_int8_activations);
   const bool tune = absl::GetFlag(FLAGS_attention_tune);
   if (tune && device->kind != kvlens::kernels::DeviceSpec::Kind::kCuda) {

@@ -25,6 +25,11 @@ std::vector<FlagSpec> LocalBackendFlags() {
        "rounded to bf16 on a bf16 KV cache, to fp16 on fp32, as prefill rounds them; off "
        "until timed on a GPU (--device cuda)",
        true},
+      {"programmatic-launches", "",
+       "launch kernels as programmatic dependent launches (Hopper): each may start while the "
+       "one before drains, prefetching its first weights or keys; the same results, off "
+       "until timed on a GPU (--device cuda)",
+       true},
       {"attention-tune", "",
        "before running, time prefill attention's layouts and decode attention's kernels on "
        "this GPU at the model's shapes, check each against the default's output and keep "
@@ -78,6 +83,13 @@ int MakeLocalBackend(const Args& args, LocalBackend* out, absl::Status* error) {
     *error = absl::InvalidArgumentError(
         "--attention-tensor-cores applies to --device cuda (the CPU backends' attention is "
         "fp32 or fp64)");
+    return 2;
+  }
+  device->programmatic_launches = args.Switch("programmatic-launches");
+  if (device->programmatic_launches && device->kind != kernels::DeviceSpec::Kind::kCuda) {
+    *error = absl::InvalidArgumentError(
+        "--programmatic-launches applies to --device cuda (the CPU backends launch no "
+        "kernels)");
     return 2;
   }
   out->tune = args.Switch("attention-tune");

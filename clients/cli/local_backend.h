@@ -15,7 +15,7 @@
 namespace kvlens::cli {
 
 // --device, --precision, --threads, --int8-activations, --attention-tensor-cores,
-// --attention-tune, --kv-cache-dtype.
+// --programmatic-launches, --attention-tune, --kv-cache-dtype.
 std::vector<FlagSpec> LocalBackendFlags();
 
 struct LocalBackend {

@@ -7,6 +7,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #ifdef KVLENS_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.h"
 #endif
 
 namespace kvlens::kernels {
@@ -77,6 +78,18 @@ TEST(BackendFactoryTest, TensorCoreAttentionIsACudaOption) {
       << b.status();
 }
 
+// --programmatic-launches likewise.
+TEST(BackendFactoryTest, ProgrammaticLaunchesAreACudaOption) {
+  DeviceSpec cpu{DeviceSpec::Kind::kCpu, 0};
+  cpu.programmatic_launches = true;
+  auto b = CreateBackend(cpu, 1);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << b.status();
+  EXPECT_NE(b.status().message().find("programmatic launches are a CUDA option"),
+            std::string_view::npos)
+      << b.status();
+}
+
 // --attention-tune: the CPU backend has one attention kernel, nothing to choose; a bad
 // shape is named before that.
 TEST(BackendFactoryTest, AttentionTuningIsACudaOption) {
@@ -134,6 +147,25 @@ TEST(CudaBackendFactory, TensorCoreAttentionFollowsTheDeviceSpec) {
     EXPECT_EQ(b->description.find("decode attention on tensor cores") != std::string::npos, on)
         << b->description;
   }
+}
+
+// --programmatic-launches turns the process-wide switch on (kernels/cuda/launch.h) and is
+// named in the description; a backend made without it leaves the switch as it was (another
+// backend of the process may be launching so).
+TEST(CudaBackendFactory, ProgrammaticLaunchesFollowTheDeviceSpec) {
+  ASSERT_FALSE(cuda::ProgrammaticLaunches());  // the default
+  DeviceSpec spec{DeviceSpec::Kind::kCuda, 0};
+  spec.programmatic_launches = true;
+  auto on = CreateBackend(spec, 1);
+  if (!on.ok()) GTEST_SKIP() << "no CUDA backend: " << on.status();
+  EXPECT_TRUE(cuda::ProgrammaticLaunches());
+  EXPECT_NE(on->description.find(", programmatic launches"), std::string::npos) << on->description;
+  spec.programmatic_launches = false;
+  auto plain = CreateBackend(spec, 1);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(cuda::ProgrammaticLaunches());
+  EXPECT_EQ(plain->description.find("programmatic"), std::string::npos) << plain->description;
+  cuda::SetProgrammaticLaunches(false);
 }
 
 // A backend made to share another's weights (the interpretability workers') runs the

@@ -144,6 +144,15 @@ TEST(ServerProcessTest, TensorCoreAttentionOnCpuIsRefusedByName) {
       << out;
 }
 
+// --programmatic-launches likewise.
+TEST(ServerProcessTest, ProgrammaticLaunchesOnCpuAreRefusedByName) {
+  const auto [code, out] = RunServerToExit("--device cpu --programmatic-launches");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_EQ(out.rfind("kvlens-server: --device cpu: programmatic launches are a CUDA option", 0),
+            0u)
+      << out;
+}
+
 // --attention-tune likewise; and with --attention-tensor-cores it would overrule the flag,
 // so the two together are refused.
 TEST(ServerProcessTest, AttentionTuningOnCpuIsRefusedByName) {

@@ -172,6 +172,18 @@ TEST(GenerateCliTest, TensorCoreAttentionOnCpuIsRefusedByName) {
   }
 }
 
+// --programmatic-launches likewise.
+TEST(GenerateCliTest, ProgrammaticLaunchesOnCpuAreRefusedByName) {
+  for (const char* precision : {"fp32", "fp64"}) {
+    const RunResult r =
+        RunCli(std::string("generate --model /nonexistent.gguf --prompt x --precision ") +
+               precision + " --programmatic-launches 2>&1");
+    EXPECT_EQ(r.exit_code, 2) << precision << ": " << r.out;
+    EXPECT_NE(r.out.find("--programmatic-launches applies to --device cuda"), std::string::npos)
+        << r.out;
+  }
+}
+
 // --attention-tune likewise, and beside --attention-tensor-cores (which it would
 // overrule) it is refused before any device starts.
 TEST(GenerateCliTest, AttentionTuningOnCpuIsRefusedByName) {
