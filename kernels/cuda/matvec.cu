@@ -8,9 +8,10 @@
 // b + grid, … So every block reads the same number of weight bytes, give or take one
 // unit, whatever the shape. (The first version gave each warp a unit and launched a block
 // per 8 warps: 11008 rows made one full wave and a partial one of 29 blocks, and an H200
-// read the weights at 64% of its copy bandwidth.) For one row of x the kernel fits in 32
-// registers, so 8 blocks (2048 threads) share an SM and one block's loads are in flight
-// while another sums. In a unit the block's 256 threads read the rows in 16-byte pieces
+// read the weights at 64% of its copy bandwidth.) For one row of x the kernel fits in 40
+// registers (ptxas, sm_90; the vectorized ones spill 4 to 8 bytes), so 6 blocks (1536
+// threads, __launch_bounds__) share an SM and one block's loads are in flight while
+// another sums. In a unit the block's 256 threads read the rows in 16-byte pieces
 // (8 values) at
 // 8·thread, + 2048, …, dot them with the matching x values of each of the n rows (float4
 // pairs, through L1), sum over the warp by shuffles and over the 8 warps through shared
@@ -149,8 +150,8 @@ __device__ __forceinline__ void UnitWeightRows(const Segments& segs, int64_t uni
 
 // Weight values of each row a block prefetches before its wait (Segments::prefetch): the
 // first two steps of the vectorized loop, 8 KiB of a 16-bit row. At one row of x an
-// H200's 132 SMs of 8 blocks ask for 17 MB (the L2 holds 50), some three times what the
-// memory pipeline holds in flight at its bandwidth and latency.
+// H200's 132 SMs of 6 blocks ask for 13 MB (the L2 holds 50), two to three times what the
+// memory pipeline holds in flight at its bandwidth and latency (4.8 TB/s × ~1 µs).
 constexpr int64_t kPrefetchValues = 2 * 8 * kThreads;
 
 // Dynamic shared memory: the normalized rows [N, in] (kNorm), then the rotations' cos and
@@ -220,7 +221,15 @@ __global__ void __launch_bounds__(kThreads, N == 1 ? 6 : 2) MatVecKernel(Segment
     int si = 0;
     while (si + 1 < segs.count && unit >= segs.seg[si + 1].first_unit) ++si;
     const Segment& sg = segs.seg[si];
+    // Outputs o … o + kOuts − 1, of which `outs` exist. Plain: weight rows o + t (a missing
+    // row reads the last one again; its sums are never written). Gated: the gate and up
+    // rows of each output, interleaved.
     const int64_t o = kOuts * (unit - sg.first_unit);
+    // kRope, q's and k's half-split heads: output t of the unit is row
+    // head + p0 + t / 2 + (t % 2) · Dh/2 (pair p0 + t / 2, its first or second row), where
+    // its pairs p0 … of the head starting at row `head` are the segment's pairs o/2 ….
+    // Else (and for adjacent pairs, whose pairs are rows o + t already) row o + t.
+    // (UnitWeightRows, above, repeats these lines for the prefetch.)
     const bool split = kRope && si < 2 && segs.rope_store.rope.style == RopeStyle::kHalfSplit;
     const int half = kRope ? segs.rope_store.head_dim / 2 : 0;
     const int64_t head = kRope ? o / 2 / half * (2 * half) : 0;
