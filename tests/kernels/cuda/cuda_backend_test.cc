@@ -498,8 +498,6 @@ TEST_F(CudaBackendTest, AttentionBatchWithABadCallRunsNothingAndNamesIt) {
   for (int e = 0; e < 2 * dh; ++e) EXPECT_NEAR((*h)[e], 0.5, 1e-6) << e;  // all V rows are 0.5
 }
 
-// Two backends of one device sharing weights: the second finds the first's upload (no new
-// device memory) and computes the same product on its own stream.
 // SetAttentionKernels sets every option TuneAttention chooses, reads back through each
 // option's own getter, and on a bad value changes none of them.
 TEST_F(CudaBackendTest, AttentionKernelsAreSetAllTogetherOrNotAtAll) {
@@ -552,6 +550,8 @@ TEST_F(CudaBackendTest, AttentionKernelsAreSetAllTogetherOrNotAtAll) {
   EXPECT_TRUE(backend_->status().ok());
 }
 
+// Two backends of one device sharing weights: the second finds the first's upload (no new
+// device memory) and computes the same product on its own stream.
 TEST_F(CudaBackendTest, SharedWeightsAreUploadedOnce) {
   absl::StatusOr<std::unique_ptr<CudaBackend>> other = CudaBackend::Create(0);
   ASSERT_TRUE(other.ok()) << other.status();
@@ -734,9 +734,6 @@ TEST_F(CudaBackendTest, AnOpsIndexArraysShareOneUpload) {
   EXPECT_TRUE(backend_->status().ok()) << backend_->status();
 }
 
-// CUDA graphs (step_graph.h): a recorded step runs launch by launch the first time its
-// launches are seen, is captured the second time and replayed after that, each replay
-// reading that step's own index arrays (staged in the ring at the same offsets).
 // A recorded step's index arrays are staged and copied to the device once, before its first
 // kernel (CudaBackend::EndStep): one copy a step however many arrays, two when the staging
 // ring had to grow part way (the full ring's bytes, then the new one's), and every replay
@@ -783,6 +780,9 @@ TEST_F(CudaBackendTest, RecordedStepCopiesItsIndexArraysOnceBeforeItsKernels) {
   EXPECT_TRUE(backend_->status().ok()) << backend_->status();
 }
 
+// CUDA graphs (step_graph.h): a recorded step runs launch by launch the first time its
+// launches are seen, is captured the second time and replayed after that, each replay
+// reading that step's own index arrays (staged in the ring at the same offsets).
 TEST_F(CudaBackendTest, GraphReplaysReadEachStepsIndexArrays) {
   const std::vector<float> table = {10, 20, 30, 40, 50};  // 5 rows of dim 1
   const WeightView w{table.data(), DType::kF32, 5, 1};
