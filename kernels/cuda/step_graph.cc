@@ -277,10 +277,7 @@ absl::Status StepGraph::End(cudaStream_t stream, std::mutex* capture_mutex) {
       status = RunEagerly(stream);
     }
   }
-  signature_.clear();
-  launches_.clear();
-  first_ = 0;
-  arena_.Reset();
+  Drop();  // the recording, run or replayed, is let go as a dropped one is
   Evict();
   return status;
 }
