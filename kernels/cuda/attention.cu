@@ -192,11 +192,7 @@ __global__ void __launch_bounds__(
     SplitKvKernel(AttentionParams p, int num_splits, float* workspace, int* arrivals) {
   using S = SplitKvShape<C, kTileHeads, kSplitStepKeys<KT, kTileHeads>, kWarps>;
   constexpr int kTile = S::kHeadTile, kSums = S::kSums, kStep = S::kStepK;
-  if (p.prefetch) {
-    const SplitSteps<kStep> first(p, blockIdx.x, blockIdx.z, num_splits);
-    PrefetchFirstStep<KT>(p, first, blockIdx.y, first.j_begin + threadIdx.x / 32 * kStep,
-                          threadIdx.x % 32);
-  }
+  if (p.prefetch) PrefetchFirstStep<KT, kStep>(p, num_splits);
   WaitForPriorGrids();                                 // else first: see launch.cuh
   const float scale2 = p.scale * 1.4426950408889634f;  // scores in base 2
   // A step's weights 2^(s − m') and each head's rescale 2^(m − m'), read back as vectors

@@ -81,18 +81,18 @@ struct SplitSteps {
 };
 
 // Before WaitForPriorGrids, where the launch is programmatic (AttentionParams::prefetch,
-// launch.cuh): asks the L2 cache for the K and V rows of KV head g of the warp's first step
-// (keys j0 … of a split's SplitSteps), so that while the grid before drains, DRAM brings
-// in what the warp loads first. Reads the row's index arrays (its key end, block-table
-// offset and its step's table entry), which copies write and no kernel, so the copy before
-// the launch has completed (launch.cuh); the rows themselves may be the ones the kernel
-// before is storing (a decode step's new key), which a prefetch into L2, where every SM's
-// stores meet, cannot make stale. Steps across blocks (a block size not a multiple of
-// kStep) are not prefetched.
+// launch.cuh): asks the L2 cache for the K and V rows of the block's KV head of the warp's
+// first step in its split (block (i, g, split), warps kStep keys apart), so that while the
+// grid before drains, DRAM brings in what the warp loads first. Reads the row's index
+// arrays (its key end, block-table offset and its step's table entry), which copies write
+// and no kernel, so the copy before the launch has completed (launch.cuh); the rows
+// themselves may be the ones the kernel before is storing (a decode step's new key), which
+// a prefetch into L2, where every SM's stores meet, cannot make stale. Steps across blocks
+// (a block size not a multiple of kStep) are not prefetched.
 template <typename KT, int kStep>
-__device__ __forceinline__ void PrefetchFirstStep(const AttentionParams& p,
-                                                  const SplitSteps<kStep>& steps, int g, int j0,
-                                                  int lane) {
+__device__ __forceinline__ void PrefetchFirstStep(const AttentionParams& p, int num_splits) {
+  const SplitSteps<kStep> steps(p, blockIdx.x, blockIdx.z, num_splits);
+  const int g = blockIdx.y, j0 = steps.j_begin + threadIdx.x / 32 * kStep, lane = threadIdx.x % 32;
   if (!steps.in_one_block || j0 >= steps.j_end) return;
   const int keys = min(kStep, steps.j_end - j0);
   const int64_t first_row = steps.FirstRow(steps.Block(j0), j0);

@@ -116,11 +116,7 @@ __global__ void __launch_bounds__(kWarps * 32,
     SplitKvMmaKernel(AttentionParams p, int num_splits, float* workspace, int* arrivals) {
   using Piece = Piece8<KT>;
   constexpr int kStep = sizeof(KT) == 2 ? kSplitKvMmaBf16StepKeys : kSplitKvMmaF32StepKeys;
-  if (p.prefetch) {
-    const SplitSteps<kStep> first(p, blockIdx.x, blockIdx.z, num_splits);
-    PrefetchFirstStep<KT>(p, first, blockIdx.y, first.j_begin + threadIdx.x / 32 * kStep,
-                          threadIdx.x % 32);
-  }
+  if (p.prefetch) PrefetchFirstStep<KT, kStep>(p, num_splits);
   WaitForPriorGrids();                   // else first: see launch.cuh
   constexpr int kKeyHalves = kStep / 8;  // the step's keys r (and r + 8) a lane loads for K
   constexpr int kKLoads = kDh / 32;      // 8-element pieces of a K row a lane loads
