@@ -40,16 +40,21 @@ absl::StatusOr<SequenceInput<T>> InputFromCache(const ModelConfig& c,
   in.doc_ids.assign(r.doc_ids.begin(), r.doc_ids.end());
   in.prefix_k.assign(c.num_layers, std::vector<T>(r.num_cached * KVD));
   in.prefix_v.assign(c.num_layers, std::vector<T>(r.num_cached * KVD));
-  // One copy per block: its rows are contiguous (and the cache may be device memory).
+  // One copy per run of consecutive block ids, whose rows are contiguous: on a GPU each
+  // copy out waits for the stream (the engine's, with its queued steps), and a pool that
+  // hands out blocks in order makes a whole prefill one run.
   for (int l = 0; l < c.num_layers; ++l) {
-    for (int t = 0; t < r.num_cached; t += bs) {
-      const int64_t rows = std::min(bs, r.num_cached - t);
-      const int64_t row = int64_t{r.block_table[t / bs]} * bs;
+    for (int64_t b = 0; b < blocks;) {
+      int64_t e = b + 1;
+      while (e < blocks && r.block_table[e] == r.block_table[e - 1] + 1) ++e;
+      const int64_t t = b * bs, rows = std::min<int64_t>(e * bs, r.num_cached) - t;
+      const int64_t row = int64_t{r.block_table[b]} * bs;
       if (absl::Status s = cache.CopyRowsToHost(l, row, rows, in.prefix_k[l].data() + t * KVD,
                                                 in.prefix_v[l].data() + t * KVD);
           !s.ok()) {
         return s;
       }
+      b = e;
     }
   }
   return in;

@@ -14,6 +14,7 @@
 #include "kernels/cpu/reference_backend.h"
 #include "tests/engine/random_tokens.h"
 #include "tests/engine/stories_model_test.h"
+#include "tests/kernels/fake_device_backend.h"
 #include "tests/test_paths.h"
 
 namespace kvlens::interpret {
@@ -148,6 +149,53 @@ TEST_F(KvProbeTest, RejectsShortBlockTables) {
   const auto s = CachedKvProbe(*model_, be, *cache, r).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("block_table"), std::string::npos) << s;
+}
+
+// The prefix is read out of non-host memory one run of consecutive block ids at a time,
+// each row landing where its token belongs: row (l, t) of the input is physical row
+// table[t / 4] · 4 + t % 4 of layer l, whose values say which row they are.
+TEST(KvProbeInputTest, ReadsEachRunOfConsecutiveBlocksInOneCopy) {
+  ModelConfig c;
+  c.num_layers = 3;
+  c.num_kv_heads = 2;
+  c.head_dim = 3;
+  const int KVD = c.kv_dim(), bs = 4, num_blocks = 12;
+  testing::FakeDeviceMemory memory;
+  auto cache = KvCacheStorage<float>::Create(memory, c.num_layers, num_blocks, bs, KVD, true);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  auto value = [&](int l, int64_t row, int e, bool v) {
+    return static_cast<float>(l * 100000 + row * 100 + e + (v ? 50 : 0));
+  };
+  for (int l = 0; l < c.num_layers; ++l) {
+    std::vector<float> k(int64_t{num_blocks} * bs * KVD), v(k.size());
+    for (int64_t row = 0; row < num_blocks * bs; ++row) {
+      for (int e = 0; e < KVD; ++e) {
+        k[row * KVD + e] = value(l, row, e, false);
+        v[row * KVD + e] = value(l, row, e, true);
+      }
+    }
+    ASSERT_TRUE(memory.CopyFromHost(cache->k(l), k.data(), k.size() * sizeof(float)).ok());
+    ASSERT_TRUE(memory.CopyFromHost(cache->v(l), v.data(), v.size() * sizeof(float)).ok());
+  }
+  // 18 cached tokens fill 4½ blocks: runs {3, 4} and {8, 9, 10}, the last half full; 11
+  // follows 10 but holds nothing cached.
+  const std::vector<int32_t> table = {3, 4, 8, 9, 10, 11};
+  const std::vector<int32_t> new_tokens = {1};
+  const int P = 18;
+  const int before = memory.copies_to_host;
+  auto in = InputFromCache(c, *cache, KvProbeRequest{table, P, new_tokens, 0});
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(memory.copies_to_host - before, 2 * 2 * c.num_layers);  // runs · {K, V} · layers
+  for (int l = 0; l < c.num_layers; ++l) {
+    ASSERT_EQ(in->prefix_k[l].size(), size_t{P} * KVD);
+    for (int t = 0; t < P; ++t) {
+      const int64_t row = int64_t{table[t / bs]} * bs + t % bs;
+      for (int e = 0; e < KVD; ++e) {
+        ASSERT_EQ(in->prefix_k[l][t * KVD + e], value(l, row, e, false)) << l << " " << t;
+        ASSERT_EQ(in->prefix_v[l][t * KVD + e], value(l, row, e, true)) << l << " " << t;
+      }
+    }
+  }
 }
 
 }  // namespace
