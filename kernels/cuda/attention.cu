@@ -605,7 +605,7 @@ absl::Status LaunchSplitKv(const AttentionParams& p, int warps, int num_splits, 
   const dim3 block(SplitKvVariantWarps(variant) * 32);
   auto* kernel = SplitKvKernelOf(variant);
   AttentionParams launched = p;
-  launched.prefetch = ProgrammaticLaunches();  // its first step's K and V, before the wait
+  launched.prefetch = PrefetchBeforeWait();  // its first step's K and V, before the wait
   LaunchKernel("SplitKvKernel", kernel, grid, block, 0, stream, launched, num_splits, workspace,
                num_splits > 1 ? arrivals : nullptr);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("SplitKvKernel");

@@ -77,9 +77,9 @@ struct AttentionParams {
   // The flash kernels' block order (FlashGrid): heads in groups of this many, 1 (head by
   // head) unless CudaBackend::SetFlashHeadGroup says otherwise.
   int flash_head_group = 1;
-  // The split-KV kernels, launched programmatically (set by their launchers from
-  // ProgrammaticLaunches()): each warp prefetches its first step's K and V rows into L2
-  // before it waits for the previous grid (PrefetchFirstStep, split_kv_common.cuh).
+  // The split-KV kernels, launched programmatically with prefetches (set by their launchers
+  // from PrefetchBeforeWait(), launch.h): each warp prefetches its first step's K and V rows into
+  // L2 before it waits for the previous grid (PrefetchFirstStep, split_kv_common.cuh).
   bool prefetch = false;
 };
 

@@ -112,6 +112,11 @@ void CudaBackend::SetProgrammaticLaunches(bool on) {
   graph_.Clear();
 }
 
+void CudaBackend::SetLaunchPrefetches(bool on) {
+  cuda::SetLaunchPrefetches(on);
+  graph_.Clear();
+}
+
 int CudaBackend::PaddedDecodeRows(int n) const {
   if (!graphs_enabled_ || n <= 2 || n > 512) return n;
   return n <= 4 ? 4 : (n + 7) / 8 * 8;

@@ -211,6 +211,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // Programmatic dependent launch for every kernel launch of the process (launch.h; off by
   // default): drops this backend's graphs, which keep the mode they were captured with.
   void SetProgrammaticLaunches(bool on);
+  // Their prefetches before the wait (launch.h; on by default), likewise process-wide.
+  void SetLaunchPrefetches(bool on);
   bool cuda_graphs() const { return graphs_enabled_; }
   StepGraph::Stats graph_stats() const { return graph_.stats(); }
   void BeginStep() override;

@@ -528,8 +528,13 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
       const std::string sweep = sweep_of({8, 16, 32, 64, 96, 128});
       // With programmatic dependent launch: each kernel (the combine after the splits, the
       // next call's splits after the combine) is scheduled while its predecessor drains.
+      // (Since 2026-12-06 each split-KV warp prefetches its first K and V rows before the
+      // wait; the launches without those prefetches tell the two apart.)
       b.SetProgrammaticLaunches(true);
       const double pdl_sec = ReplaySeconds(b, call);
+      b.SetLaunchPrefetches(false);
+      const double pdl_plain_sec = ReplaySeconds(b, call);
+      b.SetLaunchPrefetches(true);
       b.SetProgrammaticLaunches(false);
       // The splits merged by the split-KV launch itself (no combine launch), without and
       // with PDL.
@@ -542,10 +547,11 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
       rows.Add(
           {bf16 ? "decode attention (paged, bf16 cache)" : "decode attention (paged, fp32 cache)",
            absl::StrFormat("Tk=%d H=%d/%d Dh=%d bs=%d, graph replay %.1f us (with PDL: %.1f us, "
-                           "%.0f GB/s; fused combine: %.1f us, %.0f GB/s, with PDL %.1f us, "
-                           "%.0f GB/s; one call with the host's part: %.0f us, %.0f GB/s)",
+                           "%.0f GB/s, without its prefetches %.1f us; fused combine: %.1f us, "
+                           "%.0f GB/s, with PDL %.1f us, %.0f GB/s; one call with the host's "
+                           "part: %.0f us, %.0f GB/s)",
                            tk, heads, kv_heads, dh, bs, sec * 1e6, pdl_sec * 1e6,
-                           2.0 * cache_bytes / pdl_sec / 1e9, fused_sec * 1e6,
+                           2.0 * cache_bytes / pdl_sec / 1e9, pdl_plain_sec * 1e6, fused_sec * 1e6,
                            2.0 * cache_bytes / fused_sec / 1e9, fused_pdl_sec * 1e6,
                            2.0 * cache_bytes / fused_pdl_sec / 1e9, call_sec * 1e6,
                            2.0 * cache_bytes / call_sec / 1e9),
@@ -854,15 +860,18 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
   // with graphs, PDL and split-KV's fused combine (SetSplitKvFusedCombine), then the fp32
   // cache with graphs and each RMSNorm and residual add a launch of its own (as the engine
   // ran them before 2026-12-04's fusion into the matvec), then the bf16 and the fp32 cache
-  // with graphs and split-KV on tensor cores (SetSplitKvTensorCores).
+  // with graphs and split-KV on tensor cores (SetSplitKvTensorCores), then the fp32 cache
+  // with graphs and PDL but without the kernels' prefetches before their wait
+  // (SetLaunchPrefetches), so that the PDL rows' gain can be told from the launches'.
   for (int batch : z.batches)
-    for (int run = 0; run < 9; ++run) {
+    for (int run = 0; run < 10; ++run) {
       const bool graphs = run > 0;
       const bool bf16_cache = run == 2 || run == 4 || run == 7;
-      const bool pdl = run >= 3 && run <= 5;
+      const bool pdl = (run >= 3 && run <= 5) || run == 9;
+      const bool prefetches = run != 9;
       const bool fused_combine = run == 5;
       const bool fused_norms = run != 6;
-      const bool tensor_cores = run >= 7;
+      const bool tensor_cores = run == 7 || run == 8;
       b.SetSplitKvFusedCombine(fused_combine);
       b.SetSplitKvTensorCores(tensor_cores);
       const KvDtype cache_dtype = bf16_cache ? KvDtype::kBF16 : KvDtype::kActivation;
@@ -870,6 +879,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
       const std::vector<float*>& vcs = bf16_cache ? vc16 : vc;
       b.SetCudaGraphs(graphs);
       b.SetProgrammaticLaunches(pdl);
+      b.SetLaunchPrefetches(prefetches);
       std::vector<std::vector<int32_t>> tables(batch);
       for (int s = 0; s < batch; ++s) {
         tables[s].resize(blocks_per_seq);
@@ -1016,7 +1026,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
                graphs ? absl::StrFormat("graphs (%d of %d steps replayed, %d launcher calls)",
                                         replayed, steps + 1, b.graph_stats().last_step_calls)
                       : std::string("no graphs"),
-               std::string(pdl ? ", PDL" : "") + (fused_combine ? ", fused split-KV combine" : "") +
+               std::string(pdl ? (prefetches ? ", PDL" : ", PDL without prefetches") : "") +
+                   (fused_combine ? ", fused split-KV combine" : "") +
                    (fused_norms ? "" : ", norms, residual adds and rope unfused") +
                    (tensor_cores ? ", split-KV on tensor cores" : ""),
                host_sec * 1e6 / (steps + 1), 100.0 * host_sec / (steps + 1) / sec, copies_per_step,
@@ -1129,6 +1140,7 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
     }
   b.SetCudaGraphs(true);
   b.SetProgrammaticLaunches(false);
+  b.SetLaunchPrefetches(true);
   b.SetSplitKvFusedCombine(false);
   b.SetSplitKvTensorCores(false);
   for (const std::vector<float*>* c : {&kc, &vc, &kc16, &vc16}) {

@@ -15,6 +15,14 @@ namespace kvlens::kernels::cuda {
 void SetProgrammaticLaunches(bool on);
 bool ProgrammaticLaunches();
 
+// Whether kernels launched programmatically prefetch what they read first before they wait
+// (the matvec's first weight rows, split-KV's first K and V rows; launch.cuh, PrefetchL2).
+// On by default; off leaves the launches programmatic, so that one run can time the
+// prefetches apart from the launch overlap. Same scope as SetProgrammaticLaunches.
+void SetLaunchPrefetches(bool on);
+// ProgrammaticLaunches() and the prefetches on: what a launcher passes its kernel.
+bool PrefetchBeforeWait();
+
 }  // namespace kvlens::kernels::cuda
 
 #endif  // KVLENS_KERNELS_CUDA_LAUNCH_H_

@@ -97,8 +97,8 @@ struct Segments {
   MatVecNorm norm;
   Segment seg[kMatVecMaxSegments];
   MatVecRopeStore rope_store;  // kRope: segments 0, 1, 2 are q, k and v
-  // Launched programmatically (ProgrammaticLaunches): each block prefetches the start of
-  // its first unit's weight rows into L2 before it waits for the previous grid.
+  // Launched programmatically with prefetches (PrefetchBeforeWait, launch.h): each block prefetches
+  // the start of its first unit's weight rows into L2 before it waits for the previous grid.
   bool prefetch;
 };
 
@@ -408,7 +408,7 @@ void Launch(Segments segs, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(segs.units, int64_t{sms} * per_sm));
   // Programmatically launched, the blocks may start while the previous grid drains: they
   // prefetch their first weights then (a graph keeps the mode it was captured in).
-  segs.prefetch = ProgrammaticLaunches();
+  segs.prefetch = PrefetchBeforeWait();
   LaunchKernel("MatVecKernel", kernel, blocks, kThreads, smem, stream, segs);
 }
 

@@ -385,7 +385,7 @@ absl::Status LaunchSplitKvMma(const AttentionParams& p, int num_splits, float* w
   num_splits = std::max(num_splits, 1);
   const dim3 grid(p.num_queries, p.num_kv_heads, num_splits);
   AttentionParams launched = p;
-  launched.prefetch = ProgrammaticLaunches();  // its first step's K and V, before the wait
+  launched.prefetch = PrefetchBeforeWait();  // its first step's K and V, before the wait
   LaunchKernel("SplitKvMmaKernel", SplitKvMmaKernelOf(SplitKvMmaVariant(p)), grid,
                dim3(kWarps * 32), 0, stream, launched, num_splits, workspace,
                num_splits > 1 ? arrivals : nullptr);

@@ -56,7 +56,9 @@ ExactWeight MakeWeight(std::mt19937_64& rng, int64_t rows, int64_t in) {
 class CudaBackendPrefetchTest : public CudaBackendTest {
  protected:
   void TearDown() override {
-    if (backend_ != nullptr) backend_->SetProgrammaticLaunches(false);
+    if (backend_ == nullptr) return;
+    backend_->SetProgrammaticLaunches(false);
+    backend_->SetLaunchPrefetches(true);
   }
 };
 
@@ -182,6 +184,64 @@ TEST_F(CudaBackendPrefetchTest, PrefetchingSplitKvWithinTolerance) {
     EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
   }
   EXPECT_GE(results.size(), 10u);
+}
+
+// The prefetches come with programmatic launches only, and SetLaunchPrefetches(false)
+// drops them while the launches stay programmatic (so that one run can time the two
+// apart). Counted by the CUDA emulator; a GPU counts none. One row of x through products
+// of 5 and 7 bf16 rows of 517 values: units of 2 rows, so 3 + 4 blocks, each prefetching
+// both rows of its first unit (the 5-row product's last unit its one row twice), 1034
+// bytes a row in 128-byte lines, 9 of them: 7 · 2 · 9 = 126 prefetches a launch.
+TEST_F(CudaBackendPrefetchTest, PrefetchesOnlyWhenLaunchedProgrammaticallyAndSwitchedOn) {
+#ifndef KVLENS_CUDA_EMULATOR
+  GTEST_SKIP() << "counts the CUDA emulator's prefetch instructions";
+#else
+  CudaBackend& b = *backend_;
+  std::mt19937_64 rng(61);
+  const int64_t in = 517;
+  const ExactWeight wa = MakeWeight(rng, 5, in), wb = MakeWeight(rng, 7, in);
+  auto x = parity::ToDevice(kernels::testing::RandomVector(rng, in));
+  auto ya = parity::ToDevice(std::vector<double>(5));
+  auto yb = parity::ToDevice(std::vector<double>(7));
+  ASSERT_TRUE(x.ok() && ya.ok() && yb.ok());
+  const MatVecProduct products[] = {{wa.buffer.get(), 5, nullptr, DType::kF32, ya->as<float>()},
+                                    {wb.buffer.get(), 7, nullptr, DType::kF32, yb->as<float>()}};
+  const parity::AttnShape decode{.label = "split-KV, counting prefetches",
+                                 .tq = 1,
+                                 .tk = 300,
+                                 .heads = 4,
+                                 .kv_heads = 2,
+                                 .dh = 64,
+                                 .offset = 299,
+                                 .block_size = 16,
+                                 .kv_pad = 0,
+                                 .bf16_cache = false};
+  struct Mode {
+    bool programmatic, prefetches;
+    int64_t matvec, attention;  // prefetches counted
+  };
+  std::vector<Mode> modes = {{false, true}, {true, false}, {true, true}};
+  for (Mode& m : modes) {
+    b.SetProgrammaticLaunches(m.programmatic);
+    b.SetLaunchPrefetches(m.prefetches);
+    int64_t before = ::kvlens_emu::PrefetchesIssued();
+    ASSERT_TRUE(
+        LaunchMatVec(x->as<float>(), 1, in, MatVecNorm{}, products, DType::kBF16, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    m.matvec = ::kvlens_emu::PrefetchesIssued() - before;
+    before = ::kvlens_emu::PrefetchesIssued();
+    for (const parity::ParityResult& r : parity::AttentionCase(b, rng, decode)) {
+      EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
+    }
+    m.attention = ::kvlens_emu::PrefetchesIssued() - before;
+  }
+  EXPECT_EQ(modes[0].matvec, 0) << "without programmatic launches";
+  EXPECT_EQ(modes[0].attention, 0) << "without programmatic launches";
+  EXPECT_EQ(modes[1].matvec, 0) << "prefetches switched off";
+  EXPECT_EQ(modes[1].attention, 0) << "prefetches switched off";
+  EXPECT_EQ(modes[2].matvec, 7 * 2 * 9);
+  EXPECT_GT(modes[2].attention, 0);
+#endif
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -467,11 +468,18 @@ void CpAsyncCommit() { ++t_fiber->cp_async_groups; }
 
 void GridDependencyWait() { t_fiber->waited_for_grids = true; }
 
+namespace {
+std::atomic<int64_t> g_prefetches{0};
+}  // namespace
+
 void PrefetchL2(const void* global) {
   if (!IsDeviceRange(global, 1)) {
     DeviceFault("prefetch.global.L2", "address " + Hex(global) + " is not device memory");
   }
+  g_prefetches.fetch_add(1, std::memory_order_relaxed);
 }
+
+int64_t PrefetchesIssued() { return g_prefetches.load(std::memory_order_relaxed); }
 
 void CpAsyncWait(int pending) {
   if (pending < 0) DeviceFault("cp.async.wait_group", std::to_string(pending) + " groups");

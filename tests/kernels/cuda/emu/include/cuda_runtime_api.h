@@ -111,6 +111,9 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 // For the emulator's launch paths: when `stream` is capturing, appends `node` to its graph
 // and returns true (the caller does not run it now).
 bool RecordIfCapturing(cudaStream_t stream, std::function<void()> node);
+// For tests: the prefetch.global.L2 instructions kernels have executed in this process
+// (kernels/cuda/launch.cuh, PrefetchL2), one a thread that issues it.
+int64_t PrefetchesIssued();
 
 struct cudaDeviceProp {
   char name[256];
