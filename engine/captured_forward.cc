@@ -6,9 +6,10 @@ namespace kvlens {
 
 absl::Status ForwardWithCaptures(Transformer<float>& transformer, KvCacheStorage<float>& cache,
                                  absl::Span<const BatchEntry> batch,
-                                 const std::vector<bool>& capture, ForwardOutput<float>& out,
-                                 std::vector<std::vector<std::vector<float>>>& captured) {
-  if (std::find(capture.begin(), capture.end(), true) == capture.end()) {
+                                 std::vector<std::optional<AttentionCapture<float>>>& captures,
+                                 ForwardOutput<float>& out) {
+  auto captured = [&](size_t k) { return captures[k].has_value(); };
+  if (std::none_of(captures.begin(), captures.end(), [](const auto& c) { return c.has_value(); })) {
     return transformer.Forward(batch, cache, out);
   }
   // Every entry's logits rows come back here, so none takes the device's picks.
@@ -29,7 +30,7 @@ absl::Status ForwardWithCaptures(Transformer<float>& transformer, KvCacheStorage
   std::vector<BatchEntry> rest;
   std::vector<size_t> rest_index;
   for (size_t k = 0; k < batch.size(); ++k) {
-    if (!capture[k]) {
+    if (!captured(k)) {
       rest.push_back(rows_batch[k]);
       rest_index.push_back(k);
     }
@@ -43,16 +44,15 @@ absl::Status ForwardWithCaptures(Transformer<float>& transformer, KvCacheStorage
     }
   }
   for (size_t k = 0; k < batch.size(); ++k) {
-    if (!capture[k]) continue;
-    AttentionCapture<float> one;  // entry 0 of a one-entry batch
+    if (!captured(k)) continue;
+    captures[k]->entry = 0;  // of a one-entry batch
     if (absl::Status s =
-            transformer.Forward(absl::MakeConstSpan(&rows_batch[k], 1), cache, out, &one);
+            transformer.Forward(absl::MakeConstSpan(&rows_batch[k], 1), cache, out, &*captures[k]);
         !s.ok()) {
       return s;
     }
     std::copy_n(out.logits.begin() + static_cast<size_t>(out.logits_row[0]) * V, rows_of(k) * V,
                 logits.begin() + static_cast<size_t>(first_row[k]) * V);
-    captured[k] = std::move(one.probs);
   }
   out.logits = std::move(logits);
   out.logits_row = std::move(first_row);

@@ -4,6 +4,7 @@
 #ifndef KVLENS_ENGINE_CAPTURED_FORWARD_H_
 #define KVLENS_ENGINE_CAPTURED_FORWARD_H_
 
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -13,8 +14,9 @@
 
 namespace kvlens {
 
-// Runs `batch` into `out`, and for each entry k with capture[k] its attention
-// probabilities into captured[k] ([layer][H, Tq, Tk]). Entries are independent sequences
+// Runs `batch` into `out`, and for each entry k with a captures[k] its attention
+// probabilities into captures[k]->probs (the layers and rows it asks for; its `entry` is
+// set here). Entries are independent sequences
 // (their cache rows are disjoint), so the split changes no result; it costs extra Forward
 // calls only while someone asks for rows. Without any capture this is one Forward. With
 // some, `out` is left as one Forward over the batch would leave it, except that every
@@ -22,8 +24,8 @@ namespace kvlens {
 // its new tokens' with all_logits, else the last) in batch order, logits_row[k] the first.
 absl::Status ForwardWithCaptures(Transformer<float>& transformer, KvCacheStorage<float>& cache,
                                  absl::Span<const BatchEntry> batch,
-                                 const std::vector<bool>& capture, ForwardOutput<float>& out,
-                                 std::vector<std::vector<std::vector<float>>>& captured);
+                                 std::vector<std::optional<AttentionCapture<float>>>& captures,
+                                 ForwardOutput<float>& out);
 
 }  // namespace kvlens
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -101,8 +102,9 @@ struct Engine::Impl {
   // The prompt rows of a step's chunk that a prompt_logprobs request scores: positions
   // [begin, end) of the chunk [num_computed, num_computed + n), end ≤ num_prompt − 1.
   std::pair<int, int> RowsToScore(const Sequence& s, int n) const;
-  void FillAttentionRow(const Sequence& s, int num_new,
-                        const std::vector<std::vector<float>>& probs, TokenEvent& ev) const;
+  // ev.attention from a capture's last query rows ([L][H, Tk], the chosen layers filled).
+  void FillAttentionRow(const Sequence& s, const std::vector<std::vector<float>>& probs,
+                        TokenEvent& ev) const;
   void Finish(std::unique_ptr<Sequence> s, FinishReason reason, absl::Status status = {});
   void ReturnToSession(Sequence& s);
   EngineObserver::StepStats CurrentStats() const;
@@ -550,14 +552,13 @@ std::pair<int, int> Engine::Impl::RowsToScore(const Sequence& s, int n) const {
 
 // After the step: the query is the last computed token (position num_computed − 1), its
 // keys 0 … num_computed − 1; probs[l] is [H, num_new, num_computed].
-void Engine::Impl::FillAttentionRow(const Sequence& s, int num_new,
-                                    const std::vector<std::vector<float>>& probs,
+void Engine::Impl::FillAttentionRow(const Sequence& s, const std::vector<std::vector<float>>& probs,
                                     TokenEvent& ev) const {
   const int tk = s.num_computed;
   ev.attention_keys = tk;
   for (int l : s.request.attention_rows.layers) {
     for (int h : s.request.attention_rows.heads) {
-      const float* row = probs[l].data() + (static_cast<size_t>(h) * num_new + num_new - 1) * tk;
+      const float* row = probs[l].data() + static_cast<size_t>(h) * tk;
       ev.attention.insert(ev.attention.end(), row, row + tk);
     }
   }
@@ -669,15 +670,18 @@ void Engine::Impl::Step() {
     }
     // Sequences streaming attention rows that sample this step are captured (see
     // ForwardWithCaptures); without any this is one batched Forward.
-    std::vector<bool> capture(plan.size(), false);
+    // Only the rows streamed are captured: the chosen layers' last query rows.
+    std::vector<std::optional<AttentionCapture<float>>> captures(plan.size());
     for (size_t k = 0; k < plan.size(); ++k) {
       const Sequence& s = *plan[k].first;
-      capture[k] = !s.request.attention_rows.layers.empty() &&
-                   s.num_computed + plan[k].second == static_cast<int>(s.tokens.size());
+      if (!s.request.attention_rows.layers.empty() &&
+          s.num_computed + plan[k].second == static_cast<int>(s.tokens.size())) {
+        captures[k].emplace();
+        captures[k]->layers = s.request.attention_rows.layers;
+        captures[k]->last_query_only = true;
+      }
     }
-    std::vector<std::vector<std::vector<float>>> captured(plan.size());  // [entry][L][H, Tq, Tk]
-    const absl::Status status =
-        ForwardWithCaptures(transformer, *cache, batch, capture, out, captured);
+    const absl::Status status = ForwardWithCaptures(transformer, *cache, batch, captures, out);
     // 4. sample every row that completes its sequence's tokens (in parallel: rows are
     // independent), then advance, stream, finish in order
     std::vector<RowSample> sampled(plan.size());
@@ -741,7 +745,7 @@ void Engine::Impl::Step() {
         ReleaseOutOfWindow(s);
         if (s.num_computed == static_cast<int>(s.tokens.size())) {
           TokenEvent ev = AfterForward(s, std::move(sampled[k]));
-          if (capture[k]) FillAttentionRow(s, plan[k].second, captured[k], ev);
+          if (captures[k]) FillAttentionRow(s, captures[k]->probs, ev);
           const StopParams& stop = s.request.stop;
           const bool eos =
               !stop.ignore_eos && model.tokenizer && model.tokenizer->IsEndOfGeneration(ev.token);

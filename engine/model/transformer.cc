@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 #include <utility>
 
@@ -25,6 +26,7 @@ Transformer<T>::Transformer(const Model& model, kernels::Backend<T>& backend)
       up_(backend.memory()),
       logits_(backend.memory()),
       probs_(backend.memory()),
+      last_probs_(backend.memory()),
       steer_(backend.memory()) {
   for (int l = 0; l < model.config.num_layers; ++l) {
     ropes_.push_back(RopeOf(model.config, model.weights, l));
@@ -259,7 +261,35 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       }
     }
   }
-  if (capture != nullptr) capture->probs.assign(c.num_layers, {});
+  // The captured layers: each one's slot in last_probs_ (last_query_only on a device), −1
+  // for a layer not captured.
+  std::vector<int> capture_slot(static_cast<size_t>(c.num_layers), -1);
+  int num_captured = 0;
+  int64_t capture_keys = 0;  // the captured entry's Tk
+  if (capture != nullptr) {
+    capture->probs.assign(c.num_layers, {});
+    std::vector<int> layers = capture->layers;
+    if (layers.empty()) {
+      layers.resize(static_cast<size_t>(c.num_layers));
+      std::iota(layers.begin(), layers.end(), 0);
+    }
+    for (int l : layers) {
+      if (l < 0 || l >= c.num_layers) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "attention capture: layer ", l, " outside the model's [0, ", c.num_layers, ")"));
+      }
+      if (int& slot = capture_slot[static_cast<size_t>(l)]; slot < 0) slot = num_captured++;
+    }
+    if (capture->entry >= 0 && capture->entry < num_real) {
+      const BatchEntry& b = batch[static_cast<size_t>(capture->entry)];
+      capture_keys = b.num_cached + static_cast<int64_t>(b.tokens.size());
+    }
+    if (capture->last_query_only && !host) {
+      if (absl::Status s = last_probs_.Resize(num_captured * c.num_heads * capture_keys); !s.ok()) {
+        return s;
+      }
+    }
+  }
 
   // The layers are one step for the backend (a CUDA graph when an identical step ran
   // before), up to the logits, whose rows are gathered by memory copies. Not when
@@ -366,17 +396,31 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       a.kv.block_table = b.block_table.data();
       a.out = att_.data() + r0 * QD;
       a.out_stride = QD;
-      const bool captured = capture != nullptr && capture->entry == static_cast<int>(e);
-      const int64_t probs_size = int64_t{c.num_heads} * tq * a.num_keys;
+      const int slot = capture_slot[static_cast<size_t>(l)];
+      const bool captured =
+          capture != nullptr && capture->entry == static_cast<int>(e) && slot >= 0;
+      const int64_t H = c.num_heads, Tk = a.num_keys, probs_size = H * tq * Tk;
       r0 += tq;
       if (!captured) {
         calls_.push_back(a);
         call_entries_.push_back(static_cast<int>(e));
         continue;
       }
-      capture->probs[l].resize(probs_size);
+      // Where the kernel writes [H, tq, Tk]: straight into the result where that is the
+      // result's layout (the full map, or one query's rows), else a scratch to take the
+      // last rows from.
+      const bool last_only = capture->last_query_only;
+      capture->probs[l].resize(static_cast<size_t>(last_only ? H * Tk : probs_size));
+      T* const last_rows = last_only && !host ? last_probs_.data() + slot * H * Tk : nullptr;
       if (host) {
-        a.probs = capture->probs[l].data();
+        if (!last_only || tq == 1) {
+          a.probs = capture->probs[l].data();
+        } else {
+          probs_host_.resize(static_cast<size_t>(probs_size));
+          a.probs = probs_host_.data();
+        }
+      } else if (last_only && tq == 1) {
+        a.probs = last_rows;
       } else {
         if (absl::Status s = probs_.Resize(probs_size); !s.ok()) return s;
         a.probs = probs_.data();
@@ -385,9 +429,22 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
         return absl::Status(s.code(),
                             absl::StrCat("batch entry ", e, ", layer ", l, ": ", s.message()));
       }
-      if (!host) {
-        if (absl::Status s = probs_.CopyToHost(capture->probs[l].data(), probs_size); !s.ok()) {
-          return s;
+      if (!last_only) {
+        if (!host) {
+          if (absl::Status s = probs_.CopyToHost(capture->probs[l].data(), probs_size); !s.ok()) {
+            return s;
+          }
+        }
+      } else if (tq > 1) {  // row tq − 1 of each head
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t from = (h * tq + tq - 1) * Tk;
+          if (host) {
+            std::copy_n(probs_host_.data() + from, Tk, capture->probs[l].data() + h * Tk);
+          } else if (absl::Status s = backend_.memory().Copy(last_rows + h * Tk,
+                                                             probs_.data() + from, Tk * sizeof(T));
+                     !s.ok()) {
+            return s;
+          }
         }
       }
     }
@@ -418,6 +475,20 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     return s;
   }
   if (proj_pending) backend_.Add(x_.data(), proj_.data(), n * D);
+  // The captured last query rows, all layers in one copy out of the device.
+  if (capture != nullptr && capture->last_query_only && !host && num_captured > 0 &&
+      capture_keys > 0) {
+    const int64_t layer_size = c.num_heads * capture_keys;
+    std::vector<T> last(static_cast<size_t>(num_captured * layer_size));
+    if (absl::Status s = last_probs_.CopyToHost(last.data(), num_captured * layer_size); !s.ok()) {
+      return s;
+    }
+    for (int l = 0; l < c.num_layers; ++l) {
+      if (const int slot = capture_slot[static_cast<size_t>(l)]; slot >= 0) {
+        std::copy_n(last.data() + slot * layer_size, layer_size, capture->probs[l].data());
+      }
+    }
+  }
 
   // gather the rows that need logits (not the padding's), final norm, classifier
   std::vector<int> rows;

@@ -79,7 +79,15 @@ struct ForwardOutput {
 template <typename T>
 struct AttentionCapture {
   int entry = 0;
-  // Filled per layer: [H, Tq, Tk] with Tq = the entry's new tokens, Tk = all its tokens.
+  // The layers captured (each in [0, L)); empty: all. The others' probs stay empty, and
+  // their attention runs with the other entries', as in a step without captures.
+  std::vector<int> layers;
+  // Only each head's last query row (whose logits pick the next token): probs[l] is then
+  // [H, Tk]. On a device these rows are gathered there and copied out once after the
+  // layers, where full maps are copied out layer by layer.
+  bool last_query_only = false;
+  // Filled per captured layer: [H, Tq, Tk] with Tq = the entry's new tokens, Tk = all its
+  // tokens (or [H, Tk], last_query_only).
   std::vector<std::vector<T>> probs;
 };
 
@@ -118,19 +126,21 @@ class Transformer {
   const ModelConfig& config_;
   kernels::Backend<T>& backend_;
   // Activation buffers in the backend's memory, reused across calls (llama2.c's RunState).
-  kernels::Buffer<T> x_;       // [N, D] residual stream
-  kernels::Buffer<T> xn_;      // [N, D] normalised
-  kernels::Buffer<T> q_;       // [N, D]
-  kernels::Buffer<T> k_;       // [N, KVD]
-  kernels::Buffer<T> v_;       // [N, KVD]
-  kernels::Buffer<T> att_;     // [N, D] attention output (heads concatenated)
-  kernels::Buffer<T> proj_;    // [N, D]
-  kernels::Buffer<T> hidden_;  // [N, F]
-  kernels::Buffer<T> up_;      // [N, F]
-  kernels::Buffer<T> logits_;  // [rows, V] (device backends only; else out.logits)
-  kernels::Buffer<T> probs_;   // [H, Tq, Tk] one captured layer (device backends only)
-  kernels::Buffer<T> steer_;   // [N, D] the rows' residual adds at one point
-  std::vector<T> steer_host_;  // its host side
+  kernels::Buffer<T> x_;           // [N, D] residual stream
+  kernels::Buffer<T> xn_;          // [N, D] normalised
+  kernels::Buffer<T> q_;           // [N, D]
+  kernels::Buffer<T> k_;           // [N, KVD]
+  kernels::Buffer<T> v_;           // [N, KVD]
+  kernels::Buffer<T> att_;         // [N, D] attention output (heads concatenated)
+  kernels::Buffer<T> proj_;        // [N, D]
+  kernels::Buffer<T> hidden_;      // [N, F]
+  kernels::Buffer<T> up_;          // [N, F]
+  kernels::Buffer<T> logits_;      // [rows, V] (device backends only; else out.logits)
+  kernels::Buffer<T> probs_;       // [H, Tq, Tk] one captured layer (device backends only)
+  kernels::Buffer<T> last_probs_;  // [captured layers, H, Tk] last query rows (likewise)
+  std::vector<T> probs_host_;      // [H, Tq, Tk] one layer, for its last rows (host backends)
+  kernels::Buffer<T> steer_;       // [N, D] the rows' residual adds at one point
+  std::vector<T> steer_host_;      // its host side
   // Index arrays stay on the host (the backend contract).
   std::vector<int32_t> positions_;                // [N]
   std::vector<kernels::RopeSpec> ropes_;          // each layer's (RopeOf)

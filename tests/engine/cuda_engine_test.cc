@@ -8,7 +8,7 @@
 // 1e-3); decode and short chunks are fp32 end to end, so incremental decode on CUDA equals
 // a full recompute on CUDA within 1e-4 of the largest |logit|.
 //
-// One file of about 1050 lines: these suites share their model loaders and comparisons, and
+// One file of about 1100 lines: these suites share their model loaders and comparisons, and
 // the GPU machine's standalone build names its test sources
 // (kernels/cuda/standalone/sources.cmake, KVLENS_GPU_TEST_SOURCES); each TEST stands alone.
 #include <algorithm>
@@ -181,6 +181,47 @@ TEST(CudaEngineServe, Stories260KThroughTheEngineEqualsCpu) {
   const std::string got = serve(cuda);
   EXPECT_EQ(got, want);
   EXPECT_EQ(got.rfind(kReferenceText, 0), 0u) << got;
+}
+
+// Attention rows streamed with each token (layers 1 and 3, heads 0, 5 and 7): the prompt's
+// step gathers each chosen layer's last query rows from its maps, device to device, the
+// decode steps' attention writes them in place, and each step copies them out once. The
+// tokens equal the CPU engine's, and every row is the CPU's within 1e-5 (fp32 on both).
+TEST(CudaEngineServe, StreamedAttentionRowsEqualCpu) {
+  KVLENS_REQUIRE_FILE(kStories);
+  KVLENS_REQUIRE_CUDA(cuda);
+  auto model = Load(kStories);
+  ASSERT_NE(model, nullptr);
+  kernels::CpuBackend cpu(2);
+  auto serve = [&](kernels::Backend<float>& backend) {
+    Engine engine(*model, backend, EngineOptions{});
+    EXPECT_TRUE(engine.status().ok()) << engine.status();
+    std::vector<TokenEvent> events;
+    std::promise<void> done;
+    GenerationRequest r;
+    r.prompt = model->tokenizer->Encode("Once upon a time", true);
+    r.stop.max_new_tokens = 12;
+    r.stop.ignore_eos = true;
+    r.attention_rows = {{1, 3}, {0, 5, 7}};
+    r.callbacks.on_token = [&](const TokenEvent& e) { events.push_back(e); };
+    r.callbacks.on_finish = [&](const FinishEvent&) { done.set_value(); };
+    auto id = engine.Submit(std::move(r));
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (id.ok()) done.get_future().wait();
+    return events;
+  };
+  const std::vector<TokenEvent> want = serve(cpu), got = serve(cuda);
+  ASSERT_EQ(want.size(), 12u);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t t = 0; t < got.size(); ++t) {
+    EXPECT_EQ(got[t].token, want[t].token) << "token " << t;
+    ASSERT_EQ(got[t].attention_keys, want[t].attention_keys) << "token " << t;
+    ASSERT_EQ(got[t].attention.size(), size_t{6} * want[t].attention_keys) << "token " << t;
+    ASSERT_EQ(got[t].attention.size(), want[t].attention.size()) << "token " << t;
+    for (size_t i = 0; i < got[t].attention.size(); ++i) {
+      ASSERT_NEAR(got[t].attention[i], want[t].attention[i], 1e-5) << "token " << t << ", " << i;
+    }
+  }
 }
 
 // Steered requests (vectors at resid_pre, resid_mid and, from position 3, before the final
