@@ -27,6 +27,7 @@ Transformer<T>::Transformer(const Model& model, kernels::Backend<T>& backend)
       logits_(backend.memory()),
       probs_(backend.memory()),
       last_probs_(backend.memory()),
+      probe_out_(backend.memory()),
       steer_(backend.memory()) {
   for (int l = 0; l < model.config.num_layers; ++l) {
     ropes_.push_back(RopeOf(model.config, model.weights, l));
@@ -284,9 +285,13 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       const BatchEntry& b = batch[static_cast<size_t>(capture->entry)];
       capture_keys = b.num_cached + static_cast<int64_t>(b.tokens.size());
     }
-    if (capture->last_query_only && !host) {
-      if (absl::Status s = last_probs_.Resize(num_captured * c.num_heads * capture_keys); !s.ok()) {
-        return s;
+    if (capture->last_query_only) {
+      if (absl::Status s = probe_out_.Resize(QD); !s.ok()) return s;
+      if (!host) {
+        if (absl::Status s = last_probs_.Resize(num_captured * c.num_heads * capture_keys);
+            !s.ok()) {
+          return s;
+        }
       }
     }
   }
@@ -401,26 +406,34 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
           capture != nullptr && capture->entry == static_cast<int>(e) && slot >= 0;
       const int64_t H = c.num_heads, Tk = a.num_keys, probs_size = H * tq * Tk;
       r0 += tq;
-      if (!captured) {
+      if (!captured || capture->last_query_only) {
         calls_.push_back(a);
         call_entries_.push_back(static_cast<int>(e));
+      }
+      if (!captured) continue;
+      if (capture->last_query_only) {
+        // The last query again, alone, for its probabilities: into the result, or into its
+        // layer's slot of last_probs_ on a device. Its output is dropped (the batched call
+        // above makes the entry's), so the step computes what it would without the capture.
+        kernels::AttentionArgs<T> last = a;
+        last.q = a.q + int64_t{tq - 1} * QD;
+        last.num_queries = 1;
+        last.query_offset = a.query_offset + tq - 1;
+        if (a.q_doc_ids != nullptr) last.q_doc_ids = a.q_doc_ids + tq - 1;
+        last.out = probe_out_.data();
+        capture->probs[l].resize(static_cast<size_t>(H * Tk));
+        last.probs = host ? capture->probs[l].data() : last_probs_.data() + slot * H * Tk;
+        if (absl::Status s = backend_.Attention(last); !s.ok()) {
+          return absl::Status(s.code(),
+                              absl::StrCat("batch entry ", e, ", layer ", l, ": ", s.message()));
+        }
         continue;
       }
-      // Where the kernel writes [H, tq, Tk]: straight into the result where that is the
-      // result's layout (the full map, or one query's rows), else a scratch to take the
-      // last rows from.
-      const bool last_only = capture->last_query_only;
-      capture->probs[l].resize(static_cast<size_t>(last_only ? H * Tk : probs_size));
-      T* const last_rows = last_only && !host ? last_probs_.data() + slot * H * Tk : nullptr;
+      // The full map: the kernel writes it on the host, or on a device where it is copied
+      // out at once (the next captured layer reuses probs_).
+      capture->probs[l].resize(static_cast<size_t>(probs_size));
       if (host) {
-        if (!last_only || tq == 1) {
-          a.probs = capture->probs[l].data();
-        } else {
-          probs_host_.resize(static_cast<size_t>(probs_size));
-          a.probs = probs_host_.data();
-        }
-      } else if (last_only && tq == 1) {
-        a.probs = last_rows;
+        a.probs = capture->probs[l].data();
       } else {
         if (absl::Status s = probs_.Resize(probs_size); !s.ok()) return s;
         a.probs = probs_.data();
@@ -429,22 +442,9 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
         return absl::Status(s.code(),
                             absl::StrCat("batch entry ", e, ", layer ", l, ": ", s.message()));
       }
-      if (!last_only) {
-        if (!host) {
-          if (absl::Status s = probs_.CopyToHost(capture->probs[l].data(), probs_size); !s.ok()) {
-            return s;
-          }
-        }
-      } else if (tq > 1) {  // row tq − 1 of each head
-        for (int64_t h = 0; h < H; ++h) {
-          const int64_t from = (h * tq + tq - 1) * Tk;
-          if (host) {
-            std::copy_n(probs_host_.data() + from, Tk, capture->probs[l].data() + h * Tk);
-          } else if (absl::Status s = backend_.memory().Copy(last_rows + h * Tk,
-                                                             probs_.data() + from, Tk * sizeof(T));
-                     !s.ok()) {
-            return s;
-          }
+      if (!host) {
+        if (absl::Status s = probs_.CopyToHost(capture->probs[l].data(), probs_size); !s.ok()) {
+          return s;
         }
       }
     }

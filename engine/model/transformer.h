@@ -83,8 +83,10 @@ struct AttentionCapture {
   // their attention runs with the other entries', as in a step without captures.
   std::vector<int> layers;
   // Only each head's last query row (whose logits pick the next token): probs[l] is then
-  // [H, Tk]. On a device these rows are gathered there and copied out once after the
-  // layers, where full maps are copied out layer by layer.
+  // [H, Tk]. The last query's attention runs a second time, alone, for them (its output
+  // dropped), so the step's activations and logits are those of the same step without
+  // the capture. On a device the chosen layers' rows land side by side there and are
+  // copied out once after the layers, where full maps are copied out layer by layer.
   bool last_query_only = false;
   // Filled per captured layer: [H, Tq, Tk] with Tq = the entry's new tokens, Tk = all its
   // tokens (or [H, Tk], last_query_only).
@@ -138,7 +140,7 @@ class Transformer {
   kernels::Buffer<T> logits_;      // [rows, V] (device backends only; else out.logits)
   kernels::Buffer<T> probs_;       // [H, Tq, Tk] one captured layer (device backends only)
   kernels::Buffer<T> last_probs_;  // [captured layers, H, Tk] last query rows (likewise)
-  std::vector<T> probs_host_;      // [H, Tq, Tk] one layer, for its last rows (host backends)
+  kernels::Buffer<T> probe_out_;   // [QD] the output of a last query's rerun (dropped)
   kernels::Buffer<T> steer_;       // [N, D] the rows' residual adds at one point
   std::vector<T> steer_host_;      // its host side
   // Index arrays stay on the host (the backend contract).

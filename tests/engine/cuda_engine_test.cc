@@ -186,14 +186,17 @@ TEST(CudaEngineServe, Stories260KThroughTheEngineEqualsCpu) {
 // Attention rows streamed with each token (layers 1 and 3, heads 0, 5 and 7): the prompt's
 // step gathers each chosen layer's last query rows from its maps, device to device, the
 // decode steps' attention writes them in place, and each step copies them out once. The
-// tokens equal the CPU engine's, and every row is the CPU's within 1e-5 (fp32 on both).
+// tokens equal the CPU engine's, and every row is the CPU's within 1e-5 (fp32 on both);
+// on CUDA the rows, read beside each step, leave its tokens and log-probabilities as the
+// same request gets without them (within 1e-6: the host's log-softmax against the
+// device's draw).
 TEST(CudaEngineServe, StreamedAttentionRowsEqualCpu) {
   KVLENS_REQUIRE_FILE(kStories);
   KVLENS_REQUIRE_CUDA(cuda);
   auto model = Load(kStories);
   ASSERT_NE(model, nullptr);
   kernels::CpuBackend cpu(2);
-  auto serve = [&](kernels::Backend<float>& backend) {
+  auto serve = [&](kernels::Backend<float>& backend, bool rows = true) {
     Engine engine(*model, backend, EngineOptions{});
     EXPECT_TRUE(engine.status().ok()) << engine.status();
     std::vector<TokenEvent> events;
@@ -202,7 +205,7 @@ TEST(CudaEngineServe, StreamedAttentionRowsEqualCpu) {
     r.prompt = model->tokenizer->Encode("Once upon a time", true);
     r.stop.max_new_tokens = 12;
     r.stop.ignore_eos = true;
-    r.attention_rows = {{1, 3}, {0, 5, 7}};
+    if (rows) r.attention_rows = {{1, 3}, {0, 5, 7}};
     r.callbacks.on_token = [&](const TokenEvent& e) { events.push_back(e); };
     r.callbacks.on_finish = [&](const FinishEvent&) { done.set_value(); };
     auto id = engine.Submit(std::move(r));
@@ -211,10 +214,15 @@ TEST(CudaEngineServe, StreamedAttentionRowsEqualCpu) {
     return events;
   };
   const std::vector<TokenEvent> want = serve(cpu), got = serve(cuda);
+  const std::vector<TokenEvent> plain = serve(cuda, false);
   ASSERT_EQ(want.size(), 12u);
   ASSERT_EQ(got.size(), want.size());
+  ASSERT_EQ(plain.size(), want.size());
   for (size_t t = 0; t < got.size(); ++t) {
     EXPECT_EQ(got[t].token, want[t].token) << "token " << t;
+    EXPECT_EQ(got[t].token, plain[t].token) << "token " << t;
+    EXPECT_NEAR(got[t].logprob, plain[t].logprob, 1e-6) << "token " << t;
+    EXPECT_TRUE(plain[t].attention.empty());
     ASSERT_EQ(got[t].attention_keys, want[t].attention_keys) << "token " << t;
     ASSERT_EQ(got[t].attention.size(), size_t{6} * want[t].attention_keys) << "token " << t;
     ASSERT_EQ(got[t].attention.size(), want[t].attention.size()) << "token " << t;

@@ -2,8 +2,8 @@
 // layers and last_query_only: what the engine streams as attention rows), on stories260K,
 // on the CPU backend and on a "device" whose memory the host cannot read: the chosen
 // layers' last query rows equal those rows of the full maps, the other layers stay empty,
-// and on the device the rows of every chosen layer come out in one copy, where full maps
-// take one a layer.
+// the logits are bit for bit those of the step without a capture, and on the device the
+// rows of every chosen layer come out in one copy, where full maps take one a layer.
 #include <cmath>
 #include <vector>
 
@@ -23,6 +23,7 @@ class AttentionCaptureTest : public testing::StoriesModelTest {
   struct Captured {
     absl::Status status;
     std::vector<std::vector<float>> probs;
+    std::vector<float> logits;
     int copies_out = 0;  // the fake device's copies to the host during the captured Forward
   };
 
@@ -46,6 +47,7 @@ class AttentionCaptureTest : public testing::StoriesModelTest {
     r.status = tr.Forward({&next, 1}, *cache, out, capture);
     if (counted != nullptr) r.copies_out = counted->copies_to_host - before;
     if (capture != nullptr) r.probs = capture->probs;
+    r.logits = out.logits;
     return r;
   }
 
@@ -70,6 +72,10 @@ TEST_F(AttentionCaptureTest, LastQueryRowsOfChosenLayersEqualThoseOfTheFullMaps)
       chosen.last_query_only = true;
       const Captured last = Run(*be, tq, &chosen);
       ASSERT_TRUE(last.status.ok()) << last.status;
+      const Captured none = Run(*be, tq, nullptr);
+      ASSERT_TRUE(none.status.ok()) << none.status;
+      ASSERT_FALSE(none.logits.empty());
+      EXPECT_EQ(last.logits, none.logits);  // the rows are read beside the step, not in it
       ASSERT_EQ(last.probs.size(), size_t(L));
       for (int l = 0; l < L; ++l) {
         ASSERT_EQ(all.probs[l].size(), size_t(H) * tq * tk) << "layer " << l;
@@ -95,7 +101,7 @@ TEST_F(AttentionCaptureTest, LastQueryRowsOfChosenLayersEqualThoseOfTheFullMaps)
 
 // Copies to the host during the captured step, counted against the same step without a
 // capture: full maps add one a layer, the last rows of two layers one in all, whether the
-// step's queries are one (written where they are copied from) or five (gathered there).
+// step has one query or five.
 TEST_F(AttentionCaptureTest, OnADeviceTheLastRowsOfAllChosenLayersComeOutInOneCopy) {
   testing::FakeDeviceBackend device(1);
   const int L = model_->config.num_layers;
