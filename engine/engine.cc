@@ -3,11 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "engine/captured_forward.h"
 #include "engine/kv_cache/block_pool.h"
 #include "engine/kv_cache/kv_cache_storage.h"
 #include "engine/model/transformer.h"
@@ -668,20 +666,23 @@ void Engine::Impl::Step() {
       }
       batch.push_back(e);
     }
-    // Sequences streaming attention rows that sample this step are captured (see
-    // ForwardWithCaptures); without any this is one batched Forward.
-    // Only the rows streamed are captured: the chosen layers' last query rows.
-    std::vector<std::optional<AttentionCapture<float>>> captures(plan.size());
+    // Sequences streaming attention rows that sample this step capture the rows they
+    // stream, the chosen layers' last query rows, in the same Forward as the others (which
+    // computes what it would without them).
+    std::vector<AttentionCapture<float>> captures;
+    std::vector<int> capture_of(plan.size(), -1);
     for (size_t k = 0; k < plan.size(); ++k) {
       const Sequence& s = *plan[k].first;
       if (!s.request.attention_rows.layers.empty() &&
           s.num_computed + plan[k].second == static_cast<int>(s.tokens.size())) {
-        captures[k].emplace();
-        captures[k]->layers = s.request.attention_rows.layers;
-        captures[k]->last_query_only = true;
+        capture_of[k] = static_cast<int>(captures.size());
+        AttentionCapture<float>& capture = captures.emplace_back();
+        capture.entry = static_cast<int>(k);
+        capture.layers = s.request.attention_rows.layers;
+        capture.last_query_only = true;
       }
     }
-    const absl::Status status = ForwardWithCaptures(transformer, *cache, batch, captures, out);
+    const absl::Status status = transformer.Forward(batch, *cache, out, absl::MakeSpan(captures));
     // 4. sample every row that completes its sequence's tokens (in parallel: rows are
     // independent), then advance, stream, finish in order
     std::vector<RowSample> sampled(plan.size());
@@ -745,7 +746,7 @@ void Engine::Impl::Step() {
         ReleaseOutOfWindow(s);
         if (s.num_computed == static_cast<int>(s.tokens.size())) {
           TokenEvent ev = AfterForward(s, std::move(sampled[k]));
-          if (captures[k]) FillAttentionRow(s, captures[k]->probs, ev);
+          if (capture_of[k] >= 0) FillAttentionRow(s, captures[capture_of[k]].probs, ev);
           const StopParams& stop = s.request.stop;
           const bool eos =
               !stop.ignore_eos && model.tokenizer && model.tokenizer->IsEndOfGeneration(ev.token);

@@ -204,7 +204,8 @@ absl::Status Transformer<T>::AddResiduals(absl::Span<const BatchEntry> batch, in
 
 template <typename T>
 absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCacheStorage<T>& cache,
-                                     ForwardOutput<T>& out, AttentionCapture<T>* capture) {
+                                     ForwardOutput<T>& out,
+                                     absl::Span<AttentionCapture<T>> captures) {
   if (absl::Status s = Validate(batch, cache); !s.ok()) return s;
   // A decode step (one token an entry) gets as many rows as the backend prefers (CUDA
   // graphs: one graph per bucket of batch sizes). The padding entries come last: token 0
@@ -212,7 +213,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   // getting no logits.
   const int num_real = static_cast<int>(batch.size());
   std::vector<BatchEntry> padded;
-  if (capture == nullptr) {
+  if (captures.empty()) {
     bool decode = true;
     for (const BatchEntry& b : batch) decode = decode && b.tokens.size() == 1 && b.doc_ids.empty();
     if (const int rows = decode ? backend_.PaddedDecodeRows(num_real) : num_real; rows > num_real) {
@@ -262,14 +263,32 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       }
     }
   }
-  // The captured layers: each one's slot in last_probs_ (last_query_only on a device), −1
-  // for a layer not captured.
-  std::vector<int> capture_slot(static_cast<size_t>(c.num_layers), -1);
-  int num_captured = 0;
-  int64_t capture_keys = 0;  // the captured entry's Tk
-  if (capture != nullptr) {
-    capture->probs.assign(c.num_layers, {});
-    std::vector<int> layers = capture->layers;
+  // Each entry's capture (−1: none); each capture's layers' slots (−1: a layer not
+  // captured), and on a device where its last query rows start in last_probs_.
+  struct CapturePlan {
+    std::vector<int> slot;  // [L]
+    int num_layers = 0;
+    int64_t keys = 0;    // its entry's Tk
+    int64_t offset = 0;  // in last_probs_
+  };
+  std::vector<int> capture_of(batch.size(), -1);
+  std::vector<CapturePlan> plans(captures.size());
+  int64_t last_size = 0;  // last_probs_' elements
+  bool any_last = false;
+  for (size_t i = 0; i < captures.size(); ++i) {
+    AttentionCapture<T>& cap = captures[i];
+    if (cap.entry < 0 || cap.entry >= num_real) {
+      return absl::InvalidArgumentError(absl::StrCat("attention capture: entry ", cap.entry,
+                                                     " outside the batch's [0, ", num_real, ")"));
+    }
+    if (capture_of[static_cast<size_t>(cap.entry)] >= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attention capture: entry ", cap.entry, " captured twice"));
+    }
+    capture_of[static_cast<size_t>(cap.entry)] = static_cast<int>(i);
+    CapturePlan& plan = plans[i];
+    plan.slot.assign(static_cast<size_t>(c.num_layers), -1);
+    std::vector<int> layers = cap.layers;
     if (layers.empty()) {
       layers.resize(static_cast<size_t>(c.num_layers));
       std::iota(layers.begin(), layers.end(), 0);
@@ -279,26 +298,27 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
         return absl::InvalidArgumentError(absl::StrCat(
             "attention capture: layer ", l, " outside the model's [0, ", c.num_layers, ")"));
       }
-      if (int& slot = capture_slot[static_cast<size_t>(l)]; slot < 0) slot = num_captured++;
+      if (int& slot = plan.slot[static_cast<size_t>(l)]; slot < 0) slot = plan.num_layers++;
     }
-    if (capture->entry >= 0 && capture->entry < num_real) {
-      const BatchEntry& b = batch[static_cast<size_t>(capture->entry)];
-      capture_keys = b.num_cached + static_cast<int64_t>(b.tokens.size());
+    const BatchEntry& b = batch[static_cast<size_t>(cap.entry)];
+    plan.keys = b.num_cached + static_cast<int64_t>(b.tokens.size());
+    if (cap.last_query_only) {
+      any_last = true;
+      plan.offset = last_size;
+      last_size += plan.num_layers * c.num_heads * plan.keys;
     }
-    if (capture->last_query_only) {
-      if (absl::Status s = probe_out_.Resize(QD); !s.ok()) return s;
-      if (!host) {
-        if (absl::Status s = last_probs_.Resize(num_captured * c.num_heads * capture_keys);
-            !s.ok()) {
-          return s;
-        }
-      }
-    }
+    cap.probs.assign(static_cast<size_t>(c.num_layers), {});
+  }
+  if (any_last) {
+    if (absl::Status s = probe_out_.Resize(QD); !s.ok()) return s;
+  }
+  if (!host && last_size > 0) {
+    if (absl::Status s = last_probs_.Resize(last_size); !s.ok()) return s;
   }
 
   // The layers are one step for the backend (a CUDA graph when an identical step ran
   // before), up to the logits, whose rows are gathered by memory copies. Not when
-  // probabilities are captured: those are copied out layer by layer.
+  // probabilities are captured: those are copied out as the step goes.
   struct StepScope {
     kernels::Backend<T>* backend = nullptr;  // while the step is open
     ~StepScope() {
@@ -308,7 +328,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   // Nor with residual adds: their rows are uploaded (CopyFromHost) as the step goes.
   bool steered = false;
   for (const BatchEntry& b : batch) steered = steered || !b.residual_adds.empty();
-  if (capture == nullptr && !steered) {
+  if (captures.empty() && !steered) {
     backend_.BeginStep();
     step.backend = &backend_;
   }
@@ -373,7 +393,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
                        cache.dtype());
     }
     // attention per sequence, against all of its cached keys: one AttentionBatch for all
-    // sequences but the one whose probabilities are captured (copied out after its call)
+    // sequences but those whose full maps are captured (a call each, copied out after it)
     calls_.clear();
     call_entries_.clear();
     int r0 = 0;
@@ -401,9 +421,10 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       a.kv.block_table = b.block_table.data();
       a.out = att_.data() + r0 * QD;
       a.out_stride = QD;
-      const int slot = capture_slot[static_cast<size_t>(l)];
-      const bool captured =
-          capture != nullptr && capture->entry == static_cast<int>(e) && slot >= 0;
+      const int ci = capture_of[e];
+      AttentionCapture<T>* const capture = ci >= 0 ? &captures[static_cast<size_t>(ci)] : nullptr;
+      const int slot = ci >= 0 ? plans[static_cast<size_t>(ci)].slot[static_cast<size_t>(l)] : -1;
+      const bool captured = slot >= 0;
       const int64_t H = c.num_heads, Tk = a.num_keys, probs_size = H * tq * Tk;
       r0 += tq;
       if (!captured || capture->last_query_only) {
@@ -422,7 +443,9 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
         if (a.q_doc_ids != nullptr) last.q_doc_ids = a.q_doc_ids + tq - 1;
         last.out = probe_out_.data();
         capture->probs[l].resize(static_cast<size_t>(H * Tk));
-        last.probs = host ? capture->probs[l].data() : last_probs_.data() + slot * H * Tk;
+        last.probs =
+            host ? capture->probs[l].data()
+                 : last_probs_.data() + plans[static_cast<size_t>(ci)].offset + slot * H * Tk;
         if (absl::Status s = backend_.Attention(last); !s.ok()) {
           return absl::Status(s.code(),
                               absl::StrCat("batch entry ", e, ", layer ", l, ": ", s.message()));
@@ -475,17 +498,19 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     return s;
   }
   if (proj_pending) backend_.Add(x_.data(), proj_.data(), n * D);
-  // The captured last query rows, all layers in one copy out of the device.
-  if (capture != nullptr && capture->last_query_only && !host && num_captured > 0 &&
-      capture_keys > 0) {
-    const int64_t layer_size = c.num_heads * capture_keys;
-    std::vector<T> last(static_cast<size_t>(num_captured * layer_size));
-    if (absl::Status s = last_probs_.CopyToHost(last.data(), num_captured * layer_size); !s.ok()) {
-      return s;
-    }
-    for (int l = 0; l < c.num_layers; ++l) {
-      if (const int slot = capture_slot[static_cast<size_t>(l)]; slot >= 0) {
-        std::copy_n(last.data() + slot * layer_size, layer_size, capture->probs[l].data());
+  // The captured last query rows, of every capture and layer, in one copy out of the device.
+  if (!host && last_size > 0) {
+    std::vector<T> last(static_cast<size_t>(last_size));
+    if (absl::Status s = last_probs_.CopyToHost(last.data(), last_size); !s.ok()) return s;
+    for (size_t i = 0; i < captures.size(); ++i) {
+      if (!captures[i].last_query_only) continue;
+      const CapturePlan& plan = plans[i];
+      const int64_t layer_size = c.num_heads * plan.keys;
+      for (int l = 0; l < c.num_layers; ++l) {
+        if (const int slot = plan.slot[static_cast<size_t>(l)]; slot >= 0) {
+          std::copy_n(last.data() + plan.offset + slot * layer_size, layer_size,
+                      captures[i].probs[l].data());
+        }
       }
     }
   }

@@ -75,10 +75,10 @@ struct ForwardOutput {
   std::vector<float> pick_top_logprob;
 };
 
-// Optional captures for interpretability: attention probabilities of one entry.
+// Optional captures for interpretability: attention probabilities of one batch entry.
 template <typename T>
 struct AttentionCapture {
-  int entry = 0;
+  int entry = 0;  // in [0, the batch's entries)
   // The layers captured (each in [0, L)); empty: all. The others' probs stay empty, and
   // their attention runs with the other entries', as in a step without captures.
   std::vector<int> layers;
@@ -102,8 +102,17 @@ class Transformer {
   // block table names) and returns logits. Errors: a token id outside the vocabulary, a
   // position past max_seq_len, a block table too short (each names the entry and field);
   // a cache in other memory than the backend's; a backend failure (device errors).
+  // With captures (at most one an entry; an entry or a layer outside the batch or the
+  // model is INVALID_ARGUMENT), their probabilities too. A step with captures is run op by
+  // op, never a CUDA graph, and a decode step is not padded.
   absl::Status Forward(absl::Span<const BatchEntry> batch, KvCacheStorage<T>& cache,
-                       ForwardOutput<T>& out, AttentionCapture<T>* capture = nullptr);
+                       ForwardOutput<T>& out, absl::Span<AttentionCapture<T>> captures);
+  absl::Status Forward(absl::Span<const BatchEntry> batch, KvCacheStorage<T>& cache,
+                       ForwardOutput<T>& out, AttentionCapture<T>* capture = nullptr) {
+    return Forward(batch, cache, out,
+                   capture != nullptr ? absl::Span<AttentionCapture<T>>(capture, 1)
+                                      : absl::Span<AttentionCapture<T>>());
+  }
 
   const ModelConfig& config() const { return config_; }
 
@@ -139,7 +148,7 @@ class Transformer {
   kernels::Buffer<T> up_;          // [N, F]
   kernels::Buffer<T> logits_;      // [rows, V] (device backends only; else out.logits)
   kernels::Buffer<T> probs_;       // [H, Tq, Tk] one captured layer (device backends only)
-  kernels::Buffer<T> last_probs_;  // [captured layers, H, Tk] last query rows (likewise)
+  kernels::Buffer<T> last_probs_;  // last query rows, [captured layers, H, Tk] a capture
   kernels::Buffer<T> probe_out_;   // [QD] the output of a last query's rerun (dropped)
   kernels::Buffer<T> steer_;       // [N, D] the rows' residual adds at one point
   std::vector<T> steer_host_;      // its host side

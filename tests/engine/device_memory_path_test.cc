@@ -125,6 +125,50 @@ TEST_F(DeviceMemoryPathTest, EngineEqualsCpuWithAttentionRowsAndSessionReadBack)
   EXPECT_EQ(got.prefix_k0, want.prefix_k0);
 }
 
+// Three requests streaming different attention rows (layers and heads) beside one that
+// streams none, served together, their rows captured in the step they share: on the
+// device the same tokens, log-probabilities and rows as on the CPU, bit for bit; and on
+// the CPU each request's tokens and rows are those it streams alone (within 1e-6: a
+// batched attention call against one), the plain one's too.
+TEST_F(DeviceMemoryPathTest, RequestsStreamingRowsTogetherEqualCpuAndEachAlone) {
+  kernels::CpuBackend cpu(1);
+  testing::FakeDeviceBackend device(1);
+  const std::vector<AttentionRowsRequest> rows = {
+      {{1}, {0, 3}}, {{0, 4}, {7}}, {}, {{4, 2}, {1, 2, 5}}};
+  const char* prompts[] = {"Once upon a time", "The cat", "Lily wanted to", "One day, a"};
+  std::vector<GenerationRequest> requests;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    GenerationRequest r;
+    r.prompt = model_->tokenizer->Encode(prompts[i], true);
+    r.stop.max_new_tokens = 10;
+    r.stop.ignore_eos = true;
+    r.attention_rows = rows[i];
+    requests.push_back(r);
+  }
+  const std::vector<testing::Served> want = testing::ServeTogether(*model_, cpu, requests);
+  const std::vector<testing::Served> got = testing::ServeTogether(*model_, device, requests);
+  ASSERT_EQ(want.size(), requests.size());
+  ASSERT_EQ(got.size(), requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "request " << i);
+    ASSERT_EQ(want[i].tokens.size(), 10u);
+    EXPECT_EQ(got[i].tokens, want[i].tokens);
+    EXPECT_EQ(got[i].logprobs, want[i].logprobs);
+    EXPECT_EQ(got[i].attention, want[i].attention);
+    const size_t per_key = rows[i].layers.size() * rows[i].heads.size();
+    const testing::Served alone = testing::ServeTogether(*model_, cpu, {requests[i]})[0];
+    ASSERT_EQ(alone.tokens, want[i].tokens);
+    for (size_t t = 0; t < want[i].tokens.size(); ++t) {
+      const std::vector<float>& a = want[i].attention[t];
+      ASSERT_EQ(a.size(), alone.attention[t].size()) << "token " << t;
+      EXPECT_EQ(a.size(), per_key * (requests[i].prompt.size() + t)) << "token " << t;
+      for (size_t k = 0; k < a.size(); ++k) {
+        ASSERT_NEAR(a[k], alone.attention[t][k], 1e-6) << "token " << t << ", " << k;
+      }
+    }
+  }
+}
+
 // Every request takes the device's pick (no logits row copied out): a plain greedy one,
 // one with top log-probabilities, one with a repetition penalty (and frequency and
 // presence penalties), a seeded temperature draw with top-p, whose uniform number the

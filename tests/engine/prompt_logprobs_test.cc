@@ -183,8 +183,8 @@ TEST_F(PromptLogprobsTest, ComputesACachedPromptAndFillsTheCache) {
   EXPECT_EQ(scored_again.tokens, plain.tokens);
 }
 
-// Streaming attention rows takes ForwardWithCaptures' path (the capturing entry runs on
-// its own, every row copied back): a short request streaming rows decodes while the long
+// Streaming attention rows captures them in the step (a second attention call of the
+// entry's last query a chosen layer): a short request streaming rows decodes while the long
 // prompt is scored chunk by chunk beside it. The scored rows and the sampled row stay
 // each entry's own: the long one's as the reference, the short one's (itself scored in
 // its captured first step) as when it runs alone without rows.

@@ -19,6 +19,7 @@ struct Served {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
   std::vector<std::vector<TokenLogprob>> top;  // each token's top log-probabilities
+  std::vector<std::vector<float>> attention;   // each token's attention rows, when asked
   // With prompt_logprobs: positions 1 … of the prompt, concatenated over the events.
   std::vector<float> prompt_logprobs;
   std::vector<std::vector<TokenLogprob>> prompt_top;
@@ -39,6 +40,7 @@ inline std::vector<Served> ServeTogether(const Model& model, kernels::Backend<fl
       outs[i].tokens.push_back(e.token);
       outs[i].logprobs.push_back(e.logprob);
       outs[i].top.push_back(e.top_logprobs);
+      outs[i].attention.push_back(e.attention);
     };
     r.callbacks.on_prompt_logprobs = [&outs, i](const PromptLogprobsEvent& e) {
       Served& o = outs[i];

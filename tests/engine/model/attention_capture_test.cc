@@ -122,6 +122,67 @@ TEST_F(AttentionCaptureTest, OnADeviceTheLastRowsOfAllChosenLayersComeOutInOneCo
   }
 }
 
+// Three sequences in one step, each captured its own way (the first's last query rows of
+// layer 2, the second's full maps, the third's last query rows of layers 1 and 2, after the
+// first's on a device), against each alone with the same capture: the same probabilities
+// and logits (within 1e-6 and 1e-5: one batched attention call against three).
+TEST_F(AttentionCaptureTest, CapturesOfThreeEntriesInOneStepEqualEachAlone) {
+  const ModelConfig& c = model_->config;
+  const int L = c.num_layers;
+  const std::vector<int32_t> tokens[3] = {testing::RandomTokens(7, 3, c.vocab_size),
+                                          testing::RandomTokens(4, 4, c.vocab_size),
+                                          testing::RandomTokens(6, 5, c.vocab_size)};
+  const std::vector<int32_t> tables[3] = {{3, 0}, {5}, {1, 7}};
+  auto capture = [](int entry, int kind) {
+    AttentionCapture<float> a;
+    a.entry = entry;
+    if (kind != 1) {
+      a.layers = kind == 0 ? std::vector<int>{2} : std::vector<int>{2, 1};
+      a.last_query_only = true;
+    }
+    return a;
+  };
+  kernels::CpuBackend cpu(1);
+  testing::FakeDeviceBackend device(1);
+  for (kernels::Backend<float>* be : {static_cast<kernels::Backend<float>*>(&cpu),
+                                      static_cast<kernels::Backend<float>*>(&device)}) {
+    SCOPED_TRACE(be->name());
+    auto forward = [&](std::vector<BatchEntry> batch, std::vector<AttentionCapture<float>>& caps,
+                       ForwardOutput<float>& out) {
+      auto cache = KvCacheStorage<float>::Create(be->memory(), L, 8, 4, c.kv_dim(), true);
+      EXPECT_TRUE(cache.ok()) << cache.status();
+      Transformer<float> tr(*model_, *be);
+      return tr.Forward(batch, *cache, out, absl::MakeSpan(caps));
+    };
+    std::vector<AttentionCapture<float>> all = {capture(0, 0), capture(1, 1), capture(2, 2)};
+    ForwardOutput<float> out;
+    ASSERT_TRUE(
+        forward({{tokens[0], 0, tables[0]}, {tokens[1], 0, tables[1]}, {tokens[2], 0, tables[2]}},
+                all, out)
+            .ok());
+    for (int i = 0; i < 3; ++i) {
+      std::vector<AttentionCapture<float>> one = {capture(0, i)};
+      ForwardOutput<float> alone;
+      ASSERT_TRUE(forward({{tokens[i], 0, tables[i]}}, one, alone).ok());
+      const int V = c.vocab_size;
+      for (int v = 0; v < V; ++v) {
+        ASSERT_NEAR(out.logits[size_t(out.logits_row[i]) * V + v], alone.logits[v], 1e-5)
+            << "entry " << i << ", logit " << v;
+      }
+      for (int l = 0; l < L; ++l) {
+        ASSERT_EQ(all[i].probs[l].size(), one[0].probs[l].size())
+            << "entry " << i << " layer " << l;
+        const bool wanted = i == 1 || l == 2 || (i == 2 && l == 1);
+        EXPECT_EQ(all[i].probs[l].empty(), !wanted) << "entry " << i << " layer " << l;
+        for (size_t k = 0; k < one[0].probs[l].size(); ++k) {
+          ASSERT_NEAR(all[i].probs[l][k], one[0].probs[l][k], 1e-6)
+              << "entry " << i << ", layer " << l << ", " << k;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(AttentionCaptureTest, RejectsALayerOutsideTheModel) {
   kernels::CpuBackend cpu(1);
   const int L = model_->config.num_layers;
@@ -131,6 +192,26 @@ TEST_F(AttentionCaptureTest, RejectsALayerOutsideTheModel) {
   const Captured r = Run(cpu, 1, &capture);
   EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status.message().find("layer " + std::to_string(L)), std::string::npos) << r.status;
+}
+
+// An entry outside the batch, and one entry captured twice.
+TEST_F(AttentionCaptureTest, RejectsAnEntryOutsideTheBatchOrCapturedTwice) {
+  kernels::CpuBackend cpu(1);
+  const ModelConfig& c = model_->config;
+  KvCacheStorage<float> cache(c.num_layers, 4, 4, c.kv_dim(), true);
+  Transformer<float> tr(*model_, cpu);
+  const std::vector<int32_t> tokens = {1, 2, 3}, table = {0};
+  BatchEntry e{tokens, 0, table};
+  ForwardOutput<float> out;
+  std::vector<AttentionCapture<float>> caps(1);
+  caps[0].entry = 1;
+  absl::Status s = tr.Forward({&e, 1}, cache, out, absl::MakeSpan(caps));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("entry 1 outside the batch's [0, 1)"), std::string::npos) << s;
+  caps.assign(2, {});
+  s = tr.Forward({&e, 1}, cache, out, absl::MakeSpan(caps));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("entry 0 captured twice"), std::string::npos) << s;
 }
 
 }  // namespace
