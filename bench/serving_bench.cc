@@ -5,7 +5,10 @@
 // a client sees it: call start → first chunk with a token), as a table and a JSON line.
 //
 //   kvlens_bench_serving [--model PATH] [--requests-per-client N] [--max-new-tokens N]
-//                        [--threads N]
+//                        [--threads N] [--attention-rows]
+//
+// --attention-rows: every request streams the attention row of head 0 of every layer with
+// each token (GenerateRequest.attention_rows); a request missing a token's row fails.
 //
 // Default model: the first models/*/config.json directory of the source tree (the
 // project's own GPT-2), else ../shared/testdata/stories260K/stories260K.gguf.
@@ -77,7 +80,7 @@ std::string Prompt(int i) {
 }
 
 Level RunLevel(kvlens::v1::Generation::Stub& stub, int concurrency, int per_client,
-               int max_new_tokens) {
+               int max_new_tokens, bool attention_rows) {
   Level level;
   level.concurrency = concurrency;
   std::mutex mu;
@@ -94,20 +97,22 @@ Level RunLevel(kvlens::v1::Generation::Stub& stub, int concurrency, int per_clie
         request.mutable_sampling()->set_seed(index);
         request.mutable_stopping()->set_max_new_tokens(max_new_tokens);
         request.mutable_stopping()->set_ignore_eos(true);  // every request the same length
+        if (attention_rows) request.mutable_attention_rows()->add_heads(0);  // every layer's
         grpc::ClientContext context;
         context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
         const Clock::time_point sent = Clock::now();
         auto reader = stub.Generate(&context, request);
         kvlens::v1::GenerateResponse chunk;
         double ttft = -1;
-        int64_t tokens = 0;
+        int64_t tokens = 0, rows = 0;
         while (reader->Read(&chunk)) {
           if (ttft < 0 && chunk.token_ids_size() > 0) {
             ttft = std::chrono::duration<double>(Clock::now() - sent).count();
           }
           tokens += chunk.token_ids_size();
+          rows += chunk.attention_rows_size();
         }
-        const bool ok = reader->Finish().ok();
+        const bool ok = reader->Finish().ok() && (!attention_rows || rows == tokens);
         std::lock_guard<std::mutex> lock(mu);
         ++level.requests;
         if (!ok) ++level.failed;
@@ -137,8 +142,11 @@ int main(int argc, char** argv) {
           argc, argv,
           "usage: kvlens_bench_serving [--model PATH] [--requests-per-client N=4]\n"
           "                            [--max-new-tokens N=64] [--threads N=0 (all)]\n"
+          "                            [--attention-rows]\n"
           "Starts an in-process kvlens server on 127.0.0.1 and drives it with 1, 4, 16 and 64\n"
           "concurrent streaming clients: generated tokens/s and p50/p99 time to first token.\n"
+          "--attention-rows: each request streams head 0's attention row of every layer with\n"
+          "each token (a request missing one counts as failed).\n"
           "Default model: the first models/*/config.json directory of the source tree, else\n"
           "../shared/testdata/stories260K/stories260K.gguf. Prints a table, then one JSON "
           "line.\n")) {
@@ -152,6 +160,8 @@ int main(int argc, char** argv) {
   const int per_client = Arg(argc, argv, "--requests-per-client", 4);
   const int max_new_tokens = Arg(argc, argv, "--max-new-tokens", 64);
   const int threads = Arg(argc, argv, "--threads", 0);
+  bool attention_rows = false;
+  for (int i = 1; i < argc; ++i) attention_rows |= std::strcmp(argv[i], "--attention-rows") == 0;
 
   auto model = kvlens::LoadModel({model_path, ""});
   if (!model.ok()) {
@@ -184,17 +194,20 @@ int main(int argc, char** argv) {
 
   std::printf(
       "model %s (%s, %d layers, dim %d, vocab %d) | backend %s, %d threads | %d "
-      "requests per client, %d new tokens each\n",
+      "requests per client, %d new tokens each%s\n",
       model_path.c_str(), std::string(kvlens::ArchitectureName(config.arch)).c_str(),
       config.num_layers, config.dim, config.vocab_size, std::string(backend.name()).c_str(),
-      backend.num_threads(), per_client, max_new_tokens);
-  RunLevel(*stub, 1, 1, 8);  // warm-up: connection, thread pool, page faults
+      backend.num_threads(), per_client, max_new_tokens,
+      attention_rows ? ", each streaming head 0's attention rows of every layer" : "");
+  RunLevel(*stub, 1, 1, 8, attention_rows);  // warm-up: connection, thread pool, page faults
   std::printf(
       "| concurrency | requests | failed | generated tokens | seconds | tokens/s | "
       "TTFT p50 (ms) | TTFT p99 (ms) |\n|---|---|---|---|---|---|---|---|\n");
-  std::string json = "{\"bench\":\"serving\",\"model\":\"" + model_path + "\",\"levels\":[";
+  std::string json = "{\"bench\":\"serving\",\"model\":\"" + model_path +
+                     "\",\"attention_rows\":" + (attention_rows ? "true" : "false") +
+                     ",\"levels\":[";
   for (int c : kConcurrency) {
-    const Level l = RunLevel(*stub, c, per_client, max_new_tokens);
+    const Level l = RunLevel(*stub, c, per_client, max_new_tokens, attention_rows);
     std::printf("| %d | %d | %d | %lld | %.2f | %.1f | %.1f | %.1f |\n", l.concurrency, l.requests,
                 l.failed, static_cast<long long>(l.tokens), l.seconds, l.tokens_per_second(),
                 l.ttft_p50 * 1e3, l.ttft_p99 * 1e3);
