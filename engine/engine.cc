@@ -100,7 +100,6 @@ struct Engine::Impl {
   // The prompt rows of a step's chunk that a prompt_logprobs request scores: positions
   // [begin, end) of the chunk [num_computed, num_computed + n), end ≤ num_prompt − 1.
   std::pair<int, int> RowsToScore(const Sequence& s, int n) const;
-  // ev.attention from a capture's last query rows ([L][H, Tk], the chosen layers filled).
   void FillAttentionRow(const Sequence& s, const std::vector<std::vector<float>>& probs,
                         TokenEvent& ev) const;
   void Finish(std::unique_ptr<Sequence> s, FinishReason reason, absl::Status status = {});
@@ -549,7 +548,8 @@ std::pair<int, int> Engine::Impl::RowsToScore(const Sequence& s, int n) const {
 }
 
 // After the step: the query is the last computed token (position num_computed − 1), its
-// keys 0 … num_computed − 1; probs[l] is [H, num_new, num_computed].
+// keys 0 … num_computed − 1; probs[l] is [H, num_computed] (AttentionCapture's
+// last_query_only).
 void Engine::Impl::FillAttentionRow(const Sequence& s, const std::vector<std::vector<float>>& probs,
                                     TokenEvent& ev) const {
   const int tk = s.num_computed;

@@ -434,8 +434,8 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       if (!captured) continue;
       if (capture->last_query_only) {
         // The last query again, alone, for its probabilities: into the result, or into its
-        // layer's slot of last_probs_ on a device. Its output is dropped (the batched call
-        // above makes the entry's), so the step computes what it would without the capture.
+        // layer's slot of last_probs_ on a device. Its output is dropped (the layer's batched
+        // call makes the entry's), so the step computes what it would without the capture.
         kernels::AttentionArgs<T> last = a;
         last.q = a.q + int64_t{tq - 1} * QD;
         last.num_queries = 1;
