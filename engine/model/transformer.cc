@@ -273,8 +273,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   };
   std::vector<int> capture_of(batch.size(), -1);
   std::vector<CapturePlan> plans(captures.size());
-  int64_t last_size = 0;  // last_probs_' elements
-  bool any_last = false;
+  int64_t last_size = 0;  // last_probs_' elements (> 0: some capture wants last rows only)
   for (size_t i = 0; i < captures.size(); ++i) {
     AttentionCapture<T>& cap = captures[i];
     if (cap.entry < 0 || cap.entry >= num_real) {
@@ -303,17 +302,16 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     const BatchEntry& b = batch[static_cast<size_t>(cap.entry)];
     plan.keys = b.num_cached + static_cast<int64_t>(b.tokens.size());
     if (cap.last_query_only) {
-      any_last = true;
       plan.offset = last_size;
       last_size += plan.num_layers * c.num_heads * plan.keys;
     }
     cap.probs.assign(static_cast<size_t>(c.num_layers), {});
   }
-  if (any_last) {
+  if (last_size > 0) {
     if (absl::Status s = probe_out_.Resize(QD); !s.ok()) return s;
-  }
-  if (!host && last_size > 0) {
-    if (absl::Status s = last_probs_.Resize(last_size); !s.ok()) return s;
+    if (!host) {
+      if (absl::Status s = last_probs_.Resize(last_size); !s.ok()) return s;
+    }
   }
 
   // The layers are one step for the backend (a CUDA graph when an identical step ran
