@@ -181,21 +181,8 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
     }
     history = it->second.tokens.size();
   }
-  const AttentionRowsRequest& rows = request.attention_rows;
-  if (rows.layers.empty() != rows.heads.empty()) {
-    return absl::InvalidArgumentError("attention_rows: give both layers and heads");
-  }
-  for (int l : rows.layers) {
-    if (l < 0 || l >= c.num_layers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("attention_rows layer ", l, " is outside [0, ", c.num_layers, ")"));
-    }
-  }
-  for (int h : rows.heads) {
-    if (h < 0 || h >= c.num_heads) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("attention_rows head ", h, " is outside [0, ", c.num_heads, ")"));
-    }
+  if (absl::Status s = request.attention_rows.Validate(c.num_layers, c.num_heads); !s.ok()) {
+    return s;
   }
   if (!request.steering.empty() && request.session != 0) {
     return absl::InvalidArgumentError(

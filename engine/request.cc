@@ -23,6 +23,25 @@ const char* FinishReasonName(FinishReason r) {
   return "unknown";
 }
 
+absl::Status AttentionRowsRequest::Validate(int num_layers, int num_heads) const {
+  if (layers.empty() != heads.empty()) {
+    return absl::InvalidArgumentError("attention_rows: give both layers and heads");
+  }
+  for (int l : layers) {
+    if (l < 0 || l >= num_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attention_rows layer ", l, " is outside [0, ", num_layers, ")"));
+    }
+  }
+  for (int h : heads) {
+    if (h < 0 || h >= num_heads) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attention_rows head ", h, " is outside [0, ", num_heads, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StopParams::Validate() const {
   if (max_new_tokens < 0) {
     return absl::InvalidArgumentError(

@@ -96,6 +96,10 @@ struct RequestCallbacks {
 struct AttentionRowsRequest {
   std::vector<int> layers;
   std::vector<int> heads;
+
+  // Both given or neither, each layer and head in the model's range: INVALID_ARGUMENT
+  // naming the field and the limit.
+  absl::Status Validate(int num_layers, int num_heads) const;
 };
 
 struct GenerationRequest {
