@@ -7,6 +7,7 @@
 #ifndef KVLENS_KERNELS_BACKEND_H_
 #define KVLENS_KERNELS_BACKEND_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string_view>
@@ -204,6 +205,39 @@ class Backend {
   virtual void SoftCap(T* x, int64_t count, double cap) = 0;
   // y += x, elementwise (residual connections).
   virtual void Add(T* y, const T* x, int64_t count) = 0;
+  // y[r] += rows[index[r]] for each of y's n rows (dim values each) whose index[r] is not
+  // −1 (those stay as they are): activation steering's vectors, a handful of rows
+  // [num_rows, dim] for a step's many. rows and index are host arrays, read when the op is
+  // called, so a device backend may stage them as it does index arrays (the CUDA backend:
+  // with a recorded step's, which a graph then replays with each step's values).
+  // INVALID_ARGUMENT for an index outside [−1, num_rows) or a negative size, or the
+  // upload's failure (a device backend may return an earlier op's, as Synchronize()
+  // would). The default adds on the host where the memory is host-accessible, else adds a
+  // dense copy of the rows uploaded to a scratch allocation.
+  virtual absl::Status AddRows(T* y, int n, int64_t dim, const T* rows, int num_rows,
+                               const int32_t* index) {
+    if (absl::Status s = CheckAddRows(n, dim, num_rows, index); !s.ok()) return s;
+    if (n == 0 || dim == 0 || num_rows == 0) return absl::OkStatus();
+    const int64_t count = n * dim;
+    if (memory().host_accessible()) {
+      for (int r = 0; r < n; ++r) {
+        if (index[r] < 0) continue;
+        const T* add = rows + index[r] * dim;
+        for (int64_t d = 0; d < dim; ++d) y[r * dim + d] += add[d];
+      }
+      return absl::OkStatus();
+    }
+    std::vector<T> dense(static_cast<size_t>(count), T(0));
+    for (int r = 0; r < n; ++r) {
+      if (index[r] >= 0) std::copy_n(rows + index[r] * dim, dim, dense.begin() + r * dim);
+    }
+    absl::StatusOr<void*> scratch = memory().Allocate(sizeof(T) * static_cast<size_t>(count));
+    if (!scratch.ok()) return scratch.status();
+    absl::Status s = memory().CopyFromHost(*scratch, dense.data(), sizeof(T) * dense.size());
+    if (s.ok()) Add(y, static_cast<const T*>(*scratch), count);
+    memory().Free(*scratch);
+    return s;
+  }
   // Copies N new rows of k and v (each row_elems = Hkv*Dh, src rows src_stride apart)
   // into cache rows dst_rows[i] (physical rows of a KvSource layout, cache_stride apart),
   // rounded to the cache's element type (kv_dtype.h). A negative dst_rows[i] stores
@@ -366,6 +400,20 @@ class Backend {
   }
 
  protected:
+  // AddRows' checks: n, dim and num_rows at least 0, each index[r] in [−1, num_rows).
+  static absl::Status CheckAddRows(int n, int64_t dim, int num_rows, const int32_t* index) {
+    if (n < 0 || dim < 0 || num_rows < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AddRows: n = ", n, ", dim = ", dim, " and num_rows = ", num_rows, " must be >= 0"));
+    }
+    for (int r = 0; r < n; ++r) {
+      if (index[r] < -1 || index[r] >= num_rows) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "AddRows: index[", r, "] = ", index[r], " is outside [-1, num_rows = ", num_rows, ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
   // INVALID_ARGUMENT if a row asks for top log-probabilities (0 … kMaxTopLogprobs) that
   // there are no arrays for, or names a token outside [0, vocab) in its logit bias or its
   // penalties' token counts (or counts one fewer than once), or forces one outside it.

@@ -27,8 +27,7 @@ Transformer<T>::Transformer(const Model& model, kernels::Backend<T>& backend)
       logits_(backend.memory()),
       probs_(backend.memory()),
       last_probs_(backend.memory()),
-      probe_out_(backend.memory()),
-      steer_(backend.memory()) {
+      probe_out_(backend.memory()) {
   for (int l = 0; l < model.config.num_layers; ++l) {
     ropes_.push_back(RopeOf(model.config, model.weights, l));
   }
@@ -183,23 +182,42 @@ absl::Status Transformer<T>::AddResiduals(absl::Span<const BatchEntry> batch, in
     backend_.Add(x_.data(), proj_.data(), n * D);
     *proj_pending = false;
   }
-  steer_host_.assign(static_cast<size_t>(n * D), T(0));
+  // One row of sums for each run of an entry's rows that the same adds reach (from_position
+  // only grows the set along the rows, so the count of adds reached names it), each row's
+  // index into them, −1 where none reaches.
+  steer_rows_.clear();
+  steer_index_.assign(static_cast<size_t>(n), -1);
   int r0 = 0;
   for (const BatchEntry& b : batch) {
     const int tq = static_cast<int>(b.tokens.size());
-    for (const ResidualAdd& a : b.residual_adds) {
-      if (a.layer != layer || a.mid != mid) continue;
-      for (int i = std::max(0, a.from_position - b.num_cached); i < tq; ++i) {
-        T* row = steer_host_.data() + (r0 + i) * D;
-        for (int64_t d = 0; d < D; ++d) row[d] += static_cast<T>(a.delta[static_cast<size_t>(d)]);
+    int reached_before = 0;
+    for (int i = 0; i < tq; ++i) {
+      const int position = b.num_cached + i;
+      int reached = 0;
+      for (const ResidualAdd& a : b.residual_adds) {
+        reached += a.layer == layer && a.mid == mid && a.from_position <= position ? 1 : 0;
       }
+      if (reached == 0) continue;
+      if (reached != reached_before) {
+        const size_t at = steer_rows_.size();
+        steer_rows_.resize(at + static_cast<size_t>(D), T(0));
+        for (const ResidualAdd& a : b.residual_adds) {
+          if (a.layer != layer || a.mid != mid || a.from_position > position) continue;
+          for (int64_t d = 0; d < D; ++d) {
+            steer_rows_[at + static_cast<size_t>(d)] +=
+                static_cast<T>(a.delta[static_cast<size_t>(d)]);
+          }
+        }
+        reached_before = reached;
+      }
+      steer_index_[static_cast<size_t>(r0 + i)] =
+          static_cast<int32_t>(steer_rows_.size() / static_cast<size_t>(D)) - 1;
     }
     r0 += tq;
   }
-  if (absl::Status s = steer_.Resize(n * D); !s.ok()) return s;
-  if (absl::Status s = steer_.CopyFromHost(steer_host_.data(), n * D); !s.ok()) return s;
-  backend_.Add(x_.data(), steer_.data(), n * D);
-  return absl::OkStatus();
+  return backend_.AddRows(x_.data(), n, D, steer_rows_.data(),
+                          static_cast<int>(steer_rows_.size() / static_cast<size_t>(D)),
+                          steer_index_.data());
 }
 
 template <typename T>
@@ -323,10 +341,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       if (backend != nullptr) (void)backend->EndStep(/*run=*/false);  // a failed step
     }
   } step;
-  // Nor with residual adds: their rows are uploaded (CopyFromHost) as the step goes.
-  bool steered = false;
-  for (const BatchEntry& b : batch) steered = steered || !b.residual_adds.empty();
-  if (captures.empty() && !steered) {
+  if (captures.empty()) {
     backend_.BeginStep();
     step.backend = &backend_;
   }

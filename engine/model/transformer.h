@@ -52,8 +52,7 @@ struct BatchEntry {
   // rather than its logits rows.
   bool Picks() const { return all_logits ? !score_next.empty() : pick_only; }
   // Vectors added to the new rows' residual stream from their from_position on (activation
-  // steering); each delta has dim values. A step with any is not a recorded step (no CUDA
-  // graph).
+  // steering); each delta has dim values.
   absl::Span<const ResidualAdd> residual_adds;
 };
 
@@ -150,8 +149,10 @@ class Transformer {
   kernels::Buffer<T> probs_;       // [H, Tq, Tk] one captured layer (device backends only)
   kernels::Buffer<T> last_probs_;  // last query rows, [captured layers, H, Tk] a capture
   kernels::Buffer<T> probe_out_;   // [QD] the output of a last query's rerun (dropped)
-  kernels::Buffer<T> steer_;       // [N, D] the rows' residual adds at one point
-  std::vector<T> steer_host_;      // its host side
+  // One point's residual adds (AddResiduals): the sums added, [rows, D], and each of the
+  // N rows' index into them (−1: none).
+  std::vector<T> steer_rows_;
+  std::vector<int32_t> steer_index_;
   // Index arrays stay on the host (the backend contract).
   std::vector<int32_t> positions_;                // [N]
   std::vector<kernels::RopeSpec> ropes_;          // each layer's (RopeOf)

@@ -485,6 +485,22 @@ void CudaBackend::Add(float* y, const float* x, int64_t count) {
   Ok(Launch(&LaunchAdd, y, x, count));
 }
 
+absl::Status CudaBackend::AddRows(float* y, int n, int64_t dim, const float* rows, int num_rows,
+                                  const int32_t* index) {
+  if (absl::Status s = CheckAddRows(n, dim, num_rows, index); !s.ok()) return s;
+  if (!status_.ok() || n == 0 || dim == 0 || num_rows == 0) return status_;
+  const void* device[2];
+  if (!Ok(UploadPacked(add_rows_pack_,
+                       {{rows, sizeof(float) * static_cast<size_t>(num_rows * dim)},
+                        {index, sizeof(int32_t) * static_cast<size_t>(n)}},
+                       device))) {
+    return status_;
+  }
+  Ok(Launch(&LaunchAddRows, y, n, dim, static_cast<const float*>(device[0]),
+            static_cast<const int32_t*>(device[1])));
+  return status_;
+}
+
 absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
                                      const TokenDraw* draws, int32_t* token, float* logprob,
                                      int32_t* top_token, float* top_logprob) {

@@ -279,6 +279,10 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   void Scale(float* x, int64_t count, double factor) override;
   void SoftCap(float* x, int64_t count, double cap) override;
   void Add(float* y, const float* x, int64_t count) override;
+  // The rows and index staged in one upload (UploadPacked): in a recorded step with its
+  // index arrays, so a steered step replays as a graph with each step's rows.
+  absl::Status AddRows(float* y, int n, int64_t dim, const float* rows, int num_rows,
+                       const int32_t* index) override;
   // One launch (rope, then k's and v's cache rows), for even head sizes.
   void RopeQKStoreKv(float* q, int64_t q_stride, int q_heads, float* k, const float* v,
                      int64_t kv_stride, int kv_heads, int n, int head_dim, const int32_t* positions,
@@ -445,7 +449,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   std::vector<int32_t> index_pack_;  // host staging of one Attention call's index arrays
   // RopeQKStoreKv's and RmsNormQkvRopeStoreKv's positions and cache rows
   std::vector<unsigned char> rope_store_pack_;
-  std::vector<unsigned char> draw_pack_;  // DrawTokens' draws, biases and counts
+  std::vector<unsigned char> draw_pack_;      // DrawTokens' draws, biases and counts
+  std::vector<unsigned char> add_rows_pack_;  // AddRows' rows and index
 
   DeviceBuffer gemm_input_;                  // x rounded to f16/bf16 for the tensor cores
   DeviceBuffer attention_workspace_;         // split-KV partials, or S/A when not requested

@@ -212,6 +212,16 @@ __global__ void AddKernel(float* y, const float* x, int64_t count) {
   }
 }
 
+__global__ void AddRowsKernel(float* y, int64_t total, int64_t dim, const float* rows,
+                              const int32_t* index) {
+  WaitForPriorGrids();  // first: see launch.cuh
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t row = index[i / dim];
+    if (row >= 0) y[i] += rows[row * dim + i % dim];
+  }
+}
+
 __global__ void AddBiasKernel(float* y, int64_t total, int64_t cols, const void* bias,
                               DType dtype) {
   WaitForPriorGrids();  // first: see launch.cuh
@@ -415,6 +425,16 @@ absl::Status LaunchAdd(float* y, const float* x, int64_t count, cudaStream_t str
   if (count <= 0) return absl::OkStatus();
   LaunchKernel("AddKernel", AddKernel, GridFor(count), kThreads, 0, stream, y, x, count);
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("AddKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchAddRows(float* y, int n, int64_t dim, const float* rows, const int32_t* index,
+                           cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(n) * dim;
+  if (total <= 0) return absl::OkStatus();
+  LaunchKernel("AddRowsKernel", AddRowsKernel, GridFor(total), kThreads, 0, stream, y, total, dim,
+               rows, index);
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("AddRowsKernel");
   return absl::OkStatus();
 }
 

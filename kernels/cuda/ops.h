@@ -54,6 +54,9 @@ absl::Status LaunchScale(float* x, int64_t count, double factor, cudaStream_t st
 // x ← cap · tanh(x / cap), in float
 absl::Status LaunchSoftCap(float* x, int64_t count, double cap, cudaStream_t stream);
 absl::Status LaunchAdd(float* y, const float* x, int64_t count, cudaStream_t stream);
+// y[r, :] += rows[index[r], :] for r < n (dim values a row) where index[r] >= 0
+absl::Status LaunchAddRows(float* y, int n, int64_t dim, const float* rows, const int32_t* index,
+                           cudaStream_t stream);
 // y[r, c] += bias[c] for r < n, c < cols
 absl::Status LaunchAddBias(float* y, int n, int64_t cols, const void* bias, DType dtype,
                            cudaStream_t stream);

@@ -8,7 +8,7 @@
 // 1e-3); decode and short chunks are fp32 end to end, so incremental decode on CUDA equals
 // a full recompute on CUDA within 1e-4 of the largest |logit|.
 //
-// One file of about 1100 lines: these suites share their model loaders and comparisons, and
+// One file of about 1150 lines: these suites share their model loaders and comparisons, and
 // the GPU machine's standalone build names its test sources
 // (kernels/cuda/standalone/sources.cmake, KVLENS_GPU_TEST_SOURCES); each TEST stands alone.
 #include <algorithm>
@@ -95,10 +95,12 @@ std::string Greedy(const Model& model, kernels::Backend<float>& backend, int max
   return text + decoder.Flush();
 }
 
-// Logits of every position of `tokens` in one prefill (NaN cache, scattered blocks).
+// Logits of every position of `tokens` in one prefill (NaN cache, scattered blocks), with
+// `adds` steering its rows.
 std::vector<float> AllLogits(const Model& model, kernels::Backend<float>& backend,
                              const std::vector<int32_t>& tokens, int chunk,
-                             kernels::KvDtype cache_dtype = kernels::KvDtype::kActivation) {
+                             kernels::KvDtype cache_dtype = kernels::KvDtype::kActivation,
+                             absl::Span<const ResidualAdd> adds = {}) {
   const int bs = 7, blocks = static_cast<int>(tokens.size() + bs - 1) / bs;
   std::vector<int32_t> table(blocks);
   std::iota(table.begin(), table.end(), 0);
@@ -117,6 +119,7 @@ std::vector<float> AllLogits(const Model& model, kernels::Backend<float>& backen
     e.num_cached = static_cast<int>(i);
     e.block_table = table;
     e.all_logits = true;
+    e.residual_adds = adds;
     ForwardOutput<float> out;
     const absl::Status s = tr.Forward({&e, 1}, *cache, out);
     EXPECT_TRUE(s.ok()) << s;
@@ -232,8 +235,8 @@ TEST(CudaEngineServe, StreamedAttentionRowsEqualCpu) {
 }
 
 // Steered requests (vectors at resid_pre, resid_mid and, from position 3, before the final
-// norm) served with an unsteered one: the device uploads each point's rows and adds them,
-// outside any recorded step; every request's tokens and log-probabilities equal the CPU
+// norm) served with an unsteered one: the device stages each point's rows with the step's
+// index arrays and adds them (AddRows); every request's tokens and log-probabilities equal the CPU
 // engine's, and the unsteered request's the ones it gets alone.
 TEST(CudaEngineServe, SteeredRequestsEqualCpu) {
   KVLENS_REQUIRE_FILE(kStories);
@@ -861,6 +864,62 @@ TEST(CudaEngineGraphs, DecodeStepsReplayFourGraphsAndEqualStepsWithoutGraphs) {
   ExpectClose(with, AllLogits(*model, cuda, tokens, 1), 1e-6, 0);
   EXPECT_EQ(backend->graph_stats().steps, s1.steps);  // nothing recorded
   EXPECT_EQ(backend->graph_stats().graphs, 0);        // and the graphs destroyed
+}
+
+// Steered decode steps are recorded as any other: vectors at layer 1's resid_pre from
+// position 0 and from 30, and at layer 2's resid_mid from 20. The new point at 20 and the
+// padded tables (7-token blocks: 1–7, 8–14, 15–28, 29–40 keys) make five different steps,
+// and at 30 the rows added at layer 1 change within one graph: 5 eager runs, 5 captures
+// and 35 steps run by a graph (the captured ones too), each adding its own step's rows:
+// the logits equal those of the same steps without graphs and stay within the batch
+// test's tolerance of the CPU backend's.
+TEST(CudaEngineGraphs, SteeredDecodeStepsReplayGraphsWithEachStepsRows) {
+  KVLENS_REQUIRE_FILE(testing::DefaultModelPath());
+  KVLENS_REQUIRE_CUDA(cuda);
+  auto* backend = dynamic_cast<kernels::cuda::CudaBackend*>(&cuda);
+  ASSERT_NE(backend, nullptr);
+  auto model = Load(testing::DefaultModelPath());
+  ASSERT_NE(model, nullptr);
+  ASSERT_GE(model->config.num_layers, 3);
+  std::vector<int32_t> tokens = GenesisTokens(*model);
+  ASSERT_GE(tokens.size(), 40u);
+  tokens.resize(40);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  auto vector = [&] {
+    std::vector<float> v(static_cast<size_t>(model->config.dim));
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  const std::vector<ResidualAdd> adds = {
+      {1, false, vector(), 0}, {2, true, vector(), 20}, {1, false, vector(), 30}};
+  const kernels::cuda::StepGraph::Stats s0 = backend->graph_stats();
+  const std::vector<float> with =
+      AllLogits(*model, cuda, tokens, 1, kernels::KvDtype::kActivation, adds);
+  const kernels::cuda::StepGraph::Stats s1 = backend->graph_stats();
+  EXPECT_EQ(s1.steps - s0.steps, 40);
+  EXPECT_EQ(s1.eager - s0.eager, 5);
+  EXPECT_EQ(s1.captures - s0.captures, 5);
+  EXPECT_EQ(s1.replays - s0.replays, 35);
+  EXPECT_EQ(s1.capture_failures, 0);
+  kernels::CpuBackend cpu(2);
+  const std::vector<float> want =
+      AllLogits(*model, cpu, tokens, 1, kernels::KvDtype::kActivation, adds);
+  ExpectClose(with, want, 1e-4, 1e-5);
+  backend->SetCudaGraphs(false);
+  ExpectClose(with, AllLogits(*model, cuda, tokens, 1, kernels::KvDtype::kActivation, adds), 1e-6,
+              0);
+  // The vector from 30 moves the logits: replaying step 29's rows would be seen.
+  const std::vector<ResidualAdd> first_two(adds.begin(), adds.begin() + 2);
+  const std::vector<float> without_third =
+      AllLogits(*model, cpu, tokens, 1, kernels::KvDtype::kActivation, first_two);
+  ASSERT_EQ(without_third.size(), want.size());
+  const size_t V = static_cast<size_t>(model->config.vocab_size);
+  double moved = 0;
+  for (size_t i = 30 * V; i < 40 * V; ++i) {
+    moved = std::max(moved, std::abs(static_cast<double>(want[i]) - without_third[i]));
+  }
+  EXPECT_GT(moved, 0.1);
 }
 
 // Four sequences prefilled one by one, then 10 decode steps with fixed inputs: 6 of the

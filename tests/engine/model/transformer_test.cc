@@ -227,6 +227,65 @@ TEST_F(TransformerTest, Fp32TracksDoubleReference) {
   EXPECT_LE(RelErr(FullLogits<float>(*model_, fast, t), FullLogits<double>(*model_, ref, t)), 1e-5);
 }
 
+// Steering vectors whose from_position falls inside a chunk reach only the rows from there
+// on: two sequences in one forward (the first steered at layer 1 by v from position 0 and
+// by w from 5, the second at layer 2's resid_mid by u from 2) give the logits of each run
+// alone in the chunks on either side of those positions, steered from their first row by
+// what reaches it (v, then v and w; nothing, then u).
+TEST_F(TransformerTest, SteeringFromAPositionInsideAChunkEqualsChunksSteeredWhole) {
+  kernels::ReferenceBackend be;
+  const int V = model_->config.vocab_size, D = model_->config.dim;
+  const auto ta = testing::RandomTokens(12, 4, V), tb = testing::RandomTokens(9, 5, V);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto vector = [&] {
+    std::vector<float> x(static_cast<size_t>(D));
+    for (float& e : x) e = normal(rng);
+    return x;
+  };
+  const ResidualAdd v{1, false, vector()}, w{1, false, vector(), 5}, u{2, true, vector(), 2};
+  ResidualAdd w_whole = w, u_whole = u;
+  w_whole.from_position = u_whole.from_position = 0;
+  const int bs = 4, L = model_->config.num_layers, KVD = model_->config.kv_dim();
+  const std::vector<int32_t> table_a = {6, 1, 3}, table_b = {0, 7, 4};
+
+  KvCacheStorage<double> together(L, 8, bs, KVD, true);
+  Transformer<double> tr(*model_, be);
+  const std::vector<ResidualAdd> adds_a = {v, w}, adds_b = {u};
+  BatchEntry e[2] = {{ta, 0, table_a, true}, {tb, 0, table_b, true}};
+  e[0].residual_adds = adds_a;
+  e[1].residual_adds = adds_b;
+  ForwardOutput<double> out;
+  ASSERT_TRUE(tr.Forward(e, together, out).ok());
+
+  // One sequence in two chunks split at `split`, steered by `before` then `after`.
+  auto in_chunks = [&](const std::vector<int32_t>& t, const std::vector<int32_t>& table, int split,
+                       const std::vector<ResidualAdd>& before,
+                       const std::vector<ResidualAdd>& after) {
+    KvCacheStorage<double> alone(L, 8, bs, KVD, true);
+    std::vector<double> all;
+    for (int part = 0; part < 2; ++part) {
+      const int from = part == 0 ? 0 : split;
+      const int end = part == 0 ? split : static_cast<int>(t.size());
+      BatchEntry c{absl::MakeConstSpan(t).subspan(from, end - from), from, table, true};
+      c.residual_adds = part == 0 ? before : after;
+      ForwardOutput<double> o;
+      EXPECT_TRUE(tr.Forward({&c, 1}, alone, o).ok());
+      all.insert(all.end(), o.logits.begin(), o.logits.end());
+    }
+    return all;
+  };
+  const std::vector<double> got_a(out.logits.begin(), out.logits.begin() + 12 * V);
+  const std::vector<double> got_b(out.logits.begin() + 12 * V, out.logits.end());
+  const std::vector<double> want_a = in_chunks(ta, table_a, 5, {v}, {v, w_whole});
+  const std::vector<double> want_b = in_chunks(tb, table_b, 2, {}, {u_whole});
+  EXPECT_LE(RelErr(got_a, want_a), 1e-12);
+  EXPECT_LE(RelErr(got_b, want_b), 1e-12);
+  // w and u move the rows they reach: a table row reused past its run would be seen.
+  EXPECT_GT(RelErr(got_a, in_chunks(ta, table_a, 5, {v}, {v})), 1e-3);
+  EXPECT_GT(RelErr(got_b, in_chunks(tb, table_b, 2, {}, {})), 1e-3);
+}
+
 TEST_F(TransformerTest, GgufAndLlama2cAreTheSameModel) {
   KVLENS_REQUIRE_FILE(kGguf);
   auto g = LoadModel({kGguf, ""});

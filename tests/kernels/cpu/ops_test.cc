@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 #include <numbers>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -293,6 +294,27 @@ TYPED_TEST(OpsTest, AddAccumulates) {
   std::vector<T> y = {1, 2, 3}, x = {0.5, -2, 10};
   this->backend_->Add(y.data(), x.data(), 3);
   EXPECT_EQ(y, (std::vector<T>{1.5, 0, 13}));
+}
+
+// Four rows of 2 and two source rows: row 0 gets source 1, row 1 nothing (−1), rows 2 and
+// 3 source 0; an index past the sources, or below −1, is refused and changes nothing.
+TYPED_TEST(OpsTest, AddRowsAddsEachRowsIndexedSource) {
+  using T = typename TestFixture::T;
+  std::vector<T> y = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<T> rows = {0.5, -1, 10, 20};
+  const std::vector<int32_t> index = {1, -1, 0, 0};
+  ASSERT_TRUE(this->backend_->AddRows(y.data(), 4, 2, rows.data(), 2, index.data()).ok());
+  EXPECT_EQ(y, (std::vector<T>{11, 22, 3, 4, 5.5, 5, 7.5, 7}));
+
+  for (const int32_t bad : {2, -2}) {
+    const std::vector<int32_t> out_of_range = {0, bad};
+    const absl::Status s =
+        this->backend_->AddRows(y.data(), 2, 2, rows.data(), 2, out_of_range.data());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("index[1] = " + std::to_string(bad)), std::string::npos) << s;
+    EXPECT_NE(s.message().find("num_rows = 2"), std::string::npos) << s;
+  }
+  EXPECT_EQ(y, (std::vector<T>{11, 22, 3, 4, 5.5, 5, 7.5, 7}));
 }
 
 // Two source rows of 3 (stride 4) land in cache rows 5 and 1 (stride 5); nothing else moves.

@@ -824,6 +824,45 @@ TEST_F(CudaBackendTest, GraphReplaysReadEachStepsIndexArrays) {
   EXPECT_TRUE(backend_->status().ok()) << backend_->status();
 }
 
+// AddRows (activation steering) stages its rows with the step's index arrays, so a step
+// that adds new values at the same places is one graph: replayed, each step adds its own
+// rows. Three rows of 2 get source 1, nothing, source 0; an index past the sources is
+// refused before anything is recorded or launched.
+TEST_F(CudaBackendTest, GraphReplaysAddEachStepsRows) {
+  const std::vector<float> table = {1, 2, 3, 4, 5, 6};  // 3 rows of dim 2
+  const WeightView w{table.data(), DType::kF32, 3, 2};
+  const std::vector<int32_t> ids = {0, 1, 2}, index = {1, -1, 0};
+  auto out = parity::ToDevice(std::vector<double>(6, parity::kNaN));
+  ASSERT_TRUE(out.ok());
+  const StepGraph::Stats s0 = backend_->graph_stats();
+  for (int step = 1; step <= 4; ++step) {
+    const double s = step;
+    const std::vector<float> rows = {float(s), float(2 * s), float(10 * s), float(20 * s)};
+    backend_->BeginStep();
+    backend_->Embedding(w, ids.data(), 3, out->as<float>());
+    ASSERT_TRUE(backend_->AddRows(out->as<float>(), 3, 2, rows.data(), 2, index.data()).ok());
+    ASSERT_TRUE(backend_->EndStep(/*run=*/true).ok()) << backend_->status();
+    absl::StatusOr<std::vector<double>> got = parity::FromDevice(*backend_, *out, 6);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, (std::vector<double>{1 + 10 * s, 2 + 20 * s, 3, 4, 5 + s, 6 + 2 * s}))
+        << "step " << step;
+  }
+  const StepGraph::Stats s1 = backend_->graph_stats();
+  EXPECT_EQ(s1.eager - s0.eager, 1);
+  EXPECT_EQ(s1.captures - s0.captures, 1);
+  EXPECT_EQ(s1.replays - s0.replays, 3);  // the second (captured, then launched) to the fourth
+
+  const std::vector<float> rows = {100, 200};
+  const std::vector<int32_t> past = {0, 1};
+  const absl::Status s = backend_->AddRows(out->as<float>(), 2, 2, rows.data(), 1, past.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("index[1] = 1 is outside [-1, num_rows = 1)"), std::string::npos) << s;
+  EXPECT_TRUE(backend_->status().ok()) << backend_->status();
+  absl::StatusOr<std::vector<double>> got = parity::FromDevice(*backend_, *out, 6);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<double>{41, 82, 3, 4, 9, 14}));  // step 4's, untouched
+}
+
 TEST_F(CudaBackendTest, ADroppedStepRunsNothing) {
   const std::vector<float> table = {10, 20};
   const WeightView w{table.data(), DType::kF32, 2, 1};
