@@ -453,7 +453,8 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   std::vector<unsigned char> add_rows_pack_;  // AddRows' rows and index
 
   DeviceBuffer gemm_input_;                  // x rounded to f16/bf16 for the tensor cores
-  DeviceBuffer attention_workspace_;         // split-KV partials, or S/A when not requested
+  DeviceBuffer attention_workspace_;         // split-KV partials
+  DeviceBuffer map_workspace_;               // S, A or dS a materialised call does not take
   DeviceBuffer split_kv_arrivals_;           // the fused combine's counts, 0 between launches
   DeviceBuffer pick_device_;                 // DrawTokens' tokens and log-probabilities …
   std::vector<int32_t> pick_host_;           // … copied back (a float's bits in the second half)

@@ -149,15 +149,16 @@ absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {
   if (!params.ok()) return params.status();
   const AttentionParams& p = *params;
   if (a.probs != nullptr || a.scores != nullptr) {
-    // Materialised: S and A go to the caller's buffers, or to the workspace when only one
-    // of the two is wanted.
+    // Materialised: S and A go to the caller's buffers, or to the map workspace when only
+    // one of the two is wanted (not split-KV's: a last query's rerun after each recorded
+    // step, over a growing key count, would move the partials the step's graph reads).
     const size_t map_bytes = sizeof(float) * static_cast<size_t>(a.num_heads) *
                              static_cast<size_t>(a.num_queries) * static_cast<size_t>(a.num_keys);
     float* scores = a.scores;
     float* probs = a.probs;
     if (scores == nullptr || probs == nullptr) {
-      if (absl::Status s = ReserveScratch(attention_workspace_, map_bytes); !s.ok()) return s;
-      (scores == nullptr ? scores : probs) = attention_workspace_.as<float>();
+      if (absl::Status s = ReserveScratch(map_workspace_, map_bytes); !s.ok()) return s;
+      (scores == nullptr ? scores : probs) = map_workspace_.as<float>();
     }
     return Launch(&LaunchMaterialized, p, scores, probs);
   }
@@ -441,11 +442,11 @@ absl::Status CudaBackend::AttentionBackwardImpl(const AttentionBackwardArgs<floa
                            static_cast<size_t>(a.num_keys);
   const size_t maps = (p.dscores == nullptr ? 1 : 0) + (a.softcap > 0.0 ? 1 : 0);
   if (maps > 0) {
-    if (absl::Status s = ReserveScratch(attention_workspace_, maps * map_elems * sizeof(float));
+    if (absl::Status s = ReserveScratch(map_workspace_, maps * map_elems * sizeof(float));
         !s.ok()) {
       return s;
     }
-    float* scratch = attention_workspace_.as<float>();
+    float* scratch = map_workspace_.as<float>();
     if (p.dscores == nullptr) {
       p.dscores = scratch;
       scratch += map_elems;
