@@ -205,6 +205,12 @@ class Backend {
   virtual void SoftCap(T* x, int64_t count, double cap) = 0;
   // y += x, elementwise (residual connections).
   virtual void Add(T* y, const T* x, int64_t count) = 0;
+  // dst ← src, count elements of this backend's memory, as an op of the step: a recorded
+  // step records it, where memory().Copy runs at once. The default is memory().Copy (the
+  // CPU backends' memcpy, which cannot fail).
+  virtual void Copy(T* dst, const T* src, int64_t count) {
+    (void)memory().Copy(dst, src, sizeof(T) * static_cast<size_t>(count));
+  }
   // y[r] += rows[index[r]] for each of y's n rows (dim values each) whose index[r] is not
   // −1 (those stay as they are): activation steering's vectors, a handful of rows
   // [num_rows, dim] for a step's many. rows and index are host arrays, read when the op is

@@ -27,7 +27,8 @@ Transformer<T>::Transformer(const Model& model, kernels::Backend<T>& backend)
       logits_(backend.memory()),
       probs_(backend.memory()),
       last_probs_(backend.memory()),
-      probe_out_(backend.memory()) {
+      probe_out_(backend.memory()),
+      saved_q_(backend.memory()) {
   for (int l = 0; l < model.config.num_layers; ++l) {
     ropes_.push_back(RopeOf(model.config, model.weights, l));
   }
@@ -230,8 +231,12 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   // at position 0, attending to key 0 of the first sequence, storing nothing (row −1) and
   // getting no logits.
   const int num_real = static_cast<int>(batch.size());
+  // Full maps are copied out layer by layer: such a step runs op by op, unpadded. Last
+  // query rows are computed after the step, from its queries saved as it goes (saved_q_).
+  bool full_maps = false;
+  for (const AttentionCapture<T>& cap : captures) full_maps = full_maps || !cap.last_query_only;
   std::vector<BatchEntry> padded;
-  if (captures.empty()) {
+  if (!full_maps) {
     bool decode = true;
     for (const BatchEntry& b : batch) decode = decode && b.tokens.size() == 1 && b.doc_ids.empty();
     if (const int rows = decode ? backend_.PaddedDecodeRows(num_real) : num_real; rows > num_real) {
@@ -282,16 +287,20 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     }
   }
   // Each entry's capture (−1: none); each capture's layers' slots (−1: a layer not
-  // captured), and on a device where its last query rows start in last_probs_.
+  // captured), and, last query rows only, where its rows start in last_probs_ (on a
+  // device) and its saved queries in saved_q_.
   struct CapturePlan {
     std::vector<int> slot;  // [L]
     int num_layers = 0;
     int64_t keys = 0;    // its entry's Tk
     int64_t offset = 0;  // in last_probs_
+    int q_slot = 0;      // in saved_q_, of its first captured layer
   };
   std::vector<int> capture_of(batch.size(), -1);
+  reruns_.clear();
   std::vector<CapturePlan> plans(captures.size());
   int64_t last_size = 0;  // last_probs_' elements (> 0: some capture wants last rows only)
+  int saved_queries = 0;  // saved_q_'s rows
   for (size_t i = 0; i < captures.size(); ++i) {
     AttentionCapture<T>& cap = captures[i];
     if (cap.entry < 0 || cap.entry >= num_real) {
@@ -322,26 +331,29 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     if (cap.last_query_only) {
       plan.offset = last_size;
       last_size += plan.num_layers * c.num_heads * plan.keys;
+      plan.q_slot = saved_queries;
+      saved_queries += plan.num_layers;
     }
     cap.probs.assign(static_cast<size_t>(c.num_layers), {});
   }
   if (last_size > 0) {
     if (absl::Status s = probe_out_.Resize(QD); !s.ok()) return s;
+    if (absl::Status s = saved_q_.Resize(saved_queries * QD); !s.ok()) return s;
     if (!host) {
       if (absl::Status s = last_probs_.Resize(last_size); !s.ok()) return s;
     }
   }
 
   // The layers are one step for the backend (a CUDA graph when an identical step ran
-  // before), up to the logits, whose rows are gathered by memory copies. Not when
-  // probabilities are captured: those are copied out as the step goes.
+  // before), up to the logits, whose rows are gathered by memory copies. Not when full
+  // maps are captured: those are copied out as the step goes.
   struct StepScope {
     kernels::Backend<T>* backend = nullptr;  // while the step is open
     ~StepScope() {
       if (backend != nullptr) (void)backend->EndStep(/*run=*/false);  // a failed step
     }
   } step;
-  if (captures.empty()) {
+  if (!full_maps) {
     backend_.BeginStep();
     step.backend = &backend_;
   }
@@ -446,23 +458,22 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       }
       if (!captured) continue;
       if (capture->last_query_only) {
-        // The last query again, alone, for its probabilities: into the result, or into its
-        // layer's slot of last_probs_ on a device. Its output is dropped (the layer's batched
-        // call makes the entry's), so the step computes what it would without the capture.
+        // The last query is saved, and runs again alone after the step for its
+        // probabilities (reruns_). The layer's batched call makes the entry's output, so
+        // the step computes what it would without the capture.
+        const CapturePlan& plan = plans[static_cast<size_t>(ci)];
+        T* const saved = saved_q_.data() + (plan.q_slot + slot) * QD;
+        backend_.Copy(saved, a.q + int64_t{tq - 1} * QD, QD);
         kernels::AttentionArgs<T> last = a;
-        last.q = a.q + int64_t{tq - 1} * QD;
+        last.q = saved;
         last.num_queries = 1;
         last.query_offset = a.query_offset + tq - 1;
         if (a.q_doc_ids != nullptr) last.q_doc_ids = a.q_doc_ids + tq - 1;
         last.out = probe_out_.data();
         capture->probs[l].resize(static_cast<size_t>(H * Tk));
         last.probs =
-            host ? capture->probs[l].data()
-                 : last_probs_.data() + plans[static_cast<size_t>(ci)].offset + slot * H * Tk;
-        if (absl::Status s = backend_.Attention(last); !s.ok()) {
-          return absl::Status(s.code(),
-                              absl::StrCat("batch entry ", e, ", layer ", l, ": ", s.message()));
-        }
+            host ? capture->probs[l].data() : last_probs_.data() + plan.offset + slot * H * Tk;
+        reruns_.push_back({static_cast<int>(e), l, last});
         continue;
       }
       // The full map: the kernel writes it on the host, or on a device where it is copied
@@ -511,23 +522,6 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     return s;
   }
   if (proj_pending) backend_.Add(x_.data(), proj_.data(), n * D);
-  // The captured last query rows, of every capture and layer, in one copy out of the device.
-  if (!host && last_size > 0) {
-    std::vector<T> last(static_cast<size_t>(last_size));
-    if (absl::Status s = last_probs_.CopyToHost(last.data(), last_size); !s.ok()) return s;
-    for (size_t i = 0; i < captures.size(); ++i) {
-      if (!captures[i].last_query_only) continue;
-      const CapturePlan& plan = plans[i];
-      const int64_t layer_size = c.num_heads * plan.keys;
-      for (int l = 0; l < c.num_layers; ++l) {
-        if (const int slot = plan.slot[static_cast<size_t>(l)]; slot >= 0) {
-          std::copy_n(last.data() + plan.offset + slot * layer_size, layer_size,
-                      captures[i].probs[l].data());
-        }
-      }
-    }
-  }
-
   // gather the rows that need logits (not the padding's), final norm, classifier
   std::vector<int> rows;
   out.logits_row.clear();
@@ -545,6 +539,31 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     step.backend = nullptr;
     if (absl::Status s = backend_.EndStep(/*run=*/true); !s.ok()) return s;
   }
+  // The last queries' reruns, after the step (their keys' counts are new each step, which
+  // a recorded step must not depend on), against the cache the step filled.
+  for (const Rerun& r : reruns_) {
+    if (absl::Status s = backend_.Attention(r.args); !s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("batch entry ", r.entry, ", layer ", r.layer, ": ", s.message()));
+    }
+  }
+  // The captured last query rows, of every capture and layer, in one copy out of the device.
+  if (!host && last_size > 0) {
+    std::vector<T> last(static_cast<size_t>(last_size));
+    if (absl::Status s = last_probs_.CopyToHost(last.data(), last_size); !s.ok()) return s;
+    for (size_t i = 0; i < captures.size(); ++i) {
+      if (!captures[i].last_query_only) continue;
+      const CapturePlan& plan = plans[i];
+      const int64_t layer_size = c.num_heads * plan.keys;
+      for (int l = 0; l < c.num_layers; ++l) {
+        if (const int slot = plan.slot[static_cast<size_t>(l)]; slot >= 0) {
+          std::copy_n(last.data() + plan.offset + slot * layer_size, layer_size,
+                      captures[i].probs[l].data());
+        }
+      }
+    }
+  }
+
   // One copy per run of consecutive rows (a decode batch is one run): on a GPU each copy
   // is an operation of its own.
   for (int i = 0; i < m;) {

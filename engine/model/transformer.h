@@ -82,10 +82,11 @@ struct AttentionCapture {
   // their attention runs with the other entries', as in a step without captures.
   std::vector<int> layers;
   // Only each head's last query row (whose logits pick the next token): probs[l] is then
-  // [H, Tk]. The last query's attention runs a second time, alone, for them (its output
-  // dropped), so the step's activations and logits are those of the same step without
-  // the capture. On a device the chosen layers' rows land side by side there and are
-  // copied out once after the layers, where full maps are copied out layer by layer.
+  // [H, Tk]. The last query of each captured layer is saved as the step goes, and its
+  // attention runs a second time, alone, after the step (its output dropped), so the
+  // step's activations and logits are those of the same step without the capture. On a
+  // device the chosen layers' rows land side by side there and are copied out once, where
+  // full maps are copied out layer by layer.
   bool last_query_only = false;
   // Filled per captured layer: [H, Tq, Tk] with Tq = the entry's new tokens, Tk = all its
   // tokens (or [H, Tk], last_query_only).
@@ -102,8 +103,10 @@ class Transformer {
   // position past max_seq_len, a block table too short (each names the entry and field);
   // a cache in other memory than the backend's; a backend failure (device errors).
   // With captures (at most one an entry; an entry or a layer outside the batch or the
-  // model is INVALID_ARGUMENT), their probabilities too. A step with captures is run op by
-  // op, never a CUDA graph, and a decode step is not padded.
+  // model is INVALID_ARGUMENT), their probabilities too. A step capturing full maps is run
+  // op by op, never a CUDA graph, and a decode step is not padded; one capturing last
+  // query rows only is recorded and padded as any other (the queries saved in the step,
+  // their attention run again after it).
   absl::Status Forward(absl::Span<const BatchEntry> batch, KvCacheStorage<T>& cache,
                        ForwardOutput<T>& out, absl::Span<AttentionCapture<T>> captures);
   absl::Status Forward(absl::Span<const BatchEntry> batch, KvCacheStorage<T>& cache,
@@ -149,6 +152,13 @@ class Transformer {
   kernels::Buffer<T> probs_;       // [H, Tq, Tk] one captured layer (device backends only)
   kernels::Buffer<T> last_probs_;  // last query rows, [captured layers, H, Tk] a capture
   kernels::Buffer<T> probe_out_;   // [QD] the output of a last query's rerun (dropped)
+  kernels::Buffer<T> saved_q_;     // [captured layers, QD] the last queries, for their reruns
+  // A last query's attention again, for its probabilities, after the step (Forward).
+  struct Rerun {
+    int entry, layer;
+    kernels::AttentionArgs<T> args;
+  };
+  std::vector<Rerun> reruns_;
   // One point's residual adds (AddResiduals): the sums added, [rows, D], and each of the
   // N rows' index into them (−1: none).
   std::vector<T> steer_rows_;

@@ -33,6 +33,11 @@ absl::Status CopyToDevice(void* dst, const void* src, size_t bytes, cudaStream_t
                     "cudaMemcpyAsync", __FILE__, __LINE__);
 }
 
+absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream),
+                    "cudaMemcpyAsync", __FILE__, __LINE__);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
@@ -483,6 +488,12 @@ void CudaBackend::Scale(float* x, int64_t count, double factor) {
 void CudaBackend::Add(float* y, const float* x, int64_t count) {
   if (!status_.ok()) return;
   Ok(Launch(&LaunchAdd, y, x, count));
+}
+
+void CudaBackend::Copy(float* dst, const float* src, int64_t count) {
+  if (!status_.ok() || count <= 0) return;
+  Ok(Launch(&CopyOnDevice, static_cast<void*>(dst), static_cast<const void*>(src),
+            sizeof(float) * static_cast<size_t>(count)));
 }
 
 absl::Status CudaBackend::AddRows(float* y, int n, int64_t dim, const float* rows, int num_rows,

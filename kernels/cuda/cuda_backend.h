@@ -279,6 +279,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   void Scale(float* x, int64_t count, double factor) override;
   void SoftCap(float* x, int64_t count, double cap) override;
   void Add(float* y, const float* x, int64_t count) override;
+  void Copy(float* dst, const float* src, int64_t count) override;  // a device-to-device copy
   // The rows and index staged in one upload (UploadPacked): in a recorded step with its
   // index arrays, so a steered step replays as a graph with each step's rows.
   absl::Status AddRows(float* y, int n, int64_t dim, const float* rows, int num_rows,

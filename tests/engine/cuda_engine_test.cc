@@ -923,9 +923,12 @@ TEST(CudaEngineGraphs, SteeredDecodeStepsReplayGraphsWithEachStepsRows) {
 }
 
 // Four sequences prefilled one by one, then 10 decode steps with fixed inputs: 6 of the
-// first three sequences, then 4 of all four. Every logit row, in step order.
+// first three sequences, then 4 of all four. Every logit row, in step order; with `rows`,
+// each decode step also captures the second sequence's last query rows at layers 1 and 3,
+// appended to *rows.
 std::vector<float> DecodeThreeThenFour(const Model& model, kernels::Backend<float>& backend,
-                                       const std::function<void()>& before_decode) {
+                                       const std::function<void()>& before_decode,
+                                       std::vector<float>* rows = nullptr) {
   const std::vector<std::vector<int32_t>> prompts = {
       model.tokenizer->Encode("In the beginning God created", false),
       model.tokenizer->Encode("And the LORD spake unto Moses, saying", false),
@@ -960,10 +963,18 @@ std::vector<float> DecodeThreeThenFour(const Model& model, kernels::Backend<floa
       step[q].block_table = tables[q];
     }
     ForwardOutput<float> out;
-    const absl::Status st = tr.Forward(step, *cache, out);
+    std::vector<AttentionCapture<float>> captures;
+    if (rows != nullptr) {
+      captures.push_back({.entry = 1, .layers = {1, 3}, .last_query_only = true});
+    }
+    const absl::Status st = tr.Forward(step, *cache, out, absl::MakeSpan(captures));
     EXPECT_TRUE(st.ok()) << st;
     EXPECT_EQ(out.logits.size(), size_t(active) * model.config.vocab_size);  // no padding row
     all.insert(all.end(), out.logits.begin(), out.logits.end());
+    for (const AttentionCapture<float>& c : captures) {
+      EXPECT_EQ(c.probs[1].size(), size_t(model.config.num_heads) * len[1]);
+      for (int l : {1, 3}) rows->insert(rows->end(), c.probs[l].begin(), c.probs[l].end());
+    }
   }
   return all;
 }
@@ -993,6 +1004,40 @@ TEST(CudaEngineGraphs, DecodeBatchesOfThreeAndFourShareOnePaddedGraph) {
   EXPECT_EQ(s1.captures - s0.captures, 1);
   EXPECT_EQ(s1.replays - s0.replays, 9);
   ExpectClose(got, want, 1e-4, 1e-5);
+}
+
+// A request streaming attention rows in the batch (its last query rows at layers 1 and 3)
+// leaves the steps recorded and padded: the queries are saved in the step and their
+// attention runs again after it, so the padded steps of three and four sequences are one
+// graph as without rows (1 eager run, 1 capture, 9 replays), and the rows (against keys
+// the step stored) and the logits stay within 1e-5 and the batch test's tolerance of the
+// CPU backend's.
+TEST(CudaEngineGraphs, StepsCapturingLastQueryRowsArePaddedAndReplayed) {
+  KVLENS_REQUIRE_FILE(testing::DefaultModelPath());
+  KVLENS_REQUIRE_CUDA(cuda);
+  auto* backend = dynamic_cast<kernels::cuda::CudaBackend*>(&cuda);
+  ASSERT_NE(backend, nullptr);
+  auto model = Load(testing::DefaultModelPath());
+  ASSERT_NE(model, nullptr);
+  ASSERT_GE(model->config.num_layers, 4);
+  kernels::CpuBackend cpu(2);
+  std::vector<float> want_rows, got_rows;
+  const std::vector<float> want = DecodeThreeThenFour(
+      *model, cpu, [] {}, &want_rows);
+  kernels::cuda::StepGraph::Stats s0;
+  const std::vector<float> got = DecodeThreeThenFour(
+      *model, cuda, [&] { s0 = backend->graph_stats(); }, &got_rows);
+  const kernels::cuda::StepGraph::Stats s1 = backend->graph_stats();
+  EXPECT_EQ(s1.steps - s0.steps, 10);
+  EXPECT_EQ(s1.eager - s0.eager, 1);
+  EXPECT_EQ(s1.captures - s0.captures, 1);
+  EXPECT_EQ(s1.replays - s0.replays, 9);
+  ExpectClose(got, want, 1e-4, 1e-5);
+  ASSERT_EQ(got_rows.size(), want_rows.size());
+  ASSERT_GT(want_rows.size(), size_t{20} * model->config.num_heads);  // 10 steps, 2 layers
+  for (size_t i = 0; i < got_rows.size(); ++i) {
+    ASSERT_NEAR(got_rows[i], want_rows[i], 1e-5) << "value " << i;
+  }
 }
 
 // Programmatic dependent launch (kernels/cuda/launch.h): a kernel may be scheduled before
