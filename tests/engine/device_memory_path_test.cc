@@ -169,6 +169,41 @@ TEST_F(DeviceMemoryPathTest, RequestsStreamingRowsTogetherEqualCpuAndEachAlone) 
   }
 }
 
+// Steered requests (one at resid_pre from position 0, one at resid_mid and, from position
+// 6, before the final norm) beside an unsteered one: on device memory the default
+// Backend::AddRows uploads a dense copy of each point's rows and adds it, which adds the
+// same values as the host path (zero where no row is indexed), so the tokens and
+// log-probabilities equal the CPU's bitwise, and the steering changes the tokens.
+TEST_F(DeviceMemoryPathTest, SteeredRequestsEqualCpu) {
+  kernels::CpuBackend cpu(1);
+  testing::FakeDeviceBackend device(1);
+  const int D = model_->config.dim, L = model_->config.num_layers;
+  auto vector = [&](float scale) {
+    std::vector<float> v(static_cast<size_t>(D));
+    for (int d = 0; d < D; ++d) v[static_cast<size_t>(d)] = scale * float((d * 37) % 11 - 5);
+    return v;
+  };
+  std::vector<GenerationRequest> requests(3);
+  for (GenerationRequest& r : requests) {
+    r.prompt = prompt_;
+    r.stop.max_new_tokens = 10;
+    r.stop.ignore_eos = true;
+  }
+  requests[1].steering = {{0, false, vector(0.8f)}};
+  requests[2].steering = {{1, true, vector(-0.6f)}, {L, false, vector(0.5f), 6}};
+  const std::vector<testing::Served> want = testing::ServeTogether(*model_, cpu, requests);
+  const std::vector<testing::Served> got = testing::ServeTogether(*model_, device, requests);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "request " << i);
+    ASSERT_EQ(want[i].tokens.size(), 10u);
+    EXPECT_EQ(got[i].tokens, want[i].tokens);
+    EXPECT_EQ(got[i].logprobs, want[i].logprobs);
+  }
+  EXPECT_NE(want[1].tokens, want[0].tokens);
+  EXPECT_NE(want[2].tokens, want[0].tokens);
+}
+
 // Every request takes the device's pick (no logits row copied out): a plain greedy one,
 // one with top log-probabilities, one with a repetition penalty (and frequency and
 // presence penalties), a seeded temperature draw with top-p, whose uniform number the

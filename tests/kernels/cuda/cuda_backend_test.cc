@@ -2,7 +2,7 @@
 // error contract of Attention, and creation without a device (the flash kernels' layouts
 // and edges: flash_prefill_test.cc). Suites are named
 // CudaBackend* so that ctest labels them `gpu` (kernels/cuda/CMakeLists.txt); without a
-// device they skip with the reason. About 900 lines: the backend-level checks of one
+// device they skip with the reason. About 950 lines: the backend-level checks of one
 // fixture (the parity table, the error contract, weight sharing, index uploads and graph
 // replay, the kernel options), each a few dozen lines; the kernels' own suites have files
 // of their own.
