@@ -862,10 +862,14 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
   // ran them before 2026-12-04's fusion into the matvec), then the bf16 and the fp32 cache
   // with graphs and split-KV on tensor cores (SetSplitKvTensorCores), then the fp32 cache
   // with graphs and PDL but without the kernels' prefetches before their wait
-  // (SetLaunchPrefetches), so that the PDL rows' gain can be told from the launches'.
+  // (SetLaunchPrefetches), so that the PDL rows' gain can be told from the launches'. At
+  // batch 1 also the fp32 cache with graphs and a vector added to the residual stream at
+  // the middle layer each step (AddRows, as a steered request's steps do: recorded and
+  // replayed since 2026-12-06, where before such a step ran without a graph).
   for (int batch : z.batches)
-    for (int run = 0; run < 10; ++run) {
+    for (int run = 0; run < (batch == 1 ? 11 : 10); ++run) {
       const bool graphs = run > 0;
+      const bool steered = run == 10;
       const bool bf16_cache = run == 2 || run == 4 || run == 7;
       const bool pdl = (run >= 3 && run <= 5) || run == 9;
       const bool prefetches = run != 9;
@@ -891,6 +895,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
       const std::vector<TokenDraw> greedy(static_cast<size_t>(batch));  // temperature 0
       std::vector<int64_t> dst(batch);
       std::vector<AttentionArgs<float>> calls;
+      const std::vector<float> steer_row(static_cast<size_t>(D), 0.01f);
+      const std::vector<int32_t> steer_index(static_cast<size_t>(batch), 0);
       double host_sec = 0;
       // record_only: the layers' calls recorded and dropped (EndStep(false)), nothing run.
       auto step = [&](bool record_only = false) {
@@ -912,6 +918,9 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
         b.Embedding(embedding, ids.data(), batch, x);
         for (int l = 0; l < L; ++l) {
           const Layer& w = layers[l];
+          if (steered && l == L / 2) {  // x is whole here: each product added its residual
+            Must(b.AddRows(x, batch, D, steer_row.data(), 1, steer_index.data()), "steering");
+          }
           const MatMulOutput<float> qkv[] = {
               {w.wq, WeightView{}, q}, {w.wk, WeightView{}, k}, {w.wv, WeightView{}, v}};
           const RopeSpec rope{10000.0, RopeStyle::kHalfSplit};
@@ -1029,7 +1038,8 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
                std::string(pdl ? (prefetches ? ", PDL" : ", PDL without prefetches") : "") +
                    (fused_combine ? ", fused split-KV combine" : "") +
                    (fused_norms ? "" : ", norms, residual adds and rope unfused") +
-                   (tensor_cores ? ", split-KV on tensor cores" : ""),
+                   (tensor_cores ? ", split-KV on tensor cores" : "") +
+                   (steered ? ", steered at one layer (AddRows)" : ""),
                host_sec * 1e6 / (steps + 1), 100.0 * host_sec / (steps + 1) / sec, copies_per_step,
                100.0 * tok_s / full_roofline, full_roofline),
            Fmt(tok_s, "tok/s"), Fmt(roofline, "tok/s roofline"), Pct(tok_s / roofline),
