@@ -8,7 +8,7 @@
 // 1e-3); decode and short chunks are fp32 end to end, so incremental decode on CUDA equals
 // a full recompute on CUDA within 1e-4 of the largest |logit|.
 //
-// One file of about 1150 lines: these suites share their model loaders and comparisons, and
+// One file of about 1200 lines: these suites share their model loaders and comparisons, and
 // the GPU machine's standalone build names its test sources
 // (kernels/cuda/standalone/sources.cmake, KVLENS_GPU_TEST_SOURCES); each TEST stands alone.
 #include <algorithm>
