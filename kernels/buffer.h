@@ -49,16 +49,21 @@ class Buffer {
     return b;
   }
 
-  // size() ← n. Growing past capacity() allocates max(n, 1.5 · capacity()) elements and
-  // drops the old contents; shrinking never frees.
+  // size() ← n. Growing past capacity() allocates max(n, 1.5 · capacity()) elements, or n
+  // where that does not fit, and drops the old contents (on failure the buffer is empty);
+  // shrinking never frees.
   absl::Status Resize(int64_t n) {
     if (n < 0) return absl::InvalidArgumentError(absl::StrCat("buffer size ", n, " is negative"));
     if (n > capacity_) {
-      const int64_t grown = std::max(n, capacity_ + capacity_ / 2);
+      int64_t grown = std::max(n, capacity_ + capacity_ / 2);
       memory_->Free(data_);
       data_ = nullptr;
       size_ = capacity_ = 0;
       auto p = memory_->Allocate(static_cast<size_t>(grown) * sizeof(T));
+      if (!p.ok() && grown > n) {
+        grown = n;
+        p = memory_->Allocate(static_cast<size_t>(grown) * sizeof(T));
+      }
       if (!p.ok()) return p.status();
       data_ = static_cast<T*>(*p);
       capacity_ = grown;

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_buffer.h"
 
 namespace kvlens::kernels::cuda {
 
@@ -12,7 +13,7 @@ absl::StatusOr<void*> CudaMemory::Allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   KVLENS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   void* p = nullptr;
-  KVLENS_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+  if (absl::Status s = DeviceMalloc(&p, bytes); !s.ok()) return s;
   return p;
 }
 

@@ -5,12 +5,27 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace kvlens::kernels::cuda {
+
+// cudaMalloc(ptr, bytes) as a Status (RESOURCE_EXHAUSTED when it does not fit). A failed
+// allocation leaves the device usable, but also leaves cudaErrorMemoryAllocation as this
+// thread's last error, which the next launch's check (cudaGetLastError) would report as
+// the launch's own failure: it is read back here, so the error is reported once.
+inline absl::Status DeviceMalloc(void** ptr, size_t bytes) {
+  *ptr = nullptr;
+  const cudaError_t e = cudaMalloc(ptr, bytes);
+  if (e == cudaSuccess) return absl::OkStatus();
+  (void)cudaGetLastError();
+  const std::string what = absl::StrCat("cudaMalloc of ", bytes, " bytes");
+  return CudaStatus(e, what.c_str(), __FILE__, __LINE__);
+}
 
 class DeviceBuffer {
  public:
@@ -29,13 +44,18 @@ class DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
-  // Makes the buffer hold at least `bytes` (contents are not kept). Growing frees the old
+  // Makes the buffer hold at least `bytes` (contents are not kept): half as much again
+  // for the next growth, or just `bytes` where that does not fit. Growing frees the old
   // allocation; cudaFree waits for the device, so work still reading it finishes first.
+  // On failure the buffer is empty.
   absl::Status Reserve(size_t bytes) {
     if (bytes <= bytes_) return absl::OkStatus();
     Free();
-    const size_t grown = bytes + bytes / 2;
-    KVLENS_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr_, grown));
+    size_t grown = bytes + bytes / 2;
+    if (!DeviceMalloc(&ptr_, grown).ok()) {
+      grown = bytes;
+      if (absl::Status s = DeviceMalloc(&ptr_, grown); !s.ok()) return s;
+    }
     bytes_ = grown;
     return absl::OkStatus();
   }

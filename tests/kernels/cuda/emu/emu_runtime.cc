@@ -128,6 +128,7 @@ struct Allocation {
 std::mutex g_memory_mutex;
 std::map<uintptr_t, Allocation> g_device;  // by start address
 size_t g_device_used = 0;
+int64_t g_allocations_left = -1;  // FailDeviceAllocationsAfter; < 0: no limit
 std::map<uintptr_t, size_t> g_pinned;
 
 size_t PageSize() {
@@ -745,10 +746,11 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   const size_t data = RoundUp(bytes, kAlign);
   const size_t map_bytes = RoundUp(data, PageSize()) + PageSize();
   std::lock_guard<std::mutex> lock(g_memory_mutex);
-  if (g_device_used + data > kDeviceBytes) {
+  if (g_device_used + data > kDeviceBytes || g_allocations_left == 0) {
     return Fail(cudaErrorMemoryAllocation,
                 "cudaMalloc: " + std::to_string(bytes) + " bytes exceed the emulated device");
   }
+  if (g_allocations_left > 0) --g_allocations_left;
 #ifdef KVLENS_EMU_ASAN
   (void)map_bytes;
   char* p = static_cast<char*>(std::aligned_alloc(kAlign, data));
@@ -814,6 +816,11 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   *free_bytes = kDeviceBytes - g_device_used;
   *total_bytes = kDeviceBytes;
   return cudaSuccess;
+}
+
+void FailDeviceAllocationsAfter(int64_t n) {
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  g_allocations_left = n < 0 ? -1 : n;
 }
 
 bool IsDeviceRange(const void* p, size_t bytes) {

@@ -114,6 +114,10 @@ bool RecordIfCapturing(cudaStream_t stream, std::function<void()> node);
 // For tests: the prefetch.global.L2 instructions kernels have executed in this process
 // (kernels/cuda/launch.cuh, PrefetchL2), one a thread that issues it.
 int64_t PrefetchesIssued();
+// For tests: the next `n` calls of cudaMalloc (on any thread) run as usual, and every one
+// after them fails (cudaErrorMemoryAllocation, as on a full device) until this is called
+// again; n < 0: none fails (the default).
+void FailDeviceAllocationsAfter(int64_t n);
 
 struct cudaDeviceProp {
   char name[256];
