@@ -161,6 +161,13 @@ class Backend {
   // Waits for every op enqueued so far and returns the first failure of the void ops
   // (the CPU backends run ops synchronously and never fail one).
   virtual absl::Status Synchronize() { return absl::OkStatus(); }
+  // Called before a unit of work (the Transformer: each forward pass; an interpretability
+  // worker: each probe), on the thread that runs it. A failure an earlier unit left that
+  // the backend recovers from is cleared, so that this unit's ops run: the CUDA backend's
+  // out of memory (RESOURCE_EXHAUSTED: an allocation that did not fit leaves the device
+  // usable). Any other failure (a kernel fault leaves a CUDA context unusable) is
+  // returned, and the ops stay no-ops.
+  virtual absl::Status Recover() { return absl::OkStatus(); }
   // The ops from BeginStep to EndStep are one forward step, which a backend may record and
   // run as a whole (the CUDA backend: as a CUDA graph when an identical step ran before).
   // Their results are defined only after EndStep(true); memory() copies in between run at

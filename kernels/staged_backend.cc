@@ -41,6 +41,12 @@ absl::Status StagedBackend::Synchronize() {
   return status_;
 }
 
+absl::Status StagedBackend::Recover() {
+  const absl::Status device = device_.Recover();
+  if (status_.ok() || status_.code() == absl::StatusCode::kResourceExhausted) status_ = device;
+  return status_;
+}
+
 float* StagedBackend::Stage(int slot, const float* host, int64_t count) {
   Buffer<float>& b = scratch_[static_cast<size_t>(slot)];
   if (!Ok(b.Resize(count))) return nullptr;

@@ -13,7 +13,8 @@
 // stage onto the device backend's BackwardOps when given one.
 //
 // Errors: the void ops record their first failure (a copy, an allocation, a device op)
-// and then do nothing; Synchronize() returns it, as CudaBackend does. One thread at a time.
+// and then do nothing; Synchronize() returns it, and Recover() clears it as CudaBackend
+// does. One thread at a time.
 #ifndef KVLENS_KERNELS_STAGED_BACKEND_H_
 #define KVLENS_KERNELS_STAGED_BACKEND_H_
 
@@ -40,6 +41,9 @@ class StagedBackend final : public Backend<float>, public BackwardOps<float> {
   absl::Status MakeCurrent() override { return device_.MakeCurrent(); }
   // Waits for the device; the first failure of any op so far.
   absl::Status Synchronize() override;
+  // Its failures are its device's (allocations, copies, the device's ops): out of memory
+  // is cleared when the device recovers (device.Recover()); any other is kept.
+  absl::Status Recover() override;
   Backend<float>& device() { return device_; }
 
   void MatMul(const float* x, int n, const WeightView& w, const WeightView& bias,

@@ -75,6 +75,8 @@ void InterpretWorkers::Loop(int worker) {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
+    // An earlier probe's out of memory on the device failed that probe only.
+    if (InterpBackends& b = *backends_[worker]; b.staged != nullptr) (void)b.staged->Recover();
     task(backends_[worker].get());
   }
 }

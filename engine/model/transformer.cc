@@ -258,6 +258,8 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   int n = 0;
   for (const BatchEntry& b : batch) n += static_cast<int>(b.tokens.size());
   if (absl::Status s = backend_.MakeCurrent(); !s.ok()) return s;
+  // An earlier step's out of memory failed that step only.
+  if (absl::Status s = backend_.Recover(); !s.ok()) return s;
   for (auto [buffer, size] : {std::pair{&x_, n * D},
                               {&xn_, n * D},
                               {&q_, n * std::max(D, QD)},  // also the logits rows' gather

@@ -188,6 +188,21 @@ absl::Status CudaBackend::Synchronize() {
   return status_;
 }
 
+absl::Status CudaBackend::Recover() {
+  if (status_.ok() || status_.code() != absl::StatusCode::kResourceExhausted) return status_;
+  // An allocation that did not fit (cudaMalloc, or cuBLAS's workspace) is not sticky: the
+  // ops before it ran, the ones after it were never enqueued.
+  KVLENS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  (void)cudaGetLastError();
+  if (const cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) {
+    status_ = CudaStatus(e, "cudaStreamSynchronize", __FILE__, __LINE__);
+    return status_;
+  }
+  graph_.Drop();
+  status_ = absl::OkStatus();
+  return status_;
+}
+
 int64_t CudaBackend::weight_bytes() const {
   std::lock_guard<std::mutex> lock(weights_->mu);
   return weights_->bytes;

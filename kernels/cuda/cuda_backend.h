@@ -16,7 +16,8 @@
 // Every op is enqueued on one stream and returns without waiting. The void ops cannot
 // return a Status: their first failure is kept (status()) and makes every later op a
 // no-op; Attention returns it, and Synchronize() waits for the stream and returns it.
-// Not thread-safe: one engine thread drives one backend.
+// Recover(), at the start of the next unit of work, clears an out-of-memory failure (the
+// device stays usable) and keeps any other. Not thread-safe: one engine thread drives one backend.
 //
 // CUDA graphs: between BeginStep and EndStep (the engine's forward step) the launches are
 // recorded and run by StepGraph (step_graph.h): a step that makes exactly the launches of
@@ -112,6 +113,9 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   absl::Status status() const { return status_; }
   // Waits for every enqueued op; returns the first failure.
   absl::Status Synchronize() override;
+  // Clears a RESOURCE_EXHAUSTED failure once the stream has finished (a recording step is
+  // dropped); returns any other failure, kept.
+  absl::Status Recover() override;
   // Bytes of device memory held by uploaded weights (of the shared cache, if shared).
   int64_t weight_bytes() const;
   // From now on use (and fill) `other`'s weight cache, dropping this backend's own uploads:

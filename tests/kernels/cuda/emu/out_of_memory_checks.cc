@@ -2,7 +2,11 @@
 // (kvlens_emu::FailDeviceAllocationsAfter; a GPU's cannot be made to, so these run in
 // cuda_emu_tests only). An allocation that does not fit fails what needed it with
 // RESOURCE_EXHAUSTED, naming the bytes, and nothing else: not the next kernel launch (a
-// failed cudaMalloc leaves its error as the thread's last one).
+// failed cudaMalloc leaves its error as the thread's last one), not the next unit of work
+// once Backend::Recover() has run (on the CUDA backend, and on a StagedBackend over it),
+// and not the engine's next step, whose requests get the tokens they get with memory to
+// spare (the CPU engine's) while the failed step's blocks are all free again. A kernel
+// fault, which on a GPU leaves the context unusable, is kept.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -36,6 +40,15 @@ class NoMoreDeviceMemory {
   NoMoreDeviceMemory(const NoMoreDeviceMemory&) = delete;
   NoMoreDeviceMemory& operator=(const NoMoreDeviceMemory&) = delete;
 };
+
+// The engine's statistics once its step thread has published the last step (they are
+// those of the last step's end: a request's on_finish comes first), or after 2 s.
+EngineStats StatsWhenIdle(const Engine& engine) {
+  for (int i = 0; i < 400 && engine.Stats().blocks_used != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return engine.Stats();
+}
 
 std::unique_ptr<CudaBackend> Backend() {
   auto b = CudaBackend::Create(0);
@@ -78,6 +91,152 @@ TEST(CudaOutOfMemory, AFailedAllocationIsNotTheNextLaunchsFailure) {
   EXPECT_EQ(HostFloats(memory, y, 4), (std::vector<float>{11, 22, 33, 44}));
   memory.Free(x);
   memory.Free(y);
+}
+
+TEST(CudaOutOfMemory, AnOpThatRanOutFailsUntilRecoverAndThenRuns) {
+  std::unique_ptr<CudaBackend> b = Backend();
+  ASSERT_NE(b, nullptr);
+  kernels::Memory& memory = b->memory();
+  const std::vector<float> table = {0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23};  // [3, 4]
+  const kernels::WeightView view{table.data(), kernels::DType::kF32, 3, 4};
+  const std::vector<int32_t> ids = {2, 0};
+  float* out = DeviceFloats(memory, std::vector<float>(8, -1.0f));
+  float* one = DeviceFloats(memory, std::vector<float>(8, 1.0f));
+  ASSERT_TRUE(out != nullptr && one != nullptr);
+  {
+    NoMoreDeviceMemory full;
+    b->Embedding(view, ids.data(), 2, out);  // the table's upload does not fit
+  }
+  const absl::Status failed = b->Synchronize();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+  EXPECT_NE(failed.message().find("cudaMalloc of"), std::string::npos) << failed;
+  // Kept until the next unit of work: a later op of the failed one does nothing.
+  b->Add(out, one, 8);
+  EXPECT_EQ(b->Synchronize().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(HostFloats(memory, out, 8), std::vector<float>(8, -1.0f));
+
+  ASSERT_TRUE(b->Recover().ok());
+  b->Embedding(view, ids.data(), 2, out);
+  b->Add(out, one, 8);
+  ASSERT_TRUE(b->Synchronize().ok()) << b->Synchronize();
+  EXPECT_EQ(HostFloats(memory, out, 8), (std::vector<float>{21, 22, 23, 24, 1, 2, 3, 4}));
+  memory.Free(out);
+  memory.Free(one);
+}
+
+// The interpretability workers' backend: host arrays, the products on the device.
+TEST(CudaOutOfMemory, AStagedBackendRecoversWithItsDevice) {
+  std::unique_ptr<CudaBackend> b = Backend();
+  ASSERT_NE(b, nullptr);
+  kernels::CpuBackend host(1);
+  kernels::StagedBackend staged(*b, host, b.get());
+  const std::vector<float> w = {1, 0, 2, 0, 1, 3};  // [2, 3]
+  const kernels::WeightView view{w.data(), kernels::DType::kF32, 2, 3};
+  const std::vector<float> x = {1, 2, 3};
+  std::vector<float> y(2, -1.0f);
+  {
+    NoMoreDeviceMemory full;
+    staged.MatMul(x.data(), 1, view, kernels::WeightView{}, y.data());
+  }
+  EXPECT_EQ(staged.Synchronize().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(y, std::vector<float>(2, -1.0f));
+  ASSERT_TRUE(staged.Recover().ok());
+  staged.MatMul(x.data(), 1, view, kernels::WeightView{}, y.data());
+  ASSERT_TRUE(staged.Synchronize().ok()) << staged.Synchronize();
+  EXPECT_EQ(y, (std::vector<float>{7, 11}));  // [1·1 + 0·2 + 2·3, 0·1 + 1·2 + 3·3]
+}
+
+TEST(CudaOutOfMemory, AKernelFaultIsKept) {
+  std::unique_ptr<CudaBackend> b = Backend();
+  ASSERT_NE(b, nullptr);
+  std::vector<float> host(4, 1.0f);
+  b->Add(host.data(), host.data(), 4);  // host memory as a kernel's pointer: a fault
+  const absl::Status fault = b->Synchronize();
+  ASSERT_EQ(fault.code(), absl::StatusCode::kInternal) << fault;
+  EXPECT_EQ(b->Recover(), fault);
+  EXPECT_EQ(b->Synchronize(), fault);
+}
+
+// Each of a step's allocations in turn fails: the steps of a prompt longer than any before
+// (they grow the activations, the index ring, the backend's scratch) on a fresh engine, the
+// n-th allocation from the prompt's submission on and every one after it failing, for
+// n = 0, 1, … until the request completes. Each time the request fails with
+// RESOURCE_EXHAUSTED (after a prefix of its tokens, where a later step ran out), the blocks
+// it held are free again, and the next request, memory to spare again, streams the CPU
+// engine's tokens.
+TEST(CudaEngineOutOfMemory, AStepThatRunsOutFailsItsRequestAndServingGoesOn) {
+  const std::string path = testing::TestData("stories260K/stories260K.bin");
+  KVLENS_REQUIRE_FILE(path);
+  auto model = LoadModel({path, ""});
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto request = [&](const std::string& prompt) {
+    GenerationRequest r;
+    r.prompt = (*model)->tokenizer->Encode(prompt, true);
+    r.stop.max_new_tokens = 6;
+    r.stop.ignore_eos = true;
+    return r;
+  };
+  const std::string short_prompt = "Once upon a time";
+  std::string long_prompt;
+  for (int i = 0; i < 12; ++i) long_prompt += "Once upon a time, there was a little dog. ";
+  kernels::CpuBackend cpu(2);
+  const std::vector<testing::Served> want =
+      testing::ServeTogether(**model, cpu, {request(short_prompt), request(long_prompt)});
+
+  struct Result {
+    std::vector<int32_t> tokens;
+    FinishEvent finish;
+  };
+  auto serve = [&](Engine& engine, GenerationRequest r) {
+    Result result;
+    std::promise<void> done;
+    r.callbacks.on_token = [&](const TokenEvent& e) { result.tokens.push_back(e.token); };
+    r.callbacks.on_finish = [&](const FinishEvent& e) {
+      result.finish = e;
+      done.set_value();
+    };
+    const auto id = engine.Submit(std::move(r));
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (id.ok()) done.get_future().wait();
+    return result;
+  };
+
+  int failed_steps = 0;
+  for (int n = 0; n < 200; ++n) {
+    SCOPED_TRACE(::testing::Message() << "allocations that succeed: " << n);
+    std::unique_ptr<CudaBackend> cuda = Backend();
+    ASSERT_NE(cuda, nullptr);
+    Engine engine(**model, *cuda, EngineOptions{});
+    ASSERT_TRUE(engine.status().ok()) << engine.status();
+    EXPECT_EQ(serve(engine, request(short_prompt)).tokens, want[0].tokens);
+
+    kvlens_emu::FailDeviceAllocationsAfter(n);
+    const Result run = serve(engine, request(long_prompt));
+    kvlens_emu::FailDeviceAllocationsAfter(-1);
+    if (run.finish.reason != FinishReason::kError) {
+      EXPECT_EQ(run.finish.reason, FinishReason::kLength);
+      EXPECT_EQ(run.tokens, want[1].tokens);
+      break;
+    }
+    ++failed_steps;
+    EXPECT_EQ(run.finish.status.code(), absl::StatusCode::kResourceExhausted) << run.finish.status;
+    EXPECT_NE(run.finish.status.message().find("cudaMalloc of"), std::string::npos)
+        << run.finish.status;
+    ASSERT_LE(run.tokens.size(), want[1].tokens.size());
+    EXPECT_TRUE(std::equal(run.tokens.begin(), run.tokens.end(), want[1].tokens.begin()));
+    const EngineStats stats = StatsWhenIdle(engine);
+    EXPECT_EQ(stats.blocks_used, 0);
+    EXPECT_EQ(stats.blocks_free + stats.blocks_cached, stats.num_blocks);
+
+    const Result after = serve(engine, request(short_prompt));
+    EXPECT_EQ(after.finish.reason, FinishReason::kLength) << after.finish.status;
+    EXPECT_EQ(after.tokens, want[0].tokens);
+    if (::testing::Test::HasFailure()) break;
+  }
+  // The long prompt's steps allocate (activations, index ring, scratch): some failed.
+  EXPECT_GT(failed_steps, 0);
+  std::cerr << "[ CUDA     ] the long prompt's request failed at each of its first " << failed_steps
+            << " device allocations\n";
 }
 
 }  // namespace
