@@ -2,9 +2,13 @@
 // not host-accessible) the workers' fp32 probes run through kernels::StagedBackend: the
 // answers must equal the plain CPU workers' bitwise (the same kernels run), and the
 // device's memory must have seen the copies (the staged path was taken). fp64 stays on
-// the reference. The flag's errors, without a GPU, are in server_process_test.cc.
+// the reference. A probe that runs out of the device's memory fails alone: the worker's
+// next probe runs (InterpretWorkers calls Backend::Recover before each). The flag's errors,
+// without a GPU, are in server_process_test.cc.
+#include <algorithm>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -76,6 +80,7 @@ class InterpretDeviceTest : public ::testing::Test {
   void SetUp() override {
     KVLENS_REQUIRE_FILE(Stories260KPath());
     server::InterpretOptions with_device;
+    with_device.workers.num_workers = 1;  // every probe on the one worker's backends
     with_device.workers.make_device = [this]() -> std::unique_ptr<kernels::Backend<float>> {
       auto b = std::make_unique<FakeDeviceBackend>();
       std::lock_guard<std::mutex> lock(mu_);
@@ -88,6 +93,14 @@ class InterpretDeviceTest : public ::testing::Test {
     ASSERT_TRUE(device_server_->ok()) << device_server_->error();
     EXPECT_EQ(device_server_->server().interp_device(), "fake-device");
     EXPECT_EQ(cpu_server_->server().interp_device(), "cpu");
+  }
+  // Every device double's memory budget (0: none; see FakeDeviceMemory::set_budget): at its
+  // bytes in use now, so that no allocation fits.
+  void SetBudgets(bool full) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (FakeDeviceBackend* b : made_) {
+      b->fake_memory().set_budget(full ? std::max<size_t>(b->fake_memory().in_use(), 1) : 0);
+    }
   }
   // Copies out of the device doubles' memory so far: the staged path's trace.
   int DeviceCopies() {
@@ -135,6 +148,31 @@ TEST_F(InterpretDeviceTest, CachedKvProbeRunsOnTheStagedDeviceAndEqualsTheCpuWor
   ASSERT_GT(want.num_cached(), 0);
   EXPECT_EQ(got.num_cached(), want.num_cached());
   ExpectSameAnswers(got, want);
+}
+
+// A probe whose staging does not fit in the device's memory fails RESOURCE_EXHAUSTED, and
+// only that probe: the worker's next one (the device's memory as full as before) runs and
+// equals the CPU workers'.
+TEST_F(InterpretDeviceTest, AProbeThatRunsOutOfDeviceMemoryFailsAloneAndTheNextRuns) {
+  const std::vector<int32_t> small =
+      cpu_server_->model().tokenizer->Encode("Once upon a time", true);
+  const std::vector<int32_t> large = cpu_server_->model().tokenizer->Encode(
+      "Once upon a time, there was a little girl named Lily. She loved to play outside", true);
+  const AttentionResult want = Maps(*cpu_server_, small);
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  ASSERT_TRUE(Maps(*device_server_, small).status.ok());  // the staging sized for `small`
+
+  SetBudgets(/*full=*/true);
+  const AttentionResult failed = Maps(*device_server_, large);
+  EXPECT_EQ(failed.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << failed.status.error_message();
+  EXPECT_NE(failed.status.error_message().find("out of memory"), std::string::npos)
+      << failed.status.error_message();
+  const AttentionResult after = Maps(*device_server_, small);
+  SetBudgets(/*full=*/false);
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.probs, want.probs);
+  EXPECT_EQ(after.scores, want.scores);
 }
 
 }  // namespace
