@@ -190,8 +190,8 @@ absl::Status CudaBackend::Synchronize() {
 
 absl::Status CudaBackend::Recover() {
   if (status_.ok() || status_.code() != absl::StatusCode::kResourceExhausted) return status_;
-  // An allocation that did not fit (cudaMalloc, or cuBLAS's workspace) is not sticky: the
-  // ops before it ran, the ones after it were never enqueued.
+  // An allocation that did not fit (cudaMalloc, or cuBLAS's own) is not sticky: the ops
+  // before it ran, the ones after it were never enqueued.
   KVLENS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   (void)cudaGetLastError();
   if (const cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) {
