@@ -299,7 +299,12 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     int q_slot = 0;      // in saved_q_, of its first captured layer
   };
   std::vector<int> capture_of(batch.size(), -1);
-  reruns_.clear();
+  // A last query's attention again, for its probabilities, after the step.
+  struct Rerun {
+    int entry, layer;
+    kernels::AttentionArgs<T> args;
+  };
+  std::vector<Rerun> reruns;
   std::vector<CapturePlan> plans(captures.size());
   int64_t last_size = 0;  // last_probs_' elements (> 0: some capture wants last rows only)
   int saved_queries = 0;  // saved_q_'s rows
@@ -461,7 +466,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
       if (!captured) continue;
       if (capture->last_query_only) {
         // The last query is saved, and runs again alone after the step for its
-        // probabilities (reruns_). The layer's batched call makes the entry's output, so
+        // probabilities (reruns). The layer's batched call makes the entry's output, so
         // the step computes what it would without the capture.
         const CapturePlan& plan = plans[static_cast<size_t>(ci)];
         T* const saved = saved_q_.data() + (plan.q_slot + slot) * QD;
@@ -475,7 +480,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
         capture->probs[l].resize(static_cast<size_t>(H * Tk));
         last.probs =
             host ? capture->probs[l].data() : last_probs_.data() + plan.offset + slot * H * Tk;
-        reruns_.push_back({static_cast<int>(e), l, last});
+        reruns.push_back({static_cast<int>(e), l, last});
         continue;
       }
       // The full map: the kernel writes it on the host, or on a device where it is copied
@@ -543,7 +548,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   }
   // The last queries' reruns, after the step (their keys' counts are new each step, which
   // a recorded step must not depend on), against the cache the step filled.
-  for (const Rerun& r : reruns_) {
+  for (const Rerun& r : reruns) {
     if (absl::Status s = backend_.Attention(r.args); !s.ok()) {
       return absl::Status(
           s.code(), absl::StrCat("batch entry ", r.entry, ", layer ", r.layer, ": ", s.message()));

@@ -153,12 +153,6 @@ class Transformer {
   kernels::Buffer<T> last_probs_;  // last query rows, [captured layers, H, Tk] a capture
   kernels::Buffer<T> probe_out_;   // [QD] the output of a last query's rerun (dropped)
   kernels::Buffer<T> saved_q_;     // [captured layers, QD] the last queries, for their reruns
-  // A last query's attention again, for its probabilities, after the step (Forward).
-  struct Rerun {
-    int entry, layer;
-    kernels::AttentionArgs<T> args;
-  };
-  std::vector<Rerun> reruns_;
   // One point's residual adds (AddResiduals): the sums added, [rows, D], and each of the
   // N rows' index into them (−1: none).
   std::vector<T> steer_rows_;
