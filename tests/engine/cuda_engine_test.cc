@@ -794,6 +794,21 @@ TEST(CudaEngineDecode, IncrementalEqualsFullRecomputeOverANanCache) {
 }
 
 #ifdef KVLENS_HAVE_CUDA
+// How the steps between two readings of a backend's graph statistics ran.
+struct GraphRuns {
+  int64_t steps, eager, captures, replays;
+  bool operator==(const GraphRuns&) const = default;
+  friend std::ostream& operator<<(std::ostream& os, const GraphRuns& r) {
+    return os << "{steps " << r.steps << ", eager " << r.eager << ", captures " << r.captures
+              << ", replays " << r.replays << "}";
+  }
+};
+GraphRuns RunsBetween(const kernels::cuda::StepGraph::Stats& before,
+                      const kernels::cuda::StepGraph::Stats& after) {
+  return {after.steps - before.steps, after.eager - before.eager, after.captures - before.captures,
+          after.replays - before.replays};
+}
+
 // Split-KV on tensor cores (SetSplitKvTensorCores) in the engine: the head-size-64 model's
 // chunks of 7 tokens, and Gemma 2's at head size 256 (soft-capped scores, a sliding window
 // on layer 0), on a bf16 cache (bf16 products) and on an fp32 one (fp16 products), each
@@ -855,10 +870,7 @@ TEST(CudaEngineGraphs, DecodeStepsReplayFourGraphsAndEqualStepsWithoutGraphs) {
   const kernels::cuda::StepGraph::Stats s0 = backend->graph_stats();
   const std::vector<float> with = AllLogits(*model, cuda, tokens, 1);
   const kernels::cuda::StepGraph::Stats s1 = backend->graph_stats();
-  EXPECT_EQ(s1.steps - s0.steps, 40);
-  EXPECT_EQ(s1.eager - s0.eager, 4);
-  EXPECT_EQ(s1.captures - s0.captures, 4);
-  EXPECT_EQ(s1.replays - s0.replays, 36);
+  EXPECT_EQ(RunsBetween(s0, s1), (GraphRuns{40, 4, 4, 36}));
   EXPECT_EQ(s1.capture_failures, 0);
   backend->SetCudaGraphs(false);
   ExpectClose(with, AllLogits(*model, cuda, tokens, 1), 1e-6, 0);
@@ -897,10 +909,7 @@ TEST(CudaEngineGraphs, SteeredDecodeStepsReplayGraphsWithEachStepsRows) {
   const std::vector<float> with =
       AllLogits(*model, cuda, tokens, 1, kernels::KvDtype::kActivation, adds);
   const kernels::cuda::StepGraph::Stats s1 = backend->graph_stats();
-  EXPECT_EQ(s1.steps - s0.steps, 40);
-  EXPECT_EQ(s1.eager - s0.eager, 5);
-  EXPECT_EQ(s1.captures - s0.captures, 5);
-  EXPECT_EQ(s1.replays - s0.replays, 35);
+  EXPECT_EQ(RunsBetween(s0, s1), (GraphRuns{40, 5, 5, 35}));
   EXPECT_EQ(s1.capture_failures, 0);
   kernels::CpuBackend cpu(2);
   const std::vector<float> want =
@@ -999,10 +1008,7 @@ TEST(CudaEngineGraphs, DecodeBatchesOfThreeAndFourShareOnePaddedGraph) {
   const std::vector<float> got =
       DecodeThreeThenFour(*model, cuda, [&] { s0 = backend->graph_stats(); });
   const kernels::cuda::StepGraph::Stats s1 = backend->graph_stats();
-  EXPECT_EQ(s1.steps - s0.steps, 10);
-  EXPECT_EQ(s1.eager - s0.eager, 1);
-  EXPECT_EQ(s1.captures - s0.captures, 1);
-  EXPECT_EQ(s1.replays - s0.replays, 9);
+  EXPECT_EQ(RunsBetween(s0, s1), (GraphRuns{10, 1, 1, 9}));
   ExpectClose(got, want, 1e-4, 1e-5);
 }
 
@@ -1028,10 +1034,7 @@ TEST(CudaEngineGraphs, StepsCapturingLastQueryRowsArePaddedAndReplayed) {
   const std::vector<float> got = DecodeThreeThenFour(
       *model, cuda, [&] { s0 = backend->graph_stats(); }, &got_rows);
   const kernels::cuda::StepGraph::Stats s1 = backend->graph_stats();
-  EXPECT_EQ(s1.steps - s0.steps, 10);
-  EXPECT_EQ(s1.eager - s0.eager, 1);
-  EXPECT_EQ(s1.captures - s0.captures, 1);
-  EXPECT_EQ(s1.replays - s0.replays, 9);
+  EXPECT_EQ(RunsBetween(s0, s1), (GraphRuns{10, 1, 1, 9}));
   ExpectClose(got, want, 1e-4, 1e-5);
   ASSERT_EQ(got_rows.size(), want_rows.size());
   ASSERT_GT(want_rows.size(), size_t{20} * model->config.num_heads);  // 10 steps, 2 layers
