@@ -23,15 +23,12 @@ struct Served {
   // With prompt_logprobs: positions 1 … of the prompt, concatenated over the events.
   std::vector<float> prompt_logprobs;
   std::vector<std::vector<TokenLogprob>> prompt_top;
+  FinishEvent finish;
 };
 
-// Submits every request (their callbacks replaced) to a new Engine with `options` and
-// waits until all have finished.
-inline std::vector<Served> ServeTogether(const Model& model, kernels::Backend<float>& backend,
-                                         std::vector<GenerationRequest> requests,
-                                         const EngineOptions& options = EngineOptions{}) {
-  Engine engine(model, backend, options);
-  EXPECT_TRUE(engine.status().ok()) << engine.status();
+// Submits every request (their callbacks replaced) to `engine` and waits until all have
+// finished.
+inline std::vector<Served> ServeOn(Engine& engine, std::vector<GenerationRequest> requests) {
   std::vector<Served> outs(requests.size());
   std::vector<std::promise<void>> done(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -48,13 +45,25 @@ inline std::vector<Served> ServeTogether(const Model& model, kernels::Backend<fl
       o.prompt_logprobs.insert(o.prompt_logprobs.end(), e.logprobs.begin(), e.logprobs.end());
       o.prompt_top.insert(o.prompt_top.end(), e.top.begin(), e.top.end());
     };
-    r.callbacks.on_finish = [&done, i](const FinishEvent&) { done[i].set_value(); };
+    r.callbacks.on_finish = [&outs, &done, i](const FinishEvent& e) {
+      outs[i].finish = e;
+      done[i].set_value();
+    };
     const auto id = engine.Submit(std::move(r));
     EXPECT_TRUE(id.ok()) << id.status();
     if (!id.ok()) done[i].set_value();
   }
   for (auto& d : done) d.get_future().wait();
   return outs;
+}
+
+// ServeOn a new Engine with `options`.
+inline std::vector<Served> ServeTogether(const Model& model, kernels::Backend<float>& backend,
+                                         std::vector<GenerationRequest> requests,
+                                         const EngineOptions& options = EngineOptions{}) {
+  Engine engine(model, backend, options);
+  EXPECT_TRUE(engine.status().ok()) << engine.status();
+  return ServeOn(engine, std::move(requests));
 }
 
 }  // namespace kvlens::testing

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <future>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -183,24 +182,6 @@ TEST(CudaEngineOutOfMemory, AStepThatRunsOutFailsItsRequestAndServingGoesOn) {
   const std::vector<testing::Served> want =
       testing::ServeTogether(**model, cpu, {request(short_prompt), request(long_prompt)});
 
-  struct Result {
-    std::vector<int32_t> tokens;
-    FinishEvent finish;
-  };
-  auto serve = [&](Engine& engine, GenerationRequest r) {
-    Result result;
-    std::promise<void> done;
-    r.callbacks.on_token = [&](const TokenEvent& e) { result.tokens.push_back(e.token); };
-    r.callbacks.on_finish = [&](const FinishEvent& e) {
-      result.finish = e;
-      done.set_value();
-    };
-    const auto id = engine.Submit(std::move(r));
-    EXPECT_TRUE(id.ok()) << id.status();
-    if (id.ok()) done.get_future().wait();
-    return result;
-  };
-
   int failed_steps = 0;
   for (int n = 0; n < 200; ++n) {
     SCOPED_TRACE(::testing::Message() << "allocations that succeed: " << n);
@@ -208,10 +189,10 @@ TEST(CudaEngineOutOfMemory, AStepThatRunsOutFailsItsRequestAndServingGoesOn) {
     ASSERT_NE(cuda, nullptr);
     Engine engine(**model, *cuda, EngineOptions{});
     ASSERT_TRUE(engine.status().ok()) << engine.status();
-    EXPECT_EQ(serve(engine, request(short_prompt)).tokens, want[0].tokens);
+    EXPECT_EQ(testing::ServeOn(engine, {request(short_prompt)})[0].tokens, want[0].tokens);
 
     kvlens_emu::FailDeviceAllocationsAfter(n);
-    const Result run = serve(engine, request(long_prompt));
+    const testing::Served run = testing::ServeOn(engine, {request(long_prompt)})[0];
     kvlens_emu::FailDeviceAllocationsAfter(-1);
     if (run.finish.reason != FinishReason::kError) {
       EXPECT_EQ(run.finish.reason, FinishReason::kLength);
@@ -228,7 +209,7 @@ TEST(CudaEngineOutOfMemory, AStepThatRunsOutFailsItsRequestAndServingGoesOn) {
     EXPECT_EQ(stats.blocks_used, 0);
     EXPECT_EQ(stats.blocks_free + stats.blocks_cached, stats.num_blocks);
 
-    const Result after = serve(engine, request(short_prompt));
+    const testing::Served after = testing::ServeOn(engine, {request(short_prompt)})[0];
     EXPECT_EQ(after.finish.reason, FinishReason::kLength) << after.finish.status;
     EXPECT_EQ(after.tokens, want[0].tokens);
     if (::testing::Test::HasFailure()) break;
