@@ -17,6 +17,11 @@
 namespace kvlens {
 namespace {
 
+// Steps that run, after a step ran out of device memory, before the step token budget
+// doubles back towards max_batch_tokens: at a size that keeps failing, at most one step
+// in this many is wasted.
+constexpr int kStepsToRegrow = 32;
+
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -69,7 +74,12 @@ struct Session {
 
 struct Engine::Impl {
   Impl(const Model& m, kernels::Backend<float>& b, const EngineOptions& o, EngineObserver* obs)
-      : model(m), options(o), observer(obs), pool(o.num_blocks), transformer(m, b) {
+      : model(m),
+        options(o),
+        observer(obs),
+        pool(o.num_blocks),
+        transformer(m, b),
+        step_token_limit(o.max_batch_tokens) {
     // In the backend's memory: host for the CPU backends, the GPU for CUDA.
     auto c =
         KvCacheStorage<float>::Create(b.memory(), m.config.num_layers, o.num_blocks, o.block_size,
@@ -117,6 +127,12 @@ struct Engine::Impl {
   std::deque<std::unique_ptr<Sequence>> waiting;   // step thread's queue (preempted first)
   ForwardOutput<float> out;
   std::unique_ptr<kernels::ThreadPool> sampling_pool;  // null: sample on the step thread
+  // The token budget of a step: max_batch_tokens, halved by each step that runs out of
+  // device memory (Step) and doubled back after every kStepsToRegrow steps that run.
+  int step_token_limit;
+  int steps_since_out_of_memory = 0;
+  bool last_step_ran_out = false;
+  int64_t steps_out_of_memory = 0;
 
   // --- shared, under mu ---
   mutable std::mutex mu;
@@ -141,6 +157,7 @@ Engine::Engine(const Model& model, kernels::Backend<float>& backend, EngineOptio
   impl_ = std::make_unique<Impl>(model, backend, options, observer);
   impl_->stats.num_blocks = options.num_blocks;
   impl_->stats.blocks_free = options.num_blocks;
+  impl_->stats.step_token_limit = options.max_batch_tokens;
   impl_->thread = std::thread([this] { impl_->Loop(); });
 }
 
@@ -581,7 +598,7 @@ void Engine::Impl::Step() {
   //    prompt chunk or its one decode token. When the pool runs dry the most recently
   //    admitted sequence is preempted (recomputed later). Then waiting sequences are
   //    admitted under the remaining token budget.
-  int budget = options.max_batch_tokens;
+  int budget = step_token_limit;
   std::vector<std::pair<Sequence*, int>> plan;  // sequence, tokens to compute this step
   bool preempted = false;
   size_t i = 0;
@@ -620,6 +637,8 @@ void Engine::Impl::Step() {
     waiting.pop_front();
   }
 
+  int batch_tokens = 0;
+  for (const auto& p : plan) batch_tokens += p.second;
   if (!plan.empty()) {
     // 3. one forward over every planned chunk
     std::vector<BatchEntry> batch;
@@ -670,6 +689,24 @@ void Engine::Impl::Step() {
       }
     }
     const absl::Status status = transformer.Forward(batch, *cache, out, absl::MakeSpan(captures));
+    // A step that ran out of device memory (an activation buffer or workspace that did not
+    // grow, Backend::Recover having cleared it) runs again in halves: its sequences stay as
+    // they were (the cache rows it wrote are rewritten, a reserved draw is kept), and the
+    // next steps' budget is half its tokens, so the same sequences go in fewer and shorter
+    // chunks. A step of one token runs again once, as it was (the memory may have been
+    // another process's for a moment); if it runs out again it fails its request.
+    const bool ran_out = status.code() == absl::StatusCode::kResourceExhausted;
+    const bool run_again = ran_out && (batch_tokens > 1 || !last_step_ran_out);
+    last_step_ran_out = ran_out;
+    if (run_again) {
+      step_token_limit = std::max(1, batch_tokens / 2);
+      steps_since_out_of_memory = 0;
+      ++steps_out_of_memory;
+    } else if (status.ok() && step_token_limit < options.max_batch_tokens &&
+               ++steps_since_out_of_memory >= kStepsToRegrow) {
+      step_token_limit = std::min(options.max_batch_tokens, 2 * step_token_limit);
+      steps_since_out_of_memory = 0;
+    }
     // 4. sample every row that completes its sequence's tokens (in parallel: rows are
     // independent), then advance, stream, finish in order
     std::vector<RowSample> sampled(plan.size());
@@ -711,7 +748,7 @@ void Engine::Impl::Step() {
         for (size_t r = 0; r < rows.size(); ++r) sample(static_cast<int64_t>(r));
       }
     }
-    for (size_t k = 0; k < plan.size(); ++k) {
+    for (size_t k = 0; k < plan.size() && !run_again; ++k) {
       Sequence& s = *plan[k].first;
       bool done = false;
       FinishReason reason = FinishReason::kLength;
@@ -767,8 +804,6 @@ void Engine::Impl::Step() {
     }
   }
   EngineObserver::StepStats st = CurrentStats();
-  int batch_tokens = 0;
-  for (const auto& p : plan) batch_tokens += p.second;
   st.batch_tokens = batch_tokens;
   if (observer && !plan.empty()) observer->OnStep(st);
   std::lock_guard<std::mutex> lock(mu);
@@ -777,6 +812,8 @@ void Engine::Impl::Step() {
   stats.blocks_used = st.blocks_used;
   stats.blocks_cached = st.blocks_cached;
   stats.blocks_free = st.blocks_free;
+  stats.step_token_limit = step_token_limit;
+  stats.steps_out_of_memory = steps_out_of_memory;
   if (plan.empty() && !waiting.empty() && running.empty()) {
     // Nothing can run: the front request does not fit even in an empty pool (sessions
     // hold the rest). Fail it rather than spin.

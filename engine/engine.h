@@ -10,6 +10,13 @@
 // max_new_tokens beyond the context or the whole cache) is rejected at Submit; one that
 // cannot fit now waits; running sequences are preempted (blocks freed, recomputed later)
 // when decode needs blocks that are not there.
+//
+// A step that runs out of device memory (RESOURCE_EXHAUSTED from the forward: a buffer
+// or workspace that did not grow) loses nothing: its sequences run again from where they
+// were, under a step token budget of half its tokens (fewer sequences, shorter prompt
+// chunks), which doubles back towards max_batch_tokens after every 32 steps that run. A
+// lone token runs again once; if it runs out twice it fails its request with the
+// allocation's error.
 #ifndef KVLENS_ENGINE_ENGINE_H_
 #define KVLENS_ENGINE_ENGINE_H_
 
@@ -82,6 +89,10 @@ struct EngineStats {
   int blocks_free = 0;
   int num_blocks = 0;
   int sessions = 0;
+  // A step's token budget now: max_batch_tokens, less after steps that ran out of device
+  // memory (steps_out_of_memory of them so far; the Engine comment says how it recovers).
+  int step_token_limit = 0;
+  int64_t steps_out_of_memory = 0;
 };
 
 class Engine {

@@ -69,7 +69,8 @@ ABSL_FLAG(std::string, chat_template, "auto",
           "vicuna-orca, minicpm.");
 ABSL_FLAG(int32_t, max_batch_tokens, 512,
           "Token budget of one engine step: decode tokens of all running sequences plus "
-          "prefill chunks.");
+          "prefill chunks. A step that runs out of device memory runs again under half "
+          "its tokens, a budget that doubles back after every 32 steps that run.");
 ABSL_FLAG(int32_t, max_running, 64, "Sequences decoding at once.");
 ABSL_FLAG(int32_t, max_waiting, 256, "Queue limit: requests beyond it get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int32_t, max_sessions, 64, "Open sessions at most.");

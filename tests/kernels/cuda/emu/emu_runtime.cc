@@ -128,7 +128,8 @@ struct Allocation {
 std::mutex g_memory_mutex;
 std::map<uintptr_t, Allocation> g_device;  // by start address
 size_t g_device_used = 0;
-int64_t g_allocations_left = -1;  // FailDeviceAllocationsAfter; < 0: no limit
+int64_t g_allocations_left = -1;              // FailDeviceAllocationsAfter; < 0: no limit
+int64_t g_allocations_before_one_fails = -1;  // FailOneDeviceAllocationAfter; < 0: none
 std::map<uintptr_t, size_t> g_pinned;
 
 size_t PageSize() {
@@ -746,7 +747,9 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   const size_t data = RoundUp(bytes, kAlign);
   const size_t map_bytes = RoundUp(data, PageSize()) + PageSize();
   std::lock_guard<std::mutex> lock(g_memory_mutex);
-  if (g_device_used + data > kDeviceBytes || g_allocations_left == 0) {
+  const bool fail_one = g_allocations_before_one_fails == 0;
+  if (g_allocations_before_one_fails >= 0) --g_allocations_before_one_fails;
+  if (g_device_used + data > kDeviceBytes || g_allocations_left == 0 || fail_one) {
     return Fail(cudaErrorMemoryAllocation,
                 "cudaMalloc: " + std::to_string(bytes) + " bytes exceed the emulated device");
   }
@@ -821,6 +824,11 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 void FailDeviceAllocationsAfter(int64_t n) {
   std::lock_guard<std::mutex> lock(g_memory_mutex);
   g_allocations_left = n < 0 ? -1 : n;
+}
+
+void FailOneDeviceAllocationAfter(int64_t n) {
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  g_allocations_before_one_fails = n < 0 ? -1 : n;
 }
 
 bool IsDeviceRange(const void* p, size_t bytes) {

@@ -1,11 +1,11 @@
 // Device memory running out, on the CUDA emulator, whose allocations a test can make fail
-// (kvlens_emu::FailDeviceAllocationsAfter; a GPU's cannot be made to, so these run in
-// cuda_emu_tests only). An allocation that does not fit fails what needed it with
-// RESOURCE_EXHAUSTED, naming the bytes, and nothing else: not the next kernel launch (a
+// (kvlens_emu::FailDeviceAllocationsAfter, FailOneDeviceAllocationAfter; a GPU's cannot be
+// made to, so these run in cuda_emu_tests only). An allocation that does not fit fails what needed
+// it with RESOURCE_EXHAUSTED, naming the bytes, and nothing else: not the next kernel launch (a
 // failed cudaMalloc leaves its error as the thread's last one), not the next unit of work
 // once Backend::Recover() has run (on the CUDA backend, and on a StagedBackend over it),
-// and not the engine's next step, whose requests get the tokens they get with memory to
-// spare (the CPU engine's) while the failed step's blocks are all free again. A kernel
+// and, in the engine, no request unless a lone token runs out twice: the failed step runs
+// again, and requests get the tokens they get with memory to spare (the CPU engine's). A kernel
 // fault, which on a GPU leaves the context unusable, is kept.
 #include <cuda_runtime_api.h>
 
@@ -156,68 +156,112 @@ TEST(CudaOutOfMemory, AKernelFaultIsKept) {
   EXPECT_EQ(b->Synchronize(), fault);
 }
 
-// Each of a step's allocations in turn fails: the steps of a prompt longer than any before
-// (they grow the activations, the index ring, the backend's scratch) on a fresh engine, the
-// n-th allocation from the prompt's submission on and every one after it failing, for
-// n = 0, 1, … until the request completes. Each time the request fails with
-// RESOURCE_EXHAUSTED (after a prefix of its tokens, where a later step ran out), the blocks
-// it held are free again, and the next request, memory to spare again, streams the CPU
-// engine's tokens.
-TEST(CudaEngineOutOfMemory, AStepThatRunsOutFailsItsRequestAndServingGoesOn) {
-  const std::string path = testing::TestData("stories260K/stories260K.bin");
-  KVLENS_REQUIRE_FILE(path);
-  auto model = LoadModel({path, ""});
-  ASSERT_TRUE(model.ok()) << model.status();
-  auto request = [&](const std::string& prompt) {
+// The engine on stories260K over the emulated GPU: a short prompt's request served first
+// (it sizes what a step of its few tokens needs), then a prompt longer than any before,
+// whose steps grow the activations, the index ring and the backend's scratch: the
+// allocations the tests below make fail. `want` is what the CPU engine streams for each.
+class CudaEngineOutOfMemory : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string path = testing::TestData("stories260K/stories260K.bin");
+    KVLENS_REQUIRE_FILE(path);
+    auto model = LoadModel({path, ""});
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = *std::move(model);
+    for (int i = 0; i < 12; ++i) long_prompt_ += "Once upon a time, there was a little dog. ";
+    kernels::CpuBackend cpu(2);
+    want_ = testing::ServeTogether(*model_, cpu, {Request(kShortPrompt), Request(long_prompt_)});
+  }
+  GenerationRequest Request(const std::string& prompt) const {
     GenerationRequest r;
-    r.prompt = (*model)->tokenizer->Encode(prompt, true);
+    r.prompt = model_->tokenizer->Encode(prompt, true);
     r.stop.max_new_tokens = 6;
     r.stop.ignore_eos = true;
     return r;
-  };
-  const std::string short_prompt = "Once upon a time";
-  std::string long_prompt;
-  for (int i = 0; i < 12; ++i) long_prompt += "Once upon a time, there was a little dog. ";
-  kernels::CpuBackend cpu(2);
-  const std::vector<testing::Served> want =
-      testing::ServeTogether(**model, cpu, {request(short_prompt), request(long_prompt)});
+  }
+  // A fresh engine that served the short prompt (with the CPU engine's tokens).
+  std::unique_ptr<Engine> WarmEngine(CudaBackend& cuda) {
+    auto engine = std::make_unique<Engine>(*model_, cuda, EngineOptions{});
+    EXPECT_TRUE(engine->status().ok()) << engine->status();
+    EXPECT_EQ(testing::ServeOn(*engine, {Request(kShortPrompt)})[0].tokens, want_[0].tokens);
+    return engine;
+  }
 
-  int failed_steps = 0;
+  static constexpr const char* kShortPrompt = "Once upon a time";
+  std::unique_ptr<Model> model_;
+  std::string long_prompt_;
+  std::vector<testing::Served> want_;
+};
+
+// The n-th allocation from the long prompt's submission on fails, and only it, for n = 0,
+// 1, … until none of its steps' allocations is left to fail: each time the step it was in
+// runs again (Engine: in halves, a lone token once as it was) and the request streams the
+// CPU engine's tokens, all blocks free again after it.
+TEST_F(CudaEngineOutOfMemory, AnAllocationThatFailsOnceCostsNoRequest) {
+  int failures = 0;
+  for (int n = 0; n < 200; ++n) {
+    SCOPED_TRACE(::testing::Message() << "allocations before the one that fails: " << n);
+    std::unique_ptr<CudaBackend> cuda = Backend();
+    ASSERT_NE(cuda, nullptr);
+    std::unique_ptr<Engine> engine = WarmEngine(*cuda);
+    kvlens_emu::FailOneDeviceAllocationAfter(n);
+    const testing::Served run = testing::ServeOn(*engine, {Request(long_prompt_)})[0];
+    kvlens_emu::FailOneDeviceAllocationAfter(-1);
+    EXPECT_EQ(run.finish.reason, FinishReason::kLength) << run.finish.status;
+    EXPECT_EQ(run.tokens, want_[1].tokens);
+    const EngineStats stats = StatsWhenIdle(*engine);
+    EXPECT_EQ(stats.blocks_used, 0);
+    EXPECT_EQ(stats.blocks_free + stats.blocks_cached, stats.num_blocks);
+    EXPECT_LE(stats.steps_out_of_memory, 1);
+    if (::testing::Test::HasFailure() || stats.steps_out_of_memory == 0) break;
+    ++failures;
+  }
+  // The long prompt's steps allocate: some of those allocations failed.
+  EXPECT_GT(failures, 0);
+  std::cerr << "[ CUDA     ] the long prompt's request completed with each of its first "
+            << failures << " device allocations failing once\n";
+}
+
+// The n-th allocation from the long prompt's submission on and every one after it fail,
+// for n = 0, 1, … until the request completes: each time its steps run again in halves
+// down to a lone token (which may fit in what the short prompt left) and, where even that
+// runs out twice, the request fails with RESOURCE_EXHAUSTED after a prefix of the CPU
+// engine's tokens, its blocks free again; the next request, memory to spare again, streams
+// the CPU engine's tokens.
+TEST_F(CudaEngineOutOfMemory, MemoryThatStaysShortFailsTheRequestAndServingGoesOn) {
+  int failed_requests = 0;
   for (int n = 0; n < 200; ++n) {
     SCOPED_TRACE(::testing::Message() << "allocations that succeed: " << n);
     std::unique_ptr<CudaBackend> cuda = Backend();
     ASSERT_NE(cuda, nullptr);
-    Engine engine(**model, *cuda, EngineOptions{});
-    ASSERT_TRUE(engine.status().ok()) << engine.status();
-    EXPECT_EQ(testing::ServeOn(engine, {request(short_prompt)})[0].tokens, want[0].tokens);
-
+    std::unique_ptr<Engine> engine = WarmEngine(*cuda);
     kvlens_emu::FailDeviceAllocationsAfter(n);
-    const testing::Served run = testing::ServeOn(engine, {request(long_prompt)})[0];
+    const testing::Served run = testing::ServeOn(*engine, {Request(long_prompt_)})[0];
     kvlens_emu::FailDeviceAllocationsAfter(-1);
     if (run.finish.reason != FinishReason::kError) {
       EXPECT_EQ(run.finish.reason, FinishReason::kLength);
-      EXPECT_EQ(run.tokens, want[1].tokens);
+      EXPECT_EQ(run.tokens, want_[1].tokens);
       break;
     }
-    ++failed_steps;
+    ++failed_requests;
     EXPECT_EQ(run.finish.status.code(), absl::StatusCode::kResourceExhausted) << run.finish.status;
     EXPECT_NE(run.finish.status.message().find("cudaMalloc of"), std::string::npos)
         << run.finish.status;
-    ASSERT_LE(run.tokens.size(), want[1].tokens.size());
-    EXPECT_TRUE(std::equal(run.tokens.begin(), run.tokens.end(), want[1].tokens.begin()));
-    const EngineStats stats = StatsWhenIdle(engine);
+    ASSERT_LE(run.tokens.size(), want_[1].tokens.size());
+    EXPECT_TRUE(std::equal(run.tokens.begin(), run.tokens.end(), want_[1].tokens.begin()));
+    const EngineStats stats = StatsWhenIdle(*engine);
     EXPECT_EQ(stats.blocks_used, 0);
     EXPECT_EQ(stats.blocks_free + stats.blocks_cached, stats.num_blocks);
 
-    const testing::Served after = testing::ServeOn(engine, {request(short_prompt)})[0];
+    const testing::Served after = testing::ServeOn(*engine, {Request(kShortPrompt)})[0];
     EXPECT_EQ(after.finish.reason, FinishReason::kLength) << after.finish.status;
-    EXPECT_EQ(after.tokens, want[0].tokens);
+    EXPECT_EQ(after.tokens, want_[0].tokens);
     if (::testing::Test::HasFailure()) break;
   }
-  // The long prompt's steps allocate (activations, index ring, scratch): some failed.
-  EXPECT_GT(failed_steps, 0);
-  std::cerr << "[ CUDA     ] the long prompt's request failed at each of its first " << failed_steps
-            << " device allocations\n";
+  EXPECT_GT(failed_requests, 0);
+  std::cerr << "[ CUDA     ] the long prompt's request failed with every device allocation "
+               "failing from each of its first "
+            << failed_requests << " on\n";
 }
 
 }  // namespace

@@ -118,6 +118,9 @@ int64_t PrefetchesIssued();
 // after them fails (cudaErrorMemoryAllocation, as on a full device) until this is called
 // again; n < 0: none fails (the default).
 void FailDeviceAllocationsAfter(int64_t n);
+// For tests: the next `n` calls of cudaMalloc run as usual, the one after them fails, and
+// the rest run (a moment's shortage, as when another process held the memory); n < 0: none.
+void FailOneDeviceAllocationAfter(int64_t n);
 
 struct cudaDeviceProp {
   char name[256];

@@ -1,0 +1,146 @@
+// A step that runs out of device memory loses nothing (Engine, engine.h): on the device
+// path's test double with a memory budget (FakeDeviceMemory::set_budget: allocations past
+// it are RESOURCE_EXHAUSTED, as a cudaMalloc that does not fit), the step runs again in
+// halves until it fits, and every request streams what it streams served alone on the CPU
+// backend, a seeded draw at a temperature included (its reserved number is kept for the
+// rerun). Only a lone token that does not fit twice in a row fails its request, and the
+// budget comes back.
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/engine/serve_together.h"
+#include "tests/engine/stories_model_test.h"
+#include "tests/kernels/fake_device_backend.h"
+
+namespace kvlens {
+namespace {
+
+// Stats are published at the end of a step, after its requests' on_finish.
+EngineStats StatsWhenIdle(const Engine& engine) {
+  for (int i = 0; i < 400 && engine.Stats().blocks_used != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return engine.Stats();
+}
+
+class StepOutOfMemoryTest : public testing::StoriesModelTest {
+ protected:
+  GenerationRequest Request(const std::string& prompt, int max_new_tokens,
+                            double temperature = 0.0) const {
+    GenerationRequest r;
+    r.prompt = model_->tokenizer->Encode(prompt, true);
+    r.stop.max_new_tokens = max_new_tokens;
+    r.stop.ignore_eos = true;
+    r.sampling.temperature = temperature;
+    r.sampling.seed = 7;
+    return r;
+  }
+  // What the request streams alone on the CPU backend.
+  testing::Served Alone(const GenerationRequest& r) {
+    return testing::ServeTogether(*model_, cpu_, {r})[0];
+  }
+  kernels::CpuBackend cpu_{2};
+};
+
+TEST_F(StepOutOfMemoryTest, AStepThatRunsOutRunsAgainInHalvesAndEveryRequestCompletes) {
+  const std::vector<GenerationRequest> requests = {
+      Request("Once upon a time, there was a little dog named Max.", 8),
+      Request("The sun was shining and the birds were singing in the park.", 8, 0.8),
+      Request("Lily and Tom went to the beach with their mom and dad.", 8),
+      Request("One day, a big red ball rolled down the hill to the river.", 8),
+  };
+  testing::FakeDeviceBackend device;
+  Engine engine(*model_, device, EngineOptions{});
+  ASSERT_TRUE(engine.status().ok()) << engine.status();
+  // One prompt alone sizes the activation buffers for its tokens; then nothing more fits.
+  const testing::Served warm = testing::ServeOn(engine, {requests[0]})[0];
+  ASSERT_EQ(warm.tokens, Alone(requests[0]).tokens);
+  ASSERT_EQ(StatsWhenIdle(engine).steps_out_of_memory, 0);
+  device.fake_memory().set_budget(device.fake_memory().in_use());
+
+  const std::vector<testing::Served> served = testing::ServeOn(engine, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "request " << i);
+    EXPECT_EQ(served[i].finish.reason, FinishReason::kLength) << served[i].finish.status;
+    const testing::Served want = Alone(requests[i]);
+    EXPECT_EQ(served[i].tokens, want.tokens);
+    ASSERT_EQ(served[i].logprobs.size(), want.logprobs.size());
+    for (size_t t = 0; t < want.logprobs.size(); ++t) {
+      EXPECT_NEAR(served[i].logprobs[t], want.logprobs[t], 1e-5) << "token " << t;
+    }
+  }
+  const EngineStats stats = StatsWhenIdle(engine);
+  // Four prompts together are more tokens than the one that sized the buffers.
+  EXPECT_GE(stats.steps_out_of_memory, 1);
+  EXPECT_LT(stats.step_token_limit, EngineOptions{}.max_batch_tokens);
+  EXPECT_EQ(stats.blocks_used, 0);
+  EXPECT_EQ(stats.blocks_free + stats.blocks_cached, stats.num_blocks);
+}
+
+TEST_F(StepOutOfMemoryTest, ALoneTokenThatDoesNotFitFailsItsRequestAndTheBudgetComesBack) {
+  const GenerationRequest request = Request("Once upon a time, there was a little dog.", 28);
+  const int prompt_tokens = static_cast<int>(request.prompt.size());
+  // At one token a step, the prompt's T steps and one for each generated token after the
+  // first: between 32 and 63 steps, so that the budget doubles once (below).
+  const int steps = prompt_tokens + request.stop.max_new_tokens - 1;
+  ASSERT_GE(steps, 32);
+  ASSERT_LT(steps, 64);
+  testing::FakeDeviceBackend device;
+  Engine engine(*model_, device, EngineOptions{});
+  ASSERT_TRUE(engine.status().ok()) << engine.status();
+  // The cache alone: no step's activations fit.
+  device.fake_memory().set_budget(device.fake_memory().in_use());
+
+  const testing::Served failed = testing::ServeOn(engine, {request})[0];
+  EXPECT_EQ(failed.finish.reason, FinishReason::kError);
+  EXPECT_EQ(failed.finish.status.code(), absl::StatusCode::kResourceExhausted)
+      << failed.finish.status;
+  EXPECT_NE(failed.finish.status.message().find("out of memory"), std::string::npos)
+      << failed.finish.status;
+  EXPECT_TRUE(failed.tokens.empty());
+  EngineStats stats = StatsWhenIdle(engine);
+  // Its prompt ran out at T tokens, then ⌊T/2⌋, … down to 2 (⌊log2 T⌋ steps run again),
+  // then at one token right after, which failed it.
+  int halvings = 0;
+  for (int t = prompt_tokens; t > 1; t /= 2) ++halvings;
+  EXPECT_EQ(stats.steps_out_of_memory, halvings);
+  EXPECT_EQ(stats.step_token_limit, 1);
+  EXPECT_EQ(stats.blocks_used, 0);
+  EXPECT_EQ(stats.blocks_free + stats.blocks_cached, stats.num_blocks);
+
+  // Memory to spare again: the same request runs one token a step, and the 32nd step that
+  // ran doubles the budget.
+  device.fake_memory().set_budget(0);
+  const testing::Served after = testing::ServeOn(engine, {request})[0];
+  EXPECT_EQ(after.finish.reason, FinishReason::kLength) << after.finish.status;
+  EXPECT_EQ(after.tokens, Alone(request).tokens);
+  stats = StatsWhenIdle(engine);
+  EXPECT_EQ(stats.steps_out_of_memory, halvings);
+  EXPECT_EQ(stats.step_token_limit, 2);
+}
+
+TEST_F(StepOutOfMemoryTest, AOneTokenStepRunsAgainOnceBeforeItFailsItsRequest) {
+  GenerationRequest request = Request("", 4);
+  request.prompt = {model_->tokenizer->bos_id()};
+  testing::FakeDeviceBackend device;
+  Engine engine(*model_, device, EngineOptions{});
+  ASSERT_TRUE(engine.status().ok()) << engine.status();
+  device.fake_memory().set_budget(device.fake_memory().in_use());
+
+  const testing::Served failed = testing::ServeOn(engine, {request})[0];
+  EXPECT_EQ(failed.finish.reason, FinishReason::kError);
+  EXPECT_EQ(failed.finish.status.code(), absl::StatusCode::kResourceExhausted)
+      << failed.finish.status;
+  const EngineStats stats = StatsWhenIdle(engine);
+  EXPECT_EQ(stats.steps_out_of_memory, 1);
+  EXPECT_EQ(stats.step_token_limit, 1);
+}
+
+}  // namespace
+}  // namespace kvlens
