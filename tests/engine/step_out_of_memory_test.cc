@@ -49,12 +49,16 @@ class StepOutOfMemoryTest : public testing::StoriesModelTest {
 };
 
 TEST_F(StepOutOfMemoryTest, AStepThatRunsOutRunsAgainInHalvesAndEveryRequestCompletes) {
-  const std::vector<GenerationRequest> requests = {
+  std::vector<GenerationRequest> requests = {
       Request("Once upon a time, there was a little dog named Max.", 8),
       Request("The sun was shining and the birds were singing in the park.", 8, 0.8),
       Request("Lily and Tom went to the beach with their mom and dad.", 8),
       Request("One day, a big red ball rolled down the hill to the river.", 8),
+      Request("The little cat sat on the mat and looked at the moon.", 4),
   };
+  // The last scores its prompt too: its rows' events, however the steps split it, are what
+  // they are in one chunk.
+  requests.back().prompt_logprobs = 2;
   testing::FakeDeviceBackend device;
   Engine engine(*model_, device, EngineOptions{});
   ASSERT_TRUE(engine.status().ok()) << engine.status();
@@ -74,6 +78,11 @@ TEST_F(StepOutOfMemoryTest, AStepThatRunsOutRunsAgainInHalvesAndEveryRequestComp
     for (size_t t = 0; t < want.logprobs.size(); ++t) {
       EXPECT_NEAR(served[i].logprobs[t], want.logprobs[t], 1e-5) << "token " << t;
     }
+    ASSERT_EQ(served[i].prompt_logprobs.size(), want.prompt_logprobs.size());
+    for (size_t t = 0; t < want.prompt_logprobs.size(); ++t) {
+      EXPECT_NEAR(served[i].prompt_logprobs[t], want.prompt_logprobs[t], 1e-5) << "position " << t;
+    }
+    EXPECT_EQ(served[i].prompt_top.size(), want.prompt_top.size());
   }
   const EngineStats stats = StatsWhenIdle(engine);
   // Four prompts together are more tokens than the one that sized the buffers.
