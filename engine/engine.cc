@@ -698,10 +698,13 @@ void Engine::Impl::Step() {
     const bool ran_out = status.code() == absl::StatusCode::kResourceExhausted;
     const bool run_again = ran_out && (batch_tokens > 1 || !last_step_ran_out);
     last_step_ran_out = ran_out;
-    if (run_again) {
-      step_token_limit = std::max(1, batch_tokens / 2);
-      steps_since_out_of_memory = 0;
-      ++steps_out_of_memory;
+    if (ran_out) {
+      if (run_again) {
+        step_token_limit = std::max(1, batch_tokens / 2);
+        steps_since_out_of_memory = 0;
+        ++steps_out_of_memory;
+      }
+      if (observer) observer->OnOutOfMemory({batch_tokens, step_token_limit, !run_again, status});
     } else if (status.ok() && step_token_limit < options.max_batch_tokens &&
                ++steps_since_out_of_memory >= kStepsToRegrow) {
       step_token_limit = std::min(options.max_batch_tokens, 2 * step_token_limit);

@@ -79,6 +79,14 @@ class EngineObserver {
   virtual void OnPreemption() = 0;
   // A prompt's lookup in the prefix cache: tokens looked up, tokens found.
   virtual void OnPrefixLookup(int queried_tokens, int hit_tokens) = 0;
+  // A step that ran out of device memory (see Engine above), before its next step.
+  struct OutOfMemory {
+    int batch_tokens = 0;         // the step's tokens
+    int step_token_limit = 0;     // the budget of the steps after it
+    bool request_failed = false;  // a lone token that ran out twice: its request failed
+    absl::Status status;          // the allocation's error
+  };
+  virtual void OnOutOfMemory(const OutOfMemory& event) { (void)event; }
 };
 
 struct EngineStats {

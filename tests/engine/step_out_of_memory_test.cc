@@ -7,6 +7,7 @@
 // budget comes back.
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -134,11 +135,32 @@ TEST_F(StepOutOfMemoryTest, ALoneTokenThatDoesNotFitFailsItsRequestAndTheBudgetC
   EXPECT_EQ(stats.step_token_limit, 2);
 }
 
+// What the observer hears of the steps that ran out (on the step thread).
+class OutOfMemoryEvents final : public EngineObserver {
+ public:
+  void OnStep(const StepStats&) override {}
+  void OnPreemption() override {}
+  void OnPrefixLookup(int, int) override {}
+  void OnOutOfMemory(const OutOfMemory& event) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(event);
+  }
+  std::vector<OutOfMemory> events() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<OutOfMemory> events_;
+};
+
 TEST_F(StepOutOfMemoryTest, AOneTokenStepRunsAgainOnceBeforeItFailsItsRequest) {
   GenerationRequest request = Request("", 4);
   request.prompt = {model_->tokenizer->bos_id()};
   testing::FakeDeviceBackend device;
-  Engine engine(*model_, device, EngineOptions{});
+  OutOfMemoryEvents observer;
+  Engine engine(*model_, device, EngineOptions{}, &observer);
   ASSERT_TRUE(engine.status().ok()) << engine.status();
   device.fake_memory().set_budget(device.fake_memory().in_use());
 
@@ -149,6 +171,15 @@ TEST_F(StepOutOfMemoryTest, AOneTokenStepRunsAgainOnceBeforeItFailsItsRequest) {
   const EngineStats stats = StatsWhenIdle(engine);
   EXPECT_EQ(stats.steps_out_of_memory, 1);
   EXPECT_EQ(stats.step_token_limit, 1);
+  // Its one token ran out (run again, under a budget of 1), then again (its request failed).
+  const std::vector<EngineObserver::OutOfMemory> events = observer.events();
+  ASSERT_EQ(events.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(events[i].batch_tokens, 1);
+    EXPECT_EQ(events[i].step_token_limit, 1);
+    EXPECT_EQ(events[i].request_failed, i == 1);
+    EXPECT_EQ(events[i].status, failed.finish.status);
+  }
 }
 
 }  // namespace
