@@ -29,6 +29,7 @@
 #include "engine/model/model.h"
 #include "kernels/backend_factory.h"
 #include "kernels/kv_dtype.h"
+#include "server/engine_event_log.h"
 #include "server/grpc_server.h"
 #include "server/metrics.h"
 
@@ -308,7 +309,9 @@ int main(int argc, char** argv) {
       return Fail(s);
     }
   }
-  kvlens::Engine engine(**model, *backend->backend, options, &metrics);
+  // Metrics, and to stderr what they do not count (steps that ran out of device memory).
+  kvlens::server::EngineEventLog engine_events(metrics, stderr);
+  kvlens::Engine engine(**model, *backend->backend, options, &engine_events);
   if (!engine.status().ok()) return Fail(engine.status());
 
   const std::string interp_device_flag = absl::GetFlag(FLAGS_interp_device);
