@@ -17,11 +17,6 @@
 namespace kvlens {
 namespace {
 
-// Steps that run, after a step ran out of device memory, before the step token budget
-// doubles back towards max_batch_tokens: at a size that keeps failing, at most one step
-// in this many is wasted.
-constexpr int kStepsToRegrow = 32;
-
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -128,7 +123,7 @@ struct Engine::Impl {
   ForwardOutput<float> out;
   std::unique_ptr<kernels::ThreadPool> sampling_pool;  // null: sample on the step thread
   // The token budget of a step: max_batch_tokens, halved by each step that runs out of
-  // device memory (Step) and doubled back after every kStepsToRegrow steps that run.
+  // device memory (Step) and doubled back after every Engine::kStepsToRegrow steps that run.
   int step_token_limit;
   int steps_since_out_of_memory = 0;
   bool last_step_ran_out = false;
@@ -706,7 +701,7 @@ void Engine::Impl::Step() {
       }
       if (observer) observer->OnOutOfMemory({batch_tokens, step_token_limit, !run_again, status});
     } else if (status.ok() && step_token_limit < options.max_batch_tokens &&
-               ++steps_since_out_of_memory >= kStepsToRegrow) {
+               ++steps_since_out_of_memory >= Engine::kStepsToRegrow) {
       step_token_limit = std::min(options.max_batch_tokens, 2 * step_token_limit);
       steps_since_out_of_memory = 0;
     }

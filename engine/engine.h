@@ -14,7 +14,8 @@
 // A step that runs out of device memory (RESOURCE_EXHAUSTED from the forward: a buffer
 // or workspace that did not grow) loses nothing: its sequences run again from where they
 // were, under a step token budget of half its tokens (fewer sequences, shorter prompt
-// chunks), which doubles back towards max_batch_tokens after every 32 steps that run. A
+// chunks), which doubles back towards max_batch_tokens after every kStepsToRegrow steps
+// that run. A
 // lone token runs again once; if it runs out twice it fails its request with the
 // allocation's error.
 #ifndef KVLENS_ENGINE_ENGINE_H_
@@ -110,6 +111,10 @@ class Engine {
   // Submit, OpenSession and ReadSession return that status.
   Engine(const Model& model, kernels::Backend<float>& backend, EngineOptions options,
          EngineObserver* observer = nullptr);
+  // Steps that run, after a step ran out of device memory, before the step token budget
+  // doubles back towards max_batch_tokens: at a size that keeps running out, at most one
+  // step in this many is wasted.
+  static constexpr int kStepsToRegrow = 32;
   ~Engine();  // stops the step thread; unfinished requests finish kCancelled
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

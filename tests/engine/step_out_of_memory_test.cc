@@ -97,10 +97,10 @@ TEST_F(StepOutOfMemoryTest, ALoneTokenThatDoesNotFitFailsItsRequestAndTheBudgetC
   const GenerationRequest request = Request("Once upon a time, there was a little dog.", 28);
   const int prompt_tokens = static_cast<int>(request.prompt.size());
   // At one token a step, the prompt's T steps and one for each generated token after the
-  // first: between 32 and 63 steps, so that the budget doubles once (below).
+  // first: enough that the budget doubles once (below), not twice.
   const int steps = prompt_tokens + request.stop.max_new_tokens - 1;
-  ASSERT_GE(steps, 32);
-  ASSERT_LT(steps, 64);
+  ASSERT_GE(steps, Engine::kStepsToRegrow);
+  ASSERT_LT(steps, 2 * Engine::kStepsToRegrow);
   testing::FakeDeviceBackend device;
   Engine engine(*model_, device, EngineOptions{});
   ASSERT_TRUE(engine.status().ok()) << engine.status();
@@ -124,8 +124,8 @@ TEST_F(StepOutOfMemoryTest, ALoneTokenThatDoesNotFitFailsItsRequestAndTheBudgetC
   EXPECT_EQ(stats.blocks_used, 0);
   EXPECT_EQ(stats.blocks_free + stats.blocks_cached, stats.num_blocks);
 
-  // Memory to spare again: the same request runs one token a step, and the 32nd step that
-  // ran doubles the budget.
+  // Memory to spare again: the same request runs one token a step, and the
+  // kStepsToRegrow-th step that ran doubles the budget.
   device.fake_memory().set_budget(0);
   const testing::Served after = testing::ServeOn(engine, {request})[0];
   EXPECT_EQ(after.finish.reason, FinishReason::kLength) << after.finish.status;
