@@ -42,6 +42,20 @@ class StepOutOfMemoryTest : public testing::StoriesModelTest {
     r.sampling.seed = 7;
     return r;
   }
+  // `request` on `engine` with no device memory to spare (the budget at what is in use: no
+  // step's activations fit): it fails, RESOURCE_EXHAUSTED, before any token.
+  testing::Served ServeOutOfMemory(Engine& engine, testing::FakeDeviceBackend& device,
+                                   const GenerationRequest& request) {
+    device.fake_memory().set_budget(device.fake_memory().in_use());
+    const testing::Served failed = testing::ServeOn(engine, {request})[0];
+    EXPECT_EQ(failed.finish.reason, FinishReason::kError);
+    EXPECT_EQ(failed.finish.status.code(), absl::StatusCode::kResourceExhausted)
+        << failed.finish.status;
+    EXPECT_NE(failed.finish.status.message().find("out of memory"), std::string::npos)
+        << failed.finish.status;
+    EXPECT_TRUE(failed.tokens.empty());
+    return failed;
+  }
   // What the request streams alone on the CPU backend.
   testing::Served Alone(const GenerationRequest& r) {
     return testing::ServeTogether(*model_, cpu_, {r})[0];
@@ -104,16 +118,7 @@ TEST_F(StepOutOfMemoryTest, ALoneTokenThatDoesNotFitFailsItsRequestAndTheBudgetC
   testing::FakeDeviceBackend device;
   Engine engine(*model_, device, EngineOptions{});
   ASSERT_TRUE(engine.status().ok()) << engine.status();
-  // The cache alone: no step's activations fit.
-  device.fake_memory().set_budget(device.fake_memory().in_use());
-
-  const testing::Served failed = testing::ServeOn(engine, {request})[0];
-  EXPECT_EQ(failed.finish.reason, FinishReason::kError);
-  EXPECT_EQ(failed.finish.status.code(), absl::StatusCode::kResourceExhausted)
-      << failed.finish.status;
-  EXPECT_NE(failed.finish.status.message().find("out of memory"), std::string::npos)
-      << failed.finish.status;
-  EXPECT_TRUE(failed.tokens.empty());
+  ServeOutOfMemory(engine, device, request);
   EngineStats stats = StatsWhenIdle(engine);
   // Its prompt ran out at T tokens, then ⌊T/2⌋, … down to 2 (⌊log2 T⌋ steps run again),
   // then at one token right after, which failed it.
@@ -162,12 +167,7 @@ TEST_F(StepOutOfMemoryTest, AOneTokenStepRunsAgainOnceBeforeItFailsItsRequest) {
   OutOfMemoryEvents observer;
   Engine engine(*model_, device, EngineOptions{}, &observer);
   ASSERT_TRUE(engine.status().ok()) << engine.status();
-  device.fake_memory().set_budget(device.fake_memory().in_use());
-
-  const testing::Served failed = testing::ServeOn(engine, {request})[0];
-  EXPECT_EQ(failed.finish.reason, FinishReason::kError);
-  EXPECT_EQ(failed.finish.status.code(), absl::StatusCode::kResourceExhausted)
-      << failed.finish.status;
+  const testing::Served failed = ServeOutOfMemory(engine, device, request);
   const EngineStats stats = StatsWhenIdle(engine);
   EXPECT_EQ(stats.steps_out_of_memory, 1);
   EXPECT_EQ(stats.step_token_limit, 1);
