@@ -344,7 +344,7 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     cap.probs.assign(static_cast<size_t>(c.num_layers), {});
   }
   if (last_size > 0) {
-    if (absl::Status s = probe_out_.Resize(QD); !s.ok()) return s;
+    if (absl::Status s = probe_out_.Resize(saved_queries * QD); !s.ok()) return s;
     if (absl::Status s = saved_q_.Resize(saved_queries * QD); !s.ok()) return s;
     if (!host) {
       if (absl::Status s = last_probs_.Resize(last_size); !s.ok()) return s;
@@ -469,14 +469,15 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
         // probabilities (reruns). The layer's batched call makes the entry's output, so
         // the step computes what it would without the capture.
         const CapturePlan& plan = plans[static_cast<size_t>(ci)];
-        T* const saved = saved_q_.data() + (plan.q_slot + slot) * QD;
+        const int64_t rerun_row = (plan.q_slot + slot) * QD;
+        T* const saved = saved_q_.data() + rerun_row;
         backend_.Copy(saved, a.q + int64_t{tq - 1} * QD, QD);
         kernels::AttentionArgs<T> last = a;
         last.q = saved;
         last.num_queries = 1;
         last.query_offset = a.query_offset + tq - 1;
         if (a.q_doc_ids != nullptr) last.q_doc_ids = a.q_doc_ids + tq - 1;
-        last.out = probe_out_.data();
+        last.out = probe_out_.data() + rerun_row;
         capture->probs[l].resize(static_cast<size_t>(H * Tk));
         last.probs =
             host ? capture->probs[l].data() : last_probs_.data() + plan.offset + slot * H * Tk;
@@ -548,8 +549,14 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   }
   // The last queries' reruns, after the step (their keys' counts are new each step, which
   // a recorded step must not depend on), against the cache the step filled.
-  for (const Rerun& r : reruns) {
-    if (absl::Status s = backend_.Attention(r.args); !s.ok()) {
+  // One batch (each its own output row), which a device backend may run as one launch.
+  if (!reruns.empty()) {
+    std::vector<kernels::AttentionArgs<T>> args;
+    args.reserve(reruns.size());
+    for (const Rerun& r : reruns) args.push_back(r.args);
+    int failed = 0;
+    if (absl::Status s = backend_.AttentionBatch(args, &failed); !s.ok()) {
+      const Rerun& r = reruns[static_cast<size_t>(failed)];
       return absl::Status(
           s.code(), absl::StrCat("batch entry ", r.entry, ", layer ", r.layer, ": ", s.message()));
     }

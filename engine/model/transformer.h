@@ -151,7 +151,7 @@ class Transformer {
   kernels::Buffer<T> logits_;      // [rows, V] (device backends only; else out.logits)
   kernels::Buffer<T> probs_;       // [H, Tq, Tk] one captured layer (device backends only)
   kernels::Buffer<T> last_probs_;  // last query rows, [captured layers, H, Tk] a capture
-  kernels::Buffer<T> probe_out_;   // [QD] the output of a last query's rerun (dropped)
+  kernels::Buffer<T> probe_out_;   // [reruns, QD] the last queries' reruns' outputs (dropped)
   kernels::Buffer<T> saved_q_;     // [captured layers, QD] the last queries, for their reruns
   // One point's residual adds (AddResiduals): the sums added, [rows, D], and each of the
   // N rows' index into them (−1: none).

@@ -455,11 +455,11 @@ __global__ void __launch_bounds__(kCombineMaxThreads)
 // with O computed from the very A written out.
 constexpr int kMaterializedThreads = 256;
 
+// Query row i, head h of p (one block).
 template <typename KT>
-__global__ void __launch_bounds__(kMaterializedThreads)
-    MaterializedKernel(AttentionParams p, float* scores, float* probs) {
-  WaitForPriorGrids();  // first: see launch.cuh
-  const int i = blockIdx.x, h = blockIdx.y, D = p.head_dim;
+__device__ __forceinline__ void MaterializedRow(const AttentionParams& p, int i, int h,
+                                                float* scores, float* probs) {
+  const int D = p.head_dim;
   const int g = h / (p.num_heads / p.num_kv_heads);
   const int64_t row = (static_cast<int64_t>(h) * p.num_queries + i) * p.num_keys;
   const float* q = p.q + static_cast<int64_t>(i) * p.q_stride + static_cast<int64_t>(h) * D;
@@ -500,6 +500,24 @@ __global__ void __launch_bounds__(kMaterializedThreads)
     }
     o[d] = acc;
   }
+}
+
+template <typename KT>
+__global__ void __launch_bounds__(kMaterializedThreads)
+    MaterializedKernel(AttentionParams p, float* scores, float* probs) {
+  WaitForPriorGrids();  // first: see launch.cuh
+  MaterializedRow<KT>(p, blockIdx.x, blockIdx.y, scores, probs);
+}
+
+// Block (h, c): head h of call c's one query row.
+template <typename KT>
+__global__ void __launch_bounds__(kMaterializedThreads)
+    MaterializedRowsKernel(const MaterializedRowCall* calls, const int32_t* tables) {
+  WaitForPriorGrids();  // first: see launch.cuh
+  const MaterializedRowCall& call = calls[blockIdx.y];
+  AttentionParams p = call.p;
+  p.block_table = tables + call.table_offset;
+  MaterializedRow<KT>(p, 0, blockIdx.x, call.scores, call.probs);
 }
 
 }  // namespace
@@ -635,6 +653,22 @@ absl::Status LaunchMaterialized(const AttentionParams& p, float* scores, float* 
                  stream, p, scores, probs);
   }
   KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("MaterializedKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMaterializedRows(const MaterializedRowCall* calls, int num_calls,
+                                    const int32_t* tables, int num_heads, KvDtype kv_dtype,
+                                    cudaStream_t stream) {
+  if (num_calls < 1) return absl::OkStatus();
+  const dim3 grid(num_heads, num_calls);
+  if (kv_dtype == KvDtype::kBF16) {
+    LaunchKernel("MaterializedRowsKernel", MaterializedRowsKernel<uint16_t>, grid,
+                 kMaterializedThreads, 0, stream, calls, tables);
+  } else {
+    LaunchKernel("MaterializedRowsKernel", MaterializedRowsKernel<float>, grid,
+                 kMaterializedThreads, 0, stream, calls, tables);
+  }
+  KVLENS_CUDA_RETURN_IF_LAUNCH_FAILED("MaterializedRowsKernel");
   return absl::OkStatus();
 }
 

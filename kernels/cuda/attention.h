@@ -20,7 +20,8 @@
 //                   by the split's last block to finish). As an option at Dh 64 and
 //                   128, its twin on tensor cores (split_kv_mma.cu).
 //   materialised    when probabilities or scores are requested: fp32, writes S and A
-//                   [H, Tq, Tk] and computes O = A·V from exactly the A it returns.
+//                   [H, Tq, Tk] and computes O = A·V from exactly the A it returns;
+//                   many calls of one query row each in one launch (LaunchMaterializedRows).
 //
 // Each reads the cache as it is stored (p.kv_dtype): fp32, or bf16 widened to fp32 as it
 // is loaded (half the bytes a key; the flash kernel rounds both to fp16 for its tensor
@@ -282,6 +283,21 @@ absl::Status LaunchSplitKvMma(const AttentionParams& p, int num_splits, float* w
 // scores and probs: [H, Tq, Tk] device buffers (scratch when the caller wants neither).
 absl::Status LaunchMaterialized(const AttentionParams& p, float* scores, float* probs,
                                 cudaStream_t stream);
+
+// One query row of several materialised calls in one launch (CudaBackend::AttentionBatch:
+// the engine's last-query reruns for streamed attention rows, one a request and layer),
+// each as LaunchMaterialized computes it alone. calls[c].p.block_table is unused: call c's
+// table starts at tables + calls[c].table_offset (one upload for the batch). The calls
+// share num_heads and kv_dtype and have num_queries 1 and no documents.
+struct MaterializedRowCall {
+  AttentionParams p;
+  float* scores = nullptr;  // [H, Tk]
+  float* probs = nullptr;   // [H, Tk]
+  int64_t table_offset = 0;
+};
+absl::Status LaunchMaterializedRows(const MaterializedRowCall* calls, int num_calls,
+                                    const int32_t* tables, int num_heads, KvDtype kv_dtype,
+                                    cudaStream_t stream);
 
 }  // namespace kvlens::kernels::cuda
 

@@ -400,6 +400,9 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // with per-row key ends, or flash with per-block tiles of the sequences.
   absl::Status LaunchSplitKvBatched(absl::Span<const AttentionArgs<float>> calls);
   absl::Status LaunchFlashBatched(absl::Span<const AttentionArgs<float>> calls);
+  // One launch for materialised calls of one query row each (checked; one kv dtype and
+  // head count; no documents): the engine's last-query reruns.
+  absl::Status LaunchMaterializedRowsBatched(absl::Span<const AttentionArgs<float>> calls);
   // kernels_.flash_layout with one field set, if SetFlashLayout takes it.
   absl::Status SetFlashLayoutField(int FlashBf16Layout::*field, int value);
   // Whether p's flash launch takes the bf16 kernel (it applies, and flash_bf16_), the

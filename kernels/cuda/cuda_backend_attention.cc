@@ -3,7 +3,9 @@
 // launches, and the attention backward. The rest of the backend is cuda_backend.cc.
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -186,19 +188,25 @@ namespace {
 
 // Which batched launch may take call `a` (after its checks passed) with others: paged,
 // causal, no documents, no maps; the flash kernel's or the split-KV kernel's.
-enum class BatchKind { kNone, kSplitKv, kFlash };
+enum class BatchKind { kNone, kSplitKv, kFlash, kMaterializedRows };
 BatchKind BatchKindOf(const AttentionArgs<float>& a) {
-  if (a.probs != nullptr || a.scores != nullptr || a.q_doc_ids != nullptr || !a.causal ||
-      a.kv.block_table == nullptr) {
-    return BatchKind::kNone;
+  if (a.q_doc_ids != nullptr || a.kv.block_table == nullptr) return BatchKind::kNone;
+  if (a.probs != nullptr || a.scores != nullptr) {
+    return a.num_queries == 1 ? BatchKind::kMaterializedRows : BatchKind::kNone;
   }
+  if (!a.causal) return BatchKind::kNone;
   if (TakesFlash(a)) return BatchKind::kFlash;
   return a.head_dim <= kSplitKvMaxHeadDim ? BatchKind::kSplitKv : BatchKind::kNone;
 }
 
 // Whether `a` continues the run that starts with `first` and has `rows` query rows so far:
-// the same cache and shapes, and its q and out rows right after the run's.
+// the same cache and shapes, and its q and out rows right after the run's; for
+// materialised rows (each call its own cache, rows and maps), the same cache type and
+// heads.
 bool Continues(const AttentionArgs<float>& first, int rows, const AttentionArgs<float>& a) {
+  if (BatchKindOf(first) == BatchKind::kMaterializedRows) {
+    return a.kv.dtype == first.kv.dtype && a.num_heads == first.num_heads;
+  }
   auto at = [](const float* base, int64_t stride, int r) {
     return reinterpret_cast<uintptr_t>(base) +
            static_cast<uintptr_t>(r) * static_cast<uintptr_t>(stride) * sizeof(float);
@@ -214,6 +222,51 @@ bool Continues(const AttentionArgs<float>& first, int rows, const AttentionArgs<
 }
 
 }  // namespace
+
+absl::Status CudaBackend::LaunchMaterializedRowsBatched(
+    absl::Span<const AttentionArgs<float>> calls) {
+  // What a call does not take of S and A goes to the map workspace, each its own part.
+  int64_t scratch_floats = 0;
+  for (const AttentionArgs<float>& a : calls) {
+    const int64_t map = int64_t{a.num_heads} * a.num_keys;
+    scratch_floats += (a.scores == nullptr ? map : 0) + (a.probs == nullptr ? map : 0);
+  }
+  if (scratch_floats > 0) {
+    if (absl::Status s = ReserveScratch(map_workspace_, sizeof(float) * scratch_floats); !s.ok()) {
+      return s;
+    }
+  }
+  // One upload: [the calls' parameters | every call's blocks].
+  std::vector<MaterializedRowCall> rows(calls.size());
+  float* scratch = map_workspace_.as<float>();
+  int64_t table_ints = 0;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const AttentionArgs<float>& a = calls[c];
+    MaterializedRowCall& row = rows[c];
+    row.p = HostAttentionParams(a);
+    row.p.block_table = nullptr;
+    const int64_t map = int64_t{a.num_heads} * a.num_keys;
+    row.scores = a.scores != nullptr ? a.scores : std::exchange(scratch, scratch + map);
+    row.probs = a.probs != nullptr ? a.probs : std::exchange(scratch, scratch + map);
+    row.table_offset = table_ints;
+    table_ints += (a.num_keys + a.kv.block_size - 1) / a.kv.block_size;
+  }
+  const size_t rows_bytes = sizeof(MaterializedRowCall) * rows.size();
+  std::vector<unsigned char> pack(rows_bytes + sizeof(int32_t) * static_cast<size_t>(table_ints));
+  std::memcpy(pack.data(), rows.data(), rows_bytes);
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const AttentionArgs<float>& a = calls[c];
+    const int blocks = (a.num_keys + a.kv.block_size - 1) / a.kv.block_size;
+    std::memcpy(pack.data() + rows_bytes + sizeof(int32_t) * rows[c].table_offset, a.kv.block_table,
+                sizeof(int32_t) * blocks);
+  }
+  absl::StatusOr<const void*> d = UploadIndices(pack.data(), pack.size());
+  if (!d.ok()) return d.status();
+  const auto* base = static_cast<const unsigned char*>(*d);
+  return Launch(&LaunchMaterializedRows, reinterpret_cast<const MaterializedRowCall*>(base),
+                static_cast<int>(calls.size()), reinterpret_cast<const int32_t*>(base + rows_bytes),
+                calls.front().num_heads, calls.front().kv.dtype);
+}
 
 absl::Status CudaBackend::LaunchSplitKvBatched(absl::Span<const AttentionArgs<float>> calls) {
   // One upload: [every call's blocks | key end of each row | table offset of each row],
@@ -409,7 +462,9 @@ absl::Status CudaBackend::AttentionBatch(absl::Span<const AttentionArgs<float>> 
     const bool alone = run.size() == 1 && !(kind == BatchKind::kSplitKv && graph_.recording());
     const absl::Status s = alone                       ? AttentionChecked(run.front())
                            : kind == BatchKind::kFlash ? LaunchFlashBatched(run)
-                                                       : LaunchSplitKvBatched(run);
+                           : kind == BatchKind::kMaterializedRows
+                               ? LaunchMaterializedRowsBatched(run)
+                               : LaunchSplitKvBatched(run);
     if (!s.ok()) {
       *failed = static_cast<int>(begin);
       if (s.code() != absl::StatusCode::kInvalidArgument) Ok(s);

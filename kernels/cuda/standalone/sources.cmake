@@ -28,4 +28,5 @@ set(KVLENS_GPU_TEST_SOURCES tests/kernels/cuda/attention_tuner_test.cc
     tests/kernels/cuda/matvec_rope_store_test.cc
     tests/kernels/cuda/launch_prefetch_test.cc
     tests/kernels/cuda/draw_tokens_test.cc
+    tests/kernels/cuda/materialized_rows_test.cc
     tests/engine/cuda_engine_test.cc)
