@@ -299,12 +299,10 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
     int q_slot = 0;      // in saved_q_, of its first captured layer
   };
   std::vector<int> capture_of(batch.size(), -1);
-  // A last query's attention again, for its probabilities, after the step.
-  struct Rerun {
-    int entry, layer;
-    kernels::AttentionArgs<T> args;
-  };
-  std::vector<Rerun> reruns;
+  // The last queries' attention again, for their probabilities, after the step (one
+  // AttentionBatch), and each one's batch entry and layer (for its error).
+  std::vector<kernels::AttentionArgs<T>> reruns;
+  std::vector<std::pair<int, int>> rerun_of;
   std::vector<CapturePlan> plans(captures.size());
   int64_t last_size = 0;  // last_probs_' elements (> 0: some capture wants last rows only)
   int saved_queries = 0;  // saved_q_'s rows
@@ -481,7 +479,8 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
         capture->probs[l].resize(static_cast<size_t>(H * Tk));
         last.probs =
             host ? capture->probs[l].data() : last_probs_.data() + plan.offset + slot * H * Tk;
-        reruns.push_back({static_cast<int>(e), l, last});
+        reruns.push_back(last);
+        rerun_of.emplace_back(static_cast<int>(e), l);
         continue;
       }
       // The full map: the kernel writes it on the host, or on a device where it is copied
@@ -551,14 +550,11 @@ absl::Status Transformer<T>::Forward(absl::Span<const BatchEntry> batch, KvCache
   // a recorded step must not depend on), against the cache the step filled.
   // One batch (each its own output row), which a device backend may run as one launch.
   if (!reruns.empty()) {
-    std::vector<kernels::AttentionArgs<T>> args;
-    args.reserve(reruns.size());
-    for (const Rerun& r : reruns) args.push_back(r.args);
     int failed = 0;
-    if (absl::Status s = backend_.AttentionBatch(args, &failed); !s.ok()) {
-      const Rerun& r = reruns[static_cast<size_t>(failed)];
+    if (absl::Status s = backend_.AttentionBatch(reruns, &failed); !s.ok()) {
+      const auto [entry, layer] = rerun_of[static_cast<size_t>(failed)];
       return absl::Status(
-          s.code(), absl::StrCat("batch entry ", r.entry, ", layer ", r.layer, ": ", s.message()));
+          s.code(), absl::StrCat("batch entry ", entry, ", layer ", layer, ": ", s.message()));
     }
   }
   // The captured last query rows, of every capture and layer, in one copy out of the device.
