@@ -199,12 +199,13 @@ BatchKind BatchKindOf(const AttentionArgs<float>& a) {
   return a.head_dim <= kSplitKvMaxHeadDim ? BatchKind::kSplitKv : BatchKind::kNone;
 }
 
-// Whether `a` continues the run that starts with `first` and has `rows` query rows so far:
-// the same cache and shapes, and its q and out rows right after the run's; for
-// materialised rows (each call its own cache, rows and maps), the same cache type and
+// Whether `a` continues the run of `kind` that starts with `first` and has `rows` query
+// rows so far: the same cache and shapes, and its q and out rows right after the run's;
+// for materialised rows (each call its own cache, rows and maps), the same cache type and
 // heads.
-bool Continues(const AttentionArgs<float>& first, int rows, const AttentionArgs<float>& a) {
-  if (BatchKindOf(first) == BatchKind::kMaterializedRows) {
+bool Continues(BatchKind kind, const AttentionArgs<float>& first, int rows,
+               const AttentionArgs<float>& a) {
+  if (kind == BatchKind::kMaterializedRows) {
     return a.kv.dtype == first.kv.dtype && a.num_heads == first.num_heads;
   }
   auto at = [](const float* base, int64_t stride, int r) {
@@ -451,7 +452,7 @@ absl::Status CudaBackend::AttentionBatch(absl::Span<const AttentionArgs<float>> 
     const BatchKind kind = BatchKindOf(calls[begin]);
     if (kind != BatchKind::kNone) {
       while (end < calls.size() && BatchKindOf(calls[end]) == kind &&
-             Continues(calls[begin], rows, calls[end])) {
+             Continues(kind, calls[begin], rows, calls[end])) {
         rows += calls[end].num_queries;
         ++end;
       }
