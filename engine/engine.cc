@@ -1,3 +1,10 @@
+// Engine (engine.h): Submit, Cancel, sessions and Shutdown on the callers' threads, and
+// the step thread's loop: cancellations, scheduling under the token budget (with
+// preemption, the prefix cache and the budget's halving after a step that ran out of
+// device memory), one Transformer::Forward, sampling, and streaming and finishing each
+// request. One file past 800 lines because every part reads and writes Impl's queues and
+// block pool on the step thread; what stands alone is already elsewhere (BlockPool,
+// Sampler, StopMatcher, prompt_logprobs, Transformer).
 #include "engine/engine.h"
 
 #include <algorithm>

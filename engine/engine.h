@@ -87,7 +87,7 @@ class EngineObserver {
     bool request_failed = false;  // a lone token that ran out twice: its request failed
     absl::Status status;          // the allocation's error
   };
-  virtual void OnOutOfMemory(const OutOfMemory& event) { (void)event; }
+  virtual void OnOutOfMemory(const OutOfMemory&) {}
 };
 
 struct EngineStats {
