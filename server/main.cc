@@ -54,7 +54,8 @@ ABSL_FLAG(int64_t, kv_cache_bytes, 0,
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "On a GPU (--device cuda) when neither --kv-cache-tokens nor --kv-cache-bytes is "
           "given: the KV cache gets what is left of this fraction of the GPU's memory after "
-          "what is already in use, the weights and one profiled step of --max-batch-tokens "
+          "what is already in use, the weights and two profiled steps, one of "
+          "--max-batch-tokens prompt tokens and one decoding --max-running sequences "
           "(vLLM's --gpu-memory-utilization). 0: --kv-cache-bytes as on the CPU.");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "KV-cache element type: auto (fp32, the activations' type) or bf16 (half the bytes: "
@@ -269,8 +270,11 @@ int main(int argc, char** argv) {
   const double utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
   if (!kv_size_given && utilization != 0.0 && !backend->backend->memory().host_accessible()) {
     auto sizing = kvlens::SizeKvCacheForUtilization(
-        **model, *backend->backend, absl::GetFlag(FLAGS_block_size),
-        absl::GetFlag(FLAGS_max_batch_tokens), utilization, options.kv_cache_dtype);
+        **model, *backend->backend,
+        {.block_size = absl::GetFlag(FLAGS_block_size),
+         .max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens),
+         .max_running = absl::GetFlag(FLAGS_max_running)},
+        utilization, options.kv_cache_dtype);
     if (!sizing.ok()) {
       return Fail(absl::Status(sizing.status().code(),
                                absl::StrCat("--gpu-memory-utilization: ", sizing.status().message(),
@@ -279,11 +283,11 @@ int main(int argc, char** argv) {
     tokens = sizing->tokens;
     std::fprintf(stderr,
                  "kvlens-server: KV cache %.2f GiB (%lld tokens) = %.2f x %.2f GiB - %.2f GiB in "
-                 "use before - %.2f GiB weights and a %d-token step\n",
+                 "use before - %.2f GiB weights and steps of %d tokens and %d sequences\n",
                  sizing->cache_bytes / double(1 << 30), static_cast<long long>(sizing->tokens),
                  utilization, sizing->total / double(1 << 30),
                  sizing->in_use_before / double(1 << 30), sizing->model_and_step / double(1 << 30),
-                 absl::GetFlag(FLAGS_max_batch_tokens));
+                 absl::GetFlag(FLAGS_max_batch_tokens), absl::GetFlag(FLAGS_max_running));
   }
   if (tokens <= 0) {
     const int64_t bytes_per_token = kvlens::KvCacheStorage<float>::BlockBytes(

@@ -44,6 +44,9 @@ class KvCacheSizingTest : public ::testing::Test {
     ASSERT_TRUE(transformer.Forward({&e, 1}, cache, out).ok());
   }
 
+  // The server's defaults but for a step of 64 tokens and 8 sequences.
+  static constexpr KvCacheSizingLimits kLimits{
+      .block_size = 16, .max_batch_tokens = 64, .max_running = 8};
   std::unique_ptr<Model> model_;
 };
 
@@ -51,10 +54,9 @@ TEST_F(KvCacheSizingTest, CachePlusAWorstCaseStepFitsTheBudgetToTheBlock) {
   testing::FakeDeviceBackend backend;
   const size_t total = size_t{16} << 20;
   backend.fake_memory().set_budget(total);
-  const int block_size = 16, max_batch_tokens = 64;
+  const int block_size = kLimits.block_size, max_batch_tokens = kLimits.max_batch_tokens;
   const double utilization = 0.5;
-  auto sizing =
-      SizeKvCacheForUtilization(*model_, backend, block_size, max_batch_tokens, utilization);
+  auto sizing = SizeKvCacheForUtilization(*model_, backend, kLimits, utilization);
   ASSERT_TRUE(sizing.ok()) << sizing.status();
   EXPECT_EQ(sizing->total, static_cast<int64_t>(total));
   EXPECT_EQ(sizing->in_use_before, 0);
@@ -83,11 +85,11 @@ TEST_F(KvCacheSizingTest, Bf16CacheHoldsTwiceTheTokens) {
   testing::FakeDeviceBackend backend;
   const size_t total = size_t{16} << 20;
   backend.fake_memory().set_budget(total);
-  const int block_size = 16, max_batch_tokens = 64;
+  const int block_size = kLimits.block_size, max_batch_tokens = kLimits.max_batch_tokens;
   const double utilization = 0.5;
-  auto f32 = SizeKvCacheForUtilization(*model_, backend, block_size, max_batch_tokens, utilization);
-  auto bf16 = SizeKvCacheForUtilization(*model_, backend, block_size, max_batch_tokens, utilization,
-                                        kernels::KvDtype::kBF16);
+  auto f32 = SizeKvCacheForUtilization(*model_, backend, kLimits, utilization);
+  auto bf16 =
+      SizeKvCacheForUtilization(*model_, backend, kLimits, utilization, kernels::KvDtype::kBF16);
   ASSERT_TRUE(f32.ok()) << f32.status();
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   const ModelConfig& c = model_->config;
@@ -110,12 +112,12 @@ TEST_F(KvCacheSizingTest, MemoryInUseBeforeCountsAgainstTheBudget) {
   testing::FakeDeviceBackend backend;
   const size_t total = size_t{16} << 20;
   backend.fake_memory().set_budget(total);
-  auto alone = SizeKvCacheForUtilization(*model_, backend, 16, 64, 0.9);
+  auto alone = SizeKvCacheForUtilization(*model_, backend, kLimits, 0.9);
   ASSERT_TRUE(alone.ok()) << alone.status();
   // Another tenant takes 3 MiB: the cache shrinks by that much, to the block.
   auto other = backend.memory().Allocate(size_t{3} << 20);
   ASSERT_TRUE(other.ok());
-  auto shared = SizeKvCacheForUtilization(*model_, backend, 16, 64, 0.9);
+  auto shared = SizeKvCacheForUtilization(*model_, backend, kLimits, 0.9);
   ASSERT_TRUE(shared.ok()) << shared.status();
   EXPECT_EQ(shared->in_use_before, int64_t{3} << 20);
   EXPECT_LE(shared->cache_bytes, alone->cache_bytes - (int64_t{3} << 20));
@@ -129,16 +131,33 @@ TEST_F(KvCacheSizingTest, UtilizationOutsideZeroToOneIsInvalidArgument) {
   testing::FakeDeviceBackend backend;
   backend.fake_memory().set_budget(size_t{16} << 20);
   for (double u : {0.0, -0.5, 1.01, std::nan("")}) {
-    auto s = SizeKvCacheForUtilization(*model_, backend, 16, 64, u);
+    auto s = SizeKvCacheForUtilization(*model_, backend, kLimits, u);
     ASSERT_FALSE(s.ok()) << u;
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << u;
     EXPECT_NE(s.status().message().find("utilization"), std::string::npos) << s.status();
   }
 }
 
+TEST_F(KvCacheSizingTest, ALimitBelowOneIsInvalidArgumentNamingIt) {
+  testing::FakeDeviceBackend backend;
+  backend.fake_memory().set_budget(size_t{16} << 20);
+  for (auto [field, name] : {std::pair{&KvCacheSizingLimits::block_size, "block_size"},
+                             {&KvCacheSizingLimits::max_batch_tokens, "max_batch_tokens"},
+                             {&KvCacheSizingLimits::max_running, "max_running"}}) {
+    KvCacheSizingLimits limits = kLimits;
+    limits.*field = 0;
+    auto s = SizeKvCacheForUtilization(*model_, backend, limits, 0.9);
+    ASSERT_FALSE(s.ok()) << name;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+    EXPECT_NE(s.status().message().find(std::string(name) + " is 0"), std::string::npos)
+        << s.status();
+  }
+  EXPECT_EQ(backend.fake_memory().in_use(), 0u);
+}
+
 TEST_F(KvCacheSizingTest, HostMemoryHasNoBudget) {
   kernels::CpuBackend cpu(1);
-  auto s = SizeKvCacheForUtilization(*model_, cpu, 16, 64, 0.9);
+  auto s = SizeKvCacheForUtilization(*model_, cpu, kLimits, 0.9);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented) << s.status();
 }
@@ -146,7 +165,7 @@ TEST_F(KvCacheSizingTest, HostMemoryHasNoBudget) {
 TEST_F(KvCacheSizingTest, NotOneBlockIsResourceExhaustedWithTheNumbers) {
   testing::FakeDeviceBackend backend;
   backend.fake_memory().set_budget(size_t{16} << 20);
-  auto s = SizeKvCacheForUtilization(*model_, backend, 16, 64, 0.01);  // 168 KB
+  auto s = SizeKvCacheForUtilization(*model_, backend, kLimits, 0.01);  // 168 KB
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted) << s.status();
   EXPECT_NE(s.status().message().find("one block of 16 tokens needs"), std::string::npos)
