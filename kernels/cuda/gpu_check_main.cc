@@ -1,5 +1,5 @@
 // kvlens_gpu_check: what scripts/gpu-check.sh runs on a machine with an NVIDIA GPU. One
-// file of about 1250 lines: one program whose benchmarks share its table, sizes, timing
+// file of about 1300 lines: one program whose benchmarks share its table, sizes, timing
 // and allocation helpers, and whose sources a GPU machine's standalone build lists by
 // name (kernels/cuda/standalone/CMakeLists.txt), each benchmark a function of its own.
 //   1. the parity table (tests/kernels/cuda/cuda_parity.h) against the CPU reference;
@@ -8,6 +8,7 @@
 //      PyTorch's own choice, and "kernel TOKENS NAME", the kernel that choice ran; the
 //      target's reference is the flash backend), decode attention bandwidth (fp32 and bf16 KV
 //      caches; Llama's head size 128 and Gemma's 256) vs a measured device-to-device copy,
+//      the reruns of a batch streaming attention rows (one launch vs one call a row),
 //      the attention tuner's candidates and choice (--attention-tune) at the decode heads,
 //      end-to-end decode tokens/s of a Llama-7B-shaped model with random bf16 weights at batch 1,
 //      16, 64 vs the weight-bandwidth roofline (fp32 cache without and with CUDA graphs, bf16 cache
@@ -494,6 +495,7 @@ struct DecodeCall {
 };
 
 void UnequalDecodeBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows);
+void StreamedRowsBench(CudaBackend& b, const Sizes& z, Table& rows);
 
 void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) {
   const int heads = z.decode_heads, kv_heads = z.decode_kv_heads, dh = z.decode_dh,
@@ -623,6 +625,7 @@ void DecodeAttentionBench(CudaBackend& b, double copy_bw, const Sizes& z, Table&
               ">= 70%"});
   }
   UnequalDecodeBench(b, copy_bw, z, rows);
+  StreamedRowsBench(b, z, rows);
 }
 
 // A decode step of the end-to-end benchmark's largest batch (64) in one launch
@@ -684,6 +687,51 @@ void UnequalDecodeBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& r
               absl::StrFormat("%.2fx the even batch's time", unequal_sec / even_sec), "~1.0x"});
     for (float* ptr : {q, o}) cudaFree(ptr);
   }
+}
+
+// The reruns of requests streaming their attention rows (the Transformer saves each
+// streamed layer's last queries in the step and runs their attention again after it,
+// probabilities [H, Tk] out) for the end-to-end benchmark's largest batch, every sequence
+// streaming one layer at the first key count: all the rows' maps in one launch
+// (AttentionBatch's materialised rows, since 2026-12-06) against one call a row (as the
+// engine ran them before), beside the same batch's decode attention (one split-KV launch):
+// what a streamed layer adds to a step's, and what the one launch saved.
+void StreamedRowsBench(CudaBackend& b, const Sizes& z, Table& rows) {
+  const int batch = z.batches.back(), tk = z.decode_keys.front();
+  DecodeCall decode(b, tk, z.decode_heads, z.decode_kv_heads, z.decode_dh, z.decode_block,
+                    KvDtype::kActivation);
+  const int64_t row_floats = int64_t{z.decode_heads} * z.decode_dh;
+  const int64_t map_floats = int64_t{z.decode_heads} * tk;
+  float* q = Alloc(size_t(batch * row_floats));
+  float* o = Alloc(size_t(batch * row_floats));
+  float* probs = Alloc(size_t(batch * map_floats));
+  Fill(q, DType::kF32, batch * row_floats, 11, 1.0f, b.stream());
+  std::vector<AttentionArgs<float>> step(batch, decode.args);
+  for (int r = 0; r < batch; ++r) {
+    step[r].q = q + r * row_floats;
+    step[r].out = o + r * row_floats;
+  }
+  std::vector<AttentionArgs<float>> reruns = step;
+  for (int r = 0; r < batch; ++r) reruns[r].probs = probs + r * map_floats;
+  const auto batched = [&](const std::vector<AttentionArgs<float>>& calls) {
+    int failed = 0;
+    Must(b.AttentionBatch(calls, &failed), "batched attention");
+  };
+  const double step_sec = ReplaySeconds(b, [&] { batched(step); });
+  const double batched_sec = ReplaySeconds(b, [&] { batched(reruns); });
+  const double one_by_one_sec = ReplaySeconds(b, [&] {
+    for (const AttentionArgs<float>& call : reruns) Must(b.Attention(call), "attention row");
+  });
+  rows.Add(
+      {"streamed attention rows (fp32 cache)",
+       absl::StrFormat("batch %d x Tk=%d H=%d/%d Dh=%d, graph replay: the step's decode "
+                       "attention %.1f us; every row's [H, Tk] again, one launch %.1f us "
+                       "(%.2fx the step's), one call a row %.1f us",
+                       batch, tk, z.decode_heads, z.decode_kv_heads, z.decode_dh, step_sec * 1e6,
+                       batched_sec * 1e6, batched_sec / step_sec, one_by_one_sec * 1e6),
+       Fmt(batched_sec * 1e6, "us"), Fmt(one_by_one_sec * 1e6, "us one call a row"),
+       absl::StrFormat("%.2fx", one_by_one_sec / batched_sec), "-"});
+  for (float* ptr : {q, o, probs}) cudaFree(ptr);
 }
 
 // One bf16 weight of the model's FFN shape [ffn, d], read per product: n up to
