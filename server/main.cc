@@ -120,7 +120,9 @@ ABSL_FLAG(std::string, interp_device, "cpu",
           "Where fp32 interpretability requests compute: cpu, or cuda[:N] (each worker gets "
           "its own GPU stream; the tape stays in host memory and its matrix products, norms, "
           "RoPE and activations run on the GPU, sharing the weights --device uploaded when it "
-          "is the same GPU). fp64 requests always run on the CPU reference.");
+          "is the same GPU; their device scratch is not in --gpu-memory-utilization's profile, "
+          "so it comes out of the fraction's margin). fp64 requests always run on the CPU "
+          "reference.");
 ABSL_FLAG(int32_t, interp_queue, 16,
           "Interpretability requests waiting beyond the running ones; more get "
           "RESOURCE_EXHAUSTED.");
