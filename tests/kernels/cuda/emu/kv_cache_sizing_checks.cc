@@ -21,6 +21,7 @@
 #include "engine/kv_cache/kv_cache_sizing.h"
 #include "engine/model/model.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "tests/engine/serve_together.h"
 #include "tests/test_paths.h"
@@ -83,10 +84,20 @@ TEST(CudaKvCacheSizing, ALoadedEngineNeedsNoMoreThanTheProfileStepsMeasured) {
   }
   ASSERT_LT(requests[0].prompt.size() + 8, size_t{512});
   ASSERT_GT(requests[0].prompt.size(), size_t{400});
+  // What the CPU engine streams for them: the profile steps leave nothing behind in the
+  // backend (a recorded step, a workspace's contents) that changes a token.
+  kernels::CpuBackend cpu(2);
+  const std::vector<testing::Served> want = testing::ServeTogether(**model, cpu, requests, options);
   const std::vector<testing::Served> served = testing::ServeOn(engine, std::move(requests));
-  for (const testing::Served& s : served) {
-    EXPECT_EQ(s.finish.reason, FinishReason::kLength) << s.finish.status;
-    EXPECT_EQ(s.tokens.size(), 8u);
+  for (size_t r = 0; r < served.size(); ++r) {
+    SCOPED_TRACE(r);
+    EXPECT_EQ(served[r].finish.reason, FinishReason::kLength) << served[r].finish.status;
+    ASSERT_EQ(want[r].tokens.size(), 8u);
+    EXPECT_EQ(served[r].tokens, want[r].tokens);
+  }
+  ASSERT_EQ(served[0].prompt_logprobs.size(), want[0].prompt_logprobs.size());
+  for (size_t i = 0; i < want[0].prompt_logprobs.size(); ++i) {
+    EXPECT_NEAR(served[0].prompt_logprobs[i], want[0].prompt_logprobs[i], 1e-4) << i;
   }
   // The step thread publishes its statistics after the last on_finish.
   for (int i = 0; i < 400 && engine.Stats().blocks_used != 0; ++i) {
