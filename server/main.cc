@@ -302,6 +302,15 @@ int main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError(
         "the KV cache holds less than one block (raise --kv-cache-tokens or --kv-cache-bytes)"));
   }
+  if (const int64_t cache_tokens = int64_t{options.num_blocks} * options.block_size;
+      cache_tokens < config.max_seq_len) {
+    // vLLM refuses to start here; a request that fits still runs, and one that needs more
+    // blocks at once than the cache has is refused when it arrives (RESOURCE_EXHAUSTED).
+    std::fprintf(stderr,
+                 "kvlens-server: warning: the KV cache holds %lld tokens, fewer than the model's "
+                 "max_seq_len %d: requests needing more at once are refused\n",
+                 static_cast<long long>(cache_tokens), config.max_seq_len);
+  }
   options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.max_running = absl::GetFlag(FLAGS_max_running);
   options.max_waiting = absl::GetFlag(FLAGS_max_waiting);

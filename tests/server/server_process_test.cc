@@ -197,6 +197,23 @@ TEST(ServerProcessTest, KvCacheDtypeBogusIsRejectedNamingTheFlag) {
       << out;
 }
 
+// A KV cache smaller than one max_seq_len sequence (the stories260K GGUF's
+// llama.context_length, 128 in its metadata) is worth a warning at startup (vLLM refuses
+// to start): requests needing more are refused when they arrive. The missing SAE stops
+// the server after the cache's size is settled, as it does below.
+TEST(ServerProcessTest, ACacheShorterThanMaxSeqLenIsWarnedOf) {
+  KVLENS_REQUIRE_FILE(Stories260KPath());
+  auto [code, out] = RunServerToExit("--kv-cache-tokens 64 --sae /nonexistent/sae");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("warning: the KV cache holds 64 tokens, fewer than the model's "
+                     "max_seq_len 128"),
+            std::string::npos)
+      << out;
+  std::tie(code, out) = RunServerToExit("--kv-cache-tokens 128 --sae /nonexistent/sae");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_EQ(out.find("warning: the KV cache"), std::string::npos) << out;
+}
+
 // --sae: a missing file, and an SAE whose width is not the hook's, stop the server naming
 // the flag (stories260K's residual stream has 64 values; the SAE reads 32).
 TEST(ServerProcessTest, SaeThatCannotServeIsRejectedNamingTheFlag) {
