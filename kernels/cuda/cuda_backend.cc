@@ -548,6 +548,7 @@ absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
   bias_host_.clear();
   penalty_host_.clear();
   bool any_top = false;
+  int adjusted_rows = 0;  // rows with a bias or penalties, each its own row of draw_adjusted_
   for (int r = 0; r < rows; ++r) {
     DeviceDraw& d = draw_host_[static_cast<size_t>(r)];
     d = ToDeviceDraw(draws[r]);
@@ -561,6 +562,7 @@ absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
       d.penalty_count = static_cast<int32_t>(draws[r].token_counts.size());
       for (const auto& [id, count] : draws[r].token_counts) penalty_host_.push_back({id, count});
     }
+    if (d.bias_count > 0 || d.penalty_count > 0) d.adjusted_row = adjusted_rows++;
   }
   // One upload (two could wrap or grow the ring between them and lose the first).
   const void* d[3] = {nullptr, nullptr, nullptr};
@@ -575,8 +577,9 @@ absl::Status CudaBackend::DrawTokens(const float* logits, int rows, int vocab,
   const auto* d_bias = static_cast<const DeviceBias*>(d[1]);
   const auto* d_penalties = static_cast<const DevicePenalty*>(d[2]);
   float* d_adjusted = nullptr;
-  if ((d_bias != nullptr || d_penalties != nullptr) && vocab > kDrawCachedVocab) {
-    if (!Ok(ReserveScratch(draw_adjusted_, sizeof(float) * static_cast<size_t>(rows) * vocab))) {
+  if (adjusted_rows > 0 && vocab > kDrawCachedVocab) {
+    if (!Ok(ReserveScratch(draw_adjusted_,
+                           sizeof(float) * static_cast<size_t>(adjusted_rows) * vocab))) {
       return status_;
     }
     d_adjusted = draw_adjusted_.as<float>();

@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(kDrawThreads)
   const double lse =
       m == -INFINITY ? -static_cast<double>(INFINITY) : static_cast<double>(m) + log(sum);
   // The logits the draw sees: the row, or with a logit bias or penalties its adjusted
-  // copy (in shared memory, or past kDrawCachedVocab the row's part of `adjusted`: a
+  // copy (in shared memory, or past kDrawCachedVocab its row of `adjusted`: a
   // block's global writes are visible to its threads after a barrier as well), with their
   // own max. The bias entries are added in turn by one thread, as ApplyLogitBias; the
   // penalized tokens are distinct, so each thread takes its own.
@@ -388,7 +388,8 @@ __global__ void __launch_bounds__(kDrawThreads)
   const float* xd = x;
   float md = m;
   if (!forced && (d.bias_count > 0 || d.penalty_count > 0)) {
-    float* xa = cache_weights ? draw_weights : adjusted + static_cast<int64_t>(blockIdx.x) * vocab;
+    float* xa =
+        cache_weights ? draw_weights : adjusted + static_cast<int64_t>(d.adjusted_row) * vocab;
     for (int j = threadIdx.x; j < vocab; j += blockDim.x) xa[j] = x[j];
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -499,7 +500,7 @@ absl::Status LaunchDrawTokens(const float* logits, int rows, int vocab, const De
   if ((bias != nullptr || penalties != nullptr) && !cache_weights && adjusted == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("LaunchDrawTokens: a logit bias or penalties past vocab = ", kDrawCachedVocab,
-                     " need `adjusted` [rows, vocab] (vocab = ", vocab, ")"));
+                     " need `adjusted` [adjusted rows, vocab] (vocab = ", vocab, ")"));
   }
   const size_t cache_bytes = cache_weights ? sizeof(float) * static_cast<size_t>(vocab) : 0;
   if (cache_bytes > 48 * 1024) {

@@ -29,6 +29,9 @@ struct DeviceDraw {
   int32_t penalty_offset = 0;  // the row's token counts: entries [offset, offset + count)
   int32_t penalty_count = 0;   // of LaunchDrawTokens' `penalties` (0: no penalty applies)
   int32_t forced_token = -1;   // TokenDraw's: >= 0, no draw (nor bias, penalties, filters)
+  // A row with a bias or penalties past kDrawCachedVocab: its row of LaunchDrawTokens'
+  // `adjusted` (the adjusted rows in order, so the scratch holds only theirs).
+  int32_t adjusted_row = 0;
 };
 
 // One logit-bias entry: logits[id] += value.
@@ -64,8 +67,11 @@ inline constexpr int kDrawCachedVocab = 40960;
 // (`bias`, ids in [0, vocab)) or penalties (`penalties`, distinct ids in [0, vocab)) draws
 // from its adjusted logits (the bias entries added in order, then each counted token
 // penalized: ApplyLogitBias, ApplyPenalties): in shared memory for vocab <=
-// kDrawCachedVocab, else in `adjusted` [rows, vocab] (device scratch; null when no row
-// is adjusted or the rows fit); its reported log-probabilities are the raw logits'. The
+// kDrawCachedVocab, else in row draws[r].adjusted_row of `adjusted` [adjusted rows, vocab]
+// (device scratch, one row for each row with a bias or penalties, not [rows, vocab]: one
+// biased draw among a scored chunk's 512 forced rows of Llama 3's vocabulary takes 0.5 MB,
+// not 262; null when no row is adjusted or the rows fit); its reported log-probabilities
+// are the raw logits'. The
 // same token as DrawToken for the same u01 except where u01 · the kept mass falls within
 // ~vocab · 2^−43 of a boundary between two candidates (the masses here are fixed-point
 // sums of the same float weights; the host sums them in double), or a top-p cut within as

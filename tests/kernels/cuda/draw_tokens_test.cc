@@ -250,6 +250,58 @@ TEST_F(CudaBackendTest, DrawTokensEqualTheHostsDraws) {
   EXPECT_EQ(token[1], 1);
 }
 
+#ifdef KVLENS_CUDA_EMULATOR
+// Past kDrawCachedVocab a row with a bias or penalties draws from an adjusted copy in
+// device scratch, which holds those rows only: one biased draw among 64 rows of a
+// 50000-token vocabulary (plain and forced draws, a forced one with a bias that does not
+// apply) grows the device's memory by that one row, 50000 × 4 bytes (with the scratch's
+// growth headroom of 1.5× at most), not by 64 rows' 12.8 MB. On the emulator, whose
+// memory accounting is exact (a GPU's also counts other processes).
+TEST_F(CudaBackendTest, AdjustedRowsScratchHoldsOnlyTheAdjustedRows) {
+  constexpr int kRows = 64, kVocab = 50000;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> normal(0.0, 2.0);
+  std::vector<double> logits(static_cast<size_t>(kRows) * kVocab);
+  for (double& l : logits) l = static_cast<float>(normal(rng));
+  auto d = parity::ToDevice(logits);
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::vector<kernels::TokenDraw> draws(kRows);
+  for (int r = 0; r < kRows; ++r) {
+    draws[r].temperature = 0.8;
+    draws[r].u01 = (r + 0.5) / kRows;
+    if (r % 2 == 0) draws[r].forced_token = r;
+  }
+  std::vector<int32_t> token(kRows), want_token(kRows);
+  std::vector<float> logprob(kRows), want_logprob(kRows);
+  auto in_use = [&] {
+    absl::StatusOr<Memory::Usage> u = backend_->memory().usage();
+    EXPECT_TRUE(u.ok()) << u.status();
+    return u.ok() ? static_cast<int64_t>(u->total - u->free) : 0;
+  };
+  // The draws without a bias first: the picks' scratch is sized, nothing is adjusted.
+  ASSERT_TRUE(backend_
+                  ->DrawTokens(d->as<float>(), kRows, kVocab, draws.data(), token.data(),
+                               logprob.data(), nullptr, nullptr)
+                  .ok());
+  const int64_t before = in_use();
+  const std::vector<std::pair<int32_t, float>> bias = {{7, 4.0f}};
+  draws[37].logit_bias = bias;
+  draws[10].logit_bias = bias;  // forced: no bias applies
+  ASSERT_TRUE(backend_
+                  ->DrawTokens(d->as<float>(), kRows, kVocab, draws.data(), token.data(),
+                               logprob.data(), nullptr, nullptr)
+                  .ok());
+  const int64_t grown = in_use() - before;
+  const int64_t row_bytes = int64_t{kVocab} * 4;
+  EXPECT_GE(grown, row_bytes);
+  EXPECT_LE(grown, row_bytes * 3 / 2 + 256);
+  const std::vector<float> host(logits.begin(), logits.end());
+  kernels::DrawRows(host.data(), kRows, kVocab, draws.data(), want_token.data(),
+                    want_logprob.data(), nullptr, nullptr);
+  EXPECT_EQ(token, want_token);
+}
+#endif  // KVLENS_CUDA_EMULATOR
+
 }  // namespace
 }  // namespace kvlens::kernels::cuda
 
