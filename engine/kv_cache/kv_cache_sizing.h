@@ -9,9 +9,11 @@
 // activations; the other a token for each of max_running sequences (at most
 // max_batch_tokens), one of them at max_seq_len keys and the rest at one, each drawn at a
 // temperature with a logit bias, a penalty and the top log-probabilities: the most
-// split-KV partials such a step takes, and the sampling workspaces. Not counted: CUDA
-// graphs' memory, and the attention rows streamed to interpretability requests (a step
-// that runs out then runs again in halves: docs/cuda.md, Memory contract). A bf16 cache
+// split-KV partials such a step takes, and the sampling workspaces. Not counted (the
+// fraction's margin is theirs; docs/cuda.md, Engine wiring, lists them): CUDA graphs'
+// memory, the attention rows streamed to interpretability requests, interpretability
+// workers' device scratch, and the index ring's growth for long penalty histories. A step
+// that runs out anyway runs again in halves (docs/cuda.md, Memory contract). A bf16 cache
 // (kv_dtype) fits twice the tokens of a float one.
 #ifndef KVLENS_ENGINE_KV_CACHE_KV_CACHE_SIZING_H_
 #define KVLENS_ENGINE_KV_CACHE_KV_CACHE_SIZING_H_

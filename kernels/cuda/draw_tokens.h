@@ -68,10 +68,10 @@ inline constexpr int kDrawCachedVocab = 40960;
 // from its adjusted logits (the bias entries added in order, then each counted token
 // penalized: ApplyLogitBias, ApplyPenalties): in shared memory for vocab <=
 // kDrawCachedVocab, else in row draws[r].adjusted_row of `adjusted` [adjusted rows, vocab]
-// (device scratch, one row for each row with a bias or penalties, not [rows, vocab]: one
-// biased draw among a scored chunk's 512 forced rows of Llama 3's vocabulary takes 0.5 MB,
-// not 262; null when no row is adjusted or the rows fit); its reported log-probabilities
-// are the raw logits'. The
+// (device scratch, one row for each row with a bias or penalties, not [rows, vocab]: a
+// scored chunk's 511 forced rows of Llama 3's vocabulary and its last row drawn with a
+// bias take 0.5 MB, not 262; null when no row is adjusted or the rows fit); its reported
+// log-probabilities are the raw logits'. The
 // same token as DrawToken for the same u01 except where u01 · the kept mass falls within
 // ~vocab · 2^−43 of a boundary between two candidates (the masses here are fixed-point
 // sums of the same float weights; the host sums them in double), or a top-p cut within as
