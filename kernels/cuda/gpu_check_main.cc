@@ -177,11 +177,23 @@ float* AllocCache(size_t elems, KvDtype d) {
   return Alloc((bytes + sizeof(float) - 1) / sizeof(float));
 }
 
+// How often the timing helpers below run a call. --smoke runs every benchmark's code
+// paths on the CUDA emulator, where the times mean nothing: there each call runs twice
+// (a graph of two, replayed once), not 20 or 120 times, which kept the smoke test under
+// ASan past its CI time limit (2026-12-06).
+struct Repetitions {
+  int max_iters = 1 << 30;  // TimeIt's iterations at most
+  int graph_calls = 20;     // ReplaySeconds: calls in the graph …
+  int replays = 5;          // … and its measured launches
+};
+Repetitions g_repetitions;
+
 // Seconds per call of fn (after one warm-up), timed with events on the backend's stream.
 template <typename Fn>
 double TimeIt(CudaBackend& b, int iters, Fn&& fn) {
   fn();
   if (!Check(b.Synchronize(), "warm-up")) std::exit(3);
+  iters = std::min(iters, g_repetitions.max_iters);
   const absl::StatusOr<double> sec = EventSeconds(b.stream(), iters, [&] {
     fn();
     return absl::OkStatus();
@@ -191,16 +203,17 @@ double TimeIt(CudaBackend& b, int iters, Fn&& fn) {
 }
 
 // Seconds per call of fn on the GPU alone: 20 calls captured in a CUDA graph, replayed 5
-// times (after an unmeasured launch). One call runs first, outside the capture: it sizes
-// the backend's workspaces.
+// times (after an unmeasured launch; g_repetitions). One call runs first, outside the
+// capture: it sizes the backend's workspaces.
 template <typename Fn>
 double ReplaySeconds(CudaBackend& b, Fn&& fn) {
   fn();
   if (!Check(b.Synchronize(), "warm-up")) std::exit(3);
-  const absl::StatusOr<double> sec = ReplayedSeconds(b.stream(), 20, 5, [&] {
-    fn();
-    return absl::OkStatus();
-  });
+  const absl::StatusOr<double> sec =
+      ReplayedSeconds(b.stream(), g_repetitions.graph_calls, g_repetitions.replays, [&] {
+        fn();
+        return absl::OkStatus();
+      });
   if (!Check(sec.status(), "graph replay") || !Check(b.Synchronize(), "benchmark")) std::exit(3);
   return *sec;
 }
@@ -1260,6 +1273,7 @@ int Main(int argc, char** argv) {
       sizes = QuickSizes();
     } else if (std::strcmp(argv[i], "--smoke") == 0) {
       sizes = SmokeSizes();
+      g_repetitions = Repetitions{.max_iters = 2, .graph_calls = 2, .replays = 1};
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc &&
                std::set<std::string>{"prefill", "decode", "tune", "matmul", "e2e"}.count(
                    argv[i + 1])) {
