@@ -4,7 +4,9 @@
 #ifndef KVLENS_TESTS_ENGINE_SERVE_TOGETHER_H_
 #define KVLENS_TESTS_ENGINE_SERVE_TOGETHER_H_
 
+#include <chrono>
 #include <future>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -55,6 +57,16 @@ inline std::vector<Served> ServeOn(Engine& engine, std::vector<GenerationRequest
   }
   for (auto& d : done) d.get_future().wait();
   return outs;
+}
+
+// The engine's statistics once its step thread has published the last step's (they are
+// published at a step's end, after its requests' on_finish: a test that waited for
+// on_finish may read the step before), or after 2 s.
+inline EngineStats StatsWhenIdle(const Engine& engine) {
+  for (int i = 0; i < 400 && engine.Stats().blocks_used != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return engine.Stats();
 }
 
 // ServeOn a new Engine with `options`.

@@ -6,10 +6,8 @@
 // rerun). Only a lone token that does not fit twice in a row fails its request, and the
 // budget comes back.
 #include <algorithm>
-#include <chrono>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "engine/engine.h"
@@ -21,14 +19,6 @@
 
 namespace kvlens {
 namespace {
-
-// Stats are published at the end of a step, after its requests' on_finish.
-EngineStats StatsWhenIdle(const Engine& engine) {
-  for (int i = 0; i < 400 && engine.Stats().blocks_used != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return engine.Stats();
-}
 
 class StepOutOfMemoryTest : public testing::StoriesModelTest {
  protected:
@@ -80,7 +70,7 @@ TEST_F(StepOutOfMemoryTest, AStepThatRunsOutRunsAgainInHalvesAndEveryRequestComp
   // One prompt alone sizes the activation buffers for its tokens; then nothing more fits.
   const testing::Served warm = testing::ServeOn(engine, {requests[0]})[0];
   ASSERT_EQ(warm.tokens, Alone(requests[0]).tokens);
-  ASSERT_EQ(StatsWhenIdle(engine).steps_out_of_memory, 0);
+  ASSERT_EQ(testing::StatsWhenIdle(engine).steps_out_of_memory, 0);
   device.fake_memory().set_budget(device.fake_memory().in_use());
 
   const std::vector<testing::Served> served = testing::ServeOn(engine, requests);
@@ -99,7 +89,7 @@ TEST_F(StepOutOfMemoryTest, AStepThatRunsOutRunsAgainInHalvesAndEveryRequestComp
     }
     EXPECT_EQ(served[i].prompt_top.size(), want.prompt_top.size());
   }
-  const EngineStats stats = StatsWhenIdle(engine);
+  const EngineStats stats = testing::StatsWhenIdle(engine);
   // Four prompts together are more tokens than the one that sized the buffers.
   EXPECT_GE(stats.steps_out_of_memory, 1);
   EXPECT_LT(stats.step_token_limit, EngineOptions{}.max_batch_tokens);
@@ -119,7 +109,7 @@ TEST_F(StepOutOfMemoryTest, ALoneTokenThatDoesNotFitFailsItsRequestAndTheBudgetC
   Engine engine(*model_, device, EngineOptions{});
   ASSERT_TRUE(engine.status().ok()) << engine.status();
   ServeOutOfMemory(engine, device, request);
-  EngineStats stats = StatsWhenIdle(engine);
+  EngineStats stats = testing::StatsWhenIdle(engine);
   // Its prompt ran out at T tokens, then ⌊T/2⌋, … down to 2 (⌊log2 T⌋ steps run again),
   // then at one token right after, which failed it.
   int halvings = 0;
@@ -135,7 +125,7 @@ TEST_F(StepOutOfMemoryTest, ALoneTokenThatDoesNotFitFailsItsRequestAndTheBudgetC
   const testing::Served after = testing::ServeOn(engine, {request})[0];
   EXPECT_EQ(after.finish.reason, FinishReason::kLength) << after.finish.status;
   EXPECT_EQ(after.tokens, Alone(request).tokens);
-  stats = StatsWhenIdle(engine);
+  stats = testing::StatsWhenIdle(engine);
   EXPECT_EQ(stats.steps_out_of_memory, halvings);
   EXPECT_EQ(stats.step_token_limit, 2);
 }
@@ -168,7 +158,7 @@ TEST_F(StepOutOfMemoryTest, AOneTokenStepRunsAgainOnceBeforeItFailsItsRequest) {
   Engine engine(*model_, device, EngineOptions{}, &observer);
   ASSERT_TRUE(engine.status().ok()) << engine.status();
   const testing::Served failed = ServeOutOfMemory(engine, device, request);
-  const EngineStats stats = StatsWhenIdle(engine);
+  const EngineStats stats = testing::StatsWhenIdle(engine);
   EXPECT_EQ(stats.steps_out_of_memory, 1);
   EXPECT_EQ(stats.step_token_limit, 1);
   // Its one token ran out (run again, under a budget of 1), then again (its request failed).

@@ -11,10 +11,8 @@
 // ones), the long one's prompt scored with its top log-probabilities (steps of
 // max_batch_tokens rows of logits, the largest activations, so that what the profile
 // measured of them leaves no margin to hide a workspace in).
-#include <chrono>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "engine/engine.h"
@@ -99,11 +97,7 @@ TEST(CudaKvCacheSizing, ALoadedEngineNeedsNoMoreThanTheProfileStepsMeasured) {
   for (size_t i = 0; i < want[0].prompt_logprobs.size(); ++i) {
     EXPECT_NEAR(served[0].prompt_logprobs[i], want[0].prompt_logprobs[i], 1e-4) << i;
   }
-  // The step thread publishes its statistics after the last on_finish.
-  for (int i = 0; i < 400 && engine.Stats().blocks_used != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  EXPECT_EQ(engine.Stats().steps_out_of_memory, 0);
+  EXPECT_EQ(testing::StatsWhenIdle(engine).steps_out_of_memory, 0);
 
   // Everything on the device beyond what was there before and the cache: the weights, the
   // engine's activations and every workspace its steps grew.

@@ -10,11 +10,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <chrono>
 #include <iostream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "engine/engine.h"
@@ -39,15 +37,6 @@ class NoMoreDeviceMemory {
   NoMoreDeviceMemory(const NoMoreDeviceMemory&) = delete;
   NoMoreDeviceMemory& operator=(const NoMoreDeviceMemory&) = delete;
 };
-
-// The engine's statistics once its step thread has published the last step (they are
-// those of the last step's end: a request's on_finish comes first), or after 2 s.
-EngineStats StatsWhenIdle(const Engine& engine) {
-  for (int i = 0; i < 400 && engine.Stats().blocks_used != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return engine.Stats();
-}
 
 std::unique_ptr<CudaBackend> Backend() {
   auto b = CudaBackend::Create(0);
@@ -209,7 +198,7 @@ TEST_F(CudaEngineOutOfMemory, AnAllocationThatFailsOnceCostsNoRequest) {
     kvlens_emu::FailOneDeviceAllocationAfter(-1);
     EXPECT_EQ(run.finish.reason, FinishReason::kLength) << run.finish.status;
     EXPECT_EQ(run.tokens, want_[1].tokens);
-    const EngineStats stats = StatsWhenIdle(*engine);
+    const EngineStats stats = testing::StatsWhenIdle(*engine);
     EXPECT_EQ(stats.blocks_used, 0);
     EXPECT_EQ(stats.blocks_free + stats.blocks_cached, stats.num_blocks);
     EXPECT_LE(stats.steps_out_of_memory, 1);
@@ -249,7 +238,7 @@ TEST_F(CudaEngineOutOfMemory, MemoryThatStaysShortFailsTheRequestAndServingGoesO
         << run.finish.status;
     ASSERT_LE(run.tokens.size(), want_[1].tokens.size());
     EXPECT_TRUE(std::equal(run.tokens.begin(), run.tokens.end(), want_[1].tokens.begin()));
-    const EngineStats stats = StatsWhenIdle(*engine);
+    const EngineStats stats = testing::StatsWhenIdle(*engine);
     EXPECT_EQ(stats.blocks_used, 0);
     EXPECT_EQ(stats.blocks_free + stats.blocks_cached, stats.num_blocks);
 
