@@ -106,6 +106,49 @@ inline std::vector<double> NaiveAttention(const AttnShape& s, DType path,
   return out;
 }
 
+// The naive maps [H, Tq, Tk] of the materialising kernel's maths: fp32 scores (capped as
+// NaiveAttention caps them), masked ones −∞, and their fp32 softmax (masked keys 0).
+struct NaiveMaps {
+  std::vector<double> probs, scores;
+};
+inline NaiveMaps NaiveAttentionMaps(const AttnShape& s, const std::vector<double>& q,
+                                    const std::vector<double>& k, const std::vector<int32_t>& docs,
+                                    double scale) {
+  const size_t map_size = size_t(s.heads) * s.tq * s.tk;
+  NaiveMaps n{std::vector<double>(map_size, 0.0), std::vector<double>(map_size)};
+  for (size_t row = 0; row < map_size / s.tk; ++row) {
+    const int h = static_cast<int>(row / s.tq), i = static_cast<int>(row % s.tq);
+    const int g = h / (s.heads / s.kv_heads);
+    float m = -std::numeric_limits<float>::infinity(), z = 0.0f;
+    for (int j = 0; j < s.tk; ++j) {
+      const bool vis = (!s.causal || j <= s.offset + i) &&
+                       (docs.empty() || docs[s.offset + i] == docs[j]) &&
+                       (s.window == 0 || s.offset + i - j < s.window);
+      float dot = 0.0f;
+      for (int d = 0; d < s.dh; ++d) {
+        dot += static_cast<float>(q[(size_t(i) * s.heads + h) * s.dh + d]) *
+               static_cast<float>(k[(size_t(j) * s.kv_heads + g) * s.dh + d]);
+      }
+      float sc = dot * static_cast<float>(scale);
+      if (s.softcap > 0.0) {
+        const float cap = static_cast<float>(s.softcap);
+        sc = cap * std::tanh(sc / cap);
+      }
+      n.scores[row * s.tk + j] = vis ? sc : -kInf;
+      if (vis) m = std::max(m, sc);
+    }
+    for (int j = 0; j < s.tk; ++j) {
+      if (std::isinf(n.scores[row * s.tk + j])) continue;
+      const float e = std::exp(static_cast<float>(n.scores[row * s.tk + j]) - m);
+      n.probs[row * s.tk + j] = e;
+      z += e;
+    }
+    for (int j = 0; j < s.tk; ++j)
+      n.probs[row * s.tk + j] = static_cast<float>(n.probs[row * s.tk + j]) / z;
+  }
+  return n;
+}
+
 // Random inputs of one attention shape, contiguous (for the naive runs) and laid out as
 // the backends read them: q rows padded with NaN, K and V in a paged cache of twice the
 // blocks needed, NaN everywhere but the sequence's rows, its blocks shuffled.
@@ -269,38 +312,12 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
   if (maps) {
     auto probs = FromDevice(gpu, *dprobs, map_size);
     if (!probs.ok()) return {Failed(name, probs.status())};
-    // Naive probabilities: fp32 softmax of fp32 scores, the materialising kernel's maths.
-    std::vector<double> naive_probs(map_size, 0.0), naive_scores(map_size);
-    for (size_t row = 0; row < map_size / s.tk; ++row) {
-      const int h = static_cast<int>(row / s.tq), i = static_cast<int>(row % s.tq);
-      const int g = h / (s.heads / s.kv_heads);
-      float m = -std::numeric_limits<float>::infinity(), z = 0.0f;
-      for (int j = 0; j < s.tk; ++j) {
-        const bool vis = (!s.causal || j <= s.offset + i) &&
-                         (docs.empty() || docs[s.offset + i] == docs[j]) &&
-                         (s.window == 0 || s.offset + i - j < s.window);
-        float dot = 0.0f;
-        for (int d = 0; d < s.dh; ++d) {
-          dot += static_cast<float>(q[(size_t(i) * s.heads + h) * s.dh + d]) *
-                 static_cast<float>(k[(size_t(j) * s.kv_heads + g) * s.dh + d]);
-        }
-        naive_scores[row * s.tk + j] = vis ? dot * static_cast<float>(scale) : -kInf;
-        if (vis) m = std::max(m, static_cast<float>(naive_scores[row * s.tk + j]));
-      }
-      for (int j = 0; j < s.tk; ++j) {
-        if (std::isinf(naive_scores[row * s.tk + j])) continue;
-        const float e = std::exp(static_cast<float>(naive_scores[row * s.tk + j]) - m);
-        naive_probs[row * s.tk + j] = e;
-        z += e;
-      }
-      for (int j = 0; j < s.tk; ++j)
-        naive_probs[row * s.tk + j] = static_cast<float>(naive_probs[row * s.tk + j]) / z;
-    }
-    results.push_back(Judge(name + " probs", *probs, naive_probs, ref_probs));
+    const NaiveMaps naive_maps = NaiveAttentionMaps(s, q, k, docs, scale);
+    results.push_back(Judge(name + " probs", *probs, naive_maps.probs, ref_probs));
     if (s.want_maps) {
       auto scores = FromDevice(gpu, *dscores, map_size);
       if (!scores.ok()) return {Failed(name, scores.status())};
-      results.push_back(Judge(name + " scores", *scores, naive_scores, ref_scores));
+      results.push_back(Judge(name + " scores", *scores, naive_maps.scores, ref_scores));
     }
   }
   return results;
