@@ -328,6 +328,8 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
 // paged cache (NaN elsewhere, blocks shuffled), their q and out rows one after another as
 // the engine lays them out. Against the reference's Attention per sequence; naive = the
 // path each sequence takes alone (fp16-rounded for the flash kernel, fp32 otherwise).
+// A sequence with want_maps or want_probs_only also asks for its [H, Tq, Tk] maps, judged
+// against NaiveAttentionMaps; the result is the outputs' unless a map's fails.
 // index_uploads (if not null): how many index uploads AttentionBatch made, one per launch.
 inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng,
                                        const std::string& name, std::vector<AttnShape> seqs,
@@ -415,13 +417,35 @@ inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng,
     return Failed(name, absl::InternalError("device upload failed"));
   }
   std::vector<AttentionArgs<float>> calls;
+  // Each sequence's maps: the reference's, and the device's (NaN-filled; empty if unasked).
+  std::vector<std::vector<double>> ref_probs(seqs.size()), ref_scores(seqs.size());
+  std::vector<DeviceBuffer> dprobs, dscores;
   row0 = 0;
   for (size_t e = 0; e < seqs.size(); ++e) {
-    const AttentionArgs<double> ra = args(qs.data(), kc.data(), vc.data(), want.data(), e, row0);
-    if (absl::Status st = ReferenceBackend().Attention(ra); !st.ok()) return Failed(name, st);
+    const AttnShape& s = seqs[e];
+    const bool maps = s.want_maps || s.want_probs_only;
+    const size_t map_size = maps ? size_t(heads) * s.tq * s.tk : 0;
+    AttentionArgs<double> ra = args(qs.data(), kc.data(), vc.data(), want.data(), e, row0);
     calls.push_back(
         args(dq->as<float>(), dk->as<float>(), dv->as<float>(), dout->as<float>(), e, row0));
-    const bool flash = seqs[e].tq >= kFlashMinQueries && FlashPrefillSupports(dh);
+    if (maps) {
+      ref_probs[e].assign(map_size, kNaN);
+      ref_scores[e].assign(map_size, kNaN);
+      ra.probs = ref_probs[e].data();
+      ra.scores = ref_scores[e].data();
+      for (std::vector<DeviceBuffer>* d : {&dprobs, &dscores}) {
+        auto b = ToDevice(std::vector<double>(map_size, kNaN));
+        if (!b.ok()) return Failed(name, b.status());
+        d->push_back(*std::move(b));
+      }
+      calls.back().probs = dprobs.back().as<float>();
+      if (s.want_maps) calls.back().scores = dscores.back().as<float>();
+    } else {
+      dprobs.emplace_back();
+      dscores.emplace_back();
+    }
+    if (absl::Status st = ReferenceBackend().Attention(ra); !st.ok()) return Failed(name, st);
+    const bool flash = !maps && s.tq >= kFlashMinQueries && FlashPrefillSupports(dh);
     const std::vector<double> naive = NaiveAttention(
         seqs[e], AttentionPathDType(gpu, calls.back(), flash), qv[e], kv[e], vv[e], docs[e], scale);
     for (int i = 0; i < seqs[e].tq; ++i)
@@ -439,7 +463,23 @@ inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng,
   }
   auto got = FromDevice(gpu, *dout, qs.size());
   if (!got.ok()) return Failed(name, got.status());
-  return Judge(name, *got, naive_rows, want);
+  ParityResult result = Judge(name, *got, naive_rows, want);
+  for (size_t e = 0; e < seqs.size() && result.pass(); ++e) {
+    const AttnShape& s = seqs[e];
+    if (ref_probs[e].empty()) continue;
+    const NaiveMaps naive = NaiveAttentionMaps(s, qv[e], kv[e], docs[e], scale);
+    auto probs = FromDevice(gpu, dprobs[e], ref_probs[e].size());
+    if (!probs.ok()) return Failed(name, probs.status());
+    result = Judge(absl::StrCat(name, ": sequence ", e, "'s probabilities"), *probs, naive.probs,
+                   ref_probs[e]);
+    if (result.pass() && s.want_maps) {
+      auto scores = FromDevice(gpu, dscores[e], ref_scores[e].size());
+      if (!scores.ok()) return Failed(name, scores.status());
+      result = Judge(absl::StrCat(name, ": sequence ", e, "'s scores"), *scores, naive.scores,
+                     ref_scores[e]);
+    }
+  }
+  return result;
 }
 
 // Five decode-like sequences; the third has documents, so it runs alone and splits the

@@ -1,0 +1,149 @@
+// AttentionBatch on random batches under random kernel options, against the double
+// reference (CudaBackend*: ctest label `gpu`, skipped with the reason without a device; in
+// CI on the emulator). The parity table (cuda_parity_attention.h) runs each option over
+// fixed shapes one option at a time; here each seed draws a model's heads and head size, a
+// cache type, a window and a soft cap, a batch of decode rows and prefill chunks (some with
+// documents, some asking for their attention maps) over one shuffled, NaN-filled cache,
+// and every option the backend has at once (the bf16 flash layout, its block order,
+// split-KV's warps, splits, tensor cores, fused combine and balancing, programmatic
+// launches), so that options which each pass alone are also checked together and on
+// batches no table row lists. Each call's output and maps must be within twice the naive
+// low-precision run's error of the reference (parity::Judge), as every parity row.
+#include "gtest/gtest.h"
+
+#ifdef KVLENS_HAVE_CUDA
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.h"
+#include "tests/kernels/cuda/cuda_backend_fixture.h"
+#include "tests/kernels/cuda/cuda_parity.h"
+
+namespace kvlens::kernels::cuda {
+namespace {
+
+// One seed's draw: the model's attention shape, the batch and the backend's options.
+struct FuzzCase {
+  int heads = 0, kv_heads = 0, dh = 0;
+  bool bf16_cache = false;
+  std::vector<parity::AttnShape> seqs;
+  AttentionKernels kernels;
+  bool flash_bf16 = true;
+  int splits = 0;  // SetSplitKvSplits; 0: the backend's choice
+  bool programmatic = false;
+  std::string name;
+};
+
+template <typename T>
+T Pick(std::mt19937_64& rng, std::initializer_list<T> xs) {
+  std::uniform_int_distribution<size_t> d(0, xs.size() - 1);
+  return *(xs.begin() + d(rng));
+}
+
+int Uniform(std::mt19937_64& rng, int lo, int hi) {
+  return std::uniform_int_distribution<int>(lo, hi)(rng);
+}
+
+FuzzCase DrawCase(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  FuzzCase c;
+  c.dh = Pick(rng, {64, 128, 128, 256});
+  c.kv_heads = Pick(rng, {1, 2, 4});
+  c.heads = c.kv_heads * Pick(rng, {1, 2, 4, 8});
+  c.bf16_cache = Pick(rng, {false, true});
+  // A model's window and soft cap hold for every sequence of the batch.
+  const int window = Pick(rng, {0, 0, Uniform(rng, 8, 200)});
+  const double softcap = Pick(rng, {0.0, 0.0, 1.0, 30.0});
+  const int n = Uniform(rng, 1, 6);
+  for (int e = 0; e < n; ++e) {
+    parity::AttnShape s;
+    if (Pick(rng, {false, true})) {  // a decode-like call (split-KV)
+      s.tq = Uniform(rng, 1, 4);
+      s.tk = s.tq + Uniform(rng, 0, 700);
+    } else {  // a prefill chunk (flash past kFlashMinQueries)
+      s.tq = Uniform(rng, 20, 140);
+      s.tk = s.tq + Pick(rng, {0, Uniform(rng, 1, 300)});
+    }
+    if (Uniform(rng, 0, 6) == 0) {  // packed documents over the keys
+      for (int left = s.tk; left > 0;) {
+        const int len = std::min(left, Uniform(rng, 1, s.tk));
+        s.doc_lengths.push_back(len);
+        left -= len;
+      }
+    }
+    if (Uniform(rng, 0, 4) == 0) {  // its maps too (the materialising kernel)
+      (Pick(rng, {false, true}) ? s.want_maps : s.want_probs_only) = true;
+    }
+    s.window = window;
+    s.softcap = softcap;
+    c.seqs.push_back(s);
+  }
+  c.kernels.flash_layout.tile_queries = Pick(rng, {64, 128, kFlashBf16WideTileQueries});
+  c.kernels.flash_layout.warp_queries = Pick(rng, {16, 32});
+  c.kernels.flash_layout.stages = Pick(rng, {2, kFlashMaxStages});
+  c.kernels.flash_layout.key_tile = Pick(rng, {kFlashDefaultKeyTile, kFlashNarrowKeyTile});
+  c.kernels.flash_head_group = Pick(rng, {kFlashAutoHeadGroup, 1, 3, 64});
+  c.kernels.split_kv_warps = Pick(rng, {kSplitKvWarps, kSplitKvWideWarps});
+  c.kernels.split_kv_fused_combine = Pick(rng, {false, true});
+  c.kernels.split_kv_tensor_cores = Pick(rng, {false, true});
+  c.kernels.split_kv_balanced = Pick(rng, {false, true});
+  c.flash_bf16 = Pick(rng, {true, true, false});
+  c.splits = Pick(rng, {0, 0, 1, 7, 64});
+  c.programmatic = Pick(rng, {false, true});
+
+  std::vector<std::string> seqs;
+  for (const parity::AttnShape& s : c.seqs) {
+    seqs.push_back(absl::StrCat(
+        s.tq, "/", s.tk,
+        s.doc_lengths.empty() ? "" : absl::StrCat(" docs ", absl::StrJoin(s.doc_lengths, "+")),
+        s.want_maps         ? " maps"
+        : s.want_probs_only ? " probs"
+                            : ""));
+  }
+  const FlashBf16Layout& l = c.kernels.flash_layout;
+  c.name = absl::StrCat(
+      "seed ", seed, ": H=", c.heads, "/", c.kv_heads, " Dh=", c.dh,
+      c.bf16_cache ? " bf16" : " fp32", " cache, window ", window, ", soft cap ", softcap,
+      ", Tq/Tk ", absl::StrJoin(seqs, ", "), "; flash ", c.flash_bf16 ? "bf16" : "fp16", " ",
+      l.tile_queries, "q/", l.warp_queries, "w/", l.stages, "st/", l.key_tile, "k, head group ",
+      c.kernels.flash_head_group, "; split-KV ", c.kernels.split_kv_warps, " warps, splits ",
+      c.splits, c.kernels.split_kv_tensor_cores ? ", tensor cores" : "",
+      c.kernels.split_kv_fused_combine ? ", fused combine" : "",
+      c.kernels.split_kv_balanced ? ", balanced" : "", c.programmatic ? ", PDL" : "");
+  return c;
+}
+
+// Puts the process-wide launch option back whatever the test's outcome.
+class CudaBackendFuzzTest : public CudaBackendTest {
+ protected:
+  void TearDown() override { SetProgrammaticLaunches(false); }
+};
+
+TEST_F(CudaBackendFuzzTest, RandomBatchesUnderRandomKernelOptionsWithinTolerance) {
+  constexpr uint64_t kSeeds = 16;
+  int passed = 0;
+  for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
+    const FuzzCase c = DrawCase(seed);
+    ASSERT_TRUE(backend_->SetAttentionKernels(c.kernels).ok()) << c.name;
+    ASSERT_TRUE(backend_->SetSplitKvSplits(c.splits).ok()) << c.name;
+    backend_->SetFlashBf16(c.flash_bf16);
+    backend_->SetProgrammaticLaunches(c.programmatic);
+    std::mt19937_64 rng(seed);
+    const parity::ParityResult r = parity::AttentionBatchCase(
+        *backend_, rng, c.name, c.seqs, c.heads, c.kv_heads, c.dh, nullptr, c.bf16_cache);
+    EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
+    passed += r.pass() ? 1 : 0;
+  }
+  EXPECT_EQ(passed, kSeeds);
+}
+
+}  // namespace
+}  // namespace kvlens::kernels::cuda
+
+#endif  // KVLENS_HAVE_CUDA
