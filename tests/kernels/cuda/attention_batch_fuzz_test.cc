@@ -37,6 +37,7 @@ struct FuzzCase {
   bool flash_bf16 = true;
   int splits = 0;  // SetSplitKvSplits; 0: the backend's choice
   bool programmatic = false;
+  int recorded_steps = 0;  // AttentionBatchCase's: 0, or 3 (eager, captured, replayed)
   std::string name;
 };
 
@@ -96,6 +97,7 @@ FuzzCase DrawCase(uint64_t seed) {
   c.flash_bf16 = Pick(rng, {true, true, false});
   c.splits = Pick(rng, {0, 0, 1, 7, 64});
   c.programmatic = Pick(rng, {false, true});
+  c.recorded_steps = Pick(rng, {0, 3});
 
   std::vector<std::string> seqs;
   for (const parity::AttnShape& s : c.seqs) {
@@ -115,7 +117,8 @@ FuzzCase DrawCase(uint64_t seed) {
       c.kernels.flash_head_group, "; split-KV ", c.kernels.split_kv_warps, " warps, splits ",
       c.splits, c.kernels.split_kv_tensor_cores ? ", tensor cores" : "",
       c.kernels.split_kv_fused_combine ? ", fused combine" : "",
-      c.kernels.split_kv_balanced ? ", balanced" : "", c.programmatic ? ", PDL" : "");
+      c.kernels.split_kv_balanced ? ", balanced" : "", c.programmatic ? ", PDL" : "",
+      c.recorded_steps > 0 ? ", 3 recorded steps" : "");
   return c;
 }
 
@@ -135,10 +138,16 @@ TEST_F(CudaBackendFuzzTest, RandomBatchesUnderRandomKernelOptionsWithinTolerance
     backend_->SetFlashBf16(c.flash_bf16);
     backend_->SetProgrammaticLaunches(c.programmatic);
     std::mt19937_64 rng(seed);
-    const parity::ParityResult r = parity::AttentionBatchCase(
-        *backend_, rng, c.name, c.seqs, c.heads, c.kv_heads, c.dh, nullptr, c.bf16_cache);
+    const StepGraph::Stats graphs = backend_->graph_stats();
+    const parity::ParityResult r =
+        parity::AttentionBatchCase(*backend_, rng, c.name, c.seqs, c.heads, c.kv_heads, c.dh,
+                                   nullptr, c.bf16_cache, c.recorded_steps);
     EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
     passed += r.pass() ? 1 : 0;
+    if (c.recorded_steps > 0) {  // eager, then captured, then replayed
+      EXPECT_EQ(backend_->graph_stats().captures - graphs.captures, 1) << c.name;
+      EXPECT_EQ(backend_->graph_stats().replays - graphs.replays, 2) << c.name;
+    }
   }
   EXPECT_EQ(passed, kSeeds);
 }

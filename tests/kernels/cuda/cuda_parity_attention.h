@@ -331,10 +331,14 @@ inline std::vector<ParityResult> AttentionCase(CudaBackend& gpu, std::mt19937_64
 // A sequence with want_maps or want_probs_only also asks for its [H, Tq, Tk] maps, judged
 // against NaiveAttentionMaps; the result is the outputs' unless a map's fails.
 // index_uploads (if not null): how many index uploads AttentionBatch made, one per launch.
+// recorded_steps > 0: the batch runs as that many forward steps (BeginStep … EndStep: with
+// CUDA graphs, eager, then captured, then replayed), the outputs and maps NaN-filled again
+// before each, and the last step's results are judged.
 inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng,
                                        const std::string& name, std::vector<AttnShape> seqs,
                                        int heads, int kv_heads, int dh,
-                                       int* index_uploads = nullptr, bool bf16_cache = false) {
+                                       int* index_uploads = nullptr, bool bf16_cache = false,
+                                       int recorded_steps = 0) {
   const int bs = 16;
   // A bf16 cache's rows padded to 16-byte pieces (the bf16 flash kernel's copies).
   const int64_t qw = heads * dh, kvw = kv_heads * dh, q_stride = qw + 8,
@@ -454,8 +458,29 @@ inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng,
   }
   int failed = -1;
   const CudaBackend::IndexUploadStats before = gpu.index_upload_stats();
-  if (absl::Status st = gpu.AttentionBatch(calls, &failed); !st.ok()) {
-    return Failed(name, absl::Status(st.code(), absl::StrCat("call ", failed, ": ", st.message())));
+  for (int step = 0; step < std::max(recorded_steps, 1); ++step) {
+    if (step > 0) {  // so that the last step's results are its own
+      std::vector<DeviceBuffer*> results = {&*dout};
+      for (std::vector<DeviceBuffer>* maps : {&dprobs, &dscores}) {
+        for (DeviceBuffer& b : *maps) results.push_back(&b);
+      }
+      for (DeviceBuffer* b : results) {
+        if (b->bytes() == 0) continue;
+        if (absl::Status st = gpu.memory().Memset(b->get(), 0xFF, b->bytes()); !st.ok()) {
+          return Failed(name, st);
+        }
+      }
+    }
+    if (recorded_steps > 0) gpu.BeginStep();
+    absl::Status st = gpu.AttentionBatch(calls, &failed);
+    if (recorded_steps > 0) {
+      absl::Status end = gpu.EndStep(/*run=*/st.ok());
+      if (st.ok()) st = end;
+    }
+    if (!st.ok()) {
+      return Failed(name, absl::Status(st.code(), absl::StrCat("step ", step, ", call ", failed,
+                                                               ": ", st.message())));
+    }
   }
   const CudaBackend::IndexUploadStats after = gpu.index_upload_stats();
   if (index_uploads != nullptr) {
