@@ -39,7 +39,8 @@ inline BackwardGrads NaiveAttentionBackward(const AttnShape& s, const AttnInputs
       float mean = 0.0f;
       for (int j = 0; j < s.tk; ++j) {
         vis[j] = (!s.causal || j <= s.offset + i) &&
-                 (in.docs.empty() || in.docs[s.offset + i] == in.docs[j]);
+                 (in.docs.empty() || in.docs[s.offset + i] == in.docs[j]) &&
+                 (s.window == 0 || s.offset + i - j < s.window);
         if (!vis[j]) continue;
         const size_t krow = (size_t(j) * s.kv_heads + kv) * s.dh;
         for (int d = 0; d < s.dh; ++d) {
@@ -102,6 +103,7 @@ inline std::vector<ParityResult> AttentionBackwardCase(CudaBackend& gpu, std::mt
   fa.head_dim = s.dh;
   fa.query_offset = s.offset;
   fa.causal = s.causal;
+  fa.window = s.window;
   fa.scale = in.scale;
   fa.softcap = s.softcap;
   if (!in.docs.empty()) {
@@ -155,6 +157,7 @@ inline std::vector<ParityResult> AttentionBackwardCase(CudaBackend& gpu, std::mt
   b.head_dim = s.dh;
   b.query_offset = s.offset;
   b.causal = s.causal;
+  b.window = s.window;
   b.scale = in.scale;
   b.softcap = s.softcap;
   b.q_doc_ids = fa.q_doc_ids;
@@ -218,6 +221,15 @@ inline std::vector<AttnShape> AttentionBackwardShapes() {
        .kv_heads = 6,
        .dh = 32,
        .offset = 43},
+      {.label = "sliding window 9 docs offset GQA 4/1",  // dA is 0 outside the window
+       .tq = 16,
+       .tk = 40,
+       .heads = 4,
+       .kv_heads = 1,
+       .dh = 64,
+       .offset = 24,
+       .doc_lengths = {30, 10},
+       .window = 9},
       {.label = "softcap 1 offset GQA 4/2",  // Gemma 2's: dS through the cap for dQ, dK
        .tq = 12,
        .tk = 30,

@@ -1,18 +1,21 @@
-// AttentionBatch on random batches under random kernel options, against the double
-// reference (CudaBackend*: ctest label `gpu`, skipped with the reason without a device; in
-// CI on the emulator). The parity table (cuda_parity_attention.h) runs each option over
-// fixed shapes one option at a time; here each seed draws a model's heads and head size, a
-// cache type, a window and a soft cap, a batch of decode rows and prefill chunks (some with
-// documents, some asking for their attention maps) over one shuffled, NaN-filled cache,
-// and every option the backend has at once (the bf16 flash layout, its block order,
+// Attention on the device under random shapes and options, against the double reference
+// (CudaBackend*: ctest label `gpu`, skipped with the reason without a device; in CI on the
+// emulator). The parity table (cuda_parity_attention.h) runs each option over fixed shapes
+// one option at a time. Here each seed of the forward draws a model's heads and head size,
+// a cache type, a window and a soft cap, a batch of decode rows and prefill chunks (some
+// with documents, some asking for their attention maps) over one shuffled, NaN-filled
+// cache, and every option the backend has at once (the bf16 flash layout, its block order,
 // split-KV's warps, splits, tensor cores, fused combine and balancing, programmatic
-// launches), so that options which each pass alone are also checked together and on
-// batches no table row lists. Each call's output and maps must be within twice the naive
-// low-precision run's error of the reference (parity::Judge), as every parity row.
+// launches), run directly or as recorded steps, so that options which each pass alone are
+// also checked together and on batches no table row lists; each seed of the backward
+// draws one call's shape, mask and cache layout. Every output, map and gradient must be
+// within twice the naive low-precision run's error of the reference (parity::Judge), as
+// every parity row.
 #include "gtest/gtest.h"
 
 #ifdef KVLENS_HAVE_CUDA
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -148,6 +151,49 @@ TEST_F(CudaBackendFuzzTest, RandomBatchesUnderRandomKernelOptionsWithinTolerance
       EXPECT_EQ(backend_->graph_stats().captures - graphs.captures, 1) << c.name;
       EXPECT_EQ(backend_->graph_stats().replays - graphs.replays, 2) << c.name;
     }
+  }
+  EXPECT_EQ(passed, kSeeds);
+}
+
+// The attention backward (dQ, dK, dV, dA, dS) of random calls: head sizes 32 to 256, GQA
+// groups 1 to 4, causal with an offset (a window and documents at times) or not, a soft cap
+// at times, cache blocks of 4, 8 or 16 rows with K/V rows read float by float or in
+// float4s, each within twice the naive fp32 run's error of the double reference.
+TEST_F(CudaBackendFuzzTest, RandomBackwardCallsWithinTolerance) {
+  constexpr uint64_t kSeeds = 64;
+  int passed = 0;
+  for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
+    std::mt19937_64 rng(seed);
+    parity::AttnShape s;
+    s.dh = Pick(rng, {32, 64, 80, 128, 256});
+    s.kv_heads = Pick(rng, {1, 2, 4});
+    s.heads = s.kv_heads * Pick(rng, {1, 2, 4});
+    s.causal = Uniform(rng, 0, 3) != 0;
+    s.tq = Pick(rng, {1, Uniform(rng, 2, 40)});
+    s.tk = s.tq + Uniform(rng, 0, 200);
+    s.offset = s.tk - s.tq;
+    if (Uniform(rng, 0, 3) == 0) {
+      for (int left = s.tk; left > 0;) {
+        const int len = std::min(left, Uniform(rng, 1, s.tk));
+        s.doc_lengths.push_back(len);
+        left -= len;
+      }
+    }
+    if (s.causal) s.window = Pick(rng, {0, 0, Uniform(rng, 1, 60)});
+    s.softcap = Pick(rng, {0.0, 0.0, 1.0, 30.0});
+    s.block_size = Pick(rng, {4, 8, 16});
+    s.kv_pad = Pick(rng, {3, 4});
+    s.label = absl::StrCat(
+        "seed ", seed, s.causal ? " causal" : " non-causal", s.window > 0 ? " window " : "",
+        s.window > 0 ? absl::StrCat(s.window) : "", " soft cap ", s.softcap, " blocks of ",
+        s.block_size, " pad ", s.kv_pad,
+        s.doc_lengths.empty() ? "" : absl::StrCat(" docs ", absl::StrJoin(s.doc_lengths, "+")));
+    bool all = true;
+    for (const parity::ParityResult& r : parity::AttentionBackwardCase(*backend_, rng, s)) {
+      EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
+      all = all && r.pass();
+    }
+    passed += all ? 1 : 0;
   }
   EXPECT_EQ(passed, kSeeds);
 }
