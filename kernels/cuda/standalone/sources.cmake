@@ -21,6 +21,7 @@ set(KVLENS_CUDA_SOURCES attention_tuner.cc cuda_backend.cc cuda_backend_attentio
 # kvlens_gpu_tests. Header-only helpers aside, they need kvlens_kernels and kvlens_engine.
 set(KVLENS_GPU_TEST_SOURCES tests/kernels/cuda/attention_tuner_test.cc
     tests/kernels/cuda/attention_fuzz_test.cc
+    tests/kernels/cuda/products_fuzz_test.cc
     tests/kernels/cuda/cuda_backend_test.cc
     tests/kernels/cuda/flash_prefill_test.cc
     tests/kernels/cuda/flash_block_order_test.cc
