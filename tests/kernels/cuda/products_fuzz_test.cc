@@ -13,7 +13,6 @@
 #ifdef KVLENS_HAVE_CUDA
 
 #include <initializer_list>
-#include <memory>
 #include <random>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -46,15 +45,6 @@ bool NormFused(DType dtype, int n, int in) {
   return MatVecTakes(n, dtype) && MatVecNormFits(n, in);
 }
 
-// A backend of its own for each seed: the backend keeps a weight's device copy under its
-// host address for good (a model's weights live as long as it does), and a seed's weights
-// may reuse the addresses of the last seed's freed ones.
-std::unique_ptr<CudaBackend> FreshBackend() {
-  absl::StatusOr<std::unique_ptr<CudaBackend>> b = CudaBackend::Create(0);
-  EXPECT_TRUE(b.ok()) << b.status();
-  return b.ok() ? *std::move(b) : nullptr;
-}
-
 void ExpectPass(const parity::ParityResult& r, int* passed) {
   EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
   *passed += r.pass() ? 1 : 0;
@@ -80,9 +70,10 @@ TEST_F(CudaBackendTest, FuzzQkvRopeStoreWithinTolerance) {
     s.with_norm = Uniform(rng, 0, 3) != 0;
     s.fused_norm = s.with_norm && NormFused(s.dtype, s.n, s.in);
     SCOPED_TRACE(::testing::Message() << "seed " << seed);
-    const std::unique_ptr<CudaBackend> gpu = FreshBackend();
-    ASSERT_NE(gpu, nullptr);
-    ExpectPass(parity::QkvRopeStoreCase(*gpu, rng, s), &passed);
+    // The backend keeps a weight's device copy under its host address until told to
+    // forget it, and a seed's weights may land where the last seed's were.
+    backend_->ForgetWeights();
+    ExpectPass(parity::QkvRopeStoreCase(*backend_, rng, s), &passed);
   }
   EXPECT_EQ(passed, kSeeds);
 }
@@ -97,23 +88,25 @@ TEST_F(CudaBackendTest, FuzzNormedGatedAndAccumulatingProductsWithinTolerance) {
     const DType dtype = Pick(rng, {DType::kBF16, DType::kBF16, DType::kF16, DType::kF32});
     const int n = Uniform(rng, 1, 6), in = Width(rng), out = Uniform(rng, 1, 200);
     SCOPED_TRACE(::testing::Message() << "seed " << 1000 + seed);
-    const std::unique_ptr<CudaBackend> gpu = FreshBackend();
-    ASSERT_NE(gpu, nullptr);
+    // The backend keeps a weight's device copy under its host address until told to
+    // forget it, and a seed's weights may land where the last seed's were.
+    backend_->ForgetWeights();
     switch (Uniform(rng, 0, 2)) {
       case 0: {
         const int kind = Uniform(rng, 0, 2);
         const DType norm_dtype = Pick(rng, {DType::kF32, DType::kF16, DType::kBF16});
-        ExpectPass(parity::NormedMatMulCase(*gpu, rng, kind, dtype, norm_dtype, n, in,
+        ExpectPass(parity::NormedMatMulCase(*backend_, rng, kind, dtype, norm_dtype, n, in,
                                             NormFused(dtype, n, in)),
                    &passed);
         break;
       }
       case 1:
-        ExpectPass(parity::MatMulAddToCase(*gpu, rng, dtype, n, in, out, Pick(rng, {false, true})),
-                   &passed);
+        ExpectPass(
+            parity::MatMulAddToCase(*backend_, rng, dtype, n, in, out, Pick(rng, {false, true})),
+            &passed);
         break;
       default:
-        ExpectPass(parity::MatMulGatedCase(*gpu, rng, dtype, n, in, out,
+        ExpectPass(parity::MatMulGatedCase(*backend_, rng, dtype, n, in, out,
                                            /*geglu=*/Pick(rng, {false, true})),
                    &passed);
     }
