@@ -229,6 +229,7 @@ absl::Status CudaBackend::AdoptWeight(const void* key, void* data, DType dtype, 
   weights_->bytes += static_cast<int64_t>(bytes) - static_cast<int64_t>(dw.buffer.bytes());
   dw.buffer = DeviceBuffer::Adopt(data, bytes);
   dw.dtype = dtype;
+  dw.host_dtype = dtype;
   dw.rows = rows;
   dw.cols = cols;
   return absl::OkStatus();
@@ -247,10 +248,12 @@ absl::StatusOr<const DeviceWeight*> CudaBackend::Upload(const WeightView& w) {
   std::lock_guard<std::mutex> lock(weights_->mu);
   if (auto it = weights_->weights.find(w.data); it != weights_->weights.end()) {
     const DeviceWeight& dw = it->second;
-    if (dw.rows != w.rows || dw.cols != w.cols) {
+    if (dw.rows != w.rows || dw.cols != w.cols || dw.host_dtype != w.dtype) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "weight at ", absl::Hex(reinterpret_cast<uintptr_t>(w.data)), " was uploaded as [",
-          dw.rows, ", ", dw.cols, "] and is now used as [", w.rows, ", ", w.cols, "]"));
+          "weight at ", absl::Hex(reinterpret_cast<uintptr_t>(w.data)), " was uploaded as ",
+          std::string(DTypeName(dw.host_dtype)), " [", dw.rows, ", ", dw.cols,
+          "] and is now used as ", std::string(DTypeName(w.dtype)), " [", w.rows, ", ", w.cols,
+          "] (uploads are cached by host address: ForgetWeights before reusing it)"));
     }
     return &dw;
   }
@@ -262,6 +265,7 @@ absl::StatusOr<const DeviceWeight*> CudaBackend::Upload(const WeightView& w) {
   }
   DeviceWeight dw;
   dw.dtype = quantized ? DType::kF16 : w.dtype;
+  dw.host_dtype = w.dtype;
   dw.rows = w.rows;
   dw.cols = w.cols;
   const size_t bytes = static_cast<size_t>(DTypeRowBytes(dw.dtype, w.cols) * w.rows);

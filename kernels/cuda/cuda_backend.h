@@ -63,7 +63,8 @@ namespace kvlens::kernels::cuda {
 // One uploaded weight: [rows, cols] row-major on the device in `dtype` (never a block type).
 struct DeviceWeight {
   DeviceBuffer buffer;
-  DType dtype = DType::kF32;
+  DType dtype = DType::kF32;       // on the device (a block type's copy is f16)
+  DType host_dtype = DType::kF32;  // as the WeightView named it
   int64_t rows = 0;
   int64_t cols = 0;
 };

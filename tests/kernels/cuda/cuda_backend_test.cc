@@ -577,6 +577,38 @@ TEST_F(CudaBackendTest, SharedWeightsAreUploadedOnce) {
   EXPECT_EQ((*other)->weight_bytes(), 0);
 }
 
+// Uploads are cached by host address: the same address named with another shape or dtype
+// (a freed weight's memory reused without ForgetWeights) is INVALID_ARGUMENT naming both,
+// never a product of the stale copy; after ForgetWeights it is uploaded afresh.
+TEST_F(CudaBackendTest, AWeightAddressReusedAsAnotherWeightIsRefusedUntilForgotten) {
+  std::mt19937_64 rng(5);
+  const std::vector<double> values = kernels::testing::RandomFloatExact(rng, 32 * 16);
+  const kernels::testing::OwnedWeight w(values, 32, 16, DType::kF32);
+  auto x = parity::ToDevice(kernels::testing::RandomFloatExact(rng, 16));
+  auto y = parity::ToDevice(std::vector<double>(32, 0.0));
+  ASSERT_TRUE(x.ok() && y.ok());
+  backend_->MatMul(x->as<float>(), 1, w.view(), WeightView{}, y->as<float>());
+  ASSERT_TRUE(backend_->Synchronize().ok());
+  // The same bytes as 16 × 32, then (half of them) as f16 of the same shape.
+  for (const WeightView& again : {WeightView{w.view().data, DType::kF32, 16, 32},
+                                  WeightView{w.view().data, DType::kF16, 32, 16}}) {
+    absl::StatusOr<std::unique_ptr<CudaBackend>> b = CudaBackend::Create(0);
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_TRUE((*b)->ShareWeightsWith(*backend_).ok());
+    (*b)->MatMul(x->as<float>(), 1, again, WeightView{}, y->as<float>());
+    const absl::Status s = (*b)->status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    const std::string want =
+        absl::StrCat("was uploaded as f32 [32, 16] and is now used as ",
+                     again.dtype == DType::kF32 ? "f32 [16, 32]" : "f16 [32, 16]");
+    EXPECT_NE(s.message().find(want), std::string::npos) << s;
+  }
+  backend_->ForgetWeights();
+  backend_->MatMul(x->as<float>(), 1, WeightView{w.view().data, DType::kF16, 32, 16}, WeightView{},
+                   y->as<float>());
+  EXPECT_TRUE(backend_->Synchronize().ok()) << backend_->status();
+}
+
 // The seeds' 2×2 example on the device, forward then backward: Q = √2·ln3·I, K = I,
 // V = [[2,0],[0,4]], G = [[1,0],[0,2]], no mask. By hand: A rows [3/4, 1/4] and [1/4, 3/4]
 // (J = Σ G ⊙ O = 15/2), dA = G Vᵀ = [[2,0],[0,8]], dS rows [3/8, −3/8] and [−3/2, 3/2],
