@@ -15,7 +15,6 @@
 
 #ifdef KVLENS_HAVE_CUDA
 
-#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,6 +26,7 @@
 #include "kernels/cuda/launch.h"
 #include "tests/kernels/cuda/cuda_backend_fixture.h"
 #include "tests/kernels/cuda/cuda_parity.h"
+#include "tests/kernels/cuda/random_draws.h"
 
 namespace kvlens::kernels::cuda {
 namespace {
@@ -44,15 +44,8 @@ struct FuzzCase {
   std::string name;
 };
 
-template <typename T>
-T Pick(std::mt19937_64& rng, std::initializer_list<T> xs) {
-  std::uniform_int_distribution<size_t> d(0, xs.size() - 1);
-  return *(xs.begin() + d(rng));
-}
-
-int Uniform(std::mt19937_64& rng, int lo, int hi) {
-  return std::uniform_int_distribution<int>(lo, hi)(rng);
-}
+using fuzz::Pick;
+using fuzz::Uniform;
 
 FuzzCase DrawCase(uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -75,11 +68,7 @@ FuzzCase DrawCase(uint64_t seed) {
       s.tk = s.tq + Pick(rng, {0, Uniform(rng, 1, 300)});
     }
     if (Uniform(rng, 0, 6) == 0) {  // packed documents over the keys
-      for (int left = s.tk; left > 0;) {
-        const int len = std::min(left, Uniform(rng, 1, s.tk));
-        s.doc_lengths.push_back(len);
-        left -= len;
-      }
+      s.doc_lengths = fuzz::DocLengths(rng, s.tk);
     }
     if (Uniform(rng, 0, 4) == 0) {  // its maps too (the materialising kernel)
       (Pick(rng, {false, true}) ? s.want_maps : s.want_probs_only) = true;
@@ -173,11 +162,7 @@ TEST_F(CudaBackendFuzzTest, RandomBackwardCallsWithinTolerance) {
     s.tk = s.tq + Uniform(rng, 0, 200);
     s.offset = s.tk - s.tq;
     if (Uniform(rng, 0, 3) == 0) {
-      for (int left = s.tk; left > 0;) {
-        const int len = std::min(left, Uniform(rng, 1, s.tk));
-        s.doc_lengths.push_back(len);
-        left -= len;
-      }
+      s.doc_lengths = fuzz::DocLengths(rng, s.tk);
     }
     if (s.causal) s.window = Pick(rng, {0, 0, Uniform(rng, 1, 60)});
     s.softcap = Pick(rng, {0.0, 0.0, 1.0, 30.0});

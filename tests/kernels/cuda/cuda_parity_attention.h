@@ -1,6 +1,6 @@
 // Parity cases of the attention forward (cuda_parity.h): one call per shape over a paged,
-// NaN-filled cache, and AttentionBatch over several sequences. One file of about 800
-// lines: half of it is the table of shapes (AttentionShapes), which the cases, the naive
+// NaN-filled cache, and AttentionBatch over several sequences. One file of about 900
+// lines: a third of it is the table of shapes (AttentionShapes), which the cases, the naive
 // runs and the tests that rerun the table under each kernel option read together.
 #ifndef KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_ATTENTION_H_
 #define KVLENS_TESTS_KERNELS_CUDA_CUDA_PARITY_ATTENTION_H_

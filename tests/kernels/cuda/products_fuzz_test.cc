@@ -12,26 +12,19 @@
 
 #ifdef KVLENS_HAVE_CUDA
 
-#include <initializer_list>
 #include <random>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/matvec.h"
 #include "tests/kernels/cuda/cuda_backend_fixture.h"
 #include "tests/kernels/cuda/cuda_parity.h"
+#include "tests/kernels/cuda/random_draws.h"
 
 namespace kvlens::kernels::cuda {
 namespace {
 
-template <typename T>
-T Pick(std::mt19937_64& rng, std::initializer_list<T> xs) {
-  std::uniform_int_distribution<size_t> d(0, xs.size() - 1);
-  return *(xs.begin() + d(rng));
-}
-
-int Uniform(std::mt19937_64& rng, int lo, int hi) {
-  return std::uniform_int_distribution<int>(lo, hi)(rng);
-}
+using fuzz::Pick;
+using fuzz::Uniform;
 
 // A row width: a multiple of 8 up to 2048 (the matvec's vector loads), or any up to 300.
 int Width(std::mt19937_64& rng) {
