@@ -5,7 +5,8 @@
 // the rows (1 to 6: the matvec's 1 to 4 and cuBLAS past them), the width (multiples of 8,
 // whose rows the matvec reads in 16-byte pieces, or not), the heads and head size, the
 // rope style, biases, Llama 3.1's frequency factors and the cache type, so the matvec's
-// fused norm, its rope-and-store epilogue and their fallbacks meet shapes no row lists.
+// fused norm, its rope-and-store epilogue and their fallbacks meet shapes no row lists;
+// and the plain products on every weight dtype, ggml's block types among them.
 // Every result must be within twice the naive run's error of the reference
 // (parity::Judge), and a norm the matvec fuses must leave xn unwritten.
 #include "gtest/gtest.h"
@@ -102,6 +103,40 @@ TEST_F(CudaBackendTest, FuzzNormedGatedAndAccumulatingProductsWithinTolerance) {
         ExpectPass(parity::MatMulGatedCase(*backend_, rng, dtype, n, in, out,
                                            /*geglu=*/Pick(rng, {false, true})),
                    &passed);
+    }
+  }
+  EXPECT_EQ(passed, kSeeds);
+}
+
+// MatMul, MatMulGelu and MatMulBackwardInput on every weight dtype, ggml's block types
+// (dequantised to f16 at upload) among them, at 1 to 24 rows: the matvec, cuBLAS, and the
+// element-at-a-time rows.
+TEST_F(CudaBackendTest, FuzzPlainProductsOnEveryWeightDtypeWithinTolerance) {
+  constexpr int kSeeds = 40;
+  int passed = 0;
+  for (int seed = 1; seed <= kSeeds; ++seed) {
+    std::mt19937_64 rng(2000 + seed);
+    const DType dtype = Pick(rng, {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
+                                   DType::kQ4_0, DType::kQ4_K, DType::kQ6_K, DType::kIQ4_XS});
+    const int n = Pick(rng, {Uniform(rng, 1, 4), Uniform(rng, 5, 24)});
+    // A block type's rows hold whole blocks (32 or 256 values).
+    const int block = DTypeIsBlockQuantized(dtype) ? static_cast<int>(DTypeBlockSize(dtype)) : 1;
+    const int in = block > 1 ? block * Uniform(rng, 1, 512 / block + 1) : Width(rng);
+    const int out = Uniform(rng, 1, 200);
+    SCOPED_TRACE(::testing::Message() << "seed " << 2000 + seed);
+    backend_->ForgetWeights();
+    switch (Uniform(rng, 0, 2)) {
+      case 0:
+        ExpectPass(parity::MatMulCase(*backend_, rng, dtype, n, in, out, Pick(rng, {false, true})),
+                   &passed);
+        break;
+      case 1:
+        ExpectPass(parity::MatMulCase(*backend_, rng, dtype, n, in, out, Pick(rng, {false, true}),
+                                      /*gelu=*/true),
+                   &passed);
+        break;
+      default:
+        ExpectPass(parity::MatMulBackwardInputCase(*backend_, rng, dtype, n, in, out), &passed);
     }
   }
   EXPECT_EQ(passed, kSeeds);
