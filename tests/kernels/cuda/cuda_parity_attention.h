@@ -34,6 +34,13 @@ struct AttnShape {
   double softcap = 0.0;     // Gemma 2's soft-capped scores (cap · tanh(s / cap)); 0: none
 };
 
+// Whether query row i of shape s sees key j: the mask written out on its own (causal with
+// the shape's offset, the same document, within the window), for the naive runs.
+inline bool NaiveSees(const AttnShape& s, const std::vector<int32_t>& docs, int i, int j) {
+  return (!s.causal || j <= s.offset + i) && (docs.empty() || docs[s.offset + i] == docs[j]) &&
+         (s.window == 0 || s.offset + i - j < s.window);
+}
+
 // Which precision the backend's path for a call rounds Q, K, P and V to: fp16 for the flash
 // kernel, bf16 for its bf16 twin (a bf16 cache in 16-byte pieces), bf16 or fp16 (the
 // cache's) for split-KV on tensor cores (SetSplitKvTensorCores, where it applies), fp32
@@ -73,9 +80,7 @@ inline std::vector<double> NaiveAttention(const AttnShape& s, DType path,
     for (int i = 0; i < s.tq; ++i) {
       float m = -std::numeric_limits<float>::infinity();
       for (int j = 0; j < s.tk; ++j) {
-        vis[j] = (!s.causal || j <= s.offset + i) &&
-                 (docs.empty() || docs[s.offset + i] == docs[j]) &&
-                 (s.window == 0 || s.offset + i - j < s.window);
+        vis[j] = NaiveSees(s, docs, i, j);
         if (!vis[j]) continue;
         float dot = 0.0f;
         for (int d = 0; d < s.dh; ++d) {
@@ -121,9 +126,7 @@ inline NaiveMaps NaiveAttentionMaps(const AttnShape& s, const std::vector<double
     const int g = h / (s.heads / s.kv_heads);
     float m = -std::numeric_limits<float>::infinity(), z = 0.0f;
     for (int j = 0; j < s.tk; ++j) {
-      const bool vis = (!s.causal || j <= s.offset + i) &&
-                       (docs.empty() || docs[s.offset + i] == docs[j]) &&
-                       (s.window == 0 || s.offset + i - j < s.window);
+      const bool vis = NaiveSees(s, docs, i, j);
       float dot = 0.0f;
       for (int d = 0; d < s.dh; ++d) {
         dot += static_cast<float>(q[(size_t(i) * s.heads + h) * s.dh + d]) *

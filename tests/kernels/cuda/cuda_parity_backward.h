@@ -38,9 +38,7 @@ inline BackwardGrads NaiveAttentionBackward(const AttnShape& s, const AttnInputs
       std::vector<bool> vis(s.tk);
       float mean = 0.0f;
       for (int j = 0; j < s.tk; ++j) {
-        vis[j] = (!s.causal || j <= s.offset + i) &&
-                 (in.docs.empty() || in.docs[s.offset + i] == in.docs[j]) &&
-                 (s.window == 0 || s.offset + i - j < s.window);
+        vis[j] = NaiveSees(s, in.docs, i, j);
         if (!vis[j]) continue;
         const size_t krow = (size_t(j) * s.kv_heads + kv) * s.dh;
         for (int d = 0; d < s.dh; ++d) {
