@@ -459,19 +459,21 @@ inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng,
       std::copy_n(naive.begin() + i * qw, qw, naive_rows.begin() + (row0 + i) * q_stride);
     row0 += seqs[e].tq;
   }
+  // What a step writes, NaN-filled again before each step after the first, so that the
+  // last step's results are its own.
+  std::vector<DeviceBuffer*> results = {&*dout};
+  for (std::vector<DeviceBuffer>* maps : {&dprobs, &dscores}) {
+    for (DeviceBuffer& b : *maps) {
+      if (b.bytes() > 0) results.push_back(&b);
+    }
+  }
   int failed = -1;
   const CudaBackend::IndexUploadStats before = gpu.index_upload_stats();
   for (int step = 0; step < std::max(recorded_steps, 1); ++step) {
-    if (step > 0) {  // so that the last step's results are its own
-      std::vector<DeviceBuffer*> results = {&*dout};
-      for (std::vector<DeviceBuffer>* maps : {&dprobs, &dscores}) {
-        for (DeviceBuffer& b : *maps) results.push_back(&b);
-      }
-      for (DeviceBuffer* b : results) {
-        if (b->bytes() == 0) continue;
-        if (absl::Status st = gpu.memory().Memset(b->get(), 0xFF, b->bytes()); !st.ok()) {
-          return Failed(name, st);
-        }
+    for (DeviceBuffer* b : results) {
+      if (step == 0) break;
+      if (absl::Status st = gpu.memory().Memset(b->get(), 0xFF, b->bytes()); !st.ok()) {
+        return Failed(name, st);
       }
     }
     if (recorded_steps > 0) gpu.BeginStep();
