@@ -15,9 +15,10 @@
 //
 // Kernels run one block at a time on the launching host thread (launches from several
 // threads are serialised), one fiber per CUDA thread, switched only at barriers
-// (__syncthreads, warp collectives): a barrier that can never complete, because threads
-// wait at different barriers or have exited, is reported as a failed launch. The device
-// side's PTX stand-ins live here too: ldmatrix (one warp round: the last lane to arrive
+// (__syncthreads, warp collectives), in the order SetSchedule names (block 0 and thread 0
+// first by default; reversed or shuffled to expose races): a barrier that can never complete,
+// because threads wait at different barriers or have exited, is reported as a failed launch. The
+// device side's PTX stand-ins live here too: ldmatrix (one warp round: the last lane to arrive
 // reads the 32 rows) and cp.async (a queue per fiber, emptied by the waits). A misaligned
 // or out-of-place address there aborts the process with a message, as a GPU kernel faults.
 #include <sys/mman.h>
@@ -29,6 +30,8 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <numeric>
+#include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -210,6 +213,63 @@ thread_local Fiber* t_fiber = nullptr;
 std::mutex g_launch_mutex;
 std::vector<char*> g_stacks;  // kept for the process's life, guarded by g_launch_mutex
 std::vector<unsigned char> g_dynamic_shared;
+
+// The order blocks and threads run in (SetSchedule), guarded by g_launch_mutex: taken from
+// KVLENS_EMU_SCHEDULE at the first launch unless a test set it before.
+struct ScheduleState {
+  bool set = false;
+  Schedule schedule = Schedule::kForward;
+  std::mt19937_64 rng;
+};
+ScheduleState g_schedule;
+
+void ScheduleFromEnvironment() {
+  g_schedule.set = true;
+  const char* env = std::getenv("KVLENS_EMU_SCHEDULE");
+  if (env == nullptr || std::strcmp(env, "forward") == 0) return;
+  if (std::strcmp(env, "reverse") == 0) {
+    g_schedule.schedule = Schedule::kReverse;
+    return;
+  }
+  char* end = nullptr;
+  if (std::strncmp(env, "shuffle:", 8) == 0 && env[8] >= '0' && env[8] <= '9') {
+    const unsigned long long seed = std::strtoull(env + 8, &end, 10);
+    if (*end == '\0') {
+      g_schedule.schedule = Schedule::kShuffle;
+      g_schedule.rng.seed(seed);
+      return;
+    }
+  }
+  std::fprintf(stderr,
+               "kvlens CUDA emulator: KVLENS_EMU_SCHEDULE=%s: expected forward, reverse or "
+               "shuffle:SEED (SEED a decimal number)\n",
+               env);
+  std::abort();
+}
+
+// The k-th block of n to run, as a linear index (x fastest): k itself, n - 1 - k, or, when
+// shuffled, a k · a + c mod n with a coprime to n, drawn for the launch.
+__extension__ using Uint128 = unsigned __int128;  // k · a may pass 2^64
+
+struct BlockOrder {
+  uint64_t n, a = 1, c = 0;
+  Schedule schedule;
+  uint64_t operator()(uint64_t k) const {
+    if (schedule == Schedule::kReverse) return n - 1 - k;
+    return static_cast<uint64_t>((Uint128{k} * a + c) % n);
+  }
+};
+
+BlockOrder DrawBlockOrder(uint64_t n) {
+  BlockOrder order{n};
+  order.schedule = g_schedule.schedule;
+  if (order.schedule == Schedule::kShuffle && n > 1) {
+    order.a = 1 + g_schedule.rng() % (n - 1);
+    while (std::gcd(order.a, n) != 1) order.a = order.a % (n - 1) + 1;
+    order.c = g_schedule.rng() % n;
+  }
+  return order;
+}
 
 // The two directions of a switch. ASan tracks which stack is current: each switch is
 // announced (start) and completed (finish), and a finished fiber's fake stack is dropped.
@@ -512,12 +572,25 @@ bool CheckPointerArgument(const LaunchConfig& config, int index, const void* p) 
   return false;
 }
 
+void SetSchedule(Schedule schedule, uint64_t seed) {
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  g_schedule.set = true;
+  g_schedule.schedule = schedule;
+  g_schedule.rng.seed(seed);
+}
+
+void UseEnvironmentSchedule() {
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  g_schedule = ScheduleState();
+}
+
 void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
   if (const std::string bad = CheckConfig(c); !bad.empty()) {
     Fail(cudaErrorInvalidConfiguration, std::string(c.name) + ": " + bad);
     return;
   }
   std::lock_guard<std::mutex> lock(g_launch_mutex);
+  if (!g_schedule.set) ScheduleFromEnvironment();
   const int threads = static_cast<int>(c.block.x * c.block.y * c.block.z);
   const int warps = (threads + 31) / 32;
   while (g_stacks.size() < static_cast<size_t>(threads)) {
@@ -558,68 +631,77 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
   Block* const saved_block = t_block;
   Fiber* const saved_fiber = t_fiber;
   t_block = &b;
-  for (unsigned bz = 0; bz < c.grid.z; ++bz) {
-    for (unsigned by = 0; by < c.grid.y; ++by) {
-      for (unsigned bx = 0; bx < c.grid.x; ++bx) {
-        for (Barrier& bar : b.barriers) bar.arrived = 0;
-        std::memset(b.dynamic_shared, 0xff, c.shared_bytes);
-        for (int t = 0; t < threads; ++t) {
-          Fiber& f = b.fibers[static_cast<size_t>(t)];
-          f = Fiber();
-          f.linear = t;
-          f.ctx.thread_idx = {t % c.block.x, (t / c.block.x) % c.block.y,
-                              t / (c.block.x * c.block.y)};
-          f.ctx.block_idx = {bx, by, bz};
-          f.ctx.block_dim = c.block;
-          f.ctx.grid_dim = c.grid;
-          f.stack = g_stacks[static_cast<size_t>(t)];
-          f.sp = InitialStack(f.stack);
+  // The threads' order at each scheduling pass (SetSchedule), and the blocks'.
+  std::vector<int> order(static_cast<size_t>(threads));
+  std::iota(order.begin(), order.end(), 0);
+  if (g_schedule.schedule == Schedule::kReverse) std::reverse(order.begin(), order.end());
+  const uint64_t gx = c.grid.x, gy = c.grid.y, blocks = gx * gy * c.grid.z;
+  const BlockOrder block_order = DrawBlockOrder(blocks);
+  for (uint64_t k = 0; k < blocks; ++k) {
+    const uint64_t linear = block_order(k);
+    const auto bx = static_cast<unsigned>(linear % gx);
+    const auto by = static_cast<unsigned>(linear / gx % gy);
+    const auto bz = static_cast<unsigned>(linear / (gx * gy));
+    for (Barrier& bar : b.barriers) bar.arrived = 0;
+    std::memset(b.dynamic_shared, 0xff, c.shared_bytes);
+    for (int t = 0; t < threads; ++t) {
+      Fiber& f = b.fibers[static_cast<size_t>(t)];
+      f = Fiber();
+      f.linear = t;
+      f.ctx.thread_idx = {t % c.block.x, (t / c.block.x) % c.block.y, t / (c.block.x * c.block.y)};
+      f.ctx.block_idx = {bx, by, bz};
+      f.ctx.block_dim = c.block;
+      f.ctx.grid_dim = c.grid;
+      f.stack = g_stacks[static_cast<size_t>(t)];
+      f.sp = InitialStack(f.stack);
+    }
+    int done = 0;
+    while (done < threads) {
+      bool ran = false;
+      done = 0;
+      if (g_schedule.schedule == Schedule::kShuffle) {
+        std::shuffle(order.begin(), order.end(), g_schedule.rng);
+      }
+      for (const int t : order) {
+        Fiber& f = b.fibers[static_cast<size_t>(t)];
+        if (f.state == FiberState::kWaiting &&
+            b.barriers[static_cast<size_t>(f.waiting_on)].generation != f.wait_generation) {
+          f.state = FiberState::kReady;
         }
-        int done = 0;
-        while (done < threads) {
-          bool ran = false;
-          done = 0;
-          for (Fiber& f : b.fibers) {
-            if (f.state == FiberState::kWaiting &&
-                b.barriers[static_cast<size_t>(f.waiting_on)].generation != f.wait_generation) {
-              f.state = FiberState::kReady;
-            }
-            if (f.state == FiberState::kReady) {
-              t_fiber = &f;
-              SwitchToFiber(b, f);
-              ran = true;
-            }
-            if (f.state == FiberState::kDone) ++done;
-          }
-          if (done < threads && !ran) {
-            int at_block = 0, at_warp = 0;
-            for (const Fiber& f : b.fibers) {
-              if (f.state != FiberState::kWaiting) continue;
-              (f.waiting_on == 0 ? at_block : at_warp)++;
-            }
-            t_block = saved_block;
-            t_fiber = saved_fiber;
-            Fail(cudaErrorLaunchFailure, std::string(c.name) + ": barrier deadlock in block " +
-                                             Dim({bx, by, bz}) + ": " + std::to_string(at_block) +
-                                             " threads wait at __syncthreads, " +
-                                             std::to_string(at_warp) + " at a warp collective, " +
-                                             std::to_string(done) + " have exited");
-            return;
-          }
+        if (f.state == FiberState::kReady) {
+          t_fiber = &f;
+          SwitchToFiber(b, f);
+          ran = true;
         }
-        if (c.requires_grid_wait) {
-          for (const Fiber& f : b.fibers) {
-            if (f.waited_for_grids) continue;
-            t_block = saved_block;
-            t_fiber = saved_fiber;
-            Fail(cudaErrorLaunchFailure,
-                 std::string(c.name) + ": thread " + std::to_string(f.linear) + " of block " +
-                     Dim({bx, by, bz}) +
-                     " exited without griddepcontrol.wait, but the kernel may be launched "
-                     "before the previous one has finished (programmatic dependent launch)");
-            return;
-          }
+        if (f.state == FiberState::kDone) ++done;
+      }
+      if (done < threads && !ran) {
+        int at_block = 0, at_warp = 0;
+        for (const Fiber& f : b.fibers) {
+          if (f.state != FiberState::kWaiting) continue;
+          (f.waiting_on == 0 ? at_block : at_warp)++;
         }
+        t_block = saved_block;
+        t_fiber = saved_fiber;
+        Fail(cudaErrorLaunchFailure, std::string(c.name) + ": barrier deadlock in block " +
+                                         Dim({bx, by, bz}) + ": " + std::to_string(at_block) +
+                                         " threads wait at __syncthreads, " +
+                                         std::to_string(at_warp) + " at a warp collective, " +
+                                         std::to_string(done) + " have exited");
+        return;
+      }
+    }
+    if (c.requires_grid_wait) {
+      for (const Fiber& f : b.fibers) {
+        if (f.waited_for_grids) continue;
+        t_block = saved_block;
+        t_fiber = saved_fiber;
+        Fail(cudaErrorLaunchFailure,
+             std::string(c.name) + ": thread " + std::to_string(f.linear) + " of block " +
+                 Dim({bx, by, bz}) +
+                 " exited without griddepcontrol.wait, but the kernel may be launched "
+                 "before the previous one has finished (programmatic dependent launch)");
+        return;
       }
     }
   }

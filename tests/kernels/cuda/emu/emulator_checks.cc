@@ -12,14 +12,17 @@
 // wrong-direction copy all fail as on a GPU; reading past an allocation faults, and so do
 // misaligned or non-shared ldmatrix and cp.async addresses; a programmatic launch some
 // thread of which never calls griddepcontrol.wait fails; captured work runs only when its
-// graph is launched.
+// graph is launched; blocks and threads run in the order SetSchedule names (forward,
+// reverse or shuffled by a seed), and a race's result changes with it.
 // clang-format off
 #include "tests/kernels/cuda/emu/emu_device.h"  // first: the device keywords reduce.cuh uses
 // clang-format on
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -260,6 +263,22 @@ void CpAsyncInFlightKernel(const uint32_t* src, uint32_t* out) {
 void GridWaitKernel(float* out) {
   if (threadIdx.x != 5) ::kvlens_emu::GridDependencyWait();
   out[threadIdx.x] = 1.0f;
+}
+
+// Each thread takes the next ticket: the order the emulator ran the grid's threads in.
+void TicketKernel(unsigned* counter, unsigned* tickets) {
+  tickets[blockIdx.x * blockDim.x + threadIdx.x] = atomicAdd(counter, 1u);
+}
+
+// Thread t writes t + 1 to shared memory, then reads its neighbour's slot: with a barrier
+// between, thread t reads t + 2 (the last thread 1); without one it races, and reads what
+// the order left there (dynamic shared memory starts as NaN).
+void NeighbourKernel(bool barrier, float* out) {
+  float* values = static_cast<float*>(::kvlens_emu::DynamicShared());
+  const unsigned t = threadIdx.x, n = blockDim.x;
+  values[t] = static_cast<float>(t + 1);
+  if (barrier) __syncthreads();
+  out[t] = values[(t + 1) % n];
 }
 
 template <typename T>
@@ -600,6 +619,97 @@ TEST(CudaEmulator, CapturedWorkRunsWhenTheGraphIsLaunched) {
   cudaFreeHost(pinned);
   cudaFree(d);
   cudaStreamDestroy(stream);
+}
+
+// Tickets of a grid of 3 blocks of 40 threads (a partial second warp) under each order:
+// block by block, each block's threads one after another (no barrier to switch at).
+std::vector<unsigned> Tickets(::kvlens_emu::Schedule schedule, uint64_t seed) {
+  ::kvlens_emu::SetSchedule(schedule, seed);
+  unsigned* counter = DeviceCopy(std::vector<unsigned>{0});
+  unsigned* tickets = nullptr;
+  EXPECT_EQ(cudaMalloc(&tickets, 120 * sizeof(unsigned)), cudaSuccess);
+  ::kvlens_emu::Launch(TicketKernel, "TicketKernel", 3, 40)(counter, tickets);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<unsigned> h = HostCopy(tickets, 120);
+  cudaFree(counter);
+  cudaFree(tickets);
+  ::kvlens_emu::UseEnvironmentSchedule();
+  return h;
+}
+
+TEST(CudaEmulator, BlocksAndThreadsRunInTheScheduledOrder) {
+  using ::kvlens_emu::Schedule;
+  std::vector<unsigned> forward(120), reverse(120);
+  for (unsigned b = 0; b < 3; ++b) {
+    for (unsigned t = 0; t < 40; ++t) {
+      forward[b * 40 + t] = b * 40 + t;
+      reverse[b * 40 + t] = (2 - b) * 40 + (39 - t);
+    }
+  }
+  EXPECT_EQ(Tickets(Schedule::kForward, 0), forward);
+  EXPECT_EQ(Tickets(Schedule::kReverse, 0), reverse);
+  const std::vector<unsigned> shuffled = Tickets(Schedule::kShuffle, 7);
+  EXPECT_EQ(Tickets(Schedule::kShuffle, 7), shuffled);  // a seed's order is the same each time
+  EXPECT_NE(Tickets(Schedule::kShuffle, 8), shuffled);
+  EXPECT_NE(shuffled, forward);
+  EXPECT_NE(shuffled, reverse);
+  // Still a permutation, and a block's threads run together (blocks run one at a time).
+  std::vector<unsigned> sorted = shuffled;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, forward);
+  for (unsigned b = 0; b < 3; ++b) {
+    const auto first = shuffled.begin() + b * 40;
+    EXPECT_EQ(*std::max_element(first, first + 40) - *std::min_element(first, first + 40), 39u)
+        << "block " << b;
+  }
+}
+
+// What running the tests in another order (KVLENS_EMU_SCHEDULE) is for: a kernel that
+// reads another thread's write without a barrier gets another answer in another order.
+TEST(CudaEmulator, ARaceGivesAnotherResultInAnotherOrderAndABarrierTheSame) {
+  using ::kvlens_emu::Schedule;
+  constexpr unsigned kThreads = 48;
+  float* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, kThreads * sizeof(float)), cudaSuccess);
+  auto run = [&](Schedule schedule, bool barrier) {
+    ::kvlens_emu::SetSchedule(schedule, 3);
+    ::kvlens_emu::Launch(NeighbourKernel, "NeighbourKernel", 1, kThreads, kThreads * sizeof(float))(
+        barrier, out);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    ::kvlens_emu::UseEnvironmentSchedule();
+    return HostCopy(out, kThreads);
+  };
+  for (Schedule schedule : {Schedule::kForward, Schedule::kReverse, Schedule::kShuffle}) {
+    const std::vector<float> got = run(schedule, /*barrier=*/true);
+    for (unsigned t = 0; t < kThreads; ++t)
+      EXPECT_EQ(got[t], static_cast<float>((t + 1) % kThreads + 1));
+  }
+  // Forward: each thread reads its neighbour's slot before the neighbour has run (NaN),
+  // but the last reads slot 0, written. Reverse: each has run, but not thread 0 when the
+  // last one reads it.
+  const std::vector<float> forward = run(Schedule::kForward, /*barrier=*/false);
+  const std::vector<float> reverse = run(Schedule::kReverse, /*barrier=*/false);
+  for (unsigned t = 0; t + 1 < kThreads; ++t) {
+    EXPECT_TRUE(std::isnan(forward[t])) << t;
+    EXPECT_EQ(reverse[t], static_cast<float>(t + 2)) << t;
+  }
+  EXPECT_EQ(forward[kThreads - 1], 1.0f);
+  EXPECT_TRUE(std::isnan(reverse[kThreads - 1]));
+  cudaFree(out);
+}
+
+TEST(CudaEmulatorDeathTest, AnUnknownScheduleInTheEnvironmentNamesTheChoices) {
+  float* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, 32 * sizeof(float)), cudaSuccess);
+  EXPECT_DEATH(
+      {
+        setenv("KVLENS_EMU_SCHEDULE", "shuffle:x", 1);
+        ::kvlens_emu::UseEnvironmentSchedule();
+        ::kvlens_emu::Launch(NeighbourKernel, "NeighbourKernel", 1, 32, 32 * sizeof(float))(true,
+                                                                                            out);
+      },
+      "KVLENS_EMU_SCHEDULE=shuffle:x: expected forward, reverse or shuffle:SEED");
+  cudaFree(out);
 }
 
 TEST(CudaEmulatorDeathTest, ReadingPastAnAllocationFaults) {
