@@ -194,6 +194,7 @@ struct Barrier {
 
 struct Block {
   std::vector<Fiber> fibers;
+  uint64_t completions = 0;                  // barriers completed: may wake waiting fibers
   std::vector<Barrier> barriers;             // [0] the block, [1 + w] warp w
   std::vector<uint64_t> exchange;            // [warp][2][32]
   std::vector<float> warp_scratch;           // [warp][768]
@@ -326,6 +327,7 @@ void Arrive(int index) {
   if (++bar.arrived == bar.expected) {
     bar.arrived = 0;
     ++bar.generation;
+    ++b->completions;
     return;
   }
   Fiber* f = t_fiber;
@@ -631,7 +633,7 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
   Block* const saved_block = t_block;
   Fiber* const saved_fiber = t_fiber;
   t_block = &b;
-  // The threads' order at each scheduling pass (SetSchedule), and the blocks'.
+  // The threads' priority (SetSchedule), and the blocks' order.
   std::vector<int> order(static_cast<size_t>(threads));
   std::iota(order.begin(), order.end(), 0);
   if (g_schedule.schedule == Schedule::kReverse) std::reverse(order.begin(), order.end());
@@ -655,31 +657,34 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
       f.stack = g_stacks[static_cast<size_t>(t)];
       f.sp = InitialStack(f.stack);
     }
+    // The first thread in `order` that can run runs next, until it waits or exits; a
+    // barrier that completes may wake one before it, so the search starts again.
+    if (g_schedule.schedule == Schedule::kShuffle) {
+      std::shuffle(order.begin(), order.end(), g_schedule.rng);
+    }
     int done = 0;
+    size_t i = 0, idle = 0;  // idle: fibers looked at since one last ran
     while (done < threads) {
-      bool ran = false;
-      done = 0;
-      if (g_schedule.schedule == Schedule::kShuffle) {
-        std::shuffle(order.begin(), order.end(), g_schedule.rng);
+      Fiber& f = b.fibers[static_cast<size_t>(order[i])];
+      if (f.state == FiberState::kWaiting &&
+          b.barriers[static_cast<size_t>(f.waiting_on)].generation != f.wait_generation) {
+        f.state = FiberState::kReady;
       }
-      for (const int t : order) {
-        Fiber& f = b.fibers[static_cast<size_t>(t)];
-        if (f.state == FiberState::kWaiting &&
-            b.barriers[static_cast<size_t>(f.waiting_on)].generation != f.wait_generation) {
-          f.state = FiberState::kReady;
-        }
-        if (f.state == FiberState::kReady) {
-          t_fiber = &f;
-          SwitchToFiber(b, f);
-          ran = true;
-        }
+      if (f.state == FiberState::kReady) {
+        const uint64_t completions = b.completions;
+        t_fiber = &f;
+        SwitchToFiber(b, f);
+        idle = 0;
         if (f.state == FiberState::kDone) ++done;
-      }
-      if (done < threads && !ran) {
+        if (b.completions != completions) {
+          i = 0;
+          continue;
+        }
+      } else if (++idle == order.size()) {
         int at_block = 0, at_warp = 0;
-        for (const Fiber& f : b.fibers) {
-          if (f.state != FiberState::kWaiting) continue;
-          (f.waiting_on == 0 ? at_block : at_warp)++;
+        for (const Fiber& w : b.fibers) {
+          if (w.state != FiberState::kWaiting) continue;
+          (w.waiting_on == 0 ? at_block : at_warp)++;
         }
         t_block = saved_block;
         t_fiber = saved_fiber;
@@ -690,6 +695,7 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
                                          std::to_string(done) + " have exited");
         return;
       }
+      if (++i == order.size()) i = 0;
     }
     if (c.requires_grid_wait) {
       for (const Fiber& f : b.fibers) {

@@ -281,6 +281,20 @@ void NeighbourKernel(bool barrier, float* out) {
   out[t] = values[(t + 1) % n];
 }
 
+// Every thread reads a shared slot thread 0 set before a barrier; then thread 0 sets it
+// again, with (barrier) or without a barrier after the reads. Without one, warp 0 can run
+// past its __syncwarp and overwrite the slot before warp 1 has read it.
+void RunAheadKernel(bool barrier, float* out) {
+  __shared__ float slot;
+  if (threadIdx.x == 0) slot = 1.0f;
+  __syncthreads();
+  const float seen = slot;
+  __syncwarp();
+  if (barrier) __syncthreads();
+  if (threadIdx.x == 0) slot = 2.0f;
+  out[threadIdx.x] = seen;
+}
+
 template <typename T>
 T* DeviceCopy(const std::vector<T>& host) {
   T* d = nullptr;
@@ -696,6 +710,34 @@ TEST(CudaEmulator, ARaceGivesAnotherResultInAnotherOrderAndABarrierTheSame) {
   EXPECT_EQ(forward[kThreads - 1], 1.0f);
   EXPECT_TRUE(std::isnan(reverse[kThreads - 1]));
   cudaFree(out);
+}
+
+// The first thread in the order that can run runs until it waits: warp 0 (forward) runs
+// through its warp barrier to the end while most of warp 1 has not yet left the block
+// barrier before it.
+TEST(CudaEmulator, AWarpRunsAheadOfTheNextUntilABlockBarrier) {
+  using ::kvlens_emu::Schedule;
+  float* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, 64 * sizeof(float)), cudaSuccess);
+  auto run = [&](Schedule schedule, bool barrier) {
+    ::kvlens_emu::SetSchedule(schedule, 5);
+    ::kvlens_emu::Launch(RunAheadKernel, "RunAheadKernel", 1, 64)(barrier, out);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    ::kvlens_emu::UseEnvironmentSchedule();
+    return HostCopy(out, 64);
+  };
+  const std::vector<float> ones(64, 1.0f);
+  for (Schedule schedule : {Schedule::kForward, Schedule::kReverse, Schedule::kShuffle}) {
+    EXPECT_EQ(run(schedule, /*barrier=*/true), ones);
+  }
+  // Forward: thread 63, the last to reach the first barrier, reads at once and waits at
+  // its warp's; then warp 0 runs to the end, thread 0 setting the slot to 2 before
+  // threads 32–62 have read it.
+  std::vector<float> raced(64, 2.0f);
+  std::fill(raced.begin(), raced.begin() + 32, 1.0f);
+  raced[63] = 1.0f;
+  EXPECT_EQ(run(Schedule::kForward, /*barrier=*/false), raced);
+  EXPECT_EQ(run(Schedule::kReverse, /*barrier=*/false), ones);  // warp 1 read first
 }
 
 TEST(CudaEmulatorDeathTest, AnUnknownScheduleInTheEnvironmentNamesTheChoices) {

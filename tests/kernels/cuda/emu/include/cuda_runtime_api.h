@@ -121,15 +121,15 @@ void FailDeviceAllocationsAfter(int64_t n);
 // For tests: the next `n` calls of cudaMalloc run as usual, the one after them fails, and
 // the rest run (a moment's shortage, as when another process held the memory); n < 0: none.
 void FailOneDeviceAllocationAfter(int64_t n);
-// The order the emulator runs a launch's blocks, and a block's threads between two
-// barriers. A GPU may take any order, so a kernel's results must not depend on it; one
-// that reads what another thread writes with no barrier (or atomic hand-over) between
-// them gets whatever the order gives, and a test run in another order then fails.
-// kForward: block 0 first, then thread 0 first (the default); kReverse: the last block
-// first, then the last thread first; kShuffle: the blocks in a random order for each
-// launch and the ready threads in a random order at each scheduling pass, drawn from
-// `seed`. The process starts with KVLENS_EMU_SCHEDULE's (forward, reverse or
-// shuffle:SEED; unset is forward).
+// The order the emulator runs a launch's blocks in, and a block's threads: of the threads
+// that can run, the first in the order runs until it waits at a barrier or exits (so one
+// warp may run far ahead of the others, up to a block barrier). A GPU may take any such
+// order, so a kernel's results must not depend on it; one that reads what another thread
+// writes with no barrier (or atomic hand-over) between them gets whatever the order
+// gives, and a test run in another order then fails. kForward: block 0 first, thread 0
+// first (the default); kReverse: the last block and the last thread first; kShuffle: the
+// blocks, and each block's threads, in an order drawn from `seed`. The process starts
+// with KVLENS_EMU_SCHEDULE's (forward, reverse or shuffle:SEED; unset is forward).
 enum class Schedule { kForward, kReverse, kShuffle };
 void SetSchedule(Schedule schedule, uint64_t seed = 0);
 // Back to KVLENS_EMU_SCHEDULE's order (read again at the next launch).
