@@ -738,6 +738,7 @@ TEST(CudaEmulator, AWarpRunsAheadOfTheNextUntilABlockBarrier) {
   raced[63] = 1.0f;
   EXPECT_EQ(run(Schedule::kForward, /*barrier=*/false), raced);
   EXPECT_EQ(run(Schedule::kReverse, /*barrier=*/false), ones);  // warp 1 read first
+  cudaFree(out);
 }
 
 TEST(CudaEmulatorDeathTest, AnUnknownScheduleInTheEnvironmentNamesTheChoices) {
