@@ -249,7 +249,7 @@ void ScheduleFromEnvironment() {
 }
 
 // The k-th block of n to run, as a linear index (x fastest): k itself, n - 1 - k, or, when
-// shuffled, a k · a + c mod n with a coprime to n, drawn for the launch.
+// shuffled, (k · a + c) mod n with a coprime to n, drawn for the launch.
 __extension__ using Uint128 = unsigned __int128;  // k · a may pass 2^64
 
 struct BlockOrder {

@@ -635,19 +635,27 @@ TEST(CudaEmulator, CapturedWorkRunsWhenTheGraphIsLaunched) {
   cudaStreamDestroy(stream);
 }
 
+// Runs launch() in `schedule`'s order (seed: kShuffle's), then goes back to the
+// environment's order, so the suites' reversed run (KVLENS_EMU_SCHEDULE) stays reversed.
+template <typename Launch>
+void InOrder(::kvlens_emu::Schedule schedule, uint64_t seed, Launch&& launch) {
+  ::kvlens_emu::SetSchedule(schedule, seed);
+  launch();
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  ::kvlens_emu::UseEnvironmentSchedule();
+}
+
 // Tickets of a grid of 3 blocks of 40 threads (a partial second warp) under each order:
 // block by block, each block's threads one after another (no barrier to switch at).
 std::vector<unsigned> Tickets(::kvlens_emu::Schedule schedule, uint64_t seed) {
-  ::kvlens_emu::SetSchedule(schedule, seed);
   unsigned* counter = DeviceCopy(std::vector<unsigned>{0});
   unsigned* tickets = nullptr;
   EXPECT_EQ(cudaMalloc(&tickets, 120 * sizeof(unsigned)), cudaSuccess);
-  ::kvlens_emu::Launch(TicketKernel, "TicketKernel", 3, 40)(counter, tickets);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  InOrder(schedule, seed,
+          [&] { ::kvlens_emu::Launch(TicketKernel, "TicketKernel", 3, 40)(counter, tickets); });
   std::vector<unsigned> h = HostCopy(tickets, 120);
   cudaFree(counter);
   cudaFree(tickets);
-  ::kvlens_emu::UseEnvironmentSchedule();
   return h;
 }
 
@@ -686,11 +694,10 @@ TEST(CudaEmulator, ARaceGivesAnotherResultInAnotherOrderAndABarrierTheSame) {
   float* out = nullptr;
   ASSERT_EQ(cudaMalloc(&out, kThreads * sizeof(float)), cudaSuccess);
   auto run = [&](Schedule schedule, bool barrier) {
-    ::kvlens_emu::SetSchedule(schedule, 3);
-    ::kvlens_emu::Launch(NeighbourKernel, "NeighbourKernel", 1, kThreads, kThreads * sizeof(float))(
-        barrier, out);
-    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-    ::kvlens_emu::UseEnvironmentSchedule();
+    InOrder(schedule, 3, [&] {
+      ::kvlens_emu::Launch(NeighbourKernel, "NeighbourKernel", 1, kThreads,
+                           kThreads * sizeof(float))(barrier, out);
+    });
     return HostCopy(out, kThreads);
   };
   for (Schedule schedule : {Schedule::kForward, Schedule::kReverse, Schedule::kShuffle}) {
@@ -720,10 +727,8 @@ TEST(CudaEmulator, AWarpRunsAheadOfTheNextUntilABlockBarrier) {
   float* out = nullptr;
   ASSERT_EQ(cudaMalloc(&out, 64 * sizeof(float)), cudaSuccess);
   auto run = [&](Schedule schedule, bool barrier) {
-    ::kvlens_emu::SetSchedule(schedule, 5);
-    ::kvlens_emu::Launch(RunAheadKernel, "RunAheadKernel", 1, 64)(barrier, out);
-    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-    ::kvlens_emu::UseEnvironmentSchedule();
+    InOrder(schedule, 5,
+            [&] { ::kvlens_emu::Launch(RunAheadKernel, "RunAheadKernel", 1, 64)(barrier, out); });
     return HostCopy(out, 64);
   };
   const std::vector<float> ones(64, 1.0f);
