@@ -256,7 +256,14 @@ struct BlockOrder {
   uint64_t n, a = 1, c = 0;
   Schedule schedule;
   uint64_t operator()(uint64_t k) const {
-    if (schedule == Schedule::kReverse) return n - 1 - k;
+    switch (schedule) {
+      case Schedule::kForward:
+        return k;
+      case Schedule::kReverse:
+        return n - 1 - k;
+      case Schedule::kShuffle:
+        break;
+    }
     return static_cast<uint64_t>((Uint128{k} * a + c) % n);
   }
 };
