@@ -470,10 +470,11 @@ inline ParityResult AttentionBatchCase(CudaBackend& gpu, std::mt19937_64& rng,
   int failed = -1;
   const CudaBackend::IndexUploadStats before = gpu.index_upload_stats();
   for (int step = 0; step < std::max(recorded_steps, 1); ++step) {
-    for (DeviceBuffer* b : results) {
-      if (step == 0) break;
-      if (absl::Status st = gpu.memory().Memset(b->get(), 0xFF, b->bytes()); !st.ok()) {
-        return Failed(name, st);
+    if (step > 0) {
+      for (DeviceBuffer* b : results) {
+        if (absl::Status st = gpu.memory().Memset(b->get(), 0xFF, b->bytes()); !st.ok()) {
+          return Failed(name, st);
+        }
       }
     }
     if (recorded_steps > 0) gpu.BeginStep();
