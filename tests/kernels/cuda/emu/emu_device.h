@@ -35,6 +35,8 @@
 #define __host__
 #define __forceinline__ inline
 #define __shared__ static
+// translate_cu.sh moves a .cu file's kernels' bounds into their bodies
+// (ExceedsLaunchBounds); in a header, which it does not see, they go unchecked.
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #define __restrict__ __restrict
@@ -73,6 +75,13 @@ struct LaunchConfig {
   // launch fails, since on a GPU it could have read its inputs before they were written.
   bool requires_grid_wait = false;
 };
+
+// A kernel's __launch_bounds__(max_threads, …), which translate_cu.sh makes the first
+// statement of its body: true, and the thread returns at once, where the block has more
+// threads than max_threads; the launch then fails with cudaErrorLaunchOutOfResources, as
+// a GPU refuses it, having run nothing. (The other bounds, minimum blocks an SM and
+// blocks a cluster, set ptxas's register budget: nothing to check here.)
+bool ExceedsLaunchBounds(int max_threads, int min_blocks = 0, int max_blocks_per_cluster = 0);
 
 // Runs body once per thread of every block (sets the last error on a bad configuration,
 // a pointer argument outside device memory, or a barrier deadlock).

@@ -206,6 +206,7 @@ struct Block {
   const void* scheduler_stack = nullptr;  // ASan: the launching thread's stack
   size_t scheduler_stack_bytes = 0;
   const std::function<void()>* body = nullptr;
+  int exceeded_bound = 0;  // the kernel's __launch_bounds__, where the block is larger
 };
 
 thread_local Block* t_block = nullptr;
@@ -704,6 +705,15 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
       }
       if (++i == order.size()) i = 0;
     }
+    if (b.exceeded_bound > 0) {  // every thread returned at once: nothing ran
+      t_block = saved_block;
+      t_fiber = saved_fiber;
+      Fail(cudaErrorLaunchOutOfResources,
+           std::string(c.name) + ": a block of " + std::to_string(threads) +
+               " threads, more than the kernel's __launch_bounds__ (" +
+               std::to_string(b.exceeded_bound) + ")");
+      return;
+    }
     if (c.requires_grid_wait) {
       for (const Fiber& f : b.fibers) {
         if (f.waited_for_grids) continue;
@@ -720,6 +730,12 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
   }
   t_block = saved_block;
   t_fiber = saved_fiber;
+}
+
+bool ExceedsLaunchBounds(int max_threads, int /*min_blocks*/, int /*max_blocks_per_cluster*/) {
+  if (static_cast<int>(t_block->fibers.size()) <= max_threads) return false;
+  t_block->exceeded_bound = max_threads;
+  return true;
 }
 
 // ---- runtime API -------------------------------------------------------------------
@@ -806,6 +822,8 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorInvalidResourceHandle";
     case cudaErrorIllegalAddress:
       return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchOutOfResources:
+      return "cudaErrorLaunchOutOfResources";
     case cudaErrorLaunchFailure:
       return "cudaErrorLaunchFailure";
     case cudaErrorStreamCaptureUnsupported:
@@ -828,6 +846,8 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "invalid configuration argument";
     case cudaErrorIllegalAddress:
       return "an illegal memory access was encountered";
+    case cudaErrorLaunchOutOfResources:
+      return "too many resources requested for launch";
     case cudaErrorLaunchFailure:
       return "unspecified launch failure";
     default:

@@ -1,0 +1,96 @@
+// A kernel's __launch_bounds__ on the emulator: a block of up to its maximum threads runs,
+// a larger one fails as a GPU refuses it (cudaErrorLaunchOutOfResources), having written
+// nothing; and translate_cu.sh moves every bound of kernels/cuda's kernels into the body,
+// where it is checked, without moving a line.
+#include <cuda_runtime_api.h>
+
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/kernels/cuda/emu/emu_copies.h"
+
+namespace kvlens::kernels::cuda {
+
+// launch_bounds_fixture.cu: NumberThreadsKernel<warps>, bounded to warps · 32 threads;
+// CountThreadsKernel, bounded to 64 over several lines.
+cudaError_t LaunchNumberThreads(int warps, dim3 block, int* out);
+cudaError_t LaunchCountThreads(dim3 block, int* out);
+
+namespace {
+
+constexpr int kUnwritten = -1;  // device memory's 0xFF fill
+
+std::vector<int> Numbered(int n) {
+  std::vector<int> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i + 1;
+  return v;
+}
+
+TEST(CudaEmulatorLaunchBounds, ABlockUpToTheBoundRuns) {
+  int* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 64 * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(LaunchNumberThreads(1, dim3(32), d), cudaSuccess);
+  EXPECT_EQ(HostCopy(d, 32), Numbered(32));
+  ASSERT_EQ(LaunchNumberThreads(2, dim3(64), d), cudaSuccess);
+  EXPECT_EQ(HostCopy(d, 64), Numbered(64));
+  ASSERT_EQ(LaunchNumberThreads(2, dim3(4, 4, 2), d), cudaSuccess);  // 32 of 64
+  EXPECT_EQ(HostCopy(d, 32), Numbered(32));
+  ASSERT_EQ(LaunchCountThreads(dim3(8, 8), d), cudaSuccess);
+  EXPECT_EQ(HostCopy(d, 1)[0], 64);
+  cudaFree(d);
+}
+
+TEST(CudaEmulatorLaunchBounds, ALargerBlockFailsAndWritesNothing) {
+  int* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 128 * sizeof(int)), cudaSuccess);
+  EXPECT_EQ(LaunchNumberThreads(1, dim3(33), d), cudaErrorLaunchOutOfResources);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // read once, then cleared
+  EXPECT_EQ(LaunchNumberThreads(2, dim3(65), d), cudaErrorLaunchOutOfResources);
+  EXPECT_EQ(LaunchNumberThreads(2, dim3(8, 3, 3), d), cudaErrorLaunchOutOfResources);  // 72
+  EXPECT_EQ(LaunchCountThreads(dim3(8, 9), d), cudaErrorLaunchOutOfResources);
+  EXPECT_EQ(HostCopy(d, 128), std::vector<int>(128, kUnwritten));
+  EXPECT_STREQ(cudaGetErrorString(cudaErrorLaunchOutOfResources),
+               "too many resources requested for launch");
+  cudaFree(d);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in) << path;
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// What the emulator compiles (the build's translations) against kernels/cuda's sources.
+TEST(CudaEmulatorLaunchBounds, EveryKernelsBoundIsMovedIntoItsBodyOnItsOwnLines) {
+  size_t bounds = 0;
+  std::istringstream names(KVLENS_EMU_KERNEL_FILES);  // the build's list, by name
+  for (std::string name; names >> name;) {
+    SCOPED_TRACE(name);
+    const std::string source =
+        ReadFile(std::string(KVLENS_SOURCE_DIR) + "/kernels/cuda/" + name + ".cu");
+    const std::string translated =
+        ReadFile(std::string(KVLENS_BINARY_DIR) + "/tests/kernels/cuda/emu/" + name + ".cu.cc");
+    EXPECT_EQ(Count(translated, "\n"), Count(source, "\n") + 1);  // + the #line
+    EXPECT_EQ(Count(translated, "ExceedsLaunchBounds("), Count(source, "__launch_bounds__("));
+    EXPECT_EQ(Count(translated, "__launch_bounds__("), 0u);
+    bounds += Count(source, "__launch_bounds__(");
+  }
+  EXPECT_GE(bounds, 11u);  // the kernels' bounds on 2026-12-07
+  const std::string fixture = ReadFile(std::string(KVLENS_BINARY_DIR) +
+                                       "/tests/kernels/cuda/emu/launch_bounds_fixture.cu.cc");
+  EXPECT_EQ(Count(fixture, "ExceedsLaunchBounds("), 2u);
+  EXPECT_EQ(Count(fixture, "__launch_bounds__(1)"), 1u);  // the comment's, left alone
+}
+
+}  // namespace
+}  // namespace kvlens::kernels::cuda
