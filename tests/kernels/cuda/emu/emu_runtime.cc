@@ -11,7 +11,8 @@
 // size): ASan then reports the first out-of-bounds access of a kernel, as compute-
 // sanitizer's memcheck would; the fiber switches are announced to ASan. Copies check their
 // direction (a host pointer given as device memory is an error), and so do kernel pointer
-// arguments. Streams are synchronous.
+// arguments; a launch checks its block against the kernel's __launch_bounds__
+// (ExceedsLaunchBounds). Streams are synchronous.
 //
 // Kernels run one block at a time on the launching host thread (launches from several
 // threads are serialised), one fiber per CUDA thread, switched only at barriers
