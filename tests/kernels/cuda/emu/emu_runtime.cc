@@ -208,6 +208,8 @@ struct Block {
   size_t scheduler_stack_bytes = 0;
   const std::function<void()>* body = nullptr;
   int exceeded_bound = 0;  // the kernel's __launch_bounds__, where the block is larger
+  std::vector<const void*> static_objects;  // the __shared__ variables declared so far
+  size_t static_bytes = 0;                  // and their bytes (StaticShared)
 };
 
 thread_local Block* t_block = nullptr;
@@ -352,8 +354,19 @@ std::string Dim(const dim3& d) {
 
 std::mutex g_attr_mutex;
 std::unordered_map<const void*, int> g_max_dynamic_shared;
+// A kernel's static shared memory, as far as its launches have shown it (StaticShared).
+std::unordered_map<const void*, size_t> g_static_shared;
 
-// "" when the launch configuration is valid on sm_90.
+size_t StaticSharedOf(const void* func) {
+  std::lock_guard<std::mutex> lock(g_attr_mutex);
+  const auto it = g_static_shared.find(func);
+  return it == g_static_shared.end() ? 0 : it->second;
+}
+
+// "" when the launch configuration is valid on sm_90. Shared memory: static and dynamic
+// together within 48 KiB, unless the kernel opted in to X bytes of dynamic shared memory
+// (cudaFuncAttributeMaxDynamicSharedMemorySize), then dynamic within X and X + static
+// within 227 KiB.
 std::string CheckConfig(const LaunchConfig& c) {
   const uint64_t threads = uint64_t{c.block.x} * c.block.y * c.block.z;
   if (threads == 0 || threads > kMaxThreadsPerBlock || c.block.z > 64) {
@@ -364,17 +377,29 @@ std::string CheckConfig(const LaunchConfig& c) {
       c.grid.y > 65535 || c.grid.z > 65535) {
     return "grid " + Dim(c.grid) + " is out of range";
   }
-  size_t limit = kDefaultDynamicSharedBytes;
+  const size_t static_bytes = StaticSharedOf(c.func);
+  int opted_in = -1;
   {
     std::lock_guard<std::mutex> lock(g_attr_mutex);
     if (auto it = g_max_dynamic_shared.find(c.func); it != g_max_dynamic_shared.end()) {
-      limit = static_cast<size_t>(it->second);
+      opted_in = it->second;
     }
   }
-  if (c.shared_bytes > limit) {
-    return std::to_string(c.shared_bytes) + " bytes of dynamic shared memory, over the " +
-           std::to_string(limit) +
+  const std::string bytes = std::to_string(c.shared_bytes) + " bytes of dynamic shared memory";
+  const std::string with_static = static_bytes == 0 ? std::string()
+                                                    : " (with " + std::to_string(static_bytes) +
+                                                          " bytes of static shared memory)";
+  if (opted_in < 0 && static_bytes + c.shared_bytes > kDefaultDynamicSharedBytes) {
+    return bytes + with_static + ", over the " + std::to_string(kDefaultDynamicSharedBytes) +
            "-byte limit (raise it with cudaFuncAttributeMaxDynamicSharedMemorySize)";
+  }
+  if (opted_in >= 0 && c.shared_bytes > static_cast<size_t>(opted_in)) {
+    return bytes + ", over the " + std::to_string(opted_in) +
+           "-byte limit set with cudaFuncAttributeMaxDynamicSharedMemorySize";
+  }
+  if (opted_in >= 0 && static_bytes + static_cast<size_t>(opted_in) > kMaxDynamicSharedBytes) {
+    return std::to_string(opted_in) + " bytes of dynamic shared memory opted in" + with_static +
+           ", over the " + std::to_string(kMaxDynamicSharedBytes) + "-byte limit";
   }
   return "";
 }
@@ -706,6 +731,20 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
       }
       if (++i == order.size()) i = 0;
     }
+    if (b.static_bytes > StaticSharedOf(c.func)) {  // learned now: the launch was invalid?
+      {
+        std::lock_guard<std::mutex> attr_lock(g_attr_mutex);
+        g_static_shared[c.func] = b.static_bytes;
+      }
+      if (const std::string bad = CheckConfig(c); !bad.empty()) {
+        t_block = saved_block;
+        t_fiber = saved_fiber;
+        Fail(cudaErrorInvalidConfiguration, std::string(c.name) + ": " + bad +
+                                                " (seen as its block " + Dim({bx, by, bz}) +
+                                                " ran; a later launch fails before running)");
+        return;
+      }
+    }
     if (b.exceeded_bound > 0) {  // every thread returned at once: nothing ran
       t_block = saved_block;
       t_fiber = saved_fiber;
@@ -731,6 +770,15 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
   }
   t_block = saved_block;
   t_fiber = saved_fiber;
+}
+
+void StaticShared(const void* variable, size_t bytes) {
+  Block& b = *t_block;
+  for (const void* v : b.static_objects) {
+    if (v == variable) return;
+  }
+  b.static_objects.push_back(variable);
+  b.static_bytes += bytes;
 }
 
 bool ExceedsLaunchBounds(int max_threads, int /*min_blocks*/, int /*max_blocks_per_cluster*/) {
@@ -1155,6 +1203,13 @@ cudaError_t FuncSetAttribute(const void* func, cudaFuncAttribute attr, int value
     return Fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: " + std::to_string(value) +
                                            " bytes of dynamic shared memory (at most " +
                                            std::to_string(kMaxDynamicSharedBytes) + ")");
+  }
+  if (const size_t static_bytes = StaticSharedOf(func);
+      static_bytes + static_cast<size_t>(value) > kMaxDynamicSharedBytes) {
+    return Fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: " + std::to_string(value) +
+                                           " bytes of dynamic shared memory and the kernel's " +
+                                           std::to_string(static_bytes) + " static, over " +
+                                           std::to_string(kMaxDynamicSharedBytes));
   }
   std::lock_guard<std::mutex> lock(g_attr_mutex);
   g_max_dynamic_shared[func] = value;

@@ -5,8 +5,10 @@
 #     -> ::kvlens_emu::Launch(kernel, "kernel", grid, block, shared, stream)(args)
 #   extern __shared__ __align__(N) T name[];
 #     -> T* name = static_cast<T*>(::kvlens_emu::DynamicShared());
-# and moves each kernel's __launch_bounds__ into its body, where the emulator checks a
-# launch's block against it (launch_bounds.awk, next to this script).
+# and two that the emulator's launch checks must see: a kernel's static shared memory,
+#   __shared__ T name[N];
+#     -> __shared__ T name[N]; ::kvlens_emu::StaticShared(&name, sizeof name);
+# and its __launch_bounds__, moved into its body (launch_bounds.awk, next to this script).
 # Lines keep their numbers (and #line names the original), so diagnostics point at IN.
 # Fails if a launch or an extern __shared__ survives the rewrite.
 set -eu
@@ -17,6 +19,7 @@ out=$2
   sed -E \
     -e 's/extern __shared__ (__align__\([0-9]+\) )?([A-Za-z_][A-Za-z0-9_ ]*[A-Za-z0-9_]) ([A-Za-z_][A-Za-z0-9_]*)\[\];/\2* \3 = static_cast<\2*>(::kvlens_emu::DynamicShared());/' \
     -e 's/([A-Za-z_][A-Za-z0-9_:]*(<[^<>]*>)?)<<<([^;]*)>>>/::kvlens_emu::Launch(\1, "\1", \3)/g' \
+    -e 's/^([[:space:]]*)__shared__ (.*[^A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_]*)((\[[^];]*\])*);(.*)$/\1__shared__ \2\3\4; ::kvlens_emu::StaticShared(\&\3, sizeof \3);\6/' \
     "$in" | awk -f "$(dirname "$0")/launch_bounds.awk"
 } >"$out.tmp"
 if grep -n -E '<<<|>>>|extern __shared__' "$out.tmp" >&2; then

@@ -1,9 +1,12 @@
-// A kernel's __launch_bounds__ on the emulator: a block of up to its maximum threads runs,
-// a larger one fails as a GPU refuses it (cudaErrorLaunchOutOfResources), having written
-// nothing; and translate_cu.sh moves every bound of kernels/cuda's kernels into the body,
-// where it is checked, without moving a line.
+// A launch's limits on the emulator that depend on the kernel, not just the launch:
+// its __launch_bounds__ (a block of up to its maximum threads runs, a larger one fails as
+// a GPU refuses it, cudaErrorLaunchOutOfResources, having written nothing), and its static
+// shared memory, which counts with the dynamic towards 48 KiB unless the kernel opts in;
+// and translate_cu.sh moves every bound of kernels/cuda's kernels into the body, where it
+// is checked, without moving a line.
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -15,10 +18,13 @@
 
 namespace kvlens::kernels::cuda {
 
-// launch_bounds_fixture.cu: NumberThreadsKernel<warps>, bounded to warps · 32 threads;
+// launch_limits_fixture.cu: NumberThreadsKernel<warps>, bounded to warps · 32 threads;
 // CountThreadsKernel, bounded to 64 over several lines.
 cudaError_t LaunchNumberThreads(int warps, dim3 block, int* out);
 cudaError_t LaunchCountThreads(dim3 block, int* out);
+// StaticAndDynamicKernel<instance> (0 or 1): 40 KiB of static shared memory and `floats`
+// of dynamic, opted in to exactly those bytes first where opt_in.
+cudaError_t LaunchStaticAndDynamic(int instance, int floats, bool opt_in, float* out);
 
 namespace {
 
@@ -30,7 +36,7 @@ std::vector<int> Numbered(int n) {
   return v;
 }
 
-TEST(CudaEmulatorLaunchBounds, ABlockUpToTheBoundRuns) {
+TEST(CudaEmulatorLaunchLimits, ABlockUpToTheBoundRuns) {
   int* d = nullptr;
   ASSERT_EQ(cudaMalloc(&d, 64 * sizeof(int)), cudaSuccess);
   ASSERT_EQ(LaunchNumberThreads(1, dim3(32), d), cudaSuccess);
@@ -44,7 +50,7 @@ TEST(CudaEmulatorLaunchBounds, ABlockUpToTheBoundRuns) {
   cudaFree(d);
 }
 
-TEST(CudaEmulatorLaunchBounds, ALargerBlockFailsAndWritesNothing) {
+TEST(CudaEmulatorLaunchLimits, ALargerBlockFailsAndWritesNothing) {
   int* d = nullptr;
   ASSERT_EQ(cudaMalloc(&d, 128 * sizeof(int)), cudaSuccess);
   EXPECT_EQ(LaunchNumberThreads(1, dim3(33), d), cudaErrorLaunchOutOfResources);
@@ -55,6 +61,37 @@ TEST(CudaEmulatorLaunchBounds, ALargerBlockFailsAndWritesNothing) {
   EXPECT_EQ(HostCopy(d, 128), std::vector<int>(128, kUnwritten));
   EXPECT_STREQ(cudaGetErrorString(cudaErrorLaunchOutOfResources),
                "too many resources requested for launch");
+  cudaFree(d);
+}
+
+TEST(CudaEmulatorLaunchLimits, StaticSharedMemoryCountsTowardsTheDefaultLimit) {
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, sizeof(float)), cudaSuccess);
+  // 40960 + 8192 = 49152 bytes: the default limit exactly.
+  ASSERT_EQ(LaunchStaticAndDynamic(0, 2048, /*opt_in=*/false, d), cudaSuccess);
+  EXPECT_EQ(HostCopy(d, 1)[0], 1.0f + 2.0f + 3.0f + 4.0f);
+  // 4 bytes past it, without opting in: refused before anything runs (the kernel's static
+  // bytes are known from the launch above), though the dynamic 8196 alone would fit.
+  ASSERT_EQ(cudaMemset(d, 0xff, sizeof(float)), cudaSuccess);
+  EXPECT_EQ(LaunchStaticAndDynamic(0, 2049, /*opt_in=*/false, d), cudaErrorInvalidConfiguration);
+  EXPECT_TRUE(std::isnan(HostCopy(d, 1)[0]));
+  // Opted in to the dynamic bytes: the static ones no longer count against them.
+  ASSERT_EQ(LaunchStaticAndDynamic(0, 2049, /*opt_in=*/true, d), cudaSuccess);
+  EXPECT_EQ(HostCopy(d, 1)[0], 10.0f);
+  // Opting in to more than 227 KiB with the static: refused by cudaFuncSetAttribute.
+  EXPECT_EQ(LaunchStaticAndDynamic(0, 48 * 1024, /*opt_in=*/true, d), cudaErrorInvalidValue);
+  cudaFree(d);
+}
+
+TEST(CudaEmulatorLaunchLimits, AFirstLaunchOverTheLimitFailsOnceItsStaticBytesAreSeen) {
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, sizeof(float)), cudaSuccess);
+  // The emulator learns a kernel's static bytes as its first block runs, so this launch
+  // fails after that block (a GPU, before it), and the next one before running.
+  EXPECT_EQ(LaunchStaticAndDynamic(1, 2049, /*opt_in=*/false, d), cudaErrorInvalidConfiguration);
+  ASSERT_EQ(cudaMemset(d, 0xff, sizeof(float)), cudaSuccess);
+  EXPECT_EQ(LaunchStaticAndDynamic(1, 2049, /*opt_in=*/false, d), cudaErrorInvalidConfiguration);
+  EXPECT_TRUE(std::isnan(HostCopy(d, 1)[0]));
   cudaFree(d);
 }
 
@@ -71,7 +108,7 @@ size_t Count(const std::string& text, const std::string& what) {
 }
 
 // What the emulator compiles (the build's translations) against kernels/cuda's sources.
-TEST(CudaEmulatorLaunchBounds, EveryKernelsBoundIsMovedIntoItsBodyOnItsOwnLines) {
+TEST(CudaEmulatorLaunchLimits, EveryKernelsBoundIsMovedIntoItsBodyOnItsOwnLines) {
   size_t bounds = 0;
   std::istringstream names(KVLENS_EMU_KERNEL_FILES);  // the build's list, by name
   for (std::string name; names >> name;) {
@@ -87,7 +124,7 @@ TEST(CudaEmulatorLaunchBounds, EveryKernelsBoundIsMovedIntoItsBodyOnItsOwnLines)
   }
   EXPECT_GE(bounds, 11u);  // the kernels' bounds on 2026-12-07
   const std::string fixture = ReadFile(std::string(KVLENS_BINARY_DIR) +
-                                       "/tests/kernels/cuda/emu/launch_bounds_fixture.cu.cc");
+                                       "/tests/kernels/cuda/emu/launch_limits_fixture.cu.cc");
   EXPECT_EQ(Count(fixture, "ExceedsLaunchBounds("), 2u);
   EXPECT_EQ(Count(fixture, "__launch_bounds__(1)"), 1u);  // the comment's, left alone
 }
