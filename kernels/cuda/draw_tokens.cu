@@ -503,11 +503,14 @@ absl::Status LaunchDrawTokens(const float* logits, int rows, int vocab, const De
                      " need `adjusted` [adjusted rows, vocab] (vocab = ", vocab, ")"));
   }
   const size_t cache_bytes = cache_weights ? sizeof(float) * static_cast<size_t>(vocab) : 0;
-  if (cache_bytes > 48 * 1024) {
-    // Past 48 KiB of dynamic shared memory a kernel must opt in (see flash_prefill_bf16.cu).
-    KVLENS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(DrawTokensKernel,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     static_cast<int>(cache_bytes)));
+  if (cache_bytes > 0) {
+    // Past 48 KiB of shared memory, static and dynamic together, a kernel must opt in, and
+    // the histograms take 27 KiB of them: a row of more than about 5300 tokens. Opted in
+    // to the largest row it keeps, at every launch, as the opt-in belongs to the device's
+    // context (the rows of a 160 KB cache and the histograms within an SM's 227 KiB).
+    KVLENS_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(DrawTokensKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(sizeof(float) * kDrawCachedVocab)));
   }
   LaunchKernel("DrawTokensKernel", DrawTokensKernel, static_cast<unsigned>(rows), kDrawThreads,
                cache_bytes, stream, logits, vocab, draws, bias, penalties, adjusted, cache_weights,
