@@ -2,8 +2,8 @@
 // its __launch_bounds__ (a block of up to its maximum threads runs, a larger one fails as
 // a GPU refuses it, cudaErrorLaunchOutOfResources, having written nothing), and its static
 // shared memory, which counts with the dynamic towards 48 KiB unless the kernel opts in;
-// and translate_cu.sh moves every bound of kernels/cuda's kernels into the body, where it
-// is checked, without moving a line.
+// and translate_cu.sh moves every bound of kernels/cuda's kernels into the body, and
+// follows every __shared__ variable with its count, without moving a line.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -107,9 +107,22 @@ size_t Count(const std::string& text, const std::string& what) {
   return n;
 }
 
-// What the emulator compiles (the build's translations) against kernels/cuda's sources.
-TEST(CudaEmulatorLaunchLimits, EveryKernelsBoundIsMovedIntoItsBodyOnItsOwnLines) {
-  size_t bounds = 0;
+// Lines that declare a (static) __shared__ variable: their first word.
+size_t SharedDeclarations(const std::string& text) {
+  size_t n = 0;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    std::string word;
+    std::istringstream(line) >> word;
+    n += word == "__shared__" ? 1 : 0;
+  }
+  return n;
+}
+
+// What the emulator compiles (the build's translations) against kernels/cuda's sources:
+// every bound moved, every __shared__ variable counted, no line moved.
+TEST(CudaEmulatorLaunchLimits, EveryKernelsBoundAndSharedVariableIsSeenOnItsOwnLine) {
+  size_t bounds = 0, shared = 0;
   std::istringstream names(KVLENS_EMU_KERNEL_FILES);  // the build's list, by name
   for (std::string name; names >> name;) {
     SCOPED_TRACE(name);
@@ -120,13 +133,17 @@ TEST(CudaEmulatorLaunchLimits, EveryKernelsBoundIsMovedIntoItsBodyOnItsOwnLines)
     EXPECT_EQ(Count(translated, "\n"), Count(source, "\n") + 1);  // + the #line
     EXPECT_EQ(Count(translated, "ExceedsLaunchBounds("), Count(source, "__launch_bounds__("));
     EXPECT_EQ(Count(translated, "__launch_bounds__("), 0u);
+    EXPECT_EQ(Count(translated, "StaticShared("), SharedDeclarations(source));
     bounds += Count(source, "__launch_bounds__(");
+    shared += SharedDeclarations(source);
   }
   EXPECT_GE(bounds, 11u);  // the kernels' bounds on 2026-12-07
+  EXPECT_GE(shared, 11u);  // and their __shared__ variables
   const std::string fixture = ReadFile(std::string(KVLENS_BINARY_DIR) +
                                        "/tests/kernels/cuda/emu/launch_limits_fixture.cu.cc");
   EXPECT_EQ(Count(fixture, "ExceedsLaunchBounds("), 2u);
   EXPECT_EQ(Count(fixture, "__launch_bounds__(1)"), 1u);  // the comment's, left alone
+  EXPECT_EQ(Count(fixture, "StaticShared("), 1u);
 }
 
 }  // namespace
