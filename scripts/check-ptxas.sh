@@ -67,5 +67,5 @@ awk '
       for (k in is_bounded) if (!(k in seen)) bad[++nbad] = "no report for " k ", declared with __launch_bounds__"
       printf "%d kernels, %d spilling (at most %d bytes allowed)\n", kernels, spilling, max_spill
       for (i = 1; i <= nbad; ++i) print "check-ptxas.sh: " bad[i] > "/dev/stderr"
-      exit nbad > 0
+      exit (nbad > 0)
     }'
