@@ -12,7 +12,8 @@
 // sanitizer's memcheck would; the fiber switches are announced to ASan. Copies check their
 // direction (a host pointer given as device memory is an error), and so do kernel pointer
 // arguments; a launch checks its block against the kernel's __launch_bounds__
-// (ExceedsLaunchBounds). Streams are synchronous.
+// (ExceedsLaunchBounds) and its shared memory, static (StaticShared) and dynamic together,
+// against the limit (CheckConfig). Streams are synchronous.
 //
 // Kernels run one block at a time on the launching host thread (launches from several
 // threads are serialised), one fiber per CUDA thread, switched only at barriers
