@@ -455,10 +455,12 @@ __global__ void __launch_bounds__(kCombineMaxThreads)
 // with O computed from the very A written out.
 constexpr int kMaterializedThreads = 256;
 
-// Query row i, head h of p (one block).
+// Query row i, head h of p (one block), its keys' blocks in `table` rather than
+// p.block_table, so that a batch's rows read their parameters where they lie in global
+// memory: a kernel's local copy of AttentionParams, to patch its table in, spilled 20 bytes.
 template <typename KT>
-__device__ __forceinline__ void MaterializedRow(const AttentionParams& p, int i, int h,
-                                                float* scores, float* probs) {
+__device__ __forceinline__ void MaterializedRow(const AttentionParams& p, const int32_t* table,
+                                                int i, int h, float* scores, float* probs) {
   const int D = p.head_dim;
   const int g = h / (p.num_heads / p.num_kv_heads);
   const int64_t row = (static_cast<int64_t>(h) * p.num_queries + i) * p.num_keys;
@@ -467,8 +469,8 @@ __device__ __forceinline__ void MaterializedRow(const AttentionParams& p, int i,
   for (int j = threadIdx.x; j < p.num_keys; j += blockDim.x) {
     float s = -INFINITY;
     if (Visible(p, i, j)) {
-      const KT* k =
-          KeysOf<KT>(p) + PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(g) * D;
+      const KT* k = KeysOf<KT>(p) + PhysicalRowIn(table, p.block_size, -1, j) * p.kv_row_stride +
+                    static_cast<int64_t>(g) * D;
       float dot = 0.0f;
       for (int d = 0; d < D; ++d) dot += q[d] * KvToFloat(k[d]);
       s = dot * p.scale;
@@ -495,8 +497,8 @@ __device__ __forceinline__ void MaterializedRow(const AttentionParams& p, int i,
     for (int j = 0; j < end; ++j) {
       if (!Visible(p, i, j)) continue;
       acc += probs[row + j] *
-             KvToFloat(ValuesOf<KT>(
-                 p)[PhysicalRow(p, j) * p.kv_row_stride + static_cast<int64_t>(g) * D + d]);
+             KvToFloat(ValuesOf<KT>(p)[PhysicalRowIn(table, p.block_size, -1, j) * p.kv_row_stride +
+                                       static_cast<int64_t>(g) * D + d]);
     }
     o[d] = acc;
   }
@@ -506,7 +508,7 @@ template <typename KT>
 __global__ void __launch_bounds__(kMaterializedThreads)
     MaterializedKernel(AttentionParams p, float* scores, float* probs) {
   WaitForPriorGrids();  // first: see launch.cuh
-  MaterializedRow<KT>(p, blockIdx.x, blockIdx.y, scores, probs);
+  MaterializedRow<KT>(p, p.block_table, blockIdx.x, blockIdx.y, scores, probs);
 }
 
 // Block (h, c): head h of call c's one query row.
@@ -515,9 +517,7 @@ __global__ void __launch_bounds__(kMaterializedThreads)
     MaterializedRowsKernel(const MaterializedRowCall* calls, const int32_t* tables) {
   WaitForPriorGrids();  // first: see launch.cuh
   const MaterializedRowCall& call = calls[blockIdx.y];
-  AttentionParams p = call.p;
-  p.block_table = tables + call.table_offset;
-  MaterializedRow<KT>(p, 0, blockIdx.x, call.scores, call.probs);
+  MaterializedRow<KT>(call.p, tables + call.table_offset, 0, blockIdx.x, call.scores, call.probs);
 }
 
 }  // namespace
