@@ -35,8 +35,8 @@
 #define __host__
 #define __forceinline__ inline
 #define __shared__ static
-// translate_cu.sh moves a .cu file's kernels' bounds into their bodies
-// (ExceedsLaunchBounds); in a header, which it does not see, they go unchecked.
+// translate_cu.sh moves kernels/cuda's kernels' bounds into their bodies
+// (ExceedsLaunchBounds), in its .cu files and .cuh headers alike.
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #define __restrict__ __restrict

@@ -2,8 +2,9 @@
 // its __launch_bounds__ (a block of up to its maximum threads runs, a larger one fails as
 // a GPU refuses it, cudaErrorLaunchOutOfResources, having written nothing), and its static
 // shared memory, which counts with the dynamic towards 48 KiB unless the kernel opts in;
-// and translate_cu.sh moves every bound of kernels/cuda's kernels into the body, and
-// follows every __shared__ variable with its count, without moving a line.
+// a header's (reduce.cuh's) among them; and translate_cu.sh moves every bound of
+// kernels/cuda's kernels into the body, and follows every __shared__ variable with its
+// count, in its .cu files and headers alike, without moving a line.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -25,6 +26,9 @@ cudaError_t LaunchCountThreads(dim3 block, int* out);
 // StaticAndDynamicKernel<instance> (0 or 1): 40 KiB of static shared memory and `floats`
 // of dynamic, opted in to exactly those bytes first where opt_in.
 cudaError_t LaunchStaticAndDynamic(int instance, int floats, bool opt_in, float* out);
+// StaticDynamicAndReduceKernel: 40 KiB of static shared memory, BlockReduce's 128 bytes
+// in reduce.cuh and `floats` of dynamic, 64 threads; writes 64 · (1 + 3).
+cudaError_t LaunchStaticDynamicAndReduce(int floats, float* out);
 
 namespace {
 
@@ -95,6 +99,19 @@ TEST(CudaEmulatorLaunchLimits, AFirstLaunchOverTheLimitFailsOnceItsStaticBytesAr
   cudaFree(d);
 }
 
+TEST(CudaEmulatorLaunchLimits, AHeadersSharedVariablesCountTowardsTheLimit) {
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, sizeof(float)), cudaSuccess);
+  // 40960 + 128 (reduce.cuh's partial sums) + 8064 = 49152 bytes: the limit exactly.
+  ASSERT_EQ(LaunchStaticDynamicAndReduce(2016, d), cudaSuccess);
+  EXPECT_EQ(HostCopy(d, 1)[0], 64 * 4.0f);
+  // 4 bytes past it, with the header's 128: refused, nothing run.
+  ASSERT_EQ(cudaMemset(d, 0xff, sizeof(float)), cudaSuccess);
+  EXPECT_EQ(LaunchStaticDynamicAndReduce(2017, d), cudaErrorInvalidConfiguration);
+  EXPECT_TRUE(std::isnan(HostCopy(d, 1)[0]));
+  cudaFree(d);
+}
+
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   EXPECT_TRUE(in) << path;
@@ -119,31 +136,40 @@ size_t SharedDeclarations(const std::string& text) {
   return n;
 }
 
-// What the emulator compiles (the build's translations) against kernels/cuda's sources:
-// every bound moved, every __shared__ variable counted, no line moved.
+// What the emulator compiles (the build's translations) against kernels/cuda's sources,
+// its .cu files and its .cuh headers: every bound moved, every __shared__ variable
+// counted, no line moved.
 TEST(CudaEmulatorLaunchLimits, EveryKernelsBoundAndSharedVariableIsSeenOnItsOwnLine) {
-  size_t bounds = 0, shared = 0;
-  std::istringstream names(KVLENS_EMU_KERNEL_FILES);  // the build's list, by name
-  for (std::string name; names >> name;) {
-    SCOPED_TRACE(name);
-    const std::string source =
-        ReadFile(std::string(KVLENS_SOURCE_DIR) + "/kernels/cuda/" + name + ".cu");
-    const std::string translated =
-        ReadFile(std::string(KVLENS_BINARY_DIR) + "/tests/kernels/cuda/emu/" + name + ".cu.cc");
+  size_t bounds = 0, shared = 0, header_shared = 0;
+  auto check = [&](const std::string& source_path, const std::string& translated_path) {
+    SCOPED_TRACE(source_path);
+    const std::string source = ReadFile(std::string(KVLENS_SOURCE_DIR) + source_path);
+    const std::string translated = ReadFile(std::string(KVLENS_BINARY_DIR) + translated_path);
     EXPECT_EQ(Count(translated, "\n"), Count(source, "\n") + 1);  // + the #line
     EXPECT_EQ(Count(translated, "ExceedsLaunchBounds("), Count(source, "__launch_bounds__("));
     EXPECT_EQ(Count(translated, "__launch_bounds__("), 0u);
     EXPECT_EQ(Count(translated, "StaticShared("), SharedDeclarations(source));
     bounds += Count(source, "__launch_bounds__(");
     shared += SharedDeclarations(source);
+    return SharedDeclarations(source);
+  };
+  const std::string emu = "/tests/kernels/cuda/emu/";
+  std::istringstream names(KVLENS_EMU_KERNEL_FILES);  // the build's lists, by name
+  for (std::string name; names >> name;)
+    check("/kernels/cuda/" + name + ".cu", emu + name + ".cu.cc");
+  std::istringstream headers(KVLENS_EMU_HEADER_FILES);
+  for (std::string name; headers >> name;) {
+    header_shared +=
+        check("/kernels/cuda/" + name + ".cuh", emu + "translated/kernels/cuda/" + name + ".cuh");
   }
-  EXPECT_GE(bounds, 11u);  // the kernels' bounds on 2026-12-07
-  EXPECT_GE(shared, 11u);  // and their __shared__ variables
+  EXPECT_GE(bounds, 11u);        // the kernels' bounds on 2026-12-07
+  EXPECT_GE(shared, 15u);        // and their __shared__ variables,
+  EXPECT_GE(header_shared, 4u);  // 4 of them in headers (reduce.cuh, split_kv_common.cuh)
   const std::string fixture = ReadFile(std::string(KVLENS_BINARY_DIR) +
                                        "/tests/kernels/cuda/emu/launch_limits_fixture.cu.cc");
   EXPECT_EQ(Count(fixture, "ExceedsLaunchBounds("), 2u);
   EXPECT_EQ(Count(fixture, "__launch_bounds__(1)"), 1u);  // the comment's, left alone
-  EXPECT_EQ(Count(fixture, "StaticShared("), 1u);
+  EXPECT_EQ(Count(fixture, "StaticShared("), 2u);
 }
 
 }  // namespace

@@ -2,8 +2,10 @@
 // their __launch_bounds__ written the ways those are (a template argument in the bound, a
 // second bound, a declaration spread over lines), and a mention in a comment,
 // __launch_bounds__(1), which the translation must leave alone; and static shared memory
-// beside dynamic, as DrawTokensKernel has.
+// beside dynamic, as DrawTokensKernel has, one kernel's partly in a header (reduce.cuh).
 #include <cuda_runtime_api.h>
+
+#include "kernels/cuda/reduce.cuh"
 
 namespace kvlens::kernels::cuda {
 namespace {
@@ -39,7 +41,26 @@ __global__ void StaticAndDynamicKernel(int floats, float* out) {
     *out = tile[0] + tile[10 * 1024 - 1] + dynamic_tile[0] + dynamic_tile[floats - 1];
 }
 
+// 40 KiB of static shared memory here and BlockReduce's 128 bytes (reduce.cuh), beside
+// `floats` of dynamic: every thread adds its two tiles' values, 1 + 3, and thread 0
+// writes the block's sum.
+__global__ void StaticDynamicAndReduceKernel(int floats, float* out) {
+  __shared__ float tile[10 * 1024];
+  extern __shared__ float dynamic_tile[];
+  tile[threadIdx.x] = 1.0f;
+  dynamic_tile[floats - 1 - static_cast<int>(threadIdx.x)] = 3.0f;
+  __syncthreads();
+  const float sum = BlockReduce(
+      tile[threadIdx.x] + dynamic_tile[floats - 1 - static_cast<int>(threadIdx.x)], SumOp());
+  if (threadIdx.x == 0) *out = sum;
+}
+
 }  // namespace
+
+cudaError_t LaunchStaticDynamicAndReduce(int floats, float* out) {
+  StaticDynamicAndReduceKernel<<<1, 64, sizeof(float) * static_cast<size_t>(floats)>>>(floats, out);
+  return cudaGetLastError();
+}
 
 template <int kInstance>
 cudaError_t LaunchStaticAndDynamicOf(int floats, bool opt_in, float* out) {

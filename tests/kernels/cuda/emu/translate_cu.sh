@@ -1,6 +1,7 @@
 #!/bin/sh
-# translate_cu.sh IN.cu OUT.cc: rewrites the two CUDA constructs that are not C++ so that
-# g++ can compile a kernels/cuda/*.cu file against the emulator (emu_device.h):
+# translate_cu.sh IN OUT: rewrites the two CUDA constructs that are not C++ so that g++
+# can compile a kernels/cuda/*.cu file, or a .cuh header, against the emulator
+# (emu_device.h):
 #   kernel<<<grid, block, shared, stream>>>(args)
 #     -> ::kvlens_emu::Launch(kernel, "kernel", grid, block, shared, stream)(args)
 #   extern __shared__ __align__(N) T name[];
@@ -10,7 +11,7 @@
 #     -> __shared__ T name[N]; ::kvlens_emu::StaticShared(&name, sizeof name);
 # and its __launch_bounds__, moved into its body (launch_bounds.awk, next to this script).
 # Lines keep their numbers (and #line names the original), so diagnostics point at IN.
-# Fails if a launch or an extern __shared__ survives the rewrite.
+# Fails if a launch or an extern __shared__ survives the rewrite outside a // comment.
 set -eu
 in=$1
 out=$2
@@ -22,7 +23,7 @@ out=$2
     -e 's/^([[:space:]]*)__shared__ (.*[^A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_]*)((\[[^];]*\])*);(.*)$/\1__shared__ \2\3\4; ::kvlens_emu::StaticShared(\&\3, sizeof \3);\6/' \
     "$in" | awk -f "$(dirname "$0")/launch_bounds.awk"
 } >"$out.tmp"
-if grep -n -E '<<<|>>>|extern __shared__' "$out.tmp" >&2; then
+if sed 's://.*$::' "$out.tmp" | grep -n -E '<<<|>>>|extern __shared__' >&2; then
   echo "translate_cu.sh: $in has a construct the emulator cannot rewrite (above)" >&2
   rm -f "$out.tmp"
   exit 1
