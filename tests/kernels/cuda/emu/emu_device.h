@@ -83,12 +83,12 @@ struct LaunchConfig {
 // blocks a cluster, set ptxas's register budget: nothing to check here.)
 bool ExceedsLaunchBounds(int max_threads, int min_blocks = 0, int max_blocks_per_cluster = 0);
 
-// A `__shared__` variable of a .cu file, which translate_cu.sh declares with this call
-// after it: its bytes count towards the kernel's static shared memory (once, however
-// many threads declare it), which the launch checks count with the dynamic: within
-// 48 KiB together unless the kernel opted in (learned from a kernel's first launch, which
-// fails after its block if it then turns out too large; later launches, before running).
-// Variables in headers, which translate_cu.sh does not see, are not counted.
+// A `__shared__` variable of a kernels/cuda .cu file or .cuh header, which translate_cu.sh
+// declares with this call after it: its bytes count towards the kernel's static shared
+// memory (once, however many threads declare it), which the launch checks count with the
+// dynamic: within 48 KiB together unless the kernel opted in (learned from a kernel's
+// first launch, which fails after its block if it then turns out too large; later
+// launches, before running).
 void StaticShared(const void* variable, size_t bytes);
 
 // Runs body once per thread of every block (sets the last error on a bad configuration,
