@@ -58,6 +58,10 @@ uint64_t WarpExchange(uint64_t bits, int src_lane);
 // out32[l] (0 for lanes past the end of a partial warp).
 void WarpAllGather(uint64_t bits, uint64_t* out32);
 int LaneId();
+// A warp collective's member mask: the emulator runs collectives of the whole warp only,
+// so a mask must name every lane of it (0xffffffff, or exactly a partial warp's lanes);
+// any other faults, naming the instruction, rather than being run as if it were full.
+void CheckWarpMask(const char* instruction, unsigned mask);
 // Warp collective: bit l set where lane l's pred holds; *present the lanes of this warp.
 uint32_t WarpBallot(bool pred, uint32_t* present);
 void* DynamicShared();
@@ -259,38 +263,47 @@ void CpAsyncWait(int pending);
 #define gridDim (::kvlens_emu::Ctx().grid_dim)
 
 inline void __syncthreads() { ::kvlens_emu::SyncThreads(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { ::kvlens_emu::SyncWarp(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  ::kvlens_emu::CheckWarpMask("__syncwarp", mask);
+  ::kvlens_emu::SyncWarp();
+}
 
 // Widths other than 32 split the warp into independent groups of `width` lanes.
 template <typename T>
-T __shfl_sync(unsigned, T v, int src_lane, int width = 32) {
+T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+  ::kvlens_emu::CheckWarpMask("__shfl_sync", mask);
   const int lane = ::kvlens_emu::LaneId();
   return ::kvlens_emu::Exchange(v, (lane & ~(width - 1)) + (src_lane & (width - 1)));
 }
 template <typename T>
-T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  ::kvlens_emu::CheckWarpMask("__shfl_xor_sync", mask);
   const int lane = ::kvlens_emu::LaneId();
   const int src = lane ^ lane_mask;
   return ::kvlens_emu::Exchange(v, src < ((lane & ~(width - 1)) + width) ? src : lane);
 }
 template <typename T>
-T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  ::kvlens_emu::CheckWarpMask("__shfl_down_sync", mask);
   const int lane = ::kvlens_emu::LaneId();
   const int src = lane + static_cast<int>(delta);
   return ::kvlens_emu::Exchange(v, src < ((lane & ~(width - 1)) + width) ? src : lane);
 }
 
 template <typename T>
-T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  ::kvlens_emu::CheckWarpMask("__shfl_up_sync", mask);
   const int lane = ::kvlens_emu::LaneId();
   const int src = lane - static_cast<int>(delta);
   return ::kvlens_emu::Exchange(v, src >= (lane & ~(width - 1)) ? src : lane);
 }
-inline unsigned __ballot_sync(unsigned, int pred) {
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  ::kvlens_emu::CheckWarpMask("__ballot_sync", mask);
   uint32_t present = 0;
   return ::kvlens_emu::WarpBallot(pred != 0, &present);
 }
-inline int __all_sync(unsigned, int pred) {
+inline int __all_sync(unsigned mask, int pred) {
+  ::kvlens_emu::CheckWarpMask("__all_sync", mask);
   uint32_t present = 0;
   return ::kvlens_emu::WarpBallot(pred != 0, &present) == present;
 }

@@ -475,6 +475,16 @@ void CheckShared(const char* instruction, const char* role, const void* p, size_
 
 }  // namespace
 
+void CheckWarpMask(const char* instruction, unsigned mask) {
+  const int lanes = WarpLanes();
+  const unsigned present = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
+  if (mask == 0xffffffffu || mask == present) return;
+  char names[64];
+  std::snprintf(names, sizeof(names), "member mask 0x%08x, the warp's lanes 0x%08x", mask, present);
+  DeviceFault(instruction,
+              std::string(names) + ": the emulator runs only collectives of the whole warp");
+}
+
 uint64_t WarpExchange(uint64_t bits, int src_lane) {
   const uint64_t* slots = WarpRound(bits, [](const uint64_t*, size_t) {});
   return src_lane >= 0 && src_lane < WarpLanes() ? slots[src_lane] : bits;

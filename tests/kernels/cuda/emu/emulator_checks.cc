@@ -10,7 +10,8 @@
 // source size and drops what a thread leaves queued; a divergent __syncthreads, an oversized block,
 // dynamic shared memory over the limit, a host pointer passed as a kernel argument and a
 // wrong-direction copy all fail as on a GPU; reading past an allocation faults, and so do
-// misaligned or non-shared ldmatrix and cp.async addresses; a programmatic launch some
+// misaligned or non-shared ldmatrix and cp.async addresses, and so does a warp collective
+// whose member mask leaves out lanes of its warp (not emulated); a programmatic launch some
 // thread of which never calls griddepcontrol.wait fails; captured work runs only when its
 // graph is launched. (The order blocks and threads run in: schedule_checks.cc.)
 // clang-format off
@@ -58,6 +59,14 @@ void ShuffleKernel(int* out) {
   const int lane = static_cast<int>(threadIdx.x);
   out[lane] = __shfl_xor_sync(0xffffffffu, lane * 10, 5);
   out[32 + lane] = __shfl_down_sync(0xffffffffu, lane, 3);
+}
+
+// out[t] = lane (t ^ 1)'s t · 10, shuffled with the member mask `last_mask` in the block's
+// last warp, the full mask in the others.
+void MaskedShuffleKernel(unsigned last_mask, int* out) {
+  const int t = static_cast<int>(threadIdx.x);
+  const bool last = t / 32 == static_cast<int>(blockDim.x - 1) / 32;
+  out[t] = __shfl_xor_sync(last ? last_mask : 0xffffffffu, t * 10, 1);
 }
 
 // Two all-gathers back to back (the second's values differ), each thread writing what it
@@ -605,6 +614,29 @@ TEST(CudaEmulatorDeathTest, ReadingPastAnAllocationFaults) {
                kReport);
   cudaFree(in);
   cudaFree(out);
+}
+
+// A warp collective's member mask names the lanes taking part; the emulator runs whole
+// warps only, so it takes the full mask, or exactly a partial warp's lanes, and ends the
+// process on any other rather than shuffling as if the mask were full.
+TEST(CudaEmulatorDeathTest, AWarpCollectiveRunsOnlyWithTheWholeWarpsMask) {
+  int* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 48 * sizeof(int)), cudaSuccess);
+  // 48 threads: a full warp, then one of 16 lanes, named by 0xffff or by the full mask.
+  for (unsigned last_mask : {0x0000ffffu, 0xffffffffu}) {
+    ::kvlens_emu::Launch(MaskedShuffleKernel, "MaskedShuffleKernel", 1, 48)(last_mask, d);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    const std::vector<int> got = HostCopy(d, 48);
+    for (int t = 0; t < 48; ++t) EXPECT_EQ(got[static_cast<size_t>(t)], (t ^ 1) * 10) << t;
+  }
+  EXPECT_DEATH(
+      ::kvlens_emu::Launch(MaskedShuffleKernel, "MaskedShuffleKernel", 1, 32)(0x0000ffffu, d),
+      "__shfl_xor_sync: member mask 0x0000ffff, the warp's lanes 0xffffffff: the emulator runs "
+      "only collectives of the whole warp");
+  EXPECT_DEATH(
+      ::kvlens_emu::Launch(MaskedShuffleKernel, "MaskedShuffleKernel", 1, 48)(0x000000ffu, d),
+      "member mask 0x000000ff, the warp's lanes 0x0000ffff");
+  cudaFree(d);
 }
 
 // A GPU faults on a misaligned ldmatrix or cp.async address (cudaErrorMisalignedAddress)
