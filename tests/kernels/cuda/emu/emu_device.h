@@ -92,8 +92,9 @@ bool ExceedsLaunchBounds(int max_threads, int min_blocks = 0, int max_blocks_per
 // memory (once, however many threads declare it), which the launch checks count with the
 // dynamic: within 48 KiB together unless the kernel opted in (learned from a kernel's
 // first launch, which fails after its block if it then turns out too large; later
-// launches, before running).
-void StaticShared(const void* variable, size_t bytes);
+// launches, before running). The block's first declaration fills it with NaN (0xFF
+// bytes), as a block's dynamic shared memory starts: a GPU's starts undefined.
+void StaticShared(void* variable, size_t bytes);
 
 // Runs body once per thread of every block (sets the last error on a bad configuration,
 // a pointer argument outside device memory, or a barrier deadlock).

@@ -26,10 +26,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -211,6 +213,7 @@ struct Block {
   int exceeded_bound = 0;  // the kernel's __launch_bounds__, where the block is larger
   std::vector<const void*> static_objects;  // the __shared__ variables declared so far
   size_t static_bytes = 0;                  // and their bytes (StaticShared)
+  std::vector<const void*> block_objects;   // those declared so far in this block
 };
 
 thread_local Block* t_block = nullptr;
@@ -691,6 +694,7 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
     const auto bz = static_cast<unsigned>(linear / (gx * gy));
     for (Barrier& bar : b.barriers) bar.arrived = 0;
     std::memset(b.dynamic_shared, 0xff, c.shared_bytes);
+    b.block_objects.clear();  // static shared memory: refilled as it is declared
     for (int t = 0; t < threads; ++t) {
       Fiber& f = b.fibers[static_cast<size_t>(t)];
       f = Fiber();
@@ -783,8 +787,17 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
   t_fiber = saved_fiber;
 }
 
-void StaticShared(const void* variable, size_t bytes) {
+void StaticShared(void* variable, size_t bytes) {
   Block& b = *t_block;
+  // A block's shared memory starts undefined on a GPU, its static part too: NaN (0xFF
+  // bytes) here, as the dynamic part, rather than what the block before left. The block's
+  // first thread to declare the variable fills it: no thread can have used it before
+  // declaring it, and the threads after find it listed.
+  if (std::find(b.block_objects.begin(), b.block_objects.end(), variable) ==
+      b.block_objects.end()) {
+    b.block_objects.push_back(variable);
+    std::memset(variable, 0xff, bytes);
+  }
   for (const void* v : b.static_objects) {
     if (v == variable) return;
   }
