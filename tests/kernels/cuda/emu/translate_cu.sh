@@ -6,7 +6,8 @@
 #     -> ::kvlens_emu::Launch(kernel, "kernel", grid, block, shared, stream)(args)
 #   extern __shared__ __align__(N) T name[];
 #     -> T* name = static_cast<T*>(::kvlens_emu::DynamicShared());
-# and two that the emulator's launch checks must see: a kernel's static shared memory,
+# and two that the emulator's launch checks must see: a kernel's static shared memory
+# (which StaticShared also fills with NaN at each block's first declaration),
 #   __shared__ T name[N];
 #     -> __shared__ T name[N]; ::kvlens_emu::StaticShared(&name, sizeof name);
 # and its __launch_bounds__, moved into its body (launch_bounds.awk, next to this script).
