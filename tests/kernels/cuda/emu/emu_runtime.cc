@@ -792,17 +792,18 @@ void StaticShared(void* variable, size_t bytes) {
   // A block's shared memory starts undefined on a GPU, its static part too: NaN (0xFF
   // bytes) here, as the dynamic part, rather than what the block before left. The block's
   // first thread to declare the variable fills it: no thread can have used it before
-  // declaring it, and the threads after find it listed.
-  if (std::find(b.block_objects.begin(), b.block_objects.end(), variable) ==
+  // declaring it, and the threads after find it listed (and already counted).
+  if (std::find(b.block_objects.begin(), b.block_objects.end(), variable) !=
       b.block_objects.end()) {
-    b.block_objects.push_back(variable);
-    std::memset(variable, 0xff, bytes);
+    return;
   }
-  for (const void* v : b.static_objects) {
-    if (v == variable) return;
+  b.block_objects.push_back(variable);
+  std::memset(variable, 0xff, bytes);
+  if (std::find(b.static_objects.begin(), b.static_objects.end(), variable) ==
+      b.static_objects.end()) {
+    b.static_objects.push_back(variable);
+    b.static_bytes += bytes;
   }
-  b.static_objects.push_back(variable);
-  b.static_bytes += bytes;
 }
 
 bool ExceedsLaunchBounds(int max_threads, int /*min_blocks*/, int /*max_blocks_per_cluster*/) {

@@ -145,13 +145,15 @@ TEST(CudaEmulatorLaunchLimits, EveryKernelsBoundAndSharedVariableIsSeenOnItsOwnL
     SCOPED_TRACE(source_path);
     const std::string source = ReadFile(std::string(KVLENS_SOURCE_DIR) + source_path);
     const std::string translated = ReadFile(std::string(KVLENS_BINARY_DIR) + translated_path);
+    const size_t source_bounds = Count(source, "__launch_bounds__(");
+    const size_t declared = SharedDeclarations(source);
     EXPECT_EQ(Count(translated, "\n"), Count(source, "\n") + 1);  // + the #line
-    EXPECT_EQ(Count(translated, "ExceedsLaunchBounds("), Count(source, "__launch_bounds__("));
+    EXPECT_EQ(Count(translated, "ExceedsLaunchBounds("), source_bounds);
     EXPECT_EQ(Count(translated, "__launch_bounds__("), 0u);
-    EXPECT_EQ(Count(translated, "StaticShared("), SharedDeclarations(source));
-    bounds += Count(source, "__launch_bounds__(");
-    shared += SharedDeclarations(source);
-    return SharedDeclarations(source);
+    EXPECT_EQ(Count(translated, "StaticShared("), declared);
+    bounds += source_bounds;
+    shared += declared;
+    return declared;
   };
   const std::string emu = "/tests/kernels/cuda/emu/";
   std::istringstream names(KVLENS_EMU_KERNEL_FILES);  // the build's lists, by name
