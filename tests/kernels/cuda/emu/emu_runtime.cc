@@ -13,7 +13,10 @@
 // direction (a host pointer given as device memory is an error), and so do kernel pointer
 // arguments; a launch checks its block against the kernel's __launch_bounds__
 // (ExceedsLaunchBounds) and its shared memory, static (StaticShared) and dynamic together,
-// against the limit (CheckConfig). Streams are synchronous.
+// against the limit (CheckConfig). Streams run their work as it is enqueued, except for
+// the host's side of a copy to or from pinned memory, which waits for a synchronization
+// (PendingCopy): a host that reads such a copy's destination, or writes its source, too
+// early gets NaN or ends the process, as on a GPU it would race with the copy.
 //
 // Kernels run one block at a time on the launching host thread (launches from several
 // threads are serialised), one fiber per CUDA thread, switched only at barriers
@@ -57,6 +60,7 @@
 extern "C" char __bss_start, _end;
 
 struct kvlens_emu::CUstream_st {
+  bool non_blocking = false;  // cudaStreamNonBlocking: not ordered with the legacy stream
   bool capturing = false;
   bool invalidated = false;
   std::vector<std::function<void()>> nodes;  // the graph being captured
@@ -69,6 +73,10 @@ struct kvlens_emu::CUgraphExec_st {
 };
 struct kvlens_emu::CUevent_st {
   std::chrono::steady_clock::time_point time;
+  // Where cudaEventRecord put it: its stream (null: the legacy stream), after the pinned
+  // copies numbered below `copies` (PendingCopy::sequence).
+  const CUstream_st* stream = nullptr;
+  uint64_t copies = 0;
 };
 
 // void kvlens_emu_switch(void** save_sp, void* load_sp): saves the callee-saved registers
@@ -160,6 +168,112 @@ std::string Hex(const void* p) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%p", p);
   return buf;
+}
+
+// ---- pinned host memory and the stream order --------------------------------------
+// Work runs when it is enqueued here, but a copy between device memory and pinned host
+// memory (cudaMallocHost) is asynchronous for the host on a GPU: the host may read the
+// copy's destination, or write its source, only once it has synchronized with the copy's
+// stream (cudaStreamSynchronize, cudaEventSynchronize on an event recorded after the copy,
+// cudaDeviceSynchronize, or a synchronous call that waits for that stream). So the host's
+// side of such a copy is pending (PendingCopy) until a synchronization reaches it (Settle):
+//   - to the host: the destination holds NaN (0xFF bytes) until then, and the copied bytes
+//     land then; the host must not have written the destination in between;
+//   - to the device: the device's bytes are written at once, from the source as it is now,
+//     and the source must still hold them then.
+// A host that broke either rule ends the process with a message (HostRace): on a GPU the
+// copy might have overwritten what the host wrote, or read what it changed. A copy to or
+// from pageable memory completes for the host within the call, as on a GPU (the runtime
+// stages it). The legacy stream (null) waits for a blocking stream's work, not for a
+// non-blocking stream's (OrderedBy), so a synchronous cudaMemcpy does not settle the
+// latter's copies.
+struct PendingCopy {
+  const CUstream_st* stream;  // null: the legacy stream
+  uint64_t sequence;          // the copy's place among all pinned copies (events record it)
+  unsigned char* host;        // the pinned bytes: the destination (to_host) or the source
+  size_t bytes;
+  bool to_host;
+  std::vector<unsigned char> data;  // to the host: the bytes to land; else: the bytes read
+};
+
+std::mutex g_pending_mutex;
+std::vector<PendingCopy> g_pending;  // in the order enqueued
+uint64_t g_copies_enqueued = 0;      // pinned copies so far (the next one's sequence)
+// The stream a graph being launched runs on (cudaGraphLaunch): its recorded copies are
+// enqueued there.
+thread_local const CUstream_st* t_graph_stream = nullptr;
+
+// Whether [p, p + bytes) lies in one pinned allocation. Caller holds g_memory_mutex.
+bool FindPinned(const void* p, size_t bytes) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = g_pinned.upper_bound(a);
+  if (it == g_pinned.begin()) return false;
+  --it;
+  return a + bytes <= it->first + it->second;
+}
+
+// Whether synchronizing with stream `waited` (null: the legacy stream) waits for the work
+// enqueued earlier on `s`: on s itself, and, for the legacy stream, on any blocking stream.
+bool OrderedBy(const CUstream_st* waited, const CUstream_st* s) {
+  return waited == s || (waited == nullptr && (s == nullptr || !s->non_blocking));
+}
+
+[[noreturn]] void HostRace(const PendingCopy& c, size_t byte) {
+  const std::string side = c.to_host
+                               ? "to the host: the host wrote byte " + std::to_string(byte) +
+                                     " of its destination, " + Hex(c.host) + ","
+                               : "to the device: the host changed byte " + std::to_string(byte) +
+                                     " of its source, " + Hex(c.host) + ",";
+  std::fprintf(stderr,
+               "[cuda-emu] cudaMemcpyAsync of %zu bytes %s before synchronizing with the "
+               "copy's stream (pinned memory: on a GPU the copy may %s)\n",
+               c.bytes, side.c_str(),
+               c.to_host ? "land after the host's write" : "read either value");
+  std::fflush(stderr);
+  std::abort();
+}
+
+// Completes, for the host, the pending copies `settled` selects: checks that the host left
+// their bytes alone (all of them first: two copies may land in the same bytes, in order),
+// then lands those to the host.
+void Settle(const std::function<bool(const PendingCopy&)>& settled) {
+  std::lock_guard<std::mutex> lock(g_pending_mutex);
+  std::vector<PendingCopy> done, left;
+  for (PendingCopy& c : g_pending) (settled(c) ? done : left).push_back(std::move(c));
+  g_pending = std::move(left);
+  for (const PendingCopy& c : done) {
+    for (size_t i = 0; i < c.bytes; ++i) {
+      if (c.host[i] != (c.to_host ? 0xff : c.data[i])) HostRace(c, i);
+    }
+  }
+  for (const PendingCopy& c : done) {
+    if (c.to_host) std::memcpy(c.host, c.data.data(), c.bytes);
+  }
+}
+
+void SettleStream(const CUstream_st* waited) {
+  Settle([waited](const PendingCopy& c) { return OrderedBy(waited, c.stream); });
+}
+
+// A copy from device memory `device` into pinned `host` (to_host), or from pinned `host`
+// into `device`, on `stream`, after the checks: makes the device's side now.
+void EnqueuePinnedCopy(const CUstream_st* stream, unsigned char* host, unsigned char* device,
+                       size_t bytes, bool to_host) {
+  // The stream's earlier copies touching these bytes come first, in its order (a copy
+  // into a source the stream has yet to read, or the other way round, is no race).
+  Settle([&](const PendingCopy& c) {
+    return c.stream == stream && c.host < host + bytes && host < c.host + c.bytes;
+  });
+  std::lock_guard<std::mutex> lock(g_pending_mutex);
+  PendingCopy c{stream, g_copies_enqueued++, host, bytes, to_host, {}};
+  if (to_host) {
+    c.data.assign(device, device + bytes);
+    std::memset(host, 0xff, bytes);
+  } else {
+    std::memcpy(device, host, bytes);
+    c.data.assign(host, host + bytes);
+  }
+  g_pending.push_back(std::move(c));
 }
 
 // ---- fibers and blocks -------------------------------------------------------------
@@ -866,7 +980,13 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   return Fail(cudaErrorInvalidValue, "cudaDeviceGetAttribute: unknown attribute");
 }
 
-cudaError_t cudaDeviceSynchronize() { return RefuseDuringCapture("cudaDeviceSynchronize"); }
+cudaError_t cudaDeviceSynchronize() {
+  if (const cudaError_t e = RefuseDuringCapture("cudaDeviceSynchronize"); e != cudaSuccess) {
+    return e;
+  }
+  Settle([](const PendingCopy&) { return true; });
+  return cudaSuccess;
+}
 
 cudaError_t cudaGetLastError() {
   const cudaError_t e = t_last_error;
@@ -967,6 +1087,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 cudaError_t cudaFree(void* ptr) {
   if (const cudaError_t e = RefuseDuringCapture("cudaFree"); e != cudaSuccess) return e;
   if (ptr == nullptr) return cudaSuccess;
+  Settle([](const PendingCopy&) { return true; });  // it waits for the device
   std::lock_guard<std::mutex> lock(g_memory_mutex);
   auto it = g_device.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == g_device.end()) {
@@ -995,6 +1116,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
 cudaError_t cudaFreeHost(void* ptr) {
   if (const cudaError_t e = RefuseDuringCapture("cudaFreeHost"); e != cudaSuccess) return e;
   if (ptr == nullptr) return cudaSuccess;
+  Settle([](const PendingCopy&) { return true; });  // it waits for the device
   std::lock_guard<std::mutex> lock(g_memory_mutex);
   if (g_pinned.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
     return Fail(cudaErrorInvalidValue, "cudaFreeHost: " + Hex(ptr) + " is not pinned memory");
@@ -1025,13 +1147,13 @@ bool IsDeviceRange(const void* p, size_t bytes) {
   return FindDevice(p, bytes) != nullptr;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t stream) {
-  if (bytes == 0) return cudaSuccess;
-  // Captured: checked and made when the graph runs (reading the source then).
-  if (RecordIfCapturing(stream, [=] { cudaMemcpyAsync(dst, src, bytes, kind, nullptr); })) {
-    return cudaSuccess;
-  }
+namespace {
+
+// cudaMemcpyAsync on `stream`; `host_waits`: cudaMemcpy, which the host waits for (it is
+// not pending, pinned memory or not).
+cudaError_t Memcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                   cudaStream_t stream, bool host_waits) {
+  bool pinned_dst = false, pinned_src = false;
   {
     std::lock_guard<std::mutex> lock(g_memory_mutex);
     const bool dst_device = FindDevice(dst, bytes) != nullptr;
@@ -1065,14 +1187,43 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
                                              std::to_string(bytes) + ", kind " +
                                              std::to_string(kind) + "): " + bad);
     }
+    pinned_dst = src_device && !dst_any && FindPinned(dst, bytes);
+    pinned_src = dst_device && !src_any && FindPinned(src, bytes);
+  }
+  if (!host_waits && (pinned_dst || pinned_src)) {
+    const CUstream_st* on = stream != nullptr ? stream : t_graph_stream;
+    auto* d = static_cast<unsigned char*>(dst);
+    auto* s = static_cast<unsigned char*>(const_cast<void*>(src));
+    if (pinned_dst) {
+      EnqueuePinnedCopy(on, d, s, bytes, true);
+    } else {
+      EnqueuePinnedCopy(on, s, d, bytes, false);
+    }
+    return cudaSuccess;
   }
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 
+}  // namespace
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  // Captured: checked and made when the graph runs (reading the source then).
+  if (RecordIfCapturing(stream, [=] { cudaMemcpyAsync(dst, src, bytes, kind, nullptr); })) {
+    return cudaSuccess;
+  }
+  return Memcpy(dst, src, bytes, kind, stream, false);
+}
+
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (const cudaError_t e = RefuseDuringCapture("cudaMemcpy"); e != cudaSuccess) return e;
-  return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+  if (bytes == 0) return cudaSuccess;
+  // On the legacy stream: after the work of blocking streams, whose copies it settles.
+  const cudaError_t e = Memcpy(dst, src, bytes, kind, nullptr, true);
+  SettleStream(nullptr);
+  return e;
 }
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
@@ -1093,7 +1244,9 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
 
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   if (const cudaError_t e = RefuseDuringCapture("cudaMemset"); e != cudaSuccess) return e;
-  return cudaMemsetAsync(dst, value, bytes, nullptr);
+  const cudaError_t e = cudaMemsetAsync(dst, value, bytes, nullptr);
+  SettleStream(nullptr);
+  return e;
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
@@ -1101,11 +1254,15 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
-  return cudaStreamCreate(stream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+  *stream = new CUstream_st;
+  (*stream)->non_blocking = (flags & cudaStreamNonBlocking) != 0;
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  // Its pending copies complete for the host now (the address may name a new stream next).
+  Settle([stream](const PendingCopy& c) { return c.stream == stream; });
   delete stream;
   return cudaSuccess;
 }
@@ -1116,7 +1273,11 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     return Fail(cudaErrorStreamCaptureUnsupported,
                 "cudaStreamSynchronize on a capturing stream (invalidates the capture)");
   }
-  return RefuseDuringCapture("cudaStreamSynchronize");
+  if (const cudaError_t e = RefuseDuringCapture("cudaStreamSynchronize"); e != cudaSuccess) {
+    return e;
+  }
+  SettleStream(stream);
+  return cudaSuccess;
 }
 
 bool RecordIfCapturing(cudaStream_t stream, std::function<void()> node) {
@@ -1166,10 +1327,15 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (stream != nullptr && stream->capturing) {
     return Fail(cudaErrorStreamCaptureUnsupported, "cudaGraphLaunch into a capture");
   }
+  t_graph_stream = stream;
   for (const auto& node : exec->nodes) {
     node();
-    if (const cudaError_t e = cudaPeekAtLastError(); e != cudaSuccess) return e;
+    if (const cudaError_t e = cudaPeekAtLastError(); e != cudaSuccess) {
+      t_graph_stream = nullptr;
+      return e;
+    }
   }
+  t_graph_stream = nullptr;
   return cudaSuccess;
 }
 
@@ -1193,12 +1359,20 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   return cudaSuccess;
 }
 
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   event->time = std::chrono::steady_clock::now();
+  event->stream = stream;
+  std::lock_guard<std::mutex> lock(g_pending_mutex);
+  event->copies = g_copies_enqueued;
   return cudaSuccess;
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  Settle([event](const PendingCopy& c) {
+    return c.sequence < event->copies && OrderedBy(event->stream, c.stream);
+  });
+  return cudaSuccess;
+}
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();

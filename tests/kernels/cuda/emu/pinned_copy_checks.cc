@@ -1,0 +1,181 @@
+// A copy between device memory and pinned host memory is asynchronous for the host on a
+// GPU, and the emulator keeps its host side pending until the host synchronizes with the
+// copy's stream (emu_runtime.cc, PendingCopy): the destination of a copy to the host
+// reads NaN until then, and a host that writes a pending copy's pinned bytes ends the
+// process. Until 2026-12-07 every copy completed within its call here, so a host that
+// read a copy's result before synchronizing passed CI and would read stale bytes on a GPU.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/kernels/cuda/emu/emu_copies.h"
+
+namespace kvlens::kernels::cuda {
+namespace {
+
+// Four floats of pinned memory and of device memory holding {1, 2, 3, 4}, and a stream.
+class CudaEmulatorPinnedCopy : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned_), 4 * sizeof(float)), cudaSuccess);
+    device_ = DeviceCopy(std::vector<float>{1, 2, 3, 4});
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  void TearDown() override {
+    cudaStreamDestroy(stream_);
+    cudaFree(device_);
+    cudaFreeHost(pinned_);
+  }
+  std::vector<float> Pinned() const { return std::vector<float>(pinned_, pinned_ + 4); }
+  static bool AllNaN(const std::vector<float>& v) {
+    for (float x : v) {
+      if (!std::isnan(x)) return false;
+    }
+    return true;
+  }
+
+  float* pinned_ = nullptr;
+  float* device_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+const std::vector<float> kValues = {1, 2, 3, 4};
+
+TEST_F(CudaEmulatorPinnedCopy, ACopyToPinnedMemoryLandsWhenItsStreamIsSynchronized) {
+  ASSERT_EQ(cudaMemcpyAsync(pinned_, device_, 16, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
+  EXPECT_TRUE(AllNaN(Pinned()));
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(Pinned(), kValues);
+}
+
+TEST_F(CudaEmulatorPinnedCopy, ACopyToPageableMemoryLandsWithinTheCall) {
+  std::vector<float> pageable(4, 0.0f);
+  ASSERT_EQ(cudaMemcpyAsync(pageable.data(), device_, 16, cudaMemcpyDeviceToHost, stream_),
+            cudaSuccess);
+  EXPECT_EQ(pageable, kValues);
+}
+
+TEST_F(CudaEmulatorPinnedCopy, ACopyReadsTheDeviceAsItIsWhenEnqueued) {
+  // The device's side is made in stream order: a later write of the device buffer does not
+  // reach the pending copy.
+  ASSERT_EQ(cudaMemcpyAsync(pinned_, device_, 16, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(device_, 0, 16, stream_), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(Pinned(), kValues);
+  EXPECT_EQ(HostCopy(device_, 4), std::vector<float>(4, 0.0f));
+}
+
+TEST_F(CudaEmulatorPinnedCopy, AnEventSettlesOnlyTheCopiesBeforeItsRecord) {
+  float* second = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&second), 16), cudaSuccess);
+  cudaEvent_t event = nullptr;
+  ASSERT_EQ(cudaEventCreate(&event), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pinned_, device_, 16, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(event, stream_), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(second, device_, 16, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
+  ASSERT_EQ(cudaEventSynchronize(event), cudaSuccess);
+  EXPECT_EQ(Pinned(), kValues);
+  EXPECT_TRUE(AllNaN(std::vector<float>(second, second + 4)));
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(std::vector<float>(second, second + 4), kValues);
+  cudaEventDestroy(event);
+  cudaFreeHost(second);
+}
+
+TEST_F(CudaEmulatorPinnedCopy, ASynchronousCopyWaitsForBlockingStreamsOnly) {
+  // cudaMemcpy runs on the legacy stream, which a non-blocking stream's work is not
+  // ordered with; a blocking stream's is.
+  cudaStream_t blocking = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&blocking), cudaSuccess);
+  float* second = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&second), 16), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pinned_, device_, 16, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(second, device_, 16, cudaMemcpyDeviceToHost, blocking), cudaSuccess);
+  EXPECT_EQ(HostCopy(device_, 4), kValues);  // a cudaMemcpy
+  EXPECT_TRUE(AllNaN(Pinned()));
+  EXPECT_EQ(std::vector<float>(second, second + 4), kValues);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(Pinned(), kValues);
+  cudaFreeHost(second);
+  cudaStreamDestroy(blocking);
+}
+
+TEST_F(CudaEmulatorPinnedCopy, AGraphsCopyIsPendingOnTheStreamItIsLaunchedOn) {
+  cudaStream_t capture = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(capture, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pinned_, device_, 16, cudaMemcpyDeviceToHost, capture), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(capture, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph), cudaSuccess);
+  std::memset(pinned_, 0, 16);  // nothing pending yet: the host may write
+  ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+  EXPECT_TRUE(AllNaN(Pinned()));
+  ASSERT_EQ(cudaStreamSynchronize(capture), cudaSuccess);  // not the stream it runs on
+  EXPECT_TRUE(AllNaN(Pinned()));
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(Pinned(), kValues);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(capture);
+}
+
+TEST_F(CudaEmulatorPinnedCopy, ACopyToTheDeviceReadsThePinnedSourceWhenEnqueued) {
+  const float values[4] = {5, 6, 7, 8};
+  std::memcpy(pinned_, values, 16);
+  ASSERT_EQ(cudaMemcpyAsync(device_, pinned_, 16, cudaMemcpyHostToDevice, stream_), cudaSuccess);
+  EXPECT_EQ(HostCopy(device_, 4), std::vector<float>(values, values + 4));
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  pinned_[1] = 9;  // synchronized: the source may change, and be copied again
+  ASSERT_EQ(cudaMemcpyAsync(device_, pinned_, 16, cudaMemcpyHostToDevice, stream_), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(HostCopy(device_, 4), (std::vector<float>{5, 9, 7, 8}));
+}
+
+TEST_F(CudaEmulatorPinnedCopy, AStreamMayCopyIntoASourceItHasYetToRead) {
+  // In the stream's order the copy to the device reads the bytes before the copy to the
+  // host overwrites them: no race, and the pinned bytes end as the device's.
+  float* other = DeviceCopy(std::vector<float>{0, 0, 0, 0});
+  std::memcpy(pinned_, std::vector<float>{5, 6, 7, 8}.data(), 16);
+  ASSERT_EQ(cudaMemcpyAsync(other, pinned_, 16, cudaMemcpyHostToDevice, stream_), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pinned_, device_, 16, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(Pinned(), kValues);
+  EXPECT_EQ(HostCopy(other, 4), (std::vector<float>{5, 6, 7, 8}));
+  cudaFree(other);
+}
+
+using CudaEmulatorPinnedCopyDeathTest = CudaEmulatorPinnedCopy;
+
+TEST_F(CudaEmulatorPinnedCopyDeathTest, WritingAPendingCopysSourceEndsTheProcess) {
+  std::memset(pinned_, 0, 16);
+  ASSERT_EQ(cudaMemcpyAsync(device_, pinned_, 16, cudaMemcpyHostToDevice, stream_), cudaSuccess);
+  EXPECT_DEATH(
+      {
+        pinned_[1] = 5;  // bytes 4 to 7: 0x40a00000, little-endian, so 6 and 7 change
+        cudaStreamSynchronize(stream_);
+      },
+      "cudaMemcpyAsync of 16 bytes to the device: the host changed byte 6 of its source, .* "
+      "before synchronizing with the copy's stream");
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);  // here the host left it alone
+}
+
+TEST_F(CudaEmulatorPinnedCopyDeathTest, WritingAPendingCopysDestinationEndsTheProcess) {
+  ASSERT_EQ(cudaMemcpyAsync(pinned_, device_, 16, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
+  EXPECT_DEATH(
+      {
+        pinned_[3] = 0.0f;  // bytes 12 to 15
+        cudaDeviceSynchronize();
+      },
+      "cudaMemcpyAsync of 16 bytes to the host: the host wrote byte 12 of its destination, "
+      ".* before synchronizing with the copy's stream");
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // here the host left it alone
+  EXPECT_EQ(Pinned(), kValues);
+}
+
+}  // namespace
+}  // namespace kvlens::kernels::cuda
