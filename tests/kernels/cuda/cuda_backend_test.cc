@@ -713,7 +713,8 @@ TEST_F(CudaBackendTest, RepeatedIndexArraysAreCopiedOnce) {
 // positions before the launch read them. Here a 400 KB upload first (Embedding's ids)
 // leaves the positions of 60000 tokens at [400 KB, 640 KB) and their rows past the end:
 // q and k must still be rotated by their own positions (the reference's, in double) and
-// stored at their own rows.
+// stored at their own rows. (The wrap to the ring's start must first wait for the ids'
+// copy, still pending: on the emulator, staging over it ends the process.)
 TEST_F(CudaBackendTest, AnOpsIndexArraysShareOneUpload) {
   const std::vector<float> table = {10, 20, 30, 40};
   const WeightView w{table.data(), DType::kF32, 4, 1};
