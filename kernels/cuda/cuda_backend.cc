@@ -284,6 +284,10 @@ absl::StatusOr<const DeviceWeight*> CudaBackend::Upload(const WeightView& w) {
   } else {
     KVLENS_CUDA_RETURN_IF_ERROR(cudaMemcpy(dw.buffer.get(), w.data, bytes, cudaMemcpyHostToDevice));
   }
+  // From pageable memory cudaMemcpy returns once the bytes are staged, their write to the
+  // device still running on the legacy stream, which the backends' non-blocking streams
+  // (the next kernel reads this weight) do not wait for.
+  KVLENS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
   weights_->bytes += static_cast<int64_t>(dw.buffer.bytes());
   auto [it, inserted] = weights_->weights.emplace(w.data, std::move(dw));
   return &it->second;

@@ -109,12 +109,22 @@ inline std::vector<float> ToFloat(const std::vector<double>& v) {
   return std::vector<float>(v.begin(), v.end());
 }
 
+// cudaMemcpy to the device, waited for: from pageable memory it returns once the bytes
+// are staged, their write still running on the legacy stream, which the backend's
+// non-blocking stream does not wait for.
+inline absl::Status CopyToDeviceAndWait(void* dst, const void* src, size_t bytes) {
+  KVLENS_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  KVLENS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
+  return absl::OkStatus();
+}
+
 inline absl::StatusOr<DeviceBuffer> ToDevice(const std::vector<double>& h) {
   const std::vector<float> f = ToFloat(h);
   DeviceBuffer b;
   if (absl::Status s = b.Reserve(std::max<size_t>(f.size(), 1) * sizeof(float)); !s.ok()) return s;
-  KVLENS_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(b.get(), f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice));
+  if (absl::Status s = CopyToDeviceAndWait(b.get(), f.data(), f.size() * sizeof(float)); !s.ok()) {
+    return s;
+  }
   return b;
 }
 
@@ -135,8 +145,10 @@ inline absl::StatusOr<DeviceBuffer> ToDeviceBf16(const std::vector<double>& h) {
   if (absl::Status s = b.Reserve(std::max<size_t>(bits.size(), 1) * sizeof(uint16_t)); !s.ok()) {
     return s;
   }
-  KVLENS_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(b.get(), bits.data(), bits.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  if (absl::Status s = CopyToDeviceAndWait(b.get(), bits.data(), bits.size() * sizeof(uint16_t));
+      !s.ok()) {
+    return s;
+  }
   return b;
 }
 

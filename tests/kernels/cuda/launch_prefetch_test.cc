@@ -48,8 +48,7 @@ ExactWeight MakeWeight(std::mt19937_64& rng, int64_t rows, int64_t in) {
   void* p = nullptr;
   EXPECT_EQ(cudaMalloc(&p, bits.size() * sizeof(uint16_t)), cudaSuccess);
   w.buffer = DeviceBuffer::Adopt(p, bits.size() * sizeof(uint16_t));
-  EXPECT_EQ(cudaMemcpy(p, bits.data(), bits.size() * sizeof(uint16_t), cudaMemcpyHostToDevice),
-            cudaSuccess);
+  EXPECT_TRUE(parity::CopyToDeviceAndWait(p, bits.data(), bits.size() * sizeof(uint16_t)).ok());
   return w;
 }
 

@@ -18,6 +18,9 @@ T* DeviceCopy(const std::vector<T>& host) {
   EXPECT_EQ(cudaMalloc(&d, sizeof(T) * host.size()), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(d, host.data(), sizeof(T) * host.size(), cudaMemcpyHostToDevice),
             cudaSuccess);
+  // Waited for: from pageable memory cudaMemcpy returns once the bytes are staged, and a
+  // non-blocking stream does not wait for the legacy stream's write.
+  EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
   return d;
 }
 
