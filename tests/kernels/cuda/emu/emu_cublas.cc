@@ -52,12 +52,17 @@ float Load(const void* p, cudaDataType_t t, int64_t i) {
 
 size_t ElementBytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
 
+// The bytes a column-major matrix of `rows` × `cols` with leading dimension ld spans.
+size_t MatrixBytes(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld) {
+  if (rows == 0 || cols == 0) return 0;
+  return static_cast<size_t>((cols - 1) * ld + rows) * ElementBytes(t);
+}
+
 // Whether a column-major matrix of `rows` × `cols` with leading dimension ld lies in one
 // device allocation.
 bool InDevice(const void* p, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld) {
   if (rows == 0 || cols == 0) return true;
-  const size_t bytes = static_cast<size_t>((cols - 1) * ld + rows) * ElementBytes(t);
-  return IsDeviceRange(p, bytes);
+  return IsDeviceRange(p, MatrixBytes(t, rows, cols, ld));
 }
 
 cublasStatus_t BlasFail(cublasStatus_t s, const std::string& why) {
@@ -99,6 +104,11 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
       !InDevice(C, Ctype, m, n, ldc)) {
     return BlasFail(CUBLAS_STATUS_EXECUTION_FAILED, "A, B or C is not in device memory");
   }
+  CheckNotBeingWritten(handle->stream, A, MatrixBytes(Atype, a_rows, a_cols, lda),
+                       "cublasGemmEx's A");
+  CheckNotBeingWritten(handle->stream, B, MatrixBytes(Btype, b_rows, b_cols, ldb),
+                       "cublasGemmEx's B");
+  CheckNotBeingWritten(handle->stream, C, MatrixBytes(Ctype, m, n, ldc), "cublasGemmEx's C");
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   float* c = static_cast<float*>(C);
   std::vector<float> b_col(static_cast<size_t>(k));

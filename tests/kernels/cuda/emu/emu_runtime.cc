@@ -15,8 +15,10 @@
 // (ExceedsLaunchBounds) and its shared memory, static (StaticShared) and dynamic together,
 // against the limit (CheckConfig). Streams run their work as it is enqueued, except for
 // the host's side of a copy to or from pinned memory, which waits for a synchronization
-// (PendingCopy): a host that reads such a copy's destination, or writes its source, too
-// early gets NaN or ends the process, as on a GPU it would race with the copy.
+// (Pending): a host that reads such a copy's destination, or writes its source, too early
+// gets NaN or ends the process, as on a GPU it would race with the copy; and a
+// non-blocking stream's work touching device bytes a legacy-stream copy or memset wrote
+// before the host synchronized with it ends the process too.
 //
 // Kernels run one block at a time on the launching host thread (launches from several
 // threads are serialised), one fiber per CUDA thread, switched only at barriers
@@ -35,6 +37,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -73,8 +76,8 @@ struct kvlens_emu::CUgraphExec_st {
 };
 struct kvlens_emu::CUevent_st {
   std::chrono::steady_clock::time_point time;
-  // Where cudaEventRecord put it: its stream (null: the legacy stream), after the pinned
-  // copies numbered below `copies` (PendingCopy::sequence).
+  // Where cudaEventRecord put it: its stream (null: the legacy stream), after the pending
+  // work numbered below `copies` (Pending::sequence).
   const CUstream_st* stream = nullptr;
   uint64_t copies = 0;
 };
@@ -170,38 +173,45 @@ std::string Hex(const void* p) {
   return buf;
 }
 
-// ---- pinned host memory and the stream order --------------------------------------
-// Work runs when it is enqueued here, but a copy between device memory and pinned host
-// memory (cudaMallocHost) is asynchronous for the host on a GPU: the host may read the
-// copy's destination, or write its source, only once it has synchronized with the copy's
-// stream (cudaStreamSynchronize, cudaEventSynchronize on an event recorded after the copy,
-// cudaDeviceSynchronize, or a synchronous call that waits for that stream). So the host's
-// side of such a copy is pending (PendingCopy) until a synchronization reaches it (Settle):
-//   - to the host: the destination holds NaN (0xFF bytes) until then, and the copied bytes
-//     land then; the host must not have written the destination in between;
-//   - to the device: the device's bytes are written at once, from the source as it is now,
-//     and the source must still hold them then.
-// A host that broke either rule ends the process with a message (HostRace): on a GPU the
-// copy might have overwritten what the host wrote, or read what it changed. A copy to or
-// from pageable memory completes for the host within the call, as on a GPU (the runtime
-// stages it). The legacy stream (null) waits for a blocking stream's work, not for a
-// non-blocking stream's (OrderedBy), so a synchronous cudaMemcpy does not settle the
-// latter's copies.
-struct PendingCopy {
+// ---- what the host and other streams see of a stream's order -------------------------
+// Work runs when it is enqueued here, but on a GPU two things of it are asynchronous and
+// pending here (Pending) until a synchronization reaches them (Settle):
+//   - a copy between device memory and pinned host memory (cudaMallocHost): the host may
+//     read its destination, or write its source, only once it has synchronized with the
+//     copy's stream (cudaStreamSynchronize, cudaEventSynchronize on an event recorded
+//     after it, cudaDeviceSynchronize, or a synchronous call that waits for that stream).
+//     To the host: the destination holds NaN (0xFF bytes) until then, and the copied
+//     bytes land then; the host must not write it in between. To the device: the device's
+//     bytes are written at once, from the source as it is now, which must still hold them
+//     then. A host that broke either rule ends the process (HostRace): on a GPU the copy
+//     might have overwritten what it wrote, or read what it changed.
+//   - a copy or memset into device memory on the legacy stream, synchronous cudaMemcpy
+//     from pageable memory and cudaMemset included (the first returns once its source is
+//     staged, the second at once): a non-blocking stream is not ordered after the legacy
+//     stream, so its work touching those bytes before the host has synchronized with the
+//     legacy stream ends the process (CheckNotBeingWritten): on a GPU it could run before
+//     the write lands.
+// A copy to or from pageable memory completes for the host within the call, as the
+// runtime stages it on a GPU. The legacy stream (null) waits for a blocking stream's work,
+// not for a non-blocking stream's (OrderedBy), so a synchronous cudaMemcpy does not settle
+// the latter's copies.
+struct Pending {
+  enum Kind { kToHost, kToDevice, kDeviceWrite };
+  Kind kind;
   const CUstream_st* stream;  // null: the legacy stream
-  uint64_t sequence;          // the copy's place among all pinned copies (events record it)
-  unsigned char* host;        // the pinned bytes: the destination (to_host) or the source
+  uint64_t sequence;          // its place among all pending work (events record it)
+  unsigned char* bytes_at;    // pinned bytes (the copy's destination or source), or device bytes
   size_t bytes;
-  bool to_host;
-  std::vector<unsigned char> data;  // to the host: the bytes to land; else: the bytes read
+  std::vector<unsigned char> data;  // to the host: the bytes to land; to the device: those read
+  const char* what;                 // kDeviceWrite: the call
 };
 
 std::mutex g_pending_mutex;
-std::vector<PendingCopy> g_pending;  // in the order enqueued
-uint64_t g_copies_enqueued = 0;      // pinned copies so far (the next one's sequence)
+std::vector<Pending> g_pending;  // in the order enqueued
+uint64_t g_enqueued = 0;         // pending work so far (the next one's sequence)
 // The stream a graph being launched runs on (cudaGraphLaunch): its recorded copies are
 // enqueued there.
-thread_local const CUstream_st* t_graph_stream = nullptr;
+thread_local CUstream_st* t_graph_stream = nullptr;
 
 // Whether [p, p + bytes) lies in one pinned allocation. Caller holds g_memory_mutex.
 bool FindPinned(const void* p, size_t bytes) {
@@ -213,60 +223,68 @@ bool FindPinned(const void* p, size_t bytes) {
 }
 
 // Whether synchronizing with stream `waited` (null: the legacy stream) waits for the work
-// enqueued earlier on `s`: on s itself, and, for the legacy stream, on any blocking stream.
+// enqueued earlier on `s`, and whether work on `waited` runs after it: on s itself, and
+// between the legacy stream and any blocking stream.
 bool OrderedBy(const CUstream_st* waited, const CUstream_st* s) {
-  return waited == s || (waited == nullptr && (s == nullptr || !s->non_blocking));
+  return waited == s || (waited == nullptr && (s == nullptr || !s->non_blocking)) ||
+         (s == nullptr && !waited->non_blocking);
 }
 
-[[noreturn]] void HostRace(const PendingCopy& c, size_t byte) {
-  const std::string side = c.to_host
-                               ? "to the host: the host wrote byte " + std::to_string(byte) +
-                                     " of its destination, " + Hex(c.host) + ","
-                               : "to the device: the host changed byte " + std::to_string(byte) +
-                                     " of its source, " + Hex(c.host) + ",";
+[[noreturn]] void HostRace(const Pending& c, size_t byte) {
+  const bool to_host = c.kind == Pending::kToHost;
+  const std::string side = std::string(to_host ? "to the host: the host wrote byte "
+                                               : "to the device: the host changed byte ") +
+                           std::to_string(byte) + " of its " +
+                           (to_host ? "destination, " : "source, ") + Hex(c.bytes_at) + ",";
   std::fprintf(stderr,
                "[cuda-emu] cudaMemcpyAsync of %zu bytes %s before synchronizing with the "
                "copy's stream (pinned memory: on a GPU the copy may %s)\n",
                c.bytes, side.c_str(),
-               c.to_host ? "land after the host's write" : "read either value");
+               to_host ? "land after the host's write" : "read either value");
   std::fflush(stderr);
   std::abort();
 }
 
-// Completes, for the host, the pending copies `settled` selects: checks that the host left
-// their bytes alone (all of them first: two copies may land in the same bytes, in order),
-// then lands those to the host.
-void Settle(const std::function<bool(const PendingCopy&)>& settled) {
+// Completes, for the host, the pending work `settled` selects: checks that the host left
+// the copies' pinned bytes alone (all of them first: two copies may land in the same
+// bytes, in order), then lands those to the host.
+void Settle(const std::function<bool(const Pending&)>& settled) {
   std::lock_guard<std::mutex> lock(g_pending_mutex);
-  std::vector<PendingCopy> done, left;
-  for (PendingCopy& c : g_pending) (settled(c) ? done : left).push_back(std::move(c));
+  std::vector<Pending> done, left;
+  for (Pending& c : g_pending) (settled(c) ? done : left).push_back(std::move(c));
   g_pending = std::move(left);
-  for (const PendingCopy& c : done) {
+  for (const Pending& c : done) {
+    if (c.kind == Pending::kDeviceWrite) continue;
     for (size_t i = 0; i < c.bytes; ++i) {
-      if (c.host[i] != (c.to_host ? 0xff : c.data[i])) HostRace(c, i);
+      if (c.bytes_at[i] != (c.kind == Pending::kToHost ? 0xff : c.data[i])) HostRace(c, i);
     }
   }
-  for (const PendingCopy& c : done) {
-    if (c.to_host) std::memcpy(c.host, c.data.data(), c.bytes);
+  for (const Pending& c : done) {
+    if (c.kind == Pending::kToHost) std::memcpy(c.bytes_at, c.data.data(), c.bytes);
   }
 }
 
 void SettleStream(const CUstream_st* waited) {
-  Settle([waited](const PendingCopy& c) { return OrderedBy(waited, c.stream); });
+  Settle([waited](const Pending& c) { return OrderedBy(waited, c.stream); });
 }
 
-// A copy from device memory `device` into pinned `host` (to_host), or from pinned `host`
-// into `device`, on `stream`, after the checks: makes the device's side now.
+void SettleAll() {
+  Settle([](const Pending&) { return true; });
+}
+
+// A copy from device memory `device` into pinned `host` (kToHost), or from pinned `host`
+// into `device` (kToDevice), on `stream`, after the checks: makes the device's side now.
 void EnqueuePinnedCopy(const CUstream_st* stream, unsigned char* host, unsigned char* device,
-                       size_t bytes, bool to_host) {
+                       size_t bytes, Pending::Kind kind) {
   // The stream's earlier copies touching these bytes come first, in its order (a copy
   // into a source the stream has yet to read, or the other way round, is no race).
-  Settle([&](const PendingCopy& c) {
-    return c.stream == stream && c.host < host + bytes && host < c.host + c.bytes;
+  Settle([&](const Pending& c) {
+    return c.kind != Pending::kDeviceWrite && c.stream == stream && c.bytes_at < host + bytes &&
+           host < c.bytes_at + c.bytes;
   });
   std::lock_guard<std::mutex> lock(g_pending_mutex);
-  PendingCopy c{stream, g_copies_enqueued++, host, bytes, to_host, {}};
-  if (to_host) {
+  Pending c{kind, stream, g_enqueued++, host, bytes, {}, "cudaMemcpyAsync"};
+  if (kind == Pending::kToHost) {
     c.data.assign(device, device + bytes);
     std::memset(host, 0xff, bytes);
   } else {
@@ -276,7 +294,47 @@ void EnqueuePinnedCopy(const CUstream_st* stream, unsigned char* host, unsigned 
   g_pending.push_back(std::move(c));
 }
 
-// ---- fibers and blocks -------------------------------------------------------------
+// A write of device bytes on the legacy stream (`what`: the call) that streams not ordered
+// after it must not touch until the host synchronizes with the legacy stream.
+void EnqueueLegacyWrite(void* device, size_t bytes, const char* what) {
+  std::lock_guard<std::mutex> lock(g_pending_mutex);
+  g_pending.push_back({Pending::kDeviceWrite,
+                       nullptr,
+                       g_enqueued++,
+                       static_cast<unsigned char*>(device),
+                       bytes,
+                       {},
+                       what});
+}
+
+}  // namespace
+
+void CheckNotBeingWritten(cudaStream_t stream, const void* p, size_t bytes,
+                          const std::string& who) {
+  if (OrderedBy(stream, nullptr)) return;
+  const auto* begin = static_cast<const unsigned char*>(p);
+  std::lock_guard<std::mutex> lock(g_pending_mutex);
+  for (const Pending& c : g_pending) {
+    if (c.kind != Pending::kDeviceWrite || c.bytes_at >= begin + bytes ||
+        begin >= c.bytes_at + c.bytes) {
+      continue;
+    }
+    std::fprintf(stderr,
+                 "[cuda-emu] %s, on a non-blocking stream, uses device memory %s (%zu bytes) "
+                 "that a %s of %zu bytes to %s on the legacy stream may still be writing: the "
+                 "host has not synchronized with the legacy stream since, and a non-blocking "
+                 "stream does not wait for it (cudaMemcpy from pageable memory returns once "
+                 "its source is staged, cudaMemset at once)\n",
+                 who.c_str(), Hex(p).c_str(), bytes, c.what, c.bytes, Hex(c.bytes_at).c_str());
+    std::fflush(stderr);
+    std::abort();
+  }
+}
+
+namespace {
+
+// ---- fibers and blocks -------------------------------------------------------------// ----
+// fibers and blocks -------------------------------------------------------------
 constexpr size_t kStackBytes = 256 * 1024;
 
 enum class FiberState { kReady, kWaiting, kDone };
@@ -728,8 +786,21 @@ float* WarpScratch() {
 
 bool CheckPointerArgument(const LaunchConfig& config, int index, const void* p) {
   if (p == nullptr) return true;
-  std::lock_guard<std::mutex> lock(g_memory_mutex);
-  if (FindDevice(p, 0) != nullptr) return true;
+  bool in_device = false;
+  size_t to_end = 0;  // bytes from p to its allocation's end, which the kernel may touch
+  {
+    std::lock_guard<std::mutex> lock(g_memory_mutex);
+    if (FindDevice(p, 0) != nullptr) {
+      in_device = true;
+      auto it = std::prev(g_device.upper_bound(reinterpret_cast<uintptr_t>(p)));
+      to_end = it->first + it->second.bytes - reinterpret_cast<uintptr_t>(p);
+    }
+  }
+  if (in_device) {
+    CheckNotBeingWritten(config.stream, p, to_end,
+                         std::string(config.name) + "'s pointer argument " + std::to_string(index));
+    return true;
+  }
   Fail(cudaErrorIllegalAddress, std::string(config.name) + ": pointer argument " +
                                     std::to_string(index) + " (" + Hex(p) +
                                     ") is not in device memory");
@@ -984,7 +1055,7 @@ cudaError_t cudaDeviceSynchronize() {
   if (const cudaError_t e = RefuseDuringCapture("cudaDeviceSynchronize"); e != cudaSuccess) {
     return e;
   }
-  Settle([](const PendingCopy&) { return true; });
+  SettleAll();
   return cudaSuccess;
 }
 
@@ -1087,7 +1158,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 cudaError_t cudaFree(void* ptr) {
   if (const cudaError_t e = RefuseDuringCapture("cudaFree"); e != cudaSuccess) return e;
   if (ptr == nullptr) return cudaSuccess;
-  Settle([](const PendingCopy&) { return true; });  // it waits for the device
+  SettleAll();  // it waits for the device
   std::lock_guard<std::mutex> lock(g_memory_mutex);
   auto it = g_device.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == g_device.end()) {
@@ -1116,7 +1187,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
 cudaError_t cudaFreeHost(void* ptr) {
   if (const cudaError_t e = RefuseDuringCapture("cudaFreeHost"); e != cudaSuccess) return e;
   if (ptr == nullptr) return cudaSuccess;
-  Settle([](const PendingCopy&) { return true; });  // it waits for the device
+  SettleAll();  // it waits for the device
   std::lock_guard<std::mutex> lock(g_memory_mutex);
   if (g_pinned.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
     return Fail(cudaErrorInvalidValue, "cudaFreeHost: " + Hex(ptr) + " is not pinned memory");
@@ -1153,11 +1224,11 @@ namespace {
 // not pending, pinned memory or not).
 cudaError_t Memcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                    cudaStream_t stream, bool host_waits) {
-  bool pinned_dst = false, pinned_src = false;
+  bool pinned_dst = false, pinned_src = false, dst_device = false, src_device = false;
   {
     std::lock_guard<std::mutex> lock(g_memory_mutex);
-    const bool dst_device = FindDevice(dst, bytes) != nullptr;
-    const bool src_device = FindDevice(src, bytes) != nullptr;
+    dst_device = FindDevice(dst, bytes) != nullptr;
+    src_device = FindDevice(src, bytes) != nullptr;
     const bool dst_any = FindDevice(dst, 0) != nullptr, src_any = FindDevice(src, 0) != nullptr;
     std::string bad;
     switch (kind) {
@@ -1190,14 +1261,31 @@ cudaError_t Memcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind
     pinned_dst = src_device && !dst_any && FindPinned(dst, bytes);
     pinned_src = dst_device && !src_any && FindPinned(src, bytes);
   }
-  if (!host_waits && (pinned_dst || pinned_src)) {
-    const CUstream_st* on = stream != nullptr ? stream : t_graph_stream;
+  CUstream_st* on = stream != nullptr ? stream : t_graph_stream;
+  if (dst_device) CheckNotBeingWritten(on, dst, bytes, "cudaMemcpyAsync's destination");
+  if (src_device) CheckNotBeingWritten(on, src, bytes, "cudaMemcpyAsync's source");
+  if (host_waits) {
+    // cudaMemcpy: from pageable memory to the device it first waits for the legacy stream,
+    // then returns once the source is staged, its write pending; between device buffers
+    // it does not wait at all; else it returns once the copy is made, and so after the
+    // legacy stream's earlier work.
+    std::memmove(dst, src, bytes);
+    if (dst_device && (src_device || !pinned_src)) {
+      if (!src_device) SettleStream(nullptr);
+      EnqueueLegacyWrite(dst, bytes, "cudaMemcpy");
+    } else {
+      SettleStream(nullptr);
+    }
+    return cudaSuccess;
+  }
+  if (on == nullptr && dst_device) EnqueueLegacyWrite(dst, bytes, "cudaMemcpyAsync");
+  if (pinned_dst || pinned_src) {
     auto* d = static_cast<unsigned char*>(dst);
     auto* s = static_cast<unsigned char*>(const_cast<void*>(src));
     if (pinned_dst) {
-      EnqueuePinnedCopy(on, d, s, bytes, true);
+      EnqueuePinnedCopy(on, d, s, bytes, Pending::kToHost);
     } else {
-      EnqueuePinnedCopy(on, s, d, bytes, false);
+      EnqueuePinnedCopy(on, s, d, bytes, Pending::kToDevice);
     }
     return cudaSuccess;
   }
@@ -1220,10 +1308,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (const cudaError_t e = RefuseDuringCapture("cudaMemcpy"); e != cudaSuccess) return e;
   if (bytes == 0) return cudaSuccess;
-  // On the legacy stream: after the work of blocking streams, whose copies it settles.
-  const cudaError_t e = Memcpy(dst, src, bytes, kind, nullptr, true);
-  SettleStream(nullptr);
-  return e;
+  return Memcpy(dst, src, bytes, kind, nullptr, true);  // on the legacy stream
 }
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
@@ -1238,15 +1323,20 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
                   "cudaMemset(" + Hex(dst) + ", " + std::to_string(bytes) + "): not device memory");
     }
   }
+  CUstream_st* on = stream != nullptr ? stream : t_graph_stream;
+  if (on == nullptr) {
+    EnqueueLegacyWrite(dst, bytes, "cudaMemset");
+  } else {
+    CheckNotBeingWritten(on, dst, bytes, "cudaMemsetAsync");
+  }
   std::memset(dst, value, bytes);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  // Asynchronous for the host on a GPU, as cudaMemsetAsync on the legacy stream.
   if (const cudaError_t e = RefuseDuringCapture("cudaMemset"); e != cudaSuccess) return e;
-  const cudaError_t e = cudaMemsetAsync(dst, value, bytes, nullptr);
-  SettleStream(nullptr);
-  return e;
+  return cudaMemsetAsync(dst, value, bytes, nullptr);
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
@@ -1262,7 +1352,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   // Its pending copies complete for the host now (the address may name a new stream next).
-  Settle([stream](const PendingCopy& c) { return c.stream == stream; });
+  Settle([stream](const Pending& c) { return c.stream == stream; });
   delete stream;
   return cudaSuccess;
 }
@@ -1363,12 +1453,12 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   event->time = std::chrono::steady_clock::now();
   event->stream = stream;
   std::lock_guard<std::mutex> lock(g_pending_mutex);
-  event->copies = g_copies_enqueued;
+  event->copies = g_enqueued;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  Settle([event](const PendingCopy& c) {
+  Settle([event](const Pending& c) {
     return c.sequence < event->copies && OrderedBy(event->stream, c.stream);
   });
   return cudaSuccess;

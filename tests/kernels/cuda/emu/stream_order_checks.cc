@@ -1,9 +1,14 @@
-// A copy between device memory and pinned host memory is asynchronous for the host on a
-// GPU, and the emulator keeps its host side pending until the host synchronizes with the
-// copy's stream (emu_runtime.cc, PendingCopy): the destination of a copy to the host
-// reads NaN until then, and a host that writes a pending copy's pinned bytes ends the
-// process. Until 2026-12-07 every copy completed within its call here, so a host that
-// read a copy's result before synchronizing passed CI and would read stale bytes on a GPU.
+// What the host and other streams see of a stream's order on the emulator
+// (emu_runtime.cc, Pending), as on a GPU:
+//   - a copy between device memory and pinned host memory is asynchronous for the host:
+//     its destination reads NaN until the host synchronizes with the copy's stream, and a
+//     host that writes a pending copy's pinned bytes ends the process;
+//   - a non-blocking stream is not ordered after the legacy stream: its work touching
+//     device bytes that a legacy-stream copy or memset wrote (cudaMemcpy from pageable
+//     memory returns once its source is staged) ends the process until the host has
+//     synchronized with the legacy stream.
+// Until 2026-12-07 every copy completed within its call here, so a host that read a
+// result before synchronizing, or a stream that read an upload still in flight, passed CI.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -11,6 +16,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/ops.h"
 #include "tests/kernels/cuda/emu/emu_copies.h"
 
 namespace kvlens::kernels::cuda {
@@ -147,6 +153,79 @@ TEST_F(CudaEmulatorPinnedCopy, AStreamMayCopyIntoASourceItHasYetToRead) {
   EXPECT_EQ(Pinned(), kValues);
   EXPECT_EQ(HostCopy(other, 4), (std::vector<float>{5, 6, 7, 8}));
   cudaFree(other);
+}
+
+// A non-blocking stream and the legacy stream's writes: x holds {10, 20, 30, 40} once
+// written; the fixture's device_ ({1, 2, 3, 4}) was waited for.
+class CudaEmulatorLegacyWrite : public CudaEmulatorPinnedCopy {
+ protected:
+  void SetUp() override {
+    CudaEmulatorPinnedCopy::SetUp();
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&x_), 16), cudaSuccess);
+  }
+  void TearDown() override {
+    cudaFree(x_);
+    CudaEmulatorPinnedCopy::TearDown();
+  }
+  void WriteX() {
+    ASSERT_EQ(cudaMemcpy(x_, x_values_.data(), 16, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+
+  const std::vector<float> x_values_ = {10, 20, 30, 40};
+  float* x_ = nullptr;
+};
+
+TEST_F(CudaEmulatorLegacyWrite, ANonBlockingStreamMayReadItOnceTheHostSynchronizes) {
+  WriteX();
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  ASSERT_TRUE(LaunchAdd(device_, x_, 4, stream_).ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(HostCopy(device_, 4), (std::vector<float>{11, 22, 33, 44}));
+}
+
+TEST_F(CudaEmulatorLegacyWrite, ABlockingStreamIsOrderedAfterIt) {
+  cudaStream_t blocking = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&blocking), cudaSuccess);
+  WriteX();
+  ASSERT_TRUE(LaunchAdd(device_, x_, 4, blocking).ok());
+  ASSERT_EQ(cudaStreamSynchronize(blocking), cudaSuccess);
+  EXPECT_EQ(HostCopy(device_, 4), (std::vector<float>{11, 22, 33, 44}));
+  cudaStreamDestroy(blocking);
+}
+
+TEST_F(CudaEmulatorLegacyWrite, ACopyThatReturnsOnceMadeSettlesTheLegacyStream) {
+  // From pinned memory to the device, and from the device to the host, cudaMemcpy returns
+  // once the copy is made, after the legacy stream's earlier writes.
+  WriteX();
+  EXPECT_EQ(HostCopy(x_, 4), x_values_);
+  ASSERT_TRUE(LaunchAdd(device_, x_, 4, stream_).ok());
+  std::memcpy(pinned_, x_values_.data(), 16);
+  ASSERT_EQ(cudaMemcpy(x_, pinned_, 16, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_TRUE(LaunchAdd(device_, x_, 4, stream_).ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(HostCopy(device_, 4), (std::vector<float>{21, 42, 63, 84}));
+}
+
+using CudaEmulatorLegacyWriteDeathTest = CudaEmulatorLegacyWrite;
+
+TEST_F(CudaEmulatorLegacyWriteDeathTest,
+       AKernelOnANonBlockingStreamMustNotReadItBeforeTheHostWaits) {
+  WriteX();
+  EXPECT_DEATH((void)LaunchAdd(device_, x_, 4, stream_),
+               "AddKernel's pointer argument 1, on a non-blocking stream, uses device memory .* "
+               "\\(16 bytes\\) that a cudaMemcpy of 16 bytes to .* on the legacy stream may "
+               "still be writing");
+}
+
+TEST_F(CudaEmulatorLegacyWriteDeathTest, AMemsetIsAsynchronousToo) {
+  ASSERT_EQ(cudaMemset(x_, 0, 16), cudaSuccess);
+  EXPECT_DEATH(cudaMemcpyAsync(pinned_, x_, 16, cudaMemcpyDeviceToHost, stream_),
+               "cudaMemcpyAsync's source, on a non-blocking stream, uses device memory .* that "
+               "a cudaMemset of 16 bytes");
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pinned_, x_, 16, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(Pinned(), std::vector<float>(4, 0.0f));
 }
 
 using CudaEmulatorPinnedCopyDeathTest = CudaEmulatorPinnedCopy;

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 namespace kvlens_emu {
 
@@ -210,6 +211,11 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks, const
 
 // For the emulator's own tests: whether [p, p + bytes) lies in one device allocation.
 bool IsDeviceRange(const void* p, size_t bytes);
+// Ends the process with a message naming `who` if work on `stream` touching [p, p + bytes)
+// could run, on a GPU, before a write of the legacy stream there that the host has not
+// synchronized with since (a non-blocking stream does not wait for the legacy stream):
+// the emulator's launches, copies and cuBLAS call it (emu_runtime.cc, Pending).
+void CheckNotBeingWritten(cudaStream_t stream, const void* p, size_t bytes, const std::string& who);
 
 }  // namespace kvlens_emu
 
