@@ -83,8 +83,9 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
     // Captured: alpha and beta are read now (host pointer mode), the matrices when the
     // graph runs.
     const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-    if (RecordIfCapturing(handle->stream, [=] {
-          cublasContext replay;  // the same call on a stream that does not capture
+    if (RecordIfCapturing(handle->stream, [=, stream = handle->stream] {
+          cublasContext replay;  // the same call, on the stream, when it no longer captures
+          replay.stream = stream;
           cublasGemmEx(&replay, transa, transb, m, n, k, &al, A, Atype, lda, B, Btype, ldb, &be, C,
                        Ctype, ldc, compute, CUBLAS_GEMM_DEFAULT);
         })) {
@@ -109,6 +110,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
   CheckNotBeingWritten(handle->stream, B, MatrixBytes(Btype, b_rows, b_cols, ldb),
                        "cublasGemmEx's B");
   CheckNotBeingWritten(handle->stream, C, MatrixBytes(Ctype, m, n, ldc), "cublasGemmEx's C");
+  RecordDeviceWrite(handle->stream, C, MatrixBytes(Ctype, m, n, ldc), "cublasGemmEx");
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   float* c = static_cast<float*>(C);
   std::vector<float> b_col(static_cast<size_t>(k));

@@ -99,8 +99,11 @@ void StaticShared(void* variable, size_t bytes);
 // Runs body once per thread of every block (sets the last error on a bad configuration,
 // a pointer argument outside device memory, or a barrier deadlock).
 void RunGrid(const LaunchConfig& config, const std::function<void()>& body);
-// Records cudaErrorIllegalAddress (and says why) unless p is null or in device memory.
-bool CheckPointerArgument(const LaunchConfig& config, int index, const void* p);
+// Records cudaErrorIllegalAddress (and says why) unless p is null or in device memory;
+// ends the process if the launch's stream may not see a write there yet
+// (CheckNotBeingWritten), and, where the kernel `writes` through p (a pointer to non-const
+// data), notes the write to the rest of p's allocation (RecordDeviceWrite).
+bool CheckPointerArgument(const LaunchConfig& config, int index, const void* p, bool writes);
 
 template <typename... P>
 class Launcher {
@@ -125,10 +128,12 @@ class Launcher {
     bool ok = true;
     (
         [&] {
-          if constexpr (std::is_pointer_v<std::tuple_element_t<I, Tuple>>) {
+          using Param = std::tuple_element_t<I, Tuple>;
+          if constexpr (std::is_pointer_v<Param>) {
             if (ok) {
               ok = CheckPointerArgument(config_, static_cast<int>(I),
-                                        reinterpret_cast<const void*>(std::get<I>(t)));
+                                        reinterpret_cast<const void*>(std::get<I>(t)),
+                                        !std::is_const_v<std::remove_pointer_t<Param>>);
             }
           }
         }(),

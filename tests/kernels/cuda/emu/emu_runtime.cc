@@ -185,16 +185,18 @@ std::string Hex(const void* p) {
 //     bytes are written at once, from the source as it is now, which must still hold them
 //     then. A host that broke either rule ends the process (HostRace): on a GPU the copy
 //     might have overwritten what it wrote, or read what it changed.
-//   - a copy or memset into device memory on the legacy stream, synchronous cudaMemcpy
-//     from pageable memory and cudaMemset included (the first returns once its source is
-//     staged, the second at once): a non-blocking stream is not ordered after the legacy
-//     stream, so its work touching those bytes before the host has synchronized with the
-//     legacy stream ends the process (CheckNotBeingWritten): on a GPU it could run before
-//     the write lands.
+//   - a write of device memory: a kernel's (every pointer argument to non-const data, from
+//     there to its allocation's end), a copy's, a memset's or cuBLAS's, synchronous
+//     cudaMemcpy from pageable memory and cudaMemset included (the first returns once its
+//     source is staged, the second at once). Work on a stream not ordered after the
+//     writer's (OrderedBy: a non-blocking stream and any other; the legacy stream and a
+//     blocking one are ordered both ways) touching those bytes before the host has
+//     synchronized with the writer's stream ends the process (CheckNotBeingWritten): on
+//     a GPU it could run before the write lands, or while it runs.
 // A copy to or from pageable memory completes for the host within the call, as the
 // runtime stages it on a GPU. The legacy stream (null) waits for a blocking stream's work,
-// not for a non-blocking stream's (OrderedBy), so a synchronous cudaMemcpy does not settle
-// the latter's copies.
+// not for a non-blocking stream's, so a synchronous cudaMemcpy does not settle the
+// latter's work.
 struct Pending {
   enum Kind { kToHost, kToDevice, kDeviceWrite };
   Kind kind;
@@ -203,7 +205,7 @@ struct Pending {
   unsigned char* bytes_at;    // pinned bytes (the copy's destination or source), or device bytes
   size_t bytes;
   std::vector<unsigned char> data;  // to the host: the bytes to land; to the device: those read
-  const char* what;                 // kDeviceWrite: the call
+  const char* what;                 // kDeviceWrite: the call or kernel
 };
 
 std::mutex g_pending_mutex;
@@ -294,41 +296,43 @@ void EnqueuePinnedCopy(const CUstream_st* stream, unsigned char* host, unsigned 
   g_pending.push_back(std::move(c));
 }
 
-// A write of device bytes on the legacy stream (`what`: the call) that streams not ordered
-// after it must not touch until the host synchronizes with the legacy stream.
-void EnqueueLegacyWrite(void* device, size_t bytes, const char* what) {
-  std::lock_guard<std::mutex> lock(g_pending_mutex);
-  g_pending.push_back({Pending::kDeviceWrite,
-                       nullptr,
-                       g_enqueued++,
-                       static_cast<unsigned char*>(device),
-                       bytes,
-                       {},
-                       what});
+const char* StreamKind(const CUstream_st* s) {
+  return s == nullptr ? "the legacy stream"
+                      : (s->non_blocking ? "a non-blocking stream" : "a blocking stream");
 }
 
 }  // namespace
 
 void CheckNotBeingWritten(cudaStream_t stream, const void* p, size_t bytes,
                           const std::string& who) {
-  if (OrderedBy(stream, nullptr)) return;
   const auto* begin = static_cast<const unsigned char*>(p);
   std::lock_guard<std::mutex> lock(g_pending_mutex);
   for (const Pending& c : g_pending) {
-    if (c.kind != Pending::kDeviceWrite || c.bytes_at >= begin + bytes ||
-        begin >= c.bytes_at + c.bytes) {
+    if (c.kind != Pending::kDeviceWrite || OrderedBy(stream, c.stream) ||
+        c.bytes_at >= begin + bytes || begin >= c.bytes_at + c.bytes) {
       continue;
     }
     std::fprintf(stderr,
-                 "[cuda-emu] %s, on a non-blocking stream, uses device memory %s (%zu bytes) "
-                 "that a %s of %zu bytes to %s on the legacy stream may still be writing: the "
-                 "host has not synchronized with the legacy stream since, and a non-blocking "
-                 "stream does not wait for it (cudaMemcpy from pageable memory returns once "
-                 "its source is staged, cudaMemset at once)\n",
-                 who.c_str(), Hex(p).c_str(), bytes, c.what, c.bytes, Hex(c.bytes_at).c_str());
+                 "[cuda-emu] %s, on %s, uses device memory %s (%zu bytes) that %s's write of "
+                 "%zu bytes at %s on %s may still be making: the host has not synchronized "
+                 "with that stream since, and this one does not wait for it (cudaMemcpy from "
+                 "pageable memory returns once its source is staged, cudaMemset at once)\n",
+                 who.c_str(), StreamKind(stream), Hex(p).c_str(), bytes, c.what, c.bytes,
+                 Hex(c.bytes_at).c_str(), StreamKind(c.stream));
     std::fflush(stderr);
     std::abort();
   }
+}
+
+void RecordDeviceWrite(cudaStream_t stream, void* p, size_t bytes, const char* what) {
+  std::lock_guard<std::mutex> lock(g_pending_mutex);
+  g_pending.push_back({Pending::kDeviceWrite,
+                       stream,
+                       g_enqueued++,
+                       static_cast<unsigned char*>(p),
+                       bytes,
+                       {},
+                       what});
 }
 
 namespace {
@@ -784,7 +788,7 @@ float* WarpScratch() {
   return &t_block->warp_scratch[static_cast<size_t>(t_fiber->linear / 32) * 768];
 }
 
-bool CheckPointerArgument(const LaunchConfig& config, int index, const void* p) {
+bool CheckPointerArgument(const LaunchConfig& config, int index, const void* p, bool writes) {
   if (p == nullptr) return true;
   bool in_device = false;
   size_t to_end = 0;  // bytes from p to its allocation's end, which the kernel may touch
@@ -799,6 +803,7 @@ bool CheckPointerArgument(const LaunchConfig& config, int index, const void* p) 
   if (in_device) {
     CheckNotBeingWritten(config.stream, p, to_end,
                          std::string(config.name) + "'s pointer argument " + std::to_string(index));
+    if (writes) RecordDeviceWrite(config.stream, const_cast<void*>(p), to_end, config.name);
     return true;
   }
   Fail(cudaErrorIllegalAddress, std::string(config.name) + ": pointer argument " +
@@ -1262,8 +1267,9 @@ cudaError_t Memcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind
     pinned_src = dst_device && !src_any && FindPinned(src, bytes);
   }
   CUstream_st* on = stream != nullptr ? stream : t_graph_stream;
-  if (dst_device) CheckNotBeingWritten(on, dst, bytes, "cudaMemcpyAsync's destination");
-  if (src_device) CheckNotBeingWritten(on, src, bytes, "cudaMemcpyAsync's source");
+  const std::string call = host_waits ? "cudaMemcpy" : "cudaMemcpyAsync";
+  if (dst_device) CheckNotBeingWritten(on, dst, bytes, call + "'s destination");
+  if (src_device) CheckNotBeingWritten(on, src, bytes, call + "'s source");
   if (host_waits) {
     // cudaMemcpy: from pageable memory to the device it first waits for the legacy stream,
     // then returns once the source is staged, its write pending; between device buffers
@@ -1272,13 +1278,13 @@ cudaError_t Memcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind
     std::memmove(dst, src, bytes);
     if (dst_device && (src_device || !pinned_src)) {
       if (!src_device) SettleStream(nullptr);
-      EnqueueLegacyWrite(dst, bytes, "cudaMemcpy");
+      RecordDeviceWrite(nullptr, dst, bytes, "cudaMemcpy");
     } else {
       SettleStream(nullptr);
     }
     return cudaSuccess;
   }
-  if (on == nullptr && dst_device) EnqueueLegacyWrite(dst, bytes, "cudaMemcpyAsync");
+  if (dst_device) RecordDeviceWrite(on, dst, bytes, "cudaMemcpyAsync");
   if (pinned_dst || pinned_src) {
     auto* d = static_cast<unsigned char*>(dst);
     auto* s = static_cast<unsigned char*>(const_cast<void*>(src));
@@ -1324,11 +1330,8 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
     }
   }
   CUstream_st* on = stream != nullptr ? stream : t_graph_stream;
-  if (on == nullptr) {
-    EnqueueLegacyWrite(dst, bytes, "cudaMemset");
-  } else {
-    CheckNotBeingWritten(on, dst, bytes, "cudaMemsetAsync");
-  }
+  CheckNotBeingWritten(on, dst, bytes, "cudaMemsetAsync");
+  RecordDeviceWrite(on, dst, bytes, on == nullptr ? "cudaMemset" : "cudaMemsetAsync");
   std::memset(dst, value, bytes);
   return cudaSuccess;
 }

@@ -130,12 +130,12 @@ TEST_F(CudaEmulatorPinnedCopy, AGraphsCopyIsPendingOnTheStreamItIsLaunchedOn) {
   cudaStreamDestroy(capture);
 }
 
-TEST_F(CudaEmulatorPinnedCopy, ACopyToTheDeviceReadsThePinnedSourceWhenEnqueued) {
+TEST_F(CudaEmulatorPinnedCopy, ACopyToTheDeviceMayReuseItsPinnedSourceOnceSynchronized) {
   const float values[4] = {5, 6, 7, 8};
   std::memcpy(pinned_, values, 16);
   ASSERT_EQ(cudaMemcpyAsync(device_, pinned_, 16, cudaMemcpyHostToDevice, stream_), cudaSuccess);
-  EXPECT_EQ(HostCopy(device_, 4), std::vector<float>(values, values + 4));
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(HostCopy(device_, 4), std::vector<float>(values, values + 4));
   pinned_[1] = 9;  // synchronized: the source may change, and be copied again
   ASSERT_EQ(cudaMemcpyAsync(device_, pinned_, 16, cudaMemcpyHostToDevice, stream_), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
@@ -213,19 +213,55 @@ TEST_F(CudaEmulatorLegacyWriteDeathTest,
   WriteX();
   EXPECT_DEATH((void)LaunchAdd(device_, x_, 4, stream_),
                "AddKernel's pointer argument 1, on a non-blocking stream, uses device memory .* "
-               "\\(16 bytes\\) that a cudaMemcpy of 16 bytes to .* on the legacy stream may "
-               "still be writing");
+               "\\(16 bytes\\) that cudaMemcpy's write of 16 bytes at .* on the legacy stream "
+               "may still be making");
 }
 
 TEST_F(CudaEmulatorLegacyWriteDeathTest, AMemsetIsAsynchronousToo) {
   ASSERT_EQ(cudaMemset(x_, 0, 16), cudaSuccess);
   EXPECT_DEATH(cudaMemcpyAsync(pinned_, x_, 16, cudaMemcpyDeviceToHost, stream_),
                "cudaMemcpyAsync's source, on a non-blocking stream, uses device memory .* that "
-               "a cudaMemset of 16 bytes");
+               "cudaMemset's write of 16 bytes");
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(pinned_, x_, 16, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   EXPECT_EQ(Pinned(), std::vector<float>(4, 0.0f));
+}
+
+// A kernel's writes (through its pointers to non-const data) are pending in the same way
+// for streams not ordered after its own: here AddKernel's y on a non-blocking stream.
+TEST_F(CudaEmulatorLegacyWrite, AKernelsOutputMayBeReadOnceTheHostSynchronizesItsStream) {
+  WriteX();
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  ASSERT_TRUE(LaunchAdd(device_, x_, 4, stream_).ok());
+  EXPECT_EQ(HostCopy(x_, 4), x_values_);  // only read by the kernel (const float*)
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(HostCopy(device_, 4), (std::vector<float>{11, 22, 33, 44}));
+}
+
+TEST_F(CudaEmulatorLegacyWriteDeathTest, ACopyOnTheLegacyStreamMustNotReadAKernelsOutputEarly) {
+  WriteX();
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  ASSERT_TRUE(LaunchAdd(device_, x_, 4, stream_).ok());
+  EXPECT_DEATH(HostCopy(device_, 4),
+               "cudaMemcpy's source, on the legacy stream, uses device memory .* that "
+               "AddKernel's write of 16 bytes at .* on a non-blocking stream may still be making");
+}
+
+TEST_F(CudaEmulatorLegacyWriteDeathTest, TwoNonBlockingStreamsAreNotOrdered) {
+  WriteX();
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  cudaStream_t other = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_TRUE(LaunchAdd(x_, device_, 4, stream_).ok());  // x += device_ on one stream
+  EXPECT_DEATH((void)LaunchAdd(device_, x_, 4, other),   // read on the other
+               "AddKernel's pointer argument 1, on a non-blocking stream, uses device memory "
+               ".* that AddKernel's write of 16 bytes at .* on a non-blocking stream");
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  ASSERT_TRUE(LaunchAdd(device_, x_, 4, other).ok());  // {1, 2, 3, 4} + {11, 22, 33, 44}
+  ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
+  EXPECT_EQ(HostCopy(device_, 4), (std::vector<float>{12, 24, 36, 48}));
+  cudaStreamDestroy(other);
 }
 
 using CudaEmulatorPinnedCopyDeathTest = CudaEmulatorPinnedCopy;

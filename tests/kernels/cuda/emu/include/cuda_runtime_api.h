@@ -212,10 +212,13 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks, const
 // For the emulator's own tests: whether [p, p + bytes) lies in one device allocation.
 bool IsDeviceRange(const void* p, size_t bytes);
 // Ends the process with a message naming `who` if work on `stream` touching [p, p + bytes)
-// could run, on a GPU, before a write of the legacy stream there that the host has not
-// synchronized with since (a non-blocking stream does not wait for the legacy stream):
-// the emulator's launches, copies and cuBLAS call it (emu_runtime.cc, Pending).
+// could run, on a GPU, before or while a write there on a stream it is not ordered after
+// (a non-blocking stream and any other), which the host has not synchronized with since;
+// RecordDeviceWrite notes such a write (`what`: the call or kernel) until the host
+// synchronizes with its stream. The emulator's launches, copies and cuBLAS call them
+// (emu_runtime.cc, Pending).
 void CheckNotBeingWritten(cudaStream_t stream, const void* p, size_t bytes, const std::string& who);
+void RecordDeviceWrite(cudaStream_t stream, void* p, size_t bytes, const char* what);
 
 }  // namespace kvlens_emu
 
