@@ -13,12 +13,11 @@
 // direction (a host pointer given as device memory is an error), and so do kernel pointer
 // arguments; a launch checks its block against the kernel's __launch_bounds__
 // (ExceedsLaunchBounds) and its shared memory, static (StaticShared) and dynamic together,
-// against the limit (CheckConfig). Streams run their work as it is enqueued, except for
-// the host's side of a copy to or from pinned memory, which waits for a synchronization
-// (Pending): a host that reads such a copy's destination, or writes its source, too early
-// gets NaN or ends the process, as on a GPU it would race with the copy; and a
-// non-blocking stream's work touching device bytes a legacy-stream copy or memset wrote
-// before the host synchronized with it ends the process too.
+// against the limit (CheckConfig). Streams run their work as it is enqueued, but what
+// the host and other streams may see of it waits for a synchronization (Pending): a host
+// that reads a pinned copy's destination, or writes its source, too early gets NaN or
+// ends the process, and so does work on one stream touching device bytes another wrote
+// before the host synchronized with it, as on a GPU either would race.
 //
 // Kernels run one block at a time on the launching host thread (launches from several
 // threads are serialised), one fiber per CUDA thread, switched only at barriers
@@ -77,9 +76,9 @@ struct kvlens_emu::CUgraphExec_st {
 struct kvlens_emu::CUevent_st {
   std::chrono::steady_clock::time_point time;
   // Where cudaEventRecord put it: its stream (null: the legacy stream), after the pending
-  // work numbered below `copies` (Pending::sequence).
+  // work numbered below `after` (Pending::sequence).
   const CUstream_st* stream = nullptr;
-  uint64_t copies = 0;
+  uint64_t after = 0;
 };
 
 // void kvlens_emu_switch(void** save_sp, void* load_sp): saves the callee-saved registers
@@ -312,13 +311,17 @@ void CheckNotBeingWritten(cudaStream_t stream, const void* p, size_t bytes,
         c.bytes_at >= begin + bytes || begin >= c.bytes_at + c.bytes) {
       continue;
     }
+    const std::string what = c.what;
+    const char* why = what == "cudaMemcpy"   ? " (from pageable memory it returns once its "
+                                               "source is staged)"
+                      : what == "cudaMemset" ? " (it returns at once)"
+                                             : "";
     std::fprintf(stderr,
                  "[cuda-emu] %s, on %s, uses device memory %s (%zu bytes) that %s's write of "
-                 "%zu bytes at %s on %s may still be making: the host has not synchronized "
-                 "with that stream since, and this one does not wait for it (cudaMemcpy from "
-                 "pageable memory returns once its source is staged, cudaMemset at once)\n",
+                 "%zu bytes at %s on %s may still be making%s: the host has not synchronized "
+                 "with that stream since, and this one does not wait for it\n",
                  who.c_str(), StreamKind(stream), Hex(p).c_str(), bytes, c.what, c.bytes,
-                 Hex(c.bytes_at).c_str(), StreamKind(c.stream));
+                 Hex(c.bytes_at).c_str(), StreamKind(c.stream), why);
     std::fflush(stderr);
     std::abort();
   }
@@ -337,8 +340,7 @@ void RecordDeviceWrite(cudaStream_t stream, void* p, size_t bytes, const char* w
 
 namespace {
 
-// ---- fibers and blocks -------------------------------------------------------------// ----
-// fibers and blocks -------------------------------------------------------------
+// ---- fibers and blocks -------------------------------------------------------------
 constexpr size_t kStackBytes = 256 * 1024;
 
 enum class FiberState { kReady, kWaiting, kDone };
@@ -1330,8 +1332,8 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
     }
   }
   CUstream_st* on = stream != nullptr ? stream : t_graph_stream;
-  CheckNotBeingWritten(on, dst, bytes, "cudaMemsetAsync");
-  RecordDeviceWrite(on, dst, bytes, on == nullptr ? "cudaMemset" : "cudaMemsetAsync");
+  CheckNotBeingWritten(on, dst, bytes, "cudaMemset");
+  RecordDeviceWrite(on, dst, bytes, "cudaMemset");
   std::memset(dst, value, bytes);
   return cudaSuccess;
 }
@@ -1354,7 +1356,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  // Its pending copies complete for the host now (the address may name a new stream next).
+  // Its pending work completes for the host now (the address may name a new stream next).
   Settle([stream](const Pending& c) { return c.stream == stream; });
   delete stream;
   return cudaSuccess;
@@ -1456,13 +1458,13 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   event->time = std::chrono::steady_clock::now();
   event->stream = stream;
   std::lock_guard<std::mutex> lock(g_pending_mutex);
-  event->copies = g_enqueued;
+  event->after = g_enqueued;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   Settle([event](const Pending& c) {
-    return c.sequence < event->copies && OrderedBy(event->stream, c.stream);
+    return c.sequence < event->after && OrderedBy(event->stream, c.stream);
   });
   return cudaSuccess;
 }
