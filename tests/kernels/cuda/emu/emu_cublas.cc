@@ -105,12 +105,11 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
       !InDevice(C, Ctype, m, n, ldc)) {
     return BlasFail(CUBLAS_STATUS_EXECUTION_FAILED, "A, B or C is not in device memory");
   }
-  CheckNotBeingWritten(handle->stream, A, MatrixBytes(Atype, a_rows, a_cols, lda),
-                       "cublasGemmEx's A");
-  CheckNotBeingWritten(handle->stream, B, MatrixBytes(Btype, b_rows, b_cols, ldb),
-                       "cublasGemmEx's B");
-  CheckNotBeingWritten(handle->stream, C, MatrixBytes(Ctype, m, n, ldc), "cublasGemmEx's C");
-  RecordDeviceWrite(handle->stream, C, MatrixBytes(Ctype, m, n, ldc), "cublasGemmEx");
+  AccessDevice(handle->stream, A, MatrixBytes(Atype, a_rows, a_cols, lda), false,
+               "cublasGemmEx's A");
+  AccessDevice(handle->stream, B, MatrixBytes(Btype, b_rows, b_cols, ldb), false,
+               "cublasGemmEx's B");
+  AccessDevice(handle->stream, C, MatrixBytes(Ctype, m, n, ldc), true, "cublasGemmEx's C");
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   float* c = static_cast<float*>(C);
   std::vector<float> b_col(static_cast<size_t>(k));

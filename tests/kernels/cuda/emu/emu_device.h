@@ -100,9 +100,8 @@ void StaticShared(void* variable, size_t bytes);
 // a pointer argument outside device memory, or a barrier deadlock).
 void RunGrid(const LaunchConfig& config, const std::function<void()>& body);
 // Records cudaErrorIllegalAddress (and says why) unless p is null or in device memory;
-// ends the process if the launch's stream may not see a write there yet
-// (CheckNotBeingWritten), and, where the kernel `writes` through p (a pointer to non-const
-// data), notes the write to the rest of p's allocation (RecordDeviceWrite).
+// else the launch accesses the rest of p's allocation (AccessDevice), a write where the
+// kernel `writes` through p (a pointer to non-const data).
 bool CheckPointerArgument(const LaunchConfig& config, int index, const void* p, bool writes);
 
 template <typename... P>

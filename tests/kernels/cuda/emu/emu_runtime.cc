@@ -184,27 +184,28 @@ std::string Hex(const void* p) {
 //     bytes are written at once, from the source as it is now, which must still hold them
 //     then. A host that broke either rule ends the process (HostRace): on a GPU the copy
 //     might have overwritten what it wrote, or read what it changed.
-//   - a write of device memory: a kernel's (every pointer argument to non-const data, from
-//     there to its allocation's end), a copy's, a memset's or cuBLAS's, synchronous
-//     cudaMemcpy from pageable memory and cudaMemset included (the first returns once its
-//     source is staged, the second at once). Work on a stream not ordered after the
-//     writer's (OrderedBy: a non-blocking stream and any other; the legacy stream and a
-//     blocking one are ordered both ways) touching those bytes before the host has
-//     synchronized with the writer's stream ends the process (CheckNotBeingWritten): on
-//     a GPU it could run before the write lands, or while it runs.
+//   - an access to device memory: a kernel's (through each pointer argument, from there
+//     to its allocation's end: a write where it points to non-const data, else a read), a
+//     copy's, a memset's or cuBLAS's, synchronous cudaMemcpy from pageable memory and
+//     cudaMemset included (the first returns once its source is staged, the second at
+//     once). Work on a stream not ordered after the accessing one's (OrderedBy: a
+//     non-blocking stream and any other; the legacy stream and a blocking one are ordered
+//     both ways) reading bytes it writes, or writing bytes it reads or writes, before the
+//     host has synchronized with its stream ends the process (AccessDevice): on a GPU the
+//     two could run in either order, or at once.
 // A copy to or from pageable memory completes for the host within the call, as the
 // runtime stages it on a GPU. The legacy stream (null) waits for a blocking stream's work,
 // not for a non-blocking stream's, so a synchronous cudaMemcpy does not settle the
 // latter's work.
 struct Pending {
-  enum Kind { kToHost, kToDevice, kDeviceWrite };
+  enum Kind { kToHost, kToDevice, kDeviceRead, kDeviceWrite };
   Kind kind;
   const CUstream_st* stream;  // null: the legacy stream
   uint64_t sequence;          // its place among all pending work (events record it)
   unsigned char* bytes_at;    // pinned bytes (the copy's destination or source), or device bytes
   size_t bytes;
   std::vector<unsigned char> data;  // to the host: the bytes to land; to the device: those read
-  const char* what;                 // kDeviceWrite: the call or kernel
+  std::string what;                 // a device access: whose (the call, or the kernel's argument)
 };
 
 std::mutex g_pending_mutex;
@@ -255,7 +256,7 @@ void Settle(const std::function<bool(const Pending&)>& settled) {
   for (Pending& c : g_pending) (settled(c) ? done : left).push_back(std::move(c));
   g_pending = std::move(left);
   for (const Pending& c : done) {
-    if (c.kind == Pending::kDeviceWrite) continue;
+    if (c.kind != Pending::kToHost && c.kind != Pending::kToDevice) continue;
     for (size_t i = 0; i < c.bytes; ++i) {
       if (c.bytes_at[i] != (c.kind == Pending::kToHost ? 0xff : c.data[i])) HostRace(c, i);
     }
@@ -280,8 +281,8 @@ void EnqueuePinnedCopy(const CUstream_st* stream, unsigned char* host, unsigned 
   // The stream's earlier copies touching these bytes come first, in its order (a copy
   // into a source the stream has yet to read, or the other way round, is no race).
   Settle([&](const Pending& c) {
-    return c.kind != Pending::kDeviceWrite && c.stream == stream && c.bytes_at < host + bytes &&
-           host < c.bytes_at + c.bytes;
+    return (c.kind == Pending::kToHost || c.kind == Pending::kToDevice) && c.stream == stream &&
+           c.bytes_at < host + bytes && host < c.bytes_at + c.bytes;
   });
   std::lock_guard<std::mutex> lock(g_pending_mutex);
   Pending c{kind, stream, g_enqueued++, host, bytes, {}, "cudaMemcpyAsync"};
@@ -302,40 +303,40 @@ const char* StreamKind(const CUstream_st* s) {
 
 }  // namespace
 
-void CheckNotBeingWritten(cudaStream_t stream, const void* p, size_t bytes,
-                          const std::string& who) {
-  const auto* begin = static_cast<const unsigned char*>(p);
+void AccessDevice(cudaStream_t stream, const void* p, size_t bytes, bool write,
+                  const std::string& who, bool record) {
+  auto* begin = static_cast<unsigned char*>(const_cast<void*>(p));
   std::lock_guard<std::mutex> lock(g_pending_mutex);
   for (const Pending& c : g_pending) {
-    if (c.kind != Pending::kDeviceWrite || OrderedBy(stream, c.stream) ||
-        c.bytes_at >= begin + bytes || begin >= c.bytes_at + c.bytes) {
+    const bool conflicts =
+        c.kind == Pending::kDeviceWrite || (write && c.kind == Pending::kDeviceRead);
+    if (!conflicts || OrderedBy(stream, c.stream) || c.bytes_at >= begin + bytes ||
+        begin >= c.bytes_at + c.bytes) {
       continue;
     }
-    const std::string what = c.what;
-    const char* why = what == "cudaMemcpy"   ? " (from pageable memory it returns once its "
-                                               "source is staged)"
-                      : what == "cudaMemset" ? " (it returns at once)"
-                                             : "";
+    const char* why = c.what == "cudaMemcpy's destination"
+                          ? " (from pageable memory cudaMemcpy returns once its source is staged)"
+                      : c.what == "cudaMemset" ? " (cudaMemset returns at once)"
+                                               : "";
     std::fprintf(stderr,
-                 "[cuda-emu] %s, on %s, uses device memory %s (%zu bytes) that %s's write of "
-                 "%zu bytes at %s on %s may still be making%s: the host has not synchronized "
-                 "with that stream since, and this one does not wait for it\n",
-                 who.c_str(), StreamKind(stream), Hex(p).c_str(), bytes, c.what, c.bytes,
-                 Hex(c.bytes_at).c_str(), StreamKind(c.stream), why);
+                 "[cuda-emu] %s, on %s, %s device memory %s (%zu bytes) that %s, on %s, may "
+                 "still be %s (%zu bytes at %s)%s: the host has not synchronized with that "
+                 "stream since, and this one does not wait for it\n",
+                 who.c_str(), StreamKind(stream), write ? "writes" : "reads", Hex(p).c_str(), bytes,
+                 c.what.c_str(), StreamKind(c.stream),
+                 c.kind == Pending::kDeviceWrite ? "writing" : "reading", c.bytes,
+                 Hex(c.bytes_at).c_str(), why);
     std::fflush(stderr);
     std::abort();
   }
-}
-
-void RecordDeviceWrite(cudaStream_t stream, void* p, size_t bytes, const char* what) {
-  std::lock_guard<std::mutex> lock(g_pending_mutex);
-  g_pending.push_back({Pending::kDeviceWrite,
+  if (!record) return;
+  g_pending.push_back({write ? Pending::kDeviceWrite : Pending::kDeviceRead,
                        stream,
                        g_enqueued++,
-                       static_cast<unsigned char*>(p),
+                       begin,
                        bytes,
                        {},
-                       what});
+                       who});
 }
 
 namespace {
@@ -803,9 +804,8 @@ bool CheckPointerArgument(const LaunchConfig& config, int index, const void* p, 
     }
   }
   if (in_device) {
-    CheckNotBeingWritten(config.stream, p, to_end,
-                         std::string(config.name) + "'s pointer argument " + std::to_string(index));
-    if (writes) RecordDeviceWrite(config.stream, const_cast<void*>(p), to_end, config.name);
+    AccessDevice(config.stream, p, to_end, writes,
+                 std::string(config.name) + "'s pointer argument " + std::to_string(index));
     return true;
   }
   Fail(cudaErrorIllegalAddress, std::string(config.name) + ": pointer argument " +
@@ -1270,23 +1270,19 @@ cudaError_t Memcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind
   }
   CUstream_st* on = stream != nullptr ? stream : t_graph_stream;
   const std::string call = host_waits ? "cudaMemcpy" : "cudaMemcpyAsync";
-  if (dst_device) CheckNotBeingWritten(on, dst, bytes, call + "'s destination");
-  if (src_device) CheckNotBeingWritten(on, src, bytes, call + "'s source");
+  // cudaMemcpy: from pageable memory to the device it first waits for the legacy stream,
+  // then returns once the source is staged, its write pending; between device buffers it
+  // does not wait at all; else it returns once the copy is made, and so after the legacy
+  // stream's earlier work.
+  const bool returns_at_once = !host_waits || (dst_device && (src_device || !pinned_src));
+  if (host_waits && dst_device && !src_device && !pinned_src) SettleStream(nullptr);
+  if (src_device) AccessDevice(on, src, bytes, false, call + "'s source", returns_at_once);
+  if (dst_device) AccessDevice(on, dst, bytes, true, call + "'s destination", returns_at_once);
   if (host_waits) {
-    // cudaMemcpy: from pageable memory to the device it first waits for the legacy stream,
-    // then returns once the source is staged, its write pending; between device buffers
-    // it does not wait at all; else it returns once the copy is made, and so after the
-    // legacy stream's earlier work.
     std::memmove(dst, src, bytes);
-    if (dst_device && (src_device || !pinned_src)) {
-      if (!src_device) SettleStream(nullptr);
-      RecordDeviceWrite(nullptr, dst, bytes, "cudaMemcpy");
-    } else {
-      SettleStream(nullptr);
-    }
+    if (!returns_at_once) SettleStream(nullptr);
     return cudaSuccess;
   }
-  if (dst_device) RecordDeviceWrite(on, dst, bytes, "cudaMemcpyAsync");
   if (pinned_dst || pinned_src) {
     auto* d = static_cast<unsigned char*>(dst);
     auto* s = static_cast<unsigned char*>(const_cast<void*>(src));
@@ -1332,8 +1328,7 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
     }
   }
   CUstream_st* on = stream != nullptr ? stream : t_graph_stream;
-  CheckNotBeingWritten(on, dst, bytes, "cudaMemset");
-  RecordDeviceWrite(on, dst, bytes, "cudaMemset");
+  AccessDevice(on, dst, bytes, true, "cudaMemset");
   std::memset(dst, value, bytes);
   return cudaSuccess;
 }

@@ -199,6 +199,7 @@ TEST_F(CudaEmulatorLegacyWrite, ACopyThatReturnsOnceMadeSettlesTheLegacyStream) 
   WriteX();
   EXPECT_EQ(HostCopy(x_, 4), x_values_);
   ASSERT_TRUE(LaunchAdd(device_, x_, 4, stream_).ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);  // done reading x_
   std::memcpy(pinned_, x_values_.data(), 16);
   ASSERT_EQ(cudaMemcpy(x_, pinned_, 16, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_TRUE(LaunchAdd(device_, x_, 4, stream_).ok());
@@ -212,16 +213,17 @@ TEST_F(CudaEmulatorLegacyWriteDeathTest,
        AKernelOnANonBlockingStreamMustNotReadItBeforeTheHostWaits) {
   WriteX();
   EXPECT_DEATH((void)LaunchAdd(device_, x_, 4, stream_),
-               "AddKernel's pointer argument 1, on a non-blocking stream, uses device memory .* "
-               "\\(16 bytes\\) that cudaMemcpy's write of 16 bytes at .* on the legacy stream "
-               "may still be making");
+               "AddKernel's pointer argument 1, on a non-blocking stream, reads device memory .* "
+               "\\(16 bytes\\) that cudaMemcpy's destination, on the legacy stream, may still "
+               "be writing \\(16 bytes at .*\\) \\(from pageable memory cudaMemcpy returns "
+               "once its source is staged\\)");
 }
 
 TEST_F(CudaEmulatorLegacyWriteDeathTest, AMemsetIsAsynchronousToo) {
   ASSERT_EQ(cudaMemset(x_, 0, 16), cudaSuccess);
   EXPECT_DEATH(cudaMemcpyAsync(pinned_, x_, 16, cudaMemcpyDeviceToHost, stream_),
-               "cudaMemcpyAsync's source, on a non-blocking stream, uses device memory .* that "
-               "cudaMemset's write of 16 bytes");
+               "cudaMemcpyAsync's source, on a non-blocking stream, reads device memory .* that "
+               "cudaMemset, on the legacy stream, may still be writing");
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(pinned_, x_, 16, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
@@ -244,8 +246,8 @@ TEST_F(CudaEmulatorLegacyWriteDeathTest, ACopyOnTheLegacyStreamMustNotReadAKerne
   ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
   ASSERT_TRUE(LaunchAdd(device_, x_, 4, stream_).ok());
   EXPECT_DEATH(HostCopy(device_, 4),
-               "cudaMemcpy's source, on the legacy stream, uses device memory .* that "
-               "AddKernel's write of 16 bytes at .* on a non-blocking stream may still be making");
+               "cudaMemcpy's source, on the legacy stream, reads device memory .* that "
+               "AddKernel's pointer argument 0, on a non-blocking stream, may still be writing");
 }
 
 TEST_F(CudaEmulatorLegacyWriteDeathTest, TwoNonBlockingStreamsAreNotOrdered) {
@@ -253,15 +255,30 @@ TEST_F(CudaEmulatorLegacyWriteDeathTest, TwoNonBlockingStreamsAreNotOrdered) {
   ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
   cudaStream_t other = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  float* sum = DeviceCopy(std::vector<float>(4, 0.0f));
   ASSERT_TRUE(LaunchAdd(x_, device_, 4, stream_).ok());  // x += device_ on one stream
-  EXPECT_DEATH((void)LaunchAdd(device_, x_, 4, other),   // read on the other
-               "AddKernel's pointer argument 1, on a non-blocking stream, uses device memory "
-               ".* that AddKernel's write of 16 bytes at .* on a non-blocking stream");
+  EXPECT_DEATH((void)LaunchAdd(sum, x_, 4, other),       // sum += x on the other
+               "AddKernel's pointer argument 1, on a non-blocking stream, reads device memory "
+               ".* that AddKernel's pointer argument 0, on a non-blocking stream, may still be "
+               "writing");
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-  ASSERT_TRUE(LaunchAdd(device_, x_, 4, other).ok());  // {1, 2, 3, 4} + {11, 22, 33, 44}
+  ASSERT_TRUE(LaunchAdd(sum, x_, 4, other).ok());
   ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
-  EXPECT_EQ(HostCopy(device_, 4), (std::vector<float>{12, 24, 36, 48}));
+  EXPECT_EQ(HostCopy(sum, 4), (std::vector<float>{11, 22, 33, 44}));
+  cudaFree(sum);
   cudaStreamDestroy(other);
+}
+
+TEST_F(CudaEmulatorLegacyWriteDeathTest, AWriteMustNotOverwriteWhatAnotherStreamMayStillRead) {
+  WriteX();
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  ASSERT_TRUE(LaunchAdd(device_, x_, 4, stream_).ok());  // reads x_
+  EXPECT_DEATH(WriteX(),
+               "cudaMemcpy's destination, on the legacy stream, writes device memory .* that "
+               "AddKernel's pointer argument 1, on a non-blocking stream, may still be reading");
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  WriteX();  // the kernel is done with it
+  EXPECT_EQ(HostCopy(device_, 4), (std::vector<float>{11, 22, 33, 44}));
 }
 
 using CudaEmulatorPinnedCopyDeathTest = CudaEmulatorPinnedCopy;
