@@ -2,7 +2,8 @@
 // and the block scheduler behind emu_device.h (cuBLAS is emu_cublas.cc).
 // One file (past 900 lines) because its parts share file-local state that must not leak
 // into the emulated code: the allocation table, the thread's last error and capture state,
-// and the fiber scheduler the barriers and the launch paths switch through.
+// the work pending for the host and other streams (Pending), and the fiber scheduler the
+// barriers and the launch paths switch through.
 //
 // Device memory is host memory from mmap, 0xFF-filled (NaN) like uninitialised device
 // memory, ending at an inaccessible guard page: a kernel reading more than 255 bytes past
@@ -232,6 +233,11 @@ bool OrderedBy(const CUstream_st* waited, const CUstream_st* s) {
          (s == nullptr && !waited->non_blocking);
 }
 
+// Whether c's bytes and [p, p + bytes) overlap.
+bool Overlaps(const Pending& c, const unsigned char* p, size_t bytes) {
+  return c.bytes_at < p + bytes && p < c.bytes_at + c.bytes;
+}
+
 [[noreturn]] void HostRace(const Pending& c, size_t byte) {
   const bool to_host = c.kind == Pending::kToHost;
   const std::string side = std::string(to_host ? "to the host: the host wrote byte "
@@ -282,7 +288,7 @@ void EnqueuePinnedCopy(const CUstream_st* stream, unsigned char* host, unsigned 
   // into a source the stream has yet to read, or the other way round, is no race).
   Settle([&](const Pending& c) {
     return (c.kind == Pending::kToHost || c.kind == Pending::kToDevice) && c.stream == stream &&
-           c.bytes_at < host + bytes && host < c.bytes_at + c.bytes;
+           Overlaps(c, host, bytes);
   });
   std::lock_guard<std::mutex> lock(g_pending_mutex);
   Pending c{kind, stream, g_enqueued++, host, bytes, {}, "cudaMemcpyAsync"};
@@ -310,10 +316,7 @@ void AccessDevice(cudaStream_t stream, const void* p, size_t bytes, bool write,
   for (const Pending& c : g_pending) {
     const bool conflicts =
         c.kind == Pending::kDeviceWrite || (write && c.kind == Pending::kDeviceRead);
-    if (!conflicts || OrderedBy(stream, c.stream) || c.bytes_at >= begin + bytes ||
-        begin >= c.bytes_at + c.bytes) {
-      continue;
-    }
+    if (!conflicts || OrderedBy(stream, c.stream) || !Overlaps(c, begin, bytes)) continue;
     const char* why = c.what == "cudaMemcpy's destination"
                           ? " (from pageable memory cudaMemcpy returns once its source is staged)"
                       : c.what == "cudaMemset" ? " (cudaMemset returns at once)"
@@ -1227,8 +1230,8 @@ bool IsDeviceRange(const void* p, size_t bytes) {
 
 namespace {
 
-// cudaMemcpyAsync on `stream`; `host_waits`: cudaMemcpy, which the host waits for (it is
-// not pending, pinned memory or not).
+// cudaMemcpyAsync on `stream`; `host_waits`: cudaMemcpy on the legacy stream, whose host
+// side is never pending, pinned memory or not (its device side may be: below).
 cudaError_t Memcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                    cudaStream_t stream, bool host_waits) {
   bool pinned_dst = false, pinned_src = false, dst_device = false, src_device = false;
