@@ -3,10 +3,11 @@
 //   - a copy between device memory and pinned host memory is asynchronous for the host:
 //     its destination reads NaN until the host synchronizes with the copy's stream, and a
 //     host that writes a pending copy's pinned bytes ends the process;
-//   - a non-blocking stream is not ordered after the legacy stream: its work touching
-//     device bytes that a legacy-stream copy or memset wrote (cudaMemcpy from pageable
-//     memory returns once its source is staged) ends the process until the host has
-//     synchronized with the legacy stream.
+//   - a stream's device accesses (kernels', copies', memsets', cuBLAS's) are pending for
+//     the streams not ordered after it (a non-blocking stream and any other) until the
+//     host synchronizes with it: work there reading bytes one writes, or writing bytes one
+//     reads or writes, ends the process (cudaMemcpy from pageable memory returns once its
+//     source is staged, so even its write is pending).
 // Until 2026-12-07 every copy completed within its call here, so a host that read a
 // result before synchronizing, or a stream that read an upload still in flight, passed CI.
 #include <cuda_runtime_api.h>
@@ -155,8 +156,9 @@ TEST_F(CudaEmulatorPinnedCopy, AStreamMayCopyIntoASourceItHasYetToRead) {
   cudaFree(other);
 }
 
-// A non-blocking stream and the legacy stream's writes: x holds {10, 20, 30, 40} once
-// written; the fixture's device_ ({1, 2, 3, 4}) was waited for.
+// Device accesses across streams, most of them of x, which WriteX fills with
+// {10, 20, 30, 40} by a cudaMemcpy on the legacy stream; the fixture's device_
+// ({1, 2, 3, 4}) was waited for.
 class CudaEmulatorLegacyWrite : public CudaEmulatorPinnedCopy {
  protected:
   void SetUp() override {
