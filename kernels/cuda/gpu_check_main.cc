@@ -1135,13 +1135,9 @@ void EndToEndBench(CudaBackend& b, double copy_bw, const Sizes& z, Table& rows) 
           for (float& l : big_host) l = normal(rng);
         }
         float* big = Alloc(big_host.size());
-        // (Waited for: the write may still run on the legacy stream, which the backend's
-        // stream does not wait for.)
-        if (!GC_CUDA(
-                cudaMemcpy(big, big_host.data(), big_host.size() * 4, cudaMemcpyHostToDevice)) ||
-            !GC_CUDA(cudaStreamSynchronize(nullptr))) {
-          std::exit(3);
-        }
+        // On the backend's stream, so its draws come after the copy.
+        Must(b.memory().CopyFromHost(big, big_host.data(), big_host.size() * 4),
+             "large-vocabulary logits upload");
         std::vector<int32_t> top_token(static_cast<size_t>(batch) * kMaxTopLogprobs);
         std::vector<float> top_logprob(top_token.size());
         for (int kind = 0; kind < 4; ++kind) {
