@@ -37,7 +37,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -157,14 +156,24 @@ size_t PageSize() {
 
 size_t RoundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+// The entry of `allocations` (keyed by start address; `size` gives an entry's bytes)
+// holding [p, p + bytes), or end(). Caller holds g_memory_mutex.
+template <typename Map, typename Size>
+typename Map::const_iterator Holding(const Map& allocations, const void* p, size_t bytes,
+                                     Size size) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = allocations.upper_bound(a);
+  if (it == allocations.begin()) return allocations.end();
+  --it;
+  return a + bytes <= it->first + size(it->second) ? it : allocations.end();
+}
+
+size_t AllocationBytes(const Allocation& a) { return a.bytes; }
+
 // The allocation holding [p, p + bytes), or null. Caller holds g_memory_mutex.
 const Allocation* FindDevice(const void* p, size_t bytes) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  auto it = g_device.upper_bound(a);
-  if (it == g_device.begin()) return nullptr;
-  --it;
-  if (a + bytes > it->first + it->second.bytes) return nullptr;
-  return &it->second;
+  auto it = Holding(g_device, p, bytes, AllocationBytes);
+  return it == g_device.end() ? nullptr : &it->second;
 }
 
 std::string Hex(const void* p) {
@@ -206,7 +215,8 @@ struct Pending {
   unsigned char* bytes_at;    // pinned bytes (the copy's destination or source), or device bytes
   size_t bytes;
   std::vector<unsigned char> data;  // to the host: the bytes to land; to the device: those read
-  std::string what;                 // a device access: whose (the call, or the kernel's argument)
+  const char* who;                  // a device access: the call or kernel (static storage) …
+  int argument;                     // … and the kernel's pointer argument, or -1
 };
 
 std::mutex g_pending_mutex;
@@ -218,11 +228,7 @@ thread_local CUstream_st* t_graph_stream = nullptr;
 
 // Whether [p, p + bytes) lies in one pinned allocation. Caller holds g_memory_mutex.
 bool FindPinned(const void* p, size_t bytes) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  auto it = g_pinned.upper_bound(a);
-  if (it == g_pinned.begin()) return false;
-  --it;
-  return a + bytes <= it->first + it->second;
+  return Holding(g_pinned, p, bytes, [](size_t n) { return n; }) != g_pinned.end();
 }
 
 // Whether synchronizing with stream `waited` (null: the legacy stream) waits for the work
@@ -291,7 +297,7 @@ void EnqueuePinnedCopy(const CUstream_st* stream, unsigned char* host, unsigned 
            Overlaps(c, host, bytes);
   });
   std::lock_guard<std::mutex> lock(g_pending_mutex);
-  Pending c{kind, stream, g_enqueued++, host, bytes, {}, "cudaMemcpyAsync"};
+  Pending c{kind, stream, g_enqueued++, host, bytes, {}, "cudaMemcpyAsync", -1};
   if (kind == Pending::kToHost) {
     c.data.assign(device, device + bytes);
     std::memset(host, 0xff, bytes);
@@ -302,6 +308,11 @@ void EnqueuePinnedCopy(const CUstream_st* stream, unsigned char* host, unsigned 
   g_pending.push_back(std::move(c));
 }
 
+// Names an access for a message: "cudaMemset", or "AddKernel's pointer argument 1".
+std::string Whose(const char* who, int argument) {
+  return argument < 0 ? who : std::string(who) + "'s pointer argument " + std::to_string(argument);
+}
+
 const char* StreamKind(const CUstream_st* s) {
   return s == nullptr ? "the legacy stream"
                       : (s->non_blocking ? "a non-blocking stream" : "a blocking stream");
@@ -309,24 +320,25 @@ const char* StreamKind(const CUstream_st* s) {
 
 }  // namespace
 
-void AccessDevice(cudaStream_t stream, const void* p, size_t bytes, bool write,
-                  const std::string& who, bool record) {
+void AccessDevice(cudaStream_t stream, const void* p, size_t bytes, bool write, const char* who,
+                  int argument, bool record) {
   auto* begin = static_cast<unsigned char*>(const_cast<void*>(p));
   std::lock_guard<std::mutex> lock(g_pending_mutex);
   for (const Pending& c : g_pending) {
     const bool conflicts =
         c.kind == Pending::kDeviceWrite || (write && c.kind == Pending::kDeviceRead);
     if (!conflicts || OrderedBy(stream, c.stream) || !Overlaps(c, begin, bytes)) continue;
-    const char* why = c.what == "cudaMemcpy's destination"
+    const std::string whose = Whose(c.who, c.argument);
+    const char* why = whose == "cudaMemcpy's destination"
                           ? " (from pageable memory cudaMemcpy returns once its source is staged)"
-                      : c.what == "cudaMemset" ? " (cudaMemset returns at once)"
-                                               : "";
+                      : whose == "cudaMemset" ? " (cudaMemset returns at once)"
+                                              : "";
     std::fprintf(stderr,
                  "[cuda-emu] %s, on %s, %s device memory %s (%zu bytes) that %s, on %s, may "
                  "still be %s (%zu bytes at %s)%s: the host has not synchronized with that "
                  "stream since, and this one does not wait for it\n",
-                 who.c_str(), StreamKind(stream), write ? "writes" : "reads", Hex(p).c_str(), bytes,
-                 c.what.c_str(), StreamKind(c.stream),
+                 Whose(who, argument).c_str(), StreamKind(stream), write ? "writes" : "reads",
+                 Hex(p).c_str(), bytes, whose.c_str(), StreamKind(c.stream),
                  c.kind == Pending::kDeviceWrite ? "writing" : "reading", c.bytes,
                  Hex(c.bytes_at).c_str(), why);
     std::fflush(stderr);
@@ -339,7 +351,8 @@ void AccessDevice(cudaStream_t stream, const void* p, size_t bytes, bool write,
                        begin,
                        bytes,
                        {},
-                       who});
+                       who,
+                       argument});
 }
 
 namespace {
@@ -800,15 +813,13 @@ bool CheckPointerArgument(const LaunchConfig& config, int index, const void* p, 
   size_t to_end = 0;  // bytes from p to its allocation's end, which the kernel may touch
   {
     std::lock_guard<std::mutex> lock(g_memory_mutex);
-    if (FindDevice(p, 0) != nullptr) {
+    if (auto it = Holding(g_device, p, 0, AllocationBytes); it != g_device.end()) {
       in_device = true;
-      auto it = std::prev(g_device.upper_bound(reinterpret_cast<uintptr_t>(p)));
       to_end = it->first + it->second.bytes - reinterpret_cast<uintptr_t>(p);
     }
   }
   if (in_device) {
-    AccessDevice(config.stream, p, to_end, writes,
-                 std::string(config.name) + "'s pointer argument " + std::to_string(index));
+    AccessDevice(config.stream, p, to_end, writes, config.name, index);
     return true;
   }
   Fail(cudaErrorIllegalAddress, std::string(config.name) + ": pointer argument " +
@@ -1272,15 +1283,22 @@ cudaError_t Memcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind
     pinned_src = dst_device && !src_any && FindPinned(src, bytes);
   }
   CUstream_st* on = stream != nullptr ? stream : t_graph_stream;
-  const std::string call = host_waits ? "cudaMemcpy" : "cudaMemcpyAsync";
   // cudaMemcpy: from pageable memory to the device it first waits for the legacy stream,
   // then returns once the source is staged, its write pending; between device buffers it
   // does not wait at all; else it returns once the copy is made, and so after the legacy
   // stream's earlier work.
   const bool returns_at_once = !host_waits || (dst_device && (src_device || !pinned_src));
   if (host_waits && dst_device && !src_device && !pinned_src) SettleStream(nullptr);
-  if (src_device) AccessDevice(on, src, bytes, false, call + "'s source", returns_at_once);
-  if (dst_device) AccessDevice(on, dst, bytes, true, call + "'s destination", returns_at_once);
+  if (src_device) {
+    AccessDevice(on, src, bytes, false,
+                 host_waits ? "cudaMemcpy's source" : "cudaMemcpyAsync's source", -1,
+                 returns_at_once);
+  }
+  if (dst_device) {
+    AccessDevice(on, dst, bytes, true,
+                 host_waits ? "cudaMemcpy's destination" : "cudaMemcpyAsync's destination", -1,
+                 returns_at_once);
+  }
   if (host_waits) {
     std::memmove(dst, src, bytes);
     if (!returns_at_once) SettleStream(nullptr);

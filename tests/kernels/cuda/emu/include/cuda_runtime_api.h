@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <string>
 
 namespace kvlens_emu {
 
@@ -211,15 +210,16 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks, const
 
 // For the emulator's own tests: whether [p, p + bytes) lies in one device allocation.
 bool IsDeviceRange(const void* p, size_t bytes);
-// `who`'s access to [p, p + bytes) on `stream` (a write, or a read): ends the process with
-// a message naming both if, on a GPU, it could run before or while pending work of a
-// stream it is not ordered after (a non-blocking stream and any other) touching those
-// bytes, a write there or, for a write, a read, which the host has not synchronized with
-// since; then notes it as pending until the host synchronizes with `stream` (`record`:
-// false for an access made before the call returns). The emulator's launches, copies and
-// cuBLAS call it (emu_runtime.cc, Pending).
-void AccessDevice(cudaStream_t stream, const void* p, size_t bytes, bool write,
-                  const std::string& who, bool record = true);
+// `who`'s access (a call, or a kernel's pointer `argument`; `who` of static storage) to
+// [p, p + bytes) on `stream` (a write, or a read): ends the process with a message naming
+// both if, on a GPU, it could run before or while pending work of a stream it is not
+// ordered after (a non-blocking stream and any other) touching those bytes, a write there
+// or, for a write, a read, which the host has not synchronized with since; then notes it
+// as pending until the host synchronizes with `stream` (`record`: false for an access made
+// before the call returns). The emulator's launches, copies and cuBLAS call it
+// (emu_runtime.cc, Pending).
+void AccessDevice(cudaStream_t stream, const void* p, size_t bytes, bool write, const char* who,
+                  int argument = -1, bool record = true);
 
 }  // namespace kvlens_emu
 
