@@ -28,6 +28,7 @@
 #include <functional>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 
 #define __global__
@@ -103,6 +104,12 @@ void RunGrid(const LaunchConfig& config, const std::function<void()>& body);
 // else the launch accesses the rest of p's allocation (AccessDevice), a write where the
 // kernel `writes` through p (a pointer to non-const data).
 bool CheckPointerArgument(const LaunchConfig& config, int index, const void* p, bool writes);
+// The same for the device pointers a kernel argument of class type (a parameter struct,
+// `bytes` long at `arg`) carries: a declared struct's pointer fields, each a read or a
+// write as declared (emu_struct_pointers.h); for another struct every 8-byte-aligned word
+// that points into device memory, each taken as a write.
+bool CheckStructArgument(const LaunchConfig& config, int index, const void* arg, size_t bytes,
+                         const std::type_info& type);
 
 template <typename... P>
 class Launcher {
@@ -133,6 +140,11 @@ class Launcher {
               ok = CheckPointerArgument(config_, static_cast<int>(I),
                                         reinterpret_cast<const void*>(std::get<I>(t)),
                                         !std::is_const_v<std::remove_pointer_t<Param>>);
+            }
+          } else if constexpr (std::is_class_v<Param>) {
+            if (ok) {
+              ok = CheckStructArgument(config_, static_cast<int>(I), &std::get<I>(t), sizeof(Param),
+                                       typeid(Param));
             }
           }
         }(),

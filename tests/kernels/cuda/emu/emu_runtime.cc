@@ -12,12 +12,12 @@
 // size): ASan then reports the first out-of-bounds access of a kernel, as compute-
 // sanitizer's memcheck would; the fiber switches are announced to ASan. Copies check their
 // direction (a host pointer given as device memory is an error), and so do kernel pointer
-// arguments; a launch checks its block against the kernel's __launch_bounds__
-// (ExceedsLaunchBounds) and its shared memory, static (StaticShared) and dynamic together,
-// against the limit (CheckConfig). Streams run their work as it is enqueued, but what
-// the host and other streams may see of it waits for a synchronization (Pending): a host
-// that reads a pinned copy's destination, or writes its source, too early gets NaN or
-// ends the process, and so does work on one stream touching device bytes another wrote
+// arguments and declared parameter-struct fields; a launch checks its block against the
+// kernel's __launch_bounds__ (ExceedsLaunchBounds) and its shared memory, static
+// (StaticShared) and dynamic together, against the limit (CheckConfig). Streams run their work as
+// it is enqueued, but what the host and other streams may see of it waits for a synchronization
+// (Pending): a host that reads a pinned copy's destination, or writes its source, too early gets
+// NaN or ends the process, and so does work on one stream touching device bytes another wrote
 // before the host synchronized with it, as on a GPU either would race.
 //
 // Kernels run one block at a time on the launching host thread (launches from several
@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "tests/kernels/cuda/emu/emu_device.h"
+#include "tests/kernels/cuda/emu/emu_struct_pointers.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -195,7 +196,8 @@ std::string Hex(const void* p) {
 //     then. A host that broke either rule ends the process (HostRace): on a GPU the copy
 //     might have overwritten what it wrote, or read what it changed.
 //   - an access to device memory: a kernel's (through each pointer argument, from there
-//     to its allocation's end: a write where it points to non-const data, else a read), a
+//     to its allocation's end: a write where it points to non-const data, else a read;
+//     and through the pointers its parameter structs carry, CheckStructArgument), a
 //     copy's, a memset's or cuBLAS's, synchronous cudaMemcpy from pageable memory and
 //     cudaMemset included (the first returns once its source is staged, the second at
 //     once). Work on a stream not ordered after the accessing one's (OrderedBy: a
@@ -207,6 +209,16 @@ std::string Hex(const void* p) {
 // runtime stages it on a GPU. The legacy stream (null) waits for a blocking stream's work,
 // not for a non-blocking stream's, so a synchronous cudaMemcpy does not settle the
 // latter's work.
+// Who accesses device memory, for the messages: a call or a kernel (`who`, static
+// storage), and for a kernel its argument: a pointer, a declared field of a parameter
+// struct (`field`, emu_struct_pointers.h), or another struct's pointer at byte `byte`.
+struct Accessor {
+  const char* who;
+  int argument = -1;
+  const char* field = nullptr;
+  int byte = -1;
+};
+
 struct Pending {
   enum Kind { kToHost, kToDevice, kDeviceRead, kDeviceWrite };
   Kind kind;
@@ -215,8 +227,7 @@ struct Pending {
   unsigned char* bytes_at;    // pinned bytes (the copy's destination or source), or device bytes
   size_t bytes;
   std::vector<unsigned char> data;  // to the host: the bytes to land; to the device: those read
-  const char* who;                  // a device access: the call or kernel (static storage) …
-  int argument;                     // … and the kernel's pointer argument, or -1
+  Accessor by;                      // a device access: who made it
 };
 
 std::mutex g_pending_mutex;
@@ -308,9 +319,18 @@ void EnqueuePinnedCopy(const CUstream_st* stream, unsigned char* host, unsigned 
   g_pending.push_back(std::move(c));
 }
 
-// Names an access for a message: "cudaMemset", or "AddKernel's pointer argument 1".
-std::string Whose(const char* who, int argument) {
-  return argument < 0 ? who : std::string(who) + "'s pointer argument " + std::to_string(argument);
+// Names an access for a message: "cudaMemset", "AddKernel's pointer argument 1", or
+// "SplitKvKernel's AttentionParams::out (argument 0)".
+std::string Whose(const Accessor& by) {
+  const std::string who = by.who;
+  const std::string argument = std::to_string(by.argument);
+  if (by.argument < 0) return who;
+  if (by.field != nullptr) return who + "'s " + by.field + " (argument " + argument + ")";
+  if (by.byte >= 0) {
+    return who + "'s argument " + argument + ", the device pointer at its byte " +
+           std::to_string(by.byte);
+  }
+  return who + "'s pointer argument " + argument;
 }
 
 const char* StreamKind(const CUstream_st* s) {
@@ -318,17 +338,16 @@ const char* StreamKind(const CUstream_st* s) {
                       : (s->non_blocking ? "a non-blocking stream" : "a blocking stream");
 }
 
-}  // namespace
-
-void AccessDevice(cudaStream_t stream, const void* p, size_t bytes, bool write, const char* who,
-                  int argument, bool record) {
+// AccessDevice, by any accessor.
+void Access(cudaStream_t stream, const void* p, size_t bytes, bool write, const Accessor& by,
+            bool record) {
   auto* begin = static_cast<unsigned char*>(const_cast<void*>(p));
   std::lock_guard<std::mutex> lock(g_pending_mutex);
   for (const Pending& c : g_pending) {
     const bool conflicts =
         c.kind == Pending::kDeviceWrite || (write && c.kind == Pending::kDeviceRead);
     if (!conflicts || OrderedBy(stream, c.stream) || !Overlaps(c, begin, bytes)) continue;
-    const std::string whose = Whose(c.who, c.argument);
+    const std::string whose = Whose(c.by);
     const char* why = whose == "cudaMemcpy's destination"
                           ? " (from pageable memory cudaMemcpy returns once its source is staged)"
                       : whose == "cudaMemset" ? " (cudaMemset returns at once)"
@@ -337,8 +356,8 @@ void AccessDevice(cudaStream_t stream, const void* p, size_t bytes, bool write, 
                  "[cuda-emu] %s, on %s, %s device memory %s (%zu bytes) that %s, on %s, may "
                  "still be %s (%zu bytes at %s)%s: the host has not synchronized with that "
                  "stream since, and this one does not wait for it\n",
-                 Whose(who, argument).c_str(), StreamKind(stream), write ? "writes" : "reads",
-                 Hex(p).c_str(), bytes, whose.c_str(), StreamKind(c.stream),
+                 Whose(by).c_str(), StreamKind(stream), write ? "writes" : "reads", Hex(p).c_str(),
+                 bytes, whose.c_str(), StreamKind(c.stream),
                  c.kind == Pending::kDeviceWrite ? "writing" : "reading", c.bytes,
                  Hex(c.bytes_at).c_str(), why);
     std::fflush(stderr);
@@ -351,8 +370,14 @@ void AccessDevice(cudaStream_t stream, const void* p, size_t bytes, bool write, 
                        begin,
                        bytes,
                        {},
-                       who,
-                       argument});
+                       by});
+}
+
+}  // namespace
+
+void AccessDevice(cudaStream_t stream, const void* p, size_t bytes, bool write, const char* who,
+                  int argument, bool record) {
+  Access(stream, p, bytes, write, {who, argument}, record);
 }
 
 namespace {
@@ -807,25 +832,62 @@ float* WarpScratch() {
   return &t_block->warp_scratch[static_cast<size_t>(t_fiber->linear / 32) * 768];
 }
 
-bool CheckPointerArgument(const LaunchConfig& config, int index, const void* p, bool writes) {
+namespace {
+
+// The bytes from p to the end of the device allocation holding it, which a kernel given p
+// may touch; 0 where p is not device memory.
+size_t DeviceBytesFrom(const void* p) {
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  auto it = Holding(g_device, p, 0, AllocationBytes);
+  return it == g_device.end() ? 0 : it->first + it->second.bytes - reinterpret_cast<uintptr_t>(p);
+}
+
+// A kernel's access through p (a pointer argument, or a declared struct field): an illegal
+// address unless p is null or device memory.
+bool AccessThrough(const LaunchConfig& config, const void* p, bool writes, const Accessor& by) {
   if (p == nullptr) return true;
-  bool in_device = false;
-  size_t to_end = 0;  // bytes from p to its allocation's end, which the kernel may touch
-  {
-    std::lock_guard<std::mutex> lock(g_memory_mutex);
-    if (auto it = Holding(g_device, p, 0, AllocationBytes); it != g_device.end()) {
-      in_device = true;
-      to_end = it->first + it->second.bytes - reinterpret_cast<uintptr_t>(p);
-    }
-  }
-  if (in_device) {
-    AccessDevice(config.stream, p, to_end, writes, config.name, index);
+  if (const size_t to_end = DeviceBytesFrom(p); to_end > 0) {
+    Access(config.stream, p, to_end, writes, by, true);
     return true;
   }
-  Fail(cudaErrorIllegalAddress, std::string(config.name) + ": pointer argument " +
-                                    std::to_string(index) + " (" + Hex(p) +
-                                    ") is not in device memory");
+  const std::string whose = by.field == nullptr ? "pointer argument " + std::to_string(by.argument)
+                                                : by.field + std::string(" (argument ") +
+                                                      std::to_string(by.argument) + ")";
+  Fail(cudaErrorIllegalAddress,
+       std::string(config.name) + ": " + whose + " (" + Hex(p) + ") is not in device memory");
   return false;
+}
+
+}  // namespace
+
+bool CheckPointerArgument(const LaunchConfig& config, int index, const void* p, bool writes) {
+  return AccessThrough(config, p, writes, {config.name, index});
+}
+
+bool CheckStructArgument(const LaunchConfig& config, int index, const void* arg, size_t bytes,
+                         const std::type_info& type) {
+  auto pointer_at = [&](size_t offset) {
+    const void* p = nullptr;
+    std::memcpy(&p, static_cast<const unsigned char*>(arg) + offset, sizeof p);
+    return p;
+  };
+  if (const std::vector<StructPointer>* fields = DeclaredPointers(type)) {
+    for (const StructPointer& f : *fields) {
+      if (!AccessThrough(config, pointer_at(f.offset), f.writes,
+                         {config.name, index, f.name.c_str()})) {
+        return false;
+      }
+    }
+    return true;
+  }
+  for (size_t offset = 0; offset + sizeof(void*) <= bytes; offset += alignof(void*)) {
+    const void* p = pointer_at(offset);
+    if (const size_t to_end = DeviceBytesFrom(p); to_end > 0) {
+      Access(config.stream, p, to_end, true,
+             {config.name, index, nullptr, static_cast<int>(offset)}, true);
+    }
+  }
+  return true;
 }
 
 void SetSchedule(Schedule schedule, uint64_t seed) {

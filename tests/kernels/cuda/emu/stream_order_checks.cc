@@ -14,11 +14,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/ops.h"
 #include "tests/kernels/cuda/emu/emu_copies.h"
+#include "tests/kernels/cuda/emu/emu_device.h"  // first: threadIdx for CopyPairKernel
 
 namespace kvlens::kernels::cuda {
 namespace {
@@ -169,8 +172,10 @@ class CudaEmulatorLegacyWrite : public CudaEmulatorPinnedCopy {
     cudaFree(x_);
     CudaEmulatorPinnedCopy::TearDown();
   }
-  void WriteX() {
-    ASSERT_EQ(cudaMemcpy(x_, x_values_.data(), 16, cudaMemcpyHostToDevice), cudaSuccess);
+  void WriteX() { WriteInto(x_); }
+  // x_values_ into the first 16 bytes of d, by cudaMemcpy.
+  void WriteInto(float* d) {
+    ASSERT_EQ(cudaMemcpy(d, x_values_.data(), 16, cudaMemcpyHostToDevice), cudaSuccess);
   }
 
   const std::vector<float> x_values_ = {10, 20, 30, 40};
@@ -281,6 +286,111 @@ TEST_F(CudaEmulatorLegacyWriteDeathTest, AWriteMustNotOverwriteWhatAnotherStream
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   WriteX();  // the kernel is done with it
   EXPECT_EQ(HostCopy(device_, 4), (std::vector<float>{11, 22, 33, 44}));
+}
+
+// The pointers a kernel's parameter struct carries are accessed as its pointer arguments
+// are (emu_struct_pointers.h). AttentionParams is declared: MaterializedKernel reads q, k
+// and v and writes out. Here one query row at position 1 over two equal keys (softmax
+// weights 1/2 each) and value rows of 1s and 3s: out is 2 in every column.
+class CudaEmulatorStructPointers : public CudaEmulatorLegacyWrite {
+ protected:
+  void SetUp() override {
+    CudaEmulatorLegacyWrite::SetUp();
+    q_ = DeviceCopy(std::vector<float>{1, 0, 0, 0});
+    k_ = DeviceCopy(std::vector<float>{1, 0, 0, 0, 1, 0, 0, 0});
+    v_ = DeviceCopy(std::vector<float>{1, 1, 1, 1, 3, 3, 3, 3});
+    out_ = DeviceCopy(std::vector<float>(4, 0.0f));
+    maps_ = DeviceCopy(std::vector<float>(4, 0.0f));  // scores, then probabilities
+    p_.q = q_;
+    p_.q_stride = 4;
+    p_.k = k_;
+    p_.v = v_;
+    p_.kv_row_stride = 4;
+    p_.out = out_;
+    p_.out_stride = 4;
+    p_.num_queries = 1;
+    p_.num_keys = 2;
+    p_.num_heads = 1;
+    p_.num_kv_heads = 1;
+    p_.head_dim = 4;
+    p_.query_offset = 1;
+    p_.scale = 1.0f;
+  }
+  void TearDown() override {
+    for (float* d : {q_, k_, v_, out_, maps_}) cudaFree(d);
+    CudaEmulatorLegacyWrite::TearDown();
+  }
+  absl::Status Launch() { return LaunchMaterialized(p_, maps_, maps_ + 2, stream_); }
+
+  float *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *out_ = nullptr, *maps_ = nullptr;
+  AttentionParams p_;
+};
+
+TEST_F(CudaEmulatorStructPointers, ADeclaredStructsInputsMayBeReadEarlyItsOutputOnceWaited) {
+  ASSERT_TRUE(Launch().ok());
+  EXPECT_EQ(HostCopy(k_, 2), (std::vector<float>{1, 0}));  // AttentionParams::k: read only
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(HostCopy(out_, 4), std::vector<float>(4, 2.0f));
+  EXPECT_EQ(HostCopy(maps_ + 2, 2), (std::vector<float>{0.5f, 0.5f}));
+}
+
+TEST_F(CudaEmulatorStructPointers, ADeclaredPointerOutsideDeviceMemoryFailsTheLaunch) {
+  const std::vector<float> host_keys(8, 1.0f);
+  p_.k = host_keys.data();
+  ::testing::internal::CaptureStderr();
+  const absl::Status s = Launch();
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(s.message().find("cudaErrorIllegalAddress"), std::string::npos) << s;
+  EXPECT_NE(said.find("MaterializedKernel: AttentionParams::k (argument 0) (0x"), std::string::npos)
+      << said;
+  EXPECT_NE(said.find(") is not in device memory"), std::string::npos) << said;
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(HostCopy(out_, 4), std::vector<float>(4, 0.0f));  // nothing ran
+}
+
+using CudaEmulatorStructPointersDeathTest = CudaEmulatorStructPointers;
+
+TEST_F(CudaEmulatorStructPointersDeathTest, ADeclaredOutputMustNotBeReadEarly) {
+  ASSERT_TRUE(Launch().ok());
+  EXPECT_DEATH(HostCopy(out_, 4),
+               "cudaMemcpy's source, on the legacy stream, reads device memory .* that "
+               "MaterializedKernel's AttentionParams::out \\(argument 0\\), on a non-blocking "
+               "stream, may still be writing");
+}
+
+TEST_F(CudaEmulatorStructPointersDeathTest, ADeclaredInputMustNotBeOverwrittenEarly) {
+  ASSERT_TRUE(Launch().ok());
+  EXPECT_DEATH(WriteInto(q_),
+               "cudaMemcpy's destination, on the legacy stream, writes device memory .* that "
+               "MaterializedKernel's AttentionParams::q \\(argument 0\\), on a non-blocking "
+               "stream, may still be reading");
+}
+
+// A struct not declared: each of its words that points into device memory counts as a
+// pointer the kernel writes through.
+struct CopyPair {
+  const float* from;
+  int64_t n;
+  float* to;
+};
+
+void CopyPairKernel(CopyPair p) {
+  if (threadIdx.x < p.n) p.to[threadIdx.x] = p.from[threadIdx.x];
+}
+
+TEST_F(CudaEmulatorLegacyWriteDeathTest, AnUndeclaredStructsPointersAreWrites) {
+  WriteX();
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  ::kvlens_emu::Launch(CopyPairKernel, "CopyPairKernel", 1, 4, 0,
+                       stream_)(CopyPair{x_, 4, device_});
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_DEATH(HostCopy(device_, 4),
+               "cudaMemcpy's source, on the legacy stream, reads device memory .* that "
+               "CopyPairKernel's argument 0, the device pointer at its byte 16, on a "
+               "non-blocking stream, may still be writing");
+  EXPECT_DEATH(HostCopy(x_, 4), "CopyPairKernel's argument 0, the device pointer at its byte 0");
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(HostCopy(device_, 4), x_values_);
 }
 
 using CudaEmulatorPinnedCopyDeathTest = CudaEmulatorPinnedCopy;
