@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -401,6 +402,7 @@ struct Fiber {
   void* fake_stack = nullptr;  // ASan's, while switched out
   ThreadContext ctx;
   int linear = 0;
+  int position = 0;  // in the block's run order (RunGrid)
   FiberState state = FiberState::kReady;
   int waiting_on = -1;
   uint64_t wait_generation = 0;
@@ -410,18 +412,22 @@ struct Fiber {
   bool waited_for_grids = false;    // called GridDependencyWait
 };
 
+constexpr int kNoPosition = std::numeric_limits<int>::max();
+
 struct Barrier {
   int expected = 0;
   int arrived = 0;
   uint64_t generation = 0;
+  int first_waiter = kNoPosition;  // the earliest run-order position waiting on it
 };
 
 struct Block {
   std::vector<Fiber> fibers;
-  uint64_t completions = 0;                  // barriers completed: may wake waiting fibers
-  std::vector<Barrier> barriers;             // [0] the block, [1 + w] warp w
-  std::vector<uint64_t> exchange;            // [warp][2][32]
-  std::vector<float> warp_scratch;           // [warp][768]
+  uint64_t completions = 0;         // barriers completed: may wake waiting fibers
+  int woken_from = kNoPosition;     // the earliest position they woke since the scheduler looked
+  std::vector<Barrier> barriers;    // [0] the block, [1 + w] warp w
+  std::vector<uint64_t> exchange;   // [warp][2][32]
+  std::vector<float> warp_scratch;  // [warp][768]
   std::vector<unsigned char> ldmatrix_rows;  // [warp][2][32][16]
   unsigned char* dynamic_shared = nullptr;
   size_t shared_bytes = 0;     // of dynamic_shared
@@ -563,9 +569,12 @@ void Arrive(int index) {
     bar.arrived = 0;
     ++bar.generation;
     ++b->completions;
+    b->woken_from = std::min(b->woken_from, bar.first_waiter);
+    bar.first_waiter = kNoPosition;
     return;
   }
   Fiber* f = t_fiber;
+  bar.first_waiter = std::min(bar.first_waiter, f->position);
   f->state = FiberState::kWaiting;
   f->waiting_on = index;
   f->wait_generation = bar.generation;
@@ -960,7 +969,11 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
     const auto bx = static_cast<unsigned>(linear % gx);
     const auto by = static_cast<unsigned>(linear / gx % gy);
     const auto bz = static_cast<unsigned>(linear / (gx * gy));
-    for (Barrier& bar : b.barriers) bar.arrived = 0;
+    for (Barrier& bar : b.barriers) {
+      bar.arrived = 0;
+      bar.first_waiter = kNoPosition;
+    }
+    b.woken_from = kNoPosition;
     std::memset(b.dynamic_shared, 0xff, c.shared_bytes);
     b.block_objects.clear();  // static shared memory: refilled as it is declared
     for (int t = 0; t < threads; ++t) {
@@ -975,10 +988,16 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
       f.sp = InitialStack(f.stack);
     }
     // The first thread in `order` that can run runs next, until it waits or exits; a
-    // barrier that completes may wake one before it, so the search starts again.
+    // barrier that completes may wake one before it, so the search starts again, from the
+    // earliest position it woke (Barrier::first_waiter) if that is before the current
+    // one: every thread before the current one had been passed over as waiting, or run
+    // until it waited or exited, and only a completion wakes one. (It started from 0
+    // until 2026-12-07, and the scan was most of the emulator's time in kernels with warp
+    // shuffles: a warp's round woke its 32 threads, then passed all earlier warps'.)
     if (g_schedule.schedule == Schedule::kShuffle) {
       std::shuffle(order.begin(), order.end(), g_schedule.rng);
     }
+    for (int p = 0; p < threads; ++p) b.fibers[static_cast<size_t>(order[p])].position = p;
     int done = 0;
     size_t i = 0, idle = 0;  // idle: fibers looked at since one last ran
     while (done < threads) {
@@ -994,7 +1013,8 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
         idle = 0;
         if (f.state == FiberState::kDone) ++done;
         if (b.completions != completions) {
-          i = 0;
+          i = std::min(i, static_cast<size_t>(b.woken_from));
+          b.woken_from = kNoPosition;
           continue;
         }
       } else if (++idle == order.size()) {
