@@ -24,10 +24,12 @@
 // threads are serialised), one fiber per CUDA thread, switched only at barriers
 // (__syncthreads, warp collectives), in the order SetSchedule names (block 0 and thread 0
 // first by default; reversed or shuffled to expose races): a barrier that can never complete,
-// because threads wait at different barriers or have exited, is reported as a failed launch. The
-// device side's PTX stand-ins live here too: ldmatrix (one warp round: the last lane to arrive
-// reads the 32 rows) and cp.async (a queue per fiber, emptied by the waits). A misaligned
-// or out-of-place address there aborts the process with a message, as a GPU kernel faults.
+// because threads wait at different barriers or have exited, is reported as a failed launch.
+// A thread that begins to wait switches straight to the next thread in that order where the
+// scheduler's search would pick it (HandOff), else back to the scheduler. The device side's PTX
+// stand-ins live here too: ldmatrix (one warp round: the last lane to arrive reads the 32 rows) and
+// cp.async (a queue per fiber, emptied by the waits). A misaligned or out-of-place address there
+// aborts the process with a message, as a GPU kernel faults.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -423,11 +425,13 @@ struct Barrier {
 
 struct Block {
   std::vector<Fiber> fibers;
-  uint64_t completions = 0;         // barriers completed: may wake waiting fibers
-  int woken_from = kNoPosition;     // the earliest position they woke since the scheduler looked
-  std::vector<Barrier> barriers;    // [0] the block, [1 + w] warp w
-  std::vector<uint64_t> exchange;   // [warp][2][32]
-  std::vector<float> warp_scratch;  // [warp][768]
+  uint64_t completions = 0;      // barriers completed: may wake waiting fibers
+  int woken_from = kNoPosition;  // the earliest position they woke since the scheduler looked
+  const int* order = nullptr;    // the threads in run order (RunGrid)
+  int threads = 0;
+  std::vector<Barrier> barriers;             // [0] the block, [1 + w] warp w
+  std::vector<uint64_t> exchange;            // [warp][2][32]
+  std::vector<float> warp_scratch;           // [warp][768]
   std::vector<unsigned char> ldmatrix_rows;  // [warp][2][32][16]
   unsigned char* dynamic_shared = nullptr;
   size_t shared_bytes = 0;     // of dynamic_shared
@@ -535,14 +539,48 @@ void SwitchToScheduler(Fiber& f, bool exiting) {
   void* unused = nullptr;
   kvlens_emu_switch(exiting ? &unused : &f.sp, b.scheduler_sp);
 #ifdef KVLENS_EMU_ASAN
-  __sanitizer_finish_switch_fiber(f.fake_stack, &b.scheduler_stack, &b.scheduler_stack_bytes);
+  // Resumed by the scheduler or by another thread (HandOff): neither's stack is kept.
+  __sanitizer_finish_switch_fiber(f.fake_stack, nullptr, nullptr);
+#endif
+}
+
+// The thread the scheduler would run after `f`, which has just begun to wait, where it can
+// tell without the scheduler's search: no barrier has completed since the scheduler last
+// looked, so that search would go on from f's position, and the thread there can run.
+Fiber* NextWithoutScheduler(Block& b, const Fiber& f) {
+  if (b.woken_from != kNoPosition || f.position + 1 >= b.threads) return nullptr;
+  Fiber& n = b.fibers[static_cast<size_t>(b.order[f.position + 1])];
+  if (n.state == FiberState::kWaiting &&
+      b.barriers[static_cast<size_t>(n.waiting_on)].generation != n.wait_generation) {
+    n.state = FiberState::kReady;
+  }
+  return n.state == FiberState::kReady ? &n : nullptr;
+}
+
+// From waiting thread f straight to thread `next`, as the scheduler would have switched
+// (one switch, not two, and no search).
+void HandOff(Fiber& f, Fiber& next) {
+  t_fiber = &next;
+#ifdef KVLENS_EMU_ASAN
+  __sanitizer_start_switch_fiber(&f.fake_stack, next.stack, kStackBytes);
+#endif
+  kvlens_emu_switch(&f.sp, next.sp);
+#ifdef KVLENS_EMU_ASAN
+  __sanitizer_finish_switch_fiber(f.fake_stack, nullptr, nullptr);
 #endif
 }
 
 [[noreturn]] void FiberMain() {
 #ifdef KVLENS_EMU_ASAN
-  __sanitizer_finish_switch_fiber(nullptr, &t_block->scheduler_stack,
-                                  &t_block->scheduler_stack_bytes);
+  // Started by the scheduler (the launch's first thread always is: its stack is kept for
+  // the switches back) or by another thread (HandOff).
+  const void* from = nullptr;
+  size_t from_bytes = 0;
+  __sanitizer_finish_switch_fiber(nullptr, &from, &from_bytes);
+  if (t_block->scheduler_stack == nullptr) {
+    t_block->scheduler_stack = from;
+    t_block->scheduler_stack_bytes = from_bytes;
+  }
 #endif
   (*t_block->body)();
   t_fiber->state = FiberState::kDone;
@@ -578,7 +616,11 @@ void Arrive(int index) {
   f->state = FiberState::kWaiting;
   f->waiting_on = index;
   f->wait_generation = bar.generation;
-  SwitchToScheduler(*f, /*exiting=*/false);
+  if (Fiber* next = NextWithoutScheduler(*b, *f)) {
+    HandOff(*f, *next);
+  } else {
+    SwitchToScheduler(*f, /*exiting=*/false);
+  }
 }
 
 std::string Dim(const dim3& d) {
@@ -998,6 +1040,8 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
       std::shuffle(order.begin(), order.end(), g_schedule.rng);
     }
     for (int p = 0; p < threads; ++p) b.fibers[static_cast<size_t>(order[p])].position = p;
+    b.order = order.data();
+    b.threads = threads;
     int done = 0;
     size_t i = 0, idle = 0;  // idle: fibers looked at since one last ran
     while (done < threads) {
@@ -1010,8 +1054,11 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
         const uint64_t completions = b.completions;
         t_fiber = &f;
         SwitchToFiber(b, f);
+        // Back from f, or from the last thread f handed off to (HandOff), which then ran
+        // in f's place in the search: only that one may have exited.
+        i = static_cast<size_t>(t_fiber->position);
         idle = 0;
-        if (f.state == FiberState::kDone) ++done;
+        if (t_fiber->state == FiberState::kDone) ++done;
         if (b.completions != completions) {
           i = std::min(i, static_cast<size_t>(b.woken_from));
           b.woken_from = kNoPosition;
