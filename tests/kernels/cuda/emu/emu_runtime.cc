@@ -425,13 +425,12 @@ struct Barrier {
 
 struct Block {
   std::vector<Fiber> fibers;
-  uint64_t completions = 0;      // barriers completed: may wake waiting fibers
-  int woken_from = kNoPosition;  // the earliest position they woke since the scheduler looked
-  const int* order = nullptr;    // the threads in run order (RunGrid)
-  int threads = 0;
-  std::vector<Barrier> barriers;             // [0] the block, [1 + w] warp w
-  std::vector<uint64_t> exchange;            // [warp][2][32]
-  std::vector<float> warp_scratch;           // [warp][768]
+  uint64_t completions = 0;         // barriers completed: may wake waiting fibers
+  int woken_from = kNoPosition;     // the earliest position they woke since the scheduler looked
+  const int* order = nullptr;       // the threads in run order (RunGrid)
+  std::vector<Barrier> barriers;    // [0] the block, [1 + w] warp w
+  std::vector<uint64_t> exchange;   // [warp][2][32]
+  std::vector<float> warp_scratch;  // [warp][768]
   std::vector<unsigned char> ldmatrix_rows;  // [warp][2][32][16]
   unsigned char* dynamic_shared = nullptr;
   size_t shared_bytes = 0;     // of dynamic_shared
@@ -548,7 +547,9 @@ void SwitchToScheduler(Fiber& f, bool exiting) {
 // tell without the scheduler's search: no barrier has completed since the scheduler last
 // looked, so that search would go on from f's position, and the thread there can run.
 Fiber* NextWithoutScheduler(Block& b, const Fiber& f) {
-  if (b.woken_from != kNoPosition || f.position + 1 >= b.threads) return nullptr;
+  if (b.woken_from != kNoPosition || static_cast<size_t>(f.position) + 1 >= b.fibers.size()) {
+    return nullptr;
+  }
   Fiber& n = b.fibers[static_cast<size_t>(b.order[f.position + 1])];
   if (n.state == FiberState::kWaiting &&
       b.barriers[static_cast<size_t>(n.waiting_on)].generation != n.wait_generation) {
@@ -1034,14 +1035,13 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
     // earliest position it woke (Barrier::first_waiter) if that is before the current
     // one: every thread before the current one had been passed over as waiting, or run
     // until it waited or exited, and only a completion wakes one. (It started from 0
-    // until 2026-12-07, and the scan was most of the emulator's time in kernels with warp
-    // shuffles: a warp's round woke its 32 threads, then passed all earlier warps'.)
+    // until 2026-12-07, and the scan was a third of a matvec-heavy test's time: each warp
+    // round woke its 32 threads, and the search passed all earlier warps' threads first.)
     if (g_schedule.schedule == Schedule::kShuffle) {
       std::shuffle(order.begin(), order.end(), g_schedule.rng);
     }
     for (int p = 0; p < threads; ++p) b.fibers[static_cast<size_t>(order[p])].position = p;
     b.order = order.data();
-    b.threads = threads;
     int done = 0;
     size_t i = 0, idle = 0;  // idle: fibers looked at since one last ran
     while (done < threads) {
