@@ -1,6 +1,7 @@
 // kernels/cuda's parameter structs, field by field (emu_struct_pointers.h). Each is
-// pinned to its size: a struct that gains or loses a field fails to compile here until its
-// list is looked at again, so that a new pointer is not left out of the rule unseen.
+// pinned to its size: a new pointer field makes its struct larger, and this file then fails
+// to compile until the list is looked at again, so that the pointer is not left out of the
+// rule unseen.
 #include "tests/kernels/cuda/emu/emu_struct_pointers.h"
 
 #include <type_traits>
