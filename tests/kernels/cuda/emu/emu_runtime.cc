@@ -322,18 +322,21 @@ void EnqueuePinnedCopy(const CUstream_st* stream, unsigned char* host, unsigned 
   g_pending.push_back(std::move(c));
 }
 
+// A kernel's argument that an access went through: "pointer argument 1",
+// "AttentionParams::out (argument 0)", or "argument 0, the device pointer at its byte 16".
+std::string ArgumentName(const Accessor& by) {
+  const std::string argument = std::to_string(by.argument);
+  if (by.field != nullptr) return by.field + (" (argument " + argument + ")");
+  if (by.byte >= 0) {
+    return "argument " + argument + ", the device pointer at its byte " + std::to_string(by.byte);
+  }
+  return "pointer argument " + argument;
+}
+
 // Names an access for a message: "cudaMemset", "AddKernel's pointer argument 1", or
 // "SplitKvKernel's AttentionParams::out (argument 0)".
 std::string Whose(const Accessor& by) {
-  const std::string who = by.who;
-  const std::string argument = std::to_string(by.argument);
-  if (by.argument < 0) return who;
-  if (by.field != nullptr) return who + "'s " + by.field + " (argument " + argument + ")";
-  if (by.byte >= 0) {
-    return who + "'s argument " + argument + ", the device pointer at its byte " +
-           std::to_string(by.byte);
-  }
-  return who + "'s pointer argument " + argument;
+  return by.argument < 0 ? by.who : by.who + ("'s " + ArgumentName(by));
 }
 
 const char* StreamKind(const CUstream_st* s) {
@@ -543,6 +546,16 @@ void SwitchToScheduler(Fiber& f, bool exiting) {
 #endif
 }
 
+// Whether f can run: ready, or waiting at a barrier that has completed since (then it is
+// made ready).
+bool Runnable(Block& b, Fiber& f) {
+  if (f.state == FiberState::kWaiting &&
+      b.barriers[static_cast<size_t>(f.waiting_on)].generation != f.wait_generation) {
+    f.state = FiberState::kReady;
+  }
+  return f.state == FiberState::kReady;
+}
+
 // The thread the scheduler would run after `f`, which has just begun to wait, where it can
 // tell without the scheduler's search: no barrier has completed since the scheduler last
 // looked, so that search would go on from f's position, and the thread there can run.
@@ -551,11 +564,7 @@ Fiber* NextWithoutScheduler(Block& b, const Fiber& f) {
     return nullptr;
   }
   Fiber& n = b.fibers[static_cast<size_t>(b.order[f.position + 1])];
-  if (n.state == FiberState::kWaiting &&
-      b.barriers[static_cast<size_t>(n.waiting_on)].generation != n.wait_generation) {
-    n.state = FiberState::kReady;
-  }
-  return n.state == FiberState::kReady ? &n : nullptr;
+  return Runnable(b, n) ? &n : nullptr;
 }
 
 // From waiting thread f straight to thread `next`, as the scheduler would have switched
@@ -902,11 +911,8 @@ bool AccessThrough(const LaunchConfig& config, const void* p, bool writes, const
     Access(config.stream, p, to_end, writes, by, true);
     return true;
   }
-  const std::string whose = by.field == nullptr ? "pointer argument " + std::to_string(by.argument)
-                                                : by.field + std::string(" (argument ") +
-                                                      std::to_string(by.argument) + ")";
-  Fail(cudaErrorIllegalAddress,
-       std::string(config.name) + ": " + whose + " (" + Hex(p) + ") is not in device memory");
+  Fail(cudaErrorIllegalAddress, std::string(config.name) + ": " + ArgumentName(by) + " (" + Hex(p) +
+                                    ") is not in device memory");
   return false;
 }
 
@@ -1005,6 +1011,7 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
   std::vector<int> order(static_cast<size_t>(threads));
   std::iota(order.begin(), order.end(), 0);
   if (g_schedule.schedule == Schedule::kReverse) std::reverse(order.begin(), order.end());
+  b.order = order.data();  // shuffled in place per block, below
   const uint64_t gx = c.grid.x, gy = c.grid.y, blocks = gx * gy * c.grid.z;
   const BlockOrder block_order = DrawBlockOrder(blocks);
   for (uint64_t k = 0; k < blocks; ++k) {
@@ -1041,16 +1048,11 @@ void RunGrid(const LaunchConfig& c, const std::function<void()>& body) {
       std::shuffle(order.begin(), order.end(), g_schedule.rng);
     }
     for (int p = 0; p < threads; ++p) b.fibers[static_cast<size_t>(order[p])].position = p;
-    b.order = order.data();
     int done = 0;
     size_t i = 0, idle = 0;  // idle: fibers looked at since one last ran
     while (done < threads) {
       Fiber& f = b.fibers[static_cast<size_t>(order[i])];
-      if (f.state == FiberState::kWaiting &&
-          b.barriers[static_cast<size_t>(f.waiting_on)].generation != f.wait_generation) {
-        f.state = FiberState::kReady;
-      }
-      if (f.state == FiberState::kReady) {
+      if (Runnable(b, f)) {
         const uint64_t completions = b.completions;
         t_fiber = &f;
         SwitchToFiber(b, f);
