@@ -10,6 +10,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/exp2_approx.cuh"
 #include "kernels/cuda/kv_load.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/reduce.cuh"
@@ -293,8 +294,8 @@ __global__ void __launch_bounds__(
       }
       const float m_new = fmaxf(m, step_max);
       // Nothing visible yet (m_new = −∞): weights 0, and acc (0) keeps its scale.
-      const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
-      const float w = score == -INFINITY ? 0.0f : exp2f(score - m_new);
+      const float alpha = m_new == -INFINITY ? 1.0f : Exp2Approx(m - m_new);
+      const float w = score == -INFINITY ? 0.0f : Exp2Approx(score - m_new);
       float w_sum = w;
 #pragma unroll
       for (int o = kKeyLanes; o < 32; o *= 2) w_sum += __shfl_xor_sync(0xffffffffu, w_sum, o);

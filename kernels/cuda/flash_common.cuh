@@ -9,6 +9,7 @@
 // cap each raw score s_j first becomes cap · tanh(scale · s_j / cap) / scale):
 //   m' = max(m, max_j c·s_j),  α = 2^(m − m'),  p_j = 2^(c·s_j − m'),  l = α·l + Σ_j p_j,
 //   O = α·O   (then the kernel adds P·V, P rounded to its tensor cores' type)
+// with each p_j, but in the soft-capped twins, one MUFU.EX2 (Exp2Approx, exp2_approx.cuh),
 // and finally O / l (FlashWriteRows). Masking (causal, documents, the end of the keys, a
 // sliding window) is applied only to tiles that some row of the block does not see whole,
 // and under a window the tiles that no row sees are not visited (FlashKeysOf). DispatchFlash picks
@@ -24,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/exp2_approx.cuh"
 
 namespace kvlens::kernels::cuda {
 
@@ -183,7 +185,11 @@ __device__ __forceinline__ void FlashSoftmaxTile(const AttentionParams& p, const
   for (int nt = 0; nt < N / 8; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      s[nt][e] = exp2f(s[nt][e] - m_use[e / 2]);
+      // (Under the cap, whose tanh takes registers of its own, exp2f: with Exp2Approx
+      // two capped twins at 168 registers spilled 36 bytes a thread, past the 24 of
+      // check-ptxas.sh. α, two a tile, stays exp2f too.)
+      const float x = s[nt][e] - m_use[e / 2];
+      s[nt][e] = kCap ? exp2f(x) : Exp2Approx(x);
       l[e / 2] += s[nt][e];
     }
   }

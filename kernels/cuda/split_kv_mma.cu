@@ -40,6 +40,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/exp2_approx.cuh"
 #include "kernels/cuda/kv_load.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma_sync.cuh"
@@ -239,13 +240,13 @@ __global__ void __launch_bounds__(kWarps * 32,
           step_max = WarpReduce<4>(step_max, MaxOp());  // over the 8 lanes of the head
           const float m_new = fmaxf(m[ht][e], step_max);
           // Nothing visible yet (m_new = −∞): weights 0, and O (0) keeps its scale.
-          alpha[ht][e] = m_new == -INFINITY ? 1.0f : exp2f(m[ht][e] - m_new);
+          alpha[ht][e] = m_new == -INFINITY ? 1.0f : Exp2Approx(m[ht][e] - m_new);
           settled = settled && alpha[ht][e] == 1.0f;
           float w_sum = 0.0f;
 #pragma unroll
           for (int x = 0; x < 2; ++x) {
             float& v = s[ht][2 * x + e];
-            v = v == -INFINITY ? 0.0f : exp2f(v - m_new);
+            v = v == -INFINITY ? 0.0f : Exp2Approx(v - m_new);
             w_sum += v;
           }
           l[ht][e] = l[ht][e] * alpha[ht][e] + w_sum;

@@ -5,7 +5,8 @@
 // by the PTX ISA's fragment formulas multiply like a naive loop; ldmatrix .x4
 // (async_copy.cuh), plain and .trans, from static and dynamic shared memory, gives every
 // lane the words of the ISA's formulas, and movmatrix .trans (mma_sync.cuh) its row of the
-// transpose; cp.async lands a group only at the wait that
+// transpose; ex2.approx.ftz (Exp2Approx, exp2_approx.cuh) flushes subnormal inputs and
+// results to zero, as the PTX ISA specifies; cp.async lands a group only at the wait that
 // completes it (its destination reads as NaN from the issue to then), zero-fills past its
 // source size and drops what a thread leaves queued; a divergent __syncthreads, an oversized block,
 // dynamic shared memory over the limit, a host pointer passed as a kernel argument and a
@@ -25,6 +26,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/async_copy.cuh"
+#include "kernels/cuda/exp2_approx.cuh"
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "tests/kernels/cuda/emu/emu_copies.h"
@@ -169,6 +171,11 @@ uint32_t MovElement(int row, int col) { return static_cast<uint32_t>(100 + 8 * r
 void MovMatrixKernel(uint32_t* out) {
   const int lane = static_cast<int>(threadIdx.x), g = lane / 4, t = lane % 4;
   out[lane] = MovMatrixTrans(MovElement(g, 2 * t) | MovElement(g, 2 * t + 1) << 16);
+}
+
+// out[i] = Exp2Approx(in[i]), a thread an element.
+void Exp2ApproxKernel(const float* in, float* out) {
+  out[threadIdx.x] = Exp2Approx(in[threadIdx.x]);
 }
 
 // Lane 5's row address is 8 bytes past a 16-byte boundary.
@@ -447,6 +454,31 @@ TEST(CudaEmulator, MovMatrixGivesEachLaneItsRowOfTheTranspose) {
   // A warp of 16 lanes is not a full warp's collective.
   EXPECT_DEATH(::kvlens_emu::Launch(MovMatrixKernel, "MovMatrixKernel", 1, 16)(d),
                "movmatrix: a warp collective of all 32 lanes, run in a warp of 16 threads");
+  cudaFree(d);
+}
+
+TEST(CudaEmulator, Exp2ApproxFlushesSubnormalInputsAndResultsToZero) {
+  // Powers of two from the definition; 2^-126 is float's smallest normal (kept), 2^-127
+  // and 2^-149 are subnormal (flushed to 0, where exp2f would give them); an input of
+  // 1e-40 (subnormal) is read as 0 (2^0 = 1, as exp2f gives too).
+  const std::vector<float> in = {0.0f,    -3.0f,  10.0f,     -126.0f,  -127.0f,
+                                 -149.0f, 1e-40f, -INFINITY, INFINITY, NAN};
+  const std::vector<float> want = {
+      1.0f, 0.125f, 1024.0f, std::ldexp(1.0f, -126), 0.0f, 0.0f, 1.0f, 0.0f, INFINITY, NAN};
+  const int n = static_cast<int>(in.size());
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 2 * n * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d, in.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  ::kvlens_emu::Launch(Exp2ApproxKernel, "Exp2ApproxKernel", 1, n)(d, d + n);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<float> h = HostCopy(d + n, n);
+  for (int i = 0; i < n; ++i) {
+    if (std::isnan(want[i])) {
+      EXPECT_TRUE(std::isnan(h[i])) << "2^" << in[i];
+    } else {
+      EXPECT_EQ(h[i], want[i]) << "2^" << in[i];
+    }
+  }
   cudaFree(d);
 }
 
