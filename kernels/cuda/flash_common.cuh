@@ -193,6 +193,11 @@ __device__ __forceinline__ void FlashSoftmaxTile(const AttentionParams& p, const
       l[e / 2] += s[nt][e];
     }
   }
+  // Once a row's running maximum stays put, its α is 1 exactly (2^0); where that holds for
+  // every row of the warp, O's rescale (D / 2 multiplies a lane) would change no bit, and
+  // is skipped, as split-KV skips its own. (Not under the cap: there the test's registers
+  // made ptxas spill 28 bytes in the fp16 kernel's 4-warp twins at Dh 128.)
+  if (!kCap && __all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) return;
 #pragma unroll
   for (int nt = 0; nt < D / 8; ++nt) {
     o[nt][0] *= alpha[0];
