@@ -54,7 +54,7 @@
 // A 192-query block (kFlashBf16WideTileQueries, head sizes 64 and 128) is 12 warps of one
 // stripe: 384 threads may hold 170 registers each, so Q waits in shared memory (as for
 // two stripes) and each warp keeps O, S and P (168 registers at head size 128; three
-// stages spill nothing uncapped, 12 bytes capped; two stages 24 and 8 bytes). One block
+// stages spill nothing uncapped, 12 bytes capped; two stages 8 and 8 bytes). One block
 // an SM then runs 3 warps a scheduler rather than 2, more to issue from while others wait
 // at a barrier or on the softmax, and each K/V tile copied serves 192 queries rather than
 // 128. Shared memory: Q 51 KiB, K/V 68 or 102 KiB (two or three stages) at head size 128.
@@ -197,7 +197,7 @@ __device__ __forceinline__ void StageQ(const AttentionParams& p, const FlashSeq&
 
 // Blocks an SM: two of two stripes; 64-query blocks three, but two at head size 128, where
 // three (170 registers) spilled: on an H200 (2026-12-04) two ran 10-16% faster there, and
-// two at head size 256 (101 KiB of shared memory each). One of 8 warps (226 registers at
+// two at head size 256 (101 KiB of shared memory each). One of 8 warps (218 registers at
 // head size 128), or of 12 (at most 170 registers a thread: 167-168 at head size 128); two
 // of 8 at 32 keys a tile (128 registers).
 template <int D, int W, int R, int N>
