@@ -4,6 +4,7 @@
     scripts/kernel-sizes.py kernels/cuda/flash_prefill_bf16.cu     # nvcc -arch=sm_90 -cubin
     scripts/kernel-sizes.py build/x.cubin
     scripts/kernel-sizes.py --arch sm_90 A.cu B.cu
+    scripts/kernel-sizes.py /tmp/other-worktree/kernels/cuda/attention.cu   # its own includes
 
 Without a GPU or a disassembler (this machine's CUDA has nvcc and ptxas, not cuobjdump),
 a kernel's .text section is what ptxas made of it: on sm_70 and later every instruction is
@@ -47,8 +48,17 @@ def demangle(symbols):
     return short
 
 
+def repo_root(source):
+    """The checkout holding source (its includes are relative to it), else this script's."""
+    top = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(source)), "rev-parse",
+                          "--show-toplevel"], capture_output=True, text=True)
+    if top.returncode == 0:
+        return top.stdout.strip()
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def cubin_of(source, arch, workdir):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = repo_root(source)
     out = os.path.join(workdir, os.path.basename(source) + ".cubin")
     cmd = ["nvcc", "-std=c++17", f"-arch={arch}", "-O3", "-cubin", "-I", root, "-o", out, source]
     if subprocess.run(cmd).returncode != 0:
