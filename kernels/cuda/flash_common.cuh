@@ -100,14 +100,26 @@ __device__ __forceinline__ FlashKeyRange FlashKeysOf(const AttentionParams& p,
           p.causal ? min(seq.num_keys, q_first + 1) : seq.num_keys, window_clear};
 }
 
-// The lane's Q values as A fragments (unscaled), each pair rounded by pack (PackHalf2 or
-// PackBf162: as the naive run of the kernel's precision rounds them); rows past the
+// The kernels run on |scale|, with Q's sign flipped as it is loaded where the scale is
+// negative (exact, and so is the products' sign: q·k for −q is −(q·k) bit for bit), so
+// that c = |scale|·log2(e) > 0 and a row's largest c·s_j is c times its largest s_j
+// (FlashSoftmaxTile). The soft cap, cap · tanh(scale · s / cap), is odd in s: the same.
+__device__ __forceinline__ float FlashQSign(const AttentionParams& p) {
+  return p.scale < 0.0f ? -1.0f : 1.0f;
+}
+__device__ __forceinline__ float FlashLog2Scale(const AttentionParams& p) {
+  return fabsf(p.scale) * 1.4426950408889634f;
+}
+
+// The lane's Q values as A fragments (unscaled; signed by FlashQSign), each pair rounded by pack
+// (PackHalf2 or PackBf162: as the naive run of the kernel's precision rounds them); rows past the
 // sequence's end are zero.
 template <int D, typename Pack>
 __device__ __forceinline__ void FlashLoadQ(const AttentionParams& p, const FlashSeq& seq, int h,
                                            const int (&row_i)[2], Pack pack,
                                            uint32_t (&qf)[D / 16][4]) {
   const int t = threadIdx.x % 4;
+  const float sign = FlashQSign(p);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
@@ -117,8 +129,8 @@ __device__ __forceinline__ void FlashLoadQ(const AttentionParams& p, const Flash
       if (i < seq.num_queries) {
         const float* q =
             p.q + static_cast<int64_t>(seq.row0 + i) * p.q_stride + static_cast<int64_t>(h) * D;
-        x0 = q[d];
-        x1 = q[d + 1];
+        x0 = sign * q[d];
+        x1 = sign * q[d + 1];
       }
       qf[kk][r] = pack(x0, x1);
     }
@@ -139,7 +151,7 @@ __device__ __forceinline__ void FlashSoftmaxTile(const AttentionParams& p, const
                                                  float (&o)[D / 8][4]) {
   const int t = threadIdx.x % 4;
   if constexpr (kCap) {  // c·s is then log2(e) · cap · tanh(scale · s / cap)
-    const float in = p.scale / p.softcap, out = p.softcap / p.scale;
+    const float in = fabsf(p.scale) / p.softcap, out = p.softcap / fabsf(p.scale);
 #pragma unroll
     for (int nt = 0; nt < N / 8; ++nt) {
 #pragma unroll
@@ -152,7 +164,7 @@ __device__ __forceinline__ void FlashSoftmaxTile(const AttentionParams& p, const
   for (int nt = 0; nt < N / 8; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float x = s[nt][e] * c;
+      float x = s[nt][e];
       if (mask) {
         const int i = row_i[e / 2], j = j0 + 8 * nt + 2 * t + e % 2;
         // Rows past the end see every key (their q is zero; they are never written). The
@@ -174,7 +186,7 @@ __device__ __forceinline__ void FlashSoftmaxTile(const AttentionParams& p, const
   for (int r = 0; r < 2; ++r) {
     mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
     mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
-    const float m_new = fmaxf(m[r], mt[r]);
+    const float m_new = fmaxf(m[r], c * mt[r]);
     // Nothing seen yet (m_new = −∞): p and α must be 0, not 2^(−∞ + ∞).
     m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
     alpha[r] = exp2f(m[r] - m_use[r]);
@@ -188,7 +200,7 @@ __device__ __forceinline__ void FlashSoftmaxTile(const AttentionParams& p, const
       // (Under the cap, whose tanh takes registers of its own, exp2f: with Exp2Approx
       // two capped twins at 168 registers spilled 36 bytes a thread, past the 24 of
       // check-ptxas.sh. α, two a tile, stays exp2f too.)
-      const float x = s[nt][e] - m_use[e / 2];
+      const float x = fmaf(s[nt][e], c, -m_use[e / 2]);
       s[nt][e] = kCap ? exp2f(x) : Exp2Approx(x);
       l[e / 2] += s[nt][e];
     }

@@ -105,7 +105,7 @@ __device__ __forceinline__ void LoadKvTile(const AttentionParams& p, const Flash
   }
 }
 
-// The block's Q rows as fp16 pairs into Qs (rounded as FlashLoadQ rounds them; rows past
+// The block's Q rows as fp16 pairs into Qs (signed and rounded as FlashLoadQ does; rows past
 // the sequence's end zero). Consecutive threads take consecutive pairs of a row.
 template <int D, int W>
 __device__ __forceinline__ void StoreQTile(const AttentionParams& p, const FlashSeq& seq, int h,
@@ -113,6 +113,7 @@ __device__ __forceinline__ void StoreQTile(const AttentionParams& p, const Flash
   using L = FlashSmem<D, W>;
   constexpr int kPairs = D / 2;
   static_assert(L::kQsRows * kPairs % (W * 32) == 0);
+  const float sign = FlashQSign(p);
 #pragma unroll 4
   for (int it = 0; it < L::kQsRows * kPairs / (W * 32); ++it) {
     const int idx = static_cast<int>(threadIdx.x) + it * W * 32;
@@ -121,8 +122,8 @@ __device__ __forceinline__ void StoreQTile(const AttentionParams& p, const Flash
     if (i < seq.num_queries) {
       const float* q =
           p.q + static_cast<int64_t>(seq.row0 + i) * p.q_stride + static_cast<int64_t>(h) * D;
-      x0 = q[2 * w];
-      x1 = q[2 * w + 1];
+      x0 = sign * q[2 * w];
+      x1 = sign * q[2 * w + 1];
     }
     qs[r * L::kKsLd + w] = PackHalf2(x0, x1);
   }
@@ -166,7 +167,7 @@ __global__ void __launch_bounds__(W * 32, kFlashMinBlocks<D, W>)
 #pragma unroll
   for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const float c = p.scale * 1.4426950408889634f;  // scale·log2(e)
+  const float c = FlashLog2Scale(p);  // |scale|·log2(e)
 
   const FlashKeyRange keys = FlashKeysOf(p, seq);
   const int key_end = keys.key_end;

@@ -170,12 +170,13 @@ __device__ __forceinline__ void IssueTile(const AttentionParams& p, int kvh,
   }
 }
 
-// Q's rows of the block as bf16 (rounded as FlashLoadQ rounds them; rows past the
+// Q's rows of the block as bf16 (signed and rounded as FlashLoadQ does; rows past the
 // sequence's end zero) into qs [kRows][kLd], where Bf16Tiles::kQInSmem.
 template <int D, int W, int R, int S, int N>
 __device__ __forceinline__ void StageQ(const AttentionParams& p, const FlashSeq& seq, int h,
                                        uint16_t* qs) {
   using L = Bf16Tiles<D, W, R, S, N>;
+  const float sign = FlashQSign(p);
   for (int idx = threadIdx.x; idx < L::kRows * L::kPieces; idx += W * 32) {
     const int r = idx / L::kPieces, c = idx % L::kPieces;
     const int i = seq.q0 + r;
@@ -184,7 +185,7 @@ __device__ __forceinline__ void StageQ(const AttentionParams& p, const FlashSeq&
       const float* q = p.q + static_cast<int64_t>(seq.row0 + i) * p.q_stride +
                        static_cast<int64_t>(h) * D + 8 * c;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) w[e] = PackBf162(q[2 * e], q[2 * e + 1]);
+      for (int e = 0; e < 4; ++e) w[e] = PackBf162(sign * q[2 * e], sign * q[2 * e + 1]);
     }
     uint4 piece;
     piece.x = w[0];
@@ -296,7 +297,7 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R, N>)
   float m[R][2], l[R][2];
 #pragma unroll
   for (int r = 0; r < R; ++r) m[r][0] = m[r][1] = -INFINITY, l[r][0] = l[r][1] = 0.0f;
-  const float c = p.scale * 1.4426950408889634f;  // scale·log2(e)
+  const float c = FlashLog2Scale(p);  // |scale|·log2(e)
 
   int stage = 0;
   for (int j0 = keys.key_begin; j0 < key_end; j0 += L::kN, stage = stage + 1 == S ? 0 : stage + 1) {

@@ -32,6 +32,7 @@ struct AttnShape {
   bool want_probs_only = false;
   bool bf16_cache = false;  // K and V stored in bf16 (the reference reads the rounded values)
   double softcap = 0.0;     // Gemma 2's soft-capped scores (cap · tanh(s / cap)); 0: none
+  double scale = 0.0;       // the scores' scale; 0: 1 / sqrt(dh)
 };
 
 // Whether query row i of shape s sees key j: the mask written out on its own (causal with
@@ -179,7 +180,7 @@ inline AttnInputs MakeAttnInputs(const AttnShape& s, std::mt19937_64& rng) {
   in.kv_width = int64_t{s.kv_heads} * s.dh;
   in.q_stride = in.q_width + 8;
   in.kv_stride = in.kv_width + s.kv_pad;
-  in.scale = 1.0 / std::sqrt(static_cast<double>(s.dh));
+  in.scale = s.scale != 0.0 ? s.scale : 1.0 / std::sqrt(static_cast<double>(s.dh));
   in.q = kernels::testing::RandomFloatExact(rng, size_t(s.tq) * in.q_width, -2, 2);
   in.k = kernels::testing::RandomFloatExact(rng, size_t(s.tk) * in.kv_width, -2, 2);
   in.v = kernels::testing::RandomFloatExact(rng, size_t(s.tk) * in.kv_width);

@@ -1,6 +1,6 @@
 // The flash prefill kernels' layouts and edges on CudaBackend against the double
-// ReferenceBackend: 64-query tiles; the bf16 kernel's other layouts (4 warps of 32, three
-// K/V stages, 32-key tiles, 192-query blocks) on the parity table's bf16-cache shapes;
+// ReferenceBackend: 64-query tiles; a negative scale; the bf16 kernel's other layouts (4 warps of
+// 32, three K/V stages, 32-key tiles, 192-query blocks) on the parity table's bf16-cache shapes;
 // which kernel a bf16 cache takes; what the cache holds past a block's keys. Split from
 // cuda_backend_test.cc, whose fixture it shares. Suites are named CudaBackend* so that
 // ctest labels them `gpu` (kernels/cuda/gpu_test_labels.cmake.in); without a device they
@@ -54,6 +54,40 @@ TEST_F(CudaBackendTest, FlashWith64QueryTilesWithinTolerance) {
   for (const parity::ParityResult& r : results) {
     std::cerr << "[ parity   ] 64-query tiles: " << r.name << ": error " << r.err << ", tolerance "
               << r.tol << "\n";
+    EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
+  }
+}
+
+// A negative scale is valid (ValidateAttentionArgs asks only for a finite, non-zero one).
+// The flash kernels run on |scale| with Q's sign flipped as it is loaded (FlashQSign), so
+// that a row's largest scaled score is the scale times its largest raw one: the parity
+// table's flash shapes with the scale −1/√Dh, on both kernels, Q in registers and in
+// shared memory (Dh 256), with and without the soft cap, within the same tolerance.
+TEST_F(CudaBackendTest, FlashWithANegativeScaleWithinTolerance) {
+  std::mt19937_64 rng(9);
+  std::vector<parity::ParityResult> results;
+  int shapes = 0;
+  for (parity::AttnShape s : parity::AttentionShapes()) {
+    const std::string base = s.label.substr(0, s.label.find(", rows in 16-byte pieces"));
+    if (base != "prefill offset GQA 8/4" && base != "prefill head size 256 GQA 2/1" &&
+        base != "prefill softcap 1 GQA 4/2") {
+      continue;
+    }
+    if (s.label != base && s.label != base + ", rows in 16-byte pieces") continue;
+    ++shapes;
+    s.scale = -1.0 / std::sqrt(static_cast<double>(s.dh));
+    s.label += ", scale -1/sqrt(Dh)";
+    for (parity::ParityResult& r : parity::AttentionCase(*backend_, rng, s)) {
+      results.push_back(std::move(r));
+    }
+  }
+  // Each on an fp32 cache (the fp16 kernel) and a bf16 cache in 16-byte pieces (the bf16
+  // kernel); the first also on a bf16 cache of 8-byte loads (the fp16 kernel).
+  EXPECT_EQ(shapes, 7);
+  for (const parity::ParityResult& r : results) {
+    std::cerr << "[ parity   ] " << r.name << ": error " << r.err << ", tolerance " << r.tol
+              << "\n";
+    EXPECT_NE(r.name.find("flash"), std::string::npos) << r.name;
     EXPECT_TRUE(r.pass()) << r.name << ": " << r.status << ", error " << r.err << " > " << r.tol;
   }
 }
