@@ -9,7 +9,8 @@
 // cap each raw score s_j first becomes cap · tanh(scale · s_j / cap) / scale):
 //   m' = max(m, max_j c·s_j),  α = 2^(m − m'),  p_j = 2^(c·s_j − m'),  l = α·l + Σ_j p_j,
 //   O = α·O   (then the kernel adds P·V, P rounded to its tensor cores' type)
-// with each p_j, but in the soft-capped twins, one MUFU.EX2 (Exp2Approx, exp2_approx.cuh),
+// with c·s_j − m' one FFMA (the scores kept raw, the kernels on |scale|: FlashQSign) and
+// each p_j, but in the soft-capped twins, one MUFU.EX2 (Exp2Approx, exp2_approx.cuh),
 // and finally O / l (FlashWriteRows). Masking (causal, documents, the end of the keys, a
 // sliding window) is applied only to tiles that some row of the block does not see whole,
 // and under a window the tiles that no row sees are not visited (FlashKeysOf). DispatchFlash picks

@@ -53,8 +53,8 @@
 //
 // A 192-query block (kFlashBf16WideTileQueries, head sizes 64 and 128) is 12 warps of one
 // stripe: 384 threads may hold 170 registers each, so Q waits in shared memory (as for
-// two stripes) and each warp keeps O, S and P (168 registers at head size 128; three
-// stages spill nothing uncapped, 12 bytes capped; two stages 8 and 8 bytes). One block
+// two stripes) and each warp keeps O, S and P (168 registers at head size 128; of those
+// kernels only the uncapped one of two stages spills, 8 bytes). One block
 // an SM then runs 3 warps a scheduler rather than 2, more to issue from while others wait
 // at a barrier or on the softmax, and each K/V tile copied serves 192 queries rather than
 // 128. Shared memory: Q 51 KiB, K/V 68 or 102 KiB (two or three stages) at head size 128.
