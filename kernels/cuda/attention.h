@@ -179,6 +179,11 @@ struct FlashBf16Layout {
 absl::Status CheckFlashBf16Layout(const FlashBf16Layout& layout);
 absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, const FlashBf16Layout& layout,
                                     cudaStream_t stream);
+// The bf16 kernel's loop on fp16 tensor cores, for p.k and p.v holding fp16 elements (an fp32
+// cache's copy, kv_f16_copy.h; p.kv_dtype is not read) in 16-byte pieces, as the bf16
+// kernel asks of a bf16 cache: Q and P rounded to fp16, as FlashPrefillKernel rounds them.
+absl::Status LaunchFlashPrefillF16Copy(const AttentionParams& p, const FlashBf16Layout& layout,
+                                       cudaStream_t stream);
 // The layout LaunchFlashPrefillBf16 runs for p's head size and soft cap when asked for
 // `asked` (valid, its tile_queries as FlashBf16TileQueries gives): two asked layouts that
 // resolve alike run the same kernel. Its block's queries; 32 queries a warp only for two

@@ -84,10 +84,12 @@ AttentionParams HostAttentionParams(const AttentionArgs<float>& a);
 
 // The attention kernels' options that TuneAttention chooses among (each also has a setter
 // of its own on CudaBackend): the flash kernels' layout and block order, and split-KV's
-// warps, fused combine, tensor cores and balanced splits. As constructed: the defaults.
+// warps, fused combine, tensor cores and balanced splits; and whether prefill over an
+// fp32 cache runs on an fp16 copy of its blocks. As constructed: the defaults.
 struct AttentionKernels {
   FlashBf16Layout flash_layout;
   int flash_head_group = 1;
+  bool flash_f16_copy = false;
   int split_kv_warps = kSplitKvWarps;
   bool split_kv_fused_combine = false;
   bool split_kv_tensor_cores = false;
@@ -152,6 +154,13 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // For kvlens_gpu_check's comparison and the tests.
   void SetFlashBf16(bool on) { flash_bf16_ = on; }
   bool flash_bf16() const { return flash_bf16_; }
+  // Whether flash prefill over an fp32 cache copies the blocks it reads to fp16 first and
+  // runs the bf16 kernel's loop on fp16 tensor cores over the copies, in the bf16 kernel's
+  // layouts (kv_f16_copy.h), rather than the fp16 kernel, which converts each tile as the
+  // block waits. The same rounding; off by default until a GPU has timed it
+  // (kvlens_gpu_check's prefill rows "fp32 cache, fp16 copy").
+  void SetFlashF16Copy(bool on) { kernels_.flash_f16_copy = on; }
+  bool flash_f16_copy() const { return kernels_.flash_f16_copy; }
   // Queries a warp of the bf16 flash kernel takes in a 128-query block: 16 (8 warps; the
   // default) or 32 (4 warps). attention.h, LaunchFlashPrefillBf16. For kvlens_gpu_check's
   // comparison and the tests.
@@ -406,15 +415,27 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   absl::Status LaunchMaterializedRowsBatched(absl::Span<const AttentionArgs<float>> calls);
   // kernels_.flash_layout with one field set, if SetFlashLayout takes it.
   absl::Status SetFlashLayoutField(int FlashBf16Layout::*field, int value);
-  // Whether p's flash launch takes the bf16 kernel (it applies, and flash_bf16_), the
-  // queries of its tiles, and the launch: the bf16 kernel, else the fp16 one.
+  // Whether p's flash launch takes the bf16 kernel (it applies, and flash_bf16_) or, over an
+  // fp32 cache, its loop on an fp16 copy (kernels_.flash_f16_copy), the queries of its
+  // tiles, and the launch: the bf16 kernel, the fp16 copy's or the fp16 kernel.
   bool TakesFlashBf16(const AttentionParams& p) const;
+  bool TakesFlashF16Copy(const AttentionParams& p) const;
   int FlashTile(const AttentionParams& p) const;
   // kv_keys: the keys of a head's sequences, which the head group sized to the L2 cache
-  // counts (FlashHeadGroup).
-  absl::Status Flash(AttentionParams p, int64_t kv_keys);
-  // The kernels' parameters for a checked forward call, index arrays uploaded.
-  absl::StatusOr<AttentionParams> DeviceParams(const AttentionArgs<float>& a);
+  // counts (FlashHeadGroup). on_f16_copy: p's K and V are CopyKvF16's copies.
+  absl::Status Flash(AttentionParams p, int64_t kv_keys, bool on_f16_copy = false);
+  // Copies p's fp32 cache rows to fp16 in kv_f16_ and points p at the copies: `copies`
+  // blocks of block_size rows, copy c of cache block d_sources[c] (uploaded), or where
+  // d_sources is null of a contiguous cache's rows c·block_size … (src_rows of them).
+  absl::Status CopyKvF16(AttentionParams& p, const int32_t* d_sources, int copies, int block_size,
+                         int64_t src_rows);
+  // A single call's flash launch on an fp16 copy (TakesFlashF16Copy).
+  absl::Status FlashOnF16Copy(const AttentionArgs<float>& a);
+  // The kernels' parameters for a checked forward call, index arrays uploaded, in one upload
+  // with `extra` (at *d_extra on the device, where not empty).
+  absl::StatusOr<AttentionParams> DeviceParams(const AttentionArgs<float>& a,
+                                               absl::Span<const int32_t> extra = {},
+                                               const int32_t** d_extra = nullptr);
 
   int device_ = 0;
   int num_sms_ = 0;
@@ -464,6 +485,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   DeviceBuffer gemm_input_;                  // x rounded to f16/bf16 for the tensor cores
   DeviceBuffer attention_workspace_;         // split-KV partials
   DeviceBuffer map_workspace_;               // S, A or dS a materialised call does not take
+  DeviceBuffer kv_f16_;                      // CopyKvF16's copies: K's, then V's
   DeviceBuffer split_kv_arrivals_;           // the fused combine's counts, 0 between launches
   DeviceBuffer pick_device_;                 // DrawTokens' tokens and log-probabilities …
   std::vector<int32_t> pick_host_;           // … copied back (a float's bits in the second half)

@@ -13,6 +13,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_backward.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/kv_f16_copy.h"
 
 namespace kvlens::kernels::cuda {
 namespace {
@@ -74,13 +75,15 @@ AttentionParams HostAttentionParams(const AttentionArgs<float>& a) {
   return p;
 }
 
-absl::StatusOr<AttentionParams> CudaBackend::DeviceParams(const AttentionArgs<float>& a) {
+absl::StatusOr<AttentionParams> CudaBackend::DeviceParams(const AttentionArgs<float>& a,
+                                                          absl::Span<const int32_t> extra,
+                                                          const int32_t** d_extra) {
   AttentionParams p = HostAttentionParams(a);
-  // One upload for all index arrays of the call: [block table | q docs | k docs].
+  // One upload for all index arrays of the call: [block table | q docs | k docs | extra].
   const int num_blocks =
       a.kv.block_table != nullptr ? (a.num_keys + a.kv.block_size - 1) / a.kv.block_size : 0;
   const int num_docs = a.q_doc_ids != nullptr ? a.num_queries + a.num_keys : 0;
-  if (num_blocks + num_docs > 0) {
+  if (num_blocks + num_docs + extra.size() > 0) {
     std::vector<int32_t>& packed = index_pack_;
     packed.clear();
     if (num_blocks > 0)
@@ -89,6 +92,7 @@ absl::StatusOr<AttentionParams> CudaBackend::DeviceParams(const AttentionArgs<fl
       packed.insert(packed.end(), a.q_doc_ids, a.q_doc_ids + a.num_queries);
       packed.insert(packed.end(), a.k_doc_ids, a.k_doc_ids + a.num_keys);
     }
+    packed.insert(packed.end(), extra.begin(), extra.end());
     absl::StatusOr<const void*> d = UploadIndices(packed.data(), sizeof(int32_t) * packed.size());
     if (!d.ok()) return d.status();
     const int32_t* base = static_cast<const int32_t*>(*d);
@@ -97,6 +101,7 @@ absl::StatusOr<AttentionParams> CudaBackend::DeviceParams(const AttentionArgs<fl
       p.q_doc = base + num_blocks;
       p.k_doc = base + num_blocks + a.num_queries;
     }
+    if (!extra.empty()) *d_extra = base + num_blocks + num_docs;
   }
   return p;
 }
@@ -147,10 +152,15 @@ absl::Status CudaBackend::SplitKv(const AttentionParams& p, int imbalance) {
 }
 
 absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {
+  const bool maps = a.probs != nullptr || a.scores != nullptr;
+  // (Its table renumbered before the upload.)
+  if (!maps && TakesFlash(a) && TakesFlashF16Copy(HostAttentionParams(a))) {
+    return FlashOnF16Copy(a);
+  }
   absl::StatusOr<AttentionParams> params = DeviceParams(a);
   if (!params.ok()) return params.status();
   const AttentionParams& p = *params;
-  if (a.probs != nullptr || a.scores != nullptr) {
+  if (maps) {
     // Materialised: S and A go to the caller's buffers, or to the map workspace when only
     // one of the two is wanted (not split-KV's: a last query's rerun after each recorded
     // step, over a growing key count, would move the partials the step's graph reads).
@@ -164,9 +174,7 @@ absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {
     }
     return Launch(&LaunchMaterialized, p, scores, probs);
   }
-  if (TakesFlash(a)) {
-    return Flash(p, a.num_keys);
-  }
+  if (TakesFlash(a)) return Flash(p, a.num_keys);
   if (a.head_dim > kSplitKvMaxHeadDim) {
     return absl::InvalidArgumentError(absl::StrCat("AttentionArgs.head_dim ", a.head_dim,
                                                    " is not supported by the CUDA "
@@ -346,35 +354,112 @@ absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<floa
   std::stable_sort(tiles.begin(), tiles.end(),
                    [&](const auto& x, const auto& y) { return work(x) > work(y); });
   const int tables = static_cast<int>(packed.size());
+  // On an fp16 copy: the tables renumbered to the copies, whose sources follow the tiles.
+  const bool f16_copy = TakesFlashF16Copy(p);
+  KvF16CopyPlan plan;
+  if (f16_copy) {
+    int offset = 0;
+    for (const AttentionArgs<float>& a : calls) {
+      const int blocks = (a.num_keys + a.kv.block_size - 1) / a.kv.block_size;
+      plan.Renumber(packed.data() + offset, blocks, a.kv.block_size,
+                    KvF16CopyPlan::FirstKeyRead(a.query_offset, a.window));
+      offset += blocks;
+    }
+  }
   for (const auto& t : tiles) packed.insert(packed.end(), t.begin(), t.end());
+  const int sources = static_cast<int>(packed.size());
+  packed.insert(packed.end(), plan.sources().begin(), plan.sources().end());
   absl::StatusOr<const void*> d = UploadIndices(packed.data(), sizeof(int32_t) * packed.size());
   if (!d.ok()) return d.status();
   const int32_t* base = static_cast<const int32_t*>(*d);
   p.block_table = base;
   p.flash_tiles = base + tables;
   p.num_flash_tiles = static_cast<int>(tiles.size());
-  return Flash(p, kv_keys);
+  if (f16_copy) {
+    const int copies = static_cast<int>(plan.sources().size());
+    if (absl::Status s = CopyKvF16(p, base + sources, copies, p.block_size, 0); !s.ok()) return s;
+  }
+  return Flash(p, kv_keys, f16_copy);
 }
 
 bool CudaBackend::TakesFlashBf16(const AttentionParams& p) const {
   return flash_bf16_ && FlashPrefillBf16Supports(p);
 }
 
+bool CudaBackend::TakesFlashF16Copy(const AttentionParams& p) const {
+  return kernels_.flash_f16_copy && p.kv_dtype == KvDtype::kActivation &&
+         FlashPrefillSupports(p.head_dim);
+}
+
 int CudaBackend::FlashTile(const AttentionParams& p) const {
   // The fp16 kernel has no 192-query tiles: 128 where asked for them.
   const int asked = kernels_.flash_layout.tile_queries;
-  return TakesFlashBf16(p) ? FlashBf16TileQueries(p.head_dim, asked)
-                           : FlashTileQueries(p.head_dim, std::min(asked, 128));
+  return TakesFlashBf16(p) || TakesFlashF16Copy(p)
+             ? FlashBf16TileQueries(p.head_dim, asked)
+             : FlashTileQueries(p.head_dim, std::min(asked, 128));
 }
 
-absl::Status CudaBackend::Flash(AttentionParams p, int64_t kv_keys) {
-  p.flash_head_group = FlashHeadGroup(p, kernels_.flash_head_group, kv_keys, l2_bytes_);
-  if (TakesFlashBf16(p)) {
+absl::Status CudaBackend::Flash(AttentionParams p, int64_t kv_keys, bool on_f16_copy) {
+  // (On the copy, the L2 holds twice the keys of the fp32 cache's: 2-byte elements.)
+  AttentionParams sized = p;
+  if (on_f16_copy) sized.kv_dtype = KvDtype::kBF16;
+  p.flash_head_group = FlashHeadGroup(sized, kernels_.flash_head_group, kv_keys, l2_bytes_);
+  if (on_f16_copy || TakesFlashBf16(p)) {
     FlashBf16Layout layout = kernels_.flash_layout;
     layout.tile_queries = FlashTile(p);
-    return Launch(&LaunchFlashPrefillBf16, p, layout);
+    return on_f16_copy ? Launch(&LaunchFlashPrefillF16Copy, p, layout)
+                       : Launch(&LaunchFlashPrefillBf16, p, layout);
   }
   return Launch(&LaunchFlashPrefill, p, FlashTile(p));
+}
+
+absl::Status CudaBackend::CopyKvF16(AttentionParams& p, const int32_t* d_sources, int copies,
+                                    int block_size, int64_t src_rows) {
+  const int row_elems = p.num_kv_heads * p.head_dim;  // a multiple of 16 (FlashPrefillSupports)
+  const size_t half = sizeof(uint16_t) * static_cast<size_t>(copies) *
+                      static_cast<size_t>(block_size) * static_cast<size_t>(row_elems);
+  if (absl::Status s = ReserveScratch(kv_f16_, 2 * half); !s.ok()) return s;
+  uint16_t* k = kv_f16_.as<uint16_t>();
+  uint16_t* v = k + half / sizeof(uint16_t);
+  if (absl::Status s =
+          Launch(&LaunchKvF16Copy, static_cast<const float*>(p.k), static_cast<const float*>(p.v),
+                 p.kv_row_stride, block_size, d_sources, copies, src_rows, row_elems, k, v,
+                 static_cast<int64_t>(row_elems));
+      !s.ok()) {
+    return s;
+  }
+  p.k = k;
+  p.v = v;
+  p.kv_row_stride = row_elems;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::FlashOnF16Copy(const AttentionArgs<float>& a) {
+  // A paged call's table renumbered to its copies, uploaded with the documents and the
+  // copies' sources (one upload); a contiguous cache is copied whole, in blocks of
+  // kContiguousRows.
+  constexpr int kContiguousRows = 64;
+  AttentionArgs<float> renumbered = a;
+  std::vector<int32_t> table;
+  KvF16CopyPlan plan;
+  if (a.kv.block_table != nullptr) {
+    table.assign(a.kv.block_table,
+                 a.kv.block_table + (a.num_keys + a.kv.block_size - 1) / a.kv.block_size);
+    plan.Renumber(table.data(), static_cast<int>(table.size()), a.kv.block_size,
+                  KvF16CopyPlan::FirstKeyRead(a.query_offset, a.window));
+    renumbered.kv.block_table = table.data();
+  }
+  const int32_t* d_sources = nullptr;
+  absl::StatusOr<AttentionParams> p = DeviceParams(renumbered, plan.sources(), &d_sources);
+  if (!p.ok()) return p.status();
+  int copies = (a.num_keys + kContiguousRows - 1) / kContiguousRows;
+  int block_size = kContiguousRows;
+  if (a.kv.block_table != nullptr) {
+    copies = static_cast<int>(plan.sources().size());
+    block_size = a.kv.block_size;
+  }
+  if (absl::Status s = CopyKvF16(*p, d_sources, copies, block_size, a.num_keys); !s.ok()) return s;
+  return Flash(*p, a.num_keys, true);
 }
 
 absl::Status CudaBackend::SetSplitKvSplits(int splits) {

@@ -1,10 +1,12 @@
 // Flash prefill over a bf16 KV cache on bf16 tensor cores (LaunchFlashPrefillBf16,
-// attention.h). The loop and the online softmax are FlashPrefillKernel's (flash_prefill.cu,
-// flash_common.cuh); what differs is how K and V reach the tensor cores. The cache's bf16
-// rows are already mma.sync's operand type, so a tile goes to shared memory as stored,
-// 16 bytes at a time by cp.async (async_copy.cuh), without passing through registers or
-// being converted, and the fragments come out of shared memory by ldmatrix (four 8×8
-// matrices an instruction) rather than one 32-bit load per register:
+// attention.h), and over an fp32 cache's fp16 copy on fp16 tensor cores
+// (LaunchFlashPrefillF16Copy, kv_f16_copy.h): the same kernel, its operand type a template
+// argument (Bf16Operands, F16Operands); "bf16" below stands for either. The loop and the online
+// softmax are FlashPrefillKernel's (flash_prefill.cu, flash_common.cuh); what differs is how K and
+// V reach the tensor cores. The cache's bf16 rows are already mma.sync's operand type, so a tile
+// goes to shared memory as stored, 16 bytes at a time by cp.async (async_copy.cuh), without passing
+// through registers or being converted, and the fragments come out of shared memory by ldmatrix
+// (four 8×8 matrices an instruction) rather than one 32-bit load per register:
 //
 //   stage s (two or three):  Ks[s] [N keys][D + 8]   Vs[s] [N keys][D + 8]   (bf16, row-major)
 //
@@ -80,6 +82,24 @@
 
 namespace kvlens::kernels::cuda {
 namespace {
+
+// The tensor cores' 16-bit operand type: bf16 (a bf16 cache, as stored), or fp16 (an fp32
+// cache's fp16 copy, kv_f16_copy.h, rounded as FlashPrefillKernel rounds its tiles). Q and
+// P are rounded to it; the tiles' copies and ldmatrix move 16-bit elements either way.
+struct Bf16Operands {
+  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) { return PackBf162(lo, hi); }
+  static __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4],
+                                             const uint32_t (&b)[2]) {
+    MmaBf16(d, a, b);
+  }
+};
+struct F16Operands {
+  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) { return PackHalf2(lo, hi); }
+  static __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4],
+                                             const uint32_t (&b)[2]) {
+    MmaF16(d, a, b);
+  }
+};
 
 // Keys a tile (N below): 64, or 32 where O takes 128 registers a lane (two stripes, head
 // size 256), whose O and S would otherwise take more than 255 registers a thread (on an
@@ -170,9 +190,9 @@ __device__ __forceinline__ void IssueTile(const AttentionParams& p, int kvh,
   }
 }
 
-// Q's rows of the block as bf16 (signed and rounded as FlashLoadQ does; rows past the
+// Q's rows of the block as Op's pairs (signed and rounded as FlashLoadQ does; rows past the
 // sequence's end zero) into qs [kRows][kLd], where Bf16Tiles::kQInSmem.
-template <int D, int W, int R, int S, int N>
+template <typename Op, int D, int W, int R, int S, int N>
 __device__ __forceinline__ void StageQ(const AttentionParams& p, const FlashSeq& seq, int h,
                                        uint16_t* qs) {
   using L = Bf16Tiles<D, W, R, S, N>;
@@ -185,7 +205,7 @@ __device__ __forceinline__ void StageQ(const AttentionParams& p, const FlashSeq&
       const float* q = p.q + static_cast<int64_t>(seq.row0 + i) * p.q_stride +
                        static_cast<int64_t>(h) * D + 8 * c;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) w[e] = PackBf162(sign * q[2 * e], sign * q[2 * e + 1]);
+      for (int e = 0; e < 4; ++e) w[e] = Op::Pack(sign * q[2 * e], sign * q[2 * e + 1]);
     }
     uint4 piece;
     piece.x = w[0];
@@ -207,8 +227,9 @@ constexpr int kBf16MinBlocks = R == 2   ? 2
                                : W == 8 ? (N == 32 ? 2 : 1)
                                         : 1;
 
-// kCap: Gemma 2's soft cap on the scores (FlashSoftmaxTile), instantiated apart.
-template <int D, int W, int R, int S, int N, bool kCap>
+// kCap: Gemma 2's soft cap on the scores (FlashSoftmaxTile), instantiated apart. Op:
+// Bf16Operands or F16Operands.
+template <typename Op, int D, int W, int R, int S, int N, bool kCap>
 __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R, N>)
     FlashPrefillBf16Kernel(AttentionParams p) {
   WaitForPriorGrids();             // first: see launch.cuh
@@ -266,15 +287,15 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R, N>)
   const int v_lane = (8 * (mat % 2) + mrow) * L::kLd + 8 * (mat / 2);
   const uint16_t* q_warp = qs + 16 * R * warp * L::kLd + v_lane;  // Q's layout is V's
 
-  // Q as bf16 A fragments (as the naive bf16 run rounds it): in registers for one stripe up
+  // Q as Op's A fragments (as the naive bf16 or fp16 run rounds it): in registers for one stripe up
   // to head size 128, else in shared memory (read after the loop's first barrier, not
   // written again).
   uint32_t qf[L::kQInSmem ? 1 : D / 16][4];
   if constexpr (!L::kQInSmem) {
     FlashLoadQ<D>(
-        p, seq, h, row_i[0], [](float a, float b) { return PackBf162(a, b); }, qf);
+        p, seq, h, row_i[0], [](float a, float b) { return Op::Pack(a, b); }, qf);
   } else {
-    StageQ<D, W, R, S, N>(p, seq, h, qs);
+    StageQ<Op, D, W, R, S, N>(p, seq, h, qs);
   }
   // The A fragment of stripe r for dims 16kk … 16kk + 15.
   auto load_a = [&](uint32_t(&a)[4], int r, int kk) {
@@ -356,8 +377,8 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R, N>)
       const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        MmaBf16(s[r][2 * np], a[r], b0);
-        MmaBf16(s[r][2 * np + 1], a[r], b1);
+        Op::Mma(s[r][2 * np], a[r], b0);
+        Op::Mma(s[r][2 * np + 1], a[r], b1);
       }
       if (step + 1 < kSSteps) {
 #pragma unroll
@@ -372,7 +393,7 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R, N>)
       }
     }
 
-    // P as bf16 A fragments at once (keys 16kk … 16kk+15 are S tiles 2kk and 2kk + 1): half
+    // P as Op's A fragments at once (keys 16kk … 16kk+15 are S tiles 2kk and 2kk + 1): half
     // the registers of S through the products below.
     uint32_t pa[R][L::kN / 16][4];
 #pragma unroll
@@ -380,10 +401,10 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R, N>)
       FlashSoftmaxTile<D, kCap, L::kN>(p, seq, keys, j0, row_i[r], c, s[r], m[r], l[r], o[r]);
 #pragma unroll
       for (int kk = 0; kk < L::kN / 16; ++kk) {
-        pa[r][kk][0] = PackBf162(s[r][2 * kk][0], s[r][2 * kk][1]);
-        pa[r][kk][1] = PackBf162(s[r][2 * kk][2], s[r][2 * kk][3]);
-        pa[r][kk][2] = PackBf162(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
-        pa[r][kk][3] = PackBf162(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
+        pa[r][kk][0] = Op::Pack(s[r][2 * kk][0], s[r][2 * kk][1]);
+        pa[r][kk][1] = Op::Pack(s[r][2 * kk][2], s[r][2 * kk][3]);
+        pa[r][kk][2] = Op::Pack(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
+        pa[r][kk][3] = Op::Pack(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
       }
     }
 
@@ -408,8 +429,8 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R, N>)
       const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        MmaBf16(o[r][2 * dp], pa[r][kk], b0);
-        MmaBf16(o[r][2 * dp + 1], pa[r][kk], b1);
+        Op::Mma(o[r][2 * dp], pa[r][kk], b0);
+        Op::Mma(o[r][2 * dp + 1], pa[r][kk], b1);
       }
       if (step + 1 < kVSteps) {
 #pragma unroll
@@ -423,12 +444,12 @@ __global__ void __launch_bounds__(W * 32, kBf16MinBlocks<D, W, R, N>)
   for (int r = 0; r < R; ++r) FlashWriteRows<D>(p, seq, h, row_i[r], l[r], o[r]);
 }
 
-template <int D, int W, int R, int S, int N = kBf16KeyTile<D, R>>
+template <typename Op, int D, int W, int R, int S, int N = kBf16KeyTile<D, R>>
 absl::Status LaunchBf16(const AttentionParams& p, cudaStream_t stream) {
   using L = Bf16Tiles<D, W, R, S, N>;
   // Two stripes are never capped: LaunchFlashPrefillBf16 gives a capped call one stripe.
-  auto* kernel = R == 1 && p.softcap > 0.0f ? FlashPrefillBf16Kernel<D, W, R, S, N, R == 1>
-                                            : FlashPrefillBf16Kernel<D, W, R, S, N, false>;
+  auto* kernel = R == 1 && p.softcap > 0.0f ? FlashPrefillBf16Kernel<Op, D, W, R, S, N, R == 1>
+                                            : FlashPrefillBf16Kernel<Op, D, W, R, S, N, false>;
   // Past 48 KiB of dynamic shared memory a kernel must opt in (every launch: the attribute
   // belongs to the device's context, and setting it is not a stream operation). Blocks past
   // 64 KiB (two stripes, three stages, 12 warps or head size 256: up to 153 KiB) also ask
@@ -449,12 +470,16 @@ absl::Status LaunchBf16(const AttentionParams& p, cudaStream_t stream) {
   return absl::OkStatus();
 }
 
+// K and V of 16-bit elements in 16-byte pieces, at a head size the kernel has.
+bool SixteenBitPieces(const AttentionParams& p) {
+  return FlashPrefillSupports(p.head_dim) && p.kv_row_stride % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(p.k) % 16 == 0 && reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
+}
+
 }  // namespace
 
 bool FlashPrefillBf16Supports(const AttentionParams& p) {
-  return p.kv_dtype == KvDtype::kBF16 && FlashPrefillSupports(p.head_dim) &&
-         p.kv_row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(p.k) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(p.v) % 16 == 0;
+  return p.kv_dtype == KvDtype::kBF16 && SixteenBitPieces(p);
 }
 
 absl::Status CheckFlashBf16Layout(const FlashBf16Layout& layout) {
@@ -502,22 +527,19 @@ FlashBf16Layout ResolvedFlashBf16Layout(const AttentionParams& p, const FlashBf1
   return r;
 }
 
-absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, const FlashBf16Layout& layout,
-                                    cudaStream_t stream) {
-  if (absl::Status s = CheckFlashBf16Layout(layout); !s.ok()) return s;
-  if (!FlashPrefillBf16Supports(p)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the bf16 flash prefill needs a bf16 cache with kv_row_stride a multiple of 8 and "
-        "16-byte aligned K and V and head_dim 64, 80, 96, 128 or 256; got kv_row_stride ",
-        p.kv_row_stride, ", head_dim ", p.head_dim));
-  }
-  // What runs is the resolved layout's instantiation (the one the tuner names).
+namespace {
+
+// The resolved layout's instantiation (the one the tuner names) for operands Op.
+template <typename Op>
+absl::Status LaunchLayout(const AttentionParams& p, const FlashBf16Layout& layout,
+                          cudaStream_t stream) {
   const FlashBf16Layout r = ResolvedFlashBf16Layout(p, layout);
   const int stages = r.stages;
   if (layout.tile_queries == kFlashBf16WideTileQueries) {  // 12 warps of 16 queries
     auto launch = [&](auto d) {
       constexpr int D = decltype(d)::value;
-      return stages == 3 ? LaunchBf16<D, 12, 1, 3>(p, stream) : LaunchBf16<D, 12, 1, 2>(p, stream);
+      return stages == 3 ? LaunchBf16<Op, D, 12, 1, 3>(p, stream)
+                         : LaunchBf16<Op, D, 12, 1, 2>(p, stream);
     };
     switch (p.head_dim) {
       case 64:
@@ -539,16 +561,43 @@ absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, const FlashBf16Lay
       constexpr int kNarrow = kFlashNarrowKeyTile;
       const bool narrow = r.key_tile == kNarrow;
       if (r.warp_queries == 32) {
-        return stages == 3 ? LaunchBf16<D, 4, 2, 3>(p, stream) : LaunchBf16<D, 4, 2, 2>(p, stream);
+        return stages == 3 ? LaunchBf16<Op, D, 4, 2, 3>(p, stream)
+                           : LaunchBf16<Op, D, 4, 2, 2>(p, stream);
       }
       if (stages == 3) {
-        return narrow ? LaunchBf16<D, W, 1, 3, kNarrow>(p, stream)
-                      : LaunchBf16<D, W, 1, 3>(p, stream);
+        return narrow ? LaunchBf16<Op, D, W, 1, 3, kNarrow>(p, stream)
+                      : LaunchBf16<Op, D, W, 1, 3>(p, stream);
       }
-      if (narrow) return LaunchBf16<D, W, 1, 2, kNarrow>(p, stream);
+      if (narrow) return LaunchBf16<Op, D, W, 1, 2, kNarrow>(p, stream);
     }
-    return LaunchBf16<D, W, 1, 2>(p, stream);
+    return LaunchBf16<Op, D, W, 1, 2>(p, stream);
   });
+}
+
+}  // namespace
+
+absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, const FlashBf16Layout& layout,
+                                    cudaStream_t stream) {
+  if (absl::Status s = CheckFlashBf16Layout(layout); !s.ok()) return s;
+  if (!FlashPrefillBf16Supports(p)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the bf16 flash prefill needs a bf16 cache with kv_row_stride a multiple of 8 and "
+        "16-byte aligned K and V and head_dim 64, 80, 96, 128 or 256; got kv_row_stride ",
+        p.kv_row_stride, ", head_dim ", p.head_dim));
+  }
+  return LaunchLayout<Bf16Operands>(p, layout, stream);
+}
+
+absl::Status LaunchFlashPrefillF16Copy(const AttentionParams& p, const FlashBf16Layout& layout,
+                                       cudaStream_t stream) {
+  if (absl::Status s = CheckFlashBf16Layout(layout); !s.ok()) return s;
+  if (!SixteenBitPieces(p)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the flash prefill on an fp16 copy needs kv_row_stride a multiple of 8, 16-byte "
+        "aligned K and V and head_dim 64, 80, 96, 128 or 256; got kv_row_stride ",
+        p.kv_row_stride, ", head_dim ", p.head_dim));
+  }
+  return LaunchLayout<F16Operands>(p, layout, stream);
 }
 
 }  // namespace kvlens::kernels::cuda
