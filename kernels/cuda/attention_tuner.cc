@@ -50,7 +50,8 @@ std::string DescribeLayout(const FlashBf16Layout& r, bool bf16_kernel) {
 
 // The layouts kvlens_gpu_check times, the default first, each once as it runs for p (at
 // head size 256 or under a soft cap several resolve alike; on the fp16 kernel only the
-// block size applies).
+// block size applies); on an fp32 cache then the bf16 kernel's layouts again on an fp16
+// copy of the blocks (SetFlashF16Copy).
 std::vector<Candidate> PrefillCandidates(const AttentionKernels& base, const AttentionParams& p,
                                          bool bf16_kernel) {
   const FlashBf16Layout asked[] = {FlashBf16Layout{},
@@ -62,18 +63,24 @@ std::vector<Candidate> PrefillCandidates(const AttentionKernels& base, const Att
                                    FlashBf16Layout{192, 16, 3, 64},
                                    FlashBf16Layout{64, 16, 2, 64}};
   std::vector<Candidate> out;
-  std::vector<FlashBf16Layout> seen;
-  for (const FlashBf16Layout& l : asked) {
-    const FlashBf16Layout r = Resolved(p, l, bf16_kernel);
-    if (std::any_of(seen.begin(), seen.end(), [&](const auto& x) { return SameLayout(x, r); })) {
-      continue;
+  auto add = [&](bool bf16_loop, bool f16_copy) {
+    std::vector<FlashBf16Layout> seen;
+    for (const FlashBf16Layout& l : asked) {
+      const FlashBf16Layout r = Resolved(p, l, bf16_loop);
+      if (std::any_of(seen.begin(), seen.end(), [&](const auto& x) { return SameLayout(x, r); })) {
+        continue;
+      }
+      seen.push_back(r);
+      AttentionKernels s = base;
+      s.flash_layout = l;
+      s.flash_f16_copy = f16_copy;
+      out.push_back({absl::StrCat(f16_copy ? "on an fp16 copy, " : "", DescribeLayout(r, bf16_loop),
+                                  out.empty() ? " (default)" : ""),
+                     s});
     }
-    seen.push_back(r);
-    AttentionKernels s = base;
-    s.flash_layout = l;
-    out.push_back(
-        {absl::StrCat(DescribeLayout(r, bf16_kernel), out.empty() ? " (default)" : ""), s});
-  }
+  };
+  add(bf16_kernel, false);
+  if (!bf16_kernel && p.kv_dtype == KvDtype::kActivation) add(true, true);
   return out;
 }
 
@@ -322,6 +329,7 @@ absl::StatusOr<AttentionTuneReport> Tune(CudaBackend& b, const AttentionTuneShap
     if (const int best = Choose(report.prefill); best >= 0) {
       chosen->flash_layout = candidates[best].settings.flash_layout;
       chosen->flash_head_group = candidates[best].settings.flash_head_group;
+      chosen->flash_f16_copy = candidates[best].settings.flash_f16_copy;
     }
   }
 

@@ -352,22 +352,38 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
   // default there) with 128-query blocks of 4 warps of 32 queries and of 8 warps of 16 (the
   // default), each with two K/V stages (the default) and three, the 8 warps also at 32
   // keys a tile (two blocks an SM), with 192-query blocks (12 warps of 16) of two and three
-  // stages, and with 64-query blocks (4 warps of 16).
+  // stages, and with 64-query blocks (4 warps of 16). And on the fp32 cache, the bf16
+  // kernel's loop on an fp16 copy of the blocks (SetFlashF16Copy; the copy's launch timed
+  // with it) in its default layout, with three stages, 32-key tiles and 192-query blocks.
   struct FlashConfig {
     bool bf16_cache, bf16_kernel;
     FlashBf16Layout layout;  // {tile queries, warp queries, stages, key tile}
+    bool f16_copy = false;   // fp32 cache only
   };
-  const FlashConfig configs[] = {
-      {false, false, {64}},       {false, false, {128}},          {true, false, {128}},
-      {true, true, {128, 32, 2}}, {true, true, {128, 16, 2}},     {true, true, {128, 32, 3}},
-      {true, true, {128, 16, 3}}, {true, true, {128, 16, 2, 32}}, {true, true, {128, 16, 3, 32}},
-      {true, true, {192, 16, 2}}, {true, true, {192, 16, 3}},     {true, true, {64, 16, 2}}};
+  const FlashConfig configs[] = {{false, false, {64}},
+                                 {false, false, {128}},
+                                 {false, false, {128, 16, 2}, true},
+                                 {false, false, {128, 16, 3}, true},
+                                 {false, false, {128, 16, 2, 32}, true},
+                                 {false, false, {192, 16, 2}, true},
+                                 {true, false, {128}},
+                                 {true, true, {128, 32, 2}},
+                                 {true, true, {128, 16, 2}},
+                                 {true, true, {128, 32, 3}},
+                                 {true, true, {128, 16, 3}},
+                                 {true, true, {128, 16, 2, 32}},
+                                 {true, true, {128, 16, 3, 32}},
+                                 {true, true, {192, 16, 2}},
+                                 {true, true, {192, 16, 3}},
+                                 {true, true, {64, 16, 2}}};
   for (const FlashConfig& config : configs) {
     const FlashBf16Layout& layout = config.layout;
     const int tile = layout.tile_queries, warp_queries = layout.warp_queries;
     const bool bf16 = config.bf16_cache, bf16_kernel = config.bf16_kernel;
+    const bool copy = config.f16_copy;
     const KvDtype cache_dtype = bf16 ? KvDtype::kBF16 : KvDtype::kActivation;
     b.SetFlashBf16(bf16_kernel);
+    b.SetFlashF16Copy(copy);
     Must(b.SetFlashLayout(layout), "flash layout");
     for (int t : z.prefill_tokens) {
       const PrefillCall call(b, t, heads, dh, cache_dtype);
@@ -376,26 +392,28 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
       add_prefill_row(
           bf16_kernel ? "prefill attention (causal, fp32 q, bf16 cache, bf16 TC, cp.async)"
           : bf16      ? "prefill attention (causal, fp32 q, bf16 cache, fp16 TC)"
+          : copy      ? "prefill attention (causal, fp32 in, fp16 copy, fp16 TC, cp.async)"
                       : "prefill attention (causal, fp32 in, fp16 TC)",
-          absl::StrCat(
-              "T=", t, " H=", heads, " Dh=", dh, ", ", tile, "-query blocks",
-              bf16_kernel ? absl::StrCat(" of ", tile / warp_queries, " warps") : std::string(),
-              layout.stages != kFlashDefaultStages
-                  ? absl::StrCat(", ", layout.stages, " K/V stages")
-                  : std::string(),
-              layout.key_tile != kFlashDefaultKeyTile
-                  ? absl::StrCat(", ", layout.key_tile, "-key tiles")
-                  : std::string(),
-              tile == kFlashDefaultTileQueries &&
-                      (!bf16_kernel || (warp_queries == kFlashDefaultWarpQueries &&
-                                        layout.stages == kFlashDefaultStages &&
-                                        layout.key_tile == kFlashDefaultKeyTile))
-                  ? " (default)"
-                  : ""),
+          absl::StrCat("T=", t, " H=", heads, " Dh=", dh, ", ", tile, "-query blocks",
+                       bf16_kernel || copy ? absl::StrCat(" of ", tile / warp_queries, " warps")
+                                           : std::string(),
+                       layout.stages != kFlashDefaultStages
+                           ? absl::StrCat(", ", layout.stages, " K/V stages")
+                           : std::string(),
+                       layout.key_tile != kFlashDefaultKeyTile
+                           ? absl::StrCat(", ", layout.key_tile, "-key tiles")
+                           : std::string(),
+                       tile == kFlashDefaultTileQueries && !copy &&
+                               (!bf16_kernel || (warp_queries == kFlashDefaultWarpQueries &&
+                                                 layout.stages == kFlashDefaultStages &&
+                                                 layout.key_tile == kFlashDefaultKeyTile))
+                           ? " (default)"
+                           : ""),
           tflops, t);
     }
   }
   b.SetFlashBf16(true);
+  b.SetFlashF16Copy(false);
   Must(b.SetFlashLayout(FlashBf16Layout{}), "flash layout");
 
   // The default kernel (bf16 cache) with its blocks in other orders (FlashGrid): head by

@@ -114,20 +114,28 @@ TEST_F(CudaBackendTest, TunerKeepsTheFastestKernelsThatAgree) {
   EXPECT_TRUE(b.status().ok()) << b.status();
 }
 
-// fp32 cache: the fp16 flash kernel, whose block size alone is a layout; a soft cap (Gemma
-// 2's) in every candidate.
-TEST_F(CudaBackendTest, TunerOnAnFp32CacheTimesTheFp16KernelsBlockSizes) {
+// fp32 cache: the fp16 flash kernel, whose block size alone is a layout, then the bf16
+// kernel's layouts on an fp16 copy of the blocks (under the soft cap, Gemma 2's, in every
+// candidate, two stripes resolve to one: 7 of the 8); the backend keeps the copy where
+// the chosen candidate runs on it.
+TEST_F(CudaBackendTest, TunerOnAnFp32CacheTimesTheFp16KernelAndTheFp16Copy) {
   AttentionTuneShape z = SmallShape(KvDtype::kActivation);
   z.softcap = 50.0;
   absl::StatusOr<AttentionTuneReport> r = TuneAttention(*backend_, z);
   ASSERT_TRUE(r.ok()) << r.status();
   SCOPED_TRACE(r->ToString());
-  ASSERT_EQ(r->prefill.size(), 3u);
+  ASSERT_EQ(r->prefill.size(), 10u);
   EXPECT_EQ(r->prefill[0].name, "flash (fp16 kernel), 128-query blocks (default)");
   EXPECT_EQ(r->prefill[1].name, "flash (fp16 kernel), 64-query blocks");
-  EXPECT_TRUE(Has(r->prefill[2].name, "; longest first across 4 heads (sized to L2)"))
-      << r->prefill[2].name;
+  EXPECT_EQ(r->prefill[2].name,
+            "on an fp16 copy, flash, 128-query blocks of 8 warps, 2 K/V stages, 64-key tiles");
+  EXPECT_EQ(r->prefill[8].name,
+            "on an fp16 copy, flash, 64-query blocks of 4 warps, 2 K/V stages, 64-key tiles");
+  for (int i = 2; i < 9; ++i) EXPECT_EQ(r->prefill[i].name.rfind("on an fp16 copy, ", 0), 0u);
+  EXPECT_TRUE(Has(r->prefill[9].name, "; longest first across 4 heads (sized to L2)"))
+      << r->prefill[9].name;
   ExpectOneFastestChosen(r->prefill, 1);
+  EXPECT_EQ(backend_->flash_f16_copy(), Has(Chosen(r->prefill).name, "on an fp16 copy"));
   ExpectOneFastestChosen(r->decode, 2);
   EXPECT_TRUE(Has(r->shape, "fp32 cache in blocks of 16, soft cap 50")) << r->shape;
   EXPECT_TRUE(Has(r->shape, "prefill 40 tokens, decode 1 / 3 sequences of up to 75 keys;"))
