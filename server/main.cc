@@ -99,7 +99,8 @@ ABSL_FLAG(bool, programmatic_launches, false,
 ABSL_FLAG(
     bool, attention_tune, false,
     "--device cuda: before serving, time prefill attention's layouts and block orders "
-    "(one prompt of up to 2048 tokens) and decode attention's kernels (split-KV with 4 or 16 "
+    "(one prompt of up to 2048 tokens; on an fp32 cache also on an fp16 copy of its "
+    "blocks) and decode attention's kernels (split-KV with 4 or 16 "
     "warps a block, its combine fused or not, on CUDA cores or tensor cores; up to 4096 keys, "
     "for one sequence and for min(--max-running, --max-batch-tokens, 256) of them) "
     "on this GPU at the model's shapes, check each one's output against the "
