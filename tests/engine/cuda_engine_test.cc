@@ -842,6 +842,39 @@ TEST(CudaEngineLogits, TensorCoreSplitKvWithinToleranceOfCpu) {
   }
 }
 
+// Prefill over an fp32 cache on an fp16 copy of its blocks (SetFlashF16Copy) in the engine:
+// prompt chunks of 100 tokens over the NaN-filled cache in blocks of 7 that the earlier
+// chunks wrote. The head-size-64 model's logits are the fp16 kernel's bits (both run
+// 128-query blocks of 8 warps over 64-key tiles, and round alike); Gemma 2's at head size
+// 256 (soft-capped scores, a window of 20 on layer 0; 32-key tiles on the copy, 64 on the
+// fp16 kernel) are within the flash prefill's tolerance of the CpuBackend's.
+TEST(CudaEngineLogits, FlashOnAnF16CopyGivesTheFp16KernelsLogits) {
+  KVLENS_REQUIRE_CUDA(cuda);
+  auto* backend = dynamic_cast<kernels::cuda::CudaBackend*>(&cuda);
+  ASSERT_NE(backend, nullptr);
+  const std::vector<int32_t> tokens = RandomTokens(300, 8);
+  const auto head64 = HeadSize64Model(kernels::RopeStyle::kHalfSplit, /*max_seq=*/320, /*seed=*/5);
+  const std::vector<float> fp16_kernel = AllLogits(*head64, cuda, tokens, 100);
+  backend->SetFlashF16Copy(true);
+  const std::vector<float> on_copy = AllLogits(*head64, cuda, tokens, 100);
+  backend->SetFlashF16Copy(false);
+  ASSERT_FALSE(fp16_kernel.empty());
+  EXPECT_EQ(on_copy, fp16_kernel);
+
+  testing::TinySpec gemma2 = GemmaHeadSize256Spec();
+  gemma2.gemma2 = true;
+  gemma2.window = 20;
+  gemma2.max_seq = 320;
+  const std::unique_ptr<Model> gemma = testing::MakeTinyModel(gemma2);
+  ASSERT_EQ(gemma->config.head_dim, 256);
+  backend->SetFlashF16Copy(true);
+  const std::vector<float> gemma_on_copy = AllLogits(*gemma, cuda, tokens, 100);
+  backend->SetFlashF16Copy(false);
+  kernels::CpuBackend cpu(2);
+  ExpectClose(gemma_on_copy, AllLogits(*gemma, cpu, tokens, 100), 1e-2, 1e-3);
+  EXPECT_NE(gemma_on_copy, AllLogits(*gemma, cuda, tokens, 100));  // the copy ran
+}
+
 // Genesis 1:1-2 in the default model's tokens (more than 40).
 std::vector<int32_t> GenesisTokens(const Model& model) {
   return model.tokenizer->Encode(
