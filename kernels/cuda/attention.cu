@@ -194,8 +194,8 @@ __global__ void __launch_bounds__(
   using S = SplitKvShape<C, kTileHeads, kSplitStepKeys<KT, kTileHeads>, kWarps>;
   constexpr int kTile = S::kHeadTile, kSums = S::kSums, kStep = S::kStepK;
   if (p.prefetch) PrefetchFirstStep<KT, kStep>(p, num_splits);
-  WaitForPriorGrids();                                 // else first: see launch.cuh
-  const float scale2 = p.scale * 1.4426950408889634f;  // scores in base 2
+  WaitForPriorGrids();                    // else first: see launch.cuh
+  const float scale2 = p.scale * kLog2E;  // scores in base 2
   // A step's weights 2^(s − m') and each head's rescale 2^(m − m'), read back as vectors
   // (ReadShared).
   __shared__ __align__(16) float step_p[kWarps][kSums];
@@ -284,9 +284,8 @@ __global__ void __launch_bounds__(
       // and the weights and rescales reach every lane through shared memory.
       const float total = SumAcrossLanes(s, lane);
       const float score = !(whole_step || steps.Visible(j0 + su)) ? -INFINITY
-                          : p.softcap > 0.0f
-                              ? SoftCapped(total * p.scale, p.softcap) * 1.4426950408889634f
-                              : total * scale2;
+                          : p.softcap > 0.0f ? SoftCapped(total * p.scale, p.softcap) * kLog2E
+                                             : total * scale2;
       float step_max = score;
 #pragma unroll
       for (int o = kKeyLanes; o < 32; o *= 2) {

@@ -23,6 +23,9 @@
 
 namespace kvlens::kernels::cuda {
 
+// log2(e): the attention kernels' scores are scaled by it once, so that e^x is 2^(x·log2 e).
+inline constexpr float kLog2E = 1.4426950408889634f;
+
 __device__ __forceinline__ float Exp2Approx(float x) {
 #ifdef KVLENS_CUDA_EMULATOR
   const float r = exp2f(fabsf(x) < FLT_MIN ? 0.0f : x);  // FLT_MIN: 2^-126

@@ -109,7 +109,7 @@ __device__ __forceinline__ float FlashQSign(const AttentionParams& p) {
   return p.scale < 0.0f ? -1.0f : 1.0f;
 }
 __device__ __forceinline__ float FlashLog2Scale(const AttentionParams& p) {
-  return fabsf(p.scale) * 1.4426950408889634f;
+  return fabsf(p.scale) * kLog2E;
 }
 
 // The lane's Q values as A fragments (unscaled; signed by FlashQSign), each pair rounded by pack

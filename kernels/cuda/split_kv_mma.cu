@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kWarps * 32,
   const int i = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, t = lane % 4;
   const int group = p.num_heads / p.num_kv_heads;
-  const float scale2 = p.scale * 1.4426950408889634f;      // scores in base 2
+  const float scale2 = p.scale * kLog2E;                   // scores in base 2
   const SplitSteps<kStep> steps(p, i, split, num_splits);  // as ChooseNumSplitsMma
   const int j_begin = steps.j_begin, j_end = steps.j_end;
   const float* q_group =
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(kWarps * 32,
           for (int x = 0; x < 2; ++x) {
             float& v = s[ht][2 * x + e];
             v = !vis[x]            ? -INFINITY
-                : p.softcap > 0.0f ? SoftCapped(v * p.scale, p.softcap) * 1.4426950408889634f
+                : p.softcap > 0.0f ? SoftCapped(v * p.scale, p.softcap) * kLog2E
                                    : v * scale2;
             step_max = fmaxf(step_max, v);
           }
