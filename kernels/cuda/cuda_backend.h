@@ -158,7 +158,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // runs the bf16 kernel's loop on fp16 tensor cores over the copies, in the bf16 kernel's
   // layouts (kv_f16_copy.h), rather than the fp16 kernel, which converts each tile as the
   // block waits. The same rounding; off by default until a GPU has timed it
-  // (kvlens_gpu_check's prefill rows "fp32 cache, fp16 copy").
+  // (kvlens_gpu_check's rows "prefill attention (causal, fp32 in, fp16 copy, …)").
   void SetFlashF16Copy(bool on) { kernels_.flash_f16_copy = on; }
   bool flash_f16_copy() const { return kernels_.flash_f16_copy; }
   // Queries a warp of the bf16 flash kernel takes in a 128-query block: 16 (8 warps; the

@@ -153,7 +153,7 @@ absl::Status CudaBackend::SplitKv(const AttentionParams& p, int imbalance) {
 
 absl::Status CudaBackend::AttentionChecked(const AttentionArgs<float>& a) {
   const bool maps = a.probs != nullptr || a.scores != nullptr;
-  // (Its table renumbered before the upload.)
+  // A flash call on the fp16 copy uploads its own index arrays (its table renumbered).
   if (!maps && TakesFlash(a) && TakesFlashF16Copy(HostAttentionParams(a))) {
     return FlashOnF16Copy(a);
   }
@@ -377,6 +377,7 @@ absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<floa
   p.num_flash_tiles = static_cast<int>(tiles.size());
   if (f16_copy) {
     const int copies = static_cast<int>(plan.sources().size());
+    // (src_rows, a contiguous cache's, is not read where the sources are given.)
     if (absl::Status s = CopyKvF16(p, base + sources, copies, p.block_size, 0); !s.ok()) return s;
   }
   return Flash(p, kv_keys, f16_copy);
