@@ -12,6 +12,8 @@
 //                   cap too): K/V tiles copied to shared memory as stored (cp.async, two
 //                   stages, or three as an option) and read by ldmatrix, Q·Kᵀ and P·V on
 //                   bf16 tensor cores; optionally 192-query blocks at Dh 64 and 128.
+//                   Over an fp32 cache, as an option, that twin on fp16 tensor cores
+//                   over an fp16 copy of the blocks the launch reads (kv_f16_copy.h).
 //   split-KV        any Dh <= 256, any Tq (decode, short chunks, other head sizes): fp32,
 //                   one block per (query, KV head, key split); its four warps (16 as an
 //                   option) take turns over the keys and each K/V row is read once for
