@@ -482,6 +482,26 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
     }
   }
   b.SetFlashBf16(true);
+  // And on an fp32 cache: the fp16 kernel (the default there) and the bf16 kernel's loop
+  // on an fp16 copy (SetFlashF16Copy: 32-key tiles at this head size).
+  PrefillCall gemma32(b, t, std::max(1, heads / 2), 256, KvDtype::kActivation);
+  for (bool copy : {false, true}) {
+    b.SetFlashF16Copy(copy);
+    for (double cap : {0.0, 50.0}) {
+      gemma32.args.softcap = cap;
+      const double sec =
+          TimeIt(b, 3, [&] { Must(b.Attention(gemma32.args), "head size 256 prefill attention"); });
+      const double tflops = 4.0 * std::max(1, heads / 2) * 256 * (double(t) * t / 2) / sec / 1e12;
+      rows.Add({copy ? "prefill attention, head size 256 (causal, fp32 in, fp16 copy, fp16 TC)"
+                     : "prefill attention, head size 256 (causal, fp32 in, fp16 TC)",
+                absl::StrCat("T=", t, " H=", std::max(1, heads / 2), " Dh=256",
+                             cap > 0 ? ", soft cap 50" : "", copy ? "" : " (default)"),
+                Fmt(tflops, "TFLOP/s"),
+                absl::StrFormat("%.0f us a call at Dh=%d", full_sec * 1e6, dh),
+                absl::StrFormat("%.2fx the time", sec / full_sec), "-"});
+    }
+  }
+  b.SetFlashF16Copy(false);
 }
 
 // One decode row over a paged cache of tk keys in blocks of bs rows, shuffled.
