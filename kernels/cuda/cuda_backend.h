@@ -159,8 +159,11 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // layouts (kv_f16_copy.h), rather than the fp16 kernel, which converts each tile as the
   // block waits. The same rounding; off by default until a GPU has timed it
   // (kvlens_gpu_check's rows "prefill attention (causal, fp32 in, fp16 copy, …)").
+  // A launch whose copies' workspace does not fit in device memory runs on the fp16 kernel
+  // instead (counted by flash_f16_copy_fallbacks): the copy never fails a call.
   void SetFlashF16Copy(bool on) { kernels_.flash_f16_copy = on; }
   bool flash_f16_copy() const { return kernels_.flash_f16_copy; }
+  int64_t flash_f16_copy_fallbacks() const { return flash_f16_copy_fallbacks_; }
   // Queries a warp of the bf16 flash kernel takes in a 128-query block: 16 (8 warps; the
   // default) or 32 (4 warps). attention.h, LaunchFlashPrefillBf16. For kvlens_gpu_check's
   // comparison and the tests.
@@ -424,9 +427,14 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   // kv_keys: the keys of a head's sequences, which the head group sized to the L2 cache
   // counts (FlashHeadGroup). on_f16_copy: p's K and V are CopyKvF16's copies.
   absl::Status Flash(AttentionParams p, int64_t kv_keys, bool on_f16_copy = false);
-  // Copies p's fp32 cache rows to fp16 in kv_f16_ and points p at the copies: `copies`
-  // blocks of block_size rows, copy c of cache block d_sources[c] (uploaded), or where
-  // d_sources is null of a contiguous cache's rows c·block_size … (src_rows of them).
+  // Grows kv_f16_ for `copies` blocks of block_size rows of p's K and V: true, or false
+  // where that did not fit in device memory (counted in flash_f16_copy_fallbacks_); other
+  // failures are errors.
+  absl::StatusOr<bool> ReserveKvF16(const AttentionParams& p, int copies, int block_size);
+  // Copies p's fp32 cache rows to fp16 in kv_f16_ (reserved for them) and points p at the
+  // copies: `copies` blocks of block_size rows, copy c of cache block d_sources[c]
+  // (uploaded), or where d_sources is null of a contiguous cache's rows c·block_size …
+  // (src_rows of them).
   absl::Status CopyKvF16(AttentionParams& p, const int32_t* d_sources, int copies, int block_size,
                          int64_t src_rows);
   // A single call's flash launch on an fp16 copy (TakesFlashF16Copy).
@@ -486,6 +494,7 @@ class CudaBackend final : public Backend<float>, public BackwardOps<float> {
   DeviceBuffer attention_workspace_;         // split-KV partials
   DeviceBuffer map_workspace_;               // S, A or dS a materialised call does not take
   DeviceBuffer kv_f16_;                      // CopyKvF16's copies: K's, then V's
+  int64_t flash_f16_copy_fallbacks_ = 0;     // ReserveKvF16's misses
   DeviceBuffer split_kv_arrivals_;           // the fused combine's counts, 0 between launches
   DeviceBuffer pick_device_;                 // DrawTokens' tokens and log-probabilities …
   std::vector<int32_t> pick_host_;           // … copied back (a float's bits in the second half)

@@ -354,21 +354,28 @@ absl::Status CudaBackend::LaunchFlashBatched(absl::Span<const AttentionArgs<floa
   std::stable_sort(tiles.begin(), tiles.end(),
                    [&](const auto& x, const auto& y) { return work(x) > work(y); });
   const int tables = static_cast<int>(packed.size());
-  // On an fp16 copy: the tables renumbered to the copies, whose sources follow the tiles.
-  const bool f16_copy = TakesFlashF16Copy(p);
+  // On an fp16 copy: the tables renumbered to the copies, whose sources follow the tiles
+  // (where the copies' workspace fits: else the fp16 kernel, on the tables as they are).
+  bool f16_copy = TakesFlashF16Copy(p);
   KvF16CopyPlan plan;
   if (f16_copy) {
+    std::vector<int32_t> renumbered(packed.begin(), packed.end());
     int offset = 0;
     for (const AttentionArgs<float>& a : calls) {
       const int blocks = (a.num_keys + a.kv.block_size - 1) / a.kv.block_size;
-      plan.Renumber(packed.data() + offset, blocks, a.kv.block_size,
+      plan.Renumber(renumbered.data() + offset, blocks, a.kv.block_size,
                     KvF16CopyPlan::FirstKeyRead(a.query_offset, a.window));
       offset += blocks;
     }
+    absl::StatusOr<bool> fits =
+        ReserveKvF16(p, static_cast<int>(plan.sources().size()), p.block_size);
+    if (!fits.ok()) return fits.status();
+    f16_copy = *fits;
+    if (f16_copy) packed = std::move(renumbered);
   }
   for (const auto& t : tiles) packed.insert(packed.end(), t.begin(), t.end());
   const int sources = static_cast<int>(packed.size());
-  packed.insert(packed.end(), plan.sources().begin(), plan.sources().end());
+  if (f16_copy) packed.insert(packed.end(), plan.sources().begin(), plan.sources().end());
   absl::StatusOr<const void*> d = UploadIndices(packed.data(), sizeof(int32_t) * packed.size());
   if (!d.ok()) return d.status();
   const int32_t* base = static_cast<const int32_t*>(*d);
@@ -414,14 +421,30 @@ absl::Status CudaBackend::Flash(AttentionParams p, int64_t kv_keys, bool on_f16_
   return Launch(&LaunchFlashPrefill, p, FlashTile(p));
 }
 
+namespace {
+
+// Bytes of K's (or V's) copies: copies × block_size rows of p's KV heads.
+size_t KvF16HalfBytes(const AttentionParams& p, int copies, int block_size) {
+  return sizeof(uint16_t) * static_cast<size_t>(copies) * static_cast<size_t>(block_size) *
+         static_cast<size_t>(p.num_kv_heads) * static_cast<size_t>(p.head_dim);
+}
+
+}  // namespace
+
+absl::StatusOr<bool> CudaBackend::ReserveKvF16(const AttentionParams& p, int copies,
+                                               int block_size) {
+  const absl::Status s = ReserveScratch(kv_f16_, 2 * KvF16HalfBytes(p, copies, block_size));
+  if (s.ok()) return true;
+  if (s.code() != absl::StatusCode::kResourceExhausted) return s;
+  ++flash_f16_copy_fallbacks_;  // (DeviceMalloc has cleared the failed cudaMalloc's error)
+  return false;
+}
+
 absl::Status CudaBackend::CopyKvF16(AttentionParams& p, const int32_t* d_sources, int copies,
                                     int block_size, int64_t src_rows) {
   const int row_elems = p.num_kv_heads * p.head_dim;  // a multiple of 16 (FlashPrefillSupports)
-  const size_t half = sizeof(uint16_t) * static_cast<size_t>(copies) *
-                      static_cast<size_t>(block_size) * static_cast<size_t>(row_elems);
-  if (absl::Status s = ReserveScratch(kv_f16_, 2 * half); !s.ok()) return s;
   uint16_t* k = kv_f16_.as<uint16_t>();
-  uint16_t* v = k + half / sizeof(uint16_t);
+  uint16_t* v = k + KvF16HalfBytes(p, copies, block_size) / sizeof(uint16_t);
   if (absl::Status s =
           Launch(&LaunchKvF16Copy, static_cast<const float*>(p.k), static_cast<const float*>(p.v),
                  p.kv_row_stride, block_size, d_sources, copies, src_rows, row_elems, k, v,
@@ -450,15 +473,22 @@ absl::Status CudaBackend::FlashOnF16Copy(const AttentionArgs<float>& a) {
                   KvF16CopyPlan::FirstKeyRead(a.query_offset, a.window));
     renumbered.kv.block_table = table.data();
   }
-  const int32_t* d_sources = nullptr;
-  absl::StatusOr<AttentionParams> p = DeviceParams(renumbered, plan.sources(), &d_sources);
-  if (!p.ok()) return p.status();
   int copies = (a.num_keys + kContiguousRows - 1) / kContiguousRows;
   int block_size = kContiguousRows;
   if (a.kv.block_table != nullptr) {
     copies = static_cast<int>(plan.sources().size());
     block_size = a.kv.block_size;
   }
+  absl::StatusOr<bool> fits = ReserveKvF16(HostAttentionParams(a), copies, block_size);
+  if (!fits.ok()) return fits.status();
+  if (!*fits) {  // the fp16 kernel, as without the copy
+    absl::StatusOr<AttentionParams> p = DeviceParams(a);
+    if (!p.ok()) return p.status();
+    return Flash(*p, a.num_keys);
+  }
+  const int32_t* d_sources = nullptr;
+  absl::StatusOr<AttentionParams> p = DeviceParams(renumbered, plan.sources(), &d_sources);
+  if (!p.ok()) return p.status();
   if (absl::Status s = CopyKvF16(*p, d_sources, copies, block_size, a.num_keys); !s.ok()) return s;
   return Flash(*p, a.num_keys, true);
 }

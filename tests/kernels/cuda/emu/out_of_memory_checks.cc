@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/staged_backend.h"
 #include "tests/engine/serve_together.h"
+#include "tests/kernels/cuda/cuda_parity.h"
 #include "tests/test_paths.h"
 
 namespace kvlens {
@@ -143,6 +145,95 @@ TEST(CudaOutOfMemory, AKernelFaultIsKept) {
   ASSERT_EQ(fault.code(), absl::StatusCode::kInternal) << fault;
   EXPECT_EQ(b->Recover(), fault);
   EXPECT_EQ(b->Synchronize(), fault);
+}
+
+// One flash call's output (the heads' columns, row by row) on `b`, the fp16 copy on or off.
+std::vector<double> FlashOutput(CudaBackend& b, bool f16_copy,
+                                const kernels::cuda::parity::AttnShape& s,
+                                const kernels::cuda::parity::AttnInputs& in,
+                                const kernels::cuda::parity::DeviceAttnCall& call,
+                                bool without_memory = false) {
+  b.SetFlashF16Copy(f16_copy);
+  absl::Status st;
+  if (without_memory) {
+    NoMoreDeviceMemory none;
+    st = b.Attention(call.args);
+  } else {
+    st = b.Attention(call.args);
+  }
+  EXPECT_TRUE(st.ok()) << st;
+  auto out = kernels::cuda::parity::FromDevice(b, call.out, in.qs.size());
+  EXPECT_TRUE(out.ok()) << out.status();
+  std::vector<double> rows;
+  for (int i = 0; out.ok() && i < s.tq; ++i) {
+    rows.insert(rows.end(), out->begin() + i * in.q_stride,
+                out->begin() + i * in.q_stride + in.q_width);
+  }
+  return rows;
+}
+
+// The fp32 cache's flash prefill on an fp16 copy (SetFlashF16Copy) is a matter of speed:
+// where the copies' workspace cannot grow (a call over more blocks than any before, with
+// no device memory left), the call runs on the fp16 kernel, its bits, and nothing fails;
+// once memory is back the copy runs again (the same bits: 128-query blocks, head size 64).
+TEST(CudaOutOfMemory, FlashOnAnF16CopyRunsOnTheFp16KernelWhereItsCopiesDoNotFit) {
+  namespace parity = kernels::cuda::parity;
+  std::unique_ptr<CudaBackend> b = Backend();
+  ASSERT_NE(b, nullptr);
+  const parity::AttnShape small{.tq = 64, .tk = 150, .heads = 4, .kv_heads = 2, .offset = 86};
+  const parity::AttnShape large{.tq = 64, .tk = 280, .heads = 4, .kv_heads = 2, .offset = 216};
+  std::mt19937_64 rng(3);
+  const parity::AttnInputs small_in = parity::MakeAttnInputs(small, rng);
+  const parity::AttnInputs in = parity::MakeAttnInputs(large, rng);
+  auto small_call = parity::UploadAttnCall(small, small_in);
+  auto call = parity::UploadAttnCall(large, in);
+  ASSERT_TRUE(small_call.ok() && call.ok());
+  FlashOutput(*b, true, small, small_in, *small_call);  // the copies' workspace for 150 keys
+  const std::vector<double> fp16_kernel = FlashOutput(*b, false, large, in, *call);
+  EXPECT_EQ(b->flash_f16_copy_fallbacks(), 0);
+  EXPECT_EQ(FlashOutput(*b, true, large, in, *call, /*without_memory=*/true), fp16_kernel);
+  EXPECT_EQ(b->flash_f16_copy_fallbacks(), 1);
+  EXPECT_TRUE(b->status().ok()) << b->status();
+  EXPECT_EQ(FlashOutput(*b, true, large, in, *call), fp16_kernel);
+  EXPECT_EQ(b->flash_f16_copy_fallbacks(), 1);
+
+  // AttentionBatch's one launch over the call's rows as two chunks of 32 on a new backend,
+  // whose copies' workspace has never grown: without memory, the fp16 kernel on the tables
+  // as they are (not renumbered to copies never made), its bits.
+  std::unique_ptr<CudaBackend> fresh = Backend();
+  ASSERT_NE(fresh, nullptr);
+  std::vector<kernels::AttentionArgs<float>> chunks(2, call->args);
+  for (int c = 0; c < 2; ++c) {
+    chunks[c].num_queries = 32;
+    chunks[c].query_offset = large.offset + 32 * c;
+    chunks[c].q += 32 * c * in.q_stride;
+    chunks[c].out += 32 * c * in.q_stride;
+  }
+  auto batched = [&](bool f16_copy, bool without_memory) {
+    fresh->SetFlashF16Copy(f16_copy);
+    int failed = -1;
+    absl::Status st;
+    if (without_memory) {
+      NoMoreDeviceMemory none;
+      st = fresh->AttentionBatch(chunks, &failed);
+    } else {
+      st = fresh->AttentionBatch(chunks, &failed);
+    }
+    EXPECT_TRUE(st.ok()) << st << " (call " << failed << ")";
+    auto out = parity::FromDevice(*fresh, call->out, in.qs.size());
+    EXPECT_TRUE(out.ok()) << out.status();
+    std::vector<double> rows;  // the heads' columns (the rows' padding stays NaN)
+    for (int i = 0; out.ok() && i < large.tq; ++i) {
+      rows.insert(rows.end(), out->begin() + i * in.q_stride,
+                  out->begin() + i * in.q_stride + in.q_width);
+    }
+    return rows;
+  };
+  const std::vector<double> fp16_batched = batched(false, false);
+  ASSERT_FALSE(fp16_batched.empty());
+  EXPECT_EQ(batched(true, true), fp16_batched);
+  EXPECT_EQ(fresh->flash_f16_copy_fallbacks(), 1);
+  EXPECT_TRUE(fresh->status().ok()) << fresh->status();
 }
 
 // The engine on stories260K over the emulated GPU: a short prompt's request served first
