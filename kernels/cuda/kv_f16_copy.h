@@ -16,7 +16,8 @@
 //
 // The copies are laid out as blocks of the cache's block size in the order first read,
 // so each call's table is renumbered to them (KvF16CopyPlan); a block two sequences share
-// (a common prefix) is copied once.
+// (a common prefix) is copied once. Where the copies do not fit in device memory the
+// launch runs on the fp16 kernel instead (CudaBackend::flash_f16_copy_fallbacks).
 #ifndef KVLENS_KERNELS_CUDA_KV_F16_COPY_H_
 #define KVLENS_KERNELS_CUDA_KV_F16_COPY_H_
 
