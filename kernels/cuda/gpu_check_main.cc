@@ -461,46 +461,39 @@ void PrefillBench(CudaBackend& b, const SdpaReference& sdpa, const Sizes& z, Tab
   }
 
   // Gemma's head size 256 (64-query blocks, Q in shared memory) on the same FLOPs (half the
-  // heads), plain and under Gemma 2's soft cap of 50 (a tanh a score): the bf16 kernel (the
-  // default on a bf16 cache; 32-key tiles) and the fp16 kernel, against the head size 128
-  // default on the same bf16 cache.
-  PrefillCall gemma(b, t, std::max(1, heads / 2), 256, KvDtype::kBF16);
-  for (bool bf16_kernel : {true, false}) {
-    b.SetFlashBf16(bf16_kernel);
+  // heads), plain and under Gemma 2's soft cap of 50 (a tanh a score), against the head size
+  // 128 default on a bf16 cache: on a bf16 cache the bf16 kernel (the default there; 32-key
+  // tiles) and the fp16 kernel; on an fp32 cache the fp16 kernel (the default there) and
+  // the bf16 kernel's loop on an fp16 copy (SetFlashF16Copy, 32-key tiles too).
+  const int gemma_heads = std::max(1, heads / 2);
+  struct Dh256Config {
+    KvDtype cache;
+    bool bf16_kernel, copy, is_default;
+    const char* what;
+  };
+  const Dh256Config dh256[] = {
+      {KvDtype::kBF16, true, false, true, "bf16 cache, bf16 TC"},
+      {KvDtype::kBF16, false, false, false, "bf16 cache, fp16 TC"},
+      {KvDtype::kActivation, true, false, true, "fp32 in, fp16 TC"},
+      {KvDtype::kActivation, true, true, false, "fp32 in, fp16 copy, fp16 TC"}};
+  for (const Dh256Config& config : dh256) {
+    PrefillCall gemma(b, t, gemma_heads, 256, config.cache);
+    b.SetFlashBf16(config.bf16_kernel);
+    b.SetFlashF16Copy(config.copy);
     for (double cap : {0.0, 50.0}) {
       gemma.args.softcap = cap;
       const double sec =
           TimeIt(b, 3, [&] { Must(b.Attention(gemma.args), "head size 256 prefill attention"); });
-      const double tflops = 4.0 * std::max(1, heads / 2) * 256 * (double(t) * t / 2) / sec / 1e12;
-      rows.Add({bf16_kernel ? "prefill attention, head size 256 (causal, bf16 cache, bf16 TC)"
-                            : "prefill attention, head size 256 (causal, bf16 cache, fp16 TC)",
-                absl::StrCat("T=", t, " H=", std::max(1, heads / 2), " Dh=256",
-                             cap > 0 ? ", soft cap 50" : "", bf16_kernel ? " (default)" : ""),
+      const double tflops = 4.0 * gemma_heads * 256 * (double(t) * t / 2) / sec / 1e12;
+      rows.Add({absl::StrCat("prefill attention, head size 256 (causal, ", config.what, ")"),
+                absl::StrCat("T=", t, " H=", gemma_heads, " Dh=256", cap > 0 ? ", soft cap 50" : "",
+                             config.is_default ? " (default)" : ""),
                 Fmt(tflops, "TFLOP/s"),
                 absl::StrFormat("%.0f us a call at Dh=%d", full_sec * 1e6, dh),
                 absl::StrFormat("%.2fx the time", sec / full_sec), "-"});
     }
   }
   b.SetFlashBf16(true);
-  // And on an fp32 cache: the fp16 kernel (the default there) and the bf16 kernel's loop
-  // on an fp16 copy (SetFlashF16Copy: 32-key tiles at this head size).
-  PrefillCall gemma32(b, t, std::max(1, heads / 2), 256, KvDtype::kActivation);
-  for (bool copy : {false, true}) {
-    b.SetFlashF16Copy(copy);
-    for (double cap : {0.0, 50.0}) {
-      gemma32.args.softcap = cap;
-      const double sec =
-          TimeIt(b, 3, [&] { Must(b.Attention(gemma32.args), "head size 256 prefill attention"); });
-      const double tflops = 4.0 * std::max(1, heads / 2) * 256 * (double(t) * t / 2) / sec / 1e12;
-      rows.Add({copy ? "prefill attention, head size 256 (causal, fp32 in, fp16 copy, fp16 TC)"
-                     : "prefill attention, head size 256 (causal, fp32 in, fp16 TC)",
-                absl::StrCat("T=", t, " H=", std::max(1, heads / 2), " Dh=256",
-                             cap > 0 ? ", soft cap 50" : "", copy ? "" : " (default)"),
-                Fmt(tflops, "TFLOP/s"),
-                absl::StrFormat("%.0f us a call at Dh=%d", full_sec * 1e6, dh),
-                absl::StrFormat("%.2fx the time", sec / full_sec), "-"});
-    }
-  }
   b.SetFlashF16Copy(false);
 }
 
