@@ -529,10 +529,17 @@ FlashBf16Layout ResolvedFlashBf16Layout(const AttentionParams& p, const FlashBf1
 
 namespace {
 
-// The resolved layout's instantiation (the one the tuner names) for operands Op.
+// The resolved layout's instantiation (the one the tuner names) for operands Op, once the
+// layout is one the kernel has and p one it `supports` (else INVALID_ARGUMENT: `needs`,
+// then p's row stride and head size).
 template <typename Op>
-absl::Status LaunchLayout(const AttentionParams& p, const FlashBf16Layout& layout,
-                          cudaStream_t stream) {
+absl::Status LaunchLayout(const AttentionParams& p, const FlashBf16Layout& layout, bool supports,
+                          const char* needs, cudaStream_t stream) {
+  if (absl::Status s = CheckFlashBf16Layout(layout); !s.ok()) return s;
+  if (!supports) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(needs, "; got kv_row_stride ", p.kv_row_stride, ", head_dim ", p.head_dim));
+  }
   const FlashBf16Layout r = ResolvedFlashBf16Layout(p, layout);
   const int stages = r.stages;
   if (layout.tile_queries == kFlashBf16WideTileQueries) {  // 12 warps of 16 queries
@@ -578,26 +585,20 @@ absl::Status LaunchLayout(const AttentionParams& p, const FlashBf16Layout& layou
 
 absl::Status LaunchFlashPrefillBf16(const AttentionParams& p, const FlashBf16Layout& layout,
                                     cudaStream_t stream) {
-  if (absl::Status s = CheckFlashBf16Layout(layout); !s.ok()) return s;
-  if (!FlashPrefillBf16Supports(p)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the bf16 flash prefill needs a bf16 cache with kv_row_stride a multiple of 8 and "
-        "16-byte aligned K and V and head_dim 64, 80, 96, 128 or 256; got kv_row_stride ",
-        p.kv_row_stride, ", head_dim ", p.head_dim));
-  }
-  return LaunchLayout<Bf16Operands>(p, layout, stream);
+  return LaunchLayout<Bf16Operands>(
+      p, layout, FlashPrefillBf16Supports(p),
+      "the bf16 flash prefill needs a bf16 cache with kv_row_stride a multiple of 8 and "
+      "16-byte aligned K and V and head_dim 64, 80, 96, 128 or 256",
+      stream);
 }
 
 absl::Status LaunchFlashPrefillF16Copy(const AttentionParams& p, const FlashBf16Layout& layout,
                                        cudaStream_t stream) {
-  if (absl::Status s = CheckFlashBf16Layout(layout); !s.ok()) return s;
-  if (!SixteenBitPieces(p)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the flash prefill on an fp16 copy needs kv_row_stride a multiple of 8, 16-byte "
-        "aligned K and V and head_dim 64, 80, 96, 128 or 256; got kv_row_stride ",
-        p.kv_row_stride, ", head_dim ", p.head_dim));
-  }
-  return LaunchLayout<F16Operands>(p, layout, stream);
+  return LaunchLayout<F16Operands>(
+      p, layout, SixteenBitPieces(p),
+      "the flash prefill on an fp16 copy needs kv_row_stride a multiple of 8, 16-byte "
+      "aligned K and V and head_dim 64, 80, 96, 128 or 256",
+      stream);
 }
 
 }  // namespace kvlens::kernels::cuda
