@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <random>
@@ -147,6 +148,27 @@ TEST(CudaOutOfMemory, AKernelFaultIsKept) {
   EXPECT_EQ(b->Synchronize(), fault);
 }
 
+// run(), with no device memory left where without_memory.
+absl::Status RunWithMemory(bool without_memory, const std::function<absl::Status()>& run) {
+  if (!without_memory) return run();
+  NoMoreDeviceMemory none;
+  return run();
+}
+
+// The heads' columns of the first tq rows of a call's output `out` (the rows' padding
+// stays NaN, never written).
+std::vector<double> HeadColumns(CudaBackend& b, const kernels::cuda::DeviceBuffer& out, int tq,
+                                const kernels::cuda::parity::AttnInputs& in) {
+  auto got = kernels::cuda::parity::FromDevice(b, out, in.qs.size());
+  EXPECT_TRUE(got.ok()) << got.status();
+  std::vector<double> rows;
+  for (int i = 0; got.ok() && i < tq; ++i) {
+    rows.insert(rows.end(), got->begin() + i * in.q_stride,
+                got->begin() + i * in.q_stride + in.q_width);
+  }
+  return rows;
+}
+
 // One flash call's output (the heads' columns, row by row) on `b`, the fp16 copy on or off.
 std::vector<double> FlashOutput(CudaBackend& b, bool f16_copy,
                                 const kernels::cuda::parity::AttnShape& s,
@@ -154,22 +176,9 @@ std::vector<double> FlashOutput(CudaBackend& b, bool f16_copy,
                                 const kernels::cuda::parity::DeviceAttnCall& call,
                                 bool without_memory = false) {
   b.SetFlashF16Copy(f16_copy);
-  absl::Status st;
-  if (without_memory) {
-    NoMoreDeviceMemory none;
-    st = b.Attention(call.args);
-  } else {
-    st = b.Attention(call.args);
-  }
+  const absl::Status st = RunWithMemory(without_memory, [&] { return b.Attention(call.args); });
   EXPECT_TRUE(st.ok()) << st;
-  auto out = kernels::cuda::parity::FromDevice(b, call.out, in.qs.size());
-  EXPECT_TRUE(out.ok()) << out.status();
-  std::vector<double> rows;
-  for (int i = 0; out.ok() && i < s.tq; ++i) {
-    rows.insert(rows.end(), out->begin() + i * in.q_stride,
-                out->begin() + i * in.q_stride + in.q_width);
-  }
-  return rows;
+  return HeadColumns(b, call.out, s.tq, in);
 }
 
 // The fp32 cache's flash prefill on an fp16 copy (SetFlashF16Copy) is a matter of speed:
@@ -212,22 +221,10 @@ TEST(CudaOutOfMemory, FlashOnAnF16CopyRunsOnTheFp16KernelWhereItsCopiesDoNotFit)
   auto batched = [&](bool f16_copy, bool without_memory) {
     fresh->SetFlashF16Copy(f16_copy);
     int failed = -1;
-    absl::Status st;
-    if (without_memory) {
-      NoMoreDeviceMemory none;
-      st = fresh->AttentionBatch(chunks, &failed);
-    } else {
-      st = fresh->AttentionBatch(chunks, &failed);
-    }
+    const absl::Status st =
+        RunWithMemory(without_memory, [&] { return fresh->AttentionBatch(chunks, &failed); });
     EXPECT_TRUE(st.ok()) << st << " (call " << failed << ")";
-    auto out = parity::FromDevice(*fresh, call->out, in.qs.size());
-    EXPECT_TRUE(out.ok()) << out.status();
-    std::vector<double> rows;  // the heads' columns (the rows' padding stays NaN)
-    for (int i = 0; out.ok() && i < large.tq; ++i) {
-      rows.insert(rows.end(), out->begin() + i * in.q_stride,
-                  out->begin() + i * in.q_stride + in.q_width);
-    }
-    return rows;
+    return HeadColumns(*fresh, call->out, large.tq, in);
   };
   const std::vector<double> fp16_batched = batched(false, false);
   ASSERT_FALSE(fp16_batched.empty());
